@@ -1,0 +1,617 @@
+//! The packet pool: one contiguous region cut into fixed-size buffers named by a `u32`
+//! index (netmap style). Buffers carry headroom so headers can be prepended without a
+//! copy, chain for payloads larger than one buffer, and are reference-counted so TCP
+//! (or a socket queue and a pcap tap at once) can hold the same buffer.
+//!
+//! The region is either anonymous memory or a memfd, so the same bytes can later be
+//! mapped by another process (shm link, AF_XDP UMEM, client data area).
+//!
+//! Allocation never touches the heap: the free list is a pre-sized stack of indices.
+//! Exhaustion is counted and reported as `None`; it never panics.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+use memmap2::MmapMut;
+
+/// Buffer sizes a pool may be configured with (the BSD MCLBYTES of the source documents).
+pub const ALLOWED_BUF_SIZES: [usize; 4] = [2048, 4096, 9216, 65536];
+/// Default headroom: room for a virtio-net header, Ethernet, IPv6 plus extension headers
+/// and a TCP header with options in front of the payload.
+pub const DEFAULT_HEADROOM: usize = 192;
+const NONE: u32 = u32::MAX;
+
+/// A buffer handle: the index of a buffer in its pool. Plain data; ownership is by
+/// convention (whoever holds it must `free` it once) and checked by the pool's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PktBuf(u32);
+
+impl PktBuf {
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("buffer size {0} is not one of 2048, 4096, 9216, 65536")]
+    BadBufSize(usize),
+    #[error("headroom {headroom} leaves no room in a {buf_size}-byte buffer")]
+    BadHeadroom { headroom: usize, buf_size: usize },
+    #[error("a pool needs at least one buffer")]
+    Empty,
+    #[error("pool region of {0} bytes is too large")]
+    TooLarge(usize),
+    #[error("cannot create pool memory: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Where the pool's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// Private anonymous memory.
+    Anonymous,
+    /// A memfd, whose descriptor can be passed to another process.
+    Memfd,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub buf_size: usize,
+    pub count: u32,
+    pub headroom: usize,
+    pub backing: Backing,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            buf_size: 2048,
+            count: 4096,
+            headroom: DEFAULT_HEADROOM,
+            backing: Backing::Anonymous,
+        }
+    }
+}
+
+/// Offload metadata that travels with a frame (the subset of virtio-net / skb state usnet uses).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offload {
+    /// Receive: the device has verified the L4 checksum.
+    pub csum_valid: bool,
+    /// Transmit: the L4 checksum is partial; the device must finish it from `csum_start`
+    /// and store it at `csum_start + csum_offset`.
+    pub needs_csum: bool,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+    /// Transmit: segment this frame into `gso_size` payload pieces (0 = no GSO).
+    pub gso_size: u16,
+    pub gso_kind: GsoKind,
+    /// Length of all headers in front of the payload, for GSO.
+    pub hdr_len: u16,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GsoKind {
+    #[default]
+    None,
+    TcpV4,
+    TcpV6,
+    Udp,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    off: u32,
+    len: u32,
+    next: u32,
+    refcnt: u16,
+    offload: Offload,
+}
+
+const FREE_META: Meta = Meta {
+    off: 0,
+    len: 0,
+    next: NONE,
+    refcnt: 0,
+    offload: Offload {
+        csum_valid: false,
+        needs_csum: false,
+        csum_start: 0,
+        csum_offset: 0,
+        gso_size: 0,
+        gso_kind: GsoKind::None,
+        hdr_len: 0,
+    },
+};
+
+/// Counters of the pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub allocs: u64,
+    pub frees: u64,
+    /// Allocation attempts that found the pool empty.
+    pub exhausted: u64,
+    pub in_use: u32,
+    pub peak_in_use: u32,
+}
+
+pub struct PacketPool {
+    region: MmapMut,
+    memfd: Option<File>,
+    buf_size: usize,
+    headroom: usize,
+    meta: Vec<Meta>,
+    free: Vec<u32>,
+    stats: PoolStats,
+}
+
+impl std::fmt::Debug for PacketPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketPool")
+            .field("buf_size", &self.buf_size)
+            .field("count", &self.meta.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl PacketPool {
+    pub fn new(cfg: &PoolConfig) -> Result<Self, PoolError> {
+        if !ALLOWED_BUF_SIZES.contains(&cfg.buf_size) {
+            return Err(PoolError::BadBufSize(cfg.buf_size));
+        }
+        if cfg.headroom + 64 > cfg.buf_size {
+            return Err(PoolError::BadHeadroom {
+                headroom: cfg.headroom,
+                buf_size: cfg.buf_size,
+            });
+        }
+        if cfg.count == 0 || cfg.count == NONE {
+            return Err(PoolError::Empty);
+        }
+        let bytes = cfg
+            .buf_size
+            .checked_mul(cfg.count as usize)
+            .ok_or(PoolError::TooLarge(usize::MAX))?;
+        if bytes > (1usize << 40) {
+            return Err(PoolError::TooLarge(bytes));
+        }
+        let (region, memfd) = match cfg.backing {
+            Backing::Anonymous => (MmapMut::map_anon(bytes)?, None),
+            Backing::Memfd => {
+                let file = memfd("usnet-pool")?;
+                file.set_len(bytes as u64)?;
+                // SAFETY: the memfd was just created by us and sized above; nobody else
+                // truncates it while the mapping lives (we own the only descriptor until
+                // `memfd_fd` hands out a copy, and peers only map, never truncate).
+                let map = unsafe { MmapMut::map_mut(&file)? };
+                (map, Some(file))
+            }
+        };
+        let mut free: Vec<u32> = (0..cfg.count).collect();
+        free.reverse(); // pop hands out low indices first: friendlier to caches and debugging
+        Ok(PacketPool {
+            region,
+            memfd,
+            buf_size: cfg.buf_size,
+            headroom: cfg.headroom,
+            meta: vec![FREE_META; cfg.count as usize],
+            free,
+            stats: PoolStats::default(),
+        })
+    }
+
+    pub fn buf_size(&self) -> usize {
+        self.buf_size
+    }
+    pub fn headroom(&self) -> usize {
+        self.headroom
+    }
+    pub fn count(&self) -> u32 {
+        self.meta.len() as u32
+    }
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+    pub fn in_use(&self) -> u32 {
+        self.stats.in_use
+    }
+    pub fn stats(&self) -> PoolStats {
+        self.stats
+    }
+    /// The memfd behind the region, if the pool was created with `Backing::Memfd`.
+    pub fn memfd_fd(&self) -> Option<RawFd> {
+        self.memfd.as_ref().map(|f| f.as_raw_fd())
+    }
+    /// Byte offset of a buffer inside the region (for sharing with a peer by offset).
+    pub fn region_offset(&self, b: PktBuf) -> usize {
+        b.0 as usize * self.buf_size
+    }
+
+    /// Turns a raw index from an untrusted source into a handle of a live buffer.
+    pub fn checked(&self, raw: u32) -> Option<PktBuf> {
+        match self.meta.get(raw as usize) {
+            Some(m) if m.refcnt > 0 => Some(PktBuf(raw)),
+            _ => None,
+        }
+    }
+
+    /// Takes a buffer with empty data positioned after the headroom.
+    #[inline]
+    pub fn alloc(&mut self) -> Option<PktBuf> {
+        let Some(i) = self.free.pop() else {
+            self.stats.exhausted += 1;
+            return None;
+        };
+        self.meta[i as usize] = Meta {
+            off: self.headroom as u32,
+            refcnt: 1,
+            ..FREE_META
+        };
+        self.stats.allocs += 1;
+        self.stats.in_use += 1;
+        self.stats.peak_in_use = self.stats.peak_in_use.max(self.stats.in_use);
+        Some(PktBuf(i))
+    }
+
+    /// Adds a reference; the buffer returns to the pool when every holder has freed it.
+    pub fn retain(&mut self, b: PktBuf) {
+        let m = &mut self.meta[b.0 as usize];
+        debug_assert!(m.refcnt > 0, "retain of a free buffer");
+        m.refcnt = m.refcnt.saturating_add(1);
+    }
+
+    pub fn refcount(&self, b: PktBuf) -> u16 {
+        self.meta[b.0 as usize].refcnt
+    }
+
+    /// Drops one reference of `b` and of every buffer chained after it that reaches zero.
+    #[inline]
+    pub fn free(&mut self, b: PktBuf) {
+        let mut cur = b.0;
+        while cur != NONE {
+            let m = &mut self.meta[cur as usize];
+            if m.refcnt == 0 {
+                debug_assert!(false, "double free of buffer {cur}");
+                return;
+            }
+            m.refcnt -= 1;
+            if m.refcnt > 0 {
+                return; // the rest of the chain is still owned through this buffer
+            }
+            let next = m.next;
+            m.next = NONE;
+            self.free.push(cur);
+            self.stats.frees += 1;
+            self.stats.in_use -= 1;
+            cur = next;
+        }
+    }
+
+    fn base(&self, b: PktBuf) -> usize {
+        b.0 as usize * self.buf_size
+    }
+
+    /// The frame bytes of this one buffer (not the chain).
+    #[inline]
+    pub fn data(&self, b: PktBuf) -> &[u8] {
+        let m = &self.meta[b.0 as usize];
+        let start = self.base(b) + m.off as usize;
+        &self.region[start..start + m.len as usize]
+    }
+
+    #[inline]
+    pub fn data_mut(&mut self, b: PktBuf) -> &mut [u8] {
+        let m = self.meta[b.0 as usize];
+        let start = self.base(b) + m.off as usize;
+        &mut self.region[start..start + m.len as usize]
+    }
+
+    pub fn len(&self, b: PktBuf) -> usize {
+        self.meta[b.0 as usize].len as usize
+    }
+
+    /// Bytes that can still be appended after the data.
+    pub fn tailroom(&self, b: PktBuf) -> usize {
+        let m = &self.meta[b.0 as usize];
+        self.buf_size - m.off as usize - m.len as usize
+    }
+
+    pub fn headroom_of(&self, b: PktBuf) -> usize {
+        self.meta[b.0 as usize].off as usize
+    }
+
+    /// All writable bytes from the data start to the end of the buffer (for a device that
+    /// reads a frame in, followed by `set_len`).
+    #[inline]
+    pub fn space_mut(&mut self, b: PktBuf) -> &mut [u8] {
+        let m = self.meta[b.0 as usize];
+        let start = self.base(b) + m.off as usize;
+        let end = self.base(b) + self.buf_size;
+        &mut self.region[start..end]
+    }
+
+    /// Sets the data length; `None` if it would run past the buffer.
+    #[inline]
+    pub fn set_len(&mut self, b: PktBuf, len: usize) -> Option<()> {
+        let off = self.meta[b.0 as usize].off as usize;
+        if off + len > self.buf_size {
+            return None;
+        }
+        self.meta[b.0 as usize].len = len as u32;
+        Some(())
+    }
+
+    /// Grows the data by `n` bytes at the end and returns them.
+    pub fn append(&mut self, b: PktBuf, n: usize) -> Option<&mut [u8]> {
+        if self.tailroom(b) < n {
+            return None;
+        }
+        let m = &mut self.meta[b.0 as usize];
+        let start = m.off as usize + m.len as usize;
+        m.len += n as u32;
+        let base = self.base(b);
+        Some(&mut self.region[base + start..base + start + n])
+    }
+
+    /// Grows the data by `n` bytes at the front (into the headroom) and returns them.
+    pub fn prepend(&mut self, b: PktBuf, n: usize) -> Option<&mut [u8]> {
+        let m = &mut self.meta[b.0 as usize];
+        if (m.off as usize) < n {
+            return None;
+        }
+        m.off -= n as u32;
+        m.len += n as u32;
+        let start = b.0 as usize * self.buf_size + m.off as usize;
+        Some(&mut self.region[start..start + n])
+    }
+
+    /// Drops `n` bytes from the front of the data (a header consumed).
+    pub fn trim_front(&mut self, b: PktBuf, n: usize) -> Option<()> {
+        let m = &mut self.meta[b.0 as usize];
+        if (m.len as usize) < n {
+            return None;
+        }
+        m.off += n as u32;
+        m.len -= n as u32;
+        Some(())
+    }
+
+    /// Keeps only the first `len` bytes of data.
+    pub fn truncate(&mut self, b: PktBuf, len: usize) {
+        let m = &mut self.meta[b.0 as usize];
+        m.len = m.len.min(len as u32);
+    }
+
+    /// Empties the buffer and puts the data start back after the default headroom.
+    pub fn reset(&mut self, b: PktBuf) {
+        let m = &mut self.meta[b.0 as usize];
+        m.off = self.headroom as u32;
+        m.len = 0;
+        m.offload = Offload::default();
+    }
+
+    pub fn offload(&self, b: PktBuf) -> Offload {
+        self.meta[b.0 as usize].offload
+    }
+    pub fn set_offload(&mut self, b: PktBuf, o: Offload) {
+        self.meta[b.0 as usize].offload = o;
+    }
+
+    pub fn next(&self, b: PktBuf) -> Option<PktBuf> {
+        match self.meta[b.0 as usize].next {
+            NONE => None,
+            n => Some(PktBuf(n)),
+        }
+    }
+
+    /// Chains `next` after `b` (`b` takes over the caller's reference to `next`).
+    pub fn set_next(&mut self, b: PktBuf, next: Option<PktBuf>) {
+        self.meta[b.0 as usize].next = next.map_or(NONE, |n| n.0);
+    }
+
+    /// Total data bytes of the chain starting at `b`.
+    pub fn chain_len(&self, b: PktBuf) -> usize {
+        let mut total = 0;
+        let mut cur = Some(b);
+        while let Some(c) = cur {
+            total += self.len(c);
+            cur = self.next(c);
+        }
+        total
+    }
+
+    /// Copies `bytes` into a new buffer, chaining more buffers when they do not fit in one.
+    /// Returns `None` (and frees what it took) when the pool runs dry.
+    pub fn alloc_from(&mut self, bytes: &[u8]) -> Option<PktBuf> {
+        let head = self.alloc()?;
+        let mut cur = head;
+        let mut rest = bytes;
+        loop {
+            let room = self.tailroom(cur);
+            let take = room.min(rest.len());
+            self.append(cur, take)
+                .expect("tailroom checked")
+                .copy_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if rest.is_empty() {
+                return Some(head);
+            }
+            let Some(n) = self.alloc() else {
+                self.free(head);
+                return None;
+            };
+            // Continuation buffers need no headroom.
+            self.meta[n.0 as usize].off = 0;
+            self.set_next(cur, Some(n));
+            cur = n;
+        }
+    }
+
+    /// Copies the chain's data into `out` (cleared first).
+    pub fn copy_chain(&self, b: PktBuf, out: &mut Vec<u8>) {
+        out.clear();
+        let mut cur = Some(b);
+        while let Some(c) = cur {
+            out.extend_from_slice(self.data(c));
+            cur = self.next(c);
+        }
+    }
+
+    /// Copies up to `out.len()` bytes of the chain starting `skip` bytes in; returns the count.
+    pub fn read_chain(&self, b: PktBuf, mut skip: usize, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        let mut cur = Some(b);
+        while let Some(c) = cur {
+            let d = self.data(c);
+            if skip >= d.len() {
+                skip -= d.len();
+            } else {
+                let d = &d[skip..];
+                skip = 0;
+                let n = d.len().min(out.len() - done);
+                out[done..done + n].copy_from_slice(&d[..n]);
+                done += n;
+                if done == out.len() {
+                    break;
+                }
+            }
+            cur = self.next(c);
+        }
+        done
+    }
+}
+
+fn memfd(name: &str) -> std::io::Result<File> {
+    let cname = std::ffi::CString::new(name).expect("no NUL in name");
+    // SAFETY: memfd_create takes a valid C string and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a freshly created descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(count: u32) -> PacketPool {
+        PacketPool::new(&PoolConfig {
+            count,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn rejects_bad_config() {
+        for (size, head, count) in [(1000, 128, 4), (2048, 2040, 4), (2048, 128, 0)] {
+            let cfg = PoolConfig {
+                buf_size: size,
+                headroom: head,
+                count,
+                backing: Backing::Anonymous,
+            };
+            assert!(PacketPool::new(&cfg).is_err(), "{size} {head} {count}");
+        }
+    }
+
+    #[test]
+    fn exhaustion_is_counted_not_fatal() {
+        let mut p = pool(2);
+        let a = p.alloc().unwrap();
+        let b = p.alloc().unwrap();
+        assert!(p.alloc().is_none());
+        assert_eq!(p.stats().exhausted, 1);
+        p.free(a);
+        p.free(b);
+        assert_eq!(p.in_use(), 0);
+        assert!(p.alloc().is_some());
+    }
+
+    #[test]
+    fn headroom_prepend_and_trim() {
+        let mut p = pool(1);
+        let b = p.alloc().unwrap();
+        p.append(b, 4).unwrap().copy_from_slice(b"data");
+        p.prepend(b, 2).unwrap().copy_from_slice(b"hd");
+        assert_eq!(p.data(b), b"hddata");
+        p.trim_front(b, 2).unwrap();
+        assert_eq!(p.data(b), b"data");
+        assert!(p.prepend(b, DEFAULT_HEADROOM + 10).is_none());
+        assert!(p.append(b, 4096).is_none());
+    }
+
+    #[test]
+    fn chains_hold_large_payloads_and_free_whole() {
+        let mut p = pool(64);
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let head = p.alloc_from(&bytes).unwrap();
+        assert!(p.next(head).is_some());
+        assert_eq!(p.chain_len(head), bytes.len());
+        let mut out = Vec::new();
+        p.copy_chain(head, &mut out);
+        assert_eq!(out, bytes);
+        let mut part = [0u8; 3000];
+        assert_eq!(p.read_chain(head, 1500, &mut part), 3000);
+        assert_eq!(&part[..], &bytes[1500..4500]);
+        p.free(head);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn alloc_from_gives_back_on_exhaustion() {
+        let mut p = pool(2);
+        assert!(p.alloc_from(&[0u8; 10_000]).is_none());
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn refcount_keeps_buffer_alive() {
+        let mut p = pool(1);
+        let b = p.alloc().unwrap();
+        p.retain(b);
+        p.free(b);
+        assert_eq!(p.in_use(), 1);
+        assert!(p.checked(b.index()).is_some());
+        p.free(b);
+        assert_eq!(p.in_use(), 0);
+        assert!(p.checked(b.index()).is_none());
+        assert!(p.checked(99).is_none());
+    }
+
+    #[test]
+    fn memfd_backing_works() {
+        let mut p = PacketPool::new(&PoolConfig {
+            count: 8,
+            backing: Backing::Memfd,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(p.memfd_fd().is_some());
+        let b = p.alloc_from(b"shared").unwrap();
+        assert_eq!(p.data(b), b"shared");
+        p.free(b);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_alloc_free_never_leaks(ops in proptest::collection::vec(0u8..4, 0..400)) {
+            let mut p = pool(16);
+            let mut held = Vec::new();
+            for op in ops {
+                match op {
+                    0 | 1 => if let Some(b) = p.alloc() { held.push(b) },
+                    2 => if let Some(b) = held.pop() { p.free(b) },
+                    _ => if let Some(&b) = held.last() { p.retain(b); held.push(b) },
+                }
+                proptest::prop_assert_eq!(p.free_count() + p.in_use() as usize, 16);
+            }
+            for b in held { p.free(b) }
+            proptest::prop_assert_eq!(p.in_use(), 0);
+        }
+    }
+}

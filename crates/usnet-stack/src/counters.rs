@@ -1,0 +1,129 @@
+//! Every unusual event and every drop has a named counter (like FreeBSD's `tcpstat` or
+//! `netstat -s`). The name's prefix before the first `_` is the layer.
+
+macro_rules! define_counters {
+    ($($field:ident => $desc:literal,)*) => {
+        /// Counters of one stack. Plain `u64`s: the core is single-threaded.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct Counters { $(#[doc = $desc] pub $field: u64,)* }
+
+        impl Counters {
+            /// `(name, description, value)` for every counter, in declaration order.
+            pub fn entries(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![$((stringify!($field), $desc, self.$field)),*]
+            }
+        }
+    };
+}
+
+define_counters! {
+    link_rx_frames => "frames received from the device",
+    link_rx_bytes => "bytes received from the device",
+    link_tx_frames => "frames handed to the device",
+    link_tx_bytes => "bytes handed to the device",
+    drop_input_queue_full => "frames dropped at the stack entrance: input queue full (drop 1)",
+    drop_pool_exhausted => "packets lost because no pool buffer was free",
+    eth_rx_truncated => "frames shorter than an Ethernet header",
+    eth_rx_not_for_us => "frames for another MAC address",
+    eth_rx_unknown_type => "frames of an EtherType the stack does not speak",
+    eth_rx_vlan_tagged => "802.1Q/802.1ad tagged frames (accepted, tag ignored)",
+    arp_rx => "ARP packets received",
+    arp_rx_malformed => "ARP packets malformed or not Ethernet/IPv4",
+    arp_rx_not_for_us => "ARP requests for another address",
+    arp_tx_request => "ARP requests sent",
+    arp_tx_reply => "ARP replies sent",
+    ip4_rx => "IPv4 packets received",
+    ip4_rx_truncated => "IPv4 packets truncated or with a lying length",
+    ip4_rx_bad_checksum => "IPv4 headers with a bad checksum",
+    ip4_rx_bad_header => "IPv4 packets with a bad version or header length",
+    ip4_rx_not_for_us => "IPv4 packets for another address",
+    ip4_rx_unknown_proto => "IPv4 packets of an unknown protocol",
+    ip4_rx_fragments => "IPv4 fragments received",
+    ip4_reassembled => "IPv4 datagrams reassembled",
+    ip4_reasm_timeout => "IPv4 reassemblies abandoned after the time limit",
+    ip4_reasm_overflow => "IPv4 fragments dropped: reassembly memory or entry limit",
+    ip4_reasm_evicted => "unfinished IPv4 reassemblies evicted to make room",
+    ip4_reasm_bad => "IPv4 fragments dropped: bad offset, size or overlap",
+    ip4_tx => "IPv4 packets sent",
+    ip4_tx_fragments => "IPv4 fragments sent",
+    ip6_rx => "IPv6 packets received",
+    ip6_rx_truncated => "IPv6 packets truncated or with a lying length",
+    ip6_rx_bad_header => "IPv6 packets with a bad version or extension header chain",
+    ip6_rx_not_for_us => "IPv6 packets for another address",
+    ip6_rx_unknown_proto => "IPv6 packets of an unknown next header",
+    ip6_rx_fragments => "IPv6 fragments received",
+    ip6_reassembled => "IPv6 datagrams reassembled",
+    ip6_reasm_timeout => "IPv6 reassemblies abandoned after the time limit",
+    ip6_reasm_overflow => "IPv6 fragments dropped: reassembly memory or entry limit",
+    ip6_reasm_evicted => "unfinished IPv6 reassemblies evicted to make room",
+    ip6_reasm_bad => "IPv6 fragments dropped: bad offset, size or overlap",
+    ip6_tx => "IPv6 packets sent",
+    ip6_tx_fragments => "IPv6 fragments sent",
+    ip_tx_no_route => "packets not sent: no route to the destination",
+    neigh_tx_solicit => "neighbour solicitations (ARP requests / NS) sent",
+    neigh_queue_full => "packets dropped: queue waiting for address resolution full",
+    neigh_unresolved => "packets dropped: address resolution failed",
+    neigh_cache_full => "neighbour entries not created: cache full",
+    icmp4_rx => "ICMPv4 messages received",
+    icmp4_rx_bad_checksum => "ICMPv4 messages with a bad checksum",
+    icmp4_rx_malformed => "ICMPv4 messages truncated or malformed",
+    icmp4_rx_echo_request => "ICMPv4 echo requests received",
+    icmp4_rx_echo_reply => "ICMPv4 echo replies received",
+    icmp4_rx_unreachable => "ICMPv4 destination unreachable received",
+    icmp4_rx_time_exceeded => "ICMPv4 time exceeded received",
+    icmp4_rx_other => "ICMPv4 messages of other types",
+    icmp4_tx_echo_reply => "ICMPv4 echo replies sent",
+    icmp4_tx_echo_request => "ICMPv4 echo requests sent",
+    icmp4_tx_unreachable => "ICMPv4 destination unreachable sent",
+    icmp4_tx_time_exceeded => "ICMPv4 time exceeded sent",
+    icmp_tx_rate_limited => "ICMP errors not sent: rate limit",
+    icmp6_rx => "ICMPv6 messages received",
+    icmp6_rx_bad_checksum => "ICMPv6 messages with a bad checksum",
+    icmp6_rx_malformed => "ICMPv6 messages truncated or malformed",
+    icmp6_rx_echo_request => "ICMPv6 echo requests received",
+    icmp6_rx_echo_reply => "ICMPv6 echo replies received",
+    icmp6_rx_unreachable => "ICMPv6 destination unreachable received",
+    icmp6_rx_neighbor_solicit => "NDP neighbour solicitations received",
+    icmp6_rx_neighbor_advert => "NDP neighbour advertisements received",
+    icmp6_rx_ndp_invalid => "NDP messages failing RFC 4861 validation (hop limit, code)",
+    icmp6_rx_other => "ICMPv6 messages of other types",
+    icmp6_tx_echo_reply => "ICMPv6 echo replies sent",
+    icmp6_tx_echo_request => "ICMPv6 echo requests sent",
+    icmp6_tx_neighbor_advert => "NDP neighbour advertisements sent",
+    icmp6_tx_unreachable => "ICMPv6 destination unreachable sent",
+    icmp6_tx_time_exceeded => "ICMPv6 time exceeded sent",
+    udp_rx => "UDP datagrams received",
+    udp_rx_truncated => "UDP datagrams truncated or with a lying length",
+    udp_rx_bad_checksum => "UDP datagrams with a bad checksum",
+    udp_rx_no_socket => "UDP datagrams for a port with no socket",
+    udp_rx_queue_full => "UDP datagrams dropped: socket receive queue full (drop 2)",
+    udp_rx_delivered => "UDP datagrams queued to a socket",
+    udp_tx => "UDP datagrams sent",
+    udp_tx_too_big => "UDP datagrams refused: larger than 65507 bytes",
+    ping_rx_no_socket => "echo replies for no ping socket",
+    ping_rx_queue_full => "echo replies dropped: ping socket queue full",
+}
+
+impl Counters {
+    /// The layer a counter belongs to (its name up to the first `_`).
+    pub fn layer_of(name: &str) -> &str {
+        name.split('_').next().unwrap_or(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_list_every_field_with_a_layer() {
+        let c = Counters {
+            udp_rx_queue_full: 3,
+            ..Default::default()
+        };
+        let e = c.entries();
+        assert!(e.len() > 50);
+        assert!(e.iter().any(|(n, _, v)| *n == "udp_rx_queue_full" && *v == 3));
+        assert_eq!(Counters::layer_of("udp_rx_queue_full"), "udp");
+    }
+}

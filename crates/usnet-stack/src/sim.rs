@@ -1,0 +1,250 @@
+//! Deterministic simulation: N stacks on one simulated Ethernet segment (a hub: every
+//! frame reaches every other stack, which filters by MAC), with seeded loss,
+//! duplication, reordering, corruption and delay, in virtual time. The same seed gives
+//! the same conversation, byte for byte, so a failure can be replayed.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use crate::{ConfigError, Instant, Stack, StackConfig};
+
+/// What the simulated wire does to frames. Probabilities are per frame, 0.0..=1.0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    pub loss: f64,
+    pub duplicate: f64,
+    pub corrupt: f64,
+    /// Chance that a frame is held back by up to `reorder_window`.
+    pub reorder: f64,
+    pub reorder_window: Duration,
+    /// Fixed one-way delay.
+    pub delay: Duration,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            loss: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            reorder: 0.0,
+            reorder_window: Duration::from_millis(5),
+            delay: Duration::from_micros(50),
+        }
+    }
+}
+
+/// What the wire did, counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireStats {
+    pub sent: u64,
+    pub delivered: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+    pub reordered: u64,
+    /// Deliveries refused because the receiver's pool was empty.
+    pub rx_no_buffer: u64,
+}
+
+/// splitmix64: tiny, seedable and good enough to drive fault decisions.
+#[derive(Debug, Clone)]
+pub struct SimRng(u64);
+
+impl SimRng {
+    pub fn new(seed: u64) -> Self {
+        SimRng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.unit() < p
+    }
+}
+
+struct InFlight {
+    at: Instant,
+    seq: u64,
+    from: usize,
+    bytes: Vec<u8>,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+pub struct SimNet {
+    stacks: Vec<Stack>,
+    now: Instant,
+    wire: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    rng: SimRng,
+    pub faults: Faults,
+    pub stats: WireStats,
+}
+
+impl SimNet {
+    pub fn new(seed: u64, faults: Faults) -> Self {
+        SimNet {
+            stacks: Vec::new(),
+            now: Instant::from_millis(1),
+            wire: BinaryHeap::new(),
+            seq: 0,
+            rng: SimRng::new(seed),
+            faults,
+            stats: WireStats::default(),
+        }
+    }
+
+    /// Adds a stack; returns its index.
+    pub fn add(&mut self, cfg: StackConfig) -> Result<usize, ConfigError> {
+        let mut s = Stack::new(cfg)?;
+        s.advance(self.now);
+        self.stacks.push(s);
+        Ok(self.stacks.len() - 1)
+    }
+
+    pub fn stack(&self, i: usize) -> &Stack {
+        &self.stacks[i]
+    }
+    pub fn stack_mut(&mut self, i: usize) -> &mut Stack {
+        &mut self.stacks[i]
+    }
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// One round: every stack polls and transmits, due frames are delivered, then the
+    /// clock jumps to the next event if nothing happened. Returns whether work was done.
+    pub fn step(&mut self) -> bool {
+        let mut did = false;
+        for i in 0..self.stacks.len() {
+            did |= self.stacks[i].poll(self.now);
+            while let Some(buf) = self.stacks[i].dequeue_tx() {
+                let mut bytes = Vec::new();
+                self.stacks[i].pool().copy_chain(buf, &mut bytes);
+                self.stacks[i].pool_mut().free(buf);
+                self.launch(i, bytes);
+                did = true;
+            }
+        }
+        while self.wire.peek().is_some_and(|f| f.0.at <= self.now) {
+            let Reverse(f) = self.wire.pop().expect("peeked");
+            for j in 0..self.stacks.len() {
+                if j == f.from {
+                    continue;
+                }
+                let s = &mut self.stacks[j];
+                match s.pool_mut().alloc_from(&f.bytes) {
+                    Some(b) => {
+                        s.receive(b);
+                        self.stats.delivered += 1;
+                    }
+                    None => self.stats.rx_no_buffer += 1,
+                }
+            }
+            did = true;
+        }
+        if did {
+            // Work costs a little time, so a busy sender still lets frames arrive.
+            self.now = self.now + Duration::from_micros(1);
+        } else {
+            let next = self
+                .stacks
+                .iter()
+                .filter_map(|s| s.poll_at())
+                .chain(self.wire.peek().map(|f| f.0.at))
+                .min();
+            self.now = match next {
+                Some(t) if t > self.now => t,
+                _ => self.now + Duration::from_millis(1),
+            };
+        }
+        did
+    }
+
+    fn launch(&mut self, from: usize, mut bytes: Vec<u8>) {
+        self.stats.sent += 1;
+        let f = self.faults;
+        if self.rng.chance(f.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        if self.rng.chance(f.corrupt) && !bytes.is_empty() {
+            let i = self.rng.below(bytes.len() as u64) as usize;
+            bytes[i] ^= 1 << self.rng.below(8);
+            self.stats.corrupted += 1;
+        }
+        let copies = if self.rng.chance(f.duplicate) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut at = self.now + f.delay;
+            if self.rng.chance(f.reorder) {
+                let w = f.reorder_window.as_nanos() as u64;
+                at = at + Duration::from_nanos(self.rng.below(w.max(1)));
+                self.stats.reordered += 1;
+            }
+            self.seq += 1;
+            self.wire.push(Reverse(InFlight {
+                at,
+                seq: self.seq,
+                from,
+                bytes: bytes.clone(),
+            }));
+        }
+    }
+
+    /// Steps until `done` holds or `limit` of virtual time passes; true if `done`.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&mut SimNet) -> bool) -> bool {
+        let end = self.now + limit;
+        while self.now < end {
+            if done(self) {
+                return true;
+            }
+            self.step();
+        }
+        done(self)
+    }
+
+    /// Steps for `d` of virtual time.
+    pub fn run_for(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.step();
+        }
+    }
+}

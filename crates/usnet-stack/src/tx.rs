@@ -1,0 +1,586 @@
+//! Transmit path: route → build the frame in one pool buffer (headers written in front
+//! of the payload) → fragment when larger than the MTU → resolve the next hop's MAC
+//! (or hold the frame while ARP/NDP asks) → transmit queue.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use usnet_pool::{Offload, PktBuf};
+use usnet_wire::{
+    self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, Ipv4Repr, Ipv6Repr, MacAddr,
+};
+
+use crate::frag::{Expired, FragKey};
+use crate::neighbor::Lookup;
+use crate::rx::Unreach;
+use crate::{Stack, StackError};
+
+const ETH: usize = wire::ETHERNET_HEADER_LEN;
+
+/// IPv6 fragment header fields for one fragment.
+#[derive(Clone, Copy)]
+struct FragFields {
+    offset: usize,
+    more: bool,
+    ident: u32,
+}
+
+fn ip_header_len(dst: IpAddr) -> usize {
+    if dst.is_ipv4() {
+        wire::IPV4_HEADER_LEN
+    } else {
+        wire::IPV6_HEADER_LEN
+    }
+}
+
+fn multicast_mac(dst: IpAddr) -> Option<MacAddr> {
+    match dst {
+        IpAddr::V4(a) if a.is_broadcast() => Some(MacAddr::BROADCAST),
+        IpAddr::V4(a) if a.is_multicast() => {
+            let o = a.octets();
+            Some(MacAddr([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]))
+        }
+        IpAddr::V6(a) if a.is_multicast() => {
+            let o = a.octets();
+            Some(MacAddr([0x33, 0x33, o[12], o[13], o[14], o[15]]))
+        }
+        _ => None,
+    }
+}
+
+impl Stack {
+    fn push_tx(&mut self, buf: PktBuf) {
+        self.counters.link_tx_frames += 1;
+        self.counters.link_tx_bytes += self.pool.chain_len(buf) as u64;
+        self.tx.push_back(buf);
+    }
+
+    /// Writes the Ethernet and IP headers for a packet whose upper-layer bytes are
+    /// `l4_len` long, into the first bytes of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_headers(
+        &mut self,
+        out: &mut [u8],
+        src: IpAddr,
+        dst: IpAddr,
+        proto: u8,
+        ttl: u8,
+        l4_len: usize,
+        frag: Option<FragFields>,
+    ) {
+        let mac = self.cfg.mac;
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let _ = wire::emit_ethernet(out, MacAddr::default(), mac, ethertype::IPV4);
+                let (ident, more, off) = match frag {
+                    Some(f) => (f.ident as u16, f.more, f.offset as u16),
+                    None => {
+                        self.ip_ident = self.ip_ident.wrapping_add(1);
+                        (self.ip_ident, false, 0)
+                    }
+                };
+                let repr = Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    protocol: proto,
+                    payload_len: l4_len,
+                    ttl,
+                    ident,
+                    dont_frag: false,
+                    more_frags: more,
+                    frag_offset: off,
+                };
+                let _ = repr.emit(&mut out[ETH..]);
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                let _ = wire::emit_ethernet(out, MacAddr::default(), mac, ethertype::IPV6);
+                let ext = if frag.is_some() { 8 } else { 0 };
+                let repr = Ipv6Repr {
+                    src: s,
+                    dst: d,
+                    next_header: if frag.is_some() { 44 } else { proto },
+                    payload_len: l4_len + ext,
+                    hop_limit: ttl,
+                };
+                let _ = repr.emit(&mut out[ETH..]);
+                if let Some(f) = frag {
+                    let at = ETH + wire::IPV6_HEADER_LEN;
+                    let _ = wire::emit_ipv6_fragment_header(
+                        &mut out[at..],
+                        proto,
+                        f.offset as u16,
+                        f.more,
+                        f.ident,
+                    );
+                }
+            }
+            _ => unreachable!("route() never mixes families"),
+        }
+    }
+
+    /// A frame of `src → dst` carrying `l4` (already complete upper-layer bytes).
+    #[allow(clippy::too_many_arguments)]
+    fn build_frame(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        proto: u8,
+        ttl: u8,
+        l4: &[u8],
+        frag: Option<FragFields>,
+    ) -> Result<PktBuf, StackError> {
+        let hdr = ETH + ip_header_len(dst) + if frag.is_some() && dst.is_ipv6() { 8 } else { 0 };
+        let total = hdr + l4.len();
+        if total <= self.pool.buf_size() - self.pool.headroom() {
+            let Some(buf) = self.pool.alloc() else {
+                self.counters.drop_pool_exhausted += 1;
+                return Err(StackError::NoBuffers);
+            };
+            let mut hdr_bytes = [0u8; 128];
+            self.write_headers(&mut hdr_bytes, src, dst, proto, ttl, l4.len(), frag);
+            let out = self.pool.append(buf, total).expect("size checked");
+            out[..hdr].copy_from_slice(&hdr_bytes[..hdr]);
+            out[hdr..].copy_from_slice(l4);
+            return Ok(buf);
+        }
+        // Larger than one buffer (jumbo MTU with small buffers): build, then chain.
+        let mut frame = std::mem::take(&mut self.frame_scratch);
+        frame.clear();
+        frame.resize(hdr, 0);
+        self.write_headers(&mut frame, src, dst, proto, ttl, l4.len(), frag);
+        frame.extend_from_slice(l4);
+        let buf = self.pool.alloc_from(&frame);
+        self.frame_scratch = frame;
+        buf.ok_or_else(|| {
+            self.counters.drop_pool_exhausted += 1;
+            StackError::NoBuffers
+        })
+    }
+
+    /// Sends complete upper-layer bytes, fragmenting when they exceed the MTU.
+    pub(crate) fn send_ip(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        proto: u8,
+        ttl: u8,
+        l4: &[u8],
+    ) -> Result<(), StackError> {
+        let mtu = self.cfg.mtu;
+        let v4 = dst.is_ipv4();
+        if ip_header_len(dst) + l4.len() <= mtu {
+            let buf = self.build_frame(src, dst, proto, ttl, l4, None)?;
+            if v4 {
+                self.counters.ip4_tx += 1;
+            } else {
+                self.counters.ip6_tx += 1;
+            }
+            self.dispatch(buf, next_hop);
+            return Ok(());
+        }
+        let chunk = if v4 {
+            (mtu - wire::IPV4_HEADER_LEN) & !7
+        } else {
+            (mtu - wire::IPV6_HEADER_LEN - 8) & !7
+        };
+        let ident = if v4 {
+            self.ip_ident = self.ip_ident.wrapping_add(1);
+            self.ip_ident as u32
+        } else {
+            self.frag6_ident = self.frag6_ident.wrapping_add(1);
+            self.frag6_ident
+        };
+        let mut offset = 0;
+        while offset < l4.len() {
+            let end = (offset + chunk).min(l4.len());
+            let f = FragFields {
+                offset,
+                more: end < l4.len(),
+                ident,
+            };
+            let buf = self.build_frame(src, dst, proto, ttl, &l4[offset..end], Some(f))?;
+            if v4 {
+                self.counters.ip4_tx += 1;
+                self.counters.ip4_tx_fragments += 1;
+            } else {
+                self.counters.ip6_tx += 1;
+                self.counters.ip6_tx_fragments += 1;
+            }
+            self.dispatch(buf, next_hop);
+            offset = end;
+        }
+        Ok(())
+    }
+
+    /// The UDP hot path: one buffer, payload copied once, headers written in front.
+    pub(crate) fn send_udp(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        sport: u16,
+        dport: u16,
+        data: &[u8],
+    ) -> Result<(), StackError> {
+        let l3 = ip_header_len(dst);
+        let udp_len = wire::UDP_HEADER_LEN + data.len();
+        let total = ETH + l3 + udp_len;
+        let local = self.is_local_addr(next_hop);
+        if l3 + udp_len <= self.cfg.mtu && total <= self.pool.buf_size() - self.pool.headroom() {
+            let Some(buf) = self.pool.alloc() else {
+                self.counters.drop_pool_exhausted += 1;
+                return Err(StackError::NoBuffers);
+            };
+            let mut hdr_bytes = [0u8; 64];
+            self.write_headers(&mut hdr_bytes, src, dst, wire::IPPROTO_UDP, self.cfg.ttl, udp_len, None);
+            let offload = self.cfg.tx_csum_offload && !local;
+            let out = self.pool.append(buf, total).expect("size checked");
+            out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
+            out[ETH + l3 + wire::UDP_HEADER_LEN..].copy_from_slice(data);
+            let udp = &mut out[ETH + l3..];
+            let _ = wire::emit_udp_header(udp, src, dst, sport, dport, !offload);
+            if offload {
+                let partial = wire::udp_partial_checksum(src, dst, udp_len as u32);
+                udp[6..8].copy_from_slice(&partial.to_be_bytes());
+                self.pool.set_offload(
+                    buf,
+                    Offload {
+                        needs_csum: true,
+                        csum_start: (ETH + l3) as u16,
+                        csum_offset: 6,
+                        ..Offload::default()
+                    },
+                );
+            }
+            if dst.is_ipv4() {
+                self.counters.ip4_tx += 1;
+            } else {
+                self.counters.ip6_tx += 1;
+            }
+            self.dispatch(buf, next_hop);
+            return Ok(());
+        }
+        // Fragmented (or larger than a buffer): assemble the datagram, then split it.
+        let mut l4 = std::mem::take(&mut self.scratch);
+        l4.clear();
+        l4.resize(wire::UDP_HEADER_LEN, 0);
+        l4.extend_from_slice(data);
+        let _ = wire::emit_udp_header(&mut l4, src, dst, sport, dport, true);
+        let r = self.send_ip(src, dst, next_hop, wire::IPPROTO_UDP, self.cfg.ttl, &l4);
+        self.scratch = l4;
+        r
+    }
+
+    /// Puts a finished frame on its way: to our own input queue, to the transmit
+    /// queue with the next hop's MAC, or into the neighbour's waiting queue.
+    fn dispatch(&mut self, buf: PktBuf, next_hop: IpAddr) {
+        if self.is_local_addr(next_hop) {
+            let mac = self.cfg.mac;
+            self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+            self.receive(buf);
+            return;
+        }
+        let subnet_bcast = matches!(next_hop, IpAddr::V4(a) if self.addrs.iter().any(|c| c.broadcast_v4() == Some(a)));
+        let mac = if subnet_bcast {
+            Some(MacAddr::BROADCAST)
+        } else {
+            multicast_mac(next_hop)
+        };
+        if let Some(mac) = mac {
+            self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+            self.push_tx(buf);
+            return;
+        }
+        match self.neighbors.lookup(next_hop, self.now) {
+            Lookup::Found(mac) => {
+                self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+                self.push_tx(buf);
+            }
+            Lookup::FoundStale(mac) => {
+                self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+                self.push_tx(buf);
+                self.send_solicit(next_hop);
+            }
+            Lookup::Missing => match self.neighbors.hold(next_hop, buf, self.now) {
+                Ok(true) => self.send_solicit(next_hop),
+                Ok(false) => {}
+                Err(b) => {
+                    self.counters.neigh_queue_full += 1;
+                    self.pool.free(b);
+                }
+            },
+        }
+    }
+
+    /// Frames that waited for `mac` go out now.
+    pub(crate) fn flush_pending(&mut self, pending: VecDeque<PktBuf>, mac: MacAddr) {
+        for b in pending {
+            self.pool.data_mut(b)[..6].copy_from_slice(&mac.0);
+            self.push_tx(b);
+        }
+    }
+
+    /// Asks who has `ip`: an ARP request or an NDP neighbour solicitation.
+    pub(crate) fn send_solicit(&mut self, ip: IpAddr) {
+        self.counters.neigh_tx_solicit += 1;
+        match ip {
+            IpAddr::V4(target) => {
+                let Some(IpAddr::V4(_)) = self.source_for(ip) else { return };
+                self.send_arp(ArpOp::Request, target, MacAddr::default(), target, MacAddr::BROADCAST);
+            }
+            IpAddr::V6(target) => {
+                let Some(src) = self.source_for(ip) else { return };
+                let dst = wire::solicited_node(&target);
+                let repr = Icmpv6Repr::NeighborSolicit {
+                    target,
+                    source_mac: Some(self.cfg.mac),
+                };
+                let _ = self.send_icmp6(src, IpAddr::V6(dst), IpAddr::V6(dst), 255, &repr);
+            }
+        }
+    }
+
+    /// Sends an ARP packet. For a request, `target_ip_for_sender` picks our address on
+    /// the target's subnet; for a reply it is the address being answered for.
+    pub(crate) fn send_arp(
+        &mut self,
+        op: ArpOp,
+        our_ip_hint: Ipv4Addr,
+        target_mac: MacAddr,
+        target_ip: Ipv4Addr,
+        eth_dst: MacAddr,
+    ) {
+        let sender_ip = match op {
+            ArpOp::Reply => our_ip_hint,
+            _ => match self.source_for(IpAddr::V4(target_ip)) {
+                Some(IpAddr::V4(a)) => a,
+                _ => return,
+            },
+        };
+        let Some(buf) = self.pool.alloc() else {
+            self.counters.drop_pool_exhausted += 1;
+            return;
+        };
+        let mac = self.cfg.mac;
+        // Pad to the 60-byte Ethernet minimum, as real stacks do.
+        let out = self.pool.append(buf, 60).expect("fits");
+        out.fill(0);
+        let _ = wire::emit_ethernet(out, eth_dst, mac, ethertype::ARP);
+        let repr = ArpRepr {
+            op,
+            sender_mac: mac,
+            sender_ip,
+            target_mac,
+            target_ip,
+        };
+        let _ = repr.emit(&mut out[ETH..]);
+        match op {
+            ArpOp::Reply => self.counters.arp_tx_reply += 1,
+            _ => self.counters.arp_tx_request += 1,
+        }
+        self.push_tx(buf);
+    }
+
+    pub(crate) fn send_neighbor_advert(&mut self, dst: Ipv6Addr, target: Ipv6Addr, solicited: bool) {
+        let repr = Icmpv6Repr::NeighborAdvert {
+            router: false,
+            solicited,
+            override_: true,
+            target,
+            target_mac: Some(self.cfg.mac),
+        };
+        if self
+            .send_icmp6(IpAddr::V6(target), IpAddr::V6(dst), IpAddr::V6(dst), 255, &repr)
+            .is_ok()
+        {
+            self.counters.icmp6_tx_neighbor_advert += 1;
+        }
+    }
+
+    fn send_icmp6(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        hop_limit: u8,
+        repr: &Icmpv6Repr<'_>,
+    ) -> Result<(), StackError> {
+        let (IpAddr::V6(s), IpAddr::V6(d)) = (src, dst) else {
+            return Err(StackError::InvalidInput);
+        };
+        let mut msg = std::mem::take(&mut self.icmp_scratch);
+        msg.clear();
+        msg.resize(repr.buffer_len(), 0);
+        let r = match repr.emit(&s, &d, &mut msg) {
+            Ok(()) => self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMPV6, hop_limit, &msg),
+            Err(_) => Err(StackError::InvalidInput),
+        };
+        self.icmp_scratch = msg;
+        r
+    }
+
+    fn send_icmp4(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        repr: &Icmpv4Repr<'_>,
+    ) -> Result<(), StackError> {
+        let mut msg = std::mem::take(&mut self.icmp_scratch);
+        msg.clear();
+        msg.resize(repr.buffer_len(), 0);
+        let r = match repr.emit(&mut msg) {
+            Ok(()) => self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMP, self.cfg.ttl, &msg),
+            Err(_) => Err(StackError::InvalidInput),
+        };
+        self.icmp_scratch = msg;
+        r
+    }
+
+    pub(crate) fn send_echo(
+        &mut self,
+        dst: IpAddr,
+        ident: u16,
+        seq: u16,
+        data: &[u8],
+        request: bool,
+    ) -> Result<(), StackError> {
+        self.send_echo_from(None, dst, ident, seq, data, request)
+    }
+
+    /// An echo request or reply; `src` overrides the routed source (a reply comes
+    /// from the address the request was sent to).
+    pub(crate) fn send_echo_from(
+        &mut self,
+        src: Option<IpAddr>,
+        dst: IpAddr,
+        ident: u16,
+        seq: u16,
+        data: &[u8],
+        request: bool,
+    ) -> Result<(), StackError> {
+        let Some((routed_src, next_hop)) = self.route(dst) else {
+            self.counters.ip_tx_no_route += 1;
+            return Err(StackError::NoRoute);
+        };
+        let src = src.unwrap_or(routed_src);
+        let ttl = self.cfg.ttl;
+        if dst.is_ipv4() {
+            let repr = if request {
+                Icmpv4Repr::EchoRequest { ident, seq, data }
+            } else {
+                Icmpv4Repr::EchoReply { ident, seq, data }
+            };
+            self.send_icmp4(src, dst, next_hop, &repr)?;
+            if request {
+                self.counters.icmp4_tx_echo_request += 1;
+            } else {
+                self.counters.icmp4_tx_echo_reply += 1;
+            }
+        } else {
+            let repr = if request {
+                Icmpv6Repr::EchoRequest { ident, seq, data }
+            } else {
+                Icmpv6Repr::EchoReply { ident, seq, data }
+            };
+            self.send_icmp6(src, dst, next_hop, ttl, &repr)?;
+            if request {
+                self.counters.icmp6_tx_echo_request += 1;
+            } else {
+                self.counters.icmp6_tx_echo_reply += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Token bucket for ICMP errors, refilled once per second of stack time.
+    fn icmp_error_allowed(&mut self) -> bool {
+        if self.now.saturating_since(self.icmp_refill).as_secs() >= 1 {
+            self.icmp_refill = self.now;
+            self.icmp_tokens = self.cfg.icmp_error_rate;
+        }
+        if self.icmp_tokens == 0 {
+            self.counters.icmp_tx_rate_limited += 1;
+            return false;
+        }
+        self.icmp_tokens -= 1;
+        true
+    }
+
+    fn error_target_ok(to: IpAddr) -> bool {
+        match to {
+            IpAddr::V4(a) => !(a.is_unspecified() || a.is_broadcast() || a.is_multicast()),
+            IpAddr::V6(a) => !(a.is_unspecified() || a.is_multicast()),
+        }
+    }
+
+    /// Port or protocol unreachable back to `to`, quoting `invoking`.
+    pub(crate) fn send_unreachable(&mut self, why: Unreach, our_addr: IpAddr, to: IpAddr, invoking: &[u8]) {
+        if !Self::error_target_ok(to) || !self.icmp_error_allowed() {
+            return;
+        }
+        let Some((_, next_hop)) = self.route(to) else { return };
+        if to.is_ipv4() {
+            let code = match why {
+                Unreach::Port => wire::unreach::PORT,
+                Unreach::Protocol => wire::unreach::PROTO,
+            };
+            let repr = Icmpv4Repr::DstUnreachable { code, invoking };
+            if self.send_icmp4(our_addr, to, next_hop, &repr).is_ok() {
+                self.counters.icmp4_tx_unreachable += 1;
+            }
+        } else if why == Unreach::Port {
+            // RFC 4443: code 4 = port unreachable.
+            let repr = Icmpv6Repr::DstUnreachable { code: 4, invoking };
+            let ttl = self.cfg.ttl;
+            if self.send_icmp6(our_addr, to, next_hop, ttl, &repr).is_ok() {
+                self.counters.icmp6_tx_unreachable += 1;
+            }
+        }
+    }
+
+    /// Abandons timed-out reassemblies; sends "fragment reassembly time exceeded" when
+    /// the first fragment had arrived (RFC 792 / RFC 8200).
+    pub(crate) fn expire_reassembly(&mut self) -> bool {
+        let mut expired: Vec<Expired> = Vec::new();
+        self.reasm4.poll(self.now, &mut expired);
+        self.reasm6.poll(self.now, &mut expired);
+        let did = !expired.is_empty();
+        for e in expired {
+            let (ours, to) = match e.key {
+                FragKey::V4 { src, dst, .. } => {
+                    self.counters.ip4_reasm_timeout += 1;
+                    (IpAddr::V4(dst), IpAddr::V4(src))
+                }
+                FragKey::V6 { src, dst, .. } => {
+                    self.counters.ip6_reasm_timeout += 1;
+                    (IpAddr::V6(dst), IpAddr::V6(src))
+                }
+            };
+            if e.invoking.is_empty() || !self.is_local_addr(ours) || !Self::error_target_ok(to) || !self.icmp_error_allowed() {
+                continue;
+            }
+            let Some((_, next_hop)) = self.route(to) else { continue };
+            if to.is_ipv4() {
+                let repr = Icmpv4Repr::TimeExceeded {
+                    code: 1,
+                    invoking: &e.invoking,
+                };
+                if self.send_icmp4(ours, to, next_hop, &repr).is_ok() {
+                    self.counters.icmp4_tx_time_exceeded += 1;
+                }
+            } else {
+                let repr = Icmpv6Repr::TimeExceeded {
+                    code: 1,
+                    invoking: &e.invoking,
+                };
+                let ttl = self.cfg.ttl;
+                if self.send_icmp6(ours, to, next_hop, ttl, &repr).is_ok() {
+                    self.counters.icmp6_tx_time_exceeded += 1;
+                }
+            }
+        }
+        did
+    }
+}

@@ -1,0 +1,363 @@
+//! Whole conversations between stacks on the simulated wire, in virtual time, with
+//! injected loss, reordering, duplication and corruption.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use usnet_stack::sim::{Faults, SimNet};
+use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError};
+
+fn cfg(i: u8, extra: &[&str]) -> StackConfig {
+    let mut addrs = vec![
+        format!("10.0.0.{i}/24").parse().unwrap(),
+        format!("fd00::{i}/64").parse().unwrap(),
+    ];
+    for a in extra {
+        addrs.push(a.parse().unwrap());
+    }
+    StackConfig {
+        mac: mac_from_seed(i as u64),
+        addrs,
+        seed: i as u64,
+        ..Default::default()
+    }
+}
+
+fn pair(seed: u64, faults: Faults) -> SimNet {
+    let mut net = SimNet::new(seed, faults);
+    net.add(cfg(1, &[])).unwrap();
+    net.add(cfg(2, &[])).unwrap();
+    net
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Pings from stack 0 to `dst`; returns how many replies came back.
+fn ping(net: &mut SimNet, dst: IpAddr, count: u16, size: usize) -> usize {
+    let h = net.stack_mut(0).ping_open();
+    let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut got = 0;
+    for seq in 0..count {
+        net.stack_mut(0).ping_send(h, dst, seq, &data).unwrap();
+        let ok = net.run_until(Duration::from_secs(3), |n| {
+            n.stack_mut(0).ping_recv(h).map(|r| assert_eq!(r.seq, seq)).is_ok()
+        });
+        got += ok as usize;
+    }
+    got
+}
+
+#[test]
+fn ping_v4_resolves_arp_and_gets_replies() {
+    let mut net = pair(1, Faults::default());
+    assert_eq!(ping(&mut net, ip("10.0.0.2"), 5, 56), 5);
+    let c = net.stack(0).counters();
+    assert_eq!(c.arp_tx_request, 1);
+    assert_eq!(c.icmp4_rx_echo_reply, 5);
+    assert_eq!(net.stack(1).counters().arp_tx_reply, 1);
+    assert_eq!(net.stack(1).counters().icmp4_tx_echo_reply, 5);
+    assert!(net.stack(0).neighbors().iter().any(|(a, m)| *a == ip("10.0.0.2") && m.is_some()));
+}
+
+#[test]
+fn ping_v6_resolves_ndp_global_and_link_local() {
+    let mut net = pair(2, Faults::default());
+    assert_eq!(ping(&mut net, ip("fd00::2"), 3, 56), 3);
+    let ll = net
+        .stack(1)
+        .addrs()
+        .iter()
+        .find(|c| matches!(c.addr, IpAddr::V6(a) if a.segments()[0] == 0xfe80))
+        .unwrap()
+        .addr;
+    assert_eq!(ping(&mut net, ll, 3, 56), 3);
+    assert!(net.stack(1).counters().icmp6_rx_neighbor_solicit >= 1);
+    assert!(net.stack(0).counters().icmp6_rx_neighbor_advert >= 1);
+}
+
+#[test]
+fn large_pings_are_fragmented_and_reassembled_both_families() {
+    let mut net = pair(3, Faults::default());
+    assert_eq!(ping(&mut net, ip("10.0.0.2"), 2, 4000), 2);
+    assert_eq!(ping(&mut net, ip("fd00::2"), 2, 9000), 2);
+    assert!(net.stack(1).counters().ip4_reassembled >= 2);
+    assert!(net.stack(0).counters().ip6_reassembled >= 2);
+    assert!(net.stack(0).counters().ip4_tx_fragments >= 6);
+}
+
+fn udp_pair(net: &mut SimNet, port: u16) -> (usnet_stack::SocketHandle, usnet_stack::SocketHandle) {
+    let a = net.stack_mut(0).udp_bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    let b = net
+        .stack_mut(1)
+        .udp_bind(SocketAddr::new(ip("::"), port))
+        .unwrap();
+    (a, b)
+}
+
+/// Sends `n` datagrams of varying size; returns those received intact (all payloads
+/// carry their index and a pattern so corruption would be seen).
+fn udp_transfer(net: &mut SimNet, dst: IpAddr, n: u32, max: usize) -> (u32, u32) {
+    let (a, b) = udp_pair(net, 9000);
+    let to = SocketAddr::new(dst, 9000);
+    let mut received = 0;
+    let mut sent = 0;
+    let mut buf = vec![0u8; 70_000];
+    // Resolve the neighbour first, as any sender's first datagrams would.
+    net.stack_mut(0).udp_send_to(a, &u32::MAX.to_be_bytes(), to).unwrap();
+    net.run_for(Duration::from_millis(20));
+    while net.stack_mut(1).udp_recv_from(b, &mut buf).is_ok() {}
+    for i in 0..n {
+        let len = 4 + (i as usize * 7919) % max;
+        let mut msg: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
+        msg[..4].copy_from_slice(&i.to_be_bytes());
+        loop {
+            match net.stack_mut(0).udp_send_to(a, &msg, to) {
+                Ok(_) => break,
+                Err(StackError::WouldBlock) => {
+                    net.step();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        sent += 1;
+        // About 10k datagrams/s: reordering (up to 5 ms) then spans ~50 datagrams,
+        // inside the reassembly limits, as on a real lossy path.
+        net.run_for(Duration::from_micros(100));
+        while let Ok((len, from)) = net.stack_mut(1).udp_recv_from(b, &mut buf) {
+            assert_eq!(from.ip().is_ipv4(), dst.is_ipv4());
+            let idx = u32::from_be_bytes(buf[..4].try_into().unwrap());
+            let bad: Vec<usize> = (4..len).filter(|&k| buf[k] != (k as u32 ^ idx) as u8).collect();
+            assert!(bad.is_empty(), "datagram {idx} corrupted: len {len} expected {} bad at {:?} ({} bytes)", 4 + (idx as usize * 7919) % max, &bad[..bad.len().min(5)], bad.len());
+            received += 1;
+        }
+    }
+    net.run_for(Duration::from_secs(1));
+    while let Ok((len, _)) = net.stack_mut(1).udp_recv_from(b, &mut buf) {
+        let idx = u32::from_be_bytes(buf[..4].try_into().unwrap());
+        assert!((4..len).all(|k| buf[k] == (k as u32 ^ idx) as u8));
+        received += 1;
+    }
+    (sent, received)
+}
+
+#[test]
+fn udp_clean_link_delivers_everything_v4_and_v6() {
+    for dst in ["10.0.0.2", "fd00::2"] {
+        let mut net = pair(4, Faults::default());
+        let (sent, got) = udp_transfer(&mut net, ip(dst), 2000, 1472);
+        assert_eq!((sent, got), (2000, 2000), "{dst}");
+    }
+}
+
+#[test]
+fn udp_with_fragments_under_loss_reorder_dup_never_delivers_garbage() {
+    let faults = Faults {
+        loss: 0.03,
+        duplicate: 0.02,
+        reorder: 0.1,
+        ..Default::default()
+    };
+    for dst in ["10.0.0.2", "fd00::2"] {
+        let mut net = pair(5, faults);
+        let (sent, got) = udp_transfer(&mut net, ip(dst), 1500, 20_000);
+        // Datagrams are lost, never damaged (asserted inside); duplicates may arrive.
+        let c = net.stack(1).counters();
+        assert!(got > sent / 2, "{dst}: {got}/{sent} {:?}", net.stats);
+        assert!(c.ip4_reassembled + c.ip6_reassembled > 500);
+        assert!(net.stats.lost > 0 && net.stats.reordered > 0 && net.stats.duplicated > 0);
+    }
+}
+
+/// One flipped bit per frame is always caught by the Internet checksum, so with
+/// single-frame datagrams nothing damaged may be delivered. (Two flips in one
+/// reassembled datagram can cancel out in a one's-complement sum; that is the
+/// checksum's known limit, not something a stack can fix.)
+#[test]
+fn udp_corruption_is_always_caught_for_single_frames() {
+    let faults = Faults {
+        corrupt: 0.2,
+        ..Default::default()
+    };
+    for dst in ["10.0.0.2", "fd00::2"] {
+        let mut net = pair(6, faults);
+        let (sent, got) = udp_transfer(&mut net, ip(dst), 1500, 1400);
+        let c = net.stack(1).counters();
+        let caught = c.udp_rx_bad_checksum
+            + c.ip4_rx_bad_checksum
+            + c.ip6_rx_not_for_us
+            + c.ip4_rx_not_for_us
+            + c.eth_rx_not_for_us
+            + c.eth_rx_unknown_type
+            + c.ip4_rx_bad_header
+            + c.ip6_rx_bad_header
+            + c.ip4_rx_truncated
+            + c.ip6_rx_truncated
+            + c.udp_rx_truncated
+            + c.udp_rx_no_socket;
+        assert!(caught > 200, "{dst}: {caught}");
+        assert!(got >= sent * 7 / 10, "{dst}: {got}/{sent}");
+    }
+}
+
+#[test]
+fn closed_port_gets_icmp_unreachable_both_families() {
+    let mut net = pair(6, Faults::default());
+    let a = net.stack_mut(0).udp_bind("[::]:0".parse().unwrap()).unwrap();
+    for dst in ["10.0.0.2:99", "[fd00::2]:99"] {
+        net.stack_mut(0).udp_send_to(a, b"hello", dst.parse().unwrap()).unwrap();
+        net.run_for(Duration::from_millis(100));
+    }
+    assert_eq!(net.stack(1).counters().udp_rx_no_socket, 2);
+    assert_eq!(net.stack(1).counters().icmp4_tx_unreachable, 1);
+    assert_eq!(net.stack(1).counters().icmp6_tx_unreachable, 1);
+    assert_eq!(net.stack(0).counters().icmp4_rx_unreachable, 1);
+    assert_eq!(net.stack(0).counters().icmp6_rx_unreachable, 1);
+}
+
+#[test]
+fn full_socket_queue_drops_are_counted_as_drop2() {
+    let mut net = pair(7, Faults::default());
+    let (a, b) = udp_pair(&mut net, 7000);
+    net.stack_mut(1).udp_set_recv_buffer(b, 10_000).unwrap();
+    for _ in 0..50 {
+        net.stack_mut(0).udp_send_to(a, &[7u8; 1000], "10.0.0.2:7000".parse().unwrap()).unwrap();
+        net.step();
+    }
+    net.run_for(Duration::from_millis(100));
+    let c = net.stack(1).counters();
+    assert_eq!(c.udp_rx_delivered + c.udp_rx_queue_full, 50);
+    assert!(c.udp_rx_queue_full >= 39, "{}", c.udp_rx_queue_full);
+    assert_eq!(net.stack(1).socket_stats(b).unwrap().rx_queue_full, c.udp_rx_queue_full);
+}
+
+#[test]
+fn input_queue_overflow_is_drop1() {
+    let mut s = Stack::new(StackConfig {
+        input_queue_len: 8,
+        ..cfg(1, &[])
+    })
+    .unwrap();
+    for _ in 0..20 {
+        let b = s.pool_mut().alloc_from(&[0u8; 60]).unwrap();
+        s.receive(b);
+    }
+    assert_eq!(s.input_len(), 8);
+    assert_eq!(s.counters().drop_input_queue_full, 12);
+    s.poll(usnet_stack::Instant::from_millis(1));
+    assert_eq!(s.pool().in_use(), 0);
+}
+
+#[test]
+fn unresolvable_neighbour_drops_after_probes_without_leaking() {
+    let mut net = pair(8, Faults::default());
+    let a = net.stack_mut(0).udp_bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    for _ in 0..3 {
+        net.stack_mut(0).udp_send_to(a, b"x", "10.0.0.77:5".parse().unwrap()).unwrap();
+    }
+    net.run_for(Duration::from_secs(5));
+    let c = net.stack(0).counters();
+    assert_eq!(c.neigh_unresolved, 3);
+    assert_eq!(c.arp_tx_request, 3);
+    assert_eq!(net.stack(0).pool().in_use(), 0);
+    assert_eq!(
+        net.stack_mut(0).udp_send_to(a, b"x", "192.168.9.9:5".parse().unwrap()),
+        Err(StackError::NoRoute)
+    );
+}
+
+#[test]
+fn gateway_routes_off_link_traffic() {
+    let mut net = SimNet::new(9, Faults::default());
+    net.add(StackConfig {
+        gateway4: Some("10.0.0.2".parse().unwrap()),
+        ..cfg(1, &[])
+    })
+    .unwrap();
+    // The "router" owns the far address too, so it answers for it.
+    net.add(cfg(2, &["192.168.50.1/24"])).unwrap();
+    assert_eq!(ping(&mut net, ip("192.168.50.1"), 2, 56), 2);
+}
+
+#[test]
+fn missing_fragment_times_out_with_icmp_time_exceeded() {
+    let faults = Faults::default();
+    let mut net = pair(10, faults);
+    assert_eq!(ping(&mut net, ip("10.0.0.2"), 1, 56), 1);
+    // Drop everything from now on after the first fragment leaves.
+    let a = net.stack_mut(0).udp_bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    net.stack_mut(0).udp_send_to(a, &[1u8; 3000], "10.0.0.2:9".parse().unwrap()).unwrap();
+    // Throw away the last fragment(s) so reassembly cannot finish.
+    let first = net.stack_mut(0).dequeue_tx().unwrap();
+    while let Some(b) = net.stack_mut(0).dequeue_tx() {
+        net.stack_mut(0).pool_mut().free(b);
+    }
+    let mut bytes = Vec::new();
+    net.stack(0).pool().copy_chain(first, &mut bytes);
+    net.stack_mut(0).pool_mut().free(first);
+    let b = net.stack_mut(1).pool_mut().alloc_from(&bytes).unwrap();
+    net.stack_mut(1).receive(b);
+    net.run_for(Duration::from_secs(31));
+    assert_eq!(net.stack(1).counters().ip4_reasm_timeout, 1);
+    assert_eq!(net.stack(1).counters().icmp4_tx_time_exceeded, 1);
+    assert_eq!(net.stack(0).counters().icmp4_rx_time_exceeded, 1);
+}
+
+#[test]
+fn same_seed_same_conversation() {
+    let run = || {
+        let mut net = pair(11, Faults { loss: 0.05, reorder: 0.2, ..Default::default() });
+        let r = udp_transfer(&mut net, ip("10.0.0.2"), 300, 3000);
+        (r, net.stats, net.stack(1).counters().clone())
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn pool_exhaustion_is_counted_not_fatal() {
+    let mut net = SimNet::new(12, Faults::default());
+    net.add(cfg(1, &[])).unwrap();
+    let mut small = cfg(2, &[]);
+    small.pool.count = 16;
+    net.add(small).unwrap();
+    let (a, _b) = udp_pair(&mut net, 5000);
+    for _ in 0..200 {
+        let _ = net.stack_mut(0).udp_send_to(a, &[0u8; 100], "10.0.0.2:5000".parse().unwrap());
+    }
+    net.run_for(Duration::from_millis(200));
+    assert!(net.stats.rx_no_buffer > 0 || net.stack(1).counters().udp_rx_queue_full > 0);
+    assert_eq!(ping(&mut net, ip("10.0.0.2"), 1, 56), 0, "queue of 16 buffers is full of unread datagrams");
+}
+
+#[test]
+fn bind_rules() {
+    let mut s = Stack::new(cfg(1, &[])).unwrap();
+    let a = s.udp_bind("0.0.0.0:53".parse().unwrap()).unwrap();
+    assert_eq!(s.udp_bind("10.0.0.1:53".parse().unwrap()), Err(StackError::AddrInUse));
+    assert_eq!(s.udp_bind("10.9.9.9:54".parse().unwrap()), Err(StackError::AddrNotAvailable));
+    s.close(a).unwrap();
+    assert!(s.udp_bind("10.0.0.1:53".parse().unwrap()).is_ok());
+    assert_eq!(s.close(a), Err(StackError::InvalidHandle), "stale handle");
+    let e = s.udp_bind("[::]:0".parse().unwrap()).unwrap();
+    assert!(s.udp_local_addr(e).unwrap().port() >= 49152);
+}
+
+#[test]
+fn readiness_events_are_edge_triggered() {
+    let mut net = pair(13, Faults::default());
+    let (a, b) = udp_pair(&mut net, 6000);
+    let mut ready = Vec::new();
+    net.stack_mut(1).take_ready(&mut ready);
+    assert!(ready.is_empty());
+    for _ in 0..3 {
+        net.stack_mut(0).udp_send_to(a, b"x", "10.0.0.2:6000".parse().unwrap()).unwrap();
+    }
+    net.run_for(Duration::from_millis(50));
+    net.stack_mut(1).take_ready(&mut ready);
+    assert_eq!(ready, vec![b]);
+    assert!(net.stack(1).readiness(b).unwrap().readable);
+    ready.clear();
+    net.stack_mut(1).take_ready(&mut ready);
+    assert!(ready.is_empty());
+}
