@@ -193,7 +193,14 @@ mod tests {
         assert!(c6.contains("fd00:20::99".parse().unwrap()));
         assert!(!c6.contains("fd00:21::1".parse().unwrap()));
         assert!(!c6.contains("10.20.0.1".parse().unwrap()));
-        for bad in ["10.20.0.2/33", "nonsense", "0.0.0.0/8", "10.0.0.1/x", "::/0", "ff02::1/64"] {
+        for bad in [
+            "10.20.0.2/33",
+            "nonsense",
+            "0.0.0.0/8",
+            "10.0.0.1/x",
+            "::/0",
+            "ff02::1/64",
+        ] {
             assert!(bad.parse::<IpCidr>().is_err(), "{bad}");
         }
         assert_eq!("10.1.2.3".parse::<IpCidr>().unwrap().prefix, 24);

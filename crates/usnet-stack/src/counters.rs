@@ -123,7 +123,9 @@ mod tests {
         };
         let e = c.entries();
         assert!(e.len() > 50);
-        assert!(e.iter().any(|(n, _, v)| *n == "udp_rx_queue_full" && *v == 3));
+        assert!(e
+            .iter()
+            .any(|(n, _, v)| *n == "udp_rx_queue_full" && *v == 3));
         assert_eq!(Counters::layer_of("udp_rx_queue_full"), "udp");
     }
 }

@@ -106,8 +106,7 @@ impl Reassembler {
         first_header: &[u8],
     ) -> FragResult {
         let end = offset + payload.len();
-        if end > MAX_DATAGRAM || (more && payload.len() % 8 != 0) || (more && payload.is_empty())
-        {
+        if end > MAX_DATAGRAM || (more && payload.len() % 8 != 0) || (more && payload.is_empty()) {
             self.remove_key(&key);
             return FragResult::Bad;
         }
@@ -304,7 +303,11 @@ mod tests {
     #[test]
     fn reassembles_in_any_order() {
         let payload = data(4000);
-        let pieces: Vec<(usize, &[u8])> = payload.chunks(1480).enumerate().map(|(i, c)| (i * 1480, c)).collect();
+        let pieces: Vec<(usize, &[u8])> = payload
+            .chunks(1480)
+            .enumerate()
+            .map(|(i, c)| (i * 1480, c))
+            .collect();
         for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0]] {
             let mut ra = r();
             let mut result = FragResult::Incomplete;
@@ -314,7 +317,11 @@ mod tests {
                 result = ra.insert(Instant::ZERO, key(1), 17, off, more, c, b"hdr");
             }
             match result {
-                FragResult::Complete { proto, data, invoking } => {
+                FragResult::Complete {
+                    proto,
+                    data,
+                    invoking,
+                } => {
                     assert_eq!(proto, 17);
                     assert_eq!(data, payload);
                     assert_eq!(invoking, b"hdr");
@@ -330,19 +337,37 @@ mod tests {
     fn duplicates_ignored_overlaps_rejected() {
         let p = data(16);
         let mut ra = r();
-        assert_eq!(ra.insert(Instant::ZERO, key(1), 17, 0, true, &p[..8], b""), FragResult::Incomplete);
-        assert_eq!(ra.insert(Instant::ZERO, key(1), 17, 0, true, &p[..8], b""), FragResult::Incomplete);
-        assert_eq!(ra.insert(Instant::ZERO, key(1), 17, 0, true, &p[8..16], b""), FragResult::Bad);
+        assert_eq!(
+            ra.insert(Instant::ZERO, key(1), 17, 0, true, &p[..8], b""),
+            FragResult::Incomplete
+        );
+        assert_eq!(
+            ra.insert(Instant::ZERO, key(1), 17, 0, true, &p[..8], b""),
+            FragResult::Incomplete
+        );
+        assert_eq!(
+            ra.insert(Instant::ZERO, key(1), 17, 0, true, &p[8..16], b""),
+            FragResult::Bad
+        );
         assert_eq!(ra.in_progress(), 0);
     }
 
     #[test]
     fn bad_sizes_and_inconsistent_ends() {
         let mut ra = r();
-        assert_eq!(ra.insert(Instant::ZERO, key(1), 17, 0, true, &[0; 7], b""), FragResult::Bad);
-        assert_eq!(ra.insert(Instant::ZERO, key(2), 17, 65528, false, &[0; 16], b""), FragResult::Bad);
+        assert_eq!(
+            ra.insert(Instant::ZERO, key(1), 17, 0, true, &[0; 7], b""),
+            FragResult::Bad
+        );
+        assert_eq!(
+            ra.insert(Instant::ZERO, key(2), 17, 65528, false, &[0; 16], b""),
+            FragResult::Bad
+        );
         ra.insert(Instant::ZERO, key(3), 17, 16, false, &[0; 8], b"");
-        assert_eq!(ra.insert(Instant::ZERO, key(3), 17, 32, true, &[0; 8], b""), FragResult::Bad);
+        assert_eq!(
+            ra.insert(Instant::ZERO, key(3), 17, 32, true, &[0; 8], b""),
+            FragResult::Bad
+        );
         assert_eq!(ra.memory_used(), 0);
     }
 
@@ -350,13 +375,29 @@ mod tests {
     fn time_limit_expires_and_memory_limit_evicts() {
         let mut ra = Reassembler::new(4096, 2, Duration::from_secs(30));
         ra.insert(Instant::ZERO, key(1), 17, 0, true, &[1; 2000], b"h1");
-        ra.insert(Instant::from_millis(1), key(2), 17, 0, true, &[2; 2000], b"h2");
+        ra.insert(
+            Instant::from_millis(1),
+            key(2),
+            17,
+            0,
+            true,
+            &[2; 2000],
+            b"h2",
+        );
         // A third datagram evicts the oldest (entry limit 2).
         ra.insert(Instant::from_millis(2), key(3), 17, 0, true, &[3; 8], b"h3");
         assert_eq!(ra.in_progress(), 2);
         // A fragment that cannot fit even alone is refused.
         assert_eq!(
-            ra.insert(Instant::from_millis(3), key(4), 17, 0, true, &[4; 5000], b""),
+            ra.insert(
+                Instant::from_millis(3),
+                key(4),
+                17,
+                0,
+                true,
+                &[4; 5000],
+                b""
+            ),
             FragResult::Overflow
         );
         let mut exp = Vec::new();

@@ -67,16 +67,16 @@ impl StackError {
     /// The errno a C caller sees.
     pub fn errno(self) -> i32 {
         match self {
-            StackError::WouldBlock => 11,        // EAGAIN
-            StackError::AddrInUse => 98,         // EADDRINUSE
-            StackError::AddrNotAvailable => 99,  // EADDRNOTAVAIL
-            StackError::InvalidHandle => 9,      // EBADF
-            StackError::NotConnected => 107,     // ENOTCONN
-            StackError::NoRoute => 113,          // EHOSTUNREACH
-            StackError::MessageTooLong => 90,    // EMSGSIZE
-            StackError::NoBuffers => 105,        // ENOBUFS
-            StackError::InvalidInput => 22,      // EINVAL
-            StackError::WrongType => 88,         // ENOTSOCK
+            StackError::WouldBlock => 11,       // EAGAIN
+            StackError::AddrInUse => 98,        // EADDRINUSE
+            StackError::AddrNotAvailable => 99, // EADDRNOTAVAIL
+            StackError::InvalidHandle => 9,     // EBADF
+            StackError::NotConnected => 107,    // ENOTCONN
+            StackError::NoRoute => 113,         // EHOSTUNREACH
+            StackError::MessageTooLong => 90,   // EMSGSIZE
+            StackError::NoBuffers => 105,       // ENOBUFS
+            StackError::InvalidInput => 22,     // EINVAL
+            StackError::WrongType => 88,        // ENOTSOCK
         }
     }
 }
@@ -161,8 +161,16 @@ impl Stack {
                 cfg.neighbor_cache_size,
                 cfg.neighbor_pending,
             ),
-            reasm4: Reassembler::new(cfg.reasm_memory / 2, cfg.reasm_max_datagrams, cfg.reasm_timeout),
-            reasm6: Reassembler::new(cfg.reasm_memory / 2, cfg.reasm_max_datagrams, cfg.reasm_timeout),
+            reasm4: Reassembler::new(
+                cfg.reasm_memory / 2,
+                cfg.reasm_max_datagrams,
+                cfg.reasm_timeout,
+            ),
+            reasm6: Reassembler::new(
+                cfg.reasm_memory / 2,
+                cfg.reasm_max_datagrams,
+                cfg.reasm_timeout,
+            ),
             sockets: SocketSet::new(cfg.seed),
             input: VecDeque::with_capacity(cfg.input_queue_len),
             tx: VecDeque::with_capacity(cfg.tx_queue_len),
@@ -236,7 +244,9 @@ impl Stack {
         self.advance(now);
         let mut did = false;
         for _ in 0..self.cfg.rx_budget {
-            let Some(buf) = self.input.pop_front() else { break };
+            let Some(buf) = self.input.pop_front() else {
+                break;
+            };
             self.process_frame(buf);
             did = true;
         }
@@ -442,16 +452,18 @@ impl Stack {
 
     pub fn readiness(&self, h: SocketHandle) -> Result<Readiness, StackError> {
         let writable = self.tx.len() < self.cfg.tx_queue_len;
-        Ok(match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
-            Socket::Udp(u) => Readiness {
-                readable: !u.rxq.is_empty(),
-                writable,
+        Ok(
+            match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+                Socket::Udp(u) => Readiness {
+                    readable: !u.rxq.is_empty(),
+                    writable,
+                },
+                Socket::Ping(p) => Readiness {
+                    readable: !p.rxq.is_empty(),
+                    writable,
+                },
             },
-            Socket::Ping(p) => Readiness {
-                readable: !p.rxq.is_empty(),
-                writable,
-            },
-        })
+        )
     }
 
     /// Sockets that became readable since the last call (edge-triggered, like epoll

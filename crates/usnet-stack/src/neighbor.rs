@@ -282,9 +282,18 @@ mod tests {
         let ip: IpAddr = "fe80::1".parse().unwrap();
         let mac = MacAddr([2, 0, 0, 0, 0, 1]);
         c.learn(ip, mac, Instant::ZERO, true);
-        assert_eq!(c.lookup(ip, Instant::from_millis(61_000)), Lookup::FoundStale(mac));
-        assert_eq!(c.lookup(ip, Instant::from_millis(61_001)), Lookup::Found(mac));
-        assert_eq!(c.lookup(ip, Instant::from_millis(62_500)), Lookup::FoundStale(mac));
+        assert_eq!(
+            c.lookup(ip, Instant::from_millis(61_000)),
+            Lookup::FoundStale(mac)
+        );
+        assert_eq!(
+            c.lookup(ip, Instant::from_millis(61_001)),
+            Lookup::Found(mac)
+        );
+        assert_eq!(
+            c.lookup(ip, Instant::from_millis(62_500)),
+            Lookup::FoundStale(mac)
+        );
     }
 
     #[test]
@@ -297,6 +306,11 @@ mod tests {
             c.learn(IpAddr::from([10, 0, 0, i]), mac, Instant::ZERO, true);
         }
         assert_eq!(c.len(), 4);
-        c.learn("10.0.0.1".parse().unwrap(), MacAddr::BROADCAST, Instant::ZERO, true);
+        c.learn(
+            "10.0.0.1".parse().unwrap(),
+            MacAddr::BROADCAST,
+            Instant::ZERO,
+            true,
+        );
     }
 }

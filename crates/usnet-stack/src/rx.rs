@@ -6,7 +6,9 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use usnet_pool::PktBuf;
-use usnet_wire::{self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, MacAddr, WireError};
+use usnet_wire::{
+    self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, MacAddr, WireError,
+};
 
 use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
@@ -85,7 +87,10 @@ pub(crate) enum Src {
     Buf(PktBuf),
     /// A linearised chain or a reassembled datagram (then `invoking` is the first
     /// fragment's header + 8 bytes, for ICMP errors).
-    Owned { data: Vec<u8>, invoking: Vec<u8> },
+    Owned {
+        data: Vec<u8>,
+        invoking: Vec<u8>,
+    },
 }
 
 /// The read-only parts of the stack that classification needs.
@@ -157,7 +162,13 @@ impl View<'_> {
         }
     }
 
-    fn classify_ipv4(&self, c: &mut Counters, payload: &[u8], base: usize, eth_src: MacAddr) -> Verdict {
+    fn classify_ipv4(
+        &self,
+        c: &mut Counters,
+        payload: &[u8],
+        base: usize,
+        eth_src: MacAddr,
+    ) -> Verdict {
         c.ip4_rx += 1;
         let ip = match wire::parse_ipv4(payload, true) {
             Ok(ip) => ip,
@@ -220,7 +231,13 @@ impl View<'_> {
         self.classify_l4(c, &l3, ip.protocol, ip.payload, l4_off)
     }
 
-    fn classify_ipv6(&self, c: &mut Counters, payload: &[u8], base: usize, eth_src: MacAddr) -> Verdict {
+    fn classify_ipv6(
+        &self,
+        c: &mut Counters,
+        payload: &[u8],
+        base: usize,
+        eth_src: MacAddr,
+    ) -> Verdict {
         c.ip6_rx += 1;
         let ip = match wire::parse_ipv6(payload) {
             Ok(ip) => ip,
@@ -258,10 +275,23 @@ impl View<'_> {
                 return Verdict::Drop;
             }
         };
-        let l4_off = base + wire::IPV6_HEADER_LEN + up.offset;
+        let mut up = up;
+        let mut l4_off = base + wire::IPV6_HEADER_LEN + up.offset;
         if let Some(f) = up.frag {
-            // An atomic fragment (offset 0, no more) is a whole datagram (RFC 6946).
-            if f.offset != 0 || f.more {
+            // An atomic fragment (offset 0, no more) is a whole datagram (RFC 6946);
+            // the walk stopped at its fragment header, so continue it.
+            if f.offset == 0 && !f.more {
+                match wire::skip_ext_headers(up.protocol, up.payload) {
+                    Ok(inner) => {
+                        l4_off += inner.offset;
+                        up = inner;
+                    }
+                    Err(_) => {
+                        c.ip6_rx_bad_header += 1;
+                        return Verdict::Drop;
+                    }
+                }
+            } else {
                 c.ip6_rx_fragments += 1;
                 return Verdict::Fragment {
                     key: FragKey::V6 {
@@ -294,7 +324,14 @@ impl View<'_> {
 
     /// Upper layer, from a frame or from a reassembled datagram (`l4_off` is where
     /// `l4` starts in those bytes).
-    pub fn classify_l4(&self, c: &mut Counters, l3: &L3Info, proto: u8, l4: &[u8], l4_off: usize) -> Verdict {
+    pub fn classify_l4(
+        &self,
+        c: &mut Counters,
+        l3: &L3Info,
+        proto: u8,
+        l4: &[u8],
+        l4_off: usize,
+    ) -> Verdict {
         match (proto, l3.src) {
             (wire::IPPROTO_UDP, _) => self.classify_udp(c, l3, l4, l4_off),
             (wire::IPPROTO_ICMP, IpAddr::V4(_)) => self.classify_icmp4(c, l3, l4, l4_off),
@@ -487,7 +524,11 @@ impl View<'_> {
                 Verdict::NeighborSolicit {
                     src,
                     target,
-                    mac: if dad { None } else { source_mac.or(Some(l3.eth_src)) },
+                    mac: if dad {
+                        None
+                    } else {
+                        source_mac.or(Some(l3.eth_src))
+                    },
                 }
             }
             Icmpv6Repr::NeighborAdvert {
@@ -642,7 +683,8 @@ impl Stack {
                 self.release(src);
                 match self.sockets.ping_by_ident(ident) {
                     Some(i) => {
-                        let Some(Socket::Ping(p)) = self.sockets.slots[i as usize].sock.as_mut() else {
+                        let Some(Socket::Ping(p)) = self.sockets.slots[i as usize].sock.as_mut()
+                        else {
                             return;
                         };
                         if p.rxq.len() >= PING_QUEUE {
@@ -659,6 +701,7 @@ impl Stack {
                             hop_limit,
                             len,
                             head,
+                            at: self.now,
                         });
                         self.sockets.mark_ready(i);
                     }
@@ -669,7 +712,11 @@ impl Stack {
                 self.release(src);
                 self.handle_arp(arp);
             }
-            Verdict::NeighborSolicit { src: from, target, mac } => {
+            Verdict::NeighborSolicit {
+                src: from,
+                target,
+                mac,
+            } => {
                 self.release(src);
                 if let Some(mac) = mac {
                     let pending = self.neighbors.learn(IpAddr::V6(from), mac, self.now, true);
@@ -685,7 +732,9 @@ impl Stack {
             }
             Verdict::NeighborAdvert { target, mac } => {
                 self.release(src);
-                let pending = self.neighbors.learn(IpAddr::V6(target), mac, self.now, false);
+                let pending = self
+                    .neighbors
+                    .learn(IpAddr::V6(target), mac, self.now, false);
                 self.flush_pending(pending, mac);
             }
             Verdict::Fragment {
@@ -698,7 +747,9 @@ impl Stack {
                 hdr_off,
                 hdr_len,
                 hop_limit,
-            } => self.reassemble(src, key, proto, offset, more, off, len, hdr_off, hdr_len, hop_limit),
+            } => self.reassemble(
+                src, key, proto, offset, more, off, len, hdr_off, hdr_len, hop_limit,
+            ),
         }
     }
 
@@ -722,7 +773,11 @@ impl Stack {
         let first_end = (off + 8).min(off + len);
         let header = &bytes[hdr_off..first_end.max(hdr_off + hdr_len)];
         let v4 = matches!(key, FragKey::V4 { .. });
-        let r = if v4 { &mut self.reasm4 } else { &mut self.reasm6 };
+        let r = if v4 {
+            &mut self.reasm4
+        } else {
+            &mut self.reasm6
+        };
         let evicted_before = r.evicted;
         let result = r.insert(now, key, proto, offset, more, payload, header);
         let evicted = r.evicted - evicted_before;
@@ -779,7 +834,19 @@ impl Stack {
                     sockets: &self.sockets,
                     csum_valid: false,
                 };
-                let v = view.classify_l4(&mut self.counters, &l3, proto, &data, 0);
+                // IPv6: extension headers may follow the fragment header.
+                let (proto, l4_off) = if v4 {
+                    (proto, 0)
+                } else {
+                    match wire::skip_ext_headers(proto, &data) {
+                        Ok(up) => (up.protocol, up.offset),
+                        Err(_) => {
+                            self.counters.ip6_rx_bad_header += 1;
+                            return;
+                        }
+                    }
+                };
+                let v = view.classify_l4(&mut self.counters, &l3, proto, &data[l4_off..], l4_off);
                 self.execute(v, Src::Owned { data, invoking });
             }
         }
@@ -823,10 +890,18 @@ impl Stack {
             return; // ARP probe (RFC 5227) or nonsense: nothing to learn
         }
         let for_us = self.is_local_addr(IpAddr::V4(arp.target_ip));
-        let pending = self.neighbors.learn(IpAddr::V4(arp.sender_ip), arp.sender_mac, self.now, for_us);
+        let pending =
+            self.neighbors
+                .learn(IpAddr::V4(arp.sender_ip), arp.sender_mac, self.now, for_us);
         self.flush_pending(pending, arp.sender_mac);
         if arp.op == ArpOp::Request && for_us {
-            self.send_arp(ArpOp::Reply, arp.target_ip, arp.sender_mac, arp.sender_ip, arp.sender_mac);
+            self.send_arp(
+                ArpOp::Reply,
+                arp.target_ip,
+                arp.sender_mac,
+                arp.sender_ip,
+                arp.sender_mac,
+            );
         }
     }
 }

@@ -229,7 +229,11 @@ impl SimNet {
     }
 
     /// Steps until `done` holds or `limit` of virtual time passes; true if `done`.
-    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&mut SimNet) -> bool) -> bool {
+    pub fn run_until(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&mut SimNet) -> bool,
+    ) -> bool {
         let end = self.now + limit;
         while self.now < end {
             if done(self) {

@@ -72,6 +72,8 @@ pub struct EchoReply {
     pub len: usize,
     /// The first bytes of the echo data (where ping tools put their send timestamp).
     pub head: [u8; 16],
+    /// Stack time when the reply was processed (receive timestamp).
+    pub at: crate::Instant,
 }
 
 #[derive(Debug)]
@@ -205,7 +207,9 @@ impl SocketSet {
             return;
         }
         while cur != NONE {
-            let Some(u) = self.udp_at_mut(cur) else { return };
+            let Some(u) = self.udp_at_mut(cur) else {
+                return;
+            };
             if u.next_same_port == index {
                 u.next_same_port = next;
                 return;
@@ -219,7 +223,9 @@ impl SocketSet {
     pub fn udp_port_free(&self, addr: SocketAddr) -> bool {
         let mut cur = self.udp_ports[addr.port() as usize];
         while cur != NONE {
-            let Some(u) = self.udp_at(cur) else { return true };
+            let Some(u) = self.udp_at(cur) else {
+                return true;
+            };
             let a = u.local.ip();
             if a.is_unspecified() || addr.ip().is_unspecified() || a == addr.ip() {
                 return false;
@@ -288,10 +294,10 @@ impl SocketSet {
     }
 
     pub fn ping_by_ident(&self, ident: u16) -> Option<u32> {
-        self.slots.iter().position(|s| {
-            matches!(&s.sock, Some(Socket::Ping(p)) if p.ident == ident)
-        })
-        .map(|i| i as u32)
+        self.slots
+            .iter()
+            .position(|s| matches!(&s.sock, Some(Socket::Ping(p)) if p.ident == ident))
+            .map(|i| i as u32)
     }
 
     /// Marks a socket readable in the ready list (once until taken).

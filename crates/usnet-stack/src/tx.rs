@@ -129,7 +129,13 @@ impl Stack {
         l4: &[u8],
         frag: Option<FragFields>,
     ) -> Result<PktBuf, StackError> {
-        let hdr = ETH + ip_header_len(dst) + if frag.is_some() && dst.is_ipv6() { 8 } else { 0 };
+        let hdr = ETH
+            + ip_header_len(dst)
+            + if frag.is_some() && dst.is_ipv6() {
+                8
+            } else {
+                0
+            };
         let total = hdr + l4.len();
         if total <= self.pool.buf_size() - self.pool.headroom() {
             let Some(buf) = self.pool.alloc() else {
@@ -233,7 +239,15 @@ impl Stack {
                 return Err(StackError::NoBuffers);
             };
             let mut hdr_bytes = [0u8; 64];
-            self.write_headers(&mut hdr_bytes, src, dst, wire::IPPROTO_UDP, self.cfg.ttl, udp_len, None);
+            self.write_headers(
+                &mut hdr_bytes,
+                src,
+                dst,
+                wire::IPPROTO_UDP,
+                self.cfg.ttl,
+                udp_len,
+                None,
+            );
             let offload = self.cfg.tx_csum_offload && !local;
             let out = self.pool.append(buf, total).expect("size checked");
             out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
@@ -326,11 +340,21 @@ impl Stack {
         self.counters.neigh_tx_solicit += 1;
         match ip {
             IpAddr::V4(target) => {
-                let Some(IpAddr::V4(_)) = self.source_for(ip) else { return };
-                self.send_arp(ArpOp::Request, target, MacAddr::default(), target, MacAddr::BROADCAST);
+                let Some(IpAddr::V4(_)) = self.source_for(ip) else {
+                    return;
+                };
+                self.send_arp(
+                    ArpOp::Request,
+                    target,
+                    MacAddr::default(),
+                    target,
+                    MacAddr::BROADCAST,
+                );
             }
             IpAddr::V6(target) => {
-                let Some(src) = self.source_for(ip) else { return };
+                let Some(src) = self.source_for(ip) else {
+                    return;
+                };
                 let dst = wire::solicited_node(&target);
                 let repr = Icmpv6Repr::NeighborSolicit {
                     target,
@@ -382,7 +406,12 @@ impl Stack {
         self.push_tx(buf);
     }
 
-    pub(crate) fn send_neighbor_advert(&mut self, dst: Ipv6Addr, target: Ipv6Addr, solicited: bool) {
+    pub(crate) fn send_neighbor_advert(
+        &mut self,
+        dst: Ipv6Addr,
+        target: Ipv6Addr,
+        solicited: bool,
+    ) {
         let repr = Icmpv6Repr::NeighborAdvert {
             router: false,
             solicited,
@@ -391,7 +420,13 @@ impl Stack {
             target_mac: Some(self.cfg.mac),
         };
         if self
-            .send_icmp6(IpAddr::V6(target), IpAddr::V6(dst), IpAddr::V6(dst), 255, &repr)
+            .send_icmp6(
+                IpAddr::V6(target),
+                IpAddr::V6(dst),
+                IpAddr::V6(dst),
+                255,
+                &repr,
+            )
             .is_ok()
         {
             self.counters.icmp6_tx_neighbor_advert += 1;
@@ -516,11 +551,19 @@ impl Stack {
     }
 
     /// Port or protocol unreachable back to `to`, quoting `invoking`.
-    pub(crate) fn send_unreachable(&mut self, why: Unreach, our_addr: IpAddr, to: IpAddr, invoking: &[u8]) {
+    pub(crate) fn send_unreachable(
+        &mut self,
+        why: Unreach,
+        our_addr: IpAddr,
+        to: IpAddr,
+        invoking: &[u8],
+    ) {
         if !Self::error_target_ok(to) || !self.icmp_error_allowed() {
             return;
         }
-        let Some((_, next_hop)) = self.route(to) else { return };
+        let Some((_, next_hop)) = self.route(to) else {
+            return;
+        };
         if to.is_ipv4() {
             let code = match why {
                 Unreach::Port => wire::unreach::PORT,
@@ -532,7 +575,10 @@ impl Stack {
             }
         } else if why == Unreach::Port {
             // RFC 4443: code 4 = port unreachable.
-            let repr = Icmpv6Repr::DstUnreachable { code: 4, invoking };
+            let repr = Icmpv6Repr::DstUnreachable {
+                code: wire::unreach_v6::PORT,
+                invoking,
+            };
             let ttl = self.cfg.ttl;
             if self.send_icmp6(our_addr, to, next_hop, ttl, &repr).is_ok() {
                 self.counters.icmp6_tx_unreachable += 1;
@@ -558,10 +604,16 @@ impl Stack {
                     (IpAddr::V6(dst), IpAddr::V6(src))
                 }
             };
-            if e.invoking.is_empty() || !self.is_local_addr(ours) || !Self::error_target_ok(to) || !self.icmp_error_allowed() {
+            if e.invoking.is_empty()
+                || !self.is_local_addr(ours)
+                || !Self::error_target_ok(to)
+                || !self.icmp_error_allowed()
+            {
                 continue;
             }
-            let Some((_, next_hop)) = self.route(to) else { continue };
+            let Some((_, next_hop)) = self.route(to) else {
+                continue;
+            };
             if to.is_ipv4() {
                 let repr = Icmpv4Repr::TimeExceeded {
                     code: 1,

@@ -42,7 +42,10 @@ fn ping(net: &mut SimNet, dst: IpAddr, count: u16, size: usize) -> usize {
     for seq in 0..count {
         net.stack_mut(0).ping_send(h, dst, seq, &data).unwrap();
         let ok = net.run_until(Duration::from_secs(3), |n| {
-            n.stack_mut(0).ping_recv(h).map(|r| assert_eq!(r.seq, seq)).is_ok()
+            n.stack_mut(0)
+                .ping_recv(h)
+                .map(|r| assert_eq!(r.seq, seq))
+                .is_ok()
         });
         got += ok as usize;
     }
@@ -58,7 +61,11 @@ fn ping_v4_resolves_arp_and_gets_replies() {
     assert_eq!(c.icmp4_rx_echo_reply, 5);
     assert_eq!(net.stack(1).counters().arp_tx_reply, 1);
     assert_eq!(net.stack(1).counters().icmp4_tx_echo_reply, 5);
-    assert!(net.stack(0).neighbors().iter().any(|(a, m)| *a == ip("10.0.0.2") && m.is_some()));
+    assert!(net
+        .stack(0)
+        .neighbors()
+        .iter()
+        .any(|(a, m)| *a == ip("10.0.0.2") && m.is_some()));
 }
 
 #[test]
@@ -88,7 +95,10 @@ fn large_pings_are_fragmented_and_reassembled_both_families() {
 }
 
 fn udp_pair(net: &mut SimNet, port: u16) -> (usnet_stack::SocketHandle, usnet_stack::SocketHandle) {
-    let a = net.stack_mut(0).udp_bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    let a = net
+        .stack_mut(0)
+        .udp_bind("0.0.0.0:0".parse().unwrap())
+        .unwrap();
     let b = net
         .stack_mut(1)
         .udp_bind(SocketAddr::new(ip("::"), port))
@@ -105,7 +115,9 @@ fn udp_transfer(net: &mut SimNet, dst: IpAddr, n: u32, max: usize) -> (u32, u32)
     let mut sent = 0;
     let mut buf = vec![0u8; 70_000];
     // Resolve the neighbour first, as any sender's first datagrams would.
-    net.stack_mut(0).udp_send_to(a, &u32::MAX.to_be_bytes(), to).unwrap();
+    net.stack_mut(0)
+        .udp_send_to(a, &u32::MAX.to_be_bytes(), to)
+        .unwrap();
     net.run_for(Duration::from_millis(20));
     while net.stack_mut(1).udp_recv_from(b, &mut buf).is_ok() {}
     for i in 0..n {
@@ -128,8 +140,16 @@ fn udp_transfer(net: &mut SimNet, dst: IpAddr, n: u32, max: usize) -> (u32, u32)
         while let Ok((len, from)) = net.stack_mut(1).udp_recv_from(b, &mut buf) {
             assert_eq!(from.ip().is_ipv4(), dst.is_ipv4());
             let idx = u32::from_be_bytes(buf[..4].try_into().unwrap());
-            let bad: Vec<usize> = (4..len).filter(|&k| buf[k] != (k as u32 ^ idx) as u8).collect();
-            assert!(bad.is_empty(), "datagram {idx} corrupted: len {len} expected {} bad at {:?} ({} bytes)", 4 + (idx as usize * 7919) % max, &bad[..bad.len().min(5)], bad.len());
+            let bad: Vec<usize> = (4..len)
+                .filter(|&k| buf[k] != (k as u32 ^ idx) as u8)
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "datagram {idx} corrupted: len {len} expected {} bad at {:?} ({} bytes)",
+                4 + (idx as usize * 7919) % max,
+                &bad[..bad.len().min(5)],
+                bad.len()
+            );
             received += 1;
         }
     }
@@ -204,9 +224,14 @@ fn udp_corruption_is_always_caught_for_single_frames() {
 #[test]
 fn closed_port_gets_icmp_unreachable_both_families() {
     let mut net = pair(6, Faults::default());
-    let a = net.stack_mut(0).udp_bind("[::]:0".parse().unwrap()).unwrap();
+    let a = net
+        .stack_mut(0)
+        .udp_bind("[::]:0".parse().unwrap())
+        .unwrap();
     for dst in ["10.0.0.2:99", "[fd00::2]:99"] {
-        net.stack_mut(0).udp_send_to(a, b"hello", dst.parse().unwrap()).unwrap();
+        net.stack_mut(0)
+            .udp_send_to(a, b"hello", dst.parse().unwrap())
+            .unwrap();
         net.run_for(Duration::from_millis(100));
     }
     assert_eq!(net.stack(1).counters().udp_rx_no_socket, 2);
@@ -222,14 +247,19 @@ fn full_socket_queue_drops_are_counted_as_drop2() {
     let (a, b) = udp_pair(&mut net, 7000);
     net.stack_mut(1).udp_set_recv_buffer(b, 10_000).unwrap();
     for _ in 0..50 {
-        net.stack_mut(0).udp_send_to(a, &[7u8; 1000], "10.0.0.2:7000".parse().unwrap()).unwrap();
+        net.stack_mut(0)
+            .udp_send_to(a, &[7u8; 1000], "10.0.0.2:7000".parse().unwrap())
+            .unwrap();
         net.step();
     }
     net.run_for(Duration::from_millis(100));
     let c = net.stack(1).counters();
     assert_eq!(c.udp_rx_delivered + c.udp_rx_queue_full, 50);
     assert!(c.udp_rx_queue_full >= 39, "{}", c.udp_rx_queue_full);
-    assert_eq!(net.stack(1).socket_stats(b).unwrap().rx_queue_full, c.udp_rx_queue_full);
+    assert_eq!(
+        net.stack(1).socket_stats(b).unwrap().rx_queue_full,
+        c.udp_rx_queue_full
+    );
 }
 
 #[test]
@@ -252,9 +282,14 @@ fn input_queue_overflow_is_drop1() {
 #[test]
 fn unresolvable_neighbour_drops_after_probes_without_leaking() {
     let mut net = pair(8, Faults::default());
-    let a = net.stack_mut(0).udp_bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    let a = net
+        .stack_mut(0)
+        .udp_bind("0.0.0.0:0".parse().unwrap())
+        .unwrap();
     for _ in 0..3 {
-        net.stack_mut(0).udp_send_to(a, b"x", "10.0.0.77:5".parse().unwrap()).unwrap();
+        net.stack_mut(0)
+            .udp_send_to(a, b"x", "10.0.0.77:5".parse().unwrap())
+            .unwrap();
     }
     net.run_for(Duration::from_secs(5));
     let c = net.stack(0).counters();
@@ -262,7 +297,8 @@ fn unresolvable_neighbour_drops_after_probes_without_leaking() {
     assert_eq!(c.arp_tx_request, 3);
     assert_eq!(net.stack(0).pool().in_use(), 0);
     assert_eq!(
-        net.stack_mut(0).udp_send_to(a, b"x", "192.168.9.9:5".parse().unwrap()),
+        net.stack_mut(0)
+            .udp_send_to(a, b"x", "192.168.9.9:5".parse().unwrap()),
         Err(StackError::NoRoute)
     );
 }
@@ -286,8 +322,13 @@ fn missing_fragment_times_out_with_icmp_time_exceeded() {
     let mut net = pair(10, faults);
     assert_eq!(ping(&mut net, ip("10.0.0.2"), 1, 56), 1);
     // Drop everything from now on after the first fragment leaves.
-    let a = net.stack_mut(0).udp_bind("0.0.0.0:0".parse().unwrap()).unwrap();
-    net.stack_mut(0).udp_send_to(a, &[1u8; 3000], "10.0.0.2:9".parse().unwrap()).unwrap();
+    let a = net
+        .stack_mut(0)
+        .udp_bind("0.0.0.0:0".parse().unwrap())
+        .unwrap();
+    net.stack_mut(0)
+        .udp_send_to(a, &[1u8; 3000], "10.0.0.2:9".parse().unwrap())
+        .unwrap();
     // Throw away the last fragment(s) so reassembly cannot finish.
     let first = net.stack_mut(0).dequeue_tx().unwrap();
     while let Some(b) = net.stack_mut(0).dequeue_tx() {
@@ -307,7 +348,14 @@ fn missing_fragment_times_out_with_icmp_time_exceeded() {
 #[test]
 fn same_seed_same_conversation() {
     let run = || {
-        let mut net = pair(11, Faults { loss: 0.05, reorder: 0.2, ..Default::default() });
+        let mut net = pair(
+            11,
+            Faults {
+                loss: 0.05,
+                reorder: 0.2,
+                ..Default::default()
+            },
+        );
         let r = udp_transfer(&mut net, ip("10.0.0.2"), 300, 3000);
         (r, net.stats, net.stack(1).counters().clone())
     };
@@ -323,19 +371,31 @@ fn pool_exhaustion_is_counted_not_fatal() {
     net.add(small).unwrap();
     let (a, _b) = udp_pair(&mut net, 5000);
     for _ in 0..200 {
-        let _ = net.stack_mut(0).udp_send_to(a, &[0u8; 100], "10.0.0.2:5000".parse().unwrap());
+        let _ = net
+            .stack_mut(0)
+            .udp_send_to(a, &[0u8; 100], "10.0.0.2:5000".parse().unwrap());
     }
     net.run_for(Duration::from_millis(200));
     assert!(net.stats.rx_no_buffer > 0 || net.stack(1).counters().udp_rx_queue_full > 0);
-    assert_eq!(ping(&mut net, ip("10.0.0.2"), 1, 56), 0, "queue of 16 buffers is full of unread datagrams");
+    assert_eq!(
+        ping(&mut net, ip("10.0.0.2"), 1, 56),
+        0,
+        "queue of 16 buffers is full of unread datagrams"
+    );
 }
 
 #[test]
 fn bind_rules() {
     let mut s = Stack::new(cfg(1, &[])).unwrap();
     let a = s.udp_bind("0.0.0.0:53".parse().unwrap()).unwrap();
-    assert_eq!(s.udp_bind("10.0.0.1:53".parse().unwrap()), Err(StackError::AddrInUse));
-    assert_eq!(s.udp_bind("10.9.9.9:54".parse().unwrap()), Err(StackError::AddrNotAvailable));
+    assert_eq!(
+        s.udp_bind("10.0.0.1:53".parse().unwrap()),
+        Err(StackError::AddrInUse)
+    );
+    assert_eq!(
+        s.udp_bind("10.9.9.9:54".parse().unwrap()),
+        Err(StackError::AddrNotAvailable)
+    );
     s.close(a).unwrap();
     assert!(s.udp_bind("10.0.0.1:53".parse().unwrap()).is_ok());
     assert_eq!(s.close(a), Err(StackError::InvalidHandle), "stale handle");
@@ -351,7 +411,9 @@ fn readiness_events_are_edge_triggered() {
     net.stack_mut(1).take_ready(&mut ready);
     assert!(ready.is_empty());
     for _ in 0..3 {
-        net.stack_mut(0).udp_send_to(a, b"x", "10.0.0.2:6000".parse().unwrap()).unwrap();
+        net.stack_mut(0)
+            .udp_send_to(a, b"x", "10.0.0.2:6000".parse().unwrap())
+            .unwrap();
     }
     net.run_for(Duration::from_millis(50));
     net.stack_mut(1).take_ready(&mut ready);

@@ -1,0 +1,199 @@
+//! Commands that talk to a running stack over its control socket.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::{json, Value};
+use usnet_runtime::control::{request, resolve};
+use usnet_stack::Counters;
+
+use crate::CmdResult;
+
+#[derive(Args, Debug)]
+pub struct StackSel {
+    /// Which running stack (its --name); optional when only one runs.
+    #[arg(long)]
+    pub stack: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct PingArgs {
+    #[command(flatten)]
+    pub sel: StackSel,
+    /// Address to ping (IPv4 or IPv6).
+    pub dst: IpAddr,
+    /// Stop after this many requests.
+    #[arg(short = 'c', long, default_value_t = 4)]
+    pub count: u64,
+    /// Seconds between requests.
+    #[arg(short = 'i', long, default_value_t = 1.0)]
+    pub interval: f64,
+    /// Echo data bytes.
+    #[arg(short = 's', long, default_value_t = 56)]
+    pub size: usize,
+    /// Seconds to wait for each reply.
+    #[arg(short = 'W', long, default_value_t = 2.0)]
+    pub timeout: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct StatArgs {
+    #[command(flatten)]
+    pub sel: StackSel,
+    /// Show counters that are zero too.
+    #[arg(short, long)]
+    pub all: bool,
+    /// Print the raw JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn down(sel: StackSel) -> CmdResult {
+    let path = resolve(sel.stack.as_deref())?;
+    request(&path, &json!({"cmd": "stop"}), |_| false)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn ping(a: PingArgs) -> CmdResult {
+    let path = resolve(a.sel.stack.as_deref())?;
+    let req = json!({
+        "cmd": "ping", "dst": a.dst.to_string(), "count": a.count,
+        "interval_ms": (a.interval * 1000.0) as u64, "size": a.size,
+        "timeout_ms": (a.timeout * 1000.0) as u64,
+    });
+    let hdr = if a.dst.is_ipv4() { 28 } else { 48 };
+    println!(
+        "PING {0} ({0}) {1}({2}) bytes of data.",
+        a.dst,
+        a.size,
+        a.size + hdr
+    );
+    let mut rtts = Vec::new();
+    let (mut sent, mut received) = (0, 0);
+    let t0 = std::time::Instant::now();
+    request(&path, &req, |v| {
+        if v.get("done").is_some() {
+            sent = v["sent"].as_u64().unwrap_or(0);
+            received = v["received"].as_u64().unwrap_or(0);
+            return false;
+        }
+        let seq = v["seq"].as_u64().unwrap_or(0);
+        if v.get("timeout").is_some() {
+            println!("no reply for icmp_seq={seq}");
+        } else if let Some(e) = v.get("error") {
+            println!("icmp_seq={seq}: {}", e.as_str().unwrap_or("error"));
+        } else {
+            let rtt = v["rtt_us"].as_f64().unwrap_or(0.0) / 1000.0;
+            rtts.push(rtt);
+            println!(
+                "{} bytes from {}: icmp_seq={seq} ttl={} time={rtt:.3} ms",
+                v["bytes"],
+                v["from"].as_str().unwrap_or("?"),
+                v["ttl"]
+            );
+        }
+        true
+    })?;
+    println!("\n--- {} ping statistics ---", a.dst);
+    let loss = if sent > 0 {
+        100.0 * (sent - received) as f64 / sent as f64
+    } else {
+        0.0
+    };
+    println!(
+        "{sent} packets transmitted, {received} received, {loss:.0}% packet loss, time {}ms",
+        t0.elapsed().as_millis()
+    );
+    if !rtts.is_empty() {
+        let n = rtts.len() as f64;
+        let avg = rtts.iter().sum::<f64>() / n;
+        let min = rtts.iter().cloned().fold(f64::MAX, f64::min);
+        let max = rtts.iter().cloned().fold(0.0, f64::max);
+        let mdev = (rtts.iter().map(|r| (r - avg) * (r - avg)).sum::<f64>() / n).sqrt();
+        println!("rtt min/avg/max/mdev = {min:.3}/{avg:.3}/{max:.3}/{mdev:.3} ms");
+    }
+    Ok(if received > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub fn stat(a: StatArgs) -> CmdResult {
+    let path = resolve(a.sel.stack.as_deref())?;
+    let mut answer = Value::Null;
+    request(&path, &json!({"cmd": "stat"}), |v| {
+        answer = v.clone();
+        false
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", render_stat(&answer, a.all));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `netstat -s`-like text for one stack's `stat` answer.
+pub fn render_stat(v: &Value, all: bool) -> String {
+    let mut out = String::new();
+    let s = |k: &str| v[k].as_str().unwrap_or("?").to_string();
+    out += &format!(
+        "stack {} on {} ({}), pid {}, up {:.0} s, link {}\n",
+        s("name"),
+        s("link"),
+        s("device"),
+        v["pid"],
+        v["uptime_s"].as_f64().unwrap_or(0.0),
+        s("link_state")
+    );
+    out += &format!("  mac {}  mtu {}\n", s("mac"), v["mtu"]);
+    for a in v["addrs"].as_array().into_iter().flatten() {
+        out += &format!("  inet {}\n", a.as_str().unwrap_or("?"));
+    }
+    let descs: BTreeMap<&str, &str> = Counters::default()
+        .entries()
+        .into_iter()
+        .map(|(n, d, _)| (n, d))
+        .collect();
+    let mut layer = "";
+    for (name, _, _) in Counters::default().entries() {
+        let value = v["counters"][name].as_u64().unwrap_or(0);
+        if value == 0 && !all {
+            continue;
+        }
+        let l = Counters::layer_of(name);
+        if l != layer {
+            out += &format!("{l}:\n");
+            layer = l;
+        }
+        out += &format!("    {value:>12} {}  [{name}]\n", descs[name]);
+    }
+    out += "device:\n";
+    if let Some(d) = v["device_counters"].as_object() {
+        for (k, val) in d {
+            if all || val.as_u64() != Some(0) {
+                out += &format!("    {:>12} {k}\n", val);
+            }
+        }
+    }
+    let p = &v["pool"];
+    out += &format!(
+        "pool:\n    {} buffers of {} bytes, {} in use (peak {}), {} allocations, {} times exhausted\n",
+        p["count"], p["buf_size"], p["in_use"], p["peak_in_use"], p["allocs"], p["exhausted"]
+    );
+    let neigh = v["neighbors"].as_array().cloned().unwrap_or_default();
+    if !neigh.is_empty() {
+        out += "neighbors:\n";
+        for n in neigh {
+            out += &format!(
+                "    {:<40} {}\n",
+                n["ip"].as_str().unwrap_or("?"),
+                n["mac"].as_str().unwrap_or("(resolving)")
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,340 @@
+//! `usnet demo`: the main job. Two stacks in two processes on a shared-memory link
+//! (no root, no set-up): this process is one stack (library mode), a `usnet up` child
+//! is the other (with its built-in services and control socket). It runs ping and UDP
+//! echo both ways and over both IP versions, then prints a summary table.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+use usnet_report::Table;
+use usnet_runtime::control::{request, socket_path};
+use usnet_runtime::{NetStack, PingSocket, UdpSocket};
+
+use crate::up::{self, UpArgs};
+use crate::CmdResult;
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// UDP echo round trips per IP version.
+    #[arg(long, default_value_t = 2000)]
+    pub datagrams: u32,
+}
+
+struct Row {
+    step: String,
+    ok: bool,
+    detail: String,
+}
+
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn up_args(link: &str, name: &str, addrs: [&str; 2], services: &str) -> UpArgs {
+    UpArgs {
+        link: link.into(),
+        addrs: addrs
+            .iter()
+            .map(|a| a.parse().expect("valid demo address"))
+            .collect(),
+        host_addrs: vec![],
+        gateway: vec![],
+        mtu: None,
+        mac: None,
+        services: services.split(',').map(String::from).collect(),
+        name: Some(name.into()),
+        pcap: None,
+        fault: None,
+        buf_size: 2048,
+        buffers: 8192,
+        shm_slots: None,
+        duration: None,
+        quiet: true,
+    }
+}
+
+pub fn run(a: DemoArgs) -> CmdResult {
+    let t0 = Instant::now();
+    let tag = format!("demo-{}", std::process::id());
+    let link = format!("shm:{tag}");
+    let peer_name = format!("{tag}-b");
+    println!("usnet demo: two stacks on {link}: this process 10.77.0.1 / fd77::1, a `usnet up` child 10.77.0.2 / fd77::2");
+
+    let child = Command::new(std::env::current_exe()?)
+        .args([
+            "up",
+            "--link",
+            &link,
+            "--name",
+            &peer_name,
+            "--addr",
+            "10.77.0.2/24",
+            "--addr",
+            "fd77::2/64",
+        ])
+        .args([
+            "--services",
+            "echo,discard,chargen",
+            "--quiet",
+            "--duration",
+            "120",
+        ])
+        .stdin(Stdio::null())
+        .spawn()?;
+    let mut child = ChildGuard(child);
+    let ctl = socket_path(&peer_name);
+    let started = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
+        if let Some(st) = child.0.try_wait()? {
+            return Err(format!("the peer stack exited early ({st})").into());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err("the peer stack did not come up within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let (net, _info) = up::start(&up_args(
+        &link,
+        &format!("{tag}-a"),
+        ["10.77.0.1/24", "fd77::1/64"],
+        "none",
+    ))?;
+    let mut rows = Vec::new();
+    for dst in ["10.77.0.2", "fd77::2"] {
+        rows.push(ping_step(&net, dst.parse()?, 5));
+    }
+    for dst in ["10.77.0.2", "fd77::2"] {
+        rows.push(udp_echo_step(
+            &net,
+            SocketAddr::new(dst.parse()?, 7),
+            a.datagrams,
+        ));
+    }
+    rows.push(chargen_step(&net));
+    rows.push(peer_ping_step(&ctl));
+    rows.push(peer_stat_step(&ctl));
+
+    let _ = request(&ctl, &json!({"cmd": "stop"}), |_| false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.0.try_wait()?.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    net.shutdown();
+
+    let mut t = Table::new(
+        "usnet demo",
+        vec!["step".into(), "result".into(), "detail".into()],
+    );
+    let mut failed = 0;
+    for r in &rows {
+        failed += !r.ok as usize;
+        t.row(vec![
+            r.step.clone(),
+            if r.ok { "ok" } else { "FAILED" }.into(),
+            r.detail.clone(),
+        ]);
+    }
+    t.print();
+    println!(
+        "{} steps, {} failed, {:.1} s",
+        rows.len(),
+        failed,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn ping_step(net: &NetStack, dst: IpAddr, count: u16) -> Row {
+    let sock = PingSocket::open(net);
+    let mut rtts = Vec::new();
+    for seq in 1..=count {
+        if sock.send(dst, seq, 56).is_err() {
+            continue;
+        }
+        if let Ok((r, Some(rtt))) = sock.recv(Duration::from_secs(2)) {
+            if r.seq == seq {
+                rtts.push(rtt.as_secs_f64() * 1e6);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let detail = if rtts.is_empty() {
+        "no replies".to_string()
+    } else {
+        rtts.sort_by(f64::total_cmp);
+        format!(
+            "{}/{count} replies, rtt min/median/max {:.1}/{:.1}/{:.1} µs",
+            rtts.len(),
+            rtts[0],
+            rtts[rtts.len() / 2],
+            rtts[rtts.len() - 1]
+        )
+    };
+    Row {
+        step: format!("ping {dst}"),
+        ok: rtts.len() == count as usize,
+        detail,
+    }
+}
+
+fn payload(seq: u32, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(seq) as u8)
+        .collect();
+    v[..4].copy_from_slice(&seq.to_be_bytes());
+    v
+}
+
+fn udp_echo_step(net: &NetStack, to: SocketAddr, n: u32) -> Row {
+    const SIZES: [usize; 4] = [64, 512, 1472, 4000];
+    const WINDOW: u32 = 16;
+    let run = || -> std::io::Result<(u32, u32, u64, f64)> {
+        let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+            .parse()
+            .expect("addr");
+        let mut sock = UdpSocket::bind(net, any)?;
+        sock.set_read_timeout(Some(Duration::from_millis(500)));
+        let t = Instant::now();
+        let (mut sent, mut good, mut bytes) = (0u32, 0u32, 0u64);
+        let mut buf = vec![0u8; 65536];
+        while sent < n.min(WINDOW) {
+            sock.send_to(&payload(sent, SIZES[sent as usize % 4]), to)?;
+            sent += 1;
+        }
+        while good < n {
+            let (len, from) = match sock.recv_from(&mut buf) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => break,
+                Err(e) => return Err(e),
+            };
+            let seq = u32::from_be_bytes(buf[..4].try_into().expect("4 bytes"));
+            if from == to && buf[..len] == payload(seq, SIZES[seq as usize % 4])[..] {
+                good += 1;
+                bytes += len as u64;
+            }
+            if sent < n {
+                sock.send_to(&payload(sent, SIZES[sent as usize % 4]), to)?;
+                sent += 1;
+            }
+        }
+        Ok((sent, good, bytes, t.elapsed().as_secs_f64()))
+    };
+    match run() {
+        Ok((sent, good, bytes, secs)) => Row {
+            step: format!("udp echo {to}"),
+            ok: good == n,
+            detail: format!(
+                "{good}/{sent} echoed intact (64 B..4000 B, fragments included), {:.0} round trips/s, {:.1} MB/s",
+                good as f64 / secs,
+                2.0 * bytes as f64 / secs / 1e6
+            ),
+        },
+        Err(e) => Row {
+            step: format!("udp echo {to}"),
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
+}
+
+fn chargen_step(net: &NetStack) -> Row {
+    let run = || -> std::io::Result<usize> {
+        let mut sock = UdpSocket::bind(net, "0.0.0.0:0".parse().expect("addr"))?;
+        sock.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut total = 0;
+        for _ in 0..3 {
+            sock.send_to(b"x", "10.77.0.2:19".parse().expect("addr"))?;
+            let mut buf = [0u8; 1024];
+            let n = sock.recv(&mut buf)?;
+            if !buf[..n]
+                .iter()
+                .all(|&b| (b' '..=b'~').contains(&b) || b == b'\r' || b == b'\n')
+            {
+                return Err(std::io::Error::other("chargen sent non-printable bytes"));
+            }
+            total += n;
+        }
+        Ok(total)
+    };
+    match run() {
+        Ok(n) => Row {
+            step: "chargen 10.77.0.2:19".into(),
+            ok: true,
+            detail: format!("3 replies, {n} characters of the RFC 864 pattern"),
+        },
+        Err(e) => Row {
+            step: "chargen 10.77.0.2:19".into(),
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
+}
+
+fn peer_ping_step(ctl: &std::path::Path) -> Row {
+    let mut rtts = Vec::new();
+    let req = json!({"cmd": "ping", "dst": "fd77::1", "count": 3, "interval_ms": 10, "size": 56});
+    let r = request(ctl, &req, |v| {
+        if let Some(r) = v["rtt_us"].as_f64() {
+            rtts.push(r);
+        }
+        v.get("done").is_none()
+    });
+    Row {
+        step: "peer pings fd77::1 (usnet ping)".into(),
+        ok: r.is_ok() && rtts.len() == 3,
+        detail: match r {
+            Ok(()) => format!(
+                "{}/3 replies, rtts {:?} µs",
+                rtts.len(),
+                rtts.iter().map(|r| r.round()).collect::<Vec<_>>()
+            ),
+            Err(e) => e.to_string(),
+        },
+    }
+}
+
+fn peer_stat_step(ctl: &std::path::Path) -> Row {
+    let mut stat = serde_json::Value::Null;
+    let r = request(ctl, &json!({"cmd": "stat"}), |v| {
+        stat = v.clone();
+        false
+    });
+    let c = &stat["counters"];
+    let drops: u64 = [
+        "drop_input_queue_full",
+        "udp_rx_queue_full",
+        "udp_rx_bad_checksum",
+        "drop_pool_exhausted",
+    ]
+    .iter()
+    .map(|k| c[*k].as_u64().unwrap_or(0))
+    .sum();
+    Row {
+        step: "peer counters (usnet stat)".into(),
+        ok: r.is_ok() && drops == 0,
+        detail: format!(
+            "udp in {} / out {}, reassembled v4 {} v6 {}, echo replies {}+{}, drops {drops}",
+            c["udp_rx"],
+            c["udp_tx"],
+            c["ip4_reassembled"],
+            c["ip6_reassembled"],
+            c["icmp4_tx_echo_reply"],
+            c["icmp6_tx_echo_reply"]
+        ),
+    }
+}

@@ -1,0 +1,68 @@
+//! `usnet`: the one entry point for users.
+
+mod ctl;
+mod demo;
+mod up;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "usnet",
+    version,
+    about = "A userspace TCP/IP stack and the tools to measure it against Linux"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Bring a stack up on a link and run until interrupted.
+    Up(up::UpArgs),
+    /// Stop a running stack.
+    Down(ctl::StackSel),
+    /// Send ICMP echo requests from a running stack and print round-trip times.
+    Ping(ctl::PingArgs),
+    /// Print the counters of a running stack (like `netstat -s`).
+    Stat(ctl::StatArgs),
+    /// Two stacks on a shared-memory link, no root needed: ping, UDP echo, summary.
+    Demo(demo::DemoArgs),
+    /// Benchmarks against Linux on this machine.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// UDP packets/s over the shm link vs Linux loopback (send/recv and sendmmsg/recvmmsg).
+    Udp(usnet_bench::udp::UdpBenchArgs),
+    /// One end of `bench udp` (started by it).
+    #[command(hide = true)]
+    UdpPeer(usnet_bench::udp::UdpPeerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Up(a) => up::run(a),
+        Cmd::Down(a) => ctl::down(a),
+        Cmd::Ping(a) => ctl::ping(a),
+        Cmd::Stat(a) => ctl::stat(a),
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
+        Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("usnet: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub type CmdResult = Result<ExitCode, Box<dyn std::error::Error>>;

@@ -1,0 +1,229 @@
+//! `usnet up`: a stack on a link, with services and a control socket.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use usnet_link::{fault::FaultConfig, LinkOptions, LinkSpec, LinkState};
+use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
+use usnet_runtime::control::{socket_path, ControlServer, StackInfo};
+use usnet_runtime::{NetStack, RuntimeConfig, ServiceKind};
+use usnet_stack::{mac_from_seed, IpCidr, StackConfig};
+use usnet_wire::MacAddr;
+
+use crate::CmdResult;
+
+#[derive(Args, Debug, Clone)]
+pub struct UpArgs {
+    /// tap:IFNAME (root; created if missing), shm:NAME (two processes, no root) or
+    /// afpacket:IFNAME (root; e.g. a veth end).
+    #[arg(long)]
+    pub link: String,
+    /// An address of the stack with its prefix, e.g. 10.20.0.2/24 or fd00:20::2/64
+    /// (repeatable). An IPv6 link-local address is always added.
+    #[arg(long = "addr", value_name = "CIDR")]
+    pub addrs: Vec<IpCidr>,
+    /// tap only: address(es) for the Linux side of the TAP, e.g. 10.20.0.1/24.
+    #[arg(long = "host-addr", value_name = "CIDR")]
+    pub host_addrs: Vec<IpCidr>,
+    /// Default gateway (IPv4 and/or IPv6; repeatable).
+    #[arg(long)]
+    pub gateway: Vec<IpAddr>,
+    /// L3 MTU (default: the link's, 1500).
+    #[arg(long)]
+    pub mtu: Option<usize>,
+    /// MAC address (default: a locally administered one derived from the name).
+    #[arg(long)]
+    pub mac: Option<MacAddr>,
+    /// Built-in UDP services: echo (port 7), discard (9), chargen (19), or none.
+    #[arg(long, value_delimiter = ',', default_value = "echo")]
+    pub services: Vec<String>,
+    /// Name of this stack for `usnet stat/ping/down --stack` (default: from the link).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long)]
+    pub pcap: Option<PathBuf>,
+    /// Inject faults, e.g. drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,seed=7.
+    #[arg(long)]
+    pub fault: Option<FaultConfig>,
+    /// Packet buffer size: 2048, 4096, 9216 or 65536.
+    #[arg(long, default_value_t = 2048)]
+    pub buf_size: usize,
+    /// Number of packet buffers.
+    #[arg(long, default_value_t = 16384)]
+    pub buffers: u32,
+    /// Slots per direction of a shm link.
+    #[arg(long)]
+    pub shm_slots: Option<usize>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+fn default_name(spec: &LinkSpec) -> String {
+    match spec {
+        LinkSpec::Tap(n) | LinkSpec::AfPacket(n) => n.clone(),
+        LinkSpec::Shm(n) => {
+            // The first stack on a shm link is NAME-a, the second NAME-b.
+            let a = format!("{n}-a");
+            if !socket_path(&a).exists()
+                || std::os::unix::net::UnixStream::connect(socket_path(&a)).is_err()
+            {
+                a
+            } else {
+                format!("{n}-b")
+            }
+        }
+    }
+}
+
+fn name_seed(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    }) ^ std::process::id() as u64
+}
+
+/// Opens the link and starts the stack with its services (shared with `usnet demo`).
+pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error::Error>> {
+    let spec: LinkSpec = args.link.parse()?;
+    let services: Vec<ServiceKind> = args
+        .services
+        .iter()
+        .filter(|s| s.as_str() != "none" && !s.is_empty())
+        .map(|s| s.parse::<ServiceKind>())
+        .collect::<Result<_, _>>()?;
+    let name = args.name.clone().unwrap_or_else(|| default_name(&spec));
+    if !usnet_runtime::control::valid_name(&name) {
+        return Err(
+            format!("bad stack name '{name}': use letters, digits, '-', '_' and '.'").into(),
+        );
+    }
+    if !matches!(spec, LinkSpec::Tap(_)) && !args.host_addrs.is_empty() {
+        return Err("--host-addr only applies to tap links".into());
+    }
+    let opts = LinkOptions {
+        mtu: args.mtu,
+        pcap: args.pcap.clone(),
+        fault: args.fault.clone(),
+        tap_host_addrs: args.host_addrs.iter().map(|c| c.to_string()).collect(),
+        shm_slots: args.shm_slots,
+    };
+    let mut gateway4 = None;
+    let mut gateway6 = None;
+    for g in &args.gateway {
+        match g {
+            IpAddr::V4(a) => gateway4 = Some(*a),
+            IpAddr::V6(a) => gateway6 = Some(*a),
+        }
+    }
+    let cfg = StackConfig {
+        mac: args.mac.unwrap_or_else(|| mac_from_seed(name_seed(&name))),
+        addrs: args.addrs.clone(),
+        gateway4,
+        gateway6,
+        mtu: args.mtu.unwrap_or(65535),
+        pool: PoolConfig {
+            buf_size: args.buf_size,
+            count: args.buffers,
+            headroom: DEFAULT_HEADROOM,
+            backing: Backing::Memfd,
+        },
+        seed: name_seed(&name),
+        ..StackConfig::default()
+    };
+    // Check the configuration before touching the link, so mistakes cost nothing.
+    usnet_stack::Stack::new(StackConfig {
+        mtu: cfg.mtu.min(args.mtu.unwrap_or(1500)),
+        pool: PoolConfig {
+            count: 1,
+            ..cfg.pool.clone()
+        },
+        ..cfg.clone()
+    })?;
+    let dev = usnet_link::open(&spec, &opts)?;
+    let net = NetStack::start(dev, cfg, RuntimeConfig::default())?;
+    for s in &services {
+        let svc = net
+            .with(|st| s.start(st))
+            .map_err(|e| format!("cannot start service {s:?} on port {}: {e}", s.port()))?;
+        net.add_service(svc);
+    }
+    let info = StackInfo {
+        name,
+        link: args.link.clone(),
+        services: args.services.clone(),
+    };
+    Ok((net, info))
+}
+
+pub fn run(args: UpArgs) -> CmdResult {
+    let (net, info) = start(&args)?;
+    let control = match ControlServer::start(net.clone(), info.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            net.shutdown();
+            return Err(e.into());
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    if !args.quiet {
+        let (mac, addrs, mtu) = net.with(|s| {
+            (
+                s.mac(),
+                s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                s.mtu(),
+            )
+        });
+        println!(
+            "usnet: stack '{}' up on {} (mac {mac}, mtu {mtu}): {}; services: {}",
+            info.name,
+            args.link,
+            addrs.join(" "),
+            info.services.join(",")
+        );
+        println!(
+            "usnet: control socket {}; `usnet stat --stack {}` shows its counters",
+            control.path().display(),
+            info.name
+        );
+    }
+    let deadline = args
+        .duration
+        .map(|d| std::time::Instant::now() + Duration::from_secs_f64(d));
+    let mut reported_down = false;
+    while net.is_running() && !stop.load(Ordering::Relaxed) {
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            break;
+        }
+        if net.link_state() == LinkState::Down && !reported_down {
+            eprintln!("usnet: link {} is down (peer gone)", args.link);
+            reported_down = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let failure = net.failure();
+    net.shutdown();
+    drop(control);
+    if let Some(f) = failure {
+        return Err(f.into());
+    }
+    if !args.quiet {
+        let c = net.with(|s| s.counters().clone());
+        println!(
+            "usnet: stack '{}' down: {} frames in, {} frames out",
+            info.name, c.link_rx_frames, c.link_tx_frames
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

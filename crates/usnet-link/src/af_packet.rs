@@ -1,0 +1,677 @@
+//! An AF_PACKET socket bound to one interface (a veth end, a spare NIC): receive through
+//! a TPACKET_V3 ring mapped into our memory, transmit with `sendmmsg` (one system call
+//! per burst).
+//!
+//! Why not a TX ring: with `sendmmsg` a burst already costs one system call, frames are
+//! gathered straight from pool buffers (no copy into a ring slot first), and chained
+//! frames need no special casing; a TX ring would save only the per-frame copy the kernel
+//! makes into its skb, which it still makes with a TX ring on a veth.
+//!
+//! The interface should carry no IP configuration of its own on this host: Linux would
+//! also answer the frames we receive.
+
+use std::collections::VecDeque;
+use std::io;
+use std::mem::offset_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use usnet_pool::{Offload, PacketPool, PktBuf};
+
+use crate::error::LinkError;
+use crate::sys::{self, cvt, EventFd};
+use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
+
+pub const AF_PACKET_MAX_BURST: usize = 64;
+const TPACKET_V3: libc::c_int = 2;
+const BLOCK_NR: usize = 16;
+const MIN_BLOCK_SIZE: usize = 256 * 1024;
+const FRAME_SIZE: usize = 2048;
+/// A partly filled block is handed to us after this many milliseconds.
+const RETIRE_TOV_MS: u32 = 1;
+const MAX_SEGS: usize = 256;
+const MAX_MSGS: usize = AF_PACKET_MAX_BURST;
+
+// Kernel ABI offsets inside a block descriptor and a frame header.
+const BLK_STATUS: usize =
+    offset_of!(libc::tpacket_block_desc, hdr) + offset_of!(libc::tpacket_hdr_v1, block_status);
+const BLK_NUM_PKTS: usize =
+    offset_of!(libc::tpacket_block_desc, hdr) + offset_of!(libc::tpacket_hdr_v1, num_pkts);
+const BLK_FIRST: usize = offset_of!(libc::tpacket_block_desc, hdr)
+    + offset_of!(libc::tpacket_hdr_v1, offset_to_first_pkt);
+const PKT_NEXT: usize = offset_of!(libc::tpacket3_hdr, tp_next_offset);
+const PKT_SNAPLEN: usize = offset_of!(libc::tpacket3_hdr, tp_snaplen);
+const PKT_LEN: usize = offset_of!(libc::tpacket3_hdr, tp_len);
+const PKT_STATUS: usize = offset_of!(libc::tpacket3_hdr, tp_status);
+const PKT_MAC: usize = offset_of!(libc::tpacket3_hdr, tp_mac);
+
+/// The mmap'd RX ring.
+struct RxRing {
+    base: *mut u8,
+    len: usize,
+    block_size: usize,
+}
+
+// SAFETY: the mapping is owned by this struct alone (no aliases are handed out beyond a
+// borrow of the device); moving it to another thread moves that ownership.
+unsafe impl Send for RxRing {}
+
+impl RxRing {
+    fn block(&self, i: usize) -> *mut u8 {
+        debug_assert!((i + 1) * self.block_size <= self.len);
+        // SAFETY: i < BLOCK_NR so the offset is inside the mapping.
+        unsafe { self.base.add(i * self.block_size) }
+    }
+    fn status(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: the block status word is an aligned u32 inside the mapping, shared with
+        // the kernel, so it is only ever accessed atomically.
+        unsafe { &*(self.block(i).add(BLK_STATUS) as *const AtomicU32) }
+    }
+    fn read_u32(&self, i: usize, off: usize) -> u32 {
+        assert!(off + 4 <= self.block_size);
+        // SAFETY: in bounds (checked); the kernel does not write a block while it is ours.
+        unsafe { std::ptr::read_unaligned(self.block(i).add(off) as *const u32) }
+    }
+    fn read_u16(&self, i: usize, off: usize) -> u16 {
+        assert!(off + 2 <= self.block_size);
+        // SAFETY: as for read_u32.
+        unsafe { std::ptr::read_unaligned(self.block(i).add(off) as *const u16) }
+    }
+    fn bytes(&self, i: usize, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.block_size);
+        // SAFETY: in bounds (checked); the block is ours until we hand it back.
+        unsafe { std::slice::from_raw_parts(self.block(i).add(off), len) }
+    }
+}
+
+impl Drop for RxRing {
+    fn drop(&mut self) {
+        // SAFETY: base/len are exactly what mmap returned; nothing borrows the ring now.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+pub struct AfPacketDevice {
+    label: String,
+    ifname: String,
+    ifindex: u32,
+    ring: RxRing,
+    // Declared after the ring: the mapping goes before the socket closes.
+    fd: OwnedFd,
+    ev: Arc<EventFd>,
+    mtu: usize,
+    /// Walk position: current block, packets left in it, offset of the next one.
+    block: usize,
+    pkts_left: u32,
+    pkt_off: usize,
+    down: bool,
+    stats: DeviceStats,
+}
+
+impl std::fmt::Debug for AfPacketDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AfPacketDevice")
+            .field("ifname", &self.ifname)
+            .field("ifindex", &self.ifindex)
+            .field("mtu", &self.mtu)
+            .finish()
+    }
+}
+
+fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live T and its exact size; the kernel only reads it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+impl AfPacketDevice {
+    /// Binds to `ifname`. `mtu` may lower the MTU the stack uses below the interface's.
+    pub fn open(ifname: &str, mtu: Option<usize>) -> Result<AfPacketDevice, LinkError> {
+        let spec = format!("afpacket:{ifname}");
+        let ifindex = sys::if_index(ifname)?;
+        let if_mtu = sys::if_mtu(ifname)
+            .map_err(|e| LinkError::io(format!("{spec}: cannot read the MTU"), e))?;
+        let mtu = match mtu {
+            Some(m) if !(68..=if_mtu).contains(&m) => {
+                return Err(LinkError::BadMtu {
+                    mtu: m,
+                    min: 68,
+                    max: if_mtu,
+                })
+            }
+            Some(m) => m,
+            None => if_mtu,
+        };
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: socket() with constant arguments returns a new fd or -1.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                proto as libc::c_int,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => LinkError::NeedsRoot { spec },
+                _ => LinkError::io(format!("{spec}: cannot open a packet socket"), e),
+            });
+        }
+        // SAFETY: fd was just created and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ctx = |what: &str| format!("{spec}: {what}");
+
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V3)
+            .map_err(|e| LinkError::io(ctx("cannot select TPACKET_V3"), e))?;
+        let block_size = MIN_BLOCK_SIZE.max((mtu + 18 + 256).next_power_of_two());
+        let req = libc::tpacket_req3 {
+            tp_block_size: block_size as u32,
+            tp_block_nr: BLOCK_NR as u32,
+            tp_frame_size: FRAME_SIZE as u32,
+            tp_frame_nr: (block_size / FRAME_SIZE * BLOCK_NR) as u32,
+            tp_retire_blk_tov: RETIRE_TOV_MS,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
+        };
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
+            .map_err(|e| LinkError::io(ctx("cannot set up the RX ring"), e))?;
+        let len = block_size * BLOCK_NR;
+        // SAFETY: maps the ring the kernel just allocated for this socket; length as
+        // requested; the result is checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_LOCKED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        let base = if base == libc::MAP_FAILED {
+            // MAP_LOCKED may exceed RLIMIT_MEMLOCK; fall back to a plain mapping.
+            // SAFETY: as above, without MAP_LOCKED.
+            let b = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if b == libc::MAP_FAILED {
+                return Err(LinkError::io(
+                    ctx("cannot map the RX ring"),
+                    io::Error::last_os_error(),
+                ));
+            }
+            b
+        } else {
+            base
+        };
+        let ring = RxRing {
+            base: base.cast(),
+            len,
+            block_size,
+        };
+
+        let one: libc::c_int = 1;
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one)
+            .map_err(|e| LinkError::io(ctx("cannot set PACKET_IGNORE_OUTGOING"), e))?;
+        let mreq = libc::packet_mreq {
+            mr_ifindex: ifindex as libc::c_int,
+            mr_type: libc::PACKET_MR_PROMISC as libc::c_ushort,
+            mr_alen: 0,
+            mr_address: [0; 8],
+        };
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq)
+            .map_err(|e| LinkError::io(ctx("cannot enter promiscuous mode"), e))?;
+        // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex as libc::c_int;
+        // SAFETY: binds to a valid sockaddr_ll of the stated size.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        })
+        .map_err(|e| LinkError::io(ctx("cannot bind"), e))?;
+        let ev = EventFd::new().map_err(|e| LinkError::io(ctx("eventfd"), e))?;
+        Ok(AfPacketDevice {
+            label: spec,
+            ifname: ifname.to_string(),
+            ifindex,
+            ring,
+            fd,
+            ev,
+            mtu,
+            block: 0,
+            pkts_left: 0,
+            pkt_off: 0,
+            down: false,
+            stats: DeviceStats::default(),
+        })
+    }
+
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Gives the current block back to the kernel and moves on.
+    fn release_block(&mut self) {
+        self.ring
+            .status(self.block)
+            .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.block = (self.block + 1) % BLOCK_NR;
+        self.pkts_left = 0;
+    }
+}
+
+impl Device for AfPacketDevice {
+    fn name(&self) -> &str {
+        &self.label
+    }
+
+    fn caps(&self) -> DeviceCaps {
+        DeviceCaps {
+            mtu: self.mtu,
+            rx_csum_offload: true,
+            tx_csum_offload: false,
+            tso: false,
+            max_burst: AF_PACKET_MAX_BURST,
+        }
+    }
+
+    fn rx_burst(
+        &mut self,
+        pool: &mut PacketPool,
+        out: &mut Vec<PktBuf>,
+        max: usize,
+    ) -> io::Result<usize> {
+        let mut n = 0;
+        let bs = self.ring.block_size;
+        while n < max {
+            if self.pkts_left == 0 {
+                // Acquire: the kernel filled the block before it set TP_STATUS_USER.
+                if self.ring.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0
+                {
+                    break;
+                }
+                let num = self.ring.read_u32(self.block, BLK_NUM_PKTS);
+                let first = self.ring.read_u32(self.block, BLK_FIRST) as usize;
+                if num == 0 || first >= bs {
+                    self.release_block();
+                    continue;
+                }
+                self.pkts_left = num;
+                self.pkt_off = first;
+            }
+            let (blk, off) = (self.block, self.pkt_off);
+            if off + std::mem::size_of::<libc::tpacket3_hdr>() > bs {
+                self.stats.rx_errors += 1;
+                self.release_block();
+                continue;
+            }
+            let next = self.ring.read_u32(blk, off + PKT_NEXT) as usize;
+            let snap = self.ring.read_u32(blk, off + PKT_SNAPLEN) as usize;
+            let wire_len = self.ring.read_u32(blk, off + PKT_LEN) as usize;
+            let status = self.ring.read_u32(blk, off + PKT_STATUS);
+            let mac = self.ring.read_u16(blk, off + PKT_MAC) as usize;
+            if off + mac + snap > bs {
+                self.stats.rx_errors += 1;
+                self.release_block();
+                continue;
+            }
+            if snap < wire_len || snap < 14 {
+                self.stats.rx_errors += 1; // truncated by the ring
+            } else {
+                let data = self.ring.bytes(blk, off + mac, snap);
+                match pool.alloc_from(data) {
+                    Some(b) => {
+                        let mut o = Offload::default();
+                        if status & libc::TP_STATUS_CSUM_VALID != 0 {
+                            o.csum_valid = true;
+                        }
+                        if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
+                            // Locally generated (e.g. by the veth peer's stack): the
+                            // checksum is only partial; valid, and finishable by a forwarder.
+                            o.csum_valid = true;
+                            if let Some((start, offset)) = sys::partial_csum_location(data) {
+                                o.needs_csum = true;
+                                o.csum_start = start;
+                                o.csum_offset = offset;
+                            }
+                        }
+                        pool.set_offload(b, o);
+                        out.push(b);
+                        n += 1;
+                        self.stats.rx_frames += 1;
+                        self.stats.rx_bytes += snap as u64;
+                    }
+                    None => self.stats.rx_no_buffer += 1,
+                }
+            }
+            self.pkts_left -= 1;
+            if self.pkts_left == 0 || next == 0 {
+                self.release_block();
+            } else {
+                self.pkt_off = off + next;
+            }
+        }
+        Ok(n)
+    }
+
+    fn tx_burst(
+        &mut self,
+        pool: &mut PacketPool,
+        frames: &mut VecDeque<PktBuf>,
+    ) -> io::Result<usize> {
+        let max_frame = self.mtu + 18;
+        let mut sent = 0;
+        loop {
+            // Drop what can never go out, then gather up to one burst.
+            while let Some(&f) = frames.front() {
+                let len = pool.chain_len(f);
+                if (14..=max_frame).contains(&len) {
+                    break;
+                }
+                frames.pop_front();
+                pool.free(f);
+                self.stats.tx_dropped += 1;
+            }
+            if frames.is_empty() {
+                break;
+            }
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_SEGS];
+            // SAFETY: mmsghdr is plain old data; all-zero is valid (no name, no control).
+            let mut msgs: [libc::mmsghdr; MAX_MSGS] = unsafe { std::mem::zeroed() };
+            let mut nseg = 0;
+            let mut nmsg = 0;
+            for &f in frames.iter().take(MAX_MSGS) {
+                let len = pool.chain_len(f);
+                if !(14..=max_frame).contains(&len) {
+                    break;
+                }
+                let first = nseg;
+                let mut cur = Some(f);
+                while let (Some(c), true) = (cur, nseg < MAX_SEGS) {
+                    let d = pool.data(c);
+                    iov[nseg] = libc::iovec {
+                        iov_base: d.as_ptr() as *mut libc::c_void,
+                        iov_len: d.len(),
+                    };
+                    nseg += 1;
+                    cur = pool.next(c);
+                }
+                if cur.is_some() {
+                    break; // does not fit this batch (or any: handled below)
+                }
+                msgs[nmsg].msg_hdr.msg_iov = iov[first..].as_mut_ptr();
+                msgs[nmsg].msg_hdr.msg_iovlen = (nseg - first) as _;
+                nmsg += 1;
+            }
+            if nmsg == 0 {
+                // A chain longer than MAX_SEGS buffers: cannot gather it.
+                let f = frames.pop_front().expect("not empty");
+                pool.free(f);
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            // SAFETY: msgs[..nmsg] point at iovecs in `iov`, which point at live pool
+            // buffers of the frames still in `frames`; the socket is bound, so no address
+            // is needed. The kernel only reads these.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    nmsg as libc::c_uint,
+                    0,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                        self.stats.tx_full += 1;
+                        break;
+                    }
+                    Some(libc::EINTR) => continue,
+                    _ => {
+                        // The first frame was refused (interface down, bad frame): drop it.
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::ENXIO) | Some(libc::ENETDOWN) | Some(libc::ENODEV)
+                        ) {
+                            self.down = true;
+                        }
+                        let f = frames.pop_front().expect("not empty");
+                        pool.free(f);
+                        self.stats.tx_dropped += 1;
+                        continue;
+                    }
+                }
+            }
+            let r = r as usize;
+            for m in &msgs[..r] {
+                let f = frames.pop_front().expect("sent frames are queued");
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += m.msg_len as u64;
+                pool.free(f);
+            }
+            sent += r;
+            self.down = false;
+            if r < nmsg {
+                self.stats.tx_full += 1;
+                break;
+            }
+        }
+        Ok(sent)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        if self.pkts_left > 0
+            || self.ring.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+        {
+            return Ok(());
+        }
+        sys::poll_two(self.fd.as_raw_fd(), &self.ev, timeout).map(|_| ())
+    }
+
+    fn waker(&self) -> Waker {
+        self.ev.waker()
+    }
+
+    fn link_state(&self) -> LinkState {
+        if self.down {
+            LinkState::Down
+        } else {
+            LinkState::Up
+        }
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tap::tests::{arp_exchange, OUR_MAC};
+    use crate::testutil::pool;
+    use std::time::Instant;
+
+    const NS: &str = "usnet-afp-ns";
+    const OURS: &str = "usnt-afp0";
+    const PEER: &str = "usnt-afp1";
+    const ETH_EXPERIMENTAL: u16 = 0x88b5;
+
+    /// A netns holding one end of a veth pair (address 10.98.0.1/24); removed on drop.
+    struct Veth;
+    impl Veth {
+        fn new() -> Veth {
+            let _ = sys::run_ip(&["netns", "del", NS]);
+            let _ = sys::run_ip(&["link", "del", OURS]);
+            sys::run_ip(&["netns", "add", NS]).unwrap();
+            let v = Veth;
+            sys::run_ip(&["link", "add", OURS, "type", "veth", "peer", "name", PEER]).unwrap();
+            sys::run_ip(&["link", "set", PEER, "netns", NS]).unwrap();
+            sys::run_ip(&["link", "set", OURS, "up"]).unwrap();
+            sys::run_ip(&["-n", NS, "link", "set", PEER, "up"]).unwrap();
+            sys::run_ip(&["-n", NS, "addr", "add", "10.98.0.1/24", "dev", PEER]).unwrap();
+            v
+        }
+    }
+    impl Drop for Veth {
+        fn drop(&mut self) {
+            let _ = sys::run_ip(&["netns", "del", NS]);
+            let _ = sys::run_ip(&["link", "del", OURS]);
+        }
+    }
+
+    fn test_frame(src: [u8; 6], payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&ETH_EXPERIMENTAL.to_be_bytes());
+        f.extend_from_slice(payload);
+        f.resize(f.len().max(60), 0);
+        f
+    }
+
+    /// In a thread inside the namespace: a raw packet socket on the peer end that sends
+    /// `out` and then returns the first experimental-ethertype frame it receives.
+    fn peer_side(out: Vec<u8>) -> std::thread::JoinHandle<Option<Vec<u8>>> {
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(format!("/run/netns/{NS}")).unwrap();
+            // SAFETY: setns on a namespace fd we opened; affects only this thread.
+            assert_eq!(
+                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            let idx = sys::if_index(PEER).unwrap();
+            let proto = ETH_EXPERIMENTAL.to_be();
+            // SAFETY: socket() with constant arguments.
+            let fd = unsafe {
+                libc::socket(
+                    libc::AF_PACKET,
+                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                    proto as i32,
+                )
+            };
+            assert!(fd >= 0);
+            // SAFETY: fd is new and owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: all-zero sockaddr_ll is valid.
+            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            sll.sll_family = libc::AF_PACKET as u16;
+            sll.sll_protocol = proto;
+            sll.sll_ifindex = idx as i32;
+            // SAFETY: valid sockaddr_ll of the stated size.
+            let r = unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&sll as *const libc::sockaddr_ll).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                )
+            };
+            assert_eq!(r, 0);
+            let tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 100_000,
+            };
+            setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).unwrap();
+            // SAFETY: sends our own buffer on the bound socket.
+            let r = unsafe { libc::send(fd.as_raw_fd(), out.as_ptr().cast(), out.len(), 0) };
+            assert_eq!(r as usize, out.len());
+            let mut buf = vec![0u8; 2048];
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(3) {
+                // SAFETY: receives into our own buffer of the stated length.
+                let r =
+                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if r > 0 && buf[6..12] == OUR_MAC {
+                    return Some(buf[..r as usize].to_vec());
+                }
+            }
+            None
+        })
+    }
+
+    #[test]
+    fn afpacket_on_veth() {
+        if !sys::is_root() {
+            eprintln!("skipped afpacket_on_veth: needs root");
+            return;
+        }
+        let _veth = Veth::new();
+        let mut dev = AfPacketDevice::open(OURS, None).unwrap();
+        assert_eq!(dev.caps().mtu, 1500);
+        let mut p = pool(256, 2048);
+        // Our request goes out, Linux in the namespace answers, we receive the answer
+        // (and not our own request: PACKET_IGNORE_OUTGOING).
+        arp_exchange(&mut dev, &mut p, [10, 98, 0, 2], [10, 98, 0, 1]);
+
+        // A frame built by hand on the other side reaches us; ours reaches it.
+        let peer_mac = [0x02, 0, 0x5e, 0, 0x10, 0x02];
+        let theirs = test_frame(peer_mac, b"hello from the namespace");
+        let peer = peer_side(theirs.clone());
+        let start = Instant::now();
+        let mut seen = false;
+        let mut got = Vec::new();
+        let mut v = Vec::new();
+        while !seen && start.elapsed() < Duration::from_secs(3) {
+            dev.wait(Some(Duration::from_millis(100))).unwrap();
+            dev.rx_burst(&mut p, &mut got, 64).unwrap();
+            for b in got.drain(..) {
+                p.copy_chain(b, &mut v);
+                seen |= v == theirs;
+                p.free(b);
+            }
+        }
+        assert!(seen, "frame from the namespace not received");
+        let ours = test_frame(OUR_MAC, b"hello from usnet");
+        let mut q = VecDeque::new();
+        // Send a few (the peer's socket may not be reading yet for the first).
+        for _ in 0..20 {
+            q.push_back(p.alloc_from(&ours).unwrap());
+            dev.tx_burst(&mut p, &mut q).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            if peer.is_finished() {
+                break;
+            }
+        }
+        let received = peer
+            .join()
+            .unwrap()
+            .expect("our frame not seen in the namespace");
+        assert_eq!(received, ours);
+        assert_eq!(dev.link_state(), LinkState::Up);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn afpacket_missing_interface() {
+        let e = AfPacketDevice::open("usnt-nosuch", None).unwrap_err();
+        assert!(matches!(e, LinkError::NoSuchInterface(_)), "{e}");
+    }
+}

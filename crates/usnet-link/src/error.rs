@@ -1,0 +1,66 @@
+//! Errors a user can make when opening a link, each one line that says what to do.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("unknown link '{0}': expected tap:NAME, shm:NAME or afpacket:IFNAME")]
+    UnknownKind(String),
+    #[error("{spec} needs root (CAP_NET_ADMIN): run as root or use --link shm:NAME")]
+    NeedsRoot { spec: String },
+    #[error(
+        "shm link '{name}' is in use: both sides are held by live processes \
+         (pids {pid_a} and {pid_b}); stop one of them or pick another name"
+    )]
+    ShmInUse {
+        name: String,
+        pid_a: i32,
+        pid_b: i32,
+    },
+    #[error("shm link '{name}' was created with {what}; open it with the same settings or pick another name")]
+    ShmMismatch { name: String, what: String },
+    #[error("bad link name '{name}': {why}")]
+    BadName { name: String, why: &'static str },
+    #[error("interface '{0}' not found: check `ip link` for its name")]
+    NoSuchInterface(String),
+    #[error("bad MTU {mtu}: must be between {min} and {max}")]
+    BadMtu { mtu: usize, min: usize, max: usize },
+    #[error("bad shm slot count {0}: must be a power of two between 2 and 65536")]
+    BadSlots(usize),
+    #[error("bad fault spec '{spec}': {why}")]
+    BadFault { spec: String, why: String },
+    #[error("`{cmd}` failed: {why}")]
+    Command { cmd: String, why: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl LinkError {
+    /// An I/O error with what was being done when it happened.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        LinkError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<LinkError> for io::Error {
+    fn from(e: LinkError) -> Self {
+        match e {
+            LinkError::Io { source, context } => {
+                io::Error::new(source.kind(), format!("{context}: {source}"))
+            }
+            LinkError::NeedsRoot { .. } => {
+                io::Error::new(io::ErrorKind::PermissionDenied, e.to_string())
+            }
+            LinkError::ShmInUse { .. } => io::Error::new(io::ErrorKind::AddrInUse, e.to_string()),
+            LinkError::NoSuchInterface(_) => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
+            other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
+        }
+    }
+}

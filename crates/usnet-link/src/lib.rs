@@ -1,0 +1,144 @@
+//! Devices: where frames come from and go to.
+//!
+//! Every device moves whole Ethernet frames held in pool buffers, in bursts, behind the
+//! small [`Device`] trait; wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
+//! devices that wrap devices. The stack never sees a device; the poll loop in
+//! `usnet-stack`'s users joins the two.
+
+pub mod af_packet;
+pub mod error;
+pub mod fault;
+pub mod pcap;
+pub mod shm;
+pub mod spec;
+mod sys;
+pub mod tap;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use error::LinkError;
+pub use spec::{open, LinkOptions, LinkSpec};
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use usnet_pool::{PacketPool, PktBuf};
+
+/// What a device can do; the stack adapts its MTU and offload use to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// Largest IP packet (L3 MTU) the link carries; frames are this plus 14 (or 18 tagged).
+    pub mtu: usize,
+    /// Received frames may arrive with `Offload::csum_valid` set (checksum verified by the
+    /// peer/kernel), so the stack may skip verifying it.
+    pub rx_csum_offload: bool,
+    /// The device finishes partial L4 checksums (`Offload::needs_csum`) on transmit.
+    pub tx_csum_offload: bool,
+    /// The device accepts TCP frames larger than the MTU with `Offload::gso_size` set.
+    pub tso: bool,
+    /// Frames the device can move in one burst.
+    pub max_burst: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    Up,
+    /// The peer is gone (shm peer died, TAP interface removed, emulated device stopped).
+    Down,
+}
+
+/// Counters every device keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    /// Frames lost on receive because no pool buffer was free.
+    pub rx_no_buffer: u64,
+    /// Received frames rejected by the device (too long, bad descriptor, bad vnet header).
+    pub rx_errors: u64,
+    /// Transmit attempts refused because the ring/queue was full (back-pressure, retried).
+    pub tx_full: u64,
+    /// Frames dropped on transmit (too large, device error).
+    pub tx_dropped: u64,
+}
+
+/// Wakes a thread blocked in [`Device::wait`], from any thread.
+pub trait Wake: Send + Sync {
+    fn wake(&self);
+}
+pub type Waker = Arc<dyn Wake>;
+
+/// A network device moving Ethernet frames in pool buffers.
+pub trait Device: Send {
+    fn name(&self) -> &str;
+    fn caps(&self) -> DeviceCaps;
+    /// Moves up to `max` received frames into buffers taken from `pool`, appended to `out`.
+    /// Returns how many were added. Never blocks. `Err` only for a fatal device error.
+    fn rx_burst(
+        &mut self,
+        pool: &mut PacketPool,
+        out: &mut Vec<PktBuf>,
+        max: usize,
+    ) -> std::io::Result<usize>;
+    /// Sends frames from the front of `frames`; those sent are removed and freed to `pool`.
+    /// What the device cannot take now stays in `frames` (back-pressure). Never blocks.
+    fn tx_burst(
+        &mut self,
+        pool: &mut PacketPool,
+        frames: &mut VecDeque<PktBuf>,
+    ) -> std::io::Result<usize>;
+    /// Blocks until a frame may be ready to receive, the waker fires, or `timeout` passes.
+    fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()>;
+    /// A handle that interrupts `wait` from another thread.
+    fn waker(&self) -> Waker;
+    fn link_state(&self) -> LinkState {
+        LinkState::Up
+    }
+    fn stats(&self) -> DeviceStats;
+    /// Gives back to `pool` every buffer the device holds between calls (frames a fault
+    /// injector delays or reorders). Call it before dropping a device when the pool lives
+    /// on; devices that hold nothing keep this default.
+    fn release_buffers(&mut self, _pool: &mut PacketPool) {}
+}
+
+impl<D: Device + ?Sized> Device for Box<D> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn caps(&self) -> DeviceCaps {
+        (**self).caps()
+    }
+    fn rx_burst(
+        &mut self,
+        pool: &mut PacketPool,
+        out: &mut Vec<PktBuf>,
+        max: usize,
+    ) -> std::io::Result<usize> {
+        (**self).rx_burst(pool, out, max)
+    }
+    fn tx_burst(
+        &mut self,
+        pool: &mut PacketPool,
+        frames: &mut VecDeque<PktBuf>,
+    ) -> std::io::Result<usize> {
+        (**self).tx_burst(pool, frames)
+    }
+    fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
+        (**self).wait(timeout)
+    }
+    fn waker(&self) -> Waker {
+        (**self).waker()
+    }
+    fn link_state(&self) -> LinkState {
+        (**self).link_state()
+    }
+    fn stats(&self) -> DeviceStats {
+        (**self).stats()
+    }
+    fn release_buffers(&mut self, pool: &mut PacketPool) {
+        (**self).release_buffers(pool)
+    }
+}

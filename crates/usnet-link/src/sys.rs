@@ -1,0 +1,217 @@
+//! Small wrappers over the system calls the kernel-backed devices share: an eventfd
+//! waker, poll on two descriptors, interface lookups and the `ip` command.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::LinkError;
+use crate::{Wake, Waker};
+
+/// Longest interface name Linux accepts (IFNAMSIZ - 1).
+pub(crate) const IFNAME_MAX: usize = libc::IFNAMSIZ - 1;
+
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// An eventfd that `Device::waker` hands out; `wait` polls it next to the device fd.
+#[derive(Debug)]
+pub(crate) struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<Arc<EventFd>> {
+        // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: fd was just created and is owned by nothing else.
+        Ok(Arc::new(EventFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        }))
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Resets the counter so the next poll blocks again.
+    pub(crate) fn drain(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a local u64 from our own non-blocking eventfd.
+        unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    pub(crate) fn waker(self: &Arc<Self>) -> Waker {
+        self.clone()
+    }
+}
+
+impl Wake for EventFd {
+    fn wake(&self) {
+        let v = 1u64;
+        // SAFETY: writes 8 bytes from a local u64 to our own eventfd; EAGAIN (counter
+        // saturated) means a wake-up is already pending, which is all we want.
+        unsafe { libc::write(self.raw(), (&v as *const u64).cast(), 8) };
+    }
+}
+
+/// Converts a wait timeout into poll(2) milliseconds, rounding up so short waits still wait.
+pub(crate) fn poll_ms(timeout: Option<Duration>) -> libc::c_int {
+    match timeout {
+        None => -1,
+        Some(d) => {
+            let us = d.as_micros();
+            us.div_ceil(1000).min(i32::MAX as u128) as libc::c_int
+        }
+    }
+}
+
+/// Polls `dev` for input and `wake` (an eventfd); returns (dev readable, woken).
+pub(crate) fn poll_two(
+    dev: RawFd,
+    wake: &EventFd,
+    timeout: Option<Duration>,
+) -> io::Result<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd {
+            fd: dev,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: fds is a valid array of two pollfd for the duration of the call.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, poll_ms(timeout)) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok((false, false));
+        }
+        return Err(e);
+    }
+    let woken = fds[1].revents & libc::POLLIN != 0;
+    if woken {
+        wake.drain();
+    }
+    Ok((fds[0].revents != 0, woken))
+}
+
+pub(crate) fn check_ifname(name: &str) -> Result<(), LinkError> {
+    let why = if name.is_empty() {
+        "an interface name cannot be empty"
+    } else if name.len() > IFNAME_MAX {
+        "interface names are at most 15 bytes"
+    } else if name
+        .bytes()
+        .any(|c| c == b'/' || c == b':' || c.is_ascii_whitespace() || c == 0)
+    {
+        "interface names cannot contain '/', ':', spaces or NUL"
+    } else if name == "." || name == ".." {
+        "'.' and '..' are not interface names"
+    } else {
+        return Ok(());
+    };
+    Err(LinkError::BadName {
+        name: name.to_string(),
+        why,
+    })
+}
+
+pub(crate) fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data (a name array and a union of integers/arrays);
+    // all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes().take(IFNAME_MAX)) {
+        *d = s as libc::c_char;
+    }
+    req
+}
+
+/// The kernel's index of an interface, or `NoSuchInterface`.
+pub(crate) fn if_index(name: &str) -> Result<u32, LinkError> {
+    check_ifname(name)?;
+    let c = std::ffi::CString::new(name).expect("checked: no NUL");
+    // SAFETY: c is a valid NUL-terminated string for the duration of the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(LinkError::NoSuchInterface(name.to_string()));
+    }
+    Ok(idx)
+}
+
+/// The interface's MTU as Linux sees it (SIOCGIFMTU).
+pub(crate) fn if_mtu(name: &str) -> io::Result<usize> {
+    // SAFETY: socket() with constant arguments returns a new fd or -1.
+    let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: s was just created and is owned by nothing else.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    let mut req = ifreq(name);
+    // SAFETY: SIOCGIFMTU reads the name from and writes the MTU into `req`, which lives
+    // across the call.
+    cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFMTU, &mut req) })?;
+    // SAFETY: the kernel filled the ifru_mtu member of the union.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
+}
+
+/// Runs `ip ARGS...` and turns a failure into one readable line.
+pub(crate) fn run_ip(args: &[&str]) -> Result<(), LinkError> {
+    let cmd = format!("ip {}", args.join(" "));
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| LinkError::Command {
+            cmd: cmd.clone(),
+            why: format!("cannot run `ip` (is iproute2 installed?): {e}"),
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(LinkError::Command {
+            cmd,
+            why: format!("{} ({})", stderr.trim(), out.status),
+        });
+    }
+    Ok(())
+}
+
+/// For a frame whose L4 checksum is partial (kernel-generated, not yet finished), works out
+/// where the checksum starts and where it is stored: plain IPv4/IPv6 carrying TCP or UDP.
+pub(crate) fn partial_csum_location(frame: &[u8]) -> Option<(u16, u16)> {
+    let mut off = 12;
+    let mut ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
+    off += 2;
+    if ethertype == 0x8100 {
+        ethertype = u16::from_be_bytes([*frame.get(off + 2)?, *frame.get(off + 3)?]);
+        off += 4;
+    }
+    let (proto, l4) = match ethertype {
+        0x0800 => {
+            let ihl = (*frame.get(off)? & 0x0f) as usize * 4;
+            (*frame.get(off + 9)?, off + ihl)
+        }
+        0x86dd => (*frame.get(off + 6)?, off + 40),
+        _ => return None,
+    };
+    let csum_off = match proto {
+        6 => 16,
+        17 => 6,
+        _ => return None,
+    };
+    Some((l4 as u16, csum_off))
+}

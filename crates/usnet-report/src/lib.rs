@@ -1,0 +1,481 @@
+//! usnet-report: shared benchmark reporting for `usnet bench ...`.
+//!
+//! * [`Table`]: aligned text tables (stdout) and Markdown.
+//! * [`write_json`]: pretty JSON files (parent directories are created).
+//! * [`line_plot`], [`bar_plot`], [`histogram_plot`]: PNG plots drawn with
+//!   `plotters` (bitmap backend, TrueType text through font-kit/fontconfig).
+//! * [`percentile`], [`median`]: small statistics helpers.
+//!
+//! Plot text needs a system sans-serif font found through fontconfig. On a
+//! fresh Debian/Ubuntu machine install `pkg-config libfontconfig1-dev
+//! fonts-dejavu-core` (the `-dev` package pulls `libfreetype-dev`; at run time
+//! only `libfontconfig1` and a font are needed).
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+/// Errors from the plot functions.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("plot error: {0}")]
+    Plot(String),
+    #[error("nothing to plot: {0}")]
+    Empty(&'static str),
+}
+
+fn perr<E: std::fmt::Display>(e: E) -> ReportError {
+    ReportError::Plot(e.to_string())
+}
+
+/// A text table with a title and a header row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Table {
+    pub title: String,
+    pub headers: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// New empty table.
+    pub fn new(title: impl Into<String>, headers: Vec<String>) -> Self {
+        Table {
+            title: title.into(),
+            headers,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Append a row (short rows are padded with empty cells when printed).
+    pub fn row(&mut self, row: Vec<String>) -> &mut Self {
+        self.rows.push(row);
+        self
+    }
+
+    fn widths(&self) -> Vec<usize> {
+        let ncol = self
+            .rows
+            .iter()
+            .map(Vec::len)
+            .chain([self.headers.len()])
+            .max()
+            .unwrap_or(0);
+        let mut w = vec![0usize; ncol];
+        for r in std::iter::once(&self.headers).chain(self.rows.iter()) {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        w
+    }
+
+    /// Aligned plain-text rendering (first column left-aligned, the rest right-aligned).
+    pub fn to_text(&self) -> String {
+        let w = self.widths();
+        let mut s = String::new();
+        if !self.title.is_empty() {
+            let _ = writeln!(s, "{}", self.title);
+        }
+        let line = |s: &mut String, r: &[String]| {
+            for (i, width) in w.iter().enumerate() {
+                let c = r.get(i).map(String::as_str).unwrap_or("");
+                if i > 0 {
+                    s.push_str("  ");
+                }
+                let pad = width - c.chars().count();
+                if i == 0 {
+                    s.push_str(c);
+                    s.extend(std::iter::repeat_n(' ', pad));
+                } else {
+                    s.extend(std::iter::repeat_n(' ', pad));
+                    s.push_str(c);
+                }
+            }
+            s.push('\n');
+        };
+        line(&mut s, &self.headers);
+        let total: usize = w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
+        s.extend(std::iter::repeat_n('-', total));
+        s.push('\n');
+        for r in &self.rows {
+            line(&mut s, r);
+        }
+        s
+    }
+
+    /// Print [`Table::to_text`] to stdout.
+    pub fn print(&self) {
+        println!("{}", self.to_text());
+    }
+
+    /// GitHub-flavoured Markdown (title as a bold line above the table).
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        if !self.title.is_empty() {
+            let _ = writeln!(s, "**{}**\n", self.title);
+        }
+        let ncol = self.widths().len();
+        let cell = |c: &str| c.replace('|', "\\|");
+        let row = |s: &mut String, r: &[String]| {
+            s.push('|');
+            for i in 0..ncol {
+                let _ = write!(s, " {} |", cell(r.get(i).map(String::as_str).unwrap_or("")));
+            }
+            s.push('\n');
+        };
+        row(&mut s, &self.headers);
+        s.push('|');
+        for i in 0..ncol {
+            s.push_str(if i == 0 { "---|" } else { "---:|" });
+        }
+        s.push('\n');
+        for r in &self.rows {
+            row(&mut s, r);
+        }
+        s
+    }
+}
+
+/// Write `value` as pretty JSON to `path`, creating parent directories.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> io::Result<()> {
+    if let Some(p) = path.parent() {
+        if !p.as_os_str().is_empty() {
+            std::fs::create_dir_all(p)?;
+        }
+    }
+    let mut text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    text.push('\n');
+    std::fs::write(path, text)
+}
+
+/// One line of a line plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+impl Series {
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Series {
+            name: name.into(),
+            points,
+        }
+    }
+}
+
+const W: u32 = 1024;
+const H: u32 = 640;
+const FONT: &str = "sans-serif";
+
+fn prepare(path: &Path) -> Result<(), ReportError> {
+    if let Some(p) = path.parent() {
+        if !p.as_os_str().is_empty() {
+            std::fs::create_dir_all(p)?;
+        }
+    }
+    Ok(())
+}
+
+fn range(lo: f64, hi: f64, log: bool) -> (f64, f64) {
+    if log {
+        let lo = if lo > 0.0 { lo } else { 1e-3 };
+        let hi = if hi > lo { hi } else { lo * 10.0 };
+        (lo / 1.5, hi * 1.5)
+    } else if hi > lo {
+        let pad = (hi - lo) * 0.05;
+        (
+            if lo >= 0.0 {
+                0.0f64.max(lo - pad)
+            } else {
+                lo - pad
+            },
+            hi + pad,
+        )
+    } else {
+        (lo - 1.0, hi + 1.0)
+    }
+}
+
+/// Line plot with one line (and point markers) per series; PNG at `path`.
+pub fn line_plot(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    log_y: bool,
+) -> Result<(), ReportError> {
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|p| p.0.is_finite() && p.1.is_finite());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    let mut any = false;
+    for &(x, y) in pts {
+        if log_y && y <= 0.0 {
+            continue;
+        }
+        any = true;
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if !any {
+        return Err(ReportError::Empty("line_plot: no finite points"));
+    }
+    prepare(path)?;
+    let (x0, x1) = range(x0, x1, false);
+    let (y0, y1) = range(y0, y1, log_y);
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(perr)?;
+    let mut b = ChartBuilder::on(&root);
+    b.caption(title, (FONT, 24))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(80);
+    macro_rules! body {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(x_label)
+                .y_desc(y_label)
+                .label_style((FONT, 15))
+                .draw()
+                .map_err(perr)?;
+            for (i, s) in series.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba().stroke_width(2);
+                let data: Vec<(f64, f64)> = s
+                    .points
+                    .iter()
+                    .copied()
+                    .filter(|p| p.0.is_finite() && p.1.is_finite() && (!log_y || p.1 > 0.0))
+                    .collect();
+                chart
+                    .draw_series(LineSeries::new(data.clone(), color))
+                    .map_err(perr)?
+                    .label(s.name.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                chart
+                    .draw_series(
+                        data.into_iter()
+                            .map(move |p| Circle::new(p, 3, color.filled())),
+                    )
+                    .map_err(perr)?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font((FONT, 15))
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(perr)?;
+        }};
+    }
+    if log_y {
+        body!(b
+            .build_cartesian_2d(x0..x1, (y0..y1).log_scale())
+            .map_err(perr)?);
+    } else {
+        body!(b.build_cartesian_2d(x0..x1, y0..y1).map_err(perr)?);
+    }
+    root.present().map_err(perr)?;
+    Ok(())
+}
+
+/// Vertical bar chart, one labelled bar per entry; PNG at `path`.
+pub fn bar_plot(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    bars: &[(String, f64)],
+) -> Result<(), ReportError> {
+    if bars.is_empty() {
+        return Err(ReportError::Empty("bar_plot: no bars"));
+    }
+    prepare(path)?;
+    let ymax = bars
+        .iter()
+        .map(|b| b.1)
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+    let n = bars.len();
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(perr)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FONT, 24))
+        .margin(15)
+        .x_label_area_size(60)
+        .y_label_area_size(80)
+        .build_cartesian_2d((0..n).into_segmented(), 0.0..ymax)
+        .map_err(perr)?;
+    let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .y_desc(y_label)
+        .x_labels(n)
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(perr)?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            let v = if b.1.is_finite() { b.1.max(0.0) } else { 0.0 };
+            let mut r = Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), v),
+                ],
+                Palette99::pick(i).filled(),
+            );
+            r.set_margin(0, 0, 8, 8);
+            r
+        }))
+        .map_err(perr)?;
+    root.present().map_err(perr)?;
+    Ok(())
+}
+
+/// Histogram from pre-bucketed data: `(bucket start, count)`, buckets sorted by
+/// start; each bucket extends to the next start (the last one to start + the
+/// previous width).
+pub fn histogram_plot(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    buckets: &[(f64, u64)],
+) -> Result<(), ReportError> {
+    if buckets.is_empty() {
+        return Err(ReportError::Empty("histogram_plot: no buckets"));
+    }
+    prepare(path)?;
+    let width_of = |i: usize| -> f64 {
+        if i + 1 < buckets.len() {
+            buckets[i + 1].0 - buckets[i].0
+        } else if i > 0 {
+            buckets[i].0 - buckets[i - 1].0
+        } else {
+            1.0
+        }
+    };
+    let x0 = buckets[0].0;
+    let last = buckets.len() - 1;
+    let x1 = buckets[last].0 + width_of(last);
+    let cmax = buckets.iter().map(|b| b.1).max().unwrap_or(1).max(1) as f64 * 1.1;
+    let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(perr)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FONT, 24))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x0..x1, 0.0..cmax)
+        .map_err(perr)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc("count")
+        .label_style((FONT, 15))
+        .draw()
+        .map_err(perr)?;
+    chart
+        .draw_series(buckets.iter().enumerate().map(|(i, &(s, c))| {
+            Rectangle::new(
+                [(s, 0.0), (s + width_of(i), c as f64)],
+                BLUE.mix(0.6).filled(),
+            )
+        }))
+        .map_err(perr)?;
+    root.present().map_err(perr)?;
+    Ok(())
+}
+
+/// Percentile `p` in `0..=100` of already sorted data, linear interpolation
+/// between closest ranks. NaN for empty input.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    match sorted.len() {
+        0 => f64::NAN,
+        1 => sorted[0],
+        n => {
+            let rank = (p.clamp(0.0, 100.0) / 100.0) * (n - 1) as f64;
+            let lo = rank.floor() as usize;
+            let hi = rank.ceil() as usize;
+            let f = rank - lo as f64;
+            sorted[lo] + (sorted[hi] - sorted[lo]) * f
+        }
+    }
+}
+
+/// Median (sorts `v` in place). NaN for empty input.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    percentile(v, 50.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats() {
+        assert!(percentile(&[], 50.0).is_nan());
+        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.5);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 100.0), 4.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.0), 1.0);
+        assert_eq!(median(&mut [5.0, 1.0, 3.0]), 3.0);
+    }
+
+    #[test]
+    fn table_text_and_markdown() {
+        let mut t = Table::new("T", vec!["name".into(), "value".into()]);
+        t.row(vec!["a".into(), "1".into()])
+            .row(vec!["long".into(), "12345".into()]);
+        let s = t.to_text();
+        assert!(s.contains("a         1"), "{s}");
+        let m = t.to_markdown();
+        assert!(m.contains("| long | 12345 |"), "{m}");
+        assert!(m.contains("|---|---:|"), "{m}");
+    }
+
+    #[test]
+    fn plots_and_json() {
+        let dir = std::env::temp_dir().join(format!("usnet-report-test-{}", std::process::id()));
+        let s = vec![
+            Series::new("a", vec![(0.0, 1.0), (1.0, 2.0), (2.0, 4.0)]),
+            Series::new("b", vec![(0.0, 2.0), (1.0, 1.0), (2.0, 0.5)]),
+        ];
+        line_plot(&dir.join("l.png"), "lines", "x", "y", &s, false).unwrap();
+        line_plot(&dir.join("log.png"), "log", "x", "y", &s, true).unwrap();
+        bar_plot(
+            &dir.join("b.png"),
+            "bars",
+            "v",
+            &[("x".into(), 1.0), ("y".into(), 3.0)],
+        )
+        .unwrap();
+        histogram_plot(
+            &dir.join("h.png"),
+            "hist",
+            "ns",
+            &[(0.0, 3), (10.0, 7), (20.0, 1)],
+        )
+        .unwrap();
+        write_json(&dir.join("sub/x.json"), &serde_json::json!({"a": 1})).unwrap();
+        for f in ["l.png", "log.png", "b.png", "h.png", "sub/x.json"] {
+            assert!(std::fs::metadata(dir.join(f)).unwrap().len() > 0, "{f}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

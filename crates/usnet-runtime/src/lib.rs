@@ -1,0 +1,293 @@
+//! Runs a sans-IO [`Stack`] on a real [`Device`]: a poll thread moves frames between
+//! the two and keeps time; applications use blocking (or non-blocking) sockets from
+//! any thread; built-in services run inside the poll loop; a control socket lets
+//! `usnet stat` and `usnet ping` talk to a running stack.
+//!
+//! Locking: one mutex around the stack. The poll thread holds it for one burst
+//! (receive, protocol work, services, transmit) and never while waiting on the device;
+//! application threads hold it for one socket call. A condition variable wakes
+//! blocked sockets; the device's waker wakes the poll thread after a send.
+
+pub mod control;
+pub mod services;
+mod sockets;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use usnet_link::{Device, DeviceStats, LinkState, Waker};
+use usnet_stack::{ConfigError, Instant, Stack, StackConfig};
+
+pub use services::{Service, ServiceKind};
+pub use sockets::{PingSocket, UdpSocket};
+
+/// Tuning of the poll loop.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Frames taken from the device per burst.
+    pub burst: usize,
+    /// How long the poll thread keeps spinning after its last work before it sleeps
+    /// in the device's `wait` (trades a core for latency).
+    pub spin: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            burst: 64,
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot start the poll thread: {0}")]
+    Thread(std::io::Error),
+}
+
+pub(crate) struct Inner {
+    pub stack: Stack,
+    pub services: Vec<Box<dyn Service>>,
+    /// Threads blocked on the condition variable (so the poll loop only notifies
+    /// when someone listens).
+    pub waiters: usize,
+    pub device_stats: DeviceStats,
+    pub link_state: LinkState,
+    /// Set when the poll thread stopped on a device error.
+    pub failed: Option<String>,
+}
+
+pub(crate) struct Shared {
+    pub inner: Mutex<Inner>,
+    pub cond: Condvar,
+    pub waker: Waker,
+    pub stop: AtomicBool,
+    pub epoch: std::time::Instant,
+    pub device_name: String,
+}
+
+impl Shared {
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic in another thread while holding the lock leaves the stack in a
+        // consistent state between calls, so continue with the data.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running stack. Cloning gives another handle to the same stack.
+#[derive(Clone)]
+pub struct NetStack {
+    pub(crate) shared: Arc<Shared>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl NetStack {
+    /// Starts a stack on `device`. The MTU is the device's unless the configuration
+    /// asks for less; offload use follows the device's capabilities.
+    pub fn start(
+        device: Box<dyn Device>,
+        mut cfg: StackConfig,
+        rt: RuntimeConfig,
+    ) -> Result<NetStack, RuntimeError> {
+        let caps = device.caps();
+        cfg.mtu = cfg.mtu.min(caps.mtu);
+        cfg.rx_csum_offload = caps.rx_csum_offload;
+        cfg.tx_csum_offload = caps.tx_csum_offload;
+        let stack = Stack::new(cfg)?;
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                stack,
+                services: Vec::new(),
+                waiters: 0,
+                device_stats: DeviceStats::default(),
+                link_state: LinkState::Up,
+                failed: None,
+            }),
+            cond: Condvar::new(),
+            waker: device.waker(),
+            stop: AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
+            device_name: device.name().to_string(),
+        });
+        let s2 = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("usnet-poll".into())
+            .spawn(move || poll_loop(s2, device, rt))
+            .map_err(RuntimeError::Thread)?;
+        Ok(NetStack {
+            shared,
+            thread: Arc::new(Mutex::new(Some(handle))),
+        })
+    }
+
+    /// Runs `f` with the stack locked (for inspection or sans-IO calls).
+    pub fn with<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> R {
+        let mut g = self.shared.lock();
+        let r = f(&mut g.stack);
+        drop(g);
+        self.shared.waker.wake();
+        r
+    }
+
+    /// Adds a service that runs inside the poll loop.
+    pub fn add_service(&self, svc: Box<dyn Service>) {
+        self.shared.lock().services.push(svc);
+        self.shared.waker.wake();
+    }
+
+    /// Stack time now (nanoseconds since the stack started).
+    pub fn now(&self) -> Instant {
+        self.shared.now()
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.shared.device_name
+    }
+
+    pub fn device_stats(&self) -> DeviceStats {
+        self.shared.lock().device_stats
+    }
+
+    pub fn link_state(&self) -> LinkState {
+        self.shared.lock().link_state
+    }
+
+    /// Why the poll loop stopped, if it stopped on its own.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.lock().failed.clone()
+    }
+
+    pub fn is_running(&self) -> bool {
+        !self.shared.stop.load(Ordering::Acquire)
+            && self
+                .thread
+                .lock()
+                .map(|t| t.as_ref().is_some_and(|h| !h.is_finished()))
+                .unwrap_or(false)
+    }
+
+    /// Blocks until the stack stops (device failure, link down or `shutdown`).
+    pub fn join(&self) {
+        let h = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    /// Stops the poll thread and wakes every blocked socket.
+    pub fn shutdown(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.waker.wake();
+        self.shared.cond.notify_all();
+        self.join();
+        self.shared.cond.notify_all();
+    }
+
+    /// Waits until any of `handles` is readable or `timeout` passes (an epoll-like
+    /// readiness wait over many sockets). Returns the readable ones.
+    pub fn wait_readable(
+        &self,
+        handles: &[usnet_stack::SocketHandle],
+        timeout: Option<Duration>,
+    ) -> Vec<usnet_stack::SocketHandle> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let mut g = self.shared.lock();
+        loop {
+            let ready: Vec<_> = handles
+                .iter()
+                .copied()
+                .filter(|h| g.stack.readiness(*h).is_ok_and(|r| r.readable))
+                .collect();
+            if !ready.is_empty() || self.shared.stop.load(Ordering::Acquire) {
+                return ready;
+            }
+            match sockets::wait(&self.shared, g, deadline) {
+                Some(ng) => g = ng,
+                None => return Vec::new(),
+            }
+        }
+    }
+}
+
+fn poll_loop(shared: Arc<Shared>, mut dev: Box<dyn Device>, rt: RuntimeConfig) {
+    let mut rx = Vec::with_capacity(rt.burst);
+    let mut ready = Vec::new();
+    let mut last_work = std::time::Instant::now();
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let mut g = shared.lock();
+        let now = shared.now();
+        let inner = &mut *g;
+        let received = match dev.rx_burst(inner.stack.pool_mut(), &mut rx, rt.burst) {
+            Ok(n) => n,
+            Err(e) => {
+                inner.failed = Some(format!("device {}: receive failed: {e}", dev.name()));
+                break;
+            }
+        };
+        for b in rx.drain(..) {
+            inner.stack.receive(b);
+        }
+        let mut did = inner.stack.poll(now);
+        while inner.stack.input_len() > 0 {
+            did |= inner.stack.poll(now);
+        }
+        for svc in inner.services.iter_mut() {
+            did |= svc.poll(&mut inner.stack);
+        }
+        let (pool, txq) = inner.stack.tx_parts();
+        let queued = txq.len();
+        let sent = match dev.tx_burst(pool, txq) {
+            Ok(n) => n,
+            Err(e) => {
+                inner.failed = Some(format!("device {}: transmit failed: {e}", dev.name()));
+                break;
+            }
+        };
+        let tx_backlog = inner.stack.tx_len();
+        inner.device_stats = dev.stats();
+        let link = dev.link_state();
+        let link_changed = link != inner.link_state;
+        inner.link_state = link;
+        inner.stack.take_ready(&mut ready);
+        let notify = inner.waiters > 0 && (!ready.is_empty() || sent > 0 || link_changed || did);
+        ready.clear();
+        let next = inner.stack.poll_at();
+        drop(g);
+        if notify {
+            shared.cond.notify_all();
+        }
+        if received > 0 || sent > 0 || did || queued > 0 {
+            last_work = std::time::Instant::now();
+        }
+        if tx_backlog > 0 {
+            // The device pushed back: retry soon without sleeping long.
+            std::thread::yield_now();
+            continue;
+        }
+        if last_work.elapsed() < rt.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        let timeout = next
+            .map(|t| t.saturating_since(shared.now()))
+            .unwrap_or(Duration::from_millis(100))
+            .min(Duration::from_millis(100));
+        if let Err(e) = dev.wait(Some(timeout)) {
+            shared.lock().failed = Some(format!("device {}: wait failed: {e}", dev.name()));
+            break;
+        }
+    }
+    shared.stop.store(true, Ordering::Release);
+    shared.cond.notify_all();
+}
