@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Bring a stack up on a link and run until interrupted.
-    Up(up::UpArgs),
+    Up(Box<up::UpArgs>),
     /// Stop a running stack.
     Down(ctl::StackSel),
     /// Send ICMP echo requests from a running stack and print round-trip times.
@@ -48,7 +48,7 @@ enum BenchCmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Up(a) => up::run(a),
+        Cmd::Up(a) => up::run(*a),
         Cmd::Down(a) => ctl::down(a),
         Cmd::Ping(a) => ctl::ping(a),
         Cmd::Stat(a) => ctl::stat(a),

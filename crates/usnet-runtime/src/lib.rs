@@ -288,6 +288,9 @@ fn poll_loop(shared: Arc<Shared>, mut dev: Box<dyn Device>, rt: RuntimeConfig) {
             break;
         }
     }
+    // Buffers a device wrapper still holds (delayed frames) go back before the
+    // device is dropped, so the pool's accounting stays exact.
+    dev.release_buffers(shared.lock().stack.pool_mut());
     shared.stop.store(true, Ordering::Release);
     shared.cond.notify_all();
 }

@@ -106,7 +106,10 @@ impl Reassembler {
         first_header: &[u8],
     ) -> FragResult {
         let end = offset + payload.len();
-        if end > MAX_DATAGRAM || (more && payload.len() % 8 != 0) || (more && payload.is_empty()) {
+        if end > MAX_DATAGRAM
+            || (more && !payload.len().is_multiple_of(8))
+            || (more && payload.is_empty())
+        {
             self.remove_key(&key);
             return FragResult::Bad;
         }
@@ -151,9 +154,8 @@ impl Reassembler {
         let mut duplicate = false;
         for &(s, e) in &d.ranges {
             if offset < e && s < end {
-                if s <= offset && end <= e && payload.is_empty() {
-                    duplicate = true;
-                } else if d.data.get(offset..end) == Some(payload) && s <= offset && end <= e {
+                let inside = s <= offset && end <= e;
+                if inside && d.data.get(offset..end) == Some(payload) {
                     duplicate = true;
                 } else {
                     self.remove_at(idx);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole usnet test suite, as CI runs it: installs what it needs (when root),
+# checks formatting and lints, runs unit, simulation, model-checking, interop (root)
+# and fuzz smoke tests, then the demo and quick benchmarks as end-to-end checks.
+# The last line is "usnet: N passed, N failed, N skipped".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+log=$(mktemp -t usnet-test.XXXXXX)
+failed_steps=()
+step() {
+    local name=$1; shift
+    echo "==> $name"
+    if "$@" 2>&1 | tee -a "$log"; then :; else failed_steps+=("$name"); fi
+}
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "==> installing test dependencies (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends \
+        iproute2 iputils-ping socat nftables tshark nginx curl \
+        pkg-config libfontconfig1-dev fonts-dejavu-core >/dev/null
+else
+    echo "==> not root: skipping apt installs; tests that need root will skip"
+fi
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found: install Rust (https://rustup.rs) first" >&2
+    exit 1
+fi
+
+step "format" cargo fmt --all -- --check
+step "clippy" cargo clippy --workspace --all-targets --release -- -D warnings
+step "build" cargo build --workspace --release
+step "tests" cargo test --workspace --release
+if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 2>/dev/null; then
+    step "loom model checking" env RUSTFLAGS="--cfg loom" \
+        cargo test -p usnet-ring --release --lib --target-dir target/loom loom
+fi
+step "demo" ./target/release/usnet demo
+step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
+
+if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
+    if ! command -v cargo-fuzz >/dev/null; then
+        cargo install --locked cargo-fuzz >/dev/null 2>&1 || echo "cargo-fuzz unavailable: fuzz smoke skipped"
+    fi
+    if command -v cargo-fuzz >/dev/null; then
+        for t in $(cd fuzz && cargo fuzz list 2>/dev/null); do
+            step "fuzz $t" bash -c "set -o pipefail; cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t -- -max_total_time=${USNET_FUZZ_SECONDS:-20} -rss_limit_mb=2048 2>&1 | tail -3"
+        done
+    fi
+fi
+
+passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+ignored=$(grep -Eo '[0-9]+ ignored;' "$log" | awk '{s+=$1} END {print s+0}')
+rm -f "$log"
+if [ ${#failed_steps[@]} -gt 0 ]; then
+    echo "failed steps: ${failed_steps[*]}"
+    [ "$failed" = 0 ] && failed=${#failed_steps[@]}
+fi
+echo "usnet: $passed passed, $failed failed, $ignored skipped"
+[ ${#failed_steps[@]} -eq 0 ]
