@@ -420,8 +420,11 @@ fn linux_tx(a: &UdpPeerArgs) -> Res<Value> {
 const RX_ADDR: &str = "10.88.0.2";
 const PORT: u16 = 9000;
 
-fn bench_stack(addr: &str, seed: u64) -> Res<Stack> {
+fn bench_stack(addr: &str, seed: u64, dev: &ShmDevice) -> Res<Stack> {
+    let caps = dev.caps();
     Ok(Stack::new(StackConfig {
+        rx_csum_offload: caps.rx_csum_offload,
+        tx_csum_offload: caps.tx_csum_offload,
         mac: mac_from_seed(seed),
         addrs: vec![format!("{addr}/24").parse()?],
         pool: PoolConfig {
@@ -460,7 +463,7 @@ fn turn(
 
 fn usnet_rx(a: &UdpPeerArgs) -> Res<Value> {
     let mut dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
-    let mut stack = bench_stack(RX_ADDR, 2)?;
+    let mut stack = bench_stack(RX_ADDR, 2, &dev)?;
     let sock = stack.udp_bind(SocketAddr::new(RX_ADDR.parse()?, PORT))?;
     emit(&json!({"ready": true}));
     let t0 = Instant::now();
@@ -502,7 +505,7 @@ fn usnet_rx(a: &UdpPeerArgs) -> Res<Value> {
 
 fn usnet_tx(a: &UdpPeerArgs) -> Res<Value> {
     let mut dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
-    let mut stack = bench_stack("10.88.0.1", 1)?;
+    let mut stack = bench_stack("10.88.0.1", 1, &dev)?;
     let sock = stack.udp_bind("0.0.0.0:0".parse()?)?;
     let dst = SocketAddr::new(RX_ADDR.parse()?, PORT);
     let t0 = Instant::now();

@@ -201,15 +201,20 @@ pub fn run(args: UpArgs) -> CmdResult {
     let deadline = args
         .duration
         .map(|d| std::time::Instant::now() + Duration::from_secs_f64(d));
-    let mut reported_down = false;
+    // A shm link is Down until the other end opens it; report changes after that.
+    let mut last_state = net.link_state();
     while net.is_running() && !stop.load(Ordering::Relaxed) {
         if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             break;
         }
-        if net.link_state() == LinkState::Down && !reported_down {
-            eprintln!("usnet: link {} is down (peer gone)", args.link);
-            reported_down = true;
+        let state = net.link_state();
+        if state != last_state && !args.quiet {
+            match state {
+                LinkState::Up => println!("usnet: link {} is up", args.link),
+                LinkState::Down => println!("usnet: link {} is down (peer gone)", args.link),
+            }
         }
+        last_state = state;
         std::thread::sleep(Duration::from_millis(50));
     }
     let failure = net.failure();

@@ -228,6 +228,13 @@ impl<D: Device> FaultInjector<D> {
         if len == 0 {
             return;
         }
+        // A damaged frame must not keep a checksum exemption: a receiver that trusted
+        // `csum_valid` (or a partial checksum left for offload) would accept it. Without
+        // the flags the checksum is verified, and fails, as on a real wire.
+        let mut o = pool.offload(f);
+        o.csum_valid = false;
+        o.needs_csum = false;
+        pool.set_offload(f, o);
         let bit = self.rng.gen_range(0..len * 8);
         let (mut byte, mask) = (bit / 8, 1u8 << (bit % 8));
         let mut cur = Some(f);

@@ -101,8 +101,11 @@ const RING_HEAD: usize = 0;
 const RING_TAIL: usize = 128;
 const RING_SEQ: usize = 256;
 const RING_NEED_WAKE: usize = 260;
-/// Bytes in front of the frame in a slot: len u32 + reserved u32.
+/// Bytes in front of the frame in a slot: len u32 + flags u32.
 const SLOT_HDR: usize = 8;
+/// Slot flag: the frame's L4 checksum is complete or was left partial by a sender
+/// using checksum offload; either way the receiver need not verify it.
+const SLOT_CSUM_TRUSTED: u32 = 1;
 /// A frame is at most MTU + Ethernet header + one VLAN tag.
 const FRAME_OVERHEAD: usize = 18;
 const LIVENESS_SLICE: Duration = Duration::from_millis(200);
@@ -612,8 +615,11 @@ impl Device for ShmDevice {
     fn caps(&self) -> DeviceCaps {
         DeviceCaps {
             mtu: self.mtu,
-            rx_csum_offload: false,
-            tx_csum_offload: false,
+            // Like Linux's loopback and veth: frames cross memory, not a wire, so a
+            // sender may leave the L4 checksum partial and the receiver need not verify
+            // it (the slot's CSUM_TRUSTED flag says so per frame).
+            rx_csum_offload: true,
+            tx_csum_offload: true,
             tso: false,
             max_burst: SHM_MAX_BURST,
         }
@@ -653,8 +659,15 @@ impl Device for ShmDevice {
             // SAFETY: as above; len <= max_frame and SLOT_HDR + max_frame <= slot_size, so
             // the slice stays inside this slot.
             let bytes = unsafe { std::slice::from_raw_parts(slot.add(SLOT_HDR), len) };
+            // SAFETY: same slot, the flags word at offset 4 (aligned).
+            let flags = unsafe { std::ptr::read_volatile(slot.add(4) as *const u32) };
             match pool.alloc_from(bytes) {
                 Some(b) => {
+                    if flags & SLOT_CSUM_TRUSTED != 0 {
+                        let mut o = pool.offload(b);
+                        o.csum_valid = true;
+                        pool.set_offload(b, o);
+                    }
                     out.push(b);
                     added += 1;
                     self.stats.rx_frames += 1;
@@ -718,8 +731,17 @@ impl Device for ShmDevice {
                 off += d.len();
                 cur = pool.next(c);
             }
-            // SAFETY: same slot, aligned u32 at its start.
-            unsafe { std::ptr::write_volatile(slot as *mut u32, len as u32) };
+            let o = pool.offload(f);
+            let flags = if o.needs_csum || o.csum_valid {
+                SLOT_CSUM_TRUSTED
+            } else {
+                0
+            };
+            // SAFETY: same slot: aligned u32s at its start (length) and at offset 4 (flags).
+            unsafe {
+                std::ptr::write_volatile(slot as *mut u32, len as u32);
+                std::ptr::write_volatile(slot.add(4) as *mut u32, flags);
+            }
             head = head.wrapping_add(1);
             frames.pop_front();
             pool.free(f);

@@ -1,0 +1,742 @@
+//! Interop with the real Linux stack, through the built `usnet` binary: a TAP device and
+//! an AF_PACKET socket on a veth whose other end sits in a network namespace, probed with
+//! ping, socat and tshark; and the one-line error messages of `usnet up`.
+//!
+//! The link tests need root (they print "skipped: needs root" otherwise) and the tools
+//! from the Debian packages iproute2, iputils-ping, socat and tshark; a missing tool
+//! fails the test naming its package. Every test uses its own interface, namespace and
+//! run directory, and cleans up in `Drop` even when it fails.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const USNET: &str = env!("CARGO_BIN_EXE_usnet");
+
+// ------------------------------------------------------------------ helpers
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+    };
+}
+
+/// Fails naming the Debian package when a tool is missing (CI must install it).
+fn need(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is not installed: apt-get install -y {package} (CI must install it)"
+    );
+}
+
+struct Out {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn ok(&self) -> bool {
+        self.status.success()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}\n--- stdout\n{}--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs a command with `input` on stdin, killing it after `timeout`.
+fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let r1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let r2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            let out = Out {
+                status: s,
+                stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+                stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+            };
+            panic!("{what} timed out after {timeout:?}: {}", out.describe());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = writer.join();
+    Out {
+        status,
+        stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+        stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+    }
+}
+
+fn run(prog: &str, args: &[&str], timeout: Duration) -> Out {
+    run_in(Command::new(prog).args(args), &[], timeout)
+}
+
+/// Runs a command that must succeed.
+fn must(prog: &str, args: &[&str]) -> Out {
+    let o = run(prog, args, Duration::from_secs(20));
+    assert!(o.ok(), "{prog} {}: {}", args.join(" "), o.describe());
+    o
+}
+
+fn ip(args: &[&str]) {
+    must("ip", args);
+}
+
+/// A private directory (run dir, logs, pcap files) removed at the end.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("usnet-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Commands undoing what a test set up (interfaces, namespaces), run in `Drop`.
+#[derive(Default)]
+struct Cleanup(Vec<Vec<String>>);
+
+impl Cleanup {
+    fn on_drop(&mut self, args: &[&str]) {
+        self.0.push(args.iter().map(|s| s.to_string()).collect());
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in self.0.iter().rev() {
+            let _ = Command::new(&c[0])
+                .args(&c[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A running `usnet up`, killed in `Drop` if the test did not stop it.
+struct Daemon {
+    child: Child,
+    name: String,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Daemon {
+        let log = |s: &str| File::create(dir.join(format!("{name}.{s}"))).unwrap();
+        let child = Command::new(USNET)
+            .arg("up")
+            .args(["--name", name])
+            .args(args)
+            .env("USNET_RUN_DIR", dir)
+            .stdin(Stdio::null())
+            .stdout(log("out"))
+            .stderr(log("err"))
+            .spawn()
+            .expect("spawn usnet up");
+        let mut d = Daemon {
+            child,
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn logs(&self) -> String {
+        let read = |s: &str| {
+            std::fs::read_to_string(self.dir.join(format!("{}.{s}", self.name))).unwrap_or_default()
+        };
+        format!(
+            "--- usnet up stdout\n{}--- usnet up stderr\n{}",
+            read("out"),
+            read("err")
+        )
+    }
+
+    /// Polls until the control socket answers (or the process died).
+    fn wait_ready(&mut self) {
+        let sock = self.dir.join(format!("{}.ctl", self.name));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if UnixStream::connect(&sock).is_ok() {
+                return;
+            }
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("usnet up exited early ({s}):\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up not ready after 15 s:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `usnet <args> --stack NAME` with this daemon's run directory.
+    fn ctl(&self, args: &[&str], timeout: Duration) -> Out {
+        run_in(
+            Command::new(USNET)
+                .args(args)
+                .args(["--stack", &self.name])
+                .env("USNET_RUN_DIR", &self.dir),
+            &[],
+            timeout,
+        )
+    }
+
+    fn counters(&self) -> Value {
+        let o = self.ctl(&["stat", "--json"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet stat --json: {}", o.describe());
+        let v: Value = serde_json::from_str(&o.stdout).expect("stat JSON");
+        v["counters"].clone()
+    }
+
+    /// `usnet down`, then waits for a clean exit.
+    fn down(&mut self) {
+        let o = self.ctl(&["down"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet down: {}", o.describe());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                assert!(s.success(), "usnet up exited with {s}:\n{}", self.logs());
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up still running 10 s after `usnet down`:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first so it closes its link and pcap file; SIGKILL if it hangs.
+            // SAFETY: kill on a child we spawned and have not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn counter(c: &Value, name: &str) -> u64 {
+    c[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {c}"))
+}
+
+/// Linux `ping` must get every reply.
+fn linux_ping(prefix: &[&str], dst: &str, v6: bool) {
+    let mut args: Vec<&str> = prefix.to_vec();
+    args.extend(["ping", "-c", "3", "-i", "0.2", "-W", "2"]);
+    if v6 {
+        args.push("-6");
+    }
+    args.push(dst);
+    let o = run(args[0], &args[1..], Duration::from_secs(20));
+    assert!(o.ok(), "{}: {}", args.join(" "), o.describe());
+    assert!(
+        o.stdout.contains("3 received"),
+        "{}: {}",
+        args.join(" "),
+        o.describe()
+    );
+}
+
+/// Sends `data` as one datagram with socat and returns what came back. socat cannot
+/// know when UDP replies are over, so it waits `-t` after its stdin ends: half a second
+/// first, and when fewer than `want` bytes came back, once more with 3 s (a loaded CI
+/// machine), so the common case stays fast without being flaky.
+fn socat_udp(prefix: &[&str], target: &str, data: &[u8], want: usize) -> Vec<u8> {
+    let back = socat_once(prefix, target, data, "0.5");
+    if back.len() >= want {
+        return back;
+    }
+    socat_once(prefix, target, data, "3")
+}
+
+fn socat_once(prefix: &[&str], target: &str, data: &[u8], wait: &str) -> Vec<u8> {
+    let mut args: Vec<&str> = prefix.to_vec();
+    args.extend(["socat", "-t", wait, "-b", "65536", "-", target]);
+    let mut cmd = Command::new(args[0]);
+    cmd.args(&args[1..]);
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn socat");
+    // One write, one datagram.
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn udp_echo_checks(prefix: &[&str], target: &str) {
+    let lines = b"first line\nsecond line\nthird, with more words\n";
+    let back = socat_udp(prefix, target, lines, lines.len());
+    assert_eq!(
+        String::from_utf8_lossy(&back),
+        String::from_utf8_lossy(lines),
+        "UDP echo via {target}"
+    );
+    // Larger than the MTU: fragmented by Linux, reassembled by usnet, echoed in
+    // fragments, reassembled by Linux.
+    let big: Vec<u8> = (0..4000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let back = socat_udp(prefix, target, &big, big.len());
+    assert_eq!(back.len(), big.len(), "4000-byte echo via {target}");
+    assert!(
+        back == big,
+        "4000-byte echo via {target} came back different"
+    );
+}
+
+fn chargen_check(prefix: &[&str], target: &str) {
+    let back = socat_udp(prefix, target, b"x\n", 1);
+    assert!(!back.is_empty(), "chargen via {target} sent nothing");
+    assert!(
+        back.iter()
+            .all(|&b| (32..127).contains(&b) || b == b'\r' || b == b'\n'),
+        "chargen via {target} sent unprintable bytes: {:?}",
+        String::from_utf8_lossy(&back)
+    );
+}
+
+fn usnet_ping(d: &Daemon, dst: &str) {
+    let o = d.ctl(
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", dst],
+        Duration::from_secs(20),
+    );
+    assert!(o.ok(), "usnet ping {dst}: {}\n{}", o.describe(), d.logs());
+    let rtts = o.stdout.lines().filter(|l| l.contains(" time=")).count();
+    assert_eq!(rtts, 3, "usnet ping {dst} RTT lines: {}", o.describe());
+    assert!(o.stdout.contains("3 received"), "{}", o.describe());
+}
+
+/// Removes what a crashed earlier run may have left behind.
+fn remove_leftovers(links: &[&str], netns: &[&str]) {
+    for l in links {
+        let _ = run("ip", &["link", "del", l], Duration::from_secs(10));
+    }
+    for n in netns {
+        let _ = run("ip", &["netns", "del", n], Duration::from_secs(10));
+    }
+}
+
+// ------------------------------------------------------------------ TAP
+
+#[test]
+fn tap_interop_with_linux() {
+    require_root!();
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("socat", "socat"),
+        ("tshark", "tshark"),
+    ] {
+        need(tool, pkg);
+    }
+    let t0 = Instant::now();
+    let tap = "usnt1";
+    remove_leftovers(&[tap], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", tap]);
+    let dir = TempDir::new("tap");
+    let pcap = dir.path().join("tap.pcap");
+    let mut d = Daemon::start(
+        dir.path(),
+        "it-tap",
+        &[
+            "--link",
+            &format!("tap:{tap}"),
+            "--addr",
+            "10.31.0.2/24",
+            "--addr",
+            "fd31::2/64",
+            "--host-addr",
+            "10.31.0.1/24",
+            "--host-addr",
+            "fd31::1/64",
+            "--services",
+            "echo,discard,chargen",
+            "--pcap",
+            pcap.to_str().unwrap(),
+        ],
+    );
+
+    linux_ping(&[], "10.31.0.2", false);
+    linux_ping(&[], "fd31::2", true);
+    udp_echo_checks(&[], "UDP:10.31.0.2:7");
+    udp_echo_checks(&[], "UDP6:[fd31::2]:7");
+    chargen_check(&[], "UDP:10.31.0.2:19");
+    chargen_check(&[], "UDP6:[fd31::2]:19");
+    // Discard: nothing comes back.
+    assert!(socat_udp(&[], "UDP:10.31.0.2:9", b"into the void\n", 0).is_empty());
+    usnet_ping(&d, "10.31.0.1");
+    usnet_ping(&d, "fd31::1");
+
+    let c = d.counters();
+    for (name, at_least) in [
+        ("icmp4_rx_echo_request", 3),
+        ("icmp6_rx_echo_request", 3),
+        ("icmp4_rx_echo_reply", 3),
+        ("icmp6_rx_echo_reply", 3),
+        ("ip4_reassembled", 1),
+        ("ip6_reassembled", 1),
+        ("ip4_tx_fragments", 2),
+        ("ip6_tx_fragments", 2),
+        ("udp_rx_delivered", 7),
+    ] {
+        assert!(
+            counter(&c, name) >= at_least,
+            "{name} = {} < {at_least}: {c}",
+            counter(&c, name)
+        );
+    }
+    let o = d.ctl(&["stat"], Duration::from_secs(10));
+    assert!(o.ok(), "usnet stat: {}", o.describe());
+    for want in [
+        "stack it-tap",
+        "icmp4_rx_echo_request",
+        "udp_rx_delivered",
+        "pool:",
+    ] {
+        assert!(
+            o.stdout.contains(want),
+            "usnet stat lacks {want:?}:\n{}",
+            o.stdout
+        );
+    }
+
+    d.down();
+    check_pcap(&pcap);
+    eprintln!("tap_interop_with_linux took {:?}", t0.elapsed());
+}
+
+/// The capture parses with tshark and holds the conversations above.
+fn check_pcap(pcap: &Path) {
+    let meta = std::fs::metadata(pcap).expect("pcap file written");
+    assert!(meta.len() > 24, "pcap file is only {} bytes", meta.len());
+    let mut head = [0u8; 24];
+    File::open(pcap).unwrap().read_exact(&mut head).unwrap();
+    let magic = u32::from_le_bytes(head[..4].try_into().unwrap());
+    assert!(
+        matches!(magic, 0xa1b2_c3d4 | 0xa1b2_3c4d),
+        "pcap magic {magic:#x}"
+    );
+    assert_eq!(
+        u32::from_le_bytes(head[20..24].try_into().unwrap()),
+        1,
+        "linktype Ethernet"
+    );
+    let o = run(
+        "tshark",
+        &["-n", "-r", pcap.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    assert!(o.ok(), "tshark -r: {}", o.describe());
+    let lines = o.stdout.lines().count();
+    assert!(lines >= 20, "tshark saw {lines} frames:\n{}", o.stdout);
+    for proto in ["ARP", "ICMP ", "ICMPv6", "UDP", "Echo"] {
+        assert!(
+            o.stdout.contains(proto),
+            "no {proto} in the capture:\n{}",
+            o.stdout
+        );
+    }
+    assert!(
+        !o.stderr.contains("appears to have been cut short")
+            && !o.stderr.to_lowercase().contains("malformed"),
+        "tshark complains: {}",
+        o.stderr
+    );
+}
+
+// ------------------------------------------------------------------ AF_PACKET
+
+#[test]
+fn af_packet_on_veth_with_a_namespace() {
+    require_root!();
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("socat", "socat"),
+    ] {
+        need(tool, pkg);
+    }
+    let t0 = Instant::now();
+    let (ns, outer, inner) = ("usnetns-x", "usnv0", "usnv1");
+    remove_leftovers(&[outer], &[ns]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "netns", "del", ns]);
+    cleanup.on_drop(&["ip", "link", "del", outer]);
+    ip(&["netns", "add", ns]);
+    ip(&["link", "add", outer, "type", "veth", "peer", "name", inner]);
+    ip(&["link", "set", inner, "netns", ns]);
+    ip(&["-n", ns, "addr", "add", "10.32.0.1/24", "dev", inner]);
+    ip(&["-n", ns, "addr", "add", "fd32::1/64", "dev", inner, "nodad"]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    ip(&["-n", ns, "link", "set", inner, "up"]);
+    // The root end carries no address: only usnet answers on it.
+    let _ = run(
+        "sysctl",
+        &["-qw", &format!("net.ipv6.conf.{outer}.disable_ipv6=1")],
+        Duration::from_secs(5),
+    );
+    ip(&["link", "set", outer, "up"]);
+
+    let dir = TempDir::new("afp");
+    let mut d = Daemon::start(
+        dir.path(),
+        "it-afp",
+        &[
+            "--link",
+            &format!("afpacket:{outer}"),
+            "--addr",
+            "10.32.0.2/24",
+            "--addr",
+            "fd32::2/64",
+            "--services",
+            "echo,chargen",
+        ],
+    );
+    let nsx = ["ip", "netns", "exec", ns];
+    linux_ping(&nsx, "10.32.0.2", false);
+    linux_ping(&nsx, "fd32::2", true);
+    udp_echo_checks(&nsx, "UDP:10.32.0.2:7");
+    udp_echo_checks(&nsx, "UDP6:[fd32::2]:7");
+    chargen_check(&nsx, "UDP:10.32.0.2:19");
+    usnet_ping(&d, "10.32.0.1");
+    usnet_ping(&d, "fd32::1");
+    let c = d.counters();
+    assert!(counter(&c, "udp_rx_bad_checksum") == 0, "{c}");
+    assert!(counter(&c, "ip4_reassembled") >= 1, "{c}");
+    d.down();
+    eprintln!("af_packet_on_veth_with_a_namespace took {:?}", t0.elapsed());
+}
+
+// ------------------------------------------------------------------ error lines
+
+/// Non-zero exit, one clear line (`usnet: ...` or clap's `error: ...`, clap may add
+/// its usage hint), no panic.
+fn assert_one_error_line(o: &Out, what: &str) {
+    assert!(!o.ok(), "{what} succeeded: {}", o.describe());
+    assert!(
+        !o.stderr.contains("panicked") && !o.stderr.contains("backtrace"),
+        "{what} panicked: {}",
+        o.describe()
+    );
+    let lines: Vec<&str> = o.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        !lines.is_empty(),
+        "{what}: nothing on stderr: {}",
+        o.describe()
+    );
+    let first = lines[0];
+    if first.starts_with("usnet:") {
+        assert_eq!(
+            lines.len(),
+            1,
+            "{what}: more than one line: {}",
+            o.describe()
+        );
+    } else {
+        assert!(first.starts_with("error:"), "{what}: {}", o.describe());
+        assert!(
+            lines[1..]
+                .iter()
+                .all(|l| l.starts_with("Usage:") || l.starts_with("For more information")),
+            "{what}: more than one error line: {}",
+            o.describe()
+        );
+    }
+    eprintln!("{what}: {first}");
+}
+
+fn usnet_up_fails(dir: &Path, args: &[&str], what: &str) -> Out {
+    let o = run_in(
+        Command::new(USNET)
+            .arg("up")
+            .args(args)
+            .env("USNET_RUN_DIR", dir)
+            .env("RUST_BACKTRACE", "1"),
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_one_error_line(&o, what);
+    o
+}
+
+#[test]
+fn bad_link_and_bad_address_are_one_line_errors() {
+    let dir = TempDir::new("err-args");
+    let o = usnet_up_fails(
+        dir.path(),
+        &["--link", "foo:bar", "--addr", "10.0.0.1/24"],
+        "--link foo:bar",
+    );
+    assert!(o.stderr.contains("foo"), "{}", o.describe());
+    let o = usnet_up_fails(
+        dir.path(),
+        &["--link", "shm:usnet-it-bad", "--addr", "10.0.0.1/99"],
+        "--addr 10.0.0.1/99",
+    );
+    assert!(o.stderr.contains("10.0.0.1/99"), "{}", o.describe());
+}
+
+#[test]
+fn tap_as_non_root_is_a_one_line_error() {
+    require_root!();
+    need("setpriv", "util-linux");
+    let dir = TempDir::new("err-nobody");
+    // The binary may sit below directories `nobody` cannot enter: use a copy.
+    let bin = dir.path().join("usnet");
+    std::fs::copy(USNET, &bin).unwrap();
+    for p in [dir.path(), bin.as_path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", "usnt9"]);
+    let o = run_in(
+        Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .arg(&bin)
+            .args(["up", "--link", "tap:usnt9", "--addr", "10.39.0.2/24"])
+            .env("USNET_RUN_DIR", dir.path().join("run"))
+            .env("RUST_BACKTRACE", "1"),
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_one_error_line(&o, "tap as nobody");
+    let low = o.stderr.to_lowercase();
+    assert!(
+        low.contains("permission") || low.contains("root") || low.contains("cap_net_admin"),
+        "the error should say why: {}",
+        o.describe()
+    );
+}
+
+#[test]
+fn duplicate_name_and_third_shm_stack_are_one_line_errors() {
+    let dir = TempDir::new("err-shm");
+    let link = format!("shm:usnet-it-{}", std::process::id());
+    let a = Daemon::start(
+        dir.path(),
+        "dup",
+        &["--link", &link, "--addr", "10.33.0.1/24"],
+    );
+    // Same --name on another link.
+    let other = format!("shm:usnet-it-other-{}", std::process::id());
+    let o = usnet_up_fails(
+        dir.path(),
+        &["--link", &other, "--addr", "10.34.0.1/24", "--name", "dup"],
+        "same --name twice",
+    );
+    assert!(o.stderr.contains("dup"), "{}", o.describe());
+    // The shm link takes two stacks; the third is refused.
+    let b = Daemon::start(
+        dir.path(),
+        "second",
+        &["--link", &link, "--addr", "10.33.0.2/24"],
+    );
+    usnet_ping(&b, "10.33.0.1");
+    usnet_up_fails(
+        dir.path(),
+        &["--link", &link, "--addr", "10.33.0.3/24", "--name", "third"],
+        "third stack on a shm link",
+    );
+    // The first two are unharmed.
+    usnet_ping(&a, "10.33.0.2");
+    drop(b);
+    drop(a);
+}
