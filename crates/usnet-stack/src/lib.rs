@@ -115,7 +115,13 @@ pub struct Stack {
     frame_scratch: Vec<u8>,
     icmp_scratch: Vec<u8>,
     neighbor_work: NeighborWork,
+    /// Timers are looked at no more often than `TIMER_TICK` (a kernel-style tick):
+    /// the busiest loop then pays for them once per tick, not once per poll.
+    timers_checked: Instant,
 }
+
+/// Granularity of the stack's timers (neighbour retries, reassembly expiry).
+const TIMER_TICK: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl std::fmt::Debug for Stack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -184,6 +190,7 @@ impl Stack {
             frame_scratch: Vec::new(),
             icmp_scratch: Vec::new(),
             neighbor_work: NeighborWork::default(),
+            timers_checked: Instant::ZERO,
             addrs,
             pool,
             cfg,
@@ -266,6 +273,7 @@ impl Stack {
         if !self.input.is_empty() {
             return Some(self.now);
         }
+        let next_check = self.timers_checked + TIMER_TICK;
         [
             self.neighbors.next_deadline(),
             self.reasm4.next_deadline(),
@@ -274,10 +282,15 @@ impl Stack {
         .into_iter()
         .flatten()
         .min()
+        .map(|t| t.max(next_check))
     }
 
     fn run_timers(&mut self) -> bool {
         let now = self.now;
+        if now < self.timers_checked + TIMER_TICK && self.timers_checked != Instant::ZERO {
+            return false;
+        }
+        self.timers_checked = now;
         let mut work = std::mem::take(&mut self.neighbor_work);
         self.neighbors.poll(now, &mut work);
         let did = !work.probe.is_empty() || !work.failed.is_empty();
