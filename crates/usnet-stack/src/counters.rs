@@ -17,7 +17,7 @@ macro_rules! define_counters {
 }
 
 define_counters! {
-    link_rx_frames => "frames received from the device",
+    link_rx_frames => "frames received from the device (and sent by the stack to itself)",
     link_rx_bytes => "bytes received from the device",
     link_tx_frames => "frames handed to the device",
     link_tx_bytes => "bytes handed to the device",
@@ -63,7 +63,8 @@ define_counters! {
     neigh_tx_solicit => "neighbour solicitations (ARP requests / NS) sent",
     neigh_queue_full => "packets dropped: queue waiting for address resolution full",
     neigh_unresolved => "packets dropped: address resolution failed",
-    neigh_cache_full => "neighbour entries not created: cache full",
+    neigh_cache_full => "packets dropped: neighbour cache full of unresolved entries",
+    neigh_evicted => "neighbour entries forgotten early to make room",
     icmp4_rx => "ICMPv4 messages received",
     icmp4_rx_bad_checksum => "ICMPv4 messages with a bad checksum",
     icmp4_rx_malformed => "ICMPv4 messages truncated or malformed",

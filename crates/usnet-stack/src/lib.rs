@@ -258,6 +258,7 @@ impl Stack {
             did = true;
         }
         did |= self.run_timers();
+        self.counters.neigh_evicted = self.neighbors.evicted;
         did
     }
 

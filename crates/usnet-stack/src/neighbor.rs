@@ -41,11 +41,24 @@ pub enum Lookup {
 
 pub struct NeighborCache {
     map: HashMap<IpAddr, Entry>,
+    /// Entries forgotten early to make room in a full cache.
+    pub evicted: u64,
+    /// New entries refused because the cache was full of unresolved ones.
+    pub refused: u64,
     ttl: Duration,
     retry: Duration,
     max_probes: u32,
     max_entries: usize,
     max_pending: usize,
+}
+
+/// Why a frame could not be held for resolution (the frame comes back).
+#[derive(Debug, PartialEq, Eq)]
+pub enum HoldError {
+    /// This neighbour's waiting queue is full.
+    QueueFull(PktBuf),
+    /// The cache is full of neighbours still being resolved.
+    CacheFull(PktBuf),
 }
 
 /// Work that `poll` hands back to the stack.
@@ -66,11 +79,45 @@ impl NeighborCache {
     ) -> Self {
         NeighborCache {
             map: HashMap::new(),
+            evicted: 0,
+            refused: 0,
             ttl,
             retry,
             max_probes: max_probes.max(1),
             max_entries,
             max_pending,
+        }
+    }
+
+    /// Ensures there is room for one more entry: when full, forgets the reachable
+    /// entry confirmed longest ago that has nothing waiting (Linux's forced garbage
+    /// collection at gc_thresh3), so a flood of spoofed neighbours cannot lock new
+    /// ones out. Counts a refusal when every entry is busy resolving.
+    fn make_room(&mut self) -> bool {
+        if self.map.len() < self.max_entries {
+            return true;
+        }
+        let victim = self
+            .map
+            .iter()
+            .filter_map(|(ip, e)| match e.state {
+                State::Reachable { confirmed, .. } if e.pending.is_empty() => {
+                    Some((confirmed, *ip))
+                }
+                _ => None,
+            })
+            .min()
+            .map(|(_, ip)| ip);
+        match victim {
+            Some(ip) => {
+                self.map.remove(&ip);
+                self.evicted += 1;
+                true
+            }
+            None => {
+                self.refused += 1;
+                false
+            }
         }
     }
 
@@ -108,9 +155,9 @@ impl NeighborCache {
 
     /// Queues a frame until `ip` resolves. `Ok(true)` means a probe should go out now
     /// (a new resolution started); `Err` gives the frame back when the queue is full.
-    pub fn hold(&mut self, ip: IpAddr, frame: PktBuf, now: Instant) -> Result<bool, PktBuf> {
-        if !self.map.contains_key(&ip) && self.map.len() >= self.max_entries {
-            return Err(frame);
+    pub fn hold(&mut self, ip: IpAddr, frame: PktBuf, now: Instant) -> Result<bool, HoldError> {
+        if !self.map.contains_key(&ip) && !self.make_room() {
+            return Err(HoldError::CacheFull(frame));
         }
         let retry = self.retry;
         let max_pending = self.max_pending;
@@ -126,7 +173,7 @@ impl NeighborCache {
             }
         });
         if entry.pending.len() >= max_pending {
-            return Err(frame);
+            return Err(HoldError::QueueFull(frame));
         }
         entry.pending.push_back(frame);
         Ok(started)
@@ -153,7 +200,7 @@ impl NeighborCache {
             };
             return std::mem::take(&mut e.pending);
         }
-        if create && self.map.len() < self.max_entries {
+        if create && self.make_room() {
             self.map.insert(
                 ip,
                 Entry {
@@ -244,7 +291,7 @@ mod tests {
         assert_eq!(c.hold(ip, pool.alloc().unwrap(), t), Ok(true));
         assert_eq!(c.hold(ip, pool.alloc().unwrap(), t), Ok(false));
         let third = pool.alloc().unwrap();
-        assert_eq!(c.hold(ip, third, t), Err(third));
+        assert_eq!(c.hold(ip, third, t), Err(HoldError::QueueFull(third)));
         pool.free(third);
         let mac = MacAddr([2, 0, 0, 0, 0, 9]);
         let flushed = c.learn(ip, mac, t, false);
@@ -277,6 +324,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_full_of_unresolved_entries_refuses_and_counts() {
+        let mut pool = PacketPool::new(&PoolConfig::default()).unwrap();
+        let mut c = cache();
+        for i in 0..4u8 {
+            c.hold(
+                IpAddr::from([10, 0, 1, i]),
+                pool.alloc().unwrap(),
+                Instant::ZERO,
+            )
+            .unwrap();
+        }
+        let b = pool.alloc().unwrap();
+        assert_eq!(
+            c.hold("10.0.2.1".parse().unwrap(), b, Instant::ZERO),
+            Err(HoldError::CacheFull(b))
+        );
+        assert_eq!(c.refused, 1);
+        pool.free(b);
+        for b in c.drain_pending() {
+            pool.free(b);
+        }
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
     fn stale_entries_still_resolve_and_ask_for_refresh() {
         let mut c = cache();
         let ip: IpAddr = "fe80::1".parse().unwrap();
@@ -303,9 +375,24 @@ mod tests {
         c.learn("10.0.0.1".parse().unwrap(), mac, Instant::ZERO, false);
         assert!(c.is_empty());
         for i in 0..10u8 {
-            c.learn(IpAddr::from([10, 0, 0, i]), mac, Instant::ZERO, true);
+            c.learn(
+                IpAddr::from([10, 0, 0, i]),
+                mac,
+                Instant::from_millis(i as u64),
+                true,
+            );
         }
+        // Full: the oldest confirmed entries made room for the newest.
         assert_eq!(c.len(), 4);
+        assert_eq!(c.evicted, 6);
+        assert_eq!(
+            c.lookup(IpAddr::from([10, 0, 0, 9]), Instant::from_millis(10)),
+            Lookup::Found(mac)
+        );
+        assert_eq!(
+            c.lookup(IpAddr::from([10, 0, 0, 0]), Instant::from_millis(10)),
+            Lookup::Missing
+        );
         c.learn(
             "10.0.0.1".parse().unwrap(),
             MacAddr::BROADCAST,

@@ -719,7 +719,10 @@ impl Stack {
             } => {
                 self.release(src);
                 if let Some(mac) = mac {
-                    let pending = self.neighbors.learn(IpAddr::V6(from), mac, self.now, true);
+                    let from_ip = IpAddr::V6(from);
+                    let on_link = crate::is_link_local6(&from)
+                        || self.addrs.iter().any(|c| c.contains(from_ip));
+                    let pending = self.neighbors.learn(from_ip, mac, self.now, on_link);
                     self.flush_pending(pending, mac);
                 }
                 let dad = from.is_unspecified();
@@ -890,9 +893,13 @@ impl Stack {
             return; // ARP probe (RFC 5227) or nonsense: nothing to learn
         }
         let for_us = self.is_local_addr(IpAddr::V4(arp.target_ip));
-        let pending =
-            self.neighbors
-                .learn(IpAddr::V4(arp.sender_ip), arp.sender_mac, self.now, for_us);
+        // Only on-link senders become entries; an off-link sender is spoofed or
+        // misconfigured, and we would never send to it directly anyway.
+        let sender = IpAddr::V4(arp.sender_ip);
+        let on_link = self.addrs.iter().any(|c| c.contains(sender));
+        let pending = self
+            .neighbors
+            .learn(sender, arp.sender_mac, self.now, for_us && on_link);
         self.flush_pending(pending, arp.sender_mac);
         if arp.op == ArpOp::Request && for_us {
             self.send_arp(

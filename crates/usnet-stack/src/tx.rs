@@ -11,7 +11,7 @@ use usnet_wire::{
 };
 
 use crate::frag::{Expired, FragKey};
-use crate::neighbor::Lookup;
+use crate::neighbor::{HoldError, Lookup};
 use crate::rx::Unreach;
 use crate::{Stack, StackError};
 
@@ -319,8 +319,12 @@ impl Stack {
             Lookup::Missing => match self.neighbors.hold(next_hop, buf, self.now) {
                 Ok(true) => self.send_solicit(next_hop),
                 Ok(false) => {}
-                Err(b) => {
+                Err(HoldError::QueueFull(b)) => {
                     self.counters.neigh_queue_full += 1;
+                    self.pool.free(b);
+                }
+                Err(HoldError::CacheFull(b)) => {
+                    self.counters.neigh_cache_full += 1;
                     self.pool.free(b);
                 }
             },
