@@ -1,0 +1,869 @@
+//! Segment arrival (RFC 9293 §3.10.7), with RFC 5961 checks, PAWS, SACK scoreboard
+//! updates, RACK loss detection and the receive path.
+
+use std::time::Duration;
+
+use super::{Connection, Recovery, Segment, State, TcpError, TxSeg, Wake};
+use crate::cc::AckSample;
+use crate::ring::OooAdd;
+use crate::seq::Seq;
+use crate::time::Instant;
+
+/// TS.Recent is only trusted for 24 days of idleness (RFC 7323 §5.5).
+const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+
+impl Connection {
+    /// Process one received segment (already checksummed and demultiplexed to this
+    /// connection). Nothing in it is trusted. Replies are queued: call
+    /// `poll_transmit` afterwards.
+    pub fn input(&mut self, now: Instant, seg: &Segment) -> Wake {
+        self.now = self.now.max(now);
+        self.stats.rx_segments += 1;
+        let readable = self.recv_available();
+        let eof = self.fin_received;
+        let free = self.sndbuf.free();
+        let state = self.state;
+        match self.state {
+            State::Closed => self.stats.rx_closed_drop += 1,
+            State::SynSent => self.input_syn_sent(seg),
+            _ => self.input_synchronized(seg),
+        }
+        self.wake_since(readable, eof, free, state)
+    }
+
+    pub(crate) fn wake_since(&self, readable: usize, eof: bool, free: usize, state: State) -> Wake {
+        let gone = |s: State| matches!(s, State::Closed | State::TimeWait);
+        Wake {
+            readable: self.recv_available() > readable || self.fin_received != eof,
+            writable: self.sndbuf.free() > free
+                || (state != self.state && self.state == State::Established),
+            closed: !gone(state) && gone(self.state),
+        }
+    }
+
+    fn negotiate(&mut self, seg: &Segment) {
+        let o = &seg.options;
+        self.set_peer_mss(o.mss);
+        match (self.cfg.window_scaling, o.window_scale) {
+            (true, Some(ws)) => {
+                self.ws_ok = true;
+                self.snd_wscale = ws.min(14);
+                self.rcv_wscale = self.cfg.rcv_wscale();
+            }
+            _ => {
+                self.ws_ok = false;
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.sack_ok = self.cfg.sack && o.sack_permitted;
+        match (self.cfg.timestamps, o.timestamps) {
+            (true, Some((val, _))) => {
+                self.ts_ok = true;
+                self.ts_recent = val;
+                self.ts_recent_at = self.now;
+            }
+            _ => self.ts_ok = false,
+        }
+    }
+
+    fn input_syn_sent(&mut self, seg: &Segment) {
+        let f = seg.flags;
+        let ack = Seq(seg.ack);
+        if f.ack() && (ack.le(self.iss) || ack.gt(self.snd_nxt)) {
+            if !f.rst() {
+                self.stats.rx_bad_syn_ack += 1;
+                self.reply_rst = Some((ack, None));
+            }
+            return;
+        }
+        if f.rst() {
+            // RFC 5961 §3.2: acceptable only if it acknowledges our SYN.
+            if f.ack() {
+                self.stats.conn_refused += 1;
+                self.enter_closed(Some(TcpError::Refused));
+            } else {
+                self.stats.rx_rst_out_of_window += 1;
+            }
+            return;
+        }
+        if !f.syn() {
+            return;
+        }
+        self.irs = Seq(seg.seq);
+        self.rcv_nxt = self.irs + 1u32;
+        self.rcv_adv = self.rcv_nxt;
+        self.last_ack_sent = self.rcv_nxt;
+        self.negotiate(seg);
+        self.snd_wnd = u32::from(seg.window);
+        self.max_snd_wnd = self.snd_wnd;
+        self.snd_wl1 = Seq(seg.seq);
+        self.snd_wl2 = ack;
+        if f.ack() {
+            self.snd_una = ack;
+            if self.syn_xmits == 1 {
+                let r = self.now.saturating_since(self.syn_sent_at);
+                self.rtt.sample(r, &self.cfg);
+            }
+            self.establish();
+            self.ack_now = true;
+        } else {
+            // Simultaneous open: SYN-ACK with our original ISS.
+            self.state = State::SynReceived;
+            self.syn_pending = true;
+        }
+    }
+
+    pub(crate) fn establish(&mut self) {
+        self.state = if self.fin_queued {
+            State::FinWait1
+        } else {
+            State::Established
+        };
+        self.stats.conn_established += 1;
+        self.cc = self
+            .cfg
+            .congestion
+            .build(self.smss(), self.cfg.initial_window);
+        self.rack.end_seq = self.snd_una;
+        self.rack.fack = self.snd_una;
+        self.recovery_point = self.snd_una;
+        self.rto_at = None;
+        self.backoff = 0;
+        self.syn_pending = false;
+        self.quickack = self.cfg.quickack_segments;
+        if self.rcv_adv.lt(self.rcv_nxt) {
+            self.rcv_adv = self.rcv_nxt;
+        }
+        self.keepalive_at = self.cfg.keepalive.map(|k| self.now + k.idle);
+        self.last_tx = self.now;
+    }
+
+    fn input_synchronized(&mut self, seg: &Segment) {
+        let f = seg.flags;
+        let seq = Seq(seg.seq);
+        let len = seg.seg_len();
+        self.last_rx = self.now;
+        if self.state.is_synchronized() {
+            if let Some(k) = self.cfg.keepalive {
+                self.keepalive_sent = 0;
+                self.keepalive_at = Some(self.now + k.idle);
+            }
+        }
+
+        if self.state == State::SynReceived && f.syn() && seq == self.irs {
+            if f.ack() && Seq(seg.ack) == self.snd_nxt && !f.rst() {
+                // Simultaneous open: the peer's SYN-ACK acknowledges our SYN (its SYN
+                // is the one we already have). Take it as the handshake's ACK.
+                self.snd_una = self.snd_nxt;
+                self.snd_wnd = u32::from(seg.window) << self.snd_wscale;
+                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+                self.snd_wl1 = seq;
+                self.snd_wl2 = self.snd_nxt;
+                self.establish();
+            } else if !f.ack() {
+                // The peer retransmitted its SYN: our SYN-ACK was lost.
+                self.syn_pending = true;
+            }
+            return;
+        }
+
+        // PAWS (RFC 7323 §5.3).
+        if self.ts_ok {
+            match seg.options.timestamps {
+                Some((tsval, _)) if !f.rst() => {
+                    if (tsval.wrapping_sub(self.ts_recent) as i32) < 0 {
+                        if self.now.saturating_since(self.ts_recent_at) > PAWS_IDLE {
+                            self.stats.rx_ts_recent_expired += 1;
+                            self.ts_recent = tsval;
+                            self.ts_recent_at = self.now;
+                        } else {
+                            self.stats.rx_paws_rejected += 1;
+                            self.ack_now = true;
+                            return;
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => self.stats.rx_missing_ts += 1,
+            }
+        }
+
+        // Sequence acceptability (RFC 9293 §3.10.7.4, first check).
+        let wnd = self.rcv_adv.since(self.rcv_nxt);
+        let wend = self.rcv_nxt + wnd;
+        let acceptable = match (len, wnd) {
+            (0, 0) => seq == self.rcv_nxt,
+            (0, _) => seq.in_range(self.rcv_nxt, wend),
+            (_, 0) => false,
+            (_, _) => {
+                seq.in_range(self.rcv_nxt, wend) || (seq + (len - 1)).in_range(self.rcv_nxt, wend)
+            }
+        };
+        // A segment that starts before RCV.NXT and covers it is acceptable too (its
+        // old part is trimmed below); the test above catches it via its last byte.
+        if !acceptable {
+            if f.rst() {
+                self.stats.rx_rst_out_of_window += 1;
+                return;
+            }
+            if f.syn() {
+                self.stats.rx_syn_challenged += 1;
+                self.challenge_ack();
+                return;
+            }
+            let zero_window_edge = wnd == 0 && seq == self.rcv_nxt && f.ack();
+            if !zero_window_edge {
+                self.stats.rx_out_of_window += 1;
+                let plen = seg.payload.len() as u32;
+                if plen > 0 && (seq + plen).le(self.rcv_nxt) {
+                    self.stats.rx_dup_bytes += u64::from(plen);
+                    if self.sack_ok {
+                        self.dsack = Some((seq, seq + plen));
+                    }
+                }
+                if self.state == State::TimeWait && f.fin() {
+                    self.close_at = Some(self.now + self.cfg.time_wait);
+                    self.stats.time_wait_restarted += 1;
+                }
+                self.ack_now = true;
+                return;
+            }
+            // Zero window: take the ACK and window information, not the data.
+            if !seg.payload.is_empty() {
+                self.stats.rx_beyond_window_bytes += seg.payload.len() as u64;
+            }
+            self.ack_now = true;
+            self.process_ack(seg);
+            return;
+        }
+
+        // RST (RFC 5961 §3.2).
+        if f.rst() {
+            if seq != self.rcv_nxt {
+                self.stats.rx_rst_challenged += 1;
+                self.challenge_ack();
+                return;
+            }
+            match self.state {
+                State::TimeWait => self.stats.rx_rst_time_wait += 1,
+                State::SynReceived => {
+                    self.stats.conn_resets += 1;
+                    self.enter_closed(Some(TcpError::Refused));
+                }
+                State::Established | State::FinWait1 | State::FinWait2 | State::CloseWait => {
+                    self.stats.conn_resets += 1;
+                    self.enter_closed(Some(TcpError::Reset));
+                }
+                _ => {
+                    self.stats.rx_rst += 1;
+                    self.enter_closed(None);
+                }
+            }
+            if self.state == State::Closed {
+                self.stats.rx_rst += 1;
+            }
+            return;
+        }
+
+        // SYN in a synchronized state (RFC 5961 §4): challenge ACK.
+        if f.syn() {
+            self.stats.rx_syn_challenged += 1;
+            self.challenge_ack();
+            return;
+        }
+
+        if !f.ack() {
+            self.stats.rx_no_ack += 1;
+            return;
+        }
+
+        // TS.Recent update (RFC 7323 §4.3).
+        if self.ts_ok {
+            if let Some((tsval, _)) = seg.options.timestamps {
+                if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 && seq.le(self.last_ack_sent) {
+                    self.ts_recent = tsval;
+                    self.ts_recent_at = self.now;
+                }
+            }
+        }
+
+        if self.state == State::SynReceived {
+            let ack = Seq(seg.ack);
+            if ack.gt(self.snd_una) && ack.le(self.snd_nxt) {
+                self.snd_una = ack;
+                if self.syn_xmits == 1 {
+                    let r = self.now.saturating_since(self.syn_sent_at);
+                    self.rtt.sample(r, &self.cfg);
+                }
+                self.snd_wnd = u32::from(seg.window) << self.snd_wscale;
+                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+                self.snd_wl1 = seq;
+                self.snd_wl2 = ack;
+                self.establish();
+            } else {
+                self.reply_rst = Some((ack, None));
+                return;
+            }
+        }
+
+        if !self.process_ack(seg) {
+            return;
+        }
+        if self.state == State::Closed
+            || (self.state == State::TimeWait && seg.payload.is_empty() && !f.fin())
+        {
+            return;
+        }
+
+        // Urgent pointer (RFC 9293 §3.10.7.4 sixth check, RFC 6093).
+        if f.urg() {
+            self.stats.rx_urgent += 1;
+            self.note_urgent(seq, seg.urgent);
+        }
+
+        // Segment text and FIN.
+        match self.state {
+            State::Established | State::FinWait1 | State::FinWait2 => {
+                if !seg.payload.is_empty() || f.fin() {
+                    self.process_text(seg, seq, f.fin());
+                }
+            }
+            State::TimeWait if f.fin() => {
+                self.close_at = Some(self.now + self.cfg.time_wait);
+                self.stats.time_wait_restarted += 1;
+                self.ack_now = true;
+            }
+            _ => {
+                // CLOSE-WAIT, CLOSING, LAST-ACK: the peer already sent FIN.
+                if !seg.payload.is_empty() {
+                    self.stats.rx_out_of_window += 1;
+                }
+            }
+        }
+    }
+
+    fn note_urgent(&mut self, seq: Seq, up: u16) {
+        // BSD/Linux semantics: the pointer names the byte after the urgent byte.
+        if up == 0 || self.cfg.oob_inline {
+            self.stats.rx_urgent_inline += 1;
+            return;
+        }
+        let u = seq + (u32::from(up) - 1);
+        if u.ge(self.rcv_nxt) && u.lt(self.rcv_adv) {
+            if self.urg_seq != Some(u) {
+                self.urg_seq = Some(u);
+                self.stats.rx_urgent_oob += 1;
+            }
+        } else {
+            self.stats.rx_urgent_inline += 1;
+        }
+    }
+
+    /// The ACK part of an acceptable segment. Returns false if the segment must be
+    /// dropped.
+    fn process_ack(&mut self, seg: &Segment) -> bool {
+        let ack = Seq(seg.ack);
+        let seq = Seq(seg.seq);
+        if ack.gt(self.snd_nxt) {
+            self.stats.rx_ack_too_new += 1;
+            self.challenge_ack();
+            return false;
+        }
+        if ack.lt(self.snd_una - self.max_snd_wnd.max(1)) {
+            self.stats.rx_ack_too_old += 1;
+            self.ack_now = true;
+            return false;
+        }
+        let flight_before = self.snd_nxt.since(self.snd_una);
+        let cwnd_limited =
+            self.cwnd_blocked || u64::from(flight_before) * 2 >= u64::from(self.cc.cwnd());
+        let mut delivered = false;
+        let advanced = ack.gt(self.snd_una);
+        if advanced {
+            delivered |= self.process_new_ack(ack, seg.options.timestamps.map(|t| t.1));
+        }
+        if self.sack_ok && seg.options.sack_count > 0 {
+            delivered |= self.process_sacks(seg);
+        }
+
+        // Window update (RFC 9293 §3.10.7.4, SND.WL1/WL2).
+        let mut window_changed = false;
+        if self.snd_wl1.lt(seq) || (self.snd_wl1 == seq && self.snd_wl2.le(ack)) {
+            let w = u32::from(seg.window) << self.snd_wscale;
+            window_changed = w != self.snd_wnd;
+            self.snd_wnd = w;
+            self.max_snd_wnd = self.max_snd_wnd.max(w);
+            self.snd_wl1 = seq;
+            self.snd_wl2 = ack;
+            if w > 0 && self.persist_at.is_some() {
+                self.persist_at = None;
+                self.persist_backoff = 0;
+            }
+        }
+
+        // Duplicate ACK (RFC 5681 §2).
+        if !advanced
+            && ack == self.snd_una
+            && seg.payload.is_empty()
+            && !seg.flags.fin()
+            && !window_changed
+            && !self.segs.is_empty()
+        {
+            self.dupacks += 1;
+            self.stats.rx_dup_acks += 1;
+            if !self.sack_ok && self.dupacks == 3 && self.recovery == Recovery::None {
+                self.mark_front_lost();
+                self.stats.dupthresh_losses += 1;
+            }
+        }
+
+        if delivered {
+            self.rack_detect_loss();
+        }
+        if self.lost_segs > 0 && self.recovery == Recovery::None {
+            self.enter_fast_recovery();
+        }
+
+        if advanced {
+            let acked = ack.since(self.snd_una_before_last_ack);
+            match self.recovery {
+                Recovery::None => {
+                    let s = AckSample {
+                        acked,
+                        mss: self.smss(),
+                        srtt: self.rtt.srtt,
+                        in_flight: flight_before,
+                        cwnd_limited,
+                    };
+                    self.cc.on_ack(self.now, &s);
+                }
+                Recovery::Fast => {
+                    if ack.ge(self.recovery_point) {
+                        self.recovery = Recovery::None;
+                        self.cc.on_recovery_end(self.now, self.pipe, self.smss());
+                    } else {
+                        self.stats.partial_acks += 1;
+                        if !self.sack_ok {
+                            // RFC 6582: the next hole is lost; retransmit it now.
+                            self.mark_front_lost();
+                            self.fast_rtx_pending = true;
+                        }
+                    }
+                }
+                Recovery::Rto => {
+                    let s = AckSample {
+                        acked,
+                        mss: self.smss(),
+                        srtt: self.rtt.srtt,
+                        in_flight: flight_before,
+                        cwnd_limited: true,
+                    };
+                    self.cc.on_ack(self.now, &s);
+                    if ack.ge(self.recovery_point) {
+                        self.recovery = Recovery::None;
+                    }
+                }
+            }
+            self.cwnd_blocked = false;
+            self.arm_tlp();
+        }
+
+        // Our FIN acknowledged?
+        if self.fin_acked {
+            match self.state {
+                State::FinWait1 => {
+                    self.state = State::FinWait2;
+                    if self.app_closed {
+                        self.close_at = Some(self.now + self.cfg.fin_wait2_timeout);
+                    }
+                }
+                State::Closing => self.enter_time_wait(),
+                State::LastAck => self.enter_closed(None),
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// SND.UNA advanced to `ack`: retire acknowledged segments and data, take an RTT
+    /// sample, restart the timer. Returns whether anything was delivered.
+    fn process_new_ack(&mut self, ack: Seq, ecr: Option<u32>) -> bool {
+        self.snd_una_before_last_ack = self.snd_una;
+        let mut rtt_sample = None;
+        let mut delivered = false;
+        while let Some(front) = self.segs.front().copied() {
+            if front.end.le(ack) {
+                self.segs.pop_front();
+                self.account_remove(&front);
+                if !front.sacked {
+                    self.rack_update(&front);
+                    delivered = true;
+                    if front.xmits == 1 {
+                        rtt_sample = Some(self.now.saturating_since(front.sent));
+                    }
+                }
+            } else {
+                if front.start.lt(ack) {
+                    let cut = ack.since(front.start);
+                    if let Some(f) = self.segs.front_mut() {
+                        f.start = ack;
+                    }
+                    if front.sacked {
+                        self.sacked_bytes -= cut;
+                    } else if !front.lost {
+                        self.pipe -= cut;
+                    }
+                    delivered = true;
+                }
+                break;
+            }
+        }
+        let data_end = self.snd_una + self.sndbuf.len();
+        let data_acked = ack.min(data_end).since(self.snd_una);
+        self.sndbuf.consume(data_acked as usize);
+        if self.fin_sent && ack.gt(data_end) {
+            self.fin_acked = true;
+        }
+        self.snd_una = ack;
+        if let Some(r) = rtt_sample {
+            self.rtt.sample(r, &self.cfg);
+        } else if let (true, Some(ecr)) = (self.ts_ok, ecr) {
+            let ms = self.ts_now().wrapping_sub(ecr);
+            if ecr != 0 && ms < 60_000 {
+                self.rtt
+                    .sample(Duration::from_millis(u64::from(ms)), &self.cfg);
+            }
+        }
+        self.backoff = 0;
+        self.dupacks = 0;
+        self.tlp_outstanding = false;
+        if self.segs.is_empty() {
+            self.rto_at = None;
+            self.tlp_at = None;
+            self.reo_at = None;
+        } else {
+            self.rto_at = Some(self.now + self.rto_backed_off());
+        }
+        delivered
+    }
+
+    /// Remove a segment's contribution to the cached scoreboard counters.
+    pub(crate) fn account_remove(&mut self, s: &TxSeg) {
+        if s.sacked {
+            self.sacked_bytes -= s.len();
+            self.sacked_segs -= 1;
+        } else if s.lost {
+            self.lost_segs -= 1;
+        } else {
+            self.pipe -= s.len();
+        }
+    }
+
+    fn process_sacks(&mut self, seg: &Segment) -> bool {
+        let blocks = seg.options.sacks();
+        let mut delivered = false;
+        for (i, &(l, r)) in blocks.iter().enumerate() {
+            self.stats.rx_sack_blocks += 1;
+            let (l, r) = (Seq(l), Seq(r));
+            if !l.lt(r) || r.gt(self.snd_nxt) || r.since(l) > (1 << 30) {
+                self.stats.rx_sack_invalid += 1;
+                continue;
+            }
+            // D-SACK (RFC 2883): below the cumulative ACK, or inside the second block.
+            let in_second = i == 0
+                && blocks
+                    .get(1)
+                    .is_some_and(|&(l2, r2)| Seq(l2).le(l) && Seq(r2).ge(r));
+            if r.le(Seq(seg.ack)) || r.le(self.snd_una) || in_second {
+                self.stats.rx_dsack += 1;
+                self.rack.reo_wnd_mult = (self.rack.reo_wnd_mult + 1).min(8);
+                continue;
+            }
+            let l = l.max(self.snd_una);
+            let mut idx = self.segs.partition_point(|s| s.end.le(l));
+            while idx < self.segs.len() {
+                let s = self.segs[idx];
+                if !s.start.lt(r) {
+                    break;
+                }
+                if !s.sacked && s.start.ge(l) && s.end.le(r) {
+                    if s.lost {
+                        self.lost_segs -= 1;
+                    } else {
+                        self.pipe -= s.len();
+                    }
+                    self.sacked_bytes += s.len();
+                    self.sacked_segs += 1;
+                    let e = &mut self.segs[idx];
+                    e.sacked = true;
+                    e.lost = false;
+                    self.rack_update(&s);
+                    delivered = true;
+                }
+                idx += 1;
+            }
+        }
+        delivered
+    }
+
+    /// RFC 8985 §6.2 step 2-3: note a newly delivered segment.
+    fn rack_update(&mut self, s: &TxSeg) {
+        let rtt = self.now.saturating_since(s.sent);
+        if s.xmits > 1 && self.rtt.min_rtt.is_some_and(|m| rtt < m) {
+            // Possibly the ACK of an earlier transmission: ambiguous, skip.
+            return;
+        }
+        self.rack.rtt = rtt;
+        let newer = match self.rack.xmit_ts {
+            None => true,
+            Some(t) => s.sent > t || (s.sent == t && s.end.gt(self.rack.end_seq)),
+        };
+        if newer {
+            self.rack.xmit_ts = Some(s.sent);
+            self.rack.end_seq = s.end;
+        }
+        if s.xmits == 1 && s.end.lt(self.rack.fack) && !self.rack.reordering_seen {
+            self.rack.reordering_seen = true;
+            self.stats.reordering_seen += 1;
+        }
+        self.rack.fack = self.rack.fack.max(s.end);
+    }
+
+    fn reo_wnd(&self) -> Duration {
+        if !self.rack.reordering_seen && (self.recovery != Recovery::None || self.sacked_segs >= 3)
+        {
+            return Duration::ZERO;
+        }
+        let min_rtt = self.rtt.min_rtt.unwrap_or(Duration::ZERO);
+        let w = min_rtt / 4 * self.rack.reo_wnd_mult;
+        match self.rtt.srtt {
+            Some(s) => w.min(s),
+            None => w,
+        }
+    }
+
+    /// RFC 8985 §6.2 step 5: mark segments sent before the most recently delivered
+    /// one, and older than it by more than the reordering window, as lost; arm the
+    /// reordering timer for the rest.
+    pub(crate) fn rack_detect_loss(&mut self) {
+        let Some(xts) = self.rack.xmit_ts else {
+            return;
+        };
+        let reo = self.reo_wnd();
+        let mut wait: Option<Instant> = None;
+        for i in 0..self.segs.len() {
+            let s = self.segs[i];
+            if s.sacked || s.lost {
+                continue;
+            }
+            let before = s.sent < xts || (s.sent == xts && s.end.lt(self.rack.end_seq));
+            if !before {
+                if s.xmits == 1 {
+                    // Every later never-retransmitted segment was sent later still.
+                    break;
+                }
+                continue;
+            }
+            let deadline = s.sent + self.rack.rtt + reo;
+            if deadline <= self.now {
+                self.mark_lost(i);
+                self.stats.rack_losses += 1;
+            } else {
+                wait = Some(wait.map_or(deadline, |w: Instant| w.max(deadline)));
+            }
+        }
+        self.reo_at = wait;
+    }
+
+    pub(crate) fn mark_lost(&mut self, i: usize) {
+        if let Some(s) = self.segs.get_mut(i) {
+            if !s.sacked && !s.lost {
+                s.lost = true;
+                let len = s.len();
+                self.pipe -= len;
+                self.lost_segs += 1;
+            }
+        }
+    }
+
+    fn mark_front_lost(&mut self) {
+        if let Some(i) = self.segs.iter().position(|s| !s.sacked) {
+            self.mark_lost(i);
+        }
+    }
+
+    pub(crate) fn enter_fast_recovery(&mut self) {
+        if self.recovery != Recovery::None {
+            return;
+        }
+        self.recovery = Recovery::Fast;
+        self.recovery_point = self.snd_nxt;
+        self.stats.fast_recoveries += 1;
+        let flight = self.snd_nxt.since(self.snd_una);
+        self.cc.on_loss(self.now, flight, self.smss());
+        self.fast_rtx_pending = true;
+        self.tlp_at = None;
+    }
+
+    /// Arm the tail-loss probe (RFC 8985 §7.2) after new data or a new ACK.
+    pub(crate) fn arm_tlp(&mut self) {
+        if !self.cfg.tlp
+            || !self.sack_ok
+            || self.recovery != Recovery::None
+            || self.tlp_outstanding
+            || self.segs.is_empty()
+        {
+            self.tlp_at = None;
+            return;
+        }
+        let pto = match self.rtt.srtt {
+            Some(s) => {
+                let mut p = s * 2;
+                if self.segs.len() == 1 {
+                    p += self.cfg.peer_max_ack_delay;
+                }
+                p.max(Duration::from_millis(10))
+            }
+            None => Duration::from_secs(1),
+        };
+        let at = self.now + pto;
+        match self.rto_at {
+            Some(r) if r <= at => self.tlp_at = None,
+            _ => self.tlp_at = Some(at),
+        }
+    }
+
+    /// Data and FIN of an acceptable segment in ESTABLISHED / FIN-WAIT-1/2.
+    fn process_text(&mut self, seg: &Segment, seq: Seq, fin: bool) {
+        let payload = seg.payload;
+        let end = seq + payload.len();
+        if self.app_closed && !payload.is_empty() && end.gt(self.rcv_nxt) {
+            // Nobody will read this (RFC 9293 §3.10.7.4 / RFC 2525 §2.17): reset.
+            self.stats.rx_after_close += 1;
+            self.error = Some(TcpError::Aborted);
+            self.rst_pending = true;
+            return;
+        }
+        if !payload.is_empty() {
+            self.stats.rx_data_segments += 1;
+            self.rcv_mss = self.rcv_mss.max(payload.len() as u32).min(65535);
+            if self.ts_ok {
+                if let Some((_, ecr)) = seg.options.timestamps {
+                    let ms = self.ts_now().wrapping_sub(ecr);
+                    if ecr != 0 && ms < 60_000 {
+                        let r = Duration::from_millis(u64::from(ms.max(1)));
+                        self.rcv_rtt = Some(self.rcv_rtt.map_or(r, |p| p.min(r)));
+                    }
+                }
+            }
+        }
+        let mut start = seq;
+        let mut data = payload;
+        // Trim what we already have.
+        if start.lt(self.rcv_nxt) {
+            let dup = (self.rcv_nxt.since(start) as usize).min(data.len());
+            if dup > 0 {
+                self.stats.rx_dup_bytes += dup as u64;
+                if self.sack_ok {
+                    self.dsack = Some((start, start + dup));
+                }
+                self.ack_now = true;
+            }
+            data = &data[dup..];
+            start = self.rcv_nxt;
+        }
+        // Trim to the window we advertised and the buffer.
+        let limit = self.rcv_adv.min(self.rcv_nxt + self.rcvbuf.free() as u32);
+        let room = limit.since(start) as usize;
+        let mut fin = fin;
+        if data.len() > room {
+            self.stats.rx_beyond_window_bytes += (data.len() - room) as u64;
+            data = &data[..room];
+            fin = false;
+            self.ack_now = true;
+        }
+        if fin {
+            let fs = start + data.len();
+            if self.rx_fin.is_none_or(|f| f == fs) {
+                self.rx_fin = Some(fs);
+                self.ooo.truncate(fs);
+            }
+        }
+        if !data.is_empty() {
+            if start == self.rcv_nxt {
+                let had_ooo = !self.ooo.is_empty();
+                let off = self.rcvbuf.len();
+                let n = self.rcvbuf.write_at(off, data);
+                self.rcvbuf.commit(n);
+                self.rcv_nxt = self.rcv_nxt + n;
+                let mut got = n as u64;
+                while let Some(e) = self.ooo.pop_contiguous(self.rcv_nxt) {
+                    if e.gt(self.rcv_nxt) {
+                        let extra = e.since(self.rcv_nxt);
+                        self.rcvbuf.commit(extra as usize);
+                        self.rcv_nxt = e;
+                        got += u64::from(extra);
+                    }
+                }
+                self.stats.rx_bytes += got;
+                if had_ooo {
+                    // A hole was filled: tell the sender at once (RFC 5681 §4.2).
+                    self.ack_now = true;
+                } else {
+                    self.rx_unacked += n as u32;
+                    if self.quickack > 0 {
+                        self.quickack -= 1;
+                        self.ack_now = true;
+                        self.stats.tx_quick_acks += 1;
+                    } else if self.rx_unacked >= 2 * self.rcv_mss {
+                        self.ack_now = true;
+                    } else if self.delack_at.is_none() {
+                        self.delack_at = Some(self.now + self.cfg.delayed_ack);
+                    }
+                }
+            } else {
+                let off = self.rcvbuf.len() + start.since(self.rcv_nxt) as usize;
+                let dend = start + data.len();
+                match self.ooo.add(start, dend) {
+                    OooAdd::Added => {
+                        self.rcvbuf.write_at(off, data);
+                        self.stats.rx_ooo_segments += 1;
+                        self.sack_recent.rotate_right(1);
+                        self.sack_recent[0] = Some(start);
+                    }
+                    OooAdd::Duplicate => {
+                        self.stats.rx_dup_bytes += data.len() as u64;
+                        if self.sack_ok {
+                            self.dsack = Some((start, dend));
+                        }
+                    }
+                    OooAdd::Full => self.stats.rx_ooo_full += 1,
+                }
+                // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2).
+                self.dupacks_owed = (self.dupacks_owed + 1).min(8);
+                self.quickack = self.quickack.max(2);
+            }
+        }
+        if let Some(fs) = self.rx_fin {
+            if fs == self.rcv_nxt && !self.fin_received {
+                self.rcv_nxt = self.rcv_nxt + 1u32;
+                self.fin_received = true;
+                self.ack_now = true;
+                self.ooo.clear();
+                match self.state {
+                    State::Established => self.state = State::CloseWait,
+                    State::FinWait1 => {
+                        if self.fin_acked {
+                            self.enter_time_wait();
+                        } else {
+                            self.state = State::Closing;
+                        }
+                    }
+                    State::FinWait2 => self.enter_time_wait(),
+                    _ => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,670 @@
+//! Segment departure and timers: SYN/SYN-ACK, retransmissions from the scoreboard,
+//! tail loss probes, new data under the congestion and peer windows (Nagle, sender
+//! SWS avoidance), FIN, window probes, keepalives, pure ACKs; the RTO, delayed-ACK,
+//! persist, keepalive, RACK reordering, TLP and TIME-WAIT/linger timers.
+
+use std::time::Duration;
+
+use usnet_wire::{TcpFlags, TcpOptions, TcpRepr, TCP_HEADER_LEN};
+
+use super::{Connection, Recovery, SegmentSink, State, TcpError, TxSeg, Wake};
+use crate::seq::Seq;
+use crate::time::Instant;
+
+/// Most segments one `poll_transmit` call emits (bounds the work per call).
+const POLL_BUDGET: usize = 4096;
+
+impl Connection {
+    /// Run expired timers, then emit every segment that is due into `sink`. Call after
+    /// `input`, after `send`/`recv`/`close`, and whenever `poll_at` is reached.
+    pub fn poll_transmit<S: SegmentSink + ?Sized>(&mut self, now: Instant, sink: &mut S) -> Wake {
+        self.now = self.now.max(now);
+        let readable = self.recv_available();
+        let eof = self.fin_received;
+        let free = self.sndbuf.free();
+        let state = self.state;
+        self.run_timers();
+        let mut budget = POLL_BUDGET;
+        let mut blocked_by_window = false;
+        while budget > 0 {
+            match self.transmit_one(sink, &mut blocked_by_window) {
+                Some(true) => budget -= 1,
+                _ => break,
+            }
+        }
+        if self.state.is_synchronized() && self.state != State::TimeWait {
+            if !self.segs.is_empty() && self.rto_at.is_none() {
+                self.rto_at = Some(self.now + self.rto_backed_off());
+            }
+            // Persist timer: data waits, nothing is in flight, the window stops us.
+            if blocked_by_window && self.segs.is_empty() && self.persist_at.is_none() {
+                let base = self.rtt.rto.max(self.cfg.persist_min);
+                let shift = self.persist_backoff.min(16);
+                let d = (base * (1u32 << shift)).min(self.cfg.persist_max);
+                self.persist_at = Some(self.now + d);
+            }
+        }
+        self.wake_since(readable, eof, free, state)
+    }
+
+    fn run_timers(&mut self) {
+        let now = self.now;
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        if due(self.close_at) {
+            self.close_at = None;
+            match self.state {
+                State::TimeWait => self.enter_closed(None),
+                State::Closed => {}
+                State::FinWait2 if self.app_closed => {
+                    self.stats.fin_wait2_timeouts += 1;
+                    self.enter_closed(None);
+                }
+                _ => {
+                    self.stats.linger_timeouts += 1;
+                    self.error = Some(TcpError::Aborted);
+                    self.rst_pending = true;
+                }
+            }
+        }
+        if due(self.rto_at) {
+            self.rto_at = None;
+            self.on_rto();
+        }
+        if due(self.reo_at) {
+            self.reo_at = None;
+            self.stats.rack_reorder_timeouts += 1;
+            self.rack_detect_loss();
+            if self.lost_segs > 0 && self.recovery == Recovery::None {
+                self.enter_fast_recovery();
+            }
+        }
+        if due(self.tlp_at) {
+            self.tlp_at = None;
+            if self.recovery == Recovery::None && !self.segs.is_empty() {
+                self.tlp_pending = true;
+            }
+        }
+        if due(self.delack_at) {
+            self.delack_at = None;
+            if !self.ack_now {
+                self.ack_now = true;
+                self.stats.tx_delayed_acks += 1;
+            }
+        }
+        if due(self.persist_at) {
+            self.persist_at = None;
+            self.persist_pending = true;
+        }
+        if due(self.keepalive_at) {
+            self.keepalive_at = None;
+            if let (Some(k), true) = (self.cfg.keepalive, self.state.is_synchronized()) {
+                if !self.segs.is_empty() || self.state == State::TimeWait {
+                    self.keepalive_at = Some(now + k.idle);
+                } else if self.keepalive_sent >= k.count {
+                    self.stats.keepalive_timeouts += 1;
+                    self.error = Some(TcpError::TimedOut);
+                    self.rst_pending = true;
+                } else {
+                    self.keepalive_sent += 1;
+                    self.keepalive_pending = true;
+                    self.keepalive_at = Some(now + k.interval);
+                }
+            }
+        }
+    }
+
+    fn on_rto(&mut self) {
+        match self.state {
+            State::SynSent | State::SynReceived => {
+                let limit = if self.state == State::SynSent {
+                    self.cfg.syn_retries
+                } else {
+                    self.cfg.synack_retries
+                };
+                if self.syn_xmits > limit {
+                    self.stats.conn_timeouts += 1;
+                    self.enter_closed(Some(TcpError::TimedOut));
+                    return;
+                }
+                self.backoff += 1;
+                self.syn_pending = true;
+                self.stats.syn_retransmits += 1;
+            }
+            State::Closed | State::TimeWait => {}
+            _ => {
+                if self.segs.is_empty() {
+                    return;
+                }
+                if self.backoff >= self.cfg.max_retries {
+                    self.stats.conn_timeouts += 1;
+                    self.enter_closed(Some(TcpError::TimedOut));
+                    return;
+                }
+                self.stats.rto_expired += 1;
+                let flight = self.snd_nxt.since(self.snd_una);
+                if self.recovery == Recovery::Rto {
+                    // Same episode: back to one segment, ssthresh unchanged.
+                    self.cc.on_idle_restart(self.smss());
+                } else {
+                    self.cc.on_rto(self.now, flight, self.smss());
+                    self.stats.rto_recoveries += 1;
+                }
+                self.recovery = Recovery::Rto;
+                self.recovery_point = self.snd_nxt;
+                for i in 0..self.segs.len() {
+                    self.mark_lost(i);
+                }
+                self.backoff += 1;
+                self.tlp_at = None;
+                self.tlp_pending = false;
+                self.reo_at = None;
+                self.dupacks = 0;
+                self.fast_rtx_pending = true;
+            }
+        }
+    }
+
+    /// Options for a segment (SYN options when `syn`).
+    fn options(&self, syn: bool, synack: bool) -> TcpOptions {
+        let mut o = TcpOptions::default();
+        if syn {
+            o.mss = Some(self.cfg.mss);
+            let ws = if synack {
+                self.ws_ok
+            } else {
+                self.cfg.window_scaling
+            };
+            if ws {
+                o.window_scale = Some(self.rcv_wscale);
+            }
+            o.sack_permitted = if synack { self.sack_ok } else { self.cfg.sack };
+            let ts = if synack {
+                self.ts_ok
+            } else {
+                self.cfg.timestamps
+            };
+            if ts {
+                o.timestamps = Some((self.ts_now(), if synack { self.ts_recent } else { 0 }));
+            }
+            return o;
+        }
+        if self.ts_ok {
+            o.timestamps = Some((self.ts_now(), self.ts_recent));
+        }
+        if self.sack_ok {
+            if let Some((l, r)) = self.dsack {
+                o.push_sack(l.0, r.0);
+            }
+            for p in self.sack_recent.iter().flatten() {
+                if let Some((l, r)) = self.ooo.containing(*p) {
+                    if !o.sacks().contains(&(l.0, r.0)) {
+                        o.push_sack(l.0, r.0);
+                    }
+                }
+            }
+            // Fill from the highest ranges if recency did not name enough.
+            for &(l, r) in self.ooo.ranges().iter().rev() {
+                if o.sack_count >= 4 {
+                    break;
+                }
+                if !o.sacks().contains(&(l.0, r.0)) {
+                    o.push_sack(l.0, r.0);
+                }
+            }
+        }
+        o
+    }
+
+    /// The window field to send, and the right edge it advertises.
+    fn window_field(&self, syn: bool) -> (u16, Seq) {
+        let avail = self.rcv_window_available();
+        let mut right = self.rcv_nxt + avail;
+        if right.gt(self.rcv_adv) {
+            // Receiver SWS avoidance (RFC 9293 §3.8.6.2.2).
+            let step = ((self.rcv_limit() / 2) as u32).min(self.rcv_mss).max(1);
+            if right.since(self.rcv_adv) < step && self.rcv_adv.gt(self.rcv_nxt) {
+                right = self.rcv_adv;
+            }
+        } else {
+            // Never shrink the window.
+            right = self.rcv_adv.max(self.rcv_nxt);
+        }
+        let wnd = right.since(self.rcv_nxt);
+        if syn {
+            let f = wnd.min(65535);
+            return (f as u16, self.rcv_nxt + f);
+        }
+        let ws = u32::from(self.rcv_wscale);
+        let mut f = wnd >> ws;
+        if (f << ws) < self.rcv_adv.since(self.rcv_nxt) {
+            f += 1; // round up rather than shrink
+        }
+        let f = f.min(65535);
+        (f as u16, self.rcv_nxt + (f << ws))
+    }
+
+    /// Largest payload a segment with these options may carry.
+    fn max_payload(&self, opts: &TcpOptions) -> usize {
+        let hl = TcpRepr {
+            options: *opts,
+            ..TcpRepr::default()
+        }
+        .header_len();
+        (self.snd_mss() as usize + TCP_HEADER_LEN)
+            .saturating_sub(hl)
+            .max(1)
+    }
+
+    /// Build and emit one segment; on success commit the ACK-related state.
+    #[allow(clippy::too_many_arguments)]
+    fn emit<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        flags: TcpFlags,
+        seq: Seq,
+        data_off: usize,
+        data_len: usize,
+        opts: TcpOptions,
+    ) -> bool {
+        let syn = flags.syn();
+        let (window, adv) = if flags.rst() {
+            (0, self.rcv_adv)
+        } else {
+            self.window_field(syn)
+        };
+        let repr = TcpRepr {
+            src_port: self.local.port(),
+            dst_port: self.remote.port(),
+            seq: seq.0,
+            ack: if flags.ack() { self.rcv_nxt.0 } else { 0 },
+            flags,
+            window,
+            urgent: 0,
+            options: opts,
+        };
+        let payload = if data_len > 0 {
+            self.sndbuf.slices(data_off, data_len)
+        } else {
+            (&[][..], &[][..])
+        };
+        if !sink.emit(self.local, self.remote, &repr, payload) {
+            self.stats.tx_sink_full += 1;
+            return false;
+        }
+        self.stats.tx_segments += 1;
+        if window == 0 && !flags.rst() {
+            self.stats.tx_zero_window += 1;
+        }
+        let nsack = opts.sacks().len() as u64;
+        if nsack > 0 {
+            self.stats.tx_sack_blocks += nsack;
+        }
+        if flags.ack() && !flags.rst() {
+            if self.dsack.is_some() && nsack > 0 {
+                self.stats.tx_dsack += 1;
+                self.dsack = None;
+            }
+            self.rcv_adv = self.rcv_adv.max(adv);
+            self.last_ack_sent = self.rcv_nxt;
+            self.ack_now = false;
+            self.delack_at = None;
+            self.rx_unacked = 0;
+            self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+        }
+        self.last_tx = self.now;
+        true
+    }
+
+    fn pipe_est(&self) -> u32 {
+        if !self.sack_ok && self.recovery == Recovery::Fast {
+            self.pipe.saturating_sub(self.dupacks * self.smss())
+        } else {
+            self.pipe
+        }
+    }
+
+    /// Emit one segment if one is due. `Some(true)`: sent; `Some(false)`/None: nothing
+    /// more now (or the sink is full).
+    fn transmit_one<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        blocked_by_window: &mut bool,
+    ) -> Option<bool> {
+        if self.rst_pending {
+            let flags = if self.state.is_synchronized() || self.state == State::SynReceived {
+                TcpFlags::RST | TcpFlags::ACK
+            } else {
+                TcpFlags::RST
+            };
+            if !self.emit(sink, flags, self.snd_nxt, 0, 0, TcpOptions::default()) {
+                return Some(false);
+            }
+            self.stats.tx_rst += 1;
+            self.rst_pending = false;
+            self.enter_closed(None);
+            return Some(true);
+        }
+        if let Some((seq, ack)) = self.reply_rst {
+            let (flags, saved) = match ack {
+                Some(a) => (
+                    TcpFlags::RST | TcpFlags::ACK,
+                    Some(std::mem::replace(&mut self.rcv_nxt, a)),
+                ),
+                None => (TcpFlags::RST, None),
+            };
+            let ok = self.emit(sink, flags, seq, 0, 0, TcpOptions::default());
+            if let Some(s) = saved {
+                self.rcv_nxt = s;
+            }
+            if !ok {
+                return Some(false);
+            }
+            self.stats.tx_rst += 1;
+            self.reply_rst = None;
+            return Some(true);
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => {
+                if !self.syn_pending {
+                    return None;
+                }
+                let synack = self.state == State::SynReceived;
+                let flags = if synack {
+                    TcpFlags::SYN | TcpFlags::ACK
+                } else {
+                    TcpFlags::SYN
+                };
+                let opts = self.options(true, synack);
+                if !self.emit(sink, flags, self.iss, 0, 0, opts) {
+                    return Some(false);
+                }
+                self.syn_pending = false;
+                self.syn_xmits += 1;
+                self.syn_sent_at = self.now;
+                self.rto_at = Some(self.now + self.rto_backed_off());
+                return Some(true);
+            }
+            _ => {}
+        }
+        if self.state != State::TimeWait {
+            if self.lost_segs > 0 {
+                if let Some(sent) = self.retransmit_lost(sink) {
+                    return Some(sent);
+                }
+            }
+            if self.tlp_pending {
+                self.tlp_pending = false;
+                if let Some(sent) = self.send_tlp(sink) {
+                    return Some(sent);
+                }
+            }
+            let force = self.persist_pending && self.snd_wnd > 0;
+            match self.send_new_data(sink, force, blocked_by_window) {
+                Some(true) => {
+                    if force {
+                        self.persist_pending = false;
+                    }
+                    return Some(true);
+                }
+                Some(false) => return Some(false),
+                None => {}
+            }
+            if self.persist_pending {
+                if !self.emit(
+                    sink,
+                    TcpFlags::ACK,
+                    self.snd_una - 1u32,
+                    0,
+                    0,
+                    self.options(false, false),
+                ) {
+                    return Some(false);
+                }
+                self.persist_pending = false;
+                self.persist_backoff += 1;
+                self.stats.persist_probes += 1;
+                *blocked_by_window = true;
+                return Some(true);
+            }
+            if self.keepalive_pending {
+                if !self.emit(
+                    sink,
+                    TcpFlags::ACK,
+                    self.snd_una - 1u32,
+                    0,
+                    0,
+                    self.options(false, false),
+                ) {
+                    return Some(false);
+                }
+                self.keepalive_pending = false;
+                self.stats.keepalive_probes += 1;
+                return Some(true);
+            }
+        }
+        if self.ack_now || self.dupacks_owed > 0 {
+            if !self.emit(
+                sink,
+                TcpFlags::ACK,
+                self.snd_nxt,
+                0,
+                0,
+                self.options(false, false),
+            ) {
+                return Some(false);
+            }
+            self.stats.tx_acks += 1;
+            self.ack_now = false;
+            return Some(true);
+        }
+        None
+    }
+
+    /// Retransmit the first segment marked lost, if the congestion window allows.
+    fn retransmit_lost<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
+        let i = self.segs.iter().position(|s| s.lost)?;
+        let len = self.segs[i].len();
+        let pipe = self.pipe_est();
+        if !self.fast_rtx_pending && pipe > 0 && pipe + len > self.cc.cwnd() {
+            self.cwnd_blocked = true;
+            return None;
+        }
+        let sent = self.retransmit(sink, i);
+        if sent {
+            self.fast_rtx_pending = false;
+        }
+        Some(sent)
+    }
+
+    /// Retransmit segment `i` (splitting it first if the MSS shrank).
+    fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
+        let opts = self.options(false, false);
+        let maxp = self.max_payload(&opts) as u32;
+        let s = self.segs[i];
+        let data_len = s.len() - u32::from(s.fin);
+        if data_len > maxp {
+            // Split: the head keeps maxp bytes; the tail is a new entry with the same marks.
+            let mut tail = s;
+            tail.start = s.start + maxp;
+            self.segs[i].end = tail.start;
+            self.segs[i].fin = false;
+            if tail.lost {
+                self.lost_segs += 1;
+            } else if tail.sacked {
+                self.sacked_segs += 1;
+            }
+            self.segs.insert(i + 1, tail);
+        }
+        let s = self.segs[i];
+        let data_len = (s.len() - u32::from(s.fin)) as usize;
+        let mut flags = TcpFlags::ACK;
+        if s.fin {
+            flags |= TcpFlags::FIN;
+        }
+        // PSH as on the original: on the segment that ended the queued data.
+        let data_end = self.snd_una + self.sndbuf.len();
+        if data_len > 0 && s.end.since(data_end) <= 1 && s.end.ge(data_end) {
+            flags |= TcpFlags::PSH;
+        }
+        let off = s.start.since(self.snd_una) as usize;
+        if !self.emit(sink, flags, s.start, off, data_len, opts) {
+            return false;
+        }
+        let e = &mut self.segs[i];
+        e.sent = self.now;
+        e.xmits = e.xmits.saturating_add(1);
+        if e.lost {
+            e.lost = false;
+            self.lost_segs -= 1;
+            self.pipe += s.len();
+        }
+        self.stats.retransmit_segments += 1;
+        self.stats.retransmit_bytes += data_len as u64;
+        if self.rto_at.is_none() {
+            self.rto_at = Some(self.now + self.rto_backed_off());
+        }
+        true
+    }
+
+    /// Tail loss probe (RFC 8985 §7.3): new data if possible, else the last segment.
+    fn send_tlp<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
+        let mut dummy = false;
+        let sent = match self.send_new_data(sink, true, &mut dummy) {
+            Some(s) => s,
+            None => {
+                let i = self.segs.iter().rposition(|s| !s.sacked)?;
+                self.retransmit(sink, i)
+            }
+        };
+        if sent {
+            self.stats.tlp_probes += 1;
+            self.tlp_outstanding = true;
+            self.tlp_at = None;
+            self.rto_at = Some(self.now + self.rto_backed_off());
+        }
+        Some(sent)
+    }
+
+    /// Send a new segment of data (and/or the FIN) if the windows, Nagle and the
+    /// scoreboard allow. `force` ignores Nagle, SWS avoidance and cwnd (window
+    /// probes and TLP). None: nothing to send.
+    fn send_new_data<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        force: bool,
+        blocked_by_window: &mut bool,
+    ) -> Option<bool> {
+        if self.fin_sent || self.snd_una == self.iss {
+            return None;
+        }
+        if !matches!(
+            self.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::LastAck
+                | State::Closing
+        ) {
+            return None;
+        }
+        let off = self.snd_nxt.since(self.snd_una) as usize;
+        let unsent = self.sndbuf.len().saturating_sub(off);
+        let want_fin = self.fin_queued;
+        if unsent == 0 && !want_fin {
+            return None;
+        }
+        if self.segs.len() >= self.max_segs {
+            return None;
+        }
+        let opts = self.options(false, false);
+        let maxp = self.max_payload(&opts);
+        let wnd_end = self.snd_una + self.snd_wnd;
+        let win = wnd_end.since(self.snd_nxt) as usize;
+        let mut len = unsent.min(maxp).min(win);
+        if unsent > 0 && len == 0 {
+            *blocked_by_window = true;
+            if !(want_fin && unsent == 0) {
+                return None;
+            }
+        }
+        if len > 0 && !force {
+            let pipe = self.pipe_est();
+            let cwnd = self.cc.cwnd();
+            let avail = cwnd.saturating_sub(pipe) as usize;
+            if avail < len {
+                self.cwnd_blocked = true;
+                if pipe > 0 && avail < maxp.min(unsent) {
+                    return None;
+                }
+                len = len.min(avail.max(1));
+            }
+            let full = len >= maxp;
+            let all = len == unsent;
+            // Nagle with Minshall's refinement (as Linux): a small segment waits only
+            // while an earlier small segment is unacknowledged.
+            let small_out = self.snd_sml.gt(self.snd_una);
+            let nagle_ok = self.cfg.nodelay || !small_out || self.segs.is_empty() || want_fin;
+            // Limited by the peer's window rather than by data: send what fits (as
+            // Linux does; the receiver's SWS avoidance keeps windows sensible).
+            let window_limited = len < unsent && len == win;
+            if !(full || (all && nagle_ok) || window_limited) {
+                return None;
+            }
+        }
+        let fin = want_fin && len == unsent;
+        if len == 0 && !fin {
+            return None;
+        }
+        // Restart after idle (RFC 5681 §4.1).
+        if self.segs.is_empty() && self.now.saturating_since(self.last_tx) > self.rtt.rto {
+            self.cc
+                .on_idle_restart(self.cfg.initial_window * self.smss());
+        }
+        let mut flags = TcpFlags::ACK;
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        if len > 0 && (len == unsent || fin) {
+            flags |= TcpFlags::PSH;
+        }
+        let seq = self.snd_nxt;
+        if !self.emit(sink, flags, seq, off, len, opts) {
+            return Some(false);
+        }
+        let end = seq + len + u32::from(fin);
+        self.segs.push_back(TxSeg {
+            start: seq,
+            end,
+            fin,
+            sent: self.now,
+            xmits: 1,
+            sacked: false,
+            lost: false,
+        });
+        self.pipe += end.since(seq);
+        self.snd_nxt = end;
+        if len < maxp {
+            self.snd_sml = end;
+        }
+        if fin {
+            self.fin_sent = true;
+        }
+        if len > 0 {
+            self.stats.tx_data_segments += 1;
+            self.stats.tx_bytes += len as u64;
+        }
+        if self.rto_at.is_none() {
+            self.rto_at = Some(self.now + self.rto_backed_off());
+        }
+        if self.tlp_at.is_none() {
+            self.arm_tlp();
+        }
+        Some(true)
+    }
+
+    /// How long until the next timer (for tests and tools).
+    pub fn next_timeout(&self) -> Option<Duration> {
+        self.poll_at().map(|t| t.saturating_since(self.now))
+    }
+}

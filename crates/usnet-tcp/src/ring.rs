@@ -1,0 +1,249 @@
+//! Byte rings for the send and receive buffers, and the receive-side out-of-order
+//! range list. Both are sized once, when the connection is created; nothing here
+//! allocates afterwards.
+
+use crate::seq::Seq;
+
+/// A fixed-capacity byte ring. Bytes `[0, len)` from `head` are "in" the ring; bytes
+/// beyond `len` (up to the capacity) may be written out of order with [`Ring::write_at`]
+/// and committed later with [`Ring::commit`].
+#[derive(Debug, Clone)]
+pub struct Ring {
+    buf: Vec<u8>,
+    head: usize,
+    len: usize,
+}
+
+impl Ring {
+    /// A ring of `cap` bytes (zeroed memory, which the OS maps lazily).
+    pub fn new(cap: usize) -> Self {
+        Ring {
+            buf: vec![0; cap],
+            head: 0,
+            len: 0,
+        }
+    }
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Nothing held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Room left.
+    pub fn free(&self) -> usize {
+        self.buf.len() - self.len
+    }
+
+    /// Append as much of `data` as fits; returns the count appended.
+    pub fn push(&mut self, data: &[u8]) -> usize {
+        let n = self.write_at(self.len, data);
+        self.len += n;
+        n
+    }
+
+    /// Write `data` at `offset` from the head (which may be beyond `len`), clipped to the
+    /// capacity; returns bytes written. Does not change `len`.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> usize {
+        let cap = self.buf.len();
+        if offset >= cap {
+            return 0;
+        }
+        let n = data.len().min(cap - offset);
+        let start = (self.head + offset) % cap;
+        let first = n.min(cap - start);
+        self.buf[start..start + first].copy_from_slice(&data[..first]);
+        self.buf[..n - first].copy_from_slice(&data[first..n]);
+        n
+    }
+
+    /// Extend `len` over bytes already placed with `write_at`.
+    pub fn commit(&mut self, n: usize) {
+        self.len = (self.len + n).min(self.buf.len());
+    }
+
+    /// The bytes `[offset, offset + n)` (clipped to `len`) as up to two slices.
+    pub fn slices(&self, offset: usize, n: usize) -> (&[u8], &[u8]) {
+        if offset >= self.len || self.buf.is_empty() {
+            return (&[], &[]);
+        }
+        let n = n.min(self.len - offset);
+        let cap = self.buf.len();
+        let start = (self.head + offset) % cap;
+        let first = n.min(cap - start);
+        (&self.buf[start..start + first], &self.buf[..n - first])
+    }
+
+    /// Drop `n` bytes from the front.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.len);
+        if self.buf.is_empty() {
+            return;
+        }
+        self.head = (self.head + n) % self.buf.len();
+        // The head is not reset when the ring empties: out-of-order bytes may sit
+        // beyond `len` at offsets relative to it.
+        self.len -= n;
+    }
+
+    /// Copy from the front into `out` without consuming; returns the count copied.
+    pub fn peek(&self, offset: usize, out: &mut [u8]) -> usize {
+        let (a, b) = self.slices(offset, out.len());
+        out[..a.len()].copy_from_slice(a);
+        out[a.len()..a.len() + b.len()].copy_from_slice(b);
+        a.len() + b.len()
+    }
+}
+
+/// Out-of-order data held beyond `rcv_nxt`, as sorted, disjoint, non-adjacent
+/// `[start, end)` ranges. Bounded: a segment that would need more ranges is refused.
+#[derive(Debug, Clone)]
+pub struct OooRanges {
+    ranges: Vec<(Seq, Seq)>,
+    max: usize,
+}
+
+/// Result of adding a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OooAdd {
+    /// Stored (possibly merged); the new data was partly or fully new.
+    Added,
+    /// Everything was already held (a duplicate).
+    Duplicate,
+    /// Would exceed the range limit: refused.
+    Full,
+}
+
+impl OooRanges {
+    /// Room for `max` ranges.
+    pub fn new(max: usize) -> Self {
+        OooRanges {
+            ranges: Vec::with_capacity(max + 1),
+            max: max.max(1),
+        }
+    }
+    /// The ranges, in sequence order.
+    pub fn ranges(&self) -> &[(Seq, Seq)] {
+        &self.ranges
+    }
+    /// No out-of-order data.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+    /// Forget everything.
+    pub fn clear(&mut self) {
+        self.ranges.clear();
+    }
+
+    /// Add `[start, end)`.
+    pub fn add(&mut self, start: Seq, end: Seq) -> OooAdd {
+        if !start.lt(end) {
+            return OooAdd::Duplicate;
+        }
+        // First range whose end reaches start (touching merges).
+        let i = self.ranges.partition_point(|r| r.1.lt(start));
+        // Ranges i..j overlap or touch [start, end).
+        let mut j = i;
+        while j < self.ranges.len() && self.ranges[j].0.le(end) {
+            j += 1;
+        }
+        if j == i + 1 && self.ranges[i].0.le(start) && self.ranges[i].1.ge(end) {
+            return OooAdd::Duplicate;
+        }
+        if i == j {
+            if self.ranges.len() >= self.max {
+                return OooAdd::Full;
+            }
+            self.ranges.insert(i, (start, end));
+            return OooAdd::Added;
+        }
+        let s = self.ranges[i].0.min(start);
+        let e = self.ranges[j - 1].1.max(end);
+        self.ranges[i] = (s, e);
+        self.ranges.drain(i + 1..j);
+        OooAdd::Added
+    }
+
+    /// If the first range starts at or before `rcv_nxt`, remove it and return its end.
+    pub fn pop_contiguous(&mut self, rcv_nxt: Seq) -> Option<Seq> {
+        let first = *self.ranges.first()?;
+        if first.0.le(rcv_nxt) {
+            self.ranges.remove(0);
+            Some(first.1)
+        } else {
+            None
+        }
+    }
+
+    /// The range containing `s`, if any.
+    pub fn containing(&self, s: Seq) -> Option<(Seq, Seq)> {
+        self.ranges.iter().copied().find(|r| s.in_range(r.0, r.1))
+    }
+
+    /// Whether `[start, end)` is entirely held.
+    pub fn covers(&self, start: Seq, end: Seq) -> bool {
+        self.ranges.iter().any(|r| r.0.le(start) && r.1.ge(end))
+    }
+
+    /// Drop everything at or beyond `limit` (used when a FIN fixes the stream end).
+    pub fn truncate(&mut self, limit: Seq) {
+        self.ranges.retain_mut(|r| {
+            if r.1.gt(limit) {
+                r.1 = limit;
+            }
+            r.0.lt(r.1)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_wraps() {
+        let mut r = Ring::new(8);
+        assert_eq!(r.push(b"abcdef"), 6);
+        r.consume(4);
+        assert_eq!(r.push(b"ghijklmn"), 6);
+        assert_eq!(r.len(), 8);
+        let (a, b) = r.slices(0, 8);
+        assert_eq!([a, b].concat(), b"efghijkl");
+        let mut out = [0u8; 3];
+        assert_eq!(r.peek(6, &mut out), 2);
+        assert_eq!(&out[..2], b"kl");
+        r.consume(8);
+        assert!(r.is_empty());
+        assert_eq!(r.write_at(3, b"xyz"), 3);
+        assert_eq!(r.write_at(0, b"abc"), 3);
+        r.commit(6);
+        let (a, b) = r.slices(0, 6);
+        assert_eq!([a, b].concat(), b"abcxyz");
+        assert_eq!(r.write_at(8, b"q"), 0);
+    }
+
+    #[test]
+    fn ooo_merge_and_limit() {
+        let mut o = OooRanges::new(2);
+        assert_eq!(o.add(Seq(10), Seq(20)), OooAdd::Added);
+        assert_eq!(o.add(Seq(30), Seq(40)), OooAdd::Added);
+        assert_eq!(o.add(Seq(50), Seq(60)), OooAdd::Full);
+        assert_eq!(o.add(Seq(12), Seq(18)), OooAdd::Duplicate);
+        assert_eq!(o.add(Seq(20), Seq(30)), OooAdd::Added);
+        assert_eq!(o.ranges(), &[(Seq(10), Seq(40))]);
+        assert_eq!(o.add(Seq(5), Seq(45)), OooAdd::Added);
+        assert_eq!(o.ranges(), &[(Seq(5), Seq(45))]);
+        assert_eq!(o.pop_contiguous(Seq(4)), None);
+        assert_eq!(o.pop_contiguous(Seq(5)), Some(Seq(45)));
+        assert!(o.is_empty());
+        o.add(Seq(u32::MAX - 2), Seq(3));
+        assert!(o.covers(Seq(u32::MAX), Seq(1)));
+        o.truncate(Seq(0));
+        assert_eq!(o.ranges(), &[(Seq(u32::MAX - 2), Seq(0))]);
+    }
+}

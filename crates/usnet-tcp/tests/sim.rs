@@ -1,0 +1,611 @@
+//! Deterministic two-endpoint simulation in virtual time: a client `Connection` and a
+//! server `Listener` + accepted `Connection` joined by a simulated path with seeded
+//! loss, duplication, reordering, corruption (caught by the checksum, so a drop),
+//! delay, a bandwidth limit and a drop-tail bottleneck queue. Every byte is checked.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use usnet_tcp::testing::{OwnedSegment, VecSink};
+use usnet_tcp::{
+    CcAlgorithm, Connection, Instant, ListenEvent, Listener, State, TcpConfig, TcpStats,
+};
+
+/// splitmix64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Path {
+    loss: f64,
+    dup: f64,
+    reorder: f64,
+    reorder_max: Duration,
+    corrupt: f64,
+    delay: Duration,
+    /// Bytes per second (0 = unlimited).
+    rate: u64,
+    /// Most queueing delay at the bottleneck before drop-tail.
+    queue: Duration,
+}
+
+impl Default for Path {
+    fn default() -> Self {
+        Path {
+            loss: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            reorder_max: Duration::from_millis(3),
+            corrupt: 0.0,
+            delay: Duration::from_millis(5),
+            rate: 0,
+            queue: Duration::from_millis(50),
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+struct PathStats {
+    sent: u64,
+    lost: u64,
+    queue_drops: u64,
+    dup: u64,
+    corrupt: u64,
+    reordered: u64,
+}
+
+struct Dir {
+    path: Path,
+    busy_until: Instant,
+    stats: PathStats,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Ev {
+    at: Instant,
+    n: u64,
+    to_server: bool,
+    bytes: Vec<u8>,
+}
+
+struct Sim {
+    now: Instant,
+    rng: Rng,
+    up: Dir,
+    down: Dir,
+    wire: BinaryHeap<Reverse<Ev>>,
+    n: u64,
+    client_addr: SocketAddr,
+    server_addr: SocketAddr,
+    client: Connection,
+    listener: Listener<u32>,
+    server: Option<Connection>,
+    bad_checksum: u64,
+}
+
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9E37_79B9) >> 11) as u8 ^ (i >> 20) as u8
+}
+
+#[allow(dead_code)]
+struct Outcome {
+    client: TcpStats,
+    server: TcpStats,
+    up: PathStats,
+    down: PathStats,
+    elapsed: Duration,
+    /// Until the last byte of the client's data was read by the server.
+    data_time: Duration,
+    client_state: State,
+    server_state: State,
+    client_info: usnet_tcp::TcpInfo,
+}
+
+impl Sim {
+    fn new(seed: u64, up: Path, down: Path, ccfg: TcpConfig, scfg: TcpConfig, v6: bool) -> Sim {
+        let (ca, sa): (SocketAddr, SocketAddr) = if v6 {
+            (
+                "[fd00::1]:40000".parse().unwrap(),
+                "[fd00::2]:80".parse().unwrap(),
+            )
+        } else {
+            (
+                "10.0.0.1:40000".parse().unwrap(),
+                "10.0.0.2:80".parse().unwrap(),
+            )
+        };
+        let now = Instant::from_millis(1000);
+        Sim {
+            now,
+            rng: Rng(seed),
+            up: Dir {
+                path: up,
+                busy_until: now,
+                stats: PathStats::default(),
+            },
+            down: Dir {
+                path: down,
+                busy_until: now,
+                stats: PathStats::default(),
+            },
+            wire: BinaryHeap::new(),
+            n: 0,
+            client_addr: ca,
+            server_addr: sa,
+            client: Connection::connect(ca, sa, now, ccfg),
+            listener: Listener::new(sa, scfg, 16, true),
+            server: None,
+            bad_checksum: 0,
+        }
+    }
+
+    fn send(&mut self, segs: Vec<OwnedSegment>, to_server: bool) {
+        for s in segs {
+            let mut bytes = s.to_bytes();
+            let d = if to_server {
+                &mut self.up
+            } else {
+                &mut self.down
+            };
+            d.stats.sent += 1;
+            if self.rng.chance(d.path.loss) {
+                d.stats.lost += 1;
+                continue;
+            }
+            let mut depart = self.now;
+            #[allow(clippy::manual_checked_ops)]
+            if d.path.rate > 0 {
+                let start = d.busy_until.max(self.now);
+                if start.saturating_since(self.now) > d.path.queue {
+                    d.stats.queue_drops += 1;
+                    continue;
+                }
+                let tx =
+                    Duration::from_nanos((bytes.len() as u64 + 40) * 1_000_000_000 / d.path.rate);
+                depart = start + tx;
+                d.busy_until = depart;
+            }
+            if self.rng.chance(d.path.corrupt) {
+                d.stats.corrupt += 1;
+                let i = self.rng.below(bytes.len() as u64) as usize;
+                bytes[i] ^= 1 << self.rng.below(8);
+            }
+            let mut at = depart + d.path.delay;
+            if self.rng.chance(d.path.reorder) {
+                d.stats.reordered += 1;
+                at =
+                    at + Duration::from_nanos(self.rng.below(d.path.reorder_max.as_nanos() as u64));
+            }
+            let copies = if self.rng.chance(d.path.dup) {
+                d.stats.dup += 1;
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                self.n += 1;
+                self.wire.push(Reverse(Ev {
+                    at,
+                    n: self.n,
+                    to_server,
+                    bytes: bytes.clone(),
+                }));
+            }
+        }
+    }
+
+    fn poll(&mut self) {
+        let mut sink = VecSink::default();
+        self.client.poll_transmit(self.now, &mut sink);
+        let segs = std::mem::take(&mut sink.segments);
+        self.send(segs, true);
+        self.listener.poll_transmit(self.now, &mut sink);
+        if let Some(s) = self.server.as_mut() {
+            s.poll_transmit(self.now, &mut sink);
+        }
+        let segs = std::mem::take(&mut sink.segments);
+        self.send(segs, false);
+        if let Err(e) = self.client.check_invariants() {
+            panic!("client scoreboard: {e}");
+        }
+        if let Some(Err(e)) = self.server.as_ref().map(|s| s.check_invariants()) {
+            panic!("server scoreboard: {e}");
+        }
+    }
+
+    fn deliver(&mut self, ev: Ev) {
+        let (from, to) = if ev.to_server {
+            (self.client_addr, self.server_addr)
+        } else {
+            (self.server_addr, self.client_addr)
+        };
+        let Some(seg) = OwnedSegment::from_bytes(from, to, &ev.bytes) else {
+            self.bad_checksum += 1;
+            return;
+        };
+        if ev.to_server {
+            match self.server.as_mut() {
+                Some(s) => {
+                    s.input(self.now, &seg.segment());
+                }
+                None => {
+                    let mut sink = VecSink::default();
+                    let r = self
+                        .listener
+                        .input(self.now, to, from, &seg.segment(), &mut sink);
+                    let segs = std::mem::take(&mut sink.segments);
+                    self.send(segs, false);
+                    if let ListenEvent::Established(c) = r {
+                        self.listener.push_accept(1);
+                        self.server = Some(*c);
+                    }
+                }
+            }
+        } else {
+            self.client.input(self.now, &seg.segment());
+        }
+    }
+
+    fn next_time(&self) -> Option<Instant> {
+        let mut t = self.wire.peek().map(|Reverse(e)| e.at);
+        for p in [
+            self.client.poll_at(),
+            self.listener.poll_at(),
+            self.server.as_ref().and_then(|s| s.poll_at()),
+        ] {
+            t = match (t, p) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, None) => a,
+                (None, b) => b,
+            };
+        }
+        t
+    }
+
+    /// Client sends `total` bytes (and the server `back` bytes), both close; run until
+    /// both connections are CLOSED (or `limit` of virtual time passes).
+    fn transfer(mut self, total: u64, back: u64, limit: Duration) -> Outcome {
+        let start = self.now;
+        let deadline = start + limit;
+        let (mut sent, mut rcvd, mut bsent, mut brcvd) = (0u64, 0u64, 0u64, 0u64);
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut client_closed = false;
+        let mut server_closed = false;
+        let mut spins = 0u32;
+        let mut last_now = self.now;
+        let mut data_time = None;
+        loop {
+            // Applications.
+            while sent < total {
+                let n = (total - sent).min(buf.len() as u64) as usize;
+                for (k, b) in buf[..n].iter_mut().enumerate() {
+                    *b = pattern(sent + k as u64);
+                }
+                let w = self.client.send(&buf[..n]);
+                sent += w as u64;
+                if w < n {
+                    break;
+                }
+            }
+            loop {
+                let n = self.client.recv(&mut buf);
+                if n == 0 {
+                    break;
+                }
+                for (k, b) in buf[..n].iter().enumerate() {
+                    assert_eq!(
+                        *b,
+                        pattern(brcvd + k as u64) ^ 0x55,
+                        "client byte {} corrupt",
+                        brcvd + k as u64
+                    );
+                }
+                brcvd += n as u64;
+            }
+            if sent == total && !client_closed && self.client.state() == State::Established {
+                self.client.shutdown_write();
+                client_closed = true;
+            }
+            if let Some(s) = self.server.as_mut() {
+                loop {
+                    let n = s.recv(&mut buf);
+                    if n == 0 {
+                        break;
+                    }
+                    for (k, b) in buf[..n].iter().enumerate() {
+                        assert_eq!(
+                            *b,
+                            pattern(rcvd + k as u64),
+                            "server byte {} corrupt",
+                            rcvd + k as u64
+                        );
+                    }
+                    rcvd += n as u64;
+                }
+                while bsent < back && s.may_send() {
+                    let n = (back - bsent).min(buf.len() as u64) as usize;
+                    for (k, b) in buf[..n].iter_mut().enumerate() {
+                        *b = pattern(bsent + k as u64) ^ 0x55;
+                    }
+                    let w = s.send(&buf[..n]);
+                    bsent += w as u64;
+                    if w < n {
+                        break;
+                    }
+                }
+                if rcvd == total && data_time.is_none() {
+                    data_time = Some(self.now - start);
+                }
+                if s.is_eof() && bsent == back && !server_closed {
+                    assert_eq!(rcvd, total, "EOF before all data");
+                    s.close();
+                    server_closed = true;
+                }
+            }
+            self.poll();
+            let done = self.client.state() == State::Closed
+                && self
+                    .server
+                    .as_ref()
+                    .is_some_and(|s| s.state() == State::Closed);
+            if done {
+                break;
+            }
+            let Some(t) = self.next_time() else {
+                panic!(
+                    "stalled at {:?}: client {:?} {:?} server {:?}",
+                    self.now - start,
+                    self.client.state(),
+                    self.client.info(),
+                    self.server.as_ref().map(|s| (s.state(), s.info()))
+                );
+            };
+            if t > deadline {
+                panic!(
+                    "time limit: sent {sent} rcvd {rcvd} client {:?} {:?} {:?}\nserver {:?}",
+                    self.client.state(),
+                    self.client.info(),
+                    self.client.stats(),
+                    self.server.as_ref().map(|s| (s.state(), s.info()))
+                );
+            }
+            self.now = self.now.max(t);
+            if self.now == last_now {
+                spins += 1;
+                assert!(spins < 100_000, "no progress at {:?}", self.now);
+            } else {
+                spins = 0;
+                last_now = self.now;
+            }
+            while let Some(Reverse(e)) = self.wire.peek() {
+                if e.at > self.now {
+                    break;
+                }
+                let Reverse(e) = self.wire.pop().unwrap();
+                self.deliver(e);
+                // Each delivery is followed by a poll, as the stack does.
+                self.poll();
+            }
+        }
+        assert_eq!(rcvd, total);
+        assert_eq!(brcvd, back);
+        let server = self.server.as_ref().unwrap();
+        Outcome {
+            client: self.client.stats().clone(),
+            server: server.stats().clone(),
+            up: self.up.stats,
+            down: self.down.stats,
+            elapsed: self.now - start,
+            data_time: data_time.unwrap_or_default(),
+            client_state: self.client.state(),
+            server_state: server.state(),
+            client_info: self.client.info(),
+        }
+    }
+}
+
+fn cfg() -> TcpConfig {
+    TcpConfig {
+        time_wait: Duration::from_secs(1),
+        ..TcpConfig::default()
+    }
+}
+
+fn run(seed: u64, path: Path, total: u64, back: u64, ccfg: TcpConfig, scfg: TcpConfig) -> Outcome {
+    let o = Sim::new(seed, path, path, ccfg, scfg, seed % 2 == 1).transfer(
+        total,
+        back,
+        Duration::from_secs(3600),
+    );
+    assert_eq!(o.client_state, State::Closed);
+    assert_eq!(o.server_state, State::Closed);
+    o
+}
+
+#[test]
+fn clean_transfer_no_retransmissions() {
+    let path = Path {
+        rate: 12_500_000,
+        ..Path::default()
+    };
+    let o = run(2, path, 4 << 20, 0, cfg(), cfg());
+    assert_eq!(o.client.retransmit_segments, 0, "{:?}", o.client);
+    assert_eq!(o.client.rto_expired, 0);
+    assert!(o.server.tx_segments > 0);
+    // 4 MiB at 100 Mbit/s is ~0.34 s; slow start and teardown add a little.
+    assert!(
+        o.elapsed < Duration::from_secs(2),
+        "elapsed {:?}",
+        o.elapsed
+    );
+    // Delayed ACK: about one ACK per two segments in bulk.
+    assert!(
+        o.server.tx_acks * 10 < o.client.tx_data_segments * 7,
+        "acks {} data {}",
+        o.server.tx_acks,
+        o.client.tx_data_segments
+    );
+}
+
+#[test]
+fn lossy_transfers_every_byte_arrives() {
+    for (seed, loss) in [(11u64, 0.01), (12, 0.03), (13, 0.05), (14, 0.10)] {
+        let path = Path {
+            loss,
+            rate: 5_000_000,
+            ..Path::default()
+        };
+        let o = run(seed, path, 1 << 20, 0, cfg(), cfg());
+        assert!(o.client.retransmit_segments > 0);
+        eprintln!(
+            "loss {loss}: {:?} retrans {} fast {} rto {} rack {} tlp {} up {:?}",
+            o.elapsed,
+            o.client.retransmit_segments,
+            o.client.fast_recoveries,
+            o.client.rto_expired,
+            o.client.rack_losses,
+            o.client.tlp_probes,
+            o.up
+        );
+    }
+}
+
+#[test]
+fn reorder_duplicate_corrupt() {
+    let path = Path {
+        loss: 0.01,
+        dup: 0.02,
+        reorder: 0.05,
+        corrupt: 0.01,
+        rate: 5_000_000,
+        ..Path::default()
+    };
+    let o = run(21, path, 2 << 20, 256 << 10, cfg(), cfg());
+    assert!(o.server.rx_dup_bytes > 0);
+    assert!(o.client.rx_dsack > 0 || o.server.tx_dsack > 0);
+}
+
+#[test]
+fn bidirectional() {
+    let path = Path {
+        loss: 0.02,
+        rate: 10_000_000,
+        ..Path::default()
+    };
+    run(31, path, 1 << 20, 1 << 20, cfg(), cfg());
+}
+
+#[test]
+fn without_sack_timestamps_or_scaling_newreno() {
+    let mut c = cfg();
+    c.sack = false;
+    c.timestamps = false;
+    c.window_scaling = false;
+    c.congestion = CcAlgorithm::NewReno;
+    let path = Path {
+        loss: 0.02,
+        rate: 5_000_000,
+        ..Path::default()
+    };
+    let o = run(41, path, 1 << 20, 0, c.clone(), c);
+    assert!(!o.client_info.sack && !o.client_info.timestamps);
+    assert!(o.client.dupthresh_losses > 0 || o.client.rto_expired > 0);
+}
+
+#[test]
+fn congestion_at_a_bottleneck_cubic_and_newreno() {
+    for cc in [CcAlgorithm::Cubic, CcAlgorithm::NewReno] {
+        let mut c = cfg();
+        c.congestion = cc;
+        // 20 Mbit/s, 10 ms RTT, 5 ms of queue: the sender must find the limit.
+        let path = Path {
+            rate: 2_500_000,
+            queue: Duration::from_millis(5),
+            ..Path::default()
+        };
+        let o = run(51, path, 8 << 20, 0, c.clone(), c);
+        assert!(o.up.queue_drops > 0, "no congestion?");
+        let secs = o.data_time.as_secs_f64();
+        let goodput = (8u64 << 20) as f64 / secs;
+        eprintln!(
+            "{cc:?}: {secs:.2}s goodput {:.0} B/s, {:?}, fast {} rto {}",
+            goodput, o.up, o.client.fast_recoveries, o.client.rto_expired
+        );
+        // At least 70% of the link.
+        assert!(goodput > 0.7 * 2_500_000.0, "{cc:?} goodput {goodput}");
+    }
+}
+
+#[test]
+fn small_buffers_and_zero_window() {
+    let mut c = cfg();
+    c.send_buffer = 8 << 10;
+    c.recv_buffer = 4 << 10;
+    c.recv_buffer_initial = 4 << 10;
+    let path = Path {
+        loss: 0.01,
+        rate: 5_000_000,
+        ..Path::default()
+    };
+    run(61, path, 256 << 10, 0, c.clone(), c);
+}
+
+#[test]
+fn seeds_sweep() {
+    for seed in 100..112u64 {
+        let loss = (seed % 6) as f64 * 0.015;
+        let path = Path {
+            loss,
+            reorder: 0.02,
+            dup: 0.01,
+            rate: 8_000_000,
+            delay: Duration::from_millis(1 + seed % 20),
+            ..Path::default()
+        };
+        run(seed, path, 300 << 10, 100 << 10, cfg(), cfg());
+    }
+}
+
+#[test]
+#[ignore = "long: 200 MB with 1% loss; run with --release -- --ignored"]
+fn big_transfer_200mb() {
+    let path = Path {
+        loss: 0.01,
+        rate: 125_000_000,
+        delay: Duration::from_millis(2),
+        ..Path::default()
+    };
+    let o = run(71, path, 200 << 20, 0, cfg(), cfg());
+    eprintln!("200MB: {:?} {:?}", o.elapsed, o.client_info);
+}
+
+#[test]
+#[ignore = "long: 100 MB at 10% loss"]
+fn big_transfer_heavy_loss() {
+    let path = Path {
+        loss: 0.10,
+        rate: 50_000_000,
+        ..Path::default()
+    };
+    run(72, path, 100 << 20, 0, cfg(), cfg());
+}
