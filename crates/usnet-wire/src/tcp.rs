@@ -530,7 +530,7 @@ mod tests {
             };
             let (s, d) = if v6 { (S6, D6) } else { (S4, D4) };
             let hl = r.header_len();
-            proptest::prop_assert!(hl % 4 == 0 && (20..=60).contains(&hl));
+            proptest::prop_assert!(hl.is_multiple_of(4) && (20..=60).contains(&hl));
             let mut buf = vec![0x5au8; hl + plen];
             r.emit(&mut buf, s, d, plen, true).unwrap();
             proptest::prop_assert!(verify_tcp_checksum(s, d, &buf));
