@@ -31,6 +31,9 @@ enum Cmd {
     Stat(ctl::StatArgs),
     /// Two stacks on a shared-memory link, no root needed: ping, UDP echo, summary.
     Demo(demo::DemoArgs),
+    /// Play the emulated NIC's device side: build frames, place them in the RX ring
+    /// and raise interrupts at a chosen interval and count.
+    Nicemu(usnet_nicemu::NicemuArgs),
     /// Benchmarks against Linux on this machine.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -43,6 +46,8 @@ enum BenchCmd {
     /// One end of `bench udp` (started by it).
     #[command(hide = true)]
     UdpPeer(usnet_bench::udp::UdpPeerArgs),
+    /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
+    Nic(usnet_nicemu::NicBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +60,8 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
         Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
+        Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),
+        Cmd::Bench(BenchCmd::Nic(a)) => usnet_nicemu::run_bench(&a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -19,8 +19,9 @@ use crate::CmdResult;
 
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
-    /// tap:IFNAME (root; created if missing), shm:NAME (two processes, no root) or
-    /// afpacket:IFNAME (root; e.g. a veth end).
+    /// tap:IFNAME (root; created if missing), shm:NAME (two processes, no root),
+    /// afpacket:IFNAME (root; e.g. a veth end) or nic:NAME (the emulated NIC, driven
+    /// by `usnet nicemu --name NAME`).
     #[arg(long)]
     pub link: String,
     /// An address of the stack with its prefix, e.g. 10.20.0.2/24 or fd00:20::2/64
@@ -92,21 +93,33 @@ fn name_seed(name: &str) -> u64 {
 }
 
 /// Opens the link and starts the stack with its services (shared with `usnet demo`).
+/// What `--link` names: one of usnet-link's devices, or the emulated NIC.
+enum Link {
+    Dev(LinkSpec),
+    Nic(String),
+}
+
 pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error::Error>> {
-    let spec: LinkSpec = args.link.parse()?;
+    let link = match args.link.strip_prefix("nic:") {
+        Some(n) if !n.is_empty() => Link::Nic(n.to_string()),
+        _ => Link::Dev(args.link.parse()?),
+    };
     let services: Vec<ServiceKind> = args
         .services
         .iter()
         .filter(|s| s.as_str() != "none" && !s.is_empty())
         .map(|s| s.parse::<ServiceKind>())
         .collect::<Result<_, _>>()?;
-    let name = args.name.clone().unwrap_or_else(|| default_name(&spec));
+    let name = args.name.clone().unwrap_or_else(|| match &link {
+        Link::Dev(spec) => default_name(spec),
+        Link::Nic(n) => format!("nic-{n}"),
+    });
     if !usnet_runtime::control::valid_name(&name) {
         return Err(
             format!("bad stack name '{name}': use letters, digits, '-', '_' and '.'").into(),
         );
     }
-    if !matches!(spec, LinkSpec::Tap(_)) && !args.host_addrs.is_empty() {
+    if !matches!(link, Link::Dev(LinkSpec::Tap(_))) && !args.host_addrs.is_empty() {
         return Err("--host-addr only applies to tap links".into());
     }
     let opts = LinkOptions {
@@ -148,7 +161,22 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
         },
         ..cfg.clone()
     })?;
-    let dev = usnet_link::open(&spec, &opts)?;
+    let dev = match &link {
+        Link::Dev(spec) => usnet_link::open(spec, &opts)?,
+        Link::Nic(n) => {
+            let mtu = args.mtu.unwrap_or(1500);
+            let driver = usnet_nicemu::open_driver(
+                n,
+                &usnet_nicemu::DriverOpts {
+                    mtu,
+                    mac: cfg.mac.0,
+                    buf_size: if mtu > 1500 { 16384 } else { 2048 },
+                    ..usnet_nicemu::DriverOpts::default()
+                },
+            )?;
+            usnet_link::wrap(Box::new(driver), &opts)?
+        }
+    };
     let net = NetStack::start(dev, cfg, RuntimeConfig::default())?;
     for s in &services {
         let svc = net

@@ -4,7 +4,7 @@ use std::io;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    #[error("unknown link '{0}': expected tap:NAME, shm:NAME or afpacket:IFNAME")]
+    #[error("unknown link '{0}': expected tap:NAME, shm:NAME, afpacket:IFNAME or nic:NAME")]
     UnknownKind(String),
     #[error("{spec} needs root (CAP_NET_ADMIN): run as root or use --link shm:NAME")]
     NeedsRoot { spec: String },

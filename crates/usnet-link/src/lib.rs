@@ -17,7 +17,7 @@ pub mod tap;
 pub(crate) mod testutil;
 
 pub use error::LinkError;
-pub use spec::{open, LinkOptions, LinkSpec};
+pub use spec::{open, wrap, LinkOptions, LinkSpec};
 
 use std::collections::VecDeque;
 use std::sync::Arc;

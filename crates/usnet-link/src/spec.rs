@@ -96,6 +96,12 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
         )?),
         LinkSpec::AfPacket(ifname) => Box::new(AfPacketDevice::open(ifname, opts.mtu)?),
     };
+    wrap(dev, opts)
+}
+
+/// Puts the wrappers `opts` asks for around any device (also one opened elsewhere,
+/// such as the emulated NIC's driver): fault injection inside, pcap outermost.
+pub fn wrap(dev: Box<dyn Device>, opts: &LinkOptions) -> Result<Box<dyn Device>, LinkError> {
     let dev: Box<dyn Device> = match &opts.fault {
         Some(f) => Box::new(FaultInjector::new(dev, f.clone())),
         None => dev,
@@ -128,7 +134,7 @@ mod tests {
         let e = "foo:x".parse::<LinkSpec>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown link 'foo:x': expected tap:NAME, shm:NAME or afpacket:IFNAME"
+            "unknown link 'foo:x': expected tap:NAME, shm:NAME, afpacket:IFNAME or nic:NAME"
         );
         assert!(matches!(
             "tap".parse::<LinkSpec>(),
