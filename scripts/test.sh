@@ -39,6 +39,7 @@ if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 
 fi
 step "demo" ./target/release/usnet demo
 step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
+step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
     if ! command -v cargo-fuzz >/dev/null; then
