@@ -40,6 +40,7 @@ fi
 step "demo" ./target/release/usnet demo
 step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
 step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
+step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
     if ! command -v cargo-fuzz >/dev/null; then

@@ -48,9 +48,13 @@ enum BenchCmd {
     UdpPeer(usnet_bench::udp::UdpPeerArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
     Nic(usnet_nicemu::NicBenchArgs),
+    /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
+    AsyncSyscall(usnet_ring::bench::AsyncSyscallBenchArgs),
 }
 
 fn main() -> ExitCode {
+    // A process the ring benchmark started as its peer runs that role and exits.
+    usnet_ring::maybe_run_child();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Up(a) => up::run(*a),
@@ -62,6 +66,9 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => usnet_nicemu::run_bench(&a).map(|()| ExitCode::SUCCESS),
+        Cmd::Bench(BenchCmd::AsyncSyscall(a)) => {
+            usnet_ring::bench::run(&a).map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

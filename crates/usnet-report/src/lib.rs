@@ -89,9 +89,9 @@ impl Table {
                 let pad = width - c.chars().count();
                 if i == 0 {
                     s.push_str(c);
-                    s.extend(std::iter::repeat_n(' ', pad));
+                    s.push_str(&" ".repeat(pad));
                 } else {
-                    s.extend(std::iter::repeat_n(' ', pad));
+                    s.push_str(&" ".repeat(pad));
                     s.push_str(c);
                 }
             }
@@ -99,7 +99,7 @@ impl Table {
         };
         line(&mut s, &self.headers);
         let total: usize = w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
-        s.extend(std::iter::repeat_n('-', total));
+        s.push_str(&"-".repeat(total));
         s.push('\n');
         for r in &self.rows {
             line(&mut s, r);
