@@ -1,7 +1,8 @@
 //! `usnet demo`: the main job. Two stacks in two processes on a shared-memory link
 //! (no root, no set-up): this process is one stack (library mode), a `usnet up` child
 //! is the other (with its built-in services and control socket). It runs ping and UDP
-//! echo both ways and over both IP versions, then prints a summary table.
+//! echo both ways and over both IP versions, a 64 MiB TCP transfer through the
+//! peer's TCP echo service with every byte checked, then prints a summary table.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -11,7 +12,7 @@ use clap::Args;
 use serde_json::json;
 use usnet_report::Table;
 use usnet_runtime::control::{request, socket_path};
-use usnet_runtime::{NetStack, PingSocket, UdpSocket};
+use usnet_runtime::{NetStack, PingSocket, TcpStream, UdpSocket};
 
 use crate::up::{self, UpArgs};
 use crate::CmdResult;
@@ -21,6 +22,10 @@ pub struct DemoArgs {
     /// UDP echo round trips per IP version.
     #[arg(long, default_value_t = 2000)]
     pub datagrams: u32,
+    /// MiB sent through the peer's TCP echo service over IPv4 (and an eighth of it
+    /// over IPv6).
+    #[arg(long, default_value_t = 64)]
+    pub tcp_mib: u64,
 }
 
 struct Row {
@@ -122,6 +127,10 @@ pub fn run(a: DemoArgs) -> CmdResult {
         ));
     }
     rows.push(chargen_step(&net));
+    if a.tcp_mib > 0 {
+        rows.push(tcp_echo_step(&net, "10.77.0.2:7".parse()?, a.tcp_mib << 20));
+        rows.push(tcp_echo_step(&net, "[fd77::2]:7".parse()?, a.tcp_mib << 17));
+    }
     rows.push(peer_ping_step(&ctl));
     rows.push(peer_stat_step(&ctl));
 
@@ -252,6 +261,86 @@ fn udp_echo_step(net: &NetStack, to: SocketAddr, n: u32) -> Row {
     }
 }
 
+/// Byte `i` of the TCP test stream (not periodic at small powers of two).
+fn tcp_pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9e37_79b9) >> 17) as u8 ^ (i >> 13) as u8
+}
+
+/// Streams `total` bytes to the peer's TCP echo service from one thread while
+/// another reads the echo and checks every byte.
+fn tcp_echo_step(net: &NetStack, to: SocketAddr, total: u64) -> Row {
+    let step = format!("tcp echo {to}");
+    let run = || -> std::io::Result<(f64, String)> {
+        use std::io::{Read, Write};
+        let t = Instant::now();
+        let mut s = TcpStream::connect_timeout(net, to, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        // One thread writes, this one reads the echo (`Read`/`Write` for `&TcpStream`).
+        let stream = std::sync::Arc::new(s);
+        let ws = stream.clone();
+        let w = std::thread::spawn(move || -> std::io::Result<()> {
+            let mut buf = vec![0u8; 256 << 10];
+            let mut sent = 0u64;
+            while sent < total {
+                let n = (total - sent).min(buf.len() as u64) as usize;
+                for (k, b) in buf[..n].iter_mut().enumerate() {
+                    *b = tcp_pattern(sent + k as u64);
+                }
+                (&*ws).write_all(&buf[..n])?;
+                sent += n as u64;
+            }
+            ws.shutdown(std::net::Shutdown::Write)
+        });
+        let mut buf = vec![0u8; 256 << 10];
+        let mut got = 0u64;
+        loop {
+            let n = (&*stream).read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            if let Some(k) = (0..n).find(|&k| buf[k] != tcp_pattern(got + k as u64)) {
+                return Err(std::io::Error::other(format!(
+                    "byte {} came back wrong",
+                    got + k as u64
+                )));
+            }
+            got += n as u64;
+        }
+        w.join()
+            .map_err(|_| std::io::Error::other("writer panicked"))??;
+        let secs = t.elapsed().as_secs_f64();
+        if got != total {
+            return Err(std::io::Error::other(format!(
+                "{got} of {total} bytes came back"
+            )));
+        }
+        let i = stream.info()?;
+        let detail = format!(
+            "rtt {:?}, cwnd {} KiB, retransmits {}",
+            i.srtt.unwrap_or_default(),
+            i.cwnd >> 10,
+            i.total_retransmits
+        );
+        Ok((secs, detail))
+    };
+    match run() {
+        Ok((secs, detail)) => Row {
+            step,
+            ok: true,
+            detail: format!(
+                "{} MiB out and back, every byte checked, {:.0} MB/s each way; {detail}",
+                total >> 20,
+                total as f64 / secs / 1e6
+            ),
+        },
+        Err(e) => Row {
+            step,
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
+}
+
 fn chargen_step(net: &NetStack) -> Row {
     let run = || -> std::io::Result<usize> {
         let mut sock = UdpSocket::bind(net, "0.0.0.0:0".parse().expect("addr"))?;
@@ -328,13 +417,16 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
         step: "peer counters (usnet stat)".into(),
         ok: r.is_ok() && drops == 0,
         detail: format!(
-            "udp in {} / out {}, reassembled v4 {} v6 {}, echo replies {}+{}, drops {drops}",
+            "udp in {} / out {}, reassembled v4 {} v6 {}, echo replies {}+{}, tcp segments in {} / out {}, retransmits {}, drops {drops}",
             c["udp_rx"],
             c["udp_tx"],
             c["ip4_reassembled"],
             c["ip6_reassembled"],
             c["icmp4_tx_echo_reply"],
-            c["icmp6_tx_echo_reply"]
+            c["icmp6_tx_echo_reply"],
+            c["tcp_rx"],
+            c["tcp_tx_segments"],
+            c["tcp_retransmit_segments"]
         ),
     }
 }

@@ -2,6 +2,7 @@
 
 mod ctl;
 mod demo;
+mod perf;
 mod up;
 
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Cmd {
     Stat(ctl::StatArgs),
     /// Two stacks on a shared-memory link, no root needed: ping, UDP echo, summary.
     Demo(demo::DemoArgs),
+    /// Bulk TCP transfer with every byte checked; either end usnet or Linux (--kernel).
+    Perf(perf::PerfArgs),
     /// Play the emulated NIC's device side: build frames, place them in the RX ring
     /// and raise interrupts at a chosen interval and count.
     Nicemu(usnet_nicemu::NicemuArgs),
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::Ping(a) => ctl::ping(a),
         Cmd::Stat(a) => ctl::stat(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Perf(a) => perf::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
         Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),

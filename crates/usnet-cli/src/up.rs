@@ -40,7 +40,8 @@ pub struct UpArgs {
     /// MAC address (default: a locally administered one derived from the name).
     #[arg(long)]
     pub mac: Option<MacAddr>,
-    /// Built-in UDP services: echo (port 7), discard (9), chargen (19), or none.
+    /// Built-in services over UDP and TCP: echo (port 7), discard (9), chargen (19),
+    /// or none.
     #[arg(long, value_delimiter = ',', default_value = "echo")]
     pub services: Vec<String>,
     /// Name of this stack for `usnet stat/ping/down --stack` (default: from the link).

@@ -189,7 +189,7 @@ pub fn stat(net: &NetStack, info: &StackInfo, started: std::time::Instant) -> Va
             "mtu": s.mtu(),
             "addrs": s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
             "services": info.services,
-            "counters": serde_json::to_value(s.counters()).expect("counters serialise"),
+            "counters": serde_json::to_value(s.counters_snapshot()).expect("counters serialise"),
             "device_counters": {
                 "rx_frames": dev.rx_frames, "rx_bytes": dev.rx_bytes,
                 "tx_frames": dev.tx_frames, "tx_bytes": dev.tx_bytes,

@@ -11,6 +11,7 @@
 pub mod control;
 pub mod services;
 mod sockets;
+mod tcp;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -22,6 +23,7 @@ use usnet_stack::{ConfigError, Instant, Stack, StackConfig};
 
 pub use services::{Service, ServiceKind};
 pub use sockets::{PingSocket, UdpSocket};
+pub use tcp::{TcpListener, TcpStream};
 
 /// Tuning of the poll loop.
 #[derive(Debug, Clone)]
@@ -98,6 +100,9 @@ impl NetStack {
         rt: RuntimeConfig,
     ) -> Result<NetStack, RuntimeError> {
         let caps = device.caps();
+        // A stack on a real link needs unpredictable ISNs, SYN cookies and ports:
+        // mix real randomness into the seed (the core itself stays deterministic).
+        cfg.seed ^= random_u64();
         cfg.mtu = cfg.mtu.min(caps.mtu);
         cfg.rx_csum_offload = caps.rx_csum_offload;
         cfg.tx_csum_offload = caps.tx_csum_offload;
@@ -192,11 +197,33 @@ impl NetStack {
     }
 
     /// Waits until any of `handles` is readable or `timeout` passes (an epoll-like
-    /// readiness wait over many sockets). Returns the readable ones.
+    /// readiness wait over many sockets). Returns the readable ones. A TCP listener
+    /// is readable when a connection waits to be accepted; a TCP connection when data,
+    /// EOF or an error is there.
     pub fn wait_readable(
         &self,
         handles: &[usnet_stack::SocketHandle],
         timeout: Option<Duration>,
+    ) -> Vec<usnet_stack::SocketHandle> {
+        self.wait_ready(handles, timeout, |r| r.readable)
+    }
+
+    /// Waits until any of `handles` is writable (for TCP: a quarter of the send
+    /// buffer is free, or the connection failed) or `timeout` passes.
+    pub fn wait_writable(
+        &self,
+        handles: &[usnet_stack::SocketHandle],
+        timeout: Option<Duration>,
+    ) -> Vec<usnet_stack::SocketHandle> {
+        self.wait_ready(handles, timeout, |r| r.writable)
+    }
+
+    /// Waits until `pred` holds for the readiness of any of `handles`.
+    pub fn wait_ready(
+        &self,
+        handles: &[usnet_stack::SocketHandle],
+        timeout: Option<Duration>,
+        pred: impl Fn(usnet_stack::Readiness) -> bool,
     ) -> Vec<usnet_stack::SocketHandle> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let mut g = self.shared.lock();
@@ -204,7 +231,7 @@ impl NetStack {
             let ready: Vec<_> = handles
                 .iter()
                 .copied()
-                .filter(|h| g.stack.readiness(*h).is_ok_and(|r| r.readable))
+                .filter(|h| g.stack.readiness(*h).is_ok_and(&pred))
                 .collect();
             if !ready.is_empty() || self.shared.stop.load(Ordering::Acquire) {
                 return ready;
@@ -214,6 +241,21 @@ impl NetStack {
                 None => return Vec::new(),
             }
         }
+    }
+}
+
+/// 8 bytes from getrandom(2) (falling back to the clock and pid if it fails).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is a valid, writable 8-byte buffer for the duration of the call.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        u64::from_ne_bytes(b)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ (u64::from(std::process::id()) << 32)
     }
 }
 

@@ -1,6 +1,7 @@
-//! Built-in UDP services that run inside the poll loop: echo (RFC 862), discard
-//! (RFC 863) and chargen (RFC 864). Running in the loop means no thread hand-off:
-//! a request is answered in the same burst it arrived in.
+//! Built-in services that run inside the poll loop, over UDP and TCP on the same
+//! port: echo (RFC 862), discard (RFC 863) and chargen (RFC 864). Running in the
+//! loop means no thread hand-off: a request is answered in the same burst it
+//! arrived in.
 
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -29,8 +30,36 @@ impl ServiceKind {
         }
     }
 
-    /// Binds the service's port on every address of `stack` (IPv4 and IPv6).
+    /// Binds the service's port on every address of `stack` (IPv4 and IPv6), for
+    /// UDP and TCP.
     pub fn start(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
+        let addr = SocketAddr::from(([0u16; 8], self.port()));
+        let sock = stack.udp_bind(addr)?;
+        let listener = match stack.tcp_listen(addr, 128) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = stack.close(sock);
+                return Err(e);
+            }
+        };
+        Ok(Box::new(Both {
+            udp: UdpService {
+                kind: self,
+                sock,
+                buf: vec![0u8; 65536],
+                line: 0,
+            },
+            tcp: TcpService {
+                kind: self,
+                listener,
+                conns: Vec::new(),
+                buf: vec![0u8; 65536],
+            },
+        }))
+    }
+
+    /// Only the UDP service.
+    pub fn start_udp(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
         let sock = stack.udp_bind(SocketAddr::from(([0u16; 8], self.port())))?;
         Ok(Box::new(UdpService {
             kind: self,
@@ -114,6 +143,155 @@ impl Service for UdpService {
     }
 }
 
+struct Both {
+    udp: UdpService,
+    tcp: TcpService,
+}
+
+impl Service for Both {
+    fn name(&self) -> &'static str {
+        self.udp.name()
+    }
+    fn poll(&mut self, stack: &mut Stack) -> bool {
+        self.udp.poll(stack) | self.tcp.poll(stack)
+    }
+}
+
+/// One TCP client of a service.
+struct TcpClient {
+    h: SocketHandle,
+    /// echo: received bytes not yet sent back.
+    pending: Vec<u8>,
+    /// chargen: position in the endless character stream.
+    pos: u64,
+    eof: bool,
+}
+
+struct TcpService {
+    kind: ServiceKind,
+    listener: SocketHandle,
+    conns: Vec<TcpClient>,
+    buf: Vec<u8>,
+}
+
+/// Byte `pos` of the TCP chargen stream: RFC 864 lines back to back.
+fn chargen_byte(pos: u64) -> u8 {
+    let line = pos / 74;
+    match pos % 74 {
+        72 => b'\r',
+        73 => b'\n',
+        col => b' ' + ((line + col) % 95) as u8,
+    }
+}
+
+/// Bytes a service moves per connection per poll, so one client cannot starve the
+/// loop.
+const TCP_BUDGET: usize = 256 << 10;
+
+impl TcpService {
+    /// Serves one client: `(still open, bytes moved)`.
+    fn serve(
+        kind: ServiceKind,
+        c: &mut TcpClient,
+        stack: &mut Stack,
+        buf: &mut [u8],
+    ) -> (bool, usize) {
+        let mut moved = 0;
+        loop {
+            // Echo: send back what is pending before reading more.
+            if !c.pending.is_empty() {
+                match stack.tcp_send(c.h, &c.pending) {
+                    Ok(n) => {
+                        c.pending.drain(..n);
+                        moved += n;
+                    }
+                    Err(StackError::WouldBlock) => {}
+                    Err(_) => {
+                        let _ = stack.tcp_close(c.h);
+                        return (false, moved);
+                    }
+                }
+                if !c.pending.is_empty() {
+                    break;
+                }
+            }
+            if c.eof || moved >= TCP_BUDGET {
+                break;
+            }
+            match stack.tcp_recv(c.h, buf) {
+                Ok(0) => c.eof = true,
+                Ok(n) => {
+                    moved += n;
+                    if kind == ServiceKind::Echo {
+                        c.pending.extend_from_slice(&buf[..n]);
+                    }
+                }
+                Err(StackError::WouldBlock) => break,
+                Err(_) => {
+                    let _ = stack.tcp_close(c.h);
+                    return (false, moved);
+                }
+            }
+        }
+        if kind == ServiceKind::Chargen && !c.eof {
+            while moved < TCP_BUDGET {
+                let chunk = &mut buf[..16 << 10];
+                for (i, b) in chunk.iter_mut().enumerate() {
+                    *b = chargen_byte(c.pos + i as u64);
+                }
+                match stack.tcp_send(c.h, chunk) {
+                    Ok(n) => {
+                        c.pos += n as u64;
+                        moved += n;
+                    }
+                    Err(StackError::WouldBlock) => break,
+                    Err(_) => {
+                        let _ = stack.tcp_close(c.h);
+                        return (false, moved);
+                    }
+                }
+            }
+        }
+        if c.eof && c.pending.is_empty() {
+            let _ = stack.tcp_close(c.h);
+            return (false, moved);
+        }
+        (true, moved)
+    }
+}
+
+impl Service for TcpService {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn poll(&mut self, stack: &mut Stack) -> bool {
+        let mut did = false;
+        while let Ok(h) = stack.tcp_accept(self.listener) {
+            did = true;
+            self.conns.push(TcpClient {
+                h,
+                pending: Vec::new(),
+                pos: 0,
+                eof: false,
+            });
+        }
+        let kind = self.kind;
+        let buf = &mut self.buf;
+        self.conns.retain_mut(|c| {
+            let r = stack.readiness(c.h).unwrap_or_default();
+            let wants_room = kind == ServiceKind::Chargen || !c.pending.is_empty();
+            if !(r.readable || r.closed || (wants_room && r.writable)) {
+                return true;
+            }
+            let (open, moved) = Self::serve(kind, c, stack, buf);
+            did |= moved > 0 || !open;
+            open
+        });
+        did
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +306,11 @@ mod tests {
         chargen_line(1, &mut b);
         assert!(b.starts_with(b"!\"#$%&"));
         assert!("bogus".parse::<ServiceKind>().is_err());
+        let stream: Vec<u8> = (0..148).map(chargen_byte).collect();
+        let mut lines = Vec::new();
+        chargen_line(0, &mut lines);
+        chargen_line(1, &mut lines);
+        assert_eq!(stream, lines);
         assert_eq!("chargen".parse::<ServiceKind>(), Ok(ServiceKind::Chargen));
     }
 }

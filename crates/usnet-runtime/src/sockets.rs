@@ -48,7 +48,7 @@ pub(crate) fn wait<'a>(
 
 /// Runs `op` until it stops saying `WouldBlock`, waiting for the poll loop between
 /// tries, unless non-blocking.
-fn blocking<T>(
+pub(crate) fn blocking<T>(
     net: &NetStack,
     nonblocking: bool,
     timeout: Option<Duration>,

@@ -139,8 +139,13 @@ pub struct StackConfig {
     pub rx_csum_offload: bool,
     /// The device completes partial L4 checksums on transmit.
     pub tx_csum_offload: bool,
-    /// Seed for identifiers and ephemeral ports: the same seed gives the same run.
+    /// Seed for identifiers, ephemeral ports and the TCP secret (ISNs, SYN cookies,
+    /// timestamp offsets): the same seed gives the same run. A stack on a real link
+    /// must get a random seed (the runtime and the CLI draw one from getrandom(2)).
     pub seed: u64,
+    /// Template for TCP connections and listeners: buffer sizes, congestion control,
+    /// timers, options. The stack sets `mss` from the MTU and `secret` from `seed`.
+    pub tcp: usnet_tcp::TcpConfig,
 }
 
 impl Default for StackConfig {
@@ -169,6 +174,7 @@ impl Default for StackConfig {
             rx_csum_offload: false,
             tx_csum_offload: false,
             seed: 0x5eed_0001,
+            tcp: usnet_tcp::TcpConfig::default(),
         }
     }
 }

@@ -103,6 +103,83 @@ define_counters! {
     udp_tx_too_big => "UDP datagrams refused: larger than 65507 bytes",
     ping_rx_no_socket => "echo replies for no ping socket",
     ping_rx_queue_full => "echo replies dropped: ping socket queue full",
+    tcp_rx => "TCP segments received",
+    tcp_rx_truncated => "TCP segments truncated or with a bad header length",
+    tcp_rx_bad_checksum => "TCP segments with a bad checksum",
+    tcp_rx_not_unicast => "TCP segments to a broadcast or multicast address (dropped)",
+    tcp_rx_no_socket => "TCP segments for no connection or listener",
+    tcp_tx_reset_no_socket => "RSTs sent for segments to closed ports",
+    tcp_tx_segments => "TCP segments handed to IP",
+    tcp_tx_blocked => "TCP segments deferred: transmit queue full or no buffer (retried)",
+    tcp_active_opens => "TCP connections opened by connect",
+    tcp_passive_opens => "TCP connections accepted by listeners",
+    tcp_time_wait_reused => "TIME-WAIT connections replaced by a new SYN (RFC 6191)",
+    tcp_conns_reaped => "TCP connections freed",
+    tcp_icmp_mss_clamped => "TCP connections whose MSS an ICMP packet-too-big lowered",
+    tcp_conn_established => "TCP connections established (engine)",
+    tcp_conn_refused => "TCP connection attempts refused (RST in SYN-SENT)",
+    tcp_conn_resets => "TCP connections reset by the peer",
+    tcp_conn_aborts => "TCP connections aborted locally (RST sent)",
+    tcp_conn_timeouts => "TCP connections dropped after too many retransmissions",
+    tcp_keepalive_timeouts => "TCP connections dropped by keepalive",
+    tcp_engine_rx_segments => "TCP segments processed by connections",
+    tcp_engine_tx_segments => "TCP segments sent by connections",
+    tcp_rx_bytes => "TCP in-order payload bytes received",
+    tcp_tx_bytes => "TCP new payload bytes sent",
+    tcp_rx_dup_bytes => "TCP payload bytes received twice",
+    tcp_rx_ooo_segments => "TCP segments received out of order",
+    tcp_rx_out_of_window => "TCP segments outside the receive window",
+    tcp_rx_paws_rejected => "TCP segments dropped by PAWS",
+    tcp_retransmit_segments => "TCP segments retransmitted",
+    tcp_retransmit_bytes => "TCP bytes retransmitted",
+    tcp_syn_retransmits => "SYN or SYN-ACK retransmissions",
+    tcp_rto_expired => "TCP retransmission timeouts",
+    tcp_fast_recoveries => "TCP fast recovery episodes",
+    tcp_rack_losses => "TCP segments marked lost by RACK",
+    tcp_tlp_probes => "TCP tail loss probes",
+    tcp_tx_rst => "RSTs sent by connections and listeners",
+    tcp_tx_challenge_acks => "TCP challenge ACKs sent (RFC 5961)",
+    tcp_time_wait_entered => "TCP connections that entered TIME-WAIT",
+    tcp_listen_syn_received => "SYNs received by listeners",
+    tcp_listen_syn_queue_full => "SYNs dropped: SYN queue full and cookies off",
+    tcp_listen_cookies_sent => "SYN cookies sent",
+    tcp_listen_cookies_valid => "connections completed from a SYN cookie",
+    tcp_listen_accept_overflow => "handshakes not completed: accept backlog full",
+}
+
+impl Counters {
+    /// Copies the engine's totals into the `tcp_*` fields that mirror them.
+    pub(crate) fn mirror_tcp(&mut self, s: &usnet_tcp::TcpStats) {
+        self.tcp_conn_established = s.conn_established;
+        self.tcp_conn_refused = s.conn_refused;
+        self.tcp_conn_resets = s.conn_resets;
+        self.tcp_conn_aborts = s.conn_aborts;
+        self.tcp_conn_timeouts = s.conn_timeouts;
+        self.tcp_keepalive_timeouts = s.keepalive_timeouts;
+        self.tcp_engine_rx_segments = s.rx_segments;
+        self.tcp_engine_tx_segments = s.tx_segments;
+        self.tcp_rx_bytes = s.rx_bytes;
+        self.tcp_tx_bytes = s.tx_bytes;
+        self.tcp_rx_dup_bytes = s.rx_dup_bytes;
+        self.tcp_rx_ooo_segments = s.rx_ooo_segments;
+        self.tcp_rx_out_of_window = s.rx_out_of_window;
+        self.tcp_rx_paws_rejected = s.rx_paws_rejected;
+        self.tcp_retransmit_segments = s.retransmit_segments;
+        self.tcp_retransmit_bytes = s.retransmit_bytes;
+        self.tcp_syn_retransmits = s.syn_retransmits + s.listen_synack_retransmits;
+        self.tcp_rto_expired = s.rto_expired;
+        self.tcp_fast_recoveries = s.fast_recoveries;
+        self.tcp_rack_losses = s.rack_losses;
+        self.tcp_tlp_probes = s.tlp_probes;
+        self.tcp_tx_rst = s.tx_rst + s.listen_rst_sent;
+        self.tcp_tx_challenge_acks = s.tx_challenge_acks;
+        self.tcp_time_wait_entered = s.time_wait_entered;
+        self.tcp_listen_syn_received = s.listen_syn_received;
+        self.tcp_listen_syn_queue_full = s.listen_syn_queue_full;
+        self.tcp_listen_cookies_sent = s.listen_cookies_sent;
+        self.tcp_listen_cookies_valid = s.listen_cookies_valid;
+        self.tcp_listen_accept_overflow = s.listen_accept_overflow;
+    }
 }
 
 impl Counters {

@@ -6,7 +6,9 @@
 //! Receive path: `receive` (bounded input queue: drop 1) → `poll` → Ethernet → early
 //! demux (the UDP socket is looked up from the headers before checksums are verified)
 //! → ARP / IPv4 / IPv6 (+ reassembly) → ICMP / NDP / UDP → socket queue (bounded:
-//! drop 2) → application. Every drop has a named counter in [`Counters`].
+//! drop 2) → application; TCP segments go to their connection or listener (the
+//! `usnet-tcp` engine, glued in by `tcp.rs`). Every drop has a named counter in
+//! [`Counters`].
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +19,7 @@ pub mod neighbor;
 mod rx;
 pub mod sim;
 mod socket;
+mod tcp;
 pub mod time;
 mod tx;
 
@@ -29,7 +32,10 @@ use usnet_wire::MacAddr;
 pub use config::{mac_from_seed, IpCidr, StackConfig};
 pub use counters::Counters;
 pub use socket::{EchoReply, Readiness, SocketHandle, SocketStats};
+pub use tcp::{TcpConnEntry, TcpListenEntry};
 pub use time::Instant;
+/// The TCP engine's types that appear in the stack's API.
+pub use usnet_tcp::{CcAlgorithm, Keepalive, State as TcpState, TcpConfig, TcpInfo, TcpStats};
 
 use frag::Reassembler;
 use neighbor::{NeighborCache, NeighborWork};
@@ -61,22 +67,37 @@ pub enum StackError {
     InvalidInput,
     #[error("wrong socket type for this operation")]
     WrongType,
+    #[error("connection refused")]
+    ConnectionRefused,
+    #[error("connection reset by peer")]
+    ConnectionReset,
+    #[error("connection aborted")]
+    ConnectionAborted,
+    #[error("connection timed out")]
+    TimedOut,
+    #[error("broken pipe: the socket was shut down for writing")]
+    BrokenPipe,
 }
 
 impl StackError {
     /// The errno a C caller sees.
     pub fn errno(self) -> i32 {
         match self {
-            StackError::WouldBlock => 11,       // EAGAIN
-            StackError::AddrInUse => 98,        // EADDRINUSE
-            StackError::AddrNotAvailable => 99, // EADDRNOTAVAIL
-            StackError::InvalidHandle => 9,     // EBADF
-            StackError::NotConnected => 107,    // ENOTCONN
-            StackError::NoRoute => 113,         // EHOSTUNREACH
-            StackError::MessageTooLong => 90,   // EMSGSIZE
-            StackError::NoBuffers => 105,       // ENOBUFS
-            StackError::InvalidInput => 22,     // EINVAL
-            StackError::WrongType => 88,        // ENOTSOCK
+            StackError::WouldBlock => 11,         // EAGAIN
+            StackError::AddrInUse => 98,          // EADDRINUSE
+            StackError::AddrNotAvailable => 99,   // EADDRNOTAVAIL
+            StackError::InvalidHandle => 9,       // EBADF
+            StackError::NotConnected => 107,      // ENOTCONN
+            StackError::NoRoute => 113,           // EHOSTUNREACH
+            StackError::MessageTooLong => 90,     // EMSGSIZE
+            StackError::NoBuffers => 105,         // ENOBUFS
+            StackError::InvalidInput => 22,       // EINVAL
+            StackError::WrongType => 88,          // ENOTSOCK
+            StackError::ConnectionRefused => 111, // ECONNREFUSED
+            StackError::ConnectionReset => 104,   // ECONNRESET
+            StackError::ConnectionAborted => 103, // ECONNABORTED
+            StackError::TimedOut => 110,          // ETIMEDOUT
+            StackError::BrokenPipe => 32,         // EPIPE
         }
     }
 }
@@ -118,6 +139,7 @@ pub struct Stack {
     /// Timers are looked at no more often than `TIMER_TICK` (a kernel-style tick):
     /// the busiest loop then pays for them once per tick, not once per poll.
     timers_checked: Instant,
+    tcp: tcp::TcpGlobal,
 }
 
 /// Granularity of the stack's timers (neighbour retries, reassembly expiry).
@@ -191,6 +213,7 @@ impl Stack {
             icmp_scratch: Vec::new(),
             neighbor_work: NeighborWork::default(),
             timers_checked: Instant::ZERO,
+            tcp: tcp::TcpGlobal::new(cfg.seed),
             addrs,
             pool,
             cfg,
@@ -257,6 +280,7 @@ impl Stack {
             self.process_frame(buf);
             did = true;
         }
+        did |= self.tcp_poll_timers();
         did |= self.run_timers();
         self.counters.neigh_evicted = self.neighbors.evicted;
         did
@@ -275,7 +299,7 @@ impl Stack {
             return Some(self.now);
         }
         let next_check = self.timers_checked + TIMER_TICK;
-        [
+        let other = [
             self.neighbors.next_deadline(),
             self.reasm4.next_deadline(),
             self.reasm6.next_deadline(),
@@ -283,7 +307,9 @@ impl Stack {
         .into_iter()
         .flatten()
         .min()
-        .map(|t| t.max(next_check))
+        .map(|t| t.max(next_check));
+        // TCP deadlines are not rounded to the tick: a due ACK goes out now.
+        [other, self.tcp_poll_at()].into_iter().flatten().min()
     }
 
     fn run_timers(&mut self) -> bool {
@@ -445,21 +471,30 @@ impl Stack {
     }
 
     pub fn socket_stats(&self, h: SocketHandle) -> Result<SocketStats, StackError> {
-        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+        let s = self.sockets.get(h).ok_or(StackError::InvalidHandle)?;
+        match s {
             Socket::Udp(u) => Ok(u.stats),
             Socket::Ping(p) => Ok(p.stats),
+            _ => self.tcp_socket_stats(s).ok_or(StackError::InvalidHandle),
         }
     }
 
-    /// Closes a socket of any kind and gives back the buffers it held.
+    /// Closes a socket of any kind and gives back the buffers it held (for TCP,
+    /// `tcp_close`).
     pub fn close(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        if matches!(
+            self.sockets.get(h),
+            Some(Socket::TcpConn(_) | Socket::TcpListen(_))
+        ) {
+            return self.tcp_close(h);
+        }
         match self.sockets.remove(h).ok_or(StackError::InvalidHandle)? {
             Socket::Udp(u) => {
                 for d in u.rxq {
                     self.pool.free(d.buf);
                 }
             }
-            Socket::Ping(_) => {}
+            Socket::Ping(_) | Socket::TcpConn(_) | Socket::TcpListen(_) => {}
         }
         Ok(())
     }
@@ -471,11 +506,14 @@ impl Stack {
                 Socket::Udp(u) => Readiness {
                     readable: !u.rxq.is_empty(),
                     writable,
+                    ..Readiness::default()
                 },
                 Socket::Ping(p) => Readiness {
                     readable: !p.rxq.is_empty(),
                     writable,
+                    ..Readiness::default()
                 },
+                s => self.tcp_readiness(s).unwrap_or_default(),
             },
         )
     }
@@ -497,14 +535,14 @@ impl Stack {
     fn udp(&self, h: SocketHandle) -> Result<&UdpSocket, StackError> {
         match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
             Socket::Udp(u) => Ok(u),
-            Socket::Ping(_) => Err(StackError::WrongType),
+            _ => Err(StackError::WrongType),
         }
     }
 
     fn udp_mut(&mut self, h: SocketHandle) -> Result<&mut UdpSocket, StackError> {
         match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
             Socket::Udp(u) => Ok(u),
-            Socket::Ping(_) => Err(StackError::WrongType),
+            _ => Err(StackError::WrongType),
         }
     }
 
@@ -527,7 +565,7 @@ impl Stack {
     pub fn ping_ident(&self, h: SocketHandle) -> Result<u16, StackError> {
         match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
             Socket::Ping(p) => Ok(p.ident),
-            Socket::Udp(_) => Err(StackError::WrongType),
+            _ => Err(StackError::WrongType),
         }
     }
 
@@ -554,7 +592,7 @@ impl Stack {
     pub fn ping_recv(&mut self, h: SocketHandle) -> Result<EchoReply, StackError> {
         match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
             Socket::Ping(p) => p.rxq.pop_front().ok_or(StackError::WouldBlock),
-            Socket::Udp(_) => Err(StackError::WrongType),
+            _ => Err(StackError::WrongType),
         }
     }
 

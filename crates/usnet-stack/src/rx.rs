@@ -37,6 +37,14 @@ pub(crate) enum Verdict {
     UdpQueueFull {
         sock: u32,
     },
+    /// A TCP segment (checksum verified) and what the early demux found for it.
+    Tcp {
+        target: crate::tcp::TcpTarget,
+        local: SocketAddr,
+        remote: SocketAddr,
+        off: usize,
+        len: usize,
+    },
     Unreachable {
         why: Unreach,
         src: IpAddr,
@@ -334,6 +342,7 @@ impl View<'_> {
     ) -> Verdict {
         match (proto, l3.src) {
             (wire::IPPROTO_UDP, _) => self.classify_udp(c, l3, l4, l4_off),
+            (wire::IPPROTO_TCP, _) => self.classify_tcp(c, l3, l4, l4_off),
             (wire::IPPROTO_ICMP, IpAddr::V4(_)) => self.classify_icmp4(c, l3, l4, l4_off),
             (wire::IPPROTO_ICMPV6, IpAddr::V6(_)) => self.classify_icmp6(c, l3, l4, l4_off),
             (59, IpAddr::V6(_)) => Verdict::Drop, // No Next Header: nothing to do
@@ -406,6 +415,35 @@ impl View<'_> {
                     Verdict::Drop
                 }
             }
+        }
+    }
+
+    #[inline]
+    fn classify_tcp(&self, c: &mut Counters, l3: &L3Info, l4: &[u8], l4_off: usize) -> Verdict {
+        c.tcp_rx += 1;
+        if l4.len() < wire::TCP_HEADER_LEN {
+            c.tcp_rx_truncated += 1;
+            return Verdict::Drop;
+        }
+        if !l3.unicast {
+            // TCP is unicast only (RFC 9293 §3.10.7.1 also forbids an RST reply).
+            c.tcp_rx_not_unicast += 1;
+            return Verdict::Drop;
+        }
+        let remote = SocketAddr::new(l3.src, u16::from_be_bytes([l4[0], l4[1]]));
+        let local = SocketAddr::new(l3.dst, u16::from_be_bytes([l4[2], l4[3]]));
+        // Early demux from the ports and addresses, before the checksum work.
+        let target = self.sockets.tcp_lookup(local, remote);
+        if !self.csum_valid && !wire::verify_tcp_checksum(l3.src, l3.dst, l4) {
+            c.tcp_rx_bad_checksum += 1;
+            return Verdict::Drop;
+        }
+        Verdict::Tcp {
+            target,
+            local,
+            remote,
+            off: l4_off,
+            len: l4.len(),
         }
     }
 
@@ -593,14 +631,14 @@ impl Stack {
         self.execute(v, Src::Buf(buf));
     }
 
-    fn src_bytes<'a>(pool: &'a usnet_pool::PacketPool, src: &'a Src) -> &'a [u8] {
+    pub(crate) fn src_bytes<'a>(pool: &'a usnet_pool::PacketPool, src: &'a Src) -> &'a [u8] {
         match src {
             Src::Buf(b) => pool.data(*b),
             Src::Owned { data, .. } => data,
         }
     }
 
-    fn release(&mut self, src: Src) {
+    pub(crate) fn release(&mut self, src: Src) {
         match src {
             Src::Buf(b) => self.pool.free(b),
             Src::Owned { data, .. } => {
@@ -632,6 +670,13 @@ impl Stack {
                 off,
                 len,
             } => self.deliver_udp(sock, from, off, len, src),
+            Verdict::Tcp {
+                target,
+                local,
+                remote,
+                off,
+                len,
+            } => self.tcp_input(target, local, remote, off, len, src),
             Verdict::UdpQueueFull { sock } => {
                 if let Some(u) = self.sockets.udp_at_mut(sock) {
                     u.stats.rx_queue_full += 1;

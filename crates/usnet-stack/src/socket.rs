@@ -1,7 +1,7 @@
 //! Socket table: UDP and ping (ICMP echo) sockets, their bounded receive queues and the
 //! port map that demultiplexes a datagram to its socket in O(1) before any checksum work.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
 use usnet_pool::PktBuf;
@@ -89,6 +89,8 @@ pub(crate) const PING_QUEUE: usize = 256;
 pub(crate) enum Socket {
     Udp(UdpSocket),
     Ping(PingSocket),
+    TcpConn(Box<crate::tcp::TcpConnSock>),
+    TcpListen(Box<crate::tcp::TcpListenSock>),
 }
 
 #[derive(Debug)]
@@ -104,6 +106,10 @@ pub(crate) struct Slot {
 pub struct Readiness {
     pub readable: bool,
     pub writable: bool,
+    /// TCP: the connection is over (POLLHUP/POLLERR): closed, reset or timed out.
+    pub closed: bool,
+    /// TCP: the handshake completed (a non-blocking connect finished).
+    pub connected: bool,
 }
 
 pub(crate) struct SocketSet {
@@ -115,6 +121,11 @@ pub(crate) struct SocketSet {
     pub next_ping_ident: u16,
     /// Sockets that became readable since the last `take_ready`.
     pub ready: VecDeque<SocketHandle>,
+    /// TCP demux: `(local, remote)` → connection socket index.
+    pub tcp_conns: HashMap<(SocketAddr, SocketAddr), u32>,
+    /// TCP listeners by local port (usually one per port; several with distinct
+    /// addresses).
+    pub tcp_listen: HashMap<u16, Vec<u32>>,
 }
 
 pub(crate) const EPHEMERAL_FIRST: u16 = 49152;
@@ -129,6 +140,8 @@ impl SocketSet {
             next_ephemeral: EPHEMERAL_FIRST + (seed % span) as u16,
             next_ping_ident: (seed >> 16) as u16,
             ready: VecDeque::new(),
+            tcp_conns: HashMap::new(),
+            tcp_listen: HashMap::new(),
         }
     }
 
@@ -175,14 +188,14 @@ impl SocketSet {
     pub fn udp_at(&self, index: u32) -> Option<&UdpSocket> {
         match self.slots.get(index as usize)?.sock.as_ref()? {
             Socket::Udp(u) => Some(u),
-            Socket::Ping(_) => None,
+            _ => None,
         }
     }
 
     pub fn udp_at_mut(&mut self, index: u32) -> Option<&mut UdpSocket> {
         match self.slots.get_mut(index as usize)?.sock.as_mut()? {
             Socket::Udp(u) => Some(u),
-            Socket::Ping(_) => None,
+            _ => None,
         }
     }
 
@@ -291,6 +304,31 @@ impl SocketSet {
             cur = u.next_same_port;
         }
         best
+    }
+
+    /// TCP early demux: the connection for this 4-tuple, else the best listener on
+    /// the port (a specific address before a wildcard).
+    #[inline]
+    pub fn tcp_lookup(&self, local: SocketAddr, remote: SocketAddr) -> crate::tcp::TcpTarget {
+        if let Some(&i) = self.tcp_conns.get(&(local, remote)) {
+            return crate::tcp::TcpTarget::Conn(i);
+        }
+        let Some(list) = self.tcp_listen.get(&local.port()) else {
+            return crate::tcp::TcpTarget::None;
+        };
+        let mut best = None;
+        for &i in list {
+            if let Some(Socket::TcpListen(l)) = self.slots[i as usize].sock.as_ref() {
+                let a = l.local.ip();
+                if a == local.ip() {
+                    return crate::tcp::TcpTarget::Listener(i);
+                }
+                if a.is_unspecified() {
+                    best = Some(i);
+                }
+            }
+        }
+        best.map_or(crate::tcp::TcpTarget::None, crate::tcp::TcpTarget::Listener)
     }
 
     pub fn ping_by_ident(&self, ident: u16) -> Option<u32> {

@@ -67,6 +67,7 @@ impl Stack {
         ttl: u8,
         l4_len: usize,
         frag: Option<FragFields>,
+        dont_frag: bool,
     ) {
         let mac = self.cfg.mac;
         match (src, dst) {
@@ -86,7 +87,7 @@ impl Stack {
                     payload_len: l4_len,
                     ttl,
                     ident,
-                    dont_frag: false,
+                    dont_frag,
                     more_frags: more,
                     frag_offset: off,
                 };
@@ -143,7 +144,7 @@ impl Stack {
                 return Err(StackError::NoBuffers);
             };
             let mut hdr_bytes = [0u8; 128];
-            self.write_headers(&mut hdr_bytes, src, dst, proto, ttl, l4.len(), frag);
+            self.write_headers(&mut hdr_bytes, src, dst, proto, ttl, l4.len(), frag, false);
             let out = self.pool.append(buf, total).expect("size checked");
             out[..hdr].copy_from_slice(&hdr_bytes[..hdr]);
             out[hdr..].copy_from_slice(l4);
@@ -153,7 +154,7 @@ impl Stack {
         let mut frame = std::mem::take(&mut self.frame_scratch);
         frame.clear();
         frame.resize(hdr, 0);
-        self.write_headers(&mut frame, src, dst, proto, ttl, l4.len(), frag);
+        self.write_headers(&mut frame, src, dst, proto, ttl, l4.len(), frag, false);
         frame.extend_from_slice(l4);
         let buf = self.pool.alloc_from(&frame);
         self.frame_scratch = frame;
@@ -247,6 +248,7 @@ impl Stack {
                 self.cfg.ttl,
                 udp_len,
                 None,
+                false,
             );
             let offload = self.cfg.tx_csum_offload && !local;
             let out = self.pool.append(buf, total).expect("size checked");
@@ -284,6 +286,118 @@ impl Stack {
         let r = self.send_ip(src, dst, next_hop, wire::IPPROTO_UDP, self.cfg.ttl, &l4);
         self.scratch = l4;
         r
+    }
+
+    /// One TCP segment from the engine: a pool buffer with the payload copied once
+    /// (from up to two slices of the send ring) behind room for the headers, which
+    /// are then written in front. DF is set (TCP sizes segments from the MTU and
+    /// never fragments); the checksum is left partial when the device completes it.
+    /// Returns false, committing nothing, when the transmit queue is full or no
+    /// buffer is free: the engine keeps the segment and the stack retries.
+    pub(crate) fn send_tcp(
+        &mut self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        payload: (&[u8], &[u8]),
+    ) -> bool {
+        if self.tx.len() >= self.cfg.tx_queue_len {
+            self.counters.tcp_tx_blocked += 1;
+            return false;
+        }
+        let (src, dst) = (local.ip(), remote.ip());
+        let Some((_, next_hop)) = self.route(dst) else {
+            // Lost, as on a wire; the engine's timers deal with it.
+            self.counters.ip_tx_no_route += 1;
+            return true;
+        };
+        let l3 = ip_header_len(dst);
+        let hl = repr.header_len();
+        let plen = payload.0.len() + payload.1.len();
+        let tcp_len = hl + plen;
+        let total = ETH + l3 + tcp_len;
+        let mut hdr_bytes = [0u8; 64];
+        let ttl = self.cfg.ttl;
+        if total <= self.pool.buf_size() - self.pool.headroom() {
+            let Some(buf) = self.pool.alloc() else {
+                // Not a loss: the engine keeps the segment and sends it later.
+                self.counters.tcp_tx_blocked += 1;
+                return false;
+            };
+            self.write_headers(
+                &mut hdr_bytes,
+                src,
+                dst,
+                wire::IPPROTO_TCP,
+                ttl,
+                tcp_len,
+                None,
+                true,
+            );
+            let offload = self.cfg.tx_csum_offload && !self.is_local_addr(next_hop);
+            let out = self.pool.append(buf, total).expect("size checked");
+            out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
+            let p = ETH + l3 + hl;
+            out[p..p + payload.0.len()].copy_from_slice(payload.0);
+            out[p + payload.0.len()..].copy_from_slice(payload.1);
+            let seg = &mut out[ETH + l3..];
+            let _ = repr.emit(seg, src, dst, plen, !offload);
+            if offload {
+                let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
+                seg[16..18].copy_from_slice(&partial.to_be_bytes());
+                self.pool.set_offload(
+                    buf,
+                    Offload {
+                        needs_csum: true,
+                        csum_start: (ETH + l3) as u16,
+                        csum_offset: 16,
+                        ..Offload::default()
+                    },
+                );
+            }
+            self.finish_tcp_tx(buf, dst, next_hop);
+            return true;
+        }
+        // A segment larger than one buffer (jumbo MTU, small buffers): build, chain.
+        let mut frame = std::mem::take(&mut self.frame_scratch);
+        frame.clear();
+        frame.resize(total, 0);
+        self.write_headers(
+            &mut frame,
+            src,
+            dst,
+            wire::IPPROTO_TCP,
+            ttl,
+            tcp_len,
+            None,
+            true,
+        );
+        let p = ETH + l3 + hl;
+        frame[p..p + payload.0.len()].copy_from_slice(payload.0);
+        frame[p + payload.0.len()..].copy_from_slice(payload.1);
+        let _ = repr.emit(&mut frame[ETH + l3..], src, dst, plen, true);
+        let buf = self.pool.alloc_from(&frame);
+        self.frame_scratch = frame;
+        match buf {
+            Some(buf) => {
+                self.finish_tcp_tx(buf, dst, next_hop);
+                true
+            }
+            None => {
+                self.counters.tcp_tx_blocked += 1;
+                false
+            }
+        }
+    }
+
+    fn finish_tcp_tx(&mut self, buf: PktBuf, dst: IpAddr, next_hop: IpAddr) {
+        if dst.is_ipv4() {
+            self.counters.ip4_tx += 1;
+        } else {
+            self.counters.ip6_tx += 1;
+        }
+        self.counters.tcp_tx_segments += 1;
+        self.dispatch(buf, next_hop);
     }
 
     /// Puts a finished frame on its way: to our own input queue, to the transmit

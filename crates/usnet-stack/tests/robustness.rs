@@ -147,6 +147,38 @@ fn seed_corpus() -> Vec<Vec<u8>> {
     p.ping_send(p_ping, ip("10.0.0.1"), 10, b"again").unwrap();
     p.ping_send(p_ping, ip("fd00::1"), 11, b"again").unwrap();
     exchange(&mut p, &mut t, &mut now, &mut log);
+    // TCP: the peer talks to the target's listener over both families (handshake,
+    // data both ways, orderly close) and knocks on a closed port (RST).
+    let t_listen = t.tcp_listen(sa("0.0.0.0:80"), 8).unwrap();
+    for dst in [sa("10.0.0.1:80"), sa("[fd00::1]:80")] {
+        let c = p.tcp_connect(None, dst).unwrap();
+        exchange(&mut p, &mut t, &mut now, &mut log);
+        let s = t.tcp_accept(t_listen).unwrap();
+        let data: Vec<u8> = (0..5000).map(|i| (i * 3) as u8).collect();
+        assert_eq!(p.tcp_send(c, &data).unwrap(), data.len());
+        exchange(&mut p, &mut t, &mut now, &mut log);
+        let mut got = 0;
+        while let Ok(n) = t.tcp_recv(s, &mut buf[got..]) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        assert_eq!(&buf[..got], &data[..]);
+        t.tcp_send(s, b"tcp reply").unwrap();
+        exchange(&mut p, &mut t, &mut now, &mut log);
+        assert_eq!(p.tcp_recv(c, &mut buf).unwrap(), 9);
+        p.tcp_close(c).unwrap();
+        exchange(&mut p, &mut t, &mut now, &mut log);
+        assert_eq!(t.tcp_recv(s, &mut buf).unwrap(), 0);
+        t.tcp_close(s).unwrap();
+        exchange(&mut p, &mut t, &mut now, &mut log);
+        let r = p.tcp_connect(None, SocketAddr::new(dst.ip(), 81)).unwrap();
+        exchange(&mut p, &mut t, &mut now, &mut log);
+        assert_eq!(p.tcp_state(r).unwrap(), usnet_stack::TcpState::Closed);
+        p.tcp_close(r).unwrap();
+    }
+    t.tcp_close(t_listen).unwrap();
     log
 }
 
@@ -236,6 +268,7 @@ fn fix_checksums(f: &mut [u8]) {
             let proto = f[l3 + 9];
             let (pos, pseudo) = match proto {
                 1 => (2, None),
+                6 => (16, Some(6u8)),
                 17 => (6, Some(17u8)),
                 _ => return,
             };
@@ -262,6 +295,7 @@ fn fix_checksums(f: &mut [u8]) {
             };
             let pos = match nh {
                 58 => 2,
+                6 => 16,
                 17 => 6,
                 _ => return,
             };
@@ -789,6 +823,7 @@ fn storm(seed: u64, total: u64, target: StackConfig) -> Storm {
     let echo = net.stack_mut(0).udp_bind(sa("0.0.0.0:7")).unwrap();
     let echo6 = net.stack_mut(0).udp_bind(sa("[fd00::1]:5000")).unwrap();
     let ping = net.stack_mut(0).ping_open();
+    let listener = net.stack_mut(0).tcp_listen(sa("0.0.0.0:80"), 16).unwrap();
     let mut r = SimRng::new(seed);
     let mut batch = Vec::new();
     let mut buf = vec![0u8; 70_000];
@@ -841,6 +876,10 @@ fn storm(seed: u64, total: u64, target: StackConfig) -> Storm {
                 }
             }
             while s.ping_recv(ping).is_ok() {}
+            while let Ok(c) = s.tcp_accept(listener) {
+                let _ = s.tcp_recv(c, &mut buf);
+                let _ = s.tcp_close(c);
+            }
         }
     }
     let fuzz_time = t0.elapsed();

@@ -1,0 +1,536 @@
+//! TCP conversations between whole stacks on the simulated wire (`SimNet`), in
+//! virtual time: handshakes over IPv4 and IPv6, bulk transfers under loss,
+//! reordering, duplication and corruption with every byte checked, refused
+//! connections, many connections at once, listener backlog, TIME-WAIT, and
+//! connect/close cycles that must leave the pool and the socket table as they were.
+//!
+//! The big ones are `#[ignore]`d; CI runs them in release:
+//! `cargo test --release -p usnet-stack --test tcp -- --ignored`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use usnet_stack::sim::{Faults, SimNet};
+use usnet_stack::{mac_from_seed, SocketHandle, StackConfig, StackError, TcpState};
+
+fn cfg(i: u8) -> StackConfig {
+    StackConfig {
+        mac: mac_from_seed(i as u64),
+        addrs: vec![
+            format!("10.0.0.{i}/24").parse().unwrap(),
+            format!("fd00::{i}/64").parse().unwrap(),
+        ],
+        seed: i as u64 * 7919,
+        ..Default::default()
+    }
+}
+
+fn pair(seed: u64, faults: Faults) -> SimNet {
+    let mut net = SimNet::new(seed, faults);
+    net.add(cfg(1)).unwrap();
+    net.add(cfg(2)).unwrap();
+    net
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// The byte at stream offset `i`: not periodic at any small power of two, so a
+/// misplaced segment shows.
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9e37_79b9) >> 17) as u8 ^ (i >> 13) as u8
+}
+
+fn fill(buf: &mut [u8], off: u64) {
+    for (k, b) in buf.iter_mut().enumerate() {
+        *b = pattern(off + k as u64);
+    }
+}
+
+/// A one-way transfer of `total` bytes from stack 0 to stack 1, then an orderly
+/// close from both ends. Returns the virtual time it took.
+fn transfer(net: &mut SimNet, server: SocketAddr, total: u64, limit: Duration) -> Duration {
+    let start = net.now();
+    let l = net.stack_mut(1).tcp_listen(server, 16).unwrap();
+    let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
+    let mut srv: Option<SocketHandle> = None;
+    let (mut sent, mut got) = (0u64, 0u64);
+    let (mut shut, mut srv_closed, mut cli_closed) = (false, false, false);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut rbuf = vec![0u8; 64 * 1024];
+    let ok = net.run_until(limit, |n| {
+        // Client: push the pattern, then FIN.
+        if !cli_closed {
+            let s = n.stack_mut(0);
+            while sent < total {
+                let want = (total - sent).min(chunk.len() as u64) as usize;
+                fill(&mut chunk[..want], sent);
+                match s.tcp_send(c, &chunk[..want]) {
+                    Ok(k) => sent += k as u64,
+                    Err(StackError::WouldBlock) => break,
+                    Err(e) => panic!("client send at {sent}: {e:?}"),
+                }
+            }
+            if sent == total && !shut {
+                s.tcp_shutdown_write(c).unwrap();
+                shut = true;
+            }
+        }
+        // Server: accept, read and check every byte, close at EOF.
+        let s = n.stack_mut(1);
+        if srv.is_none() {
+            srv = s.tcp_accept(l).ok();
+        }
+        if let (Some(h), false) = (srv, srv_closed) {
+            loop {
+                match s.tcp_recv(h, &mut rbuf) {
+                    Ok(0) => {
+                        assert_eq!(got, total, "EOF early");
+                        s.tcp_close(h).unwrap();
+                        srv_closed = true;
+                        break;
+                    }
+                    Ok(k) => {
+                        for (j, b) in rbuf[..k].iter().enumerate() {
+                            let at = got + j as u64;
+                            assert_eq!(*b, pattern(at), "byte {at} of {total} is wrong");
+                        }
+                        got += k as u64;
+                    }
+                    Err(StackError::WouldBlock) => break,
+                    Err(e) => panic!("server recv at {got}: {e:?}"),
+                }
+            }
+        }
+        // Client: the server's FIN ends the stream.
+        if shut && !cli_closed {
+            let s = n.stack_mut(0);
+            match s.tcp_recv(c, &mut rbuf) {
+                Ok(0) => {
+                    s.tcp_close(c).unwrap();
+                    cli_closed = true;
+                }
+                Ok(_) => panic!("server sent data"),
+                Err(StackError::WouldBlock) => {}
+                Err(e) => panic!("client recv: {e:?}"),
+            }
+        }
+        srv_closed && cli_closed
+    });
+    assert!(
+        ok,
+        "transfer stalled: sent {sent} got {got} of {total}; wire {:?}; client {:?}",
+        net.stats,
+        net.stack(0).tcp_connections()
+    );
+    net.stack_mut(1).tcp_close(l).unwrap();
+    net.now().saturating_since(start)
+}
+
+/// After everything closed (and TIME-WAIT passed), nothing is left behind.
+fn assert_clean(net: &mut SimNet, baseline: &[(usize, u32)]) {
+    net.run_for(Duration::from_secs(61));
+    for (i, &(socks, bufs)) in baseline.iter().enumerate() {
+        let s = net.stack(i);
+        assert!(
+            s.tcp_connections().is_empty(),
+            "stack {i}: {:?}",
+            s.tcp_connections()
+        );
+        assert_eq!(s.socket_count().0, socks, "stack {i}: sockets left");
+        assert_eq!(s.pool().in_use(), bufs, "stack {i}: pool buffers left");
+    }
+}
+
+fn baseline(net: &SimNet) -> Vec<(usize, u32)> {
+    (0..2)
+        .map(|i| (net.stack(i).socket_count().0, net.stack(i).pool().in_use()))
+        .collect()
+}
+
+#[test]
+fn handshake_data_and_close_v4_and_v6() {
+    for (k, server) in ["10.0.0.2:80", "[fd00::2]:80"].into_iter().enumerate() {
+        let mut net = pair(10 + k as u64, Faults::default());
+        let base = baseline(&net);
+        let server = sa(server);
+        let l = net.stack_mut(1).tcp_listen(sa("[::]:80"), 8).unwrap();
+        let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
+        assert_eq!(net.stack(0).tcp_state(c).unwrap(), TcpState::SynSent);
+        assert!(net.run_until(Duration::from_secs(2), |n| n
+            .stack(1)
+            .readiness(l)
+            .unwrap()
+            .readable));
+        assert!(net.stack(0).readiness(c).unwrap().connected);
+        let s = net.stack_mut(1).tcp_accept(l).unwrap();
+        assert!(!net.stack(1).readiness(l).unwrap().readable);
+        assert_eq!(net.stack(1).tcp_state(s).unwrap(), TcpState::Established);
+        assert_eq!(net.stack(1).tcp_local_addr(s).unwrap(), server);
+        assert_eq!(
+            net.stack(1).tcp_peer_addr(s).unwrap(),
+            net.stack(0).tcp_local_addr(c).unwrap()
+        );
+        let info = net.stack(0).tcp_info(c).unwrap();
+        assert!(info.sack && info.timestamps && info.wscale.is_some());
+        let mss = if server.is_ipv4() {
+            1460 - 12
+        } else {
+            1440 - 12
+        };
+        assert_eq!(info.snd_mss, mss);
+        // Both ways.
+        assert_eq!(net.stack_mut(0).tcp_send(c, b"hello").unwrap(), 5);
+        let mut buf = [0u8; 64];
+        assert!(net.run_until(Duration::from_secs(1), |n| n
+            .stack(1)
+            .readiness(s)
+            .unwrap()
+            .readable));
+        assert_eq!(net.stack_mut(1).tcp_recv(s, &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+        assert_eq!(
+            net.stack_mut(1).tcp_recv(s, &mut buf),
+            Err(StackError::WouldBlock)
+        );
+        net.stack_mut(1).tcp_send(s, b"world!").unwrap();
+        assert!(net.run_until(Duration::from_secs(1), |n| n
+            .stack_mut(0)
+            .tcp_recv_available(c)
+            .unwrap()
+            == 6));
+        assert_eq!(net.stack_mut(0).tcp_recv(c, &mut buf).unwrap(), 6);
+        // Orderly close: client first (it gets TIME-WAIT).
+        net.stack_mut(0).tcp_close(c).unwrap();
+        assert!(net.run_until(Duration::from_secs(1), |n| n
+            .stack_mut(1)
+            .tcp_recv(s, &mut buf)
+            == Ok(0)));
+        assert_eq!(net.stack(1).tcp_state(s).unwrap(), TcpState::CloseWait);
+        net.stack_mut(1).tcp_close(s).unwrap();
+        net.run_for(Duration::from_millis(100));
+        let conns = net.stack(0).tcp_connections();
+        assert_eq!(conns.len(), 1);
+        assert_eq!(conns[0].info.state, TcpState::TimeWait);
+        assert!(conns[0].orphan);
+        assert!(net.stack(1).tcp_connections().is_empty(), "LAST-ACK done");
+        // Stale handles are refused.
+        assert_eq!(
+            net.stack_mut(0).tcp_send(c, b"x"),
+            Err(StackError::InvalidHandle)
+        );
+        net.stack_mut(1).tcp_close(l).unwrap();
+        assert_clean(&mut net, &base);
+        let c0 = net.stack(0).counters_snapshot();
+        assert_eq!(c0.tcp_active_opens, 1);
+        assert_eq!(c0.tcp_time_wait_entered, 1);
+        assert_eq!(c0.tcp_conns_reaped, 1);
+        assert_eq!(net.stack(1).counters().tcp_passive_opens, 1);
+        assert_eq!(c0.tcp_rx_bad_checksum, 0);
+    }
+}
+
+#[test]
+fn refused_connect_gets_rst_and_rst_gets_nothing() {
+    let mut net = pair(3, Faults::default());
+    let c = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:81"))
+        .unwrap();
+    let mut buf = [0u8; 8];
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(0)
+        .readiness(c)
+        .unwrap()
+        .closed));
+    assert_eq!(
+        net.stack_mut(0).tcp_recv(c, &mut buf),
+        Err(StackError::ConnectionRefused)
+    );
+    assert_eq!(
+        net.stack_mut(0).tcp_send(c, b"x"),
+        Err(StackError::ConnectionRefused)
+    );
+    assert_eq!(StackError::ConnectionRefused.errno(), 111);
+    let c1 = net.stack(1).counters();
+    assert_eq!(c1.tcp_rx_no_socket, 1);
+    assert_eq!(c1.tcp_tx_reset_no_socket, 1);
+    // The RST itself was not answered.
+    assert_eq!(net.stack(0).counters().tcp_tx_reset_no_socket, 0);
+    net.stack_mut(0).tcp_close(c).unwrap();
+    assert_eq!(net.stack(0).socket_count().0, 0);
+    // Connecting to nowhere.
+    assert_eq!(
+        net.stack_mut(0).tcp_connect(None, sa("192.168.9.9:80")),
+        Err(StackError::NoRoute)
+    );
+    // Port in use.
+    let l = net.stack_mut(1).tcp_listen(sa("0.0.0.0:80"), 1).unwrap();
+    assert_eq!(
+        net.stack_mut(1).tcp_listen(sa("10.0.0.2:80"), 1),
+        Err(StackError::AddrInUse)
+    );
+    assert_eq!(net.stack_mut(1).tcp_accept(l), Err(StackError::WouldBlock));
+}
+
+#[test]
+fn bulk_clean_4mib_v4() {
+    let mut net = pair(20, Faults::default());
+    let base = baseline(&net);
+    let t = transfer(
+        &mut net,
+        sa("10.0.0.2:5001"),
+        4 << 20,
+        Duration::from_secs(30),
+    );
+    eprintln!("4 MiB clean in {t:?} virtual");
+    assert_clean(&mut net, &base);
+}
+
+fn lossy(loss: f64, seed: u64, server: &str, total: u64) {
+    let faults = Faults {
+        loss,
+        ..Faults::default()
+    };
+    let mut net = pair(seed, faults);
+    let base = baseline(&net);
+    transfer(&mut net, sa(server), total, Duration::from_secs(600));
+    let c = net.stack(0).counters_snapshot();
+    eprintln!(
+        "loss {loss}: retransmits {} rto {} fast {} wire {:?}",
+        c.tcp_retransmit_segments, c.tcp_rto_expired, c.tcp_fast_recoveries, net.stats
+    );
+    if loss > 0.0 {
+        assert!(c.tcp_retransmit_segments > 0);
+    }
+    assert_clean(&mut net, &base);
+}
+
+#[test]
+fn bulk_1pct_loss_v4() {
+    lossy(0.01, 21, "10.0.0.2:5001", 3 << 20);
+}
+
+#[test]
+fn bulk_5pct_loss_v6() {
+    lossy(0.05, 22, "[fd00::2]:5001", 2 << 20);
+}
+
+#[test]
+fn bulk_10pct_loss_v4() {
+    lossy(0.10, 23, "10.0.0.2:5001", 1 << 20);
+}
+
+#[test]
+fn bulk_reorder_duplicate_corrupt() {
+    for (seed, server) in [(24, "10.0.0.2:5001"), (25, "[fd00::2]:5001")] {
+        let faults = Faults {
+            loss: 0.01,
+            duplicate: 0.02,
+            corrupt: 0.02,
+            reorder: 0.05,
+            reorder_window: Duration::from_millis(2),
+            ..Faults::default()
+        };
+        let mut net = pair(seed, faults);
+        let base = baseline(&net);
+        transfer(&mut net, sa(server), 2 << 20, Duration::from_secs(600));
+        assert!(net.stats.corrupted > 0 && net.stats.duplicated > 0);
+        let bad = net.stack(0).counters().tcp_rx_bad_checksum
+            + net.stack(1).counters().tcp_rx_bad_checksum;
+        assert!(bad > 0, "corruption was caught by the checksum");
+        assert_clean(&mut net, &base);
+    }
+}
+
+/// 128 MiB at 1 % loss with reordering; in release (`cargo test --release -p
+/// usnet-stack --test tcp -- --ignored`).
+#[test]
+#[ignore]
+fn bulk_128mib_lossy_release() {
+    let faults = Faults {
+        loss: 0.01,
+        duplicate: 0.005,
+        corrupt: 0.001,
+        reorder: 0.01,
+        ..Faults::default()
+    };
+    let mut net = pair(26, faults);
+    let base = baseline(&net);
+    let t = transfer(
+        &mut net,
+        sa("10.0.0.2:5001"),
+        128 << 20,
+        Duration::from_secs(3600),
+    );
+    eprintln!("128 MiB in {t:?} virtual; wire {:?}", net.stats);
+    assert_clean(&mut net, &base);
+}
+
+/// `n` clients on stack 0 each send `per` bytes to an echo-less sink on stack 1 and
+/// close; stack 1 closes after EOF.
+fn many(n: usize, per: usize, backlog: usize, accept_late: bool) {
+    let mut net = pair(30, Faults::default());
+    for i in 0..2 {
+        let t = net.stack_mut(i).tcp_config_mut();
+        t.send_buffer = 16 << 10;
+        t.recv_buffer = 16 << 10;
+        t.recv_buffer_initial = 16 << 10;
+    }
+    let base = baseline(&net);
+    let l = net
+        .stack_mut(1)
+        .tcp_listen(sa("0.0.0.0:7000"), backlog)
+        .unwrap();
+    let clients: Vec<SocketHandle> = (0..n)
+        .map(|_| {
+            net.stack_mut(0)
+                .tcp_connect(None, sa("10.0.0.2:7000"))
+                .unwrap()
+        })
+        .collect();
+    if accept_late {
+        // Nobody accepts for a while: the backlog fills and the rest wait (their
+        // handshakes are retried), then everything completes once accepted.
+        net.run_for(Duration::from_millis(500));
+        let ls = net.stack(1).tcp_listeners();
+        assert_eq!(ls[0].accept_queue, backlog);
+        assert!(net.stack(1).counters_snapshot().tcp_listen_accept_overflow > 0);
+    }
+    let mut data = vec![0u8; per];
+    let mut sent = vec![0usize; n];
+    let mut closed = vec![false; n];
+    let mut servers: Vec<(SocketHandle, usize, bool)> = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let ok = net.run_until(Duration::from_secs(120), |net| {
+        let s0 = net.stack_mut(0);
+        for (i, &c) in clients.iter().enumerate() {
+            if closed[i] || !s0.readiness(c).unwrap().connected {
+                continue;
+            }
+            while sent[i] < per {
+                fill(&mut data[..per - sent[i]], (i * per + sent[i]) as u64);
+                match s0.tcp_send(c, &data[..per - sent[i]]) {
+                    Ok(k) => sent[i] += k,
+                    Err(StackError::WouldBlock) => break,
+                    Err(e) => panic!("client {i}: {e:?}"),
+                }
+            }
+            if sent[i] == per {
+                s0.tcp_close(c).unwrap();
+                closed[i] = true;
+            }
+        }
+        let s1 = net.stack_mut(1);
+        while let Ok(h) = s1.tcp_accept(l) {
+            servers.push((h, 0, false));
+        }
+        for (h, got, done) in servers.iter_mut() {
+            while !*done {
+                match s1.tcp_recv(*h, &mut buf) {
+                    Ok(0) => {
+                        assert_eq!(*got, per);
+                        s1.tcp_close(*h).unwrap();
+                        *done = true;
+                    }
+                    Ok(k) => *got += k,
+                    Err(StackError::WouldBlock) => break,
+                    Err(e) => panic!("server: {e:?}"),
+                }
+            }
+        }
+        servers.len() == n && servers.iter().all(|s| s.2) && closed.iter().all(|c| *c)
+    });
+    assert!(
+        ok,
+        "accepted {} of {n}, done {}",
+        servers.len(),
+        servers.iter().filter(|s| s.2).count()
+    );
+    net.stack_mut(1).tcp_close(l).unwrap();
+    assert_clean(&mut net, &base);
+    let c0 = net.stack(0).counters_snapshot();
+    assert_eq!(c0.tcp_active_opens, n as u64);
+    assert_eq!(c0.tcp_conns_reaped, n as u64);
+    assert_eq!(net.stack(1).counters().tcp_passive_opens, n as u64);
+}
+
+#[test]
+fn a_thousand_concurrent_connections() {
+    many(1000, 3000, 1024, false);
+}
+
+#[test]
+fn listener_backlog_holds_completed_handshakes_until_accepted() {
+    many(40, 100, 8, true);
+}
+
+/// Connect, exchange a little, close; `n` times in a row. The server closes first
+/// half of the time, so TIME-WAIT sits on both sides and old 4-tuples are reused
+/// (RFC 6191). Afterwards the pool and the socket table are back to where they began.
+fn cycles(n: usize) {
+    let mut net = pair(40, Faults::default());
+    for i in 0..2 {
+        let t = net.stack_mut(i).tcp_config_mut();
+        t.send_buffer = 4 << 10;
+        t.recv_buffer = 4 << 10;
+        t.recv_buffer_initial = 4 << 10;
+    }
+    let base = baseline(&net);
+    let l = net.stack_mut(1).tcp_listen(sa("0.0.0.0:9000"), 64).unwrap();
+    let base_slots = net.stack(0).socket_count().1;
+    let mut buf = [0u8; 64];
+    for i in 0..n {
+        let c = net
+            .stack_mut(0)
+            .tcp_connect(None, sa("10.0.0.2:9000"))
+            .unwrap();
+        let mut s = None;
+        assert!(net.run_until(Duration::from_secs(5), |net| {
+            if s.is_none() {
+                s = net.stack_mut(1).tcp_accept(l).ok();
+            }
+            s.is_some() && net.stack(0).readiness(c).unwrap().connected
+        }));
+        let s = s.unwrap();
+        net.stack_mut(0).tcp_send(c, b"ping").unwrap();
+        assert!(net.run_until(Duration::from_secs(5), |net| net
+            .stack_mut(1)
+            .tcp_recv(s, &mut buf)
+            == Ok(4)));
+        let (first, second, fh, sh) = if i % 2 == 0 {
+            (0, 1, c, s)
+        } else {
+            (1, 0, s, c)
+        };
+        net.stack_mut(first).tcp_close(fh).unwrap();
+        assert!(net.run_until(Duration::from_secs(5), |net| net
+            .stack_mut(second)
+            .tcp_recv(sh, &mut buf)
+            == Ok(0)));
+        net.stack_mut(second).tcp_close(sh).unwrap();
+    }
+    net.stack_mut(1).tcp_close(l).unwrap();
+    assert_clean(&mut net, &base);
+    // The slot table grew only to the TIME-WAIT population, not with every cycle.
+    let slots = net.stack(0).socket_count().1;
+    assert!(slots <= base_slots + 20_000, "{slots} slots");
+    eprintln!(
+        "{n} cycles: slots {slots}, reused TIME-WAIT {} / {}",
+        net.stack(0).counters().tcp_time_wait_reused,
+        net.stack(1).counters().tcp_time_wait_reused
+    );
+}
+
+#[test]
+fn connect_close_cycles() {
+    cycles(2000);
+}
+
+/// 100,000 connect/close cycles (`--release -- --ignored`).
+#[test]
+#[ignore]
+fn connect_close_100k_cycles_release() {
+    cycles(100_000);
+}
