@@ -33,6 +33,8 @@ step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 step "build" cargo build --workspace --release
 step "tests" cargo test --workspace --release
+# Long simulated conversations (100+ MB with loss, 100k connect/close cycles): release only.
+step "long simulations" cargo test --release -p usnet-stack -p usnet-tcp -- --ignored
 if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 2>/dev/null; then
     step "loom model checking" env RUSTFLAGS="--cfg loom" \
         cargo test -p usnet-ring --release --lib --target-dir target/loom loom
