@@ -1,6 +1,5 @@
-//! Time as the engine sees it: nanoseconds passed in by the caller. The same shape as
-//! `usnet_stack::Instant` (convert with `Instant::from_nanos(t.as_nanos())`); this crate
-//! keeps its own type so that `usnet-stack` can depend on it without a cycle.
+//! Time as the engine sees it: nanoseconds passed in by the caller. `usnet-stack`
+//! re-exports this type as its own `Instant`, so the whole core shares one clock type.
 
 use std::ops::{Add, Sub};
 use std::time::Duration;
