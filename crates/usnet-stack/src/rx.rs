@@ -122,6 +122,35 @@ pub(crate) struct L3Info {
     pub eth_src: MacAddr,
 }
 
+impl L3Info {
+    /// An echo request to answer; only when sent to one of our unicast addresses (like
+    /// Linux's icmp_echo_ignore_broadcasts=1). The echo data follows the 8-byte header.
+    fn echo_request(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
+        if !self.unicast {
+            return Verdict::Drop;
+        }
+        Verdict::EchoRequest {
+            src: self.src,
+            dst: self.dst,
+            ident,
+            seq,
+            off: l4_off + 8,
+            len,
+        }
+    }
+
+    fn echo_reply(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
+        Verdict::EchoReply {
+            from: self.src,
+            ident,
+            seq,
+            hop_limit: self.hop_limit,
+            off: l4_off + 8,
+            len,
+        }
+    }
+}
+
 impl View<'_> {
     fn is_local(&self, ip: IpAddr) -> bool {
         self.addrs.iter().any(|c| c.addr == ip)
@@ -463,29 +492,11 @@ impl View<'_> {
         match icmp {
             Icmpv4Repr::EchoRequest { ident, seq, data } => {
                 c.icmp4_rx_echo_request += 1;
-                // Like Linux's icmp_echo_ignore_broadcasts=1.
-                if !l3.unicast {
-                    return Verdict::Drop;
-                }
-                Verdict::EchoRequest {
-                    src: l3.src,
-                    dst: l3.dst,
-                    ident,
-                    seq,
-                    off: l4_off + 8,
-                    len: data.len(),
-                }
+                l3.echo_request(ident, seq, data.len(), l4_off)
             }
             Icmpv4Repr::EchoReply { ident, seq, data } => {
                 c.icmp4_rx_echo_reply += 1;
-                Verdict::EchoReply {
-                    from: l3.src,
-                    ident,
-                    seq,
-                    hop_limit: l3.hop_limit,
-                    off: l4_off + 8,
-                    len: data.len(),
-                }
+                l3.echo_reply(ident, seq, data.len(), l4_off)
             }
             Icmpv4Repr::DstUnreachable { .. } => {
                 c.icmp4_rx_unreachable += 1;
@@ -521,28 +532,11 @@ impl View<'_> {
         match icmp {
             Icmpv6Repr::EchoRequest { ident, seq, data } => {
                 c.icmp6_rx_echo_request += 1;
-                if !l3.unicast {
-                    return Verdict::Drop;
-                }
-                Verdict::EchoRequest {
-                    src: l3.src,
-                    dst: l3.dst,
-                    ident,
-                    seq,
-                    off: l4_off + 8,
-                    len: data.len(),
-                }
+                l3.echo_request(ident, seq, data.len(), l4_off)
             }
             Icmpv6Repr::EchoReply { ident, seq, data } => {
                 c.icmp6_rx_echo_reply += 1;
-                Verdict::EchoReply {
-                    from: l3.src,
-                    ident,
-                    seq,
-                    hop_limit: l3.hop_limit,
-                    off: l4_off + 8,
-                    len: data.len(),
-                }
+                l3.echo_reply(ident, seq, data.len(), l4_off)
             }
             Icmpv6Repr::NeighborSolicit { target, source_mac } => {
                 c.icmp6_rx_neighbor_solicit += 1;
