@@ -184,6 +184,47 @@ pub fn render_stat(v: &Value, all: bool) -> String {
         "pool:\n    {} buffers of {} bytes, {} in use (peak {}), {} allocations, {} times exhausted\n",
         p["count"], p["buf_size"], p["in_use"], p["peak_in_use"], p["allocs"], p["exhausted"]
     );
+    let listeners = v["tcp_listeners"].as_array().cloned().unwrap_or_default();
+    let conns = v["tcp_connections"].as_array().cloned().unwrap_or_default();
+    if !listeners.is_empty() || !conns.is_empty() {
+        out += &format!(
+            "tcp sockets ({} connections):\n    {:<12} {:<44} {:<44} {:>8} {:>8} {:>8} {:>6}\n",
+            v["tcp_connections_total"],
+            "state",
+            "local",
+            "remote",
+            "srtt µs",
+            "cwnd",
+            "retrans",
+            "recv-q"
+        );
+        for l in &listeners {
+            out += &format!(
+                "    {:<12} {:<44} {:<44} {:>8} {:>8} {:>8} {:>6}\n",
+                "LISTEN",
+                l["local"].as_str().unwrap_or("?"),
+                "*",
+                "-",
+                "-",
+                "-",
+                l["accept_queue"].to_string()
+            );
+        }
+        for c in &conns {
+            out += &format!(
+                "    {:<12} {:<44} {:<44} {:>8} {:>8} {:>8} {:>6}\n",
+                c["state"].as_str().unwrap_or("?"),
+                c["local"].as_str().unwrap_or("?"),
+                c["remote"].as_str().unwrap_or("?"),
+                c["srtt_us"]
+                    .as_u64()
+                    .map_or("-".to_string(), |u| u.to_string()),
+                c["cwnd"].to_string(),
+                c["retransmits"].to_string(),
+                c["recv_q"].to_string(),
+            );
+        }
+    }
     let neigh = v["neighbors"].as_array().cloned().unwrap_or_default();
     if !neigh.is_empty() {
         out += "neighbors:\n";

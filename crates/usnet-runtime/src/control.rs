@@ -18,6 +18,9 @@ use serde_json::{json, Value};
 
 use crate::{NetStack, PingSocket};
 
+/// Connections listed by `stat` (the total is always reported).
+const STAT_MAX_CONNECTIONS: usize = 256;
+
 /// Where control sockets live: `$USNET_RUN_DIR`, else `/tmp/usnet-<uid>`.
 pub fn run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("USNET_RUN_DIR") {
@@ -204,6 +207,29 @@ pub fn stat(net: &NetStack, info: &StackInfo, started: std::time::Instant) -> Va
             "neighbors": s.neighbors().iter().map(|(ip, mac)| json!({
                 "ip": ip.to_string(),
                 "mac": mac.map(|m| m.to_string()),
+            })).collect::<Vec<_>>(),
+            "tcp_listeners": s.tcp_listeners().iter().map(|l| json!({
+                "local": l.local.to_string(),
+                "syn_queue": l.syn_queue,
+                "accept_queue": l.accept_queue,
+            })).collect::<Vec<_>>(),
+            // Like `ss -ti`, capped so a stack with 10,000 connections answers quickly.
+            "tcp_connections_total": s.tcp_connections().len(),
+            "tcp_connections": s.tcp_connections().iter().take(STAT_MAX_CONNECTIONS).map(|c| json!({
+                "local": c.local.to_string(),
+                "remote": c.remote.to_string(),
+                "state": format!("{:?}", c.info.state),
+                "orphan": c.orphan,
+                "srtt_us": c.info.srtt.map(|d| d.as_micros() as u64),
+                "rto_ms": c.info.rto.as_millis() as u64,
+                "cwnd": c.info.cwnd,
+                "ssthresh": c.info.ssthresh,
+                "mss": c.info.snd_mss,
+                "in_flight": c.info.bytes_in_flight,
+                "retransmits": c.info.total_retransmits,
+                "congestion": c.info.congestion,
+                "recv_q": c.info.recv_queued,
+                "send_q": c.info.send_queued,
             })).collect::<Vec<_>>(),
         })
     })
