@@ -2,7 +2,9 @@
 //! (no root, no set-up): this process is one stack (library mode), a `usnet up` child
 //! is the other (with its built-in services and control socket). It runs ping and UDP
 //! echo both ways and over both IP versions, a 64 MiB TCP transfer through the
-//! peer's TCP echo service with every byte checked, then prints a summary table.
+//! peer's TCP echo service with every byte checked, HTTP GET /bytes/N (pattern
+//! checked) and POST (SHA-256 compared) against the peer's HTTP service, then prints
+//! a summary table.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -89,7 +91,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
         ])
         .args([
             "--services",
-            "echo,discard,chargen",
+            "echo,discard,chargen,http",
             "--quiet",
             "--duration",
             "120",
@@ -131,6 +133,9 @@ pub fn run(a: DemoArgs) -> CmdResult {
         rows.push(tcp_echo_step(&net, "10.77.0.2:7".parse()?, a.tcp_mib << 20));
         rows.push(tcp_echo_step(&net, "[fd77::2]:7".parse()?, a.tcp_mib << 17));
     }
+    rows.push(http_step(&net, "http://10.77.0.2/bytes/16777216", 16 << 20));
+    rows.push(http_step(&net, "http://[fd77::2]/bytes/1000003", 1_000_003));
+    rows.push(http_post_step(&net, "http://10.77.0.2/upload", 4 << 20));
     rows.push(peer_ping_step(&ctl));
     rows.push(peer_stat_step(&ctl));
 
@@ -428,5 +433,114 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
             c["tcp_tx_segments"],
             c["tcp_retransmit_segments"]
         ),
+    }
+}
+
+/// `GET /bytes/N` from the peer's HTTP service, every byte checked against the
+/// documented pattern.
+fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
+    let step = format!("http GET {url}");
+    let run = || -> Result<String, Box<dyn std::error::Error>> {
+        let u = crate::get::parse_url(url)?;
+        let t = Instant::now();
+        let mut off = 0u64;
+        let mut bad = None;
+        let f = crate::get::exchange(
+            net,
+            &u,
+            "GET",
+            None,
+            Duration::from_secs(10),
+            &mut |_| {},
+            &mut |d| {
+                if bad.is_none() {
+                    bad = usnet_runtime::http::check_pattern(d, off);
+                }
+                off += d.len() as u64;
+                Ok(())
+            },
+        )?;
+        let secs = t.elapsed().as_secs_f64();
+        if f.head.status != 200 {
+            return Err(format!("HTTP {} {}", f.head.status, f.head.reason).into());
+        }
+        if let Some(at) = bad {
+            return Err(format!("byte {at} differs from the pattern").into());
+        }
+        if f.bytes != n {
+            return Err(format!("{} of {n} bytes", f.bytes).into());
+        }
+        Ok(format!(
+            "{n} bytes of the pattern, every byte checked, {:.0} MB/s",
+            n as f64 / secs / 1e6
+        ))
+    };
+    match run() {
+        Ok(detail) => Row {
+            step,
+            ok: true,
+            detail,
+        },
+        Err(e) => Row {
+            step,
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
+}
+
+/// `POST` of `n` bytes to the peer's HTTP service, which answers their SHA-256.
+fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
+    use sha2::{Digest, Sha256};
+    let step = format!("http POST {url}");
+    let run = || -> Result<String, Box<dyn std::error::Error>> {
+        let u = crate::get::parse_url(url)?;
+        let mut want = Sha256::new();
+        let mut fill = |b: &mut [u8], off: u64| {
+            for (k, x) in b.iter_mut().enumerate() {
+                *x = tcp_pattern(off + k as u64);
+            }
+            want.update(&*b);
+        };
+        let mut answer = Vec::new();
+        let t = Instant::now();
+        let f = crate::get::exchange(
+            net,
+            &u,
+            "POST",
+            Some((n, &mut fill)),
+            Duration::from_secs(10),
+            &mut |_| {},
+            &mut |d| {
+                answer.extend_from_slice(d);
+                Ok(())
+            },
+        )?;
+        let secs = t.elapsed().as_secs_f64();
+        let want = usnet_runtime::http::hex(&want.finalize());
+        let got = String::from_utf8_lossy(&answer).trim().to_string();
+        if f.head.status != 200 {
+            return Err(format!("HTTP {} {}: {got}", f.head.status, f.head.reason).into());
+        }
+        if got != want {
+            return Err(format!("the server says sha256 {got}, we computed {want}").into());
+        }
+        Ok(format!(
+            "{n} bytes, the server's SHA-256 matches ({}...), {:.0} MB/s",
+            &want[..16],
+            n as f64 / secs / 1e6
+        ))
+    };
+    match run() {
+        Ok(detail) => Row {
+            step,
+            ok: true,
+            detail,
+        },
+        Err(e) => Row {
+            step,
+            ok: false,
+            detail: e.to_string(),
+        },
     }
 }

@@ -2,6 +2,7 @@
 
 mod ctl;
 mod demo;
+mod get;
 mod perf;
 mod up;
 
@@ -34,6 +35,8 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Bulk TCP transfer with every byte checked; either end usnet or Linux (--kernel).
     Perf(perf::PerfArgs),
+    /// Fetch an http:// URL (IP literal) through a usnet stack; print size and SHA-256.
+    Get(get::GetArgs),
     /// Play the emulated NIC's device side: build frames, place them in the RX ring
     /// and raise interrupts at a chosen interval and count.
     Nicemu(usnet_nicemu::NicemuArgs),
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Cmd::Stat(a) => ctl::stat(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Perf(a) => perf::run(a),
+        Cmd::Get(a) => get::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
         Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),

@@ -19,6 +19,8 @@ pub enum ServiceKind {
     Echo,
     Discard,
     Chargen,
+    /// The HTTP/1.1 service on this TCP port (see [`crate::http`]).
+    Http(u16),
 }
 
 impl ServiceKind {
@@ -27,12 +29,20 @@ impl ServiceKind {
             ServiceKind::Echo => 7,
             ServiceKind::Discard => 9,
             ServiceKind::Chargen => 19,
+            ServiceKind::Http(port) => port,
         }
     }
 
     /// Binds the service's port on every address of `stack` (IPv4 and IPv6), for
     /// UDP and TCP.
     pub fn start(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
+        if let ServiceKind::Http(port) = self {
+            let cfg = crate::http::HttpConfig {
+                port,
+                ..Default::default()
+            };
+            return Ok(Box::new(crate::http::HttpService::start(stack, cfg)?));
+        }
         let addr = SocketAddr::from(([0u16; 8], self.port()));
         let sock = stack.udp_bind(addr)?;
         let listener = match stack.tcp_listen(addr, 128) {
@@ -60,6 +70,9 @@ impl ServiceKind {
 
     /// Only the UDP service.
     pub fn start_udp(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
+        if let ServiceKind::Http(_) = self {
+            return Err(StackError::WrongType);
+        }
         let sock = stack.udp_bind(SocketAddr::from(([0u16; 8], self.port())))?;
         Ok(Box::new(UdpService {
             kind: self,
@@ -77,9 +90,14 @@ impl FromStr for ServiceKind {
             "echo" => Ok(ServiceKind::Echo),
             "discard" => Ok(ServiceKind::Discard),
             "chargen" => Ok(ServiceKind::Chargen),
-            _ => Err(format!(
-                "unknown service '{s}': expected echo, discard or chargen"
-            )),
+            "http" => Ok(ServiceKind::Http(crate::http::DEFAULT_PORT)),
+            _ => match s.strip_prefix("http:").map(str::parse::<u16>) {
+                Some(Ok(port)) if port != 0 => Ok(ServiceKind::Http(port)),
+                Some(_) => Err(format!("bad service '{s}': expected http:PORT (1..65535)")),
+                None => Err(format!(
+                    "unknown service '{s}': expected echo, discard, chargen, http or http:PORT"
+                )),
+            },
         }
     }
 }
@@ -108,6 +126,7 @@ impl Service for UdpService {
             ServiceKind::Echo => "echo",
             ServiceKind::Discard => "discard",
             ServiceKind::Chargen => "chargen",
+            ServiceKind::Http(_) => "http",
         }
     }
 
@@ -121,7 +140,7 @@ impl Service for UdpService {
             };
             did = true;
             match self.kind {
-                ServiceKind::Discard => {}
+                ServiceKind::Discard | ServiceKind::Http(_) => {}
                 ServiceKind::Echo => {
                     // A full transmit queue drops the echo, as UDP may.
                     let _ = stack.udp_send_to(self.sock, &self.buf[..n], from);
@@ -312,5 +331,12 @@ mod tests {
         chargen_line(1, &mut lines);
         assert_eq!(stream, lines);
         assert_eq!("chargen".parse::<ServiceKind>(), Ok(ServiceKind::Chargen));
+        assert_eq!("http".parse::<ServiceKind>(), Ok(ServiceKind::Http(80)));
+        assert_eq!(
+            "http:8080".parse::<ServiceKind>(),
+            Ok(ServiceKind::Http(8080))
+        );
+        assert!("http:0".parse::<ServiceKind>().is_err());
+        assert!("http:x".parse::<ServiceKind>().is_err());
     }
 }

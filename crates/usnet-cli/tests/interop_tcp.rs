@@ -1,0 +1,1024 @@
+//! HTTP over usnet's TCP against Linux, through the built `usnet` binary: `curl` →
+//! the usnet HTTP service and `usnet get` → nginx on a TAP (IPv4 and IPv6), 1 GiB
+//! each way with SHA-256 compared, clean and with nftables dropping 1% of the TAP's
+//! packets at random both ways, and the same HTTP exchanges over AF_PACKET on a veth
+//! whose other end sits in a network namespace (curl and python3's http.server there).
+//!
+//! Needs root ("skipped: needs root" otherwise) and curl, nginx, nftables, python3,
+//! iproute2; a missing tool fails naming its Debian package. Every test uses its own
+//! interfaces, namespace, nftables table and directory, removed in `Drop`.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const USNET: &str = env!("CARGO_BIN_EXE_usnet");
+
+// ------------------------------------------------------------------ helpers
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+    };
+}
+
+/// Fails naming the Debian package when a tool is missing (CI must install it).
+fn need(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is not installed: apt-get install -y {package} (CI must install it)"
+    );
+}
+
+struct Out {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn ok(&self) -> bool {
+        self.status.success()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}\n--- stdout\n{}--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs a command with `input` on stdin, killing it after `timeout`.
+fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let r1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let r2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            let out = Out {
+                status: s,
+                stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+                stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+            };
+            panic!("{what} timed out after {timeout:?}: {}", out.describe());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = writer.join();
+    Out {
+        status,
+        stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+        stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+    }
+}
+
+fn run(prog: &str, args: &[&str], timeout: Duration) -> Out {
+    run_in(Command::new(prog).args(args), &[], timeout)
+}
+
+/// Runs a command that must succeed.
+fn must(prog: &str, args: &[&str]) -> Out {
+    let o = run(prog, args, Duration::from_secs(20));
+    assert!(o.ok(), "{prog} {}: {}", args.join(" "), o.describe());
+    o
+}
+
+fn ip(args: &[&str]) {
+    must("ip", args);
+}
+
+/// A private directory (run dir, logs, pcap files) removed at the end.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("usnet-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Commands undoing what a test set up (interfaces, namespaces), run in `Drop`.
+#[derive(Default)]
+struct Cleanup(Vec<Vec<String>>);
+
+impl Cleanup {
+    fn on_drop(&mut self, args: &[&str]) {
+        self.0.push(args.iter().map(|s| s.to_string()).collect());
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in self.0.iter().rev() {
+            let _ = Command::new(&c[0])
+                .args(&c[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A running `usnet up`, killed in `Drop` if the test did not stop it.
+struct Daemon {
+    child: Child,
+    name: String,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Daemon {
+        let log = |s: &str| File::create(dir.join(format!("{name}.{s}"))).unwrap();
+        let child = Command::new(USNET)
+            .arg("up")
+            .args(["--name", name])
+            .args(args)
+            .env("USNET_RUN_DIR", dir)
+            .stdin(Stdio::null())
+            .stdout(log("out"))
+            .stderr(log("err"))
+            .spawn()
+            .expect("spawn usnet up");
+        let mut d = Daemon {
+            child,
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn logs(&self) -> String {
+        let read = |s: &str| {
+            std::fs::read_to_string(self.dir.join(format!("{}.{s}", self.name))).unwrap_or_default()
+        };
+        format!(
+            "--- usnet up stdout\n{}--- usnet up stderr\n{}",
+            read("out"),
+            read("err")
+        )
+    }
+
+    /// Polls until the control socket answers (or the process died).
+    fn wait_ready(&mut self) {
+        let sock = self.dir.join(format!("{}.ctl", self.name));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if UnixStream::connect(&sock).is_ok() {
+                return;
+            }
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("usnet up exited early ({s}):\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up not ready after 15 s:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `usnet <args> --stack NAME` with this daemon's run directory.
+    fn ctl(&self, args: &[&str], timeout: Duration) -> Out {
+        run_in(
+            Command::new(USNET)
+                .args(args)
+                .args(["--stack", &self.name])
+                .env("USNET_RUN_DIR", &self.dir),
+            &[],
+            timeout,
+        )
+    }
+
+    fn counters(&self) -> Value {
+        let o = self.ctl(&["stat", "--json"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet stat --json: {}", o.describe());
+        let v: Value = serde_json::from_str(&o.stdout).expect("stat JSON");
+        v["counters"].clone()
+    }
+
+    /// `usnet down`, then waits for a clean exit.
+    fn down(&mut self) {
+        let o = self.ctl(&["down"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet down: {}", o.describe());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                assert!(s.success(), "usnet up exited with {s}:\n{}", self.logs());
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up still running 10 s after `usnet down`:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first so it closes its link and pcap file; SIGKILL if it hangs.
+            // SAFETY: kill on a child we spawned and have not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Removes what a crashed earlier run may have left behind.
+fn remove_leftovers(links: &[&str], netns: &[&str]) {
+    for l in links {
+        let _ = run("ip", &["link", "del", l], Duration::from_secs(10));
+    }
+    for n in netns {
+        let _ = run("ip", &["netns", "del", n], Duration::from_secs(10));
+    }
+}
+
+fn counter(c: &Value, name: &str) -> u64 {
+    c[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {c}"))
+}
+
+// ------------------------------------------------------------------ HTTP helpers
+
+use sha2::{Digest, Sha256};
+use usnet_runtime::http::fill_pattern;
+
+/// Hex SHA-256 of the first `n` bytes of the `/bytes/N` pattern.
+fn pattern_sha256(n: u64) -> String {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < n {
+        let k = (n - off).min(buf.len() as u64) as usize;
+        fill_pattern(&mut buf[..k], off);
+        h.update(&buf[..k]);
+        off += k as u64;
+    }
+    hex(&h.finalize())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Writes the first `n` bytes of the pattern to `path`.
+fn write_pattern(path: &Path, n: u64) {
+    let mut f = std::io::BufWriter::new(File::create(path).unwrap());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < n {
+        let k = (n - off).min(buf.len() as u64) as usize;
+        fill_pattern(&mut buf[..k], off);
+        f.write_all(&buf[..k]).unwrap();
+        off += k as u64;
+    }
+    f.flush().unwrap();
+}
+
+/// `curl URL | sha256sum` (`prefix` runs it elsewhere, e.g. in a namespace):
+/// (hex digest, bytes, seconds).
+fn curl_sha256(prefix: &[&str], url: &str, timeout: Duration) -> (String, u64, f64) {
+    let t = Instant::now();
+    let mut args: Vec<&str> = prefix.to_vec();
+    args.extend(["curl", "-sS", "--fail", "-g", "--max-time", "170", url]);
+    let mut child = Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn curl");
+    let mut so = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        loop {
+            match so.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    h.update(&buf[..k]);
+                    n += k as u64;
+                }
+            }
+        }
+        (hex(&h.finalize()), n)
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("curl {url} timed out after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (digest, n) = reader.join().unwrap();
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert!(status.success(), "curl {url}: {status}: {err}");
+    (digest, n, t.elapsed().as_secs_f64())
+}
+
+/// Runs curl with `args`; returns stdout.
+fn curl(prefix: &[&str], args: &[&str]) -> Out {
+    let mut all: Vec<&str> = prefix.to_vec();
+    all.extend(["curl", "-sS", "-g", "--max-time", "60"]);
+    all.extend(args);
+    run(all[0], &all[1..], Duration::from_secs(90))
+}
+
+/// GET and POST against the usnet HTTP service at `base` (e.g. `http://10.0.0.2:8080`).
+fn http_service_checks(prefix: &[&str], base: &str, dir: &Path) {
+    // GET /bytes/N, pattern hash compared.
+    let n = (3 << 20) + 17;
+    let (digest, got, _) = curl_sha256(
+        prefix,
+        &format!("{base}/bytes/{n}"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(got, n, "bytes from {base}/bytes/{n}");
+    assert_eq!(digest, pattern_sha256(n), "sha256 of {base}/bytes/{n}");
+    // POST a file (curl sends Expect: 100-continue above 1 MiB) and a chunked body.
+    let file = dir.join("upload.bin");
+    let body: Vec<u8> = (0..(2u32 << 20) + 5)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &body).unwrap();
+    let want = hex(&Sha256::digest(&body));
+    let at_file = format!("@{}", file.display());
+    let o = curl(
+        prefix,
+        &[
+            "--fail",
+            "--data-binary",
+            &at_file,
+            &format!("{base}/upload"),
+        ],
+    );
+    assert!(o.ok(), "POST to {base}: {}", o.describe());
+    assert_eq!(
+        o.stdout.trim(),
+        want,
+        "sha256 of the POSTed file from {base}"
+    );
+    let o = curl(
+        prefix,
+        &[
+            "--fail",
+            "-H",
+            "Transfer-Encoding: chunked",
+            "--data-binary",
+            &at_file,
+            &format!("{base}/chunked"),
+        ],
+    );
+    assert!(o.ok(), "chunked POST to {base}: {}", o.describe());
+    assert_eq!(
+        o.stdout.trim(),
+        want,
+        "sha256 of the chunked POST from {base}"
+    );
+    // Keep-alive: two requests on one connection; the index; a 404.
+    let o = curl(
+        prefix,
+        &[
+            "-v",
+            "--fail",
+            &format!("{base}/bytes/5"),
+            &format!("{base}/"),
+        ],
+    );
+    assert!(o.ok(), "keep-alive GETs from {base}: {}", o.describe());
+    assert!(
+        o.stderr.contains("Re-using existing connection") || o.stderr.contains("Reusing existing"),
+        "curl did not reuse the connection: {}",
+        o.describe()
+    );
+    assert!(o.stdout.contains("usnet HTTP service"), "{}", o.describe());
+    let o = curl(
+        prefix,
+        &[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("{base}/nope"),
+        ],
+    );
+    assert_eq!(o.stdout.trim(), "404", "{}", o.describe());
+    let o = curl(
+        prefix,
+        &[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            &format!("{base}/"),
+        ],
+    );
+    assert_eq!(o.stdout.trim(), "405", "{}", o.describe());
+    // A request head over 8 KiB.
+    let big = format!("X-Big: {}", "a".repeat(9000));
+    let o = curl(
+        prefix,
+        &[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            &big,
+            &format!("{base}/"),
+        ],
+    );
+    assert_eq!(o.stdout.trim(), "431", "{}", o.describe());
+}
+
+/// `usnet get` (its own stack on `link`) → (stdout, seconds).
+fn usnet_get(link_args: &[&str], url: &str, extra: &[&str], timeout: Duration) -> (Out, f64) {
+    let t = Instant::now();
+    let mut args = vec!["get"];
+    args.extend(link_args);
+    args.extend(extra);
+    args.push(url);
+    let o = run(USNET, &args, timeout);
+    (o, t.elapsed().as_secs_f64())
+}
+
+/// A port nothing listens on now (TCP, IPv4 and IPv6).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("[::]:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// nginx serving `root` on every address at `port`, stopped in `Drop`.
+struct Nginx {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    fn start(dir: &Path, root: &Path, port: u16) -> Nginx {
+        need("nginx", "nginx");
+        let conf = dir.join("nginx.conf");
+        let d = dir.display();
+        std::fs::write(
+            &conf,
+            format!(
+                "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/nginx.err warn;\n\
+                 user root;\nevents {{ worker_connections 64; }}\n\
+                 http {{\n access_log off;\n sendfile on;\n\
+                 client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;\n\
+                 uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;\n\
+                 server {{ listen {port}; listen [::]:{port}; root {}; }}\n}}\n",
+                root.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("nginx")
+            .args([
+                "-p",
+                &d.to_string(),
+                "-c",
+                conf.to_str().unwrap(),
+                "-e",
+                &format!("{d}/nginx.err"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(dir.join("nginx.stderr")).unwrap())
+            .spawn()
+            .expect("spawn nginx");
+        let mut n = Nginx {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(s) = n.child.try_wait().unwrap() {
+                panic!("nginx exited ({s}): {}", n.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nginx not listening: {}",
+                n.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        n
+    }
+
+    fn logs(&self) -> String {
+        let r = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        format!("{}{}", r("nginx.stderr"), r("nginx.err"))
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: kill on a child we spawned and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An nftables table dropping `percent`% of the packets in and out of `ifaces` at
+/// random; deleted in `Drop`.
+struct Loss(&'static str);
+
+impl Loss {
+    fn start(table: &'static str, ifaces: &[&str], percent: u32) -> Loss {
+        need("nft", "nftables");
+        let _ = run(
+            "nft",
+            &["delete", "table", "inet", table],
+            Duration::from_secs(10),
+        );
+        let guard = Loss(table);
+        let set = format!(
+            "{{ {} }}",
+            ifaces
+                .iter()
+                .map(|i| format!("\"{i}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        must("nft", &["add", "table", "inet", table]);
+        for (chain, hook, dir) in [("in", "input", "iifname"), ("out", "output", "oifname")] {
+            must(
+                "nft",
+                &[
+                    "add",
+                    "chain",
+                    "inet",
+                    table,
+                    chain,
+                    &format!("{{ type filter hook {hook} priority 0 ; }}"),
+                ],
+            );
+            must(
+                "nft",
+                &[
+                    "add",
+                    "rule",
+                    "inet",
+                    table,
+                    chain,
+                    dir,
+                    &set,
+                    "numgen",
+                    "random",
+                    "mod",
+                    "100",
+                    "<",
+                    &percent.to_string(),
+                    "counter",
+                    "drop",
+                ],
+            );
+        }
+        guard
+    }
+
+    /// Packets dropped so far.
+    fn dropped(&self) -> u64 {
+        let o = must("nft", &["list", "table", "inet", self.0]);
+        o.stdout
+            .split("packets ")
+            .skip(1)
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Loss {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn http_tools() {
+    for (tool, pkg) in [("ip", "iproute2"), ("curl", "curl"), ("nginx", "nginx")] {
+        need(tool, pkg);
+    }
+}
+
+// ------------------------------------------------------------------ TAP
+
+#[test]
+fn tap_curl_to_usnet_http_and_usnet_get_from_nginx() {
+    require_root!();
+    http_tools();
+    let t0 = Instant::now();
+    let (tap_srv, tap_get) = ("usnt5", "usnt6");
+    remove_leftovers(&[tap_srv, tap_get], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", tap_srv]);
+    cleanup.on_drop(&["ip", "link", "del", tap_get]);
+    let dir = TempDir::new("http-tap");
+    let mut d = Daemon::start(
+        dir.path(),
+        "it-http",
+        &[
+            "--link",
+            &format!("tap:{tap_srv}"),
+            "--addr",
+            "10.35.0.2/24",
+            "--addr",
+            "fd35::2/64",
+            "--host-addr",
+            "10.35.0.1/24",
+            "--host-addr",
+            "fd35::1/64",
+            "--services",
+            "echo,http:8080",
+        ],
+    );
+    http_service_checks(&[], "http://10.35.0.2:8080", dir.path());
+    http_service_checks(&[], "http://[fd35::2]:8080", dir.path());
+
+    // usnet get → nginx on the Linux side of another TAP.
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let n = (5 << 20) + 3;
+    write_pattern(&www.join("file"), n);
+    std::fs::write(www.join("small"), b"hello from nginx\n").unwrap();
+    let port = free_port();
+    let nginx = Nginx::start(dir.path(), &www, port);
+    let link = [
+        "--link",
+        &format!("tap:{tap_get}"),
+        "--addr",
+        "10.36.0.2/24",
+        "--addr",
+        "fd36::2/64",
+        "--host-addr",
+        "10.36.0.1/24",
+        "--host-addr",
+        "fd36::1/64",
+    ];
+    let link: Vec<&str> = link.to_vec();
+    for host in ["10.36.0.1", "[fd36::1]"] {
+        let url = format!("http://{host}:{port}/file");
+        let (o, _) = usnet_get(&link, &url, &["--sha256"], Duration::from_secs(60));
+        assert!(
+            o.ok(),
+            "usnet get {url}: {}\n{}",
+            o.describe(),
+            nginx.logs()
+        );
+        assert_eq!(o.stdout.trim(), pattern_sha256(n), "usnet get {url}");
+        // -o FILE and the summary line.
+        let out = dir.path().join("small.out");
+        let url = format!("http://{host}:{port}/small");
+        let (o, _) = usnet_get(
+            &link,
+            &url,
+            &["-o", out.to_str().unwrap()],
+            Duration::from_secs(60),
+        );
+        assert!(o.ok(), "usnet get {url}: {}", o.describe());
+        assert!(
+            o.stdout.contains("HTTP 200") && o.stdout.contains("17 bytes"),
+            "{}",
+            o.describe()
+        );
+        assert_eq!(std::fs::read(&out).unwrap(), b"hello from nginx\n");
+        // An HTTP error is a non-zero exit.
+        let url = format!("http://{host}:{port}/missing");
+        let (o, _) = usnet_get(&link, &url, &[], Duration::from_secs(60));
+        assert!(
+            !o.ok() && o.stderr.contains("404"),
+            "usnet get {url}: {}",
+            o.describe()
+        );
+    }
+    drop(nginx);
+    let c = d.counters();
+    assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");
+    d.down();
+    eprintln!(
+        "tap_curl_to_usnet_http_and_usnet_get_from_nginx took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// 1 GiB from usnet to curl and 1 GiB from nginx to `usnet get`, SHA-256 checked:
+/// once clean, once with 1% of the packets dropped at random each way.
+#[test]
+fn tap_one_gib_each_way_clean_and_with_one_percent_loss() {
+    require_root!();
+    http_tools();
+    need("nft", "nftables");
+    let t0 = Instant::now();
+    let size: u64 = std::env::var("USNET_BIG_BYTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1 << 30);
+    let (tap_srv, tap_get) = ("usnt7", "usnt8");
+    remove_leftovers(&[tap_srv, tap_get], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", tap_srv]);
+    cleanup.on_drop(&["ip", "link", "del", tap_get]);
+    let dir = TempDir::new("http-big");
+    let mut d = Daemon::start(
+        dir.path(),
+        "it-big",
+        &[
+            "--link",
+            &format!("tap:{tap_srv}"),
+            "--addr",
+            "10.37.0.2/24",
+            "--addr",
+            "fd37::2/64",
+            "--host-addr",
+            "10.37.0.1/24",
+            "--host-addr",
+            "fd37::1/64",
+            "--services",
+            "http",
+        ],
+    );
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    write_pattern(&www.join("big"), size);
+    let want = pattern_sha256(size);
+    let port = free_port();
+    let nginx = Nginx::start(dir.path(), &www, port);
+    let link = [
+        "--link",
+        &format!("tap:{tap_get}"),
+        "--addr",
+        "10.38.0.2/24",
+        "--addr",
+        "fd38::2/64",
+        "--host-addr",
+        "10.38.0.1/24",
+        "--host-addr",
+        "fd38::1/64",
+    ];
+    let link: Vec<&str> = link.to_vec();
+    let mut report = Vec::new();
+    for lossy in [false, true] {
+        let loss = lossy.then(|| Loss::start("usnettest", &[tap_srv, tap_get], 1));
+        let tag = if lossy { "1% loss" } else { "clean" };
+        // usnet → Linux (IPv4 clean, IPv6 with loss).
+        let url = if lossy {
+            format!("http://[fd37::2]/bytes/{size}")
+        } else {
+            format!("http://10.37.0.2/bytes/{size}")
+        };
+        let (digest, got, secs) = curl_sha256(&[], &url, Duration::from_secs(180));
+        assert_eq!(
+            (got, digest.as_str()),
+            (size, want.as_str()),
+            "curl {url} ({tag})"
+        );
+        report.push(format!(
+            "usnet→curl {tag} {url}: {:.1} MB/s",
+            size as f64 / secs / 1e6
+        ));
+        // Linux → usnet.
+        let host = if lossy { "[fd38::1]" } else { "10.38.0.1" };
+        let url = format!("http://{host}:{port}/big");
+        let (o, secs) = usnet_get(&link, &url, &["--sha256"], Duration::from_secs(180));
+        assert!(
+            o.ok(),
+            "usnet get {url} ({tag}): {}\n{}",
+            o.describe(),
+            nginx.logs()
+        );
+        assert_eq!(o.stdout.trim(), want, "usnet get {url} ({tag})");
+        report.push(format!(
+            "nginx→usnet get {tag} {url}: {:.1} MB/s",
+            size as f64 / secs / 1e6
+        ));
+        if let Some(l) = &loss {
+            let dropped = l.dropped();
+            assert!(dropped > 100, "nftables dropped only {dropped} packets");
+            report.push(format!("nftables dropped {dropped} packets"));
+        }
+    }
+    let c = d.counters();
+    report.push(format!(
+        "server: {} segments out, {} retransmitted",
+        counter(&c, "tcp_tx_segments"),
+        counter(&c, "tcp_retransmit_segments")
+    ));
+    drop(nginx);
+    d.down();
+    for r in &report {
+        eprintln!("{r}");
+    }
+    eprintln!(
+        "tap_one_gib_each_way_clean_and_with_one_percent_loss ({size} bytes) took {:?}",
+        t0.elapsed()
+    );
+}
+
+// ------------------------------------------------------------------ AF_PACKET
+
+#[test]
+fn af_packet_http_with_a_namespace() {
+    require_root!();
+    http_tools();
+    need("python3", "python3");
+    let t0 = Instant::now();
+    let (ns, outer, inner) = ("usnetns-h", "usnv5", "usnv6");
+    remove_leftovers(&[outer], &[ns]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "netns", "del", ns]);
+    cleanup.on_drop(&["ip", "link", "del", outer]);
+    ip(&["netns", "add", ns]);
+    ip(&["link", "add", outer, "type", "veth", "peer", "name", inner]);
+    ip(&["link", "set", inner, "netns", ns]);
+    ip(&["-n", ns, "addr", "add", "10.39.0.1/24", "dev", inner]);
+    ip(&["-n", ns, "addr", "add", "fd39::1/64", "dev", inner, "nodad"]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    ip(&["-n", ns, "link", "set", inner, "up"]);
+    let _ = run(
+        "sysctl",
+        &["-qw", &format!("net.ipv6.conf.{outer}.disable_ipv6=1")],
+        Duration::from_secs(5),
+    );
+    ip(&["link", "set", outer, "up"]);
+
+    let dir = TempDir::new("http-afp");
+    let nsx = ["ip", "netns", "exec", ns];
+    {
+        let mut d = Daemon::start(
+            dir.path(),
+            "it-http-afp",
+            &[
+                "--link",
+                &format!("afpacket:{outer}"),
+                "--addr",
+                "10.39.0.2/24",
+                "--addr",
+                "fd39::2/64",
+                "--services",
+                "http",
+            ],
+        );
+        http_service_checks(&nsx, "http://10.39.0.2", dir.path());
+        http_service_checks(&nsx, "http://[fd39::2]", dir.path());
+        d.down();
+    }
+
+    // usnet get → python3 -m http.server in the namespace.
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let n = (4 << 20) + 1;
+    write_pattern(&www.join("file"), n);
+    let py = std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("python3"))
+                .find(|p| p.is_file())
+        })
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let server = Kill(
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(&py)
+            .args([
+                "-m",
+                "http.server",
+                "8000",
+                "--bind",
+                "::",
+                "--directory",
+                www.to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn python3 -m http.server"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let o = curl(
+            &nsx,
+            &["-o", "/dev/null", "--fail", "http://127.0.0.1:8000/file"],
+        );
+        if o.ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "http.server not up: {}",
+            o.describe()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let link = [
+        "--link",
+        &format!("afpacket:{outer}"),
+        "--addr",
+        "10.39.0.2/24",
+        "--addr",
+        "fd39::2/64",
+    ];
+    let link: Vec<&str> = link.to_vec();
+    for host in ["10.39.0.1", "[fd39::1]"] {
+        let url = format!("http://{host}:8000/file");
+        let (o, _) = usnet_get(&link, &url, &["--sha256"], Duration::from_secs(60));
+        assert!(o.ok(), "usnet get {url}: {}", o.describe());
+        assert_eq!(o.stdout.trim(), pattern_sha256(n), "usnet get {url}");
+    }
+    drop(server);
+    eprintln!("af_packet_http_with_a_namespace took {:?}", t0.elapsed());
+}
