@@ -1,0 +1,514 @@
+//! TCP load over a TAP device, Linux client → `usnet up --services echo`: 10,000
+//! concurrent connections, 20,000 connect/close cycles with pool and sockets back to
+//! baseline (`usnet stat --json`), and a SYN flood (hping3) while a normal client
+//! completes 100 echo round trips. Root only ("skipped: needs root" otherwise); each
+//! test uses its own TAP (usnld1..3) and subnet (10.61.1-3.0/24).
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const USNET: &str = env!("CARGO_BIN_EXE_usnet");
+
+// ------------------------------------------------------------------ helpers
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+    };
+}
+
+/// Fails naming the Debian package when a tool is missing (CI must install it).
+fn need(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is not installed: apt-get install -y {package} (CI must install it)"
+    );
+}
+
+struct Out {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn ok(&self) -> bool {
+        self.status.success()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}\n--- stdout\n{}--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs a command with `input` on stdin, killing it after `timeout`.
+fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let r1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let r2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            let out = Out {
+                status: s,
+                stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+                stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+            };
+            panic!("{what} timed out after {timeout:?}: {}", out.describe());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = writer.join();
+    Out {
+        status,
+        stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+        stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+    }
+}
+
+fn run(prog: &str, args: &[&str], timeout: Duration) -> Out {
+    run_in(Command::new(prog).args(args), &[], timeout)
+}
+
+/// Runs a command that must succeed.
+fn must(prog: &str, args: &[&str]) -> Out {
+    let o = run(prog, args, Duration::from_secs(20));
+    assert!(o.ok(), "{prog} {}: {}", args.join(" "), o.describe());
+    o
+}
+
+fn ip(args: &[&str]) {
+    must("ip", args);
+}
+
+/// A private directory (run dir, logs, pcap files) removed at the end.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("usnet-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Commands undoing what a test set up (interfaces, namespaces), run in `Drop`.
+#[derive(Default)]
+struct Cleanup(Vec<Vec<String>>);
+
+impl Cleanup {
+    fn on_drop(&mut self, args: &[&str]) {
+        self.0.push(args.iter().map(|s| s.to_string()).collect());
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in self.0.iter().rev() {
+            let _ = Command::new(&c[0])
+                .args(&c[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A running `usnet up`, killed in `Drop` if the test did not stop it.
+struct Daemon {
+    child: Child,
+    name: String,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Daemon {
+        let log = |s: &str| File::create(dir.join(format!("{name}.{s}"))).unwrap();
+        let child = Command::new(USNET)
+            .arg("up")
+            .args(["--name", name])
+            .args(args)
+            .env("USNET_RUN_DIR", dir)
+            .stdin(Stdio::null())
+            .stdout(log("out"))
+            .stderr(log("err"))
+            .spawn()
+            .expect("spawn usnet up");
+        let mut d = Daemon {
+            child,
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn logs(&self) -> String {
+        let read = |s: &str| {
+            std::fs::read_to_string(self.dir.join(format!("{}.{s}", self.name))).unwrap_or_default()
+        };
+        format!(
+            "--- usnet up stdout\n{}--- usnet up stderr\n{}",
+            read("out"),
+            read("err")
+        )
+    }
+
+    /// Polls until the control socket answers (or the process died).
+    fn wait_ready(&mut self) {
+        let sock = self.dir.join(format!("{}.ctl", self.name));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if UnixStream::connect(&sock).is_ok() {
+                return;
+            }
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("usnet up exited early ({s}):\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up not ready after 15 s:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `usnet <args> --stack NAME` with this daemon's run directory.
+    fn ctl(&self, args: &[&str], timeout: Duration) -> Out {
+        run_in(
+            Command::new(USNET)
+                .args(args)
+                .args(["--stack", &self.name])
+                .env("USNET_RUN_DIR", &self.dir),
+            &[],
+            timeout,
+        )
+    }
+
+    fn counters(&self) -> Value {
+        let o = self.ctl(&["stat", "--json"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet stat --json: {}", o.describe());
+        let v: Value = serde_json::from_str(&o.stdout).expect("stat JSON");
+        v["counters"].clone()
+    }
+
+    /// `usnet down`, then waits for a clean exit.
+    fn down(&mut self) {
+        let o = self.ctl(&["down"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet down: {}", o.describe());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                assert!(s.success(), "usnet up exited with {s}:\n{}", self.logs());
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up still running 10 s after `usnet down`:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first so it closes its link and pcap file; SIGKILL if it hangs.
+            // SAFETY: kill on a child we spawned and have not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn counter(c: &Value, name: &str) -> u64 {
+    c[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {c}"))
+}
+
+use std::net::{SocketAddr, TcpStream};
+
+/// Raises the soft RLIMIT_NOFILE to `n` (and the hard one if allowed); false if the
+/// limit stays below `n` (a container without CAP_SYS_RESOURCE).
+fn raise_nofile(n: u64) -> bool {
+    // SAFETY: getrlimit/setrlimit with valid structs.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        let want = n as libc::rlim_t;
+        if lim.rlim_max < want {
+            let up = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &up) == 0 {
+                return true;
+            }
+        }
+        lim.rlim_cur = lim.rlim_max.min(want.max(lim.rlim_cur));
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        lim.rlim_cur >= want
+    }
+}
+
+fn remove_leftovers(links: &[&str], netns: &[&str]) {
+    for l in links {
+        let _ = run("ip", &["link", "del", l], Duration::from_secs(10));
+    }
+    for n in netns {
+        let _ = run("ip", &["netns", "del", n], Duration::from_secs(10));
+    }
+}
+
+struct Setup {
+    d: Daemon,
+    _cleanup: Cleanup,
+    _dir: TempDir,
+    addr: String,
+}
+
+fn up(tap: &str, net: u8) -> Setup {
+    need("ip", "iproute2");
+    remove_leftovers(&[tap], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", tap]);
+    let dir = TempDir::new(tap);
+    let d = Daemon::start(
+        dir.path(),
+        &format!("ld-{tap}"),
+        &[
+            "--link",
+            &format!("tap:{tap}"),
+            "--addr",
+            &format!("10.61.{net}.2/24"),
+            "--host-addr",
+            &format!("10.61.{net}.1/24"),
+            "--services",
+            "echo",
+            "-q",
+        ],
+    );
+    Setup {
+        d,
+        _cleanup: cleanup,
+        _dir: dir,
+        addr: format!("10.61.{net}.2"),
+    }
+}
+
+fn echo_once(addr: SocketAddr, msg: &[u8]) -> std::io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(msg)?;
+    let mut got = vec![0u8; msg.len()];
+    s.read_exact(&mut got)?;
+    assert_eq!(got, msg);
+    Ok(())
+}
+
+fn stat(d: &Daemon) -> Value {
+    let o = d.ctl(&["stat", "--json"], Duration::from_secs(10));
+    assert!(o.ok(), "usnet stat --json: {}", o.describe());
+    serde_json::from_str(&o.stdout).expect("stat JSON")
+}
+
+/// Waits (up to `limit`) until the stack holds no TCP connection and its pool is back
+/// to `pool0` buffers in use.
+fn settle(d: &Daemon, pool0: u64, limit: Duration) -> Value {
+    let until = Instant::now() + limit;
+    loop {
+        let v = stat(d);
+        let conns = v["tcp_connections_total"].as_u64().unwrap_or(u64::MAX);
+        let pool = v["pool"]["in_use"].as_u64().unwrap_or(u64::MAX);
+        if conns == 0 && pool <= pool0 {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "not back to baseline: {conns} connections, pool {pool} in use (baseline {pool0})"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn ten_thousand_concurrent_connections_over_tap() {
+    require_root!();
+    if !raise_nofile(10_100) {
+        eprintln!("skipped: RLIMIT_NOFILE cannot be raised to 10,100 here");
+        return;
+    }
+    let t0 = Instant::now();
+    let s = up("usnld1", 1);
+    let addr: SocketAddr = format!("{}:7", s.addr).parse().unwrap();
+    let pool0 = stat(&s.d)["pool"]["in_use"].as_u64().unwrap();
+    let n = 10_000;
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        let c = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        conns.push(c);
+    }
+    let v = stat(&s.d);
+    let open = v["tcp_connections_total"].as_u64().unwrap();
+    assert!(open >= n as u64, "usnet holds {open} connections, want {n}");
+    for (i, c) in conns.iter_mut().enumerate() {
+        c.write_all(format!("{i:05}").as_bytes()).unwrap();
+    }
+    for (i, c) in conns.iter_mut().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b)
+            .unwrap_or_else(|e| panic!("echo {i}: {e}"));
+        assert_eq!(&b, format!("{i:05}").as_bytes());
+    }
+    drop(conns);
+    let v = settle(&s.d, pool0, Duration::from_secs(60));
+    eprintln!(
+        "10k concurrent over TAP: ok in {:?}; passive opens {}",
+        t0.elapsed(),
+        counter(&v["counters"], "tcp_passive_opens")
+    );
+}
+
+/// 20,000 cycles: enough to churn every table many times over, and below Linux's
+/// default ephemeral port range (28,232 ports), which TIME-WAIT on the client side
+/// holds for 60 s; it also keeps the test near a minute.
+#[test]
+fn twenty_thousand_connect_close_cycles_over_tap() {
+    require_root!();
+    let t0 = Instant::now();
+    let s = up("usnld2", 2);
+    let addr: SocketAddr = format!("{}:7", s.addr).parse().unwrap();
+    let v0 = stat(&s.d);
+    let pool0 = v0["pool"]["in_use"].as_u64().unwrap();
+    let n = 20_000;
+    for i in 0..n {
+        echo_once(addr, b"cycle").unwrap_or_else(|e| panic!("cycle {i}: {e}"));
+    }
+    let v = settle(&s.d, pool0, Duration::from_secs(90));
+    let c = &v["counters"];
+    assert!(counter(c, "tcp_passive_opens") >= n as u64);
+    eprintln!(
+        "{n} cycles over TAP in {:?}; pool {} -> {}; reaped {}",
+        t0.elapsed(),
+        pool0,
+        v["pool"]["in_use"],
+        counter(c, "tcp_conns_reaped")
+    );
+}
+
+#[test]
+fn syn_flood_with_hping3_while_clients_complete() {
+    require_root!();
+    need("hping3", "hping3");
+    need("timeout", "coreutils");
+    let s = up("usnld3", 3);
+    let addr: SocketAddr = format!("{}:7", s.addr).parse().unwrap();
+    // The flood comes from a second host address, so its source ports can never
+    // collide with the real client's connections (hping3 walks all 65,536 ports).
+    ip(&["addr", "add", "10.61.3.3/24", "dev", "usnld3"]);
+    let before = s.d.counters();
+    let mut flood = Command::new("timeout")
+        .args([
+            "10",
+            "hping3",
+            "-S",
+            "--flood",
+            "-a",
+            "10.61.3.3",
+            "-p",
+            "7",
+            &s.addr,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("hping3");
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut ok = 0;
+    for i in 0..100 {
+        match echo_once(addr, format!("round trip {i}").as_bytes()) {
+            Ok(()) => ok += 1,
+            Err(e) => eprintln!("round trip {i}: {e}"),
+        }
+    }
+    let during = s.d.counters();
+    let _ = flood.wait();
+    let cookies =
+        counter(&during, "tcp_listen_cookies_sent") - counter(&before, "tcp_listen_cookies_sent");
+    eprintln!(
+        "SYN flood: {ok}/100 echo round trips; cookies sent {cookies}, valid {}",
+        counter(&during, "tcp_listen_cookies_valid")
+    );
+    assert_eq!(ok, 100, "all 100 clients must complete during the flood");
+    assert!(cookies > 0, "SYN cookies never used during the flood");
+}
