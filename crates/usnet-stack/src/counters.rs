@@ -121,6 +121,8 @@ define_counters! {
     tcp_conn_resets => "TCP connections reset by the peer",
     tcp_conn_aborts => "TCP connections aborted locally (RST sent)",
     tcp_conn_timeouts => "TCP connections dropped after too many retransmissions",
+    tcp_persist_timeouts => "TCP connections dropped: zero-window probes never answered with an open window",
+    tcp_fin_wait2_timeouts => "orphaned TCP connections dropped in FIN-WAIT-2 (peer never closed)",
     tcp_keepalive_timeouts => "TCP connections dropped by keepalive",
     tcp_engine_rx_segments => "TCP segments processed by connections",
     tcp_engine_tx_segments => "TCP segments sent by connections",
@@ -156,6 +158,8 @@ impl Counters {
         self.tcp_conn_aborts = s.conn_aborts;
         self.tcp_conn_timeouts = s.conn_timeouts;
         self.tcp_keepalive_timeouts = s.keepalive_timeouts;
+        self.tcp_persist_timeouts = s.persist_timeouts;
+        self.tcp_fin_wait2_timeouts = s.fin_wait2_timeouts;
         self.tcp_engine_rx_segments = s.rx_segments;
         self.tcp_engine_tx_segments = s.tx_segments;
         self.tcp_rx_bytes = s.rx_bytes;

@@ -95,6 +95,9 @@ pub struct TcpConfig {
     /// Secret for ISNs, timestamp offsets and SYN cookies; the stack draws it from a
     /// random source at start-up.
     pub secret: SecretKey,
+    /// Unanswered retransmissions or window probes before an orphaned connection (the
+    /// application has closed it) is dropped; Linux's `tcp_orphan_retries` default.
+    pub orphan_retries: u32,
     /// Lower bound of the persist (zero-window probe) interval.
     pub persist_min: Duration,
     /// Upper bound of the persist interval.
@@ -136,6 +139,7 @@ impl Default for TcpConfig {
             challenge_ack_limit: 100,
             oob_inline: false,
             secret: SecretKey([0x7573_6e65_742d_7463, 0x702d_6b65_792d_3031]),
+            orphan_retries: 8,
             persist_min: Duration::from_millis(200),
             persist_max: Duration::from_secs(120),
             tlp: true,

@@ -77,6 +77,7 @@ define_stats! {
     rx_sack_invalid => "SACK blocks ignored: beyond SND.NXT or empty",
     rx_dsack => "D-SACK blocks received (tolerated)",
     persist_probes => "zero-window probes sent",
+    persist_timeouts => "connections dropped: zero-window probes never answered with an open window",
     keepalive_probes => "keepalive probes sent",
     keepalive_timeouts => "connections dropped by keepalive",
     conn_timeouts => "connections dropped after too many retransmissions",

@@ -863,7 +863,11 @@ impl Connection {
             return;
         }
         // Window update when the usable window grows by enough (RFC 9293 §3.8.6.2.2).
-        let right = self.rcv_nxt + self.rcv_window_available();
+        // The window field can say at most 65535 << scale, so a bigger buffer cannot
+        // move the advertised edge further (without window scaling every small read
+        // would otherwise ask for a duplicate ACK).
+        let max_adv = 65535u32 << u32::from(self.rcv_wscale);
+        let right = self.rcv_nxt + self.rcv_window_available().min(max_adv);
         let adv_left = self.rcv_adv.since(self.rcv_nxt) as usize;
         let limit = self.rcv_limit();
         let step = (limit / 2).min(2 * self.rcv_mss as usize).max(1);
@@ -924,6 +928,11 @@ impl Connection {
             if self.state != State::Closed {
                 self.close_at = Some(self.now + l);
             }
+        }
+        // Closed after a half-close whose FIN is already acknowledged: the orphan
+        // waits for the peer's FIN only so long (Linux arms tcp_fin_timeout here too).
+        if self.state == State::FinWait2 && self.close_at.is_none() {
+            self.close_at = Some(self.now + self.cfg.fin_wait2_timeout);
         }
     }
 

@@ -93,6 +93,19 @@ impl Connection {
         }
         if due(self.persist_at) {
             self.persist_at = None;
+            // Window probes that never open the window count like retransmissions
+            // (Linux: tcp_retries2, or tcp_orphan_retries once the application has
+            // closed), so a silent zero-window peer cannot pin a connection forever.
+            let limit = if self.app_closed {
+                self.cfg.orphan_retries
+            } else {
+                self.cfg.max_retries
+            };
+            if self.persist_backoff >= limit {
+                self.stats.persist_timeouts += 1;
+                self.enter_closed(Some(TcpError::TimedOut));
+                return;
+            }
             self.persist_pending = true;
         }
         if due(self.keepalive_at) {
