@@ -41,6 +41,7 @@ if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 
 fi
 step "demo" ./target/release/usnet demo
 step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
+step "bench tcp (smoke)" ./target/release/usnet bench tcp --quick --out target/bench-smoke/tcp
 step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
 step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
 

@@ -2,6 +2,7 @@
 //! run, prints a table of medians and ratios, writes JSON and draws a plot.
 
 pub mod peer;
+pub mod tcp;
 pub mod udp;
 
 /// Pins the calling thread to `core` (best effort: a failure only costs accuracy).

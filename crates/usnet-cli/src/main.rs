@@ -52,6 +52,12 @@ enum BenchCmd {
     /// One end of `bench udp` (started by it).
     #[command(hide = true)]
     UdpPeer(usnet_bench::udp::UdpPeerArgs),
+    /// TCP bulk throughput and request/response latency: usnet over shm and TAP vs
+    /// Linux over loopback and veth.
+    Tcp(usnet_bench::tcp::TcpBenchArgs),
+    /// One end of `bench tcp` (started by it).
+    #[command(hide = true)]
+    TcpPeer(usnet_bench::tcp::TcpPeerArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
     Nic(usnet_nicemu::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
@@ -72,6 +78,8 @@ fn main() -> ExitCode {
         Cmd::Get(a) => get::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
         Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
+        Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a),
+        Cmd::Bench(BenchCmd::TcpPeer(a)) => usnet_bench::tcp::run_peer(&a),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => usnet_nicemu::run_bench(&a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::AsyncSyscall(a)) => {

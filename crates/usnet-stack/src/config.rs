@@ -139,6 +139,11 @@ pub struct StackConfig {
     pub rx_csum_offload: bool,
     /// The device completes partial L4 checksums on transmit.
     pub tx_csum_offload: bool,
+    /// The device takes TCP segmentation offload (`DeviceCaps::tso`): the TCP sink
+    /// joins consecutive full-sized segments of one connection, produced in one output
+    /// pass, into a GSO frame of up to 64 KiB (needs `tx_csum_offload` and pool
+    /// buffers of at least 16 KiB; otherwise it has no effect).
+    pub tso: bool,
     /// Seed for identifiers, ephemeral ports and the TCP secret (ISNs, SYN cookies,
     /// timestamp offsets): the same seed gives the same run. A stack on a real link
     /// must get a random seed (the runtime and the CLI draw one from getrandom(2)).
@@ -173,6 +178,7 @@ impl Default for StackConfig {
             icmp_error_rate: 1000,
             rx_csum_offload: false,
             tx_csum_offload: false,
+            tso: false,
             seed: 0x5eed_0001,
             tcp: usnet_tcp::TcpConfig::default(),
         }

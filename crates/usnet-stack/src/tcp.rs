@@ -174,6 +174,26 @@ pub(crate) fn tcp_err(e: TcpError) -> StackError {
 struct StackSink<'a> {
     stack: &'a mut Stack,
     refused: bool,
+    /// With TSO: the GSO frame being built from this pass's segments.
+    gso: Option<crate::tx::GsoPending>,
+    tso: bool,
+}
+
+impl StackSink<'_> {
+    fn new(stack: &mut Stack) -> StackSink<'_> {
+        let tso = stack.tso_ok();
+        StackSink {
+            stack,
+            refused: false,
+            gso: None,
+            tso,
+        }
+    }
+
+    /// Sends the GSO frame in progress (call after the output pass).
+    fn flush(&mut self) {
+        self.stack.flush_gso(&mut self.gso);
+    }
 }
 
 impl SegmentSink for StackSink<'_> {
@@ -184,7 +204,12 @@ impl SegmentSink for StackSink<'_> {
         repr: &TcpRepr,
         payload: (&[u8], &[u8]),
     ) -> bool {
-        let ok = self.stack.send_tcp(local, remote, repr, payload);
+        let ok = if self.tso {
+            self.stack
+                .send_tcp_gso(&mut self.gso, local, remote, repr, payload)
+        } else {
+            self.stack.send_tcp(local, remote, repr, payload)
+        };
         self.refused |= !ok;
         ok
     }
@@ -294,11 +319,9 @@ impl Stack {
                 conn.shutdown_write();
             }
         }
-        let mut sink = StackSink {
-            stack: self,
-            refused: false,
-        };
+        let mut sink = StackSink::new(self);
         let w = conn.poll_transmit(now, &mut sink);
+        sink.flush();
         let refused = sink.refused;
         let deadline = conn.poll_at();
         let state = conn.state();

@@ -5,9 +5,10 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use usnet_pool::{Offload, PktBuf};
+use usnet_pool::{GsoKind, Offload, PktBuf};
 use usnet_wire::{
     self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, Ipv4Repr, Ipv6Repr, MacAddr,
+    TcpFlags,
 };
 
 use crate::frag::{Expired, FragKey};
@@ -16,6 +17,28 @@ use crate::rx::Unreach;
 use crate::{Stack, StackError};
 
 const ETH: usize = wire::ETHERNET_HEADER_LEN;
+/// Largest IP packet a GSO frame may describe.
+const GSO_MAX_IP: usize = 65535;
+/// Pool buffers smaller than this (after headroom) make GSO frames not worth it.
+const GSO_MIN_BUF: usize = 16 << 10;
+
+/// A GSO frame being built from consecutive segments of one connection.
+pub(crate) struct GsoPending {
+    buf: PktBuf,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+    /// The first segment's header (PSH added if a joined segment had it).
+    repr: usnet_tcp::TcpRepr,
+    next_seq: u32,
+    /// Payload bytes per segment (gso_size).
+    seg: usize,
+    payload: usize,
+    segs: usize,
+    l3: usize,
+    next_hop: IpAddr,
+    /// A short or PSH segment ended it: nothing more may join.
+    closed: bool,
+}
 
 /// IPv6 fragment header fields for one fragment.
 #[derive(Clone, Copy)]
@@ -388,6 +411,157 @@ impl Stack {
                 false
             }
         }
+    }
+
+    /// Whether TCP segments may be joined into GSO frames.
+    pub(crate) fn tso_ok(&self) -> bool {
+        self.cfg.tso
+            && self.cfg.tx_csum_offload
+            && self.pool.buf_size() - self.pool.headroom() >= GSO_MIN_BUF
+    }
+
+    /// Sends a TCP segment, joining it to `pending` (a GSO frame being built in one
+    /// pool buffer) when it continues it. Returns false when it was refused (full
+    /// transmit queue or empty pool), like `send_tcp`.
+    pub(crate) fn send_tcp_gso(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        payload: (&[u8], &[u8]),
+    ) -> bool {
+        let plen = payload.0.len() + payload.1.len();
+        let hl = repr.header_len();
+        if let Some(p) = pending.as_mut() {
+            let mut same = *repr;
+            same.seq = p.repr.seq;
+            same.flags = TcpFlags(same.flags.0 & !TcpFlags::PSH.0);
+            let mut first = p.repr;
+            first.flags = TcpFlags(first.flags.0 & !TcpFlags::PSH.0);
+            let fits = p.l3 + hl + p.payload + plen <= GSO_MAX_IP
+                && ETH + p.l3 + hl + p.payload + plen
+                    <= self.pool.buf_size() - self.pool.headroom();
+            if !p.closed
+                && p.local == local
+                && p.remote == remote
+                && repr.seq == p.next_seq
+                && same == first
+                && plen > 0
+                && plen <= p.seg
+                && fits
+            {
+                let out = self.pool.append(p.buf, plen).expect("room checked");
+                out[..payload.0.len()].copy_from_slice(payload.0);
+                out[payload.0.len()..].copy_from_slice(payload.1);
+                p.payload += plen;
+                p.segs += 1;
+                p.next_seq = p.next_seq.wrapping_add(plen as u32);
+                if repr.flags.contains(TcpFlags::PSH) {
+                    p.repr.flags = TcpFlags(p.repr.flags.0 | TcpFlags::PSH.0);
+                    p.closed = true;
+                }
+                if plen < p.seg {
+                    p.closed = true;
+                }
+                return true;
+            }
+        }
+        self.flush_gso(pending);
+        let joinable = plen > 0
+            && repr.flags.0
+                & (TcpFlags::SYN.0 | TcpFlags::RST.0 | TcpFlags::FIN.0 | TcpFlags::URG.0)
+                == 0
+            && self.tso_ok();
+        if !joinable {
+            return self.send_tcp(local, remote, repr, payload);
+        }
+        if self.tx.len() >= self.cfg.tx_queue_len {
+            self.counters.tcp_tx_blocked += 1;
+            return false;
+        }
+        let dst = remote.ip();
+        let Some((_, next_hop)) = self.route(dst) else {
+            self.counters.ip_tx_no_route += 1;
+            return true;
+        };
+        if self.is_local_addr(next_hop) {
+            return self.send_tcp(local, remote, repr, payload);
+        }
+        let l3 = ip_header_len(dst);
+        let Some(buf) = self.pool.alloc() else {
+            self.counters.tcp_tx_blocked += 1;
+            return false;
+        };
+        let out = self
+            .pool
+            .append(buf, ETH + l3 + hl + plen)
+            .expect("room checked");
+        let p0 = ETH + l3 + hl;
+        out[p0..p0 + payload.0.len()].copy_from_slice(payload.0);
+        out[p0 + payload.0.len()..].copy_from_slice(payload.1);
+        *pending = Some(GsoPending {
+            buf,
+            local,
+            remote,
+            repr: *repr,
+            next_seq: repr.seq.wrapping_add(plen as u32),
+            seg: plen,
+            payload: plen,
+            segs: 1,
+            l3,
+            next_hop,
+            closed: repr.flags.contains(TcpFlags::PSH),
+        });
+        true
+    }
+
+    /// Finishes the GSO frame being built (headers, partial checksum, offload fields)
+    /// and sends it.
+    pub(crate) fn flush_gso(&mut self, pending: &mut Option<GsoPending>) {
+        let Some(p) = pending.take() else {
+            return;
+        };
+        let (src, dst) = (p.local.ip(), p.remote.ip());
+        let hl = p.repr.header_len();
+        let tcp_len = hl + p.payload;
+        let mut hdr = [0u8; 64];
+        let ttl = self.cfg.ttl;
+        self.write_headers(
+            &mut hdr,
+            src,
+            dst,
+            wire::IPPROTO_TCP,
+            ttl,
+            tcp_len,
+            None,
+            true,
+        );
+        let l3 = p.l3;
+        let out = self.pool.data_mut(p.buf);
+        out[..ETH + l3].copy_from_slice(&hdr[..ETH + l3]);
+        let seg = &mut out[ETH + l3..];
+        let _ = p.repr.emit(seg, src, dst, p.payload, false);
+        let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
+        seg[16..18].copy_from_slice(&partial.to_be_bytes());
+        let mut o = Offload {
+            needs_csum: true,
+            csum_start: (ETH + l3) as u16,
+            csum_offset: 16,
+            ..Offload::default()
+        };
+        if p.segs > 1 {
+            o.gso_size = p.seg as u16;
+            o.gso_kind = if dst.is_ipv4() {
+                GsoKind::TcpV4
+            } else {
+                GsoKind::TcpV6
+            };
+            o.hdr_len = (ETH + l3 + hl) as u16;
+            self.counters.tcp_tx_segments += p.segs as u64 - 1;
+        }
+        self.pool.set_offload(p.buf, o);
+        self.finish_tcp_tx(p.buf, dst, p.next_hop);
     }
 
     fn finish_tcp_tx(&mut self, buf: PktBuf, dst: IpAddr, next_hop: IpAddr) {
