@@ -447,7 +447,10 @@ impl Stack {
                     match wire::parse_tcp(&bytes[off..off + len]) {
                         Err(_) => None,
                         Ok(hdr) => {
-                            let seg = Segment::from(&hdr);
+                            let mut seg = Segment::from(&hdr);
+                            if let Src::Buf(b) = &src {
+                                seg.gso_size = self.pool.offload(*b).gso_size;
+                            }
                             if conn.state() == State::TimeWait && conn.time_wait_accepts_syn(&seg) {
                                 Some(None)
                             } else {

@@ -31,6 +31,7 @@ impl OwnedSegment {
             urgent: self.repr.urgent,
             options: self.repr.options,
             payload: &self.payload,
+            gso_size: 0,
         }
     }
 

@@ -298,6 +298,7 @@ impl Runner {
             urgent: p.urg.unwrap_or(0),
             options: o,
             payload: &payload,
+            gso_size: 0,
         };
         // Through the real encoding, as a stack would see it.
         let wire = OwnedSegment {

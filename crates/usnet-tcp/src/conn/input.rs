@@ -747,7 +747,11 @@ impl Connection {
         }
         if !payload.is_empty() {
             self.stats.rx_data_segments += 1;
-            self.rcv_mss = self.rcv_mss.max(payload.len() as u32).min(65535);
+            let wire_segment = match seg.gso_size {
+                0 => payload.len() as u32,
+                g => u32::from(g).min(payload.len() as u32),
+            };
+            self.rcv_mss = self.rcv_mss.max(wire_segment).min(65535);
             if self.ts_ok {
                 if let Some((_, ecr)) = seg.options.timestamps {
                     let ms = self.ts_now().wrapping_sub(ecr);

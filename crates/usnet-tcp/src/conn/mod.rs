@@ -117,6 +117,10 @@ pub struct Segment<'a> {
     pub options: TcpOptions,
     /// Payload.
     pub payload: &'a [u8],
+    /// For a frame the device coalesced from several wire segments (GRO, or a GSO
+    /// frame from a TAP), the size of those segments; 0 for an ordinary segment. It
+    /// keeps the receiver's idea of the peer's MSS (and so its ACK pacing) right.
+    pub gso_size: u16,
 }
 
 impl<'a> From<&TcpHeader<'a>> for Segment<'a> {
@@ -129,6 +133,7 @@ impl<'a> From<&TcpHeader<'a>> for Segment<'a> {
             urgent: h.urgent,
             options: h.options,
             payload: h.payload,
+            gso_size: 0,
         }
     }
 }
