@@ -1,0 +1,305 @@
+//! Helpers shared by the integration tests that drive the built `usnet` binary
+//! against the Linux stack: running commands with timeouts, temporary directories,
+//! clean-up guards, a `usnet up` daemon handle and counter lookups.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const USNET: &str = env!("CARGO_BIN_EXE_usnet");
+
+// ------------------------------------------------------------------ helpers
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[allow(unused_macros)] // not every test file needs root
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+    };
+}
+
+/// Fails naming the Debian package when a tool is missing (CI must install it).
+pub fn need(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is not installed: apt-get install -y {package} (CI must install it)"
+    );
+}
+
+pub struct Out {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn ok(&self) -> bool {
+        self.status.success()
+    }
+    pub fn describe(&self) -> String {
+        format!(
+            "{}\n--- stdout\n{}--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs a command with `input` on stdin, killing it after `timeout`.
+pub fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let r1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let r2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            let out = Out {
+                status: s,
+                stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+                stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+            };
+            panic!("{what} timed out after {timeout:?}: {}", out.describe());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = writer.join();
+    Out {
+        status,
+        stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
+        stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+    }
+}
+
+pub fn run(prog: &str, args: &[&str], timeout: Duration) -> Out {
+    run_in(Command::new(prog).args(args), &[], timeout)
+}
+
+/// Runs a command that must succeed.
+pub fn must(prog: &str, args: &[&str]) -> Out {
+    let o = run(prog, args, Duration::from_secs(20));
+    assert!(o.ok(), "{prog} {}: {}", args.join(" "), o.describe());
+    o
+}
+
+pub fn ip(args: &[&str]) {
+    must("ip", args);
+}
+
+/// A private directory (run dir, logs, pcap files) removed at the end.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("usnet-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Commands undoing what a test set up (interfaces, namespaces), run in `Drop`.
+#[derive(Default)]
+pub struct Cleanup(pub Vec<Vec<String>>);
+
+impl Cleanup {
+    pub fn on_drop(&mut self, args: &[&str]) {
+        self.0.push(args.iter().map(|s| s.to_string()).collect());
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in self.0.iter().rev() {
+            let _ = Command::new(&c[0])
+                .args(&c[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A running `usnet up`, killed in `Drop` if the test did not stop it.
+pub struct Daemon {
+    pub child: Child,
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(dir: &Path, name: &str, args: &[&str]) -> Daemon {
+        let log = |s: &str| File::create(dir.join(format!("{name}.{s}"))).unwrap();
+        let child = Command::new(USNET)
+            .arg("up")
+            .args(["--name", name])
+            .args(args)
+            .env("USNET_RUN_DIR", dir)
+            .stdin(Stdio::null())
+            .stdout(log("out"))
+            .stderr(log("err"))
+            .spawn()
+            .expect("spawn usnet up");
+        let mut d = Daemon {
+            child,
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    pub fn logs(&self) -> String {
+        let read = |s: &str| {
+            std::fs::read_to_string(self.dir.join(format!("{}.{s}", self.name))).unwrap_or_default()
+        };
+        format!(
+            "--- usnet up stdout\n{}--- usnet up stderr\n{}",
+            read("out"),
+            read("err")
+        )
+    }
+
+    /// Polls until the control socket answers (or the process died).
+    pub fn wait_ready(&mut self) {
+        let sock = self.dir.join(format!("{}.ctl", self.name));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if UnixStream::connect(&sock).is_ok() {
+                return;
+            }
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("usnet up exited early ({s}):\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up not ready after 15 s:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `usnet <args> --stack NAME` with this daemon's run directory.
+    pub fn ctl(&self, args: &[&str], timeout: Duration) -> Out {
+        run_in(
+            Command::new(USNET)
+                .args(args)
+                .args(["--stack", &self.name])
+                .env("USNET_RUN_DIR", &self.dir),
+            &[],
+            timeout,
+        )
+    }
+
+    pub fn counters(&self) -> Value {
+        let o = self.ctl(&["stat", "--json"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet stat --json: {}", o.describe());
+        let v: Value = serde_json::from_str(&o.stdout).expect("stat JSON");
+        v["counters"].clone()
+    }
+
+    /// `usnet down`, then waits for a clean exit.
+    pub fn down(&mut self) {
+        let o = self.ctl(&["down"], Duration::from_secs(10));
+        assert!(o.ok(), "usnet down: {}", o.describe());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                assert!(s.success(), "usnet up exited with {s}:\n{}", self.logs());
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "usnet up still running 10 s after `usnet down`:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first so it closes its link and pcap file; SIGKILL if it hangs.
+            // SAFETY: kill on a child we spawned and have not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn counter(c: &Value, name: &str) -> u64 {
+    c[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {c}"))
+}
+
+/// Removes what a crashed earlier run may have left behind.
+pub fn remove_leftovers(links: &[&str], netns: &[&str]) {
+    for l in links {
+        let _ = run("ip", &["link", "del", l], Duration::from_secs(10));
+    }
+    for n in netns {
+        let _ = run("ip", &["netns", "del", n], Duration::from_secs(10));
+    }
+}
