@@ -65,6 +65,7 @@ fn up_args(link: &str, name: &str, addrs: [&str; 2], services: &str) -> UpArgs {
         buf_size: 2048,
         buffers: 8192,
         shm_slots: None,
+        tso: false,
         duration: None,
         quiet: true,
     }

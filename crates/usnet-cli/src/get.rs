@@ -293,6 +293,7 @@ pub fn run(a: GetArgs) -> CmdResult {
         buf_size: 2048,
         buffers: 16384,
         shm_slots: None,
+        tso: false,
         duration: None,
         quiet: true,
     };

@@ -233,6 +233,7 @@ fn stack(a: &PerfArgs) -> Result<NetStack, Box<dyn std::error::Error>> {
         buf_size: 2048,
         buffers: 16384,
         shm_slots: None,
+        tso: false,
         duration: None,
         quiet: true,
     };

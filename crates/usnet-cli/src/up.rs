@@ -62,6 +62,10 @@ pub struct UpArgs {
     /// Slots per direction of a shm link.
     #[arg(long)]
     pub shm_slots: Option<usize>,
+    /// tap only: TCP segmentation offload, 64 KiB TCP frames to and from the kernel.
+    /// Needs --buf-size 65536 (or 16384 at least).
+    #[arg(long)]
+    pub tso: bool,
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
@@ -120,6 +124,12 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
             format!("bad stack name '{name}': use letters, digits, '-', '_' and '.'").into(),
         );
     }
+    if args.tso && !matches!(link, Link::Dev(LinkSpec::Tap(_))) {
+        return Err("--tso only applies to tap links".into());
+    }
+    if args.tso && args.buf_size < 16384 {
+        return Err("--tso needs --buf-size 65536 (or 16384 at least): a TCP frame of up to 64 KiB is built in one buffer".into());
+    }
     if !matches!(link, Link::Dev(LinkSpec::Tap(_))) && !args.host_addrs.is_empty() {
         return Err("--host-addr only applies to tap links".into());
     }
@@ -129,6 +139,7 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
         fault: args.fault.clone(),
         tap_host_addrs: args.host_addrs.iter().map(|c| c.to_string()).collect(),
         shm_slots: args.shm_slots,
+        tso: args.tso,
     };
     let mut gateway4 = None;
     let mut gateway6 = None;

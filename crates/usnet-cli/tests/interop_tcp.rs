@@ -612,6 +612,73 @@ fn tap_one_gib_each_way_clean_and_with_one_percent_loss() {
     );
 }
 
+/// `usnet up --tso`: usnet hands the kernel 64 KiB TCP frames and the kernel hands it
+/// coalesced ones (GSO both ways). Every byte is checked both ways, clean and with 1%
+/// of the TAP's packets dropped by nftables.
+#[test]
+fn tap_with_tso_checks_every_byte_both_ways() {
+    require_root!();
+    http_tools();
+    need("nft", "nftables");
+    let tap = "usnt9";
+    remove_leftovers(&[tap], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", tap]);
+    let dir = TempDir::new("http-tso");
+    let mut d = Daemon::start(
+        dir.path(),
+        "it-tso",
+        &[
+            "--link",
+            &format!("tap:{tap}"),
+            "--addr",
+            "10.39.0.2/24",
+            "--host-addr",
+            "10.39.0.1/24",
+            "--services",
+            "http",
+            "--tso",
+            "--buf-size",
+            "65536",
+            "--buffers",
+            "4096",
+        ],
+    );
+    let size: u64 = 256 << 20;
+    let want = pattern_sha256(size);
+    let upload = dir.path().join("upload");
+    write_pattern(&upload, 64 << 20);
+    let upload_sha = pattern_sha256(64 << 20);
+    for lossy in [false, true] {
+        let _loss = lossy.then(|| Loss::start("usnettso", &[tap], 1));
+        let url = format!("http://10.39.0.2/bytes/{size}");
+        let (digest, got, secs) = curl_sha256(&[], &url, Duration::from_secs(120));
+        assert_eq!(
+            (got, digest.as_str()),
+            (size, want.as_str()),
+            "GET lossy={lossy}"
+        );
+        eprintln!(
+            "tso usnet→curl lossy={lossy}: {:.0} MB/s",
+            size as f64 / secs / 1e6
+        );
+        let o = curl(
+            &[],
+            &[
+                "--fail",
+                "--data-binary",
+                &format!("@{}", upload.display()),
+                "http://10.39.0.2/upload",
+            ],
+        );
+        assert!(o.ok(), "POST lossy={lossy}: {}", o.describe());
+        assert_eq!(o.stdout.trim(), upload_sha, "POST lossy={lossy}");
+    }
+    let c = d.counters();
+    assert!(counter(&c, "tcp_tx_segments") > 0);
+    d.down();
+}
+
 // ------------------------------------------------------------------ AF_PACKET
 
 #[test]

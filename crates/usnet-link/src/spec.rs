@@ -72,6 +72,9 @@ pub struct LinkOptions {
     pub tap_host_addrs: Vec<String>,
     /// Slots per direction of a shm link (a power of two).
     pub shm_slots: Option<usize>,
+    /// TAP: negotiate TCP segmentation offload (TUN_F_TSO4/6), so the stack may hand
+    /// the kernel 64 KiB TCP frames and the kernel sends it coalesced ones.
+    pub tso: bool,
 }
 
 /// Opens the link named by `spec`, wrapped in a fault injector and then a pcap writer
@@ -83,7 +86,7 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
             &TapConfig {
                 mtu: opts.mtu,
                 host_addrs: opts.tap_host_addrs.clone(),
-                tso: false,
+                tso: opts.tso,
             },
         )?),
         LinkSpec::Shm(name) => Box::new(ShmDevice::open(

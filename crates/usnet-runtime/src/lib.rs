@@ -107,6 +107,8 @@ impl NetStack {
         cfg.mtu = cfg.mtu.min(caps.mtu);
         cfg.rx_csum_offload = caps.rx_csum_offload;
         cfg.tx_csum_offload = caps.tx_csum_offload;
+        // The stack only builds GSO frames when its pool buffers can hold them.
+        cfg.tso = caps.tso;
         let stack = Stack::new(cfg)?;
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
