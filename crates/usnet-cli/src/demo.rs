@@ -49,25 +49,13 @@ impl Drop for ChildGuard {
 
 fn up_args(link: &str, name: &str, addrs: [&str; 2], services: &str) -> UpArgs {
     UpArgs {
-        link: link.into(),
         addrs: addrs
             .iter()
             .map(|a| a.parse().expect("valid demo address"))
             .collect(),
-        host_addrs: vec![],
-        gateway: vec![],
-        mtu: None,
-        mac: None,
         services: services.split(',').map(String::from).collect(),
-        name: Some(name.into()),
-        pcap: None,
-        fault: None,
-        buf_size: 2048,
         buffers: 8192,
-        shm_slots: None,
-        tso: false,
-        duration: None,
-        quiet: true,
+        ..UpArgs::embedded(link.into(), name.into())
     }
 }
 

@@ -280,22 +280,11 @@ pub fn read_response<R: Read>(
 pub fn run(a: GetArgs) -> CmdResult {
     let url = parse_url(&a.url)?;
     let args = UpArgs {
-        link: a.link.clone(),
         addrs: a.addrs.clone(),
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
         mtu: a.mtu,
-        mac: None,
-        services: vec!["none".into()],
-        name: Some(format!("get-{}", std::process::id())),
-        pcap: None,
-        fault: None,
-        buf_size: 2048,
-        buffers: 16384,
-        shm_slots: None,
-        tso: false,
-        duration: None,
-        quiet: true,
+        ..UpArgs::embedded(a.link.clone(), format!("get-{}", std::process::id()))
     };
     let (net, _) = up::start(&args)?;
     let r = fetch(&net, &url, &a);

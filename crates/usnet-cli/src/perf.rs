@@ -220,22 +220,11 @@ fn stack(a: &PerfArgs) -> Result<NetStack, Box<dyn std::error::Error>> {
         .clone()
         .ok_or("a usnet end needs --link and --addr (or --kernel for Linux's TCP)")?;
     let args = UpArgs {
-        link,
         addrs: a.addrs.clone(),
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
         mtu: a.mtu,
-        mac: None,
-        services: vec!["none".into()],
-        name: Some(format!("perf-{}", std::process::id())),
-        pcap: None,
-        fault: None,
-        buf_size: 2048,
-        buffers: 16384,
-        shm_slots: None,
-        tso: false,
-        duration: None,
-        quiet: true,
+        ..UpArgs::embedded(link, format!("perf-{}", std::process::id()))
     };
     Ok(up::start(&args)?.0)
 }

@@ -74,6 +74,32 @@ pub struct UpArgs {
     pub quiet: bool,
 }
 
+impl UpArgs {
+    /// A stack for a command that embeds one (`demo`, `get`, `perf`): no services,
+    /// quiet, every other setting at `usnet up`'s defaults. Callers set what they need
+    /// with struct update syntax, so a new `up` flag is added in one place.
+    pub fn embedded(link: String, name: String) -> UpArgs {
+        UpArgs {
+            link,
+            addrs: vec![],
+            host_addrs: vec![],
+            gateway: vec![],
+            mtu: None,
+            mac: None,
+            services: vec!["none".into()],
+            name: Some(name),
+            pcap: None,
+            fault: None,
+            buf_size: 2048,
+            buffers: 16384,
+            shm_slots: None,
+            tso: false,
+            duration: None,
+            quiet: true,
+        }
+    }
+}
+
 fn default_name(spec: &LinkSpec) -> String {
     match spec {
         LinkSpec::Tap(n) | LinkSpec::AfPacket(n) => n.clone(),
