@@ -267,24 +267,7 @@ fn af_packet_on_veth_with_a_namespace() {
     }
     let t0 = Instant::now();
     let (ns, outer, inner) = ("usnetns-x", "usnv0", "usnv1");
-    remove_leftovers(&[outer], &[ns]);
-    let mut cleanup = Cleanup::default();
-    cleanup.on_drop(&["ip", "netns", "del", ns]);
-    cleanup.on_drop(&["ip", "link", "del", outer]);
-    ip(&["netns", "add", ns]);
-    ip(&["link", "add", outer, "type", "veth", "peer", "name", inner]);
-    ip(&["link", "set", inner, "netns", ns]);
-    ip(&["-n", ns, "addr", "add", "10.32.0.1/24", "dev", inner]);
-    ip(&["-n", ns, "addr", "add", "fd32::1/64", "dev", inner, "nodad"]);
-    ip(&["-n", ns, "link", "set", "lo", "up"]);
-    ip(&["-n", ns, "link", "set", inner, "up"]);
-    // The root end carries no address: only usnet answers on it.
-    let _ = run(
-        "sysctl",
-        &["-qw", &format!("net.ipv6.conf.{outer}.disable_ipv6=1")],
-        Duration::from_secs(5),
-    );
-    ip(&["link", "set", outer, "up"]);
+    let _cleanup = veth_netns(ns, outer, inner, &["10.32.0.1/24", "fd32::1/64"]);
 
     let dir = TempDir::new("afp");
     let mut d = Daemon::start(

@@ -620,7 +620,7 @@ fn tap_with_tso_checks_every_byte_both_ways() {
     require_root!();
     http_tools();
     need("nft", "nftables");
-    let tap = "usnt9";
+    let tap = "usnt10";
     remove_leftovers(&[tap], &[]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "link", "del", tap]);
@@ -632,9 +632,9 @@ fn tap_with_tso_checks_every_byte_both_ways() {
             "--link",
             &format!("tap:{tap}"),
             "--addr",
-            "10.39.0.2/24",
+            "10.40.0.2/24",
             "--host-addr",
-            "10.39.0.1/24",
+            "10.40.0.1/24",
             "--services",
             "http",
             "--tso",
@@ -651,7 +651,7 @@ fn tap_with_tso_checks_every_byte_both_ways() {
     let upload_sha = pattern_sha256(64 << 20);
     for lossy in [false, true] {
         let _loss = lossy.then(|| Loss::start("usnettso", &[tap], 1));
-        let url = format!("http://10.39.0.2/bytes/{size}");
+        let url = format!("http://10.40.0.2/bytes/{size}");
         let (digest, got, secs) = curl_sha256(&[], &url, Duration::from_secs(120));
         assert_eq!(
             (got, digest.as_str()),
@@ -668,7 +668,7 @@ fn tap_with_tso_checks_every_byte_both_ways() {
                 "--fail",
                 "--data-binary",
                 &format!("@{}", upload.display()),
-                "http://10.39.0.2/upload",
+                "http://10.40.0.2/upload",
             ],
         );
         assert!(o.ok(), "POST lossy={lossy}: {}", o.describe());
@@ -688,23 +688,7 @@ fn af_packet_http_with_a_namespace() {
     need("python3", "python3");
     let t0 = Instant::now();
     let (ns, outer, inner) = ("usnetns-h", "usnv5", "usnv6");
-    remove_leftovers(&[outer], &[ns]);
-    let mut cleanup = Cleanup::default();
-    cleanup.on_drop(&["ip", "netns", "del", ns]);
-    cleanup.on_drop(&["ip", "link", "del", outer]);
-    ip(&["netns", "add", ns]);
-    ip(&["link", "add", outer, "type", "veth", "peer", "name", inner]);
-    ip(&["link", "set", inner, "netns", ns]);
-    ip(&["-n", ns, "addr", "add", "10.39.0.1/24", "dev", inner]);
-    ip(&["-n", ns, "addr", "add", "fd39::1/64", "dev", inner, "nodad"]);
-    ip(&["-n", ns, "link", "set", "lo", "up"]);
-    ip(&["-n", ns, "link", "set", inner, "up"]);
-    let _ = run(
-        "sysctl",
-        &["-qw", &format!("net.ipv6.conf.{outer}.disable_ipv6=1")],
-        Duration::from_secs(5),
-    );
-    ip(&["link", "set", outer, "up"]);
+    let _cleanup = veth_netns(ns, outer, inner, &["10.39.0.1/24", "fd39::1/64"]);
 
     let dir = TempDir::new("http-afp");
     let nsx = ["ip", "netns", "exec", ns];

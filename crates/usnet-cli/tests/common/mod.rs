@@ -303,3 +303,33 @@ pub fn remove_leftovers(links: &[&str], netns: &[&str]) {
         let _ = run("ip", &["netns", "del", n], Duration::from_secs(10));
     }
 }
+
+/// A veth pair with `inner` moved into a fresh network namespace `ns` that holds
+/// `addrs` (IPv6 ones without DAD), and `outer` left up in the root namespace with no
+/// address, for usnet to attach to with af_packet. The returned guard deletes both.
+pub fn veth_netns(ns: &str, outer: &str, inner: &str, addrs: &[&str]) -> Cleanup {
+    remove_leftovers(&[outer], &[ns]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "netns", "del", ns]);
+    cleanup.on_drop(&["ip", "link", "del", outer]);
+    ip(&["netns", "add", ns]);
+    ip(&["link", "add", outer, "type", "veth", "peer", "name", inner]);
+    ip(&["link", "set", inner, "netns", ns]);
+    for a in addrs {
+        if a.contains(':') {
+            ip(&["-n", ns, "addr", "add", a, "dev", inner, "nodad"]);
+        } else {
+            ip(&["-n", ns, "addr", "add", a, "dev", inner]);
+        }
+    }
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    ip(&["-n", ns, "link", "set", inner, "up"]);
+    // The root end carries no address: only usnet answers on it.
+    let _ = run(
+        "sysctl",
+        &["-qw", &format!("net.ipv6.conf.{outer}.disable_ipv6=1")],
+        Duration::from_secs(5),
+    );
+    ip(&["link", "set", outer, "up"]);
+    cleanup
+}
