@@ -338,17 +338,21 @@ fn fetch(net: &NetStack, url: &Url, a: &GetArgs) -> CmdResult {
     }
     let secs = t0.elapsed().as_secs_f64();
     let digest = hex(&f.sha256);
-    if a.sha256 {
-        println!("{digest}");
+    let summary = if a.sha256 {
+        format!("{digest}\n")
     } else {
-        println!(
-            "usnet get: HTTP {} {}, {} bytes in {secs:.3} s ({:.1} MB/s)",
+        format!(
+            "usnet get: HTTP {} {}, {} bytes in {secs:.3} s ({:.1} MB/s)\nsha256 {digest}\n",
             f.head.status,
             f.head.reason,
             f.bytes,
             f.bytes as f64 / secs.max(1e-9) / 1e6
-        );
-        println!("sha256 {digest}");
+        )
+    };
+    // A reader that stopped early (`| head -1`) is not an error of ours.
+    match io::stdout().lock().write_all(summary.as_bytes()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
     }
     if f.head.status >= 400 {
         eprintln!(

@@ -132,6 +132,11 @@ trait Stream: Read + Write {
     fn retransmits(&self) -> Option<u64> {
         None
     }
+    /// Receiver's view of the stream's order: out-of-order segments queued and
+    /// segments or bytes that fell outside the window.
+    fn arrival_note(&self) -> String {
+        String::new()
+    }
 }
 
 impl Stream for std::net::TcpStream {
@@ -146,6 +151,14 @@ impl Stream for usnet_runtime::TcpStream {
     }
     fn retransmits(&self) -> Option<u64> {
         self.info().ok().map(|i| i.total_retransmits)
+    }
+    fn arrival_note(&self) -> String {
+        self.stats().map_or(String::new(), |t| {
+            format!(
+                ", {} out-of-order segments, {} outside the window, {} bytes trimmed",
+                t.rx_ooo_segments, t.rx_out_of_window, t.rx_beyond_window_bytes
+            )
+        })
     }
 }
 
@@ -202,7 +215,8 @@ fn server_io<S: Stream>(s: &mut S, peer: SocketAddr) -> io::Result<()> {
     let secs = t0.elapsed().as_secs_f64();
     let rtx = s
         .retransmits()
-        .map_or(String::new(), |r| format!(", {r} retransmits"));
+        .map_or(String::new(), |r| format!(", {r} retransmits"))
+        + &s.arrival_note();
     match bad {
         None if got == total => println!(
             "usnet perf: {peer}: received {got} bytes, all correct, in {secs:.3} s = {:.1} MB/s{rtx}",

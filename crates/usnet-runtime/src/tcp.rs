@@ -188,6 +188,14 @@ impl TcpStream {
         self.net.with(|s| s.tcp_info(self.handle)).map_err(to_io)
     }
 
+    /// This connection's own counters (out-of-order arrivals, retransmissions,
+    /// window trims, ...), the per-connection part of `usnet stat`.
+    pub fn stats(&self) -> io::Result<usnet_stack::TcpStats> {
+        self.net
+            .with(|s| s.tcp_conn_stats(self.handle))
+            .map_err(to_io)
+    }
+
     pub fn state(&self) -> io::Result<TcpState> {
         self.net.with(|s| s.tcp_state(self.handle)).map_err(to_io)
     }

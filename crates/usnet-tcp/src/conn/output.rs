@@ -249,8 +249,14 @@ impl Connection {
         }
         let ws = u32::from(self.rcv_wscale);
         let mut f = wnd >> ws;
-        if (f << ws) < self.rcv_adv.since(self.rcv_nxt) {
-            f += 1; // round up rather than shrink
+        // Round up rather than shrink, but never past the bytes the buffer can really
+        // take: each rounding would otherwise promise up to 2^ws - 1 bytes more than
+        // the last, the promise ratchets ahead of the buffer while it is full, and the
+        // sender's in-window segments get trimmed and look lost (RFC 7323 appendix F).
+        // Rounding down there shrinks the edge by less than one scale unit.
+        let room = self.rcvbuf.free().min(u32::MAX as usize / 2) as u32;
+        if (f << ws) < self.rcv_adv.since(self.rcv_nxt) && ((f + 1) << ws) <= room {
+            f += 1;
         }
         let f = f.min(65535);
         (f as u16, self.rcv_nxt + (f << ws))
