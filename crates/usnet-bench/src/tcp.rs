@@ -102,6 +102,12 @@ pub struct TcpBenchArgs {
     /// kernel sends it MTU-sized frames), to measure what TSO/GSO brings.
     #[arg(long)]
     pub no_tso: bool,
+    /// How long a usnet end keeps polling its device after the last frame before it
+    /// sleeps on it, in microseconds. On a machine with few cores a spinning end takes
+    /// the core its Linux peer's kernel work needs; never sleeping is `--spin-us
+    /// 1000000`.
+    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
+    pub spin_us: u64,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +156,15 @@ pub struct TcpPeerArgs {
     /// Enter this network namespace (/run/netns/NAME) first.
     #[arg(long)]
     pub netns: Option<String>,
+    /// usnet: microseconds of polling after the last frame before sleeping.
+    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
+    pub spin_us: u64,
 }
+
+/// Polling window of a usnet end, microseconds. Measured on the 2-vCPU machine
+/// (docs/benchmarks.md): 20-30 µs keeps 1 KiB Linux→usnet at ≥ 0.8× veth while
+/// letting the Linux sender's kernel work have the second core at 1 MiB.
+const DEFAULT_SPIN_US: u64 = 25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sys {
@@ -324,6 +338,13 @@ pub fn run(a: &TcpBenchArgs) -> Res<ExitCode> {
             .progress_chars("=> "),
     );
     let ns = veth.as_ref().map(|v| v.ns.clone());
+    let opts = RunOpts {
+        seconds,
+        stride,
+        ns: ns.as_ref(),
+        tso: !a.no_tso,
+        spin_us: a.spin_us,
+    };
     let mut results: Vec<(Test, usize, Sys, Vec<Run>)> = Vec::new();
     for (test, sizes, systems) in [
         (Test::Bulk, bulk_sizes, &bulk_sys),
@@ -334,7 +355,7 @@ pub fn run(a: &TcpBenchArgs) -> Res<ExitCode> {
                 let mut rs = Vec::new();
                 for _ in 0..runs {
                     bar.set_message(format!("{} {size} B", sys.label(test)));
-                    let r = one_run(test, sys, size, seconds, stride, ns.as_ref(), !a.no_tso)
+                    let r = one_run(test, sys, size, &opts)
                         .map_err(|e| format!("{} {size} B: {e}", sys.label(test)))?;
                     rs.push(r);
                     bar.inc(1);
@@ -595,6 +616,7 @@ fn peer_args(
     seconds: f64,
     stride: usize,
     core: usize,
+    spin_us: u64,
     extra: &[(&str, String)],
 ) -> Vec<String> {
     let mut v: Vec<String> = vec![
@@ -614,6 +636,8 @@ fn peer_args(
         seconds.to_string(),
         "--stride".into(),
         stride.to_string(),
+        "--spin-us".into(),
+        spin_us.to_string(),
     ];
     for (k, val) in extra {
         v.push(format!("--{k}"));
@@ -625,15 +649,25 @@ fn peer_args(
     v
 }
 
-fn one_run(
-    test: Test,
-    sys: Sys,
-    size: usize,
+/// What every run of one bench invocation shares.
+#[derive(Clone, Copy)]
+struct RunOpts<'a> {
     seconds: f64,
     stride: usize,
-    ns: Option<&[String; 2]>,
+    /// The two veth namespaces, when root.
+    ns: Option<&'a [String; 2]>,
     tso: bool,
-) -> Res<Run> {
+    spin_us: u64,
+}
+
+fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
+    let RunOpts {
+        seconds,
+        stride,
+        ns,
+        tso,
+        spin_us,
+    } = *o;
     let pid = std::process::id();
     let shm = format!("shm:bench-tcp-{pid}");
     let tap = format!("tap:usnbt{}", pid % 100_000);
@@ -674,7 +708,9 @@ fn one_run(
             "linux-client",
         ),
     };
-    let mut server = Peer::spawn(&peer_args(srole, test, size, seconds, stride, 1, &sextra))?;
+    let mut server = Peer::spawn(&peer_args(
+        srole, test, size, seconds, stride, 1, spin_us, &sextra,
+    ))?;
     let ready = server.read()?;
     let port = ready["port"].as_u64().ok_or("server sent no port")?;
     let cextra: Vec<(&str, String)> = match sys {
@@ -707,7 +743,9 @@ fn one_run(
             ("target", format!("{TAP_USNET}:{port}")),
         ],
     };
-    let mut client = Peer::spawn(&peer_args(crole, test, size, seconds, stride, 0, &cextra))?;
+    let mut client = Peer::spawn(&peer_args(
+        crole, test, size, seconds, stride, 0, spin_us, &cextra,
+    ))?;
     let cr = client.read()?;
     let sr = server.read()?;
     let limit = Duration::from_secs_f64(seconds + 20.0);
@@ -922,6 +960,11 @@ struct App {
     stack: Stack,
     rx: Vec<PktBuf>,
     t0: Instant,
+    /// When the device last delivered or took a frame.
+    last_work: Instant,
+    /// How long a turn keeps spinning after the last frame before it sleeps on the
+    /// device, like the runtime's poll thread.
+    spin: Duration,
 }
 
 impl App {
@@ -995,6 +1038,8 @@ impl App {
             stack,
             rx: Vec::with_capacity(BURST),
             t0: Instant::now(),
+            last_work: Instant::now(),
+            spin: Duration::from_micros(a.spin_us),
         })
     }
 
@@ -1009,8 +1054,22 @@ impl App {
         self.stack
             .poll(StackInstant::from_nanos(self.t0.elapsed().as_nanos() as u64));
         let (pool, txq) = self.stack.tx_parts();
+        let mut sent = 0;
         if !txq.is_empty() {
-            self.dev.tx_burst(pool, txq)?;
+            sent = self.dev.tx_burst(pool, txq)?;
+        }
+        if n > 0 || sent > 0 || self.stack.tx_len() > 0 {
+            self.last_work = Instant::now();
+        } else if self.last_work.elapsed() >= self.spin {
+            // Idle past the spin window: sleep on the device instead of taking a core
+            // the peer (on this 2-core machine, the Linux side) needs.
+            let now = StackInstant::from_nanos(self.t0.elapsed().as_nanos() as u64);
+            let timeout = self
+                .stack
+                .poll_at()
+                .map_or(Duration::from_millis(1), |t| t.saturating_since(now))
+                .min(Duration::from_millis(1));
+            self.dev.wait(Some(timeout))?;
         }
         Ok(n)
     }
