@@ -62,10 +62,11 @@ pub struct UpArgs {
     /// Slots per direction of a shm link.
     #[arg(long)]
     pub shm_slots: Option<usize>,
-    /// tap only: TCP segmentation offload, 64 KiB TCP frames to and from the kernel.
-    /// Needs --buf-size 65536 (or 16384 at least).
+    /// tap only: turn off TCP segmentation offload. By default a TAP negotiates it:
+    /// usnet hands the kernel TCP frames of up to 64 KiB (chains of pool buffers) and
+    /// the kernel hands usnet coalesced ones; without it every frame is MTU-sized.
     #[arg(long)]
-    pub tso: bool,
+    pub no_tso: bool,
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
@@ -93,7 +94,7 @@ impl UpArgs {
             buf_size: 2048,
             buffers: 16384,
             shm_slots: None,
-            tso: false,
+            no_tso: false,
             duration: None,
             quiet: true,
         }
@@ -150,11 +151,8 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
             format!("bad stack name '{name}': use letters, digits, '-', '_' and '.'").into(),
         );
     }
-    if args.tso && !matches!(link, Link::Dev(LinkSpec::Tap(_))) {
-        return Err("--tso only applies to tap links".into());
-    }
-    if args.tso && args.buf_size < 16384 {
-        return Err("--tso needs --buf-size 65536 (or 16384 at least): a TCP frame of up to 64 KiB is built in one buffer".into());
+    if args.no_tso && !matches!(link, Link::Dev(LinkSpec::Tap(_))) {
+        return Err("--no-tso only applies to tap links".into());
     }
     if !matches!(link, Link::Dev(LinkSpec::Tap(_))) && !args.host_addrs.is_empty() {
         return Err("--host-addr only applies to tap links".into());
@@ -165,7 +163,7 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
         fault: args.fault.clone(),
         tap_host_addrs: args.host_addrs.iter().map(|c| c.to_string()).collect(),
         shm_slots: args.shm_slots,
-        tso: args.tso,
+        tso: !args.no_tso,
     };
     let mut gateway4 = None;
     let mut gateway6 = None;

@@ -73,7 +73,8 @@ pub struct LinkOptions {
     /// Slots per direction of a shm link (a power of two).
     pub shm_slots: Option<usize>,
     /// TAP: negotiate TCP segmentation offload (TUN_F_TSO4/6), so the stack may hand
-    /// the kernel 64 KiB TCP frames and the kernel sends it coalesced ones.
+    /// the kernel 64 KiB TCP frames and the kernel sends it coalesced ones. Other
+    /// links ignore it.
     pub tso: bool,
 }
 

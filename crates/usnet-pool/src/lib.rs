@@ -449,6 +449,39 @@ impl PacketPool {
         }
     }
 
+    /// Appends `parts` (in order) after the data of `tail`, the last buffer of a chain,
+    /// chaining continuation buffers (no headroom) when they do not fit. Returns the new
+    /// last buffer. When the pool runs dry nothing is changed and `None` comes back, so
+    /// a caller can refuse the bytes cleanly.
+    pub fn extend_chain(&mut self, tail: PktBuf, parts: &[&[u8]]) -> Option<PktBuf> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let room = self.tailroom(tail);
+        let needed = total.saturating_sub(room).div_ceil(self.buf_size);
+        if self.free.len() < needed {
+            self.stats.exhausted += 1;
+            return None;
+        }
+        let mut cur = tail;
+        for part in parts {
+            let mut rest = *part;
+            while !rest.is_empty() {
+                if self.tailroom(cur) == 0 {
+                    let n = self.alloc().expect("counted above");
+                    // Continuation buffers need no headroom.
+                    self.meta[n.0 as usize].off = 0;
+                    self.set_next(cur, Some(n));
+                    cur = n;
+                }
+                let take = self.tailroom(cur).min(rest.len());
+                self.append(cur, take)
+                    .expect("tailroom checked")
+                    .copy_from_slice(&rest[..take]);
+                rest = &rest[take..];
+            }
+        }
+        Some(cur)
+    }
+
     /// Copies the chain's data into `out` (cleared first).
     pub fn copy_chain(&self, b: PktBuf, out: &mut Vec<u8>) {
         out.clear();
@@ -558,6 +591,31 @@ mod tests {
         let mut part = [0u8; 3000];
         assert_eq!(p.read_chain(head, 1500, &mut part), 3000);
         assert_eq!(&part[..], &bytes[1500..4500]);
+        p.free(head);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn extend_chain_appends_across_buffers_or_changes_nothing() {
+        let mut p = pool(8);
+        let head = p.alloc().unwrap();
+        p.append(head, 100).unwrap().fill(1);
+        let a: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        let b = vec![9u8; 1500];
+        let tail = p.extend_chain(head, &[&a, &b]).unwrap();
+        assert_ne!(tail, head);
+        assert_eq!(p.chain_len(head), 100 + 3000 + 1500);
+        let mut out = Vec::new();
+        p.copy_chain(head, &mut out);
+        assert_eq!(&out[100..3100], &a[..]);
+        assert_eq!(&out[3100..], &b[..]);
+        // Continuation buffers start at offset 0: a full one holds buf_size bytes.
+        assert_eq!(p.headroom_of(p.next(head).unwrap()), 0);
+        // Not enough buffers left for 20 KB: refused, chain and pool untouched.
+        let in_use = p.in_use();
+        let len = p.chain_len(head);
+        assert!(p.extend_chain(tail, &[&vec![0u8; 20_000]]).is_none());
+        assert_eq!((p.in_use(), p.chain_len(head)), (in_use, len));
         p.free(head);
         assert_eq!(p.in_use(), 0);
     }

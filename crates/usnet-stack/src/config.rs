@@ -141,8 +141,8 @@ pub struct StackConfig {
     pub tx_csum_offload: bool,
     /// The device takes TCP segmentation offload (`DeviceCaps::tso`): the TCP sink
     /// joins consecutive full-sized segments of one connection, produced in one output
-    /// pass, into a GSO frame of up to 64 KiB (needs `tx_csum_offload` and pool
-    /// buffers of at least 16 KiB; otherwise it has no effect).
+    /// pass, into a GSO frame of up to 64 KiB built as a chain of pool buffers (needs
+    /// `tx_csum_offload`; otherwise it has no effect).
     pub tso: bool,
     /// Seed for identifiers, ephemeral ports and the TCP secret (ISNs, SYN cookies,
     /// timestamp offsets): the same seed gives the same run. A stack on a real link

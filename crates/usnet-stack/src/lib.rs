@@ -19,6 +19,7 @@ pub mod neighbor;
 mod rx;
 pub mod sim;
 mod socket;
+pub mod soft_offload;
 mod tcp;
 pub mod time;
 mod tx;

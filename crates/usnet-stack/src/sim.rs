@@ -153,8 +153,13 @@ impl SimNet {
             while let Some(buf) = self.stacks[i].dequeue_tx() {
                 let mut bytes = Vec::new();
                 self.stacks[i].pool().copy_chain(buf, &mut bytes);
+                let o = self.stacks[i].pool().offload(buf);
                 self.stacks[i].pool_mut().free(buf);
-                self.launch(i, bytes);
+                // The simulated NIC does what a real one would with offloads (finish
+                // checksums, cut GSO frames into wire segments).
+                for wire_frame in crate::soft_offload::resolve(&bytes, &o) {
+                    self.launch(i, wire_frame);
+                }
                 did = true;
             }
         }

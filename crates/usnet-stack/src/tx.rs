@@ -19,12 +19,18 @@ use crate::{Stack, StackError};
 const ETH: usize = wire::ETHERNET_HEADER_LEN;
 /// Largest IP packet a GSO frame may describe.
 const GSO_MAX_IP: usize = 65535;
-/// Pool buffers smaller than this (after headroom) make GSO frames not worth it.
-const GSO_MIN_BUF: usize = 16 << 10;
+/// Most buffers one GSO frame may chain: a device writes a frame with one iovec per
+/// buffer (the TAP allows 64), and 64 KiB in 2 KiB buffers takes 33.
+const GSO_MAX_BUFS: usize = 48;
 
-/// A GSO frame being built from consecutive segments of one connection.
+/// A GSO frame being built from consecutive segments of one connection: headers and
+/// the first payload in `buf`, the rest in buffers chained after it.
 pub(crate) struct GsoPending {
     buf: PktBuf,
+    /// The chain's last buffer, where the next segment's payload goes.
+    tail: PktBuf,
+    /// Buffers in the chain.
+    bufs: usize,
     local: std::net::SocketAddr,
     remote: std::net::SocketAddr,
     /// The first segment's header (PSH added if a joined segment had it).
@@ -415,13 +421,11 @@ impl Stack {
 
     /// Whether TCP segments may be joined into GSO frames.
     pub(crate) fn tso_ok(&self) -> bool {
-        self.cfg.tso
-            && self.cfg.tx_csum_offload
-            && self.pool.buf_size() - self.pool.headroom() >= GSO_MIN_BUF
+        self.cfg.tso && self.cfg.tx_csum_offload
     }
 
-    /// Sends a TCP segment, joining it to `pending` (a GSO frame being built in one
-    /// pool buffer) when it continues it. Returns false when it was refused (full
+    /// Sends a TCP segment, joining it to `pending` (a GSO frame being built as a chain
+    /// of pool buffers) when it continues it. Returns false when it was refused (full
     /// transmit queue or empty pool), like `send_tcp`.
     pub(crate) fn send_tcp_gso(
         &mut self,
@@ -439,9 +443,11 @@ impl Stack {
             same.flags = TcpFlags(same.flags.0 & !TcpFlags::PSH.0);
             let mut first = p.repr;
             first.flags = TcpFlags(first.flags.0 & !TcpFlags::PSH.0);
-            let fits = p.l3 + hl + p.payload + plen <= GSO_MAX_IP
-                && ETH + p.l3 + hl + p.payload + plen
-                    <= self.pool.buf_size() - self.pool.headroom();
+            let more_bufs = plen
+                .saturating_sub(self.pool.tailroom(p.tail))
+                .div_ceil(self.pool.buf_size());
+            let fits =
+                p.l3 + hl + p.payload + plen <= GSO_MAX_IP && p.bufs + more_bufs <= GSO_MAX_BUFS;
             if !p.closed
                 && p.local == local
                 && p.remote == remote
@@ -451,9 +457,12 @@ impl Stack {
                 && plen <= p.seg
                 && fits
             {
-                let out = self.pool.append(p.buf, plen).expect("room checked");
-                out[..payload.0.len()].copy_from_slice(payload.0);
-                out[payload.0.len()..].copy_from_slice(payload.1);
+                let Some(tail) = self.pool.extend_chain(p.tail, &[payload.0, payload.1]) else {
+                    self.counters.tcp_tx_blocked += 1;
+                    return false;
+                };
+                p.tail = tail;
+                p.bufs += more_bufs;
                 p.payload += plen;
                 p.segs += 1;
                 p.next_seq = p.next_seq.wrapping_add(plen as u32);
@@ -493,15 +502,22 @@ impl Stack {
             self.counters.tcp_tx_blocked += 1;
             return false;
         };
-        let out = self
-            .pool
-            .append(buf, ETH + l3 + hl + plen)
-            .expect("room checked");
-        let p0 = ETH + l3 + hl;
-        out[p0..p0 + payload.0.len()].copy_from_slice(payload.0);
-        out[p0 + payload.0.len()..].copy_from_slice(payload.1);
+        // Headers are written when the frame is finished; reserve their room.
+        self.pool
+            .append(buf, ETH + l3 + hl)
+            .expect("a buffer holds the headers");
+        let more_bufs = plen
+            .saturating_sub(self.pool.tailroom(buf))
+            .div_ceil(self.pool.buf_size());
+        let Some(tail) = self.pool.extend_chain(buf, &[payload.0, payload.1]) else {
+            self.pool.free(buf);
+            self.counters.tcp_tx_blocked += 1;
+            return false;
+        };
         *pending = Some(GsoPending {
             buf,
+            tail,
+            bufs: 1 + more_bufs,
             local,
             remote,
             repr: *repr,
@@ -540,8 +556,9 @@ impl Stack {
         let l3 = p.l3;
         let out = self.pool.data_mut(p.buf);
         out[..ETH + l3].copy_from_slice(&hdr[..ETH + l3]);
-        let seg = &mut out[ETH + l3..];
-        let _ = p.repr.emit(seg, src, dst, p.payload, false);
+        // The payload may continue in chained buffers: emit the TCP header alone.
+        let seg = &mut out[ETH + l3..ETH + l3 + hl];
+        let _ = p.repr.emit(seg, src, dst, 0, false);
         let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
         seg[16..18].copy_from_slice(&partial.to_be_bytes());
         let mut o = Offload {

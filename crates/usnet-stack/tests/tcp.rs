@@ -534,3 +534,51 @@ fn connect_close_cycles() {
 fn connect_close_100k_cycles_release() {
     cycles(100_000);
 }
+
+/// TSO: the sender joins consecutive segments into GSO frames built as chains of
+/// 2 KiB pool buffers; the simulated NIC cuts them into wire segments (checksums
+/// finished there), which then meet loss, reordering, duplication and corruption.
+#[test]
+fn bulk_with_tso_frames_in_buffer_chains() {
+    // (seed, server, faults, least segments per frame: in loss recovery segments
+    // leave one per ACK, so fewer join)
+    for (seed, server, faults, ratio) in [
+        (40, "10.0.0.2:5001", Faults::default(), 4),
+        (
+            41,
+            "[fd00::2]:5001",
+            Faults {
+                loss: 0.01,
+                duplicate: 0.01,
+                corrupt: 0.01,
+                reorder: 0.03,
+                reorder_window: Duration::from_millis(1),
+                ..Faults::default()
+            },
+            1,
+        ),
+    ] {
+        let mut net = SimNet::new(seed, faults);
+        for i in 1..=2 {
+            let mut c = cfg(i);
+            c.tso = true;
+            c.tx_csum_offload = true;
+            assert_eq!(c.pool.buf_size, 2048);
+            net.add(c).unwrap();
+        }
+        let base = baseline(&net);
+        transfer(&mut net, sa(server), 8 << 20, Duration::from_secs(600));
+        let c = net.stack(0).counters_snapshot();
+        eprintln!(
+            "tso seed {seed}: {} segments in {} frames, {} retransmitted, wire {:?}",
+            c.tcp_tx_segments, c.link_tx_frames, c.tcp_retransmit_segments, net.stats
+        );
+        assert!(
+            c.tcp_tx_segments > ratio * c.link_tx_frames + c.link_tx_frames / 2,
+            "{} segments in {} frames: few GSO frames",
+            c.tcp_tx_segments,
+            c.link_tx_frames
+        );
+        assert_clean(&mut net, &base);
+    }
+}
