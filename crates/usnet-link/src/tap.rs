@@ -146,6 +146,10 @@ pub struct TapDevice {
     mtu: usize,
     tso: bool,
     scratch: Vec<u8>,
+    /// Continuation buffers a read may fill after the first one, so a frame larger
+    /// than one pool buffer (a GSO frame from the kernel) lands in a chain without a
+    /// copy. Taken from the pool for one `rx_burst` and given back at its end.
+    spare: Vec<PktBuf>,
     down: bool,
     stats: DeviceStats,
 }
@@ -260,6 +264,7 @@ impl TapDevice {
             mtu,
             tso: cfg.tso,
             scratch: vec![0u8; MAX_READ],
+            spare: Vec::new(),
             down: false,
             stats: DeviceStats::default(),
         })
@@ -309,6 +314,14 @@ impl Device for TapDevice {
         out: &mut Vec<PktBuf>,
         max: usize,
     ) -> io::Result<usize> {
+        // The largest frame the kernel may hand us, and the continuation buffers it
+        // needs beyond the first buffer's space.
+        let largest = if self.tso { MAX_READ } else { self.max_frame() };
+        let first_space = pool.buf_size() - pool.headroom();
+        let want_spare = largest
+            .saturating_sub(first_space)
+            .div_ceil(pool.buf_size());
+        let want_spare = want_spare.min(MAX_IOV - 3);
         let mut n = 0;
         while n < max {
             let Some(b) = pool.alloc() else {
@@ -318,26 +331,45 @@ impl Device for TapDevice {
                 }
                 break;
             };
+            while self.spare.len() < want_spare {
+                match pool.alloc_continuation() {
+                    Some(c) => self.spare.push(c),
+                    None => break, // the scratch takes what the chain cannot
+                }
+            }
             let mut hdr = [0u8; VNET_HDR_LEN];
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV];
+            iov[0] = libc::iovec {
+                iov_base: hdr.as_mut_ptr().cast(),
+                iov_len: VNET_HDR_LEN,
+            };
             let space = pool.space_mut(b);
             let space_len = space.len();
-            let iov = [
-                libc::iovec {
-                    iov_base: hdr.as_mut_ptr().cast(),
-                    iov_len: VNET_HDR_LEN,
-                },
-                libc::iovec {
-                    iov_base: space.as_mut_ptr().cast(),
-                    iov_len: space_len,
-                },
-                libc::iovec {
-                    iov_base: self.scratch.as_mut_ptr().cast(),
-                    iov_len: self.scratch.len(),
-                },
-            ];
-            // SAFETY: the three iovecs point at live, writable buffers of the stated
-            // lengths (a local header, the pool buffer's free space, our scratch).
-            let r = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), 3) };
+            iov[1] = libc::iovec {
+                iov_base: space.as_mut_ptr().cast(),
+                iov_len: space_len,
+            };
+            let mut cnt = 2;
+            for &c in &self.spare {
+                let sp = pool.space_mut(c);
+                iov[cnt] = libc::iovec {
+                    iov_base: sp.as_mut_ptr().cast(),
+                    iov_len: sp.len(),
+                };
+                cnt += 1;
+            }
+            iov[cnt] = libc::iovec {
+                iov_base: self.scratch.as_mut_ptr().cast(),
+                iov_len: self.scratch.len(),
+            };
+            cnt += 1;
+            // SAFETY: every iovec points at live, writable memory of the stated length:
+            // a local header, the free space of pool buffers we hold (distinct buffers,
+            // so no overlap), and our scratch.
+            let r = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), cnt as libc::c_int) };
             if r < 0 {
                 pool.free(b);
                 let e = io::Error::last_os_error();
@@ -363,14 +395,27 @@ impl Device for TapDevice {
                 continue;
             };
             let frame_len = r - VNET_HDR_LEN;
-            if frame_len <= space_len {
-                pool.set_len(b, frame_len)
-                    .expect("fits: read into this space");
-            } else {
-                // A frame larger than one buffer: the rest landed in scratch; chain it.
-                pool.set_len(b, space_len).expect("whole space");
-                match pool.alloc_from(&self.scratch[..frame_len - space_len]) {
-                    Some(tail) => pool.set_next(b, Some(tail)),
+            let first = frame_len.min(space_len);
+            pool.set_len(b, first).expect("fits: read into this space");
+            let mut rest = frame_len - first;
+            let mut tail = b;
+            let mut used = 0;
+            while rest > 0 && used < self.spare.len() {
+                let c = self.spare[used];
+                let take = rest.min(pool.buf_size());
+                pool.set_len(c, take)
+                    .expect("a continuation buffer's space");
+                pool.set_next(tail, Some(c));
+                tail = c;
+                rest -= take;
+                used += 1;
+            }
+            self.spare.drain(..used);
+            if rest > 0 {
+                // The pool could not give enough continuation buffers: the rest is in
+                // the scratch.
+                match pool.alloc_from(&self.scratch[..rest]) {
+                    Some(t) => pool.set_next(tail, Some(t)),
                     None => {
                         pool.free(b);
                         self.stats.rx_no_buffer += 1;
@@ -383,6 +428,9 @@ impl Device for TapDevice {
             self.stats.rx_bytes += frame_len as u64;
             out.push(b);
             n += 1;
+        }
+        for c in self.spare.drain(..) {
+            pool.free(c);
         }
         Ok(n)
     }

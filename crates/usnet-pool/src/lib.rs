@@ -255,6 +255,15 @@ impl PacketPool {
         Some(PktBuf(i))
     }
 
+    /// Takes a buffer for the middle or end of a chain: no headroom, so its whole
+    /// `buf_size` holds data.
+    #[inline]
+    pub fn alloc_continuation(&mut self) -> Option<PktBuf> {
+        let b = self.alloc()?;
+        self.meta[b.0 as usize].off = 0;
+        Some(b)
+    }
+
     /// Adds a reference; the buffer returns to the pool when every holder has freed it.
     pub fn retain(&mut self, b: PktBuf) {
         let m = &mut self.meta[b.0 as usize];
@@ -466,9 +475,7 @@ impl PacketPool {
             let mut rest = *part;
             while !rest.is_empty() {
                 if self.tailroom(cur) == 0 {
-                    let n = self.alloc().expect("counted above");
-                    // Continuation buffers need no headroom.
-                    self.meta[n.0 as usize].off = 0;
+                    let n = self.alloc_continuation().expect("counted above");
                     self.set_next(cur, Some(n));
                     cur = n;
                 }
