@@ -713,6 +713,16 @@ fn af_packet_http_with_a_namespace() {
         );
         http_service_checks(&nsx, "http://10.39.0.2", dir.path());
         http_service_checks(&nsx, "http://[fd39::2]", dir.path());
+        // The transmit socket's vnet header lets TCP leave in GSO frames.
+        let c = d.counters();
+        let (segs, frames) = (
+            counter(&c, "tcp_tx_segments"),
+            counter(&c, "link_tx_frames"),
+        );
+        assert!(
+            segs > 2 * frames,
+            "{segs} segments in {frames} frames: no GSO over AF_PACKET"
+        );
         d.down();
     }
 

@@ -22,6 +22,7 @@ use usnet_pool::{Offload, PacketPool, PktBuf};
 
 use crate::error::LinkError;
 use crate::sys::{self, cvt, EventFd};
+use crate::tap::VnetHdr;
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
 
 pub const AF_PACKET_MAX_BURST: usize = 64;
@@ -33,6 +34,9 @@ const FRAME_SIZE: usize = 2048;
 const RETIRE_TOV_MS: u32 = 1;
 const MAX_SEGS: usize = 256;
 const MAX_MSGS: usize = AF_PACKET_MAX_BURST;
+/// PACKET_VNET_HDR frames start with the plain 10-byte `struct virtio_net_hdr` (no
+/// `num_buffers`, unlike the TAP's 12-byte one).
+const VNET_TX_HDR_LEN: usize = 10;
 
 // Kernel ABI offsets inside a block descriptor and a frame header.
 const BLK_STATUS: usize =
@@ -100,6 +104,12 @@ pub struct AfPacketDevice {
     ring: RxRing,
     // Declared after the ring: the mapping goes before the socket closes.
     fd: OwnedFd,
+    /// An unbound packet socket with PACKET_VNET_HDR for transmitting: each frame goes
+    /// with a virtio-net header, so a partial checksum or a 64 KiB TCP GSO frame is
+    /// finished or cut by the kernel (a veth passes GSO frames on whole). `None` when
+    /// the kernel refuses the option: frames then go through `fd`, checksummed and
+    /// MTU-sized.
+    tx_vnet: Option<OwnedFd>,
     ev: Arc<EventFd>,
     mtu: usize,
     /// Walk position: current block, packets left in it, offset of the next one.
@@ -254,12 +264,14 @@ impl AfPacketDevice {
         })
         .map_err(|e| LinkError::io(ctx("cannot bind"), e))?;
         let ev = EventFd::new().map_err(|e| LinkError::io(ctx("eventfd"), e))?;
+        let tx_vnet = vnet_tx_socket();
         Ok(AfPacketDevice {
             label: spec,
             ifname: ifname.to_string(),
             ifindex,
             ring,
             fd,
+            tx_vnet,
             ev,
             mtu,
             block: 0,
@@ -284,6 +296,27 @@ impl AfPacketDevice {
     }
 }
 
+/// The transmit socket (see `AfPacketDevice::tx_vnet`). Protocol 0: it receives
+/// nothing, so it needs no ring and no filter.
+fn vnet_tx_socket() -> Option<OwnedFd> {
+    // SAFETY: socket() with constant arguments returns a new fd or -1.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd was just created and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VNET_HDR, &one).ok()?;
+    Some(fd)
+}
+
 impl Device for AfPacketDevice {
     fn name(&self) -> &str {
         &self.label
@@ -293,8 +326,8 @@ impl Device for AfPacketDevice {
         DeviceCaps {
             mtu: self.mtu,
             rx_csum_offload: true,
-            tx_csum_offload: false,
-            tso: false,
+            tx_csum_offload: self.tx_vnet.is_some(),
+            tso: self.tx_vnet.is_some(),
             max_burst: AF_PACKET_MAX_BURST,
         }
     }
@@ -384,12 +417,18 @@ impl Device for AfPacketDevice {
         frames: &mut VecDeque<PktBuf>,
     ) -> io::Result<usize> {
         let max_frame = self.mtu + 18;
+        let vnet = self.tx_vnet.is_some();
+        // A GSO frame (only with the vnet header) may be up to 64 KiB of IP.
+        let fits = |pool: &PacketPool, f: PktBuf, len: usize| {
+            len >= 14
+                && (len <= max_frame || (vnet && pool.offload(f).gso_size > 0 && len <= 65535 + 18))
+        };
         let mut sent = 0;
         loop {
             // Drop what can never go out, then gather up to one burst.
             while let Some(&f) = frames.front() {
                 let len = pool.chain_len(f);
-                if (14..=max_frame).contains(&len) {
+                if fits(pool, f, len) {
                     break;
                 }
                 frames.pop_front();
@@ -403,16 +442,38 @@ impl Device for AfPacketDevice {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
             }; MAX_SEGS];
-            // SAFETY: mmsghdr is plain old data; all-zero is valid (no name, no control).
+            // SAFETY: mmsghdr and sockaddr_ll are plain old data; all-zero is valid (no
+            // name, no control).
             let mut msgs: [libc::mmsghdr; MAX_MSGS] = unsafe { std::mem::zeroed() };
+            let mut names: [libc::sockaddr_ll; MAX_MSGS] = unsafe { std::mem::zeroed() };
+            let mut hdrs = [[0u8; VNET_TX_HDR_LEN]; MAX_MSGS];
             let mut nseg = 0;
             let mut nmsg = 0;
             for &f in frames.iter().take(MAX_MSGS) {
                 let len = pool.chain_len(f);
-                if !(14..=max_frame).contains(&len) {
+                // The header takes an iovec too; the batch ends when none is left.
+                if !fits(pool, f, len) || (vnet && nseg == MAX_SEGS) {
                     break;
                 }
                 let first = nseg;
+                if vnet {
+                    let h = VnetHdr::from_offload(&pool.offload(f)).emit();
+                    hdrs[nmsg].copy_from_slice(&h[..VNET_TX_HDR_LEN]);
+                    iov[nseg] = libc::iovec {
+                        iov_base: hdrs[nmsg].as_mut_ptr().cast(),
+                        iov_len: VNET_TX_HDR_LEN,
+                    };
+                    nseg += 1;
+                    // The unbound socket needs the interface and the protocol per frame.
+                    let d = pool.data(f);
+                    let n = &mut names[nmsg];
+                    n.sll_family = libc::AF_PACKET as u16;
+                    n.sll_ifindex = self.ifindex as libc::c_int;
+                    n.sll_protocol = u16::from_be_bytes([d[12], d[13]]).to_be();
+                    msgs[nmsg].msg_hdr.msg_name = (n as *mut libc::sockaddr_ll).cast();
+                    msgs[nmsg].msg_hdr.msg_namelen =
+                        std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                }
                 let mut cur = Some(f);
                 while let (Some(c), true) = (cur, nseg < MAX_SEGS) {
                     let d = pool.data(c);
@@ -440,14 +501,8 @@ impl Device for AfPacketDevice {
             // SAFETY: msgs[..nmsg] point at iovecs in `iov`, which point at live pool
             // buffers of the frames still in `frames`; the socket is bound, so no address
             // is needed. The kernel only reads these.
-            let r = unsafe {
-                libc::sendmmsg(
-                    self.fd.as_raw_fd(),
-                    msgs.as_mut_ptr(),
-                    nmsg as libc::c_uint,
-                    0,
-                )
-            };
+            let fd = self.tx_vnet.as_ref().unwrap_or(&self.fd).as_raw_fd();
+            let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), nmsg as libc::c_uint, 0) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
