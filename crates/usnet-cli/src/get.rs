@@ -51,6 +51,9 @@ pub struct GetArgs {
     /// Seconds to wait for the connection and for each read.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
+    /// Turn off the usnet stack's receive coalescing (GRO), as `usnet up --no-gro`.
+    #[arg(long)]
+    pub no_gro: bool,
 }
 
 /// A parsed `http://` URL: where to connect, the Host header and the request target.
@@ -284,6 +287,7 @@ pub fn run(a: GetArgs) -> CmdResult {
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
         mtu: a.mtu,
+        no_gro: a.no_gro,
         ..UpArgs::embedded(a.link.clone(), format!("get-{}", std::process::id()))
     };
     let (net, _) = up::start(&args)?;

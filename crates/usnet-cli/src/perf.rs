@@ -57,6 +57,9 @@ pub struct PerfArgs {
     /// Write size in bytes.
     #[arg(long, default_value = "256K", value_parser = parse_size)]
     pub chunk: u64,
+    /// Turn off the usnet stack's receive coalescing (GRO), as `usnet up --no-gro`.
+    #[arg(long)]
+    pub no_gro: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -137,6 +140,10 @@ trait Stream: Read + Write {
     fn arrival_note(&self) -> String {
         String::new()
     }
+    /// Sender's view of the path: MSS decreases by ICMP (path MTU discovery).
+    fn path_note(&self) -> String {
+        String::new()
+    }
 }
 
 impl Stream for std::net::TcpStream {
@@ -151,6 +158,15 @@ impl Stream for usnet_runtime::TcpStream {
     }
     fn retransmits(&self) -> Option<u64> {
         self.info().ok().map(|i| i.total_retransmits)
+    }
+    fn path_note(&self) -> String {
+        match (self.stats(), self.info()) {
+            (Ok(t), Ok(i)) if t.pmtu_decreases > 0 => format!(
+                "; path MTU: MSS lowered by ICMP: {}, now {}",
+                t.pmtu_decreases, i.snd_mss
+            ),
+            _ => String::new(),
+        }
     }
     fn arrival_note(&self) -> String {
         self.stats().map_or(String::new(), |t| {
@@ -180,8 +196,9 @@ fn client_io<S: Stream>(s: &mut S, total: u64, chunk: usize, t0: Instant) -> Cmd
     let rtx = s
         .retransmits()
         .map_or(String::new(), |r| format!(", {r} retransmits"));
+    let path = s.path_note();
     println!(
-        "usnet perf: sent {} bytes in {secs:.3} s = {:.1} MB/s ({:.2} Gbit/s){rtx}; server verified {good}",
+        "usnet perf: sent {} bytes in {secs:.3} s = {:.1} MB/s ({:.2} Gbit/s){rtx}; server verified {good}{path}",
         total,
         total as f64 / secs / 1e6,
         total as f64 * 8.0 / secs / 1e9
@@ -238,6 +255,7 @@ fn stack(a: &PerfArgs) -> Result<NetStack, Box<dyn std::error::Error>> {
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
         mtu: a.mtu,
+        no_gro: a.no_gro,
         ..UpArgs::embedded(link, format!("perf-{}", std::process::id()))
     };
     Ok(up::start(&args)?.0)
@@ -297,6 +315,15 @@ pub fn run(a: PerfArgs) -> CmdResult {
         let h = std::thread::spawn(move || server_io(&mut s, peer));
         if a.once {
             h.join().map_err(|_| "server thread panicked")??;
+            let (gro, c) = net.with(|s| (s.config().gro, s.counters().clone()));
+            if gro {
+                println!(
+                    "usnet perf: receive coalescing: {} of {} TCP segments merged into {} frames",
+                    c.tcp_gro_merged + c.tcp_gro_frames,
+                    c.tcp_rx,
+                    c.tcp_gro_frames
+                );
+            }
             // Let the answer and FIN leave before the stack goes.
             std::thread::sleep(Duration::from_millis(200));
             net.shutdown();

@@ -216,3 +216,21 @@ impl Drop for PingSocket {
         let _ = self.net.with(|s| s.close(h));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_errors_reach_io_as_their_kinds() {
+        use io::ErrorKind as K;
+        for (e, k) in [
+            (StackError::ConnectionRefused, K::ConnectionRefused),
+            (StackError::HostUnreachable, K::HostUnreachable),
+            (StackError::NetUnreachable, K::NetworkUnreachable),
+            (StackError::TimedOut, K::TimedOut),
+        ] {
+            assert_eq!(to_io(e).kind(), k, "{e:?}");
+        }
+    }
+}

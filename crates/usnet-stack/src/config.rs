@@ -144,6 +144,10 @@ pub struct StackConfig {
     /// pass, into a GSO frame of up to 64 KiB built as a chain of pool buffers (needs
     /// `tx_csum_offload`; otherwise it has no effect).
     pub tso: bool,
+    /// Receive coalescing (GRO): consecutive in-order data segments of one connection
+    /// that one `poll` takes from the input queue reach the TCP engine as one segment,
+    /// their payloads read in place (see `gro.rs`). Off: each segment on its own.
+    pub gro: bool,
     /// Seed for identifiers, ephemeral ports and the TCP secret (ISNs, SYN cookies,
     /// timestamp offsets): the same seed gives the same run. A stack on a real link
     /// must get a random seed (the runtime and the CLI draw one from getrandom(2)).
@@ -179,6 +183,7 @@ impl Default for StackConfig {
             rx_csum_offload: false,
             tx_csum_offload: false,
             tso: false,
+            gro: true,
             seed: 0x5eed_0001,
             tcp: usnet_tcp::TcpConfig::default(),
         }

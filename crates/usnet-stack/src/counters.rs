@@ -84,6 +84,8 @@ define_counters! {
     icmp6_rx_echo_request => "ICMPv6 echo requests received",
     icmp6_rx_echo_reply => "ICMPv6 echo replies received",
     icmp6_rx_unreachable => "ICMPv6 destination unreachable received",
+    icmp6_rx_packet_too_big => "ICMPv6 packet too big received",
+    icmp6_rx_time_exceeded => "ICMPv6 time exceeded received",
     icmp6_rx_neighbor_solicit => "NDP neighbour solicitations received",
     icmp6_rx_neighbor_advert => "NDP neighbour advertisements received",
     icmp6_rx_ndp_invalid => "NDP messages failing RFC 4861 validation (hop limit, code)",
@@ -108,6 +110,8 @@ define_counters! {
     tcp_rx_bad_checksum => "TCP segments with a bad checksum",
     tcp_rx_not_unicast => "TCP segments to a broadcast or multicast address (dropped)",
     tcp_rx_no_socket => "TCP segments for no connection or listener",
+    tcp_gro_merged => "TCP segments coalesced into the segment before them (GRO)",
+    tcp_gro_frames => "coalesced TCP segments (of several wire segments) handed to connections (GRO)",
     tcp_tx_reset_no_socket => "RSTs sent for segments to closed ports",
     tcp_tx_segments => "TCP segments handed to IP",
     tcp_tx_blocked => "TCP segments deferred: transmit queue full or no buffer (retried)",
@@ -115,7 +119,14 @@ define_counters! {
     tcp_passive_opens => "TCP connections accepted by listeners",
     tcp_time_wait_reused => "TIME-WAIT connections replaced by a new SYN (RFC 6191)",
     tcp_conns_reaped => "TCP connections freed",
-    tcp_icmp_mss_clamped => "TCP connections whose MSS an ICMP packet-too-big lowered",
+    tcp_icmp_rx => "ICMP errors quoting a TCP segment",
+    tcp_icmp_no_conn => "ICMP errors for TCP matching no connection (ignored)",
+    tcp_icmp_other => "ICMP errors for TCP of a code TCP does not act on (ignored)",
+    tcp_icmp_out_of_window => "ICMP errors for TCP ignored: quoted sequence number not in flight",
+    tcp_icmp_mss_clamped => "TCP MSS decreases by ICMP fragmentation-needed / packet-too-big",
+    tcp_icmp_mtu_not_lowered => "ICMP fragmentation-needed / packet-too-big that did not lower the MSS",
+    tcp_icmp_hard_errors => "TCP connection attempts ended by ICMP unreachable",
+    tcp_icmp_soft_errors => "ICMP errors kept as TCP soft errors (reported only on a timeout)",
     tcp_conn_established => "TCP connections established (engine)",
     tcp_conn_refused => "TCP connection attempts refused (RST in SYN-SENT)",
     tcp_conn_resets => "TCP connections reset by the peer",
@@ -178,6 +189,11 @@ impl Counters {
         self.tcp_tx_rst = s.tx_rst + s.listen_rst_sent;
         self.tcp_tx_challenge_acks = s.tx_challenge_acks;
         self.tcp_time_wait_entered = s.time_wait_entered;
+        self.tcp_icmp_out_of_window = s.icmp_out_of_window;
+        self.tcp_icmp_mss_clamped = s.pmtu_decreases;
+        self.tcp_icmp_mtu_not_lowered = s.pmtu_not_lowered;
+        self.tcp_icmp_hard_errors = s.icmp_hard_errors;
+        self.tcp_icmp_soft_errors = s.icmp_soft_errors;
         self.tcp_listen_syn_received = s.listen_syn_received;
         self.tcp_listen_syn_queue_full = s.listen_syn_queue_full;
         self.tcp_listen_cookies_sent = s.listen_cookies_sent;

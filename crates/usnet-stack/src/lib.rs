@@ -15,6 +15,7 @@
 pub mod config;
 pub mod counters;
 pub mod frag;
+mod gro;
 pub mod neighbor;
 mod rx;
 pub mod sim;
@@ -78,6 +79,10 @@ pub enum StackError {
     TimedOut,
     #[error("broken pipe: the socket was shut down for writing")]
     BrokenPipe,
+    #[error("host unreachable (ICMP)")]
+    HostUnreachable,
+    #[error("network unreachable (ICMP)")]
+    NetUnreachable,
 }
 
 impl StackError {
@@ -99,6 +104,8 @@ impl StackError {
             StackError::ConnectionAborted => 103, // ECONNABORTED
             StackError::TimedOut => 110,          // ETIMEDOUT
             StackError::BrokenPipe => 32,         // EPIPE
+            StackError::HostUnreachable => 113,   // EHOSTUNREACH
+            StackError::NetUnreachable => 101,    // ENETUNREACH
         }
     }
 }
@@ -141,6 +148,8 @@ pub struct Stack {
     /// the busiest loop then pays for them once per tick, not once per poll.
     timers_checked: Instant,
     tcp: tcp::TcpGlobal,
+    /// Segments held for receive coalescing; empty outside `poll`.
+    gro: gro::Gro,
 }
 
 /// Granularity of the stack's timers (neighbour retries, reassembly expiry).
@@ -215,6 +224,7 @@ impl Stack {
             neighbor_work: NeighborWork::default(),
             timers_checked: Instant::ZERO,
             tcp: tcp::TcpGlobal::new(cfg.seed),
+            gro: gro::Gro::default(),
             addrs,
             pool,
             cfg,
@@ -281,6 +291,8 @@ impl Stack {
             self.process_frame(buf);
             did = true;
         }
+        // Held segments never outlive the poll that took them.
+        self.gro_flush();
         did |= self.tcp_poll_timers();
         did |= self.run_timers();
         self.counters.neigh_evicted = self.neighbors.evicted;

@@ -13,6 +13,7 @@ use usnet_wire::{
 use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
 use crate::socket::{Datagram, EchoReply, Socket, SocketSet, PING_QUEUE};
+use crate::tcp::icmp::IcmpMsg;
 use crate::{IpCidr, Stack};
 
 /// Why an ICMP "unreachable" is due.
@@ -44,6 +45,12 @@ pub(crate) enum Verdict {
         remote: SocketAddr,
         off: usize,
         len: usize,
+    },
+    /// An ICMP error about a segment of TCP connection `conn`.
+    TcpIcmp {
+        conn: u32,
+        seq: u32,
+        err: usnet_tcp::IcmpError,
     },
     Unreachable {
         why: Unreach,
@@ -498,13 +505,14 @@ impl View<'_> {
                 c.icmp4_rx_echo_reply += 1;
                 l3.echo_reply(ident, seq, data.len(), l4_off)
             }
-            Icmpv4Repr::DstUnreachable { .. } => {
+            Icmpv4Repr::DstUnreachable { code, invoking } => {
                 c.icmp4_rx_unreachable += 1;
-                Verdict::Drop
+                let mtu = wire::icmpv4_frag_needed_mtu(l4);
+                self.classify_tcp_icmp(c, l3, IcmpMsg::Unreach4 { code, mtu }, invoking)
             }
-            Icmpv4Repr::TimeExceeded { .. } => {
+            Icmpv4Repr::TimeExceeded { invoking, .. } => {
                 c.icmp4_rx_time_exceeded += 1;
-                Verdict::Drop
+                self.classify_tcp_icmp(c, l3, IcmpMsg::TimeExceeded, invoking)
             }
             _ => {
                 c.icmp4_rx_other += 1;
@@ -576,9 +584,17 @@ impl View<'_> {
                     mac: target_mac.unwrap_or(l3.eth_src),
                 }
             }
-            Icmpv6Repr::DstUnreachable { .. } => {
+            Icmpv6Repr::DstUnreachable { code, invoking } => {
                 c.icmp6_rx_unreachable += 1;
-                Verdict::Drop
+                self.classify_tcp_icmp(c, l3, IcmpMsg::Unreach6 { code }, invoking)
+            }
+            Icmpv6Repr::PacketTooBig { mtu, invoking } => {
+                c.icmp6_rx_packet_too_big += 1;
+                self.classify_tcp_icmp(c, l3, IcmpMsg::TooBig6 { mtu }, invoking)
+            }
+            Icmpv6Repr::TimeExceeded { invoking, .. } => {
+                c.icmp6_rx_time_exceeded += 1;
+                self.classify_tcp_icmp(c, l3, IcmpMsg::TimeExceeded, invoking)
             }
             _ => {
                 c.icmp6_rx_other += 1;
@@ -606,6 +622,7 @@ impl Stack {
                 csum_valid,
             };
             let v = view.classify(&mut self.counters, &data);
+            let v = self.gro_flush_then(v);
             self.execute(
                 v,
                 Src::Owned {
@@ -622,6 +639,12 @@ impl Stack {
             csum_valid,
         };
         let v = view.classify(&mut self.counters, self.pool.data(buf));
+        if self.cfg.gro {
+            if let Some(v) = self.gro_offer(v, buf) {
+                self.execute(v, Src::Buf(buf));
+            }
+            return;
+        }
         self.execute(v, Src::Buf(buf));
     }
 
@@ -671,6 +694,10 @@ impl Stack {
                 off,
                 len,
             } => self.tcp_input(target, local, remote, off, len, src),
+            Verdict::TcpIcmp { conn, seq, err } => {
+                self.release(src);
+                self.tcp_icmp_error(conn, seq, err);
+            }
             Verdict::UdpQueueFull { sock } => {
                 if let Some(u) = self.sockets.udp_at_mut(sock) {
                     u.stats.rx_queue_full += 1;

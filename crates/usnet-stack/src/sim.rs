@@ -103,6 +103,20 @@ impl Ord for InFlight {
     }
 }
 
+/// What a middlebox on the wire does with a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hop {
+    /// On to the other stacks.
+    Pass,
+    /// Gone (a firewall or a black hole).
+    Drop,
+    /// Gone, and this frame is sent instead (e.g. an ICMP error back to the sender).
+    Answer(Vec<u8>),
+}
+
+/// Sees `(sender index, frame)` for every frame a stack puts on the wire.
+pub type Middlebox = Box<dyn FnMut(usize, &[u8]) -> Hop>;
+
 pub struct SimNet {
     stacks: Vec<Stack>,
     now: Instant,
@@ -111,6 +125,8 @@ pub struct SimNet {
     rng: SimRng,
     pub faults: Faults,
     pub stats: WireStats,
+    /// A router or firewall on the path, before the faults.
+    pub middlebox: Option<Middlebox>,
 }
 
 impl SimNet {
@@ -123,6 +139,7 @@ impl SimNet {
             rng: SimRng::new(seed),
             faults,
             stats: WireStats::default(),
+            middlebox: None,
         }
     }
 
@@ -200,6 +217,23 @@ impl SimNet {
 
     fn launch(&mut self, from: usize, mut bytes: Vec<u8>) {
         self.stats.sent += 1;
+        if let Some(mb) = self.middlebox.as_mut() {
+            match mb(from, &bytes) {
+                Hop::Pass => {}
+                Hop::Drop => return,
+                Hop::Answer(reply) => {
+                    // From nobody: every stack sees it and its MAC filter decides.
+                    self.seq += 1;
+                    self.wire.push(Reverse(InFlight {
+                        at: self.now + self.faults.delay,
+                        seq: self.seq,
+                        from: usize::MAX,
+                        bytes: reply,
+                    }));
+                    return;
+                }
+            }
+        }
         let f = self.faults;
         if self.rng.chance(f.loss) {
             self.stats.lost += 1;

@@ -16,6 +16,8 @@
 //!   its slot is freed when the application has closed it (or never accepted it),
 //!   after its counters are merged into the stack's totals.
 
+pub(crate) mod icmp;
+
 use std::cmp::Reverse;
 use std::fmt;
 use std::net::SocketAddr;
@@ -168,6 +170,8 @@ pub(crate) fn tcp_err(e: TcpError) -> StackError {
         TcpError::Reset => StackError::ConnectionReset,
         TcpError::TimedOut => StackError::TimedOut,
         TcpError::Aborted => StackError::ConnectionAborted,
+        TcpError::HostUnreachable => StackError::HostUnreachable,
+        TcpError::NetUnreachable => StackError::NetUnreachable,
     }
 }
 

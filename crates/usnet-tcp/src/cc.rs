@@ -71,9 +71,12 @@ fn loss_ssthresh(in_flight: u32, mss: u32) -> u32 {
     (in_flight / 2).max(2 * mss)
 }
 
-/// Slow start with appropriate byte counting (RFC 3465, L = 2 SMSS).
+/// Slow start with appropriate byte counting (RFC 3465, L = 2 SMSS), except that a
+/// stretch ACK (from a receiver that coalesces segments, GRO/LRO, and ACKs each
+/// coalesced frame once) may add up to cwnd: one ACK per burst must still double the
+/// window per RTT, as Linux's packet counting does.
 fn slow_start(cwnd: &mut u32, ssthresh: u32, acked: u32, mss: u32) -> u32 {
-    let inc = acked.min(2 * mss);
+    let inc = acked.min((2 * mss).max(*cwnd));
     let room = ssthresh.saturating_sub(*cwnd);
     let used = inc.min(room.max(1));
     *cwnd = cwnd.saturating_add(used);
@@ -314,6 +317,31 @@ mod tests {
         lim.cwnd_limited = false;
         c.on_ack(t, &lim);
         assert_eq!(c.cwnd(), 1000);
+    }
+
+    #[test]
+    fn slow_start_credits_stretch_acks_up_to_doubling() {
+        let t = Instant::ZERO;
+        for mut c in [
+            Box::new(NewReno::new(1000, 10)) as Box<dyn CongestionControl>,
+            Box::new(Cubic::new(1000, 10)),
+        ] {
+            // One ACK for a whole coalesced window doubles it, as ten ACKs would.
+            c.on_ack(t, &ack(10_000));
+            assert_eq!(c.cwnd(), 20_000, "{}", c.name());
+            // At most a doubling per ACK (the rest goes to congestion avoidance).
+            c.on_ack(t, &ack(100_000));
+            assert!(
+                (40_000..50_000).contains(&c.cwnd()),
+                "{} {}",
+                c.name(),
+                c.cwnd()
+            );
+        }
+        // A small window still grows by at most 2 SMSS per ACK (RFC 3465).
+        let mut c = NewReno::new(1000, 1);
+        c.on_ack(t, &ack(2500));
+        assert_eq!(c.cwnd(), 3000);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod config;
 mod conn;
 pub mod hash;
 mod listener;
+pub mod payload;
 pub mod ring;
 pub mod seq;
 pub mod stats;
@@ -25,9 +26,12 @@ pub mod time;
 
 pub use cc::{CcAlgorithm, CongestionControl, Cubic, NewReno};
 pub use config::{Keepalive, TcpConfig};
-pub use conn::{Connection, Segment, SegmentSink, State, TcpError, TcpInfo, Wake};
+pub use conn::{
+    Connection, IcmpError, IcmpOutcome, Segment, SegmentSink, State, TcpError, TcpInfo, Wake,
+};
 pub use hash::SecretKey;
 pub use listener::{ListenEvent, Listener};
+pub use payload::Payload;
 pub use seq::Seq;
 pub use stats::TcpStats;
 pub use time::Instant;

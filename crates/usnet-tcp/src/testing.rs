@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use usnet_wire::{parse_tcp, verify_tcp_checksum, TcpRepr};
 
 use crate::conn::{Segment, SegmentSink};
+use crate::payload::Payload;
 
 /// A segment with its own payload copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +31,7 @@ impl OwnedSegment {
             window: self.repr.window,
             urgent: self.repr.urgent,
             options: self.repr.options,
-            payload: &self.payload,
+            payload: Payload::new(&self.payload),
             gso_size: 0,
         }
     }

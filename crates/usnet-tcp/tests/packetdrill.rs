@@ -297,7 +297,7 @@ impl Runner {
             window: p.win.unwrap_or(65535),
             urgent: p.urg.unwrap_or(0),
             options: o,
-            payload: &payload,
+            payload: usnet_tcp::Payload::new(&payload),
             gso_size: 0,
         };
         // Through the real encoding, as a stack would see it.
@@ -540,6 +540,8 @@ impl Runner {
                     Some(TcpError::Refused) => "REFUSED",
                     Some(TcpError::TimedOut) => "TIMEDOUT",
                     Some(TcpError::Aborted) => "ABORTED",
+                    Some(TcpError::HostUnreachable) => "HOSTUNREACH",
+                    Some(TcpError::NetUnreachable) => "NETUNREACH",
                 };
                 if name != arg(1)? {
                     return Err(format!("error {name}, expected {}", arg(1)?));

@@ -28,6 +28,28 @@ pub mod unreach {
     pub const PORT: u8 = 3;
     /// Fragmentation needed and DF set (next-hop MTU in bytes 6..8).
     pub const FRAG_NEEDED: u8 = 4;
+    /// Source route failed.
+    pub const SOURCE_ROUTE_FAILED: u8 = 5;
+    /// Destination network unknown.
+    pub const NET_UNKNOWN: u8 = 6;
+    /// Destination host unknown.
+    pub const HOST_UNKNOWN: u8 = 7;
+    /// Source host isolated.
+    pub const HOST_ISOLATED: u8 = 8;
+    /// Network administratively prohibited.
+    pub const NET_PROHIBITED: u8 = 9;
+    /// Host administratively prohibited.
+    pub const HOST_PROHIBITED: u8 = 10;
+    /// Network unreachable for the type of service.
+    pub const NET_TOS: u8 = 11;
+    /// Host unreachable for the type of service.
+    pub const HOST_TOS: u8 = 12;
+    /// Communication administratively prohibited (RFC 1812).
+    pub const ADMIN_PROHIBITED: u8 = 13;
+    /// Host precedence violation (RFC 1812).
+    pub const HOST_PRECEDENCE: u8 = 14;
+    /// Precedence cutoff in effect (RFC 1812).
+    pub const PRECEDENCE_CUTOFF: u8 = 15;
 }
 
 /// Time-exceeded codes.

@@ -43,6 +43,10 @@ pub mod unreach_v6 {
     pub const ADDR: u8 = 3;
     /// Port unreachable.
     pub const PORT: u8 = 4;
+    /// Source address failed ingress/egress policy (RFC 4443).
+    pub const FAILED_POLICY: u8 = 5;
+    /// Reject route to destination (RFC 4443).
+    pub const REJECT_ROUTE: u8 = 6;
 }
 
 /// ICMPv6 time-exceeded codes.

@@ -17,6 +17,7 @@ pub mod icmpv4;
 pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
+pub mod quoted;
 pub mod tcp;
 pub mod udp;
 
@@ -33,6 +34,7 @@ pub use icmpv4::*;
 pub use icmpv6::*;
 pub use ipv4::*;
 pub use ipv6::*;
+pub use quoted::*;
 pub use tcp::*;
 pub use udp::*;
 

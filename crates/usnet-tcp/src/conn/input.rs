@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::{Connection, Recovery, Segment, State, TcpError, TxSeg, Wake};
 use crate::cc::AckSample;
-use crate::ring::OooAdd;
+use crate::payload::Payload;
+use crate::ring::{OooAdd, Ring};
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -18,7 +19,7 @@ impl Connection {
     /// `poll_transmit` afterwards.
     pub fn input(&mut self, now: Instant, seg: &Segment) -> Wake {
         self.now = self.now.max(now);
-        self.stats.rx_segments += 1;
+        self.stats.rx_segments += u64::from(seg.wire_segments());
         let readable = self.recv_available();
         let eof = self.fin_received;
         let free = self.sndbuf.free();
@@ -197,11 +198,14 @@ impl Connection {
             (0, _) => seq.in_range(self.rcv_nxt, wend),
             (_, 0) => false,
             (_, _) => {
-                seq.in_range(self.rcv_nxt, wend) || (seq + (len - 1)).in_range(self.rcv_nxt, wend)
+                seq.in_range(self.rcv_nxt, wend)
+                    || (seq + (len - 1)).in_range(self.rcv_nxt, wend)
+                    || (seq.lt(self.rcv_nxt) && (seq + len).gt(wend))
             }
         };
         // A segment that starts before RCV.NXT and covers it is acceptable too (its
-        // old part is trimmed below); the test above catches it via its last byte.
+        // old part is trimmed below); the test above catches it via its last byte, or,
+        // for a coalesced frame longer than the window, because it spans the window.
         if !acceptable {
             if f.rst() {
                 self.stats.rx_rst_out_of_window += 1;
@@ -214,7 +218,7 @@ impl Connection {
             }
             let zero_window_edge = wnd == 0 && seq == self.rcv_nxt && f.ack();
             if !zero_window_edge {
-                self.stats.rx_out_of_window += 1;
+                self.stats.rx_out_of_window += u64::from(seg.wire_segments());
                 let plen = seg.payload.len() as u32;
                 if plen > 0 && (seq + plen).le(self.rcv_nxt) {
                     self.stats.rx_dup_bytes += u64::from(plen);
@@ -464,6 +468,20 @@ impl Connection {
                         self.recovery = Recovery::None;
                     }
                 }
+                Recovery::Pmtu => {
+                    // Not congestion: the window grows as usual.
+                    let s = AckSample {
+                        acked,
+                        mss: self.smss(),
+                        srtt: self.rtt.srtt,
+                        in_flight: flight_before,
+                        cwnd_limited,
+                    };
+                    self.cc.on_ack(self.now, &s);
+                    if ack.ge(self.recovery_point) {
+                        self.recovery = Recovery::None;
+                    }
+                }
             }
             self.cwnd_blocked = false;
             self.arm_tlp();
@@ -538,6 +556,8 @@ impl Connection {
         self.backoff = 0;
         self.dupacks = 0;
         self.tlp_outstanding = false;
+        // Something got through: forget the soft error (as Linux does).
+        self.soft_error = None;
         if self.segs.is_empty() {
             self.rto_at = None;
             self.tlp_at = None;
@@ -745,8 +765,9 @@ impl Connection {
             self.rst_pending = true;
             return;
         }
+        let wire_segs = seg.wire_segments();
         if !payload.is_empty() {
-            self.stats.rx_data_segments += 1;
+            self.stats.rx_data_segments += u64::from(wire_segs);
             let wire_segment = match seg.gso_size {
                 0 => payload.len() as u32,
                 g => u32::from(g).min(payload.len() as u32),
@@ -774,7 +795,7 @@ impl Connection {
                 }
                 self.ack_now = true;
             }
-            data = &data[dup..];
+            data = data.skip(dup);
             start = self.rcv_nxt;
         }
         // Trim to the window we advertised and the buffer.
@@ -783,7 +804,7 @@ impl Connection {
         let mut fin = fin;
         if data.len() > room {
             self.stats.rx_beyond_window_bytes += (data.len() - room) as u64;
-            data = &data[..room];
+            data = data.take(room);
             fin = false;
             self.ack_now = true;
         }
@@ -798,7 +819,7 @@ impl Connection {
             if start == self.rcv_nxt {
                 let had_ooo = !self.ooo.is_empty();
                 let off = self.rcvbuf.len();
-                let n = self.rcvbuf.write_at(off, data);
+                let n = write_payload(&mut self.rcvbuf, off, data);
                 self.rcvbuf.commit(n);
                 self.rcv_nxt = self.rcv_nxt + n;
                 let mut got = n as u64;
@@ -831,8 +852,8 @@ impl Connection {
                 let dend = start + data.len();
                 match self.ooo.add(start, dend) {
                     OooAdd::Added => {
-                        self.rcvbuf.write_at(off, data);
-                        self.stats.rx_ooo_segments += 1;
+                        write_payload(&mut self.rcvbuf, off, data);
+                        self.stats.rx_ooo_segments += u64::from(wire_segs);
                         self.sack_recent.rotate_right(1);
                         self.sack_recent[0] = Some(start);
                     }
@@ -844,8 +865,9 @@ impl Connection {
                     }
                     OooAdd::Full => self.stats.rx_ooo_full += 1,
                 }
-                // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2).
-                self.dupacks_owed = (self.dupacks_owed + 1).min(8);
+                // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2);
+                // a coalesced frame owes one per wire segment, as they would have.
+                self.dupacks_owed = (self.dupacks_owed + wire_segs).min(8);
                 self.quickack = self.quickack.max(2);
             }
         }
@@ -870,4 +892,17 @@ impl Connection {
             }
         }
     }
+}
+
+/// Writes `data` into `ring` at `offset`, part by part; returns the bytes written.
+fn write_payload(ring: &mut Ring, offset: usize, data: Payload) -> usize {
+    let mut n = 0;
+    for c in data.chunks() {
+        let w = ring.write_at(offset + n, c);
+        n += w;
+        if w < c.len() {
+            break;
+        }
+    }
+    n
 }

@@ -3,8 +3,11 @@
 //! is passed in, segments come in through [`Connection::input`] and go out through a
 //! [`SegmentSink`] in [`Connection::poll_transmit`].
 
+mod icmp;
 mod input;
 mod output;
+
+pub use icmp::{IcmpError, IcmpOutcome};
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -16,6 +19,7 @@ use usnet_wire::{TcpFlags, TcpHeader, TcpOptions, TcpRepr};
 use crate::cc::CongestionControl;
 use crate::config::TcpConfig;
 use crate::hash::{initial_sequence, tuple_hash};
+use crate::payload::Payload;
 use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
@@ -85,6 +89,10 @@ pub enum TcpError {
     TimedOut,
     /// Aborted locally (linger timeout, close with unread data) (ECONNABORTED).
     Aborted,
+    /// ICMP host unreachable (or administratively prohibited) (EHOSTUNREACH).
+    HostUnreachable,
+    /// ICMP network unreachable (ENETUNREACH).
+    NetUnreachable,
 }
 
 impl TcpError {
@@ -95,6 +103,8 @@ impl TcpError {
             TcpError::Reset => 104,
             TcpError::TimedOut => 110,
             TcpError::Aborted => 103,
+            TcpError::HostUnreachable => 113,
+            TcpError::NetUnreachable => 101,
         }
     }
 }
@@ -115,11 +125,12 @@ pub struct Segment<'a> {
     pub urgent: u16,
     /// Parsed options.
     pub options: TcpOptions,
-    /// Payload.
-    pub payload: &'a [u8],
+    /// Payload: one slice, or the joined payloads of a coalesced frame.
+    pub payload: Payload<'a>,
     /// For a frame the device coalesced from several wire segments (GRO, or a GSO
     /// frame from a TAP), the size of those segments; 0 for an ordinary segment. It
-    /// keeps the receiver's idea of the peer's MSS (and so its ACK pacing) right.
+    /// keeps the receiver's idea of the peer's MSS (and so its ACK pacing) right, and
+    /// per-segment counters count wire segments.
     pub gso_size: u16,
 }
 
@@ -132,7 +143,7 @@ impl<'a> From<&TcpHeader<'a>> for Segment<'a> {
             window: h.window,
             urgent: h.urgent,
             options: h.options,
-            payload: h.payload,
+            payload: Payload::new(h.payload),
             gso_size: 0,
         }
     }
@@ -142,6 +153,17 @@ impl Segment<'_> {
     /// Sequence space used.
     pub fn seg_len(&self) -> u32 {
         self.payload.len() as u32 + u32::from(self.flags.syn()) + u32::from(self.flags.fin())
+    }
+
+    /// The wire segments this one stands for: `payload / gso_size` rounded up for a
+    /// coalesced frame, else 1.
+    pub fn wire_segments(&self) -> u32 {
+        let g = usize::from(self.gso_size);
+        if g == 0 || self.payload.len() <= g {
+            1
+        } else {
+            self.payload.len().div_ceil(g) as u32
+        }
     }
 }
 
@@ -299,6 +321,9 @@ pub(crate) enum Recovery {
     Fast,
     /// Loss recovery after an RTO (go-back-N from the scoreboard, slow start).
     Rto,
+    /// Resending what a path MTU decrease dropped, until `recovery_point` is
+    /// acknowledged; not congestion, so the window is left alone.
+    Pmtu,
 }
 
 /// RACK state (RFC 8985 §6.1).
@@ -338,6 +363,8 @@ pub struct Connection {
     pub(crate) state: State,
     pub(crate) cfg: TcpConfig,
     pub(crate) error: Option<TcpError>,
+    /// An ICMP error since the last new ACK, reported if the connection times out.
+    pub(crate) soft_error: Option<TcpError>,
     pub(crate) now: Instant,
 
     // ---- send side
@@ -494,6 +521,7 @@ impl Connection {
             remote,
             state: State::Closed,
             error: None,
+            soft_error: None,
             now,
             iss,
             snd_una: iss,
@@ -967,8 +995,11 @@ impl Connection {
     }
 
     pub(crate) fn enter_closed(&mut self, err: Option<TcpError>) {
-        if err.is_some() {
-            self.error = err;
+        if let Some(e) = err {
+            self.error = Some(match e {
+                TcpError::TimedOut => self.timeout_error(),
+                e => e,
+            });
         }
         self.state = State::Closed;
         self.rto_at = None;

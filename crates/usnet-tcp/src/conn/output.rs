@@ -115,7 +115,7 @@ impl Connection {
                     self.keepalive_at = Some(now + k.idle);
                 } else if self.keepalive_sent >= k.count {
                     self.stats.keepalive_timeouts += 1;
-                    self.error = Some(TcpError::TimedOut);
+                    self.error = Some(self.timeout_error());
                     self.rst_pending = true;
                 } else {
                     self.keepalive_sent += 1;

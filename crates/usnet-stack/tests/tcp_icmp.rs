@@ -1,0 +1,687 @@
+//! TCP and ICMP errors between whole stacks on the simulated wire, with a router-like
+//! middlebox on the path (`SimNet::middlebox`): path MTU decreases in the middle of
+//! bulk transfers (ICMPv4 fragmentation needed, with and without the MTU field, and
+//! ICMPv6 packet too big; with and without TSO), forged and stale ICMP errors,
+//! connection attempts refused by ICMP, and soft errors on established connections.
+//! Every byte of every transfer is checked.
+
+use std::cell::RefCell;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use usnet_stack::sim::{Faults, Hop, SimNet};
+use usnet_stack::{mac_from_seed, SocketHandle, StackConfig, StackError, TcpState};
+use usnet_wire::{
+    self as wire, ethertype, unreach, unreach_v6, Icmpv4Repr, Icmpv6Repr, Ipv4Repr, Ipv6Repr,
+};
+
+const ROUTER4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 254);
+const ROUTER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0xfe);
+
+fn cfg(i: u8) -> StackConfig {
+    StackConfig {
+        mac: mac_from_seed(i as u64),
+        addrs: vec![
+            format!("10.0.0.{i}/24").parse().unwrap(),
+            format!("fd00::{i}/64").parse().unwrap(),
+        ],
+        seed: i as u64 * 7919,
+        ..Default::default()
+    }
+}
+
+fn pair(seed: u64, tso: bool, f: impl Fn(&mut StackConfig)) -> SimNet {
+    let mut net = SimNet::new(seed, Faults::default());
+    for i in 1..=2 {
+        let mut c = cfg(i);
+        c.tso = tso;
+        c.tx_csum_offload = tso;
+        f(&mut c);
+        net.add(c).unwrap();
+    }
+    net
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9e37_79b9) >> 17) as u8 ^ (i >> 13) as u8
+}
+
+// ------------------------------------------------------------------ frames
+
+/// A TCP segment on the wire, as the middlebox sees it.
+struct Seen {
+    /// IP packet length.
+    ip_len: usize,
+    src: IpAddr,
+    dport: u16,
+    seq: u32,
+    syn: bool,
+    payload: usize,
+}
+
+fn tcp_of(frame: &[u8]) -> Option<Seen> {
+    let eth = wire::parse_ethernet(frame).ok()?;
+    let (ip_len, src, tcp) = match eth.ethertype {
+        ethertype::IPV4 => {
+            let ip = wire::parse_ipv4(eth.payload, false).ok()?;
+            if ip.protocol != wire::IPPROTO_TCP {
+                return None;
+            }
+            (ip.total_len, ip.src.into(), ip.payload)
+        }
+        ethertype::IPV6 => {
+            let ip = wire::parse_ipv6(eth.payload).ok()?;
+            if ip.next_header != wire::IPPROTO_TCP {
+                return None;
+            }
+            (40 + ip.payload_len, ip.src.into(), ip.payload)
+        }
+        _ => return None,
+    };
+    let hl = usize::from(tcp[12] >> 4) * 4;
+    Some(Seen {
+        ip_len,
+        src,
+        dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+        seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+        syn: tcp[13] & 0x02 != 0,
+        payload: tcp.len() - hl,
+    })
+}
+
+/// What a router says about a frame it could not forward.
+#[derive(Clone, Copy, Debug)]
+enum Says {
+    /// ICMPv4 destination unreachable with this code (and next-hop MTU field).
+    Unreach4(u8, u16),
+    Unreach6(u8),
+    TooBig6(u32),
+    TimeExceeded,
+}
+
+/// The ICMP error a router on the path sends back to the sender of `frame`, quoting
+/// as much of it as Linux does (up to 576 bytes in all for IPv4, 1280 for IPv6).
+/// `edit` may change the quoted bytes (to forge them).
+fn icmp_for(frame: &[u8], says: Says, edit: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+    let eth = wire::parse_ethernet(frame).unwrap();
+    let pkt = eth.payload;
+    let v4 = eth.ethertype == ethertype::IPV4;
+    let (l3, limit) = if v4 { (20, 576 - 28) } else { (40, 1280 - 48) };
+    let mut quote = pkt[..pkt.len().min(limit)].to_vec();
+    edit(&mut quote);
+    let icmp_len = 8 + quote.len();
+    let mut out = vec![0u8; 14 + l3 + icmp_len];
+    let et = if v4 { ethertype::IPV4 } else { ethertype::IPV6 };
+    wire::emit_ethernet(&mut out, eth.src, eth.dst, et).unwrap();
+    let icmp = &mut out[14 + l3..];
+    if v4 {
+        let IpAddr::V4(to) = tcp_of(frame).unwrap().src else {
+            unreachable!()
+        };
+        let (repr, mtu) = match says {
+            Says::Unreach4(code, mtu) => (
+                Icmpv4Repr::DstUnreachable {
+                    code,
+                    invoking: &quote,
+                },
+                mtu,
+            ),
+            Says::TimeExceeded => (
+                Icmpv4Repr::TimeExceeded {
+                    code: 0,
+                    invoking: &quote,
+                },
+                0,
+            ),
+            other => panic!("{other:?} is ICMPv6"),
+        };
+        repr.emit(icmp).unwrap();
+        if mtu != 0 {
+            // The next-hop MTU (RFC 1191) is not part of the repr: patch it in.
+            icmp[6..8].copy_from_slice(&mtu.to_be_bytes());
+            icmp[2..4].fill(0);
+            let c = wire::finish(wire::sum(icmp));
+            icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        }
+        Ipv4Repr {
+            src: ROUTER4,
+            dst: to,
+            protocol: wire::IPPROTO_ICMP,
+            payload_len: icmp_len,
+            ttl: 64,
+            ident: 1,
+            dont_frag: false,
+            more_frags: false,
+            frag_offset: 0,
+        }
+        .emit(&mut out[14..])
+        .unwrap();
+    } else {
+        let IpAddr::V6(to) = tcp_of(frame).unwrap().src else {
+            unreachable!()
+        };
+        let repr = match says {
+            Says::Unreach6(code) => Icmpv6Repr::DstUnreachable {
+                code,
+                invoking: &quote,
+            },
+            Says::TooBig6(mtu) => Icmpv6Repr::PacketTooBig {
+                mtu,
+                invoking: &quote,
+            },
+            Says::TimeExceeded => Icmpv6Repr::TimeExceeded {
+                code: 0,
+                invoking: &quote,
+            },
+            other => panic!("{other:?} is ICMPv4"),
+        };
+        repr.emit(&ROUTER6, &to, icmp).unwrap();
+        Ipv6Repr {
+            src: ROUTER6,
+            dst: to,
+            next_header: wire::IPPROTO_ICMPV6,
+            payload_len: icmp_len,
+            hop_limit: 64,
+        }
+        .emit(&mut out[14..])
+        .unwrap();
+    }
+    out
+}
+
+/// Sets the TCP sequence number in a quoted packet.
+fn set_quoted_seq(q: &mut [u8], seq: u32) {
+    let l4 = if q[0] >> 4 == 4 {
+        usize::from(q[0] & 0xf) * 4
+    } else {
+        40
+    };
+    q[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+}
+
+/// Hands a frame to stack `i` as if it came off the wire.
+fn inject(net: &mut SimNet, i: usize, frame: &[u8]) {
+    let s = net.stack_mut(i);
+    let b = s.pool_mut().alloc_from(frame).unwrap();
+    s.receive(b);
+}
+
+// ------------------------------------------------------------------ transfers
+
+/// Sends `total` bytes from stack 0 to `server` on stack 1 and closes both ends,
+/// checking every byte. `hook` runs every step (to inject frames).
+fn transfer(net: &mut SimNet, server: SocketAddr, total: u64, mut hook: impl FnMut(&mut SimNet)) {
+    let l = net.stack_mut(1).tcp_listen(server, 4).unwrap();
+    let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
+    let mut srv: Option<SocketHandle> = None;
+    let (mut sent, mut got) = (0u64, 0u64);
+    let (mut shut, mut srv_done, mut cli_done) = (false, false, false);
+    let mut buf = vec![0u8; 64 << 10];
+    let ok = net.run_until(Duration::from_secs(120), |n| {
+        hook(n);
+        let s = n.stack_mut(0);
+        while sent < total {
+            let k = (total - sent).min(buf.len() as u64) as usize;
+            for (j, b) in buf[..k].iter_mut().enumerate() {
+                *b = pattern(sent + j as u64);
+            }
+            match s.tcp_send(c, &buf[..k]) {
+                Ok(w) => sent += w as u64,
+                Err(StackError::WouldBlock) => break,
+                Err(e) => panic!("send at {sent}: {e:?}"),
+            }
+        }
+        if sent == total && !shut {
+            s.tcp_shutdown_write(c).unwrap();
+            shut = true;
+        }
+        let s = n.stack_mut(1);
+        if srv.is_none() {
+            srv = s.tcp_accept(l).ok();
+        }
+        if let (Some(h), false) = (srv, srv_done) {
+            loop {
+                match s.tcp_recv(h, &mut buf) {
+                    Ok(0) => {
+                        assert_eq!(got, total, "EOF early");
+                        s.tcp_close(h).unwrap();
+                        srv_done = true;
+                        break;
+                    }
+                    Ok(k) => {
+                        for (j, b) in buf[..k].iter().enumerate() {
+                            let at = got + j as u64;
+                            assert_eq!(*b, pattern(at), "byte {at} of {total} is wrong");
+                        }
+                        got += k as u64;
+                    }
+                    Err(StackError::WouldBlock) => break,
+                    Err(e) => panic!("server recv at {got}: {e:?}"),
+                }
+            }
+        }
+        if shut && !cli_done {
+            let s = n.stack_mut(0);
+            match s.tcp_recv(c, &mut buf) {
+                Ok(0) => {
+                    s.tcp_close(c).unwrap();
+                    cli_done = true;
+                }
+                Err(StackError::WouldBlock) => {}
+                r => panic!("client recv: {r:?}"),
+            }
+        }
+        srv_done && cli_done
+    });
+    assert!(
+        ok,
+        "transfer stalled: sent {sent} got {got} of {total}; client {:?}",
+        net.stack(0).tcp_connections()
+    );
+    net.stack_mut(1).tcp_close(l).unwrap();
+}
+
+/// What the router saw and did.
+#[derive(Default, Debug)]
+struct Router {
+    /// Bytes of stack 0's TCP payload it forwarded.
+    forwarded: u64,
+    icmp_sent: u64,
+    /// Largest payload forwarded after the last MTU change took effect.
+    largest_after: usize,
+    /// The last data frame it saw from stack 0.
+    last_data: Option<Vec<u8>>,
+}
+
+/// A router on the path from stack 0 whose MTU follows `schedule` (forwarded
+/// payload bytes → MTU): packets over the MTU are dropped and answered with
+/// `says(mtu)`.
+fn router(
+    schedule: Vec<(u64, usize)>,
+    says: impl Fn(usize) -> Says + 'static,
+) -> (Rc<RefCell<Router>>, usnet_stack::sim::Middlebox) {
+    let r = Rc::new(RefCell::new(Router::default()));
+    let r2 = r.clone();
+    let mb = Box::new(move |from: usize, frame: &[u8]| {
+        let Some(t) = tcp_of(frame) else {
+            return Hop::Pass;
+        };
+        if from != 0 {
+            return Hop::Pass;
+        }
+        let mut r = r2.borrow_mut();
+        let mtu = schedule
+            .iter()
+            .rev()
+            .find(|(at, _)| r.forwarded >= *at)
+            .map_or(1500, |s| s.1);
+        if t.ip_len > mtu {
+            r.icmp_sent += 1;
+            r.largest_after = 0;
+            return Hop::Answer(icmp_for(frame, says(mtu), |_| {}));
+        }
+        r.forwarded += t.payload as u64;
+        r.largest_after = r.largest_after.max(t.payload);
+        if t.payload > 0 {
+            r.last_data = Some(frame.to_vec());
+        }
+        Hop::Pass
+    });
+    (r, mb)
+}
+
+#[test]
+fn bulk_transfer_continues_at_the_smaller_mss() {
+    struct Case {
+        name: &'static str,
+        server: &'static str,
+        tso: bool,
+        schedule: Vec<(u64, usize)>,
+        says: fn(usize) -> Says,
+        decreases: u64,
+        /// Largest payload after the last decrease (MTU − headers − timestamps).
+        largest: usize,
+    }
+    let frag = |mtu: usize| Says::Unreach4(unreach::FRAG_NEEDED, mtu as u16);
+    let cases = [
+        Case {
+            name: "v4 1280 from the start",
+            server: "10.0.0.2:5001",
+            tso: false,
+            schedule: vec![(0, 1280)],
+            says: frag,
+            decreases: 1,
+            largest: 1280 - 52,
+        },
+        Case {
+            name: "v4 1500 → 1400 → 1000 mid-transfer, with TSO",
+            server: "10.0.0.2:5001",
+            tso: true,
+            schedule: vec![(300 << 10, 1400), (900 << 10, 1000)],
+            says: frag,
+            decreases: 2,
+            largest: 1000 - 52,
+        },
+        Case {
+            // A pre-RFC 1191 router leaves the MTU 0: the RFC 1191 plateaus below the
+            // packet's size are tried, 1492 then 1006.
+            name: "v4 without the MTU field",
+            server: "10.0.0.2:5001",
+            tso: false,
+            schedule: vec![(200 << 10, 1200)],
+            says: |_| Says::Unreach4(unreach::FRAG_NEEDED, 0),
+            decreases: 2,
+            largest: 1006 - 52,
+        },
+        Case {
+            name: "v6 packet too big 1280 mid-transfer",
+            server: "[fd00::2]:5001",
+            tso: false,
+            schedule: vec![(500 << 10, 1280)],
+            says: |mtu| Says::TooBig6(mtu as u32),
+            decreases: 1,
+            largest: 1280 - 72,
+        },
+        Case {
+            // Below IPv6's minimum MTU: 1280 is used (RFC 8201), which this path takes.
+            name: "v6 packet too big 1300 reported as 1000",
+            server: "[fd00::2]:5001",
+            tso: true,
+            schedule: vec![(0, 1300)],
+            says: |_| Says::TooBig6(1000),
+            decreases: 1,
+            largest: 1280 - 72,
+        },
+    ];
+    for (k, case) in cases.into_iter().enumerate() {
+        let mut net = pair(70 + k as u64, case.tso, |_| {});
+        let (r, mb) = router(case.schedule, case.says);
+        net.middlebox = Some(mb);
+        let t0 = net.now();
+        transfer(&mut net, sa(case.server), 2 << 20, |_| {});
+        let took = net.now().saturating_since(t0);
+        let c = net.stack(0).counters_snapshot();
+        let r = r.borrow();
+        eprintln!(
+            "{}: {took:?}, router {:?} icmp {} largest {}; mss lowered {}, not lowered {}, \
+             out of window {}, retransmits {}",
+            case.name,
+            r.forwarded,
+            r.icmp_sent,
+            r.largest_after,
+            c.tcp_icmp_mss_clamped,
+            c.tcp_icmp_mtu_not_lowered,
+            c.tcp_icmp_out_of_window,
+            c.tcp_retransmit_segments
+        );
+        assert_eq!(c.tcp_icmp_mss_clamped, case.decreases, "{}", case.name);
+        assert_eq!(r.largest_after, case.largest, "{}", case.name);
+        assert_eq!(c.tcp_icmp_rx, r.icmp_sent, "{}", case.name);
+        // Resent at once, not by a timeout; and not taken for congestion.
+        assert_eq!(c.tcp_rto_expired, 0, "{}", case.name);
+        assert_eq!(c.tcp_fast_recoveries, 0, "{}", case.name);
+        assert!(took < Duration::from_secs(1), "{}: {took:?}", case.name);
+        assert_eq!(net.stack(1).counters().tcp_rx_bad_checksum, 0);
+    }
+}
+
+#[test]
+fn stale_forged_and_unknown_flow_icmp_is_ignored_and_counted() {
+    for (seed, server) in [(80, "10.0.0.2:5001"), (81, "[fd00::2]:5001")] {
+        let mut net = pair(seed, false, |_| {});
+        let (r, mb) = router(vec![], |_| unreachable!("no MTU limit"));
+        net.middlebox = Some(mb);
+        let v4 = sa(server).is_ipv4();
+        let mut done = false;
+        let r2 = r.clone();
+        transfer(&mut net, sa(server), 1 << 20, |n| {
+            let Some(f) = r2.borrow().last_data.clone() else {
+                return;
+            };
+            if done || r2.borrow().forwarded < (300 << 10) {
+                return;
+            }
+            done = true;
+            let seq = tcp_of(&f).unwrap().seq;
+            let too_big = if v4 {
+                Says::Unreach4(unreach::FRAG_NEEDED, 576)
+            } else {
+                Says::TooBig6(1280)
+            };
+            let host = if v4 {
+                Says::Unreach4(unreach::HOST, 0)
+            } else {
+                Says::Unreach6(unreach_v6::ADDR)
+            };
+            // Sequence numbers far ahead of and behind what is in flight.
+            for s in [seq.wrapping_add(50_000_000), seq.wrapping_sub(10_000_000)] {
+                inject(n, 0, &icmp_for(&f, too_big, |q| set_quoted_seq(q, s)));
+                inject(n, 0, &icmp_for(&f, host, |q| set_quoted_seq(q, s)));
+            }
+            // A flow we do not have (another destination port).
+            let other_port = |q: &mut Vec<u8>| {
+                let l4 = if v4 { 20 } else { 40 };
+                q[l4 + 2..l4 + 4].copy_from_slice(&9u16.to_be_bytes());
+            };
+            inject(n, 0, &icmp_for(&f, too_big, other_port));
+            // Too short to name a flow, and a quote of UDP: not TCP's business.
+            inject(
+                n,
+                0,
+                &icmp_for(&f, host, |q| q.truncate(if v4 { 24 } else { 44 })),
+            );
+            inject(
+                n,
+                0,
+                &icmp_for(&f, host, |q| {
+                    if v4 {
+                        q[9] = wire::IPPROTO_UDP;
+                    } else {
+                        q[6] = wire::IPPROTO_UDP;
+                    }
+                }),
+            );
+        });
+        assert!(done);
+        let c = net.stack(0).counters_snapshot();
+        assert_eq!(c.tcp_icmp_rx, 5, "{server}");
+        assert_eq!(c.tcp_icmp_out_of_window, 4, "{server}");
+        assert_eq!(c.tcp_icmp_no_conn, 1, "{server}");
+        assert_eq!(c.tcp_icmp_mss_clamped, 0, "{server}");
+        assert_eq!(c.tcp_icmp_soft_errors, 0, "{server}");
+        let full = if v4 { 1448 } else { 1428 };
+        assert_eq!(r.borrow().largest_after, full, "{server}: MSS unchanged");
+        assert_eq!(c.tcp_rto_expired, 0);
+    }
+}
+
+#[test]
+fn host_unreachable_in_established_does_not_abort() {
+    for (seed, server) in [(90, "10.0.0.2:5001"), (91, "[fd00::2]:5001")] {
+        let v4 = sa(server).is_ipv4();
+        let mut net = pair(seed, false, |_| {});
+        // The router loses its route twice for one packet each (host unreachable,
+        // then port unreachable, a hard error before the handshake), then recovers.
+        let n = Rc::new(RefCell::new(0u32));
+        let n2 = n.clone();
+        net.middlebox = Some(Box::new(move |from, frame| {
+            let Some(t) = tcp_of(frame) else {
+                return Hop::Pass;
+            };
+            if from != 0 || t.payload == 0 {
+                return Hop::Pass;
+            }
+            *n2.borrow_mut() += 1;
+            let says = match (*n2.borrow(), v4) {
+                (50, true) => Says::Unreach4(unreach::HOST, 0),
+                (80, true) => Says::Unreach4(unreach::PORT, 0),
+                (50, false) => Says::Unreach6(unreach_v6::ADDR),
+                (80, false) => Says::Unreach6(unreach_v6::PORT),
+                _ => return Hop::Pass,
+            };
+            Hop::Answer(icmp_for(frame, says, |_| {}))
+        }));
+        transfer(&mut net, sa(server), 1 << 20, |_| {});
+        let c = net.stack(0).counters_snapshot();
+        assert_eq!(c.tcp_icmp_soft_errors, 2, "{server}");
+        assert_eq!(c.tcp_icmp_hard_errors, 0, "{server}");
+        assert_eq!(c.tcp_conn_timeouts, 0, "{server}");
+    }
+}
+
+#[test]
+fn a_soft_error_is_what_a_later_timeout_reports() {
+    for (seed, server, want) in [
+        (95, "10.0.0.2:5001", StackError::HostUnreachable),
+        (96, "[fd00::2]:5001", StackError::NetUnreachable),
+    ] {
+        let v4 = sa(server).is_ipv4();
+        let mut net = pair(seed, false, |c| c.tcp.max_retries = 3);
+        // The first data segment meets a dead route, and so does everything after it.
+        net.middlebox = Some(Box::new(move |from, frame| match tcp_of(frame) {
+            Some(t) if from == 0 && t.payload > 0 => {
+                let says = if v4 {
+                    Says::Unreach4(unreach::HOST, 0)
+                } else {
+                    Says::Unreach6(unreach_v6::NO_ROUTE)
+                };
+                Hop::Answer(icmp_for(frame, says, |_| {}))
+            }
+            _ => Hop::Pass,
+        }));
+        let l = net.stack_mut(1).tcp_listen(sa(server), 4).unwrap();
+        let c = net.stack_mut(0).tcp_connect(None, sa(server)).unwrap();
+        assert!(net.run_until(Duration::from_secs(2), |n| n
+            .stack(0)
+            .readiness(c)
+            .unwrap()
+            .connected));
+        net.stack_mut(0).tcp_send(c, &[1u8; 3000]).unwrap();
+        net.run_for(Duration::from_millis(100));
+        assert_eq!(net.stack(0).tcp_state(c).unwrap(), TcpState::Established);
+        assert_eq!(net.stack(0).tcp_error(c).unwrap(), None);
+        assert!(net.run_until(Duration::from_secs(600), |n| n
+            .stack(0)
+            .readiness(c)
+            .unwrap()
+            .closed));
+        assert_eq!(net.stack(0).tcp_error(c).unwrap(), Some(want), "{server}");
+        assert_eq!(
+            net.stack_mut(0).tcp_send(c, b"x"),
+            Err(want),
+            "{server}: the socket reports it"
+        );
+        assert_eq!(want.errno(), if v4 { 113 } else { 101 });
+        let _ = net.stack_mut(0).tcp_close(c);
+        let _ = net.stack_mut(1).tcp_close(l);
+    }
+}
+
+#[test]
+fn connect_answered_by_icmp_unreachable_fails_at_once() {
+    let cases: [(&str, Says, Option<StackError>); 8] = [
+        (
+            "10.0.0.2:7",
+            Says::Unreach4(unreach::PORT, 0),
+            Some(StackError::ConnectionRefused),
+        ),
+        (
+            "[fd00::2]:7",
+            Says::Unreach6(unreach_v6::PORT),
+            Some(StackError::ConnectionRefused),
+        ),
+        (
+            "10.0.0.2:7",
+            Says::Unreach4(unreach::PROTO, 0),
+            Some(StackError::ConnectionRefused),
+        ),
+        (
+            "10.0.0.2:7",
+            Says::Unreach4(unreach::HOST, 0),
+            Some(StackError::HostUnreachable),
+        ),
+        (
+            "10.0.0.2:7",
+            Says::Unreach4(unreach::ADMIN_PROHIBITED, 0),
+            Some(StackError::HostUnreachable),
+        ),
+        (
+            "10.0.0.2:7",
+            Says::Unreach4(unreach::NET, 0),
+            Some(StackError::NetUnreachable),
+        ),
+        (
+            "[fd00::2]:7",
+            Says::Unreach6(unreach_v6::ADMIN_PROHIBITED),
+            Some(StackError::HostUnreachable),
+        ),
+        // Time exceeded is soft even now: the attempt goes on.
+        ("10.0.0.2:7", Says::TimeExceeded, None),
+    ];
+    for (k, (server, says, want)) in cases.into_iter().enumerate() {
+        let mut net = pair(100 + k as u64, false, |_| {});
+        net.middlebox = Some(Box::new(move |from, frame| match tcp_of(frame) {
+            Some(t) if from == 0 && t.syn && t.dport == 7 => {
+                Hop::Answer(icmp_for(frame, says, |_| {}))
+            }
+            _ => Hop::Pass,
+        }));
+        let c = net.stack_mut(0).tcp_connect(None, sa(server)).unwrap();
+        // Well before the first SYN retransmission (1 s).
+        net.run_for(Duration::from_millis(20));
+        let r = net.stack(0).readiness(c).unwrap();
+        let got = net.stack(0).tcp_error(c).unwrap();
+        assert_eq!(got, want, "{server} {says:?}");
+        assert_eq!(r.closed, want.is_some(), "{server} {says:?}");
+        if let Some(e) = want {
+            assert_eq!(net.stack_mut(0).tcp_send(c, b"x"), Err(e));
+            let cs = net.stack(0).counters_snapshot();
+            assert_eq!(cs.tcp_icmp_hard_errors, 1);
+            assert_eq!(cs.tcp_syn_retransmits, 0);
+        } else {
+            assert_eq!(net.stack(0).tcp_state(c).unwrap(), TcpState::SynSent);
+            assert_eq!(net.stack(0).counters_snapshot().tcp_icmp_soft_errors, 1);
+        }
+        net.stack_mut(0).tcp_close(c).unwrap();
+    }
+}
+
+#[test]
+fn forged_port_unreachable_does_not_stop_a_connect() {
+    for (seed, server) in [(110, "10.0.0.2:5001"), (111, "[fd00::2]:5001")] {
+        let v4 = sa(server).is_ipv4();
+        let mut net = pair(seed, false, |_| {});
+        // The first SYN is lost and a blind attacker answers it with a port
+        // unreachable whose quoted sequence number is a guess.
+        let first = Rc::new(RefCell::new(true));
+        net.middlebox = Some(Box::new(move |from, frame| match tcp_of(frame) {
+            Some(t) if from == 0 && t.syn && std::mem::take(&mut *first.borrow_mut()) => {
+                let says = if v4 {
+                    Says::Unreach4(unreach::PORT, 0)
+                } else {
+                    Says::Unreach6(unreach_v6::PORT)
+                };
+                let guess = t.seq.wrapping_add(12345);
+                Hop::Answer(icmp_for(frame, says, |q| set_quoted_seq(q, guess)))
+            }
+            _ => Hop::Pass,
+        }));
+        let l = net.stack_mut(1).tcp_listen(sa(server), 4).unwrap();
+        let c = net.stack_mut(0).tcp_connect(None, sa(server)).unwrap();
+        assert!(net.run_until(Duration::from_secs(5), |n| n
+            .stack(0)
+            .readiness(c)
+            .unwrap()
+            .connected));
+        let cs = net.stack(0).counters_snapshot();
+        assert_eq!(cs.tcp_icmp_out_of_window, 1);
+        assert_eq!(cs.tcp_syn_retransmits, 1);
+        net.stack_mut(0).tcp_close(c).unwrap();
+        net.stack_mut(1).tcp_close(l).unwrap();
+    }
+}
