@@ -550,7 +550,7 @@ impl Connection {
             let ms = self.ts_now().wrapping_sub(ecr);
             if ecr != 0 && ms < 60_000 {
                 self.rtt
-                    .sample(Duration::from_millis(u64::from(ms)), &self.cfg);
+                    .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
             }
         }
         self.backoff = 0;

@@ -274,6 +274,18 @@ impl Rtt {
     }
     pub(crate) fn sample(&mut self, r: Duration, cfg: &TcpConfig) {
         self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+        self.smooth(r, cfg);
+    }
+
+    /// A sample from the timestamp echo. Its millisecond granularity reads 0 on a fast
+    /// path, so it feeds SRTT and the RTO but never `min_rtt`: RACK compares an ACK's
+    /// timing with `min_rtt` to tell a retransmission's own ACK from the original's,
+    /// and a 0 would turn that check off.
+    pub(crate) fn sample_coarse(&mut self, r: Duration, cfg: &TcpConfig) {
+        self.smooth(r, cfg);
+    }
+
+    fn smooth(&mut self, r: Duration, cfg: &TcpConfig) {
         match self.srtt {
             None => {
                 self.srtt = Some(r);
@@ -1121,5 +1133,25 @@ impl Connection {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod rtt_tests {
+    use super::*;
+
+    #[test]
+    fn timestamp_samples_never_lower_min_rtt() {
+        let cfg = TcpConfig::default();
+        let mut r = Rtt::new(Duration::from_secs(1));
+        r.sample(Duration::from_micros(50), &cfg);
+        // A 0 ms echo on a 50 µs path: smoothed in, but min_rtt keeps the real floor.
+        r.sample_coarse(Duration::ZERO, &cfg);
+        assert_eq!(r.min_rtt, Some(Duration::from_micros(50)));
+        assert!(r.srtt.unwrap() < Duration::from_micros(50));
+        // Without a fine sample, a coarse one sets no floor at all.
+        let mut r = Rtt::new(Duration::from_secs(1));
+        r.sample_coarse(Duration::ZERO, &cfg);
+        assert_eq!(r.min_rtt, None);
     }
 }
