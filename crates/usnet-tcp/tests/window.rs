@@ -100,3 +100,51 @@ fn a_full_buffer_never_advertises_more_than_it_can_take() {
     assert_eq!(s.rx_ooo_segments, 0);
     assert_eq!(client.stats().retransmit_segments, 0);
 }
+
+/// Sender SWS avoidance: when the receiver's window edge moves by amounts that are not
+/// multiples of the MSS, the sender waits for room for a full segment instead of
+/// sending the small remainder at every edge.
+#[test]
+fn the_sender_does_not_dribble_small_segments_into_a_moving_window() {
+    let recv_buffer = 256 << 10;
+    let scfg = TcpConfig {
+        recv_buffer,
+        recv_buffer_initial: recv_buffer,
+        autotune: false,
+        ..TcpConfig::default()
+    };
+    let (mut client, mut server) = establish(scfg);
+    // Full payload: the MSS less the timestamp option.
+    let mss = client.snd_mss() as usize - 12;
+    let chunk = vec![0x33u8; 256 << 10];
+    // Reads of 7000 bytes: the edge moves by non-multiples of the MSS.
+    let mut out = vec![0u8; 7000];
+    let (mut t, mut small, mut data) = (2_000u64, 0u64, 0u64);
+    for _ in 0..5_000 {
+        t += 10;
+        let now = Instant::from_micros(t);
+        client.send(&chunk);
+        let mut to_server = VecSink::default();
+        client.poll_transmit(now, &mut to_server);
+        for seg in &to_server.segments {
+            if !seg.payload.is_empty() {
+                data += 1;
+                if seg.payload.len() < mss {
+                    small += 1;
+                }
+            }
+            server.input(now, &seg.segment());
+        }
+        server.recv(&mut out);
+        let mut to_client = VecSink::default();
+        server.poll_transmit(now, &mut to_client);
+        for ack in &to_client.segments {
+            client.input(now, &ack.segment());
+        }
+    }
+    assert!(data > 1000, "only {data} data segments");
+    assert!(
+        small * 100 < data,
+        "{small} of {data} data segments were smaller than the MSS"
+    );
+}

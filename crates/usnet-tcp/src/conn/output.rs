@@ -624,9 +624,14 @@ impl Connection {
             // while an earlier small segment is unacknowledged.
             let small_out = self.snd_sml.gt(self.snd_una);
             let nagle_ok = self.cfg.nodelay || !small_out || self.segs.is_empty() || want_fin;
-            // Limited by the peer's window rather than by data: send what fits (as
-            // Linux does; the receiver's SWS avoidance keeps windows sensible).
-            let window_limited = len < unsent && len == win;
+            // Limited by the peer's window rather than by data: sender SWS avoidance
+            // (RFC 9293 §3.8.6.2.1) sends a piece only if it is at least half the
+            // largest window the peer offered, or if nothing is in flight (no ACK will
+            // come to open the window further). Otherwise every window edge would
+            // leave a small tail segment behind (and end a GSO frame early).
+            let window_limited = len < unsent
+                && len == win
+                && (2 * len >= self.max_snd_wnd as usize || self.segs.is_empty());
             if !(full || (all && nagle_ok) || window_limited) {
                 return None;
             }
