@@ -10,26 +10,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
 
+mod common;
+
+use common::{cfg, sa, transfer_with};
 use usnet_stack::sim::{Faults, Hop, SimNet};
-use usnet_stack::{mac_from_seed, SocketHandle, StackConfig, StackError, TcpState};
+use usnet_stack::{StackConfig, StackError, TcpState};
 use usnet_wire::{
     self as wire, ethertype, unreach, unreach_v6, Icmpv4Repr, Icmpv6Repr, Ipv4Repr, Ipv6Repr,
 };
 
 const ROUTER4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 254);
 const ROUTER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0xfe);
-
-fn cfg(i: u8) -> StackConfig {
-    StackConfig {
-        mac: mac_from_seed(i as u64),
-        addrs: vec![
-            format!("10.0.0.{i}/24").parse().unwrap(),
-            format!("fd00::{i}/64").parse().unwrap(),
-        ],
-        seed: i as u64 * 7919,
-        ..Default::default()
-    }
-}
 
 fn pair(seed: u64, tso: bool, f: impl Fn(&mut StackConfig)) -> SimNet {
     let mut net = SimNet::new(seed, Faults::default());
@@ -41,14 +32,6 @@ fn pair(seed: u64, tso: bool, f: impl Fn(&mut StackConfig)) -> SimNet {
         net.add(c).unwrap();
     }
     net
-}
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
-fn pattern(i: u64) -> u8 {
-    (i.wrapping_mul(0x9e37_79b9) >> 17) as u8 ^ (i >> 13) as u8
 }
 
 // ------------------------------------------------------------------ frames
@@ -215,75 +198,8 @@ fn inject(net: &mut SimNet, i: usize, frame: &[u8]) {
 
 /// Sends `total` bytes from stack 0 to `server` on stack 1 and closes both ends,
 /// checking every byte. `hook` runs every step (to inject frames).
-fn transfer(net: &mut SimNet, server: SocketAddr, total: u64, mut hook: impl FnMut(&mut SimNet)) {
-    let l = net.stack_mut(1).tcp_listen(server, 4).unwrap();
-    let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
-    let mut srv: Option<SocketHandle> = None;
-    let (mut sent, mut got) = (0u64, 0u64);
-    let (mut shut, mut srv_done, mut cli_done) = (false, false, false);
-    let mut buf = vec![0u8; 64 << 10];
-    let ok = net.run_until(Duration::from_secs(120), |n| {
-        hook(n);
-        let s = n.stack_mut(0);
-        while sent < total {
-            let k = (total - sent).min(buf.len() as u64) as usize;
-            for (j, b) in buf[..k].iter_mut().enumerate() {
-                *b = pattern(sent + j as u64);
-            }
-            match s.tcp_send(c, &buf[..k]) {
-                Ok(w) => sent += w as u64,
-                Err(StackError::WouldBlock) => break,
-                Err(e) => panic!("send at {sent}: {e:?}"),
-            }
-        }
-        if sent == total && !shut {
-            s.tcp_shutdown_write(c).unwrap();
-            shut = true;
-        }
-        let s = n.stack_mut(1);
-        if srv.is_none() {
-            srv = s.tcp_accept(l).ok();
-        }
-        if let (Some(h), false) = (srv, srv_done) {
-            loop {
-                match s.tcp_recv(h, &mut buf) {
-                    Ok(0) => {
-                        assert_eq!(got, total, "EOF early");
-                        s.tcp_close(h).unwrap();
-                        srv_done = true;
-                        break;
-                    }
-                    Ok(k) => {
-                        for (j, b) in buf[..k].iter().enumerate() {
-                            let at = got + j as u64;
-                            assert_eq!(*b, pattern(at), "byte {at} of {total} is wrong");
-                        }
-                        got += k as u64;
-                    }
-                    Err(StackError::WouldBlock) => break,
-                    Err(e) => panic!("server recv at {got}: {e:?}"),
-                }
-            }
-        }
-        if shut && !cli_done {
-            let s = n.stack_mut(0);
-            match s.tcp_recv(c, &mut buf) {
-                Ok(0) => {
-                    s.tcp_close(c).unwrap();
-                    cli_done = true;
-                }
-                Err(StackError::WouldBlock) => {}
-                r => panic!("client recv: {r:?}"),
-            }
-        }
-        srv_done && cli_done
-    });
-    assert!(
-        ok,
-        "transfer stalled: sent {sent} got {got} of {total}; client {:?}",
-        net.stack(0).tcp_connections()
-    );
-    net.stack_mut(1).tcp_close(l).unwrap();
+fn transfer(net: &mut SimNet, server: SocketAddr, total: u64, hook: impl FnMut(&mut SimNet)) {
+    transfer_with(net, server, total, Duration::from_secs(120), hook);
 }
 
 /// What the router saw and did.
