@@ -77,6 +77,17 @@ fn multicast_mac(dst: IpAddr) -> Option<MacAddr> {
     }
 }
 
+/// Offload metadata for a frame whose L4 checksum field holds only the pseudo-header
+/// sum: the device finishes it from `l4_start`, storing it `csum_offset` bytes in.
+fn partial_csum_offload(l4_start: usize, csum_offset: u16) -> Offload {
+    Offload {
+        needs_csum: true,
+        csum_start: l4_start as u16,
+        csum_offset,
+        ..Offload::default()
+    }
+}
+
 impl Stack {
     fn push_tx(&mut self, buf: PktBuf) {
         self.counters.link_tx_frames += 1;
@@ -288,15 +299,8 @@ impl Stack {
             if offload {
                 let partial = wire::udp_partial_checksum(src, dst, udp_len as u32);
                 udp[6..8].copy_from_slice(&partial.to_be_bytes());
-                self.pool.set_offload(
-                    buf,
-                    Offload {
-                        needs_csum: true,
-                        csum_start: (ETH + l3) as u16,
-                        csum_offset: 6,
-                        ..Offload::default()
-                    },
-                );
+                self.pool
+                    .set_offload(buf, partial_csum_offload(ETH + l3, 6));
             }
             if dst.is_ipv4() {
                 self.counters.ip4_tx += 1;
@@ -374,15 +378,8 @@ impl Stack {
             if offload {
                 let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
                 seg[16..18].copy_from_slice(&partial.to_be_bytes());
-                self.pool.set_offload(
-                    buf,
-                    Offload {
-                        needs_csum: true,
-                        csum_start: (ETH + l3) as u16,
-                        csum_offset: 16,
-                        ..Offload::default()
-                    },
-                );
+                self.pool
+                    .set_offload(buf, partial_csum_offload(ETH + l3, 16));
             }
             self.finish_tcp_tx(buf, dst, next_hop);
             return true;
@@ -561,12 +558,7 @@ impl Stack {
         let _ = p.repr.emit(seg, src, dst, 0, false);
         let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
         seg[16..18].copy_from_slice(&partial.to_be_bytes());
-        let mut o = Offload {
-            needs_csum: true,
-            csum_start: (ETH + l3) as u16,
-            csum_offset: 16,
-            ..Offload::default()
-        };
+        let mut o = partial_csum_offload(ETH + l3, 16);
         if p.segs > 1 {
             o.gso_size = p.seg as u16;
             o.gso_kind = if dst.is_ipv4() {
