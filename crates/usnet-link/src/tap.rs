@@ -148,7 +148,8 @@ pub struct TapDevice {
     scratch: Vec<u8>,
     /// Continuation buffers a read may fill after the first one, so a frame larger
     /// than one pool buffer (a GSO frame from the kernel) lands in a chain without a
-    /// copy. Taken from the pool for one `rx_burst` and given back at its end.
+    /// copy. Kept between calls (an idle poll would otherwise take and return them
+    /// every time); `release_buffers` gives them back.
     spare: Vec<PktBuf>,
     down: bool,
     stats: DeviceStats,
@@ -429,9 +430,6 @@ impl Device for TapDevice {
             out.push(b);
             n += 1;
         }
-        for c in self.spare.drain(..) {
-            pool.free(c);
-        }
         Ok(n)
     }
 
@@ -529,6 +527,12 @@ impl Device for TapDevice {
 
     fn stats(&self) -> DeviceStats {
         self.stats
+    }
+
+    fn release_buffers(&mut self, pool: &mut PacketPool) {
+        for c in self.spare.drain(..) {
+            pool.free(c);
+        }
     }
 }
 
