@@ -30,9 +30,7 @@ use usnet_pool::PktBuf;
 use usnet_tcp::{Payload, Segment, State, TcpFlags};
 use usnet_wire as wire;
 
-use crate::rx::{Src, Verdict};
-use crate::socket::Socket;
-use crate::tcp::TcpTarget;
+use crate::types::{Src, TcpTarget, Verdict};
 use crate::Stack;
 
 /// Most payload bytes in one coalesced segment.
@@ -177,10 +175,10 @@ impl Stack {
         else {
             return None;
         };
-        if self.pool.offload(buf).gso_size != 0 {
+        if self.core.pool.offload(buf).gso_size != 0 {
             return None;
         }
-        let data = self.pool.data(buf);
+        let data = self.core.pool.data(buf);
         inspect(data.get(off..off + len)?).map(|info| (i, info))
     }
 
@@ -200,19 +198,18 @@ impl Stack {
             return Offer::Refused;
         }
         // The states that take data (the peer may still send after our FIN).
-        let takes_data = matches!(
-            self.sockets.slots.get(i as usize).and_then(|s| s.sock.as_ref()),
-            Some(Socket::TcpConn(s)) if s.conn.as_ref().is_some_and(|c| matches!(
-                c.state(),
+        let takes_data = self.sockets.conn_at(i).is_some_and(|s| {
+            matches!(
+                s.conn.state(),
                 State::Established | State::FinWait1 | State::FinWait2
-            ))
-        );
+            )
+        });
         if !takes_data {
             return Offer::Refused;
         }
         let mut opts = [0u8; 40];
         let ol = info.hdr_len - wire::TCP_HEADER_LEN;
-        let data = self.pool.data(buf);
+        let data = self.core.pool.data(buf);
         opts[..ol].copy_from_slice(&data[off + wire::TCP_HEADER_LEN..off + info.hdr_len]);
         self.gro.head = Some(Head {
             conn: i,
@@ -251,7 +248,7 @@ impl Stack {
             && info.payload_len <= head.seg_size
             && head.bytes + info.payload_len <= MAX_BYTES
             && self.gro.held.len() < MAX_SEGS
-            && self.pool.data(buf)[off + wire::TCP_HEADER_LEN..off + info.hdr_len]
+            && self.core.pool.data(buf)[off + wire::TCP_HEADER_LEN..off + info.hdr_len]
                 == head.opts[..ol];
         if !same {
             return Offer::Refused;
@@ -323,16 +320,12 @@ impl Stack {
     /// False (nothing done, buffers kept) if the first header does not parse.
     fn gro_deliver(&mut self, head: &Head, held: &[Held]) -> bool {
         let i = head.conn;
-        let slot = self.sockets.slots.get_mut(i as usize);
-        let Some(Socket::TcpConn(s)) = slot.and_then(|s| s.sock.as_mut()) else {
+        let now = self.core.tcp_now();
+        let Some(s) = self.sockets.conn_at_mut(i) else {
             return false;
         };
-        let Some(mut conn) = s.conn.take() else {
-            return false;
-        };
-        let now = self.tcp_now();
         let wake = {
-            let pool = &self.pool;
+            let pool = &self.core.pool;
             let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
             for (p, h) in parts.iter_mut().zip(held) {
                 *p = &pool.data(h.buf)[h.l4_off + h.hdr_len..h.l4_off + h.l4_len];
@@ -347,23 +340,17 @@ impl Stack {
                     if head.psh {
                         seg.flags |= TcpFlags::PSH;
                     }
-                    Some(conn.input(now, &seg))
+                    s.conn.input(now, &seg)
                 }
-                Err(_) => None,
+                Err(_) => return false,
             }
-        };
-        let Some(wake) = wake else {
-            if let Some(Socket::TcpConn(s)) = self.sockets.slots[i as usize].sock.as_mut() {
-                s.conn = Some(conn);
-            }
-            return false;
         };
         for h in held {
-            self.pool.free(h.buf);
+            self.core.pool.free(h.buf);
         }
-        self.counters.tcp_gro_frames += 1;
-        self.counters.tcp_gro_merged += held.len() as u64 - 1;
-        self.tcp_settle(i, conn, wake);
+        self.core.counters.tcp_gro_frames += 1;
+        self.core.counters.tcp_gro_merged += held.len() as u64 - 1;
+        self.tcp_settle(i, wake);
         true
     }
 }

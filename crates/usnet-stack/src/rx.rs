@@ -5,157 +5,26 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use usnet_pool::PktBuf;
+use usnet_pool::{PacketPool, PktBuf};
 use usnet_wire::{
     self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, MacAddr, WireError,
 };
 
+use crate::core::Core;
 use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
-use crate::socket::{Datagram, EchoReply, Socket, SocketSet, PING_QUEUE};
-use crate::tcp::icmp::IcmpMsg;
+use crate::socket::ping::PING_QUEUE;
+use crate::socket::{Datagram, EchoReply, SocketSet};
+use crate::types::{IcmpMsg, L3Info, Src, Unreach, Verdict};
 use crate::{IpCidr, Stack};
 
-/// Why an ICMP "unreachable" is due.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unreach {
-    Port,
-    Protocol,
-}
-
-/// What to do with a received frame; offsets are into the frame (or reassembled data).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Verdict {
-    /// Counted already; just free it.
-    Drop,
-    Arp(ArpRepr),
-    Udp {
-        sock: u32,
-        from: SocketAddr,
-        off: usize,
-        len: usize,
-    },
-    UdpQueueFull {
-        sock: u32,
-    },
-    /// A TCP segment (checksum verified) and what the early demux found for it.
-    Tcp {
-        target: crate::tcp::TcpTarget,
-        local: SocketAddr,
-        remote: SocketAddr,
-        off: usize,
-        len: usize,
-    },
-    /// An ICMP error about a segment of TCP connection `conn`.
-    TcpIcmp {
-        conn: u32,
-        seq: u32,
-        err: usnet_tcp::IcmpError,
-    },
-    Unreachable {
-        why: Unreach,
-        src: IpAddr,
-        dst: IpAddr,
-        l3_off: usize,
-        l3_len: usize,
-    },
-    EchoRequest {
-        src: IpAddr,
-        dst: IpAddr,
-        ident: u16,
-        seq: u16,
-        off: usize,
-        len: usize,
-    },
-    EchoReply {
-        from: IpAddr,
-        ident: u16,
-        seq: u16,
-        hop_limit: u8,
-        off: usize,
-        len: usize,
-    },
-    Fragment {
-        key: FragKey,
-        proto: u8,
-        offset: usize,
-        more: bool,
-        off: usize,
-        len: usize,
-        hdr_off: usize,
-        hdr_len: usize,
-        hop_limit: u8,
-    },
-    NeighborSolicit {
-        src: Ipv6Addr,
-        target: Ipv6Addr,
-        mac: Option<MacAddr>,
-    },
-    NeighborAdvert {
-        target: Ipv6Addr,
-        mac: MacAddr,
-    },
-}
-
-/// Where the bytes of a frame being executed live.
-pub(crate) enum Src {
-    Buf(PktBuf),
-    /// A linearised chain or a reassembled datagram (then `invoking` is the first
-    /// fragment's header + 8 bytes, for ICMP errors).
-    Owned {
-        data: Vec<u8>,
-        invoking: Vec<u8>,
-    },
-}
-
-/// The read-only parts of the stack that classification needs.
+/// The read-only parts of the stack that classification needs: the core's
+/// addresses and the socket table (for early demux).
 pub(crate) struct View<'a> {
     pub mac: MacAddr,
     pub addrs: &'a [IpCidr],
     pub sockets: &'a SocketSet,
     pub csum_valid: bool,
-}
-
-/// Facts about the IP packet carrying an upper-layer payload.
-#[derive(Clone, Copy)]
-pub(crate) struct L3Info {
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    /// The destination is one of our unicast addresses (not broadcast/multicast).
-    pub unicast: bool,
-    pub hop_limit: u8,
-    pub l3_off: usize,
-    pub l3_len: usize,
-    pub eth_src: MacAddr,
-}
-
-impl L3Info {
-    /// An echo request to answer; only when sent to one of our unicast addresses (like
-    /// Linux's icmp_echo_ignore_broadcasts=1). The echo data follows the 8-byte header.
-    fn echo_request(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
-        if !self.unicast {
-            return Verdict::Drop;
-        }
-        Verdict::EchoRequest {
-            src: self.src,
-            dst: self.dst,
-            ident,
-            seq,
-            off: l4_off + 8,
-            len,
-        }
-    }
-
-    fn echo_reply(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
-        Verdict::EchoReply {
-            from: self.src,
-            ident,
-            seq,
-            hop_limit: self.hop_limit,
-            off: l4_off + 8,
-            len,
-        }
-    }
 }
 
 impl View<'_> {
@@ -606,22 +475,17 @@ impl View<'_> {
 
 impl Stack {
     pub(crate) fn process_frame(&mut self, buf: PktBuf) {
-        let len = self.pool.chain_len(buf);
-        self.counters.link_rx_frames += 1;
-        self.counters.link_rx_bytes += len as u64;
-        let csum_valid = self.pool.offload(buf).csum_valid && self.cfg.rx_csum_offload;
-        if self.pool.next(buf).is_some() {
+        let core = &mut self.core;
+        let len = core.pool.chain_len(buf);
+        core.counters.link_rx_frames += 1;
+        core.counters.link_rx_bytes += len as u64;
+        let csum_valid = core.pool.offload(buf).csum_valid && core.cfg.rx_csum_offload;
+        if core.pool.next(buf).is_some() {
             // A frame larger than one buffer: linearise it once.
-            let mut data = std::mem::take(&mut self.frame_scratch);
-            self.pool.copy_chain(buf, &mut data);
-            self.pool.free(buf);
-            let view = View {
-                mac: self.cfg.mac,
-                addrs: &self.addrs,
-                sockets: &self.sockets,
-                csum_valid,
-            };
-            let v = view.classify(&mut self.counters, &data);
+            let mut data = std::mem::take(&mut core.frame_scratch);
+            core.pool.copy_chain(buf, &mut data);
+            core.pool.free(buf);
+            let v = self.with_view(csum_valid, |view, c, _| view.classify(c, &data));
             let v = self.gro_flush_then(v);
             self.execute(
                 v,
@@ -632,14 +496,8 @@ impl Stack {
             );
             return;
         }
-        let view = View {
-            mac: self.cfg.mac,
-            addrs: &self.addrs,
-            sockets: &self.sockets,
-            csum_valid,
-        };
-        let v = view.classify(&mut self.counters, self.pool.data(buf));
-        if self.cfg.gro {
+        let v = self.with_view(csum_valid, |view, c, pool| view.classify(c, pool.data(buf)));
+        if self.core.cfg.gro {
             if let Some(v) = self.gro_offer(v, buf) {
                 self.execute(v, Src::Buf(buf));
             }
@@ -648,39 +506,34 @@ impl Stack {
         self.execute(v, Src::Buf(buf));
     }
 
-    pub(crate) fn src_bytes<'a>(pool: &'a usnet_pool::PacketPool, src: &'a Src) -> &'a [u8] {
-        match src {
-            Src::Buf(b) => pool.data(*b),
-            Src::Owned { data, .. } => data,
-        }
-    }
-
-    pub(crate) fn release(&mut self, src: Src) {
-        match src {
-            Src::Buf(b) => self.pool.free(b),
-            Src::Owned { data, .. } => {
-                // Keep the big allocation for the next oversized frame.
-                if data.capacity() > self.frame_scratch.capacity() {
-                    self.frame_scratch = data;
-                }
-            }
-        }
-    }
-
-    /// Copies `range` of the frame into the scratch buffer and releases the frame.
-    fn take_bytes(&mut self, src: Src, off: usize, len: usize) -> Vec<u8> {
-        let mut out = std::mem::take(&mut self.scratch);
-        out.clear();
-        let bytes = Self::src_bytes(&self.pool, &src);
-        let end = (off + len).min(bytes.len());
-        out.extend_from_slice(&bytes[off.min(end)..end]);
-        self.release(src);
-        out
+    /// Runs `f` with a classification view over the core and the socket table, the
+    /// counters to update, and the pool (where the frame's bytes live).
+    #[inline]
+    fn with_view<R>(
+        &mut self,
+        csum_valid: bool,
+        f: impl FnOnce(&View<'_>, &mut Counters, &PacketPool) -> R,
+    ) -> R {
+        let Stack { core, sockets, .. } = self;
+        let Core {
+            cfg,
+            addrs,
+            pool,
+            counters,
+            ..
+        } = core;
+        let view = View {
+            mac: cfg.mac,
+            addrs,
+            sockets,
+            csum_valid,
+        };
+        f(&view, counters, pool)
     }
 
     fn execute(&mut self, v: Verdict, src: Src) {
         match v {
-            Verdict::Drop => self.release(src),
+            Verdict::Drop => self.core.release(src),
             Verdict::Udp {
                 sock,
                 from,
@@ -695,14 +548,14 @@ impl Stack {
                 len,
             } => self.tcp_input(target, local, remote, off, len, src),
             Verdict::TcpIcmp { conn, seq, err } => {
-                self.release(src);
+                self.core.release(src);
                 self.tcp_icmp_error(conn, seq, err);
             }
             Verdict::UdpQueueFull { sock } => {
                 if let Some(u) = self.sockets.udp_at_mut(sock) {
                     u.stats.rx_queue_full += 1;
                 }
-                self.release(src);
+                self.core.release(src);
             }
             Verdict::Unreachable {
                 why,
@@ -710,18 +563,9 @@ impl Stack {
                 dst,
                 l3_off,
                 l3_len,
-            } => {
-                let invoking = match &src {
-                    Src::Owned { invoking, .. } if !invoking.is_empty() => invoking.clone(),
-                    _ => {
-                        // As much of the offending packet as fits in a minimum MTU.
-                        let limit = if from.is_ipv4() { 576 - 28 } else { 1280 - 48 };
-                        self.take_bytes(src, l3_off, l3_len.min(limit))
-                    }
-                };
-                self.send_unreachable(why, dst, from, &invoking);
-                self.scratch = invoking;
-            }
+            } => self
+                .core
+                .answer_unreachable(why, from, dst, l3_off, l3_len, src),
             Verdict::EchoRequest {
                 src: from,
                 dst,
@@ -730,9 +574,10 @@ impl Stack {
                 off,
                 len,
             } => {
-                let data = self.take_bytes(src, off, len);
-                let _ = self.send_echo_from(Some(dst), from, ident, seq, &data, false);
-                self.scratch = data;
+                let core = &mut self.core;
+                let data = core.take_bytes(src, off, len);
+                let _ = core.send_echo_from(Some(dst), from, ident, seq, &data, false);
+                core.scratch = data;
             }
             Verdict::EchoReply {
                 from,
@@ -743,68 +588,40 @@ impl Stack {
                 len,
             } => {
                 let mut head = [0u8; 16];
-                let bytes = Self::src_bytes(&self.pool, &src);
+                let bytes = src.bytes(&self.core.pool);
                 let n = len.min(16).min(bytes.len().saturating_sub(off));
                 head[..n].copy_from_slice(&bytes[off..off + n]);
-                self.release(src);
-                match self.sockets.ping_by_ident(ident) {
-                    Some(i) => {
-                        let Some(Socket::Ping(p)) = self.sockets.slots[i as usize].sock.as_mut()
-                        else {
-                            return;
-                        };
-                        if p.rxq.len() >= PING_QUEUE {
-                            self.counters.ping_rx_queue_full += 1;
-                            p.stats.rx_queue_full += 1;
-                            return;
-                        }
-                        p.stats.rx_datagrams += 1;
-                        p.stats.rx_bytes += len as u64;
-                        p.rxq.push_back(EchoReply {
-                            from,
-                            ident,
-                            seq,
-                            hop_limit,
-                            len,
-                            head,
-                            at: self.now,
-                        });
-                        self.sockets.mark_ready(i);
-                    }
-                    None => self.counters.ping_rx_no_socket += 1,
-                }
+                self.core.release(src);
+                let reply = EchoReply {
+                    from,
+                    ident,
+                    seq,
+                    hop_limit,
+                    len,
+                    head,
+                    at: self.core.now,
+                };
+                self.deliver_echo_reply(reply);
             }
             Verdict::Arp(arp) => {
-                self.release(src);
-                self.handle_arp(arp);
+                self.core.release(src);
+                self.core.handle_arp(arp);
             }
             Verdict::NeighborSolicit {
                 src: from,
                 target,
                 mac,
             } => {
-                self.release(src);
-                if let Some(mac) = mac {
-                    let from_ip = IpAddr::V6(from);
-                    let on_link = crate::is_link_local6(&from)
-                        || self.addrs.iter().any(|c| c.contains(from_ip));
-                    let pending = self.neighbors.learn(from_ip, mac, self.now, on_link);
-                    self.flush_pending(pending, mac);
-                }
-                let dad = from.is_unspecified();
-                let dst = if dad {
-                    Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
-                } else {
-                    from
-                };
-                self.send_neighbor_advert(dst, target, !dad);
+                self.core.release(src);
+                self.core.handle_neighbor_solicit(from, target, mac);
             }
             Verdict::NeighborAdvert { target, mac } => {
-                self.release(src);
-                let pending = self
+                let core = &mut self.core;
+                core.release(src);
+                let pending = core
                     .neighbors
-                    .learn(IpAddr::V6(target), mac, self.now, false);
-                self.flush_pending(pending, mac);
+                    .learn(IpAddr::V6(target), mac, core.now, false);
+                core.flush_pending(pending, mac);
             }
             Verdict::Fragment {
                 key,
@@ -822,6 +639,25 @@ impl Stack {
         }
     }
 
+    fn deliver_echo_reply(&mut self, reply: EchoReply) {
+        let Some(i) = self.sockets.ping_by_ident(reply.ident) else {
+            self.core.counters.ping_rx_no_socket += 1;
+            return;
+        };
+        let Some(p) = self.sockets.ping_at_mut(i) else {
+            return;
+        };
+        if p.rxq.len() >= PING_QUEUE {
+            self.core.counters.ping_rx_queue_full += 1;
+            p.stats.rx_queue_full += 1;
+            return;
+        }
+        p.stats.rx_datagrams += 1;
+        p.stats.rx_bytes += reply.len as u64;
+        p.rxq.push_back(reply);
+        self.sockets.mark_ready(i);
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn reassemble(
         &mut self,
@@ -836,8 +672,135 @@ impl Stack {
         hdr_len: usize,
         hop_limit: u8,
     ) {
+        let Some((proto, data, invoking)) = self
+            .core
+            .reassemble(src, key, proto, offset, more, off, len, hdr_off, hdr_len)
+        else {
+            return;
+        };
+        let (s, d) = match key {
+            FragKey::V4 { src, dst, .. } => (IpAddr::V4(src), IpAddr::V4(dst)),
+            FragKey::V6 { src, dst, .. } => (IpAddr::V6(src), IpAddr::V6(dst)),
+        };
+        let l3 = L3Info {
+            src: s,
+            dst: d,
+            unicast: self.core.is_local_addr(d),
+            hop_limit,
+            l3_off: 0,
+            l3_len: invoking.len(),
+            eth_src: MacAddr::default(),
+        };
+        // IPv6: extension headers may follow the fragment header.
+        let (proto, l4_off) = if s.is_ipv4() {
+            (proto, 0)
+        } else {
+            match wire::skip_ext_headers(proto, &data) {
+                Ok(up) => (up.protocol, up.offset),
+                Err(_) => {
+                    self.core.counters.ip6_rx_bad_header += 1;
+                    return;
+                }
+            }
+        };
+        let v = self.with_view(false, |view, c, _| {
+            view.classify_l4(c, &l3, proto, &data[l4_off..], l4_off)
+        });
+        self.execute(v, Src::Owned { data, invoking });
+    }
+
+    fn deliver_udp(&mut self, sock: u32, from: SocketAddr, off: usize, len: usize, src: Src) {
+        let core = &mut self.core;
+        let buf = match src {
+            Src::Buf(b) => {
+                // Zero copy: the frame's buffer becomes the datagram.
+                core.pool.trim_front(b, off);
+                core.pool.truncate(b, len);
+                Some(b)
+            }
+            Src::Owned { ref data, .. } => {
+                let b = core.pool.alloc_from(&data[off..off + len]);
+                core.release(src);
+                b
+            }
+        };
+        let Some(buf) = buf else {
+            core.counters.drop_pool_exhausted += 1;
+            return;
+        };
+        let Some(u) = self.sockets.udp_at_mut(sock) else {
+            core.pool.free(buf);
+            return;
+        };
+        let was_empty = u.rxq.is_empty();
+        u.rxq.push_back(Datagram { buf, len, from });
+        u.rx_queued_bytes += len;
+        u.stats.rx_datagrams += 1;
+        u.stats.rx_bytes += len as u64;
+        core.counters.udp_rx_delivered += 1;
+        if was_empty {
+            self.sockets.mark_ready(sock);
+        }
+    }
+}
+
+impl Core {
+    /// Answers a datagram for a closed port or an unknown protocol (rate-limited).
+    fn answer_unreachable(
+        &mut self,
+        why: Unreach,
+        from: IpAddr,
+        dst: IpAddr,
+        l3_off: usize,
+        l3_len: usize,
+        src: Src,
+    ) {
+        let invoking = match &src {
+            Src::Owned { invoking, .. } if !invoking.is_empty() => invoking.clone(),
+            _ => {
+                // As much of the offending packet as fits in a minimum MTU.
+                let limit = if from.is_ipv4() { 576 - 28 } else { 1280 - 48 };
+                self.take_bytes(src, l3_off, l3_len.min(limit))
+            }
+        };
+        self.send_unreachable(why, dst, from, &invoking);
+        self.scratch = invoking;
+    }
+
+    fn handle_neighbor_solicit(&mut self, from: Ipv6Addr, target: Ipv6Addr, mac: Option<MacAddr>) {
+        if let Some(mac) = mac {
+            let from_ip = IpAddr::V6(from);
+            let on_link = crate::core::is_link_local6(&from)
+                || self.addrs.iter().any(|c| c.contains(from_ip));
+            let pending = self.neighbors.learn(from_ip, mac, self.now, on_link);
+            self.flush_pending(pending, mac);
+        }
+        let dad = from.is_unspecified();
+        let dst = if dad {
+            Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
+        } else {
+            from
+        };
+        self.send_neighbor_advert(dst, target, !dad);
+    }
+
+    /// Adds a fragment to its datagram; the whole datagram (protocol, bytes, and the
+    /// first fragment's header + 8 bytes for ICMP errors) once it is complete.
+    #[allow(clippy::too_many_arguments)]
+    fn reassemble(
+        &mut self,
+        src: Src,
+        key: FragKey,
+        proto: u8,
+        offset: usize,
+        more: bool,
+        off: usize,
+        len: usize,
+        hdr_off: usize,
+        hdr_len: usize,
+    ) -> Option<(u8, Vec<u8>, Vec<u8>)> {
         let now = self.now;
-        let bytes = Self::src_bytes(&self.pool, &src);
+        let bytes = src.bytes(&self.pool);
         let payload = &bytes[off..off + len];
         let first_end = (off + 8).min(off + len);
         let header = &bytes[hdr_off..first_end.max(hdr_off + hdr_len)];
@@ -858,13 +821,14 @@ impl Stack {
             c.ip6_reasm_evicted += evicted;
         }
         match result {
-            FragResult::Incomplete => {}
+            FragResult::Incomplete => None,
             FragResult::Overflow => {
                 if v4 {
                     c.ip4_reasm_overflow += 1
                 } else {
                     c.ip6_reasm_overflow += 1
                 }
+                None
             }
             FragResult::Bad => {
                 if v4 {
@@ -872,85 +836,20 @@ impl Stack {
                 } else {
                     c.ip6_reasm_bad += 1
                 }
+                None
             }
             FragResult::Complete {
                 proto,
                 data,
                 invoking,
             } => {
-                let (s, d) = match key {
-                    FragKey::V4 { src, dst, .. } => {
-                        c.ip4_reassembled += 1;
-                        (IpAddr::V4(src), IpAddr::V4(dst))
-                    }
-                    FragKey::V6 { src, dst, .. } => {
-                        c.ip6_reassembled += 1;
-                        (IpAddr::V6(src), IpAddr::V6(dst))
-                    }
-                };
-                let l3 = L3Info {
-                    src: s,
-                    dst: d,
-                    unicast: self.is_local_addr(d),
-                    hop_limit,
-                    l3_off: 0,
-                    l3_len: invoking.len(),
-                    eth_src: MacAddr::default(),
-                };
-                let view = View {
-                    mac: self.cfg.mac,
-                    addrs: &self.addrs,
-                    sockets: &self.sockets,
-                    csum_valid: false,
-                };
-                // IPv6: extension headers may follow the fragment header.
-                let (proto, l4_off) = if v4 {
-                    (proto, 0)
+                if v4 {
+                    c.ip4_reassembled += 1;
                 } else {
-                    match wire::skip_ext_headers(proto, &data) {
-                        Ok(up) => (up.protocol, up.offset),
-                        Err(_) => {
-                            self.counters.ip6_rx_bad_header += 1;
-                            return;
-                        }
-                    }
-                };
-                let v = view.classify_l4(&mut self.counters, &l3, proto, &data[l4_off..], l4_off);
-                self.execute(v, Src::Owned { data, invoking });
+                    c.ip6_reassembled += 1;
+                }
+                Some((proto, data, invoking))
             }
-        }
-    }
-
-    fn deliver_udp(&mut self, sock: u32, from: SocketAddr, off: usize, len: usize, src: Src) {
-        let buf = match src {
-            Src::Buf(b) => {
-                // Zero copy: the frame's buffer becomes the datagram.
-                self.pool.trim_front(b, off);
-                self.pool.truncate(b, len);
-                Some(b)
-            }
-            Src::Owned { ref data, .. } => {
-                let b = self.pool.alloc_from(&data[off..off + len]);
-                self.release(src);
-                b
-            }
-        };
-        let Some(buf) = buf else {
-            self.counters.drop_pool_exhausted += 1;
-            return;
-        };
-        let Some(u) = self.sockets.udp_at_mut(sock) else {
-            self.pool.free(buf);
-            return;
-        };
-        let was_empty = u.rxq.is_empty();
-        u.rxq.push_back(Datagram { buf, len, from });
-        u.rx_queued_bytes += len;
-        u.stats.rx_datagrams += 1;
-        u.stats.rx_bytes += len as u64;
-        self.counters.udp_rx_delivered += 1;
-        if was_empty {
-            self.sockets.mark_ready(sock);
         }
     }
 

@@ -11,10 +11,11 @@ use usnet_wire::{
     TcpFlags,
 };
 
+use crate::core::Core;
 use crate::frag::{Expired, FragKey};
 use crate::neighbor::{HoldError, Lookup};
-use crate::rx::Unreach;
-use crate::{Stack, StackError};
+use crate::types::Unreach;
+use crate::StackError;
 
 const ETH: usize = wire::ETHERNET_HEADER_LEN;
 /// Largest IP packet a GSO frame may describe.
@@ -88,7 +89,7 @@ fn partial_csum_offload(l4_start: usize, csum_offset: u16) -> Offload {
     }
 }
 
-impl Stack {
+impl Core {
     fn push_tx(&mut self, buf: PktBuf) {
         self.counters.link_tx_frames += 1;
         self.counters.link_tx_bytes += self.pool.chain_len(buf) as u64;
@@ -491,10 +492,14 @@ impl Stack {
             self.counters.ip_tx_no_route += 1;
             return true;
         };
-        if self.is_local_addr(next_hop) {
+        let l3 = ip_header_len(dst);
+        // The headers go in the first buffer; a pool whose buffers are too small for
+        // them (legal: the pool only promises 64 bytes past the headroom) sends the
+        // segment unjoined, built the way `send_tcp` builds oversized ones.
+        let fits_headers = ETH + l3 + hl <= self.pool.buf_size() - self.pool.headroom();
+        if self.is_local_addr(next_hop) || !fits_headers {
             return self.send_tcp(local, remote, repr, payload);
         }
-        let l3 = ip_header_len(dst);
         let Some(buf) = self.pool.alloc() else {
             self.counters.tcp_tx_blocked += 1;
             return false;

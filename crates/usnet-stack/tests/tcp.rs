@@ -482,3 +482,101 @@ fn bulk_with_tso_frames_in_buffer_chains() {
         assert_clean(&mut net, &base);
     }
 }
+
+/// A legal pool whose buffers hold only the promised 64 bytes past the headroom is
+/// too small for a GSO frame's headers (Ethernet + IPv6 + TCP with options): TSO then
+/// sends unjoined segments built as chains instead of panicking, and every byte
+/// arrives.
+#[test]
+fn tso_with_buffers_too_small_for_gso_headers() {
+    for server in ["10.0.0.2:5003", "[fd00::2]:5003"] {
+        let mut net = SimNet::new(43, Faults::default());
+        for i in 1..=2 {
+            let mut c = cfg(i);
+            c.tso = true;
+            c.tx_csum_offload = true;
+            c.pool.buf_size = 2048;
+            c.pool.headroom = 2048 - 64;
+            net.add(c).unwrap();
+        }
+        let base = baseline(&net);
+        transfer(&mut net, sa(server), 256 << 10, Duration::from_secs(120));
+        assert_clean(&mut net, &base);
+    }
+}
+
+/// Sockets carry an owner: accepted connections inherit their listener's, and
+/// `close_owner` resets the owner's connections toward their peers and gives back
+/// every socket and buffer, while another owner's sockets live on.
+#[test]
+fn owners_are_inherited_and_closed_together() {
+    use usnet_stack::Owner;
+    let mut net = pair(44, Faults::default());
+    let base = baseline(&net);
+    let (a, b) = (Owner(7), Owner(8));
+    let s = net.stack_mut(1);
+    let la = s.tcp_listen(sa("10.0.0.2:6001"), 8).unwrap();
+    let lb = s.tcp_listen(sa("10.0.0.2:6002"), 8).unwrap();
+    s.set_owner(la, a).unwrap();
+    s.set_owner(lb, b).unwrap();
+    let u = s.udp_bind(sa("10.0.0.2:6003")).unwrap();
+    s.set_owner(u, a).unwrap();
+    assert_eq!(s.owner(la), Some(a));
+    let ca = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:6001"))
+        .unwrap();
+    let cb = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:6002"))
+        .unwrap();
+    let cu = net.stack_mut(0).udp_bind(sa("10.0.0.1:0")).unwrap();
+    net.stack_mut(0)
+        .udp_send_to(cu, b"held in a's queue", sa("10.0.0.2:6003"))
+        .unwrap();
+    let ok = net.run_until(Duration::from_secs(5), |n| {
+        n.stack(0).tcp_state(ca) == Ok(TcpState::Established)
+            && n.stack(0).tcp_state(cb) == Ok(TcpState::Established)
+            && [la, lb, u]
+                .iter()
+                .all(|&h| n.stack(1).readiness(h).is_ok_and(|r| r.readable))
+    });
+    assert!(ok, "handshakes");
+    let s = net.stack_mut(1);
+    let acc_a = s.tcp_accept(la).unwrap();
+    let acc_b = s.tcp_accept(lb).unwrap();
+    assert_eq!(s.owner(acc_a), Some(a), "inherited from the listener");
+    assert_eq!(s.owner(acc_b), Some(b));
+    let mut of_a = s.sockets_of(a);
+    of_a.sort_by_key(|h| h.raw());
+    let mut want = vec![la, u, acc_a];
+    want.sort_by_key(|h| h.raw());
+    assert_eq!(of_a, want);
+    assert!(s.pool().in_use() > base[1].1, "the datagram holds a buffer");
+
+    assert_eq!(s.close_owner(a), 3);
+    assert!(s.sockets_of(a).is_empty());
+    assert_eq!(s.owner(acc_a), None, "the handle is gone");
+    net.run_for(Duration::from_millis(50));
+    assert_eq!(
+        net.stack(0).tcp_error(ca),
+        Ok(Some(StackError::ConnectionReset)),
+        "the peer of a's connection saw an RST"
+    );
+    assert_eq!(net.stack(0).tcp_state(cb), Ok(TcpState::Established));
+    assert_eq!(net.stack(1).tcp_state(acc_b), Ok(TcpState::Established));
+    // Owner b's connection still carries data.
+    net.stack_mut(0).tcp_send(cb, b"still here").unwrap();
+    net.run_for(Duration::from_millis(50));
+    let mut buf = [0u8; 32];
+    let n = net.stack_mut(1).tcp_recv(acc_b, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"still here");
+    // Close the rest; nothing is left on either side.
+    let s1 = net.stack_mut(1);
+    assert_eq!(s1.close_owner(b), 2);
+    let s0 = net.stack_mut(0);
+    s0.tcp_close(ca).unwrap();
+    s0.tcp_close(cb).unwrap();
+    s0.close(cu).unwrap();
+    assert_clean(&mut net, &base);
+}

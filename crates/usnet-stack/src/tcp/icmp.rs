@@ -13,9 +13,9 @@ use std::net::SocketAddr;
 use usnet_tcp::{IcmpError, IcmpOutcome, TcpConfig, TcpError, Wake};
 use usnet_wire::{self as wire, unreach, unreach_v6};
 
-use super::TcpTarget;
 use crate::counters::Counters;
-use crate::rx::{L3Info, Verdict, View};
+use crate::rx::View;
+use crate::types::{IcmpMsg, L3Info, TcpTarget, Verdict};
 use crate::Stack;
 
 /// Smallest path MTU believed for IPv4. Linux's `min_pmtu` (552): a smaller report
@@ -24,20 +24,6 @@ pub(crate) const MIN_PMTU_V4: usize = 552;
 /// IPv6 links carry at least 1280 bytes (RFC 8200 §5); RFC 8201 §4 forbids going
 /// lower.
 pub(crate) const MIN_PMTU_V6: usize = 1280;
-
-/// The ICMP error as the receive path read it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum IcmpMsg {
-    /// ICMPv4 destination unreachable; `mtu` is the next-hop MTU of a
-    /// fragmentation-needed message when the router filled it in.
-    Unreach4 { code: u8, mtu: Option<u16> },
-    /// ICMPv6 destination unreachable.
-    Unreach6 { code: u8 },
-    /// ICMPv6 packet too big.
-    TooBig6 { mtu: u32 },
-    /// Time exceeded (either family).
-    TimeExceeded,
-}
 
 /// RFC 1191 §7 plateaus, for a fragmentation-needed message without an MTU: the
 /// largest one below the size of the packet that did not fit.
@@ -149,14 +135,13 @@ impl Stack {
     /// An ICMP error for connection `idx` whose quoted segment had sequence number
     /// `seq`. A lowered MSS resends at once (in `tcp_settle`).
     pub(crate) fn tcp_icmp_error(&mut self, idx: u32, seq: u32, err: IcmpError) {
-        let now = self.tcp_now();
-        let Some(mut conn) = self.conn_sock_at(idx).and_then(|s| s.conn.take()) else {
+        let now = self.core.tcp_now();
+        let Some(s) = self.sockets.conn_at_mut(idx) else {
             return;
         };
-        let closed = conn.icmp_error(now, seq, err) == IcmpOutcome::Aborted;
+        let closed = s.conn.icmp_error(now, seq, err) == IcmpOutcome::Aborted;
         self.tcp_settle(
             idx,
-            conn,
             Wake {
                 closed,
                 ..Wake::default()

@@ -1,0 +1,279 @@
+//! The socket table, apart from the core: slots named by generation-checked handles,
+//! each with an [`Owner`], the edge-triggered ready list, and per-protocol demux
+//! tables (UDP port map in [`udp`], ping identifiers in [`ping`], TCP 4-tuple and
+//! listener maps plus the TCP timer heap in [`tcp`]). It never sends a frame: the
+//! stack pairs it with the core ([`crate::core::Core`]) to do protocol work.
+
+pub(crate) mod ping;
+pub(crate) mod tcp;
+pub(crate) mod udp;
+
+use std::collections::VecDeque;
+
+pub use ping::EchoReply;
+pub(crate) use ping::PingSocket;
+pub(crate) use tcp::{TcpConnSock, TcpListenSock, TcpTable};
+pub(crate) use udp::{Datagram, UdpSocket, UdpTable};
+
+/// Names a socket of one stack. Stale handles (of a closed socket whose slot was reused)
+/// are detected by the generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SocketHandle {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+}
+
+impl SocketHandle {
+    /// A stable number for display and for the C ABI.
+    pub fn raw(self) -> u64 {
+        ((self.gen as u64) << 32) | self.index as u64
+    }
+    pub fn from_raw(raw: u64) -> Self {
+        SocketHandle {
+            index: raw as u32,
+            gen: (raw >> 32) as u32,
+        }
+    }
+}
+
+/// Who a socket belongs to: the application in this process ([`Owner::LOCAL`]) or a
+/// client of a stack server (its session number). Accepted connections inherit their
+/// listener's owner, so per-owner limits and clean-up cover them too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner(pub u32);
+
+impl Owner {
+    /// The process that embeds the stack.
+    pub const LOCAL: Owner = Owner(0);
+}
+
+/// Per-socket counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SocketStats {
+    pub rx_datagrams: u64,
+    pub rx_bytes: u64,
+    /// Dropped because the receive queue was full (drop 2 of the priority-aware
+    /// receive design: protocol work was already spent on it).
+    pub rx_queue_full: u64,
+    pub tx_datagrams: u64,
+    pub tx_bytes: u64,
+}
+
+/// Readiness of one socket, as `poll(2)` would report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readiness {
+    pub readable: bool,
+    pub writable: bool,
+    /// TCP: the connection is over (POLLHUP/POLLERR): closed, reset or timed out.
+    pub closed: bool,
+    /// TCP: the handshake completed (a non-blocking connect finished).
+    pub connected: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum Socket {
+    Udp(UdpSocket),
+    Ping(PingSocket),
+    TcpConn(Box<TcpConnSock>),
+    TcpListen(Box<TcpListenSock>),
+}
+
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub gen: u32,
+    pub sock: Option<Socket>,
+    /// Already in the ready list (edge-triggered readiness).
+    pub ready_queued: bool,
+    pub owner: Owner,
+}
+
+pub(crate) struct SocketSet {
+    pub slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Sockets whose readiness changed since the last `take_ready`.
+    pub ready: VecDeque<SocketHandle>,
+    pub udp: UdpTable,
+    pub next_ping_ident: u16,
+    pub tcp: TcpTable,
+}
+
+/// First port of the ephemeral range (IANA's, RFC 6335).
+pub(crate) const EPHEMERAL_FIRST: u16 = 49152;
+
+/// Starts an ephemeral-port cursor somewhere in the range, from a seed.
+pub(crate) fn ephemeral_start(seed: u64) -> u16 {
+    let span = (u16::MAX - EPHEMERAL_FIRST) as u64 + 1;
+    EPHEMERAL_FIRST + (seed % span) as u16
+}
+
+/// Advances an ephemeral-port cursor, wrapping within the range.
+pub(crate) fn next_ephemeral(cursor: &mut u16) -> u16 {
+    let p = *cursor;
+    *cursor = if p == u16::MAX {
+        EPHEMERAL_FIRST
+    } else {
+        p + 1
+    };
+    p
+}
+
+/// How many ports the ephemeral range holds.
+pub(crate) const EPHEMERAL_SPAN: u32 = (u16::MAX - EPHEMERAL_FIRST) as u32 + 1;
+
+impl SocketSet {
+    pub fn new(seed: u64) -> Self {
+        SocketSet {
+            slots: Vec::new(),
+            free: Vec::new(),
+            ready: VecDeque::new(),
+            udp: UdpTable::new(seed),
+            next_ping_ident: (seed >> 16) as u16,
+            tcp: TcpTable::new(seed),
+        }
+    }
+
+    pub fn insert(&mut self, sock: Socket, owner: Owner) -> SocketHandle {
+        match self.free.pop() {
+            Some(i) => {
+                let slot = &mut self.slots[i as usize];
+                slot.gen = slot.gen.wrapping_add(1);
+                slot.sock = Some(sock);
+                slot.ready_queued = false;
+                slot.owner = owner;
+                SocketHandle {
+                    index: i,
+                    gen: slot.gen,
+                }
+            }
+            None => {
+                self.slots.push(Slot {
+                    gen: 0,
+                    sock: Some(sock),
+                    ready_queued: false,
+                    owner,
+                });
+                SocketHandle {
+                    index: self.slots.len() as u32 - 1,
+                    gen: 0,
+                }
+            }
+        }
+    }
+
+    pub fn get(&self, h: SocketHandle) -> Option<&Socket> {
+        self.slots
+            .get(h.index as usize)
+            .filter(|s| s.gen == h.gen)
+            .and_then(|s| s.sock.as_ref())
+    }
+
+    pub fn get_mut(&mut self, h: SocketHandle) -> Option<&mut Socket> {
+        self.slots
+            .get_mut(h.index as usize)
+            .filter(|s| s.gen == h.gen)
+            .and_then(|s| s.sock.as_mut())
+    }
+
+    /// The socket in slot `index`, whatever its generation (for demux results,
+    /// which name slots).
+    pub fn at_mut(&mut self, index: u32) -> Option<&mut Socket> {
+        self.slots.get_mut(index as usize)?.sock.as_mut()
+    }
+
+    pub fn at(&self, index: u32) -> Option<&Socket> {
+        self.slots.get(index as usize)?.sock.as_ref()
+    }
+
+    /// The current handle of slot `index`.
+    pub fn handle_at(&self, index: u32) -> SocketHandle {
+        SocketHandle {
+            index,
+            gen: self.slots[index as usize].gen,
+        }
+    }
+
+    pub fn owner(&self, h: SocketHandle) -> Option<Owner> {
+        self.slots
+            .get(h.index as usize)
+            .filter(|s| s.gen == h.gen && s.sock.is_some())
+            .map(|s| s.owner)
+    }
+
+    pub fn set_owner(&mut self, h: SocketHandle, owner: Owner) -> bool {
+        match self.slots.get_mut(h.index as usize) {
+            Some(s) if s.gen == h.gen && s.sock.is_some() => {
+                s.owner = owner;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes a socket, returning it so the caller can free its buffers.
+    pub fn remove(&mut self, h: SocketHandle) -> Option<Socket> {
+        let slot = self.slots.get_mut(h.index as usize)?;
+        if slot.gen != h.gen {
+            return None;
+        }
+        let sock = slot.sock.take()?;
+        if let Socket::Udp(u) = &sock {
+            self.unlink_udp_port(h.index, u.local.port(), u.next_same_port);
+        }
+        self.free.push(h.index);
+        Some(sock)
+    }
+
+    /// Marks a socket in the ready list (once until taken).
+    pub fn mark_ready(&mut self, index: u32) {
+        let slot = &mut self.slots[index as usize];
+        if !slot.ready_queued {
+            slot.ready_queued = true;
+            let h = SocketHandle {
+                index,
+                gen: slot.gen,
+            };
+            self.ready.push_back(h);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ping(ident: u16) -> Socket {
+        Socket::Ping(PingSocket {
+            ident,
+            rxq: VecDeque::new(),
+            stats: SocketStats::default(),
+        })
+    }
+
+    #[test]
+    fn stale_handles_are_refused_after_reuse() {
+        let mut set = SocketSet::new(3);
+        let a = set.insert(ping(1), Owner(5));
+        assert_eq!(set.owner(a), Some(Owner(5)));
+        assert!(set.remove(a).is_some());
+        assert!(set.remove(a).is_none(), "removed twice");
+        let b = set.insert(ping(2), Owner::LOCAL);
+        assert_eq!(b.index, a.index, "the slot is reused");
+        assert!(set.get(a).is_none(), "the old handle is stale");
+        assert_eq!(set.owner(a), None);
+        assert!(!set.set_owner(a, Owner(9)));
+        assert_eq!(set.owner(b), Some(Owner::LOCAL));
+        assert!(set.set_owner(b, Owner(9)));
+        assert_eq!(set.owner(b), Some(Owner(9)));
+        assert_eq!(SocketHandle::from_raw(b.raw()), b);
+    }
+
+    #[test]
+    fn ready_list_holds_a_socket_once_until_taken() {
+        let mut set = SocketSet::new(3);
+        let a = set.insert(ping(1), Owner::LOCAL);
+        set.mark_ready(a.index);
+        set.mark_ready(a.index);
+        assert_eq!(set.ready.len(), 1);
+        assert_eq!(set.ready.pop_front(), Some(a));
+    }
+}

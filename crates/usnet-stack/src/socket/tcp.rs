@@ -1,0 +1,254 @@
+//! TCP sockets in the table: connection and listener slots, the 4-tuple and
+//! listener demux maps, and the timer heap that names sockets by slot.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+
+use usnet_tcp::{Connection, Listener, TcpRepr, TcpStats};
+
+use super::{Socket, SocketHandle, SocketSet};
+use crate::types::TcpTarget;
+
+/// A connection's slot in the socket table.
+pub(crate) struct TcpConnSock {
+    pub conn: Connection,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// In the demux table under `(local, remote)`.
+    pub in_table: bool,
+    /// Deadline (ns) this socket is queued under in the timer heap.
+    pub timer: Option<u64>,
+    /// The listener whose accept queue holds it, until accepted.
+    pub parent: Option<SocketHandle>,
+    /// The application closed it; it lives on until CLOSED, then is freed.
+    pub orphan: bool,
+    /// On the blocked list (its sink was refused).
+    pub blocked: bool,
+    /// `tcp_shutdown_write` before the handshake completed: FIN once it has.
+    pub fin_pending: bool,
+}
+
+impl TcpConnSock {
+    pub fn new(conn: Connection, parent: Option<SocketHandle>) -> Self {
+        TcpConnSock {
+            local: conn.local(),
+            remote: conn.remote(),
+            conn,
+            in_table: true,
+            timer: None,
+            parent,
+            orphan: false,
+            blocked: false,
+            fin_pending: false,
+        }
+    }
+}
+
+impl fmt::Debug for TcpConnSock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpConnSock")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .field("state", &self.conn.state())
+            .field("orphan", &self.orphan)
+            .finish()
+    }
+}
+
+/// A listening socket: one engine listener per address family, so each advertises
+/// the MSS of its family.
+#[derive(Debug)]
+pub(crate) struct TcpListenSock {
+    pub local: SocketAddr,
+    pub v4: Option<Listener<SocketHandle>>,
+    pub v6: Option<Listener<SocketHandle>>,
+    pub timer: Option<u64>,
+}
+
+impl TcpListenSock {
+    pub fn family(&mut self, remote: SocketAddr) -> Option<&mut Listener<SocketHandle>> {
+        if remote.is_ipv4() {
+            self.v4.as_mut()
+        } else {
+            self.v6.as_mut()
+        }
+    }
+    pub fn families(&mut self) -> impl Iterator<Item = &mut Listener<SocketHandle>> {
+        [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten()
+    }
+    pub fn poll_at(&self) -> Option<usnet_tcp::Instant> {
+        [
+            self.v4.as_ref().and_then(|l| l.poll_at()),
+            self.v6.as_ref().and_then(|l| l.poll_at()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+    pub fn accept_queue_len(&self) -> usize {
+        self.v4.as_ref().map_or(0, |l| l.accept_queue_len())
+            + self.v6.as_ref().map_or(0, |l| l.accept_queue_len())
+    }
+    pub fn syn_queue_len(&self) -> usize {
+        self.v4.as_ref().map_or(0, |l| l.syn_queue_len())
+            + self.v6.as_ref().map_or(0, |l| l.syn_queue_len())
+    }
+    pub fn merge_stats(&self, into: &mut TcpStats) {
+        for l in self.v4.iter().chain(self.v6.iter()) {
+            into.merge(l.stats());
+        }
+    }
+}
+
+/// The TCP demux maps and timers of a socket table.
+#[derive(Debug, Default)]
+pub(crate) struct TcpTable {
+    /// `(local, remote)` → connection slot.
+    pub conns: HashMap<(SocketAddr, SocketAddr), u32>,
+    /// Listeners by local port (usually one per port; several with distinct
+    /// addresses).
+    pub listen: HashMap<u16, Vec<u32>>,
+    /// `(deadline ns, slot, generation)`; stale entries are skipped when popped.
+    pub timers: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    /// Connections whose output was refused (full transmit queue or empty pool).
+    pub blocked: Vec<u32>,
+    /// Reused list of sockets whose deadline passed.
+    pub due: Vec<u32>,
+    pub next_ephemeral: u16,
+    /// Counters of reaped connections and closed listeners.
+    pub totals: TcpStats,
+    /// Segments a listener produced, sent once the received frame is released.
+    pub out: Vec<(SocketAddr, SocketAddr, TcpRepr)>,
+    /// TCP sockets alive (for the timer heap's compaction rule).
+    pub live: usize,
+}
+
+impl TcpTable {
+    pub fn new(seed: u64) -> Self {
+        TcpTable {
+            next_ephemeral: super::ephemeral_start(seed >> 24),
+            ..Default::default()
+        }
+    }
+}
+
+impl SocketSet {
+    pub fn conn_at_mut(&mut self, index: u32) -> Option<&mut TcpConnSock> {
+        match self.at_mut(index)? {
+            Socket::TcpConn(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn conn_at(&self, index: u32) -> Option<&TcpConnSock> {
+        match self.at(index)? {
+            Socket::TcpConn(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn listen_at_mut(&mut self, index: u32) -> Option<&mut TcpListenSock> {
+        match self.at_mut(index)? {
+            Socket::TcpListen(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// TCP early demux: the connection for this 4-tuple, else the best listener on
+    /// the port (a specific address before a wildcard).
+    #[inline]
+    pub fn tcp_lookup(&self, local: SocketAddr, remote: SocketAddr) -> TcpTarget {
+        if let Some(&i) = self.tcp.conns.get(&(local, remote)) {
+            return TcpTarget::Conn(i);
+        }
+        let Some(list) = self.tcp.listen.get(&local.port()) else {
+            return TcpTarget::None;
+        };
+        let mut best = None;
+        for &i in list {
+            if let Some(Socket::TcpListen(l)) = self.at(i) {
+                let a = l.local.ip();
+                if a == local.ip() {
+                    return TcpTarget::Listener(i);
+                }
+                if a.is_unspecified() {
+                    best = Some(i);
+                }
+            }
+        }
+        best.map_or(TcpTarget::None, TcpTarget::Listener)
+    }
+
+    /// Queues socket `index` in the timer heap under `deadline`. A later deadline
+    /// keeps the earlier entry: when it pops, the socket is polled (nothing to do)
+    /// and queued under its real deadline.
+    pub fn tcp_schedule(&mut self, index: u32, deadline: Option<usnet_tcp::Instant>) {
+        let Some(slot) = self.slots.get_mut(index as usize) else {
+            return;
+        };
+        let gen = slot.gen;
+        let timer = match slot.sock.as_mut() {
+            Some(Socket::TcpConn(s)) => &mut s.timer,
+            Some(Socket::TcpListen(l)) => &mut l.timer,
+            _ => return,
+        };
+        match deadline {
+            None => *timer = None,
+            Some(d) => {
+                let d = d.as_nanos();
+                if timer.is_none_or(|t| d < t) {
+                    *timer = Some(d);
+                    self.tcp.timers.push(Reverse((d, index, gen)));
+                }
+            }
+        }
+    }
+
+    /// Moves the sockets whose deadline passed by `now` (ns) into `due`.
+    pub fn tcp_expired(&mut self, now: u64, due: &mut Vec<u32>) {
+        while let Some(&Reverse((t, idx, gen))) = self.tcp.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.tcp.timers.pop();
+            let Some(slot) = self.slots.get_mut(idx as usize) else {
+                continue;
+            };
+            if slot.gen != gen {
+                continue;
+            }
+            let timer = match slot.sock.as_mut() {
+                Some(Socket::TcpConn(s)) => &mut s.timer,
+                Some(Socket::TcpListen(l)) => &mut l.timer,
+                _ => continue,
+            };
+            if *timer == Some(t) {
+                *timer = None;
+                due.push(idx);
+            }
+        }
+    }
+
+    /// Drops stale heap entries (deadlines that moved) when they pile up.
+    pub fn tcp_compact_timers(&mut self) {
+        if self.tcp.timers.len() <= 4 * self.tcp.live + 1024 {
+            return;
+        }
+        let heap = std::mem::take(&mut self.tcp.timers);
+        let slots = &self.slots;
+        self.tcp.timers = heap
+            .into_iter()
+            .filter(|Reverse((t, idx, gen))| {
+                let s = &slots[*idx as usize];
+                s.gen == *gen
+                    && match s.sock.as_ref() {
+                        Some(Socket::TcpConn(c)) => c.timer == Some(*t),
+                        Some(Socket::TcpListen(l)) => l.timer == Some(*t),
+                        _ => false,
+                    }
+            })
+            .collect();
+    }
+}

@@ -1,0 +1,224 @@
+//! UDP sockets in the table: their bounded receive queues and the port map that
+//! demultiplexes a datagram to its socket in O(1), before any checksum work.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+
+use usnet_pool::PktBuf;
+
+use super::{Socket, SocketSet, SocketStats, EPHEMERAL_SPAN};
+
+/// End of a port chain.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// A received datagram: its payload alone in a pool buffer (or chain).
+#[derive(Debug)]
+pub(crate) struct Datagram {
+    pub buf: PktBuf,
+    pub len: usize,
+    pub from: SocketAddr,
+}
+
+#[derive(Debug)]
+pub(crate) struct UdpSocket {
+    pub local: SocketAddr,
+    pub remote: Option<SocketAddr>,
+    pub rxq: VecDeque<Datagram>,
+    pub rx_queued_bytes: usize,
+    pub recv_buffer: usize,
+    /// Next socket bound to the same port (a chain through the port map).
+    pub next_same_port: u32,
+    pub stats: SocketStats,
+}
+
+/// The UDP demux state of a socket table.
+pub(crate) struct UdpTable {
+    /// Port → first socket index bound to it.
+    ports: Vec<u32>,
+    next_ephemeral: u16,
+}
+
+impl UdpTable {
+    pub fn new(seed: u64) -> Self {
+        UdpTable {
+            ports: vec![NONE; 65536],
+            next_ephemeral: super::ephemeral_start(seed),
+        }
+    }
+}
+
+impl SocketSet {
+    pub fn udp_at(&self, index: u32) -> Option<&UdpSocket> {
+        match self.at(index)? {
+            Socket::Udp(u) => Some(u),
+            _ => None,
+        }
+    }
+
+    pub fn udp_at_mut(&mut self, index: u32) -> Option<&mut UdpSocket> {
+        match self.at_mut(index)? {
+            Socket::Udp(u) => Some(u),
+            _ => None,
+        }
+    }
+
+    pub(super) fn unlink_udp_port(&mut self, index: u32, port: u16, next: u32) {
+        let mut cur = self.udp.ports[port as usize];
+        if cur == index {
+            self.udp.ports[port as usize] = next;
+            return;
+        }
+        while cur != NONE {
+            let Some(u) = self.udp_at_mut(cur) else {
+                return;
+            };
+            if u.next_same_port == index {
+                u.next_same_port = next;
+                return;
+            }
+            cur = u.next_same_port;
+        }
+    }
+
+    /// Whether `addr` may be bound: no other socket holds the same port with an
+    /// overlapping address (no SO_REUSEADDR semantics).
+    pub fn udp_port_free(&self, addr: SocketAddr) -> bool {
+        let mut cur = self.udp.ports[addr.port() as usize];
+        while cur != NONE {
+            let Some(u) = self.udp_at(cur) else {
+                return true;
+            };
+            let a = u.local.ip();
+            if a.is_unspecified() || addr.ip().is_unspecified() || a == addr.ip() {
+                return false;
+            }
+            cur = u.next_same_port;
+        }
+        true
+    }
+
+    /// Puts socket `index` at the head of `port`'s chain.
+    pub fn link_udp(&mut self, index: u32, port: u16) {
+        let head = self.udp.ports[port as usize];
+        if let Some(u) = self.udp_at_mut(index) {
+            u.next_same_port = head;
+        }
+        self.udp.ports[port as usize] = index;
+    }
+
+    pub fn udp_ephemeral_port(&mut self, ip: IpAddr) -> Option<u16> {
+        for _ in 0..EPHEMERAL_SPAN {
+            let p = super::next_ephemeral(&mut self.udp.next_ephemeral);
+            if self.udp_port_free(SocketAddr::new(ip, p)) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// The best UDP socket for a datagram: connected match first, then a specific local
+    /// address, then a wildcard one. Address families match loosely: an unspecified
+    /// local address of either family accepts both (like Linux's dual-stack `[::]`).
+    #[inline]
+    pub fn udp_lookup(&self, dst: IpAddr, dst_port: u16, src: SocketAddr) -> Option<u32> {
+        let mut cur = self.udp.ports[dst_port as usize];
+        let mut best = None;
+        let mut best_score = 0;
+        while cur != NONE {
+            let u = self.udp_at(cur)?;
+            let local = u.local.ip();
+            let addr_score = if local == dst {
+                2
+            } else if local.is_unspecified() {
+                1
+            } else {
+                0
+            };
+            if addr_score > 0 {
+                let score = match u.remote {
+                    Some(r) if r == src => addr_score + 4,
+                    Some(_) => 0,
+                    None => addr_score,
+                };
+                if score > best_score {
+                    best_score = score;
+                    best = Some(cur);
+                }
+            }
+            cur = u.next_same_port;
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::socket::Owner;
+
+    fn udp(local: &str, remote: Option<&str>) -> Socket {
+        Socket::Udp(UdpSocket {
+            local: local.parse().unwrap(),
+            remote: remote.map(|r| r.parse().unwrap()),
+            rxq: VecDeque::new(),
+            rx_queued_bytes: 0,
+            recv_buffer: 4096,
+            next_same_port: NONE,
+            stats: SocketStats::default(),
+        })
+    }
+
+    fn bind(set: &mut SocketSet, local: &str, remote: Option<&str>) -> u32 {
+        let h = set.insert(udp(local, remote), Owner::LOCAL);
+        let port = local.parse::<SocketAddr>().unwrap().port();
+        set.link_udp(h.index, port);
+        h.index
+    }
+
+    #[test]
+    fn lookup_prefers_connected_then_specific_then_wildcard() {
+        let mut set = SocketSet::new(1);
+        let wild = bind(&mut set, "0.0.0.0:53", None);
+        let spec = bind(&mut set, "10.0.0.1:53", None);
+        let conn = bind(&mut set, "10.0.0.1:53", Some("10.0.0.9:1000"));
+        let dst: IpAddr = "10.0.0.1".parse().unwrap();
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let peer = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(set.udp_lookup(dst, 53, peer("10.0.0.9:1000")), Some(conn));
+        assert_eq!(set.udp_lookup(dst, 53, peer("10.0.0.8:1000")), Some(spec));
+        assert_eq!(set.udp_lookup(other, 53, peer("10.0.0.8:1")), Some(wild));
+        assert_eq!(set.udp_lookup(dst, 54, peer("10.0.0.8:1")), None);
+    }
+
+    #[test]
+    fn removal_unlinks_from_the_port_chain_and_frees_the_port() {
+        let mut set = SocketSet::new(1);
+        let a = bind(&mut set, "10.0.0.1:99", None);
+        let b = bind(&mut set, "10.0.0.2:99", None);
+        let c = bind(&mut set, "10.0.0.3:99", None);
+        assert!(!set.udp_port_free("10.0.0.2:99".parse().unwrap()));
+        assert!(!set.udp_port_free("0.0.0.0:99".parse().unwrap()));
+        // Remove from the middle of the chain, then the head.
+        assert!(set.remove(set.handle_at(b)).is_some());
+        assert!(set.udp_port_free("10.0.0.2:99".parse().unwrap()));
+        let to = |s: &str| s.parse::<IpAddr>().unwrap();
+        let from: SocketAddr = "1.2.3.4:5".parse().unwrap();
+        assert_eq!(set.udp_lookup(to("10.0.0.1"), 99, from), Some(a));
+        assert_eq!(set.udp_lookup(to("10.0.0.3"), 99, from), Some(c));
+        assert!(set.remove(set.handle_at(c)).is_some());
+        assert!(set.remove(set.handle_at(a)).is_some());
+        assert!(set.udp_port_free("0.0.0.0:99".parse().unwrap()));
+    }
+
+    #[test]
+    fn ephemeral_ports_skip_bound_ones_and_stay_in_range() {
+        let mut set = SocketSet::new(0);
+        // Seed 0 starts at the first ephemeral port.
+        bind(&mut set, "0.0.0.0:49152", None);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(set.udp_ephemeral_port(ip), Some(49153));
+        let mut set = SocketSet::new(u16::MAX as u64 - 49152);
+        assert_eq!(set.udp_ephemeral_port(ip), Some(u16::MAX));
+        assert_eq!(set.udp_ephemeral_port(ip), Some(49152), "wraps");
+    }
+}

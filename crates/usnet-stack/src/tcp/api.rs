@@ -1,0 +1,559 @@
+//! The application's TCP calls on a [`Stack`]: listen, accept, connect, send,
+//! receive, shutdown, close, options and inspection.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use usnet_tcp::{
+    CcAlgorithm, Connection, Keepalive, Listener, State, TcpConfig, TcpInfo, TcpStats, Wake,
+};
+
+use super::readiness_of;
+use crate::socket::{
+    Owner, Readiness, Socket, SocketHandle, SocketStats, TcpConnSock, TcpListenSock, EPHEMERAL_SPAN,
+};
+use crate::{Stack, StackError};
+
+/// One connection as `tcp_connections` lists it (like a line of `ss -ti`).
+#[derive(Debug, Clone)]
+pub struct TcpConnEntry {
+    pub handle: SocketHandle,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Closed by the application, finishing in the background.
+    pub orphan: bool,
+    pub owner: Owner,
+    pub info: TcpInfo,
+}
+
+/// One listener as `tcp_listeners` lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpListenEntry {
+    pub handle: SocketHandle,
+    pub local: SocketAddr,
+    pub owner: Owner,
+    pub syn_queue: usize,
+    pub accept_queue: usize,
+}
+
+impl Stack {
+    fn conn_sock(&self, h: SocketHandle) -> Result<&TcpConnSock, StackError> {
+        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpConn(s) if !s.orphan => Ok(s),
+            Socket::TcpConn(_) => Err(StackError::InvalidHandle),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    fn conn_sock_mut(&mut self, h: SocketHandle) -> Result<&mut TcpConnSock, StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpConn(s) if !s.orphan => Ok(s),
+            Socket::TcpConn(_) => Err(StackError::InvalidHandle),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    fn conn(&self, h: SocketHandle) -> Result<&Connection, StackError> {
+        Ok(&self.conn_sock(h)?.conn)
+    }
+
+    fn conn_mut(&mut self, h: SocketHandle) -> Result<&mut Connection, StackError> {
+        Ok(&mut self.conn_sock_mut(h)?.conn)
+    }
+
+    /// Runs `f` on a connection, then its output.
+    fn with_conn<R>(
+        &mut self,
+        h: SocketHandle,
+        f: impl FnOnce(&mut Connection) -> R,
+    ) -> Result<R, StackError> {
+        let r = f(self.conn_mut(h)?);
+        self.tcp_settle(h.index, Wake::default());
+        Ok(r)
+    }
+
+    /// The configuration a new connection or listener starts from: the caller's,
+    /// with the stack's secret.
+    fn tcp_prepare(&self, mut cfg: TcpConfig) -> TcpConfig {
+        cfg.secret = self.core.tcp_secret;
+        cfg
+    }
+
+    fn tcp_ephemeral(&mut self, local_ip: std::net::IpAddr, remote: SocketAddr) -> Option<u16> {
+        for _ in 0..EPHEMERAL_SPAN {
+            let p = crate::socket::next_ephemeral(&mut self.sockets.tcp.next_ephemeral);
+            let local = SocketAddr::new(local_ip, p);
+            if self.sockets.tcp.listen.contains_key(&p) {
+                continue;
+            }
+            if remote.port() == 0 || self.tcp_tuple_free(local, remote) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Whether `(local, remote)` may start a new connection: unused, or held by a
+    /// closed-by-the-application connection in TIME-WAIT that negotiated timestamps
+    /// (then PAWS on both sides tells the incarnations apart, as Linux's
+    /// `tcp_tw_reuse`); such a connection is freed now.
+    fn tcp_tuple_free(&mut self, local: SocketAddr, remote: SocketAddr) -> bool {
+        let Some(&i) = self.sockets.tcp.conns.get(&(local, remote)) else {
+            return true;
+        };
+        let reusable = self.sockets.conn_at(i).is_some_and(|s| {
+            s.orphan && s.conn.state() == State::TimeWait && s.conn.info().timestamps
+        });
+        if reusable {
+            self.core.counters.tcp_time_wait_reused += 1;
+            self.tcp_reap(i);
+        }
+        reusable
+    }
+
+    /// Listens on `addr` (an unspecified address accepts both families, like UDP's
+    /// wildcard binds; port 0 picks an ephemeral port) with an accept `backlog`.
+    /// SYN cookies answer when the SYN queue (`max(backlog, 128)`) overflows.
+    pub fn tcp_listen(
+        &mut self,
+        addr: SocketAddr,
+        backlog: usize,
+    ) -> Result<SocketHandle, StackError> {
+        let cfg = self.core.cfg.tcp.clone();
+        self.tcp_listen_with(addr, backlog, cfg)
+    }
+
+    /// `tcp_listen` with a connection configuration other than the stack's template
+    /// (buffer sizes, congestion control, timers); accepted connections inherit it.
+    pub fn tcp_listen_with(
+        &mut self,
+        addr: SocketAddr,
+        backlog: usize,
+        cfg: TcpConfig,
+    ) -> Result<SocketHandle, StackError> {
+        let ip = addr.ip();
+        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
+            return Err(StackError::AddrNotAvailable);
+        }
+        let port = match addr.port() {
+            0 => self
+                .tcp_ephemeral(ip, SocketAddr::new(ip, 0))
+                .ok_or(StackError::AddrInUse)?,
+            p => p,
+        };
+        if let Some(list) = self.sockets.tcp.listen.get(&port) {
+            for &i in list {
+                if let Some(Socket::TcpListen(l)) = self.sockets.at(i) {
+                    let a = l.local.ip();
+                    if a.is_unspecified() || ip.is_unspecified() || a == ip {
+                        return Err(StackError::AddrInUse);
+                    }
+                }
+            }
+        }
+        let local = SocketAddr::new(ip, port);
+        let cfg = self.tcp_prepare(cfg);
+        let mtu = self.core.cfg.mtu;
+        let mk = |v6: bool| {
+            let mut c = cfg.clone();
+            c.mss = c.mss.min(TcpConfig::mss_for_mtu(mtu, v6));
+            Listener::new(local, c, backlog, true)
+        };
+        let (v4, v6) = match ip {
+            _ if ip.is_unspecified() => (Some(mk(false)), Some(mk(true))),
+            std::net::IpAddr::V4(_) => (Some(mk(false)), None),
+            std::net::IpAddr::V6(_) => (None, Some(mk(true))),
+        };
+        let h = self.sockets.insert(
+            Socket::TcpListen(Box::new(TcpListenSock {
+                local,
+                v4,
+                v6,
+                timer: None,
+            })),
+            Owner::LOCAL,
+        );
+        self.sockets.tcp.live += 1;
+        self.sockets
+            .tcp
+            .listen
+            .entry(port)
+            .or_default()
+            .push(h.index);
+        Ok(h)
+    }
+
+    /// Takes a completed connection from a listener's accept queue.
+    pub fn tcp_accept(&mut self, h: SocketHandle) -> Result<SocketHandle, StackError> {
+        loop {
+            let l = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+                Socket::TcpListen(l) => l,
+                _ => return Err(StackError::WrongType),
+            };
+            let child =
+                l.v4.as_mut()
+                    .and_then(|f| f.accept())
+                    .or_else(|| l.v6.as_mut().and_then(|f| f.accept()))
+                    .ok_or(StackError::WouldBlock)?;
+            if let Some(Socket::TcpConn(s)) = self.sockets.get_mut(child) {
+                if s.parent == Some(h) {
+                    s.parent = None;
+                    return Ok(child);
+                }
+            }
+        }
+    }
+
+    /// Starts an active open to `remote` and returns at once (the SYN is queued);
+    /// `readiness().connected` or an error from `tcp_send`/`tcp_recv` tells the
+    /// outcome. `local` may fix the address and/or port (port 0: ephemeral).
+    pub fn tcp_connect(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+    ) -> Result<SocketHandle, StackError> {
+        let cfg = self.core.cfg.tcp.clone();
+        self.tcp_connect_with(local, remote, cfg)
+    }
+
+    /// `tcp_connect` with a configuration other than the stack's template.
+    pub fn tcp_connect_with(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        cfg: TcpConfig,
+    ) -> Result<SocketHandle, StackError> {
+        let rip = remote.ip();
+        let bad_remote = match rip {
+            std::net::IpAddr::V4(a) => a.is_broadcast() || a.is_multicast(),
+            std::net::IpAddr::V6(a) => a.is_multicast(),
+        };
+        if remote.port() == 0 || rip.is_unspecified() || bad_remote {
+            return Err(StackError::InvalidInput);
+        }
+        let Some((src, _)) = self.core.route(rip) else {
+            self.core.counters.ip_tx_no_route += 1;
+            return Err(StackError::NoRoute);
+        };
+        let lip = match local {
+            Some(l) if !l.ip().is_unspecified() => {
+                if !self.core.is_local_addr(l.ip()) || l.is_ipv4() != remote.is_ipv4() {
+                    return Err(StackError::AddrNotAvailable);
+                }
+                l.ip()
+            }
+            _ => src,
+        };
+        let lport = match local.map_or(0, |l| l.port()) {
+            0 => self
+                .tcp_ephemeral(lip, remote)
+                .ok_or(StackError::AddrNotAvailable)?,
+            p => p,
+        };
+        let l = SocketAddr::new(lip, lport);
+        if !self.tcp_tuple_free(l, remote) {
+            return Err(StackError::AddrInUse);
+        }
+        let mut cfg = self.tcp_prepare(cfg);
+        cfg.mss = cfg
+            .mss
+            .min(TcpConfig::mss_for_mtu(self.core.cfg.mtu, remote.is_ipv6()));
+        let conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
+        let h = self.sockets.insert(
+            Socket::TcpConn(Box::new(TcpConnSock::new(conn, None))),
+            Owner::LOCAL,
+        );
+        self.sockets.tcp.live += 1;
+        self.sockets.tcp.conns.insert((l, remote), h.index);
+        self.core.counters.tcp_active_opens += 1;
+        self.tcp_settle(h.index, Wake::default());
+        Ok(h)
+    }
+
+    /// Queues data; returns how much was taken (`WouldBlock` when the send buffer is
+    /// full, `BrokenPipe` after `tcp_shutdown_write`, the connection's error if it
+    /// failed). Data may be queued before the handshake completes.
+    pub fn tcp_send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize, StackError> {
+        let c = self.conn(h)?;
+        if let Some(e) = c.error() {
+            return Err(e.into());
+        }
+        if !c.may_send() {
+            return Err(StackError::BrokenPipe);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        if c.send_capacity() == 0 {
+            return Err(StackError::WouldBlock);
+        }
+        self.with_conn(h, |c| c.send(data))
+    }
+
+    /// Reads received data: `Ok(0)` at end of stream, `WouldBlock` when nothing is
+    /// there yet, the connection's error if it failed.
+    pub fn tcp_recv(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<usize, StackError> {
+        let c = self.conn_mut(h)?;
+        let n = c.recv(buf);
+        if n > 0 {
+            // The read may open the window: let the connection say so.
+            self.tcp_settle(h.index, Wake::default());
+            return Ok(n);
+        }
+        if buf.is_empty() || c.is_eof() {
+            return Ok(0);
+        }
+        if let Some(e) = c.error() {
+            return Err(e.into());
+        }
+        match c.state() {
+            State::Closed => Ok(0),
+            _ => Err(StackError::WouldBlock),
+        }
+    }
+
+    /// Bytes `tcp_recv` can return now.
+    pub fn tcp_recv_available(&self, h: SocketHandle) -> Result<usize, StackError> {
+        Ok(self.conn(h)?.recv_available())
+    }
+
+    /// Free space in the send buffer.
+    pub fn tcp_send_capacity(&self, h: SocketHandle) -> Result<usize, StackError> {
+        Ok(self.conn(h)?.send_capacity())
+    }
+
+    /// Sends FIN after the queued data (SHUT_WR); reading continues.
+    /// Before the handshake completes the FIN waits for it (queued data is not lost).
+    pub fn tcp_shutdown_write(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        let st = self.conn(h)?.state();
+        if matches!(st, State::SynSent | State::SynReceived) {
+            self.conn_sock_mut(h)?.fin_pending = true;
+            return Ok(());
+        }
+        self.with_conn(h, |c| c.shutdown_write())
+    }
+
+    /// Closes a TCP socket (close(2)). A connection finishes in the background
+    /// (FIN, then TIME-WAIT or CLOSED) and is freed when it reaches CLOSED; unread
+    /// data or `linger = 0` make it an abort (RST). A listener aborts the
+    /// connections still in its accept queue.
+    pub fn tcp_close(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpConn(_) => {
+                let s = self.conn_sock_mut(h)?;
+                s.orphan = true;
+                s.conn.close();
+                self.tcp_settle(h.index, Wake::default());
+                Ok(())
+            }
+            Socket::TcpListen(_) => {
+                let Some(Socket::TcpListen(mut l)) = self.sockets.remove(h) else {
+                    return Err(StackError::InvalidHandle);
+                };
+                let t = &mut self.sockets.tcp;
+                t.live -= 1;
+                if let Some(list) = t.listen.get_mut(&l.local.port()) {
+                    list.retain(|&i| i != h.index);
+                    if list.is_empty() {
+                        t.listen.remove(&l.local.port());
+                    }
+                }
+                l.merge_stats(&mut t.totals);
+                let mut children = Vec::new();
+                for f in l.families() {
+                    while let Some(c) = f.accept() {
+                        children.push(c);
+                    }
+                }
+                for c in children {
+                    if let Ok(s) = self.conn_sock_mut(c) {
+                        s.parent = None;
+                        s.orphan = true;
+                        s.conn.abort();
+                        self.tcp_settle(c.index, Wake::default());
+                    }
+                }
+                self.core.counters.mirror_tcp(&self.sockets.tcp.totals);
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    /// Abortive close: RST now, and the handle is gone.
+    pub fn tcp_abort(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        let s = self.conn_sock_mut(h)?;
+        s.orphan = true;
+        s.conn.abort();
+        self.tcp_settle(h.index, Wake::default());
+        Ok(())
+    }
+
+    pub fn tcp_state(&self, h: SocketHandle) -> Result<State, StackError> {
+        Ok(self.conn(h)?.state())
+    }
+
+    /// The error that ended the connection, if any (SO_ERROR).
+    pub fn tcp_error(&self, h: SocketHandle) -> Result<Option<StackError>, StackError> {
+        Ok(self.conn(h)?.error().map(StackError::from))
+    }
+
+    pub fn tcp_info(&self, h: SocketHandle) -> Result<TcpInfo, StackError> {
+        Ok(self.conn(h)?.info())
+    }
+
+    /// The connection's own counters.
+    pub fn tcp_conn_stats(&self, h: SocketHandle) -> Result<TcpStats, StackError> {
+        Ok(self.conn(h)?.stats().clone())
+    }
+
+    pub fn tcp_local_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
+        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpConn(s) => Ok(s.local),
+            Socket::TcpListen(l) => Ok(l.local),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    pub fn tcp_peer_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
+        Ok(self.conn_sock(h)?.remote)
+    }
+
+    pub fn tcp_set_nodelay(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_nodelay(on))
+    }
+
+    pub fn tcp_set_keepalive(
+        &mut self,
+        h: SocketHandle,
+        ka: Option<Keepalive>,
+    ) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_keepalive(ka))
+    }
+
+    pub fn tcp_set_linger(
+        &mut self,
+        h: SocketHandle,
+        linger: Option<Duration>,
+    ) -> Result<(), StackError> {
+        self.conn_mut(h)?.set_linger(linger);
+        Ok(())
+    }
+
+    pub fn tcp_set_congestion_control(
+        &mut self,
+        h: SocketHandle,
+        cc: CcAlgorithm,
+    ) -> Result<(), StackError> {
+        let c = self.conn_mut(h)?;
+        let mss = c.snd_mss();
+        let iw = c.config().initial_window;
+        c.set_congestion_control(cc.build(mss, iw));
+        Ok(())
+    }
+
+    /// The template new connections start from (buffer sizes, congestion control,
+    /// timers, SACK/timestamps/window scaling).
+    pub fn tcp_config(&self) -> &TcpConfig {
+        &self.core.cfg.tcp
+    }
+
+    pub fn tcp_config_mut(&mut self) -> &mut TcpConfig {
+        &mut self.core.cfg.tcp
+    }
+
+    /// Totals of every connection and listener, live and gone.
+    pub fn tcp_stats(&self) -> TcpStats {
+        let mut t = self.sockets.tcp.totals.clone();
+        for slot in &self.sockets.slots {
+            match slot.sock.as_ref() {
+                Some(Socket::TcpConn(s)) => t.merge(s.conn.stats()),
+                Some(Socket::TcpListen(l)) => l.merge_stats(&mut t),
+                _ => {}
+            }
+        }
+        t
+    }
+
+    /// `counters()` with the `tcp_*` engine counters including live connections
+    /// (`counters()` itself has them for connections already freed).
+    pub fn counters_snapshot(&self) -> crate::Counters {
+        let mut c = self.core.counters.clone();
+        c.mirror_tcp(&self.tcp_stats());
+        c
+    }
+
+    /// Every TCP connection with its `tcp_info` (like `ss -ti`).
+    pub fn tcp_connections(&self) -> Vec<TcpConnEntry> {
+        self.sockets
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| match slot.sock.as_ref() {
+                Some(Socket::TcpConn(s)) => Some(TcpConnEntry {
+                    handle: SocketHandle {
+                        index: i as u32,
+                        gen: slot.gen,
+                    },
+                    local: s.local,
+                    remote: s.remote,
+                    orphan: s.orphan,
+                    owner: slot.owner,
+                    info: s.conn.info(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn tcp_listeners(&self) -> Vec<TcpListenEntry> {
+        self.sockets
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| match slot.sock.as_ref() {
+                Some(Socket::TcpListen(l)) => Some(TcpListenEntry {
+                    handle: SocketHandle {
+                        index: i as u32,
+                        gen: slot.gen,
+                    },
+                    local: l.local,
+                    owner: slot.owner,
+                    syn_queue: l.syn_queue_len(),
+                    accept_queue: l.accept_queue_len(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub(crate) fn tcp_readiness(&self, s: &Socket) -> Option<Readiness> {
+        match s {
+            Socket::TcpConn(s) => Some(readiness_of(&s.conn)),
+            Socket::TcpListen(l) => Some(Readiness {
+                readable: l.accept_queue_len() > 0,
+                ..Readiness::default()
+            }),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn tcp_socket_stats(&self, s: &Socket) -> Option<SocketStats> {
+        let st = match s {
+            Socket::TcpConn(s) => s.conn.stats().clone(),
+            Socket::TcpListen(l) => {
+                let mut t = TcpStats::default();
+                l.merge_stats(&mut t);
+                t
+            }
+            _ => return None,
+        };
+        Some(SocketStats {
+            rx_datagrams: st.rx_segments,
+            rx_bytes: st.rx_bytes,
+            rx_queue_full: st.rx_ooo_full,
+            tx_datagrams: st.tx_segments,
+            tx_bytes: st.tx_bytes,
+        })
+    }
+}

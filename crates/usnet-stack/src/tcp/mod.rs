@@ -1,0 +1,442 @@
+//! TCP in the stack: the glue between the socket table and the `usnet-tcp` engine.
+//!
+//! - **Demux.** `(local, remote)` → connection through a hash map in the socket
+//!   table, else the local port → listener (a specific address before a wildcard),
+//!   else an RST (never in reply to an RST). The lookup runs in `classify` before the
+//!   checksum is verified (early demux, as for UDP).
+//! - **Output.** A connection stays in its slot while it runs: the table and the core
+//!   are separate fields of the stack, so the connection (borrowed from the table)
+//!   sends through a [`CoreSink`] (borrowing the core): each segment becomes one
+//!   pool buffer with the payload copied once and the headers written in front
+//!   (`send_tcp`). A full transmit queue or an empty pool refuses the segment; the
+//!   connection then goes on the blocked list and is polled again once the queue has
+//!   room.
+//! - **Timers.** A min-heap of `(deadline, slot, generation)` in the table; a socket
+//!   remembers the deadline it is queued under, so stale entries are skipped when
+//!   popped. Only sockets whose deadline passed are polled.
+//! - **Reaping.** A connection that reaches CLOSED leaves the demux table at once;
+//!   its slot is freed when the application has closed it (or never accepted it),
+//!   after its counters are merged into the stack's totals.
+//!
+//! The application's calls are in [`api`]; ICMP errors in [`icmp`].
+
+mod api;
+pub(crate) mod icmp;
+
+use std::net::SocketAddr;
+
+use usnet_tcp::{ListenEvent, Segment, SegmentSink, State, TcpRepr, Wake};
+use usnet_wire as wire;
+
+use crate::core::Core;
+use crate::socket::{Readiness, Socket, TcpConnSock};
+use crate::tx::GsoPending;
+use crate::types::{Src, TcpTarget};
+use crate::Stack;
+
+pub use api::{TcpConnEntry, TcpListenEntry};
+
+/// The engine's output path: segments go through the core's transmit path.
+pub(crate) struct CoreSink<'a> {
+    core: &'a mut Core,
+    refused: bool,
+    /// With TSO: the GSO frame being built from this pass's segments.
+    gso: Option<GsoPending>,
+    tso: bool,
+}
+
+impl CoreSink<'_> {
+    fn new(core: &mut Core) -> CoreSink<'_> {
+        let tso = core.tso_ok();
+        CoreSink {
+            core,
+            refused: false,
+            gso: None,
+            tso,
+        }
+    }
+
+    /// Sends the GSO frame in progress (call after the output pass).
+    fn flush(&mut self) {
+        self.core.flush_gso(&mut self.gso);
+    }
+}
+
+impl SegmentSink for CoreSink<'_> {
+    fn emit(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        repr: &TcpRepr,
+        payload: (&[u8], &[u8]),
+    ) -> bool {
+        let ok = if self.tso {
+            self.core
+                .send_tcp_gso(&mut self.gso, local, remote, repr, payload)
+        } else {
+            self.core.send_tcp(local, remote, repr, payload)
+        };
+        self.refused |= !ok;
+        ok
+    }
+}
+
+/// Collects a listener's segments (SYN-ACKs and RSTs carry no payload) while the
+/// received frame is still borrowed from the pool.
+struct CollectSink<'a>(&'a mut Vec<(SocketAddr, SocketAddr, TcpRepr)>);
+
+impl SegmentSink for CollectSink<'_> {
+    fn emit(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        repr: &TcpRepr,
+        payload: (&[u8], &[u8]),
+    ) -> bool {
+        debug_assert!(payload.0.is_empty() && payload.1.is_empty());
+        self.0.push((local, remote, *repr));
+        true
+    }
+}
+
+pub(crate) fn readiness_of(c: &usnet_tcp::Connection) -> Readiness {
+    let st = c.state();
+    let closed = st == State::Closed || c.error().is_some();
+    let low_water = (c.config().send_buffer / 4).max(1);
+    Readiness {
+        readable: c.recv_available() > 0 || c.is_eof() || closed,
+        writable: closed
+            || (st.is_synchronized() && (!c.may_send() || c.send_capacity() >= low_water)),
+        closed,
+        connected: st.is_synchronized(),
+    }
+}
+
+impl Core {
+    /// Sends what a listener collected.
+    fn send_collected(&mut self, out: &mut Vec<(SocketAddr, SocketAddr, TcpRepr)>) {
+        for (l, r, repr) in out.drain(..) {
+            self.send_tcp(l, r, &repr, (&[], &[]));
+        }
+    }
+}
+
+impl Stack {
+    /// Runs connection `idx`'s output after something happened to it, wakes its
+    /// waiters, and reschedules or reaps it.
+    pub(crate) fn tcp_settle(&mut self, idx: u32, wake: Wake) {
+        let now = self.core.tcp_now();
+        let Some(s) = self.sockets.conn_at_mut(idx) else {
+            return;
+        };
+        if s.fin_pending && s.conn.state().is_synchronized() {
+            s.fin_pending = false;
+            s.conn.shutdown_write();
+        }
+        let mut sink = CoreSink::new(&mut self.core);
+        let w = s.conn.poll_transmit(now, &mut sink);
+        sink.flush();
+        let refused = sink.refused;
+        let deadline = s.conn.poll_at();
+        let state = s.conn.state();
+        let mut newly_blocked = false;
+        if refused && !s.blocked {
+            s.blocked = true;
+            newly_blocked = true;
+        }
+        let notify = !s.orphan
+            && (wake.readable
+                || wake.writable
+                || wake.closed
+                || w.readable
+                || w.writable
+                || w.closed);
+        if newly_blocked {
+            self.sockets.tcp.blocked.push(idx);
+        }
+        if notify {
+            self.sockets.mark_ready(idx);
+        }
+        if state == State::Closed {
+            self.tcp_on_closed(idx);
+        } else {
+            self.sockets.tcp_schedule(idx, deadline);
+        }
+    }
+
+    /// A connection reached CLOSED: out of the demux table; freed if nobody holds it.
+    fn tcp_on_closed(&mut self, idx: u32) {
+        let Some(s) = self.sockets.conn_at_mut(idx) else {
+            return;
+        };
+        s.timer = None;
+        let key = (s.local, s.remote);
+        let was_in = std::mem::replace(&mut s.in_table, false);
+        let parent = s.parent;
+        let orphan = s.orphan;
+        if was_in && self.sockets.tcp.conns.get(&key) == Some(&idx) {
+            self.sockets.tcp.conns.remove(&key);
+        }
+        if let Some(p) = parent {
+            // Died in the accept queue: nobody will ever accept it.
+            let h = self.sockets.handle_at(idx);
+            if let Some(Socket::TcpListen(l)) = self.sockets.get_mut(p) {
+                for f in l.families() {
+                    f.retain_accept(|c| *c != h);
+                }
+            }
+            self.tcp_reap(idx);
+        } else if orphan {
+            self.tcp_reap(idx);
+        }
+    }
+
+    /// Frees a connection's slot, keeping its counters.
+    fn tcp_reap(&mut self, idx: u32) {
+        let h = self.sockets.handle_at(idx);
+        if let Some(Socket::TcpConn(s)) = self.sockets.remove(h) {
+            let t = &mut self.sockets.tcp;
+            if s.in_table && t.conns.get(&(s.local, s.remote)) == Some(&idx) {
+                t.conns.remove(&(s.local, s.remote));
+            }
+            t.totals.merge(s.conn.stats());
+            t.live -= 1;
+            self.core.counters.tcp_conns_reaped += 1;
+            self.core.counters.mirror_tcp(&t.totals);
+        }
+    }
+
+    /// A checksum-verified segment from the receive path.
+    pub(crate) fn tcp_input(
+        &mut self,
+        target: TcpTarget,
+        local: SocketAddr,
+        remote: SocketAddr,
+        off: usize,
+        len: usize,
+        src: Src,
+    ) {
+        match target {
+            TcpTarget::Conn(i) => self.tcp_input_conn(i, local, remote, off, len, src),
+            TcpTarget::Listener(i) => self.tcp_input_listener(i, local, remote, off, len, src),
+            TcpTarget::None => self.tcp_input_no_socket(local, remote, off, len, src),
+        }
+    }
+
+    fn tcp_input_conn(
+        &mut self,
+        i: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+        off: usize,
+        len: usize,
+        src: Src,
+    ) {
+        let now = self.core.tcp_now();
+        let Some(s) = self.sockets.conn_at_mut(i) else {
+            self.core.release(src);
+            return;
+        };
+        // None: malformed; Some(None): a SYN that ends a TIME-WAIT.
+        let outcome = {
+            let bytes = src.bytes(&self.core.pool);
+            match wire::parse_tcp(&bytes[off..off + len]) {
+                Err(_) => None,
+                Ok(hdr) => {
+                    let mut seg = Segment::from(&hdr);
+                    if let Src::Buf(b) = &src {
+                        seg.gso_size = self.core.pool.offload(*b).gso_size;
+                    }
+                    if s.conn.state() == State::TimeWait && s.conn.time_wait_accepts_syn(&seg) {
+                        Some(None)
+                    } else {
+                        Some(Some(s.conn.input(now, &seg)))
+                    }
+                }
+            }
+        };
+        match outcome {
+            Some(Some(wake)) => {
+                self.core.release(src);
+                self.tcp_settle(i, wake);
+            }
+            None => {
+                self.core.counters.tcp_rx_truncated += 1;
+                self.core.release(src);
+            }
+            Some(None) => {
+                // RFC 6191: the old incarnation goes, the SYN meets the listener.
+                self.core.counters.tcp_time_wait_reused += 1;
+                s.timer = None;
+                s.in_table = false;
+                let key = (s.local, s.remote);
+                let orphan = s.orphan;
+                self.sockets.tcp.conns.remove(&key);
+                if orphan {
+                    self.tcp_reap(i);
+                }
+                let t = self.sockets.tcp_lookup(local, remote);
+                if matches!(t, TcpTarget::Conn(_)) {
+                    self.core.release(src);
+                    return;
+                }
+                self.tcp_input(t, local, remote, off, len, src);
+            }
+        }
+    }
+
+    fn tcp_input_listener(
+        &mut self,
+        i: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+        off: usize,
+        len: usize,
+        src: Src,
+    ) {
+        let now = self.core.tcp_now();
+        let lh = self.sockets.handle_at(i);
+        let mut out = std::mem::take(&mut self.sockets.tcp.out);
+        let ev = {
+            let Some(l) = self.sockets.listen_at_mut(i) else {
+                self.sockets.tcp.out = out;
+                self.core.release(src);
+                return;
+            };
+            let Some(lst) = l.family(remote) else {
+                self.sockets.tcp.out = out;
+                return self.tcp_input_no_socket(local, remote, off, len, src);
+            };
+            let bytes = src.bytes(&self.core.pool);
+            match wire::parse_tcp(&bytes[off..off + len]) {
+                Ok(hdr) => Some(lst.input(
+                    now,
+                    local,
+                    remote,
+                    &Segment::from(&hdr),
+                    &mut CollectSink(&mut out),
+                )),
+                Err(_) => None,
+            }
+        };
+        self.core.release(src);
+        self.core.send_collected(&mut out);
+        self.sockets.tcp.out = out;
+        match ev {
+            None => self.core.counters.tcp_rx_truncated += 1,
+            Some(ListenEvent::None) => {}
+            Some(ListenEvent::Established(conn)) => self.tcp_adopt(i, lh, *conn),
+        }
+        let d = self.sockets.listen_at_mut(i).and_then(|l| l.poll_at());
+        self.sockets.tcp_schedule(i, d);
+    }
+
+    /// No connection and no listener: an RST (never for an RST).
+    fn tcp_input_no_socket(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        off: usize,
+        len: usize,
+        src: Src,
+    ) {
+        self.core.counters.tcp_rx_no_socket += 1;
+        let reply = {
+            let bytes = src.bytes(&self.core.pool);
+            match wire::parse_tcp(&bytes[off..off + len]) {
+                Ok(hdr) => usnet_tcp::reset_for(local.port(), remote.port(), &Segment::from(&hdr)),
+                Err(_) => {
+                    self.core.counters.tcp_rx_truncated += 1;
+                    None
+                }
+            }
+        };
+        self.core.release(src);
+        if let Some(r) = reply {
+            if self.core.send_tcp(local, remote, &r, (&[], &[])) {
+                self.core.counters.tcp_tx_reset_no_socket += 1;
+            }
+        }
+    }
+
+    /// A handshake completed on listener `li`: the connection joins the table (with
+    /// the listener's owner) and the accept queue.
+    fn tcp_adopt(&mut self, li: u32, lh: crate::SocketHandle, conn: usnet_tcp::Connection) {
+        let key = (conn.local(), conn.remote());
+        let owner = self.sockets.slots[li as usize].owner;
+        let h = self.sockets.insert(
+            Socket::TcpConn(Box::new(TcpConnSock::new(conn, Some(lh)))),
+            owner,
+        );
+        self.sockets.tcp.live += 1;
+        self.sockets.tcp.conns.insert(key, h.index);
+        if let Some(f) = self.sockets.listen_at_mut(li).and_then(|l| l.family(key.1)) {
+            f.push_accept(h);
+        }
+        self.core.counters.tcp_passive_opens += 1;
+        self.sockets.mark_ready(li);
+        self.tcp_settle(h.index, Wake::default());
+    }
+
+    fn tcp_poll_one(&mut self, idx: u32) {
+        let slot = self.sockets.slots.get_mut(idx as usize);
+        match slot.and_then(|s| s.sock.as_mut()) {
+            Some(Socket::TcpConn(s)) => {
+                s.blocked = false;
+                self.tcp_settle(idx, Wake::default());
+            }
+            Some(Socket::TcpListen(l)) => {
+                let now = self.core.tcp_now();
+                let mut out = std::mem::take(&mut self.sockets.tcp.out);
+                for f in l.families() {
+                    f.poll_transmit(now, &mut CollectSink(&mut out));
+                }
+                let d = l.poll_at();
+                self.core.send_collected(&mut out);
+                self.sockets.tcp.out = out;
+                self.sockets.tcp_schedule(idx, d);
+            }
+            _ => {}
+        }
+    }
+
+    /// Polls the sockets whose deadline passed and the ones waiting for transmit room.
+    pub(crate) fn tcp_poll_timers(&mut self) -> bool {
+        let now = self.core.now.as_nanos();
+        let mut due = std::mem::take(&mut self.sockets.tcp.due);
+        self.sockets.tcp_expired(now, &mut due);
+        let mut did = !due.is_empty();
+        for &idx in &due {
+            self.tcp_poll_one(idx);
+        }
+        due.clear();
+        self.sockets.tcp.due = due;
+        if !self.sockets.tcp.blocked.is_empty() && self.core.tx.len() < self.core.cfg.tx_queue_len {
+            let mut blocked = std::mem::take(&mut self.sockets.tcp.blocked);
+            for &idx in &blocked {
+                if self.sockets.conn_at(idx).is_some_and(|s| s.blocked) {
+                    self.tcp_poll_one(idx);
+                }
+            }
+            blocked.clear();
+            if self.sockets.tcp.blocked.is_empty() {
+                self.sockets.tcp.blocked = blocked;
+            }
+            did = true;
+        }
+        self.sockets.tcp_compact_timers();
+        did
+    }
+
+    /// The earliest TCP deadline (stale heap entries only make it early).
+    pub(crate) fn tcp_poll_at(&self) -> Option<crate::Instant> {
+        if !self.sockets.tcp.blocked.is_empty() {
+            return Some(self.core.now);
+        }
+        self.sockets
+            .tcp
+            .timers
+            .peek()
+            .map(|std::cmp::Reverse((t, _, _))| crate::Instant::from_nanos(*t))
+    }
+}

@@ -1,0 +1,177 @@
+//! Types the receive, transmit and TCP paths share. This module is a leaf: it imports
+//! nothing from the rest of the crate, so `rx`, `tx`, `tcp` and `gro` depend on it and
+//! not on each other.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use usnet_pool::{PacketPool, PktBuf};
+use usnet_wire::{ArpRepr, MacAddr};
+
+use crate::frag::FragKey;
+
+/// What the early demux found for a TCP segment: a connection or a listener, by
+/// socket-table index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TcpTarget {
+    None,
+    Conn(u32),
+    Listener(u32),
+}
+
+/// Why an ICMP "unreachable" is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unreach {
+    Port,
+    Protocol,
+}
+
+/// What to do with a received frame; offsets are into the frame (or reassembled data).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Verdict {
+    /// Counted already; just free it.
+    Drop,
+    Arp(ArpRepr),
+    Udp {
+        sock: u32,
+        from: SocketAddr,
+        off: usize,
+        len: usize,
+    },
+    UdpQueueFull {
+        sock: u32,
+    },
+    /// A TCP segment (checksum verified) and what the early demux found for it.
+    Tcp {
+        target: TcpTarget,
+        local: SocketAddr,
+        remote: SocketAddr,
+        off: usize,
+        len: usize,
+    },
+    /// An ICMP error about a segment of TCP connection `conn`.
+    TcpIcmp {
+        conn: u32,
+        seq: u32,
+        err: usnet_tcp::IcmpError,
+    },
+    Unreachable {
+        why: Unreach,
+        src: IpAddr,
+        dst: IpAddr,
+        l3_off: usize,
+        l3_len: usize,
+    },
+    EchoRequest {
+        src: IpAddr,
+        dst: IpAddr,
+        ident: u16,
+        seq: u16,
+        off: usize,
+        len: usize,
+    },
+    EchoReply {
+        from: IpAddr,
+        ident: u16,
+        seq: u16,
+        hop_limit: u8,
+        off: usize,
+        len: usize,
+    },
+    Fragment {
+        key: FragKey,
+        proto: u8,
+        offset: usize,
+        more: bool,
+        off: usize,
+        len: usize,
+        hdr_off: usize,
+        hdr_len: usize,
+        hop_limit: u8,
+    },
+    NeighborSolicit {
+        src: Ipv6Addr,
+        target: Ipv6Addr,
+        mac: Option<MacAddr>,
+    },
+    NeighborAdvert {
+        target: Ipv6Addr,
+        mac: MacAddr,
+    },
+}
+
+/// Where the bytes of a frame being executed live.
+pub(crate) enum Src {
+    Buf(PktBuf),
+    /// A linearised chain or a reassembled datagram (then `invoking` is the first
+    /// fragment's header + 8 bytes, for ICMP errors).
+    Owned {
+        data: Vec<u8>,
+        invoking: Vec<u8>,
+    },
+}
+
+impl Src {
+    /// The frame's bytes.
+    pub fn bytes<'a>(&'a self, pool: &'a PacketPool) -> &'a [u8] {
+        match self {
+            Src::Buf(b) => pool.data(*b),
+            Src::Owned { data, .. } => data,
+        }
+    }
+}
+
+/// Facts about the IP packet carrying an upper-layer payload.
+#[derive(Clone, Copy)]
+pub(crate) struct L3Info {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// The destination is one of our unicast addresses (not broadcast/multicast).
+    pub unicast: bool,
+    pub hop_limit: u8,
+    pub l3_off: usize,
+    pub l3_len: usize,
+    pub eth_src: MacAddr,
+}
+
+impl L3Info {
+    /// An echo request to answer; only when sent to one of our unicast addresses (like
+    /// Linux's icmp_echo_ignore_broadcasts=1). The echo data follows the 8-byte header.
+    pub(crate) fn echo_request(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
+        if !self.unicast {
+            return Verdict::Drop;
+        }
+        Verdict::EchoRequest {
+            src: self.src,
+            dst: self.dst,
+            ident,
+            seq,
+            off: l4_off + 8,
+            len,
+        }
+    }
+
+    pub(crate) fn echo_reply(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
+        Verdict::EchoReply {
+            from: self.src,
+            ident,
+            seq,
+            hop_limit: self.hop_limit,
+            off: l4_off + 8,
+            len,
+        }
+    }
+}
+
+/// The ICMP error as the receive path read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum IcmpMsg {
+    /// ICMPv4 destination unreachable; `mtu` is the next-hop MTU of a
+    /// fragmentation-needed message when the router filled it in.
+    Unreach4 { code: u8, mtu: Option<u16> },
+    /// ICMPv6 destination unreachable.
+    Unreach6 { code: u8 },
+    /// ICMPv6 packet too big.
+    TooBig6 { mtu: u32 },
+    /// Time exceeded (either family).
+    TimeExceeded,
+}

@@ -1,0 +1,159 @@
+//! The application's UDP calls on a [`Stack`]: bind, connect, send, receive.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+use crate::socket::udp::NONE;
+use crate::socket::{Owner, Socket, SocketHandle, SocketStats, UdpSocket};
+use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
+
+impl Stack {
+    fn udp(&self, h: SocketHandle) -> Result<&UdpSocket, StackError> {
+        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+            Socket::Udp(u) => Ok(u),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    fn udp_mut(&mut self, h: SocketHandle) -> Result<&mut UdpSocket, StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::Udp(u) => Ok(u),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    /// Binds a UDP socket. Port 0 picks an ephemeral port; an unspecified address
+    /// accepts datagrams to any local address of either family.
+    pub fn udp_bind(&mut self, local: SocketAddr) -> Result<SocketHandle, StackError> {
+        let ip = local.ip();
+        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
+            return Err(StackError::AddrNotAvailable);
+        }
+        let port = match local.port() {
+            0 => self
+                .sockets
+                .udp_ephemeral_port(ip)
+                .ok_or(StackError::AddrInUse)?,
+            p => {
+                if !self.sockets.udp_port_free(local) {
+                    return Err(StackError::AddrInUse);
+                }
+                p
+            }
+        };
+        let h = self.sockets.insert(
+            Socket::Udp(UdpSocket {
+                local: SocketAddr::new(ip, port),
+                remote: None,
+                rxq: VecDeque::new(),
+                rx_queued_bytes: 0,
+                recv_buffer: self.core.cfg.udp_recv_buffer,
+                next_same_port: NONE,
+                stats: SocketStats::default(),
+            }),
+            Owner::LOCAL,
+        );
+        self.sockets.link_udp(h.index, port);
+        Ok(h)
+    }
+
+    /// Fixes the peer: `udp_send` goes there and only its datagrams are received.
+    pub fn udp_connect(&mut self, h: SocketHandle, remote: SocketAddr) -> Result<(), StackError> {
+        if remote.port() == 0 || remote.ip().is_unspecified() {
+            return Err(StackError::InvalidInput);
+        }
+        self.core.route(remote.ip()).ok_or(StackError::NoRoute)?;
+        self.udp_mut(h)?.remote = Some(remote);
+        Ok(())
+    }
+
+    pub fn udp_local_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
+        Ok(self.udp(h)?.local)
+    }
+
+    pub fn udp_peer_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
+        self.udp(h)?.remote.ok_or(StackError::NotConnected)
+    }
+
+    /// Sets the receive buffer limit in bytes (SO_RCVBUF).
+    pub fn udp_set_recv_buffer(&mut self, h: SocketHandle, bytes: usize) -> Result<(), StackError> {
+        self.udp_mut(h)?.recv_buffer = bytes.max(2048);
+        Ok(())
+    }
+
+    pub fn udp_send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize, StackError> {
+        let remote = self.udp(h)?.remote.ok_or(StackError::NotConnected)?;
+        self.udp_send_to(h, data, remote)
+    }
+
+    /// Sends one datagram. `WouldBlock` when the transmit queue is full (the device is
+    /// behind); datagrams larger than the MTU are fragmented.
+    pub fn udp_send_to(
+        &mut self,
+        h: SocketHandle,
+        data: &[u8],
+        to: SocketAddr,
+    ) -> Result<usize, StackError> {
+        let core = &mut self.core;
+        if data.len() > MAX_UDP_PAYLOAD {
+            core.counters.udp_tx_too_big += 1;
+            return Err(StackError::MessageTooLong);
+        }
+        if to.port() == 0 || to.ip().is_unspecified() {
+            return Err(StackError::InvalidInput);
+        }
+        if core.tx.len() >= core.cfg.tx_queue_len {
+            return Err(StackError::WouldBlock);
+        }
+        let u = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::Udp(u) => u,
+            _ => return Err(StackError::WrongType),
+        };
+        let local = u.local;
+        let Some((src, next_hop)) = core.route(to.ip()) else {
+            core.counters.ip_tx_no_route += 1;
+            return Err(StackError::NoRoute);
+        };
+        let src = if local.ip().is_unspecified() || local.ip().is_ipv4() != to.is_ipv4() {
+            src
+        } else {
+            local.ip()
+        };
+        core.send_udp(src, to.ip(), next_hop, local.port(), to.port(), data)?;
+        core.counters.udp_tx += 1;
+        u.stats.tx_datagrams += 1;
+        u.stats.tx_bytes += data.len() as u64;
+        Ok(data.len())
+    }
+
+    /// Takes the oldest datagram: copies its payload into `buf` (truncating, like
+    /// `recvfrom` without MSG_TRUNC) and returns the bytes copied and the sender.
+    pub fn udp_recv_from(
+        &mut self,
+        h: SocketHandle,
+        buf: &mut [u8],
+    ) -> Result<(usize, SocketAddr), StackError> {
+        let u = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::Udp(u) => u,
+            _ => return Err(StackError::WrongType),
+        };
+        let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
+        u.rx_queued_bytes -= d.len;
+        let pool = &mut self.core.pool;
+        let n = if pool.next(d.buf).is_none() {
+            let src = pool.data(d.buf);
+            let n = src.len().min(buf.len());
+            buf[..n].copy_from_slice(&src[..n]);
+            n
+        } else {
+            pool.read_chain(d.buf, 0, buf)
+        };
+        pool.free(d.buf);
+        Ok((n, d.from))
+    }
+
+    /// Length of the next datagram, if one is queued.
+    pub fn udp_peek_len(&self, h: SocketHandle) -> Result<Option<usize>, StackError> {
+        Ok(self.udp(h)?.rxq.front().map(|d| d.len))
+    }
+}
