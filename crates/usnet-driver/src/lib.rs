@@ -1,0 +1,216 @@
+//! The one loop of usnet: a [`Driver`] joins a sans-IO [`Stack`] to a [`Device`] and
+//! a [`Clock`], and runs one [`Driver::turn`] at a time — frames in, protocol work,
+//! the application's own work, frames out — then tells when the stack next needs a
+//! turn. It takes no lock and starts no thread: whoever owns it decides how to wait
+//! between turns. Everything that moves frames uses it: the in-process runtime (which
+//! puts its mutex around a driver), the stack server, the benchmarks, the emulated
+//! NIC's bench and the packetdrill backend (with a [`ManualClock`] in virtual time).
+
+mod clock;
+mod memdev;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use memdev::{MemDevice, MemQueues};
+
+use std::time::Duration;
+
+use usnet_link::{Device, DeviceStats, LinkState};
+use usnet_pool::PktBuf;
+use usnet_stack::{Instant, Stack};
+
+/// Frames taken from the device per turn unless set otherwise.
+pub const DEFAULT_BURST: usize = 64;
+
+/// Input rounds one turn runs at most: protocol work may queue frames to our own
+/// addresses, which are processed in the same turn, but a loop that keeps feeding
+/// itself must not hold the turn forever.
+const MAX_INPUT_ROUNDS: usize = 64;
+
+/// What one turn did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// Frames taken from the device.
+    pub received: usize,
+    /// Frames the device took.
+    pub sent: usize,
+    /// Frames the device refused (back-pressure): they wait for the next turn.
+    pub tx_backlog: usize,
+    /// The stack or the application did protocol work (input, timers, sends).
+    pub worked: bool,
+    /// The device's link state changed during this turn.
+    pub link_changed: bool,
+}
+
+impl Turn {
+    /// Anything moved: a caller that polls should keep polling.
+    pub fn busy(&self) -> bool {
+        self.received > 0 || self.sent > 0 || self.worked || self.tx_backlog > 0
+    }
+}
+
+/// A stack, its device and its clock.
+pub struct Driver<D: Device, C: Clock = SystemClock> {
+    stack: Stack,
+    dev: D,
+    clock: C,
+    rx: Vec<PktBuf>,
+    burst: usize,
+    link: LinkState,
+}
+
+impl<D: Device, C: Clock> Driver<D, C> {
+    pub fn new(stack: Stack, dev: D, clock: C) -> Self {
+        let link = dev.link_state();
+        Driver {
+            stack,
+            dev,
+            clock,
+            rx: Vec::with_capacity(DEFAULT_BURST),
+            burst: DEFAULT_BURST,
+            link,
+        }
+    }
+
+    /// Frames taken from the device per turn.
+    pub fn set_burst(&mut self, burst: usize) {
+        self.burst = burst.max(1);
+    }
+
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    pub fn stack(&self) -> &Stack {
+        &self.stack
+    }
+
+    pub fn stack_mut(&mut self) -> &mut Stack {
+        &mut self.stack
+    }
+
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    pub fn device_stats(&self) -> DeviceStats {
+        self.dev.stats()
+    }
+
+    pub fn link_state(&self) -> LinkState {
+        self.link
+    }
+
+    /// One turn with no application work of its own.
+    pub fn turn(&mut self) -> std::io::Result<Turn> {
+        self.turn_with(|_| false)
+    }
+
+    /// One turn: frames in (up to the burst), protocol work at the clock's time,
+    /// `app` (services, a server's client requests: returns whether it did
+    /// anything), frames out. `Err` only for a fatal device error.
+    pub fn turn_with(&mut self, app: impl FnOnce(&mut Stack) -> bool) -> std::io::Result<Turn> {
+        let now = self.clock.now();
+        let received = self
+            .dev
+            .rx_burst(self.stack.pool_mut(), &mut self.rx, self.burst)?;
+        for b in self.rx.drain(..) {
+            self.stack.receive(b);
+        }
+        let mut worked = self.stack.poll(now);
+        let mut rounds = 1;
+        while self.stack.input_len() > 0 && rounds < MAX_INPUT_ROUNDS {
+            worked |= self.stack.poll(now);
+            rounds += 1;
+        }
+        worked |= app(&mut self.stack);
+        let sent = self.flush()?;
+        let link = self.dev.link_state();
+        let link_changed = link != self.link;
+        self.link = link;
+        Ok(Turn {
+            received,
+            sent,
+            tx_backlog: self.stack.tx_len(),
+            worked,
+            link_changed,
+        })
+    }
+
+    /// Hands the transmit queue to the device; returns how many frames it took.
+    pub fn flush(&mut self) -> std::io::Result<usize> {
+        if self.stack.tx_len() == 0 {
+            return Ok(0);
+        }
+        let (pool, txq) = self.stack.tx_parts();
+        self.dev.tx_burst(pool, txq)
+    }
+
+    /// How long the stack can wait for input before its next timer, at most `cap`.
+    pub fn idle_timeout(&self, cap: Duration) -> Duration {
+        let now = self.clock.now();
+        self.stack
+            .poll_at()
+            .map_or(cap, |t| t.saturating_since(now))
+            .min(cap)
+    }
+
+    /// Sleeps on the device until a frame may have arrived, its waker fired, or the
+    /// stack's next deadline (at most `cap`) is due.
+    pub fn wait(&mut self, cap: Duration) -> std::io::Result<()> {
+        if self.stack.tx_len() > 0 {
+            // The device pushed back: retry soon rather than sleep.
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let timeout = self.idle_timeout(cap);
+        if timeout.is_zero() {
+            return Ok(());
+        }
+        self.dev.wait(Some(timeout))
+    }
+
+    /// Turns until `done` says so or `limit` passes (then `false`); between busy-less
+    /// turns it sleeps on the device for at most `idle`. For tools and tests that
+    /// run a conversation to an end.
+    pub fn run_until(
+        &mut self,
+        limit: Duration,
+        idle: Duration,
+        mut done: impl FnMut(&mut Stack) -> bool,
+    ) -> std::io::Result<bool> {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            if done(&mut self.stack) {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= end {
+                return Ok(false);
+            }
+            let t = self.turn()?;
+            if !t.busy() && !idle.is_zero() {
+                self.wait(idle)?;
+            }
+        }
+    }
+
+    /// Gives back to the pool every buffer the device holds between calls (a fault
+    /// injector's delayed frames). Call it before the device goes away while the
+    /// pool lives on, so the pool's accounting stays exact.
+    pub fn release_device_buffers(&mut self) {
+        self.dev.release_buffers(self.stack.pool_mut());
+    }
+
+    /// The parts, after the device's held buffers went back to the pool.
+    pub fn into_parts(mut self) -> (Stack, D) {
+        self.release_device_buffers();
+        (self.stack, self.dev)
+    }
+}
