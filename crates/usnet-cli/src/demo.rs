@@ -430,7 +430,7 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
 fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
     let step = format!("http GET {url}");
     let run = || -> Result<String, Box<dyn std::error::Error>> {
-        let u = crate::get::parse_url(url)?;
+        let u = usnet_http::parse_url(url)?;
         let t = Instant::now();
         let mut off = 0u64;
         let mut bad = None;
@@ -443,7 +443,7 @@ fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
             &mut |_| {},
             &mut |d| {
                 if bad.is_none() {
-                    bad = usnet_runtime::http::check_pattern(d, off);
+                    bad = usnet_http::check_pattern(d, off);
                 }
                 off += d.len() as u64;
                 Ok(())
@@ -483,7 +483,7 @@ fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
     use sha2::{Digest, Sha256};
     let step = format!("http POST {url}");
     let run = || -> Result<String, Box<dyn std::error::Error>> {
-        let u = crate::get::parse_url(url)?;
+        let u = usnet_http::parse_url(url)?;
         let mut want = Sha256::new();
         let mut fill = |b: &mut [u8], off: u64| {
             for (k, x) in b.iter_mut().enumerate() {
@@ -506,7 +506,7 @@ fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
             },
         )?;
         let secs = t.elapsed().as_secs_f64();
-        let want = usnet_runtime::http::hex(&want.finalize());
+        let want = usnet_http::hex(&want.finalize());
         let got = String::from_utf8_lossy(&answer).trim().to_string();
         if f.head.status != 200 {
             return Err(format!("HTTP {} {}: {got}", f.head.status, f.head.reason).into());
