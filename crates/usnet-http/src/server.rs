@@ -36,6 +36,30 @@
 //! for its next request; a body or a response that makes no progress for
 //! `idle_timeout` ends the connection (RST). At most [`HttpConfig::max_conns`]
 //! connections are served; more are reset at once.
+//!
+//! # One send per response, and its end pushed (Nagle)
+//!
+//! The stack runs Nagle's algorithm with Minshall's refinement, as Linux does: a
+//! segment shorter than the MSS waits while an earlier short one is unacknowledged.
+//! A client waiting for the rest of a response delays its ACKs (Linux: 40 ms). A
+//! response handed to the stack as a head and then a body, in two sends, is two short
+//! segments, so every keep-alive request for `/bytes/N` used to stall 40 ms. Hence:
+//!
+//! - A connection gathers what it has to say in one turn (heads, small bodies, the
+//!   first [`COALESCE`] bytes of a `/bytes/N` body, the answers to pipelined
+//!   requests) and hands it to the stack in one send, at the end of the turn or when
+//!   the buffer is full. A small response is one segment; a head never leaves alone.
+//! - Connections run with TCP_NODELAY, as nginx's keep-alive connections do, so the
+//!   last segment of a response never waits for the ACK of an earlier short one (a
+//!   response that spans turns can leave one in flight). While the bulk of a larger
+//!   body streams, Nagle is back on, so the stack cuts it into full segments with at
+//!   most one short one in flight; TCP_NODELAY returns, which pushes the tail, once
+//!   the body's last byte is queued (Linux's TCP_CORK pattern).
+//!
+//! This is done here, not by corking inside the stack (Linux's autocork holds a short
+//! tail while earlier data still waits for the device, and pushes it when the device
+//! has taken that): a stack-wide cork needs a push point on every path of every
+//! application, while the service knows where its responses end.
 
 use std::time::Duration;
 
@@ -49,6 +73,10 @@ use crate::pattern::{pattern_slice, PATTERN_CHUNK};
 
 /// The default port of the HTTP service.
 pub const DEFAULT_PORT: u16 = 80;
+
+/// A connection gathers its output (heads, small bodies, the start of a large body,
+/// the answers to pipelined requests) up to this many bytes before one send.
+pub const COALESCE: usize = 16 << 10;
 
 /// Tuning and limits of the service.
 #[derive(Debug, Clone)]
@@ -118,8 +146,10 @@ enum Phase {
     Head,
     /// Reading a request body.
     Body,
-    /// Sending `out`, then `pattern` bytes.
+    /// Answering: the head (and a small body) is in `out`, `pattern` bytes follow.
     Send,
+    /// The last response is complete: `out` goes out, then the FIN.
+    Close,
     /// FIN sent; reading and dropping input until EOF or the deadline.
     Linger,
 }
@@ -129,6 +159,8 @@ struct Conn {
     phase: Phase,
     /// Unparsed input: a partial head, or bytes after a chunked body (bounded).
     inbuf: Vec<u8>,
+    /// Output gathered for one send (at most about [`COALESCE`] bytes); `out_pos`
+    /// of it is sent.
     out: Vec<u8>,
     out_pos: usize,
     /// Pattern bytes still to send: `(next offset, end)`.
@@ -143,6 +175,8 @@ struct Conn {
     body: BodyDecoder,
     /// Waiting for the next request on a keep-alive connection (no byte of it yet).
     idle: bool,
+    /// Nagle is on while the bulk of a body streams (TCP_NODELAY otherwise).
+    corked: bool,
     deadline: Instant,
 }
 
@@ -203,6 +237,7 @@ impl Conn {
             hasher: None,
             body: BodyDecoder::Length(0),
             idle: false,
+            corked: false,
             deadline,
         }
     }
@@ -339,7 +374,8 @@ impl Conn {
         self.body.is_done()
     }
 
-    /// Does what can be done now; `moved` counts bytes read and written.
+    /// Does what can be done now; `moved` counts bytes read and written. What the
+    /// turn produced leaves in one send at its end (see the module documentation).
     fn step(
         &mut self,
         stack: &mut Stack,
@@ -349,52 +385,130 @@ impl Conn {
         requests: &mut u64,
     ) -> (Step, usize) {
         let mut moved = 0usize;
-        while moved < BUDGET {
+        let step = match self.work(stack, scratch, cfg, now, requests, &mut moved) {
+            Step::Open => match self.flush(stack, &mut moved) {
+                Ok(_) => Step::Open,
+                Err(()) => Step::Abort,
+            },
+            s => s,
+        };
+        (step, moved)
+    }
+
+    /// Hands `out` to the stack: `Ok(true)` when all of it is queued, `Ok(false)`
+    /// when the send buffer is full.
+    fn flush(&mut self, stack: &mut Stack, moved: &mut usize) -> Result<bool, ()> {
+        while self.out_pos < self.out.len() {
+            match stack.tcp_send(self.h, &self.out[self.out_pos..]) {
+                Ok(0) | Err(StackError::WouldBlock) => return Ok(false),
+                Ok(n) => {
+                    self.out_pos += n;
+                    *moved += n;
+                }
+                Err(_) => return Err(()),
+            }
+        }
+        self.out_pos = 0;
+        if self.out.capacity() > 2 * COALESCE {
+            self.out = Vec::new();
+        } else {
+            self.out.clear();
+        }
+        Ok(true)
+    }
+
+    fn work(
+        &mut self,
+        stack: &mut Stack,
+        scratch: &mut [u8],
+        cfg: &HttpConfig,
+        now: Instant,
+        requests: &mut u64,
+        moved: &mut usize,
+    ) -> Step {
+        while *moved < BUDGET {
             match self.phase {
                 Phase::Send => {
-                    while self.out_pos < self.out.len() {
-                        match stack.tcp_send(self.h, &self.out[self.out_pos..]) {
-                            Ok(n) => {
-                                self.out_pos += n;
-                                moved += n;
-                            }
-                            Err(StackError::WouldBlock) => return (Step::Open, moved),
-                            Err(_) => return (Step::Abort, moved),
+                    // The head is in `out`: the first body bytes join it, so the head
+                    // never leaves as a short segment of its own.
+                    let left = self.pattern.1 - self.pattern.0;
+                    let room = COALESCE.saturating_sub(self.out.len());
+                    let n = left.min(room as u64) as usize;
+                    if n > 0 {
+                        self.out.extend_from_slice(pattern_slice(self.pattern.0, n));
+                        self.pattern.0 += n as u64;
+                    }
+                    if self.pattern.0 < self.pattern.1 && !self.corked {
+                        // A body that does not fit: full segments while it streams.
+                        if stack.tcp_set_nodelay(self.h, false).is_err() {
+                            return Step::Abort;
+                        }
+                        self.corked = true;
+                    }
+                    if self.pattern.0 < self.pattern.1 || self.out.len() >= COALESCE {
+                        match self.flush(stack, moved) {
+                            Ok(true) => {}
+                            Ok(false) => return Step::Open,
+                            Err(()) => return Step::Abort,
                         }
                     }
-                    self.out.clear();
-                    self.out_pos = 0;
-                    while self.pattern.0 < self.pattern.1 && moved < BUDGET {
+                    // The bulk of a large body, straight from the pattern table.
+                    while self.pattern.0 < self.pattern.1 && *moved < BUDGET {
                         let left = self.pattern.1 - self.pattern.0;
                         let s =
                             pattern_slice(self.pattern.0, left.min(PATTERN_CHUNK as u64) as usize);
                         match stack.tcp_send(self.h, s) {
                             Ok(n) => {
                                 self.pattern.0 += n as u64;
-                                moved += n;
+                                *moved += n;
                             }
-                            Err(StackError::WouldBlock) => return (Step::Open, moved),
-                            Err(_) => return (Step::Abort, moved),
+                            Err(StackError::WouldBlock) => return Step::Open,
+                            Err(_) => return Step::Abort,
                         }
                     }
                     if self.pattern.0 < self.pattern.1 {
-                        return (Step::Open, moved);
+                        return Step::Open;
                     }
+                    if self.corked {
+                        // The last byte is queued: TCP_NODELAY pushes the tail now.
+                        if stack.tcp_set_nodelay(self.h, true).is_err() {
+                            return Step::Abort;
+                        }
+                        self.corked = false;
+                    }
+                    // Complete (perhaps still in `out`: the next request's answer may
+                    // join it).
                     *requests += 1;
                     if self.keep_alive {
                         self.phase = Phase::Head;
                         self.idle = true;
                         self.deadline = now + cfg.idle_timeout;
                     } else {
-                        if stack.tcp_shutdown_write(self.h).is_err() {
-                            return (Step::Abort, moved);
-                        }
-                        self.inbuf = Vec::new();
-                        self.phase = Phase::Linger;
-                        self.deadline = now + LINGER;
+                        self.phase = Phase::Close;
                     }
                 }
+                Phase::Close => {
+                    match self.flush(stack, moved) {
+                        Ok(true) => {}
+                        Ok(false) => return Step::Open,
+                        Err(()) => return Step::Abort,
+                    }
+                    if stack.tcp_shutdown_write(self.h).is_err() {
+                        return Step::Abort;
+                    }
+                    self.inbuf = Vec::new();
+                    self.phase = Phase::Linger;
+                    self.deadline = now + LINGER;
+                }
                 Phase::Head => {
+                    // Pipelined answers gather in `out`, up to a bound.
+                    if self.out.len() >= COALESCE {
+                        match self.flush(stack, moved) {
+                            Ok(true) => {}
+                            Ok(false) => return Step::Open,
+                            Err(()) => return Step::Abort,
+                        }
+                    }
                     if self.idle && !self.inbuf.is_empty() {
                         self.idle = false;
                         self.deadline = now + cfg.head_timeout;
@@ -422,17 +536,23 @@ impl Conn {
                     let room = cfg.max_head - self.inbuf.len();
                     let room = room.min(scratch.len());
                     match stack.tcp_recv(self.h, &mut scratch[..room]) {
+                        Ok(0) if !self.out.is_empty() => {
+                            // The client is done sending; answers are still
+                            // gathered: they go out before the FIN.
+                            self.keep_alive = false;
+                            self.phase = Phase::Close;
+                        }
                         Ok(0) => {
                             // EOF between requests is the normal end; inside a
                             // head it is the client giving up.
-                            return (Step::Close, moved);
+                            return Step::Close;
                         }
                         Ok(n) => {
-                            moved += n;
+                            *moved += n;
                             self.inbuf.extend_from_slice(&scratch[..n]);
                         }
-                        Err(StackError::WouldBlock) => return (Step::Open, moved),
-                        Err(_) => return (Step::Abort, moved),
+                        Err(StackError::WouldBlock) => return Step::Open,
+                        Err(_) => return Step::Abort,
                     }
                 }
                 Phase::Body => {
@@ -455,9 +575,9 @@ impl Conn {
                         None => scratch.len(),
                     };
                     match stack.tcp_recv(self.h, &mut scratch[..want]) {
-                        Ok(0) => return (Step::Abort, moved),
+                        Ok(0) => return Step::Abort,
                         Ok(n) => {
-                            moved += n;
+                            *moved += n;
                             self.deadline = now + cfg.idle_timeout;
                             match self.feed_body(&scratch[..n]) {
                                 Ok(used) => {
@@ -471,19 +591,19 @@ impl Conn {
                                 }
                             }
                         }
-                        Err(StackError::WouldBlock) => return (Step::Open, moved),
-                        Err(_) => return (Step::Abort, moved),
+                        Err(StackError::WouldBlock) => return Step::Open,
+                        Err(_) => return Step::Abort,
                     }
                 }
                 Phase::Linger => match stack.tcp_recv(self.h, scratch) {
-                    Ok(0) => return (Step::Close, moved),
-                    Ok(n) => moved += n,
-                    Err(StackError::WouldBlock) => return (Step::Open, moved),
-                    Err(_) => return (Step::Close, moved),
+                    Ok(0) => return Step::Close,
+                    Ok(n) => *moved += n,
+                    Err(StackError::WouldBlock) => return Step::Open,
+                    Err(_) => return Step::Close,
                 },
             }
         }
-        (Step::Open, moved)
+        Step::Open
     }
 }
 
@@ -501,6 +621,8 @@ impl HttpService {
                 let _ = stack.tcp_abort(h);
                 continue;
             }
+            // The end of a response is never held back (see the module documentation).
+            let _ = stack.tcp_set_nodelay(h, true);
             self.conns.push(Conn::new(h, now + self.cfg.head_timeout));
         }
         let cfg = &self.cfg;
@@ -512,17 +634,22 @@ impl HttpService {
             };
             if now >= c.deadline {
                 did = true;
-                // Idle keep-alive (nothing unread): FIN; anything else (a slow head,
-                // a stalled body or reader, a lingering close): RST.
-                if matches!(c.phase, Phase::Head) && c.idle && c.inbuf.is_empty() {
+                // Idle keep-alive (nothing unread, nothing unsent): FIN; anything
+                // else (a slow head, a stalled body or reader, a lingering close): RST.
+                if matches!(c.phase, Phase::Head)
+                    && c.idle
+                    && c.inbuf.is_empty()
+                    && c.out.is_empty()
+                {
                     let _ = stack.tcp_close(c.h);
                 } else {
                     let _ = stack.tcp_abort(c.h);
                 }
                 return false;
             }
-            let sending = matches!(c.phase, Phase::Send);
-            let progress_possible = r.closed || if sending { r.writable } else { r.readable };
+            let sending = matches!(c.phase, Phase::Send | Phase::Close) || !c.out.is_empty();
+            let reading = matches!(c.phase, Phase::Head | Phase::Body | Phase::Linger);
+            let progress_possible = r.closed || (sending && r.writable) || (reading && r.readable);
             if !progress_possible {
                 return true;
             }
@@ -546,5 +673,134 @@ impl HttpService {
             }
         });
         did
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{check_pattern, parse_response};
+    use std::net::SocketAddr;
+    use usnet_stack::sim::{Faults, SimNet};
+    use usnet_stack::{mac_from_seed, StackConfig};
+
+    /// A raw client (stack 0) and the service (stack 1) on the simulator.
+    struct Pair {
+        net: SimNet,
+        svc: HttpService,
+        conn: SocketHandle,
+    }
+
+    impl Pair {
+        fn new() -> Pair {
+            let mut net = SimNet::new(3, Faults::default());
+            for i in 1..=2u8 {
+                net.add(StackConfig {
+                    mac: mac_from_seed(i as u64),
+                    addrs: vec![format!("10.0.0.{i}/24").parse().unwrap()],
+                    seed: i as u64,
+                    ..Default::default()
+                })
+                .unwrap();
+            }
+            let svc = HttpService::start(net.stack_mut(1), HttpConfig::default()).unwrap();
+            let to: SocketAddr = "10.0.0.2:80".parse().unwrap();
+            let conn = net.stack_mut(0).tcp_connect(None, to).unwrap();
+            Pair { net, svc, conn }
+        }
+
+        fn send(&mut self, b: &[u8]) {
+            assert_eq!(self.net.stack_mut(0).tcp_send(self.conn, b), Ok(b.len()));
+        }
+
+        /// Runs until `done(received so far, EOF seen)`; returns what arrived.
+        fn read_until(&mut self, mut done: impl FnMut(&[u8], bool) -> bool) -> (Vec<u8>, bool) {
+            let (svc, c) = (&mut self.svc, self.conn);
+            let (mut got, mut eof) = (Vec::new(), false);
+            let mut buf = vec![0u8; 64 << 10];
+            let ok = self.net.run_until(Duration::from_secs(5), |n| {
+                svc.poll(n.stack_mut(1));
+                while !eof {
+                    match n.stack_mut(0).tcp_recv(c, &mut buf) {
+                        Ok(0) => eof = true,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                        Err(_) => break,
+                    }
+                }
+                done(&got, eof)
+            });
+            assert!(
+                ok,
+                "gave up after {} bytes: {:?}",
+                got.len(),
+                String::from_utf8_lossy(&got[..got.len().min(200)])
+            );
+            (got, eof)
+        }
+    }
+
+    /// Splits `buf` into responses (status, body).
+    fn responses(mut buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
+        let mut out = Vec::new();
+        while !buf.is_empty() {
+            let (h, used) = parse_response(buf).unwrap().expect("a whole head");
+            let mut d = BodyDecoder::for_response(&h, false);
+            let mut body = Vec::new();
+            let n = d.feed(&buf[used..], |s| body.extend_from_slice(s)).unwrap();
+            assert!(d.is_done(), "a whole body");
+            out.push((h.status, body));
+            buf = &buf[used + n..];
+        }
+        out
+    }
+
+    #[test]
+    fn connection_close_sends_everything_then_fin() {
+        let mut p = Pair::new();
+        p.send(b"GET /bytes/100000 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let (got, _) = p.read_until(|_, eof| eof);
+        let r = responses(&got);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].0, r[0].1.len()), (200, 100_000));
+        assert_eq!(check_pattern(&r[0].1, 0), None);
+        assert_eq!(p.svc.requests, 1);
+    }
+
+    #[test]
+    fn a_half_closed_client_gets_all_its_pipelined_answers() {
+        let mut p = Pair::new();
+        p.send(b"GET /bytes/5 HTTP/1.1\r\nHost: a\r\n\r\nHEAD /bytes/9 HTTP/1.1\r\nHost: a\r\n\r\nGET /nothing HTTP/1.1\r\nHost: a\r\n\r\n");
+        p.net.stack_mut(0).tcp_shutdown_write(p.conn).unwrap();
+        let (got, _) = p.read_until(|_, eof| eof);
+        let text = String::from_utf8_lossy(&got);
+        assert_eq!(text.matches("HTTP/1.1 ").count(), 3, "{text}");
+        assert!(text.contains("Content-Length: 9\r\n"), "{text}");
+        assert!(text.ends_with("/nothing is not here\n"), "{text}");
+        assert_eq!(p.svc.requests, 3);
+    }
+
+    #[test]
+    fn expect_100_continue_then_the_body_hash() {
+        let mut p = Pair::new();
+        p.send(b"POST /x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+        let (got, _) = p.read_until(|b, _| b.ends_with(b"\r\n\r\n"));
+        assert_eq!(got, b"HTTP/1.1 100 Continue\r\n\r\n");
+        p.send(b"hello");
+        let (got, _) = p.read_until(|b, _| b.ends_with(b"\n") && b.len() > 64);
+        let r = responses(&got);
+        assert_eq!(r[0].0, 200);
+        let want = hex(&Sha256::digest(b"hello"));
+        assert_eq!(r[0].1, format!("{want}\n").into_bytes());
+    }
+
+    #[test]
+    fn a_bad_request_is_answered_then_closed() {
+        let mut p = Pair::new();
+        p.send(b"GET / HTTP/2.0\r\nHost: a\r\n\r\n");
+        let (got, eof) = p.read_until(|_, eof| eof);
+        assert!(eof);
+        let r = responses(&got);
+        assert_eq!(r[0].0, 505);
+        assert!(String::from_utf8_lossy(&got).contains("Connection: close\r\n"));
     }
 }
