@@ -30,10 +30,49 @@ pub struct DemoArgs {
     pub tcp_mib: u64,
 }
 
+/// One step's outcome: `summary` goes into the table, `detail` (the rest of what was
+/// measured, or the whole error) into the notes under it, so the table stays within
+/// 80 columns.
 struct Row {
     step: String,
     ok: bool,
+    summary: String,
     detail: String,
+}
+
+impl Row {
+    fn failed(step: String, e: impl std::fmt::Display) -> Row {
+        Row {
+            step,
+            ok: false,
+            summary: "see the notes".into(),
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// Width of the notes (two spaces of indent included).
+const NOTES_WIDTH: usize = 80;
+
+/// `text` wrapped at spaces to `width` columns, continuation lines indented by
+/// `indent` spaces.
+fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let mut out = String::new();
+    let mut col = 0;
+    for word in text.split(' ') {
+        let n = word.chars().count();
+        if col > indent && col + 1 + n > width {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+            col = indent;
+        } else if col > 0 {
+            out.push(' ');
+            col += 1;
+        }
+        out.push_str(word);
+        col += n;
+    }
+    out
 }
 
 struct ChildGuard(Child);
@@ -64,7 +103,8 @@ pub fn run(a: DemoArgs) -> CmdResult {
     let tag = format!("demo-{}", std::process::id());
     let link = format!("shm:{tag}");
     let peer_name = format!("{tag}-b");
-    println!("usnet demo: two stacks on {link}: this process 10.77.0.1 / fd77::1, a `usnet up` child 10.77.0.2 / fd77::2");
+    println!("usnet demo: two stacks on {link}");
+    println!("  this process: 10.77.0.1 / fd77::1; a `usnet up` child: 10.77.0.2 / fd77::2");
 
     let child = Command::new(std::env::current_exe()?)
         .args([
@@ -137,7 +177,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
 
     let mut t = Table::new(
         "usnet demo",
-        vec!["step".into(), "result".into(), "detail".into()],
+        vec!["step".into(), "result".into(), "summary".into()],
     );
     let mut failed = 0;
     for r in &rows {
@@ -145,10 +185,18 @@ pub fn run(a: DemoArgs) -> CmdResult {
         t.row(vec![
             r.step.clone(),
             if r.ok { "ok" } else { "FAILED" }.into(),
-            r.detail.clone(),
+            r.summary.clone(),
         ]);
     }
     t.print();
+    println!("notes");
+    for r in rows.iter().filter(|r| !r.detail.is_empty()) {
+        println!(
+            "  {}",
+            wrap(&format!("{}: {}", r.step, r.detail), NOTES_WIDTH - 2, 4)
+        );
+    }
+    println!();
     println!(
         "{} steps, {} failed, {:.1} s",
         rows.len(),
@@ -176,21 +224,24 @@ fn ping_step(net: &NetStack, dst: IpAddr, count: u16) -> Row {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let detail = if rtts.is_empty() {
-        "no replies".to_string()
+    let (summary, detail) = if rtts.is_empty() {
+        ("no replies".to_string(), String::new())
     } else {
         rtts.sort_by(f64::total_cmp);
-        format!(
-            "{}/{count} replies, rtt min/median/max {:.1}/{:.1}/{:.1} µs",
-            rtts.len(),
-            rtts[0],
-            rtts[rtts.len() / 2],
-            rtts[rtts.len() - 1]
+        (
+            format!("{}/{count} replies", rtts.len()),
+            format!(
+                "rtt min/median/max {:.1}/{:.1}/{:.1} µs",
+                rtts[0],
+                rtts[rtts.len() / 2],
+                rtts[rtts.len() - 1]
+            ),
         )
     };
     Row {
         step: format!("ping {dst}"),
         ok: rtts.len() == count as usize,
+        summary,
         detail,
     }
 }
@@ -241,17 +292,14 @@ fn udp_echo_step(net: &NetStack, to: SocketAddr, n: u32) -> Row {
         Ok((sent, good, bytes, secs)) => Row {
             step: format!("udp echo {to}"),
             ok: good == n,
+            summary: format!("{good}/{sent} echoed intact"),
             detail: format!(
-                "{good}/{sent} echoed intact (64 B..4000 B, fragments included), {:.0} round trips/s, {:.1} MB/s",
+                "64 B..4000 B, fragments included, {:.0} round trips/s, {:.1} MB/s",
                 good as f64 / secs,
                 2.0 * bytes as f64 / secs / 1e6
             ),
         },
-        Err(e) => Row {
-            step: format!("udp echo {to}"),
-            ok: false,
-            detail: e.to_string(),
-        },
+        Err(e) => Row::failed(format!("udp echo {to}"), e),
     }
 }
 
@@ -321,17 +369,14 @@ fn tcp_echo_step(net: &NetStack, to: SocketAddr, total: u64) -> Row {
         Ok((secs, detail)) => Row {
             step,
             ok: true,
-            detail: format!(
-                "{} MiB out and back, every byte checked, {:.0} MB/s each way; {detail}",
+            summary: format!(
+                "{} MiB, {:.0} MB/s each way",
                 total >> 20,
                 total as f64 / secs / 1e6
             ),
+            detail: format!("out and back, every byte checked; {detail}"),
         },
-        Err(e) => Row {
-            step,
-            ok: false,
-            detail: e.to_string(),
-        },
+        Err(e) => Row::failed(step, e),
     }
 }
 
@@ -358,13 +403,10 @@ fn chargen_step(net: &NetStack) -> Row {
         Ok(n) => Row {
             step: "chargen 10.77.0.2:19".into(),
             ok: true,
-            detail: format!("3 replies, {n} characters of the RFC 864 pattern"),
+            summary: format!("3 replies, {n} characters"),
+            detail: "printable, of the RFC 864 pattern".into(),
         },
-        Err(e) => Row {
-            step: "chargen 10.77.0.2:19".into(),
-            ok: false,
-            detail: e.to_string(),
-        },
+        Err(e) => Row::failed("chargen 10.77.0.2:19".into(), e),
     }
 }
 
@@ -377,17 +419,18 @@ fn peer_ping_step(ctl: &std::path::Path) -> Row {
         }
         v.get("done").is_none()
     });
-    Row {
-        step: "peer pings fd77::1 (usnet ping)".into(),
-        ok: r.is_ok() && rtts.len() == 3,
-        detail: match r {
-            Ok(()) => format!(
-                "{}/3 replies, rtts {:?} µs",
-                rtts.len(),
+    let step = "peer pings fd77::1 (usnet ping)".to_string();
+    match r {
+        Ok(()) => Row {
+            step,
+            ok: rtts.len() == 3,
+            summary: format!("{}/3 replies", rtts.len()),
+            detail: format!(
+                "rtts {:?} µs",
                 rtts.iter().map(|r| r.round()).collect::<Vec<_>>()
             ),
-            Err(e) => e.to_string(),
         },
+        Err(e) => Row::failed(step, e),
     }
 }
 
@@ -407,11 +450,19 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
     .iter()
     .map(|k| c[*k].as_u64().unwrap_or(0))
     .sum();
+    let step = "peer counters (usnet stat)".to_string();
+    if let Err(e) = r {
+        return Row::failed(step, e);
+    }
     Row {
-        step: "peer counters (usnet stat)".into(),
-        ok: r.is_ok() && drops == 0,
+        step,
+        ok: drops == 0,
+        summary: format!(
+            "drops {drops}, retransmits {}",
+            c["tcp_retransmit_segments"]
+        ),
         detail: format!(
-            "udp in {} / out {}, reassembled v4 {} v6 {}, echo replies {}+{}, tcp segments in {} / out {}, retransmits {}, drops {drops}",
+            "udp in {} / out {}, reassembled v4 {} v6 {}, echo replies {}+{}, tcp segments in {} / out {}",
             c["udp_rx"],
             c["udp_tx"],
             c["ip4_reassembled"],
@@ -420,7 +471,6 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
             c["icmp6_tx_echo_reply"],
             c["tcp_rx"],
             c["tcp_tx_segments"],
-            c["tcp_retransmit_segments"]
         ),
     }
 }
@@ -429,8 +479,8 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
 /// documented pattern.
 fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
     let step = format!("http GET {url}");
-    let run = || -> Result<String, Box<dyn std::error::Error>> {
-        let u = crate::get::parse_url(url)?;
+    let run = || -> Result<(String, String), Box<dyn std::error::Error>> {
+        let u = usnet_http::parse_url(url)?;
         let t = Instant::now();
         let mut off = 0u64;
         let mut bad = None;
@@ -443,7 +493,7 @@ fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
             &mut |_| {},
             &mut |d| {
                 if bad.is_none() {
-                    bad = usnet_runtime::http::check_pattern(d, off);
+                    bad = usnet_http::check_pattern(d, off);
                 }
                 off += d.len() as u64;
                 Ok(())
@@ -459,22 +509,19 @@ fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
         if f.bytes != n {
             return Err(format!("{} of {n} bytes", f.bytes).into());
         }
-        Ok(format!(
-            "{n} bytes of the pattern, every byte checked, {:.0} MB/s",
-            n as f64 / secs / 1e6
+        Ok((
+            format!("{n} B, {:.0} MB/s", n as f64 / secs / 1e6),
+            "every byte checked against the pattern".to_string(),
         ))
     };
     match run() {
-        Ok(detail) => Row {
+        Ok((summary, detail)) => Row {
             step,
             ok: true,
+            summary,
             detail,
         },
-        Err(e) => Row {
-            step,
-            ok: false,
-            detail: e.to_string(),
-        },
+        Err(e) => Row::failed(step, e),
     }
 }
 
@@ -482,8 +529,8 @@ fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
 fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
     use sha2::{Digest, Sha256};
     let step = format!("http POST {url}");
-    let run = || -> Result<String, Box<dyn std::error::Error>> {
-        let u = crate::get::parse_url(url)?;
+    let run = || -> Result<(String, String), Box<dyn std::error::Error>> {
+        let u = usnet_http::parse_url(url)?;
         let mut want = Sha256::new();
         let mut fill = |b: &mut [u8], off: u64| {
             for (k, x) in b.iter_mut().enumerate() {
@@ -506,7 +553,7 @@ fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
             },
         )?;
         let secs = t.elapsed().as_secs_f64();
-        let want = usnet_runtime::http::hex(&want.finalize());
+        let want = usnet_http::hex(&want.finalize());
         let got = String::from_utf8_lossy(&answer).trim().to_string();
         if f.head.status != 200 {
             return Err(format!("HTTP {} {}: {got}", f.head.status, f.head.reason).into());
@@ -514,22 +561,34 @@ fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
         if got != want {
             return Err(format!("the server says sha256 {got}, we computed {want}").into());
         }
-        Ok(format!(
-            "{n} bytes, the server's SHA-256 matches ({}...), {:.0} MB/s",
-            &want[..16],
-            n as f64 / secs / 1e6
+        Ok((
+            format!("{n} B, {:.0} MB/s", n as f64 / secs / 1e6),
+            format!("the server's SHA-256 matches ({}...)", &want[..16]),
         ))
     };
     match run() {
-        Ok(detail) => Row {
+        Ok((summary, detail)) => Row {
             step,
             ok: true,
+            summary,
             detail,
         },
-        Err(e) => Row {
-            step,
-            ok: false,
-            detail: e.to_string(),
-        },
+        Err(e) => Row::failed(step, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_wrap_within_the_width() {
+        let text = "peer counters (usnet stat): udp in 4003 / out 4003, reassembled v4 500 v6 1000, echo replies 5+5, tcp segments in 58009 / out 66513";
+        let w = wrap(text, 60, 4);
+        assert!(w.lines().all(|l| l.chars().count() <= 60), "{w}");
+        assert!(w.lines().skip(1).all(|l| l.starts_with("    ")));
+        let words: Vec<&str> = w.split_whitespace().collect();
+        assert_eq!(words, text.split(' ').collect::<Vec<_>>());
+        assert_eq!(wrap("short", 60, 4), "short");
     }
 }

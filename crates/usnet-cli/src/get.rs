@@ -4,19 +4,20 @@
 //! chunked and read-until-close bodies; progress on stderr; the byte count and
 //! SHA-256 of the body at the end (`--sha256`: only the hex digest); `-o FILE`
 //! writes the body. The exit status is non-zero for HTTP statuses 400 and above,
-//! and for a body cut short.
+//! and for a body cut short. The HTTP itself (URL, request, response framing) is
+//! `usnet_http::client`; this is the command around it.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
-use std::net::{IpAddr, SocketAddr};
+use std::io::{self, BufWriter, Write};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use sha2::{Digest, Sha256};
-use usnet_runtime::http::{hex, parse_response, ChunkedDecoder, ResponseHead};
+use usnet_http::client::{self, parse_url, BodyFill, Fetched, Url};
+use usnet_http::{hex, ResponseHead};
 use usnet_runtime::{NetStack, TcpStream};
 use usnet_stack::IpCidr;
 
@@ -56,85 +57,9 @@ pub struct GetArgs {
     pub no_gro: bool,
 }
 
-/// A parsed `http://` URL: where to connect, the Host header and the request target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Url {
-    pub addr: SocketAddr,
-    pub host: String,
-    pub path: String,
-}
-
-pub fn parse_url(u: &str) -> Result<Url, String> {
-    let rest = match u.split_once("://") {
-        Some((s, r)) if s.eq_ignore_ascii_case("http") => r,
-        Some((s, _)) => return Err(format!("'{s}' URLs are not supported: only http://")),
-        None => return Err(format!("bad URL '{u}': expected http://ADDR[:PORT]/PATH")),
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (auth, path) = rest.split_at(end);
-    if auth.contains('@') {
-        return Err("user names in URLs are not supported".into());
-    }
-    let (ip, port) = if let Some(v6) = auth.strip_prefix('[') {
-        let (a, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("bad URL '{u}': no ']' after the IPv6 address"))?;
-        let ip: IpAddr = a
-            .parse()
-            .map_err(|_| format!("bad IPv6 address '{a}' in '{u}'"))?;
-        if !ip.is_ipv6() {
-            return Err(format!("bad IPv6 address '{a}' in '{u}'"));
-        }
-        (ip, after)
-    } else {
-        let (a, p) = match auth.rsplit_once(':') {
-            Some((a, _)) => (a, &auth[a.len()..]),
-            None => (auth, ""),
-        };
-        let ip: IpAddr = a.parse().map_err(|_| {
-            format!("'{a}' is not an IP address (usnet get has no DNS: use a literal)")
-        })?;
-        (ip, p)
-    };
-    let port = match port {
-        "" | ":" => 80,
-        p => p
-            .strip_prefix(':')
-            .and_then(|p| p.parse::<u16>().ok())
-            .filter(|&p| p != 0)
-            .ok_or_else(|| format!("bad port in '{u}'"))?,
-    };
-    let path = path.split('#').next().unwrap_or("");
-    let path = if path.is_empty() {
-        "/".to_string()
-    } else if path.starts_with('?') {
-        format!("/{path}")
-    } else {
-        path.to_string()
-    };
-    if !path.bytes().all(|b| (0x21..0x7f).contains(&b)) {
-        return Err(format!("bad path in '{u}': encode spaces and non-ASCII"));
-    }
-    Ok(Url {
-        addr: SocketAddr::new(ip, port),
-        host: auth.to_string(),
-        path,
-    })
-}
-
-/// What came back.
-pub struct Fetched {
-    pub head: ResponseHead,
-    pub bytes: u64,
-    pub sha256: [u8; 32],
-}
-
-/// A request body: its length and a function filling `buf` from offset `off`.
-pub type BodyFill<'a> = (u64, &'a mut dyn FnMut(&mut [u8], u64));
-
-/// One HTTP/1.1 exchange on a fresh connection (`Connection: close`): sends the
-/// request (and `body`), reads the response, hands the body to `sink` (after
-/// `on_head` saw the head) and hashes it.
+/// One HTTP/1.1 exchange on a fresh usnet connection to `url` (see
+/// [`usnet_http::client::exchange`]), with `timeout` for the connection and for each
+/// read and write.
 pub fn exchange(
     net: &NetStack,
     url: &Url,
@@ -147,137 +72,7 @@ pub fn exchange(
     let mut s = TcpStream::connect_timeout(net, url.addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    let mut req = format!(
-        "{method} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: usnet-get/{}\r\nAccept: */*\r\nConnection: close\r\n",
-        url.path,
-        url.host,
-        env!("CARGO_PKG_VERSION")
-    );
-    if let Some((len, _)) = &body {
-        req.push_str(&format!("Content-Length: {len}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes())?;
-    if let Some((len, fill)) = body {
-        let mut buf = vec![0u8; 256 << 10];
-        let mut off = 0;
-        while off < len {
-            let n = (len - off).min(buf.len() as u64) as usize;
-            fill(&mut buf[..n], off);
-            s.write_all(&buf[..n])?;
-            off += n as u64;
-        }
-    }
-    read_response(&mut s, method == "HEAD", on_head, sink)
-}
-
-fn proto(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
-}
-
-/// Reads a response head (skipping 1xx ones) and its body.
-pub fn read_response<R: Read>(
-    s: &mut R,
-    head_only: bool,
-    on_head: &mut dyn FnMut(&ResponseHead),
-    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
-) -> io::Result<Fetched> {
-    const MAX_HEAD: usize = 64 << 10;
-    let mut buf = vec![0u8; 256 << 10];
-    let mut have = 0usize;
-    let (head, used) = loop {
-        match parse_response(&buf[..have]).map_err(|e| proto(format!("bad response: {}", e.why)))? {
-            Some((h, used)) if (100..200).contains(&h.status) => {
-                buf.copy_within(used..have, 0);
-                have -= used;
-                continue;
-            }
-            Some(r) => break r,
-            None if have >= MAX_HEAD => {
-                return Err(proto("the response head is over 64 KiB".into()));
-            }
-            None => {}
-        }
-        let n = s.read(&mut buf[have..MAX_HEAD])?;
-        if n == 0 {
-            return Err(proto("the connection closed before a response head".into()));
-        }
-        have += n;
-    };
-    on_head(&head);
-    let mut hasher = Sha256::new();
-    let mut bytes = 0u64;
-    let mut deliver = |d: &[u8]| -> io::Result<()> {
-        hasher.update(d);
-        bytes += d.len() as u64;
-        sink(d)
-    };
-    let no_body = head_only || head.status == 204 || head.status == 304;
-    let mut pending = used..have;
-    if no_body {
-    } else if head.chunked {
-        let mut dec = ChunkedDecoder::default();
-        loop {
-            if !pending.is_empty() {
-                let mut err = Ok(());
-                let chunk = &buf[pending.clone()];
-                dec.feed(chunk, |d| {
-                    if err.is_ok() {
-                        err = deliver(d);
-                    }
-                })
-                .map_err(|e| proto(format!("bad chunked body: {}", e.why)))?;
-                err?;
-            }
-            if dec.is_done() {
-                break;
-            }
-            let n = s.read(&mut buf)?;
-            if n == 0 {
-                return Err(proto(format!(
-                    "the chunked body ended early, after {bytes} bytes"
-                )));
-            }
-            pending = 0..n;
-        }
-    } else if let Some(len) = head.content_length {
-        let mut left = len;
-        loop {
-            let take = (left.min(pending.len() as u64)) as usize;
-            if take > 0 {
-                deliver(&buf[pending.start..pending.start + take])?;
-                left -= take as u64;
-            }
-            if left == 0 {
-                break;
-            }
-            let n = s.read(&mut buf)?;
-            if n == 0 {
-                return Err(proto(format!(
-                    "the body ended early: {} of {len} bytes",
-                    len - left
-                )));
-            }
-            pending = 0..n;
-        }
-    } else {
-        // Until the server closes.
-        loop {
-            if !pending.is_empty() {
-                deliver(&buf[pending.clone()])?;
-            }
-            let n = s.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            pending = 0..n;
-        }
-    }
-    Ok(Fetched {
-        head,
-        bytes,
-        sha256: hasher.finalize().into(),
-    })
+    client::exchange(&mut s, url, method, body, on_head, sink)
 }
 
 pub fn run(a: GetArgs) -> CmdResult {
@@ -366,80 +161,4 @@ fn fetch(net: &NetStack, url: &Url, a: &GetArgs) -> CmdResult {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls() {
-        let u = parse_url("http://10.0.0.1:8080/bytes/5?x#frag").unwrap();
-        assert_eq!(u.addr, "10.0.0.1:8080".parse().unwrap());
-        assert_eq!(
-            (u.host.as_str(), u.path.as_str()),
-            ("10.0.0.1:8080", "/bytes/5?x")
-        );
-        let u = parse_url("http://[fd00::1]/").unwrap();
-        assert_eq!(u.addr, "[fd00::1]:80".parse().unwrap());
-        assert_eq!(u.host, "[fd00::1]");
-        let u = parse_url("HTTP://[fd00::1]:81").unwrap();
-        assert_eq!((u.addr.port(), u.path.as_str()), (81, "/"));
-        assert_eq!(parse_url("http://1.2.3.4?q").unwrap().path, "/?q");
-        for bad in [
-            "https://1.2.3.4/",
-            "1.2.3.4/x",
-            "http://example.com/",
-            "http://[10.0.0.1]/",
-            "http://[fd00::1/",
-            "http://1.2.3.4:0/",
-            "http://1.2.3.4:99999/",
-            "http://u@1.2.3.4/",
-            "http://1.2.3.4/a b",
-            "http://fd00::1/",
-        ] {
-            assert!(parse_url(bad).is_err(), "{bad}");
-        }
-    }
-
-    fn read(resp: &[u8]) -> io::Result<(Fetched, Vec<u8>)> {
-        let mut body = Vec::new();
-        // One byte per read, to cross every boundary.
-        struct Trickle<'a>(&'a [u8]);
-        impl Read for Trickle<'_> {
-            fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-                if self.0.is_empty() || b.is_empty() {
-                    return Ok(0);
-                }
-                b[0] = self.0[0];
-                self.0 = &self.0[1..];
-                Ok(1)
-            }
-        }
-        let f = read_response(&mut Trickle(resp), false, &mut |_| {}, &mut |d| {
-            body.extend_from_slice(d);
-            Ok(())
-        })?;
-        Ok((f, body))
-    }
-
-    #[test]
-    fn response_bodies() {
-        let (f, b) = read(
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef",
-        )
-        .unwrap();
-        assert_eq!((f.head.status, b.as_slice()), (200, &b"abc"[..]));
-        assert_eq!(f.sha256, <[u8; 32]>::from(Sha256::digest(b"abc")));
-        let (_, b) = read(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1\r\nc\r\n0\r\n\r\n",
-        )
-        .unwrap();
-        assert_eq!(b, b"abc");
-        let (_, b) = read(b"HTTP/1.0 200 OK\r\n\r\nuntil close").unwrap();
-        assert_eq!(b, b"until close");
-        assert!(read(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort").is_err());
-        assert!(read(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab").is_err());
-        assert!(read(b"garbage\r\n\r\n").is_err());
-    }
 }

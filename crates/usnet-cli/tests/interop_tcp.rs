@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 // ------------------------------------------------------------------ HTTP helpers
 
 use sha2::{Digest, Sha256};
-use usnet_runtime::http::fill_pattern;
+use usnet_http::fill_pattern;
 
 #[macro_use]
 mod common;

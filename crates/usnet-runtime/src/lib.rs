@@ -9,7 +9,6 @@
 //! blocked sockets; the device's waker wakes the poll thread after a send.
 
 pub mod control;
-pub mod http;
 pub mod services;
 mod sockets;
 mod tcp;

@@ -1,6 +1,7 @@
 //! Built-in services that run inside the poll loop, over UDP and TCP on the same
-//! port: echo (RFC 862), discard (RFC 863) and chargen (RFC 864). Running in the
-//! loop means no thread hand-off: a request is answered in the same burst it
+//! port: echo (RFC 862), discard (RFC 863) and chargen (RFC 864), and the
+//! registration of the HTTP service (its code is the `usnet-http` crate). Running in
+//! the loop means no thread hand-off: a request is answered in the same burst it
 //! arrived in.
 
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ pub enum ServiceKind {
     Echo,
     Discard,
     Chargen,
-    /// The HTTP/1.1 service on this TCP port (see [`crate::http`]).
+    /// The HTTP/1.1 service on this TCP port (see [`usnet_http::server`]).
     Http(u16),
 }
 
@@ -37,11 +38,11 @@ impl ServiceKind {
     /// UDP and TCP.
     pub fn start(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
         if let ServiceKind::Http(port) = self {
-            let cfg = crate::http::HttpConfig {
+            let cfg = usnet_http::HttpConfig {
                 port,
                 ..Default::default()
             };
-            return Ok(Box::new(crate::http::HttpService::start(stack, cfg)?));
+            return Ok(Box::new(usnet_http::HttpService::start(stack, cfg)?));
         }
         let addr = SocketAddr::from(([0u16; 8], self.port()));
         let sock = stack.udp_bind(addr)?;
@@ -90,7 +91,7 @@ impl FromStr for ServiceKind {
             "echo" => Ok(ServiceKind::Echo),
             "discard" => Ok(ServiceKind::Discard),
             "chargen" => Ok(ServiceKind::Chargen),
-            "http" => Ok(ServiceKind::Http(crate::http::DEFAULT_PORT)),
+            "http" => Ok(ServiceKind::Http(usnet_http::DEFAULT_PORT)),
             _ => match s.strip_prefix("http:").map(str::parse::<u16>) {
                 Some(Ok(port)) if port != 0 => Ok(ServiceKind::Http(port)),
                 Some(_) => Err(format!("bad service '{s}': expected http:PORT (1..65535)")),
@@ -99,6 +100,15 @@ impl FromStr for ServiceKind {
                 )),
             },
         }
+    }
+}
+
+impl Service for usnet_http::HttpService {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+    fn poll(&mut self, stack: &mut Stack) -> bool {
+        usnet_http::HttpService::poll(self, stack)
     }
 }
 

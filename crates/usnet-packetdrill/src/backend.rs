@@ -1,0 +1,532 @@
+//! The backend: one usnet [`Stack`] in virtual time behind a private descriptor
+//! table, with the socket calls' semantics (errno values, non-blocking behaviour,
+//! socket options) in Rust types. [`link`] is its virtual link and clock (frames in,
+//! protocol work, frames out; ARP/NDP answered); [`shared`] shares it between
+//! packetdrill's threads and makes calls on blocking sockets wait.
+
+pub mod link;
+pub mod shared;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::c_int;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use usnet_stack::{Instant, IpCidr, SocketHandle, Stack, StackConfig, StackError};
+
+use link::STACK_MAC;
+
+/// The options parsed from `--so_flags`.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub local: IpCidr,
+    pub gateway: Ipv4Addr,
+    pub local6: IpCidr,
+    pub gateway6: Ipv6Addr,
+    pub mtu: usize,
+    pub seed: u64,
+    pub tick_ns: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            local: "192.168.0.1/16".parse().expect("literal"),
+            gateway: Ipv4Addr::new(192, 168, 0, 2),
+            local6: "fd3d:fa7b:d17d::1/48".parse().expect("literal"),
+            gateway6: "fd3d:fa7b:d17d::2".parse().expect("literal"),
+            mtu: 1500,
+            seed: 0x7064_7269_6c6c,
+            tick_ns: 1_000,
+        }
+    }
+}
+
+impl Options {
+    /// Parses `key=value,...`; unknown keys are an error.
+    pub fn parse(flags: &str) -> Result<Options, String> {
+        let mut o = Options::default();
+        for item in flags.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("flag {item:?}: expected key=value"))?;
+            let bad = |e: &dyn std::fmt::Debug| format!("flag {k}={v}: {e:?}");
+            match k {
+                "local" => o.local = v.parse().map_err(|e| bad(&e))?,
+                "gateway" => o.gateway = v.parse().map_err(|e| bad(&e))?,
+                "local6" => o.local6 = v.parse().map_err(|e| bad(&e))?,
+                "gateway6" => o.gateway6 = v.parse().map_err(|e| bad(&e))?,
+                "mtu" => o.mtu = v.parse().map_err(|e| bad(&e))?,
+                "seed" => o.seed = v.parse().map_err(|e| bad(&e))?,
+                "tick_us" => {
+                    o.tick_ns = v.parse::<u64>().map_err(|e| bad(&e))?.saturating_mul(1000)
+                }
+                _ => return Err(format!("unknown flag {k:?}")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// `socket()` done; maybe bound.
+    Fresh(Option<SocketAddr>),
+    Listen(SocketHandle),
+    Conn(SocketHandle),
+}
+
+#[derive(Debug)]
+struct Fd {
+    kind: Kind,
+    nonblock: bool,
+    v6: bool,
+    nodelay: bool,
+    reuseaddr: bool,
+    /// A pending error (SO_ERROR) taken from a failed non-blocking connect.
+    so_error: c_int,
+}
+
+/// The backend's state: one stack, the virtual clock, the descriptor table and the
+/// packets the stack sent that packetdrill has not read yet.
+pub struct Backend {
+    stack: Stack,
+    /// Virtual time in nanoseconds since the backend was created.
+    now_ns: u64,
+    /// Wall-clock microseconds at creation: `gettimeofday` returns this + virtual time.
+    epoch_us: i64,
+    tick_ns: u64,
+    fds: BTreeMap<c_int, Fd>,
+    out: VecDeque<(Vec<u8>, u64)>,
+    scratch: Vec<u8>,
+    /// Packets handed to the stack / taken from it / answered here (ARP, NDP).
+    pub injected: u64,
+    pub sniffed: u64,
+    pub resolved: u64,
+}
+
+/// A result whose error is an errno value.
+pub(crate) type Res<T> = Result<T, c_int>;
+
+/// The errno for a stack error.
+pub(crate) fn map(e: StackError) -> c_int {
+    e.errno()
+}
+
+impl Backend {
+    pub fn new(o: &Options) -> Result<Backend, String> {
+        let cfg = StackConfig {
+            mac: STACK_MAC,
+            addrs: vec![o.local, o.local6],
+            gateway4: Some(o.gateway),
+            gateway6: Some(o.gateway6),
+            mtu: o.mtu,
+            seed: o.seed,
+            ..Default::default()
+        };
+        let stack = Stack::new(cfg).map_err(|e| format!("{e}"))?;
+        let epoch_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        Ok(Backend {
+            stack,
+            now_ns: 0,
+            epoch_us,
+            tick_ns: o.tick_ns,
+            fds: BTreeMap::new(),
+            out: VecDeque::new(),
+            scratch: Vec::new(),
+            injected: 0,
+            sniffed: 0,
+            resolved: 0,
+        })
+    }
+
+    pub fn stack(&self) -> &Stack {
+        &self.stack
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.now_ns)
+    }
+
+    /// Virtual microseconds since creation.
+    pub fn now_us(&self) -> u64 {
+        self.now_ns / 1000
+    }
+
+    fn fd(&mut self, fd: c_int) -> Res<&mut Fd> {
+        self.fds.get_mut(&fd).ok_or(libc::EBADF)
+    }
+
+    pub fn socket(&mut self, domain: c_int, ty: c_int, protocol: c_int) -> Res<c_int> {
+        let v6 = match domain {
+            libc::AF_INET => false,
+            libc::AF_INET6 => true,
+            _ => return Err(libc::EAFNOSUPPORT),
+        };
+        let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+        if base != libc::SOCK_STREAM || !(protocol == 0 || protocol == libc::IPPROTO_TCP) {
+            return Err(libc::EPROTONOSUPPORT);
+        }
+        let fd = (3..).find(|f| !self.fds.contains_key(f)).unwrap_or(3);
+        self.fds.insert(
+            fd,
+            Fd {
+                kind: Kind::Fresh(None),
+                nonblock: ty & libc::SOCK_NONBLOCK != 0,
+                v6,
+                nodelay: false,
+                reuseaddr: false,
+                so_error: 0,
+            },
+        );
+        Ok(fd)
+    }
+
+    pub fn bind(&mut self, fd: c_int, addr: SocketAddr) -> Res<()> {
+        let f = self.fd(fd)?;
+        match f.kind {
+            Kind::Fresh(None) => {
+                f.kind = Kind::Fresh(Some(addr));
+                Ok(())
+            }
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    pub fn listen(&mut self, fd: c_int, backlog: c_int) -> Res<()> {
+        let f = self.fd(fd)?;
+        let v6 = f.v6;
+        let addr = match f.kind {
+            Kind::Fresh(a) => a.unwrap_or(if v6 {
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
+            } else {
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
+            }),
+            Kind::Listen(_) => return Ok(()),
+            Kind::Conn(_) => return Err(libc::EINVAL),
+        };
+        let h = self
+            .stack
+            .tcp_listen(addr, backlog.clamp(1, 65535) as usize)
+            .map_err(map)?;
+        self.fd(fd)?.kind = Kind::Listen(h);
+        Ok(())
+    }
+
+    /// Non-blocking accept: `EAGAIN` when nothing is queued.
+    pub fn try_accept(&mut self, fd: c_int) -> Res<(c_int, SocketAddr)> {
+        self.pump();
+        let f = self.fd(fd)?;
+        let (Kind::Listen(h), v6, nodelay) = (f.kind, f.v6, f.nodelay) else {
+            return Err(libc::EINVAL);
+        };
+        let c = self.stack.tcp_accept(h).map_err(map)?;
+        let peer = self.stack.tcp_peer_addr(c).map_err(map)?;
+        if nodelay {
+            let _ = self.stack.tcp_set_nodelay(c, true);
+        }
+        let nfd = self.socket(
+            if v6 { libc::AF_INET6 } else { libc::AF_INET },
+            libc::SOCK_STREAM,
+            0,
+        )?;
+        self.fd(nfd)?.kind = Kind::Conn(c);
+        Ok((nfd, peer))
+    }
+
+    /// Starts a connect; `Ok(())` means the SYN is queued.
+    pub fn start_connect(&mut self, fd: c_int, remote: SocketAddr) -> Res<()> {
+        let f = self.fd(fd)?;
+        let (local, nodelay) = match f.kind {
+            Kind::Fresh(a) => (a, f.nodelay),
+            Kind::Conn(_) => return Err(libc::EISCONN),
+            Kind::Listen(_) => return Err(libc::EINVAL),
+        };
+        let h = self.stack.tcp_connect(local, remote).map_err(map)?;
+        if nodelay {
+            let _ = self.stack.tcp_set_nodelay(h, true);
+        }
+        self.fd(fd)?.kind = Kind::Conn(h);
+        self.pump();
+        Ok(())
+    }
+
+    fn conn(&mut self, fd: c_int) -> Res<SocketHandle> {
+        match self.fd(fd)?.kind {
+            Kind::Conn(h) => Ok(h),
+            _ => Err(libc::ENOTCONN),
+        }
+    }
+
+    /// `Ok(true)` connected, `Ok(false)` still in progress.
+    pub fn connect_status(&mut self, fd: c_int) -> Res<bool> {
+        let h = self.conn(fd)?;
+        if let Some(e) = self.stack.tcp_error(h).map_err(map)? {
+            return Err(map(e));
+        }
+        Ok(self.stack.readiness(h).map_err(map)?.connected)
+    }
+
+    pub fn try_read(&mut self, fd: c_int, buf: &mut [u8]) -> Res<usize> {
+        let h = self.conn(fd)?;
+        let r = self.stack.tcp_recv(h, buf).map_err(map);
+        self.pump();
+        r
+    }
+
+    pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
+        let h = self.conn(fd)?;
+        let r = match self.stack.tcp_send(h, data) {
+            Ok(0) if !data.is_empty() => Err(libc::EAGAIN),
+            r => r.map_err(map),
+        };
+        self.pump();
+        r
+    }
+
+    pub fn close(&mut self, fd: c_int) -> Res<()> {
+        let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
+        match f.kind {
+            Kind::Conn(h) | Kind::Listen(h) => {
+                let _ = self.stack.close(h);
+            }
+            Kind::Fresh(_) => {}
+        }
+        self.pump();
+        Ok(())
+    }
+
+    pub fn shutdown(&mut self, fd: c_int, how: c_int) -> Res<()> {
+        let h = self.conn(fd)?;
+        match how {
+            libc::SHUT_WR | libc::SHUT_RDWR => self.stack.tcp_shutdown_write(h).map_err(map)?,
+            libc::SHUT_RD => {}
+            _ => return Err(libc::EINVAL),
+        }
+        self.pump();
+        Ok(())
+    }
+
+    /// POLLIN/POLLOUT/POLLHUP/POLLERR for `fd`.
+    pub fn revents(&mut self, fd: c_int) -> i16 {
+        let Some(kind) = self.fds.get(&fd).map(|f| f.kind) else {
+            return libc::POLLNVAL;
+        };
+        let h = match kind {
+            Kind::Fresh(_) => return libc::POLLOUT | libc::POLLHUP,
+            Kind::Listen(h) | Kind::Conn(h) => h,
+        };
+        let Ok(r) = self.stack.readiness(h) else {
+            return libc::POLLNVAL;
+        };
+        let mut ev = 0;
+        if r.readable {
+            ev |= libc::POLLIN;
+        }
+        if matches!(kind, Kind::Conn(_)) && r.connected && r.writable && !r.closed {
+            ev |= libc::POLLOUT;
+        }
+        if r.closed {
+            ev |= libc::POLLHUP;
+            if matches!(self.stack.tcp_error(h), Ok(Some(_))) {
+                ev |= libc::POLLERR;
+            }
+        }
+        ev
+    }
+
+    /// Virtual nanoseconds since creation.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Wall-clock microseconds (as `gettimeofday` tells them) at virtual time `t_us`.
+    pub fn wall_us(&self, t_us: u64) -> i64 {
+        self.epoch_us + t_us as i64
+    }
+
+    /// `usleep`: runs the clock `us` microseconds on (every timer on the way fires).
+    pub fn sleep_us(&mut self, us: u64) {
+        let t = self.now_ns + us * 1000;
+        self.advance_to(t);
+    }
+
+    /// `gettimeofday`: moves the clock one tick on and reads it as wall-clock
+    /// microseconds.
+    pub fn gettimeofday_us(&mut self) -> i64 {
+        let t = self.now_ns + self.tick_ns;
+        self.advance_to(t);
+        self.wall_us(self.now_us())
+    }
+
+    /// Whether `fd` is non-blocking (`None`: no such descriptor).
+    pub fn nonblocking(&self, fd: c_int) -> Option<bool> {
+        self.fds.get(&fd).map(|f| f.nonblock)
+    }
+
+    /// `fcntl`: F_GETFL/F_SETFL (only `O_NONBLOCK` means anything), F_GETFD/F_SETFD
+    /// (accepted, no effect).
+    pub fn fcntl(&mut self, fd: c_int, cmd: c_int, arg: c_int) -> Res<c_int> {
+        let f = self.fd(fd)?;
+        match cmd {
+            libc::F_GETFL => Ok(libc::O_RDWR | if f.nonblock { libc::O_NONBLOCK } else { 0 }),
+            libc::F_SETFL => {
+                f.nonblock = arg & libc::O_NONBLOCK != 0;
+                Ok(0)
+            }
+            libc::F_GETFD | libc::F_SETFD => Ok(0),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// `FIONREAD`: bytes ready to be read.
+    pub fn readable_bytes(&mut self, fd: c_int) -> Res<usize> {
+        let h = self.conn(fd)?;
+        self.stack.tcp_recv_available(h).map_err(map)
+    }
+
+    /// `FIONBIO`.
+    pub fn set_nonblocking(&mut self, fd: c_int, on: bool) -> Res<()> {
+        self.fd(fd)?.nonblock = on;
+        Ok(())
+    }
+
+    /// The peer of a connected socket.
+    pub fn peer_addr(&mut self, fd: c_int) -> Res<SocketAddr> {
+        let h = self.conn(fd)?;
+        self.stack.tcp_peer_addr(h).map_err(map)
+    }
+
+    /// `getsockopt` of the integer options: SO_ERROR (read and cleared), SO_TYPE,
+    /// SO_REUSEADDR, TCP_NODELAY, TCP_MAXSEG.
+    pub fn getsockopt(&mut self, fd: c_int, level: c_int, name: c_int) -> Res<c_int> {
+        let f = self.fd(fd)?;
+        let (kind, nodelay, reuse) = (f.kind, f.nodelay, f.reuseaddr);
+        Ok(match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_ERROR) => {
+                let mut e = std::mem::take(&mut self.fd(fd)?.so_error);
+                if let (0, Kind::Conn(h)) = (e, kind) {
+                    e = self.stack.tcp_error(h).ok().flatten().map_or(0, map);
+                }
+                e
+            }
+            (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR) => reuse as c_int,
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match kind {
+                Kind::Conn(h) => self.stack.tcp_info(h).map_err(map)?.snd_mss as c_int,
+                _ => self.stack.tcp_config().mss as c_int,
+            },
+            _ => return Err(libc::ENOPROTOOPT),
+        })
+    }
+
+    /// `setsockopt`; `value` is the option's bytes as the caller passed them (`None`:
+    /// a null pointer). SO_REUSEADDR/SO_REUSEPORT, SO_LINGER and TCP_NODELAY take
+    /// effect; SO_KEEPALIVE, SO_SNDBUF and SO_RCVBUF are accepted and ignored.
+    pub fn setsockopt(
+        &mut self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        value: Option<&[u8]>,
+    ) -> Res<()> {
+        let field = |off: usize| -> Res<c_int> {
+            let b = value
+                .and_then(|v| v.get(off..off + 4))
+                .ok_or(libc::EINVAL)?;
+            Ok(c_int::from_ne_bytes(
+                b.try_into().map_err(|_| libc::EINVAL)?,
+            ))
+        };
+        let kind = self.fd(fd)?.kind;
+        match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
+                self.fd(fd)?.reuseaddr = field(0)? != 0;
+            }
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_SNDBUF | libc::SO_RCVBUF) => {
+                field(0)?;
+            }
+            (libc::SOL_SOCKET, libc::SO_LINGER) => {
+                if value.is_none_or(|v| v.len() < std::mem::size_of::<libc::linger>()) {
+                    return Err(libc::EINVAL);
+                }
+                let on = field(std::mem::offset_of!(libc::linger, l_onoff))?;
+                let secs = field(std::mem::offset_of!(libc::linger, l_linger))?;
+                if let Kind::Conn(h) = kind {
+                    let d = (on != 0).then(|| Duration::from_secs(secs.max(0) as u64));
+                    self.stack.tcp_set_linger(h, d).map_err(map)?;
+                }
+            }
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
+                let on = field(0)? != 0;
+                self.fd(fd)?.nodelay = on;
+                if let Kind::Conn(h) = kind {
+                    self.stack.tcp_set_nodelay(h, on).map_err(map)?;
+                    self.pump();
+                }
+            }
+            _ => return Err(libc::ENOPROTOOPT),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_options_and_flags() {
+        let mut b = Backend::new(&Options::default()).unwrap();
+        let fd = b.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+        let (tcp, sol) = (libc::IPPROTO_TCP, libc::SOL_SOCKET);
+        let one = (1 as c_int).to_ne_bytes();
+        // The descriptor is checked first, then the option, then its value.
+        assert_eq!(b.setsockopt(99, sol, 12345, None), Err(libc::EBADF));
+        assert_eq!(b.setsockopt(fd, sol, 12345, None), Err(libc::ENOPROTOOPT));
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_NODELAY, Some(&one[..3])),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(0));
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_NODELAY, Some(&one)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(1));
+        assert_eq!(
+            b.setsockopt(fd, sol, libc::SO_REUSEADDR, Some(&one)),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_REUSEADDR), Ok(1));
+        assert_eq!(
+            b.setsockopt(fd, sol, libc::SO_SNDBUF, None),
+            Err(libc::EINVAL)
+        );
+        let linger = [1 as c_int, 5].map(c_int::to_ne_bytes).concat();
+        assert_eq!(
+            b.setsockopt(fd, sol, libc::SO_LINGER, Some(&linger)),
+            Ok(())
+        );
+        assert_eq!(
+            b.setsockopt(fd, sol, libc::SO_LINGER, Some(&linger[..4])),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_TYPE), Ok(libc::SOCK_STREAM));
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_ERROR), Ok(0));
+        assert_eq!(b.getsockopt(fd, sol, 12345), Err(libc::ENOPROTOOPT));
+        // fcntl and FIONBIO share the one flag; FIONREAD needs a connection.
+        assert_eq!(b.nonblocking(fd), Some(false));
+        assert_eq!(b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK), Ok(0));
+        assert_eq!(
+            b.fcntl(fd, libc::F_GETFL, 0),
+            Ok(libc::O_RDWR | libc::O_NONBLOCK)
+        );
+        assert_eq!(b.set_nonblocking(fd, false), Ok(()));
+        assert_eq!(b.nonblocking(fd), Some(false));
+        assert_eq!(b.fcntl(fd, 12345, 0), Err(libc::EINVAL));
+        assert_eq!(b.readable_bytes(fd), Err(libc::ENOTCONN));
+        assert_eq!(b.nonblocking(99), None);
+    }
+}

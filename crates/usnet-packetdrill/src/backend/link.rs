@@ -1,0 +1,203 @@
+//! The backend's virtual link and clock: the one loop of this library (frames in,
+//! protocol work, frames out). Packets from the script enter the stack as Ethernet
+//! frames; frames the stack sends leave as IP packets for the script, except ARP
+//! requests and neighbour solicitations, which are answered here with a fixed peer
+//! MAC. The clock is virtual and only moves when asked, stopping at every stack
+//! timer on the way.
+
+use std::net::Ipv6Addr;
+
+use usnet_wire::MacAddr;
+
+use super::{Backend, Res};
+
+/// The MAC this library answers ARP/NDP with: the "other end" of the virtual link.
+pub const PEER_MAC: MacAddr = MacAddr([0x02, 0x70, 0x64, 0x00, 0x00, 0x02]);
+/// The stack's own MAC.
+pub const STACK_MAC: MacAddr = MacAddr([0x02, 0x70, 0x64, 0x00, 0x00, 0x01]);
+
+const ETH_IPV4: u16 = 0x0800;
+const ETH_ARP: u16 = 0x0806;
+const ETH_IPV6: u16 = 0x86dd;
+
+impl Backend {
+    /// Runs the stack at the current virtual time until it is idle, collecting what it
+    /// sends (and answering its ARP/NDP itself).
+    pub(crate) fn pump(&mut self) {
+        for _ in 0..64 {
+            let mut did = self.stack.poll(self.now());
+            while let Some(b) = self.stack.dequeue_tx() {
+                did = true;
+                self.scratch.clear();
+                self.stack.pool().copy_chain(b, &mut self.scratch);
+                self.stack.pool_mut().free(b);
+                let frame = std::mem::take(&mut self.scratch);
+                self.on_frame(&frame);
+                self.scratch = frame;
+            }
+            if !did {
+                break;
+            }
+        }
+    }
+
+    fn on_frame(&mut self, frame: &[u8]) {
+        let Ok(eth) = usnet_wire::parse_ethernet(frame) else {
+            return;
+        };
+        let p = eth.payload;
+        match eth.ethertype {
+            ETH_ARP => {
+                if let Ok(req) = usnet_wire::ArpRepr::parse(p) {
+                    if req.op == usnet_wire::ArpOp::Request {
+                        let reply = usnet_wire::ArpRepr {
+                            op: usnet_wire::ArpOp::Reply,
+                            sender_mac: PEER_MAC,
+                            sender_ip: req.target_ip,
+                            target_mac: req.sender_mac,
+                            target_ip: req.sender_ip,
+                        };
+                        let mut b = [0u8; 28];
+                        if reply.emit(&mut b).is_ok() {
+                            self.resolved += 1;
+                            self.inject_frame(ETH_ARP, &b);
+                        }
+                    }
+                }
+            }
+            ETH_IPV4 if p.len() >= 20 => {
+                let total = u16::from_be_bytes([p[2], p[3]]) as usize;
+                let n = total.clamp(20, p.len());
+                self.sniffed += 1;
+                self.out.push_back((p[..n].to_vec(), self.now_us()));
+            }
+            ETH_IPV6 if p.len() >= 40 => {
+                if let Some(na) = neighbor_advert_for(p) {
+                    self.resolved += 1;
+                    self.inject_frame(ETH_IPV6, &na);
+                    return;
+                }
+                let n = (40 + u16::from_be_bytes([p[4], p[5]]) as usize).min(p.len());
+                // Neighbour/router discovery and MLD are link business, not the script's.
+                if p[6] == 58 && n > 40 && (130..=143).contains(&p[40]) {
+                    return;
+                }
+                self.sniffed += 1;
+                self.out.push_back((p[..n].to_vec(), self.now_us()));
+            }
+            _ => {}
+        }
+    }
+
+    fn inject_frame(&mut self, ethertype: u16, payload: &[u8]) -> bool {
+        let mut f = Vec::with_capacity(14 + payload.len());
+        f.extend_from_slice(&STACK_MAC.0);
+        f.extend_from_slice(&PEER_MAC.0);
+        f.extend_from_slice(&ethertype.to_be_bytes());
+        f.extend_from_slice(payload);
+        match self.stack.pool_mut().alloc_from(&f) {
+            Some(b) => {
+                self.stack.receive(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `netdev_send`: an IP packet from the script.
+    pub fn inject(&mut self, ip: &[u8]) -> Res<()> {
+        let et = match ip.first().map(|b| b >> 4) {
+            Some(4) => ETH_IPV4,
+            Some(6) => ETH_IPV6,
+            _ => return Err(libc::EINVAL),
+        };
+        if !self.inject_frame(et, ip) {
+            return Err(libc::ENOBUFS);
+        }
+        self.injected += 1;
+        self.pump();
+        Ok(())
+    }
+
+    /// Moves the virtual clock to `target_ns`, stopping at every stack deadline on
+    /// the way so timers fire at their own time.
+    pub fn advance_to(&mut self, target_ns: u64) {
+        loop {
+            self.pump();
+            let next = self.stack.poll_at().map(|t| t.as_nanos());
+            match next {
+                Some(t) if t > self.now_ns && t <= target_ns => self.now_ns = t,
+                Some(t) if t <= self.now_ns => {
+                    // Due now but nothing happened in pump: avoid spinning.
+                    if self.now_ns >= target_ns {
+                        break;
+                    }
+                    self.now_ns = (self.now_ns + 1_000).min(target_ns);
+                }
+                _ => {
+                    self.now_ns = self.now_ns.max(target_ns);
+                    self.pump();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// `netdev_receive` without blocking: the next packet the stack sent, jumping the
+    /// clock to the stack's next timer (at most `horizon_ns` ahead) if none is queued.
+    pub fn sniff(&mut self, horizon_ns: u64) -> Option<(Vec<u8>, u64)> {
+        self.pump();
+        let limit = self.now_ns.saturating_add(horizon_ns);
+        while self.out.is_empty() {
+            match self.stack.poll_at().map(|t| t.as_nanos()) {
+                Some(t) if t <= limit => {
+                    let t = t.max(self.now_ns + 1);
+                    self.advance_to(t);
+                }
+                _ => break,
+            }
+        }
+        self.out.pop_front()
+    }
+}
+
+/// A neighbour advertisement answering `ns` (an IPv6 packet), if it is a solicitation.
+fn neighbor_advert_for(ns: &[u8]) -> Option<Vec<u8>> {
+    if ns.len() < 40 + 24 || ns[6] != 58 || ns[40] != 135 {
+        return None;
+    }
+    let src: [u8; 16] = ns[8..24].try_into().ok()?;
+    let target: [u8; 16] = ns[48..64].try_into().ok()?;
+    let dst = if src == [0; 16] {
+        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets()
+    } else {
+        src
+    };
+    let mut icmp = vec![136u8, 0, 0, 0, 0x60, 0, 0, 0];
+    icmp.extend_from_slice(&target);
+    icmp.extend_from_slice(&[2, 1]);
+    icmp.extend_from_slice(&PEER_MAC.0);
+    let mut sum: u32 = 0;
+    let mut add = |b: &[u8]| {
+        for c in b.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&target);
+    add(&dst);
+    add(&(icmp.len() as u32).to_be_bytes());
+    add(&[0, 0, 0, 58]);
+    add(&icmp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let ck = !(sum as u16);
+    icmp[2..4].copy_from_slice(&ck.to_be_bytes());
+    let mut p = vec![0x60, 0, 0, 0];
+    p.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+    p.extend_from_slice(&[58, 255]);
+    p.extend_from_slice(&target);
+    p.extend_from_slice(&dst);
+    p.extend_from_slice(&icmp);
+    Some(p)
+}

@@ -1,0 +1,665 @@
+//! The `extern "C"` surface: packetdrill's function pointers. Each checks and turns
+//! the caller's pointers (sockaddrs, buffers, iovecs, out-parameters) into Rust values,
+//! calls the backend, and turns `Err(errno)` into `-1` with `errno` set; a panic
+//! never crosses into C (it becomes `EIO`). What the calls mean is the backend's
+//! business ([`crate::backend`]).
+
+use std::ffi::{c_char, c_int, c_long, c_longlong, c_uint, c_ulong, c_void, CStr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use libc::{iovec, msghdr, pollfd, size_t, sockaddr, socklen_t, ssize_t, timeval};
+
+use crate::backend::shared::Shared;
+use crate::backend::{Backend, Options, Res};
+use crate::layout::PacketdrillInterface;
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Runs `f` on the shared state, catching panics (a panic never crosses into C: it
+/// becomes `EIO`), and turns `Err(errno)` into `-1` with errno set.
+fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64 {
+    if ud.is_null() {
+        set_errno(libc::EBADF);
+        return -1;
+    }
+    // SAFETY: `ud` is the pointer `packetdrill_interface_init` made from a Box<Shared>
+    // and only `free` releases it.
+    let shared = unsafe { &*(ud as *const Shared) };
+    match catch_unwind(AssertUnwindSafe(|| f(shared))) {
+        Ok(Ok(v)) => v.into(),
+        Ok(Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            -1
+        }
+    }
+}
+
+/// Reads a `sockaddr_in`/`sockaddr_in6`.
+///
+/// # Safety
+/// `addr` must point to `len` readable bytes.
+unsafe fn read_sockaddr(addr: *const sockaddr, len: socklen_t) -> Res<SocketAddr> {
+    if addr.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: non-null, the caller promises `len` bytes; sizes checked before reading.
+    unsafe {
+        match (*addr).sa_family as c_int {
+            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+                let a = &*(addr as *const libc::sockaddr_in);
+                Ok(SocketAddr::V4(SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                    u16::from_be(a.sin_port),
+                )))
+            }
+            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                let a = &*(addr as *const libc::sockaddr_in6);
+                Ok(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )))
+            }
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
+
+/// Writes `sa` into a caller's buffer (truncating like the kernel) and sets `*len`.
+///
+/// # Safety
+/// `addr` must point to `*len` writable bytes (or both may be null).
+unsafe fn write_sockaddr(sa: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    // SAFETY: sockaddr_storage is plain data; zeroed is a valid value.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let n = match sa {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let s = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in) };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = a.port().to_be();
+            s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let s = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in6) };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = a.port().to_be();
+            s.sin6_addr.s6_addr = a.ip().octets();
+            s.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: caller promises `*len` writable bytes at `addr`; we copy at most that.
+    unsafe {
+        let room = (*len as usize).min(n);
+        std::ptr::copy_nonoverlapping(&st as *const _ as *const u8, addr as *mut u8, room);
+        *len = n as socklen_t;
+    }
+}
+
+/// # Safety
+/// `buf` must be valid for `n` bytes (or `n == 0`).
+unsafe fn slice_mut<'a>(buf: *mut c_void, n: size_t) -> Res<&'a mut [u8]> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) })
+}
+
+/// # Safety
+/// `buf` must be valid for `n` bytes (or `n == 0`).
+unsafe fn slice<'a>(buf: *const c_void, n: size_t) -> Res<&'a [u8]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(buf as *const u8, n) })
+}
+
+/// Gathers an iovec into one buffer.
+///
+/// # Safety
+/// `iov` must hold `cnt` valid entries.
+unsafe fn gather(iov: *const iovec, cnt: c_int) -> Res<Vec<u8>> {
+    if cnt < 0 || (cnt > 0 && iov.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let mut v = Vec::new();
+    for i in 0..cnt as usize {
+        // SAFETY: caller's contract.
+        let e = unsafe { &*iov.add(i) };
+        // SAFETY: each entry describes readable memory.
+        v.extend_from_slice(unsafe { slice(e.iov_base, e.iov_len) }?);
+    }
+    Ok(v)
+}
+
+/// Scatters `data` over an iovec.
+///
+/// # Safety
+/// `iov` must hold `cnt` valid entries.
+unsafe fn scatter(iov: *const iovec, cnt: c_int, mut data: &[u8]) -> Res<()> {
+    for i in 0..cnt.max(0) as usize {
+        if data.is_empty() {
+            break;
+        }
+        // SAFETY: caller's contract.
+        let e = unsafe { &*iov.add(i) };
+        let n = e.iov_len.min(data.len());
+        // SAFETY: each entry describes writable memory.
+        unsafe { slice_mut(e.iov_base, n) }?.copy_from_slice(&data[..n]);
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `iov` must hold `cnt` valid entries.
+unsafe fn iov_len(iov: *const iovec, cnt: c_int) -> Res<usize> {
+    if cnt < 0 || (cnt > 0 && iov.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: caller's contract.
+    Ok((0..cnt as usize)
+        .map(|i| unsafe { (*iov.add(i)).iov_len })
+        .sum())
+}
+
+/// # Safety
+/// `v` must have `*l` writable bytes.
+unsafe fn put_int(v: *mut c_void, l: *mut socklen_t, x: c_int) -> Res<i32> {
+    if v.is_null() || l.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: caller's contract; we write at most `*l` bytes.
+    unsafe {
+        let b = x.to_ne_bytes();
+        let n = (*l as usize).min(4);
+        std::ptr::copy_nonoverlapping(b.as_ptr(), v as *mut u8, n);
+        *l = n as socklen_t;
+    }
+    Ok(0)
+}
+
+unsafe extern "C" fn pd_free(ud: *mut c_void) {
+    if !ud.is_null() {
+        // SAFETY: made by Box::into_raw in packetdrill_interface_init; freed once.
+        drop(unsafe { Box::from_raw(ud as *mut Shared) });
+    }
+}
+
+unsafe extern "C" fn pd_socket(ud: *mut c_void, d: c_int, t: c_int, p: c_int) -> c_int {
+    with(ud, |s| s.lock().socket(d, t, p)) as c_int
+}
+
+unsafe extern "C" fn pd_bind(
+    ud: *mut c_void,
+    fd: c_int,
+    a: *const sockaddr,
+    l: socklen_t,
+) -> c_int {
+    with(ud, |s| {
+        // SAFETY: packetdrill passes a sockaddr of `l` bytes.
+        let a = unsafe { read_sockaddr(a, l) }?;
+        s.lock().bind(fd, a).map(|_| 0)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_listen(ud: *mut c_void, fd: c_int, backlog: c_int) -> c_int {
+    with(ud, |s| s.lock().listen(fd, backlog).map(|_| 0)) as c_int
+}
+
+unsafe extern "C" fn pd_accept(
+    ud: *mut c_void,
+    fd: c_int,
+    a: *mut sockaddr,
+    l: *mut socklen_t,
+) -> c_int {
+    with(ud, |s| {
+        let (nfd, peer) = s.accept(fd)?;
+        // SAFETY: accept(2) contract: `a` has `*l` bytes (or is null).
+        unsafe { write_sockaddr(peer, a, l) };
+        Ok(nfd)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_connect(
+    ud: *mut c_void,
+    fd: c_int,
+    a: *const sockaddr,
+    l: socklen_t,
+) -> c_int {
+    with(ud, |s| {
+        // SAFETY: connect(2) contract.
+        let a = unsafe { read_sockaddr(a, l) }?;
+        s.connect(fd, a)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_read(ud: *mut c_void, fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: read(2) contract.
+    with(ud, |s| s.read(fd, unsafe { slice_mut(buf, n) }?, 0)) as ssize_t
+}
+
+unsafe extern "C" fn pd_recv(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: recv(2) contract.
+    with(ud, |s| s.read(fd, unsafe { slice_mut(buf, n) }?, flags)) as ssize_t
+}
+
+unsafe extern "C" fn pd_recvfrom(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    a: *mut sockaddr,
+    l: *mut socklen_t,
+) -> ssize_t {
+    with(ud, |s| {
+        // SAFETY: recvfrom(2) contract.
+        let (r, peer) = s.recv_from(fd, unsafe { slice_mut(buf, n) }?, flags)?;
+        if let Some(peer) = peer {
+            // SAFETY: recvfrom(2) contract.
+            unsafe { write_sockaddr(peer, a, l) };
+        }
+        Ok(r)
+    }) as ssize_t
+}
+
+unsafe extern "C" fn pd_readv(
+    ud: *mut c_void,
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+) -> ssize_t {
+    with(ud, |s| {
+        // SAFETY: readv(2) contract.
+        let mut tmp = vec![0u8; unsafe { iov_len(iov, cnt) }?];
+        let n = s.read(fd, &mut tmp, 0)?;
+        // SAFETY: readv(2) contract.
+        unsafe { scatter(iov, cnt, &tmp[..n as usize]) }?;
+        Ok(n)
+    }) as ssize_t
+}
+
+unsafe extern "C" fn pd_recvmsg(
+    ud: *mut c_void,
+    fd: c_int,
+    m: *mut msghdr,
+    flags: c_int,
+) -> ssize_t {
+    with(ud, |s| {
+        if m.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: recvmsg(2) contract.
+        let m = unsafe { &mut *m };
+        let cnt = m.msg_iovlen as c_int;
+        // SAFETY: recvmsg(2) contract.
+        let mut tmp = vec![0u8; unsafe { iov_len(m.msg_iov, cnt) }?];
+        let n = s.read(fd, &mut tmp, flags)?;
+        // SAFETY: recvmsg(2) contract.
+        unsafe { scatter(m.msg_iov, cnt, &tmp[..n as usize]) }?;
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+        Ok(n)
+    }) as ssize_t
+}
+
+unsafe extern "C" fn pd_write(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+) -> ssize_t {
+    // SAFETY: write(2) contract.
+    with(ud, |s| s.write(fd, unsafe { slice(buf, n) }?, 0)) as ssize_t
+}
+
+unsafe extern "C" fn pd_send(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: send(2) contract.
+    with(ud, |s| s.write(fd, unsafe { slice(buf, n) }?, flags)) as ssize_t
+}
+
+unsafe extern "C" fn pd_sendto(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    _a: *const sockaddr,
+    _l: socklen_t,
+) -> ssize_t {
+    // SAFETY: sendto(2) contract (the address is ignored on a connected TCP socket).
+    with(ud, |s| s.write(fd, unsafe { slice(buf, n) }?, flags)) as ssize_t
+}
+
+unsafe extern "C" fn pd_writev(
+    ud: *mut c_void,
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+) -> ssize_t {
+    // SAFETY: writev(2) contract.
+    with(ud, |s| s.write(fd, &unsafe { gather(iov, cnt) }?, 0)) as ssize_t
+}
+
+unsafe extern "C" fn pd_sendmsg(
+    ud: *mut c_void,
+    fd: c_int,
+    m: *const msghdr,
+    flags: c_int,
+) -> ssize_t {
+    with(ud, |s| {
+        if m.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: sendmsg(2) contract.
+        let m = unsafe { &*m };
+        // SAFETY: sendmsg(2) contract.
+        let data = unsafe { gather(m.msg_iov, m.msg_iovlen as c_int) }?;
+        s.write(fd, &data, flags)
+    }) as ssize_t
+}
+
+unsafe extern "C" fn pd_fcntl(ud: *mut c_void, fd: c_int, cmd: c_int, arg: c_long) -> c_int {
+    with(ud, |s| s.lock().fcntl(fd, cmd, arg as c_int)) as c_int
+}
+
+unsafe extern "C" fn pd_ioctl(ud: *mut c_void, fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    with(ud, |s| {
+        let mut g = s.lock();
+        match req {
+            libc::FIONREAD => {
+                let n = g.readable_bytes(fd)?;
+                if arg.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                // SAFETY: FIONREAD's argument is an int*.
+                unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+                Ok(0)
+            }
+            libc::FIONBIO => {
+                if arg.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                // SAFETY: FIONBIO's argument is an int*.
+                let on = unsafe { *(arg as *const c_int) } != 0;
+                g.set_nonblocking(fd, on)?;
+                Ok(0)
+            }
+            _ => Err(libc::ENOTTY),
+        }
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_close(ud: *mut c_void, fd: c_int) -> c_int {
+    with(ud, |s| s.close(fd)) as c_int
+}
+
+unsafe extern "C" fn pd_shutdown(ud: *mut c_void, fd: c_int, how: c_int) -> c_int {
+    with(ud, |s| s.lock().shutdown(fd, how).map(|_| 0)) as c_int
+}
+
+unsafe extern "C" fn pd_getsockopt(
+    ud: *mut c_void,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *mut c_void,
+    l: *mut socklen_t,
+) -> c_int {
+    with(ud, |s| {
+        let x = s.lock().getsockopt(fd, level, name)?;
+        // SAFETY: getsockopt(2) contract.
+        unsafe { put_int(v, l, x) }
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_setsockopt(
+    ud: *mut c_void,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *const c_void,
+    l: socklen_t,
+) -> c_int {
+    with(ud, |s| {
+        let value = if v.is_null() {
+            None
+        } else {
+            // SAFETY: setsockopt(2) contract: `v` has `l` readable bytes.
+            Some(unsafe { slice(v, l as size_t) }?)
+        };
+        s.lock().setsockopt(fd, level, name, value).map(|_| 0)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_poll(
+    ud: *mut c_void,
+    fds: *mut pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
+    with(ud, |s| {
+        if n > 0 && fds.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: poll(2) contract.
+        let fds = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        s.poll(fds, timeout)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_netdev_send(ud: *mut c_void, buf: *const c_void, n: size_t) -> c_int {
+    with(ud, |s| {
+        // SAFETY: packetdrill passes `n` bytes of packet.
+        let p = unsafe { slice(buf, n) }?;
+        s.netdev_send(p)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_netdev_receive(
+    ud: *mut c_void,
+    buf: *mut c_void,
+    count: *mut size_t,
+    time_us: *mut c_longlong,
+) -> c_int {
+    with(ud, |s| {
+        if count.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: `*count` is the buffer size (packetdrill.h).
+        let room = unsafe { *count };
+        // SAFETY: `buf` has `room` bytes.
+        let out = unsafe { slice_mut(buf, room) }?;
+        match s.netdev_receive(out) {
+            Some((n, t)) => {
+                // SAFETY: out-parameters from the caller.
+                unsafe {
+                    *count = n;
+                    if !time_us.is_null() {
+                        *time_us = t as c_longlong;
+                    }
+                }
+                Ok(0)
+            }
+            None => {
+                // SAFETY: as above.
+                unsafe { *count = 0 };
+                Err(libc::EAGAIN)
+            }
+        }
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_usleep(ud: *mut c_void, us: libc::useconds_t) -> c_int {
+    with(ud, |s| {
+        s.usleep(us as u64);
+        Ok(0)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_gettimeofday(ud: *mut c_void, tv: *mut timeval, _tz: *mut c_void) -> c_int {
+    with(ud, |s| {
+        let us = s.gettimeofday();
+        if !tv.is_null() {
+            // SAFETY: gettimeofday(2) contract.
+            unsafe {
+                (*tv).tv_sec = us.div_euclid(1_000_000) as libc::time_t;
+                (*tv).tv_usec = us.rem_euclid(1_000_000) as libc::suseconds_t;
+            }
+        }
+        Ok(0)
+    }) as c_int
+}
+
+unsafe extern "C" fn pd_epoll_create(ud: *mut c_void, _size: c_int) -> c_int {
+    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+}
+unsafe extern "C" fn pd_epoll_ctl(
+    ud: *mut c_void,
+    _e: c_int,
+    _o: c_int,
+    _f: c_int,
+    _ev: *mut libc::epoll_event,
+) -> c_int {
+    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+}
+unsafe extern "C" fn pd_epoll_wait(
+    ud: *mut c_void,
+    _e: c_int,
+    _ev: *mut libc::epoll_event,
+    _m: c_int,
+    _t: c_int,
+) -> c_int {
+    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+}
+unsafe extern "C" fn pd_pipe(ud: *mut c_void, _fds: *mut c_int) -> c_int {
+    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+}
+unsafe extern "C" fn pd_splice(
+    ud: *mut c_void,
+    _a: c_int,
+    _b: *mut libc::loff_t,
+    _c: c_int,
+    _d: *mut libc::loff_t,
+    _n: size_t,
+    _f: c_uint,
+) -> ssize_t {
+    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as ssize_t
+}
+
+/// packetdrill's entry point: fills `ifc` (every member, so no call hits a null
+/// pointer). On a bad `flags` string it prints why and leaves `userdata` null, so every
+/// call then fails with `EBADF`.
+///
+/// # Safety
+/// `ifc` must point to a writable `struct packetdrill_interface`; `flags` is null or a
+/// NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn packetdrill_interface_init(
+    flags: *const c_char,
+    ifc: *mut PacketdrillInterface,
+) {
+    if ifc.is_null() {
+        return;
+    }
+    let flags = if flags.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated string from packetdrill's command line.
+        unsafe { CStr::from_ptr(flags) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let made = catch_unwind(|| {
+        let o = Options::parse(&flags)?;
+        Backend::new(&o)
+    });
+    let userdata = match made {
+        Ok(Ok(b)) => Box::into_raw(Box::new(Shared::new(b))) as *mut c_void,
+        Ok(Err(e)) => {
+            eprintln!("usnet-packetdrill: {e}");
+            std::ptr::null_mut()
+        }
+        Err(_) => std::ptr::null_mut(),
+    };
+    let v = PacketdrillInterface {
+        userdata,
+        free: Some(pd_free),
+        socket: Some(pd_socket),
+        bind: Some(pd_bind),
+        listen: Some(pd_listen),
+        accept: Some(pd_accept),
+        connect: Some(pd_connect),
+        read: Some(pd_read),
+        readv: Some(pd_readv),
+        recv: Some(pd_recv),
+        recvfrom: Some(pd_recvfrom),
+        recvmsg: Some(pd_recvmsg),
+        write: Some(pd_write),
+        writev: Some(pd_writev),
+        send: Some(pd_send),
+        sendto: Some(pd_sendto),
+        sendmsg: Some(pd_sendmsg),
+        fcntl: Some(pd_fcntl),
+        ioctl: Some(pd_ioctl),
+        close: Some(pd_close),
+        shutdown: Some(pd_shutdown),
+        getsockopt: Some(pd_getsockopt),
+        setsockopt: Some(pd_setsockopt),
+        poll: Some(pd_poll),
+        netdev_send: Some(pd_netdev_send),
+        netdev_receive: Some(pd_netdev_receive),
+        usleep: Some(pd_usleep),
+        gettimeofday: Some(pd_gettimeofday),
+        epoll_create: Some(pd_epoll_create),
+        epoll_ctl: Some(pd_epoll_ctl),
+        epoll_wait: Some(pd_epoll_wait),
+        pipe: Some(pd_pipe),
+        splice: Some(pd_splice),
+    };
+    // SAFETY: checked non-null; the caller owns a struct of this layout.
+    unsafe { std::ptr::write(ifc, v) };
+}
+
+/// The packetdrill.h member count this library fills (checked by the C driver test
+/// against `sizeof(struct packetdrill_interface)`).
+#[no_mangle]
+pub extern "C" fn usnet_packetdrill_interface_size() -> size_t {
+    std::mem::size_of::<PacketdrillInterface>()
+}
