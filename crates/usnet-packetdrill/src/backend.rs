@@ -12,7 +12,9 @@ use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use usnet_stack::{Instant, IpCidr, SocketHandle, Stack, StackConfig, StackError};
+use usnet_driver::{Clock, Driver, ManualClock, MemDevice, MemQueues};
+use usnet_link::DeviceCaps;
+use usnet_stack::{IpCidr, SocketHandle, Stack, StackConfig, StackError};
 
 use link::STACK_MAC;
 
@@ -90,15 +92,17 @@ struct Fd {
 /// The backend's state: one stack, the virtual clock, the descriptor table and the
 /// packets the stack sent that packetdrill has not read yet.
 pub struct Backend {
-    stack: Stack,
-    /// Virtual time in nanoseconds since the backend was created.
-    now_ns: u64,
+    /// The stack on an in-memory link, driven in virtual time.
+    driver: Driver<MemDevice, ManualClock>,
+    /// The script's end of the link.
+    link: MemQueues,
+    /// Virtual time since the backend was created; moves only when asked.
+    clock: ManualClock,
     /// Wall-clock microseconds at creation: `gettimeofday` returns this + virtual time.
     epoch_us: i64,
     tick_ns: u64,
     fds: BTreeMap<c_int, Fd>,
     out: VecDeque<(Vec<u8>, u64)>,
-    scratch: Vec<u8>,
     /// Packets handed to the stack / taken from it / answered here (ARP, NDP).
     pub injected: u64,
     pub sniffed: u64,
@@ -125,18 +129,29 @@ impl Backend {
             ..Default::default()
         };
         let stack = Stack::new(cfg).map_err(|e| format!("{e}"))?;
+        let (dev, link) = MemDevice::new(
+            "packetdrill",
+            DeviceCaps {
+                mtu: o.mtu,
+                rx_csum_offload: false,
+                tx_csum_offload: false,
+                tso: false,
+                max_burst: 64,
+            },
+        );
+        let clock = ManualClock::default();
         let epoch_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as i64)
             .unwrap_or(0);
         Ok(Backend {
-            stack,
-            now_ns: 0,
+            driver: Driver::new(stack, dev, clock.clone()),
+            link,
+            clock,
             epoch_us,
             tick_ns: o.tick_ns,
             fds: BTreeMap::new(),
             out: VecDeque::new(),
-            scratch: Vec::new(),
             injected: 0,
             sniffed: 0,
             resolved: 0,
@@ -144,16 +159,16 @@ impl Backend {
     }
 
     pub fn stack(&self) -> &Stack {
-        &self.stack
+        self.driver.stack()
     }
 
-    fn now(&self) -> Instant {
-        Instant::from_nanos(self.now_ns)
+    fn stack_mut(&mut self) -> &mut Stack {
+        self.driver.stack_mut()
     }
 
     /// Virtual microseconds since creation.
     pub fn now_us(&self) -> u64 {
-        self.now_ns / 1000
+        self.now_ns() / 1000
     }
 
     fn fd(&mut self, fd: c_int) -> Res<&mut Fd> {
@@ -209,7 +224,7 @@ impl Backend {
             Kind::Conn(_) => return Err(libc::EINVAL),
         };
         let h = self
-            .stack
+            .stack_mut()
             .tcp_listen(addr, backlog.clamp(1, 65535) as usize)
             .map_err(map)?;
         self.fd(fd)?.kind = Kind::Listen(h);
@@ -223,10 +238,10 @@ impl Backend {
         let (Kind::Listen(h), v6, nodelay) = (f.kind, f.v6, f.nodelay) else {
             return Err(libc::EINVAL);
         };
-        let c = self.stack.tcp_accept(h).map_err(map)?;
-        let peer = self.stack.tcp_peer_addr(c).map_err(map)?;
+        let c = self.stack_mut().tcp_accept(h).map_err(map)?;
+        let peer = self.stack_mut().tcp_peer_addr(c).map_err(map)?;
         if nodelay {
-            let _ = self.stack.tcp_set_nodelay(c, true);
+            let _ = self.stack_mut().tcp_set_nodelay(c, true);
         }
         let nfd = self.socket(
             if v6 { libc::AF_INET6 } else { libc::AF_INET },
@@ -245,9 +260,9 @@ impl Backend {
             Kind::Conn(_) => return Err(libc::EISCONN),
             Kind::Listen(_) => return Err(libc::EINVAL),
         };
-        let h = self.stack.tcp_connect(local, remote).map_err(map)?;
+        let h = self.stack_mut().tcp_connect(local, remote).map_err(map)?;
         if nodelay {
-            let _ = self.stack.tcp_set_nodelay(h, true);
+            let _ = self.stack_mut().tcp_set_nodelay(h, true);
         }
         self.fd(fd)?.kind = Kind::Conn(h);
         self.pump();
@@ -264,22 +279,22 @@ impl Backend {
     /// `Ok(true)` connected, `Ok(false)` still in progress.
     pub fn connect_status(&mut self, fd: c_int) -> Res<bool> {
         let h = self.conn(fd)?;
-        if let Some(e) = self.stack.tcp_error(h).map_err(map)? {
+        if let Some(e) = self.stack_mut().tcp_error(h).map_err(map)? {
             return Err(map(e));
         }
-        Ok(self.stack.readiness(h).map_err(map)?.connected)
+        Ok(self.stack_mut().readiness(h).map_err(map)?.connected)
     }
 
     pub fn try_read(&mut self, fd: c_int, buf: &mut [u8]) -> Res<usize> {
         let h = self.conn(fd)?;
-        let r = self.stack.tcp_recv(h, buf).map_err(map);
+        let r = self.stack_mut().tcp_recv(h, buf).map_err(map);
         self.pump();
         r
     }
 
     pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
         let h = self.conn(fd)?;
-        let r = match self.stack.tcp_send(h, data) {
+        let r = match self.stack_mut().tcp_send(h, data) {
             Ok(0) if !data.is_empty() => Err(libc::EAGAIN),
             r => r.map_err(map),
         };
@@ -291,7 +306,7 @@ impl Backend {
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
         match f.kind {
             Kind::Conn(h) | Kind::Listen(h) => {
-                let _ = self.stack.close(h);
+                let _ = self.stack_mut().close(h);
             }
             Kind::Fresh(_) => {}
         }
@@ -302,7 +317,9 @@ impl Backend {
     pub fn shutdown(&mut self, fd: c_int, how: c_int) -> Res<()> {
         let h = self.conn(fd)?;
         match how {
-            libc::SHUT_WR | libc::SHUT_RDWR => self.stack.tcp_shutdown_write(h).map_err(map)?,
+            libc::SHUT_WR | libc::SHUT_RDWR => {
+                self.stack_mut().tcp_shutdown_write(h).map_err(map)?
+            }
             libc::SHUT_RD => {}
             _ => return Err(libc::EINVAL),
         }
@@ -319,7 +336,7 @@ impl Backend {
             Kind::Fresh(_) => return libc::POLLOUT | libc::POLLHUP,
             Kind::Listen(h) | Kind::Conn(h) => h,
         };
-        let Ok(r) = self.stack.readiness(h) else {
+        let Ok(r) = self.stack_mut().readiness(h) else {
             return libc::POLLNVAL;
         };
         let mut ev = 0;
@@ -331,7 +348,7 @@ impl Backend {
         }
         if r.closed {
             ev |= libc::POLLHUP;
-            if matches!(self.stack.tcp_error(h), Ok(Some(_))) {
+            if matches!(self.stack_mut().tcp_error(h), Ok(Some(_))) {
                 ev |= libc::POLLERR;
             }
         }
@@ -340,7 +357,7 @@ impl Backend {
 
     /// Virtual nanoseconds since creation.
     pub fn now_ns(&self) -> u64 {
-        self.now_ns
+        self.clock.now().as_nanos()
     }
 
     /// Wall-clock microseconds (as `gettimeofday` tells them) at virtual time `t_us`.
@@ -350,14 +367,14 @@ impl Backend {
 
     /// `usleep`: runs the clock `us` microseconds on (every timer on the way fires).
     pub fn sleep_us(&mut self, us: u64) {
-        let t = self.now_ns + us * 1000;
+        let t = self.now_ns() + us * 1000;
         self.advance_to(t);
     }
 
     /// `gettimeofday`: moves the clock one tick on and reads it as wall-clock
     /// microseconds.
     pub fn gettimeofday_us(&mut self) -> i64 {
-        let t = self.now_ns + self.tick_ns;
+        let t = self.now_ns() + self.tick_ns;
         self.advance_to(t);
         self.wall_us(self.now_us())
     }
@@ -385,7 +402,7 @@ impl Backend {
     /// `FIONREAD`: bytes ready to be read.
     pub fn readable_bytes(&mut self, fd: c_int) -> Res<usize> {
         let h = self.conn(fd)?;
-        self.stack.tcp_recv_available(h).map_err(map)
+        self.stack_mut().tcp_recv_available(h).map_err(map)
     }
 
     /// `FIONBIO`.
@@ -397,7 +414,7 @@ impl Backend {
     /// The peer of a connected socket.
     pub fn peer_addr(&mut self, fd: c_int) -> Res<SocketAddr> {
         let h = self.conn(fd)?;
-        self.stack.tcp_peer_addr(h).map_err(map)
+        self.stack_mut().tcp_peer_addr(h).map_err(map)
     }
 
     /// `getsockopt` of the integer options: SO_ERROR (read and cleared), SO_TYPE,
@@ -409,7 +426,7 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_ERROR) => {
                 let mut e = std::mem::take(&mut self.fd(fd)?.so_error);
                 if let (0, Kind::Conn(h)) = (e, kind) {
-                    e = self.stack.tcp_error(h).ok().flatten().map_or(0, map);
+                    e = self.stack_mut().tcp_error(h).ok().flatten().map_or(0, map);
                 }
                 e
             }
@@ -417,8 +434,8 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => reuse as c_int,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match kind {
-                Kind::Conn(h) => self.stack.tcp_info(h).map_err(map)?.snd_mss as c_int,
-                _ => self.stack.tcp_config().mss as c_int,
+                Kind::Conn(h) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
+                _ => self.stack_mut().tcp_config().mss as c_int,
             },
             _ => return Err(libc::ENOPROTOOPT),
         })
@@ -458,14 +475,14 @@ impl Backend {
                 let secs = field(std::mem::offset_of!(libc::linger, l_linger))?;
                 if let Kind::Conn(h) = kind {
                     let d = (on != 0).then(|| Duration::from_secs(secs.max(0) as u64));
-                    self.stack.tcp_set_linger(h, d).map_err(map)?;
+                    self.stack_mut().tcp_set_linger(h, d).map_err(map)?;
                 }
             }
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
                 let on = field(0)? != 0;
                 self.fd(fd)?.nodelay = on;
                 if let Kind::Conn(h) = kind {
-                    self.stack.tcp_set_nodelay(h, on).map_err(map)?;
+                    self.stack_mut().tcp_set_nodelay(h, on).map_err(map)?;
                     self.pump();
                 }
             }
