@@ -287,8 +287,15 @@ mod tests {
         assert_eq!(cli.icmp_error(now, iss, refused), IcmpOutcome::Aborted);
         assert_eq!(cli.state(), State::Closed);
         assert_eq!(cli.error(), Some(TcpError::Refused));
-        assert_eq!(TcpError::HostUnreachable.errno(), 113);
-        assert_eq!(TcpError::NetUnreachable.errno(), 101);
+        // The other hard errors end an attempt with their own variant (the stack maps
+        // each to its errno).
+        for error in [TcpError::HostUnreachable, TcpError::NetUnreachable] {
+            let mut cli = Connection::connect(c, s, now, cfg());
+            cli.poll_transmit(now, &mut out);
+            let hard = IcmpError::Unreachable { error, hard: true };
+            assert_eq!(cli.icmp_error(now, cli.iss(), hard), IcmpOutcome::Aborted);
+            assert_eq!(cli.error(), Some(error));
+        }
     }
 
     #[test]

@@ -78,7 +78,8 @@ impl fmt::Display for State {
     }
 }
 
-/// Why a connection ended abnormally (the socket error a C caller sees as errno).
+/// Why a connection ended abnormally. The stack maps it to its own error type, whose
+/// errno table is the only one (`usnet_stack::StackError::errno`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TcpError {
     /// RST in answer to our SYN (ECONNREFUSED).
@@ -93,20 +94,6 @@ pub enum TcpError {
     HostUnreachable,
     /// ICMP network unreachable (ENETUNREACH).
     NetUnreachable,
-}
-
-impl TcpError {
-    /// Linux errno.
-    pub fn errno(self) -> i32 {
-        match self {
-            TcpError::Refused => 111,
-            TcpError::Reset => 104,
-            TcpError::TimedOut => 110,
-            TcpError::Aborted => 103,
-            TcpError::HostUnreachable => 113,
-            TcpError::NetUnreachable => 101,
-        }
-    }
 }
 
 /// A received segment as the engine needs it: the TCP header fields plus payload.
