@@ -3,6 +3,7 @@
 //! when the quoted sequence number is in flight (RFC 5927 §4.1), so that a blind
 //! attacker has to guess it.
 
+use super::timers::Timer;
 use super::{Connection, Recovery, State, TcpError};
 use crate::seq::Seq;
 use crate::time::Instant;
@@ -113,7 +114,7 @@ impl Connection {
             if self.recovery == Recovery::None {
                 self.recovery = Recovery::Pmtu;
                 self.recovery_point = self.snd_nxt;
-                self.tlp_at = None;
+                self.timers.clear(Timer::Tlp);
                 self.tlp_pending = false;
             }
             // The first resend goes out even if the window is full.

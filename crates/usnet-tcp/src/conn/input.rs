@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::timers::Timer;
 use super::{Connection, Recovery, Segment, State, TcpError, TxSeg, Wake};
 use crate::cc::AckSample;
 use crate::payload::Payload;
@@ -129,14 +130,15 @@ impl Connection {
         self.rack.end_seq = self.snd_una;
         self.rack.fack = self.snd_una;
         self.recovery_point = self.snd_una;
-        self.rto_at = None;
+        self.timers.clear(Timer::Rto);
         self.backoff = 0;
         self.syn_pending = false;
         self.quickack = self.cfg.quickack_segments;
         if self.rcv_adv.lt(self.rcv_nxt) {
             self.rcv_adv = self.rcv_nxt;
         }
-        self.keepalive_at = self.cfg.keepalive.map(|k| self.now + k.idle);
+        let keepalive_at = self.cfg.keepalive.map(|k| self.now + k.idle);
+        self.timers.set_or_clear(Timer::Keepalive, keepalive_at);
         self.last_tx = self.now;
     }
 
@@ -148,7 +150,7 @@ impl Connection {
         if self.state.is_synchronized() {
             if let Some(k) = self.cfg.keepalive {
                 self.keepalive_sent = 0;
-                self.keepalive_at = Some(self.now + k.idle);
+                self.timers.set(Timer::Keepalive, self.now + k.idle);
             }
         }
 
@@ -227,7 +229,7 @@ impl Connection {
                     }
                 }
                 if self.state == State::TimeWait && f.fin() {
-                    self.close_at = Some(self.now + self.cfg.time_wait);
+                    self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
                     self.stats.time_wait_restarted += 1;
                 }
                 self.ack_now = true;
@@ -334,7 +336,7 @@ impl Connection {
                 }
             }
             State::TimeWait if f.fin() => {
-                self.close_at = Some(self.now + self.cfg.time_wait);
+                self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
                 self.stats.time_wait_restarted += 1;
                 self.ack_now = true;
             }
@@ -400,8 +402,8 @@ impl Connection {
             self.max_snd_wnd = self.max_snd_wnd.max(w);
             self.snd_wl1 = seq;
             self.snd_wl2 = ack;
-            if w > 0 && self.persist_at.is_some() {
-                self.persist_at = None;
+            if w > 0 && self.timers.is_armed(Timer::Persist) {
+                self.timers.clear(Timer::Persist);
                 self.persist_backoff = 0;
             }
         }
@@ -493,7 +495,8 @@ impl Connection {
                 State::FinWait1 => {
                     self.state = State::FinWait2;
                     if self.app_closed {
-                        self.close_at = Some(self.now + self.cfg.fin_wait2_timeout);
+                        self.timers
+                            .set(Timer::Close, self.now + self.cfg.fin_wait2_timeout);
                     }
                 }
                 State::Closing => self.enter_time_wait(),
@@ -559,11 +562,12 @@ impl Connection {
         // Something got through: forget the soft error (as Linux does).
         self.soft_error = None;
         if self.segs.is_empty() {
-            self.rto_at = None;
-            self.tlp_at = None;
-            self.reo_at = None;
+            self.timers.clear(Timer::Rto);
+            self.timers.clear(Timer::Tlp);
+            self.timers.clear(Timer::Reorder);
         } else {
-            self.rto_at = Some(self.now + self.rto_backed_off());
+            self.timers
+                .set(Timer::Rto, self.now + self.rto_backed_off());
         }
         delivered
     }
@@ -693,7 +697,7 @@ impl Connection {
                 wait = Some(wait.map_or(deadline, |w: Instant| w.max(deadline)));
             }
         }
-        self.reo_at = wait;
+        self.timers.set_or_clear(Timer::Reorder, wait);
     }
 
     pub(crate) fn mark_lost(&mut self, i: usize) {
@@ -723,7 +727,7 @@ impl Connection {
         let flight = self.snd_nxt.since(self.snd_una);
         self.cc.on_loss(self.now, flight, self.smss());
         self.fast_rtx_pending = true;
-        self.tlp_at = None;
+        self.timers.clear(Timer::Tlp);
     }
 
     /// Arm the tail-loss probe (RFC 8985 §7.2) after new data or a new ACK.
@@ -734,7 +738,7 @@ impl Connection {
             || self.tlp_outstanding
             || self.segs.is_empty()
         {
-            self.tlp_at = None;
+            self.timers.clear(Timer::Tlp);
             return;
         }
         let pto = match self.rtt.srtt {
@@ -748,9 +752,9 @@ impl Connection {
             None => Duration::from_secs(1),
         };
         let at = self.now + pto;
-        match self.rto_at {
-            Some(r) if r <= at => self.tlp_at = None,
-            _ => self.tlp_at = Some(at),
+        match self.timers.get(Timer::Rto) {
+            Some(r) if r <= at => self.timers.clear(Timer::Tlp),
+            _ => self.timers.set(Timer::Tlp, at),
         }
     }
 
@@ -843,8 +847,9 @@ impl Connection {
                         self.stats.tx_quick_acks += 1;
                     } else if self.rx_unacked >= 2 * self.rcv_mss {
                         self.ack_now = true;
-                    } else if self.delack_at.is_none() {
-                        self.delack_at = Some(self.now + self.cfg.delayed_ack);
+                    } else {
+                        self.timers
+                            .set_if_idle(Timer::DelayedAck, self.now + self.cfg.delayed_ack);
                     }
                 }
             } else {

@@ -6,6 +6,7 @@
 mod icmp;
 mod input;
 mod output;
+mod timers;
 
 pub use icmp::{IcmpError, IcmpOutcome};
 
@@ -23,7 +24,8 @@ use crate::payload::Payload;
 use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
-use crate::time::{earliest, Instant};
+use crate::time::Instant;
+use timers::{Timer, Timers};
 
 /// RFC 9293 connection states (LISTEN lives in [`crate::Listener`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -427,17 +429,10 @@ pub struct Connection {
 
     // ---- timers
     pub(crate) rtt: Rtt,
-    pub(crate) rto_at: Option<Instant>,
     pub(crate) backoff: u32,
-    pub(crate) delack_at: Option<Instant>,
-    pub(crate) persist_at: Option<Instant>,
     pub(crate) persist_backoff: u32,
-    pub(crate) keepalive_at: Option<Instant>,
     pub(crate) keepalive_sent: u32,
-    /// TIME-WAIT end, FIN-WAIT-2 timeout or linger deadline.
-    pub(crate) close_at: Option<Instant>,
-    pub(crate) tlp_at: Option<Instant>,
-    pub(crate) reo_at: Option<Instant>,
+    pub(crate) timers: Timers,
     pub(crate) last_rx: Instant,
     pub(crate) last_tx: Instant,
 
@@ -568,16 +563,10 @@ impl Connection {
             ts_offset,
             last_ack_sent: Seq(0),
             rtt: Rtt::new(cfg.initial_rto),
-            rto_at: None,
+            timers: Timers::default(),
             backoff: 0,
-            delack_at: None,
-            persist_at: None,
             persist_backoff: 0,
-            keepalive_at: None,
             keepalive_sent: 0,
-            close_at: None,
-            tlp_at: None,
-            reo_at: None,
             last_rx: now,
             last_tx: now,
             ack_now: false,
@@ -765,9 +754,10 @@ impl Connection {
     pub fn set_keepalive(&mut self, ka: Option<crate::config::Keepalive>) {
         self.cfg.keepalive = ka;
         self.keepalive_sent = 0;
-        self.keepalive_at = ka
+        let at = ka
             .filter(|_| self.state.is_synchronized())
             .map(|k| self.last_rx + k.idle);
+        self.timers.set_or_clear(Timer::Keepalive, at);
     }
     /// SO_LINGER.
     pub fn set_linger(&mut self, linger: Option<Duration>) {
@@ -958,13 +948,14 @@ impl Connection {
         self.shutdown_write();
         if let Some(l) = self.cfg.linger {
             if self.state != State::Closed {
-                self.close_at = Some(self.now + l);
+                self.timers.set(Timer::Close, self.now + l);
             }
         }
         // Closed after a half-close whose FIN is already acknowledged: the orphan
         // waits for the peer's FIN only so long (Linux arms tcp_fin_timeout here too).
-        if self.state == State::FinWait2 && self.close_at.is_none() {
-            self.close_at = Some(self.now + self.cfg.fin_wait2_timeout);
+        if self.state == State::FinWait2 && !self.timers.is_armed(Timer::Close) {
+            self.timers
+                .set(Timer::Close, self.now + self.cfg.fin_wait2_timeout);
         }
     }
 
@@ -1001,13 +992,7 @@ impl Connection {
             });
         }
         self.state = State::Closed;
-        self.rto_at = None;
-        self.delack_at = None;
-        self.persist_at = None;
-        self.keepalive_at = None;
-        self.close_at = None;
-        self.tlp_at = None;
-        self.reo_at = None;
+        self.timers.clear_all();
         self.ack_now = false;
         self.dupacks_owed = 0;
         self.syn_pending = false;
@@ -1019,13 +1004,8 @@ impl Connection {
     pub(crate) fn enter_time_wait(&mut self) {
         self.state = State::TimeWait;
         self.stats.time_wait_entered += 1;
-        self.rto_at = None;
-        self.persist_at = None;
-        self.keepalive_at = None;
-        self.tlp_at = None;
-        self.reo_at = None;
-        self.delack_at = None;
-        self.close_at = Some(self.now + self.cfg.time_wait);
+        self.timers.clear_all();
+        self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
         self.segs.clear();
         self.pipe = 0;
         self.sacked_bytes = 0;
@@ -1044,12 +1024,7 @@ impl Connection {
         {
             return Some(self.now);
         }
-        let mut t = earliest(self.rto_at, self.delack_at);
-        t = earliest(t, self.persist_at);
-        t = earliest(t, self.keepalive_at);
-        t = earliest(t, self.close_at);
-        t = earliest(t, self.tlp_at);
-        earliest(t, self.reo_at)
+        self.timers.next()
     }
 
     /// Timestamp clock value for now (ms + per-connection offset).

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use usnet_wire::{TcpFlags, TcpOptions, TcpRepr, TCP_HEADER_LEN};
 
+use super::timers::Timer;
 use super::{Connection, Recovery, SegmentSink, State, TcpError, TxSeg, Wake};
 use crate::seq::Seq;
 use crate::time::Instant;
@@ -33,95 +34,96 @@ impl Connection {
             }
         }
         if self.state.is_synchronized() && self.state != State::TimeWait {
-            if !self.segs.is_empty() && self.rto_at.is_none() {
-                self.rto_at = Some(self.now + self.rto_backed_off());
+            if !self.segs.is_empty() && !self.timers.is_armed(Timer::Rto) {
+                self.timers
+                    .set(Timer::Rto, self.now + self.rto_backed_off());
             }
             // Persist timer: data waits, nothing is in flight, the window stops us.
-            if blocked_by_window && self.segs.is_empty() && self.persist_at.is_none() {
+            if blocked_by_window && self.segs.is_empty() && !self.timers.is_armed(Timer::Persist) {
                 let base = self.rtt.rto.max(self.cfg.persist_min);
                 let shift = self.persist_backoff.min(16);
                 let d = (base * (1u32 << shift)).min(self.cfg.persist_max);
-                self.persist_at = Some(self.now + d);
+                self.timers.set(Timer::Persist, self.now + d);
             }
         }
         self.wake_since(readable, eof, free, state)
     }
 
-    fn run_timers(&mut self) {
+    /// Close timer: TIME-WAIT is over, an orphan waited too long in FIN-WAIT-2, or
+    /// the linger time ran out (abort).
+    pub(crate) fn on_close_timer(&mut self) {
+        match self.state {
+            State::TimeWait => self.enter_closed(None),
+            State::Closed => {}
+            State::FinWait2 if self.app_closed => {
+                self.stats.fin_wait2_timeouts += 1;
+                self.enter_closed(None);
+            }
+            _ => {
+                self.stats.linger_timeouts += 1;
+                self.error = Some(TcpError::Aborted);
+                self.rst_pending = true;
+            }
+        }
+    }
+
+    pub(crate) fn on_rto_timer(&mut self) {
+        self.on_rto();
+    }
+
+    /// RACK reordering timer: the segments it waited for are lost now.
+    pub(crate) fn on_reorder_timer(&mut self) {
+        self.stats.rack_reorder_timeouts += 1;
+        self.rack_detect_loss();
+        if self.lost_segs > 0 && self.recovery == Recovery::None {
+            self.enter_fast_recovery();
+        }
+    }
+
+    /// TLP timer: send a probe on the next transmit pass.
+    pub(crate) fn on_tlp_timer(&mut self) {
+        if self.recovery == Recovery::None && !self.segs.is_empty() {
+            self.tlp_pending = true;
+        }
+    }
+
+    pub(crate) fn on_delayed_ack_timer(&mut self) {
+        if !self.ack_now {
+            self.ack_now = true;
+            self.stats.tx_delayed_acks += 1;
+        }
+    }
+
+    pub(crate) fn on_persist_timer(&mut self) {
+        // Window probes that never open the window count like retransmissions
+        // (Linux: tcp_retries2, or tcp_orphan_retries once the application has
+        // closed), so a silent zero-window peer cannot pin a connection forever.
+        let limit = if self.app_closed {
+            self.cfg.orphan_retries
+        } else {
+            self.cfg.max_retries
+        };
+        if self.persist_backoff >= limit {
+            self.stats.persist_timeouts += 1;
+            self.enter_closed(Some(TcpError::TimedOut));
+            return;
+        }
+        self.persist_pending = true;
+    }
+
+    pub(crate) fn on_keepalive_timer(&mut self) {
         let now = self.now;
-        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
-        if due(self.close_at) {
-            self.close_at = None;
-            match self.state {
-                State::TimeWait => self.enter_closed(None),
-                State::Closed => {}
-                State::FinWait2 if self.app_closed => {
-                    self.stats.fin_wait2_timeouts += 1;
-                    self.enter_closed(None);
-                }
-                _ => {
-                    self.stats.linger_timeouts += 1;
-                    self.error = Some(TcpError::Aborted);
-                    self.rst_pending = true;
-                }
-            }
-        }
-        if due(self.rto_at) {
-            self.rto_at = None;
-            self.on_rto();
-        }
-        if due(self.reo_at) {
-            self.reo_at = None;
-            self.stats.rack_reorder_timeouts += 1;
-            self.rack_detect_loss();
-            if self.lost_segs > 0 && self.recovery == Recovery::None {
-                self.enter_fast_recovery();
-            }
-        }
-        if due(self.tlp_at) {
-            self.tlp_at = None;
-            if self.recovery == Recovery::None && !self.segs.is_empty() {
-                self.tlp_pending = true;
-            }
-        }
-        if due(self.delack_at) {
-            self.delack_at = None;
-            if !self.ack_now {
-                self.ack_now = true;
-                self.stats.tx_delayed_acks += 1;
-            }
-        }
-        if due(self.persist_at) {
-            self.persist_at = None;
-            // Window probes that never open the window count like retransmissions
-            // (Linux: tcp_retries2, or tcp_orphan_retries once the application has
-            // closed), so a silent zero-window peer cannot pin a connection forever.
-            let limit = if self.app_closed {
-                self.cfg.orphan_retries
+        if let (Some(k), true) = (self.cfg.keepalive, self.state.is_synchronized()) {
+            if !self.segs.is_empty() || self.state == State::TimeWait {
+                self.timers.set(Timer::Keepalive, now + k.idle);
+            } else if self.keepalive_sent >= k.count {
+                self.stats.keepalive_timeouts += 1;
+                self.error = Some(self.timeout_error());
+                self.rst_pending = true;
             } else {
-                self.cfg.max_retries
-            };
-            if self.persist_backoff >= limit {
-                self.stats.persist_timeouts += 1;
-                self.enter_closed(Some(TcpError::TimedOut));
-                return;
-            }
-            self.persist_pending = true;
-        }
-        if due(self.keepalive_at) {
-            self.keepalive_at = None;
-            if let (Some(k), true) = (self.cfg.keepalive, self.state.is_synchronized()) {
-                if !self.segs.is_empty() || self.state == State::TimeWait {
-                    self.keepalive_at = Some(now + k.idle);
-                } else if self.keepalive_sent >= k.count {
-                    self.stats.keepalive_timeouts += 1;
-                    self.error = Some(self.timeout_error());
-                    self.rst_pending = true;
-                } else {
-                    self.keepalive_sent += 1;
-                    self.keepalive_pending = true;
-                    self.keepalive_at = Some(now + k.interval);
-                }
+                self.keepalive_sent += 1;
+                self.keepalive_pending = true;
+                self.timers.set(Timer::Keepalive, now + k.interval);
             }
         }
     }
@@ -168,9 +170,9 @@ impl Connection {
                     self.mark_lost(i);
                 }
                 self.backoff += 1;
-                self.tlp_at = None;
+                self.timers.clear(Timer::Tlp);
                 self.tlp_pending = false;
-                self.reo_at = None;
+                self.timers.clear(Timer::Reorder);
                 self.dupacks = 0;
                 self.fast_rtx_pending = true;
             }
@@ -326,7 +328,7 @@ impl Connection {
             self.rcv_adv = self.rcv_adv.max(adv);
             self.last_ack_sent = self.rcv_nxt;
             self.ack_now = false;
-            self.delack_at = None;
+            self.timers.clear(Timer::DelayedAck);
             self.rx_unacked = 0;
             self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
         }
@@ -401,7 +403,8 @@ impl Connection {
                 self.syn_pending = false;
                 self.syn_xmits += 1;
                 self.syn_sent_at = self.now;
-                self.rto_at = Some(self.now + self.rto_backed_off());
+                self.timers
+                    .set(Timer::Rto, self.now + self.rto_backed_off());
                 return Some(true);
             }
             _ => {}
@@ -540,9 +543,8 @@ impl Connection {
         }
         self.stats.retransmit_segments += 1;
         self.stats.retransmit_bytes += data_len as u64;
-        if self.rto_at.is_none() {
-            self.rto_at = Some(self.now + self.rto_backed_off());
-        }
+        self.timers
+            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
         true
     }
 
@@ -559,8 +561,9 @@ impl Connection {
         if sent {
             self.stats.tlp_probes += 1;
             self.tlp_outstanding = true;
-            self.tlp_at = None;
-            self.rto_at = Some(self.now + self.rto_backed_off());
+            self.timers.clear(Timer::Tlp);
+            self.timers
+                .set(Timer::Rto, self.now + self.rto_backed_off());
         }
         Some(sent)
     }
@@ -678,10 +681,9 @@ impl Connection {
             self.stats.tx_data_segments += 1;
             self.stats.tx_bytes += len as u64;
         }
-        if self.rto_at.is_none() {
-            self.rto_at = Some(self.now + self.rto_backed_off());
-        }
-        if self.tlp_at.is_none() {
+        self.timers
+            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
+        if !self.timers.is_armed(Timer::Tlp) {
             self.arm_tlp();
         }
         Some(true)
