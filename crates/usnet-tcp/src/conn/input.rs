@@ -131,7 +131,7 @@ impl Connection {
         self.rack.fack = self.snd_una;
         self.recovery_point = self.snd_una;
         self.timers.clear(Timer::Rto);
-        self.backoff = 0;
+        self.rtt.backoff = 0;
         self.syn_pending = false;
         self.quickack = self.cfg.quickack_segments;
         if self.rcv_adv.lt(self.rcv_nxt) {
@@ -556,7 +556,7 @@ impl Connection {
                     .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
             }
         }
-        self.backoff = 0;
+        self.rtt.backoff = 0;
         self.dupacks = 0;
         self.tlp_outstanding = false;
         // Something got through: forget the soft error (as Linux does).

@@ -6,6 +6,7 @@
 mod icmp;
 mod input;
 mod output;
+mod rtt;
 mod timers;
 
 pub use icmp::{IcmpError, IcmpOutcome};
@@ -25,6 +26,7 @@ use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
+use rtt::RttEstimator;
 use timers::{Timer, Timers};
 
 /// RFC 9293 connection states (LISTEN lives in [`crate::Listener`]).
@@ -243,56 +245,6 @@ pub struct TcpInfo {
     pub send_queued: usize,
 }
 
-/// RFC 6298 round-trip estimator.
-#[derive(Debug, Clone)]
-pub(crate) struct Rtt {
-    pub srtt: Option<Duration>,
-    pub rttvar: Duration,
-    pub rto: Duration,
-    pub min_rtt: Option<Duration>,
-}
-
-impl Rtt {
-    fn new(initial: Duration) -> Self {
-        Rtt {
-            srtt: None,
-            rttvar: Duration::ZERO,
-            rto: initial,
-            min_rtt: None,
-        }
-    }
-    pub(crate) fn sample(&mut self, r: Duration, cfg: &TcpConfig) {
-        self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
-        self.smooth(r, cfg);
-    }
-
-    /// A sample from the timestamp echo. Its millisecond granularity reads 0 on a fast
-    /// path, so it feeds SRTT and the RTO but never `min_rtt`: RACK compares an ACK's
-    /// timing with `min_rtt` to tell a retransmission's own ACK from the original's,
-    /// and a 0 would turn that check off.
-    pub(crate) fn sample_coarse(&mut self, r: Duration, cfg: &TcpConfig) {
-        self.smooth(r, cfg);
-    }
-
-    fn smooth(&mut self, r: Duration, cfg: &TcpConfig) {
-        match self.srtt {
-            None => {
-                self.srtt = Some(r);
-                self.rttvar = r / 2;
-            }
-            Some(s) => {
-                let delta = s.abs_diff(r);
-                self.rttvar = (self.rttvar * 3 + delta) / 4;
-                self.srtt = Some((s * 7 + r) / 8);
-            }
-        }
-        let s = self.srtt.unwrap_or(r);
-        // G (clock granularity) is 1 ms for the timestamp clock.
-        let var = (self.rttvar * 4).max(Duration::from_millis(1));
-        self.rto = (s + var).clamp(cfg.min_rto, cfg.max_rto);
-    }
-}
-
 /// One sent segment on the retransmission queue (the scoreboard entry).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxSeg {
@@ -428,8 +380,7 @@ pub struct Connection {
     pub(crate) last_ack_sent: Seq,
 
     // ---- timers
-    pub(crate) rtt: Rtt,
-    pub(crate) backoff: u32,
+    pub(crate) rtt: RttEstimator,
     pub(crate) persist_backoff: u32,
     pub(crate) keepalive_sent: u32,
     pub(crate) timers: Timers,
@@ -562,9 +513,8 @@ impl Connection {
             ts_recent_at: now,
             ts_offset,
             last_ack_sent: Seq(0),
-            rtt: Rtt::new(cfg.initial_rto),
+            rtt: RttEstimator::new(cfg.initial_rto),
             timers: Timers::default(),
-            backoff: 0,
             persist_backoff: 0,
             keepalive_sent: 0,
             last_rx: now,
@@ -718,7 +668,7 @@ impl Connection {
             rttvar: self.rtt.rttvar,
             min_rtt: self.rtt.min_rtt,
             rto: self.rtt.rto,
-            backoff: self.backoff,
+            backoff: self.rtt.backoff,
             cwnd: self.cc.cwnd(),
             ssthresh: self.cc.ssthresh(),
             snd_mss: self.smss(),
@@ -1034,8 +984,7 @@ impl Connection {
 
     /// RTO with back-off.
     pub(crate) fn rto_backed_off(&self) -> Duration {
-        let shift = self.backoff.min(16);
-        (self.rtt.rto * (1u32 << shift)).min(self.cfg.max_rto)
+        self.rtt.backed_off(self.cfg.max_rto)
     }
 
     /// Rate-limited challenge ACK (RFC 5961 §7, per connection).
@@ -1095,25 +1044,5 @@ impl Connection {
             ));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod rtt_tests {
-    use super::*;
-
-    #[test]
-    fn timestamp_samples_never_lower_min_rtt() {
-        let cfg = TcpConfig::default();
-        let mut r = Rtt::new(Duration::from_secs(1));
-        r.sample(Duration::from_micros(50), &cfg);
-        // A 0 ms echo on a 50 µs path: smoothed in, but min_rtt keeps the real floor.
-        r.sample_coarse(Duration::ZERO, &cfg);
-        assert_eq!(r.min_rtt, Some(Duration::from_micros(50)));
-        assert!(r.srtt.unwrap() < Duration::from_micros(50));
-        // Without a fine sample, a coarse one sets no floor at all.
-        let mut r = Rtt::new(Duration::from_secs(1));
-        r.sample_coarse(Duration::ZERO, &cfg);
-        assert_eq!(r.min_rtt, None);
     }
 }

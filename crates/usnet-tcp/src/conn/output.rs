@@ -141,7 +141,7 @@ impl Connection {
                     self.enter_closed(Some(TcpError::TimedOut));
                     return;
                 }
-                self.backoff += 1;
+                self.rtt.backoff += 1;
                 self.syn_pending = true;
                 self.stats.syn_retransmits += 1;
             }
@@ -150,7 +150,7 @@ impl Connection {
                 if self.segs.is_empty() {
                     return;
                 }
-                if self.backoff >= self.cfg.max_retries {
+                if self.rtt.backoff >= self.cfg.max_retries {
                     self.stats.conn_timeouts += 1;
                     self.enter_closed(Some(TcpError::TimedOut));
                     return;
@@ -169,7 +169,7 @@ impl Connection {
                 for i in 0..self.segs.len() {
                     self.mark_lost(i);
                 }
-                self.backoff += 1;
+                self.rtt.backoff += 1;
                 self.timers.clear(Timer::Tlp);
                 self.tlp_pending = false;
                 self.timers.clear(Timer::Reorder);
