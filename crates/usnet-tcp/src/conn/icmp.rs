@@ -102,10 +102,10 @@ impl Connection {
         }
         let fits = self.smss();
         let mut marked = false;
-        for i in 0..self.segs.len() {
-            let s = self.segs[i];
+        for i in 0..self.scoreboard.len() {
+            let s = self.scoreboard[i];
             if s.end.gt(seq) && !s.sacked && !s.lost && s.len() - u32::from(s.fin) > fits {
-                self.mark_lost(i);
+                self.scoreboard.mark_lost(i);
                 marked = true;
             }
         }
@@ -195,11 +195,11 @@ mod tests {
         let r = cli.icmp_error(now, una + 2 * 1448, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssLowered);
         assert_eq!(cli.snd_mss(), 1240);
-        assert_eq!(cli.lost_segs, 6);
+        assert_eq!(cli.scoreboard.lost_segs(), 6);
         // A late error for the first (same MTU) marks the first two as well.
         let r = cli.icmp_error(now, una + 100, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssNotLowered);
-        assert_eq!(cli.lost_segs, 8);
+        assert_eq!(cli.scoreboard.lost_segs(), 8);
         assert_eq!(cli.stats().pmtu_not_lowered, 1);
         let mut out = VecSink::default();
         cli.poll_transmit(now, &mut out);
@@ -218,7 +218,7 @@ mod tests {
         // More errors for the originals lower nothing and mark nothing again.
         let r = cli.icmp_error(now, una, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssNotLowered);
-        assert_eq!(cli.lost_segs, 0, "nothing marked twice");
+        assert_eq!(cli.scoreboard.lost_segs(), 0, "nothing marked twice");
         // The router dropped the originals; the resent pieces arrive and are ACKed:
         // the episode ends with the window intact.
         let later = now + Duration::from_millis(1);

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use super::scoreboard::TxSeg;
 use super::timers::Timer;
-use super::{Connection, Recovery, Segment, State, TcpError, TxSeg, Wake};
+use super::{Connection, Recovery, Segment, State, TcpError, Wake};
 use crate::cc::AckSample;
 use crate::payload::Payload;
 use crate::ring::{OooAdd, Ring};
@@ -414,7 +415,7 @@ impl Connection {
             && seg.payload.is_empty()
             && !seg.flags.fin()
             && !window_changed
-            && !self.segs.is_empty()
+            && !self.scoreboard.is_empty()
         {
             self.dupacks += 1;
             self.stats.rx_dup_acks += 1;
@@ -427,7 +428,7 @@ impl Connection {
         if delivered {
             self.rack_detect_loss();
         }
-        if self.lost_segs > 0 && self.recovery == Recovery::None {
+        if self.scoreboard.lost_segs() > 0 && self.recovery == Recovery::None {
             self.enter_fast_recovery();
         }
 
@@ -447,7 +448,8 @@ impl Connection {
                 Recovery::Fast => {
                     if ack.ge(self.recovery_point) {
                         self.recovery = Recovery::None;
-                        self.cc.on_recovery_end(self.now, self.pipe, self.smss());
+                        self.cc
+                            .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
                     } else {
                         self.stats.partial_acks += 1;
                         if !self.sack_ok {
@@ -513,31 +515,18 @@ impl Connection {
         self.snd_una_before_last_ack = self.snd_una;
         let mut rtt_sample = None;
         let mut delivered = false;
-        while let Some(front) = self.segs.front().copied() {
-            if front.end.le(ack) {
-                self.segs.pop_front();
-                self.account_remove(&front);
-                if !front.sacked {
-                    self.rack_update(&front);
-                    delivered = true;
-                    if front.xmits == 1 {
-                        rtt_sample = Some(self.now.saturating_since(front.sent));
-                    }
-                }
-            } else {
-                if front.start.lt(ack) {
-                    let cut = ack.since(front.start);
-                    if let Some(f) = self.segs.front_mut() {
-                        f.start = ack;
-                    }
-                    if front.sacked {
-                        self.sacked_bytes -= cut;
-                    } else if !front.lost {
-                        self.pipe -= cut;
-                    }
-                    delivered = true;
-                }
+        while let Some(front) = self.scoreboard.front() {
+            if !front.end.le(ack) {
+                delivered |= self.scoreboard.trim_front(ack);
                 break;
+            }
+            self.scoreboard.pop_front();
+            if !front.sacked {
+                self.rack_update(&front);
+                delivered = true;
+                if front.xmits == 1 {
+                    rtt_sample = Some(self.now.saturating_since(front.sent));
+                }
             }
         }
         let data_end = self.snd_una + self.sndbuf.len();
@@ -561,7 +550,7 @@ impl Connection {
         self.tlp_outstanding = false;
         // Something got through: forget the soft error (as Linux does).
         self.soft_error = None;
-        if self.segs.is_empty() {
+        if self.scoreboard.is_empty() {
             self.timers.clear(Timer::Rto);
             self.timers.clear(Timer::Tlp);
             self.timers.clear(Timer::Reorder);
@@ -570,18 +559,6 @@ impl Connection {
                 .set(Timer::Rto, self.now + self.rto_backed_off());
         }
         delivered
-    }
-
-    /// Remove a segment's contribution to the cached scoreboard counters.
-    pub(crate) fn account_remove(&mut self, s: &TxSeg) {
-        if s.sacked {
-            self.sacked_bytes -= s.len();
-            self.sacked_segs -= 1;
-        } else if s.lost {
-            self.lost_segs -= 1;
-        } else {
-            self.pipe -= s.len();
-        }
     }
 
     fn process_sacks(&mut self, seg: &Segment) -> bool {
@@ -605,23 +582,15 @@ impl Connection {
                 continue;
             }
             let l = l.max(self.snd_una);
-            let mut idx = self.segs.partition_point(|s| s.end.le(l));
-            while idx < self.segs.len() {
-                let s = self.segs[idx];
+            let mut idx = self.scoreboard.first_ending_after(l);
+            while idx < self.scoreboard.len() {
+                let s = self.scoreboard[idx];
                 if !s.start.lt(r) {
                     break;
                 }
-                if !s.sacked && s.start.ge(l) && s.end.le(r) {
-                    if s.lost {
-                        self.lost_segs -= 1;
-                    } else {
-                        self.pipe -= s.len();
-                    }
-                    self.sacked_bytes += s.len();
-                    self.sacked_segs += 1;
-                    let e = &mut self.segs[idx];
-                    e.sacked = true;
-                    e.lost = false;
+                // Only segments the block covers whole (partly covered ones are left
+                // alone: conservative).
+                if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
                     self.rack_update(&s);
                     delivered = true;
                 }
@@ -655,7 +624,8 @@ impl Connection {
     }
 
     fn reo_wnd(&self) -> Duration {
-        if !self.rack.reordering_seen && (self.recovery != Recovery::None || self.sacked_segs >= 3)
+        if !self.rack.reordering_seen
+            && (self.recovery != Recovery::None || self.scoreboard.sacked_segs() >= 3)
         {
             return Duration::ZERO;
         }
@@ -676,8 +646,8 @@ impl Connection {
         };
         let reo = self.reo_wnd();
         let mut wait: Option<Instant> = None;
-        for i in 0..self.segs.len() {
-            let s = self.segs[i];
+        for i in 0..self.scoreboard.len() {
+            let s = self.scoreboard[i];
             if s.sacked || s.lost {
                 continue;
             }
@@ -691,7 +661,7 @@ impl Connection {
             }
             let deadline = s.sent + self.rack.rtt + reo;
             if deadline <= self.now {
-                self.mark_lost(i);
+                self.scoreboard.mark_lost(i);
                 self.stats.rack_losses += 1;
             } else {
                 wait = Some(wait.map_or(deadline, |w: Instant| w.max(deadline)));
@@ -700,20 +670,9 @@ impl Connection {
         self.timers.set_or_clear(Timer::Reorder, wait);
     }
 
-    pub(crate) fn mark_lost(&mut self, i: usize) {
-        if let Some(s) = self.segs.get_mut(i) {
-            if !s.sacked && !s.lost {
-                s.lost = true;
-                let len = s.len();
-                self.pipe -= len;
-                self.lost_segs += 1;
-            }
-        }
-    }
-
     fn mark_front_lost(&mut self) {
-        if let Some(i) = self.segs.iter().position(|s| !s.sacked) {
-            self.mark_lost(i);
+        if let Some(i) = self.scoreboard.first_unsacked() {
+            self.scoreboard.mark_lost(i);
         }
     }
 
@@ -736,7 +695,7 @@ impl Connection {
             || !self.sack_ok
             || self.recovery != Recovery::None
             || self.tlp_outstanding
-            || self.segs.is_empty()
+            || self.scoreboard.is_empty()
         {
             self.timers.clear(Timer::Tlp);
             return;
@@ -744,7 +703,7 @@ impl Connection {
         let pto = match self.rtt.srtt {
             Some(s) => {
                 let mut p = s * 2;
-                if self.segs.len() == 1 {
+                if self.scoreboard.len() == 1 {
                     p += self.cfg.peer_max_ack_delay;
                 }
                 p.max(Duration::from_millis(10))

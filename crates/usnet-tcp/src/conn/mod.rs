@@ -7,11 +7,11 @@ mod icmp;
 mod input;
 mod output;
 mod rtt;
+mod scoreboard;
 mod timers;
 
 pub use icmp::{IcmpError, IcmpOutcome};
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -27,6 +27,7 @@ use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
 use rtt::RttEstimator;
+use scoreboard::Scoreboard;
 use timers::{Timer, Timers};
 
 /// RFC 9293 connection states (LISTEN lives in [`crate::Listener`]).
@@ -245,28 +246,6 @@ pub struct TcpInfo {
     pub send_queued: usize,
 }
 
-/// One sent segment on the retransmission queue (the scoreboard entry).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TxSeg {
-    pub start: Seq,
-    /// End in sequence space (includes the FIN if `fin`).
-    pub end: Seq,
-    pub fin: bool,
-    /// Time of the latest (re)transmission.
-    pub sent: Instant,
-    /// Transmissions so far (1 = never retransmitted).
-    pub xmits: u16,
-    pub sacked: bool,
-    /// Marked lost and not yet retransmitted.
-    pub lost: bool,
-}
-
-impl TxSeg {
-    pub(crate) fn len(&self) -> u32 {
-        self.end.since(self.start)
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recovery {
     None,
@@ -337,12 +316,7 @@ pub struct Connection {
     pub(crate) fin_queued: bool,
     pub(crate) fin_sent: bool,
     pub(crate) fin_acked: bool,
-    pub(crate) segs: VecDeque<TxSeg>,
-    pub(crate) max_segs: usize,
-    pub(crate) pipe: u32,
-    pub(crate) sacked_bytes: u32,
-    pub(crate) sacked_segs: u32,
-    pub(crate) lost_segs: u32,
+    pub(crate) scoreboard: Scoreboard,
     /// Peer's MSS (payload without options).
     pub(crate) peer_mss: u16,
 
@@ -454,7 +428,6 @@ impl Connection {
         } else {
             0
         };
-        let max_segs = (cfg.send_buffer / 256).clamp(64, 65536);
         let rcv_space = if cfg.autotune {
             cfg.recv_buffer_initial.min(cfg.recv_buffer)
         } else {
@@ -482,12 +455,7 @@ impl Connection {
             fin_queued: false,
             fin_sent: false,
             fin_acked: false,
-            segs: VecDeque::with_capacity(max_segs),
-            max_segs,
-            pipe: 0,
-            sacked_bytes: 0,
-            sacked_segs: 0,
-            lost_segs: 0,
+            scoreboard: Scoreboard::new(cfg.send_buffer),
             peer_mss: default_peer_mss(remote),
             irs: Seq(0),
             rcv_nxt: Seq(0),
@@ -674,9 +642,9 @@ impl Connection {
             snd_mss: self.smss(),
             rcv_mss: self.rcv_mss,
             bytes_in_flight: self.snd_nxt.since(self.snd_una),
-            pipe: self.pipe,
-            sacked_bytes: self.sacked_bytes,
-            lost_segments: self.lost_segs,
+            pipe: self.scoreboard.pipe(),
+            sacked_bytes: self.scoreboard.sacked_bytes(),
+            lost_segments: self.scoreboard.lost_segs(),
             snd_wnd: self.snd_wnd,
             rcv_wnd: self.rcv_adv.since(self.rcv_nxt),
             rcv_space: self.rcv_space as u32,
@@ -956,11 +924,7 @@ impl Connection {
         self.stats.time_wait_entered += 1;
         self.timers.clear_all();
         self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
-        self.segs.clear();
-        self.pipe = 0;
-        self.sacked_bytes = 0;
-        self.sacked_segs = 0;
-        self.lost_segs = 0;
+        self.scoreboard.clear();
     }
 
     /// The next time `poll_transmit` has timer work to do (or `now` if it has output
@@ -1005,44 +969,6 @@ impl Connection {
     /// Check the scoreboard's cached counters against a recount (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        let (mut pipe, mut sb, mut ss, mut ls) = (0u32, 0u32, 0u32, 0u32);
-        let mut prev = self.snd_una;
-        for s in &self.segs {
-            if s.start != prev {
-                return Err(format!(
-                    "gap in scoreboard at {:?} (prev end {:?})",
-                    s.start, prev
-                ));
-            }
-            prev = s.end;
-            if s.sacked {
-                sb += s.len();
-                ss += 1;
-            } else if s.lost {
-                ls += 1;
-            } else {
-                pipe += s.len();
-            }
-        }
-        if !self.segs.is_empty() && prev != self.snd_nxt {
-            return Err(format!(
-                "scoreboard ends at {prev:?}, snd_nxt {:?}",
-                self.snd_nxt
-            ));
-        }
-        if (pipe, sb, ss, ls)
-            != (
-                self.pipe,
-                self.sacked_bytes,
-                self.sacked_segs,
-                self.lost_segs,
-            )
-        {
-            return Err(format!(
-                "counters: recount pipe {pipe} sacked {sb}/{ss} lost {ls}; cached {} {}/{} {}",
-                self.pipe, self.sacked_bytes, self.sacked_segs, self.lost_segs
-            ));
-        }
-        Ok(())
+        self.scoreboard.check(self.snd_una, self.snd_nxt)
     }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use usnet_wire::{TcpFlags, TcpOptions, TcpRepr, TCP_HEADER_LEN};
 
+use super::scoreboard::TxSeg;
 use super::timers::Timer;
-use super::{Connection, Recovery, SegmentSink, State, TcpError, TxSeg, Wake};
+use super::{Connection, Recovery, SegmentSink, State, TcpError, Wake};
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -34,12 +35,15 @@ impl Connection {
             }
         }
         if self.state.is_synchronized() && self.state != State::TimeWait {
-            if !self.segs.is_empty() && !self.timers.is_armed(Timer::Rto) {
+            if !self.scoreboard.is_empty() && !self.timers.is_armed(Timer::Rto) {
                 self.timers
                     .set(Timer::Rto, self.now + self.rto_backed_off());
             }
             // Persist timer: data waits, nothing is in flight, the window stops us.
-            if blocked_by_window && self.segs.is_empty() && !self.timers.is_armed(Timer::Persist) {
+            if blocked_by_window
+                && self.scoreboard.is_empty()
+                && !self.timers.is_armed(Timer::Persist)
+            {
                 let base = self.rtt.rto.max(self.cfg.persist_min);
                 let shift = self.persist_backoff.min(16);
                 let d = (base * (1u32 << shift)).min(self.cfg.persist_max);
@@ -75,14 +79,14 @@ impl Connection {
     pub(crate) fn on_reorder_timer(&mut self) {
         self.stats.rack_reorder_timeouts += 1;
         self.rack_detect_loss();
-        if self.lost_segs > 0 && self.recovery == Recovery::None {
+        if self.scoreboard.lost_segs() > 0 && self.recovery == Recovery::None {
             self.enter_fast_recovery();
         }
     }
 
     /// TLP timer: send a probe on the next transmit pass.
     pub(crate) fn on_tlp_timer(&mut self) {
-        if self.recovery == Recovery::None && !self.segs.is_empty() {
+        if self.recovery == Recovery::None && !self.scoreboard.is_empty() {
             self.tlp_pending = true;
         }
     }
@@ -114,7 +118,7 @@ impl Connection {
     pub(crate) fn on_keepalive_timer(&mut self) {
         let now = self.now;
         if let (Some(k), true) = (self.cfg.keepalive, self.state.is_synchronized()) {
-            if !self.segs.is_empty() || self.state == State::TimeWait {
+            if !self.scoreboard.is_empty() || self.state == State::TimeWait {
                 self.timers.set(Timer::Keepalive, now + k.idle);
             } else if self.keepalive_sent >= k.count {
                 self.stats.keepalive_timeouts += 1;
@@ -147,7 +151,7 @@ impl Connection {
             }
             State::Closed | State::TimeWait => {}
             _ => {
-                if self.segs.is_empty() {
+                if self.scoreboard.is_empty() {
                     return;
                 }
                 if self.rtt.backoff >= self.cfg.max_retries {
@@ -166,8 +170,8 @@ impl Connection {
                 }
                 self.recovery = Recovery::Rto;
                 self.recovery_point = self.snd_nxt;
-                for i in 0..self.segs.len() {
-                    self.mark_lost(i);
+                for i in 0..self.scoreboard.len() {
+                    self.scoreboard.mark_lost(i);
                 }
                 self.rtt.backoff += 1;
                 self.timers.clear(Timer::Tlp);
@@ -338,9 +342,11 @@ impl Connection {
 
     fn pipe_est(&self) -> u32 {
         if !self.sack_ok && self.recovery == Recovery::Fast {
-            self.pipe.saturating_sub(self.dupacks * self.smss())
+            self.scoreboard
+                .pipe()
+                .saturating_sub(self.dupacks * self.smss())
         } else {
-            self.pipe
+            self.scoreboard.pipe()
         }
     }
 
@@ -410,7 +416,7 @@ impl Connection {
             _ => {}
         }
         if self.state != State::TimeWait {
-            if self.lost_segs > 0 {
+            if self.scoreboard.lost_segs() > 0 {
                 if let Some(sent) = self.retransmit_lost(sink) {
                     return Some(sent);
                 }
@@ -485,8 +491,8 @@ impl Connection {
 
     /// Retransmit the first segment marked lost, if the congestion window allows.
     fn retransmit_lost<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
-        let i = self.segs.iter().position(|s| s.lost)?;
-        let len = self.segs[i].len();
+        let i = self.scoreboard.first_lost()?;
+        let len = self.scoreboard[i].len();
         let pipe = self.pipe_est();
         if !self.fast_rtx_pending && pipe > 0 && pipe + len > self.cc.cwnd() {
             self.cwnd_blocked = true;
@@ -503,23 +509,12 @@ impl Connection {
     fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
         let opts = self.options(false, false);
         let maxp = self.max_payload(&opts) as u32;
-        let s = self.segs[i];
-        let data_len = s.len() - u32::from(s.fin);
-        if data_len > maxp {
-            // Split: the head keeps maxp bytes; the tail is a new entry with the same marks.
-            let mut tail = s;
-            tail.start = s.start + maxp;
-            self.segs[i].end = tail.start;
-            self.segs[i].fin = false;
-            if tail.lost {
-                self.lost_segs += 1;
-            } else if tail.sacked {
-                self.sacked_segs += 1;
-            }
-            self.segs.insert(i + 1, tail);
+        if self.scoreboard[i].data_len() > maxp {
+            // The head keeps maxp bytes; the tail is a new entry with the same marks.
+            self.scoreboard.split(i, maxp);
         }
-        let s = self.segs[i];
-        let data_len = (s.len() - u32::from(s.fin)) as usize;
+        let s = self.scoreboard[i];
+        let data_len = s.data_len() as usize;
         let mut flags = TcpFlags::ACK;
         if s.fin {
             flags |= TcpFlags::FIN;
@@ -533,14 +528,7 @@ impl Connection {
         if !self.emit(sink, flags, s.start, off, data_len, opts) {
             return false;
         }
-        let e = &mut self.segs[i];
-        e.sent = self.now;
-        e.xmits = e.xmits.saturating_add(1);
-        if e.lost {
-            e.lost = false;
-            self.lost_segs -= 1;
-            self.pipe += s.len();
-        }
+        self.scoreboard.retransmitted(i, self.now);
         self.stats.retransmit_segments += 1;
         self.stats.retransmit_bytes += data_len as u64;
         self.timers
@@ -554,7 +542,7 @@ impl Connection {
         let sent = match self.send_new_data(sink, true, &mut dummy) {
             Some(s) => s,
             None => {
-                let i = self.segs.iter().rposition(|s| !s.sacked)?;
+                let i = self.scoreboard.last_unsacked()?;
                 self.retransmit(sink, i)
             }
         };
@@ -596,7 +584,7 @@ impl Connection {
         if unsent == 0 && !want_fin {
             return None;
         }
-        if self.segs.len() >= self.max_segs {
+        if self.scoreboard.is_full() {
             return None;
         }
         let opts = self.options(false, false);
@@ -626,7 +614,7 @@ impl Connection {
             // Nagle with Minshall's refinement (as Linux): a small segment waits only
             // while an earlier small segment is unacknowledged.
             let small_out = self.snd_sml.gt(self.snd_una);
-            let nagle_ok = self.cfg.nodelay || !small_out || self.segs.is_empty() || want_fin;
+            let nagle_ok = self.cfg.nodelay || !small_out || self.scoreboard.is_empty() || want_fin;
             // Limited by the peer's window rather than by data: sender SWS avoidance
             // (RFC 9293 §3.8.6.2.1) sends a piece only if it is at least half the
             // largest window the peer offered, or if nothing is in flight (no ACK will
@@ -634,7 +622,7 @@ impl Connection {
             // leave a small tail segment behind (and end a GSO frame early).
             let window_limited = len < unsent
                 && len == win
-                && (2 * len >= self.max_snd_wnd as usize || self.segs.is_empty());
+                && (2 * len >= self.max_snd_wnd as usize || self.scoreboard.is_empty());
             if !(full || (all && nagle_ok) || window_limited) {
                 return None;
             }
@@ -644,7 +632,7 @@ impl Connection {
             return None;
         }
         // Restart after idle (RFC 5681 §4.1).
-        if self.segs.is_empty() && self.now.saturating_since(self.last_tx) > self.rtt.rto {
+        if self.scoreboard.is_empty() && self.now.saturating_since(self.last_tx) > self.rtt.rto {
             self.cc
                 .on_idle_restart(self.cfg.initial_window * self.smss());
         }
@@ -660,16 +648,7 @@ impl Connection {
             return Some(false);
         }
         let end = seq + len + u32::from(fin);
-        self.segs.push_back(TxSeg {
-            start: seq,
-            end,
-            fin,
-            sent: self.now,
-            xmits: 1,
-            sacked: false,
-            lost: false,
-        });
-        self.pipe += end.since(seq);
+        self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
         self.snd_nxt = end;
         if len < maxp {
             self.snd_sml = end;
