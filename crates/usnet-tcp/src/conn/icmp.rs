@@ -3,8 +3,9 @@
 //! when the quoted sequence number is in flight (RFC 5927 §4.1), so that a blind
 //! attacker has to guess it.
 
+use super::recovery::Phase;
 use super::timers::Timer;
-use super::{Connection, Recovery, State, TcpError};
+use super::{Connection, State, TcpError};
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -111,14 +112,14 @@ impl Connection {
         }
         if marked {
             self.stats.pmtu_resends += 1;
-            if self.recovery == Recovery::None {
-                self.recovery = Recovery::Pmtu;
-                self.recovery_point = self.snd_nxt;
+            if !self.recovery.in_recovery() {
+                self.recovery.phase = Phase::Pmtu;
+                self.recovery.point = self.snd_nxt;
                 self.timers.clear(Timer::Tlp);
-                self.tlp_pending = false;
+                self.recovery.tlp_pending = false;
             }
             // The first resend goes out even if the window is full.
-            self.fast_rtx_pending = true;
+            self.recovery.fast_rtx_pending = true;
         }
         if lowered {
             IcmpOutcome::MssLowered
@@ -214,7 +215,7 @@ mod tests {
         assert_eq!(cli.stats().fast_recoveries, 0);
         assert_eq!(cli.stats().pmtu_decreases, 1);
         cli.check_invariants().unwrap();
-        assert_eq!(cli.recovery, Recovery::Pmtu);
+        assert_eq!(cli.recovery.phase, Phase::Pmtu);
         // More errors for the originals lower nothing and mark nothing again.
         let r = cli.icmp_error(now, una, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssNotLowered);
@@ -231,7 +232,7 @@ mod tests {
             cli.input(later, &seg.segment());
         }
         assert_eq!(cli.snd_una, cli.snd_nxt);
-        assert_eq!(cli.recovery, Recovery::None);
+        assert_eq!(cli.recovery.phase, Phase::None);
         assert!(cli.info().cwnd >= cwnd);
         assert_eq!(cli.stats().fast_recoveries + cli.stats().rto_expired, 0);
         // Once acknowledged, an ICMP about those segments is stale.

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use super::scoreboard::TxSeg;
 use super::timers::Timer;
-use super::{Connection, Recovery, Segment, State, TcpError, Wake};
-use crate::cc::AckSample;
+use super::{Connection, Segment, State, TcpError, Wake};
 use crate::payload::Payload;
 use crate::ring::{OooAdd, Ring};
 use crate::seq::Seq;
@@ -128,9 +126,9 @@ impl Connection {
             .cfg
             .congestion
             .build(self.smss(), self.cfg.initial_window);
-        self.rack.end_seq = self.snd_una;
-        self.rack.fack = self.snd_una;
-        self.recovery_point = self.snd_una;
+        self.recovery.rack.end_seq = self.snd_una;
+        self.recovery.rack.fack = self.snd_una;
+        self.recovery.point = self.snd_una;
         self.timers.clear(Timer::Rto);
         self.rtt.backoff = 0;
         self.syn_pending = false;
@@ -410,85 +408,15 @@ impl Connection {
         }
 
         // Duplicate ACK (RFC 5681 §2).
-        if !advanced
+        let duplicate_ack = !advanced
             && ack == self.snd_una
             && seg.payload.is_empty()
             && !seg.flags.fin()
             && !window_changed
-            && !self.scoreboard.is_empty()
-        {
-            self.dupacks += 1;
-            self.stats.rx_dup_acks += 1;
-            if !self.sack_ok && self.dupacks == 3 && self.recovery == Recovery::None {
-                self.mark_front_lost();
-                self.stats.dupthresh_losses += 1;
-            }
-        }
-
-        if delivered {
-            self.rack_detect_loss();
-        }
-        if self.scoreboard.lost_segs() > 0 && self.recovery == Recovery::None {
-            self.enter_fast_recovery();
-        }
-
+            && !self.scoreboard.is_empty();
+        self.detect_loss(duplicate_ack, delivered);
         if advanced {
-            let acked = ack.since(self.snd_una_before_last_ack);
-            match self.recovery {
-                Recovery::None => {
-                    let s = AckSample {
-                        acked,
-                        mss: self.smss(),
-                        srtt: self.rtt.srtt,
-                        in_flight: flight_before,
-                        cwnd_limited,
-                    };
-                    self.cc.on_ack(self.now, &s);
-                }
-                Recovery::Fast => {
-                    if ack.ge(self.recovery_point) {
-                        self.recovery = Recovery::None;
-                        self.cc
-                            .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
-                    } else {
-                        self.stats.partial_acks += 1;
-                        if !self.sack_ok {
-                            // RFC 6582: the next hole is lost; retransmit it now.
-                            self.mark_front_lost();
-                            self.fast_rtx_pending = true;
-                        }
-                    }
-                }
-                Recovery::Rto => {
-                    let s = AckSample {
-                        acked,
-                        mss: self.smss(),
-                        srtt: self.rtt.srtt,
-                        in_flight: flight_before,
-                        cwnd_limited: true,
-                    };
-                    self.cc.on_ack(self.now, &s);
-                    if ack.ge(self.recovery_point) {
-                        self.recovery = Recovery::None;
-                    }
-                }
-                Recovery::Pmtu => {
-                    // Not congestion: the window grows as usual.
-                    let s = AckSample {
-                        acked,
-                        mss: self.smss(),
-                        srtt: self.rtt.srtt,
-                        in_flight: flight_before,
-                        cwnd_limited,
-                    };
-                    self.cc.on_ack(self.now, &s);
-                    if ack.ge(self.recovery_point) {
-                        self.recovery = Recovery::None;
-                    }
-                }
-            }
-            self.cwnd_blocked = false;
-            self.arm_tlp();
+            self.on_ack_advanced(ack, flight_before, cwnd_limited);
         }
 
         // Our FIN acknowledged?
@@ -507,214 +435,6 @@ impl Connection {
             }
         }
         true
-    }
-
-    /// SND.UNA advanced to `ack`: retire acknowledged segments and data, take an RTT
-    /// sample, restart the timer. Returns whether anything was delivered.
-    fn process_new_ack(&mut self, ack: Seq, ecr: Option<u32>) -> bool {
-        self.snd_una_before_last_ack = self.snd_una;
-        let mut rtt_sample = None;
-        let mut delivered = false;
-        while let Some(front) = self.scoreboard.front() {
-            if !front.end.le(ack) {
-                delivered |= self.scoreboard.trim_front(ack);
-                break;
-            }
-            self.scoreboard.pop_front();
-            if !front.sacked {
-                self.rack_update(&front);
-                delivered = true;
-                if front.xmits == 1 {
-                    rtt_sample = Some(self.now.saturating_since(front.sent));
-                }
-            }
-        }
-        let data_end = self.snd_una + self.sndbuf.len();
-        let data_acked = ack.min(data_end).since(self.snd_una);
-        self.sndbuf.consume(data_acked as usize);
-        if self.fin_sent && ack.gt(data_end) {
-            self.fin_acked = true;
-        }
-        self.snd_una = ack;
-        if let Some(r) = rtt_sample {
-            self.rtt.sample(r, &self.cfg);
-        } else if let (true, Some(ecr)) = (self.ts_ok, ecr) {
-            let ms = self.ts_now().wrapping_sub(ecr);
-            if ecr != 0 && ms < 60_000 {
-                self.rtt
-                    .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
-            }
-        }
-        self.rtt.backoff = 0;
-        self.dupacks = 0;
-        self.tlp_outstanding = false;
-        // Something got through: forget the soft error (as Linux does).
-        self.soft_error = None;
-        if self.scoreboard.is_empty() {
-            self.timers.clear(Timer::Rto);
-            self.timers.clear(Timer::Tlp);
-            self.timers.clear(Timer::Reorder);
-        } else {
-            self.timers
-                .set(Timer::Rto, self.now + self.rto_backed_off());
-        }
-        delivered
-    }
-
-    fn process_sacks(&mut self, seg: &Segment) -> bool {
-        let blocks = seg.options.sacks();
-        let mut delivered = false;
-        for (i, &(l, r)) in blocks.iter().enumerate() {
-            self.stats.rx_sack_blocks += 1;
-            let (l, r) = (Seq(l), Seq(r));
-            if !l.lt(r) || r.gt(self.snd_nxt) || r.since(l) > (1 << 30) {
-                self.stats.rx_sack_invalid += 1;
-                continue;
-            }
-            // D-SACK (RFC 2883): below the cumulative ACK, or inside the second block.
-            let in_second = i == 0
-                && blocks
-                    .get(1)
-                    .is_some_and(|&(l2, r2)| Seq(l2).le(l) && Seq(r2).ge(r));
-            if r.le(Seq(seg.ack)) || r.le(self.snd_una) || in_second {
-                self.stats.rx_dsack += 1;
-                self.rack.reo_wnd_mult = (self.rack.reo_wnd_mult + 1).min(8);
-                continue;
-            }
-            let l = l.max(self.snd_una);
-            let mut idx = self.scoreboard.first_ending_after(l);
-            while idx < self.scoreboard.len() {
-                let s = self.scoreboard[idx];
-                if !s.start.lt(r) {
-                    break;
-                }
-                // Only segments the block covers whole (partly covered ones are left
-                // alone: conservative).
-                if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
-                    self.rack_update(&s);
-                    delivered = true;
-                }
-                idx += 1;
-            }
-        }
-        delivered
-    }
-
-    /// RFC 8985 §6.2 step 2-3: note a newly delivered segment.
-    fn rack_update(&mut self, s: &TxSeg) {
-        let rtt = self.now.saturating_since(s.sent);
-        if s.xmits > 1 && self.rtt.min_rtt.is_some_and(|m| rtt < m) {
-            // Possibly the ACK of an earlier transmission: ambiguous, skip.
-            return;
-        }
-        self.rack.rtt = rtt;
-        let newer = match self.rack.xmit_ts {
-            None => true,
-            Some(t) => s.sent > t || (s.sent == t && s.end.gt(self.rack.end_seq)),
-        };
-        if newer {
-            self.rack.xmit_ts = Some(s.sent);
-            self.rack.end_seq = s.end;
-        }
-        if s.xmits == 1 && s.end.lt(self.rack.fack) && !self.rack.reordering_seen {
-            self.rack.reordering_seen = true;
-            self.stats.reordering_seen += 1;
-        }
-        self.rack.fack = self.rack.fack.max(s.end);
-    }
-
-    fn reo_wnd(&self) -> Duration {
-        if !self.rack.reordering_seen
-            && (self.recovery != Recovery::None || self.scoreboard.sacked_segs() >= 3)
-        {
-            return Duration::ZERO;
-        }
-        let min_rtt = self.rtt.min_rtt.unwrap_or(Duration::ZERO);
-        let w = min_rtt / 4 * self.rack.reo_wnd_mult;
-        match self.rtt.srtt {
-            Some(s) => w.min(s),
-            None => w,
-        }
-    }
-
-    /// RFC 8985 §6.2 step 5: mark segments sent before the most recently delivered
-    /// one, and older than it by more than the reordering window, as lost; arm the
-    /// reordering timer for the rest.
-    pub(crate) fn rack_detect_loss(&mut self) {
-        let Some(xts) = self.rack.xmit_ts else {
-            return;
-        };
-        let reo = self.reo_wnd();
-        let mut wait: Option<Instant> = None;
-        for i in 0..self.scoreboard.len() {
-            let s = self.scoreboard[i];
-            if s.sacked || s.lost {
-                continue;
-            }
-            let before = s.sent < xts || (s.sent == xts && s.end.lt(self.rack.end_seq));
-            if !before {
-                if s.xmits == 1 {
-                    // Every later never-retransmitted segment was sent later still.
-                    break;
-                }
-                continue;
-            }
-            let deadline = s.sent + self.rack.rtt + reo;
-            if deadline <= self.now {
-                self.scoreboard.mark_lost(i);
-                self.stats.rack_losses += 1;
-            } else {
-                wait = Some(wait.map_or(deadline, |w: Instant| w.max(deadline)));
-            }
-        }
-        self.timers.set_or_clear(Timer::Reorder, wait);
-    }
-
-    fn mark_front_lost(&mut self) {
-        if let Some(i) = self.scoreboard.first_unsacked() {
-            self.scoreboard.mark_lost(i);
-        }
-    }
-
-    pub(crate) fn enter_fast_recovery(&mut self) {
-        if self.recovery != Recovery::None {
-            return;
-        }
-        self.recovery = Recovery::Fast;
-        self.recovery_point = self.snd_nxt;
-        self.stats.fast_recoveries += 1;
-        let flight = self.snd_nxt.since(self.snd_una);
-        self.cc.on_loss(self.now, flight, self.smss());
-        self.fast_rtx_pending = true;
-        self.timers.clear(Timer::Tlp);
-    }
-
-    /// Arm the tail-loss probe (RFC 8985 §7.2) after new data or a new ACK.
-    pub(crate) fn arm_tlp(&mut self) {
-        if !self.cfg.tlp
-            || !self.sack_ok
-            || self.recovery != Recovery::None
-            || self.tlp_outstanding
-            || self.scoreboard.is_empty()
-        {
-            self.timers.clear(Timer::Tlp);
-            return;
-        }
-        let pto = match self.rtt.srtt {
-            Some(s) => {
-                let mut p = s * 2;
-                if self.scoreboard.len() == 1 {
-                    p += self.cfg.peer_max_ack_delay;
-                }
-                p.max(Duration::from_millis(10))
-            }
-            None => Duration::from_secs(1),
-        };
-        let at = self.now + pto;
-        match self.timers.get(Timer::Rto) {
-            Some(r) if r <= at => self.timers.clear(Timer::Tlp),
-            _ => self.timers.set(Timer::Tlp, at),
-        }
     }
 
     /// Data and FIN of an acceptable segment in ESTABLISHED / FIN-WAIT-1/2.

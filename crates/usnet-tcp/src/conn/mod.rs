@@ -6,8 +6,11 @@
 mod icmp;
 mod input;
 mod output;
+mod recovery;
 mod rtt;
 mod scoreboard;
+#[cfg(test)]
+mod test_util;
 mod timers;
 
 pub use icmp::{IcmpError, IcmpOutcome};
@@ -26,6 +29,7 @@ use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
+use recovery::Recovery;
 use rtt::RttEstimator;
 use scoreboard::Scoreboard;
 use timers::{Timer, Timers};
@@ -246,31 +250,6 @@ pub struct TcpInfo {
     pub send_queued: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Recovery {
-    None,
-    /// Fast recovery (RFC 6675 / 6582) until `recovery_point` is acknowledged.
-    Fast,
-    /// Loss recovery after an RTO (go-back-N from the scoreboard, slow start).
-    Rto,
-    /// Resending what a path MTU decrease dropped, until `recovery_point` is
-    /// acknowledged; not congestion, so the window is left alone.
-    Pmtu,
-}
-
-/// RACK state (RFC 8985 §6.1).
-#[derive(Debug, Clone)]
-pub(crate) struct Rack {
-    /// Transmission time of the most recently delivered segment.
-    pub xmit_ts: Option<Instant>,
-    pub end_seq: Seq,
-    pub rtt: Duration,
-    /// Highest end sequence ever delivered (acked or SACKed).
-    pub fack: Seq,
-    pub reordering_seen: bool,
-    pub reo_wnd_mult: u32,
-}
-
 /// Listener-negotiated parameters that a passively opened connection starts from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Handshake {
@@ -370,8 +349,6 @@ pub struct Connection {
     pub(crate) rst_pending: bool,
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
     pub(crate) reply_rst: Option<(Seq, Option<Seq>)>,
-    pub(crate) tlp_pending: bool,
-    pub(crate) tlp_outstanding: bool,
     pub(crate) persist_pending: bool,
     pub(crate) keepalive_pending: bool,
     pub(crate) challenge_count: u32,
@@ -381,13 +358,8 @@ pub struct Connection {
 
     // ---- recovery and congestion control
     pub(crate) recovery: Recovery,
-    pub(crate) recovery_point: Seq,
-    pub(crate) dupacks: u32,
-    pub(crate) rack: Rack,
     pub(crate) cc: Box<dyn CongestionControl>,
     pub(crate) cwnd_blocked: bool,
-    /// The first retransmission of a recovery episode goes out regardless of cwnd.
-    pub(crate) fast_rtx_pending: bool,
     /// The application called `close()` (not just `shutdown_write`).
     pub(crate) app_closed: bool,
     pub(crate) stats: TcpStats,
@@ -494,28 +466,15 @@ impl Connection {
             syn_pending: false,
             rst_pending: false,
             reply_rst: None,
-            tlp_pending: false,
-            tlp_outstanding: false,
             persist_pending: false,
             keepalive_pending: false,
             challenge_count: 0,
             challenge_window: now,
             syn_xmits: 0,
             syn_sent_at: now,
-            recovery: Recovery::None,
-            recovery_point: iss,
-            dupacks: 0,
-            rack: Rack {
-                xmit_ts: None,
-                end_seq: iss,
-                rtt: Duration::ZERO,
-                fack: iss,
-                reordering_seen: false,
-                reo_wnd_mult: 1,
-            },
+            recovery: Recovery::new(iss),
             cc,
             cwnd_blocked: false,
-            fast_rtx_pending: false,
             app_closed: false,
             stats: TcpStats::default(),
             cfg,
@@ -652,7 +611,7 @@ impl Connection {
             fast_recoveries: self.stats.fast_recoveries,
             rto_expiries: self.stats.rto_expired,
             sack_blocks: self.stats.rx_sack_blocks,
-            in_recovery: self.recovery != Recovery::None,
+            in_recovery: self.recovery.in_recovery(),
             congestion: self.cc.name(),
             wscale: self.ws_ok.then_some((self.snd_wscale, self.rcv_wscale)),
             timestamps: self.ts_ok,
@@ -914,7 +873,7 @@ impl Connection {
         self.ack_now = false;
         self.dupacks_owed = 0;
         self.syn_pending = false;
-        self.tlp_pending = false;
+        self.recovery.tlp_pending = false;
         self.persist_pending = false;
         self.keepalive_pending = false;
     }

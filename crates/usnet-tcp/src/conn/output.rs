@@ -9,7 +9,7 @@ use usnet_wire::{TcpFlags, TcpOptions, TcpRepr, TCP_HEADER_LEN};
 
 use super::scoreboard::TxSeg;
 use super::timers::Timer;
-use super::{Connection, Recovery, SegmentSink, State, TcpError, Wake};
+use super::{Connection, SegmentSink, State, TcpError, Wake};
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -71,26 +71,6 @@ impl Connection {
         }
     }
 
-    pub(crate) fn on_rto_timer(&mut self) {
-        self.on_rto();
-    }
-
-    /// RACK reordering timer: the segments it waited for are lost now.
-    pub(crate) fn on_reorder_timer(&mut self) {
-        self.stats.rack_reorder_timeouts += 1;
-        self.rack_detect_loss();
-        if self.scoreboard.lost_segs() > 0 && self.recovery == Recovery::None {
-            self.enter_fast_recovery();
-        }
-    }
-
-    /// TLP timer: send a probe on the next transmit pass.
-    pub(crate) fn on_tlp_timer(&mut self) {
-        if self.recovery == Recovery::None && !self.scoreboard.is_empty() {
-            self.tlp_pending = true;
-        }
-    }
-
     pub(crate) fn on_delayed_ack_timer(&mut self) {
         if !self.ack_now {
             self.ack_now = true;
@@ -132,59 +112,26 @@ impl Connection {
         }
     }
 
-    fn on_rto(&mut self) {
-        match self.state {
-            State::SynSent | State::SynReceived => {
-                let limit = if self.state == State::SynSent {
-                    self.cfg.syn_retries
-                } else {
-                    self.cfg.synack_retries
-                };
-                if self.syn_xmits > limit {
-                    self.stats.conn_timeouts += 1;
-                    self.enter_closed(Some(TcpError::TimedOut));
-                    return;
-                }
-                self.rtt.backoff += 1;
-                self.syn_pending = true;
-                self.stats.syn_retransmits += 1;
-            }
-            State::Closed | State::TimeWait => {}
-            _ => {
-                if self.scoreboard.is_empty() {
-                    return;
-                }
-                if self.rtt.backoff >= self.cfg.max_retries {
-                    self.stats.conn_timeouts += 1;
-                    self.enter_closed(Some(TcpError::TimedOut));
-                    return;
-                }
-                self.stats.rto_expired += 1;
-                let flight = self.snd_nxt.since(self.snd_una);
-                if self.recovery == Recovery::Rto {
-                    // Same episode: back to one segment, ssthresh unchanged.
-                    self.cc.on_idle_restart(self.smss());
-                } else {
-                    self.cc.on_rto(self.now, flight, self.smss());
-                    self.stats.rto_recoveries += 1;
-                }
-                self.recovery = Recovery::Rto;
-                self.recovery_point = self.snd_nxt;
-                for i in 0..self.scoreboard.len() {
-                    self.scoreboard.mark_lost(i);
-                }
-                self.rtt.backoff += 1;
-                self.timers.clear(Timer::Tlp);
-                self.tlp_pending = false;
-                self.timers.clear(Timer::Reorder);
-                self.dupacks = 0;
-                self.fast_rtx_pending = true;
-            }
+    /// The SYN or SYN-ACK was not answered: send it again, or give up after
+    /// `syn_retries` / `synack_retries`.
+    pub(crate) fn on_syn_timeout(&mut self) {
+        let limit = if self.state == State::SynSent {
+            self.cfg.syn_retries
+        } else {
+            self.cfg.synack_retries
+        };
+        if self.syn_xmits > limit {
+            self.stats.conn_timeouts += 1;
+            self.enter_closed(Some(TcpError::TimedOut));
+            return;
         }
+        self.rtt.backoff += 1;
+        self.syn_pending = true;
+        self.stats.syn_retransmits += 1;
     }
 
     /// Options for a segment (SYN options when `syn`).
-    fn options(&self, syn: bool, synack: bool) -> TcpOptions {
+    pub(crate) fn options(&self, syn: bool, synack: bool) -> TcpOptions {
         let mut o = TcpOptions::default();
         if syn {
             o.mss = Some(self.cfg.mss);
@@ -269,7 +216,7 @@ impl Connection {
     }
 
     /// Largest payload a segment with these options may carry.
-    fn max_payload(&self, opts: &TcpOptions) -> usize {
+    pub(crate) fn max_payload(&self, opts: &TcpOptions) -> usize {
         let hl = TcpRepr {
             options: *opts,
             ..TcpRepr::default()
@@ -282,7 +229,7 @@ impl Connection {
 
     /// Build and emit one segment; on success commit the ACK-related state.
     #[allow(clippy::too_many_arguments)]
-    fn emit<S: SegmentSink + ?Sized>(
+    pub(crate) fn emit<S: SegmentSink + ?Sized>(
         &mut self,
         sink: &mut S,
         flags: TcpFlags,
@@ -338,16 +285,6 @@ impl Connection {
         }
         self.last_tx = self.now;
         true
-    }
-
-    fn pipe_est(&self) -> u32 {
-        if !self.sack_ok && self.recovery == Recovery::Fast {
-            self.scoreboard
-                .pipe()
-                .saturating_sub(self.dupacks * self.smss())
-        } else {
-            self.scoreboard.pipe()
-        }
     }
 
     /// Emit one segment if one is due. `Some(true)`: sent; `Some(false)`/None: nothing
@@ -421,8 +358,8 @@ impl Connection {
                     return Some(sent);
                 }
             }
-            if self.tlp_pending {
-                self.tlp_pending = false;
+            if self.recovery.tlp_pending {
+                self.recovery.tlp_pending = false;
                 if let Some(sent) = self.send_tlp(sink) {
                     return Some(sent);
                 }
@@ -489,77 +426,10 @@ impl Connection {
         None
     }
 
-    /// Retransmit the first segment marked lost, if the congestion window allows.
-    fn retransmit_lost<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
-        let i = self.scoreboard.first_lost()?;
-        let len = self.scoreboard[i].len();
-        let pipe = self.pipe_est();
-        if !self.fast_rtx_pending && pipe > 0 && pipe + len > self.cc.cwnd() {
-            self.cwnd_blocked = true;
-            return None;
-        }
-        let sent = self.retransmit(sink, i);
-        if sent {
-            self.fast_rtx_pending = false;
-        }
-        Some(sent)
-    }
-
-    /// Retransmit segment `i` (splitting it first if the MSS shrank).
-    fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
-        let opts = self.options(false, false);
-        let maxp = self.max_payload(&opts) as u32;
-        if self.scoreboard[i].data_len() > maxp {
-            // The head keeps maxp bytes; the tail is a new entry with the same marks.
-            self.scoreboard.split(i, maxp);
-        }
-        let s = self.scoreboard[i];
-        let data_len = s.data_len() as usize;
-        let mut flags = TcpFlags::ACK;
-        if s.fin {
-            flags |= TcpFlags::FIN;
-        }
-        // PSH as on the original: on the segment that ended the queued data.
-        let data_end = self.snd_una + self.sndbuf.len();
-        if data_len > 0 && s.end.since(data_end) <= 1 && s.end.ge(data_end) {
-            flags |= TcpFlags::PSH;
-        }
-        let off = s.start.since(self.snd_una) as usize;
-        if !self.emit(sink, flags, s.start, off, data_len, opts) {
-            return false;
-        }
-        self.scoreboard.retransmitted(i, self.now);
-        self.stats.retransmit_segments += 1;
-        self.stats.retransmit_bytes += data_len as u64;
-        self.timers
-            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
-        true
-    }
-
-    /// Tail loss probe (RFC 8985 §7.3): new data if possible, else the last segment.
-    fn send_tlp<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
-        let mut dummy = false;
-        let sent = match self.send_new_data(sink, true, &mut dummy) {
-            Some(s) => s,
-            None => {
-                let i = self.scoreboard.last_unsacked()?;
-                self.retransmit(sink, i)
-            }
-        };
-        if sent {
-            self.stats.tlp_probes += 1;
-            self.tlp_outstanding = true;
-            self.timers.clear(Timer::Tlp);
-            self.timers
-                .set(Timer::Rto, self.now + self.rto_backed_off());
-        }
-        Some(sent)
-    }
-
     /// Send a new segment of data (and/or the FIN) if the windows, Nagle and the
     /// scoreboard allow. `force` ignores Nagle, SWS avoidance and cwnd (window
     /// probes and TLP). None: nothing to send.
-    fn send_new_data<S: SegmentSink + ?Sized>(
+    pub(crate) fn send_new_data<S: SegmentSink + ?Sized>(
         &mut self,
         sink: &mut S,
         force: bool,
