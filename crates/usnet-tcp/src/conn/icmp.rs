@@ -55,7 +55,7 @@ impl Connection {
         if matches!(self.state, State::Closed | State::TimeWait) {
             return IcmpOutcome::Ignored;
         }
-        if !Seq(seq).in_range(self.snd_una, self.snd_nxt) {
+        if !Seq(seq).in_range(self.snd.una, self.snd.nxt) {
             self.stats.icmp_out_of_window += 1;
             return IcmpOutcome::OutOfWindow;
         }
@@ -114,7 +114,7 @@ impl Connection {
             self.stats.pmtu_resends += 1;
             if !self.recovery.in_recovery() {
                 self.recovery.phase = Phase::Pmtu;
-                self.recovery.point = self.snd_nxt;
+                self.recovery.point = self.snd.nxt;
                 self.timers.clear(Timer::Tlp);
                 self.recovery.tlp_pending = false;
             }
@@ -190,7 +190,7 @@ mod tests {
         let (mut cli, mut srv, first, now) = established(8 * 1448);
         assert_eq!(first.len(), 8);
         assert!(first.iter().all(|s| s.payload.len() == 1448));
-        let una = cli.snd_una.0;
+        let una = cli.snd.una.0;
         let cwnd = cli.info().cwnd;
         // The error for the third segment: it and the later ones are resent.
         let r = cli.icmp_error(now, una + 2 * 1448, IcmpError::PacketTooBig { mss: 1240 });
@@ -231,7 +231,7 @@ mod tests {
         for seg in take(&mut back) {
             cli.input(later, &seg.segment());
         }
-        assert_eq!(cli.snd_una, cli.snd_nxt);
+        assert_eq!(cli.snd.una, cli.snd.nxt);
         assert_eq!(cli.recovery.phase, Phase::None);
         assert!(cli.info().cwnd >= cwnd);
         assert_eq!(cli.stats().fast_recoveries + cli.stats().rto_expired, 0);
@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn icmp_outside_the_flight_is_ignored() {
         let (mut cli, _srv, _, now) = established(4 * 1448);
-        let (una, nxt) = (cli.snd_una.0, cli.snd_nxt.0);
+        let (una, nxt) = (cli.snd.una.0, cli.snd.nxt.0);
         for seq in [una.wrapping_sub(1), nxt, nxt + 1000, una ^ 0x8000_0000] {
             let r = cli.icmp_error(now, seq, IcmpError::PacketTooBig { mss: 600 });
             assert_eq!(r, IcmpOutcome::OutOfWindow);
@@ -295,7 +295,10 @@ mod tests {
             let mut cli = Connection::connect(c, s, now, cfg());
             cli.poll_transmit(now, &mut out);
             let hard = IcmpError::Unreachable { error, hard: true };
-            assert_eq!(cli.icmp_error(now, cli.iss(), hard), IcmpOutcome::Aborted);
+            assert_eq!(
+                cli.icmp_error(now, cli.iss(), hard),
+                IcmpOutcome::Aborted
+            );
             assert_eq!(cli.error(), Some(error));
         }
     }
@@ -323,7 +326,7 @@ mod tests {
     #[test]
     fn soft_error_in_established_is_reported_only_by_a_timeout() {
         let (mut cli, _srv, _, mut now) = established(1000);
-        let una = cli.snd_una.0;
+        let una = cli.snd.una.0;
         let e = IcmpError::Unreachable {
             error: TcpError::HostUnreachable,
             hard: true,
@@ -349,7 +352,7 @@ mod tests {
             error: TcpError::NetUnreachable,
             hard: false,
         };
-        cli.icmp_error(now, cli.snd_una.0, e);
+        cli.icmp_error(now, cli.snd.una.0, e);
         assert_eq!(cli.soft_error(), Some(TcpError::NetUnreachable));
         let mut back = VecSink::default();
         for seg in &data {
@@ -360,7 +363,7 @@ mod tests {
         for seg in take(&mut back) {
             cli.input(later, &seg.segment());
         }
-        assert_eq!(cli.snd_una, cli.snd_nxt);
+        assert_eq!(cli.snd.una, cli.snd.nxt);
         assert_eq!(cli.soft_error(), None);
     }
 }

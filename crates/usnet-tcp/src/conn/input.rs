@@ -22,7 +22,7 @@ impl Connection {
         self.stats.rx_segments += u64::from(seg.wire_segments());
         let readable = self.recv_available();
         let eof = self.fin_received;
-        let free = self.sndbuf.free();
+        let free = self.snd.buf.free();
         let state = self.state;
         match self.state {
             State::Closed => self.stats.rx_closed_drop += 1,
@@ -36,7 +36,7 @@ impl Connection {
         let gone = |s: State| matches!(s, State::Closed | State::TimeWait);
         Wake {
             readable: self.recv_available() > readable || self.fin_received != eof,
-            writable: self.sndbuf.free() > free
+            writable: self.snd.buf.free() > free
                 || (state != self.state && self.state == State::Established),
             closed: !gone(state) && gone(self.state),
         }
@@ -48,12 +48,12 @@ impl Connection {
         match (self.cfg.window_scaling, o.window_scale) {
             (true, Some(ws)) => {
                 self.ws_ok = true;
-                self.snd_wscale = ws.min(14);
+                self.snd.wscale = ws.min(14);
                 self.rcv_wscale = self.cfg.rcv_wscale();
             }
             _ => {
                 self.ws_ok = false;
-                self.snd_wscale = 0;
+                self.snd.wscale = 0;
                 self.rcv_wscale = 0;
             }
         }
@@ -71,7 +71,7 @@ impl Connection {
     fn input_syn_sent(&mut self, seg: &Segment) {
         let f = seg.flags;
         let ack = Seq(seg.ack);
-        if f.ack() && (ack.le(self.iss) || ack.gt(self.snd_nxt)) {
+        if f.ack() && (ack.le(self.snd.iss) || ack.gt(self.snd.nxt)) {
             if !f.rst() {
                 self.stats.rx_bad_syn_ack += 1;
                 self.reply_rst = Some((ack, None));
@@ -96,12 +96,12 @@ impl Connection {
         self.rcv_adv = self.rcv_nxt;
         self.last_ack_sent = self.rcv_nxt;
         self.negotiate(seg);
-        self.snd_wnd = u32::from(seg.window);
-        self.max_snd_wnd = self.snd_wnd;
-        self.snd_wl1 = Seq(seg.seq);
-        self.snd_wl2 = ack;
+        self.snd.wnd = u32::from(seg.window);
+        self.snd.max_wnd = self.snd.wnd;
+        self.snd.wl1 = Seq(seg.seq);
+        self.snd.wl2 = ack;
         if f.ack() {
-            self.snd_una = ack;
+            self.snd.una = ack;
             if self.syn_xmits == 1 {
                 let r = self.now.saturating_since(self.syn_sent_at);
                 self.rtt.sample(r, &self.cfg);
@@ -116,7 +116,7 @@ impl Connection {
     }
 
     pub(crate) fn establish(&mut self) {
-        self.state = if self.fin_queued {
+        self.state = if self.snd.fin_queued {
             State::FinWait1
         } else {
             State::Established
@@ -126,9 +126,9 @@ impl Connection {
             .cfg
             .congestion
             .build(self.smss(), self.cfg.initial_window);
-        self.recovery.rack.end_seq = self.snd_una;
-        self.recovery.rack.fack = self.snd_una;
-        self.recovery.point = self.snd_una;
+        self.recovery.rack.end_seq = self.snd.una;
+        self.recovery.rack.fack = self.snd.una;
+        self.recovery.point = self.snd.una;
         self.timers.clear(Timer::Rto);
         self.rtt.backoff = 0;
         self.syn_pending = false;
@@ -136,32 +136,22 @@ impl Connection {
         if self.rcv_adv.lt(self.rcv_nxt) {
             self.rcv_adv = self.rcv_nxt;
         }
-        let keepalive_at = self.cfg.keepalive.map(|k| self.now + k.idle);
-        self.timers.set_or_clear(Timer::Keepalive, keepalive_at);
-        self.last_tx = self.now;
+        self.arm_keepalive();
+        self.snd.last_tx = self.now;
     }
 
     fn input_synchronized(&mut self, seg: &Segment) {
         let f = seg.flags;
         let seq = Seq(seg.seq);
         let len = seg.seg_len();
-        self.last_rx = self.now;
-        if self.state.is_synchronized() {
-            if let Some(k) = self.cfg.keepalive {
-                self.keepalive_sent = 0;
-                self.timers.set(Timer::Keepalive, self.now + k.idle);
-            }
-        }
+        self.keepalive_heard_peer();
 
         if self.state == State::SynReceived && f.syn() && seq == self.irs {
-            if f.ack() && Seq(seg.ack) == self.snd_nxt && !f.rst() {
+            if f.ack() && Seq(seg.ack) == self.snd.nxt && !f.rst() {
                 // Simultaneous open: the peer's SYN-ACK acknowledges our SYN (its SYN
                 // is the one we already have). Take it as the handshake's ACK.
-                self.snd_una = self.snd_nxt;
-                self.snd_wnd = u32::from(seg.window) << self.snd_wscale;
-                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
-                self.snd_wl1 = seq;
-                self.snd_wl2 = self.snd_nxt;
+                self.snd.una = self.snd.nxt;
+                self.set_send_window(seq, self.snd.nxt, seg.window);
                 self.establish();
             } else if !f.ack() {
                 // The peer retransmitted its SYN: our SYN-ACK was lost.
@@ -295,16 +285,13 @@ impl Connection {
 
         if self.state == State::SynReceived {
             let ack = Seq(seg.ack);
-            if ack.gt(self.snd_una) && ack.le(self.snd_nxt) {
-                self.snd_una = ack;
+            if ack.gt(self.snd.una) && ack.le(self.snd.nxt) {
+                self.snd.una = ack;
                 if self.syn_xmits == 1 {
                     let r = self.now.saturating_since(self.syn_sent_at);
                     self.rtt.sample(r, &self.cfg);
                 }
-                self.snd_wnd = u32::from(seg.window) << self.snd_wscale;
-                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
-                self.snd_wl1 = seq;
-                self.snd_wl2 = ack;
+                self.set_send_window(seq, ack, seg.window);
                 self.establish();
             } else {
                 self.reply_rst = Some((ack, None));
@@ -370,21 +357,21 @@ impl Connection {
     fn process_ack(&mut self, seg: &Segment) -> bool {
         let ack = Seq(seg.ack);
         let seq = Seq(seg.seq);
-        if ack.gt(self.snd_nxt) {
+        if ack.gt(self.snd.nxt) {
             self.stats.rx_ack_too_new += 1;
             self.challenge_ack();
             return false;
         }
-        if ack.lt(self.snd_una - self.max_snd_wnd.max(1)) {
+        if ack.lt(self.snd.una - self.snd.max_wnd.max(1)) {
             self.stats.rx_ack_too_old += 1;
             self.ack_now = true;
             return false;
         }
-        let flight_before = self.snd_nxt.since(self.snd_una);
+        let flight_before = self.snd.nxt.since(self.snd.una);
         let cwnd_limited =
-            self.cwnd_blocked || u64::from(flight_before) * 2 >= u64::from(self.cc.cwnd());
+            self.snd.cwnd_blocked || u64::from(flight_before) * 2 >= u64::from(self.cc.cwnd());
         let mut delivered = false;
-        let advanced = ack.gt(self.snd_una);
+        let advanced = ack.gt(self.snd.una);
         if advanced {
             delivered |= self.process_new_ack(ack, seg.options.timestamps.map(|t| t.1));
         }
@@ -392,24 +379,11 @@ impl Connection {
             delivered |= self.process_sacks(seg);
         }
 
-        // Window update (RFC 9293 §3.10.7.4, SND.WL1/WL2).
-        let mut window_changed = false;
-        if self.snd_wl1.lt(seq) || (self.snd_wl1 == seq && self.snd_wl2.le(ack)) {
-            let w = u32::from(seg.window) << self.snd_wscale;
-            window_changed = w != self.snd_wnd;
-            self.snd_wnd = w;
-            self.max_snd_wnd = self.max_snd_wnd.max(w);
-            self.snd_wl1 = seq;
-            self.snd_wl2 = ack;
-            if w > 0 && self.timers.is_armed(Timer::Persist) {
-                self.timers.clear(Timer::Persist);
-                self.persist_backoff = 0;
-            }
-        }
+        let window_changed = self.update_send_window(seq, ack, seg.window);
 
         // Duplicate ACK (RFC 5681 §2).
         let duplicate_ack = !advanced
-            && ack == self.snd_una
+            && ack == self.snd.una
             && seg.payload.is_empty()
             && !seg.flags.fin()
             && !window_changed
@@ -420,7 +394,7 @@ impl Connection {
         }
 
         // Our FIN acknowledged?
-        if self.fin_acked {
+        if self.snd.fin_acked {
             match self.state {
                 State::FinWait1 => {
                     self.state = State::FinWait2;
@@ -564,7 +538,7 @@ impl Connection {
                 match self.state {
                     State::Established => self.state = State::CloseWait,
                     State::FinWait1 => {
-                        if self.fin_acked {
+                        if self.snd.fin_acked {
                             self.enter_time_wait();
                         } else {
                             self.state = State::Closing;

@@ -5,10 +5,12 @@
 
 mod icmp;
 mod input;
+mod keepalive;
 mod output;
 mod recovery;
 mod rtt;
 mod scoreboard;
+mod send;
 #[cfg(test)]
 mod test_util;
 mod timers;
@@ -29,9 +31,11 @@ use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
+use keepalive::KeepaliveState;
 use recovery::Recovery;
 use rtt::RttEstimator;
 use scoreboard::Scoreboard;
+use send::SendState;
 use timers::{Timer, Timers};
 
 /// RFC 9293 connection states (LISTEN lives in [`crate::Listener`]).
@@ -278,26 +282,8 @@ pub struct Connection {
     pub(crate) soft_error: Option<TcpError>,
     pub(crate) now: Instant,
 
-    // ---- send side
-    pub(crate) iss: Seq,
-    pub(crate) snd_una: Seq,
-    pub(crate) snd_una_before_last_ack: Seq,
-    pub(crate) snd_nxt: Seq,
-    pub(crate) snd_wnd: u32,
-    pub(crate) max_snd_wnd: u32,
-    pub(crate) snd_wl1: Seq,
-    pub(crate) snd_wl2: Seq,
-    pub(crate) snd_wscale: u8,
-    /// End of the last small (less than full-sized) segment sent (Minshall's Nagle).
-    pub(crate) snd_sml: Seq,
-    pub(crate) sndbuf: Ring,
-    /// The application shut down writing: a FIN follows the data.
-    pub(crate) fin_queued: bool,
-    pub(crate) fin_sent: bool,
-    pub(crate) fin_acked: bool,
+    pub(crate) snd: SendState,
     pub(crate) scoreboard: Scoreboard,
-    /// Peer's MSS (payload without options).
-    pub(crate) peer_mss: u16,
 
     // ---- receive side
     pub(crate) irs: Seq,
@@ -334,11 +320,8 @@ pub struct Connection {
 
     // ---- timers
     pub(crate) rtt: RttEstimator,
-    pub(crate) persist_backoff: u32,
-    pub(crate) keepalive_sent: u32,
     pub(crate) timers: Timers,
-    pub(crate) last_rx: Instant,
-    pub(crate) last_tx: Instant,
+    pub(crate) keepalive: KeepaliveState,
 
     // ---- pending output
     pub(crate) ack_now: bool,
@@ -349,8 +332,6 @@ pub struct Connection {
     pub(crate) rst_pending: bool,
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
     pub(crate) reply_rst: Option<(Seq, Option<Seq>)>,
-    pub(crate) persist_pending: bool,
-    pub(crate) keepalive_pending: bool,
     pub(crate) challenge_count: u32,
     pub(crate) challenge_window: Instant,
     pub(crate) syn_xmits: u32,
@@ -359,7 +340,6 @@ pub struct Connection {
     // ---- recovery and congestion control
     pub(crate) recovery: Recovery,
     pub(crate) cc: Box<dyn CongestionControl>,
-    pub(crate) cwnd_blocked: bool,
     /// The application called `close()` (not just `shutdown_write`).
     pub(crate) app_closed: bool,
     pub(crate) stats: TcpStats,
@@ -371,18 +351,10 @@ impl fmt::Debug for Connection {
             .field("local", &self.local)
             .field("remote", &self.remote)
             .field("state", &self.state)
-            .field("snd_una", &self.snd_una)
-            .field("snd_nxt", &self.snd_nxt)
+            .field("snd_una", &self.snd.una)
+            .field("snd_nxt", &self.snd.nxt)
             .field("rcv_nxt", &self.rcv_nxt)
             .finish_non_exhaustive()
-    }
-}
-
-fn default_peer_mss(remote: SocketAddr) -> u16 {
-    if remote.is_ipv4() {
-        536
-    } else {
-        1220
     }
 }
 
@@ -413,22 +385,8 @@ impl Connection {
             error: None,
             soft_error: None,
             now,
-            iss,
-            snd_una: iss,
-            snd_una_before_last_ack: iss,
-            snd_nxt: iss,
-            snd_wnd: 0,
-            max_snd_wnd: 0,
-            snd_wl1: Seq(0),
-            snd_wl2: iss,
-            snd_wscale: 0,
-            snd_sml: iss,
-            sndbuf: Ring::new(cfg.send_buffer),
-            fin_queued: false,
-            fin_sent: false,
-            fin_acked: false,
+            snd: SendState::new(iss, cfg.send_buffer, remote, now),
             scoreboard: Scoreboard::new(cfg.send_buffer),
-            peer_mss: default_peer_mss(remote),
             irs: Seq(0),
             rcv_nxt: Seq(0),
             rcv_wscale: 0,
@@ -455,10 +413,7 @@ impl Connection {
             last_ack_sent: Seq(0),
             rtt: RttEstimator::new(cfg.initial_rto),
             timers: Timers::default(),
-            persist_backoff: 0,
-            keepalive_sent: 0,
-            last_rx: now,
-            last_tx: now,
+            keepalive: KeepaliveState::new(now),
             ack_now: false,
             dupacks_owed: 0,
             rx_unacked: 0,
@@ -466,15 +421,12 @@ impl Connection {
             syn_pending: false,
             rst_pending: false,
             reply_rst: None,
-            persist_pending: false,
-            keepalive_pending: false,
             challenge_count: 0,
             challenge_window: now,
             syn_xmits: 0,
             syn_sent_at: now,
             recovery: Recovery::new(iss),
             cc,
-            cwnd_blocked: false,
             app_closed: false,
             stats: TcpStats::default(),
             cfg,
@@ -487,7 +439,7 @@ impl Connection {
         let iss = Seq(initial_sequence(cfg.secret, local, remote, now.as_nanos()));
         let mut c = Connection::blank(local, remote, now, cfg, iss);
         c.state = State::SynSent;
-        c.snd_nxt = iss + 1u32;
+        c.snd.nxt = iss + 1u32;
         c.syn_pending = true;
         c.rcv_wscale = if c.cfg.window_scaling {
             c.cfg.rcv_wscale()
@@ -508,15 +460,15 @@ impl Connection {
     ) -> Self {
         let mut c = Connection::blank(local, remote, now, cfg, h.iss);
         c.state = State::SynReceived;
-        c.snd_nxt = h.iss + 1u32;
+        c.snd.nxt = h.iss + 1u32;
         c.irs = h.irs;
         c.rcv_nxt = h.irs + 1u32;
-        c.snd_wl1 = h.irs;
+        c.snd.wl1 = h.irs;
         c.last_ack_sent = c.rcv_nxt;
         c.set_peer_mss(Some(h.peer_mss));
         if let Some(ws) = h.peer_wscale {
             c.ws_ok = true;
-            c.snd_wscale = ws;
+            c.snd.wscale = ws;
             c.rcv_wscale = c.cfg.rcv_wscale();
         }
         c.sack_ok = h.sack;
@@ -531,15 +483,6 @@ impl Connection {
         c.syn_xmits = h.synack_xmits;
         c.syn_sent_at = h.synack_sent;
         c
-    }
-
-    pub(crate) fn set_peer_mss(&mut self, mss: Option<u16>) {
-        let m = mss.unwrap_or_else(|| default_peer_mss(self.remote));
-        let clamped = m.clamp(88, 65495);
-        if clamped != m {
-            self.stats.mss_clamped += 1;
-        }
-        self.peer_mss = clamped;
     }
 
     // ------------------------------------------------------------ accessors
@@ -570,21 +513,11 @@ impl Connection {
     }
     /// Our initial sequence number.
     pub fn iss(&self) -> u32 {
-        self.iss.0
+        self.snd.iss.0
     }
     /// The peer's initial sequence number (valid once a SYN was received).
     pub fn irs(&self) -> u32 {
         self.irs.0
-    }
-
-    /// Sender MSS: the largest payload without options.
-    pub fn snd_mss(&self) -> u32 {
-        u32::from(self.peer_mss.min(self.cfg.mss)).max(64)
-    }
-
-    /// Effective sender MSS with the options every segment carries (timestamps).
-    pub(crate) fn smss(&self) -> u32 {
-        self.snd_mss() - if self.ts_ok { 12 } else { 0 }
     }
 
     /// A `tcp_info`-like snapshot.
@@ -600,11 +533,11 @@ impl Connection {
             ssthresh: self.cc.ssthresh(),
             snd_mss: self.smss(),
             rcv_mss: self.rcv_mss,
-            bytes_in_flight: self.snd_nxt.since(self.snd_una),
+            bytes_in_flight: self.snd.nxt.since(self.snd.una),
             pipe: self.scoreboard.pipe(),
             sacked_bytes: self.scoreboard.sacked_bytes(),
             lost_segments: self.scoreboard.lost_segs(),
-            snd_wnd: self.snd_wnd,
+            snd_wnd: self.snd.wnd,
             rcv_wnd: self.rcv_adv.since(self.rcv_nxt),
             rcv_space: self.rcv_space as u32,
             total_retransmits: self.stats.retransmit_segments,
@@ -613,11 +546,11 @@ impl Connection {
             sack_blocks: self.stats.rx_sack_blocks,
             in_recovery: self.recovery.in_recovery(),
             congestion: self.cc.name(),
-            wscale: self.ws_ok.then_some((self.snd_wscale, self.rcv_wscale)),
+            wscale: self.ws_ok.then_some((self.snd.wscale, self.rcv_wscale)),
             timestamps: self.ts_ok,
             sack: self.sack_ok,
             recv_queued: self.rcvbuf.len(),
-            send_queued: self.sndbuf.len(),
+            send_queued: self.snd.buf.len(),
         }
     }
 
@@ -626,15 +559,6 @@ impl Connection {
     /// TCP_NODELAY.
     pub fn set_nodelay(&mut self, on: bool) {
         self.cfg.nodelay = on;
-    }
-    /// SO_KEEPALIVE with its parameters, or off.
-    pub fn set_keepalive(&mut self, ka: Option<crate::config::Keepalive>) {
-        self.cfg.keepalive = ka;
-        self.keepalive_sent = 0;
-        let at = ka
-            .filter(|_| self.state.is_synchronized())
-            .map(|k| self.last_rx + k.idle);
-        self.timers.set_or_clear(Timer::Keepalive, at);
     }
     /// SO_LINGER.
     pub fn set_linger(&mut self, linger: Option<Duration>) {
@@ -653,33 +577,6 @@ impl Connection {
     }
 
     // ------------------------------------------------------------ application data
-
-    /// Whether `send` may queue data (not after `shutdown_write`/`close`).
-    pub fn may_send(&self) -> bool {
-        !self.fin_queued
-            && matches!(
-                self.state,
-                State::SynSent | State::SynReceived | State::Established | State::CloseWait
-            )
-    }
-
-    /// Free space in the send buffer.
-    pub fn send_capacity(&self) -> usize {
-        if self.may_send() {
-            self.sndbuf.free()
-        } else {
-            0
-        }
-    }
-
-    /// Queue data; returns how many bytes were accepted (0 when the buffer is full or
-    /// sending is no longer allowed). Call `poll_transmit` afterwards.
-    pub fn send(&mut self, data: &[u8]) -> usize {
-        if !self.may_send() {
-            return 0;
-        }
-        self.sndbuf.push(data)
-    }
 
     /// Bytes that `recv` can return now.
     pub fn recv_available(&self) -> usize {
@@ -794,13 +691,13 @@ impl Connection {
             State::SynSent => self.enter_closed(None),
             // In SYN-RECEIVED the FIN waits for the handshake (establish() moves on
             // to FIN-WAIT-1).
-            State::SynReceived => self.fin_queued = true,
+            State::SynReceived => self.snd.fin_queued = true,
             State::Established => {
-                self.fin_queued = true;
+                self.snd.fin_queued = true;
                 self.state = State::FinWait1;
             }
             State::CloseWait => {
-                self.fin_queued = true;
+                self.snd.fin_queued = true;
                 self.state = State::LastAck;
             }
             _ => {}
@@ -874,8 +771,8 @@ impl Connection {
         self.dupacks_owed = 0;
         self.syn_pending = false;
         self.recovery.tlp_pending = false;
-        self.persist_pending = false;
-        self.keepalive_pending = false;
+        self.snd.persist_pending = false;
+        self.keepalive.pending = false;
     }
 
     pub(crate) fn enter_time_wait(&mut self) {
@@ -928,6 +825,6 @@ impl Connection {
     /// Check the scoreboard's cached counters against a recount (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.scoreboard.check(self.snd_una, self.snd_nxt)
+        self.scoreboard.check(self.snd.una, self.snd.nxt)
     }
 }

@@ -5,9 +5,8 @@
 
 use std::time::Duration;
 
-use usnet_wire::{TcpFlags, TcpOptions, TcpRepr, TCP_HEADER_LEN};
+use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
 
-use super::scoreboard::TxSeg;
 use super::timers::Timer;
 use super::{Connection, SegmentSink, State, TcpError, Wake};
 use crate::seq::Seq;
@@ -23,7 +22,7 @@ impl Connection {
         self.now = self.now.max(now);
         let readable = self.recv_available();
         let eof = self.fin_received;
-        let free = self.sndbuf.free();
+        let free = self.snd.buf.free();
         let state = self.state;
         self.run_timers();
         let mut budget = POLL_BUDGET;
@@ -40,14 +39,8 @@ impl Connection {
                     .set(Timer::Rto, self.now + self.rto_backed_off());
             }
             // Persist timer: data waits, nothing is in flight, the window stops us.
-            if blocked_by_window
-                && self.scoreboard.is_empty()
-                && !self.timers.is_armed(Timer::Persist)
-            {
-                let base = self.rtt.rto.max(self.cfg.persist_min);
-                let shift = self.persist_backoff.min(16);
-                let d = (base * (1u32 << shift)).min(self.cfg.persist_max);
-                self.timers.set(Timer::Persist, self.now + d);
+            if blocked_by_window && self.scoreboard.is_empty() {
+                self.arm_persist();
             }
         }
         self.wake_since(readable, eof, free, state)
@@ -75,40 +68,6 @@ impl Connection {
         if !self.ack_now {
             self.ack_now = true;
             self.stats.tx_delayed_acks += 1;
-        }
-    }
-
-    pub(crate) fn on_persist_timer(&mut self) {
-        // Window probes that never open the window count like retransmissions
-        // (Linux: tcp_retries2, or tcp_orphan_retries once the application has
-        // closed), so a silent zero-window peer cannot pin a connection forever.
-        let limit = if self.app_closed {
-            self.cfg.orphan_retries
-        } else {
-            self.cfg.max_retries
-        };
-        if self.persist_backoff >= limit {
-            self.stats.persist_timeouts += 1;
-            self.enter_closed(Some(TcpError::TimedOut));
-            return;
-        }
-        self.persist_pending = true;
-    }
-
-    pub(crate) fn on_keepalive_timer(&mut self) {
-        let now = self.now;
-        if let (Some(k), true) = (self.cfg.keepalive, self.state.is_synchronized()) {
-            if !self.scoreboard.is_empty() || self.state == State::TimeWait {
-                self.timers.set(Timer::Keepalive, now + k.idle);
-            } else if self.keepalive_sent >= k.count {
-                self.stats.keepalive_timeouts += 1;
-                self.error = Some(self.timeout_error());
-                self.rst_pending = true;
-            } else {
-                self.keepalive_sent += 1;
-                self.keepalive_pending = true;
-                self.timers.set(Timer::Keepalive, now + k.interval);
-            }
         }
     }
 
@@ -215,18 +174,6 @@ impl Connection {
         (f as u16, self.rcv_nxt + (f << ws))
     }
 
-    /// Largest payload a segment with these options may carry.
-    pub(crate) fn max_payload(&self, opts: &TcpOptions) -> usize {
-        let hl = TcpRepr {
-            options: *opts,
-            ..TcpRepr::default()
-        }
-        .header_len();
-        (self.snd_mss() as usize + TCP_HEADER_LEN)
-            .saturating_sub(hl)
-            .max(1)
-    }
-
     /// Build and emit one segment; on success commit the ACK-related state.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn emit<S: SegmentSink + ?Sized>(
@@ -255,7 +202,7 @@ impl Connection {
             options: opts,
         };
         let payload = if data_len > 0 {
-            self.sndbuf.slices(data_off, data_len)
+            self.snd.buf.slices(data_off, data_len)
         } else {
             (&[][..], &[][..])
         };
@@ -283,7 +230,7 @@ impl Connection {
             self.rx_unacked = 0;
             self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
         }
-        self.last_tx = self.now;
+        self.snd.last_tx = self.now;
         true
     }
 
@@ -300,7 +247,7 @@ impl Connection {
             } else {
                 TcpFlags::RST
             };
-            if !self.emit(sink, flags, self.snd_nxt, 0, 0, TcpOptions::default()) {
+            if !self.emit(sink, flags, self.snd.nxt, 0, 0, TcpOptions::default()) {
                 return Some(false);
             }
             self.stats.tx_rst += 1;
@@ -340,7 +287,7 @@ impl Connection {
                     TcpFlags::SYN
                 };
                 let opts = self.options(true, synack);
-                if !self.emit(sink, flags, self.iss, 0, 0, opts) {
+                if !self.emit(sink, flags, self.snd.iss, 0, 0, opts) {
                     return Some(false);
                 }
                 self.syn_pending = false;
@@ -364,55 +311,29 @@ impl Connection {
                     return Some(sent);
                 }
             }
-            let force = self.persist_pending && self.snd_wnd > 0;
+            let force = self.snd.persist_pending && self.snd.wnd > 0;
             match self.send_new_data(sink, force, blocked_by_window) {
                 Some(true) => {
                     if force {
-                        self.persist_pending = false;
+                        self.snd.persist_pending = false;
                     }
                     return Some(true);
                 }
                 Some(false) => return Some(false),
                 None => {}
             }
-            if self.persist_pending {
-                if !self.emit(
-                    sink,
-                    TcpFlags::ACK,
-                    self.snd_una - 1u32,
-                    0,
-                    0,
-                    self.options(false, false),
-                ) {
-                    return Some(false);
-                }
-                self.persist_pending = false;
-                self.persist_backoff += 1;
-                self.stats.persist_probes += 1;
-                *blocked_by_window = true;
-                return Some(true);
+            if self.snd.persist_pending {
+                return Some(self.send_window_probe(sink, blocked_by_window));
             }
-            if self.keepalive_pending {
-                if !self.emit(
-                    sink,
-                    TcpFlags::ACK,
-                    self.snd_una - 1u32,
-                    0,
-                    0,
-                    self.options(false, false),
-                ) {
-                    return Some(false);
-                }
-                self.keepalive_pending = false;
-                self.stats.keepalive_probes += 1;
-                return Some(true);
+            if self.keepalive.pending {
+                return Some(self.send_keepalive_probe(sink));
             }
         }
         if self.ack_now || self.dupacks_owed > 0 {
             if !self.emit(
                 sink,
                 TcpFlags::ACK,
-                self.snd_nxt,
+                self.snd.nxt,
                 0,
                 0,
                 self.options(false, false),
@@ -424,118 +345,6 @@ impl Connection {
             return Some(true);
         }
         None
-    }
-
-    /// Send a new segment of data (and/or the FIN) if the windows, Nagle and the
-    /// scoreboard allow. `force` ignores Nagle, SWS avoidance and cwnd (window
-    /// probes and TLP). None: nothing to send.
-    pub(crate) fn send_new_data<S: SegmentSink + ?Sized>(
-        &mut self,
-        sink: &mut S,
-        force: bool,
-        blocked_by_window: &mut bool,
-    ) -> Option<bool> {
-        if self.fin_sent || self.snd_una == self.iss {
-            return None;
-        }
-        if !matches!(
-            self.state,
-            State::Established
-                | State::CloseWait
-                | State::FinWait1
-                | State::LastAck
-                | State::Closing
-        ) {
-            return None;
-        }
-        let off = self.snd_nxt.since(self.snd_una) as usize;
-        let unsent = self.sndbuf.len().saturating_sub(off);
-        let want_fin = self.fin_queued;
-        if unsent == 0 && !want_fin {
-            return None;
-        }
-        if self.scoreboard.is_full() {
-            return None;
-        }
-        let opts = self.options(false, false);
-        let maxp = self.max_payload(&opts);
-        let wnd_end = self.snd_una + self.snd_wnd;
-        let win = wnd_end.since(self.snd_nxt) as usize;
-        let mut len = unsent.min(maxp).min(win);
-        if unsent > 0 && len == 0 {
-            *blocked_by_window = true;
-            if !(want_fin && unsent == 0) {
-                return None;
-            }
-        }
-        if len > 0 && !force {
-            let pipe = self.pipe_est();
-            let cwnd = self.cc.cwnd();
-            let avail = cwnd.saturating_sub(pipe) as usize;
-            if avail < len {
-                self.cwnd_blocked = true;
-                if pipe > 0 && avail < maxp.min(unsent) {
-                    return None;
-                }
-                len = len.min(avail.max(1));
-            }
-            let full = len >= maxp;
-            let all = len == unsent;
-            // Nagle with Minshall's refinement (as Linux): a small segment waits only
-            // while an earlier small segment is unacknowledged.
-            let small_out = self.snd_sml.gt(self.snd_una);
-            let nagle_ok = self.cfg.nodelay || !small_out || self.scoreboard.is_empty() || want_fin;
-            // Limited by the peer's window rather than by data: sender SWS avoidance
-            // (RFC 9293 §3.8.6.2.1) sends a piece only if it is at least half the
-            // largest window the peer offered, or if nothing is in flight (no ACK will
-            // come to open the window further). Otherwise every window edge would
-            // leave a small tail segment behind (and end a GSO frame early).
-            let window_limited = len < unsent
-                && len == win
-                && (2 * len >= self.max_snd_wnd as usize || self.scoreboard.is_empty());
-            if !(full || (all && nagle_ok) || window_limited) {
-                return None;
-            }
-        }
-        let fin = want_fin && len == unsent;
-        if len == 0 && !fin {
-            return None;
-        }
-        // Restart after idle (RFC 5681 §4.1).
-        if self.scoreboard.is_empty() && self.now.saturating_since(self.last_tx) > self.rtt.rto {
-            self.cc
-                .on_idle_restart(self.cfg.initial_window * self.smss());
-        }
-        let mut flags = TcpFlags::ACK;
-        if fin {
-            flags |= TcpFlags::FIN;
-        }
-        if len > 0 && (len == unsent || fin) {
-            flags |= TcpFlags::PSH;
-        }
-        let seq = self.snd_nxt;
-        if !self.emit(sink, flags, seq, off, len, opts) {
-            return Some(false);
-        }
-        let end = seq + len + u32::from(fin);
-        self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
-        self.snd_nxt = end;
-        if len < maxp {
-            self.snd_sml = end;
-        }
-        if fin {
-            self.fin_sent = true;
-        }
-        if len > 0 {
-            self.stats.tx_data_segments += 1;
-            self.stats.tx_bytes += len as u64;
-        }
-        self.timers
-            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
-        if !self.timers.is_armed(Timer::Tlp) {
-            self.arm_tlp();
-        }
-        Some(true)
     }
 
     /// How long until the next timer (for tests and tools).

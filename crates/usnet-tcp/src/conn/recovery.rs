@@ -154,7 +154,7 @@ impl Connection {
     /// SND.UNA advanced to `ack`: retire acknowledged segments and data, take an RTT
     /// sample, restart the timer. Returns whether anything was delivered.
     pub(crate) fn process_new_ack(&mut self, ack: Seq, ecr: Option<u32>) -> bool {
-        self.snd_una_before_last_ack = self.snd_una;
+        self.snd.una_before_last_ack = self.snd.una;
         let mut rtt_sample = None;
         let mut delivered = false;
         while let Some(front) = self.scoreboard.front() {
@@ -171,13 +171,13 @@ impl Connection {
                 }
             }
         }
-        let data_end = self.snd_una + self.sndbuf.len();
-        let data_acked = ack.min(data_end).since(self.snd_una);
-        self.sndbuf.consume(data_acked as usize);
-        if self.fin_sent && ack.gt(data_end) {
-            self.fin_acked = true;
+        let data_end = self.snd.una + self.snd.buf.len();
+        let data_acked = ack.min(data_end).since(self.snd.una);
+        self.snd.buf.consume(data_acked as usize);
+        if self.snd.fin_sent && ack.gt(data_end) {
+            self.snd.fin_acked = true;
         }
-        self.snd_una = ack;
+        self.snd.una = ack;
         if let Some(r) = rtt_sample {
             self.rtt.sample(r, &self.cfg);
         } else if let (true, Some(ecr)) = (self.ts_ok, ecr) {
@@ -211,7 +211,7 @@ impl Connection {
         for (i, &(l, r)) in blocks.iter().enumerate() {
             self.stats.rx_sack_blocks += 1;
             let (l, r) = (Seq(l), Seq(r));
-            if !l.lt(r) || r.gt(self.snd_nxt) || r.since(l) > (1 << 30) {
+            if !l.lt(r) || r.gt(self.snd.nxt) || r.since(l) > (1 << 30) {
                 self.stats.rx_sack_invalid += 1;
                 continue;
             }
@@ -220,13 +220,13 @@ impl Connection {
                 && blocks
                     .get(1)
                     .is_some_and(|&(l2, r2)| Seq(l2).le(l) && Seq(r2).ge(r));
-            if r.le(Seq(seg.ack)) || r.le(self.snd_una) || in_second {
+            if r.le(Seq(seg.ack)) || r.le(self.snd.una) || in_second {
                 self.stats.rx_dsack += 1;
                 let rack = &mut self.recovery.rack;
                 rack.reo_wnd_mult = (rack.reo_wnd_mult + 1).min(8);
                 continue;
             }
-            let l = l.max(self.snd_una);
+            let l = l.max(self.snd.una);
             let mut idx = self.scoreboard.first_ending_after(l);
             while idx < self.scoreboard.len() {
                 let s = self.scoreboard[idx];
@@ -322,9 +322,9 @@ impl Connection {
             return;
         }
         self.recovery.phase = Phase::Fast;
-        self.recovery.point = self.snd_nxt;
+        self.recovery.point = self.snd.nxt;
         self.stats.fast_recoveries += 1;
-        let flight = self.snd_nxt.since(self.snd_una);
+        let flight = self.snd.nxt.since(self.snd.una);
         self.cc.on_loss(self.now, flight, self.smss());
         self.recovery.fast_rtx_pending = true;
         self.timers.clear(Timer::Tlp);
@@ -333,7 +333,7 @@ impl Connection {
     /// SND.UNA advanced: congestion control hears of it as the episode allows, an
     /// episode ends at its recovery point, and the TLP is re-armed.
     pub(crate) fn on_ack_advanced(&mut self, ack: Seq, flight_before: u32, cwnd_limited: bool) {
-        let acked = ack.since(self.snd_una_before_last_ack);
+        let acked = ack.since(self.snd.una_before_last_ack);
         let (mss, srtt) = (self.smss(), self.rtt.srtt);
         let sample = |cwnd_limited| AckSample {
             acked,
@@ -377,7 +377,7 @@ impl Connection {
                 }
             }
         }
-        self.cwnd_blocked = false;
+        self.snd.cwnd_blocked = false;
         self.arm_tlp();
     }
 
@@ -448,7 +448,7 @@ impl Connection {
             return;
         }
         self.stats.rto_expired += 1;
-        let flight = self.snd_nxt.since(self.snd_una);
+        let flight = self.snd.nxt.since(self.snd.una);
         if self.recovery.phase == Phase::Rto {
             // Same episode: back to one segment, ssthresh unchanged.
             self.cc.on_idle_restart(self.smss());
@@ -457,7 +457,7 @@ impl Connection {
             self.stats.rto_recoveries += 1;
         }
         self.recovery.phase = Phase::Rto;
-        self.recovery.point = self.snd_nxt;
+        self.recovery.point = self.snd.nxt;
         for i in 0..self.scoreboard.len() {
             self.scoreboard.mark_lost(i);
         }
@@ -490,7 +490,7 @@ impl Connection {
         let len = self.scoreboard[i].len();
         let pipe = self.pipe_est();
         if !self.recovery.fast_rtx_pending && pipe > 0 && pipe + len > self.cc.cwnd() {
-            self.cwnd_blocked = true;
+            self.snd.cwnd_blocked = true;
             return None;
         }
         let sent = self.retransmit(sink, i);
@@ -515,11 +515,11 @@ impl Connection {
             flags |= TcpFlags::FIN;
         }
         // PSH as on the original: on the segment that ended the queued data.
-        let data_end = self.snd_una + self.sndbuf.len();
+        let data_end = self.snd.una + self.snd.buf.len();
         if data_len > 0 && s.end.since(data_end) <= 1 && s.end.ge(data_end) {
             flags |= TcpFlags::PSH;
         }
-        let off = s.start.since(self.snd_una) as usize;
+        let off = s.start.since(self.snd.una) as usize;
         if !self.emit(sink, flags, s.start, off, data_len, opts) {
             return false;
         }
