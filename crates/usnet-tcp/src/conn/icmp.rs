@@ -295,10 +295,7 @@ mod tests {
             let mut cli = Connection::connect(c, s, now, cfg());
             cli.poll_transmit(now, &mut out);
             let hard = IcmpError::Unreachable { error, hard: true };
-            assert_eq!(
-                cli.icmp_error(now, cli.iss(), hard),
-                IcmpOutcome::Aborted
-            );
+            assert_eq!(cli.icmp_error(now, cli.iss(), hard), IcmpOutcome::Aborted);
             assert_eq!(cli.error(), Some(error));
         }
     }

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use super::timers::Timer;
 use super::{Connection, Segment, State, TcpError, Wake};
-use crate::payload::Payload;
-use crate::ring::{OooAdd, Ring};
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -21,7 +19,7 @@ impl Connection {
         self.now = self.now.max(now);
         self.stats.rx_segments += u64::from(seg.wire_segments());
         let readable = self.recv_available();
-        let eof = self.fin_received;
+        let eof = self.rcv.fin_received;
         let free = self.snd.buf.free();
         let state = self.state;
         match self.state {
@@ -35,7 +33,7 @@ impl Connection {
     pub(crate) fn wake_since(&self, readable: usize, eof: bool, free: usize, state: State) -> Wake {
         let gone = |s: State| matches!(s, State::Closed | State::TimeWait);
         Wake {
-            readable: self.recv_available() > readable || self.fin_received != eof,
+            readable: self.recv_available() > readable || self.rcv.fin_received != eof,
             writable: self.snd.buf.free() > free
                 || (state != self.state && self.state == State::Established),
             closed: !gone(state) && gone(self.state),
@@ -49,12 +47,12 @@ impl Connection {
             (true, Some(ws)) => {
                 self.ws_ok = true;
                 self.snd.wscale = ws.min(14);
-                self.rcv_wscale = self.cfg.rcv_wscale();
+                self.rcv.wscale = self.cfg.rcv_wscale();
             }
             _ => {
                 self.ws_ok = false;
                 self.snd.wscale = 0;
-                self.rcv_wscale = 0;
+                self.rcv.wscale = 0;
             }
         }
         self.sack_ok = self.cfg.sack && o.sack_permitted;
@@ -91,10 +89,10 @@ impl Connection {
         if !f.syn() {
             return;
         }
-        self.irs = Seq(seg.seq);
-        self.rcv_nxt = self.irs + 1u32;
-        self.rcv_adv = self.rcv_nxt;
-        self.last_ack_sent = self.rcv_nxt;
+        self.rcv.irs = Seq(seg.seq);
+        self.rcv.nxt = self.rcv.irs + 1u32;
+        self.rcv.adv = self.rcv.nxt;
+        self.ack.last_sent = self.rcv.nxt;
         self.negotiate(seg);
         self.snd.wnd = u32::from(seg.window);
         self.snd.max_wnd = self.snd.wnd;
@@ -107,7 +105,7 @@ impl Connection {
                 self.rtt.sample(r, &self.cfg);
             }
             self.establish();
-            self.ack_now = true;
+            self.ack.pending = true;
         } else {
             // Simultaneous open: SYN-ACK with our original ISS.
             self.state = State::SynReceived;
@@ -132,9 +130,9 @@ impl Connection {
         self.timers.clear(Timer::Rto);
         self.rtt.backoff = 0;
         self.syn_pending = false;
-        self.quickack = self.cfg.quickack_segments;
-        if self.rcv_adv.lt(self.rcv_nxt) {
-            self.rcv_adv = self.rcv_nxt;
+        self.ack.quickack = self.cfg.quickack_segments;
+        if self.rcv.adv.lt(self.rcv.nxt) {
+            self.rcv.adv = self.rcv.nxt;
         }
         self.arm_keepalive();
         self.snd.last_tx = self.now;
@@ -146,7 +144,7 @@ impl Connection {
         let len = seg.seg_len();
         self.keepalive_heard_peer();
 
-        if self.state == State::SynReceived && f.syn() && seq == self.irs {
+        if self.state == State::SynReceived && f.syn() && seq == self.rcv.irs {
             if f.ack() && Seq(seg.ack) == self.snd.nxt && !f.rst() {
                 // Simultaneous open: the peer's SYN-ACK acknowledges our SYN (its SYN
                 // is the one we already have). Take it as the handshake's ACK.
@@ -171,7 +169,7 @@ impl Connection {
                             self.ts_recent_at = self.now;
                         } else {
                             self.stats.rx_paws_rejected += 1;
-                            self.ack_now = true;
+                            self.ack.pending = true;
                             return;
                         }
                     }
@@ -182,16 +180,16 @@ impl Connection {
         }
 
         // Sequence acceptability (RFC 9293 §3.10.7.4, first check).
-        let wnd = self.rcv_adv.since(self.rcv_nxt);
-        let wend = self.rcv_nxt + wnd;
+        let wnd = self.rcv.adv.since(self.rcv.nxt);
+        let wend = self.rcv.nxt + wnd;
         let acceptable = match (len, wnd) {
-            (0, 0) => seq == self.rcv_nxt,
-            (0, _) => seq.in_range(self.rcv_nxt, wend),
+            (0, 0) => seq == self.rcv.nxt,
+            (0, _) => seq.in_range(self.rcv.nxt, wend),
             (_, 0) => false,
             (_, _) => {
-                seq.in_range(self.rcv_nxt, wend)
-                    || (seq + (len - 1)).in_range(self.rcv_nxt, wend)
-                    || (seq.lt(self.rcv_nxt) && (seq + len).gt(wend))
+                seq.in_range(self.rcv.nxt, wend)
+                    || (seq + (len - 1)).in_range(self.rcv.nxt, wend)
+                    || (seq.lt(self.rcv.nxt) && (seq + len).gt(wend))
             }
         };
         // A segment that starts before RCV.NXT and covers it is acceptable too (its
@@ -207,35 +205,35 @@ impl Connection {
                 self.challenge_ack();
                 return;
             }
-            let zero_window_edge = wnd == 0 && seq == self.rcv_nxt && f.ack();
+            let zero_window_edge = wnd == 0 && seq == self.rcv.nxt && f.ack();
             if !zero_window_edge {
                 self.stats.rx_out_of_window += u64::from(seg.wire_segments());
                 let plen = seg.payload.len() as u32;
-                if plen > 0 && (seq + plen).le(self.rcv_nxt) {
+                if plen > 0 && (seq + plen).le(self.rcv.nxt) {
                     self.stats.rx_dup_bytes += u64::from(plen);
                     if self.sack_ok {
-                        self.dsack = Some((seq, seq + plen));
+                        self.rcv.dsack = Some((seq, seq + plen));
                     }
                 }
                 if self.state == State::TimeWait && f.fin() {
                     self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
                     self.stats.time_wait_restarted += 1;
                 }
-                self.ack_now = true;
+                self.ack.pending = true;
                 return;
             }
             // Zero window: take the ACK and window information, not the data.
             if !seg.payload.is_empty() {
                 self.stats.rx_beyond_window_bytes += seg.payload.len() as u64;
             }
-            self.ack_now = true;
+            self.ack.pending = true;
             self.process_ack(seg);
             return;
         }
 
         // RST (RFC 5961 §3.2).
         if f.rst() {
-            if seq != self.rcv_nxt {
+            if seq != self.rcv.nxt {
                 self.stats.rx_rst_challenged += 1;
                 self.challenge_ack();
                 return;
@@ -276,7 +274,7 @@ impl Connection {
         // TS.Recent update (RFC 7323 §4.3).
         if self.ts_ok {
             if let Some((tsval, _)) = seg.options.timestamps {
-                if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 && seq.le(self.last_ack_sent) {
+                if (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 && seq.le(self.ack.last_sent) {
                     self.ts_recent = tsval;
                     self.ts_recent_at = self.now;
                 }
@@ -324,7 +322,7 @@ impl Connection {
             State::TimeWait if f.fin() => {
                 self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
                 self.stats.time_wait_restarted += 1;
-                self.ack_now = true;
+                self.ack.pending = true;
             }
             _ => {
                 // CLOSE-WAIT, CLOSING, LAST-ACK: the peer already sent FIN.
@@ -332,23 +330,6 @@ impl Connection {
                     self.stats.rx_out_of_window += 1;
                 }
             }
-        }
-    }
-
-    fn note_urgent(&mut self, seq: Seq, up: u16) {
-        // BSD/Linux semantics: the pointer names the byte after the urgent byte.
-        if up == 0 || self.cfg.oob_inline {
-            self.stats.rx_urgent_inline += 1;
-            return;
-        }
-        let u = seq + (u32::from(up) - 1);
-        if u.ge(self.rcv_nxt) && u.lt(self.rcv_adv) {
-            if self.urg_seq != Some(u) {
-                self.urg_seq = Some(u);
-                self.stats.rx_urgent_oob += 1;
-            }
-        } else {
-            self.stats.rx_urgent_inline += 1;
         }
     }
 
@@ -364,7 +345,7 @@ impl Connection {
         }
         if ack.lt(self.snd.una - self.snd.max_wnd.max(1)) {
             self.stats.rx_ack_too_old += 1;
-            self.ack_now = true;
+            self.ack.pending = true;
             return false;
         }
         let flight_before = self.snd.nxt.since(self.snd.una);
@@ -413,154 +394,28 @@ impl Connection {
 
     /// Data and FIN of an acceptable segment in ESTABLISHED / FIN-WAIT-1/2.
     fn process_text(&mut self, seg: &Segment, seq: Seq, fin: bool) {
-        let payload = seg.payload;
-        let end = seq + payload.len();
-        if self.app_closed && !payload.is_empty() && end.gt(self.rcv_nxt) {
+        let end = seq + seg.payload.len();
+        if self.app_closed && !seg.payload.is_empty() && end.gt(self.rcv.nxt) {
             // Nobody will read this (RFC 9293 §3.10.7.4 / RFC 2525 §2.17): reset.
             self.stats.rx_after_close += 1;
             self.error = Some(TcpError::Aborted);
             self.rst_pending = true;
             return;
         }
-        let wire_segs = seg.wire_segments();
-        if !payload.is_empty() {
-            self.stats.rx_data_segments += u64::from(wire_segs);
-            let wire_segment = match seg.gso_size {
-                0 => payload.len() as u32,
-                g => u32::from(g).min(payload.len() as u32),
-            };
-            self.rcv_mss = self.rcv_mss.max(wire_segment).min(65535);
-            if self.ts_ok {
-                if let Some((_, ecr)) = seg.options.timestamps {
-                    let ms = self.ts_now().wrapping_sub(ecr);
-                    if ecr != 0 && ms < 60_000 {
-                        let r = Duration::from_millis(u64::from(ms.max(1)));
-                        self.rcv_rtt = Some(self.rcv_rtt.map_or(r, |p| p.min(r)));
-                    }
-                }
-            }
-        }
-        let mut start = seq;
-        let mut data = payload;
-        // Trim what we already have.
-        if start.lt(self.rcv_nxt) {
-            let dup = (self.rcv_nxt.since(start) as usize).min(data.len());
-            if dup > 0 {
-                self.stats.rx_dup_bytes += dup as u64;
-                if self.sack_ok {
-                    self.dsack = Some((start, start + dup));
-                }
-                self.ack_now = true;
-            }
-            data = data.skip(dup);
-            start = self.rcv_nxt;
-        }
-        // Trim to the window we advertised and the buffer.
-        let limit = self.rcv_adv.min(self.rcv_nxt + self.rcvbuf.free() as u32);
-        let room = limit.since(start) as usize;
-        let mut fin = fin;
-        if data.len() > room {
-            self.stats.rx_beyond_window_bytes += (data.len() - room) as u64;
-            data = data.take(room);
-            fin = false;
-            self.ack_now = true;
-        }
-        if fin {
-            let fs = start + data.len();
-            if self.rx_fin.is_none_or(|f| f == fs) {
-                self.rx_fin = Some(fs);
-                self.ooo.truncate(fs);
-            }
-        }
-        if !data.is_empty() {
-            if start == self.rcv_nxt {
-                let had_ooo = !self.ooo.is_empty();
-                let off = self.rcvbuf.len();
-                let n = write_payload(&mut self.rcvbuf, off, data);
-                self.rcvbuf.commit(n);
-                self.rcv_nxt = self.rcv_nxt + n;
-                let mut got = n as u64;
-                while let Some(e) = self.ooo.pop_contiguous(self.rcv_nxt) {
-                    if e.gt(self.rcv_nxt) {
-                        let extra = e.since(self.rcv_nxt);
-                        self.rcvbuf.commit(extra as usize);
-                        self.rcv_nxt = e;
-                        got += u64::from(extra);
-                    }
-                }
-                self.stats.rx_bytes += got;
-                if had_ooo {
-                    // A hole was filled: tell the sender at once (RFC 5681 §4.2).
-                    self.ack_now = true;
-                } else {
-                    self.rx_unacked += n as u32;
-                    if self.quickack > 0 {
-                        self.quickack -= 1;
-                        self.ack_now = true;
-                        self.stats.tx_quick_acks += 1;
-                    } else if self.rx_unacked >= 2 * self.rcv_mss {
-                        self.ack_now = true;
+        self.receive_text(seg, seq, fin);
+        if self.take_fin() {
+            match self.state {
+                State::Established => self.state = State::CloseWait,
+                State::FinWait1 => {
+                    if self.snd.fin_acked {
+                        self.enter_time_wait();
                     } else {
-                        self.timers
-                            .set_if_idle(Timer::DelayedAck, self.now + self.cfg.delayed_ack);
+                        self.state = State::Closing;
                     }
                 }
-            } else {
-                let off = self.rcvbuf.len() + start.since(self.rcv_nxt) as usize;
-                let dend = start + data.len();
-                match self.ooo.add(start, dend) {
-                    OooAdd::Added => {
-                        write_payload(&mut self.rcvbuf, off, data);
-                        self.stats.rx_ooo_segments += u64::from(wire_segs);
-                        self.sack_recent.rotate_right(1);
-                        self.sack_recent[0] = Some(start);
-                    }
-                    OooAdd::Duplicate => {
-                        self.stats.rx_dup_bytes += data.len() as u64;
-                        if self.sack_ok {
-                            self.dsack = Some((start, dend));
-                        }
-                    }
-                    OooAdd::Full => self.stats.rx_ooo_full += 1,
-                }
-                // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2);
-                // a coalesced frame owes one per wire segment, as they would have.
-                self.dupacks_owed = (self.dupacks_owed + wire_segs).min(8);
-                self.quickack = self.quickack.max(2);
-            }
-        }
-        if let Some(fs) = self.rx_fin {
-            if fs == self.rcv_nxt && !self.fin_received {
-                self.rcv_nxt = self.rcv_nxt + 1u32;
-                self.fin_received = true;
-                self.ack_now = true;
-                self.ooo.clear();
-                match self.state {
-                    State::Established => self.state = State::CloseWait,
-                    State::FinWait1 => {
-                        if self.snd.fin_acked {
-                            self.enter_time_wait();
-                        } else {
-                            self.state = State::Closing;
-                        }
-                    }
-                    State::FinWait2 => self.enter_time_wait(),
-                    _ => {}
-                }
+                State::FinWait2 => self.enter_time_wait(),
+                _ => {}
             }
         }
     }
-}
-
-/// Writes `data` into `ring` at `offset`, part by part; returns the bytes written.
-fn write_payload(ring: &mut Ring, offset: usize, data: Payload) -> usize {
-    let mut n = 0;
-    for c in data.chunks() {
-        let w = ring.write_at(offset + n, c);
-        n += w;
-        if w < c.len() {
-            break;
-        }
-    }
-    n
 }

@@ -8,6 +8,7 @@ mod input;
 mod keepalive;
 mod output;
 mod recovery;
+mod recv;
 mod rtt;
 mod scoreboard;
 mod send;
@@ -27,12 +28,12 @@ use crate::cc::CongestionControl;
 use crate::config::TcpConfig;
 use crate::hash::{initial_sequence, tuple_hash};
 use crate::payload::Payload;
-use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
 use keepalive::KeepaliveState;
 use recovery::Recovery;
+use recv::{AckState, RecvState};
 use rtt::RttEstimator;
 use scoreboard::Scoreboard;
 use send::SendState;
@@ -285,29 +286,8 @@ pub struct Connection {
     pub(crate) snd: SendState,
     pub(crate) scoreboard: Scoreboard,
 
-    // ---- receive side
-    pub(crate) irs: Seq,
-    pub(crate) rcv_nxt: Seq,
-    pub(crate) rcv_wscale: u8,
-    /// Right edge of the window we last advertised.
-    pub(crate) rcv_adv: Seq,
-    pub(crate) rcvbuf: Ring,
-    pub(crate) ooo: OooRanges,
-    /// A sequence number inside each recently changed SACK block, newest first.
-    pub(crate) sack_recent: [Option<Seq>; 4],
-    pub(crate) dsack: Option<(Seq, Seq)>,
-    /// Sequence number of the peer's FIN, once seen (possibly out of order).
-    pub(crate) rx_fin: Option<Seq>,
-    pub(crate) fin_received: bool,
-    pub(crate) rcv_mss: u32,
-    /// Receive-window limit (autotuned).
-    pub(crate) rcv_space: usize,
-    pub(crate) rcv_copied: usize,
-    pub(crate) rcv_space_at: Instant,
-    pub(crate) rcv_rtt: Option<Duration>,
-    /// Sequence number of the pending out-of-band byte in the receive buffer.
-    pub(crate) urg_seq: Option<Seq>,
-    pub(crate) oob_byte: Option<u8>,
+    pub(crate) rcv: RecvState,
+    pub(crate) ack: AckState,
 
     // ---- options
     pub(crate) ws_ok: bool,
@@ -316,7 +296,6 @@ pub struct Connection {
     pub(crate) ts_recent: u32,
     pub(crate) ts_recent_at: Instant,
     pub(crate) ts_offset: u32,
-    pub(crate) last_ack_sent: Seq,
 
     // ---- timers
     pub(crate) rtt: RttEstimator,
@@ -324,10 +303,6 @@ pub struct Connection {
     pub(crate) keepalive: KeepaliveState,
 
     // ---- pending output
-    pub(crate) ack_now: bool,
-    pub(crate) dupacks_owed: u32,
-    pub(crate) rx_unacked: u32,
-    pub(crate) quickack: u32,
     pub(crate) syn_pending: bool,
     pub(crate) rst_pending: bool,
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
@@ -353,7 +328,7 @@ impl fmt::Debug for Connection {
             .field("state", &self.state)
             .field("snd_una", &self.snd.una)
             .field("snd_nxt", &self.snd.nxt)
-            .field("rcv_nxt", &self.rcv_nxt)
+            .field("rcv_nxt", &self.rcv.nxt)
             .finish_non_exhaustive()
     }
 }
@@ -372,11 +347,6 @@ impl Connection {
         } else {
             0
         };
-        let rcv_space = if cfg.autotune {
-            cfg.recv_buffer_initial.min(cfg.recv_buffer)
-        } else {
-            cfg.recv_buffer
-        };
         let cc = cfg.congestion.build(mss, cfg.initial_window);
         Connection {
             local,
@@ -387,37 +357,17 @@ impl Connection {
             now,
             snd: SendState::new(iss, cfg.send_buffer, remote, now),
             scoreboard: Scoreboard::new(cfg.send_buffer),
-            irs: Seq(0),
-            rcv_nxt: Seq(0),
-            rcv_wscale: 0,
-            rcv_adv: Seq(0),
-            rcvbuf: Ring::new(cfg.recv_buffer),
-            ooo: OooRanges::new(cfg.max_ooo_ranges),
-            sack_recent: [None; 4],
-            dsack: None,
-            rx_fin: None,
-            fin_received: false,
-            rcv_mss: mss.min(536),
-            rcv_space,
-            rcv_copied: 0,
-            rcv_space_at: now,
-            rcv_rtt: None,
-            urg_seq: None,
-            oob_byte: None,
+            rcv: RecvState::new(&cfg, mss, now),
+            ack: AckState::new(cfg.quickack_segments),
             ws_ok: false,
             ts_ok: false,
             sack_ok: false,
             ts_recent: 0,
             ts_recent_at: now,
             ts_offset,
-            last_ack_sent: Seq(0),
             rtt: RttEstimator::new(cfg.initial_rto),
             timers: Timers::default(),
             keepalive: KeepaliveState::new(now),
-            ack_now: false,
-            dupacks_owed: 0,
-            rx_unacked: 0,
-            quickack: cfg.quickack_segments,
             syn_pending: false,
             rst_pending: false,
             reply_rst: None,
@@ -441,7 +391,7 @@ impl Connection {
         c.state = State::SynSent;
         c.snd.nxt = iss + 1u32;
         c.syn_pending = true;
-        c.rcv_wscale = if c.cfg.window_scaling {
+        c.rcv.wscale = if c.cfg.window_scaling {
             c.cfg.rcv_wscale()
         } else {
             0
@@ -461,15 +411,15 @@ impl Connection {
         let mut c = Connection::blank(local, remote, now, cfg, h.iss);
         c.state = State::SynReceived;
         c.snd.nxt = h.iss + 1u32;
-        c.irs = h.irs;
-        c.rcv_nxt = h.irs + 1u32;
+        c.rcv.irs = h.irs;
+        c.rcv.nxt = h.irs + 1u32;
         c.snd.wl1 = h.irs;
-        c.last_ack_sent = c.rcv_nxt;
+        c.ack.last_sent = c.rcv.nxt;
         c.set_peer_mss(Some(h.peer_mss));
         if let Some(ws) = h.peer_wscale {
             c.ws_ok = true;
             c.snd.wscale = ws;
-            c.rcv_wscale = c.cfg.rcv_wscale();
+            c.rcv.wscale = c.cfg.rcv_wscale();
         }
         c.sack_ok = h.sack;
         if let Some(ts) = h.ts_recent {
@@ -479,7 +429,7 @@ impl Connection {
         }
         // The SYN-ACK advertised an unscaled window of at most 65535.
         let w = c.rcv_window_available().min(65535);
-        c.rcv_adv = c.rcv_nxt + w;
+        c.rcv.adv = c.rcv.nxt + w;
         c.syn_xmits = h.synack_xmits;
         c.syn_sent_at = h.synack_sent;
         c
@@ -517,7 +467,7 @@ impl Connection {
     }
     /// The peer's initial sequence number (valid once a SYN was received).
     pub fn irs(&self) -> u32 {
-        self.irs.0
+        self.rcv.irs.0
     }
 
     /// A `tcp_info`-like snapshot.
@@ -532,24 +482,24 @@ impl Connection {
             cwnd: self.cc.cwnd(),
             ssthresh: self.cc.ssthresh(),
             snd_mss: self.smss(),
-            rcv_mss: self.rcv_mss,
+            rcv_mss: self.rcv.mss,
             bytes_in_flight: self.snd.nxt.since(self.snd.una),
             pipe: self.scoreboard.pipe(),
             sacked_bytes: self.scoreboard.sacked_bytes(),
             lost_segments: self.scoreboard.lost_segs(),
             snd_wnd: self.snd.wnd,
-            rcv_wnd: self.rcv_adv.since(self.rcv_nxt),
-            rcv_space: self.rcv_space as u32,
+            rcv_wnd: self.rcv.adv.since(self.rcv.nxt),
+            rcv_space: self.rcv.space as u32,
             total_retransmits: self.stats.retransmit_segments,
             fast_recoveries: self.stats.fast_recoveries,
             rto_expiries: self.stats.rto_expired,
             sack_blocks: self.stats.rx_sack_blocks,
             in_recovery: self.recovery.in_recovery(),
             congestion: self.cc.name(),
-            wscale: self.ws_ok.then_some((self.snd.wscale, self.rcv_wscale)),
+            wscale: self.ws_ok.then_some((self.snd.wscale, self.rcv.wscale)),
             timestamps: self.ts_ok,
             sack: self.sack_ok,
-            recv_queued: self.rcvbuf.len(),
+            recv_queued: self.rcv.buf.len(),
             send_queued: self.snd.buf.len(),
         }
     }
@@ -577,111 +527,6 @@ impl Connection {
     }
 
     // ------------------------------------------------------------ application data
-
-    /// Bytes that `recv` can return now.
-    pub fn recv_available(&self) -> usize {
-        self.rcvbuf.len() - usize::from(self.urg_seq.is_some_and(|u| self.in_rcvbuf(u)))
-    }
-
-    /// The peer sent FIN and everything before it has been read.
-    pub fn is_eof(&self) -> bool {
-        self.fin_received && self.rcvbuf.is_empty()
-    }
-
-    fn in_rcvbuf(&self, s: Seq) -> bool {
-        let head = self.rcv_nxt - self.rcvbuf.len() as u32;
-        s.in_range(head, self.rcv_nxt)
-    }
-
-    /// Copy received in-order data into `out`; returns the count (0: nothing now, or
-    /// EOF if [`Connection::is_eof`]). With `oob_inline` off, the urgent byte is
-    /// skipped here and kept for [`Connection::recv_urgent`].
-    pub fn recv(&mut self, out: &mut [u8]) -> usize {
-        let mut done = 0;
-        while done < out.len() && !self.rcvbuf.is_empty() {
-            let head = self.rcv_nxt - self.rcvbuf.len() as u32;
-            let mut want = out.len() - done;
-            if let Some(u) = self.urg_seq {
-                if u == head {
-                    let mut b = [0u8; 1];
-                    self.rcvbuf.peek(0, &mut b);
-                    self.rcvbuf.consume(1);
-                    self.oob_byte = Some(b[0]);
-                    self.urg_seq = None;
-                    continue;
-                }
-                if self.in_rcvbuf(u) {
-                    want = want.min(u.since(head) as usize);
-                } else if u.lt(head) {
-                    self.urg_seq = None;
-                }
-            }
-            let n = self.rcvbuf.peek(0, &mut out[done..done + want]);
-            self.rcvbuf.consume(n);
-            done += n;
-            if n == 0 {
-                break;
-            }
-        }
-        if done > 0 {
-            self.after_app_read(done);
-        }
-        done
-    }
-
-    /// The out-of-band byte (urgent data), if one arrived and was not read.
-    pub fn recv_urgent(&mut self) -> Option<u8> {
-        self.oob_byte.take()
-    }
-
-    /// After the application read: autotune the window and decide on a window update.
-    fn after_app_read(&mut self, n: usize) {
-        self.rcv_copied += n;
-        if self.cfg.autotune && self.rcv_space < self.cfg.recv_buffer {
-            let rtt = self
-                .rcv_rtt
-                .or(self.rtt.srtt)
-                .unwrap_or(Duration::from_millis(100))
-                .max(Duration::from_millis(1));
-            if self.now.saturating_since(self.rcv_space_at) >= rtt {
-                // Dynamic right-sizing: the window must hold what the application
-                // consumes in two RTTs, with room for the sender to double.
-                let want = self.rcv_copied.saturating_mul(4);
-                if want > self.rcv_space {
-                    self.rcv_space = want.min(self.cfg.recv_buffer);
-                    self.stats.rcv_window_grown += 1;
-                }
-                self.rcv_copied = 0;
-                self.rcv_space_at = self.now;
-            }
-        }
-        if !self.state.is_synchronized() || self.fin_received {
-            return;
-        }
-        // Window update when the usable window grows by enough (RFC 9293 §3.8.6.2.2).
-        // The window field can say at most 65535 << scale, so a bigger buffer cannot
-        // move the advertised edge further (without window scaling every small read
-        // would otherwise ask for a duplicate ACK).
-        let max_adv = 65535u32 << u32::from(self.rcv_wscale);
-        let right = self.rcv_nxt + self.rcv_window_available().min(max_adv);
-        let adv_left = self.rcv_adv.since(self.rcv_nxt) as usize;
-        let limit = self.rcv_limit();
-        let step = (limit / 2).min(2 * self.rcv_mss as usize).max(1);
-        if right.since(self.rcv_adv) as usize >= step && adv_left <= limit / 2 {
-            self.ack_now = true;
-            self.stats.tx_window_updates += 1;
-        }
-    }
-
-    pub(crate) fn rcv_limit(&self) -> usize {
-        self.rcv_space.min(self.rcvbuf.capacity())
-    }
-
-    /// Window the buffer could take now, bytes.
-    pub(crate) fn rcv_window_available(&self) -> u32 {
-        let free = self.rcv_limit().saturating_sub(self.rcvbuf.len());
-        free.min(self.rcvbuf.free()).min(u32::MAX as usize / 2) as u32
-    }
 
     // ------------------------------------------------------------ closing
 
@@ -712,8 +557,8 @@ impl Connection {
             return;
         }
         self.app_closed = true;
-        if self.cfg.linger == Some(Duration::ZERO) || !self.rcvbuf.is_empty() {
-            if !self.rcvbuf.is_empty() {
+        if self.cfg.linger == Some(Duration::ZERO) || !self.rcv.buf.is_empty() {
+            if !self.rcv.buf.is_empty() {
                 self.stats.rx_after_close += 1;
             }
             self.abort();
@@ -754,7 +599,7 @@ impl Connection {
         }
         match (self.ts_ok, seg.options.timestamps) {
             (true, Some((tsval, _))) => (tsval.wrapping_sub(self.ts_recent) as i32) > 0,
-            _ => Seq(seg.seq).gt(self.rcv_nxt),
+            _ => Seq(seg.seq).gt(self.rcv.nxt),
         }
     }
 
@@ -767,8 +612,8 @@ impl Connection {
         }
         self.state = State::Closed;
         self.timers.clear_all();
-        self.ack_now = false;
-        self.dupacks_owed = 0;
+        self.ack.pending = false;
+        self.ack.dupacks_owed = 0;
         self.syn_pending = false;
         self.recovery.tlp_pending = false;
         self.snd.persist_pending = false;
@@ -786,8 +631,8 @@ impl Connection {
     /// The next time `poll_transmit` has timer work to do (or `now` if it has output
     /// pending), or None.
     pub fn poll_at(&self) -> Option<Instant> {
-        if self.ack_now
-            || self.dupacks_owed > 0
+        if self.ack.pending
+            || self.ack.dupacks_owed > 0
             || self.rst_pending
             || self.reply_rst.is_some()
             || (self.syn_pending && self.syn_xmits == 0)
@@ -815,7 +660,7 @@ impl Connection {
         }
         if self.challenge_count < self.cfg.challenge_ack_limit {
             self.challenge_count += 1;
-            self.ack_now = true;
+            self.ack.pending = true;
             self.stats.tx_challenge_acks += 1;
         } else {
             self.stats.challenge_acks_limited += 1;

@@ -21,7 +21,7 @@ impl Connection {
     pub fn poll_transmit<S: SegmentSink + ?Sized>(&mut self, now: Instant, sink: &mut S) -> Wake {
         self.now = self.now.max(now);
         let readable = self.recv_available();
-        let eof = self.fin_received;
+        let eof = self.rcv.fin_received;
         let free = self.snd.buf.free();
         let state = self.state;
         self.run_timers();
@@ -64,13 +64,6 @@ impl Connection {
         }
     }
 
-    pub(crate) fn on_delayed_ack_timer(&mut self) {
-        if !self.ack_now {
-            self.ack_now = true;
-            self.stats.tx_delayed_acks += 1;
-        }
-    }
-
     /// The SYN or SYN-ACK was not answered: send it again, or give up after
     /// `syn_retries` / `synack_retries`.
     pub(crate) fn on_syn_timeout(&mut self) {
@@ -100,7 +93,7 @@ impl Connection {
                 self.cfg.window_scaling
             };
             if ws {
-                o.window_scale = Some(self.rcv_wscale);
+                o.window_scale = Some(self.rcv.wscale);
             }
             o.sack_permitted = if synack { self.sack_ok } else { self.cfg.sack };
             let ts = if synack {
@@ -117,61 +110,9 @@ impl Connection {
             o.timestamps = Some((self.ts_now(), self.ts_recent));
         }
         if self.sack_ok {
-            if let Some((l, r)) = self.dsack {
-                o.push_sack(l.0, r.0);
-            }
-            for p in self.sack_recent.iter().flatten() {
-                if let Some((l, r)) = self.ooo.containing(*p) {
-                    if !o.sacks().contains(&(l.0, r.0)) {
-                        o.push_sack(l.0, r.0);
-                    }
-                }
-            }
-            // Fill from the highest ranges if recency did not name enough.
-            for &(l, r) in self.ooo.ranges().iter().rev() {
-                if o.sack_count >= 4 {
-                    break;
-                }
-                if !o.sacks().contains(&(l.0, r.0)) {
-                    o.push_sack(l.0, r.0);
-                }
-            }
+            self.push_sack_blocks(&mut o);
         }
         o
-    }
-
-    /// The window field to send, and the right edge it advertises.
-    fn window_field(&self, syn: bool) -> (u16, Seq) {
-        let avail = self.rcv_window_available();
-        let mut right = self.rcv_nxt + avail;
-        if right.gt(self.rcv_adv) {
-            // Receiver SWS avoidance (RFC 9293 §3.8.6.2.2).
-            let step = ((self.rcv_limit() / 2) as u32).min(self.rcv_mss).max(1);
-            if right.since(self.rcv_adv) < step && self.rcv_adv.gt(self.rcv_nxt) {
-                right = self.rcv_adv;
-            }
-        } else {
-            // Never shrink the window.
-            right = self.rcv_adv.max(self.rcv_nxt);
-        }
-        let wnd = right.since(self.rcv_nxt);
-        if syn {
-            let f = wnd.min(65535);
-            return (f as u16, self.rcv_nxt + f);
-        }
-        let ws = u32::from(self.rcv_wscale);
-        let mut f = wnd >> ws;
-        // Round up rather than shrink, but never past the bytes the buffer can really
-        // take: each rounding would otherwise promise up to 2^ws - 1 bytes more than
-        // the last, the promise ratchets ahead of the buffer while it is full, and the
-        // sender's in-window segments get trimmed and look lost (RFC 7323 appendix F).
-        // Rounding down there shrinks the edge by less than one scale unit.
-        let room = self.rcvbuf.free().min(u32::MAX as usize / 2) as u32;
-        if (f << ws) < self.rcv_adv.since(self.rcv_nxt) && ((f + 1) << ws) <= room {
-            f += 1;
-        }
-        let f = f.min(65535);
-        (f as u16, self.rcv_nxt + (f << ws))
     }
 
     /// Build and emit one segment; on success commit the ACK-related state.
@@ -187,7 +128,7 @@ impl Connection {
     ) -> bool {
         let syn = flags.syn();
         let (window, adv) = if flags.rst() {
-            (0, self.rcv_adv)
+            (0, self.rcv.adv)
         } else {
             self.window_field(syn)
         };
@@ -195,7 +136,7 @@ impl Connection {
             src_port: self.local.port(),
             dst_port: self.remote.port(),
             seq: seq.0,
-            ack: if flags.ack() { self.rcv_nxt.0 } else { 0 },
+            ack: if flags.ack() { self.rcv.nxt.0 } else { 0 },
             flags,
             window,
             urgent: 0,
@@ -219,16 +160,7 @@ impl Connection {
             self.stats.tx_sack_blocks += nsack;
         }
         if flags.ack() && !flags.rst() {
-            if self.dsack.is_some() && nsack > 0 {
-                self.stats.tx_dsack += 1;
-                self.dsack = None;
-            }
-            self.rcv_adv = self.rcv_adv.max(adv);
-            self.last_ack_sent = self.rcv_nxt;
-            self.ack_now = false;
-            self.timers.clear(Timer::DelayedAck);
-            self.rx_unacked = 0;
-            self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+            self.on_ack_sent(adv, nsack > 0);
         }
         self.snd.last_tx = self.now;
         true
@@ -259,13 +191,13 @@ impl Connection {
             let (flags, saved) = match ack {
                 Some(a) => (
                     TcpFlags::RST | TcpFlags::ACK,
-                    Some(std::mem::replace(&mut self.rcv_nxt, a)),
+                    Some(std::mem::replace(&mut self.rcv.nxt, a)),
                 ),
                 None => (TcpFlags::RST, None),
             };
             let ok = self.emit(sink, flags, seq, 0, 0, TcpOptions::default());
             if let Some(s) = saved {
-                self.rcv_nxt = s;
+                self.rcv.nxt = s;
             }
             if !ok {
                 return Some(false);
@@ -329,7 +261,7 @@ impl Connection {
                 return Some(self.send_keepalive_probe(sink));
             }
         }
-        if self.ack_now || self.dupacks_owed > 0 {
+        if self.ack.pending || self.ack.dupacks_owed > 0 {
             if !self.emit(
                 sink,
                 TcpFlags::ACK,
@@ -341,7 +273,7 @@ impl Connection {
                 return Some(false);
             }
             self.stats.tx_acks += 1;
-            self.ack_now = false;
+            self.ack.pending = false;
             return Some(true);
         }
         None
