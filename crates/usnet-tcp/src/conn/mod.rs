@@ -1,22 +1,34 @@
-//! One TCP connection (a TCB): RFC 9293 state machine, send/receive buffers, SACK
-//! scoreboard, RACK-TLP, congestion control and timers. Pure and deterministic: time
-//! is passed in, segments come in through [`Connection::input`] and go out through a
-//! [`SegmentSink`] in [`Connection::poll_transmit`].
+//! One TCP connection (a TCB). Pure and deterministic: time is passed in, segments
+//! come in through [`Connection::input`] and go out through a [`SegmentSink`] in
+//! [`Connection::poll_transmit`]. The connection is split by mechanism, each module
+//! owning its part of the state:
+//!
+//! - `state`: the state machine and segment arrival, step by step (RFC 9293 §3.10.7)
+//! - `handshake`: opening, option negotiation, SYN/SYN-ACK
+//! - `send` / `recv`: the two directions' sequence variables, buffers and windows
+//! - `scoreboard` / `recovery`: what is in flight, loss detection and recovery
+//! - `rtt`, `timestamps`, `keepalive`: estimators and probes
+//! - `timers`: every deadline in one table; `transmit`: what goes out next
+//! - `icmp`: ICMP errors about this connection
 
+mod handshake;
 mod icmp;
-mod input;
 mod keepalive;
-mod output;
 mod recovery;
 mod recv;
 mod rtt;
 mod scoreboard;
 mod send;
+mod state;
 #[cfg(test)]
 mod test_util;
 mod timers;
+mod timestamps;
+mod transmit;
 
+pub(crate) use handshake::Handshake;
 pub use icmp::{IcmpError, IcmpOutcome};
+pub use state::State;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -26,71 +38,21 @@ use usnet_wire::{TcpFlags, TcpHeader, TcpOptions, TcpRepr};
 
 use crate::cc::CongestionControl;
 use crate::config::TcpConfig;
-use crate::hash::{initial_sequence, tuple_hash};
+use crate::hash::tuple_hash;
 use crate::payload::Payload;
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
+use handshake::{Negotiated, SynState};
 use keepalive::KeepaliveState;
 use recovery::Recovery;
 use recv::{AckState, RecvState};
 use rtt::RttEstimator;
 use scoreboard::Scoreboard;
 use send::SendState;
-use timers::{Timer, Timers};
-
-/// RFC 9293 connection states (LISTEN lives in [`crate::Listener`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum State {
-    /// No connection (initial before `connect`, or final).
-    Closed,
-    /// SYN sent, waiting for SYN-ACK.
-    SynSent,
-    /// SYN received and SYN-ACK sent (simultaneous open or passive open).
-    SynReceived,
-    /// Data flows both ways.
-    Established,
-    /// We closed; our FIN is not yet acknowledged.
-    FinWait1,
-    /// Our FIN is acknowledged; waiting for the peer's FIN.
-    FinWait2,
-    /// The peer closed; we may still send.
-    CloseWait,
-    /// Both closed at once; waiting for the ACK of our FIN.
-    Closing,
-    /// The peer closed, then we did; waiting for the ACK of our FIN.
-    LastAck,
-    /// Both closed; lingering 2*MSL to absorb old duplicates.
-    TimeWait,
-}
-
-impl State {
-    /// SYN exchanged both ways (RFC 9293 "synchronized states").
-    pub fn is_synchronized(self) -> bool {
-        !matches!(self, State::Closed | State::SynSent | State::SynReceived)
-    }
-    /// The name packetdrill and netstat use.
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Closed => "CLOSED",
-            State::SynSent => "SYN_SENT",
-            State::SynReceived => "SYN_RECV",
-            State::Established => "ESTABLISHED",
-            State::FinWait1 => "FIN_WAIT1",
-            State::FinWait2 => "FIN_WAIT2",
-            State::CloseWait => "CLOSE_WAIT",
-            State::Closing => "CLOSING",
-            State::LastAck => "LAST_ACK",
-            State::TimeWait => "TIME_WAIT",
-        }
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+use state::ChallengeLimiter;
+use timers::Timers;
+use timestamps::Timestamps;
 
 /// Why a connection ended abnormally. The stack maps it to its own error type, whose
 /// errno table is the only one (`usnet_stack::StackError::errno`).
@@ -255,23 +217,6 @@ pub struct TcpInfo {
     pub send_queued: usize,
 }
 
-/// Listener-negotiated parameters that a passively opened connection starts from.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Handshake {
-    pub iss: Seq,
-    pub irs: Seq,
-    pub peer_mss: u16,
-    /// Peer's window shift, if both sides do window scaling.
-    pub peer_wscale: Option<u8>,
-    pub sack: bool,
-    /// Peer's TSval from the SYN, if timestamps are on.
-    pub ts_recent: Option<u32>,
-    /// When the (last) SYN-ACK went out, and how many times it was sent (for an RTT
-    /// sample under Karn's rule).
-    pub synack_sent: Instant,
-    pub synack_xmits: u32,
-}
-
 /// A TCP connection.
 pub struct Connection {
     pub(crate) local: SocketAddr,
@@ -281,42 +226,39 @@ pub struct Connection {
     pub(crate) error: Option<TcpError>,
     /// An ICMP error since the last new ACK, reported if the connection times out.
     pub(crate) soft_error: Option<TcpError>,
+    /// The latest time passed in (never goes back).
     pub(crate) now: Instant,
+    /// The application called `close()` (not just `shutdown_write`).
+    pub(crate) app_closed: bool,
 
+    /// Our SYN or SYN-ACK (`handshake`).
+    pub(crate) syn: SynState,
+    /// Window scaling and SACK as negotiated (`handshake`).
+    pub(crate) opts: Negotiated,
+    /// RFC 7323 timestamps (`timestamps`).
+    pub(crate) ts: Timestamps,
+    /// SND.*, send buffer, FIN, persist (`send`).
     pub(crate) snd: SendState,
+    /// What is in flight (`scoreboard`).
     pub(crate) scoreboard: Scoreboard,
-
+    /// Loss recovery, RACK, TLP (`recovery`).
+    pub(crate) recovery: Recovery,
+    pub(crate) cc: Box<dyn CongestionControl>,
+    /// RCV.*, receive buffer, reassembly (`recv`).
     pub(crate) rcv: RecvState,
+    /// When to acknowledge (`recv`).
     pub(crate) ack: AckState,
-
-    // ---- options
-    pub(crate) ws_ok: bool,
-    pub(crate) ts_ok: bool,
-    pub(crate) sack_ok: bool,
-    pub(crate) ts_recent: u32,
-    pub(crate) ts_recent_at: Instant,
-    pub(crate) ts_offset: u32,
-
-    // ---- timers
+    /// SRTT, RTO, back-off (`rtt`).
     pub(crate) rtt: RttEstimator,
+    /// Every deadline (`timers`).
     pub(crate) timers: Timers,
     pub(crate) keepalive: KeepaliveState,
-
-    // ---- pending output
-    pub(crate) syn_pending: bool,
+    /// RFC 5961 challenge ACKs sent this second (`state`).
+    pub(crate) challenges: ChallengeLimiter,
+    /// Reset the connection on the next transmit pass (abort).
     pub(crate) rst_pending: bool,
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
     pub(crate) reply_rst: Option<(Seq, Option<Seq>)>,
-    pub(crate) challenge_count: u32,
-    pub(crate) challenge_window: Instant,
-    pub(crate) syn_xmits: u32,
-    pub(crate) syn_sent_at: Instant,
-
-    // ---- recovery and congestion control
-    pub(crate) recovery: Recovery,
-    pub(crate) cc: Box<dyn CongestionControl>,
-    /// The application called `close()` (not just `shutdown_write`).
-    pub(crate) app_closed: bool,
     pub(crate) stats: TcpStats,
 }
 
@@ -334,6 +276,8 @@ impl fmt::Debug for Connection {
 }
 
 impl Connection {
+    /// A connection in CLOSED with everything at its start; `connect` and
+    /// `from_handshake` go on from here.
     fn blank(
         local: SocketAddr,
         remote: SocketAddr,
@@ -355,84 +299,25 @@ impl Connection {
             error: None,
             soft_error: None,
             now,
+            app_closed: false,
+            syn: SynState::new(now),
+            opts: Negotiated::default(),
+            ts: Timestamps::new(ts_offset, now),
             snd: SendState::new(iss, cfg.send_buffer, remote, now),
             scoreboard: Scoreboard::new(cfg.send_buffer),
+            recovery: Recovery::new(iss),
+            cc,
             rcv: RecvState::new(&cfg, mss, now),
             ack: AckState::new(cfg.quickack_segments),
-            ws_ok: false,
-            ts_ok: false,
-            sack_ok: false,
-            ts_recent: 0,
-            ts_recent_at: now,
-            ts_offset,
             rtt: RttEstimator::new(cfg.initial_rto),
             timers: Timers::default(),
             keepalive: KeepaliveState::new(now),
-            syn_pending: false,
+            challenges: ChallengeLimiter::new(now),
             rst_pending: false,
             reply_rst: None,
-            challenge_count: 0,
-            challenge_window: now,
-            syn_xmits: 0,
-            syn_sent_at: now,
-            recovery: Recovery::new(iss),
-            cc,
-            app_closed: false,
             stats: TcpStats::default(),
             cfg,
         }
-    }
-
-    /// Active open: a connection in SYN-SENT whose SYN goes out on the next
-    /// `poll_transmit`. The ISN follows RFC 6528.
-    pub fn connect(local: SocketAddr, remote: SocketAddr, now: Instant, cfg: TcpConfig) -> Self {
-        let iss = Seq(initial_sequence(cfg.secret, local, remote, now.as_nanos()));
-        let mut c = Connection::blank(local, remote, now, cfg, iss);
-        c.state = State::SynSent;
-        c.snd.nxt = iss + 1u32;
-        c.syn_pending = true;
-        c.rcv.wscale = if c.cfg.window_scaling {
-            c.cfg.rcv_wscale()
-        } else {
-            0
-        };
-        c
-    }
-
-    /// A passively opened connection in SYN-RECEIVED whose SYN-ACK the listener has
-    /// sent; the listener feeds it the completing ACK next.
-    pub(crate) fn from_handshake(
-        local: SocketAddr,
-        remote: SocketAddr,
-        now: Instant,
-        cfg: TcpConfig,
-        h: Handshake,
-    ) -> Self {
-        let mut c = Connection::blank(local, remote, now, cfg, h.iss);
-        c.state = State::SynReceived;
-        c.snd.nxt = h.iss + 1u32;
-        c.rcv.irs = h.irs;
-        c.rcv.nxt = h.irs + 1u32;
-        c.snd.wl1 = h.irs;
-        c.ack.last_sent = c.rcv.nxt;
-        c.set_peer_mss(Some(h.peer_mss));
-        if let Some(ws) = h.peer_wscale {
-            c.ws_ok = true;
-            c.snd.wscale = ws;
-            c.rcv.wscale = c.cfg.rcv_wscale();
-        }
-        c.sack_ok = h.sack;
-        if let Some(ts) = h.ts_recent {
-            c.ts_ok = true;
-            c.ts_recent = ts;
-            c.ts_recent_at = now;
-        }
-        // The SYN-ACK advertised an unscaled window of at most 65535.
-        let w = c.rcv_window_available().min(65535);
-        c.rcv.adv = c.rcv.nxt + w;
-        c.syn_xmits = h.synack_xmits;
-        c.syn_sent_at = h.synack_sent;
-        c
     }
 
     // ------------------------------------------------------------ accessors
@@ -496,9 +381,9 @@ impl Connection {
             sack_blocks: self.stats.rx_sack_blocks,
             in_recovery: self.recovery.in_recovery(),
             congestion: self.cc.name(),
-            wscale: self.ws_ok.then_some((self.snd.wscale, self.rcv.wscale)),
-            timestamps: self.ts_ok,
-            sack: self.sack_ok,
+            wscale: self.opts.ws.then_some((self.snd.wscale, self.rcv.wscale)),
+            timestamps: self.ts.ok,
+            sack: self.opts.sack,
             recv_queued: self.rcv.buf.len(),
             send_queued: self.snd.buf.len(),
         }
@@ -526,108 +411,6 @@ impl Connection {
         }
     }
 
-    // ------------------------------------------------------------ application data
-
-    // ------------------------------------------------------------ closing
-
-    /// Half-close: send FIN after the queued data (SHUT_WR).
-    pub fn shutdown_write(&mut self) {
-        match self.state {
-            State::SynSent => self.enter_closed(None),
-            // In SYN-RECEIVED the FIN waits for the handshake (establish() moves on
-            // to FIN-WAIT-1).
-            State::SynReceived => self.snd.fin_queued = true,
-            State::Established => {
-                self.snd.fin_queued = true;
-                self.state = State::FinWait1;
-            }
-            State::CloseWait => {
-                self.snd.fin_queued = true;
-                self.state = State::LastAck;
-            }
-            _ => {}
-        }
-    }
-
-    /// Full close (close(2)): no more reads or writes. With unread received data, or
-    /// `linger == Some(0)`, the connection is aborted with RST; otherwise a FIN
-    /// follows the queued data, bounded by the linger time if one is set.
-    pub fn close(&mut self) {
-        if self.app_closed {
-            return;
-        }
-        self.app_closed = true;
-        if self.cfg.linger == Some(Duration::ZERO) || !self.rcv.buf.is_empty() {
-            if !self.rcv.buf.is_empty() {
-                self.stats.rx_after_close += 1;
-            }
-            self.abort();
-            return;
-        }
-        self.shutdown_write();
-        if let Some(l) = self.cfg.linger {
-            if self.state != State::Closed {
-                self.timers.set(Timer::Close, self.now + l);
-            }
-        }
-        // Closed after a half-close whose FIN is already acknowledged: the orphan
-        // waits for the peer's FIN only so long (Linux arms tcp_fin_timeout here too).
-        if self.state == State::FinWait2 && !self.timers.is_armed(Timer::Close) {
-            self.timers
-                .set(Timer::Close, self.now + self.cfg.fin_wait2_timeout);
-        }
-    }
-
-    /// Abortive close: RST now (if synchronized), then CLOSED.
-    pub fn abort(&mut self) {
-        self.app_closed = true;
-        if matches!(self.state, State::Closed | State::TimeWait | State::SynSent) {
-            self.enter_closed(None);
-            return;
-        }
-        self.rst_pending = true;
-        self.stats.conn_aborts += 1;
-    }
-
-    /// RFC 6191 / RFC 9293 §3.6.1: may a SYN for this 4-tuple, arriving while this
-    /// connection is in TIME-WAIT, start a new incarnation? True if its timestamp (or,
-    /// without timestamps, its sequence number) is newer than this incarnation's.
-    /// The stack then drops this connection and hands the SYN to the listener.
-    pub fn time_wait_accepts_syn(&self, seg: &Segment) -> bool {
-        if self.state != State::TimeWait || !seg.flags.syn() || seg.flags.ack() {
-            return false;
-        }
-        match (self.ts_ok, seg.options.timestamps) {
-            (true, Some((tsval, _))) => (tsval.wrapping_sub(self.ts_recent) as i32) > 0,
-            _ => Seq(seg.seq).gt(self.rcv.nxt),
-        }
-    }
-
-    pub(crate) fn enter_closed(&mut self, err: Option<TcpError>) {
-        if let Some(e) = err {
-            self.error = Some(match e {
-                TcpError::TimedOut => self.timeout_error(),
-                e => e,
-            });
-        }
-        self.state = State::Closed;
-        self.timers.clear_all();
-        self.ack.pending = false;
-        self.ack.dupacks_owed = 0;
-        self.syn_pending = false;
-        self.recovery.tlp_pending = false;
-        self.snd.persist_pending = false;
-        self.keepalive.pending = false;
-    }
-
-    pub(crate) fn enter_time_wait(&mut self) {
-        self.state = State::TimeWait;
-        self.stats.time_wait_entered += 1;
-        self.timers.clear_all();
-        self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
-        self.scoreboard.clear();
-    }
-
     /// The next time `poll_transmit` has timer work to do (or `now` if it has output
     /// pending), or None.
     pub fn poll_at(&self) -> Option<Instant> {
@@ -635,36 +418,16 @@ impl Connection {
             || self.ack.dupacks_owed > 0
             || self.rst_pending
             || self.reply_rst.is_some()
-            || (self.syn_pending && self.syn_xmits == 0)
+            || (self.syn.pending && self.syn.xmits == 0)
         {
             return Some(self.now);
         }
         self.timers.next()
     }
 
-    /// Timestamp clock value for now (ms + per-connection offset).
-    pub(crate) fn ts_now(&self) -> u32 {
-        (self.now.as_millis() as u32).wrapping_add(self.ts_offset)
-    }
-
     /// RTO with back-off.
     pub(crate) fn rto_backed_off(&self) -> Duration {
         self.rtt.backed_off(self.cfg.max_rto)
-    }
-
-    /// Rate-limited challenge ACK (RFC 5961 §7, per connection).
-    pub(crate) fn challenge_ack(&mut self) {
-        if self.now.saturating_since(self.challenge_window) >= Duration::from_secs(1) {
-            self.challenge_window = self.now;
-            self.challenge_count = 0;
-        }
-        if self.challenge_count < self.cfg.challenge_ack_limit {
-            self.challenge_count += 1;
-            self.ack.pending = true;
-            self.stats.tx_challenge_acks += 1;
-        } else {
-            self.stats.challenge_acks_limited += 1;
-        }
     }
 
     /// Check the scoreboard's cached counters against a recount (tests).

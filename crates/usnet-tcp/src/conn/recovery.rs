@@ -180,12 +180,12 @@ impl Connection {
         self.snd.una = ack;
         if let Some(r) = rtt_sample {
             self.rtt.sample(r, &self.cfg);
-        } else if let (true, Some(ecr)) = (self.ts_ok, ecr) {
-            let ms = self.ts_now().wrapping_sub(ecr);
-            if ecr != 0 && ms < 60_000 {
-                self.rtt
-                    .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
-            }
+        } else if let Some(ms) = ecr
+            .filter(|_| self.ts.ok)
+            .and_then(|ecr| self.ts.echo_ms(ecr, self.now))
+        {
+            self.rtt
+                .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
         }
         self.rtt.backoff = 0;
         self.recovery.dupacks = 0;
@@ -261,7 +261,7 @@ impl Connection {
         if duplicate_ack {
             self.recovery.dupacks += 1;
             self.stats.rx_dup_acks += 1;
-            if !self.sack_ok && self.recovery.dupacks == 3 && !self.recovery.in_recovery() {
+            if !self.opts.sack && self.recovery.dupacks == 3 && !self.recovery.in_recovery() {
                 self.mark_front_lost();
                 self.stats.dupthresh_losses += 1;
             }
@@ -354,7 +354,7 @@ impl Connection {
                         .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
                 } else {
                     self.stats.partial_acks += 1;
-                    if !self.sack_ok {
+                    if !self.opts.sack {
                         // RFC 6582: the next hole is lost; retransmit it now.
                         self.mark_front_lost();
                         self.recovery.fast_rtx_pending = true;
@@ -384,7 +384,7 @@ impl Connection {
     /// Arm the tail-loss probe (RFC 8985 §7.2) after new data or a new ACK.
     pub(crate) fn arm_tlp(&mut self) {
         if !self.cfg.tlp
-            || !self.sack_ok
+            || !self.opts.sack
             || self.recovery.in_recovery()
             || self.recovery.tlp_outstanding
             || self.scoreboard.is_empty()
@@ -472,7 +472,7 @@ impl Connection {
     /// RFC 6675 `pipe`, or without SACK the RFC 6582 estimate: each duplicate ACK
     /// stands for a segment that left the network.
     pub(crate) fn pipe_est(&self) -> u32 {
-        if !self.sack_ok && self.recovery.phase == Phase::Fast {
+        if !self.opts.sack && self.recovery.phase == Phase::Fast {
             self.scoreboard
                 .pipe()
                 .saturating_sub(self.recovery.dupacks * self.smss())
@@ -502,7 +502,7 @@ impl Connection {
 
     /// Retransmit segment `i` (splitting it first if the MSS shrank).
     fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
-        let opts = self.options(false, false);
+        let opts = self.segment_options();
         let maxp = self.max_payload(&opts) as u32;
         if self.scoreboard[i].data_len() > maxp {
             // The head keeps maxp bytes; the tail is a new entry with the same marks.

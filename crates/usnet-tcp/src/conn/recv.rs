@@ -332,7 +332,7 @@ impl Connection {
             let dup = (self.rcv.nxt.since(start) as usize).min(data.len());
             if dup > 0 {
                 self.stats.rx_dup_bytes += dup as u64;
-                if self.sack_ok {
+                if self.opts.sack {
                     self.rcv.dsack = Some((start, start + dup));
                 }
                 self.ack.pending = true;
@@ -377,10 +377,9 @@ impl Connection {
             g => u32::from(g).min(payload.len() as u32),
         };
         self.rcv.mss = self.rcv.mss.max(wire_segment).min(65535);
-        if self.ts_ok {
+        if self.ts.ok {
             if let Some((_, ecr)) = seg.options.timestamps {
-                let ms = self.ts_now().wrapping_sub(ecr);
-                if ecr != 0 && ms < 60_000 {
+                if let Some(ms) = self.ts.echo_ms(ecr, self.now) {
                     let r = Duration::from_millis(u64::from(ms.max(1)));
                     self.rcv.rtt = Some(self.rcv.rtt.map_or(r, |p| p.min(r)));
                 }
@@ -440,7 +439,7 @@ impl Connection {
             }
             OooAdd::Duplicate => {
                 self.stats.rx_dup_bytes += data.len() as u64;
-                if self.sack_ok {
+                if self.opts.sack {
                     self.rcv.dsack = Some((start, dend));
                 }
             }

@@ -127,7 +127,7 @@ impl Connection {
 
     /// Effective sender MSS with the options every segment carries (timestamps).
     pub(crate) fn smss(&self) -> u32 {
-        self.snd_mss() - if self.ts_ok { 12 } else { 0 }
+        self.snd_mss() - if self.ts.ok { 12 } else { 0 }
     }
 
     /// The peer's MSS option (or the default without one), clamped to 88..65495.
@@ -207,7 +207,7 @@ impl Connection {
         if self.scoreboard.is_full() {
             return None;
         }
-        let opts = self.options(false, false);
+        let opts = self.segment_options();
         let maxp = self.max_payload(&opts);
         let wnd_end = self.snd.una + self.snd.wnd;
         let win = wnd_end.since(self.snd.nxt) as usize;
@@ -336,7 +336,7 @@ impl Connection {
     /// A probe the peer must answer with an ACK: `SEQ = SND.UNA − 1`, an old
     /// sequence number, no data (window probes and keepalives).
     pub(crate) fn send_probe<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> bool {
-        let opts = self.options(false, false);
+        let opts = self.segment_options();
         self.emit(sink, TcpFlags::ACK, self.snd.una - 1u32, 0, 0, opts)
     }
 }
