@@ -425,11 +425,6 @@ impl Connection {
         self.timers.next()
     }
 
-    /// RTO with back-off.
-    pub(crate) fn rto_backed_off(&self) -> Duration {
-        self.rtt.backed_off(self.cfg.max_rto)
-    }
-
     /// Check the scoreboard's cached counters against a recount (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::Connection;
 use crate::config::TcpConfig;
 
 /// SRTT, RTTVAR and RTO (RFC 6298), the minimum RTT RACK relies on, and the
@@ -67,6 +68,13 @@ impl RttEstimator {
     pub(crate) fn backed_off(&self, max_rto: Duration) -> Duration {
         let shift = self.backoff.min(16);
         (self.rto * (1u32 << shift)).min(max_rto)
+    }
+}
+
+impl Connection {
+    /// The RTO with back-off, as the RTO timer is armed.
+    pub(crate) fn rto_backed_off(&self) -> Duration {
+        self.rtt.backed_off(self.cfg.max_rto)
     }
 }
 
