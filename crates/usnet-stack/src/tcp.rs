@@ -153,11 +153,10 @@ pub(crate) struct TcpGlobal {
 
 impl TcpGlobal {
     pub fn new(seed: u64) -> Self {
-        let mut r = crate::sim::SimRng::new(seed ^ 0x7463_705f_7365_6372);
         let span = (u16::MAX - EPHEMERAL_FIRST) as u64 + 1;
         TcpGlobal {
             next_ephemeral: EPHEMERAL_FIRST + ((seed >> 24) % span) as u16,
-            secret: usnet_tcp::SecretKey([r.next_u64(), r.next_u64()]),
+            secret: usnet_tcp::SecretKey::derive(seed),
             ..Default::default()
         }
     }
