@@ -169,7 +169,11 @@ mod tests {
         assert_eq!(a, SecretKey::derive(1), "deterministic");
         assert_ne!(a, SecretKey::derive(2));
         assert_ne!(a.0[0], a.0[1], "independent halves");
-        assert_ne!(SecretKey::derive(0), SecretKey::default(), "seed 0 is a real key");
+        assert_ne!(
+            SecretKey::derive(0),
+            SecretKey::default(),
+            "seed 0 is a real key"
+        );
     }
 
     #[test]
