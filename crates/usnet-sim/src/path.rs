@@ -140,14 +140,14 @@ impl Path {
             return Fate::dropped(true);
         }
         let mut depart = now;
-        if c.rate > 0 {
+        // Rate 0 is no bottleneck at all.
+        let bytes = frame.len() as u64 + c.overhead;
+        if let Some(serialisation) = bytes.saturating_mul(1_000_000_000).checked_div(c.rate) {
             let start = self.busy_until.max(now);
             if start - now > duration_nanos(c.queue) {
                 self.stats.queue_drops += 1;
                 return Fate::dropped(false);
             }
-            let bytes = frame.len() as u64 + c.overhead;
-            let serialisation = bytes.saturating_mul(1_000_000_000) / c.rate;
             depart = start.saturating_add(serialisation);
             self.busy_until = depart;
         }
