@@ -4,6 +4,8 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
+use usnet_sim::SimRng;
+
 use crate::device::{DevCounters, DeviceSide, RingFullPolicy, TxMode};
 use crate::frame::{FrameSpec, UdpTemplate};
 use crate::sys::{now_ns, pin_to_core};
@@ -291,25 +293,11 @@ pub struct DeviceReport {
     pub aborted: Option<String>,
 }
 
-/// A small deterministic generator (xorshift64*) for fault decisions.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
-
 struct Gen<'a> {
     dev: &'a mut DeviceSide,
     t: &'a UdpTemplate,
     a: &'a NicemuArgs,
-    rng: Rng,
+    rng: SimRng,
     next_seq: u64,
     held: Option<(u64, bool)>,
     link_down_left: u64,
@@ -420,7 +408,7 @@ pub fn run_device_report(a: &NicemuArgs) -> Result<DeviceReport, NicError> {
     let mut g = Gen {
         t: &t,
         a,
-        rng: Rng(a.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
+        rng: SimRng::new(a.seed),
         next_seq: 0,
         held: None,
         link_down_left: 0,

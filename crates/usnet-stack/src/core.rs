@@ -110,7 +110,7 @@ impl Core {
             icmp_scratch: Vec::new(),
             neighbor_work: NeighborWork::default(),
             timers_checked: Instant::ZERO,
-            tcp_secret: tcp_secret(cfg.seed),
+            tcp_secret: usnet_tcp::SecretKey::derive(cfg.seed),
             addrs,
             pool,
             cfg,
@@ -251,12 +251,6 @@ impl Core {
             self.pool.free(b);
         }
     }
-}
-
-/// The TCP secret a stack derives from its seed.
-fn tcp_secret(seed: u64) -> usnet_tcp::SecretKey {
-    let mut r = crate::sim::SimRng::new(seed ^ 0x7463_705f_7365_6372);
-    usnet_tcp::SecretKey([r.next_u64(), r.next_u64()])
 }
 
 pub(crate) fn is_link_local6(a: &Ipv6Addr) -> bool {

@@ -1,11 +1,16 @@
 //! Deterministic simulation: N stacks on one simulated Ethernet segment (a hub: every
 //! frame reaches every other stack, which filters by MAC), with seeded loss,
 //! duplication, reordering, corruption and delay, in virtual time. The same seed gives
-//! the same conversation, byte for byte, so a failure can be replayed.
+//! the same conversation, byte for byte, so a failure can be replayed. The faults are
+//! `usnet_sim`'s path model, shared with the TCP engine's own simulation.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
+
+/// The simulations' one random generator (re-exported from `usnet-sim`).
+pub use usnet_sim::SimRng;
+use usnet_sim::{Path, PathConfig};
 
 use crate::{ConfigError, Instant, Stack, StackConfig};
 
@@ -35,6 +40,21 @@ impl Default for Faults {
     }
 }
 
+impl From<Faults> for PathConfig {
+    fn from(f: Faults) -> Self {
+        PathConfig {
+            delay: f.delay,
+            loss: f.loss,
+            duplicate: f.duplicate,
+            corrupt: f.corrupt,
+            reorder: f.reorder,
+            reorder_window: f.reorder_window,
+            // A hub has no bottleneck.
+            ..PathConfig::default()
+        }
+    }
+}
+
 /// What the wire did, counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WireStats {
@@ -46,37 +66,6 @@ pub struct WireStats {
     pub reordered: u64,
     /// Deliveries refused because the receiver's pool was empty.
     pub rx_no_buffer: u64,
-}
-
-/// splitmix64: tiny, seedable and good enough to drive fault decisions.
-#[derive(Debug, Clone)]
-pub struct SimRng(u64);
-
-impl SimRng {
-    pub fn new(seed: u64) -> Self {
-        SimRng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-    pub fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.unit() < p
-    }
 }
 
 struct InFlight {
@@ -123,6 +112,7 @@ pub struct SimNet {
     wire: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     rng: SimRng,
+    path: Path,
     pub faults: Faults,
     pub stats: WireStats,
     /// A router or firewall on the path, before the faults.
@@ -137,6 +127,7 @@ impl SimNet {
             wire: BinaryHeap::new(),
             seq: 0,
             rng: SimRng::new(seed),
+            path: Path::new(faults.into()),
             faults,
             stats: WireStats::default(),
             middlebox: None,
@@ -234,32 +225,18 @@ impl SimNet {
                 }
             }
         }
-        let f = self.faults;
-        if self.rng.chance(f.loss) {
-            self.stats.lost += 1;
-            return;
-        }
-        if self.rng.chance(f.corrupt) && !bytes.is_empty() {
-            let i = self.rng.below(bytes.len() as u64) as usize;
-            bytes[i] ^= 1 << self.rng.below(8);
-            self.stats.corrupted += 1;
-        }
-        let copies = if self.rng.chance(f.duplicate) {
-            self.stats.duplicated += 1;
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let mut at = self.now + f.delay;
-            if self.rng.chance(f.reorder) {
-                let w = f.reorder_window.as_nanos() as u64;
-                at = at + Duration::from_nanos(self.rng.below(w.max(1)));
-                self.stats.reordered += 1;
-            }
+        self.path.config = self.faults.into();
+        let fate = self
+            .path
+            .send(&mut self.rng, self.now.as_nanos(), &mut bytes);
+        self.stats.lost += u64::from(fate.lost);
+        self.stats.corrupted += u64::from(fate.corrupted);
+        self.stats.duplicated += u64::from(fate.duplicated);
+        self.stats.reordered += u64::from(fate.reordered);
+        for &at in fate.arrivals() {
             self.seq += 1;
             self.wire.push(Reverse(InFlight {
-                at,
+                at: Instant::from_nanos(at),
                 seq: self.seq,
                 from,
                 bytes: bytes.clone(),

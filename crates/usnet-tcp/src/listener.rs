@@ -486,3 +486,292 @@ impl<H> Listener<H> {
 fn seg_is_v6(a: SocketAddr) -> bool {
     a.is_ipv6()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::State;
+    use crate::testing::{OwnedSegment, VecSink};
+
+    const T0: Instant = Instant::from_millis(1000);
+
+    fn server() -> SocketAddr {
+        "10.0.0.2:80".parse().unwrap()
+    }
+
+    fn client_addr(port: u16) -> SocketAddr {
+        SocketAddr::new("10.0.0.1".parse().unwrap(), port)
+    }
+
+    /// A client connecting from `port`, and its SYN.
+    fn client(port: u16, cfg: TcpConfig) -> (Connection, OwnedSegment) {
+        let mut c = Connection::connect(client_addr(port), server(), T0, cfg);
+        let mut sink = VecSink::default();
+        c.poll_transmit(T0, &mut sink);
+        let syn = sink.segments.remove(0);
+        (c, syn)
+    }
+
+    /// Feed `seg` (from the client at `port`) to `l`; the event and what `l` sent.
+    fn offer(
+        l: &mut Listener<u32>,
+        now: Instant,
+        seg: &OwnedSegment,
+    ) -> (ListenEvent, Vec<OwnedSegment>) {
+        let mut sink = VecSink::default();
+        let ev = l.input(now, server(), seg.local, &seg.segment(), &mut sink);
+        (ev, sink.segments)
+    }
+
+    /// The client's answer to the SYN-ACK (the handshake's ACK, with `data`).
+    fn complete(c: &mut Connection, synack: &OwnedSegment, data: &[u8]) -> OwnedSegment {
+        c.input(T0, &synack.segment());
+        c.send(data);
+        let mut sink = VecSink::default();
+        c.poll_transmit(T0, &mut sink);
+        sink.segments.remove(0)
+    }
+
+    fn established(ev: ListenEvent) -> Box<Connection> {
+        match ev {
+            ListenEvent::Established(c) => c,
+            ListenEvent::None => panic!("no connection"),
+        }
+    }
+
+    #[test]
+    fn a_syn_is_answered_with_the_negotiated_options_and_queued() {
+        let cfg = TcpConfig::default();
+        let mut l = Listener::new(server(), cfg.clone(), 8, false);
+        let (_, syn) = client(40000, cfg.clone());
+        let (ev, out) = offer(&mut l, T0, &syn);
+        assert!(matches!(ev, ListenEvent::None));
+        assert_eq!(l.syn_queue_len(), 1);
+        assert_eq!(out.len(), 1);
+        let r = &out[0].repr;
+        assert_eq!(r.flags, TcpFlags::SYN | TcpFlags::ACK);
+        assert_eq!(r.ack, syn.repr.seq.wrapping_add(1));
+        assert_eq!(r.options.mss, Some(cfg.mss));
+        assert_eq!(r.options.window_scale, Some(cfg.rcv_wscale()));
+        assert!(r.options.sack_permitted);
+        let (_, ecr) = r.options.timestamps.unwrap();
+        assert_eq!(
+            ecr,
+            syn.repr.options.timestamps.unwrap().0,
+            "the SYN's TSval echoed"
+        );
+        assert_eq!(r.window, 65535, "unscaled, at most 64 KiB");
+        // Without the client's options, none come back.
+        let plain = TcpConfig {
+            window_scaling: false,
+            sack: false,
+            timestamps: false,
+            ..TcpConfig::default()
+        };
+        let (_, syn) = client(40001, plain);
+        let (_, out) = offer(&mut l, T0, &syn);
+        let o = &out[0].repr.options;
+        assert!(o.window_scale.is_none() && !o.sack_permitted && o.timestamps.is_none());
+        assert_eq!(l.stats().listen_syn_received, 2);
+    }
+
+    #[test]
+    fn the_completing_ack_hands_over_an_established_connection() {
+        let cfg = TcpConfig::default();
+        let mut l = Listener::new(server(), cfg.clone(), 8, false);
+        let (mut c, syn) = client(40000, cfg);
+        let (_, out) = offer(&mut l, T0, &syn);
+        let ack = complete(&mut c, &out[0], b"hello");
+        assert_eq!(ack.payload, b"hello");
+        let (ev, _) = offer(&mut l, T0, &ack);
+        let mut conn = established(ev);
+        assert_eq!(conn.state(), State::Established);
+        assert_eq!(conn.remote(), client_addr(40000));
+        assert_eq!(conn.irs(), syn.repr.seq);
+        assert_eq!(conn.iss(), out[0].repr.seq);
+        let mut buf = [0u8; 16];
+        assert_eq!(conn.recv(&mut buf), 5, "the data on the ACK was taken");
+        assert_eq!(l.syn_queue_len(), 0);
+        // The accept queue is FIFO and can be filtered.
+        l.push_accept(1);
+        l.push_accept(2);
+        l.push_accept(3);
+        l.retain_accept(|h| *h != 2);
+        assert_eq!(l.accept_queue_len(), 2);
+        assert_eq!(
+            (l.accept(), l.accept(), l.accept()),
+            (Some(1), Some(3), None)
+        );
+    }
+
+    #[test]
+    fn a_retransmitted_syn_gets_the_syn_ack_again_and_a_new_one_replaces_the_entry() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 8, false);
+        let (_, syn) = client(40000, TcpConfig::default());
+        let (_, first) = offer(&mut l, T0, &syn);
+        let (_, again) = offer(&mut l, T0, &syn);
+        assert_eq!(again[0].repr.seq, first[0].repr.seq, "same ISS");
+        assert_eq!(l.stats().listen_synack_retransmits, 1);
+        assert_eq!(l.syn_queue_len(), 1);
+        // A SYN with another ISN from the same port: a new attempt.
+        let mut newer = syn.clone();
+        newer.repr.seq = syn.repr.seq.wrapping_add(1_000_000);
+        let (_, out) = offer(&mut l, T0, &newer);
+        assert_eq!(out[0].repr.ack, newer.repr.seq.wrapping_add(1));
+        assert_eq!(l.syn_queue_len(), 1);
+    }
+
+    #[test]
+    fn only_an_exact_rst_removes_a_half_open_entry() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 8, false);
+        let (_, syn) = client(40000, TcpConfig::default());
+        offer(&mut l, T0, &syn);
+        let mut rst = syn.clone();
+        rst.repr.flags = TcpFlags::RST;
+        rst.repr.seq = syn.repr.seq.wrapping_add(2);
+        offer(&mut l, T0, &rst);
+        assert_eq!(l.syn_queue_len(), 1);
+        assert_eq!(l.stats().listen_bad_segments, 1);
+        rst.repr.seq = syn.repr.seq.wrapping_add(1);
+        let (_, out) = offer(&mut l, T0, &rst);
+        assert!(out.is_empty(), "no answer to an RST");
+        assert_eq!(l.syn_queue_len(), 0);
+    }
+
+    #[test]
+    fn wrong_acks_and_syn_acks_are_answered_with_rst() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 8, false);
+        let (mut c, syn) = client(40000, TcpConfig::default());
+        let (_, out) = offer(&mut l, T0, &syn);
+        let mut ack = complete(&mut c, &out[0], b"");
+        ack.repr.ack = ack.repr.ack.wrapping_add(1);
+        let (ev, rst) = offer(&mut l, T0, &ack);
+        assert!(matches!(ev, ListenEvent::None));
+        assert_eq!(rst[0].repr.flags, TcpFlags::RST);
+        assert_eq!(rst[0].repr.seq, ack.repr.ack, "SEQ = SEG.ACK");
+        assert_eq!(l.syn_queue_len(), 1, "the entry survives a forged ACK");
+        // A stray ACK (no entry, no cookies) and a SYN-ACK are reset too.
+        let (_, stray_syn) = client(40001, TcpConfig::default());
+        let mut stray = stray_syn.clone();
+        stray.repr.flags = TcpFlags::ACK;
+        assert_eq!(offer(&mut l, T0, &stray).1[0].repr.flags, TcpFlags::RST);
+        stray.repr.flags = TcpFlags::SYN | TcpFlags::ACK;
+        assert_eq!(offer(&mut l, T0, &stray).1[0].repr.flags, TcpFlags::RST);
+        assert_eq!(l.stats().listen_rst_sent, 3);
+    }
+
+    #[test]
+    fn syn_acks_are_retransmitted_with_back_off_then_the_entry_expires() {
+        let cfg = TcpConfig {
+            synack_retries: 2,
+            ..TcpConfig::default()
+        };
+        let mut l = Listener::new(server(), cfg, 8, false);
+        let (_, syn) = client(40000, TcpConfig::default());
+        offer(&mut l, T0, &syn);
+        let mut sent_at = Vec::new();
+        while let Some(t) = l.poll_at() {
+            let mut sink = VecSink::default();
+            l.poll_transmit(t, &mut sink);
+            if !sink.segments.is_empty() {
+                sent_at.push(t.saturating_since(T0).as_millis());
+            }
+        }
+        assert_eq!(sent_at, [1000, 3000]);
+        assert_eq!(l.stats().listen_synack_retransmits, 2);
+        assert_eq!(l.stats().listen_synack_timeouts, 1);
+        assert_eq!(l.syn_queue_len(), 0);
+    }
+
+    #[test]
+    fn a_full_syn_queue_drops_syns_without_cookies() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 8, false);
+        l.set_syn_backlog(1);
+        offer(&mut l, T0, &client(40000, TcpConfig::default()).1);
+        let (_, out) = offer(&mut l, T0, &client(40001, TcpConfig::default()).1);
+        assert!(out.is_empty());
+        assert_eq!(l.syn_queue_len(), 1);
+        assert_eq!(l.stats().listen_syn_queue_full, 1);
+    }
+
+    #[test]
+    fn syn_cookies_carry_the_handshake_when_the_queue_is_full() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 8, true);
+        l.set_syn_backlog(0);
+        let (mut c, syn) = client(40000, TcpConfig::default());
+        let (_, out) = offer(&mut l, T0, &syn);
+        assert_eq!(l.syn_queue_len(), 0, "nothing kept");
+        assert_eq!(l.stats().listen_cookies_sent, 1);
+        // The MSS index: 1460 is encoded exactly.
+        assert_eq!(COOKIE_MSS[((out[0].repr.seq >> 24) & 7) as usize], 1460);
+        let ack = complete(&mut c, &out[0], b"x");
+        // A forged cookie is refused.
+        let mut forged = ack.clone();
+        forged.repr.ack ^= 0x0000_0100;
+        let (ev, rst) = offer(&mut l, T0, &forged);
+        assert!(matches!(ev, ListenEvent::None));
+        assert!(rst[0].repr.flags.rst());
+        assert_eq!(l.stats().listen_cookies_invalid, 1);
+        // The real one: window scale and SACK came back in the timestamp echo.
+        let conn = established(offer(&mut l, T0 + Duration::from_millis(5), &ack).0);
+        assert_eq!(l.stats().listen_cookies_valid, 1);
+        let info = conn.info();
+        assert_eq!(
+            info.wscale,
+            Some((
+                TcpConfig::default().rcv_wscale(),
+                TcpConfig::default().rcv_wscale()
+            ))
+        );
+        assert!(info.sack && info.timestamps);
+        assert_eq!(conn.recv_available(), 1);
+        // Too late: cookies are only checked within two periods of an overflow.
+        let (mut c2, syn2) = client(40001, TcpConfig::default());
+        let (_, out2) = offer(&mut l, T0, &syn2);
+        let ack2 = complete(&mut c2, &out2[0], b"");
+        let late = T0 + Duration::from_secs(2 * COOKIE_PERIOD_SECS + 1);
+        let (ev, _) = offer(&mut l, late, &ack2);
+        assert!(matches!(ev, ListenEvent::None));
+    }
+
+    #[test]
+    fn a_cookie_without_timestamps_has_no_window_scaling_or_sack() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 8, true);
+        l.set_syn_backlog(0);
+        let cfg = TcpConfig {
+            timestamps: false,
+            ..TcpConfig::default()
+        };
+        let (mut c, syn) = client(40000, cfg);
+        let (_, out) = offer(&mut l, T0, &syn);
+        let o = &out[0].repr.options;
+        assert!(o.window_scale.is_none() && !o.sack_permitted);
+        let ack = complete(&mut c, &out[0], b"");
+        let conn = established(offer(&mut l, T0, &ack).0);
+        let info = conn.info();
+        assert_eq!(info.wscale, None);
+        assert!(!info.sack && !info.timestamps);
+    }
+
+    #[test]
+    fn a_full_accept_queue_keeps_the_entry_for_the_next_ack() {
+        let mut l = Listener::new(server(), TcpConfig::default(), 1, false);
+        let (mut c, syn) = client(40000, TcpConfig::default());
+        let (_, out) = offer(&mut l, T0, &syn);
+        // The application has not accepted the one connection the backlog holds.
+        l.push_accept(7);
+        let ack = complete(&mut c, &out[0], b"");
+        let (ev, _) = offer(&mut l, T0, &ack);
+        assert!(matches!(ev, ListenEvent::None));
+        assert_eq!(l.stats().listen_accept_overflow, 1);
+        assert_eq!(l.syn_queue_len(), 1);
+        // New SYNs are dropped meanwhile.
+        let (_, out2) = offer(&mut l, T0, &client(40001, TcpConfig::default()).1);
+        assert!(out2.is_empty());
+        assert_eq!(l.stats().listen_accept_overflow, 2);
+        // Once the application accepts, the client's next ACK completes.
+        assert_eq!(l.accept(), Some(7));
+        let conn = established(offer(&mut l, T0, &ack).0);
+        assert_eq!(conn.state(), State::Established);
+    }
+}

@@ -1,83 +1,30 @@
 //! Deterministic two-endpoint simulation in virtual time: a client `Connection` and a
-//! server `Listener` + accepted `Connection` joined by a simulated path with seeded
-//! loss, duplication, reordering, corruption (caught by the checksum, so a drop),
-//! delay, a bandwidth limit and a drop-tail bottleneck queue. Every byte is checked.
+//! server `Listener` + accepted `Connection` joined by a simulated path (`usnet-sim`'s
+//! model, one per direction) with seeded loss, duplication, reordering, corruption
+//! (caught by the checksum, so a drop), delay, a bandwidth limit and a drop-tail
+//! bottleneck queue. Every byte is checked.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use usnet_sim::{Path, PathConfig, PathStats, SimRng};
 use usnet_tcp::testing::{OwnedSegment, VecSink};
 use usnet_tcp::{
     CcAlgorithm, Connection, Instant, ListenEvent, Listener, State, TcpConfig, TcpStats,
 };
 
-/// splitmix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// The path the tests start from: 5 ms one way, a 50 ms queue when a rate is set (40
+/// bytes of IP header per segment at the bottleneck), reordering by up to 3 ms.
+fn path() -> PathConfig {
+    PathConfig {
+        delay: Duration::from_millis(5),
+        overhead: 40,
+        queue: Duration::from_millis(50),
+        reorder_window: Duration::from_millis(3),
+        ..PathConfig::default()
     }
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Path {
-    loss: f64,
-    dup: f64,
-    reorder: f64,
-    reorder_max: Duration,
-    corrupt: f64,
-    delay: Duration,
-    /// Bytes per second (0 = unlimited).
-    rate: u64,
-    /// Most queueing delay at the bottleneck before drop-tail.
-    queue: Duration,
-}
-
-impl Default for Path {
-    fn default() -> Self {
-        Path {
-            loss: 0.0,
-            dup: 0.0,
-            reorder: 0.0,
-            reorder_max: Duration::from_millis(3),
-            corrupt: 0.0,
-            delay: Duration::from_millis(5),
-            rate: 0,
-            queue: Duration::from_millis(50),
-        }
-    }
-}
-
-#[derive(Default, Debug)]
-struct PathStats {
-    sent: u64,
-    lost: u64,
-    queue_drops: u64,
-    dup: u64,
-    corrupt: u64,
-    reordered: u64,
-}
-
-struct Dir {
-    path: Path,
-    busy_until: Instant,
-    stats: PathStats,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -90,9 +37,9 @@ struct Ev {
 
 struct Sim {
     now: Instant,
-    rng: Rng,
-    up: Dir,
-    down: Dir,
+    rng: SimRng,
+    up: Path,
+    down: Path,
     wire: BinaryHeap<Reverse<Ev>>,
     n: u64,
     client_addr: SocketAddr,
@@ -122,7 +69,14 @@ struct Outcome {
 }
 
 impl Sim {
-    fn new(seed: u64, up: Path, down: Path, ccfg: TcpConfig, scfg: TcpConfig, v6: bool) -> Sim {
+    fn new(
+        seed: u64,
+        up: PathConfig,
+        down: PathConfig,
+        ccfg: TcpConfig,
+        scfg: TcpConfig,
+        v6: bool,
+    ) -> Sim {
         let (ca, sa): (SocketAddr, SocketAddr) = if v6 {
             (
                 "[fd00::1]:40000".parse().unwrap(),
@@ -137,17 +91,9 @@ impl Sim {
         let now = Instant::from_millis(1000);
         Sim {
             now,
-            rng: Rng(seed),
-            up: Dir {
-                path: up,
-                busy_until: now,
-                stats: PathStats::default(),
-            },
-            down: Dir {
-                path: down,
-                busy_until: now,
-                stats: PathStats::default(),
-            },
+            rng: SimRng::new(seed),
+            up: Path::new(up),
+            down: Path::new(down),
             wire: BinaryHeap::new(),
             n: 0,
             client_addr: ca,
@@ -162,50 +108,16 @@ impl Sim {
     fn send(&mut self, segs: Vec<OwnedSegment>, to_server: bool) {
         for s in segs {
             let mut bytes = s.to_bytes();
-            let d = if to_server {
+            let path = if to_server {
                 &mut self.up
             } else {
                 &mut self.down
             };
-            d.stats.sent += 1;
-            if self.rng.chance(d.path.loss) {
-                d.stats.lost += 1;
-                continue;
-            }
-            let mut depart = self.now;
-            #[allow(clippy::manual_checked_ops)]
-            if d.path.rate > 0 {
-                let start = d.busy_until.max(self.now);
-                if start.saturating_since(self.now) > d.path.queue {
-                    d.stats.queue_drops += 1;
-                    continue;
-                }
-                let tx =
-                    Duration::from_nanos((bytes.len() as u64 + 40) * 1_000_000_000 / d.path.rate);
-                depart = start + tx;
-                d.busy_until = depart;
-            }
-            if self.rng.chance(d.path.corrupt) {
-                d.stats.corrupt += 1;
-                let i = self.rng.below(bytes.len() as u64) as usize;
-                bytes[i] ^= 1 << self.rng.below(8);
-            }
-            let mut at = depart + d.path.delay;
-            if self.rng.chance(d.path.reorder) {
-                d.stats.reordered += 1;
-                at =
-                    at + Duration::from_nanos(self.rng.below(d.path.reorder_max.as_nanos() as u64));
-            }
-            let copies = if self.rng.chance(d.path.dup) {
-                d.stats.dup += 1;
-                2
-            } else {
-                1
-            };
-            for _ in 0..copies {
+            let fate = path.send(&mut self.rng, self.now.as_nanos(), &mut bytes);
+            for &at in fate.arrivals() {
                 self.n += 1;
                 self.wire.push(Reverse(Ev {
-                    at,
+                    at: Instant::from_nanos(at),
                     n: self.n,
                     to_server,
                     bytes: bytes.clone(),
@@ -413,8 +325,8 @@ impl Sim {
         Outcome {
             client: self.client.stats().clone(),
             server: server.stats().clone(),
-            up: self.up.stats,
-            down: self.down.stats,
+            up: *self.up.stats(),
+            down: *self.down.stats(),
             elapsed: self.now - start,
             data_time: data_time.unwrap_or_default(),
             client_state: self.client.state(),
@@ -431,7 +343,14 @@ fn cfg() -> TcpConfig {
     }
 }
 
-fn run(seed: u64, path: Path, total: u64, back: u64, ccfg: TcpConfig, scfg: TcpConfig) -> Outcome {
+fn run(
+    seed: u64,
+    path: PathConfig,
+    total: u64,
+    back: u64,
+    ccfg: TcpConfig,
+    scfg: TcpConfig,
+) -> Outcome {
     let o = Sim::new(seed, path, path, ccfg, scfg, seed % 2 == 1).transfer(
         total,
         back,
@@ -444,9 +363,9 @@ fn run(seed: u64, path: Path, total: u64, back: u64, ccfg: TcpConfig, scfg: TcpC
 
 #[test]
 fn clean_transfer_no_retransmissions() {
-    let path = Path {
+    let path = PathConfig {
         rate: 12_500_000,
-        ..Path::default()
+        ..path()
     };
     let o = run(2, path, 4 << 20, 0, cfg(), cfg());
     assert_eq!(o.client.retransmit_segments, 0, "{:?}", o.client);
@@ -470,10 +389,10 @@ fn clean_transfer_no_retransmissions() {
 #[test]
 fn lossy_transfers_every_byte_arrives() {
     for (seed, loss) in [(11u64, 0.01), (12, 0.03), (13, 0.05), (14, 0.10)] {
-        let path = Path {
+        let path = PathConfig {
             loss,
             rate: 5_000_000,
-            ..Path::default()
+            ..path()
         };
         let o = run(seed, path, 1 << 20, 0, cfg(), cfg());
         assert!(o.client.retransmit_segments > 0);
@@ -492,13 +411,13 @@ fn lossy_transfers_every_byte_arrives() {
 
 #[test]
 fn reorder_duplicate_corrupt() {
-    let path = Path {
+    let path = PathConfig {
         loss: 0.01,
-        dup: 0.02,
+        duplicate: 0.02,
         reorder: 0.05,
         corrupt: 0.01,
         rate: 5_000_000,
-        ..Path::default()
+        ..path()
     };
     let o = run(21, path, 2 << 20, 256 << 10, cfg(), cfg());
     assert!(o.server.rx_dup_bytes > 0);
@@ -507,10 +426,10 @@ fn reorder_duplicate_corrupt() {
 
 #[test]
 fn bidirectional() {
-    let path = Path {
+    let path = PathConfig {
         loss: 0.02,
         rate: 10_000_000,
-        ..Path::default()
+        ..path()
     };
     run(31, path, 1 << 20, 1 << 20, cfg(), cfg());
 }
@@ -522,10 +441,10 @@ fn without_sack_timestamps_or_scaling_newreno() {
     c.timestamps = false;
     c.window_scaling = false;
     c.congestion = CcAlgorithm::NewReno;
-    let path = Path {
+    let path = PathConfig {
         loss: 0.02,
         rate: 5_000_000,
-        ..Path::default()
+        ..path()
     };
     let o = run(41, path, 1 << 20, 0, c.clone(), c);
     assert!(!o.client_info.sack && !o.client_info.timestamps);
@@ -538,10 +457,10 @@ fn congestion_at_a_bottleneck_cubic_and_newreno() {
         let mut c = cfg();
         c.congestion = cc;
         // 20 Mbit/s, 10 ms RTT, 5 ms of queue: the sender must find the limit.
-        let path = Path {
+        let path = PathConfig {
             rate: 2_500_000,
             queue: Duration::from_millis(5),
-            ..Path::default()
+            ..path()
         };
         let o = run(51, path, 8 << 20, 0, c.clone(), c);
         assert!(o.up.queue_drops > 0, "no congestion?");
@@ -562,10 +481,10 @@ fn small_buffers_and_zero_window() {
     c.send_buffer = 8 << 10;
     c.recv_buffer = 4 << 10;
     c.recv_buffer_initial = 4 << 10;
-    let path = Path {
+    let path = PathConfig {
         loss: 0.01,
         rate: 5_000_000,
-        ..Path::default()
+        ..path()
     };
     run(61, path, 256 << 10, 0, c.clone(), c);
 }
@@ -574,13 +493,13 @@ fn small_buffers_and_zero_window() {
 fn seeds_sweep() {
     for seed in 100..112u64 {
         let loss = (seed % 6) as f64 * 0.015;
-        let path = Path {
+        let path = PathConfig {
             loss,
             reorder: 0.02,
-            dup: 0.01,
+            duplicate: 0.01,
             rate: 8_000_000,
             delay: Duration::from_millis(1 + seed % 20),
-            ..Path::default()
+            ..path()
         };
         run(seed, path, 300 << 10, 100 << 10, cfg(), cfg());
     }
@@ -589,11 +508,11 @@ fn seeds_sweep() {
 #[test]
 #[ignore = "long: 200 MB with 1% loss; run with --release -- --ignored"]
 fn big_transfer_200mb() {
-    let path = Path {
+    let path = PathConfig {
         loss: 0.01,
         rate: 125_000_000,
         delay: Duration::from_millis(2),
-        ..Path::default()
+        ..path()
     };
     let o = run(71, path, 200 << 20, 0, cfg(), cfg());
     eprintln!("200MB: {:?} {:?}", o.elapsed, o.client_info);
@@ -602,10 +521,10 @@ fn big_transfer_200mb() {
 #[test]
 #[ignore = "long: 100 MB at 10% loss"]
 fn big_transfer_heavy_loss() {
-    let path = Path {
+    let path = PathConfig {
         loss: 0.10,
         rate: 50_000_000,
-        ..Path::default()
+        ..path()
     };
     run(72, path, 100 << 20, 0, cfg(), cfg());
 }

@@ -1,26 +1,12 @@
-//! Seeded random and mutation testing of every parser (no extra crates).
+//! Seeded random and mutation testing of every parser (`usnet-sim`'s generator).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
+use usnet_sim::SimRng;
 
 use crate::testing::{walk_frame, walk_raw};
 use crate::*;
-
-/// xorshift64*: deterministic, good enough to pick bytes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 const MAC_A: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 1]);
 const MAC_B: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 2]);
@@ -171,38 +157,38 @@ fn seeds_walk_fully() {
 fn random_and_mutated_inputs_never_panic() {
     const ROUNDS: usize = 200_000;
     let seeds = seeds();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = SimRng::new(0x9e37_79b9_7f4a_7c15);
     let mut buf = vec![0u8; 2048];
     let mut parsed = 0u64;
     for round in 0..ROUNDS {
         let len;
         if round % 2 == 0 {
             // Pure random bytes, mostly short.
-            len = if rng.below(4) == 0 {
-                rng.below(1600)
+            len = if rng.index(4) == 0 {
+                rng.index(1600)
             } else {
-                rng.below(96)
+                rng.index(96)
             };
             for b in buf[..len].iter_mut() {
-                *b = rng.next() as u8;
+                *b = rng.next_u64() as u8;
             }
         } else {
-            let s = &seeds[rng.below(seeds.len())];
+            let s = &seeds[rng.index(seeds.len())];
             len = s.len();
             buf[..len].copy_from_slice(s);
-            for _ in 0..1 + rng.below(4) {
-                let i = rng.below(len);
-                buf[i] = match rng.below(4) {
-                    0 => rng.next() as u8,
-                    1 => buf[i] ^ (1 << rng.below(8)),
-                    2 => [0, 1, 2, 0x7f, 0x80, 0xff][rng.below(6)],
+            for _ in 0..1 + rng.index(4) {
+                let i = rng.index(len);
+                buf[i] = match rng.index(4) {
+                    0 => rng.next_u64() as u8,
+                    1 => buf[i] ^ (1 << rng.index(8)),
+                    2 => [0, 1, 2, 0x7f, 0x80, 0xff][rng.index(6)],
                     _ => buf[i].wrapping_add(1),
                 };
             }
         }
         // Also every kind of truncation.
-        let cut = if rng.below(3) == 0 {
-            rng.below(len + 1)
+        let cut = if rng.index(3) == 0 {
+            rng.index(len + 1)
         } else {
             len
         };

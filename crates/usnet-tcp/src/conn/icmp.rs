@@ -3,7 +3,9 @@
 //! when the quoted sequence number is in flight (RFC 5927 §4.1), so that a blind
 //! attacker has to guess it.
 
-use super::{Connection, Recovery, State, TcpError};
+use super::recovery::Phase;
+use super::timers::Timer;
+use super::{Connection, State, TcpError};
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -53,7 +55,7 @@ impl Connection {
         if matches!(self.state, State::Closed | State::TimeWait) {
             return IcmpOutcome::Ignored;
         }
-        if !Seq(seq).in_range(self.snd_una, self.snd_nxt) {
+        if !Seq(seq).in_range(self.snd.una, self.snd.nxt) {
             self.stats.icmp_out_of_window += 1;
             return IcmpOutcome::OutOfWindow;
         }
@@ -101,23 +103,23 @@ impl Connection {
         }
         let fits = self.smss();
         let mut marked = false;
-        for i in 0..self.segs.len() {
-            let s = self.segs[i];
+        for i in 0..self.scoreboard.len() {
+            let s = self.scoreboard[i];
             if s.end.gt(seq) && !s.sacked && !s.lost && s.len() - u32::from(s.fin) > fits {
-                self.mark_lost(i);
+                self.scoreboard.mark_lost(i);
                 marked = true;
             }
         }
         if marked {
             self.stats.pmtu_resends += 1;
-            if self.recovery == Recovery::None {
-                self.recovery = Recovery::Pmtu;
-                self.recovery_point = self.snd_nxt;
-                self.tlp_at = None;
-                self.tlp_pending = false;
+            if !self.recovery.in_recovery() {
+                self.recovery.phase = Phase::Pmtu;
+                self.recovery.point = self.snd.nxt;
+                self.timers.clear(Timer::Tlp);
+                self.recovery.tlp_pending = false;
             }
             // The first resend goes out even if the window is full.
-            self.fast_rtx_pending = true;
+            self.recovery.fast_rtx_pending = true;
         }
         if lowered {
             IcmpOutcome::MssLowered
@@ -188,17 +190,17 @@ mod tests {
         let (mut cli, mut srv, first, now) = established(8 * 1448);
         assert_eq!(first.len(), 8);
         assert!(first.iter().all(|s| s.payload.len() == 1448));
-        let una = cli.snd_una.0;
+        let una = cli.snd.una.0;
         let cwnd = cli.info().cwnd;
         // The error for the third segment: it and the later ones are resent.
         let r = cli.icmp_error(now, una + 2 * 1448, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssLowered);
         assert_eq!(cli.snd_mss(), 1240);
-        assert_eq!(cli.lost_segs, 6);
+        assert_eq!(cli.scoreboard.lost_segs(), 6);
         // A late error for the first (same MTU) marks the first two as well.
         let r = cli.icmp_error(now, una + 100, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssNotLowered);
-        assert_eq!(cli.lost_segs, 8);
+        assert_eq!(cli.scoreboard.lost_segs(), 8);
         assert_eq!(cli.stats().pmtu_not_lowered, 1);
         let mut out = VecSink::default();
         cli.poll_transmit(now, &mut out);
@@ -213,11 +215,11 @@ mod tests {
         assert_eq!(cli.stats().fast_recoveries, 0);
         assert_eq!(cli.stats().pmtu_decreases, 1);
         cli.check_invariants().unwrap();
-        assert_eq!(cli.recovery, Recovery::Pmtu);
+        assert_eq!(cli.recovery.phase, Phase::Pmtu);
         // More errors for the originals lower nothing and mark nothing again.
         let r = cli.icmp_error(now, una, IcmpError::PacketTooBig { mss: 1240 });
         assert_eq!(r, IcmpOutcome::MssNotLowered);
-        assert_eq!(cli.lost_segs, 0, "nothing marked twice");
+        assert_eq!(cli.scoreboard.lost_segs(), 0, "nothing marked twice");
         // The router dropped the originals; the resent pieces arrive and are ACKed:
         // the episode ends with the window intact.
         let later = now + Duration::from_millis(1);
@@ -229,8 +231,8 @@ mod tests {
         for seg in take(&mut back) {
             cli.input(later, &seg.segment());
         }
-        assert_eq!(cli.snd_una, cli.snd_nxt);
-        assert_eq!(cli.recovery, Recovery::None);
+        assert_eq!(cli.snd.una, cli.snd.nxt);
+        assert_eq!(cli.recovery.phase, Phase::None);
         assert!(cli.info().cwnd >= cwnd);
         assert_eq!(cli.stats().fast_recoveries + cli.stats().rto_expired, 0);
         // Once acknowledged, an ICMP about those segments is stale.
@@ -241,7 +243,7 @@ mod tests {
     #[test]
     fn icmp_outside_the_flight_is_ignored() {
         let (mut cli, _srv, _, now) = established(4 * 1448);
-        let (una, nxt) = (cli.snd_una.0, cli.snd_nxt.0);
+        let (una, nxt) = (cli.snd.una.0, cli.snd.nxt.0);
         for seq in [una.wrapping_sub(1), nxt, nxt + 1000, una ^ 0x8000_0000] {
             let r = cli.icmp_error(now, seq, IcmpError::PacketTooBig { mss: 600 });
             assert_eq!(r, IcmpOutcome::OutOfWindow);
@@ -287,8 +289,15 @@ mod tests {
         assert_eq!(cli.icmp_error(now, iss, refused), IcmpOutcome::Aborted);
         assert_eq!(cli.state(), State::Closed);
         assert_eq!(cli.error(), Some(TcpError::Refused));
-        assert_eq!(TcpError::HostUnreachable.errno(), 113);
-        assert_eq!(TcpError::NetUnreachable.errno(), 101);
+        // The other hard errors end an attempt with their own variant (the stack maps
+        // each to its errno).
+        for error in [TcpError::HostUnreachable, TcpError::NetUnreachable] {
+            let mut cli = Connection::connect(c, s, now, cfg());
+            cli.poll_transmit(now, &mut out);
+            let hard = IcmpError::Unreachable { error, hard: true };
+            assert_eq!(cli.icmp_error(now, cli.iss(), hard), IcmpOutcome::Aborted);
+            assert_eq!(cli.error(), Some(error));
+        }
     }
 
     #[test]
@@ -314,7 +323,7 @@ mod tests {
     #[test]
     fn soft_error_in_established_is_reported_only_by_a_timeout() {
         let (mut cli, _srv, _, mut now) = established(1000);
-        let una = cli.snd_una.0;
+        let una = cli.snd.una.0;
         let e = IcmpError::Unreachable {
             error: TcpError::HostUnreachable,
             hard: true,
@@ -340,7 +349,7 @@ mod tests {
             error: TcpError::NetUnreachable,
             hard: false,
         };
-        cli.icmp_error(now, cli.snd_una.0, e);
+        cli.icmp_error(now, cli.snd.una.0, e);
         assert_eq!(cli.soft_error(), Some(TcpError::NetUnreachable));
         let mut back = VecSink::default();
         for seg in &data {
@@ -351,7 +360,7 @@ mod tests {
         for seg in take(&mut back) {
             cli.input(later, &seg.segment());
         }
-        assert_eq!(cli.snd_una, cli.snd_nxt);
+        assert_eq!(cli.snd.una, cli.snd.nxt);
         assert_eq!(cli.soft_error(), None);
     }
 }

@@ -1,15 +1,35 @@
-//! One TCP connection (a TCB): RFC 9293 state machine, send/receive buffers, SACK
-//! scoreboard, RACK-TLP, congestion control and timers. Pure and deterministic: time
-//! is passed in, segments come in through [`Connection::input`] and go out through a
-//! [`SegmentSink`] in [`Connection::poll_transmit`].
+//! One TCP connection (a TCB). Pure and deterministic: time is passed in, segments
+//! come in through [`Connection::input`] and go out through a [`SegmentSink`] in
+//! [`Connection::poll_transmit`]. The connection is split by mechanism, each module
+//! owning its part of the state:
+//!
+//! - `state`: the state machine and segment arrival, step by step (RFC 9293 §3.10.7)
+//! - `handshake`: opening, option negotiation, SYN/SYN-ACK
+//! - `send` / `recv`: the two directions' sequence variables, buffers and windows
+//! - `scoreboard` / `recovery`: what is in flight, loss detection and recovery
+//! - `rtt`, `timestamps`, `keepalive`: estimators and probes
+//! - `timers`: every deadline in one table; `transmit`: what goes out next
+//! - `icmp`: ICMP errors about this connection
 
+mod handshake;
 mod icmp;
-mod input;
-mod output;
+mod keepalive;
+mod recovery;
+mod recv;
+mod rtt;
+mod scoreboard;
+mod send;
+mod state;
+#[cfg(test)]
+mod test_util;
+mod timers;
+mod timestamps;
+mod transmit;
 
+pub(crate) use handshake::Handshake;
 pub use icmp::{IcmpError, IcmpOutcome};
+pub use state::State;
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,67 +38,24 @@ use usnet_wire::{TcpFlags, TcpHeader, TcpOptions, TcpRepr};
 
 use crate::cc::CongestionControl;
 use crate::config::TcpConfig;
-use crate::hash::{initial_sequence, tuple_hash};
+use crate::hash::tuple_hash;
 use crate::payload::Payload;
-use crate::ring::{OooRanges, Ring};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
-use crate::time::{earliest, Instant};
+use crate::time::Instant;
+use handshake::{Negotiated, SynState};
+use keepalive::KeepaliveState;
+use recovery::Recovery;
+use recv::{AckState, RecvState};
+use rtt::RttEstimator;
+use scoreboard::Scoreboard;
+use send::SendState;
+use state::ChallengeLimiter;
+use timers::Timers;
+use timestamps::Timestamps;
 
-/// RFC 9293 connection states (LISTEN lives in [`crate::Listener`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum State {
-    /// No connection (initial before `connect`, or final).
-    Closed,
-    /// SYN sent, waiting for SYN-ACK.
-    SynSent,
-    /// SYN received and SYN-ACK sent (simultaneous open or passive open).
-    SynReceived,
-    /// Data flows both ways.
-    Established,
-    /// We closed; our FIN is not yet acknowledged.
-    FinWait1,
-    /// Our FIN is acknowledged; waiting for the peer's FIN.
-    FinWait2,
-    /// The peer closed; we may still send.
-    CloseWait,
-    /// Both closed at once; waiting for the ACK of our FIN.
-    Closing,
-    /// The peer closed, then we did; waiting for the ACK of our FIN.
-    LastAck,
-    /// Both closed; lingering 2*MSL to absorb old duplicates.
-    TimeWait,
-}
-
-impl State {
-    /// SYN exchanged both ways (RFC 9293 "synchronized states").
-    pub fn is_synchronized(self) -> bool {
-        !matches!(self, State::Closed | State::SynSent | State::SynReceived)
-    }
-    /// The name packetdrill and netstat use.
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Closed => "CLOSED",
-            State::SynSent => "SYN_SENT",
-            State::SynReceived => "SYN_RECV",
-            State::Established => "ESTABLISHED",
-            State::FinWait1 => "FIN_WAIT1",
-            State::FinWait2 => "FIN_WAIT2",
-            State::CloseWait => "CLOSE_WAIT",
-            State::Closing => "CLOSING",
-            State::LastAck => "LAST_ACK",
-            State::TimeWait => "TIME_WAIT",
-        }
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Why a connection ended abnormally (the socket error a C caller sees as errno).
+/// Why a connection ended abnormally. The stack maps it to its own error type, whose
+/// errno table is the only one (`usnet_stack::StackError::errno`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TcpError {
     /// RST in answer to our SYN (ECONNREFUSED).
@@ -93,20 +70,6 @@ pub enum TcpError {
     HostUnreachable,
     /// ICMP network unreachable (ENETUNREACH).
     NetUnreachable,
-}
-
-impl TcpError {
-    /// Linux errno.
-    pub fn errno(self) -> i32 {
-        match self {
-            TcpError::Refused => 111,
-            TcpError::Reset => 104,
-            TcpError::TimedOut => 110,
-            TcpError::Aborted => 103,
-            TcpError::HostUnreachable => 113,
-            TcpError::NetUnreachable => 101,
-        }
-    }
 }
 
 /// A received segment as the engine needs it: the TCP header fields plus payload.
@@ -254,120 +217,6 @@ pub struct TcpInfo {
     pub send_queued: usize,
 }
 
-/// RFC 6298 round-trip estimator.
-#[derive(Debug, Clone)]
-pub(crate) struct Rtt {
-    pub srtt: Option<Duration>,
-    pub rttvar: Duration,
-    pub rto: Duration,
-    pub min_rtt: Option<Duration>,
-}
-
-impl Rtt {
-    fn new(initial: Duration) -> Self {
-        Rtt {
-            srtt: None,
-            rttvar: Duration::ZERO,
-            rto: initial,
-            min_rtt: None,
-        }
-    }
-    pub(crate) fn sample(&mut self, r: Duration, cfg: &TcpConfig) {
-        self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
-        self.smooth(r, cfg);
-    }
-
-    /// A sample from the timestamp echo. Its millisecond granularity reads 0 on a fast
-    /// path, so it feeds SRTT and the RTO but never `min_rtt`: RACK compares an ACK's
-    /// timing with `min_rtt` to tell a retransmission's own ACK from the original's,
-    /// and a 0 would turn that check off.
-    pub(crate) fn sample_coarse(&mut self, r: Duration, cfg: &TcpConfig) {
-        self.smooth(r, cfg);
-    }
-
-    fn smooth(&mut self, r: Duration, cfg: &TcpConfig) {
-        match self.srtt {
-            None => {
-                self.srtt = Some(r);
-                self.rttvar = r / 2;
-            }
-            Some(s) => {
-                let delta = s.abs_diff(r);
-                self.rttvar = (self.rttvar * 3 + delta) / 4;
-                self.srtt = Some((s * 7 + r) / 8);
-            }
-        }
-        let s = self.srtt.unwrap_or(r);
-        // G (clock granularity) is 1 ms for the timestamp clock.
-        let var = (self.rttvar * 4).max(Duration::from_millis(1));
-        self.rto = (s + var).clamp(cfg.min_rto, cfg.max_rto);
-    }
-}
-
-/// One sent segment on the retransmission queue (the scoreboard entry).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TxSeg {
-    pub start: Seq,
-    /// End in sequence space (includes the FIN if `fin`).
-    pub end: Seq,
-    pub fin: bool,
-    /// Time of the latest (re)transmission.
-    pub sent: Instant,
-    /// Transmissions so far (1 = never retransmitted).
-    pub xmits: u16,
-    pub sacked: bool,
-    /// Marked lost and not yet retransmitted.
-    pub lost: bool,
-}
-
-impl TxSeg {
-    pub(crate) fn len(&self) -> u32 {
-        self.end.since(self.start)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Recovery {
-    None,
-    /// Fast recovery (RFC 6675 / 6582) until `recovery_point` is acknowledged.
-    Fast,
-    /// Loss recovery after an RTO (go-back-N from the scoreboard, slow start).
-    Rto,
-    /// Resending what a path MTU decrease dropped, until `recovery_point` is
-    /// acknowledged; not congestion, so the window is left alone.
-    Pmtu,
-}
-
-/// RACK state (RFC 8985 §6.1).
-#[derive(Debug, Clone)]
-pub(crate) struct Rack {
-    /// Transmission time of the most recently delivered segment.
-    pub xmit_ts: Option<Instant>,
-    pub end_seq: Seq,
-    pub rtt: Duration,
-    /// Highest end sequence ever delivered (acked or SACKed).
-    pub fack: Seq,
-    pub reordering_seen: bool,
-    pub reo_wnd_mult: u32,
-}
-
-/// Listener-negotiated parameters that a passively opened connection starts from.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Handshake {
-    pub iss: Seq,
-    pub irs: Seq,
-    pub peer_mss: u16,
-    /// Peer's window shift, if both sides do window scaling.
-    pub peer_wscale: Option<u8>,
-    pub sack: bool,
-    /// Peer's TSval from the SYN, if timestamps are on.
-    pub ts_recent: Option<u32>,
-    /// When the (last) SYN-ACK went out, and how many times it was sent (for an RTT
-    /// sample under Karn's rule).
-    pub synack_sent: Instant,
-    pub synack_xmits: u32,
-}
-
 /// A TCP connection.
 pub struct Connection {
     pub(crate) local: SocketAddr,
@@ -377,112 +226,39 @@ pub struct Connection {
     pub(crate) error: Option<TcpError>,
     /// An ICMP error since the last new ACK, reported if the connection times out.
     pub(crate) soft_error: Option<TcpError>,
+    /// The latest time passed in (never goes back).
     pub(crate) now: Instant,
+    /// The application called `close()` (not just `shutdown_write`).
+    pub(crate) app_closed: bool,
 
-    // ---- send side
-    pub(crate) iss: Seq,
-    pub(crate) snd_una: Seq,
-    pub(crate) snd_una_before_last_ack: Seq,
-    pub(crate) snd_nxt: Seq,
-    pub(crate) snd_wnd: u32,
-    pub(crate) max_snd_wnd: u32,
-    pub(crate) snd_wl1: Seq,
-    pub(crate) snd_wl2: Seq,
-    pub(crate) snd_wscale: u8,
-    /// End of the last small (less than full-sized) segment sent (Minshall's Nagle).
-    pub(crate) snd_sml: Seq,
-    pub(crate) sndbuf: Ring,
-    /// The application shut down writing: a FIN follows the data.
-    pub(crate) fin_queued: bool,
-    pub(crate) fin_sent: bool,
-    pub(crate) fin_acked: bool,
-    pub(crate) segs: VecDeque<TxSeg>,
-    pub(crate) max_segs: usize,
-    pub(crate) pipe: u32,
-    pub(crate) sacked_bytes: u32,
-    pub(crate) sacked_segs: u32,
-    pub(crate) lost_segs: u32,
-    /// Peer's MSS (payload without options).
-    pub(crate) peer_mss: u16,
-
-    // ---- receive side
-    pub(crate) irs: Seq,
-    pub(crate) rcv_nxt: Seq,
-    pub(crate) rcv_wscale: u8,
-    /// Right edge of the window we last advertised.
-    pub(crate) rcv_adv: Seq,
-    pub(crate) rcvbuf: Ring,
-    pub(crate) ooo: OooRanges,
-    /// A sequence number inside each recently changed SACK block, newest first.
-    pub(crate) sack_recent: [Option<Seq>; 4],
-    pub(crate) dsack: Option<(Seq, Seq)>,
-    /// Sequence number of the peer's FIN, once seen (possibly out of order).
-    pub(crate) rx_fin: Option<Seq>,
-    pub(crate) fin_received: bool,
-    pub(crate) rcv_mss: u32,
-    /// Receive-window limit (autotuned).
-    pub(crate) rcv_space: usize,
-    pub(crate) rcv_copied: usize,
-    pub(crate) rcv_space_at: Instant,
-    pub(crate) rcv_rtt: Option<Duration>,
-    /// Sequence number of the pending out-of-band byte in the receive buffer.
-    pub(crate) urg_seq: Option<Seq>,
-    pub(crate) oob_byte: Option<u8>,
-
-    // ---- options
-    pub(crate) ws_ok: bool,
-    pub(crate) ts_ok: bool,
-    pub(crate) sack_ok: bool,
-    pub(crate) ts_recent: u32,
-    pub(crate) ts_recent_at: Instant,
-    pub(crate) ts_offset: u32,
-    pub(crate) last_ack_sent: Seq,
-
-    // ---- timers
-    pub(crate) rtt: Rtt,
-    pub(crate) rto_at: Option<Instant>,
-    pub(crate) backoff: u32,
-    pub(crate) delack_at: Option<Instant>,
-    pub(crate) persist_at: Option<Instant>,
-    pub(crate) persist_backoff: u32,
-    pub(crate) keepalive_at: Option<Instant>,
-    pub(crate) keepalive_sent: u32,
-    /// TIME-WAIT end, FIN-WAIT-2 timeout or linger deadline.
-    pub(crate) close_at: Option<Instant>,
-    pub(crate) tlp_at: Option<Instant>,
-    pub(crate) reo_at: Option<Instant>,
-    pub(crate) last_rx: Instant,
-    pub(crate) last_tx: Instant,
-
-    // ---- pending output
-    pub(crate) ack_now: bool,
-    pub(crate) dupacks_owed: u32,
-    pub(crate) rx_unacked: u32,
-    pub(crate) quickack: u32,
-    pub(crate) syn_pending: bool,
+    /// Our SYN or SYN-ACK (`handshake`).
+    pub(crate) syn: SynState,
+    /// Window scaling and SACK as negotiated (`handshake`).
+    pub(crate) opts: Negotiated,
+    /// RFC 7323 timestamps (`timestamps`).
+    pub(crate) ts: Timestamps,
+    /// SND.*, send buffer, FIN, persist (`send`).
+    pub(crate) snd: SendState,
+    /// What is in flight (`scoreboard`).
+    pub(crate) scoreboard: Scoreboard,
+    /// Loss recovery, RACK, TLP (`recovery`).
+    pub(crate) recovery: Recovery,
+    pub(crate) cc: Box<dyn CongestionControl>,
+    /// RCV.*, receive buffer, reassembly (`recv`).
+    pub(crate) rcv: RecvState,
+    /// When to acknowledge (`recv`).
+    pub(crate) ack: AckState,
+    /// SRTT, RTO, back-off (`rtt`).
+    pub(crate) rtt: RttEstimator,
+    /// Every deadline (`timers`).
+    pub(crate) timers: Timers,
+    pub(crate) keepalive: KeepaliveState,
+    /// RFC 5961 challenge ACKs sent this second (`state`).
+    pub(crate) challenges: ChallengeLimiter,
+    /// Reset the connection on the next transmit pass (abort).
     pub(crate) rst_pending: bool,
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
     pub(crate) reply_rst: Option<(Seq, Option<Seq>)>,
-    pub(crate) tlp_pending: bool,
-    pub(crate) tlp_outstanding: bool,
-    pub(crate) persist_pending: bool,
-    pub(crate) keepalive_pending: bool,
-    pub(crate) challenge_count: u32,
-    pub(crate) challenge_window: Instant,
-    pub(crate) syn_xmits: u32,
-    pub(crate) syn_sent_at: Instant,
-
-    // ---- recovery and congestion control
-    pub(crate) recovery: Recovery,
-    pub(crate) recovery_point: Seq,
-    pub(crate) dupacks: u32,
-    pub(crate) rack: Rack,
-    pub(crate) cc: Box<dyn CongestionControl>,
-    pub(crate) cwnd_blocked: bool,
-    /// The first retransmission of a recovery episode goes out regardless of cwnd.
-    pub(crate) fast_rtx_pending: bool,
-    /// The application called `close()` (not just `shutdown_write`).
-    pub(crate) app_closed: bool,
     pub(crate) stats: TcpStats,
 }
 
@@ -492,22 +268,16 @@ impl fmt::Debug for Connection {
             .field("local", &self.local)
             .field("remote", &self.remote)
             .field("state", &self.state)
-            .field("snd_una", &self.snd_una)
-            .field("snd_nxt", &self.snd_nxt)
-            .field("rcv_nxt", &self.rcv_nxt)
+            .field("snd_una", &self.snd.una)
+            .field("snd_nxt", &self.snd.nxt)
+            .field("rcv_nxt", &self.rcv.nxt)
             .finish_non_exhaustive()
     }
 }
 
-fn default_peer_mss(remote: SocketAddr) -> u16 {
-    if remote.is_ipv4() {
-        536
-    } else {
-        1220
-    }
-}
-
 impl Connection {
+    /// A connection in CLOSED with everything at its start; `connect` and
+    /// `from_handshake` go on from here.
     fn blank(
         local: SocketAddr,
         remote: SocketAddr,
@@ -521,12 +291,6 @@ impl Connection {
         } else {
             0
         };
-        let max_segs = (cfg.send_buffer / 256).clamp(64, 65536);
-        let rcv_space = if cfg.autotune {
-            cfg.recv_buffer_initial.min(cfg.recv_buffer)
-        } else {
-            cfg.recv_buffer
-        };
         let cc = cfg.congestion.build(mss, cfg.initial_window);
         Connection {
             local,
@@ -535,158 +299,25 @@ impl Connection {
             error: None,
             soft_error: None,
             now,
-            iss,
-            snd_una: iss,
-            snd_una_before_last_ack: iss,
-            snd_nxt: iss,
-            snd_wnd: 0,
-            max_snd_wnd: 0,
-            snd_wl1: Seq(0),
-            snd_wl2: iss,
-            snd_wscale: 0,
-            snd_sml: iss,
-            sndbuf: Ring::new(cfg.send_buffer),
-            fin_queued: false,
-            fin_sent: false,
-            fin_acked: false,
-            segs: VecDeque::with_capacity(max_segs),
-            max_segs,
-            pipe: 0,
-            sacked_bytes: 0,
-            sacked_segs: 0,
-            lost_segs: 0,
-            peer_mss: default_peer_mss(remote),
-            irs: Seq(0),
-            rcv_nxt: Seq(0),
-            rcv_wscale: 0,
-            rcv_adv: Seq(0),
-            rcvbuf: Ring::new(cfg.recv_buffer),
-            ooo: OooRanges::new(cfg.max_ooo_ranges),
-            sack_recent: [None; 4],
-            dsack: None,
-            rx_fin: None,
-            fin_received: false,
-            rcv_mss: mss.min(536),
-            rcv_space,
-            rcv_copied: 0,
-            rcv_space_at: now,
-            rcv_rtt: None,
-            urg_seq: None,
-            oob_byte: None,
-            ws_ok: false,
-            ts_ok: false,
-            sack_ok: false,
-            ts_recent: 0,
-            ts_recent_at: now,
-            ts_offset,
-            last_ack_sent: Seq(0),
-            rtt: Rtt::new(cfg.initial_rto),
-            rto_at: None,
-            backoff: 0,
-            delack_at: None,
-            persist_at: None,
-            persist_backoff: 0,
-            keepalive_at: None,
-            keepalive_sent: 0,
-            close_at: None,
-            tlp_at: None,
-            reo_at: None,
-            last_rx: now,
-            last_tx: now,
-            ack_now: false,
-            dupacks_owed: 0,
-            rx_unacked: 0,
-            quickack: cfg.quickack_segments,
-            syn_pending: false,
+            app_closed: false,
+            syn: SynState::new(now),
+            opts: Negotiated::default(),
+            ts: Timestamps::new(ts_offset, now),
+            snd: SendState::new(iss, cfg.send_buffer, remote, now),
+            scoreboard: Scoreboard::new(cfg.send_buffer),
+            recovery: Recovery::new(iss),
+            cc,
+            rcv: RecvState::new(&cfg, mss, now),
+            ack: AckState::new(cfg.quickack_segments),
+            rtt: RttEstimator::new(cfg.initial_rto),
+            timers: Timers::default(),
+            keepalive: KeepaliveState::new(now),
+            challenges: ChallengeLimiter::new(now),
             rst_pending: false,
             reply_rst: None,
-            tlp_pending: false,
-            tlp_outstanding: false,
-            persist_pending: false,
-            keepalive_pending: false,
-            challenge_count: 0,
-            challenge_window: now,
-            syn_xmits: 0,
-            syn_sent_at: now,
-            recovery: Recovery::None,
-            recovery_point: iss,
-            dupacks: 0,
-            rack: Rack {
-                xmit_ts: None,
-                end_seq: iss,
-                rtt: Duration::ZERO,
-                fack: iss,
-                reordering_seen: false,
-                reo_wnd_mult: 1,
-            },
-            cc,
-            cwnd_blocked: false,
-            fast_rtx_pending: false,
-            app_closed: false,
             stats: TcpStats::default(),
             cfg,
         }
-    }
-
-    /// Active open: a connection in SYN-SENT whose SYN goes out on the next
-    /// `poll_transmit`. The ISN follows RFC 6528.
-    pub fn connect(local: SocketAddr, remote: SocketAddr, now: Instant, cfg: TcpConfig) -> Self {
-        let iss = Seq(initial_sequence(cfg.secret, local, remote, now.as_nanos()));
-        let mut c = Connection::blank(local, remote, now, cfg, iss);
-        c.state = State::SynSent;
-        c.snd_nxt = iss + 1u32;
-        c.syn_pending = true;
-        c.rcv_wscale = if c.cfg.window_scaling {
-            c.cfg.rcv_wscale()
-        } else {
-            0
-        };
-        c
-    }
-
-    /// A passively opened connection in SYN-RECEIVED whose SYN-ACK the listener has
-    /// sent; the listener feeds it the completing ACK next.
-    pub(crate) fn from_handshake(
-        local: SocketAddr,
-        remote: SocketAddr,
-        now: Instant,
-        cfg: TcpConfig,
-        h: Handshake,
-    ) -> Self {
-        let mut c = Connection::blank(local, remote, now, cfg, h.iss);
-        c.state = State::SynReceived;
-        c.snd_nxt = h.iss + 1u32;
-        c.irs = h.irs;
-        c.rcv_nxt = h.irs + 1u32;
-        c.snd_wl1 = h.irs;
-        c.last_ack_sent = c.rcv_nxt;
-        c.set_peer_mss(Some(h.peer_mss));
-        if let Some(ws) = h.peer_wscale {
-            c.ws_ok = true;
-            c.snd_wscale = ws;
-            c.rcv_wscale = c.cfg.rcv_wscale();
-        }
-        c.sack_ok = h.sack;
-        if let Some(ts) = h.ts_recent {
-            c.ts_ok = true;
-            c.ts_recent = ts;
-            c.ts_recent_at = now;
-        }
-        // The SYN-ACK advertised an unscaled window of at most 65535.
-        let w = c.rcv_window_available().min(65535);
-        c.rcv_adv = c.rcv_nxt + w;
-        c.syn_xmits = h.synack_xmits;
-        c.syn_sent_at = h.synack_sent;
-        c
-    }
-
-    pub(crate) fn set_peer_mss(&mut self, mss: Option<u16>) {
-        let m = mss.unwrap_or_else(|| default_peer_mss(self.remote));
-        let clamped = m.clamp(88, 65495);
-        if clamped != m {
-            self.stats.mss_clamped += 1;
-        }
-        self.peer_mss = clamped;
     }
 
     // ------------------------------------------------------------ accessors
@@ -717,21 +348,11 @@ impl Connection {
     }
     /// Our initial sequence number.
     pub fn iss(&self) -> u32 {
-        self.iss.0
+        self.snd.iss.0
     }
     /// The peer's initial sequence number (valid once a SYN was received).
     pub fn irs(&self) -> u32 {
-        self.irs.0
-    }
-
-    /// Sender MSS: the largest payload without options.
-    pub fn snd_mss(&self) -> u32 {
-        u32::from(self.peer_mss.min(self.cfg.mss)).max(64)
-    }
-
-    /// Effective sender MSS with the options every segment carries (timestamps).
-    pub(crate) fn smss(&self) -> u32 {
-        self.snd_mss() - if self.ts_ok { 12 } else { 0 }
+        self.rcv.irs.0
     }
 
     /// A `tcp_info`-like snapshot.
@@ -742,29 +363,29 @@ impl Connection {
             rttvar: self.rtt.rttvar,
             min_rtt: self.rtt.min_rtt,
             rto: self.rtt.rto,
-            backoff: self.backoff,
+            backoff: self.rtt.backoff,
             cwnd: self.cc.cwnd(),
             ssthresh: self.cc.ssthresh(),
             snd_mss: self.smss(),
-            rcv_mss: self.rcv_mss,
-            bytes_in_flight: self.snd_nxt.since(self.snd_una),
-            pipe: self.pipe,
-            sacked_bytes: self.sacked_bytes,
-            lost_segments: self.lost_segs,
-            snd_wnd: self.snd_wnd,
-            rcv_wnd: self.rcv_adv.since(self.rcv_nxt),
-            rcv_space: self.rcv_space as u32,
+            rcv_mss: self.rcv.mss,
+            bytes_in_flight: self.snd.nxt.since(self.snd.una),
+            pipe: self.scoreboard.pipe(),
+            sacked_bytes: self.scoreboard.sacked_bytes(),
+            lost_segments: self.scoreboard.lost_segs(),
+            snd_wnd: self.snd.wnd,
+            rcv_wnd: self.rcv.adv.since(self.rcv.nxt),
+            rcv_space: self.rcv.space as u32,
             total_retransmits: self.stats.retransmit_segments,
             fast_recoveries: self.stats.fast_recoveries,
             rto_expiries: self.stats.rto_expired,
             sack_blocks: self.stats.rx_sack_blocks,
-            in_recovery: self.recovery != Recovery::None,
+            in_recovery: self.recovery.in_recovery(),
             congestion: self.cc.name(),
-            wscale: self.ws_ok.then_some((self.snd_wscale, self.rcv_wscale)),
-            timestamps: self.ts_ok,
-            sack: self.sack_ok,
-            recv_queued: self.rcvbuf.len(),
-            send_queued: self.sndbuf.len(),
+            wscale: self.opts.ws.then_some((self.snd.wscale, self.rcv.wscale)),
+            timestamps: self.ts.ok,
+            sack: self.opts.sack,
+            recv_queued: self.rcv.buf.len(),
+            send_queued: self.snd.buf.len(),
         }
     }
 
@@ -773,14 +394,6 @@ impl Connection {
     /// TCP_NODELAY.
     pub fn set_nodelay(&mut self, on: bool) {
         self.cfg.nodelay = on;
-    }
-    /// SO_KEEPALIVE with its parameters, or off.
-    pub fn set_keepalive(&mut self, ka: Option<crate::config::Keepalive>) {
-        self.cfg.keepalive = ka;
-        self.keepalive_sent = 0;
-        self.keepalive_at = ka
-            .filter(|_| self.state.is_synchronized())
-            .map(|k| self.last_rx + k.idle);
     }
     /// SO_LINGER.
     pub fn set_linger(&mut self, linger: Option<Duration>) {
@@ -798,360 +411,23 @@ impl Connection {
         }
     }
 
-    // ------------------------------------------------------------ application data
-
-    /// Whether `send` may queue data (not after `shutdown_write`/`close`).
-    pub fn may_send(&self) -> bool {
-        !self.fin_queued
-            && matches!(
-                self.state,
-                State::SynSent | State::SynReceived | State::Established | State::CloseWait
-            )
-    }
-
-    /// Free space in the send buffer.
-    pub fn send_capacity(&self) -> usize {
-        if self.may_send() {
-            self.sndbuf.free()
-        } else {
-            0
-        }
-    }
-
-    /// Queue data; returns how many bytes were accepted (0 when the buffer is full or
-    /// sending is no longer allowed). Call `poll_transmit` afterwards.
-    pub fn send(&mut self, data: &[u8]) -> usize {
-        if !self.may_send() {
-            return 0;
-        }
-        self.sndbuf.push(data)
-    }
-
-    /// Bytes that `recv` can return now.
-    pub fn recv_available(&self) -> usize {
-        self.rcvbuf.len() - usize::from(self.urg_seq.is_some_and(|u| self.in_rcvbuf(u)))
-    }
-
-    /// The peer sent FIN and everything before it has been read.
-    pub fn is_eof(&self) -> bool {
-        self.fin_received && self.rcvbuf.is_empty()
-    }
-
-    fn in_rcvbuf(&self, s: Seq) -> bool {
-        let head = self.rcv_nxt - self.rcvbuf.len() as u32;
-        s.in_range(head, self.rcv_nxt)
-    }
-
-    /// Copy received in-order data into `out`; returns the count (0: nothing now, or
-    /// EOF if [`Connection::is_eof`]). With `oob_inline` off, the urgent byte is
-    /// skipped here and kept for [`Connection::recv_urgent`].
-    pub fn recv(&mut self, out: &mut [u8]) -> usize {
-        let mut done = 0;
-        while done < out.len() && !self.rcvbuf.is_empty() {
-            let head = self.rcv_nxt - self.rcvbuf.len() as u32;
-            let mut want = out.len() - done;
-            if let Some(u) = self.urg_seq {
-                if u == head {
-                    let mut b = [0u8; 1];
-                    self.rcvbuf.peek(0, &mut b);
-                    self.rcvbuf.consume(1);
-                    self.oob_byte = Some(b[0]);
-                    self.urg_seq = None;
-                    continue;
-                }
-                if self.in_rcvbuf(u) {
-                    want = want.min(u.since(head) as usize);
-                } else if u.lt(head) {
-                    self.urg_seq = None;
-                }
-            }
-            let n = self.rcvbuf.peek(0, &mut out[done..done + want]);
-            self.rcvbuf.consume(n);
-            done += n;
-            if n == 0 {
-                break;
-            }
-        }
-        if done > 0 {
-            self.after_app_read(done);
-        }
-        done
-    }
-
-    /// The out-of-band byte (urgent data), if one arrived and was not read.
-    pub fn recv_urgent(&mut self) -> Option<u8> {
-        self.oob_byte.take()
-    }
-
-    /// After the application read: autotune the window and decide on a window update.
-    fn after_app_read(&mut self, n: usize) {
-        self.rcv_copied += n;
-        if self.cfg.autotune && self.rcv_space < self.cfg.recv_buffer {
-            let rtt = self
-                .rcv_rtt
-                .or(self.rtt.srtt)
-                .unwrap_or(Duration::from_millis(100))
-                .max(Duration::from_millis(1));
-            if self.now.saturating_since(self.rcv_space_at) >= rtt {
-                // Dynamic right-sizing: the window must hold what the application
-                // consumes in two RTTs, with room for the sender to double.
-                let want = self.rcv_copied.saturating_mul(4);
-                if want > self.rcv_space {
-                    self.rcv_space = want.min(self.cfg.recv_buffer);
-                    self.stats.rcv_window_grown += 1;
-                }
-                self.rcv_copied = 0;
-                self.rcv_space_at = self.now;
-            }
-        }
-        if !self.state.is_synchronized() || self.fin_received {
-            return;
-        }
-        // Window update when the usable window grows by enough (RFC 9293 §3.8.6.2.2).
-        // The window field can say at most 65535 << scale, so a bigger buffer cannot
-        // move the advertised edge further (without window scaling every small read
-        // would otherwise ask for a duplicate ACK).
-        let max_adv = 65535u32 << u32::from(self.rcv_wscale);
-        let right = self.rcv_nxt + self.rcv_window_available().min(max_adv);
-        let adv_left = self.rcv_adv.since(self.rcv_nxt) as usize;
-        let limit = self.rcv_limit();
-        let step = (limit / 2).min(2 * self.rcv_mss as usize).max(1);
-        if right.since(self.rcv_adv) as usize >= step && adv_left <= limit / 2 {
-            self.ack_now = true;
-            self.stats.tx_window_updates += 1;
-        }
-    }
-
-    pub(crate) fn rcv_limit(&self) -> usize {
-        self.rcv_space.min(self.rcvbuf.capacity())
-    }
-
-    /// Window the buffer could take now, bytes.
-    pub(crate) fn rcv_window_available(&self) -> u32 {
-        let free = self.rcv_limit().saturating_sub(self.rcvbuf.len());
-        free.min(self.rcvbuf.free()).min(u32::MAX as usize / 2) as u32
-    }
-
-    // ------------------------------------------------------------ closing
-
-    /// Half-close: send FIN after the queued data (SHUT_WR).
-    pub fn shutdown_write(&mut self) {
-        match self.state {
-            State::SynSent => self.enter_closed(None),
-            // In SYN-RECEIVED the FIN waits for the handshake (establish() moves on
-            // to FIN-WAIT-1).
-            State::SynReceived => self.fin_queued = true,
-            State::Established => {
-                self.fin_queued = true;
-                self.state = State::FinWait1;
-            }
-            State::CloseWait => {
-                self.fin_queued = true;
-                self.state = State::LastAck;
-            }
-            _ => {}
-        }
-    }
-
-    /// Full close (close(2)): no more reads or writes. With unread received data, or
-    /// `linger == Some(0)`, the connection is aborted with RST; otherwise a FIN
-    /// follows the queued data, bounded by the linger time if one is set.
-    pub fn close(&mut self) {
-        if self.app_closed {
-            return;
-        }
-        self.app_closed = true;
-        if self.cfg.linger == Some(Duration::ZERO) || !self.rcvbuf.is_empty() {
-            if !self.rcvbuf.is_empty() {
-                self.stats.rx_after_close += 1;
-            }
-            self.abort();
-            return;
-        }
-        self.shutdown_write();
-        if let Some(l) = self.cfg.linger {
-            if self.state != State::Closed {
-                self.close_at = Some(self.now + l);
-            }
-        }
-        // Closed after a half-close whose FIN is already acknowledged: the orphan
-        // waits for the peer's FIN only so long (Linux arms tcp_fin_timeout here too).
-        if self.state == State::FinWait2 && self.close_at.is_none() {
-            self.close_at = Some(self.now + self.cfg.fin_wait2_timeout);
-        }
-    }
-
-    /// Abortive close: RST now (if synchronized), then CLOSED.
-    pub fn abort(&mut self) {
-        self.app_closed = true;
-        if matches!(self.state, State::Closed | State::TimeWait | State::SynSent) {
-            self.enter_closed(None);
-            return;
-        }
-        self.rst_pending = true;
-        self.stats.conn_aborts += 1;
-    }
-
-    /// RFC 6191 / RFC 9293 §3.6.1: may a SYN for this 4-tuple, arriving while this
-    /// connection is in TIME-WAIT, start a new incarnation? True if its timestamp (or,
-    /// without timestamps, its sequence number) is newer than this incarnation's.
-    /// The stack then drops this connection and hands the SYN to the listener.
-    pub fn time_wait_accepts_syn(&self, seg: &Segment) -> bool {
-        if self.state != State::TimeWait || !seg.flags.syn() || seg.flags.ack() {
-            return false;
-        }
-        match (self.ts_ok, seg.options.timestamps) {
-            (true, Some((tsval, _))) => (tsval.wrapping_sub(self.ts_recent) as i32) > 0,
-            _ => Seq(seg.seq).gt(self.rcv_nxt),
-        }
-    }
-
-    pub(crate) fn enter_closed(&mut self, err: Option<TcpError>) {
-        if let Some(e) = err {
-            self.error = Some(match e {
-                TcpError::TimedOut => self.timeout_error(),
-                e => e,
-            });
-        }
-        self.state = State::Closed;
-        self.rto_at = None;
-        self.delack_at = None;
-        self.persist_at = None;
-        self.keepalive_at = None;
-        self.close_at = None;
-        self.tlp_at = None;
-        self.reo_at = None;
-        self.ack_now = false;
-        self.dupacks_owed = 0;
-        self.syn_pending = false;
-        self.tlp_pending = false;
-        self.persist_pending = false;
-        self.keepalive_pending = false;
-    }
-
-    pub(crate) fn enter_time_wait(&mut self) {
-        self.state = State::TimeWait;
-        self.stats.time_wait_entered += 1;
-        self.rto_at = None;
-        self.persist_at = None;
-        self.keepalive_at = None;
-        self.tlp_at = None;
-        self.reo_at = None;
-        self.delack_at = None;
-        self.close_at = Some(self.now + self.cfg.time_wait);
-        self.segs.clear();
-        self.pipe = 0;
-        self.sacked_bytes = 0;
-        self.sacked_segs = 0;
-        self.lost_segs = 0;
-    }
-
     /// The next time `poll_transmit` has timer work to do (or `now` if it has output
     /// pending), or None.
     pub fn poll_at(&self) -> Option<Instant> {
-        if self.ack_now
-            || self.dupacks_owed > 0
+        if self.ack.pending
+            || self.ack.dupacks_owed > 0
             || self.rst_pending
             || self.reply_rst.is_some()
-            || (self.syn_pending && self.syn_xmits == 0)
+            || (self.syn.pending && self.syn.xmits == 0)
         {
             return Some(self.now);
         }
-        let mut t = earliest(self.rto_at, self.delack_at);
-        t = earliest(t, self.persist_at);
-        t = earliest(t, self.keepalive_at);
-        t = earliest(t, self.close_at);
-        t = earliest(t, self.tlp_at);
-        earliest(t, self.reo_at)
-    }
-
-    /// Timestamp clock value for now (ms + per-connection offset).
-    pub(crate) fn ts_now(&self) -> u32 {
-        (self.now.as_millis() as u32).wrapping_add(self.ts_offset)
-    }
-
-    /// RTO with back-off.
-    pub(crate) fn rto_backed_off(&self) -> Duration {
-        let shift = self.backoff.min(16);
-        (self.rtt.rto * (1u32 << shift)).min(self.cfg.max_rto)
-    }
-
-    /// Rate-limited challenge ACK (RFC 5961 §7, per connection).
-    pub(crate) fn challenge_ack(&mut self) {
-        if self.now.saturating_since(self.challenge_window) >= Duration::from_secs(1) {
-            self.challenge_window = self.now;
-            self.challenge_count = 0;
-        }
-        if self.challenge_count < self.cfg.challenge_ack_limit {
-            self.challenge_count += 1;
-            self.ack_now = true;
-            self.stats.tx_challenge_acks += 1;
-        } else {
-            self.stats.challenge_acks_limited += 1;
-        }
+        self.timers.next()
     }
 
     /// Check the scoreboard's cached counters against a recount (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        let (mut pipe, mut sb, mut ss, mut ls) = (0u32, 0u32, 0u32, 0u32);
-        let mut prev = self.snd_una;
-        for s in &self.segs {
-            if s.start != prev {
-                return Err(format!(
-                    "gap in scoreboard at {:?} (prev end {:?})",
-                    s.start, prev
-                ));
-            }
-            prev = s.end;
-            if s.sacked {
-                sb += s.len();
-                ss += 1;
-            } else if s.lost {
-                ls += 1;
-            } else {
-                pipe += s.len();
-            }
-        }
-        if !self.segs.is_empty() && prev != self.snd_nxt {
-            return Err(format!(
-                "scoreboard ends at {prev:?}, snd_nxt {:?}",
-                self.snd_nxt
-            ));
-        }
-        if (pipe, sb, ss, ls)
-            != (
-                self.pipe,
-                self.sacked_bytes,
-                self.sacked_segs,
-                self.lost_segs,
-            )
-        {
-            return Err(format!(
-                "counters: recount pipe {pipe} sacked {sb}/{ss} lost {ls}; cached {} {}/{} {}",
-                self.pipe, self.sacked_bytes, self.sacked_segs, self.lost_segs
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod rtt_tests {
-    use super::*;
-
-    #[test]
-    fn timestamp_samples_never_lower_min_rtt() {
-        let cfg = TcpConfig::default();
-        let mut r = Rtt::new(Duration::from_secs(1));
-        r.sample(Duration::from_micros(50), &cfg);
-        // A 0 ms echo on a 50 µs path: smoothed in, but min_rtt keeps the real floor.
-        r.sample_coarse(Duration::ZERO, &cfg);
-        assert_eq!(r.min_rtt, Some(Duration::from_micros(50)));
-        assert!(r.srtt.unwrap() < Duration::from_micros(50));
-        // Without a fine sample, a coarse one sets no floor at all.
-        let mut r = Rtt::new(Duration::from_secs(1));
-        r.sample_coarse(Duration::ZERO, &cfg);
-        assert_eq!(r.min_rtt, None);
+        self.scoreboard.check(self.snd.una, self.snd.nxt)
     }
 }

@@ -1,0 +1,770 @@
+//! Loss detection and recovery: cumulative and selective ACKs against the
+//! [scoreboard](super::scoreboard), RACK (RFC 8985 §6), the tail loss probe (RFC 8985
+//! §7), fast recovery (RFC 6675, and RFC 6582 without SACK), the retransmission
+//! timeout (RFC 6298 §5) and the retransmissions themselves. Congestion control is
+//! told about each step; the window arithmetic is its own (`crate::cc`).
+
+use std::time::Duration;
+
+use usnet_wire::TcpFlags;
+
+use super::scoreboard::TxSeg;
+use super::timers::Timer;
+use super::{Connection, Segment, SegmentSink, State, TcpError};
+use crate::cc::AckSample;
+use crate::seq::Seq;
+use crate::time::Instant;
+
+/// The recovery episode the sender is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    None,
+    /// Fast recovery (RFC 6675 / 6582) until the recovery point is acknowledged.
+    Fast,
+    /// Loss recovery after an RTO (go-back-N from the scoreboard, slow start).
+    Rto,
+    /// Resending what a path MTU decrease dropped, until the recovery point is
+    /// acknowledged; not congestion, so the window is left alone.
+    Pmtu,
+}
+
+/// Loss-recovery state besides the scoreboard.
+#[derive(Debug, Clone)]
+pub(crate) struct Recovery {
+    pub phase: Phase,
+    /// SND.NXT when the episode began: it ends when this is acknowledged.
+    pub point: Seq,
+    /// Duplicate ACKs since the last new ACK (RFC 5681 §2).
+    pub dupacks: u32,
+    /// The first retransmission of an episode goes out regardless of cwnd.
+    pub fast_rtx_pending: bool,
+    pub rack: Rack,
+    /// The TLP timer fired: the next transmit pass sends a probe.
+    pub tlp_pending: bool,
+    /// A probe is out and no new ACK came since (one probe per silence).
+    pub tlp_outstanding: bool,
+}
+
+impl Recovery {
+    pub(crate) fn new(iss: Seq) -> Self {
+        Recovery {
+            phase: Phase::None,
+            point: iss,
+            dupacks: 0,
+            fast_rtx_pending: false,
+            rack: Rack::new(iss),
+            tlp_pending: false,
+            tlp_outstanding: false,
+        }
+    }
+
+    pub(crate) fn in_recovery(&self) -> bool {
+        self.phase != Phase::None
+    }
+}
+
+/// RACK state (RFC 8985 §6.1).
+#[derive(Debug, Clone)]
+pub(crate) struct Rack {
+    /// Transmission time of the most recently delivered segment.
+    pub xmit_ts: Option<Instant>,
+    pub end_seq: Seq,
+    pub rtt: Duration,
+    /// Highest end sequence ever delivered (acked or SACKed).
+    pub fack: Seq,
+    pub reordering_seen: bool,
+    /// Grows with every D-SACK (a spurious retransmission): widens the window.
+    pub reo_wnd_mult: u32,
+}
+
+impl Rack {
+    pub(crate) fn new(iss: Seq) -> Self {
+        Rack {
+            xmit_ts: None,
+            end_seq: iss,
+            rtt: Duration::ZERO,
+            fack: iss,
+            reordering_seen: false,
+            reo_wnd_mult: 1,
+        }
+    }
+
+    /// RFC 8985 §6.2 steps 2-3: note segment `s`, newly delivered at `now`. Returns
+    /// true when this delivery first shows reordering (a never-retransmitted segment
+    /// below the highest delivered one).
+    pub(crate) fn on_delivered(
+        &mut self,
+        s: &TxSeg,
+        now: Instant,
+        min_rtt: Option<Duration>,
+    ) -> bool {
+        let rtt = now.saturating_since(s.sent);
+        if s.xmits > 1 && min_rtt.is_some_and(|m| rtt < m) {
+            // Possibly the ACK of an earlier transmission: ambiguous, skip.
+            return false;
+        }
+        self.rtt = rtt;
+        let newer = match self.xmit_ts {
+            None => true,
+            Some(t) => s.sent > t || (s.sent == t && s.end.gt(self.end_seq)),
+        };
+        if newer {
+            self.xmit_ts = Some(s.sent);
+            self.end_seq = s.end;
+        }
+        let mut first_reordering = false;
+        if s.xmits == 1 && s.end.lt(self.fack) && !self.reordering_seen {
+            self.reordering_seen = true;
+            first_reordering = true;
+        }
+        self.fack = self.fack.max(s.end);
+        first_reordering
+    }
+
+    /// RFC 8985 §6.2 step 4: the reordering window. Zero (the DupThresh rule's
+    /// stand-in) when no reordering has been seen and the sender is in recovery or 3+
+    /// segments are SACKed; else a quarter of the minimum RTT per multiplier, at most
+    /// SRTT.
+    pub(crate) fn reo_wnd(
+        &self,
+        in_recovery: bool,
+        sacked_segs: u32,
+        min_rtt: Option<Duration>,
+        srtt: Option<Duration>,
+    ) -> Duration {
+        if !self.reordering_seen && (in_recovery || sacked_segs >= 3) {
+            return Duration::ZERO;
+        }
+        let w = min_rtt.unwrap_or(Duration::ZERO) / 4 * self.reo_wnd_mult;
+        match srtt {
+            Some(s) => w.min(s),
+            None => w,
+        }
+    }
+
+    /// Whether `s` was sent before the most recently delivered segment (RFC 8985
+    /// §6.2 step 5); None before anything was delivered.
+    pub(crate) fn sent_before_latest(&self, s: &TxSeg) -> Option<bool> {
+        let xts = self.xmit_ts?;
+        Some(s.sent < xts || (s.sent == xts && s.end.lt(self.end_seq)))
+    }
+}
+
+impl Connection {
+    /// SND.UNA advanced to `ack`: retire acknowledged segments and data, take an RTT
+    /// sample, restart the timer. Returns whether anything was delivered.
+    pub(crate) fn process_new_ack(&mut self, ack: Seq, ecr: Option<u32>) -> bool {
+        self.snd.una_before_last_ack = self.snd.una;
+        let mut rtt_sample = None;
+        let mut delivered = false;
+        while let Some(front) = self.scoreboard.front() {
+            if !front.end.le(ack) {
+                delivered |= self.scoreboard.trim_front(ack);
+                break;
+            }
+            self.scoreboard.pop_front();
+            if !front.sacked {
+                self.rack_update(&front);
+                delivered = true;
+                if front.xmits == 1 {
+                    rtt_sample = Some(self.now.saturating_since(front.sent));
+                }
+            }
+        }
+        let data_end = self.snd.una + self.snd.buf.len();
+        let data_acked = ack.min(data_end).since(self.snd.una);
+        self.snd.buf.consume(data_acked as usize);
+        if self.snd.fin_sent && ack.gt(data_end) {
+            self.snd.fin_acked = true;
+        }
+        self.snd.una = ack;
+        if let Some(r) = rtt_sample {
+            self.rtt.sample(r, &self.cfg);
+        } else if let Some(ms) = ecr
+            .filter(|_| self.ts.ok)
+            .and_then(|ecr| self.ts.echo_ms(ecr, self.now))
+        {
+            self.rtt
+                .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
+        }
+        self.rtt.backoff = 0;
+        self.recovery.dupacks = 0;
+        self.recovery.tlp_outstanding = false;
+        // Something got through: forget the soft error (as Linux does).
+        self.soft_error = None;
+        if self.scoreboard.is_empty() {
+            self.timers.clear(Timer::Rto);
+            self.timers.clear(Timer::Tlp);
+            self.timers.clear(Timer::Reorder);
+        } else {
+            self.timers
+                .set(Timer::Rto, self.now + self.rto_backed_off());
+        }
+        delivered
+    }
+
+    /// The SACK blocks of an ACK (RFC 2018, D-SACK RFC 2883). Returns whether
+    /// anything was newly delivered.
+    pub(crate) fn process_sacks(&mut self, seg: &Segment) -> bool {
+        let blocks = seg.options.sacks();
+        let mut delivered = false;
+        for (i, &(l, r)) in blocks.iter().enumerate() {
+            self.stats.rx_sack_blocks += 1;
+            let (l, r) = (Seq(l), Seq(r));
+            if !l.lt(r) || r.gt(self.snd.nxt) || r.since(l) > (1 << 30) {
+                self.stats.rx_sack_invalid += 1;
+                continue;
+            }
+            // D-SACK (RFC 2883): below the cumulative ACK, or inside the second block.
+            let in_second = i == 0
+                && blocks
+                    .get(1)
+                    .is_some_and(|&(l2, r2)| Seq(l2).le(l) && Seq(r2).ge(r));
+            if r.le(Seq(seg.ack)) || r.le(self.snd.una) || in_second {
+                self.stats.rx_dsack += 1;
+                let rack = &mut self.recovery.rack;
+                rack.reo_wnd_mult = (rack.reo_wnd_mult + 1).min(8);
+                continue;
+            }
+            let l = l.max(self.snd.una);
+            let mut idx = self.scoreboard.first_ending_after(l);
+            while idx < self.scoreboard.len() {
+                let s = self.scoreboard[idx];
+                if !s.start.lt(r) {
+                    break;
+                }
+                // Only segments the block covers whole (partly covered ones are left
+                // alone: conservative).
+                if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
+                    self.rack_update(&s);
+                    delivered = true;
+                }
+                idx += 1;
+            }
+        }
+        delivered
+    }
+
+    fn rack_update(&mut self, s: &TxSeg) {
+        if self
+            .recovery
+            .rack
+            .on_delivered(s, self.now, self.rtt.min_rtt)
+        {
+            self.stats.reordering_seen += 1;
+        }
+    }
+
+    /// After the ACK's information is in: a duplicate ACK counts towards DupThresh
+    /// (without SACK), a delivery runs RACK, and anything lost starts fast recovery.
+    pub(crate) fn detect_loss(&mut self, duplicate_ack: bool, delivered: bool) {
+        if duplicate_ack {
+            self.recovery.dupacks += 1;
+            self.stats.rx_dup_acks += 1;
+            if !self.opts.sack && self.recovery.dupacks == 3 && !self.recovery.in_recovery() {
+                self.mark_front_lost();
+                self.stats.dupthresh_losses += 1;
+            }
+        }
+        if delivered {
+            self.rack_detect_loss();
+        }
+        if self.scoreboard.lost_segs() > 0 && !self.recovery.in_recovery() {
+            self.enter_fast_recovery();
+        }
+    }
+
+    /// RFC 8985 §6.2 step 5: mark segments sent before the most recently delivered
+    /// one, and older than it by more than the reordering window, as lost; arm the
+    /// reordering timer for the rest.
+    pub(crate) fn rack_detect_loss(&mut self) {
+        if self.recovery.rack.xmit_ts.is_none() {
+            return;
+        }
+        let reo = self.recovery.rack.reo_wnd(
+            self.recovery.in_recovery(),
+            self.scoreboard.sacked_segs(),
+            self.rtt.min_rtt,
+            self.rtt.srtt,
+        );
+        let mut wait: Option<Instant> = None;
+        for i in 0..self.scoreboard.len() {
+            let s = self.scoreboard[i];
+            if s.sacked || s.lost {
+                continue;
+            }
+            if self.recovery.rack.sent_before_latest(&s) != Some(true) {
+                if s.xmits == 1 {
+                    // Every later never-retransmitted segment was sent later still.
+                    break;
+                }
+                continue;
+            }
+            let deadline = s.sent + self.recovery.rack.rtt + reo;
+            if deadline <= self.now {
+                self.scoreboard.mark_lost(i);
+                self.stats.rack_losses += 1;
+            } else {
+                wait = Some(wait.map_or(deadline, |w: Instant| w.max(deadline)));
+            }
+        }
+        self.timers.set_or_clear(Timer::Reorder, wait);
+    }
+
+    fn mark_front_lost(&mut self) {
+        if let Some(i) = self.scoreboard.first_unsacked() {
+            self.scoreboard.mark_lost(i);
+        }
+    }
+
+    pub(crate) fn enter_fast_recovery(&mut self) {
+        if self.recovery.in_recovery() {
+            return;
+        }
+        self.recovery.phase = Phase::Fast;
+        self.recovery.point = self.snd.nxt;
+        self.stats.fast_recoveries += 1;
+        let flight = self.snd.nxt.since(self.snd.una);
+        self.cc.on_loss(self.now, flight, self.smss());
+        self.recovery.fast_rtx_pending = true;
+        self.timers.clear(Timer::Tlp);
+    }
+
+    /// SND.UNA advanced: congestion control hears of it as the episode allows, an
+    /// episode ends at its recovery point, and the TLP is re-armed.
+    pub(crate) fn on_ack_advanced(&mut self, ack: Seq, flight_before: u32, cwnd_limited: bool) {
+        let acked = ack.since(self.snd.una_before_last_ack);
+        let (mss, srtt) = (self.smss(), self.rtt.srtt);
+        let sample = |cwnd_limited| AckSample {
+            acked,
+            mss,
+            srtt,
+            in_flight: flight_before,
+            cwnd_limited,
+        };
+        match self.recovery.phase {
+            Phase::None => {
+                let s = sample(cwnd_limited);
+                self.cc.on_ack(self.now, &s);
+            }
+            Phase::Fast => {
+                if ack.ge(self.recovery.point) {
+                    self.recovery.phase = Phase::None;
+                    self.cc
+                        .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
+                } else {
+                    self.stats.partial_acks += 1;
+                    if !self.opts.sack {
+                        // RFC 6582: the next hole is lost; retransmit it now.
+                        self.mark_front_lost();
+                        self.recovery.fast_rtx_pending = true;
+                    }
+                }
+            }
+            Phase::Rto => {
+                let s = sample(true);
+                self.cc.on_ack(self.now, &s);
+                if ack.ge(self.recovery.point) {
+                    self.recovery.phase = Phase::None;
+                }
+            }
+            Phase::Pmtu => {
+                // Not congestion: the window grows as usual.
+                let s = sample(cwnd_limited);
+                self.cc.on_ack(self.now, &s);
+                if ack.ge(self.recovery.point) {
+                    self.recovery.phase = Phase::None;
+                }
+            }
+        }
+        self.snd.cwnd_blocked = false;
+        self.arm_tlp();
+    }
+
+    /// Arm the tail-loss probe (RFC 8985 §7.2) after new data or a new ACK.
+    pub(crate) fn arm_tlp(&mut self) {
+        if !self.cfg.tlp
+            || !self.opts.sack
+            || self.recovery.in_recovery()
+            || self.recovery.tlp_outstanding
+            || self.scoreboard.is_empty()
+        {
+            self.timers.clear(Timer::Tlp);
+            return;
+        }
+        let pto = match self.rtt.srtt {
+            Some(s) => {
+                let mut p = s * 2;
+                if self.scoreboard.len() == 1 {
+                    p += self.cfg.peer_max_ack_delay;
+                }
+                p.max(Duration::from_millis(10))
+            }
+            None => Duration::from_secs(1),
+        };
+        let at = self.now + pto;
+        match self.timers.get(Timer::Rto) {
+            Some(r) if r <= at => self.timers.clear(Timer::Tlp),
+            _ => self.timers.set(Timer::Tlp, at),
+        }
+    }
+
+    /// RACK reordering timer: the segments it waited for are lost now.
+    pub(crate) fn on_reorder_timer(&mut self) {
+        self.stats.rack_reorder_timeouts += 1;
+        self.rack_detect_loss();
+        if self.scoreboard.lost_segs() > 0 && !self.recovery.in_recovery() {
+            self.enter_fast_recovery();
+        }
+    }
+
+    /// TLP timer: send a probe on the next transmit pass.
+    pub(crate) fn on_tlp_timer(&mut self) {
+        if !self.recovery.in_recovery() && !self.scoreboard.is_empty() {
+            self.recovery.tlp_pending = true;
+        }
+    }
+
+    /// The RTO timer: in SYN-SENT/SYN-RECEIVED the SYN or SYN-ACK is due again,
+    /// once synchronized the data in flight.
+    pub(crate) fn on_rto_timer(&mut self) {
+        match self.state {
+            State::SynSent | State::SynReceived => self.on_syn_timeout(),
+            State::Closed | State::TimeWait => {}
+            _ => self.on_data_timeout(),
+        }
+    }
+
+    /// RFC 6298 §5.4-5.6 with RFC 5681 §3.1: every un-SACKed segment is lost, cwnd
+    /// falls to one segment (ssthresh once per episode), the RTO backs off; after
+    /// `max_retries` the connection is dropped.
+    fn on_data_timeout(&mut self) {
+        if self.scoreboard.is_empty() {
+            return;
+        }
+        if self.rtt.backoff >= self.cfg.max_retries {
+            self.stats.conn_timeouts += 1;
+            self.enter_closed(Some(TcpError::TimedOut));
+            return;
+        }
+        self.stats.rto_expired += 1;
+        let flight = self.snd.nxt.since(self.snd.una);
+        if self.recovery.phase == Phase::Rto {
+            // Same episode: back to one segment, ssthresh unchanged.
+            self.cc.on_idle_restart(self.smss());
+        } else {
+            self.cc.on_rto(self.now, flight, self.smss());
+            self.stats.rto_recoveries += 1;
+        }
+        self.recovery.phase = Phase::Rto;
+        self.recovery.point = self.snd.nxt;
+        for i in 0..self.scoreboard.len() {
+            self.scoreboard.mark_lost(i);
+        }
+        self.rtt.backoff += 1;
+        self.timers.clear(Timer::Tlp);
+        self.recovery.tlp_pending = false;
+        self.timers.clear(Timer::Reorder);
+        self.recovery.dupacks = 0;
+        self.recovery.fast_rtx_pending = true;
+    }
+
+    /// RFC 6675 `pipe`, or without SACK the RFC 6582 estimate: each duplicate ACK
+    /// stands for a segment that left the network.
+    pub(crate) fn pipe_est(&self) -> u32 {
+        if !self.opts.sack && self.recovery.phase == Phase::Fast {
+            self.scoreboard
+                .pipe()
+                .saturating_sub(self.recovery.dupacks * self.smss())
+        } else {
+            self.scoreboard.pipe()
+        }
+    }
+
+    /// Retransmit the first segment marked lost, if the congestion window allows.
+    pub(crate) fn retransmit_lost<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+    ) -> Option<bool> {
+        let i = self.scoreboard.first_lost()?;
+        let len = self.scoreboard[i].len();
+        let pipe = self.pipe_est();
+        if !self.recovery.fast_rtx_pending && pipe > 0 && pipe + len > self.cc.cwnd() {
+            self.snd.cwnd_blocked = true;
+            return None;
+        }
+        let sent = self.retransmit(sink, i);
+        if sent {
+            self.recovery.fast_rtx_pending = false;
+        }
+        Some(sent)
+    }
+
+    /// Retransmit segment `i` (splitting it first if the MSS shrank).
+    fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
+        let opts = self.segment_options();
+        let maxp = self.max_payload(&opts) as u32;
+        if self.scoreboard[i].data_len() > maxp {
+            // The head keeps maxp bytes; the tail is a new entry with the same marks.
+            self.scoreboard.split(i, maxp);
+        }
+        let s = self.scoreboard[i];
+        let data_len = s.data_len() as usize;
+        let mut flags = TcpFlags::ACK;
+        if s.fin {
+            flags |= TcpFlags::FIN;
+        }
+        // PSH as on the original: on the segment that ended the queued data.
+        let data_end = self.snd.una + self.snd.buf.len();
+        if data_len > 0 && s.end.since(data_end) <= 1 && s.end.ge(data_end) {
+            flags |= TcpFlags::PSH;
+        }
+        let off = s.start.since(self.snd.una) as usize;
+        if !self.emit(sink, flags, s.start, off, data_len, opts) {
+            return false;
+        }
+        self.scoreboard.retransmitted(i, self.now);
+        self.stats.retransmit_segments += 1;
+        self.stats.retransmit_bytes += data_len as u64;
+        self.timers
+            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
+        true
+    }
+
+    /// Tail loss probe (RFC 8985 §7.3): new data if possible, else the last segment.
+    pub(crate) fn send_tlp<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
+        let mut dummy = false;
+        let sent = match self.send_new_data(sink, true, &mut dummy) {
+            Some(s) => s,
+            None => {
+                let i = self.scoreboard.last_unsacked()?;
+                self.retransmit(sink, i)
+            }
+        };
+        if sent {
+            self.stats.tlp_probes += 1;
+            self.recovery.tlp_outstanding = true;
+            self.timers.clear(Timer::Tlp);
+            self.timers
+                .set(Timer::Rto, self.now + self.rto_backed_off());
+        }
+        Some(sent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+    use crate::testing::OwnedSegment;
+    use crate::TcpConfig;
+
+    fn seg(start: u32, len: u32, sent_ms: u64, xmits: u16) -> TxSeg {
+        let mut s = TxSeg::new(
+            Seq(start),
+            Seq(start + len),
+            false,
+            Instant::from_millis(sent_ms),
+        );
+        s.xmits = xmits;
+        s
+    }
+
+    #[test]
+    fn rack_keeps_the_latest_sent_delivery() {
+        let mut rack = Rack::new(Seq(0));
+        let now = Instant::from_millis(100);
+        assert!(!rack.on_delivered(&seg(100, 100, 50, 1), now, None));
+        assert_eq!(rack.xmit_ts, Some(Instant::from_millis(50)));
+        assert_eq!(rack.rtt, ms(50));
+        // Delivered later but sent earlier: RTT taken, the latest send time stays.
+        assert!(!rack.on_delivered(&seg(200, 100, 40, 1), now, None));
+        assert_eq!(rack.xmit_ts, Some(Instant::from_millis(50)));
+        assert_eq!(rack.end_seq, Seq(200));
+        assert_eq!(rack.fack, Seq(300));
+        // A never-retransmitted segment below the highest delivered: reordering.
+        assert!(rack.on_delivered(&seg(0, 100, 30, 1), now, None));
+        assert!(rack.reordering_seen);
+        assert!(
+            !rack.on_delivered(&seg(0, 100, 30, 1), now, None),
+            "told once"
+        );
+    }
+
+    #[test]
+    fn rack_skips_an_ambiguous_retransmission() {
+        let mut rack = Rack::new(Seq(0));
+        let now = Instant::from_millis(100);
+        // Retransmitted 5 ms ago with a 20 ms minimum RTT: the ACK is the original's.
+        rack.on_delivered(&seg(0, 100, 95, 2), now, Some(ms(20)));
+        assert_eq!(rack.xmit_ts, None);
+        rack.on_delivered(&seg(0, 100, 60, 2), now, Some(ms(20)));
+        assert_eq!(rack.xmit_ts, Some(Instant::from_millis(60)));
+    }
+
+    #[test]
+    fn reordering_window() {
+        let mut rack = Rack::new(Seq(0));
+        let (min, srtt) = (Some(ms(40)), Some(ms(50)));
+        assert_eq!(rack.reo_wnd(false, 0, min, srtt), ms(10));
+        // DupThresh stand-in: nothing reordered yet and 3 SACKed (or in recovery).
+        assert_eq!(rack.reo_wnd(false, 3, min, srtt), Duration::ZERO);
+        assert_eq!(rack.reo_wnd(true, 0, min, srtt), Duration::ZERO);
+        rack.reordering_seen = true;
+        assert_eq!(rack.reo_wnd(true, 3, min, srtt), ms(10));
+        rack.reo_wnd_mult = 8;
+        assert_eq!(rack.reo_wnd(false, 0, min, srtt), ms(50), "at most SRTT");
+        assert_eq!(rack.reo_wnd(false, 0, min, None), ms(80));
+    }
+
+    #[test]
+    fn sent_before_latest_orders_by_time_then_sequence() {
+        let mut rack = Rack::new(Seq(0));
+        assert_eq!(rack.sent_before_latest(&seg(0, 10, 1, 1)), None);
+        rack.on_delivered(&seg(100, 100, 10, 1), Instant::from_millis(20), None);
+        assert_eq!(rack.sent_before_latest(&seg(0, 100, 9, 1)), Some(true));
+        assert_eq!(rack.sent_before_latest(&seg(0, 100, 10, 1)), Some(true));
+        assert_eq!(rack.sent_before_latest(&seg(200, 100, 10, 1)), Some(false));
+        assert_eq!(rack.sent_before_latest(&seg(0, 100, 11, 1)), Some(false));
+    }
+
+    /// `n` full segments from the client, with the server's ACKs for `deliver` of
+    /// them (by index).
+    fn flight(
+        cli: &mut Connection,
+        srv: &mut Connection,
+        n: usize,
+        deliver: impl Fn(usize) -> bool,
+        now: Instant,
+    ) -> (Vec<OwnedSegment>, Vec<OwnedSegment>) {
+        assert_eq!(cli.send(&vec![1u8; n * MSS]), n * MSS);
+        let data = drain(cli, now);
+        assert_eq!(data.len(), n);
+        let mut acks = Vec::new();
+        for (i, s) in data.iter().enumerate() {
+            if deliver(i) {
+                srv.input(now, &s.segment());
+                acks.extend(drain(srv, now));
+            }
+        }
+        (data, acks)
+    }
+
+    #[test]
+    fn sack_marks_the_hole_lost_and_fast_recovery_resends_it() {
+        let (mut cli, mut srv) = default_pair();
+        let now = T0 + ms(10);
+        let (data, acks) = flight(&mut cli, &mut srv, 8, |i| i != 0, now);
+        assert!(acks.iter().all(|a| a.repr.ack == data[0].repr.seq));
+        assert!(acks.iter().any(|a| a.repr.options.sack_count > 0));
+        let cwnd = cli.info().cwnd;
+        let now = now + ms(5);
+        feed(&mut cli, now, &acks);
+        // RACK: the hole was sent before the SACKed segments, and the reordering
+        // window is 0 here (no delay, so a zero minimum RTT): it is lost at once.
+        assert_eq!(cli.recovery.phase, Phase::Fast);
+        assert_eq!(cli.scoreboard.lost_segs(), 1);
+        assert_eq!(cli.scoreboard.sacked_segs(), 7);
+        assert!(cli.info().cwnd < cwnd);
+        let out = drain(&mut cli, now);
+        assert_eq!(out[0].repr.seq, data[0].repr.seq, "the hole goes first");
+        assert_eq!(cli.stats().retransmit_segments, 1);
+        // Its ACK covers everything: the episode ends.
+        srv.input(now, &out[0].segment());
+        feed(&mut cli, now + ms(5), &drain(&mut srv, now));
+        assert_eq!(cli.recovery.phase, Phase::None);
+        assert!(cli.scoreboard.is_empty());
+        cli.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn dsack_widens_the_reordering_window() {
+        let (mut cli, mut srv) = default_pair();
+        let now = T0 + ms(10);
+        let (data, acks) = flight(&mut cli, &mut srv, 2, |_| true, now);
+        feed(&mut cli, now + ms(1), &acks);
+        // The first segment again: the server reports it as a duplicate.
+        srv.input(now + ms(2), &data[0].segment());
+        let dup = drain(&mut srv, now + ms(2));
+        assert!(dup[0].repr.options.sack_count > 0);
+        feed(&mut cli, now + ms(3), &dup);
+        assert_eq!(cli.stats().rx_dsack, 1);
+        assert_eq!(cli.recovery.rack.reo_wnd_mult, 2);
+        assert_eq!(cli.scoreboard.lost_segs(), 0, "a D-SACK marks nothing");
+    }
+
+    #[test]
+    fn without_sack_three_duplicate_acks_mark_the_first_segment_lost() {
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        // One delivered segment first, so that the window the duplicate ACKs carry is
+        // the one the client already has (a changed window is no duplicate ACK).
+        let (_, acks) = flight(&mut cli, &mut srv, 1, |_| true, T0 + ms(1));
+        feed(&mut cli, T0 + ms(2), &acks);
+        let now = T0 + ms(10);
+        let (data, acks) = flight(&mut cli, &mut srv, 5, |i| i != 0, now);
+        assert_eq!(acks.len(), 4);
+        feed(&mut cli, now + ms(1), &acks[..2]);
+        assert_eq!(cli.recovery.dupacks, 2);
+        assert_eq!(cli.recovery.phase, Phase::None);
+        feed(&mut cli, now + ms(1), &acks[2..3]);
+        assert_eq!(cli.stats().dupthresh_losses, 1);
+        assert_eq!(cli.recovery.phase, Phase::Fast);
+        let out = drain(&mut cli, now + ms(1));
+        assert_eq!(out[0].repr.seq, data[0].repr.seq);
+    }
+
+    #[test]
+    fn rto_marks_everything_lost_and_backs_off() {
+        let (mut cli, _srv) = default_pair();
+        let now = T0 + ms(10);
+        cli.send(&vec![1u8; 4 * MSS]);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 4);
+        let rto_at = cli.timers.get(Timer::Rto).unwrap();
+        // The TLP comes first (an RTT sample exists from the handshake).
+        let tlp_at = cli.timers.get(Timer::Tlp).unwrap();
+        assert!(tlp_at < rto_at);
+        let probe = drain(&mut cli, tlp_at);
+        assert_eq!(probe.len(), 1);
+        assert_eq!(probe[0].repr.seq, data[3].repr.seq, "the last segment");
+        assert_eq!(cli.stats().tlp_probes, 1);
+        assert!(!cli.timers.is_armed(Timer::Tlp), "one probe per silence");
+        let rto_at = cli.timers.get(Timer::Rto).unwrap();
+        let out = drain(&mut cli, rto_at);
+        assert_eq!(cli.recovery.phase, Phase::Rto);
+        assert_eq!(cli.stats().rto_expired, 1);
+        assert_eq!(cli.rtt.backoff, 1);
+        // cwnd is one segment: only the first goes out again.
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.seq, data[0].repr.seq);
+        assert_eq!(cli.scoreboard.lost_segs(), 3);
+        let next = cli.timers.get(Timer::Rto).unwrap();
+        assert_eq!(next.saturating_since(rto_at), cli.rto_backed_off());
+        assert_eq!(cli.rto_backed_off(), cli.rtt.rto * 2);
+        cli.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn retries_exhausted_time_the_connection_out() {
+        let cfg = TcpConfig {
+            max_retries: 2,
+            ..TcpConfig::default()
+        };
+        let (mut cli, _srv) = pair(cfg, TcpConfig::default());
+        cli.send(b"hello");
+        let mut now = T0;
+        drain(&mut cli, now);
+        while let Some(t) = cli.poll_at() {
+            now = t;
+            drain(&mut cli, now);
+        }
+        assert_eq!(cli.state(), State::Closed);
+        assert_eq!(cli.error(), Some(TcpError::TimedOut));
+        assert_eq!(cli.stats().rto_expired, 2);
+        assert_eq!(cli.stats().conn_timeouts, 1);
+    }
+}

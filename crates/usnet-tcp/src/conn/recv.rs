@@ -1,0 +1,696 @@
+//! The receive side: the receive buffer and sequence variables (RFC 9293 §3.3.1),
+//! reassembly of out-of-order data straight into the ring, the window we advertise
+//! (receiver SWS avoidance, no shrinking, rounding that keeps the promise, autotuning),
+//! SACK and D-SACK blocks to send (RFC 2018, RFC 2883), urgent data (RFC 6093), and
+//! when to acknowledge (quick-ack, every second segment, delayed ACK, duplicate ACKs
+//! for out-of-order data).
+
+use std::time::Duration;
+
+use usnet_wire::TcpOptions;
+
+use super::timers::Timer;
+use super::{Connection, Segment};
+use crate::config::TcpConfig;
+use crate::payload::Payload;
+use crate::ring::{OooAdd, OooRanges, Ring};
+use crate::seq::Seq;
+use crate::time::Instant;
+
+/// RCV.*, the receive buffer and what arrived out of order.
+#[derive(Debug)]
+pub(crate) struct RecvState {
+    /// Initial receive sequence number.
+    pub irs: Seq,
+    /// RCV.NXT: the receive buffer's in-order data ends here.
+    pub nxt: Seq,
+    /// Our window shift.
+    pub wscale: u8,
+    /// Right edge of the window we last advertised (never moves left).
+    pub adv: Seq,
+    /// In-order data not yet read, then out-of-order data at its offset.
+    pub buf: Ring,
+    /// Which out-of-order ranges the buffer holds.
+    pub ooo: OooRanges,
+    /// A sequence number inside each recently changed SACK block, newest first.
+    pub sack_recent: [Option<Seq>; 4],
+    /// A duplicate to report in the next ACK (D-SACK).
+    pub dsack: Option<(Seq, Seq)>,
+    /// Sequence number of the peer's FIN, once seen (possibly out of order).
+    pub fin_seq: Option<Seq>,
+    /// The FIN was taken in order: RCV.NXT is past it.
+    pub fin_received: bool,
+    /// Largest wire segment seen from the peer (the ACK-every-two rule's unit).
+    pub mss: u32,
+    /// Receive-window limit (autotuned).
+    pub space: usize,
+    /// Bytes the application read since `space_at` (autotuning).
+    pub copied: usize,
+    pub space_at: Instant,
+    /// The receiver's RTT estimate from timestamp echoes (autotuning).
+    pub rtt: Option<Duration>,
+    /// Sequence number of the pending out-of-band byte in the receive buffer.
+    pub urg_seq: Option<Seq>,
+    /// The out-of-band byte, taken out of the stream and not yet read.
+    pub oob_byte: Option<u8>,
+}
+
+impl RecvState {
+    pub(crate) fn new(cfg: &TcpConfig, mss: u32, now: Instant) -> Self {
+        let space = if cfg.autotune {
+            cfg.recv_buffer_initial.min(cfg.recv_buffer)
+        } else {
+            cfg.recv_buffer
+        };
+        RecvState {
+            irs: Seq(0),
+            nxt: Seq(0),
+            wscale: 0,
+            adv: Seq(0),
+            buf: Ring::new(cfg.recv_buffer),
+            ooo: OooRanges::new(cfg.max_ooo_ranges),
+            sack_recent: [None; 4],
+            dsack: None,
+            fin_seq: None,
+            fin_received: false,
+            mss: mss.min(536),
+            space,
+            copied: 0,
+            space_at: now,
+            rtt: None,
+            urg_seq: None,
+            oob_byte: None,
+        }
+    }
+}
+
+/// When to acknowledge.
+#[derive(Debug, Clone)]
+pub(crate) struct AckState {
+    /// An ACK is due now.
+    pub pending: bool,
+    /// Duplicate ACKs still to send, one per out-of-order wire segment.
+    pub dupacks_owed: u32,
+    /// In-order bytes received since the last ACK.
+    pub unacked_bytes: u32,
+    /// Segments still to acknowledge one by one (quick-ack mode).
+    pub quickack: u32,
+    /// RCV.NXT in the last ACK sent (RFC 7323's Last.ACK.sent).
+    pub last_sent: Seq,
+}
+
+impl AckState {
+    pub(crate) fn new(quickack: u32) -> Self {
+        AckState {
+            pending: false,
+            dupacks_owed: 0,
+            unacked_bytes: 0,
+            quickack,
+            last_sent: Seq(0),
+        }
+    }
+}
+
+impl Connection {
+    /// Bytes that `recv` can return now.
+    pub fn recv_available(&self) -> usize {
+        self.rcv.buf.len() - usize::from(self.rcv.urg_seq.is_some_and(|u| self.in_rcvbuf(u)))
+    }
+
+    /// The peer sent FIN and everything before it has been read.
+    pub fn is_eof(&self) -> bool {
+        self.rcv.fin_received && self.rcv.buf.is_empty()
+    }
+
+    fn in_rcvbuf(&self, s: Seq) -> bool {
+        let head = self.rcv.nxt - self.rcv.buf.len() as u32;
+        s.in_range(head, self.rcv.nxt)
+    }
+
+    /// Copy received in-order data into `out`; returns the count (0: nothing now, or
+    /// EOF if [`Connection::is_eof`]). With `oob_inline` off, the urgent byte is
+    /// skipped here and kept for [`Connection::recv_urgent`].
+    pub fn recv(&mut self, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < out.len() && !self.rcv.buf.is_empty() {
+            let head = self.rcv.nxt - self.rcv.buf.len() as u32;
+            let mut want = out.len() - done;
+            if let Some(u) = self.rcv.urg_seq {
+                if u == head {
+                    let mut b = [0u8; 1];
+                    self.rcv.buf.peek(0, &mut b);
+                    self.rcv.buf.consume(1);
+                    self.rcv.oob_byte = Some(b[0]);
+                    self.rcv.urg_seq = None;
+                    continue;
+                }
+                if self.in_rcvbuf(u) {
+                    want = want.min(u.since(head) as usize);
+                } else if u.lt(head) {
+                    self.rcv.urg_seq = None;
+                }
+            }
+            let n = self.rcv.buf.peek(0, &mut out[done..done + want]);
+            self.rcv.buf.consume(n);
+            done += n;
+            if n == 0 {
+                break;
+            }
+        }
+        if done > 0 {
+            self.after_app_read(done);
+        }
+        done
+    }
+
+    /// The out-of-band byte (urgent data), if one arrived and was not read.
+    pub fn recv_urgent(&mut self) -> Option<u8> {
+        self.rcv.oob_byte.take()
+    }
+
+    /// After the application read: autotune the window and decide on a window update.
+    fn after_app_read(&mut self, n: usize) {
+        self.rcv.copied += n;
+        if self.cfg.autotune && self.rcv.space < self.cfg.recv_buffer {
+            let rtt = self
+                .rcv
+                .rtt
+                .or(self.rtt.srtt)
+                .unwrap_or(Duration::from_millis(100))
+                .max(Duration::from_millis(1));
+            if self.now.saturating_since(self.rcv.space_at) >= rtt {
+                // Dynamic right-sizing: the window must hold what the application
+                // consumes in two RTTs, with room for the sender to double.
+                let want = self.rcv.copied.saturating_mul(4);
+                if want > self.rcv.space {
+                    self.rcv.space = want.min(self.cfg.recv_buffer);
+                    self.stats.rcv_window_grown += 1;
+                }
+                self.rcv.copied = 0;
+                self.rcv.space_at = self.now;
+            }
+        }
+        if !self.state.is_synchronized() || self.rcv.fin_received {
+            return;
+        }
+        // Window update when the usable window grows by enough (RFC 9293 §3.8.6.2.2).
+        // The window field can say at most 65535 << scale, so a bigger buffer cannot
+        // move the advertised edge further (without window scaling every small read
+        // would otherwise ask for a duplicate ACK).
+        let max_adv = 65535u32 << u32::from(self.rcv.wscale);
+        let right = self.rcv.nxt + self.rcv_window_available().min(max_adv);
+        let adv_left = self.rcv.adv.since(self.rcv.nxt) as usize;
+        let limit = self.rcv_limit();
+        let step = (limit / 2).min(2 * self.rcv.mss as usize).max(1);
+        if right.since(self.rcv.adv) as usize >= step && adv_left <= limit / 2 {
+            self.ack.pending = true;
+            self.stats.tx_window_updates += 1;
+        }
+    }
+
+    pub(crate) fn rcv_limit(&self) -> usize {
+        self.rcv.space.min(self.rcv.buf.capacity())
+    }
+
+    /// Window the buffer could take now, bytes.
+    pub(crate) fn rcv_window_available(&self) -> u32 {
+        let free = self.rcv_limit().saturating_sub(self.rcv.buf.len());
+        free.min(self.rcv.buf.free()).min(u32::MAX as usize / 2) as u32
+    }
+
+    /// The window field to send, and the right edge it advertises.
+    pub(crate) fn window_field(&self, syn: bool) -> (u16, Seq) {
+        let avail = self.rcv_window_available();
+        let mut right = self.rcv.nxt + avail;
+        if right.gt(self.rcv.adv) {
+            // Receiver SWS avoidance (RFC 9293 §3.8.6.2.2).
+            let step = ((self.rcv_limit() / 2) as u32).min(self.rcv.mss).max(1);
+            if right.since(self.rcv.adv) < step && self.rcv.adv.gt(self.rcv.nxt) {
+                right = self.rcv.adv;
+            }
+        } else {
+            // Never shrink the window.
+            right = self.rcv.adv.max(self.rcv.nxt);
+        }
+        let wnd = right.since(self.rcv.nxt);
+        if syn {
+            let f = wnd.min(65535);
+            return (f as u16, self.rcv.nxt + f);
+        }
+        let ws = u32::from(self.rcv.wscale);
+        let mut f = wnd >> ws;
+        // Round up rather than shrink, but never past the bytes the buffer can really
+        // take: each rounding would otherwise promise up to 2^ws - 1 bytes more than
+        // the last, the promise ratchets ahead of the buffer while it is full, and the
+        // sender's in-window segments get trimmed and look lost (RFC 7323 appendix F).
+        // Rounding down there shrinks the edge by less than one scale unit.
+        let room = self.rcv.buf.free().min(u32::MAX as usize / 2) as u32;
+        if (f << ws) < self.rcv.adv.since(self.rcv.nxt) && ((f + 1) << ws) <= room {
+            f += 1;
+        }
+        let f = f.min(65535);
+        (f as u16, self.rcv.nxt + (f << ws))
+    }
+
+    /// The SACK blocks for an ACK (RFC 2018 §4): a D-SACK first, then the most
+    /// recently changed blocks, then the highest ones.
+    pub(crate) fn push_sack_blocks(&self, o: &mut TcpOptions) {
+        if let Some((l, r)) = self.rcv.dsack {
+            o.push_sack(l.0, r.0);
+        }
+        for p in self.rcv.sack_recent.iter().flatten() {
+            if let Some((l, r)) = self.rcv.ooo.containing(*p) {
+                if !o.sacks().contains(&(l.0, r.0)) {
+                    o.push_sack(l.0, r.0);
+                }
+            }
+        }
+        // Fill from the highest ranges if recency did not name enough.
+        for &(l, r) in self.rcv.ooo.ranges().iter().rev() {
+            if o.sack_count >= 4 {
+                break;
+            }
+            if !o.sacks().contains(&(l.0, r.0)) {
+                o.push_sack(l.0, r.0);
+            }
+        }
+    }
+
+    /// An ACK went out advertising the right edge `adv`: nothing is owed any more
+    /// (one duplicate ACK less), and a reported D-SACK is done.
+    pub(crate) fn on_ack_sent(&mut self, adv: Seq, sent_sack: bool) {
+        if self.rcv.dsack.is_some() && sent_sack {
+            self.stats.tx_dsack += 1;
+            self.rcv.dsack = None;
+        }
+        self.rcv.adv = self.rcv.adv.max(adv);
+        self.ack.last_sent = self.rcv.nxt;
+        self.ack.pending = false;
+        self.timers.clear(Timer::DelayedAck);
+        self.ack.unacked_bytes = 0;
+        self.ack.dupacks_owed = self.ack.dupacks_owed.saturating_sub(1);
+    }
+
+    pub(crate) fn on_delayed_ack_timer(&mut self) {
+        if !self.ack.pending {
+            self.ack.pending = true;
+            self.stats.tx_delayed_acks += 1;
+        }
+    }
+
+    /// The urgent pointer of a segment starting at `seq` (RFC 6093: BSD/Linux
+    /// semantics, the pointer names the byte after the urgent byte).
+    pub(crate) fn note_urgent(&mut self, seq: Seq, up: u16) {
+        if up == 0 || self.cfg.oob_inline {
+            self.stats.rx_urgent_inline += 1;
+            return;
+        }
+        let u = seq + (u32::from(up) - 1);
+        if u.ge(self.rcv.nxt) && u.lt(self.rcv.adv) {
+            if self.rcv.urg_seq != Some(u) {
+                self.rcv.urg_seq = Some(u);
+                self.stats.rx_urgent_oob += 1;
+            }
+        } else {
+            self.stats.rx_urgent_inline += 1;
+        }
+    }
+
+    /// The data (and FIN position) of an acceptable segment starting at `seq`: trim
+    /// what we have and what does not fit, then take it in order or hold it out of
+    /// order; the FIN is remembered until the data before it is in.
+    pub(crate) fn receive_text(&mut self, seg: &Segment, seq: Seq, fin: bool) {
+        let payload = seg.payload;
+        let wire_segs = seg.wire_segments();
+        if !payload.is_empty() {
+            self.note_peer_segment(seg);
+        }
+        let mut start = seq;
+        let mut data = payload;
+        // Trim what we already have.
+        if start.lt(self.rcv.nxt) {
+            let dup = (self.rcv.nxt.since(start) as usize).min(data.len());
+            if dup > 0 {
+                self.stats.rx_dup_bytes += dup as u64;
+                if self.opts.sack {
+                    self.rcv.dsack = Some((start, start + dup));
+                }
+                self.ack.pending = true;
+            }
+            data = data.skip(dup);
+            start = self.rcv.nxt;
+        }
+        // Trim to the window we advertised and the buffer.
+        let limit = self.rcv.adv.min(self.rcv.nxt + self.rcv.buf.free() as u32);
+        let room = limit.since(start) as usize;
+        let mut fin = fin;
+        if data.len() > room {
+            self.stats.rx_beyond_window_bytes += (data.len() - room) as u64;
+            data = data.take(room);
+            fin = false;
+            self.ack.pending = true;
+        }
+        if fin {
+            let fs = start + data.len();
+            if self.rcv.fin_seq.is_none_or(|f| f == fs) {
+                self.rcv.fin_seq = Some(fs);
+                self.rcv.ooo.truncate(fs);
+            }
+        }
+        if data.is_empty() {
+            return;
+        }
+        if start == self.rcv.nxt {
+            self.receive_in_order(data);
+        } else {
+            self.receive_out_of_order(start, data, wire_segs);
+        }
+    }
+
+    /// Counters, the peer's segment size and the receiver's RTT (for autotuning) from
+    /// a segment carrying data.
+    fn note_peer_segment(&mut self, seg: &Segment) {
+        let payload = seg.payload;
+        self.stats.rx_data_segments += u64::from(seg.wire_segments());
+        let wire_segment = match seg.gso_size {
+            0 => payload.len() as u32,
+            g => u32::from(g).min(payload.len() as u32),
+        };
+        self.rcv.mss = self.rcv.mss.max(wire_segment).min(65535);
+        if self.ts.ok {
+            if let Some((_, ecr)) = seg.options.timestamps {
+                if let Some(ms) = self.ts.echo_ms(ecr, self.now) {
+                    let r = Duration::from_millis(u64::from(ms.max(1)));
+                    self.rcv.rtt = Some(self.rcv.rtt.map_or(r, |p| p.min(r)));
+                }
+            }
+        }
+    }
+
+    /// Data at RCV.NXT: append it, pull in what it joins from the out-of-order
+    /// ranges, and decide when to acknowledge.
+    fn receive_in_order(&mut self, data: Payload) {
+        let had_ooo = !self.rcv.ooo.is_empty();
+        let off = self.rcv.buf.len();
+        let n = write_payload(&mut self.rcv.buf, off, data);
+        self.rcv.buf.commit(n);
+        self.rcv.nxt = self.rcv.nxt + n;
+        let mut got = n as u64;
+        while let Some(e) = self.rcv.ooo.pop_contiguous(self.rcv.nxt) {
+            if e.gt(self.rcv.nxt) {
+                let extra = e.since(self.rcv.nxt);
+                self.rcv.buf.commit(extra as usize);
+                self.rcv.nxt = e;
+                got += u64::from(extra);
+            }
+        }
+        self.stats.rx_bytes += got;
+        if had_ooo {
+            // A hole was filled: tell the sender at once (RFC 5681 §4.2).
+            self.ack.pending = true;
+            return;
+        }
+        // Quick-ack at first; then an ACK for every second full segment (never fewer,
+        // so a bulk sender is never throttled), a lone one within `delayed_ack`.
+        self.ack.unacked_bytes += n as u32;
+        if self.ack.quickack > 0 {
+            self.ack.quickack -= 1;
+            self.ack.pending = true;
+            self.stats.tx_quick_acks += 1;
+        } else if self.ack.unacked_bytes >= 2 * self.rcv.mss {
+            self.ack.pending = true;
+        } else {
+            self.timers
+                .set_if_idle(Timer::DelayedAck, self.now + self.cfg.delayed_ack);
+        }
+    }
+
+    /// Data after a hole: written into the ring at its offset and remembered as a
+    /// range (or dropped if the range list is full); a duplicate ACK at once.
+    fn receive_out_of_order(&mut self, start: Seq, data: Payload, wire_segs: u32) {
+        let off = self.rcv.buf.len() + start.since(self.rcv.nxt) as usize;
+        let dend = start + data.len();
+        match self.rcv.ooo.add(start, dend) {
+            OooAdd::Added => {
+                write_payload(&mut self.rcv.buf, off, data);
+                self.stats.rx_ooo_segments += u64::from(wire_segs);
+                self.rcv.sack_recent.rotate_right(1);
+                self.rcv.sack_recent[0] = Some(start);
+            }
+            OooAdd::Duplicate => {
+                self.stats.rx_dup_bytes += data.len() as u64;
+                if self.opts.sack {
+                    self.rcv.dsack = Some((start, dend));
+                }
+            }
+            OooAdd::Full => self.stats.rx_ooo_full += 1,
+        }
+        // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2); a
+        // coalesced frame owes one per wire segment, as they would have. Reordering
+        // also brings quick-acks back for a while.
+        self.ack.dupacks_owed = (self.ack.dupacks_owed + wire_segs).min(8);
+        self.ack.quickack = self.ack.quickack.max(2);
+    }
+
+    /// The FIN is next in sequence: take it (RCV.NXT moves past it). Returns whether
+    /// it was taken now.
+    pub(crate) fn take_fin(&mut self) -> bool {
+        match self.rcv.fin_seq {
+            Some(fs) if fs == self.rcv.nxt && !self.rcv.fin_received => {
+                self.rcv.nxt = self.rcv.nxt + 1u32;
+                self.rcv.fin_received = true;
+                self.ack.pending = true;
+                self.rcv.ooo.clear();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Writes `data` into `ring` at `offset`, part by part; returns the bytes written.
+fn write_payload(ring: &mut Ring, offset: usize, data: Payload) -> usize {
+    let mut n = 0;
+    for c in data.chunks() {
+        let w = ring.write_at(offset + n, c);
+        n += w;
+        if w < c.len() {
+            break;
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::State;
+    use super::*;
+    use crate::testing::OwnedSegment;
+    use crate::TcpConfig;
+
+    /// `n` full segments of `byte` from the client, not yet delivered.
+    fn segments(cli: &mut Connection, n: usize, now: Instant) -> Vec<OwnedSegment> {
+        let data: Vec<u8> = (0..n * MSS).map(|i| (i / MSS) as u8).collect();
+        assert_eq!(cli.send(&data), data.len());
+        let out = drain(cli, now);
+        assert_eq!(out.len(), n);
+        out
+    }
+
+    fn read_all(c: &mut Connection) -> Vec<u8> {
+        let mut buf = vec![0u8; 1 << 20];
+        let n = c.recv(&mut buf);
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn out_of_order_data_waits_for_the_hole_and_is_sacked() {
+        let (mut cli, mut srv) = default_pair();
+        let segs = segments(&mut cli, 4, T0);
+        feed(&mut srv, T0, &segs[2..]);
+        assert_eq!(srv.recv_available(), 0);
+        let dupacks = drain(&mut srv, T0);
+        assert_eq!(
+            dupacks.len(),
+            2,
+            "one duplicate ACK per out-of-order segment"
+        );
+        let last = &dupacks[1].repr;
+        assert_eq!(last.ack, segs[0].repr.seq);
+        assert_eq!(
+            last.options.sacks(),
+            [(segs[2].repr.seq, segs[3].repr.seq + MSS as u32)]
+        );
+        feed(&mut srv, T0, &segs[1..2]);
+        feed(&mut srv, T0, &segs[..1]);
+        let acks = drain(&mut srv, T0);
+        assert_eq!(acks.last().unwrap().repr.ack, segs[3].repr.seq + MSS as u32);
+        assert_eq!(acks.last().unwrap().repr.options.sack_count, 0);
+        let got = read_all(&mut srv);
+        assert_eq!(got.len(), 4 * MSS);
+        assert!(got
+            .chunks(MSS)
+            .enumerate()
+            .all(|(i, c)| c.iter().all(|&b| b == i as u8)));
+        // Segments 2, 3 and then 1 arrived before 0.
+        assert_eq!(srv.stats().rx_ooo_segments, 3);
+    }
+
+    #[test]
+    fn a_duplicate_is_reported_with_a_dsack() {
+        let (mut cli, mut srv) = default_pair();
+        let segs = segments(&mut cli, 2, T0);
+        feed(&mut srv, T0, &segs);
+        drain(&mut srv, T0);
+        // The first segment again, overlapping nothing new.
+        feed(&mut srv, T0, &segs[..1]);
+        let ack = drain(&mut srv, T0);
+        assert_eq!(ack.len(), 1);
+        let s = segs[0].repr.seq;
+        assert_eq!(ack[0].repr.options.sacks(), [(s, s + MSS as u32)]);
+        assert_eq!(srv.stats().tx_dsack, 1);
+        assert_eq!(srv.rcv.dsack, None, "reported once");
+        assert_eq!(srv.stats().rx_dup_bytes, MSS as u64);
+    }
+
+    #[test]
+    fn quick_acks_then_one_ack_per_two_segments_then_the_delayed_ack() {
+        let cfg = TcpConfig {
+            quickack_segments: 2,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), cfg);
+        let segs = segments(&mut cli, 7, T0);
+        let mut acks_after = Vec::new();
+        for s in &segs {
+            feed(&mut srv, T0, std::slice::from_ref(s));
+            acks_after.push(drain(&mut srv, T0).len());
+        }
+        // Two quick-acks, then every second segment.
+        assert_eq!(acks_after, [1, 1, 0, 1, 0, 1, 0]);
+        assert_eq!(srv.stats().tx_quick_acks, 2);
+        let at = srv
+            .timers
+            .get(Timer::DelayedAck)
+            .expect("a lone segment waits");
+        assert_eq!(at, T0 + srv.cfg.delayed_ack);
+        assert_eq!(drain(&mut srv, at).len(), 1);
+        assert_eq!(srv.stats().tx_delayed_acks, 1);
+        assert!(!srv.timers.is_armed(Timer::DelayedAck));
+    }
+
+    #[test]
+    fn data_beyond_the_window_is_cut_off() {
+        let scfg = TcpConfig {
+            recv_buffer: 4096,
+            recv_buffer_initial: 4096,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), scfg);
+        // The client believes the window is larger than it is.
+        let (wl1, wl2) = (cli.snd.wl1, cli.snd.wl2);
+        cli.update_send_window(wl1, wl2, 60_000);
+        let segs = segments(&mut cli, 3, T0);
+        feed(&mut srv, T0, &segs);
+        assert_eq!(srv.recv_available(), 4096);
+        assert_eq!(srv.stats().rx_beyond_window_bytes, (3 * MSS - 4096) as u64);
+        assert!(srv.ack.pending);
+        let ack = drain(&mut srv, T0);
+        assert_eq!(ack.last().unwrap().repr.window, 0, "full: a zero window");
+    }
+
+    #[test]
+    fn reading_opens_the_window_with_an_update() {
+        let scfg = TcpConfig {
+            recv_buffer: 16 * MSS,
+            recv_buffer_initial: 16 * MSS,
+            autotune: false,
+            window_scaling: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), scfg);
+        let segs = segments(&mut cli, 10, T0);
+        feed(&mut srv, T0, &segs);
+        let acks = drain(&mut srv, T0);
+        let closed_to = acks.last().unwrap().repr.window;
+        assert_eq!(closed_to as usize, 6 * MSS);
+        let read = read_all(&mut srv);
+        assert_eq!(read.len(), 10 * MSS);
+        assert_eq!(srv.stats().tx_window_updates, 1);
+        let update = drain(&mut srv, T0);
+        assert_eq!(update.len(), 1);
+        assert_eq!(update[0].repr.window as usize, 16 * MSS);
+    }
+
+    #[test]
+    fn the_advertised_edge_never_moves_back() {
+        let (_cli, mut srv) = default_pair();
+        let ws = srv.rcv.wscale;
+        assert!(ws > 0);
+        let promised = srv.rcv.adv;
+        // The limit falls below what was promised: the edge stays where it was.
+        srv.rcv.space = 1000;
+        let (field, right) = srv.window_field(false);
+        assert!(right.ge(promised));
+        assert_eq!(u32::from(field) << ws, right.since(srv.rcv.nxt));
+        // Without the earlier promise the window is what fits, in whole scale units.
+        srv.rcv.adv = srv.rcv.nxt;
+        let (field, right) = srv.window_field(false);
+        assert_eq!(u32::from(field) << ws, (1000 >> ws) << ws);
+        assert!(right.lt(promised));
+    }
+
+    #[test]
+    fn autotuning_grows_the_window_with_what_the_application_reads() {
+        let (mut cli, mut srv) = default_pair();
+        let initial = srv.rcv.space;
+        let mut now = T0;
+        for _ in 0..6 {
+            cli.send(&vec![0u8; 64 * MSS]);
+            let data = drain(&mut cli, now);
+            feed(&mut srv, now, &data);
+            feed(&mut cli, now, &drain(&mut srv, now));
+            now = now + ms(150);
+            read_all(&mut srv);
+        }
+        assert!(srv.rcv.space > initial, "{} <= {initial}", srv.rcv.space);
+        assert!(srv.stats().rcv_window_grown > 0);
+    }
+
+    #[test]
+    fn the_urgent_byte_leaves_the_stream() {
+        let (mut cli, mut srv) = default_pair();
+        let mut segs = segments(&mut cli, 1, T0);
+        // Urgent pointer 10: byte 9 is the out-of-band byte.
+        segs[0].repr.flags |= usnet_wire::TcpFlags::URG;
+        segs[0].repr.urgent = 10;
+        segs[0].payload[9] = b'!';
+        feed(&mut srv, T0, &segs);
+        assert_eq!(srv.recv_available(), MSS - 1);
+        let data = read_all(&mut srv);
+        assert_eq!(data.len(), MSS - 1);
+        assert!(!data.contains(&b'!'));
+        assert_eq!(srv.recv_urgent(), Some(b'!'));
+        assert_eq!(srv.recv_urgent(), None);
+    }
+
+    #[test]
+    fn a_fin_out_of_order_is_taken_when_the_hole_fills() {
+        let (mut cli, mut srv) = default_pair();
+        let segs = segments(&mut cli, 2, T0);
+        cli.shutdown_write();
+        let fin = drain(&mut cli, T0);
+        assert!(fin[0].repr.flags.fin());
+        feed(&mut srv, T0, &segs[1..]);
+        feed(&mut srv, T0, &fin);
+        assert_eq!(srv.state(), State::Established);
+        assert!(srv.rcv.fin_seq.is_some() && !srv.rcv.fin_received);
+        feed(&mut srv, T0, &segs[..1]);
+        assert_eq!(srv.state(), State::CloseWait);
+        assert!(!srv.is_eof(), "data first");
+        assert_eq!(read_all(&mut srv).len(), 2 * MSS);
+        assert!(srv.is_eof());
+    }
+}

@@ -1,0 +1,296 @@
+//! Segment departure: `poll_transmit` runs the expired timers, then emits what is due
+//! in priority order (RSTs, SYN, retransmissions, probes, new data, ACKs) through one
+//! `emit` that builds the header, fills in the window and commits the ACK state only
+//! when the sink took the segment. What each kind of segment is lives with its
+//! mechanism (handshake, recovery, send and receive sides, keepalive).
+
+use std::time::Duration;
+
+use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
+
+use super::timers::Timer;
+use super::{Connection, SegmentSink, State, Wake};
+use crate::seq::Seq;
+use crate::time::Instant;
+
+/// Most segments one `poll_transmit` call emits (bounds the work per call).
+const POLL_BUDGET: usize = 4096;
+
+impl Connection {
+    /// Run expired timers, then emit every segment that is due into `sink`. Call after
+    /// `input`, after `send`/`recv`/`close`, and whenever `poll_at` is reached.
+    pub fn poll_transmit<S: SegmentSink + ?Sized>(&mut self, now: Instant, sink: &mut S) -> Wake {
+        self.now = self.now.max(now);
+        let readable = self.recv_available();
+        let eof = self.rcv.fin_received;
+        let free = self.snd.buf.free();
+        let state = self.state;
+        self.run_timers();
+        let mut budget = POLL_BUDGET;
+        let mut blocked_by_window = false;
+        while budget > 0 {
+            match self.transmit_one(sink, &mut blocked_by_window) {
+                Some(true) => budget -= 1,
+                _ => break,
+            }
+        }
+        if self.state.is_synchronized() && self.state != State::TimeWait {
+            if !self.scoreboard.is_empty() {
+                self.timers
+                    .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
+            }
+            // Persist timer: data waits, nothing is in flight, the window stops us.
+            if blocked_by_window && self.scoreboard.is_empty() {
+                self.arm_persist();
+            }
+        }
+        self.wake_since(readable, eof, free, state)
+    }
+
+    /// Options on every segment after the handshake: timestamps, SACK blocks.
+    pub(crate) fn segment_options(&self) -> TcpOptions {
+        let mut o = TcpOptions::default();
+        if self.ts.ok {
+            o.timestamps = Some((self.ts.clock(self.now), self.ts.recent));
+        }
+        if self.opts.sack {
+            self.push_sack_blocks(&mut o);
+        }
+        o
+    }
+
+    /// Build and emit one segment; on success commit the ACK-related state.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn emit<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        flags: TcpFlags,
+        seq: Seq,
+        data_off: usize,
+        data_len: usize,
+        opts: TcpOptions,
+    ) -> bool {
+        let syn = flags.syn();
+        let (window, adv) = if flags.rst() {
+            (0, self.rcv.adv)
+        } else {
+            self.window_field(syn)
+        };
+        let repr = TcpRepr {
+            src_port: self.local.port(),
+            dst_port: self.remote.port(),
+            seq: seq.0,
+            ack: if flags.ack() { self.rcv.nxt.0 } else { 0 },
+            flags,
+            window,
+            urgent: 0,
+            options: opts,
+        };
+        let payload = if data_len > 0 {
+            self.snd.buf.slices(data_off, data_len)
+        } else {
+            (&[][..], &[][..])
+        };
+        if !sink.emit(self.local, self.remote, &repr, payload) {
+            self.stats.tx_sink_full += 1;
+            return false;
+        }
+        self.stats.tx_segments += 1;
+        if window == 0 && !flags.rst() {
+            self.stats.tx_zero_window += 1;
+        }
+        let nsack = opts.sacks().len() as u64;
+        if nsack > 0 {
+            self.stats.tx_sack_blocks += nsack;
+        }
+        if flags.ack() && !flags.rst() {
+            self.on_ack_sent(adv, nsack > 0);
+        }
+        self.snd.last_tx = self.now;
+        true
+    }
+
+    /// Emit the one segment that is most urgent, in this order: an RST (abort), an
+    /// RST answering a bad segment, the SYN or SYN-ACK, then (once synchronized and
+    /// not in TIME-WAIT) a retransmission, a tail loss probe, new data, a window
+    /// probe, a keepalive probe, and last a pure ACK. `Some(true)`: sent;
+    /// `Some(false)`: the sink is full; None: nothing is due.
+    fn transmit_one<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        blocked_by_window: &mut bool,
+    ) -> Option<bool> {
+        if self.rst_pending {
+            return Some(self.send_abort_rst(sink));
+        }
+        if let Some((seq, ack)) = self.reply_rst {
+            return Some(self.send_reply_rst(sink, seq, ack));
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => return self.send_syn(sink),
+            _ => {}
+        }
+        if self.state != State::TimeWait {
+            if self.scoreboard.lost_segs() > 0 {
+                if let Some(sent) = self.retransmit_lost(sink) {
+                    return Some(sent);
+                }
+            }
+            if self.recovery.tlp_pending {
+                self.recovery.tlp_pending = false;
+                if let Some(sent) = self.send_tlp(sink) {
+                    return Some(sent);
+                }
+            }
+            // The persist timer fired and the window is open again: what fits goes
+            // out regardless of Nagle and SWS rules.
+            let force = self.snd.persist_pending && self.snd.wnd > 0;
+            match self.send_new_data(sink, force, blocked_by_window) {
+                Some(true) => {
+                    if force {
+                        self.snd.persist_pending = false;
+                    }
+                    return Some(true);
+                }
+                Some(false) => return Some(false),
+                None => {}
+            }
+            if self.snd.persist_pending {
+                return Some(self.send_window_probe(sink, blocked_by_window));
+            }
+            if self.keepalive.pending {
+                return Some(self.send_keepalive_probe(sink));
+            }
+        }
+        if self.ack.pending || self.ack.dupacks_owed > 0 {
+            return Some(self.send_pure_ack(sink));
+        }
+        None
+    }
+
+    /// The RST of an abort (or of a reset decided on input); then CLOSED.
+    fn send_abort_rst<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> bool {
+        let flags = if self.state.is_synchronized() || self.state == State::SynReceived {
+            TcpFlags::RST | TcpFlags::ACK
+        } else {
+            TcpFlags::RST
+        };
+        if !self.emit(sink, flags, self.snd.nxt, 0, 0, TcpOptions::default()) {
+            return false;
+        }
+        self.stats.tx_rst += 1;
+        self.rst_pending = false;
+        self.enter_closed(None);
+        true
+    }
+
+    /// An RST in reply to an unacceptable segment: `<SEQ=seq>`, with `<ACK=ack>` if
+    /// given. The connection stays as it is.
+    fn send_reply_rst<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        seq: Seq,
+        ack: Option<Seq>,
+    ) -> bool {
+        let (flags, saved) = match ack {
+            Some(a) => (
+                TcpFlags::RST | TcpFlags::ACK,
+                Some(std::mem::replace(&mut self.rcv.nxt, a)),
+            ),
+            None => (TcpFlags::RST, None),
+        };
+        let ok = self.emit(sink, flags, seq, 0, 0, TcpOptions::default());
+        if let Some(s) = saved {
+            self.rcv.nxt = s;
+        }
+        if !ok {
+            return false;
+        }
+        self.stats.tx_rst += 1;
+        self.reply_rst = None;
+        true
+    }
+
+    /// An ACK without data at SND.NXT.
+    fn send_pure_ack<S: SegmentSink + ?Sized>(&mut self, sink: &mut S) -> bool {
+        let opts = self.segment_options();
+        if !self.emit(sink, TcpFlags::ACK, self.snd.nxt, 0, 0, opts) {
+            return false;
+        }
+        self.stats.tx_acks += 1;
+        self.ack.pending = false;
+        true
+    }
+
+    /// How long until the next timer (for tests and tools).
+    pub fn next_timeout(&self) -> Option<Duration> {
+        self.poll_at().map(|t| t.saturating_since(self.now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+    use crate::testing::VecSink;
+
+    #[test]
+    fn a_full_sink_commits_nothing_and_the_next_poll_retries() {
+        let (mut cli, _srv) = default_pair();
+        cli.send(&vec![1u8; 3 * MSS]);
+        let mut full = VecSink {
+            refuse: true,
+            ..VecSink::default()
+        };
+        cli.poll_transmit(T0, &mut full);
+        assert!(full.segments.is_empty());
+        assert_eq!(cli.snd.nxt, cli.snd.una, "nothing counted as sent");
+        assert!(cli.scoreboard.is_empty());
+        assert_eq!(cli.stats().tx_sink_full, 1);
+        let out = drain(&mut cli, T0);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].repr.seq, cli.snd.una.0);
+    }
+
+    #[test]
+    fn an_abort_rst_goes_before_anything_else() {
+        let (mut cli, _srv) = default_pair();
+        cli.send(b"queued");
+        cli.ack.pending = true;
+        cli.abort();
+        let out = drain(&mut cli, T0);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.flags, TcpFlags::RST | TcpFlags::ACK);
+        assert_eq!(out[0].repr.window, 0);
+        assert_eq!(cli.state(), State::Closed);
+        assert_eq!(cli.poll_at(), None);
+    }
+
+    #[test]
+    fn every_segment_carries_timestamps_and_the_current_ack() {
+        let (mut cli, mut srv) = default_pair();
+        srv.send(b"reply");
+        feed(&mut cli, T0, &drain(&mut srv, T0));
+        cli.send(b"data");
+        let out = drain(&mut cli, T0 + ms(5));
+        assert_eq!(out.len(), 1, "the ACK rides on the data");
+        let r = &out[0].repr;
+        assert_eq!(r.ack, cli.rcv.nxt.0);
+        let (val, ecr) = r.options.timestamps.unwrap();
+        assert_eq!(val, cli.ts.clock(T0 + ms(5)));
+        assert_eq!(ecr, cli.ts.recent);
+        assert!(!cli.ack.pending && !cli.timers.is_armed(Timer::DelayedAck));
+    }
+
+    #[test]
+    fn poll_at_is_now_while_output_is_pending() {
+        let (mut cli, _srv) = default_pair();
+        assert_eq!(cli.poll_at(), None, "idle");
+        cli.ack.pending = true;
+        assert_eq!(cli.poll_at(), Some(T0));
+        drain(&mut cli, T0);
+        assert_eq!(cli.poll_at(), None);
+        assert_eq!(cli.next_timeout(), None);
+    }
+}
