@@ -16,7 +16,6 @@
 //!
 //! See `docs/async-syscall.md` for the design and measurements.
 
-mod futex;
 pub mod layout;
 mod queue;
 mod ring;
