@@ -1,6 +1,7 @@
 //! Benchmarks: each one runs usnet and the Linux kernel on the same machine in the same
 //! run, prints a table of medians and ratios, writes JSON and draws a plot.
 
+pub mod async_syscall;
 pub mod peer;
 pub mod tcp;
 pub mod udp;

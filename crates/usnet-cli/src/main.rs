@@ -1,5 +1,6 @@
 //! `usnet`: the one entry point for users.
 
+mod bench;
 mod ctl;
 mod demo;
 mod get;
@@ -61,7 +62,7 @@ enum BenchCmd {
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
     Nic(usnet_nicemu::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
-    AsyncSyscall(usnet_ring::bench::AsyncSyscallBenchArgs),
+    AsyncSyscall(bench::AsyncSyscallArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,7 +84,7 @@ fn main() -> ExitCode {
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => usnet_nicemu::run_bench(&a).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::AsyncSyscall(a)) => {
-            usnet_ring::bench::run(&a).map(|()| ExitCode::SUCCESS)
+            usnet_bench::async_syscall::run(&a.into()).map(|()| ExitCode::SUCCESS)
         }
     };
     match result {

@@ -7,11 +7,11 @@
 //! writes random bytes over random offsets of the area for `millis` ms.
 
 use crate::ring::{ExecOptions, Request, Ring, WaitPolicy};
-use usnet_shm::{adopt_inherited_fd, inherit_fd};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use usnet_shm::{adopt_inherited_fd, inherit_fd};
 
 /// Environment variable marking a re-executed ring peer.
 pub const CHILD_ENV: &str = "USNET_RING_CHILD";

@@ -24,8 +24,6 @@ mod sync;
 #[cfg(not(loom))]
 mod syscall;
 
-#[cfg(all(not(loom), feature = "bench"))]
-pub mod bench;
 #[cfg(not(loom))]
 mod child;
 

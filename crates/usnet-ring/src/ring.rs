@@ -61,11 +61,11 @@ use crate::layout::{ctl, state, Geometry};
 use crate::queue::{OwnedQueue, Queue};
 use crate::shm::{Entry, Region, WaitRef};
 use crate::sync::{fence, spin_hint, AtomicU32, AtomicU64, Futex};
-use usnet_shm::doorbell::Gate;
 use std::sync::atomic::AtomicU64 as StatU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use usnet_shm::doorbell::Gate;
 
 /// Longest single futex sleep when the caller has no deadline: waits are
 /// sliced (every waiting loop re-checks), so nothing sleeps unbounded.
@@ -957,12 +957,11 @@ impl Ring {
                 (v >> 8) as u32
             };
             match r % 8 {
-                0 => self.entry(((r >> 8) % n) as u32)
+                0 => self
+                    .entry(((r >> 8) % n) as u32)
                     .state
                     .store(v32 % 6, Relaxed),
-                1 => self.entry(((r >> 8) % n) as u32)
-                    .state
-                    .store(v32, Relaxed),
+                1 => self.entry(((r >> 8) % n) as u32).state.store(v32, Relaxed),
                 2 => area.sq()[(r >> 8) as usize % n as usize].store(v, Relaxed),
                 3 => area.cq()[(r >> 8) as usize % n as usize].store(v, Relaxed),
                 4 => {
@@ -977,7 +976,12 @@ impl Ring {
                     c.store(((s.wrapping_add(1) as u64) << 32) | v32 as u64, Relaxed)
                 }
                 6 => {
-                    let pos = [area.sq_tail(), area.sq_head(), area.cq_tail(), area.cq_head()];
+                    let pos = [
+                        area.sq_tail(),
+                        area.sq_head(),
+                        area.cq_tail(),
+                        area.cq_head(),
+                    ];
                     pos[(r >> 8) as usize % 4].fetch_add(v32 % 3, Relaxed);
                 }
                 _ => {

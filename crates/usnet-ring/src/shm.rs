@@ -34,7 +34,9 @@ pub(crate) struct Entry<'a> {
 #[cfg(not(loom))]
 mod real {
     use super::*;
-    use crate::layout::{Header, Meta, SyscallInfo, WaitWord, ENTRY_SIZE, HEADER_SIZE, MAGIC, VERSION};
+    use crate::layout::{
+        Header, Meta, SyscallInfo, WaitWord, ENTRY_SIZE, HEADER_SIZE, MAGIC, VERSION,
+    };
     use std::io;
     use std::mem::offset_of;
     use std::os::fd::{BorrowedFd, OwnedFd};
@@ -79,8 +81,12 @@ mod real {
             for (i, c) in r.cq().iter().enumerate() {
                 c.store((i as u64) << 32, Ordering::Relaxed);
             }
-            r.map.u32(NENTRIES_AT).store(geo.nentries, Ordering::Relaxed);
-            r.map.u64(TOTAL_AT).store(geo.total as u64, Ordering::Relaxed);
+            r.map
+                .u32(NENTRIES_AT)
+                .store(geo.nentries, Ordering::Relaxed);
+            r.map
+                .u64(TOTAL_AT)
+                .store(geo.total as u64, Ordering::Relaxed);
             r.map.u32(VERSION_AT).store(VERSION, Ordering::Relaxed);
             r.map.u64(MAGIC_AT).store(MAGIC, Ordering::Release);
             Ok(r)
