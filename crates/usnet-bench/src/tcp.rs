@@ -35,9 +35,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
-use usnet_link::shm::{ShmConfig, ShmDevice};
-use usnet_link::tap::{TapConfig, TapDevice};
-use usnet_link::{Device, LinkState};
+use usnet_link::{Device, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PktBuf, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot, median, percentile, write_json, Table};
 use usnet_stack::{
@@ -969,29 +967,23 @@ struct App {
 
 impl App {
     fn open(a: &TcpPeerArgs) -> Res<App> {
-        let link = a.link.as_deref().ok_or("--link")?;
-        let (kind, name) = link.split_once(':').ok_or("link: shm:NAME or tap:IF")?;
-        let shm = kind == "shm";
+        let link: LinkSpec = a.link.as_deref().ok_or("--link")?.parse()?;
+        let shm = match &link {
+            LinkSpec::Shm(_) => true,
+            LinkSpec::Tap(_) => false,
+            other => return Err(format!("bench tcp runs on shm or tap links, not {other}").into()),
+        };
         // Pool buffers of 64 KiB: one jumbo frame (shm) or one GSO frame (TAP with TSO).
         let big = shm || a.tso;
-        let dev: Box<dyn Device> = match kind {
-            "shm" => Box::new(ShmDevice::open(
-                name,
-                &ShmConfig {
-                    mtu: Some(SHM_MTU),
-                    ..ShmConfig::default()
-                },
-            )?),
-            "tap" => Box::new(TapDevice::open(
-                name,
-                &TapConfig {
-                    mtu: None,
-                    host_addrs: a.host_addr.iter().cloned().collect(),
-                    tso: a.tso,
-                },
-            )?),
-            _ => return Err(format!("unknown link kind {kind}").into()),
-        };
+        let dev = usnet_link::open(
+            &link,
+            &LinkOptions {
+                mtu: shm.then_some(SHM_MTU),
+                tap_host_addrs: a.host_addr.iter().cloned().collect(),
+                tso: a.tso,
+                ..LinkOptions::default()
+            },
+        )?;
         let caps = dev.caps();
         let mut tcp = StackConfig::default().tcp;
         if shm {

@@ -4,6 +4,7 @@ mod bench;
 mod ctl;
 mod demo;
 mod get;
+mod nicemu;
 mod perf;
 mod up;
 
@@ -40,7 +41,7 @@ enum Cmd {
     Get(get::GetArgs),
     /// Play the emulated NIC's device side: build frames, place them in the RX ring
     /// and raise interrupts at a chosen interval and count.
-    Nicemu(usnet_nicemu::NicemuArgs),
+    Nicemu(nicemu::NicemuArgs),
     /// Benchmarks against Linux on this machine.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -60,14 +61,16 @@ enum BenchCmd {
     #[command(hide = true)]
     TcpPeer(usnet_bench::tcp::TcpPeerArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
-    Nic(usnet_nicemu::NicBenchArgs),
+    Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
     AsyncSyscall(bench::AsyncSyscallArgs),
 }
 
 fn main() -> ExitCode {
-    // A process the ring benchmark started as its peer runs that role and exits.
+    // A process a benchmark started as its peer (the ring's exec peer, the emulated
+    // NIC's device side) runs that role and exits.
     usnet_ring::maybe_run_child();
+    usnet_nicemu::maybe_run_child();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Up(a) => up::run(*a),
@@ -81,8 +84,10 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a),
         Cmd::Bench(BenchCmd::TcpPeer(a)) => usnet_bench::tcp::run_peer(&a),
-        Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),
-        Cmd::Bench(BenchCmd::Nic(a)) => usnet_nicemu::run_bench(&a).map(|()| ExitCode::SUCCESS),
+        Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
+        Cmd::Bench(BenchCmd::Nic(a)) => {
+            usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)
+        }
         Cmd::Bench(BenchCmd::AsyncSyscall(a)) => {
             usnet_bench::async_syscall::run(&a.into()).map(|()| ExitCode::SUCCESS)
         }
