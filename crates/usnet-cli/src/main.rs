@@ -50,16 +50,10 @@ enum Cmd {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// UDP packets/s over the shm link vs Linux loopback (send/recv and sendmmsg/recvmmsg).
-    Udp(usnet_bench::udp::UdpBenchArgs),
-    /// One end of `bench udp` (started by it).
-    #[command(hide = true)]
-    UdpPeer(usnet_bench::udp::UdpPeerArgs),
+    Udp(bench::UdpArgs),
     /// TCP bulk throughput and request/response latency: usnet over shm and TAP vs
     /// Linux over loopback and veth.
-    Tcp(usnet_bench::tcp::TcpBenchArgs),
-    /// One end of `bench tcp` (started by it).
-    #[command(hide = true)]
-    TcpPeer(usnet_bench::tcp::TcpPeerArgs),
+    Tcp(bench::TcpArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
@@ -68,9 +62,10 @@ enum BenchCmd {
 
 fn main() -> ExitCode {
     // A process a benchmark started as its peer (the ring's exec peer, the emulated
-    // NIC's device side) runs that role and exits.
+    // NIC's device side, a udp/tcp bench end) runs that role and exits.
     usnet_ring::maybe_run_child();
     usnet_nicemu::maybe_run_child();
+    usnet_bench::peer::maybe_run_peer();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Up(a) => up::run(*a),
@@ -80,10 +75,8 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),
-        Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
-        Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
-        Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a),
-        Cmd::Bench(BenchCmd::TcpPeer(a)) => usnet_bench::tcp::run_peer(&a),
+        Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
+        Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)
