@@ -201,7 +201,7 @@ fn ring_batch(
             a.poll_batch(out, usize::MAX);
             caller += t.elapsed().as_nanos() as f64;
         } else {
-            a.wait(out, 1, None)?;
+            a.wait(out, 1, Some(Duration::from_secs(10)))?;
         }
     }
     Ok((t0.elapsed().as_nanos() as f64, caller))
@@ -559,6 +559,37 @@ fn check(c: &Completion) {
     assert_eq!(c.result, want, "transport result mismatch for {i}");
 }
 
+/// The exec peer process: killed if the run ends early (it would serve the ring
+/// forever), and given a deadline to exit after `Ring::exit`.
+struct PeerChild(std::process::Child);
+
+impl PeerChild {
+    fn finish(&mut self) -> Result<(), BoxErr> {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.0.try_wait()? {
+                return if st.success() {
+                    Ok(())
+                } else {
+                    Err(format!("ring peer failed: {st}").into())
+                };
+            }
+            if Instant::now() >= end {
+                return Err("ring peer did not exit within 10 s of the ring's exit".into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for PeerChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            crate::kill_and_reap(&mut self.0, Duration::from_secs(5));
+        }
+    }
+}
+
 fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
     let policy = if spin {
         WaitPolicy::SPIN
@@ -567,12 +598,12 @@ fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
     };
     let ring = Ring::with_policy(1024, policy)?;
     let mode = if spin { "spin" } else { "adaptive" };
-    let mut child = spawn_child(
+    let mut child = PeerChild(spawn_child(
         &ring,
         "echo",
         &format!("{mode}:{}:{}", batch.min(64), pin_arg()),
         &[],
-    )?;
+    )?);
     let mut out = Vec::with_capacity(1024);
     let mut calls = Vec::with_capacity(batch);
     let depth = (4 * batch as u32).clamp(batch as u32, 1024);
@@ -591,6 +622,9 @@ fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
                     Ok(m) => k += m,
                     Err(Error::Full) => {
                         ring.poll_batch(&mut out, usize::MAX);
+                        if t.elapsed() > Duration::from_secs(60) {
+                            return Err("transport throughput run took more than 60 s".into());
+                        }
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -608,7 +642,7 @@ fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
     }
     let ops = total as f64 / t.elapsed().as_secs_f64();
     ring.exit(ExitMode::Drain);
-    child.wait()?;
+    child.finish()?;
     Ok(ops)
 }
 
@@ -621,7 +655,12 @@ fn latency(samples: usize, policy: WaitPolicy) -> Result<Vec<f64>, BoxErr> {
     } else {
         "adaptive"
     };
-    let mut child = spawn_child(&ring, "echo", &format!("{mode}:1:{}", pin_arg()), &[])?;
+    let mut child = PeerChild(spawn_child(
+        &ring,
+        "echo",
+        &format!("{mode}:1:{}", pin_arg()),
+        &[],
+    )?);
     ring.submit(&echo_call(0))?;
     check(&ring.wait_one(Some(Duration::from_secs(10)))?);
     let mut lat = Vec::with_capacity(samples);
@@ -636,7 +675,7 @@ fn latency(samples: usize, policy: WaitPolicy) -> Result<Vec<f64>, BoxErr> {
         }
     }
     ring.exit(ExitMode::Drain);
-    child.wait()?;
+    child.finish()?;
     lat.sort_by(f64::total_cmp);
     Ok(lat)
 }

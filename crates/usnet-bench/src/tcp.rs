@@ -814,11 +814,38 @@ fn lat_summary(lat: &mut [f64]) -> (f64, f64) {
     (percentile(lat, 50.0), percentile(lat, 99.0))
 }
 
+/// Accepts one connection, waiting at most `timeout` for it.
+fn accept_within(l: &StdListener, timeout: Duration) -> Res<StdStream> {
+    l.set_nonblocking(true)?;
+    let end = Instant::now() + timeout;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= end {
+                    return Err(format!("no client connected within {timeout:?}").into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Reads and writes of a Linux peer fail after this much silence (a peer that died).
+fn idle_limit(a: &TcpPeerOptions) -> Option<Duration> {
+    Some(Duration::from_secs_f64(a.seconds + 15.0))
+}
+
 fn linux_server(a: &TcpPeerOptions) -> Res<Value> {
     let l = StdListener::bind(SocketAddr::new(a.addr.parse()?, 0))?;
     emit(&json!({"ready": true, "port": l.local_addr()?.port()}));
-    let (mut s, _) = l.accept()?;
-    s.set_read_timeout(Some(Duration::from_secs_f64(a.seconds + 15.0)))?;
+    let mut s = accept_within(&l, Duration::from_secs(30))?;
+    s.set_read_timeout(idle_limit(a))?;
+    s.set_write_timeout(idle_limit(a))?;
     match a.test {
         Test::Bulk => {
             let mut buf = vec![0u8; a.size];
@@ -861,7 +888,8 @@ fn linux_server(a: &TcpPeerOptions) -> Res<Value> {
 fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
     let to: SocketAddr = a.target.as_deref().ok_or("--target")?.parse()?;
     let mut s = StdStream::connect_timeout(&to, Duration::from_secs(10))?;
-    s.set_read_timeout(Some(Duration::from_secs_f64(a.seconds + 15.0)))?;
+    s.set_read_timeout(idle_limit(a))?;
+    s.set_write_timeout(idle_limit(a))?;
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     match a.test {
         Test::Bulk => {

@@ -1128,11 +1128,14 @@ mod tests {
         let n = name("perf");
         let mut a = ShmDevice::open(&n, &ShmConfig::default()).unwrap();
         let mut b = ShmDevice::open(&n, &ShmConfig::default()).unwrap();
+        // Nothing is lost on a shm link, but every loop still has a deadline.
+        let deadline = Instant::now() + Duration::from_secs(120);
         let rx = std::thread::spawn(move || {
             let mut p = pool(4096, 2048);
             let mut got = Vec::with_capacity(64);
             let mut count = 0u64;
             while count < N {
+                assert!(Instant::now() < deadline, "receiver stuck at {count}");
                 if b.rx_burst(&mut p, &mut got, 64).unwrap() == 0 {
                     b.wait(Some(Duration::from_millis(100))).unwrap();
                 }
@@ -1147,6 +1150,7 @@ mod tests {
         let start = Instant::now();
         let mut sent = 0u64;
         while sent < N {
+            assert!(Instant::now() < deadline, "sender stuck at {sent}");
             while q.len() < 64 {
                 q.push_back(p.alloc_from(&[0x5a; 64]).unwrap());
             }

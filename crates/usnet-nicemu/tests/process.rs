@@ -60,7 +60,18 @@ fn device_process_dies_mid_run_and_link_goes_down() {
             "no link down after the device died"
         );
     }
-    let status = child.wait().unwrap();
+    // The device side aborted (that is how the link went down): reap it, with a deadline.
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            panic!("the device side did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     assert!(!status.success(), "the device side aborted");
     // Frames placed before the death are all there.
     out.clear();
