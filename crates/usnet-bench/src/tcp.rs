@@ -33,18 +33,15 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
-use usnet_link::shm::{ShmConfig, ShmDevice};
-use usnet_link::tap::{TapConfig, TapDevice};
-use usnet_link::{Device, LinkState};
+use usnet_link::{Device, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PktBuf, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot, median, percentile, write_json, Table};
 use usnet_stack::{
     mac_from_seed, Instant as StackInstant, SocketHandle, Stack, StackConfig, StackError,
 };
 
-use crate::peer::{emit, Peer};
+use crate::peer::{emit, Peer, PeerSpec, PEER_READY};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -58,59 +55,61 @@ const PORT: u16 = 9000;
 const STRIDE: usize = 1024;
 const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
-#[derive(Args, Debug, Clone)]
-pub struct TcpBenchArgs {
+/// Options of `usnet bench tcp` (the CLI owns the flags).
+#[derive(Debug, Clone)]
+pub struct TcpBenchOptions {
     /// Directory for tcp.json, tcp.md, tcp.png and tcp-rr.png.
-    #[arg(long, default_value = "bench-out/tcp")]
     pub out: PathBuf,
     /// Runs per configuration (the tables show medians).
-    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Seconds per run.
-    #[arg(long, default_value_t = 3.0)]
     pub seconds: f64,
     /// Bulk message (write) sizes in bytes, multiples of 1024.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1024,16384,65536,1048576"
-    )]
     pub sizes: Vec<usize>,
     /// Request/response message sizes in bytes.
-    #[arg(long, value_delimiter = ',', default_value = "1,64")]
     pub rr_sizes: Vec<usize>,
     /// One short run per configuration (for CI smoke tests, under a minute).
-    #[arg(long)]
     pub quick: bool,
     /// Check every byte of the bulk streams (default: byte counts plus a stamp per KiB).
-    #[arg(long)]
     pub verify: bool,
     /// Skip the configurations that need root (veth, TAP) even when root.
-    #[arg(long)]
     pub no_root: bool,
-    /// Only these configurations (comma-separated short names: usnet-shm, linux-lo,
-    /// linux-veth, usnet-tap-tx, usnet-tap-rx).
-    #[arg(long, value_delimiter = ',')]
+    /// Only these configurations (short names: usnet-shm, linux-lo, linux-veth,
+    /// usnet-tap-tx, usnet-tap-rx); empty: all.
     pub only: Vec<String>,
     /// Skip the request/response part.
-    #[arg(long)]
     pub no_rr: bool,
     /// Skip the bulk part.
-    #[arg(long)]
     pub no_bulk: bool,
     /// TAP without TCP segmentation offload (usnet sends MTU-sized frames and the
     /// kernel sends it MTU-sized frames), to measure what TSO/GSO brings.
-    #[arg(long)]
     pub no_tso: bool,
     /// How long a usnet end on a TAP keeps polling its device after the last frame
-    /// before it sleeps on it, in microseconds. On a machine with few cores a spinning
-    /// end takes the core its Linux peer's kernel work needs; never sleeping is
-    /// `--spin-us 1000000`. Ends on shm always poll.
-    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
+    /// before it sleeps on it, in microseconds. Ends on shm always poll.
     pub spin_us: u64,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+impl Default for TcpBenchOptions {
+    fn default() -> Self {
+        TcpBenchOptions {
+            out: PathBuf::from("bench-out/tcp"),
+            runs: 3,
+            seconds: 3.0,
+            sizes: vec![1024, 16384, 65536, 1 << 20],
+            rr_sizes: vec![1, 64],
+            quick: false,
+            verify: false,
+            no_root: false,
+            only: Vec::new(),
+            no_rr: false,
+            no_bulk: false,
+            no_tso: false,
+            spin_us: DEFAULT_SPIN_US,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PeerRole {
     UsnetServer,
     UsnetClient,
@@ -118,46 +117,34 @@ pub enum PeerRole {
     LinuxClient,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Test {
     Bulk,
     Rr,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct TcpPeerArgs {
-    #[arg(long, value_enum)]
+/// One end of a run, in a child process (see [`crate::peer`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TcpPeerOptions {
     pub role: PeerRole,
-    #[arg(long, value_enum)]
     pub test: Test,
     /// usnet: shm:NAME or tap:IF.
-    #[arg(long)]
     pub link: Option<String>,
     /// usnet: the stack's address; Linux server: the address to bind.
-    #[arg(long)]
     pub addr: String,
     /// Client: the server's address:port.
-    #[arg(long)]
     pub target: Option<String>,
     /// tap: the host side's CIDR.
-    #[arg(long)]
     pub host_addr: Option<String>,
-    #[arg(long)]
     pub size: usize,
-    #[arg(long)]
     pub seconds: f64,
-    #[arg(long, default_value_t = STRIDE)]
     pub stride: usize,
-    #[arg(long)]
     pub core: Option<usize>,
     /// tap: negotiate TSO (GSO frames both ways) and let the stack emit them.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub tso: bool,
     /// Enter this network namespace (/run/netns/NAME) first.
-    #[arg(long)]
     pub netns: Option<String>,
     /// usnet: microseconds of polling after the last frame before sleeping.
-    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
     pub spin_us: u64,
 }
 
@@ -275,7 +262,7 @@ struct Run {
     retransmits: u64,
 }
 
-pub fn run(a: &TcpBenchArgs) -> Res<ExitCode> {
+pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
     let (runs, seconds) = if a.quick {
         (1, 0.4)
     } else {
@@ -608,45 +595,24 @@ fn human(n: usize) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn peer_args(
-    role: &str,
-    test: Test,
-    size: usize,
-    seconds: f64,
-    stride: usize,
-    core: usize,
-    spin_us: u64,
-    extra: &[(&str, String)],
-) -> Vec<String> {
-    let mut v: Vec<String> = vec![
-        "bench".into(),
-        "tcp-peer".into(),
-        "--role".into(),
-        role.into(),
-        "--test".into(),
-        match test {
-            Test::Bulk => "bulk",
-            Test::Rr => "rr",
-        }
-        .into(),
-        "--size".into(),
-        size.to_string(),
-        "--seconds".into(),
-        seconds.to_string(),
-        "--stride".into(),
-        stride.to_string(),
-        "--spin-us".into(),
-        spin_us.to_string(),
-    ];
-    for (k, val) in extra {
-        v.push(format!("--{k}"));
-        v.push(val.clone());
+/// A peer with the settings every run shares; the caller fills in its link,
+/// addresses and namespace.
+fn peer(role: PeerRole, test: Test, size: usize, core: usize, o: &RunOpts) -> TcpPeerOptions {
+    TcpPeerOptions {
+        role,
+        test,
+        link: None,
+        addr: String::new(),
+        target: None,
+        host_addr: None,
+        size,
+        seconds: o.seconds,
+        stride: o.stride,
+        core: (crate::cpus() >= 2).then_some(core),
+        tso: false,
+        netns: None,
+        spin_us: o.spin_us,
     }
-    if crate::cpus() >= 2 {
-        v.extend(["--core".into(), core.to_string()]);
-    }
-    v
 }
 
 /// What every run of one bench invocation shares.
@@ -662,93 +628,78 @@ struct RunOpts<'a> {
 
 fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
     let RunOpts {
-        seconds,
-        stride,
-        ns,
-        tso,
-        spin_us,
+        seconds, ns, tso, ..
     } = *o;
     let pid = std::process::id();
     let shm = format!("shm:bench-tcp-{pid}");
     let tap = format!("tap:usnbt{}", pid % 100_000);
     let host_cidr = format!("{TAP_HOST}/24");
-    // (server role, server extra args, client role, client extra args given the port)
-    let (srole, sextra, crole): (&str, Vec<(&str, String)>, &str) = match sys {
-        Sys::UsnetShm => (
-            "usnet-server",
-            vec![("link", shm.clone()), ("addr", SHM_ADDR[1].into())],
-            "usnet-client",
-        ),
-        Sys::LinuxLo => (
-            "linux-server",
-            vec![("addr", "127.0.0.1".into())],
-            "linux-client",
-        ),
-        Sys::LinuxVeth => {
-            let ns = ns.ok_or("no veth")?;
-            (
-                "linux-server",
-                vec![("addr", VETH_ADDR[1].into()), ("netns", ns[1].clone())],
-                "linux-client",
-            )
-        }
-        Sys::UsnetTapTx => (
-            "linux-server",
-            vec![("addr", "0.0.0.0".into())],
-            "usnet-client",
-        ),
-        Sys::UsnetTapRx => (
-            "usnet-server",
-            vec![
-                ("link", tap.clone()),
-                ("addr", TAP_USNET.into()),
-                ("host-addr", host_cidr.clone()),
-                ("tso", tso.to_string()),
-            ],
-            "linux-client",
-        ),
+    let server = match sys {
+        Sys::UsnetShm => TcpPeerOptions {
+            link: Some(shm.clone()),
+            addr: SHM_ADDR[1].into(),
+            ..peer(PeerRole::UsnetServer, test, size, 1, o)
+        },
+        Sys::LinuxLo => TcpPeerOptions {
+            addr: "127.0.0.1".into(),
+            ..peer(PeerRole::LinuxServer, test, size, 1, o)
+        },
+        Sys::LinuxVeth => TcpPeerOptions {
+            addr: VETH_ADDR[1].into(),
+            netns: Some(ns.ok_or("no veth")?[1].clone()),
+            ..peer(PeerRole::LinuxServer, test, size, 1, o)
+        },
+        Sys::UsnetTapTx => TcpPeerOptions {
+            addr: "0.0.0.0".into(),
+            ..peer(PeerRole::LinuxServer, test, size, 1, o)
+        },
+        Sys::UsnetTapRx => TcpPeerOptions {
+            link: Some(tap.clone()),
+            addr: TAP_USNET.into(),
+            host_addr: Some(host_cidr.clone()),
+            tso,
+            ..peer(PeerRole::UsnetServer, test, size, 1, o)
+        },
     };
-    let mut server = Peer::spawn(&peer_args(
-        srole, test, size, seconds, stride, 1, spin_us, &sextra,
-    ))?;
-    let ready = server.read()?;
+    let mut server = Peer::spawn(&PeerSpec::Tcp(server))?;
+    let ready = server.read(PEER_READY)?;
     let port = ready["port"].as_u64().ok_or("server sent no port")?;
-    let cextra: Vec<(&str, String)> = match sys {
-        Sys::UsnetShm => vec![
-            ("link", shm),
-            ("addr", SHM_ADDR[0].into()),
-            ("target", format!("{}:{port}", SHM_ADDR[1])),
-        ],
-        Sys::LinuxLo => vec![
-            ("addr", "127.0.0.1".into()),
-            ("target", format!("127.0.0.1:{port}")),
-        ],
-        Sys::LinuxVeth => {
-            let ns = ns.ok_or("no veth")?;
-            vec![
-                ("addr", VETH_ADDR[0].into()),
-                ("target", format!("{}:{port}", VETH_ADDR[1])),
-                ("netns", ns[0].clone()),
-            ]
-        }
-        Sys::UsnetTapTx => vec![
-            ("link", tap),
-            ("addr", TAP_USNET.into()),
-            ("host-addr", host_cidr),
-            ("target", format!("{TAP_HOST}:{port}")),
-            ("tso", tso.to_string()),
-        ],
-        Sys::UsnetTapRx => vec![
-            ("addr", TAP_HOST.into()),
-            ("target", format!("{TAP_USNET}:{port}")),
-        ],
+    let client = match sys {
+        Sys::UsnetShm => TcpPeerOptions {
+            link: Some(shm),
+            addr: SHM_ADDR[0].into(),
+            target: Some(format!("{}:{port}", SHM_ADDR[1])),
+            ..peer(PeerRole::UsnetClient, test, size, 0, o)
+        },
+        Sys::LinuxLo => TcpPeerOptions {
+            addr: "127.0.0.1".into(),
+            target: Some(format!("127.0.0.1:{port}")),
+            ..peer(PeerRole::LinuxClient, test, size, 0, o)
+        },
+        Sys::LinuxVeth => TcpPeerOptions {
+            addr: VETH_ADDR[0].into(),
+            target: Some(format!("{}:{port}", VETH_ADDR[1])),
+            netns: Some(ns.ok_or("no veth")?[0].clone()),
+            ..peer(PeerRole::LinuxClient, test, size, 0, o)
+        },
+        Sys::UsnetTapTx => TcpPeerOptions {
+            link: Some(tap),
+            addr: TAP_USNET.into(),
+            host_addr: Some(host_cidr),
+            target: Some(format!("{TAP_HOST}:{port}")),
+            tso,
+            ..peer(PeerRole::UsnetClient, test, size, 0, o)
+        },
+        Sys::UsnetTapRx => TcpPeerOptions {
+            addr: TAP_HOST.into(),
+            target: Some(format!("{TAP_USNET}:{port}")),
+            ..peer(PeerRole::LinuxClient, test, size, 0, o)
+        },
     };
-    let mut client = Peer::spawn(&peer_args(
-        crole, test, size, seconds, stride, 0, spin_us, &cextra,
-    ))?;
-    let cr = client.read()?;
-    let sr = server.read()?;
+    let mut client = Peer::spawn(&PeerSpec::Tcp(client))?;
     let limit = Duration::from_secs_f64(seconds + 20.0);
+    let cr = client.read(limit + PEER_READY)?;
+    let sr = server.read(limit + PEER_READY)?;
     client.finish(limit)?;
     server.finish(limit)?;
     if let Some(e) = cr["error"].as_str().or(sr["error"].as_str()) {
@@ -828,7 +779,7 @@ fn stamp_check(buf: &[u8], off: u64, stride: usize) -> Option<u64> {
 // ------------------------------------------------------------------ peers
 
 /// Entry point of a child process.
-pub fn run_peer(a: &TcpPeerArgs) -> Res<ExitCode> {
+pub fn run_peer(a: &TcpPeerOptions) -> Res<ExitCode> {
     if let Some(ns) = &a.netns {
         enter_netns(ns)?;
     }
@@ -863,11 +814,38 @@ fn lat_summary(lat: &mut [f64]) -> (f64, f64) {
     (percentile(lat, 50.0), percentile(lat, 99.0))
 }
 
-fn linux_server(a: &TcpPeerArgs) -> Res<Value> {
+/// Accepts one connection, waiting at most `timeout` for it.
+fn accept_within(l: &StdListener, timeout: Duration) -> Res<StdStream> {
+    l.set_nonblocking(true)?;
+    let end = Instant::now() + timeout;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= end {
+                    return Err(format!("no client connected within {timeout:?}").into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Reads and writes of a Linux peer fail after this much silence (a peer that died).
+fn idle_limit(a: &TcpPeerOptions) -> Option<Duration> {
+    Some(Duration::from_secs_f64(a.seconds + 15.0))
+}
+
+fn linux_server(a: &TcpPeerOptions) -> Res<Value> {
     let l = StdListener::bind(SocketAddr::new(a.addr.parse()?, 0))?;
     emit(&json!({"ready": true, "port": l.local_addr()?.port()}));
-    let (mut s, _) = l.accept()?;
-    s.set_read_timeout(Some(Duration::from_secs_f64(a.seconds + 15.0)))?;
+    let mut s = accept_within(&l, Duration::from_secs(30))?;
+    s.set_read_timeout(idle_limit(a))?;
+    s.set_write_timeout(idle_limit(a))?;
     match a.test {
         Test::Bulk => {
             let mut buf = vec![0u8; a.size];
@@ -907,10 +885,11 @@ fn linux_server(a: &TcpPeerArgs) -> Res<Value> {
     }
 }
 
-fn linux_client(a: &TcpPeerArgs) -> Res<Value> {
+fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
     let to: SocketAddr = a.target.as_deref().ok_or("--target")?.parse()?;
     let mut s = StdStream::connect_timeout(&to, Duration::from_secs(10))?;
-    s.set_read_timeout(Some(Duration::from_secs_f64(a.seconds + 15.0)))?;
+    s.set_read_timeout(idle_limit(a))?;
+    s.set_write_timeout(idle_limit(a))?;
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     match a.test {
         Test::Bulk => {
@@ -968,30 +947,24 @@ struct App {
 }
 
 impl App {
-    fn open(a: &TcpPeerArgs) -> Res<App> {
-        let link = a.link.as_deref().ok_or("--link")?;
-        let (kind, name) = link.split_once(':').ok_or("link: shm:NAME or tap:IF")?;
-        let shm = kind == "shm";
+    fn open(a: &TcpPeerOptions) -> Res<App> {
+        let link: LinkSpec = a.link.as_deref().ok_or("--link")?.parse()?;
+        let shm = match &link {
+            LinkSpec::Shm(_) => true,
+            LinkSpec::Tap(_) => false,
+            other => return Err(format!("bench tcp runs on shm or tap links, not {other}").into()),
+        };
         // Pool buffers of 64 KiB: one jumbo frame (shm) or one GSO frame (TAP with TSO).
         let big = shm || a.tso;
-        let dev: Box<dyn Device> = match kind {
-            "shm" => Box::new(ShmDevice::open(
-                name,
-                &ShmConfig {
-                    mtu: Some(SHM_MTU),
-                    ..ShmConfig::default()
-                },
-            )?),
-            "tap" => Box::new(TapDevice::open(
-                name,
-                &TapConfig {
-                    mtu: None,
-                    host_addrs: a.host_addr.iter().cloned().collect(),
-                    tso: a.tso,
-                },
-            )?),
-            _ => return Err(format!("unknown link kind {kind}").into()),
-        };
+        let dev = usnet_link::open(
+            &link,
+            &LinkOptions {
+                mtu: shm.then_some(SHM_MTU),
+                tap_host_addrs: a.host_addr.iter().cloned().collect(),
+                tso: a.tso,
+                ..LinkOptions::default()
+            },
+        )?;
         let caps = dev.caps();
         let mut tcp = StackConfig::default().tcp;
         if shm {
@@ -1134,7 +1107,7 @@ fn would_block<T>(r: Result<T, StackError>) -> Result<Option<T>, StackError> {
     }
 }
 
-fn usnet_peer(a: &TcpPeerArgs) -> Res<Value> {
+fn usnet_peer(a: &TcpPeerOptions) -> Res<Value> {
     let mut app = App::open(a)?;
     let wait = Duration::from_secs_f64(a.seconds + 15.0);
     let h = if a.role == PeerRole::UsnetServer {
@@ -1168,7 +1141,7 @@ fn usnet_peer(a: &TcpPeerArgs) -> Res<Value> {
 fn usnet_bulk_server(
     app: &mut App,
     h: SocketHandle,
-    a: &TcpPeerArgs,
+    a: &TcpPeerOptions,
     wait: Duration,
 ) -> Res<Value> {
     let mut buf = vec![0u8; a.size];
@@ -1204,7 +1177,7 @@ fn usnet_bulk_server(
 fn usnet_bulk_client(
     app: &mut App,
     h: SocketHandle,
-    a: &TcpPeerArgs,
+    a: &TcpPeerOptions,
     wait: Duration,
 ) -> Res<Value> {
     let mut buf = vec![0u8; a.size];
@@ -1290,7 +1263,12 @@ fn usnet_write_all(app: &mut App, h: SocketHandle, buf: &[u8]) -> Res<()> {
     Ok(())
 }
 
-fn usnet_rr_server(app: &mut App, h: SocketHandle, a: &TcpPeerArgs, wait: Duration) -> Res<Value> {
+fn usnet_rr_server(
+    app: &mut App,
+    h: SocketHandle,
+    a: &TcpPeerOptions,
+    wait: Duration,
+) -> Res<Value> {
     app.stack.tcp_set_nodelay(h, true)?;
     let mut buf = vec![0u8; a.size];
     let end = Instant::now() + wait;
@@ -1302,7 +1280,12 @@ fn usnet_rr_server(app: &mut App, h: SocketHandle, a: &TcpPeerArgs, wait: Durati
     Ok(json!({"transactions": n, "retransmits": app.retransmits(h)}))
 }
 
-fn usnet_rr_client(app: &mut App, h: SocketHandle, a: &TcpPeerArgs, wait: Duration) -> Res<Value> {
+fn usnet_rr_client(
+    app: &mut App,
+    h: SocketHandle,
+    a: &TcpPeerOptions,
+    wait: Duration,
+) -> Res<Value> {
     app.stack.tcp_set_nodelay(h, true)?;
     let mut req = vec![0u8; a.size];
     let mut resp = vec![0u8; a.size];

@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 use usnet_link::shm::{ShmConfig, ShmDevice};
 use usnet_link::{Device, LinkState};
@@ -22,30 +21,38 @@ use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot, median, write_json, Table};
 use usnet_stack::{mac_from_seed, Instant as StackInstant, Stack, StackConfig, StackError};
 
-use crate::peer::{emit, Peer};
+use crate::peer::{emit, Peer, PeerSpec, PEER_READY};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-#[derive(Args, Debug, Clone)]
-pub struct UdpBenchArgs {
+/// Options of `usnet bench udp` (the CLI owns the flags).
+#[derive(Debug, Clone)]
+pub struct UdpBenchOptions {
     /// Directory for udp.json, udp.md and udp.png.
-    #[arg(long, default_value = "bench-out/udp")]
     pub out: PathBuf,
     /// Runs per configuration (the table shows medians).
-    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Seconds the sender sends per run.
-    #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
     /// Datagram payload sizes.
-    #[arg(long, value_delimiter = ',', default_value = "64,1472")]
     pub sizes: Vec<usize>,
     /// One short run per configuration (for CI smoke tests).
-    #[arg(long)]
     pub quick: bool,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+impl Default for UdpBenchOptions {
+    fn default() -> Self {
+        UdpBenchOptions {
+            out: PathBuf::from("bench-out/udp"),
+            runs: 3,
+            seconds: 2.0,
+            sizes: vec![64, 1472],
+            quick: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Role {
     UsnetRx,
     UsnetTx,
@@ -53,26 +60,21 @@ pub enum Role {
     LinuxTx,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LinuxMode {
     Plain,
     Mmsg,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct UdpPeerArgs {
-    #[arg(long, value_enum)]
+/// One end of a run, in a child process (see [`crate::peer`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct UdpPeerOptions {
     pub role: Role,
-    #[arg(long, value_enum, default_value = "plain")]
     pub mode: LinuxMode,
-    #[arg(long)]
     pub size: usize,
-    #[arg(long)]
     pub seconds: f64,
     /// shm link name (usnet) or the receiver's port (Linux).
-    #[arg(long)]
     pub target: String,
-    #[arg(long)]
     pub core: Option<usize>,
 }
 
@@ -103,7 +105,7 @@ struct RunResult {
     pps: f64,
 }
 
-pub fn run(a: &UdpBenchArgs) -> Res<ExitCode> {
+pub fn run(a: &UdpBenchOptions) -> Res<ExitCode> {
     let (runs, seconds) = if a.quick {
         (1, 0.5)
     } else {
@@ -222,40 +224,33 @@ fn med_pps(results: &[(usize, System, Vec<RunResult>)], size: usize, sys: System
     }
 }
 
-fn peer_args(
-    role: &str,
-    mode: &str,
+fn peer(
+    role: Role,
+    mode: LinuxMode,
     size: usize,
     seconds: f64,
     target: &str,
     core: usize,
-) -> Vec<String> {
-    let mut v: Vec<String> = ["bench", "udp-peer", "--role", role, "--mode", mode]
-        .map(String::from)
-        .to_vec();
-    v.extend([
-        "--size".into(),
-        size.to_string(),
-        "--seconds".into(),
-        seconds.to_string(),
-        "--target".into(),
-        target.into(),
-    ]);
-    if crate::cpus() >= 2 {
-        v.extend(["--core".into(), core.to_string()]);
-    }
-    v
+) -> PeerSpec {
+    PeerSpec::Udp(UdpPeerOptions {
+        role,
+        mode,
+        size,
+        seconds,
+        target: target.to_string(),
+        core: (crate::cpus() >= 2).then_some(core),
+    })
 }
 
 fn one_run(sys: System, size: usize, seconds: f64) -> Res<RunResult> {
     let (rx_role, tx_role, mode) = match sys {
-        System::Usnet => ("usnet-rx", "usnet-tx", "plain"),
-        System::LinuxPlain => ("linux-rx", "linux-tx", "plain"),
-        System::LinuxMmsg => ("linux-rx", "linux-tx", "mmsg"),
+        System::Usnet => (Role::UsnetRx, Role::UsnetTx, LinuxMode::Plain),
+        System::LinuxPlain => (Role::LinuxRx, Role::LinuxTx, LinuxMode::Plain),
+        System::LinuxMmsg => (Role::LinuxRx, Role::LinuxTx, LinuxMode::Mmsg),
     };
     let tag = format!("bench-udp-{}", std::process::id());
-    let mut rx = Peer::spawn(&peer_args(rx_role, mode, size, seconds, &tag, 1))?;
-    let ready = rx.read()?;
+    let mut rx = Peer::spawn(&peer(rx_role, mode, size, seconds, &tag, 1))?;
+    let ready = rx.read(PEER_READY)?;
     let target = match sys {
         System::Usnet => tag,
         _ => ready["port"]
@@ -263,9 +258,10 @@ fn one_run(sys: System, size: usize, seconds: f64) -> Res<RunResult> {
             .ok_or("receiver sent no port")?
             .to_string(),
     };
-    let mut tx = Peer::spawn(&peer_args(tx_role, mode, size, seconds, &target, 0))?;
-    let txr = tx.read()?;
-    let rxr = rx.read()?;
+    let mut tx = Peer::spawn(&peer(tx_role, mode, size, seconds, &target, 0))?;
+    let result = Duration::from_secs_f64(seconds) + PEER_READY;
+    let txr = tx.read(result)?;
+    let rxr = rx.read(result)?;
     tx.finish(Duration::from_secs(10))?;
     rx.finish(Duration::from_secs(10))?;
     let received = rxr["received"].as_u64().unwrap_or(0);
@@ -282,7 +278,7 @@ fn one_run(sys: System, size: usize, seconds: f64) -> Res<RunResult> {
 }
 
 /// Entry point of a child process.
-pub fn run_peer(a: &UdpPeerArgs) -> Res<ExitCode> {
+pub fn run_peer(a: &UdpPeerOptions) -> Res<ExitCode> {
     if let Some(c) = a.core {
         crate::pin_to_core(c);
     }
@@ -298,7 +294,7 @@ pub fn run_peer(a: &UdpPeerArgs) -> Res<ExitCode> {
 
 // ------------------------------------------------------------------ Linux
 
-fn linux_rx(a: &UdpPeerArgs) -> Res<Value> {
+fn linux_rx(a: &UdpPeerOptions) -> Res<Value> {
     let sock = StdUdp::bind("127.0.0.1:0")?;
     emit(&json!({"ready": true, "port": sock.local_addr()?.port()}));
     sock.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -375,7 +371,7 @@ fn recvmmsg(fd: i32, bufs: &mut [[u8; 2048]]) -> Res<usize> {
     Ok(n as usize)
 }
 
-fn linux_tx(a: &UdpPeerArgs) -> Res<Value> {
+fn linux_tx(a: &UdpPeerOptions) -> Res<Value> {
     let port: u16 = a.target.parse()?;
     let sock = StdUdp::bind("127.0.0.1:0")?;
     sock.connect(("127.0.0.1", port))?;
@@ -461,7 +457,7 @@ fn turn(
     Ok(n)
 }
 
-fn usnet_rx(a: &UdpPeerArgs) -> Res<Value> {
+fn usnet_rx(a: &UdpPeerOptions) -> Res<Value> {
     let mut dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
     let mut stack = bench_stack(RX_ADDR, 2, &dev)?;
     let sock = stack.udp_bind(SocketAddr::new(RX_ADDR.parse()?, PORT))?;
@@ -503,7 +499,7 @@ fn usnet_rx(a: &UdpPeerArgs) -> Res<Value> {
     }))
 }
 
-fn usnet_tx(a: &UdpPeerArgs) -> Res<Value> {
+fn usnet_tx(a: &UdpPeerOptions) -> Res<Value> {
     let mut dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
     let mut stack = bench_stack("10.88.0.1", 1, &dev)?;
     let sock = stack.udp_bind("0.0.0.0:0".parse()?)?;

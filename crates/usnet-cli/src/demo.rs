@@ -82,7 +82,14 @@ impl Drop for ChildGuard {
         if let Ok(None) = self.0.try_wait() {
             let _ = self.0.kill();
         }
-        let _ = self.0.wait();
+        // Reap it, but never wait without a deadline.
+        let end = Instant::now() + Duration::from_secs(5);
+        while let Ok(None) = self.0.try_wait() {
+            if Instant::now() >= end {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -347,6 +354,15 @@ fn tcp_echo_step(net: &NetStack, to: SocketAddr, total: u64) -> Row {
                 )));
             }
             got += n as u64;
+        }
+        // EOF came back, so the writer has shut down its side; the deadline only
+        // guards against a writer stuck in a send the peer never drains.
+        let end = Instant::now() + Duration::from_secs(10);
+        while !w.is_finished() {
+            if Instant::now() >= end {
+                return Err(std::io::Error::other("the writer is stuck"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
         w.join()
             .map_err(|_| std::io::Error::other("writer panicked"))??;

@@ -1,8 +1,10 @@
 //! `usnet`: the one entry point for users.
 
+mod bench;
 mod ctl;
 mod demo;
 mod get;
+mod nicemu;
 mod perf;
 mod up;
 
@@ -39,7 +41,7 @@ enum Cmd {
     Get(get::GetArgs),
     /// Play the emulated NIC's device side: build frames, place them in the RX ring
     /// and raise interrupts at a chosen interval and count.
-    Nicemu(usnet_nicemu::NicemuArgs),
+    Nicemu(nicemu::NicemuArgs),
     /// Benchmarks against Linux on this machine.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -48,25 +50,22 @@ enum Cmd {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// UDP packets/s over the shm link vs Linux loopback (send/recv and sendmmsg/recvmmsg).
-    Udp(usnet_bench::udp::UdpBenchArgs),
-    /// One end of `bench udp` (started by it).
-    #[command(hide = true)]
-    UdpPeer(usnet_bench::udp::UdpPeerArgs),
+    Udp(bench::UdpArgs),
     /// TCP bulk throughput and request/response latency: usnet over shm and TAP vs
     /// Linux over loopback and veth.
-    Tcp(usnet_bench::tcp::TcpBenchArgs),
-    /// One end of `bench tcp` (started by it).
-    #[command(hide = true)]
-    TcpPeer(usnet_bench::tcp::TcpPeerArgs),
+    Tcp(bench::TcpArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
-    Nic(usnet_nicemu::NicBenchArgs),
+    Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
-    AsyncSyscall(usnet_ring::bench::AsyncSyscallBenchArgs),
+    AsyncSyscall(bench::AsyncSyscallArgs),
 }
 
 fn main() -> ExitCode {
-    // A process the ring benchmark started as its peer runs that role and exits.
+    // A process a benchmark started as its peer (the ring's exec peer, the emulated
+    // NIC's device side, a udp/tcp bench end) runs that role and exits.
     usnet_ring::maybe_run_child();
+    usnet_nicemu::maybe_run_child();
+    usnet_bench::peer::maybe_run_peer();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Up(a) => up::run(*a),
@@ -76,14 +75,14 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),
-        Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a),
-        Cmd::Bench(BenchCmd::UdpPeer(a)) => usnet_bench::udp::run_peer(&a),
-        Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a),
-        Cmd::Bench(BenchCmd::TcpPeer(a)) => usnet_bench::tcp::run_peer(&a),
-        Cmd::Nicemu(a) => usnet_nicemu::run_device(&a).map(|()| ExitCode::SUCCESS),
-        Cmd::Bench(BenchCmd::Nic(a)) => usnet_nicemu::run_bench(&a).map(|()| ExitCode::SUCCESS),
+        Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
+        Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
+        Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
+        Cmd::Bench(BenchCmd::Nic(a)) => {
+            usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)
+        }
         Cmd::Bench(BenchCmd::AsyncSyscall(a)) => {
-            usnet_ring::bench::run(&a).map(|()| ExitCode::SUCCESS)
+            usnet_bench::async_syscall::run(&a.into()).map(|()| ExitCode::SUCCESS)
         }
     };
     match result {

@@ -130,8 +130,13 @@ fn check(buf: &[u8], off: u64) -> Option<u64> {
 }
 
 /// What both stream kinds offer beyond Read + Write.
+/// How long a transfer may make no progress at all before it fails (a peer that died
+/// or a path that went away); nothing waits without a deadline.
+const IDLE_LIMIT: Duration = Duration::from_secs(60);
+
 trait Stream: Read + Write {
     fn shut_write(&self) -> io::Result<()>;
+    fn set_idle_limit(&mut self, d: Duration) -> io::Result<()>;
     fn retransmits(&self) -> Option<u64> {
         None
     }
@@ -150,11 +155,19 @@ impl Stream for std::net::TcpStream {
     fn shut_write(&self) -> io::Result<()> {
         self.shutdown(Shutdown::Write)
     }
+    fn set_idle_limit(&mut self, d: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(d))?;
+        self.set_write_timeout(Some(d))
+    }
 }
 
 impl Stream for usnet_runtime::TcpStream {
     fn shut_write(&self) -> io::Result<()> {
         self.shutdown(Shutdown::Write)
+    }
+    fn set_idle_limit(&mut self, d: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(d))?;
+        self.set_write_timeout(Some(d))
     }
     fn retransmits(&self) -> Option<u64> {
         self.info().ok().map(|i| i.total_retransmits)
@@ -179,6 +192,7 @@ impl Stream for usnet_runtime::TcpStream {
 }
 
 fn client_io<S: Stream>(s: &mut S, total: u64, chunk: usize, t0: Instant) -> CmdResult {
+    s.set_idle_limit(IDLE_LIMIT)?;
     s.write_all(&total.to_be_bytes())?;
     let mut buf = vec![0u8; chunk.max(1)];
     let mut sent = 0u64;
@@ -212,6 +226,7 @@ fn client_io<S: Stream>(s: &mut S, total: u64, chunk: usize, t0: Instant) -> Cmd
 
 fn server_io<S: Stream>(s: &mut S, peer: SocketAddr) -> io::Result<()> {
     let t0 = Instant::now();
+    s.set_idle_limit(IDLE_LIMIT)?;
     let mut hdr = [0u8; 8];
     s.read_exact(&mut hdr)?;
     let total = u64::from_be_bytes(hdr);

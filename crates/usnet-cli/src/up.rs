@@ -110,6 +110,7 @@ impl UpArgs {
 fn default_name(spec: &LinkSpec) -> String {
     match spec {
         LinkSpec::Tap(n) | LinkSpec::AfPacket(n) => n.clone(),
+        LinkSpec::Nic(n) => format!("nic-{n}"),
         LinkSpec::Shm(n) => {
             // The first stack on a shm link is NAME-a, the second NAME-b.
             let a = format!("{n}-a");
@@ -131,45 +132,34 @@ fn name_seed(name: &str) -> u64 {
 }
 
 /// Opens the link and starts the stack with its services (shared with `usnet demo`).
-/// What `--link` names: one of usnet-link's devices, or the emulated NIC.
-enum Link {
-    Dev(LinkSpec),
-    Nic(String),
-}
-
 pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error::Error>> {
-    let link = match args.link.strip_prefix("nic:") {
-        Some(n) if !n.is_empty() => Link::Nic(n.to_string()),
-        _ => Link::Dev(args.link.parse()?),
-    };
+    let link: LinkSpec = args.link.parse()?;
     let services: Vec<ServiceKind> = args
         .services
         .iter()
         .filter(|s| s.as_str() != "none" && !s.is_empty())
         .map(|s| s.parse::<ServiceKind>())
         .collect::<Result<_, _>>()?;
-    let name = args.name.clone().unwrap_or_else(|| match &link {
-        Link::Dev(spec) => default_name(spec),
-        Link::Nic(n) => format!("nic-{n}"),
-    });
+    let name = args.name.clone().unwrap_or_else(|| default_name(&link));
     if !usnet_runtime::control::valid_name(&name) {
         return Err(
             format!("bad stack name '{name}': use letters, digits, '-', '_' and '.'").into(),
         );
     }
-    if args.no_tso && !matches!(link, Link::Dev(LinkSpec::Tap(_))) {
+    if args.no_tso && !matches!(link, LinkSpec::Tap(_)) {
         return Err("--no-tso only applies to tap links".into());
     }
-    if !matches!(link, Link::Dev(LinkSpec::Tap(_))) && !args.host_addrs.is_empty() {
+    if !matches!(link, LinkSpec::Tap(_)) && !args.host_addrs.is_empty() {
         return Err("--host-addr only applies to tap links".into());
     }
-    let opts = LinkOptions {
+    let mut opts = LinkOptions {
         mtu: args.mtu,
         pcap: args.pcap.clone(),
         fault: args.fault.clone(),
         tap_host_addrs: args.host_addrs.iter().map(|c| c.to_string()).collect(),
         shm_slots: args.shm_slots,
         tso: !args.no_tso,
+        ..LinkOptions::default()
     };
     let mut gateway4 = None;
     let mut gateway6 = None;
@@ -204,22 +194,10 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
         },
         ..cfg.clone()
     })?;
-    let dev = match &link {
-        Link::Dev(spec) => usnet_link::open(spec, &opts)?,
-        Link::Nic(n) => {
-            let mtu = args.mtu.unwrap_or(1500);
-            let driver = usnet_nicemu::open_driver(
-                n,
-                &usnet_nicemu::DriverOpts {
-                    mtu,
-                    mac: cfg.mac.0,
-                    buf_size: if mtu > 1500 { 16384 } else { 2048 },
-                    ..usnet_nicemu::DriverOpts::default()
-                },
-            )?;
-            usnet_link::wrap(Box::new(driver), &opts)?
-        }
-    };
+    // The emulated NIC's config block carries the driver's MAC (the device side sends
+    // to it): the stack's.
+    opts.nic.mac = cfg.mac.0;
+    let dev = usnet_link::open(&link, &opts)?;
     let net = NetStack::start(dev, cfg, RuntimeConfig::default())?;
     for s in &services {
         let svc = net

@@ -74,7 +74,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // `ip netns exec` execs the server, so this is its pid.
         let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = reap(&mut self.0, Duration::from_secs(5));
     }
 }
 

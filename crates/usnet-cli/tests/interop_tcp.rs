@@ -90,10 +90,20 @@ fn curl_sha256(prefix: &[&str], url: &str, timeout: Duration) -> (String, u64, f
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
+            let _ = reap(&mut child, Duration::from_secs(5));
             panic!("curl {url} timed out after {timeout:?}");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    // curl has exited, so its stdout is at EOF; the deadline only guards against a hang.
+    let end = Instant::now() + Duration::from_secs(10);
+    while !reader.is_finished() {
+        assert!(
+            Instant::now() < end,
+            "curl {url}: output still open after it exited"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (digest, n) = reader.join().unwrap();
     let mut err = String::new();
     let _ = child.stderr.take().unwrap().read_to_string(&mut err);
@@ -310,7 +320,7 @@ impl Drop for Nginx {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = reap(&mut self.child, Duration::from_secs(5));
     }
 }
 
@@ -742,7 +752,7 @@ fn af_packet_http_with_a_namespace() {
     impl Drop for Kill {
         fn drop(&mut self) {
             let _ = self.0.kill();
-            let _ = self.0.wait();
+            let _ = reap(&mut self.0, Duration::from_secs(5));
         }
     }
     let server = Kill(

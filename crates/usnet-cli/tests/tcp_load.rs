@@ -221,7 +221,11 @@ fn syn_flood_with_hping3_while_clients_complete() {
         }
     }
     let during = s.d.counters();
-    let _ = flood.wait();
+    // `timeout 10` bounds the flood; the deadline here only guards against a hang.
+    if reap(&mut flood, Duration::from_secs(20)).is_none() {
+        let _ = flood.kill();
+        let _ = reap(&mut flood, Duration::from_secs(5));
+    }
     let cookies =
         counter(&during, "tcp_listen_cookies_sent") - counter(&before, "tcp_listen_cookies_sent");
     eprintln!(

@@ -1,8 +1,59 @@
 //! Compile `examples/c/async_syscall.c` against `include/usnet.h` and the
 //! shared library (libusnet.so), run it on a file, check it succeeds.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `cmd.output()` with a deadline: a compiler or program that hangs fails the test
+/// after `timeout` (killed) instead of hanging it.
+fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let so = pipe(Box::new(child.stdout.take().unwrap()));
+    let se = pipe(Box::new(child.stderr.take().unwrap()));
+    let end = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            panic!("{cmd:?} still running after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The program has exited and started nothing that keeps its pipes open, so both
+    // readers are at EOF; still, wait for them with a deadline.
+    let take = |h: std::thread::JoinHandle<Vec<u8>>| {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !h.is_finished() {
+            assert!(
+                Instant::now() < end,
+                "{cmd:?}: output still open after exit"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        h.join().unwrap()
+    };
+    Output {
+        status,
+        stdout: take(so),
+        stderr: take(se),
+    }
+}
 
 fn find_lib_dir() -> Option<PathBuf> {
     // The test binary is target/<profile>/deps/<name>; cargo leaves the
@@ -22,25 +73,27 @@ fn c_example_reads_file_through_ring() {
     };
     let out = std::env::temp_dir().join(format!("usnet-async-c-{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .arg("-std=c11")
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-I")
-        .arg(root.join("include"))
-        .arg(root.join("examples/c/async_syscall.c"))
-        .arg("-L")
-        .arg(&lib_dir)
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .args(["-lusnet", "-o"])
-        .arg(&out)
-        .status()
-        .expect("run the C compiler");
+    let st = output_within(
+        Command::new(&cc)
+            .arg("-std=c11")
+            .arg("-Wall")
+            .arg("-Werror")
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg(root.join("examples/c/async_syscall.c"))
+            .arg("-L")
+            .arg(&lib_dir)
+            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            .args(["-lusnet", "-o"])
+            .arg(&out),
+        Duration::from_secs(120),
+    )
+    .status;
     assert!(st.success(), "C example failed to compile");
     let data_path = std::env::temp_dir().join(format!("usnet-async-c-data-{}", std::process::id()));
     let data: Vec<u8> = (0..200_003u32).map(|i| (i % 253) as u8).collect();
     std::fs::write(&data_path, &data).unwrap();
-    let o = Command::new(&out).arg(&data_path).output().unwrap();
+    let o = output_within(Command::new(&out).arg(&data_path), Duration::from_secs(60));
     let _ = std::fs::remove_file(&data_path);
     let _ = std::fs::remove_file(&out);
     eprintln!(

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::mem::offset_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,7 +263,7 @@ impl AfPacketDevice {
             )
         })
         .map_err(|e| LinkError::io(ctx("cannot bind"), e))?;
-        let ev = EventFd::new().map_err(|e| LinkError::io(ctx("eventfd"), e))?;
+        let ev = Arc::new(EventFd::new().map_err(|e| LinkError::io(ctx("eventfd"), e))?);
         let tx_vnet = vnet_tx_socket();
         Ok(AfPacketDevice {
             label: spec,
@@ -549,11 +549,11 @@ impl Device for AfPacketDevice {
         {
             return Ok(());
         }
-        sys::poll_two(self.fd.as_raw_fd(), &self.ev, timeout).map(|_| ())
+        sys::poll_two(self.fd.as_fd(), &self.ev, timeout).map(|_| ())
     }
 
     fn waker(&self) -> Waker {
-        self.ev.waker()
+        self.ev.clone()
     }
 
     fn link_state(&self) -> LinkState {

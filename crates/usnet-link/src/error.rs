@@ -31,6 +31,8 @@ pub enum LinkError {
     BadFault { spec: String, why: String },
     #[error("`{cmd}` failed: {why}")]
     Command { cmd: String, why: String },
+    #[error(transparent)]
+    Nic(#[from] crate::nic::NicError),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -58,7 +60,9 @@ impl From<LinkError> for io::Error {
             LinkError::NeedsRoot { .. } => {
                 io::Error::new(io::ErrorKind::PermissionDenied, e.to_string())
             }
-            LinkError::ShmInUse { .. } => io::Error::new(io::ErrorKind::AddrInUse, e.to_string()),
+            LinkError::ShmInUse { .. } | LinkError::Nic(crate::nic::NicError::Busy(_)) => {
+                io::Error::new(io::ErrorKind::AddrInUse, e.to_string())
+            }
             LinkError::NoSuchInterface(_) => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
             other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
         }

@@ -1,13 +1,15 @@
 //! Devices: where frames come from and go to.
 //!
 //! Every device moves whole Ethernet frames held in pool buffers, in bursts, behind the
-//! small [`Device`] trait; wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
+//! small [`Device`] trait: shm, tap, af_packet and the emulated NIC's driver ([`nic`]).
+//! Wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
 //! devices that wrap devices. The stack never sees a device; the poll loop in
 //! `usnet-stack`'s users joins the two.
 
 pub mod af_packet;
 pub mod error;
 pub mod fault;
+pub mod nic;
 pub mod pcap;
 pub mod shm;
 pub mod spec;
@@ -91,6 +93,8 @@ pub trait Device: Send {
         frames: &mut VecDeque<PktBuf>,
     ) -> std::io::Result<usize>;
     /// Blocks until a frame may be ready to receive, the waker fires, or `timeout` passes.
+    /// It may return earlier (callers loop); with no timeout a device still wakes up now
+    /// and then, since nothing waits without a deadline.
     fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()>;
     /// A handle that interrupts `wait` from another thread.
     fn waker(&self) -> Waker;

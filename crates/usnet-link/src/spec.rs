@@ -1,5 +1,6 @@
-//! Naming a link on the command line (`tap:NAME`, `shm:NAME`, `afpacket:IFNAME`) and
-//! opening it with its wrappers.
+//! Naming a link on the command line (`tap:NAME`, `shm:NAME`, `afpacket:IFNAME`,
+//! `nic:NAME`) and opening it with its wrappers. Link names are parsed here and nowhere
+//! else.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use std::str::FromStr;
 use crate::af_packet::AfPacketDevice;
 use crate::error::LinkError;
 use crate::fault::{FaultConfig, FaultInjector};
+use crate::nic::{NicDriver, NicOptions};
 use crate::pcap::PcapWriter;
 use crate::shm::{ShmConfig, ShmDevice};
 use crate::tap::{TapConfig, TapDevice};
@@ -18,6 +20,8 @@ pub enum LinkSpec {
     Tap(String),
     Shm(String),
     AfPacket(String),
+    /// The emulated NIC's driver (the device side is `usnet nicemu --name NAME`).
+    Nic(String),
 }
 
 impl FromStr for LinkSpec {
@@ -42,6 +46,15 @@ impl FromStr for LinkSpec {
                 crate::sys::check_ifname(name)?;
                 Ok(LinkSpec::AfPacket(name.to_string()))
             }
+            "nic" => {
+                if !crate::nic::layout::valid_name(name) {
+                    return Err(LinkError::BadName {
+                        name: name.to_string(),
+                        why: "use at most 64 letters, digits, '-', '_' and '.', not starting with '.'",
+                    });
+                }
+                Ok(LinkSpec::Nic(name.to_string()))
+            }
             _ => Err(unknown()),
         }
     }
@@ -53,6 +66,7 @@ impl fmt::Display for LinkSpec {
             LinkSpec::Tap(n) => write!(f, "tap:{n}"),
             LinkSpec::Shm(n) => write!(f, "shm:{n}"),
             LinkSpec::AfPacket(n) => write!(f, "afpacket:{n}"),
+            LinkSpec::Nic(n) => write!(f, "nic:{n}"),
         }
     }
 }
@@ -76,6 +90,9 @@ pub struct LinkOptions {
     /// the kernel 64 KiB TCP frames and the kernel sends it coalesced ones. Other
     /// links ignore it.
     pub tso: bool,
+    /// The emulated NIC's driver: rings, buffers, MAC, interrupt mode and moderation
+    /// (`mtu` is taken from [`LinkOptions::mtu`] when that is set). Other links ignore it.
+    pub nic: NicOptions,
 }
 
 /// Opens the link named by `spec`, wrapped in a fault injector and then a pcap writer
@@ -99,12 +116,19 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
             },
         )?),
         LinkSpec::AfPacket(ifname) => Box::new(AfPacketDevice::open(ifname, opts.mtu)?),
+        LinkSpec::Nic(name) => {
+            let mut nic = opts.nic.clone();
+            if let Some(mtu) = opts.mtu {
+                nic.mtu = mtu;
+            }
+            Box::new(NicDriver::create(name, &nic)?)
+        }
     };
     wrap(dev, opts)
 }
 
-/// Puts the wrappers `opts` asks for around any device (also one opened elsewhere,
-/// such as the emulated NIC's driver): fault injection inside, pcap outermost.
+/// Puts the wrappers `opts` asks for around any device (also one opened elsewhere):
+/// fault injection inside, pcap outermost.
 pub fn wrap(dev: Box<dyn Device>, opts: &LinkOptions) -> Result<Box<dyn Device>, LinkError> {
     let dev: Box<dyn Device> = match &opts.fault {
         Some(f) => Box::new(FaultInjector::new(dev, f.clone())),
@@ -123,7 +147,7 @@ mod tests {
 
     #[test]
     fn parses_and_prints() {
-        for s in ["tap:usnet0", "shm:bench", "afpacket:veth0"] {
+        for s in ["tap:usnet0", "shm:bench", "afpacket:veth0", "nic:n0"] {
             let spec: LinkSpec = s.parse().unwrap();
             assert_eq!(spec.to_string(), s);
         }
@@ -154,6 +178,10 @@ mod tests {
         ));
         assert!(matches!(
             "tap:waytoolonginterfacename".parse::<LinkSpec>(),
+            Err(LinkError::BadName { .. })
+        ));
+        assert!(matches!(
+            "nic:../x".parse::<LinkSpec>(),
             Err(LinkError::BadName { .. })
         ));
     }

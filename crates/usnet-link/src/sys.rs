@@ -1,14 +1,14 @@
-//! Small wrappers over the system calls the kernel-backed devices share: an eventfd
-//! waker, poll on two descriptors, interface lookups and the `ip` command.
+//! Small wrappers over the system calls the kernel-backed devices share: the eventfd
+//! waker and poll on two descriptors (from usnet-shm), interface lookups and the `ip`
+//! command.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::LinkError;
-use crate::{Wake, Waker};
+use crate::Wake;
 
 /// Longest interface name Linux accepts (IFNAMSIZ - 1).
 pub(crate) const IFNAME_MAX: usize = libc::IFNAMSIZ - 1;
@@ -27,90 +27,31 @@ pub(crate) fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// An eventfd that `Device::waker` hands out; `wait` polls it next to the device fd.
-#[derive(Debug)]
-pub(crate) struct EventFd {
-    fd: OwnedFd,
-}
-
-impl EventFd {
-    pub(crate) fn new() -> io::Result<Arc<EventFd>> {
-        // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-        // SAFETY: fd was just created and is owned by nothing else.
-        Ok(Arc::new(EventFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        }))
-    }
-
-    pub(crate) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// Resets the counter so the next poll blocks again.
-    pub(crate) fn drain(&self) {
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into a local u64 from our own non-blocking eventfd.
-        unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
-    }
-
-    pub(crate) fn waker(self: &Arc<Self>) -> Waker {
-        self.clone()
-    }
-}
+/// The eventfd doorbell `Device::waker` hands out; `wait` polls it next to the device fd.
+pub(crate) use usnet_shm::EventFd;
 
 impl Wake for EventFd {
     fn wake(&self) {
-        let v = 1u64;
-        // SAFETY: writes 8 bytes from a local u64 to our own eventfd; EAGAIN (counter
-        // saturated) means a wake-up is already pending, which is all we want.
-        unsafe { libc::write(self.raw(), (&v as *const u64).cast(), 8) };
+        self.ring();
     }
 }
 
-/// Converts a wait timeout into poll(2) milliseconds, rounding up so short waits still wait.
-pub(crate) fn poll_ms(timeout: Option<Duration>) -> libc::c_int {
-    match timeout {
-        None => -1,
-        Some(d) => {
-            let us = d.as_micros();
-            us.div_ceil(1000).min(i32::MAX as u128) as libc::c_int
-        }
-    }
-}
+/// Longest single wait when the caller gave no timeout: `Device::wait` may return early,
+/// and nothing waits without a deadline.
+const IDLE_SLICE: Duration = Duration::from_secs(1);
 
 /// Polls `dev` for input and `wake` (an eventfd); returns (dev readable, woken).
 pub(crate) fn poll_two(
-    dev: RawFd,
+    dev: BorrowedFd<'_>,
     wake: &EventFd,
     timeout: Option<Duration>,
 ) -> io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd {
-            fd: dev,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: wake.raw(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: fds is a valid array of two pollfd for the duration of the call.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, poll_ms(timeout)) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok((false, false));
-        }
-        return Err(e);
-    }
-    let woken = fds[1].revents & libc::POLLIN != 0;
+    let r = usnet_shm::poll_fds(&[dev, wake.as_fd()], timeout.unwrap_or(IDLE_SLICE))?;
+    let woken = r.contains(1);
     if woken {
         wake.drain();
     }
-    Ok((fds[0].revents != 0, woken))
+    Ok((r.contains(0), woken))
 }
 
 pub(crate) fn check_ifname(name: &str) -> Result<(), LinkError> {

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -256,7 +256,8 @@ impl TapDevice {
             None => sys::if_mtu(ifname)
                 .map_err(|e| LinkError::io(format!("{spec}: cannot read the MTU"), e))?,
         };
-        let ev = EventFd::new().map_err(|e| LinkError::io(format!("{spec}: eventfd"), e))?;
+        let ev =
+            Arc::new(EventFd::new().map_err(|e| LinkError::io(format!("{spec}: eventfd"), e))?);
         Ok(TapDevice {
             label: spec,
             ifname: ifname.to_string(),
@@ -510,11 +511,11 @@ impl Device for TapDevice {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        sys::poll_two(self.fd.as_raw_fd(), &self.ev, timeout).map(|_| ())
+        sys::poll_two(self.fd.as_fd(), &self.ev, timeout).map(|_| ())
     }
 
     fn waker(&self) -> Waker {
-        self.ev.waker()
+        self.ev.clone()
     }
 
     fn link_state(&self) -> LinkState {

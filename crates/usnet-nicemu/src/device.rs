@@ -3,17 +3,20 @@
 //! the descriptors, raises the interrupt line, consumes the TX ring, and misbehaves on
 //! request (fault injection).
 
+use std::fs::OpenOptions;
 use std::sync::atomic::{fence, Ordering::*};
+use std::sync::Arc;
 use std::time::Duration;
 
+use usnet_link::nic::layout::*;
+use usnet_link::nic::NicError;
+use usnet_shm::{liveness, FutexBell, Populate, Region};
+
 use crate::frame::UdpTemplate;
-use crate::layout::*;
-use crate::shm::{Region, LOCK_DEVICE, LOCK_DRIVER};
 use crate::sys::now_ns;
-use crate::NicError;
 
 /// What the device does with frames the driver transmits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TxMode {
     /// Count them.
     Count,
@@ -26,7 +29,7 @@ pub enum TxMode {
 }
 
 /// What the device does when the next RX descriptor is not its own (ring full).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RingFullPolicy {
     /// Count the frame as missed and drop it, like hardware.
     Drop,
@@ -70,7 +73,9 @@ pub struct DevCounters {
 
 /// One attached device side.
 pub struct DeviceSide {
-    region: Region,
+    region: Arc<Region>,
+    /// The interrupt line: `R_IRQ_SEQ` is its futex word, `R_DRV_SLEEPING` its sleepers.
+    irq: FutexBell,
     layout: Layout,
     rx_head: u32,
     tx_head: u32,
@@ -90,6 +95,35 @@ pub struct DeviceSide {
 /// Fallback moderation timer when only a packet threshold is set.
 const ITR_TIMER_NS: u64 = 50_000;
 
+/// Opens the NIC file the driver created and maps all of it (populated, so no page
+/// fault in a timed run).
+fn open_region(path: &std::path::Path) -> std::io::Result<Region> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let len = file.metadata()?.len();
+    if len < PAGE as u64 || len > (1u64 << 36) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "bad NIC file size",
+        ));
+    }
+    Region::map(file, len as usize, Populate::Now)
+}
+
+/// Copies `bytes` into a NIC buffer: the offsets come from a descriptor whose buffer
+/// index was checked against the layout, which was checked against the mapping.
+fn put(r: &Region, off: usize, bytes: &[u8]) {
+    r.write(off, bytes)
+        .expect("NIC buffers lie inside the mapping (layout checked at attach)");
+}
+
+/// Flips the bits of one byte in place (fault injection: corrupt a placed frame).
+fn xor_byte(r: &Region, off: usize, mask: u8) {
+    let mut b = [0u8];
+    if r.read(off, &mut b).is_ok() {
+        put(r, off, &[b[0] ^ mask]);
+    }
+}
+
 impl DeviceSide {
     /// Attaches to NIC `name`, waiting up to `wait` for the driver to create it.
     pub fn attach(name: &str, wait: Duration) -> Result<DeviceSide, NicError> {
@@ -99,10 +133,10 @@ impl DeviceSide {
         let path = shm_path(name);
         let deadline = now_ns() + wait.as_nanos() as u64;
         let region = loop {
-            match Region::open(&path) {
+            match open_region(&path) {
                 Ok(r)
-                    if r.u64_at(R_MAGIC).load(Relaxed) == MAGIC
-                        && r.u32_at(R_STATE).load(Acquire) == 1 =>
+                    if r.u64(R_MAGIC).load(Relaxed) == MAGIC
+                        && r.u32(R_STATE).load(Acquire) == 1 =>
                 {
                     break r
                 }
@@ -116,7 +150,7 @@ impl DeviceSide {
                 Err(e) => return Err(NicError::Io(e)),
             }
         };
-        if region.u32_at(R_VERSION).load(Relaxed) != VERSION {
+        if region.u32(R_VERSION).load(Relaxed) != VERSION {
             return Err(NicError::Config("layout version mismatch".into()));
         }
         let offs = [
@@ -126,33 +160,32 @@ impl DeviceSide {
             R_TX_BUF_OFF,
             R_TOTAL_LEN,
         ]
-        .map(|o| region.u64_at(o).load(Relaxed));
+        .map(|o| region.u64(o).load(Relaxed));
         let layout = Layout::validate_read(
-            region.u32_at(R_RX_RING).load(Relaxed),
-            region.u32_at(R_TX_RING).load(Relaxed),
-            region.u32_at(R_BUF_SIZE).load(Relaxed),
+            region.u32(R_RX_RING).load(Relaxed),
+            region.u32(R_TX_RING).load(Relaxed),
+            region.u32(R_BUF_SIZE).load(Relaxed),
             offs,
             region.len(),
         )?;
-        region.lock(LOCK_DEVICE).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                NicError::Busy(name.to_string())
-            } else {
-                NicError::Io(e)
-            }
-        })?;
-        if !region.peer_alive(LOCK_DRIVER) {
+        if !liveness::try_claim(region.file(), LOCK_DEVICE)? {
+            return Err(NicError::Busy(name.to_string()));
+        }
+        if !liveness::claimed_by_other(region.file(), LOCK_DRIVER)? {
             return Err(NicError::DriverGone);
         }
-        let lo = region.u32_at(R_MAC_LO).load(Relaxed).to_le_bytes();
-        let hi = region.u32_at(R_MAC_HI).load(Relaxed).to_le_bytes();
-        let mtu = (region.u32_at(R_MTU).load(Relaxed) as usize).clamp(68, MAX_FRAME - 18);
+        let lo = region.u32(R_MAC_LO).load(Relaxed).to_le_bytes();
+        let hi = region.u32(R_MAC_HI).load(Relaxed).to_le_bytes();
+        let mtu = (region.u32(R_MTU).load(Relaxed) as usize).clamp(68, MAX_FRAME - 18);
         // Resume where an earlier device side stopped (its head registers persist).
-        let rx_head = region.u32_at(R_RX_HEAD).load(Relaxed) % layout.rx_ring;
-        let tx_head = region.u32_at(R_TX_HEAD).load(Relaxed) % layout.tx_ring;
-        region.u32_at(R_ATTACHES).fetch_add(1, Relaxed);
+        let rx_head = region.u32(R_RX_HEAD).load(Relaxed) % layout.rx_ring;
+        let tx_head = region.u32(R_TX_HEAD).load(Relaxed) % layout.tx_ring;
+        region.u32(R_ATTACHES).fetch_add(1, Relaxed);
+        let region = Arc::new(region);
+        let irq = FutexBell::new(region.clone(), R_IRQ_SEQ, R_DRV_SLEEPING)?;
         let mut d = DeviceSide {
             region,
+            irq,
             layout,
             rx_head,
             tx_head,
@@ -177,7 +210,7 @@ impl DeviceSide {
 
     /// Carrier up or down, announced with a link interrupt.
     pub fn set_link(&mut self, up: bool) {
-        self.region.u32_at(R_LINK).store(up as u32, SeqCst);
+        self.region.u32(R_LINK).store(up as u32, SeqCst);
         self.raise(IRQ_LINK, now_ns());
     }
 
@@ -187,12 +220,12 @@ impl DeviceSide {
             return true;
         }
         self.last_alive_check = now;
-        self.region.peer_alive(LOCK_DRIVER)
+        liveness::claimed_by_other(self.region.file(), LOCK_DRIVER).unwrap_or(false)
     }
 
     #[inline]
     fn rx_flags(&self, i: u32) -> &std::sync::atomic::AtomicU32 {
-        self.region.u32_at(self.layout.rx_desc(i) + D_FLAGS)
+        self.region.u32(self.layout.rx_desc(i) + D_FLAGS)
     }
 
     /// Whether `n` descriptors from the head are posted to the device.
@@ -224,7 +257,7 @@ impl DeviceSide {
 
     fn count_missed(&mut self) {
         self.counters.missed += 1;
-        self.region.u64_at(R_RX_MISSED).fetch_add(1, Relaxed);
+        self.region.u64(R_RX_MISSED).fetch_add(1, Relaxed);
         self.status(IRQ_RX_NOBUF);
     }
 
@@ -248,7 +281,7 @@ impl DeviceSide {
             let i = (self.rx_head + k) % ring;
             let d = self.layout.rx_desc(i);
             // The driver's buffer index is not trusted either.
-            let b = self.region.u32_at(d + D_BUF).load(Relaxed);
+            let b = self.region.u32(d + D_BUF).load(Relaxed);
             let Some(off) = self.layout.rx_buf(b) else {
                 // A driver bug: give the descriptor back flagged as an error.
                 self.complete_rx(i, 0, F_FS | F_LS | F_ERR);
@@ -269,7 +302,7 @@ impl DeviceSide {
             done += n;
         }
         self.rx_head = (self.rx_head + segs) % ring;
-        self.region.u32_at(R_RX_HEAD).store(self.rx_head, Release);
+        self.region.u32(R_RX_HEAD).store(self.rx_head, Release);
         self.counters.placed += 1;
         self.counters.placed_bytes += len as u64;
         Ok(true)
@@ -277,9 +310,9 @@ impl DeviceSide {
 
     fn complete_rx(&self, i: u32, len: u32, flags: u32) {
         let d = self.layout.rx_desc(i);
-        self.region.u32_at(d + D_LEN).store(len, Relaxed);
-        let eor = self.region.u32_at(d + D_FLAGS).load(Relaxed) & F_EOR;
-        self.region.u32_at(d + D_FLAGS).store(flags | eor, Release);
+        self.region.u32(d + D_LEN).store(len, Relaxed);
+        let eor = self.region.u32(d + D_FLAGS).load(Relaxed) & F_EOR;
+        self.region.u32(d + D_FLAGS).store(flags | eor, Release);
     }
 
     /// Places generated frame `seq` from a template; `corrupt` flips a payload byte.
@@ -292,16 +325,16 @@ impl DeviceSide {
         let (s, c) = t.stamp(seq);
         let len = t.len();
         let ok = self.place_with(len, |r, foff, boff, n| {
-            r.write(boff, &t.frame[foff..foff + n]);
+            put(r, boff, &t.frame[foff..foff + n]);
             let patch = |at: usize, bytes: &[u8]| {
                 if at >= foff && at + bytes.len() <= foff + n {
-                    r.write(boff + at - foff, bytes);
+                    put(r, boff + at - foff, bytes);
                 }
             };
             patch(crate::frame::SEQ_OFF, &s);
             patch(crate::frame::ETH_HDR + crate::frame::IP_HDR + 6, &c);
             if corrupt && foff + n == len {
-                r.xor_byte(boff + n - 1, 0x5a);
+                xor_byte(r, boff + n - 1, 0x5a);
             }
         })?;
         if ok {
@@ -316,7 +349,7 @@ impl DeviceSide {
     /// Places a frame given as bytes (TX loopback/echo).
     pub fn place_bytes(&mut self, frame: &[u8]) -> Result<bool, NicError> {
         self.place_with(frame.len(), |r, foff, boff, n| {
-            r.write(boff, &frame[foff..foff + n])
+            put(r, boff, &frame[foff..foff + n])
         })
     }
 
@@ -331,7 +364,7 @@ impl DeviceSide {
         self.inject(|s, i| {
             let d = s.layout.rx_desc(i);
             s.region
-                .u32_at(d + D_BUF)
+                .u32(d + D_BUF)
                 .store(s.layout.rx_ring + 3 + i, Relaxed);
             s.complete_rx(i, 64, F_FS | F_LS);
         })
@@ -358,13 +391,13 @@ impl DeviceSide {
         let i = self.rx_head;
         f(self, i);
         self.rx_head = (i + 1) % self.layout.rx_ring;
-        self.region.u32_at(R_RX_HEAD).store(self.rx_head, Release);
+        self.region.u32(R_RX_HEAD).store(self.rx_head, Release);
         Ok(true)
     }
 
     /// Latches interrupt causes without raising.
     fn status(&self, bits: u32) {
-        self.region.u32_at(R_IRQ_STATUS).fetch_or(bits, SeqCst);
+        self.region.u32(R_IRQ_STATUS).fetch_or(bits, SeqCst);
     }
 
     /// Notes `n` received frames for the RX interrupt, honouring moderation.
@@ -385,8 +418,8 @@ impl DeviceSide {
         if self.pending_rx == 0 {
             return;
         }
-        let itr_ns = self.region.u32_at(R_ITR_NS).load(Relaxed) as u64;
-        let itr_pkts = self.region.u32_at(R_ITR_PKTS).load(Relaxed).max(1);
+        let itr_ns = self.region.u32(R_ITR_NS).load(Relaxed) as u64;
+        let itr_pkts = self.region.u32(R_ITR_PKTS).load(Relaxed).max(1);
         let gap_ok = itr_ns == 0 || now.saturating_sub(self.last_raise) >= itr_ns;
         let timer = if itr_ns > 0 { itr_ns } else { ITR_TIMER_NS };
         let expired = now.saturating_sub(self.first_pending) >= timer;
@@ -401,30 +434,28 @@ impl DeviceSide {
     pub fn raise(&mut self, bits: u32, now: u64) -> bool {
         self.status(bits);
         fence(SeqCst);
-        if self.region.u32_at(R_IRQ_MASK).load(SeqCst) & bits == 0 {
+        if self.region.u32(R_IRQ_MASK).load(SeqCst) & bits == 0 {
             self.counters.irqs_masked += 1;
             return false;
         }
-        let line = self.region.u32_at(R_IRQ_SEQ);
-        let seq = line.load(Relaxed).wrapping_add(1);
+        let seq = self.irq.word().load(Relaxed).wrapping_add(1);
         // The raise time goes in the log before the line moves, so the handler finds it.
         self.region
-            .u64_at(R_IRQ_LOG + 8 * (seq as usize % IRQ_LOG_LEN))
+            .u64(R_IRQ_LOG + 8 * (seq as usize % IRQ_LOG_LEN))
             .store(now, Relaxed);
-        line.fetch_add(1, SeqCst);
-        self.last_raise = now;
-        self.counters.irqs_raised += 1;
-        if self.region.u32_at(R_DRV_SLEEPING).load(SeqCst) != 0 {
-            self.region.futex_wake(R_IRQ_SEQ);
+        // The line moves always; the driver is woken only if it announced a sleep.
+        if self.irq.bump_and_notify() {
             self.counters.futex_wakes += 1;
         }
+        self.last_raise = now;
+        self.counters.irqs_raised += 1;
         true
     }
 
     /// Consumes what the driver put on the TX ring. Returns frames consumed.
     pub fn service_tx(&mut self) -> Result<usize, NicError> {
         let ring = self.layout.tx_ring;
-        let tail = self.region.u32_at(R_TX_TAIL).load(Acquire);
+        let tail = self.region.u32(R_TX_TAIL).load(Acquire);
         if tail >= ring || tail == self.tx_head {
             return Ok(0);
         }
@@ -440,12 +471,12 @@ impl DeviceSide {
             let mut used = 0;
             while used < ring {
                 let d = self.layout.tx_desc(i);
-                let fl = self.region.u32_at(d + D_FLAGS).load(Acquire);
+                let fl = self.region.u32(d + D_FLAGS).load(Acquire);
                 if fl & F_OWN == 0 {
                     break; // not handed over (yet)
                 }
-                let len = self.region.u32_at(d + D_LEN).load(Relaxed) as usize;
-                let b = self.region.u32_at(d + D_BUF).load(Relaxed);
+                let len = self.region.u32(d + D_LEN).load(Relaxed) as usize;
+                let b = self.region.u32(d + D_BUF).load(Relaxed);
                 if (used == 0) != (fl & F_FS != 0) || len == 0 || len > bs {
                     ok = false;
                 }
@@ -453,7 +484,9 @@ impl DeviceSide {
                     let at = frame.len();
                     if at + len <= MAX_FRAME {
                         frame.resize(at + len, 0);
-                        self.region.read(off, &mut frame[at..]);
+                        self.region.read(off, &mut frame[at..]).expect(
+                            "NIC buffers lie inside the mapping (layout checked at attach)",
+                        );
                     } else {
                         ok = false;
                     }
@@ -473,8 +506,8 @@ impl DeviceSide {
             // Give the descriptors back: OWN cleared.
             for k in 0..used {
                 let d = self.layout.tx_desc(self.tx_head + k);
-                let fl = self.region.u32_at(d + D_FLAGS).load(Relaxed);
-                self.region.u32_at(d + D_FLAGS).store(fl & !F_OWN, Release);
+                let fl = self.region.u32(d + D_FLAGS).load(Relaxed);
+                self.region.u32(d + D_FLAGS).store(fl & !F_OWN, Release);
             }
             self.tx_head = i;
             frames += 1;
@@ -506,7 +539,7 @@ impl DeviceSide {
         }
         self.tx_frame = frame;
         if frames > 0 {
-            self.region.u32_at(R_TX_HEAD).store(self.tx_head, Release);
+            self.region.u32(R_TX_HEAD).store(self.tx_head, Release);
             self.raise(IRQ_TX, now_ns());
         }
         Ok(frames)
@@ -516,16 +549,16 @@ impl DeviceSide {
     /// register to `head` (both unchecked). For robustness tests.
     pub fn write_rx_desc_raw(&mut self, i: u32, buf: u32, len: u32, flags: u32, head: u32) {
         let d = self.layout.rx_desc(i);
-        self.region.u32_at(d + D_BUF).store(buf, Relaxed);
-        self.region.u32_at(d + D_LEN).store(len, Relaxed);
-        self.region.u32_at(d + D_FLAGS).store(flags, Release);
-        self.region.u32_at(R_RX_HEAD).store(head, Release);
+        self.region.u32(d + D_BUF).store(buf, Relaxed);
+        self.region.u32(d + D_LEN).store(len, Relaxed);
+        self.region.u32(d + D_FLAGS).store(flags, Release);
+        self.region.u32(R_RX_HEAD).store(head, Release);
         self.rx_head = head % self.layout.rx_ring;
     }
 
     /// Publishes the generated-frame count in its register (informational for the driver).
     pub fn publish_generated(&self, n: u64) {
-        self.region.u64_at(R_DEV_FRAMES).store(n, Relaxed);
+        self.region.u64(R_DEV_FRAMES).store(n, Relaxed);
     }
 
     /// Device side stops cleanly: carrier down (the lock goes when `self` drops).

@@ -57,11 +57,11 @@ pub struct FrameSpec {
 impl UdpTemplate {
     /// `size` is the whole Ethernet frame (without FCS), `MIN_GEN_FRAME..=65536`.
     pub fn new(spec: &FrameSpec) -> Result<Self, String> {
-        if !(MIN_GEN_FRAME..=crate::layout::MAX_FRAME).contains(&spec.size) {
+        if !(MIN_GEN_FRAME..=usnet_link::nic::layout::MAX_FRAME).contains(&spec.size) {
             return Err(format!(
                 "frame size {} outside {MIN_GEN_FRAME}..={}",
                 spec.size,
-                crate::layout::MAX_FRAME
+                usnet_link::nic::layout::MAX_FRAME
             ));
         }
         let size = spec.size;

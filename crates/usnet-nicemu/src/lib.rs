@@ -1,42 +1,22 @@
-//! usnet's emulated NIC (source document 3, Mint): a NIC whose state lives in shared
-//! memory (descriptor rings, packet buffers, a register page, an interrupt line), the usnet
-//! driver for it ([`NicDriver`], a [`usnet_link::Device`]), the device side that plays the
-//! hardware from another process ([`run_device`], `usnet nicemu`), and the benchmark that
-//! reproduces the document's measurements ([`run_bench`], `usnet bench nic`).
+//! usnet's emulated NIC, device side (source document 3, Mint): the process that plays
+//! the hardware for the usnet driver. It places frames in the buffers the driver posted,
+//! completes descriptors, raises the interrupt line and consumes the TX ring, at a chosen
+//! interval and count, with fault injection ([`run_device`], `usnet nicemu`).
 //!
-//! `unsafe` lives only in [`shm`] (mapping, atomics, futex, locks) and [`sys`] (clock,
-//! affinity, TAP ioctl). See `docs/nicemu.md`.
+//! The shared layout and the driver (a `Device`, opened as `nic:NAME`) are
+//! `usnet_link::nic`; the shared memory itself is `usnet_shm`'s. The benchmark that
+//! reproduces the document's measurements is `usnet_bench::nic`. See `docs/nicemu.md`.
+//!
+//! `unsafe` lives only in [`sys`] (CPU affinity and scheduling).
 
-pub mod bench;
 pub mod device;
-pub mod driver;
 pub mod frame;
-pub mod layout;
-pub mod shm;
 pub mod sys;
 pub mod tool;
 
-pub use bench::{run_bench, NicBenchArgs};
 pub use device::{DevCounters, DeviceSide, RingFullPolicy, TxMode};
-pub use driver::{open_driver, DriverOpts, IrqMode, IrqRecord, NicDriver, NicStats};
-pub use tool::{run_device, run_device_report, DeviceReport, NicemuArgs};
-
-#[derive(Debug, thiserror::Error)]
-pub enum NicError {
-    #[error("bad NIC name {0:?} (letters, digits, '-', '_', '.'; at most 64)")]
-    BadName(String),
-    #[error("NIC {0} is already held by a live driver or device side")]
-    Busy(String),
-    #[error("NIC {0} does not exist (start the driver side first)")]
-    NotFound(String),
-    #[error("NIC {0} was never made ready by its driver")]
-    NotReady(String),
-    #[error("the driver of this NIC is gone")]
-    DriverGone,
-    #[error("configuration: {0}")]
-    Config(String),
-    #[error(transparent)]
-    Layout(#[from] layout::LayoutError),
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
+pub use tool::{
+    device_command, maybe_run_child, run_device, run_device_report, DeviceReport, NicemuOptions,
+    Summary, CHILD_ENV,
+};
+pub use usnet_link::nic::NicError;

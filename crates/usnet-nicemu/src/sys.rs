@@ -1,31 +1,10 @@
-//! Clock, CPU affinity and the raw TAP descriptor used by the benchmark's contrast path.
+//! Clock, CPU affinity and real-time scheduling for the device side (and the benchmark
+//! that starts it).
 
-use std::fs::File;
 use std::io;
 
-/// CLOCK_MONOTONIC in nanoseconds: one time base for both processes.
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Busy-waits (no sleep) until the monotonic clock reaches `t`; returns the time seen.
-#[inline]
-pub fn spin_until(t: u64) -> u64 {
-    loop {
-        let n = now_ns();
-        if n >= t {
-            return n;
-        }
-        std::hint::spin_loop();
-    }
-}
+/// CLOCK_MONOTONIC in nanoseconds: the time base both processes share.
+pub use usnet_shm::monotonic_ns as now_ns;
 
 /// Pins the calling thread to one core.
 pub fn pin_to_core(core: usize) -> io::Result<()> {
@@ -75,38 +54,4 @@ pub fn online_cpus() -> usize {
     } else {
         n as usize
     }
-}
-
-/// Opens `/dev/net/tun` as a TAP (IFF_TAP | IFF_NO_PI) named after `name` (a `%d`
-/// pattern is allowed); returns the file and the name the kernel chose.
-pub fn open_tap(name: &str) -> io::Result<(File, String)> {
-    if name.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "interface name too long",
-        ));
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")?;
-    // SAFETY: ifreq is a plain C struct; all-zero is valid.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
-    use std::os::fd::AsRawFd;
-    // SAFETY: TUNSETIFF reads and writes the ifreq we pass, on the tun fd we own.
-    let r = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let chosen: String = ifr
-        .ifr_name
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8 as char)
-        .collect();
-    Ok((file, chosen))
 }

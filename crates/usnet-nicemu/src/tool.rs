@@ -1,241 +1,172 @@
 //! `usnet nicemu`: the device-side tool. Generates frames at a chosen interval and count,
 //! busy-waiting on the monotonic clock, optionally pinned to a core, with fault injection.
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use usnet_sim::SimRng;
+use usnet_link::nic::NicError;
 
 use crate::device::{DevCounters, DeviceSide, RingFullPolicy, TxMode};
 use crate::frame::{FrameSpec, UdpTemplate};
 use crate::sys::{now_ns, pin_to_core};
-use crate::NicError;
 
-fn parse_prob(s: &str) -> Result<f64, String> {
-    let p: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=1.0).contains(&p) {
-        Ok(p)
-    } else {
-        Err("a probability is between 0 and 1".into())
-    }
-}
-
-fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|h| u8::from_str_radix(h, 16))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{e}"))?;
-    v.try_into().map_err(|_| "a MAC has six bytes".to_string())
-}
-
-/// The device-side tool (`usnet nicemu`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct NicemuArgs {
+/// What the device-side tool does (`usnet nicemu`; the CLI owns the flags and fills
+/// this in). `Default` gives the CLI's defaults, with an empty name.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NicemuOptions {
     /// NIC name: attaches to /dev/shm/usnet-nic-NAME (created by the driver).
-    #[arg(long)]
     pub name: String,
     /// Ethernet frame size in bytes (64..=65536; MTU + 14 must allow it).
-    #[arg(long, default_value_t = 1514)]
     pub size: usize,
-    /// Interval between interrupts (per packet, or per batch with --batch), in ns.
-    #[arg(long, default_value_t = 38_000)]
+    /// Interval between interrupts (per packet, or per batch with `batch`), in ns.
     pub interval_ns: u64,
-    /// Frames to generate (0: none, only serve the TX ring for --linger-ms).
-    #[arg(long, default_value_t = 1000)]
+    /// Frames to generate (0: none, only serve the TX ring for `linger_ms`).
     pub count: u64,
-    /// Frames placed per interval; one interrupt per batch unless --irq-per-packet.
-    #[arg(long, default_value_t = 1)]
+    /// Frames placed per interval; one interrupt per batch unless `irq_per_packet`.
     pub batch: u32,
-    /// With --batch > 1: raise an interrupt after every frame.
-    #[arg(long)]
+    /// With `batch` > 1: raise an interrupt after every frame.
     pub irq_per_packet: bool,
     /// Destination of the generated UDP datagrams.
-    #[arg(long, default_value = "10.0.0.2:9")]
     pub dst: SocketAddrV4,
     /// Source of the generated UDP datagrams.
-    #[arg(long, default_value = "10.0.0.1:4000")]
     pub src: SocketAddrV4,
     /// Source MAC (the destination MAC is the driver's, from the NIC's config block).
-    #[arg(long, default_value = "02:00:00:00:00:01", value_parser = parse_mac)]
     pub src_mac: [u8; 6],
     /// Pin the device side to this core.
-    #[arg(long)]
     pub core: Option<usize>,
     /// Run the device side in SCHED_FIFO (real-time) so other load cannot preempt it.
-    #[arg(long)]
     pub rt: bool,
     /// Wait this long for the driver to create the NIC.
-    #[arg(long, default_value_t = 5000)]
     pub wait_ms: u64,
     /// Delay between attaching (link up) and the first frame.
-    #[arg(long, default_value_t = 20)]
     pub start_delay_ms: u64,
     /// Keep serving the TX ring this long after the last frame.
-    #[arg(long, default_value_t = 100)]
     pub linger_ms: u64,
     /// When the RX ring is full: drop (count as missed, like hardware) or wait.
-    #[arg(long, value_enum, default_value_t = RingFullPolicy::Drop)]
     pub ring_full: RingFullPolicy,
     /// What to do with transmitted frames.
-    #[arg(long, value_enum, default_value_t = TxMode::Count)]
     pub tx: TxMode,
     /// Fault: probability of dropping a frame.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub drop: f64,
     /// Fault: probability of corrupting a frame's last byte (checksum no longer matches).
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub corrupt: f64,
     /// Fault: probability of placing a frame twice.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub duplicate: f64,
     /// Fault: probability of holding a frame back behind the next one.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub reorder: f64,
     /// Bad descriptor: probability of completing one with a length beyond its buffer.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub bad_len: f64,
     /// Bad descriptor: probability of completing one with a buffer index out of range.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub bad_index: f64,
     /// Bad descriptor: probability of completing a last segment with no first.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub bad_flags: f64,
     /// OWN game: probability of skipping a descriptor it still owns.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_prob)]
     pub own_skip: f64,
-    /// Ring full: every K intervals place a back-to-back burst of --burst-len frames.
-    #[arg(long, default_value_t = 0)]
+    /// Ring full: every K intervals place a back-to-back burst of `burst_len` frames.
     pub burst_every: u64,
-    #[arg(long, default_value_t = 0)]
     pub burst_len: u64,
-    /// Link flap: every N frames take the link down for --link-down-pkts frames.
-    #[arg(long, default_value_t = 0)]
+    /// Link flap: every N frames take the link down for `link_down_pkts` frames.
     pub link_flap_every: u64,
-    #[arg(long, default_value_t = 10)]
     pub link_down_pkts: u64,
     /// Die (abort the process, no clean-up) after placing this many frames.
-    #[arg(long)]
     pub die_after: Option<u64>,
     /// Seed of the fault generator.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Write a JSON report here.
-    #[arg(long)]
     pub stats_out: Option<std::path::PathBuf>,
     /// Include every interrupt's raise time in the JSON report.
-    #[arg(long)]
     pub record_raises: bool,
     /// Print nothing.
-    #[arg(long)]
     pub quiet: bool,
 }
 
-impl NicemuArgs {
-    /// Defaults for `name`, as the CLI would give them.
-    pub fn new(name: &str) -> Self {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct P {
-            #[command(flatten)]
-            a: NicemuArgs,
+impl Default for NicemuOptions {
+    fn default() -> Self {
+        NicemuOptions {
+            name: String::new(),
+            size: 1514,
+            interval_ns: 38_000,
+            count: 1000,
+            batch: 1,
+            irq_per_packet: false,
+            dst: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 9),
+            src: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 4000),
+            src_mac: [0x02, 0, 0, 0, 0, 0x01],
+            core: None,
+            rt: false,
+            wait_ms: 5000,
+            start_delay_ms: 20,
+            linger_ms: 100,
+            ring_full: RingFullPolicy::Drop,
+            tx: TxMode::Count,
+            drop: 0.0,
+            corrupt: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            bad_len: 0.0,
+            bad_index: 0.0,
+            bad_flags: 0.0,
+            own_skip: 0.0,
+            burst_every: 0,
+            burst_len: 0,
+            link_flap_every: 0,
+            link_down_pkts: 10,
+            die_after: None,
+            seed: 1,
+            stats_out: None,
+            record_raises: false,
+            quiet: false,
         }
-        P::parse_from(["nicemu", "--name", name]).a
     }
+}
 
-    /// The command-line arguments that reproduce these settings (to re-exec the tool).
-    pub fn to_cli(&self) -> Vec<String> {
-        let mut v: Vec<String> = vec![
-            "--name".into(),
-            self.name.clone(),
-            "--size".into(),
-            self.size.to_string(),
-            "--interval-ns".into(),
-            self.interval_ns.to_string(),
-            "--count".into(),
-            self.count.to_string(),
-            "--batch".into(),
-            self.batch.to_string(),
-            "--dst".into(),
-            self.dst.to_string(),
-            "--src".into(),
-            self.src.to_string(),
-            "--wait-ms".into(),
-            self.wait_ms.to_string(),
-            "--start-delay-ms".into(),
-            self.start_delay_ms.to_string(),
-            "--linger-ms".into(),
-            self.linger_ms.to_string(),
-            "--seed".into(),
-            self.seed.to_string(),
-        ];
-        let m = self.src_mac;
-        v.push("--src-mac".into());
-        v.push(format!(
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        ));
-        use clap::ValueEnum;
-        v.push("--ring-full".into());
-        v.push(
-            self.ring_full
-                .to_possible_value()
-                .unwrap()
-                .get_name()
-                .into(),
-        );
-        v.push("--tx".into());
-        v.push(self.tx.to_possible_value().unwrap().get_name().into());
-        for (flag, p) in [
-            ("--drop", self.drop),
-            ("--corrupt", self.corrupt),
-            ("--duplicate", self.duplicate),
-            ("--reorder", self.reorder),
-            ("--bad-len", self.bad_len),
-            ("--bad-index", self.bad_index),
-            ("--bad-flags", self.bad_flags),
-            ("--own-skip", self.own_skip),
-        ] {
-            if p > 0.0 {
-                v.push(flag.into());
-                v.push(p.to_string());
-            }
+impl NicemuOptions {
+    /// The defaults, for NIC `name`.
+    pub fn new(name: &str) -> Self {
+        NicemuOptions {
+            name: name.to_string(),
+            ..Default::default()
         }
-        for (flag, n) in [
-            ("--burst-every", self.burst_every),
-            ("--burst-len", self.burst_len),
-            ("--link-flap-every", self.link_flap_every),
-            ("--link-down-pkts", self.link_down_pkts),
-        ] {
-            v.push(flag.into());
-            v.push(n.to_string());
-        }
-        if let Some(c) = self.core {
-            v.push("--core".into());
-            v.push(c.to_string());
-        }
-        if let Some(n) = self.die_after {
-            v.push("--die-after".into());
-            v.push(n.to_string());
-        }
-        if let Some(p) = &self.stats_out {
-            v.push("--stats-out".into());
-            v.push(p.display().to_string());
-        }
-        if self.rt {
-            v.push("--rt".into());
-        }
-        if self.irq_per_packet {
-            v.push("--irq-per-packet".into());
-        }
-        if self.record_raises {
-            v.push("--record-raises".into());
-        }
-        if self.quiet {
-            v.push("--quiet".into());
-        }
-        v
     }
+}
+
+/// Environment variable that makes a re-executed binary a device side: it holds the
+/// [`NicemuOptions`] as JSON.
+pub const CHILD_ENV: &str = "USNET_NICEMU_CHILD";
+
+/// A command that runs the device side `o` in a child process: the current executable,
+/// re-executed with the options in [`CHILD_ENV`]. Its `main` (or, in a test binary, the
+/// test selected by extra arguments) must call [`maybe_run_child`] first. Callers add
+/// arguments and stdio and spawn it.
+pub fn device_command(o: &NicemuOptions) -> std::io::Result<std::process::Command> {
+    let json = serde_json::to_string(o).map_err(std::io::Error::other)?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.env(CHILD_ENV, json);
+    Ok(cmd)
+}
+
+/// Call first thing in `main()`: if this process was started by [`device_command`], run
+/// the device side and exit (status 0, 1 on error; an abort with `die_after`);
+/// otherwise return at once.
+pub fn maybe_run_child() {
+    let Ok(json) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let code = match serde_json::from_str::<NicemuOptions>(&json) {
+        Ok(o) => match run_device(&o) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("usnet nicemu ({}): {e}", o.name);
+                1
+            }
+        },
+        Err(e) => {
+            eprintln!("usnet nicemu: bad {CHILD_ENV}: {e}");
+            2
+        }
+    };
+    std::process::exit(code);
 }
 
 /// Summary of per-interval delivery times (ns per frame).
@@ -296,7 +227,7 @@ pub struct DeviceReport {
 struct Gen<'a> {
     dev: &'a mut DeviceSide,
     t: &'a UdpTemplate,
-    a: &'a NicemuArgs,
+    a: &'a NicemuOptions,
     rng: SimRng,
     next_seq: u64,
     held: Option<(u64, bool)>,
@@ -371,7 +302,7 @@ impl Gen<'_> {
 
 /// Runs the device side in the calling thread and returns its report. `--die-after`
 /// makes it return at that point without clean-up (the liveness lock goes with it).
-pub fn run_device_report(a: &NicemuArgs) -> Result<DeviceReport, NicError> {
+pub fn run_device_report(a: &NicemuOptions) -> Result<DeviceReport, NicError> {
     if let Some(core) = a.core {
         pin_to_core(core).map_err(NicError::Io)?;
     }
@@ -516,7 +447,7 @@ pub fn run_device_report(a: &NicemuArgs) -> Result<DeviceReport, NicError> {
 }
 
 fn report(
-    a: &NicemuArgs,
+    a: &NicemuOptions,
     counters: DevCounters,
     deliver: &[f64],
     (late_ticks, max_late_ns): (u64, u64),
@@ -564,7 +495,7 @@ fn idle_until(g: &mut Gen<'_>, t: u64) -> Result<u64, NicError> {
 
 /// The `usnet nicemu` entry point: runs the device side, prints a summary, writes the
 /// JSON report if asked. With `--die-after` the process aborts at that point.
-pub fn run_device(a: &NicemuArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run_device(a: &NicemuOptions) -> Result<(), Box<dyn std::error::Error>> {
     let r = run_device_report(a)?;
     if a.die_after.is_some() && r.aborted.is_some() {
         std::process::abort();

@@ -4,9 +4,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use usnet_link::nic::layout::{F_FS, F_LS, F_OWN};
+use usnet_link::nic::{IrqMode, NicDriver, NicOptions};
 use usnet_link::{Device, LinkState};
 use usnet_nicemu::frame::{seq_of, verify_udp4, FrameSpec, UdpTemplate};
-use usnet_nicemu::layout::{F_FS, F_LS, F_OWN};
 use usnet_nicemu::*;
 use usnet_pool::{PacketPool, PktBuf, PoolConfig};
 
@@ -23,11 +24,11 @@ fn pool(buf_size: usize, count: u32) -> PacketPool {
     .unwrap()
 }
 
-fn opts(ring: u32, buf: u32, mtu: usize) -> DriverOpts {
-    DriverOpts {
+fn opts(ring: u32, buf: u32, mtu: usize) -> NicOptions {
+    NicOptions {
         rx_ring: ring,
         tx_ring: ring,
-        buf_size: buf,
+        buf_size: Some(buf),
         mtu,
         record_irqs: 100_000,
         ..Default::default()
@@ -80,7 +81,7 @@ fn assert_clean(drv: &NicDriver, p: &PacketPool) {
 #[test]
 fn frames_arrive_intact_and_ring_wraps() {
     let name = nic_name("wrap");
-    let mut drv = open_driver(&name, &opts(8, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(8, 2048, 1500)).unwrap();
     assert_eq!(
         drv.link_state(),
         LinkState::Down,
@@ -108,7 +109,7 @@ fn frames_arrive_intact_and_ring_wraps() {
 #[test]
 fn ring_full_counts_missed_and_recovers() {
     let name = nic_name("full");
-    let mut drv = open_driver(&name, &opts(16, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(16, 2048, 1500)).unwrap();
     let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let mut p = pool(2048, 64);
     let t = template(&dev, 600);
@@ -139,7 +140,7 @@ fn jumbo_frames_span_descriptors_and_pool_chains() {
         (9216, 8192),
     ] {
         let name = nic_name(&format!("jumbo{pool_buf}-{size}"));
-        let mut drv = open_driver(&name, &opts(32, 2048, 65518)).unwrap();
+        let mut drv = NicDriver::create(&name, &opts(32, 2048, 65518)).unwrap();
         let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
         let mut p = pool(pool_buf, 256);
         let t = template(&dev, size);
@@ -164,7 +165,7 @@ fn jumbo_frames_span_descriptors_and_pool_chains() {
 #[test]
 fn oversize_frames_for_the_mtu_are_dropped() {
     let name = nic_name("mtu");
-    let mut drv = open_driver(&name, &opts(32, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(32, 2048, 1500)).unwrap();
     let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let mut p = pool(2048, 64);
     let big = template(&dev, 4000);
@@ -180,7 +181,7 @@ fn oversize_frames_for_the_mtu_are_dropped() {
 #[test]
 fn bad_descriptors_are_counted_dropped_never_trusted() {
     let name = nic_name("bad");
-    let mut drv = open_driver(&name, &opts(16, 2048, 9000)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(16, 2048, 9000)).unwrap();
     let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let mut p = pool(2048, 64);
     let t = template(&dev, 1000);
@@ -217,7 +218,7 @@ fn bad_descriptors_are_counted_dropped_never_trusted() {
 #[test]
 fn a_frame_cut_short_by_a_new_first_segment_is_dropped() {
     let name = nic_name("cut");
-    let mut drv = open_driver(&name, &opts(16, 2048, 9000)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(16, 2048, 9000)).unwrap();
     let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let mut p = pool(2048, 64);
     // FS without LS, then a complete frame: the first is a truncated frame.
@@ -234,7 +235,7 @@ fn a_frame_cut_short_by_a_new_first_segment_is_dropped() {
 fn garbage_descriptors_never_panic_or_leak() {
     let name = nic_name("fuzz");
     let ring = 16;
-    let mut drv = open_driver(&name, &opts(ring, 2048, 9000)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(ring, 2048, 9000)).unwrap();
     let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let mut p = pool(2048, 32);
     let mut x: u64 = 0x1234_5678_9abc_def1;
@@ -285,9 +286,9 @@ fn garbage_descriptors_never_panic_or_leak() {
 #[test]
 fn busy_names_are_refused() {
     let name = nic_name("busy");
-    let _drv = open_driver(&name, &opts(8, 2048, 1500)).unwrap();
+    let _drv = NicDriver::create(&name, &opts(8, 2048, 1500)).unwrap();
     assert!(matches!(
-        open_driver(&name, &opts(8, 2048, 1500)),
+        NicDriver::create(&name, &opts(8, 2048, 1500)),
         Err(NicError::Busy(_))
     ));
     let _dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
@@ -299,13 +300,13 @@ fn busy_names_are_refused() {
         DeviceSide::attach(&nic_name("nonexistent"), Duration::from_millis(10)),
         Err(NicError::NotFound(_))
     ));
-    assert!(open_driver("../etc", &opts(8, 2048, 1500)).is_err());
+    assert!(NicDriver::create("../etc", &opts(8, 2048, 1500)).is_err());
 }
 
 #[test]
 fn transmit_verify_and_echo() {
     let name = nic_name("tx");
-    let mut drv = open_driver(&name, &opts(8, 2048, 9000)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(8, 2048, 9000)).unwrap();
     let mut dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let mut p = pool(2048, 128);
     let t = template(&dev, 3000);
@@ -356,7 +357,7 @@ fn run_with_thread(
     name: &str,
     drv: &mut NicDriver,
     p: &mut PacketPool,
-    args: NicemuArgs,
+    args: NicemuOptions,
 ) -> (DeviceReport, Vec<(u64, bool, usize)>) {
     let h = std::thread::spawn(move || run_device_report(&args).unwrap());
     let mut got = Vec::new();
@@ -377,9 +378,9 @@ fn run_with_thread(
 #[test]
 fn device_thread_with_every_fault_keeps_counters_exact() {
     let name = nic_name("faults");
-    let mut drv = open_driver(&name, &opts(64, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(64, 2048, 1500)).unwrap();
     let mut p = pool(2048, 256);
-    let mut a = NicemuArgs::new(&name);
+    let mut a = NicemuOptions::new(&name);
     a.count = 3000;
     a.interval_ns = 2000;
     a.size = 700;
@@ -439,9 +440,9 @@ fn device_thread_with_every_fault_keeps_counters_exact() {
 #[test]
 fn burst_overflows_the_ring_and_counts_are_exact() {
     let name = nic_name("burst");
-    let mut drv = open_driver(&name, &opts(32, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(32, 2048, 1500)).unwrap();
     let mut p = pool(2048, 256);
-    let mut a = NicemuArgs::new(&name);
+    let mut a = NicemuOptions::new(&name);
     a.count = 400;
     a.interval_ns = 20_000;
     a.burst_every = 100;
@@ -473,9 +474,9 @@ fn interrupts_per_packet_and_moderated() {
         o.irq_mode = mode;
         o.itr_pkts = itr_pkts;
         o.itr_ns = 0;
-        let mut drv = open_driver(&name, &o).unwrap();
+        let mut drv = NicDriver::create(&name, &o).unwrap();
         let mut p = pool(2048, 512);
-        let mut a = NicemuArgs::new(&name);
+        let mut a = NicemuOptions::new(&name);
         a.count = 400;
         a.interval_ns = if itr_pkts > 0 { 4_000 } else { 50_000 };
         a.size = 200;
@@ -512,9 +513,9 @@ fn interrupts_per_packet_and_moderated() {
 #[test]
 fn device_death_in_a_thread_takes_the_link_down() {
     let name = nic_name("death");
-    let mut drv = open_driver(&name, &opts(64, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(64, 2048, 1500)).unwrap();
     let mut p = pool(2048, 256);
-    let mut a = NicemuArgs::new(&name);
+    let mut a = NicemuOptions::new(&name);
     a.count = 10_000;
     a.interval_ns = 10_000;
     a.die_after = Some(200);
@@ -538,7 +539,7 @@ fn device_death_in_a_thread_takes_the_link_down() {
 #[test]
 fn waker_interrupts_wait() {
     let name = nic_name("waker");
-    let mut drv = open_driver(&name, &opts(8, 2048, 1500)).unwrap();
+    let mut drv = NicDriver::create(&name, &opts(8, 2048, 1500)).unwrap();
     let _dev = DeviceSide::attach(&name, Duration::from_secs(1)).unwrap();
     let w = drv.waker();
     let h = std::thread::spawn(move || {

@@ -1,36 +1,41 @@
-//! The device side in its own process, as in real use: frames flow, and when the
+//! The device side in its own process, as in real use (the test binary re-executes
+//! itself as the device side, selected through `child_hook`): frames flow, and when the
 //! process dies (abort, no clean-up) the driver reports the link down.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use usnet_link::nic::{NicDriver, NicOptions};
 use usnet_link::{Device, LinkState};
-use usnet_nicemu::{open_driver, DriverOpts};
+use usnet_nicemu::{device_command, maybe_run_child, NicemuOptions};
 use usnet_pool::{PacketPool, PoolConfig};
+
+/// Entry point of the re-executed device side; a no-op in the normal test run.
+#[test]
+fn child_hook() {
+    maybe_run_child();
+}
 
 #[test]
 fn device_process_dies_mid_run_and_link_goes_down() {
     let name = format!("t-proc-{}", std::process::id());
-    let mut drv = open_driver(
+    let mut drv = NicDriver::create(
         &name,
-        &DriverOpts {
+        &NicOptions {
             rx_ring: 64,
             ..Default::default()
         },
     )
     .unwrap();
     let mut p = PacketPool::new(&PoolConfig::default()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_usnet-nicemu"))
-        .args([
-            "nicemu",
-            "--name",
-            &name,
-            "--count",
-            "100000",
-            "--interval-ns",
-            "20000",
-        ])
-        .args(["--die-after", "300", "--start-delay-ms", "1", "--quiet"])
+    let mut o = NicemuOptions::new(&name);
+    o.count = 100000;
+    o.interval_ns = 20000;
+    o.die_after = Some(300);
+    o.start_delay_ms = 1;
+    o.quiet = true;
+    let mut child = device_command(&o)
+        .unwrap()
+        .args(["child_hook", "--exact", "--nocapture", "--test-threads=1"])
         .spawn()
         .unwrap();
     let t0 = Instant::now();
@@ -55,7 +60,18 @@ fn device_process_dies_mid_run_and_link_goes_down() {
             "no link down after the device died"
         );
     }
-    let status = child.wait().unwrap();
+    // The device side aborted (that is how the link went down): reap it, with a deadline.
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            panic!("the device side did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     assert!(!status.success(), "the device side aborted");
     // Frames placed before the death are all there.
     out.clear();

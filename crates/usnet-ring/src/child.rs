@@ -7,11 +7,11 @@
 //! writes random bytes over random offsets of the area for `millis` ms.
 
 use crate::ring::{ExecOptions, Request, Ring, WaitPolicy};
-use crate::shm::{adopt_fd, inherit_fd};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use usnet_shm::{adopt_inherited_fd, inherit_fd};
 
 /// Environment variable marking a re-executed ring peer.
 pub const CHILD_ENV: &str = "USNET_RING_CHILD";
@@ -53,7 +53,7 @@ fn field<T: std::str::FromStr>(f: Option<&str>, what: &str) -> io::Result<T> {
 fn run_child(spec: &str) -> io::Result<()> {
     let mut it = spec.split(':');
     let mode = it.next().unwrap_or("");
-    let fd = adopt_fd(field(it.next(), "fd")?)?;
+    let fd = adopt_inherited_fd(field(it.next(), "fd")?)?;
     match mode {
         "echo" => {
             let wait = match it.next() {
@@ -80,7 +80,7 @@ fn run_child(spec: &str) -> io::Result<()> {
             let seed: u64 = field(it.next(), "seed")?;
             let ms: u64 = field(it.next(), "millis")?;
             let ring = Ring::from_fd(fd, WaitPolicy::SLEEP).map_err(io::Error::other)?;
-            let (p, len) = ring.raw_area();
+            let len = ring.fuzz_area_len();
             let mut x = seed | 1;
             let end = Instant::now() + Duration::from_millis(ms);
             while Instant::now() < end {
@@ -89,11 +89,8 @@ fn run_child(spec: &str) -> io::Result<()> {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let off = (x >> 16) as usize % len;
-                    // SAFETY: `off < len` lies inside our live mapping. Only
-                    // this thread of this process touches the mapping, so the
-                    // write races with nothing in our abstract machine; the
-                    // other process sees arbitrary bytes, as intended.
-                    unsafe { p.add(off).write_volatile(x as u8) };
+                    // The other process sees arbitrary bytes, as intended.
+                    ring.fuzz_poke(off, x as u8);
                 }
                 std::thread::sleep(Duration::from_micros(50));
             }
@@ -116,6 +113,6 @@ pub fn spawn_child(ring: &Ring, mode: &str, spec_tail: &str, args: &[&str]) -> i
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(args)
         .env(CHILD_ENV, format!("{mode}:{fd}:{spec_tail}"));
-    inherit_fd(&mut cmd, fd);
+    inherit_fd(&mut cmd, ring.fd());
     cmd.spawn()
 }

@@ -16,7 +16,6 @@
 //!
 //! See `docs/async-syscall.md` for the design and measurements.
 
-mod futex;
 pub mod layout;
 mod queue;
 mod ring;
@@ -25,8 +24,6 @@ mod sync;
 #[cfg(not(loom))]
 mod syscall;
 
-#[cfg(all(not(loom), feature = "bench"))]
-pub mod bench;
 #[cfg(not(loom))]
 mod child;
 

@@ -23,8 +23,11 @@
 //! undefined behaviour.
 //!
 //! # Waiting and the lost wake-up argument
-//! Both directions use the same protocol on a [`WaitWord`] `{seq, waiters}`
-//! (the "needs wakeup" flag is `waiters != 0`):
+//! Both directions use the same protocol on a `layout::WaitWord` `{seq,
+//! waiters}` (the "needs wakeup" flag is `waiters != 0`). It is
+//! `usnet_shm::doorbell::Gate`, the one implementation every shared-memory
+//! user in usnet runs; loom checks it here through the model futex in
+//! `sync.rs`:
 //!
 //! ```text
 //! waiter                                   waker
@@ -54,15 +57,19 @@
 //! sees the late submission, or the submitter sees the exit and cancels its
 //! own stranded request (see [`Ring::cancel_pending`]).
 
-use crate::futex::Futex;
-use crate::layout::{ctl, state, Geometry, Header, SyscallInfo, WaitWord};
+use crate::layout::{ctl, state, Geometry};
 use crate::queue::{OwnedQueue, Queue};
-use crate::shm::Region;
-use crate::sync::{fence, spin_hint, AtomicU32, AtomicU64};
+use crate::shm::{Entry, Region, WaitRef};
+use crate::sync::{fence, spin_hint, AtomicU32, AtomicU64, Futex};
 use std::sync::atomic::AtomicU64 as StatU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use usnet_shm::doorbell::Gate;
+
+/// Longest single futex sleep when the caller has no deadline: waits are
+/// sliced (every waiting loop re-checks), so nothing sleeps unbounded.
+const IDLE_SLICE: Duration = Duration::from_secs(1);
 
 /// Errors of ring operations.
 #[derive(Debug, thiserror::Error)]
@@ -394,43 +401,43 @@ impl Ring {
     /// Completions posted (or being posted) and not yet reaped, from the CQ
     /// positions: a hint for pollers (untrusted, may be off transiently).
     pub fn completions_hint(&self) -> u32 {
-        let h = self.hdr();
-        h.cq_tail
-            .0
+        let r = self.region();
+        r.cq_tail()
             .load(Acquire)
-            .wrapping_sub(h.cq_head.0.load(Relaxed))
+            .wrapping_sub(r.cq_head().load(Relaxed))
             .min(self.inner.n)
     }
 
     /// True once [`Ring::exit`] was called (by any party).
     pub fn is_exiting(&self) -> bool {
-        self.hdr().ctl.0.load(Acquire) != ctl::RUNNING
+        self.region().ctl().load(Acquire) != ctl::RUNNING
     }
 
-    fn hdr(&self) -> &Header {
-        self.inner.region.header()
+    fn region(&self) -> &Region {
+        &self.inner.region
     }
 
-    fn entries(&self) -> &[SyscallInfo] {
-        self.inner.region.entries()
+    /// Entry `i`; callers range-check `i < n` first.
+    fn entry(&self, i: u32) -> Entry<'_> {
+        self.inner.region.entry(i)
     }
 
     fn sq(&self) -> Queue<'_> {
-        let h = self.hdr();
+        let r = self.region();
         Queue {
-            cells: self.inner.region.sq(),
-            head: &h.sq_head.0,
-            tail: &h.sq_tail.0,
+            cells: r.sq(),
+            head: r.sq_head(),
+            tail: r.sq_tail(),
             mask: self.inner.n - 1,
         }
     }
 
     fn cq(&self) -> Queue<'_> {
-        let h = self.hdr();
+        let r = self.region();
         Queue {
-            cells: self.inner.region.cq(),
-            head: &h.cq_head.0,
-            tail: &h.cq_tail.0,
+            cells: r.cq(),
+            head: r.cq_head(),
+            tail: r.cq_tail(),
             mask: self.inner.n - 1,
         }
     }
@@ -447,20 +454,15 @@ impl Ring {
 
     /// Wake sleepers on `ww` if any announced themselves (waker half of the
     /// protocol in the module docs; the caller published before calling).
-    fn notify(&self, ww: &WaitWord, fx: &Futex, n: i32) {
-        // F2: orders the caller's publication before the `waiters` load.
-        fence(SeqCst);
-        if ww.waiters.load(Relaxed) != 0 {
-            ww.seq.fetch_add(1, Release);
-            fx.wake(&ww.seq, n);
-        }
+    fn notify(&self, ww: WaitRef<'_>, fx: &Futex, n: u32) {
+        Gate::with_futex(ww.seq, ww.waiters, fx).notify(n);
     }
 
     /// Waiter half: spin, then announce and sleep unless `ready`. Returns
     /// after `ready` was seen, a wake-up, or the timeout; callers loop.
     fn wait_on(
         &self,
-        ww: &WaitWord,
+        ww: WaitRef<'_>,
         fx: &Futex,
         spin: &mut Spinner,
         ready: &dyn Fn() -> bool,
@@ -469,14 +471,11 @@ impl Ring {
         if spin.spin(ready) || spin.limit == Duration::MAX {
             return; // ready, or spin-only policy (the caller re-checks)
         }
-        let s = ww.seq.load(Acquire);
-        ww.waiters.fetch_add(1, SeqCst);
-        // F1: orders the announcement before the re-check.
-        fence(SeqCst);
-        if !ready() {
-            fx.wait(&ww.seq, s, timeout);
-        }
-        ww.waiters.fetch_sub(1, Release);
+        let gate = Gate::with_futex(ww.seq, ww.waiters, fx);
+        let s = gate.seq();
+        // Announce, fence (F1), re-check, sleep. Without a deadline of the
+        // caller's the sleep is sliced; every caller loops and re-checks.
+        gate.sleep(s, ready, timeout.unwrap_or(IDLE_SLICE));
     }
 
     // --------------------------------------------------------------- requester
@@ -505,7 +504,7 @@ impl Ring {
                 break;
             }
             for (i, c) in idx[..n].iter().zip(chunk) {
-                let e = &self.entries()[*i as usize];
+                let e = self.entry(*i);
                 e.num.store(c.num, Relaxed);
                 for (a, v) in e.arg.iter().zip(c.args) {
                     a.store(v, Relaxed);
@@ -537,7 +536,7 @@ impl Ring {
                 // Only a corrupted queue stays full that long. Roll back.
                 stat(&inner.errors.queue_corrupt);
                 for &i in &idx[pushed..n] {
-                    self.entries()[i as usize].state.store(state::NONE, Relaxed);
+                    self.entry(i).state.store(state::NONE, Relaxed);
                     inner.inflight[i as usize].store(0, Relaxed);
                 }
                 let _ = inner.free.view().push(&idx[pushed..n]);
@@ -545,12 +544,12 @@ impl Ring {
             }
             total += pushed;
             if pushed > 0 {
-                self.notify(&self.hdr().sq_wait.0, &inner.sq_futex, pushed as i32);
+                self.notify(self.region().sq_wait(), &inner.sq_futex, pushed as u32);
                 // Exit race (module docs): the fence in notify orders our push
                 // before this load. If exit already began, the exec threads
                 // may have made their final empty check: cancel what is still
                 // queued ourselves (whoever pops an index completes it).
-                if self.hdr().ctl.0.load(SeqCst) != ctl::RUNNING {
+                if self.region().ctl().load(SeqCst) != ctl::RUNNING {
                     self.cancel_pending();
                 }
             }
@@ -575,7 +574,7 @@ impl Ring {
             stat(&inner.errors.bad_completion);
             return None;
         }
-        let e = &self.entries()[idx as usize];
+        let e = self.entry(idx);
         let result = match e
             .state
             .compare_exchange(state::COMPLETED, state::NONE, Acquire, Relaxed)
@@ -644,7 +643,7 @@ impl Ring {
         let cq = self.cq();
         let ready = || cq.maybe_nonempty() || (self.is_exiting() && self.in_flight() == 0);
         self.wait_on(
-            &self.hdr().cq_wait.0,
+            self.region().cq_wait(),
             &self.inner.cq_futex,
             spin,
             &ready,
@@ -740,7 +739,7 @@ impl Ring {
 
     /// [`Ring::wakeup`] reaping at most `max` (>= 1) completions.
     pub fn wakeup_max(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize, Error> {
-        self.notify(&self.hdr().sq_wait.0, &self.inner.sq_futex, i32::MAX);
+        self.notify(self.region().sq_wait(), &self.inner.sq_futex, u32::MAX);
         self.wait_max(out, 1, max, None)
     }
 
@@ -758,7 +757,7 @@ impl Ring {
             stat(&self.inner.errors.bad_index);
             return None;
         }
-        let e = &self.entries()[idx as usize];
+        let e = self.entry(idx);
         // HASCALL -> EXECUTING: exactly one exec thread wins, so a request
         // runs at most once even if its index was queued twice. Acquire pairs
         // with the requester's release of HASCALL (arguments visible).
@@ -812,11 +811,11 @@ impl Ring {
                 }
             }
         }
-        self.notify(&self.hdr().cq_wait.0, &self.inner.cq_futex, i32::MAX);
+        self.notify(self.region().cq_wait(), &self.inner.cq_futex, u32::MAX);
     }
 
     fn process(&self, idx: &[u32], handler: &mut dyn FnMut(&Request) -> i64, st: &mut ExecStats) {
-        let cancel = self.hdr().ctl.0.load(Acquire) == ctl::EXIT_CANCEL;
+        let cancel = self.region().ctl().load(Acquire) == ctl::EXIT_CANCEL;
         let mut done = [0u32; 64];
         let mut nd = 0;
         for &i in idx {
@@ -845,7 +844,7 @@ impl Ring {
         let b = opts.batch.clamp(1, 64);
         let mut spin = Spinner::new(opts.wait);
         let sq = self.sq();
-        let ctlw = &self.hdr().ctl.0;
+        let ctlw = self.region().ctl();
         loop {
             let n = self.pop_sq(&mut buf[..b]);
             if n > 0 {
@@ -865,7 +864,7 @@ impl Ring {
             }
             let ready = || sq.maybe_nonempty() || ctlw.load(Relaxed) != ctl::RUNNING;
             self.wait_on(
-                &self.hdr().sq_wait.0,
+                self.region().sq_wait(),
                 &self.inner.sq_futex,
                 &mut spin,
                 &ready,
@@ -914,7 +913,7 @@ impl Ring {
             ExitMode::Drain => ctl::EXIT_DRAIN,
             ExitMode::Cancel => ctl::EXIT_CANCEL,
         };
-        let c = &self.hdr().ctl.0;
+        let c = self.region().ctl();
         let mut cur = c.load(SeqCst);
         while cur < v {
             match c.compare_exchange(cur, v, SeqCst, SeqCst) {
@@ -923,13 +922,12 @@ impl Ring {
             }
         }
         fence(SeqCst);
-        let h = self.hdr();
+        let r = self.region();
         for (ww, fx) in [
-            (&h.sq_wait.0, &self.inner.sq_futex),
-            (&h.cq_wait.0, &self.inner.cq_futex),
+            (r.sq_wait(), &self.inner.sq_futex),
+            (r.cq_wait(), &self.inner.cq_futex),
         ] {
-            ww.seq.fetch_add(1, Release);
-            fx.wake(&ww.seq, i32::MAX);
+            Gate::with_futex(ww.seq, ww.waiters, fx).ring(u32::MAX);
         }
     }
 
@@ -948,7 +946,7 @@ impl Ring {
             x
         };
         let n = self.inner.n as u64;
-        let h = self.hdr();
+        let area = self.region();
         for _ in 0..count {
             let r = rnd();
             let v = rnd();
@@ -959,31 +957,35 @@ impl Ring {
                 (v >> 8) as u32
             };
             match r % 8 {
-                0 => self.entries()[(r >> 8) as usize % n as usize]
+                0 => self
+                    .entry(((r >> 8) % n) as u32)
                     .state
                     .store(v32 % 6, Relaxed),
-                1 => self.entries()[(r >> 8) as usize % n as usize]
-                    .state
-                    .store(v32, Relaxed),
-                2 => self.inner.region.sq()[(r >> 8) as usize % n as usize].store(v, Relaxed),
-                3 => self.inner.region.cq()[(r >> 8) as usize % n as usize].store(v, Relaxed),
+                1 => self.entry(((r >> 8) % n) as u32).state.store(v32, Relaxed),
+                2 => area.sq()[(r >> 8) as usize % n as usize].store(v, Relaxed),
+                3 => area.cq()[(r >> 8) as usize % n as usize].store(v, Relaxed),
                 4 => {
-                    let c = &self.inner.region.cq()[(r >> 8) as usize % n as usize];
+                    let c = &area.cq()[(r >> 8) as usize % n as usize];
                     // A plausible "produced" cell with a random index.
                     let s = (c.load(Relaxed) >> 32) as u32;
                     c.store(((s.wrapping_add(1) as u64) << 32) | v32 as u64, Relaxed)
                 }
                 5 => {
-                    let c = &self.inner.region.sq()[(r >> 8) as usize % n as usize];
+                    let c = &area.sq()[(r >> 8) as usize % n as usize];
                     let s = (c.load(Relaxed) >> 32) as u32;
                     c.store(((s.wrapping_add(1) as u64) << 32) | v32 as u64, Relaxed)
                 }
                 6 => {
-                    let pos = [&h.sq_tail.0, &h.sq_head.0, &h.cq_tail.0, &h.cq_head.0];
+                    let pos = [
+                        area.sq_tail(),
+                        area.sq_head(),
+                        area.cq_tail(),
+                        area.cq_head(),
+                    ];
                     pos[(r >> 8) as usize % 4].fetch_add(v32 % 3, Relaxed);
                 }
                 _ => {
-                    let e = &self.entries()[(r >> 8) as usize % n as usize];
+                    let e = self.entry(((r >> 8) % n) as u32);
                     e.num.store(v32, Relaxed);
                     e.ret.store(v as i64, Relaxed);
                 }
@@ -991,10 +993,18 @@ impl Ring {
         }
     }
 
-    /// Raw pointer and length of the mapping (cross-process fuzzing).
+    /// Length of the shared area (cross-process fuzzing).
     #[cfg(not(loom))]
     #[doc(hidden)]
-    pub fn raw_area(&self) -> (*mut u8, usize) {
-        self.inner.region.raw()
+    pub fn fuzz_area_len(&self) -> usize {
+        self.inner.region.len()
+    }
+
+    /// Write one byte at `off` of the shared area with a plain store, as a
+    /// buggy or hostile peer process would (cross-process fuzzing).
+    #[cfg(not(loom))]
+    #[doc(hidden)]
+    pub fn fuzz_poke(&self, off: usize, byte: u8) {
+        self.inner.region.poke(off, byte)
     }
 }

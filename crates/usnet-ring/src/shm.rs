@@ -1,92 +1,77 @@
-//! Backing memory of a request area: a sealed memfd mapped `MAP_SHARED`
-//! (threads and processes), or under loom a heap allocation of loom atomics.
+//! Backing memory of a request area: a sealed memfd mapped through
+//! `usnet_shm::Region` (threads and processes), or under loom a heap
+//! allocation of loom atomics.
 //!
-//! This is one of the few modules with `unsafe`: it turns the mapping into
-//! references to atomics.
+//! Both give the ring the same views: the header words by name, the SQ/CQ
+//! cells as slices and one entry at a time as [`Entry`]. The real one finds
+//! them at the offsets of the `layout` types, checked by the region; no
+//! `unsafe` here.
 
-use crate::layout::{Geometry, Header, SyscallInfo};
-use crate::sync::AtomicU64;
-use std::io;
+use crate::layout::Geometry;
+use crate::sync::{AtomicI64, AtomicU32, AtomicU64};
 
 #[cfg(loom)]
 pub(crate) use model::Region;
 #[cfg(not(loom))]
 pub(crate) use real::Region;
 
+/// A wait word `{seq, waiters}` of the header (see `layout::WaitWord`).
+#[derive(Clone, Copy)]
+pub(crate) struct WaitRef<'a> {
+    pub seq: &'a AtomicU32,
+    pub waiters: &'a AtomicU32,
+}
+
+/// One entry, the document's `syscall_info` (see `layout::SyscallInfo`).
+#[derive(Clone, Copy)]
+pub(crate) struct Entry<'a> {
+    pub state: &'a AtomicU32,
+    pub num: &'a AtomicU32,
+    pub arg: &'a [AtomicU64; 6],
+    pub ret: &'a AtomicI64,
+}
+
 #[cfg(not(loom))]
 mod real {
     use super::*;
-    use crate::layout::{HEADER_SIZE, MAGIC, VERSION};
-    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-    use std::ptr::NonNull;
+    use crate::layout::{
+        Header, Meta, SyscallInfo, WaitWord, ENTRY_SIZE, HEADER_SIZE, MAGIC, VERSION,
+    };
+    use std::io;
+    use std::mem::offset_of;
+    use std::os::fd::{BorrowedFd, OwnedFd};
     use std::sync::atomic::Ordering;
+
+    const META: usize = offset_of!(Header, meta);
+    const MAGIC_AT: usize = META + offset_of!(Meta, magic);
+    const VERSION_AT: usize = META + offset_of!(Meta, version);
+    const NENTRIES_AT: usize = META + offset_of!(Meta, nentries);
+    const TOTAL_AT: usize = META + offset_of!(Meta, total_size);
+    const SQ_TAIL: usize = offset_of!(Header, sq_tail);
+    const SQ_HEAD: usize = offset_of!(Header, sq_head);
+    const CQ_TAIL: usize = offset_of!(Header, cq_tail);
+    const CQ_HEAD: usize = offset_of!(Header, cq_head);
+    const SQ_WAIT: usize = offset_of!(Header, sq_wait);
+    const CQ_WAIT: usize = offset_of!(Header, cq_wait);
+    const CTL: usize = offset_of!(Header, ctl);
+    const E_STATE: usize = offset_of!(SyscallInfo, state);
+    const E_NUM: usize = offset_of!(SyscallInfo, num);
+    const E_ARG: usize = offset_of!(SyscallInfo, arg);
+    const E_RET: usize = offset_of!(SyscallInfo, ret);
 
     /// A mapped request area.
     pub(crate) struct Region {
-        ptr: NonNull<u8>,
-        map_len: usize,
+        map: usnet_shm::Region,
         geo: Geometry,
-        fd: OwnedFd,
-    }
-
-    // SAFETY: the mapping is only accessed through atomics (`&Header`,
-    // `&[AtomicU64]`, `&[SyscallInfo]`), which are Sync; the pointer is owned
-    // and unmapped once in Drop.
-    unsafe impl Send for Region {}
-    // SAFETY: see above.
-    unsafe impl Sync for Region {}
-
-    fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r)
-        }
-    }
-
-    fn map(fd: RawFd, len: usize) -> io::Result<NonNull<u8>> {
-        // SAFETY: a fresh shared mapping of a file we hold open; no existing
-        // memory is affected. The result is checked for MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))
     }
 
     impl Region {
         /// Create a new sealed memfd of the right size and initialise the area.
         pub(crate) fn create(geo: Geometry) -> io::Result<Region> {
-            let name = c"usnet-ring";
-            // SAFETY: valid NUL-terminated name; flags are plain integers.
-            let raw = cvt(unsafe {
-                libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-            })?;
-            // SAFETY: `raw` is a fresh descriptor we own.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            // SAFETY: plain syscalls on our descriptor.
-            cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), geo.total as libc::off_t) })?;
-            // Seal the size so no party can shrink the file under a mapping
-            // (which would turn accesses into SIGBUS).
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-            // SAFETY: plain fcntl on our descriptor.
-            cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
-            let ptr = map(fd.as_raw_fd(), geo.total)?;
-            let r = Region {
-                ptr,
-                map_len: geo.total,
-                geo,
-                fd,
-            };
+            // Sealed against resizing, so no party can shrink the file under a
+            // mapping (which would turn accesses into SIGBUS).
+            let map = usnet_shm::Region::create_memfd(c"usnet-ring", geo.total, true)?;
+            let r = Region { map, geo };
             // Fresh memfd pages are zero: every atomic starts at 0, which is
             // what the header wants. The cells need their initial sequence
             // numbers: cell i starts with seq i (free for lap 0).
@@ -96,11 +81,14 @@ mod real {
             for (i, c) in r.cq().iter().enumerate() {
                 c.store((i as u64) << 32, Ordering::Relaxed);
             }
-            let m = &r.header().meta.0;
-            m.nentries.store(geo.nentries, Ordering::Relaxed);
-            m.total_size.store(geo.total as u64, Ordering::Relaxed);
-            m.version.store(VERSION, Ordering::Relaxed);
-            m.magic.store(MAGIC, Ordering::Release);
+            r.map
+                .u32(NENTRIES_AT)
+                .store(geo.nentries, Ordering::Relaxed);
+            r.map
+                .u64(TOTAL_AT)
+                .store(geo.total as u64, Ordering::Relaxed);
+            r.map.u32(VERSION_AT).store(VERSION, Ordering::Relaxed);
+            r.map.u64(MAGIC_AT).store(MAGIC, Ordering::Release);
             Ok(r)
         }
 
@@ -108,42 +96,19 @@ mod real {
         /// is validated: seals, size, magic, version, geometry.
         pub(crate) fn attach(fd: OwnedFd) -> io::Result<Region> {
             let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
-            // SAFETY: plain fcntl on a descriptor we own.
-            let seals = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
-            if seals & libc::F_SEAL_SHRINK == 0 {
-                return Err(bad("request area is not sealed against shrinking"));
-            }
-            // SAFETY: zeroed stat is a valid out-parameter for fstat.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: valid descriptor and out-pointer.
-            cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-            let size = st.st_size as usize;
-            if !(HEADER_SIZE..=(1 << 30)).contains(&size) {
-                return Err(bad("request area has a bad size"));
-            }
-            let ptr = map(fd.as_raw_fd(), size)?;
-            // Build the region with a provisional 1-entry geometry so Drop
-            // unmaps on every error path; replaced once validated.
-            let mut r = Region {
-                ptr,
-                map_len: size,
-                geo: Geometry::new(1).unwrap(),
-                fd,
-            };
-            let m = &r.header().meta.0;
-            if m.magic.load(Ordering::Acquire) != MAGIC {
+            let map = usnet_shm::Region::attach_memfd(fd, HEADER_SIZE, 1 << 30, true)?;
+            if map.u64(MAGIC_AT).load(Ordering::Acquire) != MAGIC {
                 return Err(bad("bad magic"));
             }
-            if m.version.load(Ordering::Relaxed) != VERSION {
+            if map.u32(VERSION_AT).load(Ordering::Relaxed) != VERSION {
                 return Err(bad("unsupported version"));
             }
-            let n = m.nentries.load(Ordering::Relaxed);
+            let n = map.u32(NENTRIES_AT).load(Ordering::Relaxed);
             let geo = Geometry::new(n).ok_or_else(|| bad("bad entry count"))?;
-            if geo.total > size {
+            if geo.total > map.len() {
                 return Err(bad("area smaller than its geometry"));
             }
-            r.geo = geo;
-            Ok(r)
+            Ok(Region { map, geo })
         }
 
         pub(crate) fn geometry(&self) -> Geometry {
@@ -151,107 +116,83 @@ mod real {
         }
 
         pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-            use std::os::fd::AsFd;
-            self.fd.as_fd()
+            self.map.fd()
         }
 
-        pub(crate) fn header(&self) -> &Header {
-            // SAFETY: the mapping is at least HEADER_SIZE bytes (checked in
-            // create/attach), page aligned (so aligned for Header), lives as
-            // long as `self`, and Header consists only of atomics, for which
-            // any bit pattern is valid and shared mutation is allowed.
-            unsafe { &*self.ptr.as_ptr().cast::<Header>() }
+        pub(crate) fn sq_tail(&self) -> &AtomicU32 {
+            self.map.u32(SQ_TAIL)
+        }
+        pub(crate) fn sq_head(&self) -> &AtomicU32 {
+            self.map.u32(SQ_HEAD)
+        }
+        pub(crate) fn cq_tail(&self) -> &AtomicU32 {
+            self.map.u32(CQ_TAIL)
+        }
+        pub(crate) fn cq_head(&self) -> &AtomicU32 {
+            self.map.u32(CQ_HEAD)
+        }
+        pub(crate) fn ctl(&self) -> &AtomicU32 {
+            self.map.u32(CTL)
+        }
+        fn wait(&self, at: usize) -> WaitRef<'_> {
+            WaitRef {
+                seq: self.map.u32(at + offset_of!(WaitWord, seq)),
+                waiters: self.map.u32(at + offset_of!(WaitWord, waiters)),
+            }
+        }
+        pub(crate) fn sq_wait(&self) -> WaitRef<'_> {
+            self.wait(SQ_WAIT)
+        }
+        pub(crate) fn cq_wait(&self) -> WaitRef<'_> {
+            self.wait(CQ_WAIT)
         }
 
         pub(crate) fn sq(&self) -> &[AtomicU64] {
-            // SAFETY: geometry validated against the mapping size; offset is
-            // 64-byte aligned; AtomicU64 accepts any bits.
-            unsafe {
-                std::slice::from_raw_parts(
-                    self.ptr.as_ptr().add(self.geo.sq_off).cast::<AtomicU64>(),
-                    self.geo.nentries as usize,
-                )
-            }
+            self.map
+                .slice(self.geo.sq_off, self.geo.nentries as usize)
+                .expect("geometry validated against the mapping")
         }
 
         pub(crate) fn cq(&self) -> &[AtomicU64] {
-            // SAFETY: as for `sq`.
-            unsafe {
-                std::slice::from_raw_parts(
-                    self.ptr.as_ptr().add(self.geo.cq_off).cast::<AtomicU64>(),
-                    self.geo.nentries as usize,
-                )
+            self.map
+                .slice(self.geo.cq_off, self.geo.nentries as usize)
+                .expect("geometry validated against the mapping")
+        }
+
+        /// Entry `i`; callers range-check `i < nentries` first.
+        #[inline]
+        pub(crate) fn entry(&self, i: u32) -> Entry<'_> {
+            assert!(i < self.geo.nentries, "entry index checked by the caller");
+            let e = self.geo.ent_off + i as usize * ENTRY_SIZE;
+            Entry {
+                state: self.map.u32(e + E_STATE),
+                num: self.map.u32(e + E_NUM),
+                arg: self
+                    .map
+                    .at(e + E_ARG)
+                    .expect("geometry validated against the mapping"),
+                ret: self.map.i64(e + E_RET),
             }
         }
 
-        pub(crate) fn entries(&self) -> &[SyscallInfo] {
-            // SAFETY: as for `sq`; SyscallInfo is repr(C) atomics only,
-            // 64-byte aligned offset.
-            unsafe {
-                std::slice::from_raw_parts(
-                    self.ptr
-                        .as_ptr()
-                        .add(self.geo.ent_off)
-                        .cast::<SyscallInfo>(),
-                    self.geo.nentries as usize,
-                )
-            }
+        /// Size of the mapping (cross-process fuzzing).
+        pub(crate) fn len(&self) -> usize {
+            self.map.len()
         }
 
-        /// The whole mapping as a byte pointer and length (the fuzz tests use
-        /// it to scribble over the area, as a hostile peer would).
-        pub(crate) fn raw(&self) -> (*mut u8, usize) {
-            (self.ptr.as_ptr(), self.map_len)
+        /// Write one byte anywhere in the area, as a buggy or hostile peer
+        /// would (cross-process fuzzing). Offsets past the end are ignored.
+        pub(crate) fn poke(&self, off: usize, byte: u8) {
+            let _ = self.map.write(off, &[byte]);
         }
-    }
-
-    impl Drop for Region {
-        fn drop(&mut self) {
-            // SAFETY: unmapping exactly the range we mapped; no references
-            // into it outlive `self` (all accessors borrow `self`).
-            unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
-            }
-        }
-    }
-
-    /// Make `fd` survive `exec` in the child spawned by `cmd` (clears
-    /// `FD_CLOEXEC` between fork and exec, so other threads' children never
-    /// inherit it).
-    pub(crate) fn inherit_fd(cmd: &mut std::process::Command, fd: RawFd) {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the closure only calls fcntl, which is async-signal-safe,
-        // on an fd number that is open in the forked child.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-
-    /// Take ownership of an inherited descriptor number after validating
-    /// that it is open.
-    pub(crate) fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
-        // SAFETY: F_GETFD on an arbitrary number is harmless.
-        if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "inherited fd is not open",
-            ));
-        }
-        // SAFETY: the descriptor is open and, by the child protocol, ours.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 }
 
 #[cfg(loom)]
 mod model {
     use super::*;
-    use crate::layout::{Line, Meta, WaitWord};
-    use crate::sync::{AtomicI64, AtomicU32};
+    use crate::layout::{Header, Line, Meta, SyscallInfo, WaitWord};
+    use std::io;
 
     /// Heap-allocated area made of loom atomics.
     pub(crate) struct Region {
@@ -308,8 +249,34 @@ mod model {
         pub(crate) fn geometry(&self) -> Geometry {
             self.geo
         }
-        pub(crate) fn header(&self) -> &Header {
-            &self.header
+        pub(crate) fn sq_tail(&self) -> &AtomicU32 {
+            &self.header.sq_tail.0
+        }
+        pub(crate) fn sq_head(&self) -> &AtomicU32 {
+            &self.header.sq_head.0
+        }
+        pub(crate) fn cq_tail(&self) -> &AtomicU32 {
+            &self.header.cq_tail.0
+        }
+        pub(crate) fn cq_head(&self) -> &AtomicU32 {
+            &self.header.cq_head.0
+        }
+        pub(crate) fn ctl(&self) -> &AtomicU32 {
+            &self.header.ctl.0
+        }
+        pub(crate) fn sq_wait(&self) -> WaitRef<'_> {
+            let w = &self.header.sq_wait.0;
+            WaitRef {
+                seq: &w.seq,
+                waiters: &w.waiters,
+            }
+        }
+        pub(crate) fn cq_wait(&self) -> WaitRef<'_> {
+            let w = &self.header.cq_wait.0;
+            WaitRef {
+                seq: &w.seq,
+                waiters: &w.waiters,
+            }
         }
         pub(crate) fn sq(&self) -> &[AtomicU64] {
             &self.sq
@@ -317,11 +284,14 @@ mod model {
         pub(crate) fn cq(&self) -> &[AtomicU64] {
             &self.cq
         }
-        pub(crate) fn entries(&self) -> &[SyscallInfo] {
-            &self.entries
+        pub(crate) fn entry(&self, i: u32) -> Entry<'_> {
+            let e = &self.entries[i as usize];
+            Entry {
+                state: &e.state,
+                num: &e.num,
+                arg: &e.arg,
+                ret: &e.ret,
+            }
         }
     }
 }
-
-#[cfg(not(loom))]
-pub(crate) use real::{adopt_fd, inherit_fd};

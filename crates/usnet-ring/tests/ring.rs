@@ -4,8 +4,20 @@
 #![cfg(not(loom))]
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 use usnet_ring::*;
+
+/// Joins a thread that must end within `d` (a lost wake-up would otherwise hang the
+/// test instead of failing it).
+fn join_within<T>(h: JoinHandle<T>, d: Duration) -> T {
+    let end = Instant::now() + d;
+    while !h.is_finished() {
+        assert!(Instant::now() < end, "thread still running after {d:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    h.join().unwrap()
+}
 
 fn scale() -> u64 {
     std::env::var("USNET_RING_STRESS")
@@ -49,15 +61,19 @@ fn state_machine_basics() {
     let mut out = Vec::new();
     ring.wakeup(&mut out).unwrap();
     while out.len() < 4 {
-        ring.wait(&mut out, 1, None).unwrap();
+        ring.wait(&mut out, 1, Some(Duration::from_secs(10)))
+            .unwrap();
     }
     let mut got: Vec<_> = out.iter().map(|c| (c.user_data, c.result)).collect();
     got.sort();
     assert_eq!(got, vec![(0, 0), (1, 10), (2, 20), (3, 30)]);
     ring.exit(ExitMode::Drain);
-    assert_eq!(t.join().unwrap().executed, 4);
+    assert_eq!(join_within(t, Duration::from_secs(10)).executed, 4);
     assert!(matches!(ring.submit(&calls[0]), Err(Error::Exiting)));
-    assert!(matches!(ring.wait_one(None), Err(Error::Closed)));
+    assert!(matches!(
+        ring.wait_one(Some(Duration::from_secs(5))),
+        Err(Error::Closed)
+    ));
     assert_eq!(ring.errors().total(), 0);
 }
 
@@ -75,9 +91,13 @@ fn exit_cancel_with_pending_and_no_exec_threads() {
     ring.exit(ExitMode::Cancel);
     assert_eq!(ring.cancel_pending(), 5);
     let mut out = Vec::new();
-    ring.wait(&mut out, 5, None).unwrap();
+    ring.wait(&mut out, 5, Some(Duration::from_secs(10)))
+        .unwrap();
     assert!(out.iter().all(|c| c.result == -(libc::ECANCELED as i64)));
-    assert!(matches!(ring.wait_one(None), Err(Error::Closed)));
+    assert!(matches!(
+        ring.wait_one(Some(Duration::from_secs(5))),
+        Err(Error::Closed)
+    ));
 }
 
 #[test]
@@ -128,7 +148,7 @@ fn async_syscall_gettid_and_read() {
         .collect();
     assert_eq!(a.submit_batch(&calls).unwrap(), 10);
     let mut out = Vec::new();
-    a.wait(&mut out, 10, None).unwrap();
+    a.wait(&mut out, 10, Some(Duration::from_secs(10))).unwrap();
     assert!(out.iter().all(|c| c.result == piece as i64), "{out:?}");
     assert_eq!(buf, data);
     std::fs::remove_file(&path).unwrap();
@@ -200,17 +220,23 @@ fn stress_threads() {
         .collect();
     let mut all = Vec::new();
     for t in reqs {
-        all.extend(t.join().unwrap());
+        all.extend(join_within(t, Duration::from_secs(60)));
     }
     let mut out = Vec::new();
+    let end = Instant::now() + Duration::from_secs(30);
     while ring.in_flight() > 0 {
+        assert!(
+            Instant::now() < end,
+            "{} requests never completed",
+            ring.in_flight()
+        );
         let _ = ring.wait(&mut out, 1, Some(Duration::from_millis(100)));
     }
     all.extend(out);
     ring.exit(ExitMode::Drain);
     let mut executed = 0;
     for e in execs {
-        executed += e.join().unwrap().executed;
+        executed += join_within(e, Duration::from_secs(10)).executed;
     }
     let total = per_thread * nreq;
     assert_eq!(all.len() as u64, total);
@@ -290,10 +316,10 @@ fn fuzz_peer_in_process() {
         out.clear();
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    fz.join().unwrap();
+    join_within(fz, Duration::from_secs(10));
     ring.exit(ExitMode::Cancel);
     for e in execs {
-        e.join().unwrap();
+        join_within(e, Duration::from_secs(10));
     }
     let errs = ring.errors();
     eprintln!("fuzz: {completions} completions, errors {errs:?}");

@@ -3,8 +3,24 @@
 
 #![cfg(not(loom))]
 
-use std::time::Duration;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
 use usnet_ring::*;
+
+/// Waits for a child that must exit within `d`; kills it and fails otherwise.
+fn wait_within(child: &mut Child, d: Duration) -> ExitStatus {
+    let end = Instant::now() + d;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            panic!("child still running after {d:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 const HOOK: [&str; 4] = ["child_hook", "--exact", "--nocapture", "--test-threads=1"];
 
@@ -71,7 +87,7 @@ fn stress_two_processes() {
         }
     }
     ring.exit(ExitMode::Drain);
-    assert!(child.wait().unwrap().success());
+    assert!(wait_within(&mut child, Duration::from_secs(20)).success());
     assert_eq!(ring.errors().total(), 0);
 }
 
@@ -99,7 +115,7 @@ fn fuzz_two_processes() {
         let _ = ring.wait(&mut out, 1, Some(Duration::from_millis(2)));
         out.clear();
     }
-    assert!(fuzz.wait().unwrap().success());
+    assert!(wait_within(&mut fuzz, Duration::from_secs(20)).success());
     ring.exit(ExitMode::Cancel);
     // The echo child may have been told garbage (e.g. a corrupted control
     // word); give it a moment, then make sure it is gone.
@@ -109,7 +125,7 @@ fn fuzz_two_processes() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = echo.kill();
-    let _ = echo.wait();
+    wait_within(&mut echo, Duration::from_secs(5));
     eprintln!("fuzz2: errors {:?}", ring.errors());
     assert!(ring.errors().total() > 0);
 }

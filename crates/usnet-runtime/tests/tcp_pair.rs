@@ -47,6 +47,8 @@ fn stream_transfer_every_byte_both_families() {
         let server = std::thread::spawn(move || {
             let (mut s, peer) = l.accept().unwrap();
             assert_eq!(s.peer_addr().unwrap(), peer);
+            // A stalled transfer fails the test instead of hanging it.
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
             let mut buf = vec![0u8; 64 << 10];
             let mut got = 0u64;
             loop {
@@ -65,6 +67,7 @@ fn stream_transfer_every_byte_both_families() {
         let t0 = Instant::now();
         let mut c = TcpStream::connect_timeout(&a, addr, Duration::from_secs(5)).unwrap();
         c.set_nodelay(true).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
         assert_eq!(c.state().unwrap(), TcpState::Established);
         let mut buf = vec![0u8; 64 << 10];
         let mut sent = 0u64;
@@ -116,6 +119,7 @@ fn tcp_services_and_errors() {
     let writer = {
         let msg = msg.clone();
         let mut w = TcpStream::connect(&a, "[fd67::2]:7".parse().unwrap()).unwrap();
+        w.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
         std::thread::spawn(move || {
             w.write_all(&msg).unwrap();
             w.shutdown(Shutdown::Write).unwrap();

@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -61,6 +62,57 @@ impl Out {
     }
 }
 
+/// Reads a pipe to its end in a thread. A grandchild that inherited the pipe can keep it
+/// open after the child exits, so the reader is given a deadline, not joined blindly.
+pub struct Collector {
+    buf: Arc<Mutex<Vec<u8>>>,
+    h: std::thread::JoinHandle<()>,
+}
+
+pub fn collect(mut r: impl Read + Send + 'static) -> Collector {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let b = buf.clone();
+    let h = std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            b.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    });
+    Collector { buf, h }
+}
+
+impl Collector {
+    /// What was read by EOF, or by `timeout` if the pipe stays open (the reader thread
+    /// is then left behind).
+    pub fn take(self, timeout: Duration) -> Vec<u8> {
+        let end = Instant::now() + timeout;
+        while !self.h.is_finished() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::mem::take(&mut *self.buf.lock().unwrap())
+    }
+}
+
+/// Waits up to `timeout` for a child to exit (after a kill, or when it should be done).
+pub fn reap(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How long the pipes may stay open after the command exits.
+const PIPE_GRACE: Duration = Duration::from_secs(5);
+
 /// Runs a command with `input` on stdin, killing it after `timeout`.
 pub fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
     let what = format!("{cmd:?}");
@@ -72,21 +124,13 @@ pub fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
         .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     let mut stdin = child.stdin.take().unwrap();
     let input = input.to_vec();
-    let writer = std::thread::spawn(move || {
+    // Dropped unjoined: a child that never reads its stdin ends the write with EPIPE
+    // when it exits.
+    let _writer = std::thread::spawn(move || {
         let _ = stdin.write_all(&input);
     });
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let r1 = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let r2 = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
+    let r1 = collect(child.stdout.take().unwrap());
+    let r2 = collect(child.stderr.take().unwrap());
     let deadline = Instant::now() + timeout;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -94,21 +138,20 @@ pub fn run_in(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
-            let s = child.wait().unwrap();
-            let out = Out {
-                status: s,
-                stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
-                stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
-            };
-            panic!("{what} timed out after {timeout:?}: {}", out.describe());
+            let s = reap(&mut child, PIPE_GRACE);
+            panic!(
+                "{what} timed out after {timeout:?} ({})\n--- stdout\n{}--- stderr\n{}",
+                s.map_or("not reaped after SIGKILL".into(), |s| s.to_string()),
+                String::from_utf8_lossy(&r1.take(PIPE_GRACE)),
+                String::from_utf8_lossy(&r2.take(PIPE_GRACE))
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let _ = writer.join();
     Out {
         status,
-        stdout: String::from_utf8_lossy(&r1.join().unwrap()).into(),
-        stderr: String::from_utf8_lossy(&r2.join().unwrap()).into(),
+        stdout: String::from_utf8_lossy(&r1.take(PIPE_GRACE)).into(),
+        stderr: String::from_utf8_lossy(&r2.take(PIPE_GRACE)).into(),
     }
 }
 
@@ -283,7 +326,7 @@ impl Drop for Daemon {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = self.child.kill();
-            let _ = self.child.wait();
+            let _ = reap(&mut self.child, Duration::from_secs(5));
         }
     }
 }

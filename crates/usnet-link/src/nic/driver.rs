@@ -16,17 +16,18 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{fence, AtomicBool, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
 
-use usnet_link::{Device, DeviceCaps, DeviceStats, LinkState, Wake, Waker};
 use usnet_pool::{PacketPool, PktBuf};
+use usnet_shm::{liveness, monotonic_ns as now_ns, FutexBell, Populate, Region};
 
-use crate::layout::*;
-use crate::shm::{Region, LOCK_DEVICE};
-use crate::sys::now_ns;
-use crate::NicError;
+use super::layout::*;
+use super::NicError;
+use crate::{Device, DeviceCaps, DeviceStats, LinkState, Wake, Waker};
 
 /// How the driver waits for the interrupt line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,12 +40,15 @@ pub enum IrqMode {
     Hybrid { spin_ns: u64 },
 }
 
+/// How to create an emulated NIC and its driver (`LinkOptions::nic` for `nic:NAME`
+/// links; `usnet_link::open` takes the MTU from `LinkOptions::mtu` when that is set).
 #[derive(Debug, Clone)]
-pub struct DriverOpts {
+pub struct NicOptions {
     pub rx_ring: u32,
     pub tx_ring: u32,
     /// Bytes per NIC packet buffer; larger frames span several descriptors (FS..LS).
-    pub buf_size: u32,
+    /// `None`: 2048 up to MTU 1500, 16384 above (one descriptor per jumbo frame).
+    pub buf_size: Option<u32>,
     /// L3 MTU; frames up to `mtu + 18` are accepted (jumbo up to 65518).
     pub mtu: usize,
     pub mac: [u8; 6],
@@ -58,12 +62,20 @@ pub struct DriverOpts {
     pub record_irqs: usize,
 }
 
-impl Default for DriverOpts {
+impl NicOptions {
+    /// The NIC buffer size these options give.
+    pub fn buf_size(&self) -> u32 {
+        self.buf_size
+            .unwrap_or(if self.mtu > 1500 { 16384 } else { 2048 })
+    }
+}
+
+impl Default for NicOptions {
     fn default() -> Self {
-        DriverOpts {
+        NicOptions {
             rx_ring: 256,
             tx_ring: 256,
-            buf_size: 2048,
+            buf_size: None,
             mtu: 1500,
             mac: [0x02, 0x00, 0x00, 0x00, 0x00, 0x02],
             irq_mode: IrqMode::Futex,
@@ -76,7 +88,7 @@ impl Default for DriverOpts {
 }
 
 /// One run of the interrupt handler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IrqRecord {
     /// Value of the interrupt line when the handler ran.
     pub seq: u32,
@@ -89,7 +101,7 @@ pub struct IrqRecord {
 }
 
 /// The driver's own counters (a superset of [`DeviceStats`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NicStats {
     pub rx_frames: u64,
     pub rx_bytes: u64,
@@ -134,26 +146,27 @@ enum RxState {
 }
 
 struct NicWaker {
-    region: Arc<Region>,
+    irq: FutexBell,
     woken: Arc<AtomicBool>,
 }
 
 impl Wake for NicWaker {
     fn wake(&self) {
         self.woken.store(true, SeqCst);
-        // The waker shares the interrupt line's futex word: moving it makes a sleeping
+        // The waker rings the interrupt line's doorbell: moving the line makes a sleeping
         // FUTEX_WAIT return (the handler tells a wake-up from an interrupt by `woken` and
         // an empty status register).
-        self.region.u32_at(R_IRQ_SEQ).fetch_add(1, SeqCst);
-        self.region.futex_wake(R_IRQ_SEQ);
+        self.irq.ring();
     }
 }
 
 pub struct NicDriver {
     name: String,
     region: Arc<Region>,
+    /// The interrupt line: `R_IRQ_SEQ` is its futex word, `R_DRV_SLEEPING` its sleepers.
+    irq: FutexBell,
     layout: Layout,
-    opts: DriverOpts,
+    opts: NicOptions,
     max_frame: usize,
     rx_next: u32,
     rx_state: RxState,
@@ -176,15 +189,11 @@ const PROBE_NS: u64 = 5_000_000;
 /// Longest single sleep, so a device that dies is noticed while waiting.
 const SLEEP_SLICE: Duration = Duration::from_millis(10);
 
-/// Creates the NIC `name` (`/dev/shm/usnet-nic-NAME`) and returns its driver. The device
-/// side (`usnet nicemu --name NAME`) may attach before or after traffic starts; until it
-/// does the link is down.
-pub fn open_driver(name: &str, opts: &DriverOpts) -> Result<NicDriver, NicError> {
-    NicDriver::create(name, opts)
-}
-
 impl NicDriver {
-    pub fn create(name: &str, opts: &DriverOpts) -> Result<Self, NicError> {
+    /// Creates the NIC `name` (`/dev/shm/usnet-nic-NAME`) and returns its driver. The
+    /// device side (`usnet nicemu --name NAME`) may attach before or after traffic
+    /// starts; until it does the link is down.
+    pub fn create(name: &str, opts: &NicOptions) -> Result<Self, NicError> {
         if !valid_name(name) {
             return Err(NicError::BadName(name.to_string()));
         }
@@ -197,58 +206,66 @@ impl NicDriver {
         if opts.napi_budget == 0 {
             return Err(NicError::Config("napi budget must be at least 1".into()));
         }
-        let layout = Layout::new(opts.rx_ring, opts.tx_ring, opts.buf_size)?;
+        let layout = Layout::new(opts.rx_ring, opts.tx_ring, opts.buf_size())?;
         let path = shm_path(name);
-        let region = Region::create(&path, layout.total_len).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                NicError::Busy(name.to_string())
-            } else {
-                NicError::Io(e)
-            }
-        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)?;
+        if !liveness::try_claim(&file, LOCK_DRIVER)? {
+            return Err(NicError::Busy(name.to_string()));
+        }
+        // Zero the old content: a stale file from a dead driver is re-initialised.
+        file.set_len(0)?;
+        file.set_len(layout.total_len as u64)?;
+        // Populated up front: no page fault (and page zeroing) on the first touch of a
+        // packet buffer in the middle of a timed run.
+        let region = Arc::new(Region::map(file, layout.total_len, Populate::Now)?);
         let r = &region;
-        r.u32_at(R_STATE).store(0, SeqCst);
-        r.u32_at(R_VERSION).store(VERSION, Relaxed);
-        r.u32_at(R_RX_RING).store(layout.rx_ring, Relaxed);
-        r.u32_at(R_TX_RING).store(layout.tx_ring, Relaxed);
-        r.u32_at(R_BUF_SIZE).store(layout.buf_size, Relaxed);
-        r.u32_at(R_MTU).store(opts.mtu as u32, Relaxed);
+        r.u32(R_STATE).store(0, SeqCst);
+        r.u32(R_VERSION).store(VERSION, Relaxed);
+        r.u32(R_RX_RING).store(layout.rx_ring, Relaxed);
+        r.u32(R_TX_RING).store(layout.tx_ring, Relaxed);
+        r.u32(R_BUF_SIZE).store(layout.buf_size, Relaxed);
+        r.u32(R_MTU).store(opts.mtu as u32, Relaxed);
         let m = opts.mac;
-        r.u32_at(R_MAC_LO)
+        r.u32(R_MAC_LO)
             .store(u32::from_le_bytes([m[0], m[1], m[2], m[3]]), Relaxed);
-        r.u32_at(R_MAC_HI)
+        r.u32(R_MAC_HI)
             .store(u32::from_le_bytes([m[4], m[5], 0, 0]), Relaxed);
-        r.u64_at(R_RX_DESC_OFF)
+        r.u64(R_RX_DESC_OFF)
             .store(layout.rx_desc_off as u64, Relaxed);
-        r.u64_at(R_TX_DESC_OFF)
+        r.u64(R_TX_DESC_OFF)
             .store(layout.tx_desc_off as u64, Relaxed);
-        r.u64_at(R_RX_BUF_OFF)
-            .store(layout.rx_buf_off as u64, Relaxed);
-        r.u64_at(R_TX_BUF_OFF)
-            .store(layout.tx_buf_off as u64, Relaxed);
-        r.u64_at(R_TOTAL_LEN)
-            .store(layout.total_len as u64, Relaxed);
+        r.u64(R_RX_BUF_OFF).store(layout.rx_buf_off as u64, Relaxed);
+        r.u64(R_TX_BUF_OFF).store(layout.tx_buf_off as u64, Relaxed);
+        r.u64(R_TOTAL_LEN).store(layout.total_len as u64, Relaxed);
         // Every RX descriptor is posted to the device: buffer i in slot i, OWN set.
         for i in 0..layout.rx_ring {
             let d = layout.rx_desc(i);
-            r.u32_at(d + D_BUF).store(i, Relaxed);
-            r.u32_at(d + D_LEN).store(layout.buf_size, Relaxed);
-            r.u32_at(d + D_FLAGS)
+            r.u32(d + D_BUF).store(i, Relaxed);
+            r.u32(d + D_LEN).store(layout.buf_size, Relaxed);
+            r.u32(d + D_FLAGS)
                 .store(F_OWN | eor(i, layout.rx_ring), Relaxed);
         }
         for i in 0..layout.tx_ring {
             let d = layout.tx_desc(i);
-            r.u32_at(d + D_BUF).store(i, Relaxed);
-            r.u32_at(d + D_FLAGS).store(eor(i, layout.tx_ring), Relaxed);
+            r.u32(d + D_BUF).store(i, Relaxed);
+            r.u32(d + D_FLAGS).store(eor(i, layout.tx_ring), Relaxed);
         }
-        r.u32_at(R_IRQ_MASK).store(0, Relaxed);
-        r.u32_at(R_ITR_NS).store(opts.itr_ns, Relaxed);
-        r.u32_at(R_ITR_PKTS).store(opts.itr_pkts, Relaxed);
-        r.u64_at(R_MAGIC).store(MAGIC, Relaxed);
-        r.u32_at(R_STATE).store(1, Release);
+        r.u32(R_IRQ_MASK).store(0, Relaxed);
+        r.u32(R_ITR_NS).store(opts.itr_ns, Relaxed);
+        r.u32(R_ITR_PKTS).store(opts.itr_pkts, Relaxed);
+        r.u64(R_MAGIC).store(MAGIC, Relaxed);
+        r.u32(R_STATE).store(1, Release);
+        let irq = FutexBell::new(region.clone(), R_IRQ_SEQ, R_DRV_SLEEPING)?;
         Ok(NicDriver {
             name: name.to_string(),
-            region: Arc::new(region),
+            region,
+            irq,
             layout,
             max_frame: opts.mtu + 18,
             opts: opts.clone(),
@@ -280,15 +297,15 @@ impl NicDriver {
     /// Frames the device reports it could not place (ring full); read from a device
     /// register, so informational only.
     pub fn device_missed(&self) -> u64 {
-        self.region.u64_at(R_RX_MISSED).load(Relaxed)
+        self.region.u64(R_RX_MISSED).load(Relaxed)
     }
     /// Frames the device reports it generated (informational).
     pub fn device_frames(&self) -> u64 {
-        self.region.u64_at(R_DEV_FRAMES).load(Relaxed)
+        self.region.u64(R_DEV_FRAMES).load(Relaxed)
     }
     /// Whether a device side holds its liveness lock right now.
     pub fn device_attached(&self) -> bool {
-        self.region.peer_alive(LOCK_DEVICE)
+        liveness::claimed_by_other(self.region.file(), LOCK_DEVICE).unwrap_or(false)
     }
     pub fn irq_records(&self) -> &[IrqRecord] {
         &self.records
@@ -303,8 +320,8 @@ impl NicDriver {
     pub fn set_moderation(&mut self, itr_ns: u32, itr_pkts: u32) {
         self.opts.itr_ns = itr_ns;
         self.opts.itr_pkts = itr_pkts;
-        self.region.u32_at(R_ITR_NS).store(itr_ns, Relaxed);
-        self.region.u32_at(R_ITR_PKTS).store(itr_pkts, Relaxed);
+        self.region.u32(R_ITR_NS).store(itr_ns, Relaxed);
+        self.region.u32(R_ITR_PKTS).store(itr_pkts, Relaxed);
     }
     /// TX descriptors handed to the device and not yet given back.
     pub fn tx_in_flight(&self) -> u32 {
@@ -321,7 +338,7 @@ impl NicDriver {
     #[inline]
     fn flags_rx(&self, i: u32) -> u32 {
         self.region
-            .u32_at(self.layout.rx_desc(i) + D_FLAGS)
+            .u32(self.layout.rx_desc(i) + D_FLAGS)
             .load(Acquire)
     }
 
@@ -335,7 +352,7 @@ impl NicDriver {
     /// The device's head register says it moved past `rx_next` although that descriptor
     /// is still marked as the device's: the device skipped it (an OWN-bit bug).
     fn device_skipped(&self) -> bool {
-        let head = self.region.u32_at(R_RX_HEAD).load(Acquire);
+        let head = self.region.u32(R_RX_HEAD).load(Acquire);
         if head >= self.layout.rx_ring || head == self.rx_next {
             return false;
         }
@@ -346,12 +363,12 @@ impl NicDriver {
 
     fn rearm_rx(&self, i: u32) {
         let d = self.layout.rx_desc(i);
-        self.region.u32_at(d + D_BUF).store(i, Relaxed);
+        self.region.u32(d + D_BUF).store(i, Relaxed);
         self.region
-            .u32_at(d + D_LEN)
+            .u32(d + D_LEN)
             .store(self.layout.buf_size, Relaxed);
         self.region
-            .u32_at(d + D_FLAGS)
+            .u32(d + D_FLAGS)
             .store(F_OWN | eor(i, self.layout.rx_ring), Release);
     }
 
@@ -391,7 +408,9 @@ impl NicDriver {
             }
             let take = room.min(len - done);
             let dst = pool.append(tail, take).expect("tailroom checked");
-            self.region.read(off + done, dst);
+            self.region
+                .read(off + done, dst)
+                .expect("NIC buffers lie inside the mapping (layout checked at create)");
             done += take;
         }
         flen += len;
@@ -406,7 +425,7 @@ impl NicDriver {
     fn rx_one_desc(&mut self, pool: &mut PacketPool, out: &mut Vec<PktBuf>) -> bool {
         let i = self.rx_next;
         let d = self.layout.rx_desc(i);
-        let flags = self.region.u32_at(d + D_FLAGS).load(Acquire);
+        let flags = self.region.u32(d + D_FLAGS).load(Acquire);
         if flags & F_OWN != 0 {
             if !self.device_skipped() {
                 return false;
@@ -421,8 +440,8 @@ impl NicDriver {
             return true;
         }
         self.stats.rx_descs += 1;
-        let buf = self.region.u32_at(d + D_BUF).load(Relaxed);
-        let len = self.region.u32_at(d + D_LEN).load(Relaxed) as usize;
+        let buf = self.region.u32(d + D_BUF).load(Relaxed);
+        let len = self.region.u32(d + D_LEN).load(Relaxed) as usize;
         let (fs, ls) = (flags & F_FS != 0, flags & F_LS != 0);
         let bad = if buf != i || self.layout.rx_buf(buf).is_none() {
             Some(&mut self.stats.rx_bad_index)
@@ -504,7 +523,7 @@ impl NicDriver {
     fn reclaim_tx(&mut self) {
         while self.tx_in_flight > 0 {
             let d = self.layout.tx_desc(self.tx_clean);
-            if self.region.u32_at(d + D_FLAGS).load(Acquire) & F_OWN != 0 {
+            if self.region.u32(d + D_FLAGS).load(Acquire) & F_OWN != 0 {
                 break;
             }
             self.tx_clean = (self.tx_clean + 1) % self.layout.tx_ring;
@@ -518,8 +537,7 @@ impl NicDriver {
             return self.link.get();
         }
         self.last_probe.set(now);
-        let up =
-            self.region.peer_alive(LOCK_DEVICE) && self.region.u32_at(R_LINK).load(Acquire) == 1;
+        let up = self.device_attached() && self.region.u32(R_LINK).load(Acquire) == 1;
         let st = if up { LinkState::Up } else { LinkState::Down };
         if st != self.link.get() {
             self.link.set(st);
@@ -539,8 +557,8 @@ impl NicDriver {
     /// The interrupt handler: runs when the line moved.
     fn handler(&mut self, seq: u32) {
         let handled_ns = now_ns();
-        self.region.u32_at(R_IRQ_MASK).store(0, SeqCst); // NAPI: poll with interrupts off
-        let status = self.region.u32_at(R_IRQ_STATUS).swap(0, SeqCst);
+        self.region.u32(R_IRQ_MASK).store(0, SeqCst); // NAPI: poll with interrupts off
+        let status = self.region.u32(R_IRQ_STATUS).swap(0, SeqCst);
         let woken = self.woken.swap(false, SeqCst);
         let moved = seq.wrapping_sub(self.irq_seen);
         self.irq_seen = seq;
@@ -555,7 +573,7 @@ impl NicDriver {
         if self.records.len() < self.opts.record_irqs {
             let raised_ns = self
                 .region
-                .u64_at(R_IRQ_LOG + 8 * (seq as usize % IRQ_LOG_LEN))
+                .u64(R_IRQ_LOG + 8 * (seq as usize % IRQ_LOG_LEN))
                 .load(Relaxed);
             self.records.push(IrqRecord {
                 seq,
@@ -577,7 +595,7 @@ fn eor(i: u32, ring: u32) -> u32 {
 
 impl Drop for NicDriver {
     fn drop(&mut self) {
-        self.region.u32_at(R_IRQ_MASK).store(0, SeqCst);
+        self.region.u32(R_IRQ_MASK).store(0, SeqCst);
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -615,12 +633,12 @@ impl Device for NicDriver {
             descs += 1;
         }
         if descs > 0 {
-            self.region.u32_at(R_RX_TAIL).store(self.rx_next, Release);
+            self.region.u32(R_RX_TAIL).store(self.rx_next, Release);
         }
         if self.link.get() == LinkState::Down && matches!(self.rx_state, RxState::Assembling { .. })
         {
             // A device that died mid-frame: nothing will finish it.
-            if !self.region.peer_alive(LOCK_DEVICE) {
+            if !self.device_attached() {
                 self.stats.rx_aborted += 1;
                 self.drop_partial(pool);
             }
@@ -664,7 +682,9 @@ impl Device for NicDriver {
                     let at = filled % bs;
                     let take = (bs - at).min(data.len());
                     let off = self.layout.tx_buf(slot).expect("slot < ring") + at;
-                    self.region.write(off, &data[..take]);
+                    self.region
+                        .write(off, &data[..take])
+                        .expect("NIC buffers lie inside the mapping (layout checked at create)");
                     data = &data[take..];
                     filled += take;
                     if filled / bs * bs == filled && filled < len {
@@ -690,9 +710,9 @@ impl Device for NicDriver {
                 if k + 1 == segs {
                     fl |= F_LS;
                 }
-                self.region.u32_at(d + D_BUF).store(s, Relaxed);
-                self.region.u32_at(d + D_LEN).store(seg_len as u32, Relaxed);
-                self.region.u32_at(d + D_FLAGS).store(fl, Release);
+                self.region.u32(d + D_BUF).store(s, Relaxed);
+                self.region.u32(d + D_LEN).store(seg_len as u32, Relaxed);
+                self.region.u32(d + D_FLAGS).store(fl, Release);
             }
             self.tx_next = (first + segs) % ring;
             self.tx_in_flight += segs;
@@ -704,7 +724,7 @@ impl Device for NicDriver {
         }
         if sent > 0 {
             // The doorbell: the device polls the tail register.
-            self.region.u32_at(R_TX_TAIL).store(self.tx_next, Release);
+            self.region.u32(R_TX_TAIL).store(self.tx_next, Release);
             if self.tx_in_flight < ring / 2 {
                 self.want_tx_irq = false;
             }
@@ -719,19 +739,19 @@ impl Device for NicDriver {
             self.stats.polls_ready += 1;
             return Ok(());
         }
-        let line = self.region.u32_at(R_IRQ_SEQ);
+        let line = self.irq.word();
         let link_before = self.probe_link(false);
         // Re-enable interrupts (NAPI complete), acknowledge stale causes, then look at the
         // ring once more: a frame placed while interrupts were off raised nothing.
         let seen = line.load(SeqCst);
         self.irq_seen = seen;
-        self.region.u32_at(R_IRQ_STATUS).swap(0, SeqCst);
+        self.region.u32(R_IRQ_STATUS).swap(0, SeqCst);
         self.region
-            .u32_at(R_IRQ_MASK)
+            .u32(R_IRQ_MASK)
             .store(self.irq_mask_value(), SeqCst);
         fence(SeqCst);
         if self.rx_ready() {
-            self.region.u32_at(R_IRQ_MASK).store(0, SeqCst);
+            self.region.u32(R_IRQ_MASK).store(0, SeqCst);
             self.stats.polls_ready += 1;
             return Ok(());
         }
@@ -762,28 +782,29 @@ impl Device for NicDriver {
                 std::hint::spin_loop();
                 continue;
             }
-            // Sleep on the line; tell the device to FUTEX_WAKE us.
+            // Sleep on the line, announced in R_DRV_SLEEPING so the device FUTEX_WAKEs
+            // us (usnet_shm's Gate: announce, fence, re-check, sleep).
             let remain = deadline.map_or(SLEEP_SLICE, |d| {
                 Duration::from_nanos(d.saturating_sub(now)).min(SLEEP_SLICE)
             });
             if remain.is_zero() {
                 break;
             }
-            self.region.u32_at(R_DRV_SLEEPING).store(1, SeqCst);
-            fence(SeqCst);
-            if line.load(SeqCst) == seen && !self.woken.load(SeqCst) {
-                self.region.futex_wait(R_IRQ_SEQ, seen, remain);
-            }
-            self.region.u32_at(R_DRV_SLEEPING).store(0, SeqCst);
+            let woken = &self.woken;
+            self.irq.sleep(
+                seen,
+                || line.load(SeqCst) != seen || woken.load(SeqCst),
+                remain,
+            );
             n = 0;
         }
-        self.region.u32_at(R_IRQ_MASK).store(0, SeqCst);
+        self.region.u32(R_IRQ_MASK).store(0, SeqCst);
         Ok(())
     }
 
     fn waker(&self) -> Waker {
         Arc::new(NicWaker {
-            region: self.region.clone(),
+            irq: self.irq.clone(),
             woken: self.woken.clone(),
         })
     }

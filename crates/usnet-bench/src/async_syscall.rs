@@ -11,33 +11,40 @@
 //! Output: tables on stdout, `results.json`, `results.md` and PNG plots in
 //! `--out`.
 
-use crate::{
-    echo_result, spawn_child, AsyncOptions, AsyncSyscall, Call, Error, ExecOptions, ExitMode,
-    Request, Ring, WaitPolicy,
-};
 use serde_json::{json, Value};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use usnet_report::{bar_plot, histogram_plot, line_plot, percentile, write_json, Series, Table};
+use usnet_ring::{
+    echo_result, run_syscall, spawn_child, AsyncOptions, AsyncSyscall, Call, Completion, Error,
+    ExecOptions, ExitMode, Request, Ring, WaitPolicy,
+};
 
 type BoxErr = Box<dyn std::error::Error>;
 
-/// Arguments of `usnet bench async-syscall`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct AsyncSyscallBenchArgs {
+/// Options of `usnet bench async-syscall`.
+#[derive(Debug, Clone)]
+pub struct AsyncSyscallBenchOptions {
     /// Output directory for JSON, Markdown and plots.
-    #[arg(long, default_value = "bench-out/async-syscall")]
     pub out: PathBuf,
     /// Fewer repetitions and samples (a smoke run, ~10 s).
-    #[arg(long)]
     pub quick: bool,
-    /// Which parts to run: gettid, read, transport (default: all).
-    #[arg(long, value_delimiter = ',')]
+    /// Which parts to run: gettid, read, transport (empty: all).
     pub only: Vec<String>,
     /// Directory on tmpfs for the read test (default /dev/shm).
-    #[arg(long)]
     pub tmpfs_dir: Option<PathBuf>,
+}
+
+impl Default for AsyncSyscallBenchOptions {
+    fn default() -> Self {
+        AsyncSyscallBenchOptions {
+            out: PathBuf::from("bench-out/async-syscall"),
+            quick: false,
+            only: Vec::new(),
+            tmpfs_dir: None,
+        }
+    }
 }
 
 fn us(d: f64) -> String {
@@ -49,7 +56,7 @@ fn median_of(mut v: Vec<f64>) -> f64 {
 }
 
 /// Run the benchmark.
-pub fn run(args: &AsyncSyscallBenchArgs) -> Result<(), BoxErr> {
+pub fn run(args: &AsyncSyscallBenchOptions) -> Result<(), BoxErr> {
     std::fs::create_dir_all(&args.out)?;
     let want = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let mut json = json!({
@@ -169,7 +176,7 @@ fn gettid_calls(n: usize) -> Vec<Call> {
 fn ring_batch(
     a: &AsyncSyscall,
     calls: &[Call],
-    out: &mut Vec<crate::Completion>,
+    out: &mut Vec<Completion>,
     spin: bool,
 ) -> Result<(f64, f64), Error> {
     out.clear();
@@ -194,13 +201,13 @@ fn ring_batch(
             a.poll_batch(out, usize::MAX);
             caller += t.elapsed().as_nanos() as f64;
         } else {
-            a.wait(out, 1, None)?;
+            a.wait(out, 1, Some(Duration::from_secs(10)))?;
         }
     }
     Ok((t0.elapsed().as_nanos() as f64, caller))
 }
 
-fn bench_gettid(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxErr> {
+fn bench_gettid(args: &AsyncSyscallBenchOptions) -> Result<(Value, String), BoxErr> {
     let reps = if args.quick { 30 } else { 200 };
     let step = if args.quick { 40 } else { 20 };
     let ns: Vec<usize> = (0..=400).step_by(step).collect();
@@ -264,7 +271,7 @@ fn bench_gettid(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxErr>
         for _ in 0..reps {
             let t0 = Instant::now();
             for _ in 0..n {
-                std::hint::black_box(crate::run_syscall(libc::SYS_gettid, [0; 6]));
+                std::hint::black_box(run_syscall(libc::SYS_gettid, [0; 6]));
             }
             d.push(t0.elapsed().as_nanos() as f64);
             let (w, c) = ring_batch(&spin, &calls, &mut out, true)?;
@@ -383,7 +390,7 @@ fn bench_gettid(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxErr>
 
 // --------------------------------------------------------------------- read
 
-fn bench_read(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxErr> {
+fn bench_read(args: &AsyncSyscallBenchOptions) -> Result<(Value, String), BoxErr> {
     const SIZE: usize = 10_000_000;
     const PIECE: usize = 100_000;
     let reps = if args.quick { 10 } else { 40 };
@@ -412,7 +419,7 @@ fn bench_read(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxErr> {
         .map(|_| {
             let t = Instant::now();
             for i in 0..n {
-                let r = crate::run_syscall(
+                let r = run_syscall(
                     libc::SYS_pread64,
                     [
                         fd as u64,
@@ -542,7 +549,7 @@ fn echo_call(i: u64) -> Call {
     }
 }
 
-fn check(c: &crate::Completion) {
+fn check(c: &Completion) {
     let i = c.user_data;
     let want = echo_result(&Request {
         index: 0,
@@ -550,6 +557,37 @@ fn check(c: &crate::Completion) {
         args: echo_call(i).args,
     });
     assert_eq!(c.result, want, "transport result mismatch for {i}");
+}
+
+/// The exec peer process: killed if the run ends early (it would serve the ring
+/// forever), and given a deadline to exit after `Ring::exit`.
+struct PeerChild(std::process::Child);
+
+impl PeerChild {
+    fn finish(&mut self) -> Result<(), BoxErr> {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.0.try_wait()? {
+                return if st.success() {
+                    Ok(())
+                } else {
+                    Err(format!("ring peer failed: {st}").into())
+                };
+            }
+            if Instant::now() >= end {
+                return Err("ring peer did not exit within 10 s of the ring's exit".into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for PeerChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            crate::kill_and_reap(&mut self.0, Duration::from_secs(5));
+        }
+    }
 }
 
 fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
@@ -560,12 +598,12 @@ fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
     };
     let ring = Ring::with_policy(1024, policy)?;
     let mode = if spin { "spin" } else { "adaptive" };
-    let mut child = spawn_child(
+    let mut child = PeerChild(spawn_child(
         &ring,
         "echo",
         &format!("{mode}:{}:{}", batch.min(64), pin_arg()),
         &[],
-    )?;
+    )?);
     let mut out = Vec::with_capacity(1024);
     let mut calls = Vec::with_capacity(batch);
     let depth = (4 * batch as u32).clamp(batch as u32, 1024);
@@ -584,6 +622,9 @@ fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
                     Ok(m) => k += m,
                     Err(Error::Full) => {
                         ring.poll_batch(&mut out, usize::MAX);
+                        if t.elapsed() > Duration::from_secs(60) {
+                            return Err("transport throughput run took more than 60 s".into());
+                        }
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -601,7 +642,7 @@ fn throughput(batch: usize, total: u64, spin: bool) -> Result<f64, BoxErr> {
     }
     let ops = total as f64 / t.elapsed().as_secs_f64();
     ring.exit(ExitMode::Drain);
-    child.wait()?;
+    child.finish()?;
     Ok(ops)
 }
 
@@ -614,7 +655,12 @@ fn latency(samples: usize, policy: WaitPolicy) -> Result<Vec<f64>, BoxErr> {
     } else {
         "adaptive"
     };
-    let mut child = spawn_child(&ring, "echo", &format!("{mode}:1:{}", pin_arg()), &[])?;
+    let mut child = PeerChild(spawn_child(
+        &ring,
+        "echo",
+        &format!("{mode}:1:{}", pin_arg()),
+        &[],
+    )?);
     ring.submit(&echo_call(0))?;
     check(&ring.wait_one(Some(Duration::from_secs(10)))?);
     let mut lat = Vec::with_capacity(samples);
@@ -629,7 +675,7 @@ fn latency(samples: usize, policy: WaitPolicy) -> Result<Vec<f64>, BoxErr> {
         }
     }
     ring.exit(ExitMode::Drain);
-    child.wait()?;
+    child.finish()?;
     lat.sort_by(f64::total_cmp);
     Ok(lat)
 }
@@ -638,21 +684,21 @@ fn latency(samples: usize, policy: WaitPolicy) -> Result<Vec<f64>, BoxErr> {
 /// the previous mask. Via the raw system call (no libc wrapper needed).
 fn set_affinity(mask: u64) -> Option<u64> {
     let mut old = 0u64;
-    let r = crate::run_syscall(
+    let r = run_syscall(
         libc::SYS_sched_getaffinity,
         [0, 8, &mut old as *mut u64 as u64, 0, 0, 0],
     );
     if r < 0 {
         return None;
     }
-    let r = crate::run_syscall(
+    let r = run_syscall(
         libc::SYS_sched_setaffinity,
         [0, 8, &mask as *const u64 as u64, 0, 0, 0],
     );
     (r == 0).then_some(old)
 }
 
-fn bench_transport(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxErr> {
+fn bench_transport(args: &AsyncSyscallBenchOptions) -> Result<(Value, String), BoxErr> {
     // Requester on CPU 0, peer on CPU 1 (the child pins itself): two
     // spinning processes sharing one CPU would measure the scheduler.
     let pinned = std::thread::available_parallelism()
@@ -667,7 +713,7 @@ fn bench_transport(args: &AsyncSyscallBenchArgs) -> Result<(Value, String), BoxE
 }
 
 fn bench_transport_inner(
-    args: &AsyncSyscallBenchArgs,
+    args: &AsyncSyscallBenchOptions,
     pinned: bool,
 ) -> Result<(Value, String), BoxErr> {
     PIN_CHILD.store(pinned, std::sync::atomic::Ordering::Relaxed);

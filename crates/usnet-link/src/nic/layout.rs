@@ -15,6 +15,14 @@
 //! bits, the driver clears them by swapping in 0). A descriptor belongs to the device while
 //! its `OWN` bit is set and to the driver while it is clear; the side that owns it is the
 //! only one that writes it. Nothing either side reads from the other is trusted.
+//!
+//! Liveness: each side holds an open-file-description lock on one byte of the file
+//! ([`LOCK_DRIVER`], [`LOCK_DEVICE`]) for as long as it lives (`usnet_shm::liveness`).
+
+/// Byte of the file locked by the driver while it lives.
+pub const LOCK_DRIVER: u64 = 0;
+/// Byte of the file locked by the device side while it lives.
+pub const LOCK_DEVICE: u64 = 1;
 
 /// `"USNETNIC"` little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"USNETNIC");
@@ -49,7 +57,8 @@ pub const R_IRQ_MASK: usize = 0x088;
 pub const R_ITR_NS: usize = 0x08c;
 /// Interrupt moderation: raise once per this many completed RX packets (0/1 = each).
 pub const R_ITR_PKTS: usize = 0x090;
-/// Non-zero while the driver sleeps on the interrupt line (device must FUTEX_WAKE).
+/// Non-zero while the driver may sleep on the interrupt line (device must FUTEX_WAKE):
+/// the `sleepers` word of the line's doorbell (`usnet_shm::doorbell::Gate`).
 pub const R_DRV_SLEEPING: usize = 0x094;
 
 // ---- device-written registers (own cache line) ----
@@ -68,7 +77,8 @@ pub const R_ATTACHES: usize = 0x120;
 
 // ---- interrupt status: device sets bits (fetch_or), driver reads-to-clear (swap 0) ----
 pub const R_IRQ_STATUS: usize = 0x140;
-// ---- the interrupt line: futex word, device increments once per raised interrupt ----
+// ---- the interrupt line: futex word (the doorbell's `seq`), device increments once per
+// raised interrupt ----
 pub const R_IRQ_SEQ: usize = 0x180;
 /// Raise-time log: u64 CLOCK_MONOTONIC ns of interrupt `seq`, at `R_IRQ_LOG + 8*(seq % N)`.
 pub const R_IRQ_LOG: usize = 0x800;

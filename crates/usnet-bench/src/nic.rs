@@ -1,7 +1,7 @@
 //! `usnet bench nic`: the measurements of source document 3, reproduced on the emulated
 //! NIC. The benchmark process is the stack side (driver, and for experiment 3 the usnet
 //! stack and a UDP application), pinned to core 1; each device side is a child process
-//! (`<this binary> nicemu ...`) pinned to core 0.
+//! (this binary re-executed with `usnet_nicemu::device_command`) pinned to core 0.
 //!
 //! 1. Device-side time to deliver one frame, by size.
 //! 2. Interval accuracy: 1000 interrupts at 38 µs, seen by the driver's handler; and the
@@ -10,43 +10,51 @@
 //!    first interval with 100% success, receive cost split into copy and protocol work.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use usnet_link::nic::{IrqMode, NicDriver, NicOptions};
 use usnet_link::Device;
+use usnet_nicemu::sys::{now_ns, online_cpus, pin_to_core, set_fifo};
+use usnet_nicemu::{device_command, NicemuOptions};
 use usnet_pool::{PacketPool, PoolConfig};
 use usnet_report::{Series, Table};
 
-use crate::driver::{open_driver, DriverOpts, IrqMode, NicDriver};
-use crate::sys::{now_ns, online_cpus, pin_to_core, spin_until};
-use crate::tool::NicemuArgs;
-
-/// The NIC benchmark (`usnet bench nic`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct NicBenchArgs {
+/// Options of the NIC benchmark (`usnet bench nic`).
+#[derive(Debug, Clone)]
+pub struct NicBenchOptions {
     /// Output directory for tables, JSON and plots.
-    #[arg(long, default_value = "bench-out/nic")]
     pub out: PathBuf,
     /// Runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 5)]
     pub runs: usize,
     /// Fewer packets, runs and cycles: a smoke run.
-    #[arg(long)]
     pub quick: bool,
     /// Skip the TAP contrast of experiment 2 (needs root).
-    #[arg(long)]
     pub no_tap: bool,
     /// Run the stack side and the device side in SCHED_FIFO (real-time), so that other
     /// load on the machine cannot preempt them (root).
-    #[arg(long)]
     pub rt: bool,
-    /// Only these experiments (1, 2, 3); default all.
-    #[arg(long, value_delimiter = ',')]
+    /// Only these experiments (1, 2, 3); empty: all.
     pub only: Vec<u32>,
+}
+
+impl Default for NicBenchOptions {
+    fn default() -> Self {
+        NicBenchOptions {
+            out: PathBuf::from("bench-out/nic"),
+            runs: 5,
+            quick: false,
+            no_tap: false,
+            rt: false,
+            only: Vec::new(),
+        }
+    }
 }
 
 type BoxErr = Box<dyn std::error::Error>;
@@ -75,7 +83,7 @@ impl Ctx {
 
     /// Starts the device side as a child process and waits (sleeping, so the child can
     /// run on this core until it has moved itself to its own) until it has attached.
-    fn spawn_device(&self, a: &NicemuArgs, drv: &NicDriver) -> Result<Child, BoxErr> {
+    fn spawn_device(&self, a: &NicemuOptions, drv: &NicDriver) -> Result<Child, BoxErr> {
         let mut child = self.spawn_device_raw(a)?;
         let t0 = now_ns();
         while !drv.device_attached() {
@@ -83,7 +91,7 @@ impl Ctx {
                 return Err(format!("device side exited before attaching: {st}").into());
             }
             if now_ns() - t0 > 10_000_000_000 {
-                let _ = child.kill();
+                crate::kill_and_reap(&mut child, Duration::from_secs(5));
                 return Err("device side did not attach within 10 s".into());
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -91,16 +99,14 @@ impl Ctx {
         Ok(child)
     }
 
-    fn spawn_device_raw(&self, a: &NicemuArgs) -> Result<Child, BoxErr> {
+    fn spawn_device_raw(&self, a: &NicemuOptions) -> Result<Child, BoxErr> {
         let mut a = a.clone();
         a.quiet = true;
         a.rt = self.rt;
         if self.pin {
             a.core = Some(DEV_CORE);
         }
-        Ok(Command::new(&self.exe)
-            .arg("nicemu")
-            .args(a.to_cli())
+        Ok(device_command(&a)?
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start the device side ({}): {e}", self.exe.display()))?)
@@ -113,11 +119,11 @@ fn read_report(path: &Path) -> Result<Value, BoxErr> {
     Ok(serde_json::from_str(&s)?)
 }
 
-fn driver_opts(size: usize, mode: IrqMode, ring: u32) -> DriverOpts {
-    DriverOpts {
+fn driver_opts(size: usize, mode: IrqMode, ring: u32) -> NicOptions {
+    NicOptions {
         rx_ring: ring,
         tx_ring: 64,
-        buf_size: 16384,
+        buf_size: Some(16384),
         mtu: mtu_for(size),
         irq_mode: mode,
         napi_budget: 64,
@@ -134,16 +140,36 @@ fn mtu_for(size: usize) -> usize {
     }
 }
 
+/// When a device side running `a` must have exited: twice its schedule plus 30 s for a
+/// loaded machine.
+fn exit_deadline(a: &NicemuOptions) -> u64 {
+    let ticks = a.count.div_ceil(a.batch.max(1) as u64);
+    let schedule = (a.start_delay_ms + a.linger_ms) * 1_000_000 + ticks * a.interval_ns;
+    now_ns() + 2 * schedule + 30_000_000_000
+}
+
+/// Fails the run (and kills the device side) once `deadline` has passed.
+fn check_deadline(child: &mut Child, deadline: u64) -> Result<(), BoxErr> {
+    if now_ns() > deadline {
+        crate::kill_and_reap(child, Duration::from_secs(5));
+        return Err("the device side did not finish in time (killed)".into());
+    }
+    Ok(())
+}
+
 /// Runs the driver alone (receive, free) until the child exits; returns frames received.
 fn drive_until_exit(
     drv: &mut NicDriver,
     pool: &mut PacketPool,
     child: &mut Child,
+    a: &NicemuOptions,
 ) -> Result<u64, BoxErr> {
     let mut out = Vec::with_capacity(64);
     let mut n = 0u64;
     let mut last_check = now_ns();
+    let deadline = exit_deadline(a);
     loop {
+        check_deadline(child, deadline)?;
         drv.wait(Some(Duration::from_millis(2)))?;
         loop {
             out.clear();
@@ -184,8 +210,8 @@ fn pool_for(size: usize, count: u32) -> Result<PacketPool, BoxErr> {
     })?)
 }
 
-fn base_args(name: &str, out: &Path, tag: &str) -> NicemuArgs {
-    let mut a = NicemuArgs::new(name);
+fn base_args(name: &str, out: &Path, tag: &str) -> NicemuOptions {
+    let mut a = NicemuOptions::new(name);
     a.start_delay_ms = 5;
     a.linger_ms = 0;
     a.stats_out = Some(out.join(format!(".dev-{tag}.json")));
@@ -194,7 +220,7 @@ fn base_args(name: &str, out: &Path, tag: &str) -> NicemuArgs {
 
 // ---------------------------------------------------------------- experiment 1
 
-fn exp1(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr> {
+fn exp1(ctx: &mut Ctx, b: &NicBenchOptions, json: &mut Value) -> Result<(), BoxErr> {
     let sizes: &[usize] = if b.quick {
         &[1514, 8192, 16384]
     } else {
@@ -216,14 +242,14 @@ fn exp1(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr>
             let mut p99 = Vec::new();
             for _ in 0..b.runs {
                 let name = ctx.name();
-                let mut drv = open_driver(&name, &driver_opts(size, mode, 256))?;
+                let mut drv = NicDriver::create(&name, &driver_opts(size, mode, 256))?;
                 let mut pool = pool_for(size, 512)?;
                 let mut a = base_args(&name, &ctx.out, "e1");
                 a.size = size;
                 a.count = count;
                 a.interval_ns = 20_000 + size as u64; // the driver keeps up: no ring-full
                 let mut child = ctx.spawn_device(&a, &drv)?;
-                drive_until_exit(&mut drv, &mut pool, &mut child)?;
+                drive_until_exit(&mut drv, &mut pool, &mut child, &a)?;
                 let r = read_report(a.stats_out.as_ref().unwrap())?;
                 med.push(r["deliver_ns"]["median"].as_f64().unwrap_or(f64::NAN));
                 p99.push(r["deliver_ns"]["p99"].as_f64().unwrap_or(f64::NAN));
@@ -302,7 +328,7 @@ fn histogram(errors: &[i64]) -> Vec<(f64, u64)> {
         .collect()
 }
 
-fn exp2(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr> {
+fn exp2(ctx: &mut Ctx, b: &NicBenchOptions, json: &mut Value) -> Result<(), BoxErr> {
     const SPEC: u64 = 38_000;
     let count = 1000u64;
     let mut t = Table::new(
@@ -330,7 +356,7 @@ fn exp2(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr>
         let mut all_err = Vec::new();
         for _ in 0..b.runs {
             let name = ctx.name();
-            let mut drv = open_driver(&name, &driver_opts(1514, mode, 256))?;
+            let mut drv = NicDriver::create(&name, &driver_opts(1514, mode, 256))?;
             let mut pool = pool_for(1514, 512)?;
             let mut a = base_args(&name, &ctx.out, "e2");
             a.size = 1514;
@@ -338,7 +364,7 @@ fn exp2(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr>
             a.interval_ns = SPEC;
             a.record_raises = true;
             let mut child = ctx.spawn_device(&a, &drv)?;
-            drive_until_exit(&mut drv, &mut pool, &mut child)?;
+            drive_until_exit(&mut drv, &mut pool, &mut child, &a)?;
             let recs = drv.take_irq_records();
             // Only RX interrupts of the run: those the device logged as raised during it.
             let r = read_report(a.stats_out.as_ref().unwrap())?;
@@ -406,9 +432,15 @@ fn exp2(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr>
         tap_contrast(ctx, count as usize, SPEC, b.runs)
     };
     match tap {
-        Ok((acc, share_med, outl)) => {
+        Ok(tc) => {
+            let (acc, share_med, outl) = (&tc.acc, tc.share_median, tc.outliers_median);
+            let lost = if tc.lost + tc.send_errors > 0 {
+                format!(" ({} lost, {} sends failed)", tc.lost, tc.send_errors)
+            } else {
+                String::new()
+            };
             t.row(vec![
-                "Linux → TAP, read by usnet".into(),
+                format!("Linux → TAP, read by usnet{lost}"),
                 format!("{share_med:.1}%"),
                 format!("{:.2}", acc.worst_ns as f64 / 1e3),
                 format!("{outl:.0}"),
@@ -424,6 +456,7 @@ fn exp2(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr>
             rows.push(
                 json!({"path": "linux-tap", "within_1us_pct_median": share_med,
                 "worst_abs_err_ns": acc.worst_ns, "outliers_beyond_6_25pct_median": outl,
+                "lost": tc.lost, "send_errors": tc.send_errors,
                 "histogram_250ns": histogram(&acc.errors)}),
             );
         }
@@ -451,14 +484,26 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// What the TAP contrast measured over all its runs.
+struct TapContrast {
+    acc: Accuracy,
+    share_median: f64,
+    outliers_median: f64,
+    /// Datagrams the sender handed to the kernel and the reader never saw before its
+    /// deadline (all runs).
+    lost: u64,
+    /// `send` calls that failed (socket buffer full, ...; all runs).
+    send_errors: u64,
+}
+
+/// How long the reader waits past the sender's last scheduled send for stragglers.
+const TAP_GRACE: Duration = Duration::from_secs(2);
+
 /// Linux sends UDP at `spec` ns intervals to a neighbour behind a TAP; the reader (this
-/// thread, the "usnet side") timestamps each frame as it reads it.
-fn tap_contrast(
-    ctx: &Ctx,
-    count: usize,
-    spec: u64,
-    runs: usize,
-) -> Result<(Accuracy, f64, f64), String> {
+/// thread, the "usnet side") timestamps each frame as it reads it. Every read waits
+/// with a deadline (the send schedule plus [`TAP_GRACE`]): a datagram lost on the way,
+/// or one the sender failed to send, is counted instead of stalling the run.
+fn tap_contrast(ctx: &Ctx, count: usize, spec: u64, runs: usize) -> Result<TapContrast, String> {
     // Privileges, read from /proc (effective uid).
     if !std::fs::read_to_string("/proc/self/status")
         .map(|s| {
@@ -469,7 +514,7 @@ fn tap_contrast(
     {
         return Err("needs root (TAP)".into());
     }
-    let (mut tap, ifname) = crate::sys::open_tap("usnic%d").map_err(|e| format!("tap: {e}"))?;
+    let (mut tap, ifname) = open_tap("usnic%d").map_err(|e| format!("tap: {e}"))?;
     let _ = std::fs::write(
         format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6"),
         "1",
@@ -490,29 +535,48 @@ fn tap_contrast(
     let mut shares = Vec::new();
     let mut outl = Vec::new();
     let mut all: Option<Accuracy> = None;
+    let (mut lost, mut send_errors) = (0u64, 0u64);
+    let total = count + 10;
     for _ in 0..runs {
         let (pin, rt) = (ctx.pin, ctx.rt);
-        let sender = std::thread::spawn(move || -> Result<(), String> {
+        // The sender never blocks (non-blocking socket, busy-paced on the clock), so it
+        // ends within its schedule; it reports how many sends failed.
+        let sender = std::thread::spawn(move || -> Result<u64, String> {
             if pin {
                 let _ = pin_to_core(DEV_CORE);
             }
             if rt {
-                let _ = crate::sys::set_fifo(50);
+                let _ = set_fifo(50);
             }
             let s = UdpSocket::bind("10.239.0.1:0").map_err(|e| e.to_string())?;
             s.connect("10.239.0.2:9").map_err(|e| e.to_string())?;
+            s.set_nonblocking(true).map_err(|e| e.to_string())?;
             let payload = vec![0x42u8; 1472];
             std::thread::sleep(Duration::from_millis(20));
             let t0 = now_ns();
-            for i in 0..(count + 10) as u64 {
+            let mut failed = 0u64;
+            for i in 0..total as u64 {
                 spin_until(t0 + i * spec);
-                let _ = s.send(&payload);
+                if s.send(&payload).is_err() {
+                    failed += 1;
+                }
             }
-            Ok(())
+            Ok(failed)
         });
-        let mut times = Vec::with_capacity(count + 10);
+        let schedule = Duration::from_millis(20) + Duration::from_nanos(spec * total as u64);
+        let deadline = now_ns() + (schedule + TAP_GRACE).as_nanos() as u64;
+        let mut times = Vec::with_capacity(total);
         let mut frame = vec![0u8; 2048];
-        while times.len() < count + 10 {
+        while times.len() < total {
+            let left = deadline.saturating_sub(now_ns());
+            if left == 0 {
+                break; // the rest was lost (or never sent): counted below
+            }
+            let ready = usnet_shm::poll_fds(&[tap.as_fd()], Duration::from_nanos(left))
+                .map_err(|e| e.to_string())?;
+            if !ready.any() {
+                continue;
+            }
             let n = tap.read(&mut frame).map_err(|e| e.to_string())?;
             let t = now_ns();
             // UDP to port 9 over IPv4 only (ignore anything else the kernel sends).
@@ -520,8 +584,18 @@ fn tap_contrast(
                 times.push(t);
             }
         }
-        sender.join().map_err(|_| "sender panicked".to_string())??;
-        let acc = accuracy(&times[10..], spec);
+        let failed =
+            crate::join_within(sender, TAP_GRACE).map_err(|e| format!("TAP sender: {e}"))??;
+        send_errors += failed;
+        let missing = (total - times.len()) as u64;
+        lost += missing.saturating_sub(failed);
+        if missing > 0 {
+            eprintln!(
+                "  note: Linux → TAP: {missing} of {total} datagrams not read before the deadline ({failed} sends failed)"
+            );
+        }
+        // The first 10 warm the path up; a lost datagram shows as a doubled interval.
+        let acc = accuracy(&times[times.len().min(10)..], spec);
         shares.push(acc.within_1us * 100.0);
         outl.push(acc.outliers_6_25 as f64);
         all = Some(match all {
@@ -534,9 +608,60 @@ fn tap_contrast(
         });
     }
     drop(tap); // a non-persistent TAP disappears with its descriptor
-    let s = usnet_report::median(&mut shares);
-    let o = usnet_report::median(&mut outl);
-    Ok((all.expect("runs >= 1"), s, o))
+    Ok(TapContrast {
+        acc: all.expect("runs >= 1"),
+        share_median: usnet_report::median(&mut shares),
+        outliers_median: usnet_report::median(&mut outl),
+        lost,
+        send_errors,
+    })
+}
+
+/// Busy-waits (no sleep) until the monotonic clock reaches `t`; returns the time seen.
+#[inline]
+fn spin_until(t: u64) -> u64 {
+    loop {
+        let n = now_ns();
+        if n >= t {
+            return n;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Opens `/dev/net/tun` as a TAP (IFF_TAP | IFF_NO_PI) named after `name` (a `%d`
+/// pattern is allowed); returns the file and the name the kernel chose. A raw TAP, not
+/// usnet-link's (no vnet header, no pool): the contrast path reads frames as they come.
+fn open_tap(name: &str) -> std::io::Result<(File, String)> {
+    use std::os::fd::AsRawFd;
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "interface name too long",
+        ));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    // SAFETY: ifreq is a plain C struct; all-zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads and writes the ifreq we pass, on the tun fd we own.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let chosen: String = ifr
+        .ifr_name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8 as char)
+        .collect();
+    Ok((file, chosen))
 }
 
 // ---------------------------------------------------------------- experiment 3
@@ -584,7 +709,7 @@ fn stack_side(name: &str, size: usize) -> Result<StackSide, BoxErr> {
     o.mac = mac;
     o.mtu = mtu;
     o.record_irqs = 0;
-    let drv = open_driver(name, &o)?;
+    let drv = NicDriver::create(name, &o)?;
     Ok(StackSide {
         stack,
         drv,
@@ -614,7 +739,9 @@ fn run_cycle(
     let mut last_check = now_ns();
     let t_base = now_ns();
     let mut finished = false;
+    let deadline = exit_deadline(&a);
     while !finished {
+        check_deadline(&mut child, deadline)?;
         s.drv.wait(Some(Duration::from_millis(2)))?;
         loop {
             out.clear();
@@ -692,7 +819,7 @@ fn run_cycle(
     })
 }
 
-fn exp3(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr> {
+fn exp3(ctx: &mut Ctx, b: &NicBenchOptions, json: &mut Value) -> Result<(), BoxErr> {
     let count = if b.quick { 2000 } else { 5000 };
     let sizes = [1514usize, 8192, 16384];
     let mut t = Table::new(
@@ -806,7 +933,7 @@ fn exp3(ctx: &mut Ctx, b: &NicBenchArgs, json: &mut Value) -> Result<(), BoxErr>
 }
 
 /// `usnet bench nic`.
-pub fn run_bench(b: &NicBenchArgs) -> Result<(), BoxErr> {
+pub fn run_bench(b: &NicBenchOptions) -> Result<(), BoxErr> {
     let mut b = b.clone();
     if b.quick {
         b.runs = b.runs.min(2);
@@ -818,7 +945,7 @@ pub fn run_bench(b: &NicBenchArgs) -> Result<(), BoxErr> {
         pin_to_core(STACK_CORE)?;
     }
     if b.rt {
-        crate::sys::set_fifo(50)?;
+        set_fifo(50)?;
     }
     let mut ctx = Ctx {
         exe: std::env::current_exe()?,

@@ -1,0 +1,230 @@
+//! `usnet bench ...`: the command-line arguments of the benchmarks. The benchmarks
+//! themselves live in usnet-bench and take plain option structs; this module owns the
+//! flags and converts.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use usnet_bench::async_syscall::AsyncSyscallBenchOptions;
+use usnet_bench::nic::NicBenchOptions;
+use usnet_bench::tcp::TcpBenchOptions;
+use usnet_bench::udp::UdpBenchOptions;
+
+/// `usnet bench async-syscall`.
+#[derive(Args, Debug, Clone)]
+pub struct AsyncSyscallArgs {
+    /// Output directory for JSON, Markdown and plots.
+    #[arg(long, default_value = "bench-out/async-syscall")]
+    pub out: PathBuf,
+    /// Fewer repetitions and samples (a smoke run, ~10 s).
+    #[arg(long)]
+    pub quick: bool,
+    /// Which parts to run: gettid, read, transport (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Directory on tmpfs for the read test (default /dev/shm).
+    #[arg(long)]
+    pub tmpfs_dir: Option<PathBuf>,
+}
+
+impl From<AsyncSyscallArgs> for AsyncSyscallBenchOptions {
+    fn from(a: AsyncSyscallArgs) -> Self {
+        AsyncSyscallBenchOptions {
+            out: a.out,
+            quick: a.quick,
+            only: a.only,
+            tmpfs_dir: a.tmpfs_dir,
+        }
+    }
+}
+
+/// `usnet bench nic`.
+#[derive(Args, Debug, Clone)]
+pub struct NicBenchArgs {
+    /// Output directory for tables, JSON and plots.
+    #[arg(long, default_value = "bench-out/nic")]
+    pub out: PathBuf,
+    /// Runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Fewer packets, runs and cycles: a smoke run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Skip the TAP contrast of experiment 2 (needs root).
+    #[arg(long)]
+    pub no_tap: bool,
+    /// Run the stack side and the device side in SCHED_FIFO (real-time), so that other
+    /// load on the machine cannot preempt them (root).
+    #[arg(long)]
+    pub rt: bool,
+    /// Only these experiments (1, 2, 3); default all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<u32>,
+}
+
+impl From<NicBenchArgs> for NicBenchOptions {
+    fn from(a: NicBenchArgs) -> Self {
+        NicBenchOptions {
+            out: a.out,
+            runs: a.runs,
+            quick: a.quick,
+            no_tap: a.no_tap,
+            rt: a.rt,
+            only: a.only,
+        }
+    }
+}
+
+/// `usnet bench udp`.
+#[derive(Args, Debug, Clone)]
+pub struct UdpArgs {
+    /// Directory for udp.json, udp.md and udp.png.
+    #[arg(long, default_value = "bench-out/udp")]
+    pub out: PathBuf,
+    /// Runs per configuration (the table shows medians).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds the sender sends per run.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Datagram payload sizes.
+    #[arg(long, value_delimiter = ',', default_value = "64,1472")]
+    pub sizes: Vec<usize>,
+    /// One short run per configuration (for CI smoke tests).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl From<UdpArgs> for UdpBenchOptions {
+    fn from(a: UdpArgs) -> Self {
+        UdpBenchOptions {
+            out: a.out,
+            runs: a.runs,
+            seconds: a.seconds,
+            sizes: a.sizes,
+            quick: a.quick,
+        }
+    }
+}
+
+/// `usnet bench tcp`.
+#[derive(Args, Debug, Clone)]
+pub struct TcpArgs {
+    /// Directory for tcp.json, tcp.md, tcp.png and tcp-rr.png.
+    #[arg(long, default_value = "bench-out/tcp")]
+    pub out: PathBuf,
+    /// Runs per configuration (the tables show medians).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Bulk message (write) sizes in bytes, multiples of 1024.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1024,16384,65536,1048576"
+    )]
+    pub sizes: Vec<usize>,
+    /// Request/response message sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    pub rr_sizes: Vec<usize>,
+    /// One short run per configuration (for CI smoke tests, under a minute).
+    #[arg(long)]
+    pub quick: bool,
+    /// Check every byte of the bulk streams (default: byte counts plus a stamp per KiB).
+    #[arg(long)]
+    pub verify: bool,
+    /// Skip the configurations that need root (veth, TAP) even when root.
+    #[arg(long)]
+    pub no_root: bool,
+    /// Only these configurations (comma-separated short names: usnet-shm, linux-lo,
+    /// linux-veth, usnet-tap-tx, usnet-tap-rx).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Skip the request/response part.
+    #[arg(long)]
+    pub no_rr: bool,
+    /// Skip the bulk part.
+    #[arg(long)]
+    pub no_bulk: bool,
+    /// TAP without TCP segmentation offload (usnet sends MTU-sized frames and the
+    /// kernel sends it MTU-sized frames), to measure what TSO/GSO brings.
+    #[arg(long)]
+    pub no_tso: bool,
+    /// How long a usnet end on a TAP keeps polling its device after the last frame
+    /// before it sleeps on it, in microseconds. On a machine with few cores a spinning
+    /// end takes the core its Linux peer's kernel work needs; never sleeping is
+    /// `--spin-us 1000000`. Ends on shm always poll.
+    #[arg(long, default_value_t = TcpBenchOptions::default().spin_us)]
+    pub spin_us: u64,
+}
+
+impl From<TcpArgs> for TcpBenchOptions {
+    fn from(a: TcpArgs) -> Self {
+        TcpBenchOptions {
+            out: a.out,
+            runs: a.runs,
+            seconds: a.seconds,
+            sizes: a.sizes,
+            rr_sizes: a.rr_sizes,
+            quick: a.quick,
+            verify: a.verify,
+            no_root: a.no_root,
+            only: a.only,
+            no_rr: a.no_rr,
+            no_bulk: a.no_bulk,
+            no_tso: a.no_tso,
+            spin_us: a.spin_us,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    enum P {
+        Udp(UdpArgs),
+        Tcp(TcpArgs),
+        Nic(NicBenchArgs),
+        AsyncSyscall(AsyncSyscallArgs),
+    }
+
+    /// The flags' defaults are the libraries' (each default lives twice: in the help
+    /// text here and in the library's `Default`).
+    #[test]
+    fn cli_defaults_are_the_library_defaults() {
+        let P::Udp(u) = P::parse_from(["b", "udp"]) else {
+            unreachable!()
+        };
+        let (u, d) = (UdpBenchOptions::from(u), UdpBenchOptions::default());
+        assert_eq!(
+            (u.out, u.runs, u.seconds, u.sizes, u.quick),
+            (d.out, d.runs, d.seconds, d.sizes, d.quick)
+        );
+        let P::Tcp(t) = P::parse_from(["b", "tcp"]) else {
+            unreachable!()
+        };
+        let (t, d) = (TcpBenchOptions::from(t), TcpBenchOptions::default());
+        assert_eq!(
+            (t.out, t.runs, t.seconds, t.sizes, t.rr_sizes, t.spin_us),
+            (d.out, d.runs, d.seconds, d.sizes, d.rr_sizes, d.spin_us)
+        );
+        let P::Nic(n) = P::parse_from(["b", "nic"]) else {
+            unreachable!()
+        };
+        let (n, d) = (NicBenchOptions::from(n), NicBenchOptions::default());
+        assert_eq!((n.out, n.runs, n.only), (d.out, d.runs, d.only));
+        let P::AsyncSyscall(a) = P::parse_from(["b", "async-syscall"]) else {
+            unreachable!()
+        };
+        let (a, d) = (
+            AsyncSyscallBenchOptions::from(a),
+            AsyncSyscallBenchOptions::default(),
+        );
+        assert_eq!((a.out, a.only, a.tmpfs_dir), (d.out, d.only, d.tmpfs_dir));
+    }
+}
