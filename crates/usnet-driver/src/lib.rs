@@ -14,7 +14,7 @@ pub use memdev::{MemDevice, MemQueues};
 
 use std::time::Duration;
 
-use usnet_link::{Device, DeviceStats, LinkState};
+use usnet_link::{Device, DeviceStats, Doorbell, LinkState, WaitPlan};
 use usnet_pool::PktBuf;
 use usnet_stack::{Instant, Stack};
 
@@ -165,6 +165,18 @@ impl<D: Device, C: Clock> Driver<D, C> {
     /// Sleeps on the device until a frame may have arrived, its waker fired, or the
     /// stack's next deadline (at most `cap`) is due.
     pub fn wait(&mut self, cap: Duration) -> std::io::Result<()> {
+        self.wait_with(&[], || false, cap)
+    }
+
+    /// [`Driver::wait`] that also ends when one of the loop's own doorbells rings
+    /// (doorbells of the device's kind: see [`usnet_link::wait_device`]);
+    /// `extra_ready` re-checks the loop's other work after it announced itself.
+    pub fn wait_with(
+        &mut self,
+        extra: &[Doorbell<'_>],
+        extra_ready: impl FnMut() -> bool,
+        cap: Duration,
+    ) -> std::io::Result<()> {
         if self.stack.tx_len() > 0 {
             // The device pushed back: retry soon rather than sleep.
             std::thread::yield_now();
@@ -174,7 +186,21 @@ impl<D: Device, C: Clock> Driver<D, C> {
         if timeout.is_zero() {
             return Ok(());
         }
-        self.dev.wait(Some(timeout))
+        usnet_link::wait_device(&mut self.dev, extra, extra_ready, timeout)
+    }
+
+    /// For a loop that holds the driver under a lock: what to sleep on and for how
+    /// long (at most `cap`), to hand to [`usnet_link::sleep_on`] after the lock is
+    /// released. A zero duration means "turn again now".
+    pub fn prepare_wait(&mut self, cap: Duration) -> (WaitPlan, Duration) {
+        if self.stack.tx_len() > 0 {
+            return (WaitPlan::ready(), Duration::ZERO);
+        }
+        let timeout = self.idle_timeout(cap);
+        if timeout.is_zero() {
+            return (WaitPlan::ready(), timeout);
+        }
+        (self.dev.prepare_wait(), timeout)
     }
 
     /// Turns until `done` says so or `limit` passes (then `false`); between busy-less

@@ -4,35 +4,50 @@
 //! same driver as everything else.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use usnet_link::{Device, DeviceCaps, DeviceStats, Wake, Waker};
+use usnet_link::{Device, DeviceCaps, DeviceStats, WaitPlan, WaitSpec, Wake, Waker};
 use usnet_pool::{Offload, PacketPool, PktBuf};
+use usnet_shm::EventFd;
 
 #[derive(Default)]
 struct Queues {
     rx: VecDeque<Vec<u8>>,
     tx: VecDeque<(Vec<u8>, Offload)>,
-    woken: bool,
     stats: DeviceStats,
 }
 
 /// The owner's handle on a [`MemDevice`]'s queues (clones share them).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemQueues {
-    inner: Arc<(Mutex<Queues>, Condvar)>,
+    queues: Arc<Mutex<Queues>>,
+    /// Rung by an injection and by the waker: what a sleeping loop polls.
+    bell: Arc<EventFd>,
+    /// The same eventfd as the plan's device fd.
+    bell_fd: Arc<OwnedFd>,
 }
 
 impl MemQueues {
+    fn new() -> std::io::Result<Self> {
+        let bell = EventFd::new()?;
+        let bell_fd = Arc::new(bell.as_fd().try_clone_to_owned()?);
+        Ok(MemQueues {
+            queues: Arc::default(),
+            bell: Arc::new(bell),
+            bell_fd,
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queues> {
-        self.inner.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues a frame for the stack to receive.
     pub fn inject(&self, frame: &[u8]) {
         self.lock().rx.push_back(frame.to_vec());
-        self.inner.1.notify_all();
+        self.bell.ring();
     }
 
     /// The oldest frame the stack sent, with its offload metadata (a partial
@@ -49,8 +64,7 @@ impl MemQueues {
 
 impl Wake for MemQueues {
     fn wake(&self) {
-        self.lock().woken = true;
-        self.inner.1.notify_all();
+        self.bell.ring();
     }
 }
 
@@ -63,16 +77,17 @@ pub struct MemDevice {
 
 impl MemDevice {
     /// A device with these capabilities and the owner's handle on its queues.
-    pub fn new(name: &str, caps: DeviceCaps) -> (MemDevice, MemQueues) {
-        let queues = MemQueues::default();
-        (
+    /// Fails only when no eventfd can be made.
+    pub fn new(name: &str, caps: DeviceCaps) -> std::io::Result<(MemDevice, MemQueues)> {
+        let queues = MemQueues::new()?;
+        Ok((
             MemDevice {
                 name: name.to_string(),
                 caps,
                 queues: queues.clone(),
             },
             queues,
-        )
+        ))
     }
 }
 
@@ -134,18 +149,26 @@ impl Device for MemDevice {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
-        let (m, cv) = &*self.queues.inner;
-        let mut q = m.lock().unwrap_or_else(|p| p.into_inner());
         // Nothing here sleeps without a deadline.
         let timeout = timeout.unwrap_or(Duration::from_millis(100));
-        if q.rx.is_empty() && !q.woken {
-            q = cv
-                .wait_timeout_while(q, timeout, |q| q.rx.is_empty() && !q.woken)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+        usnet_link::wait_device(self, &[], || false, timeout)
+    }
+
+    fn prepare_wait(&mut self) -> WaitPlan {
+        if self.rx_ready() {
+            return WaitPlan::ready();
         }
-        q.woken = false;
-        Ok(())
+        WaitPlan {
+            spec: WaitSpec::Fds {
+                dev: self.queues.bell_fd.clone(),
+                waker: Some(self.queues.bell.clone()),
+            },
+            within: None,
+        }
+    }
+
+    fn rx_ready(&mut self) -> bool {
+        !self.queues.lock().rx.is_empty()
     }
 
     fn waker(&self) -> Waker {

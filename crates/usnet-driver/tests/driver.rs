@@ -18,7 +18,7 @@ fn caps() -> DeviceCaps {
 }
 
 fn end(i: u8, clock: &ManualClock) -> (Driver<MemDevice, ManualClock>, MemQueues) {
-    let (dev, q) = MemDevice::new(&format!("mem{i}"), caps());
+    let (dev, q) = MemDevice::new(&format!("mem{i}"), caps()).unwrap();
     let stack = Stack::new(StackConfig {
         mac: mac_from_seed(i as u64),
         addrs: vec![format!("10.9.0.{i}/24").parse().unwrap()],

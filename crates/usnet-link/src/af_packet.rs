@@ -103,7 +103,8 @@ pub struct AfPacketDevice {
     ifindex: u32,
     ring: RxRing,
     // Declared after the ring: the mapping goes before the socket closes.
-    fd: OwnedFd,
+    /// Shared with wait plans, so a loop may sleep on it without the device.
+    fd: Arc<OwnedFd>,
     /// An unbound packet socket with PACKET_VNET_HDR for transmitting: each frame goes
     /// with a virtio-net header, so a partial checksum or a 64 KiB TCP GSO frame is
     /// finished or cut by the kernel (a veth passes GSO frames on whole). `None` when
@@ -270,7 +271,7 @@ impl AfPacketDevice {
             ifname: ifname.to_string(),
             ifindex,
             ring,
-            fd,
+            fd: Arc::new(fd),
             tx_vnet,
             ev,
             mtu,
@@ -541,6 +542,18 @@ impl Device for AfPacketDevice {
             }
         }
         Ok(sent)
+    }
+
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        if self.rx_ready() {
+            return crate::WaitPlan::ready();
+        }
+        crate::WaitPlan::fds(self.fd.clone(), Some(self.ev.clone()))
+    }
+
+    fn rx_ready(&mut self) -> bool {
+        self.pkts_left > 0
+            || self.ring.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {

@@ -381,6 +381,29 @@ impl<D: Device> Device for FaultInjector<D> {
         Ok(taken)
     }
 
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        if !self.rx.ready.is_empty() {
+            return crate::WaitPlan::ready();
+        }
+        let mut plan = self.inner.prepare_wait();
+        // Come back in time to release delayed and held frames.
+        let mut cap = |d: Duration| plan.within = Some(plan.within.map_or(d, |w| w.min(d)));
+        let now = Instant::now();
+        for lane in [&self.rx, &self.tx] {
+            if let Some(&(due, _)) = lane.delayed.front() {
+                cap(due.saturating_duration_since(now));
+            }
+            if lane.held.is_some() || (!lane.ready.is_empty()) {
+                cap(Duration::from_millis(10));
+            }
+        }
+        plan
+    }
+
+    fn rx_ready(&mut self) -> bool {
+        !self.rx.ready.is_empty() || self.inner.rx_ready()
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         if !self.rx.ready.is_empty() {
             return Ok(());

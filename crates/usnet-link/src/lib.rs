@@ -17,9 +17,11 @@ mod sys;
 pub mod tap;
 #[cfg(test)]
 pub(crate) mod testutil;
+mod wait;
 
 pub use error::LinkError;
 pub use spec::{open, wrap, LinkOptions, LinkSpec};
+pub use wait::{sleep_on, wait_device, Doorbell, WaitPlan, WaitSpec};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -98,6 +100,17 @@ pub trait Device: Send {
     fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()>;
     /// A handle that interrupts `wait` from another thread.
     fn waker(&self) -> Waker;
+    /// Gets ready to sleep and says on what (an fd or a futex word): arms the device's
+    /// wake-up (re-enables the emulated NIC's interrupt, for one) and reads what a
+    /// later wake-up will change. [`wait_device`] sleeps on the plan together with a
+    /// loop's other doorbells; `wait` is the same for a device alone (plus a spin).
+    fn prepare_wait(&mut self) -> WaitPlan;
+    /// Whether a frame waits to be received now: a cheap look, no system call. The
+    /// sleeper re-checks it after announcing itself on a futex bell (devices whose
+    /// wake-up is a readable fd may keep this default).
+    fn rx_ready(&mut self) -> bool {
+        false
+    }
     fn link_state(&self) -> LinkState {
         LinkState::Up
     }
@@ -135,6 +148,12 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn waker(&self) -> Waker {
         (**self).waker()
+    }
+    fn prepare_wait(&mut self) -> WaitPlan {
+        (**self).prepare_wait()
+    }
+    fn rx_ready(&mut self) -> bool {
+        (**self).rx_ready()
     }
     fn link_state(&self) -> LinkState {
         (**self).link_state()

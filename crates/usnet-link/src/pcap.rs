@@ -191,6 +191,19 @@ impl<D: Device> Device for PcapWriter<D> {
         r
     }
 
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        let mut plan = self.inner.prepare_wait();
+        if self.dirty {
+            let left = PCAP_FLUSH_INTERVAL.saturating_sub(self.last_flush.elapsed());
+            plan.within = Some(plan.within.map_or(left, |w| w.min(left)));
+        }
+        plan
+    }
+
+    fn rx_ready(&mut self) -> bool {
+        self.inner.rx_ready()
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let timeout = if self.dirty {
             let left = PCAP_FLUSH_INTERVAL.saturating_sub(self.last_flush.elapsed());

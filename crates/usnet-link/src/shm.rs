@@ -726,6 +726,27 @@ impl Device for ShmDevice {
         }
     }
 
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        // `seq` first, then the ring: a frame published after this look moves `seq`
+        // only if we announce ourselves, which the sleeper does before its re-check.
+        let s = self.rx_bell.seq();
+        if s != self.seen_seq {
+            self.seen_seq = s;
+            return crate::WaitPlan::ready();
+        }
+        if self.rx.pending() {
+            return crate::WaitPlan::ready();
+        }
+        let mut plan = crate::WaitPlan::bell(self.rx_bell.clone(), s);
+        // Come back now and then to look at the peer's liveness.
+        plan.within = Some(LIVENESS_SLICE);
+        plan
+    }
+
+    fn rx_ready(&mut self) -> bool {
+        self.rx.pending()
+    }
+
     fn waker(&self) -> Waker {
         Arc::new(ShmWaker {
             bell: self.rx_bell.clone(),

@@ -141,7 +141,8 @@ impl VnetHdr {
 pub struct TapDevice {
     label: String,
     ifname: String,
-    fd: OwnedFd,
+    /// Shared with wait plans, so a loop may sleep on it without the device.
+    fd: Arc<OwnedFd>,
     ev: Arc<EventFd>,
     mtu: usize,
     tso: bool,
@@ -261,7 +262,7 @@ impl TapDevice {
         Ok(TapDevice {
             label: spec,
             ifname: ifname.to_string(),
-            fd,
+            fd: Arc::new(fd),
             ev,
             mtu,
             tso: cfg.tso,
@@ -516,6 +517,10 @@ impl Device for TapDevice {
 
     fn waker(&self) -> Waker {
         self.ev.clone()
+    }
+
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        crate::WaitPlan::fds(self.fd.clone(), Some(self.ev.clone()))
     }
 
     fn link_state(&self) -> LinkState {

@@ -99,6 +99,9 @@ impl Device for MemDevice {
     fn waker(&self) -> Waker {
         Arc::new(NoWake)
     }
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        crate::WaitPlan::ready()
+    }
     fn stats(&self) -> DeviceStats {
         self.stats
     }

@@ -4,8 +4,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use usnet_sim::SimRng;
 use usnet_link::nic::NicError;
+use usnet_sim::SimRng;
 
 use crate::device::{DevCounters, DeviceSide, RingFullPolicy, TxMode};
 use crate::frame::{FrameSpec, UdpTemplate};

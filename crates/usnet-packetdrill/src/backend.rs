@@ -138,7 +138,8 @@ impl Backend {
                 tso: false,
                 max_burst: 64,
             },
-        );
+        )
+        .map_err(|e| format!("in-memory link: {e}"))?;
         let clock = ManualClock::default();
         let epoch_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

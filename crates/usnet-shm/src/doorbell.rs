@@ -245,11 +245,84 @@ impl FutexBell {
     }
 }
 
+/// [`Gate::sleep`] on several futex bells at once: announce on every bell, fence
+/// (F1 of each gate's argument), re-check `ready`, then sleep until any bell's `seq`
+/// moves from the `seen` its caller read before looking for work (futex_waitv), for at
+/// most `timeout`. The argument of [`Gate`] holds for each bell separately, so no
+/// wake-up on any of them is lost. Returns whether it went to sleep. At most
+/// [`crate::futex::WAITV_MAX`] bells.
+pub fn sleep_many(
+    bells: &[(&FutexBell, u32)],
+    ready: impl FnOnce() -> bool,
+    timeout: Duration,
+) -> std::io::Result<bool> {
+    for (b, _) in bells {
+        b.region.u32(b.sleepers).fetch_add(1, SeqCst);
+    }
+    // F1: orders every announcement before the re-check.
+    std::sync::atomic::fence(SeqCst);
+    let slept = !ready();
+    let r = if slept && !bells.is_empty() {
+        let words: Vec<(&AtomicU32, u32)> =
+            bells.iter().map(|(b, seen)| (b.word(), *seen)).collect();
+        crate::futex::wait_any(&words, timeout).map(|_| ())
+    } else {
+        Ok(())
+    };
+    for (b, _) in bells {
+        b.region.u32(b.sleepers).fetch_sub(1, Release);
+    }
+    r.map(|()| slept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::poll_fds;
     use std::time::Instant;
+
+    #[test]
+    fn sleep_many_wakes_on_any_bell_and_skips_when_ready() {
+        let r = Arc::new(Region::create_memfd(c"bells", 4096, false).unwrap());
+        let a = FutexBell::new(r.clone(), 0, 64).unwrap();
+        let b = FutexBell::new(r.clone(), 128, 192).unwrap();
+        // Ready at the re-check: no sleep.
+        let t = Instant::now();
+        let slept = sleep_many(
+            &[(&a, a.seq()), (&b, b.seq())],
+            || true,
+            Duration::from_secs(5),
+        );
+        assert!(!slept.unwrap() && t.elapsed() < Duration::from_secs(1));
+        // A ring on the second bell ends the sleep.
+        let b2 = b.clone();
+        let th = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            b2.notify();
+        });
+        let t = Instant::now();
+        let slept = sleep_many(
+            &[(&a, a.seq()), (&b, b.seq())],
+            || false,
+            Duration::from_secs(5),
+        );
+        assert!(slept.unwrap());
+        assert!(t.elapsed() < Duration::from_secs(4), "woken, not timed out");
+        th.join().unwrap();
+        // A stale `seen` returns at once; a plain timeout returns at its deadline.
+        let t = Instant::now();
+        sleep_many(
+            &[(&a, a.seq().wrapping_sub(1))],
+            || false,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let t = Instant::now();
+        sleep_many(&[(&a, a.seq())], || false, Duration::from_millis(30)).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert_eq!(r.u32(64).load(SeqCst), 0, "announcements withdrawn");
+    }
 
     #[test]
     fn eventfd_rings_polls_and_drains() {

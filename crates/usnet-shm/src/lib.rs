@@ -43,7 +43,7 @@ pub mod spsc;
 #[allow(unsafe_code)]
 mod sys;
 
-pub use doorbell::{EventFd, FutexBell, Gate};
+pub use doorbell::{sleep_many, EventFd, FutexBell, Gate};
 pub use region::{Populate, RangeError, Region, Shared};
 pub use sys::{adopt_inherited_fd, inherit_fd, monotonic_ns, poll_fds, ReadyFds};
 

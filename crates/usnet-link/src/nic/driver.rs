@@ -344,7 +344,7 @@ impl NicDriver {
 
     /// Whether the next RX descriptor is complete (work for `rx_burst`).
     #[inline]
-    fn rx_ready(&self) -> bool {
+    fn rx_desc_ready(&self) -> bool {
         let f = self.flags_rx(self.rx_next);
         f & F_OWN == 0 || self.device_skipped()
     }
@@ -621,6 +621,12 @@ impl Device for NicDriver {
         out: &mut Vec<PktBuf>,
         max: usize,
     ) -> std::io::Result<usize> {
+        // Woken from a loop's shared wait (`prepare_wait`), not from `wait`: the line
+        // moved since we armed it, so the handler runs here.
+        let line = self.irq.word().load(SeqCst);
+        if line != self.irq_seen {
+            self.handler(line);
+        }
         let before = out.len();
         let budget = max.min(self.opts.napi_budget);
         // Descriptors are bounded too, so a device that fills the ring with garbage cannot
@@ -735,7 +741,7 @@ impl Device for NicDriver {
     fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
         let start = now_ns();
         let deadline = timeout.map(|t| start.saturating_add(t.as_nanos() as u64));
-        if self.rx_ready() {
+        if self.rx_desc_ready() {
             self.stats.polls_ready += 1;
             return Ok(());
         }
@@ -750,7 +756,7 @@ impl Device for NicDriver {
             .u32(R_IRQ_MASK)
             .store(self.irq_mask_value(), SeqCst);
         fence(SeqCst);
-        if self.rx_ready() {
+        if self.rx_desc_ready() {
             self.region.u32(R_IRQ_MASK).store(0, SeqCst);
             self.stats.polls_ready += 1;
             return Ok(());
@@ -800,6 +806,35 @@ impl Device for NicDriver {
         }
         self.region.u32(R_IRQ_MASK).store(0, SeqCst);
         Ok(())
+    }
+
+    fn prepare_wait(&mut self) -> crate::WaitPlan {
+        if self.rx_desc_ready() {
+            self.stats.polls_ready += 1;
+            return crate::WaitPlan::ready();
+        }
+        // As `wait` does: re-enable interrupts (NAPI complete), acknowledge stale
+        // causes, look at the ring once more; the line's `seq` is read first, so an
+        // interrupt raised after this look ends the sleep.
+        let seen = self.irq.word().load(SeqCst);
+        self.irq_seen = seen;
+        self.region.u32(R_IRQ_STATUS).swap(0, SeqCst);
+        self.region
+            .u32(R_IRQ_MASK)
+            .store(self.irq_mask_value(), SeqCst);
+        fence(SeqCst);
+        if self.rx_desc_ready() {
+            self.region.u32(R_IRQ_MASK).store(0, SeqCst);
+            self.stats.polls_ready += 1;
+            return crate::WaitPlan::ready();
+        }
+        let mut plan = crate::WaitPlan::bell(self.irq.clone(), seen);
+        plan.within = Some(SLEEP_SLICE);
+        plan
+    }
+
+    fn rx_ready(&mut self) -> bool {
+        self.rx_desc_ready()
     }
 
     fn waker(&self) -> Waker {
