@@ -9,7 +9,6 @@
 //! 3. Receive success rate against interval (cycles of 5000 frames), throughput at the
 //!    first interval with 100% success, receive cost split into copy and protocol work.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
@@ -17,6 +16,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use usnet_driver::{Driver, SystemClock};
 
 use serde_json::{json, Value};
 use usnet_link::nic::{IrqMode, NicDriver, NicOptions};
@@ -679,8 +679,8 @@ struct Cycle {
 /// One stack (usnet-stack) on the NIC driver, with one UDP socket read by the "application"
 /// in the same loop.
 struct StackSide {
-    stack: usnet_stack::Stack,
-    drv: NicDriver,
+    /// The shared driver loop, timing its phases (device copy, protocol work).
+    d: Driver<NicDriver>,
     sock: usnet_stack::SocketHandle,
     name: String,
 }
@@ -710,9 +710,10 @@ fn stack_side(name: &str, size: usize) -> Result<StackSide, BoxErr> {
     o.mtu = mtu;
     o.record_irqs = 0;
     let drv = NicDriver::create(name, &o)?;
+    let mut d = Driver::new(stack, drv, SystemClock::new());
+    d.set_phase_timing(true);
     Ok(StackSide {
-        stack,
-        drv,
+        d,
         sock,
         name: name.to_string(),
     })
@@ -731,45 +732,36 @@ fn run_cycle(
     a.interval_ns = interval;
     a.dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 9);
     a.src = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 4000);
-    let mut child = ctx.spawn_device(&a, &s.drv)?;
-    let mut out = Vec::with_capacity(64);
+    let mut child = ctx.spawn_device(&a, s.d.device())?;
     let mut app = vec![0u8; 65536];
-    let mut tx = VecDeque::new();
     let (mut received, mut copy_ns, mut proto_ns) = (0u64, 0u64, 0u64);
     let mut last_check = now_ns();
-    let t_base = now_ns();
     let mut finished = false;
     let deadline = exit_deadline(&a);
+    let sock = s.sock;
+    // The application reads every datagram in the same turn (its time counts as
+    // protocol work, as in the document's split of receive cost).
+    let mut turn = |d: &mut Driver<NicDriver>, received: &mut u64| {
+        d.turn_with(|stack| {
+            let mut any = false;
+            while stack.udp_recv_from(sock, &mut app).is_ok() {
+                *received += 1;
+                any = true;
+            }
+            any
+        })
+    };
     while !finished {
         check_deadline(&mut child, deadline)?;
-        s.drv.wait(Some(Duration::from_millis(2)))?;
+        // The NIC's own wait, with its interrupt mode (hybrid spin, then sleep).
+        s.d.device_mut().wait(Some(Duration::from_millis(2)))?;
         loop {
-            out.clear();
-            let t0 = now_ns();
-            let n = s.drv.rx_burst(s.stack.pool_mut(), &mut out, 64)?;
-            let t1 = now_ns();
-            for &f in &out {
-                s.stack.receive(f);
-            }
-            s.stack.poll(usnet_stack::Instant::from_nanos(t1 - t_base));
-            while let Ok((_len, _from)) = s.stack.udp_recv_from(s.sock, &mut app) {
-                received += 1;
-            }
-            let t2 = now_ns();
-            if n > 0 {
-                copy_ns += t1 - t0;
-                proto_ns += t2 - t1;
-            }
-            // Whatever the stack wants to send (ARP replies etc.) goes out on TX.
-            while let Some(b) = s.stack.dequeue_tx() {
-                tx.push_back(b);
-            }
-            if !tx.is_empty() {
-                s.drv.tx_burst(s.stack.pool_mut(), &mut tx)?;
-            }
-            if n == 0 {
+            let t = turn(&mut s.d, &mut received)?;
+            if t.received == 0 {
                 break;
             }
+            copy_ns += t.rx_ns;
+            proto_ns += t.work_ns;
         }
         let now = now_ns();
         if now - last_check > 2_000_000 {
@@ -783,24 +775,7 @@ fn run_cycle(
         }
     }
     // Frames still in the ring after the device left.
-    loop {
-        out.clear();
-        let n = s.drv.rx_burst(s.stack.pool_mut(), &mut out, 64)?;
-        for &f in &out {
-            s.stack.receive(f);
-        }
-        s.stack
-            .poll(usnet_stack::Instant::from_nanos(now_ns() - t_base));
-        while s.stack.udp_recv_from(s.sock, &mut app).is_ok() {
-            received += 1;
-        }
-        if n == 0 {
-            break;
-        }
-    }
-    for b in tx.drain(..) {
-        s.stack.pool_mut().free(b);
-    }
+    while turn(&mut s.d, &mut received)?.received > 0 {}
     let r = read_report(a.stats_out.as_ref().unwrap())?;
     let missed = r["counters"]["missed"].as_u64().unwrap_or(0);
     let span = r["last_tick_ns"]
@@ -808,7 +783,6 @@ fn run_cycle(
         .unwrap_or(0)
         .saturating_sub(r["first_tick_ns"].as_u64().unwrap_or(0));
     let achieved_ns = (span as f64 / (count.max(2) - 1) as f64).max(interval as f64);
-    let _ = s.drv.link_state();
     Ok(Cycle {
         achieved_ns,
         received,
@@ -882,7 +856,7 @@ fn exp3(ctx: &mut Ctx, b: &NicBenchOptions, json: &mut Value) -> Result<(), BoxE
             if let Some(f) = first {
                 firsts.push(f);
             }
-            run_rows.push(json!({"first_100pct_ns": first, "cycles": cycles, "pool_in_use_after": s.stack.pool().in_use()}));
+            run_rows.push(json!({"first_100pct_ns": first, "cycles": cycles, "pool_in_use_after": s.d.stack().pool().in_use()}));
         }
         let first = usnet_report::median(&mut firsts);
         let gbps = size as f64 * 8.0 / first;

@@ -34,12 +34,11 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use usnet_driver::{Driver, SystemClock};
 use usnet_link::{Device, LinkOptions, LinkSpec, LinkState};
-use usnet_pool::{Backing, PktBuf, PoolConfig, DEFAULT_HEADROOM};
+use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot, median, percentile, write_json, Table};
-use usnet_stack::{
-    mac_from_seed, Instant as StackInstant, SocketHandle, Stack, StackConfig, StackError,
-};
+use usnet_stack::{mac_from_seed, SocketHandle, Stack, StackConfig, StackError};
 
 use crate::peer::{emit, Peer, PeerSpec, PEER_READY};
 
@@ -935,10 +934,7 @@ fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
 
 /// A usnet application: a stack and its device, driven from this loop.
 struct App {
-    dev: Box<dyn Device>,
-    stack: Stack,
-    rx: Vec<PktBuf>,
-    t0: Instant,
+    driver: Driver<Box<dyn Device>>,
     /// When the device last delivered or took a frame.
     last_work: Instant,
     /// How long a turn keeps spinning after the last frame before it sleeps on the
@@ -1006,11 +1002,10 @@ impl App {
             tcp,
             ..StackConfig::default()
         })?;
+        let mut driver = Driver::new(stack, dev, SystemClock::new());
+        driver.set_burst(BURST);
         Ok(App {
-            dev,
-            stack,
-            rx: Vec::with_capacity(BURST),
-            t0: Instant::now(),
+            driver,
             last_work: Instant::now(),
             // Two usnet ends over shm each have a core and no kernel work to make room
             // for: a futex sleep there only adds wake-up latency (64 KiB bulk: 52 vs
@@ -1023,39 +1018,26 @@ impl App {
         })
     }
 
-    /// One turn: frames in, protocol work, frames out.
+    fn stack(&mut self) -> &mut Stack {
+        self.driver.stack_mut()
+    }
+
+    /// One turn of the shared driver; sleeps on the device when idle past the spin
+    /// window.
     fn turn(&mut self) -> Res<usize> {
-        let n = self
-            .dev
-            .rx_burst(self.stack.pool_mut(), &mut self.rx, BURST)?;
-        for b in self.rx.drain(..) {
-            self.stack.receive(b);
-        }
-        self.stack
-            .poll(StackInstant::from_nanos(self.t0.elapsed().as_nanos() as u64));
-        let (pool, txq) = self.stack.tx_parts();
-        let mut sent = 0;
-        if !txq.is_empty() {
-            sent = self.dev.tx_burst(pool, txq)?;
-        }
-        if n > 0 || sent > 0 || self.stack.tx_len() > 0 {
+        let t = self.driver.turn()?;
+        if t.received > 0 || t.sent > 0 || t.tx_backlog > 0 {
             self.last_work = Instant::now();
         } else if self.last_work.elapsed() >= self.spin {
             // Idle past the spin window: sleep on the device instead of taking a core
             // the peer (on this 2-core machine, the Linux side) needs.
-            let now = StackInstant::from_nanos(self.t0.elapsed().as_nanos() as u64);
-            let timeout = self
-                .stack
-                .poll_at()
-                .map_or(Duration::from_millis(1), |t| t.saturating_since(now))
-                .min(Duration::from_millis(1));
-            self.dev.wait(Some(timeout))?;
+            self.driver.wait(Duration::from_millis(1))?;
         }
-        Ok(n)
+        Ok(t.received)
     }
 
     fn check_link(&self) -> Res<()> {
-        if self.dev.link_state() == LinkState::Down {
+        if self.driver.link_state() == LinkState::Down {
             return Err("link went down".into());
         }
         Ok(())
@@ -1070,7 +1052,7 @@ impl App {
     ) -> Res<T> {
         let end = Instant::now() + limit;
         loop {
-            if let Some(v) = f(&mut self.stack)? {
+            if let Some(v) = f(self.driver.stack_mut())? {
                 return Ok(v);
             }
             self.turn()?;
@@ -1082,7 +1064,7 @@ impl App {
 
     /// Lets the last segments (FIN, ACKs) leave before the process exits.
     fn linger(&mut self, h: SocketHandle) {
-        let _ = self.stack.tcp_close(h);
+        let _ = self.stack().tcp_close(h);
         let end = Instant::now() + Duration::from_millis(50);
         while Instant::now() < end {
             if self.turn().is_err() {
@@ -1092,7 +1074,8 @@ impl App {
     }
 
     fn retransmits(&self, h: SocketHandle) -> u64 {
-        self.stack
+        self.driver
+            .stack()
             .tcp_info(h)
             .map(|i| i.total_retransmits)
             .unwrap_or(0)
@@ -1112,13 +1095,13 @@ fn usnet_peer(a: &TcpPeerOptions) -> Res<Value> {
     let wait = Duration::from_secs_f64(a.seconds + 15.0);
     let h = if a.role == PeerRole::UsnetServer {
         let l = app
-            .stack
+            .stack()
             .tcp_listen(SocketAddr::new(a.addr.parse::<IpAddr>()?, PORT), 16)?;
         emit(&json!({"ready": true, "port": PORT}));
         app.until(wait, "a connection", |s| would_block(s.tcp_accept(l)))?
     } else {
         let to: SocketAddr = a.target.as_deref().ok_or("--target")?.parse()?;
-        let h = app.stack.tcp_connect(None, to)?;
+        let h = app.stack().tcp_connect(None, to)?;
         app.until(Duration::from_secs(10), "the handshake", |s| {
             let r = s.readiness(h)?;
             if let Some(e) = s.tcp_error(h)? {
@@ -1148,7 +1131,7 @@ fn usnet_bulk_server(
     let (mut got, mut first, mut bad) = (0u64, None::<Instant>, None);
     let end = Instant::now() + wait;
     loop {
-        match app.stack.tcp_recv(h, &mut buf) {
+        match app.stack().tcp_recv(h, &mut buf) {
             Ok(0) => break,
             Ok(n) => {
                 first.get_or_insert_with(Instant::now);
@@ -1187,7 +1170,7 @@ fn usnet_bulk_client(
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     while Instant::now() < end {
         loop {
-            match app.stack.tcp_send(h, &buf[pos..]) {
+            match app.stack().tcp_send(h, &buf[pos..]) {
                 Ok(n) => {
                     pos += n;
                     if pos == buf.len() {
@@ -1204,7 +1187,7 @@ fn usnet_bulk_client(
     }
     // Finish the message in progress so the stream is whole messages.
     while pos != 0 {
-        match app.stack.tcp_send(h, &buf[pos..]) {
+        match app.stack().tcp_send(h, &buf[pos..]) {
             Ok(n) => {
                 pos += n;
                 if pos == buf.len() {
@@ -1218,7 +1201,7 @@ fn usnet_bulk_client(
             Err(e) => return Err(e.into()),
         }
     }
-    app.stack.tcp_shutdown_write(h)?;
+    app.stack().tcp_shutdown_write(h)?;
     let mut b = [0u8; 64];
     app.until(wait, "the server's EOF", |s| {
         would_block(s.tcp_recv(h, &mut b)).map(|r| (r == Some(0)).then_some(()))
@@ -1230,7 +1213,7 @@ fn usnet_bulk_client(
 fn usnet_read_exact(app: &mut App, h: SocketHandle, buf: &mut [u8], end: Instant) -> Res<bool> {
     let mut at = 0;
     while at < buf.len() {
-        match app.stack.tcp_recv(h, &mut buf[at..]) {
+        match app.stack().tcp_recv(h, &mut buf[at..]) {
             Ok(0) => return Ok(false),
             Ok(n) => {
                 at += n;
@@ -1250,7 +1233,7 @@ fn usnet_read_exact(app: &mut App, h: SocketHandle, buf: &mut [u8], end: Instant
 fn usnet_write_all(app: &mut App, h: SocketHandle, buf: &[u8]) -> Res<()> {
     let mut at = 0;
     while at < buf.len() {
-        match app.stack.tcp_send(h, &buf[at..]) {
+        match app.stack().tcp_send(h, &buf[at..]) {
             Ok(n) => at += n,
             Err(StackError::WouldBlock) => {
                 app.turn()?;
@@ -1269,7 +1252,7 @@ fn usnet_rr_server(
     a: &TcpPeerOptions,
     wait: Duration,
 ) -> Res<Value> {
-    app.stack.tcp_set_nodelay(h, true)?;
+    app.stack().tcp_set_nodelay(h, true)?;
     let mut buf = vec![0u8; a.size];
     let end = Instant::now() + wait;
     let mut n = 0u64;
@@ -1286,7 +1269,7 @@ fn usnet_rr_client(
     a: &TcpPeerOptions,
     wait: Duration,
 ) -> Res<Value> {
-    app.stack.tcp_set_nodelay(h, true)?;
+    app.stack().tcp_set_nodelay(h, true)?;
     let mut req = vec![0u8; a.size];
     let mut resp = vec![0u8; a.size];
     let mut lat = Vec::with_capacity(1 << 20);
@@ -1307,7 +1290,7 @@ fn usnet_rr_client(
         }
     }
     let w = t0.elapsed().as_secs_f64();
-    app.stack.tcp_shutdown_write(h)?;
+    app.stack().tcp_shutdown_write(h)?;
     let mut b = [0u8; 64];
     app.until(wait, "the server's EOF", |s| {
         would_block(s.tcp_recv(h, &mut b)).map(|r| (r == Some(0)).then_some(()))

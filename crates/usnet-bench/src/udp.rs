@@ -15,11 +15,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use usnet_driver::{Driver, SystemClock};
 use usnet_link::shm::{ShmConfig, ShmDevice};
 use usnet_link::{Device, LinkState};
 use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot, median, write_json, Table};
-use usnet_stack::{mac_from_seed, Instant as StackInstant, Stack, StackConfig, StackError};
+use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError};
 
 use crate::peer::{emit, Peer, PeerSpec, PEER_READY};
 
@@ -436,41 +437,23 @@ fn bench_stack(addr: &str, seed: u64, dev: &ShmDevice) -> Res<Stack> {
     })?)
 }
 
-fn clock(t0: Instant) -> StackInstant {
-    StackInstant::from_nanos(t0.elapsed().as_nanos() as u64)
-}
-
-/// One turn of an application's own loop: frames in, protocol work, frames out.
-fn turn(
-    dev: &mut ShmDevice,
-    stack: &mut Stack,
-    rx: &mut Vec<usnet_pool::PktBuf>,
-    now: StackInstant,
-) -> Res<usize> {
-    let n = dev.rx_burst(stack.pool_mut(), rx, BATCH)?;
-    for b in rx.drain(..) {
-        stack.receive(b);
-    }
-    stack.poll(now);
-    let (pool, txq) = stack.tx_parts();
-    dev.tx_burst(pool, txq)?;
-    Ok(n)
-}
-
 fn usnet_rx(a: &UdpPeerOptions) -> Res<Value> {
-    let mut dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
-    let mut stack = bench_stack(RX_ADDR, 2, &dev)?;
-    let sock = stack.udp_bind(SocketAddr::new(RX_ADDR.parse()?, PORT))?;
+    let dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
+    let stack = bench_stack(RX_ADDR, 2, &dev)?;
+    let mut d = Driver::new(stack, dev, SystemClock::new());
+    d.set_burst(BATCH);
+    let sock = d
+        .stack_mut()
+        .udp_bind(SocketAddr::new(RX_ADDR.parse()?, PORT))?;
     emit(&json!({"ready": true}));
     let t0 = Instant::now();
-    let mut rx = Vec::with_capacity(BATCH);
     let mut buf = vec![0u8; 2048];
     let (mut received, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
     let give_up = t0 + Duration::from_secs(20);
     loop {
-        let n = turn(&mut dev, &mut stack, &mut rx, clock(t0))?;
+        let n = d.turn()?.received;
         let mut got = 0;
-        while stack.udp_recv_from(sock, &mut buf).is_ok() {
+        while d.stack_mut().udp_recv_from(sock, &mut buf).is_ok() {
             got += 1;
         }
         if got > 0 {
@@ -481,17 +464,17 @@ fn usnet_rx(a: &UdpPeerOptions) -> Res<Value> {
         }
         if n == 0 && got == 0 {
             let now = Instant::now();
-            if first.is_some() && (now - last > IDLE_END || dev.link_state() == LinkState::Down) {
+            if first.is_some() && (now - last > IDLE_END || d.link_state() == LinkState::Down) {
                 break;
             }
             if now > give_up {
                 return Err("no datagram arrived".into());
             }
-            dev.wait(Some(Duration::from_millis(1)))?;
+            d.wait(Duration::from_millis(1))?;
         }
     }
     let window = last.duration_since(first.expect("data seen")).as_secs_f64();
-    let c = stack.counters();
+    let c = d.stack().counters();
     Ok(json!({
         "received": received, "window_s": window,
         "drop1": c.drop_input_queue_full, "drop2": c.udp_rx_queue_full,
@@ -500,17 +483,18 @@ fn usnet_rx(a: &UdpPeerOptions) -> Res<Value> {
 }
 
 fn usnet_tx(a: &UdpPeerOptions) -> Res<Value> {
-    let mut dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
-    let mut stack = bench_stack("10.88.0.1", 1, &dev)?;
-    let sock = stack.udp_bind("0.0.0.0:0".parse()?)?;
+    let dev = ShmDevice::open(&a.target, &ShmConfig::default())?;
+    let stack = bench_stack("10.88.0.1", 1, &dev)?;
+    let mut d = Driver::new(stack, dev, SystemClock::new());
+    d.set_burst(BATCH);
+    let sock = d.stack_mut().udp_bind("0.0.0.0:0".parse()?)?;
     let dst = SocketAddr::new(RX_ADDR.parse()?, PORT);
     let t0 = Instant::now();
-    let mut rx = Vec::with_capacity(BATCH);
     // Resolve the receiver's MAC first (a ping), so timing starts with a warm path.
-    let ping = stack.ping_open();
-    stack.ping_send(ping, dst.ip(), 1, b"resolve")?;
-    while stack.ping_recv(ping).is_err() {
-        turn(&mut dev, &mut stack, &mut rx, clock(t0))?;
+    let ping = d.stack_mut().ping_open();
+    d.stack_mut().ping_send(ping, dst.ip(), 1, b"resolve")?;
+    while d.stack_mut().ping_recv(ping).is_err() {
+        d.turn()?;
         if t0.elapsed() > Duration::from_secs(10) {
             return Err("receiver did not answer".into());
         }
@@ -519,19 +503,20 @@ fn usnet_tx(a: &UdpPeerOptions) -> Res<Value> {
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     let mut sent = 0u64;
     while Instant::now() < end {
+        let s = d.stack_mut();
         for _ in 0..BATCH {
-            match stack.udp_send_to(sock, &payload, dst) {
+            match s.udp_send_to(sock, &payload, dst) {
                 Ok(_) => sent += 1,
                 Err(StackError::WouldBlock) => break,
                 Err(e) => return Err(e.into()),
             }
         }
-        turn(&mut dev, &mut stack, &mut rx, clock(t0))?;
+        d.turn()?;
     }
     // Let the queued tail drain into the ring.
     let drain_end = Instant::now() + Duration::from_secs(2);
-    while stack.tx_len() > 0 && Instant::now() < drain_end {
-        turn(&mut dev, &mut stack, &mut rx, clock(t0))?;
+    while d.stack().tx_len() > 0 && Instant::now() < drain_end {
+        d.turn()?;
     }
     Ok(json!({"sent": sent}))
 }

@@ -39,6 +39,10 @@ pub struct Turn {
     pub worked: bool,
     /// The device's link state changed during this turn.
     pub link_changed: bool,
+    /// With [`Driver::set_phase_timing`]: nanoseconds spent taking frames from the
+    /// device, and in protocol and application work (0 otherwise).
+    pub rx_ns: u64,
+    pub work_ns: u64,
 }
 
 impl Turn {
@@ -56,6 +60,7 @@ pub struct Driver<D: Device, C: Clock = SystemClock> {
     rx: Vec<PktBuf>,
     burst: usize,
     link: LinkState,
+    phase_timing: bool,
 }
 
 impl<D: Device, C: Clock> Driver<D, C> {
@@ -68,6 +73,7 @@ impl<D: Device, C: Clock> Driver<D, C> {
             rx: Vec::with_capacity(DEFAULT_BURST),
             burst: DEFAULT_BURST,
             link,
+            phase_timing: false,
         }
     }
 
@@ -78,6 +84,12 @@ impl<D: Device, C: Clock> Driver<D, C> {
 
     pub fn now(&self) -> Instant {
         self.clock.now()
+    }
+
+    /// Measures each turn's phases (two clock reads per phase) for experiments that
+    /// split receive cost into device copy and protocol work.
+    pub fn set_phase_timing(&mut self, on: bool) {
+        self.phase_timing = on;
     }
 
     pub fn clock(&self) -> &C {
@@ -117,13 +129,15 @@ impl<D: Device, C: Clock> Driver<D, C> {
     /// `app` (services, a server's client requests: returns whether it did
     /// anything), frames out. `Err` only for a fatal device error.
     pub fn turn_with(&mut self, app: impl FnOnce(&mut Stack) -> bool) -> std::io::Result<Turn> {
-        let now = self.clock.now();
+        let t0 = self.phase_timing.then(std::time::Instant::now);
         let received = self
             .dev
             .rx_burst(self.stack.pool_mut(), &mut self.rx, self.burst)?;
+        let t1 = self.phase_timing.then(std::time::Instant::now);
         for b in self.rx.drain(..) {
             self.stack.receive(b);
         }
+        let now = self.clock.now();
         let mut worked = self.stack.poll(now);
         let mut rounds = 1;
         while self.stack.input_len() > 0 && rounds < MAX_INPUT_ROUNDS {
@@ -131,6 +145,13 @@ impl<D: Device, C: Clock> Driver<D, C> {
             rounds += 1;
         }
         worked |= app(&mut self.stack);
+        let (rx_ns, work_ns) = match (t0, t1) {
+            (Some(t0), Some(t1)) => (
+                t1.duration_since(t0).as_nanos() as u64,
+                t1.elapsed().as_nanos() as u64,
+            ),
+            _ => (0, 0),
+        };
         let sent = self.flush()?;
         let link = self.dev.link_state();
         let link_changed = link != self.link;
@@ -141,6 +162,8 @@ impl<D: Device, C: Clock> Driver<D, C> {
             tx_backlog: self.stack.tx_len(),
             worked,
             link_changed,
+            rx_ns,
+            work_ns,
         })
     }
 

@@ -1,12 +1,14 @@
-//! Runs a sans-IO [`Stack`] on a real [`Device`]: a poll thread moves frames between
-//! the two and keeps time; applications use blocking (or non-blocking) sockets from
-//! any thread; built-in services run inside the poll loop; a control socket lets
-//! `usnet stat` and `usnet ping` talk to a running stack.
+//! Runs a sans-IO [`Stack`] on a real [`Device`] for applications in this process: a
+//! poll thread turns the shared [`Driver`] (frames in, protocol work, services, frames
+//! out); applications use blocking (or non-blocking) sockets from any thread; a
+//! control socket lets `usnet stat` and `usnet ping` talk to a running stack.
 //!
-//! Locking: one mutex around the stack. The poll thread holds it for one burst
-//! (receive, protocol work, services, transmit) and never while waiting on the device;
-//! application threads hold it for one socket call. A condition variable wakes
-//! blocked sockets; the device's waker wakes the poll thread after a send.
+//! Locking: this crate is the mutex-and-condvar facade on top of the lock-free
+//! driver. One mutex guards the driver (stack and device). The poll thread holds it
+//! for one turn and for preparing its sleep (the device says what it sleeps on), then
+//! sleeps without it; application threads hold it for one socket call. A condition
+//! variable wakes blocked sockets; the device's waker wakes the poll thread after a
+//! send.
 
 pub mod control;
 pub mod services;
@@ -18,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use usnet_driver::{Clock, Driver, SystemClock};
 use usnet_link::{Device, DeviceStats, LinkState, Waker};
 use usnet_stack::{ConfigError, Instant, Stack, StackConfig};
 
@@ -53,7 +56,8 @@ pub enum RuntimeError {
 }
 
 pub(crate) struct Inner {
-    pub stack: Stack,
+    /// The stack and its device, turned by the poll thread.
+    pub driver: Driver<Box<dyn Device>>,
     pub services: Vec<Box<dyn Service>>,
     /// Threads blocked on the condition variable (so the poll loop only notifies
     /// when someone listens).
@@ -64,18 +68,24 @@ pub(crate) struct Inner {
     pub failed: Option<String>,
 }
 
+impl Inner {
+    pub fn stack(&mut self) -> &mut Stack {
+        self.driver.stack_mut()
+    }
+}
+
 pub(crate) struct Shared {
     pub inner: Mutex<Inner>,
     pub cond: Condvar,
     pub waker: Waker,
     pub stop: AtomicBool,
-    pub epoch: std::time::Instant,
+    pub clock: SystemClock,
     pub device_name: String,
 }
 
 impl Shared {
     pub fn now(&self) -> Instant {
-        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        self.clock.now()
     }
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic in another thread while holding the lock leaves the stack in a
@@ -109,9 +119,14 @@ impl NetStack {
         // The stack only builds GSO frames when its pool buffers can hold them.
         cfg.tso = caps.tso;
         let stack = Stack::new(cfg)?;
+        let clock = SystemClock::new();
+        let waker = device.waker();
+        let device_name = device.name().to_string();
+        let mut driver = Driver::new(stack, device, clock);
+        driver.set_burst(rt.burst);
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
-                stack,
+                driver,
                 services: Vec::new(),
                 waiters: 0,
                 device_stats: DeviceStats::default(),
@@ -119,15 +134,15 @@ impl NetStack {
                 failed: None,
             }),
             cond: Condvar::new(),
-            waker: device.waker(),
+            waker,
             stop: AtomicBool::new(false),
-            epoch: std::time::Instant::now(),
-            device_name: device.name().to_string(),
+            clock,
+            device_name,
         });
         let s2 = shared.clone();
         let handle = std::thread::Builder::new()
             .name("usnet-poll".into())
-            .spawn(move || poll_loop(s2, device, rt))
+            .spawn(move || poll_loop(s2, rt))
             .map_err(RuntimeError::Thread)?;
         Ok(NetStack {
             shared,
@@ -138,7 +153,7 @@ impl NetStack {
     /// Runs `f` with the stack locked (for inspection or sans-IO calls).
     pub fn with<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> R {
         let mut g = self.shared.lock();
-        let r = f(&mut g.stack);
+        let r = f(g.stack());
         drop(g);
         self.shared.waker.wake();
         r
@@ -233,7 +248,7 @@ impl NetStack {
             let ready: Vec<_> = handles
                 .iter()
                 .copied()
-                .filter(|h| g.stack.readiness(*h).is_ok_and(&pred))
+                .filter(|h| g.stack().readiness(*h).is_ok_and(&pred))
                 .collect();
             if !ready.is_empty() || self.shared.stop.load(Ordering::Acquire) {
                 return ready;
@@ -261,8 +276,9 @@ fn random_u64() -> u64 {
     }
 }
 
-fn poll_loop(shared: Arc<Shared>, mut dev: Box<dyn Device>, rt: RuntimeConfig) {
-    let mut rx = Vec::with_capacity(rt.burst);
+/// The poll thread: turns the driver under the lock, then sleeps on what the device
+/// says (without the lock) after a short spin.
+fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
     let mut ready = Vec::new();
     let mut last_work = std::time::Instant::now();
     loop {
@@ -270,71 +286,66 @@ fn poll_loop(shared: Arc<Shared>, mut dev: Box<dyn Device>, rt: RuntimeConfig) {
             break;
         }
         let mut g = shared.lock();
-        let now = shared.now();
         let inner = &mut *g;
-        let received = match dev.rx_burst(inner.stack.pool_mut(), &mut rx, rt.burst) {
-            Ok(n) => n,
+        let services = &mut inner.services;
+        let turn = inner.driver.turn_with(|stack| {
+            let mut did = false;
+            for svc in services.iter_mut() {
+                did |= svc.poll(stack);
+            }
+            did
+        });
+        let t = match turn {
+            Ok(t) => t,
             Err(e) => {
-                inner.failed = Some(format!("device {}: receive failed: {e}", dev.name()));
+                inner.failed = Some(format!(
+                    "device {}: {e}",
+                    inner.driver.device().name()
+                ));
                 break;
             }
         };
-        for b in rx.drain(..) {
-            inner.stack.receive(b);
-        }
-        let mut did = inner.stack.poll(now);
-        while inner.stack.input_len() > 0 {
-            did |= inner.stack.poll(now);
-        }
-        for svc in inner.services.iter_mut() {
-            did |= svc.poll(&mut inner.stack);
-        }
-        let (pool, txq) = inner.stack.tx_parts();
-        let queued = txq.len();
-        let sent = match dev.tx_burst(pool, txq) {
-            Ok(n) => n,
-            Err(e) => {
-                inner.failed = Some(format!("device {}: transmit failed: {e}", dev.name()));
-                break;
-            }
-        };
-        let tx_backlog = inner.stack.tx_len();
-        inner.device_stats = dev.stats();
-        let link = dev.link_state();
-        let link_changed = link != inner.link_state;
-        inner.link_state = link;
-        inner.stack.take_ready(&mut ready);
-        let notify = inner.waiters > 0 && (!ready.is_empty() || sent > 0 || link_changed || did);
+        inner.device_stats = inner.driver.device_stats();
+        inner.link_state = inner.driver.link_state();
+        inner.driver.stack_mut().take_ready(&mut ready);
+        let notify = inner.waiters > 0
+            && (!ready.is_empty() || t.sent > 0 || t.link_changed || t.worked);
         ready.clear();
-        let next = inner.stack.poll_at();
-        drop(g);
-        if notify {
-            shared.cond.notify_all();
-        }
-        if received > 0 || sent > 0 || did || queued > 0 {
+        if t.busy() {
             last_work = std::time::Instant::now();
         }
-        if tx_backlog > 0 {
+        if t.tx_backlog > 0 {
             // The device pushed back: retry soon without sleeping long.
+            drop(g);
+            if notify {
+                shared.cond.notify_all();
+            }
             std::thread::yield_now();
             continue;
         }
         if last_work.elapsed() < rt.spin {
+            drop(g);
+            if notify {
+                shared.cond.notify_all();
+            }
             std::hint::spin_loop();
             continue;
         }
-        let timeout = next
-            .map(|t| t.saturating_since(shared.now()))
-            .unwrap_or(Duration::from_millis(100))
-            .min(Duration::from_millis(100));
-        if let Err(e) = dev.wait(Some(timeout)) {
-            shared.lock().failed = Some(format!("device {}: wait failed: {e}", dev.name()));
+        let (plan, timeout) = inner.driver.prepare_wait(Duration::from_millis(100));
+        drop(g);
+        if notify {
+            shared.cond.notify_all();
+        }
+        // The re-check after announcing on a futex bell takes the lock briefly.
+        let ready_now = || shared.lock().driver.device_mut().rx_ready();
+        if let Err(e) = usnet_link::sleep_on(plan, &[], ready_now, timeout) {
+            shared.lock().failed = Some(format!("device {}: wait failed: {e}", shared.device_name));
             break;
         }
     }
     // Buffers a device wrapper still holds (delayed frames) go back before the
     // device is dropped, so the pool's accounting stays exact.
-    dev.release_buffers(shared.lock().stack.pool_mut());
+    shared.lock().driver.release_device_buffers();
     shared.stop.store(true, Ordering::Release);
     shared.cond.notify_all();
 }

@@ -58,7 +58,7 @@ pub(crate) fn blocking<T>(
     let deadline = timeout.map(|t| std::time::Instant::now() + t);
     let mut g = shared.lock();
     loop {
-        match op(&mut g.stack) {
+        match op(g.stack()) {
             Err(StackError::WouldBlock) if !nonblocking => {}
             Ok(v) => {
                 drop(g);
