@@ -174,7 +174,7 @@ fn drive_until_exit(
         loop {
             out.clear();
             let k = drv.rx_burst(pool, &mut out, 64)?;
-            for &b in &out {
+            for b in out.drain(..) {
                 pool.free(b);
             }
             n += k as u64;
@@ -189,7 +189,7 @@ fn drive_until_exit(
                 // Drain what is left.
                 out.clear();
                 n += drv.rx_burst(pool, &mut out, usize::MAX)? as u64;
-                for &b in &out {
+                for b in out.drain(..) {
                     pool.free(b);
                 }
                 if !st.success() {

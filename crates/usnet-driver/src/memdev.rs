@@ -136,9 +136,9 @@ impl Device for MemDevice {
         let mut q = self.queues.lock();
         let mut n = 0;
         while let Some(b) = frames.pop_front() {
-            let mut bytes = Vec::with_capacity(pool.chain_len(b));
-            pool.copy_chain(b, &mut bytes);
-            let o = pool.offload(b);
+            let mut bytes = Vec::with_capacity(pool.chain_len(&b));
+            pool.copy_chain(&b, &mut bytes);
+            let o = pool.offload(&b);
             pool.free(b);
             q.stats.tx_frames += 1;
             q.stats.tx_bytes += bytes.len() as u64;

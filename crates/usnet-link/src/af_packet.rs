@@ -393,7 +393,7 @@ impl Device for AfPacketDevice {
                                 o.csum_offset = offset;
                             }
                         }
-                        pool.set_offload(b, o);
+                        pool.set_offload(&b, o);
                         out.push(b);
                         n += 1;
                         self.stats.rx_frames += 1;
@@ -420,19 +420,18 @@ impl Device for AfPacketDevice {
         let max_frame = self.mtu + 18;
         let vnet = self.tx_vnet.is_some();
         // A GSO frame (only with the vnet header) may be up to 64 KiB of IP.
-        let fits = |pool: &PacketPool, f: PktBuf, len: usize| {
+        let fits = |pool: &PacketPool, f: &PktBuf, len: usize| {
             len >= 14
                 && (len <= max_frame || (vnet && pool.offload(f).gso_size > 0 && len <= 65535 + 18))
         };
         let mut sent = 0;
         loop {
             // Drop what can never go out, then gather up to one burst.
-            while let Some(&f) = frames.front() {
-                let len = pool.chain_len(f);
-                if fits(pool, f, len) {
+            while let Some(f) = frames.front() {
+                if fits(pool, f, pool.chain_len(f)) {
                     break;
                 }
-                frames.pop_front();
+                let f = frames.pop_front().expect("looked at it");
                 pool.free(f);
                 self.stats.tx_dropped += 1;
             }
@@ -450,7 +449,7 @@ impl Device for AfPacketDevice {
             let mut hdrs = [[0u8; VNET_TX_HDR_LEN]; MAX_MSGS];
             let mut nseg = 0;
             let mut nmsg = 0;
-            for &f in frames.iter().take(MAX_MSGS) {
+            for f in frames.iter().take(MAX_MSGS) {
                 let len = pool.chain_len(f);
                 // The header takes an iovec too; the batch ends when none is left.
                 if !fits(pool, f, len) || (vnet && nseg == MAX_SEGS) {
@@ -475,7 +474,7 @@ impl Device for AfPacketDevice {
                     msgs[nmsg].msg_hdr.msg_namelen =
                         std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
                 }
-                let mut cur = Some(f);
+                let mut cur = Some(f.id());
                 while let (Some(c), true) = (cur, nseg < MAX_SEGS) {
                     let d = pool.data(c);
                     iov[nseg] = libc::iovec {
@@ -711,7 +710,7 @@ mod tests {
             dev.wait(Some(Duration::from_millis(100))).unwrap();
             dev.rx_burst(&mut p, &mut got, 64).unwrap();
             for b in got.drain(..) {
-                p.copy_chain(b, &mut v);
+                p.copy_chain(&b, &mut v);
                 seen |= v == theirs;
                 p.free(b);
             }

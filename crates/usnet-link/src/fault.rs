@@ -138,20 +138,17 @@ struct Lane {
 
 impl Lane {
     fn release_due(&mut self, now: Instant) {
-        while let Some(&(t, f)) = self.delayed.front() {
-            if t > now {
-                break;
-            }
-            self.delayed.pop_front();
+        while self.delayed.front().is_some_and(|(t, _)| *t <= now) {
+            let (_, f) = self.delayed.pop_front().expect("looked at it");
             self.ready.push_back(f);
         }
     }
     /// End of a call: a held frame that nobody overtook for a whole call goes on.
     fn age_held(&mut self) {
         match &mut self.held {
-            Some((f, age)) if *age >= 1 => {
-                self.ready.push_back(*f);
-                self.held = None;
+            Some((_, age)) if *age >= 1 => {
+                let (f, _) = self.held.take().expect("matched");
+                self.ready.push_back(f);
             }
             Some((_, age)) => *age += 1,
             None => {}
@@ -216,14 +213,14 @@ impl<D: Device> FaultInjector<D> {
     }
 
     /// A copy of the chain `f` (data and offload metadata), or `None` if the pool is dry.
-    fn copy(&mut self, pool: &mut PacketPool, f: PktBuf) -> Option<PktBuf> {
+    fn copy(&mut self, pool: &mut PacketPool, f: &PktBuf) -> Option<PktBuf> {
         pool.copy_chain(f, &mut self.bytes);
         let c = pool.alloc_from(&self.bytes)?;
-        pool.set_offload(c, pool.offload(f));
+        pool.set_offload(&c, pool.offload(f));
         Some(c)
     }
 
-    fn flip_bit(&mut self, pool: &mut PacketPool, f: PktBuf) {
+    fn flip_bit(&mut self, pool: &mut PacketPool, f: &PktBuf) {
         let len = pool.chain_len(f);
         if len == 0 {
             return;
@@ -237,7 +234,7 @@ impl<D: Device> FaultInjector<D> {
         pool.set_offload(f, o);
         let bit = self.rng.gen_range(0..len * 8);
         let (mut byte, mask) = (bit / 8, 1u8 << (bit % 8));
-        let mut cur = Some(f);
+        let mut cur = Some(f.id());
         while let Some(c) = cur {
             let n = pool.len(c);
             if byte < n {
@@ -261,20 +258,19 @@ impl<D: Device> FaultInjector<D> {
         if corrupt > 0.0 && self.rng.gen::<f64>() < corrupt {
             // Never flip bits in a buffer someone else still reads (a TCP retransmission
             // queue, a pcap writer): corrupt a private copy instead.
-            if pool.refcount(f) > 1 || pool.next(f).is_some_and(|n| pool.refcount(n) > 1) {
-                if let Some(c) = self.copy(pool, f) {
-                    pool.free(f);
-                    f = c;
-                    self.flip_bit(pool, f);
+            if pool.refcount(&f) > 1 || pool.next(&f).is_some_and(|n| pool.refcount(n) > 1) {
+                if let Some(c) = self.copy(pool, &f) {
+                    pool.free(std::mem::replace(&mut f, c));
+                    self.flip_bit(pool, &f);
                     self.stats.corrupted += 1;
                 }
             } else {
-                self.flip_bit(pool, f);
+                self.flip_bit(pool, &f);
                 self.stats.corrupted += 1;
             }
         }
         let twin = if dup > 0.0 && self.rng.gen::<f64>() < dup {
-            let c = self.copy(pool, f);
+            let c = self.copy(pool, &f);
             if c.is_some() {
                 self.stats.duplicated += 1;
             }
@@ -508,7 +504,7 @@ mod tests {
             idle = if n == 0 { idle + 1 } else { 0 };
             for b in got.drain(..) {
                 let mut v = Vec::new();
-                p.copy_chain(b, &mut v);
+                p.copy_chain(&b, &mut v);
                 frames.push(v);
                 p.free(b);
             }
@@ -578,8 +574,7 @@ mod tests {
         let mut q = VecDeque::new();
         for i in 0..1000u32 {
             let b = p.alloc_from(&frame(i)).unwrap();
-            p.retain(b); // as TCP would, for retransmission
-            kept.push(b);
+            kept.push(p.retain(&b)); // as TCP would, for retransmission
             q.push_back(b);
             if q.len() == 8 {
                 while !q.is_empty() {
@@ -591,7 +586,7 @@ mod tests {
             dev.tx_burst(&mut p, &mut q).unwrap();
         }
         for (i, b) in kept.into_iter().enumerate() {
-            assert_eq!(p.data(b), &frame(i as u32)[..], "original untouched");
+            assert_eq!(p.data(&b), &frame(i as u32)[..], "original untouched");
             p.free(b);
         }
         let s = dev.fault_stats();

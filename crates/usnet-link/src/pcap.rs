@@ -94,7 +94,7 @@ impl<D: Device> PcapWriter<D> {
         }
     }
 
-    fn record(&mut self, pool: &PacketPool, b: PktBuf) {
+    fn record(&mut self, pool: &PacketPool, b: &PktBuf) {
         let Some(out) = &mut self.out else { return };
         let len = pool.chain_len(b);
         let incl = len.min(PCAP_SNAPLEN as usize);
@@ -108,7 +108,7 @@ impl<D: Device> PcapWriter<D> {
         hdr[12..16].copy_from_slice(&(len as u32).to_ne_bytes());
         let mut r = out.write_all(&hdr);
         let mut left = incl;
-        let mut cur = Some(b);
+        let mut cur = Some(b.id());
         while let (Some(c), true) = (cur, left > 0) {
             let d = pool.data(c);
             let n = d.len().min(left);
@@ -152,7 +152,7 @@ impl<D: Device> Device for PcapWriter<D> {
     ) -> io::Result<usize> {
         let start = out.len();
         let n = self.inner.rx_burst(pool, out, max)?;
-        for &b in &out[start..] {
+        for b in &out[start..] {
             self.record(pool, b);
         }
         self.maybe_flush();
@@ -171,20 +171,22 @@ impl<D: Device> Device for PcapWriter<D> {
         self.snapshot.clear();
         while self.batch.len() < k {
             let Some(f) = frames.pop_front() else { break };
-            pool.retain(f);
+            self.snapshot.push(pool.retain(&f));
             self.batch.push_back(f);
-            self.snapshot.push(f);
         }
         let r = self.inner.tx_burst(pool, &mut self.batch);
         let taken = self.snapshot.len() - self.batch.len();
-        for i in 0..taken {
-            let f = self.snapshot[i];
-            self.record(pool, f);
+        // Record what was taken; drop our extra reference of every frame.
+        let mut snapshot = std::mem::take(&mut self.snapshot);
+        for (i, f) in snapshot.drain(..).enumerate() {
+            if i < taken {
+                self.record(pool, &f);
+            }
             pool.free(f);
         }
-        // Not taken: drop our extra reference and put them back in front, in order.
+        self.snapshot = snapshot;
+        // Not taken: back in front, in order.
         while let Some(f) = self.batch.pop_back() {
-            pool.free(f);
             frames.push_front(f);
         }
         self.maybe_flush();
@@ -320,7 +322,7 @@ mod tests {
         }
         assert_eq!(dev.tx_burst(&mut p, &mut q).unwrap(), 3);
         assert_eq!(q.len(), 2);
-        for &f in &q {
+        for f in &q {
             assert_eq!(p.refcount(f), 1, "extra reference dropped");
         }
         assert_eq!(dev.tx_burst(&mut p, &mut q).unwrap(), 2);
@@ -350,7 +352,7 @@ mod tests {
         let mut dev = PcapWriter::create(mem, &path).unwrap();
         let mut got = Vec::new();
         dev.rx_burst(&mut p, &mut got, 4).unwrap();
-        p.free(got[0]);
+        p.free(got.remove(0));
         assert_eq!(
             std::fs::metadata(&path).unwrap().len(),
             24,
@@ -387,7 +389,7 @@ mod tests {
         let mut dev = PcapWriter::create(mem, &path).unwrap();
         let mut got = Vec::new();
         dev.rx_burst(&mut p, &mut got, 4).unwrap();
-        p.free(got[0]);
+        p.free(got.remove(0));
         drop(dev);
         let out = std::process::Command::new("tshark")
             .args(["-r", path.to_str().unwrap()])

@@ -201,7 +201,7 @@ fn alloc_from_region(
     len: usize,
 ) -> Option<PktBuf> {
     let head = pool.alloc()?;
-    let mut cur = head;
+    let mut cur = head.id();
     let mut done = 0;
     loop {
         let take = pool.tailroom(cur).min(len - done);
@@ -218,8 +218,9 @@ fn alloc_from_region(
             pool.free(head);
             return None;
         };
+        let id = n.id();
         pool.set_next(cur, Some(n));
-        cur = n;
+        cur = id;
     }
 }
 
@@ -595,9 +596,9 @@ impl Device for ShmDevice {
             match alloc_from_region(pool, &self.region, slot + SLOT_HDR, len) {
                 Some(b) => {
                     if flags & SLOT_CSUM_TRUSTED != 0 {
-                        let mut o = pool.offload(b);
+                        let mut o = pool.offload(&b);
                         o.csum_valid = true;
-                        pool.set_offload(b, o);
+                        pool.set_offload(&b, o);
                     }
                     out.push(b);
                     added += 1;
@@ -630,11 +631,10 @@ impl Device for ShmDevice {
             return Ok(0);
         }
         let mut sent = 0;
-        while let Some(&f) = frames.front() {
+        while let Some(f) = frames.front().map(|f| f.id()) {
             let len = pool.chain_len(f);
             if len == 0 || len > self.max_frame {
-                frames.pop_front();
-                pool.free(f);
+                pool.free(frames.pop_front().expect("the frame looked at"));
                 self.stats.tx_dropped += 1;
                 continue;
             }
@@ -664,8 +664,7 @@ impl Device for ShmDevice {
             self.region.u32(slot).store(len as u32, Ordering::Relaxed);
             self.region.u32(slot + 4).store(flags, Ordering::Relaxed);
             self.tx.commit();
-            frames.pop_front();
-            pool.free(f);
+            pool.free(frames.pop_front().expect("the frame looked at"));
             sent += 1;
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += len as u64;
@@ -862,7 +861,7 @@ mod tests {
             let sent = dev.tx_burst(&mut p, &mut q).unwrap();
             let got_n = dev.rx_burst(&mut p, &mut got, 64).unwrap();
             for b in got.drain(..) {
-                p.copy_chain(b, &mut v);
+                p.copy_chain(&b, &mut v);
                 check(1 - me, &v, next_rx);
                 next_rx += 1;
                 p.free(b);
@@ -922,7 +921,7 @@ mod tests {
             a.tx_burst(&mut p, &mut q).unwrap();
             b.rx_burst(&mut p, &mut got, 3).unwrap(); // a slow consumer
             for f in got.drain(..) {
-                p.copy_chain(f, &mut v);
+                p.copy_chain(&f, &mut v);
                 check(0, &v, next_rx);
                 next_rx += 1;
                 p.free(f);
@@ -1036,11 +1035,11 @@ mod tests {
         let mut got = Vec::new();
         assert_eq!(b.rx_burst(&mut p, &mut got, 64).unwrap(), 4);
         let mut v = Vec::new();
-        for (&f, &s) in got.iter().zip(&sizes) {
+        for (f, &s) in got.into_iter().zip(&sizes) {
             if s > 2048 {
-                assert!(p.next(f).is_some(), "chained");
+                assert!(p.next(&f).is_some(), "chained");
             }
-            p.copy_chain(f, &mut v);
+            p.copy_chain(&f, &mut v);
             assert_eq!(v.len(), s);
             check(0, &v, s as u32);
             p.free(f);
@@ -1125,7 +1124,7 @@ mod tests {
                 a.wait(Some(Duration::from_secs(1))).unwrap();
                 a.rx_burst(&mut p, &mut got, 8).unwrap();
             }
-            p.copy_chain(got[0], &mut v);
+            p.copy_chain(&got[0], &mut v);
             check(0, &v, i);
             for b in got.drain(..) {
                 p.free(b);

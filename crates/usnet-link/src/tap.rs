@@ -349,14 +349,14 @@ impl Device for TapDevice {
                 iov_base: hdr.as_mut_ptr().cast(),
                 iov_len: VNET_HDR_LEN,
             };
-            let space = pool.space_mut(b);
+            let space = pool.space_mut(&b);
             let space_len = space.len();
             iov[1] = libc::iovec {
                 iov_base: space.as_mut_ptr().cast(),
                 iov_len: space_len,
             };
             let mut cnt = 2;
-            for &c in &self.spare {
+            for c in &self.spare {
                 let sp = pool.space_mut(c);
                 iov[cnt] = libc::iovec {
                     iov_base: sp.as_mut_ptr().cast(),
@@ -399,21 +399,22 @@ impl Device for TapDevice {
             };
             let frame_len = r - VNET_HDR_LEN;
             let first = frame_len.min(space_len);
-            pool.set_len(b, first).expect("fits: read into this space");
+            pool.set_len(&b, first).expect("fits: read into this space");
             let mut rest = frame_len - first;
-            let mut tail = b;
+            let mut tail = b.id();
             let mut used = 0;
             while rest > 0 && used < self.spare.len() {
-                let c = self.spare[used];
                 let take = rest.min(pool.buf_size());
-                pool.set_len(c, take)
+                pool.set_len(&self.spare[used], take)
                     .expect("a continuation buffer's space");
-                pool.set_next(tail, Some(c));
-                tail = c;
                 rest -= take;
                 used += 1;
             }
-            self.spare.drain(..used);
+            for c in self.spare.drain(..used) {
+                let id = c.id();
+                pool.set_next(tail, Some(c));
+                tail = id;
+            }
             if rest > 0 {
                 // The pool could not give enough continuation buffers: the rest is in
                 // the scratch.
@@ -426,7 +427,7 @@ impl Device for TapDevice {
                     }
                 }
             }
-            pool.set_offload(b, offload);
+            pool.set_offload(&b, offload);
             self.stats.rx_frames += 1;
             self.stats.rx_bytes += frame_len as u64;
             out.push(b);
@@ -441,12 +442,11 @@ impl Device for TapDevice {
         frames: &mut VecDeque<PktBuf>,
     ) -> io::Result<usize> {
         let mut sent = 0;
-        while let Some(&f) = frames.front() {
+        while let Some(f) = frames.front().map(|f| f.id()) {
             let len = pool.chain_len(f);
             let off = pool.offload(f);
             if len < 14 || (len > self.max_frame() && off.gso_size == 0) || len > MAX_READ {
-                frames.pop_front();
-                pool.free(f);
+                pool.free(frames.pop_front().expect("the frame looked at"));
                 self.stats.tx_dropped += 1;
                 continue;
             }
@@ -475,8 +475,7 @@ impl Device for TapDevice {
             }
             if cur.is_some() {
                 // A chain of more than 64 buffers: not something the stack produces.
-                frames.pop_front();
-                pool.free(f);
+                pool.free(frames.pop_front().expect("the frame looked at"));
                 self.stats.tx_dropped += 1;
                 continue;
             }
@@ -495,15 +494,13 @@ impl Device for TapDevice {
                         if is_link_gone(&e) {
                             self.down = true;
                         }
-                        frames.pop_front();
-                        pool.free(f);
+                        pool.free(frames.pop_front().expect("the frame looked at"));
                         self.stats.tx_dropped += 1;
                         continue;
                     }
                 }
             }
-            frames.pop_front();
-            pool.free(f);
+            pool.free(frames.pop_front().expect("the frame looked at"));
             sent += 1;
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += len as u64;
@@ -590,7 +587,7 @@ pub(crate) mod tests {
             dev.wait(Some(Duration::from_millis(100))).unwrap();
             dev.rx_burst(p, &mut got, 64).unwrap();
             for b in got.drain(..) {
-                p.copy_chain(b, &mut v);
+                p.copy_chain(&b, &mut v);
                 assert!(
                     !(v[6..12] == OUR_MAC && v[12..14] == [0x08, 0x06] && v[20..22] == [0, 1]),
                     "saw our own request"

@@ -82,7 +82,7 @@ impl Device for MemDevice {
         while n < self.tx_per_call {
             let Some(f) = frames.pop_front() else { break };
             let mut v = Vec::new();
-            pool.copy_chain(f, &mut v);
+            pool.copy_chain(&f, &mut v);
             self.sent.push(v);
             pool.free(f);
             self.stats.tx_frames += 1;

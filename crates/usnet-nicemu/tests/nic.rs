@@ -54,8 +54,8 @@ fn drain(drv: &mut NicDriver, p: &mut PacketPool) -> Vec<(u64, bool, usize)> {
     loop {
         out.clear();
         let n = drv.rx_burst(p, &mut out, 64).unwrap();
-        for &b in &out {
-            p.copy_chain(b, &mut bytes);
+        for b in out.drain(..) {
+            p.copy_chain(&b, &mut bytes);
             got.push((
                 seq_of(&bytes).unwrap_or(u64::MAX),
                 verify_udp4(&bytes),
@@ -337,8 +337,8 @@ fn transmit_verify_and_echo() {
     drv.rx_burst(&mut p, &mut out, 8).unwrap();
     assert_eq!(out.len(), 1);
     let mut back = Vec::new();
-    p.copy_chain(out[0], &mut back);
-    p.free(out[0]);
+    p.copy_chain(&out[0], &mut back);
+    p.free(out.remove(0));
     assert!(verify_udp4(&back));
     assert_eq!(seq_of(&back), Some(99));
     assert_eq!(&back[0..6], &buf[6..12], "echo swaps MACs");

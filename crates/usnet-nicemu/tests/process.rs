@@ -47,7 +47,7 @@ fn device_process_dies_mid_run_and_link_goes_down() {
         out.clear();
         drv.rx_burst(&mut p, &mut out, 64).unwrap();
         got += out.len();
-        for &b in &out {
+        for b in out.drain(..) {
             p.free(b);
         }
         match drv.link_state() {
@@ -77,7 +77,7 @@ fn device_process_dies_mid_run_and_link_goes_down() {
     out.clear();
     drv.rx_burst(&mut p, &mut out, 1000).unwrap();
     got += out.len();
-    for &b in &out {
+    for b in out.drain(..) {
         p.free(b);
     }
     assert_eq!(got, 300);

@@ -21,14 +21,56 @@ pub const ALLOWED_BUF_SIZES: [usize; 4] = [2048, 4096, 9216, 65536];
 pub const DEFAULT_HEADROOM: usize = 192;
 const NONE: u32 = u32::MAX;
 
-/// A buffer handle: the index of a buffer in its pool. Plain data; ownership is by
-/// convention (whoever holds it must `free` it once) and checked by the pool's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// An owned reference to a pool buffer (one of its reference counts). It is neither
+/// `Copy` nor `Clone`: moving it moves the duty to give it back ([`PacketPool::free`],
+/// or a queue that frees it later), so the compiler checks buffer ownership along
+/// every path, as it will have to once buffers cross process boundaries. A second
+/// owner comes from [`PacketPool::retain`].
+#[must_use = "a pool buffer must be freed, queued or handed on"]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct PktBuf(u32);
 
 impl PktBuf {
+    pub fn index(&self) -> u32 {
+        self.0
+    }
+    /// Names this buffer without owning it.
+    pub fn id(&self) -> BufId {
+        BufId(self.0)
+    }
+}
+
+/// Names a buffer without owning it: a continuation inside a chain, the last buffer
+/// of a chain being extended, a buffer an owner lends for reading. Valid only while
+/// an owner holds the buffer (the pool checks indices, so misuse is a wrong read,
+/// never memory unsafety).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufId(u32);
+
+impl BufId {
     pub fn index(self) -> u32 {
         self.0
+    }
+}
+
+impl From<&PktBuf> for BufId {
+    #[inline]
+    fn from(b: &PktBuf) -> BufId {
+        BufId(b.0)
+    }
+}
+
+impl From<&BufId> for BufId {
+    #[inline]
+    fn from(b: &BufId) -> BufId {
+        *b
+    }
+}
+
+impl From<&mut PktBuf> for BufId {
+    #[inline]
+    fn from(b: &mut PktBuf) -> BufId {
+        BufId(b.0)
     }
 }
 
@@ -225,14 +267,15 @@ impl PacketPool {
         self.memfd.as_ref().map(|f| f.as_raw_fd())
     }
     /// Byte offset of a buffer inside the region (for sharing with a peer by offset).
-    pub fn region_offset(&self, b: PktBuf) -> usize {
+    pub fn region_offset(&self, b: impl Into<BufId>) -> usize {
+        let b: BufId = b.into();
         b.0 as usize * self.buf_size
     }
 
-    /// Turns a raw index from an untrusted source into a handle of a live buffer.
-    pub fn checked(&self, raw: u32) -> Option<PktBuf> {
+    /// Turns a raw index from an untrusted source into the name of a live buffer.
+    pub fn checked(&self, raw: u32) -> Option<BufId> {
         match self.meta.get(raw as usize) {
-            Some(m) if m.refcnt > 0 => Some(PktBuf(raw)),
+            Some(m) if m.refcnt > 0 => Some(BufId(raw)),
             _ => None,
         }
     }
@@ -264,14 +307,18 @@ impl PacketPool {
         Some(b)
     }
 
-    /// Adds a reference; the buffer returns to the pool when every holder has freed it.
-    pub fn retain(&mut self, b: PktBuf) {
+    /// Adds a reference and returns it as a second owner; the buffer returns to the
+    /// pool when every owner has freed it.
+    pub fn retain(&mut self, b: impl Into<BufId>) -> PktBuf {
+        let b: BufId = b.into();
         let m = &mut self.meta[b.0 as usize];
         debug_assert!(m.refcnt > 0, "retain of a free buffer");
         m.refcnt = m.refcnt.saturating_add(1);
+        PktBuf(b.0)
     }
 
-    pub fn refcount(&self, b: PktBuf) -> u16 {
+    pub fn refcount(&self, b: impl Into<BufId>) -> u16 {
+        let b: BufId = b.into();
         self.meta[b.0 as usize].refcnt
     }
 
@@ -298,43 +345,50 @@ impl PacketPool {
         }
     }
 
-    fn base(&self, b: PktBuf) -> usize {
+    fn base(&self, b: impl Into<BufId>) -> usize {
+        let b: BufId = b.into();
         b.0 as usize * self.buf_size
     }
 
     /// The frame bytes of this one buffer (not the chain).
     #[inline]
-    pub fn data(&self, b: PktBuf) -> &[u8] {
+    pub fn data(&self, b: impl Into<BufId>) -> &[u8] {
+        let b: BufId = b.into();
         let m = &self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
         &self.region[start..start + m.len as usize]
     }
 
     #[inline]
-    pub fn data_mut(&mut self, b: PktBuf) -> &mut [u8] {
+    pub fn data_mut(&mut self, b: impl Into<BufId>) -> &mut [u8] {
+        let b: BufId = b.into();
         let m = self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
         &mut self.region[start..start + m.len as usize]
     }
 
-    pub fn len(&self, b: PktBuf) -> usize {
+    pub fn len(&self, b: impl Into<BufId>) -> usize {
+        let b: BufId = b.into();
         self.meta[b.0 as usize].len as usize
     }
 
     /// Bytes that can still be appended after the data.
-    pub fn tailroom(&self, b: PktBuf) -> usize {
+    pub fn tailroom(&self, b: impl Into<BufId>) -> usize {
+        let b: BufId = b.into();
         let m = &self.meta[b.0 as usize];
         self.buf_size - m.off as usize - m.len as usize
     }
 
-    pub fn headroom_of(&self, b: PktBuf) -> usize {
+    pub fn headroom_of(&self, b: impl Into<BufId>) -> usize {
+        let b: BufId = b.into();
         self.meta[b.0 as usize].off as usize
     }
 
     /// All writable bytes from the data start to the end of the buffer (for a device that
     /// reads a frame in, followed by `set_len`).
     #[inline]
-    pub fn space_mut(&mut self, b: PktBuf) -> &mut [u8] {
+    pub fn space_mut(&mut self, b: impl Into<BufId>) -> &mut [u8] {
+        let b: BufId = b.into();
         let m = self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
         let end = self.base(b) + self.buf_size;
@@ -343,7 +397,8 @@ impl PacketPool {
 
     /// Sets the data length; `None` if it would run past the buffer.
     #[inline]
-    pub fn set_len(&mut self, b: PktBuf, len: usize) -> Option<()> {
+    pub fn set_len(&mut self, b: impl Into<BufId>, len: usize) -> Option<()> {
+        let b: BufId = b.into();
         let off = self.meta[b.0 as usize].off as usize;
         if off + len > self.buf_size {
             return None;
@@ -353,7 +408,8 @@ impl PacketPool {
     }
 
     /// Grows the data by `n` bytes at the end and returns them.
-    pub fn append(&mut self, b: PktBuf, n: usize) -> Option<&mut [u8]> {
+    pub fn append(&mut self, b: impl Into<BufId>, n: usize) -> Option<&mut [u8]> {
+        let b: BufId = b.into();
         if self.tailroom(b) < n {
             return None;
         }
@@ -365,7 +421,8 @@ impl PacketPool {
     }
 
     /// Grows the data by `n` bytes at the front (into the headroom) and returns them.
-    pub fn prepend(&mut self, b: PktBuf, n: usize) -> Option<&mut [u8]> {
+    pub fn prepend(&mut self, b: impl Into<BufId>, n: usize) -> Option<&mut [u8]> {
+        let b: BufId = b.into();
         let m = &mut self.meta[b.0 as usize];
         if (m.off as usize) < n {
             return None;
@@ -377,7 +434,8 @@ impl PacketPool {
     }
 
     /// Drops `n` bytes from the front of the data (a header consumed).
-    pub fn trim_front(&mut self, b: PktBuf, n: usize) -> Option<()> {
+    pub fn trim_front(&mut self, b: impl Into<BufId>, n: usize) -> Option<()> {
+        let b: BufId = b.into();
         let m = &mut self.meta[b.0 as usize];
         if (m.len as usize) < n {
             return None;
@@ -388,40 +446,49 @@ impl PacketPool {
     }
 
     /// Keeps only the first `len` bytes of data.
-    pub fn truncate(&mut self, b: PktBuf, len: usize) {
+    pub fn truncate(&mut self, b: impl Into<BufId>, len: usize) {
+        let b: BufId = b.into();
         let m = &mut self.meta[b.0 as usize];
         m.len = m.len.min(len as u32);
     }
 
     /// Empties the buffer and puts the data start back after the default headroom.
-    pub fn reset(&mut self, b: PktBuf) {
+    pub fn reset(&mut self, b: impl Into<BufId>) {
+        let b: BufId = b.into();
         let m = &mut self.meta[b.0 as usize];
         m.off = self.headroom as u32;
         m.len = 0;
         m.offload = Offload::default();
     }
 
-    pub fn offload(&self, b: PktBuf) -> Offload {
+    pub fn offload(&self, b: impl Into<BufId>) -> Offload {
+        let b: BufId = b.into();
         self.meta[b.0 as usize].offload
     }
-    pub fn set_offload(&mut self, b: PktBuf, o: Offload) {
+    pub fn set_offload(&mut self, b: impl Into<BufId>, o: Offload) {
+        let b: BufId = b.into();
         self.meta[b.0 as usize].offload = o;
     }
 
-    pub fn next(&self, b: PktBuf) -> Option<PktBuf> {
+    /// The buffer chained after `b`, owned by the chain.
+    pub fn next(&self, b: impl Into<BufId>) -> Option<BufId> {
+        let b: BufId = b.into();
         match self.meta[b.0 as usize].next {
             NONE => None,
-            n => Some(PktBuf(n)),
+            n => Some(BufId(n)),
         }
     }
 
-    /// Chains `next` after `b` (`b` takes over the caller's reference to `next`).
-    pub fn set_next(&mut self, b: PktBuf, next: Option<PktBuf>) {
+    /// Chains `next` after `b`: the chain takes over the caller's reference to
+    /// `next` (it is freed with the chain's head).
+    pub fn set_next(&mut self, b: impl Into<BufId>, next: Option<PktBuf>) {
+        let b: BufId = b.into();
         self.meta[b.0 as usize].next = next.map_or(NONE, |n| n.0);
     }
 
     /// Total data bytes of the chain starting at `b`.
-    pub fn chain_len(&self, b: PktBuf) -> usize {
+    pub fn chain_len(&self, b: impl Into<BufId>) -> usize {
+        let b: BufId = b.into();
         let mut total = 0;
         let mut cur = Some(b);
         while let Some(c) = cur {
@@ -435,7 +502,7 @@ impl PacketPool {
     /// Returns `None` (and frees what it took) when the pool runs dry.
     pub fn alloc_from(&mut self, bytes: &[u8]) -> Option<PktBuf> {
         let head = self.alloc()?;
-        let mut cur = head;
+        let mut cur = head.id();
         let mut rest = bytes;
         loop {
             let room = self.tailroom(cur);
@@ -453,8 +520,9 @@ impl PacketPool {
             };
             // Continuation buffers need no headroom.
             self.meta[n.0 as usize].off = 0;
+            let id = n.id();
             self.set_next(cur, Some(n));
-            cur = n;
+            cur = id;
         }
     }
 
@@ -462,7 +530,8 @@ impl PacketPool {
     /// chaining continuation buffers (no headroom) when they do not fit. Returns the new
     /// last buffer. When the pool runs dry nothing is changed and `None` comes back, so
     /// a caller can refuse the bytes cleanly.
-    pub fn extend_chain(&mut self, tail: PktBuf, parts: &[&[u8]]) -> Option<PktBuf> {
+    pub fn extend_chain(&mut self, tail: impl Into<BufId>, parts: &[&[u8]]) -> Option<BufId> {
+        let tail: BufId = tail.into();
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let room = self.tailroom(tail);
         let needed = total.saturating_sub(room).div_ceil(self.buf_size);
@@ -476,8 +545,9 @@ impl PacketPool {
             while !rest.is_empty() {
                 if self.tailroom(cur) == 0 {
                     let n = self.alloc_continuation().expect("counted above");
+                    let id = n.id();
                     self.set_next(cur, Some(n));
-                    cur = n;
+                    cur = id;
                 }
                 let take = self.tailroom(cur).min(rest.len());
                 self.append(cur, take)
@@ -490,7 +560,8 @@ impl PacketPool {
     }
 
     /// Copies the chain's data into `out` (cleared first).
-    pub fn copy_chain(&self, b: PktBuf, out: &mut Vec<u8>) {
+    pub fn copy_chain(&self, b: impl Into<BufId>, out: &mut Vec<u8>) {
+        let b: BufId = b.into();
         out.clear();
         let mut cur = Some(b);
         while let Some(c) = cur {
@@ -500,7 +571,8 @@ impl PacketPool {
     }
 
     /// Copies up to `out.len()` bytes of the chain starting `skip` bytes in; returns the count.
-    pub fn read_chain(&self, b: PktBuf, mut skip: usize, out: &mut [u8]) -> usize {
+    pub fn read_chain(&self, b: impl Into<BufId>, mut skip: usize, out: &mut [u8]) -> usize {
+        let b: BufId = b.into();
         let mut done = 0;
         let mut cur = Some(b);
         while let Some(c) = cur {
@@ -576,13 +648,13 @@ mod tests {
     fn headroom_prepend_and_trim() {
         let mut p = pool(1);
         let b = p.alloc().unwrap();
-        p.append(b, 4).unwrap().copy_from_slice(b"data");
-        p.prepend(b, 2).unwrap().copy_from_slice(b"hd");
-        assert_eq!(p.data(b), b"hddata");
-        p.trim_front(b, 2).unwrap();
-        assert_eq!(p.data(b), b"data");
-        assert!(p.prepend(b, DEFAULT_HEADROOM + 10).is_none());
-        assert!(p.append(b, 4096).is_none());
+        p.append(&b, 4).unwrap().copy_from_slice(b"data");
+        p.prepend(&b, 2).unwrap().copy_from_slice(b"hd");
+        assert_eq!(p.data(&b), b"hddata");
+        p.trim_front(&b, 2).unwrap();
+        assert_eq!(p.data(&b), b"data");
+        assert!(p.prepend(&b, DEFAULT_HEADROOM + 10).is_none());
+        assert!(p.append(&b, 4096).is_none());
     }
 
     #[test]
@@ -590,13 +662,13 @@ mod tests {
         let mut p = pool(64);
         let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         let head = p.alloc_from(&bytes).unwrap();
-        assert!(p.next(head).is_some());
-        assert_eq!(p.chain_len(head), bytes.len());
+        assert!(p.next(&head).is_some());
+        assert_eq!(p.chain_len(&head), bytes.len());
         let mut out = Vec::new();
-        p.copy_chain(head, &mut out);
+        p.copy_chain(&head, &mut out);
         assert_eq!(out, bytes);
         let mut part = [0u8; 3000];
-        assert_eq!(p.read_chain(head, 1500, &mut part), 3000);
+        assert_eq!(p.read_chain(&head, 1500, &mut part), 3000);
         assert_eq!(&part[..], &bytes[1500..4500]);
         p.free(head);
         assert_eq!(p.in_use(), 0);
@@ -606,23 +678,23 @@ mod tests {
     fn extend_chain_appends_across_buffers_or_changes_nothing() {
         let mut p = pool(8);
         let head = p.alloc().unwrap();
-        p.append(head, 100).unwrap().fill(1);
+        p.append(&head, 100).unwrap().fill(1);
         let a: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
         let b = vec![9u8; 1500];
-        let tail = p.extend_chain(head, &[&a, &b]).unwrap();
-        assert_ne!(tail, head);
-        assert_eq!(p.chain_len(head), 100 + 3000 + 1500);
+        let tail = p.extend_chain(&head, &[&a, &b]).unwrap();
+        assert_ne!(tail, head.id());
+        assert_eq!(p.chain_len(&head), 100 + 3000 + 1500);
         let mut out = Vec::new();
-        p.copy_chain(head, &mut out);
+        p.copy_chain(&head, &mut out);
         assert_eq!(&out[100..3100], &a[..]);
         assert_eq!(&out[3100..], &b[..]);
         // Continuation buffers start at offset 0: a full one holds buf_size bytes.
-        assert_eq!(p.headroom_of(p.next(head).unwrap()), 0);
+        assert_eq!(p.headroom_of(p.next(&head).unwrap()), 0);
         // Not enough buffers left for 20 KB: refused, chain and pool untouched.
         let in_use = p.in_use();
-        let len = p.chain_len(head);
+        let len = p.chain_len(&head);
         assert!(p.extend_chain(tail, &[&vec![0u8; 20_000]]).is_none());
-        assert_eq!((p.in_use(), p.chain_len(head)), (in_use, len));
+        assert_eq!((p.in_use(), p.chain_len(&head)), (in_use, len));
         p.free(head);
         assert_eq!(p.in_use(), 0);
     }
@@ -638,13 +710,14 @@ mod tests {
     fn refcount_keeps_buffer_alive() {
         let mut p = pool(1);
         let b = p.alloc().unwrap();
-        p.retain(b);
+        let i = b.index();
+        let second = p.retain(&b);
         p.free(b);
         assert_eq!(p.in_use(), 1);
-        assert!(p.checked(b.index()).is_some());
-        p.free(b);
+        assert!(p.checked(i).is_some());
+        p.free(second);
         assert_eq!(p.in_use(), 0);
-        assert!(p.checked(b.index()).is_none());
+        assert!(p.checked(i).is_none());
         assert!(p.checked(99).is_none());
     }
 
@@ -658,7 +731,7 @@ mod tests {
         .unwrap();
         assert!(p.memfd_fd().is_some());
         let b = p.alloc_from(b"shared").unwrap();
-        assert_eq!(p.data(b), b"shared");
+        assert_eq!(p.data(&b), b"shared");
         p.free(b);
     }
 
@@ -671,7 +744,7 @@ mod tests {
                 match op {
                     0 | 1 => if let Some(b) = p.alloc() { held.push(b) },
                     2 => if let Some(b) = held.pop() { p.free(b) },
-                    _ => if let Some(&b) = held.last() { p.retain(b); held.push(b) },
+                    _ => if let Some(b) = held.last() { let b = p.retain(b); held.push(b) },
                 }
                 proptest::prop_assert_eq!(p.free_count() + p.in_use() as usize, 16);
             }

@@ -298,18 +298,15 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
         let t = match turn {
             Ok(t) => t,
             Err(e) => {
-                inner.failed = Some(format!(
-                    "device {}: {e}",
-                    inner.driver.device().name()
-                ));
+                inner.failed = Some(format!("device {}: {e}", inner.driver.device().name()));
                 break;
             }
         };
         inner.device_stats = inner.driver.device_stats();
         inner.link_state = inner.driver.link_state();
         inner.driver.stack_mut().take_ready(&mut ready);
-        let notify = inner.waiters > 0
-            && (!ready.is_empty() || t.sent > 0 || t.link_changed || t.worked);
+        let notify =
+            inner.waiters > 0 && (!ready.is_empty() || t.sent > 0 || t.link_changed || t.worked);
         ready.clear();
         if t.busy() {
             last_work = std::time::Instant::now();

@@ -80,7 +80,7 @@ pub(crate) fn inspect(l4: &[u8]) -> Option<SegInfo> {
 }
 
 /// A held frame: its buffer and where its TCP segment lies in it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Held {
     buf: PktBuf,
     l4_off: usize,
@@ -117,25 +117,27 @@ pub(crate) struct Gro {
 enum Offer {
     /// Held (or merged and delivered).
     Taken,
-    /// Not for GRO: execute it.
-    Refused,
+    /// Not for GRO: execute it (the buffer comes back).
+    Refused(PktBuf),
 }
 
 impl Stack {
-    /// Takes a single-buffer frame's verdict. Returns it when the frame is to be
-    /// executed now (after any held segments were delivered), or `None` when GRO
+    /// Takes a single-buffer frame and its verdict. Returns both when the frame is to
+    /// be executed now (after any held segments were delivered), or `None` when GRO
     /// kept the frame.
-    pub(crate) fn gro_offer(&mut self, v: Verdict, buf: PktBuf) -> Option<Verdict> {
+    pub(crate) fn gro_offer(&mut self, v: Verdict, buf: PktBuf) -> Option<(Verdict, PktBuf)> {
         let mut v = v;
+        let mut buf = buf;
         if self.gro.head.is_some() {
-            if let Offer::Taken = self.gro_join(&v, buf) {
-                return None;
+            match self.gro_join(&v, buf) {
+                Offer::Taken => return None,
+                Offer::Refused(b) => buf = b,
             }
             v = self.gro_flush_then(v);
         }
         match self.gro_start(&v, buf) {
             Offer::Taken => None,
-            Offer::Refused => Some(v),
+            Offer::Refused(b) => Some((v, b)),
         }
     }
 
@@ -165,7 +167,7 @@ impl Stack {
 
     /// The frame's TCP segment and header facts, if it is a data segment for
     /// connection `i` that GRO may hold.
-    fn gro_candidate(&self, v: &Verdict, buf: PktBuf) -> Option<(u32, SegInfo)> {
+    fn gro_candidate(&self, v: &Verdict, buf: &PktBuf) -> Option<(u32, SegInfo)> {
         let Verdict::Tcp {
             target: TcpTarget::Conn(i),
             off,
@@ -184,18 +186,18 @@ impl Stack {
 
     /// Starts a batch with this frame if it may be held.
     fn gro_start(&mut self, v: &Verdict, buf: PktBuf) -> Offer {
-        let Some((i, info)) = self.gro_candidate(v, buf) else {
-            return Offer::Refused;
+        let Some((i, info)) = self.gro_candidate(v, &buf) else {
+            return Offer::Refused(buf);
         };
         let Verdict::Tcp {
             local, remote, off, ..
         } = *v
         else {
-            return Offer::Refused;
+            return Offer::Refused(buf);
         };
         // A PSH segment alone gains nothing from waiting.
         if info.psh {
-            return Offer::Refused;
+            return Offer::Refused(buf);
         }
         // The states that take data (the peer may still send after our FIN).
         let takes_data = self.sockets.conn_at(i).is_some_and(|s| {
@@ -205,11 +207,11 @@ impl Stack {
             )
         });
         if !takes_data {
-            return Offer::Refused;
+            return Offer::Refused(buf);
         }
         let mut opts = [0u8; 40];
         let ol = info.hdr_len - wire::TCP_HEADER_LEN;
-        let data = self.core.pool.data(buf);
+        let data = self.core.pool.data(&buf);
         opts[..ol].copy_from_slice(&data[off + wire::TCP_HEADER_LEN..off + info.hdr_len]);
         self.gro.head = Some(Head {
             conn: i,
@@ -234,11 +236,11 @@ impl Stack {
 
     /// Adds this frame to the batch if it continues it.
     fn gro_join(&mut self, v: &Verdict, buf: PktBuf) -> Offer {
-        let (Some(head), Some((i, info))) = (self.gro.head, self.gro_candidate(v, buf)) else {
-            return Offer::Refused;
+        let (Some(head), Some((i, info))) = (self.gro.head, self.gro_candidate(v, &buf)) else {
+            return Offer::Refused(buf);
         };
         let Verdict::Tcp { off, .. } = *v else {
-            return Offer::Refused;
+            return Offer::Refused(buf);
         };
         let ol = info.hdr_len - wire::TCP_HEADER_LEN;
         let same = i == head.conn
@@ -248,10 +250,10 @@ impl Stack {
             && info.payload_len <= head.seg_size
             && head.bytes + info.payload_len <= MAX_BYTES
             && self.gro.held.len() < MAX_SEGS
-            && self.core.pool.data(buf)[off + wire::TCP_HEADER_LEN..off + info.hdr_len]
+            && self.core.pool.data(&buf)[off + wire::TCP_HEADER_LEN..off + info.hdr_len]
                 == head.opts[..ol];
         if !same {
-            return Offer::Refused;
+            return Offer::Refused(buf);
         }
         self.gro.held.push(Held {
             buf,
@@ -282,8 +284,7 @@ impl Stack {
         };
         let mut held = std::mem::take(&mut self.gro.held);
         if held.len() == 1 {
-            let h = held[0];
-            held.clear();
+            let h = held.pop().expect("one held");
             self.gro.held = held;
             self.tcp_input(
                 TcpTarget::Conn(head.conn),
@@ -295,7 +296,7 @@ impl Stack {
             );
             return true;
         }
-        if !self.gro_deliver(&head, &held) {
+        if !self.gro_deliver(&head, &mut held) {
             // Doubtful (the header does not parse): each frame goes its usual way.
             for h in held.drain(..) {
                 let target = self.sockets.tcp_lookup(head.local, head.remote);
@@ -316,9 +317,10 @@ impl Stack {
         true
     }
 
-    /// Hands several held segments to their connection as one; frees their buffers.
-    /// False (nothing done, buffers kept) if the first header does not parse.
-    fn gro_deliver(&mut self, head: &Head, held: &[Held]) -> bool {
+    /// Hands several held segments to their connection as one; frees their buffers
+    /// (leaving `held` empty). False (nothing done, buffers kept) if the first header
+    /// does not parse.
+    fn gro_deliver(&mut self, head: &Head, held: &mut Vec<Held>) -> bool {
         let i = head.conn;
         let now = self.core.tcp_now();
         let Some(s) = self.sockets.conn_at_mut(i) else {
@@ -327,11 +329,11 @@ impl Stack {
         let wake = {
             let pool = &self.core.pool;
             let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
-            for (p, h) in parts.iter_mut().zip(held) {
-                *p = &pool.data(h.buf)[h.l4_off + h.hdr_len..h.l4_off + h.l4_len];
+            for (p, h) in parts.iter_mut().zip(held.iter()) {
+                *p = &pool.data(&h.buf)[h.l4_off + h.hdr_len..h.l4_off + h.l4_len];
             }
             let first = &held[0];
-            match wire::parse_tcp(&pool.data(first.buf)[first.l4_off..first.l4_off + first.l4_len])
+            match wire::parse_tcp(&pool.data(&first.buf)[first.l4_off..first.l4_off + first.l4_len])
             {
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
@@ -345,11 +347,12 @@ impl Stack {
                 Err(_) => return false,
             }
         };
-        for h in held {
+        let n = held.len();
+        for h in held.drain(..) {
             self.core.pool.free(h.buf);
         }
         self.core.counters.tcp_gro_frames += 1;
-        self.core.counters.tcp_gro_merged += held.len() as u64 - 1;
+        self.core.counters.tcp_gro_merged += n as u64 - 1;
         self.tcp_settle(i, wake);
         true
     }

@@ -291,8 +291,14 @@ mod tests {
         assert_eq!(c.hold(ip, pool.alloc().unwrap(), t), Ok(true));
         assert_eq!(c.hold(ip, pool.alloc().unwrap(), t), Ok(false));
         let third = pool.alloc().unwrap();
-        assert_eq!(c.hold(ip, third, t), Err(HoldError::QueueFull(third)));
-        pool.free(third);
+        let id = third.index();
+        match c.hold(ip, third, t) {
+            Err(HoldError::QueueFull(b)) => {
+                assert_eq!(b.index(), id, "the refused frame comes back");
+                pool.free(b);
+            }
+            other => panic!("{other:?}"),
+        }
         let mac = MacAddr([2, 0, 0, 0, 0, 9]);
         let flushed = c.learn(ip, mac, t, false);
         assert_eq!(flushed.len(), 2);
@@ -319,7 +325,7 @@ mod tests {
         }
         assert_eq!(probes, 2, "initial probe by the caller + 2 retries = 3");
         assert_eq!(failed.len(), 1);
-        pool.free(failed[0]);
+        pool.free(failed.remove(0));
         assert!(c.is_empty());
     }
 
@@ -336,12 +342,15 @@ mod tests {
             .unwrap();
         }
         let b = pool.alloc().unwrap();
-        assert_eq!(
-            c.hold("10.0.2.1".parse().unwrap(), b, Instant::ZERO),
-            Err(HoldError::CacheFull(b))
-        );
+        let id = b.index();
+        match c.hold("10.0.2.1".parse().unwrap(), b, Instant::ZERO) {
+            Err(HoldError::CacheFull(b)) => {
+                assert_eq!(b.index(), id);
+                pool.free(b);
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(c.refused, 1);
-        pool.free(b);
         for b in c.drain_pending() {
             pool.free(b);
         }

@@ -476,14 +476,14 @@ impl View<'_> {
 impl Stack {
     pub(crate) fn process_frame(&mut self, buf: PktBuf) {
         let core = &mut self.core;
-        let len = core.pool.chain_len(buf);
+        let len = core.pool.chain_len(&buf);
         core.counters.link_rx_frames += 1;
         core.counters.link_rx_bytes += len as u64;
-        let csum_valid = core.pool.offload(buf).csum_valid && core.cfg.rx_csum_offload;
-        if core.pool.next(buf).is_some() {
+        let csum_valid = core.pool.offload(&buf).csum_valid && core.cfg.rx_csum_offload;
+        if core.pool.next(&buf).is_some() {
             // A frame larger than one buffer: linearise it once.
             let mut data = std::mem::take(&mut core.frame_scratch);
-            core.pool.copy_chain(buf, &mut data);
+            core.pool.copy_chain(&buf, &mut data);
             core.pool.free(buf);
             let v = self.with_view(csum_valid, |view, c, _| view.classify(c, &data));
             let v = self.gro_flush_then(v);
@@ -496,9 +496,11 @@ impl Stack {
             );
             return;
         }
-        let v = self.with_view(csum_valid, |view, c, pool| view.classify(c, pool.data(buf)));
+        let v = self.with_view(csum_valid, |view, c, pool| {
+            view.classify(c, pool.data(&buf))
+        });
         if self.core.cfg.gro {
-            if let Some(v) = self.gro_offer(v, buf) {
+            if let Some((v, buf)) = self.gro_offer(v, buf) {
                 self.execute(v, Src::Buf(buf));
             }
             return;
@@ -714,8 +716,8 @@ impl Stack {
         let buf = match src {
             Src::Buf(b) => {
                 // Zero copy: the frame's buffer becomes the datagram.
-                core.pool.trim_front(b, off);
-                core.pool.truncate(b, len);
+                core.pool.trim_front(&b, off);
+                core.pool.truncate(&b, len);
                 Some(b)
             }
             Src::Owned { ref data, .. } => {

@@ -160,8 +160,8 @@ impl SimNet {
             did |= self.stacks[i].poll(self.now);
             while let Some(buf) = self.stacks[i].dequeue_tx() {
                 let mut bytes = Vec::new();
-                self.stacks[i].pool().copy_chain(buf, &mut bytes);
-                let o = self.stacks[i].pool().offload(buf);
+                self.stacks[i].pool().copy_chain(&buf, &mut bytes);
+                let o = self.stacks[i].pool().offload(&buf);
                 self.stacks[i].pool_mut().free(buf);
                 // The simulated NIC does what a real one would with offloads (finish
                 // checksums, cut GSO frames into wire segments).

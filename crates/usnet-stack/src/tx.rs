@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use usnet_pool::{GsoKind, Offload, PktBuf};
+use usnet_pool::{BufId, GsoKind, Offload, PktBuf};
 use usnet_wire::{
     self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, Ipv4Repr, Ipv6Repr, MacAddr,
     TcpFlags,
@@ -28,8 +28,9 @@ const GSO_MAX_BUFS: usize = 48;
 /// the first payload in `buf`, the rest in buffers chained after it.
 pub(crate) struct GsoPending {
     buf: PktBuf,
-    /// The chain's last buffer, where the next segment's payload goes.
-    tail: PktBuf,
+    /// The chain's last buffer, where the next segment's payload goes (owned by the
+    /// chain).
+    tail: BufId,
     /// Buffers in the chain.
     bufs: usize,
     local: std::net::SocketAddr,
@@ -92,7 +93,7 @@ fn partial_csum_offload(l4_start: usize, csum_offset: u16) -> Offload {
 impl Core {
     fn push_tx(&mut self, buf: PktBuf) {
         self.counters.link_tx_frames += 1;
-        self.counters.link_tx_bytes += self.pool.chain_len(buf) as u64;
+        self.counters.link_tx_bytes += self.pool.chain_len(&buf) as u64;
         self.tx.push_back(buf);
     }
 
@@ -186,7 +187,7 @@ impl Core {
             };
             let mut hdr_bytes = [0u8; 128];
             self.write_headers(&mut hdr_bytes, src, dst, proto, ttl, l4.len(), frag, false);
-            let out = self.pool.append(buf, total).expect("size checked");
+            let out = self.pool.append(&buf, total).expect("size checked");
             out[..hdr].copy_from_slice(&hdr_bytes[..hdr]);
             out[hdr..].copy_from_slice(l4);
             return Ok(buf);
@@ -292,7 +293,7 @@ impl Core {
                 false,
             );
             let offload = self.cfg.tx_csum_offload && !local;
-            let out = self.pool.append(buf, total).expect("size checked");
+            let out = self.pool.append(&buf, total).expect("size checked");
             out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
             out[ETH + l3 + wire::UDP_HEADER_LEN..].copy_from_slice(data);
             let udp = &mut out[ETH + l3..];
@@ -301,7 +302,7 @@ impl Core {
                 let partial = wire::udp_partial_checksum(src, dst, udp_len as u32);
                 udp[6..8].copy_from_slice(&partial.to_be_bytes());
                 self.pool
-                    .set_offload(buf, partial_csum_offload(ETH + l3, 6));
+                    .set_offload(&buf, partial_csum_offload(ETH + l3, 6));
             }
             if dst.is_ipv4() {
                 self.counters.ip4_tx += 1;
@@ -369,7 +370,7 @@ impl Core {
                 true,
             );
             let offload = self.cfg.tx_csum_offload && !self.is_local_addr(next_hop);
-            let out = self.pool.append(buf, total).expect("size checked");
+            let out = self.pool.append(&buf, total).expect("size checked");
             out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
             let p = ETH + l3 + hl;
             out[p..p + payload.0.len()].copy_from_slice(payload.0);
@@ -380,7 +381,7 @@ impl Core {
                 let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
                 seg[16..18].copy_from_slice(&partial.to_be_bytes());
                 self.pool
-                    .set_offload(buf, partial_csum_offload(ETH + l3, 16));
+                    .set_offload(&buf, partial_csum_offload(ETH + l3, 16));
             }
             self.finish_tcp_tx(buf, dst, next_hop);
             return true;
@@ -506,12 +507,12 @@ impl Core {
         };
         // Headers are written when the frame is finished; reserve their room.
         self.pool
-            .append(buf, ETH + l3 + hl)
+            .append(&buf, ETH + l3 + hl)
             .expect("a buffer holds the headers");
         let more_bufs = plen
-            .saturating_sub(self.pool.tailroom(buf))
+            .saturating_sub(self.pool.tailroom(&buf))
             .div_ceil(self.pool.buf_size());
-        let Some(tail) = self.pool.extend_chain(buf, &[payload.0, payload.1]) else {
+        let Some(tail) = self.pool.extend_chain(&buf, &[payload.0, payload.1]) else {
             self.pool.free(buf);
             self.counters.tcp_tx_blocked += 1;
             return false;
@@ -556,7 +557,7 @@ impl Core {
             true,
         );
         let l3 = p.l3;
-        let out = self.pool.data_mut(p.buf);
+        let out = self.pool.data_mut(&p.buf);
         out[..ETH + l3].copy_from_slice(&hdr[..ETH + l3]);
         // The payload may continue in chained buffers: emit the TCP header alone.
         let seg = &mut out[ETH + l3..ETH + l3 + hl];
@@ -574,7 +575,7 @@ impl Core {
             o.hdr_len = (ETH + l3 + hl) as u16;
             self.counters.tcp_tx_segments += p.segs as u64 - 1;
         }
-        self.pool.set_offload(p.buf, o);
+        self.pool.set_offload(&p.buf, o);
         self.finish_tcp_tx(p.buf, dst, p.next_hop);
     }
 
@@ -593,7 +594,7 @@ impl Core {
     fn dispatch(&mut self, buf: PktBuf, next_hop: IpAddr) {
         if self.is_local_addr(next_hop) {
             let mac = self.cfg.mac;
-            self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+            self.pool.data_mut(&buf)[..6].copy_from_slice(&mac.0);
             self.receive(buf);
             return;
         }
@@ -604,17 +605,17 @@ impl Core {
             multicast_mac(next_hop)
         };
         if let Some(mac) = mac {
-            self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+            self.pool.data_mut(&buf)[..6].copy_from_slice(&mac.0);
             self.push_tx(buf);
             return;
         }
         match self.neighbors.lookup(next_hop, self.now) {
             Lookup::Found(mac) => {
-                self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+                self.pool.data_mut(&buf)[..6].copy_from_slice(&mac.0);
                 self.push_tx(buf);
             }
             Lookup::FoundStale(mac) => {
-                self.pool.data_mut(buf)[..6].copy_from_slice(&mac.0);
+                self.pool.data_mut(&buf)[..6].copy_from_slice(&mac.0);
                 self.push_tx(buf);
                 self.send_solicit(next_hop);
             }
@@ -636,7 +637,7 @@ impl Core {
     /// Frames that waited for `mac` go out now.
     pub(crate) fn flush_pending(&mut self, pending: VecDeque<PktBuf>, mac: MacAddr) {
         for b in pending {
-            self.pool.data_mut(b)[..6].copy_from_slice(&mac.0);
+            self.pool.data_mut(&b)[..6].copy_from_slice(&mac.0);
             self.push_tx(b);
         }
     }
@@ -694,7 +695,7 @@ impl Core {
         };
         let mac = self.cfg.mac;
         // Pad to the 60-byte Ethernet minimum, as real stacks do.
-        let out = self.pool.append(buf, 60).expect("fits");
+        let out = self.pool.append(&buf, 60).expect("fits");
         out.fill(0);
         let _ = wire::emit_ethernet(out, eth_dst, mac, ethertype::ARP);
         let repr = ArpRepr {

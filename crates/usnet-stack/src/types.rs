@@ -114,7 +114,7 @@ impl Src {
     /// The frame's bytes.
     pub fn bytes<'a>(&'a self, pool: &'a PacketPool) -> &'a [u8] {
         match self {
-            Src::Buf(b) => pool.data(*b),
+            Src::Buf(b) => pool.data(b),
             Src::Owned { data, .. } => data,
         }
     }

@@ -140,13 +140,13 @@ impl Stack {
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
         let pool = &mut self.core.pool;
-        let n = if pool.next(d.buf).is_none() {
-            let src = pool.data(d.buf);
+        let n = if pool.next(&d.buf).is_none() {
+            let src = pool.data(&d.buf);
             let n = src.len().min(buf.len());
             buf[..n].copy_from_slice(&src[..n]);
             n
         } else {
-            pool.read_chain(d.buf, 0, buf)
+            pool.read_chain(&d.buf, 0, buf)
         };
         pool.free(d.buf);
         Ok((n, d.from))

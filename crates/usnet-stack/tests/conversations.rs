@@ -335,7 +335,7 @@ fn missing_fragment_times_out_with_icmp_time_exceeded() {
         net.stack_mut(0).pool_mut().free(b);
     }
     let mut bytes = Vec::new();
-    net.stack(0).pool().copy_chain(first, &mut bytes);
+    net.stack(0).pool().copy_chain(&first, &mut bytes);
     net.stack_mut(0).pool_mut().free(first);
     let b = net.stack_mut(1).pool_mut().alloc_from(&bytes).unwrap();
     net.stack_mut(1).receive(b);

@@ -278,7 +278,7 @@ impl Pair {
         let mut v = Vec::new();
         while let Some(b) = s.dequeue_tx() {
             let mut f = Vec::new();
-            s.pool().copy_chain(b, &mut f);
+            s.pool().copy_chain(&b, &mut f);
             s.pool_mut().free(b);
             v.push(f);
         }

@@ -66,7 +66,7 @@ fn exchange(a: &mut Stack, b: &mut Stack, now: &mut Instant, log: &mut Vec<Vec<u
 fn forward(src: &mut Stack, dst: &mut Stack, bytes: &mut Vec<u8>, log: &mut Vec<Vec<u8>>) -> bool {
     let mut did = false;
     while let Some(f) = src.dequeue_tx() {
-        src.pool().copy_chain(f, bytes);
+        src.pool().copy_chain(&f, bytes);
         src.pool_mut().free(f);
         log.push(bytes.clone());
         if let Some(nb) = dst.pool_mut().alloc_from(bytes) {

@@ -22,7 +22,7 @@ use std::sync::atomic::{fence, AtomicBool, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
 
-use usnet_pool::{PacketPool, PktBuf};
+use usnet_pool::{BufId, PacketPool, PktBuf};
 use usnet_shm::{liveness, monotonic_ns as now_ns, FutexBell, Populate, Region};
 
 use super::layout::*;
@@ -138,7 +138,7 @@ enum RxState {
     /// A frame in assembly: its pool chain head and tail and its length so far.
     Assembling {
         head: PktBuf,
-        tail: PktBuf,
+        tail: BufId,
         len: usize,
     },
     /// Throwing away the rest of a frame already counted as bad or lost.
@@ -383,9 +383,9 @@ impl NicDriver {
     /// Appends `len` bytes of NIC buffer at `off` to the frame being assembled.
     fn append(&mut self, pool: &mut PacketPool, off: usize, len: usize) -> bool {
         let RxState::Assembling {
-            head,
             mut tail,
             len: mut flen,
+            ..
         } = self.rx_state
         else {
             return false;
@@ -398,12 +398,13 @@ impl NicDriver {
                     return false;
                 };
                 // Continuation buffers carry no headroom.
-                let h = pool.headroom_of(n);
-                if pool.prepend(n, h).is_some() {
-                    pool.truncate(n, 0);
+                let h = pool.headroom_of(&n);
+                if pool.prepend(&n, h).is_some() {
+                    pool.truncate(&n, 0);
                 }
+                let id = n.id();
                 pool.set_next(tail, Some(n));
-                tail = n;
+                tail = id;
                 room = pool.tailroom(tail);
             }
             let take = room.min(len - done);
@@ -414,11 +415,13 @@ impl NicDriver {
             done += take;
         }
         flen += len;
-        self.rx_state = RxState::Assembling {
-            head,
-            tail,
-            len: flen,
-        };
+        if let RxState::Assembling {
+            tail: t, len: l, ..
+        } = &mut self.rx_state
+        {
+            *t = tail;
+            *l = flen;
+        }
         true
     }
 
@@ -473,8 +476,8 @@ impl NicDriver {
                 match pool.alloc() {
                     Some(b) => {
                         self.rx_state = RxState::Assembling {
+                            tail: b.id(),
                             head: b,
-                            tail: b,
                             len: 0,
                         }
                     }
@@ -661,11 +664,11 @@ impl Device for NicDriver {
         let ring = self.layout.tx_ring;
         let bs = self.layout.buf_size as usize;
         let mut sent = 0;
-        while let Some(&f) = frames.front() {
+        while let Some(f) = frames.front() {
             let len = pool.chain_len(f);
             if !(MIN_FRAME..=self.max_frame).contains(&len) {
                 self.stats.tx_dropped += 1;
-                frames.pop_front();
+                let f = frames.pop_front().expect("looked at it");
                 pool.free(f);
                 continue;
             }
@@ -681,7 +684,7 @@ impl Device for NicDriver {
             let first = self.tx_next;
             let mut slot = first;
             let mut filled = 0usize;
-            let mut cur = Some(f);
+            let mut cur = Some(f.id());
             while let Some(c) = cur {
                 let mut data = pool.data(c);
                 while !data.is_empty() {
@@ -724,7 +727,7 @@ impl Device for NicDriver {
             self.tx_in_flight += segs;
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += len as u64;
-            frames.pop_front();
+            let f = frames.pop_front().expect("sent it");
             pool.free(f);
             sent += 1;
         }

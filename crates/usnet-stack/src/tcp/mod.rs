@@ -245,7 +245,7 @@ impl Stack {
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
                     if let Src::Buf(b) = &src {
-                        seg.gso_size = self.core.pool.offload(*b).gso_size;
+                        seg.gso_size = self.core.pool.offload(b).gso_size;
                     }
                     if s.conn.state() == State::TimeWait && s.conn.time_wait_accepts_syn(&seg) {
                         Some(None)
