@@ -3,8 +3,10 @@
 //! Every device moves whole Ethernet frames held in pool buffers, in bursts, behind the
 //! small [`Device`] trait: shm, tap, af_packet and the emulated NIC's driver ([`nic`]).
 //! Wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
-//! devices that wrap devices. The stack never sees a device; the poll loop in
-//! `usnet-stack`'s users joins the two.
+//! devices that wrap devices. Each device says what a loop sleeps on while it waits
+//! for frames ([`Device::prepare_wait`]: an fd or a futex bell), so one wait can cover
+//! the device and a loop's other doorbells ([`wait_device`]). The stack never sees a
+//! device: `usnet-driver` joins the two.
 
 pub mod af_packet;
 pub mod error;
