@@ -4,6 +4,8 @@
 //! Every slot index is checked; nothing read from the memory is trusted beyond being
 //! some value of its type.
 
+pub mod ctl;
+
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};

@@ -154,6 +154,30 @@ impl ByteProducer {
         self.prod
     }
 
+    /// The ring's size in bytes.
+    pub fn size(&self) -> usize {
+        self.at.size
+    }
+
+    /// Overwrites bytes pushed at ring position `pos` that are not yet published (a
+    /// record header completed after its payload). Returns false, writing nothing,
+    /// when the range is not pushed-and-unpublished.
+    pub fn rewrite(&mut self, pos: u64, src: &[u8]) -> bool {
+        if pos < self.published || pos + src.len() as u64 > self.prod {
+            return false;
+        }
+        let mut done = 0;
+        for (off, len) in self.at.spans(pos, src.len()) {
+            if len > 0 {
+                self.region
+                    .write(off, &src[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        true
+    }
+
     fn corrupt(&self, cons: u64) -> ByteCorrupt {
         ByteCorrupt {
             prod: self.prod,
@@ -251,6 +275,11 @@ impl ByteConsumer {
     /// Bytes consumed since the ring began.
     pub fn position(&self) -> u64 {
         self.cons
+    }
+
+    /// The ring's size in bytes.
+    pub fn size(&self) -> usize {
+        self.at.size
     }
 }
 

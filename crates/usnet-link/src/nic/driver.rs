@@ -811,6 +811,10 @@ impl Device for NicDriver {
         Ok(())
     }
 
+    fn wait_kind(&self) -> crate::WaitKind {
+        crate::WaitKind::Bell
+    }
+
     fn prepare_wait(&mut self) -> crate::WaitPlan {
         if self.rx_desc_ready() {
             self.stats.polls_ready += 1;
