@@ -114,7 +114,10 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut Loop) -> R + Send + 'static) -> Option<R> {
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
         submit_call(&self.jobs, &self.bell, LOOP_TIMEOUT, f)
     }
 }
@@ -293,7 +296,11 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
 fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
     match req["cmd"].as_str() {
         Some("stat") => {
-            let info = (ctx.cfg.name.clone(), ctx.cfg.link.clone(), ctx.cfg.services.clone());
+            let info = (
+                ctx.cfg.name.clone(),
+                ctx.cfg.link.clone(),
+                ctx.cfg.services.clone(),
+            );
             match ctx.call(move |lp| stat(lp, &info.0, &info.1, &info.2)) {
                 Some(v) => send(out, &v),
                 None => send(out, &json!({"error": "the server loop does not answer"})),

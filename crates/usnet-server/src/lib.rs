@@ -28,8 +28,8 @@ use usnet_link::Device;
 use usnet_stack::{Owner, Stack};
 
 pub use bell::ServerBell;
-pub use session::SessionStats;
 use session::ServerSession;
+pub use session::SessionStats;
 
 /// What a client may use and how the loop shares itself out.
 #[derive(Debug, Clone, Copy)]
@@ -249,7 +249,9 @@ impl ServerHandle {
         self.stop.store(true, Ordering::Release);
         self.bell.ring();
         let r = match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|_| Err("server loop panicked".into())),
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err("server loop panicked".into())),
             None => Ok(()),
         };
         self.control.take();
@@ -336,7 +338,11 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             let Loop {
                 driver, sessions, ..
             } = &mut lp;
-            driver.wait_with(&[extra], || sessions.values_mut().any(|s| s.has_work()), cap)
+            driver.wait_with(
+                &[extra],
+                || sessions.values_mut().any(|s| s.has_work()),
+                cap,
+            )
         };
         bell.drain();
         lp.set_asleep(0);

@@ -121,8 +121,8 @@ impl ServerSession {
         let region = mem.region().clone();
         let sq = Consumer::attach_discarding(region.clone(), mem.sq())
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let cq = Producer::attach(region, mem.cq())
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let cq =
+            Producer::attach(region, mem.cq()).map_err(|e| std::io::Error::other(e.to_string()))?;
         let n = mem.geometry().max_sockets;
         let bell = mem.client_bell();
         Ok(ServerSession {
@@ -300,7 +300,11 @@ impl ServerSession {
         let region = self.mem.region().clone();
         let rx = ByteProducer::attach(region.clone(), self.mem.rx_ring(i)).expect("layout");
         let tx = ByteConsumer::attach(region, self.mem.tx_ring(i)).expect("layout");
-        self.mem.slot_word(i, slot::KIND).store(kind as u32, Relaxed);
+        self.mem
+            .slot_word(i, slot::KIND)
+            .store(kind as u32, Relaxed);
+        // The server is not looking at the send ring yet: the first bytes kick it.
+        self.mem.slot_word(i, slot::TX_ARMED).store(1, Relaxed);
         self.mem.slot_word(i, slot::STATE).store(SLOT_OPEN, Release);
         self.socks[i as usize] = Some(Sock {
             kind,
@@ -397,7 +401,9 @@ impl ServerSession {
         if s.role != Role::Fresh {
             return -errno::EINVAL;
         }
-        let addr = s.bound.unwrap_or_else(|| "0.0.0.0:0".parse().expect("addr"));
+        let addr = s
+            .bound
+            .unwrap_or_else(|| "0.0.0.0:0".parse().expect("addr"));
         let backlog = backlog.clamp(1, 4096) as usize;
         match stack.tcp_listen(addr, backlog) {
             Ok(h) => {
@@ -415,7 +421,10 @@ impl ServerSession {
     }
 
     fn op_accept(&mut self, stack: &mut Stack, i: u32) -> i64 {
-        let Some(h) = self.sock(i).handle.filter(|_| self.sock(i).role == Role::Listener)
+        let Some(h) = self
+            .sock(i)
+            .handle
+            .filter(|_| self.sock(i).role == Role::Listener)
         else {
             return -errno::EINVAL;
         };
@@ -431,13 +440,17 @@ impl ServerSession {
                 return err(e);
             }
         };
-        let j = self.new_slot(KIND_TCP, Role::Conn).expect("a slot was free");
+        let j = self
+            .new_slot(KIND_TCP, Role::Conn)
+            .expect("a slot was free");
         self.adopt(stack, j, child);
         if let Ok(l) = stack.tcp_local_addr(child) {
-            self.mem.set_slot_addr(j, slot::LOCAL, &SockAddr::from_std(l));
+            self.mem
+                .set_slot_addr(j, slot::LOCAL, &SockAddr::from_std(l));
         }
         if let Ok(p) = stack.tcp_peer_addr(child) {
-            self.mem.set_slot_addr(j, slot::PEER, &SockAddr::from_std(p));
+            self.mem
+                .set_slot_addr(j, slot::PEER, &SockAddr::from_std(p));
         }
         self.refresh(stack, j);
         self.refresh(stack, i);
@@ -459,7 +472,8 @@ impl ServerSession {
                         self.sock(i).role = Role::Conn;
                         self.adopt(stack, i, h);
                         if let Ok(l) = stack.tcp_local_addr(h) {
-                            self.mem.set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                            self.mem
+                                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
                         }
                         self.mem.set_slot_addr(i, slot::PEER, &a);
                         self.refresh(stack, i);
@@ -492,7 +506,8 @@ impl ServerSession {
                 match stack.udp_connect(h, remote) {
                     Ok(()) => {
                         if let Ok(l) = stack.udp_local_addr(h) {
-                            self.mem.set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                            self.mem
+                                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
                         }
                         self.mem.set_slot_addr(i, slot::PEER, &a);
                         self.set_flags(i, FLAG_CONNECTED, 0);
@@ -547,10 +562,9 @@ impl ServerSession {
                 stack.tcp_set_nodelay(h.expect("conn"), value != 0)
             }
             (opt::IPPROTO_TCP, opt::TCP_NODELAY) => Ok(()),
-            (opt::SOL_SOCKET, opt::SO_KEEPALIVE) if tcp_conn => stack.tcp_set_keepalive(
-                h.expect("conn"),
-                (value != 0).then(Keepalive::default),
-            ),
+            (opt::SOL_SOCKET, opt::SO_KEEPALIVE) if tcp_conn => {
+                stack.tcp_set_keepalive(h.expect("conn"), (value != 0).then(Keepalive::default))
+            }
             (opt::SOL_SOCKET, opt::SO_LINGER) if tcp_conn => {
                 // value: seconds, or u64::MAX for "off".
                 let l = (value != u64::MAX).then(|| Duration::from_secs(value.min(3600)));
@@ -575,7 +589,9 @@ impl ServerSession {
         let ring = self.mem.geometry().ring_bytes as i64;
         let s = self.sock(i);
         let h = s.handle;
-        let conn = (s.kind == KIND_TCP && s.role == Role::Conn).then_some(h).flatten();
+        let conn = (s.kind == KIND_TCP && s.role == Role::Conn)
+            .then_some(h)
+            .flatten();
         match (level, name) {
             (opt::SOL_SOCKET, opt::SO_ERROR) => {
                 let e = self.mem.slot_word(i, slot::ERROR).swap(0, AcqRel);
@@ -591,7 +607,8 @@ impl ServerSession {
                     return -errno::ENOTCONN;
                 };
                 let mut b = [0u8; tcp_info::LEN];
-                let mut put = |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+                let mut put =
+                    |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
                 let us = |d: Duration| d.as_micros().min(u32::MAX as u128) as u32;
                 put(tcp_info::STATE, linux_state(info.state));
                 put(tcp_info::RTT_US, info.srtt.map_or(0, us));
@@ -681,7 +698,8 @@ impl ServerSession {
                 s.tx.release();
             }
             (Role::Udp, _) if avail > 0 || s.pending_dgram.is_some() => {
-                let (m, back) = Self::drain_udp(stack, s, &mut self.scratch, chunk, &mut self.stats);
+                let (m, back) =
+                    Self::drain_udp(stack, s, &mut self.scratch, chunk, &mut self.stats);
                 moved = m;
                 pushed_back = back;
             }
@@ -800,7 +818,11 @@ impl ServerSession {
             s.tx.peek(RECORD_HEADER, scratch);
             s.tx.skip(rec);
             s.tx.release();
-            let to = if addr.family == 0 { None } else { addr.to_std() };
+            let to = if addr.family == 0 {
+                None
+            } else {
+                addr.to_std()
+            };
             s.pending_dgram = Some((std::mem::take(scratch), to));
             if s.handle.is_none() {
                 // sendto on an unbound UDP socket binds it to an ephemeral port.
@@ -855,9 +877,12 @@ impl ServerSession {
                             0
                         }
                     };
-                    let rx = &mut s.rx;
-                    if free > 0 {
-                        match stack.tcp_recv_with(h, free.min(chunk), |c| {
+                    // Until the ring is full or the stack has nothing more; the call
+                    // that finds nothing also tells end-of-stream (Ok(0)).
+                    let mut room = free.min(chunk);
+                    while room > 0 {
+                        let rx = &mut s.rx;
+                        match stack.tcp_recv_with(h, room, |c| {
                             rx.push(c);
                         }) {
                             Ok(0) => {
@@ -865,16 +890,23 @@ impl ServerSession {
                                     s.eof = true;
                                     set |= FLAG_RX_EOF;
                                 }
+                                break;
                             }
-                            Ok(n) => moved = n,
-                            Err(StackError::WouldBlock) => {}
-                            Err(e) => error = Some(e),
+                            Ok(n) => {
+                                moved += n;
+                                room -= n;
+                            }
+                            Err(StackError::WouldBlock) => break,
+                            Err(e) => {
+                                error = Some(e);
+                                break;
+                            }
                         }
-                        s.rx.publish();
                     }
-                    // Full ring: arm the kick, then look once more.
-                    if s.rx.free().unwrap_or(0) == 0 && stack.tcp_recv_available(h).unwrap_or(0) > 0
-                    {
+                    s.rx.publish();
+                    // Full ring with more to tell (bytes, or the end of the stream):
+                    // arm the kick, then look once more.
+                    if s.rx.free().unwrap_or(0) == 0 && !s.eof {
                         self.mem.slot_word(i, slot::RX_ARMED).store(1, SeqCst);
                         std::sync::atomic::fence(SeqCst);
                         if s.rx.free().unwrap_or(0) == 0 {
@@ -912,7 +944,8 @@ impl ServerSession {
                 s.rx.publish();
                 if s.flags & FLAG_BOUND == 0 {
                     if let Ok(l) = stack.udp_local_addr(h) {
-                        self.mem.set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                        self.mem
+                            .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
                         set |= FLAG_BOUND;
                     }
                 }
