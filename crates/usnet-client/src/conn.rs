@@ -252,6 +252,21 @@ impl Conn {
         }
     }
 
+    pub fn bell_seq(&self) -> u32 {
+        self.bell.seq()
+    }
+
+    /// Sleeps until the bell moves from `seen` (the server changed something in the
+    /// session) or `timeout` passes.
+    pub fn sleep_bell(&self, seen: u32, timeout: Duration) -> io::Result<()> {
+        if self.is_dead() {
+            return Err(down());
+        }
+        self.bell
+            .sleep(seen, || false, timeout.min(LIVENESS_SLICE * 4));
+        Ok(())
+    }
+
     /// Sleeps until `ready` holds or `deadline` passes (then false). The server rings
     /// the bell after every change it makes to this session.
     pub fn wait_until(

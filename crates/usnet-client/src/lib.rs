@@ -15,6 +15,7 @@
 //! with `ENETDOWN` within a fraction of a second.
 
 mod conn;
+mod net;
 mod poll;
 mod sock;
 mod tcp;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 use usnet_session::ctl::{resolve, ControlError};
 
+pub use net::ClientNet;
 pub use poll::{Event, Interest, Mode, Poller, Source, Token};
 pub use tcp::{TcpInfo, TcpListener, TcpStream};
 pub use udp::UdpSocket;

@@ -407,7 +407,9 @@ fn ping(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
             let t0 = Instant::now();
             let payload = vec![0x5au8; size];
             let r = ctx.call(move |lp| {
-                let at = lp.stack().now();
+                // The clock now, not the stack's last turn (the loop may have slept).
+                let at = lp.driver.now();
+                lp.stack().advance(at);
                 lp.stack().ping_send(h, dst, seq, &payload).map(|()| at)
             });
             match r {

@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod api;
 pub mod config;
 mod core;
 pub mod counters;
