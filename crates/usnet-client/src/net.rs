@@ -132,12 +132,12 @@ impl SocketApi for ClientNet {
 
     fn tcp_send(&mut self, h: Handle, data: &[u8]) -> io::Result<usize> {
         use std::io::Write;
-        (&mut &*self.stream(h)?).write(data)
+        (&mut self.stream(h)?).write(data)
     }
 
     fn tcp_recv(&mut self, h: Handle, buf: &mut [u8]) -> io::Result<usize> {
         use std::io::Read;
-        (&mut &*self.stream(h)?).read(buf)
+        (&mut self.stream(h)?).read(buf)
     }
 
     fn tcp_shutdown_write(&mut self, h: Handle) -> io::Result<()> {
