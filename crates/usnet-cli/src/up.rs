@@ -85,11 +85,13 @@ pub struct UpArgs {
     /// Clients at once.
     #[arg(long, default_value_t = 1024)]
     pub max_clients: usize,
-    /// Sockets one client may hold (its quota; each has two rings).
-    #[arg(long, default_value_t = 256)]
+    /// Sockets one client may hold at most (its quota; each has two rings). A client
+    /// gets 1024 unless it asks for more.
+    #[arg(long, default_value_t = 16384)]
     pub client_sockets: u32,
-    /// Bytes in each ring of a client socket (a power of two, 4096 .. 16 MiB).
-    #[arg(long, default_value_t = 256 * 1024)]
+    /// The largest ring a client socket may have (a power of two, 4096 .. 16 MiB); a
+    /// client gets 256 KiB unless it asks otherwise.
+    #[arg(long, default_value_t = 1 << 20)]
     pub ring_bytes: u32,
     /// Bytes the server moves between a socket's ring and the stack per turn:
     /// the cluster size (MCLBYTES) ...
@@ -127,8 +129,8 @@ impl UpArgs {
             duration: None,
             group: None,
             max_clients: 1024,
-            client_sockets: 256,
-            ring_bytes: 256 * 1024,
+            client_sockets: 16384,
+            ring_bytes: 1 << 20,
             cluster_bytes: 65536,
             clusters: 4,
             quiet: true,
@@ -391,7 +393,15 @@ fn spawn_services(
     kinds: &[ServiceKind],
     stop: Arc<AtomicBool>,
 ) -> Result<std::thread::JoinHandle<()>, Box<dyn std::error::Error>> {
-    let client = usnet_client::Client::attach(name)?;
+    // Services hold a socket per connection they serve: ask for many, with small
+    // rings (their traffic is requests and responses, not bulk).
+    let client = usnet_client::Client::attach_with(
+        Some(name),
+        &usnet_client::AttachOptions {
+            max_sockets: Some(16384),
+            ring_bytes: Some(64 * 1024),
+        },
+    )?;
     let mut net = usnet_client::ClientNet::new(client);
     let mut svcs = Vec::new();
     for k in kinds {

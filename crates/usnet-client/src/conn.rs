@@ -62,7 +62,7 @@ pub(crate) fn down() -> io::Error {
 
 impl Conn {
     /// Connects to the control socket at `path` and attaches a session.
-    pub fn attach(path: &Path, name: &str, ring_bytes: Option<u32>) -> io::Result<Conn> {
+    pub fn attach(path: &Path, name: &str, opts: &crate::AttachOptions) -> io::Result<Conn> {
         let ctl = UnixStream::connect(path)?;
         ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
         let command = std::env::args()
@@ -76,8 +76,11 @@ impl Conn {
         let mut req = serde_json::json!({
             "cmd": "attach", "pid": std::process::id(), "command": command,
         });
-        if let Some(r) = ring_bytes {
+        if let Some(r) = opts.ring_bytes {
             req["ring_bytes"] = r.into();
+        }
+        if let Some(m) = opts.max_sockets {
+            req["max_sockets"] = m.into();
         }
         let mut line = serde_json::to_string(&req).expect("json");
         line.push('\n');
@@ -177,6 +180,9 @@ impl Conn {
     /// server. Returns its tag.
     pub fn post(&self, mut req: Request, discard: bool) -> io::Result<u64> {
         let deadline = Instant::now() + Duration::from_secs(30);
+        // Completions nobody waits for (closes from destructors) must not fill the
+        // completion ring: collect what arrived on every post.
+        self.collect();
         loop {
             if self.is_dead() {
                 return Err(down());
@@ -262,6 +268,7 @@ impl Conn {
         if self.is_dead() {
             return Err(down());
         }
+        self.collect();
         self.bell
             .sleep(seen, || false, timeout.min(LIVENESS_SLICE * 4));
         Ok(())

@@ -53,6 +53,8 @@ impl std::fmt::Debug for Client {
 pub struct AttachOptions {
     /// Bytes per socket ring (a power of two; the server's size is the most).
     pub ring_bytes: Option<u32>,
+    /// Sockets this client may hold at once (the server's quota is the most).
+    pub max_sockets: Option<u32>,
 }
 
 impl Client {
@@ -76,7 +78,7 @@ impl Client {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let conn = Conn::attach(&path, &label, opts.ring_bytes)?;
+        let conn = Conn::attach(&path, &label, opts)?;
         Ok(Client {
             conn: Arc::new(conn),
         })

@@ -236,16 +236,18 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
         .filter(|c| !c.is_control())
         .take(64)
         .collect();
-    let mut g = ctx.cfg.geometry;
-    // A client may ask for smaller rings or fewer sockets, never more.
-    if let Some(r) = req["ring_bytes"].as_u64() {
-        if (r as u32).is_power_of_two() && (4096..=g.ring_bytes as u64).contains(&r) {
-            g.ring_bytes = r as u32;
-        }
-    }
-    if let Some(m) = req["max_sockets"].as_u64() {
-        g.max_sockets = (m as u32).clamp(1, g.max_sockets);
-    }
+    // The server's geometry is the most a client may ask for; without asking it
+    // gets 1024 sockets with 256 KiB rings (or the caps, if smaller).
+    let cap = ctx.cfg.geometry;
+    let mut g = cap;
+    g.max_sockets = req["max_sockets"]
+        .as_u64()
+        .unwrap_or(1024)
+        .clamp(1, cap.max_sockets as u64) as u32;
+    g.ring_bytes = match req["ring_bytes"].as_u64() {
+        Some(r) if r.is_power_of_two() && (4096..=cap.ring_bytes as u64).contains(&r) => r as u32,
+        _ => cap.ring_bytes.min(256 * 1024),
+    };
     let fail = |out: &mut UnixStream, e: String| {
         let _ = send(out, &json!({"error": e}));
         None

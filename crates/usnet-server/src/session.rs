@@ -158,11 +158,13 @@ impl ServerSession {
         !self.active.is_empty() || !self.backlog.is_empty() || self.sq.pending()
     }
 
-    /// Tells the client that something changed, if it sleeps.
+    /// Tells the client that something changed: the bell's `seq` always moves (so a
+    /// client that read it before looking at its sockets never sleeps through a
+    /// change), and a sleeping client is woken.
     pub fn notify(&mut self) {
         if self.dirty {
             self.dirty = false;
-            if self.bell.notify() {
+            if self.bell.bump_and_notify() {
                 self.stats.notifies += 1;
             }
         }
