@@ -48,12 +48,9 @@ MODES = {
 # The sysctls the backend models (Linux names; see docs/packetdrill.md). Others
 # in a script are ignored.
 SYSCTLS = {
-    "tcp_timestamps", "tcp_sack", "tcp_window_scaling", "tcp_rmem", "tcp_wmem",
-    "tcp_syn_retries", "tcp_synack_retries", "tcp_fastopen", "tcp_fastopen_key",
-    "tcp_ecn", "tcp_notsent_lowat", "tcp_slow_start_after_idle",
-    "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies", "tcp_dsack",
-    "tcp_recovery", "tcp_fastopen_blackhole_timeout_sec", "tcp_min_tso_segs",
-    "tcp_tso_win_divisor", "tcp_mtu_probing", "tcp_base_mss",
+    "tcp_timestamps", "tcp_sack", "tcp_dsack", "tcp_window_scaling", "tcp_rmem",
+    "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
+    "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)

@@ -28,6 +28,9 @@ pub struct Options {
     pub mtu: usize,
     pub seed: u64,
     pub tick_ns: u64,
+    /// The TCP template: `profile=NAME`, then any Linux sysctl name
+    /// (`tcp_timestamps=0`, `tcp_rmem=4096 87380 6291456`, ...).
+    pub tcp: usnet_stack::TcpConfig,
 }
 
 impl Default for Options {
@@ -40,15 +43,32 @@ impl Default for Options {
             mtu: 1500,
             seed: 0x7064_7269_6c6c,
             tick_ns: 1_000,
+            tcp: usnet_stack::TcpConfig::default(),
         }
     }
 }
 
 impl Options {
-    /// Parses `key=value,...`; unknown keys are an error.
+    /// Parses `key=value,...`; unknown keys are an error. `profile=` applies before
+    /// the sysctls, wherever it stands.
     pub fn parse(flags: &str) -> Result<Options, String> {
         let mut o = Options::default();
-        for item in flags.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let items: Vec<&str> = flags
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        for item in &items {
+            if let Some(p) = item.strip_prefix("profile=") {
+                o.tcp = usnet_stack::TcpConfig::profile(p).ok_or_else(|| {
+                    format!(
+                        "flag profile={p}: unknown profile (known: {})",
+                        usnet_stack::TCP_PROFILES.join(", ")
+                    )
+                })?;
+            }
+        }
+        for item in items {
             let (k, v) = item
                 .split_once('=')
                 .ok_or_else(|| format!("flag {item:?}: expected key=value"))?;
@@ -63,6 +83,8 @@ impl Options {
                 "tick_us" => {
                     o.tick_ns = v.parse::<u64>().map_err(|e| bad(&e))?.saturating_mul(1000)
                 }
+                "profile" => {}
+                _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
         }
@@ -126,6 +148,7 @@ impl Backend {
             gateway6: Some(o.gateway6),
             mtu: o.mtu,
             seed: o.seed,
+            tcp: o.tcp.clone(),
             ..Default::default()
         };
         let stack = Stack::new(cfg).map_err(|e| format!("{e}"))?;

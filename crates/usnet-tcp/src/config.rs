@@ -46,6 +46,9 @@ pub struct TcpConfig {
     pub nodelay: bool,
     /// Keepalive, if enabled (SO_KEEPALIVE).
     pub keepalive: Option<Keepalive>,
+    /// The parameters SO_KEEPALIVE turns on when a socket sets none of its own
+    /// (Linux `tcp_keepalive_time`, `_intvl`, `_probes`).
+    pub keepalive_defaults: Keepalive,
     /// SO_LINGER: `Some(0)` makes `close()` abortive (RST); `Some(t)` bounds how long a
     /// closing connection may try to deliver its data before it is aborted.
     pub linger: Option<Duration>,
@@ -106,6 +109,13 @@ pub struct TcpConfig {
     pub tlp: bool,
     /// Longest the peer is assumed to delay an ACK (RACK-TLP's WCDelAckT: 200 ms).
     pub peer_max_ack_delay: Duration,
+    /// Restart from the initial window after an idle RTO (RFC 5681 §4.1; Linux
+    /// `tcp_slow_start_after_idle`).
+    pub slow_start_after_idle: bool,
+    /// Report duplicates with D-SACK blocks (RFC 2883; Linux `tcp_dsack`).
+    pub dsack: bool,
+    /// Answer SYN-queue overflow with SYN cookies (Linux `tcp_syncookies`).
+    pub syn_cookies: bool,
 }
 
 impl Default for TcpConfig {
@@ -118,6 +128,7 @@ impl Default for TcpConfig {
             autotune: true,
             nodelay: false,
             keepalive: None,
+            keepalive_defaults: Keepalive::default(),
             linger: None,
             congestion: CcAlgorithm::Cubic,
             initial_window: 10,
@@ -144,7 +155,102 @@ impl Default for TcpConfig {
             persist_max: Duration::from_secs(120),
             tlp: true,
             peer_max_ack_delay: Duration::from_millis(200),
+            slow_start_after_idle: true,
+            dsack: true,
+            syn_cookies: true,
         }
+    }
+}
+
+/// The profiles [`TcpConfig::profile`] knows.
+pub const PROFILES: &[&str] = &["usnet", "linux"];
+
+impl TcpConfig {
+    /// A named set of defaults: `usnet` (this crate's [`Default`]) or `linux`, the
+    /// settings of a Linux host as packetdrill's TCP suite configures it
+    /// (`gtests/net/common/defaults.sh`): `tcp_rmem` max 15 MiB (so window scale 8),
+    /// `tcp_wmem` 256 KiB, 5 SYN and SYN-ACK retries, no slow start after idle.
+    pub fn profile(name: &str) -> Option<TcpConfig> {
+        let mut c = TcpConfig::default();
+        match name {
+            "usnet" => {}
+            "linux" => {
+                c.recv_buffer = 15 << 20;
+                c.recv_buffer_initial = 540_000;
+                c.send_buffer = 256 << 10;
+                c.syn_retries = 5;
+                c.synack_retries = 5;
+                c.slow_start_after_idle = false;
+            }
+            _ => return None,
+        }
+        Some(c)
+    }
+
+    /// Sets one tunable by its Linux sysctl name (`net.ipv4.` left out), with the
+    /// value as `/proc/sys` takes it: `tcp_timestamps`, `tcp_sack`, `tcp_dsack`,
+    /// `tcp_window_scaling`, `tcp_rmem` and `tcp_wmem` ("min default max": the
+    /// maximum is the buffer, the default the initial receive window),
+    /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
+    /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
+    /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_congestion_control`
+    /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off).
+    /// Returns an error naming the problem for an unknown name or a bad value.
+    pub fn set_sysctl(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let value = value.trim();
+        let bad = || format!("{name}={value}: bad value");
+        let int = || -> Result<u64, String> {
+            let v = value.trim();
+            match v.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16).map_err(|_| bad()),
+                None => v.parse::<u64>().map_err(|_| bad()),
+            }
+        };
+        let flag = || int().map(|v| v != 0);
+        let triple = || -> Result<[usize; 3], String> {
+            let v: Vec<usize> = value
+                .split_whitespace()
+                .map(|x| x.parse::<usize>().map_err(|_| bad()))
+                .collect::<Result<_, _>>()?;
+            <[usize; 3]>::try_from(v).map_err(|_| bad())
+        };
+        let secs = || int().map(Duration::from_secs);
+        let count = || int().map(|v| v.min(u64::from(u32::MAX)) as u32);
+        match name {
+            "tcp_timestamps" => self.timestamps = flag()?,
+            "tcp_sack" => self.sack = flag()?,
+            "tcp_dsack" => self.dsack = flag()?,
+            "tcp_window_scaling" => self.window_scaling = flag()?,
+            "tcp_rmem" => {
+                let [_, def, max] = triple()?;
+                self.recv_buffer = max.max(1024);
+                self.recv_buffer_initial = def.clamp(1024, self.recv_buffer);
+            }
+            "tcp_wmem" => {
+                let [_, def, _] = triple()?;
+                self.send_buffer = def.max(1024);
+            }
+            "tcp_syn_retries" => self.syn_retries = count()?,
+            "tcp_synack_retries" => self.synack_retries = count()?,
+            "tcp_retries2" => self.max_retries = count()?,
+            "tcp_orphan_retries" => self.orphan_retries = count()?,
+            "tcp_fin_timeout" => self.fin_wait2_timeout = secs()?,
+            "tcp_keepalive_time" => self.keepalive_defaults.idle = secs()?,
+            "tcp_keepalive_intvl" => self.keepalive_defaults.interval = secs()?,
+            "tcp_keepalive_probes" => self.keepalive_defaults.count = count()?,
+            "tcp_slow_start_after_idle" => self.slow_start_after_idle = flag()?,
+            "tcp_syncookies" => self.syn_cookies = flag()?,
+            "tcp_early_retrans" => self.tlp = int()? >= 3,
+            "tcp_congestion_control" => {
+                self.congestion = match value {
+                    "cubic" => CcAlgorithm::Cubic,
+                    "reno" | "newreno" => CcAlgorithm::NewReno,
+                    _ => return Err(bad()),
+                }
+            }
+            _ => return Err(format!("{name}: unknown tunable")),
+        }
+        Ok(())
     }
 }
 
@@ -162,5 +268,46 @@ impl TcpConfig {
             s += 1;
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_linux_profile_scales_the_window_by_8() {
+        assert_eq!(TcpConfig::default().rcv_wscale(), 7);
+        let l = TcpConfig::profile("linux").unwrap();
+        assert_eq!(l.rcv_wscale(), 8, "tcp_rmem max 15 MiB");
+        assert_eq!((l.syn_retries, l.synack_retries), (5, 5));
+        assert!(!l.slow_start_after_idle);
+        assert!(TcpConfig::profile("bsd").is_none());
+        for p in PROFILES {
+            assert!(TcpConfig::profile(p).is_some());
+        }
+    }
+
+    #[test]
+    fn sysctls_set_their_tunable() {
+        let mut c = TcpConfig::default();
+        c.set_sysctl("tcp_timestamps", "0").unwrap();
+        assert!(!c.timestamps);
+        c.set_sysctl("tcp_rmem", "4096 87380 6291456").unwrap();
+        assert_eq!((c.recv_buffer, c.recv_buffer_initial), (6291456, 87380));
+        assert_eq!(c.rcv_wscale(), 7);
+        c.set_sysctl("tcp_wmem", " 4096 50000 4194304 ").unwrap();
+        assert_eq!(c.send_buffer, 50000);
+        c.set_sysctl("tcp_syn_retries", "2").unwrap();
+        assert_eq!(c.syn_retries, 2);
+        c.set_sysctl("tcp_keepalive_time", "30").unwrap();
+        assert_eq!(c.keepalive_defaults.idle, Duration::from_secs(30));
+        c.set_sysctl("tcp_congestion_control", "reno").unwrap();
+        assert_eq!(c.congestion, CcAlgorithm::NewReno);
+        c.set_sysctl("tcp_early_retrans", "0").unwrap();
+        assert!(!c.tlp);
+        assert!(c.set_sysctl("tcp_sack", "yes").is_err());
+        assert!(c.set_sysctl("tcp_rmem", "1 2").is_err());
+        assert!(c.set_sysctl("tcp_nonsense", "1").is_err());
     }
 }

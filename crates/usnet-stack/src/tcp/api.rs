@@ -157,7 +157,8 @@ impl Stack {
         let mk = |v6: bool| {
             let mut c = cfg.clone();
             c.mss = c.mss.min(TcpConfig::mss_for_mtu(mtu, v6));
-            Listener::new(local, c, backlog, true)
+            let cookies = c.syn_cookies;
+            Listener::new(local, c, backlog, cookies)
         };
         let (v4, v6) = match ip {
             _ if ip.is_unspecified() => (Some(mk(false)), Some(mk(true))),

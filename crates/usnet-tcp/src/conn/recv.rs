@@ -332,7 +332,7 @@ impl Connection {
             let dup = (self.rcv.nxt.since(start) as usize).min(data.len());
             if dup > 0 {
                 self.stats.rx_dup_bytes += dup as u64;
-                if self.opts.sack {
+                if self.opts.sack && self.cfg.dsack {
                     self.rcv.dsack = Some((start, start + dup));
                 }
                 self.ack.pending = true;
@@ -439,7 +439,7 @@ impl Connection {
             }
             OooAdd::Duplicate => {
                 self.stats.rx_dup_bytes += data.len() as u64;
-                if self.opts.sack {
+                if self.opts.sack && self.cfg.dsack {
                     self.rcv.dsack = Some((start, dend));
                 }
             }

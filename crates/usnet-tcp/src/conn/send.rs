@@ -252,7 +252,9 @@ impl Connection {
             return None;
         }
         // Restart after idle (RFC 5681 §4.1).
-        if self.scoreboard.is_empty() && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
+        if self.cfg.slow_start_after_idle
+            && self.scoreboard.is_empty()
+            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
         {
             self.cc
                 .on_idle_restart(self.cfg.initial_window * self.smss());

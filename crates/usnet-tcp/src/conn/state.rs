@@ -197,7 +197,7 @@ impl Connection {
         let plen = seg.payload.len() as u32;
         if plen > 0 && (seq + plen).le(self.rcv.nxt) {
             self.stats.rx_dup_bytes += u64::from(plen);
-            if self.opts.sack {
+            if self.opts.sack && self.cfg.dsack {
                 self.rcv.dsack = Some((seq, seq + plen));
             }
         }
