@@ -102,6 +102,8 @@ enum Kind {
 
 #[derive(Debug)]
 struct Fd {
+    /// The kernel object that holds this descriptor's number (see [`RealFd`]).
+    real: RealFd,
     kind: Kind,
     nonblock: bool,
     v6: bool,
@@ -109,6 +111,54 @@ struct Fd {
     reuseaddr: bool,
     /// A pending error (SO_ERROR) taken from a failed non-blocking connect.
     so_error: c_int,
+}
+
+/// A real kernel descriptor that reserves a socket's number, so the numbers this
+/// library hands out are the kernel's: nothing else in the process gets them, and
+/// packetdrill's own `close()` and `getsockopt()` on them reach a real descriptor
+/// (a memfd: each has its own inode, so [`RealFd::still_ours`] can tell whether the
+/// number still names it).
+#[derive(Debug)]
+struct RealFd {
+    fd: c_int,
+    dev_ino: (u64, u64),
+}
+
+impl RealFd {
+    fn new() -> Res<RealFd> {
+        // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new
+        // descriptor or -1.
+        let fd =
+            unsafe { libc::memfd_create(c"usnet-packetdrill-socket".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE));
+        }
+        let dev_ino = fstat_id(fd).unwrap_or((0, 0));
+        Ok(RealFd { fd, dev_ino })
+    }
+
+    /// Whether the number still names the memfd made for it (packetdrill closes the
+    /// numbers of sockets the script left open itself).
+    fn still_ours(&self) -> bool {
+        fstat_id(self.fd) == Some(self.dev_ino)
+    }
+
+    fn close(self) {
+        if self.still_ours() {
+            // SAFETY: the descriptor is the memfd this value made (checked above).
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
+
+fn fstat_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes a `struct stat` into the zeroed buffer or fails.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    }
 }
 
 /// The backend's state: one stack, the virtual clock, the descriptor table and the
@@ -125,6 +175,8 @@ pub struct Backend {
     tick_ns: u64,
     fds: BTreeMap<c_int, Fd>,
     out: VecDeque<(Vec<u8>, u64)>,
+    /// What packetdrill's threads know about each other ([`shared`]).
+    pub(crate) sync: shared::Sync,
     /// Packets handed to the stack / taken from it / answered here (ARP, NDP).
     pub injected: u64,
     pub sniffed: u64,
@@ -176,6 +228,7 @@ impl Backend {
             tick_ns: o.tick_ns,
             fds: BTreeMap::new(),
             out: VecDeque::new(),
+            sync: shared::Sync::default(),
             injected: 0,
             sniffed: 0,
             resolved: 0,
@@ -209,10 +262,12 @@ impl Backend {
         if base != libc::SOCK_STREAM || !(protocol == 0 || protocol == libc::IPPROTO_TCP) {
             return Err(libc::EPROTONOSUPPORT);
         }
-        let fd = (3..).find(|f| !self.fds.contains_key(f)).unwrap_or(3);
+        let real = RealFd::new()?;
+        let fd = real.fd;
         self.fds.insert(
             fd,
             Fd {
+                real,
                 kind: Kind::Fresh(None),
                 nonblock: ty & libc::SOCK_NONBLOCK != 0,
                 v6,
@@ -328,6 +383,7 @@ impl Backend {
 
     pub fn close(&mut self, fd: c_int) -> Res<()> {
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
+        f.real.close();
         match f.kind {
             Kind::Conn(h) | Kind::Listen(h) => {
                 let _ = self.stack_mut().close(h);
@@ -340,12 +396,14 @@ impl Backend {
 
     pub fn shutdown(&mut self, fd: c_int, how: c_int) -> Res<()> {
         let h = self.conn(fd)?;
-        match how {
-            libc::SHUT_WR | libc::SHUT_RDWR => {
-                self.stack_mut().tcp_shutdown_write(h).map_err(map)?
-            }
-            libc::SHUT_RD => {}
-            _ => return Err(libc::EINVAL),
+        if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+            return Err(libc::EINVAL);
+        }
+        if how != libc::SHUT_WR {
+            self.stack_mut().tcp_shutdown_read(h).map_err(map)?;
+        }
+        if how != libc::SHUT_RD {
+            self.stack_mut().tcp_shutdown_write(h).map_err(map)?;
         }
         self.pump();
         Ok(())
@@ -513,6 +571,14 @@ impl Backend {
             _ => return Err(libc::ENOPROTOOPT),
         }
         Ok(())
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        for (_, f) in std::mem::take(&mut self.fds) {
+            f.real.close();
+        }
     }
 }
 

@@ -29,6 +29,7 @@ fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64
     // SAFETY: `ud` is the pointer `packetdrill_interface_init` made from a Box<Shared>
     // and only `free` releases it.
     let shared = unsafe { &*(ud as *const Shared) };
+    let _inside = shared.enter();
     match catch_unwind(AssertUnwindSafe(|| f(shared))) {
         Ok(Ok(v)) => v.into(),
         Ok(Err(e)) => {
@@ -210,7 +211,7 @@ unsafe extern "C" fn pd_free(ud: *mut c_void) {
 }
 
 unsafe extern "C" fn pd_socket(ud: *mut c_void, d: c_int, t: c_int, p: c_int) -> c_int {
-    with(ud, |s| s.lock().socket(d, t, p)) as c_int
+    with(ud, |s| s.call(|b| b.socket(d, t, p))) as c_int
 }
 
 unsafe extern "C" fn pd_bind(
@@ -222,12 +223,12 @@ unsafe extern "C" fn pd_bind(
     with(ud, |s| {
         // SAFETY: packetdrill passes a sockaddr of `l` bytes.
         let a = unsafe { read_sockaddr(a, l) }?;
-        s.lock().bind(fd, a).map(|_| 0)
+        s.call(|b| b.bind(fd, a)).map(|_| 0)
     }) as c_int
 }
 
 unsafe extern "C" fn pd_listen(ud: *mut c_void, fd: c_int, backlog: c_int) -> c_int {
-    with(ud, |s| s.lock().listen(fd, backlog).map(|_| 0)) as c_int
+    with(ud, |s| s.call(|b| b.listen(fd, backlog)).map(|_| 0)) as c_int
 }
 
 unsafe extern "C" fn pd_accept(
@@ -396,7 +397,7 @@ unsafe extern "C" fn pd_sendmsg(
 }
 
 unsafe extern "C" fn pd_fcntl(ud: *mut c_void, fd: c_int, cmd: c_int, arg: c_long) -> c_int {
-    with(ud, |s| s.lock().fcntl(fd, cmd, arg as c_int)) as c_int
+    with(ud, |s| s.call(|b| b.fcntl(fd, cmd, arg as c_int))) as c_int
 }
 
 unsafe extern "C" fn pd_ioctl(ud: *mut c_void, fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
@@ -431,7 +432,7 @@ unsafe extern "C" fn pd_close(ud: *mut c_void, fd: c_int) -> c_int {
 }
 
 unsafe extern "C" fn pd_shutdown(ud: *mut c_void, fd: c_int, how: c_int) -> c_int {
-    with(ud, |s| s.lock().shutdown(fd, how).map(|_| 0)) as c_int
+    with(ud, |s| s.call(|b| b.shutdown(fd, how)).map(|_| 0)) as c_int
 }
 
 unsafe extern "C" fn pd_getsockopt(
@@ -464,7 +465,7 @@ unsafe extern "C" fn pd_setsockopt(
             // SAFETY: setsockopt(2) contract: `v` has `l` readable bytes.
             Some(unsafe { slice(v, l as size_t) }?)
         };
-        s.lock().setsockopt(fd, level, name, value).map(|_| 0)
+        s.call(|b| b.setsockopt(fd, level, name, value)).map(|_| 0)
     }) as c_int
 }
 

@@ -334,6 +334,12 @@ impl Stack {
         self.with_conn(h, |c| c.shutdown_write())
     }
 
+    /// SHUT_RD: `tcp_recv` returns what is queued, then end of stream (0); the
+    /// socket reads as readable from then on.
+    pub fn tcp_shutdown_read(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.shutdown_read())
+    }
+
     /// Closes a TCP socket (close(2)). A connection finishes in the background
     /// (FIN, then TIME-WAIT or CLOSED) and is freed when it reaches CLOSED; unread
     /// data or `linger = 0` make it an abort (RST). A listener aborts the

@@ -53,6 +53,8 @@ pub(crate) struct RecvState {
     pub urg_seq: Option<Seq>,
     /// The out-of-band byte, taken out of the stream and not yet read.
     pub oob_byte: Option<u8>,
+    /// The application shut down reading (SHUT_RD).
+    pub read_shut: bool,
 }
 
 impl RecvState {
@@ -80,6 +82,7 @@ impl RecvState {
             rtt: None,
             urg_seq: None,
             oob_byte: None,
+            read_shut: false,
         }
     }
 }
@@ -117,9 +120,17 @@ impl Connection {
         self.rcv.buf.len() - usize::from(self.rcv.urg_seq.is_some_and(|u| self.in_rcvbuf(u)))
     }
 
-    /// The peer sent FIN and everything before it has been read.
+    /// The peer sent FIN and everything before it has been read, or the application
+    /// shut down reading and has read what was queued.
     pub fn is_eof(&self) -> bool {
-        self.rcv.fin_received && self.rcv.buf.is_empty()
+        (self.rcv.fin_received || self.rcv.read_shut) && self.recv_available() == 0
+    }
+
+    /// SHUT_RD: reading ends once what is queued has been read (`recv` then returns
+    /// 0, as Linux does); what arrives later is still acknowledged and queued, and
+    /// counts as unread data when the application closes.
+    pub fn shutdown_read(&mut self) {
+        self.rcv.read_shut = true;
     }
 
     fn in_rcvbuf(&self, s: Seq) -> bool {
@@ -692,5 +703,26 @@ mod tests {
         assert!(!srv.is_eof(), "data first");
         assert_eq!(read_all(&mut srv).len(), 2 * MSS);
         assert!(srv.is_eof());
+    }
+
+    #[test]
+    fn shut_rd_reads_what_is_queued_then_end_of_stream() {
+        let (mut cli, mut srv) = default_pair();
+        cli.send(b"queued");
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        srv.shutdown_read();
+        assert!(!srv.is_eof(), "queued data first");
+        let mut b = [0u8; 16];
+        assert_eq!(srv.recv(&mut b), 6);
+        assert!(srv.is_eof());
+        assert_eq!(srv.recv(&mut b), 0);
+        // Data arriving later is still taken and acknowledged.
+        cli.send(b"late");
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        assert_eq!(srv.recv_available(), 4);
+        assert!(!srv.is_eof());
+        let ack = drain(&mut srv, T0 + ms(50));
+        assert_eq!(ack.last().unwrap().repr.ack, srv.rcv.nxt.0);
+        assert_eq!(srv.state(), State::Established, "writing goes on");
     }
 }
