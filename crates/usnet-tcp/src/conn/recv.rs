@@ -717,6 +717,7 @@ mod tests {
         assert!(srv.is_eof());
         assert_eq!(srv.recv(&mut b), 0);
         // Data arriving later is still taken and acknowledged.
+        feed(&mut cli, T0, &drain(&mut srv, T0 + ms(50)));
         cli.send(b"late");
         feed(&mut srv, T0, &drain(&mut cli, T0));
         assert_eq!(srv.recv_available(), 4);
