@@ -263,7 +263,7 @@ impl Connection {
         if fin {
             flags |= TcpFlags::FIN;
         }
-        if len > 0 && (len == unsent || fin || self.ends_burst(len, unsent - len, maxp, win)) {
+        if len > 0 && (len == unsent || fin) {
             flags |= TcpFlags::PSH;
         }
         let seq = self.snd.nxt;
@@ -289,21 +289,6 @@ impl Connection {
             self.arm_tlp();
         }
         Some(true)
-    }
-
-    /// Whether a segment of `len` bytes is the last of this burst: after it, the
-    /// congestion window or the peer's window (`win` before it) has no room for the
-    /// next one (`rest` bytes wait). Such a segment carries PSH, as the last
-    /// segment of a write does: the receiver gets no more for now (Linux marks the
-    /// end of each transmitted burst alike).
-    fn ends_burst(&self, len: usize, rest: usize, maxp: usize, win: usize) -> bool {
-        let next = rest.min(maxp);
-        let cwnd_room = self
-            .cc
-            .cwnd()
-            .saturating_sub(self.pipe_est())
-            .saturating_sub(len as u32) as usize;
-        cwnd_room < next || win.saturating_sub(len) < next
     }
 
     /// Persist timer (RFC 9293 §3.8.6.1): data waits, nothing is in flight and the
@@ -383,10 +368,6 @@ mod tests {
         let out = drain(&mut cli, T0);
         assert_eq!(out.len(), 10, "RFC 6928 initial window");
         assert!(cli.snd.cwnd_blocked);
-        // The last segment of the burst carries PSH: nothing more comes for now.
-        let psh: Vec<bool> = out.iter().map(|s| s.repr.flags.psh()).collect();
-        assert_eq!(psh.iter().filter(|p| **p).count(), 1);
-        assert!(psh[9]);
     }
 
     #[test]
