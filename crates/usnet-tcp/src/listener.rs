@@ -37,6 +37,9 @@ struct SynEntry {
     sent: Instant,
     xmits: u32,
     next: Instant,
+    /// Challenge ACKs sent for this half-open connection (bounded by
+    /// `challenge_ack_limit` over its short life).
+    challenges: u32,
 }
 
 /// What a segment to a listener produced.
@@ -177,6 +180,28 @@ impl<H> Listener<H> {
         sink.emit(e.local, e.remote, &repr, (&[], &[]))
     }
 
+    /// `<SEQ=SND.NXT><ACK=RCV.NXT><CTL=ACK>` for a half-open connection (RFC 5961
+    /// §3.2), with timestamps if the SYN offered them.
+    fn send_challenge_ack<S: SegmentSink + ?Sized>(&mut self, e: &SynEntry, sink: &mut S) {
+        let mut options = TcpOptions::default();
+        if let Some(recent) = e.ts_recent {
+            options.timestamps = Some((self.ts_now(e.local, e.remote), recent));
+        }
+        let repr = TcpRepr {
+            src_port: e.local.port(),
+            dst_port: e.remote.port(),
+            seq: (e.iss + 1u32).0,
+            ack: (e.irs + 1u32).0,
+            flags: TcpFlags::ACK,
+            window: self.initial_window(),
+            urgent: 0,
+            options,
+        };
+        if sink.emit(e.local, e.remote, &repr, (&[], &[])) {
+            self.stats.listen_challenge_acks += 1;
+        }
+    }
+
     fn send_rst<S: SegmentSink + ?Sized>(
         &mut self,
         local: SocketAddr,
@@ -228,10 +253,22 @@ impl<H> Listener<H> {
             .iter()
             .position(|e| e.remote == remote && e.local == local);
         if f.rst() {
-            // RFC 5961: only an exact RST removes a half-open connection.
+            // RFC 5961 §3.2: only an exact RST removes a half-open connection; one
+            // elsewhere in the window we offered gets a challenge ACK.
             if let Some(i) = pos {
-                if Seq(seg.seq) == self.syn_queue[i].irs + 1u32 {
+                let e = self.syn_queue[i];
+                let rcv_nxt = e.irs + 1u32;
+                let seq = Seq(seg.seq);
+                if seq == rcv_nxt {
                     self.syn_queue.swap_remove(i);
+                    return ListenEvent::None;
+                }
+                let wnd = u32::from(self.initial_window());
+                if seq.in_range(rcv_nxt, rcv_nxt + wnd)
+                    && e.challenges < self.cfg.challenge_ack_limit
+                {
+                    self.syn_queue[i].challenges += 1;
+                    self.send_challenge_ack(&e, sink);
                     return ListenEvent::None;
                 }
             }
@@ -334,6 +371,7 @@ impl<H> Listener<H> {
                 sent: self.now,
                 xmits: 1,
                 next: self.now,
+                challenges: 0,
             };
             if self.send_synack(&e, tsval, sink) {
                 self.stats.listen_cookies_sent += 1;
@@ -357,6 +395,7 @@ impl<H> Listener<H> {
             sent: self.now,
             xmits: 1,
             next: self.now + self.cfg.initial_rto,
+            challenges: 0,
         };
         self.send_synack(&e, None, sink);
         self.syn_queue.push(e);
@@ -629,8 +668,18 @@ mod tests {
         let mut rst = syn.clone();
         rst.repr.flags = TcpFlags::RST;
         rst.repr.seq = syn.repr.seq.wrapping_add(2);
-        offer(&mut l, T0, &rst);
+        let (_, out) = offer(&mut l, T0, &rst);
         assert_eq!(l.syn_queue_len(), 1);
+        // In the window but not exact: a challenge ACK (RFC 5961 §3.2).
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+        assert_eq!(out[0].repr.ack, syn.repr.seq.wrapping_add(1), "RCV.NXT");
+        assert!(out[0].repr.options.timestamps.is_some());
+        assert_eq!(l.stats().listen_challenge_acks, 1);
+        // Outside the window: dropped.
+        rst.repr.seq = syn.repr.seq.wrapping_add(1 << 20);
+        let (_, out) = offer(&mut l, T0, &rst);
+        assert!(out.is_empty());
         assert_eq!(l.stats().listen_bad_segments, 1);
         rst.repr.seq = syn.repr.seq.wrapping_add(1);
         let (_, out) = offer(&mut l, T0, &rst);

@@ -107,4 +107,5 @@ define_stats! {
     listen_synack_timeouts => "SYN queue entries dropped after all SYN-ACK retries",
     listen_rst_sent => "RSTs sent by listeners",
     listen_bad_segments => "segments for a listener dropped",
+    listen_challenge_acks => "challenge ACKs for an in-window, inexact RST on a half-open connection (RFC 5961 §3.2)",
 }

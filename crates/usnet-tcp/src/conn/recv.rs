@@ -369,6 +369,12 @@ impl Connection {
             }
         }
         if data.is_empty() {
+            if fin && start.gt(self.rcv.nxt) {
+                // An out-of-order FIN is out-of-order data too: a duplicate ACK at
+                // once (RFC 5681 §4.2).
+                self.ack.dupacks_owed += 1;
+                self.stats.rx_ooo_segments += 1;
+            }
             return;
         }
         if start == self.rcv.nxt {
@@ -695,9 +701,14 @@ mod tests {
         let fin = drain(&mut cli, T0);
         assert!(fin[0].repr.flags.fin());
         feed(&mut srv, T0, &segs[1..]);
+        drain(&mut srv, T0);
         feed(&mut srv, T0, &fin);
         assert_eq!(srv.state(), State::Established);
         assert!(srv.rcv.fin_seq.is_some() && !srv.rcv.fin_received);
+        // The FIN beyond the hole is answered at once with a duplicate ACK.
+        let dup = drain(&mut srv, T0);
+        assert_eq!(dup.len(), 1);
+        assert_eq!(dup[0].repr.ack, srv.rcv.nxt.0);
         feed(&mut srv, T0, &segs[..1]);
         assert_eq!(srv.state(), State::CloseWait);
         assert!(!srv.is_eof(), "data first");

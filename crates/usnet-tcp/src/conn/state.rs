@@ -413,7 +413,7 @@ impl Connection {
     /// segment fills the hole before an out-of-order FIN), the FIN moves ESTABLISHED
     /// to CLOSE-WAIT, FIN-WAIT-1 to CLOSING (or TIME-WAIT if our FIN is acknowledged)
     /// and FIN-WAIT-2 to TIME-WAIT. A FIN in TIME-WAIT restarts the 2MSL wait.
-    fn check_fin(&mut self, seg: &Segment) {
+    pub(crate) fn check_fin(&mut self, seg: &Segment) {
         match self.state {
             State::Established | State::FinWait1 | State::FinWait2 => {
                 if !self.take_fin() {
