@@ -158,8 +158,13 @@ def main():
     work = tempfile.mkdtemp(prefix="usnet-packetdrill.")
     try:
         if not args.packetdrill:
-            args.packetdrill = build_packetdrill(
-                args.suite, os.path.join(REPO, "target", "packetdrill"))
+            try:
+                args.packetdrill = build_packetdrill(
+                    args.suite, os.path.join(REPO, "target", "packetdrill"))
+            except (subprocess.CalledProcessError, OSError) as e:
+                print("packetdrill: could not build packetdrill from %s (it needs gcc, "
+                      "make, bison and flex): %s" % (args.suite, e), file=sys.stderr)
+                return 1
         args.packetdrill = os.path.abspath(args.packetdrill)
         scripts = prepare(args.suite, os.path.join(work, "net"))
         tcp = os.path.join(work, "net", "tcp")
@@ -197,7 +202,7 @@ def main():
     for mode in modes:
         r = [x for x in results if x[0] == mode]
         npass = sum(1 for x in r if x[2] == "pass")
-        print("packetdrill %s: %d passed, %d failed" % (mode, npass, len(r) - npass))
+        print("packetdrill: %d passed, %d failed (%s)" % (npass, len(r) - npass, mode))
     new = sorted("%s %s" % (m, s) for m, s, st, _, _ in results
                  if st == "pass" and "%s %s" % (m, s) not in expected)
     if new:
