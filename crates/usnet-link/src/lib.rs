@@ -3,8 +3,10 @@
 //! Every device moves whole Ethernet frames held in pool buffers, in bursts, behind the
 //! small [`Device`] trait: shm, tap, af_packet and the emulated NIC's driver ([`nic`]).
 //! Wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
-//! devices that wrap devices. The stack never sees a device; the poll loop in
-//! `usnet-stack`'s users joins the two.
+//! devices that wrap devices. Each device says what a loop sleeps on while it waits
+//! for frames ([`Device::prepare_wait`]: an fd or a futex bell), so one wait can cover
+//! the device and a loop's other doorbells ([`wait_device`]). The stack never sees a
+//! device: `usnet-driver` joins the two.
 
 pub mod af_packet;
 pub mod error;
@@ -21,7 +23,7 @@ mod wait;
 
 pub use error::LinkError;
 pub use spec::{open, wrap, LinkOptions, LinkSpec};
-pub use wait::{sleep_on, wait_device, Doorbell, WaitPlan, WaitSpec};
+pub use wait::{sleep_on, wait_device, Doorbell, WaitKind, WaitPlan, WaitSpec};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -105,6 +107,12 @@ pub trait Device: Send {
     /// later wake-up will change. [`wait_device`] sleeps on the plan together with a
     /// loop's other doorbells; `wait` is the same for a device alone (plus a spin).
     fn prepare_wait(&mut self) -> WaitPlan;
+    /// What [`Device::prepare_wait`] names when there is nothing to receive: a loop
+    /// that waits on the device together with its own doorbells picks doorbells of
+    /// this kind.
+    fn wait_kind(&self) -> WaitKind {
+        WaitKind::Fd
+    }
     /// Whether a frame waits to be received now: a cheap look, no system call. The
     /// sleeper re-checks it after announcing itself on a futex bell (devices whose
     /// wake-up is a readable fd may keep this default).
@@ -154,6 +162,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn rx_ready(&mut self) -> bool {
         (**self).rx_ready()
+    }
+    fn wait_kind(&self) -> WaitKind {
+        (**self).wait_kind()
     }
     fn link_state(&self) -> LinkState {
         (**self).link_state()

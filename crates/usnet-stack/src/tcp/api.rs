@@ -313,6 +313,58 @@ impl Stack {
         }
     }
 
+    /// [`Stack::tcp_send`] whose bytes `fill` writes straight into the connection's
+    /// send buffer (up to `max`, in up to two slices; it returns how much of each it
+    /// wrote). A stack server copies a client's shared ring in with it: one copy.
+    pub fn tcp_send_with(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        fill: impl FnMut(&mut [u8]) -> usize,
+    ) -> Result<usize, StackError> {
+        let c = self.conn(h)?;
+        if let Some(e) = c.error() {
+            return Err(e.into());
+        }
+        if !c.may_send() {
+            return Err(StackError::BrokenPipe);
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        if c.send_capacity() == 0 {
+            return Err(StackError::WouldBlock);
+        }
+        self.with_conn(h, |c| c.send_with(max, fill))
+    }
+
+    /// [`Stack::tcp_recv`] that hands up to `max` bytes to `sink` as they lie in the
+    /// receive buffer (a few slices, in order): one copy into wherever `sink` puts
+    /// them. `Ok(0)` at end of stream (or with `max == 0`).
+    pub fn tcp_recv_with(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        sink: impl FnMut(&[u8]),
+    ) -> Result<usize, StackError> {
+        let c = self.conn_mut(h)?;
+        let n = c.recv_with(max, sink);
+        if n > 0 {
+            self.tcp_settle(h.index, Wake::default());
+            return Ok(n);
+        }
+        if max == 0 || c.is_eof() {
+            return Ok(0);
+        }
+        if let Some(e) = c.error() {
+            return Err(e.into());
+        }
+        match c.state() {
+            State::Closed => Ok(0),
+            _ => Err(StackError::WouldBlock),
+        }
+    }
+
     /// Bytes `tcp_recv` can return now.
     pub fn tcp_recv_available(&self, h: SocketHandle) -> Result<usize, StackError> {
         Ok(self.conn(h)?.recv_available())

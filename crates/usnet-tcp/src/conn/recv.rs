@@ -143,9 +143,20 @@ impl Connection {
     /// skipped here and kept for [`Connection::recv_urgent`].
     pub fn recv(&mut self, out: &mut [u8]) -> usize {
         let mut done = 0;
-        while done < out.len() && !self.rcv.buf.is_empty() {
+        self.recv_with(out.len(), |chunk| {
+            out[done..done + chunk.len()].copy_from_slice(chunk);
+            done += chunk.len();
+        })
+    }
+
+    /// [`Connection::recv`] that hands up to `max` bytes to `sink` as they lie in the
+    /// receive ring (in order, a few slices), so a consumer elsewhere (a stack server
+    /// client's shared ring) gets them with one copy. Returns the count taken.
+    pub fn recv_with(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
+        let mut done = 0;
+        while done < max && !self.rcv.buf.is_empty() {
             let head = self.rcv.nxt - self.rcv.buf.len() as u32;
-            let mut want = out.len() - done;
+            let mut want = max - done;
             if let Some(u) = self.rcv.urg_seq {
                 if u == head {
                     let mut b = [0u8; 1];
@@ -161,7 +172,14 @@ impl Connection {
                     self.rcv.urg_seq = None;
                 }
             }
-            let n = self.rcv.buf.peek(0, &mut out[done..done + want]);
+            let (a, b) = self.rcv.buf.slices(0, want);
+            let n = a.len() + b.len();
+            if !a.is_empty() {
+                sink(a);
+            }
+            if !b.is_empty() {
+                sink(b);
+            }
             self.rcv.buf.consume(n);
             done += n;
             if n == 0 {
@@ -520,6 +538,52 @@ mod tests {
         let n = c.recv(&mut buf);
         buf.truncate(n);
         buf
+    }
+
+    #[test]
+    fn recv_with_hands_out_the_stream_in_order_across_the_ring_wrap() {
+        let cfg = TcpConfig {
+            recv_buffer: 4 * MSS,
+            recv_buffer_initial: 4 * MSS,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), cfg);
+        let mut got = Vec::new();
+        let mut now = T0;
+        let mut sent = 0usize;
+        let total = 20 * MSS;
+        while got.len() < total {
+            let data: Vec<u8> = (sent..total).map(|i| (i % 251) as u8).collect();
+            sent += cli.send(&data);
+            feed(&mut srv, now, &drain(&mut cli, now));
+            // Odd-sized reads make the ring wrap at odd places.
+            let n = srv.recv_with(MSS + 7, |chunk| got.extend_from_slice(chunk));
+            assert!(n <= MSS + 7);
+            feed(&mut cli, now, &drain(&mut srv, now));
+            now = now + ms(1);
+        }
+        assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    }
+
+    #[test]
+    fn send_with_queues_what_the_filler_wrote_and_stops_at_a_short_count() {
+        let (mut cli, _) = default_pair();
+        let mut next = 0u8;
+        let n = cli.send_with(5000, |dst| {
+            for b in dst.iter_mut() {
+                *b = next;
+                next = next.wrapping_add(1);
+            }
+            dst.len()
+        });
+        assert_eq!(n, 5000);
+        // A filler that writes less than offered ends the append.
+        let n = cli.send_with(5000, |dst| dst.len().min(100));
+        assert_eq!(n, 100);
+        let segs = drain(&mut cli, T0);
+        let bytes: Vec<u8> = segs.iter().flat_map(|s| s.payload.clone()).collect();
+        assert_eq!(bytes.len(), 5100);
+        assert!(bytes[..5000].iter().enumerate().all(|(i, b)| *b == i as u8));
     }
 
     #[test]

@@ -120,6 +120,16 @@ impl Connection {
         self.snd.buf.push(data)
     }
 
+    /// [`Connection::send`] whose bytes `fill` writes straight into the send ring (up
+    /// to `max`, in up to two slices; it returns how many of each it wrote). Returns
+    /// the count queued.
+    pub fn send_with(&mut self, max: usize, fill: impl FnMut(&mut [u8]) -> usize) -> usize {
+        if !self.may_send() {
+            return 0;
+        }
+        self.snd.buf.push_with(max, fill)
+    }
+
     /// Sender MSS: the largest payload without options.
     pub fn snd_mss(&self) -> u32 {
         u32::from(self.snd.peer_mss.min(self.cfg.mss)).max(64)

@@ -1,0 +1,364 @@
+//! The usnet stack server: one loop owns a [`Stack`] and its device (through the shared
+//! [`Driver`]) and serves client processes through shared-memory sessions
+//! (`usnet-abi`, `usnet-session`). No lock is shared with a client: a client writes
+//! requests into its submission ring and bytes into its sockets' send rings, the loop
+//! reads them, calls the stack, and writes completions, received bytes and readiness
+//! back into the client's memory, then rings the client's bell if it sleeps.
+//!
+//! Around the loop: a control thread serves the stack's control socket (attach, stat,
+//! ping, stop) and watches every client's connection, so a client that dies is noticed
+//! at once and everything it held is reset and given back. Work for the loop from other
+//! threads (a new session, a statistics snapshot, a ping) travels as [`Job`]s through a
+//! channel, followed by a ring of the loop's bell.
+
+mod bell;
+pub mod control;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use usnet_abi::{hdr, Geometry};
+use usnet_driver::{Driver, SystemClock};
+use usnet_link::Device;
+use usnet_stack::{Owner, Stack};
+
+pub use bell::ServerBell;
+use session::ServerSession;
+pub use session::SessionStats;
+
+/// What a client may use and how the loop shares itself out.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Requests served per client per turn (no client starves another).
+    pub budget: usize,
+    /// Bytes moved per socket per turn between a ring and the stack: the cluster size
+    /// (MCLBYTES) times the clusters one request may carry (MCLNUM).
+    pub chunk: usize,
+    /// Clients at once.
+    pub max_sessions: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            budget: 64,
+            chunk: 256 * 1024,
+            max_sessions: 1024,
+        }
+    }
+}
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The stack's name (its control socket).
+    pub name: String,
+    /// The link, as given on the command line (for `stat`).
+    pub link: String,
+    /// Per-session geometry: rings, sockets per client (the socket quota), ring size.
+    pub geometry: Geometry,
+    pub limits: ServerLimits,
+    /// Busy-poll this long after the last work before sleeping.
+    pub spin: Duration,
+    /// Besides the stack's owner, members of this group may attach (socket mode 0660).
+    pub group: Option<u32>,
+    /// Services running as clients of this server (for `stat`).
+    pub services: Vec<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: "usnet".into(),
+            link: String::new(),
+            geometry: Geometry::default(),
+            limits: ServerLimits::default(),
+            spin: Duration::from_micros(50),
+            group: None,
+            services: Vec::new(),
+        }
+    }
+}
+
+/// Work another thread hands to the loop.
+pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
+
+/// The loop's state, as a [`Job`] sees it.
+pub struct Loop {
+    pub driver: Driver<Box<dyn Device>>,
+    sessions: HashMap<u32, ServerSession>,
+    order: Vec<u32>,
+    pub cfg: ServerConfig,
+    pub started: Instant,
+    stop: Arc<AtomicBool>,
+    /// Sessions that ended (client gone), for `stat`.
+    pub sessions_closed: u64,
+}
+
+impl Loop {
+    pub fn stack(&mut self) -> &mut Stack {
+        self.driver.stack_mut()
+    }
+
+    /// Adds an attached client's session.
+    fn add_session(&mut self, s: ServerSession) {
+        self.order.push(s.id);
+        self.sessions.insert(s.id, s);
+    }
+
+    /// A client is gone: reset and free everything it held.
+    pub fn remove_session(&mut self, id: u32) {
+        if let Some(mut s) = self.sessions.remove(&id) {
+            let stack = self.driver.stack_mut();
+            s.close_all(stack);
+            self.order.retain(|&x| x != id);
+            self.sessions_closed += 1;
+            s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
+        }
+    }
+
+    /// One row per attached client (pid, command, sockets, calls served...).
+    pub fn clients(&self) -> Vec<serde_json::Value> {
+        let mut v: Vec<_> = self.sessions.values().map(|s| s.stats_row()).collect();
+        v.sort_by_key(|r| r["id"].as_u64());
+        v
+    }
+
+    /// Who owns a stack socket, as a client row id (0: the server itself).
+    pub fn owner_pid(&self, owner: Owner) -> Option<u32> {
+        self.sessions.get(&owner.0).map(|s| s.pid)
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Serves every session: requests (a budget each), send rings into the stack,
+    /// then readiness and received bytes back into the rings. Returns whether
+    /// anything was done.
+    fn serve(&mut self, ready: &mut Vec<usnet_stack::SocketHandle>) -> bool {
+        let budget = self.cfg.limits.budget;
+        let stack = self.driver.stack_mut();
+        let mut did = false;
+        // Start at a different session each turn, so none always goes first.
+        if !self.order.is_empty() {
+            self.order.rotate_left(1);
+        }
+        for id in &self.order {
+            if let Some(s) = self.sessions.get_mut(id) {
+                did |= s.serve(stack, budget) > 0;
+                s.drain_all(stack);
+            }
+        }
+        stack.take_ready(ready);
+        for h in ready.drain(..) {
+            let Some(owner) = stack.owner(h) else {
+                continue;
+            };
+            if let Some(s) = self.sessions.get_mut(&owner.0) {
+                s.on_ready(stack, h);
+                did = true;
+            }
+        }
+        for s in self.sessions.values_mut() {
+            s.notify();
+        }
+        did
+    }
+
+    fn has_work(&mut self) -> bool {
+        self.sessions.values_mut().any(|s| s.has_work())
+    }
+
+    fn set_asleep(&self, v: u32) {
+        for s in self.sessions.values() {
+            s.mem.word(hdr::SERVER_ASLEEP).store(v, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A running server.
+pub struct ServerHandle {
+    jobs: Sender<Job>,
+    bell: ServerBell,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), String>>>,
+    control: Option<control::ControlServer>,
+}
+
+impl ServerHandle {
+    /// Starts the loop on `device` with `stack`, and the control socket.
+    pub fn start(
+        stack: Stack,
+        device: Box<dyn Device>,
+        cfg: ServerConfig,
+    ) -> Result<ServerHandle, control::ControlError> {
+        let bell = ServerBell::new(device.wait_kind())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let mut driver = Driver::new(stack, device, SystemClock::new());
+        driver.set_burst(64);
+        let lp = Loop {
+            driver,
+            sessions: HashMap::new(),
+            order: Vec::new(),
+            cfg: cfg.clone(),
+            started: Instant::now(),
+            stop: stop.clone(),
+            sessions_closed: 0,
+        };
+        let control = control::ControlServer::start(&cfg, tx.clone(), bell.clone())?;
+        let bell2 = bell.clone();
+        let thread = std::thread::Builder::new()
+            .name("usnet-server".into())
+            .spawn(move || run(lp, rx, bell2))
+            .map_err(control::ControlError::Io)?;
+        Ok(ServerHandle {
+            jobs: tx,
+            bell,
+            stop,
+            thread: Some(thread),
+            control: Some(control),
+        })
+    }
+
+    /// Runs `f` in the loop and waits for its answer (at most `timeout`).
+    pub fn call<R: Send + 'static>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
+        submit_call(&self.jobs, &self.bell, timeout, f)
+    }
+
+    pub fn control_path(&self) -> Option<&std::path::Path> {
+        self.control.as_ref().map(|c| c.path())
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the loop (clients see the server go) and waits for it.
+    pub fn shutdown(&mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::Release);
+        self.bell.ring();
+        let r = match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err("server loop panicked".into())),
+            None => Ok(()),
+        };
+        self.control.take();
+        r
+    }
+
+    /// Waits until the loop stops by itself (`usnet down`, a failed device).
+    pub fn wait(&mut self, poll: Duration) -> Result<(), String> {
+        while self.is_running() {
+            std::thread::sleep(poll);
+        }
+        self.shutdown()
+    }
+
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Sends `f` to the loop and waits for its answer.
+pub(crate) fn submit_call<R: Send + 'static>(
+    jobs: &Sender<Job>,
+    bell: &ServerBell,
+    timeout: Duration,
+    f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    jobs.send(Box::new(move |lp: &mut Loop| {
+        let _ = tx.send(f(lp));
+    }))
+    .ok()?;
+    bell.ring();
+    rx.recv_timeout(timeout).ok()
+}
+
+/// The loop: turn the driver with the sessions' work, run jobs, sleep when idle.
+fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String> {
+    let mut ready = Vec::new();
+    let mut last_work = Instant::now();
+    let result = loop {
+        if lp.stop.load(Ordering::Acquire) {
+            break Ok(());
+        }
+        while let Ok(job) = jobs.try_recv() {
+            job(&mut lp);
+        }
+        let mut served = false;
+        let t = match lp.driver.turn() {
+            Ok(t) => t,
+            Err(e) => break Err(format!("device: {e}")),
+        };
+        served |= lp.serve(&mut ready);
+        // What the sessions queued goes out now, not one turn later.
+        if let Err(e) = lp.driver.flush() {
+            break Err(format!("device: {e}"));
+        }
+        if t.busy() || served {
+            last_work = Instant::now();
+            continue;
+        }
+        if last_work.elapsed() < lp.cfg.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // The bell's seq first, then announce the sleep in every session, then look
+        // once more (the clients publish, fence, and read the flag: one side always
+        // sees the other; a ring after the seq read ends the sleep at once).
+        let seen = bell.seq();
+        lp.set_asleep(1);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if lp.has_work() {
+            lp.set_asleep(0);
+            continue;
+        }
+        let extra = bell.doorbell(seen);
+        let cap = Duration::from_millis(100);
+        let r = {
+            let Loop {
+                driver, sessions, ..
+            } = &mut lp;
+            driver.wait_with(
+                &[extra],
+                || sessions.values_mut().any(|s| s.has_work()),
+                cap,
+            )
+        };
+        bell.drain();
+        lp.set_asleep(0);
+        if let Err(e) = r {
+            break Err(format!("wait: {e}"));
+        }
+    };
+    // Orderly end: every client learns the server is gone.
+    let ids: Vec<u32> = lp.sessions.keys().copied().collect();
+    for id in ids {
+        if let Some(s) = lp.sessions.get(&id) {
+            s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
+            s.mem.client_bell().ring();
+        }
+        lp.remove_session(id);
+    }
+    lp.driver.release_device_buffers();
+    result
+}
