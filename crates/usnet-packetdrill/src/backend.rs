@@ -499,6 +499,43 @@ impl Backend {
         self.stack_mut().tcp_peer_addr(h).map_err(map)
     }
 
+    /// `getsockopt` of the options whose value is a structure: `TCP_INFO` (Linux's
+    /// `struct tcp_info`, [`linux_tcp_info`]) and `TCP_CC_INFO` (empty, as Linux
+    /// for CUBIC and Reno). `None`: not one of those (try [`Backend::getsockopt`]).
+    pub fn getsockopt_struct(
+        &mut self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+    ) -> Option<Res<Vec<u8>>> {
+        if level != libc::IPPROTO_TCP || !(name == libc::TCP_INFO || name == TCP_CC_INFO) {
+            return None;
+        }
+        let kind = match self.fd(fd) {
+            Ok(f) => f.kind,
+            Err(e) => return Some(Err(e)),
+        };
+        if name == TCP_CC_INFO {
+            return Some(Ok(Vec::new()));
+        }
+        Some(Ok(match kind {
+            Kind::Conn(h) => match self.stack().tcp_info(h) {
+                Ok(i) => linux_tcp_info(&i),
+                Err(e) => return Some(Err(map(e))),
+            },
+            Kind::Listen(_) => {
+                let mut b = vec![0u8; TCP_INFO_LEN];
+                b[0] = 10; // TCP_LISTEN
+                b
+            }
+            Kind::Fresh(_) => {
+                let mut b = vec![0u8; TCP_INFO_LEN];
+                b[0] = 7; // TCP_CLOSE
+                b
+            }
+        }))
+    }
+
     /// `getsockopt` of the integer options: SO_ERROR (read and cleared), SO_TYPE,
     /// SO_REUSEADDR, TCP_NODELAY, TCP_MAXSEG.
     pub fn getsockopt(&mut self, fd: c_int, level: c_int, name: c_int) -> Res<c_int> {
@@ -572,6 +609,71 @@ impl Backend {
         }
         Ok(())
     }
+}
+
+/// Linux's `TCP_CC_INFO` option number.
+const TCP_CC_INFO: c_int = 26;
+
+/// The size of Linux's `struct tcp_info` this library fills (up to and including
+/// `tcpi_rcv_wnd`; a caller's shorter buffer gets the first bytes, as from Linux).
+pub const TCP_INFO_LEN: usize = 236;
+
+/// A [`TcpInfo`](usnet_stack::TcpInfo) in the layout of Linux's `struct tcp_info`
+/// (`include/uapi/linux/tcp.h`): windows and thresholds in segments, times in µs.
+/// Fields usnet does not track are 0.
+pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
+    use usnet_stack::TcpState as S;
+    let mut b = vec![0u8; TCP_INFO_LEN];
+    let mut put32 = |off: usize, v: u64| {
+        b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
+    };
+    let mss = u64::from(i.snd_mss.max(1));
+    let us = |d: std::time::Duration| d.as_micros() as u64;
+    put32(8, us(i.rto));
+    put32(16, u64::from(i.snd_mss));
+    put32(20, u64::from(i.rcv_mss));
+    put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
+    put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
+    put32(32, u64::from(i.lost_segments));
+    put32(68, i.srtt.map_or(0, us));
+    put32(72, us(i.rttvar));
+    put32(76, u64::from(i.ssthresh) / mss);
+    put32(80, u64::from(i.cwnd) / mss);
+    put32(84, u64::from(i.snd_mss));
+    put32(88, 3);
+    put32(96, u64::from(i.rcv_space));
+    put32(100, i.total_retransmits);
+    put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
+    put32(228, u64::from(i.snd_wnd));
+    put32(232, u64::from(i.rcv_wnd));
+    b[0] = match i.state {
+        S::Established => 1,
+        S::SynSent => 2,
+        S::SynReceived => 3,
+        S::FinWait1 => 4,
+        S::FinWait2 => 5,
+        S::TimeWait => 6,
+        S::Closed => 7,
+        S::CloseWait => 8,
+        S::LastAck => 9,
+        S::Closing => 11,
+    };
+    // tcpi_ca_state: Open, or Recovery.
+    b[1] = if i.in_recovery { 3 } else { 0 };
+    b[4] = i.backoff.min(255) as u8;
+    let mut opts = 0u8;
+    if i.timestamps {
+        opts |= 1;
+    }
+    if i.sack {
+        opts |= 2;
+    }
+    if let Some((snd, rcv)) = i.wscale {
+        opts |= 4;
+        b[6] = (snd & 0xf) | ((rcv & 0xf) << 4);
+    }
+    b[5] = opts;
+    b
 }
 
 impl Drop for Backend {

@@ -444,7 +444,22 @@ unsafe extern "C" fn pd_getsockopt(
     l: *mut socklen_t,
 ) -> c_int {
     with(ud, |s| {
-        let x = s.lock().getsockopt(fd, level, name)?;
+        let mut g = s.lock();
+        if let Some(bytes) = g.getsockopt_struct(fd, level, name) {
+            let bytes = bytes?;
+            if v.is_null() || l.is_null() {
+                return Err(libc::EFAULT);
+            }
+            // SAFETY: getsockopt(2) contract: `v` has `*l` writable bytes; we write at
+            // most that many and store the length written.
+            unsafe {
+                let n = (*l as usize).min(bytes.len());
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v as *mut u8, n);
+                *l = n as socklen_t;
+            }
+            return Ok(0);
+        }
+        let x = g.getsockopt(fd, level, name)?;
         // SAFETY: getsockopt(2) contract.
         unsafe { put_int(v, l, x) }
     }) as c_int

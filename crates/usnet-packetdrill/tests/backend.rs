@@ -227,3 +227,29 @@ fn a_woken_read_completes_before_the_clock_moves_on() {
         assert_eq!(t - wall0, sent_at as i64, "completed when the packet came");
     }
 }
+
+/// TCP_INFO through the backend's getsockopt, in Linux's `struct tcp_info` layout.
+#[test]
+fn tcp_info_has_linux_layout() {
+    // MSS 1000, NOP, WS 7, SACK-permitted
+    let (mut b, fd, _) = established(&[2, 4, 3, 232, 1, 3, 3, 7, 4, 2, 1, 1]);
+    let i = b
+        .getsockopt_struct(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
+        .unwrap()
+        .unwrap();
+    assert_eq!(i.len(), usnet_packetdrill::backend::TCP_INFO_LEN);
+    let u32_at = |o: usize| u32::from_ne_bytes(i[o..o + 4].try_into().unwrap());
+    assert_eq!(i[0], 1, "TCP_ESTABLISHED");
+    assert_eq!(i[5], 2 | 4, "TCPI_OPT_SACK | TCPI_OPT_WSCALE");
+    assert_eq!(i[6] & 0xf, 7, "the peer's shift");
+    assert_eq!(u32_at(16), 1000, "tcpi_snd_mss");
+    assert_eq!(u32_at(80), 10, "tcpi_snd_cwnd in segments");
+    assert_eq!(u32_at(24), 0, "nothing unacknowledged");
+    assert!(b
+        .getsockopt_struct(fd, libc::SOL_SOCKET, libc::SO_TYPE)
+        .is_none());
+    assert_eq!(
+        b.getsockopt_struct(99, libc::IPPROTO_TCP, libc::TCP_INFO),
+        Some(Err(libc::EBADF))
+    );
+}
