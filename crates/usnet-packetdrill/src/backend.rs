@@ -28,6 +28,9 @@ pub struct Options {
     pub mtu: usize,
     pub seed: u64,
     pub tick_ns: u64,
+    /// Answer packetdrill's own `getsockopt(TCP_INFO)` on our descriptors
+    /// (`trap=0` turns it off; see `crate::trap`).
+    pub trap: bool,
     /// The TCP template: `profile=NAME`, then any Linux sysctl name
     /// (`tcp_timestamps=0`, `tcp_rmem=4096 87380 6291456`, ...).
     pub tcp: usnet_stack::TcpConfig,
@@ -43,6 +46,7 @@ impl Default for Options {
             mtu: 1500,
             seed: 0x7064_7269_6c6c,
             tick_ns: 1_000,
+            trap: true,
             tcp: usnet_stack::TcpConfig::default(),
         }
     }
@@ -84,6 +88,7 @@ impl Options {
                     o.tick_ns = v.parse::<u64>().map_err(|e| bad(&e))?.saturating_mul(1000)
                 }
                 "profile" => {}
+                "trap" => o.trap = v != "0",
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
@@ -499,6 +504,28 @@ impl Backend {
         self.stack_mut().tcp_peer_addr(h).map_err(map)
     }
 
+    /// Whether `fd` is one of this backend's descriptors.
+    pub fn owns(&self, fd: c_int) -> bool {
+        self.fds.contains_key(&fd)
+    }
+
+    /// `SO_MEMINFO` (Linux's `sk_meminfo` array of 9 `u32`): receive queue and
+    /// buffer, send queue and buffer; the rest 0.
+    pub fn meminfo(&mut self, fd: c_int) -> Vec<u8> {
+        let mut m = [0u32; 9];
+        if let Some(Kind::Conn(h)) = self.fds.get(&fd).map(|f| f.kind) {
+            if let Ok(i) = self.stack().tcp_info(h) {
+                let cfg = self.stack().tcp_config();
+                m[0] = i.recv_queued as u32;
+                m[1] = cfg.recv_buffer as u32;
+                m[2] = i.send_queued as u32;
+                m[3] = cfg.send_buffer as u32;
+                m[5] = i.send_queued as u32;
+            }
+        }
+        m.iter().flat_map(|v| v.to_ne_bytes()).collect()
+    }
+
     /// `getsockopt` of the options whose value is a structure: `TCP_INFO` (Linux's
     /// `struct tcp_info`, [`linux_tcp_info`]) and `TCP_CC_INFO` (empty, as Linux
     /// for CUBIC and Reno). `None`: not one of those (try [`Backend::getsockopt`]).
@@ -614,9 +641,9 @@ impl Backend {
 /// Linux's `TCP_CC_INFO` option number.
 const TCP_CC_INFO: c_int = 26;
 
-/// The size of Linux's `struct tcp_info` this library fills (up to and including
-/// `tcpi_rcv_wnd`; a caller's shorter buffer gets the first bytes, as from Linux).
-pub const TCP_INFO_LEN: usize = 236;
+/// The size of Linux's `struct tcp_info` (6.x, through `tcpi_options2`) this library
+/// returns; a caller's shorter buffer gets the first bytes, as from Linux.
+pub const TCP_INFO_LEN: usize = 280;
 
 /// A [`TcpInfo`](usnet_stack::TcpInfo) in the layout of Linux's `struct tcp_info`
 /// (`include/uapi/linux/tcp.h`): windows and thresholds in segments, times in µs.

@@ -7,6 +7,7 @@
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_uint, c_ulong, c_void, CStr};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use libc::{iovec, msghdr, pollfd, size_t, sockaddr, socklen_t, ssize_t, timeval};
 
@@ -26,7 +27,7 @@ fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64
         set_errno(libc::EBADF);
         return -1;
     }
-    // SAFETY: `ud` is the pointer `packetdrill_interface_init` made from a Box<Shared>
+    // SAFETY: `ud` is the pointer `packetdrill_interface_init` made from an Arc<Shared>
     // and only `free` releases it.
     let shared = unsafe { &*(ud as *const Shared) };
     let _inside = shared.enter();
@@ -205,8 +206,12 @@ unsafe fn put_int(v: *mut c_void, l: *mut socklen_t, x: c_int) -> Res<i32> {
 
 unsafe extern "C" fn pd_free(ud: *mut c_void) {
     if !ud.is_null() {
-        // SAFETY: made by Box::into_raw in packetdrill_interface_init; freed once.
-        drop(unsafe { Box::from_raw(ud as *mut Shared) });
+        // SAFETY: made by Arc::into_raw in packetdrill_interface_init; freed once.
+        let shared = unsafe { Arc::from_raw(ud as *const Shared) };
+        // Stop the getsockopt supervisor first: it holds the other reference.
+        let trap = shared.trap.lock().map(|mut t| t.take()).unwrap_or(None);
+        drop(trap);
+        drop(shared);
     }
 }
 
@@ -624,10 +629,26 @@ pub unsafe extern "C" fn packetdrill_interface_init(
     };
     let made = catch_unwind(|| {
         let o = Options::parse(&flags)?;
-        Backend::new(&o)
+        Backend::new(&o).map(|b| (b, o.trap))
     });
     let userdata = match made {
-        Ok(Ok(b)) => Box::into_raw(Box::new(Shared::new(b))) as *mut c_void,
+        Ok(Ok((b, trap))) => {
+            let shared = Arc::new(Shared::new(b));
+            if trap {
+                match crate::trap::install(Arc::clone(&shared)) {
+                    Ok(t) => {
+                        if let Ok(mut slot) = shared.trap.lock() {
+                            *slot = Some(t);
+                        }
+                    }
+                    Err(e) => eprintln!(
+                        "usnet-packetdrill: packetdrill's own getsockopt(TCP_INFO) will not \
+                         see usnet's values: {e}"
+                    ),
+                }
+            }
+            Arc::into_raw(shared) as *mut c_void
+        }
         Ok(Err(e)) => {
             eprintln!("usnet-packetdrill: {e}");
             std::ptr::null_mut()

@@ -169,7 +169,7 @@ impl TcpConfig {
     /// A named set of defaults: `usnet` (this crate's [`Default`]) or `linux`, the
     /// settings of a Linux host as packetdrill's TCP suite configures it
     /// (`gtests/net/common/defaults.sh`): `tcp_rmem` max 15 MiB (so window scale 8),
-    /// `tcp_wmem` 256 KiB, 5 SYN and SYN-ACK retries, no slow start after idle.
+    /// `tcp_wmem` max 4 MiB, 5 SYN and SYN-ACK retries, no slow start after idle.
     pub fn profile(name: &str) -> Option<TcpConfig> {
         let mut c = TcpConfig::default();
         match name {
@@ -177,7 +177,7 @@ impl TcpConfig {
             "linux" => {
                 c.recv_buffer = 15 << 20;
                 c.recv_buffer_initial = 540_000;
-                c.send_buffer = 256 << 10;
+                c.send_buffer = 4 << 20;
                 c.syn_retries = 5;
                 c.synack_retries = 5;
                 c.slow_start_after_idle = false;
@@ -190,7 +190,8 @@ impl TcpConfig {
     /// Sets one tunable by its Linux sysctl name (`net.ipv4.` left out), with the
     /// value as `/proc/sys` takes it: `tcp_timestamps`, `tcp_sack`, `tcp_dsack`,
     /// `tcp_window_scaling`, `tcp_rmem` and `tcp_wmem` ("min default max": the
-    /// maximum is the buffer, the default the initial receive window),
+    /// maximum is the buffer, as far as Linux's autotuning may grow it; the receive
+    /// default is the initial receive window),
     /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
     /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
     /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_congestion_control`
@@ -227,8 +228,8 @@ impl TcpConfig {
                 self.recv_buffer_initial = def.clamp(1024, self.recv_buffer);
             }
             "tcp_wmem" => {
-                let [_, def, _] = triple()?;
-                self.send_buffer = def.max(1024);
+                let [_, _, max] = triple()?;
+                self.send_buffer = max.max(1024);
             }
             "tcp_syn_retries" => self.syn_retries = count()?,
             "tcp_synack_retries" => self.synack_retries = count()?,
@@ -297,7 +298,7 @@ mod tests {
         assert_eq!((c.recv_buffer, c.recv_buffer_initial), (6291456, 87380));
         assert_eq!(c.rcv_wscale(), 7);
         c.set_sysctl("tcp_wmem", " 4096 50000 4194304 ").unwrap();
-        assert_eq!(c.send_buffer, 50000);
+        assert_eq!(c.send_buffer, 4194304);
         c.set_sysctl("tcp_syn_retries", "2").unwrap();
         assert_eq!(c.syn_retries, 2);
         c.set_sysctl("tcp_keepalive_time", "30").unwrap();

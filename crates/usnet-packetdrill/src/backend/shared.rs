@@ -94,6 +94,8 @@ pub struct Shared {
     cv: Condvar,
     /// Threads inside a library call (counted before they take the lock).
     active: AtomicUsize,
+    /// The supervisor answering packetdrill's own `getsockopt` (`crate::trap`).
+    pub trap: Mutex<Option<crate::trap::Trap>>,
 }
 
 /// Counts a thread inside the library for as long as it lives.
@@ -111,6 +113,7 @@ impl Shared {
             inner: Mutex::new(b),
             cv: Condvar::new(),
             active: AtomicUsize::new(0),
+            trap: Mutex::new(None),
         }
     }
 
