@@ -51,6 +51,7 @@ SYSCTLS = {
     "tcp_timestamps", "tcp_sack", "tcp_dsack", "tcp_window_scaling", "tcp_rmem",
     "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
     "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
+    "tcp_fastopen", "tcp_fastopen_key",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)
@@ -58,16 +59,23 @@ SETTING = re.compile(
     r"(?:net\.ipv4\.|/proc/sys/net/ipv4/)([a-z0-9_]+)=(\"[^\"]*\"|'[^']*'|[^\s\\`]+)")
 
 
-def flags_for(text):
-    """The backend flags a script's shell commands ask for: the Linux profile when it
-    sources defaults.sh, then each sysctl it sets, in order."""
+def settings(text):
+    """The modelled sysctls a piece of shell sets, as backend flags, in order."""
+    return ["%s=%s" % (k, v.strip("\"'")) for k, v in SETTING.findall(text)
+            if k in SYSCTLS and "$" not in v]
+
+
+def flags_for(text, defaults):
+    """The backend flags a script's shell commands ask for: the Linux profile and
+    defaults.sh's own settings when it sources defaults.sh, then each sysctl it sets,
+    in order. (An in-script `--local_ip` loses to run_all's command line, as in
+    packetdrill.)"""
     flags = []
     for cmd in COMMAND.findall(text):
         if "defaults.sh" in cmd and "profile=linux" not in flags:
             flags.append("profile=linux")
-        for key, val in SETTING.findall(cmd):
-            if key in SYSCTLS:
-                flags.append("%s=%s" % (key, val.strip("\"'")))
+            flags += settings(defaults)
+        flags += settings(cmd)
     return flags
 
 
@@ -77,6 +85,8 @@ def prepare(suite, dest):
     src = os.path.join(suite, "gtests", "net")
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("packetdrill"))
     scripts = {}
+    with open(os.path.join(src, "common", "defaults.sh"), encoding="utf-8") as fh:
+        defaults = fh.read()
     tcp = os.path.join(dest, "tcp")
     for root, _, files in os.walk(tcp):
         for f in files:
@@ -85,7 +95,7 @@ def prepare(suite, dest):
             p = os.path.join(root, f)
             with open(p, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
-            scripts[os.path.relpath(p, tcp)] = flags_for(text)
+            scripts[os.path.relpath(p, tcp)] = flags_for(text, defaults)
             with open(p, "w", encoding="utf-8") as fh:
                 fh.write(COMMAND.sub("`true`", text))
     return scripts

@@ -116,6 +116,10 @@ struct Fd {
     reuseaddr: bool,
     /// A pending error (SO_ERROR) taken from a failed non-blocking connect.
     so_error: c_int,
+    /// TCP_FASTOPEN set before `listen`.
+    fastopen: Option<usize>,
+    /// TCP_FASTOPEN_KEY set before `listen`.
+    fastopen_key: Option<[u8; 16]>,
 }
 
 /// A real kernel descriptor that reserves a socket's number, so the numbers this
@@ -279,6 +283,8 @@ impl Backend {
                 nodelay: false,
                 reuseaddr: false,
                 so_error: 0,
+                fastopen: None,
+                fastopen_key: None,
             },
         );
         Ok(fd)
@@ -311,7 +317,15 @@ impl Backend {
             .stack_mut()
             .tcp_listen(addr, backlog.clamp(1, 65535) as usize)
             .map_err(map)?;
-        self.fd(fd)?.kind = Kind::Listen(h);
+        let f = self.fd(fd)?;
+        f.kind = Kind::Listen(h);
+        let (qlen, key) = (f.fastopen, f.fastopen_key);
+        if let Some(q) = qlen {
+            self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?;
+        }
+        if let Some(k) = key {
+            self.stack_mut().tcp_set_fastopen_key(h, k).map_err(map)?;
+        }
         Ok(())
     }
 
@@ -624,6 +638,26 @@ impl Backend {
                     self.stack_mut().tcp_set_linger(h, d).map_err(map)?;
                 }
             }
+            (libc::IPPROTO_TCP, libc::TCP_FASTOPEN) => {
+                let q = field(0)?.max(0) as usize;
+                match kind {
+                    Kind::Listen(h) => self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?,
+                    Kind::Fresh(_) => self.fd(fd)?.fastopen = Some(q),
+                    Kind::Conn(_) => return Err(libc::EINVAL),
+                }
+            }
+            (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) => {
+                let key: [u8; 16] = value
+                    .and_then(|v| v.get(..16))
+                    .and_then(|v| v.try_into().ok())
+                    .ok_or(libc::EINVAL)?;
+                match kind {
+                    Kind::Listen(h) => {
+                        self.stack_mut().tcp_set_fastopen_key(h, key).map_err(map)?
+                    }
+                    _ => self.fd(fd)?.fastopen_key = Some(key),
+                }
+            }
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
                 let on = field(0)? != 0;
                 self.fd(fd)?.nodelay = on;
@@ -637,6 +671,9 @@ impl Backend {
         Ok(())
     }
 }
+
+/// Linux's `TCP_FASTOPEN_KEY` option number.
+const TCP_FASTOPEN_KEY: c_int = 33;
 
 /// Linux's `TCP_CC_INFO` option number.
 const TCP_CC_INFO: c_int = 26;
@@ -694,6 +731,9 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     }
     if i.sack {
         opts |= 2;
+    }
+    if i.syn_data {
+        opts |= 32; // TCPI_OPT_SYN_DATA
     }
     if let Some((snd, rcv)) = i.wscale {
         opts |= 4;

@@ -116,7 +116,27 @@ pub struct TcpConfig {
     pub dsack: bool,
     /// Answer SYN-queue overflow with SYN cookies (Linux `tcp_syncookies`).
     pub syn_cookies: bool,
+    /// TCP Fast Open (RFC 7413), as Linux's `tcp_fastopen` bits: [`FASTOPEN_CLIENT`]
+    /// (`TCP_FASTOPEN_CONNECT`/`MSG_FASTOPEN` may be used), [`FASTOPEN_SERVER`]
+    /// (listeners that ask for it with `TCP_FASTOPEN` accept data on SYNs),
+    /// [`FASTOPEN_SERVER_NO_COOKIE`] (a server takes SYN data without a valid
+    /// cookie), [`FASTOPEN_SERVER_ALL`] (every listener, no `TCP_FASTOPEN` needed).
+    pub fastopen: u32,
+    /// The server's cookie key (Linux `tcp_fastopen_key`); None: derived from
+    /// `secret`.
+    pub fastopen_key: Option<[u8; 16]>,
 }
+
+/// `TcpConfig::fastopen`: clients may send data on their SYN.
+pub const FASTOPEN_CLIENT: u32 = 0x1;
+/// `TcpConfig::fastopen`: listeners that enabled it accept data on SYNs.
+pub const FASTOPEN_SERVER: u32 = 0x2;
+/// `TcpConfig::fastopen`: clients send SYN data even without a cookie.
+pub const FASTOPEN_CLIENT_NO_COOKIE: u32 = 0x4;
+/// `TcpConfig::fastopen`: servers accept SYN data without a valid cookie.
+pub const FASTOPEN_SERVER_NO_COOKIE: u32 = 0x200;
+/// `TcpConfig::fastopen`: every listener does Fast Open without `TCP_FASTOPEN`.
+pub const FASTOPEN_SERVER_ALL: u32 = 0x400;
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -158,6 +178,8 @@ impl Default for TcpConfig {
             slow_start_after_idle: true,
             dsack: true,
             syn_cookies: true,
+            fastopen: FASTOPEN_CLIENT,
+            fastopen_key: None,
         }
     }
 }
@@ -181,6 +203,7 @@ impl TcpConfig {
                 c.syn_retries = 5;
                 c.synack_retries = 5;
                 c.slow_start_after_idle = false;
+                c.fastopen = 0x70403;
             }
             _ => return None,
         }
@@ -194,7 +217,9 @@ impl TcpConfig {
     /// default is the initial receive window),
     /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
     /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
-    /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_congestion_control`
+    /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_fastopen` (the bits of
+    /// [`TcpConfig::fastopen`]), `tcp_fastopen_key` (`xxxxxxxx-xxxxxxxx-xxxxxxxx-xxxxxxxx`,
+    /// a backup key after a comma is ignored), `tcp_congestion_control`
     /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off).
     /// Returns an error naming the problem for an unknown name or a bad value.
     pub fn set_sysctl(&mut self, name: &str, value: &str) -> Result<(), String> {
@@ -242,6 +267,10 @@ impl TcpConfig {
             "tcp_slow_start_after_idle" => self.slow_start_after_idle = flag()?,
             "tcp_syncookies" => self.syn_cookies = flag()?,
             "tcp_early_retrans" => self.tlp = int()? >= 3,
+            "tcp_fastopen" => self.fastopen = int()? as u32,
+            "tcp_fastopen_key" => {
+                self.fastopen_key = Some(parse_fastopen_key(value).ok_or_else(bad)?)
+            }
             "tcp_congestion_control" => {
                 self.congestion = match value {
                     "cubic" => CcAlgorithm::Cubic,
@@ -270,6 +299,24 @@ impl TcpConfig {
         }
         s
     }
+}
+
+/// A key as Linux's `tcp_fastopen_key` writes it: four 32-bit hex words, each
+/// stored little-endian.
+pub fn parse_fastopen_key(s: &str) -> Option<[u8; 16]> {
+    let primary = s.split(',').next()?.trim();
+    let words: Vec<u32> = primary
+        .split('-')
+        .map(|w| u32::from_str_radix(w, 16).ok())
+        .collect::<Option<_>>()?;
+    if words.len() != 4 {
+        return None;
+    }
+    let mut k = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        k[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    Some(k)
 }
 
 #[cfg(test)]
@@ -307,6 +354,15 @@ mod tests {
         assert_eq!(c.congestion, CcAlgorithm::NewReno);
         c.set_sysctl("tcp_early_retrans", "0").unwrap();
         assert!(!c.tlp);
+        c.set_sysctl("tcp_fastopen", "0x602").unwrap();
+        assert_eq!(
+            c.fastopen,
+            FASTOPEN_SERVER | FASTOPEN_SERVER_NO_COOKIE | FASTOPEN_SERVER_ALL
+        );
+        c.set_sysctl("tcp_fastopen_key", "a1a1a1a1-b2b2b2b2-c3c3c3c3-d4d4d4d4")
+            .unwrap();
+        assert_eq!(c.fastopen_key.unwrap()[..5], [0xa1, 0xa1, 0xa1, 0xa1, 0xb2]);
+        assert!(c.set_sysctl("tcp_fastopen_key", "a1-b2").is_err());
         assert!(c.set_sysctl("tcp_sack", "yes").is_err());
         assert!(c.set_sysctl("tcp_rmem", "1 2").is_err());
         assert!(c.set_sysctl("tcp_nonsense", "1").is_err());

@@ -11,11 +11,11 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
+use usnet_wire::{FastOpen, TcpFlags, TcpOptions, TcpRepr};
 
-use crate::config::TcpConfig;
+use crate::config::{TcpConfig, FASTOPEN_SERVER, FASTOPEN_SERVER_ALL, FASTOPEN_SERVER_NO_COOKIE};
 use crate::conn::{Connection, Handshake, Segment, SegmentSink};
-use crate::hash::{initial_sequence, tuple_hash};
+use crate::hash::{fastopen_cookie, initial_sequence, tuple_hash};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::{earliest, Instant};
@@ -40,6 +40,9 @@ struct SynEntry {
     /// Challenge ACKs sent for this half-open connection (bounded by
     /// `challenge_ack_limit` over its short life).
     challenges: u32,
+    /// A Fast Open cookie for the SYN-ACK (the client asked for one, or sent an
+    /// invalid one).
+    cookie: Option<FastOpen>,
 }
 
 /// What a segment to a listener produced.
@@ -65,6 +68,8 @@ pub struct Listener<H = u64> {
     accept_queue: VecDeque<H>,
     cookies: bool,
     last_overflow: Option<Instant>,
+    /// TCP_FASTOPEN's queue length (0: not asked for).
+    fastopen_qlen: usize,
     stats: TcpStats,
     now: Instant,
 }
@@ -85,6 +90,7 @@ impl<H> Listener<H> {
             accept_queue: VecDeque::with_capacity(backlog),
             cookies,
             last_overflow: None,
+            fastopen_qlen: 0,
             stats: TcpStats::default(),
             now: Instant::ZERO,
         }
@@ -93,6 +99,67 @@ impl<H> Listener<H> {
     /// Set the SYN queue limit (tcp_max_syn_backlog).
     pub fn set_syn_backlog(&mut self, n: usize) {
         self.syn_backlog = n;
+    }
+
+    /// TCP_FASTOPEN: accept data on SYNs (RFC 7413) when the configuration allows
+    /// a server (`FASTOPEN_SERVER`); `qlen` 0 turns it off again (unless
+    /// `FASTOPEN_SERVER_ALL`).
+    pub fn set_fastopen(&mut self, qlen: usize) {
+        self.fastopen_qlen = qlen;
+    }
+
+    /// TCP_FASTOPEN_KEY: the key server cookies are made with.
+    pub fn set_fastopen_key(&mut self, key: [u8; 16]) {
+        self.cfg.fastopen_key = Some(key);
+    }
+
+    /// The TCP_FASTOPEN queue length set.
+    pub fn fastopen(&self) -> usize {
+        self.fastopen_qlen
+    }
+
+    fn fastopen_on(&self) -> bool {
+        let f = self.cfg.fastopen;
+        f & FASTOPEN_SERVER != 0 && (self.fastopen_qlen > 0 || f & FASTOPEN_SERVER_ALL != 0)
+    }
+
+    /// The cookie a client at `remote` must present.
+    fn cookie_for(&self, local: SocketAddr, remote: SocketAddr) -> [u8; 8] {
+        let key = self.cfg.fastopen_key.unwrap_or_else(|| {
+            let mut k = [0u8; 16];
+            k[..8].copy_from_slice(&self.cfg.secret.0[0].to_le_bytes());
+            k[8..].copy_from_slice(&self.cfg.secret.0[1].to_le_bytes());
+            k
+        });
+        fastopen_cookie(&key, remote.ip(), local.ip())
+    }
+
+    /// RFC 7413 §4.2.2 on a SYN: Some(true) accept its data now, Some(false) a
+    /// normal handshake whose SYN-ACK carries `cookie`.
+    fn fastopen_decision(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        seg: &Segment,
+        cookie: &mut Option<FastOpen>,
+    ) -> bool {
+        if !self.fastopen_on() {
+            return false;
+        }
+        let no_cookie_ok = self.cfg.fastopen & FASTOPEN_SERVER_NO_COOKIE != 0;
+        let want = self.cookie_for(local, remote);
+        match seg.options.fast_open {
+            Some(fo) if fo.len == 0 => {
+                *cookie = Some(FastOpen::with_cookie(&want, fo.exp));
+                false
+            }
+            Some(fo) if fo.cookie() == want || no_cookie_ok => true,
+            Some(fo) => {
+                *cookie = Some(FastOpen::with_cookie(&want, fo.exp));
+                false
+            }
+            None => no_cookie_ok && !seg.payload.is_empty(),
+        }
     }
 
     /// Local address.
@@ -167,6 +234,7 @@ impl<H> Listener<H> {
                 recent,
             ));
         }
+        o.fast_open = e.cookie;
         let repr = TcpRepr {
             src_port: e.local.port(),
             dst_port: e.remote.port(),
@@ -351,6 +419,29 @@ impl<H> Listener<H> {
             return ListenEvent::None;
         }
         let (mss, ws, sack, ts) = self.negotiate(seg);
+        let mut cookie = None;
+        if self.fastopen_decision(local, remote, seg, &mut cookie) {
+            let h = Handshake {
+                iss: Seq(initial_sequence(
+                    self.cfg.secret,
+                    local,
+                    remote,
+                    self.now.as_nanos(),
+                )),
+                irs: Seq(seg.seq),
+                peer_mss: mss,
+                peer_wscale: ws,
+                sack,
+                ts_recent: ts,
+                synack_sent: self.now,
+                synack_xmits: 0,
+            };
+            let c = Connection::from_tfo_syn(local, remote, self.now, self.cfg.clone(), h, seg);
+            return ListenEvent::Established(Box::new(c));
+        }
+        if cookie.is_some() {
+            self.stats.tfo_cookie_requests += 1;
+        }
         if self.syn_queue.len() >= self.syn_backlog {
             if !self.cookies {
                 self.stats.listen_syn_queue_full += 1;
@@ -372,6 +463,7 @@ impl<H> Listener<H> {
                 xmits: 1,
                 next: self.now,
                 challenges: 0,
+                cookie,
             };
             if self.send_synack(&e, tsval, sink) {
                 self.stats.listen_cookies_sent += 1;
@@ -396,6 +488,7 @@ impl<H> Listener<H> {
             xmits: 1,
             next: self.now + self.cfg.initial_rto,
             challenges: 0,
+            cookie,
         };
         self.send_synack(&e, None, sink);
         self.syn_queue.push(e);

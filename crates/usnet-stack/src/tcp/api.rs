@@ -184,6 +184,39 @@ impl Stack {
         Ok(h)
     }
 
+    /// TCP_FASTOPEN on a listener (RFC 7413 server): with a server enabled in
+    /// `TcpConfig::fastopen`, SYNs with a valid cookie (or, if configured, none)
+    /// have their data accepted and the connection is accepted at once; `qlen` 0
+    /// turns it off.
+    pub fn tcp_set_fastopen(&mut self, h: SocketHandle, qlen: usize) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_fastopen(qlen);
+                }
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with.
+    pub fn tcp_set_fastopen_key(
+        &mut self,
+        h: SocketHandle,
+        key: [u8; 16],
+    ) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_fastopen_key(key);
+                }
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
     /// Takes a completed connection from a listener's accept queue.
     pub fn tcp_accept(&mut self, h: SocketHandle) -> Result<SocketHandle, StackError> {
         loop {

@@ -51,6 +51,12 @@ pub(crate) struct SynState {
     pub xmits: u32,
     /// When the latest one went out.
     pub sent_at: Instant,
+    /// A passive open whose SYN carried an accepted Fast Open request (RFC 7413):
+    /// the connection exists (and may send) before our SYN-ACK is acknowledged.
+    pub tfo_child: bool,
+    /// Data on a SYN was accepted (server) or acknowledged (client):
+    /// `TCPI_OPT_SYN_DATA`.
+    pub syn_data: bool,
 }
 
 impl SynState {
@@ -59,6 +65,8 @@ impl SynState {
             pending: false,
             xmits: 0,
             sent_at: now,
+            tfo_child: false,
+            syn_data: false,
         }
     }
 }
@@ -112,6 +120,39 @@ impl Connection {
         c.rcv.adv = c.rcv.nxt + w;
         c.syn.xmits = h.synack_xmits;
         c.syn.sent_at = h.synack_sent;
+        c
+    }
+
+    /// A passive open from a SYN carrying an accepted Fast Open request (RFC 7413
+    /// §4.2.2): the connection starts in SYN-RECEIVED with the SYN's data queued and
+    /// sends its SYN-ACK (acknowledging that data) on the first `poll_transmit`. It
+    /// may send data before the SYN-ACK is acknowledged; the listener hands it to
+    /// the application at once.
+    pub(crate) fn from_tfo_syn(
+        local: SocketAddr,
+        remote: SocketAddr,
+        now: Instant,
+        cfg: TcpConfig,
+        h: Handshake,
+        seg: &Segment,
+    ) -> Self {
+        let mut c = Connection::from_handshake(local, remote, now, cfg, h);
+        // The SYN-ACK is this connection's to send, and data may follow it at once:
+        // the send buffer starts after our SYN.
+        c.syn.xmits = 0;
+        c.syn.pending = true;
+        c.syn.tfo_child = true;
+        c.snd.una = h.iss + 1u32;
+        // A SYN's window is never scaled.
+        c.snd.wnd = u32::from(seg.window);
+        c.snd.max_wnd = c.snd.wnd;
+        c.snd.wl1 = h.irs;
+        c.snd.wl2 = h.iss;
+        if !seg.payload.is_empty() || seg.flags.fin() {
+            c.receive_text(seg, h.irs + 1u32, seg.flags.fin());
+            c.syn.syn_data = !seg.payload.is_empty();
+            c.stats.tfo_syn_data_accepted += 1;
+        }
         c
     }
 
@@ -233,6 +274,19 @@ impl Connection {
     /// with `<SEQ=SEG.ACK><CTL=RST>`.
     pub(crate) fn complete_passive_open(&mut self, seg: &Segment) -> ControlFlow<()> {
         let ack = Seq(seg.ack);
+        if self.syn.tfo_child {
+            // SND.UNA is already past our SYN (data may be in flight): an ACK of
+            // the SYN, or of some of that data, completes the handshake, and the
+            // ACK processing that follows retires the data.
+            if !(ack.ge(self.snd.una) && ack.le(self.snd.nxt)) {
+                self.reply_rst = Some((ack, None));
+                return ControlFlow::Break(());
+            }
+            self.syn_rtt_sample();
+            self.set_send_window(Seq(seg.seq), ack, seg.window);
+            self.establish();
+            return ControlFlow::Continue(());
+        }
         if !(ack.gt(self.snd.una) && ack.le(self.snd.nxt)) {
             self.reply_rst = Some((ack, None));
             return ControlFlow::Break(());

@@ -198,14 +198,17 @@ impl Connection {
         if self.snd.fin_sent || self.snd.una == self.snd.iss {
             return None;
         }
-        if !matches!(
-            self.state,
-            State::Established
-                | State::CloseWait
-                | State::FinWait1
-                | State::LastAck
-                | State::Closing
-        ) {
+        let tfo_early = self.state == State::SynReceived && self.syn.tfo_child;
+        if !tfo_early
+            && !matches!(
+                self.state,
+                State::Established
+                    | State::CloseWait
+                    | State::FinWait1
+                    | State::LastAck
+                    | State::Closing
+            )
+        {
             return None;
         }
         let off = self.snd.nxt.since(self.snd.una) as usize;

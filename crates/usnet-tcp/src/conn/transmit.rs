@@ -138,7 +138,14 @@ impl Connection {
         }
         match self.state {
             State::Closed => return None,
-            State::SynSent | State::SynReceived => return self.send_syn(sink),
+            State::SynSent => return self.send_syn(sink),
+            State::SynReceived => {
+                // A Fast Open child goes on to its data once the SYN-ACK is out.
+                let r = self.send_syn(sink);
+                if r.is_some() || !self.syn.tfo_child {
+                    return r;
+                }
+            }
             _ => {}
         }
         if self.state != State::TimeWait {
