@@ -377,7 +377,7 @@ impl Backend {
     /// `Ok(true)` connected, `Ok(false)` still in progress.
     pub fn connect_status(&mut self, fd: c_int) -> Res<bool> {
         let h = self.conn(fd)?;
-        if let Some(e) = self.stack_mut().tcp_error(h).map_err(map)? {
+        if let Some(e) = self.stack_mut().tcp_take_error(h).map_err(map)? {
             return Err(map(e));
         }
         Ok(self.stack_mut().readiness(h).map_err(map)?.connected)
@@ -586,7 +586,12 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_ERROR) => {
                 let mut e = std::mem::take(&mut self.fd(fd)?.so_error);
                 if let (0, Kind::Conn(h)) = (e, kind) {
-                    e = self.stack_mut().tcp_error(h).ok().flatten().map_or(0, map);
+                    e = self
+                        .stack_mut()
+                        .tcp_take_error(h)
+                        .ok()
+                        .flatten()
+                        .map_or(0, map);
                 }
                 e
             }

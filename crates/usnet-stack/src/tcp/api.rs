@@ -308,10 +308,10 @@ impl Stack {
     /// full, `BrokenPipe` after `tcp_shutdown_write`, the connection's error if it
     /// failed). Data may be queued before the handshake completes.
     pub fn tcp_send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize, StackError> {
-        let c = self.conn(h)?;
-        if let Some(e) = c.error() {
-            return Err(e.into());
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
         }
+        let c = self.conn(h)?;
         if !c.may_send() {
             return Err(StackError::BrokenPipe);
         }
@@ -337,12 +337,14 @@ impl Stack {
         if buf.is_empty() || c.is_eof() {
             return Ok(0);
         }
-        if let Some(e) = c.error() {
-            return Err(e.into());
+        let closed = c.state() == State::Closed;
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
         }
-        match c.state() {
-            State::Closed => Ok(0),
-            _ => Err(StackError::WouldBlock),
+        if closed {
+            Ok(0)
+        } else {
+            Err(StackError::WouldBlock)
         }
     }
 
@@ -355,10 +357,10 @@ impl Stack {
         max: usize,
         fill: impl FnMut(&mut [u8]) -> usize,
     ) -> Result<usize, StackError> {
-        let c = self.conn(h)?;
-        if let Some(e) = c.error() {
-            return Err(e.into());
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
         }
+        let c = self.conn(h)?;
         if !c.may_send() {
             return Err(StackError::BrokenPipe);
         }
@@ -389,13 +391,34 @@ impl Stack {
         if max == 0 || c.is_eof() {
             return Ok(0);
         }
-        if let Some(e) = c.error() {
-            return Err(e.into());
+        let closed = c.state() == State::Closed;
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
         }
-        match c.state() {
-            State::Closed => Ok(0),
-            _ => Err(StackError::WouldBlock),
+        if closed {
+            Ok(0)
+        } else {
+            Err(StackError::WouldBlock)
         }
+    }
+
+    /// The error that ended the connection, the first time a call asks (as Linux
+    /// reports `sk_err` once): later sends fail with `BrokenPipe` and reads see end
+    /// of stream.
+    fn tcp_report_error(&mut self, h: SocketHandle) -> Result<Option<StackError>, StackError> {
+        let s = self.conn_sock_mut(h)?;
+        match s.conn.error() {
+            Some(e) if !s.err_reported => {
+                s.err_reported = true;
+                Ok(Some(e.into()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// SO_ERROR: the connection's error if not yet reported, then cleared.
+    pub fn tcp_take_error(&mut self, h: SocketHandle) -> Result<Option<StackError>, StackError> {
+        self.tcp_report_error(h)
     }
 
     /// Bytes `tcp_recv` can return now.

@@ -245,6 +245,12 @@ impl Connection {
         }
         match self.state {
             State::TimeWait => self.stats.rx_rst_time_wait += 1,
+            // A Fast Open child already belongs to the application: reset, as an
+            // established connection (Linux: ECONNRESET).
+            State::SynReceived if self.syn.tfo_child => {
+                self.stats.conn_resets += 1;
+                self.enter_closed(Some(TcpError::Reset));
+            }
             State::SynReceived => {
                 self.stats.conn_resets += 1;
                 self.enter_closed(Some(TcpError::Refused));
