@@ -1057,6 +1057,8 @@ impl ServerSession {
             "pid": self.pid,
             "command": self.command,
             "sockets": self.socket_count(),
+            "max_sockets": self.mem.geometry().max_sockets,
+            "ring_bytes": self.mem.geometry().ring_bytes,
             "stats": self.stats,
         })
     }
