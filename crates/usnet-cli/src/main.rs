@@ -57,6 +57,9 @@ enum BenchCmd {
     /// TCP bulk throughput and request/response latency: usnet over shm and TAP vs
     /// Linux over loopback and veth.
     Tcp(bench::TcpArgs),
+    /// The stack server: write_server → read_client through the server, in-process,
+    /// Linux and the rpc baseline (MCLBYTES × MCLNUM), plus the cost of one call.
+    Server(bench::ServerArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Cmd::Get(a) => get::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
+        Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)

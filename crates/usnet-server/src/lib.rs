@@ -117,7 +117,13 @@ impl Loop {
     /// A client is gone: reset and free everything it held.
     pub fn remove_session(&mut self, id: u32) {
         if let Some(mut s) = self.sessions.remove(&id) {
+            let budget = self.cfg.limits.budget;
             let stack = self.driver.stack_mut();
+            // What the client asked just before it went (a last shutdown or close, a
+            // last write) still happens, as the kernel finishes a process's calls
+            // before its exit closes the rest: those connections end with a FIN.
+            s.serve(stack, budget);
+            s.drain_all(stack);
             s.close_all(stack);
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;

@@ -81,6 +81,9 @@ pub(crate) struct ServerSession {
     by_handle: HashMap<SocketHandle, u32>,
     /// Slots whose send ring the server looks at each turn.
     active: Vec<u32>,
+    /// Slots whose receive ring has room while the stack still holds bytes for them
+    /// (the per-turn budget ran out): refreshed again next turn.
+    rx_again: Vec<u32>,
     /// Completions that did not fit the completion ring (bounded by the SQ budget).
     backlog: std::collections::VecDeque<Completion>,
     /// Something changed for the client this turn: notify its bell.
@@ -136,6 +139,7 @@ impl ServerSession {
             free: (0..n).rev().collect(),
             by_handle: HashMap::new(),
             active: Vec::new(),
+            rx_again: Vec::new(),
             backlog: Default::default(),
             dirty: false,
             stats: SessionStats::default(),
@@ -155,7 +159,10 @@ impl ServerSession {
 
     /// Requests or stream work waiting (the loop must not sleep).
     pub fn has_work(&mut self) -> bool {
-        !self.active.is_empty() || !self.backlog.is_empty() || self.sq.pending()
+        !self.active.is_empty()
+            || !self.rx_again.is_empty()
+            || !self.backlog.is_empty()
+            || self.sq.pending()
     }
 
     /// Tells the client that something changed: the bell's `seq` always moves (so a
@@ -651,6 +658,9 @@ impl ServerSession {
     /// Moves bytes from the send rings of active sockets into the stack, at most
     /// `chunk` bytes per socket (the cluster size × clusters per request).
     pub fn drain_all(&mut self, stack: &mut Stack) {
+        for i in std::mem::take(&mut self.rx_again) {
+            self.refresh(stack, i);
+        }
         let mut k = 0;
         while k < self.active.len() {
             let i = self.active[k];
@@ -869,53 +879,72 @@ impl ServerSession {
         let mut set = 0u32;
         let mut clear = 0u32;
         let mut error = None;
+        let mut again = false;
         match s.role {
             Role::Conn => {
                 if !s.rx_blocked && !s.shut_rd {
-                    let free = match s.rx.free() {
-                        Ok(f) => f,
-                        Err(_) => {
-                            self.stats.corrupt_rings += 1;
-                            0
-                        }
-                    };
-                    // Until the ring is full or the stack has nothing more; the call
-                    // that finds nothing also tells end-of-stream (Ok(0)).
-                    let mut room = free.min(chunk);
-                    while room > 0 {
-                        let rx = &mut s.rx;
-                        match stack.tcp_recv_with(h, room, |c| {
-                            rx.push(c);
-                        }) {
-                            Ok(0) => {
-                                if !s.eof {
-                                    s.eof = true;
-                                    set |= FLAG_RX_EOF;
+                    // Pull into the ring until the stack has nothing more, the stream
+                    // ended, or the ring is full and stays full after arming the kick.
+                    // The room found after arming is filled at once: the client's read
+                    // that made it saw the kick unarmed and will not ask, and the last
+                    // bytes of a stream bring no further readiness from the stack.
+                    loop {
+                        let free = match s.rx.free() {
+                            Ok(f) => f,
+                            Err(_) => {
+                                self.stats.corrupt_rings += 1;
+                                break;
+                            }
+                        };
+                        let mut room = free.min(chunk.saturating_sub(moved));
+                        let mut drained = false;
+                        while room > 0 {
+                            let rx = &mut s.rx;
+                            match stack.tcp_recv_with(h, room, |c| {
+                                rx.push(c);
+                            }) {
+                                // The call that finds nothing also tells end-of-stream.
+                                Ok(0) => {
+                                    if !s.eof {
+                                        s.eof = true;
+                                        set |= FLAG_RX_EOF;
+                                    }
+                                    drained = true;
+                                    break;
                                 }
-                                break;
-                            }
-                            Ok(n) => {
-                                moved += n;
-                                room -= n;
-                            }
-                            Err(StackError::WouldBlock) => break,
-                            Err(e) => {
-                                error = Some(e);
-                                break;
+                                Ok(n) => {
+                                    moved += n;
+                                    room -= n;
+                                }
+                                Err(StackError::WouldBlock) => {
+                                    drained = true;
+                                    break;
+                                }
+                                Err(e) => {
+                                    error = Some(e);
+                                    drained = true;
+                                    break;
+                                }
                             }
                         }
-                    }
-                    s.rx.publish();
-                    // Full ring with more to tell (bytes, or the end of the stream):
-                    // arm the kick, then look once more.
-                    if s.rx.free().unwrap_or(0) == 0 && !s.eof {
+                        s.rx.publish();
+                        if drained || s.eof {
+                            break;
+                        }
+                        if s.rx.free().unwrap_or(0) > 0 {
+                            // The per-turn budget ran out with room left: the rest
+                            // comes next turn (`drain_all`).
+                            again = true;
+                            break;
+                        }
+                        // Full ring with more to tell: arm the kick, then look once more.
                         self.mem.slot_word(i, slot::RX_ARMED).store(1, SeqCst);
                         std::sync::atomic::fence(SeqCst);
                         if s.rx.free().unwrap_or(0) == 0 {
                             s.rx_blocked = true;
-                        } else {
-                            self.mem.slot_word(i, slot::RX_ARMED).store(0, Relaxed);
+                            break;
                         }
+                        self.mem.slot_word(i, slot::RX_ARMED).store(0, Relaxed);
                     }
                 } else if s.shut_rd {
                     // SHUT_RD: what arrives is read and dropped.
@@ -966,6 +995,9 @@ impl ServerSession {
         self.stats.bytes_out += moved as u64;
         if moved > 0 {
             self.bump(i);
+        }
+        if again && !self.rx_again.contains(&i) {
+            self.rx_again.push(i);
         }
         self.set_flags(i, set, clear);
     }
