@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{fence, AtomicBool, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,9 @@ use usnet_shm::FutexBell;
 
 /// How long one sleep lasts before the client looks at the server's liveness.
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+/// How often a read or write that does not sleep looks at the control connection (a
+/// system call): a server that died is noticed by the first call after this.
+const PROBE_EVERY: Duration = Duration::from_millis(10);
 
 struct Submit {
     sq: Producer,
@@ -40,6 +43,10 @@ pub(crate) struct Conn {
     submit: Mutex<Submit>,
     comp: Mutex<Completions>,
     dead: AtomicBool,
+    /// When [`Conn::check_alive`] last probed the control connection (ns since
+    /// `epoch`).
+    epoch: Instant,
+    last_probe: AtomicU64,
     pub stack_name: String,
 }
 
@@ -131,6 +138,8 @@ impl Conn {
                 discard: HashSet::new(),
             }),
             dead: AtomicBool::new(false),
+            epoch: Instant::now(),
+            last_probe: AtomicU64::new(0),
             stack_name: name.to_string(),
         })
     }
@@ -158,6 +167,26 @@ impl Conn {
             self.bell.ring();
         }
         gone
+    }
+
+    /// `ENETDOWN` once the server is gone; cheap enough for every read and write: a
+    /// flag and the header's `SERVER_GONE` word each time, the control connection (a
+    /// `poll`) at most every [`PROBE_EVERY`]. A server killed with SIGKILL writes no
+    /// `SERVER_GONE`; its control connection closes with it.
+    pub fn check_alive(&self) -> io::Result<()> {
+        if self.dead.load(Relaxed) || self.mem.word(hdr::SERVER_GONE).load(Acquire) != 0 {
+            self.is_dead();
+            return Err(down());
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let last = self.last_probe.load(Relaxed);
+        if now.saturating_sub(last) >= PROBE_EVERY.as_nanos() as u64 {
+            self.last_probe.store(now, Relaxed);
+            if self.is_dead() {
+                return Err(down());
+            }
+        }
+        Ok(())
     }
 
     /// Rings the server if it announced that it may sleep.
