@@ -986,6 +986,9 @@ fn role_many(name: &str, k: u16, n: u16, conns: usize) -> i32 {
     let kept = echo.join().unwrap();
     assert_eq!(kept.len(), conns);
     println!("ok {k}");
+    // Stay until every client is done: our going would reset connections whose
+    // echoes another client has not read yet.
+    wait_for_release(Duration::from_secs(60));
     0
 }
 
@@ -1007,13 +1010,28 @@ fn sixty_four_client_processes_with_a_hundred_connections_each() {
         })
         .collect();
     let end = Instant::now() + Duration::from_secs(50);
-    for (k, p) in procs.iter_mut().enumerate() {
+    for p in procs.iter_mut() {
         let left = end.saturating_duration_since(Instant::now());
         p.expect("ok", left);
+    }
+    eprintln!("64 × {conns} connections in {:?}", t.elapsed());
+    let (sessions, conns_live) = srv
+        .call(WITHIN, |lp| {
+            (lp.clients().len(), lp.stack().tcp_connections().len())
+        })
+        .unwrap();
+    assert_eq!(sessions, n as usize);
+    assert!(
+        conns_live >= 2 * n as usize * conns,
+        "{conns_live} connections"
+    );
+    for p in procs.iter_mut() {
+        p.release();
+    }
+    for (k, p) in procs.iter_mut().enumerate() {
         let s = p.wait(Duration::from_secs(10));
         assert!(s.success(), "client {k}: {s}");
     }
-    eprintln!("64 × {conns} connections in {:?}", t.elapsed());
     let end = Instant::now() + Duration::from_secs(5);
     loop {
         let (clients, live) = srv
