@@ -766,12 +766,11 @@ impl ServerSession {
                 self.set_flags(i, FLAG_WR_SHUT, 0);
             }
         }
-        // Arm the kick, then look once more (Dekker with the client's publish).
+        // Arm the kick, then look once more (Dekker with the client's publish:
+        // usnet_shm::arm).
         let s = self.socks[i as usize].as_mut().expect("still here");
-        self.mem.slot_word(i, slot::TX_ARMED).store(1, SeqCst);
-        std::sync::atomic::fence(SeqCst);
-        if s.tx.available().unwrap_or(0) > 0 {
-            self.mem.slot_word(i, slot::TX_ARMED).store(0, Relaxed);
+        let armed = self.mem.slot_word(i, slot::TX_ARMED);
+        if usnet_shm::arm::arm(armed, || s.tx.available().unwrap_or(0) > 0) {
             return true;
         }
         s.tx_active = false;
@@ -948,12 +947,9 @@ impl ServerSession {
                     // Full ring with more to tell (bytes, or the end of the stream):
                     // arm the kick, then look once more.
                     if s.rx.free().unwrap_or(0) == 0 && !s.eof {
-                        self.mem.slot_word(i, slot::RX_ARMED).store(1, SeqCst);
-                        std::sync::atomic::fence(SeqCst);
-                        if s.rx.free().unwrap_or(0) == 0 {
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if !usnet_shm::arm::arm(armed, || s.rx.free().unwrap_or(0) > 0) {
                             s.rx_blocked = true;
-                        } else {
-                            self.mem.slot_word(i, slot::RX_ARMED).store(0, Relaxed);
                         }
                     }
                 } else if s.shut_rd {
