@@ -68,10 +68,12 @@ fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
         },
     )
     .unwrap();
-    let mut tcp = usnet_stack::TcpConfig::default();
-    tcp.send_buffer = 256 << 10;
-    tcp.recv_buffer = 256 << 10;
-    tcp.recv_buffer_initial = 64 << 10;
+    let tcp = usnet_stack::TcpConfig {
+        send_buffer: 256 << 10,
+        recv_buffer: 256 << 10,
+        recv_buffer_initial: 64 << 10,
+        ..Default::default()
+    };
     let stack = Stack::new(StackConfig {
         mac: mac_from_seed(11),
         addrs: vec![

@@ -29,6 +29,8 @@ use crate::session::ServerSession;
 use crate::ServerLimits;
 
 const ADDR: [u8; 4] = [10, 77, 0, 1];
+// A UDP record's header holds the length and the address.
+const _: () = assert!(RECORD_HEADER >= 8 + SockAddr::LEN);
 
 /// The session the fuzzer attacks: small, so random offsets often hit something.
 pub fn geometry() -> Geometry {
@@ -94,10 +96,12 @@ impl Default for Harness {
 
 impl Harness {
     pub fn new() -> Harness {
-        let mut tcp = usnet_stack::TcpConfig::default();
-        tcp.send_buffer = 16 << 10;
-        tcp.recv_buffer = 16 << 10;
-        tcp.recv_buffer_initial = 16 << 10;
+        let tcp = usnet_stack::TcpConfig {
+            send_buffer: 16 << 10,
+            recv_buffer: 16 << 10,
+            recv_buffer_initial: 16 << 10,
+            ..Default::default()
+        };
         let stack = Stack::new(StackConfig {
             mac: mac_from_seed(7),
             addrs: vec![
@@ -335,7 +339,6 @@ pub fn run(data: &[u8]) {
                 let mut rec = vec![0u8; usnet_abi::record_len(len)];
                 rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
                 rec[8..8 + SockAddr::LEN].copy_from_slice(&to.to_bytes());
-                debug_assert!(RECORD_HEADER >= 8 + SockAddr::LEN);
                 h.send_bytes(s, &rec);
             }
             // The client reads.
