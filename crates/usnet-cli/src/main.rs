@@ -33,6 +33,9 @@ enum Cmd {
     Ping(ctl::PingArgs),
     /// Print the counters of a running stack (like `netstat -s`).
     Stat(ctl::StatArgs),
+    /// List the client processes attached to a running stack and their sockets
+    /// (like `ss -p`).
+    Clients(ctl::ClientsArgs),
     /// Two stacks on a shared-memory link, no root needed: ping, UDP echo, summary.
     Demo(demo::DemoArgs),
     /// Bulk TCP transfer with every byte checked; either end usnet or Linux (--kernel).
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Cmd::Down(a) => ctl::down(a),
         Cmd::Ping(a) => ctl::ping(a),
         Cmd::Stat(a) => ctl::stat(a),
+        Cmd::Clients(a) => ctl::clients(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),

@@ -109,6 +109,12 @@ pub struct UpArgs {
     /// ... times the clusters one step may carry (MCLNUM).
     #[arg(long, default_value_t = 4)]
     pub clusters: usize,
+    /// Also serve the rpc baseline transport at `<run dir>/<name>.rpc`: the rump
+    /// kernel's cost structure (a Unix-socket round trip per call and per copy request
+    /// of clusters), kept to reproduce the source document's study
+    /// (`usnet bench server`).
+    #[arg(long)]
+    pub rpc: bool,
     /// Print nothing but errors.
     #[arg(short, long)]
     pub quiet: bool,
@@ -144,6 +150,7 @@ impl UpArgs {
             ring_bytes: 1 << 20,
             cluster_bytes: 65536,
             clusters: 4,
+            rpc: false,
             quiet: true,
         }
     }
@@ -319,6 +326,11 @@ pub fn run(args: UpArgs) -> CmdResult {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    let rpc = if args.rpc {
+        Some(usnet_rpc::Proxy::start(&o.name, args.group)?)
+    } else {
+        None
+    };
     // The services are clients like any other.
     let svc_thread = if o.services.is_empty() {
         None
@@ -341,6 +353,9 @@ pub fn run(args: UpArgs) -> CmdResult {
                 .unwrap_or_default(),
             o.name
         );
+        if let Some(p) = &rpc {
+            println!("usnet: rpc baseline transport at {}", p.path().display());
+        }
     }
     let deadline = args
         .duration

@@ -58,6 +58,16 @@ fn proto(m: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, m.to_string())
 }
 
+/// The server refused to attach us, for the reason it gave.
+fn refused(why: &str) -> io::Error {
+    let kind = if why.contains("permission denied") {
+        io::ErrorKind::PermissionDenied
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(kind, format!("attach refused: {why}"))
+}
+
 pub(crate) fn errno_err(e: i64) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
@@ -91,8 +101,24 @@ impl Conn {
         }
         let mut line = serde_json::to_string(&req).expect("json");
         line.push('\n');
-        use std::io::Write;
-        (&ctl).write_all(line.as_bytes())?;
+        use std::io::{Read, Write};
+        if let Err(e) = (&ctl).write_all(line.as_bytes()) {
+            // The server refuses a peer it does not admit before reading its request,
+            // and closes: its answer, already on the way, says why.
+            let mut buf = [0u8; 512];
+            if let Ok(n) = (&ctl).read(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                let reply =
+                    serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap_or(""));
+                if let Some(m) = reply
+                    .ok()
+                    .and_then(|r| r["error"].as_str().map(String::from))
+                {
+                    return Err(refused(&m));
+                }
+            }
+            return Err(e);
+        }
         let mut buf = vec![0u8; 4096];
         let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
         if n == 0 {
@@ -103,7 +129,7 @@ impl Conn {
         let reply: serde_json::Value =
             serde_json::from_str(first).map_err(|e| proto(&format!("attach reply: {e}")))?;
         if let Some(e) = reply["error"].as_str() {
-            return Err(io::Error::other(format!("attach refused: {e}")));
+            return Err(refused(e));
         }
         let mut fds = fds.into_iter();
         let (Some(mem_fd), Some(page_fd)) = (fds.next(), fds.next()) else {

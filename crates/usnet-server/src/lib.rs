@@ -97,6 +97,9 @@ impl Default for ServerConfig {
     }
 }
 
+/// Sockets listed per client by `stat`/`clients` (the counts are always whole).
+const STAT_MAX_CLIENT_SOCKETS: usize = 256;
+
 /// Work another thread hands to the loop.
 pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
 
@@ -137,16 +140,46 @@ impl Loop {
     }
 
     /// One row per attached client (pid, command, sockets, calls served...).
+    /// With each row, the client's TCP sockets as `ss -p` shows them and the bytes the
+    /// stack holds for it (its sockets' send and receive queues: its share of buffers).
     pub fn clients(&self) -> Vec<serde_json::Value> {
         let stack = self.driver.stack();
+        let conns = stack.tcp_connections();
+        let listeners = stack.tcp_listeners();
         let mut v: Vec<_> = self
             .sessions
             .values()
             .map(|s| {
+                let owner = s.owner();
                 let mut row = s.stats_row();
+                let mine: Vec<_> = conns.iter().filter(|c| c.owner == owner).collect();
+                let queued: u64 = mine
+                    .iter()
+                    .map(|c| (c.info.recv_queued + c.info.send_queued) as u64)
+                    .sum();
+                let mut socks: Vec<serde_json::Value> = listeners
+                    .iter()
+                    .filter(|l| l.owner == owner)
+                    .map(|l| {
+                        serde_json::json!({
+                            "state": "LISTEN", "local": l.local.to_string(), "remote": "*",
+                            "recv_q": l.accept_queue, "send_q": 0,
+                        })
+                    })
+                    .collect();
+                socks.extend(mine.iter().take(STAT_MAX_CLIENT_SOCKETS).map(|c| {
+                    serde_json::json!({
+                        "state": format!("{:?}", c.info.state),
+                        "local": c.local.to_string(), "remote": c.remote.to_string(),
+                        "recv_q": c.info.recv_queued, "send_q": c.info.send_queued,
+                    })
+                }));
+                row["stack_bytes"] = queued.into();
+                row["tcp_connections"] = mine.len().into();
+                row["tcp"] = socks.into();
                 // Stack sockets the client holds, connections waiting in its
                 // listeners' accept queues included.
-                row["stack_sockets"] = stack.sockets_of(s.owner()).len().into();
+                row["stack_sockets"] = stack.sockets_of(owner).len().into();
                 row
             })
             .collect();

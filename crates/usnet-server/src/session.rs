@@ -1114,14 +1114,13 @@ impl ServerSession {
     }
 
     pub fn stats_row(&self) -> serde_json::Value {
-        let g = self.mem.geometry();
         serde_json::json!({
             "id": self.id,
             "pid": self.pid,
             "command": self.command,
             "sockets": self.socket_count(),
-            "max_sockets": g.max_sockets,
-            "ring_bytes": g.ring_bytes,
+            "max_sockets": self.mem.geometry().max_sockets,
+            "ring_bytes": self.mem.geometry().ring_bytes,
             "stats": self.stats,
         })
     }

@@ -53,6 +53,8 @@ pub(crate) struct RecvState {
     pub urg_seq: Option<Seq>,
     /// The out-of-band byte, taken out of the stream and not yet read.
     pub oob_byte: Option<u8>,
+    /// The application shut down reading (SHUT_RD).
+    pub read_shut: bool,
 }
 
 impl RecvState {
@@ -80,6 +82,7 @@ impl RecvState {
             rtt: None,
             urg_seq: None,
             oob_byte: None,
+            read_shut: false,
         }
     }
 }
@@ -117,9 +120,17 @@ impl Connection {
         self.rcv.buf.len() - usize::from(self.rcv.urg_seq.is_some_and(|u| self.in_rcvbuf(u)))
     }
 
-    /// The peer sent FIN and everything before it has been read.
+    /// The peer sent FIN and everything before it has been read, or the application
+    /// shut down reading and has read what was queued.
     pub fn is_eof(&self) -> bool {
-        self.rcv.fin_received && self.rcv.buf.is_empty()
+        (self.rcv.fin_received || self.rcv.read_shut) && self.recv_available() == 0
+    }
+
+    /// SHUT_RD: reading ends once what is queued has been read (`recv` then returns
+    /// 0, as Linux does); what arrives later is still acknowledged and queued, and
+    /// counts as unread data when the application closes.
+    pub fn shutdown_read(&mut self) {
+        self.rcv.read_shut = true;
     }
 
     fn in_rcvbuf(&self, s: Seq) -> bool {
@@ -350,7 +361,7 @@ impl Connection {
             let dup = (self.rcv.nxt.since(start) as usize).min(data.len());
             if dup > 0 {
                 self.stats.rx_dup_bytes += dup as u64;
-                if self.opts.sack {
+                if self.opts.sack && self.cfg.dsack {
                     self.rcv.dsack = Some((start, start + dup));
                 }
                 self.ack.pending = true;
@@ -376,6 +387,12 @@ impl Connection {
             }
         }
         if data.is_empty() {
+            if fin && start.gt(self.rcv.nxt) {
+                // An out-of-order FIN is out-of-order data too: a duplicate ACK at
+                // once (RFC 5681 §4.2).
+                self.ack.dupacks_owed += 1;
+                self.stats.rx_ooo_segments += 1;
+            }
             return;
         }
         if start == self.rcv.nxt {
@@ -457,7 +474,7 @@ impl Connection {
             }
             OooAdd::Duplicate => {
                 self.stats.rx_dup_bytes += data.len() as u64;
-                if self.opts.sack {
+                if self.opts.sack && self.cfg.dsack {
                     self.rcv.dsack = Some((start, dend));
                 }
             }
@@ -748,13 +765,40 @@ mod tests {
         let fin = drain(&mut cli, T0);
         assert!(fin[0].repr.flags.fin());
         feed(&mut srv, T0, &segs[1..]);
+        drain(&mut srv, T0);
         feed(&mut srv, T0, &fin);
         assert_eq!(srv.state(), State::Established);
         assert!(srv.rcv.fin_seq.is_some() && !srv.rcv.fin_received);
+        // The FIN beyond the hole is answered at once with a duplicate ACK.
+        let dup = drain(&mut srv, T0);
+        assert_eq!(dup.len(), 1);
+        assert_eq!(dup[0].repr.ack, srv.rcv.nxt.0);
         feed(&mut srv, T0, &segs[..1]);
         assert_eq!(srv.state(), State::CloseWait);
         assert!(!srv.is_eof(), "data first");
         assert_eq!(read_all(&mut srv).len(), 2 * MSS);
         assert!(srv.is_eof());
+    }
+
+    #[test]
+    fn shut_rd_reads_what_is_queued_then_end_of_stream() {
+        let (mut cli, mut srv) = default_pair();
+        cli.send(b"queued");
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        srv.shutdown_read();
+        assert!(!srv.is_eof(), "queued data first");
+        let mut b = [0u8; 16];
+        assert_eq!(srv.recv(&mut b), 6);
+        assert!(srv.is_eof());
+        assert_eq!(srv.recv(&mut b), 0);
+        // Data arriving later is still taken and acknowledged.
+        feed(&mut cli, T0, &drain(&mut srv, T0 + ms(50)));
+        cli.send(b"late");
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        assert_eq!(srv.recv_available(), 4);
+        assert!(!srv.is_eof());
+        let ack = drain(&mut srv, T0 + ms(50));
+        assert_eq!(ack.last().unwrap().repr.ack, srv.rcv.nxt.0);
+        assert_eq!(srv.state(), State::Established, "writing goes on");
     }
 }

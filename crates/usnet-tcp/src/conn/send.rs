@@ -198,14 +198,17 @@ impl Connection {
         if self.snd.fin_sent || self.snd.una == self.snd.iss {
             return None;
         }
-        if !matches!(
-            self.state,
-            State::Established
-                | State::CloseWait
-                | State::FinWait1
-                | State::LastAck
-                | State::Closing
-        ) {
+        let tfo_early = self.state == State::SynReceived && self.syn.tfo_child;
+        if !tfo_early
+            && !matches!(
+                self.state,
+                State::Established
+                    | State::CloseWait
+                    | State::FinWait1
+                    | State::LastAck
+                    | State::Closing
+            )
+        {
             return None;
         }
         let off = self.snd.nxt.since(self.snd.una) as usize;
@@ -262,7 +265,9 @@ impl Connection {
             return None;
         }
         // Restart after idle (RFC 5681 §4.1).
-        if self.scoreboard.is_empty() && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
+        if self.cfg.slow_start_after_idle
+            && self.scoreboard.is_empty()
+            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
         {
             self.cc
                 .on_idle_restart(self.cfg.initial_window * self.smss());
