@@ -113,7 +113,7 @@ pub fn render_clients(clients: &Value, sockets: bool) -> String {
             let process = format!(
                 "users:((\"{}\",pid={},client={}))",
                 c["command"].as_str().unwrap_or("?"),
-                c["pid"].to_string(),
+                c["pid"],
                 c["id"]
             );
             for s in c["tcp"].as_array().into_iter().flatten() {

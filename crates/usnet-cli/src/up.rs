@@ -82,9 +82,18 @@ pub struct UpArgs {
     /// (numeric gid; the control socket becomes mode 0660).
     #[arg(long)]
     pub group: Option<u32>,
-    /// Clients at once.
+    /// Clients at once (more are refused, counted as quota_sessions in `usnet stat`).
     #[arg(long, default_value_t = 1024)]
     pub max_clients: usize,
+    /// The largest listen backlog a client gets (a larger one is cut, counted as
+    /// quota_backlog): connections waiting to be accepted are the client's too.
+    #[arg(long, default_value_t = 1024)]
+    pub max_backlog: usize,
+    /// The largest UDP receive buffer (SO_RCVBUF) a client may set: the bytes of
+    /// packet buffers one of its sockets may hold while its ring is full (a larger
+    /// one is cut, counted as quota_rcvbuf).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_rcvbuf: usize,
     /// Sockets one client may hold at most (its quota; each has two rings). A client
     /// gets 1024 unless it asks for more.
     #[arg(long, default_value_t = 16384)]
@@ -135,6 +144,8 @@ impl UpArgs {
             duration: None,
             group: None,
             max_clients: 1024,
+            max_backlog: 1024,
+            max_rcvbuf: 4 << 20,
             client_sockets: 16384,
             ring_bytes: 1 << 20,
             cluster_bytes: 65536,
@@ -302,6 +313,8 @@ pub fn run(args: UpArgs) -> CmdResult {
         limits: usnet_server::ServerLimits {
             chunk: args.cluster_bytes * args.clusters,
             max_sessions: args.max_clients,
+            max_backlog: args.max_backlog,
+            max_rcvbuf: args.max_rcvbuf,
             ..Default::default()
         },
         group: args.group,

@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{fence, AtomicBool, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,9 @@ use usnet_shm::FutexBell;
 
 /// How long one sleep lasts before the client looks at the server's liveness.
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+/// How often a read or write that does not sleep looks at the control connection (a
+/// system call): a server that died is noticed by the first call after this.
+const PROBE_EVERY: Duration = Duration::from_millis(10);
 
 struct Submit {
     sq: Producer,
@@ -40,6 +43,10 @@ pub(crate) struct Conn {
     submit: Mutex<Submit>,
     comp: Mutex<Completions>,
     dead: AtomicBool,
+    /// When [`Conn::check_alive`] last probed the control connection (ns since
+    /// `epoch`).
+    epoch: Instant,
+    last_probe: AtomicU64,
     pub stack_name: String,
 }
 
@@ -49,6 +56,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn proto(m: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, m.to_string())
+}
+
+/// The server refused to attach us, for the reason it gave.
+fn refused(why: &str) -> io::Error {
+    let kind = if why.contains("permission denied") {
+        io::ErrorKind::PermissionDenied
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(kind, format!("attach refused: {why}"))
 }
 
 pub(crate) fn errno_err(e: i64) -> io::Error {
@@ -84,8 +101,24 @@ impl Conn {
         }
         let mut line = serde_json::to_string(&req).expect("json");
         line.push('\n');
-        use std::io::Write;
-        (&ctl).write_all(line.as_bytes())?;
+        use std::io::{Read, Write};
+        if let Err(e) = (&ctl).write_all(line.as_bytes()) {
+            // The server refuses a peer it does not admit before reading its request,
+            // and closes: its answer, already on the way, says why.
+            let mut buf = [0u8; 512];
+            if let Ok(n) = (&ctl).read(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                let reply =
+                    serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap_or(""));
+                if let Some(m) = reply
+                    .ok()
+                    .and_then(|r| r["error"].as_str().map(String::from))
+                {
+                    return Err(refused(&m));
+                }
+            }
+            return Err(e);
+        }
         let mut buf = vec![0u8; 4096];
         let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
         if n == 0 {
@@ -96,7 +129,7 @@ impl Conn {
         let reply: serde_json::Value =
             serde_json::from_str(first).map_err(|e| proto(&format!("attach reply: {e}")))?;
         if let Some(e) = reply["error"].as_str() {
-            return Err(io::Error::other(format!("attach refused: {e}")));
+            return Err(refused(e));
         }
         let mut fds = fds.into_iter();
         let (Some(mem_fd), Some(page_fd)) = (fds.next(), fds.next()) else {
@@ -131,6 +164,8 @@ impl Conn {
                 discard: HashSet::new(),
             }),
             dead: AtomicBool::new(false),
+            epoch: Instant::now(),
+            last_probe: AtomicU64::new(0),
             stack_name: name.to_string(),
         })
     }
@@ -158,6 +193,26 @@ impl Conn {
             self.bell.ring();
         }
         gone
+    }
+
+    /// `ENETDOWN` once the server is gone; cheap enough for every read and write: a
+    /// flag and the header's `SERVER_GONE` word each time, the control connection (a
+    /// `poll`) at most every [`PROBE_EVERY`]. A server killed with SIGKILL writes no
+    /// `SERVER_GONE`; its control connection closes with it.
+    pub fn check_alive(&self) -> io::Result<()> {
+        if self.dead.load(Relaxed) || self.mem.word(hdr::SERVER_GONE).load(Acquire) != 0 {
+            self.is_dead();
+            return Err(down());
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let last = self.last_probe.load(Relaxed);
+        if now.saturating_sub(last) >= PROBE_EVERY.as_nanos() as u64 {
+            self.last_probe.store(now, Relaxed);
+            if self.is_dead() {
+                return Err(down());
+            }
+        }
+        Ok(())
     }
 
     /// Rings the server if it announced that it may sleep.

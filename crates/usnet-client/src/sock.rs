@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{fence, AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -234,10 +234,9 @@ impl Sock {
     }
 
     /// The kick protocol: after publishing (or consuming), a fence, then take the
-    /// server's "not watching" mark; if it was set, tell the server.
+    /// server's "not watching" mark; if it was set, tell the server (usnet_shm::arm).
     fn kick(&self, armed: usize, op: u16) {
-        fence(SeqCst);
-        if self.conn.mem.slot_word(self.slot, armed).swap(0, AcqRel) == 1 {
+        if usnet_shm::arm::take(self.conn.mem.slot_word(self.slot, armed)) {
             let _ = self.conn.post(self.request(op, [0; 6]), false);
         }
     }

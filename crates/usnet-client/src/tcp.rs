@@ -241,6 +241,8 @@ impl TcpStream {
         }
         let deadline = self.sock.read_deadline();
         loop {
+            // A server that is gone can neither have delivered nor deliver more.
+            self.sock.conn.check_alive()?;
             // Flags before the ring: the server publishes the bytes before it sets
             // end-of-stream, so seeing the flag means seeing every byte.
             let f = self.sock.flags();
@@ -270,6 +272,8 @@ impl TcpStream {
         }
         let deadline = self.sock.write_deadline();
         loop {
+            // Bytes written into the ring of a server that is gone would be lost.
+            self.sock.conn.check_alive()?;
             if let Some(e) = self.sock.failure() {
                 return Err(e);
             }

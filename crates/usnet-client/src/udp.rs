@@ -86,6 +86,7 @@ impl UdpSocket {
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
         let deadline = self.sock.read_deadline();
         loop {
+            self.sock.conn.check_alive()?;
             if let Some(r) = self.sock.with_rx(|rx| take_record(rx, buf)) {
                 return r;
             }
@@ -115,6 +116,7 @@ impl UdpSocket {
         let addr = to.map(SockAddr::from_std).unwrap_or_default();
         let deadline = self.sock.write_deadline();
         loop {
+            self.sock.conn.check_alive()?;
             let sent = self.sock.with_tx(|tx| put_record(tx, data, &addr))?;
             if sent {
                 return Ok(data.len());

@@ -240,13 +240,19 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     // gets 1024 sockets with 256 KiB rings (or the caps, if smaller).
     let cap = ctx.cfg.geometry;
     let mut g = cap;
-    g.max_sockets = req["max_sockets"]
-        .as_u64()
-        .unwrap_or(1024)
-        .clamp(1, cap.max_sockets as u64) as u32;
+    // Asking for more than the caps is not an error: the client gets the caps (they
+    // are in its session header) and the cut is counted (`quota_geometry`).
+    let mut cut = false;
+    let want_sockets = req["max_sockets"].as_u64().unwrap_or(1024).max(1);
+    cut |= want_sockets > cap.max_sockets as u64;
+    g.max_sockets = want_sockets.min(cap.max_sockets as u64) as u32;
     g.ring_bytes = match req["ring_bytes"].as_u64() {
         Some(r) if r.is_power_of_two() && (4096..=cap.ring_bytes as u64).contains(&r) => r as u32,
-        _ => cap.ring_bytes.min(256 * 1024),
+        Some(r) => {
+            cut |= r > cap.ring_bytes as u64;
+            cap.ring_bytes.min(256 * 1024)
+        }
+        None => cap.ring_bytes.min(256 * 1024),
     };
     let fail = |out: &mut UnixStream, e: String| {
         let _ = send(out, &json!({"error": e}));
@@ -257,13 +263,15 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
         Err(e) => return fail(&mut out, format!("cannot create session memory: {e}")),
     };
     let limits = ctx.cfg.limits;
-    let s = match ServerSession::new(id, pid, command, mem.clone(), limits) {
+    let mut s = match ServerSession::new(id, pid, command, mem.clone(), limits) {
         Ok(s) => s,
         Err(e) => return fail(&mut out, format!("session: {e}")),
     };
+    s.stats.quota_geometry += cut as u64;
     let max = limits.max_sessions;
     let added = ctx.call(move |lp| {
         if lp.sessions.len() >= max {
+            lp.quota_sessions += 1;
             return false;
         }
         lp.add_session(s);
@@ -330,6 +338,9 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
     let uptime = lp.started.elapsed().as_secs_f64();
     let clients = lp.clients();
     let closed = lp.sessions_closed;
+    let quota_sessions = lp.quota_sessions;
+    let limits = lp.cfg.limits;
+    let geometry = lp.cfg.geometry;
     let s = lp.stack();
     let p = s.pool().stats();
     json!({
@@ -361,6 +372,15 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
         })).collect::<Vec<_>>(),
         "clients": clients,
         "sessions_closed": closed,
+        "quota_sessions": quota_sessions,
+        "limits": {
+            "max_clients": limits.max_sessions,
+            "client_sockets": geometry.max_sockets,
+            "ring_bytes": geometry.ring_bytes,
+            "max_backlog": limits.max_backlog,
+            "max_rcvbuf": limits.max_rcvbuf,
+        },
+        "sockets": {"live": s.socket_count().0, "slots": s.socket_count().1},
         "tcp_listeners": s.tcp_listeners().iter().map(|l| json!({
             "local": l.local.to_string(),
             "owner": l.owner.0,

@@ -13,6 +13,8 @@
 
 mod bell;
 pub mod control;
+#[doc(hidden)]
+pub mod fuzzing;
 mod session;
 
 use std::collections::HashMap;
@@ -41,6 +43,14 @@ pub struct ServerLimits {
     pub chunk: usize,
     /// Clients at once.
     pub max_sessions: usize,
+    /// The largest listen backlog a client gets (connections that wait in a
+    /// listener's accept queue are the client's stack sockets too, outside its slot
+    /// quota); a larger request is cut down and counted (`quota_backlog`).
+    pub max_backlog: usize,
+    /// The largest UDP receive buffer (`SO_RCVBUF`) a client may set: the bytes of
+    /// pool buffers one of its sockets may hold while its receive ring is full; a
+    /// larger request is cut down and counted (`quota_rcvbuf`).
+    pub max_rcvbuf: usize,
 }
 
 impl Default for ServerLimits {
@@ -49,6 +59,8 @@ impl Default for ServerLimits {
             budget: 64,
             chunk: 256 * 1024,
             max_sessions: 1024,
+            max_backlog: 1024,
+            max_rcvbuf: 4 << 20,
         }
     }
 }
@@ -101,6 +113,8 @@ pub struct Loop {
     stop: Arc<AtomicBool>,
     /// Sessions that ended (client gone), for `stat`.
     pub sessions_closed: u64,
+    /// Attaches refused because `max_sessions` clients were attached.
+    pub quota_sessions: u64,
 }
 
 impl Loop {
@@ -169,6 +183,9 @@ impl Loop {
                 row["stack_bytes"] = queued.into();
                 row["tcp_connections"] = mine.len().into();
                 row["tcp"] = socks.into();
+                // Stack sockets the client holds, connections waiting in its
+                // listeners' accept queues included.
+                row["stack_sockets"] = stack.sockets_of(owner).len().into();
                 row
             })
             .collect();
@@ -258,6 +275,7 @@ impl ServerHandle {
             started: Instant::now(),
             stop: stop.clone(),
             sessions_closed: 0,
+            quota_sessions: 0,
         };
         let control = control::ControlServer::start(&cfg, tx.clone(), bell.clone())?;
         let bell2 = bell.clone();

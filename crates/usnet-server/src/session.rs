@@ -64,7 +64,13 @@ pub struct SessionStats {
     pub bytes_out: u64,
     pub bad_requests: u64,
     pub corrupt_rings: u64,
+    /// Requests refused or cut down by a per-client limit: a socket past the slot
+    /// quota (EMFILE), a listen backlog past `max_backlog`, an `SO_RCVBUF` past
+    /// `max_rcvbuf`, a geometry past the server's caps at attach.
     pub quota_sockets: u64,
+    pub quota_backlog: u64,
+    pub quota_rcvbuf: u64,
+    pub quota_geometry: u64,
     pub notifies: u64,
 }
 
@@ -413,7 +419,11 @@ impl ServerSession {
         let addr = s
             .bound
             .unwrap_or_else(|| "0.0.0.0:0".parse().expect("addr"));
-        let backlog = backlog.clamp(1, 4096) as usize;
+        let max = self.limits.max_backlog.max(1);
+        if backlog > max as u64 {
+            self.stats.quota_backlog += 1;
+        }
+        let backlog = backlog.clamp(1, max as u64) as usize;
         match stack.tcp_listen(addr, backlog) {
             Ok(h) => {
                 self.sock(i).role = Role::Listener;
@@ -580,7 +590,13 @@ impl ServerSession {
                 stack.tcp_set_linger(h.expect("conn"), l)
             }
             (opt::SOL_SOCKET, opt::SO_RCVBUF) => match (s.role, h) {
-                (Role::Udp, Some(h)) => stack.udp_set_recv_buffer(h, value.min(64 << 20) as usize),
+                (Role::Udp, Some(h)) => {
+                    let max = self.limits.max_rcvbuf;
+                    if value > max as u64 {
+                        self.stats.quota_rcvbuf += 1;
+                    }
+                    stack.udp_set_recv_buffer(h, value.min(max as u64) as usize)
+                }
                 _ => Ok(()),
             },
             (opt::SOL_SOCKET, opt::SO_SNDBUF | opt::SO_REUSEADDR | opt::SO_KEEPALIVE)
@@ -710,10 +726,26 @@ impl ServerSession {
                 s.tx.release();
             }
             (Role::Udp, _) if avail > 0 || s.pending_dgram.is_some() => {
-                let (m, back) =
-                    Self::drain_udp(stack, s, &mut self.scratch, chunk, &mut self.stats);
+                let owner = Owner(self.id);
+                let mut bound = None;
+                let (m, back) = Self::drain_udp(
+                    stack,
+                    s,
+                    owner,
+                    &mut bound,
+                    &mut self.scratch,
+                    chunk,
+                    &mut self.stats,
+                );
                 moved = m;
                 pushed_back = back;
+                if let Some(h) = bound {
+                    // sendto bound the socket: it is the client's like any other
+                    // (owner clean-up, readiness, received datagrams), and the client
+                    // learns its address now.
+                    self.by_handle.insert(h, i);
+                    self.refresh(stack, i);
+                }
             }
             (_, _) if avail > 0 => {
                 // Bytes on a socket that cannot send (not connected): discard them.
@@ -744,12 +776,11 @@ impl ServerSession {
                 self.set_flags(i, FLAG_WR_SHUT, 0);
             }
         }
-        // Arm the kick, then look once more (Dekker with the client's publish).
+        // Arm the kick, then look once more (Dekker with the client's publish:
+        // usnet_shm::arm).
         let s = self.socks[i as usize].as_mut().expect("still here");
-        self.mem.slot_word(i, slot::TX_ARMED).store(1, SeqCst);
-        std::sync::atomic::fence(SeqCst);
-        if s.tx.available().unwrap_or(0) > 0 {
-            self.mem.slot_word(i, slot::TX_ARMED).store(0, Relaxed);
+        let armed = self.mem.slot_word(i, slot::TX_ARMED);
+        if usnet_shm::arm::arm(armed, || s.tx.available().unwrap_or(0) > 0) {
             return true;
         }
         s.tx_active = false;
@@ -760,9 +791,12 @@ impl ServerSession {
     }
 
     /// UDP records from the send ring into the stack. Returns (bytes, pushed back).
+    #[allow(clippy::too_many_arguments)]
     fn drain_udp(
         stack: &mut Stack,
         s: &mut Sock,
+        owner: Owner,
+        bound: &mut Option<SocketHandle>,
         scratch: &mut Vec<u8>,
         chunk: usize,
         stats: &mut SessionStats,
@@ -843,7 +877,11 @@ impl ServerSession {
                     .parse()
                     .expect("addr");
                 match stack.udp_bind(any) {
-                    Ok(h) => s.handle = Some(h),
+                    Ok(h) => {
+                        let _ = stack.set_owner(h, owner);
+                        s.handle = Some(h);
+                        *bound = Some(h);
+                    }
                     Err(_) => {
                         s.pending_dgram = None;
                         return (moved, false);
@@ -937,14 +975,13 @@ impl ServerSession {
                             again = true;
                             break;
                         }
-                        // Full ring with more to tell: arm the kick, then look once more.
-                        self.mem.slot_word(i, slot::RX_ARMED).store(1, SeqCst);
-                        std::sync::atomic::fence(SeqCst);
-                        if s.rx.free().unwrap_or(0) == 0 {
+                        // Full ring with more to tell: arm the kick, then look once more;
+                        // room that appeared meanwhile is filled at once.
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if !usnet_shm::arm::arm(armed, || s.rx.free().unwrap_or(0) > 0) {
                             s.rx_blocked = true;
                             break;
                         }
-                        self.mem.slot_word(i, slot::RX_ARMED).store(0, Relaxed);
                     }
                 } else if s.shut_rd {
                     // SHUT_RD: what arrives is read and dropped.
@@ -1081,8 +1118,35 @@ impl ServerSession {
         stack.close_owner(self.owner())
     }
 
-    /// Slots of sockets that were closed but still send: finish those whose ring is
-    /// empty (called once per turn through `drain_all`, which keeps them active).
+    /// What must hold whatever the client wrote (checked by the fuzzing harness and
+    /// tests): the session holds no more sockets than its quota, every stack socket it
+    /// names is its own (so clean-up and limits reach it) and named once.
+    pub fn check_invariants(&self, stack: &Stack) {
+        let quota = self.mem.geometry().max_sockets as usize;
+        assert!(self.socket_count() <= quota, "more sockets than the quota");
+        assert_eq!(self.socket_count() + self.free.len(), quota, "slots lost");
+        for (&h, &i) in &self.by_handle {
+            assert_eq!(
+                stack.owner(h),
+                Some(self.owner()),
+                "slot {i}'s stack socket is not the session's"
+            );
+            let s = self.socks[i as usize]
+                .as_ref()
+                .expect("a named slot is open");
+            assert_eq!(s.handle, Some(h), "slot {i} names another socket");
+        }
+        for (i, s) in self.socks.iter().enumerate() {
+            if let Some(h) = s.as_ref().and_then(|s| s.handle) {
+                assert_eq!(
+                    self.by_handle.get(&h),
+                    Some(&(i as u32)),
+                    "slot {i}'s stack socket is not in the session's map"
+                );
+            }
+        }
+    }
+
     pub fn stats_row(&self) -> serde_json::Value {
         serde_json::json!({
             "id": self.id,

@@ -15,6 +15,7 @@
 //! * [`poll_fds`]: wait on several fds (a device fd plus doorbell fds) with a deadline.
 //! * [`spsc`]: the single-producer single-consumer ring index protocol, and [`bytes`],
 //!   the same protocol for a byte stream.
+//! * [`arm`]: the arm/kick handshake of a ring its consumer stops watching.
 //! * [`fdpass`]: handing a memfd or an eventfd to another process (SCM_RIGHTS).
 //! * [`liveness`]: "is the process on the other side still alive", by open-file-
 //!   description locks that the kernel drops when their holder dies.
@@ -35,6 +36,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod arm;
 pub mod bytes;
 pub mod doorbell;
 pub mod fdpass;
