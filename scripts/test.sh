@@ -43,9 +43,13 @@ if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 
     step "loom model checking" env RUSTFLAGS="--cfg loom" \
         cargo test -p usnet-ring --release --lib --target-dir target/loom loom
 fi
+# The stack server's arm/kick handshake (usnet-shm::arm), model-checked.
+step "loom model checking (session arm/kick)" env RUSTFLAGS="--cfg loom" \
+    cargo test -p usnet-shm --release --test loom_arm --target-dir target/loom
 step "demo" ./target/release/usnet demo
 step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
 step "bench tcp (smoke)" ./target/release/usnet bench tcp --quick --out target/bench-smoke/tcp
+step "bench server (smoke)" ./target/release/usnet bench server --quick --sizes 4096,65536 --out target/bench-smoke/server
 step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
 step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
 
