@@ -631,9 +631,12 @@ fn round_trip_p50(transport: &Transport, addr: &str, o: &ServerBenchOptions) -> 
     ))
 }
 
+/// One configuration's points: (buffer size, median Gbit/s, every run's Gbit/s).
+type Points = Vec<(usize, f64, Vec<f64>)>;
+
 /// Medians of `runs` bulk runs per size (Gbit/s); a failed run is reported and
 /// counted out.
-fn series(p: &Pair, o: &ServerBenchOptions, seconds: f64) -> Vec<(usize, f64, Vec<f64>)> {
+fn series(p: &Pair, o: &ServerBenchOptions, seconds: f64) -> Points {
     let mut out = Vec::new();
     if !o.only.is_empty() && !o.only.iter().any(|w| p.label.contains(w.as_str())) {
         return out;
@@ -661,7 +664,7 @@ pub fn run(o: &ServerBenchOptions) -> Res<ExitCode> {
     std::fs::create_dir_all(&o.out)?;
     let pid = std::process::id();
     let root = is_root();
-    let mut results: Vec<(String, Vec<(usize, f64, Vec<f64>)>)> = Vec::new();
+    let mut results: Vec<(String, Points)> = Vec::new();
     let mut rr: Vec<(String, f64, f64)> = Vec::new();
     let linux_addr = |a: &str| format!("{a}:{PORT}");
 
@@ -827,7 +830,7 @@ fn one_side(what: &str, t: &Transport) -> [Pair; 2] {
 }
 
 fn human(n: usize) -> String {
-    if n >= 1024 && n % 1024 == 0 {
+    if n >= 1024 && n.is_multiple_of(1024) {
         format!("{} KiB", n / 1024)
     } else {
         format!("{n} B")
@@ -836,7 +839,7 @@ fn human(n: usize) -> String {
 
 fn report(
     o: &ServerBenchOptions,
-    results: &[(String, Vec<(usize, f64, Vec<f64>)>)],
+    results: &[(String, Points)],
     rr: &[(String, f64, f64)],
 ) -> Res<ExitCode> {
     let get = |label: &str, size: usize| -> f64 {
