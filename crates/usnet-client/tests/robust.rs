@@ -20,11 +20,9 @@ use std::time::{Duration, Instant};
 use usnet_abi::{errno, hdr, op, Geometry, Request, SockAddr, BELL_EVENTFD};
 use usnet_client::{AttachOptions, Client, Event, Interest, Mode, Poller, TcpListener};
 use usnet_client::{TcpStream, UdpSocket};
-use usnet_driver::MemDevice;
-use usnet_link::DeviceCaps;
 use usnet_server::{ServerConfig, ServerHandle, ServerLimits};
 use usnet_session::{ServerPage, Session};
-use usnet_stack::{mac_from_seed, Owner, Stack, StackConfig};
+use usnet_stack::{mac_from_seed, Owner, StackConfig};
 
 const ADDR: [u8; 4] = [10, 66, 0, 1];
 const ROLE: &str = "USNET_ROBUST_ROLE";
@@ -57,24 +55,13 @@ fn run_dir() {
 /// are delivered locally), with small TCP buffers so thousands of connections fit.
 fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
     run_dir();
-    let (dev, _q) = MemDevice::new(
-        "mem",
-        DeviceCaps {
-            mtu: 1500,
-            rx_csum_offload: false,
-            tx_csum_offload: false,
-            tso: false,
-            max_burst: 64,
-        },
-    )
-    .unwrap();
     let tcp = usnet_stack::TcpConfig {
         send_buffer: 256 << 10,
         recv_buffer: 256 << 10,
         recv_buffer_initial: 64 << 10,
         ..Default::default()
     };
-    let stack = Stack::new(StackConfig {
+    let stack = StackConfig {
         mac: mac_from_seed(11),
         addrs: vec![
             format!("{}.{}.{}.{}/24", ADDR[0], ADDR[1], ADDR[2], ADDR[3])
@@ -88,8 +75,7 @@ fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
         },
         tcp,
         ..Default::default()
-    })
-    .unwrap();
+    };
     let mut cfg = ServerConfig {
         name: name.into(),
         link: "mem".into(),
@@ -97,7 +83,7 @@ fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
         ..Default::default()
     };
     tweak(&mut cfg);
-    ServerHandle::start(stack, Box::new(dev), cfg).unwrap()
+    usnet_server::testing::in_memory(stack, cfg).unwrap()
 }
 
 // ------------------------------------------------------------------ helpers

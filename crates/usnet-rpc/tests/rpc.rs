@@ -6,11 +6,9 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Once;
 
-use usnet_driver::MemDevice;
-use usnet_link::DeviceCaps;
 use usnet_rpc::{Clusters, Proxy, RpcClient};
 use usnet_server::{ServerConfig, ServerHandle};
-use usnet_stack::{mac_from_seed, Stack, StackConfig};
+use usnet_stack::{mac_from_seed, StackConfig};
 
 const ADDR: &str = "10.67.0.1";
 
@@ -22,30 +20,18 @@ fn server(name: &str) -> ServerHandle {
         // SAFETY: called once, before any test thread reads the environment here.
         unsafe { std::env::set_var("USNET_RUN_DIR", &d) };
     });
-    let (dev, _q) = MemDevice::new(
-        "mem",
-        DeviceCaps {
-            mtu: 1500,
-            rx_csum_offload: false,
-            tx_csum_offload: false,
-            tso: false,
-            max_burst: 64,
-        },
-    )
-    .unwrap();
-    let stack = Stack::new(StackConfig {
+    let stack = StackConfig {
         mac: mac_from_seed(11),
         addrs: vec![format!("{ADDR}/24").parse().unwrap()],
         mtu: 65535 - 28,
         ..Default::default()
-    })
-    .unwrap();
+    };
     let cfg = ServerConfig {
         name: name.into(),
         link: "mem".into(),
         ..Default::default()
     };
-    ServerHandle::start(stack, Box::new(dev), cfg).unwrap()
+    usnet_server::testing::in_memory(stack, cfg).unwrap()
 }
 
 fn sa(port: u16) -> SocketAddr {

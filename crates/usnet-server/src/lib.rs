@@ -427,3 +427,32 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
     lp.driver.release_device_buffers();
     result
 }
+
+/// For tests of the server and its clients: a stack server in this process on an
+/// in-memory link (sockets to the stack's own addresses are delivered locally, so
+/// whole conversations need no device and no privileges).
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+    use usnet_driver::MemDevice;
+    use usnet_link::DeviceCaps;
+    use usnet_stack::StackConfig;
+
+    /// Starts a server with `stack` (its addresses, buffers) and `cfg` on a memory link
+    /// of MTU 1500 without offloads.
+    pub fn in_memory(stack: StackConfig, cfg: ServerConfig) -> Result<ServerHandle, String> {
+        let (dev, _queues) = MemDevice::new(
+            "mem",
+            DeviceCaps {
+                mtu: 1500,
+                rx_csum_offload: false,
+                tx_csum_offload: false,
+                tso: false,
+                max_burst: 64,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let stack = Stack::new(stack).map_err(|e| e.to_string())?;
+        ServerHandle::start(stack, Box::new(dev), cfg).map_err(|e| e.to_string())
+    }
+}

@@ -6,10 +6,8 @@
 use std::sync::Once;
 use std::time::Duration;
 
-use usnet_driver::MemDevice;
-use usnet_link::DeviceCaps;
 use usnet_server::{ServerConfig, ServerHandle};
-use usnet_stack::{mac_from_seed, Stack, StackConfig};
+use usnet_stack::{mac_from_seed, StackConfig};
 
 pub const ADDR: &str = "10.66.0.1";
 
@@ -27,24 +25,12 @@ pub fn run_dir() {
 
 pub fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
     run_dir();
-    let (dev, _q) = MemDevice::new(
-        "mem",
-        DeviceCaps {
-            mtu: 1500,
-            rx_csum_offload: false,
-            tx_csum_offload: false,
-            tso: false,
-            max_burst: 64,
-        },
-    )
-    .unwrap();
-    let stack = Stack::new(StackConfig {
+    let stack = StackConfig {
         mac: mac_from_seed(9),
         addrs: vec![format!("{ADDR}/24").parse().unwrap()],
         mtu: 65535 - 28,
         ..Default::default()
-    })
-    .unwrap();
+    };
     let mut cfg = ServerConfig {
         name: name.into(),
         link: "mem".into(),
@@ -52,5 +38,5 @@ pub fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle
         ..Default::default()
     };
     tweak(&mut cfg);
-    ServerHandle::start(stack, Box::new(dev), cfg).unwrap()
+    usnet_server::testing::in_memory(stack, cfg).unwrap()
 }
