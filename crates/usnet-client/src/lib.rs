@@ -18,6 +18,7 @@ mod conn;
 mod net;
 mod poll;
 mod sock;
+mod socket;
 mod tcp;
 mod udp;
 
@@ -28,6 +29,8 @@ use usnet_session::ctl::{resolve, ControlError};
 
 pub use net::ClientNet;
 pub use poll::{Event, Interest, Mode, Poller, Source, Token};
+pub use sock::dont_wait;
+pub use socket::{Socket, SocketKind};
 pub use tcp::{TcpInfo, TcpListener, TcpStream};
 pub use udp::UdpSocket;
 

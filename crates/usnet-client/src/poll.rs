@@ -159,6 +159,15 @@ impl Poller {
         Poller::default()
     }
 
+    /// Registrations held.
+    pub fn len(&self) -> usize {
+        self.regs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.regs.is_empty()
+    }
+
     pub fn register(
         &mut self,
         src: &dyn Source,

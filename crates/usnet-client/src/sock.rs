@@ -30,6 +30,18 @@ pub struct Sock {
     closed: AtomicBool,
 }
 
+thread_local! {
+    static DONT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every socket call of this thread non-blocking (`MSG_DONTWAIT`).
+pub fn dont_wait<R>(f: impl FnOnce() -> R) -> R {
+    let before = DONT_WAIT.with(|d| d.replace(true));
+    let r = f();
+    DONT_WAIT.with(|d| d.set(before));
+    r
+}
+
 /// A ring counter the server says is impossible: our memory was scribbled on.
 fn corrupt() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "socket ring corrupt")
@@ -151,13 +163,14 @@ impl Sock {
         lock(&self.write_timeout).map(|t| Instant::now() + t)
     }
 
-    /// Waits until `ready` holds; `WouldBlock` when non-blocking or at the deadline.
+    /// Waits until `ready` holds; `WouldBlock` when non-blocking (the socket, or this
+    /// call through [`dont_wait`]) or at the deadline.
     pub(crate) fn block(
         &self,
         deadline: Option<Instant>,
         ready: impl FnMut() -> bool,
     ) -> io::Result<()> {
-        if self.nonblocking() {
+        if self.nonblocking() || DONT_WAIT.with(|d| d.get()) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         if self.conn.wait_until(deadline, ready)? {

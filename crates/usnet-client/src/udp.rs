@@ -39,6 +39,14 @@ impl UdpSocket {
         self.sock.addr(slot::LOCAL)
     }
 
+    /// Binds a socket made unbound ([`crate::Socket::into_udp`]).
+    pub fn bind_to(&self, addr: SocketAddr) -> io::Result<()> {
+        let a = SockAddr::from_std(addr).to_args();
+        self.sock
+            .call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])
+            .map(|_| ())
+    }
+
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.sock.addr(slot::PEER)
     }
