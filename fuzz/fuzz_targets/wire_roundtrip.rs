@@ -23,6 +23,8 @@ struct Tcp<'a> {
     sacks: [(u32, u32); 4],
     sack_count: u8,
     ts: Option<(u32, u32)>,
+    /// Fast Open: cookie length selector, cookie bytes, experimental encoding.
+    fo: Option<(u8, [u8; 16], bool)>,
     payload: &'a [u8],
 }
 
@@ -374,6 +376,11 @@ fn run(input: Input<'_>) {
                     sack_blocks: t.sacks,
                     sack_count: t.sack_count,
                     timestamps: t.ts,
+                    // A cookie request (0) or a cookie of 4..=16 bytes (RFC 7413 §4.1.1).
+                    fast_open: t.fo.map(|(sel, cookie, exp)| match sel % 14 {
+                        0 => FastOpen::request(exp),
+                        n => FastOpen::with_cookie(&cookie[..usize::from(n) + 3], exp),
+                    }),
                 },
             };
             let hl = r.header_len();

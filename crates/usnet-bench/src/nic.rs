@@ -84,10 +84,15 @@ impl Ctx {
     /// Starts the device side as a child process and waits (sleeping, so the child can
     /// run on this core until it has moved itself to its own) until it has attached.
     fn spawn_device(&self, a: &NicemuOptions, drv: &NicDriver) -> Result<Child, BoxErr> {
+        let before = drv.device_attaches();
         let mut child = self.spawn_device_raw(a)?;
         let t0 = now_ns();
-        while !drv.device_attached() {
+        // A short run may attach, finish and exit between two looks: count attaches.
+        while drv.device_attaches() == before {
             if let Some(st) = child.try_wait()? {
+                if drv.device_attaches() != before {
+                    break;
+                }
                 return Err(format!("device side exited before attaching: {st}").into());
             }
             if now_ns() - t0 > 10_000_000_000 {

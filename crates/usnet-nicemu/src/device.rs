@@ -77,7 +77,10 @@ pub struct DeviceSide {
     /// The interrupt line: `R_IRQ_SEQ` is its futex word, `R_DRV_SLEEPING` its sleepers.
     irq: FutexBell,
     layout: Layout,
+    /// Next RX descriptor to fill (`rx_count % ring`).
     rx_head: u32,
+    /// RX descriptors completed or skipped, free-running (the `R_RX_HEAD` register).
+    rx_count: u32,
     tx_head: u32,
     /// The driver's MAC, read from the config block (destination of generated frames).
     pub driver_mac: [u8; 6],
@@ -178,7 +181,8 @@ impl DeviceSide {
         let hi = region.u32(R_MAC_HI).load(Relaxed).to_le_bytes();
         let mtu = (region.u32(R_MTU).load(Relaxed) as usize).clamp(68, MAX_FRAME - 18);
         // Resume where an earlier device side stopped (its head registers persist).
-        let rx_head = region.u32(R_RX_HEAD).load(Relaxed) % layout.rx_ring;
+        let rx_count = region.u32(R_RX_HEAD).load(Relaxed);
+        let rx_head = rx_count % layout.rx_ring;
         let tx_head = region.u32(R_TX_HEAD).load(Relaxed) % layout.tx_ring;
         region.u32(R_ATTACHES).fetch_add(1, Relaxed);
         let region = Arc::new(region);
@@ -188,6 +192,7 @@ impl DeviceSide {
             irq,
             layout,
             rx_head,
+            rx_count,
             tx_head,
             driver_mac: [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1]],
             mtu,
@@ -285,7 +290,7 @@ impl DeviceSide {
             let Some(off) = self.layout.rx_buf(b) else {
                 // A driver bug: give the descriptor back flagged as an error.
                 self.complete_rx(i, 0, F_FS | F_LS | F_ERR);
-                self.rx_head = (i + 1) % ring;
+                self.advance_rx(k + 1);
                 self.count_missed();
                 return Ok(false);
             };
@@ -301,8 +306,7 @@ impl DeviceSide {
             self.complete_rx(i, n as u32, fl);
             done += n;
         }
-        self.rx_head = (self.rx_head + segs) % ring;
-        self.region.u32(R_RX_HEAD).store(self.rx_head, Release);
+        self.advance_rx(segs);
         self.counters.placed += 1;
         self.counters.placed_bytes += len as u64;
         Ok(true)
@@ -384,14 +388,22 @@ impl DeviceSide {
             .inspect(|&ok| s_count(ok, &mut self.counters.injected_own_skip))
     }
 
+    /// Moves past `n` descriptors (all written) and publishes the count: the driver
+    /// tells a skipped descriptor from a head register it read just before this store
+    /// only because the count runs free instead of wrapping at the ring size.
+    fn advance_rx(&mut self, n: u32) {
+        self.rx_count = self.rx_count.wrapping_add(n);
+        self.rx_head = self.rx_count % self.layout.rx_ring;
+        self.region.u32(R_RX_HEAD).store(self.rx_count, Release);
+    }
+
     fn inject(&mut self, f: impl FnOnce(&Self, u32)) -> Result<bool, NicError> {
         if !self.room_for(1)? {
             return Ok(false);
         }
         let i = self.rx_head;
         f(self, i);
-        self.rx_head = (i + 1) % self.layout.rx_ring;
-        self.region.u32(R_RX_HEAD).store(self.rx_head, Release);
+        self.advance_rx(1);
         Ok(true)
     }
 
@@ -553,6 +565,7 @@ impl DeviceSide {
         self.region.u32(d + D_LEN).store(len, Relaxed);
         self.region.u32(d + D_FLAGS).store(flags, Release);
         self.region.u32(R_RX_HEAD).store(head, Release);
+        self.rx_count = head;
         self.rx_head = head % self.layout.rx_ring;
     }
 

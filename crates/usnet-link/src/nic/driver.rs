@@ -169,6 +169,8 @@ pub struct NicDriver {
     opts: NicOptions,
     max_frame: usize,
     rx_next: u32,
+    /// RX descriptors consumed or stepped over, free-running like `R_RX_HEAD`.
+    rx_count: u32,
     rx_state: RxState,
     tx_next: u32,
     tx_clean: u32,
@@ -270,6 +272,7 @@ impl NicDriver {
             max_frame: opts.mtu + 18,
             opts: opts.clone(),
             rx_next: 0,
+            rx_count: 0,
             rx_state: RxState::Idle,
             tx_next: 0,
             tx_clean: 0,
@@ -306,6 +309,12 @@ impl NicDriver {
     /// Whether a device side holds its liveness lock right now.
     pub fn device_attached(&self) -> bool {
         liveness::claimed_by_other(self.region.file(), LOCK_DEVICE).unwrap_or(false)
+    }
+
+    /// How many device sides have attached over the file's life (one that attached,
+    /// did its work and exited still counts).
+    pub fn device_attaches(&self) -> u32 {
+        self.region.u32(R_ATTACHES).load(Acquire)
     }
     pub fn irq_records(&self) -> &[IrqRecord] {
         &self.records
@@ -352,13 +361,35 @@ impl NicDriver {
     /// The device's head register says it moved past `rx_next` although that descriptor
     /// is still marked as the device's: the device skipped it (an OWN-bit bug).
     fn device_skipped(&self) -> bool {
-        let head = self.region.u32(R_RX_HEAD).load(Acquire);
-        if head >= self.layout.rx_ring || head == self.rx_next {
+        if self.head_ahead().0 == 0 {
             return false;
         }
         // The device writes a descriptor before the head register: reading the head
         // (acquire) and then the flags again rules out a descriptor completed in between.
         self.flags_rx(self.rx_next) & F_OWN != 0
+    }
+
+    /// How many descriptors the device's head register is ahead of `rx_next` (0 when
+    /// level or behind), and the count it implies for `rx_next` when the register is
+    /// not a plausible count (garbage, or a device side that attached with its own).
+    ///
+    /// The register counts free-running, so a head read just before the device
+    /// published a frame we already consumed reads as behind us (at most a ring), not
+    /// as a skip; a ring-modulo register could not tell the two apart.
+    fn head_ahead(&self) -> (u32, Option<u32>) {
+        let head = self.region.u32(R_RX_HEAD).load(Acquire);
+        let ring = self.layout.rx_ring;
+        let ahead = head.wrapping_sub(self.rx_count) as i32;
+        if (-(ring as i32)..=ring as i32).contains(&ahead) {
+            return (ahead.max(0) as u32, None);
+        }
+        let ahead = (head % ring).wrapping_sub(self.rx_next) % ring;
+        (ahead, Some(head.wrapping_sub(ahead)))
+    }
+
+    fn step_rx(&mut self) {
+        self.rx_count = self.rx_count.wrapping_add(1);
+        self.rx_next = self.rx_count % self.layout.rx_ring;
     }
 
     fn rearm_rx(&self, i: u32) {
@@ -433,13 +464,16 @@ impl NicDriver {
             if !self.device_skipped() {
                 return false;
             }
+            if let (_, Some(count)) = self.head_ahead() {
+                self.rx_count = count; // resynchronise with an implausible register
+            }
             // Skipped by the device: the descriptor stays posted; move past it.
             self.stats.rx_bad_own += 1;
             if matches!(self.rx_state, RxState::Assembling { .. }) {
                 self.drop_partial(pool);
                 self.rx_state = RxState::Discarding;
             }
-            self.rx_next = (i + 1) % self.layout.rx_ring;
+            self.step_rx();
             return true;
         }
         self.stats.rx_descs += 1;
@@ -519,7 +553,7 @@ impl NicDriver {
         }
         // Refill: the same buffer goes back to the device.
         self.rearm_rx(i);
-        self.rx_next = (i + 1) % self.layout.rx_ring;
+        self.step_rx();
         true
     }
 
