@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use usnet_driver::{Clock, Driver, ManualClock, MemDevice, MemQueues};
 use usnet_link::DeviceCaps;
-use usnet_stack::{IpCidr, SocketHandle, Stack, StackConfig, StackError};
+use usnet_stack::{IpCidr, SocketHandle, Stack, StackConfig, StackError, TcpState};
 
 use link::STACK_MAC;
 
@@ -120,6 +120,21 @@ struct Fd {
     fastopen: Option<usize>,
     /// TCP_FASTOPEN_KEY set before `listen`.
     fastopen_key: Option<[u8; 16]>,
+    /// TCP_FASTOPEN_CONNECT: `connect` with a cookie cached defers the SYN to the
+    /// first write, which carries data on it.
+    fastopen_connect: bool,
+    /// Such a deferred `connect`'s peer.
+    deferred: Option<SocketAddr>,
+}
+
+/// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
+/// `connect`) went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastOpenStart {
+    /// A connect started; this many bytes ride on its SYN.
+    Started(usize),
+    /// The socket is connected: an ordinary send.
+    Connected,
 }
 
 /// A real kernel descriptor that reserves a socket's number, so the numbers this
@@ -285,6 +300,8 @@ impl Backend {
                 so_error: 0,
                 fastopen: None,
                 fastopen_key: None,
+                fastopen_connect: false,
+                deferred: None,
             },
         );
         Ok(fd)
@@ -350,15 +367,78 @@ impl Backend {
         Ok((nfd, peer))
     }
 
-    /// Starts a connect; `Ok(())` means the SYN is queued.
-    pub fn start_connect(&mut self, fd: c_int, remote: SocketAddr) -> Res<()> {
+    /// Starts a connect; `Ok(true)` means the SYN is queued, `Ok(false)` that it
+    /// waits for the first write (TCP_FASTOPEN_CONNECT with a cookie cached: Linux's
+    /// `connect` then returns 0 at once).
+    pub fn start_connect(&mut self, fd: c_int, remote: SocketAddr) -> Res<bool> {
         let f = self.fd(fd)?;
         let (local, nodelay) = match f.kind {
+            Kind::Fresh(_) if f.deferred.is_some() => return Err(libc::EISCONN),
             Kind::Fresh(a) => (a, f.nodelay),
             Kind::Conn(_) => return Err(libc::EISCONN),
             Kind::Listen(_) => return Err(libc::EINVAL),
         };
+        if f.fastopen_connect {
+            if self.stack().tcp_fastopen_cookie_cached(remote.ip()) {
+                self.fd(fd)?.deferred = Some(remote);
+                return Ok(false);
+            }
+            // No cookie: the SYN goes now and asks for one.
+            self.fastopen_open(fd, local, nodelay, remote, &[])?;
+            return Ok(true);
+        }
         let h = self.stack_mut().tcp_connect(local, remote).map_err(map)?;
+        self.connected_fd(fd, h, nodelay)?;
+        Ok(true)
+    }
+
+    /// Client Fast Open for a send: `to` is `sendto`'s address (`MSG_FASTOPEN`), or
+    /// None for a plain write (then only a deferred `connect` starts one). A socket
+    /// whose connect is under way answers `EALREADY` (Linux).
+    pub fn start_fastopen(
+        &mut self,
+        fd: c_int,
+        to: Option<SocketAddr>,
+        fastopen: bool,
+        data: &[u8],
+    ) -> Res<FastOpenStart> {
+        let f = self.fd(fd)?;
+        let (kind, nodelay, deferred) = (f.kind, f.nodelay, f.deferred);
+        match kind {
+            Kind::Fresh(local) => {
+                let Some(remote) = deferred.or(if fastopen { to } else { None }) else {
+                    return Err(if fastopen { libc::EDESTADDRREQ } else { libc::ENOTCONN });
+                };
+                self.fd(fd)?.deferred = None;
+                let q = self.fastopen_open(fd, local, nodelay, remote, data)?;
+                Ok(FastOpenStart::Started(q))
+            }
+            Kind::Conn(_) if fastopen && !self.connect_status(fd)? => Err(libc::EALREADY),
+            Kind::Conn(_) => Ok(FastOpenStart::Connected),
+            Kind::Listen(_) => Err(libc::ENOTCONN),
+        }
+    }
+
+    fn fastopen_open(
+        &mut self,
+        fd: c_int,
+        local: Option<SocketAddr>,
+        nodelay: bool,
+        remote: SocketAddr,
+        data: &[u8],
+    ) -> Res<usize> {
+        let (h, q) = self
+            .stack_mut()
+            .tcp_connect_fastopen(local, remote, data)
+            .map_err(|e| match e {
+                StackError::WrongType => libc::EOPNOTSUPP,
+                e => map(e),
+            })?;
+        self.connected_fd(fd, h, nodelay)?;
+        Ok(q)
+    }
+
+    fn connected_fd(&mut self, fd: c_int, h: SocketHandle, nodelay: bool) -> Res<()> {
         if nodelay {
             let _ = self.stack_mut().tcp_set_nodelay(h, true);
         }
@@ -392,6 +472,13 @@ impl Backend {
 
     pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
         let h = self.conn(fd)?;
+        // As Linux: no data is queued before the handshake is complete.
+        if matches!(
+            self.stack_mut().tcp_state(h),
+            Ok(TcpState::SynSent | TcpState::SynReceived)
+        ) {
+            return Err(libc::EAGAIN);
+        }
         let r = match self.stack_mut().tcp_send(h, data) {
             Ok(0) if !data.is_empty() => Err(libc::EAGAIN),
             r => r.map_err(map),
@@ -434,6 +521,7 @@ impl Backend {
             return libc::POLLNVAL;
         };
         let h = match kind {
+            Kind::Fresh(_) if self.fds[&fd].deferred.is_some() => return libc::POLLOUT,
             Kind::Fresh(_) => return libc::POLLOUT | libc::POLLHUP,
             Kind::Listen(h) | Kind::Conn(h) => h,
         };
@@ -651,6 +739,16 @@ impl Backend {
                     Kind::Conn(_) => return Err(libc::EINVAL),
                 }
             }
+            (libc::IPPROTO_TCP, TCP_FASTOPEN_CONNECT) => {
+                let on = field(0)? != 0;
+                if !self.stack().tcp_fastopen_client_enabled() {
+                    return Err(libc::EOPNOTSUPP);
+                }
+                match kind {
+                    Kind::Fresh(_) => self.fd(fd)?.fastopen_connect = on,
+                    _ => return Err(libc::EISCONN),
+                }
+            }
             (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) => {
                 let key: [u8; 16] = value
                     .and_then(|v| v.get(..16))
@@ -676,6 +774,9 @@ impl Backend {
         Ok(())
     }
 }
+
+/// Linux's `TCP_FASTOPEN_CONNECT` option number.
+const TCP_FASTOPEN_CONNECT: c_int = 30;
 
 /// Linux's `TCP_FASTOPEN_KEY` option number.
 const TCP_FASTOPEN_KEY: c_int = 33;

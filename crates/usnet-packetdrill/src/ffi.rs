@@ -366,11 +366,33 @@ unsafe extern "C" fn pd_sendto(
     buf: *const c_void,
     n: size_t,
     flags: c_int,
-    _a: *const sockaddr,
-    _l: socklen_t,
+    a: *const sockaddr,
+    l: socklen_t,
 ) -> ssize_t {
-    // SAFETY: sendto(2) contract (the address is ignored on a connected TCP socket).
-    with(ud, |s| s.write(fd, unsafe { slice(buf, n) }?, flags)) as ssize_t
+    with(ud, |s| {
+        // SAFETY: sendto(2) contract (the address matters only for MSG_FASTOPEN).
+        let to = unsafe { send_addr(a, l, flags) }?;
+        // SAFETY: sendto(2) contract.
+        s.send_to(fd, unsafe { slice(buf, n) }?, flags, to)
+    }) as ssize_t
+}
+
+/// The address of a `sendto`/`sendmsg`: None when absent or not needed (a TCP socket
+/// ignores it unless `MSG_FASTOPEN` connects); `AF_UNSPEC` with `MSG_FASTOPEN` is
+/// `EOPNOTSUPP`, as Linux.
+///
+/// # Safety
+/// `a` is null or points to `l` readable bytes.
+unsafe fn send_addr(a: *const sockaddr, l: socklen_t, flags: c_int) -> Res<Option<SocketAddr>> {
+    if flags & libc::MSG_FASTOPEN == 0 || a.is_null() || l == 0 {
+        return Ok(None);
+    }
+    // SAFETY: non-null with `l` bytes, per the caller.
+    if unsafe { (*a).sa_family } as c_int == libc::AF_UNSPEC {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: as above.
+    unsafe { read_sockaddr(a, l) }.map(Some)
 }
 
 unsafe extern "C" fn pd_writev(
@@ -397,7 +419,9 @@ unsafe extern "C" fn pd_sendmsg(
         let m = unsafe { &*m };
         // SAFETY: sendmsg(2) contract.
         let data = unsafe { gather(m.msg_iov, m.msg_iovlen as c_int) }?;
-        s.write(fd, &data, flags)
+        // SAFETY: sendmsg(2) contract.
+        let to = unsafe { send_addr(m.msg_name as *const sockaddr, m.msg_namelen, flags) }?;
+        s.send_to(fd, &data, flags, to)
     }) as ssize_t
 }
 

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant as RealInstant};
 
 use libc::pollfd;
 
-use super::{Backend, Res};
+use super::{Backend, FastOpenStart, Res};
 
 /// How far one `netdev_receive` lets the virtual clock run looking for a packet
 /// before it reports "nothing" (packetdrill then asks again, and the clock runs on).
@@ -239,8 +239,11 @@ impl Shared {
     /// handshake.
     pub fn connect(&self, fd: c_int, to: SocketAddr) -> Res<c_int> {
         let mut g = self.lock();
-        g.start_connect(fd, to)?;
+        let started = g.start_connect(fd, to)?;
         self.changed(&mut g);
+        if !started {
+            return Ok(0);
+        }
         if g.nonblocking(fd) == Some(true) {
             return Err(libc::EINPROGRESS);
         }
@@ -276,10 +279,56 @@ impl Shared {
     /// `write`/`send`: a blocking write returns when everything is queued, like the
     /// kernel's.
     pub fn write(&self, fd: c_int, data: &[u8], flags: c_int) -> Res<i64> {
-        if flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) != 0 {
+        self.send_to(fd, data, flags, None)
+    }
+
+    /// `sendto`/`sendmsg` with an address: with `MSG_FASTOPEN` on an unconnected
+    /// socket (or the first write after a deferred TCP_FASTOPEN_CONNECT `connect`) a
+    /// Fast Open connect: a non-blocking call returns what rode on the SYN (or
+    /// `EINPROGRESS` when nothing did); a blocking one waits for the handshake and
+    /// then sends the rest, as Linux.
+    pub fn send_to(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+    ) -> Res<i64> {
+        if flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_FASTOPEN) != 0 {
             return Err(libc::EOPNOTSUPP);
         }
+        let fastopen = flags & libc::MSG_FASTOPEN != 0;
         let mut done = 0;
+        {
+            let mut g = self.lock();
+            let start = g.start_fastopen(fd, to, fastopen, data);
+            self.changed(&mut g);
+            match start {
+                Ok(FastOpenStart::Connected) => {}
+                Err(libc::ENOTCONN) if !fastopen => {}
+                Err(e) => return Err(e),
+                Ok(FastOpenStart::Started(q)) => {
+                    let nb = flags & libc::MSG_DONTWAIT != 0 || g.nonblocking(fd) != Some(false);
+                    if nb {
+                        return if q > 0 {
+                            Ok(q as i64)
+                        } else {
+                            Err(libc::EINPROGRESS)
+                        };
+                    }
+                    drop(g);
+                    self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
+                        true => Ok(()),
+                        false => Err(libc::EAGAIN),
+                    })?;
+                    done = q;
+                    if done == data.len() {
+                        return Ok(done as i64);
+                    }
+                }
+            }
+        }
+        let flags = flags & !libc::MSG_FASTOPEN;
         let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
             let n = b.try_write(fd, &data[done..])?;
             done += n;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use usnet_tcp::{
     CcAlgorithm, Connection, Keepalive, Listener, State, TcpConfig, TcpInfo, TcpStats, Wake,
 };
+use usnet_wire::FastOpen;
 
 use super::readiness_of;
 use crate::socket::{
@@ -257,6 +258,20 @@ impl Stack {
         remote: SocketAddr,
         cfg: TcpConfig,
     ) -> Result<SocketHandle, StackError> {
+        self.tcp_open(local, remote, cfg, |_, _| 0).map(|(h, _)| h)
+    }
+
+    /// An active open; `prepare` sees the connection before its SYN goes out.
+    fn tcp_open(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        cfg: TcpConfig,
+        prepare: impl FnOnce(
+            &mut Connection,
+            &std::collections::HashMap<std::net::IpAddr, crate::socket::FoCacheEntry>,
+        ) -> usize,
+    ) -> Result<(SocketHandle, usize), StackError> {
         let rip = remote.ip();
         let bad_remote = match rip {
             std::net::IpAddr::V4(a) => a.is_broadcast() || a.is_multicast(),
@@ -292,7 +307,8 @@ impl Stack {
         cfg.mss = cfg
             .mss
             .min(TcpConfig::mss_for_mtu(self.core.cfg.mtu, remote.is_ipv6()));
-        let conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
+        let mut conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
+        let queued = prepare(&mut conn, &self.sockets.tcp.fo_cache);
         let h = self.sockets.insert(
             Socket::TcpConn(Box::new(TcpConnSock::new(conn, None))),
             Owner::LOCAL,
@@ -301,7 +317,54 @@ impl Stack {
         self.sockets.tcp.conns.insert((l, remote), h.index);
         self.core.counters.tcp_active_opens += 1;
         self.tcp_settle(h.index, Wake::default());
-        Ok(h)
+        Ok((h, queued))
+    }
+
+    /// Whether the Fast Open cookie cache holds a cookie for `ip`.
+    pub fn tcp_fastopen_cookie_cached(&self, ip: std::net::IpAddr) -> bool {
+        self.sockets
+            .tcp
+            .fo_cache
+            .get(&ip)
+            .is_some_and(|e| e.cookie.is_some())
+    }
+
+    /// Whether `TcpConfig::fastopen` lets clients use Fast Open.
+    pub fn tcp_fastopen_client_enabled(&self) -> bool {
+        self.core.cfg.tcp.fastopen & usnet_tcp::config::FASTOPEN_CLIENT != 0
+    }
+
+    /// Active open with TCP Fast Open (RFC 7413 §4.1), as Linux's
+    /// `sendto(MSG_FASTOPEN)`: with a cookie cached for `remote` the SYN carries the
+    /// first bytes of `data` (as many as fit in the peer's cached MSS, or ours, less
+    /// 40 bytes of option room); without one the SYN asks for a cookie and carries
+    /// none. Returns the handle and the bytes taken (all on the SYN); the rest is the
+    /// caller's to send once connected. `WrongType` (EOPNOTSUPP to a C caller is the
+    /// caller's mapping) when `TcpConfig::fastopen` has no client bit.
+    pub fn tcp_connect_fastopen(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        data: &[u8],
+    ) -> Result<(SocketHandle, usize), StackError> {
+        if !self.tcp_fastopen_client_enabled() {
+            return Err(StackError::WrongType);
+        }
+        let cfg = self.core.cfg.tcp.clone();
+        self.tcp_open(local, remote, cfg, |c, cache| {
+            let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
+            let Some(cookie) = entry.cookie else {
+                c.set_fastopen_client(FastOpen::request(false), 0);
+                return 0;
+            };
+            let mss = match entry.mss {
+                0 => c.config().mss,
+                m => m.min(c.config().mss),
+            };
+            let room = usize::from(mss).saturating_sub(40).min(data.len());
+            let n = c.send(&data[..room]);
+            c.set_fastopen_client(cookie, n)
+        })
     }
 
     /// Queues data; returns how much was taken (`WouldBlock` when the send buffer is
