@@ -34,6 +34,10 @@ pub struct Options {
     /// The TCP template: `profile=NAME`, then any Linux sysctl name
     /// (`tcp_timestamps=0`, `tcp_rmem=4096 87380 6291456`, ...).
     pub tcp: usnet_stack::TcpConfig,
+    /// `sysctl_file=PATH`: a file of `tcp_name=value` lines that grows while the
+    /// script runs (its mid-script sysctl commands append to it); each system call
+    /// first applies the lines added since the last one.
+    pub sysctl_file: Option<String>,
 }
 
 impl Default for Options {
@@ -48,6 +52,7 @@ impl Default for Options {
             tick_ns: 1_000,
             trap: true,
             tcp: usnet_stack::TcpConfig::default(),
+            sysctl_file: None,
         }
     }
 }
@@ -89,6 +94,7 @@ impl Options {
                 }
                 "profile" => {}
                 "trap" => o.trap = v != "0",
+                "sysctl_file" => o.sysctl_file = Some(v.to_string()),
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
@@ -125,6 +131,11 @@ struct Fd {
     fastopen_connect: bool,
     /// Such a deferred `connect`'s peer.
     deferred: Option<SocketAddr>,
+    /// TCP_SYNCNT.
+    syn_retries: Option<u32>,
+    /// SO_KEEPALIVE, and TCP_KEEPIDLE / TCP_KEEPINTVL (s) / TCP_KEEPCNT.
+    keepalive: bool,
+    keep: [Option<u32>; 3],
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -205,6 +216,8 @@ pub struct Backend {
     pub injected: u64,
     pub sniffed: u64,
     pub resolved: u64,
+    /// `Options::sysctl_file` and how many of its bytes were applied.
+    sysctl_file: Option<(String, usize)>,
 }
 
 /// A result whose error is an errno value.
@@ -256,7 +269,33 @@ impl Backend {
             injected: 0,
             sniffed: 0,
             resolved: 0,
+            sysctl_file: o.sysctl_file.clone().map(|p| (p, 0)),
         })
+    }
+
+    /// Applies the sysctl lines appended to `Options::sysctl_file` since the last
+    /// call to the stack's TCP template (new connections and listeners see them).
+    pub fn apply_sysctl_file(&mut self) {
+        let Some((path, seen)) = self.sysctl_file.as_mut() else {
+            return;
+        };
+        let Ok(text) = std::fs::read_to_string(&*path) else {
+            return;
+        };
+        if text.len() <= *seen {
+            return;
+        }
+        let new = text[*seen..].to_string();
+        // Only whole lines: a partly written one waits for the next call.
+        let upto = new.rfind('\n').map_or(0, |i| i + 1);
+        *seen += upto;
+        for line in new[..upto].lines() {
+            if let Some((k, v)) = line.trim().split_once('=') {
+                if let Err(e) = self.stack_mut().tcp_config_mut().set_sysctl(k.trim(), v.trim()) {
+                    eprintln!("usnet-packetdrill: sysctl {k}={v}: {e}");
+                }
+            }
+        }
     }
 
     pub fn stack(&self) -> &Stack {
@@ -302,6 +341,9 @@ impl Backend {
                 fastopen_key: None,
                 fastopen_connect: false,
                 deferred: None,
+                syn_retries: None,
+                keepalive: false,
+                keep: [None; 3],
             },
         );
         Ok(fd)
@@ -375,9 +417,16 @@ impl Backend {
         let (local, nodelay) = match f.kind {
             Kind::Fresh(_) if f.deferred.is_some() => return Err(libc::EISCONN),
             Kind::Fresh(a) => (a, f.nodelay),
-            Kind::Conn(_) => return Err(libc::EISCONN),
+            Kind::Conn(h) => {
+                // As Linux: a connect under way answers EALREADY.
+                return Err(match self.stack().tcp_state(h) {
+                    Ok(TcpState::SynSent) => libc::EALREADY,
+                    _ => libc::EISCONN,
+                });
+            }
             Kind::Listen(_) => return Err(libc::EINVAL),
         };
+        let f = self.fd(fd)?;
         if f.fastopen_connect {
             if self.stack().tcp_fastopen_cookie_cached(remote.ip()) {
                 self.fd(fd)?.deferred = Some(remote);
@@ -387,7 +436,11 @@ impl Backend {
             self.fastopen_open(fd, local, nodelay, remote, &[])?;
             return Ok(true);
         }
-        let h = self.stack_mut().tcp_connect(local, remote).map_err(map)?;
+        let cfg = self.fd_config(fd)?;
+        let h = self
+            .stack_mut()
+            .tcp_connect_with(local, remote, cfg)
+            .map_err(map)?;
         self.connected_fd(fd, h, nodelay)?;
         Ok(true)
     }
@@ -427,15 +480,43 @@ impl Backend {
         remote: SocketAddr,
         data: &[u8],
     ) -> Res<usize> {
+        let cfg = self.fd_config(fd)?;
         let (h, q) = self
             .stack_mut()
-            .tcp_connect_fastopen(local, remote, data)
+            .tcp_connect_fastopen_with(local, remote, data, cfg)
             .map_err(|e| match e {
                 StackError::WrongType => libc::EOPNOTSUPP,
                 e => map(e),
             })?;
         self.connected_fd(fd, h, nodelay)?;
         Ok(q)
+    }
+
+    /// The stack's TCP template with this socket's options (TCP_SYNCNT, keepalive).
+    fn fd_config(&mut self, fd: c_int) -> Res<usnet_stack::TcpConfig> {
+        let mut cfg = self.stack().tcp_config().clone();
+        let ka = self.keepalive_of(fd)?;
+        let f = self.fd(fd)?;
+        if let Some(n) = f.syn_retries {
+            cfg.syn_retries = n;
+        }
+        cfg.keepalive = ka;
+        Ok(cfg)
+    }
+
+    /// The keepalive a socket's options ask for (None: SO_KEEPALIVE off).
+    fn keepalive_of(&mut self, fd: c_int) -> Res<Option<usnet_stack::Keepalive>> {
+        let d = self.stack().tcp_config().keepalive_defaults;
+        let f = self.fd(fd)?;
+        if !f.keepalive {
+            return Ok(None);
+        }
+        let secs = |v: Option<u32>, dflt: Duration| v.map_or(dflt, |s| Duration::from_secs(s.into()));
+        Ok(Some(usnet_stack::Keepalive {
+            idle: secs(f.keep[0], d.idle),
+            interval: secs(f.keep[1], d.interval),
+            count: f.keep[2].unwrap_or(d.count),
+        }))
     }
 
     fn connected_fd(&mut self, fd: c_int, h: SocketHandle, nodelay: bool) -> Res<()> {
@@ -473,10 +554,7 @@ impl Backend {
     pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
         let h = self.conn(fd)?;
         // As Linux: no data is queued before the handshake is complete.
-        if matches!(
-            self.stack_mut().tcp_state(h),
-            Ok(TcpState::SynSent | TcpState::SynReceived)
-        ) {
+        if matches!(self.stack_mut().tcp_state(h), Ok(TcpState::SynSent)) {
             return Err(libc::EAGAIN);
         }
         let r = match self.stack_mut().tcp_send(h, data) {
@@ -532,8 +610,23 @@ impl Backend {
         if r.readable {
             ev |= libc::POLLIN;
         }
-        if matches!(kind, Kind::Conn(_)) && r.connected && r.writable && !r.closed {
+        // As Linux's tcp_poll: a connection that is over is writable (the write
+        // then reports its error), one whose handshake is under way is not.
+        if matches!(kind, Kind::Conn(_)) && ((r.connected && r.writable) || r.closed) {
             ev |= libc::POLLOUT;
+        }
+        // The peer's FIN arrived (or the connection is over): POLLRDHUP.
+        if matches!(kind, Kind::Conn(_))
+            && matches!(
+                self.stack().tcp_state(h),
+                Ok(TcpState::CloseWait
+                    | TcpState::LastAck
+                    | TcpState::Closing
+                    | TcpState::TimeWait
+                    | TcpState::Closed)
+            )
+        {
+            ev |= libc::POLLRDHUP;
         }
         if r.closed {
             ev |= libc::POLLHUP;
@@ -717,8 +810,40 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
                 self.fd(fd)?.reuseaddr = field(0)? != 0;
             }
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_SNDBUF | libc::SO_RCVBUF) => {
+            (libc::SOL_SOCKET, libc::SO_SNDBUF | libc::SO_RCVBUF) => {
                 field(0)?;
+            }
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
+            | (
+                libc::IPPROTO_TCP,
+                libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT,
+            ) => {
+                let v = field(0)?;
+                let f = self.fd(fd)?;
+                match name {
+                    libc::SO_KEEPALIVE if level == libc::SOL_SOCKET => f.keepalive = v != 0,
+                    _ => {
+                        // Linux's limits: 1..=32767 s, 1..=127 probes.
+                        let max = if name == libc::TCP_KEEPCNT { 127 } else { 32767 };
+                        if !(1..=max).contains(&v) {
+                            return Err(libc::EINVAL);
+                        }
+                        let i = (name - libc::TCP_KEEPIDLE) as usize;
+                        f.keep[i] = Some(v as u32);
+                    }
+                }
+                if let Kind::Conn(h) = kind {
+                    let ka = self.keepalive_of(fd)?;
+                    self.stack_mut().tcp_set_keepalive(h, ka).map_err(map)?;
+                    self.pump();
+                }
+            }
+            (libc::IPPROTO_TCP, libc::TCP_SYNCNT) => {
+                let v = field(0)?;
+                if !(1..=127).contains(&v) {
+                    return Err(libc::EINVAL);
+                }
+                self.fd(fd)?.syn_retries = Some(v as u32);
             }
             (libc::SOL_SOCKET, libc::SO_LINGER) => {
                 if value.is_none_or(|v| v.len() < std::mem::size_of::<libc::linger>()) {

@@ -31,7 +31,10 @@ fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64
     // and only `free` releases it.
     let shared = unsafe { &*(ud as *const Shared) };
     let _inside = shared.enter();
-    match catch_unwind(AssertUnwindSafe(|| f(shared))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        shared.lock().apply_sysctl_file();
+        f(shared)
+    })) {
         Ok(Ok(v)) => v.into(),
         Ok(Err(e)) => {
             set_errno(e);

@@ -347,10 +347,21 @@ impl Stack {
         remote: SocketAddr,
         data: &[u8],
     ) -> Result<(SocketHandle, usize), StackError> {
+        let cfg = self.core.cfg.tcp.clone();
+        self.tcp_connect_fastopen_with(local, remote, data, cfg)
+    }
+
+    /// `tcp_connect_fastopen` with a configuration other than the stack's template.
+    pub fn tcp_connect_fastopen_with(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        data: &[u8],
+        cfg: TcpConfig,
+    ) -> Result<(SocketHandle, usize), StackError> {
         if !self.tcp_fastopen_client_enabled() {
             return Err(StackError::WrongType);
         }
-        let cfg = self.core.cfg.tcp.clone();
         self.tcp_open(local, remote, cfg, |c, cache| {
             let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
             let Some(cookie) = entry.cookie else {
