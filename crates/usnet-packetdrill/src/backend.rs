@@ -4,10 +4,11 @@
 //! protocol work, frames out; ARP/NDP answered); [`shared`] shares it between
 //! packetdrill's threads and makes calls on blocking sockets wait.
 
+mod epoll;
 pub mod link;
 pub mod shared;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -218,6 +219,10 @@ pub struct Backend {
     pub resolved: u64,
     /// `Options::sysctl_file` and how many of its bytes were applied.
     sysctl_file: Option<(String, usize)>,
+    /// epoll instances ([`epoll`]).
+    epolls: BTreeMap<c_int, epoll::Epoll>,
+    /// Wake-ups per socket from the stack's ready list (edge-triggered epoll).
+    wakes: HashMap<SocketHandle, u64>,
 }
 
 /// A result whose error is an errno value.
@@ -270,6 +275,8 @@ impl Backend {
             sniffed: 0,
             resolved: 0,
             sysctl_file: o.sysctl_file.clone().map(|p| (p, 0)),
+            epolls: BTreeMap::new(),
+            wakes: HashMap::new(),
         })
     }
 
@@ -545,6 +552,10 @@ impl Backend {
     }
 
     pub fn try_read(&mut self, fd: c_int, buf: &mut [u8]) -> Res<usize> {
+        // A deferred TCP_FASTOPEN_CONNECT connect is "connecting" to Linux.
+        if self.fd(fd)?.deferred.is_some() {
+            return Err(libc::EAGAIN);
+        }
         let h = self.conn(fd)?;
         let r = self.stack_mut().tcp_recv(h, buf).map_err(map);
         self.pump();
@@ -566,6 +577,9 @@ impl Backend {
     }
 
     pub fn close(&mut self, fd: c_int) -> Res<()> {
+        if self.close_epoll(fd) {
+            return Ok(());
+        }
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
         f.real.close();
         match f.kind {
@@ -701,7 +715,7 @@ impl Backend {
 
     /// Whether `fd` is one of this backend's descriptors.
     pub fn owns(&self, fd: c_int) -> bool {
-        self.fds.contains_key(&fd)
+        self.fds.contains_key(&fd) || self.epolls.contains_key(&fd)
     }
 
     /// `SO_MEMINFO` (Linux's `sk_meminfo` array of 9 `u32`): receive queue and
@@ -844,6 +858,11 @@ impl Backend {
                     return Err(libc::EINVAL);
                 }
                 self.fd(fd)?.syn_retries = Some(v as u32);
+                if let Kind::Conn(h) = kind {
+                    self.stack_mut()
+                        .tcp_set_syn_retries(h, v as u32)
+                        .map_err(map)?;
+                }
             }
             (libc::SOL_SOCKET, libc::SO_LINGER) => {
                 if value.is_none_or(|v| v.len() < std::mem::size_of::<libc::linger>()) {

@@ -595,27 +595,60 @@ unsafe extern "C" fn pd_gettimeofday(ud: *mut c_void, tv: *mut timeval, _tz: *mu
     }) as c_int
 }
 
-unsafe extern "C" fn pd_epoll_create(ud: *mut c_void, _size: c_int) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+unsafe extern "C" fn pd_epoll_create(ud: *mut c_void, size: c_int) -> c_int {
+    with(ud, |s| {
+        if size <= 0 {
+            return Err(libc::EINVAL);
+        }
+        s.call(|b| b.epoll_create())
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_epoll_ctl(
     ud: *mut c_void,
-    _e: c_int,
-    _o: c_int,
-    _f: c_int,
-    _ev: *mut libc::epoll_event,
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
 ) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+    with(ud, |s| {
+        // SAFETY: epoll_ctl(2) contract: `ev` is null or points to an epoll_event.
+        let e = (!ev.is_null()).then(|| unsafe {
+            let e = std::ptr::read_unaligned(ev);
+            (e.events, e.u64)
+        });
+        s.call(|b| b.epoll_ctl(epfd, op, fd, e))
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_epoll_wait(
     ud: *mut c_void,
-    _e: c_int,
-    _ev: *mut libc::epoll_event,
-    _m: c_int,
-    _t: c_int,
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
 ) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+    with(ud, |s| {
+        if ev.is_null() || max <= 0 {
+            return Err(libc::EINVAL);
+        }
+        let got = s.epoll_wait(epfd, max as usize, timeout)?;
+        for (i, (events, data)) in got.iter().enumerate() {
+            // SAFETY: epoll_wait(2) contract: `ev` has room for `max` entries.
+            unsafe {
+                std::ptr::write_unaligned(
+                    ev.add(i),
+                    libc::epoll_event {
+                        events: *events,
+                        u64: *data,
+                    },
+                )
+            };
+        }
+        Ok(got.len() as c_int)
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_pipe(ud: *mut c_void, _fds: *mut c_int) -> c_int {
     with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
 }

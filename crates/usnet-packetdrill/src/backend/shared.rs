@@ -390,6 +390,26 @@ impl Shared {
         }
     }
 
+    /// `epoll_wait`: waits like [`Shared::poll`] until an item reports.
+    pub fn epoll_wait(&self, epfd: c_int, max: usize, timeout: c_int) -> Res<Vec<(u32, u64)>> {
+        if max == 0 {
+            return Err(libc::EINVAL);
+        }
+        let deadline = (timeout >= 0).then(|| self.lock().now_ns() + timeout as u64 * 1_000_000);
+        let r = self.blocking(None, timeout == 0, deadline, |g| {
+            let v = g.epoll_collect(epfd, max)?;
+            if v.is_empty() {
+                Err(libc::EAGAIN)
+            } else {
+                Ok(v)
+            }
+        });
+        match r {
+            Err(libc::EAGAIN) => Ok(Vec::new()),
+            r => r,
+        }
+    }
+
     /// `netdev_send`: a packet from the script.
     pub fn netdev_send(&self, p: &[u8]) -> Res<c_int> {
         let mut g = self.lock();

@@ -620,6 +620,11 @@ impl Stack {
         self.with_conn(h, |c| c.set_keepalive(ka))
     }
 
+    /// TCP_SYNCNT on a connection (its handshake may be under way).
+    pub fn tcp_set_syn_retries(&mut self, h: SocketHandle, n: u32) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_syn_retries(n))
+    }
+
     pub fn tcp_set_linger(
         &mut self,
         h: SocketHandle,

@@ -117,6 +117,12 @@ impl Connection {
         self.syn.fo_max.min(self.snd.buf.len())
     }
 
+    /// TCP_SYNCNT: how many times the SYN is retransmitted before the connect
+    /// fails (takes effect for a handshake under way too).
+    pub fn set_syn_retries(&mut self, n: u32) {
+        self.cfg.syn_retries = n;
+    }
+
     /// After a Fast Open SYN was answered: the peer's MSS (0: none) and the cookie
     /// its SYN-ACK carried (None: none), for the owner's cookie cache. Taken once.
     pub fn take_fastopen_learned(&mut self) -> Option<(u16, Option<FastOpen>)> {
