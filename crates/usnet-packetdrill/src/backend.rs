@@ -5,6 +5,7 @@
 //! packetdrill's threads and makes calls on blocking sockets wait.
 
 mod epoll;
+mod zerocopy;
 pub mod link;
 pub mod shared;
 
@@ -137,6 +138,8 @@ struct Fd {
     /// SO_KEEPALIVE, and TCP_KEEPIDLE / TCP_KEEPINTVL (s) / TCP_KEEPCNT.
     keepalive: bool,
     keep: [Option<u32>; 3],
+    /// SO_ZEROCOPY and the `MSG_ZEROCOPY` completions ([`zerocopy`]).
+    zc: zerocopy::ZeroCopy,
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -351,6 +354,7 @@ impl Backend {
                 syn_retries: None,
                 keepalive: false,
                 keep: [None; 3],
+                zc: Default::default(),
             },
         );
         Ok(fd)
@@ -412,7 +416,17 @@ impl Backend {
             libc::SOCK_STREAM,
             0,
         )?;
-        self.fd(nfd)?.kind = Kind::Conn(c);
+        // Socket flags the listener had are the new socket's (as Linux clones them).
+        let (zc, keepalive, keep) = {
+            let l = self.fd(fd)?;
+            (l.zc.on, l.keepalive, l.keep)
+        };
+        let n = self.fd(nfd)?;
+        n.kind = Kind::Conn(c);
+        n.nodelay = nodelay;
+        n.zc.on = zc;
+        n.keepalive = keepalive;
+        n.keep = keep;
         Ok((nfd, peer))
     }
 
@@ -496,6 +510,7 @@ impl Backend {
                 e => map(e),
             })?;
         self.connected_fd(fd, h, nodelay)?;
+        self.fd(fd)?.zc.written += q as u64;
         Ok(q)
     }
 
@@ -563,6 +578,10 @@ impl Backend {
     }
 
     pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
+        // As Linux: a TCP socket that is not connected (nor connecting) is EPIPE.
+        if matches!(self.fd(fd)?.kind, Kind::Fresh(_)) {
+            return Err(libc::EPIPE);
+        }
         let h = self.conn(fd)?;
         // As Linux: no data is queued before the handshake is complete.
         if matches!(self.stack_mut().tcp_state(h), Ok(TcpState::SynSent)) {
@@ -572,6 +591,9 @@ impl Backend {
             Ok(0) if !data.is_empty() => Err(libc::EAGAIN),
             r => r.map_err(map),
         };
+        if let Ok(n) = r {
+            self.fd(fd)?.zc.written += n as u64;
+        }
         self.pump();
         r
     }
@@ -641,6 +663,9 @@ impl Backend {
             )
         {
             ev |= libc::POLLRDHUP;
+        }
+        if self.zerocopy_pending(fd) {
+            ev |= libc::POLLERR;
         }
         if r.closed {
             ev |= libc::POLLHUP;
@@ -714,6 +739,15 @@ impl Backend {
     }
 
     /// Whether `fd` is one of this backend's descriptors.
+    /// After a send with `MSG_ZEROCOPY` that queued bytes: its completion id.
+    pub fn zerocopy_sent(&mut self, fd: c_int) {
+        if let Ok(f) = self.fd(fd) {
+            if f.zc.on {
+                f.zc.record();
+            }
+        }
+    }
+
     pub fn owns(&self, fd: c_int) -> bool {
         self.fds.contains_key(&fd) || self.epolls.contains_key(&fd)
     }
@@ -824,8 +858,11 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
                 self.fd(fd)?.reuseaddr = field(0)? != 0;
             }
-            (libc::SOL_SOCKET, libc::SO_SNDBUF | libc::SO_RCVBUF) => {
+            (libc::SOL_SOCKET, libc::SO_SNDBUF | libc::SO_RCVBUF | libc::SO_MARK) => {
                 field(0)?;
+            }
+            (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
+                self.fd(fd)?.zc.on = field(0)? != 0;
             }
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
             | (

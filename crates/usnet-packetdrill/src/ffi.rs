@@ -330,6 +330,12 @@ unsafe extern "C" fn pd_recvmsg(
         }
         // SAFETY: recvmsg(2) contract.
         let m = unsafe { &mut *m };
+        if flags & libc::MSG_ERRQUEUE != 0 {
+            let ((lo, hi), v6) = s.call(|b| b.zerocopy_take(fd))?;
+            // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
+            unsafe { put_zerocopy_cmsg(m, lo, hi, v6) }?;
+            return Ok(0);
+        }
         let cnt = m.msg_iovlen as c_int;
         // SAFETY: recvmsg(2) contract.
         let mut tmp = vec![0u8; unsafe { iov_len(m.msg_iov, cnt) }?];
@@ -340,6 +346,50 @@ unsafe extern "C" fn pd_recvmsg(
         m.msg_flags = 0;
         Ok(n)
     }) as ssize_t
+}
+
+/// A `MSG_ZEROCOPY` completion as Linux reports it: one `IP_RECVERR` (or
+/// `IPV6_RECVERR`) cmsg holding a `sock_extended_err` with origin
+/// `SO_EE_ORIGIN_ZEROCOPY`, code `SO_EE_CODE_ZEROCOPY_COPIED` and the id range in
+/// `ee_info..=ee_data`, followed by the offender address (none: zeros, the size of
+/// a `sockaddr_in` or `sockaddr_in6`); `msg_flags` is `MSG_ERRQUEUE`.
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<()> {
+    // struct sock_extended_err: errno, origin, type, code, pad, info, data.
+    let offender = if v6 {
+        std::mem::size_of::<libc::sockaddr_in6>()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    let mut ee = vec![0u8; 16 + offender];
+    ee[4] = 5; // SO_EE_ORIGIN_ZEROCOPY
+    ee[6] = 1; // SO_EE_CODE_ZEROCOPY_COPIED
+    ee[8..12].copy_from_slice(&lo.to_ne_bytes());
+    ee[12..16].copy_from_slice(&hi.to_ne_bytes());
+    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+    let n = ee.len() as u32;
+    let (space, len) = unsafe { (libc::CMSG_SPACE(n) as usize, libc::CMSG_LEN(n) as usize) };
+    m.msg_flags = libc::MSG_ERRQUEUE;
+    if m.msg_control.is_null() || (m.msg_controllen as usize) < space {
+        m.msg_controllen = 0;
+        m.msg_flags |= libc::MSG_CTRUNC;
+        return Ok(());
+    }
+    // SAFETY: the buffer holds at least CMSG_SPACE(n) bytes (checked above).
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(m);
+        if c.is_null() {
+            return Err(libc::EINVAL);
+        }
+        (*c).cmsg_len = len as _;
+        (*c).cmsg_level = if v6 { libc::SOL_IPV6 } else { libc::SOL_IP };
+        (*c).cmsg_type = if v6 { libc::IPV6_RECVERR } else { libc::IP_RECVERR };
+        std::ptr::copy_nonoverlapping(ee.as_ptr(), libc::CMSG_DATA(c), ee.len());
+    }
+    m.msg_controllen = space as _;
+    Ok(())
 }
 
 unsafe extern "C" fn pd_write(

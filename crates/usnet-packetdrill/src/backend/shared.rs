@@ -294,9 +294,24 @@ impl Shared {
         flags: c_int,
         to: Option<SocketAddr>,
     ) -> Res<i64> {
-        if flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_FASTOPEN) != 0 {
+        let known = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_FASTOPEN | libc::MSG_ZEROCOPY;
+        if flags & !known != 0 {
             return Err(libc::EOPNOTSUPP);
         }
+        let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to);
+        if flags & libc::MSG_ZEROCOPY != 0 && matches!(r, Ok(n) if n > 0) {
+            self.call(|b| b.zerocopy_sent(fd));
+        }
+        r
+    }
+
+    fn send_inner(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+    ) -> Res<i64> {
         let fastopen = flags & libc::MSG_FASTOPEN != 0;
         let mut done = 0;
         {
