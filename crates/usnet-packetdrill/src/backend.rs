@@ -140,6 +140,8 @@ struct Fd {
     keep: [Option<u32>; 3],
     /// SO_ZEROCOPY and the `MSG_ZEROCOPY` completions ([`zerocopy`]).
     zc: zerocopy::ZeroCopy,
+    /// TCP_INQ: `recvmsg` reports the bytes left to read (a `TCP_CM_INQ` cmsg).
+    inq: bool,
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -355,6 +357,7 @@ impl Backend {
                 keepalive: false,
                 keep: [None; 3],
                 zc: Default::default(),
+                inq: false,
             },
         );
         Ok(fd)
@@ -726,6 +729,29 @@ impl Backend {
         self.stack_mut().tcp_recv_available(h).map_err(map)
     }
 
+    /// With TCP_INQ on: what `recvmsg` reports in its `TCP_CM_INQ` cmsg (the bytes
+    /// left to read; 1 when none are left and the peer's FIN arrived, as Linux).
+    pub fn inq(&mut self, fd: c_int) -> Option<c_int> {
+        let f = self.fds.get(&fd)?;
+        let (true, Kind::Conn(h)) = (f.inq, f.kind) else {
+            return None;
+        };
+        let n = self.stack().tcp_recv_available(h).unwrap_or(0);
+        let done = matches!(
+            self.stack().tcp_state(h),
+            Ok(TcpState::CloseWait
+                | TcpState::LastAck
+                | TcpState::Closing
+                | TcpState::TimeWait
+                | TcpState::Closed)
+        );
+        Some(if n == 0 && done {
+            1
+        } else {
+            n.min(c_int::MAX as usize) as c_int
+        })
+    }
+
     /// `FIONBIO`.
     pub fn set_nonblocking(&mut self, fd: c_int, on: bool) -> Res<()> {
         self.fd(fd)?.nonblock = on;
@@ -827,6 +853,7 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => reuse as c_int,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
+            (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match kind {
                 Kind::Conn(h) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
                 _ => self.stack_mut().tcp_config().mss as c_int,
@@ -888,6 +915,9 @@ impl Backend {
                     self.stack_mut().tcp_set_keepalive(h, ka).map_err(map)?;
                     self.pump();
                 }
+            }
+            (libc::IPPROTO_TCP, TCP_INQ) => {
+                self.fd(fd)?.inq = field(0)? != 0;
             }
             (libc::IPPROTO_TCP, libc::TCP_SYNCNT) => {
                 let v = field(0)?;
@@ -955,6 +985,9 @@ impl Backend {
         Ok(())
     }
 }
+
+/// Linux's `TCP_INQ` option number (also the `TCP_CM_INQ` cmsg type).
+pub const TCP_INQ: c_int = 36;
 
 /// Linux's `TCP_FASTOPEN_CONNECT` option number.
 const TCP_FASTOPEN_CONNECT: c_int = 30;
@@ -1079,6 +1112,16 @@ mod tests {
         assert_eq!(b.getsockopt(fd, sol, libc::SO_TYPE), Ok(libc::SOCK_STREAM));
         assert_eq!(b.getsockopt(fd, sol, libc::SO_ERROR), Ok(0));
         assert_eq!(b.getsockopt(fd, sol, 12345), Err(libc::ENOPROTOOPT));
+        assert_eq!(b.getsockopt(fd, tcp, TCP_INQ), Ok(0));
+        assert_eq!(b.setsockopt(fd, tcp, TCP_INQ, Some(&one)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, TCP_INQ), Ok(1));
+        assert_eq!(b.inq(fd), None, "no cmsg without a connection");
+        // Keepalive and SYN-count options check their ranges, as Linux.
+        let zero = (0 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_SYNCNT, Some(&zero)), Err(libc::EINVAL));
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPIDLE, Some(&zero)), Err(libc::EINVAL));
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPCNT, Some(&one)), Ok(()));
+        assert_eq!(b.setsockopt(fd, sol, libc::SO_ZEROCOPY, Some(&one)), Ok(()));
         // fcntl and FIONBIO share the one flag; FIONREAD needs a connection.
         assert_eq!(b.nonblocking(fd), Some(false));
         assert_eq!(b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK), Ok(0));

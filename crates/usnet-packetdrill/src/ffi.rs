@@ -342,8 +342,19 @@ unsafe extern "C" fn pd_recvmsg(
         let n = s.read(fd, &mut tmp, flags)?;
         // SAFETY: recvmsg(2) contract.
         unsafe { scatter(m.msg_iov, cnt, &tmp[..n as usize]) }?;
-        m.msg_controllen = 0;
         m.msg_flags = 0;
+        match s.call(|b| b.inq(fd)) {
+            // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
+            Some(inq) => unsafe {
+                put_cmsg(
+                    m,
+                    libc::IPPROTO_TCP,
+                    crate::backend::TCP_INQ,
+                    &inq.to_ne_bytes(),
+                )
+            }?,
+            None => m.msg_controllen = 0,
+        }
         Ok(n)
     }) as ssize_t
 }
@@ -368,10 +379,24 @@ unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<(
     ee[6] = 1; // SO_EE_CODE_ZEROCOPY_COPIED
     ee[8..12].copy_from_slice(&lo.to_ne_bytes());
     ee[12..16].copy_from_slice(&hi.to_ne_bytes());
-    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
-    let n = ee.len() as u32;
-    let (space, len) = unsafe { (libc::CMSG_SPACE(n) as usize, libc::CMSG_LEN(n) as usize) };
     m.msg_flags = libc::MSG_ERRQUEUE;
+    let (level, ty) = if v6 {
+        (libc::SOL_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::SOL_IP, libc::IP_RECVERR)
+    };
+    // SAFETY: per this function's contract.
+    unsafe { put_cmsg(m, level, ty, &ee) }
+}
+
+/// Writes one cmsg into `m.msg_control` (`MSG_CTRUNC` when it does not fit).
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+unsafe fn put_cmsg(m: &mut msghdr, level: c_int, ty: c_int, data: &[u8]) -> Res<()> {
+    let n = data.len() as u32;
+    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+    let (space, len) = unsafe { (libc::CMSG_SPACE(n) as usize, libc::CMSG_LEN(n) as usize) };
     if m.msg_control.is_null() || (m.msg_controllen as usize) < space {
         m.msg_controllen = 0;
         m.msg_flags |= libc::MSG_CTRUNC;
@@ -384,9 +409,9 @@ unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<(
             return Err(libc::EINVAL);
         }
         (*c).cmsg_len = len as _;
-        (*c).cmsg_level = if v6 { libc::SOL_IPV6 } else { libc::SOL_IP };
-        (*c).cmsg_type = if v6 { libc::IPV6_RECVERR } else { libc::IP_RECVERR };
-        std::ptr::copy_nonoverlapping(ee.as_ptr(), libc::CMSG_DATA(c), ee.len());
+        (*c).cmsg_level = level;
+        (*c).cmsg_type = ty;
+        std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
     }
     m.msg_controllen = space as _;
     Ok(())
