@@ -25,6 +25,8 @@ pub(crate) struct SendState {
     pub una_before_last_ack: Seq,
     /// SND.NXT.
     pub nxt: Seq,
+    /// New-data segments sent in the current `poll_transmit` pass.
+    pub burst: u32,
     /// SND.WND: the peer's window, scaled.
     pub wnd: u32,
     /// Largest window the peer has offered (sender SWS avoidance, the RFC 5961 ACK
@@ -79,6 +81,7 @@ impl SendState {
             last_tx: now,
             persist_backoff: 0,
             persist_pending: false,
+            burst: 0,
         }
     }
 }
@@ -276,7 +279,7 @@ impl Connection {
         if fin {
             flags |= TcpFlags::FIN;
         }
-        if len > 0 && (len == unsent || fin) {
+        if len > 0 && (len == unsent || fin || self.ends_burst(len, unsent, win, maxp)) {
             flags |= TcpFlags::PSH;
         }
         let seq = self.snd.nxt;
@@ -293,6 +296,7 @@ impl Connection {
             self.snd.fin_sent = true;
         }
         if len > 0 {
+            self.snd.burst += 1;
             self.stats.tx_data_segments += 1;
             self.stats.tx_bytes += len as u64;
         }
@@ -302,6 +306,23 @@ impl Connection {
             self.arm_tlp();
         }
         Some(true)
+    }
+
+    /// Whether a new-data segment of `len` bytes ends a slow-start burst: an earlier
+    /// one went in this pass, the congestion window is below ssthresh, and the next
+    /// (at most `maxp` of the rest) would not fit in the congestion or the peer's
+    /// window. Such a segment carries PSH. RFC 9293 §3.9.1 leaves where PSH goes to
+    /// the implementation; this approximates where Linux's (the tail of each of its
+    /// write-queue buffers carries one, and in slow start its bursts end on them;
+    /// a lone segment clocked out by an ACK, or a burst in congestion avoidance or
+    /// recovery, is cut from a buffer and carries none).
+    fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
+        if self.snd.burst == 0 || self.cc.cwnd() >= self.cc.ssthresh() {
+            return false;
+        }
+        let next = (unsent - len).min(maxp);
+        let avail = (self.cc.cwnd() as usize).saturating_sub(self.pipe_est() as usize + len);
+        avail < next || win.saturating_sub(len) < next
     }
 
     /// Persist timer (RFC 9293 §3.8.6.1): data waits, nothing is in flight and the
@@ -361,6 +382,28 @@ mod tests {
     use super::super::test_util::*;
     use super::*;
     use crate::TcpConfig;
+
+    #[test]
+    fn a_slow_start_burst_cut_by_the_window_ends_with_psh() {
+        let (mut cli, mut srv) = default_pair();
+        let iw = cli.cc.cwnd() as usize / MSS;
+        cli.send(&vec![3u8; (iw + 4) * MSS]);
+        let out = drain(&mut cli, T0);
+        assert_eq!(out.len(), iw, "the initial window");
+        let psh: Vec<bool> = out.iter().map(|s| s.repr.flags.psh()).collect();
+        assert!(psh[iw - 1] && !psh[..iw - 1].iter().any(|&p| p));
+        // The peer acknowledges the first segment alone: in slow start that clocks
+        // out two, the second ending the burst.
+        feed(&mut srv, T0 + ms(10), &out[..1]);
+        let mut sink = crate::testing::VecSink::default();
+        srv.poll_transmit(T0 + ms(10), &mut sink);
+        let ack: Vec<_> = sink.segments.into_iter().filter(|s| s.repr.flags.ack()).collect();
+        assert!(!ack.is_empty());
+        feed(&mut cli, T0 + ms(20), &ack[..1]);
+        let more = drain(&mut cli, T0 + ms(20));
+        let psh: Vec<bool> = more.iter().map(|s| s.repr.flags.psh()).collect();
+        assert_eq!(psh, [false, true]);
+    }
 
     #[test]
     fn a_write_is_cut_into_full_segments_with_psh_on_the_last() {
