@@ -601,6 +601,14 @@ impl Backend {
         r
     }
 
+    /// `MSG_EOR`: the data written so far ends a record.
+    pub fn end_record(&mut self, fd: c_int) -> Res<()> {
+        let h = self.conn(fd)?;
+        self.stack_mut().tcp_end_record(h).map_err(map)?;
+        self.pump();
+        Ok(())
+    }
+
     pub fn close(&mut self, fd: c_int) -> Res<()> {
         if self.close_epoll(fd) {
             return Ok(());

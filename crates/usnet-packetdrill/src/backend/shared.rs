@@ -294,7 +294,11 @@ impl Shared {
         flags: c_int,
         to: Option<SocketAddr>,
     ) -> Res<i64> {
-        let known = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_FASTOPEN | libc::MSG_ZEROCOPY;
+        let known = libc::MSG_DONTWAIT
+            | libc::MSG_NOSIGNAL
+            | libc::MSG_FASTOPEN
+            | libc::MSG_ZEROCOPY
+            | libc::MSG_EOR;
         if flags & !known != 0 {
             return Err(libc::EOPNOTSUPP);
         }
@@ -344,12 +348,16 @@ impl Shared {
             }
         }
         let flags = flags & !libc::MSG_FASTOPEN;
+        let eor = flags & libc::MSG_EOR != 0;
         let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
             let n = b.try_write(fd, &data[done..])?;
             done += n;
             if done < data.len() {
                 Err(libc::EAGAIN)
             } else {
+                if eor && n > 0 {
+                    b.end_record(fd)?;
+                }
                 Ok(())
             }
         });

@@ -398,6 +398,12 @@ impl Stack {
         self.with_conn(h, |c| c.send(data))
     }
 
+    /// `MSG_EOR`: the data queued so far ends a record; its last byte ends a
+    /// segment, so later data never shares a segment with it.
+    pub fn tcp_end_record(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.end_record())
+    }
+
     /// Reads received data: `Ok(0)` at end of stream, `WouldBlock` when nothing is
     /// there yet, the connection's error if it failed.
     pub fn tcp_recv(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<usize, StackError> {

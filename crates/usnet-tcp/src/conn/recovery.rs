@@ -516,7 +516,8 @@ impl Connection {
         }
         // PSH as on the original: on the segment that ended the queued data.
         let data_end = self.snd.una + self.snd.buf.len();
-        if data_len > 0 && s.end.since(data_end) <= 1 && s.end.ge(data_end) {
+        let ends_data = s.end.since(data_end) <= 1 && s.end.ge(data_end);
+        if data_len > 0 && (ends_data || self.snd.records.contains(&s.end)) {
             flags |= TcpFlags::PSH;
         }
         let off = s.start.since(self.snd.una) as usize;

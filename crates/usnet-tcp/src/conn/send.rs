@@ -27,6 +27,8 @@ pub(crate) struct SendState {
     pub nxt: Seq,
     /// New-data segments sent in the current `poll_transmit` pass.
     pub burst: u32,
+    /// Ends of records (`MSG_EOR`) not yet acknowledged: a segment never crosses one.
+    pub records: std::collections::VecDeque<Seq>,
     /// SND.WND: the peer's window, scaled.
     pub wnd: u32,
     /// Largest window the peer has offered (sender SWS avoidance, the RFC 5961 ACK
@@ -82,6 +84,7 @@ impl SendState {
             persist_backoff: 0,
             persist_pending: false,
             burst: 0,
+            records: std::collections::VecDeque::new(),
         }
     }
 }
@@ -121,6 +124,22 @@ impl Connection {
             return 0;
         }
         self.snd.buf.push(data)
+    }
+
+    /// The data queued so far ends a record (Linux `MSG_EOR`): the segment that
+    /// carries its last byte ends there (and carries PSH), and is not held back by
+    /// Nagle unless it is the last data queued (as Linux applies Nagle to the tail
+    /// of its queue only).
+    pub fn end_record(&mut self) {
+        let start = if self.state == State::SynSent {
+            self.snd.iss + 1u32
+        } else {
+            self.snd.una
+        };
+        let end = start + self.snd.buf.len() as u32;
+        if self.snd.records.back() != Some(&end) && end.gt(self.snd.nxt) {
+            self.snd.records.push_back(end);
+        }
     }
 
     /// [`Connection::send`] whose bytes `fill` writes straight into the send ring (up
@@ -228,6 +247,19 @@ impl Connection {
         let wnd_end = self.snd.una + self.snd.wnd;
         let win = wnd_end.since(self.snd.nxt) as usize;
         let mut len = unsent.min(maxp).min(win);
+        // A segment ends at the next record end (MSG_EOR).
+        while self.snd.records.front().is_some_and(|&r| r.le(self.snd.una)) {
+            self.snd.records.pop_front();
+        }
+        let record_end = self
+            .snd
+            .records
+            .iter()
+            .find(|&&r| r.gt(self.snd.nxt))
+            .map(|&r| r.since(self.snd.nxt) as usize);
+        if let Some(r) = record_end {
+            len = len.min(r);
+        }
         if unsent > 0 && len == 0 {
             *blocked_by_window = true;
             if !(want_fin && unsent == 0) {
@@ -259,7 +291,8 @@ impl Connection {
             let window_limited = len < unsent
                 && len == win
                 && (2 * len >= self.snd.max_wnd as usize || self.scoreboard.is_empty());
-            if !(full || (all && nagle_ok) || window_limited) {
+            let ends_record = record_end == Some(len);
+            if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited) {
                 return None;
             }
         }
@@ -279,7 +312,10 @@ impl Connection {
         if fin {
             flags |= TcpFlags::FIN;
         }
-        if len > 0 && (len == unsent || fin || self.ends_burst(len, unsent, win, maxp)) {
+        let ends_record = record_end == Some(len);
+        if len > 0
+            && (len == unsent || fin || ends_record || self.ends_burst(len, unsent, win, maxp))
+        {
             flags |= TcpFlags::PSH;
         }
         let seq = self.snd.nxt;
@@ -403,6 +439,24 @@ mod tests {
         let more = drain(&mut cli, T0 + ms(20));
         let psh: Vec<bool> = more.iter().map(|s| s.repr.flags.psh()).collect();
         assert_eq!(psh, [false, true]);
+    }
+
+    #[test]
+    fn a_record_end_cuts_a_segment_and_is_not_held_by_nagle() {
+        let (mut cli, _srv) = default_pair();
+        // Something small in flight, so Nagle would hold a small tail.
+        cli.send(&[1u8; 10]);
+        assert_eq!(drain(&mut cli, T0).len(), 1);
+        cli.send(&[2u8; 100]);
+        cli.end_record();
+        cli.send(&[3u8; 100]);
+        cli.end_record();
+        cli.send(&vec![4u8; MSS + 50]);
+        let out = drain(&mut cli, T0);
+        let sizes: Vec<usize> = out.iter().map(|s| s.payload.len()).collect();
+        assert_eq!(sizes, [100, 100, MSS], "records alone; the 50-byte tail waits (Nagle)");
+        let psh: Vec<bool> = out.iter().map(|s| s.repr.flags.psh()).collect();
+        assert_eq!(psh, [true, true, false]);
     }
 
     #[test]
