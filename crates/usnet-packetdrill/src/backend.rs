@@ -142,6 +142,8 @@ struct Fd {
     zc: zerocopy::ZeroCopy,
     /// TCP_INQ: `recvmsg` reports the bytes left to read (a `TCP_CM_INQ` cmsg).
     inq: bool,
+    /// TCP_MAXSEG.
+    user_mss: Option<u16>,
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -358,6 +360,7 @@ impl Backend {
                 keep: [None; 3],
                 zc: Default::default(),
                 inq: false,
+                user_mss: None,
             },
         );
         Ok(fd)
@@ -392,7 +395,10 @@ impl Backend {
             .map_err(map)?;
         let f = self.fd(fd)?;
         f.kind = Kind::Listen(h);
-        let (qlen, key) = (f.fastopen, f.fastopen_key);
+        let (qlen, key, mss) = (f.fastopen, f.fastopen_key, f.user_mss);
+        if let Some(m) = mss {
+            self.stack_mut().tcp_set_listener_mss(h, m).map_err(map)?;
+        }
         if let Some(q) = qlen {
             self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?;
         }
@@ -524,6 +530,9 @@ impl Backend {
         let f = self.fd(fd)?;
         if let Some(n) = f.syn_retries {
             cfg.syn_retries = n;
+        }
+        if let Some(m) = f.user_mss {
+            cfg.mss = cfg.mss.min(m);
         }
         cfg.keepalive = ka;
         Ok(cfg)
@@ -862,8 +871,11 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => reuse as c_int,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
-            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match kind {
-                Kind::Conn(h) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match (kind, self.fd(fd)?.user_mss) {
+                (Kind::Conn(h), _) => {
+                    self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int
+                }
+                (_, Some(m)) => c_int::from(m),
                 _ => self.stack_mut().tcp_config().mss as c_int,
             },
             _ => return Err(libc::ENOPROTOOPT),
@@ -926,6 +938,19 @@ impl Backend {
             }
             (libc::IPPROTO_TCP, TCP_INQ) => {
                 self.fd(fd)?.inq = field(0)? != 0;
+            }
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
+                // Linux: 0 clears it; otherwise TCP_MIN_MSS (88) up to 32767.
+                let v = field(0)?;
+                let m = match v {
+                    0 => None,
+                    88..=32767 => Some(v as u16),
+                    _ => return Err(libc::EINVAL),
+                };
+                self.fd(fd)?.user_mss = m;
+                if let (Kind::Listen(h), Some(m)) = (kind, m) {
+                    self.stack_mut().tcp_set_listener_mss(h, m).map_err(map)?;
+                }
             }
             (libc::IPPROTO_TCP, libc::TCP_SYNCNT) => {
                 let v = field(0)?;
@@ -1130,6 +1155,13 @@ mod tests {
         assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPIDLE, Some(&zero)), Err(libc::EINVAL));
         assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPCNT, Some(&one)), Ok(()));
         assert_eq!(b.setsockopt(fd, sol, libc::SO_ZEROCOPY, Some(&one)), Ok(()));
+        // TCP_MAXSEG before connect/listen: kept, reported, checked.
+        let m = (1100 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&m)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_MAXSEG), Ok(1100));
+        assert_eq!(b.fd_config(fd).map(|c| c.mss), Ok(1100));
+        let small = (50 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&small)), Err(libc::EINVAL));
         // fcntl and FIONBIO share the one flag; FIONREAD needs a connection.
         assert_eq!(b.nonblocking(fd), Some(false));
         assert_eq!(b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK), Ok(0));

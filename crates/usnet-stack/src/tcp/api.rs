@@ -201,6 +201,20 @@ impl Stack {
         }
     }
 
+    /// TCP_MAXSEG on a listener: its SYN-ACKs advertise (and its connections use)
+    /// an MSS of at most `mss`. (For an active open, pass it in the configuration.)
+    pub fn tcp_set_listener_mss(&mut self, h: SocketHandle, mss: u16) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_mss(mss);
+                }
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
     /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with.
     pub fn tcp_set_fastopen_key(
         &mut self,
