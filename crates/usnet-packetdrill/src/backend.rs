@@ -610,6 +610,12 @@ impl Backend {
         r
     }
 
+    /// A blocking Fast Open send waits for the handshake with data to send.
+    pub fn set_write_pending(&mut self, fd: c_int, on: bool) -> Res<()> {
+        let h = self.conn(fd)?;
+        self.stack_mut().tcp_set_write_pending(h, on).map_err(map)
+    }
+
     /// `MSG_EOR`: the data written so far ends a record.
     pub fn end_record(&mut self, fd: c_int) -> Res<()> {
         let h = self.conn(fd)?;
@@ -1061,6 +1067,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(96, u64::from(i.rcv_space));
     put32(100, i.total_retransmits);
     put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
+    put32(192, i.delivered);
     put32(228, u64::from(i.snd_wnd));
     put32(232, u64::from(i.rcv_wnd));
     b[0] = match i.state {

@@ -335,11 +335,18 @@ impl Shared {
                             Err(libc::EINPROGRESS)
                         };
                     }
+                    // Data left over from the SYN waits to go: the handshake's ACK
+                    // may wait for it.
+                    if q < data.len() {
+                        let _ = g.set_write_pending(fd, true);
+                    }
                     drop(g);
-                    self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
+                    let r = self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
                         true => Ok(()),
                         false => Err(libc::EAGAIN),
-                    })?;
+                    });
+                    let _ = self.call(|b| b.set_write_pending(fd, false));
+                    r?;
                     done = q;
                     if done == data.len() {
                         return Ok(done as i64);

@@ -640,6 +640,12 @@ impl Stack {
         self.with_conn(h, |c| c.set_keepalive(ka))
     }
 
+    /// The application waits for the handshake to send data: the handshake's ACK
+    /// waits for that data (Linux's `sk_write_pending`).
+    pub fn tcp_set_write_pending(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_write_pending(on))
+    }
+
     /// TCP_SYNCNT on a connection (its handshake may be under way).
     pub fn tcp_set_syn_retries(&mut self, h: SocketHandle, n: u32) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_syn_retries(n))

@@ -67,6 +67,8 @@ pub(crate) struct SynState {
     /// What the SYN-ACK taught about Fast Open to this peer (its MSS, its cookie if
     /// it sent one), until the owner takes it for its cookie cache.
     pub fo_learned: Option<(u16, Option<FastOpen>)>,
+    /// The application waits for the handshake to send data (`set_write_pending`).
+    pub write_pending: bool,
 }
 
 impl SynState {
@@ -81,6 +83,7 @@ impl SynState {
             fo_max: 0,
             fo_sent: 0,
             fo_learned: None,
+            write_pending: false,
         }
     }
 }
@@ -115,6 +118,13 @@ impl Connection {
         self.syn.fo = Some(fo);
         self.syn.fo_max = if fo.len > 0 { max_data } else { 0 };
         self.syn.fo_max.min(self.snd.buf.len())
+    }
+
+    /// The application is blocked until the handshake completes, to send data at
+    /// once (Linux's `sk_write_pending`, set by a blocking Fast Open `sendto`): the
+    /// ACK of the SYN-ACK waits for that data (or the delayed-ACK timer).
+    pub fn set_write_pending(&mut self, on: bool) {
+        self.syn.write_pending = on;
     }
 
     /// TCP_SYNCNT: how many times the SYN is retransmitted before the connect
@@ -296,7 +306,16 @@ impl Connection {
             self.snd.una = ack;
             self.syn_rtt_sample();
             self.establish();
-            self.ack.pending = true;
+            if self.syn.write_pending {
+                // The application waits to send (Linux sk_write_pending): its data
+                // will carry the ACK; it goes alone only if the delayed-ACK timer
+                // fires first. A reply sent now counts as interactive.
+                self.timers
+                    .set(Timer::DelayedAck, self.now + self.cfg.delayed_ack);
+                self.ack.last_data_rx = Some(self.now);
+            } else {
+                self.ack.pending = true;
+            }
         } else {
             // Simultaneous open: SYN-ACK with our original ISS.
             self.state = State::SynReceived;
@@ -374,6 +393,8 @@ impl Connection {
             State::Established
         };
         self.stats.conn_established += 1;
+        // Our SYN (or SYN-ACK) was delivered.
+        self.snd.delivered += 1;
         self.cc = self
             .cfg
             .congestion
@@ -580,6 +601,36 @@ mod tests {
         let out = drain(&mut cli, T0 + Duration::from_millis(1100));
         assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 500);
         assert_eq!(out[0].repr.seq, cli.iss() + 1);
+    }
+
+    #[test]
+    fn a_pending_write_carries_the_handshake_ack_and_makes_the_exchange_interactive() {
+        let mut cli = client(TcpConfig::default());
+        cli.set_write_pending(true);
+        let syn = drain(&mut cli, T0).remove(0);
+        let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
+        feed(&mut cli, T0 + ms(10), &[synack.clone()]);
+        assert_eq!(cli.state(), State::Established);
+        assert_eq!(cli.info().delivered, 1, "the SYN");
+        assert!(drain(&mut cli, T0 + ms(10)).is_empty(), "the ACK waits for the data");
+        cli.set_write_pending(false);
+        cli.send(&[1u8; 100]);
+        let out = drain(&mut cli, T0 + ms(10));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), 100);
+        assert!(out[0].repr.flags.ack());
+        // The peer's reply is acknowledged with the delayed-ACK timer, not at once.
+        let mut reply = synack;
+        reply.repr.flags = TcpFlags::ACK | TcpFlags::PSH;
+        reply.repr.seq += 1;
+        reply.repr.ack = cli.iss() + 101;
+        reply.payload = vec![2u8; 50];
+        feed(&mut cli, T0 + ms(20), &[reply]);
+        assert_eq!(cli.info().delivered, 2, "the SYN and one data segment");
+        assert!(drain(&mut cli, T0 + ms(20)).is_empty(), "pingpong: no quick-ack");
+        let late = drain(&mut cli, T0 + ms(20) + TcpConfig::default().delayed_ack);
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].repr.ack, 5000 + 1 + 50);
     }
 
     #[test]

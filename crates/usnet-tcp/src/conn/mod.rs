@@ -217,6 +217,8 @@ pub struct TcpInfo {
     pub send_queued: usize,
     /// Data on a SYN was accepted (server) or acknowledged (client) by Fast Open.
     pub syn_data: bool,
+    /// Segments delivered (acknowledged or SACKed), the handshake counting one.
+    pub delivered: u64,
 }
 
 /// A TCP connection.
@@ -389,6 +391,7 @@ impl Connection {
             recv_queued: self.rcv.buf.len(),
             send_queued: self.snd.buf.len(),
             syn_data: self.syn.syn_data,
+            delivered: self.snd.delivered,
         }
     }
 

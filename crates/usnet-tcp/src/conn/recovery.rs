@@ -165,6 +165,7 @@ impl Connection {
             self.scoreboard.pop_front();
             if !front.sacked {
                 self.rack_update(&front);
+                self.snd.delivered += 1;
                 delivered = true;
                 if front.xmits == 1 {
                     rtt_sample = Some(self.now.saturating_since(front.sent));
@@ -237,6 +238,7 @@ impl Connection {
                 // alone: conservative).
                 if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
                     self.rack_update(&s);
+                    self.snd.delivered += 1;
                     delivered = true;
                 }
                 idx += 1;

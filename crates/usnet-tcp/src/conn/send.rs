@@ -27,6 +27,9 @@ pub(crate) struct SendState {
     pub nxt: Seq,
     /// New-data segments sent in the current `poll_transmit` pass.
     pub burst: u32,
+    /// Segments delivered (acknowledged or SACKed, each once), the handshake
+    /// counting one: Linux's `tcpi_delivered`.
+    pub delivered: u64,
     /// Ends of records (`MSG_EOR`) not yet acknowledged: a segment never crosses one.
     pub records: std::collections::VecDeque<Seq>,
     /// SND.WND: the peer's window, scaled.
@@ -84,6 +87,7 @@ impl SendState {
             persist_backoff: 0,
             persist_pending: false,
             burst: 0,
+            delivered: 0,
             records: std::collections::VecDeque::new(),
         }
     }
@@ -332,6 +336,14 @@ impl Connection {
             self.snd.fin_sent = true;
         }
         if len > 0 {
+            // A reply within a delayed-ACK interval of received data: interactive.
+            if self
+                .ack
+                .last_data_rx
+                .is_some_and(|t| self.now.saturating_since(t) < self.cfg.delayed_ack)
+            {
+                self.ack.pingpong = true;
+            }
             self.snd.burst += 1;
             self.stats.tx_data_segments += 1;
             self.stats.tx_bytes += len as u64;
