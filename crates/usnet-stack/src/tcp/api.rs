@@ -608,7 +608,7 @@ impl Stack {
     }
 
     pub fn tcp_info(&self, h: SocketHandle) -> Result<TcpInfo, StackError> {
-        Ok(self.conn(h)?.info())
+        Ok(self.conn(h)?.info_at(self.core.tcp_now()))
     }
 
     /// The connection's own counters.

@@ -302,6 +302,7 @@ impl Connection {
         self.snd.wl1 = Seq(seg.seq);
         self.snd.wl2 = ack;
         if f.ack() {
+            self.ack.last_rcv = Some(self.now);
             self.fastopen_synack(seg, ack);
             self.snd.una = ack;
             self.syn_rtt_sample();
@@ -612,6 +613,7 @@ mod tests {
         feed(&mut cli, T0 + ms(10), &[synack.clone()]);
         assert_eq!(cli.state(), State::Established);
         assert_eq!(cli.info().delivered, 1, "the SYN");
+        assert_eq!(cli.info_at(T0 + ms(30)).last_data_recv, ms(20), "since the SYN-ACK");
         assert!(drain(&mut cli, T0 + ms(10)).is_empty(), "the ACK waits for the data");
         cli.set_write_pending(false);
         cli.send(&[1u8; 100]);
@@ -627,6 +629,7 @@ mod tests {
         reply.payload = vec![2u8; 50];
         feed(&mut cli, T0 + ms(20), &[reply]);
         assert_eq!(cli.info().delivered, 2, "the SYN and one data segment");
+        assert_eq!(cli.info_at(T0 + ms(25)).last_data_recv, ms(5));
         assert!(drain(&mut cli, T0 + ms(20)).is_empty(), "pingpong: no quick-ack");
         let late = drain(&mut cli, T0 + ms(20) + TcpConfig::default().delayed_ack);
         assert_eq!(late.len(), 1);

@@ -102,6 +102,8 @@ pub(crate) struct AckState {
     pub last_sent: Seq,
     /// When data last arrived in order (None: never), for interactive mode.
     pub last_data_rx: Option<Instant>,
+    /// When data (or an active open's SYN-ACK) last arrived: `tcpi_last_data_recv`.
+    pub last_rcv: Option<Instant>,
     /// Interactive ("pingpong") mode, as Linux: data we send within a delayed-ACK
     /// interval of data received means the peer's next data is answered with our
     /// reply, so it is not acknowledged at once (no quick-acks) but with the
@@ -118,6 +120,7 @@ impl AckState {
             quickack,
             last_sent: Seq(0),
             last_data_rx: None,
+            last_rcv: None,
             pingpong: false,
         }
     }
@@ -460,6 +463,7 @@ impl Connection {
         // so a bulk sender is never throttled), a lone one within `delayed_ack`.
         self.ack.unacked_bytes += n as u32;
         self.ack.last_data_rx = Some(self.now);
+        self.ack.last_rcv = Some(self.now);
         if self.ack.quickack > 0 && !self.ack.pingpong {
             self.ack.quickack -= 1;
             self.ack.pending = true;
