@@ -5,9 +5,9 @@
 //! packetdrill's threads and makes calls on blocking sockets wait.
 
 mod epoll;
-mod zerocopy;
 pub mod link;
 pub mod shared;
+mod zerocopy;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;
@@ -305,7 +305,11 @@ impl Backend {
         *seen += upto;
         for line in new[..upto].lines() {
             if let Some((k, v)) = line.trim().split_once('=') {
-                if let Err(e) = self.stack_mut().tcp_config_mut().set_sysctl(k.trim(), v.trim()) {
+                if let Err(e) = self
+                    .stack_mut()
+                    .tcp_config_mut()
+                    .set_sysctl(k.trim(), v.trim())
+                {
                     eprintln!("usnet-packetdrill: sysctl {k}={v}: {e}");
                 }
             }
@@ -490,7 +494,11 @@ impl Backend {
         match kind {
             Kind::Fresh(local) => {
                 let Some(remote) = deferred.or(if fastopen { to } else { None }) else {
-                    return Err(if fastopen { libc::EDESTADDRREQ } else { libc::ENOTCONN });
+                    return Err(if fastopen {
+                        libc::EDESTADDRREQ
+                    } else {
+                        libc::ENOTCONN
+                    });
                 };
                 self.fd(fd)?.deferred = None;
                 let q = self.fastopen_open(fd, local, nodelay, remote, data)?;
@@ -545,7 +553,8 @@ impl Backend {
         if !f.keepalive {
             return Ok(None);
         }
-        let secs = |v: Option<u32>, dflt: Duration| v.map_or(dflt, |s| Duration::from_secs(s.into()));
+        let secs =
+            |v: Option<u32>, dflt: Duration| v.map_or(dflt, |s| Duration::from_secs(s.into()));
         Ok(Some(usnet_stack::Keepalive {
             idle: secs(f.keep[0], d.idle),
             interval: secs(f.keep[1], d.interval),
@@ -878,9 +887,7 @@ impl Backend {
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match (kind, self.fd(fd)?.user_mss) {
-                (Kind::Conn(h), _) => {
-                    self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int
-                }
+                (Kind::Conn(h), _) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
                 (_, Some(m)) => c_int::from(m),
                 _ => self.stack_mut().tcp_config().mss as c_int,
             },
@@ -918,17 +925,18 @@ impl Backend {
                 self.fd(fd)?.zc.on = field(0)? != 0;
             }
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
-            | (
-                libc::IPPROTO_TCP,
-                libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT,
-            ) => {
+            | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT) => {
                 let v = field(0)?;
                 let f = self.fd(fd)?;
                 match name {
                     libc::SO_KEEPALIVE if level == libc::SOL_SOCKET => f.keepalive = v != 0,
                     _ => {
                         // Linux's limits: 1..=32767 s, 1..=127 probes.
-                        let max = if name == libc::TCP_KEEPCNT { 127 } else { 32767 };
+                        let max = if name == libc::TCP_KEEPCNT {
+                            127
+                        } else {
+                            32767
+                        };
                         if !(1..=max).contains(&v) {
                             return Err(libc::EINVAL);
                         }
@@ -1159,8 +1167,14 @@ mod tests {
         assert_eq!(b.inq(fd), None, "no cmsg without a connection");
         // Keepalive and SYN-count options check their ranges, as Linux.
         let zero = (0 as c_int).to_ne_bytes();
-        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_SYNCNT, Some(&zero)), Err(libc::EINVAL));
-        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPIDLE, Some(&zero)), Err(libc::EINVAL));
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_SYNCNT, Some(&zero)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_KEEPIDLE, Some(&zero)),
+            Err(libc::EINVAL)
+        );
         assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPCNT, Some(&one)), Ok(()));
         assert_eq!(b.setsockopt(fd, sol, libc::SO_ZEROCOPY, Some(&one)), Ok(()));
         // TCP_MAXSEG before connect/listen: kept, reported, checked.
@@ -1169,7 +1183,10 @@ mod tests {
         assert_eq!(b.getsockopt(fd, tcp, libc::TCP_MAXSEG), Ok(1100));
         assert_eq!(b.fd_config(fd).map(|c| c.mss), Ok(1100));
         let small = (50 as c_int).to_ne_bytes();
-        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&small)), Err(libc::EINVAL));
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&small)),
+            Err(libc::EINVAL)
+        );
         // fcntl and FIONBIO share the one flag; FIONREAD needs a connection.
         assert_eq!(b.nonblocking(fd), Some(false));
         assert_eq!(b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK), Ok(0));

@@ -397,7 +397,10 @@ unsafe fn put_cmsg(m: &mut msghdr, level: c_int, ty: c_int, data: &[u8]) -> Res<
     let n = data.len() as u32;
     // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
     let (space, len) = unsafe { (libc::CMSG_SPACE(n) as usize, libc::CMSG_LEN(n) as usize) };
-    if m.msg_control.is_null() || (m.msg_controllen as usize) < space {
+    // msg_controllen is usize on glibc, u32 on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let room = m.msg_controllen as usize;
+    if m.msg_control.is_null() || room < space {
         m.msg_controllen = 0;
         m.msg_flags |= libc::MSG_CTRUNC;
         return Ok(());

@@ -195,7 +195,10 @@ mod tests {
         let lt = b.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
         let et = b.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
         let ep = b.epoll_create().unwrap();
-        assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, lt, Some((OUT, 1))), Ok(0));
+        assert_eq!(
+            b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, lt, Some((OUT, 1))),
+            Ok(0)
+        );
         assert_eq!(
             b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, lt, Some((OUT, 1))),
             Err(libc::EEXIST)
@@ -204,20 +207,48 @@ mod tests {
             b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, et, Some((OUT, 2))),
             Err(libc::ENOENT)
         );
-        assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, 999, Some((OUT, 2))), Err(libc::EBADF));
-        assert_eq!(b.epoll_ctl(lt, libc::EPOLL_CTL_ADD, et, Some((OUT, 2))), Err(libc::EBADF));
-        assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, et, Some((OUT | ET, 2))), Ok(0));
+        assert_eq!(
+            b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, 999, Some((OUT, 2))),
+            Err(libc::EBADF)
+        );
+        assert_eq!(
+            b.epoll_ctl(lt, libc::EPOLL_CTL_ADD, et, Some((OUT, 2))),
+            Err(libc::EBADF)
+        );
+        assert_eq!(
+            b.epoll_ctl(ep, libc::EPOLL_CTL_ADD, et, Some((OUT | ET, 2))),
+            Ok(0)
+        );
         // Level-triggered reports every time; edge-triggered once after ADD.
-        assert_eq!(b.epoll_collect(ep, 8), Ok(vec![(OUT | HUP, 1), (OUT | HUP, 2)]));
+        assert_eq!(
+            b.epoll_collect(ep, 8),
+            Ok(vec![(OUT | HUP, 1), (OUT | HUP, 2)])
+        );
         assert_eq!(b.epoll_collect(ep, 8), Ok(vec![(OUT | HUP, 1)]));
-        assert_eq!(b.epoll_collect(ep, 1), Ok(vec![(OUT | HUP, 1)]), "at most max");
+        assert_eq!(
+            b.epoll_collect(ep, 1),
+            Ok(vec![(OUT | HUP, 1)]),
+            "at most max"
+        );
         // MOD re-arms an edge; ONESHOT reports once until the next MOD.
-        assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, et, Some((OUT | ET, 3))), Ok(0));
-        assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, lt, Some((OUT | ONESHOT, 4))), Ok(0));
-        assert_eq!(b.epoll_collect(ep, 8), Ok(vec![(OUT | HUP, 4), (OUT | HUP, 3)]));
+        assert_eq!(
+            b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, et, Some((OUT | ET, 3))),
+            Ok(0)
+        );
+        assert_eq!(
+            b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, lt, Some((OUT | ONESHOT, 4))),
+            Ok(0)
+        );
+        assert_eq!(
+            b.epoll_collect(ep, 8),
+            Ok(vec![(OUT | HUP, 4), (OUT | HUP, 3)])
+        );
         assert_eq!(b.epoll_collect(ep, 8), Ok(vec![]));
         // DEL, and closing a socket removes it from the interest list.
-        assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, lt, Some((OUT, 5))), Ok(0));
+        assert_eq!(
+            b.epoll_ctl(ep, libc::EPOLL_CTL_MOD, lt, Some((OUT, 5))),
+            Ok(0)
+        );
         assert_eq!(b.close(lt), Ok(()));
         assert_eq!(b.epoll_ctl(ep, libc::EPOLL_CTL_DEL, et, None), Ok(0));
         assert_eq!(b.epoll_collect(ep, 8), Ok(vec![]));

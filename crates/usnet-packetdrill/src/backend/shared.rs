@@ -309,13 +309,7 @@ impl Shared {
         r
     }
 
-    fn send_inner(
-        &self,
-        fd: c_int,
-        data: &[u8],
-        flags: c_int,
-        to: Option<SocketAddr>,
-    ) -> Res<i64> {
+    fn send_inner(&self, fd: c_int, data: &[u8], flags: c_int, to: Option<SocketAddr>) -> Res<i64> {
         let fastopen = flags & libc::MSG_FASTOPEN != 0;
         let mut done = 0;
         {
@@ -341,10 +335,11 @@ impl Shared {
                         let _ = g.set_write_pending(fd, true);
                     }
                     drop(g);
-                    let r = self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
-                        true => Ok(()),
-                        false => Err(libc::EAGAIN),
-                    });
+                    let r =
+                        self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
+                            true => Ok(()),
+                            false => Err(libc::EAGAIN),
+                        });
                     let _ = self.call(|b| b.set_write_pending(fd, false));
                     r?;
                     done = q;

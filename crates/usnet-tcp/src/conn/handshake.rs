@@ -573,7 +573,10 @@ mod tests {
         assert_eq!(cli.state(), State::Established);
         assert_eq!(cli.take_fastopen_learned(), Some((1000, Some(newc))));
         assert_eq!(cli.take_fastopen_learned(), None, "taken once");
-        assert!(!cli.syn.syn_data, "not all of the SYN's data was acknowledged");
+        assert!(
+            !cli.syn.syn_data,
+            "not all of the SYN's data was acknowledged"
+        );
         // The rest goes out as ordinary data from the acknowledged point on.
         let out = drain(&mut cli, T0 + ms(10));
         assert_eq!(out[0].repr.seq, cli.iss() + 101);
@@ -610,11 +613,18 @@ mod tests {
         cli.set_write_pending(true);
         let syn = drain(&mut cli, T0).remove(0);
         let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
-        feed(&mut cli, T0 + ms(10), &[synack.clone()]);
+        feed(&mut cli, T0 + ms(10), std::slice::from_ref(&synack));
         assert_eq!(cli.state(), State::Established);
         assert_eq!(cli.info().delivered, 1, "the SYN");
-        assert_eq!(cli.info_at(T0 + ms(30)).last_data_recv, ms(20), "since the SYN-ACK");
-        assert!(drain(&mut cli, T0 + ms(10)).is_empty(), "the ACK waits for the data");
+        assert_eq!(
+            cli.info_at(T0 + ms(30)).last_data_recv,
+            ms(20),
+            "since the SYN-ACK"
+        );
+        assert!(
+            drain(&mut cli, T0 + ms(10)).is_empty(),
+            "the ACK waits for the data"
+        );
         cli.set_write_pending(false);
         cli.send(&[1u8; 100]);
         let out = drain(&mut cli, T0 + ms(10));
@@ -630,7 +640,10 @@ mod tests {
         feed(&mut cli, T0 + ms(20), &[reply]);
         assert_eq!(cli.info().delivered, 2, "the SYN and one data segment");
         assert_eq!(cli.info_at(T0 + ms(25)).last_data_recv, ms(5));
-        assert!(drain(&mut cli, T0 + ms(20)).is_empty(), "pingpong: no quick-ack");
+        assert!(
+            drain(&mut cli, T0 + ms(20)).is_empty(),
+            "pingpong: no quick-ack"
+        );
         let late = drain(&mut cli, T0 + ms(20) + TcpConfig::default().delayed_ack);
         assert_eq!(late.len(), 1);
         assert_eq!(late[0].repr.ack, 5000 + 1 + 50);

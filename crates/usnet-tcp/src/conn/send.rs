@@ -252,7 +252,12 @@ impl Connection {
         let win = wnd_end.since(self.snd.nxt) as usize;
         let mut len = unsent.min(maxp).min(win);
         // A segment ends at the next record end (MSG_EOR).
-        while self.snd.records.front().is_some_and(|&r| r.le(self.snd.una)) {
+        while self
+            .snd
+            .records
+            .front()
+            .is_some_and(|&r| r.le(self.snd.una))
+        {
             self.snd.records.pop_front();
         }
         let record_end = self
@@ -445,7 +450,11 @@ mod tests {
         feed(&mut srv, T0 + ms(10), &out[..1]);
         let mut sink = crate::testing::VecSink::default();
         srv.poll_transmit(T0 + ms(10), &mut sink);
-        let ack: Vec<_> = sink.segments.into_iter().filter(|s| s.repr.flags.ack()).collect();
+        let ack: Vec<_> = sink
+            .segments
+            .into_iter()
+            .filter(|s| s.repr.flags.ack())
+            .collect();
         assert!(!ack.is_empty());
         feed(&mut cli, T0 + ms(20), &ack[..1]);
         let more = drain(&mut cli, T0 + ms(20));
@@ -466,7 +475,11 @@ mod tests {
         cli.send(&vec![4u8; MSS + 50]);
         let out = drain(&mut cli, T0);
         let sizes: Vec<usize> = out.iter().map(|s| s.payload.len()).collect();
-        assert_eq!(sizes, [100, 100, MSS], "records alone; the 50-byte tail waits (Nagle)");
+        assert_eq!(
+            sizes,
+            [100, 100, MSS],
+            "records alone; the 50-byte tail waits (Nagle)"
+        );
         let psh: Vec<bool> = out.iter().map(|s| s.repr.flags.psh()).collect();
         assert_eq!(psh, [true, true, false]);
     }
