@@ -65,18 +65,46 @@ def settings(text):
             if k in SYSCTLS and "$" not in v]
 
 
+EVENT = re.compile(r"^\s*(?:[0-9.]+|\+[0-9.]+|\*)", re.M)
+
+
+def first_event(text):
+    """Offset of the script's first timed event (commands before it are its
+    setup)."""
+    m = EVENT.search(text)
+    return m.start() if m else len(text)
+
+
 def flags_for(text, defaults):
-    """The backend flags a script's shell commands ask for: the Linux profile and
+    """The backend flags a script's setup commands ask for: the Linux profile and
     defaults.sh's own settings when it sources defaults.sh, then each sysctl it sets,
-    in order. (An in-script `--local_ip` loses to run_all's command line, as in
-    packetdrill.)"""
+    in order. Commands after the first event are applied when packetdrill runs them
+    (see `replacement`). (An in-script `--local_ip` loses to run_all's command line,
+    as in packetdrill.)"""
     flags = []
-    for cmd in COMMAND.findall(text):
+    start = first_event(text)
+    for m in COMMAND.finditer(text):
+        if m.start() > start:
+            continue
+        cmd = m.group(1)
         if "defaults.sh" in cmd and "profile=linux" not in flags:
             flags.append("profile=linux")
             flags += settings(defaults)
         flags += settings(cmd)
     return flags
+
+
+def replacement(text, m):
+    """What a shell command becomes: `true`, or for a command after the first event
+    that sets modelled sysctls, an append of them to the file the backend reads
+    ($USNET_PD_SYSCTL, its `sysctl_file=` flag) before each system call. Newlines
+    are kept so packetdrill's line numbers stay the script's."""
+    body = "true"
+    if m.start() > first_event(text):
+        sets = settings(m.group(1))
+        if sets:
+            body = "printf '%s\\n' >> \"$USNET_PD_SYSCTL\"" % "\\n".join(sets)
+    return "`%s%s`" % (body, "\n" * m.group(0).count("\n"))
 
 
 def prepare(suite, dest):
@@ -97,7 +125,7 @@ def prepare(suite, dest):
                 text = fh.read()
             scripts[os.path.relpath(p, tcp)] = flags_for(text, defaults)
             with open(p, "w", encoding="utf-8") as fh:
-                fh.write(COMMAND.sub("`true`", text))
+                fh.write(COMMAND.sub(lambda m, t=text: replacement(t, m), text))
     return scripts
 
 
@@ -121,14 +149,21 @@ def reason(output):
 
 def run_one(args, tcp, script, mode, extra):
     pd_flags, so_flags = MODES[mode]
-    so = ",".join([so_flags] + ([] if args.no_sysctls else extra))
+    fd, sysctl_file = tempfile.mkstemp(prefix="usnet-pd-sysctl.")
+    os.close(fd)
+    so = ",".join([so_flags] + ([] if args.no_sysctls else
+                                extra + ["sysctl_file=" + sysctl_file]))
     path = os.path.join(tcp, script)
     cmd = ["timeout", "-k", "5", str(args.timeout), args.packetdrill, "--send_omit_free"]
     cmd += pd_flags.split()
     cmd += ["--so_filename=" + args.so, "--so_flags=" + so, os.path.basename(path)]
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=os.path.dirname(path), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    env = dict(os.environ, USNET_PD_SYSCTL=sysctl_file)
+    try:
+        p = subprocess.run(cmd, cwd=os.path.dirname(path), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    finally:
+        os.unlink(sysctl_file)
     out = p.stdout.decode("utf-8", "replace")
     if p.returncode == 0:
         status = "pass"

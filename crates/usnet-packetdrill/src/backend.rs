@@ -4,17 +4,19 @@
 //! protocol work, frames out; ARP/NDP answered); [`shared`] shares it between
 //! packetdrill's threads and makes calls on blocking sockets wait.
 
+mod epoll;
 pub mod link;
 pub mod shared;
+mod zerocopy;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use usnet_driver::{Clock, Driver, ManualClock, MemDevice, MemQueues};
 use usnet_link::DeviceCaps;
-use usnet_stack::{IpCidr, SocketHandle, Stack, StackConfig, StackError};
+use usnet_stack::{IpCidr, SocketHandle, Stack, StackConfig, StackError, TcpState};
 
 use link::STACK_MAC;
 
@@ -34,6 +36,10 @@ pub struct Options {
     /// The TCP template: `profile=NAME`, then any Linux sysctl name
     /// (`tcp_timestamps=0`, `tcp_rmem=4096 87380 6291456`, ...).
     pub tcp: usnet_stack::TcpConfig,
+    /// `sysctl_file=PATH`: a file of `tcp_name=value` lines that grows while the
+    /// script runs (its mid-script sysctl commands append to it); each system call
+    /// first applies the lines added since the last one.
+    pub sysctl_file: Option<String>,
 }
 
 impl Default for Options {
@@ -48,6 +54,7 @@ impl Default for Options {
             tick_ns: 1_000,
             trap: true,
             tcp: usnet_stack::TcpConfig::default(),
+            sysctl_file: None,
         }
     }
 }
@@ -89,6 +96,7 @@ impl Options {
                 }
                 "profile" => {}
                 "trap" => o.trap = v != "0",
+                "sysctl_file" => o.sysctl_file = Some(v.to_string()),
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
@@ -120,6 +128,32 @@ struct Fd {
     fastopen: Option<usize>,
     /// TCP_FASTOPEN_KEY set before `listen`.
     fastopen_key: Option<[u8; 16]>,
+    /// TCP_FASTOPEN_CONNECT: `connect` with a cookie cached defers the SYN to the
+    /// first write, which carries data on it.
+    fastopen_connect: bool,
+    /// Such a deferred `connect`'s peer.
+    deferred: Option<SocketAddr>,
+    /// TCP_SYNCNT.
+    syn_retries: Option<u32>,
+    /// SO_KEEPALIVE, and TCP_KEEPIDLE / TCP_KEEPINTVL (s) / TCP_KEEPCNT.
+    keepalive: bool,
+    keep: [Option<u32>; 3],
+    /// SO_ZEROCOPY and the `MSG_ZEROCOPY` completions ([`zerocopy`]).
+    zc: zerocopy::ZeroCopy,
+    /// TCP_INQ: `recvmsg` reports the bytes left to read (a `TCP_CM_INQ` cmsg).
+    inq: bool,
+    /// TCP_MAXSEG.
+    user_mss: Option<u16>,
+}
+
+/// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
+/// `connect`) went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastOpenStart {
+    /// A connect started; this many bytes ride on its SYN.
+    Started(usize),
+    /// The socket is connected: an ordinary send.
+    Connected,
 }
 
 /// A real kernel descriptor that reserves a socket's number, so the numbers this
@@ -190,6 +224,12 @@ pub struct Backend {
     pub injected: u64,
     pub sniffed: u64,
     pub resolved: u64,
+    /// `Options::sysctl_file` and how many of its bytes were applied.
+    sysctl_file: Option<(String, usize)>,
+    /// epoll instances ([`epoll`]).
+    epolls: BTreeMap<c_int, epoll::Epoll>,
+    /// Wake-ups per socket from the stack's ready list (edge-triggered epoll).
+    wakes: HashMap<SocketHandle, u64>,
 }
 
 /// A result whose error is an errno value.
@@ -241,7 +281,39 @@ impl Backend {
             injected: 0,
             sniffed: 0,
             resolved: 0,
+            sysctl_file: o.sysctl_file.clone().map(|p| (p, 0)),
+            epolls: BTreeMap::new(),
+            wakes: HashMap::new(),
         })
+    }
+
+    /// Applies the sysctl lines appended to `Options::sysctl_file` since the last
+    /// call to the stack's TCP template (new connections and listeners see them).
+    pub fn apply_sysctl_file(&mut self) {
+        let Some((path, seen)) = self.sysctl_file.as_mut() else {
+            return;
+        };
+        let Ok(text) = std::fs::read_to_string(&*path) else {
+            return;
+        };
+        if text.len() <= *seen {
+            return;
+        }
+        let new = text[*seen..].to_string();
+        // Only whole lines: a partly written one waits for the next call.
+        let upto = new.rfind('\n').map_or(0, |i| i + 1);
+        *seen += upto;
+        for line in new[..upto].lines() {
+            if let Some((k, v)) = line.trim().split_once('=') {
+                if let Err(e) = self
+                    .stack_mut()
+                    .tcp_config_mut()
+                    .set_sysctl(k.trim(), v.trim())
+                {
+                    eprintln!("usnet-packetdrill: sysctl {k}={v}: {e}");
+                }
+            }
+        }
     }
 
     pub fn stack(&self) -> &Stack {
@@ -285,6 +357,14 @@ impl Backend {
                 so_error: 0,
                 fastopen: None,
                 fastopen_key: None,
+                fastopen_connect: false,
+                deferred: None,
+                syn_retries: None,
+                keepalive: false,
+                keep: [None; 3],
+                zc: Default::default(),
+                inq: false,
+                user_mss: None,
             },
         );
         Ok(fd)
@@ -319,7 +399,10 @@ impl Backend {
             .map_err(map)?;
         let f = self.fd(fd)?;
         f.kind = Kind::Listen(h);
-        let (qlen, key) = (f.fastopen, f.fastopen_key);
+        let (qlen, key, mss) = (f.fastopen, f.fastopen_key, f.user_mss);
+        if let Some(m) = mss {
+            self.stack_mut().tcp_set_listener_mss(h, m).map_err(map)?;
+        }
         if let Some(q) = qlen {
             self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?;
         }
@@ -346,19 +429,140 @@ impl Backend {
             libc::SOCK_STREAM,
             0,
         )?;
-        self.fd(nfd)?.kind = Kind::Conn(c);
+        // Socket flags the listener had are the new socket's (as Linux clones them).
+        let (zc, keepalive, keep) = {
+            let l = self.fd(fd)?;
+            (l.zc.on, l.keepalive, l.keep)
+        };
+        let n = self.fd(nfd)?;
+        n.kind = Kind::Conn(c);
+        n.nodelay = nodelay;
+        n.zc.on = zc;
+        n.keepalive = keepalive;
+        n.keep = keep;
         Ok((nfd, peer))
     }
 
-    /// Starts a connect; `Ok(())` means the SYN is queued.
-    pub fn start_connect(&mut self, fd: c_int, remote: SocketAddr) -> Res<()> {
+    /// Starts a connect; `Ok(true)` means the SYN is queued, `Ok(false)` that it
+    /// waits for the first write (TCP_FASTOPEN_CONNECT with a cookie cached: Linux's
+    /// `connect` then returns 0 at once).
+    pub fn start_connect(&mut self, fd: c_int, remote: SocketAddr) -> Res<bool> {
         let f = self.fd(fd)?;
         let (local, nodelay) = match f.kind {
+            Kind::Fresh(_) if f.deferred.is_some() => return Err(libc::EISCONN),
             Kind::Fresh(a) => (a, f.nodelay),
-            Kind::Conn(_) => return Err(libc::EISCONN),
+            Kind::Conn(h) => {
+                // As Linux: a connect under way answers EALREADY.
+                return Err(match self.stack().tcp_state(h) {
+                    Ok(TcpState::SynSent) => libc::EALREADY,
+                    _ => libc::EISCONN,
+                });
+            }
             Kind::Listen(_) => return Err(libc::EINVAL),
         };
-        let h = self.stack_mut().tcp_connect(local, remote).map_err(map)?;
+        let f = self.fd(fd)?;
+        if f.fastopen_connect {
+            if self.stack().tcp_fastopen_cookie_cached(remote.ip()) {
+                self.fd(fd)?.deferred = Some(remote);
+                return Ok(false);
+            }
+            // No cookie: the SYN goes now and asks for one.
+            self.fastopen_open(fd, local, nodelay, remote, &[])?;
+            return Ok(true);
+        }
+        let cfg = self.fd_config(fd)?;
+        let h = self
+            .stack_mut()
+            .tcp_connect_with(local, remote, cfg)
+            .map_err(map)?;
+        self.connected_fd(fd, h, nodelay)?;
+        Ok(true)
+    }
+
+    /// Client Fast Open for a send: `to` is `sendto`'s address (`MSG_FASTOPEN`), or
+    /// None for a plain write (then only a deferred `connect` starts one). A socket
+    /// whose connect is under way answers `EALREADY` (Linux).
+    pub fn start_fastopen(
+        &mut self,
+        fd: c_int,
+        to: Option<SocketAddr>,
+        fastopen: bool,
+        data: &[u8],
+    ) -> Res<FastOpenStart> {
+        let f = self.fd(fd)?;
+        let (kind, nodelay, deferred) = (f.kind, f.nodelay, f.deferred);
+        match kind {
+            Kind::Fresh(local) => {
+                let Some(remote) = deferred.or(if fastopen { to } else { None }) else {
+                    return Err(if fastopen {
+                        libc::EDESTADDRREQ
+                    } else {
+                        libc::ENOTCONN
+                    });
+                };
+                self.fd(fd)?.deferred = None;
+                let q = self.fastopen_open(fd, local, nodelay, remote, data)?;
+                Ok(FastOpenStart::Started(q))
+            }
+            Kind::Conn(_) if fastopen && !self.connect_status(fd)? => Err(libc::EALREADY),
+            Kind::Conn(_) => Ok(FastOpenStart::Connected),
+            Kind::Listen(_) => Err(libc::ENOTCONN),
+        }
+    }
+
+    fn fastopen_open(
+        &mut self,
+        fd: c_int,
+        local: Option<SocketAddr>,
+        nodelay: bool,
+        remote: SocketAddr,
+        data: &[u8],
+    ) -> Res<usize> {
+        let cfg = self.fd_config(fd)?;
+        let (h, q) = self
+            .stack_mut()
+            .tcp_connect_fastopen_with(local, remote, data, cfg)
+            .map_err(|e| match e {
+                StackError::WrongType => libc::EOPNOTSUPP,
+                e => map(e),
+            })?;
+        self.connected_fd(fd, h, nodelay)?;
+        self.fd(fd)?.zc.written += q as u64;
+        Ok(q)
+    }
+
+    /// The stack's TCP template with this socket's options (TCP_SYNCNT, keepalive).
+    fn fd_config(&mut self, fd: c_int) -> Res<usnet_stack::TcpConfig> {
+        let mut cfg = self.stack().tcp_config().clone();
+        let ka = self.keepalive_of(fd)?;
+        let f = self.fd(fd)?;
+        if let Some(n) = f.syn_retries {
+            cfg.syn_retries = n;
+        }
+        if let Some(m) = f.user_mss {
+            cfg.mss = cfg.mss.min(m);
+        }
+        cfg.keepalive = ka;
+        Ok(cfg)
+    }
+
+    /// The keepalive a socket's options ask for (None: SO_KEEPALIVE off).
+    fn keepalive_of(&mut self, fd: c_int) -> Res<Option<usnet_stack::Keepalive>> {
+        let d = self.stack().tcp_config().keepalive_defaults;
+        let f = self.fd(fd)?;
+        if !f.keepalive {
+            return Ok(None);
+        }
+        let secs =
+            |v: Option<u32>, dflt: Duration| v.map_or(dflt, |s| Duration::from_secs(s.into()));
+        Ok(Some(usnet_stack::Keepalive {
+            idle: secs(f.keep[0], d.idle),
+            interval: secs(f.keep[1], d.interval),
+            count: f.keep[2].unwrap_or(d.count),
+        }))
+    }
+
+    fn connected_fd(&mut self, fd: c_int, h: SocketHandle, nodelay: bool) -> Res<()> {
         if nodelay {
             let _ = self.stack_mut().tcp_set_nodelay(h, true);
         }
@@ -384,6 +588,10 @@ impl Backend {
     }
 
     pub fn try_read(&mut self, fd: c_int, buf: &mut [u8]) -> Res<usize> {
+        // A deferred TCP_FASTOPEN_CONNECT connect is "connecting" to Linux.
+        if self.fd(fd)?.deferred.is_some() {
+            return Err(libc::EAGAIN);
+        }
         let h = self.conn(fd)?;
         let r = self.stack_mut().tcp_recv(h, buf).map_err(map);
         self.pump();
@@ -391,16 +599,44 @@ impl Backend {
     }
 
     pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
+        // As Linux: a TCP socket that is not connected (nor connecting) is EPIPE.
+        if matches!(self.fd(fd)?.kind, Kind::Fresh(_)) {
+            return Err(libc::EPIPE);
+        }
         let h = self.conn(fd)?;
+        // As Linux: no data is queued before the handshake is complete.
+        if matches!(self.stack_mut().tcp_state(h), Ok(TcpState::SynSent)) {
+            return Err(libc::EAGAIN);
+        }
         let r = match self.stack_mut().tcp_send(h, data) {
             Ok(0) if !data.is_empty() => Err(libc::EAGAIN),
             r => r.map_err(map),
         };
+        if let Ok(n) = r {
+            self.fd(fd)?.zc.written += n as u64;
+        }
         self.pump();
         r
     }
 
+    /// A blocking Fast Open send waits for the handshake with data to send.
+    pub fn set_write_pending(&mut self, fd: c_int, on: bool) -> Res<()> {
+        let h = self.conn(fd)?;
+        self.stack_mut().tcp_set_write_pending(h, on).map_err(map)
+    }
+
+    /// `MSG_EOR`: the data written so far ends a record.
+    pub fn end_record(&mut self, fd: c_int) -> Res<()> {
+        let h = self.conn(fd)?;
+        self.stack_mut().tcp_end_record(h).map_err(map)?;
+        self.pump();
+        Ok(())
+    }
+
     pub fn close(&mut self, fd: c_int) -> Res<()> {
+        if self.close_epoll(fd) {
+            return Ok(());
+        }
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
         f.real.close();
         match f.kind {
@@ -434,6 +670,7 @@ impl Backend {
             return libc::POLLNVAL;
         };
         let h = match kind {
+            Kind::Fresh(_) if self.fds[&fd].deferred.is_some() => return libc::POLLOUT,
             Kind::Fresh(_) => return libc::POLLOUT | libc::POLLHUP,
             Kind::Listen(h) | Kind::Conn(h) => h,
         };
@@ -444,8 +681,26 @@ impl Backend {
         if r.readable {
             ev |= libc::POLLIN;
         }
-        if matches!(kind, Kind::Conn(_)) && r.connected && r.writable && !r.closed {
+        // As Linux's tcp_poll: a connection that is over is writable (the write
+        // then reports its error), one whose handshake is under way is not.
+        if matches!(kind, Kind::Conn(_)) && ((r.connected && r.writable) || r.closed) {
             ev |= libc::POLLOUT;
+        }
+        // The peer's FIN arrived (or the connection is over): POLLRDHUP.
+        if matches!(kind, Kind::Conn(_))
+            && matches!(
+                self.stack().tcp_state(h),
+                Ok(TcpState::CloseWait
+                    | TcpState::LastAck
+                    | TcpState::Closing
+                    | TcpState::TimeWait
+                    | TcpState::Closed)
+            )
+        {
+            ev |= libc::POLLRDHUP;
+        }
+        if self.zerocopy_pending(fd) {
+            ev |= libc::POLLERR;
         }
         if r.closed {
             ev |= libc::POLLHUP;
@@ -506,6 +761,29 @@ impl Backend {
         self.stack_mut().tcp_recv_available(h).map_err(map)
     }
 
+    /// With TCP_INQ on: what `recvmsg` reports in its `TCP_CM_INQ` cmsg (the bytes
+    /// left to read; 1 when none are left and the peer's FIN arrived, as Linux).
+    pub fn inq(&mut self, fd: c_int) -> Option<c_int> {
+        let f = self.fds.get(&fd)?;
+        let (true, Kind::Conn(h)) = (f.inq, f.kind) else {
+            return None;
+        };
+        let n = self.stack().tcp_recv_available(h).unwrap_or(0);
+        let done = matches!(
+            self.stack().tcp_state(h),
+            Ok(TcpState::CloseWait
+                | TcpState::LastAck
+                | TcpState::Closing
+                | TcpState::TimeWait
+                | TcpState::Closed)
+        );
+        Some(if n == 0 && done {
+            1
+        } else {
+            n.min(c_int::MAX as usize) as c_int
+        })
+    }
+
     /// `FIONBIO`.
     pub fn set_nonblocking(&mut self, fd: c_int, on: bool) -> Res<()> {
         self.fd(fd)?.nonblock = on;
@@ -519,8 +797,17 @@ impl Backend {
     }
 
     /// Whether `fd` is one of this backend's descriptors.
+    /// After a send with `MSG_ZEROCOPY` that queued bytes: its completion id.
+    pub fn zerocopy_sent(&mut self, fd: c_int) {
+        if let Ok(f) = self.fd(fd) {
+            if f.zc.on {
+                f.zc.record();
+            }
+        }
+    }
+
     pub fn owns(&self, fd: c_int) -> bool {
-        self.fds.contains_key(&fd)
+        self.fds.contains_key(&fd) || self.epolls.contains_key(&fd)
     }
 
     /// `SO_MEMINFO` (Linux's `sk_meminfo` array of 9 `u32`): receive queue and
@@ -598,8 +885,10 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => reuse as c_int,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
-            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match kind {
-                Kind::Conn(h) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
+            (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match (kind, self.fd(fd)?.user_mss) {
+                (Kind::Conn(h), _) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
+                (_, Some(m)) => c_int::from(m),
                 _ => self.stack_mut().tcp_config().mss as c_int,
             },
             _ => return Err(libc::ENOPROTOOPT),
@@ -629,8 +918,65 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
                 self.fd(fd)?.reuseaddr = field(0)? != 0;
             }
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_SNDBUF | libc::SO_RCVBUF) => {
+            (libc::SOL_SOCKET, libc::SO_SNDBUF | libc::SO_RCVBUF | libc::SO_MARK) => {
                 field(0)?;
+            }
+            (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
+                self.fd(fd)?.zc.on = field(0)? != 0;
+            }
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
+            | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT) => {
+                let v = field(0)?;
+                let f = self.fd(fd)?;
+                match name {
+                    libc::SO_KEEPALIVE if level == libc::SOL_SOCKET => f.keepalive = v != 0,
+                    _ => {
+                        // Linux's limits: 1..=32767 s, 1..=127 probes.
+                        let max = if name == libc::TCP_KEEPCNT {
+                            127
+                        } else {
+                            32767
+                        };
+                        if !(1..=max).contains(&v) {
+                            return Err(libc::EINVAL);
+                        }
+                        let i = (name - libc::TCP_KEEPIDLE) as usize;
+                        f.keep[i] = Some(v as u32);
+                    }
+                }
+                if let Kind::Conn(h) = kind {
+                    let ka = self.keepalive_of(fd)?;
+                    self.stack_mut().tcp_set_keepalive(h, ka).map_err(map)?;
+                    self.pump();
+                }
+            }
+            (libc::IPPROTO_TCP, TCP_INQ) => {
+                self.fd(fd)?.inq = field(0)? != 0;
+            }
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
+                // Linux: 0 clears it; otherwise TCP_MIN_MSS (88) up to 32767.
+                let v = field(0)?;
+                let m = match v {
+                    0 => None,
+                    88..=32767 => Some(v as u16),
+                    _ => return Err(libc::EINVAL),
+                };
+                self.fd(fd)?.user_mss = m;
+                if let (Kind::Listen(h), Some(m)) = (kind, m) {
+                    self.stack_mut().tcp_set_listener_mss(h, m).map_err(map)?;
+                }
+            }
+            (libc::IPPROTO_TCP, libc::TCP_SYNCNT) => {
+                let v = field(0)?;
+                if !(1..=127).contains(&v) {
+                    return Err(libc::EINVAL);
+                }
+                self.fd(fd)?.syn_retries = Some(v as u32);
+                if let Kind::Conn(h) = kind {
+                    self.stack_mut()
+                        .tcp_set_syn_retries(h, v as u32)
+                        .map_err(map)?;
+                }
             }
             (libc::SOL_SOCKET, libc::SO_LINGER) => {
                 if value.is_none_or(|v| v.len() < std::mem::size_of::<libc::linger>()) {
@@ -649,6 +995,16 @@ impl Backend {
                     Kind::Listen(h) => self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?,
                     Kind::Fresh(_) => self.fd(fd)?.fastopen = Some(q),
                     Kind::Conn(_) => return Err(libc::EINVAL),
+                }
+            }
+            (libc::IPPROTO_TCP, TCP_FASTOPEN_CONNECT) => {
+                let on = field(0)? != 0;
+                if !self.stack().tcp_fastopen_client_enabled() {
+                    return Err(libc::EOPNOTSUPP);
+                }
+                match kind {
+                    Kind::Fresh(_) => self.fd(fd)?.fastopen_connect = on,
+                    _ => return Err(libc::EISCONN),
                 }
             }
             (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) => {
@@ -677,6 +1033,12 @@ impl Backend {
     }
 }
 
+/// Linux's `TCP_INQ` option number (also the `TCP_CM_INQ` cmsg type).
+pub const TCP_INQ: c_int = 36;
+
+/// Linux's `TCP_FASTOPEN_CONNECT` option number.
+const TCP_FASTOPEN_CONNECT: c_int = 30;
+
 /// Linux's `TCP_FASTOPEN_KEY` option number.
 const TCP_FASTOPEN_KEY: c_int = 33;
 
@@ -704,6 +1066,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
     put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
     put32(32, u64::from(i.lost_segments));
+    put32(52, i.last_data_recv.as_millis() as u64);
     put32(68, i.srtt.map_or(0, us));
     put32(72, us(i.rttvar));
     put32(76, u64::from(i.ssthresh) / mss);
@@ -713,6 +1076,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(96, u64::from(i.rcv_space));
     put32(100, i.total_retransmits);
     put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
+    put32(192, i.delivered);
     put32(228, u64::from(i.snd_wnd));
     put32(232, u64::from(i.rcv_wnd));
     b[0] = match i.state {
@@ -797,6 +1161,32 @@ mod tests {
         assert_eq!(b.getsockopt(fd, sol, libc::SO_TYPE), Ok(libc::SOCK_STREAM));
         assert_eq!(b.getsockopt(fd, sol, libc::SO_ERROR), Ok(0));
         assert_eq!(b.getsockopt(fd, sol, 12345), Err(libc::ENOPROTOOPT));
+        assert_eq!(b.getsockopt(fd, tcp, TCP_INQ), Ok(0));
+        assert_eq!(b.setsockopt(fd, tcp, TCP_INQ, Some(&one)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, TCP_INQ), Ok(1));
+        assert_eq!(b.inq(fd), None, "no cmsg without a connection");
+        // Keepalive and SYN-count options check their ranges, as Linux.
+        let zero = (0 as c_int).to_ne_bytes();
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_SYNCNT, Some(&zero)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_KEEPIDLE, Some(&zero)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_KEEPCNT, Some(&one)), Ok(()));
+        assert_eq!(b.setsockopt(fd, sol, libc::SO_ZEROCOPY, Some(&one)), Ok(()));
+        // TCP_MAXSEG before connect/listen: kept, reported, checked.
+        let m = (1100 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&m)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_MAXSEG), Ok(1100));
+        assert_eq!(b.fd_config(fd).map(|c| c.mss), Ok(1100));
+        let small = (50 as c_int).to_ne_bytes();
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&small)),
+            Err(libc::EINVAL)
+        );
         // fcntl and FIONBIO share the one flag; FIONREAD needs a connection.
         assert_eq!(b.nonblocking(fd), Some(false));
         assert_eq!(b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK), Ok(0));

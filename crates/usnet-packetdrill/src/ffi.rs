@@ -31,7 +31,10 @@ fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64
     // and only `free` releases it.
     let shared = unsafe { &*(ud as *const Shared) };
     let _inside = shared.enter();
-    match catch_unwind(AssertUnwindSafe(|| f(shared))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        shared.lock().apply_sysctl_file();
+        f(shared)
+    })) {
         Ok(Ok(v)) => v.into(),
         Ok(Err(e)) => {
             set_errno(e);
@@ -327,16 +330,94 @@ unsafe extern "C" fn pd_recvmsg(
         }
         // SAFETY: recvmsg(2) contract.
         let m = unsafe { &mut *m };
+        if flags & libc::MSG_ERRQUEUE != 0 {
+            let ((lo, hi), v6) = s.call(|b| b.zerocopy_take(fd))?;
+            // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
+            unsafe { put_zerocopy_cmsg(m, lo, hi, v6) }?;
+            return Ok(0);
+        }
         let cnt = m.msg_iovlen as c_int;
         // SAFETY: recvmsg(2) contract.
         let mut tmp = vec![0u8; unsafe { iov_len(m.msg_iov, cnt) }?];
         let n = s.read(fd, &mut tmp, flags)?;
         // SAFETY: recvmsg(2) contract.
         unsafe { scatter(m.msg_iov, cnt, &tmp[..n as usize]) }?;
-        m.msg_controllen = 0;
         m.msg_flags = 0;
+        match s.call(|b| b.inq(fd)) {
+            // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
+            Some(inq) => unsafe {
+                put_cmsg(
+                    m,
+                    libc::IPPROTO_TCP,
+                    crate::backend::TCP_INQ,
+                    &inq.to_ne_bytes(),
+                )
+            }?,
+            None => m.msg_controllen = 0,
+        }
         Ok(n)
     }) as ssize_t
+}
+
+/// A `MSG_ZEROCOPY` completion as Linux reports it: one `IP_RECVERR` (or
+/// `IPV6_RECVERR`) cmsg holding a `sock_extended_err` with origin
+/// `SO_EE_ORIGIN_ZEROCOPY`, code `SO_EE_CODE_ZEROCOPY_COPIED` and the id range in
+/// `ee_info..=ee_data`, followed by the offender address (none: zeros, the size of
+/// a `sockaddr_in` or `sockaddr_in6`); `msg_flags` is `MSG_ERRQUEUE`.
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<()> {
+    // struct sock_extended_err: errno, origin, type, code, pad, info, data.
+    let offender = if v6 {
+        std::mem::size_of::<libc::sockaddr_in6>()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    let mut ee = vec![0u8; 16 + offender];
+    ee[4] = 5; // SO_EE_ORIGIN_ZEROCOPY
+    ee[6] = 1; // SO_EE_CODE_ZEROCOPY_COPIED
+    ee[8..12].copy_from_slice(&lo.to_ne_bytes());
+    ee[12..16].copy_from_slice(&hi.to_ne_bytes());
+    m.msg_flags = libc::MSG_ERRQUEUE;
+    let (level, ty) = if v6 {
+        (libc::SOL_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::SOL_IP, libc::IP_RECVERR)
+    };
+    // SAFETY: per this function's contract.
+    unsafe { put_cmsg(m, level, ty, &ee) }
+}
+
+/// Writes one cmsg into `m.msg_control` (`MSG_CTRUNC` when it does not fit).
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+unsafe fn put_cmsg(m: &mut msghdr, level: c_int, ty: c_int, data: &[u8]) -> Res<()> {
+    let n = data.len() as u32;
+    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+    let (space, len) = unsafe { (libc::CMSG_SPACE(n) as usize, libc::CMSG_LEN(n) as usize) };
+    // msg_controllen is usize on glibc, u32 on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let room = m.msg_controllen as usize;
+    if m.msg_control.is_null() || room < space {
+        m.msg_controllen = 0;
+        m.msg_flags |= libc::MSG_CTRUNC;
+        return Ok(());
+    }
+    // SAFETY: the buffer holds at least CMSG_SPACE(n) bytes (checked above).
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(m);
+        if c.is_null() {
+            return Err(libc::EINVAL);
+        }
+        (*c).cmsg_len = len as _;
+        (*c).cmsg_level = level;
+        (*c).cmsg_type = ty;
+        std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
+    }
+    m.msg_controllen = space as _;
+    Ok(())
 }
 
 unsafe extern "C" fn pd_write(
@@ -366,11 +447,33 @@ unsafe extern "C" fn pd_sendto(
     buf: *const c_void,
     n: size_t,
     flags: c_int,
-    _a: *const sockaddr,
-    _l: socklen_t,
+    a: *const sockaddr,
+    l: socklen_t,
 ) -> ssize_t {
-    // SAFETY: sendto(2) contract (the address is ignored on a connected TCP socket).
-    with(ud, |s| s.write(fd, unsafe { slice(buf, n) }?, flags)) as ssize_t
+    with(ud, |s| {
+        // SAFETY: sendto(2) contract (the address matters only for MSG_FASTOPEN).
+        let to = unsafe { send_addr(a, l, flags) }?;
+        // SAFETY: sendto(2) contract.
+        s.send_to(fd, unsafe { slice(buf, n) }?, flags, to)
+    }) as ssize_t
+}
+
+/// The address of a `sendto`/`sendmsg`: None when absent or not needed (a TCP socket
+/// ignores it unless `MSG_FASTOPEN` connects); `AF_UNSPEC` with `MSG_FASTOPEN` is
+/// `EOPNOTSUPP`, as Linux.
+///
+/// # Safety
+/// `a` is null or points to `l` readable bytes.
+unsafe fn send_addr(a: *const sockaddr, l: socklen_t, flags: c_int) -> Res<Option<SocketAddr>> {
+    if flags & libc::MSG_FASTOPEN == 0 || a.is_null() || l == 0 {
+        return Ok(None);
+    }
+    // SAFETY: non-null with `l` bytes, per the caller.
+    if unsafe { (*a).sa_family } as c_int == libc::AF_UNSPEC {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: as above.
+    unsafe { read_sockaddr(a, l) }.map(Some)
 }
 
 unsafe extern "C" fn pd_writev(
@@ -397,7 +500,9 @@ unsafe extern "C" fn pd_sendmsg(
         let m = unsafe { &*m };
         // SAFETY: sendmsg(2) contract.
         let data = unsafe { gather(m.msg_iov, m.msg_iovlen as c_int) }?;
-        s.write(fd, &data, flags)
+        // SAFETY: sendmsg(2) contract.
+        let to = unsafe { send_addr(m.msg_name as *const sockaddr, m.msg_namelen, flags) }?;
+        s.send_to(fd, &data, flags, to)
     }) as ssize_t
 }
 
@@ -568,27 +673,60 @@ unsafe extern "C" fn pd_gettimeofday(ud: *mut c_void, tv: *mut timeval, _tz: *mu
     }) as c_int
 }
 
-unsafe extern "C" fn pd_epoll_create(ud: *mut c_void, _size: c_int) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+unsafe extern "C" fn pd_epoll_create(ud: *mut c_void, size: c_int) -> c_int {
+    with(ud, |s| {
+        if size <= 0 {
+            return Err(libc::EINVAL);
+        }
+        s.call(|b| b.epoll_create())
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_epoll_ctl(
     ud: *mut c_void,
-    _e: c_int,
-    _o: c_int,
-    _f: c_int,
-    _ev: *mut libc::epoll_event,
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
 ) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+    with(ud, |s| {
+        // SAFETY: epoll_ctl(2) contract: `ev` is null or points to an epoll_event.
+        let e = (!ev.is_null()).then(|| unsafe {
+            let e = std::ptr::read_unaligned(ev);
+            (e.events, e.u64)
+        });
+        s.call(|b| b.epoll_ctl(epfd, op, fd, e))
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_epoll_wait(
     ud: *mut c_void,
-    _e: c_int,
-    _ev: *mut libc::epoll_event,
-    _m: c_int,
-    _t: c_int,
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
 ) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+    with(ud, |s| {
+        if ev.is_null() || max <= 0 {
+            return Err(libc::EINVAL);
+        }
+        let got = s.epoll_wait(epfd, max as usize, timeout)?;
+        for (i, (events, data)) in got.iter().enumerate() {
+            // SAFETY: epoll_wait(2) contract: `ev` has room for `max` entries.
+            unsafe {
+                std::ptr::write_unaligned(
+                    ev.add(i),
+                    libc::epoll_event {
+                        events: *events,
+                        u64: *data,
+                    },
+                )
+            };
+        }
+        Ok(got.len() as c_int)
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_pipe(ud: *mut c_void, _fds: *mut c_int) -> c_int {
     with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
 }

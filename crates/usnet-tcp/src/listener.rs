@@ -108,6 +108,12 @@ impl<H> Listener<H> {
         self.fastopen_qlen = qlen;
     }
 
+    /// TCP_MAXSEG: the MSS its SYN-ACKs advertise (and its connections use) is at
+    /// most `mss`.
+    pub fn set_mss(&mut self, mss: u16) {
+        self.cfg.mss = self.cfg.mss.min(mss);
+    }
+
     /// TCP_FASTOPEN_KEY: the key server cookies are made with.
     pub fn set_fastopen_key(&mut self, key: [u8; 16]) {
         self.cfg.fastopen_key = Some(key);
@@ -669,6 +675,16 @@ mod tests {
             ListenEvent::Established(c) => c,
             ListenEvent::None => panic!("no connection"),
         }
+    }
+
+    #[test]
+    fn tcp_maxseg_lowers_the_syn_ack_mss() {
+        let mut l: Listener<u32> = Listener::new(server(), TcpConfig::default(), 8, false);
+        l.set_mss(1100);
+        l.set_mss(1300);
+        let (_c, syn) = client(40001, TcpConfig::default());
+        let (_, out) = offer(&mut l, T0, &syn);
+        assert_eq!(out[0].repr.options.mss, Some(1100), "never raised again");
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl Backend {
                 break;
             }
         }
+        self.count_wakes();
     }
 
     fn on_frame(&mut self, frame: &[u8]) {

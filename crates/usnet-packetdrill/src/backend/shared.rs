@@ -30,7 +30,7 @@ use std::time::{Duration, Instant as RealInstant};
 
 use libc::pollfd;
 
-use super::{Backend, Res};
+use super::{Backend, FastOpenStart, Res};
 
 /// How far one `netdev_receive` lets the virtual clock run looking for a packet
 /// before it reports "nothing" (packetdrill then asks again, and the clock runs on).
@@ -239,8 +239,11 @@ impl Shared {
     /// handshake.
     pub fn connect(&self, fd: c_int, to: SocketAddr) -> Res<c_int> {
         let mut g = self.lock();
-        g.start_connect(fd, to)?;
+        let started = g.start_connect(fd, to)?;
         self.changed(&mut g);
+        if !started {
+            return Ok(0);
+        }
         if g.nonblocking(fd) == Some(true) {
             return Err(libc::EINPROGRESS);
         }
@@ -276,16 +279,87 @@ impl Shared {
     /// `write`/`send`: a blocking write returns when everything is queued, like the
     /// kernel's.
     pub fn write(&self, fd: c_int, data: &[u8], flags: c_int) -> Res<i64> {
-        if flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) != 0 {
+        self.send_to(fd, data, flags, None)
+    }
+
+    /// `sendto`/`sendmsg` with an address: with `MSG_FASTOPEN` on an unconnected
+    /// socket (or the first write after a deferred TCP_FASTOPEN_CONNECT `connect`) a
+    /// Fast Open connect: a non-blocking call returns what rode on the SYN (or
+    /// `EINPROGRESS` when nothing did); a blocking one waits for the handshake and
+    /// then sends the rest, as Linux.
+    pub fn send_to(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+    ) -> Res<i64> {
+        let known = libc::MSG_DONTWAIT
+            | libc::MSG_NOSIGNAL
+            | libc::MSG_FASTOPEN
+            | libc::MSG_ZEROCOPY
+            | libc::MSG_EOR;
+        if flags & !known != 0 {
             return Err(libc::EOPNOTSUPP);
         }
+        let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to);
+        if flags & libc::MSG_ZEROCOPY != 0 && matches!(r, Ok(n) if n > 0) {
+            self.call(|b| b.zerocopy_sent(fd));
+        }
+        r
+    }
+
+    fn send_inner(&self, fd: c_int, data: &[u8], flags: c_int, to: Option<SocketAddr>) -> Res<i64> {
+        let fastopen = flags & libc::MSG_FASTOPEN != 0;
         let mut done = 0;
+        {
+            let mut g = self.lock();
+            let start = g.start_fastopen(fd, to, fastopen, data);
+            self.changed(&mut g);
+            match start {
+                Ok(FastOpenStart::Connected) => {}
+                Err(libc::ENOTCONN) if !fastopen => {}
+                Err(e) => return Err(e),
+                Ok(FastOpenStart::Started(q)) => {
+                    let nb = flags & libc::MSG_DONTWAIT != 0 || g.nonblocking(fd) != Some(false);
+                    if nb {
+                        return if q > 0 {
+                            Ok(q as i64)
+                        } else {
+                            Err(libc::EINPROGRESS)
+                        };
+                    }
+                    // Data left over from the SYN waits to go: the handshake's ACK
+                    // may wait for it.
+                    if q < data.len() {
+                        let _ = g.set_write_pending(fd, true);
+                    }
+                    drop(g);
+                    let r =
+                        self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
+                            true => Ok(()),
+                            false => Err(libc::EAGAIN),
+                        });
+                    let _ = self.call(|b| b.set_write_pending(fd, false));
+                    r?;
+                    done = q;
+                    if done == data.len() {
+                        return Ok(done as i64);
+                    }
+                }
+            }
+        }
+        let flags = flags & !libc::MSG_FASTOPEN;
+        let eor = flags & libc::MSG_EOR != 0;
         let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
             let n = b.try_write(fd, &data[done..])?;
             done += n;
             if done < data.len() {
                 Err(libc::EAGAIN)
             } else {
+                if eor && n > 0 {
+                    b.end_record(fd)?;
+                }
                 Ok(())
             }
         });
@@ -337,6 +411,26 @@ impl Shared {
         });
         match r {
             Err(libc::EAGAIN) => Ok(0),
+            r => r,
+        }
+    }
+
+    /// `epoll_wait`: waits like [`Shared::poll`] until an item reports.
+    pub fn epoll_wait(&self, epfd: c_int, max: usize, timeout: c_int) -> Res<Vec<(u32, u64)>> {
+        if max == 0 {
+            return Err(libc::EINVAL);
+        }
+        let deadline = (timeout >= 0).then(|| self.lock().now_ns() + timeout as u64 * 1_000_000);
+        let r = self.blocking(None, timeout == 0, deadline, |g| {
+            let v = g.epoll_collect(epfd, max)?;
+            if v.is_empty() {
+                Err(libc::EAGAIN)
+            } else {
+                Ok(v)
+            }
+        });
+        match r {
+            Err(libc::EAGAIN) => Ok(Vec::new()),
             r => r,
         }
     }

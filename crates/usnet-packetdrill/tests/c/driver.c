@@ -402,7 +402,13 @@ static void refused(void)
 	CHECK(P->socket(u, AF_INET, SOCK_DGRAM, 0) == -1 && errno == EPROTONOSUPPORT);
 	CHECK(P->read(u, 99, pkt, 1) == -1 && errno == EBADF);
 	CHECK(P->netdev_send(u, "\x10", 1) == -1);
-	CHECK(P->epoll_create(u, 1) == -1 && errno == ENOSYS);
+	int ep = P->epoll_create(u, 1);
+	CHECK(ep >= 0);
+	CHECK(P->epoll_create(u, 0) == -1 && errno == EINVAL);
+	CHECK(P->epoll_ctl(u, ep, EPOLL_CTL_ADD, 99, NULL) == -1 && errno == EBADF);
+	CHECK(P->close(u, ep) == 0);
+	int fds[2];
+	CHECK(P->pipe(u, fds) == -1 && errno == ENOSYS);
 }
 
 int main(int argc, char **argv)

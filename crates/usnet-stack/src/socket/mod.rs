@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 pub use ping::EchoReply;
 pub(crate) use ping::PingSocket;
-pub(crate) use tcp::{TcpConnSock, TcpListenSock, TcpTable};
+pub(crate) use tcp::{FoCacheEntry, TcpConnSock, TcpListenSock, TcpTable};
 pub(crate) use udp::{Datagram, UdpSocket, UdpTable};
 
 /// Names a socket of one stack. Stale handles (of a closed socket whose slot was reused)

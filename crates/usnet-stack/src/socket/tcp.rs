@@ -126,6 +126,18 @@ pub(crate) struct TcpTable {
     pub out: Vec<(SocketAddr, SocketAddr, TcpRepr)>,
     /// TCP sockets alive (for the timer heap's compaction rule).
     pub live: usize,
+    /// Client Fast Open cookie cache (RFC 7413 §4.1.1): per peer address, the MSS
+    /// and cookie its last Fast Open SYN-ACK carried.
+    pub fo_cache: HashMap<std::net::IpAddr, FoCacheEntry>,
+}
+
+/// A Fast Open cookie cache entry.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FoCacheEntry {
+    /// The peer's MSS option (0: none seen).
+    pub mss: u16,
+    /// Its cookie, if it gave one.
+    pub cookie: Option<usnet_wire::FastOpen>,
 }
 
 impl TcpTable {

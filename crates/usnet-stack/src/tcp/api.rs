@@ -7,6 +7,7 @@ use std::time::Duration;
 use usnet_tcp::{
     CcAlgorithm, Connection, Keepalive, Listener, State, TcpConfig, TcpInfo, TcpStats, Wake,
 };
+use usnet_wire::FastOpen;
 
 use super::readiness_of;
 use crate::socket::{
@@ -200,6 +201,20 @@ impl Stack {
         }
     }
 
+    /// TCP_MAXSEG on a listener: its SYN-ACKs advertise (and its connections use)
+    /// an MSS of at most `mss`. (For an active open, pass it in the configuration.)
+    pub fn tcp_set_listener_mss(&mut self, h: SocketHandle, mss: u16) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_mss(mss);
+                }
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
     /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with.
     pub fn tcp_set_fastopen_key(
         &mut self,
@@ -257,6 +272,20 @@ impl Stack {
         remote: SocketAddr,
         cfg: TcpConfig,
     ) -> Result<SocketHandle, StackError> {
+        self.tcp_open(local, remote, cfg, |_, _| 0).map(|(h, _)| h)
+    }
+
+    /// An active open; `prepare` sees the connection before its SYN goes out.
+    fn tcp_open(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        cfg: TcpConfig,
+        prepare: impl FnOnce(
+            &mut Connection,
+            &std::collections::HashMap<std::net::IpAddr, crate::socket::FoCacheEntry>,
+        ) -> usize,
+    ) -> Result<(SocketHandle, usize), StackError> {
         let rip = remote.ip();
         let bad_remote = match rip {
             std::net::IpAddr::V4(a) => a.is_broadcast() || a.is_multicast(),
@@ -292,7 +321,8 @@ impl Stack {
         cfg.mss = cfg
             .mss
             .min(TcpConfig::mss_for_mtu(self.core.cfg.mtu, remote.is_ipv6()));
-        let conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
+        let mut conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
+        let queued = prepare(&mut conn, &self.sockets.tcp.fo_cache);
         let h = self.sockets.insert(
             Socket::TcpConn(Box::new(TcpConnSock::new(conn, None))),
             Owner::LOCAL,
@@ -301,7 +331,65 @@ impl Stack {
         self.sockets.tcp.conns.insert((l, remote), h.index);
         self.core.counters.tcp_active_opens += 1;
         self.tcp_settle(h.index, Wake::default());
-        Ok(h)
+        Ok((h, queued))
+    }
+
+    /// Whether the Fast Open cookie cache holds a cookie for `ip`.
+    pub fn tcp_fastopen_cookie_cached(&self, ip: std::net::IpAddr) -> bool {
+        self.sockets
+            .tcp
+            .fo_cache
+            .get(&ip)
+            .is_some_and(|e| e.cookie.is_some())
+    }
+
+    /// Whether `TcpConfig::fastopen` lets clients use Fast Open.
+    pub fn tcp_fastopen_client_enabled(&self) -> bool {
+        self.core.cfg.tcp.fastopen & usnet_tcp::config::FASTOPEN_CLIENT != 0
+    }
+
+    /// Active open with TCP Fast Open (RFC 7413 §4.1), as Linux's
+    /// `sendto(MSG_FASTOPEN)`: with a cookie cached for `remote` the SYN carries the
+    /// first bytes of `data` (as many as fit in the peer's cached MSS, or ours, less
+    /// 40 bytes of option room); without one the SYN asks for a cookie and carries
+    /// none. Returns the handle and the bytes taken (all on the SYN); the rest is the
+    /// caller's to send once connected. `WrongType` (EOPNOTSUPP to a C caller is the
+    /// caller's mapping) when `TcpConfig::fastopen` has no client bit.
+    pub fn tcp_connect_fastopen(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        data: &[u8],
+    ) -> Result<(SocketHandle, usize), StackError> {
+        let cfg = self.core.cfg.tcp.clone();
+        self.tcp_connect_fastopen_with(local, remote, data, cfg)
+    }
+
+    /// `tcp_connect_fastopen` with a configuration other than the stack's template.
+    pub fn tcp_connect_fastopen_with(
+        &mut self,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        data: &[u8],
+        cfg: TcpConfig,
+    ) -> Result<(SocketHandle, usize), StackError> {
+        if !self.tcp_fastopen_client_enabled() {
+            return Err(StackError::WrongType);
+        }
+        self.tcp_open(local, remote, cfg, |c, cache| {
+            let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
+            let Some(cookie) = entry.cookie else {
+                c.set_fastopen_client(FastOpen::request(false), 0);
+                return 0;
+            };
+            let mss = match entry.mss {
+                0 => c.config().mss,
+                m => m.min(c.config().mss),
+            };
+            let room = usize::from(mss).saturating_sub(40).min(data.len());
+            let n = c.send(&data[..room]);
+            c.set_fastopen_client(cookie, n)
+        })
     }
 
     /// Queues data; returns how much was taken (`WouldBlock` when the send buffer is
@@ -322,6 +410,12 @@ impl Stack {
             return Err(StackError::WouldBlock);
         }
         self.with_conn(h, |c| c.send(data))
+    }
+
+    /// `MSG_EOR`: the data queued so far ends a record; its last byte ends a
+    /// segment, so later data never shares a segment with it.
+    pub fn tcp_end_record(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.end_record())
     }
 
     /// Reads received data: `Ok(0)` at end of stream, `WouldBlock` when nothing is
@@ -514,7 +608,7 @@ impl Stack {
     }
 
     pub fn tcp_info(&self, h: SocketHandle) -> Result<TcpInfo, StackError> {
-        Ok(self.conn(h)?.info())
+        Ok(self.conn(h)?.info_at(self.core.tcp_now()))
     }
 
     /// The connection's own counters.
@@ -544,6 +638,17 @@ impl Stack {
         ka: Option<Keepalive>,
     ) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_keepalive(ka))
+    }
+
+    /// The application waits for the handshake to send data: the handshake's ACK
+    /// waits for that data (Linux's `sk_write_pending`).
+    pub fn tcp_set_write_pending(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_write_pending(on))
+    }
+
+    /// TCP_SYNCNT on a connection (its handshake may be under way).
+    pub fn tcp_set_syn_retries(&mut self, h: SocketHandle, n: u32) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_syn_retries(n))
     }
 
     pub fn tcp_set_linger(

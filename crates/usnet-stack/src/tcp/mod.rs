@@ -136,6 +136,7 @@ impl Stack {
         let mut sink = CoreSink::new(&mut self.core);
         let w = s.conn.poll_transmit(now, &mut sink);
         sink.flush();
+        let learned = s.conn.take_fastopen_learned().map(|l| (s.remote.ip(), l));
         let refused = sink.refused;
         let deadline = s.conn.poll_at();
         let state = s.conn.state();
@@ -153,6 +154,16 @@ impl Stack {
                 || w.closed);
         if newly_blocked {
             self.sockets.tcp.blocked.push(idx);
+        }
+        // Client Fast Open: the SYN-ACK's MSS and cookie go to the cache.
+        if let Some((ip, (mss, cookie))) = learned {
+            let e = self.sockets.tcp.fo_cache.entry(ip).or_default();
+            if mss != 0 {
+                e.mss = mss;
+            }
+            if cookie.is_some() {
+                e.cookie = cookie;
+            }
         }
         if notify {
             self.sockets.mark_ready(idx);

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 
-use usnet_wire::{TcpFlags, TcpOptions};
+use usnet_wire::{FastOpen, TcpFlags, TcpOptions};
 
 use super::timers::Timer;
 use super::{Connection, Segment, SegmentSink, State, TcpError};
@@ -57,6 +57,18 @@ pub(crate) struct SynState {
     /// Data on a SYN was accepted (server) or acknowledged (client):
     /// `TCPI_OPT_SYN_DATA`.
     pub syn_data: bool,
+    /// Client Fast Open (RFC 7413 §4.1): the option on our first SYN, a cookie or
+    /// a cookie request; None: an ordinary SYN.
+    pub fo: Option<FastOpen>,
+    /// With a cookie: at most this much of the send buffer rides on the first SYN.
+    pub fo_max: usize,
+    /// Bytes the first SYN carried.
+    pub fo_sent: u32,
+    /// What the SYN-ACK taught about Fast Open to this peer (its MSS, its cookie if
+    /// it sent one), until the owner takes it for its cookie cache.
+    pub fo_learned: Option<(u16, Option<FastOpen>)>,
+    /// The application waits for the handshake to send data (`set_write_pending`).
+    pub write_pending: bool,
 }
 
 impl SynState {
@@ -67,6 +79,11 @@ impl SynState {
             sent_at: now,
             tfo_child: false,
             syn_data: false,
+            fo: None,
+            fo_max: 0,
+            fo_sent: 0,
+            fo_learned: None,
+            write_pending: false,
         }
     }
 }
@@ -86,6 +103,40 @@ impl Connection {
             0
         };
         c
+    }
+
+    /// Client Fast Open (RFC 7413 §4.1) for an active open whose SYN has not gone out
+    /// yet: the first SYN carries `fo`. With a cookie, up to `max_data` bytes of the
+    /// send buffer ride on it (queue them with `send` first); with a cookie request
+    /// (`fo.len == 0`) it carries none. A retransmitted SYN is an ordinary one
+    /// without data (the data then follows the handshake). Returns how many bytes
+    /// the SYN will carry.
+    pub fn set_fastopen_client(&mut self, fo: FastOpen, max_data: usize) -> usize {
+        if self.state != State::SynSent || self.syn.xmits > 0 {
+            return 0;
+        }
+        self.syn.fo = Some(fo);
+        self.syn.fo_max = if fo.len > 0 { max_data } else { 0 };
+        self.syn.fo_max.min(self.snd.buf.len())
+    }
+
+    /// The application is blocked until the handshake completes, to send data at
+    /// once (Linux's `sk_write_pending`, set by a blocking Fast Open `sendto`): the
+    /// ACK of the SYN-ACK waits for that data (or the delayed-ACK timer).
+    pub fn set_write_pending(&mut self, on: bool) {
+        self.syn.write_pending = on;
+    }
+
+    /// TCP_SYNCNT: how many times the SYN is retransmitted before the connect
+    /// fails (takes effect for a handshake under way too).
+    pub fn set_syn_retries(&mut self, n: u32) {
+        self.cfg.syn_retries = n;
+    }
+
+    /// After a Fast Open SYN was answered: the peer's MSS (0: none) and the cookie
+    /// its SYN-ACK carried (None: none), for the owner's cookie cache. Taken once.
+    pub fn take_fastopen_learned(&mut self) -> Option<(u16, Option<FastOpen>)> {
+        self.syn.fo_learned.take()
     }
 
     /// A passively opened connection in SYN-RECEIVED whose SYN-ACK the listener has
@@ -182,6 +233,31 @@ impl Connection {
         }
     }
 
+    /// A SYN-ACK in SYN-SENT (acceptable, `ack` checked): the part of the data on
+    /// a Fast Open SYN that it acknowledges leaves the send buffer, the rest is sent
+    /// again as ordinary data after the handshake (RFC 7413 §4.1.3: SND.NXT goes
+    /// back to the ACK); a cookie it carries is learned.
+    fn fastopen_synack(&mut self, seg: &Segment, ack: Seq) {
+        let acked = ack.since(self.snd.iss + 1u32) as usize;
+        if acked > 0 {
+            self.snd.buf.consume(acked);
+        }
+        let sent = self.syn.fo_sent as usize;
+        if sent > 0 {
+            if acked >= sent {
+                self.syn.syn_data = true;
+                self.stats.tfo_syn_data_acked += 1;
+            } else {
+                self.stats.tfo_syn_data_resent += 1;
+            }
+        }
+        self.snd.nxt = ack;
+        if self.syn.fo.is_some() {
+            let cookie = seg.options.fast_open.filter(|f| f.len > 0);
+            self.syn.fo_learned = Some((seg.options.mss.unwrap_or(0), cookie));
+        }
+    }
+
     /// An RTT sample from the handshake, if our SYN (SYN-ACK) went out once (Karn).
     fn syn_rtt_sample(&mut self) {
         if self.syn.xmits == 1 {
@@ -226,10 +302,21 @@ impl Connection {
         self.snd.wl1 = Seq(seg.seq);
         self.snd.wl2 = ack;
         if f.ack() {
+            self.ack.last_rcv = Some(self.now);
+            self.fastopen_synack(seg, ack);
             self.snd.una = ack;
             self.syn_rtt_sample();
             self.establish();
-            self.ack.pending = true;
+            if self.syn.write_pending {
+                // The application waits to send (Linux sk_write_pending): its data
+                // will carry the ACK; it goes alone only if the delayed-ACK timer
+                // fires first. A reply sent now counts as interactive.
+                self.timers
+                    .set(Timer::DelayedAck, self.now + self.cfg.delayed_ack);
+                self.ack.last_data_rx = Some(self.now);
+            } else {
+                self.ack.pending = true;
+            }
         } else {
             // Simultaneous open: SYN-ACK with our original ISS.
             self.state = State::SynReceived;
@@ -307,6 +394,8 @@ impl Connection {
             State::Established
         };
         self.stats.conn_established += 1;
+        // Our SYN (or SYN-ACK) was delivered.
+        self.snd.delivered += 1;
         self.cc = self
             .cfg
             .congestion
@@ -354,9 +443,25 @@ impl Connection {
         } else {
             TcpFlags::SYN
         };
-        let opts = self.syn_options(synack);
-        if !self.emit(sink, flags, self.snd.iss, 0, 0, opts) {
+        let mut opts = self.syn_options(synack);
+        // Client Fast Open: only the first SYN carries the option and data.
+        let mut data = 0;
+        if !synack && self.syn.xmits == 0 {
+            if let Some(fo) = self.syn.fo {
+                opts.fast_open = Some(fo);
+                data = self.syn.fo_max.min(self.snd.buf.len());
+            }
+        }
+        if !self.emit(sink, flags, self.snd.iss, 0, data, opts) {
             return Some(false);
+        }
+        if !synack && self.syn.xmits == 0 {
+            self.snd.nxt = self.snd.iss + 1u32 + data as u32;
+            self.syn.fo_sent = data as u32;
+            if data > 0 {
+                self.stats.tx_data_segments += 1;
+                self.stats.tx_bytes += data as u64;
+            }
         }
         self.syn.pending = false;
         self.syn.xmits += 1;
@@ -404,6 +509,7 @@ mod tests {
     use super::super::test_util::*;
     use super::*;
     use crate::testing::{OwnedSegment, VecSink};
+    use std::time::Duration;
 
     fn client(cfg: TcpConfig) -> Connection {
         let (c, s) = addrs();
@@ -443,6 +549,104 @@ mod tests {
         );
         assert!(r.options.sack_permitted);
         assert!(r.options.timestamps.is_some());
+    }
+
+    #[test]
+    fn fast_open_syn_carries_data_and_a_partial_ack_resends_the_rest() {
+        let mut cli = client(TcpConfig::default());
+        assert_eq!(cli.send(&[7u8; 3000]), 3000);
+        let fo = FastOpen::with_cookie(&[1, 2, 3, 4], false);
+        assert_eq!(cli.set_fastopen_client(fo, 1420), 1420);
+        let syn = drain(&mut cli, T0).remove(0);
+        assert_eq!(syn.repr.flags, TcpFlags::SYN);
+        assert_eq!(syn.repr.options.fast_open, Some(fo));
+        assert_eq!(syn.payload.len(), 1420);
+        // The SYN-ACK acknowledges 100 bytes and brings a new cookie.
+        let newc = FastOpen::with_cookie(&[9; 8], false);
+        let opts = TcpOptions {
+            mss: Some(1000),
+            fast_open: Some(newc),
+            ..TcpOptions::default()
+        };
+        let synack = syn_ack_for(&syn, cli.iss() + 101, opts);
+        feed(&mut cli, T0 + ms(10), &[synack]);
+        assert_eq!(cli.state(), State::Established);
+        assert_eq!(cli.take_fastopen_learned(), Some((1000, Some(newc))));
+        assert_eq!(cli.take_fastopen_learned(), None, "taken once");
+        assert!(
+            !cli.syn.syn_data,
+            "not all of the SYN's data was acknowledged"
+        );
+        // The rest goes out as ordinary data from the acknowledged point on.
+        let out = drain(&mut cli, T0 + ms(10));
+        assert_eq!(out[0].repr.seq, cli.iss() + 101);
+        let sent: usize = out.iter().map(|s| s.payload.len()).sum();
+        assert!(sent > 0 && out.iter().all(|s| !s.repr.flags.syn()));
+        assert_eq!(out[0].payload.len(), 1000, "at the SYN-ACK's MSS");
+    }
+
+    #[test]
+    fn fast_open_cookie_request_carries_no_data_and_a_retransmitted_syn_no_option() {
+        let mut cli = client(TcpConfig::default());
+        cli.send(&[1u8; 500]);
+        assert_eq!(cli.set_fastopen_client(FastOpen::request(false), 1420), 0);
+        let syn = drain(&mut cli, T0).remove(0);
+        assert_eq!(syn.repr.options.fast_open, Some(FastOpen::request(false)));
+        assert!(syn.payload.is_empty());
+        // Retransmission after the initial RTO: plain SYN.
+        let again = drain(&mut cli, T0 + Duration::from_secs(1));
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].repr.options.fast_open, None);
+        assert!(again[0].payload.is_empty());
+        // A SYN-ACK without a cookie: learned as "none"; all 500 bytes then go.
+        let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
+        feed(&mut cli, T0 + Duration::from_millis(1100), &[synack]);
+        assert_eq!(cli.take_fastopen_learned(), Some((0, None)));
+        let out = drain(&mut cli, T0 + Duration::from_millis(1100));
+        assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 500);
+        assert_eq!(out[0].repr.seq, cli.iss() + 1);
+    }
+
+    #[test]
+    fn a_pending_write_carries_the_handshake_ack_and_makes_the_exchange_interactive() {
+        let mut cli = client(TcpConfig::default());
+        cli.set_write_pending(true);
+        let syn = drain(&mut cli, T0).remove(0);
+        let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
+        feed(&mut cli, T0 + ms(10), std::slice::from_ref(&synack));
+        assert_eq!(cli.state(), State::Established);
+        assert_eq!(cli.info().delivered, 1, "the SYN");
+        assert_eq!(
+            cli.info_at(T0 + ms(30)).last_data_recv,
+            ms(20),
+            "since the SYN-ACK"
+        );
+        assert!(
+            drain(&mut cli, T0 + ms(10)).is_empty(),
+            "the ACK waits for the data"
+        );
+        cli.set_write_pending(false);
+        cli.send(&[1u8; 100]);
+        let out = drain(&mut cli, T0 + ms(10));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), 100);
+        assert!(out[0].repr.flags.ack());
+        // The peer's reply is acknowledged with the delayed-ACK timer, not at once.
+        let mut reply = synack;
+        reply.repr.flags = TcpFlags::ACK | TcpFlags::PSH;
+        reply.repr.seq += 1;
+        reply.repr.ack = cli.iss() + 101;
+        reply.payload = vec![2u8; 50];
+        feed(&mut cli, T0 + ms(20), &[reply]);
+        assert_eq!(cli.info().delivered, 2, "the SYN and one data segment");
+        assert_eq!(cli.info_at(T0 + ms(25)).last_data_recv, ms(5));
+        assert!(
+            drain(&mut cli, T0 + ms(20)).is_empty(),
+            "pingpong: no quick-ack"
+        );
+        let late = drain(&mut cli, T0 + ms(20) + TcpConfig::default().delayed_ack);
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].repr.ack, 5000 + 1 + 50);
     }
 
     #[test]

@@ -217,6 +217,10 @@ pub struct TcpInfo {
     pub send_queued: usize,
     /// Data on a SYN was accepted (server) or acknowledged (client) by Fast Open.
     pub syn_data: bool,
+    /// Segments delivered (acknowledged or SACKed), the handshake counting one.
+    pub delivered: u64,
+    /// Time since data (or the SYN-ACK of an active open) last arrived.
+    pub last_data_recv: Duration,
 }
 
 /// A TCP connection.
@@ -359,7 +363,16 @@ impl Connection {
 
     /// A `tcp_info`-like snapshot.
     pub fn info(&self) -> TcpInfo {
+        self.info_at(self.now)
+    }
+
+    /// [`Connection::info`] with the times in it measured at `now`.
+    pub fn info_at(&self, now: Instant) -> TcpInfo {
         TcpInfo {
+            last_data_recv: self
+                .ack
+                .last_rcv
+                .map_or(Duration::ZERO, |t| now.max(self.now).saturating_since(t)),
             state: self.state,
             srtt: self.rtt.srtt,
             rttvar: self.rtt.rttvar,
@@ -389,6 +402,7 @@ impl Connection {
             recv_queued: self.rcv.buf.len(),
             send_queued: self.snd.buf.len(),
             syn_data: self.syn.syn_data,
+            delivered: self.snd.delivered,
         }
     }
 

@@ -165,6 +165,7 @@ impl Connection {
             self.scoreboard.pop_front();
             if !front.sacked {
                 self.rack_update(&front);
+                self.snd.delivered += 1;
                 delivered = true;
                 if front.xmits == 1 {
                     rtt_sample = Some(self.now.saturating_since(front.sent));
@@ -237,6 +238,7 @@ impl Connection {
                 // alone: conservative).
                 if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
                     self.rack_update(&s);
+                    self.snd.delivered += 1;
                     delivered = true;
                 }
                 idx += 1;
@@ -516,7 +518,8 @@ impl Connection {
         }
         // PSH as on the original: on the segment that ended the queued data.
         let data_end = self.snd.una + self.snd.buf.len();
-        if data_len > 0 && s.end.since(data_end) <= 1 && s.end.ge(data_end) {
+        let ends_data = s.end.since(data_end) <= 1 && s.end.ge(data_end);
+        if data_len > 0 && (ends_data || self.snd.records.contains(&s.end)) {
             flags |= TcpFlags::PSH;
         }
         let off = s.start.since(self.snd.una) as usize;

@@ -100,6 +100,15 @@ pub(crate) struct AckState {
     pub quickack: u32,
     /// RCV.NXT in the last ACK sent (RFC 7323's Last.ACK.sent).
     pub last_sent: Seq,
+    /// When data last arrived in order (None: never), for interactive mode.
+    pub last_data_rx: Option<Instant>,
+    /// When data (or an active open's SYN-ACK) last arrived: `tcpi_last_data_recv`.
+    pub last_rcv: Option<Instant>,
+    /// Interactive ("pingpong") mode, as Linux: data we send within a delayed-ACK
+    /// interval of data received means the peer's next data is answered with our
+    /// reply, so it is not acknowledged at once (no quick-acks) but with the
+    /// delayed-ACK timer; the timer firing ends the mode.
+    pub pingpong: bool,
 }
 
 impl AckState {
@@ -110,6 +119,9 @@ impl AckState {
             unacked_bytes: 0,
             quickack,
             last_sent: Seq(0),
+            last_data_rx: None,
+            last_rcv: None,
+            pingpong: false,
         }
     }
 }
@@ -321,6 +333,8 @@ impl Connection {
     }
 
     pub(crate) fn on_delayed_ack_timer(&mut self) {
+        // A delayed ACK that had to go alone: the exchange is not interactive.
+        self.ack.pingpong = false;
         if !self.ack.pending {
             self.ack.pending = true;
             self.stats.tx_delayed_acks += 1;
@@ -448,7 +462,9 @@ impl Connection {
         // Quick-ack at first; then an ACK for every second full segment (never fewer,
         // so a bulk sender is never throttled), a lone one within `delayed_ack`.
         self.ack.unacked_bytes += n as u32;
-        if self.ack.quickack > 0 {
+        self.ack.last_data_rx = Some(self.now);
+        self.ack.last_rcv = Some(self.now);
+        if self.ack.quickack > 0 && !self.ack.pingpong {
             self.ack.quickack -= 1;
             self.ack.pending = true;
             self.stats.tx_quick_acks += 1;

@@ -25,6 +25,13 @@ pub(crate) struct SendState {
     pub una_before_last_ack: Seq,
     /// SND.NXT.
     pub nxt: Seq,
+    /// New-data segments sent in the current `poll_transmit` pass.
+    pub burst: u32,
+    /// Segments delivered (acknowledged or SACKed, each once), the handshake
+    /// counting one: Linux's `tcpi_delivered`.
+    pub delivered: u64,
+    /// Ends of records (`MSG_EOR`) not yet acknowledged: a segment never crosses one.
+    pub records: std::collections::VecDeque<Seq>,
     /// SND.WND: the peer's window, scaled.
     pub wnd: u32,
     /// Largest window the peer has offered (sender SWS avoidance, the RFC 5961 ACK
@@ -79,6 +86,9 @@ impl SendState {
             last_tx: now,
             persist_backoff: 0,
             persist_pending: false,
+            burst: 0,
+            delivered: 0,
+            records: std::collections::VecDeque::new(),
         }
     }
 }
@@ -118,6 +128,22 @@ impl Connection {
             return 0;
         }
         self.snd.buf.push(data)
+    }
+
+    /// The data queued so far ends a record (Linux `MSG_EOR`): the segment that
+    /// carries its last byte ends there (and carries PSH), and is not held back by
+    /// Nagle unless it is the last data queued (as Linux applies Nagle to the tail
+    /// of its queue only).
+    pub fn end_record(&mut self) {
+        let start = if self.state == State::SynSent {
+            self.snd.iss + 1u32
+        } else {
+            self.snd.una
+        };
+        let end = start + self.snd.buf.len() as u32;
+        if self.snd.records.back() != Some(&end) && end.gt(self.snd.nxt) {
+            self.snd.records.push_back(end);
+        }
     }
 
     /// [`Connection::send`] whose bytes `fill` writes straight into the send ring (up
@@ -225,6 +251,24 @@ impl Connection {
         let wnd_end = self.snd.una + self.snd.wnd;
         let win = wnd_end.since(self.snd.nxt) as usize;
         let mut len = unsent.min(maxp).min(win);
+        // A segment ends at the next record end (MSG_EOR).
+        while self
+            .snd
+            .records
+            .front()
+            .is_some_and(|&r| r.le(self.snd.una))
+        {
+            self.snd.records.pop_front();
+        }
+        let record_end = self
+            .snd
+            .records
+            .iter()
+            .find(|&&r| r.gt(self.snd.nxt))
+            .map(|&r| r.since(self.snd.nxt) as usize);
+        if let Some(r) = record_end {
+            len = len.min(r);
+        }
         if unsent > 0 && len == 0 {
             *blocked_by_window = true;
             if !(want_fin && unsent == 0) {
@@ -256,7 +300,8 @@ impl Connection {
             let window_limited = len < unsent
                 && len == win
                 && (2 * len >= self.snd.max_wnd as usize || self.scoreboard.is_empty());
-            if !(full || (all && nagle_ok) || window_limited) {
+            let ends_record = record_end == Some(len);
+            if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited) {
                 return None;
             }
         }
@@ -276,7 +321,10 @@ impl Connection {
         if fin {
             flags |= TcpFlags::FIN;
         }
-        if len > 0 && (len == unsent || fin) {
+        let ends_record = record_end == Some(len);
+        if len > 0
+            && (len == unsent || fin || ends_record || self.ends_burst(len, unsent, win, maxp))
+        {
             flags |= TcpFlags::PSH;
         }
         let seq = self.snd.nxt;
@@ -293,6 +341,15 @@ impl Connection {
             self.snd.fin_sent = true;
         }
         if len > 0 {
+            // A reply within a delayed-ACK interval of received data: interactive.
+            if self
+                .ack
+                .last_data_rx
+                .is_some_and(|t| self.now.saturating_since(t) < self.cfg.delayed_ack)
+            {
+                self.ack.pingpong = true;
+            }
+            self.snd.burst += 1;
             self.stats.tx_data_segments += 1;
             self.stats.tx_bytes += len as u64;
         }
@@ -302,6 +359,23 @@ impl Connection {
             self.arm_tlp();
         }
         Some(true)
+    }
+
+    /// Whether a new-data segment of `len` bytes ends a slow-start burst: an earlier
+    /// one went in this pass, the congestion window is below ssthresh, and the next
+    /// (at most `maxp` of the rest) would not fit in the congestion or the peer's
+    /// window. Such a segment carries PSH. RFC 9293 §3.9.1 leaves where PSH goes to
+    /// the implementation; this approximates where Linux's (the tail of each of its
+    /// write-queue buffers carries one, and in slow start its bursts end on them;
+    /// a lone segment clocked out by an ACK, or a burst in congestion avoidance or
+    /// recovery, is cut from a buffer and carries none).
+    fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
+        if self.snd.burst == 0 || self.cc.cwnd() >= self.cc.ssthresh() {
+            return false;
+        }
+        let next = (unsent - len).min(maxp);
+        let avail = (self.cc.cwnd() as usize).saturating_sub(self.pipe_est() as usize + len);
+        avail < next || win.saturating_sub(len) < next
     }
 
     /// Persist timer (RFC 9293 §3.8.6.1): data waits, nothing is in flight and the
@@ -361,6 +435,54 @@ mod tests {
     use super::super::test_util::*;
     use super::*;
     use crate::TcpConfig;
+
+    #[test]
+    fn a_slow_start_burst_cut_by_the_window_ends_with_psh() {
+        let (mut cli, mut srv) = default_pair();
+        let iw = cli.cc.cwnd() as usize / MSS;
+        cli.send(&vec![3u8; (iw + 4) * MSS]);
+        let out = drain(&mut cli, T0);
+        assert_eq!(out.len(), iw, "the initial window");
+        let psh: Vec<bool> = out.iter().map(|s| s.repr.flags.psh()).collect();
+        assert!(psh[iw - 1] && !psh[..iw - 1].iter().any(|&p| p));
+        // The peer acknowledges the first segment alone: in slow start that clocks
+        // out two, the second ending the burst.
+        feed(&mut srv, T0 + ms(10), &out[..1]);
+        let mut sink = crate::testing::VecSink::default();
+        srv.poll_transmit(T0 + ms(10), &mut sink);
+        let ack: Vec<_> = sink
+            .segments
+            .into_iter()
+            .filter(|s| s.repr.flags.ack())
+            .collect();
+        assert!(!ack.is_empty());
+        feed(&mut cli, T0 + ms(20), &ack[..1]);
+        let more = drain(&mut cli, T0 + ms(20));
+        let psh: Vec<bool> = more.iter().map(|s| s.repr.flags.psh()).collect();
+        assert_eq!(psh, [false, true]);
+    }
+
+    #[test]
+    fn a_record_end_cuts_a_segment_and_is_not_held_by_nagle() {
+        let (mut cli, _srv) = default_pair();
+        // Something small in flight, so Nagle would hold a small tail.
+        cli.send(&[1u8; 10]);
+        assert_eq!(drain(&mut cli, T0).len(), 1);
+        cli.send(&[2u8; 100]);
+        cli.end_record();
+        cli.send(&[3u8; 100]);
+        cli.end_record();
+        cli.send(&vec![4u8; MSS + 50]);
+        let out = drain(&mut cli, T0);
+        let sizes: Vec<usize> = out.iter().map(|s| s.payload.len()).collect();
+        assert_eq!(
+            sizes,
+            [100, 100, MSS],
+            "records alone; the 50-byte tail waits (Nagle)"
+        );
+        let psh: Vec<bool> = out.iter().map(|s| s.repr.flags.psh()).collect();
+        assert_eq!(psh, [true, true, false]);
+    }
 
     #[test]
     fn a_write_is_cut_into_full_segments_with_psh_on_the_last() {

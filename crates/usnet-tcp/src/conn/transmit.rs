@@ -28,6 +28,7 @@ impl Connection {
         self.run_timers();
         let mut budget = POLL_BUDGET;
         let mut blocked_by_window = false;
+        self.snd.burst = 0;
         while budget > 0 {
             match self.transmit_one(sink, &mut blocked_by_window) {
                 Some(true) => budget -= 1,
