@@ -3,6 +3,11 @@
 #define USNET_H
 
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <poll.h>
+#include <sys/epoll.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +87,78 @@ void usnet_async_destroy(usnet_async_t *h);
 
 /* ===================================================================== */
 /* End of section: asynchronous system calls                             */
+/* ===================================================================== */
+
+/* ===================================================================== */
+/* Section: sockets on a usnet stack server (usnet_*)                    */
+/*                                                                       */
+/* BSD sockets whose stack is a running `usnet up` (see docs/server.md). */
+/* Same arguments as the system calls; -1 and errno on failure.          */
+/* Descriptors are real kernel fd numbers reserved for usnet sockets:    */
+/* pass them to usnet_* calls only. usnet_poll and usnet_epoll_* take    */
+/* kernel descriptors too (pipes, eventfds, kernel sockets) in one set.  */
+/* Domains AF_INET/AF_INET6; SOCK_STREAM and SOCK_DGRAM, with            */
+/* SOCK_NONBLOCK/SOCK_CLOEXEC. MSG_DONTWAIT, MSG_NOSIGNAL, MSG_WAITALL;  */
+/* MSG_PEEK and control messages give EOPNOTSUPP. A write to a stream    */
+/* whose peer is gone raises SIGPIPE unless MSG_NOSIGNAL, as the kernel. */
+/* ===================================================================== */
+
+/* Attach to the stack server `stack` (NULL: $USNET_STACK or the only one */
+/* running). Optional: the first call attaches by itself.                 */
+int usnet_attach(const char *stack);
+/* 1 if fd is a usnet socket or usnet epoll set of this process. */
+int usnet_is_socket(int fd);
+
+int usnet_socket(int domain, int type, int protocol);
+int usnet_bind(int fd, const struct sockaddr *addr, socklen_t len);
+int usnet_listen(int fd, int backlog);
+int usnet_accept(int fd, struct sockaddr *addr, socklen_t *len);
+int usnet_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
+/* Blocking: waits for the handshake (SO_SNDTIMEO bounds it). Non-blocking: */
+/* EINPROGRESS, then poll for POLLOUT and read SO_ERROR.                    */
+int usnet_connect(int fd, const struct sockaddr *addr, socklen_t len);
+
+ssize_t usnet_send(int fd, const void *buf, size_t len, int flags);
+ssize_t usnet_sendto(int fd, const void *buf, size_t len, int flags,
+                     const struct sockaddr *to, socklen_t tolen);
+ssize_t usnet_sendmsg(int fd, const struct msghdr *msg, int flags);
+ssize_t usnet_write(int fd, const void *buf, size_t len);
+ssize_t usnet_writev(int fd, const struct iovec *iov, int iovcnt);
+ssize_t usnet_recv(int fd, void *buf, size_t len, int flags);
+ssize_t usnet_recvfrom(int fd, void *buf, size_t len, int flags,
+                       struct sockaddr *from, socklen_t *fromlen);
+ssize_t usnet_recvmsg(int fd, struct msghdr *msg, int flags);
+ssize_t usnet_read(int fd, void *buf, size_t len);
+ssize_t usnet_readv(int fd, const struct iovec *iov, int iovcnt);
+
+int usnet_shutdown(int fd, int how);
+int usnet_close(int fd);
+
+/* SOL_SOCKET: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF,  */
+/* SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; get also SO_ERROR, SO_TYPE, SO_DOMAIN,  */
+/* SO_PROTOCOL, SO_ACCEPTCONN. IPPROTO_TCP: TCP_NODELAY; get also TCP_INFO      */
+/* (struct tcp_info). Others: ENOPROTOOPT.                                      */
+int usnet_setsockopt(int fd, int level, int name, const void *val, socklen_t len);
+int usnet_getsockopt(int fd, int level, int name, void *val, socklen_t *len);
+int usnet_getsockname(int fd, struct sockaddr *addr, socklen_t *len);
+int usnet_getpeername(int fd, struct sockaddr *addr, socklen_t *len);
+
+/* F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD. */
+int usnet_fcntl(int fd, int cmd, long arg);
+/* FIONBIO (*arg: the mode), FIONREAD (*arg := bytes readable, streams). */
+int usnet_ioctl(int fd, unsigned long req, int *arg);
+
+/* Any mix of usnet sockets and kernel descriptors. */
+int usnet_poll(struct pollfd *fds, nfds_t n, int timeout_ms);
+/* An epoll set (a real kernel epoll fd); EPOLLIN/OUT/RDHUP/HUP/ERR, EPOLLET,  */
+/* EPOLLONESHOT for usnet sockets; kernel descriptors are added as they are.   */
+int usnet_epoll_create(int size);
+int usnet_epoll_create1(int flags);
+int usnet_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev);
+int usnet_epoll_wait(int epfd, struct epoll_event *out, int max, int timeout_ms);
+
+/* ===================================================================== */
+/* End of section: sockets                                               */
 /* ===================================================================== */
 
 #ifdef __cplusplus

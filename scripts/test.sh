@@ -20,7 +20,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 \
-        pkg-config libfontconfig1-dev fonts-dejavu-core >/dev/null
+        pkg-config libfontconfig1-dev fonts-dejavu-core bison flex >/dev/null
 else
     echo "==> not root: skipping apt installs; tests that need root will skip"
 fi
@@ -34,14 +34,22 @@ step "clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 step "build" cargo build --workspace --release
 step "tests" cargo test --workspace --release
 # Long simulated conversations (100+ MB with loss, 100k connect/close cycles): release only.
+# packetdrill's Linux TCP suite against the --so_filename backend (IPv4 and IPv6,
+# 2 jobs, a timeout per script); fails if a script in the expectations file fails,
+# or if any run hangs or crashes. Skipped when ../shared/tools/packetdrill is absent.
+step "packetdrill suite" python3 scripts/packetdrill.py --jobs 2 --timeout 60
 step "long simulations" cargo test --release -p usnet-stack -p usnet-tcp -- --ignored
 if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 2>/dev/null; then
     step "loom model checking" env RUSTFLAGS="--cfg loom" \
         cargo test -p usnet-ring --release --lib --target-dir target/loom loom
 fi
+# The stack server's arm/kick handshake (usnet-shm::arm), model-checked.
+step "loom model checking (session arm/kick)" env RUSTFLAGS="--cfg loom" \
+    cargo test -p usnet-shm --release --test loom_arm --target-dir target/loom
 step "demo" ./target/release/usnet demo
 step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
 step "bench tcp (smoke)" ./target/release/usnet bench tcp --quick --out target/bench-smoke/tcp
+step "bench server (smoke)" ./target/release/usnet bench server --quick --sizes 4096,65536 --out target/bench-smoke/server
 step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
 step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
 

@@ -1,4 +1,4 @@
-//! `usnet bench nic`: the measurements of source document 3, reproduced on the emulated
+//! `usnet bench nic`: the measurements of the Mint paper (an OS that plays the NIC for a driver in another), reproduced on the emulated
 //! NIC. The benchmark process is the stack side (driver, and for experiment 3 the usnet
 //! stack and a UDP application), pinned to core 1; each device side is a child process
 //! (this binary re-executed with `usnet_nicemu::device_command`) pinned to core 0.

@@ -21,6 +21,8 @@ pub const PEER_READY: Duration = Duration::from_secs(30);
 pub enum PeerSpec {
     Udp(crate::udp::UdpPeerOptions),
     Tcp(crate::tcp::TcpPeerOptions),
+    /// An application of `usnet bench server` (write_server, read_client, round trip).
+    App(crate::server::AppOptions),
 }
 
 /// Call first thing in `main()`: if this process was started as a benchmark peer, run
@@ -34,6 +36,7 @@ pub fn maybe_run_peer() {
         .and_then(|spec| match spec {
             PeerSpec::Udp(o) => crate::udp::run_peer(&o),
             PeerSpec::Tcp(o) => crate::tcp::run_peer(&o),
+            PeerSpec::App(o) => crate::server::run_app(&o),
         });
     let code = match r {
         Ok(c) => c,

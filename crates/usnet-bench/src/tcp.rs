@@ -51,7 +51,7 @@ pub const SHM_MTU: usize = SHM_BUF - DEFAULT_HEADROOM - 14;
 const BURST: usize = 64;
 const PORT: u16 = 9000;
 /// Bulk stamp stride: one 8-byte stamp per KiB (default) or every 8 bytes (--verify).
-const STRIDE: usize = 1024;
+pub(crate) const STRIDE: usize = 1024;
 const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Options of `usnet bench tcp` (the CLI owns the flags).
@@ -190,16 +190,16 @@ impl Sys {
 }
 
 /// Two network namespaces joined by a veth pair; removed on drop.
-struct Veth {
-    ns: [String; 2],
+pub(crate) struct Veth {
+    pub(crate) ns: [String; 2],
 }
 
-const VETH_ADDR: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
+pub(crate) const VETH_ADDR: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
 const TAP_HOST: &str = "10.90.0.1";
 const TAP_USNET: &str = "10.90.0.2";
 const SHM_ADDR: [&str; 2] = ["10.88.0.1", "10.88.0.2"];
 
-fn ip(args: &[&str]) -> Res<()> {
+pub(crate) fn ip(args: &[&str]) -> Res<()> {
     let out = Command::new("ip").args(args).output()?;
     if !out.status.success() {
         return Err(format!(
@@ -213,7 +213,7 @@ fn ip(args: &[&str]) -> Res<()> {
 }
 
 impl Veth {
-    fn create() -> Res<Veth> {
+    pub(crate) fn create() -> Res<Veth> {
         let pid = std::process::id();
         let v = Veth {
             ns: [format!("usnb-a-{pid}"), format!("usnb-b-{pid}")],
@@ -246,7 +246,7 @@ impl Drop for Veth {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
@@ -749,7 +749,7 @@ fn stamp(k: u64) -> [u8; 8] {
 
 /// Writes the stamps of the stream bytes `off..off + buf.len()` into `buf`
 /// (`off` and the length multiples of `stride`).
-fn stamp_fill(buf: &mut [u8], off: u64, stride: usize) {
+pub(crate) fn stamp_fill(buf: &mut [u8], off: u64, stride: usize) {
     let base = off / stride as u64;
     for (j, c) in buf.chunks_mut(stride).enumerate() {
         c[..8].copy_from_slice(&stamp(base + j as u64));
@@ -758,7 +758,7 @@ fn stamp_fill(buf: &mut [u8], off: u64, stride: usize) {
 
 /// The first stream offset in `buf` (holding stream bytes from `off`) whose stamp byte
 /// is wrong.
-fn stamp_check(buf: &[u8], off: u64, stride: usize) -> Option<u64> {
+pub(crate) fn stamp_check(buf: &[u8], off: u64, stride: usize) -> Option<u64> {
     let s = stride as u64;
     let end = off + buf.len() as u64;
     let mut k = off / s;
@@ -797,7 +797,7 @@ pub fn run_peer(a: &TcpPeerOptions) -> Res<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn enter_netns(name: &str) -> Res<()> {
+pub(crate) fn enter_netns(name: &str) -> Res<()> {
     let f = std::fs::File::open(format!("/run/netns/{name}"))?;
     use std::os::fd::AsRawFd;
     // SAFETY: setns with a valid namespace fd; affects only this (single-threaded)

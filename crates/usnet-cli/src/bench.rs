@@ -180,6 +180,54 @@ impl From<TcpArgs> for TcpBenchOptions {
     }
 }
 
+/// `usnet bench server`: the source document's client/server study.
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Directory for server.json, server.md, server.png and server-rpc.png.
+    #[arg(long, default_value = "bench-out/server")]
+    pub out: PathBuf,
+    /// Runs per point (the tables show medians).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Seconds per run of the rpc baseline.
+    #[arg(long, default_value_t = 0.5)]
+    pub rpc_seconds: f64,
+    /// Buffer sizes of write_server and read_client in bytes (multiples of 1024).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
+    pub sizes: Vec<usize>,
+    /// 64-byte request/response transactions per run.
+    #[arg(long, default_value_t = 20000)]
+    pub transactions: usize,
+    /// Skip the rpc baseline study.
+    #[arg(long)]
+    pub no_rpc: bool,
+    /// One short run per point (a smoke test).
+    #[arg(long)]
+    pub quick: bool,
+    /// Only configurations whose name contains one of these (comma-separated, e.g.
+    /// `server,in-process`).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+impl From<ServerArgs> for usnet_bench::server::ServerBenchOptions {
+    fn from(a: ServerArgs) -> Self {
+        usnet_bench::server::ServerBenchOptions {
+            out: a.out,
+            sizes: a.sizes,
+            runs: if a.quick { 1 } else { a.runs },
+            seconds: if a.quick { 0.2 } else { a.seconds },
+            rpc_seconds: if a.quick { 0.1 } else { a.rpc_seconds },
+            transactions: if a.quick { 2000 } else { a.transactions },
+            rpc: !a.no_rpc,
+            only: a.only,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

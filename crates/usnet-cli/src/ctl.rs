@@ -50,6 +50,88 @@ pub struct StatArgs {
     pub json: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct ClientsArgs {
+    #[command(flatten)]
+    pub sel: StackSel,
+    /// Print the raw JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn clients(a: ClientsArgs) -> CmdResult {
+    let path = resolve(a.sel.stack.as_deref())?;
+    let mut answer = Value::Null;
+    request(&path, &json!({"cmd": "clients"}), |v| {
+        answer = v.clone();
+        false
+    })?;
+    if let Some(e) = answer["error"].as_str() {
+        return Err(e.to_string().into());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&answer["clients"])?);
+    } else {
+        print!("{}", render_clients(&answer["clients"], true));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The attached clients: one summary line each, then (with `sockets`) their TCP
+/// sockets as `ss -p` shows them.
+pub fn render_clients(clients: &Value, sockets: bool) -> String {
+    let rows = clients.as_array().cloned().unwrap_or_default();
+    let mut out = format!("clients ({}):\n", rows.len());
+    if rows.is_empty() {
+        return out;
+    }
+    out += &format!(
+        "    {:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+        "id", "pid", "command", "sockets", "ring B", "stack B", "bytes in", "bytes out", "calls"
+    );
+    for c in &rows {
+        let st = &c["stats"];
+        out += &format!(
+            "    {:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+            c["id"].to_string(),
+            c["pid"].to_string(),
+            c["command"].as_str().unwrap_or("?"),
+            format!("{}/{}", c["sockets"], c["max_sockets"]),
+            c["ring_bytes"].to_string(),
+            c["stack_bytes"].to_string(),
+            st["bytes_in"].to_string(),
+            st["bytes_out"].to_string(),
+            st["calls"].to_string(),
+        );
+    }
+    if sockets {
+        out += &format!(
+            "    {:<12} {:>8} {:>8} {:<44} {:<44} {}\n",
+            "state", "recv-q", "send-q", "local", "peer", "process"
+        );
+        for c in &rows {
+            let process = format!(
+                "users:((\"{}\",pid={},client={}))",
+                c["command"].as_str().unwrap_or("?"),
+                c["pid"],
+                c["id"]
+            );
+            for s in c["tcp"].as_array().into_iter().flatten() {
+                out += &format!(
+                    "    {:<12} {:>8} {:>8} {:<44} {:<44} {}\n",
+                    s["state"].as_str().unwrap_or("?"),
+                    s["recv_q"].to_string(),
+                    s["send_q"].to_string(),
+                    s["local"].as_str().unwrap_or("?"),
+                    s["remote"].as_str().unwrap_or("?"),
+                    process
+                );
+            }
+        }
+    }
+    out
+}
+
 pub fn down(sel: StackSel) -> CmdResult {
     let path = resolve(sel.stack.as_deref())?;
     request(&path, &json!({"cmd": "stop"}), |_| false)?;
@@ -225,6 +307,7 @@ pub fn render_stat(v: &Value, all: bool) -> String {
             );
         }
     }
+    out += &render_clients(&v["clients"], false);
     let neigh = v["neighbors"].as_array().cloned().unwrap_or_default();
     if !neigh.is_empty() {
         out += "neighbors:\n";

@@ -151,7 +151,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
         &link,
         &format!("{tag}-a"),
         ["10.77.0.1/24", "fd77::1/64"],
-        "none",
+        "http",
     ))?;
     let mut rows = Vec::new();
     for dst in ["10.77.0.2", "fd77::2"] {
@@ -172,6 +172,11 @@ pub fn run(a: DemoArgs) -> CmdResult {
     rows.push(http_step(&net, "http://10.77.0.2/bytes/16777216", 16 << 20));
     rows.push(http_step(&net, "http://[fd77::2]/bytes/1000003", 1_000_003));
     rows.push(http_post_step(&net, "http://10.77.0.2/upload", 4 << 20));
+    rows.push(server_client_step(
+        &peer_name,
+        "http://10.77.0.1/bytes/8388608",
+        8 << 20,
+    ));
     rows.push(peer_ping_step(&ctl));
     rows.push(peer_stat_step(&ctl));
 
@@ -423,6 +428,70 @@ fn chargen_step(net: &NetStack) -> Row {
             detail: "printable, of the RFC 864 pattern".into(),
         },
         Err(e) => Row::failed("chargen 10.77.0.2:19".into(), e),
+    }
+}
+
+/// A separate process, a client of the peer's stack server, fetches `url` from this
+/// process's HTTP service: its bytes cross the link and then the server's shared-memory
+/// rings (`usnet get --stack`). The digest must be the pattern's.
+fn server_client_step(stack: &str, url: &str, n: usize) -> Row {
+    let step = "client process of the peer's server".to_string();
+    let run = || -> Result<(String, String), Box<dyn std::error::Error>> {
+        let t = Instant::now();
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["get", "--stack", stack, "--sha256", "--timeout", "10", url])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the client process did not finish within 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let secs = t.elapsed().as_secs_f64();
+        let mut out = String::new();
+        if let Some(mut o) = child.stdout.take() {
+            std::io::Read::read_to_string(&mut o, &mut out)?;
+        }
+        if !status.success() {
+            return Err(format!("usnet get exited with {status}").into());
+        }
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        let mut off = 0u64;
+        while (off as usize) < n {
+            let part = usnet_http::pattern_slice(off, (n - off as usize).min(1 << 16));
+            h.update(part);
+            off += part.len() as u64;
+        }
+        let want = usnet_http::hex(h.finalize().as_slice());
+        if out.trim() != want {
+            return Err(format!("digest {} is not the pattern's {want}", out.trim()).into());
+        }
+        Ok((
+            format!("{} MiB, {:.0} MB/s", n >> 20, n as f64 / secs / 1e6),
+            format!(
+                "`usnet get --stack {stack} {url}` in its own process: the bytes cross \
+                 the link, then the server's shared-memory rings; SHA-256 matches \
+                 (the rate includes the process start)"
+            ),
+        ))
+    };
+    match run() {
+        Ok((summary, detail)) => Row {
+            step,
+            ok: true,
+            summary,
+            detail,
+        },
+        Err(e) => Row::failed(step, e),
     }
 }
 

@@ -3,6 +3,9 @@
 //! (`http://10.0.0.1:8080/x`, `http://[fd00::1]/x`; no DNS). Content-Length,
 //! chunked and read-until-close bodies; progress on stderr; the byte count and
 //! SHA-256 of the body at the end (`--sha256`: only the hex digest); `-o FILE`
+//! writes the body. With `--stack NAME` instead of `--link`, no stack is started: the
+//! command is a client of the running stack server NAME (`usnet up`), its bytes
+//! crossing the server's shared-memory rings. `-o FILE`
 //! writes the body. The exit status is non-zero for HTTP statuses 400 and above,
 //! and for a body cut short. The HTTP itself (URL, request, response framing) is
 //! `usnet_http::client`; this is the command around it.
@@ -35,8 +38,12 @@ pub struct GetArgs {
     #[arg(long)]
     pub sha256: bool,
     /// The usnet stack's link: tap:IF, shm:NAME, afpacket:IF, nic:NAME.
+    #[arg(long, required_unless_present = "stack", conflicts_with = "stack")]
+    pub link: Option<String>,
+    /// Use the running stack server of this name (`usnet up`) as a client instead of
+    /// starting a stack.
     #[arg(long)]
-    pub link: String,
+    pub stack: Option<String>,
     /// The usnet stack's addresses (repeatable), e.g. 10.20.0.2/24.
     #[arg(long = "addr", value_name = "CIDR")]
     pub addrs: Vec<IpCidr>,
@@ -77,21 +84,42 @@ pub fn exchange(
 
 pub fn run(a: GetArgs) -> CmdResult {
     let url = parse_url(&a.url)?;
+    let timeout = Duration::from_secs_f64(a.timeout.max(0.1));
+    if let Some(name) = &a.stack {
+        let c = usnet_client::Client::attach(name)
+            .map_err(|e| format!("cannot attach to stack '{name}': {e}"))?;
+        return fetch(&a, &mut |on_head, sink| {
+            let mut s = usnet_client::TcpStream::connect_timeout(&c, url.addr, timeout)?;
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
+            client::exchange(&mut s, &url, "GET", None, on_head, sink)
+        });
+    }
+    let link = a.link.clone().ok_or("--link or --stack")?;
     let args = UpArgs {
         addrs: a.addrs.clone(),
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
         mtu: a.mtu,
         no_gro: a.no_gro,
-        ..UpArgs::embedded(a.link.clone(), format!("get-{}", std::process::id()))
+        ..UpArgs::embedded(link, format!("get-{}", std::process::id()))
     };
     let (net, _) = up::start(&args)?;
-    let r = fetch(&net, &url, &a);
+    let r = fetch(&a, &mut |on_head, sink| {
+        exchange(&net, &url, "GET", None, timeout, on_head, sink)
+    });
     net.shutdown();
     r
 }
 
-fn fetch(net: &NetStack, url: &Url, a: &GetArgs) -> CmdResult {
+/// One exchange: the response head, then the body in pieces.
+type Exchange<'a> = dyn FnMut(
+        &mut dyn FnMut(&ResponseHead),
+        &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<Fetched>
+    + 'a;
+
+fn fetch(a: &GetArgs, exchange: &mut Exchange<'_>) -> CmdResult {
     let mut out = match &a.output {
         Some(p) => Some(BufWriter::with_capacity(
             1 << 20,
@@ -105,7 +133,6 @@ fn fetch(net: &NetStack, url: &Url, a: &GetArgs) -> CmdResult {
         ProgressBar::new_spinner()
     };
     let t0 = Instant::now();
-    let timeout = Duration::from_secs_f64(a.timeout.max(0.1));
     let mut on_head = |h: &ResponseHead| {
         if let Some(len) = h.content_length {
             bar.set_length(len);
@@ -129,7 +156,7 @@ fn fetch(net: &NetStack, url: &Url, a: &GetArgs) -> CmdResult {
             None => Ok(()),
         }
     };
-    let r = exchange(net, url, "GET", None, timeout, &mut on_head, &mut sink);
+    let r = exchange(&mut on_head, &mut sink);
     bar.finish_and_clear();
     let f = r.map_err(|e| format!("GET {}: {e}", a.url))?;
     if let Some(mut w) = out {

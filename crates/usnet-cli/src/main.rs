@@ -33,6 +33,9 @@ enum Cmd {
     Ping(ctl::PingArgs),
     /// Print the counters of a running stack (like `netstat -s`).
     Stat(ctl::StatArgs),
+    /// List the client processes attached to a running stack and their sockets
+    /// (like `ss -p`).
+    Clients(ctl::ClientsArgs),
     /// Two stacks on a shared-memory link, no root needed: ping, UDP echo, summary.
     Demo(demo::DemoArgs),
     /// Bulk TCP transfer with every byte checked; either end usnet or Linux (--kernel).
@@ -54,6 +57,9 @@ enum BenchCmd {
     /// TCP bulk throughput and request/response latency: usnet over shm and TAP vs
     /// Linux over loopback and veth.
     Tcp(bench::TcpArgs),
+    /// The stack server: write_server → read_client through the server, in-process,
+    /// Linux and the rpc baseline (MCLBYTES × MCLNUM), plus the cost of one call.
+    Server(bench::ServerArgs),
     /// The emulated NIC: delivery cost, interrupt interval accuracy, lossless rate.
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
@@ -72,11 +78,13 @@ fn main() -> ExitCode {
         Cmd::Down(a) => ctl::down(a),
         Cmd::Ping(a) => ctl::ping(a),
         Cmd::Stat(a) => ctl::stat(a),
+        Cmd::Clients(a) => ctl::clients(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
+        Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)

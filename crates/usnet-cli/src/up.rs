@@ -1,4 +1,7 @@
-//! `usnet up`: a stack on a link, with services and a control socket.
+//! `usnet up`: a stack server on a link. Other processes use it as their network
+//! stack through `usnet-client` / `libusnet.so` (and unmodified programs through the
+//! LD_PRELOAD shim); the built-in services run as its clients. `demo`, `get` and
+//! `perf` embed an in-process stack with [`start`] instead.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -10,7 +13,7 @@ use std::time::Duration;
 use clap::Args;
 use usnet_link::{fault::FaultConfig, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
-use usnet_runtime::control::{socket_path, ControlServer, StackInfo};
+use usnet_runtime::control::{socket_path, StackInfo};
 use usnet_runtime::{NetStack, RuntimeConfig, ServiceKind};
 use usnet_stack::{mac_from_seed, IpCidr, StackConfig};
 use usnet_wire::MacAddr;
@@ -75,6 +78,43 @@ pub struct UpArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Besides the stack's owner (and root), members of this group may attach
+    /// (numeric gid; the control socket becomes mode 0660).
+    #[arg(long)]
+    pub group: Option<u32>,
+    /// Clients at once (more are refused, counted as quota_sessions in `usnet stat`).
+    #[arg(long, default_value_t = 1024)]
+    pub max_clients: usize,
+    /// The largest listen backlog a client gets (a larger one is cut, counted as
+    /// quota_backlog): connections waiting to be accepted are the client's too.
+    #[arg(long, default_value_t = 1024)]
+    pub max_backlog: usize,
+    /// The largest UDP receive buffer (SO_RCVBUF) a client may set: the bytes of
+    /// packet buffers one of its sockets may hold while its ring is full (a larger
+    /// one is cut, counted as quota_rcvbuf).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_rcvbuf: usize,
+    /// Sockets one client may hold at most (its quota; each has two rings). A client
+    /// gets 1024 unless it asks for more.
+    #[arg(long, default_value_t = 16384)]
+    pub client_sockets: u32,
+    /// The largest ring a client socket may have (a power of two, 4096 .. 16 MiB); a
+    /// client gets 256 KiB unless it asks otherwise.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub ring_bytes: u32,
+    /// Bytes the server moves between a socket's ring and the stack per turn:
+    /// the cluster size (MCLBYTES) ...
+    #[arg(long, default_value_t = 65536)]
+    pub cluster_bytes: usize,
+    /// ... times the clusters one step may carry (MCLNUM).
+    #[arg(long, default_value_t = 4)]
+    pub clusters: usize,
+    /// Also serve the rpc baseline transport at `<run dir>/<name>.rpc`: the rump
+    /// kernel's cost structure (a Unix-socket round trip per call and per copy request
+    /// of clusters), kept to reproduce the source document's study
+    /// (`usnet bench server`).
+    #[arg(long)]
+    pub rpc: bool,
     /// Print nothing but errors.
     #[arg(short, long)]
     pub quiet: bool,
@@ -102,6 +142,15 @@ impl UpArgs {
             no_tso: false,
             no_gro: false,
             duration: None,
+            group: None,
+            max_clients: 1024,
+            max_backlog: 1024,
+            max_rcvbuf: 4 << 20,
+            client_sockets: 16384,
+            ring_bytes: 1 << 20,
+            cluster_bytes: 65536,
+            clusters: 4,
+            rpc: false,
             quiet: true,
         }
     }
@@ -131,8 +180,16 @@ fn name_seed(name: &str) -> u64 {
     }) ^ std::process::id() as u64
 }
 
-/// Opens the link and starts the stack with its services (shared with `usnet demo`).
-pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error::Error>> {
+/// What `usnet up` and the embedding commands build from the flags.
+pub struct Opened {
+    pub dev: Box<dyn usnet_link::Device>,
+    pub cfg: StackConfig,
+    pub name: String,
+    pub services: Vec<ServiceKind>,
+}
+
+/// Checks the flags, opens the link and makes the stack's configuration.
+pub fn open(args: &UpArgs) -> Result<Opened, Box<dyn std::error::Error>> {
     let link: LinkSpec = args.link.parse()?;
     let services: Vec<ServiceKind> = args
         .services
@@ -198,65 +255,123 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
     // to it): the stack's.
     opts.nic.mac = cfg.mac.0;
     let dev = usnet_link::open(&link, &opts)?;
-    let net = NetStack::start(dev, cfg, RuntimeConfig::default())?;
-    for s in &services {
+    Ok(Opened {
+        dev,
+        cfg,
+        name,
+        services,
+    })
+}
+
+/// An in-process stack with its services in the poll loop (`demo`, `get`, `perf`).
+pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error::Error>> {
+    let o = open(args)?;
+    let net = NetStack::start(o.dev, o.cfg, RuntimeConfig::default())?;
+    for s in &o.services {
         let svc = net
             .with(|st| s.start(st))
             .map_err(|e| format!("cannot start service {s:?} on port {}: {e}", s.port()))?;
         net.add_service(svc);
     }
     let info = StackInfo {
-        name,
+        name: o.name,
         link: args.link.clone(),
         services: args.services.clone(),
     };
     Ok((net, info))
 }
 
+/// `usnet up`: the stack server, with the built-in services as its clients.
 pub fn run(args: UpArgs) -> CmdResult {
-    let (net, info) = start(&args)?;
-    let control = match ControlServer::start(net.clone(), info.clone()) {
-        Ok(c) => c,
-        Err(e) => {
-            net.shutdown();
-            return Err(e.into());
-        }
+    let o = open(&args)?;
+    if !args.cluster_bytes.is_power_of_two() || args.clusters == 0 {
+        return Err("--cluster-bytes must be a power of two and --clusters at least 1".into());
+    }
+    let geometry = usnet_abi::Geometry {
+        max_sockets: args.client_sockets,
+        ring_bytes: args.ring_bytes,
+        ..Default::default()
     };
+    usnet_abi::Layout::new(geometry)
+        .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
+    let mut cfg = o.cfg;
+    usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
+    let stack = usnet_stack::Stack::new(cfg)?;
+    let (mac, addrs, mtu) = (
+        stack.mac(),
+        stack
+            .addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>(),
+        stack.mtu(),
+    );
+    let server_cfg = usnet_server::ServerConfig {
+        name: o.name.clone(),
+        link: args.link.clone(),
+        geometry,
+        limits: usnet_server::ServerLimits {
+            chunk: args.cluster_bytes * args.clusters,
+            max_sessions: args.max_clients,
+            max_backlog: args.max_backlog,
+            max_rcvbuf: args.max_rcvbuf,
+            ..Default::default()
+        },
+        group: args.group,
+        services: args.services.clone(),
+        ..Default::default()
+    };
+    let mut server = usnet_server::ServerHandle::start(stack, o.dev, server_cfg)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    let rpc = if args.rpc {
+        Some(usnet_rpc::Proxy::start(&o.name, args.group)?)
+    } else {
+        None
+    };
+    // The services are clients like any other.
+    let svc_thread = if o.services.is_empty() {
+        None
+    } else {
+        Some(spawn_services(&o.name, &o.services, stop.clone())?)
+    };
     if !args.quiet {
-        let (mac, addrs, mtu) = net.with(|s| {
-            (
-                s.mac(),
-                s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                s.mtu(),
-            )
-        });
         println!(
             "usnet: stack '{}' up on {} (mac {mac}, mtu {mtu}): {}; services: {}",
-            info.name,
+            o.name,
             args.link,
             addrs.join(" "),
-            info.services.join(",")
+            args.services.join(",")
         );
         println!(
-            "usnet: control socket {}; `usnet stat --stack {}` shows its counters",
-            control.path().display(),
-            info.name
+            "usnet: serving clients at {}; `usnet stat --stack {}` shows its counters",
+            server
+                .control_path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            o.name
         );
+        if let Some(p) = &rpc {
+            println!("usnet: rpc baseline transport at {}", p.path().display());
+        }
     }
     let deadline = args
         .duration
         .map(|d| std::time::Instant::now() + Duration::from_secs_f64(d));
     // A shm link is Down until the other end opens it; report changes after that.
-    let mut last_state = net.link_state();
-    while net.is_running() && !stop.load(Ordering::Relaxed) {
+    let link_state = || {
+        server
+            .call(Duration::from_secs(2), |lp| lp.driver.link_state())
+            .unwrap_or(LinkState::Down)
+    };
+    let mut last_state = link_state();
+    while server.is_running() && !stop.load(Ordering::Relaxed) {
         if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             break;
         }
-        let state = net.link_state();
+        let state = link_state();
         if state != last_state && !args.quiet {
             match state {
                 LinkState::Up => println!("usnet: link {} is up", args.link),
@@ -266,18 +381,75 @@ pub fn run(args: UpArgs) -> CmdResult {
         last_state = state;
         std::thread::sleep(Duration::from_millis(50));
     }
-    let failure = net.failure();
-    net.shutdown();
-    drop(control);
-    if let Some(f) = failure {
-        return Err(f.into());
+    stop.store(true, Ordering::Relaxed);
+    let counters = server.call(Duration::from_secs(2), |lp| {
+        let c = lp.stack().counters();
+        (c.link_rx_frames, c.link_tx_frames)
+    });
+    let r = server.shutdown();
+    if let Some(t) = svc_thread {
+        let _ = join_within(t, Duration::from_secs(5));
     }
+    r?;
     if !args.quiet {
-        let c = net.with(|s| s.counters().clone());
-        println!(
-            "usnet: stack '{}' down: {} frames in, {} frames out",
-            info.name, c.link_rx_frames, c.link_tx_frames
-        );
+        if let Some((rx, tx)) = counters {
+            println!(
+                "usnet: stack '{}' down: {rx} frames in, {tx} frames out",
+                o.name
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Joins a thread, giving up after `limit` (nothing waits without a deadline).
+fn join_within(t: std::thread::JoinHandle<()>, limit: Duration) -> bool {
+    let end = std::time::Instant::now() + limit;
+    while !t.is_finished() {
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.join().is_ok()
+}
+
+/// One client thread running every built-in service: attach, start them, then poll
+/// them whenever the server changed something in the session.
+fn spawn_services(
+    name: &str,
+    kinds: &[ServiceKind],
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>, Box<dyn std::error::Error>> {
+    // Services hold a socket per connection they serve: ask for many, with small
+    // rings (their traffic is requests and responses, not bulk).
+    let client = usnet_client::Client::attach_with(
+        Some(name),
+        &usnet_client::AttachOptions {
+            max_sockets: Some(16384),
+            ring_bytes: Some(64 * 1024),
+        },
+    )?;
+    let mut net = usnet_client::ClientNet::new(client);
+    let mut svcs = Vec::new();
+    for k in kinds {
+        let svc = k
+            .start(&mut net)
+            .map_err(|e| format!("cannot start service {k:?} on port {}: {e}", k.port()))?;
+        svcs.push(svc);
+    }
+    Ok(std::thread::Builder::new()
+        .name("usnet-services".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) && net.client().is_alive() {
+                let seen = net.seq();
+                let mut did = false;
+                for s in svcs.iter_mut() {
+                    did |= s.poll(&mut net);
+                }
+                if !did && net.wait(seen, Duration::from_millis(100)).is_err() {
+                    break;
+                }
+            }
+        })?)
 }

@@ -499,6 +499,29 @@ fn tap_curl_to_usnet_http_and_usnet_get_from_nginx() {
             o.describe()
         );
     }
+    // A client process of the stack server (`usnet get --stack`) → nginx on the Linux
+    // side of the server's TAP: the bytes cross the TAP, then the server's rings.
+    for host in ["10.35.0.1", "[fd35::1]"] {
+        let url = format!("http://{host}:{port}/file");
+        let o = run_in(
+            Command::new(USNET)
+                .args(["get", "--stack", "it-http", "--sha256", &url])
+                .env("USNET_RUN_DIR", dir.path()),
+            &[],
+            Duration::from_secs(60),
+        );
+        assert!(
+            o.ok(),
+            "usnet get --stack {url}: {}\n{}",
+            o.describe(),
+            nginx.logs()
+        );
+        assert_eq!(
+            o.stdout.trim(),
+            pattern_sha256(n),
+            "usnet get --stack {url}"
+        );
+    }
     drop(nginx);
     let c = d.counters();
     assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");

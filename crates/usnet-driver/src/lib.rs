@@ -18,6 +18,33 @@ use usnet_link::{Device, DeviceStats, Doorbell, LinkState, WaitPlan};
 use usnet_pool::PktBuf;
 use usnet_stack::{Instant, Stack};
 
+/// Makes a stack configuration fit a real device: the device's MTU and offloads,
+/// and real randomness mixed into the seed (a stack on a real link needs
+/// unpredictable ISNs, SYN cookies and ports; the core itself stays deterministic).
+pub fn fit_to_device(cfg: &mut usnet_stack::StackConfig, caps: usnet_link::DeviceCaps) {
+    cfg.seed ^= random_u64();
+    cfg.mtu = cfg.mtu.min(caps.mtu);
+    cfg.rx_csum_offload = caps.rx_csum_offload;
+    cfg.tx_csum_offload = caps.tx_csum_offload;
+    // The stack only builds GSO frames when the device takes them.
+    cfg.tso = caps.tso;
+}
+
+/// 8 bytes from getrandom(2) (falling back to the clock and pid if it fails).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is a valid, writable 8-byte buffer for the duration of the call.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        u64::from_ne_bytes(b)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ (u64::from(std::process::id()) << 32)
+    }
+}
+
 /// Frames taken from the device per turn unless set otherwise.
 pub const DEFAULT_BURST: usize = 64;
 

@@ -1,11 +1,16 @@
 //! C ABI of usnet (`libusnet.so` / `libusnet.a`), declared in
 //! `include/usnet.h`.
 //!
+//! Section "sockets" ([`socket`]): BSD sockets on a usnet stack server (`usnet up`),
+//! through `usnet-posix`: `-1` and `errno` on failure, as the system calls.
+//!
 //! Section "asynchronous system calls": the `usnet_async_*` functions wrap
 //! [`usnet_ring::AsyncSyscall`]. All functions return 0 or a count on
 //! success and a negative errno on failure, like the system calls they
 //! carry; results of the carried calls follow `syscall(2)` semantics with
 //! negative errno. No Rust panic crosses the boundary (they abort).
+
+pub mod socket;
 
 use std::ptr;
 use std::time::Duration;

@@ -1,69 +1,13 @@
 //! Compile `examples/c/async_syscall.c` against `include/usnet.h` and the
 //! shared library (libusnet.so), run it on a file, check it succeeds.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// `cmd.output()` with a deadline: a compiler or program that hangs fails the test
-/// after `timeout` (killed) instead of hanging it.
-fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let pipe = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
-            v
-        })
-    };
-    let so = pipe(Box::new(child.stdout.take().unwrap()));
-    let se = pipe(Box::new(child.stderr.take().unwrap()));
-    let end = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            panic!("{cmd:?} still running after {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    // The program has exited and started nothing that keeps its pipes open, so both
-    // readers are at EOF; still, wait for them with a deadline.
-    let take = |h: std::thread::JoinHandle<Vec<u8>>| {
-        let end = Instant::now() + Duration::from_secs(10);
-        while !h.is_finished() {
-            assert!(
-                Instant::now() < end,
-                "{cmd:?}: output still open after exit"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        h.join().unwrap()
-    };
-    Output {
-        status,
-        stdout: take(so),
-        stderr: take(se),
-    }
-}
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-fn find_lib_dir() -> Option<PathBuf> {
-    // The test binary is target/<profile>/deps/<name>; cargo leaves the
-    // cdylib in deps/ (and uplifts it to target/<profile>/ on plain builds).
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [deps.to_path_buf(), deps.parent()?.to_path_buf()]
-        .into_iter()
-        .find(|d| d.join("libusnet.so").exists())
-}
+use common::{find_lib_dir, output_within};
 
 #[test]
 fn c_example_reads_file_through_ring() {

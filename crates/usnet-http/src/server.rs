@@ -64,7 +64,14 @@
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use usnet_stack::{Instant, SocketHandle, Stack, StackError};
+use std::io;
+use std::time::Duration as Instant;
+
+use usnet_api::{Handle as SocketHandle, SocketApi};
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
 
 use crate::body::BodyDecoder;
 use crate::hex;
@@ -197,7 +204,7 @@ const LINGER: Duration = Duration::from_secs(2);
 
 impl HttpService {
     /// Listens on `cfg.port` on every address of `stack` (IPv4 and IPv6).
-    pub fn start(stack: &mut Stack, cfg: HttpConfig) -> Result<HttpService, StackError> {
+    pub fn start(stack: &mut dyn SocketApi, cfg: HttpConfig) -> io::Result<HttpService> {
         let listener = stack.tcp_listen(std::net::SocketAddr::from(([0u16; 8], cfg.port)), 128)?;
         Ok(HttpService {
             cfg,
@@ -378,7 +385,7 @@ impl Conn {
     /// turn produced leaves in one send at its end (see the module documentation).
     fn step(
         &mut self,
-        stack: &mut Stack,
+        stack: &mut dyn SocketApi,
         scratch: &mut [u8],
         cfg: &HttpConfig,
         now: Instant,
@@ -397,10 +404,11 @@ impl Conn {
 
     /// Hands `out` to the stack: `Ok(true)` when all of it is queued, `Ok(false)`
     /// when the send buffer is full.
-    fn flush(&mut self, stack: &mut Stack, moved: &mut usize) -> Result<bool, ()> {
+    fn flush(&mut self, stack: &mut dyn SocketApi, moved: &mut usize) -> Result<bool, ()> {
         while self.out_pos < self.out.len() {
             match stack.tcp_send(self.h, &self.out[self.out_pos..]) {
-                Ok(0) | Err(StackError::WouldBlock) => return Ok(false),
+                Ok(0) => return Ok(false),
+                Err(e) if would_block(&e) => return Ok(false),
                 Ok(n) => {
                     self.out_pos += n;
                     *moved += n;
@@ -419,7 +427,7 @@ impl Conn {
 
     fn work(
         &mut self,
-        stack: &mut Stack,
+        stack: &mut dyn SocketApi,
         scratch: &mut [u8],
         cfg: &HttpConfig,
         now: Instant,
@@ -462,7 +470,7 @@ impl Conn {
                                 self.pattern.0 += n as u64;
                                 *moved += n;
                             }
-                            Err(StackError::WouldBlock) => return Step::Open,
+                            Err(e) if would_block(&e) => return Step::Open,
                             Err(_) => return Step::Abort,
                         }
                     }
@@ -551,7 +559,7 @@ impl Conn {
                             *moved += n;
                             self.inbuf.extend_from_slice(&scratch[..n]);
                         }
-                        Err(StackError::WouldBlock) => return Step::Open,
+                        Err(e) if would_block(&e) => return Step::Open,
                         Err(_) => return Step::Abort,
                     }
                 }
@@ -591,14 +599,14 @@ impl Conn {
                                 }
                             }
                         }
-                        Err(StackError::WouldBlock) => return Step::Open,
+                        Err(e) if would_block(&e) => return Step::Open,
                         Err(_) => return Step::Abort,
                     }
                 }
                 Phase::Linger => match stack.tcp_recv(self.h, scratch) {
                     Ok(0) => return Step::Close,
                     Ok(n) => *moved += n,
-                    Err(StackError::WouldBlock) => return Step::Open,
+                    Err(e) if would_block(&e) => return Step::Open,
                     Err(_) => return Step::Close,
                 },
             }
@@ -612,7 +620,7 @@ impl HttpService {
     /// times out what can be. Returns whether anything moved. The runtime registers
     /// it as a service (`usnet_runtime::ServiceKind::Http`); a program with its own
     /// loop calls it after `Stack::poll`.
-    pub fn poll(&mut self, stack: &mut Stack) -> bool {
+    pub fn poll(&mut self, stack: &mut dyn SocketApi) -> bool {
         let mut did = false;
         let now = stack.now();
         while let Ok(h) = stack.tcp_accept(self.listener) {
@@ -682,7 +690,7 @@ mod tests {
     use crate::{check_pattern, parse_response};
     use std::net::SocketAddr;
     use usnet_stack::sim::{Faults, SimNet};
-    use usnet_stack::{mac_from_seed, StackConfig};
+    use usnet_stack::{mac_from_seed, SocketHandle, StackConfig};
 
     /// A raw client (stack 0) and the service (stack 1) on the simulator.
     struct Pair {

@@ -377,6 +377,10 @@ impl<D: Device> Device for FaultInjector<D> {
         Ok(taken)
     }
 
+    fn wait_kind(&self) -> crate::WaitKind {
+        self.inner.wait_kind()
+    }
+
     fn prepare_wait(&mut self) -> crate::WaitPlan {
         if !self.rx.ready.is_empty() {
             return crate::WaitPlan::ready();

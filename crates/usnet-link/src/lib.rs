@@ -4,8 +4,10 @@
 //! small [`Device`] trait: shm, tap, af_packet, AF_XDP ([`xdp`], whose UMEM is the
 //! stack's own pool) and the emulated NIC's driver ([`nic`]).
 //! Wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
-//! devices that wrap devices. The stack never sees a device; the poll loop in
-//! `usnet-stack`'s users joins the two.
+//! devices that wrap devices. Each device says what a loop sleeps on while it waits
+//! for frames ([`Device::prepare_wait`]: an fd or a futex bell), so one wait can cover
+//! the device and a loop's other doorbells ([`wait_device`]). The stack never sees a
+//! device: `usnet-driver` joins the two.
 
 pub mod af_packet;
 pub mod error;
@@ -23,7 +25,7 @@ pub mod xdp;
 
 pub use error::LinkError;
 pub use spec::{open, wrap, LinkOptions, LinkSpec};
-pub use wait::{sleep_on, wait_device, Doorbell, WaitPlan, WaitSpec};
+pub use wait::{sleep_on, wait_device, Doorbell, WaitKind, WaitPlan, WaitSpec};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -107,6 +109,12 @@ pub trait Device: Send {
     /// later wake-up will change. [`wait_device`] sleeps on the plan together with a
     /// loop's other doorbells; `wait` is the same for a device alone (plus a spin).
     fn prepare_wait(&mut self) -> WaitPlan;
+    /// What [`Device::prepare_wait`] names when there is nothing to receive: a loop
+    /// that waits on the device together with its own doorbells picks doorbells of
+    /// this kind.
+    fn wait_kind(&self) -> WaitKind {
+        WaitKind::Fd
+    }
     /// Whether a frame waits to be received now: a cheap look, no system call. The
     /// sleeper re-checks it after announcing itself on a futex bell (devices whose
     /// wake-up is a readable fd may keep this default).
@@ -170,6 +178,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn rx_ready(&mut self) -> bool {
         (**self).rx_ready()
+    }
+    fn wait_kind(&self) -> WaitKind {
+        (**self).wait_kind()
     }
     fn link_state(&self) -> LinkState {
         (**self).link_state()

@@ -193,6 +193,10 @@ impl<D: Device> Device for PcapWriter<D> {
         r
     }
 
+    fn wait_kind(&self) -> crate::WaitKind {
+        self.inner.wait_kind()
+    }
+
     fn prepare_wait(&mut self) -> crate::WaitPlan {
         let mut plan = self.inner.prepare_wait();
         if self.dirty {

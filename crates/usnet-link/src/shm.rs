@@ -725,6 +725,10 @@ impl Device for ShmDevice {
         }
     }
 
+    fn wait_kind(&self) -> crate::WaitKind {
+        crate::WaitKind::Bell
+    }
+
     fn prepare_wait(&mut self) -> crate::WaitPlan {
         // `seq` first, then the ring: a frame published after this look moves `seq`
         // only if we announce ourselves, which the sleeper does before its re-check.

@@ -17,6 +17,15 @@ use usnet_shm::{EventFd, FutexBell};
 
 use crate::Device;
 
+/// The two kinds of things a device sleeps on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitKind {
+    /// Readable fds (ppoll).
+    Fd,
+    /// A futex bell in shared memory (futex_waitv).
+    Bell,
+}
+
 /// What a device sleeps on.
 #[derive(Debug, Clone)]
 pub enum WaitSpec {

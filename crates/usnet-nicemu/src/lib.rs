@@ -1,4 +1,4 @@
-//! usnet's emulated NIC, device side (source document 3, Mint): the process that plays
+//! usnet's emulated NIC, device side (after Mint, where one OS plays the NIC for a driver under test in another): the process that plays
 //! the hardware for the usnet driver. It places frames in the buffers the driver posted,
 //! completes descriptors, raises the interrupt line and consumes the TX ring, at a chosen
 //! interval and count, with fault injection ([`run_device`], `usnet nicemu`).

@@ -28,6 +28,12 @@ pub struct Options {
     pub mtu: usize,
     pub seed: u64,
     pub tick_ns: u64,
+    /// Answer packetdrill's own `getsockopt(TCP_INFO)` on our descriptors
+    /// (`trap=0` turns it off; see `crate::trap`).
+    pub trap: bool,
+    /// The TCP template: `profile=NAME`, then any Linux sysctl name
+    /// (`tcp_timestamps=0`, `tcp_rmem=4096 87380 6291456`, ...).
+    pub tcp: usnet_stack::TcpConfig,
 }
 
 impl Default for Options {
@@ -40,15 +46,33 @@ impl Default for Options {
             mtu: 1500,
             seed: 0x7064_7269_6c6c,
             tick_ns: 1_000,
+            trap: true,
+            tcp: usnet_stack::TcpConfig::default(),
         }
     }
 }
 
 impl Options {
-    /// Parses `key=value,...`; unknown keys are an error.
+    /// Parses `key=value,...`; unknown keys are an error. `profile=` applies before
+    /// the sysctls, wherever it stands.
     pub fn parse(flags: &str) -> Result<Options, String> {
         let mut o = Options::default();
-        for item in flags.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let items: Vec<&str> = flags
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        for item in &items {
+            if let Some(p) = item.strip_prefix("profile=") {
+                o.tcp = usnet_stack::TcpConfig::profile(p).ok_or_else(|| {
+                    format!(
+                        "flag profile={p}: unknown profile (known: {})",
+                        usnet_stack::TCP_PROFILES.join(", ")
+                    )
+                })?;
+            }
+        }
+        for item in items {
             let (k, v) = item
                 .split_once('=')
                 .ok_or_else(|| format!("flag {item:?}: expected key=value"))?;
@@ -63,6 +87,9 @@ impl Options {
                 "tick_us" => {
                     o.tick_ns = v.parse::<u64>().map_err(|e| bad(&e))?.saturating_mul(1000)
                 }
+                "profile" => {}
+                "trap" => o.trap = v != "0",
+                _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
         }
@@ -80,6 +107,8 @@ enum Kind {
 
 #[derive(Debug)]
 struct Fd {
+    /// The kernel object that holds this descriptor's number (see [`RealFd`]).
+    real: RealFd,
     kind: Kind,
     nonblock: bool,
     v6: bool,
@@ -87,6 +116,58 @@ struct Fd {
     reuseaddr: bool,
     /// A pending error (SO_ERROR) taken from a failed non-blocking connect.
     so_error: c_int,
+    /// TCP_FASTOPEN set before `listen`.
+    fastopen: Option<usize>,
+    /// TCP_FASTOPEN_KEY set before `listen`.
+    fastopen_key: Option<[u8; 16]>,
+}
+
+/// A real kernel descriptor that reserves a socket's number, so the numbers this
+/// library hands out are the kernel's: nothing else in the process gets them, and
+/// packetdrill's own `close()` and `getsockopt()` on them reach a real descriptor
+/// (a memfd: each has its own inode, so [`RealFd::still_ours`] can tell whether the
+/// number still names it).
+#[derive(Debug)]
+struct RealFd {
+    fd: c_int,
+    dev_ino: (u64, u64),
+}
+
+impl RealFd {
+    fn new() -> Res<RealFd> {
+        // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new
+        // descriptor or -1.
+        let fd =
+            unsafe { libc::memfd_create(c"usnet-packetdrill-socket".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE));
+        }
+        let dev_ino = fstat_id(fd).unwrap_or((0, 0));
+        Ok(RealFd { fd, dev_ino })
+    }
+
+    /// Whether the number still names the memfd made for it (packetdrill closes the
+    /// numbers of sockets the script left open itself).
+    fn still_ours(&self) -> bool {
+        fstat_id(self.fd) == Some(self.dev_ino)
+    }
+
+    fn close(self) {
+        if self.still_ours() {
+            // SAFETY: the descriptor is the memfd this value made (checked above).
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
+
+fn fstat_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes a `struct stat` into the zeroed buffer or fails.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    }
 }
 
 /// The backend's state: one stack, the virtual clock, the descriptor table and the
@@ -103,6 +184,8 @@ pub struct Backend {
     tick_ns: u64,
     fds: BTreeMap<c_int, Fd>,
     out: VecDeque<(Vec<u8>, u64)>,
+    /// What packetdrill's threads know about each other ([`shared`]).
+    pub(crate) sync: shared::Sync,
     /// Packets handed to the stack / taken from it / answered here (ARP, NDP).
     pub injected: u64,
     pub sniffed: u64,
@@ -126,6 +209,7 @@ impl Backend {
             gateway6: Some(o.gateway6),
             mtu: o.mtu,
             seed: o.seed,
+            tcp: o.tcp.clone(),
             ..Default::default()
         };
         let stack = Stack::new(cfg).map_err(|e| format!("{e}"))?;
@@ -153,6 +237,7 @@ impl Backend {
             tick_ns: o.tick_ns,
             fds: BTreeMap::new(),
             out: VecDeque::new(),
+            sync: shared::Sync::default(),
             injected: 0,
             sniffed: 0,
             resolved: 0,
@@ -186,16 +271,20 @@ impl Backend {
         if base != libc::SOCK_STREAM || !(protocol == 0 || protocol == libc::IPPROTO_TCP) {
             return Err(libc::EPROTONOSUPPORT);
         }
-        let fd = (3..).find(|f| !self.fds.contains_key(f)).unwrap_or(3);
+        let real = RealFd::new()?;
+        let fd = real.fd;
         self.fds.insert(
             fd,
             Fd {
+                real,
                 kind: Kind::Fresh(None),
                 nonblock: ty & libc::SOCK_NONBLOCK != 0,
                 v6,
                 nodelay: false,
                 reuseaddr: false,
                 so_error: 0,
+                fastopen: None,
+                fastopen_key: None,
             },
         );
         Ok(fd)
@@ -228,7 +317,15 @@ impl Backend {
             .stack_mut()
             .tcp_listen(addr, backlog.clamp(1, 65535) as usize)
             .map_err(map)?;
-        self.fd(fd)?.kind = Kind::Listen(h);
+        let f = self.fd(fd)?;
+        f.kind = Kind::Listen(h);
+        let (qlen, key) = (f.fastopen, f.fastopen_key);
+        if let Some(q) = qlen {
+            self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?;
+        }
+        if let Some(k) = key {
+            self.stack_mut().tcp_set_fastopen_key(h, k).map_err(map)?;
+        }
         Ok(())
     }
 
@@ -280,7 +377,7 @@ impl Backend {
     /// `Ok(true)` connected, `Ok(false)` still in progress.
     pub fn connect_status(&mut self, fd: c_int) -> Res<bool> {
         let h = self.conn(fd)?;
-        if let Some(e) = self.stack_mut().tcp_error(h).map_err(map)? {
+        if let Some(e) = self.stack_mut().tcp_take_error(h).map_err(map)? {
             return Err(map(e));
         }
         Ok(self.stack_mut().readiness(h).map_err(map)?.connected)
@@ -305,6 +402,7 @@ impl Backend {
 
     pub fn close(&mut self, fd: c_int) -> Res<()> {
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
+        f.real.close();
         match f.kind {
             Kind::Conn(h) | Kind::Listen(h) => {
                 let _ = self.stack_mut().close(h);
@@ -317,12 +415,14 @@ impl Backend {
 
     pub fn shutdown(&mut self, fd: c_int, how: c_int) -> Res<()> {
         let h = self.conn(fd)?;
-        match how {
-            libc::SHUT_WR | libc::SHUT_RDWR => {
-                self.stack_mut().tcp_shutdown_write(h).map_err(map)?
-            }
-            libc::SHUT_RD => {}
-            _ => return Err(libc::EINVAL),
+        if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+            return Err(libc::EINVAL);
+        }
+        if how != libc::SHUT_WR {
+            self.stack_mut().tcp_shutdown_read(h).map_err(map)?;
+        }
+        if how != libc::SHUT_RD {
+            self.stack_mut().tcp_shutdown_write(h).map_err(map)?;
         }
         self.pump();
         Ok(())
@@ -418,6 +518,65 @@ impl Backend {
         self.stack_mut().tcp_peer_addr(h).map_err(map)
     }
 
+    /// Whether `fd` is one of this backend's descriptors.
+    pub fn owns(&self, fd: c_int) -> bool {
+        self.fds.contains_key(&fd)
+    }
+
+    /// `SO_MEMINFO` (Linux's `sk_meminfo` array of 9 `u32`): receive queue and
+    /// buffer, send queue and buffer; the rest 0.
+    pub fn meminfo(&mut self, fd: c_int) -> Vec<u8> {
+        let mut m = [0u32; 9];
+        if let Some(Kind::Conn(h)) = self.fds.get(&fd).map(|f| f.kind) {
+            if let Ok(i) = self.stack().tcp_info(h) {
+                let cfg = self.stack().tcp_config();
+                m[0] = i.recv_queued as u32;
+                m[1] = cfg.recv_buffer as u32;
+                m[2] = i.send_queued as u32;
+                m[3] = cfg.send_buffer as u32;
+                m[5] = i.send_queued as u32;
+            }
+        }
+        m.iter().flat_map(|v| v.to_ne_bytes()).collect()
+    }
+
+    /// `getsockopt` of the options whose value is a structure: `TCP_INFO` (Linux's
+    /// `struct tcp_info`, [`linux_tcp_info`]) and `TCP_CC_INFO` (empty, as Linux
+    /// for CUBIC and Reno). `None`: not one of those (try [`Backend::getsockopt`]).
+    pub fn getsockopt_struct(
+        &mut self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+    ) -> Option<Res<Vec<u8>>> {
+        if level != libc::IPPROTO_TCP || !(name == libc::TCP_INFO || name == TCP_CC_INFO) {
+            return None;
+        }
+        let kind = match self.fd(fd) {
+            Ok(f) => f.kind,
+            Err(e) => return Some(Err(e)),
+        };
+        if name == TCP_CC_INFO {
+            return Some(Ok(Vec::new()));
+        }
+        Some(Ok(match kind {
+            Kind::Conn(h) => match self.stack().tcp_info(h) {
+                Ok(i) => linux_tcp_info(&i),
+                Err(e) => return Some(Err(map(e))),
+            },
+            Kind::Listen(_) => {
+                let mut b = vec![0u8; TCP_INFO_LEN];
+                b[0] = 10; // TCP_LISTEN
+                b
+            }
+            Kind::Fresh(_) => {
+                let mut b = vec![0u8; TCP_INFO_LEN];
+                b[0] = 7; // TCP_CLOSE
+                b
+            }
+        }))
+    }
+
     /// `getsockopt` of the integer options: SO_ERROR (read and cleared), SO_TYPE,
     /// SO_REUSEADDR, TCP_NODELAY, TCP_MAXSEG.
     pub fn getsockopt(&mut self, fd: c_int, level: c_int, name: c_int) -> Res<c_int> {
@@ -427,7 +586,12 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_ERROR) => {
                 let mut e = std::mem::take(&mut self.fd(fd)?.so_error);
                 if let (0, Kind::Conn(h)) = (e, kind) {
-                    e = self.stack_mut().tcp_error(h).ok().flatten().map_or(0, map);
+                    e = self
+                        .stack_mut()
+                        .tcp_take_error(h)
+                        .ok()
+                        .flatten()
+                        .map_or(0, map);
                 }
                 e
             }
@@ -479,6 +643,26 @@ impl Backend {
                     self.stack_mut().tcp_set_linger(h, d).map_err(map)?;
                 }
             }
+            (libc::IPPROTO_TCP, libc::TCP_FASTOPEN) => {
+                let q = field(0)?.max(0) as usize;
+                match kind {
+                    Kind::Listen(h) => self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?,
+                    Kind::Fresh(_) => self.fd(fd)?.fastopen = Some(q),
+                    Kind::Conn(_) => return Err(libc::EINVAL),
+                }
+            }
+            (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) => {
+                let key: [u8; 16] = value
+                    .and_then(|v| v.get(..16))
+                    .and_then(|v| v.try_into().ok())
+                    .ok_or(libc::EINVAL)?;
+                match kind {
+                    Kind::Listen(h) => {
+                        self.stack_mut().tcp_set_fastopen_key(h, key).map_err(map)?
+                    }
+                    _ => self.fd(fd)?.fastopen_key = Some(key),
+                }
+            }
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
                 let on = field(0)? != 0;
                 self.fd(fd)?.nodelay = on;
@@ -490,6 +674,85 @@ impl Backend {
             _ => return Err(libc::ENOPROTOOPT),
         }
         Ok(())
+    }
+}
+
+/// Linux's `TCP_FASTOPEN_KEY` option number.
+const TCP_FASTOPEN_KEY: c_int = 33;
+
+/// Linux's `TCP_CC_INFO` option number.
+const TCP_CC_INFO: c_int = 26;
+
+/// The size of Linux's `struct tcp_info` (6.x, through `tcpi_options2`) this library
+/// returns; a caller's shorter buffer gets the first bytes, as from Linux.
+pub const TCP_INFO_LEN: usize = 280;
+
+/// A [`TcpInfo`](usnet_stack::TcpInfo) in the layout of Linux's `struct tcp_info`
+/// (`include/uapi/linux/tcp.h`): windows and thresholds in segments, times in µs.
+/// Fields usnet does not track are 0.
+pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
+    use usnet_stack::TcpState as S;
+    let mut b = vec![0u8; TCP_INFO_LEN];
+    let mut put32 = |off: usize, v: u64| {
+        b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
+    };
+    let mss = u64::from(i.snd_mss.max(1));
+    let us = |d: std::time::Duration| d.as_micros() as u64;
+    put32(8, us(i.rto));
+    put32(16, u64::from(i.snd_mss));
+    put32(20, u64::from(i.rcv_mss));
+    put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
+    put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
+    put32(32, u64::from(i.lost_segments));
+    put32(68, i.srtt.map_or(0, us));
+    put32(72, us(i.rttvar));
+    put32(76, u64::from(i.ssthresh) / mss);
+    put32(80, u64::from(i.cwnd) / mss);
+    put32(84, u64::from(i.snd_mss));
+    put32(88, 3);
+    put32(96, u64::from(i.rcv_space));
+    put32(100, i.total_retransmits);
+    put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
+    put32(228, u64::from(i.snd_wnd));
+    put32(232, u64::from(i.rcv_wnd));
+    b[0] = match i.state {
+        S::Established => 1,
+        S::SynSent => 2,
+        S::SynReceived => 3,
+        S::FinWait1 => 4,
+        S::FinWait2 => 5,
+        S::TimeWait => 6,
+        S::Closed => 7,
+        S::CloseWait => 8,
+        S::LastAck => 9,
+        S::Closing => 11,
+    };
+    // tcpi_ca_state: Open, or Recovery.
+    b[1] = if i.in_recovery { 3 } else { 0 };
+    b[4] = i.backoff.min(255) as u8;
+    let mut opts = 0u8;
+    if i.timestamps {
+        opts |= 1;
+    }
+    if i.sack {
+        opts |= 2;
+    }
+    if i.syn_data {
+        opts |= 32; // TCPI_OPT_SYN_DATA
+    }
+    if let Some((snd, rcv)) = i.wscale {
+        opts |= 4;
+        b[6] = (snd & 0xf) | ((rcv & 0xf) << 4);
+    }
+    b[5] = opts;
+    b
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        for (_, f) in std::mem::take(&mut self.fds) {
+            f.real.close();
+        }
     }
 }
 

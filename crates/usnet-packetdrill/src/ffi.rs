@@ -7,6 +7,7 @@
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_uint, c_ulong, c_void, CStr};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use libc::{iovec, msghdr, pollfd, size_t, sockaddr, socklen_t, ssize_t, timeval};
 
@@ -26,9 +27,10 @@ fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64
         set_errno(libc::EBADF);
         return -1;
     }
-    // SAFETY: `ud` is the pointer `packetdrill_interface_init` made from a Box<Shared>
+    // SAFETY: `ud` is the pointer `packetdrill_interface_init` made from an Arc<Shared>
     // and only `free` releases it.
     let shared = unsafe { &*(ud as *const Shared) };
+    let _inside = shared.enter();
     match catch_unwind(AssertUnwindSafe(|| f(shared))) {
         Ok(Ok(v)) => v.into(),
         Ok(Err(e)) => {
@@ -204,13 +206,17 @@ unsafe fn put_int(v: *mut c_void, l: *mut socklen_t, x: c_int) -> Res<i32> {
 
 unsafe extern "C" fn pd_free(ud: *mut c_void) {
     if !ud.is_null() {
-        // SAFETY: made by Box::into_raw in packetdrill_interface_init; freed once.
-        drop(unsafe { Box::from_raw(ud as *mut Shared) });
+        // SAFETY: made by Arc::into_raw in packetdrill_interface_init; freed once.
+        let shared = unsafe { Arc::from_raw(ud as *const Shared) };
+        // Stop the getsockopt supervisor first: it holds the other reference.
+        let trap = shared.trap.lock().map(|mut t| t.take()).unwrap_or(None);
+        drop(trap);
+        drop(shared);
     }
 }
 
 unsafe extern "C" fn pd_socket(ud: *mut c_void, d: c_int, t: c_int, p: c_int) -> c_int {
-    with(ud, |s| s.lock().socket(d, t, p)) as c_int
+    with(ud, |s| s.call(|b| b.socket(d, t, p))) as c_int
 }
 
 unsafe extern "C" fn pd_bind(
@@ -222,12 +228,12 @@ unsafe extern "C" fn pd_bind(
     with(ud, |s| {
         // SAFETY: packetdrill passes a sockaddr of `l` bytes.
         let a = unsafe { read_sockaddr(a, l) }?;
-        s.lock().bind(fd, a).map(|_| 0)
+        s.call(|b| b.bind(fd, a)).map(|_| 0)
     }) as c_int
 }
 
 unsafe extern "C" fn pd_listen(ud: *mut c_void, fd: c_int, backlog: c_int) -> c_int {
-    with(ud, |s| s.lock().listen(fd, backlog).map(|_| 0)) as c_int
+    with(ud, |s| s.call(|b| b.listen(fd, backlog)).map(|_| 0)) as c_int
 }
 
 unsafe extern "C" fn pd_accept(
@@ -396,7 +402,7 @@ unsafe extern "C" fn pd_sendmsg(
 }
 
 unsafe extern "C" fn pd_fcntl(ud: *mut c_void, fd: c_int, cmd: c_int, arg: c_long) -> c_int {
-    with(ud, |s| s.lock().fcntl(fd, cmd, arg as c_int)) as c_int
+    with(ud, |s| s.call(|b| b.fcntl(fd, cmd, arg as c_int))) as c_int
 }
 
 unsafe extern "C" fn pd_ioctl(ud: *mut c_void, fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
@@ -431,7 +437,7 @@ unsafe extern "C" fn pd_close(ud: *mut c_void, fd: c_int) -> c_int {
 }
 
 unsafe extern "C" fn pd_shutdown(ud: *mut c_void, fd: c_int, how: c_int) -> c_int {
-    with(ud, |s| s.lock().shutdown(fd, how).map(|_| 0)) as c_int
+    with(ud, |s| s.call(|b| b.shutdown(fd, how)).map(|_| 0)) as c_int
 }
 
 unsafe extern "C" fn pd_getsockopt(
@@ -443,7 +449,22 @@ unsafe extern "C" fn pd_getsockopt(
     l: *mut socklen_t,
 ) -> c_int {
     with(ud, |s| {
-        let x = s.lock().getsockopt(fd, level, name)?;
+        let mut g = s.lock();
+        if let Some(bytes) = g.getsockopt_struct(fd, level, name) {
+            let bytes = bytes?;
+            if v.is_null() || l.is_null() {
+                return Err(libc::EFAULT);
+            }
+            // SAFETY: getsockopt(2) contract: `v` has `*l` writable bytes; we write at
+            // most that many and store the length written.
+            unsafe {
+                let n = (*l as usize).min(bytes.len());
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v as *mut u8, n);
+                *l = n as socklen_t;
+            }
+            return Ok(0);
+        }
+        let x = g.getsockopt(fd, level, name)?;
         // SAFETY: getsockopt(2) contract.
         unsafe { put_int(v, l, x) }
     }) as c_int
@@ -464,7 +485,7 @@ unsafe extern "C" fn pd_setsockopt(
             // SAFETY: setsockopt(2) contract: `v` has `l` readable bytes.
             Some(unsafe { slice(v, l as size_t) }?)
         };
-        s.lock().setsockopt(fd, level, name, value).map(|_| 0)
+        s.call(|b| b.setsockopt(fd, level, name, value)).map(|_| 0)
     }) as c_int
 }
 
@@ -608,10 +629,26 @@ pub unsafe extern "C" fn packetdrill_interface_init(
     };
     let made = catch_unwind(|| {
         let o = Options::parse(&flags)?;
-        Backend::new(&o)
+        Backend::new(&o).map(|b| (b, o.trap))
     });
     let userdata = match made {
-        Ok(Ok(b)) => Box::into_raw(Box::new(Shared::new(b))) as *mut c_void,
+        Ok(Ok((b, trap))) => {
+            let shared = Arc::new(Shared::new(b));
+            if trap {
+                match crate::trap::install(Arc::clone(&shared)) {
+                    Ok(t) => {
+                        if let Ok(mut slot) = shared.trap.lock() {
+                            *slot = Some(t);
+                        }
+                    }
+                    Err(e) => eprintln!(
+                        "usnet-packetdrill: packetdrill's own getsockopt(TCP_INFO) will not \
+                         see usnet's values: {e}"
+                    ),
+                }
+            }
+            Arc::into_raw(shared) as *mut c_void
+        }
         Ok(Err(e)) => {
             eprintln!("usnet-packetdrill: {e}");
             std::ptr::null_mut()

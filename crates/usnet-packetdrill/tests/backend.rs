@@ -152,3 +152,104 @@ fn orphan_in_fin_wait_2_after_shutdown_is_reaped() {
     let left = b.stack().tcp_connections();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Defect 1: `netdev_receive` must move the clock by its horizon (1 s) when the next
+/// stack timer is further away, else packetdrill asks again for ever at the same
+/// virtual time. A connect's SYN is retransmitted at 1 s and 3 s: the call made at
+/// 1 s returns nothing at 2 s, the next one the SYN at 3 s.
+#[test]
+fn netdev_receive_moves_the_clock_by_its_horizon() {
+    use usnet_packetdrill::backend::shared::{Shared, SNIFF_HORIZON_NS};
+    let b = Backend::new(&Options::default()).unwrap();
+    let s = Shared::new(b);
+    let fd = s.call(|b| b.socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0));
+    let fd = fd.unwrap();
+    assert_eq!(
+        s.connect(fd, "192.0.2.1:8080".parse().unwrap()),
+        Err(libc::EINPROGRESS)
+    );
+    let mut buf = [0u8; 2048];
+    let mut at = Vec::new();
+    for _ in 0..5 {
+        let t0 = s.lock().now_ns();
+        let got = s.netdev_receive(&mut buf);
+        let t1 = s.lock().now_ns();
+        assert!(got.is_some() || t1 > t0, "the clock moved");
+        assert!(t1 - t0 <= SNIFF_HORIZON_NS);
+        at.push((got.is_some(), t1 / 1_000_000));
+    }
+    assert_eq!(
+        at,
+        [
+            (true, 0),
+            (true, 1000),
+            (false, 2000),
+            (true, 3000),
+            (false, 4000)
+        ]
+    );
+}
+
+/// Defect 2: a blocking read woken by an injected packet completes at the packet's
+/// virtual time, even when the main thread sleeps on at once: the clock waits for the
+/// woken call to re-poll, and the call's thread reads its completion time.
+#[test]
+fn a_woken_read_completes_before_the_clock_moves_on() {
+    use std::sync::Arc;
+    use usnet_packetdrill::backend::shared::Shared;
+    for _ in 0..20 {
+        let (b, fd, isn) = established(&[2, 4, 3, 232]);
+        let s = Arc::new(Shared::new(b));
+        let reader = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                let _in = s.enter();
+                let mut buf = [0u8; 100];
+                let n = s.read(fd, &mut buf, 0);
+                (n, s.gettimeofday())
+            })
+        };
+        // Let the reader block inside the library.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (sent_at, wall0) = {
+            let _in = s.enter();
+            s.netdev_send(&pkt(1001, isn + 1, 0x18, &[], b"hello"))
+                .unwrap();
+            let g = s.lock();
+            (g.now_us(), g.wall_us(0))
+        };
+        {
+            let _in = s.enter();
+            s.usleep(100_000);
+        }
+        let (n, t) = reader.join().unwrap();
+        assert_eq!(n, Ok(5));
+        assert_eq!(t - wall0, sent_at as i64, "completed when the packet came");
+    }
+}
+
+/// TCP_INFO through the backend's getsockopt, in Linux's `struct tcp_info` layout.
+#[test]
+fn tcp_info_has_linux_layout() {
+    // MSS 1000, NOP, WS 7, SACK-permitted
+    let (mut b, fd, _) = established(&[2, 4, 3, 232, 1, 3, 3, 7, 4, 2, 1, 1]);
+    let i = b
+        .getsockopt_struct(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
+        .unwrap()
+        .unwrap();
+    assert_eq!(i.len(), usnet_packetdrill::backend::TCP_INFO_LEN);
+    let u32_at = |o: usize| u32::from_ne_bytes(i[o..o + 4].try_into().unwrap());
+    assert_eq!(i[0], 1, "TCP_ESTABLISHED");
+    assert_eq!(i[5], 2 | 4, "TCPI_OPT_SACK | TCPI_OPT_WSCALE");
+    assert_eq!(i[6] & 0xf, 7, "the peer's shift");
+    assert_eq!(u32_at(16), 1000, "tcpi_snd_mss");
+    assert_eq!(u32_at(80), 10, "tcpi_snd_cwnd in segments");
+    assert_eq!(u32_at(24), 0, "nothing unacknowledged");
+    assert!(b
+        .getsockopt_struct(fd, libc::SOL_SOCKET, libc::SO_TYPE)
+        .is_none());
+    assert_eq!(
+        b.getsockopt_struct(99, libc::IPPROTO_TCP, libc::TCP_INFO),
+        Some(Err(libc::EBADF))
+    );
+}

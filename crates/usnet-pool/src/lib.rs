@@ -22,7 +22,7 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 use memmap2::MmapMut;
 
-/// Buffer sizes a pool may be configured with (the BSD MCLBYTES of the source documents).
+/// Buffer sizes a pool may be configured with (BSD's MCLBYTES, the cluster size the rump-kernel client/server study varies).
 pub const ALLOWED_BUF_SIZES: [usize; 4] = [2048, 4096, 9216, 65536];
 /// Default headroom: room for a virtio-net header, Ethernet, IPv6 plus extension headers
 /// and a TCP header with options in front of the payload.

@@ -1,6 +1,6 @@
 //! usnet-ring: shared-memory request rings and asynchronous system calls.
 //!
-//! Source document 5 (an in-kernel `async_syscall` mechanism) recast for
+//! The asynchronous system call design (an in-kernel `async_syscall` mechanism with a shared request area, in the line of FlexSC's exception-less system calls) recast for
 //! userspace: a request area of `syscall_info` entries (state, call number,
 //! six arguments, result) in a sealed memfd, shared between threads or
 //! processes, with the state machine NONE → HASCALL → EXECUTING → COMPLETED

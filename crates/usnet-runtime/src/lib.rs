@@ -11,7 +11,6 @@
 //! send.
 
 pub mod control;
-pub mod services;
 mod sockets;
 mod tcp;
 
@@ -24,9 +23,10 @@ use usnet_driver::{Clock, Driver, SystemClock};
 use usnet_link::{Device, DeviceStats, LinkState, Waker};
 use usnet_stack::{ConfigError, Instant, Stack, StackConfig};
 
-pub use services::{Service, ServiceKind};
 pub use sockets::{PingSocket, UdpSocket};
 pub use tcp::{TcpListener, TcpStream};
+/// Services (echo, discard, chargen, HTTP) run in the poll loop with `add_service`.
+pub use usnet_services::{chargen_line, Service, ServiceKind};
 
 /// Tuning of the poll loop.
 #[derive(Debug, Clone)]
@@ -109,15 +109,7 @@ impl NetStack {
         mut cfg: StackConfig,
         rt: RuntimeConfig,
     ) -> Result<NetStack, RuntimeError> {
-        let caps = device.caps();
-        // A stack on a real link needs unpredictable ISNs, SYN cookies and ports:
-        // mix real randomness into the seed (the core itself stays deterministic).
-        cfg.seed ^= random_u64();
-        cfg.mtu = cfg.mtu.min(caps.mtu);
-        cfg.rx_csum_offload = caps.rx_csum_offload;
-        cfg.tx_csum_offload = caps.tx_csum_offload;
-        // The stack only builds GSO frames when its pool buffers can hold them.
-        cfg.tso = caps.tso;
+        usnet_driver::fit_to_device(&mut cfg, device.caps());
         let stack = Stack::new(cfg)?;
         let clock = SystemClock::new();
         let waker = device.waker();
@@ -261,21 +253,6 @@ impl NetStack {
     }
 }
 
-/// 8 bytes from getrandom(2) (falling back to the clock and pid if it fails).
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: `b` is a valid, writable 8-byte buffer for the duration of the call.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == 8 {
-        u64::from_ne_bytes(b)
-    } else {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        t ^ (u64::from(std::process::id()) << 32)
-    }
-}
-
 /// The poll thread: turns the driver under the lock, then sleeps on what the device
 /// says (without the lock) after a short spin.
 fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
@@ -291,7 +268,7 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
         let turn = inner.driver.turn_with(|stack| {
             let mut did = false;
             for svc in services.iter_mut() {
-                did |= svc.poll(stack);
+                did |= svc.poll(stack as &mut dyn usnet_api::SocketApi);
             }
             did
         });

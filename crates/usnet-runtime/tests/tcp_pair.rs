@@ -141,7 +141,7 @@ fn tcp_services_and_errors() {
     g.read_exact(&mut lines).unwrap();
     let mut want = Vec::new();
     for i in 0..3 {
-        usnet_runtime::services::chargen_line(i, &mut want);
+        usnet_runtime::chargen_line(i, &mut want);
     }
     assert_eq!(lines, want);
     drop(g);

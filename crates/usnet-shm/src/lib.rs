@@ -13,7 +13,10 @@
 //!   ([`FutexBell`]), with the "sleeping flag + fence + re-check" protocol
 //!   ([`Gate`]) written once.
 //! * [`poll_fds`]: wait on several fds (a device fd plus doorbell fds) with a deadline.
-//! * [`spsc`]: the single-producer single-consumer ring index protocol.
+//! * [`spsc`]: the single-producer single-consumer ring index protocol, and [`bytes`],
+//!   the same protocol for a byte stream.
+//! * [`arm`]: the arm/kick handshake of a ring its consumer stops watching.
+//! * [`fdpass`]: handing a memfd or an eventfd to another process (SCM_RIGHTS).
 //! * [`liveness`]: "is the process on the other side still alive", by open-file-
 //!   description locks that the kernel drops when their holder dies.
 //!
@@ -33,7 +36,10 @@
 
 #![deny(unsafe_code)]
 
+pub mod arm;
+pub mod bytes;
 pub mod doorbell;
+pub mod fdpass;
 #[allow(unsafe_code)]
 pub mod futex;
 pub mod liveness;
@@ -43,6 +49,7 @@ pub mod spsc;
 #[allow(unsafe_code)]
 mod sys;
 
+pub use bytes::{ByteConsumer, ByteCorrupt, ByteProducer, ByteRingAt};
 pub use doorbell::{sleep_many, EventFd, FutexBell, Gate};
 pub use region::{Populate, RangeError, Region, Shared};
 pub use sys::{adopt_inherited_fd, inherit_fd, monotonic_ns, poll_fds, ReadyFds};

@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod api;
 pub mod config;
 mod core;
 pub mod counters;
@@ -48,6 +49,7 @@ pub use error::{ConfigError, StackError};
 pub use socket::{EchoReply, Owner, Readiness, SocketHandle, SocketStats};
 pub use tcp::{TcpConnEntry, TcpListenEntry};
 pub use time::Instant;
+pub use usnet_tcp::config::PROFILES as TCP_PROFILES;
 /// The TCP engine's types that appear in the stack's API.
 pub use usnet_tcp::{CcAlgorithm, Keepalive, State as TcpState, TcpConfig, TcpInfo, TcpStats};
 

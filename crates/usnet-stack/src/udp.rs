@@ -152,6 +152,30 @@ impl Stack {
         Ok((n, d.from))
     }
 
+    /// Takes the oldest datagram and hands its payload to `sink` as it lies in its
+    /// pool buffers (one slice per buffer): one copy into wherever `sink` puts it.
+    /// Returns the payload length and the sender.
+    pub fn udp_recv_with(
+        &mut self,
+        h: SocketHandle,
+        mut sink: impl FnMut(&[u8]),
+    ) -> Result<(usize, SocketAddr), StackError> {
+        let u = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::Udp(u) => u,
+            _ => return Err(StackError::WrongType),
+        };
+        let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
+        u.rx_queued_bytes -= d.len;
+        let pool = &mut self.core.pool;
+        let mut cur = Some(d.buf.id());
+        while let Some(c) = cur {
+            sink(pool.data(c));
+            cur = pool.next(c);
+        }
+        pool.free(d.buf);
+        Ok((d.len, d.from))
+    }
+
     /// Length of the next datagram, if one is queued.
     pub fn udp_peek_len(&self, h: SocketHandle) -> Result<Option<usize>, StackError> {
         Ok(self.udp(h)?.rxq.front().map(|d| d.len))

@@ -46,6 +46,9 @@ pub struct TcpConfig {
     pub nodelay: bool,
     /// Keepalive, if enabled (SO_KEEPALIVE).
     pub keepalive: Option<Keepalive>,
+    /// The parameters SO_KEEPALIVE turns on when a socket sets none of its own
+    /// (Linux `tcp_keepalive_time`, `_intvl`, `_probes`).
+    pub keepalive_defaults: Keepalive,
     /// SO_LINGER: `Some(0)` makes `close()` abortive (RST); `Some(t)` bounds how long a
     /// closing connection may try to deliver its data before it is aborted.
     pub linger: Option<Duration>,
@@ -106,7 +109,34 @@ pub struct TcpConfig {
     pub tlp: bool,
     /// Longest the peer is assumed to delay an ACK (RACK-TLP's WCDelAckT: 200 ms).
     pub peer_max_ack_delay: Duration,
+    /// Restart from the initial window after an idle RTO (RFC 5681 §4.1; Linux
+    /// `tcp_slow_start_after_idle`).
+    pub slow_start_after_idle: bool,
+    /// Report duplicates with D-SACK blocks (RFC 2883; Linux `tcp_dsack`).
+    pub dsack: bool,
+    /// Answer SYN-queue overflow with SYN cookies (Linux `tcp_syncookies`).
+    pub syn_cookies: bool,
+    /// TCP Fast Open (RFC 7413), as Linux's `tcp_fastopen` bits: [`FASTOPEN_CLIENT`]
+    /// (`TCP_FASTOPEN_CONNECT`/`MSG_FASTOPEN` may be used), [`FASTOPEN_SERVER`]
+    /// (listeners that ask for it with `TCP_FASTOPEN` accept data on SYNs),
+    /// [`FASTOPEN_SERVER_NO_COOKIE`] (a server takes SYN data without a valid
+    /// cookie), [`FASTOPEN_SERVER_ALL`] (every listener, no `TCP_FASTOPEN` needed).
+    pub fastopen: u32,
+    /// The server's cookie key (Linux `tcp_fastopen_key`); None: derived from
+    /// `secret`.
+    pub fastopen_key: Option<[u8; 16]>,
 }
+
+/// `TcpConfig::fastopen`: clients may send data on their SYN.
+pub const FASTOPEN_CLIENT: u32 = 0x1;
+/// `TcpConfig::fastopen`: listeners that enabled it accept data on SYNs.
+pub const FASTOPEN_SERVER: u32 = 0x2;
+/// `TcpConfig::fastopen`: clients send SYN data even without a cookie.
+pub const FASTOPEN_CLIENT_NO_COOKIE: u32 = 0x4;
+/// `TcpConfig::fastopen`: servers accept SYN data without a valid cookie.
+pub const FASTOPEN_SERVER_NO_COOKIE: u32 = 0x200;
+/// `TcpConfig::fastopen`: every listener does Fast Open without `TCP_FASTOPEN`.
+pub const FASTOPEN_SERVER_ALL: u32 = 0x400;
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -118,6 +148,7 @@ impl Default for TcpConfig {
             autotune: true,
             nodelay: false,
             keepalive: None,
+            keepalive_defaults: Keepalive::default(),
             linger: None,
             congestion: CcAlgorithm::Cubic,
             initial_window: 10,
@@ -144,7 +175,112 @@ impl Default for TcpConfig {
             persist_max: Duration::from_secs(120),
             tlp: true,
             peer_max_ack_delay: Duration::from_millis(200),
+            slow_start_after_idle: true,
+            dsack: true,
+            syn_cookies: true,
+            fastopen: FASTOPEN_CLIENT,
+            fastopen_key: None,
         }
+    }
+}
+
+/// The profiles [`TcpConfig::profile`] knows.
+pub const PROFILES: &[&str] = &["usnet", "linux"];
+
+impl TcpConfig {
+    /// A named set of defaults: `usnet` (this crate's [`Default`]) or `linux`, the
+    /// settings of a Linux host as packetdrill's TCP suite configures it
+    /// (`gtests/net/common/defaults.sh`): `tcp_rmem` max 15 MiB (so window scale 8),
+    /// `tcp_wmem` max 4 MiB, 5 SYN and SYN-ACK retries, no slow start after idle.
+    pub fn profile(name: &str) -> Option<TcpConfig> {
+        let mut c = TcpConfig::default();
+        match name {
+            "usnet" => {}
+            "linux" => {
+                c.recv_buffer = 15 << 20;
+                c.recv_buffer_initial = 540_000;
+                c.send_buffer = 4 << 20;
+                c.syn_retries = 5;
+                c.synack_retries = 5;
+                c.slow_start_after_idle = false;
+                c.fastopen = 0x70403;
+            }
+            _ => return None,
+        }
+        Some(c)
+    }
+
+    /// Sets one tunable by its Linux sysctl name (`net.ipv4.` left out), with the
+    /// value as `/proc/sys` takes it: `tcp_timestamps`, `tcp_sack`, `tcp_dsack`,
+    /// `tcp_window_scaling`, `tcp_rmem` and `tcp_wmem` ("min default max": the
+    /// maximum is the buffer, as far as Linux's autotuning may grow it; the receive
+    /// default is the initial receive window),
+    /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
+    /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
+    /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_fastopen` (the bits of
+    /// [`TcpConfig::fastopen`]), `tcp_fastopen_key` (`xxxxxxxx-xxxxxxxx-xxxxxxxx-xxxxxxxx`,
+    /// a backup key after a comma is ignored), `tcp_congestion_control`
+    /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off).
+    /// Returns an error naming the problem for an unknown name or a bad value.
+    pub fn set_sysctl(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let value = value.trim();
+        let bad = || format!("{name}={value}: bad value");
+        let int = || -> Result<u64, String> {
+            let v = value.trim();
+            match v.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16).map_err(|_| bad()),
+                None => v.parse::<u64>().map_err(|_| bad()),
+            }
+        };
+        let flag = || int().map(|v| v != 0);
+        let triple = || -> Result<[usize; 3], String> {
+            let v: Vec<usize> = value
+                .split_whitespace()
+                .map(|x| x.parse::<usize>().map_err(|_| bad()))
+                .collect::<Result<_, _>>()?;
+            <[usize; 3]>::try_from(v).map_err(|_| bad())
+        };
+        let secs = || int().map(Duration::from_secs);
+        let count = || int().map(|v| v.min(u64::from(u32::MAX)) as u32);
+        match name {
+            "tcp_timestamps" => self.timestamps = flag()?,
+            "tcp_sack" => self.sack = flag()?,
+            "tcp_dsack" => self.dsack = flag()?,
+            "tcp_window_scaling" => self.window_scaling = flag()?,
+            "tcp_rmem" => {
+                let [_, def, max] = triple()?;
+                self.recv_buffer = max.max(1024);
+                self.recv_buffer_initial = def.clamp(1024, self.recv_buffer);
+            }
+            "tcp_wmem" => {
+                let [_, _, max] = triple()?;
+                self.send_buffer = max.max(1024);
+            }
+            "tcp_syn_retries" => self.syn_retries = count()?,
+            "tcp_synack_retries" => self.synack_retries = count()?,
+            "tcp_retries2" => self.max_retries = count()?,
+            "tcp_orphan_retries" => self.orphan_retries = count()?,
+            "tcp_fin_timeout" => self.fin_wait2_timeout = secs()?,
+            "tcp_keepalive_time" => self.keepalive_defaults.idle = secs()?,
+            "tcp_keepalive_intvl" => self.keepalive_defaults.interval = secs()?,
+            "tcp_keepalive_probes" => self.keepalive_defaults.count = count()?,
+            "tcp_slow_start_after_idle" => self.slow_start_after_idle = flag()?,
+            "tcp_syncookies" => self.syn_cookies = flag()?,
+            "tcp_early_retrans" => self.tlp = int()? >= 3,
+            "tcp_fastopen" => self.fastopen = int()? as u32,
+            "tcp_fastopen_key" => {
+                self.fastopen_key = Some(parse_fastopen_key(value).ok_or_else(bad)?)
+            }
+            "tcp_congestion_control" => {
+                self.congestion = match value {
+                    "cubic" => CcAlgorithm::Cubic,
+                    "reno" | "newreno" => CcAlgorithm::NewReno,
+                    _ => return Err(bad()),
+                }
+            }
+            _ => return Err(format!("{name}: unknown tunable")),
+        }
+        Ok(())
     }
 }
 
@@ -162,5 +298,73 @@ impl TcpConfig {
             s += 1;
         }
         s
+    }
+}
+
+/// A key as Linux's `tcp_fastopen_key` writes it: four 32-bit hex words, each
+/// stored little-endian.
+pub fn parse_fastopen_key(s: &str) -> Option<[u8; 16]> {
+    let primary = s.split(',').next()?.trim();
+    let words: Vec<u32> = primary
+        .split('-')
+        .map(|w| u32::from_str_radix(w, 16).ok())
+        .collect::<Option<_>>()?;
+    if words.len() != 4 {
+        return None;
+    }
+    let mut k = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        k[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    Some(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_linux_profile_scales_the_window_by_8() {
+        assert_eq!(TcpConfig::default().rcv_wscale(), 7);
+        let l = TcpConfig::profile("linux").unwrap();
+        assert_eq!(l.rcv_wscale(), 8, "tcp_rmem max 15 MiB");
+        assert_eq!((l.syn_retries, l.synack_retries), (5, 5));
+        assert!(!l.slow_start_after_idle);
+        assert!(TcpConfig::profile("bsd").is_none());
+        for p in PROFILES {
+            assert!(TcpConfig::profile(p).is_some());
+        }
+    }
+
+    #[test]
+    fn sysctls_set_their_tunable() {
+        let mut c = TcpConfig::default();
+        c.set_sysctl("tcp_timestamps", "0").unwrap();
+        assert!(!c.timestamps);
+        c.set_sysctl("tcp_rmem", "4096 87380 6291456").unwrap();
+        assert_eq!((c.recv_buffer, c.recv_buffer_initial), (6291456, 87380));
+        assert_eq!(c.rcv_wscale(), 7);
+        c.set_sysctl("tcp_wmem", " 4096 50000 4194304 ").unwrap();
+        assert_eq!(c.send_buffer, 4194304);
+        c.set_sysctl("tcp_syn_retries", "2").unwrap();
+        assert_eq!(c.syn_retries, 2);
+        c.set_sysctl("tcp_keepalive_time", "30").unwrap();
+        assert_eq!(c.keepalive_defaults.idle, Duration::from_secs(30));
+        c.set_sysctl("tcp_congestion_control", "reno").unwrap();
+        assert_eq!(c.congestion, CcAlgorithm::NewReno);
+        c.set_sysctl("tcp_early_retrans", "0").unwrap();
+        assert!(!c.tlp);
+        c.set_sysctl("tcp_fastopen", "0x602").unwrap();
+        assert_eq!(
+            c.fastopen,
+            FASTOPEN_SERVER | FASTOPEN_SERVER_NO_COOKIE | FASTOPEN_SERVER_ALL
+        );
+        c.set_sysctl("tcp_fastopen_key", "a1a1a1a1-b2b2b2b2-c3c3c3c3-d4d4d4d4")
+            .unwrap();
+        assert_eq!(c.fastopen_key.unwrap()[..5], [0xa1, 0xa1, 0xa1, 0xa1, 0xb2]);
+        assert!(c.set_sysctl("tcp_fastopen_key", "a1-b2").is_err());
+        assert!(c.set_sysctl("tcp_sack", "yes").is_err());
+        assert!(c.set_sysctl("tcp_rmem", "1 2").is_err());
+        assert!(c.set_sysctl("tcp_nonsense", "1").is_err());
     }
 }

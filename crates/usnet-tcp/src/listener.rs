@@ -11,11 +11,11 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
+use usnet_wire::{FastOpen, TcpFlags, TcpOptions, TcpRepr};
 
-use crate::config::TcpConfig;
+use crate::config::{TcpConfig, FASTOPEN_SERVER, FASTOPEN_SERVER_ALL, FASTOPEN_SERVER_NO_COOKIE};
 use crate::conn::{Connection, Handshake, Segment, SegmentSink};
-use crate::hash::{initial_sequence, tuple_hash};
+use crate::hash::{fastopen_cookie, initial_sequence, tuple_hash};
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::{earliest, Instant};
@@ -37,6 +37,12 @@ struct SynEntry {
     sent: Instant,
     xmits: u32,
     next: Instant,
+    /// Challenge ACKs sent for this half-open connection (bounded by
+    /// `challenge_ack_limit` over its short life).
+    challenges: u32,
+    /// A Fast Open cookie for the SYN-ACK (the client asked for one, or sent an
+    /// invalid one).
+    cookie: Option<FastOpen>,
 }
 
 /// What a segment to a listener produced.
@@ -62,6 +68,8 @@ pub struct Listener<H = u64> {
     accept_queue: VecDeque<H>,
     cookies: bool,
     last_overflow: Option<Instant>,
+    /// TCP_FASTOPEN's queue length (0: not asked for).
+    fastopen_qlen: usize,
     stats: TcpStats,
     now: Instant,
 }
@@ -82,6 +90,7 @@ impl<H> Listener<H> {
             accept_queue: VecDeque::with_capacity(backlog),
             cookies,
             last_overflow: None,
+            fastopen_qlen: 0,
             stats: TcpStats::default(),
             now: Instant::ZERO,
         }
@@ -90,6 +99,67 @@ impl<H> Listener<H> {
     /// Set the SYN queue limit (tcp_max_syn_backlog).
     pub fn set_syn_backlog(&mut self, n: usize) {
         self.syn_backlog = n;
+    }
+
+    /// TCP_FASTOPEN: accept data on SYNs (RFC 7413) when the configuration allows
+    /// a server (`FASTOPEN_SERVER`); `qlen` 0 turns it off again (unless
+    /// `FASTOPEN_SERVER_ALL`).
+    pub fn set_fastopen(&mut self, qlen: usize) {
+        self.fastopen_qlen = qlen;
+    }
+
+    /// TCP_FASTOPEN_KEY: the key server cookies are made with.
+    pub fn set_fastopen_key(&mut self, key: [u8; 16]) {
+        self.cfg.fastopen_key = Some(key);
+    }
+
+    /// The TCP_FASTOPEN queue length set.
+    pub fn fastopen(&self) -> usize {
+        self.fastopen_qlen
+    }
+
+    fn fastopen_on(&self) -> bool {
+        let f = self.cfg.fastopen;
+        f & FASTOPEN_SERVER != 0 && (self.fastopen_qlen > 0 || f & FASTOPEN_SERVER_ALL != 0)
+    }
+
+    /// The cookie a client at `remote` must present.
+    fn cookie_for(&self, local: SocketAddr, remote: SocketAddr) -> [u8; 8] {
+        let key = self.cfg.fastopen_key.unwrap_or_else(|| {
+            let mut k = [0u8; 16];
+            k[..8].copy_from_slice(&self.cfg.secret.0[0].to_le_bytes());
+            k[8..].copy_from_slice(&self.cfg.secret.0[1].to_le_bytes());
+            k
+        });
+        fastopen_cookie(&key, remote.ip(), local.ip())
+    }
+
+    /// RFC 7413 §4.2.2 on a SYN: Some(true) accept its data now, Some(false) a
+    /// normal handshake whose SYN-ACK carries `cookie`.
+    fn fastopen_decision(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        seg: &Segment,
+        cookie: &mut Option<FastOpen>,
+    ) -> bool {
+        if !self.fastopen_on() {
+            return false;
+        }
+        let no_cookie_ok = self.cfg.fastopen & FASTOPEN_SERVER_NO_COOKIE != 0;
+        let want = self.cookie_for(local, remote);
+        match seg.options.fast_open {
+            Some(fo) if fo.len == 0 => {
+                *cookie = Some(FastOpen::with_cookie(&want, fo.exp));
+                false
+            }
+            Some(fo) if fo.cookie() == want || no_cookie_ok => true,
+            Some(fo) => {
+                *cookie = Some(FastOpen::with_cookie(&want, fo.exp));
+                false
+            }
+            None => no_cookie_ok && !seg.payload.is_empty(),
+        }
     }
 
     /// Local address.
@@ -164,6 +234,7 @@ impl<H> Listener<H> {
                 recent,
             ));
         }
+        o.fast_open = e.cookie;
         let repr = TcpRepr {
             src_port: e.local.port(),
             dst_port: e.remote.port(),
@@ -175,6 +246,28 @@ impl<H> Listener<H> {
             options: o,
         };
         sink.emit(e.local, e.remote, &repr, (&[], &[]))
+    }
+
+    /// `<SEQ=SND.NXT><ACK=RCV.NXT><CTL=ACK>` for a half-open connection (RFC 5961
+    /// §3.2), with timestamps if the SYN offered them.
+    fn send_challenge_ack<S: SegmentSink + ?Sized>(&mut self, e: &SynEntry, sink: &mut S) {
+        let mut options = TcpOptions::default();
+        if let Some(recent) = e.ts_recent {
+            options.timestamps = Some((self.ts_now(e.local, e.remote), recent));
+        }
+        let repr = TcpRepr {
+            src_port: e.local.port(),
+            dst_port: e.remote.port(),
+            seq: (e.iss + 1u32).0,
+            ack: (e.irs + 1u32).0,
+            flags: TcpFlags::ACK,
+            window: self.initial_window(),
+            urgent: 0,
+            options,
+        };
+        if sink.emit(e.local, e.remote, &repr, (&[], &[])) {
+            self.stats.listen_challenge_acks += 1;
+        }
     }
 
     fn send_rst<S: SegmentSink + ?Sized>(
@@ -228,10 +321,22 @@ impl<H> Listener<H> {
             .iter()
             .position(|e| e.remote == remote && e.local == local);
         if f.rst() {
-            // RFC 5961: only an exact RST removes a half-open connection.
+            // RFC 5961 §3.2: only an exact RST removes a half-open connection; one
+            // elsewhere in the window we offered gets a challenge ACK.
             if let Some(i) = pos {
-                if Seq(seg.seq) == self.syn_queue[i].irs + 1u32 {
+                let e = self.syn_queue[i];
+                let rcv_nxt = e.irs + 1u32;
+                let seq = Seq(seg.seq);
+                if seq == rcv_nxt {
                     self.syn_queue.swap_remove(i);
+                    return ListenEvent::None;
+                }
+                let wnd = u32::from(self.initial_window());
+                if seq.in_range(rcv_nxt, rcv_nxt + wnd)
+                    && e.challenges < self.cfg.challenge_ack_limit
+                {
+                    self.syn_queue[i].challenges += 1;
+                    self.send_challenge_ack(&e, sink);
                     return ListenEvent::None;
                 }
             }
@@ -314,6 +419,29 @@ impl<H> Listener<H> {
             return ListenEvent::None;
         }
         let (mss, ws, sack, ts) = self.negotiate(seg);
+        let mut cookie = None;
+        if self.fastopen_decision(local, remote, seg, &mut cookie) {
+            let h = Handshake {
+                iss: Seq(initial_sequence(
+                    self.cfg.secret,
+                    local,
+                    remote,
+                    self.now.as_nanos(),
+                )),
+                irs: Seq(seg.seq),
+                peer_mss: mss,
+                peer_wscale: ws,
+                sack,
+                ts_recent: ts,
+                synack_sent: self.now,
+                synack_xmits: 0,
+            };
+            let c = Connection::from_tfo_syn(local, remote, self.now, self.cfg.clone(), h, seg);
+            return ListenEvent::Established(Box::new(c));
+        }
+        if cookie.is_some() {
+            self.stats.tfo_cookie_requests += 1;
+        }
         if self.syn_queue.len() >= self.syn_backlog {
             if !self.cookies {
                 self.stats.listen_syn_queue_full += 1;
@@ -334,6 +462,8 @@ impl<H> Listener<H> {
                 sent: self.now,
                 xmits: 1,
                 next: self.now,
+                challenges: 0,
+                cookie,
             };
             if self.send_synack(&e, tsval, sink) {
                 self.stats.listen_cookies_sent += 1;
@@ -357,6 +487,8 @@ impl<H> Listener<H> {
             sent: self.now,
             xmits: 1,
             next: self.now + self.cfg.initial_rto,
+            challenges: 0,
+            cookie,
         };
         self.send_synack(&e, None, sink);
         self.syn_queue.push(e);
@@ -629,8 +761,18 @@ mod tests {
         let mut rst = syn.clone();
         rst.repr.flags = TcpFlags::RST;
         rst.repr.seq = syn.repr.seq.wrapping_add(2);
-        offer(&mut l, T0, &rst);
+        let (_, out) = offer(&mut l, T0, &rst);
         assert_eq!(l.syn_queue_len(), 1);
+        // In the window but not exact: a challenge ACK (RFC 5961 §3.2).
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+        assert_eq!(out[0].repr.ack, syn.repr.seq.wrapping_add(1), "RCV.NXT");
+        assert!(out[0].repr.options.timestamps.is_some());
+        assert_eq!(l.stats().listen_challenge_acks, 1);
+        // Outside the window: dropped.
+        rst.repr.seq = syn.repr.seq.wrapping_add(1 << 20);
+        let (_, out) = offer(&mut l, T0, &rst);
+        assert!(out.is_empty());
         assert_eq!(l.stats().listen_bad_segments, 1);
         rst.repr.seq = syn.repr.seq.wrapping_add(1);
         let (_, out) = offer(&mut l, T0, &rst);

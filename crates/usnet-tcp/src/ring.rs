@@ -62,6 +62,28 @@ impl Ring {
         n
     }
 
+    /// Appends up to `n` bytes that `fill` writes straight into the ring's free space
+    /// (called with up to two slices, in order; it returns how many bytes of each it
+    /// wrote, and a short count ends the append). Returns the count appended. This is
+    /// how a producer elsewhere (a stack server client's shared ring) is copied in
+    /// with one copy.
+    pub fn push_with(&mut self, n: usize, mut fill: impl FnMut(&mut [u8]) -> usize) -> usize {
+        let cap = self.buf.len();
+        let n = n.min(cap - self.len);
+        if n == 0 {
+            return 0;
+        }
+        let start = (self.head + self.len) % cap;
+        let first = n.min(cap - start);
+        let got = fill(&mut self.buf[start..start + first]).min(first);
+        let mut total = got;
+        if got == first && n > first {
+            total += fill(&mut self.buf[..n - first]).min(n - first);
+        }
+        self.len += total;
+        total
+    }
+
     /// Extend `len` over bytes already placed with `write_at`.
     pub fn commit(&mut self, n: usize) {
         self.len = (self.len + n).min(self.buf.len());

@@ -107,4 +107,9 @@ define_stats! {
     listen_synack_timeouts => "SYN queue entries dropped after all SYN-ACK retries",
     listen_rst_sent => "RSTs sent by listeners",
     listen_bad_segments => "segments for a listener dropped",
+    tfo_syn_data_accepted => "Fast Open: SYNs whose data a server accepted (RFC 7413)",
+    tfo_cookie_requests => "Fast Open: cookies a server sent (requested, or the client's was invalid)",
+    tfo_syn_data_acked => "Fast Open: SYN data the server acknowledged (client)",
+    tfo_syn_data_resent => "Fast Open: SYN data the server did not acknowledge, sent again (client)",
+    listen_challenge_acks => "challenge ACKs for an in-window, inexact RST on a half-open connection (RFC 5961 §3.2)",
 }

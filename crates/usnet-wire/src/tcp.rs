@@ -156,6 +156,51 @@ impl fmt::Debug for TcpFlags {
     }
 }
 
+/// A TCP Fast Open option (RFC 7413): kind 34, or the experimental kind 254 with
+/// magic 0xF989 that older clients send (`exp`); an empty cookie is a cookie
+/// request. Cookies are 4 to 16 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FastOpen {
+    /// The cookie, in its first `len` bytes.
+    pub cookie: [u8; 16],
+    /// Cookie length: 0 (request) or 4..=16.
+    pub len: u8,
+    /// The experimental encoding (kind 254, magic 0xF989).
+    pub exp: bool,
+}
+
+impl FastOpen {
+    /// A cookie request in the given encoding.
+    pub fn request(exp: bool) -> Self {
+        FastOpen {
+            exp,
+            ..FastOpen::default()
+        }
+    }
+
+    /// A cookie (at most 16 bytes are kept).
+    pub fn with_cookie(cookie: &[u8], exp: bool) -> Self {
+        let mut c = [0u8; 16];
+        let n = cookie.len().min(16);
+        c[..n].copy_from_slice(&cookie[..n]);
+        FastOpen {
+            cookie: c,
+            len: n as u8,
+            exp,
+        }
+    }
+
+    /// The cookie bytes.
+    pub fn cookie(&self) -> &[u8] {
+        &self.cookie[..usize::from(self.len).min(16)]
+    }
+
+    /// Option bytes on the wire, before padding.
+    fn wire_len(&self) -> usize {
+        (if self.exp { 4 } else { 2 }) + self.cookie().len()
+    }
+}
+
 /// The TCP options usnet understands. Fixed size, no allocation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TcpOptions {
@@ -172,6 +217,8 @@ pub struct TcpOptions {
     pub sack_count: u8,
     /// Timestamps (kind 8): (TSval, TSecr).
     pub timestamps: Option<(u32, u32)>,
+    /// TCP Fast Open (kind 34 or 254/0xF989).
+    pub fast_open: Option<FastOpen>,
 }
 
 impl TcpOptions {
@@ -209,6 +256,9 @@ impl TcpOptions {
         if self.window_scale.is_some() {
             len += 4; // NOP WS
         }
+        if let Some(fo) = &self.fast_open {
+            len += fo.wire_len().div_ceil(4) * 4; // FO, NOP padding after
+        }
         let mut n = 0;
         let room = TCP_MAX_OPTIONS_LEN - len;
         if room >= 12 {
@@ -228,6 +278,7 @@ impl PartialEq for TcpOptions {
             && self.window_scale == o.window_scale
             && self.sack_permitted == o.sack_permitted
             && self.timestamps == o.timestamps
+            && self.fast_open == o.fast_open
             && self.sacks() == o.sacks()
     }
 }
@@ -242,6 +293,9 @@ mod opt {
     pub const SACK_PERM: u8 = 4;
     pub const SACK: u8 = 5;
     pub const TS: u8 = 8;
+    pub const FAST_OPEN: u8 = 34;
+    pub const EXP: u8 = 254;
+    pub const FAST_OPEN_MAGIC: u16 = 0xF989;
 }
 
 /// Parse the option area. TLV structure errors (length < 2 or past the end)
@@ -276,6 +330,15 @@ fn parse_options(opts: &[u8]) -> Result<TcpOptions, WireError> {
                 }
             }
             (opt::TS, 10) => o.timestamps = Some((u32_at(body, 0)?, u32_at(body, 4)?)),
+            (opt::FAST_OPEN, l) if l == 2 || (6..=18).contains(&l) => {
+                o.fast_open = Some(FastOpen::with_cookie(body, false));
+            }
+            (opt::EXP, l)
+                if (l == 4 || (8..=20).contains(&l))
+                    && u16_at(body, 0)? == opt::FAST_OPEN_MAGIC =>
+            {
+                o.fast_open = Some(FastOpen::with_cookie(&body[2..], true));
+            }
             _ => {}
         }
         i += len;
@@ -459,6 +522,22 @@ impl TcpRepr {
             put(buf, at, &[opt::NOP, opt::WS, 3, ws])?;
             at += 4;
         }
+        if let Some(fo) = &o.fast_open {
+            let len = fo.wire_len();
+            if fo.exp {
+                put(buf, at, &[opt::EXP, len as u8])?;
+                put16(buf, at + 2, opt::FAST_OPEN_MAGIC)?;
+                put(buf, at + 4, fo.cookie())?;
+            } else {
+                put(buf, at, &[opt::FAST_OPEN, len as u8])?;
+                put(buf, at + 2, fo.cookie())?;
+            }
+            let padded = len.div_ceil(4) * 4;
+            for i in len..padded {
+                put(buf, at + i, &[opt::NOP])?;
+            }
+            at += padded;
+        }
         if n_sack > 0 {
             put(
                 buf,
@@ -526,7 +605,7 @@ mod tests {
                 flags: TcpFlags(flags),
                 window: win_urg.0,
                 urgent: win_urg.1,
-                options: TcpOptions { mss, window_scale: ws, sack_permitted, sack_blocks, sack_count, timestamps },
+                options: TcpOptions { mss, window_scale: ws, sack_permitted, sack_blocks, sack_count, timestamps, fast_open: None },
             };
             let (s, d) = if v6 { (S6, D6) } else { (S4, D4) };
             let hl = r.header_len();
@@ -563,6 +642,51 @@ mod tests {
         g.insert(TcpFlags::FIN);
         assert_eq!(g, TcpFlags::FIN | TcpFlags::ACK);
         assert_eq!((!TcpFlags::ACK).0, 0x1ef);
+    }
+
+    #[test]
+    fn fast_open_options_round_trip_in_both_encodings() {
+        // RFC 7413 kind 34 with an 8-byte cookie: 10 bytes, then NOP NOP (as Linux);
+        // the experimental kind 254 + magic 0xF989: 12 bytes, no padding; a request
+        // is an empty cookie.
+        for (fo, wire) in [
+            (FastOpen::with_cookie(&[1, 2, 3, 4, 5, 6, 7, 8], false), 12),
+            (FastOpen::with_cookie(&[1, 2, 3, 4, 5, 6, 7, 8], true), 12),
+            (FastOpen::request(false), 4),
+            (FastOpen::request(true), 4),
+        ] {
+            let r = TcpRepr {
+                flags: TcpFlags::SYN,
+                options: TcpOptions {
+                    mss: Some(1460),
+                    fast_open: Some(fo),
+                    ..TcpOptions::default()
+                },
+                ..TcpRepr::default()
+            };
+            assert_eq!(r.header_len(), 20 + 4 + wire);
+            let mut buf = vec![0u8; r.header_len()];
+            r.emit(&mut buf, S4, D4, 0, true).unwrap();
+            let kind = if fo.exp { 254 } else { 34 };
+            assert_eq!(buf[24], kind);
+            if !fo.exp && fo.len == 8 {
+                assert_eq!(&buf[34..36], &[1, 1], "NOP padding after");
+            }
+            let h = parse_tcp(&buf).unwrap();
+            assert_eq!(h.options.fast_open, Some(fo));
+        }
+        // A cookie of a bad length, or the wrong magic, is not a Fast Open option.
+        let mut buf = vec![0u8; 28];
+        let r = TcpRepr {
+            options: TcpOptions::default(),
+            ..TcpRepr::default()
+        };
+        r.emit(&mut buf[..20], S4, D4, 0, false).unwrap();
+        buf[12] = 7 << 4;
+        buf[20..28].copy_from_slice(&[34, 5, 1, 2, 3, 1, 1, 1]);
+        assert_eq!(parse_tcp(&buf).unwrap().options.fast_open, None);
+        buf[20..28].copy_from_slice(&[254, 6, 0xf9, 0x88, 1, 2, 1, 1]);
+        assert_eq!(parse_tcp(&buf).unwrap().options.fast_open, None);
     }
 
     #[test]

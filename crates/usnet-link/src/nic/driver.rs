@@ -5,7 +5,7 @@
 //! the "handler" is the wake-up: it records when it ran, acknowledges the status register
 //! and masks the interrupt again. [`Device::rx_burst`] then reads completed descriptors
 //! under a budget, copies each frame out of the NIC buffer into pool buffers (the copy the
-//! source document measures), gives the descriptor back to the device (refill) and moves
+//! Mint paper measures), gives the descriptor back to the device (refill) and moves
 //! the tail register. When a later `wait` finds the ring empty, interrupts are re-enabled.
 //!
 //! Nothing the device writes is trusted: a descriptor whose buffer index differs from the
@@ -809,6 +809,10 @@ impl Device for NicDriver {
         }
         self.region.u32(R_IRQ_MASK).store(0, SeqCst);
         Ok(())
+    }
+
+    fn wait_kind(&self) -> crate::WaitKind {
+        crate::WaitKind::Bell
     }
 
     fn prepare_wait(&mut self) -> crate::WaitPlan {

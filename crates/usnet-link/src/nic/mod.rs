@@ -1,4 +1,4 @@
-//! The emulated NIC (source document 3, Mint) as a link: a NIC whose state lives in
+//! The emulated NIC (after Mint, where one OS plays the NIC for a driver in another) as a link: a NIC whose state lives in
 //! shared memory (descriptor rings, packet buffers, a register page, an interrupt line),
 //! and its driver, a [`Device`](crate::Device) like any other (`nic:NAME`).
 //!

@@ -135,6 +135,22 @@ impl Backend {
         }
     }
 
+    /// The next packet the stack sent, if one is queued (after running the stack at
+    /// the current time).
+    pub(crate) fn take_sent(&mut self) -> Option<(Vec<u8>, u64)> {
+        self.pump();
+        self.out.pop_front()
+    }
+
+    pub(crate) fn out_is_empty(&self) -> bool {
+        self.out.is_empty()
+    }
+
+    /// The stack's next deadline, virtual ns.
+    pub(crate) fn stack_poll_at_ns(&self) -> Option<u64> {
+        self.stack().poll_at().map(|t| t.as_nanos())
+    }
+
     /// `netdev_receive` without blocking: the next packet the stack sent, jumping the
     /// clock to the stack's next timer (at most `horizon_ns` ahead) if none is queued.
     pub fn sniff(&mut self, horizon_ns: u64) -> Option<(Vec<u8>, u64)> {

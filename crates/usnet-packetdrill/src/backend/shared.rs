@@ -1,25 +1,110 @@
-//! The backend shared between packetdrill's threads (packetdrill runs system calls
-//! in their own thread while the main thread injects and sniffs packets). Calls on
-//! blocking sockets (`accept`, `connect`, `read`, `write`, `poll` with a timeout)
-//! wait on a condition variable until another thread injects a packet or moves the
-//! clock; whatever changes the backend wakes the waiters.
+//! The backend shared between packetdrill's threads (packetdrill runs blocking
+//! system calls in their own thread while the main thread injects and sniffs
+//! packets and moves the clock).
+//!
+//! Calls on blocking sockets (`accept`, `connect`, `read`, `write`, `poll` with a
+//! timeout) wait on a condition variable until another thread changes something.
+//! Virtual time must not move under them unseen:
+//!
+//! - **Settled before the clock moves.** Every change (a packet, a call, the clock)
+//!   starts a new epoch. A waiting call is *settled* once it has re-polled in the
+//!   current epoch. The clock moves (`usleep`, `gettimeofday`'s tick, the jumps of
+//!   `netdev_receive`) only once every other thread inside the library is a settled
+//!   waiter, so a call woken by an injected packet completes at the virtual time of
+//!   that packet, not after the main thread's next `usleep` (bounded by a real-time
+//!   deadline, [`SETTLE_DEADLINE`]).
+//! - **Stamped at completion.** packetdrill reads the clock after a blocking call
+//!   returns (`end_syscall` calls `gettimeofday` from the call's thread); that
+//!   thread's first `gettimeofday` after a call that waited returns the virtual time
+//!   the call completed at.
+//! - **Waiters' own deadlines.** A `poll` timeout is a virtual deadline; the clock
+//!   stops there (like at a stack timer) so the call returns at its time.
 
+use std::collections::HashMap;
 use std::ffi::c_int;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant as RealInstant};
 
 use libc::pollfd;
 
 use super::{Backend, Res};
 
-/// How far `netdev_receive` lets the virtual clock run looking for a packet before it
-/// reports "nothing" (packetdrill then asks again, and the clock runs on).
-const SNIFF_HORIZON_NS: u64 = 1_000_000_000;
+/// How far one `netdev_receive` lets the virtual clock run looking for a packet
+/// before it reports "nothing" (packetdrill then asks again, and the clock runs on).
+pub const SNIFF_HORIZON_NS: u64 = 1_000_000_000;
+
+/// Longest real time the clock waits for woken calls to re-poll before it moves
+/// anyway (a thread that never comes back must not hang the run).
+pub const SETTLE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Virtual seconds `netdev_receive` runs the clock while nothing at all is scheduled
+/// (no stack timer, no waiting call with a deadline, no other thread inside the
+/// library) before it gives up: the packet the script waits for can never come, and
+/// packetdrill would ask for it forever.
+pub const STUCK_AFTER_NS: u64 = 30 * SNIFF_HORIZON_NS;
+
+/// A thread waiting inside a blocking call.
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    /// The epoch in which it last re-polled (`u64::MAX`: it needs no re-poll).
+    polled: u64,
+    /// Its own virtual deadline (a `poll` timeout), ns.
+    deadline: Option<u64>,
+}
+
+/// What the threads know about each other (kept under the backend's lock).
+#[derive(Debug, Default)]
+pub struct Sync {
+    epoch: u64,
+    waiters: HashMap<ThreadId, Waiter>,
+    /// Virtual ns at which a thread's blocking call completed, for its next
+    /// `gettimeofday`.
+    stamps: HashMap<ThreadId, u64>,
+    /// Virtual ns `netdev_receive` ran the clock in a row with nothing scheduled.
+    idle_run_ns: u64,
+    /// packetdrill's main thread (the one that sends and sniffs packets; `usleep`
+    /// comes from the system-call thread too).
+    main: Option<ThreadId>,
+}
+
+impl Sync {
+    /// Waiters other than `me` that need no re-poll.
+    fn settled_waiters(&self, me: ThreadId) -> usize {
+        self.waiters
+            .iter()
+            .filter(|(t, w)| **t != me && (w.polled == u64::MAX || w.polled == self.epoch))
+            .count()
+    }
+
+    /// The earliest waiter deadline after `now`.
+    fn next_deadline(&self, now: u64) -> Option<u64> {
+        self.waiters
+            .values()
+            .filter_map(|w| w.deadline)
+            .filter(|&d| d > now)
+            .min()
+    }
+}
 
 pub struct Shared {
     inner: Mutex<Backend>,
     cv: Condvar,
+    /// Threads inside a library call (counted before they take the lock).
+    active: AtomicUsize,
+    /// The supervisor answering packetdrill's own `getsockopt` (`crate::trap`).
+    pub trap: Mutex<Option<crate::trap::Trap>>,
+}
+
+/// Counts a thread inside the library for as long as it lives.
+pub struct Active<'a>(&'a AtomicUsize);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -27,53 +112,127 @@ impl Shared {
         Shared {
             inner: Mutex::new(b),
             cv: Condvar::new(),
+            active: AtomicUsize::new(0),
+            trap: Mutex::new(None),
         }
+    }
+
+    /// Marks the calling thread as inside the library (the FFI layer holds this for
+    /// the duration of every call).
+    pub fn enter(&self) -> Active<'_> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        Active(&self.active)
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Backend> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits until another thread changes something (a packet, the clock).
-    fn wait<'a>(&self, g: MutexGuard<'a, Backend>) -> MutexGuard<'a, Backend> {
-        match self.cv.wait_timeout(g, Duration::from_millis(50)) {
+    /// Waits for a change (or `d` of real time).
+    fn wait_for<'a>(&self, g: MutexGuard<'a, Backend>, d: Duration) -> MutexGuard<'a, Backend> {
+        match self.cv.wait_timeout(g, d) {
             Ok((g, _)) => g,
             Err(p) => p.into_inner().0,
         }
     }
 
-    /// Wakes the threads waiting in a blocking call.
-    fn changed(&self) {
+    /// Something changed: a new epoch, and every waiter re-polls.
+    fn changed(&self, g: &mut Backend) {
+        g.sync.epoch += 1;
         self.cv.notify_all();
     }
 
-    /// Blocks (for a blocking socket) until `op` stops saying `EAGAIN`.
+    /// Whether every other thread inside the library is a settled waiter.
+    fn settled(&self, g: &Backend) -> bool {
+        let others = self.active.load(Ordering::SeqCst).saturating_sub(1);
+        g.sync.settled_waiters(std::thread::current().id()) >= others
+    }
+
+    /// Waits until the clock may move (see the module documentation).
+    /// While it waits, the caller counts as settled for the others (two threads
+    /// settling at once must not wait for each other).
+    fn settle<'a>(&self, mut g: MutexGuard<'a, Backend>) -> MutexGuard<'a, Backend> {
+        if self.settled(&g) {
+            return g;
+        }
+        let me = std::thread::current().id();
+        let idle = Waiter {
+            polled: u64::MAX,
+            deadline: None,
+        };
+        let had = g.sync.waiters.insert(me, idle);
+        let start = RealInstant::now();
+        while !self.settled(&g) && start.elapsed() < SETTLE_DEADLINE {
+            g = self.wait_for(g, Duration::from_millis(2));
+        }
+        match had {
+            Some(w) => g.sync.waiters.insert(me, w),
+            None => g.sync.waiters.remove(&me),
+        };
+        g
+    }
+
+    /// Blocks (for a blocking socket) until `op` stops saying `EAGAIN`; `deadline`
+    /// (virtual ns) ends the wait with `EAGAIN`.
     fn blocking<T>(
         &self,
-        fd: c_int,
+        fd: Option<c_int>,
         force_nonblock: bool,
+        deadline: Option<u64>,
         mut op: impl FnMut(&mut Backend) -> Res<T>,
     ) -> Res<T> {
+        let me = std::thread::current().id();
         let mut g = self.lock();
-        loop {
-            match op(&mut g) {
-                Err(libc::EAGAIN) => {
-                    let nb = force_nonblock || g.nonblocking(fd).is_none_or(|nb| nb);
+        let mut waited = false;
+        let r = loop {
+            let r = op(&mut g);
+            let timed_out = deadline.is_some_and(|d| g.now_ns() >= d);
+            match r {
+                Err(libc::EAGAIN) if !timed_out => {
+                    let nb = force_nonblock
+                        || fd.is_some_and(|fd| g.nonblocking(fd).is_none_or(|nb| nb));
                     if nb {
-                        return Err(libc::EAGAIN);
+                        break Err(libc::EAGAIN);
                     }
-                    g = self.wait(g);
+                    if g.sync.main == Some(me) {
+                        // packetdrill runs a call in its main thread when the script
+                        // gives it no time range: it must not block. Only time can
+                        // end the wait, and only this thread moves time.
+                        match deadline {
+                            Some(d) => {
+                                g.advance_to(d);
+                                continue;
+                            }
+                            None => {
+                                eprintln!(
+                                    "usnet-packetdrill: a call the script expects to return \
+                                     at once (no time range) would block for ever: EAGAIN"
+                                );
+                                break Err(libc::EAGAIN);
+                            }
+                        }
+                    }
+                    let polled = g.sync.epoch;
+                    g.sync.waiters.insert(me, Waiter { polled, deadline });
+                    // Someone may wait for this thread to settle.
+                    self.cv.notify_all();
+                    waited = true;
+                    g = self.wait_for(g, Duration::from_millis(50));
                 }
-                r => {
-                    self.changed();
-                    return r;
-                }
+                r => break r,
             }
+        };
+        if waited {
+            g.sync.waiters.remove(&me);
+            let now = g.now_ns();
+            g.sync.stamps.insert(me, now);
         }
+        self.changed(&mut g);
+        r
     }
 
     pub fn accept(&self, fd: c_int) -> Res<(c_int, SocketAddr)> {
-        self.blocking(fd, false, |b| b.try_accept(fd))
+        self.blocking(Some(fd), false, None, |b| b.try_accept(fd))
     }
 
     /// `connect`: `EINPROGRESS` on a non-blocking socket, else waits for the
@@ -81,12 +240,12 @@ impl Shared {
     pub fn connect(&self, fd: c_int, to: SocketAddr) -> Res<c_int> {
         let mut g = self.lock();
         g.start_connect(fd, to)?;
-        self.changed();
+        self.changed(&mut g);
         if g.nonblocking(fd) == Some(true) {
             return Err(libc::EINPROGRESS);
         }
         drop(g);
-        self.blocking(fd, false, |b| match b.connect_status(fd)? {
+        self.blocking(Some(fd), false, None, |b| match b.connect_status(fd)? {
             true => Ok(0),
             false => Err(libc::EAGAIN),
         })
@@ -97,8 +256,10 @@ impl Shared {
         if flags & !(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        self.blocking(fd, flags & libc::MSG_DONTWAIT != 0, |b| b.try_read(fd, buf))
-            .map(|n| n as i64)
+        self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
+            b.try_read(fd, buf)
+        })
+        .map(|n| n as i64)
     }
 
     /// `recvfrom`: [`Shared::read`] and the peer's address, if connected.
@@ -119,7 +280,7 @@ impl Shared {
             return Err(libc::EOPNOTSUPP);
         }
         let mut done = 0;
-        let r = self.blocking(fd, flags & libc::MSG_DONTWAIT != 0, |b| {
+        let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
             let n = b.try_write(fd, &data[done..])?;
             done += n;
             if done < data.len() {
@@ -136,17 +297,25 @@ impl Shared {
     }
 
     pub fn close(&self, fd: c_int) -> Res<c_int> {
-        let r = self.lock().close(fd).map(|_| 0);
-        self.changed();
+        let mut g = self.lock();
+        let r = g.close(fd).map(|_| 0);
+        self.changed(&mut g);
+        r
+    }
+
+    /// Runs `f` on the backend under the lock, then wakes the waiters.
+    pub fn call<T>(&self, f: impl FnOnce(&mut Backend) -> T) -> T {
+        let mut g = self.lock();
+        let r = f(&mut g);
+        self.changed(&mut g);
         r
     }
 
     /// `poll`: waits (in virtual time, `timeout` ms; negative: for ever) until one of
     /// `fds` is ready.
     pub fn poll(&self, fds: &mut [pollfd], timeout: c_int) -> Res<c_int> {
-        let mut g = self.lock();
-        let deadline = (timeout >= 0).then(|| g.now_ns() + timeout as u64 * 1_000_000);
-        loop {
+        let deadline = (timeout >= 0).then(|| self.lock().now_ns() + timeout as u64 * 1_000_000);
+        let r = self.blocking(None, timeout == 0, deadline, |g| {
             g.pump();
             let mut ready = 0;
             for p in fds.iter_mut() {
@@ -160,48 +329,109 @@ impl Shared {
                     ready += 1;
                 }
             }
-            if ready > 0 || deadline.is_some_and(|d| g.now_ns() >= d) {
-                return Ok(ready);
+            if ready > 0 {
+                Ok(ready)
+            } else {
+                Err(libc::EAGAIN)
             }
-            g = self.wait(g);
+        });
+        match r {
+            Err(libc::EAGAIN) => Ok(0),
+            r => r,
         }
     }
 
     /// `netdev_send`: a packet from the script.
     pub fn netdev_send(&self, p: &[u8]) -> Res<c_int> {
-        let r = self.lock().inject(p).map(|_| 0);
-        self.changed();
+        let mut g = self.lock();
+        g.sync.main = Some(std::thread::current().id());
+        let r = g.inject(p).map(|_| 0);
+        self.changed(&mut g);
         r
     }
 
     /// `netdev_receive`: the next packet the stack sent, copied into `out` (cut to
-    /// its size), with the wall-clock microseconds it was sent at; `None` if there is
-    /// none even after giving the system-call threads a turn.
+    /// its size), with the wall-clock microseconds it was sent at. With none queued,
+    /// the clock runs to the stack's next timer or a waiting call's deadline, at most
+    /// [`SNIFF_HORIZON_NS`] per call; `None` when that brought nothing. A run in which
+    /// nothing at all can happen any more ends the process (see [`STUCK_AFTER_NS`]).
     pub fn netdev_receive(&self, out: &mut [u8]) -> Option<(usize, i64)> {
         let mut g = self.lock();
-        let mut got = g.sniff(SNIFF_HORIZON_NS);
-        if got.is_none() {
-            // Give a system-call thread the chance to make the stack send something.
-            g = self.wait(g);
-            got = g.sniff(SNIFF_HORIZON_NS);
-        }
-        self.changed();
+        g.sync.main = Some(std::thread::current().id());
+        let start = g.now_ns();
+        let horizon = start.saturating_add(SNIFF_HORIZON_NS);
+        let got = loop {
+            g = self.settle(g);
+            if let Some(p) = g.take_sent() {
+                break Some(p);
+            }
+            let now = g.now_ns();
+            let timer = g.stack_poll_at_ns().filter(|&t| t <= horizon);
+            let waiter = g.sync.next_deadline(now).filter(|&t| t <= horizon);
+            let quiet = timer.is_none()
+                && waiter.is_none()
+                && self.active.load(Ordering::SeqCst) <= 1 + g.sync.waiters.len();
+            let to = match (timer, waiter) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => horizon,
+            };
+            g.advance_to(to.max(now + 1).min(horizon.max(now + 1)));
+            self.changed(&mut g);
+            if !quiet {
+                g.sync.idle_run_ns = 0;
+            }
+            if g.now_ns() >= horizon {
+                if quiet && g.stack_poll_at_ns().is_none() && g.out_is_empty() {
+                    g.sync.idle_run_ns += g.now_ns() - start;
+                    if g.sync.idle_run_ns >= STUCK_AFTER_NS {
+                        eprintln!(
+                            "usnet-packetdrill: the script waits for a packet, but for {} s of \
+                             virtual time nothing was scheduled: the stack will never send it",
+                            g.sync.idle_run_ns / 1_000_000_000
+                        );
+                        std::process::exit(1);
+                    }
+                }
+                g = self.settle(g);
+                break g.take_sent();
+            }
+        };
         let (p, t) = got?;
+        g.sync.idle_run_ns = 0;
         let n = p.len().min(out.len());
         out[..n].copy_from_slice(&p[..n]);
         Some((n, g.wall_us(t)))
     }
 
+    /// `usleep`: the clock runs on, stopping at every stack timer and at the
+    /// deadlines of waiting calls (which then re-poll before it goes on).
     pub fn usleep(&self, us: u64) {
-        let mut g = self.lock();
-        g.sleep_us(us);
-        self.changed();
+        let mut g = self.settle(self.lock());
+        let target = g.now_ns().saturating_add(us.saturating_mul(1000));
+        loop {
+            let now = g.now_ns();
+            let stop = g.sync.next_deadline(now).map_or(target, |d| d.min(target));
+            g.advance_to(stop);
+            self.changed(&mut g);
+            if stop >= target {
+                break;
+            }
+            g = self.settle(g);
+        }
     }
 
-    /// `gettimeofday` in microseconds since the epoch.
+    /// `gettimeofday` in microseconds since the epoch. The first call from a thread
+    /// whose blocking call just completed reads the time it completed at.
     pub fn gettimeofday(&self) -> i64 {
-        let us = self.lock().gettimeofday_us();
-        self.changed();
+        let me = std::thread::current().id();
+        let mut g = self.lock();
+        if let Some(t) = g.sync.stamps.remove(&me) {
+            return g.wall_us(t / 1000);
+        }
+        g = self.settle(g);
+        let us = g.gettimeofday_us();
+        self.changed(&mut g);
         us
     }
 }

@@ -28,6 +28,8 @@ pub(crate) struct TcpConnSock {
     pub blocked: bool,
     /// `tcp_shutdown_write` before the handshake completed: FIN once it has.
     pub fin_pending: bool,
+    /// The connection's error was reported to the application (once, as Linux).
+    pub err_reported: bool,
 }
 
 impl TcpConnSock {
@@ -42,6 +44,7 @@ impl TcpConnSock {
             orphan: false,
             blocked: false,
             fin_pending: false,
+            err_reported: false,
         }
     }
 }

@@ -157,7 +157,8 @@ impl Stack {
         let mk = |v6: bool| {
             let mut c = cfg.clone();
             c.mss = c.mss.min(TcpConfig::mss_for_mtu(mtu, v6));
-            Listener::new(local, c, backlog, true)
+            let cookies = c.syn_cookies;
+            Listener::new(local, c, backlog, cookies)
         };
         let (v4, v6) = match ip {
             _ if ip.is_unspecified() => (Some(mk(false)), Some(mk(true))),
@@ -181,6 +182,39 @@ impl Stack {
             .or_default()
             .push(h.index);
         Ok(h)
+    }
+
+    /// TCP_FASTOPEN on a listener (RFC 7413 server): with a server enabled in
+    /// `TcpConfig::fastopen`, SYNs with a valid cookie (or, if configured, none)
+    /// have their data accepted and the connection is accepted at once; `qlen` 0
+    /// turns it off.
+    pub fn tcp_set_fastopen(&mut self, h: SocketHandle, qlen: usize) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_fastopen(qlen);
+                }
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with.
+    pub fn tcp_set_fastopen_key(
+        &mut self,
+        h: SocketHandle,
+        key: [u8; 16],
+    ) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_fastopen_key(key);
+                }
+                Ok(())
+            }
+            _ => Err(StackError::WrongType),
+        }
     }
 
     /// Takes a completed connection from a listener's accept queue.
@@ -274,10 +308,10 @@ impl Stack {
     /// full, `BrokenPipe` after `tcp_shutdown_write`, the connection's error if it
     /// failed). Data may be queued before the handshake completes.
     pub fn tcp_send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize, StackError> {
-        let c = self.conn(h)?;
-        if let Some(e) = c.error() {
-            return Err(e.into());
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
         }
+        let c = self.conn(h)?;
         if !c.may_send() {
             return Err(StackError::BrokenPipe);
         }
@@ -303,13 +337,88 @@ impl Stack {
         if buf.is_empty() || c.is_eof() {
             return Ok(0);
         }
-        if let Some(e) = c.error() {
-            return Err(e.into());
+        let closed = c.state() == State::Closed;
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
         }
-        match c.state() {
-            State::Closed => Ok(0),
-            _ => Err(StackError::WouldBlock),
+        if closed {
+            Ok(0)
+        } else {
+            Err(StackError::WouldBlock)
         }
+    }
+
+    /// [`Stack::tcp_send`] whose bytes `fill` writes straight into the connection's
+    /// send buffer (up to `max`, in up to two slices; it returns how much of each it
+    /// wrote). A stack server copies a client's shared ring in with it: one copy.
+    pub fn tcp_send_with(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        fill: impl FnMut(&mut [u8]) -> usize,
+    ) -> Result<usize, StackError> {
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
+        }
+        let c = self.conn(h)?;
+        if !c.may_send() {
+            return Err(StackError::BrokenPipe);
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        if c.send_capacity() == 0 {
+            return Err(StackError::WouldBlock);
+        }
+        self.with_conn(h, |c| c.send_with(max, fill))
+    }
+
+    /// [`Stack::tcp_recv`] that hands up to `max` bytes to `sink` as they lie in the
+    /// receive buffer (a few slices, in order): one copy into wherever `sink` puts
+    /// them. `Ok(0)` at end of stream (or with `max == 0`).
+    pub fn tcp_recv_with(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        sink: impl FnMut(&[u8]),
+    ) -> Result<usize, StackError> {
+        let c = self.conn_mut(h)?;
+        let n = c.recv_with(max, sink);
+        if n > 0 {
+            self.tcp_settle(h.index, Wake::default());
+            return Ok(n);
+        }
+        if max == 0 || c.is_eof() {
+            return Ok(0);
+        }
+        let closed = c.state() == State::Closed;
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
+        }
+        if closed {
+            Ok(0)
+        } else {
+            Err(StackError::WouldBlock)
+        }
+    }
+
+    /// The error that ended the connection, the first time a call asks (as Linux
+    /// reports `sk_err` once): later sends fail with `BrokenPipe` and reads see end
+    /// of stream.
+    fn tcp_report_error(&mut self, h: SocketHandle) -> Result<Option<StackError>, StackError> {
+        let s = self.conn_sock_mut(h)?;
+        match s.conn.error() {
+            Some(e) if !s.err_reported => {
+                s.err_reported = true;
+                Ok(Some(e.into()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// SO_ERROR: the connection's error if not yet reported, then cleared.
+    pub fn tcp_take_error(&mut self, h: SocketHandle) -> Result<Option<StackError>, StackError> {
+        self.tcp_report_error(h)
     }
 
     /// Bytes `tcp_recv` can return now.
@@ -331,6 +440,12 @@ impl Stack {
             return Ok(());
         }
         self.with_conn(h, |c| c.shutdown_write())
+    }
+
+    /// SHUT_RD: `tcp_recv` returns what is queued, then end of stream (0); the
+    /// socket reads as readable from then on.
+    pub fn tcp_shutdown_read(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.shutdown_read())
     }
 
     /// Closes a TCP socket (close(2)). A connection finishes in the background

@@ -177,15 +177,10 @@ impl Stack {
         if was_in && self.sockets.tcp.conns.get(&key) == Some(&idx) {
             self.sockets.tcp.conns.remove(&key);
         }
-        if let Some(p) = parent {
-            // Died in the accept queue: nobody will ever accept it.
-            let h = self.sockets.handle_at(idx);
-            if let Some(Socket::TcpListen(l)) = self.sockets.get_mut(p) {
-                for f in l.families() {
-                    f.retain_accept(|c| *c != h);
-                }
-            }
-            self.tcp_reap(idx);
+        if parent.is_some() {
+            // Died in the accept queue: it stays there, as in Linux, so `accept`
+            // returns it and its reads report what ended it (the queue is bounded by
+            // the backlog; closing the listener frees it).
         } else if orphan {
             self.tcp_reap(idx);
         }

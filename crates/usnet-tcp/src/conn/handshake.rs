@@ -51,6 +51,12 @@ pub(crate) struct SynState {
     pub xmits: u32,
     /// When the latest one went out.
     pub sent_at: Instant,
+    /// A passive open whose SYN carried an accepted Fast Open request (RFC 7413):
+    /// the connection exists (and may send) before our SYN-ACK is acknowledged.
+    pub tfo_child: bool,
+    /// Data on a SYN was accepted (server) or acknowledged (client):
+    /// `TCPI_OPT_SYN_DATA`.
+    pub syn_data: bool,
 }
 
 impl SynState {
@@ -59,6 +65,8 @@ impl SynState {
             pending: false,
             xmits: 0,
             sent_at: now,
+            tfo_child: false,
+            syn_data: false,
         }
     }
 }
@@ -112,6 +120,39 @@ impl Connection {
         c.rcv.adv = c.rcv.nxt + w;
         c.syn.xmits = h.synack_xmits;
         c.syn.sent_at = h.synack_sent;
+        c
+    }
+
+    /// A passive open from a SYN carrying an accepted Fast Open request (RFC 7413
+    /// §4.2.2): the connection starts in SYN-RECEIVED with the SYN's data queued and
+    /// sends its SYN-ACK (acknowledging that data) on the first `poll_transmit`. It
+    /// may send data before the SYN-ACK is acknowledged; the listener hands it to
+    /// the application at once.
+    pub(crate) fn from_tfo_syn(
+        local: SocketAddr,
+        remote: SocketAddr,
+        now: Instant,
+        cfg: TcpConfig,
+        h: Handshake,
+        seg: &Segment,
+    ) -> Self {
+        let mut c = Connection::from_handshake(local, remote, now, cfg, h);
+        // The SYN-ACK is this connection's to send, and data may follow it at once:
+        // the send buffer starts after our SYN.
+        c.syn.xmits = 0;
+        c.syn.pending = true;
+        c.syn.tfo_child = true;
+        c.snd.una = h.iss + 1u32;
+        // A SYN's window is never scaled.
+        c.snd.wnd = u32::from(seg.window);
+        c.snd.max_wnd = c.snd.wnd;
+        c.snd.wl1 = h.irs;
+        c.snd.wl2 = h.iss;
+        if !seg.payload.is_empty() || seg.flags.fin() {
+            c.receive_text(seg, h.irs + 1u32, seg.flags.fin());
+            c.syn.syn_data = !seg.payload.is_empty();
+            c.stats.tfo_syn_data_accepted += 1;
+        }
         c
     }
 
@@ -175,7 +216,8 @@ impl Connection {
         }
         self.rcv.irs = Seq(seg.seq);
         self.rcv.nxt = self.rcv.irs + 1u32;
-        self.rcv.adv = self.rcv.nxt;
+        // Our SYN offered an unscaled window: data on the peer's SYN may fill it.
+        self.rcv.adv = self.rcv.nxt + self.rcv_window_available().min(65535);
         self.ack.last_sent = self.rcv.nxt;
         self.negotiate(seg);
         // A SYN's window is never scaled.
@@ -193,6 +235,16 @@ impl Connection {
             self.state = State::SynReceived;
             self.syn.pending = true;
         }
+        // RFC 9293 §3.10.7.3: other controls or text on the SYN are processed as in
+        // the sixth step on: the data after the SYN is queued (delivered once the
+        // connection is established), a FIN remembered.
+        if !seg.payload.is_empty() || f.fin() {
+            self.receive_text(seg, Seq(seg.seq) + 1u32, f.fin());
+            self.ack.pending = true;
+            if self.state == State::Established {
+                self.check_fin(seg);
+            }
+        }
     }
 
     /// In SYN-RECEIVED, a segment carrying the peer's SYN again: in a simultaneous
@@ -209,6 +261,8 @@ impl Connection {
             self.snd.una = self.snd.nxt;
             self.set_send_window(seq, self.snd.nxt, seg.window);
             self.establish();
+            // A FIN that came with the peer's SYN takes effect now.
+            self.check_fin(seg);
         } else if !f.ack() {
             self.syn.pending = true;
         }
@@ -220,6 +274,19 @@ impl Connection {
     /// with `<SEQ=SEG.ACK><CTL=RST>`.
     pub(crate) fn complete_passive_open(&mut self, seg: &Segment) -> ControlFlow<()> {
         let ack = Seq(seg.ack);
+        if self.syn.tfo_child {
+            // SND.UNA is already past our SYN (data may be in flight): an ACK of
+            // the SYN, or of some of that data, completes the handshake, and the
+            // ACK processing that follows retires the data.
+            if !(ack.ge(self.snd.una) && ack.le(self.snd.nxt)) {
+                self.reply_rst = Some((ack, None));
+                return ControlFlow::Break(());
+            }
+            self.syn_rtt_sample();
+            self.set_send_window(Seq(seg.seq), ack, seg.window);
+            self.establish();
+            return ControlFlow::Continue(());
+        }
         if !(ack.gt(self.snd.una) && ack.le(self.snd.nxt)) {
             self.reply_rst = Some((ack, None));
             return ControlFlow::Break(());
@@ -528,5 +595,48 @@ mod tests {
         let again = drain(&mut x, T0);
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
+    }
+
+    #[test]
+    fn data_on_a_syn_ack_is_queued() {
+        // RFC 9293 §3.10.7.3: the text of a SYN-ACK is processed, not discarded.
+        let mut cli = client(TcpConfig::default());
+        let syn = drain(&mut cli, T0).remove(0);
+        let mut synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
+        synack.payload = b"hello".to_vec();
+        synack.repr.flags |= TcpFlags::FIN;
+        feed(&mut cli, T0, &[synack]);
+        assert_eq!(cli.state(), State::CloseWait, "the FIN is taken too");
+        let mut b = [0u8; 16];
+        assert_eq!(cli.recv(&mut b), 5);
+        assert_eq!(&b[..5], b"hello");
+        let ack = drain(&mut cli, T0);
+        assert_eq!(ack.len(), 1);
+        assert_eq!(ack[0].repr.ack, 5001 + 5 + 1, "SYN, data and FIN");
+    }
+
+    #[test]
+    fn data_on_the_peers_syn_in_a_simultaneous_open_is_queued() {
+        let (a, b) = addrs();
+        let mut x = Connection::connect(a, b, T0, TcpConfig::default());
+        let mut y = Connection::connect(b, a, T0, TcpConfig::default());
+        let sx = drain(&mut x, T0);
+        let mut sy = drain(&mut y, T0);
+        sy[0].payload = b"early".to_vec();
+        feed(&mut x, T0, &sy);
+        feed(&mut y, T0, &sx);
+        assert_eq!(x.state(), State::SynReceived);
+        let ax = drain(&mut x, T0);
+        assert_eq!(
+            ax[0].repr.ack,
+            y.iss().wrapping_add(6),
+            "the data is acknowledged"
+        );
+        let ay = drain(&mut y, T0);
+        feed(&mut x, T0, &ay);
+        assert_eq!(x.state(), State::Established);
+        let mut buf = [0u8; 16];
+        assert_eq!(x.recv(&mut buf), 5);
+        assert_eq!(&buf[..5], b"early");
     }
 }

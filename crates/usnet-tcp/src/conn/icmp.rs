@@ -55,7 +55,10 @@ impl Connection {
         if matches!(self.state, State::Closed | State::TimeWait) {
             return IcmpOutcome::Ignored;
         }
-        if !Seq(seq).in_range(self.snd.una, self.snd.nxt) {
+        // A Fast Open child's SND.UNA is already past its unacknowledged SYN-ACK.
+        let syn_ack =
+            self.syn.tfo_child && self.state == State::SynReceived && Seq(seq) == self.snd.iss;
+        if !syn_ack && !Seq(seq).in_range(self.snd.una, self.snd.nxt) {
             self.stats.icmp_out_of_window += 1;
             return IcmpOutcome::OutOfWindow;
         }

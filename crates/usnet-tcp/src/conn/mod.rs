@@ -215,6 +215,8 @@ pub struct TcpInfo {
     pub recv_queued: usize,
     /// Unacknowledged + unsent bytes in the send buffer.
     pub send_queued: usize,
+    /// Data on a SYN was accepted (server) or acknowledged (client) by Fast Open.
+    pub syn_data: bool,
 }
 
 /// A TCP connection.
@@ -386,6 +388,7 @@ impl Connection {
             sack: self.opts.sack,
             recv_queued: self.rcv.buf.len(),
             send_queued: self.snd.buf.len(),
+            syn_data: self.syn.syn_data,
         }
     }
 

@@ -53,6 +53,8 @@ pub(crate) struct RecvState {
     pub urg_seq: Option<Seq>,
     /// The out-of-band byte, taken out of the stream and not yet read.
     pub oob_byte: Option<u8>,
+    /// The application shut down reading (SHUT_RD).
+    pub read_shut: bool,
 }
 
 impl RecvState {
@@ -80,6 +82,7 @@ impl RecvState {
             rtt: None,
             urg_seq: None,
             oob_byte: None,
+            read_shut: false,
         }
     }
 }
@@ -117,9 +120,17 @@ impl Connection {
         self.rcv.buf.len() - usize::from(self.rcv.urg_seq.is_some_and(|u| self.in_rcvbuf(u)))
     }
 
-    /// The peer sent FIN and everything before it has been read.
+    /// The peer sent FIN and everything before it has been read, or the application
+    /// shut down reading and has read what was queued.
     pub fn is_eof(&self) -> bool {
-        self.rcv.fin_received && self.rcv.buf.is_empty()
+        (self.rcv.fin_received || self.rcv.read_shut) && self.recv_available() == 0
+    }
+
+    /// SHUT_RD: reading ends once what is queued has been read (`recv` then returns
+    /// 0, as Linux does); what arrives later is still acknowledged and queued, and
+    /// counts as unread data when the application closes.
+    pub fn shutdown_read(&mut self) {
+        self.rcv.read_shut = true;
     }
 
     fn in_rcvbuf(&self, s: Seq) -> bool {
@@ -132,9 +143,20 @@ impl Connection {
     /// skipped here and kept for [`Connection::recv_urgent`].
     pub fn recv(&mut self, out: &mut [u8]) -> usize {
         let mut done = 0;
-        while done < out.len() && !self.rcv.buf.is_empty() {
+        self.recv_with(out.len(), |chunk| {
+            out[done..done + chunk.len()].copy_from_slice(chunk);
+            done += chunk.len();
+        })
+    }
+
+    /// [`Connection::recv`] that hands up to `max` bytes to `sink` as they lie in the
+    /// receive ring (in order, a few slices), so a consumer elsewhere (a stack server
+    /// client's shared ring) gets them with one copy. Returns the count taken.
+    pub fn recv_with(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
+        let mut done = 0;
+        while done < max && !self.rcv.buf.is_empty() {
             let head = self.rcv.nxt - self.rcv.buf.len() as u32;
-            let mut want = out.len() - done;
+            let mut want = max - done;
             if let Some(u) = self.rcv.urg_seq {
                 if u == head {
                     let mut b = [0u8; 1];
@@ -150,7 +172,14 @@ impl Connection {
                     self.rcv.urg_seq = None;
                 }
             }
-            let n = self.rcv.buf.peek(0, &mut out[done..done + want]);
+            let (a, b) = self.rcv.buf.slices(0, want);
+            let n = a.len() + b.len();
+            if !a.is_empty() {
+                sink(a);
+            }
+            if !b.is_empty() {
+                sink(b);
+            }
             self.rcv.buf.consume(n);
             done += n;
             if n == 0 {
@@ -332,7 +361,7 @@ impl Connection {
             let dup = (self.rcv.nxt.since(start) as usize).min(data.len());
             if dup > 0 {
                 self.stats.rx_dup_bytes += dup as u64;
-                if self.opts.sack {
+                if self.opts.sack && self.cfg.dsack {
                     self.rcv.dsack = Some((start, start + dup));
                 }
                 self.ack.pending = true;
@@ -358,6 +387,12 @@ impl Connection {
             }
         }
         if data.is_empty() {
+            if fin && start.gt(self.rcv.nxt) {
+                // An out-of-order FIN is out-of-order data too: a duplicate ACK at
+                // once (RFC 5681 §4.2).
+                self.ack.dupacks_owed += 1;
+                self.stats.rx_ooo_segments += 1;
+            }
             return;
         }
         if start == self.rcv.nxt {
@@ -439,7 +474,7 @@ impl Connection {
             }
             OooAdd::Duplicate => {
                 self.stats.rx_dup_bytes += data.len() as u64;
-                if self.opts.sack {
+                if self.opts.sack && self.cfg.dsack {
                     self.rcv.dsack = Some((start, dend));
                 }
             }
@@ -503,6 +538,52 @@ mod tests {
         let n = c.recv(&mut buf);
         buf.truncate(n);
         buf
+    }
+
+    #[test]
+    fn recv_with_hands_out_the_stream_in_order_across_the_ring_wrap() {
+        let cfg = TcpConfig {
+            recv_buffer: 4 * MSS,
+            recv_buffer_initial: 4 * MSS,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), cfg);
+        let mut got = Vec::new();
+        let mut now = T0;
+        let mut sent = 0usize;
+        let total = 20 * MSS;
+        while got.len() < total {
+            let data: Vec<u8> = (sent..total).map(|i| (i % 251) as u8).collect();
+            sent += cli.send(&data);
+            feed(&mut srv, now, &drain(&mut cli, now));
+            // Odd-sized reads make the ring wrap at odd places.
+            let n = srv.recv_with(MSS + 7, |chunk| got.extend_from_slice(chunk));
+            assert!(n <= MSS + 7);
+            feed(&mut cli, now, &drain(&mut srv, now));
+            now = now + ms(1);
+        }
+        assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    }
+
+    #[test]
+    fn send_with_queues_what_the_filler_wrote_and_stops_at_a_short_count() {
+        let (mut cli, _) = default_pair();
+        let mut next = 0u8;
+        let n = cli.send_with(5000, |dst| {
+            for b in dst.iter_mut() {
+                *b = next;
+                next = next.wrapping_add(1);
+            }
+            dst.len()
+        });
+        assert_eq!(n, 5000);
+        // A filler that writes less than offered ends the append.
+        let n = cli.send_with(5000, |dst| dst.len().min(100));
+        assert_eq!(n, 100);
+        let segs = drain(&mut cli, T0);
+        let bytes: Vec<u8> = segs.iter().flat_map(|s| s.payload.clone()).collect();
+        assert_eq!(bytes.len(), 5100);
+        assert!(bytes[..5000].iter().enumerate().all(|(i, b)| *b == i as u8));
     }
 
     #[test]
@@ -684,13 +765,40 @@ mod tests {
         let fin = drain(&mut cli, T0);
         assert!(fin[0].repr.flags.fin());
         feed(&mut srv, T0, &segs[1..]);
+        drain(&mut srv, T0);
         feed(&mut srv, T0, &fin);
         assert_eq!(srv.state(), State::Established);
         assert!(srv.rcv.fin_seq.is_some() && !srv.rcv.fin_received);
+        // The FIN beyond the hole is answered at once with a duplicate ACK.
+        let dup = drain(&mut srv, T0);
+        assert_eq!(dup.len(), 1);
+        assert_eq!(dup[0].repr.ack, srv.rcv.nxt.0);
         feed(&mut srv, T0, &segs[..1]);
         assert_eq!(srv.state(), State::CloseWait);
         assert!(!srv.is_eof(), "data first");
         assert_eq!(read_all(&mut srv).len(), 2 * MSS);
         assert!(srv.is_eof());
+    }
+
+    #[test]
+    fn shut_rd_reads_what_is_queued_then_end_of_stream() {
+        let (mut cli, mut srv) = default_pair();
+        cli.send(b"queued");
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        srv.shutdown_read();
+        assert!(!srv.is_eof(), "queued data first");
+        let mut b = [0u8; 16];
+        assert_eq!(srv.recv(&mut b), 6);
+        assert!(srv.is_eof());
+        assert_eq!(srv.recv(&mut b), 0);
+        // Data arriving later is still taken and acknowledged.
+        feed(&mut cli, T0, &drain(&mut srv, T0 + ms(50)));
+        cli.send(b"late");
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        assert_eq!(srv.recv_available(), 4);
+        assert!(!srv.is_eof());
+        let ack = drain(&mut srv, T0 + ms(50));
+        assert_eq!(ack.last().unwrap().repr.ack, srv.rcv.nxt.0);
+        assert_eq!(srv.state(), State::Established, "writing goes on");
     }
 }

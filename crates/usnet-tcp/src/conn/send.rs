@@ -120,6 +120,16 @@ impl Connection {
         self.snd.buf.push(data)
     }
 
+    /// [`Connection::send`] whose bytes `fill` writes straight into the send ring (up
+    /// to `max`, in up to two slices; it returns how many of each it wrote). Returns
+    /// the count queued.
+    pub fn send_with(&mut self, max: usize, fill: impl FnMut(&mut [u8]) -> usize) -> usize {
+        if !self.may_send() {
+            return 0;
+        }
+        self.snd.buf.push_with(max, fill)
+    }
+
     /// Sender MSS: the largest payload without options.
     pub fn snd_mss(&self) -> u32 {
         u32::from(self.snd.peer_mss.min(self.cfg.mss)).max(64)
@@ -188,14 +198,17 @@ impl Connection {
         if self.snd.fin_sent || self.snd.una == self.snd.iss {
             return None;
         }
-        if !matches!(
-            self.state,
-            State::Established
-                | State::CloseWait
-                | State::FinWait1
-                | State::LastAck
-                | State::Closing
-        ) {
+        let tfo_early = self.state == State::SynReceived && self.syn.tfo_child;
+        if !tfo_early
+            && !matches!(
+                self.state,
+                State::Established
+                    | State::CloseWait
+                    | State::FinWait1
+                    | State::LastAck
+                    | State::Closing
+            )
+        {
             return None;
         }
         let off = self.snd.nxt.since(self.snd.una) as usize;
@@ -252,7 +265,9 @@ impl Connection {
             return None;
         }
         // Restart after idle (RFC 5681 §4.1).
-        if self.scoreboard.is_empty() && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
+        if self.cfg.slow_start_after_idle
+            && self.scoreboard.is_empty()
+            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
         {
             self.cc
                 .on_idle_restart(self.cfg.initial_window * self.smss());

@@ -197,7 +197,7 @@ impl Connection {
         let plen = seg.payload.len() as u32;
         if plen > 0 && (seq + plen).le(self.rcv.nxt) {
             self.stats.rx_dup_bytes += u64::from(plen);
-            if self.opts.sack {
+            if self.opts.sack && self.cfg.dsack {
                 self.rcv.dsack = Some((seq, seq + plen));
             }
         }
@@ -245,6 +245,12 @@ impl Connection {
         }
         match self.state {
             State::TimeWait => self.stats.rx_rst_time_wait += 1,
+            // A Fast Open child already belongs to the application: reset, as an
+            // established connection (Linux: ECONNRESET).
+            State::SynReceived if self.syn.tfo_child => {
+                self.stats.conn_resets += 1;
+                self.enter_closed(Some(TcpError::Reset));
+            }
             State::SynReceived => {
                 self.stats.conn_resets += 1;
                 self.enter_closed(Some(TcpError::Refused));
@@ -413,7 +419,7 @@ impl Connection {
     /// segment fills the hole before an out-of-order FIN), the FIN moves ESTABLISHED
     /// to CLOSE-WAIT, FIN-WAIT-1 to CLOSING (or TIME-WAIT if our FIN is acknowledged)
     /// and FIN-WAIT-2 to TIME-WAIT. A FIN in TIME-WAIT restarts the 2MSL wait.
-    fn check_fin(&mut self, seg: &Segment) {
+    pub(crate) fn check_fin(&mut self, seg: &Segment) {
         match self.state {
             State::Established | State::FinWait1 | State::FinWait2 => {
                 if !self.take_fin() {

@@ -59,6 +59,16 @@ impl Connection {
         o
     }
 
+    /// Options on an RST: the timestamps when the connection uses them (RFC 7323
+    /// §3.2: TSopt SHOULD be sent in an <RST> segment), nothing else.
+    pub(crate) fn rst_options(&self) -> TcpOptions {
+        let mut o = TcpOptions::default();
+        if self.ts.ok {
+            o.timestamps = Some((self.ts.clock(self.now), self.ts.recent));
+        }
+        o
+    }
+
     /// Build and emit one segment; on success commit the ACK-related state.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn emit<S: SegmentSink + ?Sized>(
@@ -128,7 +138,14 @@ impl Connection {
         }
         match self.state {
             State::Closed => return None,
-            State::SynSent | State::SynReceived => return self.send_syn(sink),
+            State::SynSent => return self.send_syn(sink),
+            State::SynReceived => {
+                // A Fast Open child goes on to its data once the SYN-ACK is out.
+                let r = self.send_syn(sink);
+                if r.is_some() || !self.syn.tfo_child {
+                    return r;
+                }
+            }
             _ => {}
         }
         if self.state != State::TimeWait {
@@ -176,7 +193,8 @@ impl Connection {
         } else {
             TcpFlags::RST
         };
-        if !self.emit(sink, flags, self.snd.nxt, 0, 0, TcpOptions::default()) {
+        let opts = self.rst_options();
+        if !self.emit(sink, flags, self.snd.nxt, 0, 0, opts) {
             return false;
         }
         self.stats.tx_rst += 1;
@@ -200,7 +218,8 @@ impl Connection {
             ),
             None => (TcpFlags::RST, None),
         };
-        let ok = self.emit(sink, flags, seq, 0, 0, TcpOptions::default());
+        let opts = self.rst_options();
+        let ok = self.emit(sink, flags, seq, 0, 0, opts);
         if let Some(s) = saved {
             self.rcv.nxt = s;
         }
@@ -234,6 +253,7 @@ mod tests {
     use super::super::test_util::*;
     use super::*;
     use crate::testing::VecSink;
+    use crate::TcpConfig;
 
     #[test]
     fn a_full_sink_commits_nothing_and_the_next_poll_retries() {
@@ -265,6 +285,31 @@ mod tests {
         assert_eq!(out[0].repr.window, 0);
         assert_eq!(cli.state(), State::Closed);
         assert_eq!(cli.poll_at(), None);
+    }
+
+    #[test]
+    fn an_rst_carries_timestamps_when_they_were_negotiated() {
+        // RFC 7323 §3.2 (ts_recent/reset_tsval.pkt).
+        let (mut cli, _srv) = default_pair();
+        let later = T0 + ms(1000);
+        drain(&mut cli, later);
+        cli.abort();
+        let rst = drain(&mut cli, later).remove(0);
+        assert!(rst.repr.flags.rst());
+        assert_eq!(
+            rst.repr.options.timestamps,
+            Some((cli.ts.clock(later), cli.ts.recent))
+        );
+        assert_eq!(rst.repr.options.sack_count, 0, "nothing else");
+
+        let cfg = TcpConfig {
+            timestamps: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, _srv) = pair(cfg.clone(), cfg);
+        cli.abort();
+        let rst = drain(&mut cli, T0).remove(0);
+        assert_eq!(rst.repr.options.timestamps, None);
     }
 
     #[test]

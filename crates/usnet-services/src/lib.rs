@@ -1,18 +1,24 @@
-//! Built-in services that run inside the poll loop, over UDP and TCP on the same
-//! port: echo (RFC 862), discard (RFC 863) and chargen (RFC 864), and the
-//! registration of the HTTP service (its code is the `usnet-http` crate). Running in
-//! the loop means no thread hand-off: a request is answered in the same burst it
-//! arrived in.
+//! usnet's built-in services, over UDP and TCP on the same port: echo (RFC 862),
+//! discard (RFC 863) and chargen (RFC 864), and the registration of the HTTP service
+//! (its code is the `usnet-http` crate). They are written against the small
+//! non-blocking [`SocketApi`], so the same code runs as an ordinary client of a stack
+//! server (`usnet up` runs each service set in a client thread) or inside a process's
+//! own poll loop on the sans-IO `Stack` (`usnet_runtime::NetStack::add_service`).
 
+use std::io;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use usnet_stack::{SocketHandle, Stack, StackError};
+use usnet_api::{Handle as SocketHandle, SocketApi};
 
-/// Something that runs inside the poll loop; `poll` returns whether it did work.
+/// A service: `poll` does what is due and returns whether it did work.
 pub trait Service: Send {
     fn name(&self) -> &'static str;
-    fn poll(&mut self, stack: &mut Stack) -> bool;
+    fn poll(&mut self, net: &mut dyn SocketApi) -> bool;
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +42,7 @@ impl ServiceKind {
 
     /// Binds the service's port on every address of `stack` (IPv4 and IPv6), for
     /// UDP and TCP.
-    pub fn start(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
+    pub fn start(self, stack: &mut dyn SocketApi) -> io::Result<Box<dyn Service>> {
         if let ServiceKind::Http(port) = self {
             let cfg = usnet_http::HttpConfig {
                 port,
@@ -70,9 +76,9 @@ impl ServiceKind {
     }
 
     /// Only the UDP service.
-    pub fn start_udp(self, stack: &mut Stack) -> Result<Box<dyn Service>, StackError> {
+    pub fn start_udp(self, stack: &mut dyn SocketApi) -> io::Result<Box<dyn Service>> {
         if let ServiceKind::Http(_) = self {
-            return Err(StackError::WrongType);
+            return Err(io::Error::from_raw_os_error(94)); // ESOCKTNOSUPPORT
         }
         let sock = stack.udp_bind(SocketAddr::from(([0u16; 8], self.port())))?;
         Ok(Box::new(UdpService {
@@ -107,8 +113,8 @@ impl Service for usnet_http::HttpService {
     fn name(&self) -> &'static str {
         "http"
     }
-    fn poll(&mut self, stack: &mut Stack) -> bool {
-        usnet_http::HttpService::poll(self, stack)
+    fn poll(&mut self, net: &mut dyn SocketApi) -> bool {
+        usnet_http::HttpService::poll(self, net)
     }
 }
 
@@ -140,7 +146,7 @@ impl Service for UdpService {
         }
     }
 
-    fn poll(&mut self, stack: &mut Stack) -> bool {
+    fn poll(&mut self, stack: &mut dyn SocketApi) -> bool {
         let mut did = false;
         // Bounded per poll so one flood cannot starve the loop.
         for _ in 0..256 {
@@ -181,7 +187,7 @@ impl Service for Both {
     fn name(&self) -> &'static str {
         self.udp.name()
     }
-    fn poll(&mut self, stack: &mut Stack) -> bool {
+    fn poll(&mut self, stack: &mut dyn SocketApi) -> bool {
         self.udp.poll(stack) | self.tcp.poll(stack)
     }
 }
@@ -222,7 +228,7 @@ impl TcpService {
     fn serve(
         kind: ServiceKind,
         c: &mut TcpClient,
-        stack: &mut Stack,
+        stack: &mut dyn SocketApi,
         buf: &mut [u8],
     ) -> (bool, usize) {
         let mut moved = 0;
@@ -234,7 +240,7 @@ impl TcpService {
                         c.pending.drain(..n);
                         moved += n;
                     }
-                    Err(StackError::WouldBlock) => {}
+                    Err(e) if would_block(&e) => {}
                     Err(_) => {
                         let _ = stack.tcp_close(c.h);
                         return (false, moved);
@@ -255,7 +261,7 @@ impl TcpService {
                         c.pending.extend_from_slice(&buf[..n]);
                     }
                 }
-                Err(StackError::WouldBlock) => break,
+                Err(e) if would_block(&e) => break,
                 Err(_) => {
                     let _ = stack.tcp_close(c.h);
                     return (false, moved);
@@ -273,7 +279,7 @@ impl TcpService {
                         c.pos += n as u64;
                         moved += n;
                     }
-                    Err(StackError::WouldBlock) => break,
+                    Err(e) if would_block(&e) => break,
                     Err(_) => {
                         let _ = stack.tcp_close(c.h);
                         return (false, moved);
@@ -294,7 +300,7 @@ impl Service for TcpService {
         "tcp"
     }
 
-    fn poll(&mut self, stack: &mut Stack) -> bool {
+    fn poll(&mut self, stack: &mut dyn SocketApi) -> bool {
         let mut did = false;
         while let Ok(h) = stack.tcp_accept(self.listener) {
             did = true;

@@ -1,0 +1,631 @@
+//! The contract between a usnet stack server and its clients: what lives where in a
+//! client's session memory, and what the requests, completions and socket slots mean.
+//! Plain constants and `#[repr(C)]` types, no dependencies, so a client in any
+//! language can follow it (`include/usnet.h` mirrors it for C).
+//!
+//! # A session
+//! A client connects to the stack's control socket and asks to attach. The server
+//! creates a memfd for the session, lays it out as below, and passes it (and the
+//! server's shared page, and for a stack on an fd-based link the server's doorbell
+//! eventfd) over the socket with SCM_RIGHTS. The connection stays open: it is how each
+//! side sees the other die.
+//!
+//! ```text
+//! 0          SessionHeader (one page): magic, version, geometry, wake-up words,
+//!            the submission and completion ring indices
+//! sq_off     submission ring: sq_entries × Request (64 B)       client → server
+//! cq_off     completion ring: cq_entries × Completion (32 B)    server → client
+//! slots_off  max_sockets × socket slot (SLOT_SIZE B): state, readiness, addresses,
+//!            and the counters of the socket's two byte rings
+//! data_off   per socket slot i: its receive ring (ring_bytes, server → client) at
+//!            data_off + 2·i·ring_bytes, its send ring (client → server) after it
+//! ```
+//!
+//! # Ownership (who writes what)
+//! - Submission ring: the client writes entries and `sq_head`; the server writes
+//!   `sq_tail`. Completion ring: the other way round. (usnet-shm's spsc protocol.)
+//! - A slot's `state`, `kind`, `flags`, `error`, `events`, `accept_pending`, `gen`, the
+//!   addresses and the info area are the server's. The receive ring's `prod` is the
+//!   server's and its `cons` the client's; the send ring's `prod` the client's and its
+//!   `cons` the server's (usnet-shm's byte ring protocol). `rx_armed`/`tx_armed` are set
+//!   by the server and taken (swapped to 0) by the client.
+//! - The server trusts nothing the client wrote: every request field, slot index and
+//!   counter is checked, and a client can only garble its own streams.
+//!
+//! # Wake-ups
+//! - Client → server: after publishing a request (or bytes the server must fetch), a
+//!   client issues a SeqCst fence, reads `server_asleep` in its header, and if it is
+//!   set rings the server: a futex wake on the shared page's `bell_seq` (after
+//!   incrementing it) or a write to the server's eventfd, as `bell_kind` says.
+//! - Server → client: the server bumps `client_bell_seq` and wakes it when
+//!   `client_sleepers` is non-zero (usnet-shm's Gate), and writes the client's eventfd
+//!   when `want_eventfd` is set.
+//! - Streams: when the server finds a socket's send ring empty it sets `tx_armed`,
+//!   fences, and looks again; a client that publishes bytes, fences and finds
+//!   `tx_armed` set (swap to 0) posts a `TX_KICK`. The receive ring works the same way
+//!   with `rx_armed` and `RX_KICK` when the server stopped for lack of room.
+
+#![forbid(unsafe_code)]
+
+/// "USNETSES" in little-endian bytes.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"USNETSES");
+/// Bumped on every incompatible change of this layout.
+pub const VERSION: u32 = 1;
+pub const PAGE: usize = 4096;
+pub const CACHE_LINE: usize = 64;
+
+// ---------------------------------------------------------------- session header
+
+/// Offsets in the session header (page 0). Each wake-up word sits on its own line.
+pub mod hdr {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const TOTAL_LEN: usize = 16;
+    pub const SQ_OFF: usize = 24;
+    pub const SQ_ENTRIES: usize = 28;
+    pub const CQ_OFF: usize = 32;
+    pub const CQ_ENTRIES: usize = 36;
+    pub const SLOTS_OFF: usize = 40;
+    pub const MAX_SOCKETS: usize = 44;
+    pub const RING_BYTES: usize = 48;
+    pub const DATA_OFF: usize = 56;
+    /// The session's number at the server (its owner id in the stack).
+    pub const SESSION_ID: usize = 52;
+    /// Server: non-zero while the server may sleep (clients ring it then).
+    pub const SERVER_ASLEEP: usize = 64;
+    /// Server → client bell: the `seq` futex word the server bumps.
+    pub const CLIENT_BELL_SEQ: usize = 128;
+    /// Client: how many client threads announced they may sleep on the bell.
+    pub const CLIENT_SLEEPERS: usize = 192;
+    /// Client: non-zero when it also wants its eventfd written.
+    pub const WANT_EVENTFD: usize = 256;
+    /// Server: non-zero once the server has gone (orderly shutdown).
+    pub const SERVER_GONE: usize = 320;
+    /// Submission ring indices (spsc: producer's head, consumer's tail).
+    pub const SQ_HEAD: usize = 384;
+    pub const SQ_TAIL: usize = 448;
+    /// Completion ring indices.
+    pub const CQ_HEAD: usize = 512;
+    pub const CQ_TAIL: usize = 576;
+}
+
+/// Offsets in the server's shared page (one page, mapped by every client).
+pub mod server_page {
+    /// The server's futex bell: clients bump `seq` and wake it.
+    pub const BELL_SEQ: usize = 0;
+    pub const BELL_SLEEPERS: usize = 64;
+    /// [`super::BELL_FUTEX`] or [`super::BELL_EVENTFD`].
+    pub const BELL_KIND: usize = 128;
+    pub const SERVER_PID: usize = 192;
+    pub const LEN: usize = super::PAGE;
+}
+
+/// The server sleeps on a futex: ring it with a futex wake on `BELL_SEQ`.
+pub const BELL_FUTEX: u32 = 1;
+/// The server sleeps in ppoll: ring it by writing its eventfd.
+pub const BELL_EVENTFD: u32 = 2;
+
+/// A session's geometry, chosen by the server at attach time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub sq_entries: u32,
+    pub cq_entries: u32,
+    pub max_sockets: u32,
+    /// Bytes in each of a socket's two rings (a power of two, at least a page).
+    pub ring_bytes: u32,
+}
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Geometry {
+            sq_entries: 256,
+            cq_entries: 512,
+            max_sockets: 256,
+            ring_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// Where everything of a session lies, derived from its geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub geometry: Geometry,
+    pub sq_off: usize,
+    pub cq_off: usize,
+    pub slots_off: usize,
+    pub data_off: usize,
+    pub total_len: usize,
+}
+
+/// Why a geometry cannot be laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadGeometry;
+
+fn page_up(n: usize) -> usize {
+    n.div_ceil(PAGE) * PAGE
+}
+
+impl Layout {
+    /// Lays out a session. Entries counts must be powers of two (at most 65536), the
+    /// ring size a power of two from one page to 16 MiB, at most 65536 sockets.
+    pub fn new(g: Geometry) -> Result<Layout, BadGeometry> {
+        let pow2 = |n: u32, lo: u32, hi: u32| n.is_power_of_two() && (lo..=hi).contains(&n);
+        if !pow2(g.sq_entries, 2, 65536)
+            || !pow2(g.cq_entries, 2, 65536)
+            || !pow2(g.ring_bytes, PAGE as u32, 16 << 20)
+            || g.max_sockets == 0
+            || g.max_sockets > 65536
+        {
+            return Err(BadGeometry);
+        }
+        let sq_off = PAGE;
+        let cq_off = page_up(sq_off + g.sq_entries as usize * REQUEST_SIZE);
+        let slots_off = page_up(cq_off + g.cq_entries as usize * COMPLETION_SIZE);
+        let data_off = page_up(slots_off + g.max_sockets as usize * SLOT_SIZE);
+        let total_len = data_off
+            .checked_add(g.max_sockets as usize * 2 * g.ring_bytes as usize)
+            .ok_or(BadGeometry)?;
+        Ok(Layout {
+            geometry: g,
+            sq_off,
+            cq_off,
+            slots_off,
+            data_off,
+            total_len,
+        })
+    }
+
+    /// Offset of slot `i`'s words.
+    pub fn slot(&self, i: u32) -> usize {
+        self.slots_off + i as usize * SLOT_SIZE
+    }
+
+    /// Offset of slot `i`'s receive ring bytes; its send ring follows.
+    pub fn rx_data(&self, i: u32) -> usize {
+        self.data_off + 2 * i as usize * self.geometry.ring_bytes as usize
+    }
+
+    pub fn tx_data(&self, i: u32) -> usize {
+        self.rx_data(i) + self.geometry.ring_bytes as usize
+    }
+}
+
+// ---------------------------------------------------------------- requests
+
+pub const REQUEST_SIZE: usize = 64;
+pub const COMPLETION_SIZE: usize = 32;
+
+/// One call from a client. `tag` comes back in the completion; `slot` names the
+/// socket; `args` depend on `op`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Request {
+    pub op: u16,
+    pub flags: u16,
+    pub slot: u32,
+    pub tag: u64,
+    pub args: [u64; 6],
+}
+
+/// A call's result: `result` is a value (≥ 0) or a negative errno.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub tag: u64,
+    pub result: i64,
+    pub aux: [u64; 2],
+}
+
+impl Request {
+    pub fn to_bytes(&self) -> [u8; REQUEST_SIZE] {
+        let mut b = [0u8; REQUEST_SIZE];
+        b[0..2].copy_from_slice(&self.op.to_le_bytes());
+        b[2..4].copy_from_slice(&self.flags.to_le_bytes());
+        b[4..8].copy_from_slice(&self.slot.to_le_bytes());
+        b[8..16].copy_from_slice(&self.tag.to_le_bytes());
+        for (i, a) in self.args.iter().enumerate() {
+            b[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; REQUEST_SIZE]) -> Request {
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let mut args = [0u64; 6];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = u64_at(16 + 8 * i);
+        }
+        Request {
+            op: u16::from_le_bytes([b[0], b[1]]),
+            flags: u16::from_le_bytes([b[2], b[3]]),
+            slot: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            tag: u64_at(8),
+            args,
+        }
+    }
+}
+
+impl Completion {
+    pub fn to_bytes(&self) -> [u8; COMPLETION_SIZE] {
+        let mut b = [0u8; COMPLETION_SIZE];
+        b[0..8].copy_from_slice(&self.tag.to_le_bytes());
+        b[8..16].copy_from_slice(&self.result.to_le_bytes());
+        b[16..24].copy_from_slice(&self.aux[0].to_le_bytes());
+        b[24..32].copy_from_slice(&self.aux[1].to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; COMPLETION_SIZE]) -> Completion {
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        Completion {
+            tag: u64_at(0),
+            result: u64_at(8) as i64,
+            aux: [u64_at(16), u64_at(24)],
+        }
+    }
+}
+
+/// Request opcodes.
+pub mod op {
+    /// Does nothing; completes with 0 (a round trip).
+    pub const NOP: u16 = 0;
+    /// `args[0]`: [`super::KIND_TCP`] or [`super::KIND_UDP`]. Result: the new slot.
+    pub const SOCKET: u16 = 1;
+    /// `args[0..4]`: the address ([`super::SockAddr::to_args`]).
+    pub const BIND: u16 = 2;
+    /// `args[0]`: backlog.
+    pub const LISTEN: u16 = 3;
+    /// Result: the accepted connection's slot (its peer address is in the slot).
+    pub const ACCEPT: u16 = 4;
+    /// `args[0..4]`: the address. TCP: completes once the SYN is queued (the slot's
+    /// `CONNECTED` or `ERROR` flag tells the outcome). UDP: fixes the peer.
+    pub const CONNECT: u16 = 5;
+    /// `args[0]`: how ([`super::SHUT_RD`], [`super::SHUT_WR`], [`super::SHUT_RDWR`]).
+    pub const SHUTDOWN: u16 = 6;
+    /// Bytes the client already put in the send ring still go out (TCP).
+    pub const CLOSE: u16 = 7;
+    /// `args[0]`: level, `args[1]`: option, `args[2]`: value.
+    pub const SETSOCKOPT: u16 = 8;
+    /// `args[0]`: level, `args[1]`: option. Result: the value; `TCP_INFO` fills the
+    /// slot's info area instead.
+    pub const GETSOCKOPT: u16 = 9;
+    /// No completion: the send ring of `slot` has bytes (after `tx_armed`).
+    pub const TX_KICK: u16 = 10;
+    /// No completion: the receive ring of `slot` has room again (after `rx_armed`).
+    pub const RX_KICK: u16 = 11;
+    /// Highest opcode.
+    pub const MAX: u16 = 11;
+}
+
+pub const KIND_TCP: u64 = 1;
+pub const KIND_UDP: u64 = 2;
+
+pub const SHUT_RD: u64 = 0;
+pub const SHUT_WR: u64 = 1;
+pub const SHUT_RDWR: u64 = 2;
+
+/// Option levels and names: Linux's values.
+pub mod opt {
+    pub const SOL_SOCKET: u64 = 1;
+    pub const IPPROTO_TCP: u64 = 6;
+    pub const SO_KEEPALIVE: u64 = 9;
+    pub const SO_RCVBUF: u64 = 8;
+    pub const SO_SNDBUF: u64 = 7;
+    pub const SO_ERROR: u64 = 4;
+    pub const SO_LINGER: u64 = 13;
+    pub const SO_REUSEADDR: u64 = 2;
+    pub const TCP_NODELAY: u64 = 1;
+    pub const TCP_MAXSEG: u64 = 2;
+    pub const TCP_INFO: u64 = 11;
+    pub const TCP_KEEPIDLE: u64 = 4;
+}
+
+// ---------------------------------------------------------------- socket slots
+
+pub const SLOT_SIZE: usize = 512;
+
+/// Offsets in a socket slot.
+pub mod slot {
+    /// [`super::SLOT_FREE`], [`super::SLOT_OPEN`] or [`super::SLOT_CLOSING`].
+    pub const STATE: usize = 0;
+    pub const KIND: usize = 4;
+    /// Readiness bits, `FLAG_*`.
+    pub const FLAGS: usize = 8;
+    /// A pending socket error (errno), for `SO_ERROR`.
+    pub const ERROR: usize = 12;
+    /// Bumped on every change of the flags or the rings (edge-triggered waiters).
+    pub const EVENTS: usize = 16;
+    /// Connections waiting to be accepted (listeners).
+    pub const ACCEPT_PENDING: usize = 20;
+    /// Bumped each time the slot is given out, so stale handles are caught.
+    pub const GEN: usize = 24;
+    /// The local address ([`super::SockAddr`], 28 bytes).
+    pub const LOCAL: usize = 64;
+    /// The peer's address.
+    pub const PEER: usize = 96;
+    /// Receive ring: the server's `prod` and `rx_armed` on one line, the client's
+    /// `cons` on the next.
+    pub const RX_PROD: usize = 128;
+    pub const RX_ARMED: usize = 136;
+    pub const RX_CONS: usize = 192;
+    /// Send ring: the client's `prod`, then the server's `cons` with `tx_armed`.
+    pub const TX_PROD: usize = 256;
+    pub const TX_CONS: usize = 320;
+    pub const TX_ARMED: usize = 328;
+    /// 128 bytes the server fills on request ([`super::TcpInfoAbi`]).
+    pub const INFO: usize = 384;
+    pub const INFO_LEN: usize = 128;
+}
+
+// The counters of each side sit on separate cache lines; tcp_info fits its area.
+const _: () = assert!(slot::RX_CONS - slot::RX_PROD >= CACHE_LINE);
+const _: () = assert!(slot::TX_CONS - slot::TX_PROD >= CACHE_LINE);
+const _: () = assert!(tcp_info::LEN <= slot::INFO_LEN);
+
+pub const SLOT_FREE: u32 = 0;
+pub const SLOT_OPEN: u32 = 1;
+/// Closed by the client; the server still sends what its send ring held.
+pub const SLOT_CLOSING: u32 = 2;
+
+/// Readable: the receive ring has bytes, or see the other flags.
+pub const FLAG_CONNECTED: u32 = 1 << 0;
+/// The peer closed its side: after the ring's bytes, reads return 0.
+pub const FLAG_RX_EOF: u32 = 1 << 1;
+/// The connection failed; `ERROR` holds the errno.
+pub const FLAG_ERROR: u32 = 1 << 2;
+/// The connection is over (closed, reset, timed out).
+pub const FLAG_HUP: u32 = 1 << 3;
+/// A listener has connections to accept.
+pub const FLAG_ACCEPTABLE: u32 = 1 << 4;
+/// The local side shut down writing.
+pub const FLAG_WR_SHUT: u32 = 1 << 5;
+/// A UDP or listening socket that is bound (local address valid).
+pub const FLAG_BOUND: u32 = 1 << 6;
+
+/// UDP records in a byte ring: a header, the payload, padding to 8 bytes. A record
+/// never wraps: a producer with too little room before the ring's end writes a
+/// header with `len == RECORD_PAD` to skip to the start.
+pub const RECORD_HEADER: usize = 40;
+pub const RECORD_PAD: u32 = u32::MAX;
+
+/// A UDP record's header: payload length, then the peer address (28 bytes).
+pub fn record_len(payload: usize) -> usize {
+    (RECORD_HEADER + payload).div_ceil(8) * 8
+}
+
+/// A socket address as the ABI carries it (28 bytes, like `sockaddr_in6`):
+/// family, port (host order), flow info, 16 address bytes (IPv4 in the first 4),
+/// scope id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SockAddr {
+    pub family: u16,
+    pub port: u16,
+    pub flowinfo: u32,
+    pub addr: [u8; 16],
+    pub scope_id: u32,
+}
+
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+impl SockAddr {
+    pub const LEN: usize = 28;
+
+    pub fn from_std(a: std::net::SocketAddr) -> SockAddr {
+        match a {
+            std::net::SocketAddr::V4(v4) => {
+                let mut addr = [0u8; 16];
+                addr[..4].copy_from_slice(&v4.ip().octets());
+                SockAddr {
+                    family: AF_INET,
+                    port: v4.port(),
+                    addr,
+                    ..Default::default()
+                }
+            }
+            std::net::SocketAddr::V6(v6) => SockAddr {
+                family: AF_INET6,
+                port: v6.port(),
+                flowinfo: v6.flowinfo(),
+                addr: v6.ip().octets(),
+                scope_id: v6.scope_id(),
+            },
+        }
+    }
+
+    /// `None` for an unknown family.
+    pub fn to_std(&self) -> Option<std::net::SocketAddr> {
+        match self.family {
+            AF_INET => {
+                let ip: [u8; 4] = self.addr[..4].try_into().ok()?;
+                Some(std::net::SocketAddr::from((ip, self.port)))
+            }
+            AF_INET6 => Some(std::net::SocketAddr::V6(std::net::SocketAddrV6::new(
+                self.addr.into(),
+                self.port,
+                self.flowinfo,
+                self.scope_id,
+            ))),
+            _ => None,
+        }
+    }
+
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..2].copy_from_slice(&self.family.to_le_bytes());
+        b[2..4].copy_from_slice(&self.port.to_le_bytes());
+        b[4..8].copy_from_slice(&self.flowinfo.to_le_bytes());
+        b[8..24].copy_from_slice(&self.addr);
+        b[24..28].copy_from_slice(&self.scope_id.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; Self::LEN]) -> SockAddr {
+        SockAddr {
+            family: u16::from_le_bytes([b[0], b[1]]),
+            port: u16::from_le_bytes([b[2], b[3]]),
+            flowinfo: u32::from_le_bytes(b[4..8].try_into().expect("4")),
+            addr: b[8..24].try_into().expect("16"),
+            scope_id: u32::from_le_bytes(b[24..28].try_into().expect("4")),
+        }
+    }
+
+    /// The address in four request arguments.
+    pub fn to_args(&self) -> [u64; 4] {
+        let b = self.to_bytes();
+        let mut a = [0u64; 4];
+        for (i, w) in a.iter_mut().enumerate() {
+            let mut x = [0u8; 8];
+            let end = (8 * i + 8).min(Self::LEN);
+            x[..end - 8 * i].copy_from_slice(&b[8 * i..end]);
+            *w = u64::from_le_bytes(x);
+        }
+        a
+    }
+
+    pub fn from_args(a: &[u64]) -> SockAddr {
+        let mut b = [0u8; Self::LEN];
+        for (i, w) in a.iter().take(4).enumerate() {
+            let x = w.to_le_bytes();
+            let end = (8 * i + 8).min(Self::LEN);
+            b[8 * i..end].copy_from_slice(&x[..end - 8 * i]);
+        }
+        SockAddr::from_bytes(&b)
+    }
+}
+
+/// The part of `tcp_info` the server writes into a slot's info area (all `u32`,
+/// little-endian, in this order). Times in microseconds.
+pub mod tcp_info {
+    pub const STATE: usize = 0;
+    pub const RTT_US: usize = 4;
+    pub const RTTVAR_US: usize = 8;
+    pub const RTO_US: usize = 12;
+    pub const SND_MSS: usize = 16;
+    pub const RCV_MSS: usize = 20;
+    pub const CWND: usize = 24;
+    pub const SSTHRESH: usize = 28;
+    pub const BYTES_IN_FLIGHT: usize = 32;
+    pub const TOTAL_RETRANS: usize = 36;
+    pub const SND_WND: usize = 40;
+    pub const RCV_WND: usize = 44;
+    pub const MIN_RTT_US: usize = 48;
+    pub const LEN: usize = 52;
+}
+
+/// The errno values the ABI uses (Linux's).
+pub mod errno {
+    pub const EPERM: i64 = 1;
+    pub const EINTR: i64 = 4;
+    pub const EBADF: i64 = 9;
+    pub const EAGAIN: i64 = 11;
+    pub const ENOMEM: i64 = 12;
+    pub const EFAULT: i64 = 14;
+    pub const EINVAL: i64 = 22;
+    pub const EMFILE: i64 = 24;
+    pub const EPIPE: i64 = 32;
+    pub const ENOSYS: i64 = 38;
+    pub const ENOTSOCK: i64 = 88;
+    pub const EMSGSIZE: i64 = 90;
+    pub const ENOPROTOOPT: i64 = 92;
+    pub const EOPNOTSUPP: i64 = 95;
+    pub const EADDRINUSE: i64 = 98;
+    pub const EADDRNOTAVAIL: i64 = 99;
+    pub const ENETDOWN: i64 = 100;
+    pub const ENETUNREACH: i64 = 101;
+    pub const ECONNABORTED: i64 = 103;
+    pub const ECONNRESET: i64 = 104;
+    pub const ENOBUFS: i64 = 105;
+    pub const EISCONN: i64 = 106;
+    pub const ENOTCONN: i64 = 107;
+    pub const ETIMEDOUT: i64 = 110;
+    pub const ECONNREFUSED: i64 = 111;
+    pub const EHOSTUNREACH: i64 = 113;
+    pub const EALREADY: i64 = 114;
+    pub const EINPROGRESS: i64 = 115;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_page_aligned_and_rejects_bad_geometry() {
+        let l = Layout::new(Geometry::default()).unwrap();
+        for off in [l.sq_off, l.cq_off, l.slots_off, l.data_off] {
+            assert_eq!(off % PAGE, 0);
+        }
+        assert!(l.cq_off >= l.sq_off + 256 * REQUEST_SIZE);
+        assert_eq!(l.tx_data(3) - l.rx_data(3), 256 * 1024);
+        assert_eq!(l.total_len, l.data_off + 256 * 2 * 256 * 1024);
+        for g in [
+            Geometry {
+                sq_entries: 3,
+                ..Default::default()
+            },
+            Geometry {
+                ring_bytes: 1000,
+                ..Default::default()
+            },
+            Geometry {
+                max_sockets: 0,
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(Layout::new(g), Err(BadGeometry));
+        }
+    }
+
+    #[test]
+    fn requests_completions_and_addresses_round_trip() {
+        let r = Request {
+            op: op::CONNECT,
+            flags: 3,
+            slot: 7,
+            tag: 0x1122_3344_5566_7788,
+            args: [1, 2, 3, 4, 5, u64::MAX],
+        };
+        assert_eq!(Request::from_bytes(&r.to_bytes()), r);
+        let c = Completion {
+            tag: 9,
+            result: -errno::ECONNREFUSED,
+            aux: [1, 2],
+        };
+        assert_eq!(Completion::from_bytes(&c.to_bytes()), c);
+        for a in ["10.1.2.3:80", "[fd00::1]:443", "[fe80::1%3]:9"] {
+            let sa: std::net::SocketAddr = a.parse().unwrap();
+            let x = SockAddr::from_std(sa);
+            assert_eq!(x.to_std(), Some(sa));
+            assert_eq!(SockAddr::from_args(&x.to_args()), x);
+        }
+        assert_eq!(SockAddr::default().to_std(), None);
+    }
+
+    #[test]
+    fn slot_words_do_not_overlap_and_fit() {
+        let words = [
+            (slot::STATE, 4),
+            (slot::KIND, 4),
+            (slot::FLAGS, 4),
+            (slot::ERROR, 4),
+            (slot::EVENTS, 4),
+            (slot::ACCEPT_PENDING, 4),
+            (slot::GEN, 4),
+            (slot::LOCAL, 28),
+            (slot::PEER, 28),
+            (slot::RX_PROD, 8),
+            (slot::RX_ARMED, 4),
+            (slot::RX_CONS, 8),
+            (slot::TX_PROD, 8),
+            (slot::TX_CONS, 8),
+            (slot::TX_ARMED, 4),
+            (slot::INFO, slot::INFO_LEN),
+        ];
+        for (i, &(a, al)) in words.iter().enumerate() {
+            assert!(a + al <= SLOT_SIZE);
+            for &(b, bl) in &words[i + 1..] {
+                assert!(a + al <= b || b + bl <= a, "{a} and {b} overlap");
+            }
+        }
+    }
+}

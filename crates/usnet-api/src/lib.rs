@@ -1,0 +1,51 @@
+//! The socket calls usnet's built-in services (echo, discard, chargen, HTTP) need, as
+//! one non-blocking, handle-based trait. The sans-IO `Stack` implements it (a service
+//! in a process's own poll loop), and so does a stack server client
+//! (`usnet_client::ClientNet`: the same service as an ordinary client of `usnet up`).
+//! Errors are `io::Error`s with the Linux errno; `WouldBlock` means "not now".
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A socket, as the implementation names it.
+pub type Handle = u64;
+
+/// Readiness of one socket, as `poll(2)` would report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readiness {
+    pub readable: bool,
+    pub writable: bool,
+    /// The connection is over (closed, reset, timed out).
+    pub closed: bool,
+    /// The handshake completed.
+    pub connected: bool,
+}
+
+/// Non-blocking socket calls.
+pub trait SocketApi {
+    /// Monotonic time (for idle and progress timeouts).
+    fn now(&self) -> Duration;
+
+    fn tcp_listen(&mut self, addr: SocketAddr, backlog: usize) -> io::Result<Handle>;
+    /// A completed connection, or `WouldBlock`.
+    fn tcp_accept(&mut self, listener: Handle) -> io::Result<Handle>;
+    /// Bytes taken (`WouldBlock` when the send buffer is full).
+    fn tcp_send(&mut self, h: Handle, data: &[u8]) -> io::Result<usize>;
+    /// Bytes read; `Ok(0)` at end of stream; `WouldBlock` when nothing is there yet.
+    fn tcp_recv(&mut self, h: Handle, buf: &mut [u8]) -> io::Result<usize>;
+    fn tcp_shutdown_write(&mut self, h: Handle) -> io::Result<()>;
+    fn tcp_set_nodelay(&mut self, h: Handle, on: bool) -> io::Result<()>;
+    /// Orderly close (queued bytes still go out).
+    fn tcp_close(&mut self, h: Handle) -> io::Result<()>;
+    /// Abortive close (RST).
+    fn tcp_abort(&mut self, h: Handle) -> io::Result<()>;
+
+    fn udp_bind(&mut self, addr: SocketAddr) -> io::Result<Handle>;
+    fn udp_send_to(&mut self, h: Handle, data: &[u8], to: SocketAddr) -> io::Result<usize>;
+    fn udp_recv_from(&mut self, h: Handle, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)>;
+
+    fn readiness(&self, h: Handle) -> io::Result<Readiness>;
+    /// Closes a socket of any kind.
+    fn close(&mut self, h: Handle) -> io::Result<()>;
+}

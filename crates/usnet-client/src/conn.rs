@@ -1,0 +1,360 @@
+//! The client's half of a session: submitting requests, collecting completions,
+//! waiting on the client bell, ringing the server, and noticing that the server died.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use usnet_abi::{errno, hdr, Completion, Request, BELL_EVENTFD};
+use usnet_session::{ServerPage, Session};
+use usnet_shm::spsc::{Consumer, Producer};
+use usnet_shm::FutexBell;
+
+/// How long one sleep lasts before the client looks at the server's liveness.
+pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+/// How often a read or write that does not sleep looks at the control connection (a
+/// system call): a server that died is noticed by the first call after this.
+const PROBE_EVERY: Duration = Duration::from_millis(10);
+
+struct Submit {
+    sq: Producer,
+    next_tag: u64,
+}
+
+struct Completions {
+    cq: Consumer,
+    done: HashMap<u64, Completion>,
+    /// Tags nobody waits for (a close from a destructor): dropped on arrival.
+    discard: HashSet<u64>,
+}
+
+/// A live session with a stack server.
+pub(crate) struct Conn {
+    pub mem: Session,
+    page: ServerPage,
+    server_efd: Option<OwnedFd>,
+    ctl: UnixStream,
+    bell: FutexBell,
+    submit: Mutex<Submit>,
+    comp: Mutex<Completions>,
+    dead: AtomicBool,
+    /// When [`Conn::check_alive`] last probed the control connection (ns since
+    /// `epoch`).
+    epoch: Instant,
+    last_probe: AtomicU64,
+    pub stack_name: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn proto(m: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, m.to_string())
+}
+
+/// The server refused to attach us, for the reason it gave.
+fn refused(why: &str) -> io::Error {
+    let kind = if why.contains("permission denied") {
+        io::ErrorKind::PermissionDenied
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(kind, format!("attach refused: {why}"))
+}
+
+pub(crate) fn errno_err(e: i64) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// The server is gone.
+pub(crate) fn down() -> io::Error {
+    errno_err(errno::ENETDOWN)
+}
+
+impl Conn {
+    /// Connects to the control socket at `path` and attaches a session.
+    pub fn attach(path: &Path, name: &str, opts: &crate::AttachOptions) -> io::Result<Conn> {
+        let ctl = UnixStream::connect(path)?;
+        ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let command = std::env::args()
+            .next()
+            .and_then(|a| {
+                Path::new(&a)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "?".into());
+        let mut req = serde_json::json!({
+            "cmd": "attach", "pid": std::process::id(), "command": command,
+        });
+        if let Some(r) = opts.ring_bytes {
+            req["ring_bytes"] = r.into();
+        }
+        if let Some(m) = opts.max_sockets {
+            req["max_sockets"] = m.into();
+        }
+        let mut line = serde_json::to_string(&req).expect("json");
+        line.push('\n');
+        use std::io::{Read, Write};
+        if let Err(e) = (&ctl).write_all(line.as_bytes()) {
+            // The server refuses a peer it does not admit before reading its request,
+            // and closes: its answer, already on the way, says why.
+            let mut buf = [0u8; 512];
+            if let Ok(n) = (&ctl).read(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                let reply =
+                    serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap_or(""));
+                if let Some(m) = reply
+                    .ok()
+                    .and_then(|r| r["error"].as_str().map(String::from))
+                {
+                    return Err(refused(&m));
+                }
+            }
+            return Err(e);
+        }
+        let mut buf = vec![0u8; 4096];
+        let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
+        if n == 0 {
+            return Err(proto("the stack closed the control connection"));
+        }
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let first = text.lines().next().unwrap_or("");
+        let reply: serde_json::Value =
+            serde_json::from_str(first).map_err(|e| proto(&format!("attach reply: {e}")))?;
+        if let Some(e) = reply["error"].as_str() {
+            return Err(refused(e));
+        }
+        let mut fds = fds.into_iter();
+        let (Some(mem_fd), Some(page_fd)) = (fds.next(), fds.next()) else {
+            return Err(proto("attach reply without its memory"));
+        };
+        let mem = Session::attach(mem_fd)?;
+        let page = ServerPage::attach(page_fd)?;
+        let server_efd = if page.bell_kind() == BELL_EVENTFD {
+            Some(
+                fds.next()
+                    .ok_or_else(|| proto("attach reply without the server's eventfd"))?,
+            )
+        } else {
+            None
+        };
+        let region = mem.region().clone();
+        let sq = Producer::attach(region.clone(), mem.sq()).map_err(|e| proto(&e.to_string()))?;
+        let cq =
+            Consumer::attach_discarding(region, mem.cq()).map_err(|e| proto(&e.to_string()))?;
+        ctl.set_nonblocking(true)?;
+        let bell = mem.client_bell();
+        Ok(Conn {
+            mem,
+            page,
+            server_efd,
+            ctl,
+            bell,
+            submit: Mutex::new(Submit { sq, next_tag: 1 }),
+            comp: Mutex::new(Completions {
+                cq,
+                done: HashMap::new(),
+                discard: HashSet::new(),
+            }),
+            dead: AtomicBool::new(false),
+            epoch: Instant::now(),
+            last_probe: AtomicU64::new(0),
+            stack_name: name.to_string(),
+        })
+    }
+
+    /// Whether the server is gone (it said so, or its end of the control connection
+    /// closed).
+    pub fn is_dead(&self) -> bool {
+        if self.dead.load(Relaxed) {
+            return true;
+        }
+        let gone = self.mem.word(hdr::SERVER_GONE).load(Acquire) != 0 || {
+            let mut p = libc::pollfd {
+                fd: self.ctl.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, the control stream alive for the call.
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
+            n > 0
+                && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN) != 0
+        };
+        if gone {
+            self.dead.store(true, Relaxed);
+            // Wake every thread of ours that sleeps on the bell.
+            self.bell.ring();
+        }
+        gone
+    }
+
+    /// `ENETDOWN` once the server is gone; cheap enough for every read and write: a
+    /// flag and the header's `SERVER_GONE` word each time, the control connection (a
+    /// `poll`) at most every [`PROBE_EVERY`]. A server killed with SIGKILL writes no
+    /// `SERVER_GONE`; its control connection closes with it.
+    pub fn check_alive(&self) -> io::Result<()> {
+        if self.dead.load(Relaxed) || self.mem.word(hdr::SERVER_GONE).load(Acquire) != 0 {
+            self.is_dead();
+            return Err(down());
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let last = self.last_probe.load(Relaxed);
+        if now.saturating_sub(last) >= PROBE_EVERY.as_nanos() as u64 {
+            self.last_probe.store(now, Relaxed);
+            if self.is_dead() {
+                return Err(down());
+            }
+        }
+        Ok(())
+    }
+
+    /// Rings the server if it announced that it may sleep.
+    pub fn ring_server(&self) {
+        fence(SeqCst);
+        if self.mem.word(hdr::SERVER_ASLEEP).load(Relaxed) == 0 {
+            return;
+        }
+        match &self.server_efd {
+            Some(fd) => {
+                let one = 1u64.to_ne_bytes();
+                // SAFETY: writes 8 bytes from a live buffer to our eventfd.
+                let _ = unsafe { libc::write(fd.as_fd().as_raw_fd(), one.as_ptr().cast(), 8) };
+            }
+            None => self.page.bell().ring(),
+        }
+    }
+
+    /// Queues a request (waiting for room in the submission ring) and rings the
+    /// server. Returns its tag.
+    pub fn post(&self, mut req: Request, discard: bool) -> io::Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Completions nobody waits for (closes from destructors) must not fill the
+        // completion ring: collect what arrived on every post.
+        self.collect();
+        loop {
+            if self.is_dead() {
+                return Err(down());
+            }
+            {
+                let mut s = lock(&self.submit);
+                if let Some(k) = s.sq.reserve() {
+                    req.tag = s.next_tag;
+                    s.next_tag += 1;
+                    if discard {
+                        lock(&self.comp).discard.insert(req.tag);
+                    }
+                    self.mem.write_request(k, &req);
+                    s.sq.commit();
+                    s.sq.publish();
+                    drop(s);
+                    self.ring_server();
+                    return Ok(req.tag);
+                }
+            }
+            // Full: the server has not caught up. Nudge it and wait a little.
+            self.ring_server();
+            if Instant::now() > deadline {
+                return Err(errno_err(errno::EAGAIN));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Moves arrived completions into the table.
+    fn collect(&self) {
+        let mut c = lock(&self.comp);
+        let Ok(n) = c.cq.available() else {
+            return;
+        };
+        for k in 0..n {
+            let x = self.mem.read_completion(c.cq.slot(k));
+            if !c.discard.remove(&x.tag) {
+                c.done.insert(x.tag, x);
+            }
+        }
+        c.cq.consume(n);
+        c.cq.release();
+    }
+
+    /// Waits for the completion of `tag`.
+    pub fn wait(&self, tag: u64) -> io::Result<Completion> {
+        loop {
+            let seen = self.bell.seq();
+            self.collect();
+            if let Some(c) = lock(&self.comp).done.remove(&tag) {
+                return Ok(c);
+            }
+            if self.is_dead() {
+                return Err(down());
+            }
+            let ready = || {
+                self.collect();
+                lock(&self.comp).done.contains_key(&tag)
+            };
+            self.bell.sleep(seen, ready, LIVENESS_SLICE);
+        }
+    }
+
+    /// A request and its result: the value, or the errno as an error.
+    pub fn call(&self, req: Request) -> io::Result<(u64, [u64; 2])> {
+        let tag = self.post(req, false)?;
+        let c = self.wait(tag)?;
+        if c.result < 0 {
+            Err(errno_err(-c.result))
+        } else {
+            Ok((c.result as u64, c.aux))
+        }
+    }
+
+    pub fn bell_seq(&self) -> u32 {
+        self.bell.seq()
+    }
+
+    /// Sleeps until the bell moves from `seen` (the server changed something in the
+    /// session) or `timeout` passes.
+    pub fn sleep_bell(&self, seen: u32, timeout: Duration) -> io::Result<()> {
+        if self.is_dead() {
+            return Err(down());
+        }
+        self.collect();
+        self.bell
+            .sleep(seen, || false, timeout.min(LIVENESS_SLICE * 4));
+        Ok(())
+    }
+
+    /// Sleeps until `ready` holds or `deadline` passes (then false). The server rings
+    /// the bell after every change it makes to this session.
+    pub fn wait_until(
+        &self,
+        deadline: Option<Instant>,
+        mut ready: impl FnMut() -> bool,
+    ) -> io::Result<bool> {
+        loop {
+            let seen = self.bell.seq();
+            if ready() {
+                return Ok(true);
+            }
+            if self.is_dead() {
+                return Err(down());
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(false);
+                    }
+                    (d - now).min(LIVENESS_SLICE)
+                }
+                None => LIVENESS_SLICE,
+            };
+            self.bell.sleep(seen, &mut ready, left);
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Use a usnet stack server from another process. `Client::attach("usnet0")` (or
+//! [`Client::from_env`], reading `USNET_STACK`) connects to a running `usnet up` and
+//! maps a session; [`TcpListener`], [`TcpStream`] and [`UdpSocket`] are shaped like
+//! std's (blocking `Read`/`Write`, non-blocking mode, timeouts, options, `tcp_info`)
+//! and like `usnet-runtime`'s in-process types, so code moves between the two by
+//! changing the line that gets the stack; [`Poller`] waits on many sockets at once
+//! (register, modify, deregister; level- or edge-triggered).
+//!
+//! Calls that change a socket (socket, bind, listen, accept, connect, close, options)
+//! travel as requests through the session's submission ring; bytes do not: a write
+//! copies into the socket's send ring in shared memory and a read copies out of its
+//! receive ring, and the server moves them between the rings and its TCP/UDP engine.
+//! Readiness is read from the socket's slot, where the server keeps it current. Any
+//! thread may use any socket. When the server dies, every blocked or later call fails
+//! with `ENETDOWN` within a fraction of a second.
+
+mod conn;
+mod net;
+mod poll;
+mod sock;
+mod socket;
+mod tcp;
+mod udp;
+
+use std::io;
+use std::sync::Arc;
+
+use usnet_session::ctl::{resolve, ControlError};
+
+pub use net::ClientNet;
+pub use poll::{Event, Interest, Mode, Poller, Source, Token};
+pub use sock::dont_wait;
+pub use socket::{Socket, SocketKind};
+pub use tcp::{TcpInfo, TcpListener, TcpStream};
+pub use udp::UdpSocket;
+
+use conn::Conn;
+
+/// An attached session with a stack server; cloning gives another handle to it.
+#[derive(Clone)]
+pub struct Client {
+    conn: Arc<Conn>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("stack", &self.conn.stack_name)
+            .field("session", &self.conn.mem.id())
+            .finish()
+    }
+}
+
+/// Options of an attach.
+#[derive(Debug, Clone, Default)]
+pub struct AttachOptions {
+    /// Bytes per socket ring (a power of two; the server's size is the most).
+    pub ring_bytes: Option<u32>,
+    /// Sockets this client may hold at once (the server's quota is the most).
+    pub max_sockets: Option<u32>,
+}
+
+impl Client {
+    /// Attaches to the stack named `name` (`usnet up --name`, or the interface name).
+    pub fn attach(name: &str) -> io::Result<Client> {
+        Self::attach_with(Some(name), &AttachOptions::default())
+    }
+
+    /// Attaches to the stack named in `USNET_STACK`, or to the only one running.
+    pub fn from_env() -> io::Result<Client> {
+        let name = std::env::var("USNET_STACK").ok();
+        Self::attach_with(name.as_deref(), &AttachOptions::default())
+    }
+
+    pub fn attach_with(name: Option<&str>, opts: &AttachOptions) -> io::Result<Client> {
+        let path = resolve(name).map_err(|e| match e {
+            ControlError::Io(e) => e,
+            e => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
+        })?;
+        let label = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let conn = Conn::attach(&path, &label, opts)?;
+        Ok(Client {
+            conn: Arc::new(conn),
+        })
+    }
+
+    /// The session's number at the server (shown by `usnet stat`).
+    pub fn session_id(&self) -> u32 {
+        self.conn.mem.id()
+    }
+
+    /// Whether the server is still there.
+    pub fn is_alive(&self) -> bool {
+        !self.conn.is_dead()
+    }
+
+    /// One request/response round trip through the server (a measure of the call
+    /// cost).
+    pub fn nop(&self) -> io::Result<()> {
+        self.conn
+            .call(usnet_abi::Request {
+                op: usnet_abi::op::NOP,
+                ..Default::default()
+            })
+            .map(|_| ())
+    }
+}

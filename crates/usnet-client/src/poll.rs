@@ -1,0 +1,245 @@
+//! Waiting on many sockets at once, like epoll: register a socket with a token and an
+//! interest, then `wait` for events. Level-triggered by default; edge-triggered
+//! registrations report a socket again only after its state changed (the server bumps
+//! a per-socket event counter on every change). Readiness is read from the sockets'
+//! slots; the wait sleeps on the session's bell, which the server rings after it
+//! changed anything in the session.
+
+use std::collections::HashMap;
+use std::io;
+use std::time::{Duration, Instant};
+
+use std::sync::atomic::Ordering::Acquire;
+use std::sync::Arc;
+
+use usnet_abi::{
+    slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF, KIND_UDP, SLOT_OPEN,
+};
+
+use crate::conn::Conn;
+use crate::sock::Sock;
+use crate::{TcpListener, TcpStream, UdpSocket};
+
+/// The caller's name for a registration.
+pub type Token = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interest {
+    pub readable: bool,
+    pub writable: bool,
+}
+
+impl Interest {
+    pub const READABLE: Interest = Interest {
+        readable: true,
+        writable: false,
+    };
+    pub const WRITABLE: Interest = Interest {
+        readable: false,
+        writable: true,
+    };
+    pub const BOTH: Interest = Interest {
+        readable: true,
+        writable: true,
+    };
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Level,
+    Edge,
+}
+
+/// One ready socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub token: Token,
+    pub readable: bool,
+    pub writable: bool,
+    /// Hung up or failed (reads return 0 or the error).
+    pub closed: bool,
+}
+
+mod sealed {
+    /// Sockets a poller can watch (sealed: only this crate's socket types).
+    pub trait Sealed {
+        fn sock(&self) -> &crate::sock::Sock;
+    }
+}
+
+/// Something a poller can watch: [`TcpStream`], [`TcpListener`], [`UdpSocket`].
+pub trait Source: sealed::Sealed {}
+
+impl sealed::Sealed for TcpStream {
+    fn sock(&self) -> &Sock {
+        &self.sock
+    }
+}
+impl Source for TcpStream {}
+
+impl sealed::Sealed for TcpListener {
+    fn sock(&self) -> &Sock {
+        &self.sock
+    }
+}
+impl Source for TcpListener {}
+
+impl sealed::Sealed for UdpSocket {
+    fn sock(&self) -> &Sock {
+        &self.sock
+    }
+}
+impl Source for UdpSocket {}
+
+struct Reg {
+    conn: Arc<Conn>,
+    slot: u32,
+    gen: u32,
+    interest: Interest,
+    mode: Mode,
+    /// Edge mode: the event counter when last reported.
+    seen: Option<u32>,
+}
+
+/// An epoll-like readiness poller over one client's sockets.
+#[derive(Default)]
+pub struct Poller {
+    regs: HashMap<Token, Reg>,
+}
+
+/// A registration's readiness, read from its slot in shared memory (the ring
+/// counters give what is queued each way): (readable, writable, closed, events).
+/// `None` once the slot was closed or given to another socket.
+fn readiness(r: &Reg) -> Option<(bool, bool, bool, u32)> {
+    let m = &r.conn.mem;
+    let w = |off| m.slot_word(r.slot, off).load(Acquire);
+    if w(slot::GEN) != r.gen || w(slot::STATE) != SLOT_OPEN {
+        return None;
+    }
+    let q = |prod, cons| {
+        let p = m.slot_u64(r.slot, prod).load(Acquire);
+        let c = m.slot_u64(r.slot, cons).load(Acquire);
+        p.wrapping_sub(c)
+    };
+    let events = w(slot::EVENTS);
+    let f = w(slot::FLAGS);
+    let closed = f & (FLAG_HUP | FLAG_ERROR) != 0;
+    let rx_queued = q(slot::RX_PROD, slot::RX_CONS);
+    let tx_queued = q(slot::TX_PROD, slot::TX_CONS);
+    let size = m.geometry().ring_bytes as u64;
+    let readable = rx_queued > 0 || f & (FLAG_RX_EOF | FLAG_ACCEPTABLE) != 0 || closed;
+    let can_send = f & FLAG_CONNECTED != 0 || w(slot::KIND) as u64 == KIND_UDP;
+    let writable = closed || (can_send && tx_queued < size);
+    Some((readable, writable, closed, events))
+}
+
+impl Reg {
+    /// The event to report now, if any (edge mode: only after a change).
+    fn check(&self, token: Token) -> Option<(Event, u32)> {
+        let (r, w, closed, ev) = readiness(self)?;
+        if self.mode == Mode::Edge && self.seen == Some(ev) {
+            return None;
+        }
+        let r = r && self.interest.readable;
+        let w = w && self.interest.writable;
+        (r || w || closed).then_some((
+            Event {
+                token,
+                readable: r,
+                writable: w,
+                closed,
+            },
+            ev,
+        ))
+    }
+}
+
+impl Poller {
+    pub fn new() -> Poller {
+        Poller::default()
+    }
+
+    /// Registrations held.
+    pub fn len(&self) -> usize {
+        self.regs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.regs.is_empty()
+    }
+
+    pub fn register(
+        &mut self,
+        src: &dyn Source,
+        token: Token,
+        interest: Interest,
+        mode: Mode,
+    ) -> io::Result<()> {
+        if self.regs.contains_key(&token) {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        let s = src.sock();
+        self.regs.insert(
+            token,
+            Reg {
+                conn: s.conn.clone(),
+                slot: s.slot,
+                gen: s.word(slot::GEN),
+                interest,
+                mode,
+                seen: None,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn modify(&mut self, token: Token, interest: Interest, mode: Mode) -> io::Result<()> {
+        let r = self.regs.get_mut(&token).ok_or(io::ErrorKind::NotFound)?;
+        r.interest = interest;
+        r.mode = mode;
+        r.seen = None;
+        Ok(())
+    }
+
+    pub fn deregister(&mut self, token: Token) -> io::Result<()> {
+        self.regs
+            .remove(&token)
+            .map(|_| ())
+            .ok_or_else(|| io::ErrorKind::NotFound.into())
+    }
+
+    /// Waits until a registered socket is ready or `timeout` passes, appends the ready
+    /// ones to `events` and returns how many. A closed socket's registration stays
+    /// until deregistered and reports nothing.
+    pub fn wait(
+        &mut self,
+        events: &mut Vec<Event>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let before = events.len();
+            for (&token, reg) in self.regs.iter_mut() {
+                if let Some((e, ev)) = reg.check(token) {
+                    reg.seen = Some(ev);
+                    events.push(e);
+                }
+            }
+            if events.len() > before {
+                return Ok(events.len() - before);
+            }
+            let Some(conn) = self.regs.values().next().map(|r| r.conn.clone()) else {
+                // Nothing registered: just wait out the timeout.
+                if let Some(t) = timeout {
+                    std::thread::sleep(t);
+                }
+                return Ok(0);
+            };
+            let regs = &self.regs;
+            let any = || regs.iter().any(|(&t, r)| r.check(t).is_some());
+            if !conn.wait_until(deadline, any)? {
+                return Ok(0);
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! What every client socket shares: its slot in the session, the client's ends of its
+//! two byte rings, blocking and timeouts, and the kick protocol that tells the server
+//! when a ring it stopped watching has work again.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, SLOT_OPEN};
+use usnet_shm::{ByteConsumer, ByteProducer};
+
+use crate::conn::{errno_err, Conn};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[doc(hidden)]
+pub struct Sock {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) slot: u32,
+    gen: u32,
+    rx: Mutex<ByteConsumer>,
+    tx: Mutex<ByteProducer>,
+    nonblocking: AtomicBool,
+    read_timeout: Mutex<Option<Duration>>,
+    write_timeout: Mutex<Option<Duration>>,
+    closed: AtomicBool,
+}
+
+thread_local! {
+    static DONT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every socket call of this thread non-blocking (`MSG_DONTWAIT`).
+pub fn dont_wait<R>(f: impl FnOnce() -> R) -> R {
+    let before = DONT_WAIT.with(|d| d.replace(true));
+    let r = f();
+    DONT_WAIT.with(|d| d.set(before));
+    r
+}
+
+/// A ring counter the server says is impossible: our memory was scribbled on.
+fn corrupt() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "socket ring corrupt")
+}
+
+impl Sock {
+    /// A new socket of `kind` (`usnet_abi::KIND_*`).
+    pub(crate) fn open(conn: &Arc<Conn>, kind: u64) -> io::Result<Sock> {
+        let (slot, _) = conn.call(Request {
+            op: op::SOCKET,
+            args: [kind, 0, 0, 0, 0, 0],
+            ..Default::default()
+        })?;
+        Self::from_slot(conn, slot as u32)
+    }
+
+    /// The socket the server put in `slot` (a new one, or an accepted connection).
+    pub(crate) fn from_slot(conn: &Arc<Conn>, slot: u32) -> io::Result<Sock> {
+        if !conn.mem.valid_slot(slot) {
+            return Err(errno_err(errno::EBADF));
+        }
+        let region = conn.mem.region().clone();
+        let rx = ByteConsumer::attach(region.clone(), conn.mem.rx_ring(slot))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let tx = ByteProducer::attach(region, conn.mem.tx_ring(slot))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(Sock {
+            gen: conn.mem.slot_word(slot, slot::GEN).load(Acquire),
+            conn: conn.clone(),
+            slot,
+            rx: Mutex::new(rx),
+            tx: Mutex::new(tx),
+            nonblocking: AtomicBool::new(false),
+            read_timeout: Mutex::new(None),
+            write_timeout: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn word(&self, off: usize) -> u32 {
+        self.conn.mem.slot_word(self.slot, off).load(Acquire)
+    }
+
+    pub(crate) fn flags(&self) -> u32 {
+        self.word(slot::FLAGS)
+    }
+
+    /// Still ours (not closed and given to another socket by the server).
+    fn live(&self) -> io::Result<()> {
+        if self.closed.load(Relaxed)
+            || self.word(slot::GEN) != self.gen
+            || self.word(slot::STATE) != SLOT_OPEN
+        {
+            return Err(errno_err(errno::EBADF));
+        }
+        Ok(())
+    }
+
+    /// The socket's failure, if it failed (does not clear it; see `take_error`).
+    pub(crate) fn failure(&self) -> Option<io::Error> {
+        if self.flags() & FLAG_ERROR == 0 {
+            return None;
+        }
+        let e = self.word(slot::ERROR);
+        Some(errno_err(if e == 0 { errno::ECONNRESET } else { e as i64 }))
+    }
+
+    pub(crate) fn request(&self, op: u16, args: [u64; 6]) -> Request {
+        Request {
+            op,
+            slot: self.slot,
+            args,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn call(&self, op: u16, args: [u64; 6]) -> io::Result<u64> {
+        self.live()?;
+        self.conn.call(self.request(op, args)).map(|(v, _)| v)
+    }
+
+    pub(crate) fn addr(&self, which: usize) -> io::Result<SocketAddr> {
+        self.conn
+            .mem
+            .slot_addr(self.slot, which)
+            .to_std()
+            .ok_or_else(|| errno_err(errno::ENOTCONN))
+    }
+
+    pub(crate) fn set_nonblocking(&self, nb: bool) {
+        self.nonblocking.store(nb, Relaxed);
+    }
+
+    pub(crate) fn nonblocking(&self) -> bool {
+        self.nonblocking.load(Relaxed)
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
+        }
+        *lock(&self.read_timeout) = t;
+        Ok(())
+    }
+
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
+        }
+        *lock(&self.write_timeout) = t;
+        Ok(())
+    }
+
+    pub(crate) fn read_deadline(&self) -> Option<Instant> {
+        lock(&self.read_timeout).map(|t| Instant::now() + t)
+    }
+
+    pub(crate) fn write_deadline(&self) -> Option<Instant> {
+        lock(&self.write_timeout).map(|t| Instant::now() + t)
+    }
+
+    /// Waits until `ready` holds; `WouldBlock` when non-blocking (the socket, or this
+    /// call through [`dont_wait`]) or at the deadline.
+    pub(crate) fn block(
+        &self,
+        deadline: Option<Instant>,
+        ready: impl FnMut() -> bool,
+    ) -> io::Result<()> {
+        if self.nonblocking() || DONT_WAIT.with(|d| d.get()) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        if self.conn.wait_until(deadline, ready)? {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+    }
+
+    // ------------------------------------------------------------ receive ring
+
+    /// Bytes in the receive ring.
+    pub(crate) fn rx_ready(&self) -> usize {
+        lock(&self.rx).available().unwrap_or(0)
+    }
+
+    /// Copies from the receive ring; 0 when it is empty.
+    pub(crate) fn rx_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut rx = lock(&self.rx);
+        let n = rx.available().map_err(|_| corrupt())?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let k = rx.read(buf);
+        rx.release();
+        drop(rx);
+        self.kick(slot::RX_ARMED, op::RX_KICK);
+        Ok(k)
+    }
+
+    /// Runs `f` on the receive ring's consumer (UDP records), then kicks.
+    pub(crate) fn with_rx<R>(&self, f: impl FnOnce(&mut ByteConsumer) -> R) -> R {
+        let mut rx = lock(&self.rx);
+        let r = f(&mut rx);
+        let released = rx.release();
+        drop(rx);
+        if released {
+            self.kick(slot::RX_ARMED, op::RX_KICK);
+        }
+        r
+    }
+
+    // ------------------------------------------------------------ send ring
+
+    /// Room in the send ring.
+    pub(crate) fn tx_room(&self) -> usize {
+        lock(&self.tx).free().unwrap_or(0)
+    }
+
+    /// Copies into the send ring; 0 when it is full.
+    pub(crate) fn tx_write(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut tx = lock(&self.tx);
+        let free = tx.free().map_err(|_| corrupt())?;
+        if free == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = tx.push(buf);
+        tx.publish();
+        drop(tx);
+        self.kick(slot::TX_ARMED, op::TX_KICK);
+        Ok(n)
+    }
+
+    /// Runs `f` on the send ring's producer (UDP records), publishes, then kicks.
+    pub(crate) fn with_tx<R>(&self, f: impl FnOnce(&mut ByteProducer) -> R) -> R {
+        let mut tx = lock(&self.tx);
+        let r = f(&mut tx);
+        let published = tx.publish();
+        drop(tx);
+        if published {
+            self.kick(slot::TX_ARMED, op::TX_KICK);
+        }
+        r
+    }
+
+    /// The kick protocol: after publishing (or consuming), a fence, then take the
+    /// server's "not watching" mark; if it was set, tell the server (usnet_shm::arm).
+    fn kick(&self, armed: usize, op: u16) {
+        if usnet_shm::arm::take(self.conn.mem.slot_word(self.slot, armed)) {
+            let _ = self.conn.post(self.request(op, [0; 6]), false);
+        }
+    }
+
+    /// Closed, reset or failed: nothing more will come or go.
+    pub(crate) fn hung_up(&self) -> bool {
+        self.flags() & (FLAG_HUP | FLAG_ERROR) != 0
+    }
+
+    /// Closes the socket (bytes already in the send ring still go out).
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, AcqRel) {
+            return;
+        }
+        if self.word(slot::GEN) == self.gen {
+            let _ = self.conn.post(self.request(op::CLOSE, [0; 6]), true);
+        }
+    }
+}
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

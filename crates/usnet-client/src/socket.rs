@@ -1,0 +1,78 @@
+//! A socket before it is a listener, a stream or a bound datagram socket, as
+//! `socket(2)` returns it: bind it, then listen or connect (TCP), or use it for
+//! datagrams (UDP). The POSIX layer (`usnet-posix`) builds `socket`/`bind`/`listen`/
+//! `connect` on this; Rust code normally uses the typed constructors instead.
+
+use std::io;
+use std::net::SocketAddr;
+
+use usnet_abi::{op, slot, SockAddr, KIND_TCP, KIND_UDP};
+
+use crate::sock::Sock;
+use crate::{Client, TcpListener, TcpStream, UdpSocket};
+
+/// What a [`Socket`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketKind {
+    Tcp,
+    Udp,
+}
+
+/// A fresh socket at the server.
+pub struct Socket {
+    sock: Sock,
+    kind: SocketKind,
+}
+
+impl Socket {
+    pub fn new(client: &Client, kind: SocketKind) -> io::Result<Socket> {
+        let k = match kind {
+            SocketKind::Tcp => KIND_TCP,
+            SocketKind::Udp => KIND_UDP,
+        };
+        Ok(Socket {
+            sock: Sock::open(&client.conn, k)?,
+            kind,
+        })
+    }
+
+    pub fn kind(&self) -> SocketKind {
+        self.kind
+    }
+
+    /// Gives the socket its local address (port 0: the server picks one).
+    pub fn bind(&self, addr: SocketAddr) -> io::Result<()> {
+        let a = SockAddr::from_std(addr).to_args();
+        self.sock
+            .call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])
+            .map(|_| ())
+    }
+
+    /// The bound address, if any.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.addr(slot::LOCAL)
+    }
+
+    /// A TCP socket starts listening (bound first, or on an ephemeral port).
+    pub fn listen(self, backlog: usize) -> io::Result<TcpListener> {
+        self.sock
+            .call(op::LISTEN, [backlog as u64, 0, 0, 0, 0, 0])?;
+        Ok(TcpListener { sock: self.sock })
+    }
+
+    /// A TCP socket starts connecting and returns at once, as a non-blocking
+    /// `connect`: the stream's `connected()`, `take_error()` or a read/write tell
+    /// the outcome. Blocking mode and timeouts can be set on the stream after.
+    pub fn connect_start(self, addr: SocketAddr) -> io::Result<TcpStream> {
+        let a = SockAddr::from_std(addr).to_args();
+        self.sock
+            .call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
+        Ok(TcpStream { sock: self.sock })
+    }
+
+    /// A UDP socket as a datagram socket (bound already, or bound to an ephemeral
+    /// port by its first `send_to`).
+    pub fn into_udp(self) -> UdpSocket {
+        UdpSocket { sock: self.sock }
+    }
+}

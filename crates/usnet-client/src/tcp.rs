@@ -1,0 +1,331 @@
+//! TCP over a stack server, shaped like `std::net` (and like usnet-runtime's
+//! in-process types).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::time::{Duration, Instant};
+
+use usnet_abi::{
+    op, opt, slot, tcp_info, SockAddr, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP,
+    FLAG_RX_EOF, FLAG_WR_SHUT, KIND_TCP, SHUT_RD, SHUT_RDWR, SHUT_WR,
+};
+
+use crate::conn::errno_err;
+use crate::sock::Sock;
+use crate::Client;
+
+/// A listening TCP socket.
+pub struct TcpListener {
+    pub(crate) sock: Sock,
+}
+
+impl TcpListener {
+    /// Binds and listens (backlog 128); port 0 picks one.
+    pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<TcpListener> {
+        Self::bind_with_backlog(client, addr, 128)
+    }
+
+    pub fn bind_with_backlog(
+        client: &Client,
+        addr: SocketAddr,
+        backlog: usize,
+    ) -> io::Result<TcpListener> {
+        let sock = Sock::open(&client.conn, KIND_TCP)?;
+        let a = SockAddr::from_std(addr).to_args();
+        sock.call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])?;
+        sock.call(op::LISTEN, [backlog as u64, 0, 0, 0, 0, 0])?;
+        Ok(TcpListener { sock })
+    }
+
+    /// Takes a connection (blocking unless non-blocking).
+    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        loop {
+            match self.sock.call(op::ACCEPT, [0; 6]) {
+                Ok(s) => {
+                    let sock = Sock::from_slot(&self.sock.conn, s as u32)?;
+                    let peer = sock.addr(slot::PEER)?;
+                    return Ok((TcpStream { sock }, peer));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let s = &self.sock;
+                    s.block(None, || s.flags() & FLAG_ACCEPTABLE != 0)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.addr(slot::LOCAL)
+    }
+
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        self.sock.set_nonblocking(nb);
+        Ok(())
+    }
+
+    /// Connections are waiting to be accepted.
+    pub fn acceptable(&self) -> bool {
+        self.sock.flags() & FLAG_ACCEPTABLE != 0
+    }
+}
+
+/// What `TcpStream::info` reports (a subset of Linux's `tcp_info`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpInfo {
+    /// Linux's `tcpi_state` numbering (1 = ESTABLISHED).
+    pub state: u32,
+    pub rtt: Duration,
+    pub rttvar: Duration,
+    pub min_rtt: Duration,
+    pub rto: Duration,
+    pub snd_mss: u32,
+    pub rcv_mss: u32,
+    pub cwnd: u32,
+    pub ssthresh: u32,
+    pub bytes_in_flight: u32,
+    pub total_retransmits: u32,
+    pub snd_wnd: u32,
+    pub rcv_wnd: u32,
+}
+
+/// A TCP connection. `Read`/`Write` are implemented for `TcpStream` and `&TcpStream`,
+/// so one thread may read while another writes.
+pub struct TcpStream {
+    pub(crate) sock: Sock,
+}
+
+impl TcpStream {
+    /// Connects and waits for the handshake.
+    pub fn connect(client: &Client, addr: SocketAddr) -> io::Result<TcpStream> {
+        Self::connect_inner(client, addr, None)
+    }
+
+    pub fn connect_timeout(
+        client: &Client,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> io::Result<TcpStream> {
+        Self::connect_inner(client, addr, Some(Instant::now() + timeout))
+    }
+
+    /// Starts a connection and returns at once (like a non-blocking `connect`):
+    /// [`TcpStream::connected`] or a write/read tells the outcome.
+    pub fn connect_nonblocking(client: &Client, addr: SocketAddr) -> io::Result<TcpStream> {
+        let sock = Sock::open(&client.conn, KIND_TCP)?;
+        let a = SockAddr::from_std(addr).to_args();
+        sock.call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
+        sock.set_nonblocking(true);
+        Ok(TcpStream { sock })
+    }
+
+    fn connect_inner(
+        client: &Client,
+        addr: SocketAddr,
+        deadline: Option<Instant>,
+    ) -> io::Result<TcpStream> {
+        let sock = Sock::open(&client.conn, KIND_TCP)?;
+        let a = SockAddr::from_std(addr).to_args();
+        sock.call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
+        let done = || sock.flags() & (FLAG_CONNECTED | FLAG_ERROR | FLAG_HUP) != 0;
+        if !client.conn.wait_until(deadline, done)? {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        if let Some(e) = sock.failure() {
+            return Err(e);
+        }
+        if sock.flags() & FLAG_CONNECTED == 0 {
+            return Err(errno_err(usnet_abi::errno::ECONNREFUSED));
+        }
+        Ok(TcpStream { sock })
+    }
+
+    /// The handshake completed.
+    pub fn connected(&self) -> bool {
+        self.sock.flags() & FLAG_CONNECTED != 0
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.addr(slot::PEER)
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.addr(slot::LOCAL)
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let h = match how {
+            Shutdown::Read => SHUT_RD,
+            Shutdown::Write => SHUT_WR,
+            Shutdown::Both => SHUT_RDWR,
+        };
+        self.sock.call(op::SHUTDOWN, [h, 0, 0, 0, 0, 0]).map(|_| ())
+    }
+
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        self.sock.set_nonblocking(nb);
+        Ok(())
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(t)
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_write_timeout(t)
+    }
+
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.setopt(opt::IPPROTO_TCP, opt::TCP_NODELAY, on as u64)
+    }
+
+    pub fn set_keepalive(&self, on: bool) -> io::Result<()> {
+        self.setopt(opt::SOL_SOCKET, opt::SO_KEEPALIVE, on as u64)
+    }
+
+    /// `Some(0)`: close resets the connection; `None`: orderly close.
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        let v = linger.map_or(u64::MAX, |d| d.as_secs());
+        self.setopt(opt::SOL_SOCKET, opt::SO_LINGER, v)
+    }
+
+    fn setopt(&self, level: u64, name: u64, value: u64) -> io::Result<()> {
+        self.sock
+            .call(op::SETSOCKOPT, [level, name, value, 0, 0, 0])
+            .map(|_| ())
+    }
+
+    /// The pending socket error (SO_ERROR), cleared by reading it.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        let e = self
+            .sock
+            .call(op::GETSOCKOPT, [opt::SOL_SOCKET, opt::SO_ERROR, 0, 0, 0, 0])?;
+        Ok((e != 0).then(|| io::Error::from_raw_os_error(e as i32)))
+    }
+
+    /// The connection's `tcp_info`.
+    pub fn info(&self) -> io::Result<TcpInfo> {
+        self.sock.call(
+            op::GETSOCKOPT,
+            [opt::IPPROTO_TCP, opt::TCP_INFO, 0, 0, 0, 0],
+        )?;
+        let mut b = [0u8; tcp_info::LEN];
+        self.sock.conn.mem.read_info(self.sock.slot, &mut b);
+        let u = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
+        let us = |o: usize| Duration::from_micros(u(o) as u64);
+        Ok(TcpInfo {
+            state: u(tcp_info::STATE),
+            rtt: us(tcp_info::RTT_US),
+            rttvar: us(tcp_info::RTTVAR_US),
+            min_rtt: us(tcp_info::MIN_RTT_US),
+            rto: us(tcp_info::RTO_US),
+            snd_mss: u(tcp_info::SND_MSS),
+            rcv_mss: u(tcp_info::RCV_MSS),
+            cwnd: u(tcp_info::CWND),
+            ssthresh: u(tcp_info::SSTHRESH),
+            bytes_in_flight: u(tcp_info::BYTES_IN_FLIGHT),
+            total_retransmits: u(tcp_info::TOTAL_RETRANS),
+            snd_wnd: u(tcp_info::SND_WND),
+            rcv_wnd: u(tcp_info::RCV_WND),
+        })
+    }
+
+    /// Bytes that can be read now without blocking.
+    pub fn available(&self) -> usize {
+        self.sock.rx_ready()
+    }
+
+    fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = self.sock.read_deadline();
+        loop {
+            // A server that is gone can neither have delivered nor deliver more.
+            self.sock.conn.check_alive()?;
+            // Flags before the ring: the server publishes the bytes before it sets
+            // end-of-stream, so seeing the flag means seeing every byte.
+            let f = self.sock.flags();
+            let n = self.sock.rx_read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if f & FLAG_RX_EOF != 0 {
+                return Ok(0);
+            }
+            if let Some(e) = self.sock.failure() {
+                return Err(e);
+            }
+            if f & FLAG_HUP != 0 {
+                return Ok(0);
+            }
+            let s = &self.sock;
+            s.block(deadline, || {
+                s.rx_ready() > 0 || s.flags() & (FLAG_RX_EOF | FLAG_ERROR | FLAG_HUP) != 0
+            })?;
+        }
+    }
+
+    fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = self.sock.write_deadline();
+        loop {
+            // Bytes written into the ring of a server that is gone would be lost.
+            self.sock.conn.check_alive()?;
+            if let Some(e) = self.sock.failure() {
+                return Err(e);
+            }
+            if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            let n = self.sock.tx_write(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let s = &self.sock;
+            s.block(deadline, || s.tx_room() > 0 || s.hung_up())?;
+        }
+    }
+}
+
+impl Read for TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_inner(buf)
+    }
+}
+
+impl Read for &TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_inner(buf)
+    }
+}
+
+impl Write for TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_inner(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for &TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_inner(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpStream")
+            .field("slot", &self.sock.slot)
+            .field("local", &self.local_addr().ok())
+            .field("peer", &self.peer_addr().ok())
+            .finish()
+    }
+}

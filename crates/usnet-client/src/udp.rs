@@ -1,0 +1,222 @@
+//! UDP over a stack server, shaped like `std::net::UdpSocket`. Datagrams travel through
+//! the socket's rings as records (`usnet_abi::RECORD_HEADER`: length and peer address,
+//! then the payload padded to 8 bytes; a record never wraps).
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use usnet_abi::{
+    errno, op, opt, record_len, slot, SockAddr, FLAG_ERROR, KIND_UDP, RECORD_HEADER, RECORD_PAD,
+};
+use usnet_shm::{ByteConsumer, ByteProducer};
+
+use crate::conn::errno_err;
+use crate::sock::Sock;
+use crate::Client;
+
+/// Largest UDP payload.
+pub const MAX_PAYLOAD: usize = 65507;
+
+pub struct UdpSocket {
+    pub(crate) sock: Sock,
+}
+
+/// Bytes from the ring position to the end of the ring.
+fn to_end(pos: u64, size: usize) -> usize {
+    size - (pos as usize & (size - 1))
+}
+
+impl UdpSocket {
+    pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<UdpSocket> {
+        let sock = Sock::open(&client.conn, KIND_UDP)?;
+        let a = SockAddr::from_std(addr).to_args();
+        sock.call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])?;
+        Ok(UdpSocket { sock })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.addr(slot::LOCAL)
+    }
+
+    /// Binds a socket made unbound ([`crate::Socket::into_udp`]).
+    pub fn bind_to(&self, addr: SocketAddr) -> io::Result<()> {
+        let a = SockAddr::from_std(addr).to_args();
+        self.sock
+            .call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])
+            .map(|_| ())
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.addr(slot::PEER)
+    }
+
+    /// Fixes the peer: `send` goes there and only its datagrams are received.
+    pub fn connect(&self, addr: SocketAddr) -> io::Result<()> {
+        let a = SockAddr::from_std(addr).to_args();
+        self.sock
+            .call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])
+            .map(|_| ())
+    }
+
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        self.sock.set_nonblocking(nb);
+        Ok(())
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(t)
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_write_timeout(t)
+    }
+
+    /// The stack's receive queue limit for this socket (SO_RCVBUF).
+    pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::SOL_SOCKET, opt::SO_RCVBUF, bytes as u64, 0, 0, 0],
+            )
+            .map(|_| ())
+    }
+
+    pub fn send_to(&self, data: &[u8], to: SocketAddr) -> io::Result<usize> {
+        self.send_record(data, Some(to))
+    }
+
+    pub fn send(&self, data: &[u8]) -> io::Result<usize> {
+        self.peer_addr()?;
+        self.send_record(data, None)
+    }
+
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        let deadline = self.sock.read_deadline();
+        loop {
+            self.sock.conn.check_alive()?;
+            if let Some(r) = self.sock.with_rx(|rx| take_record(rx, buf)) {
+                return r;
+            }
+            if self.sock.flags() & FLAG_ERROR != 0 {
+                if let Some(e) = self.sock.failure() {
+                    return Err(e);
+                }
+            }
+            let s = &self.sock;
+            s.block(deadline, || s.rx_ready() > 0)?;
+        }
+    }
+
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv_from(buf).map(|(n, _)| n)
+    }
+
+    /// A datagram waits to be received.
+    pub fn readable(&self) -> bool {
+        self.sock.rx_ready() > 0
+    }
+
+    fn send_record(&self, data: &[u8], to: Option<SocketAddr>) -> io::Result<usize> {
+        if data.len() > MAX_PAYLOAD {
+            return Err(errno_err(errno::EMSGSIZE));
+        }
+        let addr = to.map(SockAddr::from_std).unwrap_or_default();
+        let deadline = self.sock.write_deadline();
+        loop {
+            self.sock.conn.check_alive()?;
+            let sent = self.sock.with_tx(|tx| put_record(tx, data, &addr))?;
+            if sent {
+                return Ok(data.len());
+            }
+            let s = &self.sock;
+            let room = record_len(data.len()) * 2;
+            s.block(deadline, || s.tx_room() >= room || s.hung_up())?;
+        }
+    }
+}
+
+/// Writes one record (a skip to the ring's start first if it would not fit before the
+/// end). Returns false, writing nothing, when the ring has no room for it.
+fn put_record(tx: &mut ByteProducer, data: &[u8], addr: &SockAddr) -> io::Result<bool> {
+    let free = tx
+        .free()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "socket ring corrupt"))?;
+    let rec = record_len(data.len());
+    let end = to_end(tx.position(), tx.size());
+    let need = if rec > end { end + rec } else { rec };
+    if need > free {
+        return Ok(false);
+    }
+    if rec > end {
+        let mut tail = vec![0u8; end];
+        if end >= RECORD_HEADER {
+            tail[0..4].copy_from_slice(&RECORD_PAD.to_le_bytes());
+        }
+        tx.push(&tail);
+    }
+    let mut h = [0u8; RECORD_HEADER];
+    h[0..4].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    h[8..36].copy_from_slice(&addr.to_bytes());
+    tx.push(&h);
+    tx.push(data);
+    let pad = rec - RECORD_HEADER - data.len();
+    if pad > 0 {
+        tx.push(&[0u8; 8][..pad]);
+    }
+    Ok(true)
+}
+
+/// Takes the next record, if one is complete: its payload into `buf` (truncated like
+/// `recvfrom`) and its sender.
+fn take_record(rx: &mut ByteConsumer, buf: &mut [u8]) -> Option<io::Result<(usize, SocketAddr)>> {
+    let bad = || {
+        Some(Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "socket ring corrupt",
+        )))
+    };
+    loop {
+        let avail = match rx.available() {
+            Ok(n) => n,
+            Err(_) => return bad(),
+        };
+        let end = to_end(rx.position(), rx.size());
+        if end < RECORD_HEADER {
+            if avail < end {
+                return None;
+            }
+            rx.skip(end);
+            continue;
+        }
+        if avail < RECORD_HEADER {
+            return None;
+        }
+        let mut h = [0u8; RECORD_HEADER];
+        rx.peek(0, &mut h);
+        let len = u32::from_le_bytes(h[0..4].try_into().expect("4"));
+        if len == RECORD_PAD {
+            if avail < end {
+                return None;
+            }
+            rx.skip(end);
+            continue;
+        }
+        let rec = record_len(len as usize);
+        if len as usize > MAX_PAYLOAD || rec > end {
+            rx.skip(avail);
+            return bad();
+        }
+        if avail < rec {
+            return None;
+        }
+        let from = SockAddr::from_bytes(h[8..36].try_into().expect("28")).to_std();
+        let n = (len as usize).min(buf.len());
+        rx.peek(RECORD_HEADER, &mut buf[..n]);
+        rx.skip(rec);
+        return Some(match from {
+            Some(a) => Ok((n, a)),
+            None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),
+        });
+    }
+}

@@ -1,0 +1,198 @@
+//! The client library against a stack server in this process.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use usnet_client::{Client, Event, Interest, Mode, Poller, TcpListener, TcpStream, UdpSocket};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn tcp_bytes_flow_both_ways_through_the_server() {
+    let srv = std::sync::Arc::new(common::server("tcp-both", |_| {}));
+    let srv2 = srv.clone();
+    let c = Client::attach("tcp-both").unwrap();
+    let l = TcpListener::bind(&c, sa("10.66.0.1:7000")).unwrap();
+    assert_eq!(l.local_addr().unwrap(), sa("10.66.0.1:7000"));
+    let c2 = c.clone();
+    let total: usize = 16 << 20;
+    let writer = std::thread::spawn(move || {
+        let s = TcpStream::connect(&c2, sa("10.66.0.1:7000")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let data: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        // Read the echo while writing (one thread each, as with kernel sockets: a
+        // writer that never reads would fill both directions and stall).
+        std::thread::scope(|sc| {
+            let r = sc.spawn(|| {
+                let mut back = Vec::new();
+                if let Err(e) = (&s).read_to_end(&mut back) {
+                    let st = srv2.call(Duration::from_secs(2), |lp| {
+                        let conns: Vec<String> = lp
+                            .stack()
+                            .tcp_connections()
+                            .iter()
+                            .map(|c| {
+                                format!(
+                                    "{} {:?} sendq {} recvq {} wnd {} rwnd {} inflight {}",
+                                    c.local,
+                                    c.info.state,
+                                    c.info.send_queued,
+                                    c.info.recv_queued,
+                                    c.info.snd_wnd,
+                                    c.info.rcv_wnd,
+                                    c.info.bytes_in_flight
+                                )
+                            })
+                            .collect();
+                        (conns, lp.clients())
+                    });
+                    panic!("echo reader stalled at {}: {e}; {st:?}", back.len());
+                }
+                back
+            });
+            (&s).write_all(&data).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let back = r.join().unwrap();
+            assert_eq!(back.len(), total);
+            assert!(back == data, "echoed bytes differ");
+        });
+    });
+    let (mut s, peer) = l.accept().unwrap();
+    assert_eq!(peer.ip(), sa("10.66.0.1:1").ip());
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut got = 0usize;
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                let st = srv.call(Duration::from_secs(2), |lp| {
+                    let conns: Vec<String> = lp
+                        .stack()
+                        .tcp_connections()
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "{} {:?} sendq {} recvq {} wnd {} rwnd {} inflight {}",
+                                c.local,
+                                c.info.state,
+                                c.info.send_queued,
+                                c.info.recv_queued,
+                                c.info.snd_wnd,
+                                c.info.rcv_wnd,
+                                c.info.bytes_in_flight
+                            )
+                        })
+                        .collect();
+                    (conns, lp.clients())
+                });
+                panic!("echo server stalled at {got}: {e}; {st:?}");
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        s.write_all(&buf[..n]).unwrap();
+        got += n;
+    }
+    assert_eq!(got, total);
+    drop(s);
+    writer.join().unwrap();
+}
+
+#[test]
+fn udp_datagrams_keep_their_boundaries_and_senders() {
+    let _srv = common::server("udp-dgrams", |_| {});
+    let c = Client::attach("udp-dgrams").unwrap();
+    let a = UdpSocket::bind(&c, sa("10.66.0.1:7100")).unwrap();
+    let b = UdpSocket::bind(&c, sa("10.66.0.1:0")).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let bport = b.local_addr().unwrap();
+    assert_ne!(bport.port(), 0);
+    // Sizes that wrap the ring at odd places.
+    for (i, len) in [1usize, 100, 1472, 9000, 40000, 7, 65507, 3]
+        .iter()
+        .enumerate()
+    {
+        let msg: Vec<u8> = (0..*len).map(|k| (k + i) as u8).collect();
+        a.send_to(&msg, bport).unwrap();
+        let mut buf = vec![0u8; 70000];
+        let (n, from) = b.recv_from(&mut buf).unwrap();
+        assert_eq!(n, *len);
+        assert_eq!(&buf[..n], &msg[..]);
+        assert_eq!(from, sa("10.66.0.1:7100"));
+    }
+    // Connected: send/recv.
+    b.connect(sa("10.66.0.1:7100")).unwrap();
+    b.send(b"hello").unwrap();
+    let mut buf = [0u8; 16];
+    let (n, from) = a.recv_from(&mut buf).unwrap();
+    assert_eq!((&buf[..n], from), (&b"hello"[..], bport));
+}
+
+#[test]
+fn the_poller_reports_accepts_reads_and_edges() {
+    let _srv = common::server("poller", |_| {});
+    let c = Client::attach("poller").unwrap();
+    let l = TcpListener::bind(&c, sa("10.66.0.1:7200")).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let mut p = Poller::new();
+    p.register(&l, 1, Interest::READABLE, Mode::Level).unwrap();
+    let mut ev: Vec<Event> = Vec::new();
+    assert_eq!(p.wait(&mut ev, Some(Duration::from_millis(50))).unwrap(), 0);
+    let client = TcpStream::connect(&c, sa("10.66.0.1:7200")).unwrap();
+    assert_eq!(p.wait(&mut ev, Some(Duration::from_secs(5))).unwrap(), 1);
+    assert!(ev[0].readable && ev[0].token == 1);
+    let (srv, _) = l.accept().unwrap();
+    srv.set_nonblocking(true).unwrap();
+    p.register(&srv, 2, Interest::READABLE, Mode::Edge).unwrap();
+    (&client).write_all(b"ping").unwrap();
+    ev.clear();
+    let t = Instant::now();
+    while !ev.iter().any(|e| e.token == 2) {
+        p.wait(&mut ev, Some(Duration::from_secs(5))).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+    // Edge: no second report without a change.
+    p.deregister(1).unwrap();
+    ev.clear();
+    assert_eq!(p.wait(&mut ev, Some(Duration::from_millis(50))).unwrap(), 0);
+    let mut buf = [0u8; 8];
+    assert_eq!((&srv).read(&mut buf).unwrap(), 4);
+    // Non-blocking read of an empty socket.
+    assert_eq!(
+        (&srv).read(&mut buf).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+}
+
+#[test]
+fn connect_to_a_closed_port_is_refused_and_nop_round_trips() {
+    let _srv = common::server("refused", |_| {});
+    let c = Client::attach("refused").unwrap();
+    c.nop().unwrap();
+    let e = TcpStream::connect(&c, sa("10.66.0.1:9")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(111), "{e}");
+}
+
+#[test]
+fn tcp_info_and_options_reach_the_connection() {
+    let _srv = common::server("opts", |_| {});
+    let c = Client::attach("opts").unwrap();
+    let l = TcpListener::bind(&c, sa("10.66.0.1:7300")).unwrap();
+    let s = TcpStream::connect(&c, sa("10.66.0.1:7300")).unwrap();
+    let _a = l.accept().unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_keepalive(true).unwrap();
+    let info = s.info().unwrap();
+    assert_eq!(info.state, 1, "ESTABLISHED");
+    assert!(info.snd_mss > 0 && info.cwnd > 0);
+    assert!(s.take_error().unwrap().is_none());
+    assert_eq!(s.peer_addr().unwrap(), sa("10.66.0.1:7300"));
+}

@@ -1,0 +1,605 @@
+//! Section "sockets": `usnet_socket`, `usnet_connect`, ... over `usnet-posix`, with the
+//! kernel's argument types and errno semantics (`-1` and `errno` on failure). The
+//! descriptors are real kernel numbers reserved for usnet sockets; pass them only to
+//! `usnet_*` calls (a plain `read`/`write` on one reads an eventfd).
+
+use std::ffi::CStr;
+use std::net::SocketAddr;
+use std::os::raw::{c_char, c_int, c_void};
+
+use usnet_posix::{addr, Errno};
+
+use crate::guard;
+
+fn set_errno(e: Errno) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e.0 };
+}
+
+/// `Ok(v)` → `v`; `Err(e)` → `-1` with `errno = e`.
+fn ret<T: TryInto<isize>>(r: Result<T, Errno>) -> isize {
+    match r {
+        Ok(v) => v.try_into().unwrap_or(isize::MAX),
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn ret_int<T: TryInto<isize>>(r: Result<T, Errno>) -> c_int {
+    ret(r) as c_int
+}
+
+unsafe fn sockaddr_in(a: *const libc::sockaddr, len: libc::socklen_t) -> Result<SocketAddr, Errno> {
+    // SAFETY: per the calling function's contract.
+    unsafe { addr::from_raw(a, len) }
+}
+
+unsafe fn sockaddr_out(
+    a: SocketAddr,
+    out: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> Result<(), Errno> {
+    // SAFETY: per the calling function's contract.
+    unsafe { addr::to_raw(a, out, len) }
+}
+
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], Errno> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if buf.is_null() {
+        return Err(Errno(libc::EFAULT));
+    }
+    // SAFETY: the caller vouches for `len` readable bytes at `buf`.
+    Ok(unsafe { std::slice::from_raw_parts(buf as *const u8, len) })
+}
+
+unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], Errno> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if buf.is_null() {
+        return Err(Errno(libc::EFAULT));
+    }
+    // SAFETY: the caller vouches for `len` writable bytes at `buf`.
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) })
+}
+
+/// Attaches this process to the stack server `stack` (NULL: `USNET_STACK`, or the only
+/// one running). Optional: the first socket call attaches by itself.
+///
+/// # Safety
+/// `stack` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_attach(stack: *const c_char) -> c_int {
+    guard(-1, || {
+        let name = if stack.is_null() {
+            None
+        } else {
+            // SAFETY: per the contract.
+            match unsafe { CStr::from_ptr(stack) }.to_str() {
+                Ok(s) => Some(s),
+                Err(_) => return ret_int::<i32>(Err(Errno(libc::EINVAL))),
+            }
+        };
+        ret_int(usnet_posix::attach(name).map(|()| 0))
+    })
+}
+
+/// Whether `fd` is a usnet socket (or usnet epoll set) of this process.
+#[no_mangle]
+pub extern "C" fn usnet_is_socket(fd: c_int) -> c_int {
+    usnet_posix::is_usnet(fd) as c_int
+}
+
+#[no_mangle]
+pub extern "C" fn usnet_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::socket(domain, ty, protocol)))
+}
+
+/// # Safety
+/// `a` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_bind(
+    fd: c_int,
+    a: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        ret_int(
+            unsafe { sockaddr_in(a, len) }
+                .and_then(|a| usnet_posix::bind(fd, a))
+                .map(|()| 0),
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn usnet_listen(fd: c_int, backlog: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::listen(fd, backlog).map(|()| 0)))
+}
+
+/// # Safety
+/// `a`/`len` are NULL or valid for the peer's address (`*len` bytes at `a`).
+#[no_mangle]
+pub unsafe extern "C" fn usnet_accept4(
+    fd: c_int,
+    a: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+    flags: c_int,
+) -> c_int {
+    guard(-1, || {
+        ret_int(usnet_posix::accept4(fd, flags).and_then(|(nfd, peer)| {
+            // SAFETY: per the contract.
+            unsafe { sockaddr_out(peer, a, len) }?;
+            Ok(nfd)
+        }))
+    })
+}
+
+/// # Safety
+/// As [`usnet_accept4`].
+#[no_mangle]
+pub unsafe extern "C" fn usnet_accept(
+    fd: c_int,
+    a: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
+    // SAFETY: same contract.
+    unsafe { usnet_accept4(fd, a, len, 0) }
+}
+
+/// # Safety
+/// `a` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_connect(
+    fd: c_int,
+    a: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        ret_int(
+            unsafe { sockaddr_in(a, len) }
+                .and_then(|a| usnet_posix::connect(fd, a))
+                .map(|()| 0),
+        )
+    })
+}
+
+/// # Safety
+/// `buf` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_send(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        ret(unsafe { bytes(buf, len) }.and_then(|b| usnet_posix::sendto(fd, b, flags, None)))
+    })
+}
+
+/// # Safety
+/// `buf` points to `len` readable bytes; `a` is NULL or points to `alen` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    a: *const libc::sockaddr,
+    alen: libc::socklen_t,
+) -> isize {
+    guard(-1, || {
+        ret((|| {
+            // SAFETY: per the contract.
+            let b = unsafe { bytes(buf, len) }?;
+            let to = if a.is_null() {
+                None
+            } else {
+                // SAFETY: per the contract.
+                Some(unsafe { sockaddr_in(a, alen) }?)
+            };
+            usnet_posix::sendto(fd, b, flags, to)
+        })())
+    })
+}
+
+/// # Safety
+/// `buf` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_write(fd: c_int, buf: *const c_void, len: usize) -> isize {
+    // SAFETY: same contract.
+    unsafe { usnet_send(fd, buf, len, 0) }
+}
+
+/// # Safety
+/// `buf` points to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_recv(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        // SAFETY: per the contract.
+        ret(unsafe { bytes_mut(buf, len) }
+            .and_then(|b| usnet_posix::recvfrom(fd, b, flags).map(|(n, _)| n)))
+    })
+}
+
+/// # Safety
+/// `buf` points to `len` writable bytes; `a`/`alen` are NULL or valid for the sender.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    a: *mut libc::sockaddr,
+    alen: *mut libc::socklen_t,
+) -> isize {
+    guard(-1, || {
+        ret((|| {
+            // SAFETY: per the contract.
+            let b = unsafe { bytes_mut(buf, len) }?;
+            let (n, from) = usnet_posix::recvfrom(fd, b, flags)?;
+            match from {
+                // SAFETY: per the contract.
+                Some(f) => unsafe { sockaddr_out(f, a, alen) }?,
+                None => {
+                    if !alen.is_null() {
+                        // SAFETY: per the contract; a stream has no sender address.
+                        unsafe { *alen = 0 };
+                    }
+                }
+            }
+            Ok(n)
+        })())
+    })
+}
+
+/// # Safety
+/// `buf` points to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_read(fd: c_int, buf: *mut c_void, len: usize) -> isize {
+    // SAFETY: same contract.
+    unsafe { usnet_recv(fd, buf, len, 0) }
+}
+
+unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a mut [u8]>, Errno> {
+    if !(0..=libc::UIO_MAXIOV).contains(&n) {
+        return Err(Errno(libc::EINVAL));
+    }
+    if n > 0 && iov.is_null() {
+        return Err(Errno(libc::EFAULT));
+    }
+    let mut v = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        // SAFETY: the caller vouches for `n` iovecs, each valid for its length.
+        let io = unsafe { &*iov.add(i) };
+        v.push(unsafe { bytes_mut(io.iov_base, io.iov_len) }?);
+    }
+    Ok(v)
+}
+
+/// # Safety
+/// `iov` points to `n` iovecs, each valid for reads of its length.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
+    guard(-1, || {
+        ret((|| {
+            // SAFETY: per the contract (only read through).
+            let v = unsafe { iov_slices(iov, n) }?;
+            let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
+            usnet_posix::writev(fd, &r, 0)
+        })())
+    })
+}
+
+/// # Safety
+/// `iov` points to `n` iovecs, each valid for writes of its length.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
+    guard(-1, || {
+        ret((|| {
+            // SAFETY: per the contract.
+            let mut v = unsafe { iov_slices(iov, n) }?;
+            usnet_posix::readv(fd, &mut v, 0)
+        })())
+    })
+}
+
+/// `sendmsg`: the iovecs, to `msg_name` if given (datagrams); no control messages.
+///
+/// # Safety
+/// `msg` points to a valid msghdr whose pointers are valid as for `sendmsg(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
+    guard(-1, || {
+        ret((|| {
+            if msg.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            let m = unsafe { &*msg };
+            if m.msg_controllen != 0 {
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            // SAFETY: per the contract.
+            let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }?;
+            if !m.msg_name.is_null() {
+                // SAFETY: per the contract.
+                let to =
+                    unsafe { sockaddr_in(m.msg_name as *const libc::sockaddr, m.msg_namelen) }?;
+                // A datagram is one record: gather the pieces first.
+                let data: Vec<u8> = v.iter().flat_map(|s| s.iter().copied()).collect();
+                return usnet_posix::sendto(fd, &data, flags, Some(to));
+            }
+            let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
+            usnet_posix::writev(fd, &r, flags)
+        })())
+    })
+}
+
+/// `recvmsg`: into the iovecs, the sender into `msg_name` (datagrams); no control
+/// messages (`msg_controllen` is set to 0).
+///
+/// # Safety
+/// `msg` points to a valid msghdr whose pointers are valid as for `recvmsg(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    guard(-1, || {
+        ret((|| {
+            if msg.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            let m = unsafe { &mut *msg };
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            // SAFETY: per the contract.
+            let mut v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }?;
+            let dgram = {
+                let mut ty = [0u8; 4];
+                usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, &mut ty)?;
+                i32::from_ne_bytes(ty) == libc::SOCK_DGRAM
+            };
+            if dgram {
+                let cap: usize = v.iter().map(|s| s.len()).sum();
+                let mut tmp = vec![0u8; cap.max(1)];
+                let (n, from) = usnet_posix::recvfrom(fd, &mut tmp[..cap], flags)?;
+                let mut off = 0;
+                for s in v.iter_mut() {
+                    let k = s.len().min(n - off);
+                    s[..k].copy_from_slice(&tmp[off..off + k]);
+                    off += k;
+                }
+                if let Some(f) = from {
+                    if !m.msg_name.is_null() {
+                        // SAFETY: per the contract.
+                        unsafe {
+                            sockaddr_out(f, m.msg_name as *mut libc::sockaddr, &mut m.msg_namelen)
+                        }?;
+                    }
+                }
+                return Ok(n);
+            }
+            m.msg_namelen = 0;
+            usnet_posix::readv(fd, &mut v, flags)
+        })())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn usnet_shutdown(fd: c_int, how: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::shutdown(fd, how).map(|()| 0)))
+}
+
+#[no_mangle]
+pub extern "C" fn usnet_close(fd: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::close(fd).map(|()| 0)))
+}
+
+/// # Safety
+/// `v` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *const c_void,
+    len: libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        ret_int(
+            // SAFETY: per the contract.
+            unsafe { bytes(v, len as usize) }
+                .and_then(|b| usnet_posix::setsockopt(fd, level, name, b))
+                .map(|()| 0),
+        )
+    })
+}
+
+/// # Safety
+/// `v` points to `*len` writable bytes; `len` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *mut c_void,
+    len: *mut libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        ret_int((|| {
+            if len.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            let cap = unsafe { *len } as usize;
+            let out = unsafe { bytes_mut(v, cap) }?;
+            let n = usnet_posix::getsockopt(fd, level, name, out)?;
+            // SAFETY: per the contract.
+            unsafe { *len = n as libc::socklen_t };
+            Ok(0)
+        })())
+    })
+}
+
+/// # Safety
+/// `a`/`len` valid as for `getsockname(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_getsockname(
+    fd: c_int,
+    a: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        ret_int(usnet_posix::getsockname(fd).and_then(|x| {
+            if a.is_null() || len.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            unsafe { sockaddr_out(x, a, len) }.map(|()| 0)
+        }))
+    })
+}
+
+/// # Safety
+/// `a`/`len` valid as for `getpeername(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_getpeername(
+    fd: c_int,
+    a: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        ret_int(usnet_posix::getpeername(fd).and_then(|x| {
+            if a.is_null() || len.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            unsafe { sockaddr_out(x, a, len) }.map(|()| 0)
+        }))
+    })
+}
+
+/// `fcntl` with an integer argument: F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD.
+#[no_mangle]
+pub extern "C" fn usnet_fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    guard(-1, || ret_int(usnet_posix::fcntl(fd, cmd, arg)))
+}
+
+/// `ioctl` FIONBIO (`*arg` the new mode) and FIONREAD (`*arg` set to the bytes
+/// readable).
+///
+/// # Safety
+/// `arg` points to a readable and writable int.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_int) -> c_int {
+    guard(-1, || {
+        ret_int((|| {
+            if arg.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            let v = unsafe { *arg };
+            let r = usnet_posix::ioctl_int(fd, req, v)?;
+            if req == libc::FIONREAD {
+                // SAFETY: per the contract.
+                unsafe { *arg = r };
+            }
+            Ok(0)
+        })())
+    })
+}
+
+/// # Safety
+/// `fds` points to `n` pollfd structures.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_poll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        ret_int((|| {
+            if n > 0 && fds.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            let s = if n == 0 {
+                &mut []
+            } else {
+                // SAFETY: per the contract.
+                unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
+            };
+            usnet_posix::poll(s, timeout_ms)
+        })())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn usnet_epoll_create1(flags: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::epoll_create(flags)))
+}
+
+#[no_mangle]
+pub extern "C" fn usnet_epoll_create(size: c_int) -> c_int {
+    if size <= 0 {
+        set_errno(Errno(libc::EINVAL));
+        return -1;
+    }
+    usnet_epoll_create1(0)
+}
+
+/// # Safety
+/// `ev` is NULL (EPOLL_CTL_DEL) or points to a readable epoll_event.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the contract; epoll_event is read by value.
+        let e = if ev.is_null() {
+            None
+        } else {
+            Some(unsafe { std::ptr::read_unaligned(ev) })
+        };
+        ret_int(usnet_posix::epoll_ctl(epfd, op, fd, e).map(|()| 0))
+    })
+}
+
+/// # Safety
+/// `out` points to `max` writable epoll_events.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_epoll_wait(
+    epfd: c_int,
+    out: *mut libc::epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        ret_int((|| {
+            if max <= 0 {
+                return Err(Errno(libc::EINVAL));
+            }
+            if out.is_null() {
+                return Err(Errno(libc::EFAULT));
+            }
+            // SAFETY: per the contract.
+            let s = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
+            usnet_posix::epoll_wait(epfd, s, timeout_ms)
+        })())
+    })
+}

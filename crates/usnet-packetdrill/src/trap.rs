@@ -1,0 +1,251 @@
+//! packetdrill's own `getsockopt()` on the backend's descriptors, answered by the
+//! backend.
+//!
+//! For `%{ ... }%` assertions packetdrill reads `TCP_INFO` (then `TCP_CC_INFO` and
+//! `SO_MEMINFO`) with the C library's `getsockopt()` on the descriptor number the
+//! library handed out, not through `struct packetdrill_interface`. Those numbers are
+//! real kernel descriptors (memfds, see `backend::RealFd`), so the kernel would
+//! answer `ENOTSOCK`. This module installs a seccomp filter (with
+//! `SECCOMP_RET_USER_NOTIF`) on the process that traps `getsockopt` for those three
+//! options, and a supervisor thread that answers the trapped calls on the backend's
+//! descriptors from the backend's state ([`Backend::getsockopt_struct`]); every other
+//! trapped call continues into the kernel unchanged (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`).
+//!
+//! The caller's buffers are in this process: they are read and written with
+//! `process_vm_readv/writev` on our own pid, so a bad pointer gives `EFAULT` to the
+//! caller instead of a fault here, and only after `SECCOMP_IOCTL_NOTIF_ID_VALID`
+//! confirms the call is still waiting. Turned off with `--so_flags=trap=0`; if the
+//! kernel refuses the filter, the library says so once and works without it.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::backend::shared::Shared;
+use crate::backend::Backend;
+
+const TCP_CC_INFO: u32 = 26;
+const SO_MEMINFO: u32 = 55;
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7;
+
+/// The supervisor of the installed filter; stops its thread when dropped.
+pub struct Trap {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Trap {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn stmt(code: u16, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    // BPF_JMP | BPF_JEQ | BPF_K
+    libc::sock_filter {
+        code: 0x15,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// Installs the filter and starts the supervisor for `shared`.
+pub fn install(shared: Arc<Shared>) -> Result<Trap, String> {
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = shared;
+        return Err("no seccomp architecture constant for this target".into());
+    }
+    // BPF_LD | BPF_W | BPF_ABS = 0x20; BPF_RET | BPF_K = 0x06. seccomp_data: nr at 0,
+    // arch at 4, args[i] at 16 + 8 i (the low half first on these little-endian
+    // targets).
+    let prog = [
+        stmt(0x20, 4),
+        jump(AUDIT_ARCH, 0, 7),
+        stmt(0x20, 0),
+        jump(libc::SYS_getsockopt as u32, 0, 5),
+        stmt(0x20, 32),
+        jump(libc::TCP_INFO as u32, 2, 0),
+        jump(TCP_CC_INFO, 1, 0),
+        jump(SO_MEMINFO, 0, 1),
+        stmt(0x06, libc::SECCOMP_RET_USER_NOTIF),
+        stmt(0x06, libc::SECCOMP_RET_ALLOW),
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes integer arguments; seccomp reads the
+    // program through `fprog`, which points to `prog`, alive for the call.
+    let fd = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER
+                | libc::SECCOMP_FILTER_FLAG_TSYNC
+                | libc::SECCOMP_FILTER_FLAG_TSYNC_ESRCH,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "seccomp user notification: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let fd = fd as c_int;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("usnet-pd-trap".into())
+        .spawn(move || supervise(fd, &shared, &stop2))
+        .map_err(|e| format!("supervisor thread: {e}"))?;
+    Ok(Trap {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// Answers trapped calls until told to stop (checked every 100 ms of real time).
+fn supervise(fd: c_int, shared: &Shared, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 100) };
+        if n <= 0 || p.revents & libc::POLLIN == 0 {
+            continue;
+        }
+        // SAFETY: seccomp_notif is plain data; the kernel requires it zeroed.
+        let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+        // SAFETY: NOTIF_RECV fills `req`.
+        if unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } != 0 {
+            continue;
+        }
+        let mut resp = answer(fd, shared, &req);
+        // SAFETY: NOTIF_SEND reads `resp`; an error means the caller went away.
+        unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
+    }
+    // SAFETY: our listener descriptor, closed once (trapped calls then fail ENOSYS).
+    unsafe { libc::close(fd) };
+}
+
+/// The answer to one trapped `getsockopt`.
+fn answer(fd: c_int, shared: &Shared, req: &libc::seccomp_notif) -> libc::seccomp_notif_resp {
+    let mut resp = libc::seccomp_notif_resp {
+        id: req.id,
+        val: 0,
+        error: 0,
+        flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+    };
+    let ours = std::path::Path::new(&format!("/proc/self/task/{}", req.pid)).exists();
+    let a = req.data.args;
+    if !ours || req.data.nr != libc::SYS_getsockopt as c_int {
+        return resp;
+    }
+    let (sock, level, name) = (a[0] as c_int, a[1] as c_int, a[2] as c_int);
+    let bytes = {
+        let mut g = shared.lock();
+        value(&mut g, sock, level, name)
+    };
+    let Some(bytes) = bytes else {
+        return resp;
+    };
+    resp.flags = 0;
+    let bytes = match bytes {
+        Ok(b) => b,
+        Err(e) => {
+            resp.error = -e;
+            resp.val = -1;
+            return resp;
+        }
+    };
+    let (optval, optlen) = (a[3] as usize, a[4] as usize);
+    // SAFETY: NOTIF_ID_VALID reads the id.
+    if unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &req.id) } != 0 {
+        return resp;
+    }
+    let mut len = [0u8; 4];
+    let r = vm_copy(optlen, &mut len, false).and_then(|_| {
+        let room = u32::from_ne_bytes(len) as usize;
+        let n = room.min(bytes.len());
+        let mut out = bytes[..n].to_vec();
+        vm_copy(optval, &mut out, true)?;
+        let mut l = (n as u32).to_ne_bytes();
+        vm_copy(optlen, &mut l, true)
+    });
+    if let Err(e) = r {
+        resp.error = -e;
+        resp.val = -1;
+    }
+    resp
+}
+
+/// What the backend says for `(level, name)` on `sock`; None: not its descriptor or
+/// not an option it answers (the call goes on to the kernel).
+fn value(
+    b: &mut Backend,
+    sock: c_int,
+    level: c_int,
+    name: c_int,
+) -> Option<Result<Vec<u8>, c_int>> {
+    if !b.owns(sock) {
+        return None;
+    }
+    if level == libc::SOL_SOCKET && name == SO_MEMINFO as c_int {
+        return Some(Ok(b.meminfo(sock)));
+    }
+    b.getsockopt_struct(sock, level, name)
+}
+
+/// Copies between `buf` and `addr` in this process with process_vm_readv/writev
+/// (`EFAULT` for a bad address instead of a fault).
+fn vm_copy(addr: usize, buf: &mut [u8], write: bool) -> Result<(), c_int> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`; the kernel checks `remote` and fails with
+    // EFAULT rather than touching a bad address.
+    let n = unsafe {
+        if write {
+            libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0)
+        } else {
+            libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0)
+        }
+    };
+    if n == buf.len() as isize {
+        Ok(())
+    } else {
+        Err(libc::EFAULT)
+    }
+}

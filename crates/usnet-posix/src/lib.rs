@@ -1,0 +1,932 @@
+//! BSD-socket semantics over a usnet stack server, once, for every C-shaped user: the C
+//! ABI of `libusnet.so` (`usnet_socket`, `usnet_connect`, ...) and, next, the
+//! LD_PRELOAD shim. Calls are plain functions over one process-wide descriptor table;
+//! any thread may call any of them at any time.
+//!
+//! **Every usnet socket is a real kernel file descriptor number.** `socket` opens an
+//! `eventfd` and the socket lives under its number until `close`: nothing else in the
+//! process can be given that number, `select` with `FD_SETSIZE` works, `/proc/self/fd`
+//! shows it, `F_GETFD`/`F_SETFD` (`FD_CLOEXEC`) act on it directly, and a program can
+//! tell a usnet descriptor from a kernel one by asking the table ([`is_usnet`]). An
+//! epoll set is a real kernel epoll instance, so kernel descriptors are added to it
+//! as they are; usnet sockets in it are watched by the layer.
+//!
+//! Errors are [`Errno`] values with Linux's numbers; the C ABI turns them into `-1`
+//! and `errno`. Blocking calls block (with `SO_RCVTIMEO`/`SO_SNDTIMEO` deadlines),
+//! non-blocking ones (`O_NONBLOCK`, `SOCK_NONBLOCK`, `MSG_DONTWAIT`) return `EAGAIN`.
+//! A call on a stream whose peer is gone raises `SIGPIPE` unless `MSG_NOSIGNAL`, as
+//! the kernel does.
+//!
+//! Waiting on a mix of usnet sockets and kernel descriptors (`poll`, `epoll_wait`)
+//! sleeps on the session's bell in slices of at most 1 ms and looks at the kernel
+//! descriptors between slices: usnet readiness wakes it at once, kernel readiness
+//! within a millisecond. A set of usnet sockets only sleeps on the bell.
+
+pub mod addr;
+mod poll;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use usnet_client::{Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
+
+pub use poll::{epoll_create, epoll_ctl, epoll_wait, poll, EpollEvent};
+
+/// A Linux errno value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+pub type Res<T> = Result<T, Errno>;
+
+impl From<io::Error> for Errno {
+    fn from(e: io::Error) -> Errno {
+        if let Some(n) = e.raw_os_error() {
+            return Errno(n);
+        }
+        Errno(match e.kind() {
+            io::ErrorKind::WouldBlock => libc::EAGAIN,
+            io::ErrorKind::TimedOut => libc::EAGAIN,
+            io::ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
+            io::ErrorKind::ConnectionReset => libc::ECONNRESET,
+            io::ErrorKind::ConnectionAborted => libc::ECONNABORTED,
+            io::ErrorKind::NotConnected => libc::ENOTCONN,
+            io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+            io::ErrorKind::AddrNotAvailable => libc::EADDRNOTAVAIL,
+            io::ErrorKind::BrokenPipe => libc::EPIPE,
+            io::ErrorKind::InvalidInput => libc::EINVAL,
+            io::ErrorKind::NotFound => libc::ENOENT,
+            io::ErrorKind::PermissionDenied => libc::EACCES,
+            io::ErrorKind::Interrupted => libc::EINTR,
+            io::ErrorKind::Unsupported => libc::EOPNOTSUPP,
+            io::ErrorKind::InvalidData => libc::EIO,
+            _ => libc::EIO,
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ------------------------------------------------------------------ the session
+
+static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
+
+/// Attaches this process to the stack named `stack` (`None`: `USNET_STACK`, or the only
+/// one running). The first socket call attaches on its own if this was not called.
+pub fn attach(stack: Option<&str>) -> Res<()> {
+    let mut c = lock(&CLIENT);
+    if c.as_ref().is_some_and(|c| c.is_alive()) {
+        return Ok(());
+    }
+    let client = match stack {
+        Some(name) => Client::attach(name),
+        None => Client::from_env(),
+    }
+    .map_err(|e| match e.raw_os_error() {
+        Some(n) => Errno(n),
+        None => Errno(libc::ENETDOWN),
+    })?;
+    *c = Some(client);
+    Ok(())
+}
+
+fn client() -> Res<Client> {
+    if let Some(c) = lock(&CLIENT).as_ref() {
+        return Ok(c.clone());
+    }
+    attach(None)?;
+    lock(&CLIENT).clone().ok_or(Errno(libc::ENETDOWN))
+}
+
+// ------------------------------------------------------------------ the table
+
+enum Obj {
+    /// `socket()` made it; not yet bound for good, listening or connected.
+    Fresh(Socket),
+    Listener(TcpListener),
+    Stream(TcpStream),
+    Udp(UdpSocket),
+    Epoll(poll::Epoll),
+    /// A blocking connect failed: only `close` (and `SO_ERROR`) remain.
+    Failed,
+    /// Taken out during a state change (never seen by another call: the change holds
+    /// the entry's write lock).
+    Moving,
+}
+
+/// Socket options the layer keeps itself (what it reports back, and applies when the
+/// socket becomes a stream).
+#[derive(Default)]
+struct Opts {
+    reuseaddr: bool,
+    reuseport: bool,
+    keepalive: bool,
+    nodelay: bool,
+    rcvbuf: Option<i32>,
+    sndbuf: Option<i32>,
+    rcvtimeo: Option<Duration>,
+    sndtimeo: Option<Duration>,
+    linger: Option<Duration>,
+}
+
+struct Entry {
+    /// Holds the descriptor number.
+    reserve: OwnedFd,
+    obj: RwLock<Obj>,
+    domain: i32,
+    stype: i32,
+    nonblock: AtomicBool,
+    /// A connect's failure, for `SO_ERROR` (taken once).
+    error: AtomicI32,
+    opts: Mutex<Opts>,
+}
+
+fn table() -> &'static RwLock<HashMap<RawFd, Arc<Entry>>> {
+    static T: OnceLock<RwLock<HashMap<RawFd, Arc<Entry>>>> = OnceLock::new();
+    T.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+fn get(fd: RawFd) -> Res<Arc<Entry>> {
+    table()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&fd)
+        .cloned()
+        .ok_or(Errno(libc::EBADF))
+}
+
+/// Whether `fd` is a usnet socket or epoll set of this process.
+pub fn is_usnet(fd: RawFd) -> bool {
+    table()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&fd)
+}
+
+fn reserve(cloexec: bool) -> Res<OwnedFd> {
+    let flags = libc::EFD_NONBLOCK | if cloexec { libc::EFD_CLOEXEC } else { 0 };
+    // SAFETY: eventfd has no memory arguments; a non-negative result is a new fd we own.
+    let fd = unsafe { libc::eventfd(0, flags) };
+    if fd < 0 {
+        return Err(Errno(
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE),
+        ));
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn insert(e: Entry) -> RawFd {
+    let fd = e.reserve.as_raw_fd();
+    table()
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(fd, Arc::new(e));
+    fd
+}
+
+fn new_entry(reserve: OwnedFd, obj: Obj, domain: i32, stype: i32, nonblock: bool) -> Entry {
+    Entry {
+        reserve,
+        obj: RwLock::new(obj),
+        domain,
+        stype,
+        nonblock: AtomicBool::new(nonblock),
+        error: AtomicI32::new(0),
+        opts: Mutex::new(Opts::default()),
+    }
+}
+
+impl Entry {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Obj> {
+        self.obj.read().unwrap_or_else(|p| p.into_inner())
+    }
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Obj> {
+        self.obj.write().unwrap_or_else(|p| p.into_inner())
+    }
+    fn nonblocking(&self) -> bool {
+        self.nonblock.load(Relaxed)
+    }
+}
+
+fn ebadf_kind() -> Errno {
+    Errno(libc::ENOTSOCK)
+}
+
+// ------------------------------------------------------------------ calls
+
+pub const SOCK_TYPE_MASK: i32 = 0xf;
+
+/// `socket(2)`: AF_INET/AF_INET6 × SOCK_STREAM/SOCK_DGRAM, with SOCK_NONBLOCK and
+/// SOCK_CLOEXEC.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return Err(Errno(libc::EAFNOSUPPORT));
+    }
+    let base = ty & SOCK_TYPE_MASK;
+    let kind = match (base, protocol) {
+        (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => SocketKind::Tcp,
+        (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => SocketKind::Udp,
+        (libc::SOCK_STREAM | libc::SOCK_DGRAM, _) => return Err(Errno(libc::EPROTONOSUPPORT)),
+        _ => return Err(Errno(libc::ESOCKTNOSUPPORT)),
+    };
+    if ty & !(SOCK_TYPE_MASK | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+        return Err(Errno(libc::EINVAL));
+    }
+    let c = client()?;
+    let s = Socket::new(&c, kind)?;
+    let r = reserve(ty & libc::SOCK_CLOEXEC != 0)?;
+    let obj = match kind {
+        SocketKind::Tcp => Obj::Fresh(s),
+        SocketKind::Udp => Obj::Udp(s.into_udp()),
+    };
+    let nb = ty & libc::SOCK_NONBLOCK != 0;
+    if let Obj::Udp(u) = &obj {
+        u.set_nonblocking(nb)?;
+    }
+    Ok(insert(new_entry(r, obj, domain, base, nb)))
+}
+
+/// `bind(2)`.
+pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
+    let e = get(fd)?;
+    check_family(&e, addr)?;
+    let mut o = e.write();
+    match &mut *o {
+        Obj::Fresh(s) => Ok(s.bind(addr)?),
+        Obj::Udp(_) => {
+            // A UDP socket is bound once; a second bind is EINVAL as in the kernel.
+            let Obj::Udp(u) = std::mem::replace(&mut *o, Obj::Moving) else {
+                unreachable!()
+            };
+            let r = bind_udp(&u, addr);
+            *o = Obj::Udp(u);
+            r
+        }
+        Obj::Epoll(_) => Err(ebadf_kind()),
+        _ => Err(Errno(libc::EINVAL)),
+    }
+}
+
+fn bind_udp(u: &UdpSocket, addr: SocketAddr) -> Res<()> {
+    if u.local_addr().is_ok_and(|a| a.port() != 0) {
+        return Err(Errno(libc::EINVAL));
+    }
+    Ok(u.bind_to(addr)?)
+}
+
+fn check_family(e: &Entry, addr: SocketAddr) -> Res<()> {
+    // An AF_INET6 socket takes IPv4 peers too (as v4-mapped); an AF_INET one does not.
+    if e.domain == libc::AF_INET && addr.is_ipv6() {
+        return Err(Errno(libc::EAFNOSUPPORT));
+    }
+    Ok(())
+}
+
+/// `listen(2)`.
+pub fn listen(fd: RawFd, backlog: i32) -> Res<()> {
+    let e = get(fd)?;
+    let mut o = e.write();
+    match &*o {
+        Obj::Fresh(_) => {
+            let Obj::Fresh(s) = std::mem::replace(&mut *o, Obj::Moving) else {
+                unreachable!()
+            };
+            match s.listen(backlog.clamp(1, 4096) as usize) {
+                Ok(l) => {
+                    l.set_nonblocking(e.nonblocking())?;
+                    *o = Obj::Listener(l);
+                    Ok(())
+                }
+                Err(err) => {
+                    *o = Obj::Failed;
+                    Err(err.into())
+                }
+            }
+        }
+        Obj::Listener(_) => Ok(()),
+        Obj::Udp(_) => Err(Errno(libc::EOPNOTSUPP)),
+        Obj::Epoll(_) => Err(ebadf_kind()),
+        _ => Err(Errno(libc::EINVAL)),
+    }
+}
+
+/// `accept4(2)`: SOCK_NONBLOCK and SOCK_CLOEXEC in `flags`.
+pub fn accept4(fd: RawFd, flags: i32) -> Res<(RawFd, SocketAddr)> {
+    if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+        return Err(Errno(libc::EINVAL));
+    }
+    let e = get(fd)?;
+    let (s, peer) = {
+        let o = e.read();
+        let Obj::Listener(l) = &*o else {
+            return Err(match &*o {
+                Obj::Epoll(_) => ebadf_kind(),
+                _ => Errno(libc::EINVAL),
+            });
+        };
+        l.set_nonblocking(e.nonblocking())?;
+        l.accept()?
+    };
+    let nb = flags & libc::SOCK_NONBLOCK != 0;
+    s.set_nonblocking(nb)?;
+    apply_stream_opts(&e, &s);
+    let r = reserve(flags & libc::SOCK_CLOEXEC != 0)?;
+    let ne = new_entry(r, Obj::Stream(s), e.domain, libc::SOCK_STREAM, nb);
+    // Accepted sockets inherit the listener's options, as Linux's do.
+    {
+        let from = lock(&e.opts);
+        let mut to = lock(&ne.opts);
+        to.nodelay = from.nodelay;
+        to.keepalive = from.keepalive;
+        to.rcvbuf = from.rcvbuf;
+        to.sndbuf = from.sndbuf;
+    }
+    Ok((insert(ne), peer))
+}
+
+fn apply_stream_opts(e: &Entry, s: &TcpStream) {
+    let o = lock(&e.opts);
+    if o.nodelay {
+        let _ = s.set_nodelay(true);
+    }
+    if o.keepalive {
+        let _ = s.set_keepalive(true);
+    }
+    if o.linger.is_some() {
+        let _ = s.set_linger(o.linger);
+    }
+}
+
+/// `connect(2)`: blocking waits for the handshake (`SO_SNDTIMEO` bounds it);
+/// non-blocking returns `EINPROGRESS`, and `SO_ERROR` tells the outcome.
+pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
+    let e = get(fd)?;
+    check_family(&e, addr)?;
+    {
+        let mut o = e.write();
+        match &*o {
+            Obj::Fresh(_) => {
+                let Obj::Fresh(s) = std::mem::replace(&mut *o, Obj::Moving) else {
+                    unreachable!()
+                };
+                match s.connect_start(addr) {
+                    Ok(st) => {
+                        apply_stream_opts(&e, &st);
+                        st.set_nonblocking(e.nonblocking())?;
+                        *o = Obj::Stream(st);
+                    }
+                    Err(err) => {
+                        *o = Obj::Failed;
+                        return Err(err.into());
+                    }
+                }
+                if e.nonblocking() {
+                    return Err(Errno(libc::EINPROGRESS));
+                }
+            }
+            Obj::Udp(u) => return Ok(u.connect(addr)?),
+            Obj::Stream(s) => {
+                return Err(Errno(if s.connected() {
+                    libc::EISCONN
+                } else {
+                    libc::EALREADY
+                }))
+            }
+            Obj::Epoll(_) => return Err(ebadf_kind()),
+            _ => return Err(Errno(libc::EINVAL)),
+        }
+    }
+    // Blocking: wait for the outcome.
+    let deadline = lock(&e.opts).sndtimeo.map(|t| Instant::now() + t);
+    let r = poll::wait_connected(&e, deadline);
+    if let Err(err) = r {
+        if err.0 != libc::EINPROGRESS {
+            *e.write() = Obj::Failed;
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`.
+const SEND_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
+
+fn maybe_dontwait<R>(flags: i32, f: impl FnOnce() -> R) -> R {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        usnet_client::dont_wait(f)
+    } else {
+        f()
+    }
+}
+
+fn sigpipe(flags: i32, err: Errno) -> Errno {
+    if err.0 == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+        // SAFETY: raise has no memory arguments.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    err
+}
+
+/// `sendto(2)` (and `send`, `write` with `to = None`, `flags = 0`).
+pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<usize> {
+    if flags & !SEND_FLAGS != 0 {
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    let e = get(fd)?;
+    let o = e.read();
+    let r: Res<usize> = match &*o {
+        Obj::Stream(s) => {
+            apply_timeouts(&e, s)?;
+            maybe_dontwait(flags, || io::Write::write(&mut &*s, buf)).map_err(Errno::from)
+        }
+        Obj::Udp(u) => {
+            u.set_write_timeout(lock(&e.opts).sndtimeo)?;
+            maybe_dontwait(flags, || match to {
+                Some(a) => u.send_to(buf, a),
+                None => u.send(buf),
+            })
+            .map_err(|err| match err.kind() {
+                io::ErrorKind::NotConnected => Errno(libc::EDESTADDRREQ),
+                _ => Errno::from(err),
+            })
+        }
+        Obj::Fresh(_) | Obj::Failed => Err(Errno(libc::ENOTCONN)),
+        Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),
+        Obj::Epoll(_) => Err(Errno(libc::EINVAL)),
+        Obj::Moving => Err(Errno(libc::EBADF)),
+    };
+    r.map_err(|err| sigpipe(flags, err))
+}
+
+fn apply_timeouts(e: &Entry, s: &TcpStream) -> Res<()> {
+    let o = lock(&e.opts);
+    s.set_read_timeout(o.rcvtimeo)?;
+    s.set_write_timeout(o.sndtimeo)?;
+    Ok(())
+}
+
+/// `recvfrom(2)` (and `recv`, `read`): the byte count and, for datagrams, the sender.
+pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<SocketAddr>)> {
+    if flags & libc::MSG_PEEK != 0 {
+        // The receive ring is consumed as it is read; peeking is not offered.
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    if flags & !RECV_FLAGS != 0 {
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    let e = get(fd)?;
+    let o = e.read();
+    match &*o {
+        Obj::Stream(s) => {
+            apply_timeouts(&e, s)?;
+            let mut got = 0;
+            loop {
+                let r = maybe_dontwait(flags, || io::Read::read(&mut &*s, &mut buf[got..]));
+                match r {
+                    Ok(0) => return Ok((got, None)),
+                    Ok(n) => {
+                        got += n;
+                        if flags & libc::MSG_WAITALL == 0 || got == buf.len() {
+                            return Ok((got, None));
+                        }
+                    }
+                    Err(err) if got > 0 => {
+                        let _ = err;
+                        return Ok((got, None));
+                    }
+                    Err(err) => return Err(err.into()),
+                }
+            }
+        }
+        Obj::Udp(u) => {
+            u.set_read_timeout(lock(&e.opts).rcvtimeo)?;
+            let (n, from) = maybe_dontwait(flags, || u.recv_from(buf))?;
+            Ok((n, Some(from)))
+        }
+        Obj::Fresh(_) | Obj::Failed | Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),
+        Obj::Epoll(_) => Err(Errno(libc::EINVAL)),
+        Obj::Moving => Err(Errno(libc::EBADF)),
+    }
+}
+
+/// `writev(2)`: the pieces in order; stops at the first short write.
+pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
+    let mut total = 0;
+    for (i, b) in bufs.iter().enumerate() {
+        if b.is_empty() {
+            continue;
+        }
+        // After the first piece, never block: a writev returns what went.
+        let f = if i > 0 && total > 0 {
+            flags | libc::MSG_DONTWAIT
+        } else {
+            flags
+        };
+        match sendto(fd, b, f, None) {
+            Ok(n) => {
+                total += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Err(e) if total > 0 && e.0 == libc::EAGAIN => break,
+            Err(e) if total > 0 => {
+                let _ = e;
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+/// `readv(2)`: fills the pieces in order with what is there (blocking only for the
+/// first byte).
+pub fn readv(fd: RawFd, bufs: &mut [&mut [u8]], flags: i32) -> Res<usize> {
+    let mut total = 0;
+    for b in bufs.iter_mut() {
+        if b.is_empty() {
+            continue;
+        }
+        let f = if total > 0 {
+            flags | libc::MSG_DONTWAIT
+        } else {
+            flags
+        };
+        match recvfrom(fd, b, f) {
+            Ok((0, _)) => break,
+            Ok((n, _)) => {
+                total += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Err(_) if total > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+/// `shutdown(2)`.
+pub fn shutdown(fd: RawFd, how: i32) -> Res<()> {
+    let how = match how {
+        libc::SHUT_RD => Shutdown::Read,
+        libc::SHUT_WR => Shutdown::Write,
+        libc::SHUT_RDWR => Shutdown::Both,
+        _ => return Err(Errno(libc::EINVAL)),
+    };
+    let e = get(fd)?;
+    let o = e.read();
+    match &*o {
+        Obj::Stream(s) => Ok(s.shutdown(how)?),
+        Obj::Epoll(_) => Err(ebadf_kind()),
+        _ => Err(Errno(libc::ENOTCONN)),
+    }
+}
+
+/// `close(2)`: the socket closes (a stream's queued bytes still go out) and the number
+/// is free again.
+pub fn close(fd: RawFd) -> Res<()> {
+    let e = table()
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&fd)
+        .ok_or(Errno(libc::EBADF))?;
+    // Another thread blocked in a call on it still holds the entry: the socket and the
+    // number go when that call returns.
+    drop(e);
+    Ok(())
+}
+
+/// `getsockname(2)`.
+pub fn getsockname(fd: RawFd) -> Res<SocketAddr> {
+    let e = get(fd)?;
+    let o = e.read();
+    let r = match &*o {
+        Obj::Fresh(s) => s.local_addr(),
+        Obj::Listener(l) => l.local_addr(),
+        Obj::Stream(s) => s.local_addr(),
+        Obj::Udp(u) => u.local_addr(),
+        Obj::Epoll(_) => return Err(ebadf_kind()),
+        _ => return Err(Errno(libc::EINVAL)),
+    };
+    r.or_else(|_| Ok(unspecified(e.domain)))
+}
+
+fn unspecified(domain: i32) -> SocketAddr {
+    if domain == libc::AF_INET6 {
+        "[::]:0".parse().expect("literal")
+    } else {
+        "0.0.0.0:0".parse().expect("literal")
+    }
+}
+
+/// `getpeername(2)`.
+pub fn getpeername(fd: RawFd) -> Res<SocketAddr> {
+    let e = get(fd)?;
+    let o = e.read();
+    match &*o {
+        Obj::Stream(s) if s.connected() => Ok(s.peer_addr()?),
+        Obj::Udp(u) => u.peer_addr().map_err(|_| Errno(libc::ENOTCONN)),
+        Obj::Epoll(_) => Err(ebadf_kind()),
+        _ => Err(Errno(libc::ENOTCONN)),
+    }
+}
+
+/// `fcntl(2)`: F_GETFL/F_SETFL (O_NONBLOCK), F_GETFD/F_SETFD (on the kernel number).
+pub fn fcntl(fd: RawFd, cmd: i32, arg: i64) -> Res<i32> {
+    let e = get(fd)?;
+    match cmd {
+        libc::F_GETFL => Ok(libc::O_RDWR | if e.nonblocking() { libc::O_NONBLOCK } else { 0 }),
+        libc::F_SETFL => {
+            set_nonblocking(&e, arg as i32 & libc::O_NONBLOCK != 0)?;
+            Ok(0)
+        }
+        libc::F_GETFD | libc::F_SETFD => {
+            // SAFETY: fcntl on a descriptor this entry owns, with an integer argument.
+            let r = unsafe { libc::fcntl(e.reserve.as_raw_fd(), cmd, arg as libc::c_int) };
+            if r < 0 {
+                Err(Errno(
+                    io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EINVAL),
+                ))
+            } else {
+                Ok(r)
+            }
+        }
+        _ => Err(Errno(libc::EINVAL)),
+    }
+}
+
+fn set_nonblocking(e: &Entry, nb: bool) -> Res<()> {
+    e.nonblock.store(nb, Relaxed);
+    match &*e.read() {
+        Obj::Listener(l) => l.set_nonblocking(nb)?,
+        Obj::Stream(s) => s.set_nonblocking(nb)?,
+        Obj::Udp(u) => u.set_nonblocking(nb)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `ioctl(2)`: FIONBIO and FIONREAD.
+pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
+    let e = get(fd)?;
+    match req {
+        r if r == libc::FIONBIO => {
+            set_nonblocking(&e, value != 0)?;
+            Ok(0)
+        }
+        r if r == libc::FIONREAD => match &*e.read() {
+            Obj::Stream(s) => Ok(s.available().min(i32::MAX as usize) as i32),
+            // The next datagram's size would need a peek at the ring's record header,
+            // which the client does not offer yet.
+            Obj::Udp(_) => Err(Errno(libc::EOPNOTSUPP)),
+            _ => Err(Errno(libc::EINVAL)),
+        },
+        _ => Err(Errno(libc::ENOTTY)),
+    }
+}
+
+fn int_opt(v: &[u8]) -> Res<i32> {
+    if v.len() < 4 {
+        return Err(Errno(libc::EINVAL));
+    }
+    Ok(i32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
+}
+
+fn timeval_opt(v: &[u8]) -> Res<Option<Duration>> {
+    if v.len() < std::mem::size_of::<libc::timeval>() {
+        return Err(Errno(libc::EINVAL));
+    }
+    // SAFETY: length checked; read_unaligned copes with any alignment.
+    let tv = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const libc::timeval) };
+    if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) {
+        return Err(Errno(libc::EDOM));
+    }
+    let d = Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000);
+    Ok((!d.is_zero()).then_some(d))
+}
+
+/// `setsockopt(2)`: SOL_SOCKET SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF,
+/// SO_SNDBUF, SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; IPPROTO_TCP TCP_NODELAY. Others
+/// are `ENOPROTOOPT`.
+pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
+    let e = get(fd)?;
+    if matches!(&*e.read(), Obj::Epoll(_)) {
+        return Err(ebadf_kind());
+    }
+    let mut o = lock(&e.opts);
+    let obj = e.read();
+    let stream = match &*obj {
+        Obj::Stream(s) => Some(s),
+        _ => None,
+    };
+    match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => o.reuseaddr = int_opt(value)? != 0,
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => o.reuseport = int_opt(value)? != 0,
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => {
+            o.keepalive = int_opt(value)? != 0;
+            if let Some(s) = stream {
+                s.set_keepalive(o.keepalive)?;
+            }
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
+            let v = int_opt(value)?.max(256);
+            o.rcvbuf = Some(v);
+            if let Obj::Udp(u) = &*obj {
+                u.set_recv_buffer_size(v as usize)?;
+            }
+        }
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => o.sndbuf = Some(int_opt(value)?.max(256)),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => o.rcvtimeo = timeval_opt(value)?,
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => o.sndtimeo = timeval_opt(value)?,
+        (libc::SOL_SOCKET, libc::SO_LINGER) => {
+            if value.len() < std::mem::size_of::<libc::linger>() {
+                return Err(Errno(libc::EINVAL));
+            }
+            // SAFETY: length checked.
+            let l = unsafe { std::ptr::read_unaligned(value.as_ptr() as *const libc::linger) };
+            o.linger = (l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64));
+            if let Some(s) = stream {
+                s.set_linger(o.linger)?;
+            }
+        }
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) if e.stype == libc::SOCK_STREAM => {
+            o.nodelay = int_opt(value)? != 0;
+            if let Some(s) = stream {
+                s.set_nodelay(o.nodelay)?;
+            }
+        }
+        _ => return Err(Errno(libc::ENOPROTOOPT)),
+    }
+    Ok(())
+}
+
+/// `getsockopt(2)`: what `setsockopt` takes, plus SO_ERROR, SO_TYPE, SO_DOMAIN,
+/// SO_PROTOCOL, SO_ACCEPTCONN and TCP_INFO (Linux's `struct tcp_info`). Writes into
+/// `out` and returns the length written (truncated to `out`, as the kernel does).
+pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize> {
+    let e = get(fd)?;
+    let obj = e.read();
+    if matches!(&*obj, Obj::Epoll(_)) {
+        return Err(ebadf_kind());
+    }
+    let o = lock(&e.opts);
+    let int = |v: i32| v.to_ne_bytes().to_vec();
+    let timeval = |d: Option<Duration>| {
+        let d = d.unwrap_or_default();
+        let tv = libc::timeval {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_usec: d.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: timeval is plain data; viewing it as bytes is sound.
+        unsafe {
+            std::slice::from_raw_parts(&tv as *const _ as *const u8, std::mem::size_of_val(&tv))
+                .to_vec()
+        }
+    };
+    let stream = match &*obj {
+        Obj::Stream(s) => Some(s),
+        _ => None,
+    };
+    let bytes: Vec<u8> = match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_ERROR) => {
+            let mut err = e.error.swap(0, Relaxed);
+            if err == 0 {
+                if let Some(s) = stream {
+                    if let Ok(Some(x)) = s.take_error() {
+                        err = Errno::from(x).0;
+                    }
+                }
+            }
+            int(err)
+        }
+        (libc::SOL_SOCKET, libc::SO_TYPE) => int(e.stype),
+        (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(e.domain),
+        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if e.stype == libc::SOCK_STREAM {
+            libc::IPPROTO_TCP
+        } else {
+            libc::IPPROTO_UDP
+        }),
+        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(matches!(&*obj, Obj::Listener(_)) as i32),
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => int(o.reuseaddr as i32),
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => int(o.reuseport as i32),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => int(o.keepalive as i32),
+        // Linux reports twice what was set (its bookkeeping overhead); so do we, so
+        // programs that check the doubling keep working.
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rcvbuf.map_or(131072, |v| v * 2)),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sndbuf.map_or(16384, |v| v * 2)),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(o.rcvtimeo),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(o.sndtimeo),
+        (libc::SOL_SOCKET, libc::SO_LINGER) => {
+            let l = libc::linger {
+                l_onoff: o.linger.is_some() as i32,
+                l_linger: o.linger.map_or(0, |d| d.as_secs() as i32),
+            };
+            l.l_onoff
+                .to_ne_bytes()
+                .into_iter()
+                .chain(l.l_linger.to_ne_bytes())
+                .collect()
+        }
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) if e.stype == libc::SOCK_STREAM => {
+            int(o.nodelay as i32)
+        }
+        (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => {
+            let Some(s) = stream else {
+                // Not connected: Linux answers a zeroed tcp_info with state CLOSE (7).
+                let mut z = vec![0u8; std::mem::size_of::<libc::tcp_info>()];
+                z[0] = if matches!(&*obj, Obj::Listener(_)) {
+                    10
+                } else {
+                    7
+                };
+                return Ok(copy_out(&z, out));
+            };
+            tcp_info_bytes(&s.info()?)
+        }
+        _ => return Err(Errno(libc::ENOPROTOOPT)),
+    };
+    Ok(copy_out(&bytes, out))
+}
+
+fn copy_out(b: &[u8], out: &mut [u8]) -> usize {
+    let n = b.len().min(out.len());
+    out[..n].copy_from_slice(&b[..n]);
+    n
+}
+
+fn tcp_info_bytes(i: &usnet_client::TcpInfo) -> Vec<u8> {
+    // SAFETY: tcp_info is plain data; all-zero is a valid value.
+    let mut t: libc::tcp_info = unsafe { std::mem::zeroed() };
+    t.tcpi_state = i.state as u8;
+    t.tcpi_rto = i.rto.as_micros() as u32;
+    t.tcpi_snd_mss = i.snd_mss;
+    t.tcpi_rcv_mss = i.rcv_mss;
+    t.tcpi_rtt = i.rtt.as_micros() as u32;
+    t.tcpi_rttvar = i.rttvar.as_micros() as u32;
+    t.tcpi_snd_ssthresh = i.ssthresh;
+    t.tcpi_snd_cwnd = i.cwnd;
+    t.tcpi_total_retrans = i.total_retransmits;
+    t.tcpi_unacked = i.bytes_in_flight.div_ceil(i.snd_mss.max(1));
+    // SAFETY: as above, viewing plain data as bytes.
+    unsafe {
+        std::slice::from_raw_parts(&t as *const _ as *const u8, std::mem::size_of_val(&t)).to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_map_to_linux_errno() {
+        assert_eq!(
+            Errno::from(io::Error::from(io::ErrorKind::WouldBlock)),
+            Errno(libc::EAGAIN)
+        );
+        assert_eq!(
+            Errno::from(io::Error::from_raw_os_error(libc::ECONNRESET)),
+            Errno(libc::ECONNRESET)
+        );
+        assert_eq!(
+            Errno::from(io::Error::from(io::ErrorKind::ConnectionRefused)),
+            Errno(libc::ECONNREFUSED)
+        );
+    }
+
+    #[test]
+    fn unknown_descriptors_are_ebadf_and_bad_arguments_einval() {
+        assert_eq!(close(987_654), Err(Errno(libc::EBADF)));
+        assert_eq!(
+            socket(libc::AF_UNIX, libc::SOCK_STREAM, 0),
+            Err(Errno(libc::EAFNOSUPPORT))
+        );
+        assert_eq!(
+            socket(libc::AF_INET, libc::SOCK_RAW, 0),
+            Err(Errno(libc::ESOCKTNOSUPPORT))
+        );
+        assert_eq!(shutdown(987_654, 99), Err(Errno(libc::EINVAL)));
+        let tv = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 2_000_000,
+        };
+        let b = unsafe {
+            std::slice::from_raw_parts(&tv as *const _ as *const u8, std::mem::size_of_val(&tv))
+        };
+        assert_eq!(timeval_opt(b), Err(Errno(libc::EDOM)));
+    }
+}

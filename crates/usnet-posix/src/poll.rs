@@ -1,0 +1,443 @@
+//! `poll(2)` and epoll over usnet sockets mixed with kernel descriptors.
+//!
+//! Readiness of usnet sockets comes from their slots in shared memory (through
+//! `usnet_client::Poller`, which sleeps on the session's bell); kernel descriptors go
+//! to the kernel (`poll(2)`, or the epoll set's own kernel epoll instance). A wait on
+//! a mix sleeps on the bell in slices of [`MIX_SLICE`] and looks at the kernel side
+//! between slices.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use usnet_client::{Event, Interest, Mode, Poller, Source};
+
+use crate::{get, insert, lock, new_entry, Entry, Errno, Obj, Res};
+
+/// Longest sleep on the bell while kernel descriptors wait too.
+pub const MIX_SLICE: Duration = Duration::from_millis(1);
+
+fn last_errno() -> Errno {
+    Errno(
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+/// Registers `e`'s socket with `p` under `token`; false for objects that have no
+/// readiness of their own (fresh or failed sockets: see [`static_events`]).
+fn register(p: &mut Poller, e: &Entry, token: u64, interest: Interest, mode: Mode) -> Res<bool> {
+    let o = e.read();
+    let src: &dyn Source = match &*o {
+        Obj::Listener(l) => l,
+        Obj::Stream(s) => s,
+        Obj::Udp(u) => u,
+        _ => return Ok(false),
+    };
+    p.register(src, token, interest, mode)?;
+    Ok(true)
+}
+
+/// What `poll` reports for a socket without a live slot: a fresh TCP socket is
+/// writable and hung up (as Linux's), a failed one has an error.
+fn static_events(e: &Entry) -> i16 {
+    match &*e.read() {
+        Obj::Fresh(_) => libc::POLLOUT | libc::POLLHUP,
+        Obj::Failed => libc::POLLERR | libc::POLLHUP,
+        _ => libc::POLLNVAL,
+    }
+}
+
+fn poll_bits(ev: &Event, asked: i16) -> i16 {
+    let mut r = 0;
+    if ev.readable {
+        r |= libc::POLLIN | libc::POLLRDNORM;
+    }
+    if ev.writable {
+        r |= libc::POLLOUT | libc::POLLWRNORM;
+    }
+    if ev.closed {
+        r |= libc::POLLHUP | libc::POLLRDHUP;
+    }
+    // POLLHUP and POLLERR are reported whether asked or not.
+    r & (asked | libc::POLLHUP | libc::POLLERR)
+}
+
+fn interest_of(events: i16) -> Interest {
+    Interest {
+        readable: events & (libc::POLLIN | libc::POLLRDNORM | libc::POLLPRI | libc::POLLRDHUP) != 0,
+        writable: events & (libc::POLLOUT | libc::POLLWRNORM) != 0,
+    }
+}
+
+/// `poll(2)` over any mix of usnet sockets and kernel descriptors. `timeout_ms < 0`
+/// waits without end.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
+    let deadline =
+        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let mut poller = Poller::new();
+    let mut kernel: Vec<usize> = Vec::new();
+    let mut fixed: Vec<(usize, i16)> = Vec::new();
+    for (i, p) in fds.iter_mut().enumerate() {
+        p.revents = 0;
+        if p.fd < 0 {
+            continue;
+        }
+        match get(p.fd) {
+            Ok(e) => {
+                if matches!(&*e.read(), Obj::Epoll(_)) {
+                    // An epoll set is a kernel epoll fd: poll it there.
+                    kernel.push(i);
+                } else if !register(
+                    &mut poller,
+                    &e,
+                    i as u64,
+                    interest_of(p.events),
+                    Mode::Level,
+                )? {
+                    fixed.push((i, static_events(&e)));
+                }
+            }
+            Err(_) => kernel.push(i),
+        }
+    }
+    let mut events = Vec::new();
+    loop {
+        events.clear();
+        let mut ready = 0;
+        for &(i, bits) in &fixed {
+            fds[i].revents =
+                bits & (fds[i].events | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL);
+            ready += (fds[i].revents != 0) as usize;
+        }
+        poller.wait(&mut events, Some(Duration::ZERO))?;
+        for ev in &events {
+            let i = ev.token as usize;
+            fds[i].revents = poll_bits(ev, fds[i].events);
+            ready += (fds[i].revents != 0) as usize;
+        }
+        if !kernel.is_empty() {
+            let mut kfds: Vec<libc::pollfd> = kernel.iter().map(|&i| fds[i]).collect();
+            // SAFETY: kfds is a valid array of pollfd for the call.
+            let n = unsafe { libc::poll(kfds.as_mut_ptr(), kfds.len() as libc::nfds_t, 0) };
+            if n < 0 {
+                return Err(last_errno());
+            }
+            for (k, &i) in kernel.iter().enumerate() {
+                fds[i].revents = kfds[k].revents;
+                ready += (kfds[k].revents != 0) as usize;
+            }
+        }
+        if ready > 0 {
+            return Ok(ready);
+        }
+        let left = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Ok(0);
+                }
+                d - now
+            }
+            None => Duration::from_secs(3600),
+        };
+        if kernel.is_empty() {
+            poller.wait(&mut events, Some(left))?;
+        } else if !poller.is_empty() {
+            poller.wait(&mut events, Some(left.min(MIX_SLICE)))?;
+        } else {
+            // Only kernel descriptors (and fixed ones): let the kernel wait.
+            let mut kfds: Vec<libc::pollfd> = kernel.iter().map(|&i| fds[i]).collect();
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: as above.
+            let n = unsafe { libc::poll(kfds.as_mut_ptr(), kfds.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                return Err(last_errno());
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ epoll
+
+/// One `epoll_event` as the kernel lays it out (packed on x86-64).
+pub type EpollEvent = libc::epoll_event;
+
+struct Watch {
+    events: u32,
+    data: u64,
+    /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD.
+    disarmed: bool,
+}
+
+/// An epoll set: a kernel epoll instance (its number is the set's descriptor; kernel
+/// fds are added to it directly) and the usnet sockets watched by the layer.
+pub(crate) struct Epoll {
+    poller: Mutex<Poller>,
+    watches: Mutex<HashMap<RawFd, Watch>>,
+    /// Kernel descriptors in the kernel epoll instance.
+    kernel: AtomicUsize,
+}
+
+/// Longest sleep on the bell with only usnet sockets watched: the poller's lock is
+/// let go between slices, so other threads' `epoll_ctl` never wait long.
+const USNET_SLICE: Duration = Duration::from_millis(20);
+
+/// `epoll_create1(2)`: EPOLL_CLOEXEC in `flags`.
+pub fn epoll_create(flags: i32) -> Res<RawFd> {
+    if flags & !libc::EPOLL_CLOEXEC != 0 {
+        return Err(Errno(libc::EINVAL));
+    }
+    // SAFETY: no memory arguments; a non-negative result is ours.
+    let fd = unsafe { libc::epoll_create1(flags) };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: fresh descriptor owned by nobody else.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let set = Epoll {
+        poller: Mutex::new(Poller::new()),
+        watches: Mutex::new(HashMap::new()),
+        kernel: AtomicUsize::new(0),
+    };
+    Ok(insert(new_entry(owned, Obj::Epoll(set), 0, 0, false)))
+}
+
+fn interest_of_epoll(ev: u32) -> Interest {
+    Interest {
+        readable: ev & (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP) as u32 != 0,
+        writable: ev & libc::EPOLLOUT as u32 != 0,
+    }
+}
+
+fn mode_of(ev: u32) -> Mode {
+    if ev & libc::EPOLLET as u32 != 0 {
+        Mode::Edge
+    } else {
+        Mode::Level
+    }
+}
+
+fn with_set<R>(epfd: RawFd, f: impl FnOnce(&Entry, &Epoll) -> Res<R>) -> Res<R> {
+    let e = get(epfd)?;
+    let o = e.read();
+    let Obj::Epoll(set) = &*o else {
+        return Err(Errno(libc::EINVAL));
+    };
+    f(&e, set)
+}
+
+/// `epoll_ctl(2)`: ADD, MOD, DEL of usnet sockets or kernel descriptors.
+pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> Res<()> {
+    if fd == epfd {
+        return Err(Errno(libc::EINVAL));
+    }
+    let target: Option<Arc<Entry>> = get(fd).ok();
+    let is_set = target
+        .as_ref()
+        .is_some_and(|t| matches!(&*t.read(), Obj::Epoll(_)));
+    with_set(epfd, |e, set| {
+        let Some(t) = target.filter(|_| !is_set) else {
+            // A kernel descriptor (or a nested epoll set, itself a kernel epoll fd).
+            let mut ev = event.unwrap_or(EpollEvent { events: 0, u64: 0 });
+            // SAFETY: valid epoll fd and event pointer for the call.
+            let r = unsafe { libc::epoll_ctl(e.reserve.as_raw_fd(), op, fd, &mut ev) };
+            if r < 0 {
+                return Err(last_errno());
+            }
+            match op {
+                libc::EPOLL_CTL_ADD => {
+                    set.kernel.fetch_add(1, Relaxed);
+                }
+                libc::EPOLL_CTL_DEL => {
+                    set.kernel.fetch_sub(1, Relaxed);
+                }
+                _ => {}
+            }
+            return Ok(());
+        };
+        let mut watches = lock(&set.watches);
+        let mut poller = lock(&set.poller);
+        match op {
+            libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
+                let ev = event.ok_or(Errno(libc::EFAULT))?;
+                let exists = watches.contains_key(&fd);
+                if op == libc::EPOLL_CTL_ADD && exists {
+                    return Err(Errno(libc::EEXIST));
+                }
+                if op == libc::EPOLL_CTL_MOD && !exists {
+                    return Err(Errno(libc::ENOENT));
+                }
+                let _ = poller.deregister(fd as u64);
+                register(
+                    &mut poller,
+                    &t,
+                    fd as u64,
+                    interest_of_epoll(ev.events),
+                    mode_of(ev.events),
+                )?;
+                watches.insert(
+                    fd,
+                    Watch {
+                        events: ev.events,
+                        data: ev.u64,
+                        disarmed: false,
+                    },
+                );
+                Ok(())
+            }
+            libc::EPOLL_CTL_DEL => {
+                watches.remove(&fd).ok_or(Errno(libc::ENOENT))?;
+                let _ = poller.deregister(fd as u64);
+                Ok(())
+            }
+            _ => Err(Errno(libc::EINVAL)),
+        }
+    })
+}
+
+fn epoll_bits(ev: &Event, asked: u32) -> u32 {
+    let mut r = 0u32;
+    if ev.readable {
+        r |= libc::EPOLLIN as u32;
+    }
+    if ev.writable {
+        r |= libc::EPOLLOUT as u32;
+    }
+    if ev.closed {
+        r |= (libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
+    }
+    r & (asked | (libc::EPOLLHUP | libc::EPOLLERR) as u32)
+}
+
+/// `epoll_wait(2)`: fills `out`; `timeout_ms < 0` waits without end.
+pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<usize> {
+    if out.is_empty() {
+        return Err(Errno(libc::EINVAL));
+    }
+    let deadline =
+        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    with_set(epfd, |e, set| {
+        let kfd = e.reserve.as_raw_fd();
+        let mut events = Vec::new();
+        loop {
+            let mut n = 0;
+            {
+                let mut poller = lock(&set.poller);
+                let mut watches = lock(&set.watches);
+                events.clear();
+                poller.wait(&mut events, Some(Duration::ZERO))?;
+                for ev in &events {
+                    if n == out.len() {
+                        break;
+                    }
+                    let fd = ev.token as RawFd;
+                    let Some(w) = watches.get_mut(&fd) else {
+                        continue;
+                    };
+                    if w.disarmed {
+                        continue;
+                    }
+                    let bits = epoll_bits(ev, w.events);
+                    if bits == 0 {
+                        continue;
+                    }
+                    out[n] = EpollEvent {
+                        events: bits,
+                        u64: w.data,
+                    };
+                    n += 1;
+                    if w.events & libc::EPOLLONESHOT as u32 != 0 {
+                        w.disarmed = true;
+                        let _ = poller.deregister(fd as u64);
+                    }
+                }
+            }
+            if n < out.len() {
+                // SAFETY: out[n..] is valid for writes of that many events.
+                let k = unsafe {
+                    libc::epoll_wait(kfd, out[n..].as_mut_ptr(), (out.len() - n) as i32, 0)
+                };
+                if k < 0 {
+                    return Err(last_errno());
+                }
+                n += k as usize;
+            }
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(0);
+                    }
+                    d - now
+                }
+                None => Duration::from_secs(3600),
+            };
+            let usnet_watched = !lock(&set.watches).is_empty();
+            if usnet_watched {
+                // Sleep on the bell; the kernel side is looked at every slice.
+                let slice = if set.kernel.load(Relaxed) > 0 {
+                    MIX_SLICE
+                } else {
+                    USNET_SLICE
+                };
+                let mut p = lock(&set.poller);
+                events.clear();
+                p.wait(&mut events, Some(left.min(slice)))?;
+            } else {
+                let ms = left.as_millis().min(i32::MAX as u128) as i32;
+                // SAFETY: as above.
+                let k = unsafe { libc::epoll_wait(kfd, out.as_mut_ptr(), out.len() as i32, ms) };
+                if k < 0 {
+                    return Err(last_errno());
+                }
+                if k > 0 {
+                    return Ok(k as usize);
+                }
+            }
+        }
+    })
+}
+
+/// A blocking `connect` waits here for the handshake's end.
+pub(crate) fn wait_connected(e: &Entry, deadline: Option<Instant>) -> Res<()> {
+    let mut p = Poller::new();
+    if !register(&mut p, e, 0, Interest::WRITABLE, Mode::Level)? {
+        return Err(Errno(libc::ECONNABORTED));
+    }
+    let mut events = Vec::new();
+    loop {
+        let left = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Err(Errno(libc::EINPROGRESS));
+                }
+                d - now
+            }
+            None => Duration::from_secs(3600),
+        };
+        events.clear();
+        p.wait(&mut events, Some(left))?;
+        let o = e.read();
+        let Obj::Stream(s) = &*o else {
+            return Err(Errno(libc::ECONNABORTED));
+        };
+        if let Ok(Some(err)) = s.take_error() {
+            return Err(err.into());
+        }
+        if s.connected() {
+            return Ok(());
+        }
+        if events.iter().any(|ev| ev.closed) {
+            return Err(Errno(libc::ECONNREFUSED));
+        }
+    }
+}

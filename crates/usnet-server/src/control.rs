@@ -1,0 +1,482 @@
+//! The control socket of a stack server: `usnet stat`, `usnet ping`, `usnet down` and
+//! `usnet clients` talk to it, and every client attaches through it. A client keeps
+//! its connection open for as long as it is attached: when the connection breaks (the
+//! process exited or was killed), the server resets and frees everything the client
+//! held. Only the stack's owner (or a member of the group given at start) may connect:
+//! the socket is mode 0600 (0660 with a group) and every peer's credentials are
+//! checked.
+//!
+//! Requests (one JSON line): `{"cmd":"attach","pid":P,"command":"name"}` (answered
+//! with the session memfd, the server page and, for a stack on an fd-based link, the
+//! server's eventfd, passed with SCM_RIGHTS), `{"cmd":"stat"}`, `{"cmd":"clients"}`,
+//! `{"cmd":"ping",...}` and `{"cmd":"stop"}`.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use usnet_session::ctl::{run_dir, socket_path, valid_name};
+use usnet_session::Session;
+
+use crate::session::ServerSession;
+use crate::{submit_call, Job, Loop, ServerBell, ServerConfig};
+
+pub use usnet_session::ctl::ControlError;
+
+/// Connections listed by `stat` (the total is always reported).
+const STAT_MAX_CONNECTIONS: usize = 256;
+/// How long a request line may take to arrive.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a control request waits for the loop.
+const LOOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves the control socket until dropped.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    pub(crate) fn start(
+        cfg: &ServerConfig,
+        jobs: Sender<Job>,
+        bell: ServerBell,
+    ) -> Result<ControlServer, ControlError> {
+        if !valid_name(&cfg.name) {
+            return Err(ControlError::BadName(cfg.name.clone()));
+        }
+        let dir = run_dir();
+        std::fs::create_dir_all(&dir)?;
+        let path = socket_path(&cfg.name);
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                return Err(ControlError::NameInUse(cfg.name.clone()));
+            }
+            // A stale socket left by a stack that died.
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener = UnixListener::bind(&path)?;
+        let mode = if cfg.group.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        if let Some(gid) = cfg.group {
+            std::os::unix::fs::chown(&path, None, Some(gid))?;
+        }
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ctx = Ctx {
+            jobs,
+            bell,
+            cfg: cfg.clone(),
+            next_id: Arc::new(AtomicU32::new(1)),
+        };
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("usnet-control".into())
+            .spawn(move || serve(listener, ctx, stop2))?;
+        Ok(ControlServer {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[derive(Clone)]
+struct Ctx {
+    jobs: Sender<Job>,
+    bell: ServerBell,
+    cfg: ServerConfig,
+    next_id: Arc<AtomicU32>,
+}
+
+impl Ctx {
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
+        submit_call(&self.jobs, &self.bell, LOOP_TIMEOUT, f)
+    }
+}
+
+/// An attached client: its connection (watched for hang-up) and its session id.
+struct Attached {
+    stream: UnixStream,
+    id: u32,
+}
+
+fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
+    let mut attached: Vec<Attached> = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        let mut fds = Vec::with_capacity(1 + attached.len());
+        fds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for a in &attached {
+            fds.push(libc::pollfd {
+                fd: a.stream.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            });
+        }
+        // SAFETY: `fds` is a valid array of pollfd for the duration of the call; the
+        // descriptors belong to `listener` and `attached`, alive across it.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+        if n <= 0 {
+            continue;
+        }
+        // Hang-ups first (walk backwards so removal keeps indices valid).
+        for k in (1..fds.len()).rev() {
+            if fds[k].revents == 0 {
+                continue;
+            }
+            let gone = fds[k].revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 || {
+                // Readable: a client sends nothing after attach, so this is EOF or junk.
+                let mut b = [0u8; 64];
+                !matches!((&attached[k - 1].stream).read(&mut b), Ok(n) if n > 0)
+            };
+            if gone {
+                let a = attached.swap_remove(k - 1);
+                let id = a.id;
+                let _ = ctx.call(move |lp| lp.remove_session(id));
+            }
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            while let Ok((stream, _)) = listener.accept() {
+                if let Some(a) = handle(stream, &ctx) {
+                    attached.push(a);
+                }
+            }
+        }
+    }
+}
+
+/// The uid and gid of the process at the other end.
+fn peer_ids(s: &UnixStream) -> io::Result<(u32, u32)> {
+    let c = rustix::net::sockopt::socket_peercred(s.as_fd())?;
+    Ok((c.uid.as_raw(), c.gid.as_raw()))
+}
+
+/// One control connection: attach is answered here (the stream is then watched);
+/// other requests get a thread of their own (a ping takes seconds).
+fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
+    stream.set_nonblocking(false).ok()?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).ok()?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let me = unsafe { libc::getuid() };
+    match peer_ids(&stream) {
+        Ok((uid, gid)) if uid == me || uid == 0 || ctx.cfg.group == Some(gid) => {}
+        _ => {
+            let mut s = stream;
+            let _ = send(&mut s, &json!({"error": "permission denied"}));
+            return None;
+        }
+    }
+    let mut line = String::new();
+    {
+        let mut reader = BufReader::new(stream.try_clone().ok()?);
+        reader.read_line(&mut line).ok()?;
+    }
+    let mut out = stream;
+    let req: Value = match serde_json::from_str(&line) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = send(&mut out, &json!({"error": format!("bad request: {e}")}));
+            return None;
+        }
+    };
+    if req["cmd"].as_str() == Some("attach") {
+        return attach(out, &req, ctx);
+    }
+    let ctx = ctx.clone();
+    std::thread::spawn(move || {
+        let _ = request(&mut out, &req, &ctx);
+    });
+    None
+}
+
+fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
+    let mut s = serde_json::to_string(v).expect("json");
+    s.push('\n');
+    out.write_all(s.as_bytes())
+}
+
+fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
+    let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
+    let pid = req["pid"].as_u64().unwrap_or(0) as u32;
+    let command: String = req["command"]
+        .as_str()
+        .unwrap_or("?")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect();
+    // The server's geometry is the most a client may ask for; without asking it
+    // gets 1024 sockets with 256 KiB rings (or the caps, if smaller).
+    let cap = ctx.cfg.geometry;
+    let mut g = cap;
+    // Asking for more than the caps is not an error: the client gets the caps (they
+    // are in its session header) and the cut is counted (`quota_geometry`).
+    let mut cut = false;
+    let want_sockets = req["max_sockets"].as_u64().unwrap_or(1024).max(1);
+    cut |= want_sockets > cap.max_sockets as u64;
+    g.max_sockets = want_sockets.min(cap.max_sockets as u64) as u32;
+    g.ring_bytes = match req["ring_bytes"].as_u64() {
+        Some(r) if r.is_power_of_two() && (4096..=cap.ring_bytes as u64).contains(&r) => r as u32,
+        Some(r) => {
+            cut |= r > cap.ring_bytes as u64;
+            cap.ring_bytes.min(256 * 1024)
+        }
+        None => cap.ring_bytes.min(256 * 1024),
+    };
+    let fail = |out: &mut UnixStream, e: String| {
+        let _ = send(out, &json!({"error": e}));
+        None
+    };
+    let mem = match Session::create(id, g) {
+        Ok(m) => m,
+        Err(e) => return fail(&mut out, format!("cannot create session memory: {e}")),
+    };
+    let limits = ctx.cfg.limits;
+    let mut s = match ServerSession::new(id, pid, command, mem.clone(), limits) {
+        Ok(s) => s,
+        Err(e) => return fail(&mut out, format!("session: {e}")),
+    };
+    s.stats.quota_geometry += cut as u64;
+    let max = limits.max_sessions;
+    let added = ctx.call(move |lp| {
+        if lp.sessions.len() >= max {
+            lp.quota_sessions += 1;
+            return false;
+        }
+        lp.add_session(s);
+        true
+    });
+    match added {
+        Some(true) => {}
+        Some(false) => return fail(&mut out, "too many clients".into()),
+        None => return fail(&mut out, "the server loop does not answer".into()),
+    }
+    let reply = json!({
+        "ok": true,
+        "session": id,
+        "bell_kind": ctx.bell.page().bell_kind(),
+        "pid": std::process::id(),
+    });
+    let mut bytes = serde_json::to_string(&reply).expect("json").into_bytes();
+    bytes.push(b'\n');
+    let page = ctx.bell.page().region().fd();
+    let mut fds = vec![mem.region().fd(), page];
+    if let Some(e) = ctx.bell.eventfd() {
+        fds.push(e);
+    }
+    if usnet_shm::fdpass::send_with_fds(&out, &bytes, &fds).is_err() {
+        let _ = ctx.call(move |lp| lp.remove_session(id));
+        return None;
+    }
+    out.set_nonblocking(true).ok()?;
+    Some(Attached { stream: out, id })
+}
+
+fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
+    match req["cmd"].as_str() {
+        Some("stat") => {
+            let info = (
+                ctx.cfg.name.clone(),
+                ctx.cfg.link.clone(),
+                ctx.cfg.services.clone(),
+            );
+            match ctx.call(move |lp| stat(lp, &info.0, &info.1, &info.2)) {
+                Some(v) => send(out, &v),
+                None => send(out, &json!({"error": "the server loop does not answer"})),
+            }
+        }
+        Some("clients") => match ctx.call(|lp| lp.clients()) {
+            Some(v) => send(out, &json!({ "clients": v })),
+            None => send(out, &json!({"error": "the server loop does not answer"})),
+        },
+        Some("ping") => ping(out, req, ctx),
+        Some("stop") => {
+            send(out, &json!({"ok": true}))?;
+            let _ = ctx.call(|lp| lp.stop());
+            Ok(())
+        }
+        other => send(out, &json!({"error": format!("unknown command {other:?}")})),
+    }
+}
+
+/// Everything `usnet stat` shows, as JSON.
+fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
+    let dev = lp.driver.device_stats();
+    let link_state = lp.driver.link_state();
+    let device = lp.driver.device().name().to_string();
+    let uptime = lp.started.elapsed().as_secs_f64();
+    let clients = lp.clients();
+    let closed = lp.sessions_closed;
+    let quota_sessions = lp.quota_sessions;
+    let limits = lp.cfg.limits;
+    let geometry = lp.cfg.geometry;
+    let s = lp.stack();
+    let p = s.pool().stats();
+    json!({
+        "name": name,
+        "link": link,
+        "device": device,
+        "pid": std::process::id(),
+        "uptime_s": uptime,
+        "link_state": format!("{link_state:?}").to_lowercase(),
+        "mac": s.mac().to_string(),
+        "mtu": s.mtu(),
+        "addrs": s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "services": services,
+        "counters": serde_json::to_value(s.counters_snapshot()).expect("counters serialise"),
+        "device_counters": {
+            "rx_frames": dev.rx_frames, "rx_bytes": dev.rx_bytes,
+            "tx_frames": dev.tx_frames, "tx_bytes": dev.tx_bytes,
+            "rx_no_buffer": dev.rx_no_buffer, "rx_errors": dev.rx_errors,
+            "tx_full": dev.tx_full, "tx_dropped": dev.tx_dropped,
+        },
+        "pool": {
+            "buf_size": s.pool().buf_size(), "count": s.pool().count(),
+            "in_use": p.in_use, "peak_in_use": p.peak_in_use,
+            "allocs": p.allocs, "exhausted": p.exhausted,
+        },
+        "neighbors": s.neighbors().iter().map(|(ip, mac)| json!({
+            "ip": ip.to_string(),
+            "mac": mac.map(|m| m.to_string()),
+        })).collect::<Vec<_>>(),
+        "clients": clients,
+        "sessions_closed": closed,
+        "quota_sessions": quota_sessions,
+        "limits": {
+            "max_clients": limits.max_sessions,
+            "client_sockets": geometry.max_sockets,
+            "ring_bytes": geometry.ring_bytes,
+            "max_backlog": limits.max_backlog,
+            "max_rcvbuf": limits.max_rcvbuf,
+        },
+        "sockets": {"live": s.socket_count().0, "slots": s.socket_count().1},
+        "tcp_listeners": s.tcp_listeners().iter().map(|l| json!({
+            "local": l.local.to_string(),
+            "owner": l.owner.0,
+            "syn_queue": l.syn_queue,
+            "accept_queue": l.accept_queue,
+        })).collect::<Vec<_>>(),
+        "tcp_connections_total": s.tcp_connections().len(),
+        "tcp_connections": s.tcp_connections().iter().take(STAT_MAX_CONNECTIONS).map(|c| json!({
+            "local": c.local.to_string(),
+            "remote": c.remote.to_string(),
+            "owner": c.owner.0,
+            "state": format!("{:?}", c.info.state),
+            "orphan": c.orphan,
+            "srtt_us": c.info.srtt.map(|d| d.as_micros() as u64),
+            "rto_ms": c.info.rto.as_millis() as u64,
+            "cwnd": c.info.cwnd,
+            "ssthresh": c.info.ssthresh,
+            "mss": c.info.snd_mss,
+            "in_flight": c.info.bytes_in_flight,
+            "retransmits": c.info.total_retransmits,
+            "congestion": c.info.congestion,
+            "recv_q": c.info.recv_queued,
+            "send_q": c.info.send_queued,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `usnet ping` from the server's own stack: an echo socket in the loop, polled from
+/// this thread; round-trip times come from the stack's clock (send and receive times).
+fn ping(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
+    let dst: IpAddr = match req["dst"].as_str().and_then(|s| s.parse().ok()) {
+        Some(d) => d,
+        None => return send(out, &json!({"error": "ping needs an IP address"})),
+    };
+    let count = req["count"].as_u64().unwrap_or(4).min(1_000_000);
+    let interval = Duration::from_millis(req["interval_ms"].as_u64().unwrap_or(1000));
+    let size = req["size"].as_u64().unwrap_or(56).min(65_000) as usize;
+    let timeout = Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(2000));
+    let Some(h) = ctx.call(|lp| lp.stack().ping_open()) else {
+        return send(out, &json!({"error": "the server loop does not answer"}));
+    };
+    let (mut sent, mut received) = (0u64, 0u64);
+    let result = (|| -> io::Result<()> {
+        for i in 0..count {
+            let seq = (i + 1) as u16;
+            let t0 = Instant::now();
+            let payload = vec![0x5au8; size];
+            let r = ctx.call(move |lp| {
+                // The clock now, not the stack's last turn (the loop may have slept).
+                let at = lp.driver.now();
+                lp.stack().advance(at);
+                lp.stack().ping_send(h, dst, seq, &payload).map(|()| at)
+            });
+            match r {
+                Some(Ok(at)) => {
+                    sent += 1;
+                    let reply = loop {
+                        if t0.elapsed() > timeout {
+                            break None;
+                        }
+                        let got = ctx.call(move |lp| lp.stack().ping_recv(h).ok()).flatten();
+                        match got {
+                            Some(r) if r.seq == seq => break Some(r),
+                            Some(_) => continue, // a late reply to an earlier request
+                            None => std::thread::sleep(Duration::from_micros(200)),
+                        }
+                    };
+                    match reply {
+                        Some(r) => {
+                            received += 1;
+                            let rtt = r.at.saturating_since(at);
+                            send(
+                                out,
+                                &json!({
+                                    "seq": seq, "from": r.from.to_string(), "bytes": r.len + 8,
+                                    "ttl": r.hop_limit,
+                                    "rtt_us": rtt.as_secs_f64() * 1e6,
+                                }),
+                            )?;
+                        }
+                        None => send(out, &json!({"seq": seq, "timeout": true}))?,
+                    }
+                }
+                Some(Err(e)) => send(out, &json!({"seq": seq, "error": e.to_string()}))?,
+                None => return send(out, &json!({"error": "the server loop does not answer"})),
+            }
+            if i + 1 < count {
+                std::thread::sleep(interval.saturating_sub(t0.elapsed()));
+            }
+        }
+        Ok(())
+    })();
+    let _ = ctx.call(move |lp| lp.stack().close(h));
+    result?;
+    send(
+        out,
+        &json!({"done": true, "sent": sent, "received": received}),
+    )
+}

@@ -1,0 +1,468 @@
+//! A narrow entry point for fuzzing the server's session processing: one session
+//! whose shared memory a hostile client scribbles on between the server's turns, and
+//! a stack without a device (frames to the stack's own address are delivered locally,
+//! every other frame is dropped at the transmit queue).
+//!
+//! [`run`] reads its input as commands: raw writes anywhere in the session's memory
+//! (header, rings, ring indices, slot words, data area), requests put into the
+//! submission ring the way a client would (so the fuzzer reaches the socket code, not
+//! only the index checks), bytes and UDP records into a socket's send ring, reads of
+//! the receive rings, server turns and the passing of time. After each turn and at the
+//! end it checks what must hold whatever the client wrote:
+//!
+//! - the server never panics and never loops forever (every turn returns);
+//! - a session never holds more sockets than its quota, and every stack socket the
+//!   session names is owned by the session (clean-up and limits apply to it);
+//! - when the client goes, every stack socket it held is closed and, once the stack
+//!   has settled, every packet buffer is back in the pool.
+//!
+//! The cargo-fuzz target `fuzz/fuzz_targets/server_session.rs` calls [`run`]; the
+//! crate's tests run it on seeded random inputs.
+
+use std::time::Duration;
+
+use usnet_abi::{hdr, op, slot, Geometry, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
+use usnet_session::Session;
+use usnet_stack::{mac_from_seed, Instant, Stack, StackConfig};
+
+use crate::session::ServerSession;
+use crate::ServerLimits;
+
+const ADDR: [u8; 4] = [10, 77, 0, 1];
+// A UDP record's header holds the length and the address.
+const _: () = assert!(RECORD_HEADER >= 8 + SockAddr::LEN);
+
+/// The session the fuzzer attacks: small, so random offsets often hit something.
+pub fn geometry() -> Geometry {
+    Geometry {
+        sq_entries: 8,
+        cq_entries: 8,
+        max_sockets: 4,
+        ring_bytes: 4096,
+    }
+}
+
+fn limits() -> ServerLimits {
+    ServerLimits {
+        budget: 16,
+        chunk: 8192,
+        max_sessions: 1,
+        max_backlog: 4,
+        max_rcvbuf: 16384,
+    }
+}
+
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn take(&mut self, n: usize) -> &[u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).first().copied()
+    }
+    fn u16(&mut self) -> u16 {
+        let b = self.take(2);
+        b.iter().rev().fold(0u16, |a, &x| (a << 8) | x as u16)
+    }
+    fn u32(&mut self) -> u32 {
+        let b = self.take(4);
+        b.iter().rev().fold(0u32, |a, &x| (a << 8) | x as u32)
+    }
+    fn u64(&mut self) -> u64 {
+        let b = self.take(8);
+        b.iter().rev().fold(0u64, |a, &x| (a << 8) | x as u64)
+    }
+}
+
+/// A server-side session and a stack, driven by hand.
+pub struct Harness {
+    stack: Stack,
+    session: ServerSession,
+    /// The client's view of the same memory.
+    mem: Session,
+    now: Instant,
+    ready: Vec<usnet_stack::SocketHandle>,
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Harness {
+    pub fn new() -> Harness {
+        let tcp = usnet_stack::TcpConfig {
+            send_buffer: 16 << 10,
+            recv_buffer: 16 << 10,
+            recv_buffer_initial: 16 << 10,
+            ..Default::default()
+        };
+        let stack = Stack::new(StackConfig {
+            mac: mac_from_seed(7),
+            addrs: vec![
+                format!("{}.{}.{}.{}/24", ADDR[0], ADDR[1], ADDR[2], ADDR[3])
+                    .parse()
+                    .expect("addr"),
+            ],
+            pool: usnet_pool::PoolConfig {
+                count: 512,
+                ..Default::default()
+            },
+            tcp,
+            ..Default::default()
+        })
+        .expect("stack");
+        let mem = Session::create(1, geometry()).expect("session memory");
+        let session =
+            ServerSession::new(1, 0, "fuzz".into(), mem.clone(), limits()).expect("session");
+        Harness {
+            stack,
+            session,
+            mem,
+            now: Instant::from_millis(1000),
+            ready: Vec::new(),
+        }
+    }
+
+    /// The client's view of the session memory.
+    pub fn mem(&self) -> &Session {
+        &self.mem
+    }
+
+    /// One server turn, as the loop runs it for a session.
+    pub fn turn(&mut self) {
+        let stack = &mut self.stack;
+        stack.poll(self.now);
+        self.session.serve(stack, limits().budget);
+        self.session.drain_all(stack);
+        for _ in 0..4 {
+            if !stack.poll(self.now) {
+                break;
+            }
+        }
+        stack.take_ready(&mut self.ready);
+        for h in self.ready.drain(..) {
+            if stack.owner(h) == Some(self.session.owner()) {
+                self.session.on_ready(stack, h);
+            }
+        }
+        self.session.notify();
+        // No device: what leaves the stack is dropped.
+        while let Some(b) = stack.dequeue_tx() {
+            stack.pool_mut().free(b);
+        }
+        self.session.check_invariants(stack);
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now = self.now + d;
+    }
+
+    /// A request as a client puts it in the submission ring (no room check: a
+    /// hostile client does not care).
+    pub fn submit(&self, r: &Request) {
+        let head = self
+            .mem
+            .word(hdr::SQ_HEAD)
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.mem.write_request(head, r);
+        self.mem
+            .word(hdr::SQ_HEAD)
+            .store(head.wrapping_add(1), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Bytes into slot `i`'s send ring as a well-behaved producer writes them.
+    pub fn send_bytes(&self, i: u32, data: &[u8]) {
+        use std::sync::atomic::Ordering::*;
+        let at = self.mem.tx_ring(i);
+        let r = self.mem.region();
+        let prod = r.u64(at.prod).load(Relaxed);
+        let cons = r.u64(at.cons).load(Acquire);
+        let free = at.size as u64 - prod.wrapping_sub(cons).min(at.size as u64);
+        let n = (data.len() as u64).min(free) as usize;
+        for (k, b) in data[..n].iter().enumerate() {
+            let off = at.data + ((prod as usize + k) & (at.size - 1));
+            let _ = r.write(off, std::slice::from_ref(b));
+        }
+        r.u64(at.prod).store(prod.wrapping_add(n as u64), Release);
+    }
+
+    /// The client reads everything in slot `i`'s receive ring and the completions,
+    /// and kicks where the server asked for it.
+    pub fn consume(&self, i: u32) {
+        use std::sync::atomic::Ordering::*;
+        let at = self.mem.rx_ring(i);
+        let r = self.mem.region();
+        let prod = r.u64(at.prod).load(Acquire);
+        r.u64(at.cons).store(prod, Release);
+        let head = self.mem.word(hdr::CQ_HEAD).load(Acquire);
+        self.mem.word(hdr::CQ_TAIL).store(head, Release);
+        for (armed, kick) in [(slot::RX_ARMED, op::RX_KICK), (slot::TX_ARMED, op::TX_KICK)] {
+            if self.mem.slot_word(i, armed).swap(0, AcqRel) == 1 {
+                self.submit(&Request {
+                    op: kick,
+                    slot: i,
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    /// The client is gone: everything it held is closed, and once the stack settles
+    /// every packet buffer is back in the pool.
+    pub fn finish(mut self) {
+        let owner = self.session.owner();
+        self.session.close_all(&mut self.stack);
+        assert!(
+            self.stack.sockets_of(owner).is_empty(),
+            "a departed client still holds stack sockets"
+        );
+        // Long enough for every timer (ARP probes, TIME-WAIT, retransmissions).
+        for _ in 0..200 {
+            self.advance(Duration::from_secs(1));
+            self.stack.poll(self.now);
+            while let Some(b) = self.stack.dequeue_tx() {
+                self.stack.pool_mut().free(b);
+            }
+        }
+        let p = self.stack.pool().stats();
+        assert_eq!(p.in_use, 0, "packet buffers leaked: {p:?}");
+    }
+}
+
+/// An address for a request: mostly the stack's own, so connections and datagrams
+/// meet sockets of the same session.
+fn addr(inp: &mut Input) -> SockAddr {
+    let sel = inp.u8().unwrap_or(0);
+    let port = 7000 + (inp.u8().unwrap_or(0) % 8) as u16;
+    let sa: std::net::SocketAddr = match sel % 6 {
+        0..=2 => (ADDR, port).into(),
+        3 => ([0, 0, 0, 0], port).into(),
+        4 => ([10, 77, 0, 2], port).into(),
+        _ => {
+            let mut b = [0u8; SockAddr::LEN];
+            b.copy_from_slice(
+                &[inp.u64(), inp.u64(), inp.u64(), inp.u64()]
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .collect::<Vec<_>>()[..SockAddr::LEN],
+            );
+            return SockAddr::from_bytes(&b);
+        }
+    };
+    SockAddr::from_std(sa)
+}
+
+/// Runs the commands in `data` against a fresh session (see the module's doc).
+pub fn run(data: &[u8]) {
+    let mut h = Harness::new();
+    let g = geometry();
+    let total = h.mem.layout().total_len;
+    let mut inp = Input(data);
+    let mut steps = 0;
+    while let Some(cmd) = inp.u8() {
+        steps += 1;
+        if steps > 4096 {
+            break;
+        }
+        match cmd % 10 {
+            // Raw bytes anywhere.
+            0 => {
+                let off = inp.u32() as usize % total;
+                let len = inp.u8().unwrap_or(0) as usize;
+                let bytes = inp.take(len).to_vec();
+                let n = bytes.len().min(total - off);
+                let _ = h.mem.region().write(off, &bytes[..n]);
+            }
+            // A word anywhere: indices, counters, flags.
+            1 => {
+                let off = (inp.u32() as usize % (total / 8)) * 8;
+                let v = inp.u64();
+                if inp.u8().unwrap_or(0) & 1 == 0 {
+                    h.mem
+                        .region()
+                        .u32(off)
+                        .store(v as u32, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    h.mem
+                        .region()
+                        .u64(off)
+                        .store(v, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            // A request.
+            2 => {
+                let o = inp.u8().unwrap_or(0) % (op::MAX as u8 + 2);
+                let s = inp.u8().unwrap_or(0) as u32 % (g.max_sockets + 1);
+                let mut args = [0u64; 6];
+                match o as u16 {
+                    op::SOCKET => {
+                        args[0] = [KIND_TCP, KIND_UDP, 0, 9][inp.u8().unwrap_or(0) as usize % 4]
+                    }
+                    op::BIND | op::CONNECT => {
+                        let a = addr(&mut inp).to_args();
+                        args[..4].copy_from_slice(&a);
+                    }
+                    op::LISTEN | op::SHUTDOWN => args[0] = inp.u8().unwrap_or(0) as u64 % 8,
+                    op::SETSOCKOPT | op::GETSOCKOPT => {
+                        args[0] = [1, 6, 0][inp.u8().unwrap_or(0) as usize % 3];
+                        args[1] = inp.u8().unwrap_or(0) as u64 % 16;
+                        args[2] = inp.u64();
+                    }
+                    _ => args[0] = inp.u64(),
+                }
+                h.submit(&Request {
+                    op: o as u16,
+                    flags: 0,
+                    slot: s,
+                    tag: steps,
+                    args,
+                });
+            }
+            // Stream bytes into a send ring.
+            3 => {
+                let s = inp.u8().unwrap_or(0) as u32 % g.max_sockets;
+                let len = inp.u16() as usize % 6000;
+                let fill = inp.u8().unwrap_or(0);
+                h.send_bytes(s, &vec![fill; len]);
+            }
+            // A UDP record into a send ring.
+            4 => {
+                let s = inp.u8().unwrap_or(0) as u32 % g.max_sockets;
+                let len = inp.u16() as usize % 3000;
+                let to = addr(&mut inp);
+                let mut rec = vec![0u8; usnet_abi::record_len(len)];
+                rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+                rec[8..8 + SockAddr::LEN].copy_from_slice(&to.to_bytes());
+                h.send_bytes(s, &rec);
+            }
+            // The client reads.
+            5 => {
+                let s = inp.u8().unwrap_or(0) as u32 % g.max_sockets;
+                h.consume(s);
+            }
+            // Time passes.
+            6 => {
+                let ms = inp.u8().unwrap_or(0) as u64 * 20;
+                h.advance(Duration::from_millis(ms));
+                h.turn();
+            }
+            _ => h.turn(),
+        }
+    }
+    for _ in 0..4 {
+        h.turn();
+    }
+    h.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::*;
+    use usnet_abi::{FLAG_BOUND, SLOT_OPEN};
+
+    /// xorshift64*: seeded, so a failure names its input.
+    fn bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn random_commands_and_scribbles_never_break_the_server() {
+        for seed in 0..300 {
+            let data = bytes(seed, 64 + (seed as usize * 37) % 3000);
+            if let Err(e) = std::panic::catch_unwind(|| run(&data)) {
+                panic!("seed {seed}: {e:?}");
+            }
+        }
+    }
+
+    fn udp_record(len: usize, to: std::net::SocketAddr) -> Vec<u8> {
+        let mut rec = vec![0u8; usnet_abi::record_len(len)];
+        rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+        rec[8..8 + SockAddr::LEN].copy_from_slice(&SockAddr::from_std(to).to_bytes());
+        for (k, b) in rec[RECORD_HEADER..RECORD_HEADER + len]
+            .iter_mut()
+            .enumerate()
+        {
+            *b = k as u8;
+        }
+        rec
+    }
+
+    /// sendto on an unbound UDP socket binds it for the session: the stack socket is
+    /// the session's (owner clean-up reaches it), the client learns its address, and
+    /// replies to it arrive in its receive ring.
+    #[test]
+    fn sendto_on_an_unbound_udp_socket_binds_it_for_the_session() {
+        let mut h = Harness::new();
+        let sock = |op, slot, args| Request {
+            op,
+            slot,
+            args,
+            ..Default::default()
+        };
+        // Slot 0: UDP bound to :7000. Slot 1: UDP, unbound.
+        h.submit(&sock(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]));
+        h.submit(&sock(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]));
+        h.turn();
+        let a = SockAddr::from_std((ADDR, 7000).into()).to_args();
+        h.submit(&sock(op::BIND, 0, [a[0], a[1], a[2], a[3], 0, 0]));
+        h.turn();
+        for i in [0, 1] {
+            assert_eq!(h.mem().slot_word(i, slot::STATE).load(Acquire), SLOT_OPEN);
+        }
+        assert_eq!(
+            h.mem().slot_word(1, slot::FLAGS).load(Acquire) & FLAG_BOUND,
+            0
+        );
+        // sendto from the unbound socket.
+        h.consume(1);
+        h.send_bytes(1, &udp_record(100, (ADDR, 7000).into()));
+        h.submit(&sock(op::TX_KICK, 1, [0; 6]));
+        h.turn();
+        h.turn();
+        assert_ne!(
+            h.mem().slot_word(1, slot::FLAGS).load(Acquire) & FLAG_BOUND,
+            0,
+            "the client is told the socket is bound"
+        );
+        let local = h.mem().slot_addr(1, slot::LOCAL).to_std().unwrap();
+        assert_ne!(local.port(), 0);
+        assert_eq!(h.stack.sockets_of(h.session.owner()).len(), 2);
+        // Slot 0 got the datagram from that address; its reply reaches slot 1.
+        let at = h.mem().rx_ring(0);
+        let r = h.mem().region().clone();
+        assert!(r.u64(at.prod).load(Acquire) > 0, "slot 0 received");
+        let mut from = [0u8; SockAddr::LEN];
+        r.read(at.data + 8, &mut from).unwrap();
+        // Bound to the wildcard address; the datagram came from the stack's own.
+        let from = SockAddr::from_bytes(&from).to_std().unwrap();
+        assert_eq!(from, (ADDR, local.port()).into());
+        h.consume(0);
+        h.send_bytes(0, &udp_record(33, from));
+        h.submit(&sock(op::TX_KICK, 0, [0; 6]));
+        h.turn();
+        h.turn();
+        let at1 = h.mem().rx_ring(1);
+        assert_eq!(
+            r.u64(at1.prod).load(Acquire) as usize,
+            usnet_abi::record_len(33),
+            "the reply reached the socket that sendto bound"
+        );
+        h.finish();
+    }
+}

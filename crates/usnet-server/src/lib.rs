@@ -1,0 +1,458 @@
+//! The usnet stack server: one loop owns a [`Stack`] and its device (through the shared
+//! [`Driver`]) and serves client processes through shared-memory sessions
+//! (`usnet-abi`, `usnet-session`). No lock is shared with a client: a client writes
+//! requests into its submission ring and bytes into its sockets' send rings, the loop
+//! reads them, calls the stack, and writes completions, received bytes and readiness
+//! back into the client's memory, then rings the client's bell if it sleeps.
+//!
+//! Around the loop: a control thread serves the stack's control socket (attach, stat,
+//! ping, stop) and watches every client's connection, so a client that dies is noticed
+//! at once and everything it held is reset and given back. Work for the loop from other
+//! threads (a new session, a statistics snapshot, a ping) travels as [`Job`]s through a
+//! channel, followed by a ring of the loop's bell.
+
+mod bell;
+pub mod control;
+#[doc(hidden)]
+pub mod fuzzing;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use usnet_abi::{hdr, Geometry};
+use usnet_driver::{Driver, SystemClock};
+use usnet_link::Device;
+use usnet_stack::{Owner, Stack};
+
+pub use bell::ServerBell;
+use session::ServerSession;
+pub use session::SessionStats;
+
+/// What a client may use and how the loop shares itself out.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Requests served per client per turn (no client starves another).
+    pub budget: usize,
+    /// Bytes moved per socket per turn between a ring and the stack: the cluster size
+    /// (MCLBYTES) times the clusters one request may carry (MCLNUM).
+    pub chunk: usize,
+    /// Clients at once.
+    pub max_sessions: usize,
+    /// The largest listen backlog a client gets (connections that wait in a
+    /// listener's accept queue are the client's stack sockets too, outside its slot
+    /// quota); a larger request is cut down and counted (`quota_backlog`).
+    pub max_backlog: usize,
+    /// The largest UDP receive buffer (`SO_RCVBUF`) a client may set: the bytes of
+    /// pool buffers one of its sockets may hold while its receive ring is full; a
+    /// larger request is cut down and counted (`quota_rcvbuf`).
+    pub max_rcvbuf: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            budget: 64,
+            chunk: 256 * 1024,
+            max_sessions: 1024,
+            max_backlog: 1024,
+            max_rcvbuf: 4 << 20,
+        }
+    }
+}
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The stack's name (its control socket).
+    pub name: String,
+    /// The link, as given on the command line (for `stat`).
+    pub link: String,
+    /// Per-session geometry: rings, sockets per client (the socket quota), ring size.
+    pub geometry: Geometry,
+    pub limits: ServerLimits,
+    /// Busy-poll this long after the last work before sleeping.
+    pub spin: Duration,
+    /// Besides the stack's owner, members of this group may attach (socket mode 0660).
+    pub group: Option<u32>,
+    /// Services running as clients of this server (for `stat`).
+    pub services: Vec<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: "usnet".into(),
+            link: String::new(),
+            geometry: Geometry::default(),
+            limits: ServerLimits::default(),
+            spin: Duration::from_micros(50),
+            group: None,
+            services: Vec::new(),
+        }
+    }
+}
+
+/// Sockets listed per client by `stat`/`clients` (the counts are always whole).
+const STAT_MAX_CLIENT_SOCKETS: usize = 256;
+
+/// Work another thread hands to the loop.
+pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
+
+/// The loop's state, as a [`Job`] sees it.
+pub struct Loop {
+    pub driver: Driver<Box<dyn Device>>,
+    sessions: HashMap<u32, ServerSession>,
+    order: Vec<u32>,
+    pub cfg: ServerConfig,
+    pub started: Instant,
+    stop: Arc<AtomicBool>,
+    /// Sessions that ended (client gone), for `stat`.
+    pub sessions_closed: u64,
+    /// Attaches refused because `max_sessions` clients were attached.
+    pub quota_sessions: u64,
+}
+
+impl Loop {
+    pub fn stack(&mut self) -> &mut Stack {
+        self.driver.stack_mut()
+    }
+
+    /// Adds an attached client's session.
+    fn add_session(&mut self, s: ServerSession) {
+        self.order.push(s.id);
+        self.sessions.insert(s.id, s);
+    }
+
+    /// A client is gone: reset and free everything it held.
+    pub fn remove_session(&mut self, id: u32) {
+        if let Some(mut s) = self.sessions.remove(&id) {
+            let budget = self.cfg.limits.budget;
+            let stack = self.driver.stack_mut();
+            // What the client asked just before it went (a last shutdown or close, a
+            // last write) still happens, as the kernel finishes a process's calls
+            // before its exit closes the rest: those connections end with a FIN.
+            s.serve(stack, budget);
+            s.drain_all(stack);
+            s.close_all(stack);
+            self.order.retain(|&x| x != id);
+            self.sessions_closed += 1;
+            s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
+        }
+    }
+
+    /// One row per attached client (pid, command, sockets, calls served...).
+    /// With each row, the client's TCP sockets as `ss -p` shows them and the bytes the
+    /// stack holds for it (its sockets' send and receive queues: its share of buffers).
+    pub fn clients(&self) -> Vec<serde_json::Value> {
+        let stack = self.driver.stack();
+        let conns = stack.tcp_connections();
+        let listeners = stack.tcp_listeners();
+        let mut v: Vec<_> = self
+            .sessions
+            .values()
+            .map(|s| {
+                let owner = s.owner();
+                let mut row = s.stats_row();
+                let mine: Vec<_> = conns.iter().filter(|c| c.owner == owner).collect();
+                let queued: u64 = mine
+                    .iter()
+                    .map(|c| (c.info.recv_queued + c.info.send_queued) as u64)
+                    .sum();
+                let mut socks: Vec<serde_json::Value> = listeners
+                    .iter()
+                    .filter(|l| l.owner == owner)
+                    .map(|l| {
+                        serde_json::json!({
+                            "state": "LISTEN", "local": l.local.to_string(), "remote": "*",
+                            "recv_q": l.accept_queue, "send_q": 0,
+                        })
+                    })
+                    .collect();
+                socks.extend(mine.iter().take(STAT_MAX_CLIENT_SOCKETS).map(|c| {
+                    serde_json::json!({
+                        "state": format!("{:?}", c.info.state),
+                        "local": c.local.to_string(), "remote": c.remote.to_string(),
+                        "recv_q": c.info.recv_queued, "send_q": c.info.send_queued,
+                    })
+                }));
+                row["stack_bytes"] = queued.into();
+                row["tcp_connections"] = mine.len().into();
+                row["tcp"] = socks.into();
+                // Stack sockets the client holds, connections waiting in its
+                // listeners' accept queues included.
+                row["stack_sockets"] = stack.sockets_of(owner).len().into();
+                row
+            })
+            .collect();
+        v.sort_by_key(|r| r["id"].as_u64());
+        v
+    }
+
+    /// Who owns a stack socket, as a client row id (0: the server itself).
+    pub fn owner_pid(&self, owner: Owner) -> Option<u32> {
+        self.sessions.get(&owner.0).map(|s| s.pid)
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Serves every session: requests (a budget each), send rings into the stack,
+    /// then readiness and received bytes back into the rings. Returns whether
+    /// anything was done.
+    fn serve(&mut self, ready: &mut Vec<usnet_stack::SocketHandle>) -> bool {
+        let budget = self.cfg.limits.budget;
+        let stack = self.driver.stack_mut();
+        let mut did = false;
+        // Start at a different session each turn, so none always goes first.
+        if !self.order.is_empty() {
+            self.order.rotate_left(1);
+        }
+        for id in &self.order {
+            if let Some(s) = self.sessions.get_mut(id) {
+                did |= s.serve(stack, budget) > 0;
+                s.drain_all(stack);
+            }
+        }
+        stack.take_ready(ready);
+        for h in ready.drain(..) {
+            let Some(owner) = stack.owner(h) else {
+                continue;
+            };
+            if let Some(s) = self.sessions.get_mut(&owner.0) {
+                s.on_ready(stack, h);
+                did = true;
+            }
+        }
+        for s in self.sessions.values_mut() {
+            s.notify();
+        }
+        did
+    }
+
+    fn has_work(&mut self) -> bool {
+        self.sessions.values_mut().any(|s| s.has_work())
+    }
+
+    fn set_asleep(&self, v: u32) {
+        for s in self.sessions.values() {
+            s.mem.word(hdr::SERVER_ASLEEP).store(v, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A running server.
+pub struct ServerHandle {
+    jobs: Sender<Job>,
+    bell: ServerBell,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), String>>>,
+    control: Option<control::ControlServer>,
+}
+
+impl ServerHandle {
+    /// Starts the loop on `device` with `stack`, and the control socket.
+    pub fn start(
+        stack: Stack,
+        device: Box<dyn Device>,
+        cfg: ServerConfig,
+    ) -> Result<ServerHandle, control::ControlError> {
+        let bell = ServerBell::new(device.wait_kind())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let mut driver = Driver::new(stack, device, SystemClock::new());
+        driver.set_burst(64);
+        let lp = Loop {
+            driver,
+            sessions: HashMap::new(),
+            order: Vec::new(),
+            cfg: cfg.clone(),
+            started: Instant::now(),
+            stop: stop.clone(),
+            sessions_closed: 0,
+            quota_sessions: 0,
+        };
+        let control = control::ControlServer::start(&cfg, tx.clone(), bell.clone())?;
+        let bell2 = bell.clone();
+        let thread = std::thread::Builder::new()
+            .name("usnet-server".into())
+            .spawn(move || run(lp, rx, bell2))
+            .map_err(control::ControlError::Io)?;
+        Ok(ServerHandle {
+            jobs: tx,
+            bell,
+            stop,
+            thread: Some(thread),
+            control: Some(control),
+        })
+    }
+
+    /// Runs `f` in the loop and waits for its answer (at most `timeout`).
+    pub fn call<R: Send + 'static>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
+        submit_call(&self.jobs, &self.bell, timeout, f)
+    }
+
+    pub fn control_path(&self) -> Option<&std::path::Path> {
+        self.control.as_ref().map(|c| c.path())
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the loop (clients see the server go) and waits for it.
+    pub fn shutdown(&mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::Release);
+        self.bell.ring();
+        let r = match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err("server loop panicked".into())),
+            None => Ok(()),
+        };
+        self.control.take();
+        r
+    }
+
+    /// Waits until the loop stops by itself (`usnet down`, a failed device).
+    pub fn wait(&mut self, poll: Duration) -> Result<(), String> {
+        while self.is_running() {
+            std::thread::sleep(poll);
+        }
+        self.shutdown()
+    }
+
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Sends `f` to the loop and waits for its answer.
+pub(crate) fn submit_call<R: Send + 'static>(
+    jobs: &Sender<Job>,
+    bell: &ServerBell,
+    timeout: Duration,
+    f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    jobs.send(Box::new(move |lp: &mut Loop| {
+        let _ = tx.send(f(lp));
+    }))
+    .ok()?;
+    bell.ring();
+    rx.recv_timeout(timeout).ok()
+}
+
+/// The loop: turn the driver with the sessions' work, run jobs, sleep when idle.
+fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String> {
+    let mut ready = Vec::new();
+    let mut last_work = Instant::now();
+    let result = loop {
+        if lp.stop.load(Ordering::Acquire) {
+            break Ok(());
+        }
+        while let Ok(job) = jobs.try_recv() {
+            job(&mut lp);
+        }
+        let mut served = false;
+        let t = match lp.driver.turn() {
+            Ok(t) => t,
+            Err(e) => break Err(format!("device: {e}")),
+        };
+        served |= lp.serve(&mut ready);
+        // What the sessions queued goes out now, not one turn later.
+        if let Err(e) = lp.driver.flush() {
+            break Err(format!("device: {e}"));
+        }
+        if t.busy() || served {
+            last_work = Instant::now();
+            continue;
+        }
+        if last_work.elapsed() < lp.cfg.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // The bell's seq first, then announce the sleep in every session, then look
+        // once more (the clients publish, fence, and read the flag: one side always
+        // sees the other; a ring after the seq read ends the sleep at once).
+        let seen = bell.seq();
+        lp.set_asleep(1);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if lp.has_work() {
+            lp.set_asleep(0);
+            continue;
+        }
+        let extra = bell.doorbell(seen);
+        let cap = Duration::from_millis(100);
+        let r = {
+            let Loop {
+                driver, sessions, ..
+            } = &mut lp;
+            driver.wait_with(
+                &[extra],
+                || sessions.values_mut().any(|s| s.has_work()),
+                cap,
+            )
+        };
+        bell.drain();
+        lp.set_asleep(0);
+        if let Err(e) = r {
+            break Err(format!("wait: {e}"));
+        }
+    };
+    // Orderly end: every client learns the server is gone.
+    let ids: Vec<u32> = lp.sessions.keys().copied().collect();
+    for id in ids {
+        if let Some(s) = lp.sessions.get(&id) {
+            s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
+            s.mem.client_bell().ring();
+        }
+        lp.remove_session(id);
+    }
+    lp.driver.release_device_buffers();
+    result
+}
+
+/// For tests of the server and its clients: a stack server in this process on an
+/// in-memory link (sockets to the stack's own addresses are delivered locally, so
+/// whole conversations need no device and no privileges).
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+    use usnet_driver::MemDevice;
+    use usnet_link::DeviceCaps;
+    use usnet_stack::StackConfig;
+
+    /// Starts a server with `stack` (its addresses, buffers) and `cfg` on a memory link
+    /// of MTU 1500 without offloads.
+    pub fn in_memory(stack: StackConfig, cfg: ServerConfig) -> Result<ServerHandle, String> {
+        let (dev, _queues) = MemDevice::new(
+            "mem",
+            DeviceCaps {
+                mtu: 1500,
+                rx_csum_offload: false,
+                tx_csum_offload: false,
+                tso: false,
+                max_burst: 64,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let stack = Stack::new(stack).map_err(|e| e.to_string())?;
+        ServerHandle::start(stack, Box::new(dev), cfg).map_err(|e| e.to_string())
+    }
+}

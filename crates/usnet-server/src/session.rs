@@ -1,0 +1,1165 @@
+//! One client session at the server: its shared memory, the server's ends of its rings,
+//! and the server-side state of each of its sockets. Everything the client wrote is
+//! checked here: opcodes, slot numbers and generations, addresses, ring counters and
+//! record lengths. A bad value is answered with an errno or counted and dropped; it
+//! never reaches the stack unchecked.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::*;
+use std::time::Duration;
+
+use usnet_abi::{
+    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND,
+    FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF, FLAG_WR_SHUT, KIND_TCP, KIND_UDP,
+    RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
+};
+use usnet_session::Session;
+use usnet_shm::spsc::{Consumer, Producer};
+use usnet_shm::{ByteConsumer, ByteProducer, FutexBell};
+use usnet_stack::{Keepalive, Owner, SocketHandle, Stack, StackError, TcpState};
+
+use crate::ServerLimits;
+
+/// What a session's socket is at the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A TCP socket before listen or connect (maybe bound).
+    Fresh,
+    Listener,
+    Conn,
+    Udp,
+}
+
+struct Sock {
+    kind: u64,
+    role: Role,
+    handle: Option<SocketHandle>,
+    /// `bind` before `listen`/`connect` (TCP) records the address here.
+    bound: Option<SocketAddr>,
+    rx: ByteProducer,
+    tx: ByteConsumer,
+    /// The send ring may hold bytes: the server looks at it every turn.
+    tx_active: bool,
+    /// The receive ring was full: wait for the client's RX_KICK.
+    rx_blocked: bool,
+    /// The client closed it: send what the send ring holds, then close.
+    closing: bool,
+    /// `shutdown(SHUT_WR)` waits for the send ring to drain.
+    shut_wr: bool,
+    shut_rd: bool,
+    /// End of stream reached and told to the client.
+    eof: bool,
+    flags: u32,
+    /// A UDP datagram taken from the send ring that the stack refused for now.
+    pending_dgram: Option<(Vec<u8>, Option<SocketAddr>)>,
+}
+
+/// Counters of one session (shown by `usnet stat`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct SessionStats {
+    pub calls: u64,
+    pub kicks: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub bad_requests: u64,
+    pub corrupt_rings: u64,
+    /// Requests refused or cut down by a per-client limit: a socket past the slot
+    /// quota (EMFILE), a listen backlog past `max_backlog`, an `SO_RCVBUF` past
+    /// `max_rcvbuf`, a geometry past the server's caps at attach.
+    pub quota_sockets: u64,
+    pub quota_backlog: u64,
+    pub quota_rcvbuf: u64,
+    pub quota_geometry: u64,
+    pub notifies: u64,
+}
+
+pub(crate) struct ServerSession {
+    pub id: u32,
+    pub pid: u32,
+    pub command: String,
+    pub mem: Session,
+    sq: Consumer,
+    cq: Producer,
+    bell: FutexBell,
+    socks: Vec<Option<Sock>>,
+    free: Vec<u32>,
+    by_handle: HashMap<SocketHandle, u32>,
+    /// Slots whose send ring the server looks at each turn.
+    active: Vec<u32>,
+    /// Slots whose receive ring has room while the stack still holds bytes for them
+    /// (the per-turn budget ran out): refreshed again next turn.
+    rx_again: Vec<u32>,
+    /// Completions that did not fit the completion ring (bounded by the SQ budget).
+    backlog: std::collections::VecDeque<Completion>,
+    /// Something changed for the client this turn: notify its bell.
+    pub dirty: bool,
+    pub stats: SessionStats,
+    scratch: Vec<u8>,
+    limits: ServerLimits,
+}
+
+fn err(e: StackError) -> i64 {
+    -(e.errno() as i64)
+}
+
+/// Linux's `tcp_info.tcpi_state` numbering.
+fn linux_state(s: TcpState) -> u32 {
+    match s {
+        TcpState::Established => 1,
+        TcpState::SynSent => 2,
+        TcpState::SynReceived => 3,
+        TcpState::FinWait1 => 4,
+        TcpState::FinWait2 => 5,
+        TcpState::TimeWait => 6,
+        TcpState::Closed => 7,
+        TcpState::CloseWait => 8,
+        TcpState::LastAck => 9,
+        TcpState::Closing => 11,
+    }
+}
+
+impl ServerSession {
+    pub fn new(
+        id: u32,
+        pid: u32,
+        command: String,
+        mem: Session,
+        limits: ServerLimits,
+    ) -> std::io::Result<ServerSession> {
+        let region = mem.region().clone();
+        let sq = Consumer::attach_discarding(region.clone(), mem.sq())
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let cq =
+            Producer::attach(region, mem.cq()).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let n = mem.geometry().max_sockets;
+        let bell = mem.client_bell();
+        Ok(ServerSession {
+            id,
+            pid,
+            command,
+            sq,
+            cq,
+            bell,
+            socks: (0..n).map(|_| None).collect(),
+            free: (0..n).rev().collect(),
+            by_handle: HashMap::new(),
+            active: Vec::new(),
+            rx_again: Vec::new(),
+            backlog: Default::default(),
+            dirty: false,
+            stats: SessionStats::default(),
+            scratch: Vec::new(),
+            limits,
+            mem,
+        })
+    }
+
+    pub fn owner(&self) -> Owner {
+        Owner(self.id)
+    }
+
+    pub fn socket_count(&self) -> usize {
+        self.socks.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Requests or stream work waiting (the loop must not sleep).
+    pub fn has_work(&mut self) -> bool {
+        !self.active.is_empty()
+            || !self.rx_again.is_empty()
+            || !self.backlog.is_empty()
+            || self.sq.pending()
+    }
+
+    /// Tells the client that something changed: the bell's `seq` always moves (so a
+    /// client that read it before looking at its sockets never sleeps through a
+    /// change), and a sleeping client is woken.
+    pub fn notify(&mut self) {
+        if self.dirty {
+            self.dirty = false;
+            if self.bell.bump_and_notify() {
+                self.stats.notifies += 1;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ requests
+
+    /// Serves up to `budget` requests. Returns how many. A client that does not
+    /// read its completions stops being served once [`BACKLOG_MAX`] wait.
+    pub fn serve(&mut self, stack: &mut Stack, budget: usize) -> usize {
+        self.flush_backlog();
+        let mut done = 0;
+        while done < budget && self.backlog.len() < BACKLOG_MAX {
+            let n = match self.sq.available() {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(_) => {
+                    self.stats.corrupt_rings += 1;
+                    break;
+                }
+            };
+            let take = n.min((budget - done) as u32);
+            for k in 0..take {
+                let req = self.mem.read_request(self.sq.slot(k));
+                if let Some((result, aux)) = self.call(stack, &req) {
+                    self.complete(Completion {
+                        tag: req.tag,
+                        result,
+                        aux,
+                    });
+                }
+            }
+            self.sq.consume(take);
+            self.sq.release();
+            done += take as usize;
+        }
+        done
+    }
+
+    fn complete(&mut self, c: Completion) {
+        self.dirty = true;
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(c);
+            return;
+        }
+        match self.cq.reserve() {
+            Some(k) => {
+                self.mem.write_completion(k, &c);
+                self.cq.commit();
+                self.cq.publish();
+            }
+            None => self.backlog.push_back(c),
+        }
+    }
+
+    fn flush_backlog(&mut self) {
+        while let Some(c) = self.backlog.front().copied() {
+            let Some(k) = self.cq.reserve() else {
+                break;
+            };
+            self.mem.write_completion(k, &c);
+            self.cq.commit();
+            self.backlog.pop_front();
+        }
+        if self.cq.publish() {
+            self.dirty = true;
+        }
+    }
+
+    /// Runs one request; `None` for the kicks, which complete nothing.
+    fn call(&mut self, stack: &mut Stack, req: &Request) -> Option<(i64, [u64; 2])> {
+        self.stats.calls += 1;
+        let ok = |v: i64| Some((v, [0, 0]));
+        if req.op > op::MAX {
+            self.stats.bad_requests += 1;
+            return ok(-errno::ENOSYS);
+        }
+        match req.op {
+            op::NOP => ok(0),
+            op::SOCKET => ok(self.op_socket(req.args[0])),
+            op::TX_KICK | op::RX_KICK => {
+                self.stats.calls -= 1;
+                self.stats.kicks += 1;
+                if let Some(i) = self.slot_of(req) {
+                    if req.op == op::TX_KICK {
+                        self.activate(i);
+                    } else if let Some(s) = self.socks[i as usize].as_mut() {
+                        s.rx_blocked = false;
+                        self.refresh(stack, i);
+                    }
+                }
+                None
+            }
+            _ => {
+                let Some(i) = self.slot_of(req) else {
+                    self.stats.bad_requests += 1;
+                    return ok(-errno::EBADF);
+                };
+                ok(match req.op {
+                    op::BIND => self.op_bind(stack, i, SockAddr::from_args(&req.args)),
+                    op::LISTEN => self.op_listen(stack, i, req.args[0]),
+                    op::ACCEPT => self.op_accept(stack, i),
+                    op::CONNECT => self.op_connect(stack, i, SockAddr::from_args(&req.args)),
+                    op::SHUTDOWN => self.op_shutdown(stack, i, req.args[0]),
+                    op::CLOSE => self.op_close(stack, i),
+                    op::SETSOCKOPT => self.op_setsockopt(stack, i, &req.args),
+                    op::GETSOCKOPT => self.op_getsockopt(stack, i, &req.args),
+                    _ => -errno::ENOSYS,
+                })
+            }
+        }
+    }
+
+    /// The slot a request names, if it is one of this session's open sockets.
+    fn slot_of(&self, req: &Request) -> Option<u32> {
+        let i = req.slot;
+        if !self.mem.valid_slot(i) {
+            return None;
+        }
+        let s = self.socks[i as usize].as_ref()?;
+        (!s.closing).then_some(i)
+    }
+
+    fn sock(&mut self, i: u32) -> &mut Sock {
+        self.socks[i as usize].as_mut().expect("checked by slot_of")
+    }
+
+    /// Takes a free slot and readies its rings. `None` when the quota is reached.
+    fn new_slot(&mut self, kind: u64, role: Role) -> Option<u32> {
+        let Some(i) = self.free.pop() else {
+            self.stats.quota_sockets += 1;
+            return None;
+        };
+        self.mem.reset_slot(i);
+        let region = self.mem.region().clone();
+        let rx = ByteProducer::attach(region.clone(), self.mem.rx_ring(i)).expect("layout");
+        let tx = ByteConsumer::attach(region, self.mem.tx_ring(i)).expect("layout");
+        self.mem
+            .slot_word(i, slot::KIND)
+            .store(kind as u32, Relaxed);
+        // The server is not looking at the send ring yet: the first bytes kick it.
+        self.mem.slot_word(i, slot::TX_ARMED).store(1, Relaxed);
+        self.mem.slot_word(i, slot::STATE).store(SLOT_OPEN, Release);
+        self.socks[i as usize] = Some(Sock {
+            kind,
+            role,
+            handle: None,
+            bound: None,
+            rx,
+            tx,
+            tx_active: false,
+            rx_blocked: false,
+            closing: false,
+            shut_wr: false,
+            shut_rd: false,
+            eof: false,
+            flags: 0,
+            pending_dgram: None,
+        });
+        Some(i)
+    }
+
+    fn adopt(&mut self, stack: &mut Stack, i: u32, h: SocketHandle) {
+        let _ = stack.set_owner(h, self.owner());
+        self.by_handle.insert(h, i);
+        self.sock(i).handle = Some(h);
+    }
+
+    fn set_flags(&mut self, i: u32, set: u32, clear: u32) {
+        let s = self.sock(i);
+        let f = (s.flags | set) & !clear;
+        if f != s.flags {
+            s.flags = f;
+            self.mem.slot_word(i, slot::FLAGS).store(f, Release);
+            self.bump(i);
+        }
+    }
+
+    fn bump(&mut self, i: u32) {
+        self.mem.slot_word(i, slot::EVENTS).fetch_add(1, Release);
+        self.dirty = true;
+    }
+
+    fn op_socket(&mut self, kind: u64) -> i64 {
+        let role = match kind {
+            KIND_TCP => Role::Fresh,
+            KIND_UDP => Role::Udp,
+            _ => return -errno::EINVAL,
+        };
+        match self.new_slot(kind, role) {
+            Some(i) => i as i64,
+            None => -errno::EMFILE,
+        }
+    }
+
+    fn op_bind(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
+        let Some(addr) = a.to_std() else {
+            return -errno::EINVAL;
+        };
+        let s = self.sock(i);
+        if s.handle.is_some() || s.bound.is_some() {
+            return -errno::EINVAL;
+        }
+        match s.role {
+            Role::Udp => match stack.udp_bind(addr) {
+                Ok(h) => {
+                    self.adopt(stack, i, h);
+                    let local = stack.udp_local_addr(h).unwrap_or(addr);
+                    self.mem
+                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
+                    self.set_flags(i, FLAG_BOUND, 0);
+                    0
+                }
+                Err(e) => err(e),
+            },
+            Role::Fresh => {
+                let ip = addr.ip();
+                let local_ok = ip.is_unspecified() || stack.addrs().iter().any(|c| c.addr == ip);
+                if !local_ok {
+                    return -errno::EADDRNOTAVAIL;
+                }
+                s.bound = Some(addr);
+                self.mem.set_slot_addr(i, slot::LOCAL, &a);
+                self.set_flags(i, FLAG_BOUND, 0);
+                0
+            }
+            _ => -errno::EINVAL,
+        }
+    }
+
+    fn op_listen(&mut self, stack: &mut Stack, i: u32, backlog: u64) -> i64 {
+        let s = self.sock(i);
+        if s.role == Role::Listener {
+            return 0;
+        }
+        if s.role != Role::Fresh {
+            return -errno::EINVAL;
+        }
+        let addr = s
+            .bound
+            .unwrap_or_else(|| "0.0.0.0:0".parse().expect("addr"));
+        let max = self.limits.max_backlog.max(1);
+        if backlog > max as u64 {
+            self.stats.quota_backlog += 1;
+        }
+        let backlog = backlog.clamp(1, max as u64) as usize;
+        match stack.tcp_listen(addr, backlog) {
+            Ok(h) => {
+                self.sock(i).role = Role::Listener;
+                self.adopt(stack, i, h);
+                if let Ok(local) = stack.tcp_local_addr(h) {
+                    self.mem
+                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
+                }
+                self.set_flags(i, FLAG_BOUND, 0);
+                0
+            }
+            Err(e) => err(e),
+        }
+    }
+
+    fn op_accept(&mut self, stack: &mut Stack, i: u32) -> i64 {
+        let Some(h) = self
+            .sock(i)
+            .handle
+            .filter(|_| self.sock(i).role == Role::Listener)
+        else {
+            return -errno::EINVAL;
+        };
+        // A slot first: a connection taken from the accept queue must have a home.
+        if self.free.is_empty() {
+            self.stats.quota_sockets += 1;
+            return -errno::EMFILE;
+        }
+        let child = match stack.tcp_accept(h) {
+            Ok(c) => c,
+            Err(e) => {
+                self.refresh(stack, i);
+                return err(e);
+            }
+        };
+        let j = self
+            .new_slot(KIND_TCP, Role::Conn)
+            .expect("a slot was free");
+        self.adopt(stack, j, child);
+        if let Ok(l) = stack.tcp_local_addr(child) {
+            self.mem
+                .set_slot_addr(j, slot::LOCAL, &SockAddr::from_std(l));
+        }
+        if let Ok(p) = stack.tcp_peer_addr(child) {
+            self.mem
+                .set_slot_addr(j, slot::PEER, &SockAddr::from_std(p));
+        }
+        self.refresh(stack, j);
+        self.refresh(stack, i);
+        j as i64
+    }
+
+    fn op_connect(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
+        let Some(remote) = a.to_std() else {
+            return -errno::EINVAL;
+        };
+        let s = self.sock(i);
+        match s.role {
+            Role::Fresh => {
+                if s.handle.is_some() {
+                    return -errno::EISCONN;
+                }
+                match stack.tcp_connect(s.bound, remote) {
+                    Ok(h) => {
+                        self.sock(i).role = Role::Conn;
+                        self.adopt(stack, i, h);
+                        if let Ok(l) = stack.tcp_local_addr(h) {
+                            self.mem
+                                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                        }
+                        self.mem.set_slot_addr(i, slot::PEER, &a);
+                        self.refresh(stack, i);
+                        0
+                    }
+                    Err(e) => err(e),
+                }
+            }
+            Role::Conn => -errno::EISCONN,
+            Role::Listener => -errno::EINVAL,
+            Role::Udp => {
+                let h = match s.handle {
+                    Some(h) => h,
+                    None => {
+                        let any: SocketAddr = if remote.is_ipv4() {
+                            "0.0.0.0:0".parse().expect("addr")
+                        } else {
+                            "[::]:0".parse().expect("addr")
+                        };
+                        match stack.udp_bind(any) {
+                            Ok(h) => {
+                                self.adopt(stack, i, h);
+                                self.set_flags(i, FLAG_BOUND, 0);
+                                h
+                            }
+                            Err(e) => return err(e),
+                        }
+                    }
+                };
+                match stack.udp_connect(h, remote) {
+                    Ok(()) => {
+                        if let Ok(l) = stack.udp_local_addr(h) {
+                            self.mem
+                                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                        }
+                        self.mem.set_slot_addr(i, slot::PEER, &a);
+                        self.set_flags(i, FLAG_CONNECTED, 0);
+                        0
+                    }
+                    Err(e) => err(e),
+                }
+            }
+        }
+    }
+
+    fn op_shutdown(&mut self, stack: &mut Stack, i: u32, how: u64) -> i64 {
+        if !matches!(how, SHUT_RD | SHUT_WR | SHUT_RDWR) {
+            return -errno::EINVAL;
+        }
+        let s = self.sock(i);
+        if s.role != Role::Conn || s.handle.is_none() {
+            return -errno::ENOTCONN;
+        }
+        if how != SHUT_WR {
+            s.shut_rd = true;
+        }
+        if how != SHUT_RD {
+            s.shut_wr = true;
+            self.activate(i);
+            self.drain_tx(stack, i);
+        }
+        if how != SHUT_WR {
+            self.set_flags(i, FLAG_RX_EOF, 0);
+        }
+        0
+    }
+
+    fn op_close(&mut self, stack: &mut Stack, i: u32) -> i64 {
+        self.sock(i).closing = true;
+        self.mem
+            .slot_word(i, slot::STATE)
+            .store(SLOT_CLOSING, Release);
+        // What the send ring holds still goes out, then the socket closes.
+        self.activate(i);
+        self.drain_tx(stack, i);
+        0
+    }
+
+    fn op_setsockopt(&mut self, stack: &mut Stack, i: u32, a: &[u64; 6]) -> i64 {
+        let (level, name, value) = (a[0], a[1], a[2]);
+        let s = self.sock(i);
+        let h = s.handle;
+        let tcp_conn = s.kind == KIND_TCP && s.role == Role::Conn;
+        let r = match (level, name) {
+            (opt::IPPROTO_TCP, opt::TCP_NODELAY) if tcp_conn => {
+                stack.tcp_set_nodelay(h.expect("conn"), value != 0)
+            }
+            (opt::IPPROTO_TCP, opt::TCP_NODELAY) => Ok(()),
+            (opt::SOL_SOCKET, opt::SO_KEEPALIVE) if tcp_conn => {
+                stack.tcp_set_keepalive(h.expect("conn"), (value != 0).then(Keepalive::default))
+            }
+            (opt::SOL_SOCKET, opt::SO_LINGER) if tcp_conn => {
+                // value: seconds, or u64::MAX for "off".
+                let l = (value != u64::MAX).then(|| Duration::from_secs(value.min(3600)));
+                stack.tcp_set_linger(h.expect("conn"), l)
+            }
+            (opt::SOL_SOCKET, opt::SO_RCVBUF) => match (s.role, h) {
+                (Role::Udp, Some(h)) => {
+                    let max = self.limits.max_rcvbuf;
+                    if value > max as u64 {
+                        self.stats.quota_rcvbuf += 1;
+                    }
+                    stack.udp_set_recv_buffer(h, value.min(max as u64) as usize)
+                }
+                _ => Ok(()),
+            },
+            (opt::SOL_SOCKET, opt::SO_SNDBUF | opt::SO_REUSEADDR | opt::SO_KEEPALIVE)
+            | (opt::SOL_SOCKET, opt::SO_LINGER) => Ok(()),
+            _ => return -errno::ENOPROTOOPT,
+        };
+        match r {
+            Ok(()) => 0,
+            Err(e) => err(e),
+        }
+    }
+
+    fn op_getsockopt(&mut self, stack: &mut Stack, i: u32, a: &[u64; 6]) -> i64 {
+        let (level, name) = (a[0], a[1]);
+        let ring = self.mem.geometry().ring_bytes as i64;
+        let s = self.sock(i);
+        let h = s.handle;
+        let conn = (s.kind == KIND_TCP && s.role == Role::Conn)
+            .then_some(h)
+            .flatten();
+        match (level, name) {
+            (opt::SOL_SOCKET, opt::SO_ERROR) => {
+                let e = self.mem.slot_word(i, slot::ERROR).swap(0, AcqRel);
+                e as i64
+            }
+            (opt::SOL_SOCKET, opt::SO_RCVBUF | opt::SO_SNDBUF) => ring,
+            (opt::IPPROTO_TCP, opt::TCP_MAXSEG) => match conn.map(|h| stack.tcp_info(h)) {
+                Some(Ok(info)) => info.snd_mss as i64,
+                _ => stack.tcp_config().mss as i64,
+            },
+            (opt::IPPROTO_TCP, opt::TCP_INFO) => {
+                let Some(Ok(info)) = conn.map(|h| stack.tcp_info(h)) else {
+                    return -errno::ENOTCONN;
+                };
+                let mut b = [0u8; tcp_info::LEN];
+                let mut put =
+                    |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+                let us = |d: Duration| d.as_micros().min(u32::MAX as u128) as u32;
+                put(tcp_info::STATE, linux_state(info.state));
+                put(tcp_info::RTT_US, info.srtt.map_or(0, us));
+                put(tcp_info::RTTVAR_US, us(info.rttvar));
+                put(tcp_info::RTO_US, us(info.rto));
+                put(tcp_info::SND_MSS, info.snd_mss);
+                put(tcp_info::RCV_MSS, info.rcv_mss);
+                put(tcp_info::CWND, info.cwnd);
+                put(tcp_info::SSTHRESH, info.ssthresh);
+                put(tcp_info::BYTES_IN_FLIGHT, info.bytes_in_flight);
+                put(tcp_info::TOTAL_RETRANS, info.total_retransmits as u32);
+                put(tcp_info::SND_WND, info.snd_wnd);
+                put(tcp_info::RCV_WND, info.rcv_wnd);
+                put(tcp_info::MIN_RTT_US, info.min_rtt.map_or(0, us));
+                self.mem.write_info(i, &b);
+                tcp_info::LEN as i64
+            }
+            _ => -errno::ENOPROTOOPT,
+        }
+    }
+}
+
+/// Completions a client may leave unread before the server stops serving it.
+pub const BACKLOG_MAX: usize = 1024;
+
+// ---------------------------------------------------------------- streams
+
+impl ServerSession {
+    fn activate(&mut self, i: u32) {
+        if let Some(s) = self.socks[i as usize].as_mut() {
+            if !s.tx_active {
+                s.tx_active = true;
+                self.active.push(i);
+            }
+        }
+    }
+
+    /// Moves bytes from the send rings of active sockets into the stack, at most
+    /// `chunk` bytes per socket (the cluster size × clusters per request).
+    pub fn drain_all(&mut self, stack: &mut Stack) {
+        for i in std::mem::take(&mut self.rx_again) {
+            self.refresh(stack, i);
+        }
+        let mut k = 0;
+        while k < self.active.len() {
+            let i = self.active[k];
+            if self.drain_tx(stack, i) {
+                k += 1;
+            } else {
+                self.active.swap_remove(k);
+            }
+        }
+    }
+
+    /// Moves what slot `i`'s send ring holds into the stack. Returns whether the socket
+    /// stays active (more bytes, or the stack pushed back).
+    fn drain_tx(&mut self, stack: &mut Stack, i: u32) -> bool {
+        let chunk = self.limits.chunk;
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return false;
+        };
+        if !s.tx_active {
+            return false;
+        }
+        let avail = match s.tx.available() {
+            Ok(n) => n,
+            Err(_) => {
+                self.stats.corrupt_rings += 1;
+                0
+            }
+        };
+        let mut moved = 0usize;
+        let mut pushed_back = false;
+        match (s.role, s.handle) {
+            (Role::Conn, Some(h)) if avail > 0 => {
+                let want = avail.min(chunk);
+                let tx = &mut s.tx;
+                match stack.tcp_send_with(h, want, |dst| tx.read(dst)) {
+                    Ok(n) => {
+                        moved = n;
+                        pushed_back = n < want;
+                    }
+                    Err(StackError::WouldBlock) => pushed_back = true,
+                    Err(_) => {
+                        // The connection failed or was shut down: the bytes can never
+                        // go out; drop them as the kernel would.
+                        s.tx.skip(avail);
+                    }
+                }
+                s.tx.release();
+            }
+            (Role::Udp, _) if avail > 0 || s.pending_dgram.is_some() => {
+                let owner = Owner(self.id);
+                let mut bound = None;
+                let (m, back) = Self::drain_udp(
+                    stack,
+                    s,
+                    owner,
+                    &mut bound,
+                    &mut self.scratch,
+                    chunk,
+                    &mut self.stats,
+                );
+                moved = m;
+                pushed_back = back;
+                if let Some(h) = bound {
+                    // sendto bound the socket: it is the client's like any other
+                    // (owner clean-up, readiness, received datagrams), and the client
+                    // learns its address now.
+                    self.by_handle.insert(h, i);
+                    self.refresh(stack, i);
+                }
+            }
+            (_, _) if avail > 0 => {
+                // Bytes on a socket that cannot send (not connected): discard them.
+                s.tx.skip(avail);
+                s.tx.release();
+            }
+            _ => {}
+        }
+        self.stats.bytes_in += moved as u64;
+        let s = self.socks[i as usize].as_mut().expect("still here");
+        let left = s.tx.ready();
+        if pushed_back || left > 0 || s.pending_dgram.is_some() {
+            if moved > 0 {
+                self.bump(i);
+            }
+            return true;
+        }
+        // Drained. A close or SHUT_WR that waited for it happens now.
+        let (closing, shut_wr) = (s.closing, s.shut_wr);
+        if closing {
+            self.finish_close(stack, i);
+            return false;
+        }
+        if shut_wr {
+            if let Some(h) = s.handle.filter(|_| s.role == Role::Conn) {
+                s.shut_wr = false;
+                let _ = stack.tcp_shutdown_write(h);
+                self.set_flags(i, FLAG_WR_SHUT, 0);
+            }
+        }
+        // Arm the kick, then look once more (Dekker with the client's publish:
+        // usnet_shm::arm).
+        let s = self.socks[i as usize].as_mut().expect("still here");
+        let armed = self.mem.slot_word(i, slot::TX_ARMED);
+        if usnet_shm::arm::arm(armed, || s.tx.available().unwrap_or(0) > 0) {
+            return true;
+        }
+        s.tx_active = false;
+        if moved > 0 {
+            self.bump(i);
+        }
+        false
+    }
+
+    /// UDP records from the send ring into the stack. Returns (bytes, pushed back).
+    #[allow(clippy::too_many_arguments)]
+    fn drain_udp(
+        stack: &mut Stack,
+        s: &mut Sock,
+        owner: Owner,
+        bound: &mut Option<SocketHandle>,
+        scratch: &mut Vec<u8>,
+        chunk: usize,
+        stats: &mut SessionStats,
+    ) -> (usize, bool) {
+        let mut moved = 0;
+        loop {
+            if let Some((data, to)) = s.pending_dgram.take() {
+                let Some(h) = s.handle else {
+                    return (moved, false);
+                };
+                let r = match to {
+                    Some(to) => stack.udp_send_to(h, &data, to),
+                    None => stack.udp_send(h, &data),
+                };
+                match r {
+                    Err(StackError::WouldBlock) => {
+                        s.pending_dgram = Some((data, to));
+                        return (moved, true);
+                    }
+                    // Other errors lose the datagram, as a kernel send would report
+                    // them to the caller; the counters tell.
+                    _ => moved += data.len(),
+                }
+            }
+            if moved >= chunk {
+                return (moved, true);
+            }
+            let avail = s.tx.ready();
+            // Records never wrap: fewer bytes than a header before the ring's end are
+            // skipped without a marker.
+            let size = ring_size(s);
+            let to_end = size - (s.tx.position() as usize & (size - 1));
+            if to_end < RECORD_HEADER && avail >= to_end {
+                s.tx.skip(to_end);
+                s.tx.release();
+                continue;
+            }
+            if avail < RECORD_HEADER {
+                if avail > 0 {
+                    // A partial header means a broken producer: resynchronise.
+                    stats.corrupt_rings += 1;
+                    s.tx.skip(avail);
+                    s.tx.release();
+                }
+                return (moved, false);
+            }
+            let mut h = [0u8; RECORD_HEADER];
+            s.tx.peek(0, &mut h);
+            let len = u32::from_le_bytes(h[0..4].try_into().expect("4"));
+            if len == RECORD_PAD {
+                // Skip to the start of the ring.
+                s.tx.skip(to_end.min(avail));
+                s.tx.release();
+                continue;
+            }
+            let rec = usnet_abi::record_len(len as usize);
+            if len as usize > usnet_stack::MAX_UDP_PAYLOAD || rec > avail {
+                stats.corrupt_rings += 1;
+                s.tx.skip(avail);
+                s.tx.release();
+                return (moved, false);
+            }
+            let addr = SockAddr::from_bytes(h[8..36].try_into().expect("28"));
+            scratch.resize(len as usize, 0);
+            s.tx.peek(RECORD_HEADER, scratch);
+            s.tx.skip(rec);
+            s.tx.release();
+            let to = if addr.family == 0 {
+                None
+            } else {
+                addr.to_std()
+            };
+            s.pending_dgram = Some((std::mem::take(scratch), to));
+            if s.handle.is_none() {
+                // sendto on an unbound UDP socket binds it to an ephemeral port.
+                let v6 = to.is_some_and(|a| a.is_ipv6());
+                let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
+                    .parse()
+                    .expect("addr");
+                match stack.udp_bind(any) {
+                    Ok(h) => {
+                        let _ = stack.set_owner(h, owner);
+                        s.handle = Some(h);
+                        *bound = Some(h);
+                    }
+                    Err(_) => {
+                        s.pending_dgram = None;
+                        return (moved, false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stack socket's readiness changed (or the client made room): bring the
+    /// client's view up to date.
+    pub fn on_ready(&mut self, stack: &mut Stack, h: SocketHandle) {
+        if let Some(&i) = self.by_handle.get(&h) {
+            // A new UDP binding made by sendto: tell the client its address.
+            self.refresh(stack, i);
+            if self.socks[i as usize].as_ref().is_some_and(|s| s.tx_active) {
+                // Writable again: the stack took what it refused before.
+                self.drain_tx(stack, i);
+            }
+        }
+    }
+
+    /// Moves received data into slot `i`'s receive ring and updates its flags.
+    fn refresh(&mut self, stack: &mut Stack, i: u32) {
+        let chunk = self.limits.chunk;
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return;
+        };
+        let Some(h) = s.handle else {
+            return;
+        };
+        let mut moved = 0usize;
+        let mut set = 0u32;
+        let mut clear = 0u32;
+        let mut error = None;
+        let mut again = false;
+        match s.role {
+            Role::Conn => {
+                if !s.rx_blocked && !s.shut_rd {
+                    // Pull into the ring until the stack has nothing more, the stream
+                    // ended, or the ring is full and stays full after arming the kick.
+                    // The room found after arming is filled at once: the client's read
+                    // that made it saw the kick unarmed and will not ask, and the last
+                    // bytes of a stream bring no further readiness from the stack.
+                    loop {
+                        let free = match s.rx.free() {
+                            Ok(f) => f,
+                            Err(_) => {
+                                self.stats.corrupt_rings += 1;
+                                break;
+                            }
+                        };
+                        let mut room = free.min(chunk.saturating_sub(moved));
+                        let mut drained = false;
+                        while room > 0 {
+                            let rx = &mut s.rx;
+                            match stack.tcp_recv_with(h, room, |c| {
+                                rx.push(c);
+                            }) {
+                                // The call that finds nothing also tells end-of-stream.
+                                Ok(0) => {
+                                    if !s.eof {
+                                        s.eof = true;
+                                        set |= FLAG_RX_EOF;
+                                    }
+                                    drained = true;
+                                    break;
+                                }
+                                Ok(n) => {
+                                    moved += n;
+                                    room -= n;
+                                }
+                                Err(StackError::WouldBlock) => {
+                                    drained = true;
+                                    break;
+                                }
+                                Err(e) => {
+                                    error = Some(e);
+                                    drained = true;
+                                    break;
+                                }
+                            }
+                        }
+                        s.rx.publish();
+                        if drained || s.eof {
+                            break;
+                        }
+                        if s.rx.free().unwrap_or(0) > 0 {
+                            // The per-turn budget ran out with room left: the rest
+                            // comes next turn (`drain_all`).
+                            again = true;
+                            break;
+                        }
+                        // Full ring with more to tell: arm the kick, then look once more;
+                        // room that appeared meanwhile is filled at once.
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if !usnet_shm::arm::arm(armed, || s.rx.free().unwrap_or(0) > 0) {
+                            s.rx_blocked = true;
+                            break;
+                        }
+                    }
+                } else if s.shut_rd {
+                    // SHUT_RD: what arrives is read and dropped.
+                    let _ = stack.tcp_recv_with(h, usize::MAX, |_| {});
+                }
+                if let Ok(r) = stack.readiness(h) {
+                    if r.connected {
+                        set |= FLAG_CONNECTED;
+                    }
+                    if r.closed {
+                        set |= FLAG_HUP;
+                    }
+                }
+                if let Ok(Some(e)) = stack.tcp_error(h) {
+                    error = Some(e);
+                }
+            }
+            Role::Listener => {
+                let r = stack.readiness(h).unwrap_or_default();
+                if r.readable {
+                    set |= FLAG_ACCEPTABLE;
+                } else {
+                    clear |= FLAG_ACCEPTABLE;
+                }
+            }
+            Role::Udp => {
+                moved = Self::fill_udp(stack, s, h, chunk);
+                s.rx.publish();
+                if s.flags & FLAG_BOUND == 0 {
+                    if let Ok(l) = stack.udp_local_addr(h) {
+                        self.mem
+                            .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                        set |= FLAG_BOUND;
+                    }
+                }
+            }
+            Role::Fresh => {}
+        }
+        if let Some(e) = error {
+            let old = self.mem.slot_word(i, slot::ERROR).load(Relaxed);
+            if old == 0 && self.sock(i).flags & FLAG_ERROR == 0 {
+                self.mem
+                    .slot_word(i, slot::ERROR)
+                    .store(e.errno() as u32, Release);
+            }
+            set |= FLAG_ERROR | FLAG_HUP;
+        }
+        self.stats.bytes_out += moved as u64;
+        if moved > 0 {
+            self.bump(i);
+        }
+        if again && !self.rx_again.contains(&i) {
+            self.rx_again.push(i);
+        }
+        self.set_flags(i, set, clear);
+    }
+
+    /// Datagrams from the stack's queue into the receive ring as records, while they
+    /// fit. Returns the payload bytes moved.
+    fn fill_udp(stack: &mut Stack, s: &mut Sock, h: SocketHandle, chunk: usize) -> usize {
+        let size = s.rx.size();
+        let mut moved = 0;
+        while moved < chunk {
+            let Ok(Some(len)) = stack.udp_peek_len(h) else {
+                break;
+            };
+            let rec = usnet_abi::record_len(len);
+            let Ok(free) = s.rx.free() else {
+                break;
+            };
+            let pos = s.rx.position() as usize & (size - 1);
+            let to_end = size - pos;
+            let need = if rec > to_end { to_end + rec } else { rec };
+            if need > free {
+                break;
+            }
+            if rec > to_end {
+                // Records never wrap: mark the tail skipped (a pad header when one
+                // fits; a shorter tail is skipped by rule) and start over at 0.
+                let mut tail = vec![0u8; to_end];
+                if to_end >= RECORD_HEADER {
+                    tail[0..4].copy_from_slice(&RECORD_PAD.to_le_bytes());
+                }
+                s.rx.push(&tail);
+            }
+            // The sender is known only once the datagram is taken: the header is
+            // completed after the payload, before the record is published.
+            let start_pos = s.rx.position();
+            let mut hdr = [0u8; RECORD_HEADER];
+            hdr[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+            s.rx.push(&hdr);
+            let rx = &mut s.rx;
+            let Ok((n, from)) = stack.udp_recv_with(h, |c| {
+                rx.push(c);
+            }) else {
+                break;
+            };
+            let pad = rec - RECORD_HEADER - n;
+            if pad > 0 {
+                s.rx.push(&[0u8; 8][..pad]);
+            }
+            hdr[0..4].copy_from_slice(&(n as u32).to_le_bytes());
+            hdr[8..36].copy_from_slice(&SockAddr::from_std(from).to_bytes());
+            s.rx.rewrite(start_pos, &hdr);
+            moved += n;
+        }
+        moved
+    }
+
+    /// The client closed slot `i` and its send ring is empty: close the stack socket
+    /// and give the slot back.
+    fn finish_close(&mut self, stack: &mut Stack, i: u32) {
+        let Some(s) = self.socks[i as usize].take() else {
+            return;
+        };
+        if let Some(h) = s.handle {
+            self.by_handle.remove(&h);
+            let _ = stack.close(h);
+        }
+        self.mem.slot_word(i, slot::STATE).store(SLOT_FREE, Release);
+        self.mem.slot_word(i, slot::EVENTS).fetch_add(1, Release);
+        self.free.push(i);
+        self.dirty = true;
+    }
+
+    /// The client is gone: everything it held is closed (TCP reset toward the peers)
+    /// and given back. Returns how many stack sockets were closed.
+    pub fn close_all(&mut self, stack: &mut Stack) -> usize {
+        self.by_handle.clear();
+        self.active.clear();
+        for s in self.socks.iter_mut() {
+            *s = None;
+        }
+        stack.close_owner(self.owner())
+    }
+
+    /// What must hold whatever the client wrote (checked by the fuzzing harness and
+    /// tests): the session holds no more sockets than its quota, every stack socket it
+    /// names is its own (so clean-up and limits reach it) and named once.
+    pub fn check_invariants(&self, stack: &Stack) {
+        let quota = self.mem.geometry().max_sockets as usize;
+        assert!(self.socket_count() <= quota, "more sockets than the quota");
+        assert_eq!(self.socket_count() + self.free.len(), quota, "slots lost");
+        for (&h, &i) in &self.by_handle {
+            assert_eq!(
+                stack.owner(h),
+                Some(self.owner()),
+                "slot {i}'s stack socket is not the session's"
+            );
+            let s = self.socks[i as usize]
+                .as_ref()
+                .expect("a named slot is open");
+            assert_eq!(s.handle, Some(h), "slot {i} names another socket");
+        }
+        for (i, s) in self.socks.iter().enumerate() {
+            if let Some(h) = s.as_ref().and_then(|s| s.handle) {
+                assert_eq!(
+                    self.by_handle.get(&h),
+                    Some(&(i as u32)),
+                    "slot {i}'s stack socket is not in the session's map"
+                );
+            }
+        }
+    }
+
+    pub fn stats_row(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "pid": self.pid,
+            "command": self.command,
+            "sockets": self.socket_count(),
+            "max_sockets": self.mem.geometry().max_sockets,
+            "ring_bytes": self.mem.geometry().ring_bytes,
+            "stats": self.stats,
+        })
+    }
+}
+
+fn ring_size(s: &Sock) -> usize {
+    s.tx.size()
+}

@@ -1,0 +1,370 @@
+//! A byte-stream single-producer single-consumer ring in a [`Region`]: the index
+//! protocol of [`crate::spsc`] with byte counters instead of slot counters, for data
+//! that flows as a stream (a socket's bytes between a stack server and its client).
+//!
+//! A ring of `size` bytes (a power of two) at `data` is described by two free-running
+//! `u64` byte counters, each on its own cache line: `prod` (bytes written, only the
+//! producer stores it) and `cons` (bytes read, only the consumer stores it). Bytes in
+//! `[cons, prod)` belong to the consumer, the rest of the ring to the producer; byte
+//! `i` lives at `data + (i & (size - 1))`.
+//!
+//! # Memory ordering
+//! As in [`crate::spsc`]: the producer copies bytes in, then publishes `prod` with a
+//! Release store (once per batch); the consumer's Acquire load of `prod` makes every
+//! byte below it visible. The consumer copies bytes out, then hands them back with a
+//! Release store of `cons`; the producer's Acquire load of `cons` orders those reads
+//! before it overwrites the bytes.
+//!
+//! # A peer that lies
+//! The other side's counter is not trusted. A `cons` that runs ahead of `prod` or falls
+//! behind what it already was, or a `prod` more than `size` ahead of `cons`, is
+//! [`ByteCorrupt`]; every copy stays inside the ring's bytes whatever the counters say,
+//! so a lying peer can only garble the stream it shares with us.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+use crate::{RangeError, Region, CACHE_LINE};
+
+/// The other side's counter is impossible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("byte ring counters are inconsistent (prod {prod}, cons {cons}, size {size})")]
+pub struct ByteCorrupt {
+    pub prod: u64,
+    pub cons: u64,
+    pub size: u64,
+}
+
+/// Where a byte ring lives in its region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRingAt {
+    /// Offset of the producer's `u64` counter.
+    pub prod: usize,
+    /// Offset of the consumer's `u64` counter; at least a cache line from `prod`.
+    pub cons: usize,
+    /// Offset of the ring's bytes.
+    pub data: usize,
+    /// Bytes in the ring: a power of two.
+    pub size: usize,
+}
+
+impl ByteRingAt {
+    fn check(&self, region: &Region) -> Result<(), RangeError> {
+        region.at::<AtomicU64>(self.prod)?;
+        region.at::<AtomicU64>(self.cons)?;
+        region.check(self.data, self.size, 1)?;
+        if !self.size.is_power_of_two() || self.prod.abs_diff(self.cons) < CACHE_LINE {
+            return Err(RangeError {
+                off: self.cons,
+                len: 8,
+                align: CACHE_LINE,
+                map_len: region.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies of `len` bytes at ring position `pos`: the one or two region ranges.
+    fn spans(&self, pos: u64, len: usize) -> [(usize, usize); 2] {
+        let at = (pos as usize) & (self.size - 1);
+        let first = len.min(self.size - at);
+        [(self.data + at, first), (self.data, len - first)]
+    }
+
+    /// Both counters to zero (the ring empty), before either side attaches.
+    pub fn reset(&self, region: &Region) -> Result<(), RangeError> {
+        self.check(region)?;
+        region.u64(self.prod).store(0, Release);
+        region.u64(self.cons).store(0, Release);
+        Ok(())
+    }
+}
+
+/// The producer's end of a byte ring.
+pub struct ByteProducer {
+    region: Arc<Region>,
+    at: ByteRingAt,
+    prod: u64,
+    published: u64,
+    /// Our last view of the consumer's `cons`.
+    cons: u64,
+}
+
+impl ByteProducer {
+    /// Takes the producer's end, continuing from the counters in the region.
+    pub fn attach(region: Arc<Region>, at: ByteRingAt) -> Result<ByteProducer, RangeError> {
+        at.check(&region)?;
+        let prod = region.u64(at.prod).load(Acquire);
+        let cons = region.u64(at.cons).load(Acquire).min(prod);
+        Ok(ByteProducer {
+            region,
+            at,
+            prod,
+            published: prod,
+            cons,
+        })
+    }
+
+    /// Room for more bytes: reloads the consumer's counter (Acquire).
+    pub fn free(&mut self) -> Result<usize, ByteCorrupt> {
+        let cons = self.region.u64(self.at.cons).load(Acquire);
+        if cons < self.cons || cons > self.prod {
+            return Err(self.corrupt(cons));
+        }
+        self.cons = cons;
+        Ok(self.at.size - (self.prod - cons) as usize)
+    }
+
+    /// Bytes written and not yet read, as last seen (no reload).
+    pub fn queued(&self) -> usize {
+        (self.prod - self.cons) as usize
+    }
+
+    /// Copies as much of `src` as fits (by the last [`ByteProducer::free`]); returns
+    /// the count. The consumer sees it after [`ByteProducer::publish`].
+    pub fn push(&mut self, src: &[u8]) -> usize {
+        let room = self.at.size - (self.prod - self.cons) as usize;
+        let n = src.len().min(room);
+        let mut done = 0;
+        for (off, len) in self.at.spans(self.prod, n) {
+            if len > 0 {
+                self.region
+                    .write(off, &src[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        self.prod += n as u64;
+        n
+    }
+
+    /// Publishes every pushed byte with one Release store. Returns whether there was
+    /// anything new (then the caller notifies the consumer).
+    pub fn publish(&mut self) -> bool {
+        if self.prod == self.published {
+            return false;
+        }
+        self.region.u64(self.at.prod).store(self.prod, Release);
+        self.published = self.prod;
+        true
+    }
+
+    /// Bytes written since the ring began.
+    pub fn position(&self) -> u64 {
+        self.prod
+    }
+
+    /// The ring's size in bytes.
+    pub fn size(&self) -> usize {
+        self.at.size
+    }
+
+    /// Overwrites bytes pushed at ring position `pos` that are not yet published (a
+    /// record header completed after its payload). Returns false, writing nothing,
+    /// when the range is not pushed-and-unpublished.
+    pub fn rewrite(&mut self, pos: u64, src: &[u8]) -> bool {
+        if pos < self.published || pos + src.len() as u64 > self.prod {
+            return false;
+        }
+        let mut done = 0;
+        for (off, len) in self.at.spans(pos, src.len()) {
+            if len > 0 {
+                self.region
+                    .write(off, &src[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        true
+    }
+
+    fn corrupt(&self, cons: u64) -> ByteCorrupt {
+        ByteCorrupt {
+            prod: self.prod,
+            cons,
+            size: self.at.size as u64,
+        }
+    }
+}
+
+/// The consumer's end of a byte ring.
+pub struct ByteConsumer {
+    region: Arc<Region>,
+    at: ByteRingAt,
+    cons: u64,
+    released: u64,
+    /// Our last view of the producer's `prod`.
+    prod: u64,
+}
+
+impl ByteConsumer {
+    /// Takes the consumer's end, continuing from the counters in the region.
+    pub fn attach(region: Arc<Region>, at: ByteRingAt) -> Result<ByteConsumer, RangeError> {
+        at.check(&region)?;
+        let cons = region.u64(at.cons).load(Acquire);
+        Ok(ByteConsumer {
+            region,
+            at,
+            cons,
+            released: cons,
+            prod: cons,
+        })
+    }
+
+    /// Bytes ready to read: reloads the producer's counter (Acquire).
+    pub fn available(&mut self) -> Result<usize, ByteCorrupt> {
+        let prod = self.region.u64(self.at.prod).load(Acquire);
+        if prod < self.prod || prod - self.cons > self.at.size as u64 {
+            return Err(ByteCorrupt {
+                prod,
+                cons: self.cons,
+                size: self.at.size as u64,
+            });
+        }
+        self.prod = prod;
+        Ok((prod - self.cons) as usize)
+    }
+
+    /// Bytes ready as last seen (no reload).
+    pub fn ready(&self) -> usize {
+        (self.prod - self.cons) as usize
+    }
+
+    /// Copies up to `dst.len()` ready bytes from `skip` bytes in, without consuming.
+    pub fn peek(&self, skip: usize, dst: &mut [u8]) -> usize {
+        let ready = self.ready();
+        if skip >= ready {
+            return 0;
+        }
+        let n = dst.len().min(ready - skip);
+        let mut done = 0;
+        for (off, len) in self.at.spans(self.cons + skip as u64, n) {
+            if len > 0 {
+                self.region
+                    .read(off, &mut dst[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        n
+    }
+
+    /// Copies up to `dst.len()` ready bytes out and consumes them; returns the count.
+    pub fn read(&mut self, dst: &mut [u8]) -> usize {
+        let n = self.peek(0, dst);
+        self.cons += n as u64;
+        n
+    }
+
+    /// Consumes `n` ready bytes without copying them.
+    pub fn skip(&mut self, n: usize) {
+        self.cons += n.min(self.ready()) as u64;
+    }
+
+    /// Hands the consumed bytes back with one Release store. Returns whether there was
+    /// anything new (then the caller may tell a producer waiting for room).
+    pub fn release(&mut self) -> bool {
+        if self.cons == self.released {
+            return false;
+        }
+        self.region.u64(self.at.cons).store(self.cons, Release);
+        self.released = self.cons;
+        true
+    }
+
+    /// Bytes consumed since the ring began.
+    pub fn position(&self) -> u64 {
+        self.cons
+    }
+
+    /// The ring's size in bytes.
+    pub fn size(&self) -> usize {
+        self.at.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: ByteRingAt = ByteRingAt {
+        prod: 0,
+        cons: 64,
+        data: 128,
+        size: 256,
+    };
+
+    fn region() -> Arc<Region> {
+        let r = Arc::new(Region::create_memfd(c"bytes-test", 4096, false).unwrap());
+        AT.reset(&r).unwrap();
+        r
+    }
+
+    #[test]
+    fn bytes_arrive_in_order_across_the_wrap_and_space_comes_back() {
+        let r = region();
+        let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
+        let mut c = ByteConsumer::attach(r, AT).unwrap();
+        let mut next_in = 0u8;
+        let mut next_out = 0u8;
+        for round in 0..100 {
+            let free = p.free().unwrap();
+            let chunk: Vec<u8> = (0..(37 + round % 50).min(free))
+                .map(|_| {
+                    next_in = next_in.wrapping_add(1);
+                    next_in
+                })
+                .collect();
+            assert_eq!(p.push(&chunk), chunk.len());
+            assert!(p.publish() || chunk.is_empty());
+            let avail = c.available().unwrap();
+            let mut buf = vec![0u8; avail.min(29 + round % 40)];
+            let n = c.read(&mut buf);
+            for b in &buf[..n] {
+                next_out = next_out.wrapping_add(1);
+                assert_eq!(*b, next_out);
+            }
+            c.release();
+        }
+    }
+
+    #[test]
+    fn a_full_ring_takes_nothing_more() {
+        let r = region();
+        let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
+        assert_eq!(p.free().unwrap(), 256);
+        assert_eq!(p.push(&[1u8; 300]), 256);
+        p.publish();
+        assert_eq!(p.free().unwrap(), 0);
+        assert_eq!(p.push(&[2u8; 10]), 0);
+        let mut c = ByteConsumer::attach(r, AT).unwrap();
+        let mut buf = [0u8; 100];
+        assert_eq!(c.available().unwrap(), 256);
+        assert_eq!(c.read(&mut buf), 100);
+        c.release();
+        assert_eq!(p.free().unwrap(), 100);
+    }
+
+    #[test]
+    fn lying_counters_are_reported_and_copies_stay_in_the_ring() {
+        let r = region();
+        let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
+        let mut c = ByteConsumer::attach(r.clone(), AT).unwrap();
+        p.push(&[7u8; 10]);
+        p.publish();
+        // The consumer claims to have read more than was written.
+        r.u64(AT.cons).store(1000, Relaxed);
+        assert!(p.free().is_err());
+        // The producer claims more than the ring can hold.
+        r.u64(AT.prod).store(10_000, Relaxed);
+        assert!(c.available().is_err());
+        // A counter that goes backwards.
+        r.u64(AT.prod).store(10, Relaxed);
+        assert_eq!(c.available().unwrap(), 10);
+        r.u64(AT.prod).store(5, Relaxed);
+        assert!(c.available().is_err());
+        // Whatever the counters, reads stay inside the ring's bytes.
+        let mut buf = [0u8; 10];
+        assert_eq!(c.read(&mut buf), 10);
+    }
+}

@@ -1,0 +1,154 @@
+/* sockets_errno - the socket semantics a program relies on, checked one by one; the
+ * same output on the kernel and on usnet is the test (see usnet_or_kernel.h).
+ *
+ *   sockets_errno ADDR PORT       (PORT and PORT+1 must be free)
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <fcntl.h>
+
+#include "usnet_or_kernel.h"
+
+#ifdef USE_USNET
+#define S_EPOLL_CREATE1 usnet_epoll_create1
+#define S_EPOLL_CTL     usnet_epoll_ctl
+#define S_EPOLL_WAIT    usnet_epoll_wait
+#else
+#define S_EPOLL_CREATE1 epoll_create1
+#define S_EPOLL_CTL     epoll_ctl
+#define S_EPOLL_WAIT    epoll_wait
+#endif
+
+static int failures;
+#define CHECK(name, cond)                                                           \
+    do {                                                                            \
+        if (cond) {                                                                 \
+            printf("ok %s\n", name);                                                \
+        } else {                                                                    \
+            printf("FAIL %s (errno %d %s)\n", name, errno, strerror(errno));        \
+            failures++;                                                             \
+        }                                                                           \
+        fflush(stdout);                                                             \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s ADDR PORT\n", argv[0]);
+        return 2;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+    struct sockaddr_in closed = a;
+    closed.sin_port = htons(atoi(argv[2]) + 1);
+
+    int l = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    S_SETSOCKOPT(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    CHECK("bind", S_BIND(l, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK("listen", S_LISTEN(l, 8) == 0);
+    int acc = 0;
+    socklen_t len = sizeof acc;
+    CHECK("SO_ACCEPTCONN", S_GETSOCKOPT(l, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) == 0 && acc == 1);
+
+    /* Non-blocking connect: EINPROGRESS, then POLLOUT and SO_ERROR 0. */
+    int c = S_SOCKET(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int r = S_CONNECT(c, (struct sockaddr *)&a, sizeof a);
+    CHECK("connect EINPROGRESS", r < 0 && errno == EINPROGRESS);
+    struct pollfd p = {.fd = c, .events = POLLOUT};
+    CHECK("poll POLLOUT", S_POLL(&p, 1, 5000) == 1 && (p.revents & POLLOUT));
+    int err = -1;
+    len = sizeof err;
+    CHECK("SO_ERROR 0", S_GETSOCKOPT(c, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0);
+
+    int s = S_ACCEPT(l, NULL, NULL);
+    CHECK("accept", s >= 0);
+    int type = 0;
+    len = sizeof type;
+    CHECK("SO_TYPE", S_GETSOCKOPT(s, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM);
+    struct tcp_info ti;
+    len = sizeof ti;
+    CHECK("TCP_INFO established",
+          S_GETSOCKOPT(s, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state == 1);
+
+    /* Nothing to read on a non-blocking socket: EAGAIN. */
+    char buf[64];
+    errno = 0;
+    CHECK("recv EAGAIN", S_RECV(c, buf, sizeof buf, 0) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    /* MSG_DONTWAIT on a blocking socket: EAGAIN too. */
+    errno = 0;
+    CHECK("MSG_DONTWAIT EAGAIN",
+          S_RECV(s, buf, sizeof buf, MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+
+    /* poll over a pipe and a socket. */
+    int pfd[2];
+    if (pipe(pfd) != 0) return 1;
+    struct pollfd two[2] = {{.fd = pfd[0], .events = POLLIN}, {.fd = s, .events = POLLIN}};
+    if (write(pfd[1], "x", 1) != 1) return 1;
+    r = S_POLL(two, 2, 5000);
+    CHECK("poll pipe only", r == 1 && (two[0].revents & POLLIN) && two[1].revents == 0);
+    char x;
+    if (read(pfd[0], &x, 1) != 1) return 1;
+    CHECK("send", S_SEND(c, "hello", 5, 0) == 5);
+    r = S_POLL(two, 2, 5000);
+    CHECK("poll socket only", r == 1 && two[0].revents == 0 && (two[1].revents & POLLIN));
+    CHECK("recv 5", S_RECV(s, buf, sizeof buf, 0) == 5 && memcmp(buf, "hello", 5) == 0);
+
+    /* epoll with the socket and the pipe. */
+    int ep = S_EPOLL_CREATE1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 7};
+    CHECK("epoll_ctl socket", S_EPOLL_CTL(ep, EPOLL_CTL_ADD, s, &ev) == 0);
+    struct epoll_event ev2 = {.events = EPOLLIN, .data.u64 = 9};
+    CHECK("epoll_ctl pipe", S_EPOLL_CTL(ep, EPOLL_CTL_ADD, pfd[0], &ev2) == 0);
+    errno = 0;
+    CHECK("epoll_ctl EEXIST", S_EPOLL_CTL(ep, EPOLL_CTL_ADD, s, &ev) < 0 && errno == EEXIST);
+    struct epoll_event out[4];
+    CHECK("epoll_wait nothing", S_EPOLL_WAIT(ep, out, 4, 50) == 0);
+    CHECK("send again", S_SEND(c, "abc", 3, 0) == 3);
+    r = S_EPOLL_WAIT(ep, out, 4, 5000);
+    CHECK("epoll_wait socket", r == 1 && out[0].data.u64 == 7 && (out[0].events & EPOLLIN));
+    if (write(pfd[1], "y", 1) != 1) return 1;
+    int seen7 = 0, seen9 = 0;
+    r = S_EPOLL_WAIT(ep, out, 4, 5000);
+    for (int i = 0; i < r; i++) {
+        seen7 |= out[i].data.u64 == 7;
+        seen9 |= out[i].data.u64 == 9;
+    }
+    CHECK("epoll_wait both (level)", r == 2 && seen7 && seen9);
+    S_CLOSE(ep);
+
+    /* The peer's shutdown: end of stream after the data. */
+    CHECK("shutdown", S_SHUTDOWN(c, SHUT_WR) == 0);
+    int got = 0;
+    for (int i = 0; i < 100; i++) {
+        ssize_t n = S_RECV(s, buf, sizeof buf, 0);
+        if (n <= 0) {
+            CHECK("end of stream", n == 0 && got == 3);
+            break;
+        }
+        got += (int)n;
+    }
+
+    /* A blocking connect to a closed port: ECONNREFUSED. */
+    int d = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+    errno = 0;
+    CHECK("ECONNREFUSED", S_CONNECT(d, (struct sockaddr *)&closed, sizeof closed) < 0 && errno == ECONNREFUSED);
+    S_CLOSE(d);
+
+    /* A closed descriptor: EBADF. */
+    CHECK("close", S_CLOSE(c) == 0);
+    errno = 0;
+    CHECK("EBADF", S_SEND(c, "x", 1, MSG_NOSIGNAL) < 0 && errno == EBADF);
+    int fl = S_FCNTL(s, F_GETFL, 0);
+    CHECK("F_GETFL blocking", fl >= 0 && !(fl & O_NONBLOCK));
+    CHECK("F_SETFL O_NONBLOCK", S_FCNTL(s, F_SETFL, fl | O_NONBLOCK) == 0 && (S_FCNTL(s, F_GETFL, 0) & O_NONBLOCK));
+    S_CLOSE(s);
+    S_CLOSE(l);
+    printf("%s\n", failures ? "FAILED" : "all ok");
+    return failures != 0;
+}
