@@ -318,6 +318,8 @@ pub fn run(args: UpArgs) -> CmdResult {
     // An AF_XDP link registers the stack's pool as its UMEM now, so a pool it cannot
     // use is reported before the server starts.
     dev.bind_pool(stack.pool_mut())?;
+    // How the device runs (AF_XDP: native or generic, copy or zero-copy, its queue).
+    let dev_info = dev.info();
     let (mac, addrs, mtu) = (
         stack.mac(),
         stack
@@ -358,6 +360,9 @@ pub fn run(args: UpArgs) -> CmdResult {
     } else {
         Some(spawn_services(&o.name, &o.services, stop.clone())?)
     };
+    if let (Some(info), false) = (&dev_info, args.quiet) {
+        println!("usnet: {}: {info}", args.link);
+    }
     if !args.quiet {
         println!(
             "usnet: stack '{}' up on {} (mac {mac}, mtu {mtu}): {}; services: {}",
