@@ -11,6 +11,10 @@
 //!   (MTU 1500), each peer entering its namespace with `setns(2)`.
 //! - **usnet→Linux TAP / Linux→usnet TAP** (root): a usnet stack on a TAP interface
 //!   (`usnet-link` tap device, MTU 1500) talking to a Linux socket on the host side.
+//! - **usnet→Linux / Linux→usnet over AF_XDP and over AF_PACKET** (root): a usnet
+//!   stack on the first namespace's end of the Linux veth pair (its own address,
+//!   10.89.0.3, beside Linux's 10.89.0.1 there), talking to a Linux socket in the
+//!   second namespace. AF_XDP runs in copy mode there (veth has no zero-copy).
 //!
 //! Each usnet peer is an application with the stack linked in and driven from its own
 //! spin loop (sans-IO `Stack` + device: no threads, no locks). Linux peers use blocking
@@ -74,7 +78,8 @@ pub struct TcpBenchOptions {
     /// Skip the configurations that need root (veth, TAP) even when root.
     pub no_root: bool,
     /// Only these configurations (short names: usnet-shm, linux-lo, linux-veth,
-    /// usnet-tap-tx, usnet-tap-rx); empty: all.
+    /// usnet-tap-tx, usnet-tap-rx, usnet-afp-tx, usnet-afp-rx, usnet-xdp-tx,
+    /// usnet-xdp-rx); empty: all.
     pub only: Vec<String>,
     /// Skip the request/response part.
     pub no_rr: bool,
@@ -161,6 +166,13 @@ enum Sys {
     UsnetTapTx,
     /// Linux client sends to a usnet server over TAP.
     UsnetTapRx,
+    /// usnet client (AF_XDP on a veth end) sends to a Linux server in a namespace.
+    UsnetXdpTx,
+    /// Linux client in a namespace sends to a usnet server (AF_XDP on a veth end).
+    UsnetXdpRx,
+    /// As the XDP pair, over AF_PACKET.
+    UsnetAfpTx,
+    UsnetAfpRx,
 }
 
 impl Sys {
@@ -173,6 +185,14 @@ impl Sys {
             (Sys::UsnetTapTx, Test::Rr) => "usnet client, Linux server, TAP",
             (Sys::UsnetTapRx, Test::Bulk) => "Linux→usnet TAP",
             (Sys::UsnetTapRx, Test::Rr) => "Linux client, usnet server, TAP",
+            (Sys::UsnetXdpTx, Test::Bulk) => "usnet→Linux AF_XDP (veth)",
+            (Sys::UsnetXdpTx, Test::Rr) => "usnet client, Linux server, AF_XDP",
+            (Sys::UsnetXdpRx, Test::Bulk) => "Linux→usnet AF_XDP (veth)",
+            (Sys::UsnetXdpRx, Test::Rr) => "Linux client, usnet server, AF_XDP",
+            (Sys::UsnetAfpTx, Test::Bulk) => "usnet→Linux AF_PACKET (veth)",
+            (Sys::UsnetAfpTx, Test::Rr) => "usnet client, Linux server, AF_PACKET",
+            (Sys::UsnetAfpRx, Test::Bulk) => "Linux→usnet AF_PACKET (veth)",
+            (Sys::UsnetAfpRx, Test::Rr) => "Linux client, usnet server, AF_PACKET",
         }
     }
     fn short(self) -> &'static str {
@@ -182,19 +202,34 @@ impl Sys {
             Sys::LinuxVeth => "linux-veth",
             Sys::UsnetTapTx => "usnet-tap-tx",
             Sys::UsnetTapRx => "usnet-tap-rx",
+            Sys::UsnetXdpTx => "usnet-xdp-tx",
+            Sys::UsnetXdpRx => "usnet-xdp-rx",
+            Sys::UsnetAfpTx => "usnet-afp-tx",
+            Sys::UsnetAfpRx => "usnet-afp-rx",
         }
     }
     fn needs_root(self) -> bool {
-        matches!(self, Sys::LinuxVeth | Sys::UsnetTapTx | Sys::UsnetTapRx)
+        self != Sys::UsnetShm && self != Sys::LinuxLo
+    }
+    /// Runs over the veth pair (needs it created).
+    fn on_veth(self) -> bool {
+        matches!(
+            self,
+            Sys::LinuxVeth | Sys::UsnetXdpTx | Sys::UsnetXdpRx | Sys::UsnetAfpTx | Sys::UsnetAfpRx
+        )
     }
 }
 
 /// Two network namespaces joined by a veth pair; removed on drop.
 pub(crate) struct Veth {
     pub(crate) ns: [String; 2],
+    /// The veth ends, in `ns[0]` and `ns[1]`.
+    pub(crate) dev: [String; 2],
 }
 
 pub(crate) const VETH_ADDR: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
+/// A usnet stack's address on the first namespace's veth end (beside Linux's).
+const VETH_USNET: &str = "10.89.0.3";
 const TAP_HOST: &str = "10.90.0.1";
 const TAP_USNET: &str = "10.90.0.2";
 const SHM_ADDR: [&str; 2] = ["10.88.0.1", "10.88.0.2"];
@@ -215,13 +250,14 @@ pub(crate) fn ip(args: &[&str]) -> Res<()> {
 impl Veth {
     pub(crate) fn create() -> Res<Veth> {
         let pid = std::process::id();
-        let v = Veth {
-            ns: [format!("usnb-a-{pid}"), format!("usnb-b-{pid}")],
-        };
         let (a, b) = (
             format!("usnbva{}", pid % 100_000),
             format!("usnbvb{}", pid % 100_000),
         );
+        let v = Veth {
+            ns: [format!("usnb-a-{pid}"), format!("usnb-b-{pid}")],
+            dev: [a.clone(), b.clone()],
+        };
         ip(&["netns", "add", &v.ns[0]])?;
         ip(&["netns", "add", &v.ns[1]])?;
         ip(&[
@@ -297,22 +333,32 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         );
     }
     let wanted = |s: Sys| a.only.is_empty() || a.only.iter().any(|o| o == s.short());
-    let avail =
-        |s: Sys| wanted(s) && (!s.needs_root() || root) && (s != Sys::LinuxVeth || veth.is_some());
+    let avail = |s: Sys| wanted(s) && (!s.needs_root() || root) && (!s.on_veth() || veth.is_some());
     let bulk_sys: Vec<Sys> = [
         Sys::UsnetShm,
         Sys::LinuxLo,
         Sys::LinuxVeth,
         Sys::UsnetTapTx,
         Sys::UsnetTapRx,
+        Sys::UsnetAfpTx,
+        Sys::UsnetAfpRx,
+        Sys::UsnetXdpTx,
+        Sys::UsnetXdpRx,
     ]
     .into_iter()
     .filter(|&s| avail(s))
     .collect();
-    let rr_sys: Vec<Sys> = [Sys::UsnetShm, Sys::LinuxLo, Sys::LinuxVeth, Sys::UsnetTapTx]
-        .into_iter()
-        .filter(|&s| avail(s))
-        .collect();
+    let rr_sys: Vec<Sys> = [
+        Sys::UsnetShm,
+        Sys::LinuxLo,
+        Sys::LinuxVeth,
+        Sys::UsnetTapTx,
+        Sys::UsnetAfpTx,
+        Sys::UsnetXdpTx,
+    ]
+    .into_iter()
+    .filter(|&s| avail(s))
+    .collect();
     let stride = if a.verify { 8 } else { STRIDE };
     let bulk_sizes: &[usize] = if a.no_bulk { &[] } else { &a.sizes };
     let rr_sizes: &[usize] = if a.no_rr { &[] } else { &a.rr_sizes };
@@ -324,7 +370,9 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
             .progress_chars("=> "),
     );
     let ns = veth.as_ref().map(|v| v.ns.clone());
+    let veth_dev = veth.as_ref().map(|v| v.dev[0].clone());
     let opts = RunOpts {
+        veth_dev: veth_dev.as_deref(),
         seconds,
         stride,
         ns: ns.as_ref(),
@@ -480,7 +528,12 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 true,
             ));
         }
-        for sys in [Sys::UsnetTapTx, Sys::UsnetTapRx] {
+        for sys in [
+            Sys::UsnetTapTx,
+            Sys::UsnetTapRx,
+            Sys::UsnetXdpTx,
+            Sys::UsnetXdpRx,
+        ] {
             if let (Some(t), Some(v)) = (med(Test::Bulk, size, sys, |r| r.rate), veth_b) {
                 goals.push(goal(
                     format!(
@@ -621,6 +674,8 @@ struct RunOpts<'a> {
     stride: usize,
     /// The two veth namespaces, when root.
     ns: Option<&'a [String; 2]>,
+    /// The veth end in the first namespace.
+    veth_dev: Option<&'a str>,
     tso: bool,
     spin_us: u64,
 }
@@ -633,7 +688,47 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
     let shm = format!("shm:bench-tcp-{pid}");
     let tap = format!("tap:usnbt{}", pid % 100_000);
     let host_cidr = format!("{TAP_HOST}/24");
+    // A usnet end on the first namespace's veth end (xdp or afpacket).
+    let on_veth = |kind: &str, role: PeerRole, target: Option<String>, core: usize| -> Res<_> {
+        let dev = o.veth_dev.ok_or("no veth")?;
+        Ok(TcpPeerOptions {
+            link: Some(format!("{kind}:{dev}")),
+            addr: VETH_USNET.into(),
+            target,
+            netns: Some(ns.ok_or("no veth")?[0].clone()),
+            ..peer(role, test, size, core, o)
+        })
+    };
+    // The Linux end of those, in the second namespace.
+    let linux_in_b = |role: PeerRole, addr: &str, target: Option<String>, core: usize| -> Res<_> {
+        Ok(TcpPeerOptions {
+            addr: addr.into(),
+            target,
+            netns: Some(ns.ok_or("no veth")?[1].clone()),
+            ..peer(role, test, size, core, o)
+        })
+    };
+    if matches!(
+        sys,
+        Sys::UsnetXdpTx | Sys::UsnetXdpRx | Sys::UsnetAfpTx | Sys::UsnetAfpRx
+    ) {
+        // Every usnet end is a new process with a new MAC: forget the previous one's,
+        // or the Linux end keeps sending to it until its neighbour entry goes stale.
+        ip(&[
+            "-n",
+            &ns.ok_or("no veth")?[1],
+            "neigh",
+            "flush",
+            "to",
+            VETH_USNET,
+        ])?;
+    }
     let server = match sys {
+        Sys::UsnetXdpTx | Sys::UsnetAfpTx => {
+            linux_in_b(PeerRole::LinuxServer, VETH_ADDR[1], None, 1)?
+        }
+        Sys::UsnetXdpRx => on_veth("xdp", PeerRole::UsnetServer, None, 1)?,
+        Sys::UsnetAfpRx => on_veth("afpacket", PeerRole::UsnetServer, None, 1)?,
         Sys::UsnetShm => TcpPeerOptions {
             link: Some(shm.clone()),
             addr: SHM_ADDR[1].into(),
@@ -664,6 +759,24 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
     let ready = server.read(PEER_READY)?;
     let port = ready["port"].as_u64().ok_or("server sent no port")?;
     let client = match sys {
+        Sys::UsnetXdpTx => on_veth(
+            "xdp",
+            PeerRole::UsnetClient,
+            Some(format!("{}:{port}", VETH_ADDR[1])),
+            0,
+        )?,
+        Sys::UsnetAfpTx => on_veth(
+            "afpacket",
+            PeerRole::UsnetClient,
+            Some(format!("{}:{port}", VETH_ADDR[1])),
+            0,
+        )?,
+        Sys::UsnetXdpRx | Sys::UsnetAfpRx => linux_in_b(
+            PeerRole::LinuxClient,
+            VETH_ADDR[1],
+            Some(format!("{VETH_USNET}:{port}")),
+            0,
+        )?,
         Sys::UsnetShm => TcpPeerOptions {
             link: Some(shm),
             addr: SHM_ADDR[0].into(),
@@ -947,17 +1060,33 @@ impl App {
         let link: LinkSpec = a.link.as_deref().ok_or("--link")?.parse()?;
         let shm = match &link {
             LinkSpec::Shm(_) => true,
-            LinkSpec::Tap(_) => false,
-            other => return Err(format!("bench tcp runs on shm or tap links, not {other}").into()),
+            LinkSpec::Tap(_) | LinkSpec::Xdp { .. } | LinkSpec::AfPacket(_) => false,
+            other => {
+                return Err(format!(
+                    "bench tcp runs on shm, tap, xdp or afpacket links, not {other}"
+                )
+                .into())
+            }
         };
         // Pool buffers of 64 KiB: one jumbo frame (shm) or one GSO frame (TAP with TSO).
-        let big = shm || a.tso;
+        // AF_XDP needs UMEM chunks of at most a page: 2048-byte buffers.
+        let big = shm || (a.tso && matches!(link, LinkSpec::Tap(_)));
+        let seed = (std::process::id() as u64) << 8 | a.role as u64;
+        let addr: usnet_stack::IpCidr = format!("{}/24", a.addr).parse()?;
+        let mut xdp = usnet_link::xdp::XdpOptions {
+            mac: mac_from_seed(seed).0,
+            ..Default::default()
+        };
+        if let std::net::IpAddr::V4(v4) = addr.addr {
+            xdp.ipv4.push(v4);
+        }
         let dev = usnet_link::open(
             &link,
             &LinkOptions {
                 mtu: shm.then_some(SHM_MTU),
                 tap_host_addrs: a.host_addr.iter().cloned().collect(),
                 tso: a.tso,
+                xdp,
                 ..LinkOptions::default()
             },
         )?;
@@ -973,13 +1102,12 @@ impl App {
             tcp.recv_buffer = 8 << 20;
             tcp.recv_buffer_initial = 1 << 20;
         }
-        let seed = (std::process::id() as u64) << 8 | a.role as u64;
         let stack = Stack::new(StackConfig {
             rx_csum_offload: caps.rx_csum_offload,
             tx_csum_offload: caps.tx_csum_offload,
             mac: mac_from_seed(seed),
             mtu: caps.mtu,
-            addrs: vec![format!("{}/24", a.addr).parse()?],
+            addrs: vec![addr],
             tso: caps.tso,
             pool: if big {
                 PoolConfig {
@@ -1003,6 +1131,7 @@ impl App {
             ..StackConfig::default()
         })?;
         let mut driver = Driver::new(stack, dev, SystemClock::new());
+        driver.bind_device()?;
         driver.set_burst(BURST);
         Ok(App {
             driver,

@@ -139,7 +139,8 @@ pub struct TcpArgs {
     #[arg(long)]
     pub no_root: bool,
     /// Only these configurations (comma-separated short names: usnet-shm, linux-lo,
-    /// linux-veth, usnet-tap-tx, usnet-tap-rx).
+    /// linux-veth, usnet-tap-tx, usnet-tap-rx, usnet-afp-tx, usnet-afp-rx, usnet-xdp-tx,
+    /// usnet-xdp-rx).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Skip the request/response part.

@@ -75,6 +75,10 @@ pub struct UpArgs {
     /// tcp_gro_merged / tcp_gro_frames in `usnet stat`); without it each goes alone.
     #[arg(long)]
     pub no_gro: bool,
+    /// xdp links only: auto (zero-copy when the driver can, else copy), copy,
+    /// zerocopy (or fail), generic (SKB-mode XDP, works on any interface).
+    #[arg(long, default_value = "auto")]
+    pub xdp_mode: usnet_link::xdp::XdpMode,
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
@@ -141,6 +145,7 @@ impl UpArgs {
             shm_slots: None,
             no_tso: false,
             no_gro: false,
+            xdp_mode: usnet_link::xdp::XdpMode::Auto,
             duration: None,
             group: None,
             max_clients: 1024,
@@ -159,6 +164,8 @@ impl UpArgs {
 fn default_name(spec: &LinkSpec) -> String {
     match spec {
         LinkSpec::Tap(n) | LinkSpec::AfPacket(n) => n.clone(),
+        LinkSpec::Xdp { ifname, queue: 0 } => format!("xdp-{ifname}"),
+        LinkSpec::Xdp { ifname, queue } => format!("xdp-{ifname}-{queue}"),
         LinkSpec::Nic(n) => format!("nic-{n}"),
         LinkSpec::Shm(n) => {
             // The first stack on a shm link is NAME-a, the second NAME-b.
@@ -254,6 +261,16 @@ pub fn open(args: &UpArgs) -> Result<Opened, Box<dyn std::error::Error>> {
     // The emulated NIC's config block carries the driver's MAC (the device side sends
     // to it): the stack's.
     opts.nic.mac = cfg.mac.0;
+    // The AF_XDP steering program redirects the frames for the stack's MAC and
+    // addresses (ARP and NDP for them); everything else stays with Linux.
+    opts.xdp.mac = cfg.mac.0;
+    for a in &cfg.addrs {
+        match a.addr {
+            IpAddr::V4(v4) => opts.xdp.ipv4.push(v4),
+            IpAddr::V6(v6) => opts.xdp.ipv6.push(v6),
+        }
+    }
+    opts.xdp.mode = args.xdp_mode;
     let dev = usnet_link::open(&link, &opts)?;
     Ok(Opened {
         dev,
@@ -296,7 +313,13 @@ pub fn run(args: UpArgs) -> CmdResult {
         .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
     let mut cfg = o.cfg;
     usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
-    let stack = usnet_stack::Stack::new(cfg)?;
+    let mut stack = usnet_stack::Stack::new(cfg)?;
+    let mut dev = o.dev;
+    // An AF_XDP link registers the stack's pool as its UMEM now, so a pool it cannot
+    // use is reported before the server starts.
+    dev.bind_pool(stack.pool_mut())?;
+    // How the device runs (AF_XDP: native or generic, copy or zero-copy, its queue).
+    let dev_info = dev.info();
     let (mac, addrs, mtu) = (
         stack.mac(),
         stack
@@ -321,7 +344,7 @@ pub fn run(args: UpArgs) -> CmdResult {
         services: args.services.clone(),
         ..Default::default()
     };
-    let mut server = usnet_server::ServerHandle::start(stack, o.dev, server_cfg)?;
+    let mut server = usnet_server::ServerHandle::start(stack, dev, server_cfg)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
@@ -337,6 +360,9 @@ pub fn run(args: UpArgs) -> CmdResult {
     } else {
         Some(spawn_services(&o.name, &o.services, stop.clone())?)
     };
+    if let (Some(info), false) = (&dev_info, args.quiet) {
+        println!("usnet: {}: {info}", args.link);
+    }
     if !args.quiet {
         println!(
             "usnet: stack '{}' up on {} (mac {mac}, mtu {mtu}): {}; services: {}",

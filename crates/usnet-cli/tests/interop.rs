@@ -1,5 +1,5 @@
-//! Interop with the real Linux stack, through the built `usnet` binary: a TAP device and
-//! an AF_PACKET socket on a veth whose other end sits in a network namespace, probed with
+//! Interop with the real Linux stack, through the built `usnet` binary: a TAP device, and
+//! an AF_PACKET and an AF_XDP socket on a veth whose other end sits in a network namespace, probed with
 //! ping, socat and tshark; and the one-line error messages of `usnet up`.
 //!
 //! The link tests need root (they print "skipped: needs root" otherwise) and the tools
@@ -297,6 +297,110 @@ fn af_packet_on_veth_with_a_namespace() {
     assert!(counter(&c, "ip4_reassembled") >= 1, "{c}");
     d.down();
     eprintln!("af_packet_on_veth_with_a_namespace took {:?}", t0.elapsed());
+}
+
+// ------------------------------------------------------------------ AF_XDP
+
+/// Whether an XDP program is attached to `ifname` (`ip -d link show`).
+fn xdp_attached(ifname: &str) -> bool {
+    must("ip", &["-d", "link", "show", "dev", ifname])
+        .stdout
+        .contains("prog/xdp")
+}
+
+/// Waits up to `limit` for `cond`.
+fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `--link xdp:` on a veth whose other end sits in a namespace: ping and UDP echo
+/// (IPv4 and IPv6, a fragmented datagram), usnet's own ping; Linux's address on the
+/// same veth end keeps answering (the steering program passes what is not the
+/// stack's); the program is gone after `usnet down` and after a SIGKILL.
+#[test]
+fn xdp_on_veth_with_a_namespace() {
+    require_root!();
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("socat", "socat"),
+    ] {
+        need(tool, pkg);
+    }
+    let t0 = Instant::now();
+    let (ns, outer, inner) = ("usnetns-xdp", "usnx0", "usnx1");
+    let _cleanup = veth_netns(ns, outer, inner, &["10.34.0.1/24", "fd34::1/64"]);
+    // Linux's own address on the interface usnet attaches to.
+    ip(&["addr", "add", "10.34.0.3/24", "dev", outer]);
+    let nsx = ["ip", "netns", "exec", ns];
+    let link = format!("xdp:{outer}");
+    // One MAC for the three stacks below: the namespace's neighbour entry for
+    // 10.34.0.2 stays right across restarts (the stack sends no gratuitous ARP).
+    let args = [
+        "--mac",
+        "02:00:00:34:00:02",
+        "--link",
+        &link,
+        "--addr",
+        "10.34.0.2/24",
+        "--addr",
+        "fd34::2/64",
+        "--services",
+        "echo,chargen",
+    ];
+
+    let dir = TempDir::new("xdp");
+    let mut d = Daemon::start(dir.path(), "it-xdp", &args);
+    assert!(xdp_attached(outer), "no XDP program on {outer}");
+    linux_ping(&nsx, "10.34.0.2", false);
+    linux_ping(&nsx, "fd34::2", true);
+    udp_echo_checks(&nsx, "UDP:10.34.0.2:7");
+    udp_echo_checks(&nsx, "UDP6:[fd34::2]:7");
+    chargen_check(&nsx, "UDP:10.34.0.2:19");
+    usnet_ping(&d, "10.34.0.1");
+    usnet_ping(&d, "fd34::1");
+    // The host's own traffic on the same interface: ARP and ICMP for 10.34.0.3 pass
+    // the program to Linux, and Linux answers.
+    linux_ping(&nsx, "10.34.0.3", false);
+    let c = d.counters();
+    assert_eq!(counter(&c, "udp_rx_bad_checksum"), 0, "{c}");
+    assert!(counter(&c, "ip4_reassembled") >= 1, "{c}");
+    assert!(counter(&c, "link_rx_frames") >= 20, "{c}");
+    let stat = d.ctl(&["stat"], Duration::from_secs(10));
+    assert!(stat.ok(), "{}", stat.describe());
+    d.down();
+    assert!(
+        !xdp_attached(outer),
+        "program left on {outer} after usnet down"
+    );
+    linux_ping(&nsx, "10.34.0.3", false);
+
+    // A stack killed with SIGKILL runs no destructor: the kernel closes its BPF link
+    // with the process, and that detaches the program.
+    let mut d = Daemon::start(dir.path(), "it-xdp-kill", &args);
+    assert!(xdp_attached(outer), "no XDP program on {outer}");
+    linux_ping(&nsx, "10.34.0.2", false);
+    d.child.kill().unwrap();
+    reap(&mut d.child, Duration::from_secs(10)).expect("SIGKILLed usnet up reaped");
+    assert!(
+        within(Duration::from_secs(5), || !xdp_attached(outer)),
+        "program left on {outer} after SIGKILL"
+    );
+    linux_ping(&nsx, "10.34.0.3", false);
+    // And the interface can be taken again at once.
+    let mut d = Daemon::start(dir.path(), "it-xdp-again", &args);
+    linux_ping(&nsx, "10.34.0.2", false);
+    d.down();
+    eprintln!("xdp_on_veth_with_a_namespace took {:?}", t0.elapsed());
 }
 
 // ------------------------------------------------------------------ error lines

@@ -1,8 +1,9 @@
 //! HTTP over usnet's TCP against Linux, through the built `usnet` binary: `curl` →
 //! the usnet HTTP service and `usnet get` → nginx on a TAP (IPv4 and IPv6), 1 GiB
 //! each way with SHA-256 compared, clean and with nftables dropping 1% of the TAP's
-//! packets at random both ways, and the same HTTP exchanges over AF_PACKET on a veth
-//! whose other end sits in a network namespace (curl and python3's http.server there).
+//! packets at random both ways, and the same HTTP exchanges over AF_PACKET and AF_XDP on
+//! a veth whose other end sits in a network namespace (curl and python3's http.server
+//! there; over AF_XDP also with 1% loss in the namespace).
 //!
 //! Needs root ("skipped: needs root" otherwise) and curl, nginx, nftables, python3,
 //! iproute2; a missing tool fails naming its Debian package. Every test uses its own
@@ -325,18 +326,37 @@ impl Drop for Nginx {
 }
 
 /// An nftables table dropping `percent`% of the packets in and out of `ifaces` at
-/// random; deleted in `Drop`.
-struct Loss(&'static str);
+/// random (in network namespace `.1`, else the root one); deleted in `Drop`.
+struct Loss(&'static str, Option<&'static str>);
+
+/// `nft ARGS` in namespace `ns` (or the root one).
+fn nft(ns: Option<&str>, args: &[&str]) -> Out {
+    match ns {
+        Some(ns) => {
+            let mut all = vec!["netns", "exec", ns, "nft"];
+            all.extend(args);
+            let o = run("ip", &all, Duration::from_secs(10));
+            assert!(o.ok(), "ip {}: {}", all.join(" "), o.describe());
+            o
+        }
+        None => must("nft", args),
+    }
+}
 
 impl Loss {
     fn start(table: &'static str, ifaces: &[&str], percent: u32) -> Loss {
+        Loss::start_in(None, table, ifaces, percent)
+    }
+
+    fn start_in(
+        ns: Option<&'static str>,
+        table: &'static str,
+        ifaces: &[&str],
+        percent: u32,
+    ) -> Loss {
         need("nft", "nftables");
-        let _ = run(
-            "nft",
-            &["delete", "table", "inet", table],
-            Duration::from_secs(10),
-        );
-        let guard = Loss(table);
+        let _ = nft_quiet(ns, &["delete", "table", "inet", table]);
+        let guard = Loss(table, ns);
         let set = format!(
             "{{ {} }}",
             ifaces
@@ -345,10 +365,10 @@ impl Loss {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        must("nft", &["add", "table", "inet", table]);
+        nft(ns, &["add", "table", "inet", table]);
         for (chain, hook, dir) in [("in", "input", "iifname"), ("out", "output", "oifname")] {
-            must(
-                "nft",
+            nft(
+                ns,
                 &[
                     "add",
                     "chain",
@@ -358,8 +378,8 @@ impl Loss {
                     &format!("{{ type filter hook {hook} priority 0 ; }}"),
                 ],
             );
-            must(
-                "nft",
+            nft(
+                ns,
                 &[
                     "add",
                     "rule",
@@ -384,7 +404,7 @@ impl Loss {
 
     /// Packets dropped so far.
     fn dropped(&self) -> u64 {
-        let o = must("nft", &["list", "table", "inet", self.0]);
+        let o = nft(self.1, &["list", "table", "inet", self.0]);
         o.stdout
             .split("packets ")
             .skip(1)
@@ -393,13 +413,22 @@ impl Loss {
     }
 }
 
+/// `nft ARGS` in namespace `ns` (or the root one), whatever the outcome.
+fn nft_quiet(ns: Option<&str>, args: &[&str]) -> Out {
+    let mut all = match ns {
+        Some(ns) => vec!["netns", "exec", ns, "nft"],
+        None => vec![],
+    };
+    all.extend(args);
+    match ns {
+        Some(_) => run("ip", &all, Duration::from_secs(10)),
+        None => run("nft", &all, Duration::from_secs(10)),
+    }
+}
+
 impl Drop for Loss {
     fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "inet", self.0])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = nft_quiet(self.1, &["delete", "table", "inet", self.0]);
     }
 }
 
@@ -830,4 +859,189 @@ fn af_packet_http_with_a_namespace() {
     }
     drop(server);
     eprintln!("af_packet_http_with_a_namespace took {:?}", t0.elapsed());
+}
+
+// ------------------------------------------------------------------ AF_XDP
+
+/// TCP both ways over `--link xdp:` on a veth whose other end sits in a namespace:
+/// curl there GETs from and POSTs to the usnet HTTP service, then `usnet get` fetches
+/// from python3's http.server there; every byte is checked (SHA-256), clean and with
+/// nftables dropping 1% of the namespace end's packets both ways. The host's own
+/// address on the same veth end answers meanwhile (the steering program passes it).
+#[test]
+fn xdp_tcp_both_ways_every_byte_clean_and_with_one_percent_loss() {
+    require_root!();
+    http_tools();
+    need("python3", "python3");
+    need("ping", "iputils-ping");
+    need("nft", "nftables");
+    let t0 = Instant::now();
+    let (ns, outer, inner) = ("usnetns-xt", "usnx5", "usnx6");
+    let _cleanup = veth_netns(ns, outer, inner, &["10.36.0.1/24", "fd36::1/64"]);
+    ip(&["addr", "add", "10.36.0.3/24", "dev", outer]);
+    let nsx = ["ip", "netns", "exec", ns];
+    let host_ping = || {
+        let o = run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                ns,
+                "ping",
+                "-c",
+                "1",
+                "-W",
+                "2",
+                "10.36.0.3",
+            ],
+            Duration::from_secs(10),
+        );
+        assert!(
+            o.ok(),
+            "the host's own address on {outer}: {}",
+            o.describe()
+        );
+    };
+
+    let dir = TempDir::new("http-xdp");
+    let upload = dir.path().join("upload");
+    let up_size: u64 = (8 << 20) + 5;
+    write_pattern(&upload, up_size);
+    let upload_sha = pattern_sha256(up_size);
+    let size: u64 = (16 << 20) + 3;
+    let want = pattern_sha256(size);
+    {
+        let mut d = Daemon::start(
+            dir.path(),
+            "it-http-xdp",
+            &[
+                "--link",
+                &format!("xdp:{outer}"),
+                "--addr",
+                "10.36.0.2/24",
+                "--addr",
+                "fd36::2/64",
+                "--services",
+                "http",
+            ],
+        );
+        for lossy in [false, true] {
+            let loss = lossy.then(|| Loss::start_in(Some(ns), "usnetxdp", &[inner], 1));
+            for host in ["10.36.0.2", "[fd36::2]"] {
+                let url = format!("http://{host}/bytes/{size}");
+                let (digest, got, secs) = curl_sha256(&nsx, &url, Duration::from_secs(120));
+                assert_eq!(
+                    (got, digest.as_str()),
+                    (size, want.as_str()),
+                    "GET {url} lossy={lossy}\n{}",
+                    d.logs()
+                );
+                eprintln!(
+                    "xdp usnet→curl {host} lossy={lossy}: {:.0} MB/s",
+                    size as f64 / secs / 1e6
+                );
+                let o = curl(
+                    &nsx,
+                    &[
+                        "--fail",
+                        "--data-binary",
+                        &format!("@{}", upload.display()),
+                        &format!("http://{host}/upload"),
+                    ],
+                );
+                assert!(o.ok(), "POST {host} lossy={lossy}: {}", o.describe());
+                assert_eq!(o.stdout.trim(), upload_sha, "POST {host} lossy={lossy}");
+            }
+            host_ping();
+            if let Some(l) = &loss {
+                let dropped = l.dropped();
+                assert!(dropped > 20, "nftables dropped only {dropped} packets");
+            }
+        }
+        let c = d.counters();
+        assert_eq!(counter(&c, "tcp_rx_bad_checksum"), 0, "{c}");
+        assert!(
+            counter(&c, "tcp_retransmit_segments") > 0,
+            "loss never seen: {c}"
+        );
+        d.down();
+    }
+
+    // usnet get → python3 -m http.server in the namespace (usnet receives).
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let n = (4 << 20) + 1;
+    write_pattern(&www.join("file"), n);
+    let py = std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("python3"))
+                .find(|p| p.is_file())
+        })
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = reap(&mut self.0, Duration::from_secs(5));
+        }
+    }
+    let _server = Kill(
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(&py)
+            .args([
+                "-m",
+                "http.server",
+                "8000",
+                "--bind",
+                "::",
+                "--directory",
+                www.to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn python3 -m http.server"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let o = curl(
+            &nsx,
+            &["-o", "/dev/null", "--fail", "http://127.0.0.1:8000/file"],
+        );
+        if o.ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "http.server not up: {}",
+            o.describe()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let link = format!("xdp:{outer}");
+    let link = [
+        "--link",
+        &link,
+        "--addr",
+        "10.36.0.2/24",
+        "--addr",
+        "fd36::2/64",
+    ];
+    for lossy in [false, true] {
+        let _loss = lossy.then(|| Loss::start_in(Some(ns), "usnetxdpget", &[inner], 1));
+        for host in ["10.36.0.1", "[fd36::1]"] {
+            let url = format!("http://{host}:8000/file");
+            let (o, _) = usnet_get(&link, &url, &["--sha256"], Duration::from_secs(60));
+            assert!(o.ok(), "usnet get {url} lossy={lossy}: {}", o.describe());
+            assert_eq!(o.stdout.trim(), pattern_sha256(n), "usnet get {url}");
+        }
+    }
+    host_ping();
+    eprintln!(
+        "xdp_tcp_both_ways_every_byte_clean_and_with_one_percent_loss took {:?}",
+        t0.elapsed()
+    );
 }

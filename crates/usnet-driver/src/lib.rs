@@ -104,6 +104,14 @@ impl<D: Device, C: Clock> Driver<D, C> {
         }
     }
 
+    /// Lets a device whose buffers are the pool's own memory (AF_XDP: the pool is
+    /// the UMEM) register the stack's pool and lend the kernel its first buffers.
+    /// Call it once before the first turn, so a device that cannot use this pool
+    /// says so at start; without it the device binds on its first burst.
+    pub fn bind_device(&mut self) -> std::io::Result<()> {
+        self.dev.bind_pool(self.stack.pool_mut())
+    }
+
     /// Frames taken from the device per turn.
     pub fn set_burst(&mut self, burst: usize) {
         self.burst = burst.max(1);

@@ -4,7 +4,9 @@ use std::io;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    #[error("unknown link '{0}': expected tap:NAME, shm:NAME, afpacket:IFNAME or nic:NAME")]
+    #[error(
+        "unknown link '{0}': expected tap:NAME, shm:NAME, afpacket:IFNAME, xdp:IFNAME[@QUEUE] or nic:NAME"
+    )]
     UnknownKind(String),
     #[error("{spec} needs root (CAP_NET_ADMIN): run as root or use --link shm:NAME")]
     NeedsRoot { spec: String },
@@ -31,6 +33,9 @@ pub enum LinkError {
     BadFault { spec: String, why: String },
     #[error("`{cmd}` failed: {why}")]
     Command { cmd: String, why: String },
+    /// An AF_XDP link that cannot run as asked (the message says why and what to do).
+    #[error("{0}")]
+    Xdp(String),
     #[error(transparent)]
     Nic(#[from] crate::nic::NicError),
     #[error("{context}: {source}")]

@@ -431,6 +431,12 @@ impl<D: Device> Device for FaultInjector<D> {
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }
+    fn bind_pool(&mut self, pool: &mut PacketPool) -> io::Result<()> {
+        self.inner.bind_pool(pool)
+    }
+    fn info(&self) -> Option<String> {
+        self.inner.info()
+    }
     fn release_buffers(&mut self, pool: &mut PacketPool) {
         self.rx.free_all(pool);
         self.tx.free_all(pool);

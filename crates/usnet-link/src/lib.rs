@@ -1,7 +1,8 @@
 //! Devices: where frames come from and go to.
 //!
 //! Every device moves whole Ethernet frames held in pool buffers, in bursts, behind the
-//! small [`Device`] trait: shm, tap, af_packet and the emulated NIC's driver ([`nic`]).
+//! small [`Device`] trait: shm, tap, af_packet, AF_XDP ([`xdp`], whose UMEM is the
+//! stack's own pool) and the emulated NIC's driver ([`nic`]).
 //! Wrappers ([`pcap::PcapWriter`], [`fault::FaultInjector`]) are
 //! devices that wrap devices. Each device says what a loop sleeps on while it waits
 //! for frames ([`Device::prepare_wait`]: an fd or a futex bell), so one wait can cover
@@ -20,6 +21,7 @@ pub mod tap;
 #[cfg(test)]
 pub(crate) mod testutil;
 mod wait;
+pub mod xdp;
 
 pub use error::LinkError;
 pub use spec::{open, wrap, LinkOptions, LinkSpec};
@@ -123,6 +125,20 @@ pub trait Device: Send {
         LinkState::Up
     }
     fn stats(&self) -> DeviceStats;
+    /// A device whose buffers are the pool's own memory (AF_XDP: the pool is the
+    /// UMEM) registers the pool here and lends the kernel its first buffers. Loops
+    /// call it once, before the first burst, with the pool every later call passes
+    /// (the device binds on its first burst otherwise); devices that copy frames keep
+    /// this default.
+    fn bind_pool(&mut self, _pool: &mut PacketPool) -> std::io::Result<()> {
+        Ok(())
+    }
+    /// How the device runs, in a few words, for `usnet stat` and the startup line
+    /// (AF_XDP: native or generic XDP, copy or zero-copy, its queue and kernel
+    /// counters). `None`: nothing to add to the name.
+    fn info(&self) -> Option<String> {
+        None
+    }
     /// Gives back to `pool` every buffer the device holds between calls (frames a fault
     /// injector delays or reorders). Call it before dropping a device when the pool lives
     /// on; devices that hold nothing keep this default.
@@ -171,6 +187,12 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn stats(&self) -> DeviceStats {
         (**self).stats()
+    }
+    fn bind_pool(&mut self, pool: &mut PacketPool) -> std::io::Result<()> {
+        (**self).bind_pool(pool)
+    }
+    fn info(&self) -> Option<String> {
+        (**self).info()
     }
     fn release_buffers(&mut self, pool: &mut PacketPool) {
         (**self).release_buffers(pool)

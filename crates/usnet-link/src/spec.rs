@@ -1,5 +1,5 @@
 //! Naming a link on the command line (`tap:NAME`, `shm:NAME`, `afpacket:IFNAME`,
-//! `nic:NAME`) and opening it with its wrappers. Link names are parsed here and nowhere
+//! `xdp:IFNAME[@QUEUE]`, `nic:NAME`) and opening it with its wrappers. Link names are parsed here and nowhere
 //! else.
 
 use std::fmt;
@@ -13,6 +13,7 @@ use crate::nic::{NicDriver, NicOptions};
 use crate::pcap::PcapWriter;
 use crate::shm::{ShmConfig, ShmDevice};
 use crate::tap::{TapConfig, TapDevice};
+use crate::xdp::{XdpDevice, XdpOptions};
 use crate::Device;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +21,11 @@ pub enum LinkSpec {
     Tap(String),
     Shm(String),
     AfPacket(String),
+    /// An AF_XDP socket on RX queue `queue` of `ifname`, the pool as its UMEM.
+    Xdp {
+        ifname: String,
+        queue: u32,
+    },
     /// The emulated NIC's driver (the device side is `usnet nicemu --name NAME`).
     Nic(String),
 }
@@ -46,6 +52,23 @@ impl FromStr for LinkSpec {
                 crate::sys::check_ifname(name)?;
                 Ok(LinkSpec::AfPacket(name.to_string()))
             }
+            "xdp" | "af_xdp" => {
+                let (ifname, queue) = match name.rsplit_once('@') {
+                    Some((i, q)) => {
+                        let q = q.parse::<u32>().map_err(|_| LinkError::BadName {
+                            name: name.to_string(),
+                            why: "the queue after '@' is an RX queue number, e.g. xdp:eth0@1",
+                        })?;
+                        (i, q)
+                    }
+                    None => (name, 0),
+                };
+                crate::sys::check_ifname(ifname)?;
+                Ok(LinkSpec::Xdp {
+                    ifname: ifname.to_string(),
+                    queue,
+                })
+            }
             "nic" => {
                 if !crate::nic::layout::valid_name(name) {
                     return Err(LinkError::BadName {
@@ -66,6 +89,8 @@ impl fmt::Display for LinkSpec {
             LinkSpec::Tap(n) => write!(f, "tap:{n}"),
             LinkSpec::Shm(n) => write!(f, "shm:{n}"),
             LinkSpec::AfPacket(n) => write!(f, "afpacket:{n}"),
+            LinkSpec::Xdp { ifname, queue: 0 } => write!(f, "xdp:{ifname}"),
+            LinkSpec::Xdp { ifname, queue } => write!(f, "xdp:{ifname}@{queue}"),
             LinkSpec::Nic(n) => write!(f, "nic:{n}"),
         }
     }
@@ -93,6 +118,9 @@ pub struct LinkOptions {
     /// The emulated NIC's driver: rings, buffers, MAC, interrupt mode and moderation
     /// (`mtu` is taken from [`LinkOptions::mtu`] when that is set). Other links ignore it.
     pub nic: NicOptions,
+    /// AF_XDP: the stack's MAC and addresses (the steering program redirects the
+    /// frames for them) and the bind mode. Other links ignore it.
+    pub xdp: XdpOptions,
 }
 
 /// Opens the link named by `spec`, wrapped in a fault injector and then a pcap writer
@@ -116,6 +144,9 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
             },
         )?),
         LinkSpec::AfPacket(ifname) => Box::new(AfPacketDevice::open(ifname, opts.mtu)?),
+        LinkSpec::Xdp { ifname, queue } => {
+            Box::new(XdpDevice::open(ifname, *queue, opts.mtu, &opts.xdp)?)
+        }
         LinkSpec::Nic(name) => {
             let mut nic = opts.nic.clone();
             if let Some(mtu) = opts.mtu {
@@ -147,13 +178,27 @@ mod tests {
 
     #[test]
     fn parses_and_prints() {
-        for s in ["tap:usnet0", "shm:bench", "afpacket:veth0", "nic:n0"] {
+        for s in [
+            "tap:usnet0",
+            "shm:bench",
+            "afpacket:veth0",
+            "nic:n0",
+            "xdp:veth0",
+            "xdp:eth1@3",
+        ] {
             let spec: LinkSpec = s.parse().unwrap();
             assert_eq!(spec.to_string(), s);
         }
         assert_eq!(
             "af_packet:eth0".parse::<LinkSpec>().unwrap(),
             LinkSpec::AfPacket("eth0".into())
+        );
+        assert_eq!(
+            "xdp:eth0@0".parse::<LinkSpec>().unwrap(),
+            LinkSpec::Xdp {
+                ifname: "eth0".into(),
+                queue: 0
+            }
         );
     }
 
@@ -162,7 +207,8 @@ mod tests {
         let e = "foo:x".parse::<LinkSpec>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown link 'foo:x': expected tap:NAME, shm:NAME, afpacket:IFNAME or nic:NAME"
+            "unknown link 'foo:x': expected tap:NAME, shm:NAME, afpacket:IFNAME, \
+             xdp:IFNAME[@QUEUE] or nic:NAME"
         );
         assert!(matches!(
             "tap".parse::<LinkSpec>(),
@@ -183,6 +229,21 @@ mod tests {
         assert!(matches!(
             "nic:../x".parse::<LinkSpec>(),
             Err(LinkError::BadName { .. })
+        ));
+        for bad in [
+            "xdp:eth0@",
+            "xdp:eth0@x",
+            "xdp:eth0@-1",
+            "xdp:@1",
+            "xdp:a/b",
+        ] {
+            let e = bad.parse::<LinkSpec>().unwrap_err();
+            assert!(matches!(e, LinkError::BadName { .. }), "{bad}: {e}");
+            assert!(!e.to_string().contains('\n'), "{bad}: {e}");
+        }
+        assert!(matches!(
+            "xdp:".parse::<LinkSpec>(),
+            Err(LinkError::UnknownKind(_))
         ));
     }
 

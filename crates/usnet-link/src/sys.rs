@@ -111,6 +111,53 @@ pub(crate) fn if_mtu(name: &str) -> io::Result<usize> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
 }
 
+/// `struct ethtool_drvinfo` (linux/ethtool.h).
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+/// The name of the interface's driver (ETHTOOL_GDRVINFO), e.g. "veth", "ixgbe".
+pub(crate) fn if_driver(name: &str) -> io::Result<String> {
+    const ETHTOOL_GDRVINFO: u32 = 3;
+    // SAFETY: socket() with constant arguments returns a new fd or -1.
+    let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: s was just created and is owned by nothing else.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    let mut info = EthtoolDrvinfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        n_priv_flags: 0,
+        n_stats: 0,
+        testinfo_len: 0,
+        eedump_len: 0,
+        regdump_len: 0,
+    };
+    let mut req = ifreq(name);
+    req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+    // SAFETY: SIOCETHTOOL reads the name and the pointer from `req` and writes at most
+    // one `ethtool_drvinfo` through the pointer; `req` and `info` live across the call.
+    cvt(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCETHTOOL, &mut req) })?;
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
 /// Runs `ip ARGS...` and turns a failure into one readable line.
 pub(crate) fn run_ip(args: &[&str]) -> Result<(), LinkError> {
     let cmd = format!("ip {}", args.join(" "));

@@ -4,7 +4,15 @@
 //! (or a socket queue and a pcap tap at once) can hold the same buffer.
 //!
 //! The region is either anonymous memory or a memfd, so the same bytes can later be
-//! mapped by another process (shm link, AF_XDP UMEM, client data area).
+//! mapped by another process (shm link, client data area) or lent to the kernel as an
+//! AF_XDP UMEM (`usnet_link::xdp`): the region is page-aligned and buffer `i` starts
+//! at byte `i * buf_size`, so with a power-of-two buffer size every buffer is one UMEM
+//! chunk.
+//!
+//! Bytes are only ever borrowed buffer by buffer: a slice handed out covers the data
+//! of one buffer its caller names, never the whole region. Memory someone else
+//! writes while we hold no reference to it — the kernel filling a buffer that sits in
+//! an AF_XDP fill ring — is therefore never aliased by a Rust reference.
 //!
 //! Allocation never touches the heap: the free list is a pre-sized stack of indices.
 //! Exhaustion is counted and reported as `None`; it never panics.
@@ -179,7 +187,11 @@ pub struct PoolStats {
 }
 
 pub struct PacketPool {
-    region: MmapMut,
+    /// Owns the mapping; the bytes are reached only through `base` (see
+    /// [`PacketPool::bytes`]), so no reference ever spans more than one buffer.
+    _region: MmapMut,
+    base: *mut u8,
+    region_len: usize,
     memfd: Option<File>,
     buf_size: usize,
     headroom: usize,
@@ -187,6 +199,13 @@ pub struct PacketPool {
     free: Vec<u32>,
     stats: PoolStats,
 }
+
+// SAFETY: `base` points into the mapping `_region` owns, which moves with the pool;
+// all access to the bytes goes through `&self` (reads) or `&mut self` (writes), as with
+// the `MmapMut` itself, which is Send and Sync.
+unsafe impl Send for PacketPool {}
+// SAFETY: as above: `&PacketPool` only ever reads.
+unsafe impl Sync for PacketPool {}
 
 impl std::fmt::Debug for PacketPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -233,8 +252,12 @@ impl PacketPool {
         };
         let mut free: Vec<u32> = (0..cfg.count).collect();
         free.reverse(); // pop hands out low indices first: friendlier to caches and debugging
+        let mut region = region;
+        let base = region.as_mut_ptr();
         Ok(PacketPool {
-            region,
+            _region: region,
+            base,
+            region_len: bytes,
             memfd,
             buf_size: cfg.buf_size,
             headroom: cfg.headroom,
@@ -266,6 +289,13 @@ impl PacketPool {
     pub fn memfd_fd(&self) -> Option<RawFd> {
         self.memfd.as_ref().map(|f| f.as_raw_fd())
     }
+    /// Start address and length of the region, for registering it with the kernel
+    /// (an AF_XDP UMEM). The address is page-aligned and stays valid while the pool
+    /// lives; the pool never moves or resizes the mapping.
+    pub fn region_addr(&self) -> (usize, usize) {
+        (self.base as usize, self.region_len)
+    }
+
     /// Byte offset of a buffer inside the region (for sharing with a peer by offset).
     pub fn region_offset(&self, b: impl Into<BufId>) -> usize {
         let b: BufId = b.into();
@@ -350,13 +380,37 @@ impl PacketPool {
         b.0 as usize * self.buf_size
     }
 
+    /// `len` bytes of the region from byte `start`, all inside one buffer.
+    #[inline]
+    fn bytes(&self, start: usize, len: usize) -> &[u8] {
+        assert!(
+            start <= self.region_len && len <= self.region_len - start,
+            "pool range out of bounds"
+        );
+        // SAFETY: the range is inside the mapping (checked above), which lives as long
+        // as `self`. Callers pass a range inside a buffer they name; the shared borrow
+        // of `self` keeps every `&mut` slice of the pool away while this one lives.
+        unsafe { std::slice::from_raw_parts(self.base.add(start), len) }
+    }
+
+    #[inline]
+    fn bytes_mut(&mut self, start: usize, len: usize) -> &mut [u8] {
+        assert!(
+            start <= self.region_len && len <= self.region_len - start,
+            "pool range out of bounds"
+        );
+        // SAFETY: as for `bytes`; the exclusive borrow of `self` makes this the only
+        // slice of the pool alive.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(start), len) }
+    }
+
     /// The frame bytes of this one buffer (not the chain).
     #[inline]
     pub fn data(&self, b: impl Into<BufId>) -> &[u8] {
         let b: BufId = b.into();
         let m = &self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
-        &self.region[start..start + m.len as usize]
+        self.bytes(start, m.len as usize)
     }
 
     #[inline]
@@ -364,7 +418,7 @@ impl PacketPool {
         let b: BufId = b.into();
         let m = self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
-        &mut self.region[start..start + m.len as usize]
+        self.bytes_mut(start, m.len as usize)
     }
 
     pub fn len(&self, b: impl Into<BufId>) -> usize {
@@ -391,8 +445,7 @@ impl PacketPool {
         let b: BufId = b.into();
         let m = self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
-        let end = self.base(b) + self.buf_size;
-        &mut self.region[start..end]
+        self.bytes_mut(start, self.buf_size - m.off as usize)
     }
 
     /// Sets the data length; `None` if it would run past the buffer.
@@ -407,6 +460,20 @@ impl PacketPool {
         Some(())
     }
 
+    /// Places the data at byte `off` of the buffer with length `len` (a device that
+    /// received a frame where the kernel chose to put it); `None`, changing nothing,
+    /// if that would run past the buffer.
+    pub fn set_data(&mut self, b: impl Into<BufId>, off: usize, len: usize) -> Option<()> {
+        let b: BufId = b.into();
+        if off > self.buf_size || len > self.buf_size - off {
+            return None;
+        }
+        let m = &mut self.meta[b.0 as usize];
+        m.off = off as u32;
+        m.len = len as u32;
+        Some(())
+    }
+
     /// Grows the data by `n` bytes at the end and returns them.
     pub fn append(&mut self, b: impl Into<BufId>, n: usize) -> Option<&mut [u8]> {
         let b: BufId = b.into();
@@ -417,7 +484,7 @@ impl PacketPool {
         let start = m.off as usize + m.len as usize;
         m.len += n as u32;
         let base = self.base(b);
-        Some(&mut self.region[base + start..base + start + n])
+        Some(self.bytes_mut(base + start, n))
     }
 
     /// Grows the data by `n` bytes at the front (into the headroom) and returns them.
@@ -430,7 +497,7 @@ impl PacketPool {
         m.off -= n as u32;
         m.len += n as u32;
         let start = b.0 as usize * self.buf_size + m.off as usize;
-        Some(&mut self.region[start..start + n])
+        Some(self.bytes_mut(start, n))
     }
 
     /// Drops `n` bytes from the front of the data (a header consumed).
@@ -719,6 +786,27 @@ mod tests {
         assert_eq!(p.in_use(), 0);
         assert!(p.checked(i).is_none());
         assert!(p.checked(99).is_none());
+    }
+
+    #[test]
+    fn set_data_places_a_frame_anywhere_in_its_buffer() {
+        let mut p = pool(4);
+        let b = p.alloc().unwrap();
+        p.set_data(&b, 256, 100).unwrap();
+        assert_eq!((p.headroom_of(&b), p.len(&b)), (256, 100));
+        p.data_mut(&b).fill(7);
+        assert_eq!(p.data(&b), &[7u8; 100][..]);
+        assert!(p.set_data(&b, 2000, 49).is_none());
+        assert!(p.set_data(&b, 2049, 0).is_none());
+        assert_eq!((p.headroom_of(&b), p.len(&b)), (256, 100), "unchanged");
+        p.set_data(&b, 0, 2048).unwrap();
+        assert_eq!(p.tailroom(&b), 0);
+        // The region: page-aligned, buffer i at i * buf_size.
+        let (addr, len) = p.region_addr();
+        assert_eq!(addr % 4096, 0);
+        assert_eq!(len, 4 * 2048);
+        assert_eq!(p.region_offset(&b), b.index() as usize * 2048);
+        p.free(b);
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub enum RuntimeError {
     Config(#[from] ConfigError),
     #[error("cannot start the poll thread: {0}")]
     Thread(std::io::Error),
+    #[error("{0}")]
+    Device(std::io::Error),
 }
 
 pub(crate) struct Inner {
@@ -115,6 +117,7 @@ impl NetStack {
         let waker = device.waker();
         let device_name = device.name().to_string();
         let mut driver = Driver::new(stack, device, clock);
+        driver.bind_device().map_err(RuntimeError::Device)?;
         driver.set_burst(rt.burst);
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
