@@ -229,7 +229,7 @@ pub(crate) struct Veth {
 
 pub(crate) const VETH_ADDR: [&str; 2] = ["10.89.0.1", "10.89.0.2"];
 /// A usnet stack's address on the first namespace's veth end (beside Linux's).
-const VETH_USNET: &str = "10.89.0.3";
+pub(crate) const VETH_USNET: &str = "10.89.0.3";
 const TAP_HOST: &str = "10.90.0.1";
 const TAP_USNET: &str = "10.90.0.2";
 const SHM_ADDR: [&str; 2] = ["10.88.0.1", "10.88.0.2"];

@@ -93,6 +93,14 @@ pub struct UdpArgs {
     /// One short run per configuration (for CI smoke tests).
     #[arg(long)]
     pub quick: bool,
+    /// Only these configurations: usnet-shm, linux-lo, linux-lo-mmsg, linux-veth,
+    /// usnet-tap-tx, usnet-tap-rx, usnet-afp-tx, usnet-afp-rx, usnet-xdp-tx,
+    /// usnet-xdp-rx (default: all that can run; the link ones need root).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Skip the configurations that need root (TAP, veth, AF_PACKET, AF_XDP).
+    #[arg(long)]
+    pub no_root: bool,
 }
 
 impl From<UdpArgs> for UdpBenchOptions {
@@ -103,6 +111,8 @@ impl From<UdpArgs> for UdpBenchOptions {
             seconds: a.seconds,
             sizes: a.sizes,
             quick: a.quick,
+            only: a.only,
+            no_root: a.no_root,
         }
     }
 }
