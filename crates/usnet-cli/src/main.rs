@@ -68,6 +68,9 @@ enum BenchCmd {
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
     AsyncSyscall(bench::AsyncSyscallArgs),
+    /// nginx unmodified: on the Linux kernel vs on a stack server through the
+    /// LD_PRELOAD shim (`usnet run`), wrk over a veth (root).
+    Preload(bench::PreloadArgs),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
+        Cmd::Bench(BenchCmd::Preload(a)) => usnet_bench::preload::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)
