@@ -502,6 +502,74 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
     real!(sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
 }
 
+/// `sendmmsg` on a usnet socket: one `sendmsg` per message until one fails; the
+/// count sent, or the first error if none was.
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: std::os::raw::c_uint,
+    flags: c_int,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        let mut done = 0;
+        for i in 0..n as usize {
+            // SAFETY: sendmmsg's contract: `n` mmsghdrs at `msgs`.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: as above, the message's own contract.
+            let r = unsafe { u::usnet_sendmsg(fd, &m.msg_hdr, flags) };
+            if r < 0 {
+                return if done > 0 { done } else { -1 };
+            }
+            m.msg_len = r as std::os::raw::c_uint;
+            done += 1;
+        }
+        return done;
+    }
+    real!(sendmmsg: fn(c_int, *mut libc::mmsghdr, std::os::raw::c_uint, c_int) -> c_int)(
+        fd, msgs, n, flags,
+    )
+}
+
+/// `recvmmsg` on a usnet socket: the first message as `recvmsg` with `flags`
+/// (blocking unless non-blocking), the rest only while more are queued
+/// (`MSG_WAITFORONE` is how it always behaves; a timeout is not applied).
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: std::os::raw::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        let mut done = 0;
+        for i in 0..n as usize {
+            let f = if done == 0 {
+                flags & !libc::MSG_WAITFORONE
+            } else {
+                flags | libc::MSG_DONTWAIT
+            };
+            // SAFETY: recvmmsg's contract: `n` mmsghdrs at `msgs`.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: as above, the message's own contract.
+            let r = unsafe { u::usnet_recvmsg(fd, &mut m.msg_hdr, f) };
+            if r < 0 {
+                if done > 0 {
+                    set_errno(0);
+                }
+                return if done > 0 { done } else { -1 };
+            }
+            m.msg_len = r as std::os::raw::c_uint;
+            done += 1;
+        }
+        return done;
+    }
+    real!(recvmmsg: fn(c_int, *mut libc::mmsghdr, std::os::raw::c_uint, c_int, *mut libc::timespec) -> c_int)(
+        fd, msgs, n, flags, timeout,
+    )
+}
+
 /// `sendfile` to a usnet socket: read from `in_fd` (at `*off` if given) and send, up
 /// to 64 KiB per call, as a short write.
 #[no_mangle]

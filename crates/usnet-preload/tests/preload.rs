@@ -81,10 +81,11 @@ fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-#[test]
-fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
+/// Builds `examples/c/<name>.c` for the kernel's API, runs it on loopback and under
+/// the shim on the stack's address: the outputs must be the same and end "all ok".
+fn same_under_the_shim(name: &str, usnet_port: u16) {
     run_dir();
-    let bin = std::env::temp_dir().join(format!("usnet-preload-sockets-{}", std::process::id()));
+    let bin = std::env::temp_dir().join(format!("usnet-preload-{name}-{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let c = output_within(
         Command::new(cc)
@@ -92,7 +93,7 @@ fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
             .arg(&bin)
             .arg("-I")
             .arg(root().join("examples/c"))
-            .arg(root().join("examples/c/sockets_errno.c")),
+            .arg(root().join(format!("examples/c/{name}.c"))),
         Duration::from_secs(120),
     );
     assert!(
@@ -109,7 +110,7 @@ fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
         Duration::from_secs(60),
     );
     let u = output_within(
-        under_shim(Command::new(&bin).args([ADDR, "7700"])),
+        under_shim(Command::new(&bin).args([ADDR, &usnet_port.to_string()])),
         Duration::from_secs(60),
     );
     let _ = std::fs::remove_file(&bin);
@@ -124,6 +125,16 @@ fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
         "under the shim the output differs from the kernel's; stderr: {}",
         String::from_utf8_lossy(&u.stderr)
     );
+}
+
+#[test]
+fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
+    same_under_the_shim("sockets_errno", 7700);
+}
+
+#[test]
+fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
+    same_under_the_shim("udp_mmsg", 7702);
 }
 
 /// Python's own socket module, selectors (epoll) over a usnet listener, a usnet
