@@ -106,6 +106,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
         }
     }
     let mut events = Vec::new();
+    let signals = usnet_client::signal::mark();
     loop {
         events.clear();
         let mut ready = 0;
@@ -134,6 +135,9 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
         }
         if ready > 0 {
             return Ok(ready);
+        }
+        if usnet_client::signal::interrupted_since(signals, false) {
+            return Err(Errno(libc::EINTR));
         }
         let left = match deadline {
             Some(d) => {
@@ -373,6 +377,7 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
     with_set(epfd, |e, set| {
         let kfd = e.reserve.as_raw_fd();
         let mut events = Vec::new();
+        let signals = usnet_client::signal::mark();
         loop {
             let mut n = 0;
             {
@@ -393,6 +398,9 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
             }
             if n > 0 {
                 return Ok(n);
+            }
+            if usnet_client::signal::interrupted_since(signals, false) {
+                return Err(Errno(libc::EINTR));
             }
             let left = match deadline {
                 Some(d) => {

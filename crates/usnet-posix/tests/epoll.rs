@@ -11,7 +11,11 @@ use usnet_stack::{mac_from_seed, StackConfig};
 
 const ADDR: &str = "10.69.0.1";
 
-fn attach() {
+/// The tests take turns: one checks which descriptor number the next socket gets.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn attach() -> std::sync::MutexGuard<'static, ()> {
+    let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     static S: OnceLock<usnet_server::ServerHandle> = OnceLock::new();
     S.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("usnet-posix-epoll-{}", std::process::id()));
@@ -31,6 +35,7 @@ fn attach() {
         usnet_server::testing::in_memory(stack, cfg).unwrap()
     });
     px::attach(Some("posix-epoll")).unwrap();
+    turn
 }
 
 fn ev(events: i32, data: u64) -> Option<px::EpollEvent> {
@@ -42,7 +47,7 @@ fn ev(events: i32, data: u64) -> Option<px::EpollEvent> {
 
 #[test]
 fn a_closed_socket_leaves_every_epoll_set() {
-    attach();
+    let _turn = attach();
     let ep = px::epoll_create(0).unwrap();
     let x = px::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).unwrap();
     px::epoll_ctl(ep, libc::EPOLL_CTL_ADD, x, ev(libc::EPOLLIN, 1)).unwrap();
@@ -62,7 +67,7 @@ fn a_closed_socket_leaves_every_epoll_set() {
 
 #[test]
 fn edge_triggered_epollout_comes_when_a_full_send_ring_drains() {
-    attach();
+    let _turn = attach();
     let port = 7611;
     let a: SocketAddr = format!("{ADDR}:{port}").parse().unwrap();
     let l = px::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();

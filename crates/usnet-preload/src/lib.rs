@@ -1031,3 +1031,114 @@ pub unsafe extern "C" fn epoll_pwait(
         epfd, out, max, timeout, mask,
     )
 }
+
+// ------------------------------------------------------------------ signals
+//
+// A blocking call on a usnet socket sleeps on the session's bell, where a signal does
+// not end it. So that a handler interrupts it as it would a system call (EINTR, or a
+// restart under SA_RESTART for the socket calls the kernel restarts), the shim
+// installs its own trampoline for every handler the program sets: it notes the
+// signal for the interrupted thread (`usnet_client::signal::note`) and calls the
+// program's handler with the same arguments. `sigaction` reports the program's own
+// handler back, never the trampoline.
+
+const NSIG: usize = 65;
+/// The program's handler per signal (0: none of ours installed).
+static USER_HANDLER: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+/// The program's sa_flags per signal.
+static USER_FLAGS: [std::sync::atomic::AtomicI32; NSIG] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; NSIG];
+
+extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let i = sig as usize;
+    if i >= NSIG {
+        return;
+    }
+    let flags = USER_FLAGS[i].load(Relaxed);
+    usnet_client::signal::note(flags & libc::SA_RESTART != 0);
+    let h = USER_HANDLER[i].load(Relaxed);
+    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    // SAFETY: `h` is the handler the program installed for this signal, of the kind
+    // its SA_SIGINFO flag says.
+    unsafe {
+        if flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(h);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+}
+
+fn trampoline_addr() -> libc::sighandler_t {
+    trampoline as *const () as libc::sighandler_t
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let kernel = real!(sigaction: fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int);
+    let i = sig as usize;
+    if i == 0 || i >= NSIG {
+        return kernel(sig, act, old);
+    }
+    let before = (USER_HANDLER[i].load(Relaxed), USER_FLAGS[i].load(Relaxed));
+    let r = if act.is_null() {
+        kernel(sig, act, old)
+    } else {
+        // SAFETY: sigaction's contract: a readable struct sigaction.
+        let a = unsafe { *act };
+        if a.sa_sigaction == libc::SIG_DFL || a.sa_sigaction == libc::SIG_IGN {
+            let r = kernel(sig, act, old);
+            if r == 0 {
+                USER_HANDLER[i].store(0, Relaxed);
+            }
+            r
+        } else {
+            // The handler is known before the trampoline can run.
+            USER_FLAGS[i].store(a.sa_flags, Relaxed);
+            USER_HANDLER[i].store(a.sa_sigaction, Relaxed);
+            let mut mine = a;
+            mine.sa_sigaction = trampoline_addr();
+            mine.sa_flags |= libc::SA_SIGINFO;
+            let r = kernel(sig, &mine, old);
+            if r != 0 {
+                USER_HANDLER[i].store(before.0, Relaxed);
+                USER_FLAGS[i].store(before.1, Relaxed);
+            }
+            r
+        }
+    };
+    if r == 0 && !old.is_null() {
+        // SAFETY: the kernel just filled it.
+        let o = unsafe { &mut *old };
+        if o.sa_sigaction == trampoline_addr() {
+            o.sa_sigaction = before.0;
+            o.sa_flags = before.1;
+        }
+    }
+    r
+}
+
+/// `signal(2)` as glibc defines it (BSD semantics: SA_RESTART), through `sigaction`
+/// above.
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: sigaction is plain data; all-zero is a valid empty action.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to our own structs.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}

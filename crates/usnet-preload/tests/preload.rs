@@ -89,7 +89,7 @@ fn same_under_the_shim(name: &str, usnet_port: u16) {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let c = output_within(
         Command::new(cc)
-            .args(["-O1", "-Wall", "-o"])
+            .args(["-O1", "-Wall", "-pthread", "-o"])
             .arg(&bin)
             .arg("-I")
             .arg(root().join("examples/c"))
@@ -130,6 +130,11 @@ fn same_under_the_shim(name: &str, usnet_port: u16) {
 #[test]
 fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
     same_under_the_shim("sockets_errno", 7700);
+}
+
+#[test]
+fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
+    same_under_the_shim("signals", 7703);
 }
 
 #[test]
