@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const TAP: &str = "usnt9";
-const OURS: &str = "10.39.0.2";
-const HOST: &str = "10.39.0.1";
+const TAP: &str = "usntpl0";
+const OURS: &str = "10.47.0.2";
+const HOST: &str = "10.47.0.1";
 const STACK: &str = "it-preload";
 
 /// A background process killed (and reaped) on drop.
