@@ -1139,11 +1139,11 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
         S::LastAck => 9,
         S::Closing => 11,
     };
-    // tcpi_ca_state: Open, CWR (reduced for an ECN echo), or Recovery.
+    // tcpi_ca_state: Open (0), CWR (2: reduced for an ECN echo), or Recovery (3).
     b[1] = if i.in_recovery {
         3
     } else if i.in_cwr {
-        1
+        2
     } else {
         0
     };

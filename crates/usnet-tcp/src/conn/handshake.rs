@@ -268,8 +268,13 @@ impl Connection {
             }
         }
         self.snd.nxt = ack;
-        if self.syn.fo.is_some() {
-            let cookie = seg.options.fast_open.filter(|f| f.len > 0);
+        // The peer's MSS sizes later SYN data (cookie-less too); a cookie is taken
+        // only in answer to our option (an unsolicited one is not cached, as Linux).
+        if self.syn.fo.is_some() || self.syn.fo_max > 0 {
+            let cookie = seg
+                .options
+                .fast_open
+                .filter(|f| f.len > 0 && self.syn.fo.is_some());
             self.syn.fo_learned = Some((seg.options.mss.unwrap_or(0), cookie));
         }
     }
