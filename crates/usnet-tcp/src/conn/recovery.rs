@@ -412,11 +412,13 @@ impl Connection {
         }
         let pto = match self.rtt.srtt {
             Some(s) => {
-                let mut p = s * 2;
+                // RFC 8985 §7.2 sets no floor: 2·SRTT, plus 2 ms of timer slack
+                // (Linux's TCP_TIMEOUT_MIN) so an ACK due at 2·SRTT is not beaten.
+                let mut p = s * 2 + Duration::from_millis(2);
                 if self.scoreboard.len() == 1 {
                     p += self.cfg.peer_max_ack_delay;
                 }
-                p.max(Duration::from_millis(10))
+                p
             }
             None => Duration::from_secs(1),
         };
