@@ -426,11 +426,8 @@ impl Connection {
             self.stats.tx_bytes += len as u64;
         }
         self.arm_rto_if_idle();
-        // A probe standing in for the RTO is timed again: with more in flight the
-        // PTO may now come first.
-        if !self.timers.is_armed(Timer::Tlp) || self.recovery.tlp_for_rto {
-            self.arm_tlp();
-        }
+        // RFC 8985 §7.2: the PTO starts or restarts after new data is sent.
+        self.arm_tlp();
         Some(true)
     }
 
