@@ -344,17 +344,17 @@ impl Connection {
                 || (!corked && (self.cfg.nodelay || !small_out || self.scoreboard.is_empty()));
             // Limited by the peer's window rather than by data: sender SWS avoidance
             // (RFC 9293 §3.8.6.2.1) sends a piece only if it is at least half the
-            // largest window the peer offered, or if nothing is in flight (no ACK will
-            // come to open the window further). Otherwise every window edge would
-            // leave a small tail segment behind (and end a GSO frame early).
-            let window_limited = len < unsent
-                && len == win
-                && (2 * len >= self.snd.max_wnd as usize || self.scoreboard.is_empty());
+            // largest window the peer offered; otherwise the window's opening, or
+            // with nothing in flight the override timeout (the persist timer), sends
+            // it. Else every window edge would leave a small tail segment behind
+            // (and end a GSO frame early).
+            let cut_by_window = len < unsent && len == win;
+            let window_limited = cut_by_window && 2 * len >= self.snd.max_wnd as usize;
             let ends_record = record_end == Some(len);
             if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited) {
-                if corked && all && self.scoreboard.is_empty() {
+                if self.scoreboard.is_empty() && (cut_by_window || (corked && all)) {
                     // Nothing in flight will bring an ACK: the persist timer ends
-                    // the hold (Linux's probe timer does, after about an RTO).
+                    // the wait (a cork's too, as Linux's probe timer does).
                     *blocked_by_window = true;
                 }
                 return None;
@@ -748,6 +748,33 @@ mod tests {
         let out = drain(&mut cli, T0 + ms(1));
         assert_eq!(out[0].payload, b"abc");
         assert!(out[0].repr.flags.psh());
+    }
+
+    #[test]
+    fn a_small_window_waits_for_its_opening_or_the_override_timeout() {
+        // RFC 9293 §3.8.6.2.1: with a window under half the largest one offered, a
+        // window-sized piece goes only when the persist (override) timer fires.
+        let (mut cli, _srv) = default_pair();
+        let (wl1, wl2) = (cli.snd.wl1, cli.snd.wl2);
+        cli.send(&vec![1u8; MSS]);
+        cli.update_send_window(wl1, wl2, 10);
+        assert!(drain(&mut cli, T0).is_empty(), "no 10-byte segment at once");
+        let at = cli
+            .timers
+            .get(Timer::Persist)
+            .expect("the override timeout");
+        let out = drain(&mut cli, at);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), 10 << cli.snd.wscale);
+        // Had the window opened first, the whole segment would have gone then.
+        let (mut cli, _srv) = default_pair();
+        cli.send(&vec![1u8; MSS]);
+        cli.update_send_window(wl1, wl2, 10);
+        drain(&mut cli, T0);
+        cli.update_send_window(wl1, wl2, 1000);
+        let out = drain(&mut cli, T0 + ms(5));
+        assert_eq!(out[0].payload.len(), MSS);
+        assert!(!cli.timers.is_armed(Timer::Persist));
     }
 
     #[test]
