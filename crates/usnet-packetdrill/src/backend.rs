@@ -1124,6 +1124,13 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(96, u64::from(i.rcv_space));
     put32(100, i.total_retransmits);
     put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
+    let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    put64(168, us(i.busy_time));
+    put64(176, us(i.rwnd_limited));
+    put64(184, us(i.sndbuf_limited));
+    let mut put32 = |off: usize, v: u64| {
+        b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
+    };
     put32(192, i.delivered);
     put32(228, u64::from(i.snd_wnd));
     put32(232, u64::from(i.rcv_wnd));

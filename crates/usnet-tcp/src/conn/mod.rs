@@ -11,6 +11,7 @@
 //! - `timers`: every deadline in one table; `transmit`: what goes out next
 //! - `icmp`: ICMP errors about this connection
 
+mod chrono;
 mod ecn;
 mod handshake;
 mod icmp;
@@ -44,6 +45,7 @@ use crate::payload::Payload;
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
+use chrono::{Chrono, Chronos};
 use ecn::EcnState;
 use handshake::{Negotiated, SynState};
 use keepalive::KeepaliveState;
@@ -235,6 +237,13 @@ pub struct TcpInfo {
     /// The window was reduced for an ECN echo and that window of data is not yet
     /// acknowledged (Linux's CWR state).
     pub in_cwr: bool,
+    /// Time with data queued or unacknowledged (Linux's `tcpi_busy_time`, which
+    /// includes the two below).
+    pub busy_time: Duration,
+    /// Of that, time the peer's window stopped the next segment.
+    pub rwnd_limited: Duration,
+    /// Of that, time a write found the send buffer full.
+    pub sndbuf_limited: Duration,
 }
 
 /// A TCP connection.
@@ -275,6 +284,8 @@ pub struct Connection {
     pub(crate) keepalive: KeepaliveState,
     /// ECN (`ecn`).
     pub(crate) ecn: EcnState,
+    /// Busy / window-limited / buffer-limited time (`chrono`).
+    pub(crate) chrono: Chronos,
     /// RFC 5961 challenge ACKs sent this second (`state`).
     pub(crate) challenges: ChallengeLimiter,
     /// Reset the connection on the next transmit pass (abort).
@@ -335,6 +346,7 @@ impl Connection {
             timers: Timers::default(),
             keepalive: KeepaliveState::new(now),
             ecn: EcnState::default(),
+            chrono: Chronos::default(),
             challenges: ChallengeLimiter::new(now),
             rst_pending: false,
             reply_rst: None,
@@ -423,6 +435,9 @@ impl Connection {
             ecn: self.ecn.ok,
             ecn_seen: self.ecn.seen,
             in_cwr: self.ecn_in_cwr(),
+            busy_time: self.chrono.busy(now.max(self.now)),
+            rwnd_limited: self.chrono.spent(Chrono::RwndLimited, now.max(self.now)),
+            sndbuf_limited: self.chrono.spent(Chrono::SndbufLimited, now.max(self.now)),
         }
     }
 

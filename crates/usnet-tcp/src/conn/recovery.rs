@@ -184,6 +184,13 @@ impl Connection {
         }
         self.snd.una = ack;
         self.snd.progress = self.now;
+        // Room in the send buffer again; all acknowledged: no longer busy.
+        if data_acked > 0 {
+            self.chrono_stop(super::Chrono::SndbufLimited);
+        }
+        if self.snd.buf.is_empty() {
+            self.chrono_stop(super::Chrono::Busy);
+        }
         if let Some(r) = rtt_sample {
             self.rtt.sample(r, &self.cfg);
         } else if let Some(ms) = ecr

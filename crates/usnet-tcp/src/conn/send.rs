@@ -162,6 +162,10 @@ impl Connection {
         if n > 0 {
             self.snd.more = more;
             self.snd.more_pass = more;
+            self.chrono_start(super::Chrono::Busy);
+        }
+        if n < data.len() {
+            self.chrono_start(super::Chrono::SndbufLimited);
         }
         n
     }
@@ -198,6 +202,7 @@ impl Connection {
         let n = self.snd.buf.push_with(max, fill);
         if n > 0 {
             self.snd.more = false;
+            self.chrono_start(super::Chrono::Busy);
         }
         n
     }

@@ -34,6 +34,7 @@ impl Connection {
                 _ => break,
             }
         }
+        self.chrono_after_transmit();
         // A MSG_MORE write corks its own pass only; a NODELAY flush is one pass.
         self.snd.more_pass = false;
         self.snd.push_once = false;
