@@ -531,15 +531,18 @@ impl Connection {
     }
 
     /// RFC 6675 `pipe`, or without SACK the RFC 6582 estimate: each duplicate ACK
-    /// stands for a segment that left the network.
+    /// stands for a segment that left the network. Before recovery that lets the
+    /// first two duplicate ACKs each send a new segment (RFC 3042 limited transmit:
+    /// at most cwnd + 2 segments outstanding, cwnd itself unchanged; with SACK the
+    /// scoreboard's pipe does the same).
     pub(crate) fn pipe_est(&self) -> u32 {
-        if !self.opts.sack && self.recovery.phase == Phase::Fast {
-            self.scoreboard
-                .pipe()
-                .saturating_sub(self.recovery.dupacks * self.smss())
-        } else {
-            self.scoreboard.pipe()
-        }
+        let left = match self.recovery.phase {
+            _ if self.opts.sack => 0,
+            Phase::Fast => self.recovery.dupacks,
+            Phase::None => self.recovery.dupacks.min(2),
+            _ => 0,
+        };
+        self.scoreboard.pipe().saturating_sub(left * self.smss())
     }
 
     /// Retransmit the first segment marked lost, if the congestion window allows.
@@ -875,6 +878,46 @@ mod tests {
         drain(&mut cli, T0 + ms(1500));
         assert_eq!(cli.state(), State::Established);
         assert_eq!(cli.user_timeout_left(), Some(ms(400)));
+    }
+
+    #[test]
+    fn limited_transmit_sends_a_new_segment_per_early_duplicate_ack() {
+        // RFC 3042 without SACK: the first two duplicate ACKs each let one new
+        // segment out; cwnd stays; the third starts recovery.
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        // A segment from the server first: its window, not the SYN-ACK's, is the
+        // one its duplicate ACKs repeat.
+        srv.send(b"hi");
+        feed(&mut cli, T0, &drain(&mut srv, T0));
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        let iw = cli.cc.cwnd() as usize / MSS;
+        cli.send(&vec![1u8; (iw + 4) * MSS]);
+        let data = drain(&mut cli, T0);
+        assert_eq!(data.len(), iw);
+        // The first segment is lost; the next three each bring a duplicate ACK.
+        let mut now = T0 + ms(10);
+        let cwnd = cli.cc.cwnd();
+        for (k, seg) in data[1..4].iter().enumerate() {
+            feed(&mut srv, now, std::slice::from_ref(seg));
+            feed(&mut cli, now, &drain(&mut srv, now));
+            let out = drain(&mut cli, now);
+            if k < 2 {
+                assert_eq!(out.len(), 1, "dupack {}: one new segment", k + 1);
+                assert_eq!(
+                    out[0].repr.seq,
+                    data[iw - 1].repr.seq + (MSS * (k + 1)) as u32
+                );
+                assert_eq!(cli.cc.cwnd(), cwnd, "cwnd unchanged");
+            } else {
+                assert_eq!(cli.recovery.phase, Phase::Fast);
+                assert_eq!(out[0].repr.seq, data[0].repr.seq, "then the retransmission");
+            }
+            now = now + ms(1);
+        }
     }
 
     #[test]
