@@ -51,7 +51,7 @@ SYSCTLS = {
     "tcp_timestamps", "tcp_sack", "tcp_dsack", "tcp_window_scaling", "tcp_rmem",
     "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
     "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
-    "tcp_fastopen", "tcp_fastopen_key",
+    "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)
@@ -102,6 +102,9 @@ def replacement(text, m):
     body = "true"
     if m.start() > first_event(text):
         sets = settings(m.group(1))
+        if "tcp_metrics flush" in m.group(1):
+            # The backend's own line for it (FLUSH_METRICS in backend.rs).
+            sets.append("tcp_metrics_flush")
         if sets:
             body = "printf '%s\\n' >> \"$USNET_PD_SYSCTL\"" % "\\n".join(sets)
     return "`%s%s`" % (body, "\n" * m.group(0).count("\n"))

@@ -144,6 +144,10 @@ struct Fd {
     inq: bool,
     /// TCP_MAXSEG.
     user_mss: Option<u16>,
+    /// TCP_USER_TIMEOUT, ms (0: none).
+    user_timeout: u32,
+    /// TCP_CORK.
+    cork: bool,
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -304,6 +308,10 @@ impl Backend {
         let upto = new.rfind('\n').map_or(0, |i| i + 1);
         *seen += upto;
         for line in new[..upto].lines() {
+            if line.trim() == FLUSH_METRICS {
+                self.stack_mut().tcp_flush_metrics();
+                continue;
+            }
             if let Some((k, v)) = line.trim().split_once('=') {
                 if let Err(e) = self
                     .stack_mut()
@@ -365,6 +373,8 @@ impl Backend {
                 zc: Default::default(),
                 inq: false,
                 user_mss: None,
+                user_timeout: 0,
+                cork: false,
             },
         );
         Ok(fd)
@@ -399,9 +409,13 @@ impl Backend {
             .map_err(map)?;
         let f = self.fd(fd)?;
         f.kind = Kind::Listen(h);
-        let (qlen, key, mss) = (f.fastopen, f.fastopen_key, f.user_mss);
+        let (qlen, key, mss, ut) = (f.fastopen, f.fastopen_key, f.user_mss, f.user_timeout);
         if let Some(m) = mss {
             self.stack_mut().tcp_set_listener_mss(h, m).map_err(map)?;
+        }
+        if ut > 0 {
+            let t = Some(Duration::from_millis(ut.into()));
+            self.stack_mut().tcp_set_user_timeout(h, t).map_err(map)?;
         }
         if let Some(q) = qlen {
             self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?;
@@ -430,11 +444,12 @@ impl Backend {
             0,
         )?;
         // Socket flags the listener had are the new socket's (as Linux clones them).
-        let (zc, keepalive, keep) = {
+        let (zc, keepalive, keep, user_timeout) = {
             let l = self.fd(fd)?;
-            (l.zc.on, l.keepalive, l.keep)
+            (l.zc.on, l.keepalive, l.keep, l.user_timeout)
         };
         let n = self.fd(nfd)?;
+        n.user_timeout = user_timeout;
         n.kind = Kind::Conn(c);
         n.nodelay = nodelay;
         n.zc.on = zc;
@@ -542,6 +557,8 @@ impl Backend {
         if let Some(m) = f.user_mss {
             cfg.mss = cfg.mss.min(m);
         }
+        cfg.user_timeout =
+            (f.user_timeout > 0).then(|| Duration::from_millis(f.user_timeout.into()));
         cfg.keepalive = ka;
         Ok(cfg)
     }
@@ -565,6 +582,9 @@ impl Backend {
     fn connected_fd(&mut self, fd: c_int, h: SocketHandle, nodelay: bool) -> Res<()> {
         if nodelay {
             let _ = self.stack_mut().tcp_set_nodelay(h, true);
+        }
+        if self.fd(fd)?.cork {
+            let _ = self.stack_mut().tcp_set_cork(h, true);
         }
         self.fd(fd)?.kind = Kind::Conn(h);
         self.pump();
@@ -598,7 +618,8 @@ impl Backend {
         r
     }
 
-    pub fn try_write(&mut self, fd: c_int, data: &[u8]) -> Res<usize> {
+    /// A non-blocking write; `more`: `MSG_MORE`.
+    pub fn try_write(&mut self, fd: c_int, data: &[u8], more: bool) -> Res<usize> {
         // As Linux: a TCP socket that is not connected (nor connecting) is EPIPE.
         if matches!(self.fd(fd)?.kind, Kind::Fresh(_)) {
             return Err(libc::EPIPE);
@@ -608,7 +629,7 @@ impl Backend {
         if matches!(self.stack_mut().tcp_state(h), Ok(TcpState::SynSent)) {
             return Err(libc::EAGAIN);
         }
-        let r = match self.stack_mut().tcp_send(h, data) {
+        let r = match self.stack_mut().tcp_send_more(h, data, more) {
             Ok(0) if !data.is_empty() => Err(libc::EAGAIN),
             r => r.map_err(map),
         };
@@ -886,6 +907,8 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => reuse as c_int,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => nodelay as c_int,
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
+            (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
+            (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match (kind, self.fd(fd)?.user_mss) {
                 (Kind::Conn(h), _) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
                 (_, Some(m)) => c_int::from(m),
@@ -953,6 +976,19 @@ impl Backend {
             (libc::IPPROTO_TCP, TCP_INQ) => {
                 self.fd(fd)?.inq = field(0)? != 0;
             }
+            (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => {
+                // Linux: milliseconds, 0 for none, negative EINVAL.
+                let v = field(0)?;
+                if v < 0 {
+                    return Err(libc::EINVAL);
+                }
+                self.fd(fd)?.user_timeout = v as u32;
+                let t = (v > 0).then(|| Duration::from_millis(v as u64));
+                if let Kind::Conn(h) | Kind::Listen(h) = kind {
+                    self.stack_mut().tcp_set_user_timeout(h, t).map_err(map)?;
+                    self.pump();
+                }
+            }
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
                 // Linux: 0 clears it; otherwise TCP_MIN_MSS (88) up to 32767.
                 let v = field(0)?;
@@ -1019,6 +1055,14 @@ impl Backend {
                     _ => self.fd(fd)?.fastopen_key = Some(key),
                 }
             }
+            (libc::IPPROTO_TCP, libc::TCP_CORK) => {
+                let on = field(0)? != 0;
+                self.fd(fd)?.cork = on;
+                if let Kind::Conn(h) = kind {
+                    self.stack_mut().tcp_set_cork(h, on).map_err(map)?;
+                    self.pump();
+                }
+            }
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
                 let on = field(0)? != 0;
                 self.fd(fd)?.nodelay = on;
@@ -1032,6 +1076,10 @@ impl Backend {
         Ok(())
     }
 }
+
+/// The `sysctl_file` line for a script's `ip tcp_metrics flush`: the stack forgets
+/// its per-destination metrics (Fast Open cookies).
+pub const FLUSH_METRICS: &str = "tcp_metrics_flush";
 
 /// Linux's `TCP_INQ` option number (also the `TCP_CM_INQ` cmsg type).
 pub const TCP_INQ: c_int = 36;
@@ -1076,6 +1124,13 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(96, u64::from(i.rcv_space));
     put32(100, i.total_retransmits);
     put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
+    let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    put64(168, us(i.busy_time));
+    put64(176, us(i.rwnd_limited));
+    put64(184, us(i.sndbuf_limited));
+    let mut put32 = |off: usize, v: u64| {
+        b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
+    };
     put32(192, i.delivered);
     put32(228, u64::from(i.snd_wnd));
     put32(232, u64::from(i.rcv_wnd));
@@ -1091,8 +1146,14 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
         S::LastAck => 9,
         S::Closing => 11,
     };
-    // tcpi_ca_state: Open, or Recovery.
-    b[1] = if i.in_recovery { 3 } else { 0 };
+    // tcpi_ca_state: Open (0), CWR (2: reduced for an ECN echo), or Recovery (3).
+    b[1] = if i.in_recovery {
+        3
+    } else if i.in_cwr {
+        2
+    } else {
+        0
+    };
     b[4] = i.backoff.min(255) as u8;
     let mut opts = 0u8;
     if i.timestamps {
@@ -1100,6 +1161,12 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     }
     if i.sack {
         opts |= 2;
+    }
+    if i.ecn {
+        opts |= 8; // TCPI_OPT_ECN
+    }
+    if i.ecn_seen {
+        opts |= 16; // TCPI_OPT_ECN_SEEN
     }
     if i.syn_data {
         opts |= 32; // TCPI_OPT_SYN_DATA
@@ -1185,6 +1252,26 @@ mod tests {
         let small = (50 as c_int).to_ne_bytes();
         assert_eq!(
             b.setsockopt(fd, tcp, libc::TCP_MAXSEG, Some(&small)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_CORK), Ok(0));
+        assert_eq!(b.setsockopt(fd, tcp, libc::TCP_CORK, Some(&one)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_CORK), Ok(1));
+        // TCP_USER_TIMEOUT: milliseconds, kept for the connection, never negative.
+        let ut = (3000 as c_int).to_ne_bytes();
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_USER_TIMEOUT), Ok(0));
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_USER_TIMEOUT, Some(&ut)),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, tcp, libc::TCP_USER_TIMEOUT), Ok(3000));
+        assert_eq!(
+            b.fd_config(fd).map(|c| c.user_timeout),
+            Ok(Some(Duration::from_secs(3)))
+        );
+        let neg = (-1 as c_int).to_ne_bytes();
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_USER_TIMEOUT, Some(&neg)),
             Err(libc::EINVAL)
         );
         // fcntl and FIONBIO share the one flag; FIONREAD needs a connection.

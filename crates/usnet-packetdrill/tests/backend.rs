@@ -112,7 +112,7 @@ fn small_read_acks_once_without_window_scaling() {
 #[test]
 fn orphan_behind_zero_window_is_reaped() {
     let (mut b, fd, isn) = established(&[2, 4, 5, 180, 1, 3, 3, 7]);
-    assert_eq!(b.try_write(fd, &[7u8; 100]), Ok(100));
+    assert_eq!(b.try_write(fd, &[7u8; 100], false), Ok(100));
     while b.sniff(0).is_some() {}
     let mut zero = pkt(1001, isn + 101, 0x10, &[], b"");
     zero[34..36].copy_from_slice(&[0, 0]); // window 0
@@ -125,7 +125,7 @@ fn orphan_behind_zero_window_is_reaped() {
     let ck = fold(csum(&zero[20..], csum(&pseudo, 0)));
     zero[36..38].copy_from_slice(&ck.to_be_bytes());
     b.inject(&zero).unwrap();
-    let _ = b.try_write(fd, &[8u8; 700]);
+    let _ = b.try_write(fd, &[8u8; 700], false);
     b.close(fd).unwrap();
     let hour = 3_600_000_000_000u64;
     b.advance_to(b.now_us() * 1000 + 10 * hour);

@@ -153,6 +153,7 @@ impl Stack {
                 remote,
                 off,
                 len,
+                ce,
                 ..
             } => Verdict::Tcp {
                 target: self.sockets.tcp_lookup(local, remote),
@@ -160,6 +161,7 @@ impl Stack {
                 remote,
                 off,
                 len,
+                ce,
             },
             v => v,
         }
@@ -172,12 +174,14 @@ impl Stack {
             target: TcpTarget::Conn(i),
             off,
             len,
+            ce,
             ..
         } = *v
         else {
             return None;
         };
-        if self.core.pool.offload(buf).gso_size != 0 {
+        // A CE mark is the engine's to see on its own segment (RFC 3168 §6.1.3).
+        if ce || self.core.pool.offload(buf).gso_size != 0 {
             return None;
         }
         let data = self.core.pool.data(buf);
@@ -293,6 +297,7 @@ impl Stack {
                 h.l4_off,
                 h.l4_len,
                 Src::Buf(h.buf),
+                false,
             );
             return true;
         }
@@ -307,6 +312,7 @@ impl Stack {
                     h.l4_off,
                     h.l4_len,
                     Src::Buf(h.buf),
+                    false,
                 );
             }
         }

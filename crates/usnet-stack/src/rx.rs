@@ -140,6 +140,7 @@ impl View<'_> {
             l3_off: base,
             l3_len: ip.total_len,
             eth_src,
+            ecn: ip.dscp_ecn & 3,
         };
         self.classify_l4(c, &l3, ip.protocol, ip.payload, l4_off)
     }
@@ -231,6 +232,7 @@ impl View<'_> {
             l3_off: base,
             l3_len: wire::IPV6_HEADER_LEN + ip.payload_len,
             eth_src,
+            ecn: ip.traffic_class & 3,
         };
         self.classify_l4(c, &l3, up.protocol, up.payload, l4_off)
     }
@@ -349,6 +351,7 @@ impl View<'_> {
             remote,
             off: l4_off,
             len: l4.len(),
+            ce: l3.ecn == 3,
         }
     }
 
@@ -548,7 +551,8 @@ impl Stack {
                 remote,
                 off,
                 len,
-            } => self.tcp_input(target, local, remote, off, len, src),
+                ce,
+            } => self.tcp_input(target, local, remote, off, len, src, ce),
             Verdict::TcpIcmp { conn, seq, err } => {
                 self.core.release(src);
                 self.tcp_icmp_error(conn, seq, err);
@@ -692,6 +696,7 @@ impl Stack {
             l3_off: 0,
             l3_len: invoking.len(),
             eth_src: MacAddr::default(),
+            ecn: 0,
         };
         // IPv6: extension headers may follow the fragment header.
         let (proto, l4_off) = if s.is_ipv4() {

@@ -46,6 +46,8 @@ pub(crate) struct GsoPending {
     next_hop: IpAddr,
     /// A short or PSH segment ended it: nothing more may join.
     closed: bool,
+    /// The IP ECN codepoint of every segment in it.
+    ecn: u8,
 }
 
 /// IPv6 fragment header fields for one fragment.
@@ -54,6 +56,28 @@ struct FragFields {
     offset: usize,
     more: bool,
     ident: u32,
+}
+
+/// The IP ECN codepoint for ECT(0) (RFC 3168 §5).
+pub(crate) const ECN_ECT0: u8 = 0b10;
+
+/// Puts the ECN codepoint `ecn` into the IP header `write_headers` wrote after the
+/// Ethernet header of `frame` (redoing the IPv4 header checksum).
+fn set_ip_ecn(frame: &mut [u8], ecn: u8) {
+    if ecn == 0 {
+        return;
+    }
+    let ip = &mut frame[ETH..];
+    if ip[0] >> 4 == 4 {
+        ip[1] = (ip[1] & !3) | (ecn & 3);
+        ip[10..12].fill(0);
+        let ihl = usize::from(ip[0] & 0xf) * 4;
+        let c = wire::finish(wire::sum(&ip[..ihl]));
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+    } else {
+        // The traffic class straddles bytes 0 and 1; ECN is its low two bits.
+        ip[1] = (ip[1] & !0x30) | ((ecn & 3) << 4);
+    }
 }
 
 fn ip_header_len(dst: IpAddr) -> usize {
@@ -335,6 +359,7 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         payload: (&[u8], &[u8]),
+        ecn: u8,
     ) -> bool {
         if self.tx.len() >= self.cfg.tx_queue_len {
             self.counters.tcp_tx_blocked += 1;
@@ -369,6 +394,7 @@ impl Core {
                 None,
                 true,
             );
+            set_ip_ecn(&mut hdr_bytes, ecn);
             let offload = self.cfg.tx_csum_offload && !self.is_local_addr(next_hop);
             let out = self.pool.append(&buf, total).expect("size checked");
             out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
@@ -400,6 +426,7 @@ impl Core {
             None,
             true,
         );
+        set_ip_ecn(&mut frame, ecn);
         let p = ETH + l3 + hl;
         frame[p..p + payload.0.len()].copy_from_slice(payload.0);
         frame[p + payload.0.len()..].copy_from_slice(payload.1);
@@ -433,6 +460,7 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         payload: (&[u8], &[u8]),
+        ecn: u8,
     ) -> bool {
         let plen = payload.0.len() + payload.1.len();
         let hl = repr.header_len();
@@ -452,6 +480,7 @@ impl Core {
                 && p.remote == remote
                 && repr.seq == p.next_seq
                 && same == first
+                && p.ecn == ecn
                 && plen > 0
                 && plen <= p.seg
                 && fits
@@ -482,7 +511,7 @@ impl Core {
                 == 0
             && self.tso_ok();
         if !joinable {
-            return self.send_tcp(local, remote, repr, payload);
+            return self.send_tcp(local, remote, repr, payload, ecn);
         }
         if self.tx.len() >= self.cfg.tx_queue_len {
             self.counters.tcp_tx_blocked += 1;
@@ -499,7 +528,7 @@ impl Core {
         // segment unjoined, built the way `send_tcp` builds oversized ones.
         let fits_headers = ETH + l3 + hl <= self.pool.buf_size() - self.pool.headroom();
         if self.is_local_addr(next_hop) || !fits_headers {
-            return self.send_tcp(local, remote, repr, payload);
+            return self.send_tcp(local, remote, repr, payload, ecn);
         }
         let Some(buf) = self.pool.alloc() else {
             self.counters.tcp_tx_blocked += 1;
@@ -531,6 +560,7 @@ impl Core {
             l3,
             next_hop,
             closed: repr.flags.contains(TcpFlags::PSH),
+            ecn,
         });
         true
     }
@@ -556,6 +586,7 @@ impl Core {
             None,
             true,
         );
+        set_ip_ecn(&mut hdr, p.ecn);
         let l3 = p.l3;
         let out = self.pool.data_mut(&p.buf);
         out[..ETH + l3].copy_from_slice(&hdr[..ETH + l3]);

@@ -47,6 +47,8 @@ pub(crate) enum Verdict {
         remote: SocketAddr,
         off: usize,
         len: usize,
+        /// The IP header's ECN field was CE (RFC 3168).
+        ce: bool,
     },
     /// An ICMP error about a segment of TCP connection `conn`.
     TcpIcmp {
@@ -131,6 +133,8 @@ pub(crate) struct L3Info {
     pub l3_off: usize,
     pub l3_len: usize,
     pub eth_src: MacAddr,
+    /// The ECN field of the IP header (0 for a reassembled datagram).
+    pub ecn: u8,
 }
 
 impl L3Info {

@@ -65,6 +65,9 @@ pub trait CongestionControl: fmt::Debug + Send {
     fn on_rto(&mut self, now: Instant, in_flight: u32, mss: u32);
     /// Restart after idle (RFC 5681 §4.1): cwnd drops to at most the restart window.
     fn on_idle_restart(&mut self, restart_window: u32);
+    /// Sets cwnd: proportional rate reduction (RFC 6937) steers it during a
+    /// reduction, from the ssthresh `on_loss` chose.
+    fn set_cwnd(&mut self, cwnd: u32);
 }
 
 fn loss_ssthresh(in_flight: u32, mss: u32) -> u32 {
@@ -146,6 +149,9 @@ impl CongestionControl for NewReno {
     }
     fn on_idle_restart(&mut self, rw: u32) {
         self.cwnd = self.cwnd.min(rw);
+    }
+    fn set_cwnd(&mut self, cwnd: u32) {
+        self.cwnd = cwnd;
     }
 }
 
@@ -282,6 +288,9 @@ impl CongestionControl for Cubic {
     fn on_idle_restart(&mut self, rw: u32) {
         self.cwnd = self.cwnd.min(rw);
         self.epoch = None;
+    }
+    fn set_cwnd(&mut self, cwnd: u32) {
+        self.cwnd = cwnd;
     }
 }
 

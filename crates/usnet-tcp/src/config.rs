@@ -49,6 +49,16 @@ pub struct TcpConfig {
     /// The parameters SO_KEEPALIVE turns on when a socket sets none of its own
     /// (Linux `tcp_keepalive_time`, `_intvl`, `_probes`).
     pub keepalive_defaults: Keepalive,
+    /// TCP_USER_TIMEOUT (RFC 5482; RFC 9293 §3.10.8's USER TIMEOUT): the longest
+    /// transmitted data may stay unacknowledged (or, against a zero window, wait to
+    /// be sent) before the connection is dropped (ETIMEDOUT). It replaces
+    /// `max_retries` as the limit and caps the retransmission timer, so the abort
+    /// comes on time; it also ends an unanswered keepalive probe run. None: the
+    /// retry counts decide.
+    pub user_timeout: Option<Duration>,
+    /// ECN (RFC 3168) as Linux's `tcp_ecn`: [`ECN_OFF`], [`ECN_ON`] (ask for it on
+    /// active opens, agree on passive ones), [`ECN_ACCEPT`] (agree when asked).
+    pub ecn: u8,
     /// SO_LINGER: `Some(0)` makes `close()` abortive (RST); `Some(t)` bounds how long a
     /// closing connection may try to deliver its data before it is aborted.
     pub linger: Option<Duration>,
@@ -58,7 +68,8 @@ pub struct TcpConfig {
     pub initial_window: u32,
     /// Initial RTO (RFC 6298: 1 s).
     pub initial_rto: Duration,
-    /// Lower bound of the RTO (Linux: 200 ms).
+    /// The least the RTO exceeds SRTT by (RFC 6298's G; Linux's `tcp_rto_min`, 200
+    /// ms): room for the peer's delayed ACK on top of the round trip.
     pub min_rto: Duration,
     /// Upper bound of the RTO (120 s).
     pub max_rto: Duration,
@@ -127,6 +138,13 @@ pub struct TcpConfig {
     pub fastopen_key: Option<[u8; 16]>,
 }
 
+/// `TcpConfig::ecn`: no ECN.
+pub const ECN_OFF: u8 = 0;
+/// `TcpConfig::ecn`: ask for ECN when connecting, agree when asked.
+pub const ECN_ON: u8 = 1;
+/// `TcpConfig::ecn`: agree to ECN when a peer asks (Linux's default).
+pub const ECN_ACCEPT: u8 = 2;
+
 /// `TcpConfig::fastopen`: clients may send data on their SYN.
 pub const FASTOPEN_CLIENT: u32 = 0x1;
 /// `TcpConfig::fastopen`: listeners that enabled it accept data on SYNs.
@@ -150,6 +168,8 @@ impl Default for TcpConfig {
             keepalive: None,
             keepalive_defaults: Keepalive::default(),
             linger: None,
+            user_timeout: None,
+            ecn: ECN_ACCEPT,
             congestion: CcAlgorithm::Cubic,
             initial_window: 10,
             initial_rto: Duration::from_secs(1),
@@ -217,7 +237,8 @@ impl TcpConfig {
     /// default is the initial receive window),
     /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
     /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
-    /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_fastopen` (the bits of
+    /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_ecn` (0, 1, 2),
+    /// `tcp_fastopen` (the bits of
     /// [`TcpConfig::fastopen`]), `tcp_fastopen_key` (`xxxxxxxx-xxxxxxxx-xxxxxxxx-xxxxxxxx`,
     /// a backup key after a comma is ignored), `tcp_congestion_control`
     /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off).
@@ -267,6 +288,12 @@ impl TcpConfig {
             "tcp_slow_start_after_idle" => self.slow_start_after_idle = flag()?,
             "tcp_syncookies" => self.syn_cookies = flag()?,
             "tcp_early_retrans" => self.tlp = int()? >= 3,
+            "tcp_ecn" => {
+                self.ecn = match int()? {
+                    v @ 0..=2 => v as u8,
+                    _ => return Err(bad()),
+                }
+            }
             "tcp_fastopen" => self.fastopen = int()? as u32,
             "tcp_fastopen_key" => {
                 self.fastopen_key = Some(parse_fastopen_key(value).ok_or_else(bad)?)
@@ -352,6 +379,12 @@ mod tests {
         assert_eq!(c.keepalive_defaults.idle, Duration::from_secs(30));
         c.set_sysctl("tcp_congestion_control", "reno").unwrap();
         assert_eq!(c.congestion, CcAlgorithm::NewReno);
+        c.set_sysctl("tcp_ecn", "1").unwrap();
+        assert_eq!(c.ecn, ECN_ON);
+        assert!(
+            c.set_sysctl("tcp_ecn", "3").is_err(),
+            "AccECN is not offered"
+        );
         c.set_sysctl("tcp_early_retrans", "0").unwrap();
         assert!(!c.tlp);
         c.set_sysctl("tcp_fastopen", "0x602").unwrap();

@@ -43,6 +43,8 @@ struct SynEntry {
     /// A Fast Open cookie for the SYN-ACK (the client asked for one, or sent an
     /// invalid one).
     cookie: Option<FastOpen>,
+    /// ECN agreed: the SYN-ACK carries ECE (RFC 3168 §6.1.1).
+    ecn: bool,
 }
 
 /// What a segment to a listener produced.
@@ -112,6 +114,12 @@ impl<H> Listener<H> {
     /// most `mss`.
     pub fn set_mss(&mut self, mss: u16) {
         self.cfg.mss = self.cfg.mss.min(mss);
+    }
+
+    /// TCP_USER_TIMEOUT for the connections it opens (see
+    /// [`TcpConfig::user_timeout`]).
+    pub fn set_user_timeout(&mut self, t: Option<Duration>) {
+        self.cfg.user_timeout = t;
     }
 
     /// TCP_FASTOPEN_KEY: the key server cookies are made with.
@@ -246,12 +254,16 @@ impl<H> Listener<H> {
             dst_port: e.remote.port(),
             seq: e.iss.0,
             ack: (e.irs + 1u32).0,
-            flags: TcpFlags::SYN | TcpFlags::ACK,
+            flags: if e.ecn {
+                TcpFlags::SYN | TcpFlags::ACK | TcpFlags::ECE
+            } else {
+                TcpFlags::SYN | TcpFlags::ACK
+            },
             window: self.initial_window(),
             urgent: 0,
             options: o,
         };
-        sink.emit(e.local, e.remote, &repr, (&[], &[]))
+        sink.emit(e.local, e.remote, &repr, (&[], &[]), false)
     }
 
     /// `<SEQ=SND.NXT><ACK=RCV.NXT><CTL=ACK>` for a half-open connection (RFC 5961
@@ -271,7 +283,7 @@ impl<H> Listener<H> {
             urgent: 0,
             options,
         };
-        if sink.emit(e.local, e.remote, &repr, (&[], &[])) {
+        if sink.emit(e.local, e.remote, &repr, (&[], &[]), false) {
             self.stats.listen_challenge_acks += 1;
         }
     }
@@ -284,7 +296,7 @@ impl<H> Listener<H> {
         sink: &mut S,
     ) {
         if let Some(r) = crate::reset_for(local.port(), remote.port(), seg) {
-            if sink.emit(local, remote, &r, (&[], &[])) {
+            if sink.emit(local, remote, &r, (&[], &[]), false) {
                 self.stats.listen_rst_sent += 1;
             }
         }
@@ -376,6 +388,7 @@ impl<H> Listener<H> {
                         ts_recent: e.ts_recent,
                         synack_sent: e.sent,
                         synack_xmits: e.xmits,
+                        ecn: e.ecn,
                     }
                 }
                 None => match self.check_cookie(local, remote, seg) {
@@ -425,6 +438,8 @@ impl<H> Listener<H> {
             return ListenEvent::None;
         }
         let (mss, ws, sack, ts) = self.negotiate(seg);
+        // RFC 3168 §6.1.1: an ECN-setup SYN (ECE and CWR) when we accept ECN.
+        let ecn = self.cfg.ecn != crate::config::ECN_OFF && f.ece() && f.cwr();
         let mut cookie = None;
         if self.fastopen_decision(local, remote, seg, &mut cookie) {
             let h = Handshake {
@@ -441,6 +456,7 @@ impl<H> Listener<H> {
                 ts_recent: ts,
                 synack_sent: self.now,
                 synack_xmits: 0,
+                ecn,
             };
             let c = Connection::from_tfo_syn(local, remote, self.now, self.cfg.clone(), h, seg);
             return ListenEvent::Established(Box::new(c));
@@ -470,6 +486,8 @@ impl<H> Listener<H> {
                 next: self.now,
                 challenges: 0,
                 cookie,
+                // A cookie does not remember it.
+                ecn: false,
             };
             if self.send_synack(&e, tsval, sink) {
                 self.stats.listen_cookies_sent += 1;
@@ -495,6 +513,7 @@ impl<H> Listener<H> {
             next: self.now + self.cfg.initial_rto,
             challenges: 0,
             cookie,
+            ecn,
         };
         self.send_synack(&e, None, sink);
         self.syn_queue.push(e);
@@ -581,6 +600,7 @@ impl<H> Listener<H> {
             ts_recent,
             synack_sent: self.now,
             synack_xmits: 2,
+            ecn: false,
         })
     }
 

@@ -111,5 +111,8 @@ define_stats! {
     tfo_cookie_requests => "Fast Open: cookies a server sent (requested, or the client's was invalid)",
     tfo_syn_data_acked => "Fast Open: SYN data the server acknowledged (client)",
     tfo_syn_data_resent => "Fast Open: SYN data the server did not acknowledge, sent again (client)",
+    rx_ecn_ce => "data segments that arrived CE-marked (ECN, RFC 3168)",
+    rx_ecn_ece => "ACKs carrying ECE (ECN congestion echo)",
+    ecn_reductions => "congestion-window reductions for ECN echoes",
     listen_challenge_acks => "challenge ACKs for an in-window, inexact RST on a half-open connection (RFC 5961 §3.2)",
 }

@@ -19,6 +19,10 @@ pub struct OwnedSegment {
     pub repr: TcpRepr,
     /// Payload.
     pub payload: Vec<u8>,
+    /// Sent ECT(0) (what the engine asked for).
+    pub ect: bool,
+    /// Arrives CE-marked (set by a test to play a congested router).
+    pub ce: bool,
 }
 
 impl OwnedSegment {
@@ -33,6 +37,7 @@ impl OwnedSegment {
             options: self.repr.options,
             payload: Payload::new(&self.payload),
             gso_size: 0,
+            ce: self.ce,
         }
     }
 
@@ -63,6 +68,8 @@ impl OwnedSegment {
             remote,
             repr: h.repr(),
             payload: h.payload.to_vec(),
+            ect: false,
+            ce: false,
         })
     }
 }
@@ -83,6 +90,7 @@ impl SegmentSink for VecSink {
         remote: SocketAddr,
         repr: &TcpRepr,
         payload: (&[u8], &[u8]),
+        ect: bool,
     ) -> bool {
         if self.refuse {
             return false;
@@ -95,6 +103,8 @@ impl SegmentSink for VecSink {
             remote,
             repr: *repr,
             payload: p,
+            ect,
+            ce: false,
         });
         true
     }

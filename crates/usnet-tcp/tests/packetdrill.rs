@@ -299,6 +299,7 @@ impl Runner {
             options: o,
             payload: usnet_tcp::Payload::new(&payload),
             gso_size: 0,
+            ce: false,
         };
         // Through the real encoding, as a stack would see it.
         let wire = OwnedSegment {
@@ -315,6 +316,8 @@ impl Runner {
                 options: seg.options,
             },
             payload: payload.clone(),
+            ect: false,
+            ce: false,
         };
         let back =
             OwnedSegment::from_bytes(self.remote, self.local, &wire.to_bytes()).ok_or("encode")?;

@@ -298,7 +298,8 @@ impl Shared {
             | libc::MSG_NOSIGNAL
             | libc::MSG_FASTOPEN
             | libc::MSG_ZEROCOPY
-            | libc::MSG_EOR;
+            | libc::MSG_EOR
+            | libc::MSG_MORE;
         if flags & !known != 0 {
             return Err(libc::EOPNOTSUPP);
         }
@@ -351,8 +352,9 @@ impl Shared {
         }
         let flags = flags & !libc::MSG_FASTOPEN;
         let eor = flags & libc::MSG_EOR != 0;
+        let more = flags & libc::MSG_MORE != 0;
         let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
-            let n = b.try_write(fd, &data[done..])?;
+            let n = b.try_write(fd, &data[done..], more)?;
             done += n;
             if done < data.len() {
                 Err(libc::EAGAIN)

@@ -215,6 +215,25 @@ impl Stack {
         }
     }
 
+    /// TCP_USER_TIMEOUT (`usnet_tcp::TcpConfig::user_timeout`) on a connection, or
+    /// on a listener for the connections it opens (as Linux's children inherit it).
+    pub fn tcp_set_user_timeout(
+        &mut self,
+        h: SocketHandle,
+        t: Option<Duration>,
+    ) -> Result<(), StackError> {
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                for f in l.families() {
+                    f.set_user_timeout(t);
+                }
+                Ok(())
+            }
+            Socket::TcpConn(_) => self.with_conn(h, |c| c.set_user_timeout(t)),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
     /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with.
     pub fn tcp_set_fastopen_key(
         &mut self,
@@ -343,6 +362,12 @@ impl Stack {
             .is_some_and(|e| e.cookie.is_some())
     }
 
+    /// Forgets what was learned per destination (the Fast Open cookies and MSS),
+    /// as Linux's `ip tcp_metrics flush`.
+    pub fn tcp_flush_metrics(&mut self) {
+        self.sockets.tcp.fo_cache.clear();
+    }
+
     /// Whether `TcpConfig::fastopen` lets clients use Fast Open.
     pub fn tcp_fastopen_client_enabled(&self) -> bool {
         self.core.cfg.tcp.fastopen & usnet_tcp::config::FASTOPEN_CLIENT != 0
@@ -378,17 +403,22 @@ impl Stack {
         }
         self.tcp_open(local, remote, cfg, |c, cache| {
             let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
-            let Some(cookie) = entry.cookie else {
+            let no_cookie = c.config().fastopen & usnet_tcp::config::FASTOPEN_CLIENT_NO_COOKIE != 0;
+            if entry.cookie.is_none() && !no_cookie {
                 c.set_fastopen_client(FastOpen::request(false), 0);
                 return 0;
-            };
+            }
             let mss = match entry.mss {
                 0 => c.config().mss,
                 m => m.min(c.config().mss),
             };
             let room = usize::from(mss).saturating_sub(40).min(data.len());
             let n = c.send(&data[..room]);
-            c.set_fastopen_client(cookie, n)
+            match entry.cookie {
+                Some(cookie) => c.set_fastopen_client(cookie, n),
+                // Cookie-less mode: the data rides without an option.
+                None => c.set_syn_data(n),
+            }
         })
     }
 
@@ -396,6 +426,18 @@ impl Stack {
     /// full, `BrokenPipe` after `tcp_shutdown_write`, the connection's error if it
     /// failed). Data may be queued before the handshake completes.
     pub fn tcp_send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize, StackError> {
+        self.tcp_send_more(h, data, false)
+    }
+
+    /// [`Stack::tcp_send`]; `more` (Linux `MSG_MORE`): more data follows at once, so
+    /// a partial segment waits and this data's end carries no PSH
+    /// (`usnet_tcp::Connection::send_more`).
+    pub fn tcp_send_more(
+        &mut self,
+        h: SocketHandle,
+        data: &[u8],
+        more: bool,
+    ) -> Result<usize, StackError> {
         if let Some(e) = self.tcp_report_error(h)? {
             return Err(e);
         }
@@ -409,7 +451,7 @@ impl Stack {
         if c.send_capacity() == 0 {
             return Err(StackError::WouldBlock);
         }
-        self.with_conn(h, |c| c.send(data))
+        self.with_conn(h, |c| c.send_more(data, more))
     }
 
     /// `MSG_EOR`: the data queued so far ends a record; its last byte ends a
@@ -630,6 +672,11 @@ impl Stack {
 
     pub fn tcp_set_nodelay(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_nodelay(on))
+    }
+
+    /// TCP_CORK (`usnet_tcp::Connection::set_cork`); lifting it sends what waited.
+    pub fn tcp_set_cork(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_cork(on))
     }
 
     pub fn tcp_set_keepalive(

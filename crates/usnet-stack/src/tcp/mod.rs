@@ -69,12 +69,14 @@ impl SegmentSink for CoreSink<'_> {
         remote: SocketAddr,
         repr: &TcpRepr,
         payload: (&[u8], &[u8]),
+        ect: bool,
     ) -> bool {
+        let ecn = if ect { crate::tx::ECN_ECT0 } else { 0 };
         let ok = if self.tso {
             self.core
-                .send_tcp_gso(&mut self.gso, local, remote, repr, payload)
+                .send_tcp_gso(&mut self.gso, local, remote, repr, payload, ecn)
         } else {
-            self.core.send_tcp(local, remote, repr, payload)
+            self.core.send_tcp(local, remote, repr, payload, ecn)
         };
         self.refused |= !ok;
         ok
@@ -92,7 +94,9 @@ impl SegmentSink for CollectSink<'_> {
         remote: SocketAddr,
         repr: &TcpRepr,
         payload: (&[u8], &[u8]),
+        _ect: bool,
     ) -> bool {
+        // SYN-ACKs and RSTs: never ECT.
         debug_assert!(payload.0.is_empty() && payload.1.is_empty());
         self.0.push((local, remote, *repr));
         true
@@ -116,7 +120,7 @@ impl Core {
     /// Sends what a listener collected.
     fn send_collected(&mut self, out: &mut Vec<(SocketAddr, SocketAddr, TcpRepr)>) {
         for (l, r, repr) in out.drain(..) {
-            self.send_tcp(l, r, &repr, (&[], &[]));
+            self.send_tcp(l, r, &repr, (&[], &[]), 0);
         }
     }
 }
@@ -212,7 +216,9 @@ impl Stack {
         }
     }
 
-    /// A checksum-verified segment from the receive path.
+    /// A checksum-verified segment from the receive path (`ce`: its IP header was
+    /// CE-marked).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn tcp_input(
         &mut self,
         target: TcpTarget,
@@ -221,14 +227,16 @@ impl Stack {
         off: usize,
         len: usize,
         src: Src,
+        ce: bool,
     ) {
         match target {
-            TcpTarget::Conn(i) => self.tcp_input_conn(i, local, remote, off, len, src),
+            TcpTarget::Conn(i) => self.tcp_input_conn(i, local, remote, off, len, src, ce),
             TcpTarget::Listener(i) => self.tcp_input_listener(i, local, remote, off, len, src),
             TcpTarget::None => self.tcp_input_no_socket(local, remote, off, len, src),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn tcp_input_conn(
         &mut self,
         i: u32,
@@ -237,6 +245,7 @@ impl Stack {
         off: usize,
         len: usize,
         src: Src,
+        ce: bool,
     ) {
         let now = self.core.tcp_now();
         let Some(s) = self.sockets.conn_at_mut(i) else {
@@ -250,6 +259,7 @@ impl Stack {
                 Err(_) => None,
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
+                    seg.ce = ce;
                     if let Src::Buf(b) = &src {
                         seg.gso_size = self.core.pool.offload(b).gso_size;
                     }
@@ -286,7 +296,7 @@ impl Stack {
                     self.core.release(src);
                     return;
                 }
-                self.tcp_input(t, local, remote, off, len, src);
+                self.tcp_input(t, local, remote, off, len, src, ce);
             }
         }
     }
@@ -359,7 +369,7 @@ impl Stack {
         };
         self.core.release(src);
         if let Some(r) = reply {
-            if self.core.send_tcp(local, remote, &r, (&[], &[])) {
+            if self.core.send_tcp(local, remote, &r, (&[], &[]), 0) {
                 self.core.counters.tcp_tx_reset_no_socket += 1;
             }
         }

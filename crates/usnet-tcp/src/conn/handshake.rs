@@ -30,6 +30,8 @@ pub(crate) struct Handshake {
     /// sample under Karn's rule).
     pub synack_sent: Instant,
     pub synack_xmits: u32,
+    /// ECN agreed (the SYN was ECN-setup and the listener accepts ECN).
+    pub ecn: bool,
 }
 
 /// Options both sides agreed on in the handshake (timestamps: `Timestamps::ok`).
@@ -120,6 +122,19 @@ impl Connection {
         self.syn.fo_max.min(self.snd.buf.len())
     }
 
+    /// Cookie-less Fast Open (RFC 7413 §4.1 allows a server to take SYN data
+    /// without a cookie; Linux's client side is `tcp_fastopen` bit 0x4): the first
+    /// SYN carries up to `max_data` bytes of the send buffer and no option. As with
+    /// a cookie, a retransmitted SYN carries none. Returns how many bytes it carries.
+    pub fn set_syn_data(&mut self, max_data: usize) -> usize {
+        if self.state != State::SynSent || self.syn.xmits > 0 {
+            return 0;
+        }
+        self.syn.fo = None;
+        self.syn.fo_max = max_data;
+        self.syn.fo_max.min(self.snd.buf.len())
+    }
+
     /// The application is blocked until the handshake completes, to send data at
     /// once (Linux's `sk_write_pending`, set by a blocking Fast Open `sendto`): the
     /// ACK of the SYN-ACK waits for that data (or the delayed-ACK timer).
@@ -162,6 +177,7 @@ impl Connection {
             c.rcv.wscale = c.cfg.rcv_wscale();
         }
         c.opts.sack = h.sack;
+        c.ecn.ok = h.ecn;
         if let Some(ts) = h.ts_recent {
             c.ts.ok = true;
             c.ts.set_recent(ts, now);
@@ -252,8 +268,13 @@ impl Connection {
             }
         }
         self.snd.nxt = ack;
-        if self.syn.fo.is_some() {
-            let cookie = seg.options.fast_open.filter(|f| f.len > 0);
+        // The peer's MSS sizes later SYN data (cookie-less too); a cookie is taken
+        // only in answer to our option (an unsolicited one is not cached, as Linux).
+        if self.syn.fo.is_some() || self.syn.fo_max > 0 {
+            let cookie = seg
+                .options
+                .fast_open
+                .filter(|f| f.len > 0 && self.syn.fo.is_some());
             self.syn.fo_learned = Some((seg.options.mss.unwrap_or(0), cookie));
         }
     }
@@ -303,6 +324,7 @@ impl Connection {
         self.snd.wl2 = ack;
         if f.ack() {
             self.ack.last_rcv = Some(self.now);
+            self.ecn_synack_received(f);
             self.fastopen_synack(seg, ack);
             self.snd.una = ack;
             self.syn_rtt_sample();
@@ -318,7 +340,8 @@ impl Connection {
                 self.ack.pending = true;
             }
         } else {
-            // Simultaneous open: SYN-ACK with our original ISS.
+            // Simultaneous open: SYN-ACK with our original ISS (RFC 3168 has no
+            // ECN negotiation for it).
             self.state = State::SynReceived;
             self.syn.pending = true;
         }
@@ -441,16 +464,14 @@ impl Connection {
         let flags = if synack {
             TcpFlags::SYN | TcpFlags::ACK
         } else {
-            TcpFlags::SYN
+            TcpFlags::SYN | self.ecn_syn_flags()
         };
         let mut opts = self.syn_options(synack);
         // Client Fast Open: only the first SYN carries the option and data.
         let mut data = 0;
         if !synack && self.syn.xmits == 0 {
-            if let Some(fo) = self.syn.fo {
-                opts.fast_open = Some(fo);
-                data = self.syn.fo_max.min(self.snd.buf.len());
-            }
+            opts.fast_open = self.syn.fo;
+            data = self.syn.fo_max.min(self.snd.buf.len());
         }
         if !self.emit(sink, flags, self.snd.iss, 0, data, opts) {
             return Some(false);
@@ -531,6 +552,8 @@ mod tests {
                 options: opts,
             },
             payload: Vec::new(),
+            ect: false,
+            ce: false,
         }
     }
 
@@ -583,6 +606,59 @@ mod tests {
         let sent: usize = out.iter().map(|s| s.payload.len()).sum();
         assert!(sent > 0 && out.iter().all(|s| !s.repr.flags.syn()));
         assert_eq!(out[0].payload.len(), 1000, "at the SYN-ACK's MSS");
+    }
+
+    #[test]
+    fn a_fast_open_syn_too_big_for_the_path_is_sent_again_at_once_without_data() {
+        use crate::conn::{IcmpError, IcmpOutcome};
+        let mut cli = client(TcpConfig::default());
+        cli.send(&[7u8; 1000]);
+        cli.set_fastopen_client(FastOpen::with_cookie(&[1, 2, 3, 4], false), 1420);
+        let syn = drain(&mut cli, T0).remove(0);
+        assert_eq!(syn.payload.len(), 1000);
+        assert_eq!(syn.repr.options.mss, Some(1460));
+        // Fragmentation needed, MTU 800: an MSS of 760 fits.
+        let pmtu = IcmpError::PacketTooBig { mss: 760 };
+        let at = T0 + ms(10);
+        assert_eq!(
+            cli.icmp_error(at, syn.repr.seq, pmtu),
+            IcmpOutcome::MssLowered
+        );
+        let again = drain(&mut cli, at);
+        assert_eq!(again.len(), 1, "at once, not after the RTO");
+        assert_eq!(again[0].repr.flags, TcpFlags::SYN);
+        assert!(
+            again[0].payload.is_empty(),
+            "the data follows the handshake"
+        );
+        assert_eq!(again[0].repr.options.mss, Some(760), "the MSS that fits");
+        assert_eq!(cli.rtt.backoff, 0, "not congestion");
+        // The data then goes in segments that fit.
+        let opts = TcpOptions {
+            mss: Some(1040),
+            ..TcpOptions::default()
+        };
+        let synack = syn_ack_for(&again[0], cli.iss() + 1, opts);
+        feed(&mut cli, at + ms(10), &[synack]);
+        let data = drain(&mut cli, at + ms(10));
+        assert!(data.iter().all(|d| d.payload.len() <= 760));
+        assert_eq!(data.iter().map(|d| d.payload.len()).sum::<usize>(), 1000);
+    }
+
+    #[test]
+    fn cookie_less_syn_data_carries_no_option() {
+        let mut cli = client(TcpConfig::default());
+        cli.send(&[5u8; 800]);
+        assert_eq!(cli.set_syn_data(1000), 800);
+        let syn = drain(&mut cli, T0).remove(0);
+        assert_eq!(syn.payload.len(), 800);
+        assert_eq!(syn.repr.options.fast_open, None);
+        let again = cli.poll_at().unwrap();
+        let syn = drain(&mut cli, again).remove(0);
+        assert!(
+            syn.repr.flags.syn() && syn.payload.is_empty(),
+            "not on a retransmission"
+        );
     }
 
     #[test]
@@ -767,6 +843,7 @@ mod tests {
             ts_recent: None,
             synack_sent: T0,
             synack_xmits: 1,
+            ecn: false,
         };
         let mut srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
         assert_eq!(srv.state(), State::SynReceived);

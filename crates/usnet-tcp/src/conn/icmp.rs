@@ -97,12 +97,27 @@ impl Connection {
     /// before the path narrowed (its errors come in order), so they are not resent:
     /// an ICMP for one of them marks it when it arrives.
     fn pmtu_decrease(&mut self, seq: Seq, mss: u16) -> IcmpOutcome {
-        let lowered = u32::from(mss) < self.snd_mss();
+        // Before the peer's SYN arrives its MSS is unknown (the RFC 9293 default
+        // stands in for it): compare with our own.
+        let current = if self.state == State::SynSent {
+            u32::from(self.cfg.mss)
+        } else {
+            self.snd_mss()
+        };
+        let lowered = u32::from(mss) < current;
         if lowered {
             self.clamp_mss(mss);
             self.stats.pmtu_decreases += 1;
         } else {
             self.stats.pmtu_not_lowered += 1;
+        }
+        if lowered && self.state == State::SynSent && self.syn.fo_sent > 0 && self.syn.xmits == 1 {
+            // Our Fast Open SYN was too big for the path: send the SYN again at once,
+            // without the data (it follows the handshake) and advertising the MSS
+            // that fits; not congestion, so no back-off.
+            self.syn.pending = true;
+            self.stats.pmtu_resends += 1;
+            return IcmpOutcome::MssLowered;
         }
         let fits = self.smss();
         let mut marked = false;

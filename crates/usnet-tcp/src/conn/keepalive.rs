@@ -62,7 +62,7 @@ impl Connection {
             if !self.scoreboard.is_empty() || self.state == State::TimeWait {
                 // Not idle: the retransmission timer watches the peer.
                 self.timers.set(Timer::Keepalive, now + k.idle);
-            } else if self.keepalive.sent >= k.count {
+            } else if self.keepalive_expired(k.count) {
                 self.stats.keepalive_timeouts += 1;
                 self.error = Some(self.timeout_error());
                 self.rst_pending = true;
@@ -71,6 +71,18 @@ impl Connection {
                 self.keepalive.pending = true;
                 self.timers.set(Timer::Keepalive, now + k.interval);
             }
+        }
+    }
+
+    /// Whether the probes so far end the connection: `count` of them unanswered,
+    /// or with a user timeout, at least one unanswered and the peer silent for
+    /// that long (as Linux).
+    fn keepalive_expired(&self, count: u32) -> bool {
+        match self.cfg.user_timeout {
+            Some(ut) => {
+                self.keepalive.sent > 0 && self.now.saturating_since(self.keepalive.last_rx) >= ut
+            }
+            None => self.keepalive.sent >= count,
         }
     }
 

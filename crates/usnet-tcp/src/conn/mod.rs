@@ -11,6 +11,8 @@
 //! - `timers`: every deadline in one table; `transmit`: what goes out next
 //! - `icmp`: ICMP errors about this connection
 
+mod chrono;
+mod ecn;
 mod handshake;
 mod icmp;
 mod keepalive;
@@ -43,6 +45,8 @@ use crate::payload::Payload;
 use crate::seq::Seq;
 use crate::stats::TcpStats;
 use crate::time::Instant;
+use chrono::{Chrono, Chronos};
+use ecn::EcnState;
 use handshake::{Negotiated, SynState};
 use keepalive::KeepaliveState;
 use recovery::Recovery;
@@ -95,6 +99,8 @@ pub struct Segment<'a> {
     /// keeps the receiver's idea of the peer's MSS (and so its ACK pacing) right, and
     /// per-segment counters count wire segments.
     pub gso_size: u16,
+    /// The IP header's ECN field said CE (Congestion Experienced).
+    pub ce: bool,
 }
 
 impl<'a> From<&TcpHeader<'a>> for Segment<'a> {
@@ -108,6 +114,7 @@ impl<'a> From<&TcpHeader<'a>> for Segment<'a> {
             options: h.options,
             payload: Payload::new(h.payload),
             gso_size: 0,
+            ce: false,
         }
     }
 }
@@ -134,14 +141,16 @@ impl Segment<'_> {
 /// copying the payload slices behind the headroom and emitting `repr` in front of it.
 pub trait SegmentSink {
     /// Emit one segment from `local` to `remote`; the payload is the concatenation of
-    /// the two slices (the send ring may wrap). Return false if it cannot be sent now
-    /// (no buffer): the engine leaves its state as if nothing was sent and stops.
+    /// the two slices (the send ring may wrap); `ect`: its IP header's ECN field is
+    /// ECT(0) (RFC 3168), else Not-ECT. Return false if it cannot be sent now (no
+    /// buffer): the engine leaves its state as if nothing was sent and stops.
     fn emit(
         &mut self,
         local: SocketAddr,
         remote: SocketAddr,
         repr: &TcpRepr,
         payload: (&[u8], &[u8]),
+        ect: bool,
     ) -> bool;
 }
 
@@ -221,6 +230,20 @@ pub struct TcpInfo {
     pub delivered: u64,
     /// Time since data (or the SYN-ACK of an active open) last arrived.
     pub last_data_recv: Duration,
+    /// ECN negotiated (RFC 3168).
+    pub ecn: bool,
+    /// A CE mark arrived at some point.
+    pub ecn_seen: bool,
+    /// The window was reduced for an ECN echo and that window of data is not yet
+    /// acknowledged (Linux's CWR state).
+    pub in_cwr: bool,
+    /// Time with data queued or unacknowledged (Linux's `tcpi_busy_time`, which
+    /// includes the two below).
+    pub busy_time: Duration,
+    /// Of that, time the peer's window stopped the next segment.
+    pub rwnd_limited: Duration,
+    /// Of that, time a write found the send buffer full.
+    pub sndbuf_limited: Duration,
 }
 
 /// A TCP connection.
@@ -259,6 +282,10 @@ pub struct Connection {
     /// Every deadline (`timers`).
     pub(crate) timers: Timers,
     pub(crate) keepalive: KeepaliveState,
+    /// ECN (`ecn`).
+    pub(crate) ecn: EcnState,
+    /// Busy / window-limited / buffer-limited time (`chrono`).
+    pub(crate) chrono: Chronos,
     /// RFC 5961 challenge ACKs sent this second (`state`).
     pub(crate) challenges: ChallengeLimiter,
     /// Reset the connection on the next transmit pass (abort).
@@ -318,6 +345,8 @@ impl Connection {
             rtt: RttEstimator::new(cfg.initial_rto),
             timers: Timers::default(),
             keepalive: KeepaliveState::new(now),
+            ecn: EcnState::default(),
+            chrono: Chronos::default(),
             challenges: ChallengeLimiter::new(now),
             rst_pending: false,
             reply_rst: None,
@@ -403,6 +432,12 @@ impl Connection {
             send_queued: self.snd.buf.len(),
             syn_data: self.syn.syn_data,
             delivered: self.snd.delivered,
+            ecn: self.ecn.ok,
+            ecn_seen: self.ecn.seen,
+            in_cwr: self.ecn_in_cwr(),
+            busy_time: self.chrono.busy(now.max(self.now)),
+            rwnd_limited: self.chrono.spent(Chrono::RwndLimited, now.max(self.now)),
+            sndbuf_limited: self.chrono.spent(Chrono::SndbufLimited, now.max(self.now)),
         }
     }
 
@@ -411,6 +446,13 @@ impl Connection {
     /// TCP_NODELAY.
     pub fn set_nodelay(&mut self, on: bool) {
         self.cfg.nodelay = on;
+        // Setting it flushes pending output, even past a cork (as Linux).
+        self.snd.push_once |= on;
+    }
+    /// TCP_USER_TIMEOUT (see [`TcpConfig::user_timeout`]); takes effect for the data
+    /// in flight too.
+    pub fn set_user_timeout(&mut self, t: Option<Duration>) {
+        self.cfg.user_timeout = t;
     }
     /// SO_LINGER.
     pub fn set_linger(&mut self, linger: Option<Duration>) {

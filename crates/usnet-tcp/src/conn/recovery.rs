@@ -43,6 +43,9 @@ pub(crate) struct Recovery {
     pub tlp_pending: bool,
     /// A probe is out and no new ACK came since (one probe per silence).
     pub tlp_outstanding: bool,
+    /// The armed TLP timer stands in for the RTO, which would have fired first
+    /// (RFC 8985 §7.2): the RTO timer stays disarmed until the probe goes.
+    pub tlp_for_rto: bool,
 }
 
 impl Recovery {
@@ -55,6 +58,7 @@ impl Recovery {
             rack: Rack::new(iss),
             tlp_pending: false,
             tlp_outstanding: false,
+            tlp_for_rto: false,
         }
     }
 
@@ -179,6 +183,14 @@ impl Connection {
             self.snd.fin_acked = true;
         }
         self.snd.una = ack;
+        self.snd.progress = self.now;
+        // Room in the send buffer again; all acknowledged: no longer busy.
+        if data_acked > 0 {
+            self.chrono_stop(super::Chrono::SndbufLimited);
+        }
+        if self.snd.buf.is_empty() {
+            self.chrono_stop(super::Chrono::Busy);
+        }
         if let Some(r) = rtt_sample {
             self.rtt.sample(r, &self.cfg);
         } else if let Some(ms) = ecr
@@ -391,24 +403,63 @@ impl Connection {
             || self.recovery.tlp_outstanding
             || self.scoreboard.is_empty()
         {
+            // A probe that stood in for the RTO hands its deadline back.
+            if let Some(t) = self
+                .timers
+                .get(Timer::Tlp)
+                .filter(|_| self.recovery.tlp_for_rto)
+            {
+                if !self.scoreboard.is_empty() {
+                    self.timers.set_if_idle(Timer::Rto, t);
+                }
+            }
+            self.recovery.tlp_for_rto = false;
             self.timers.clear(Timer::Tlp);
             return;
         }
         let pto = match self.rtt.srtt {
             Some(s) => {
-                let mut p = s * 2;
+                // RFC 8985 §7.2 sets no floor: 2·SRTT, plus 2 ms of timer slack
+                // (Linux's TCP_TIMEOUT_MIN) so an ACK due at 2·SRTT is not beaten.
+                let mut p = s * 2 + Duration::from_millis(2);
                 if self.scoreboard.len() == 1 {
                     p += self.cfg.peer_max_ack_delay;
                 }
-                p.max(Duration::from_millis(10))
+                p
             }
             None => Duration::from_secs(1),
         };
-        let at = self.now + pto;
-        match self.timers.get(Timer::Rto) {
-            Some(r) if r <= at => self.timers.clear(Timer::Tlp),
-            _ => self.timers.set(Timer::Tlp, at),
+        // RFC 8985 §7.2: if the RTO would fire first, the probe goes at the RTO's
+        // time instead and stands in for it (as Linux: sending the probe re-arms
+        // the RTO, and so does a probe that finds nothing to send).
+        let mut at = self.now + pto;
+        let rto = match self.timers.get(Timer::Rto) {
+            Some(r) => Some(r),
+            None if self.recovery.tlp_for_rto => self.timers.get(Timer::Tlp),
+            None => None,
+        };
+        self.recovery.tlp_for_rto = false;
+        match rto {
+            Some(r) if r <= at => {
+                at = r;
+                self.timers.clear(Timer::Rto);
+                self.recovery.tlp_for_rto = true;
+            }
+            // An earlier probe no longer stands in: the RTO is its own again.
+            Some(r) => self.timers.set(Timer::Rto, r),
+            None => {}
         }
+        self.timers.set(Timer::Tlp, at);
+    }
+
+    /// Arm the RTO for the data in flight unless it is armed, or the TLP stands in
+    /// for it.
+    pub(crate) fn arm_rto_if_idle(&mut self) {
+        if self.recovery.tlp_for_rto && self.timers.is_armed(Timer::Tlp) {
+            return;
+        }
+        self.timers
+            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
     }
 
     /// RACK reordering timer: the segments it waited for are lost now.
@@ -422,6 +473,8 @@ impl Connection {
 
     /// TLP timer: send a probe on the next transmit pass.
     pub(crate) fn on_tlp_timer(&mut self) {
+        // No longer standing in: the RTO is armed again after this pass.
+        self.recovery.tlp_for_rto = false;
         if !self.recovery.in_recovery() && !self.scoreboard.is_empty() {
             self.recovery.tlp_pending = true;
         }
@@ -439,12 +492,18 @@ impl Connection {
 
     /// RFC 6298 §5.4-5.6 with RFC 5681 §3.1: every un-SACKed segment is lost, cwnd
     /// falls to one segment (ssthresh once per episode), the RTO backs off; after
-    /// `max_retries` the connection is dropped.
+    /// `max_retries` (or, with a user timeout, once the data has gone
+    /// unacknowledged that long after at least one retransmission) the connection is
+    /// dropped.
     fn on_data_timeout(&mut self) {
         if self.scoreboard.is_empty() {
             return;
         }
-        if self.rtt.backoff >= self.cfg.max_retries {
+        let expired = match self.user_timeout_left() {
+            Some(left) => left.is_zero() && self.rtt.backoff > 0,
+            None => self.rtt.backoff >= self.cfg.max_retries,
+        };
+        if expired {
             self.stats.conn_timeouts += 1;
             self.enter_closed(Some(TcpError::TimedOut));
             return;
@@ -472,15 +531,18 @@ impl Connection {
     }
 
     /// RFC 6675 `pipe`, or without SACK the RFC 6582 estimate: each duplicate ACK
-    /// stands for a segment that left the network.
+    /// stands for a segment that left the network. Before recovery that lets the
+    /// first two duplicate ACKs each send a new segment (RFC 3042 limited transmit:
+    /// at most cwnd + 2 segments outstanding, cwnd itself unchanged; with SACK the
+    /// scoreboard's pipe does the same).
     pub(crate) fn pipe_est(&self) -> u32 {
-        if !self.opts.sack && self.recovery.phase == Phase::Fast {
-            self.scoreboard
-                .pipe()
-                .saturating_sub(self.recovery.dupacks * self.smss())
-        } else {
-            self.scoreboard.pipe()
-        }
+        let left = match self.recovery.phase {
+            _ if self.opts.sack => 0,
+            Phase::Fast => self.recovery.dupacks,
+            Phase::None => self.recovery.dupacks.min(2),
+            _ => 0,
+        };
+        self.scoreboard.pipe().saturating_sub(left * self.smss())
     }
 
     /// Retransmit the first segment marked lost, if the congestion window allows.
@@ -519,7 +581,7 @@ impl Connection {
         // PSH as on the original: on the segment that ended the queued data.
         let data_end = self.snd.una + self.snd.buf.len();
         let ends_data = s.end.since(data_end) <= 1 && s.end.ge(data_end);
-        if data_len > 0 && (ends_data || self.snd.records.contains(&s.end)) {
+        if data_len > 0 && ((ends_data && !self.snd.more) || self.snd.records.contains(&s.end)) {
             flags |= TcpFlags::PSH;
         }
         let off = s.start.since(self.snd.una) as usize;
@@ -527,10 +589,10 @@ impl Connection {
             return false;
         }
         self.scoreboard.retransmitted(i, self.now);
+        self.prr_sent(data_len as u32);
         self.stats.retransmit_segments += 1;
         self.stats.retransmit_bytes += data_len as u64;
-        self.timers
-            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
+        self.arm_rto_if_idle();
         true
     }
 
@@ -749,6 +811,113 @@ mod tests {
         assert_eq!(next.saturating_since(rto_at), cli.rto_backed_off());
         assert_eq!(cli.rto_backed_off(), cli.rtt.rto * 2);
         cli.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_probe_due_after_the_rto_goes_at_the_rto_time_instead() {
+        // RFC 8985 §7.2: one segment in flight adds WCDelAckT to the PTO, which
+        // puts it after the RTO; the probe then takes the RTO's place.
+        let (mut cli, _srv) = default_pair();
+        cli.send(b"lonely");
+        let data = drain(&mut cli, T0);
+        assert_eq!(data.len(), 1);
+        let at = cli.timers.get(Timer::Tlp).expect("a probe armed");
+        assert_eq!(at, T0 + cli.rtt.rto, "at the RTO's time");
+        assert!(
+            !cli.timers.is_armed(Timer::Rto),
+            "the probe stands in for it"
+        );
+        let probe = drain(&mut cli, at);
+        assert_eq!(probe.len(), 1);
+        assert_eq!(probe[0].repr.seq, data[0].repr.seq);
+        assert_eq!(cli.stats().tlp_probes, 1);
+        assert_eq!(cli.stats().rto_expired, 0);
+        assert_eq!(cli.rtt.backoff, 0, "a probe is no timeout");
+        // The RTO is armed again from the probe and then backs off as usual.
+        let rto_at = cli.timers.get(Timer::Rto).unwrap();
+        assert_eq!(rto_at, at + cli.rtt.rto);
+        drain(&mut cli, rto_at);
+        assert_eq!(cli.stats().rto_expired, 1);
+        assert_eq!(cli.timers.get(Timer::Rto), Some(rto_at + cli.rtt.rto * 2));
+        cli.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_user_timeout_ends_retransmissions_on_time() {
+        let cfg = TcpConfig {
+            user_timeout: Some(ms(1000)),
+            ..TcpConfig::default()
+        };
+        let (mut cli, _srv) = pair(cfg, TcpConfig::default());
+        cli.send(b"into the void");
+        let mut now = T0;
+        drain(&mut cli, now);
+        while let Some(t) = cli.poll_at() {
+            assert!(t <= T0 + ms(1000), "no deadline past the user timeout");
+            now = t;
+            drain(&mut cli, now);
+        }
+        assert_eq!(cli.state(), State::Closed);
+        assert_eq!(cli.error(), Some(TcpError::TimedOut));
+        assert_eq!(now, T0 + ms(1000), "aborted when it ran out");
+        assert!(cli.stats().rto_expired >= 1);
+        assert!(cli.stats().rto_expired < cli.cfg.max_retries.into());
+
+        // An ACK restarts the clock: data acknowledged in time survives.
+        let cfg = TcpConfig {
+            user_timeout: Some(ms(1000)),
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg, TcpConfig::default());
+        cli.send(b"first");
+        let first = drain(&mut cli, T0);
+        feed(&mut srv, T0 + ms(900), &first);
+        feed(&mut cli, T0 + ms(900), &drain(&mut srv, T0 + ms(900)));
+        cli.send(b"second");
+        drain(&mut cli, T0 + ms(900));
+        drain(&mut cli, T0 + ms(1500));
+        assert_eq!(cli.state(), State::Established);
+        assert_eq!(cli.user_timeout_left(), Some(ms(400)));
+    }
+
+    #[test]
+    fn limited_transmit_sends_a_new_segment_per_early_duplicate_ack() {
+        // RFC 3042 without SACK: the first two duplicate ACKs each let one new
+        // segment out; cwnd stays; the third starts recovery.
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        // A segment from the server first: its window, not the SYN-ACK's, is the
+        // one its duplicate ACKs repeat.
+        srv.send(b"hi");
+        feed(&mut cli, T0, &drain(&mut srv, T0));
+        feed(&mut srv, T0, &drain(&mut cli, T0));
+        let iw = cli.cc.cwnd() as usize / MSS;
+        cli.send(&vec![1u8; (iw + 4) * MSS]);
+        let data = drain(&mut cli, T0);
+        assert_eq!(data.len(), iw);
+        // The first segment is lost; the next three each bring a duplicate ACK.
+        let mut now = T0 + ms(10);
+        let cwnd = cli.cc.cwnd();
+        for (k, seg) in data[1..4].iter().enumerate() {
+            feed(&mut srv, now, std::slice::from_ref(seg));
+            feed(&mut cli, now, &drain(&mut srv, now));
+            let out = drain(&mut cli, now);
+            if k < 2 {
+                assert_eq!(out.len(), 1, "dupack {}: one new segment", k + 1);
+                assert_eq!(
+                    out[0].repr.seq,
+                    data[iw - 1].repr.seq + (MSS * (k + 1)) as u32
+                );
+                assert_eq!(cli.cc.cwnd(), cwnd, "cwnd unchanged");
+            } else {
+                assert_eq!(cli.recovery.phase, Phase::Fast);
+                assert_eq!(out[0].repr.seq, data[0].repr.seq, "then the retransmission");
+            }
+            now = now + ms(1);
+        }
     }
 
     #[test]

@@ -59,9 +59,12 @@ impl RttEstimator {
             }
         }
         let s = self.srtt.unwrap_or(r);
-        // G (clock granularity) is 1 ms for the timestamp clock.
-        let var = (self.rttvar * 4).max(Duration::from_millis(1));
-        self.rto = (s + var).clamp(cfg.min_rto, cfg.max_rto);
+        // RFC 6298 (2.3), RTO = SRTT + max(G, 4·RTTVAR), with `min_rto` in G's place
+        // (as Linux): a steady RTT shrinks RTTVAR towards 0, but a peer may still
+        // delay its ACK by up to 200 ms on top of it (RACK-TLP's WCDelAckT), so the
+        // RTO keeps that margin above SRTT instead of flooring the sum.
+        let var = (self.rttvar * 4).max(cfg.min_rto);
+        self.rto = (s + var).min(cfg.max_rto);
     }
 
     /// The RTO with back-off (RFC 6298 §5.5), capped at `max_rto`.
@@ -72,9 +75,24 @@ impl RttEstimator {
 }
 
 impl Connection {
-    /// The RTO with back-off, as the RTO timer is armed.
+    /// The RTO with back-off, as the RTO timer is armed; with a user timeout, no
+    /// later than when it runs out (as Linux clamps it), so the abort is on time.
     pub(crate) fn rto_backed_off(&self) -> Duration {
-        self.rtt.backed_off(self.cfg.max_rto)
+        let rto = self.rtt.backed_off(self.cfg.max_rto);
+        match self.user_timeout_left() {
+            Some(left) => rto.min(left.max(Duration::from_millis(1))),
+            None => rto,
+        }
+    }
+
+    /// With a user timeout and data in flight: how long the data may still go
+    /// unacknowledged.
+    pub(crate) fn user_timeout_left(&self) -> Option<Duration> {
+        let ut = self.cfg.user_timeout?;
+        if !self.state.is_synchronized() || self.scoreboard.is_empty() {
+            return None;
+        }
+        Some(ut.saturating_sub(self.now.saturating_since(self.snd.progress)))
     }
 }
 
@@ -107,7 +125,14 @@ mod tests {
         let cfg = TcpConfig::default();
         let mut r = RttEstimator::new(Duration::from_secs(1));
         r.sample(Duration::from_micros(50), &cfg);
-        assert_eq!(r.rto, cfg.min_rto);
+        assert_eq!(r.rto, Duration::from_micros(50) + cfg.min_rto);
+        // A steady RTT: RTTVAR decays, the RTO keeps min_rto above SRTT.
+        for _ in 0..50 {
+            r.sample(ms(100), &cfg);
+        }
+        assert!(r.rttvar < ms(10));
+        let srtt = r.srtt.unwrap();
+        assert_eq!(r.rto, srtt + cfg.min_rto);
         let mut r = RttEstimator::new(Duration::from_secs(1));
         r.sample(Duration::from_secs(100), &cfg);
         assert_eq!(r.rto, cfg.max_rto);

@@ -62,6 +62,23 @@ pub(crate) struct SendState {
     pub persist_backoff: u32,
     /// The persist timer fired: the next transmit pass probes (or sends what fits).
     pub persist_pending: bool,
+    /// When the first unanswered zero-window probe was due (the user timeout runs
+    /// from there).
+    pub persist_since: Option<Instant>,
+    /// When SND.UNA last advanced, or data went out with nothing in flight: the
+    /// data in flight has been unacknowledged since (the user timeout).
+    pub progress: Instant,
+    /// TCP_CORK: a partial segment waits for more data (or for the persist timer,
+    /// which bounds the wait as Linux's probe timer does).
+    pub cork: bool,
+    /// The queued data ends with a write that said more follows (`MSG_MORE`): its
+    /// end is no push point (no PSH there).
+    pub more: bool,
+    /// The transmit pass of such a write holds a partial segment back (as Linux,
+    /// `MSG_MORE` corks only the push of its own write).
+    pub more_pass: bool,
+    /// TCP_NODELAY was set: the next pass sends a partial segment despite a cork.
+    pub push_once: bool,
 }
 
 impl SendState {
@@ -86,6 +103,12 @@ impl SendState {
             last_tx: now,
             persist_backoff: 0,
             persist_pending: false,
+            persist_since: None,
+            progress: now,
+            cork: false,
+            more: false,
+            more_pass: false,
+            push_once: false,
             burst: 0,
             delivered: 0,
             records: std::collections::VecDeque::new(),
@@ -124,10 +147,33 @@ impl Connection {
     /// Queue data; returns how many bytes were accepted (0 when the buffer is full or
     /// sending is no longer allowed). Call `poll_transmit` afterwards.
     pub fn send(&mut self, data: &[u8]) -> usize {
+        self.send_more(data, false)
+    }
+
+    /// [`Connection::send`]; `more` (Linux `MSG_MORE`): the application has more to
+    /// write at once, so the next `poll_transmit` holds back a partial segment and
+    /// the end of this data is no push point (RFC 9293 §3.9.1 leaves PSH to the
+    /// application's push).
+    pub fn send_more(&mut self, data: &[u8], more: bool) -> usize {
         if !self.may_send() {
             return 0;
         }
-        self.snd.buf.push(data)
+        let n = self.snd.buf.push(data);
+        if n > 0 {
+            self.snd.more = more;
+            self.snd.more_pass = more;
+            self.chrono_start(super::Chrono::Busy);
+        }
+        if n < data.len() {
+            self.chrono_start(super::Chrono::SndbufLimited);
+        }
+        n
+    }
+
+    /// TCP_CORK: while on, a partial segment is held until it fills, the cork is
+    /// removed, TCP_NODELAY is set, or the persist timer (about an RTO) fires.
+    pub fn set_cork(&mut self, on: bool) {
+        self.snd.cork = on;
     }
 
     /// The data queued so far ends a record (Linux `MSG_EOR`): the segment that
@@ -153,7 +199,12 @@ impl Connection {
         if !self.may_send() {
             return 0;
         }
-        self.snd.buf.push_with(max, fill)
+        let n = self.snd.buf.push_with(max, fill);
+        if n > 0 {
+            self.snd.more = false;
+            self.chrono_start(super::Chrono::Busy);
+        }
+        n
     }
 
     /// Sender MSS: the largest payload without options.
@@ -196,6 +247,7 @@ impl Connection {
         if self.snd.wnd > 0 && self.timers.is_armed(Timer::Persist) {
             self.timers.clear(Timer::Persist);
             self.snd.persist_backoff = 0;
+            self.snd.persist_since = None;
         }
         self.snd.wnd != old
     }
@@ -289,19 +341,27 @@ impl Connection {
             let full = len >= maxp;
             let all = len == unsent;
             // Nagle with Minshall's refinement (as Linux): a small segment waits only
-            // while an earlier small segment is unacknowledged.
+            // while an earlier small segment is unacknowledged. A cork (TCP_CORK, or
+            // the pass of a MSG_MORE write) holds it regardless; never a FIN.
             let small_out = self.snd.sml.gt(self.snd.una);
-            let nagle_ok = self.cfg.nodelay || !small_out || self.scoreboard.is_empty() || want_fin;
+            let corked = (self.snd.cork || self.snd.more_pass) && !self.snd.push_once;
+            let nagle_ok = want_fin
+                || (!corked && (self.cfg.nodelay || !small_out || self.scoreboard.is_empty()));
             // Limited by the peer's window rather than by data: sender SWS avoidance
             // (RFC 9293 §3.8.6.2.1) sends a piece only if it is at least half the
-            // largest window the peer offered, or if nothing is in flight (no ACK will
-            // come to open the window further). Otherwise every window edge would
-            // leave a small tail segment behind (and end a GSO frame early).
-            let window_limited = len < unsent
-                && len == win
-                && (2 * len >= self.snd.max_wnd as usize || self.scoreboard.is_empty());
+            // largest window the peer offered; otherwise the window's opening, or
+            // with nothing in flight the override timeout (the persist timer), sends
+            // it. Else every window edge would leave a small tail segment behind
+            // (and end a GSO frame early).
+            let cut_by_window = len < unsent && len == win;
+            let window_limited = cut_by_window && 2 * len >= self.snd.max_wnd as usize;
             let ends_record = record_end == Some(len);
             if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited) {
+                if self.scoreboard.is_empty() && (cut_by_window || (corked && all)) {
+                    // Nothing in flight will bring an ACK: the persist timer ends
+                    // the wait (a cork's too, as Linux's probe timer does).
+                    *blocked_by_window = true;
+                }
                 return None;
             }
         }
@@ -322,8 +382,15 @@ impl Connection {
             flags |= TcpFlags::FIN;
         }
         let ends_record = record_end == Some(len);
+        // PSH where the application pushed (the end of a write without MSG_MORE),
+        // and on what the persist timer forces out (as Linux's probes).
+        let pushed = len == unsent && !self.snd.more;
         if len > 0
-            && (len == unsent || fin || ends_record || self.ends_burst(len, unsent, win, maxp))
+            && (pushed
+                || fin
+                || ends_record
+                || self.snd.persist_pending
+                || self.ends_burst(len, unsent, win, maxp))
         {
             flags |= TcpFlags::PSH;
         }
@@ -332,6 +399,9 @@ impl Connection {
             return Some(false);
         }
         let end = seq + len + u32::from(fin);
+        if self.scoreboard.is_empty() {
+            self.snd.progress = self.now;
+        }
         self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
         self.snd.nxt = end;
         if len < maxp {
@@ -339,6 +409,12 @@ impl Connection {
         }
         if fin {
             self.snd.fin_sent = true;
+        }
+        if len > 0 && self.snd.wnd > 0 && self.timers.is_armed(Timer::Persist) {
+            // Data is flowing: no window to probe, no cork to end.
+            self.timers.clear(Timer::Persist);
+            self.snd.persist_backoff = 0;
+            self.snd.persist_since = None;
         }
         if len > 0 {
             // A reply within a delayed-ACK interval of received data: interactive.
@@ -350,14 +426,13 @@ impl Connection {
                 self.ack.pingpong = true;
             }
             self.snd.burst += 1;
+            self.prr_sent(len as u32);
             self.stats.tx_data_segments += 1;
             self.stats.tx_bytes += len as u64;
         }
-        self.timers
-            .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
-        if !self.timers.is_armed(Timer::Tlp) {
-            self.arm_tlp();
-        }
+        self.arm_rto_if_idle();
+        // RFC 8985 §7.2: the PTO starts or restarts after new data is sent.
+        self.arm_tlp();
         Some(true)
     }
 
@@ -397,7 +472,13 @@ impl Connection {
         } else {
             self.cfg.max_retries
         };
-        if self.snd.persist_backoff >= limit {
+        let since = *self.snd.persist_since.get_or_insert(self.now);
+        // A user timeout replaces the count (as Linux's tcp_probe_timer).
+        let expired = match self.cfg.user_timeout {
+            Some(ut) => self.now.saturating_since(since) >= ut,
+            None => self.snd.persist_backoff >= limit,
+        };
+        if expired {
             self.stats.persist_timeouts += 1;
             self.enter_closed(Some(TcpError::TimedOut));
             return;
@@ -616,6 +697,89 @@ mod tests {
         cli.send(&vec![1u8; 40 * MSS]);
         assert_eq!(drain(&mut cli, now).len(), 10);
         assert_eq!(cli.info().cwnd, 10 * MSS as u32);
+    }
+
+    #[test]
+    fn a_cork_holds_a_partial_segment_until_lifted_flushed_or_timed_out() {
+        let (mut cli, _srv) = default_pair();
+        cli.set_cork(true);
+        cli.send(b"small");
+        assert!(drain(&mut cli, T0).is_empty(), "a partial segment waits");
+        // Nothing in flight will bring an ACK: the persist timer ends the wait.
+        let at = cli.timers.get(Timer::Persist).expect("the wait is bounded");
+        assert_eq!(at, T0 + cli.rtt.rto.max(cli.cfg.persist_min));
+        let out = drain(&mut cli, at);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload, b"small");
+        assert!(out[0].repr.flags.psh());
+        assert_eq!(cli.stats().persist_probes, 0, "data, not a probe");
+        // Full segments never wait.
+        cli.send(&vec![1u8; MSS + 3]);
+        let out = drain(&mut cli, at);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), MSS);
+        // TCP_NODELAY flushes past the cork, once.
+        cli.set_nodelay(true);
+        let out = drain(&mut cli, at);
+        assert_eq!(out[0].payload.len(), 3);
+        assert!(out[0].repr.flags.psh());
+        cli.send(b"x");
+        assert!(drain(&mut cli, at).is_empty(), "still corked");
+        cli.set_cork(false);
+        assert_eq!(drain(&mut cli, at)[0].payload, b"x");
+        assert!(!cli.timers.is_armed(Timer::Persist));
+    }
+
+    #[test]
+    fn msg_more_holds_only_its_own_write_and_sets_no_push_point() {
+        let (mut cli, mut srv) = default_pair();
+        cli.set_nodelay(true);
+        drain(&mut cli, T0);
+        cli.send_more(&vec![1u8; 2 * MSS + 100], true);
+        let out = drain(&mut cli, T0);
+        assert_eq!(out.len(), 2, "full segments go, the tail waits");
+        assert!(out.iter().all(|s| !s.repr.flags.psh()));
+        // The next pass (an ACK's) sends the tail, without PSH: no push point.
+        feed(&mut srv, T0, &out);
+        feed(&mut cli, T0 + ms(1), &drain(&mut srv, T0));
+        let tail = drain(&mut cli, T0 + ms(1));
+        assert_eq!(tail.len(), 1);
+        assert_eq!(tail[0].payload.len(), 100);
+        assert!(!tail[0].repr.flags.psh());
+        // A write without MSG_MORE pushes what waits, with PSH.
+        cli.send_more(b"ab", true);
+        assert!(drain(&mut cli, T0 + ms(1)).is_empty());
+        cli.send(b"c");
+        let out = drain(&mut cli, T0 + ms(1));
+        assert_eq!(out[0].payload, b"abc");
+        assert!(out[0].repr.flags.psh());
+    }
+
+    #[test]
+    fn a_small_window_waits_for_its_opening_or_the_override_timeout() {
+        // RFC 9293 §3.8.6.2.1: with a window under half the largest one offered, a
+        // window-sized piece goes only when the persist (override) timer fires.
+        let (mut cli, _srv) = default_pair();
+        let (wl1, wl2) = (cli.snd.wl1, cli.snd.wl2);
+        cli.send(&vec![1u8; MSS]);
+        cli.update_send_window(wl1, wl2, 10);
+        assert!(drain(&mut cli, T0).is_empty(), "no 10-byte segment at once");
+        let at = cli
+            .timers
+            .get(Timer::Persist)
+            .expect("the override timeout");
+        let out = drain(&mut cli, at);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), 10 << cli.snd.wscale);
+        // Had the window opened first, the whole segment would have gone then.
+        let (mut cli, _srv) = default_pair();
+        cli.send(&vec![1u8; MSS]);
+        cli.update_send_window(wl1, wl2, 10);
+        drain(&mut cli, T0);
+        cli.update_send_window(wl1, wl2, 1000);
+        let out = drain(&mut cli, T0 + ms(5));
+        assert_eq!(out[0].payload.len(), MSS);
+        assert!(!cli.timers.is_armed(Timer::Persist));
     }
 
     #[test]

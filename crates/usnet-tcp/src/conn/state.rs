@@ -157,6 +157,7 @@ impl Connection {
         self.check_rst(seg)?;
         self.check_syn(seg)?;
         self.check_ack(seg)?;
+        self.ecn_on_segment(seg);
         self.check_urg(seg);
         self.process_segment_text(seg)?;
         self.check_fin(seg);
@@ -328,6 +329,8 @@ impl Connection {
             return false;
         }
         let flight_before = self.snd.nxt.since(self.snd.una);
+        // RFC 6937's DeliveredData: the change in SND.UNA plus in SACKed bytes.
+        let (una_before, sacked_before) = (self.snd.una, self.scoreboard.sacked_bytes());
         let cwnd_limited =
             self.snd.cwnd_blocked || u64::from(flight_before) * 2 >= u64::from(self.cc.cwnd());
         let mut delivered = false;
@@ -350,6 +353,12 @@ impl Connection {
         if advanced {
             self.on_ack_advanced(ack, flight_before, cwnd_limited);
         }
+        // After the window grew for this ACK: an ECE reduces what it became.
+        let delivered = (i64::from(self.snd.una.since(una_before))
+            + i64::from(self.scoreboard.sacked_bytes())
+            - i64::from(sacked_before))
+        .max(0) as u32;
+        self.ecn_on_ack(seg, delivered);
         if self.snd.fin_acked {
             self.on_fin_acked();
         }
@@ -394,10 +403,17 @@ impl Connection {
                 }
                 let end = seq + seg.payload.len();
                 if self.app_closed && !seg.payload.is_empty() && end.gt(self.rcv.nxt) {
-                    // Nobody will read this: reset.
+                    // Nobody will read this: reset (RFC 1122 §4.2.2.13). Nobody holds
+                    // the connection any more, so the RST answers the segment as a
+                    // closed port would (RFC 9293 §3.10.7.1's form, as Linux).
                     self.stats.rx_after_close += 1;
-                    self.error = Some(TcpError::Aborted);
-                    self.rst_pending = true;
+                    self.stats.conn_aborts += 1;
+                    self.reply_rst = Some(if seg.flags.ack() {
+                        (Seq(seg.ack), None)
+                    } else {
+                        (Seq(0), Some(end + u32::from(fin)))
+                    });
+                    self.enter_closed(Some(TcpError::Aborted));
                     return ControlFlow::Break(());
                 }
                 self.receive_text(seg, seq, fin);
@@ -788,9 +804,14 @@ mod tests {
         assert_eq!(srv.state(), State::FinWait1);
         drain(&mut srv, T0);
         cli.send(b"nobody reads this");
-        feed(&mut srv, T0, &drain(&mut cli, T0));
+        let data = drain(&mut cli, T0);
+        feed(&mut srv, T0, &data);
         assert_eq!(srv.error(), Some(TcpError::Aborted));
-        assert!(drain(&mut srv, T0)[0].repr.flags.rst());
+        assert_eq!(srv.state(), State::Closed);
+        // The reply form: <SEQ=SEG.ACK><CTL=RST>, whatever our FIN used.
+        let rst = drain(&mut srv, T0).remove(0);
+        assert_eq!(rst.repr.flags, TcpFlags::RST);
+        assert_eq!(rst.repr.seq, data[0].repr.ack);
 
         let (mut cli, _srv) = default_pair();
         cli.set_linger(Some(ms(300)));

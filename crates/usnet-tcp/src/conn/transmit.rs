@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
 
-use super::timers::Timer;
 use super::{Connection, SegmentSink, State, Wake};
 use crate::seq::Seq;
 use crate::time::Instant;
@@ -35,10 +34,13 @@ impl Connection {
                 _ => break,
             }
         }
+        self.chrono_after_transmit();
+        // A MSG_MORE write corks its own pass only; a NODELAY flush is one pass.
+        self.snd.more_pass = false;
+        self.snd.push_once = false;
         if self.state.is_synchronized() && self.state != State::TimeWait {
             if !self.scoreboard.is_empty() {
-                self.timers
-                    .set_if_idle(Timer::Rto, self.now + self.rto_backed_off());
+                self.arm_rto_if_idle();
             }
             // Persist timer: data waits, nothing is in flight, the window stops us.
             if blocked_by_window && self.scoreboard.is_empty() {
@@ -82,6 +84,8 @@ impl Connection {
         opts: TcpOptions,
     ) -> bool {
         let syn = flags.syn();
+        let ect = self.ecn_ect(flags, seq, data_len);
+        let flags = flags | self.ecn_flags(flags, ect);
         let (window, adv) = if flags.rst() {
             (0, self.rcv.adv)
         } else {
@@ -102,10 +106,11 @@ impl Connection {
         } else {
             (&[][..], &[][..])
         };
-        if !sink.emit(self.local, self.remote, &repr, payload) {
+        if !sink.emit(self.local, self.remote, &repr, payload, ect) {
             self.stats.tx_sink_full += 1;
             return false;
         }
+        self.ecn_sent(flags, seq);
         self.stats.tx_segments += 1;
         if window == 0 && !flags.rst() {
             self.stats.tx_zero_window += 1;
@@ -252,6 +257,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
+    use super::super::timers::Timer;
     use super::*;
     use crate::testing::VecSink;
     use crate::TcpConfig;
