@@ -19,7 +19,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 \
+        iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 wrk \
         pkg-config libfontconfig1-dev fonts-dejavu-core bison flex >/dev/null
 else
     echo "==> not root: skipping apt installs; tests that need root will skip"
@@ -52,6 +52,9 @@ step "bench tcp (smoke)" ./target/release/usnet bench tcp --quick --out target/b
 step "bench server (smoke)" ./target/release/usnet bench server --quick --sizes 4096,65536 --out target/bench-smoke/server
 step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
 step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
+if [ "$(id -u)" = 0 ]; then
+    step "bench preload (smoke)" ./target/release/usnet bench preload --quick --out target/bench-smoke/preload
+fi
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
     if ! command -v cargo-fuzz >/dev/null; then

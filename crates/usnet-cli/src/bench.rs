@@ -239,6 +239,37 @@ impl From<ServerArgs> for usnet_bench::server::ServerBenchOptions {
     }
 }
 
+/// `usnet bench preload`: nginx on the kernel vs under the LD_PRELOAD shim.
+#[derive(Args, Debug)]
+pub struct PreloadArgs {
+    /// Directory for preload.json, preload.md and preload.png.
+    #[arg(long, default_value = "bench-out/preload")]
+    pub out: PathBuf,
+    /// Runs per configuration (the table shows medians).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Seconds per wrk run.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// wrk connections.
+    #[arg(long, default_value_t = 100)]
+    pub connections: usize,
+    /// One short run per configuration (a smoke test).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
+    fn from(a: PreloadArgs) -> Self {
+        usnet_bench::preload::PreloadBenchOptions {
+            out: a.out,
+            runs: if a.quick { 1 } else { a.runs },
+            seconds: if a.quick { 1.0 } else { a.seconds },
+            connections: a.connections,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@ mod demo;
 mod get;
 mod nicemu;
 mod perf;
+mod run;
 mod up;
 
 use std::process::ExitCode;
@@ -42,6 +43,9 @@ enum Cmd {
     Perf(perf::PerfArgs),
     /// Fetch an http:// URL (IP literal) through a usnet stack; print size and SHA-256.
     Get(get::GetArgs),
+    /// Run an unmodified program with its IPv4/IPv6 sockets on a stack server
+    /// (LD_PRELOAD shim): `usnet run [--stack NAME] -- CMD ARGS...`.
+    Run(run::RunArgs),
     /// Play the emulated NIC's device side: build frames, place them in the RX ring
     /// and raise interrupts at a chosen interval and count.
     Nicemu(nicemu::NicemuArgs),
@@ -64,6 +68,9 @@ enum BenchCmd {
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
     AsyncSyscall(bench::AsyncSyscallArgs),
+    /// nginx unmodified: on the Linux kernel vs on a stack server through the
+    /// LD_PRELOAD shim (`usnet run`), wrk over a veth (root).
+    Preload(bench::PreloadArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,9 +89,11 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),
+        Cmd::Run(a) => run::run(a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
+        Cmd::Bench(BenchCmd::Preload(a)) => usnet_bench::preload::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)

@@ -331,11 +331,17 @@ impl Conn {
 
     /// Sleeps until `ready` holds or `deadline` passes (then false). The server rings
     /// the bell after every change it makes to this session.
+    ///
+    /// A signal handler that ran on this thread meanwhile ends the wait with
+    /// `Interrupted` (see [`crate::signal`]): any handler, or with `restartable` only
+    /// one installed without SA_RESTART.
     pub fn wait_until(
         &self,
         deadline: Option<Instant>,
+        restartable: bool,
         mut ready: impl FnMut() -> bool,
     ) -> io::Result<bool> {
+        let signals = crate::signal::mark();
         loop {
             let seen = self.bell.seq();
             if ready() {
@@ -355,6 +361,9 @@ impl Conn {
                 None => LIVENESS_SLICE,
             };
             self.bell.sleep(seen, &mut ready, left);
+            if crate::signal::interrupted_since(signals, restartable) && !ready() {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
         }
     }
 }

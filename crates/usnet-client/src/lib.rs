@@ -17,6 +17,7 @@
 mod conn;
 mod net;
 mod poll;
+pub mod signal;
 mod sock;
 mod socket;
 mod tcp;

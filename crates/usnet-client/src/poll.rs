@@ -237,7 +237,7 @@ impl Poller {
             };
             let regs = &self.regs;
             let any = || regs.iter().any(|(&t, r)| r.check(t).is_some());
-            if !conn.wait_until(deadline, any)? {
+            if !conn.wait_until(deadline, false, any)? {
                 return Ok(0);
             }
         }

@@ -173,7 +173,7 @@ impl Sock {
         if self.nonblocking() || DONT_WAIT.with(|d| d.get()) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        if self.conn.wait_until(deadline, ready)? {
+        if self.conn.wait_until(deadline, true, ready)? {
             Ok(())
         } else {
             Err(io::ErrorKind::WouldBlock.into())

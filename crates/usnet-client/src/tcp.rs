@@ -128,7 +128,7 @@ impl TcpStream {
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
         let done = || sock.flags() & (FLAG_CONNECTED | FLAG_ERROR | FLAG_HUP) != 0;
-        if !client.conn.wait_until(deadline, done)? {
+        if !client.conn.wait_until(deadline, true, done)? {
             return Err(io::ErrorKind::TimedOut.into());
         }
         if let Some(e) = sock.failure() {

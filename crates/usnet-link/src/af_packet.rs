@@ -1,6 +1,18 @@
 //! An AF_PACKET socket bound to one interface (a veth end, a spare NIC): receive through
-//! a TPACKET_V3 ring mapped into our memory, transmit with `sendmmsg` (one system call
+//! a TPACKET_V2 ring mapped into our memory, transmit with `sendmmsg` (one system call
 //! per burst).
+//!
+//! Why V2 and not V3: a V3 block reaches user space only when it is full or when its
+//! retire timer fires, and that timer's floor is 1 ms, so a lone frame (a request, an
+//! ACK) waited up to 1 ms and one TCP connection doing request/response got 1000
+//! transactions/s. A V2 frame is ours as soon as the kernel sets its status word. We
+//! copy each frame into a pool buffer either way, so V3's variable-size packing bought
+//! only ring memory.
+//!
+//! Ring frames are sized for the MTU. A frame that does not fit (a 64 KiB GSO packet
+//! that a veth peer's TCP or a NIC's GRO hands over whole) comes through the kernel's
+//! copy path: with PACKET_COPY_THRESH the ring frame is marked TP_STATUS_COPY and the
+//! whole packet is queued on the socket, in the same order, for one `recv`.
 //!
 //! Why not a TX ring: with `sendmmsg` a burst already costs one system call, frames are
 //! gathered straight from pool buffers (no copy into a ring slot first), and chained
@@ -26,36 +38,35 @@ use crate::tap::VnetHdr;
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
 
 pub const AF_PACKET_MAX_BURST: usize = 64;
-const TPACKET_V3: libc::c_int = 2;
+const TPACKET_V2: libc::c_int = 1;
 const BLOCK_NR: usize = 16;
 const MIN_BLOCK_SIZE: usize = 256 * 1024;
-const FRAME_SIZE: usize = 2048;
-/// A partly filled block is handed to us after this many milliseconds.
-const RETIRE_TOV_MS: u32 = 1;
+/// Room in a ring frame before the Ethernet header: the tpacket2 header and a
+/// sockaddr_ll, aligned (the kernel puts the MAC header at offset 66 for Ethernet).
+const FRAME_HEADROOM: usize = 128;
+/// The largest packet the copy path receives: 64 KiB of IP plus Ethernet and VLAN tags.
+const MAX_BIG_FRAME: usize = 65535 + 22;
+/// Socket receive buffer for packets on the copy path (the default would hold three).
+const COPY_PATH_RCVBUF: libc::c_int = 16 << 20;
 const MAX_SEGS: usize = 256;
 const MAX_MSGS: usize = AF_PACKET_MAX_BURST;
 /// PACKET_VNET_HDR frames start with the plain 10-byte `struct virtio_net_hdr` (no
 /// `num_buffers`, unlike the TAP's 12-byte one).
 const VNET_TX_HDR_LEN: usize = 10;
 
-// Kernel ABI offsets inside a block descriptor and a frame header.
-const BLK_STATUS: usize =
-    offset_of!(libc::tpacket_block_desc, hdr) + offset_of!(libc::tpacket_hdr_v1, block_status);
-const BLK_NUM_PKTS: usize =
-    offset_of!(libc::tpacket_block_desc, hdr) + offset_of!(libc::tpacket_hdr_v1, num_pkts);
-const BLK_FIRST: usize = offset_of!(libc::tpacket_block_desc, hdr)
-    + offset_of!(libc::tpacket_hdr_v1, offset_to_first_pkt);
-const PKT_NEXT: usize = offset_of!(libc::tpacket3_hdr, tp_next_offset);
-const PKT_SNAPLEN: usize = offset_of!(libc::tpacket3_hdr, tp_snaplen);
-const PKT_LEN: usize = offset_of!(libc::tpacket3_hdr, tp_len);
-const PKT_STATUS: usize = offset_of!(libc::tpacket3_hdr, tp_status);
-const PKT_MAC: usize = offset_of!(libc::tpacket3_hdr, tp_mac);
+// Kernel ABI offsets inside a ring frame (`struct tpacket2_hdr`).
+const PKT_STATUS: usize = offset_of!(libc::tpacket2_hdr, tp_status);
+const PKT_LEN: usize = offset_of!(libc::tpacket2_hdr, tp_len);
+const PKT_SNAPLEN: usize = offset_of!(libc::tpacket2_hdr, tp_snaplen);
+const PKT_MAC: usize = offset_of!(libc::tpacket2_hdr, tp_mac);
 
-/// The mmap'd RX ring.
+/// The mmap'd RX ring: `frame_nr` frames of `frame_size` bytes, back to back (a block
+/// holds a whole number of frames, so frame `i` starts at `i * frame_size`).
 struct RxRing {
     base: *mut u8,
     len: usize,
-    block_size: usize,
+    frame_size: usize,
+    frame_nr: usize,
 }
 
 // SAFETY: the mapping is owned by this struct alone (no aliases are handed out beyond a
@@ -63,30 +74,34 @@ struct RxRing {
 unsafe impl Send for RxRing {}
 
 impl RxRing {
-    fn block(&self, i: usize) -> *mut u8 {
-        debug_assert!((i + 1) * self.block_size <= self.len);
-        // SAFETY: i < BLOCK_NR so the offset is inside the mapping.
-        unsafe { self.base.add(i * self.block_size) }
+    fn frame(&self, i: usize) -> *mut u8 {
+        assert!(i < self.frame_nr);
+        // SAFETY: i < frame_nr, so the frame lies inside the mapping.
+        unsafe { self.base.add(i * self.frame_size) }
     }
     fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: the block status word is an aligned u32 inside the mapping, shared with
-        // the kernel, so it is only ever accessed atomically.
-        unsafe { &*(self.block(i).add(BLK_STATUS) as *const AtomicU32) }
+        // SAFETY: the status word is an aligned u32 at the start of the frame, shared
+        // with the kernel, so it is only ever accessed atomically.
+        unsafe { &*(self.frame(i).add(PKT_STATUS) as *const AtomicU32) }
     }
     fn read_u32(&self, i: usize, off: usize) -> u32 {
-        assert!(off + 4 <= self.block_size);
-        // SAFETY: in bounds (checked); the kernel does not write a block while it is ours.
-        unsafe { std::ptr::read_unaligned(self.block(i).add(off) as *const u32) }
+        assert!(off + 4 <= self.frame_size);
+        // SAFETY: in bounds (checked); the kernel does not write a frame while it is ours.
+        unsafe { std::ptr::read_unaligned(self.frame(i).add(off) as *const u32) }
     }
     fn read_u16(&self, i: usize, off: usize) -> u16 {
-        assert!(off + 2 <= self.block_size);
+        assert!(off + 2 <= self.frame_size);
         // SAFETY: as for read_u32.
-        unsafe { std::ptr::read_unaligned(self.block(i).add(off) as *const u16) }
+        unsafe { std::ptr::read_unaligned(self.frame(i).add(off) as *const u16) }
     }
     fn bytes(&self, i: usize, off: usize, len: usize) -> &[u8] {
-        assert!(off + len <= self.block_size);
-        // SAFETY: in bounds (checked); the block is ours until we hand it back.
-        unsafe { std::slice::from_raw_parts(self.block(i).add(off), len) }
+        assert!(off + len <= self.frame_size);
+        // SAFETY: in bounds (checked); the frame is ours until we hand it back.
+        unsafe { std::slice::from_raw_parts(self.frame(i).add(off), len) }
+    }
+    fn is_ours(&self, i: usize) -> bool {
+        // Acquire: the kernel wrote the frame before it set TP_STATUS_USER.
+        self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
     }
 }
 
@@ -113,10 +128,10 @@ pub struct AfPacketDevice {
     tx_vnet: Option<OwnedFd>,
     ev: Arc<EventFd>,
     mtu: usize,
-    /// Walk position: current block, packets left in it, offset of the next one.
-    block: usize,
-    pkts_left: u32,
-    pkt_off: usize,
+    /// The next ring frame to look at.
+    next: usize,
+    /// Where a packet on the copy path is received before it goes into pool buffers.
+    big: Vec<u8>,
     down: bool,
     stats: DeviceStats,
 }
@@ -183,17 +198,17 @@ impl AfPacketDevice {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let ctx = |what: &str| format!("{spec}: {what}");
 
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V3)
-            .map_err(|e| LinkError::io(ctx("cannot select TPACKET_V3"), e))?;
-        let block_size = MIN_BLOCK_SIZE.max((mtu + 18 + 256).next_power_of_two());
-        let req = libc::tpacket_req3 {
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V2)
+            .map_err(|e| LinkError::io(ctx("cannot select TPACKET_V2"), e))?;
+        // Powers of two, so a block holds a whole number of frames (at least four).
+        let frame_size = (FRAME_HEADROOM + mtu + 18).next_power_of_two();
+        let block_size = MIN_BLOCK_SIZE.max(4 * frame_size);
+        let frame_nr = block_size / frame_size * BLOCK_NR;
+        let req = libc::tpacket_req {
             tp_block_size: block_size as u32,
             tp_block_nr: BLOCK_NR as u32,
-            tp_frame_size: FRAME_SIZE as u32,
-            tp_frame_nr: (block_size / FRAME_SIZE * BLOCK_NR) as u32,
-            tp_retire_blk_tov: RETIRE_TOV_MS,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
+            tp_frame_size: frame_size as u32,
+            tp_frame_nr: frame_nr as u32,
         };
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
             .map_err(|e| LinkError::io(ctx("cannot set up the RX ring"), e))?;
@@ -236,10 +251,24 @@ impl AfPacketDevice {
         let ring = RxRing {
             base: base.cast(),
             len,
-            block_size,
+            frame_size,
+            frame_nr,
         };
 
         let one: libc::c_int = 1;
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_COPY_THRESH, &one)
+            .map_err(|e| LinkError::io(ctx("cannot set PACKET_COPY_THRESH"), e))?;
+        // Root may raise the buffer past rmem_max; otherwise the capped size will do.
+        if setsockopt(
+            &fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &COPY_PATH_RCVBUF,
+        )
+        .is_err()
+        {
+            let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &COPY_PATH_RCVBUF);
+        }
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one)
             .map_err(|e| LinkError::io(ctx("cannot set PACKET_IGNORE_OUTGOING"), e))?;
         let mreq = libc::packet_mreq {
@@ -275,9 +304,8 @@ impl AfPacketDevice {
             tx_vnet,
             ev,
             mtu,
-            block: 0,
-            pkts_left: 0,
-            pkt_off: 0,
+            next: 0,
+            big: vec![0; MAX_BIG_FRAME + 1],
             down: false,
             stats: DeviceStats::default(),
         })
@@ -287,13 +315,30 @@ impl AfPacketDevice {
         &self.ifname
     }
 
-    /// Gives the current block back to the kernel and moves on.
-    fn release_block(&mut self) {
+    /// Receives the packet the kernel queued for a ring frame marked TP_STATUS_COPY
+    /// (`len` bytes long, says the frame); `None` if it is not there or not whole.
+    fn recv_copied(&mut self, len: usize) -> Option<&[u8]> {
+        // SAFETY: receives into our own buffer of the stated length; MSG_TRUNC makes the
+        // result the packet's real length, so a cut packet is recognised.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                self.big.as_mut_ptr().cast(),
+                self.big.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            )
+        };
+        let n = usize::try_from(n).ok()?;
+        (n == len && n >= 14 && n < self.big.len()).then(|| &self.big[..n])
+    }
+
+    /// Gives the current frame back to the kernel and moves on.
+    fn release_frame(&mut self) {
+        // Release: our reads of the frame happen before the kernel may reuse it.
         self.ring
-            .status(self.block)
+            .status(self.next)
             .store(libc::TP_STATUS_KERNEL, Ordering::Release);
-        self.block = (self.block + 1) % BLOCK_NR;
-        self.pkts_left = 0;
+        self.next = (self.next + 1) % self.ring.frame_nr;
     }
 }
 
@@ -340,74 +385,51 @@ impl Device for AfPacketDevice {
         max: usize,
     ) -> io::Result<usize> {
         let mut n = 0;
-        let bs = self.ring.block_size;
-        while n < max {
-            if self.pkts_left == 0 {
-                // Acquire: the kernel filled the block before it set TP_STATUS_USER.
-                if self.ring.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0
-                {
-                    break;
-                }
-                let num = self.ring.read_u32(self.block, BLK_NUM_PKTS);
-                let first = self.ring.read_u32(self.block, BLK_FIRST) as usize;
-                if num == 0 || first >= bs {
-                    self.release_block();
-                    continue;
-                }
-                self.pkts_left = num;
-                self.pkt_off = first;
-            }
-            let (blk, off) = (self.block, self.pkt_off);
-            if off + std::mem::size_of::<libc::tpacket3_hdr>() > bs {
-                self.stats.rx_errors += 1;
-                self.release_block();
-                continue;
-            }
-            let next = self.ring.read_u32(blk, off + PKT_NEXT) as usize;
-            let snap = self.ring.read_u32(blk, off + PKT_SNAPLEN) as usize;
-            let wire_len = self.ring.read_u32(blk, off + PKT_LEN) as usize;
-            let status = self.ring.read_u32(blk, off + PKT_STATUS);
-            let mac = self.ring.read_u16(blk, off + PKT_MAC) as usize;
-            if off + mac + snap > bs {
-                self.stats.rx_errors += 1;
-                self.release_block();
-                continue;
-            }
-            if snap < wire_len || snap < 14 {
-                self.stats.rx_errors += 1; // truncated by the ring
+        let fs = self.ring.frame_size;
+        while n < max && self.ring.is_ours(self.next) {
+            let i = self.next;
+            let snap = self.ring.read_u32(i, PKT_SNAPLEN) as usize;
+            let wire_len = self.ring.read_u32(i, PKT_LEN) as usize;
+            let status = self.ring.read_u32(i, PKT_STATUS);
+            let mac = self.ring.read_u16(i, PKT_MAC) as usize;
+            let data = if status & libc::TP_STATUS_COPY != 0 {
+                self.recv_copied(wire_len)
+            } else if mac + snap > fs || snap < wire_len || snap < 14 {
+                None // truncated by the ring (no room on the copy path), or a bad header
             } else {
-                let data = self.ring.bytes(blk, off + mac, snap);
-                match pool.alloc_from(data) {
-                    Some(b) => {
-                        let mut o = Offload::default();
-                        if status & libc::TP_STATUS_CSUM_VALID != 0 {
-                            o.csum_valid = true;
-                        }
-                        if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                            // Locally generated (e.g. by the veth peer's stack): the
-                            // checksum is only partial; valid, and finishable by a forwarder.
-                            o.csum_valid = true;
-                            if let Some((start, offset)) = sys::partial_csum_location(data) {
-                                o.needs_csum = true;
-                                o.csum_start = start;
-                                o.csum_offset = offset;
+                Some(self.ring.bytes(i, mac, snap))
+            };
+            match data {
+                None => self.stats.rx_errors += 1,
+                Some(data) => {
+                    let snap = data.len();
+                    match pool.alloc_from(data) {
+                        Some(b) => {
+                            let mut o = Offload::default();
+                            if status & libc::TP_STATUS_CSUM_VALID != 0 {
+                                o.csum_valid = true;
                             }
+                            if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
+                                // Locally generated (e.g. by the veth peer's stack): the
+                                // checksum is only partial; valid, and finishable by a forwarder.
+                                o.csum_valid = true;
+                                if let Some((start, offset)) = sys::partial_csum_location(data) {
+                                    o.needs_csum = true;
+                                    o.csum_start = start;
+                                    o.csum_offset = offset;
+                                }
+                            }
+                            pool.set_offload(&b, o);
+                            out.push(b);
+                            n += 1;
+                            self.stats.rx_frames += 1;
+                            self.stats.rx_bytes += snap as u64;
                         }
-                        pool.set_offload(&b, o);
-                        out.push(b);
-                        n += 1;
-                        self.stats.rx_frames += 1;
-                        self.stats.rx_bytes += snap as u64;
+                        None => self.stats.rx_no_buffer += 1,
                     }
-                    None => self.stats.rx_no_buffer += 1,
                 }
             }
-            self.pkts_left -= 1;
-            if self.pkts_left == 0 || next == 0 {
-                self.release_block();
-            } else {
-                self.pkt_off = off + next;
-            }
+            self.release_frame();
         }
         Ok(n)
     }
@@ -551,14 +573,11 @@ impl Device for AfPacketDevice {
     }
 
     fn rx_ready(&mut self) -> bool {
-        self.pkts_left > 0
-            || self.ring.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+        self.ring.is_ours(self.next)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        if self.pkts_left > 0
-            || self.ring.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
-        {
+        if self.ring.is_ours(self.next) {
             return Ok(());
         }
         sys::poll_two(self.fd.as_fd(), &self.ev, timeout).map(|_| ())
@@ -593,14 +612,20 @@ mod tests {
     const PEER: &str = "usnt-afp1";
     const ETH_EXPERIMENTAL: u16 = 0x88b5;
 
+    /// Tests that build the namespace take turns (they share its name).
+    static VETH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A netns holding one end of a veth pair (address 10.98.0.1/24); removed on drop.
-    struct Veth;
+    struct Veth {
+        _turn: std::sync::MutexGuard<'static, ()>,
+    }
     impl Veth {
         fn new() -> Veth {
+            let guard = VETH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
             let _ = sys::run_ip(&["netns", "del", NS]);
             let _ = sys::run_ip(&["link", "del", OURS]);
             sys::run_ip(&["netns", "add", NS]).unwrap();
-            let v = Veth;
+            let v = Veth { _turn: guard };
             sys::run_ip(&["link", "add", OURS, "type", "veth", "peer", "name", PEER]).unwrap();
             sys::run_ip(&["link", "set", PEER, "netns", NS]).unwrap();
             sys::run_ip(&["link", "set", OURS, "up"]).unwrap();
@@ -625,48 +650,63 @@ mod tests {
         f
     }
 
+    /// Called in a thread of its own: moves the thread into the namespace and opens a raw
+    /// packet socket for the experimental ethertype on the peer end (reads time out
+    /// after 100 ms).
+    fn peer_socket() -> OwnedFd {
+        let ns = std::fs::File::open(format!("/run/netns/{NS}")).unwrap();
+        // SAFETY: setns on a namespace fd we opened; affects only this thread.
+        assert_eq!(
+            unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+            0
+        );
+        let idx = sys::if_index(PEER).unwrap();
+        let proto = ETH_EXPERIMENTAL.to_be();
+        // SAFETY: socket() with constant arguments.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                proto as i32,
+            )
+        };
+        assert!(fd >= 0);
+        // SAFETY: fd is new and owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: all-zero sockaddr_ll is valid.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = idx as i32;
+        // SAFETY: valid sockaddr_ll of the stated size.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, 0);
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 100_000,
+        };
+        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).unwrap();
+        fd
+    }
+
+    /// Sends `frame` on the peer's socket.
+    fn peer_send(fd: &OwnedFd, frame: &[u8]) {
+        // SAFETY: sends our own buffer on the bound socket.
+        let r = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(r as usize, frame.len());
+    }
+
     /// In a thread inside the namespace: a raw packet socket on the peer end that sends
     /// `out` and then returns the first experimental-ethertype frame it receives.
     fn peer_side(out: Vec<u8>) -> std::thread::JoinHandle<Option<Vec<u8>>> {
         std::thread::spawn(move || {
-            let ns = std::fs::File::open(format!("/run/netns/{NS}")).unwrap();
-            // SAFETY: setns on a namespace fd we opened; affects only this thread.
-            assert_eq!(
-                unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
-                0
-            );
-            let idx = sys::if_index(PEER).unwrap();
-            let proto = ETH_EXPERIMENTAL.to_be();
-            // SAFETY: socket() with constant arguments.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    proto as i32,
-                )
-            };
-            assert!(fd >= 0);
-            // SAFETY: fd is new and owned by nothing else.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // SAFETY: all-zero sockaddr_ll is valid.
-            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_protocol = proto;
-            sll.sll_ifindex = idx as i32;
-            // SAFETY: valid sockaddr_ll of the stated size.
-            let r = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sll as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                )
-            };
-            assert_eq!(r, 0);
-            let tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 100_000,
-            };
-            setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).unwrap();
+            let fd = peer_socket();
             // SAFETY: sends our own buffer on the bound socket.
             let r = unsafe { libc::send(fd.as_raw_fd(), out.as_ptr().cast(), out.len(), 0) };
             assert_eq!(r as usize, out.len());
@@ -733,6 +773,55 @@ mod tests {
             .expect("our frame not seen in the namespace");
         assert_eq!(received, ours);
         assert_eq!(dev.link_state(), LinkState::Up);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    /// A frame larger than a ring frame (the ring is sized for the MTU the stack uses)
+    /// comes through the kernel's copy path, whole and in order between small ones.
+    #[test]
+    fn afpacket_frames_larger_than_a_ring_frame() {
+        if !sys::is_root() {
+            eprintln!("skipped afpacket_frames_larger_than_a_ring_frame: needs root");
+            return;
+        }
+        let _veth = Veth::new();
+        sys::run_ip(&["link", "set", OURS, "mtu", "9000"]).unwrap();
+        sys::run_ip(&["-n", NS, "link", "set", PEER, "mtu", "9000"]).unwrap();
+        let mut dev = AfPacketDevice::open(OURS, Some(1500)).unwrap();
+        assert_eq!(dev.ring.frame_size, 2048);
+        let mut p = pool(256, 2048);
+        let peer_mac = [0x02, 0, 0x5e, 0, 0x10, 0x02];
+        let sent: Vec<Vec<u8>> = [100usize, 8000, 60, 5000, 1400]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let payload: Vec<u8> = (0..n).map(|k| (k * 7 + i) as u8).collect();
+                test_frame(peer_mac, &payload)
+            })
+            .collect();
+        let out = sent.clone();
+        let peer = std::thread::spawn(move || {
+            let fd = peer_socket();
+            for f in &out {
+                peer_send(&fd, f);
+            }
+        });
+        let start = Instant::now();
+        let (mut got, mut bufs, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        while got.len() < sent.len() && start.elapsed() < Duration::from_secs(3) {
+            dev.wait(Some(Duration::from_millis(100))).unwrap();
+            dev.rx_burst(&mut p, &mut bufs, 64).unwrap();
+            for b in bufs.drain(..) {
+                p.copy_chain(&b, &mut v);
+                if v[12..14] == ETH_EXPERIMENTAL.to_be_bytes() {
+                    got.push(v.clone());
+                }
+                p.free(b);
+            }
+        }
+        peer.join().unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(dev.stats().rx_errors, 0);
         assert_eq!(p.in_use(), 0);
     }
 

@@ -136,8 +136,10 @@ struct Opts {
 }
 
 struct Entry {
-    /// Holds the descriptor number.
-    reserve: OwnedFd,
+    /// Holds the descriptor number (closed with the entry unless [`surrender`] kept it).
+    reserve: std::mem::ManuallyDrop<OwnedFd>,
+    /// Set by [`surrender`]: the number outlives the entry.
+    keep_number: AtomicBool,
     obj: RwLock<Obj>,
     domain: i32,
     stype: i32,
@@ -193,9 +195,19 @@ fn insert(e: Entry) -> RawFd {
     fd
 }
 
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if !self.keep_number.load(Relaxed) {
+            // SAFETY: dropped exactly once, here, and never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.reserve) };
+        }
+    }
+}
+
 fn new_entry(reserve: OwnedFd, obj: Obj, domain: i32, stype: i32, nonblock: bool) -> Entry {
     Entry {
-        reserve,
+        reserve: std::mem::ManuallyDrop::new(reserve),
+        keep_number: AtomicBool::new(false),
         obj: RwLock::new(obj),
         domain,
         stype,
@@ -607,6 +619,51 @@ pub fn close(fd: RawFd) -> Res<()> {
     // number go when that call returns.
     drop(e);
     Ok(())
+}
+
+/// What a socket was, for a caller that re-creates it on the kernel: see [`surrender`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Surrendered {
+    pub domain: i32,
+    /// SOCK_STREAM or SOCK_DGRAM.
+    pub stype: i32,
+    pub nonblock: bool,
+    pub reuseaddr: bool,
+    pub reuseport: bool,
+    pub keepalive: bool,
+    pub nodelay: bool,
+}
+
+/// Gives up a socket that has not been bound or connected yet but keeps its number
+/// open (the eventfd that holds it), so the caller can `dup3` a kernel socket onto
+/// that number without a window in which another thread could take it. The LD_PRELOAD
+/// shim does this when a socket turns out to be for a loopback address, which stays
+/// on the kernel. `EISCONN` for a socket that is already bound, listening or connected.
+pub fn surrender(fd: RawFd) -> Res<Surrendered> {
+    let e = get(fd)?;
+    match &*e.read() {
+        Obj::Fresh(_) => {}
+        Obj::Udp(u) if u.local_addr().map_or(true, |a| a.port() == 0) => {}
+        Obj::Epoll(_) => return Err(ebadf_kind()),
+        _ => return Err(Errno(libc::EISCONN)),
+    }
+    let o = lock(&e.opts);
+    let what = Surrendered {
+        domain: e.domain,
+        stype: e.stype,
+        nonblock: e.nonblocking(),
+        reuseaddr: o.reuseaddr,
+        reuseport: o.reuseport,
+        keepalive: o.keepalive,
+        nodelay: o.nodelay,
+    };
+    drop(o);
+    e.keep_number.store(true, Relaxed);
+    table()
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&fd);
+    Ok(what)
 }
 
 /// `getsockname(2)`.

@@ -106,6 +106,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
         }
     }
     let mut events = Vec::new();
+    let signals = usnet_client::signal::mark();
     loop {
         events.clear();
         let mut ready = 0;
@@ -134,6 +135,9 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
         }
         if ready > 0 {
             return Ok(ready);
+        }
+        if usnet_client::signal::interrupted_since(signals, false) {
+            return Err(Errno(libc::EINTR));
         }
         let left = match deadline {
             Some(d) => {
@@ -172,6 +176,16 @@ struct Watch {
     data: u64,
     /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD.
     disarmed: bool,
+    /// The socket watched. Closing a descriptor takes it out of every epoll set (as
+    /// the kernel does): a watch whose socket is gone, or whose number now names
+    /// another socket, counts as absent.
+    socket: std::sync::Weak<Entry>,
+}
+
+impl Watch {
+    fn watches(&self, e: &Arc<Entry>) -> bool {
+        self.socket.upgrade().is_some_and(|w| Arc::ptr_eq(&w, e))
+    }
 }
 
 /// An epoll set: a kernel epoll instance (its number is the set's descriptor; kernel
@@ -260,8 +274,13 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
             }
             return Ok(());
         };
-        let mut watches = lock(&set.watches);
         let mut poller = lock(&set.poller);
+        let mut watches = lock(&set.watches);
+        if watches.get(&fd).is_some_and(|w| !w.watches(&t)) {
+            // Left from a socket closed since: gone, as in the kernel.
+            watches.remove(&fd);
+            let _ = poller.deregister(fd as u64);
+        }
         match op {
             libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD => {
                 let ev = event.ok_or(Errno(libc::EFAULT))?;
@@ -286,6 +305,7 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
                         events: ev.events,
                         data: ev.u64,
                         disarmed: false,
+                        socket: Arc::downgrade(&t),
                     },
                 );
                 Ok(())
@@ -314,6 +334,39 @@ fn epoll_bits(ev: &Event, asked: u32) -> u32 {
     r & (asked | (libc::EPOLLHUP | libc::EPOLLERR) as u32)
 }
 
+/// Turns the poller's events into epoll events in `out` (as many as fit) by the
+/// set's watches: asked bits, data, EPOLLONESHOT disarming. Returns how many.
+fn deliver(events: &[Event], poller: &mut Poller, set: &Epoll, out: &mut [EpollEvent]) -> usize {
+    let mut watches = lock(&set.watches);
+    let mut n = 0;
+    for ev in events {
+        if n == out.len() {
+            break;
+        }
+        let fd = ev.token as RawFd;
+        let Some(w) = watches.get_mut(&fd) else {
+            continue;
+        };
+        if w.disarmed {
+            continue;
+        }
+        let bits = epoll_bits(ev, w.events);
+        if bits == 0 {
+            continue;
+        }
+        out[n] = EpollEvent {
+            events: bits,
+            u64: w.data,
+        };
+        n += 1;
+        if w.events & libc::EPOLLONESHOT as u32 != 0 {
+            w.disarmed = true;
+            let _ = poller.deregister(fd as u64);
+        }
+    }
+    n
+}
+
 /// `epoll_wait(2)`: fills `out`; `timeout_ms < 0` waits without end.
 pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<usize> {
     if out.is_empty() {
@@ -324,38 +377,14 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
     with_set(epfd, |e, set| {
         let kfd = e.reserve.as_raw_fd();
         let mut events = Vec::new();
+        let signals = usnet_client::signal::mark();
         loop {
             let mut n = 0;
             {
                 let mut poller = lock(&set.poller);
-                let mut watches = lock(&set.watches);
                 events.clear();
                 poller.wait(&mut events, Some(Duration::ZERO))?;
-                for ev in &events {
-                    if n == out.len() {
-                        break;
-                    }
-                    let fd = ev.token as RawFd;
-                    let Some(w) = watches.get_mut(&fd) else {
-                        continue;
-                    };
-                    if w.disarmed {
-                        continue;
-                    }
-                    let bits = epoll_bits(ev, w.events);
-                    if bits == 0 {
-                        continue;
-                    }
-                    out[n] = EpollEvent {
-                        events: bits,
-                        u64: w.data,
-                    };
-                    n += 1;
-                    if w.events & libc::EPOLLONESHOT as u32 != 0 {
-                        w.disarmed = true;
-                        let _ = poller.deregister(fd as u64);
-                    }
-                }
+                n += deliver(&events, &mut poller, set, out);
             }
             if n < out.len() {
                 // SAFETY: out[n..] is valid for writes of that many events.
@@ -369,6 +398,9 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
             }
             if n > 0 {
                 return Ok(n);
+            }
+            if usnet_client::signal::interrupted_since(signals, false) {
+                return Err(Errno(libc::EINTR));
             }
             let left = match deadline {
                 Some(d) => {
@@ -391,6 +423,12 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
                 let mut p = lock(&set.poller);
                 events.clear();
                 p.wait(&mut events, Some(left.min(slice)))?;
+                // The poller has marked these as reported (edge mode): hand them out
+                // now, or an edge would be lost.
+                let n = deliver(&events, &mut p, set, out);
+                if n > 0 {
+                    return Ok(n);
+                }
             } else {
                 let ms = left.as_millis().min(i32::MAX as u128) as i32;
                 // SAFETY: as above.

@@ -90,6 +90,10 @@ pub fn compile(name: &str, defines: &[&str], out: &Path) {
             .arg("-L")
             .arg(&lib_dir)
             .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            // DT_RPATH, not DT_RUNPATH: cargo's LD_LIBRARY_PATH for tests also names
+            // target/<profile>/, whose uplifted libusnet.so is only as new as the
+            // last `cargo build`, and would win over a RUNPATH.
+            .arg("-Wl,--disable-new-dtags")
             .args(["-lusnet", "-o"])
             .arg(out),
         Duration::from_secs(120),

@@ -1,0 +1,261 @@
+//! Unmodified programs on a usnet stack server through `usnet run` (the LD_PRELOAD
+//! shim), against the Linux stack on the other side of a TAP (root only): curl under
+//! the shim fetching from a Linux HTTP server, and Python's http.server and nginx
+//! (epoll, sendfile, keep-alive) under the shim serving curl on Linux. Every payload
+//! is checked.
+
+#[macro_use]
+mod common;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const TAP: &str = "usnt9";
+const OURS: &str = "10.39.0.2";
+const HOST: &str = "10.39.0.1";
+const STACK: &str = "it-preload";
+
+/// A background process killed (and reaped) on drop.
+struct Bg(Child, &'static str);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = reap(&mut self.0, Duration::from_secs(5));
+    }
+}
+
+/// `usnet run --stack STACK -- prog args` (or plain `prog args`), in the background.
+fn spawn(dir: &Path, shim: bool, what: &'static str, prog: &str, args: &[&str]) -> Bg {
+    let mut c = if shim {
+        let mut c = Command::new(USNET);
+        c.args(["run", "--stack", STACK, "--", prog]);
+        c
+    } else {
+        Command::new(prog)
+    };
+    let log = File::create(dir.join(format!("{what}.log"))).unwrap();
+    let child = c
+        .args(args)
+        .env("USNET_RUN_DIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
+    Bg(child, what)
+}
+
+/// Waits until `addr:port` accepts a connection from the kernel side.
+fn wait_listening(bg: &mut Bg, dir: &Path, addr: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let sa: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+    while std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(200)).is_err() {
+        if let Some(s) = bg.0.try_wait().unwrap() {
+            panic!("{} exited ({s}): {}", bg.1, log_of(dir, bg.1));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} not listening on {sa}: {}",
+            bg.1,
+            log_of(dir, bg.1)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn log_of(dir: &Path, what: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{what}.log"))).unwrap_or_default()
+}
+
+/// `curl -s URL... -o OUT...` (under the shim or not); returns the files written.
+fn curl(dir: &Path, shim: bool, urls: &[String], tag: &str) -> Vec<PathBuf> {
+    let outs: Vec<PathBuf> = (0..urls.len())
+        .map(|i| dir.join(format!("{tag}.{i}")))
+        .collect();
+    let mut args: Vec<String> = vec![
+        "-sS".into(),
+        "--fail".into(),
+        "--max-time".into(),
+        "30".into(),
+    ];
+    for (u, o) in urls.iter().zip(&outs) {
+        args.push(u.clone());
+        args.push("-o".into());
+        args.push(o.display().to_string());
+    }
+    let mut c = if shim {
+        let mut c = Command::new(USNET);
+        c.args(["run", "--stack", STACK, "--", "curl"]);
+        c
+    } else {
+        Command::new("curl")
+    };
+    let o = run_in(
+        c.args(&args).env("USNET_RUN_DIR", dir),
+        &[],
+        Duration::from_secs(60),
+    );
+    assert!(o.ok(), "curl {urls:?} (shim {shim}): {}", o.describe());
+    outs
+}
+
+fn same_file(a: &Path, b: &Path) {
+    let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    assert!(
+        x == y,
+        "{} ({} bytes) differs from {} ({} bytes)",
+        a.display(),
+        x.len(),
+        b.display(),
+        y.len()
+    );
+}
+
+#[test]
+fn curl_python_and_nginx_unmodified_on_the_stack_server() {
+    require_root!();
+    need("curl", "curl");
+    need("nginx", "nginx");
+    need("python3", "python3");
+    remove_leftovers(&[TAP], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", TAP]);
+    let dir = TempDir::new("preload");
+    let d = dir.path();
+    let _stack = Daemon::start(
+        d,
+        STACK,
+        &[
+            "--link",
+            &format!("tap:{TAP}"),
+            "--addr",
+            &format!("{OURS}/24"),
+            "--host-addr",
+            &format!("{HOST}/24"),
+        ],
+    );
+    let www = d.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let file = www.join("file");
+    let body: Vec<u8> = (0..3_000_017u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &body).unwrap();
+    std::fs::write(www.join("small"), b"hello through the shim\n").unwrap();
+
+    // 1. curl under the shim → Python's http.server on Linux (keep-alive: two URLs).
+    let (p1, p2, p3) = (18801u16, 18802u16, 18803u16);
+    let mut linux = spawn(
+        d,
+        false,
+        "linux-http",
+        "python3",
+        &[
+            "-m",
+            "http.server",
+            &p1.to_string(),
+            "--bind",
+            HOST,
+            "--directory",
+            www.to_str().unwrap(),
+        ],
+    );
+    wait_listening(&mut linux, d, HOST, p1);
+    let urls = [
+        format!("http://{HOST}:{p1}/file"),
+        format!("http://{HOST}:{p1}/small"),
+    ];
+    let got = curl(d, true, &urls, "c1");
+    same_file(&got[0], &file);
+    same_file(&got[1], &www.join("small"));
+    assert!(
+        log_of(d, "linux-http").contains(&format!("{OURS} - - ")),
+        "the requests did not come from the stack's address: {}",
+        log_of(d, "linux-http")
+    );
+    drop(linux);
+
+    // 2. Python's http.server under the shim, curl on Linux.
+    let mut py = spawn(
+        d,
+        true,
+        "shim-python",
+        "python3",
+        &[
+            "-m",
+            "http.server",
+            &p2.to_string(),
+            "--bind",
+            OURS,
+            "--directory",
+            www.to_str().unwrap(),
+        ],
+    );
+    wait_listening(&mut py, d, OURS, p2);
+    for i in 0..3 {
+        let got = curl(
+            d,
+            false,
+            &[format!("http://{OURS}:{p2}/file")],
+            &format!("c2-{i}"),
+        );
+        same_file(&got[0], &file);
+    }
+    drop(py);
+
+    // 3. nginx under the shim: epoll, sendfile, keep-alive; one process (fork is not
+    //    supported yet, docs/preload.md).
+    let conf = d.join("nginx.conf");
+    let dd = d.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {dd}/nginx.pid;\n\
+             error_log {dd}/nginx.err info;\nuser root;\nevents {{ worker_connections 64; use epoll; }}\n\
+             http {{\n access_log off;\n sendfile on;\n keepalive_requests 1000;\n\
+             client_body_temp_path {dd}/cb; proxy_temp_path {dd}/px; fastcgi_temp_path {dd}/fc;\n\
+             uwsgi_temp_path {dd}/uw; scgi_temp_path {dd}/sc;\n\
+             server {{ listen {OURS}:{p3}; root {}; }}\n}}\n",
+            www.display()
+        ),
+    )
+    .unwrap();
+    let mut ng = spawn(
+        d,
+        true,
+        "shim-nginx",
+        "nginx",
+        &[
+            "-p",
+            &dd.to_string(),
+            "-c",
+            conf.to_str().unwrap(),
+            "-e",
+            &format!("{dd}/nginx.err"),
+        ],
+    );
+    wait_listening(&mut ng, d, OURS, p3);
+    for i in 0..3 {
+        let urls = [
+            format!("http://{OURS}:{p3}/file"),
+            format!("http://{OURS}:{p3}/small"),
+            format!("http://{OURS}:{p3}/file"),
+        ];
+        let got = curl(d, false, &urls, &format!("c3-{i}"));
+        same_file(&got[0], &file);
+        same_file(&got[1], &www.join("small"));
+        same_file(&got[2], &file);
+    }
+    let err = std::fs::read_to_string(d.join("nginx.err")).unwrap_or_default();
+    assert!(
+        !err.contains("[alert]") && !err.contains("[crit]"),
+        "nginx complained:\n{err}"
+    );
+    drop(ng);
+}

@@ -1,0 +1,141 @@
+//! epoll through the layer against a stack server in this process: what closing a
+//! watched socket does to the set, and edge-triggered EPOLLOUT after a full send ring.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use usnet_posix as px;
+use usnet_server::ServerConfig;
+use usnet_stack::{mac_from_seed, StackConfig};
+
+const ADDR: &str = "10.69.0.1";
+
+/// The tests take turns: one checks which descriptor number the next socket gets.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn attach() -> std::sync::MutexGuard<'static, ()> {
+    let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    static S: OnceLock<usnet_server::ServerHandle> = OnceLock::new();
+    S.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("usnet-posix-epoll-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        // SAFETY: set once, before the server or the client reads it.
+        unsafe { std::env::set_var("USNET_RUN_DIR", &d) };
+        let stack = StackConfig {
+            mac: mac_from_seed(23),
+            addrs: vec![format!("{ADDR}/24").parse().unwrap()],
+            ..Default::default()
+        };
+        let cfg = ServerConfig {
+            name: "posix-epoll".into(),
+            link: "mem".into(),
+            ..Default::default()
+        };
+        usnet_server::testing::in_memory(stack, cfg).unwrap()
+    });
+    px::attach(Some("posix-epoll")).unwrap();
+    turn
+}
+
+fn ev(events: i32, data: u64) -> Option<px::EpollEvent> {
+    Some(px::EpollEvent {
+        events: events as u32,
+        u64: data,
+    })
+}
+
+#[test]
+fn a_closed_socket_leaves_every_epoll_set() {
+    let _turn = attach();
+    let ep = px::epoll_create(0).unwrap();
+    let x = px::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).unwrap();
+    px::epoll_ctl(ep, libc::EPOLL_CTL_ADD, x, ev(libc::EPOLLIN, 1)).unwrap();
+    px::close(x).unwrap();
+    let y = px::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).unwrap();
+    assert_eq!(y, x, "the kernel gives the lowest free number");
+    // The kernel dropped x from the set when it closed: y can be added, and the set
+    // has nothing of x left to modify.
+    assert_eq!(
+        px::epoll_ctl(ep, libc::EPOLL_CTL_MOD, y, ev(libc::EPOLLIN, 2)),
+        Err(px::Errno(libc::ENOENT))
+    );
+    px::epoll_ctl(ep, libc::EPOLL_CTL_ADD, y, ev(libc::EPOLLIN, 2)).unwrap();
+    px::close(y).unwrap();
+    px::close(ep).unwrap();
+}
+
+#[test]
+fn edge_triggered_epollout_comes_when_a_full_send_ring_drains() {
+    let _turn = attach();
+    let port = 7611;
+    let a: SocketAddr = format!("{ADDR}:{port}").parse().unwrap();
+    let l = px::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    px::bind(l, a).unwrap();
+    px::listen(l, 4).unwrap();
+    let c = px::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    px::connect(c, a).unwrap();
+    let (s, _) = px::accept4(l, libc::SOCK_NONBLOCK).unwrap();
+    px::fcntl(c, libc::F_SETFL, libc::O_NONBLOCK as i64).unwrap();
+    let big = vec![7u8; 65536];
+    // Fill until a send right after a pause still finds no room: the stack has taken
+    // all it can, so the next room comes only when the peer reads.
+    let (mut settled, mut filled) = (false, 0usize);
+    for _ in 0..50 {
+        let mut first = true;
+        loop {
+            match px::sendto(c, &big, libc::MSG_NOSIGNAL, None) {
+                Ok(n) => filled += n,
+                Err(px::Errno(libc::EAGAIN)) => break,
+                Err(e) => panic!("send: {e:?}"),
+            }
+            first = false;
+        }
+        if first {
+            settled = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(settled, "the send side never filled");
+    let ep = px::epoll_create(0).unwrap();
+    px::epoll_ctl(
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        ev(libc::EPOLLOUT | libc::EPOLLET, 5),
+    )
+    .unwrap();
+    let mut out = [px::EpollEvent { events: 0, u64: 0 }; 4];
+    assert_eq!(
+        px::epoll_wait(ep, &mut out, 0).unwrap(),
+        0,
+        "EPOLLOUT while full"
+    );
+    // Drain in another thread while this one sleeps in epoll_wait, so the edge
+    // arrives during the sleep (where it was once lost).
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        let end = Instant::now() + Duration::from_secs(20);
+        let mut got = 0usize;
+        std::thread::sleep(Duration::from_millis(50));
+        while Instant::now() < end && got < filled {
+            match px::recvfrom(s, &mut buf, 0) {
+                Ok((0, _)) => break,
+                Ok((n, _)) => got += n,
+                Err(px::Errno(libc::EAGAIN)) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("recv: {e:?}"),
+            }
+        }
+        s
+    });
+    let n = px::epoll_wait(ep, &mut out, 10_000).unwrap();
+    assert_eq!(n, 1, "no EPOLLOUT edge within 10 s");
+    let (data, events) = (out[0].u64, out[0].events);
+    assert_eq!(data, 5);
+    assert!(events & libc::EPOLLOUT as u32 != 0);
+    let s = reader.join().unwrap();
+    for fd in [ep, c, s, l] {
+        px::close(fd).unwrap();
+    }
+}

@@ -1,0 +1,1144 @@
+//! `libusnet_preload.so`: runs an unmodified, dynamically linked program with its
+//! AF_INET/AF_INET6 sockets on a usnet stack server (`usnet run -- CMD`, or
+//! `LD_PRELOAD=libusnet_preload.so USNET_STACK=NAME CMD`).
+//!
+//! The shim defines the libc socket and descriptor calls. Each one asks whether its
+//! descriptor is a usnet socket (`usnet_posix::is_usnet`) and, if so, hands it to the
+//! `usnet_*` C ABI over `usnet-posix` (the same layer `libusnet.so` exposes); every
+//! other descriptor goes to the next definition, libc's, found with
+//! `dlsym(RTLD_NEXT)`. Every usnet socket is a real kernel descriptor number (an
+//! eventfd holds it), so `select` below `FD_SETSIZE`, `/proc/self/fd` and mixed
+//! `poll`/`epoll` sets work.
+//!
+//! While a thread is inside the shim its own libc calls (the layer's eventfds, its
+//! kernel `poll`, the control socket) must reach libc directly: a thread-local flag
+//! makes every entry point pass straight through when it is already set.
+//!
+//! What goes to usnet: `socket(AF_INET|AF_INET6, SOCK_STREAM|SOCK_DGRAM)`. A socket
+//! that is then bound or connected to a loopback address moves to the kernel
+//! (`USNET_LOOPBACK=usnet` keeps it): the kernel socket is `dup3`'d onto its number.
+//! With no stack server the first such `socket` fails with `ENETDOWN` and one line on
+//! stderr, or uses the kernel when `USNET_FALLBACK=kernel`. `USNET_DEBUG=1` names each
+//! call the shim refuses. docs/preload.md lists what is not supported.
+
+#![allow(clippy::missing_safety_doc)] // the C functions carry libc's contracts
+
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::net::SocketAddr;
+use std::os::raw::{c_int, c_long, c_ulong, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
+
+use libc::{size_t, sockaddr, socklen_t, ssize_t};
+use usnet::socket as u;
+use usnet_posix::Errno;
+
+// ------------------------------------------------------------------ re-entry
+
+thread_local! {
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Held while a thread runs shim code; its libc calls then pass straight through.
+struct Inside;
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.with(|c| c.set(false));
+    }
+}
+
+fn enter() -> Option<Inside> {
+    INSIDE.with(|c| {
+        if c.get() {
+            None
+        } else {
+            c.set(true);
+            Some(Inside)
+        }
+    })
+}
+
+/// `Some` (and inside) when `fd` is a usnet descriptor and this is not a nested call.
+fn ours(fd: c_int) -> Option<Inside> {
+    let g = enter()?;
+    usnet_posix::is_usnet(fd).then_some(g)
+}
+
+// ------------------------------------------------------------------ libc's own
+
+/// The next definition of `name` (libc's), looked up once.
+fn next_symbol(cache: &AtomicUsize, name: &CStr) -> usize {
+    let p = cache.load(Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    if p == 0 {
+        // Without libc's definition nothing can go on; say which one and stop.
+        let msg = format!("usnet-preload: libc has no {name:?}\n");
+        // SAFETY: writes our own buffer to stderr through the raw system call.
+        unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+        std::process::abort();
+    }
+    cache.store(p, Relaxed);
+    p
+}
+
+/// libc's definition of `name`, looked up once.
+macro_rules! next_of {
+    ($name:ident) => {{
+        static CACHE: AtomicUsize = AtomicUsize::new(0);
+        const NAME: &CStr =
+            match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(c) => c,
+                Err(_) => panic!("symbol name"),
+            };
+        next_symbol(&CACHE, NAME)
+    }};
+}
+
+/// `real!(name: fn(args) -> ret)`: libc's `name` as a callable function pointer
+/// (`variadic fn(args) -> ret` for fcntl and ioctl).
+macro_rules! real {
+    ($name:ident : fn($($t:ty),*) -> $r:ty) => {{
+        let p = next_of!($name);
+        // SAFETY: `p` is libc's definition of this very function, whose C type is
+        // the one written here.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(p) }
+    }};
+    ($name:ident : variadic fn($($t:ty),*) -> $r:ty) => {{
+        let p = next_of!($name);
+        // SAFETY: as above, for a variadic function.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*, ...) -> $r>(p) }
+    }};
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn errno() -> i32 {
+    // SAFETY: this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+fn env_is(name: &str, value: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == value)
+}
+
+/// With `USNET_DEBUG=1`, one line per refused call (each name once per kind).
+fn refused(call: &str, fd: c_int, e: i32) -> c_int {
+    if env_is("USNET_DEBUG", "1") {
+        eprintln!("usnet-preload: {call} on usnet socket {fd} is not supported (errno {e})");
+    }
+    set_errno(e);
+    -1
+}
+
+// ------------------------------------------------------------------ sockets
+
+/// The "no stack server" line is printed once.
+static SAID: AtomicBool = AtomicBool::new(false);
+/// 0: not tried, 1: attached, 2: no server (kernel fallback in force).
+static ATTACH: AtomicU8 = AtomicU8::new(0);
+
+fn for_usnet(domain: c_int, ty: c_int, protocol: c_int) -> bool {
+    matches!(domain, libc::AF_INET | libc::AF_INET6)
+        && matches!(
+            (ty & usnet_posix::SOCK_TYPE_MASK, protocol),
+            (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) | (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP)
+        )
+        && !env_is("USNET_PRELOAD", "off")
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    let kernel = || real!(socket: fn(c_int, c_int, c_int) -> c_int)(domain, ty, protocol);
+    let Some(_g) = enter() else {
+        return kernel();
+    };
+    if !for_usnet(domain, ty, protocol) || ATTACH.load(Relaxed) == 2 {
+        return kernel();
+    }
+    if ATTACH.load(Relaxed) == 0 {
+        if let Err(Errno(e)) = usnet_posix::attach(None) {
+            if env_is("USNET_FALLBACK", "kernel") {
+                ATTACH.store(2, Relaxed);
+                return kernel();
+            }
+            if !SAID.swap(true, Relaxed) {
+                let stack =
+                    std::env::var("USNET_STACK").unwrap_or_else(|_| "(USNET_STACK unset)".into());
+                eprintln!(
+                    "usnet-preload: cannot attach to the usnet stack {stack} ({}); is `usnet up` running? (USNET_FALLBACK=kernel uses the kernel instead)",
+                    std::io::Error::from_raw_os_error(e)
+                );
+            }
+            set_errno(libc::ENETDOWN);
+            return -1;
+        }
+        ATTACH.store(1, Relaxed);
+    }
+    u::usnet_socket(domain, ty, protocol)
+}
+
+unsafe fn sockaddr_of(a: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    // SAFETY: per the caller's contract (bind/connect's).
+    unsafe { usnet_posix::addr::from_raw(a, len) }.ok()
+}
+
+fn loopback(a: &SocketAddr) -> bool {
+    match a {
+        SocketAddr::V4(v) => v.ip().is_loopback(),
+        SocketAddr::V6(v) => {
+            v.ip().is_loopback() || v.ip().to_ipv4_mapped().is_some_and(|m| m.is_loopback())
+        }
+    }
+}
+
+/// Moves a fresh usnet socket to the kernel under the same number (for loopback).
+/// Returns false (errno set) if that failed.
+fn to_kernel(fd: c_int) -> bool {
+    let s = match usnet_posix::surrender(fd) {
+        Ok(s) => s,
+        Err(Errno(e)) => {
+            set_errno(e);
+            return false;
+        }
+    };
+    let sock = real!(socket: fn(c_int, c_int, c_int) -> c_int);
+    let fcntl = real!(fcntl: variadic fn(c_int, c_int) -> c_int);
+    let nb = if s.nonblock { libc::SOCK_NONBLOCK } else { 0 };
+    // SAFETY: plain system calls on integers; `k` is closed on every path.
+    unsafe {
+        let k = sock(s.domain, s.stype | nb | libc::SOCK_CLOEXEC, 0);
+        if k < 0 {
+            return false;
+        }
+        let cloexec = fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0;
+        let one: c_int = 1;
+        let setopt = |level, name, on: bool| {
+            if on {
+                libc::setsockopt(k, level, name, (&one as *const c_int).cast(), 4);
+            }
+        };
+        setopt(libc::SOL_SOCKET, libc::SO_REUSEADDR, s.reuseaddr);
+        setopt(libc::SOL_SOCKET, libc::SO_REUSEPORT, s.reuseport);
+        setopt(libc::SOL_SOCKET, libc::SO_KEEPALIVE, s.keepalive);
+        if s.stype == libc::SOCK_STREAM {
+            setopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, s.nodelay);
+        }
+        // dup3 replaces the eventfd that held the number, in one step.
+        let r = libc::dup3(k, fd, if cloexec { libc::O_CLOEXEC } else { 0 });
+        let e = errno();
+        libc::close(k);
+        if r < 0 {
+            set_errno(e);
+            return false;
+        }
+    }
+    true
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bind(fd: c_int, a: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: bind's contract.
+        let moved = unsafe { sockaddr_of(a, len) }
+            .is_some_and(|sa| loopback(&sa) && !env_is("USNET_LOOPBACK", "usnet"));
+        if !moved {
+            // SAFETY: bind's contract.
+            return unsafe { u::usnet_bind(fd, a, len) };
+        }
+        if !to_kernel(fd) {
+            return -1;
+        }
+    }
+    real!(bind: fn(c_int, *const sockaddr, socklen_t) -> c_int)(fd, a, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, a: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: connect's contract.
+        let moved = unsafe { sockaddr_of(a, len) }
+            .is_some_and(|sa| loopback(&sa) && !env_is("USNET_LOOPBACK", "usnet"));
+        if !moved || usnet_posix::getsockname(fd).is_ok_and(|l| l.port() != 0) {
+            // SAFETY: connect's contract.
+            return unsafe { u::usnet_connect(fd, a, len) };
+        }
+        if !to_kernel(fd) {
+            return -1;
+        }
+    }
+    real!(connect: fn(c_int, *const sockaddr, socklen_t) -> c_int)(fd, a, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    if let Some(_g) = ours(fd) {
+        return u::usnet_listen(fd, backlog);
+    }
+    real!(listen: fn(c_int, c_int) -> c_int)(fd, backlog)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, a: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: accept's contract.
+        return unsafe { u::usnet_accept4(fd, a, len, 0) };
+    }
+    real!(accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int)(fd, a, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    a: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: accept4's contract.
+        return unsafe { u::usnet_accept4(fd, a, len, flags) };
+    }
+    real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int)(fd, a, len, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(_g) = ours(fd) {
+        return u::usnet_shutdown(fd, how);
+    }
+    real!(shutdown: fn(c_int, c_int) -> c_int)(fd, how)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if let Some(_g) = ours(fd) {
+        return u::usnet_close(fd);
+    }
+    real!(close: fn(c_int) -> c_int)(fd)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, a: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: getsockname's contract.
+        return unsafe { u::usnet_getsockname(fd, a, len) };
+    }
+    real!(getsockname: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int)(fd, a, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, a: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: getpeername's contract.
+        return unsafe { u::usnet_getpeername(fd, a, len) };
+    }
+    real!(getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int)(fd, a, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: setsockopt's contract.
+        let r = unsafe { u::usnet_setsockopt(fd, level, name, v, len) };
+        if r < 0 && errno() == libc::ENOPROTOOPT {
+            return refused(
+                &format!("setsockopt({level}, {name})"),
+                fd,
+                libc::ENOPROTOOPT,
+            );
+        }
+        return r;
+    }
+    real!(setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int)(
+        fd, level, name, v, len,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: getsockopt's contract.
+        let r = unsafe { u::usnet_getsockopt(fd, level, name, v, len) };
+        if r < 0 && errno() == libc::ENOPROTOOPT {
+            return refused(
+                &format!("getsockopt({level}, {name})"),
+                fd,
+                libc::ENOPROTOOPT,
+            );
+        }
+        return r;
+    }
+    real!(getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int)(
+        fd, level, name, v, len,
+    )
+}
+
+// ------------------------------------------------------------------ data
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: read's contract.
+        return unsafe { u::usnet_read(fd, buf, n) };
+    }
+    real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: write's contract.
+        return unsafe { u::usnet_write(fd, buf, n) };
+    }
+    real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, buf, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: readv's contract.
+        return unsafe { u::usnet_readv(fd, iov, n) };
+    }
+    real!(readv: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, iov, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: writev's contract.
+        return unsafe { u::usnet_writev(fd, iov, n) };
+    }
+    real!(writev: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, iov, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: recv's contract.
+        return unsafe { u::usnet_recv(fd, buf, n, flags) };
+    }
+    real!(recv: fn(c_int, *mut c_void, size_t, c_int) -> ssize_t)(fd, buf, n, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: send's contract.
+        return unsafe { u::usnet_send(fd, buf, n, flags) };
+    }
+    real!(send: fn(c_int, *const c_void, size_t, c_int) -> ssize_t)(fd, buf, n, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    a: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: recvfrom's contract.
+        return unsafe { u::usnet_recvfrom(fd, buf, n, flags, a, len) };
+    }
+    real!(recvfrom: fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t)(
+        fd, buf, n, flags, a, len,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    a: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: sendto's contract.
+        return unsafe { u::usnet_sendto(fd, buf, n, flags, a, len) };
+    }
+    real!(sendto: fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t)(
+        fd, buf, n, flags, a, len,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: recvmsg's contract.
+        return unsafe { u::usnet_recvmsg(fd, msg, flags) };
+    }
+    real!(recvmsg: fn(c_int, *mut libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: sendmsg's contract.
+        return unsafe { u::usnet_sendmsg(fd, msg, flags) };
+    }
+    real!(sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
+}
+
+/// `sendmmsg` on a usnet socket: one `sendmsg` per message until one fails; the
+/// count sent, or the first error if none was.
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: std::os::raw::c_uint,
+    flags: c_int,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        let mut done = 0;
+        for i in 0..n as usize {
+            // SAFETY: sendmmsg's contract: `n` mmsghdrs at `msgs`.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: as above, the message's own contract.
+            let r = unsafe { u::usnet_sendmsg(fd, &m.msg_hdr, flags) };
+            if r < 0 {
+                return if done > 0 { done } else { -1 };
+            }
+            m.msg_len = r as std::os::raw::c_uint;
+            done += 1;
+        }
+        return done;
+    }
+    real!(sendmmsg: fn(c_int, *mut libc::mmsghdr, std::os::raw::c_uint, c_int) -> c_int)(
+        fd, msgs, n, flags,
+    )
+}
+
+/// `recvmmsg` on a usnet socket: the first message as `recvmsg` with `flags`
+/// (blocking unless non-blocking), the rest only while more are queued
+/// (`MSG_WAITFORONE` is how it always behaves; a timeout is not applied).
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: std::os::raw::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    if let Some(_g) = ours(fd) {
+        let mut done = 0;
+        for i in 0..n as usize {
+            let f = if done == 0 {
+                flags & !libc::MSG_WAITFORONE
+            } else {
+                flags | libc::MSG_DONTWAIT
+            };
+            // SAFETY: recvmmsg's contract: `n` mmsghdrs at `msgs`.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: as above, the message's own contract.
+            let r = unsafe { u::usnet_recvmsg(fd, &mut m.msg_hdr, f) };
+            if r < 0 {
+                if done > 0 {
+                    set_errno(0);
+                }
+                return if done > 0 { done } else { -1 };
+            }
+            m.msg_len = r as std::os::raw::c_uint;
+            done += 1;
+        }
+        return done;
+    }
+    real!(recvmmsg: fn(c_int, *mut libc::mmsghdr, std::os::raw::c_uint, c_int, *mut libc::timespec) -> c_int)(
+        fd, msgs, n, flags, timeout,
+    )
+}
+
+/// `sendfile` to a usnet socket: read from `in_fd` (at `*off` if given) and send, up
+/// to 64 KiB per call, as a short write.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    off: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
+    if let Some(_g) = ours(out_fd) {
+        let mut buf = vec![0u8; count.min(64 * 1024)];
+        // SAFETY: reads into our own buffer; `off` is the caller's, per sendfile's contract.
+        let got = unsafe {
+            if off.is_null() {
+                libc::read(in_fd, buf.as_mut_ptr().cast(), buf.len())
+            } else {
+                libc::pread(in_fd, buf.as_mut_ptr().cast(), buf.len(), *off)
+            }
+        };
+        if got <= 0 {
+            return got;
+        }
+        // SAFETY: sends our own initialised bytes.
+        let sent = unsafe { u::usnet_send(out_fd, buf.as_ptr().cast(), got as usize, 0) };
+        if sent > 0 {
+            if !off.is_null() {
+                // SAFETY: as above.
+                unsafe { *off += sent as libc::off_t };
+            } else if sent < got {
+                // Put back what did not go out, as the kernel's file position would be.
+                // SAFETY: lseek on the caller's descriptor.
+                unsafe { libc::lseek(in_fd, (sent - got) as libc::off_t, libc::SEEK_CUR) };
+            }
+        } else if off.is_null() {
+            // SAFETY: as above.
+            unsafe { libc::lseek(in_fd, -(got as libc::off_t), libc::SEEK_CUR) };
+        }
+        return sent;
+    }
+    real!(sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t)(
+        out_fd, in_fd, off, count,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    off: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
+    // SAFETY: the same contract (off_t is 64 bits on this target).
+    unsafe { sendfile(out_fd, in_fd, off, count) }
+}
+
+// The _FORTIFY_SOURCE variants glibc's headers substitute (Debian builds curl, nginx
+// and Python with them): the size check, then the plain call.
+
+fn overflow() -> ! {
+    let msg = b"usnet-preload: buffer overflow detected\n";
+    // SAFETY: writes a static message to stderr through the raw system call.
+    unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+    std::process::abort()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n > buflen {
+        overflow();
+    }
+    // SAFETY: read's contract.
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n > buflen {
+        overflow();
+    }
+    // SAFETY: recv's contract.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    a: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen {
+        overflow();
+    }
+    // SAFETY: recvfrom's contract.
+    unsafe { recvfrom(fd, buf, n, flags, a, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    if (fdslen / std::mem::size_of::<libc::pollfd>()) < n as usize {
+        overflow();
+    }
+    // SAFETY: poll's contract.
+    unsafe { poll(fds, n, timeout) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if (fdslen / std::mem::size_of::<libc::pollfd>()) < n as usize {
+        overflow();
+    }
+    // SAFETY: ppoll's contract.
+    unsafe { ppoll(fds, n, ts, mask) }
+}
+
+// ------------------------------------------------------------------ descriptors
+
+/// `fcntl` with an integer or pointer argument (the variadic third argument is read
+/// as the register it travels in).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if let Some(_g) = ours(fd) {
+        return match cmd {
+            libc::F_GETFL | libc::F_SETFL | libc::F_GETFD | libc::F_SETFD => {
+                u::usnet_fcntl(fd, cmd, arg as c_long)
+            }
+            _ => refused(&format!("fcntl({cmd})"), fd, libc::EINVAL),
+        };
+    }
+    real!(fcntl: variadic fn(c_int, c_int) -> c_int)(fd, cmd, arg)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if usnet_posix::is_usnet(fd) {
+        // SAFETY: fcntl's contract.
+        return unsafe { fcntl(fd, cmd, arg) };
+    }
+    real!(fcntl64: variadic fn(c_int, c_int) -> c_int)(fd, cmd, arg)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    if let Some(_g) = ours(fd) {
+        return match req {
+            libc::FIONBIO | libc::FIONREAD => {
+                // SAFETY: both take a pointer to an int, per ioctl's contract.
+                unsafe { u::usnet_ioctl(fd, req, arg.cast()) }
+            }
+            _ => refused(&format!("ioctl({req:#x})"), fd, libc::ENOTTY),
+        };
+    }
+    real!(ioctl: variadic fn(c_int, c_ulong) -> c_int)(fd, req, arg)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    if let Some(_g) = ours(fd) {
+        return refused("dup", fd, libc::EOPNOTSUPP);
+    }
+    real!(dup: fn(c_int) -> c_int)(fd)
+}
+
+/// dup2/dup3 onto a usnet socket closes the socket first, as the kernel would.
+fn dup_onto(old: c_int, new: c_int, call: &str) -> Result<(), c_int> {
+    if let Some(_g) = ours(old) {
+        return Err(refused(call, old, libc::EOPNOTSUPP));
+    }
+    if let Some(_g) = ours(new) {
+        if old != new {
+            u::usnet_close(new);
+        }
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if let Err(r) = dup_onto(old, new, "dup2") {
+        return r;
+    }
+    real!(dup2: fn(c_int, c_int) -> c_int)(old, new)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if let Err(r) = dup_onto(old, new, "dup3") {
+        return r;
+    }
+    real!(dup3: fn(c_int, c_int, c_int) -> c_int)(old, new, flags)
+}
+
+// ------------------------------------------------------------------ waiting
+
+fn any_usnet(fds: &[libc::pollfd]) -> bool {
+    fds.iter().any(|p| p.fd >= 0 && usnet_posix::is_usnet(p.fd))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    if let Some(_g) = enter() {
+        // SAFETY: poll's contract: `n` pollfds at `fds`.
+        let set = unsafe { slice_of(fds, n as usize) };
+        if any_usnet(set) {
+            // SAFETY: as above.
+            return unsafe { u::usnet_poll(fds, n, timeout) };
+        }
+    }
+    real!(poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int)(fds, n, timeout)
+}
+
+unsafe fn slice_of<'a, T>(p: *mut T, n: usize) -> &'a [T] {
+    if p.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: per the caller's contract.
+    unsafe { std::slice::from_raw_parts(p, n) }
+}
+
+fn timeout_ms(ts: *const libc::timespec) -> c_int {
+    if ts.is_null() {
+        return -1;
+    }
+    // SAFETY: ppoll/pselect's contract: a readable timespec.
+    let t = unsafe { *ts };
+    let ms = t.tv_sec.saturating_mul(1000) + (t.tv_nsec + 999_999) / 1_000_000;
+    ms.clamp(0, c_int::MAX as i64) as c_int
+}
+
+/// ppoll with usnet sockets in the set waits as poll does; the signal mask is not
+/// applied then (docs/preload.md).
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(_g) = enter() {
+        // SAFETY: ppoll's contract.
+        let set = unsafe { slice_of(fds, n as usize) };
+        if any_usnet(set) {
+            // SAFETY: as above.
+            return unsafe { u::usnet_poll(fds, n, timeout_ms(ts)) };
+        }
+    }
+    real!(ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int)(
+        fds, n, ts, mask,
+    )
+}
+
+/// select over a set holding usnet sockets: the sets become a pollfd list.
+unsafe fn select_by_poll(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    timeout: c_int,
+) -> Option<c_int> {
+    let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int);
+    let has = |set: *mut libc::fd_set, fd| {
+        // SAFETY: select's contract: the set is null or a valid fd_set.
+        !set.is_null() && unsafe { libc::FD_ISSET(fd, set) }
+    };
+    let mut list = Vec::new();
+    let mut mixed = false;
+    for fd in 0..nfds {
+        let (a, b, c) = (has(r, fd), has(w, fd), has(x, fd));
+        if a || b || c {
+            mixed |= usnet_posix::is_usnet(fd);
+            let mut events = 0;
+            if a {
+                events |= libc::POLLIN;
+            }
+            if b {
+                events |= libc::POLLOUT;
+            }
+            if c {
+                events |= libc::POLLPRI;
+            }
+            list.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+        }
+    }
+    if !mixed {
+        return None;
+    }
+    // SAFETY: our own pollfd list.
+    let n = unsafe { u::usnet_poll(list.as_mut_ptr(), list.len() as libc::nfds_t, timeout) };
+    if n < 0 {
+        return Some(-1);
+    }
+    for set in [r, w, x] {
+        if !set.is_null() {
+            // SAFETY: as above.
+            unsafe { libc::FD_ZERO(set) };
+        }
+    }
+    let mut count = 0;
+    for p in &list {
+        let bad = p.revents & libc::POLLNVAL != 0;
+        if bad {
+            set_errno(libc::EBADF);
+            return Some(-1);
+        }
+        let err = p.revents & (libc::POLLERR | libc::POLLHUP) != 0;
+        let mut mark = |set: *mut libc::fd_set, asked: i16, got: bool| {
+            if p.events & asked != 0 && got {
+                // SAFETY: as above.
+                unsafe { libc::FD_SET(p.fd, set) };
+                count += 1;
+            }
+        };
+        mark(r, libc::POLLIN, p.revents & libc::POLLIN != 0 || err);
+        mark(w, libc::POLLOUT, p.revents & libc::POLLOUT != 0 || err);
+        mark(x, libc::POLLPRI, p.revents & libc::POLLPRI != 0);
+    }
+    Some(count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    if let Some(_g) = enter() {
+        let timeout = if tv.is_null() {
+            -1
+        } else {
+            // SAFETY: select's contract: a readable timeval.
+            let t = unsafe { *tv };
+            (t.tv_sec.saturating_mul(1000) + (t.tv_usec + 999) / 1000).clamp(0, c_int::MAX as i64)
+                as c_int
+        };
+        // SAFETY: select's contract.
+        if let Some(n) = unsafe { select_by_poll(nfds, r, w, x, timeout) } {
+            return n;
+        }
+    }
+    real!(select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int)(
+        nfds, r, w, x, tv,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(_g) = enter() {
+        // SAFETY: pselect's contract.
+        if let Some(n) = unsafe { select_by_poll(nfds, r, w, x, timeout_ms(ts)) } {
+            return n;
+        }
+    }
+    real!(pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int)(
+        nfds, r, w, x, ts, mask,
+    )
+}
+
+/// Every epoll set is made by the layer, so any later mix of usnet sockets and kernel
+/// descriptors in it works.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    if let Some(_g) = enter() {
+        return u::usnet_epoll_create1(flags);
+    }
+    real!(epoll_create1: fn(c_int) -> c_int)(flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    if let Some(_g) = enter() {
+        return u::usnet_epoll_create(size);
+    }
+    real!(epoll_create: fn(c_int) -> c_int)(size)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    if let Some(_g) = ours(epfd) {
+        // SAFETY: epoll_ctl's contract.
+        return unsafe { u::usnet_epoll_ctl(epfd, op, fd, ev) };
+    }
+    real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int)(epfd, op, fd, ev)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    out: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    if let Some(_g) = ours(epfd) {
+        // SAFETY: epoll_wait's contract.
+        return unsafe { u::usnet_epoll_wait(epfd, out, max, timeout) };
+    }
+    real!(epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int)(
+        epfd, out, max, timeout,
+    )
+}
+
+/// epoll_pwait on a layer's set waits as epoll_wait does; the signal mask is not
+/// applied then (docs/preload.md).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    out: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(_g) = ours(epfd) {
+        // SAFETY: epoll_pwait's contract.
+        return unsafe { u::usnet_epoll_wait(epfd, out, max, timeout) };
+    }
+    real!(epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int)(
+        epfd, out, max, timeout, mask,
+    )
+}
+
+// ------------------------------------------------------------------ signals
+//
+// A blocking call on a usnet socket sleeps on the session's bell, where a signal does
+// not end it. So that a handler interrupts it as it would a system call (EINTR, or a
+// restart under SA_RESTART for the socket calls the kernel restarts), the shim
+// installs its own trampoline for every handler the program sets: it notes the
+// signal for the interrupted thread (`usnet_client::signal::note`) and calls the
+// program's handler with the same arguments. `sigaction` reports the program's own
+// handler back, never the trampoline.
+
+const NSIG: usize = 65;
+/// The program's handler per signal (0: none of ours installed).
+static USER_HANDLER: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+/// The program's sa_flags per signal.
+static USER_FLAGS: [std::sync::atomic::AtomicI32; NSIG] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; NSIG];
+
+extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let i = sig as usize;
+    if i >= NSIG {
+        return;
+    }
+    let flags = USER_FLAGS[i].load(Relaxed);
+    usnet_client::signal::note(flags & libc::SA_RESTART != 0);
+    let h = USER_HANDLER[i].load(Relaxed);
+    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    // SAFETY: `h` is the handler the program installed for this signal, of the kind
+    // its SA_SIGINFO flag says.
+    unsafe {
+        if flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(h);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+}
+
+fn trampoline_addr() -> libc::sighandler_t {
+    trampoline as *const () as libc::sighandler_t
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let kernel = real!(sigaction: fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int);
+    let i = sig as usize;
+    if i == 0 || i >= NSIG {
+        return kernel(sig, act, old);
+    }
+    let before = (USER_HANDLER[i].load(Relaxed), USER_FLAGS[i].load(Relaxed));
+    let r = if act.is_null() {
+        kernel(sig, act, old)
+    } else {
+        // SAFETY: sigaction's contract: a readable struct sigaction.
+        let a = unsafe { *act };
+        if a.sa_sigaction == libc::SIG_DFL || a.sa_sigaction == libc::SIG_IGN {
+            let r = kernel(sig, act, old);
+            if r == 0 {
+                USER_HANDLER[i].store(0, Relaxed);
+            }
+            r
+        } else {
+            // The handler is known before the trampoline can run.
+            USER_FLAGS[i].store(a.sa_flags, Relaxed);
+            USER_HANDLER[i].store(a.sa_sigaction, Relaxed);
+            let mut mine = a;
+            mine.sa_sigaction = trampoline_addr();
+            mine.sa_flags |= libc::SA_SIGINFO;
+            let r = kernel(sig, &mine, old);
+            if r != 0 {
+                USER_HANDLER[i].store(before.0, Relaxed);
+                USER_FLAGS[i].store(before.1, Relaxed);
+            }
+            r
+        }
+    };
+    if r == 0 && !old.is_null() {
+        // SAFETY: the kernel just filled it.
+        let o = unsafe { &mut *old };
+        if o.sa_sigaction == trampoline_addr() {
+            o.sa_sigaction = before.0;
+            o.sa_flags = before.1;
+        }
+    }
+    r
+}
+
+/// `signal(2)` as glibc defines it (BSD semantics: SA_RESTART), through `sigaction`
+/// above.
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: sigaction is plain data; all-zero is a valid empty action.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to our own structs.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}

@@ -1,0 +1,193 @@
+//! Unmodified programs under `libusnet_preload.so` against a stack server in this
+//! process (no root): the C program that checks socket semantics, built for the
+//! kernel's API and run once on the kernel and once under the shim, must print the
+//! same lines; and a Python program (sockets, selectors, a mix with a pipe) runs
+//! unchanged.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use usnet_server::ServerConfig;
+use usnet_stack::{mac_from_seed, StackConfig};
+
+const ADDR: &str = "10.71.0.1";
+const STACK: &str = "preload-test";
+
+fn run_dir() -> &'static PathBuf {
+    static S: OnceLock<(usnet_server::ServerHandle, PathBuf)> = OnceLock::new();
+    &S.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("usnet-preload-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        // SAFETY: set once, before the server reads it.
+        unsafe { std::env::set_var("USNET_RUN_DIR", &d) };
+        let stack = StackConfig {
+            mac: mac_from_seed(24),
+            addrs: vec![format!("{ADDR}/24").parse().unwrap()],
+            ..Default::default()
+        };
+        let cfg = ServerConfig {
+            name: STACK.into(),
+            link: "mem".into(),
+            ..Default::default()
+        };
+        (usnet_server::testing::in_memory(stack, cfg).unwrap(), d)
+    })
+    .1
+}
+
+/// libusnet_preload.so as cargo built it for this test (next to the test binary).
+fn shim() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libusnet_preload.so"))
+        .find(|p| p.exists())
+        .expect("libusnet_preload.so not built")
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `cmd` with a deadline (killed after it), collecting its output.
+fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let end = Instant::now() + timeout;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn under_shim(cmd: &mut Command) -> &mut Command {
+    cmd.env("LD_PRELOAD", shim())
+        .env("USNET_STACK", STACK)
+        .env("USNET_RUN_DIR", run_dir())
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Builds `examples/c/<name>.c` for the kernel's API, runs it on loopback and under
+/// the shim on the stack's address: the outputs must be the same and end "all ok".
+fn same_under_the_shim(name: &str, usnet_port: u16) {
+    run_dir();
+    let bin = std::env::temp_dir().join(format!("usnet-preload-{name}-{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let c = output_within(
+        Command::new(cc)
+            .args(["-O1", "-Wall", "-pthread", "-o"])
+            .arg(&bin)
+            .arg("-I")
+            .arg(root().join("examples/c"))
+            .arg(root().join(format!("examples/c/{name}.c"))),
+        Duration::from_secs(120),
+    );
+    assert!(
+        c.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let k = output_within(
+        Command::new(&bin).args(["127.0.0.1", &port.to_string()]),
+        Duration::from_secs(60),
+    );
+    let u = output_within(
+        under_shim(Command::new(&bin).args([ADDR, &usnet_port.to_string()])),
+        Duration::from_secs(60),
+    );
+    let _ = std::fs::remove_file(&bin);
+    let (ks, us) = (text(&k), text(&u));
+    assert!(
+        k.status.success() && ks.ends_with("all ok\n"),
+        "kernel: {ks}"
+    );
+    assert_eq!(
+        us,
+        ks,
+        "under the shim the output differs from the kernel's; stderr: {}",
+        String::from_utf8_lossy(&u.stderr)
+    );
+}
+
+#[test]
+fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
+    same_under_the_shim("sockets_errno", 7700);
+}
+
+#[test]
+fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
+    same_under_the_shim("signals", 7703);
+}
+
+#[test]
+fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
+    same_under_the_shim("udp_mmsg", 7702);
+}
+
+/// Python's own socket module, selectors (epoll) over a usnet listener, a usnet
+/// connection and a pipe, and getsockname: the stack's address proves the sockets
+/// are usnet's; a loopback socket in the same program stays on the kernel.
+#[test]
+fn python_runs_unchanged_under_the_shim() {
+    run_dir();
+    let prog = format!(
+        r#"
+import os, selectors, socket
+sel = selectors.DefaultSelector()
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("{ADDR}", 7701)); l.listen(4); l.setblocking(False)
+r, w = os.pipe()
+sel.register(l, selectors.EVENT_READ, "listener"); sel.register(r, selectors.EVENT_READ, "pipe")
+c = socket.create_connection(("{ADDR}", 7701), timeout=10)
+print("client", c.getsockname()[0])
+ready = [k.data for k, _ in sel.select(10)]
+print("ready", ready)
+s, peer = l.accept(); s.setblocking(True)
+payload = bytes(range(256)) * 4096
+c.sendall(payload); c.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(65536)
+    if not b: break
+    got += b
+print("bytes", len(got), got == payload)
+os.write(w, b"x")
+print("pipe", [k.data for k, _ in sel.select(10)])
+lo = socket.socket(); lo.bind(("127.0.0.1", 0)); print("loopback", lo.getsockname()[0])
+"#
+    );
+    let o = output_within(
+        under_shim(Command::new("python3").args(["-c", &prog])),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success(),
+        "python: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        out,
+        format!(
+            "client {ADDR}\nready ['listener']\nbytes 1048576 True\npipe ['pipe']\nloopback 127.0.0.1\n"
+        )
+    );
+}
