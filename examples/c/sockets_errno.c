@@ -162,6 +162,16 @@ int main(int argc, char **argv) {
         CHECK("connect 2", S_CONNECT(c2, (struct sockaddr *)&a, sizeof a) == 0);
         int s2 = S_ACCEPT(l, NULL, NULL);
         CHECK("accept 2", s2 >= 0);
+        /* TCP_CORK holds a partial segment; lifting it sends it. */
+        CHECK("TCP_CORK on", S_SETSOCKOPT(c2, IPPROTO_TCP, TCP_CORK, &one, sizeof one) == 0);
+        int ck = 0;
+        socklen_t cl = sizeof ck;
+        CHECK("TCP_CORK reads back", S_GETSOCKOPT(c2, IPPROTO_TCP, TCP_CORK, &ck, &cl) == 0 && ck == 1);
+        CHECK("send corked", S_SEND(c2, "ab", 2, 0) == 2);
+        int zero = 0;
+        CHECK("TCP_CORK off", S_SETSOCKOPT(c2, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero) == 0);
+        char two[4];
+        CHECK("uncorked bytes arrive", S_RECV(s2, two, sizeof two, 0) == 2 && memcmp(two, "ab", 2) == 0);
         S_FCNTL(c2, F_SETFL, O_NONBLOCK);
         S_FCNTL(s2, F_SETFL, O_NONBLOCK);
         static char big[65536];

@@ -316,6 +316,7 @@ pub mod opt {
     pub const SO_REUSEADDR: u64 = 2;
     pub const TCP_NODELAY: u64 = 1;
     pub const TCP_MAXSEG: u64 = 2;
+    pub const TCP_CORK: u64 = 3;
     pub const TCP_INFO: u64 = 11;
     pub const TCP_KEEPIDLE: u64 = 4;
 }

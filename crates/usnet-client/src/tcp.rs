@@ -179,6 +179,12 @@ impl TcpStream {
         self.setopt(opt::IPPROTO_TCP, opt::TCP_NODELAY, on as u64)
     }
 
+    /// TCP_CORK: hold partial segments until the cork is lifted (which sends them) or
+    /// for at most 200 ms.
+    pub fn set_cork(&self, on: bool) -> io::Result<()> {
+        self.setopt(opt::IPPROTO_TCP, opt::TCP_CORK, on as u64)
+    }
+
     pub fn set_keepalive(&self, on: bool) -> io::Result<()> {
         self.setopt(opt::SOL_SOCKET, opt::SO_KEEPALIVE, on as u64)
     }

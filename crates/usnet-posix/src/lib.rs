@@ -128,6 +128,7 @@ struct Opts {
     reuseport: bool,
     keepalive: bool,
     nodelay: bool,
+    cork: bool,
     rcvbuf: Option<i32>,
     sndbuf: Option<i32>,
     rcvtimeo: Option<Duration>,
@@ -370,6 +371,9 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     if o.nodelay {
         let _ = s.set_nodelay(true);
     }
+    if o.cork {
+        let _ = s.set_cork(true);
+    }
     if o.keepalive {
         let _ = s.set_keepalive(true);
     }
@@ -429,8 +433,9 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
     Ok(())
 }
 
-/// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`.
-const SEND_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+/// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. `MSG_MORE` is only a
+/// hint to wait for more (the bytes then go out as soon as without it).
+const SEND_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE;
 const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
 
 fn maybe_dontwait<R>(flags: i32, f: impl FnOnce() -> R) -> R {
@@ -827,6 +832,12 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 s.set_nodelay(o.nodelay)?;
             }
         }
+        (libc::IPPROTO_TCP, libc::TCP_CORK) if e.stype == libc::SOCK_STREAM => {
+            o.cork = int_opt(value)? != 0;
+            if let Some(s) = stream {
+                s.set_cork(o.cork)?;
+            }
+        }
         _ => return Err(Errno(libc::ENOPROTOOPT)),
     }
     Ok(())
@@ -902,6 +913,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) if e.stype == libc::SOCK_STREAM => {
             int(o.nodelay as i32)
         }
+        (libc::IPPROTO_TCP, libc::TCP_CORK) if e.stype == libc::SOCK_STREAM => int(o.cork as i32),
         (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => {
             let Some(s) = stream else {
                 // Not connected: Linux answers a zeroed tcp_info with state CLOSE (7).

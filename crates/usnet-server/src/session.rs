@@ -581,6 +581,12 @@ impl ServerSession {
                 stack.tcp_set_nodelay(h.expect("conn"), value != 0)
             }
             (opt::IPPROTO_TCP, opt::TCP_NODELAY) => Ok(()),
+            // Requests are served before a turn drains the send rings: a cork set after
+            // a write may hold that write's tail too, until the cork is lifted.
+            (opt::IPPROTO_TCP, opt::TCP_CORK) if tcp_conn => {
+                stack.tcp_set_cork(h.expect("conn"), value != 0)
+            }
+            (opt::IPPROTO_TCP, opt::TCP_CORK) => Ok(()),
             (opt::SOL_SOCKET, opt::SO_KEEPALIVE) if tcp_conn => {
                 stack.tcp_set_keepalive(h.expect("conn"), (value != 0).then(Keepalive::default))
             }
