@@ -64,6 +64,9 @@ enum BenchCmd {
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
     AsyncSyscall(bench::AsyncSyscallArgs),
+    /// Priority-aware receive: a UDP burst to several receivers under CPU load, with
+    /// forced drop and priority control on and off, vs Linux.
+    Prio(bench::PrioArgs),
 }
 
 fn main() -> ExitCode {
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
+        Cmd::Bench(BenchCmd::Prio(a)) => usnet_bench::prio::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)
