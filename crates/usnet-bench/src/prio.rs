@@ -60,6 +60,12 @@ pub struct PrioBenchOptions {
     pub input_queue: usize,
     /// Frames the receiving stack processes per turn (its softirq budget).
     pub rx_budget: usize,
+    /// Datagrams per second the sender keeps to (0: as fast as it can), as a
+    /// sender on a wire would.
+    pub rate: u64,
+    /// Receivers take up to 64 queued datagrams per call (one lock of the
+    /// runtime), as recvmmsg does, instead of one per recv_from.
+    pub batch: bool,
     /// One short run per configuration.
     pub quick: bool,
     /// Skip the Linux contrast.
@@ -83,6 +89,8 @@ impl Default for PrioBenchOptions {
             policy: RxPolicy::default(),
             input_queue: 1000,
             rx_budget: 64,
+            rate: 200_000,
+            batch: false,
             quick: false,
             no_linux: false,
             tap: false,
@@ -292,7 +300,7 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
         let net = net.clone();
         let (burst_over, ready) = (burst_over.clone(), ready.clone());
         let nice = if i == 0 { o.q_nice } else { o.other_nice };
-        let work_us = o.work_us;
+        let (work_us, batch) = (o.work_us, o.batch);
         handles.push(std::thread::spawn(move || -> Result<(u64, u64), String> {
             set_own_nice(nice);
             let setup = || -> std::io::Result<UdpSocket> {
@@ -305,20 +313,37 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
             let sock = setup();
             ready.fetch_add(1, Ordering::AcqRel);
             let sock = sock.map_err(|e| e.to_string())?;
+            let h = sock.handle();
             let mut buf = vec![0u8; 2048];
             let mut got = 0u64;
             let end = Instant::now() + RUN_LIMIT;
             while Instant::now() < end {
-                match sock.recv_from(&mut buf) {
-                    Ok(_) => {
-                        got += 1;
-                        work(work_us);
+                let n = if batch {
+                    // recvmmsg-like: one lock for up to 64 datagrams, the work after.
+                    net.with(|s| {
+                        let mut n = 0;
+                        while n < 64 && s.udp_recv_from(h, &mut buf).is_ok() {
+                            n += 1;
+                        }
+                        n
+                    })
+                } else {
+                    usize::from(sock.recv_from(&mut buf).is_ok())
+                };
+                if n == 0 {
+                    if burst_over.load(Ordering::Acquire) {
+                        break;
                     }
-                    Err(_) if burst_over.load(Ordering::Acquire) => break,
-                    Err(_) => {}
+                    if batch {
+                        net.wait_readable(&[h], Some(QUIET));
+                    }
+                    continue;
+                }
+                got += n as u64;
+                for _ in 0..n {
+                    work(work_us);
                 }
             }
-            let h = sock.handle();
             let drop2 = net
                 .with(|s| s.socket_stats(h))
                 .map_err(|e| format!("{e:?}"))?
@@ -364,6 +389,32 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
     Ok(run)
 }
 
+/// Keeps a sender to `rate` datagrams per second: sleeps until datagram `sent`
+/// is due (a sender on another machine does not take this one's CPU meanwhile).
+struct Pacer {
+    start: Instant,
+    rate: u64,
+}
+
+impl Pacer {
+    fn new(rate: u64) -> Pacer {
+        Pacer {
+            start: Instant::now(),
+            rate,
+        }
+    }
+    fn wait(&self, sent: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        let due = self.start + Duration::from_secs_f64(sent as f64 / self.rate as f64);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+    }
+}
+
 /// Waits (at most 10 s) until `n` receivers have set up.
 fn wait_ready(ready: &AtomicUsize, n: usize) -> Res<()> {
     let end = Instant::now() + Duration::from_secs(10);
@@ -396,7 +447,11 @@ impl Sender {
                 std::thread::sleep(Duration::from_millis(300));
                 let payload = vec![0x5au8; o.size];
                 let mut sent = 0;
+                let pace = Pacer::new(o.rate);
                 for k in 0..o.datagrams {
+                    if k % 64 == 0 {
+                        pace.wait(k);
+                    }
                     let port = BASE_PORT + (k % n as u64) as u16;
                     if sock.send_to(&payload, (dst, port)).is_ok() {
                         sent += 1;
@@ -434,7 +489,9 @@ fn usnet_burst(
     let payload = vec![0x5au8; o.size];
     let mut sent = 0u64;
     let end = Instant::now() + RUN_LIMIT;
+    let pace = Pacer::new(o.rate);
     while sent < o.datagrams && Instant::now() < end {
+        pace.wait(sent);
         let s = tx.stack_mut();
         for _ in 0..64 {
             if sent == o.datagrams {
@@ -504,7 +561,11 @@ fn linux_run(o: &PrioBenchOptions) -> Res<Run> {
     let tx = StdUdp::bind("127.0.0.1:0")?;
     let payload = vec![0x5au8; o.size];
     let mut sent = 0;
+    let pace = Pacer::new(o.rate);
     for k in 0..o.datagrams {
+        if k % 64 == 0 {
+            pace.wait(k);
+        }
         let port = ports[(k % n as u64) as usize];
         if tx.send_to(&payload, ("127.0.0.1", port)).is_ok() {
             sent += 1;
@@ -611,14 +672,16 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
         });
     }
     println!(
-        "usnet bench prio: {} datagrams of {} B to {} receivers (Q nice {}, others {}), {} µs of work each, {} load threads, {} run(s) per configuration",
+        "usnet bench prio: {} datagrams of {} B at {} /s to {} receivers (Q nice {}, others {}), {} µs of work each, {} load threads, interval {} ms, {} run(s) per configuration",
         o.datagrams,
         o.size,
+        if o.rate == 0 { "max".to_string() } else { o.rate.to_string() },
         o.receivers,
         o.q_nice,
         o.other_nice,
         o.work_us,
         if o.load == 0 { crate::cpus() } else { o.load },
+        o.policy.interval.as_millis(),
         o.runs
     );
     let mut results: Vec<(Config, Vec<Run>, Run)> = Vec::new();
@@ -728,6 +791,9 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
         "other_nice": o.other_nice,
         "input_queue": o.input_queue,
         "rx_budget": o.rx_budget,
+        "rate": o.rate,
+        "batch": o.batch,
+        "interval_ms": o.policy.interval.as_millis() as u64,
         "set_size": o.policy.set_size,
         "drop_probability": o.policy.drop_probability,
         "boost": o.policy.boost,

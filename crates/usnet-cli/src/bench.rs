@@ -163,6 +163,16 @@ pub struct PrioArgs {
     /// Frames the receiving stack processes per turn.
     #[arg(long, default_value_t = 64)]
     pub rx_budget: usize,
+    /// Datagrams per second the sender keeps to (0: as fast as it can).
+    #[arg(long, default_value_t = 200_000)]
+    pub rate: u64,
+    /// The policy's interval (ms): activation checks and boosts at most this often.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// usnet receivers take up to 64 queued datagrams per lock of the runtime (as
+    /// recvmmsg does) instead of one per recv_from.
+    #[arg(long)]
+    pub batch: bool,
     /// One short run per configuration (10,000 datagrams).
     #[arg(long)]
     pub quick: bool,
@@ -191,10 +201,13 @@ impl From<PrioArgs> for PrioBenchOptions {
                 set_size: a.set_size.max(1),
                 drop_probability: a.drop_probability.clamp(0.0, 1.0),
                 boost: a.boost,
+                interval: std::time::Duration::from_millis(a.interval_ms.max(1)),
                 ..usnet_stack::RxPolicy::default()
             },
             input_queue: a.input_queue.max(1),
             rx_budget: a.rx_budget.max(1),
+            rate: a.rate,
+            batch: a.batch,
             quick: a.quick,
             no_linux: a.no_linux,
             tap: a.tap,
