@@ -137,7 +137,12 @@ impl Loop {
     /// Priority-aware receive: the client's process is its sockets' consumer and
     /// its nice value their priority.
     fn note_owner(&mut self, owner: Owner, pid: u32) {
-        if !self.driver.stack().config().rx_policy.enabled() || pid == 0 {
+        // The built-in services attach from the server's own process: boosting it
+        // would not help them.
+        if !self.driver.stack().config().rx_policy.enabled()
+            || pid == 0
+            || pid == std::process::id()
+        {
             return;
         }
         // A boosted client's nice value is ours, not its own: keep what we had.
