@@ -173,10 +173,19 @@ struct Run {
     drop1: u64,
     forced: u64,
     boosts: u64,
+    /// Sent but neither received nor counted as a drop by the receiving side (a
+    /// TAP's kernel queue, say); per run, since medians of parts do not add up.
+    lost: u64,
     seconds: f64,
 }
 
 impl Run {
+    fn account(mut self) -> Run {
+        self.lost = self
+            .sent
+            .saturating_sub(self.total_received() + self.total_drops());
+        self
+    }
     fn total_received(&self) -> u64 {
         self.received.iter().sum()
     }
@@ -624,6 +633,7 @@ fn medians(runs: &[Run]) -> Run {
         drop1: m(&|r| r.drop1),
         forced: m(&|r| r.forced),
         boosts: m(&|r| r.boosts),
+        lost: m(&|r| r.lost),
         seconds: {
             let mut v: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
             median(&mut v)
@@ -691,7 +701,8 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
             let run = match c.mech {
                 Mech::Linux => linux_run(&o)?,
                 _ => usnet_run(&o, c, &format!("{}-{r}", c.key()))?,
-            };
+            }
+            .account();
             println!(
                 "  {:<30} run {}: Q {} received / {} drop 2; all {} received; drop 1 {}, forced {}, boosts {}",
                 c.name(),
@@ -764,10 +775,7 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
             },
             m.total_received().to_string(),
             m.total_drops().to_string(),
-            // Before the stack (a TAP's kernel queue) or not counted anywhere.
-            m.sent
-                .saturating_sub(m.total_received() + m.total_drops())
-                .to_string(),
+            m.lost.to_string(),
             vs(&|r| r.drop2[0] as f64),
             vs(&|r| r.received[0] as f64),
             vs(&|r| r.total_drops() as f64),
@@ -842,9 +850,11 @@ mod tests {
             drop1: 2,
             forced: 0,
             boosts: 0,
+            lost: 0,
             seconds: 1.0,
         };
-        let m = medians(&[r(5, 1), r(9, 3), r(7, 2)]);
+        let m = medians(&[r(5, 1), r(9, 3), r(7, 2)].map(Run::account));
+        assert_eq!(m.lost, 0, "the median of per-run losses 1, 0, 0");
         assert_eq!(m.received, vec![7, 1]);
         assert_eq!(m.drop2, vec![2, 0]);
         assert_eq!(m.total_drops(), 4);
