@@ -567,3 +567,51 @@ fn spawn_services(
             }
         })?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        up: UpArgs,
+    }
+
+    fn parse(extra: &[&str]) -> UpArgs {
+        let mut args = vec!["usnet", "--link", "shm:x"];
+        args.extend_from_slice(extra);
+        P::parse_from(args).up
+    }
+
+    #[test]
+    fn rx_policy_flags_make_the_stacks_policy() {
+        let off = parse(&[]).rx_policy().unwrap();
+        assert!(!off.enabled());
+        let p = parse(&[
+            "--rx-policy",
+            "forced-drop,priority",
+            "--prio-set-size",
+            "3",
+            "--prio-interval-ms",
+            "250",
+            "--forced-drop-probability",
+            "0.5",
+            "--boost",
+            "4",
+        ])
+        .rx_policy()
+        .unwrap();
+        assert!(p.forced_drop && p.priority);
+        assert_eq!(p.set_size, 3);
+        assert_eq!(p.interval, Duration::from_millis(250));
+        assert_eq!((p.drop_probability, p.boost), (0.5, 4));
+        let a = parse(&["--rx-policy", "forced-drop"]).rx_policy().unwrap();
+        assert!(a.forced_drop && !a.priority);
+        assert!(parse(&["--forced-drop-probability", "1.5"])
+            .rx_policy()
+            .is_err());
+        assert!(P::try_parse_from(["usnet", "--link", "shm:x", "--rx-policy", "bogus"]).is_err());
+    }
+}
