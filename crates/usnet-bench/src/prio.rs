@@ -173,6 +173,9 @@ struct Run {
     drop1: u64,
     forced: u64,
     boosts: u64,
+    /// Boosts that ended because the queue drained (the rest ran out of time or
+    /// ended with the run).
+    drained: u64,
     /// Sent but neither received nor counted as a drop by the receiving side (a
     /// TAP's kernel queue, say); per run, since medians of parts do not add up.
     lost: u64,
@@ -394,6 +397,7 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
     run.drop1 = c.drop_input_queue_full;
     run.forced = c.prio_forced_drop_drop1 + c.prio_forced_drop_threshold;
     run.boosts = c.prio_boosts;
+    run.drained = c.prio_restores_drained;
     net.shutdown();
     Ok(run)
 }
@@ -633,6 +637,7 @@ fn medians(runs: &[Run]) -> Run {
         drop1: m(&|r| r.drop1),
         forced: m(&|r| r.forced),
         boosts: m(&|r| r.boosts),
+        drained: m(&|r| r.drained),
         lost: m(&|r| r.lost),
         seconds: {
             let mut v: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
@@ -704,7 +709,7 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
             }
             .account();
             println!(
-                "  {:<30} run {}: Q {} received / {} drop 2; all {} received; drop 1 {}, forced {}, boosts {}",
+                "  {:<30} run {}: Q {} received / {} drop 2; all {} received; drop 1 {}, forced {}, boosts {} ({} ended by a drained queue)",
                 c.name(),
                 r + 1,
                 run.received[0],
@@ -712,7 +717,8 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
                 run.total_received(),
                 run.drop1,
                 run.forced,
-                run.boosts
+                run.boosts,
+                run.drained
             );
             runs.push(run);
         }
@@ -850,6 +856,7 @@ mod tests {
             drop1: 2,
             forced: 0,
             boosts: 0,
+            drained: 0,
             lost: 0,
             seconds: 1.0,
         };
