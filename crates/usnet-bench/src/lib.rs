@@ -5,6 +5,7 @@ pub mod async_syscall;
 pub mod nic;
 pub mod peer;
 pub mod preload;
+pub mod prio;
 pub mod server;
 pub mod tcp;
 pub mod udp;

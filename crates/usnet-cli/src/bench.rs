@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use usnet_bench::async_syscall::AsyncSyscallBenchOptions;
 use usnet_bench::nic::NicBenchOptions;
+use usnet_bench::prio::PrioBenchOptions;
 use usnet_bench::tcp::TcpBenchOptions;
 use usnet_bench::udp::UdpBenchOptions;
 
@@ -113,6 +114,103 @@ impl From<UdpArgs> for UdpBenchOptions {
             quick: a.quick,
             only: a.only,
             no_root: a.no_root,
+        }
+    }
+}
+
+/// `usnet bench prio`.
+#[derive(Args, Debug, Clone)]
+pub struct PrioArgs {
+    /// Directory for prio.json, prio.md and the plots.
+    #[arg(long, default_value = "bench-out/prio")]
+    pub out: PathBuf,
+    /// Runs per configuration (the table shows medians).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Datagrams the sender bursts per run.
+    #[arg(long, default_value_t = 50_000)]
+    pub datagrams: u64,
+    /// Receiving threads (the first is Q).
+    #[arg(long, default_value_t = 4)]
+    pub receivers: usize,
+    /// Payload bytes per datagram.
+    #[arg(long, default_value_t = 512)]
+    pub size: usize,
+    /// Busy threads loading the cores during a run (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    pub load: usize,
+    /// Microseconds of work a receiver does per datagram.
+    #[arg(long, default_value_t = 10)]
+    pub work_us: u64,
+    /// Q's nice value.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub q_nice: i32,
+    /// The other receivers' nice value.
+    #[arg(long, default_value_t = 5, allow_hyphen_values = true)]
+    pub other_nice: i32,
+    /// Priority set size n.
+    #[arg(long, default_value_t = 2)]
+    pub set_size: usize,
+    /// Forced drop's probability.
+    #[arg(long, default_value_t = 0.9)]
+    pub drop_probability: f64,
+    /// Nice steps of a boost.
+    #[arg(long, default_value_t = 10)]
+    pub boost: i32,
+    /// The receiving stack's input queue (drop 1 beyond).
+    #[arg(long, default_value_t = 1000)]
+    pub input_queue: usize,
+    /// Frames the receiving stack processes per turn.
+    #[arg(long, default_value_t = 64)]
+    pub rx_budget: usize,
+    /// Datagrams per second the sender keeps to (0: as fast as it can).
+    #[arg(long, default_value_t = 200_000)]
+    pub rate: u64,
+    /// The policy's interval (ms): activation checks and boosts at most this often.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// usnet receivers take up to 64 queued datagrams per lock of the runtime (as
+    /// recvmmsg does) instead of one per recv_from.
+    #[arg(long)]
+    pub batch: bool,
+    /// One short run per configuration (10,000 datagrams).
+    #[arg(long)]
+    pub quick: bool,
+    /// Skip the Linux contrast.
+    #[arg(long)]
+    pub no_linux: bool,
+    /// As root, also run the four configurations with Linux bursting at usnet
+    /// through a TAP.
+    #[arg(long)]
+    pub tap: bool,
+}
+
+impl From<PrioArgs> for PrioBenchOptions {
+    fn from(a: PrioArgs) -> Self {
+        PrioBenchOptions {
+            out: a.out,
+            runs: a.runs.max(1),
+            datagrams: a.datagrams,
+            receivers: a.receivers,
+            size: a.size,
+            load: a.load,
+            work_us: a.work_us,
+            q_nice: a.q_nice,
+            other_nice: a.other_nice,
+            policy: usnet_stack::RxPolicy {
+                set_size: a.set_size.max(1),
+                drop_probability: a.drop_probability.clamp(0.0, 1.0),
+                boost: a.boost,
+                interval: std::time::Duration::from_millis(a.interval_ms.max(1)),
+                ..usnet_stack::RxPolicy::default()
+            },
+            input_queue: a.input_queue.max(1),
+            rx_budget: a.rx_budget.max(1),
+            rate: a.rate,
+            batch: a.batch,
+            quick: a.quick,
+            no_linux: a.no_linux,
+            tap: a.tap,
         }
     }
 }

@@ -133,9 +133,26 @@ pub fn render_clients(clients: &Value, sockets: bool) -> String {
 }
 
 pub fn down(sel: StackSel) -> CmdResult {
+    // A stack that died with clients boosted left their pids behind: put them back
+    // whether or not it still answers.
+    if let Some(name) = &sel.stack {
+        recover_boosts(name);
+    }
     let path = resolve(sel.stack.as_deref())?;
-    request(&path, &json!({"cmd": "stop"}), |_| false)?;
+    let r = request(&path, &json!({"cmd": "stop"}), |_| false);
+    if let Some(name) = path.file_stem().and_then(|n| n.to_str()) {
+        recover_boosts(name);
+    }
+    r?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn recover_boosts(name: &str) {
+    let state = usnet_server::boost_state_path(name);
+    let n = usnet_driver::sched::recover(&state, &mut usnet_driver::Setpriority);
+    if n > 0 {
+        println!("usnet: restored the priority of {n} process(es) a stopped stack had boosted");
+    }
 }
 
 pub fn ping(a: PingArgs) -> CmdResult {
@@ -307,6 +324,7 @@ pub fn render_stat(v: &Value, all: bool) -> String {
             );
         }
     }
+    out += &render_priority(&v["priority"]);
     out += &render_clients(&v["clients"], false);
     let neigh = v["neighbors"].as_array().cloned().unwrap_or_default();
     if !neigh.is_empty() {
@@ -318,6 +336,46 @@ pub fn render_stat(v: &Value, all: bool) -> String {
                 n["mac"].as_str().unwrap_or("(resolving)")
             );
         }
+    }
+    out
+}
+
+/// The priority-aware receive section of `usnet stat` (empty when both are off).
+pub fn render_priority(p: &Value) -> String {
+    let on = |k: &str| p[k].as_bool().unwrap_or(false);
+    if !on("forced_drop") && !on("priority") {
+        return String::new();
+    }
+    let list = |k: &str| {
+        let v: Vec<String> = p[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| x.to_string())
+            .collect();
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(" ")
+        }
+    };
+    let mut out = format!(
+        "priority:\n    forced drop {}{}, priority control {}, set of {}\n    ports P: {}\n    boosted: {}\n",
+        if on("forced_drop") { "on" } else { "off" },
+        if on("forced_drop_active") { " (dropping now)" } else { "" },
+        if on("priority") { "on" } else { "off" },
+        p["set_size"],
+        list("ports"),
+        list("boosted"),
+    );
+    for m in p["members"].as_array().into_iter().flatten() {
+        out += &format!(
+            "    S: port {:<6} priority {:>4}  owner {:<5} consumer {}\n",
+            m["port"],
+            m["priority"],
+            m["owner"],
+            m["pid"].as_u64().map_or("-".to_string(), |p| p.to_string())
+        );
     }
     out
 }

@@ -71,6 +71,9 @@ enum BenchCmd {
     /// nginx unmodified: on the Linux kernel vs on a stack server through the
     /// LD_PRELOAD shim (`usnet run`), wrk over a veth (root).
     Preload(bench::PreloadArgs),
+    /// Priority-aware receive: a UDP burst to several receivers under CPU load, with
+    /// forced drop and priority control on and off, vs Linux.
+    Prio(bench::PrioArgs),
 }
 
 fn main() -> ExitCode {
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
         Cmd::Bench(BenchCmd::Preload(a)) => usnet_bench::preload::run(&a.into()),
+        Cmd::Bench(BenchCmd::Prio(a)) => usnet_bench::prio::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)

@@ -119,9 +119,67 @@ pub struct UpArgs {
     /// (`usnet bench server`).
     #[arg(long)]
     pub rpc: bool,
+    /// Priority-aware receive (docs/priority.md): forced-drop (mechanism A: frames
+    /// for ports outside the priority set are dropped at the entrance while drop 1
+    /// happens), priority (mechanism B: a priority socket's consumer is boosted while
+    /// its queue is past half; needs CAP_SYS_NICE or RLIMIT_NICE), both, or none.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub rx_policy: Vec<RxPolicyName>,
+    /// How many sockets the priority set holds (n).
+    #[arg(long, default_value_t = 2)]
+    pub prio_set_size: usize,
+    /// Activation conditions are looked at most this often (ms).
+    #[arg(long, default_value_t = 1000)]
+    pub prio_interval_ms: u64,
+    /// Input queue length at which forced drop starts before drop 1 (0: half the
+    /// input queue).
+    #[arg(long, default_value_t = 0)]
+    pub forced_drop_threshold: usize,
+    /// Probability that forced drop drops a frame for a port outside the set.
+    #[arg(long, default_value_t = 0.9)]
+    pub forced_drop_probability: f64,
+    /// Nice steps a boost raises a consumer by (within -20..19).
+    #[arg(long, default_value_t = 10)]
+    pub boost: i32,
+    /// The longest a boost lasts (ms).
+    #[arg(long, default_value_t = 1000)]
+    pub boost_ms: u64,
+    /// Frames that may wait between the device and protocol work (drop 1 beyond).
+    #[arg(long, default_value_t = 1000)]
+    pub input_queue: usize,
     /// Print nothing but errors.
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// A mechanism of `--rx-policy`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxPolicyName {
+    ForcedDrop,
+    Priority,
+    None,
+}
+
+impl UpArgs {
+    /// The stack's receive policy from the flags.
+    pub fn rx_policy(&self) -> Result<usnet_stack::RxPolicy, String> {
+        if !(0.0..=1.0).contains(&self.forced_drop_probability) {
+            return Err("--forced-drop-probability must be within 0..1".into());
+        }
+        if self.prio_set_size == 0 || self.prio_interval_ms == 0 {
+            return Err("--prio-set-size and --prio-interval-ms must be at least 1".into());
+        }
+        Ok(usnet_stack::RxPolicy {
+            forced_drop: self.rx_policy.contains(&RxPolicyName::ForcedDrop),
+            priority: self.rx_policy.contains(&RxPolicyName::Priority),
+            set_size: self.prio_set_size,
+            interval: Duration::from_millis(self.prio_interval_ms),
+            threshold: self.forced_drop_threshold,
+            drop_probability: self.forced_drop_probability,
+            boost: self.boost,
+            boost_time: Duration::from_millis(self.boost_ms),
+        })
+    }
 }
 
 impl UpArgs {
@@ -156,6 +214,14 @@ impl UpArgs {
             cluster_bytes: 65536,
             clusters: 4,
             rpc: false,
+            rx_policy: vec![RxPolicyName::None],
+            prio_set_size: 2,
+            prio_interval_ms: 1000,
+            forced_drop_threshold: 0,
+            forced_drop_probability: 0.9,
+            boost: 10,
+            boost_ms: 1000,
+            input_queue: 1000,
             quiet: true,
         }
     }
@@ -247,6 +313,8 @@ pub fn open(args: &UpArgs) -> Result<Opened, Box<dyn std::error::Error>> {
         },
         seed: name_seed(&name),
         gro: !args.no_gro,
+        input_queue_len: args.input_queue.max(1),
+        rx_policy: args.rx_policy()?,
         ..StackConfig::default()
     };
     // Check the configuration before touching the link, so mistakes cost nothing.
@@ -312,7 +380,14 @@ pub fn run(args: UpArgs) -> CmdResult {
     usnet_abi::Layout::new(geometry)
         .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
     let mut cfg = o.cfg;
+    if cfg.rx_policy.priority {
+        if let Err(why) = usnet_driver::sched::can_boost() {
+            eprintln!("usnet: {why}");
+            cfg.rx_policy.priority = false;
+        }
+    }
     usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
+    let cfg_policy = cfg.rx_policy.clone();
     let mut stack = usnet_stack::Stack::new(cfg)?;
     let mut dev = o.dev;
     // An AF_XDP link registers the stack's pool as its UMEM now, so a pool it cannot
@@ -371,6 +446,19 @@ pub fn run(args: UpArgs) -> CmdResult {
             addrs.join(" "),
             args.services.join(",")
         );
+        if cfg_policy.enabled() {
+            println!(
+                "usnet: receive policy:{}{} (set of {}, checked every {} ms)",
+                if cfg_policy.forced_drop {
+                    " forced-drop"
+                } else {
+                    ""
+                },
+                if cfg_policy.priority { " priority" } else { "" },
+                cfg_policy.set_size,
+                cfg_policy.interval.as_millis()
+            );
+        }
         println!(
             "usnet: serving clients at {}; `usnet stat --stack {}` shows its counters",
             server
@@ -478,4 +566,52 @@ fn spawn_services(
                 }
             }
         })?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        up: UpArgs,
+    }
+
+    fn parse(extra: &[&str]) -> UpArgs {
+        let mut args = vec!["usnet", "--link", "shm:x"];
+        args.extend_from_slice(extra);
+        P::parse_from(args).up
+    }
+
+    #[test]
+    fn rx_policy_flags_make_the_stacks_policy() {
+        let off = parse(&[]).rx_policy().unwrap();
+        assert!(!off.enabled());
+        let p = parse(&[
+            "--rx-policy",
+            "forced-drop,priority",
+            "--prio-set-size",
+            "3",
+            "--prio-interval-ms",
+            "250",
+            "--forced-drop-probability",
+            "0.5",
+            "--boost",
+            "4",
+        ])
+        .rx_policy()
+        .unwrap();
+        assert!(p.forced_drop && p.priority);
+        assert_eq!(p.set_size, 3);
+        assert_eq!(p.interval, Duration::from_millis(250));
+        assert_eq!((p.drop_probability, p.boost), (0.5, 4));
+        let a = parse(&["--rx-policy", "forced-drop"]).rx_policy().unwrap();
+        assert!(a.forced_drop && !a.priority);
+        assert!(parse(&["--forced-drop-probability", "1.5"])
+            .rx_policy()
+            .is_err());
+        assert!(P::try_parse_from(["usnet", "--link", "shm:x", "--rx-policy", "bogus"]).is_err());
+    }
 }

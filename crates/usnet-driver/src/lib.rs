@@ -8,15 +8,17 @@
 
 mod clock;
 mod memdev;
+pub mod sched;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use memdev::{MemDevice, MemQueues};
+pub use sched::{Booster, SchedHook, Setpriority};
 
 use std::time::Duration;
 
 use usnet_link::{Device, DeviceStats, Doorbell, LinkState, WaitPlan};
 use usnet_pool::PktBuf;
-use usnet_stack::{Instant, Stack};
+use usnet_stack::{Instant, SchedRequest, Stack};
 
 /// Makes a stack configuration fit a real device: the device's MTU and offloads,
 /// and real randomness mixed into the seed (a stack on a real link needs
@@ -88,6 +90,11 @@ pub struct Driver<D: Device, C: Clock = SystemClock> {
     burst: usize,
     link: LinkState,
     phase_timing: bool,
+    backlog: bool,
+    /// Applies the stack's priority-control requests (mechanism B), if set. It
+    /// restores every boost when dropped, so a dropped driver leaves none behind.
+    booster: Option<Booster>,
+    sched: Vec<SchedRequest>,
 }
 
 impl<D: Device, C: Clock> Driver<D, C> {
@@ -101,6 +108,44 @@ impl<D: Device, C: Clock> Driver<D, C> {
             burst: DEFAULT_BURST,
             link,
             phase_timing: false,
+            backlog: false,
+            booster: None,
+            sched: Vec::new(),
+        }
+    }
+
+    /// Kernel-like receive: each turn empties the device into the stack's input
+    /// queue (frames beyond it are drop 1, or forced drop) and then processes one
+    /// budget (`rx_budget`), as a NIC interrupt feeds the backlog a softirq works
+    /// through. Without it (the default) a turn takes one burst and works until the
+    /// input queue is empty, so the backlog waits in the device and the stack never
+    /// sees drop 1. Priority-aware receive needs the backlog where the stack sees it.
+    pub fn set_backlog(&mut self, on: bool) {
+        self.backlog = on;
+    }
+
+    /// Hands priority control's requests to `booster` after every turn.
+    pub fn set_booster(&mut self, booster: Option<Booster>) {
+        self.restore_boosts();
+        self.booster = booster;
+    }
+
+    pub fn booster(&self) -> Option<&Booster> {
+        self.booster.as_ref()
+    }
+
+    /// Puts every boosted consumer back (the loop stops; also on drop).
+    pub fn restore_boosts(&mut self) {
+        if let Some(b) = &mut self.booster {
+            b.restore_all();
+        }
+    }
+
+    fn apply_sched(&mut self) {
+        self.stack.take_sched_requests(&mut self.sched);
+        match &mut self.booster {
+            Some(b) => self.sched.drain(..).for_each(|r| b.apply(r)),
+            None => self.sched.clear(),
         }
     }
 
@@ -165,21 +210,41 @@ impl<D: Device, C: Clock> Driver<D, C> {
     /// anything), frames out. `Err` only for a fatal device error.
     pub fn turn_with(&mut self, app: impl FnOnce(&mut Stack) -> bool) -> std::io::Result<Turn> {
         let t0 = self.phase_timing.then(std::time::Instant::now);
-        let received = self
+        let mut received = self
             .dev
             .rx_burst(self.stack.pool_mut(), &mut self.rx, self.burst)?;
-        let t1 = self.phase_timing.then(std::time::Instant::now);
+        let now = self.clock.now();
+        // Forced drop reads the time at the entrance.
+        self.stack.advance(now);
         for b in self.rx.drain(..) {
             self.stack.receive(b);
         }
-        let now = self.clock.now();
+        if self.backlog {
+            // Bounded, so a flood cannot hold the turn: the rest waits in the device.
+            let cap = self.stack.config().input_queue_len * 2;
+            let full = self.burst.min(self.dev.caps().max_burst.max(1));
+            let mut last = received;
+            // A short burst means the device is empty (not every device can say
+            // so without a system call).
+            while received < cap && last >= full {
+                last = self
+                    .dev
+                    .rx_burst(self.stack.pool_mut(), &mut self.rx, self.burst)?;
+                received += last;
+                for b in self.rx.drain(..) {
+                    self.stack.receive(b);
+                }
+            }
+        }
+        let t1 = self.phase_timing.then(std::time::Instant::now);
         let mut worked = self.stack.poll(now);
         let mut rounds = 1;
-        while self.stack.input_len() > 0 && rounds < MAX_INPUT_ROUNDS {
+        while !self.backlog && self.stack.input_len() > 0 && rounds < MAX_INPUT_ROUNDS {
             worked |= self.stack.poll(now);
             rounds += 1;
         }
         worked |= app(&mut self.stack);
+        self.apply_sched();
         let (rx_ns, work_ns) = match (t0, t1) {
             (Some(t0), Some(t1)) => (
                 t1.duration_since(t0).as_nanos() as u64,

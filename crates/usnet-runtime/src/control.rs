@@ -193,6 +193,7 @@ pub fn stat(net: &NetStack, info: &StackInfo, started: std::time::Instant) -> Va
             "addrs": s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
             "services": info.services,
             "counters": serde_json::to_value(s.counters_snapshot()).expect("counters serialise"),
+            "priority": serde_json::to_value(s.prio_status()).expect("status serialises"),
             "device_counters": {
                 "rx_frames": dev.rx_frames, "rx_bytes": dev.rx_bytes,
                 "tx_frames": dev.tx_frames, "tx_bytes": dev.tx_bytes,

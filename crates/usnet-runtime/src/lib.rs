@@ -36,6 +36,9 @@ pub struct RuntimeConfig {
     /// How long the poll thread keeps spinning after its last work before it sleeps
     /// in the device's `wait` (trades a core for latency).
     pub spin: Duration,
+    /// Kernel-like receive backlog ([`Driver::set_backlog`]); on by itself when the
+    /// stack's receive policy is on.
+    pub backlog: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -43,6 +46,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             burst: 64,
             spin: Duration::from_micros(50),
+            backlog: false,
         }
     }
 }
@@ -112,6 +116,21 @@ impl NetStack {
         rt: RuntimeConfig,
     ) -> Result<NetStack, RuntimeError> {
         usnet_driver::fit_to_device(&mut cfg, device.caps());
+        // Mechanism B needs the right to raise priorities; without it, one line
+        // and the stack does not ask.
+        let booster = if cfg.rx_policy.priority {
+            match usnet_driver::Booster::system(None) {
+                Ok(b) => Some(b),
+                Err(why) => {
+                    eprintln!("usnet: {why}");
+                    cfg.rx_policy.priority = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let backlog = rt.backlog || cfg.rx_policy.enabled();
         let stack = Stack::new(cfg)?;
         let clock = SystemClock::new();
         let waker = device.waker();
@@ -119,6 +138,8 @@ impl NetStack {
         let mut driver = Driver::new(stack, device, clock);
         driver.bind_device().map_err(RuntimeError::Device)?;
         driver.set_burst(rt.burst);
+        driver.set_backlog(backlog);
+        driver.set_booster(booster);
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 driver,
@@ -321,8 +342,13 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
         }
     }
     // Buffers a device wrapper still holds (delayed frames) go back before the
-    // device is dropped, so the pool's accounting stays exact.
-    shared.lock().driver.release_device_buffers();
+    // device is dropped, so the pool's accounting stays exact. No consumer stays
+    // boosted once the loop has stopped.
+    {
+        let mut g = shared.lock();
+        g.driver.release_device_buffers();
+        g.driver.restore_boosts();
+    }
     shared.stop.store(true, Ordering::Release);
     shared.cond.notify_all();
 }

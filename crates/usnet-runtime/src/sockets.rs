@@ -119,6 +119,28 @@ impl UdpSocket {
         self.nonblocking.store(nb, Ordering::Relaxed);
     }
 
+    /// Priority-aware receive: names the calling thread as this socket's consumer
+    /// (priority control boosts it) and ranks the socket by that thread's
+    /// scheduling priority (`-nice`), unless [`UdpSocket::set_priority`] marks it.
+    pub fn set_consumer_thread(&self) -> io::Result<()> {
+        let tid = usnet_driver::sched::gettid();
+        let nice = usnet_driver::sched::nice_of(tid)?;
+        self.net
+            .with(|s| {
+                s.set_socket_consumer(self.handle, Some(tid))?;
+                s.set_socket_priority(self.handle, Some(-nice))
+            })
+            .map_err(to_io)
+    }
+
+    /// Marks this socket's priority explicitly (higher is more important, on the
+    /// scale of `-nice`), or clears the mark with `None`.
+    pub fn set_priority(&self, priority: Option<i32>) -> io::Result<()> {
+        self.net
+            .with(|s| s.set_socket_priority(self.handle, priority))
+            .map_err(to_io)
+    }
+
     pub fn set_read_timeout(&mut self, t: Option<Duration>) {
         self.read_timeout = t;
     }

@@ -341,7 +341,11 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
     let quota_sessions = lp.quota_sessions;
     let limits = lp.cfg.limits;
     let geometry = lp.cfg.geometry;
+    let boosted = lp.driver.booster().map(|b| b.boosted()).unwrap_or_default();
     let s = lp.stack();
+    let mut priority = serde_json::to_value(s.prio_status()).expect("status serialises");
+    // What the scheduler hook holds (the stack's view is `boosted`).
+    priority["boosted_now"] = boosted.into();
     let p = s.pool().stats();
     json!({
         "name": name,
@@ -355,6 +359,7 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
         "addrs": s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "services": services,
         "counters": serde_json::to_value(s.counters_snapshot()).expect("counters serialise"),
+        "priority": priority,
         "device_counters": {
             "rx_frames": dev.rx_frames, "rx_bytes": dev.rx_bytes,
             "tx_frames": dev.tx_frames, "tx_bytes": dev.tx_bytes,

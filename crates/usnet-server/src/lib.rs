@@ -81,6 +81,9 @@ pub struct ServerConfig {
     pub group: Option<u32>,
     /// Services running as clients of this server (for `stat`).
     pub services: Vec<String>,
+    /// Kernel-like receive backlog (`Driver::set_backlog`); on by itself when the
+    /// stack's receive policy is on.
+    pub backlog: bool,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +96,7 @@ impl Default for ServerConfig {
             spin: Duration::from_micros(50),
             group: None,
             services: Vec::new(),
+            backlog: false,
         }
     }
 }
@@ -125,7 +129,47 @@ impl Loop {
     /// Adds an attached client's session.
     fn add_session(&mut self, s: ServerSession) {
         self.order.push(s.id);
+        let (owner, pid) = (s.owner(), s.pid);
         self.sessions.insert(s.id, s);
+        self.note_owner(owner, pid);
+    }
+
+    /// Priority-aware receive: the client's process is its sockets' consumer and
+    /// its nice value their priority.
+    fn note_owner(&mut self, owner: Owner, pid: u32) {
+        // The built-in services attach from the server's own process: boosting it
+        // would not help them.
+        if !self.driver.stack().config().rx_policy.enabled()
+            || pid == 0
+            || pid == std::process::id()
+        {
+            return;
+        }
+        // A boosted client's nice value is ours, not its own: keep what we had.
+        if self
+            .driver
+            .booster()
+            .is_some_and(|b| b.boosted().contains(&pid))
+        {
+            return;
+        }
+        let priority = usnet_driver::sched::nice_of(pid).map_or(0, |n| -n);
+        self.driver.stack_mut().set_owner_info(
+            owner,
+            usnet_stack::OwnerInfo {
+                pid: Some(pid),
+                priority,
+            },
+        );
+    }
+
+    /// Reads every client's nice value again (once per interval, from the loop).
+    fn refresh_owners(&mut self) {
+        let owners: Vec<(Owner, u32)> =
+            self.sessions.values().map(|s| (s.owner(), s.pid)).collect();
+        for (o, pid) in owners {
+            self.note_owner(o, pid);
+        }
     }
 
     /// A client is gone: reset and free everything it held.
@@ -139,6 +183,7 @@ impl Loop {
             s.serve(stack, budget);
             s.drain_all(stack);
             s.close_all(stack);
+            stack.clear_owner_info(s.owner());
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;
             s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
@@ -246,6 +291,11 @@ impl Loop {
     }
 }
 
+/// Where a server keeps the pids it boosted (see `usnet_driver::sched`).
+pub fn boost_state_path(name: &str) -> std::path::PathBuf {
+    usnet_session::ctl::run_dir().join(format!("{name}.boosts"))
+}
+
 /// A running server.
 pub struct ServerHandle {
     jobs: Sender<Job>,
@@ -265,8 +315,20 @@ impl ServerHandle {
         let bell = ServerBell::new(device.wait_kind())?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let policy = stack.config().rx_policy.clone();
         let mut driver = Driver::new(stack, device, SystemClock::new());
         driver.set_burst(64);
+        driver.set_backlog(cfg.backlog || policy.enabled());
+        // Boosted clients are other processes: if this one dies, the next `usnet
+        // up` or `usnet down` of the same name restores them from this file.
+        let state = boost_state_path(&cfg.name);
+        usnet_driver::sched::recover(&state, &mut usnet_driver::Setpriority);
+        if policy.priority {
+            // The caller checked the right to boost (`usnet up` says so in one line).
+            if let Ok(b) = usnet_driver::Booster::system(Some(state)) {
+                driver.set_booster(Some(b));
+            }
+        }
         let lp = Loop {
             driver,
             sessions: HashMap::new(),
@@ -362,9 +424,15 @@ pub(crate) fn submit_call<R: Send + 'static>(
 fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String> {
     let mut ready = Vec::new();
     let mut last_work = Instant::now();
+    let interval = lp.driver.stack().config().rx_policy.interval;
+    let mut owners_read = Instant::now();
     let result = loop {
         if lp.stop.load(Ordering::Acquire) {
             break Ok(());
+        }
+        if owners_read.elapsed() >= interval {
+            owners_read = Instant::now();
+            lp.refresh_owners();
         }
         while let Ok(job) = jobs.try_recv() {
             job(&mut lp);
@@ -425,6 +493,7 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
         lp.remove_session(id);
     }
     lp.driver.release_device_buffers();
+    lp.driver.restore_boosts();
     result
 }
 

@@ -155,6 +155,56 @@ pub struct StackConfig {
     /// Template for TCP connections and listeners: buffer sizes, congestion control,
     /// timers, options. The stack sets `mss` from the MTU and `secret` from `seed`.
     pub tcp: usnet_tcp::TcpConfig,
+    /// Priority-aware receive (forced drop, priority control); off by default.
+    pub rx_policy: RxPolicy,
+}
+
+/// Priority-aware receive (docs/priority.md): the top `set_size` sockets by their
+/// consumers' priority form the set S (ports P, consumers Q). Both mechanisms are
+/// off by default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RxPolicy {
+    /// Mechanism A: while drop 1 happens (or the input queue is above
+    /// `threshold`), frames for ports outside P are dropped at the entrance, before
+    /// any IP work, with probability `drop_probability`.
+    pub forced_drop: bool,
+    /// Mechanism B: when a priority socket's queue passes half its limit, ask for its
+    /// consumer's scheduling priority to be raised by `boost` nice steps for at most
+    /// `boost_time` (the stack only emits the request: see `Stack::take_sched_requests`).
+    pub priority: bool,
+    /// n: how many sockets S holds.
+    pub set_size: usize,
+    /// Activation conditions (and a full recomputation of S) at most this often.
+    pub interval: Duration,
+    /// Input queue length at which forced drop activates even before drop 1
+    /// (0: half the input queue).
+    pub threshold: usize,
+    pub drop_probability: f64,
+    /// Nice steps a boost raises a consumer by (the hook keeps it within -20..19).
+    pub boost: i32,
+    pub boost_time: Duration,
+}
+
+impl Default for RxPolicy {
+    fn default() -> Self {
+        RxPolicy {
+            forced_drop: false,
+            priority: false,
+            set_size: 2,
+            interval: Duration::from_secs(1),
+            threshold: 0,
+            drop_probability: 0.9,
+            boost: 10,
+            boost_time: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RxPolicy {
+    /// Either mechanism is on.
+    pub fn enabled(&self) -> bool {
+        self.forced_drop || self.priority
+    }
 }
 
 impl Default for StackConfig {
@@ -186,6 +236,7 @@ impl Default for StackConfig {
             gro: true,
             seed: 0x5eed_0001,
             tcp: usnet_tcp::TcpConfig::default(),
+            rx_policy: RxPolicy::default(),
         }
     }
 }

@@ -51,6 +51,8 @@ pub(crate) struct Core {
     pub timers_checked: Instant,
     /// Keys ISNs, SYN cookies and timestamp offsets.
     pub tcp_secret: usnet_tcp::SecretKey,
+    /// Priority-aware receive: forced drop runs in `receive`.
+    pub prio: crate::prio::Prio,
 }
 
 impl Core {
@@ -111,6 +113,7 @@ impl Core {
             neighbor_work: NeighborWork::default(),
             timers_checked: Instant::ZERO,
             tcp_secret: usnet_tcp::SecretKey::derive(cfg.seed),
+            prio: crate::prio::Prio::new(cfg.rx_policy.clone(), cfg.input_queue_len, cfg.seed),
             addrs,
             pool,
             cfg,
@@ -120,7 +123,16 @@ impl Core {
     /// Queues a received frame (ownership moves); a full input queue drops it (drop 1).
     #[inline]
     pub fn receive(&mut self, frame: PktBuf) {
-        if self.input.len() >= self.cfg.input_queue_len {
+        let full = self.input.len() >= self.cfg.input_queue_len;
+        if self.prio.cfg.forced_drop {
+            // Before drop 1 and before any IP work: the point of forced drop.
+            let port = crate::prio::dst_port(self.pool.data(&frame));
+            if self.forced_drop(port, full) {
+                self.pool.free(frame);
+                return;
+            }
+        }
+        if full {
             self.counters.drop_input_queue_full += 1;
             self.pool.free(frame);
             return;

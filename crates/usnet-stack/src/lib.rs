@@ -27,6 +27,7 @@ pub mod frag;
 mod gro;
 pub mod neighbor;
 mod ping;
+mod prio;
 mod rx;
 pub mod sim;
 mod socket;
@@ -43,9 +44,11 @@ use std::net::IpAddr;
 use usnet_pool::{PacketPool, PktBuf};
 use usnet_wire::MacAddr;
 
+pub use config::RxPolicy;
 pub use config::{mac_from_seed, IpCidr, StackConfig};
 pub use counters::Counters;
 pub use error::{ConfigError, StackError};
+pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
 pub use socket::{EchoReply, Owner, Readiness, SocketHandle, SocketStats};
 pub use tcp::{TcpConnEntry, TcpListenEntry};
 pub use time::Instant;
@@ -153,6 +156,7 @@ impl Stack {
         self.gro_flush();
         did |= self.tcp_poll_timers();
         did |= self.core.run_timers();
+        did |= self.prio_poll();
         self.core.counters.neigh_evicted = self.core.neighbors.evicted;
         did
     }
@@ -170,10 +174,14 @@ impl Stack {
             return Some(self.core.now);
         }
         // TCP deadlines are not rounded to the tick: a due ACK goes out now.
-        [self.core.timers_at(), self.tcp_poll_at()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.core.timers_at(),
+            self.tcp_poll_at(),
+            self.core.prio_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Frames ready for the device.
@@ -274,6 +282,7 @@ impl Stack {
     /// Connections a listener accepts later inherit its owner.
     pub fn set_owner(&mut self, h: SocketHandle, owner: Owner) -> Result<(), StackError> {
         if self.sockets.set_owner(h, owner) {
+            self.prio_consider(h);
             Ok(())
         } else {
             Err(StackError::InvalidHandle)

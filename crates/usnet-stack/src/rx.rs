@@ -744,9 +744,14 @@ impl Stack {
         u.rx_queued_bytes += len;
         u.stats.rx_datagrams += 1;
         u.stats.rx_bytes += len as u64;
+        let high = u.rx_queued_bytes * 2 > u.recv_buffer;
         core.counters.udp_rx_delivered += 1;
         if was_empty {
             self.sockets.mark_ready(sock);
+        }
+        // Priority control: past half the limit, the consumer should hurry.
+        if high && self.prio_watch(sock) {
+            self.core.prio_queue_high(sock);
         }
     }
 }

@@ -54,6 +54,7 @@ impl Stack {
             Owner::LOCAL,
         );
         self.sockets.link_udp(h.index, port);
+        self.prio_consider(h);
         Ok(h)
     }
 
@@ -139,6 +140,10 @@ impl Stack {
         };
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
+        let drained = u.rx_queued_bytes * 4 < u.recv_buffer;
+        if drained && self.prio_watch(h.index) {
+            self.core.prio_drained(h.index);
+        }
         let pool = &mut self.core.pool;
         let n = if pool.next(&d.buf).is_none() {
             let src = pool.data(&d.buf);
@@ -166,6 +171,10 @@ impl Stack {
         };
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
+        let drained = u.rx_queued_bytes * 4 < u.recv_buffer;
+        if drained && self.prio_watch(h.index) {
+            self.core.prio_drained(h.index);
+        }
         let pool = &mut self.core.pool;
         let mut cur = Some(d.buf.id());
         while let Some(c) = cur {

@@ -85,6 +85,12 @@ pub(crate) struct Slot {
     /// Already in the ready list (edge-triggered readiness).
     pub ready_queued: bool,
     pub owner: Owner,
+    /// Priority mark and consumer (priority-aware receive, `prio.rs`).
+    pub mark: crate::prio::SockMark,
+    /// In the priority set S.
+    pub prio_member: bool,
+    /// Creation order: priority ties go to the older socket.
+    pub seq: u64,
 }
 
 pub(crate) struct SocketSet {
@@ -95,6 +101,9 @@ pub(crate) struct SocketSet {
     pub udp: UdpTable,
     pub next_ping_ident: u16,
     pub tcp: TcpTable,
+    /// A member of the priority set was removed: S must be recomputed.
+    pub prio_dirty: bool,
+    next_seq: u64,
 }
 
 /// First port of the ephemeral range (IANA's, RFC 6335).
@@ -129,10 +138,14 @@ impl SocketSet {
             udp: UdpTable::new(seed),
             next_ping_ident: (seed >> 16) as u16,
             tcp: TcpTable::new(seed),
+            prio_dirty: false,
+            next_seq: 0,
         }
     }
 
     pub fn insert(&mut self, sock: Socket, owner: Owner) -> SocketHandle {
+        let seq = self.next_seq;
+        self.next_seq += 1;
         match self.free.pop() {
             Some(i) => {
                 let slot = &mut self.slots[i as usize];
@@ -140,6 +153,9 @@ impl SocketSet {
                 slot.sock = Some(sock);
                 slot.ready_queued = false;
                 slot.owner = owner;
+                slot.mark = Default::default();
+                slot.prio_member = false;
+                slot.seq = seq;
                 SocketHandle {
                     index: i,
                     gen: slot.gen,
@@ -151,6 +167,9 @@ impl SocketSet {
                     sock: Some(sock),
                     ready_queued: false,
                     owner,
+                    mark: Default::default(),
+                    prio_member: false,
+                    seq,
                 });
                 SocketHandle {
                     index: self.slots.len() as u32 - 1,
@@ -216,6 +235,10 @@ impl SocketSet {
             return None;
         }
         let sock = slot.sock.take()?;
+        if slot.prio_member {
+            slot.prio_member = false;
+            self.prio_dirty = true;
+        }
         if let Socket::Udp(u) = &sock {
             self.unlink_udp_port(h.index, u.local.port(), u.next_same_port);
         }

@@ -182,6 +182,7 @@ impl Stack {
             .entry(port)
             .or_default()
             .push(h.index);
+        self.prio_consider(h);
         Ok(h)
     }
 
