@@ -172,7 +172,7 @@ fuzz_target!(|data: &[u8]| {
         .unwrap();
     let (fd, _) = b.try_accept(l).expect("established");
     let blob = [0xabu8; 3000];
-    let _ = b.try_write(fd, &blob);
+    let _ = b.try_write(fd, &blob, false);
     drain(&mut b, &mut peer);
 
     let mut d = data;
@@ -216,7 +216,7 @@ fuzz_target!(|data: &[u8]| {
                 let _ = b.try_read(fd, &mut buf);
             }
             2 => {
-                let _ = b.try_write(fd, &blob[..(ctl as usize & 0x0f) * 100]);
+                let _ = b.try_write(fd, &blob[..(ctl as usize & 0x0f) * 100], ctl & 0x40 != 0);
             }
             3 if ctl & 0x80 != 0 => {
                 let _ = b.shutdown(fd, libc::SHUT_WR);
