@@ -1105,6 +1105,11 @@ impl ServerSession {
         };
         if let Some(h) = s.handle {
             self.by_handle.remove(&h);
+            // The client closed it: the close goes on gracefully even if the client
+            // exits now (as the kernel's orphaned sockets do), so the socket is no
+            // longer the client's. Only sockets still open when a client goes are
+            // reset (`close_all`).
+            let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
             let _ = stack.close(h);
         }
         self.mem.slot_word(i, slot::STATE).store(SLOT_FREE, Release);
