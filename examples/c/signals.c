@@ -16,16 +16,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(name, cond)                                                           \
-    do {                                                                            \
-        if (cond) {                                                                 \
-            printf("ok %s\n", name);                                                \
-        } else {                                                                    \
-            printf("FAIL %s (errno %d %s)\n", name, errno, strerror(errno));       \
-            failures++;                                                             \
-        }                                                                           \
-    } while (0)
+#include "check.h"
 
 static volatile sig_atomic_t fired;
 static void on_alarm(int sig) { (void)sig; fired++; }

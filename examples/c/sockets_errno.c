@@ -25,17 +25,7 @@
 #define S_EPOLL_WAIT    epoll_wait
 #endif
 
-static int failures;
-#define CHECK(name, cond)                                                           \
-    do {                                                                            \
-        if (cond) {                                                                 \
-            printf("ok %s\n", name);                                                \
-        } else {                                                                    \
-            printf("FAIL %s (errno %d %s)\n", name, errno, strerror(errno));        \
-            failures++;                                                             \
-        }                                                                           \
-        fflush(stdout);                                                             \
-    } while (0)
+#include "check.h"
 
 int main(int argc, char **argv) {
     if (argc != 3) {

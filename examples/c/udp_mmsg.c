@@ -10,16 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(name, cond)                                                           \
-    do {                                                                            \
-        if (cond) {                                                                 \
-            printf("ok %s\n", name);                                                \
-        } else {                                                                    \
-            printf("FAIL %s (errno %d %s)\n", name, errno, strerror(errno));       \
-            failures++;                                                             \
-        }                                                                           \
-    } while (0)
+#include "check.h"
 
 int main(int argc, char **argv) {
     if (argc != 3) {

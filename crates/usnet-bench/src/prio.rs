@@ -380,18 +380,7 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
     while net.with(|s| s.input_len()) > 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(1));
     }
-    std::thread::sleep(QUIET);
-    burst_over.store(true, Ordering::Release);
-    let mut run = Run {
-        sent,
-        ..Run::default()
-    };
-    for h in handles {
-        let (got, drop2) = join_within(h, RUN_LIMIT + Duration::from_secs(5))??;
-        run.received.push(got);
-        run.drop2.push(drop2);
-    }
-    run.seconds = t0.elapsed().as_secs_f64();
+    let mut run = end_run(&burst_over, handles, sent, t0)?;
     drop(load);
     let c = net.with(|s| s.counters().clone());
     run.drop1 = c.drop_input_queue_full;
@@ -429,6 +418,29 @@ impl Pacer {
 }
 
 /// Waits (at most 10 s) until `n` receivers have set up.
+/// The burst is over: lets the receivers finish after a quiet moment and collects
+/// what each received and dropped (Q first).
+fn end_run(
+    burst_over: &AtomicBool,
+    handles: Vec<std::thread::JoinHandle<Result<(u64, u64), String>>>,
+    sent: u64,
+    t0: Instant,
+) -> Res<Run> {
+    std::thread::sleep(QUIET);
+    burst_over.store(true, Ordering::Release);
+    let mut run = Run {
+        sent,
+        ..Run::default()
+    };
+    for h in handles {
+        let (got, drop2) = join_within(h, RUN_LIMIT + Duration::from_secs(5))??;
+        run.received.push(got);
+        run.drop2.push(drop2);
+    }
+    run.seconds = t0.elapsed().as_secs_f64();
+    Ok(run)
+}
+
 fn wait_ready(ready: &AtomicUsize, n: usize) -> Res<()> {
     let end = Instant::now() + Duration::from_secs(10);
     while ready.load(Ordering::Acquire) < n {
@@ -584,18 +596,7 @@ fn linux_run(o: &PrioBenchOptions) -> Res<Run> {
             sent += 1;
         }
     }
-    std::thread::sleep(QUIET);
-    burst_over.store(true, Ordering::Release);
-    let mut run = Run {
-        sent,
-        ..Run::default()
-    };
-    for h in handles {
-        let (got, drop2) = join_within(h, RUN_LIMIT + Duration::from_secs(5))??;
-        run.received.push(got);
-        run.drop2.push(drop2);
-    }
-    run.seconds = t0.elapsed().as_secs_f64();
+    let mut run = end_run(&burst_over, handles, sent, t0)?;
     drop(load);
     run.drop1 = softnet_dropped().saturating_sub(drop1_before);
     Ok(run)
