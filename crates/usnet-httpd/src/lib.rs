@@ -1,0 +1,156 @@
+//! `usnet httpd`: a small HTTP/1.1 server in the spirit of phttpd (the netmap/PASTE
+//! paper's web server). Every request is answered with the same response, a fixed
+//! head and `length` body bytes, so the server measures the network API under it
+//! and nothing else.
+//!
+//! One HTTP part, several backends:
+//!
+//! - [`http`]: the responses, request boundaries in a byte stream ([`http::Session`],
+//!   on `usnet_http`'s parser), the answers owed in order ([`http::Outq`]) — no I/O;
+//! - [`conn`]: one connection's life over any call-style [`conn::Transport`];
+//! - [`kernel`] (`--api kernel`): Linux sockets and epoll in one thread (phttpd's
+//!   socket mode);
+//! - [`socket`] (`--api socket`): usnet's stack in the same thread, driven by a
+//!   [`usnet_driver::Driver`] whose turn serves the sockets the stack reports ready.
+//!
+//! `--api zerocopy` (the netmap/PASTE-style rings of issue 14) is a backend of the
+//! same loop shape as [`socket`]: a `Driver` turn, then the ready connections, with
+//! [`http::Session::feed`] reading the received buffers in place and
+//! [`http::Outq::fill`] writing answers into transmit buffers. Until it lands,
+//! choosing it is an error ([`Api::Zerocopy`]).
+
+pub mod conn;
+pub mod http;
+pub mod kernel;
+pub mod socket;
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+pub use http::{Reply, Responses, DEFAULT_LENGTH};
+
+/// The network API a server runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// Linux sockets with epoll.
+    Kernel,
+    /// usnet's stack through its socket API (copies into and out of byte rings).
+    Socket,
+    /// usnet's zero-copy rings (not built yet).
+    Zerocopy,
+}
+
+impl FromStr for Api {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kernel" => Ok(Api::Kernel),
+            "socket" => Ok(Api::Socket),
+            "zerocopy" => Ok(Api::Zerocopy),
+            _ => Err(format!("unknown api {s:?}: kernel, socket or zerocopy")),
+        }
+    }
+}
+
+impl fmt::Display for Api {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Api::Kernel => "kernel",
+            Api::Socket => "socket",
+            Api::Zerocopy => "zerocopy",
+        })
+    }
+}
+
+/// The message for `--api zerocopy` until that backend exists.
+pub const ZEROCOPY_MISSING: &str = "--api zerocopy is not available yet: usnet's zero-copy ring \
+     API (issue 14, part 1) has not landed; use --api socket (usnet's socket API) or --api kernel";
+
+/// What a server serves and how it runs.
+#[derive(Debug, Clone)]
+pub struct HttpdConfig {
+    /// Listening port.
+    pub port: u16,
+    /// Address to listen on (`None`: every address).
+    pub bind: Option<IpAddr>,
+    /// Response body length (`-l`).
+    pub length: usize,
+    /// Static header lines added to every response (`Name: value`).
+    pub headers: Vec<String>,
+    /// Events (ready sockets) handled per loop iteration.
+    pub batch: usize,
+    /// Connections served at once (more are refused).
+    pub max_conns: usize,
+    /// `socket` backend: keep turning (busy-poll) this long after the last work
+    /// before sleeping on the device, in microseconds.
+    pub spin_us: u64,
+}
+
+impl Default for HttpdConfig {
+    fn default() -> Self {
+        HttpdConfig {
+            port: 80,
+            bind: None,
+            length: DEFAULT_LENGTH,
+            headers: Vec::new(),
+            batch: 64,
+            max_conns: 65536,
+            spin_us: 0,
+        }
+    }
+}
+
+/// What a server did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub accepted: u64,
+    pub requests: u64,
+    /// Answers sent completely.
+    pub responses: u64,
+    pub bad_requests: u64,
+    /// Connections reset by the client or failed.
+    pub resets: u64,
+    /// Connections closed (any way).
+    pub closed: u64,
+    /// Connections refused (over `max_conns`).
+    pub refused: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} connections, {} requests, {} responses, {} bad requests, {} resets, {} refused, {} B in, {} B out",
+            self.accepted,
+            self.requests,
+            self.responses,
+            self.bad_requests,
+            self.resets,
+            self.refused,
+            self.rx_bytes,
+            self.tx_bytes
+        )
+    }
+}
+
+/// Pins the calling thread to `core`.
+pub fn pin_to_core(core: usize) -> std::io::Result<()> {
+    if core >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (core checked
+    // above); sched_setaffinity reads it for the calling thread (pid 0).
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
