@@ -4,6 +4,7 @@ mod bench;
 mod ctl;
 mod demo;
 mod get;
+mod httpd;
 mod nicemu;
 mod perf;
 mod run;
@@ -46,6 +47,9 @@ enum Cmd {
     /// Run an unmodified program with its IPv4/IPv6 sockets on a stack server
     /// (LD_PRELOAD shim): `usnet run [--stack NAME] -- CMD ARGS...`.
     Run(run::RunArgs),
+    /// A phttpd-like HTTP/1.1 server (every request gets the same response) on Linux
+    /// sockets (--api kernel) or on a usnet stack in its own thread (--api socket).
+    Httpd(Box<httpd::HttpdArgs>),
     /// Play the emulated NIC's device side: build frames, place them in the RX ring
     /// and raise interrupts at a chosen interval and count.
     Nicemu(nicemu::NicemuArgs),
@@ -93,6 +97,7 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Httpd(a) => httpd::run(*a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),

@@ -1,0 +1,198 @@
+//! `usnet httpd`: the phttpd-like server (crate usnet-httpd) on Linux sockets
+//! (`--api kernel`) or on a usnet stack of its own in the same thread
+//! (`--api socket`, on a link as `usnet up` opens it).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use usnet_driver::{Driver, SystemClock};
+use usnet_httpd::socket::SocketServer;
+use usnet_httpd::{Api, HttpdConfig};
+use usnet_stack::IpCidr;
+
+use crate::up::{self, UpArgs};
+use crate::CmdResult;
+
+#[derive(Args, Debug, Clone)]
+pub struct HttpdArgs {
+    /// The network API: kernel (Linux sockets, epoll), socket (usnet's stack in this
+    /// thread, on --link) or zerocopy (usnet's zero-copy rings; not available yet).
+    #[arg(long, default_value = "kernel")]
+    pub api: Api,
+    /// Listening port.
+    #[arg(short, long, default_value_t = 80)]
+    pub port: u16,
+    /// Response body length in bytes; the head is fixed (87 bytes for a two-digit
+    /// length), so the default, 64, makes phttpd's 151-byte response.
+    #[arg(short = 'l', long, default_value_t = usnet_httpd::DEFAULT_LENGTH)]
+    pub length: usize,
+    /// A static header line added to every response, 'Name: value' (repeatable).
+    #[arg(short = 'H', long = "header", value_name = "LINE")]
+    pub headers: Vec<String>,
+    /// Events (ready sockets) handled per loop iteration.
+    #[arg(short, long, default_value_t = 64)]
+    pub batch: usize,
+    /// Pin the server to this CPU.
+    #[arg(short, long)]
+    pub core: Option<usize>,
+    /// Address to listen on (default: every address).
+    #[arg(long)]
+    pub bind: Option<IpAddr>,
+    /// Connections served at once (more are refused).
+    #[arg(long, default_value_t = 65536)]
+    pub max_conns: usize,
+    /// socket: the link, as `usnet up --link` takes it (tap:NAME, afpacket:IF,
+    /// xdp:IF[:QUEUE], shm:NAME, nic:NAME).
+    #[arg(long)]
+    pub link: Option<String>,
+    /// socket: an address of the stack with its prefix (repeatable).
+    #[arg(long = "addr", value_name = "CIDR")]
+    pub addrs: Vec<IpCidr>,
+    /// socket, tap links: address(es) for the Linux side of the TAP.
+    #[arg(long = "host-addr", value_name = "CIDR")]
+    pub host_addrs: Vec<IpCidr>,
+    /// socket: default gateway (repeatable).
+    #[arg(long)]
+    pub gateway: Vec<IpAddr>,
+    /// socket: L3 MTU (default: the link's).
+    #[arg(long)]
+    pub mtu: Option<usize>,
+    /// socket, xdp links: auto, copy, zerocopy or generic.
+    #[arg(long, default_value = "auto")]
+    pub xdp_mode: usnet_link::xdp::XdpMode,
+    /// socket: write every frame to this pcap file.
+    #[arg(long)]
+    pub pcap: Option<PathBuf>,
+    /// socket: keep polling the device this long (µs) after the last work before
+    /// sleeping on it (0: sleep at once).
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
+    /// Stop after this many seconds (default: at SIGINT/SIGTERM).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Print nothing but errors (and the summary at exit).
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+pub fn run(a: HttpdArgs) -> CmdResult {
+    let cfg = HttpdConfig {
+        port: a.port,
+        bind: a.bind,
+        length: a.length,
+        headers: a.headers.clone(),
+        batch: a.batch.max(1),
+        max_conns: a.max_conns.max(1),
+        spin_us: a.spin_us,
+    };
+    // The responses are checked before anything opens.
+    let resp = usnet_httpd::Responses::new(cfg.length, &cfg.headers)?;
+    if a.api != Api::Socket && (a.link.is_some() || !a.addrs.is_empty() || !a.host_addrs.is_empty())
+    {
+        return Err(format!(
+            "--link, --addr and --host-addr are for --api socket (the kernel api uses \
+             the host's addresses; --bind picks one){}",
+            if a.api == Api::Zerocopy {
+                format!("; and: {}", usnet_httpd::ZEROCOPY_MISSING)
+            } else {
+                String::new()
+            }
+        )
+        .into());
+    }
+    if a.api == Api::Zerocopy {
+        return Err(usnet_httpd::ZEROCOPY_MISSING.into());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    if let Some(secs) = a.duration {
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+            s.store(true, Ordering::Relaxed);
+        });
+    }
+    if let Some(c) = a.core {
+        usnet_httpd::pin_to_core(c).map_err(|e| format!("cannot pin to core {c}: {e}"))?;
+    }
+    let what = format!(
+        "{}-byte responses ({} B head + {} B body)",
+        resp.response().len(),
+        resp.head_len(),
+        cfg.length
+    );
+    let stats = match a.api {
+        Api::Kernel => {
+            let mut srv = usnet_httpd::kernel::KernelServer::bind(&cfg)
+                .map_err(|e| format!("cannot listen on port {}: {e}", cfg.port))?;
+            if !a.quiet {
+                println!(
+                    "usnet httpd: api kernel, listening on {}, {what}",
+                    srv.local_addr()?
+                );
+            }
+            srv.run(&stop)?
+        }
+        Api::Socket => {
+            let link = a
+                .link
+                .clone()
+                .ok_or("--api socket needs --link (e.g. tap:NAME, afpacket:IF, xdp:IF)")?;
+            if a.addrs.is_empty() {
+                return Err(
+                    "--api socket needs --addr (the stack's address, e.g. 10.0.0.2/24)".into(),
+                );
+            }
+            let name = format!("httpd-{}", std::process::id());
+            let ua = UpArgs {
+                addrs: a.addrs.clone(),
+                host_addrs: a.host_addrs.clone(),
+                gateway: a.gateway.clone(),
+                mtu: a.mtu,
+                xdp_mode: a.xdp_mode,
+                pcap: a.pcap.clone(),
+                ..UpArgs::embedded(link.clone(), name)
+            };
+            let o = up::open(&ua)?;
+            let mut scfg = o.cfg;
+            usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
+            let stack = usnet_stack::Stack::new(scfg)?;
+            let mut driver = Driver::new(stack, o.dev, SystemClock::new());
+            driver.bind_device()?;
+            let info = driver.device().info();
+            let mut srv = SocketServer::start(driver.stack_mut(), &cfg)?;
+            if !a.quiet {
+                if let Some(i) = info {
+                    println!("usnet httpd: {link}: {i}");
+                }
+                let addrs: Vec<String> = driver
+                    .stack()
+                    .addrs()
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect();
+                println!(
+                    "usnet httpd: api socket on {link} ({}), port {}, {what}",
+                    addrs.join(" "),
+                    cfg.port
+                );
+            }
+            usnet_httpd::socket::run(
+                &mut driver,
+                &mut srv,
+                Duration::from_micros(cfg.spin_us),
+                &stop,
+            )?
+        }
+        Api::Zerocopy => unreachable!("refused above"),
+    };
+    println!("usnet httpd: {stats}");
+    Ok(ExitCode::SUCCESS)
+}
