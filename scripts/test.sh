@@ -54,6 +54,7 @@ step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/b
 step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
 if [ "$(id -u)" = 0 ]; then
     step "bench preload (smoke)" ./target/release/usnet bench preload --quick --out target/bench-smoke/preload
+    step "bench httpd (smoke)" ./target/release/usnet bench httpd --quick --out target/bench-smoke/httpd
 fi
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then

@@ -2,6 +2,7 @@
 //! run, prints a table of medians and ratios, writes JSON and draws a plot.
 
 pub mod async_syscall;
+pub mod httpd;
 pub mod nic;
 pub mod peer;
 pub mod preload;
@@ -9,6 +10,7 @@ pub mod prio;
 pub mod server;
 pub mod tcp;
 pub mod udp;
+mod web;
 
 /// Pins the calling thread to `core` (best effort: a failure only costs accuracy).
 pub fn pin_to_core(core: usize) {

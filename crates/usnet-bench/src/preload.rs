@@ -9,16 +9,15 @@
 //! (151 bytes, the size of the zero-copy document's responses) and of 64 KiB,
 //! keep-alive, `-c` connections; wrk's error counts are reported (they must be 0).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use usnet_report::{bar_plot, median, write_json, Table};
 
 use crate::tcp::{is_root, Veth, VETH_ADDR, VETH_USNET};
-
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use crate::web::{in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_serving, wrk, Res};
 
 #[derive(Debug, Clone)]
 pub struct PreloadBenchOptions {
@@ -32,172 +31,11 @@ const STACK: &str = "bench-preload";
 const PORT: u16 = 8089;
 const FILES: [(&str, usize); 2] = [("r151", 151), ("r64k", 65536)];
 
-/// A background process, killed and reaped on drop.
-struct Bg(Child, String);
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        // SAFETY: kill with the pid of a child we own (SIGTERM first: a clean stop).
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(3);
-        while let Ok(None) = self.0.try_wait() {
-            if Instant::now() > end {
-                crate::kill_and_reap(&mut self.0, Duration::from_secs(5));
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-fn in_ns(ns: &str, core: usize) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, "taskset", "-c", &core.to_string()]);
-    c
-}
-
-fn spawn(mut c: Command, dir: &Path, what: &str) -> Res<Bg> {
-    let log = std::fs::File::create(dir.join(format!("{what}.log")))?;
-    let child = c
-        .env("USNET_RUN_DIR", dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .map_err(|e| format!("cannot start {what}: {e}"))?;
-    Ok(Bg(child, what.into()))
-}
-
-fn nginx_conf(dir: &Path, www: &Path, addr: &str, tag: &str) -> Res<PathBuf> {
-    let d = dir.display();
-    let conf = dir.join(format!("nginx-{tag}.conf"));
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx-{tag}.pid;\n\
-             error_log {d}/nginx-{tag}.err warn;\nuser root;\n\
-             events {{ worker_connections 4096; use epoll; }}\n\
-             http {{\n access_log off;\n sendfile on;\n keepalive_requests 1000000;\n\
-             client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;\n\
-             uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;\n\
-             server {{ listen {addr}:{PORT}; root {}; }}\n}}\n",
-            www.display()
-        ),
-    )?;
-    Ok(conf)
-}
-
-/// Waits until `http://addr:PORT/r151` answers from namespace `ns`.
-fn wait_serving(ns: &str, addr: &str, bg: &mut Bg, dir: &Path) -> Res<()> {
-    let url = format!("http://{addr}:{PORT}/r151");
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        let ok = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                ns,
-                "curl",
-                "-s",
-                "-o",
-                "/dev/null",
-                "--max-time",
-                "1",
-                "--fail",
-                &url,
-            ])
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Ok(());
-        }
-        if let Some(s) = bg.0.try_wait()? {
-            let log =
-                std::fs::read_to_string(dir.join(format!("{}.log", bg.1))).unwrap_or_default();
-            return Err(format!("{} exited ({s}): {log}", bg.1).into());
-        }
-        if Instant::now() > end {
-            return Err(format!("{} does not answer {url}", bg.1).into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// One wrk run: (requests/s, errors: socket errors plus non-2xx answers).
-fn wrk(ns: &str, url: &str, a: &PreloadBenchOptions) -> Res<(f64, u64)> {
-    let secs = a.seconds.ceil().max(1.0) as u64;
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "taskset",
-            "-c",
-            "0",
-            "timeout",
-            &(secs + 30).to_string(),
-        ])
-        .args([
-            "wrk",
-            "-t1",
-            &format!("-c{}", a.connections),
-            &format!("-d{secs}s"),
-            url,
-        ])
-        .output()
-        .map_err(|e| format!("cannot run wrk (apt install wrk): {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "wrk {url}: {}{}",
-            text,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let rps = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .ok_or_else(|| format!("no Requests/sec in wrk's output: {text}"))?;
-    let mut errors = 0u64;
-    for l in text.lines() {
-        if let Some(rest) = l.trim().strip_prefix("Socket errors:") {
-            // "connect 0, read 0, write 0, timeout 0"
-            errors += rest
-                .split(',')
-                .filter_map(|p| p.split_whitespace().last()?.parse::<u64>().ok())
-                .sum::<u64>();
-        }
-        if let Some(rest) = l.trim().strip_prefix("Non-2xx or 3xx responses:") {
-            errors += rest.trim().parse::<u64>().unwrap_or(0);
-        }
-    }
-    Ok((rps, errors))
-}
-
 pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     if !is_root() {
         return Err("usnet bench preload needs root (a veth pair between two namespaces)".into());
     }
-    for tool in ["nginx", "wrk", "curl", "taskset"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(Stdio::null())
-            .status()
-            .map_or(true, |s| !s.success())
-        {
-            return Err(format!(
-                "{tool} is needed (apt install {})",
-                if tool == "taskset" {
-                    "util-linux"
-                } else {
-                    tool
-                }
-            )
-            .into());
-        }
-    }
+    need_tools(&["nginx", "wrk", "curl", "taskset"])?;
     let exe = std::env::current_exe()?;
     let dir = std::env::temp_dir().join(format!("usnet-bench-preload-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -212,12 +50,17 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     let kernel_addr = VETH_ADDR[0];
 
     // The kernel's nginx.
-    let conf_k = nginx_conf(&dir, &www, kernel_addr, "kernel")?;
+    let conf_k = nginx_conf(&dir, &www, kernel_addr, PORT, "kernel")?;
     let mut c = in_ns(&server_ns, 1);
     c.args(["nginx", "-p", &dir.display().to_string(), "-c"])
         .arg(&conf_k);
     let mut nginx_k = spawn(c, &dir, "nginx-kernel")?;
-    wait_serving(&client_ns, kernel_addr, &mut nginx_k, &dir)?;
+    wait_serving(
+        &client_ns,
+        &format!("http://{kernel_addr}:{PORT}/r151"),
+        &mut nginx_k,
+        &dir,
+    )?;
 
     // The usnet stack beside it on the same veth end, and nginx under the shim.
     let mut c = in_ns(&server_ns, 1);
@@ -245,7 +88,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let conf_u = nginx_conf(&dir, &www, VETH_USNET, "usnet")?;
+    let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet")?;
     let mut c = in_ns(&server_ns, 1);
     c.arg(&exe)
         .args([
@@ -260,7 +103,12 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         ])
         .arg(&conf_u);
     let mut nginx_u = spawn(c, &dir, "nginx-usnet")?;
-    wait_serving(&client_ns, VETH_USNET, &mut nginx_u, &dir)?;
+    wait_serving(
+        &client_ns,
+        &format!("http://{VETH_USNET}:{PORT}/r151"),
+        &mut nginx_u,
+        &dir,
+    )?;
 
     let systems = [("Linux kernel", kernel_addr), ("usnet (shim)", VETH_USNET)];
     let mut table = Table::new(
@@ -286,9 +134,15 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         let mut errs = vec![0u64; systems.len()];
         for _ in 0..a.runs.max(1) {
             for (i, (_, addr)) in systems.iter().enumerate() {
-                let (rps, e) = wrk(&client_ns, &format!("http://{addr}:{PORT}/{name}"), a)?;
-                per[i].push(rps);
-                errs[i] += e;
+                let r = wrk(
+                    &client_ns,
+                    0,
+                    &format!("http://{addr}:{PORT}/{name}"),
+                    a.connections,
+                    a.seconds,
+                )?;
+                per[i].push(r.rps);
+                errs[i] += r.errors;
             }
         }
         let meds: Vec<f64> = per.iter().map(|v| median(&mut v.clone())).collect();
@@ -314,10 +168,6 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         }
     }
     table.print();
-    let nginx_errs: Vec<String> = ["kernel", "usnet"]
-        .iter()
-        .map(|t| std::fs::read_to_string(dir.join(format!("nginx-{t}.err"))).unwrap_or_default())
-        .collect();
     std::fs::create_dir_all(&a.out)?;
     let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
         "runs": a.runs, "results": results});
@@ -331,8 +181,8 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     ) {
         eprintln!("plot not drawn: {e}");
     }
-    for (t, e) in ["kernel", "usnet"].iter().zip(&nginx_errs) {
-        if e.contains("[alert]") || e.contains("[crit]") || e.contains("[emerg]") {
+    for t in ["kernel", "usnet"] {
+        if let Some(e) = nginx_alerts(&dir, t) {
             eprintln!("nginx ({t}) logged errors:\n{e}");
         }
     }

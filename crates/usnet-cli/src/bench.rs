@@ -368,6 +368,54 @@ impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
     }
 }
 
+/// `usnet bench httpd`: usnet httpd (kernel and socket APIs on AF_PACKET, AF_XDP and
+/// TAP) vs nginx on Linux, driven by wrk from a namespace.
+#[derive(Args, Debug)]
+pub struct HttpdArgs {
+    /// Directory for httpd.json, httpd.md and httpd.png.
+    #[arg(long, default_value = "bench-out/httpd")]
+    pub out: PathBuf,
+    /// Runs per configuration (the table shows medians).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Seconds per wrk run.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// wrk connections.
+    #[arg(long, default_value_t = 100)]
+    pub connections: usize,
+    /// Response body lengths in bytes (64 makes the 151-byte response).
+    #[arg(long, value_delimiter = ',', default_value = "64,4096,65536")]
+    pub lengths: Vec<usize>,
+    /// Only these servers: nginx, kernel, afpacket, xdp, tap (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// usnet httpd --batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// usnet httpd --spin-us (socket api): poll this long before sleeping.
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
+    /// One 1-second run per configuration (a smoke test).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl From<HttpdArgs> for usnet_bench::httpd::HttpdBenchOptions {
+    fn from(a: HttpdArgs) -> Self {
+        usnet_bench::httpd::HttpdBenchOptions {
+            out: a.out,
+            runs: if a.quick { 1 } else { a.runs.max(1) },
+            seconds: if a.quick { 1.0 } else { a.seconds },
+            connections: a.connections.max(1),
+            lengths: a.lengths,
+            only: a.only,
+            batch: a.batch.max(1),
+            spin_us: a.spin_us,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +427,7 @@ mod tests {
         Tcp(TcpArgs),
         Nic(NicBenchArgs),
         AsyncSyscall(AsyncSyscallArgs),
+        Httpd(HttpdArgs),
     }
 
     /// The flags' defaults are the libraries' (each default lives twice: in the help
@@ -414,5 +463,32 @@ mod tests {
             AsyncSyscallBenchOptions::default(),
         );
         assert_eq!((a.out, a.only, a.tmpfs_dir), (d.out, d.only, d.tmpfs_dir));
+        let P::Httpd(h) = P::parse_from(["b", "httpd"]) else {
+            unreachable!()
+        };
+        let (h, d) = (
+            usnet_bench::httpd::HttpdBenchOptions::from(h),
+            usnet_bench::httpd::HttpdBenchOptions::default(),
+        );
+        assert_eq!(
+            (
+                h.out,
+                h.runs,
+                h.seconds,
+                h.connections,
+                h.lengths,
+                h.batch,
+                h.spin_us
+            ),
+            (
+                d.out,
+                d.runs,
+                d.seconds,
+                d.connections,
+                d.lengths,
+                d.batch,
+                d.spin_us
+            )
+        );
     }
 }
