@@ -62,6 +62,11 @@ impl Default for HttpdBenchOptions {
 }
 
 const NGINX_PORT: u16 = 8089;
+/// nginx tuned for many small keep-alive requests (on top of [`nginx_conf`]'s
+/// one worker, `access_log off`, sendfile and unlimited keep-alive requests).
+const NGINX_EVENTS: &str = "multi_accept on;";
+const NGINX_HTTP: &str = "tcp_nopush on; tcp_nodelay on; keepalive_timeout 65; \
+    server_tokens off; open_file_cache max=64;";
 const KERNEL_PORT: u16 = 8090;
 const TAP_HOST: &str = "10.92.0.1";
 const TAP_USNET: &str = "10.92.0.2";
@@ -263,7 +268,15 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
 
     let mut nginx = None;
     if systems.contains(&Sys::Nginx) {
-        let conf = nginx_conf(&dir, &www, VETH_ADDR[0], NGINX_PORT, "kernel")?;
+        let conf = nginx_conf(
+            &dir,
+            &www,
+            VETH_ADDR[0],
+            NGINX_PORT,
+            "kernel",
+            NGINX_EVENTS,
+            NGINX_HTTP,
+        )?;
         let mut c = in_ns(net.server_ns(), server_core);
         c.args(["nginx", "-p", &dir.display().to_string(), "-c"])
             .arg(&conf);

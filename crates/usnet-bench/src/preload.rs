@@ -50,7 +50,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     let kernel_addr = VETH_ADDR[0];
 
     // The kernel's nginx.
-    let conf_k = nginx_conf(&dir, &www, kernel_addr, PORT, "kernel")?;
+    let conf_k = nginx_conf(&dir, &www, kernel_addr, PORT, "kernel", "", "")?;
     let mut c = in_ns(&server_ns, 1);
     c.args(["nginx", "-p", &dir.display().to_string(), "-c"])
         .arg(&conf_k);
@@ -88,7 +88,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet")?;
+    let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet", "", "")?;
     let mut c = in_ns(&server_ns, 1);
     c.arg(&exe)
         .args([

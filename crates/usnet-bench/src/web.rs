@@ -77,10 +77,18 @@ pub(crate) fn need_tools(tools: &[&str]) -> Res<()> {
     Ok(())
 }
 
-/// A tuned nginx configuration: one worker in the foreground (pinned by whoever
-/// starts it), epoll, `access_log off`, sendfile, keep-alive without a request
-/// limit, serving `www` on `addr:port`.
-pub(crate) fn nginx_conf(dir: &Path, www: &Path, addr: &str, port: u16, tag: &str) -> Res<PathBuf> {
+/// An nginx configuration: one worker in the foreground (pinned by whoever starts
+/// it), epoll, `access_log off`, sendfile, keep-alive without a request limit,
+/// serving `www` on `addr:port`; `events` and `http` add directives to those blocks.
+pub(crate) fn nginx_conf(
+    dir: &Path,
+    www: &Path,
+    addr: &str,
+    port: u16,
+    tag: &str,
+    events: &str,
+    http: &str,
+) -> Res<PathBuf> {
     let d = dir.display();
     let conf = dir.join(format!("nginx-{tag}.conf"));
     std::fs::write(
@@ -88,10 +96,8 @@ pub(crate) fn nginx_conf(dir: &Path, www: &Path, addr: &str, port: u16, tag: &st
         format!(
             "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx-{tag}.pid;\n\
              error_log {d}/nginx-{tag}.err warn;\nuser root;\n\
-             events {{ worker_connections 4096; use epoll; multi_accept on; }}\n\
-             http {{\n access_log off;\n sendfile on;\n tcp_nopush on;\n tcp_nodelay on;\n\
-             keepalive_timeout 65;\n keepalive_requests 1000000;\n server_tokens off;\n\
-             open_file_cache max=64;\n\
+             events {{ worker_connections 4096; use epoll; {events} }}\n\
+             http {{\n access_log off;\n sendfile on;\n keepalive_requests 1000000;\n {http}\n\
              client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;\n\
              uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;\n\
              server {{ listen {addr}:{port}; root {}; }}\n}}\n",
