@@ -18,6 +18,10 @@ use usnet_stack::{SocketHandle, Stack, StackConfig, StackError};
 type Drv = Driver<MemDevice, SystemClock>;
 
 fn setup(length: usize) -> (Drv, SocketServer) {
+    setup_batch(length, 8)
+}
+
+fn setup_batch(length: usize, batch: usize) -> (Drv, SocketServer) {
     let (dev, _q) = MemDevice::new(
         "mem",
         DeviceCaps {
@@ -40,7 +44,7 @@ fn setup(length: usize) -> (Drv, SocketServer) {
         &HttpdConfig {
             port: 80,
             length,
-            batch: 8,
+            batch,
             ..HttpdConfig::default()
         },
     )
@@ -182,4 +186,29 @@ fn reset_and_many_connections() {
     let st = srv.stats();
     assert_eq!(st.accepted, 101, "{st}");
     assert_eq!(st.bad_requests, 0, "{st}");
+}
+
+#[test]
+fn a_batch_of_one_still_serves_everyone_in_order() {
+    // One ready socket per turn: the rest wait in the server's queue across turns.
+    let (mut d, mut srv) = setup_batch(1000, 1);
+    let one = expected(1000, false, false);
+    let mut cs: Vec<Client> = (0..30).map(|_| Client::new(&mut d)).collect();
+    for c in &mut cs {
+        c.send(d.stack_mut(), &[GET, GET, GET].concat());
+    }
+    turn_until(&mut d, &mut srv, |st, _| {
+        cs.iter_mut().all(|c| {
+            c.pull(st);
+            c.got.len() >= 3 * one.len()
+        })
+    });
+    for c in &cs {
+        same(
+            &c.got,
+            &[one.clone(), one.clone(), one.clone()].concat(),
+            "batch 1",
+        );
+    }
+    assert_eq!(srv.stats().responses, 90);
 }
