@@ -294,6 +294,14 @@ impl Stack {
         (self.core.pool.buf_size() - self.core.pool.headroom()) as u32
     }
 
+    /// The piece size that makes one segment per piece on connection `h` (so every
+    /// piece can leave in place): its full-segment payload, at most a buffer's
+    /// capacity. Known once the connection is established.
+    pub fn zc_piece_len(&self, h: SocketHandle) -> Result<u32, StackError> {
+        let c = self.conn(h)?;
+        Ok(c.full_segment_payload().min(self.zc_buf_capacity()))
+    }
+
     /// A zero-copy listener on `addr` for `port`: its connections arrive as
     /// [`SLOT_NEW`] RX slots, already accepted.
     pub fn zc_listen(

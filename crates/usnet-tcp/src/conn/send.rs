@@ -269,6 +269,13 @@ impl Connection {
         u32::from(self.snd.peer_mss.min(self.cfg.mss)).max(64)
     }
 
+    /// The payload of a full-sized segment now: the sender MSS less the options
+    /// every segment carries. A zero-copy sender that writes pieces of this size
+    /// gets one segment per piece.
+    pub fn full_segment_payload(&self) -> u32 {
+        self.smss()
+    }
+
     /// Effective sender MSS with the options every segment carries (timestamps).
     pub(crate) fn smss(&self) -> u32 {
         self.snd_mss() - if self.ts.ok { 12 } else { 0 }
