@@ -46,6 +46,11 @@ impl PktBuf {
     pub fn id(&self) -> BufId {
         BufId(self.0)
     }
+    /// Hands the reference to an owner that tracks buffers by index (a zero-copy
+    /// queue, an application's ring); it gives it back with [`PacketPool::release`].
+    pub fn into_index(self) -> u32 {
+        self.0
+    }
 }
 
 /// Names a buffer without owning it: a continuation inside a chain, the last buffer
@@ -347,6 +352,19 @@ impl PacketPool {
         PktBuf(b.0)
     }
 
+    /// Adds a reference for an owner that tracks buffers by index rather than by
+    /// `PktBuf` (a zero-copy TCP queue, an application's ring); it gives it back with
+    /// [`PacketPool::release`].
+    pub fn retain_index(&mut self, b: BufId) {
+        let _owned = self.retain(b);
+    }
+
+    /// Drops a reference taken with [`PacketPool::retain_index`] (or handed over as
+    /// an index).
+    pub fn release(&mut self, b: BufId) {
+        self.free(PktBuf(b.0));
+    }
+
     pub fn refcount(&self, b: impl Into<BufId>) -> u16 {
         let b: BufId = b.into();
         self.meta[b.0 as usize].refcnt
@@ -411,6 +429,19 @@ impl PacketPool {
         let m = &self.meta[b.0 as usize];
         let start = self.base(b) + m.off as usize;
         self.bytes(start, m.len as usize)
+    }
+
+    /// All `buf_size` bytes of one buffer, from its start (pieces a zero-copy queue
+    /// or an application names by offset).
+    pub fn whole(&self, b: impl Into<BufId>) -> &[u8] {
+        let b: BufId = b.into();
+        self.bytes(self.base(b), self.buf_size)
+    }
+
+    /// [`PacketPool::whole`], writable.
+    pub fn whole_mut(&mut self, b: impl Into<BufId>) -> &mut [u8] {
+        let b: BufId = b.into();
+        self.bytes_mut(self.base(b), self.buf_size)
     }
 
     #[inline]

@@ -46,6 +46,8 @@ pub(crate) struct Core {
     /// Reused buffers so the slow paths allocate once, not per packet.
     pub scratch: Vec<u8>,
     pub frame_scratch: Vec<u8>,
+    /// A zero-copy segment's pieces gathered when it cannot go in place.
+    pub zc_scratch: Vec<u8>,
     pub icmp_scratch: Vec<u8>,
     pub neighbor_work: NeighborWork,
     pub timers_checked: Instant,
@@ -109,6 +111,7 @@ impl Core {
             icmp_refill: Instant::ZERO,
             scratch: Vec::new(),
             frame_scratch: Vec::new(),
+            zc_scratch: Vec::new(),
             icmp_scratch: Vec::new(),
             neighbor_work: NeighborWork::default(),
             timers_checked: Instant::ZERO,

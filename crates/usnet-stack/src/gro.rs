@@ -335,15 +335,18 @@ impl Stack {
         let wake = {
             let pool = &self.core.pool;
             let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
-            for (p, h) in parts.iter_mut().zip(held.iter()) {
+            let mut origins = [usnet_tcp::Origin::default(); MAX_SEGS];
+            for ((p, o), h) in parts.iter_mut().zip(origins.iter_mut()).zip(held.iter()) {
                 *p = &pool.data(&h.buf)[h.l4_off + h.hdr_len..h.l4_off + h.l4_len];
+                *o = crate::tcp::zc::origin_in(pool, &h.buf, p);
             }
             let first = &held[0];
             match wire::parse_tcp(&pool.data(&first.buf)[first.l4_off..first.l4_off + first.l4_len])
             {
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
-                    seg.payload = Payload::chain(&parts[..held.len()]);
+                    seg.payload =
+                        Payload::chain_with_origins(&parts[..held.len()], &origins[..held.len()]);
                     seg.gso_size = head.seg_size as u16;
                     if head.psh {
                         seg.flags |= TcpFlags::PSH;
@@ -353,6 +356,7 @@ impl Stack {
                 Err(_) => return false,
             }
         };
+        crate::tcp::zc::settle_bufs(&mut self.core.pool, &mut s.conn);
         let n = held.len();
         for h in held.drain(..) {
             self.core.pool.free(h.buf);

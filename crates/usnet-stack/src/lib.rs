@@ -37,6 +37,7 @@ pub mod time;
 mod tx;
 mod types;
 mod udp;
+pub mod zerocopy;
 
 use std::collections::VecDeque;
 use std::net::IpAddr;

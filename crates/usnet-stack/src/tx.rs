@@ -376,7 +376,6 @@ impl Core {
         let plen = payload.0.len() + payload.1.len();
         let tcp_len = hl + plen;
         let total = ETH + l3 + tcp_len;
-        let mut hdr_bytes = [0u8; 64];
         let ttl = self.cfg.ttl;
         if total <= self.pool.buf_size() - self.pool.headroom() {
             let Some(buf) = self.pool.alloc() else {
@@ -384,31 +383,11 @@ impl Core {
                 self.counters.tcp_tx_blocked += 1;
                 return false;
             };
-            self.write_headers(
-                &mut hdr_bytes,
-                src,
-                dst,
-                wire::IPPROTO_TCP,
-                ttl,
-                tcp_len,
-                None,
-                true,
-            );
-            set_ip_ecn(&mut hdr_bytes, ecn);
-            let offload = self.cfg.tx_csum_offload && !self.is_local_addr(next_hop);
             let out = self.pool.append(&buf, total).expect("size checked");
-            out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
             let p = ETH + l3 + hl;
             out[p..p + payload.0.len()].copy_from_slice(payload.0);
             out[p + payload.0.len()..].copy_from_slice(payload.1);
-            let seg = &mut out[ETH + l3..];
-            let _ = repr.emit(seg, src, dst, plen, !offload);
-            if offload {
-                let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
-                seg[16..18].copy_from_slice(&partial.to_be_bytes());
-                self.pool
-                    .set_offload(&buf, partial_csum_offload(ETH + l3, 16));
-            }
+            self.write_tcp_headers(&buf, src, dst, repr, ecn, plen, next_hop);
             self.finish_tcp_tx(buf, dst, next_hop);
             return true;
         }
@@ -443,6 +422,82 @@ impl Core {
                 false
             }
         }
+    }
+
+    /// Writes the Ethernet, IP and TCP headers in front of the `plen` payload bytes
+    /// that end `buf`'s data (which starts where the Ethernet header goes).
+    #[allow(clippy::too_many_arguments)]
+    fn write_tcp_headers(
+        &mut self,
+        buf: &PktBuf,
+        src: IpAddr,
+        dst: IpAddr,
+        repr: &usnet_tcp::TcpRepr,
+        ecn: u8,
+        plen: usize,
+        next_hop: IpAddr,
+    ) {
+        let l3 = ip_header_len(dst);
+        let tcp_len = repr.header_len() + plen;
+        let mut hdr_bytes = [0u8; 64];
+        let ttl = self.cfg.ttl;
+        self.write_headers(
+            &mut hdr_bytes,
+            src,
+            dst,
+            wire::IPPROTO_TCP,
+            ttl,
+            tcp_len,
+            None,
+            true,
+        );
+        set_ip_ecn(&mut hdr_bytes, ecn);
+        let offload = self.cfg.tx_csum_offload && !self.is_local_addr(next_hop);
+        let out = self.pool.data_mut(buf);
+        out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
+        let seg = &mut out[ETH + l3..];
+        let _ = repr.emit(seg, src, dst, plen, !offload);
+        if offload {
+            let partial = wire::partial_checksum(src, dst, wire::IPPROTO_TCP, tcp_len as u32);
+            seg[16..18].copy_from_slice(&partial.to_be_bytes());
+            self.pool
+                .set_offload(buf, partial_csum_offload(ETH + l3, 16));
+        }
+    }
+
+    /// Sends a segment whose payload is `span` of a pool buffer that only the
+    /// sender's queue holds, in place: the headers go into the buffer's headroom and
+    /// the frame leaves with a second reference (the queue keeps the first for
+    /// retransmission). None when it cannot (another reference is still out, not
+    /// enough headroom, no route): the caller copies instead.
+    pub(crate) fn send_tcp_in_place(
+        &mut self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        span: usnet_tcp::BufSpan,
+        ecn: u8,
+    ) -> Option<bool> {
+        let (src, dst) = (local.ip(), remote.ip());
+        let id = self.pool.checked(span.buf)?;
+        let front = ETH + ip_header_len(dst) + repr.header_len();
+        let frame_off = (span.off as usize).checked_sub(front)?;
+        if self.pool.refcount(id) != 1 || self.pool.next(id).is_some() {
+            return None;
+        }
+        let (_, next_hop) = self.route(dst)?;
+        if self.tx.len() >= self.cfg.tx_queue_len {
+            self.counters.tcp_tx_blocked += 1;
+            return Some(false);
+        }
+        let plen = span.len as usize;
+        self.pool.set_data(id, frame_off, front + plen)?;
+        self.pool.set_offload(id, Offload::default());
+        let buf = self.pool.retain(id);
+        self.write_tcp_headers(&buf, src, dst, repr, ecn, plen, next_hop);
+        self.counters.tcp_zc_tx_in_place += 1;
+        self.finish_tcp_tx(buf, dst, next_hop);
+        Some(true)
     }
 
     /// Whether TCP segments may be joined into GSO frames.

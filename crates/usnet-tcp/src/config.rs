@@ -40,6 +40,10 @@ pub struct TcpConfig {
     pub recv_buffer: usize,
     /// Initial receive window when autotuning (grows towards `recv_buffer`).
     pub recv_buffer_initial: usize,
+    /// Hold payload as pieces of pool buffers (scatter-gather queues) instead of
+    /// bytes in rings: the zero-copy API. Only the stack (which owns the pool) can
+    /// serve such a connection: `send_span`, `recv_spans`, `take_buf_ops`.
+    pub zero_copy: bool,
     /// Receive-buffer autotuning (dynamic right-sizing of the advertised window).
     pub autotune: bool,
     /// Disable Nagle's algorithm (TCP_NODELAY).
@@ -163,6 +167,7 @@ impl Default for TcpConfig {
             send_buffer: 1 << 20,
             recv_buffer: 4 << 20,
             recv_buffer_initial: 128 << 10,
+            zero_copy: false,
             autotune: true,
             nodelay: false,
             keepalive: None,

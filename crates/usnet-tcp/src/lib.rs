@@ -20,6 +20,7 @@ mod listener;
 pub mod payload;
 pub mod ring;
 pub mod seq;
+pub mod sg;
 pub mod stats;
 pub mod testing;
 pub mod time;
@@ -31,8 +32,9 @@ pub use conn::{
 };
 pub use hash::SecretKey;
 pub use listener::{ListenEvent, Listener};
-pub use payload::Payload;
+pub use payload::{Origin, Payload};
 pub use seq::Seq;
+pub use sg::{BufOp, BufSpan, TxData};
 pub use stats::TcpStats;
 pub use time::Instant;
 pub use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};

@@ -263,7 +263,7 @@ impl<H> Listener<H> {
             urgent: 0,
             options: o,
         };
-        sink.emit(e.local, e.remote, &repr, (&[], &[]), false)
+        sink.emit(e.local, e.remote, &repr, crate::sg::TxData::NONE, false)
     }
 
     /// `<SEQ=SND.NXT><ACK=RCV.NXT><CTL=ACK>` for a half-open connection (RFC 5961
@@ -283,7 +283,7 @@ impl<H> Listener<H> {
             urgent: 0,
             options,
         };
-        if sink.emit(e.local, e.remote, &repr, (&[], &[]), false) {
+        if sink.emit(e.local, e.remote, &repr, crate::sg::TxData::NONE, false) {
             self.stats.listen_challenge_acks += 1;
         }
     }
@@ -296,7 +296,7 @@ impl<H> Listener<H> {
         sink: &mut S,
     ) {
         if let Some(r) = crate::reset_for(local.port(), remote.port(), seg) {
-            if sink.emit(local, remote, &r, (&[], &[]), false) {
+            if sink.emit(local, remote, &r, crate::sg::TxData::NONE, false) {
                 self.stats.listen_rst_sent += 1;
             }
         }

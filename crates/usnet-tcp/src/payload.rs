@@ -1,12 +1,34 @@
 //! A received segment's payload: one slice, or the payloads of several wire segments
-//! that receive coalescing (GRO) joined without copying them.
+//! that receive coalescing (GRO) joined without copying them. Each part may name the
+//! pool buffer it lies in ([`Origin`]), so a zero-copy connection can keep the buffer
+//! instead of copying the bytes.
 
 use std::fmt;
+
+/// Where a payload part lies in the stack's packet pool: buffer `buf`, from byte
+/// `off` of that buffer's memory (not of its data window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Origin {
+    /// Pool buffer index.
+    pub buf: u32,
+    /// Byte offset of the part's first byte inside the buffer.
+    pub off: u32,
+}
+
+impl Origin {
+    fn advance(self, n: usize) -> Origin {
+        Origin {
+            buf: self.buf,
+            off: self.off + n as u32,
+        }
+    }
+}
 
 /// The payload of a [`Segment`](crate::Segment): the bytes of `first` followed by those
 /// of `rest`, cut to `len`. Built with [`Payload::new`] (one slice) or
 /// [`Payload::chain`] (several, in sequence order); the engine copies the bytes once,
-/// into its receive ring.
+/// into its receive ring, or (zero-copy connections) keeps the buffers the parts'
+/// origins name.
 #[derive(Clone, Copy, Default)]
 pub struct Payload<'a> {
     /// Never longer than `len`.
@@ -14,6 +36,10 @@ pub struct Payload<'a> {
     /// Later parts; the last ones may reach past `len` (clipped when read).
     rest: &'a [&'a [u8]],
     len: usize,
+    /// Where `first` lies in the pool, if known.
+    first_origin: Option<Origin>,
+    /// Where each of `rest` lies: empty (unknown) or one per part.
+    rest_origins: &'a [Origin],
 }
 
 impl<'a> Payload<'a> {
@@ -23,19 +49,60 @@ impl<'a> Payload<'a> {
             first: data,
             rest: &[],
             len: data.len(),
+            first_origin: None,
+            rest_origins: &[],
+        }
+    }
+
+    /// One contiguous payload lying at `origin` in the pool.
+    pub fn with_origin(data: &'a [u8], origin: Origin) -> Self {
+        Payload {
+            first_origin: Some(origin),
+            ..Payload::new(data)
         }
     }
 
     /// The concatenation of `parts`, in order.
     pub fn chain(parts: &'a [&'a [u8]]) -> Self {
+        Payload::chain_with_origins(parts, &[])
+    }
+
+    /// [`Payload::chain`] whose parts lie at `origins` in the pool (one per part, or
+    /// none at all).
+    pub fn chain_with_origins(parts: &'a [&'a [u8]], origins: &'a [Origin]) -> Self {
+        let origins = if origins.len() == parts.len() {
+            origins
+        } else {
+            &[]
+        };
         match parts.split_first() {
             None => Payload::default(),
             Some((first, rest)) => Payload {
                 first,
                 rest,
                 len: first.len() + rest.iter().map(|p| p.len()).sum::<usize>(),
+                first_origin: origins.first().copied(),
+                rest_origins: origins.get(1..).unwrap_or(&[]),
             },
         }
+    }
+
+    /// The parts with their origins, in order (non-empty parts only, clipped to
+    /// `len`).
+    pub fn spans(&self) -> impl Iterator<Item = (&'a [u8], Option<Origin>)> + 'a {
+        let mut left = self.len;
+        let first = std::iter::once((self.first, self.first_origin));
+        let origins = self.rest_origins;
+        let rest = self
+            .rest
+            .iter()
+            .enumerate()
+            .map(move |(k, p)| (*p, origins.get(k).copied()));
+        first.chain(rest).filter_map(move |(p, o)| {
+            let p = &p[..p.len().min(left)];
+            left -= p.len();
+            (!p.is_empty()).then_some((p, o))
+        })
     }
 
     /// Bytes in the payload.
@@ -67,8 +134,15 @@ impl<'a> Payload<'a> {
         let n = n.min(self.len);
         let len = self.len - n;
         if n < self.first.len() || self.rest.is_empty() {
-            let first = &self.first[n.min(self.first.len())..];
-            return Payload { first, len, ..self };
+            let k = n.min(self.first.len());
+            let first = &self.first[k..];
+            let first_origin = self.first_origin.map(|o| o.advance(k));
+            return Payload {
+                first,
+                len,
+                first_origin,
+                ..self
+            };
         }
         let mut left = n - self.first.len();
         for (k, p) in self.rest.iter().enumerate() {
@@ -78,6 +152,8 @@ impl<'a> Payload<'a> {
                     first: &first[..first.len().min(len)],
                     rest: &self.rest[k + 1..],
                     len,
+                    first_origin: self.rest_origins.get(k).map(|o| o.advance(left)),
+                    rest_origins: self.rest_origins.get(k + 1..).unwrap_or(&[]),
                 };
             }
             left -= p.len();
@@ -91,7 +167,13 @@ impl<'a> Payload<'a> {
             return self;
         }
         if n <= self.first.len() {
-            return Payload::new(&self.first[..n]);
+            return Payload {
+                first: &self.first[..n],
+                rest: &[],
+                len: n,
+                first_origin: self.first_origin,
+                rest_origins: &[],
+            };
         }
         Payload { len: n, ..self }
     }
@@ -194,6 +276,38 @@ mod tests {
                 assert_eq!(r.to_vec(), want, "take {take} skip {skip}");
             }
         }
+    }
+
+    #[test]
+    fn origins_follow_skip_and_take() {
+        let owned = parts();
+        let refs: Vec<&[u8]> = owned.iter().map(|p| &p[..]).collect();
+        let origins: Vec<Origin> = (0..refs.len() as u32)
+            .map(|k| Origin { buf: k, off: 100 })
+            .collect();
+        let p = Payload::chain_with_origins(&refs, &origins);
+        let flat: Vec<u8> = owned.concat();
+        // Where byte i of the flat payload lies: (part, offset in part).
+        let mut at = Vec::new();
+        for (k, part) in owned.iter().enumerate() {
+            for i in 0..part.len() {
+                at.push((k as u32, 100 + i as u32));
+            }
+        }
+        for skip in 0..=flat.len() {
+            for take in 0..=flat.len() {
+                let q = p.skip(skip).take(take);
+                let mut i = skip;
+                for (bytes, o) in q.spans() {
+                    let o = o.expect("every part has an origin");
+                    assert_eq!((o.buf, o.off), at[i], "skip {skip} take {take}");
+                    assert_eq!(bytes, &flat[i..i + bytes.len()]);
+                    i += bytes.len();
+                }
+                assert_eq!(i, (skip + take).min(flat.len()).max(skip));
+            }
+        }
+        assert!(Payload::chain(&refs).spans().all(|(_, o)| o.is_none()));
     }
 
     #[test]

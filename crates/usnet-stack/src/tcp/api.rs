@@ -46,7 +46,10 @@ impl Stack {
         }
     }
 
-    fn conn_sock_mut(&mut self, h: SocketHandle) -> Result<&mut TcpConnSock, StackError> {
+    pub(crate) fn conn_sock_mut(
+        &mut self,
+        h: SocketHandle,
+    ) -> Result<&mut TcpConnSock, StackError> {
         match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
             Socket::TcpConn(s) if !s.orphan => Ok(s),
             Socket::TcpConn(_) => Err(StackError::InvalidHandle),
@@ -54,11 +57,11 @@ impl Stack {
         }
     }
 
-    fn conn(&self, h: SocketHandle) -> Result<&Connection, StackError> {
+    pub(crate) fn conn(&self, h: SocketHandle) -> Result<&Connection, StackError> {
         Ok(&self.conn_sock(h)?.conn)
     }
 
-    fn conn_mut(&mut self, h: SocketHandle) -> Result<&mut Connection, StackError> {
+    pub(crate) fn conn_mut(&mut self, h: SocketHandle) -> Result<&mut Connection, StackError> {
         Ok(&mut self.conn_sock_mut(h)?.conn)
     }
 
@@ -452,6 +455,20 @@ impl Stack {
         if c.send_capacity() == 0 {
             return Err(StackError::WouldBlock);
         }
+        if c.is_zero_copy() {
+            let mut at = 0;
+            let n = self.zc_copy_in(h, data.len(), more, |out| {
+                out.copy_from_slice(&data[at..at + out.len()]);
+                at += out.len();
+                out.len()
+            });
+            self.tcp_settle(h.index, Wake::default());
+            return if n == 0 {
+                Err(StackError::WouldBlock)
+            } else {
+                Ok(n)
+            };
+        }
         self.with_conn(h, |c| c.send_more(data, more))
     }
 
@@ -464,6 +481,13 @@ impl Stack {
     /// Reads received data: `Ok(0)` at end of stream, `WouldBlock` when nothing is
     /// there yet, the connection's error if it failed.
     pub fn tcp_recv(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<usize, StackError> {
+        if self.conn(h)?.is_zero_copy() {
+            let mut done = 0;
+            return self.tcp_recv_with(h, buf.len(), |chunk| {
+                buf[done..done + chunk.len()].copy_from_slice(chunk);
+                done += chunk.len();
+            });
+        }
         let c = self.conn_mut(h)?;
         let n = c.recv(buf);
         if n > 0 {
@@ -507,6 +531,15 @@ impl Stack {
         if c.send_capacity() == 0 {
             return Err(StackError::WouldBlock);
         }
+        if c.is_zero_copy() {
+            let n = self.zc_copy_in(h, max, false, fill);
+            self.tcp_settle(h.index, Wake::default());
+            return if n == 0 {
+                Err(StackError::WouldBlock)
+            } else {
+                Ok(n)
+            };
+        }
         self.with_conn(h, |c| c.send_with(max, fill))
     }
 
@@ -519,8 +552,12 @@ impl Stack {
         max: usize,
         sink: impl FnMut(&[u8]),
     ) -> Result<usize, StackError> {
+        let n = if self.conn(h)?.is_zero_copy() {
+            self.zc_copy_out(h, max, sink)?
+        } else {
+            self.conn_mut(h)?.recv_with(max, sink)
+        };
         let c = self.conn_mut(h)?;
-        let n = c.recv_with(max, sink);
         if n > 0 {
             self.tcp_settle(h.index, Wake::default());
             return Ok(n);

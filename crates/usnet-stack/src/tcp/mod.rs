@@ -22,10 +22,11 @@
 
 mod api;
 pub(crate) mod icmp;
+pub(crate) mod zc;
 
 use std::net::SocketAddr;
 
-use usnet_tcp::{ListenEvent, Segment, SegmentSink, State, TcpRepr, Wake};
+use usnet_tcp::{ListenEvent, Payload, Segment, SegmentSink, State, TcpRepr, TxData, Wake};
 use usnet_wire as wire;
 
 use crate::core::Core;
@@ -68,10 +69,55 @@ impl SegmentSink for CoreSink<'_> {
         local: SocketAddr,
         remote: SocketAddr,
         repr: &TcpRepr,
-        payload: (&[u8], &[u8]),
+        payload: TxData<'_>,
         ect: bool,
     ) -> bool {
         let ecn = if ect { crate::tx::ECN_ECT0 } else { 0 };
+        let payload = match payload {
+            TxData::Bytes(a, b) => (a, b),
+            TxData::Bufs {
+                spans,
+                at_piece_start,
+            } => {
+                if let ([one], true) = (spans, at_piece_start) {
+                    // Frames leave in order: what is being joined goes first.
+                    self.flush();
+                    if let Some(ok) = self.core.send_tcp_in_place(local, remote, repr, *one, ecn) {
+                        self.refused |= !ok;
+                        return ok;
+                    }
+                }
+                self.core.counters.tcp_zc_tx_copied += 1;
+                let mut bytes = std::mem::take(&mut self.core.zc_scratch);
+                bytes.clear();
+                for s in spans {
+                    // A piece names bytes from its buffer's start (the data window
+                    // moves when the buffer is sent in place).
+                    match self.core.pool.checked(s.buf) {
+                        Some(id) => bytes.extend_from_slice(
+                            &self.core.pool.whole(id)[s.off as usize..][..s.len as usize],
+                        ),
+                        None => debug_assert!(false, "zero-copy piece in a free buffer"),
+                    }
+                }
+                let ok = self.send_bytes(local, remote, repr, (&bytes, &[]), ecn);
+                self.core.zc_scratch = bytes;
+                return ok;
+            }
+        };
+        self.send_bytes(local, remote, repr, payload, ecn)
+    }
+}
+
+impl CoreSink<'_> {
+    fn send_bytes(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        repr: &TcpRepr,
+        payload: (&[u8], &[u8]),
+        ecn: u8,
+    ) -> bool {
         let ok = if self.tso {
             self.core
                 .send_tcp_gso(&mut self.gso, local, remote, repr, payload, ecn)
@@ -93,11 +139,11 @@ impl SegmentSink for CollectSink<'_> {
         local: SocketAddr,
         remote: SocketAddr,
         repr: &TcpRepr,
-        payload: (&[u8], &[u8]),
+        payload: TxData<'_>,
         _ect: bool,
     ) -> bool {
         // SYN-ACKs and RSTs: never ECT.
-        debug_assert!(payload.0.is_empty() && payload.1.is_empty());
+        debug_assert!(payload.is_empty());
         self.0.push((local, remote, *repr));
         true
     }
@@ -142,6 +188,7 @@ impl Stack {
         sink.flush();
         let learned = s.conn.take_fastopen_learned().map(|l| (s.remote.ip(), l));
         let refused = sink.refused;
+        zc::settle_bufs(&mut self.core.pool, &mut s.conn);
         let deadline = s.conn.poll_at();
         let state = s.conn.state();
         let mut newly_blocked = false;
@@ -204,7 +251,9 @@ impl Stack {
     /// Frees a connection's slot, keeping its counters.
     fn tcp_reap(&mut self, idx: u32) {
         let h = self.sockets.handle_at(idx);
-        if let Some(Socket::TcpConn(s)) = self.sockets.remove(h) {
+        if let Some(Socket::TcpConn(mut s)) = self.sockets.remove(h) {
+            s.conn.release_buffers();
+            zc::settle_bufs(&mut self.core.pool, &mut s.conn);
             let t = &mut self.sockets.tcp;
             if s.in_table && t.conns.get(&(s.local, s.remote)) == Some(&idx) {
                 t.conns.remove(&(s.local, s.remote));
@@ -252,16 +301,39 @@ impl Stack {
             self.core.release(src);
             return;
         };
+        // A zero-copy connection keeps the payload's buffer; a linearised chain is
+        // first copied into buffers of its own.
+        let mut staged = Vec::new();
+        let mut origins = Vec::new();
+        if s.conn.is_zero_copy() {
+            if let Src::Owned { data, .. } = &src {
+                if let Ok(hdr) = wire::parse_tcp(&data[off..off + len]) {
+                    zc::stage(&mut self.core.pool, hdr.payload, &mut staged, &mut origins);
+                    self.core.counters.tcp_zc_rx_staged += 1;
+                }
+            }
+        }
         // None: malformed; Some(None): a SYN that ends a TIME-WAIT.
         let outcome = {
-            let bytes = src.bytes(&self.core.pool);
+            let pool = &self.core.pool;
+            let bytes = src.bytes(pool);
             match wire::parse_tcp(&bytes[off..off + len]) {
                 Err(_) => None,
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
                     seg.ce = ce;
+                    let mut parts: Vec<&[u8]> = Vec::new();
                     if let Src::Buf(b) = &src {
-                        seg.gso_size = self.core.pool.offload(b).gso_size;
+                        seg.gso_size = pool.offload(b).gso_size;
+                        if s.conn.is_zero_copy() {
+                            seg.payload = Payload::with_origin(
+                                hdr.payload,
+                                zc::origin_in(pool, b, hdr.payload),
+                            );
+                        }
+                    } else if !origins.is_empty() {
+                        parts.extend(hdr.payload.chunks(pool.buf_size()));
+                        seg.payload = Payload::chain_with_origins(&parts, &origins);
                     }
                     if s.conn.state() == State::TimeWait && s.conn.time_wait_accepts_syn(&seg) {
                         Some(None)
@@ -271,6 +343,10 @@ impl Stack {
                 }
             }
         };
+        zc::settle_bufs(&mut self.core.pool, &mut s.conn);
+        for b in staged {
+            self.core.pool.free(b);
+        }
         match outcome {
             Some(Some(wake)) => {
                 self.core.release(src);
@@ -323,17 +399,31 @@ impl Stack {
                 self.sockets.tcp.out = out;
                 return self.tcp_input_no_socket(local, remote, off, len, src);
             };
-            let bytes = src.bytes(&self.core.pool);
+            let pool = &self.core.pool;
+            let bytes = src.bytes(pool);
             match wire::parse_tcp(&bytes[off..off + len]) {
-                Ok(hdr) => Some(lst.input(
-                    now,
-                    local,
-                    remote,
-                    &Segment::from(&hdr),
-                    &mut CollectSink(&mut out),
-                )),
+                Ok(hdr) => {
+                    let mut seg = Segment::from(&hdr);
+                    // Data on the ACK that completes the handshake of a zero-copy
+                    // listener's child stays in its buffer (a linearised chain's
+                    // data is not taken: the peer sends it again).
+                    // (Not on a SYN: a child still in the SYN queue could not hand
+                    // back its references before the frame is freed.)
+                    if let (Src::Buf(b), false) = (&src, hdr.flags.syn()) {
+                        seg.payload =
+                            Payload::with_origin(hdr.payload, zc::origin_in(pool, b, hdr.payload));
+                    }
+                    Some(lst.input(now, local, remote, &seg, &mut CollectSink(&mut out)))
+                }
                 Err(_) => None,
             }
+        };
+        let ev = match ev {
+            Some(ListenEvent::Established(mut conn)) => {
+                zc::settle_bufs(&mut self.core.pool, &mut conn);
+                Some(ListenEvent::Established(conn))
+            }
+            other => other,
         };
         self.core.release(src);
         self.core.send_collected(&mut out);

@@ -43,6 +43,7 @@ use crate::config::TcpConfig;
 use crate::hash::tuple_hash;
 use crate::payload::Payload;
 use crate::seq::Seq;
+use crate::sg::{BufSpan, TxData};
 use crate::stats::TcpStats;
 use crate::time::Instant;
 use chrono::{Chrono, Chronos};
@@ -140,8 +141,8 @@ impl Segment<'_> {
 /// Where outgoing segments go. The stack implements this by taking a pool buffer,
 /// copying the payload slices behind the headroom and emitting `repr` in front of it.
 pub trait SegmentSink {
-    /// Emit one segment from `local` to `remote`; the payload is the concatenation of
-    /// the two slices (the send ring may wrap); `ect`: its IP header's ECN field is
+    /// Emit one segment from `local` to `remote`; the payload: bytes from the send
+    /// ring (two slices: it may wrap) or pieces of pool buffers; `ect`: its IP header's ECN field is
     /// ECT(0) (RFC 3168), else Not-ECT. Return false if it cannot be sent now (no
     /// buffer): the engine leaves its state as if nothing was sent and stops.
     fn emit(
@@ -149,7 +150,7 @@ pub trait SegmentSink {
         local: SocketAddr,
         remote: SocketAddr,
         repr: &TcpRepr,
-        payload: (&[u8], &[u8]),
+        payload: TxData<'_>,
         ect: bool,
     ) -> bool;
 }
@@ -293,6 +294,8 @@ pub struct Connection {
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
     pub(crate) reply_rst: Option<(Seq, Option<Seq>)>,
     pub(crate) stats: TcpStats,
+    /// The pieces of the segment being emitted (zero-copy send queue), reused.
+    pub(crate) tx_spans: Vec<BufSpan>,
 }
 
 impl fmt::Debug for Connection {
@@ -336,7 +339,7 @@ impl Connection {
             syn: SynState::new(now),
             opts: Negotiated::default(),
             ts: Timestamps::new(ts_offset, now),
-            snd: SendState::new(iss, cfg.send_buffer, remote, now),
+            snd: SendState::new(iss, cfg.send_buffer, cfg.zero_copy, remote, now),
             scoreboard: Scoreboard::new(cfg.send_buffer),
             recovery: Recovery::new(iss),
             cc,
@@ -350,6 +353,7 @@ impl Connection {
             challenges: ChallengeLimiter::new(now),
             rst_pending: false,
             reply_rst: None,
+            tx_spans: Vec::new(),
             stats: TcpStats::default(),
             cfg,
         }

@@ -15,6 +15,7 @@ use crate::config::TcpConfig;
 use crate::payload::Payload;
 use crate::ring::{OooAdd, OooRanges, Ring};
 use crate::seq::Seq;
+use crate::sg::{BufSpan, RecvBuf, SgRecv};
 use crate::time::Instant;
 
 /// RCV.*, the receive buffer and what arrived out of order.
@@ -29,7 +30,7 @@ pub(crate) struct RecvState {
     /// Right edge of the window we last advertised (never moves left).
     pub adv: Seq,
     /// In-order data not yet read, then out-of-order data at its offset.
-    pub buf: Ring,
+    pub buf: RecvBuf,
     /// Which out-of-order ranges the buffer holds.
     pub ooo: OooRanges,
     /// A sequence number inside each recently changed SACK block, newest first.
@@ -69,7 +70,11 @@ impl RecvState {
             nxt: Seq(0),
             wscale: 0,
             adv: Seq(0),
-            buf: Ring::new(cfg.recv_buffer),
+            buf: if cfg.zero_copy {
+                RecvBuf::Bufs(SgRecv::new(cfg.recv_buffer))
+            } else {
+                RecvBuf::Bytes(Ring::new(cfg.recv_buffer))
+            },
             ooo: OooRanges::new(cfg.max_ooo_ranges),
             sack_recent: [None; 4],
             dsack: None,
@@ -198,6 +203,26 @@ impl Connection {
                 break;
             }
         }
+        if done > 0 {
+            self.after_app_read(done);
+        }
+        done
+    }
+
+    /// Zero-copy connection: hands in-order payload to `sink` as pieces of pool
+    /// buffers (whole pieces, at most `max_pieces`, the last cut only to respect
+    /// `max`), whose references the caller takes over. Returns the bytes handed
+    /// over (0: nothing now, or EOF if [`Connection::is_eof`]).
+    pub fn recv_spans(
+        &mut self,
+        max: usize,
+        max_pieces: usize,
+        sink: impl FnMut(BufSpan),
+    ) -> usize {
+        let RecvBuf::Bufs(q) = &mut self.rcv.buf else {
+            return 0;
+        };
+        let done = q.take(max, max_pieces, sink);
         if done > 0 {
             self.after_app_read(done);
         }
@@ -344,7 +369,8 @@ impl Connection {
     /// The urgent pointer of a segment starting at `seq` (RFC 6093: BSD/Linux
     /// semantics, the pointer names the byte after the urgent byte).
     pub(crate) fn note_urgent(&mut self, seq: Seq, up: u16) {
-        if up == 0 || self.cfg.oob_inline {
+        // A zero-copy connection hands out whole buffers: urgent data stays inline.
+        if up == 0 || self.cfg.oob_inline || self.cfg.zero_copy {
             self.stats.rx_urgent_inline += 1;
             return;
         }
@@ -398,6 +424,8 @@ impl Connection {
             if self.rcv.fin_seq.is_none_or(|f| f == fs) {
                 self.rcv.fin_seq = Some(fs);
                 self.rcv.ooo.truncate(fs);
+                let head = self.rcv.nxt - self.rcv.buf.len() as u32;
+                self.rcv.buf.truncate(fs.since(head) as usize);
             }
         }
         if data.is_empty() {
@@ -441,7 +469,7 @@ impl Connection {
     fn receive_in_order(&mut self, data: Payload) {
         let had_ooo = !self.rcv.ooo.is_empty();
         let off = self.rcv.buf.len();
-        let n = write_payload(&mut self.rcv.buf, off, data);
+        let n = self.rcv.buf.write_payload(off, data);
         self.rcv.buf.commit(n);
         self.rcv.nxt = self.rcv.nxt + n;
         let mut got = n as u64;
@@ -483,7 +511,7 @@ impl Connection {
         let dend = start + data.len();
         match self.rcv.ooo.add(start, dend) {
             OooAdd::Added => {
-                write_payload(&mut self.rcv.buf, off, data);
+                self.rcv.buf.write_payload(off, data);
                 self.stats.rx_ooo_segments += u64::from(wire_segs);
                 self.rcv.sack_recent.rotate_right(1);
                 self.rcv.sack_recent[0] = Some(start);
@@ -517,19 +545,6 @@ impl Connection {
             _ => false,
         }
     }
-}
-
-/// Writes `data` into `ring` at `offset`, part by part; returns the bytes written.
-fn write_payload(ring: &mut Ring, offset: usize, data: Payload) -> usize {
-    let mut n = 0;
-    for c in data.chunks() {
-        let w = ring.write_at(offset + n, c);
-        n += w;
-        if w < c.len() {
-            break;
-        }
-    }
-    n
 }
 
 #[cfg(test)]

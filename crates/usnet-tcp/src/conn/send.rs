@@ -12,6 +12,7 @@ use super::timers::Timer;
 use super::{Connection, SegmentSink, State, TcpError};
 use crate::ring::Ring;
 use crate::seq::Seq;
+use crate::sg::{drain_ops, BufOp, BufSpan, RecvBuf, SendBuf, SgSend};
 use crate::time::Instant;
 
 /// SND.* and the send buffer.
@@ -46,7 +47,7 @@ pub(crate) struct SendState {
     /// End of the last small (less than full-sized) segment sent (Minshall's Nagle).
     pub sml: Seq,
     /// Unacknowledged and unsent data, from SND.UNA on.
-    pub buf: Ring,
+    pub buf: SendBuf,
     /// The application shut down writing: a FIN follows the data.
     pub fin_queued: bool,
     pub fin_sent: bool,
@@ -82,7 +83,13 @@ pub(crate) struct SendState {
 }
 
 impl SendState {
-    pub(crate) fn new(iss: Seq, send_buffer: usize, remote: SocketAddr, now: Instant) -> Self {
+    pub(crate) fn new(
+        iss: Seq,
+        send_buffer: usize,
+        zero_copy: bool,
+        remote: SocketAddr,
+        now: Instant,
+    ) -> Self {
         SendState {
             iss,
             una: iss,
@@ -94,7 +101,11 @@ impl SendState {
             wl2: iss,
             wscale: 0,
             sml: iss,
-            buf: Ring::new(send_buffer),
+            buf: if zero_copy {
+                SendBuf::Bufs(SgSend::new(send_buffer))
+            } else {
+                SendBuf::Bytes(Ring::new(send_buffer))
+            },
             fin_queued: false,
             fin_sent: false,
             fin_acked: false,
@@ -170,6 +181,52 @@ impl Connection {
         n
     }
 
+    /// Zero-copy connection ([`TcpConfig::zero_copy`](crate::TcpConfig)): queue a
+    /// piece of a pool buffer, whose reference the caller hands over (the engine
+    /// gives it back through [`Connection::take_buf_ops`] once the bytes are
+    /// acknowledged). False, with nothing taken, when sending is not allowed, the
+    /// queue is full, or this is not a zero-copy connection. `more` as in
+    /// [`Connection::send_more`].
+    pub fn send_span(&mut self, span: BufSpan, more: bool) -> bool {
+        if !self.may_send() {
+            return false;
+        }
+        let SendBuf::Bufs(q) = &mut self.snd.buf else {
+            return false;
+        };
+        if !q.push(span) {
+            self.chrono_start(super::Chrono::SndbufLimited);
+            return false;
+        }
+        self.snd.more = more;
+        self.snd.more_pass = more;
+        self.chrono_start(super::Chrono::Busy);
+        true
+    }
+
+    /// The connection holds its payload in pool buffers.
+    pub fn is_zero_copy(&self) -> bool {
+        matches!(self.snd.buf, SendBuf::Bufs(_))
+    }
+
+    /// Hands the buffer-reference changes since the last call to `f` (retains
+    /// first): the stack applies them to its pool right after every call into a
+    /// zero-copy connection, before it frees the frame that was input.
+    pub fn take_buf_ops(&mut self, f: impl FnMut(BufOp)) {
+        drain_ops(&mut self.snd.buf, &mut self.rcv.buf, f);
+    }
+
+    /// Gives up every buffer both queues hold (the connection is being dropped);
+    /// the references come out of [`Connection::take_buf_ops`].
+    pub fn release_buffers(&mut self) {
+        if let SendBuf::Bufs(q) = &mut self.snd.buf {
+            q.clear();
+        }
+        if let RecvBuf::Bufs(q) = &mut self.rcv.buf {
+            q.clear();
+        }
+    }
+
     /// TCP_CORK: while on, a partial segment is held until it fills, the cork is
     /// removed, TCP_NODELAY is set, or the persist timer (about an RTO) fires.
     pub fn set_cork(&mut self, on: bool) {
@@ -210,6 +267,13 @@ impl Connection {
     /// Sender MSS: the largest payload without options.
     pub fn snd_mss(&self) -> u32 {
         u32::from(self.snd.peer_mss.min(self.cfg.mss)).max(64)
+    }
+
+    /// The payload of a full-sized segment now: the sender MSS less the options
+    /// every segment carries. A zero-copy sender that writes pieces of this size
+    /// gets one segment per piece.
+    pub fn full_segment_payload(&self) -> u32 {
+        self.smss()
     }
 
     /// Effective sender MSS with the options every segment carries (timestamps).

@@ -10,6 +10,7 @@ use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
 
 use super::{Connection, SegmentSink, State, Wake};
 use crate::seq::Seq;
+use crate::sg::TxData;
 use crate::time::Instant;
 
 /// Most segments one `poll_transmit` call emits (bounds the work per call).
@@ -102,9 +103,11 @@ impl Connection {
             options: opts,
         };
         let payload = if data_len > 0 {
-            self.snd.buf.slices(data_off, data_len)
+            self.snd
+                .buf
+                .payload_at(data_off, data_len, &mut self.tx_spans)
         } else {
-            (&[][..], &[][..])
+            TxData::NONE
         };
         if !sink.emit(self.local, self.remote, &repr, payload, ect) {
             self.stats.tx_sink_full += 1;

@@ -1,0 +1,708 @@
+//! The zero-copy ring API (netmap/PASTE shape) on the stack's TCP.
+//!
+//! An application opens a [`ZcPort`]: a receive ring and a transmit ring of
+//! [`Slot`]s `{buffer index, offset, length, flags, socket}` over the stack's pool
+//! buffers. Its sockets are zero-copy connections (`TcpConfig::zero_copy`): the
+//! engine holds their payload as pieces of pool buffers, so
+//!
+//! - **receive**: the frame a segment arrived in is the buffer the application
+//!   reads: [`Stack::zc_sync`] puts the in-order pieces of each connection into RX
+//!   slots, no copy. The application gives buffers back by advancing the RX ring's
+//!   `head`, or keeps one by putting a spare buffer it owns into the slot and setting
+//!   [`SLOT_BUF_CHANGED`] (PASTE's `NS_BUF_CHANGED`): the spare is freed instead.
+//! - **send**: the application takes a buffer ([`Stack::zc_alloc`]), writes the
+//!   payload from [`Stack::zc_headroom`] on, and submits it in a TX slot. The stack
+//!   queues the buffer itself; a segment that is exactly one such piece leaves in
+//!   place (headers written into the headroom), and retransmission reads the same
+//!   buffer. The buffer goes back to the pool when its bytes are acknowledged.
+//!
+//! Every buffer is owned by exactly one party at a time; the port counts the
+//! references the application holds, so a bad index, a buffer returned twice or one
+//! it never had is refused (counted in [`ZcStats::bad_slots`] and the stack's
+//! `tcp_zc_bad_slots`, the slot marked [`SLOT_ERROR`]) and cannot corrupt the stack.
+//!
+//! In-process, the application drives the stack's loop itself (a `Driver`'s turn)
+//! and calls `zc_sync` once per turn; it sleeps in the driver's wait, which wakes
+//! for frames and timers, i.e. whenever a ring may get work.
+
+use std::net::SocketAddr;
+
+use usnet_tcp::BufSpan;
+
+use crate::socket::Socket;
+use crate::tcp::zc::settle_bufs;
+use crate::{SocketHandle, Stack, StackError, TcpState};
+
+/// TX: more data follows at once (hold a partial segment; no push).
+pub const SLOT_MORE: u16 = 0x1;
+/// TX: close the socket after this slot's data (the length may be 0).
+pub const SLOT_CLOSE: u16 = 0x2;
+/// RX: the peer finished sending (length 0).
+pub const SLOT_EOF: u16 = 0x4;
+/// RX: the connection failed (reset, timed out; length 0). TX, written back by the
+/// stack: the slot was refused and its buffer is still the application's.
+pub const SLOT_ERROR: u16 = 0x8;
+/// RX: a connection was accepted on one of the port's listeners (length 0); `socket`
+/// is the new connection.
+pub const SLOT_NEW: u16 = 0x10;
+/// RX, set by the application before it advances `head` past the slot: `buf` now
+/// names a spare buffer it owned, which the stack frees; the application keeps the
+/// buffer that was delivered in the slot.
+pub const SLOT_BUF_CHANGED: u16 = 0x20;
+/// TX: finish sending after this slot's data (FIN; SHUT_WR): the socket stays
+/// readable and stays the port's until a [`SLOT_CLOSE`].
+pub const SLOT_SHUT_WR: u16 = 0x40;
+/// `buf` of a slot without a buffer (length 0).
+pub const NO_BUF: u32 = u32::MAX;
+
+/// One ring slot. `off` counts from the start of the buffer's memory, so the bytes
+/// are `pool.whole(buf)[off..off + len]` ([`Stack::zc_bytes`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// Pool buffer index, or [`NO_BUF`].
+    pub buf: u32,
+    /// First payload byte in the buffer.
+    pub off: u32,
+    /// Payload bytes.
+    pub len: u32,
+    /// `SLOT_*` bits.
+    pub flags: u16,
+    _pad: u16,
+    /// The socket ([`SocketHandle::raw`]).
+    pub socket: u64,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            buf: NO_BUF,
+            off: 0,
+            len: 0,
+            flags: 0,
+            _pad: 0,
+            socket: 0,
+        }
+    }
+}
+
+impl Slot {
+    /// A slot: `len` bytes of `buf` from `off`, for `socket`.
+    pub fn new(socket: SocketHandle, buf: u32, off: u32, len: u32, flags: u16) -> Slot {
+        Slot {
+            buf,
+            off,
+            len,
+            flags,
+            _pad: 0,
+            socket: socket.raw(),
+        }
+    }
+
+    /// The slot's socket.
+    pub fn handle(&self) -> SocketHandle {
+        SocketHandle::from_raw(self.socket)
+    }
+}
+
+/// A ring of slots shared by the application and the stack. Indices run modulo the
+/// slot count; the ring is full when advancing the producer would make it equal
+/// the consumer.
+///
+/// Ownership (as netmap's `head`/`tail`):
+/// - `head` belongs to the application, `tail` to the stack; neither writes the
+///   other's index.
+/// - **RX**: slots `[head, tail)` hold data for the application (it reads them and
+///   advances `head`, which hands their buffers back); the stack fills slots from
+///   `tail` on and advances `tail`, never onto `head - 1`... i.e. it leaves one slot
+///   empty.
+/// - **TX**: slots `[tail, head)` were filled by the application and not yet taken;
+///   it fills the slot at `head` and advances `head` (never onto `tail - 1`); at
+///   sync the stack takes them in order and advances `tail`. A slot behind `tail`
+///   is the application's again; the stack may have set [`SLOT_ERROR`] in it.
+#[derive(Debug)]
+pub struct Ring {
+    slots: Box<[Slot]>,
+    /// The application's index.
+    pub head: u32,
+    /// The stack's index.
+    pub tail: u32,
+}
+
+impl Ring {
+    fn new(n: usize) -> Ring {
+        Ring {
+            slots: vec![Slot::default(); n.max(2)].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    /// Slot count.
+    pub fn size(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// The index after `i`.
+    pub fn next(&self, i: u32) -> u32 {
+        if i + 1 >= self.size() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// Slots from `from` to `to` going forward.
+    pub fn distance(&self, from: u32, to: u32) -> u32 {
+        (to + self.size() - from) % self.size()
+    }
+
+    /// The slot at `i`.
+    pub fn slot(&self, i: u32) -> &Slot {
+        &self.slots[(i % self.size()) as usize]
+    }
+
+    /// The slot at `i`, writable.
+    pub fn slot_mut(&mut self, i: u32) -> &mut Slot {
+        let n = self.size();
+        &mut self.slots[(i % n) as usize]
+    }
+
+    /// RX: slots waiting for the application.
+    pub fn rx_ready(&self) -> u32 {
+        self.distance(self.head, self.tail)
+    }
+
+    /// TX: slots the application may still fill.
+    pub fn tx_space(&self) -> u32 {
+        self.size() - 1 - self.distance(self.tail, self.head)
+    }
+
+    /// TX: fills the slot at `head` and advances it; false if the ring is full.
+    pub fn push(&mut self, s: Slot) -> bool {
+        if self.tx_space() == 0 {
+            return false;
+        }
+        let h = self.head;
+        *self.slot_mut(h) = s;
+        self.head = self.next(h);
+        true
+    }
+}
+
+/// What a port has seen, for tools and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZcStats {
+    /// RX slots filled with payload.
+    pub rx_slots: u64,
+    /// Payload bytes handed over in RX slots.
+    pub rx_bytes: u64,
+    /// TX slots taken.
+    pub tx_slots: u64,
+    /// Payload bytes queued from TX slots.
+    pub tx_bytes: u64,
+    /// Slots refused (bad buffer, range, socket, or a buffer returned twice).
+    pub bad_slots: u64,
+}
+
+/// What one [`Stack::zc_sync`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// RX slots added.
+    pub rx: u32,
+    /// TX slots taken.
+    pub tx: u32,
+    /// TX slots left for a later sync (a send queue was full).
+    pub tx_waiting: u32,
+}
+
+#[derive(Debug)]
+struct PortSocket {
+    h: SocketHandle,
+    listener: bool,
+    eof_told: bool,
+    err_told: bool,
+}
+
+/// One application's rings and the buffers it holds. Create with
+/// [`Stack::zc_port`], give back with [`Stack::zc_close_port`].
+#[derive(Debug)]
+pub struct ZcPort {
+    /// Received payload and events, stack → application.
+    pub rx: Ring,
+    /// Payload to send and closes, application → stack.
+    pub tx: Ring,
+    /// `rx.head` as of the last sync: the slots between it and `rx.head` are being
+    /// handed back.
+    rx_seen: u32,
+    /// References the application holds, per pool buffer.
+    held: Vec<u16>,
+    sockets: Vec<PortSocket>,
+    /// Where the next RX scan starts (fairness among sockets).
+    scan: usize,
+    stats: ZcStats,
+}
+
+impl ZcPort {
+    /// Counters so far.
+    pub fn stats(&self) -> ZcStats {
+        self.stats
+    }
+
+    /// Buffers the application holds now.
+    pub fn held_buffers(&self) -> usize {
+        self.held.iter().filter(|&&n| n > 0).count()
+    }
+
+    /// Sockets of the port (listeners and connections not yet closed).
+    pub fn sockets(&self) -> impl Iterator<Item = SocketHandle> + '_ {
+        self.sockets.iter().map(|s| s.h)
+    }
+
+    fn holds(&self, buf: u32) -> bool {
+        self.held.get(buf as usize).is_some_and(|&n| n > 0)
+    }
+
+    fn owns_socket(&self, h: SocketHandle) -> Option<usize> {
+        self.sockets.iter().position(|s| s.h == h && !s.listener)
+    }
+}
+
+impl Stack {
+    /// A port with rings of `rx_slots` and `tx_slots` slots.
+    pub fn zc_port(&self, rx_slots: usize, tx_slots: usize) -> ZcPort {
+        ZcPort {
+            rx: Ring::new(rx_slots),
+            tx: Ring::new(tx_slots),
+            rx_seen: 0,
+            held: vec![0; self.core.pool.count() as usize],
+            sockets: Vec::new(),
+            scan: 0,
+            stats: ZcStats::default(),
+        }
+    }
+
+    /// The offset from which an application writes payload into a buffer it took
+    /// with [`Stack::zc_alloc`] (room for the headers in front, for sending in place).
+    pub fn zc_headroom(&self) -> u32 {
+        self.core.pool.headroom() as u32
+    }
+
+    /// Bytes a buffer can hold after [`Stack::zc_headroom`]. A piece no longer than
+    /// the connection's MSS leaves as one segment, in place.
+    pub fn zc_buf_capacity(&self) -> u32 {
+        (self.core.pool.buf_size() - self.core.pool.headroom()) as u32
+    }
+
+    /// The piece size that makes one segment per piece on connection `h` (so every
+    /// piece can leave in place): its full-segment payload, at most a buffer's
+    /// capacity. Known once the connection is established.
+    pub fn zc_piece_len(&self, h: SocketHandle) -> Result<u32, StackError> {
+        let c = self.conn(h)?;
+        Ok(c.full_segment_payload().min(self.zc_buf_capacity()))
+    }
+
+    /// A zero-copy listener on `addr` for `port`: its connections arrive as
+    /// [`SLOT_NEW`] RX slots, already accepted.
+    pub fn zc_listen(
+        &mut self,
+        port: &mut ZcPort,
+        addr: SocketAddr,
+        backlog: usize,
+    ) -> Result<SocketHandle, StackError> {
+        let mut cfg = self.core.cfg.tcp.clone();
+        cfg.zero_copy = true;
+        let h = self.tcp_listen_with(addr, backlog, cfg)?;
+        port.sockets.push(PortSocket {
+            h,
+            listener: true,
+            eof_told: false,
+            err_told: false,
+        });
+        Ok(h)
+    }
+
+    /// A zero-copy connection to `remote` for `port`.
+    pub fn zc_connect(
+        &mut self,
+        port: &mut ZcPort,
+        remote: SocketAddr,
+    ) -> Result<SocketHandle, StackError> {
+        let mut cfg = self.core.cfg.tcp.clone();
+        cfg.zero_copy = true;
+        let h = self.tcp_connect_with(None, remote, cfg)?;
+        port.sockets.push(PortSocket {
+            h,
+            listener: false,
+            eof_told: false,
+            err_told: false,
+        });
+        Ok(h)
+    }
+
+    /// Takes an empty buffer for the application (payload goes from
+    /// [`Stack::zc_headroom`] on); None when the pool is empty.
+    pub fn zc_alloc(&mut self, port: &mut ZcPort) -> Option<u32> {
+        // The reference moves to the port's count.
+        let i = self.core.pool.alloc()?.into_index();
+        port.held[i as usize] += 1;
+        Some(i)
+    }
+
+    /// Gives back a buffer the application holds (one it kept after a
+    /// [`SLOT_BUF_CHANGED`] swap, or took and did not send).
+    pub fn zc_free(&mut self, port: &mut ZcPort, buf: u32) -> Result<(), StackError> {
+        if !port.holds(buf) {
+            self.zc_bad(port);
+            return Err(StackError::InvalidInput);
+        }
+        port.held[buf as usize] -= 1;
+        if let Some(id) = self.core.pool.checked(buf) {
+            self.core.pool.release(id);
+        }
+        Ok(())
+    }
+
+    /// The whole memory of a buffer the application holds (read and write).
+    pub fn zc_buf_mut(&mut self, port: &ZcPort, buf: u32) -> Option<&mut [u8]> {
+        if !port.holds(buf) {
+            return None;
+        }
+        let id = self.core.pool.checked(buf)?;
+        Some(self.core.pool.whole_mut(id))
+    }
+
+    /// The payload bytes of an RX slot whose buffer the application holds.
+    pub fn zc_bytes(&self, port: &ZcPort, slot: &Slot) -> Option<&[u8]> {
+        if !port.holds(slot.buf) {
+            return None;
+        }
+        let id = self.core.pool.checked(slot.buf)?;
+        self.core
+            .pool
+            .whole(id)
+            .get(slot.off as usize..(slot.off as usize).checked_add(slot.len as usize)?)
+    }
+
+    fn zc_bad(&mut self, port: &mut ZcPort) {
+        port.stats.bad_slots += 1;
+        self.core.counters.tcp_zc_bad_slots += 1;
+    }
+
+    /// One exchange with the rings: takes back the RX buffers the application is
+    /// done with, queues the TX slots it submitted (then sends), and fills RX slots
+    /// with new connections, received payload, end of stream and errors.
+    pub fn zc_sync(&mut self, port: &mut ZcPort) -> SyncReport {
+        let mut report = SyncReport::default();
+        self.zc_take_back(port);
+        self.zc_take_tx(port, &mut report);
+        self.zc_fill_rx(port, &mut report);
+        report
+    }
+
+    /// RX slots from the last seen `head` to the current one give their buffer back.
+    fn zc_take_back(&mut self, port: &mut ZcPort) {
+        let ready = port.rx.distance(port.rx_seen, port.rx.tail);
+        let moved = port.rx.distance(port.rx_seen, port.rx.head);
+        if moved > ready {
+            // `head` ran past `tail`: nothing the stack wrote is there.
+            self.zc_bad(port);
+            port.rx.head = port.rx_seen;
+            return;
+        }
+        let mut i = port.rx_seen;
+        while i != port.rx.head {
+            let s = *port.rx.slot(i);
+            if s.buf != NO_BUF || s.flags & SLOT_BUF_CHANGED != 0 {
+                // A buffer the application does not hold is refused and counted
+                // there; the stack's own state is untouched.
+                let _ = self.zc_free(port, s.buf);
+            }
+            i = port.rx.next(i);
+        }
+        port.rx_seen = port.rx.head;
+    }
+
+    fn zc_take_tx(&mut self, port: &mut ZcPort, report: &mut SyncReport) {
+        let mut touched: Vec<SocketHandle> = Vec::new();
+        while port.tx.tail != port.tx.head {
+            let t = port.tx.tail;
+            let s = *port.tx.slot(t);
+            let h = s.handle();
+            let Some(k) = port.owns_socket(h) else {
+                port.tx.slot_mut(t).flags |= SLOT_ERROR;
+                self.zc_bad(port);
+                port.tx.tail = port.tx.next(t);
+                continue;
+            };
+            if s.len > 0 {
+                let fits = (s.off as usize)
+                    .checked_add(s.len as usize)
+                    .is_some_and(|end| end <= self.core.pool.buf_size());
+                if !port.holds(s.buf) || !fits {
+                    port.tx.slot_mut(t).flags |= SLOT_ERROR;
+                    self.zc_bad(port);
+                    port.tx.tail = port.tx.next(t);
+                    continue;
+                }
+                let span = BufSpan {
+                    buf: s.buf,
+                    off: s.off,
+                    len: s.len,
+                };
+                let more = s.flags & SLOT_MORE != 0;
+                let Ok(c) = self.conn_mut(h) else {
+                    port.tx.slot_mut(t).flags |= SLOT_ERROR;
+                    port.tx.tail = port.tx.next(t);
+                    continue;
+                };
+                if !c.may_send() {
+                    // Closed for sending (or failed): the buffer stays the
+                    // application's, the slot says why.
+                    port.tx.slot_mut(t).flags |= SLOT_ERROR;
+                    port.tx.tail = port.tx.next(t);
+                    continue;
+                }
+                if !c.send_span(span, more) {
+                    // Send queue full: the rest waits for the next sync.
+                    report.tx_waiting = port.tx.distance(t, port.tx.head);
+                    break;
+                }
+                port.held[s.buf as usize] -= 1;
+                port.stats.tx_slots += 1;
+                port.stats.tx_bytes += u64::from(s.len);
+            }
+            if !touched.contains(&h) {
+                touched.push(h);
+            }
+            if s.flags & SLOT_CLOSE != 0 {
+                port.sockets.swap_remove(k);
+                let _ = self.tcp_close(h);
+            } else if s.flags & SLOT_SHUT_WR != 0 {
+                let _ = self.tcp_shutdown_write(h);
+            }
+            report.tx += 1;
+            port.tx.tail = port.tx.next(t);
+        }
+        for h in touched {
+            // One output pass per socket for all its slots.
+            if self.conn(h).is_ok() {
+                self.tcp_settle(h.index, usnet_tcp::Wake::default());
+            }
+        }
+    }
+
+    fn zc_fill_rx(&mut self, port: &mut ZcPort, report: &mut SyncReport) {
+        let n = port.sockets.len();
+        if n == 0 {
+            return;
+        }
+        let start = port.scan % n;
+        for step in 0..n {
+            if port.rx.distance(port.rx.tail, port.rx.head) == 1 {
+                // Full (one slot stays empty).
+                port.scan = start + step;
+                return;
+            }
+            let k = (start + step) % n;
+            if k >= port.sockets.len() {
+                continue;
+            }
+            if port.sockets[k].listener {
+                self.zc_fill_accepts(port, k, report);
+            } else {
+                self.zc_fill_conn(port, k, report);
+            }
+        }
+        port.scan = start + 1;
+    }
+
+    fn zc_rx_room(port: &ZcPort) -> bool {
+        port.rx.next(port.rx.tail) != port.rx.head
+    }
+
+    fn zc_rx_push(port: &mut ZcPort, s: Slot, report: &mut SyncReport) {
+        let t = port.rx.tail;
+        *port.rx.slot_mut(t) = s;
+        port.rx.tail = port.rx.next(t);
+        report.rx += 1;
+    }
+
+    fn zc_fill_accepts(&mut self, port: &mut ZcPort, k: usize, report: &mut SyncReport) {
+        let lh = port.sockets[k].h;
+        while Self::zc_rx_room(port) {
+            let Ok(h) = self.tcp_accept(lh) else {
+                return;
+            };
+            port.sockets.push(PortSocket {
+                h,
+                listener: false,
+                eof_told: false,
+                err_told: false,
+            });
+            let s = Slot {
+                flags: SLOT_NEW,
+                socket: h.raw(),
+                ..Slot::default()
+            };
+            Self::zc_rx_push(port, s, report);
+        }
+    }
+
+    fn zc_fill_conn(&mut self, port: &mut ZcPort, k: usize, report: &mut SyncReport) {
+        let h = port.sockets[k].h;
+        let Some(Socket::TcpConn(sock)) = self.sockets.get_mut(h) else {
+            return;
+        };
+        let conn = &mut sock.conn;
+        let mut got = 0usize;
+        while Self::zc_rx_room(port) {
+            let mut piece = None;
+            conn.recv_spans(usize::MAX, 1, |s| piece = Some(s));
+            let Some(p) = piece else { break };
+            port.held[p.buf as usize] += 1;
+            port.stats.rx_slots += 1;
+            port.stats.rx_bytes += u64::from(p.len);
+            got += p.len as usize;
+            let s = Slot::new(h, p.buf, p.off, p.len, 0);
+            Self::zc_rx_push(port, s, report);
+        }
+        let eof = conn.is_eof();
+        let failed = conn.error().is_some() || conn.state() == TcpState::Closed;
+        settle_bufs(&mut self.core.pool, conn);
+        let room = Self::zc_rx_room(port);
+        let ps = &mut port.sockets[k];
+        if failed && !eof && !ps.err_told && room {
+            ps.err_told = true;
+            let s = Slot {
+                flags: SLOT_ERROR,
+                socket: h.raw(),
+                ..Slot::default()
+            };
+            Self::zc_rx_push(port, s, report);
+        } else if eof && !ps.eof_told && room {
+            ps.eof_told = true;
+            let s = Slot {
+                flags: SLOT_EOF,
+                socket: h.raw(),
+                ..Slot::default()
+            };
+            Self::zc_rx_push(port, s, report);
+        }
+        if got > 0 {
+            // The reads may open the window: let the connection say so.
+            self.tcp_settle(h.index, usnet_tcp::Wake::default());
+        }
+    }
+
+    /// Closes the port: every socket it still has is closed and every buffer the
+    /// application holds goes back to the pool.
+    pub fn zc_close_port(&mut self, mut port: ZcPort) {
+        for s in std::mem::take(&mut port.sockets) {
+            let _ = self.tcp_close(s.h);
+        }
+        for (i, n) in port.held.iter().enumerate() {
+            if let Some(id) = self.core.pool.checked(i as u32) {
+                for _ in 0..*n {
+                    self.core.pool.release(id);
+                }
+            }
+        }
+    }
+
+    /// Queues up to `max` bytes that `fill` writes into pool buffers (one buffer at
+    /// a time; it returns how much it wrote, a short count ends it) on a zero-copy
+    /// connection: the copying `tcp_send` on such a socket. Returns the bytes queued.
+    pub(crate) fn zc_copy_in(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        more: bool,
+        mut fill: impl FnMut(&mut [u8]) -> usize,
+    ) -> usize {
+        let room = self.zc_buf_capacity() as usize;
+        let head = self.zc_headroom();
+        let mut done = 0;
+        while done < max {
+            let cap = self.conn(h).map(|c| c.send_capacity()).unwrap_or(0);
+            let want = (max - done).min(room).min(cap);
+            if want == 0 {
+                break;
+            }
+            let Some(b) = self.core.pool.alloc() else {
+                break;
+            };
+            let n = fill(&mut self.core.pool.whole_mut(&b)[head as usize..][..want]).min(want);
+            if n == 0 {
+                self.core.pool.free(b);
+                break;
+            }
+            let span = BufSpan {
+                buf: b.index(),
+                off: head,
+                len: n as u32,
+            };
+            let last = done + n == max || n < want;
+            let ok = self
+                .conn_mut(h)
+                .map(|c| c.send_span(span, more || !last))
+                .unwrap_or(false);
+            if !ok {
+                self.core.pool.free(b);
+                break;
+            }
+            // The queue owns the reference now.
+            let _ = b.into_index();
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Copies up to `max` received bytes of a zero-copy connection to `sink` and
+    /// gives their buffers back (the copying `tcp_recv` on such a socket).
+    pub(crate) fn zc_copy_out(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        mut sink: impl FnMut(&[u8]),
+    ) -> Result<usize, StackError> {
+        let Some(Socket::TcpConn(sock)) = self.sockets.get_mut(h) else {
+            return Err(StackError::InvalidHandle);
+        };
+        let pool = &mut self.core.pool;
+        let n = sock.conn.recv_spans(max, usize::MAX, |s| {
+            if let Some(id) = pool.checked(s.buf) {
+                sink(&pool.whole(id)[s.off as usize..][..s.len as usize]);
+                pool.release(id);
+            }
+        });
+        settle_bufs(pool, &mut sock.conn);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_indices_leave_one_slot_empty() {
+        let mut r = Ring::new(4);
+        assert_eq!(r.tx_space(), 3);
+        for k in 0..3 {
+            assert!(r.push(Slot {
+                len: k,
+                ..Slot::default()
+            }));
+        }
+        assert!(!r.push(Slot::default()), "full");
+        assert_eq!(r.distance(r.tail, r.head), 3);
+        r.tail = r.next(r.tail);
+        assert_eq!(r.tx_space(), 1);
+        assert!(r.push(Slot::default()));
+        assert_eq!(r.head, 0, "wrapped");
+    }
+}
