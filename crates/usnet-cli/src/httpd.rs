@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use clap::Args;
 use usnet_driver::{Driver, SystemClock};
-use usnet_httpd::socket::SocketServer;
+use usnet_httpd::socket::{SocketServer, StackApp};
+use usnet_httpd::zerocopy::ZcServer;
 use usnet_httpd::{Api, HttpdConfig};
 use usnet_stack::IpCidr;
 
@@ -92,21 +93,13 @@ pub fn run(a: HttpdArgs) -> CmdResult {
     };
     // The responses are checked before anything opens.
     let resp = usnet_httpd::Responses::new(cfg.length, &cfg.headers)?;
-    if a.api != Api::Socket && (a.link.is_some() || !a.addrs.is_empty() || !a.host_addrs.is_empty())
+    if a.api == Api::Kernel && (a.link.is_some() || !a.addrs.is_empty() || !a.host_addrs.is_empty())
     {
-        return Err(format!(
-            "--link, --addr and --host-addr are for --api socket (the kernel api uses \
-             the host's addresses; --bind picks one){}",
-            if a.api == Api::Zerocopy {
-                format!("; and: {}", usnet_httpd::ZEROCOPY_MISSING)
-            } else {
-                String::new()
-            }
-        )
-        .into());
-    }
-    if a.api == Api::Zerocopy {
-        return Err(usnet_httpd::ZEROCOPY_MISSING.into());
+        return Err(
+            "--link, --addr and --host-addr are for --api socket and zerocopy (the \
+             kernel api uses the host's addresses; --bind picks one)"
+                .into(),
+        );
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -140,14 +133,14 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             }
             srv.run(&stop)?
         }
-        Api::Socket => {
-            let link = a
-                .link
-                .clone()
-                .ok_or("--api socket needs --link (e.g. tap:NAME, afpacket:IF, xdp:IF)")?;
+        Api::Socket | Api::Zerocopy => {
+            let link = a.link.clone().ok_or(
+                "--api socket and zerocopy need --link (e.g. tap:NAME, afpacket:IF, xdp:IF)",
+            )?;
             if a.addrs.is_empty() {
                 return Err(
-                    "--api socket needs --addr (the stack's address, e.g. 10.0.0.2/24)".into(),
+                    "--api socket and zerocopy need --addr (the stack's address, e.g. 10.0.0.2/24)"
+                        .into(),
                 );
             }
             let name = format!("httpd-{}", std::process::id());
@@ -167,7 +160,11 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             let mut driver = Driver::new(stack, o.dev, SystemClock::new());
             driver.bind_device()?;
             let info = driver.device().info();
-            let mut srv = SocketServer::start(driver.stack_mut(), &cfg)?;
+            let mut srv: Box<dyn StackApp> = if a.api == Api::Zerocopy {
+                Box::new(ZcServer::start(driver.stack_mut(), &cfg)?)
+            } else {
+                Box::new(SocketServer::start(driver.stack_mut(), &cfg)?)
+            };
             if !a.quiet {
                 if let Some(i) = info {
                     println!("usnet httpd: {link}: {i}");
@@ -179,19 +176,19 @@ pub fn run(a: HttpdArgs) -> CmdResult {
                     .map(|x| x.to_string())
                     .collect();
                 println!(
-                    "usnet httpd: api socket on {link} ({}), port {}, {what}",
+                    "usnet httpd: api {} on {link} ({}), port {}, {what}",
+                    a.api,
                     addrs.join(" "),
                     cfg.port
                 );
             }
             usnet_httpd::socket::run(
                 &mut driver,
-                &mut srv,
+                &mut *srv,
                 Duration::from_micros(cfg.spin_us),
                 &stop,
             )?
         }
-        Api::Zerocopy => unreachable!("refused above"),
     };
     println!("usnet httpd: {stats}");
     Ok(ExitCode::SUCCESS)

@@ -13,16 +13,16 @@
 //! - [`socket`] (`--api socket`): usnet's stack in the same thread, driven by a
 //!   [`usnet_driver::Driver`] whose turn serves the sockets the stack reports ready.
 //!
-//! `--api zerocopy` (the netmap/PASTE-style rings of issue 14) is a backend of the
-//! same loop shape as [`socket`]: a `Driver` turn, then the ready connections, with
-//! [`http::Session::feed`] reading the received buffers in place and
-//! [`http::Outq::fill`] writing answers into transmit buffers. Until it lands,
-//! choosing it is an error ([`Api::Zerocopy`]).
+//! - [`zerocopy`] (`--api zerocopy`): the same loop on usnet's zero-copy rings
+//!   (`usnet_stack::zerocopy`): [`http::Session::feed`] reads the received buffers
+//!   in place and [`http::Outq::fill`] writes the answers into the buffers that go
+//!   on the wire.
 
 pub mod conn;
 pub mod http;
 pub mod kernel;
 pub mod socket;
+pub mod zerocopy;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -37,7 +37,7 @@ pub enum Api {
     Kernel,
     /// usnet's stack through its socket API (copies into and out of byte rings).
     Socket,
-    /// usnet's zero-copy rings (not built yet).
+    /// usnet's zero-copy rings.
     Zerocopy,
 }
 
@@ -62,10 +62,6 @@ impl fmt::Display for Api {
         })
     }
 }
-
-/// The message for `--api zerocopy` until that backend exists.
-pub const ZEROCOPY_MISSING: &str = "--api zerocopy is not available yet: usnet's zero-copy ring \
-     API (issue 14, part 1) has not landed; use --api socket (usnet's socket API) or --api kernel";
 
 /// What a server serves and how it runs.
 #[derive(Debug, Clone)]

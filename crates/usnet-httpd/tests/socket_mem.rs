@@ -1,7 +1,8 @@
-//! `--api socket`'s server ([`SocketServer`]) in a driver's turn, no root: clients
-//! on the same stack connect to its own address (delivered locally), so whole
-//! conversations run in one thread. Every response byte checked; keep-alive,
-//! pipelining, `Connection: close`, a client reset, and many connections.
+//! `--api socket`'s server ([`SocketServer`]) and `--api zerocopy`'s ([`ZcServer`])
+//! in a driver's turn, no root: clients on the same stack connect to its own address
+//! (delivered locally), so whole conversations run in one thread. Every response
+//! byte checked; keep-alive, pipelining, `Connection: close`, a client reset, and
+//! many connections; each test runs on both servers.
 
 mod common;
 
@@ -11,17 +12,49 @@ use std::time::{Duration, Instant};
 use common::*;
 use usnet_driver::{Driver, MemDevice, SystemClock};
 use usnet_httpd::socket::{SocketServer, StackApp};
+use usnet_httpd::zerocopy::ZcServer;
 use usnet_httpd::HttpdConfig;
 use usnet_link::DeviceCaps;
 use usnet_stack::{SocketHandle, Stack, StackConfig, StackError};
 
 type Drv = Driver<MemDevice, SystemClock>;
 
-fn setup(length: usize) -> (Drv, SocketServer) {
+/// What the tests need of a server besides its turn.
+trait Server: StackApp {
+    fn start(stack: &mut Stack, cfg: &HttpdConfig) -> Self;
+    fn connections(&self) -> usize;
+    /// Ring slots the stack refused (zero-copy); a correct server has none.
+    fn refused_slots(&self) -> u64 {
+        0
+    }
+}
+
+impl Server for SocketServer {
+    fn start(stack: &mut Stack, cfg: &HttpdConfig) -> Self {
+        SocketServer::start(stack, cfg).unwrap()
+    }
+    fn connections(&self) -> usize {
+        SocketServer::connections(self)
+    }
+}
+
+impl Server for ZcServer {
+    fn start(stack: &mut Stack, cfg: &HttpdConfig) -> Self {
+        ZcServer::start(stack, cfg).unwrap()
+    }
+    fn connections(&self) -> usize {
+        ZcServer::connections(self)
+    }
+    fn refused_slots(&self) -> u64 {
+        self.port_stats().bad_slots
+    }
+}
+
+fn setup<S: Server>(length: usize) -> (Drv, S) {
     setup_batch(length, 8)
 }
 
-fn setup_batch(length: usize, batch: usize) -> (Drv, SocketServer) {
+fn setup_batch<S: Server>(length: usize, batch: usize) -> (Drv, S) {
     let (dev, _q) = MemDevice::new(
         "mem",
         DeviceCaps {
@@ -39,7 +72,7 @@ fn setup_batch(length: usize, batch: usize) -> (Drv, SocketServer) {
     })
     .unwrap();
     let mut d = Driver::new(stack, dev, SystemClock::new());
-    let srv = SocketServer::start(
+    let srv = S::start(
         d.stack_mut(),
         &HttpdConfig {
             port: 80,
@@ -47,19 +80,14 @@ fn setup_batch(length: usize, batch: usize) -> (Drv, SocketServer) {
             batch,
             ..HttpdConfig::default()
         },
-    )
-    .unwrap();
+    );
     (d, srv)
 }
 
 const SERVER: &str = "10.0.0.1:80";
 
 /// Turns until `done` (checked on the stack after each turn) or 10 s.
-fn turn_until(
-    d: &mut Drv,
-    srv: &mut SocketServer,
-    mut done: impl FnMut(&mut Stack, &SocketServer) -> bool,
-) {
+fn turn_until<S: Server>(d: &mut Drv, srv: &mut S, mut done: impl FnMut(&mut Stack, &S) -> bool) {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
         d.turn_with(|st| srv.poll(st)).unwrap();
@@ -109,7 +137,7 @@ impl Client {
     }
 }
 
-fn exchange(d: &mut Drv, srv: &mut SocketServer, c: &mut Client, req: &[u8], want: &[u8]) {
+fn exchange<S: Server>(d: &mut Drv, srv: &mut S, c: &mut Client, req: &[u8], want: &[u8]) {
     c.send(d.stack_mut(), req);
     c.got.clear();
     turn_until(d, srv, |st, _| {
@@ -119,10 +147,39 @@ fn exchange(d: &mut Drv, srv: &mut SocketServer, c: &mut Client, req: &[u8], wan
     same(&c.got, want, "exchange");
 }
 
-#[test]
-fn keep_alive_pipelining_head_close_over_the_stack() {
+/// Instantiates a generic test for both servers.
+macro_rules! both {
+    ($name:ident, $socket:ident, $zerocopy:ident) => {
+        #[test]
+        fn $socket() {
+            $name::<SocketServer>();
+        }
+        #[test]
+        fn $zerocopy() {
+            $name::<ZcServer>();
+        }
+    };
+}
+
+both!(
+    keep_alive_pipelining_head_close,
+    keep_alive_pipelining_head_close_socket,
+    keep_alive_pipelining_head_close_zerocopy
+);
+both!(
+    reset_and_many_connections,
+    reset_and_many_connections_socket,
+    reset_and_many_connections_zerocopy
+);
+both!(
+    a_batch_of_one_still_serves_everyone_in_order,
+    a_batch_of_one_still_serves_everyone_in_order_socket,
+    a_batch_of_one_still_serves_everyone_in_order_zerocopy
+);
+
+fn keep_alive_pipelining_head_close<S: Server>() {
     for len in [64usize, 4096, 65536] {
-        let (mut d, mut srv) = setup(len);
+        let (mut d, mut srv) = setup::<S>(len);
         let mut c = Client::new(&mut d);
         let one = expected(len, false, false);
         for _ in 0..3 {
@@ -146,14 +203,14 @@ fn keep_alive_pipelining_head_close_over_the_stack() {
         d.stack_mut().tcp_close(c.h).unwrap();
         turn_until(&mut d, &mut srv, |_, s| s.connections() == 0);
         let st = srv.stats();
+        assert_eq!(srv.refused_slots(), 0);
         assert_eq!((st.requests, st.responses), (8, 8), "{st}");
         assert_eq!((st.accepted, st.closed, st.resets), (1, 1, 0), "{st}");
     }
 }
 
-#[test]
-fn reset_and_many_connections() {
-    let (mut d, mut srv) = setup(151);
+fn reset_and_many_connections<S: Server>() {
+    let (mut d, mut srv) = setup::<S>(151);
     let one = expected(151, false, false);
     // A client that resets with requests unanswered.
     let mut c = Client::new(&mut d);
@@ -186,12 +243,12 @@ fn reset_and_many_connections() {
     let st = srv.stats();
     assert_eq!(st.accepted, 101, "{st}");
     assert_eq!(st.bad_requests, 0, "{st}");
+    assert_eq!(srv.refused_slots(), 0);
 }
 
-#[test]
-fn a_batch_of_one_still_serves_everyone_in_order() {
+fn a_batch_of_one_still_serves_everyone_in_order<S: Server>() {
     // One ready socket per turn: the rest wait in the server's queue across turns.
-    let (mut d, mut srv) = setup_batch(1000, 1);
+    let (mut d, mut srv) = setup_batch::<S>(1000, 1);
     let one = expected(1000, false, false);
     let mut cs: Vec<Client> = (0..30).map(|_| Client::new(&mut d)).collect();
     for c in &mut cs {
