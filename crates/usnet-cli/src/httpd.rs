@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use usnet_driver::{Driver, SystemClock};
-use usnet_httpd::socket::SocketServer;
+use usnet_httpd::socket::{SocketServer, StackApp};
 use usnet_httpd::{Api, HttpdConfig};
 use usnet_stack::IpCidr;
 
@@ -140,38 +140,14 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             }
             srv.run(&stop)?
         }
-        Api::Socket => {
-            let link = a
-                .link
-                .clone()
-                .ok_or("--api socket needs --link (e.g. tap:NAME, afpacket:IF, xdp:IF)")?;
-            if a.addrs.is_empty() {
-                return Err(
-                    "--api socket needs --addr (the stack's address, e.g. 10.0.0.2/24)".into(),
-                );
-            }
-            let name = format!("httpd-{}", std::process::id());
-            let ua = UpArgs {
-                addrs: a.addrs.clone(),
-                host_addrs: a.host_addrs.clone(),
-                gateway: a.gateway.clone(),
-                mtu: a.mtu,
-                xdp_mode: a.xdp_mode,
-                pcap: a.pcap.clone(),
-                ..UpArgs::embedded(link.clone(), name)
+        Api::Socket | Api::Zerocopy => {
+            let (mut driver, link) = stack_driver(&a)?;
+            // The zero-copy backend will be another StackApp here, on the same driver.
+            let mut app: Box<dyn StackApp> = match a.api {
+                Api::Socket => Box::new(SocketServer::start(driver.stack_mut(), &cfg)?),
+                _ => return Err(usnet_httpd::ZEROCOPY_MISSING.into()),
             };
-            let o = up::open(&ua)?;
-            let mut scfg = o.cfg;
-            usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
-            let stack = usnet_stack::Stack::new(scfg)?;
-            let mut driver = Driver::new(stack, o.dev, SystemClock::new());
-            driver.bind_device()?;
-            let info = driver.device().info();
-            let mut srv = SocketServer::start(driver.stack_mut(), &cfg)?;
             if !a.quiet {
-                if let Some(i) = info {
-                    println!("usnet httpd: {link}: {i}");
-                }
                 let addrs: Vec<String> = driver
                     .stack()
                     .addrs()
@@ -179,20 +155,58 @@ pub fn run(a: HttpdArgs) -> CmdResult {
                     .map(|x| x.to_string())
                     .collect();
                 println!(
-                    "usnet httpd: api socket on {link} ({}), port {}, {what}",
+                    "usnet httpd: api {} on {link} ({}), port {}, {what}",
+                    a.api,
                     addrs.join(" "),
                     cfg.port
                 );
             }
             usnet_httpd::socket::run(
                 &mut driver,
-                &mut srv,
+                app.as_mut(),
                 Duration::from_micros(cfg.spin_us),
                 &stop,
             )?
         }
-        Api::Zerocopy => unreachable!("refused above"),
     };
     println!("usnet httpd: {stats}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The driver of a usnet stack on a link opened from the command line.
+type StackDriver = Driver<Box<dyn usnet_link::Device>>;
+
+/// The usnet stack of `--api socket` (and of the zero-copy api): the link opened as
+/// `usnet up` opens it, the stack fitted to the device, in a driver for this thread.
+fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::error::Error>> {
+    let link = a
+        .link
+        .clone()
+        .ok_or("--api socket needs --link (e.g. tap:NAME, afpacket:IF, xdp:IF)")?;
+    if a.addrs.is_empty() {
+        return Err("--api socket needs --addr (the stack's address, e.g. 10.0.0.2/24)".into());
+    }
+    let name = format!("httpd-{}", std::process::id());
+    let ua = UpArgs {
+        addrs: a.addrs.clone(),
+        host_addrs: a.host_addrs.clone(),
+        gateway: a.gateway.clone(),
+        mtu: a.mtu,
+        xdp_mode: a.xdp_mode,
+        pcap: a.pcap.clone(),
+        ..UpArgs::embedded(link.clone(), name)
+    };
+    let o = up::open(&ua)?;
+    let mut scfg = o.cfg;
+    usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
+    let stack = usnet_stack::Stack::new(scfg)?;
+    let mut driver = Driver::new(stack, o.dev, SystemClock::new());
+    // An AF_XDP link registers the stack's pool as its UMEM now.
+    driver.bind_device()?;
+    if !a.quiet {
+        if let Some(i) = driver.device().info() {
+            println!("usnet httpd: {link}: {i}");
+        }
+    }
+    Ok((driver, link))
 }
