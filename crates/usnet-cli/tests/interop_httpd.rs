@@ -2,8 +2,8 @@
 //! kernel` on loopback (no root), `--api socket` over a TAP and over a veth pair
 //! into a network namespace on AF_PACKET (root). Every response byte is checked
 //! (status line, headers, Content-Length, the body pattern), with keep-alive,
-//! pipelining (several requests in one write) and `Connection: close`; wrk must
-//! see no errors and only 2xx answers.
+//! pipelining (several requests in one write), `Connection: close` and clients
+//! that reset; wrk must see no errors and only 2xx answers.
 
 #[macro_use]
 mod common;
@@ -226,6 +226,41 @@ fn check_raw(addr: SocketAddr, len: usize) {
     );
 }
 
+/// Clients that reset (SO_LINGER 0) in the middle of a request and with answers in
+/// flight; the server then still answers a new connection.
+fn check_resets(addr: SocketAddr, len: usize) {
+    use std::os::fd::AsRawFd;
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    for req in [&b"GET / HT"[..], &GET.repeat(50)] {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        s.write_all(req).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid linger struct for the socket's own descriptor.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as u32,
+            )
+        };
+        assert_eq!(r, 0);
+        drop(s); // RST
+    }
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(GET).unwrap();
+    let want = expected(len, false, false);
+    let mut got = vec![0u8; want.len()];
+    s.read_exact(&mut got).unwrap();
+    same(&got, &want, "after resets");
+}
+
 /// wrk -c20 for a second: requests made, no socket errors, no non-2xx answers.
 fn check_wrk(ns: Option<&str>, url: &str) -> u64 {
     let o = cmd_in(
@@ -305,6 +340,7 @@ fn kernel_api_answers_curl_wrk_and_pipelined_requests() {
         wait_serving(&mut h, None, &base);
         check_curl(dir.path(), None, &base, len);
         check_raw(format!("127.0.0.1:{port}").parse().unwrap(), len);
+        check_resets(format!("127.0.0.1:{port}").parse().unwrap(), len);
         let n = check_wrk(None, &format!("{base}/"));
         check_summary(&h.stop(), n);
     }
@@ -327,7 +363,7 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
     need("curl", "curl");
     need("wrk", "wrk");
     const TAP: &str = "usnthd0";
-    const OURS: &str = "10.49.0.2";
+    const OURS: &str = "10.57.0.2";
     remove_leftovers(&[TAP], &[]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "link", "del", TAP]);
@@ -345,7 +381,7 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
                 "--addr",
                 &format!("{OURS}/24"),
                 "--host-addr",
-                "10.49.0.1/24",
+                "10.57.0.1/24",
                 "-l",
                 &len.to_string(),
             ],
@@ -354,6 +390,7 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
         wait_serving(&mut h, None, &base);
         check_curl(dir.path(), None, &base, len);
         check_raw(format!("{OURS}:80").parse().unwrap(), len);
+        check_resets(format!("{OURS}:80").parse().unwrap(), len);
         let n = check_wrk(None, &format!("{base}/"));
         check_summary(&h.stop(), n);
     }
@@ -366,8 +403,8 @@ fn socket_api_on_af_packet_answers_curl_and_wrk_from_a_namespace() {
     need("wrk", "wrk");
     const NS: &str = "usnthdns";
     const OUTER: &str = "usnthdo0";
-    const OURS: &str = "10.51.0.2";
-    let _veth = veth_netns(NS, OUTER, "usnthdi0", &["10.51.0.1/24"]);
+    const OURS: &str = "10.58.0.2";
+    let _veth = veth_netns(NS, OUTER, "usnthdi0", &["10.58.0.1/24"]);
     let dir = TempDir::new("httpd-afp");
     for len in LENGTHS {
         // Each server has a MAC of its own: the namespace must not keep the last one.
