@@ -1,7 +1,7 @@
 //! `usnet httpd` answering curl, wrk and a raw socket, on each backend: `--api
 //! kernel` on loopback (no root), `--api socket` over a TAP and over a veth pair
-//! into a network namespace on AF_PACKET (root). Every response byte is checked
-//! (status line, headers, Content-Length, the body pattern), with keep-alive,
+//! into a network namespace on AF_PACKET and on AF_XDP (root). Every response byte
+//! is checked (status line, headers, Content-Length, the body pattern), with keep-alive,
 //! pipelining (several requests in one write), `Connection: close` and clients
 //! that reset; wrk must see no errors and only 2xx answers.
 
@@ -397,7 +397,7 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
 }
 
 #[test]
-fn socket_api_on_af_packet_answers_curl_and_wrk_from_a_namespace() {
+fn socket_api_on_af_packet_and_af_xdp_answers_curl_and_wrk_from_a_namespace() {
     require_root!();
     need("curl", "curl");
     need("wrk", "wrk");
@@ -406,18 +406,21 @@ fn socket_api_on_af_packet_answers_curl_and_wrk_from_a_namespace() {
     const OURS: &str = "10.58.0.2";
     let _veth = veth_netns(NS, OUTER, "usnthdi0", &["10.58.0.1/24"]);
     let dir = TempDir::new("httpd-afp");
-    for len in LENGTHS {
+    for (kind, len) in ["afpacket", "xdp"]
+        .into_iter()
+        .flat_map(|k| LENGTHS.map(|l| (k, l)))
+    {
         // Each server has a MAC of its own: the namespace must not keep the last one.
         ip(&["-n", NS, "neigh", "flush", "all"]);
         let mut h = Httpd::start(
             dir.path(),
-            &format!("afp-{len}"),
+            &format!("{kind}-{len}"),
             None,
             &[
                 "--api",
                 "socket",
                 "--link",
-                &format!("afpacket:{OUTER}"),
+                &format!("{kind}:{OUTER}"),
                 "--addr",
                 &format!("{OURS}/24"),
                 "-l",
