@@ -370,7 +370,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(" "),
         ]);
-        bars.push((format!("{} {total} B", p.sys.short()), rps));
+        bars.push((p.len, total, p.sys.short().to_string(), rps));
         results.push(json!({
             "body_bytes": p.len, "response_bytes": total, "server": p.sys.name(),
             "key": p.sys.short(), "median_rps": rps, "x_nginx": ratio,
@@ -394,18 +394,39 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
     }
     md.push('\n');
     std::fs::write(a.out.join("httpd.md"), md)?;
-    if let Err(e) = bar_plot(
-        &a.out.join("httpd.png"),
-        "usnet httpd vs nginx on Linux (wrk)",
-        "requests/s",
-        &bars,
-    ) {
-        eprintln!("plot not drawn: {e}");
+    // One plot per response size (five bars each); httpd.png is the first size's.
+    let mut plots = Vec::new();
+    for (i, &len) in a.lengths.iter().enumerate() {
+        let b: Vec<(String, f64)> = bars
+            .iter()
+            .filter(|x| x.0 == len)
+            .map(|x| (x.2.clone(), x.3))
+            .collect();
+        let Some(total) = bars.iter().find(|x| x.0 == len).map(|x| x.1) else {
+            continue;
+        };
+        let name = if i == 0 {
+            "httpd.png".to_string()
+        } else {
+            format!("httpd-{total}.png")
+        };
+        let title = format!(
+            "usnet httpd vs nginx on Linux, {total}-byte responses (wrk -c{})",
+            a.connections
+        );
+        match bar_plot(&a.out.join(&name), &title, "requests/s", &b) {
+            Ok(()) => plots.push(name),
+            Err(e) => eprintln!("plot {name} not drawn: {e}"),
+        }
     }
     if let Some(e) = nginx_alerts(&dir, "kernel") {
         eprintln!("nginx logged errors:\n{e}");
     }
-    println!("wrote {}/httpd.json, httpd.md, httpd.png", a.out.display());
+    println!(
+        "wrote {}/httpd.json, httpd.md, {}",
+        a.out.display(),
+        plots.join(", ")
+    );
     drop(net);
     let _ = std::fs::remove_dir_all(&dir);
     if total_errors > 0 {

@@ -95,11 +95,9 @@ pub fn run(a: HttpdArgs) -> CmdResult {
     let resp = usnet_httpd::Responses::new(cfg.length, &cfg.headers)?;
     if a.api == Api::Kernel && (a.link.is_some() || !a.addrs.is_empty() || !a.host_addrs.is_empty())
     {
-        return Err(
-            "--link, --addr and --host-addr are for --api socket and zerocopy (the \
+        return Err("--link, --addr and --host-addr are for --api socket and zerocopy (the \
              kernel api uses the host's addresses; --bind picks one)"
-                .into(),
-        );
+            .into());
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -134,41 +132,13 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             srv.run(&stop)?
         }
         Api::Socket | Api::Zerocopy => {
-            let link = a.link.clone().ok_or(
-                "--api socket and zerocopy need --link (e.g. tap:NAME, afpacket:IF, xdp:IF)",
-            )?;
-            if a.addrs.is_empty() {
-                return Err(
-                    "--api socket and zerocopy need --addr (the stack's address, e.g. 10.0.0.2/24)"
-                        .into(),
-                );
-            }
-            let name = format!("httpd-{}", std::process::id());
-            let ua = UpArgs {
-                addrs: a.addrs.clone(),
-                host_addrs: a.host_addrs.clone(),
-                gateway: a.gateway.clone(),
-                mtu: a.mtu,
-                xdp_mode: a.xdp_mode,
-                pcap: a.pcap.clone(),
-                ..UpArgs::embedded(link.clone(), name)
-            };
-            let o = up::open(&ua)?;
-            let mut scfg = o.cfg;
-            usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
-            let stack = usnet_stack::Stack::new(scfg)?;
-            let mut driver = Driver::new(stack, o.dev, SystemClock::new());
-            driver.bind_device()?;
-            let info = driver.device().info();
-            let mut srv: Box<dyn StackApp> = if a.api == Api::Zerocopy {
-                Box::new(ZcServer::start(driver.stack_mut(), &cfg)?)
-            } else {
-                Box::new(SocketServer::start(driver.stack_mut(), &cfg)?)
+            let (mut driver, link) = stack_driver(&a)?;
+            // Either server is a StackApp in the same loop, on the same driver.
+            let mut app: Box<dyn StackApp> = match a.api {
+                Api::Zerocopy => Box::new(ZcServer::start(driver.stack_mut(), &cfg)?),
+                _ => Box::new(SocketServer::start(driver.stack_mut(), &cfg)?),
             };
             if !a.quiet {
-                if let Some(i) = info {
-                    println!("usnet httpd: {link}: {i}");
-                }
                 let addrs: Vec<String> = driver
                     .stack()
                     .addrs()
@@ -184,7 +154,7 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             }
             usnet_httpd::socket::run(
                 &mut driver,
-                &mut *srv,
+                app.as_mut(),
                 Duration::from_micros(cfg.spin_us),
                 &stop,
             )?
@@ -192,4 +162,45 @@ pub fn run(a: HttpdArgs) -> CmdResult {
     };
     println!("usnet httpd: {stats}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The driver of a usnet stack on a link opened from the command line.
+type StackDriver = Driver<Box<dyn usnet_link::Device>>;
+
+/// The usnet stack of `--api socket` (and of the zero-copy api): the link opened as
+/// `usnet up` opens it, the stack fitted to the device, in a driver for this thread.
+fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::error::Error>> {
+    let link = a
+        .link
+        .clone()
+        .ok_or("--api socket and zerocopy need --link (e.g. tap:NAME, afpacket:IF, xdp:IF)")?;
+    if a.addrs.is_empty() {
+        return Err(
+            "--api socket and zerocopy need --addr (the stack's address, e.g. 10.0.0.2/24)"
+                .into(),
+        );
+    }
+    let name = format!("httpd-{}", std::process::id());
+    let ua = UpArgs {
+        addrs: a.addrs.clone(),
+        host_addrs: a.host_addrs.clone(),
+        gateway: a.gateway.clone(),
+        mtu: a.mtu,
+        xdp_mode: a.xdp_mode,
+        pcap: a.pcap.clone(),
+        ..UpArgs::embedded(link.clone(), name)
+    };
+    let o = up::open(&ua)?;
+    let mut scfg = o.cfg;
+    usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
+    let stack = usnet_stack::Stack::new(scfg)?;
+    let mut driver = Driver::new(stack, o.dev, SystemClock::new());
+    // An AF_XDP link registers the stack's pool as its UMEM now.
+    driver.bind_device()?;
+    if !a.quiet {
+        if let Some(i) = driver.device().info() {
+            println!("usnet httpd: {link}: {i}");
+        }
+    }
+    Ok((driver, link))
 }

@@ -1,9 +1,9 @@
 //! `usnet httpd` answering curl, wrk and a raw socket, on each backend: `--api
-//! kernel` on loopback (no root), `--api socket` over a TAP and over a veth pair
-//! into a network namespace on AF_PACKET (root). Every response byte is checked
-//! (status line, headers, Content-Length, the body pattern), with keep-alive,
-//! pipelining (several requests in one write) and `Connection: close`; wrk must
-//! see no errors and only 2xx answers.
+//! kernel` on loopback (no root), `--api socket` and `--api zerocopy` over a TAP and
+//! over a veth pair into a network namespace on AF_PACKET and on AF_XDP (root). Every response byte
+//! is checked (status line, headers, Content-Length, the body pattern), with keep-alive,
+//! pipelining (several requests in one write), `Connection: close` and clients
+//! that reset; wrk must see no errors and only 2xx answers.
 
 #[macro_use]
 mod common;
@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use common::*;
 
 const LENGTHS: [usize; 3] = [64, 4096, 65536];
+/// The backends on usnet's stack: the socket API and the zero-copy rings.
+const APIS: [&str; 2] = ["socket", "zerocopy"];
 
 /// A background `usnet httpd`, stopped (SIGTERM, then SIGKILL) and reaped on drop.
 struct Httpd(Child, String);
@@ -226,6 +228,41 @@ fn check_raw(addr: SocketAddr, len: usize) {
     );
 }
 
+/// Clients that reset (SO_LINGER 0) in the middle of a request and with answers in
+/// flight; the server then still answers a new connection.
+fn check_resets(addr: SocketAddr, len: usize) {
+    use std::os::fd::AsRawFd;
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    for req in [&b"GET / HT"[..], &GET.repeat(50)] {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        s.write_all(req).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid linger struct for the socket's own descriptor.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as u32,
+            )
+        };
+        assert_eq!(r, 0);
+        drop(s); // RST
+    }
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(GET).unwrap();
+    let want = expected(len, false, false);
+    let mut got = vec![0u8; want.len()];
+    s.read_exact(&mut got).unwrap();
+    same(&got, &want, "after resets");
+}
+
 /// wrk -c20 for a second: requests made, no socket errors, no non-2xx answers.
 fn check_wrk(ns: Option<&str>, url: &str) -> u64 {
     let o = cmd_in(
@@ -305,20 +342,19 @@ fn kernel_api_answers_curl_wrk_and_pipelined_requests() {
         wait_serving(&mut h, None, &base);
         check_curl(dir.path(), None, &base, len);
         check_raw(format!("127.0.0.1:{port}").parse().unwrap(), len);
+        check_resets(format!("127.0.0.1:{port}").parse().unwrap(), len);
         let n = check_wrk(None, &format!("{base}/"));
         check_summary(&h.stop(), n);
     }
 }
 
 #[test]
-fn zerocopy_api_is_refused_clearly_until_it_exists() {
-    let o = run(
-        USNET,
-        &["httpd", "--api", "zerocopy"],
-        Duration::from_secs(10),
-    );
-    assert!(!o.ok());
-    assert!(o.stderr.contains("not available yet"), "{}", o.describe());
+fn the_stack_apis_without_a_link_are_refused_clearly() {
+    for api in ["socket", "zerocopy"] {
+        let o = run(USNET, &["httpd", "--api", api], Duration::from_secs(10));
+        assert!(!o.ok());
+        assert!(o.stderr.contains("need --link"), "{}", o.describe());
+    }
 }
 
 #[test]
@@ -327,25 +363,25 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
     need("curl", "curl");
     need("wrk", "wrk");
     const TAP: &str = "usnthd0";
-    const OURS: &str = "10.49.0.2";
+    const OURS: &str = "10.57.0.2";
     remove_leftovers(&[TAP], &[]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "link", "del", TAP]);
     let dir = TempDir::new("httpd-tap");
-    for len in LENGTHS {
+    for (api, len) in APIS.into_iter().flat_map(|a| LENGTHS.map(|l| (a, l))) {
         let mut h = Httpd::start(
             dir.path(),
-            &format!("tap-{len}"),
+            &format!("tap-{api}-{len}"),
             None,
             &[
                 "--api",
-                "socket",
+                api,
                 "--link",
                 &format!("tap:{TAP}"),
                 "--addr",
                 &format!("{OURS}/24"),
                 "--host-addr",
-                "10.49.0.1/24",
+                "10.57.0.1/24",
                 "-l",
                 &len.to_string(),
             ],
@@ -354,33 +390,38 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
         wait_serving(&mut h, None, &base);
         check_curl(dir.path(), None, &base, len);
         check_raw(format!("{OURS}:80").parse().unwrap(), len);
+        check_resets(format!("{OURS}:80").parse().unwrap(), len);
         let n = check_wrk(None, &format!("{base}/"));
         check_summary(&h.stop(), n);
     }
 }
 
 #[test]
-fn socket_api_on_af_packet_answers_curl_and_wrk_from_a_namespace() {
+fn socket_api_on_af_packet_and_af_xdp_answers_curl_and_wrk_from_a_namespace() {
     require_root!();
     need("curl", "curl");
     need("wrk", "wrk");
     const NS: &str = "usnthdns";
     const OUTER: &str = "usnthdo0";
-    const OURS: &str = "10.51.0.2";
-    let _veth = veth_netns(NS, OUTER, "usnthdi0", &["10.51.0.1/24"]);
+    const OURS: &str = "10.58.0.2";
+    let _veth = veth_netns(NS, OUTER, "usnthdi0", &["10.58.0.1/24"]);
     let dir = TempDir::new("httpd-afp");
-    for len in LENGTHS {
+    for (api, kind, len) in APIS.into_iter().flat_map(|a| {
+        ["afpacket", "xdp"]
+            .into_iter()
+            .flat_map(move |k| LENGTHS.map(|l| (a, k, l)))
+    }) {
         // Each server has a MAC of its own: the namespace must not keep the last one.
         ip(&["-n", NS, "neigh", "flush", "all"]);
         let mut h = Httpd::start(
             dir.path(),
-            &format!("afp-{len}"),
+            &format!("{api}-{kind}-{len}"),
             None,
             &[
                 "--api",
-                "socket",
+                api,
                 "--link",
-                &format!("afpacket:{OUTER}"),
+                &format!("{kind}:{OUTER}"),
                 "--addr",
                 &format!("{OURS}/24"),
                 "-l",

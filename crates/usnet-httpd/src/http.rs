@@ -20,6 +20,9 @@ pub const DEFAULT_LENGTH: usize = 64;
 /// Longest request head accepted (431 beyond).
 pub const MAX_HEAD: usize = 8 << 10;
 
+/// Largest response body (the response is built once, in memory).
+pub const MAX_LENGTH: usize = 256 << 20;
+
 /// Pending replies are gathered into one send up to this many bytes.
 pub const COALESCE: usize = 16 << 10;
 
@@ -59,6 +62,9 @@ impl Responses {
     /// client can check every byte), with the static header lines `extra` (each
     /// `Name: value`) after `Server`.
     pub fn new(length: usize, extra: &[String]) -> Result<Responses, String> {
+        if length > MAX_LENGTH {
+            return Err(format!("a body of {length} bytes: at most {MAX_LENGTH}"));
+        }
         for e in extra {
             let ok = e.split_once(':').is_some_and(|(n, _)| {
                 !n.is_empty()
@@ -364,6 +370,7 @@ mod tests {
         assert!(Responses::new(1, &["Content-Length: 3".into()]).is_err());
         assert!(Responses::new(1, &["bad".into()]).is_err());
         assert!(Responses::new(1, &["X: a\r\nY: b".into()]).is_err());
+        assert!(Responses::new(MAX_LENGTH + 1, &[]).is_err());
     }
 
     #[test]
