@@ -201,6 +201,15 @@ impl Sock {
         Ok(k)
     }
 
+    /// Copies from the front of the receive ring without consuming (`MSG_PEEK`); 0
+    /// when it is empty.
+    pub(crate) fn rx_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut rx = lock(&self.rx);
+        let n = rx.available().map_err(|_| corrupt())?;
+        let k = n.min(buf.len());
+        Ok(rx.peek(0, &mut buf[..k]))
+    }
+
     /// Runs `f` on the receive ring's consumer (UDP records), then kicks.
     pub(crate) fn with_rx<R>(&self, f: impl FnOnce(&mut ByteConsumer) -> R) -> R {
         let mut rx = lock(&self.rx);

@@ -241,7 +241,16 @@ impl TcpStream {
         self.sock.rx_ready()
     }
 
+    /// Like `read`, but the bytes stay in the stream (`MSG_PEEK`, std's `peek`).
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_with(buf, true)
+    }
+
     fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_with(buf, false)
+    }
+
+    fn read_with(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -252,7 +261,11 @@ impl TcpStream {
             // Flags before the ring: the server publishes the bytes before it sets
             // end-of-stream, so seeing the flag means seeing every byte.
             let f = self.sock.flags();
-            let n = self.sock.rx_read(buf)?;
+            let n = if peek {
+                self.sock.rx_peek(buf)?
+            } else {
+                self.sock.rx_read(buf)?
+            };
             if n > 0 {
                 return Ok(n);
             }

@@ -92,10 +92,20 @@ impl UdpSocket {
     }
 
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        self.recv_with(buf, true)
+    }
+
+    /// Like `recv_from`, but the datagram stays queued (`MSG_PEEK`, std's
+    /// `peek_from`).
+    pub fn peek_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        self.recv_with(buf, false)
+    }
+
+    fn recv_with(&self, buf: &mut [u8], consume: bool) -> io::Result<(usize, SocketAddr)> {
         let deadline = self.sock.read_deadline();
         loop {
             self.sock.conn.check_alive()?;
-            if let Some(r) = self.sock.with_rx(|rx| take_record(rx, buf)) {
+            if let Some(r) = self.sock.with_rx(|rx| take_record(rx, buf, consume)) {
                 return r;
             }
             if self.sock.flags() & FLAG_ERROR != 0 {
@@ -169,7 +179,13 @@ fn put_record(tx: &mut ByteProducer, data: &[u8], addr: &SockAddr) -> io::Result
 
 /// Takes the next record, if one is complete: its payload into `buf` (truncated like
 /// `recvfrom`) and its sender.
-fn take_record(rx: &mut ByteConsumer, buf: &mut [u8]) -> Option<io::Result<(usize, SocketAddr)>> {
+/// The next datagram's bytes and sender; `consume`: it leaves the ring (else it
+/// stays, for `MSG_PEEK`).
+fn take_record(
+    rx: &mut ByteConsumer,
+    buf: &mut [u8],
+    consume: bool,
+) -> Option<io::Result<(usize, SocketAddr)>> {
     let bad = || {
         Some(Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -213,7 +229,9 @@ fn take_record(rx: &mut ByteConsumer, buf: &mut [u8]) -> Option<io::Result<(usiz
         let from = SockAddr::from_bytes(h[8..36].try_into().expect("28")).to_std();
         let n = (len as usize).min(buf.len());
         rx.peek(RECORD_HEADER, &mut buf[..n]);
-        rx.skip(rec);
+        if consume {
+            rx.skip(rec);
+        }
         return Some(match from {
             Some(a) => Ok((n, a)),
             None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),

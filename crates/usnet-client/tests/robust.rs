@@ -248,6 +248,9 @@ fn helper() {
             a[3].parse().unwrap(),
         ),
         "as-user" => role_as_user(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap()),
+        "write-close-exit" => {
+            role_write_close_exit(&a[0], a[1].parse().unwrap(), a[2].parse().unwrap())
+        }
         r => panic!("unknown role {r}"),
     };
     let _ = std::io::stdout().flush();
@@ -280,6 +283,22 @@ fn role_stream(name: &str, port: u16) -> i32 {
     0
 }
 
+/// Connects to `port`, writes `n` bytes of the pattern, closes and exits at once
+/// (with bytes still in its send ring: the peer reads slowly).
+fn role_write_close_exit(name: &str, port: u16, n: u64) -> i32 {
+    let c = Client::attach(name).unwrap();
+    let s = TcpStream::connect(&c, at(port)).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut pos = 0u64;
+    while pos < n {
+        let k = (n - pos).min(buf.len() as u64) as usize;
+        fill(&mut buf[..k], pos);
+        pos += (&s).write(&buf[..k]).unwrap() as u64;
+    }
+    drop(s);
+    0
+}
+
 /// A stack server in this process until killed.
 fn role_server(name: &str) -> i32 {
     let _srv = server(name, |_| {});
@@ -289,6 +308,45 @@ fn role_server(name: &str) -> i32 {
 }
 
 // ------------------------------------------------------------------ 1. client killed
+
+/// A client that writes, closes and exits while its send ring still holds bytes
+/// (its peer reads slowly): the bytes still go out and the peer sees every one, then
+/// EOF, as with a kernel socket closed by a process that exits.
+#[test]
+fn a_client_that_closes_and_exits_still_delivers_what_it_wrote() {
+    let name = "close-exit";
+    let _srv = server(name, |_| {});
+    let peer = Client::attach(name).unwrap();
+    let l = TcpListener::bind(&peer, at(7410)).unwrap();
+    let n: u64 = 6 << 20;
+    let mut p = Proc::spawn(
+        "write-close-exit",
+        &[name.into(), "7410".into(), n.to_string()],
+    );
+    let (s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A slow reader: the writer's ring stays full, so it closes and exits with
+    // bytes still there.
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16384];
+        let mut pos = 0u64;
+        loop {
+            let k = (&s).read(&mut buf).expect("read after the writer exited");
+            if k == 0 {
+                return pos;
+            }
+            for (j, &b) in buf[..k].iter().enumerate() {
+                assert_eq!(b, pattern(pos + j as u64), "byte {}", pos + j as u64);
+            }
+            pos += k as u64;
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    });
+    let st = p.wait(Duration::from_secs(30));
+    assert!(st.success(), "writer: {st}");
+    let pos = reader.join().expect("reader");
+    assert_eq!(pos, n, "bytes before EOF");
+}
 
 /// A client process killed with SIGKILL while it streams both ways: within 1 s its
 /// connection is reset toward its peer (who sees ECONNRESET or EOF, reading and

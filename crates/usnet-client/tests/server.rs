@@ -123,6 +123,11 @@ fn udp_datagrams_keep_their_boundaries_and_senders() {
         let msg: Vec<u8> = (0..*len).map(|k| (k + i) as u8).collect();
         a.send_to(&msg, bport).unwrap();
         let mut buf = vec![0u8; 70000];
+        // MSG_PEEK: the same datagram twice, then it is received.
+        for _ in 0..2 {
+            let (n, from) = b.peek_from(&mut buf).unwrap();
+            assert_eq!((&buf[..n], from), (&msg[..], sa("10.66.0.1:7100")));
+        }
         let (n, from) = b.recv_from(&mut buf).unwrap();
         assert_eq!(n, *len);
         assert_eq!(&buf[..n], &msg[..]);
@@ -195,4 +200,30 @@ fn tcp_info_and_options_reach_the_connection() {
     assert!(info.snd_mss > 0 && info.cwnd > 0);
     assert!(s.take_error().unwrap().is_none());
     assert_eq!(s.peer_addr().unwrap(), sa("10.66.0.1:7300"));
+}
+
+#[test]
+fn tcp_peek_leaves_the_bytes_in_the_stream() {
+    let _srv = common::server("tcp-peek", |_| {});
+    let c = Client::attach("tcp-peek").unwrap();
+    let l = TcpListener::bind(&c, sa("10.66.0.1:7300")).unwrap();
+    let a = TcpStream::connect(&c, sa("10.66.0.1:7300")).unwrap();
+    let (b, _) = l.accept().unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (&a).write_all(b"peek at me").unwrap();
+    let mut buf = [0u8; 64];
+    let end = Instant::now() + Duration::from_secs(10);
+    // Peek until all ten bytes are there, then read them once.
+    loop {
+        let n = b.peek(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &b"peek at me"[..n]);
+        if n == 10 {
+            break;
+        }
+        assert!(Instant::now() < end, "only {n} bytes arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut got = [0u8; 10];
+    (&b).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"peek at me");
 }

@@ -494,16 +494,17 @@ fn apply_timeouts(e: &Entry, s: &TcpStream) -> Res<()> {
 
 /// `recvfrom(2)` (and `recv`, `read`): the byte count and, for datagrams, the sender.
 pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<SocketAddr>)> {
-    if flags & libc::MSG_PEEK != 0 {
-        // The receive ring is consumed as it is read; peeking is not offered.
-        return Err(Errno(libc::EOPNOTSUPP));
-    }
-    if flags & !RECV_FLAGS != 0 {
+    let peek = flags & libc::MSG_PEEK != 0;
+    if flags & !(RECV_FLAGS | libc::MSG_PEEK) != 0 {
         return Err(Errno(libc::EOPNOTSUPP));
     }
     let e = get(fd)?;
     let o = e.read();
     match &*o {
+        Obj::Stream(s) if peek => {
+            apply_timeouts(&e, s)?;
+            Ok((maybe_dontwait(flags, || s.peek(buf))?, None))
+        }
         Obj::Stream(s) => {
             apply_timeouts(&e, s)?;
             let mut got = 0;
@@ -527,7 +528,11 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
         }
         Obj::Udp(u) => {
             u.set_read_timeout(lock(&e.opts).rcvtimeo)?;
-            let (n, from) = maybe_dontwait(flags, || u.recv_from(buf))?;
+            let (n, from) = if peek {
+                maybe_dontwait(flags, || u.peek_from(buf))?
+            } else {
+                maybe_dontwait(flags, || u.recv_from(buf))?
+            };
             Ok((n, Some(from)))
         }
         Obj::Fresh(_) | Obj::Failed | Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),

@@ -101,6 +101,10 @@ impl Default for ServerConfig {
     }
 }
 
+/// How long the closed sockets of a client that is gone may take to send what their
+/// rings still hold (a peer that stopped reading would otherwise pin them).
+const DYING_DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
 /// Sockets listed per client by `stat`/`clients` (the counts are always whole).
 const STAT_MAX_CLIENT_SOCKETS: usize = 256;
 
@@ -111,6 +115,9 @@ pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
 pub struct Loop {
     pub driver: Driver<Box<dyn Device>>,
     sessions: HashMap<u32, ServerSession>,
+    /// Sessions of clients that are gone, kept while sockets they closed still
+    /// drain their send rings, with the time they must be done by.
+    dying: Vec<(ServerSession, Instant)>,
     order: Vec<u32>,
     pub cfg: ServerConfig,
     pub started: Instant,
@@ -182,12 +189,36 @@ impl Loop {
             // before its exit closes the rest: those connections end with a FIN.
             s.serve(stack, budget);
             s.drain_all(stack);
-            s.close_all(stack);
+            let draining = s.close_dead(stack);
             stack.clear_owner_info(s.owner());
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;
             s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
+            if draining {
+                self.dying.push((s, Instant::now() + DYING_DRAIN_LIMIT));
+            }
         }
+    }
+
+    /// Drains the closed sockets of clients that are gone; a session whose sockets
+    /// are all done (or whose time is up: then they are reset) is dropped. Returns
+    /// whether bytes moved (else the loop may sleep: the stack's ACKs wake it).
+    fn drain_dying(&mut self) -> bool {
+        let stack = self.driver.stack_mut();
+        let now = Instant::now();
+        let mut moved = false;
+        self.dying.retain_mut(|(s, deadline)| {
+            let (left, m) = s.drain_closing(stack);
+            moved |= m;
+            if left && now < *deadline {
+                return true;
+            }
+            for h in s.handles() {
+                let _ = stack.tcp_abort(h);
+            }
+            false
+        });
+        moved
     }
 
     /// One row per attached client (pid, command, sockets, calls served...).
@@ -277,6 +308,7 @@ impl Loop {
         for s in self.sessions.values_mut() {
             s.notify();
         }
+        did |= self.drain_dying();
         did
     }
 
@@ -332,6 +364,7 @@ impl ServerHandle {
         let lp = Loop {
             driver,
             sessions: HashMap::new(),
+            dying: Vec::new(),
             order: Vec::new(),
             cfg: cfg.clone(),
             started: Instant::now(),

@@ -1118,6 +1118,56 @@ impl ServerSession {
         self.dirty = true;
     }
 
+    /// The client is gone. A socket it had closed whose send ring still holds bytes
+    /// keeps draining: those bytes were written before the close, and a close
+    /// promises they go out, as the kernel's orphaned sockets do. It stops being the
+    /// client's (so the reset below spares it); everything else the client held is
+    /// reset and given back. Returns whether any socket is still draining
+    /// ([`ServerSession::drain_closing`]).
+    pub fn close_dead(&mut self, stack: &mut Stack) -> bool {
+        let mut draining = false;
+        for s in self.socks.iter_mut() {
+            let keep = s.as_mut().and_then(|x| {
+                let left = x.closing && x.tx.available().unwrap_or(0) > 0;
+                x.handle.filter(|_| left)
+            });
+            match keep {
+                Some(h) => {
+                    let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
+                    draining = true;
+                }
+                None => *s = None,
+            }
+        }
+        let socks = &self.socks;
+        self.by_handle.retain(|_, i| socks[*i as usize].is_some());
+        self.active.retain(|i| socks[*i as usize].is_some());
+        self.rx_again.clear();
+        stack.close_owner(self.owner());
+        draining
+    }
+
+    /// The stack sockets the session's slots still name.
+    pub fn handles(&self) -> Vec<SocketHandle> {
+        self.socks
+            .iter()
+            .flatten()
+            .filter_map(|s| s.handle)
+            .collect()
+    }
+
+    /// After [`ServerSession::close_dead`]: moves what the closed sockets' send
+    /// rings still hold into the stack (each closes gracefully once its ring is
+    /// empty). Returns whether any is still draining, and whether bytes moved.
+    pub fn drain_closing(&mut self, stack: &mut Stack) -> (bool, bool) {
+        let before = self.stats.bytes_in;
+        self.drain_all(stack);
+        (
+            self.socks.iter().any(Option::is_some),
+            self.stats.bytes_in != before,
+        )
+    }
+
     /// The client is gone: everything it held is closed (TCP reset toward the peers)
     /// and given back. Returns how many stack sockets were closed.
     pub fn close_all(&mut self, stack: &mut Stack) -> usize {

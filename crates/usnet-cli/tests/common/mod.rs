@@ -376,3 +376,86 @@ pub fn veth_netns(ns: &str, outer: &str, inner: &str, addrs: &[&str]) -> Cleanup
     ip(&["link", "set", outer, "up"]);
     cleanup
 }
+
+// ------------------------------------------------------- programs under the shim
+
+/// A background program, killed (and reaped) on drop.
+pub struct Bg(pub Child, pub &'static str);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = reap(&mut self.0, Duration::from_secs(5));
+    }
+}
+
+/// `usnet run --stack STACK -- prog args` (`shim`) or plain `prog args`, in the
+/// background, output in `DIR/WHAT.log`.
+pub fn spawn_prog(
+    dir: &Path,
+    stack: Option<&str>,
+    what: &'static str,
+    prog: &str,
+    args: &[&str],
+) -> Bg {
+    let mut c = match stack {
+        Some(s) => {
+            let mut c = Command::new(USNET);
+            c.args(["run", "--stack", s, "--", prog]);
+            c
+        }
+        None => Command::new(prog),
+    };
+    let log = File::create(dir.join(format!("{what}.log"))).unwrap();
+    let child = c
+        .args(args)
+        .env("USNET_RUN_DIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
+    Bg(child, what)
+}
+
+/// What a background program wrote.
+pub fn log_of(dir: &Path, what: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{what}.log"))).unwrap_or_default()
+}
+
+/// Waits (15 s at most) until `addr:port` accepts a TCP connection from the kernel.
+pub fn wait_listening(bg: &mut Bg, dir: &Path, addr: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let sa: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+    while std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(200)).is_err() {
+        if let Some(s) = bg.0.try_wait().unwrap() {
+            panic!("{} exited ({s}): {}", bg.1, log_of(dir, bg.1));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} not listening on {sa}: {}",
+            bg.1,
+            log_of(dir, bg.1)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits (15 s at most) until a background program's log contains `needle` (for a
+/// server a probe connection would disturb, such as `iperf3 -s -1`).
+pub fn wait_log(bg: &mut Bg, dir: &Path, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !log_of(dir, bg.1).contains(needle) {
+        if let Some(s) = bg.0.try_wait().unwrap() {
+            panic!("{} exited ({s}): {}", bg.1, log_of(dir, bg.1));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not say {needle:?}: {}",
+            bg.1,
+            log_of(dir, bg.1)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
