@@ -95,9 +95,11 @@ pub fn run(a: HttpdArgs) -> CmdResult {
     let resp = usnet_httpd::Responses::new(cfg.length, &cfg.headers)?;
     if a.api == Api::Kernel && (a.link.is_some() || !a.addrs.is_empty() || !a.host_addrs.is_empty())
     {
-        return Err("--link, --addr and --host-addr are for --api socket and zerocopy (the \
+        return Err(
+            "--link, --addr and --host-addr are for --api socket and zerocopy (the \
              kernel api uses the host's addresses; --bind picks one)"
-            .into());
+                .into(),
+        );
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -176,8 +178,7 @@ fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::err
         .ok_or("--api socket and zerocopy need --link (e.g. tap:NAME, afpacket:IF, xdp:IF)")?;
     if a.addrs.is_empty() {
         return Err(
-            "--api socket and zerocopy need --addr (the stack's address, e.g. 10.0.0.2/24)"
-                .into(),
+            "--api socket and zerocopy need --addr (the stack's address, e.g. 10.0.0.2/24)".into(),
         );
     }
     let name = format!("httpd-{}", std::process::id());
