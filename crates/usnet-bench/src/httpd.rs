@@ -10,7 +10,10 @@
 //! - `httpd socket afpacket` / `httpd socket xdp`: `usnet httpd --api socket`, its
 //!   own usnet stack on the same veth end through AF_PACKET / AF_XDP, with an
 //!   address of its own;
-//! - `httpd socket tap`: the same on a TAP whose Linux side is in wrk's namespace.
+//! - `httpd socket tap`: the same on a TAP whose Linux side is in wrk's namespace;
+//! - `httpd zerocopy afpacket` / `xdp` / `tap`: `usnet httpd --api zerocopy`, the
+//!   same server on usnet's zero-copy rings (requests parsed in the received
+//!   buffers, answers written once into buffers sent in place), on the same links.
 //!
 //! The server runs on CPU 1 and wrk on CPU 0. One server runs at a time (an
 //! AF_PACKET socket sees every frame of the veth, so a usnet stack left running
@@ -71,25 +74,46 @@ const KERNEL_PORT: u16 = 8090;
 const TAP_HOST: &str = "10.92.0.1";
 const TAP_USNET: &str = "10.92.0.2";
 
+/// Where a usnet httpd's stack sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sys {
-    Nginx,
-    Kernel,
+enum Link {
     AfPacket,
     Xdp,
     Tap,
 }
 
-const SYSTEMS: [Sys; 5] = [Sys::Nginx, Sys::Kernel, Sys::AfPacket, Sys::Xdp, Sys::Tap];
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sys {
+    Nginx,
+    Kernel,
+    /// `--api socket` on a link.
+    Socket(Link),
+    /// `--api zerocopy` on a link.
+    Zerocopy(Link),
+}
+
+const SYSTEMS: [Sys; 8] = [
+    Sys::Nginx,
+    Sys::Kernel,
+    Sys::Socket(Link::AfPacket),
+    Sys::Zerocopy(Link::AfPacket),
+    Sys::Socket(Link::Xdp),
+    Sys::Zerocopy(Link::Xdp),
+    Sys::Socket(Link::Tap),
+    Sys::Zerocopy(Link::Tap),
+];
 
 impl Sys {
     fn short(self) -> &'static str {
         match self {
             Sys::Nginx => "nginx",
             Sys::Kernel => "kernel",
-            Sys::AfPacket => "afpacket",
-            Sys::Xdp => "xdp",
-            Sys::Tap => "tap",
+            Sys::Socket(Link::AfPacket) => "afpacket",
+            Sys::Socket(Link::Xdp) => "xdp",
+            Sys::Socket(Link::Tap) => "tap",
+            Sys::Zerocopy(Link::AfPacket) => "zc-afpacket",
+            Sys::Zerocopy(Link::Xdp) => "zc-xdp",
+            Sys::Zerocopy(Link::Tap) => "zc-tap",
         }
     }
 
@@ -97,9 +121,20 @@ impl Sys {
         match self {
             Sys::Nginx => "nginx (Linux)",
             Sys::Kernel => "httpd kernel",
-            Sys::AfPacket => "httpd socket afpacket",
-            Sys::Xdp => "httpd socket xdp",
-            Sys::Tap => "httpd socket tap",
+            Sys::Socket(Link::AfPacket) => "httpd socket afpacket",
+            Sys::Socket(Link::Xdp) => "httpd socket xdp",
+            Sys::Socket(Link::Tap) => "httpd socket tap",
+            Sys::Zerocopy(Link::AfPacket) => "httpd zerocopy afpacket",
+            Sys::Zerocopy(Link::Xdp) => "httpd zerocopy xdp",
+            Sys::Zerocopy(Link::Tap) => "httpd zerocopy tap",
+        }
+    }
+
+    /// The usnet stack's link, for the socket and zero-copy servers.
+    fn link(self) -> Option<Link> {
+        match self {
+            Sys::Socket(l) | Sys::Zerocopy(l) => Some(l),
+            _ => None,
         }
     }
 }
@@ -123,8 +158,10 @@ fn url(sys: Sys, len: usize) -> String {
     match sys {
         Sys::Nginx => format!("http://{}:{NGINX_PORT}/r{len}", VETH_ADDR[0]),
         Sys::Kernel => format!("http://{}:{KERNEL_PORT}/r{len}", VETH_ADDR[0]),
-        Sys::AfPacket | Sys::Xdp => format!("http://{VETH_USNET}/r{len}"),
-        Sys::Tap => format!("http://{TAP_USNET}/r{len}"),
+        Sys::Socket(Link::Tap) | Sys::Zerocopy(Link::Tap) => {
+            format!("http://{TAP_USNET}/r{len}")
+        }
+        Sys::Socket(_) | Sys::Zerocopy(_) => format!("http://{VETH_USNET}/r{len}"),
     }
 }
 
@@ -138,7 +175,7 @@ fn start_httpd(
     core: usize,
 ) -> Res<Bg> {
     let exe = std::env::current_exe()?;
-    let ns = if sys == Sys::Tap {
+    let ns = if sys.link() == Some(Link::Tap) {
         net.client_ns()
     } else {
         net.server_ns()
@@ -160,17 +197,25 @@ fn start_httpd(
             c.args(["--api", "kernel", "--bind", VETH_ADDR[0]]);
             c.args(["-p", &KERNEL_PORT.to_string()]);
         }
-        Sys::AfPacket | Sys::Xdp => {
-            let link = if sys == Sys::Xdp { "xdp" } else { "afpacket" };
-            c.args(["--api", "socket", "--link"]);
-            c.arg(format!("{link}:{}", net.veth.dev[0]));
-            c.args(["--addr", &format!("{VETH_USNET}/24"), "-p", "80"]);
-            c.args(["--spin-us", &a.spin_us.to_string()]);
-        }
-        Sys::Tap => {
-            c.args(["--api", "socket", "--link", &format!("tap:{}", net.tap)]);
-            c.args(["--addr", &format!("{TAP_USNET}/24")]);
-            c.args(["--host-addr", &format!("{TAP_HOST}/24"), "-p", "80"]);
+        Sys::Socket(link) | Sys::Zerocopy(link) => {
+            let api = if matches!(sys, Sys::Zerocopy(_)) {
+                "zerocopy"
+            } else {
+                "socket"
+            };
+            c.args(["--api", api, "--link"]);
+            match link {
+                Link::AfPacket | Link::Xdp => {
+                    let kind = if link == Link::Xdp { "xdp" } else { "afpacket" };
+                    c.arg(format!("{kind}:{}", net.veth.dev[0]));
+                    c.args(["--addr", &format!("{VETH_USNET}/24"), "-p", "80"]);
+                }
+                Link::Tap => {
+                    c.arg(format!("tap:{}", net.tap));
+                    c.args(["--addr", &format!("{TAP_USNET}/24")]);
+                    c.args(["--host-addr", &format!("{TAP_HOST}/24"), "-p", "80"]);
+                }
+            }
             c.args(["--spin-us", &a.spin_us.to_string()]);
         }
     }
@@ -241,7 +286,10 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
     need_tools(&["nginx", "wrk", "curl", "taskset"])?;
     for o in &a.only {
         if !SYSTEMS.iter().any(|s| s.short() == o) {
-            return Err(format!("--only {o}: use nginx, kernel, afpacket, xdp or tap").into());
+            return Err(format!(
+                "--only {o}: use nginx, kernel, afpacket, xdp, tap, zc-afpacket, zc-xdp or zc-tap"
+            )
+            .into());
         }
     }
     let systems: Vec<Sys> = SYSTEMS
@@ -335,6 +383,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             "server",
             "req/s",
             "× nginx",
+            "× socket",
             "mean ms",
             "p99 ms",
             "errors",
@@ -354,6 +403,14 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             .find(|q| q.len == p.len && q.sys == Sys::Nginx)
             .map(|q| q.med(|r| r.rps));
         let ratio = base.map(|b| rps / b);
+        // The zero-copy server against the socket server on the same link.
+        let vs_socket = match p.sys {
+            Sys::Zerocopy(l) => points
+                .iter()
+                .find(|q| q.len == p.len && q.sys == Sys::Socket(l))
+                .map(|q| rps / q.med(|r| r.rps)),
+            _ => None,
+        };
         let (mean, p99) = (p.med(|r| r.mean_ms), p.med(|r| r.p99_ms));
         total_errors += p.errors();
         table.row(vec![
@@ -361,6 +418,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             p.sys.name().to_string(),
             format!("{rps:.0}"),
             ratio.map_or("-".into(), |r| format!("{r:.2}")),
+            vs_socket.map_or("-".into(), |r| format!("{r:.2}")),
             format!("{mean:.3}"),
             format!("{p99:.3}"),
             p.errors().to_string(),
@@ -374,6 +432,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
         results.push(json!({
             "body_bytes": p.len, "response_bytes": total, "server": p.sys.name(),
             "key": p.sys.short(), "median_rps": rps, "x_nginx": ratio,
+            "x_socket": vs_socket,
             "mean_ms": mean, "p99_ms": p99, "errors": p.errors(),
             "runs": p.runs.iter().map(|r| json!({"rps": r.rps, "mean_ms": r.mean_ms,
                 "p99_ms": r.p99_ms, "errors": r.errors})).collect::<Vec<_>>(),
