@@ -23,8 +23,12 @@
 //!
 //! In-process, the application drives the stack's loop itself (a `Driver`'s turn)
 //! and calls `zc_sync` once per turn; it sleeps in the driver's wait, which wakes
-//! for frames and timers, i.e. whenever a ring may get work.
+//! for frames and timers, i.e. whenever a ring may get work. A sync looks only at
+//! the port's sockets whose readiness changed (the stack keeps a second ready list
+//! for watched sockets, so the application's own readiness consumer is not
+//! disturbed): its cost follows the traffic, not the number of connections.
 
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use usnet_tcp::BufSpan;
@@ -218,10 +222,22 @@ pub struct SyncReport {
 
 #[derive(Debug)]
 struct PortSocket {
-    h: SocketHandle,
     listener: bool,
     eof_told: bool,
     err_told: bool,
+    /// In `dirty`.
+    queued: bool,
+}
+
+impl PortSocket {
+    fn new(listener: bool) -> PortSocket {
+        PortSocket {
+            listener,
+            eof_told: false,
+            err_told: false,
+            queued: false,
+        }
+    }
 }
 
 /// One application's rings and the buffers it holds. Create with
@@ -237,9 +253,11 @@ pub struct ZcPort {
     rx_seen: u32,
     /// References the application holds, per pool buffer.
     held: Vec<u16>,
-    sockets: Vec<PortSocket>,
-    /// Where the next RX scan starts (fairness among sockets).
-    scan: usize,
+    sockets: HashMap<SocketHandle, PortSocket>,
+    /// Sockets to look at for RX slots: the stack reported them ready, or the RX
+    /// ring filled up before they were done. A sync looks only at these, so its
+    /// cost follows the traffic, not the number of connections.
+    dirty: VecDeque<SocketHandle>,
     stats: ZcStats,
 }
 
@@ -256,15 +274,24 @@ impl ZcPort {
 
     /// Sockets of the port (listeners and connections not yet closed).
     pub fn sockets(&self) -> impl Iterator<Item = SocketHandle> + '_ {
-        self.sockets.iter().map(|s| s.h)
+        self.sockets.keys().copied()
     }
 
     fn holds(&self, buf: u32) -> bool {
         self.held.get(buf as usize).is_some_and(|&n| n > 0)
     }
 
-    fn owns_socket(&self, h: SocketHandle) -> Option<usize> {
-        self.sockets.iter().position(|s| s.h == h && !s.listener)
+    fn owns_conn(&self, h: SocketHandle) -> bool {
+        self.sockets.get(&h).is_some_and(|s| !s.listener)
+    }
+
+    fn mark(&mut self, h: SocketHandle) {
+        if let Some(s) = self.sockets.get_mut(&h) {
+            if !s.queued {
+                s.queued = true;
+                self.dirty.push_back(h);
+            }
+        }
     }
 }
 
@@ -276,8 +303,8 @@ impl Stack {
             tx: Ring::new(tx_slots),
             rx_seen: 0,
             held: vec![0; self.core.pool.count() as usize],
-            sockets: Vec::new(),
-            scan: 0,
+            sockets: HashMap::new(),
+            dirty: VecDeque::new(),
             stats: ZcStats::default(),
         }
     }
@@ -313,12 +340,7 @@ impl Stack {
         let mut cfg = self.core.cfg.tcp.clone();
         cfg.zero_copy = true;
         let h = self.tcp_listen_with(addr, backlog, cfg)?;
-        port.sockets.push(PortSocket {
-            h,
-            listener: true,
-            eof_told: false,
-            err_told: false,
-        });
+        self.zc_add(port, h, true);
         Ok(h)
     }
 
@@ -331,12 +353,7 @@ impl Stack {
         let mut cfg = self.core.cfg.tcp.clone();
         cfg.zero_copy = true;
         let h = self.tcp_connect_with(None, remote, cfg)?;
-        port.sockets.push(PortSocket {
-            h,
-            listener: false,
-            eof_told: false,
-            err_told: false,
-        });
+        self.zc_add(port, h, false);
         Ok(h)
     }
 
@@ -384,6 +401,16 @@ impl Stack {
             .get(slot.off as usize..(slot.off as usize).checked_add(slot.len as usize)?)
     }
 
+    /// Makes `h` one of the port's sockets: its readiness goes to the stack's
+    /// zero-copy ready list, and it is looked at in the next sync.
+    fn zc_add(&mut self, port: &mut ZcPort, h: SocketHandle, listener: bool) {
+        if let Some(slot) = self.sockets.slots.get_mut(h.index as usize) {
+            slot.zc_watch = true;
+        }
+        port.sockets.insert(h, PortSocket::new(listener));
+        port.mark(h);
+    }
+
     fn zc_bad(&mut self, port: &mut ZcPort) {
         port.stats.bad_slots += 1;
         self.core.counters.tcp_zc_bad_slots += 1;
@@ -429,7 +456,7 @@ impl Stack {
             let t = port.tx.tail;
             let s = *port.tx.slot(t);
             let h = s.handle();
-            let Some(k) = port.owns_socket(h) else {
+            if !port.owns_conn(h) {
                 port.tx.slot_mut(t).flags |= SLOT_ERROR;
                 self.zc_bad(port);
                 port.tx.tail = port.tx.next(t);
@@ -476,7 +503,7 @@ impl Stack {
                 touched.push(h);
             }
             if s.flags & SLOT_CLOSE != 0 {
-                port.sockets.swap_remove(k);
+                port.sockets.remove(&h);
                 let _ = self.tcp_close(h);
             } else if s.flags & SLOT_SHUT_WR != 0 {
                 let _ = self.tcp_shutdown_write(h);
@@ -493,28 +520,44 @@ impl Stack {
     }
 
     fn zc_fill_rx(&mut self, port: &mut ZcPort, report: &mut SyncReport) {
-        let n = port.sockets.len();
-        if n == 0 {
-            return;
-        }
-        let start = port.scan % n;
-        for step in 0..n {
-            if port.rx.distance(port.rx.tail, port.rx.head) == 1 {
-                // Full (one slot stays empty).
-                port.scan = start + step;
-                return;
-            }
-            let k = (start + step) % n;
-            if k >= port.sockets.len() {
+        // Readiness of the watched sockets (the stack's second ready list); another
+        // port's go back for it.
+        let mut foreign = Vec::new();
+        while let Some(h) = self.sockets.zc_ready.pop_front() {
+            let Some(slot) = self.sockets.slots.get_mut(h.index as usize) else {
+                continue;
+            };
+            slot.zc_queued = false;
+            if slot.gen != h.gen || slot.sock.is_none() {
                 continue;
             }
-            if port.sockets[k].listener {
-                self.zc_fill_accepts(port, k, report);
+            if port.sockets.contains_key(&h) {
+                port.mark(h);
             } else {
-                self.zc_fill_conn(port, k, report);
+                foreign.push(h);
             }
         }
-        port.scan = start + 1;
+        for h in foreign {
+            self.sockets.mark_ready(h.index);
+        }
+        while let Some(&h) = port.dirty.front() {
+            if !Self::zc_rx_room(port) {
+                // Full: the rest waits for the next sync, this socket first.
+                return;
+            }
+            let done = match port.sockets.get(&h).map(|s| s.listener) {
+                Some(true) => self.zc_fill_accepts(port, h, report),
+                Some(false) => self.zc_fill_conn(port, h, report),
+                None => true,
+            };
+            if !done {
+                return;
+            }
+            port.dirty.pop_front();
+            if let Some(s) = port.sockets.get_mut(&h) {
+                s.queued = false;
+            }
+        }
     }
 
     fn zc_rx_room(port: &ZcPort) -> bool {
@@ -528,18 +571,23 @@ impl Stack {
         report.rx += 1;
     }
 
-    fn zc_fill_accepts(&mut self, port: &mut ZcPort, k: usize, report: &mut SyncReport) {
-        let lh = port.sockets[k].h;
-        while Self::zc_rx_room(port) {
+    /// Accepted connections become `SLOT_NEW` slots. Returns whether the listener
+    /// is done (false: the ring filled first).
+    fn zc_fill_accepts(
+        &mut self,
+        port: &mut ZcPort,
+        lh: SocketHandle,
+        report: &mut SyncReport,
+    ) -> bool {
+        loop {
+            if !Self::zc_rx_room(port) {
+                return false;
+            }
             let Ok(h) = self.tcp_accept(lh) else {
-                return;
+                return true;
             };
-            port.sockets.push(PortSocket {
-                h,
-                listener: false,
-                eof_told: false,
-                err_told: false,
-            });
+            // Data may have come with the handshake: look at it at once.
+            self.zc_add(port, h, false);
             let s = Slot {
                 flags: SLOT_NEW,
                 socket: h.raw(),
@@ -549,14 +597,25 @@ impl Stack {
         }
     }
 
-    fn zc_fill_conn(&mut self, port: &mut ZcPort, k: usize, report: &mut SyncReport) {
-        let h = port.sockets[k].h;
+    /// A connection's payload pieces, then its EOF or error, become RX slots.
+    /// Returns whether it is done (false: the ring filled first).
+    fn zc_fill_conn(
+        &mut self,
+        port: &mut ZcPort,
+        h: SocketHandle,
+        report: &mut SyncReport,
+    ) -> bool {
         let Some(Socket::TcpConn(sock)) = self.sockets.get_mut(h) else {
-            return;
+            return true;
         };
         let conn = &mut sock.conn;
         let mut got = 0usize;
-        while Self::zc_rx_room(port) {
+        let mut full = false;
+        loop {
+            if !Self::zc_rx_room(port) {
+                full = conn.recv_available() > 0;
+                break;
+            }
             let mut piece = None;
             conn.recv_spans(usize::MAX, 1, |s| piece = Some(s));
             let Some(p) = piece else { break };
@@ -570,36 +629,49 @@ impl Stack {
         let eof = conn.is_eof();
         let failed = conn.error().is_some() || conn.state() == TcpState::Closed;
         settle_bufs(&mut self.core.pool, conn);
-        let room = Self::zc_rx_room(port);
-        let ps = &mut port.sockets[k];
-        if failed && !eof && !ps.err_told && room {
-            ps.err_told = true;
-            let s = Slot {
-                flags: SLOT_ERROR,
-                socket: h.raw(),
-                ..Slot::default()
-            };
-            Self::zc_rx_push(port, s, report);
-        } else if eof && !ps.eof_told && room {
-            ps.eof_told = true;
-            let s = Slot {
-                flags: SLOT_EOF,
-                socket: h.raw(),
-                ..Slot::default()
-            };
-            Self::zc_rx_push(port, s, report);
-        }
         if got > 0 {
             // The reads may open the window: let the connection say so.
             self.tcp_settle(h.index, usnet_tcp::Wake::default());
         }
+        if full {
+            return false;
+        }
+        let room = Self::zc_rx_room(port);
+        let Some(ps) = port.sockets.get_mut(&h) else {
+            return true;
+        };
+        let event = if failed && !eof && !ps.err_told {
+            ps.err_told = true;
+            SLOT_ERROR
+        } else if eof && !ps.eof_told {
+            ps.eof_told = true;
+            SLOT_EOF
+        } else {
+            return true;
+        };
+        if !room {
+            // Told next time.
+            if event == SLOT_ERROR {
+                ps.err_told = false;
+            } else {
+                ps.eof_told = false;
+            }
+            return false;
+        }
+        let s = Slot {
+            flags: event,
+            socket: h.raw(),
+            ..Slot::default()
+        };
+        Self::zc_rx_push(port, s, report);
+        true
     }
 
     /// Closes the port: every socket it still has is closed and every buffer the
     /// application holds goes back to the pool.
     pub fn zc_close_port(&mut self, mut port: ZcPort) {
-        for s in std::mem::take(&mut port.sockets) {
-            let _ = self.tcp_close(s.h);
+        for (h, _) in std::mem::take(&mut port.sockets) {
+            let _ = self.tcp_close(h);
         }
         for (i, n) in port.held.iter().enumerate() {
             if let Some(id) = self.core.pool.checked(i as u32) {

@@ -91,6 +91,10 @@ pub(crate) struct Slot {
     pub prio_member: bool,
     /// Creation order: priority ties go to the older socket.
     pub seq: u64,
+    /// A zero-copy port watches this socket: readiness also goes to `zc_ready`.
+    pub zc_watch: bool,
+    /// Already in `zc_ready`.
+    pub zc_queued: bool,
 }
 
 pub(crate) struct SocketSet {
@@ -98,6 +102,11 @@ pub(crate) struct SocketSet {
     free: Vec<u32>,
     /// Sockets whose readiness changed since the last `take_ready`.
     pub ready: VecDeque<SocketHandle>,
+    /// The same for sockets that zero-copy ports watch, since the last
+    /// `zc_take_ready` (a second list, so a port and the application's own
+    /// readiness consumer, such as the runtime's poll loop, do not take each
+    /// other's events).
+    pub zc_ready: VecDeque<SocketHandle>,
     pub udp: UdpTable,
     pub next_ping_ident: u16,
     pub tcp: TcpTable,
@@ -135,6 +144,7 @@ impl SocketSet {
             slots: Vec::new(),
             free: Vec::new(),
             ready: VecDeque::new(),
+            zc_ready: VecDeque::new(),
             udp: UdpTable::new(seed),
             next_ping_ident: (seed >> 16) as u16,
             tcp: TcpTable::new(seed),
@@ -156,6 +166,8 @@ impl SocketSet {
                 slot.mark = Default::default();
                 slot.prio_member = false;
                 slot.seq = seq;
+                slot.zc_watch = false;
+                slot.zc_queued = false;
                 SocketHandle {
                     index: i,
                     gen: slot.gen,
@@ -170,6 +182,8 @@ impl SocketSet {
                     mark: Default::default(),
                     prio_member: false,
                     seq,
+                    zc_watch: false,
+                    zc_queued: false,
                 });
                 SocketHandle {
                     index: self.slots.len() as u32 - 1,
@@ -249,13 +263,17 @@ impl SocketSet {
     /// Marks a socket in the ready list (once until taken).
     pub fn mark_ready(&mut self, index: u32) {
         let slot = &mut self.slots[index as usize];
+        let h = SocketHandle {
+            index,
+            gen: slot.gen,
+        };
         if !slot.ready_queued {
             slot.ready_queued = true;
-            let h = SocketHandle {
-                index,
-                gen: slot.gen,
-            };
             self.ready.push_back(h);
+        }
+        if slot.zc_watch && !slot.zc_queued {
+            slot.zc_queued = true;
+            self.zc_ready.push_back(h);
         }
     }
 }
