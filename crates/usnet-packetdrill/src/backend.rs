@@ -1093,6 +1093,9 @@ const TCP_FASTOPEN_KEY: c_int = 33;
 /// Linux's `TCP_CC_INFO` option number.
 const TCP_CC_INFO: c_int = 26;
 
+/// Linux's `tcpi_snd_ssthresh` before any congestion event (`TCP_INFINITE_SSTHRESH`).
+const TCP_INFINITE_SSTHRESH: u64 = 0x7fff_ffff;
+
 /// The size of Linux's `struct tcp_info` (6.x, through `tcpi_options2`) this library
 /// returns; a caller's shorter buffer gets the first bytes, as from Linux.
 pub const TCP_INFO_LEN: usize = 280;
@@ -1117,7 +1120,15 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(52, i.last_data_recv.as_millis() as u64);
     put32(68, i.srtt.map_or(0, us));
     put32(72, us(i.rttvar));
-    put32(76, u64::from(i.ssthresh) / mss);
+    // No loss yet: Linux's TCP_INFINITE_SSTHRESH, not a segment count.
+    put32(
+        76,
+        if i.ssthresh == u32::MAX {
+            TCP_INFINITE_SSTHRESH
+        } else {
+            u64::from(i.ssthresh) / mss
+        },
+    );
     put32(80, u64::from(i.cwnd) / mss);
     put32(84, u64::from(i.snd_mss));
     put32(88, 3);
@@ -1190,6 +1201,20 @@ impl Drop for Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_info_reports_an_untouched_ssthresh_as_linux_infinity() {
+        let mut b = Backend::new(&Options::default()).unwrap();
+        let fd = b.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+        b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK).unwrap();
+        let _ = b.start_connect(fd, "192.0.2.1:8080".parse().unwrap());
+        let info = b
+            .getsockopt_struct(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
+            .unwrap()
+            .unwrap();
+        let ssthresh = u32::from_ne_bytes(info[76..80].try_into().unwrap());
+        assert_eq!(u64::from(ssthresh), TCP_INFINITE_SSTHRESH);
+    }
 
     #[test]
     fn socket_options_and_flags() {

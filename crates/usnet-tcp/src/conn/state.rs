@@ -331,8 +331,7 @@ impl Connection {
         let flight_before = self.snd.nxt.since(self.snd.una);
         // RFC 6937's DeliveredData: the change in SND.UNA plus in SACKed bytes.
         let (una_before, sacked_before) = (self.snd.una, self.scoreboard.sacked_bytes());
-        let cwnd_limited =
-            self.snd.cwnd_blocked || u64::from(flight_before) * 2 >= u64::from(self.cc.cwnd());
+        let cwnd_limited = self.is_cwnd_limited();
         let mut delivered = false;
         let advanced = ack.gt(self.snd.una);
         if advanced {
