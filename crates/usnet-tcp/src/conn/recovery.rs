@@ -191,14 +191,17 @@ impl Connection {
         if self.snd.buf.is_empty() {
             self.chrono_stop(super::Chrono::Busy);
         }
+        self.rtt.latest = None;
         if let Some(r) = rtt_sample {
             self.rtt.sample(r, &self.cfg);
+            self.rtt.latest = Some(r);
         } else if let Some(ms) = ecr
             .filter(|_| self.ts.ok)
             .and_then(|ecr| self.ts.echo_ms(ecr, self.now))
         {
-            self.rtt
-                .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
+            let r = Duration::from_millis(u64::from(ms));
+            self.rtt.sample_coarse(r, &self.cfg);
+            self.rtt.latest = Some(r);
         }
         self.rtt.backoff = 0;
         self.recovery.dupacks = 0;
@@ -349,12 +352,16 @@ impl Connection {
     pub(crate) fn on_ack_advanced(&mut self, ack: Seq, flight_before: u32, cwnd_limited: bool) {
         let acked = ack.since(self.snd.una_before_last_ack);
         let (mss, srtt) = (self.smss(), self.rtt.srtt);
+        let (rtt, una, nxt) = (self.rtt.latest, self.snd.una, self.snd.nxt);
         let sample = |cwnd_limited| AckSample {
             acked,
             mss,
             srtt,
             in_flight: flight_before,
             cwnd_limited,
+            rtt,
+            una,
+            nxt,
         };
         match self.recovery.phase {
             Phase::None => {
