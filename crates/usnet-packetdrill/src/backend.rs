@@ -1157,11 +1157,16 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
         S::LastAck => 9,
         S::Closing => 11,
     };
-    // tcpi_ca_state: Open (0), CWR (2: reduced for an ECN echo), or Recovery (3).
-    b[1] = if i.in_recovery {
+    // tcpi_ca_state: Open (0), Disorder (1: SACKs or duplicate ACKs seen), CWR (2:
+    // reduced for an ECN echo), Recovery (3) or Loss (4: after an RTO).
+    b[1] = if i.in_loss {
+        4
+    } else if i.in_recovery {
         3
     } else if i.in_cwr {
         2
+    } else if i.disorder {
+        1
     } else {
         0
     };

@@ -212,6 +212,12 @@ pub struct TcpInfo {
     pub sack_blocks: u64,
     /// Whether the connection is in loss recovery.
     pub in_recovery: bool,
+    /// Recovery after a retransmission timeout (or a path MTU drop), Linux's
+    /// `TCP_CA_Loss`; `in_recovery` is set too.
+    pub in_loss: bool,
+    /// Outside recovery, the sender has seen SACKs or duplicate ACKs, or has
+    /// retransmitted data still outstanding (Linux's `TCP_CA_Disorder`).
+    pub disorder: bool,
     /// Congestion control in use.
     pub congestion: &'static str,
     /// Window scaling negotiated (send shift, receive shift).
@@ -424,6 +430,8 @@ impl Connection {
             rto_expiries: self.stats.rto_expired,
             sack_blocks: self.stats.rx_sack_blocks,
             in_recovery: self.recovery.in_recovery(),
+            in_loss: self.recovery.in_loss(),
+            disorder: self.in_disorder(),
             congestion: self.cc.name(),
             wscale: self.opts.ws.then_some((self.snd.wscale, self.rcv.wscale)),
             timestamps: self.ts.ok,

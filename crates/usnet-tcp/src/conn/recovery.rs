@@ -65,6 +65,11 @@ impl Recovery {
     pub(crate) fn in_recovery(&self) -> bool {
         self.phase != Phase::None
     }
+
+    /// Recovery from a timeout or a path MTU drop (Linux's `TCP_CA_Loss`).
+    pub(crate) fn in_loss(&self) -> bool {
+        matches!(self.phase, Phase::Rto | Phase::Pmtu)
+    }
 }
 
 /// RACK state (RFC 8985 §6.1).
@@ -345,6 +350,16 @@ impl Connection {
         self.cc.on_loss(self.now, flight, self.smss());
         self.recovery.fast_rtx_pending = true;
         self.timers.clear(Timer::Tlp);
+    }
+
+    /// Linux's `TCP_CA_Disorder`: no recovery, but SACKed or lost segments or
+    /// duplicate ACKs are on the scoreboard, or a retransmission is outstanding.
+    pub(crate) fn in_disorder(&self) -> bool {
+        !self.recovery.in_recovery()
+            && (self.scoreboard.sacked_segs() > 0
+                || self.scoreboard.lost_segs() > 0
+                || self.recovery.dupacks > 0
+                || self.scoreboard.any_retransmitted())
     }
 
     /// SND.UNA advanced: congestion control hears of it as the episode allows, an
@@ -747,6 +762,23 @@ mod tests {
         assert_eq!(cli.recovery.phase, Phase::None);
         assert!(cli.scoreboard.is_empty());
         cli.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_duplicate_ack_below_the_threshold_is_disorder_not_recovery() {
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        let (_, acks) = flight(&mut cli, &mut srv, 1, |_| true, T0 + ms(1));
+        feed(&mut cli, T0 + ms(2), &acks);
+        assert!(!cli.info().disorder);
+        let now = T0 + ms(10);
+        let (_, acks) = flight(&mut cli, &mut srv, 4, |i| i != 0, now);
+        feed(&mut cli, now + ms(1), &acks[..1]);
+        let info = cli.info();
+        assert!(info.disorder && !info.in_recovery && !info.in_loss);
     }
 
     #[test]

@@ -108,6 +108,10 @@ impl Scoreboard {
     pub(crate) fn lost_segs(&self) -> u32 {
         self.lost_segs
     }
+    /// Whether a segment still outstanding was sent more than once.
+    pub(crate) fn any_retransmitted(&self) -> bool {
+        self.segs.iter().any(|s| s.xmits > 1)
+    }
     pub(crate) fn front(&self) -> Option<TxSeg> {
         self.segs.front().copied()
     }
