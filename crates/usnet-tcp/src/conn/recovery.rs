@@ -363,9 +363,19 @@ impl Connection {
     }
 
     /// SND.UNA advanced: congestion control hears of it as the episode allows, an
-    /// episode ends at its recovery point, and the TLP is re-armed.
-    pub(crate) fn on_ack_advanced(&mut self, ack: Seq, flight_before: u32, cwnd_limited: bool) {
-        let acked = ack.since(self.snd.una_before_last_ack);
+    /// episode ends at its recovery point, and the TLP is re-armed. The controller
+    /// counts only what this ACK newly delivered: `sacked_retired` bytes of it
+    /// were SACKed before (as Linux grows cwnd by newly delivered segments).
+    pub(crate) fn on_ack_advanced(
+        &mut self,
+        ack: Seq,
+        flight_before: u32,
+        cwnd_limited: bool,
+        sacked_retired: u32,
+    ) {
+        let acked = ack
+            .since(self.snd.una_before_last_ack)
+            .saturating_sub(sacked_retired);
         let (mss, srtt) = (self.smss(), self.rtt.srtt);
         let (rtt, una, nxt) = (self.rtt.latest, self.snd.una, self.snd.nxt);
         let sample = |cwnd_limited| AckSample {
@@ -779,6 +789,32 @@ mod tests {
         feed(&mut cli, now + ms(1), &acks[..1]);
         let info = cli.info();
         assert!(info.disorder && !info.in_recovery && !info.in_loss);
+    }
+
+    #[test]
+    fn a_cumulative_ack_of_sacked_data_grows_cwnd_only_by_what_it_newly_delivered() {
+        let (mut cli, mut srv) = pair_with_rtt(TcpConfig::default(), TcpConfig::default(), ms(100));
+        let iw = cli.info().cwnd;
+        let now = T0 + ms(200);
+        // A full initial window; the second segment arrives first (a SACK), then the
+        // first (a cumulative ACK of both).
+        assert_eq!(cli.send(&vec![1u8; 10 * MSS]), 10 * MSS);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 10);
+        srv.input(now + ms(50), &data[1].segment());
+        let sack = drain(&mut srv, now + ms(50));
+        srv.input(now + ms(51), &data[0].segment());
+        let cum = drain(&mut srv, now + ms(51));
+        feed(&mut cli, now + ms(100), &sack);
+        assert_eq!(cli.recovery.phase, Phase::None);
+        assert_eq!(cli.info().cwnd, iw, "a SACK alone does not grow cwnd");
+        feed(&mut cli, now + ms(101), &cum);
+        assert_eq!(cli.snd.una, Seq(data[2].repr.seq));
+        assert_eq!(
+            cli.info().cwnd,
+            iw + MSS as u32,
+            "one segment newly delivered"
+        );
     }
 
     #[test]

@@ -337,6 +337,8 @@ impl Connection {
         if advanced {
             delivered |= self.process_new_ack(ack, seg.options.timestamps.map(|t| t.1));
         }
+        // SACKed bytes the cumulative ACK retired were delivered by earlier ACKs.
+        let sacked_retired = sacked_before.saturating_sub(self.scoreboard.sacked_bytes());
         if self.opts.sack && seg.options.sack_count > 0 {
             delivered |= self.process_sacks(seg);
         }
@@ -350,7 +352,7 @@ impl Connection {
             && !self.scoreboard.is_empty();
         self.detect_loss(duplicate_ack, delivered);
         if advanced {
-            self.on_ack_advanced(ack, flight_before, cwnd_limited);
+            self.on_ack_advanced(ack, flight_before, cwnd_limited, sacked_retired);
         }
         // After the window grew for this ACK: an ECE reduces what it became.
         let delivered = (i64::from(self.snd.una.since(una_before))
