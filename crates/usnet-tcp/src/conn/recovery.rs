@@ -818,6 +818,36 @@ mod tests {
     }
 
     #[test]
+    fn without_sack_duplicate_acks_count_as_delivered_segments_for_cwnd() {
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair_with_rtt(cfg.clone(), cfg, ms(100));
+        // One delivered segment first, so that the duplicate ACKs carry the window
+        // the client already has.
+        let (_, acks) = flight(&mut cli, &mut srv, 1, |_| true, T0 + ms(101));
+        feed(&mut cli, T0 + ms(150), &acks);
+        let iw = cli.info().cwnd;
+        let now = T0 + ms(200);
+        assert_eq!(cli.send(&vec![1u8; 10 * MSS]), 10 * MSS);
+        let data = drain(&mut cli, now);
+        // Segments 1 and 2 first (two duplicate ACKs), then 0: the cumulative ACK
+        // covers three segments, only one of them news (RFC 3042's reordering case).
+        let mut acks = Vec::new();
+        for i in [1, 2, 0] {
+            srv.input(now + ms(50), &data[i].segment());
+            acks.extend(drain(&mut srv, now + ms(50)));
+        }
+        assert_eq!(acks.len(), 3);
+        feed(&mut cli, now + ms(100), &acks[..2]);
+        assert_eq!(cli.recovery.dupacks, 2);
+        feed(&mut cli, now + ms(101), &acks[2..]);
+        assert_eq!(cli.snd.una, Seq(data[3].repr.seq));
+        assert_eq!(cli.info().cwnd, iw + MSS as u32);
+    }
+
+    #[test]
     fn dsack_widens_the_reordering_window() {
         let (mut cli, mut srv) = default_pair();
         let now = T0 + ms(10);

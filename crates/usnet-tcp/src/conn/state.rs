@@ -334,11 +334,18 @@ impl Connection {
         let cwnd_limited = self.is_cwnd_limited();
         let mut delivered = false;
         let advanced = ack.gt(self.snd.una);
+        let dupacks_before = self.recovery.dupacks;
         if advanced {
             delivered |= self.process_new_ack(ack, seg.options.timestamps.map(|t| t.1));
         }
-        // SACKed bytes the cumulative ACK retired were delivered by earlier ACKs.
-        let sacked_retired = sacked_before.saturating_sub(self.scoreboard.sacked_bytes());
+        // SACKed bytes the cumulative ACK retired were delivered by earlier ACKs;
+        // without SACK, each duplicate ACK stood for a segment that arrived (as
+        // Linux's reno "sacked" count: at least one segment is new).
+        let sacked_retired = if self.opts.sack {
+            sacked_before.saturating_sub(self.scoreboard.sacked_bytes())
+        } else {
+            (dupacks_before * self.smss()).min(ack.since(una_before).saturating_sub(self.smss()))
+        };
         if self.opts.sack && seg.options.sack_count > 0 {
             delivered |= self.process_sacks(seg);
         }
