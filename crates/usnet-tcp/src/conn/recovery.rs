@@ -46,6 +46,8 @@ pub(crate) struct Recovery {
     /// The armed TLP timer stands in for the RTO, which would have fired first
     /// (RFC 8985 §7.2): the RTO timer stays disarmed until the probe goes.
     pub tlp_for_rto: bool,
+    /// The last new ACK covered a retransmitted segment (PRR's choice of bound).
+    pub retrans_acked: bool,
 }
 
 impl Recovery {
@@ -59,6 +61,7 @@ impl Recovery {
             tlp_pending: false,
             tlp_outstanding: false,
             tlp_for_rto: false,
+            retrans_acked: false,
         }
     }
 
@@ -166,12 +169,14 @@ impl Connection {
         self.snd.una_before_last_ack = self.snd.una;
         let mut rtt_sample = None;
         let mut delivered = false;
+        self.recovery.retrans_acked = false;
         while let Some(front) = self.scoreboard.front() {
             if !front.end.le(ack) {
                 delivered |= self.scoreboard.trim_front(ack);
                 break;
             }
             self.scoreboard.pop_front();
+            self.recovery.retrans_acked |= front.xmits > 1;
             if !front.sacked {
                 self.rack_update(&front);
                 self.snd.delivered += 1;
@@ -347,7 +352,16 @@ impl Connection {
         self.recovery.point = self.snd.nxt;
         self.stats.fast_recoveries += 1;
         let flight = self.snd.nxt.since(self.snd.una);
+        let prior_cwnd = self.cc.cwnd();
         self.cc.on_loss(self.now, flight, self.smss());
+        // Proportional rate reduction (RFC 6937) takes cwnd from here to ssthresh
+        // over the episode; it replaces an ECN reduction under way. Its RecoverFS
+        // is the window before the reduction, as Linux's prior_cwnd.
+        self.ecn.cwr_until = None;
+        self.ecn.prr = Some(super::ecn::Prr {
+            recover_fs: prior_cwnd.max(1),
+            ..Default::default()
+        });
         self.recovery.fast_rtx_pending = true;
         self.timers.clear(Timer::Tlp);
     }
@@ -396,6 +410,7 @@ impl Connection {
             Phase::Fast => {
                 if ack.ge(self.recovery.point) {
                     self.recovery.phase = Phase::None;
+                    self.ecn.prr = None;
                     self.cc
                         .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
                 } else {
@@ -551,6 +566,8 @@ impl Connection {
         }
         self.recovery.phase = Phase::Rto;
         self.recovery.point = self.snd.nxt;
+        // Slow start from one segment: no rate reduction steers cwnd any more.
+        self.ecn.prr = None;
         for i in 0..self.scoreboard.len() {
             self.scoreboard.mark_lost(i);
         }
@@ -845,6 +862,45 @@ mod tests {
         feed(&mut cli, now + ms(101), &acks[2..]);
         assert_eq!(cli.snd.una, Seq(data[3].repr.seq));
         assert_eq!(cli.info().cwnd, iw + MSS as u32);
+    }
+
+    #[test]
+    fn fast_recovery_spreads_sending_over_the_acks_by_proportional_rate_reduction() {
+        let cfg = TcpConfig {
+            congestion: crate::CcAlgorithm::NewReno,
+            initial_window: 20,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair_with_rtt(cfg.clone(), cfg, ms(100));
+        let now = T0 + ms(200);
+        // Thirty segments queued, a window of twenty sent; the first is lost.
+        assert_eq!(cli.send(&vec![1u8; 30 * MSS]), 30 * MSS);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 20);
+        let mut sacks = Vec::new();
+        for s in &data[1..] {
+            srv.input(now + ms(50), &s.segment());
+            sacks.extend(drain(&mut srv, now + ms(50)));
+        }
+        assert_eq!(sacks.len(), 19);
+        // Three SACKs: RACK marks the first lost and recovery begins with ssthresh
+        // half the flight (10 segments) while 17 are still in the network: the
+        // retransmission goes, nothing more.
+        let mut t = now + ms(100);
+        feed(&mut cli, t, &sacks[..3]);
+        assert_eq!(cli.recovery.phase, Phase::Fast);
+        let out = drain(&mut cli, t);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.seq, data[0].repr.seq);
+        // While pipe is above ssthresh, one new segment per two delivered
+        // (ssthresh / RecoverFS), where cwnd = ssthresh would send none at all.
+        let mut sent = Vec::new();
+        for a in &sacks[3..13] {
+            t = t + ms(1);
+            feed(&mut cli, t, std::slice::from_ref(a));
+            sent.push(drain(&mut cli, t).len());
+        }
+        assert_eq!(sent, [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]);
     }
 
     #[test]

@@ -455,7 +455,8 @@ impl Connection {
     /// a lone segment clocked out by an ACK, or a burst in congestion avoidance or
     /// recovery, is cut from a buffer and carries none).
     fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
-        if self.snd.burst == 0 || self.cc.cwnd() >= self.cc.ssthresh() {
+        let prr_slow_start = self.ecn.prr.is_some() && self.pipe_est() < self.cc.ssthresh();
+        if self.snd.burst == 0 || (self.cc.cwnd() >= self.cc.ssthresh() && !prr_slow_start) {
             return false;
         }
         let next = (unsent - len).min(maxp);

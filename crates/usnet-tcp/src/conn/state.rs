@@ -357,7 +357,9 @@ impl Connection {
             && !seg.flags.fin()
             && !window_changed
             && !self.scoreboard.is_empty();
+        let lost_before = self.scoreboard.lost_segs();
         self.detect_loss(duplicate_ack, delivered);
+        let newly_lost = self.scoreboard.lost_segs() > lost_before;
         if advanced {
             self.on_ack_advanced(ack, flight_before, cwnd_limited, sacked_retired);
         }
@@ -366,7 +368,8 @@ impl Connection {
             + i64::from(self.scoreboard.sacked_bytes())
             - i64::from(sacked_before))
         .max(0) as u32;
-        self.ecn_on_ack(seg, delivered);
+        let retrans_acked = advanced && self.recovery.retrans_acked;
+        self.ecn_on_ack(seg, delivered, retrans_acked, newly_lost);
         if self.snd.fin_acked {
             self.on_fin_acked();
         }
