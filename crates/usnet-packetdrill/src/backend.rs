@@ -1116,7 +1116,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(20, u64::from(i.rcv_mss));
     put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
     put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
-    put32(32, u64::from(i.lost_segments));
+    put32(32, u64::from(i.lost_out));
     put32(52, i.last_data_recv.as_millis() as u64);
     put32(68, i.srtt.map_or(0, us));
     put32(72, us(i.rttvar));
@@ -1131,7 +1131,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     );
     put32(80, u64::from(i.cwnd) / mss);
     put32(84, u64::from(i.snd_mss));
-    put32(88, 3);
+    put32(88, u64::from(i.reordering));
     put32(96, u64::from(i.rcv_space));
     put32(100, i.total_retransmits);
     put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
@@ -1143,6 +1143,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
         b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
     };
     put32(192, i.delivered);
+    put32(220, u64::from(i.reord_seen));
     put32(228, u64::from(i.snd_wnd));
     put32(232, u64::from(i.rcv_wnd));
     b[0] = match i.state {

@@ -196,6 +196,13 @@ pub struct TcpInfo {
     pub sacked_bytes: u32,
     /// Segments marked lost and not yet retransmitted.
     pub lost_segments: u32,
+    /// Segments marked lost, retransmitted or not, not yet SACKed or acknowledged
+    /// (Linux's `lost_out`, `tcpi_lost`).
+    pub lost_out: u32,
+    /// Reordering estimate in segments (Linux's `tcpi_reordering`, from 3).
+    pub reordering: u32,
+    /// How often a segment was seen delivered out of order (`tcpi_reord_seen`).
+    pub reord_seen: u32,
     /// Peer's window, bytes (scaled).
     pub snd_wnd: u32,
     /// Window we advertise, bytes.
@@ -422,6 +429,9 @@ impl Connection {
             pipe: self.scoreboard.pipe(),
             sacked_bytes: self.scoreboard.sacked_bytes(),
             lost_segments: self.scoreboard.lost_segs(),
+            lost_out: self.scoreboard.lost_out(),
+            reordering: self.recovery.reordering,
+            reord_seen: self.recovery.reord_seen,
             snd_wnd: self.snd.wnd,
             rcv_wnd: self.rcv.adv.since(self.rcv.nxt),
             rcv_space: self.rcv.space as u32,

@@ -48,7 +48,19 @@ pub(crate) struct Recovery {
     pub tlp_for_rto: bool,
     /// The last new ACK covered a retransmitted segment (PRR's choice of bound).
     pub retrans_acked: bool,
+    /// Reordering estimate, in segments (Linux's `tp->reordering`, from 3): how far
+    /// below the highest SACKed sequence a never-retransmitted segment was
+    /// delivered; and how often that was seen.
+    pub reordering: u32,
+    pub reord_seen: u32,
+    /// Lowest start of a never-retransmitted segment the current ACK delivered.
+    pub reord_low: Option<Seq>,
 }
+
+/// The initial reordering estimate (Linux's `tcp_reordering` default) and its cap
+/// (`tcp_max_reordering`).
+pub(crate) const REORDERING_INIT: u32 = 3;
+const REORDERING_MAX: u32 = 300;
 
 impl Recovery {
     pub(crate) fn new(iss: Seq) -> Self {
@@ -62,6 +74,9 @@ impl Recovery {
             tlp_outstanding: false,
             tlp_for_rto: false,
             retrans_acked: false,
+            reordering: REORDERING_INIT,
+            reord_seen: 0,
+            reord_low: None,
         }
     }
 
@@ -177,6 +192,9 @@ impl Connection {
             }
             self.scoreboard.pop_front();
             self.recovery.retrans_acked |= front.xmits > 1;
+            if !front.sacked && front.xmits == 1 {
+                self.note_reord(front.start);
+            }
             if !front.sacked {
                 self.rack_update(&front);
                 self.snd.delivered += 1;
@@ -262,6 +280,9 @@ impl Connection {
                 // Only segments the block covers whole (partly covered ones are left
                 // alone: conservative).
                 if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
+                    if s.xmits == 1 {
+                        self.note_reord(s.start);
+                    }
                     self.rack_update(&s);
                     self.snd.delivered += 1;
                     delivered = true;
@@ -270,6 +291,38 @@ impl Connection {
             }
         }
         delivered
+    }
+
+    fn note_reord(&mut self, start: Seq) {
+        let r = &mut self.recovery.reord_low;
+        *r = Some(r.map_or(start, |l| if start.lt(l) { start } else { l }));
+    }
+
+    /// After an ACK's cumulative and selective parts (Linux's
+    /// `tcp_check_sack_reordering`): a never-retransmitted segment it delivered
+    /// below `prior_fack` (the highest SACKed sequence before it) arrived out of
+    /// order; the distance to the highest SACKed sequence now, in segments, raises
+    /// the reordering estimate.
+    pub(crate) fn check_reordering(&mut self, prior_fack: Seq) {
+        let Some(low) = self.recovery.reord_low.take() else {
+            return;
+        };
+        let fack = self
+            .scoreboard
+            .highest_sacked_end()
+            .map_or(
+                prior_fack,
+                |f| if f.gt(prior_fack) { f } else { prior_fack },
+            );
+        if !low.lt(prior_fack) || !low.lt(fack) {
+            return;
+        }
+        let mss = self.smss().max(1);
+        let metric = fack.since(low);
+        if metric > self.recovery.reordering.saturating_mul(mss) {
+            self.recovery.reordering = metric.div_ceil(mss).min(REORDERING_MAX);
+        }
+        self.recovery.reord_seen += 1;
     }
 
     fn rack_update(&mut self, s: &TxSeg) {
@@ -515,6 +568,10 @@ impl Connection {
         self.rack_detect_loss();
         if self.scoreboard.lost_segs() > 0 && !self.recovery.in_recovery() {
             self.enter_fast_recovery();
+            // No ACK brings this episode's first reduction step: count one segment
+            // delivered, as Linux does, so PRR starts from pipe rather than from
+            // the whole new ssthresh.
+            self.prr_on_ack(self.smss(), false, false);
         }
     }
 
@@ -901,6 +958,37 @@ mod tests {
             sent.push(drain(&mut cli, t).len());
         }
         assert_eq!(sent, [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn a_reordering_timeout_starts_recovery_with_one_retransmission() {
+        let (mut cli, mut srv) = pair_with_rtt(TcpConfig::default(), TcpConfig::default(), ms(100));
+        let now = T0 + ms(200);
+        assert_eq!(cli.send(&vec![1u8; 10 * MSS]), 10 * MSS);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 10);
+        // Only the eighth arrives: its SACK arms RACK's reordering timer (a quarter
+        // of the minimum RTT) for the seven before it.
+        srv.input(now + ms(50), &data[7].segment());
+        feed(&mut cli, now + ms(100), &drain(&mut srv, now + ms(50)));
+        assert_eq!(cli.recovery.phase, Phase::None);
+        assert!(drain(&mut cli, now + ms(100)).is_empty());
+        // The timer: seven lost, recovery; PRR lets one segment out, as Linux
+        // counts the timeout as one segment delivered.
+        let out = drain(&mut cli, now + ms(130));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.seq, data[0].repr.seq);
+        let info = cli.info();
+        assert!(info.in_recovery && !info.in_loss);
+        assert_eq!((info.lost_out, info.lost_segments), (7, 6));
+        assert_eq!((info.reordering, info.reord_seen), (REORDERING_INIT, 0));
+        // Then the third arrives, six segments below the highest SACKed one: it was
+        // reordered, not lost.
+        srv.input(now + ms(131), &data[2].segment());
+        feed(&mut cli, now + ms(132), &drain(&mut srv, now + ms(131)));
+        let info = cli.info();
+        assert_eq!((info.reordering, info.reord_seen), (6, 1));
+        assert_eq!(info.lost_out, 6);
     }
 
     #[test]

@@ -329,6 +329,8 @@ impl Connection {
             return false;
         }
         let flight_before = self.snd.nxt.since(self.snd.una);
+        let prior_fack = self.scoreboard.highest_sacked_end().unwrap_or(self.snd.una);
+        self.recovery.reord_low = None;
         // RFC 6937's DeliveredData: the change in SND.UNA plus in SACKed bytes.
         let (una_before, sacked_before) = (self.snd.una, self.scoreboard.sacked_bytes());
         let cwnd_limited = self.is_cwnd_limited();
@@ -348,6 +350,9 @@ impl Connection {
         };
         if self.opts.sack && seg.options.sack_count > 0 {
             delivered |= self.process_sacks(seg);
+        }
+        if self.opts.sack {
+            self.check_reordering(prior_fack);
         }
         let window_changed = self.update_send_window(seq, ack, seg.window);
         // Duplicate ACK (RFC 5681 §2).
