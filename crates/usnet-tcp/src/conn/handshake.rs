@@ -53,6 +53,9 @@ pub(crate) struct SynState {
     pub xmits: u32,
     /// When the latest one went out.
     pub sent_at: Instant,
+    /// When our first SYN went out (an active open's SYN-ACK must echo a
+    /// timestamp from then on).
+    pub first_sent_at: Option<Instant>,
     /// A passive open whose SYN carried an accepted Fast Open request (RFC 7413):
     /// the connection exists (and may send) before our SYN-ACK is acknowledged.
     pub tfo_child: bool,
@@ -79,6 +82,7 @@ impl SynState {
             pending: false,
             xmits: 0,
             sent_at: now,
+            first_sent_at: None,
             tfo_child: false,
             syn_data: false,
             fo: None,
@@ -298,6 +302,15 @@ impl Connection {
             }
             return;
         }
+        if f.ack() && !self.echoes_our_syn_timestamp(seg) {
+            // It cannot answer our SYN (RFC 7323 §5's reasoning, Linux's active
+            // PAWS check): reset it like an unacceptable ACK, stay in SYN-SENT.
+            if !f.rst() {
+                self.stats.rx_bad_syn_ack += 1;
+                self.reply_rst = Some((ack, None));
+            }
+            return;
+        }
         if f.rst() {
             // RFC 5961 §3.2: acceptable only if it acknowledges our SYN.
             if f.ack() {
@@ -355,6 +368,19 @@ impl Connection {
                 self.check_fin(seg);
             }
         }
+    }
+
+    /// In SYN-SENT, whether an ACK's timestamp echo (if it has one, and we offered
+    /// timestamps) is one of ours: a TSval we sent between our first SYN and now.
+    fn echoes_our_syn_timestamp(&self, seg: &Segment) -> bool {
+        let (Some((_, ecr)), Some(first)) = (seg.options.timestamps, self.syn.first_sent_at) else {
+            return true;
+        };
+        if !self.cfg.timestamps || ecr == 0 {
+            return true;
+        }
+        let lo = self.ts.clock(first);
+        ecr.wrapping_sub(lo) <= self.ts.clock(self.now).wrapping_sub(lo)
     }
 
     /// In SYN-RECEIVED, a segment carrying the peer's SYN again: in a simultaneous
@@ -485,6 +511,9 @@ impl Connection {
             }
         }
         self.syn.pending = false;
+        if self.syn.xmits == 0 {
+            self.syn.first_sent_at = Some(self.now);
+        }
         self.syn.xmits += 1;
         self.syn.sent_at = self.now;
         self.timers
@@ -555,6 +584,29 @@ mod tests {
             ect: false,
             ce: false,
         }
+    }
+
+    #[test]
+    fn a_syn_ack_echoing_a_timestamp_we_never_sent_is_reset_and_ignored() {
+        let mut cli = client(TcpConfig::default());
+        let syn = drain(&mut cli, T0).remove(0);
+        let (tsval, _) = syn.repr.options.timestamps.expect("timestamps offered");
+        let opts = |ecr| TcpOptions {
+            timestamps: Some((77, ecr)),
+            ..TcpOptions::default()
+        };
+        let bad = syn_ack_for(&syn, cli.iss() + 1, opts(tsval.wrapping_add(9999)));
+        let now = T0 + Duration::from_millis(10);
+        feed(&mut cli, now, &[bad]);
+        assert_eq!(cli.state(), State::SynSent);
+        let rst = drain(&mut cli, now);
+        assert_eq!(rst.len(), 1);
+        assert_eq!(rst[0].repr.flags, TcpFlags::RST);
+        assert_eq!(rst[0].repr.seq, cli.iss() + 1);
+        // One that echoes our SYN's TSval completes the handshake.
+        let good = syn_ack_for(&syn, cli.iss() + 1, opts(tsval));
+        feed(&mut cli, now, &[good]);
+        assert_eq!(cli.state(), State::Established);
     }
 
     #[test]
