@@ -72,6 +72,11 @@ pub(crate) struct SynState {
     /// What the SYN-ACK taught about Fast Open to this peer (its MSS, its cookie if
     /// it sent one), until the owner takes it for its cookie cache.
     pub fo_learned: Option<(u16, Option<FastOpen>)>,
+    /// Our first SYN asked for a cookie (or carried one) and its SYN-ACK, to a SYN
+    /// never retransmitted, brought none: 1 after the standard option (try the
+    /// experimental encoding next), 2 after the experimental one (back to the
+    /// standard one for good), as Linux's `try_exp`.
+    pub fo_try_exp: Option<u8>,
     /// The application waits for the handshake to send data (`set_write_pending`).
     pub write_pending: bool,
 }
@@ -89,6 +94,7 @@ impl SynState {
             fo_max: 0,
             fo_sent: 0,
             fo_learned: None,
+            fo_try_exp: None,
             write_pending: false,
         }
     }
@@ -156,6 +162,13 @@ impl Connection {
     /// its SYN-ACK carried (None: none), for the owner's cookie cache. Taken once.
     pub fn take_fastopen_learned(&mut self) -> Option<(u16, Option<FastOpen>)> {
         self.syn.fo_learned.take()
+    }
+
+    /// After a Fast Open SYN was answered without a cookie: which encoding of the
+    /// option the owner's cache should try next (see `SynState::fo_try_exp`).
+    /// Taken once.
+    pub fn take_fastopen_try_exp(&mut self) -> Option<u8> {
+        self.syn.fo_try_exp.take()
     }
 
     /// A passively opened connection in SYN-RECEIVED whose SYN-ACK the listener has
@@ -280,6 +293,11 @@ impl Connection {
                 .fast_open
                 .filter(|f| f.len > 0 && self.syn.fo.is_some());
             self.syn.fo_learned = Some((seg.options.mss.unwrap_or(0), cookie));
+            if let (Some(ours), None) = (self.syn.fo, cookie) {
+                if self.syn.xmits == 1 {
+                    self.syn.fo_try_exp = Some(if ours.exp { 2 } else { 1 });
+                }
+            }
         }
     }
 
@@ -714,6 +732,21 @@ mod tests {
     }
 
     #[test]
+    fn an_unanswered_cookie_request_says_which_encoding_to_try_next() {
+        for (exp, next) in [(false, 1), (true, 2)] {
+            let mut cli = client(TcpConfig::default());
+            cli.set_fastopen_client(FastOpen::request(exp), 0);
+            let syn = drain(&mut cli, T0).remove(0);
+            assert_eq!(syn.repr.options.fast_open, Some(FastOpen::request(exp)));
+            let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
+            feed(&mut cli, T0 + Duration::from_millis(10), &[synack]);
+            assert_eq!(cli.state(), State::Established);
+            assert_eq!(cli.take_fastopen_try_exp(), Some(next));
+            assert_eq!(cli.take_fastopen_try_exp(), None, "taken once");
+        }
+    }
+
+    #[test]
     fn fast_open_cookie_request_carries_no_data_and_a_retransmitted_syn_no_option() {
         let mut cli = client(TcpConfig::default());
         cli.send(&[1u8; 500]);
@@ -730,6 +763,11 @@ mod tests {
         let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
         feed(&mut cli, T0 + Duration::from_millis(1100), &[synack]);
         assert_eq!(cli.take_fastopen_learned(), Some((0, None)));
+        assert_eq!(
+            cli.take_fastopen_try_exp(),
+            None,
+            "the SYN was retransmitted: no verdict on the option"
+        );
         let out = drain(&mut cli, T0 + Duration::from_millis(1100));
         assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 500);
         assert_eq!(out[0].repr.seq, cli.iss() + 1);
