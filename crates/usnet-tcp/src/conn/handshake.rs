@@ -645,6 +645,33 @@ mod tests {
     }
 
     #[test]
+    fn syn_data_sent_again_is_no_small_segment_for_nagle() {
+        let mut cli = client(TcpConfig::default());
+        assert_eq!(cli.send(&[7u8; 1000]), 1000);
+        let fo = FastOpen::with_cookie(&[1, 2, 3, 4], false);
+        assert_eq!(cli.set_fastopen_client(fo, 1000), 1000);
+        let syn = drain(&mut cli, T0).remove(0);
+        assert_eq!(syn.payload.len(), 1000);
+        // The SYN-ACK takes only the SYN: the 1000 bytes go again, a partial
+        // segment, but a retransmission of what the SYN carried.
+        let opts = TcpOptions {
+            mss: Some(1460),
+            ..TcpOptions::default()
+        };
+        let mut synack = syn_ack_for(&syn, cli.iss() + 1, opts);
+        synack.repr.window = 65535;
+        feed(&mut cli, T0 + ms(10), &[synack]);
+        let out = drain(&mut cli, T0 + ms(10));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), 1000);
+        // More data: its small tail is not held behind that resend.
+        cli.send(&[8u8; 2000]);
+        let out = drain(&mut cli, T0 + ms(11));
+        let sent: usize = out.iter().map(|s| s.payload.len()).sum();
+        assert_eq!(sent, 2000);
+    }
+
+    #[test]
     fn fast_open_syn_carries_data_and_a_partial_ack_resends_the_rest() {
         let mut cli = client(TcpConfig::default());
         assert_eq!(cli.send(&[7u8; 3000]), 3000);

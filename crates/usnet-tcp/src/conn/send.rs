@@ -414,7 +414,11 @@ impl Connection {
         }
         self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
         self.snd.nxt = end;
-        if len < maxp {
+        // Minshall's small segment is a small piece of new data: the data a Fast Open
+        // SYN carried, sent again after a SYN-ACK that did not take it, is a
+        // retransmission (as Linux sends it), not a small segment to wait behind.
+        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
+        if len < maxp && end.gt(syn_data_end) {
             self.snd.sml = end;
         }
         if fin {
