@@ -73,6 +73,9 @@ pub trait CongestionControl: fmt::Debug + Send {
     fn on_rto(&mut self, now: Instant, in_flight: u32, mss: u32);
     /// Restart after idle (RFC 5681 §4.1): cwnd drops to at most the restart window.
     fn on_idle_restart(&mut self, restart_window: u32);
+    /// New data goes out with nothing in flight, `idle` after the last segment sent
+    /// (Linux's `CA_EVENT_TX_START`).
+    fn on_send_after_idle(&mut self, _now: Instant, _idle: Duration) {}
     /// Sets cwnd: proportional rate reduction (RFC 6937) steers it during a
     /// reduction, from the ssthresh `on_loss` chose.
     fn set_cwnd(&mut self, cwnd: u32);
@@ -403,6 +406,14 @@ impl CongestionControl for Cubic {
         self.cwnd = self.cwnd.min(rw);
         self.epoch = None;
     }
+    fn on_send_after_idle(&mut self, now: Instant, idle: Duration) {
+        // RFC 9438 §5.8: the time the sender was idle is no growth time; the epoch
+        // moves on by it (as Linux's CUBIC does), never past now.
+        if let Some(e) = self.epoch {
+            let shifted = e + idle;
+            self.epoch = Some(if shifted > now { now } else { shifted });
+        }
+    }
     fn set_cwnd(&mut self, cwnd: u32) {
         self.cwnd = cwnd;
     }
@@ -531,6 +542,27 @@ mod tests {
         assert_ne!(c.ssthresh(), u32::MAX);
         // Congestion avoidance from there: less than a segment more.
         assert!((c.ssthresh()..c.ssthresh() + 1000).contains(&c.cwnd()));
+    }
+
+    #[test]
+    fn cubic_does_not_count_idle_time_as_growth_time() {
+        let grown = |shift: bool| {
+            let mut c = Cubic::new(1000, 100);
+            let mut t = Instant::ZERO;
+            c.on_loss(t, 100_000, 1000);
+            // The epoch starts with the first ACK after the loss.
+            c.on_ack(t, &ack(1000));
+            let before = c.cwnd();
+            // Ten seconds with nothing to send, then data again.
+            t = t + Duration::from_secs(10);
+            if shift {
+                c.on_send_after_idle(t, Duration::from_secs(10));
+            }
+            c.on_ack(t, &ack(10_000));
+            c.cwnd() - before
+        };
+        assert!(grown(false) >= 4_000, "ten idle seconds as growth time");
+        assert!(grown(true) < 1_000, "the epoch moved on by the idle time");
     }
 
     #[test]

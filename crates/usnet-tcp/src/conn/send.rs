@@ -379,6 +379,10 @@ impl Connection {
         if len == 0 && !fin {
             return None;
         }
+        if len > 0 && self.scoreboard.is_empty() {
+            let idle = self.now.saturating_since(self.snd.last_tx);
+            self.cc.on_send_after_idle(self.now, idle);
+        }
         // Restart after idle (RFC 5681 §4.1).
         if self.cfg.slow_start_after_idle
             && self.scoreboard.is_empty()
