@@ -8,6 +8,7 @@ mod epoll;
 pub mod link;
 pub mod shared;
 mod zerocopy;
+pub use zerocopy::frag_breaks as zerocopy_frag_breaks;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;
@@ -819,6 +820,11 @@ impl Backend {
 
     /// Whether `fd` is one of this backend's descriptors.
     /// After a send with `MSG_ZEROCOPY` that queued bytes: its completion id.
+    /// Whether `fd` has `SO_ZEROCOPY` on (a `MSG_ZEROCOPY` send is then zero-copy).
+    pub fn zerocopy_on(&mut self, fd: c_int) -> bool {
+        self.fd(fd).is_ok_and(|f| f.zc.on)
+    }
+
     pub fn zerocopy_sent(&mut self, fd: c_int) {
         if let Ok(f) = self.fd(fd) {
             if f.zc.on {

@@ -323,6 +323,20 @@ impl Shared {
         flags: c_int,
         to: Option<SocketAddr>,
     ) -> Res<i64> {
+        self.send_to_frags(fd, data, flags, to, &[])
+    }
+
+    /// [`Shared::send_to`] of data gathered from an iovec: with `MSG_ZEROCOPY` on a
+    /// zero-copy socket, `frag_breaks` (offsets where the send's buffer runs out of
+    /// page fragments, `zerocopy::frag_breaks`) end segments there, pushed.
+    pub fn send_to_frags(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+        frag_breaks: &[usize],
+    ) -> Res<i64> {
         let known = libc::MSG_DONTWAIT
             | libc::MSG_NOSIGNAL
             | libc::MSG_FASTOPEN
@@ -332,14 +346,23 @@ impl Shared {
         if flags & !known != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to);
+        let zc = flags & libc::MSG_ZEROCOPY != 0 && self.call(|b| b.zerocopy_on(fd));
+        let breaks = if zc { frag_breaks } else { &[] };
+        let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to, breaks);
         if flags & libc::MSG_ZEROCOPY != 0 && matches!(r, Ok(n) if n > 0) {
             self.call(|b| b.zerocopy_sent(fd));
         }
         r
     }
 
-    fn send_inner(&self, fd: c_int, data: &[u8], flags: c_int, to: Option<SocketAddr>) -> Res<i64> {
+    fn send_inner(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+        breaks: &[usize],
+    ) -> Res<i64> {
         let fastopen = flags & libc::MSG_FASTOPEN != 0;
         let mut done = 0;
         {
@@ -382,17 +405,27 @@ impl Shared {
         let flags = flags & !libc::MSG_FASTOPEN;
         let eor = flags & libc::MSG_EOR != 0;
         let more = flags & libc::MSG_MORE != 0;
-        let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
-            let n = b.try_write(fd, &data[done..], more)?;
+        let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| loop {
+            // Up to the next point where the buffer must end (a zero-copy buffer out
+            // of fragments), else to the end.
+            let end = breaks
+                .iter()
+                .copied()
+                .find(|&x| x > done && x < data.len())
+                .unwrap_or(data.len());
+            let n = b.try_write(fd, &data[done..end], more && end == data.len())?;
             done += n;
-            if done < data.len() {
-                Err(libc::EAGAIN)
-            } else {
-                if eor && n > 0 {
-                    b.end_record(fd)?;
-                }
-                Ok(())
+            if done < end {
+                break Err(libc::EAGAIN);
             }
+            if end < data.len() {
+                b.end_record(fd)?;
+                continue;
+            }
+            if eor && n > 0 {
+                b.end_record(fd)?;
+            }
+            break Ok(());
         });
         match r {
             Ok(()) => Ok(done as i64),
