@@ -8,6 +8,7 @@ mod epoll;
 pub mod link;
 pub mod shared;
 mod zerocopy;
+pub use zerocopy::frag_breaks as zerocopy_frag_breaks;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;
@@ -819,6 +820,11 @@ impl Backend {
 
     /// Whether `fd` is one of this backend's descriptors.
     /// After a send with `MSG_ZEROCOPY` that queued bytes: its completion id.
+    /// Whether `fd` has `SO_ZEROCOPY` on (a `MSG_ZEROCOPY` send is then zero-copy).
+    pub fn zerocopy_on(&mut self, fd: c_int) -> bool {
+        self.fd(fd).is_ok_and(|f| f.zc.on)
+    }
+
     pub fn zerocopy_sent(&mut self, fd: c_int) {
         if let Ok(f) = self.fd(fd) {
             if f.zc.on {
@@ -1093,6 +1099,9 @@ const TCP_FASTOPEN_KEY: c_int = 33;
 /// Linux's `TCP_CC_INFO` option number.
 const TCP_CC_INFO: c_int = 26;
 
+/// Linux's `tcpi_snd_ssthresh` before any congestion event (`TCP_INFINITE_SSTHRESH`).
+const TCP_INFINITE_SSTHRESH: u64 = 0x7fff_ffff;
+
 /// The size of Linux's `struct tcp_info` (6.x, through `tcpi_options2`) this library
 /// returns; a caller's shorter buffer gets the first bytes, as from Linux.
 pub const TCP_INFO_LEN: usize = 280;
@@ -1113,14 +1122,22 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(20, u64::from(i.rcv_mss));
     put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
     put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
-    put32(32, u64::from(i.lost_segments));
+    put32(32, u64::from(i.lost_out));
     put32(52, i.last_data_recv.as_millis() as u64);
     put32(68, i.srtt.map_or(0, us));
     put32(72, us(i.rttvar));
-    put32(76, u64::from(i.ssthresh) / mss);
+    // No loss yet: Linux's TCP_INFINITE_SSTHRESH, not a segment count.
+    put32(
+        76,
+        if i.ssthresh == u32::MAX {
+            TCP_INFINITE_SSTHRESH
+        } else {
+            u64::from(i.ssthresh) / mss
+        },
+    );
     put32(80, u64::from(i.cwnd) / mss);
     put32(84, u64::from(i.snd_mss));
-    put32(88, 3);
+    put32(88, u64::from(i.reordering));
     put32(96, u64::from(i.rcv_space));
     put32(100, i.total_retransmits);
     put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
@@ -1132,6 +1149,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
         b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
     };
     put32(192, i.delivered);
+    put32(220, u64::from(i.reord_seen));
     put32(228, u64::from(i.snd_wnd));
     put32(232, u64::from(i.rcv_wnd));
     b[0] = match i.state {
@@ -1146,11 +1164,16 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
         S::LastAck => 9,
         S::Closing => 11,
     };
-    // tcpi_ca_state: Open (0), CWR (2: reduced for an ECN echo), or Recovery (3).
-    b[1] = if i.in_recovery {
+    // tcpi_ca_state: Open (0), Disorder (1: SACKs or duplicate ACKs seen), CWR (2:
+    // reduced for an ECN echo), Recovery (3) or Loss (4: after an RTO).
+    b[1] = if i.in_loss {
+        4
+    } else if i.in_recovery {
         3
     } else if i.in_cwr {
         2
+    } else if i.disorder {
+        1
     } else {
         0
     };
@@ -1190,6 +1213,20 @@ impl Drop for Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_info_reports_an_untouched_ssthresh_as_linux_infinity() {
+        let mut b = Backend::new(&Options::default()).unwrap();
+        let fd = b.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+        b.fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK).unwrap();
+        let _ = b.start_connect(fd, "192.0.2.1:8080".parse().unwrap());
+        let info = b
+            .getsockopt_struct(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
+            .unwrap()
+            .unwrap();
+        let ssthresh = u32::from_ne_bytes(info[76..80].try_into().unwrap());
+        assert_eq!(u64::from(ssthresh), TCP_INFINITE_SSTHRESH);
+    }
 
     #[test]
     fn socket_options_and_flags() {

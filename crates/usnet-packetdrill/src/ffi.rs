@@ -502,7 +502,17 @@ unsafe extern "C" fn pd_sendmsg(
         let data = unsafe { gather(m.msg_iov, m.msg_iovlen as c_int) }?;
         // SAFETY: sendmsg(2) contract.
         let to = unsafe { send_addr(m.msg_name as *const sockaddr, m.msg_namelen, flags) }?;
-        s.send_to(fd, &data, flags, to)
+        let breaks = if flags & libc::MSG_ZEROCOPY != 0 && !m.msg_iov.is_null() {
+            let pieces: Vec<(usize, usize)> = (0..(m.msg_iovlen as c_int).max(0) as usize)
+                // SAFETY: sendmsg(2) contract (gather checked the entries).
+                .map(|i| unsafe { &*m.msg_iov.add(i) })
+                .map(|e| (e.iov_base as usize, e.iov_len))
+                .collect();
+            crate::backend::zerocopy_frag_breaks(&pieces)
+        } else {
+            Vec::new()
+        };
+        s.send_to_frags(fd, &data, flags, to, &breaks)
     }) as ssize_t
 }
 

@@ -210,7 +210,9 @@ fn a_woken_read_completes_before_the_clock_moves_on() {
             })
         };
         // Let the reader block inside the library.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        while s.waiting() == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let (sent_at, wall0) = {
             let _in = s.enter();
             s.netdev_send(&pkt(1001, isn + 1, 0x18, &[], b"hello"))
@@ -226,6 +228,53 @@ fn a_woken_read_completes_before_the_clock_moves_on() {
         assert_eq!(n, Ok(5));
         assert_eq!(t - wall0, sent_at as i64, "completed when the packet came");
     }
+}
+
+/// packetdrill records a blocking call's result (an accepted descriptor, which a
+/// `%{ }%` right after needs) after the call's thread read its completion time,
+/// outside the library and under packetdrill's own lock, which the main thread
+/// releases only while it sleeps: the next `usleep` waits for that (a short
+/// real-time grace) before the clock moves.
+#[test]
+fn the_clock_waits_for_a_completed_call_to_be_recorded() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use usnet_packetdrill::backend::shared::{Shared, RECORD_GRACE};
+    let (b, fd, isn) = established(&[2, 4, 3, 232]);
+    let s = Arc::new(Shared::new(b));
+    let recorded = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (s, recorded) = (Arc::clone(&s), Arc::clone(&recorded));
+        std::thread::spawn(move || {
+            let n = {
+                let _in = s.enter();
+                let mut buf = [0u8; 100];
+                s.read(fd, &mut buf, 0)
+            };
+            s.gettimeofday();
+            // packetdrill's bookkeeping after the call.
+            std::thread::sleep(RECORD_GRACE / 4);
+            recorded.store(true, Ordering::SeqCst);
+            n
+        })
+    };
+    while s.waiting() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    {
+        let _in = s.enter();
+        s.netdev_send(&pkt(1001, isn + 1, 0x18, &[], b"hello"))
+            .unwrap();
+    }
+    {
+        let _in = s.enter();
+        s.usleep(5_000);
+    }
+    assert!(
+        recorded.load(Ordering::SeqCst),
+        "usleep waited for the record"
+    );
+    assert_eq!(reader.join().unwrap(), Ok(5));
 }
 
 /// TCP_INFO through the backend's getsockopt, in Linux's `struct tcp_info` layout.

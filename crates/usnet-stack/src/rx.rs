@@ -557,6 +557,16 @@ impl Stack {
                 self.core.release(src);
                 self.tcp_icmp_error(conn, seq, err);
             }
+            Verdict::TcpIcmpListener {
+                listener,
+                local,
+                remote,
+                seq,
+                err,
+            } => {
+                self.core.release(src);
+                self.tcp_icmp_listener_error(listener, local, remote, seq, err);
+            }
             Verdict::UdpQueueFull { sock } => {
                 if let Some(u) = self.sockets.udp_at_mut(sock) {
                     u.stats.rx_queue_full += 1;

@@ -56,6 +56,15 @@ pub(crate) enum Verdict {
         seq: u32,
         err: usnet_tcp::IcmpError,
     },
+    /// An ICMP error about a segment from listener `listener` (a SYN-ACK of a
+    /// half-open connection).
+    TcpIcmpListener {
+        listener: u32,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        seq: u32,
+        err: usnet_tcp::IcmpError,
+    },
     Unreachable {
         why: Unreach,
         src: IpAddr,

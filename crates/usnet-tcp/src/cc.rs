@@ -9,6 +9,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::seq::Seq;
 use crate::time::Instant;
 
 /// Which built-in controller to use.
@@ -45,6 +46,13 @@ pub struct AckSample {
     /// Whether the sender was limited by cwnd (not by the application or the
     /// receiver window) when it last sent; windows only grow when this is true.
     pub cwnd_limited: bool,
+    /// This ACK's RTT sample (of the most recently sent segment it acknowledges),
+    /// if it gave one.
+    pub rtt: Option<Duration>,
+    /// SND.UNA after this ACK (a controller's rounds of data end here).
+    pub una: Seq,
+    /// SND.NXT when this ACK arrived.
+    pub nxt: Seq,
 }
 
 /// A congestion controller. Windows are in bytes.
@@ -65,6 +73,9 @@ pub trait CongestionControl: fmt::Debug + Send {
     fn on_rto(&mut self, now: Instant, in_flight: u32, mss: u32);
     /// Restart after idle (RFC 5681 §4.1): cwnd drops to at most the restart window.
     fn on_idle_restart(&mut self, restart_window: u32);
+    /// New data goes out with nothing in flight, `idle` after the last segment sent
+    /// (Linux's `CA_EVENT_TX_START`).
+    fn on_send_after_idle(&mut self, _now: Instant, _idle: Duration) {}
     /// Sets cwnd: proportional rate reduction (RFC 6937) steers it during a
     /// reduction, from the ssthresh `on_loss` chose.
     fn set_cwnd(&mut self, cwnd: u32);
@@ -172,10 +183,90 @@ pub struct Cubic {
     mss: u32,
     /// Fractional growth carried between ACKs, in bytes.
     carry: f64,
+    hystart: HyStart,
+}
+
+/// HyStart (Ha & Rhee, "Taming the elephants", 2011), as Linux's CUBIC runs it
+/// (`hystart_detect` both ways): slow start ends, with ssthresh = cwnd, once cwnd is
+/// at least [`HYSTART_LOW_WINDOW`] segments and, within one round of data, either
+/// the ACKs of a train of closely spaced ACKs (each within
+/// [`HYSTART_ACK_DELTA`] of the last) span more than half the minimum RTT, or the
+/// smallest of the round's RTT samples after its first
+/// [`HYSTART_MIN_SAMPLES`] exceeds the minimum RTT by an eighth of it (clamped to
+/// 4..16 ms).
+#[derive(Debug, Clone, Default)]
+struct HyStart {
+    /// Slow start was ended (until the next retransmission timeout).
+    found: bool,
+    /// Smallest RTT sample.
+    delay_min: Option<Duration>,
+    /// The current round: its start, its last ACK of a train, where it ends
+    /// (SND.NXT when it began), its smallest RTT sample and how many it counted.
+    round_start: Option<Instant>,
+    last_ack: Option<Instant>,
+    end_seq: Option<Seq>,
+    curr_rtt: Option<Duration>,
+    samples: u32,
+}
+
+/// Below this cwnd (segments) HyStart does not look.
+const HYSTART_LOW_WINDOW: u32 = 16;
+/// RTT samples a round takes before its delay check.
+const HYSTART_MIN_SAMPLES: u32 = 8;
+/// Most time between two ACKs of one train.
+const HYSTART_ACK_DELTA: Duration = Duration::from_millis(2);
+/// What the train may add to half the minimum RTT for sending time (Linux's
+/// `hystart_ack_delay`, at most 1 ms).
+const HYSTART_ACK_DELAY: Duration = Duration::from_millis(1);
+
+impl HyStart {
+    /// One ACK with cwnd `cwnd_seg` segments, `slow_start` or not; true: slow start
+    /// ends.
+    fn update(&mut self, now: Instant, a: &AckSample, cwnd_seg: u32, slow_start: bool) -> bool {
+        let Some(rtt) = a.rtt else {
+            return false;
+        };
+        let delay = rtt.max(Duration::from_micros(1));
+        let min = self.delay_min.map_or(delay, |m| m.min(delay));
+        self.delay_min = Some(min);
+        if self.found || !slow_start || cwnd_seg < HYSTART_LOW_WINDOW {
+            return false;
+        }
+        if self.end_seq.is_none_or(|e| a.una.gt(e)) {
+            self.round_start = Some(now);
+            self.last_ack = Some(now);
+            self.end_seq = Some(a.nxt);
+            self.curr_rtt = None;
+            self.samples = 0;
+        }
+        // The ACK train.
+        if let (Some(start), Some(last)) = (self.round_start, self.last_ack) {
+            if now.saturating_since(last) <= HYSTART_ACK_DELTA {
+                self.last_ack = Some(now);
+                if now.saturating_since(start) > (min + HYSTART_ACK_DELAY) / 2 {
+                    self.found = true;
+                }
+            }
+        }
+        // The delay increase.
+        let curr = self.curr_rtt.map_or(delay, |c| c.min(delay));
+        self.curr_rtt = Some(curr);
+        if self.samples < HYSTART_MIN_SAMPLES {
+            self.samples += 1;
+        } else {
+            let thresh = (min / 8).clamp(Duration::from_millis(4), Duration::from_millis(16));
+            if curr > min + thresh {
+                self.found = true;
+            }
+        }
+        self.found
+    }
 }
 
 const CUBIC_C: f64 = 0.4;
 const CUBIC_BETA: f64 = 0.7;
+/// Least growth per acknowledged segment before any reduction (Linux: 5% per RTT).
+const CUBIC_FIRST_GROWTH: f64 = 0.05;
 
 impl Cubic {
     /// Initial window `iw` segments.
@@ -190,6 +281,7 @@ impl Cubic {
             w_est: 0.0,
             mss,
             carry: 0.0,
+            hystart: HyStart::default(),
         }
     }
 
@@ -221,6 +313,16 @@ impl CongestionControl for Cubic {
         self.ssthresh
     }
     fn on_ack(&mut self, now: Instant, a: &AckSample) {
+        // HyStart looks at every ACK in slow start, limited or not, before the
+        // window grows for it. Linux skips delay samples for a second after a
+        // congestion-avoidance epoch began.
+        let fresh_epoch = self
+            .epoch
+            .is_some_and(|e| now.saturating_since(e) < Duration::from_secs(1));
+        let in_ss = self.cwnd < self.ssthresh;
+        if !fresh_epoch && self.hystart.update(now, a, self.cwnd / a.mss.max(1), in_ss) {
+            self.ssthresh = self.cwnd;
+        }
         if !a.cwnd_limited {
             // RFC 9438 §5.8: do not grow while application-limited; restart the epoch
             // so that the idle time does not count as growth time.
@@ -251,7 +353,14 @@ impl CongestionControl for Cubic {
                 now
             }
         };
-        let rtt = a.srtt.unwrap_or(Duration::from_millis(100)).as_secs_f64();
+        // The cubic function looks one RTT ahead: the minimum RTT, as Linux (the
+        // smoothed RTT grows with the queue this window builds).
+        let rtt = self
+            .hystart
+            .delay_min
+            .or(a.srtt)
+            .unwrap_or(Duration::from_millis(100))
+            .as_secs_f64();
         let t = (now - epoch).as_secs_f64();
         let w_cubic = |t: f64| CUBIC_C * (t - self.k).powi(3) + self.w_max;
         // Reno-friendly estimate (RFC 9438 §4.3).
@@ -262,9 +371,15 @@ impl CongestionControl for Cubic {
         } else {
             w_cubic(t + rtt).clamp(cwnd_seg, 1.5 * cwnd_seg)
         };
-        if target > cwnd_seg {
-            // Grow by (target - cwnd)/cwnd segments per acknowledged segment.
-            self.carry += (target - cwnd_seg) / cwnd_seg * f64::from(acked);
+        // Grow by (target - cwnd)/cwnd segments per acknowledged segment; before the
+        // first reduction (no w_max learnt: slow start ended by HyStart) by at least
+        // 5% per RTT, as Linux.
+        let mut rate = (target - cwnd_seg).max(0.0) / cwnd_seg;
+        if self.w_last_max == 0.0 {
+            rate = rate.max(CUBIC_FIRST_GROWTH);
+        }
+        if rate > 0.0 {
+            self.carry += rate * f64::from(acked);
             if self.carry >= 1.0 {
                 let inc = self.carry.floor();
                 self.carry -= inc;
@@ -284,10 +399,20 @@ impl CongestionControl for Cubic {
     fn on_rto(&mut self, _now: Instant, _in_flight: u32, mss: u32) {
         self.reduce(mss);
         self.cwnd = mss;
+        // Slow start again: HyStart starts over (as Linux on entering Loss).
+        self.hystart = HyStart::default();
     }
     fn on_idle_restart(&mut self, rw: u32) {
         self.cwnd = self.cwnd.min(rw);
         self.epoch = None;
+    }
+    fn on_send_after_idle(&mut self, now: Instant, idle: Duration) {
+        // RFC 9438 §5.8: the time the sender was idle is no growth time; the epoch
+        // moves on by it (as Linux's CUBIC does), never past now.
+        if let Some(e) = self.epoch {
+            let shifted = e + idle;
+            self.epoch = Some(if shifted > now { now } else { shifted });
+        }
     }
     fn set_cwnd(&mut self, cwnd: u32) {
         self.cwnd = cwnd;
@@ -305,6 +430,9 @@ mod tests {
             srtt: Some(Duration::from_millis(10)),
             in_flight: 0,
             cwnd_limited: true,
+            rtt: None,
+            una: Seq(0),
+            nxt: Seq(0),
         }
     }
 
@@ -351,6 +479,90 @@ mod tests {
         let mut c = NewReno::new(1000, 1);
         c.on_ack(t, &ack(2500));
         assert_eq!(c.cwnd(), 3000);
+    }
+
+    /// An ACK of `acked` bytes with an RTT sample, SND.UNA and SND.NXT.
+    fn timed(acked: u32, rtt_ms: u64, una: u32, nxt: u32) -> AckSample {
+        AckSample {
+            rtt: Some(Duration::from_millis(rtt_ms)),
+            una: Seq(una),
+            nxt: Seq(nxt),
+            ..ack(acked)
+        }
+    }
+
+    #[test]
+    fn hystart_ends_slow_start_when_a_rounds_rtt_rises_an_eighth_above_the_minimum() {
+        let mut c = Cubic::new(1000, 20);
+        let mut t = Instant::ZERO;
+        // The minimum RTT, 200 ms (its round ends at 1500); then a round whose
+        // samples are all 240 ms, one ACK per ms (no train long enough).
+        c.on_ack(t, &timed(1000, 200, 1000, 1500));
+        t = t + Duration::from_millis(240);
+        for i in 0..8 {
+            t = t + Duration::from_millis(1);
+            c.on_ack(t, &timed(1000, 240, 2000 + i * 1000, 40_000));
+            assert_eq!(c.ssthresh(), u32::MAX, "eight samples before the check");
+        }
+        let before = c.cwnd();
+        t = t + Duration::from_millis(1);
+        c.on_ack(t, &timed(1000, 240, 10_000, 40_000));
+        assert_eq!(
+            c.ssthresh(),
+            before,
+            "ssthresh = cwnd; the window stops doubling"
+        );
+        assert!(c.cwnd() < before + 1000, "congestion avoidance from there");
+    }
+
+    #[test]
+    fn hystart_keeps_slow_start_when_the_rtt_stays_near_the_minimum() {
+        let mut c = Cubic::new(1000, 20);
+        let mut t = Instant::ZERO;
+        c.on_ack(t, &timed(1000, 200, 1000, 20_000));
+        for i in 0..20 {
+            t = t + Duration::from_millis(5);
+            // Within 200 + 16 ms: no delay exit; 5 ms apart: no ACK train.
+            c.on_ack(t, &timed(1000, 210, 2000 + i * 1000, 40_000));
+        }
+        assert_eq!(c.ssthresh(), u32::MAX);
+        assert_eq!(c.cwnd(), 41_000);
+    }
+
+    #[test]
+    fn hystart_ack_train_spanning_half_the_minimum_rtt_ends_slow_start() {
+        let mut c = Cubic::new(1000, 20);
+        let mut t = Instant::ZERO;
+        c.on_ack(t, &timed(1000, 20, 1000, 20_000));
+        // Closely spaced ACKs (1 ms) for more than (20 + 1) / 2 ms of one round.
+        for i in 0..12 {
+            t = t + Duration::from_millis(1);
+            c.on_ack(t, &timed(1000, 20, 2000 + i * 1000, 40_000));
+        }
+        assert_ne!(c.ssthresh(), u32::MAX);
+        // Congestion avoidance from there: less than a segment more.
+        assert!((c.ssthresh()..c.ssthresh() + 1000).contains(&c.cwnd()));
+    }
+
+    #[test]
+    fn cubic_does_not_count_idle_time_as_growth_time() {
+        let grown = |shift: bool| {
+            let mut c = Cubic::new(1000, 100);
+            let mut t = Instant::ZERO;
+            c.on_loss(t, 100_000, 1000);
+            // The epoch starts with the first ACK after the loss.
+            c.on_ack(t, &ack(1000));
+            let before = c.cwnd();
+            // Ten seconds with nothing to send, then data again.
+            t = t + Duration::from_secs(10);
+            if shift {
+                c.on_send_after_idle(t, Duration::from_secs(10));
+            }
+            c.on_ack(t, &ack(10_000));
+            c.cwnd() - before
+        };
+        assert!(grown(false) >= 4_000, "ten idle seconds as growth time");
+        assert!(grown(true) < 1_000, "the epoch moved on by the idle time");
     }
 
     #[test]

@@ -321,6 +321,42 @@ impl<H> Listener<H> {
         (mss, ws, sack, ts)
     }
 
+    /// An ICMP error quoting a segment from `local` to `remote` with sequence
+    /// number `seq`: if it is our SYN-ACK of a half-open connection (`seq` is its
+    /// ISS) and the error would end a connection attempt (a hard unreachable), the
+    /// half-open connection is dropped silently, as Linux drops such a request (the
+    /// peer, if it is there, sends its SYN again). Returns whether one was dropped.
+    pub fn icmp_error(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        seq: u32,
+        err: crate::IcmpError,
+    ) -> bool {
+        let Some(i) = self
+            .syn_queue
+            .iter()
+            .position(|e| e.remote == remote && e.local == local)
+        else {
+            return false;
+        };
+        if Seq(seq) != self.syn_queue[i].iss {
+            self.stats.icmp_out_of_window += 1;
+            return false;
+        }
+        match err {
+            crate::IcmpError::Unreachable { hard: true, .. } => {
+                self.syn_queue.swap_remove(i);
+                self.stats.icmp_hard_errors += 1;
+                true
+            }
+            _ => {
+                self.stats.icmp_soft_errors += 1;
+                false
+            }
+        }
+    }
+
     /// Process a segment addressed to this listener (no connection matched its
     /// 4-tuple). `local` is the segment's actual destination. SYN-ACKs and RSTs go
     /// straight into `sink`.
@@ -695,6 +731,40 @@ mod tests {
             ListenEvent::Established(c) => c,
             ListenEvent::None => panic!("no connection"),
         }
+    }
+
+    #[test]
+    fn a_hard_icmp_error_about_the_syn_ack_drops_the_half_open_connection() {
+        use crate::{IcmpError, TcpError};
+        let cfg = TcpConfig::default();
+        let mut l: Listener<u32> = Listener::new(server(), cfg.clone(), 8, false);
+        let (mut c, syn) = client(40002, cfg);
+        let (_, out) = offer(&mut l, T0, &syn);
+        let iss = out[0].repr.seq;
+        let (host, soft) = (
+            IcmpError::Unreachable {
+                error: TcpError::HostUnreachable,
+                hard: true,
+            },
+            IcmpError::Unreachable {
+                error: TcpError::HostUnreachable,
+                hard: false,
+            },
+        );
+        let from = syn.local;
+        assert!(
+            !l.icmp_error(server(), from, iss.wrapping_add(7), host),
+            "not ours"
+        );
+        assert!(!l.icmp_error(server(), from, iss, soft), "soft: kept");
+        assert_eq!(l.syn_queue_len(), 1);
+        assert!(l.icmp_error(server(), from, iss, host));
+        assert_eq!(l.syn_queue_len(), 0);
+        // The handshake's ACK then finds nothing: a reset answers it.
+        let ack = complete(&mut c, &out[0], b"");
+        let (ev, out) = offer(&mut l, T0, &ack);
+        assert!(matches!(ev, ListenEvent::None));
+        assert!(out.iter().any(|s| s.repr.flags.rst()));
     }
 
     #[test]

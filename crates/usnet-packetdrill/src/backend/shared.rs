@@ -68,7 +68,18 @@ pub struct Sync {
     /// packetdrill's main thread (the one that sends and sniffs packets; `usleep`
     /// comes from the system-call thread too).
     main: Option<ThreadId>,
+    /// A thread that just collected the completion time of its blocking call, and
+    /// when: packetdrill records the call's result (an accepted descriptor) only
+    /// after that, outside the library and under its own lock, so the next
+    /// `usleep` (which packetdrill makes with that lock released) waits
+    /// [`RECORD_GRACE`] of real time (or until the thread calls in again) before
+    /// the clock moves.
+    recording: Option<(ThreadId, RealInstant)>,
 }
+
+/// Real time a thread whose blocking call completed gets to record its result
+/// before the virtual clock moves on.
+pub const RECORD_GRACE: Duration = Duration::from_millis(20);
 
 impl Sync {
     /// Waiters other than `me` that need no re-poll.
@@ -124,6 +135,11 @@ impl Shared {
         Active(&self.active)
     }
 
+    /// How many threads wait inside blocking calls.
+    pub fn waiting(&self) -> usize {
+        self.lock().sync.waiters.len()
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Backend> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -146,6 +162,16 @@ impl Shared {
     fn settled(&self, g: &Backend) -> bool {
         let others = self.active.load(Ordering::SeqCst).saturating_sub(1);
         g.sync.settled_waiters(std::thread::current().id()) >= others
+    }
+
+    /// Whether another thread is still finishing a blocking call that completed:
+    /// its completion time not yet collected, or its result being recorded.
+    fn finishing(&self, g: &Backend) -> bool {
+        let me = std::thread::current().id();
+        g.sync.stamps.keys().any(|&t| t != me)
+            || g.sync
+                .recording
+                .is_some_and(|(t, at)| t != me && at.elapsed() < RECORD_GRACE)
     }
 
     /// Waits until the clock may move (see the module documentation).
@@ -183,6 +209,9 @@ impl Shared {
     ) -> Res<T> {
         let me = std::thread::current().id();
         let mut g = self.lock();
+        if g.sync.recording.is_some_and(|(t, _)| t == me) {
+            g.sync.recording = None;
+        }
         let mut waited = false;
         let r = loop {
             let r = op(&mut g);
@@ -294,6 +323,20 @@ impl Shared {
         flags: c_int,
         to: Option<SocketAddr>,
     ) -> Res<i64> {
+        self.send_to_frags(fd, data, flags, to, &[])
+    }
+
+    /// [`Shared::send_to`] of data gathered from an iovec: with `MSG_ZEROCOPY` on a
+    /// zero-copy socket, `frag_breaks` (offsets where the send's buffer runs out of
+    /// page fragments, `zerocopy::frag_breaks`) end segments there, pushed.
+    pub fn send_to_frags(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+        frag_breaks: &[usize],
+    ) -> Res<i64> {
         let known = libc::MSG_DONTWAIT
             | libc::MSG_NOSIGNAL
             | libc::MSG_FASTOPEN
@@ -303,14 +346,23 @@ impl Shared {
         if flags & !known != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to);
+        let zc = flags & libc::MSG_ZEROCOPY != 0 && self.call(|b| b.zerocopy_on(fd));
+        let breaks = if zc { frag_breaks } else { &[] };
+        let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to, breaks);
         if flags & libc::MSG_ZEROCOPY != 0 && matches!(r, Ok(n) if n > 0) {
             self.call(|b| b.zerocopy_sent(fd));
         }
         r
     }
 
-    fn send_inner(&self, fd: c_int, data: &[u8], flags: c_int, to: Option<SocketAddr>) -> Res<i64> {
+    fn send_inner(
+        &self,
+        fd: c_int,
+        data: &[u8],
+        flags: c_int,
+        to: Option<SocketAddr>,
+        breaks: &[usize],
+    ) -> Res<i64> {
         let fastopen = flags & libc::MSG_FASTOPEN != 0;
         let mut done = 0;
         {
@@ -353,17 +405,27 @@ impl Shared {
         let flags = flags & !libc::MSG_FASTOPEN;
         let eor = flags & libc::MSG_EOR != 0;
         let more = flags & libc::MSG_MORE != 0;
-        let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| {
-            let n = b.try_write(fd, &data[done..], more)?;
+        let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| loop {
+            // Up to the next point where the buffer must end (a zero-copy buffer out
+            // of fragments), else to the end.
+            let end = breaks
+                .iter()
+                .copied()
+                .find(|&x| x > done && x < data.len())
+                .unwrap_or(data.len());
+            let n = b.try_write(fd, &data[done..end], more && end == data.len())?;
             done += n;
-            if done < data.len() {
-                Err(libc::EAGAIN)
-            } else {
-                if eor && n > 0 {
-                    b.end_record(fd)?;
-                }
-                Ok(())
+            if done < end {
+                break Err(libc::EAGAIN);
             }
+            if end < data.len() {
+                b.end_record(fd)?;
+                continue;
+            }
+            if eor && n > 0 {
+                b.end_record(fd)?;
+            }
+            break Ok(());
         });
         match r {
             Ok(()) => Ok(done as i64),
@@ -503,7 +565,18 @@ impl Shared {
     /// `usleep`: the clock runs on, stopping at every stack timer and at the
     /// deadlines of waiting calls (which then re-poll before it goes on).
     pub fn usleep(&self, us: u64) {
-        let mut g = self.settle(self.lock());
+        // packetdrill sleeps with its own lock released: the moment for a thread
+        // whose call completed to record the result (it needs that lock) before
+        // the clock moves on.
+        let mut g = self.lock();
+        let start = RealInstant::now();
+        loop {
+            g = self.settle(g);
+            if !self.finishing(&g) || start.elapsed() >= SETTLE_DEADLINE {
+                break;
+            }
+            g = self.wait_for(g, Duration::from_millis(1));
+        }
         let target = g.now_ns().saturating_add(us.saturating_mul(1000));
         loop {
             let now = g.now_ns();
@@ -523,7 +596,11 @@ impl Shared {
         let me = std::thread::current().id();
         let mut g = self.lock();
         if let Some(t) = g.sync.stamps.remove(&me) {
+            g.sync.recording = Some((me, RealInstant::now()));
             return g.wall_us(t / 1000);
+        }
+        if g.sync.recording.is_some_and(|(t, _)| t == me) {
+            g.sync.recording = None;
         }
         g = self.settle(g);
         let us = g.gettimeofday_us();

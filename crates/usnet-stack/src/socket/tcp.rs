@@ -138,6 +138,10 @@ pub(crate) struct FoCacheEntry {
     pub mss: u16,
     /// Its cookie, if it gave one.
     pub cookie: Option<usnet_wire::FastOpen>,
+    /// Without a cookie, which encoding the next request uses (Linux's `try_exp`):
+    /// 0 the standard option (kind 34), 1 the experimental one (kind 254) after
+    /// the standard one went unanswered, 2 the standard one again after both did.
+    pub try_exp: u8,
 }
 
 impl TcpTable {

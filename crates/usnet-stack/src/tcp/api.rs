@@ -409,7 +409,7 @@ impl Stack {
             let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
             let no_cookie = c.config().fastopen & usnet_tcp::config::FASTOPEN_CLIENT_NO_COOKIE != 0;
             if entry.cookie.is_none() && !no_cookie {
-                c.set_fastopen_client(FastOpen::request(false), 0);
+                c.set_fastopen_client(FastOpen::request(entry.try_exp == 1), 0);
                 return 0;
             }
             let mss = match entry.mss {

@@ -123,6 +123,13 @@ impl View<'_> {
                 seq: q.tcp_seq(),
                 err,
             },
+            TcpTarget::Listener(listener) if l3.unicast => Verdict::TcpIcmpListener {
+                listener,
+                local,
+                remote,
+                seq: q.tcp_seq(),
+                err,
+            },
             _ => {
                 c.tcp_icmp_no_conn += 1;
                 Verdict::Drop
@@ -132,6 +139,24 @@ impl View<'_> {
 }
 
 impl Stack {
+    /// An ICMP error about a listener's SYN-ACK: the half-open connection may go
+    /// (`usnet_tcp::Listener::icmp_error`).
+    pub(crate) fn tcp_icmp_listener_error(
+        &mut self,
+        idx: u32,
+        local: SocketAddr,
+        remote: SocketAddr,
+        seq: u32,
+        err: IcmpError,
+    ) {
+        let Some(l) = self.sockets.listen_at_mut(idx) else {
+            return;
+        };
+        if let Some(lst) = l.family(remote) {
+            lst.icmp_error(local, remote, seq, err);
+        }
+    }
+
     /// An ICMP error for connection `idx` whose quoted segment had sequence number
     /// `seq`. A lowered MSS resends at once (in `tcp_settle`).
     pub(crate) fn tcp_icmp_error(&mut self, idx: u32, seq: u32, err: IcmpError) {

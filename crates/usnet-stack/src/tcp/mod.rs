@@ -187,6 +187,7 @@ impl Stack {
         let w = s.conn.poll_transmit(now, &mut sink);
         sink.flush();
         let learned = s.conn.take_fastopen_learned().map(|l| (s.remote.ip(), l));
+        let try_exp = s.conn.take_fastopen_try_exp();
         let refused = sink.refused;
         zc::settle_bufs(&mut self.core.pool, &mut s.conn);
         let deadline = s.conn.poll_at();
@@ -214,6 +215,11 @@ impl Stack {
             }
             if cookie.is_some() {
                 e.cookie = cookie;
+            } else if let Some(t) = try_exp {
+                // No cookie in either encoding yet: the other encoding next (once).
+                if e.cookie.is_none() && t > e.try_exp {
+                    e.try_exp = t;
+                }
             }
         }
         if notify {

@@ -116,11 +116,19 @@ impl Connection {
         }
     }
 
-    /// The sender's part for an ACK that delivered `delivered` bytes: an ECE (on
+    /// The sender's part for an ACK that delivered `delivered` bytes (and
+    /// acknowledged retransmitted data, or marked new losses, as the flags say): an
+    /// ECE (on
     /// anything but a SYN) starts a reduction, once per window of data, not before
     /// the last one's CWR went out and not during loss recovery (which reduces for
     /// itself); during one, PRR sets cwnd.
-    pub(crate) fn ecn_on_ack(&mut self, seg: &Segment, delivered: u32) {
+    pub(crate) fn ecn_on_ack(
+        &mut self,
+        seg: &Segment,
+        delivered: u32,
+        retrans_acked: bool,
+        newly_lost: bool,
+    ) {
         if let Some(p) = self.ecn.cwr_until {
             if self.snd.una.ge(p) || self.recovery.in_recovery() {
                 self.ecn.cwr_until = None;
@@ -153,29 +161,47 @@ impl Connection {
                 });
             }
         }
-        self.prr_on_ack(delivered);
+        self.prr_on_ack(delivered, retrans_acked, newly_lost);
     }
 
-    /// RFC 6937 §3 on an ACK during a reduction: cwnd = pipe + sndcnt, where sndcnt
-    /// keeps what is sent proportional to what is delivered while pipe is above
-    /// ssthresh, and then (the conservative reduction bound) never sends more than
-    /// was delivered.
-    fn prr_on_ack(&mut self, delivered: u32) {
+    /// RFC 6937 §3 on an ACK that delivered `delivered` bytes during a reduction
+    /// (an ECN echo's or fast recovery's): cwnd = pipe + sndcnt, where sndcnt keeps
+    /// what is sent proportional to what is delivered while pipe is above ssthresh.
+    /// Below it, as Linux: the slow start reduction bound (what was delivered and
+    /// not yet matched, at least this ACK's delivery, plus one segment) when the
+    /// ACK acknowledged retransmitted data and marked no new loss (the repair is
+    /// getting through), else the conservative bound (this ACK's delivery); never
+    /// past ssthresh. An ACK that delivered nothing leaves cwnd alone; the
+    /// reduction's first sending opportunity is at least one segment (the fast
+    /// retransmit).
+    pub(crate) fn prr_on_ack(&mut self, delivered: u32, retrans_acked: bool, newly_lost: bool) {
         let Some(mut p) = self.ecn.prr else {
             return;
         };
+        if delivered == 0 {
+            return;
+        }
         p.delivered = p.delivered.saturating_add(delivered);
         self.ecn.prr = Some(p);
+        let mss = u64::from(self.smss());
         let ssthresh = u64::from(self.cc.ssthresh());
         let pipe = u64::from(self.pipe_est());
         let (del, out) = (u64::from(p.delivered), u64::from(p.out));
-        let sndcnt = if pipe > ssthresh {
+        let mut sndcnt = if pipe > ssthresh {
+            // Rounded up to whole segments, as Linux counts in packets.
             (del * ssthresh)
                 .div_ceil(u64::from(p.recover_fs))
+                .div_ceil(mss)
+                .saturating_mul(mss)
                 .saturating_sub(out)
+        } else if retrans_acked && !newly_lost {
+            (del.saturating_sub(out).max(u64::from(delivered)) + mss).min(ssthresh - pipe)
         } else {
-            (ssthresh - pipe).min(del.saturating_sub(out))
+            u64::from(delivered).min(ssthresh - pipe)
         };
+        if out == 0 {
+            sndcnt = sndcnt.max(mss);
+        }
         let cwnd = (pipe + sndcnt).min(u64::from(u32::MAX)) as u32;
         self.cc.set_cwnd(cwnd.max(self.smss()));
     }

@@ -53,6 +53,9 @@ pub(crate) struct SynState {
     pub xmits: u32,
     /// When the latest one went out.
     pub sent_at: Instant,
+    /// When our first SYN went out (an active open's SYN-ACK must echo a
+    /// timestamp from then on).
+    pub first_sent_at: Option<Instant>,
     /// A passive open whose SYN carried an accepted Fast Open request (RFC 7413):
     /// the connection exists (and may send) before our SYN-ACK is acknowledged.
     pub tfo_child: bool,
@@ -69,6 +72,11 @@ pub(crate) struct SynState {
     /// What the SYN-ACK taught about Fast Open to this peer (its MSS, its cookie if
     /// it sent one), until the owner takes it for its cookie cache.
     pub fo_learned: Option<(u16, Option<FastOpen>)>,
+    /// Our first SYN asked for a cookie (or carried one) and its SYN-ACK, to a SYN
+    /// never retransmitted, brought none: 1 after the standard option (try the
+    /// experimental encoding next), 2 after the experimental one (back to the
+    /// standard one for good), as Linux's `try_exp`.
+    pub fo_try_exp: Option<u8>,
     /// The application waits for the handshake to send data (`set_write_pending`).
     pub write_pending: bool,
 }
@@ -79,12 +87,14 @@ impl SynState {
             pending: false,
             xmits: 0,
             sent_at: now,
+            first_sent_at: None,
             tfo_child: false,
             syn_data: false,
             fo: None,
             fo_max: 0,
             fo_sent: 0,
             fo_learned: None,
+            fo_try_exp: None,
             write_pending: false,
         }
     }
@@ -152,6 +162,13 @@ impl Connection {
     /// its SYN-ACK carried (None: none), for the owner's cookie cache. Taken once.
     pub fn take_fastopen_learned(&mut self) -> Option<(u16, Option<FastOpen>)> {
         self.syn.fo_learned.take()
+    }
+
+    /// After a Fast Open SYN was answered without a cookie: which encoding of the
+    /// option the owner's cache should try next (see `SynState::fo_try_exp`).
+    /// Taken once.
+    pub fn take_fastopen_try_exp(&mut self) -> Option<u8> {
+        self.syn.fo_try_exp.take()
     }
 
     /// A passively opened connection in SYN-RECEIVED whose SYN-ACK the listener has
@@ -276,6 +293,11 @@ impl Connection {
                 .fast_open
                 .filter(|f| f.len > 0 && self.syn.fo.is_some());
             self.syn.fo_learned = Some((seg.options.mss.unwrap_or(0), cookie));
+            if let (Some(ours), None) = (self.syn.fo, cookie) {
+                if self.syn.xmits == 1 {
+                    self.syn.fo_try_exp = Some(if ours.exp { 2 } else { 1 });
+                }
+            }
         }
     }
 
@@ -292,6 +314,15 @@ impl Connection {
         let f = seg.flags;
         let ack = Seq(seg.ack);
         if f.ack() && (ack.le(self.snd.iss) || ack.gt(self.snd.nxt)) {
+            if !f.rst() {
+                self.stats.rx_bad_syn_ack += 1;
+                self.reply_rst = Some((ack, None));
+            }
+            return;
+        }
+        if f.ack() && !self.echoes_our_syn_timestamp(seg) {
+            // It cannot answer our SYN (RFC 7323 §5's reasoning, Linux's active
+            // PAWS check): reset it like an unacceptable ACK, stay in SYN-SENT.
             if !f.rst() {
                 self.stats.rx_bad_syn_ack += 1;
                 self.reply_rst = Some((ack, None));
@@ -355,6 +386,19 @@ impl Connection {
                 self.check_fin(seg);
             }
         }
+    }
+
+    /// In SYN-SENT, whether an ACK's timestamp echo (if it has one, and we offered
+    /// timestamps) is one of ours: a TSval we sent between our first SYN and now.
+    fn echoes_our_syn_timestamp(&self, seg: &Segment) -> bool {
+        let (Some((_, ecr)), Some(first)) = (seg.options.timestamps, self.syn.first_sent_at) else {
+            return true;
+        };
+        if !self.cfg.timestamps || ecr == 0 {
+            return true;
+        }
+        let lo = self.ts.clock(first);
+        ecr.wrapping_sub(lo) <= self.ts.clock(self.now).wrapping_sub(lo)
     }
 
     /// In SYN-RECEIVED, a segment carrying the peer's SYN again: in a simultaneous
@@ -485,6 +529,9 @@ impl Connection {
             }
         }
         self.syn.pending = false;
+        if self.syn.xmits == 0 {
+            self.syn.first_sent_at = Some(self.now);
+        }
         self.syn.xmits += 1;
         self.syn.sent_at = self.now;
         self.timers
@@ -558,6 +605,29 @@ mod tests {
     }
 
     #[test]
+    fn a_syn_ack_echoing_a_timestamp_we_never_sent_is_reset_and_ignored() {
+        let mut cli = client(TcpConfig::default());
+        let syn = drain(&mut cli, T0).remove(0);
+        let (tsval, _) = syn.repr.options.timestamps.expect("timestamps offered");
+        let opts = |ecr| TcpOptions {
+            timestamps: Some((77, ecr)),
+            ..TcpOptions::default()
+        };
+        let bad = syn_ack_for(&syn, cli.iss() + 1, opts(tsval.wrapping_add(9999)));
+        let now = T0 + Duration::from_millis(10);
+        feed(&mut cli, now, &[bad]);
+        assert_eq!(cli.state(), State::SynSent);
+        let rst = drain(&mut cli, now);
+        assert_eq!(rst.len(), 1);
+        assert_eq!(rst[0].repr.flags, TcpFlags::RST);
+        assert_eq!(rst[0].repr.seq, cli.iss() + 1);
+        // One that echoes our SYN's TSval completes the handshake.
+        let good = syn_ack_for(&syn, cli.iss() + 1, opts(tsval));
+        feed(&mut cli, now, &[good]);
+        assert_eq!(cli.state(), State::Established);
+    }
+
+    #[test]
     fn the_syn_offers_every_configured_option() {
         let mut cli = client(TcpConfig::default());
         let syn = drain(&mut cli, T0);
@@ -572,6 +642,33 @@ mod tests {
         );
         assert!(r.options.sack_permitted);
         assert!(r.options.timestamps.is_some());
+    }
+
+    #[test]
+    fn syn_data_sent_again_is_no_small_segment_for_nagle() {
+        let mut cli = client(TcpConfig::default());
+        assert_eq!(cli.send(&[7u8; 1000]), 1000);
+        let fo = FastOpen::with_cookie(&[1, 2, 3, 4], false);
+        assert_eq!(cli.set_fastopen_client(fo, 1000), 1000);
+        let syn = drain(&mut cli, T0).remove(0);
+        assert_eq!(syn.payload.len(), 1000);
+        // The SYN-ACK takes only the SYN: the 1000 bytes go again, a partial
+        // segment, but a retransmission of what the SYN carried.
+        let opts = TcpOptions {
+            mss: Some(1460),
+            ..TcpOptions::default()
+        };
+        let mut synack = syn_ack_for(&syn, cli.iss() + 1, opts);
+        synack.repr.window = 65535;
+        feed(&mut cli, T0 + ms(10), &[synack]);
+        let out = drain(&mut cli, T0 + ms(10));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].payload.len(), 1000);
+        // More data: its small tail is not held behind that resend.
+        cli.send(&[8u8; 2000]);
+        let out = drain(&mut cli, T0 + ms(11));
+        let sent: usize = out.iter().map(|s| s.payload.len()).sum();
+        assert_eq!(sent, 2000);
     }
 
     #[test]
@@ -662,6 +759,21 @@ mod tests {
     }
 
     #[test]
+    fn an_unanswered_cookie_request_says_which_encoding_to_try_next() {
+        for (exp, next) in [(false, 1), (true, 2)] {
+            let mut cli = client(TcpConfig::default());
+            cli.set_fastopen_client(FastOpen::request(exp), 0);
+            let syn = drain(&mut cli, T0).remove(0);
+            assert_eq!(syn.repr.options.fast_open, Some(FastOpen::request(exp)));
+            let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
+            feed(&mut cli, T0 + Duration::from_millis(10), &[synack]);
+            assert_eq!(cli.state(), State::Established);
+            assert_eq!(cli.take_fastopen_try_exp(), Some(next));
+            assert_eq!(cli.take_fastopen_try_exp(), None, "taken once");
+        }
+    }
+
+    #[test]
     fn fast_open_cookie_request_carries_no_data_and_a_retransmitted_syn_no_option() {
         let mut cli = client(TcpConfig::default());
         cli.send(&[1u8; 500]);
@@ -678,6 +790,11 @@ mod tests {
         let synack = syn_ack_for(&syn, cli.iss() + 1, TcpOptions::default());
         feed(&mut cli, T0 + Duration::from_millis(1100), &[synack]);
         assert_eq!(cli.take_fastopen_learned(), Some((0, None)));
+        assert_eq!(
+            cli.take_fastopen_try_exp(),
+            None,
+            "the SYN was retransmitted: no verdict on the option"
+        );
         let out = drain(&mut cli, T0 + Duration::from_millis(1100));
         assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 500);
         assert_eq!(out[0].repr.seq, cli.iss() + 1);

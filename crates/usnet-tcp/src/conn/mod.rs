@@ -197,6 +197,13 @@ pub struct TcpInfo {
     pub sacked_bytes: u32,
     /// Segments marked lost and not yet retransmitted.
     pub lost_segments: u32,
+    /// Segments marked lost, retransmitted or not, not yet SACKed or acknowledged
+    /// (Linux's `lost_out`, `tcpi_lost`).
+    pub lost_out: u32,
+    /// Reordering estimate in segments (Linux's `tcpi_reordering`, from 3).
+    pub reordering: u32,
+    /// How often a segment was seen delivered out of order (`tcpi_reord_seen`).
+    pub reord_seen: u32,
     /// Peer's window, bytes (scaled).
     pub snd_wnd: u32,
     /// Window we advertise, bytes.
@@ -213,6 +220,12 @@ pub struct TcpInfo {
     pub sack_blocks: u64,
     /// Whether the connection is in loss recovery.
     pub in_recovery: bool,
+    /// Recovery after a retransmission timeout (or a path MTU drop), Linux's
+    /// `TCP_CA_Loss`; `in_recovery` is set too.
+    pub in_loss: bool,
+    /// Outside recovery, the sender has seen SACKs or duplicate ACKs, or has
+    /// retransmitted data still outstanding (Linux's `TCP_CA_Disorder`).
+    pub disorder: bool,
     /// Congestion control in use.
     pub congestion: &'static str,
     /// Window scaling negotiated (send shift, receive shift).
@@ -420,6 +433,9 @@ impl Connection {
             pipe: self.scoreboard.pipe(),
             sacked_bytes: self.scoreboard.sacked_bytes(),
             lost_segments: self.scoreboard.lost_segs(),
+            lost_out: self.scoreboard.lost_out(),
+            reordering: self.recovery.reordering,
+            reord_seen: self.recovery.reord_seen,
             snd_wnd: self.snd.wnd,
             rcv_wnd: self.rcv.adv.since(self.rcv.nxt),
             rcv_space: self.rcv.space as u32,
@@ -428,6 +444,8 @@ impl Connection {
             rto_expiries: self.stats.rto_expired,
             sack_blocks: self.stats.rx_sack_blocks,
             in_recovery: self.recovery.in_recovery(),
+            in_loss: self.recovery.in_loss(),
+            disorder: self.in_disorder(),
             congestion: self.cc.name(),
             wscale: self.opts.ws.then_some((self.snd.wscale, self.rcv.wscale)),
             timestamps: self.ts.ok,

@@ -46,7 +46,21 @@ pub(crate) struct Recovery {
     /// The armed TLP timer stands in for the RTO, which would have fired first
     /// (RFC 8985 §7.2): the RTO timer stays disarmed until the probe goes.
     pub tlp_for_rto: bool,
+    /// The last new ACK covered a retransmitted segment (PRR's choice of bound).
+    pub retrans_acked: bool,
+    /// Reordering estimate, in segments (Linux's `tp->reordering`, from 3): how far
+    /// below the highest SACKed sequence a never-retransmitted segment was
+    /// delivered; and how often that was seen.
+    pub reordering: u32,
+    pub reord_seen: u32,
+    /// Lowest start of a never-retransmitted segment the current ACK delivered.
+    pub reord_low: Option<Seq>,
 }
+
+/// The initial reordering estimate (Linux's `tcp_reordering` default) and its cap
+/// (`tcp_max_reordering`).
+pub(crate) const REORDERING_INIT: u32 = 3;
+const REORDERING_MAX: u32 = 300;
 
 impl Recovery {
     pub(crate) fn new(iss: Seq) -> Self {
@@ -59,11 +73,20 @@ impl Recovery {
             tlp_pending: false,
             tlp_outstanding: false,
             tlp_for_rto: false,
+            retrans_acked: false,
+            reordering: REORDERING_INIT,
+            reord_seen: 0,
+            reord_low: None,
         }
     }
 
     pub(crate) fn in_recovery(&self) -> bool {
         self.phase != Phase::None
+    }
+
+    /// Recovery from a timeout or a path MTU drop (Linux's `TCP_CA_Loss`).
+    pub(crate) fn in_loss(&self) -> bool {
+        matches!(self.phase, Phase::Rto | Phase::Pmtu)
     }
 }
 
@@ -161,12 +184,17 @@ impl Connection {
         self.snd.una_before_last_ack = self.snd.una;
         let mut rtt_sample = None;
         let mut delivered = false;
+        self.recovery.retrans_acked = false;
         while let Some(front) = self.scoreboard.front() {
             if !front.end.le(ack) {
                 delivered |= self.scoreboard.trim_front(ack);
                 break;
             }
             self.scoreboard.pop_front();
+            self.recovery.retrans_acked |= front.xmits > 1;
+            if !front.sacked && front.xmits == 1 {
+                self.note_reord(front.start);
+            }
             if !front.sacked {
                 self.rack_update(&front);
                 self.snd.delivered += 1;
@@ -191,14 +219,17 @@ impl Connection {
         if self.snd.buf.is_empty() {
             self.chrono_stop(super::Chrono::Busy);
         }
+        self.rtt.latest = None;
         if let Some(r) = rtt_sample {
             self.rtt.sample(r, &self.cfg);
+            self.rtt.latest = Some(r);
         } else if let Some(ms) = ecr
             .filter(|_| self.ts.ok)
             .and_then(|ecr| self.ts.echo_ms(ecr, self.now))
         {
-            self.rtt
-                .sample_coarse(Duration::from_millis(u64::from(ms)), &self.cfg);
+            let r = Duration::from_millis(u64::from(ms));
+            self.rtt.sample_coarse(r, &self.cfg);
+            self.rtt.latest = Some(r);
         }
         self.rtt.backoff = 0;
         self.recovery.dupacks = 0;
@@ -249,6 +280,9 @@ impl Connection {
                 // Only segments the block covers whole (partly covered ones are left
                 // alone: conservative).
                 if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
+                    if s.xmits == 1 {
+                        self.note_reord(s.start);
+                    }
                     self.rack_update(&s);
                     self.snd.delivered += 1;
                     delivered = true;
@@ -257,6 +291,38 @@ impl Connection {
             }
         }
         delivered
+    }
+
+    fn note_reord(&mut self, start: Seq) {
+        let r = &mut self.recovery.reord_low;
+        *r = Some(r.map_or(start, |l| if start.lt(l) { start } else { l }));
+    }
+
+    /// After an ACK's cumulative and selective parts (Linux's
+    /// `tcp_check_sack_reordering`): a never-retransmitted segment it delivered
+    /// below `prior_fack` (the highest SACKed sequence before it) arrived out of
+    /// order; the distance to the highest SACKed sequence now, in segments, raises
+    /// the reordering estimate.
+    pub(crate) fn check_reordering(&mut self, prior_fack: Seq) {
+        let Some(low) = self.recovery.reord_low.take() else {
+            return;
+        };
+        let fack = self
+            .scoreboard
+            .highest_sacked_end()
+            .map_or(
+                prior_fack,
+                |f| if f.gt(prior_fack) { f } else { prior_fack },
+            );
+        if !low.lt(prior_fack) || !low.lt(fack) {
+            return;
+        }
+        let mss = self.smss().max(1);
+        let metric = fack.since(low);
+        if metric > self.recovery.reordering.saturating_mul(mss) {
+            self.recovery.reordering = metric.div_ceil(mss).min(REORDERING_MAX);
+        }
+        self.recovery.reord_seen += 1;
     }
 
     fn rack_update(&mut self, s: &TxSeg) {
@@ -339,22 +405,55 @@ impl Connection {
         self.recovery.point = self.snd.nxt;
         self.stats.fast_recoveries += 1;
         let flight = self.snd.nxt.since(self.snd.una);
+        let prior_cwnd = self.cc.cwnd();
         self.cc.on_loss(self.now, flight, self.smss());
+        // Proportional rate reduction (RFC 6937) takes cwnd from here to ssthresh
+        // over the episode; it replaces an ECN reduction under way. Its RecoverFS
+        // is the window before the reduction, as Linux's prior_cwnd.
+        self.ecn.cwr_until = None;
+        self.ecn.prr = Some(super::ecn::Prr {
+            recover_fs: prior_cwnd.max(1),
+            ..Default::default()
+        });
         self.recovery.fast_rtx_pending = true;
         self.timers.clear(Timer::Tlp);
     }
 
+    /// Linux's `TCP_CA_Disorder`: no recovery, but SACKed or lost segments or
+    /// duplicate ACKs are on the scoreboard, or a retransmission is outstanding.
+    pub(crate) fn in_disorder(&self) -> bool {
+        !self.recovery.in_recovery()
+            && (self.scoreboard.sacked_segs() > 0
+                || self.scoreboard.lost_segs() > 0
+                || self.recovery.dupacks > 0
+                || self.scoreboard.any_retransmitted())
+    }
+
     /// SND.UNA advanced: congestion control hears of it as the episode allows, an
-    /// episode ends at its recovery point, and the TLP is re-armed.
-    pub(crate) fn on_ack_advanced(&mut self, ack: Seq, flight_before: u32, cwnd_limited: bool) {
-        let acked = ack.since(self.snd.una_before_last_ack);
+    /// episode ends at its recovery point, and the TLP is re-armed. The controller
+    /// counts only what this ACK newly delivered: `sacked_retired` bytes of it
+    /// were SACKed before (as Linux grows cwnd by newly delivered segments).
+    pub(crate) fn on_ack_advanced(
+        &mut self,
+        ack: Seq,
+        flight_before: u32,
+        cwnd_limited: bool,
+        sacked_retired: u32,
+    ) {
+        let acked = ack
+            .since(self.snd.una_before_last_ack)
+            .saturating_sub(sacked_retired);
         let (mss, srtt) = (self.smss(), self.rtt.srtt);
+        let (rtt, una, nxt) = (self.rtt.latest, self.snd.una, self.snd.nxt);
         let sample = |cwnd_limited| AckSample {
             acked,
             mss,
             srtt,
             in_flight: flight_before,
             cwnd_limited,
+            rtt,
+            una,
+            nxt,
         };
         match self.recovery.phase {
             Phase::None => {
@@ -364,6 +463,7 @@ impl Connection {
             Phase::Fast => {
                 if ack.ge(self.recovery.point) {
                     self.recovery.phase = Phase::None;
+                    self.ecn.prr = None;
                     self.cc
                         .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
                 } else {
@@ -468,6 +568,10 @@ impl Connection {
         self.rack_detect_loss();
         if self.scoreboard.lost_segs() > 0 && !self.recovery.in_recovery() {
             self.enter_fast_recovery();
+            // No ACK brings this episode's first reduction step: count one segment
+            // delivered, as Linux does, so PRR starts from pipe rather than from
+            // the whole new ssthresh.
+            self.prr_on_ack(self.smss(), false, false);
         }
     }
 
@@ -519,6 +623,8 @@ impl Connection {
         }
         self.recovery.phase = Phase::Rto;
         self.recovery.point = self.snd.nxt;
+        // Slow start from one segment: no rate reduction steers cwnd any more.
+        self.ecn.prr = None;
         for i in 0..self.scoreboard.len() {
             self.scoreboard.mark_lost(i);
         }
@@ -740,6 +846,149 @@ mod tests {
         assert_eq!(cli.recovery.phase, Phase::None);
         assert!(cli.scoreboard.is_empty());
         cli.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_duplicate_ack_below_the_threshold_is_disorder_not_recovery() {
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        let (_, acks) = flight(&mut cli, &mut srv, 1, |_| true, T0 + ms(1));
+        feed(&mut cli, T0 + ms(2), &acks);
+        assert!(!cli.info().disorder);
+        let now = T0 + ms(10);
+        let (_, acks) = flight(&mut cli, &mut srv, 4, |i| i != 0, now);
+        feed(&mut cli, now + ms(1), &acks[..1]);
+        let info = cli.info();
+        assert!(info.disorder && !info.in_recovery && !info.in_loss);
+    }
+
+    #[test]
+    fn a_cumulative_ack_of_sacked_data_grows_cwnd_only_by_what_it_newly_delivered() {
+        let (mut cli, mut srv) = pair_with_rtt(TcpConfig::default(), TcpConfig::default(), ms(100));
+        let iw = cli.info().cwnd;
+        let now = T0 + ms(200);
+        // A full initial window; the second segment arrives first (a SACK), then the
+        // first (a cumulative ACK of both).
+        assert_eq!(cli.send(&vec![1u8; 10 * MSS]), 10 * MSS);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 10);
+        srv.input(now + ms(50), &data[1].segment());
+        let sack = drain(&mut srv, now + ms(50));
+        srv.input(now + ms(51), &data[0].segment());
+        let cum = drain(&mut srv, now + ms(51));
+        feed(&mut cli, now + ms(100), &sack);
+        assert_eq!(cli.recovery.phase, Phase::None);
+        assert_eq!(cli.info().cwnd, iw, "a SACK alone does not grow cwnd");
+        feed(&mut cli, now + ms(101), &cum);
+        assert_eq!(cli.snd.una, Seq(data[2].repr.seq));
+        assert_eq!(
+            cli.info().cwnd,
+            iw + MSS as u32,
+            "one segment newly delivered"
+        );
+    }
+
+    #[test]
+    fn without_sack_duplicate_acks_count_as_delivered_segments_for_cwnd() {
+        let cfg = TcpConfig {
+            sack: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair_with_rtt(cfg.clone(), cfg, ms(100));
+        // One delivered segment first, so that the duplicate ACKs carry the window
+        // the client already has.
+        let (_, acks) = flight(&mut cli, &mut srv, 1, |_| true, T0 + ms(101));
+        feed(&mut cli, T0 + ms(150), &acks);
+        let iw = cli.info().cwnd;
+        let now = T0 + ms(200);
+        assert_eq!(cli.send(&vec![1u8; 10 * MSS]), 10 * MSS);
+        let data = drain(&mut cli, now);
+        // Segments 1 and 2 first (two duplicate ACKs), then 0: the cumulative ACK
+        // covers three segments, only one of them news (RFC 3042's reordering case).
+        let mut acks = Vec::new();
+        for i in [1, 2, 0] {
+            srv.input(now + ms(50), &data[i].segment());
+            acks.extend(drain(&mut srv, now + ms(50)));
+        }
+        assert_eq!(acks.len(), 3);
+        feed(&mut cli, now + ms(100), &acks[..2]);
+        assert_eq!(cli.recovery.dupacks, 2);
+        feed(&mut cli, now + ms(101), &acks[2..]);
+        assert_eq!(cli.snd.una, Seq(data[3].repr.seq));
+        assert_eq!(cli.info().cwnd, iw + MSS as u32);
+    }
+
+    #[test]
+    fn fast_recovery_spreads_sending_over_the_acks_by_proportional_rate_reduction() {
+        let cfg = TcpConfig {
+            congestion: crate::CcAlgorithm::NewReno,
+            initial_window: 20,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair_with_rtt(cfg.clone(), cfg, ms(100));
+        let now = T0 + ms(200);
+        // Thirty segments queued, a window of twenty sent; the first is lost.
+        assert_eq!(cli.send(&vec![1u8; 30 * MSS]), 30 * MSS);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 20);
+        let mut sacks = Vec::new();
+        for s in &data[1..] {
+            srv.input(now + ms(50), &s.segment());
+            sacks.extend(drain(&mut srv, now + ms(50)));
+        }
+        assert_eq!(sacks.len(), 19);
+        // Three SACKs: RACK marks the first lost and recovery begins with ssthresh
+        // half the flight (10 segments) while 17 are still in the network: the
+        // retransmission goes, nothing more.
+        let mut t = now + ms(100);
+        feed(&mut cli, t, &sacks[..3]);
+        assert_eq!(cli.recovery.phase, Phase::Fast);
+        let out = drain(&mut cli, t);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.seq, data[0].repr.seq);
+        // While pipe is above ssthresh, one new segment per two delivered
+        // (ssthresh / RecoverFS), where cwnd = ssthresh would send none at all.
+        let mut sent = Vec::new();
+        for a in &sacks[3..13] {
+            t = t + ms(1);
+            feed(&mut cli, t, std::slice::from_ref(a));
+            sent.push(drain(&mut cli, t).len());
+        }
+        assert_eq!(sent, [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn a_reordering_timeout_starts_recovery_with_one_retransmission() {
+        let (mut cli, mut srv) = pair_with_rtt(TcpConfig::default(), TcpConfig::default(), ms(100));
+        let now = T0 + ms(200);
+        assert_eq!(cli.send(&vec![1u8; 10 * MSS]), 10 * MSS);
+        let data = drain(&mut cli, now);
+        assert_eq!(data.len(), 10);
+        // Only the eighth arrives: its SACK arms RACK's reordering timer (a quarter
+        // of the minimum RTT) for the seven before it.
+        srv.input(now + ms(50), &data[7].segment());
+        feed(&mut cli, now + ms(100), &drain(&mut srv, now + ms(50)));
+        assert_eq!(cli.recovery.phase, Phase::None);
+        assert!(drain(&mut cli, now + ms(100)).is_empty());
+        // The timer: seven lost, recovery; PRR lets one segment out, as Linux
+        // counts the timeout as one segment delivered.
+        let out = drain(&mut cli, now + ms(130));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].repr.seq, data[0].repr.seq);
+        let info = cli.info();
+        assert!(info.in_recovery && !info.in_loss);
+        assert_eq!((info.lost_out, info.lost_segments), (7, 6));
+        assert_eq!((info.reordering, info.reord_seen), (REORDERING_INIT, 0));
+        // Then the third arrives, six segments below the highest SACKed one: it was
+        // reordered, not lost.
+        srv.input(now + ms(131), &data[2].segment());
+        feed(&mut cli, now + ms(132), &drain(&mut srv, now + ms(131)));
+        let info = cli.info();
+        assert_eq!((info.reordering, info.reord_seen), (6, 1));
+        assert_eq!(info.lost_out, 6);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub(crate) struct RttEstimator {
     pub min_rtt: Option<Duration>,
     /// Consecutive timeouts: each doubles the RTO; a new ACK resets it.
     pub backoff: u32,
+    /// The last ACK's sample, if it gave one (for congestion control).
+    pub latest: Option<Duration>,
 }
 
 impl RttEstimator {
@@ -28,6 +30,7 @@ impl RttEstimator {
             rto: initial_rto,
             min_rtt: None,
             backoff: 0,
+            latest: None,
         }
     }
 

@@ -25,6 +25,9 @@ pub(crate) struct TxSeg {
     pub sacked: bool,
     /// Marked lost and not yet retransmitted.
     pub lost: bool,
+    /// Marked lost in this episode, retransmitted or not, and not SACKed since
+    /// (Linux's LOST mark, which its `lost_out` counts).
+    pub lost_marked: bool,
 }
 
 impl TxSeg {
@@ -38,6 +41,7 @@ impl TxSeg {
             xmits: 1,
             sacked: false,
             lost: false,
+            lost_marked: false,
         }
     }
 
@@ -108,6 +112,18 @@ impl Scoreboard {
     pub(crate) fn lost_segs(&self) -> u32 {
         self.lost_segs
     }
+    /// Segments marked lost, retransmitted or not, not SACKed (Linux's `lost_out`).
+    pub(crate) fn lost_out(&self) -> u32 {
+        self.segs.iter().filter(|s| s.lost_marked).count() as u32
+    }
+    /// End of the highest SACKed segment (Linux's forward-most SACKed sequence).
+    pub(crate) fn highest_sacked_end(&self) -> Option<Seq> {
+        self.segs.iter().rev().find(|s| s.sacked).map(|s| s.end)
+    }
+    /// Whether a segment still outstanding was sent more than once.
+    pub(crate) fn any_retransmitted(&self) -> bool {
+        self.segs.iter().any(|s| s.xmits > 1)
+    }
     pub(crate) fn front(&self) -> Option<TxSeg> {
         self.segs.front().copied()
     }
@@ -175,6 +191,7 @@ impl Scoreboard {
         match self.segs.get_mut(i) {
             Some(s) if !s.sacked && !s.lost => {
                 s.lost = true;
+                s.lost_marked = true;
                 self.pipe -= s.len();
                 self.lost_segs += 1;
                 true
@@ -199,6 +216,7 @@ impl Scoreboard {
         }
         s.sacked = true;
         s.lost = false;
+        s.lost_marked = false;
         self.sacked_bytes += s.len();
         self.sacked_segs += 1;
         true

@@ -57,6 +57,13 @@ pub(crate) struct SendState {
     /// A send was held back by cwnd since the last new ACK (the controller grows the
     /// window only when it limits).
     pub cwnd_blocked: bool,
+    /// Congestion window validation (as Linux's `tcp_cwnd_validate`, in the spirit
+    /// of RFC 7661): whether cwnd limited the sender in the current window of data,
+    /// the most bytes in flight in it when it did not, and where the window ends
+    /// (SND.NXT when it began).
+    pub cwnd_limited: bool,
+    pub max_flight: u32,
+    pub cwnd_usage_seq: Seq,
     /// When a segment last went out (restart after idle).
     pub last_tx: Instant,
     /// Zero-window probes sent without the window opening.
@@ -111,6 +118,9 @@ impl SendState {
             fin_acked: false,
             peer_mss: default_peer_mss(remote),
             cwnd_blocked: false,
+            cwnd_limited: false,
+            max_flight: 0,
+            cwnd_usage_seq: iss,
             last_tx: now,
             persist_backoff: 0,
             persist_pending: false,
@@ -433,6 +443,10 @@ impl Connection {
         if len == 0 && !fin {
             return None;
         }
+        if len > 0 && self.scoreboard.is_empty() {
+            let idle = self.now.saturating_since(self.snd.last_tx);
+            self.cc.on_send_after_idle(self.now, idle);
+        }
         // Restart after idle (RFC 5681 §4.1).
         if self.cfg.slow_start_after_idle
             && self.scoreboard.is_empty()
@@ -468,7 +482,11 @@ impl Connection {
         }
         self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
         self.snd.nxt = end;
-        if len < maxp {
+        // Minshall's small segment is a small piece of new data: the data a Fast Open
+        // SYN carried, sent again after a SYN-ACK that did not take it, is a
+        // retransmission (as Linux sends it), not a small segment to wait behind.
+        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
+        if len < maxp && end.gt(syn_data_end) {
             self.snd.sml = end;
         }
         if fin {
@@ -509,12 +527,44 @@ impl Connection {
     /// a lone segment clocked out by an ACK, or a burst in congestion avoidance or
     /// recovery, is cut from a buffer and carries none).
     fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
-        if self.snd.burst == 0 || self.cc.cwnd() >= self.cc.ssthresh() {
+        let prr_slow_start = self.ecn.prr.is_some() && self.pipe_est() < self.cc.ssthresh();
+        if self.snd.burst == 0 || (self.cc.cwnd() >= self.cc.ssthresh() && !prr_slow_start) {
             return false;
         }
         let next = (unsent - len).min(maxp);
         let avail = (self.cc.cwnd() as usize).saturating_sub(self.pipe_est() as usize + len);
         avail < next || win.saturating_sub(len) < next
+    }
+
+    /// After a transmit pass that found data waiting: congestion window validation
+    /// as Linux's `tcp_cwnd_validate`. If cwnd limited the pass (it stopped a segment,
+    /// or what is in flight fills it), that holds for the rest of the current window
+    /// of data; otherwise the window remembers the most bytes in flight. A new
+    /// window starts when SND.UNA passes the end of the last one.
+    pub(crate) fn validate_cwnd(&mut self, nxt_before: Seq) {
+        let limited = self.snd.cwnd_blocked || self.pipe_est() >= self.cc.cwnd();
+        if self.snd.nxt == nxt_before && !limited {
+            return;
+        }
+        let flight = self.snd.nxt.since(self.snd.una);
+        if self.snd.una.ge(self.snd.cwnd_usage_seq)
+            || limited
+            || (!self.snd.cwnd_limited && flight > self.snd.max_flight)
+        {
+            self.snd.cwnd_limited = limited;
+            self.snd.max_flight = flight;
+            self.snd.cwnd_usage_seq = self.snd.nxt;
+        }
+    }
+
+    /// Whether an ACK may grow cwnd (Linux's `tcp_is_cwnd_limited`; RFC 7661 keeps
+    /// an application-limited sender's cwnd from growing): cwnd limited the current
+    /// window, or in slow start cwnd is below twice the most that was in flight (so
+    /// slow start still doubles what the application actually used).
+    pub(crate) fn is_cwnd_limited(&self) -> bool {
+        let cwnd = self.cc.cwnd();
+        self.snd.cwnd_limited
+            || (cwnd < self.cc.ssthresh() && u64::from(cwnd) < 2 * u64::from(self.snd.max_flight))
     }
 
     /// Persist timer (RFC 9293 §3.8.6.1): data waits, nothing is in flight and the
@@ -648,6 +698,44 @@ mod tests {
         let out = drain(&mut cli, T0);
         assert_eq!(out.len(), 10, "RFC 6928 initial window");
         assert!(cli.snd.cwnd_blocked);
+    }
+
+    /// Sends `n` full segments from `cli`, lets `srv` acknowledge them (every ACK it
+    /// sends, delayed ones included), and feeds the ACKs back.
+    fn send_and_ack(cli: &mut Connection, srv: &mut Connection, n: usize) {
+        cli.send(&vec![5u8; n * MSS]);
+        let out = drain(cli, T0);
+        assert_eq!(out.len(), n);
+        let mut acks = Vec::new();
+        for s in &out {
+            feed(srv, T0, std::slice::from_ref(s));
+            acks.extend(drain(srv, T0));
+        }
+        acks.extend(drain(srv, T0 + ms(500)));
+        assert!(!acks.is_empty());
+        feed(cli, T0 + ms(1), &acks);
+    }
+
+    #[test]
+    fn slow_start_does_not_grow_cwnd_past_twice_what_the_application_used() {
+        // Five segments out of an initial window of ten: cwnd is not the limit and
+        // already twice the flight, so their ACKs leave it alone (as Linux).
+        let (mut cli, mut srv) = default_pair();
+        let iw = cli.cc.cwnd();
+        send_and_ack(&mut cli, &mut srv, 5);
+        assert_eq!(cli.snd.una, cli.snd.nxt);
+        assert_eq!(cli.cc.cwnd(), iw);
+    }
+
+    #[test]
+    fn a_flight_that_filled_cwnd_grows_it_by_every_ack_of_that_window() {
+        // Exactly the initial window: cwnd limited that window, so every ACK of it
+        // grows cwnd in slow start, even after the flight fell below half of it.
+        let (mut cli, mut srv) = default_pair();
+        let iw = cli.cc.cwnd();
+        send_and_ack(&mut cli, &mut srv, 10);
+        assert_eq!(cli.snd.una, cli.snd.nxt);
+        assert_eq!(cli.cc.cwnd(), 2 * iw);
     }
 
     #[test]

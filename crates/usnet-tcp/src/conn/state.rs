@@ -329,17 +329,30 @@ impl Connection {
             return false;
         }
         let flight_before = self.snd.nxt.since(self.snd.una);
+        let prior_fack = self.scoreboard.highest_sacked_end().unwrap_or(self.snd.una);
+        self.recovery.reord_low = None;
         // RFC 6937's DeliveredData: the change in SND.UNA plus in SACKed bytes.
         let (una_before, sacked_before) = (self.snd.una, self.scoreboard.sacked_bytes());
-        let cwnd_limited =
-            self.snd.cwnd_blocked || u64::from(flight_before) * 2 >= u64::from(self.cc.cwnd());
+        let cwnd_limited = self.is_cwnd_limited();
         let mut delivered = false;
         let advanced = ack.gt(self.snd.una);
+        let dupacks_before = self.recovery.dupacks;
         if advanced {
             delivered |= self.process_new_ack(ack, seg.options.timestamps.map(|t| t.1));
         }
+        // SACKed bytes the cumulative ACK retired were delivered by earlier ACKs;
+        // without SACK, each duplicate ACK stood for a segment that arrived (as
+        // Linux's reno "sacked" count: at least one segment is new).
+        let sacked_retired = if self.opts.sack {
+            sacked_before.saturating_sub(self.scoreboard.sacked_bytes())
+        } else {
+            (dupacks_before * self.smss()).min(ack.since(una_before).saturating_sub(self.smss()))
+        };
         if self.opts.sack && seg.options.sack_count > 0 {
             delivered |= self.process_sacks(seg);
+        }
+        if self.opts.sack {
+            self.check_reordering(prior_fack);
         }
         let window_changed = self.update_send_window(seq, ack, seg.window);
         // Duplicate ACK (RFC 5681 §2).
@@ -349,16 +362,19 @@ impl Connection {
             && !seg.flags.fin()
             && !window_changed
             && !self.scoreboard.is_empty();
+        let lost_before = self.scoreboard.lost_segs();
         self.detect_loss(duplicate_ack, delivered);
+        let newly_lost = self.scoreboard.lost_segs() > lost_before;
         if advanced {
-            self.on_ack_advanced(ack, flight_before, cwnd_limited);
+            self.on_ack_advanced(ack, flight_before, cwnd_limited, sacked_retired);
         }
         // After the window grew for this ACK: an ECE reduces what it became.
         let delivered = (i64::from(self.snd.una.since(una_before))
             + i64::from(self.scoreboard.sacked_bytes())
             - i64::from(sacked_before))
         .max(0) as u32;
-        self.ecn_on_ack(seg, delivered);
+        let retrans_acked = advanced && self.recovery.retrans_acked;
+        self.ecn_on_ack(seg, delivered, retrans_acked, newly_lost);
         if self.snd.fin_acked {
             self.on_fin_acked();
         }

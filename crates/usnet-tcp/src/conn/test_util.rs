@@ -42,6 +42,16 @@ pub(crate) fn feed(c: &mut Connection, now: Instant, segs: &[OwnedSegment]) {
 
 /// A client and a server in ESTABLISHED after a handshake at [`T0`] with no delay.
 pub(crate) fn pair(ccfg: TcpConfig, scfg: TcpConfig) -> (Connection, Connection) {
+    pair_with_rtt(ccfg, scfg, Duration::ZERO)
+}
+
+/// [`pair`] whose handshake takes `rtt`: the SYN-ACK and the final ACK arrive at
+/// `T0 + rtt`, so both ends start with that RTT sample.
+pub(crate) fn pair_with_rtt(
+    ccfg: TcpConfig,
+    scfg: TcpConfig,
+    rtt: Duration,
+) -> (Connection, Connection) {
     let (c, s) = addrs();
     let mut client = Connection::connect(c, s, T0, ccfg);
     let mut listener: Listener<u32> = Listener::new(s, scfg, 8, false);
@@ -49,10 +59,11 @@ pub(crate) fn pair(ccfg: TcpConfig, scfg: TcpConfig) -> (Connection, Connection)
     for syn in drain(&mut client, T0) {
         listener.input(T0, s, c, &syn.segment(), &mut back);
     }
-    feed(&mut client, T0, &back.segments);
+    let t1 = T0 + rtt;
+    feed(&mut client, t1, &back.segments);
     let mut server = None;
-    for ack in drain(&mut client, T0) {
-        if let ListenEvent::Established(x) = listener.input(T0, s, c, &ack.segment(), &mut back) {
+    for ack in drain(&mut client, t1) {
+        if let ListenEvent::Established(x) = listener.input(t1, s, c, &ack.segment(), &mut back) {
             server = Some(*x);
         }
     }

@@ -29,11 +29,16 @@ impl Connection {
         let mut budget = POLL_BUDGET;
         let mut blocked_by_window = false;
         self.snd.burst = 0;
+        let nxt_before = self.snd.nxt;
+        let data_waits = self.snd.buf.len() > self.snd.nxt.since(self.snd.una) as usize;
         while budget > 0 {
             match self.transmit_one(sink, &mut blocked_by_window) {
                 Some(true) => budget -= 1,
                 _ => break,
             }
+        }
+        if data_waits && self.state.is_synchronized() {
+            self.validate_cwnd(nxt_before);
         }
         self.chrono_after_transmit();
         // A MSG_MORE write corks its own pass only; a NODELAY flush is one pass.
