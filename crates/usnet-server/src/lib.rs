@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 use usnet_abi::{hdr, Geometry};
 use usnet_driver::{Driver, SystemClock};
 use usnet_link::Device;
-use usnet_stack::{Owner, Stack};
+use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
 pub use bell::ServerBell;
-use session::ServerSession;
+use session::{Pinned, ServerSession, SHARED};
 pub use session::SessionStats;
 
 /// What a client may use and how the loop shares itself out.
@@ -107,10 +107,34 @@ const STAT_MAX_CLIENT_SOCKETS: usize = 256;
 /// Work another thread hands to the loop.
 pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
 
+/// A stack socket held by several sessions (after a fork), or pinned for a child.
+#[derive(Debug, Default)]
+struct SharedSock {
+    /// Sessions holding it, in the order they took it.
+    holders: Vec<u32>,
+    /// Pins (children forked and not attached yet) holding it.
+    pins: u32,
+    /// The holder its received bytes go to (`None`: none yet; they wait in the stack).
+    receiver: Option<u32>,
+    /// Bytes a receiver that let go left unread, for the next one.
+    carry: Vec<u8>,
+}
+
+/// Sockets pinned for a forked child until it attaches (or its pin connection closes).
+struct Pin {
+    /// The session that forked.
+    from: u32,
+    socks: Vec<Pinned>,
+}
+
 /// The loop's state, as a [`Job`] sees it.
 pub struct Loop {
     pub driver: Driver<Box<dyn Device>>,
     sessions: HashMap<u32, ServerSession>,
+    /// Stack sockets held by several sessions (owned by `SHARED` in the stack).
+    shared: HashMap<SocketHandle, SharedSock>,
+    /// Pins by token (see [`Loop::pin`]).
+    pins: HashMap<u128, Pin>,
     order: Vec<u32>,
     pub cfg: ServerConfig,
     pub started: Instant,
@@ -182,7 +206,16 @@ impl Loop {
             // before its exit closes the rest: those connections end with a FIN.
             s.serve(stack, budget);
             s.drain_all(stack);
+            let mut gone = std::mem::take(&mut s.released);
+            let closed_shared = gone.len();
+            gone.extend(s.take_shared());
             s.close_all(stack);
+            // Shared sockets it closed itself close gracefully if it was the last
+            // holder; the ones it still held when it died are reset then.
+            for (k, (h, left)) in gone.into_iter().enumerate() {
+                self.release_shared(h, id, left, k >= closed_shared);
+            }
+            let stack = self.driver.stack_mut();
             stack.clear_owner_info(s.owner());
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;
@@ -258,10 +291,28 @@ impl Loop {
         if !self.order.is_empty() {
             self.order.rotate_left(1);
         }
+        let mut released = Vec::new();
+        let mut touched = Vec::new();
         for id in &self.order {
             if let Some(s) = self.sessions.get_mut(id) {
                 did |= s.serve(stack, budget) > 0;
                 s.drain_all(stack);
+                released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
+                touched.append(&mut s.touched);
+            }
+        }
+        for (h, id, left) in released {
+            self.release_shared(h, id, left, false);
+        }
+        let stack = self.driver.stack_mut();
+        for h in touched {
+            // Another holder accepted: every holder's view of the queue is redone.
+            if let Some(sh) = self.shared.get(&h) {
+                for id in &sh.holders {
+                    if let Some(s) = self.sessions.get_mut(id) {
+                        s.refresh_handle(stack, h);
+                    }
+                }
             }
         }
         stack.take_ready(ready);
@@ -269,6 +320,19 @@ impl Loop {
             let Some(owner) = stack.owner(h) else {
                 continue;
             };
+            if owner == SHARED {
+                // Readiness reaches every holder (all wake, as the kernel's waiters
+                // on one socket do without EPOLLEXCLUSIVE).
+                if let Some(sh) = self.shared.get(&h) {
+                    for id in &sh.holders {
+                        if let Some(s) = self.sessions.get_mut(id) {
+                            s.on_ready(stack, h);
+                            did = true;
+                        }
+                    }
+                }
+                continue;
+            }
             if let Some(s) = self.sessions.get_mut(&owner.0) {
                 s.on_ready(stack, h);
                 did = true;
@@ -280,6 +344,150 @@ impl Loop {
         did
     }
 
+    /// Session `id` let go of shared stack socket `h` (closed its slot, or died:
+    /// `died`), leaving `left` unread. The stream passes to the holder that came last
+    /// (or waits for a child's attach); the last holder closes the socket: gracefully
+    /// after a close, with a reset after a death (as for sockets never shared).
+    fn release_shared(&mut self, h: SocketHandle, id: u32, left: Vec<u8>, died: bool) {
+        let Some(sh) = self.shared.get_mut(&h) else {
+            return;
+        };
+        sh.holders.retain(|&x| x != id);
+        let stack = self.driver.stack_mut();
+        if sh.holders.is_empty() && sh.pins == 0 {
+            self.shared.remove(&h);
+            close_stack_socket(stack, h, died);
+            return;
+        }
+        if sh.receiver == Some(id) {
+            let mut carry = left;
+            carry.append(&mut sh.carry);
+            sh.receiver = sh.holders.last().copied();
+            match sh.receiver.and_then(|r| self.sessions.get_mut(&r)) {
+                Some(s) => s.become_receiver(stack, h, carry),
+                None => sh.carry = carry,
+            }
+        }
+    }
+
+    /// Pins every socket of session `from` for a child it is about to fork: the
+    /// sockets stay alive for the child until it attaches with `token` (or the pin
+    /// is dropped). Returns how many sockets were pinned.
+    pub(crate) fn pin(&mut self, from: u32, token: u128) -> Option<usize> {
+        let s = self.sessions.get_mut(&from)?;
+        let stack = self.driver.stack_mut();
+        let (socks, newly) = s.pin_all(stack);
+        for h in newly {
+            self.shared.insert(
+                h,
+                SharedSock {
+                    holders: vec![from],
+                    pins: 0,
+                    receiver: Some(from),
+                    carry: Vec::new(),
+                },
+            );
+        }
+        for p in &socks {
+            if let Some(sh) = p.handle.and_then(|h| self.shared.get_mut(&h)) {
+                sh.pins += 1;
+            }
+        }
+        let n = socks.len();
+        self.pins.insert(token, Pin { from, socks });
+        Some(n)
+    }
+
+    /// A pin nobody will claim (the child exited or exec'd before attaching): its
+    /// sockets are let go of, as the child's exit would close its copies.
+    pub(crate) fn drop_pin(&mut self, token: u128) {
+        let Some(pin) = self.pins.remove(&token) else {
+            return;
+        };
+        for h in pin.socks.iter().filter_map(|p| p.handle) {
+            self.unpin(h);
+        }
+    }
+
+    fn unpin(&mut self, h: SocketHandle) {
+        let Some(sh) = self.shared.get_mut(&h) else {
+            return;
+        };
+        sh.pins = sh.pins.saturating_sub(1);
+        if sh.holders.is_empty() && sh.pins == 0 {
+            self.shared.remove(&h);
+            close_stack_socket(self.driver.stack_mut(), h, false);
+        }
+    }
+
+    /// The forked child's session `id` claims the pin `token`: a slot of its own for
+    /// each pinned socket. Returns (the parent's slot, the child's slot) pairs, or
+    /// `None` for an unknown token.
+    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<(u32, u32)>> {
+        let pin = self.pins.remove(&token)?;
+        let mut map = Vec::new();
+        for p in &pin.socks {
+            let stack = self.driver.stack_mut();
+            let Some(s) = self.sessions.get_mut(&id) else {
+                // The session went meanwhile: let the rest go.
+                if let Some(h) = p.handle {
+                    self.unpin(h);
+                }
+                continue;
+            };
+            let Some(h) = p.handle else {
+                // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
+                if let Some(j) = s.add_pinned(stack, p, true, Vec::new()) {
+                    map.push((p.parent_slot, j));
+                }
+                continue;
+            };
+            let Some(sh) = self.shared.get_mut(&h) else {
+                continue;
+            };
+            let receiver = sh.receiver.is_none();
+            let carry = if receiver {
+                std::mem::take(&mut sh.carry)
+            } else {
+                Vec::new()
+            };
+            match s.add_pinned(stack, p, receiver, carry) {
+                Some(j) => {
+                    sh.pins = sh.pins.saturating_sub(1);
+                    sh.holders.push(id);
+                    if receiver {
+                        sh.receiver = Some(id);
+                    }
+                    map.push((p.parent_slot, j));
+                }
+                None => self.unpin(h),
+            }
+        }
+        Some(map)
+    }
+
+    /// Stack sockets held by several sessions, and pins waiting for a child (each
+    /// with the session that forked and how many sockets it holds).
+    pub fn fork_counts(&self) -> (usize, Vec<(u32, usize)>) {
+        let pins = self.pins.values().map(|p| (p.from, p.socks.len())).collect();
+        (self.shared.len(), pins)
+    }
+
+    /// The loop-wide invariants of shared sockets (tests and fuzzing): each one is
+    /// owned by `SHARED`, held by someone, and every holder names it.
+    pub fn check_shared(&self) {
+        let stack = self.driver.stack();
+        for (h, sh) in &self.shared {
+            assert_eq!(stack.owner(*h), Some(SHARED), "a shared socket's owner");
+            assert!(!sh.holders.is_empty() || sh.pins > 0, "a shared socket held");
+            for id in &sh.holders {
+                if let Some(s) = self.sessions.get(id) {
+                    assert!(s.holds(*h), "holder {id} names its shared socket");
+                }
+            }
+        }
+    }
+
     fn has_work(&mut self) -> bool {
         self.sessions.values_mut().any(|s| s.has_work())
     }
@@ -289,6 +497,18 @@ impl Loop {
             s.mem.word(hdr::SERVER_ASLEEP).store(v, Ordering::SeqCst);
         }
     }
+}
+
+/// Closes a stack socket nobody holds any more: gracefully after a close, with a
+/// reset (TCP connections) after the last holder died.
+fn close_stack_socket(stack: &mut Stack, h: SocketHandle, died: bool) {
+    let _ = stack.set_owner(h, Owner::LOCAL);
+    let r: Result<(), StackError> = if died && stack.tcp_peer_addr(h).is_ok() {
+        stack.tcp_abort(h)
+    } else {
+        stack.close(h)
+    };
+    let _ = r;
 }
 
 /// Where a server keeps the pids it boosted (see `usnet_driver::sched`).
@@ -332,6 +552,8 @@ impl ServerHandle {
         let lp = Loop {
             driver,
             sessions: HashMap::new(),
+            shared: HashMap::new(),
+            pins: HashMap::new(),
             order: Vec::new(),
             cfg: cfg.clone(),
             started: Instant::now(),

@@ -149,6 +149,29 @@ impl ByteProducer {
         true
     }
 
+    /// Appends to `out` the published bytes the consumer has not read (reloading its
+    /// counter), without changing the ring: what a consumer that went away left
+    /// behind. At most the ring's size, whatever the counters say.
+    pub fn unread(&mut self, out: &mut Vec<u8>) -> Result<usize, ByteCorrupt> {
+        let cons = self.region.u64(self.at.cons).load(Acquire);
+        if cons < self.cons || cons > self.published {
+            return Err(self.corrupt(cons));
+        }
+        let n = ((self.published - cons) as usize).min(self.at.size);
+        let start = out.len();
+        out.resize(start + n, 0);
+        let mut done = 0;
+        for (off, len) in self.at.spans(cons, n) {
+            if len > 0 {
+                self.region
+                    .read(off, &mut out[start + done..start + done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        Ok(n)
+    }
+
     /// Bytes written since the ring began.
     pub fn position(&self) -> u64 {
         self.prod
