@@ -152,6 +152,20 @@ impl Client {
         self.conn.abandon();
     }
 
+    /// Closes the socket at `slot` of this session without an object for it (a
+    /// claimed socket no descriptor of the child names).
+    #[doc(hidden)]
+    pub fn close_slot(&self, slot: u32) {
+        let _ = self.conn.post(
+            usnet_abi::Request {
+                op: usnet_abi::op::CLOSE,
+                slot,
+                ..Default::default()
+            },
+            true,
+        );
+    }
+
     /// One request/response round trip through the server (a measure of the call
     /// cost).
     pub fn nop(&self) -> io::Result<()> {

@@ -137,6 +137,13 @@ fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     same_under_the_shim("signals", 7703);
 }
 
+/// fork: a child that exits untouched, a listener shared by two children accepting
+/// from its one queue, a connection handed to a child after the parent closed it.
+#[test]
+fn sockets_shared_across_fork_behave_as_on_the_kernel() {
+    same_under_the_shim("fork", 7704);
+}
+
 #[test]
 fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
     same_under_the_shim("udp_mmsg", 7702);
