@@ -16,6 +16,7 @@ pub mod control;
 #[doc(hidden)]
 pub mod fuzzing;
 mod session;
+mod shared;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,11 +28,12 @@ use std::time::{Duration, Instant};
 use usnet_abi::{hdr, Geometry};
 use usnet_driver::{Driver, SystemClock};
 use usnet_link::Device;
-use usnet_stack::{Owner, SocketHandle, Stack, StackError};
+use usnet_stack::{Owner, SocketHandle, Stack};
 
 pub use bell::ServerBell;
-use session::{Pinned, ServerSession, SHARED};
 pub use session::SessionStats;
+use session::{ServerSession, SHARED};
+use shared::Sharing;
 
 /// What a client may use and how the loop shares itself out.
 #[derive(Debug, Clone, Copy)]
@@ -107,34 +109,12 @@ const STAT_MAX_CLIENT_SOCKETS: usize = 256;
 /// Work another thread hands to the loop.
 pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
 
-/// A stack socket held by several sessions (after a fork), or pinned for a child.
-#[derive(Debug, Default)]
-struct SharedSock {
-    /// Sessions holding it, in the order they took it.
-    holders: Vec<u32>,
-    /// Pins (children forked and not attached yet) holding it.
-    pins: u32,
-    /// The holder its received bytes go to (`None`: none yet; they wait in the stack).
-    receiver: Option<u32>,
-    /// Bytes a receiver that let go left unread, for the next one.
-    carry: Vec<u8>,
-}
-
-/// Sockets pinned for a forked child until it attaches (or its pin connection closes).
-struct Pin {
-    /// The session that forked.
-    from: u32,
-    socks: Vec<Pinned>,
-}
-
 /// The loop's state, as a [`Job`] sees it.
 pub struct Loop {
     pub driver: Driver<Box<dyn Device>>,
     sessions: HashMap<u32, ServerSession>,
-    /// Stack sockets held by several sessions (owned by `SHARED` in the stack).
-    shared: HashMap<SocketHandle, SharedSock>,
-    /// Pins by token (see [`Loop::pin`]).
-    pins: HashMap<u128, Pin>,
+    /// Stack sockets held by several sessions, and pins for forked children.
+    sharing: Sharing,
     order: Vec<u32>,
     pub cfg: ServerConfig,
     pub started: Instant,
@@ -307,11 +287,9 @@ impl Loop {
         let stack = self.driver.stack_mut();
         for h in touched {
             // Another holder accepted: every holder's view of the queue is redone.
-            if let Some(sh) = self.shared.get(&h) {
-                for id in &sh.holders {
-                    if let Some(s) = self.sessions.get_mut(id) {
-                        s.refresh_handle(stack, h);
-                    }
+            for id in self.sharing.holders(h) {
+                if let Some(s) = self.sessions.get_mut(id) {
+                    s.refresh_handle(stack, h);
                 }
             }
         }
@@ -323,12 +301,10 @@ impl Loop {
             if owner == SHARED {
                 // Readiness reaches every holder (all wake, as the kernel's waiters
                 // on one socket do without EPOLLEXCLUSIVE).
-                if let Some(sh) = self.shared.get(&h) {
-                    for id in &sh.holders {
-                        if let Some(s) = self.sessions.get_mut(id) {
-                            s.on_ready(stack, h);
-                            did = true;
-                        }
+                for id in self.sharing.holders(h) {
+                    if let Some(s) = self.sessions.get_mut(id) {
+                        s.on_ready(stack, h);
+                        did = true;
                     }
                 }
                 continue;
@@ -344,148 +320,41 @@ impl Loop {
         did
     }
 
-    /// Session `id` let go of shared stack socket `h` (closed its slot, or died:
-    /// `died`), leaving `left` unread. The stream passes to the holder that came last
-    /// (or waits for a child's attach); the last holder closes the socket: gracefully
-    /// after a close, with a reset after a death (as for sockets never shared).
+    /// Session `id` let go of shared stack socket `h` (see [`Sharing::release`]).
     fn release_shared(&mut self, h: SocketHandle, id: u32, left: Vec<u8>, died: bool) {
-        let Some(sh) = self.shared.get_mut(&h) else {
-            return;
-        };
-        sh.holders.retain(|&x| x != id);
         let stack = self.driver.stack_mut();
-        if sh.holders.is_empty() && sh.pins == 0 {
-            self.shared.remove(&h);
-            close_stack_socket(stack, h, died);
-            return;
-        }
-        if sh.receiver == Some(id) {
-            let mut carry = left;
-            carry.append(&mut sh.carry);
-            sh.receiver = sh.holders.last().copied();
-            match sh.receiver.and_then(|r| self.sessions.get_mut(&r)) {
-                Some(s) => s.become_receiver(stack, h, carry),
-                None => sh.carry = carry,
-            }
-        }
+        self.sharing
+            .release(&mut self.sessions, stack, h, id, left, died);
     }
 
-    /// Pins every socket of session `from` for a child it is about to fork: the
-    /// sockets stay alive for the child until it attaches with `token` (or the pin
-    /// is dropped). Returns how many sockets were pinned.
+    /// Pins every socket of session `from` for a child it is about to fork
+    /// ([`Sharing::pin`]).
     pub(crate) fn pin(&mut self, from: u32, token: u128) -> Option<usize> {
-        let s = self.sessions.get_mut(&from)?;
         let stack = self.driver.stack_mut();
-        let (socks, newly) = s.pin_all(stack);
-        for h in newly {
-            self.shared.insert(
-                h,
-                SharedSock {
-                    holders: vec![from],
-                    pins: 0,
-                    receiver: Some(from),
-                    carry: Vec::new(),
-                },
-            );
-        }
-        for p in &socks {
-            if let Some(sh) = p.handle.and_then(|h| self.shared.get_mut(&h)) {
-                sh.pins += 1;
-            }
-        }
-        let n = socks.len();
-        self.pins.insert(token, Pin { from, socks });
-        Some(n)
+        self.sharing.pin(&mut self.sessions, stack, from, token)
     }
 
-    /// A pin nobody will claim (the child exited or exec'd before attaching): its
-    /// sockets are let go of, as the child's exit would close its copies.
+    /// A pin nobody will claim ([`Sharing::drop_pin`]).
     pub(crate) fn drop_pin(&mut self, token: u128) {
-        let Some(pin) = self.pins.remove(&token) else {
-            return;
-        };
-        for h in pin.socks.iter().filter_map(|p| p.handle) {
-            self.unpin(h);
-        }
+        let stack = self.driver.stack_mut();
+        self.sharing.drop_pin(stack, token);
     }
 
-    fn unpin(&mut self, h: SocketHandle) {
-        let Some(sh) = self.shared.get_mut(&h) else {
-            return;
-        };
-        sh.pins = sh.pins.saturating_sub(1);
-        if sh.holders.is_empty() && sh.pins == 0 {
-            self.shared.remove(&h);
-            close_stack_socket(self.driver.stack_mut(), h, false);
-        }
-    }
-
-    /// The forked child's session `id` claims the pin `token`: a slot of its own for
-    /// each pinned socket. Returns (the parent's slot, the child's slot) pairs, or
-    /// `None` for an unknown token.
+    /// The forked child's session `id` claims the pin `token` ([`Sharing::claim`]).
     pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<(u32, u32)>> {
-        let pin = self.pins.remove(&token)?;
-        let mut map = Vec::new();
-        for p in &pin.socks {
-            let stack = self.driver.stack_mut();
-            let Some(s) = self.sessions.get_mut(&id) else {
-                // The session went meanwhile: let the rest go.
-                if let Some(h) = p.handle {
-                    self.unpin(h);
-                }
-                continue;
-            };
-            let Some(h) = p.handle else {
-                // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
-                if let Some(j) = s.add_pinned(stack, p, true, Vec::new()) {
-                    map.push((p.parent_slot, j));
-                }
-                continue;
-            };
-            let Some(sh) = self.shared.get_mut(&h) else {
-                continue;
-            };
-            let receiver = sh.receiver.is_none();
-            let carry = if receiver {
-                std::mem::take(&mut sh.carry)
-            } else {
-                Vec::new()
-            };
-            match s.add_pinned(stack, p, receiver, carry) {
-                Some(j) => {
-                    sh.pins = sh.pins.saturating_sub(1);
-                    sh.holders.push(id);
-                    if receiver {
-                        sh.receiver = Some(id);
-                    }
-                    map.push((p.parent_slot, j));
-                }
-                None => self.unpin(h),
-            }
-        }
-        Some(map)
+        let stack = self.driver.stack_mut();
+        self.sharing.claim(&mut self.sessions, stack, id, token)
     }
 
     /// Stack sockets held by several sessions, and pins waiting for a child (each
     /// with the session that forked and how many sockets it holds).
     pub fn fork_counts(&self) -> (usize, Vec<(u32, usize)>) {
-        let pins = self.pins.values().map(|p| (p.from, p.socks.len())).collect();
-        (self.shared.len(), pins)
+        self.sharing.counts()
     }
 
-    /// The loop-wide invariants of shared sockets (tests and fuzzing): each one is
-    /// owned by `SHARED`, held by someone, and every holder names it.
+    /// The loop-wide invariants of shared sockets (tests and fuzzing).
     pub fn check_shared(&self) {
-        let stack = self.driver.stack();
-        for (h, sh) in &self.shared {
-            assert_eq!(stack.owner(*h), Some(SHARED), "a shared socket's owner");
-            assert!(!sh.holders.is_empty() || sh.pins > 0, "a shared socket held");
-            for id in &sh.holders {
-                if let Some(s) = self.sessions.get(id) {
-                    assert!(s.holds(*h), "holder {id} names its shared socket");
-                }
-            }
-        }
+        self.sharing.check(&self.sessions, self.driver.stack());
     }
 
     fn has_work(&mut self) -> bool {
@@ -497,18 +366,6 @@ impl Loop {
             s.mem.word(hdr::SERVER_ASLEEP).store(v, Ordering::SeqCst);
         }
     }
-}
-
-/// Closes a stack socket nobody holds any more: gracefully after a close, with a
-/// reset (TCP connections) after the last holder died.
-fn close_stack_socket(stack: &mut Stack, h: SocketHandle, died: bool) {
-    let _ = stack.set_owner(h, Owner::LOCAL);
-    let r: Result<(), StackError> = if died && stack.tcp_peer_addr(h).is_ok() {
-        stack.tcp_abort(h)
-    } else {
-        stack.close(h)
-    };
-    let _ = r;
 }
 
 /// Where a server keeps the pids it boosted (see `usnet_driver::sched`).
@@ -552,8 +409,7 @@ impl ServerHandle {
         let lp = Loop {
             driver,
             sessions: HashMap::new(),
-            shared: HashMap::new(),
-            pins: HashMap::new(),
+            sharing: Sharing::default(),
             order: Vec::new(),
             cfg: cfg.clone(),
             started: Instant::now(),

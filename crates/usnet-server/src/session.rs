@@ -1255,7 +1255,8 @@ impl ServerSession {
         s.receiver = receiver;
         s.carry = carry;
         if let Some(b) = p.bound {
-            self.mem.set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(b));
+            self.mem
+                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(b));
             self.set_flags(i, FLAG_BOUND, 0);
         }
         if let Some(h) = p.handle {
@@ -1273,7 +1274,8 @@ impl ServerSession {
                 self.set_flags(i, FLAG_BOUND, 0);
             }
             if let Some(r) = peer.filter(|_| p.role != Role::Listener) {
-                self.mem.set_slot_addr(i, slot::PEER, &SockAddr::from_std(r));
+                self.mem
+                    .set_slot_addr(i, slot::PEER, &SockAddr::from_std(r));
                 if p.role == Role::Udp {
                     self.set_flags(i, FLAG_CONNECTED, 0);
                 }
