@@ -2,7 +2,9 @@
  * and fork-per-connection servers use them: a child that exits without touching its
  * copies takes nothing from its parent; a listener shared by two children that accept
  * concurrently from its one queue; a connected socket handed to a child after the
- * parent closed its copy (bytes that arrived before the fork included). Only the parent
+ * parent closed its copy (bytes that arrived before the fork included); a daemon's
+ * double fork (the grandchild serves, its parent forked before any socket call). Only
+ * the parent
  * prints; children report through their exit status. Every wait has a deadline
  * (SO_RCVTIMEO, alarm). The same output on the kernel and under the LD_PRELOAD shim
  * (crates/usnet-preload/tests). usage: fork ADDR PORT */
@@ -153,6 +155,24 @@ int main(int argc, char **argv) {
     CHECK("the child read the request and the end of stream", status_of(kid) == 0);
     CHECK("end of stream after the child closed", recv(c, resp, sizeof resp, 0) == 0);
     close(c);
+
+    /* A daemon's double fork: a child forks again before any socket call of its own,
+     * then exits; the grandchild serves from the listener. */
+    pid_t mid = fork();
+    if (mid == 0) {
+        pid_t g = fork();
+        if (g == 0) serve(l, 1);
+        _exit(g > 0 ? 0 : 1);
+    }
+    CHECK("the middle child exited", mid > 0 && status_of(mid) == 0);
+    {
+        int c9 = dial();
+        char resp9[6];
+        CHECK("the grandchild answered",
+              c9 >= 0 && send(c9, "ping 9", 6, 0) == 6 && read_n(c9, resp9, 6) == 0 &&
+                  memcmp(resp9, "pong 9", 6) == 0);
+        if (c9 >= 0) close(c9);
+    }
 
     /* The parent's listener still works after every child is gone. */
     c = dial();

@@ -235,6 +235,19 @@ impl Conn {
     /// its parent's session, which only the parent may use.
     pub fn abandon(&self) {
         self.dead.store(true, Relaxed);
+        // Our copy of the control connection would keep the parent's session alive
+        // after the parent is gone (a daemon's parent exits at once): put /dev/null
+        // under its number (closing it could hand the number to someone else before
+        // this object goes), so only the parent's copy holds the session.
+        // SAFETY: plain system calls on descriptors we own; `dup3` replaces our
+        // control descriptor atomically and the number stays ours.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, self.ctl.as_raw_fd(), libc::O_CLOEXEC);
+                libc::close(null);
+            }
+        }
     }
 
     /// Whether the server is gone (it said so, or its end of the control connection

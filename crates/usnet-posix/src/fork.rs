@@ -140,6 +140,9 @@ fn adopt() {
     };
     let fds: Vec<RawFd> = t.keys().copied().collect();
     let mut sets = Vec::new();
+    // The parent's entries go after the table's lock is let go: dropping them closes
+    // descriptors, and a close may come back through the shim, which reads the table.
+    let mut olds = Vec::new();
     for fd in fds {
         let old = t.get(&fd).cloned().expect("listed");
         let obj = match old.obj.try_read() {
@@ -152,7 +155,7 @@ fn adopt() {
             },
             Err(_) => Obj::Failed,
         };
-        t.insert(fd, Arc::new(renumbered(&old, fd, obj)));
+        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, obj))));
     }
     for fd in sets {
         let old = t.get(&fd).cloned().expect("listed");
@@ -163,9 +166,10 @@ fn adopt() {
             },
             Err(_) => Obj::Failed,
         };
-        t.insert(fd, Arc::new(renumbered(&old, fd, obj)));
+        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, obj))));
     }
     drop(t);
+    drop(olds);
     if let Some(c) = &new {
         for (_, &slot) in map.iter().filter(|(_, s)| !used.contains(*s)) {
             c.close_slot(slot);
