@@ -198,3 +198,50 @@ lo = socket.socket(); lo.bind(("127.0.0.1", 0)); print("loopback", lo.getsocknam
         )
     );
 }
+
+/// Python's `socketserver.ForkingTCPServer` under the shim: a process per connection,
+/// forked from the server's thread while the main thread's clients (usnet sockets in
+/// the same process) wait in `recv`; every line echoed, every stream ended.
+#[test]
+fn python_forking_server_serves_concurrent_clients_under_the_shim() {
+    run_dir();
+    let prog = format!(
+        r#"
+import socket, socketserver, threading
+class H(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(b"echo " + line)
+class S(socketserver.ForkingTCPServer):
+    allow_reuse_address = True
+srv = S(("{ADDR}", 7705), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+ok = []
+def client(i):
+    s = socket.create_connection(("{ADDR}", 7705), timeout=10)
+    f = s.makefile("rwb")
+    for k in range(10):
+        f.write(b"line %d %d\n" % (i, k)); f.flush()
+        if f.readline() != b"echo line %d %d\n" % (i, k):
+            return
+    s.shutdown(socket.SHUT_WR)
+    if f.read() == b"":
+        ok.append(i)
+ts = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+[t.start() for t in ts]; [t.join(20) for t in ts]
+print("served", len(ok))
+srv.shutdown(); srv.server_close()
+"#
+    );
+    let o = output_within(
+        under_shim(Command::new("python3").args(["-c", &prog])),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success(),
+        "python: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(out, "served 6\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
