@@ -324,6 +324,38 @@ mod tests {
     }
 
     #[test]
+    fn unread_bytes_are_what_the_consumer_left_across_the_wrap() {
+        let r = region();
+        let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
+        let mut c = ByteConsumer::attach(r.clone(), AT).unwrap();
+        // Move the counters near the wrap, then leave 40 bytes that straddle it.
+        p.free().unwrap();
+        p.push(&[0u8; 230]);
+        p.publish();
+        c.available().unwrap();
+        c.skip(230);
+        c.release();
+        p.free().unwrap();
+        let data: Vec<u8> = (0..60u8).collect();
+        p.push(&data);
+        p.publish();
+        c.available().unwrap();
+        let mut first = [0u8; 20];
+        c.read(&mut first);
+        c.release();
+        let mut left = Vec::new();
+        assert_eq!(p.unread(&mut left).unwrap(), 40);
+        assert_eq!(left, &data[20..]);
+        // Unpublished bytes are not the consumer's; a lying counter hands nothing over.
+        p.free().unwrap();
+        p.push(&[9; 5]);
+        let mut again = Vec::new();
+        assert_eq!(p.unread(&mut again).unwrap(), 40);
+        r.u64(AT.cons).store(u64::MAX, Release);
+        assert!(p.unread(&mut Vec::new()).is_err());
+    }
+
+    #[test]
     fn bytes_arrive_in_order_across_the_wrap_and_space_comes_back() {
         let r = region();
         let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
