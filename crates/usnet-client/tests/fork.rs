@@ -48,6 +48,16 @@ fn stat(server: &usnet_server::ServerHandle) -> (usize, usize) {
         .unwrap()
 }
 
+/// Waits (at most 5 s) until no socket is shared and no pin waits: closes are posted
+/// without waiting for the server.
+fn settled(server: &usnet_server::ServerHandle) {
+    let t = Instant::now();
+    while stat(server) != (0, 0) {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", stat(server));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn a_listener_shared_by_two_children_serves_both_and_outlives_the_parent() {
     let server = common::server("fork-listen", |_| {});
@@ -95,7 +105,7 @@ fn a_listener_shared_by_two_children_serves_both_and_outlives_the_parent() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(stat(&server), (0, 0));
+    settled(&server);
 }
 
 #[test]
@@ -149,7 +159,7 @@ fn a_connection_handed_to_the_child_keeps_its_unread_bytes() {
     let mut rest = Vec::new();
     c.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
-    assert_eq!(stat(&server), (0, 0));
+    settled(&server);
 }
 
 #[test]
@@ -201,4 +211,90 @@ fn a_pin_nobody_claims_lets_go_and_a_dead_holder_does_not_reset_the_others() {
     let mut rest = Vec::new();
     c.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
+}
+
+/// Both processes write to one shared connection at the same time: the peer gets
+/// every byte of both, nothing else, each writer's bytes in its own order.
+#[test]
+fn two_holders_writing_at_once_lose_and_garble_nothing() {
+    let server = common::server("fork-write", |_| {});
+    let parent = Client::attach("fork-write").unwrap();
+    let l = TcpListener::bind(&parent, sa(&format!("{}:7103", common::ADDR))).unwrap();
+    let peer = Client::attach("fork-write").unwrap();
+    let mut c = TcpStream::connect(&peer, sa(&format!("{}:7103", common::ADDR))).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (s, _) = l.accept().unwrap();
+    let pin = parent.pin_for_fork().unwrap();
+    let (child, map) = Client::claim(pin, &AttachOptions::default()).unwrap();
+    let cs = s.forked(&child, child_slot(&map, s.fork_slot())).unwrap();
+    drop(l.forked(&child, child_slot(&map, l.fork_slot())).unwrap());
+    const N: usize = 300_000;
+    // Each writer sends its own letter with a running counter byte after it.
+    let writer = |mut w: TcpStream, tag: u8| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::with_capacity(2 * N);
+            for k in 0..N {
+                buf.push(tag);
+                buf.push(k as u8);
+            }
+            // Records of two bytes never split across writes: write in even pieces.
+            for piece in buf.chunks(4096) {
+                w.write_all(piece).unwrap();
+            }
+            w
+        })
+    };
+    let (a, b) = (writer(s, b'P'), writer(cs, b'C'));
+    let mut got = vec![0u8; 4 * N];
+    c.read_exact(&mut got).unwrap();
+    let mut next = [0u8; 2];
+    for rec in got.chunks(2) {
+        let k = match rec[0] {
+            b'P' => 0,
+            b'C' => 1,
+            x => panic!("a byte that nobody wrote: {x}"),
+        };
+        assert_eq!(rec[1], next[k], "writer {k}'s bytes out of order");
+        next[k] = next[k].wrapping_add(1);
+    }
+    drop(a.join().unwrap());
+    drop(b.join().unwrap());
+    drop(child);
+    drop(l);
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    settled(&server);
+}
+
+/// A UDP socket shared after a fork: datagrams go to the holder that had it, then,
+/// once it closes its copy, to the child.
+#[test]
+fn a_shared_udp_socket_delivers_to_one_holder_then_the_next() {
+    let _server = common::server("fork-udp", |_| {});
+    let parent = Client::attach("fork-udp").unwrap();
+    let to = sa(&format!("{}:7104", common::ADDR));
+    let u = usnet_client::UdpSocket::bind(&parent, to).unwrap();
+    u.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let pin = parent.pin_for_fork().unwrap();
+    let (child, map) = Client::claim(pin, &AttachOptions::default()).unwrap();
+    let cu = u.forked(&child, child_slot(&map, u.fork_slot())).unwrap();
+    cu.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let peer = Client::attach("fork-udp").unwrap();
+    let p = usnet_client::UdpSocket::bind(&peer, sa(&format!("{}:0", common::ADDR))).unwrap();
+    p.send_to(b"first", to).unwrap();
+    let mut buf = [0u8; 16];
+    let (n, _) = u.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"first");
+    drop(u);
+    // The parent's close reaches the server before the next datagram does.
+    std::thread::sleep(Duration::from_millis(50));
+    p.send_to(b"second", to).unwrap();
+    let (n, _) = cu.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"second");
+    // The child answers from the same address.
+    cu.send_to(b"reply", p.local_addr().unwrap()).unwrap();
+    p.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (n, from) = p.recv_from(&mut buf).unwrap();
+    assert_eq!((&buf[..n], from), (&b"reply"[..], to));
 }
