@@ -1241,19 +1241,19 @@ impl ServerSession {
 
     /// A forked child's session takes a pinned socket: a slot of its own over the same
     /// stack socket (or a copy of a socket that has none yet). `receiver`: received
-    /// bytes come here, `carry` first. `None` past the quota.
+    /// bytes come here, `carry` first (taken only on success). `None` past the quota.
     pub fn add_pinned(
         &mut self,
         stack: &mut Stack,
         p: &Pinned,
         receiver: bool,
-        carry: Vec<u8>,
+        carry: &mut Vec<u8>,
     ) -> Option<u32> {
         let i = self.new_slot(p.kind, p.role)?;
         let s = self.sock(i);
         s.bound = p.bound;
         s.receiver = receiver;
-        s.carry = carry;
+        s.carry = std::mem::take(carry);
         if let Some(b) = p.bound {
             self.mem
                 .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(b));

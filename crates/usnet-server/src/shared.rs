@@ -172,7 +172,7 @@ impl Sharing {
             };
             let Some(h) = p.handle else {
                 // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
-                if let Some(j) = s.add_pinned(stack, p, true, Vec::new()) {
+                if let Some(j) = s.add_pinned(stack, p, true, &mut Vec::new()) {
                     map.push((p.parent_slot, j));
                 }
                 continue;
@@ -181,11 +181,8 @@ impl Sharing {
                 continue;
             };
             let receiver = sh.receiver.is_none();
-            let carry = if receiver {
-                std::mem::take(&mut sh.carry)
-            } else {
-                Vec::new()
-            };
+            let mut none = Vec::new();
+            let carry = if receiver { &mut sh.carry } else { &mut none };
             match s.add_pinned(stack, p, receiver, carry) {
                 Some(j) => {
                     sh.pins = sh.pins.saturating_sub(1);
