@@ -209,7 +209,7 @@ impl Conn {
 
     /// Pins every socket of this session for a child about to be forked (see
     /// `usnet_server::control`). The returned connection is the pin's life.
-    pub fn pin(&self) -> io::Result<(UnixStream, String)> {
+    pub fn pin(&self) -> io::Result<(UnixStream, String, u32)> {
         use std::io::{BufRead, Write};
         let ctl = UnixStream::connect(&self.path)?;
         ctl.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -228,7 +228,8 @@ impl Conn {
             .as_str()
             .ok_or_else(|| proto("pin reply without a token"))?
             .to_string();
-        Ok((ctl, token))
+        let n = v["sockets"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
+        Ok((ctl, token, n))
     }
 
     /// Forgets this session without a word to the server: a forked child's copy of

@@ -57,6 +57,8 @@ impl std::fmt::Debug for Client {
 pub struct ForkPin {
     stream: UnixStream,
     token: String,
+    /// Sockets pinned: the child asks for room for them besides its usual quota.
+    sockets: u32,
     path: std::path::PathBuf,
     name: String,
 }
@@ -122,10 +124,11 @@ impl Client {
     /// right after the fork; a child that exits or execs without attaching drops the
     /// pin, and its share of the sockets with it.
     pub fn pin_for_fork(&self) -> io::Result<ForkPin> {
-        let (stream, token) = self.conn.pin()?;
+        let (stream, token, sockets) = self.conn.pin()?;
         Ok(ForkPin {
             stream,
             token,
+            sockets,
             path: self.conn.path.clone(),
             name: self.conn.stack_name.clone(),
         })
@@ -135,7 +138,10 @@ impl Client {
     /// `pin` too. Returns the client and, for each pinned socket, (its slot in the
     /// parent's session, its slot in ours): see `forked` on the socket types.
     pub fn claim(pin: ForkPin, opts: &AttachOptions) -> io::Result<(Client, Vec<(u32, u32)>)> {
-        let (conn, map) = Conn::attach_claiming(&pin.path, &pin.name, opts, Some(&pin.token))?;
+        let mut opts = opts.clone();
+        let want = opts.max_sockets.unwrap_or(1024);
+        opts.max_sockets = Some(want.max(pin.sockets.saturating_add(1024)));
+        let (conn, map) = Conn::attach_claiming(&pin.path, &pin.name, &opts, Some(&pin.token))?;
         drop(pin);
         Ok((
             Client {
