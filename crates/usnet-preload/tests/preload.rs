@@ -15,6 +15,14 @@ use usnet_stack::{mac_from_seed, StackConfig};
 const ADDR: &str = "10.71.0.1";
 const STACK: &str = "preload-test";
 
+/// One program at a time: the programs share one stack server, and some checks are
+/// about timing (a send buffer that stays full across a pause), which a forking
+/// program beside them on a loaded two-core machine can upset.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static S: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    S.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn run_dir() -> &'static PathBuf {
     static S: OnceLock<(usnet_server::ServerHandle, PathBuf)> = OnceLock::new();
     &S.get_or_init(|| {
@@ -129,11 +137,13 @@ fn same_under_the_shim(name: &str, usnet_port: u16) {
 
 #[test]
 fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
+    let _serial = serial();
     same_under_the_shim("sockets_errno", 7700);
 }
 
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
+    let _serial = serial();
     same_under_the_shim("signals", 7703);
 }
 
@@ -141,11 +151,13 @@ fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
 /// from its one queue, a connection handed to a child after the parent closed it.
 #[test]
 fn sockets_shared_across_fork_behave_as_on_the_kernel() {
+    let _serial = serial();
     same_under_the_shim("fork", 7704);
 }
 
 #[test]
 fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
+    let _serial = serial();
     same_under_the_shim("udp_mmsg", 7702);
 }
 
@@ -154,6 +166,7 @@ fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
 /// are usnet's; a loopback socket in the same program stays on the kernel.
 #[test]
 fn python_runs_unchanged_under_the_shim() {
+    let _serial = serial();
     run_dir();
     let prog = format!(
         r#"
@@ -204,6 +217,7 @@ lo = socket.socket(); lo.bind(("127.0.0.1", 0)); print("loopback", lo.getsocknam
 /// the same process) wait in `recv`; every line echoed, every stream ended.
 #[test]
 fn python_forking_server_serves_concurrent_clients_under_the_shim() {
+    let _serial = serial();
     run_dir();
     let prog = format!(
         r#"
