@@ -1,8 +1,9 @@
 //! Unmodified programs on a usnet stack server through `usnet run` (the LD_PRELOAD
 //! shim), against the Linux stack on the other side of a TAP (root only): curl under
 //! the shim fetching from a Linux HTTP server, and Python's http.server and nginx
-//! (epoll, sendfile, keep-alive) under the shim serving curl on Linux. Every payload
-//! is checked.
+//! (epoll, sendfile, keep-alive) under the shim serving curl on Linux; then nginx with
+//! a master and two workers (fork after listen: the workers share the listener through
+//! the server) serving curl and wrk on Linux. Every payload is checked.
 
 #[macro_use]
 mod common;
@@ -123,6 +124,7 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
     need("curl", "curl");
     need("nginx", "nginx");
     need("python3", "python3");
+    need("wrk", "wrk");
     remove_leftovers(&[TAP], &[]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "link", "del", TAP]);
@@ -209,8 +211,7 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
     }
     drop(py);
 
-    // 3. nginx under the shim: epoll, sendfile, keep-alive; one process (fork is not
-    //    supported yet, docs/preload.md).
+    // 3. nginx under the shim: epoll, sendfile, keep-alive; one process.
     let conf = d.join("nginx.conf");
     let dd = d.display();
     std::fs::write(
@@ -257,5 +258,145 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
         !err.contains("[alert]") && !err.contains("[crit]"),
         "nginx complained:\n{err}"
     );
+    drop(ng);
+
+    // 4. nginx with a master and two workers: the master listens, then forks; both
+    //    workers accept from the one listener (each wakes for every connection, as
+    //    without EPOLLEXCLUSIVE on the kernel).
+    nginx_with_two_workers(d, &www, &file);
+}
+
+fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
+    let p4 = 18804u16;
+    let dd = d.display();
+    let conf = d.join("nginx2.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process on;\nworker_processes 2;\npid {dd}/nginx2.pid;\n\
+             error_log {dd}/nginx2.err info;\nuser root;\nevents {{ worker_connections 256; use epoll; }}\n\
+             http {{\n log_format w '$pid $status $body_bytes_sent';\n access_log {dd}/access2.log w;\n\
+             sendfile on;\n keepalive_requests 1000;\n\
+             client_body_temp_path {dd}/cb; proxy_temp_path {dd}/px; fastcgi_temp_path {dd}/fc;\n\
+             uwsgi_temp_path {dd}/uw; scgi_temp_path {dd}/sc;\n\
+             server {{ listen {OURS}:{p4}; root {}; }}\n}}\n",
+            www.display()
+        ),
+    )
+    .unwrap();
+    let mut ng = spawn(
+        d,
+        true,
+        "shim-nginx2",
+        "nginx",
+        &[
+            "-p",
+            &dd.to_string(),
+            "-c",
+            conf.to_str().unwrap(),
+            "-e",
+            &format!("{dd}/nginx2.err"),
+        ],
+    );
+    // The workers are the master's children: stop them through the master (SIGQUIT,
+    // a graceful stop) and make sure none outlives the test.
+    struct Workers(u32);
+    impl Drop for Workers {
+        fn drop(&mut self) {
+            // The master's children, found before it is told to stop.
+            let kids: Vec<i32> = std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                    let rest = &stat[stat.rfind(')')? + 2..];
+                    let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
+                    (ppid == self.0).then(|| e.file_name().to_str()?.parse().ok())?
+                })
+                .collect();
+            // SAFETY: a signal to the nginx master we started.
+            unsafe { libc::kill(self.0 as i32, libc::SIGQUIT) };
+            let end = Instant::now() + Duration::from_secs(10);
+            for pid in kids {
+                // SAFETY: signal 0 only asks whether the worker still exists.
+                while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                // SAFETY: a worker of the nginx we started, still there after the
+                // master's graceful stop (or already gone: then ESRCH).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    let workers = Workers(ng.0.id());
+    wait_listening(&mut ng, d, OURS, p4);
+    // Many requests, new connections and keep-alive, every payload checked.
+    for i in 0..4 {
+        let urls = [
+            format!("http://{OURS}:{p4}/file"),
+            format!("http://{OURS}:{p4}/small"),
+            format!("http://{OURS}:{p4}/file"),
+        ];
+        let got = curl(d, false, &urls, &format!("c4-{i}"));
+        same_file(&got[0], file);
+        same_file(&got[1], &www.join("small"));
+        same_file(&got[2], file);
+    }
+    let w = run_in(
+        Command::new("wrk").args([
+            "-t2",
+            "-c16",
+            "-d3s",
+            "--timeout",
+            "5s",
+            &format!("http://{OURS}:{p4}/small"),
+        ]),
+        &[],
+        Duration::from_secs(30),
+    );
+    assert!(w.ok(), "wrk: {}", w.describe());
+    assert!(
+        !w.stdout.contains("Socket errors") && !w.stdout.contains("Non-2xx"),
+        "wrk saw errors: {}",
+        w.stdout
+    );
+    let requests: u64 = w
+        .stdout
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(requests >= 100, "wrk: too few requests: {}", w.stdout);
+    // After the load, plain requests are still answered (nothing hangs).
+    for i in 0..8 {
+        let got = curl(
+            d,
+            false,
+            &[format!("http://{OURS}:{p4}/small")],
+            &format!("c5-{i}"),
+        );
+        same_file(&got[0], &www.join("small"));
+    }
+    let log = std::fs::read_to_string(d.join("access2.log")).unwrap_or_default();
+    let mut pids: Vec<&str> = log.lines().filter_map(|l| l.split(' ').next()).collect();
+    pids.sort();
+    pids.dedup();
+    assert_eq!(
+        pids.len(),
+        2,
+        "both workers should have served requests: {pids:?} (wrk: {})",
+        w.stdout
+    );
+    assert!(
+        log.lines().all(|l| l.split(' ').nth(1) == Some("200")),
+        "a request was not answered with 200"
+    );
+    let err = std::fs::read_to_string(d.join("nginx2.err")).unwrap_or_default();
+    assert!(
+        !err.contains("[alert]") && !err.contains("[crit]") && !err.contains("[emerg]"),
+        "nginx complained:\n{err}"
+    );
+    drop(workers);
     drop(ng);
 }

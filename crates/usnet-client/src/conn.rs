@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -48,6 +48,8 @@ pub(crate) struct Conn {
     epoch: Instant,
     last_probe: AtomicU64,
     pub stack_name: String,
+    /// The control socket (a pin for a fork connects there again).
+    pub path: PathBuf,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,6 +82,17 @@ pub(crate) fn down() -> io::Error {
 impl Conn {
     /// Connects to the control socket at `path` and attaches a session.
     pub fn attach(path: &Path, name: &str, opts: &crate::AttachOptions) -> io::Result<Conn> {
+        Self::attach_claiming(path, name, opts, None).map(|(c, _)| c)
+    }
+
+    /// Attaches; with `claim` (a fork pin's token) the new session also holds the
+    /// pinned sockets: returns (parent slot, our slot) pairs.
+    pub fn attach_claiming(
+        path: &Path,
+        name: &str,
+        opts: &crate::AttachOptions,
+        claim: Option<&str>,
+    ) -> io::Result<(Conn, Vec<(u32, u32)>)> {
         let ctl = UnixStream::connect(path)?;
         ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
         let command = std::env::args()
@@ -98,6 +111,9 @@ impl Conn {
         }
         if let Some(m) = opts.max_sockets {
             req["max_sockets"] = m.into();
+        }
+        if let Some(t) = claim {
+            req["claim"] = t.into();
         }
         let mut line = serde_json::to_string(&req).expect("json");
         line.push('\n');
@@ -120,9 +136,20 @@ impl Conn {
             return Err(e);
         }
         let mut buf = vec![0u8; 4096];
-        let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
+        let (mut n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
         if n == 0 {
             return Err(proto("the stack closed the control connection"));
+        }
+        // A long reply (a claim's slot map) comes in more than one piece.
+        while !buf[..n].contains(&b'\n') && n < 1 << 20 {
+            if n == buf.len() {
+                buf.resize(n * 2, 0);
+            }
+            let k = (&ctl).read(&mut buf[n..])?;
+            if k == 0 {
+                break;
+            }
+            n += k;
         }
         let text = String::from_utf8_lossy(&buf[..n]);
         let first = text.lines().next().unwrap_or("");
@@ -149,9 +176,17 @@ impl Conn {
         let sq = Producer::attach(region.clone(), mem.sq()).map_err(|e| proto(&e.to_string()))?;
         let cq =
             Consumer::attach_discarding(region, mem.cq()).map_err(|e| proto(&e.to_string()))?;
+        let slots = reply["slots"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| Some((p[0].as_u64()? as u32, p[1].as_u64()? as u32)))
+                    .collect()
+            })
+            .unwrap_or_default();
         ctl.set_nonblocking(true)?;
         let bell = mem.client_bell();
-        Ok(Conn {
+        let conn = Conn {
             mem,
             page,
             server_efd,
@@ -167,7 +202,53 @@ impl Conn {
             epoch: Instant::now(),
             last_probe: AtomicU64::new(0),
             stack_name: name.to_string(),
-        })
+            path: path.to_path_buf(),
+        };
+        Ok((conn, slots))
+    }
+
+    /// Pins every socket of this session for a child about to be forked (see
+    /// `usnet_server::control`). The returned connection is the pin's life.
+    pub fn pin(&self) -> io::Result<(UnixStream, String, u32)> {
+        use std::io::{BufRead, Write};
+        let ctl = UnixStream::connect(&self.path)?;
+        ctl.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let req = serde_json::json!({"cmd": "pin", "session": self.mem.id()});
+        let mut line = serde_json::to_string(&req).expect("json");
+        line.push('\n');
+        (&ctl).write_all(line.as_bytes())?;
+        let mut reply = String::new();
+        std::io::BufReader::new(&ctl).read_line(&mut reply)?;
+        let v: serde_json::Value =
+            serde_json::from_str(reply.trim()).map_err(|e| proto(&format!("pin reply: {e}")))?;
+        if let Some(e) = v["error"].as_str() {
+            return Err(refused(e));
+        }
+        let token = v["token"]
+            .as_str()
+            .ok_or_else(|| proto("pin reply without a token"))?
+            .to_string();
+        let n = v["sockets"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
+        Ok((ctl, token, n))
+    }
+
+    /// Forgets this session without a word to the server: a forked child's copy of
+    /// its parent's session, which only the parent may use.
+    pub fn abandon(&self) {
+        self.dead.store(true, Relaxed);
+        // Our copy of the control connection would keep the parent's session alive
+        // after the parent is gone (a daemon's parent exits at once): put /dev/null
+        // under its number (closing it could hand the number to someone else before
+        // this object goes), so only the parent's copy holds the session.
+        // SAFETY: plain system calls on descriptors we own; `dup3` replaces our
+        // control descriptor atomically and the number stays ours.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, self.ctl.as_raw_fd(), libc::O_CLOEXEC);
+                libc::close(null);
+            }
+        }
     }
 
     /// Whether the server is gone (it said so, or its end of the control connection
@@ -234,6 +315,11 @@ impl Conn {
     /// Queues a request (waiting for room in the submission ring) and rings the
     /// server. Returns its tag.
     pub fn post(&self, mut req: Request, discard: bool) -> io::Result<u64> {
+        if self.dead.load(Relaxed) {
+            // Also a forked child's copy of its parent's session: its rings are the
+            // parent's, not to be touched.
+            return Err(down());
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         // Completions nobody waits for (closes from destructors) must not fill the
         // completion ring: collect what arrived on every post.

@@ -24,6 +24,7 @@ mod tcp;
 mod udp;
 
 use std::io;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use usnet_session::ctl::{resolve, ControlError};
@@ -48,6 +49,25 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("stack", &self.conn.stack_name)
             .field("session", &self.conn.mem.id())
+            .finish()
+    }
+}
+
+/// A fork pin (see [`Client::pin_for_fork`]): its connection and token.
+pub struct ForkPin {
+    stream: UnixStream,
+    token: String,
+    /// Sockets pinned: the child asks for room for them besides its usual quota.
+    sockets: u32,
+    path: std::path::PathBuf,
+    name: String,
+}
+
+impl std::fmt::Debug for ForkPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForkPin")
+            .field("stack", &self.name)
+            .field("fd", &std::os::fd::AsRawFd::as_raw_fd(&self.stream))
             .finish()
     }
 }
@@ -96,6 +116,60 @@ impl Client {
     /// Whether the server is still there.
     pub fn is_alive(&self) -> bool {
         !self.conn.is_dead()
+    }
+
+    /// Before a `fork`: pins every socket of this session at the server for the
+    /// child, which then attaches with [`Client::claim`]. The pin lives while any
+    /// copy of its connection is open (close-on-exec): the parent drops its copy
+    /// right after the fork; a child that exits or execs without attaching drops the
+    /// pin, and its share of the sockets with it.
+    pub fn pin_for_fork(&self) -> io::Result<ForkPin> {
+        let (stream, token, sockets) = self.conn.pin()?;
+        Ok(ForkPin {
+            stream,
+            token,
+            sockets,
+            path: self.conn.path.clone(),
+            name: self.conn.stack_name.clone(),
+        })
+    }
+
+    /// In a forked child: attaches a session of its own that holds the sockets of
+    /// `pin` too. Returns the client and, for each pinned socket, (its slot in the
+    /// parent's session, its slot in ours): see `forked` on the socket types.
+    pub fn claim(pin: ForkPin, opts: &AttachOptions) -> io::Result<(Client, Vec<(u32, u32)>)> {
+        let mut opts = opts.clone();
+        let want = opts.max_sockets.unwrap_or(1024);
+        opts.max_sockets = Some(want.max(pin.sockets.saturating_add(1024)));
+        let (conn, map) = Conn::attach_claiming(&pin.path, &pin.name, &opts, Some(&pin.token))?;
+        drop(pin);
+        Ok((
+            Client {
+                conn: Arc::new(conn),
+            },
+            map,
+        ))
+    }
+
+    /// In a forked child: this (the parent's) session is never used again from
+    /// here. Sockets of it fail with `ENETDOWN`; nothing reaches the server or the
+    /// parent's rings.
+    pub fn abandon(&self) {
+        self.conn.abandon();
+    }
+
+    /// Closes the socket at `slot` of this session without an object for it (a
+    /// claimed socket no descriptor of the child names).
+    #[doc(hidden)]
+    pub fn close_slot(&self, slot: u32) {
+        let _ = self.conn.post(
+            usnet_abi::Request {
+                op: usnet_abi::op::CLOSE,
+                slot,
+                ..Default::default()
+            },
+            true,
+        );
     }
 
     /// One request/response round trip through the server (a measure of the call

@@ -81,6 +81,28 @@ impl Sock {
         })
     }
 
+    /// The same socket in a forked child's own session, at `slot` there (the
+    /// server's claim put it there), with this one's blocking mode and timeouts. The
+    /// caller disowns this one (the parent's copy) in the child.
+    pub(crate) fn forked(&self, conn: &Arc<Conn>, slot: u32) -> io::Result<Sock> {
+        let s = Sock::from_slot(conn, slot)?;
+        s.nonblocking.store(self.nonblocking(), Relaxed);
+        // A lock a thread of the parent held at the fork stays held in the child:
+        // never wait for one here.
+        if let Ok(t) = self.read_timeout.try_lock() {
+            *lock(&s.read_timeout) = *t;
+        }
+        if let Ok(t) = self.write_timeout.try_lock() {
+            *lock(&s.write_timeout) = *t;
+        }
+        Ok(s)
+    }
+
+    /// Never closes or posts again (a forked child's copy of its parent's socket).
+    pub(crate) fn disown(&self) {
+        self.closed.store(true, Release);
+    }
+
     pub(crate) fn word(&self, off: usize) -> u32 {
         self.conn.mem.slot_word(self.slot, off).load(Acquire)
     }

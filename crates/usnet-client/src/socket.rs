@@ -36,6 +36,26 @@ impl Socket {
         })
     }
 
+    /// Its slot in the session (what a fork's claim maps).
+    #[doc(hidden)]
+    pub fn fork_slot(&self) -> u32 {
+        self.sock.slot
+    }
+
+    /// The same socket in a forked child's session (see `TcpStream::forked`).
+    #[doc(hidden)]
+    pub fn forked(&self, client: &Client, slot: u32) -> io::Result<Socket> {
+        Ok(Socket {
+            sock: self.sock.forked(&client.conn, slot)?,
+            kind: self.kind,
+        })
+    }
+
+    #[doc(hidden)]
+    pub fn disown(&self) {
+        self.sock.disown();
+    }
+
     pub fn kind(&self) -> SocketKind {
         self.kind
     }

@@ -20,6 +20,28 @@ pub struct TcpListener {
 }
 
 impl TcpListener {
+    /// Its slot in the session (what a fork's claim maps).
+    #[doc(hidden)]
+    pub fn fork_slot(&self) -> u32 {
+        self.sock.slot
+    }
+
+    /// The same socket in a forked child's session (`Client::claim` put it at
+    /// `slot`), blocking mode and timeouts kept; in a real child, [`Self::disown`]
+    /// the parent's copy.
+    #[doc(hidden)]
+    pub fn forked(&self, client: &Client, slot: u32) -> io::Result<TcpListener> {
+        Ok(TcpListener {
+            sock: self.sock.forked(&client.conn, slot)?,
+        })
+    }
+
+    /// Never closes or posts again (a forked child's copy that has no slot of its own).
+    #[doc(hidden)]
+    pub fn disown(&self) {
+        self.sock.disown();
+    }
+
     /// Binds and listens (backlog 128); port 0 picks one.
     pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<TcpListener> {
         Self::bind_with_backlog(client, addr, 128)
@@ -96,6 +118,28 @@ pub struct TcpStream {
 }
 
 impl TcpStream {
+    /// Its slot in the session (what a fork's claim maps).
+    #[doc(hidden)]
+    pub fn fork_slot(&self) -> u32 {
+        self.sock.slot
+    }
+
+    /// The same socket in a forked child's session (`Client::claim` put it at
+    /// `slot`), blocking mode and timeouts kept; in a real child, [`Self::disown`]
+    /// the parent's copy.
+    #[doc(hidden)]
+    pub fn forked(&self, client: &Client, slot: u32) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            sock: self.sock.forked(&client.conn, slot)?,
+        })
+    }
+
+    /// Never closes or posts again (a forked child's copy that has no slot of its own).
+    #[doc(hidden)]
+    pub fn disown(&self) {
+        self.sock.disown();
+    }
+
     /// Connects and waits for the handshake.
     pub fn connect(client: &Client, addr: SocketAddr) -> io::Result<TcpStream> {
         Self::connect_inner(client, addr, None)

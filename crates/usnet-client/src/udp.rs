@@ -28,6 +28,28 @@ fn to_end(pos: u64, size: usize) -> usize {
 }
 
 impl UdpSocket {
+    /// Its slot in the session (what a fork's claim maps).
+    #[doc(hidden)]
+    pub fn fork_slot(&self) -> u32 {
+        self.sock.slot
+    }
+
+    /// The same socket in a forked child's session (`Client::claim` put it at
+    /// `slot`), blocking mode and timeouts kept; in a real child, [`Self::disown`]
+    /// the parent's copy.
+    #[doc(hidden)]
+    pub fn forked(&self, client: &Client, slot: u32) -> io::Result<UdpSocket> {
+        Ok(UdpSocket {
+            sock: self.sock.forked(&client.conn, slot)?,
+        })
+    }
+
+    /// Never closes or posts again (a forked child's copy that has no slot of its own).
+    #[doc(hidden)]
+    pub fn disown(&self) {
+        self.sock.disown();
+    }
+
     pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<UdpSocket> {
         let sock = Sock::open(&client.conn, KIND_UDP)?;
         let a = SockAddr::from_std(addr).to_args();

@@ -23,6 +23,7 @@
 //! within a millisecond. A set of usnet sockets only sleeps on the bell.
 
 pub mod addr;
+mod fork;
 mod poll;
 
 use std::collections::HashMap;
@@ -80,6 +81,7 @@ static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 /// Attaches this process to the stack named `stack` (`None`: `USNET_STACK`, or the only
 /// one running). The first socket call attaches on its own if this was not called.
 pub fn attach(stack: Option<&str>) -> Res<()> {
+    fork::own_session();
     let mut c = lock(&CLIENT);
     if c.as_ref().is_some_and(|c| c.is_alive()) {
         return Ok(());
@@ -93,10 +95,12 @@ pub fn attach(stack: Option<&str>) -> Res<()> {
         None => Errno(libc::ENETDOWN),
     })?;
     *c = Some(client);
+    fork::register();
     Ok(())
 }
 
 fn client() -> Res<Client> {
+    fork::own_session();
     if let Some(c) = lock(&CLIENT).as_ref() {
         return Ok(c.clone());
     }
@@ -122,7 +126,7 @@ enum Obj {
 
 /// Socket options the layer keeps itself (what it reports back, and applies when the
 /// socket becomes a stream).
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Opts {
     reuseaddr: bool,
     reuseport: bool,
@@ -156,6 +160,7 @@ fn table() -> &'static RwLock<HashMap<RawFd, Arc<Entry>>> {
 }
 
 fn get(fd: RawFd) -> Res<Arc<Entry>> {
+    fork::own_session();
     table()
         .read()
         .unwrap_or_else(|p| p.into_inner())
@@ -620,6 +625,9 @@ pub fn shutdown(fd: RawFd, how: i32) -> Res<()> {
 /// `close(2)`: the socket closes (a stream's queued bytes still go out) and the number
 /// is free again.
 pub fn close(fd: RawFd) -> Res<()> {
+    // A forked child's first call may be a close: its objects must be its own first
+    // (dropping one of the parent's would close the parent's socket).
+    fork::own_session();
     let e = table()
         .write()
         .unwrap_or_else(|p| p.into_inner())

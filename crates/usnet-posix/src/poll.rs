@@ -479,3 +479,43 @@ pub(crate) fn wait_connected(e: &Entry, deadline: Option<Instant>) -> Res<()> {
         }
     }
 }
+
+/// A forked child's copy of an epoll set (see `fork.rs`): the same kernel epoll
+/// instance (its number, shared with the parent as the kernel shares it), a poller
+/// of the child's own over the usnet sockets it watched, looked up in the child's
+/// rebuilt table. Locks are only tried: one held by a parent's thread at the fork
+/// leaves the set without its usnet watches.
+pub(crate) fn forked(set: &Epoll, table: &crate::fork::Table) -> Epoll {
+    let mut poller = Poller::new();
+    let mut watches = HashMap::new();
+    if let Ok(old) = set.watches.try_lock() {
+        for (&fd, w) in old.iter() {
+            let Some(t) = table.get(&fd) else {
+                continue;
+            };
+            if !w.disarmed {
+                let _ = register(
+                    &mut poller,
+                    t,
+                    fd as u64,
+                    interest_of_epoll(w.events),
+                    mode_of(w.events),
+                );
+            }
+            watches.insert(
+                fd,
+                Watch {
+                    events: w.events,
+                    data: w.data,
+                    disarmed: w.disarmed,
+                    socket: Arc::downgrade(t),
+                },
+            );
+        }
+    }
+    Epoll {
+        poller: Mutex::new(poller),
+        watches: Mutex::new(watches),
+        kernel: AtomicUsize::new(set.kernel.load(Relaxed)),
+    }
+}

@@ -10,6 +10,15 @@
 //! with the session memfd, the server page and, for a stack on an fd-based link, the
 //! server's eventfd, passed with SCM_RIGHTS), `{"cmd":"stat"}`, `{"cmd":"clients"}`,
 //! `{"cmd":"ping",...}` and `{"cmd":"stop"}`.
+//!
+//! Fork: `{"cmd":"pin","session":S}` from the process that owns session S (its
+//! `SO_PEERCRED` pid must be the session's), just before it forks, pins every socket
+//! of S for the child and answers with a random token; the connection stays open and
+//! is the pin's life: the child inherits it (close-on-exec), and when every copy is
+//! closed (the child exited or exec'd without attaching) the pin is dropped. The
+//! child attaches with `"claim": token` and gets its own slots over the same stack
+//! sockets (`"slots": [[parent slot, child slot], ...]` in the reply). Only the
+//! family knows the token: it lives in the parent's memory, which the child copied.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::IpAddr;
@@ -122,10 +131,12 @@ impl Ctx {
     }
 }
 
-/// An attached client: its connection (watched for hang-up) and its session id.
+/// An attached client: its connection (watched for hang-up) and its session id; or
+/// a pin for a forked child (dropped on hang-up).
 struct Attached {
     stream: UnixStream,
     id: u32,
+    pin: Option<u128>,
 }
 
 fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
@@ -163,7 +174,14 @@ fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
             if gone {
                 let a = attached.swap_remove(k - 1);
                 let id = a.id;
-                let _ = ctx.call(move |lp| lp.remove_session(id));
+                match a.pin {
+                    Some(token) => {
+                        let _ = ctx.call(move |lp| lp.drop_pin(token));
+                    }
+                    None => {
+                        let _ = ctx.call(move |lp| lp.remove_session(id));
+                    }
+                }
             }
         }
         if fds[0].revents & libc::POLLIN != 0 {
@@ -180,6 +198,81 @@ fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
 fn peer_ids(s: &UnixStream) -> io::Result<(u32, u32)> {
     let c = rustix::net::sockopt::socket_peercred(s.as_fd())?;
     Ok((c.uid.as_raw(), c.gid.as_raw()))
+}
+
+/// The pid of the process that connected (the kernel's word, not the client's).
+fn peer_pid(s: &UnixStream) -> Option<u32> {
+    let c = rustix::net::sockopt::socket_peercred(s.as_fd()).ok()?;
+    Some(c.pid.as_raw_nonzero().get() as u32)
+}
+
+/// 128 random bits from the kernel.
+fn random_token() -> io::Result<u128> {
+    let mut b = [0u8; 16];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writes at most the remaining bytes of `b`.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(u128::from_le_bytes(b))
+}
+
+/// A pin request: see the module's text.
+fn pin(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
+    let Some(session) = req["session"].as_u64().map(|v| v as u32) else {
+        let _ = send(&mut out, &json!({"error": "pin needs a session"}));
+        return None;
+    };
+    let pid = peer_pid(&out);
+    let token = match random_token() {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = send(&mut out, &json!({"error": format!("no random token: {e}")}));
+            return None;
+        }
+    };
+    let r = ctx.call(move |lp| {
+        // Only the session's own process may pin its sockets.
+        match lp.sessions.get(&session) {
+            Some(s) if Some(s.pid) == pid => lp.pin(session, token).ok_or("no such session"),
+            Some(_) => Err("permission denied: not the session's process"),
+            None => Err("no such session"),
+        }
+    });
+    match r {
+        Some(Ok(n)) => {
+            let reply = json!({"ok": true, "token": format!("{token:032x}"), "sockets": n});
+            if send(&mut out, &reply).is_err() {
+                let _ = ctx.call(move |lp| lp.drop_pin(token));
+                return None;
+            }
+            out.set_nonblocking(true).ok()?;
+            Some(Attached {
+                stream: out,
+                id: 0,
+                pin: Some(token),
+            })
+        }
+        Some(Err(e)) => {
+            let _ = send(&mut out, &json!({ "error": e }));
+            None
+        }
+        None => {
+            let _ = send(
+                &mut out,
+                &json!({"error": "the server loop does not answer"}),
+            );
+            None
+        }
+    }
 }
 
 /// One control connection: attach is answered here (the stream is then watched);
@@ -213,6 +306,9 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
     if req["cmd"].as_str() == Some("attach") {
         return attach(out, &req, ctx);
     }
+    if req["cmd"].as_str() == Some("pin") {
+        return pin(out, &req, ctx);
+    }
     let ctx = ctx.clone();
     std::thread::spawn(move || {
         let _ = request(&mut out, &req, &ctx);
@@ -228,7 +324,18 @@ fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
 
 fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
-    let pid = req["pid"].as_u64().unwrap_or(0) as u32;
+    // The kernel's word for who connected, the request's if it has none.
+    let pid = peer_pid(&out).unwrap_or(req["pid"].as_u64().unwrap_or(0) as u32);
+    let claim = match req["claim"].as_str() {
+        Some(t) => match u128::from_str_radix(t, 16) {
+            Ok(t) => Some(t),
+            Err(_) => {
+                let _ = send(&mut out, &json!({"error": "bad fork token"}));
+                return None;
+            }
+        },
+        None => None,
+    };
     let command: String = req["command"]
         .as_str()
         .unwrap_or("?")
@@ -272,22 +379,38 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     let added = ctx.call(move |lp| {
         if lp.sessions.len() >= max {
             lp.quota_sessions += 1;
-            return false;
+            return Err("too many clients");
         }
         lp.add_session(s);
-        true
+        match claim {
+            None => Ok(None),
+            Some(token) => match lp.claim(id, token) {
+                Some(map) => Ok(Some(map)),
+                None => {
+                    lp.remove_session(id);
+                    Err("unknown fork token")
+                }
+            },
+        }
     });
-    match added {
-        Some(true) => {}
-        Some(false) => return fail(&mut out, "too many clients".into()),
+    let slots = match added {
+        Some(Ok(m)) => m,
+        Some(Err(e)) => return fail(&mut out, e.into()),
         None => return fail(&mut out, "the server loop does not answer".into()),
-    }
-    let reply = json!({
+    };
+    let mut reply = json!({
         "ok": true,
         "session": id,
         "bell_kind": ctx.bell.page().bell_kind(),
         "pid": std::process::id(),
     });
+    if let Some(map) = slots {
+        reply["slots"] = map
+            .iter()
+            .map(|&(a, b)| json!([a, b]))
+            .collect::<Vec<_>>()
+            .into();
+    }
     let mut bytes = serde_json::to_string(&reply).expect("json").into_bytes();
     bytes.push(b'\n');
     let page = ctx.bell.page().region().fd();
@@ -300,7 +423,11 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
         return None;
     }
     out.set_nonblocking(true).ok()?;
-    Some(Attached { stream: out, id })
+    Some(Attached {
+        stream: out,
+        id,
+        pin: None,
+    })
 }
 
 fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
@@ -338,6 +465,7 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
     let uptime = lp.started.elapsed().as_secs_f64();
     let clients = lp.clients();
     let closed = lp.sessions_closed;
+    let (shared, pins) = lp.fork_counts();
     let quota_sessions = lp.quota_sessions;
     let limits = lp.cfg.limits;
     let geometry = lp.cfg.geometry;
@@ -377,6 +505,8 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
         })).collect::<Vec<_>>(),
         "clients": clients,
         "sessions_closed": closed,
+        "shared_sockets": shared,
+        "fork_pins": pins,
         "quota_sessions": quota_sessions,
         "limits": {
             "max_clients": limits.max_sessions,

@@ -7,25 +7,30 @@
 //! (header, rings, ring indices, slot words, data area), requests put into the
 //! submission ring the way a client would (so the fuzzer reaches the socket code, not
 //! only the index checks), bytes and UDP records into a socket's send ring, reads of
-//! the receive rings, server turns and the passing of time. After each turn and at the
-//! end it checks what must hold whatever the client wrote:
+//! the receive rings, server turns and the passing of time; and a fork: a second
+//! session (the child) claims every socket of the first, as after `fork`, and from
+//! then on each command scribbles on one of the two, and either may die. After each
+//! turn and at the end it checks what must hold whatever the clients wrote:
 //!
 //! - the server never panics and never loops forever (every turn returns);
 //! - a session never holds more sockets than its quota, and every stack socket the
-//!   session names is owned by the session (clean-up and limits apply to it);
-//! - when the client goes, every stack socket it held is closed and, once the stack
+//!   session names is owned by the session (clean-up and limits apply to it), or is
+//!   shared: owned by no session, held by a live holder, named by every holder;
+//! - when the clients go, every stack socket they held is closed and, once the stack
 //!   has settled, every packet buffer is back in the pool.
 //!
 //! The cargo-fuzz target `fuzz/fuzz_targets/server_session.rs` calls [`run`]; the
 //! crate's tests run it on seeded random inputs.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use usnet_abi::{hdr, op, slot, Geometry, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
 use usnet_session::Session;
-use usnet_stack::{mac_from_seed, Instant, Stack, StackConfig};
+use usnet_stack::{mac_from_seed, Instant, Owner, Stack, StackConfig};
 
-use crate::session::ServerSession;
+use crate::session::{ServerSession, SHARED};
+use crate::shared::Sharing;
 use crate::ServerLimits;
 
 const ADDR: [u8; 4] = [10, 77, 0, 1];
@@ -46,7 +51,7 @@ fn limits() -> ServerLimits {
     ServerLimits {
         budget: 16,
         chunk: 8192,
-        max_sessions: 1,
+        max_sessions: 2,
         max_backlog: 4,
         max_rcvbuf: 16384,
     }
@@ -78,12 +83,20 @@ impl Input<'_> {
     }
 }
 
-/// A server-side session and a stack, driven by hand.
+/// Forks that shared at least one socket (the tests check the fuzzer gets there).
+static FORKS_WITH_SOCKETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Server-side sessions (the first client, 1, and after a fork its child, 2) and a
+/// stack, driven by hand.
 pub struct Harness {
     stack: Stack,
-    session: ServerSession,
-    /// The client's view of the same memory.
-    mem: Session,
+    sessions: HashMap<u32, ServerSession>,
+    sharing: Sharing,
+    /// The clients' views of the same memory, by session.
+    mems: HashMap<u32, Session>,
+    /// The session the next commands write to.
+    target: u32,
+    forked: bool,
     now: Instant,
     ready: Vec<usnet_stack::SocketHandle>,
 }
@@ -117,29 +130,99 @@ impl Harness {
             ..Default::default()
         })
         .expect("stack");
-        let mem = Session::create(1, geometry()).expect("session memory");
-        let session =
-            ServerSession::new(1, 0, "fuzz".into(), mem.clone(), limits()).expect("session");
-        Harness {
+        let mut h = Harness {
             stack,
-            session,
-            mem,
+            sessions: HashMap::new(),
+            sharing: Sharing::default(),
+            mems: HashMap::new(),
+            target: 1,
+            forked: false,
             now: Instant::from_millis(1000),
             ready: Vec::new(),
+        };
+        h.add_session(1);
+        h
+    }
+
+    fn add_session(&mut self, id: u32) {
+        let mem = Session::create(id, geometry()).expect("session memory");
+        let session =
+            ServerSession::new(id, 0, "fuzz".into(), mem.clone(), limits()).expect("session");
+        self.sessions.insert(id, session);
+        self.mems.insert(id, mem);
+    }
+
+    /// The client's view of the session memory the commands write to.
+    pub fn mem(&self) -> &Session {
+        &self.mems[&self.target]
+    }
+
+    /// The first client forks: a second session claims every socket of the first.
+    pub fn fork(&mut self) {
+        if self.forked || !self.sessions.contains_key(&1) {
+            return;
+        }
+        self.forked = true;
+        let n = self.sharing.pin(&mut self.sessions, &mut self.stack, 1, 7);
+        if n.is_some_and(|n| n > 0) {
+            FORKS_WITH_SOCKETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.add_session(2);
+        self.sharing
+            .claim(&mut self.sessions, &mut self.stack, 2, 7)
+            .expect("the pin is there");
+    }
+
+    /// Session `id` is gone, as `Loop::remove_session` ends it.
+    pub fn remove(&mut self, id: u32) {
+        let Some(mut s) = self.sessions.remove(&id) else {
+            return;
+        };
+        let stack = &mut self.stack;
+        s.serve(stack, limits().budget);
+        s.drain_all(stack);
+        let mut gone = std::mem::take(&mut s.released);
+        let closed = gone.len();
+        gone.extend(s.take_shared());
+        s.close_all(stack);
+        for (k, (h, left)) in gone.into_iter().enumerate() {
+            self.sharing
+                .release(&mut self.sessions, stack, h, id, left, k >= closed);
+        }
+        assert!(
+            stack.sockets_of(s.owner()).is_empty(),
+            "a departed client still holds stack sockets"
+        );
+        if let Some(&other) = self.sessions.keys().next() {
+            self.target = other;
         }
     }
 
-    /// The client's view of the session memory.
-    pub fn mem(&self) -> &Session {
-        &self.mem
-    }
-
-    /// One server turn, as the loop runs it for a session.
+    /// One server turn, as the loop runs it for its sessions.
     pub fn turn(&mut self) {
         let stack = &mut self.stack;
         stack.poll(self.now);
-        self.session.serve(stack, limits().budget);
-        self.session.drain_all(stack);
+        let mut released = Vec::new();
+        let mut touched = Vec::new();
+        for id in [1, 2] {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.serve(stack, limits().budget);
+                s.drain_all(stack);
+                released.extend(s.released.drain(..).map(|(h, left)| (h, id, left)));
+                touched.append(&mut s.touched);
+            }
+        }
+        for (h, id, left) in released {
+            self.sharing
+                .release(&mut self.sessions, stack, h, id, left, false);
+        }
+        for h in touched {
+            for id in self.sharing.holders(h) {
+                if let Some(s) = self.sessions.get_mut(id) {
+                    s.refresh_handle(stack, h);
+                }
+            }
+        }
         for _ in 0..4 {
             if !stack.poll(self.now) {
                 break;
@@ -147,16 +230,33 @@ impl Harness {
         }
         stack.take_ready(&mut self.ready);
         for h in self.ready.drain(..) {
-            if stack.owner(h) == Some(self.session.owner()) {
-                self.session.on_ready(stack, h);
+            match stack.owner(h) {
+                Some(SHARED) => {
+                    for id in self.sharing.holders(h) {
+                        if let Some(s) = self.sessions.get_mut(id) {
+                            s.on_ready(stack, h);
+                        }
+                    }
+                }
+                Some(o) => {
+                    if let Some(s) = self.sessions.get_mut(&o.0) {
+                        s.on_ready(stack, h);
+                    }
+                }
+                None => {}
             }
         }
-        self.session.notify();
+        for s in self.sessions.values_mut() {
+            s.notify();
+        }
         // No device: what leaves the stack is dropped.
         while let Some(b) = stack.dequeue_tx() {
             stack.pool_mut().free(b);
         }
-        self.session.check_invariants(stack);
+        for s in self.sessions.values() {
+            s.check_invariants(stack);
+        }
+        self.sharing.check(&self.sessions, stack);
     }
 
     pub fn advance(&mut self, d: Duration) {
@@ -166,21 +266,20 @@ impl Harness {
     /// A request as a client puts it in the submission ring (no room check: a
     /// hostile client does not care).
     pub fn submit(&self, r: &Request) {
-        let head = self
-            .mem
+        let mem = self.mem();
+        let head = mem
             .word(hdr::SQ_HEAD)
             .load(std::sync::atomic::Ordering::Relaxed);
-        self.mem.write_request(head, r);
-        self.mem
-            .word(hdr::SQ_HEAD)
+        mem.write_request(head, r);
+        mem.word(hdr::SQ_HEAD)
             .store(head.wrapping_add(1), std::sync::atomic::Ordering::Release);
     }
 
     /// Bytes into slot `i`'s send ring as a well-behaved producer writes them.
     pub fn send_bytes(&self, i: u32, data: &[u8]) {
         use std::sync::atomic::Ordering::*;
-        let at = self.mem.tx_ring(i);
-        let r = self.mem.region();
+        let at = self.mem().tx_ring(i);
+        let r = self.mem().region();
         let prod = r.u64(at.prod).load(Relaxed);
         let cons = r.u64(at.cons).load(Acquire);
         let free = at.size as u64 - prod.wrapping_sub(cons).min(at.size as u64);
@@ -196,14 +295,15 @@ impl Harness {
     /// and kicks where the server asked for it.
     pub fn consume(&self, i: u32) {
         use std::sync::atomic::Ordering::*;
-        let at = self.mem.rx_ring(i);
-        let r = self.mem.region();
+        let mem = self.mem();
+        let at = mem.rx_ring(i);
+        let r = mem.region();
         let prod = r.u64(at.prod).load(Acquire);
         r.u64(at.cons).store(prod, Release);
-        let head = self.mem.word(hdr::CQ_HEAD).load(Acquire);
-        self.mem.word(hdr::CQ_TAIL).store(head, Release);
+        let head = mem.word(hdr::CQ_HEAD).load(Acquire);
+        mem.word(hdr::CQ_TAIL).store(head, Release);
         for (armed, kick) in [(slot::RX_ARMED, op::RX_KICK), (slot::TX_ARMED, op::TX_KICK)] {
-            if self.mem.slot_word(i, armed).swap(0, AcqRel) == 1 {
+            if mem.slot_word(i, armed).swap(0, AcqRel) == 1 {
                 self.submit(&Request {
                     op: kick,
                     slot: i,
@@ -216,12 +316,16 @@ impl Harness {
     /// The client is gone: everything it held is closed, and once the stack settles
     /// every packet buffer is back in the pool.
     pub fn finish(mut self) {
-        let owner = self.session.owner();
-        self.session.close_all(&mut self.stack);
-        assert!(
-            self.stack.sockets_of(owner).is_empty(),
-            "a departed client still holds stack sockets"
-        );
+        for id in [1, 2] {
+            self.remove(id);
+        }
+        for o in [Owner(1), Owner(2), SHARED] {
+            assert!(
+                self.stack.sockets_of(o).is_empty(),
+                "a departed client still holds stack sockets"
+            );
+        }
+        assert_eq!(self.sharing.counts().0, 0, "shared sockets left");
         // Long enough for every timer (ARP probes, TIME-WAIT, retransmissions).
         for _ in 0..200 {
             self.advance(Duration::from_secs(1));
@@ -262,7 +366,7 @@ fn addr(inp: &mut Input) -> SockAddr {
 pub fn run(data: &[u8]) {
     let mut h = Harness::new();
     let g = geometry();
-    let total = h.mem.layout().total_len;
+    let total = h.mem().layout().total_len;
     let mut inp = Input(data);
     let mut steps = 0;
     while let Some(cmd) = inp.u8() {
@@ -270,26 +374,33 @@ pub fn run(data: &[u8]) {
         if steps > 4096 {
             break;
         }
-        match cmd % 10 {
+        // After the fork, the high bit picks the session the command writes to.
+        if h.forked {
+            let want = if cmd & 0x80 != 0 { 2 } else { 1 };
+            if h.sessions.contains_key(&want) {
+                h.target = want;
+            }
+        }
+        match cmd % 11 {
             // Raw bytes anywhere.
             0 => {
                 let off = inp.u32() as usize % total;
                 let len = inp.u8().unwrap_or(0) as usize;
                 let bytes = inp.take(len).to_vec();
                 let n = bytes.len().min(total - off);
-                let _ = h.mem.region().write(off, &bytes[..n]);
+                let _ = h.mem().region().write(off, &bytes[..n]);
             }
             // A word anywhere: indices, counters, flags.
             1 => {
                 let off = (inp.u32() as usize % (total / 8)) * 8;
                 let v = inp.u64();
                 if inp.u8().unwrap_or(0) & 1 == 0 {
-                    h.mem
+                    h.mem()
                         .region()
                         .u32(off)
                         .store(v as u32, std::sync::atomic::Ordering::Relaxed);
                 } else {
-                    h.mem
+                    h.mem()
                         .region()
                         .u64(off)
                         .store(v, std::sync::atomic::Ordering::Relaxed);
@@ -352,6 +463,17 @@ pub fn run(data: &[u8]) {
                 h.advance(Duration::from_millis(ms));
                 h.turn();
             }
+            // The client forks (once); after that, one of the two dies (the other
+            // keeps the shared sockets).
+            7 => {
+                if !h.forked {
+                    h.fork();
+                } else if h.sessions.len() == 2 && inp.u8().unwrap_or(0) % 4 == 0 {
+                    let id = h.target;
+                    h.remove(id);
+                }
+                h.turn();
+            }
             _ => h.turn(),
         }
     }
@@ -388,6 +510,63 @@ mod tests {
                 panic!("seed {seed}: {e:?}");
             }
         }
+        assert!(
+            FORKS_WITH_SOCKETS.load(Relaxed) > 0,
+            "no input forked a session that had sockets"
+        );
+    }
+
+    /// After a fork the child holds the connection too; when the parent closes its
+    /// copy, what the parent had not read reaches the child's ring, then new bytes.
+    #[test]
+    fn a_shared_stream_moves_to_the_child_with_what_the_parent_left_unread() {
+        let mut h = Harness::new();
+        let req = |op, slot, args| Request {
+            op,
+            slot,
+            args,
+            ..Default::default()
+        };
+        let a = SockAddr::from_std((ADDR, 7001).into()).to_args();
+        let addr = [a[0], a[1], a[2], a[3], 0, 0];
+        // Slot 0 listens, slot 1 connects to it, slot 2 is the accepted connection.
+        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        h.turn();
+        h.submit(&req(op::BIND, 0, addr));
+        h.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
+        h.submit(&req(op::CONNECT, 1, addr));
+        for _ in 0..4 {
+            h.turn();
+        }
+        h.submit(&req(op::ACCEPT, 0, [0; 6]));
+        h.turn();
+        assert_eq!(h.mem().slot_word(2, slot::STATE).load(Acquire), SLOT_OPEN);
+        h.send_bytes(1, b"unread by the parent");
+        h.submit(&req(op::TX_KICK, 1, [0; 6]));
+        for _ in 0..4 {
+            h.turn();
+        }
+        let parent_rx = h.mem().rx_ring(2);
+        assert_eq!(
+            h.mem().region().u64(parent_rx.prod).load(Acquire),
+            20,
+            "the bytes are in the parent's ring"
+        );
+        h.fork();
+        assert_eq!(h.sharing.counts().0, 3, "three stack sockets shared");
+        // The parent closes the accepted connection.
+        h.submit(&req(op::CLOSE, 2, [0; 6]));
+        h.turn();
+        h.target = 2;
+        // The child's copy of parent slot 2: the claim gives slots in order.
+        let child_rx = h.mem().rx_ring(2);
+        let r = h.mem().region().clone();
+        assert_eq!(r.u64(child_rx.prod).load(Acquire), 20);
+        let mut got = [0u8; 20];
+        r.read(child_rx.data, &mut got).unwrap();
+        assert_eq!(&got, b"unread by the parent");
+        h.finish();
     }
 
     fn udp_record(len: usize, to: std::net::SocketAddr) -> Vec<u8> {
@@ -442,7 +621,7 @@ mod tests {
         );
         let local = h.mem().slot_addr(1, slot::LOCAL).to_std().unwrap();
         assert_ne!(local.port(), 0);
-        assert_eq!(h.stack.sockets_of(h.session.owner()).len(), 2);
+        assert_eq!(h.stack.sockets_of(Owner(1)).len(), 2);
         // Slot 0 got the datagram from that address; its reply reaches slot 1.
         let at = h.mem().rx_ring(0);
         let r = h.mem().region().clone();

@@ -16,6 +16,7 @@ pub mod control;
 #[doc(hidden)]
 pub mod fuzzing;
 mod session;
+mod shared;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,11 +28,12 @@ use std::time::{Duration, Instant};
 use usnet_abi::{hdr, Geometry};
 use usnet_driver::{Driver, SystemClock};
 use usnet_link::Device;
-use usnet_stack::{Owner, Stack};
+use usnet_stack::{Owner, SocketHandle, Stack};
 
 pub use bell::ServerBell;
-use session::ServerSession;
 pub use session::SessionStats;
+use session::{ServerSession, SHARED};
+use shared::Sharing;
 
 /// What a client may use and how the loop shares itself out.
 #[derive(Debug, Clone, Copy)]
@@ -118,6 +120,8 @@ pub struct Loop {
     /// Sessions of clients that are gone, kept while sockets they closed still
     /// drain their send rings, with the time they must be done by.
     dying: Vec<(ServerSession, Instant)>,
+    /// Stack sockets held by several sessions, and pins for forked children.
+    sharing: Sharing,
     order: Vec<u32>,
     pub cfg: ServerConfig,
     pub started: Instant,
@@ -189,7 +193,18 @@ impl Loop {
             // before its exit closes the rest: those connections end with a FIN.
             s.serve(stack, budget);
             s.drain_all(stack);
+            let mut gone = std::mem::take(&mut s.released);
+            let closed_shared = gone.len();
+            gone.extend(s.take_shared());
+            // Its own sockets: the ones it closed drain what their send rings
+            // still hold, the rest are reset.
             let draining = s.close_dead(stack);
+            // Shared sockets it closed itself close gracefully if it was the last
+            // holder; the ones it still held when it died are reset then.
+            for (k, (h, left)) in gone.into_iter().enumerate() {
+                self.release_shared(h, id, left, k >= closed_shared);
+            }
+            let stack = self.driver.stack_mut();
             stack.clear_owner_info(s.owner());
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;
@@ -289,10 +304,26 @@ impl Loop {
         if !self.order.is_empty() {
             self.order.rotate_left(1);
         }
+        let mut released = Vec::new();
+        let mut touched = Vec::new();
         for id in &self.order {
             if let Some(s) = self.sessions.get_mut(id) {
                 did |= s.serve(stack, budget) > 0;
                 s.drain_all(stack);
+                released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
+                touched.append(&mut s.touched);
+            }
+        }
+        for (h, id, left) in released {
+            self.release_shared(h, id, left, false);
+        }
+        let stack = self.driver.stack_mut();
+        for h in touched {
+            // Another holder accepted: every holder's view of the queue is redone.
+            for id in self.sharing.holders(h) {
+                if let Some(s) = self.sessions.get_mut(id) {
+                    s.refresh_handle(stack, h);
+                }
             }
         }
         stack.take_ready(ready);
@@ -300,6 +331,17 @@ impl Loop {
             let Some(owner) = stack.owner(h) else {
                 continue;
             };
+            if owner == SHARED {
+                // Readiness reaches every holder (all wake, as the kernel's waiters
+                // on one socket do without EPOLLEXCLUSIVE).
+                for id in self.sharing.holders(h) {
+                    if let Some(s) = self.sessions.get_mut(id) {
+                        s.on_ready(stack, h);
+                        did = true;
+                    }
+                }
+                continue;
+            }
             if let Some(s) = self.sessions.get_mut(&owner.0) {
                 s.on_ready(stack, h);
                 did = true;
@@ -310,6 +352,43 @@ impl Loop {
         }
         did |= self.drain_dying();
         did
+    }
+
+    /// Session `id` let go of shared stack socket `h` (see [`Sharing::release`]).
+    fn release_shared(&mut self, h: SocketHandle, id: u32, left: Vec<u8>, died: bool) {
+        let stack = self.driver.stack_mut();
+        self.sharing
+            .release(&mut self.sessions, stack, h, id, left, died);
+    }
+
+    /// Pins every socket of session `from` for a child it is about to fork
+    /// ([`Sharing::pin`]).
+    pub(crate) fn pin(&mut self, from: u32, token: u128) -> Option<usize> {
+        let stack = self.driver.stack_mut();
+        self.sharing.pin(&mut self.sessions, stack, from, token)
+    }
+
+    /// A pin nobody will claim ([`Sharing::drop_pin`]).
+    pub(crate) fn drop_pin(&mut self, token: u128) {
+        let stack = self.driver.stack_mut();
+        self.sharing.drop_pin(stack, token);
+    }
+
+    /// The forked child's session `id` claims the pin `token` ([`Sharing::claim`]).
+    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<(u32, u32)>> {
+        let stack = self.driver.stack_mut();
+        self.sharing.claim(&mut self.sessions, stack, id, token)
+    }
+
+    /// Stack sockets held by several sessions, and pins waiting for a child (each
+    /// with the session that forked and how many sockets it holds).
+    pub fn fork_counts(&self) -> (usize, Vec<(u32, usize)>) {
+        self.sharing.counts()
+    }
+
+    /// The loop-wide invariants of shared sockets (tests and fuzzing).
+    pub fn check_shared(&self) {
+        self.sharing.check(&self.sessions, self.driver.stack());
     }
 
     fn has_work(&mut self) -> bool {
@@ -365,6 +444,7 @@ impl ServerHandle {
             driver,
             sessions: HashMap::new(),
             dying: Vec::new(),
+            sharing: Sharing::default(),
             order: Vec::new(),
             cfg: cfg.clone(),
             started: Instant::now(),

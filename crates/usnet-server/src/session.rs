@@ -23,7 +23,7 @@ use crate::ServerLimits;
 
 /// What a session's socket is at the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
     /// A TCP socket before listen or connect (maybe bound).
     Fresh,
     Listener,
@@ -53,6 +53,31 @@ struct Sock {
     flags: u32,
     /// A UDP datagram taken from the send ring that the stack refused for now.
     pending_dgram: Option<(Vec<u8>, Option<SocketAddr>)>,
+    /// The stack socket is held by several sessions (after a fork): it belongs to
+    /// [`SHARED`], and the loop's table of shared sockets names every holder.
+    shared: bool,
+    /// Received bytes come to this slot (always, unless the socket is shared and
+    /// another holder has the stream: see `Loop::release_shared`).
+    receiver: bool,
+    /// Stream bytes to hand over before what the stack holds: what the previous
+    /// receiver left unread in its ring when it let go.
+    carry: Vec<u8>,
+}
+
+/// The stack owner of sockets held by several sessions: no session's death closes
+/// them; the loop closes one when its last holder lets go.
+pub(crate) const SHARED: Owner = Owner(u32::MAX);
+
+/// A socket pinned for a forked child (`Loop::pin`): what the child's session needs
+/// to hold it too.
+#[derive(Debug, Clone)]
+pub(crate) struct Pinned {
+    /// Its slot in the parent's session (the child's descriptors name it so).
+    pub parent_slot: u32,
+    pub kind: u64,
+    pub role: Role,
+    pub handle: Option<SocketHandle>,
+    pub bound: Option<SocketAddr>,
 }
 
 /// Counters of one session (shown by `usnet stat`).
@@ -97,6 +122,12 @@ pub(crate) struct ServerSession {
     pub stats: SessionStats,
     scratch: Vec<u8>,
     limits: ServerLimits,
+    /// Shared stack sockets whose slot this session closed, with the bytes its
+    /// receive ring still held: the loop passes them on (or closes the socket).
+    pub(crate) released: Vec<(SocketHandle, Vec<u8>)>,
+    /// Shared stack sockets whose readiness a call of this session changed (an
+    /// accept): the loop refreshes the other holders' view.
+    pub(crate) touched: Vec<SocketHandle>,
 }
 
 fn err(e: StackError) -> i64 {
@@ -152,11 +183,18 @@ impl ServerSession {
             scratch: Vec::new(),
             limits,
             mem,
+            released: Vec::new(),
+            touched: Vec::new(),
         })
     }
 
     pub fn owner(&self) -> Owner {
         Owner(self.id)
+    }
+
+    /// Whether one of this session's slots holds stack socket `h`.
+    pub fn holds(&self, h: SocketHandle) -> bool {
+        self.by_handle.contains_key(&h)
     }
 
     pub fn socket_count(&self) -> usize {
@@ -336,6 +374,9 @@ impl ServerSession {
             eof: false,
             flags: 0,
             pending_dgram: None,
+            shared: false,
+            receiver: true,
+            carry: Vec::new(),
         });
         Some(i)
     }
@@ -459,6 +500,9 @@ impl ServerSession {
                 return err(e);
             }
         };
+        if self.sock(i).shared {
+            self.touched.push(h);
+        }
         let j = self
             .new_slot(KIND_TCP, Role::Conn)
             .expect("a slot was free");
@@ -926,7 +970,7 @@ impl ServerSession {
         let mut again = false;
         match s.role {
             Role::Conn => {
-                if !s.rx_blocked && !s.shut_rd {
+                if !s.rx_blocked && !s.shut_rd && s.receiver {
                     // Pull into the ring until the stack has nothing more, the stream
                     // ended, or the ring is full and stays full after arming the kick.
                     // The room found after arming is filled at once: the client's read
@@ -942,7 +986,15 @@ impl ServerSession {
                         };
                         let mut room = free.min(chunk.saturating_sub(moved));
                         let mut drained = false;
-                        while room > 0 {
+                        if !s.carry.is_empty() {
+                            // What the previous receiver left unread comes first.
+                            let k = room.min(s.carry.len());
+                            let n = s.rx.push(&s.carry[..k]);
+                            s.carry.drain(..n);
+                            moved += n;
+                            room -= n;
+                        }
+                        while room > 0 && s.carry.is_empty() {
                             let rx = &mut s.rx;
                             match stack.tcp_recv_with(h, room, |c| {
                                 rx.push(c);
@@ -989,7 +1041,7 @@ impl ServerSession {
                             break;
                         }
                     }
-                } else if s.shut_rd {
+                } else if s.shut_rd && s.receiver {
                     // SHUT_RD: what arrives is read and dropped.
                     let _ = stack.tcp_recv_with(h, usize::MAX, |_| {});
                 }
@@ -1014,7 +1066,9 @@ impl ServerSession {
                 }
             }
             Role::Udp => {
-                moved = Self::fill_udp(stack, s, h, chunk);
+                if s.receiver {
+                    moved = Self::fill_udp(stack, s, h, chunk);
+                }
                 s.rx.publish();
                 if s.flags & FLAG_BOUND == 0 {
                     if let Ok(l) = stack.udp_local_addr(h) {
@@ -1103,7 +1157,13 @@ impl ServerSession {
         let Some(s) = self.socks[i as usize].take() else {
             return;
         };
-        if let Some(h) = s.handle {
+        if let (Some(h), true) = (s.handle, s.shared) {
+            // Other sessions may hold it: the loop decides (`Loop::release_shared`).
+            self.by_handle.remove(&h);
+            let mut s = s;
+            let left = Self::salvage(&mut s, &mut self.stats);
+            self.released.push((h, left));
+        } else if let Some(h) = s.handle {
             self.by_handle.remove(&h);
             // The client closed it: the close goes on gracefully even if the client
             // exits now (as the kernel's orphaned sockets do), so the socket is no
@@ -1168,6 +1228,132 @@ impl ServerSession {
         )
     }
 
+    /// What a receiver that lets go of a shared stream leaves for the next one: the
+    /// bytes in its receive ring it did not read, then its carry. (Datagrams are not
+    /// handed on: records are not moved between rings.)
+    fn salvage(s: &mut Sock, stats: &mut SessionStats) -> Vec<u8> {
+        let mut left = Vec::new();
+        if s.receiver && s.role == Role::Conn {
+            if s.rx.unread(&mut left).is_err() {
+                stats.corrupt_rings += 1;
+                left.clear();
+            }
+            left.append(&mut s.carry);
+        }
+        left
+    }
+
+    /// The client is gone: its shared stack sockets, taken out of the session with
+    /// what their receive rings held, for the loop to pass on.
+    pub fn take_shared(&mut self) -> Vec<(SocketHandle, Vec<u8>)> {
+        let mut out = Vec::new();
+        for i in 0..self.socks.len() {
+            if !self.socks[i].as_ref().is_some_and(|s| s.shared) {
+                continue;
+            }
+            let mut s = self.socks[i].take().expect("checked");
+            let h = s.handle.expect("shared sockets have a stack socket");
+            self.by_handle.remove(&h);
+            self.active.retain(|&x| x != i as u32);
+            self.free.push(i as u32);
+            out.push((h, Self::salvage(&mut s, &mut self.stats)));
+        }
+        out
+    }
+
+    /// Pins every open socket for a child about to be forked: each one with a stack
+    /// socket becomes shared (owned by [`SHARED`]). Returns the pinned sockets and
+    /// the stack sockets that became shared just now.
+    pub fn pin_all(&mut self, stack: &mut Stack) -> (Vec<Pinned>, Vec<SocketHandle>) {
+        let mut pinned = Vec::new();
+        let mut newly = Vec::new();
+        for (i, s) in self.socks.iter_mut().enumerate() {
+            let Some(s) = s.as_mut().filter(|s| !s.closing) else {
+                continue;
+            };
+            if let Some(h) = s.handle {
+                if !s.shared {
+                    s.shared = true;
+                    let _ = stack.set_owner(h, SHARED);
+                    newly.push(h);
+                }
+            }
+            pinned.push(Pinned {
+                parent_slot: i as u32,
+                kind: s.kind,
+                role: s.role,
+                handle: s.handle,
+                bound: s.bound,
+            });
+        }
+        (pinned, newly)
+    }
+
+    /// A forked child's session takes a pinned socket: a slot of its own over the same
+    /// stack socket (or a copy of a socket that has none yet). `receiver`: received
+    /// bytes come here, `carry` first (taken only on success). `None` past the quota.
+    pub fn add_pinned(
+        &mut self,
+        stack: &mut Stack,
+        p: &Pinned,
+        receiver: bool,
+        carry: &mut Vec<u8>,
+    ) -> Option<u32> {
+        let i = self.new_slot(p.kind, p.role)?;
+        let s = self.sock(i);
+        s.bound = p.bound;
+        s.receiver = receiver;
+        s.carry = std::mem::take(carry);
+        if let Some(b) = p.bound {
+            self.mem
+                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(b));
+            self.set_flags(i, FLAG_BOUND, 0);
+        }
+        if let Some(h) = p.handle {
+            let s = self.sock(i);
+            s.handle = Some(h);
+            s.shared = true;
+            self.by_handle.insert(h, i);
+            let (local, peer) = match p.role {
+                Role::Udp => (stack.udp_local_addr(h).ok(), stack.udp_peer_addr(h).ok()),
+                _ => (stack.tcp_local_addr(h).ok(), stack.tcp_peer_addr(h).ok()),
+            };
+            if let Some(l) = local {
+                self.mem
+                    .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                self.set_flags(i, FLAG_BOUND, 0);
+            }
+            if let Some(r) = peer.filter(|_| p.role != Role::Listener) {
+                self.mem
+                    .set_slot_addr(i, slot::PEER, &SockAddr::from_std(r));
+                if p.role == Role::Udp {
+                    self.set_flags(i, FLAG_CONNECTED, 0);
+                }
+            }
+            self.refresh(stack, i);
+        }
+        Some(i)
+    }
+
+    /// Received bytes of shared stack socket `h` come to this session from now on,
+    /// `carry` first.
+    pub fn become_receiver(&mut self, stack: &mut Stack, h: SocketHandle, carry: Vec<u8>) {
+        let Some(&i) = self.by_handle.get(&h) else {
+            return;
+        };
+        let s = self.sock(i);
+        s.receiver = true;
+        s.carry = carry;
+        self.refresh(stack, i);
+    }
+
+    /// A shared stack socket's readiness changed through another holder: look again.
+    pub fn refresh_handle(&mut self, stack: &mut Stack, h: SocketHandle) {
+        if let Some(&i) = self.by_handle.get(&h) {
+            self.refresh(stack, i);
+        }
+    }
+
     /// The client is gone: everything it held is closed (TCP reset toward the peers)
     /// and given back. Returns how many stack sockets were closed.
     pub fn close_all(&mut self, stack: &mut Stack) -> usize {
@@ -1187,14 +1373,15 @@ impl ServerSession {
         assert!(self.socket_count() <= quota, "more sockets than the quota");
         assert_eq!(self.socket_count() + self.free.len(), quota, "slots lost");
         for (&h, &i) in &self.by_handle {
-            assert_eq!(
-                stack.owner(h),
-                Some(self.owner()),
-                "slot {i}'s stack socket is not the session's"
-            );
             let s = self.socks[i as usize]
                 .as_ref()
                 .expect("a named slot is open");
+            let owner = if s.shared { SHARED } else { self.owner() };
+            assert_eq!(
+                stack.owner(h),
+                Some(owner),
+                "slot {i}'s stack socket is not the session's (nor shared)"
+            );
             assert_eq!(s.handle, Some(h), "slot {i} names another socket");
         }
         for (i, s) in self.socks.iter().enumerate() {

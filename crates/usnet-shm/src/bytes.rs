@@ -149,6 +149,29 @@ impl ByteProducer {
         true
     }
 
+    /// Appends to `out` the published bytes the consumer has not read (reloading its
+    /// counter), without changing the ring: what a consumer that went away left
+    /// behind. At most the ring's size, whatever the counters say.
+    pub fn unread(&mut self, out: &mut Vec<u8>) -> Result<usize, ByteCorrupt> {
+        let cons = self.region.u64(self.at.cons).load(Acquire);
+        if cons < self.cons || cons > self.published {
+            return Err(self.corrupt(cons));
+        }
+        let n = ((self.published - cons) as usize).min(self.at.size);
+        let start = out.len();
+        out.resize(start + n, 0);
+        let mut done = 0;
+        for (off, len) in self.at.spans(cons, n) {
+            if len > 0 {
+                self.region
+                    .read(off, &mut out[start + done..start + done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        Ok(n)
+    }
+
     /// Bytes written since the ring began.
     pub fn position(&self) -> u64 {
         self.prod
@@ -298,6 +321,38 @@ mod tests {
         let r = Arc::new(Region::create_memfd(c"bytes-test", 4096, false).unwrap());
         AT.reset(&r).unwrap();
         r
+    }
+
+    #[test]
+    fn unread_bytes_are_what_the_consumer_left_across_the_wrap() {
+        let r = region();
+        let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
+        let mut c = ByteConsumer::attach(r.clone(), AT).unwrap();
+        // Move the counters near the wrap, then leave 40 bytes that straddle it.
+        p.free().unwrap();
+        p.push(&[0u8; 230]);
+        p.publish();
+        c.available().unwrap();
+        c.skip(230);
+        c.release();
+        p.free().unwrap();
+        let data: Vec<u8> = (0..60u8).collect();
+        p.push(&data);
+        p.publish();
+        c.available().unwrap();
+        let mut first = [0u8; 20];
+        c.read(&mut first);
+        c.release();
+        let mut left = Vec::new();
+        assert_eq!(p.unread(&mut left).unwrap(), 40);
+        assert_eq!(left, &data[20..]);
+        // Unpublished bytes are not the consumer's; a lying counter hands nothing over.
+        p.free().unwrap();
+        p.push(&[9; 5]);
+        let mut again = Vec::new();
+        assert_eq!(p.unread(&mut again).unwrap(), 40);
+        r.u64(AT.cons).store(u64::MAX, Release);
+        assert!(p.unread(&mut Vec::new()).is_err());
     }
 
     #[test]

@@ -1,0 +1,229 @@
+//! `fork`: a session per process, sockets shared through the server.
+//!
+//! A child must not use its parent's session: the rings are single-producer,
+//! single-consumer, and the parent's client state (tags, cached counters, locks) was
+//! copied at the fork. So:
+//!
+//! - **Before the fork** (the `pthread_atfork` prepare handler, an ordinary context
+//!   in the forking thread): if this process has a session, it asks the server to pin
+//!   every socket of it for the child (`Client::pin_for_fork`). The pin is a
+//!   control connection (close-on-exec) and a random token, kept in a thread-local.
+//!   Pinning before the fork matters: a parent that closes its copy right after
+//!   forking (a fork-per-connection server) must not take the socket away from the
+//!   child, which may not have run yet.
+//! - **Right after it**, in the parent: drop its copy of the pin connection. In the
+//!   child: only an atomic store (the "forked" flag) and moving the pin from the
+//!   thread-local to a global, with `try_lock`. Nothing else: in a multi-threaded
+//!   parent, any lock another thread held at the fork (the descriptor table's, a
+//!   socket's, the session's) stays held forever in the child, and POSIX allows only
+//!   async-signal-safe calls there.
+//! - **The child's first usnet call** (any call that looks up a usnet descriptor, or
+//!   makes a socket), in an ordinary context, attaches a session of its own with the
+//!   pin's token: the server gives it a slot for each pinned socket. Every descriptor
+//!   of the table is rebuilt over the new slots (under the same numbers; the
+//!   parent's objects are disowned and never post anything), epoll sets re-register
+//!   their usnet sockets, pinned sockets that no descriptor names any more are
+//!   closed, and the parent's session is abandoned (its memory unmapped once nothing
+//!   refers to it). Locks are only tried there: a descriptor whose lock a parent's
+//!   thread held at the fork becomes a failed socket in the child.
+//! - A child that never makes a usnet call (it execs, or exits) never attaches: its
+//!   pin connection closes with it (exit, or exec by close-on-exec) and the server
+//!   lets the pinned sockets go, as the kernel would close the child's copies.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
+use std::sync::{Arc, Mutex, Once, RwLock};
+
+use usnet_client::{AttachOptions, Client, ForkPin};
+
+use crate::{lock, poll, table, Entry, Obj, CLIENT};
+
+/// Set in a child by the fork handler; cleared once it has its own session.
+static FORKED: AtomicBool = AtomicBool::new(false);
+/// One thread of a child attaches; the others wait for it.
+static ADOPT: Mutex<()> = Mutex::new(());
+/// The pin the child claims.
+static CHILD_PIN: Mutex<Option<ForkPin>> = Mutex::new(None);
+static REGISTER: Once = Once::new();
+
+thread_local! {
+    /// The pin made by this thread's fork (the handlers run in the forking thread).
+    static PIN: RefCell<Option<ForkPin>> = const { RefCell::new(None) };
+    /// This thread is the one attaching the child's session.
+    static ADOPTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs the fork handlers (once, at the first attach).
+pub(crate) fn register() {
+    REGISTER.call_once(|| {
+        // SAFETY: three `extern "C"` functions that live as long as the process.
+        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    });
+}
+
+extern "C" fn prepare() {
+    // A child that forks again before any usnet call attaches first: it pins its
+    // own session's sockets, never its parent's.
+    own_session();
+    let c = CLIENT.try_lock().ok().and_then(|c| c.clone());
+    let Some(c) = c.filter(|c| c.is_alive()) else {
+        return;
+    };
+    match c.pin_for_fork() {
+        Ok(pin) => PIN.with(|p| *p.borrow_mut() = Some(pin)),
+        Err(e) => {
+            if std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1") {
+                eprintln!("usnet: fork: the child will not have the sockets ({e})");
+            }
+        }
+    }
+}
+
+extern "C" fn parent() {
+    // The parent's copy of the pin connection: the child holds the pin now.
+    let pin = PIN.with(|p| p.borrow_mut().take());
+    drop(pin);
+}
+
+extern "C" fn child() {
+    FORKED.store(true, Release);
+    let pin = PIN.with(|p| p.borrow_mut().take());
+    if let Ok(mut g) = CHILD_PIN.try_lock() {
+        *g = pin;
+    } else {
+        std::mem::forget(pin);
+    }
+}
+
+/// Called by every entry point: in a child that has not attached yet, attach now.
+pub(crate) fn own_session() {
+    if !FORKED.load(Acquire) || ADOPTING.with(|a| a.get()) {
+        return;
+    }
+    let _g = lock(&ADOPT);
+    if !FORKED.load(Acquire) {
+        return;
+    }
+    ADOPTING.with(|a| a.set(true));
+    adopt();
+    ADOPTING.with(|a| a.set(false));
+    FORKED.store(false, Release);
+}
+
+fn adopt() {
+    let pin = CHILD_PIN.try_lock().ok().and_then(|mut g| g.take());
+    let Ok(mut current) = CLIENT.try_lock() else {
+        return;
+    };
+    if let Some(old) = current.take() {
+        old.abandon();
+    }
+    let (new, map) = match pin {
+        Some(p) => match Client::claim(p, &AttachOptions::default()) {
+            Ok((c, m)) => (Some(c), m),
+            Err(e) => {
+                if std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1") {
+                    eprintln!("usnet: fork: the child cannot attach ({e})");
+                }
+                (None, Vec::new())
+            }
+        },
+        None => (None, Vec::new()),
+    };
+    let map: HashMap<u32, u32> = map.into_iter().collect();
+    let mut used = HashSet::new();
+    let Ok(mut t) = table().try_write() else {
+        *current = new;
+        return;
+    };
+    let fds: Vec<RawFd> = t.keys().copied().collect();
+    let mut sets = Vec::new();
+    // The parent's entries go after the table's lock is let go: dropping them closes
+    // descriptors, and a close may come back through the shim, which reads the table.
+    let mut olds = Vec::new();
+    for fd in fds {
+        let old = t.get(&fd).cloned().expect("listed");
+        let obj = match old.obj.try_read() {
+            Ok(o) => match &*o {
+                Obj::Epoll(_) => {
+                    sets.push(fd);
+                    continue;
+                }
+                o => remake(o, new.as_ref(), &map, &mut used),
+            },
+            Err(_) => Obj::Failed,
+        };
+        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, obj))));
+    }
+    for fd in sets {
+        let old = t.get(&fd).cloned().expect("listed");
+        let obj = match old.obj.try_read() {
+            Ok(o) => match &*o {
+                Obj::Epoll(set) => Obj::Epoll(poll::forked(set, &t)),
+                _ => Obj::Failed,
+            },
+            Err(_) => Obj::Failed,
+        };
+        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, obj))));
+    }
+    drop(t);
+    drop(olds);
+    if let Some(c) = &new {
+        for (_, &slot) in map.iter().filter(|(_, s)| !used.contains(*s)) {
+            c.close_slot(slot);
+        }
+    }
+    *current = new;
+}
+
+/// The child's object for a parent's one: over the claimed slot, or failed.
+fn remake(o: &Obj, c: Option<&Client>, map: &HashMap<u32, u32>, used: &mut HashSet<u32>) -> Obj {
+    let mut slot_for = |parent: u32| {
+        let j = *map.get(&parent)?;
+        used.insert(j);
+        Some((c?, j))
+    };
+    let r = match o {
+        Obj::Fresh(s) => {
+            s.disown();
+            slot_for(s.fork_slot()).and_then(|(c, j)| s.forked(c, j).ok().map(Obj::Fresh))
+        }
+        Obj::Listener(l) => {
+            l.disown();
+            slot_for(l.fork_slot()).and_then(|(c, j)| l.forked(c, j).ok().map(Obj::Listener))
+        }
+        Obj::Stream(s) => {
+            s.disown();
+            slot_for(s.fork_slot()).and_then(|(c, j)| s.forked(c, j).ok().map(Obj::Stream))
+        }
+        Obj::Udp(u) => {
+            u.disown();
+            slot_for(u.fork_slot()).and_then(|(c, j)| u.forked(c, j).ok().map(Obj::Udp))
+        }
+        _ => None,
+    };
+    r.unwrap_or(Obj::Failed)
+}
+
+/// A new entry under the same number with `obj`; the old one keeps the number open
+/// when it goes.
+fn renumbered(old: &Entry, fd: RawFd, obj: Obj) -> Entry {
+    old.keep_number.store(true, Relaxed);
+    Entry {
+        // SAFETY: `fd` is the number the old entry held and no longer closes; the new
+        // entry owns it from here.
+        reserve: std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) }),
+        keep_number: AtomicBool::new(false),
+        obj: RwLock::new(obj),
+        domain: old.domain,
+        stype: old.stype,
+        nonblock: AtomicBool::new(old.nonblocking()),
+        error: AtomicI32::new(old.error.load(Relaxed)),
+        opts: Mutex::new(old.opts.try_lock().map(|o| o.clone()).unwrap_or_default()),
+    }
+}
+
+/// For the table's users: the entries by number (epoll's rebuild looks them up).
+pub(crate) type Table = HashMap<RawFd, Arc<Entry>>;

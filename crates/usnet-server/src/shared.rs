@@ -1,0 +1,231 @@
+//! Stack sockets held by several sessions (processes of one family after a fork), and
+//! pins that keep a parent's sockets for a child until it attaches. The loop owns one
+//! [`Sharing`]; the fuzzing harness drives the same code with two sessions.
+//!
+//! A shared stack socket belongs to [`SHARED`] in the stack, so no session's death
+//! closes it; each holder has a slot of its own (its own rings) over it. Readiness
+//! reaches every holder; any holder's accept takes the next connection from the one
+//! queue. Received bytes go to one holder at a time, the receiver: the one that had
+//! the stream, until it lets go (closes its slot or dies); then the holder that came
+//! last, with what the previous one left unread in its ring first. Every holder's
+//! writes go out. The last holder to let go closes the stack socket: gracefully after
+//! a close, with a reset after a death (as for a socket never shared).
+
+use std::collections::HashMap;
+
+use usnet_stack::{Owner, SocketHandle, Stack};
+
+use crate::session::{Pinned, ServerSession, SHARED};
+
+/// A stack socket held by several sessions, or pinned for a child.
+#[derive(Debug, Default)]
+struct SharedSock {
+    /// Sessions holding it, in the order they took it.
+    holders: Vec<u32>,
+    /// Pins (children forked and not attached yet) holding it.
+    pins: u32,
+    /// The holder its received bytes go to (`None`: none yet; they wait in the stack).
+    receiver: Option<u32>,
+    /// Bytes a receiver that let go left unread, for the next one.
+    carry: Vec<u8>,
+}
+
+/// Sockets pinned for a forked child until it attaches (or its pin connection closes).
+struct Pin {
+    /// The session that forked.
+    from: u32,
+    socks: Vec<Pinned>,
+}
+
+/// Every shared stack socket and every pin.
+#[derive(Default)]
+pub(crate) struct Sharing {
+    socks: HashMap<SocketHandle, SharedSock>,
+    pins: HashMap<u128, Pin>,
+}
+
+type Sessions = HashMap<u32, ServerSession>;
+
+/// Closes a stack socket nobody holds any more: gracefully after a close, with a
+/// reset (TCP connections) after the last holder died.
+fn close_stack_socket(stack: &mut Stack, h: SocketHandle, died: bool) {
+    let _ = stack.set_owner(h, Owner::LOCAL);
+    let _ = if died && stack.tcp_peer_addr(h).is_ok() {
+        stack.tcp_abort(h)
+    } else {
+        stack.close(h)
+    };
+}
+
+impl Sharing {
+    /// The sessions holding `h` (none if it is not shared).
+    pub fn holders(&self, h: SocketHandle) -> &[u32] {
+        self.socks.get(&h).map_or(&[], |sh| &sh.holders)
+    }
+
+    /// Session `id` let go of shared stack socket `h` (closed its slot, or died:
+    /// `died`), leaving `left` unread. The stream passes to the holder that came last
+    /// (or waits for a child's attach); the last holder closes the socket.
+    pub fn release(
+        &mut self,
+        sessions: &mut Sessions,
+        stack: &mut Stack,
+        h: SocketHandle,
+        id: u32,
+        left: Vec<u8>,
+        died: bool,
+    ) {
+        let Some(sh) = self.socks.get_mut(&h) else {
+            return;
+        };
+        sh.holders.retain(|&x| x != id);
+        if sh.holders.is_empty() && sh.pins == 0 {
+            self.socks.remove(&h);
+            close_stack_socket(stack, h, died);
+            return;
+        }
+        if sh.receiver == Some(id) {
+            let mut carry = left;
+            carry.append(&mut sh.carry);
+            sh.receiver = sh.holders.last().copied();
+            match sh.receiver.and_then(|r| sessions.get_mut(&r)) {
+                Some(s) => s.become_receiver(stack, h, carry),
+                None => sh.carry = carry,
+            }
+        }
+    }
+
+    /// Pins every socket of session `from` for a child it is about to fork: the
+    /// sockets stay alive for the child until it attaches with `token` (or the pin
+    /// is dropped). Returns how many sockets were pinned.
+    pub fn pin(
+        &mut self,
+        sessions: &mut Sessions,
+        stack: &mut Stack,
+        from: u32,
+        token: u128,
+    ) -> Option<usize> {
+        let s = sessions.get_mut(&from)?;
+        let (socks, newly) = s.pin_all(stack);
+        for h in newly {
+            self.socks.insert(
+                h,
+                SharedSock {
+                    holders: vec![from],
+                    pins: 0,
+                    receiver: Some(from),
+                    carry: Vec::new(),
+                },
+            );
+        }
+        for p in &socks {
+            if let Some(sh) = p.handle.and_then(|h| self.socks.get_mut(&h)) {
+                sh.pins += 1;
+            }
+        }
+        let n = socks.len();
+        self.pins.insert(token, Pin { from, socks });
+        Some(n)
+    }
+
+    /// A pin nobody will claim (the child exited or exec'd before attaching): its
+    /// sockets are let go of, as the child's exit would close its copies.
+    pub fn drop_pin(&mut self, stack: &mut Stack, token: u128) {
+        let Some(pin) = self.pins.remove(&token) else {
+            return;
+        };
+        for h in pin.socks.iter().filter_map(|p| p.handle) {
+            self.unpin(stack, h);
+        }
+    }
+
+    fn unpin(&mut self, stack: &mut Stack, h: SocketHandle) {
+        let Some(sh) = self.socks.get_mut(&h) else {
+            return;
+        };
+        sh.pins = sh.pins.saturating_sub(1);
+        if sh.holders.is_empty() && sh.pins == 0 {
+            self.socks.remove(&h);
+            close_stack_socket(stack, h, false);
+        }
+    }
+
+    /// The forked child's session `id` claims the pin `token`: a slot of its own for
+    /// each pinned socket. Returns (the parent's slot, the child's slot) pairs, or
+    /// `None` for an unknown token.
+    pub fn claim(
+        &mut self,
+        sessions: &mut Sessions,
+        stack: &mut Stack,
+        id: u32,
+        token: u128,
+    ) -> Option<Vec<(u32, u32)>> {
+        let pin = self.pins.remove(&token)?;
+        let mut map = Vec::new();
+        for p in &pin.socks {
+            let Some(s) = sessions.get_mut(&id) else {
+                // The session went meanwhile: let the rest go.
+                if let Some(h) = p.handle {
+                    self.unpin(stack, h);
+                }
+                continue;
+            };
+            let Some(h) = p.handle else {
+                // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
+                if let Some(j) = s.add_pinned(stack, p, true, &mut Vec::new()) {
+                    map.push((p.parent_slot, j));
+                }
+                continue;
+            };
+            let Some(sh) = self.socks.get_mut(&h) else {
+                continue;
+            };
+            let receiver = sh.receiver.is_none();
+            let mut none = Vec::new();
+            let carry = if receiver { &mut sh.carry } else { &mut none };
+            match s.add_pinned(stack, p, receiver, carry) {
+                Some(j) => {
+                    sh.pins = sh.pins.saturating_sub(1);
+                    sh.holders.push(id);
+                    if receiver {
+                        sh.receiver = Some(id);
+                    }
+                    map.push((p.parent_slot, j));
+                }
+                None => self.unpin(stack, h),
+            }
+        }
+        Some(map)
+    }
+
+    /// Shared stack sockets, and pins waiting for a child (each with the session that
+    /// forked and how many sockets it holds).
+    pub fn counts(&self) -> (usize, Vec<(u32, usize)>) {
+        let pins = self
+            .pins
+            .values()
+            .map(|p| (p.from, p.socks.len()))
+            .collect();
+        (self.socks.len(), pins)
+    }
+
+    /// What must hold whatever clients do: each shared socket is owned by `SHARED`
+    /// and held by someone, every live holder names it, the receiver is a holder.
+    pub fn check(&self, sessions: &Sessions, stack: &Stack) {
+        for (h, sh) in &self.socks {
+            assert_eq!(stack.owner(*h), Some(SHARED), "a shared socket's owner");
+            assert!(
+                !sh.holders.is_empty() || sh.pins > 0,
+                "a shared socket held"
+            );
+            for id in &sh.holders {
+                if let Some(s) = sessions.get(id) {
+                    assert!(s.holds(*h), "holder {id} names its shared socket");
+                }
+            }
+            if let Some(r) = sh.receiver {
+                assert!(sh.holders.contains(&r), "the receiver holds the socket");
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+/* fork.c - sockets shared across fork, as nginx (master and workers), prefork servers
+ * and fork-per-connection servers use them: a child that exits without touching its
+ * copies takes nothing from its parent; a listener shared by two children that accept
+ * concurrently from its one queue; a connected socket handed to a child after the
+ * parent closed its copy (bytes that arrived before the fork included); a daemon's
+ * double fork (the grandchild serves, its parent forked before any socket call). Only
+ * the parent
+ * prints; children report through their exit status. Every wait has a deadline
+ * (SO_RCVTIMEO, alarm). The same output on the kernel and under the LD_PRELOAD shim
+ * (crates/usnet-preload/tests). usage: fork ADDR PORT */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static struct sockaddr_in addr;
+
+static void timeouts(int fd, int secs) {
+    struct timeval tv = {secs, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Reads exactly n bytes (or fails). */
+static int read_n(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, buf + got, n - got, 0);
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+static int dial(void) {
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    timeouts(c, 10);
+    if (connect(c, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        close(c);
+        return -1;
+    }
+    return c;
+}
+
+/* The exit status of child `pid` (-1 if it did not exit by itself). */
+static int status_of(pid_t pid) {
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
+    return WEXITSTATUS(st);
+}
+
+/* A child of the shared listener: accepts `n` connections, answers "pong N" to each
+ * "ping N". Exit status 0 when all went well. */
+static void serve(int l, int n) {
+    alarm(20);
+    for (int i = 0; i < n; i++) {
+        int s = accept(l, NULL, NULL);
+        if (s < 0) _exit(10);
+        timeouts(s, 10);
+        char req[6];
+        if (read_n(s, req, sizeof req) != 0 || memcmp(req, "ping ", 5) != 0) _exit(11);
+        char resp[6] = {'p', 'o', 'n', 'g', ' ', req[5]};
+        if (send(s, resp, sizeof resp, 0) != (ssize_t)sizeof resp) _exit(12);
+        close(s);
+    }
+    _exit(0);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s ADDR PORT\n", argv[0]);
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IONBF, 0);
+    alarm(50); /* the whole run's deadline */
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(atoi(argv[2]));
+    inet_pton(AF_INET, argv[1], &addr.sin_addr);
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    CHECK("bind", bind(l, (struct sockaddr *)&addr, sizeof addr) == 0);
+    CHECK("listen", listen(l, 16) == 0);
+
+    /* A child that exits without a socket call: the parent keeps everything. */
+    pid_t quiet = fork();
+    if (quiet == 0) _exit(0);
+    CHECK("quiet child exited", quiet > 0 && status_of(quiet) == 0);
+    {
+        int c = dial();
+        int s = accept(l, NULL, NULL);
+        CHECK("listener works after a child exited", c >= 0 && s >= 0);
+        CHECK("connection works after a child exited",
+              send(c, "x", 1, 0) == 1 && recv(s, (char[1]){0}, 1, 0) == 1);
+        close(c);
+        close(s);
+    }
+
+    /* Two children accept from the one listener at the same time. */
+    pid_t kids[2];
+    for (int k = 0; k < 2; k++) {
+        kids[k] = fork();
+        if (kids[k] == 0) serve(l, 2);
+    }
+    CHECK("two children forked", kids[0] > 0 && kids[1] > 0);
+    int answered = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = dial();
+        char req[6] = {'p', 'i', 'n', 'g', ' ', (char)('0' + i)};
+        char resp[6];
+        if (c >= 0 && send(c, req, sizeof req, 0) == (ssize_t)sizeof req &&
+            read_n(c, resp, sizeof resp) == 0 && memcmp(resp, "pong ", 5) == 0 &&
+            resp[5] == req[5])
+            answered++;
+        if (c >= 0) close(c);
+    }
+    CHECK("four connections answered by the children", answered == 4);
+    CHECK("child 1 served two", status_of(kids[0]) == 0);
+    CHECK("child 2 served two", status_of(kids[1]) == 0);
+
+    /* A connection handed to a child: the parent closes its copy at once. The request
+     * is sent before the fork, so it may already wait in the parent's buffers. */
+    int c = dial();
+    int s = accept(l, NULL, NULL);
+    CHECK("connection for the child", c >= 0 && s >= 0);
+    CHECK("request sent before the fork", send(c, "request", 7, 0) == 7);
+    usleep(50 * 1000);
+    pid_t kid = fork();
+    if (kid == 0) {
+        alarm(20);
+        close(l);
+        timeouts(s, 10);
+        char req[7];
+        if (read_n(s, req, sizeof req) != 0 || memcmp(req, "request", 7) != 0) _exit(20);
+        if (send(s, "response", 8, 0) != 8) _exit(21);
+        char b[8];
+        if (recv(s, b, sizeof b, 0) != 0) _exit(22); /* the peer's end of stream */
+        close(s);
+        _exit(0);
+    }
+    close(s);
+    char resp[8];
+    CHECK("the child answered on the handed connection",
+          read_n(c, resp, sizeof resp) == 0 && memcmp(resp, "response", 8) == 0);
+    CHECK("shutdown", shutdown(c, SHUT_WR) == 0);
+    CHECK("the child read the request and the end of stream", status_of(kid) == 0);
+    CHECK("end of stream after the child closed", recv(c, resp, sizeof resp, 0) == 0);
+    close(c);
+
+    /* A daemon's double fork: a child forks again before any socket call of its own,
+     * then exits; the grandchild serves from the listener. */
+    pid_t mid = fork();
+    if (mid == 0) {
+        pid_t g = fork();
+        if (g == 0) serve(l, 1);
+        _exit(g > 0 ? 0 : 1);
+    }
+    CHECK("the middle child exited", mid > 0 && status_of(mid) == 0);
+    {
+        int c9 = dial();
+        char resp9[6];
+        CHECK("the grandchild answered",
+              c9 >= 0 && send(c9, "ping 9", 6, 0) == 6 && read_n(c9, resp9, 6) == 0 &&
+                  memcmp(resp9, "pong 9", 6) == 0);
+        if (c9 >= 0) close(c9);
+    }
+
+    /* The parent's listener still works after every child is gone. */
+    c = dial();
+    s = accept(l, NULL, NULL);
+    CHECK("parent still accepts", c >= 0 && s >= 0);
+    close(c);
+    close(s);
+    close(l);
+    if (failures == 0) printf("all ok\n");
+    return failures != 0;
+}
