@@ -8,9 +8,8 @@
 #[macro_use]
 mod common;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,60 +18,6 @@ const TAP: &str = "usntpl0";
 const OURS: &str = "10.47.0.2";
 const HOST: &str = "10.47.0.1";
 const STACK: &str = "it-preload";
-
-/// A background process killed (and reaped) on drop.
-struct Bg(Child, &'static str);
-
-impl Drop for Bg {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = reap(&mut self.0, Duration::from_secs(5));
-    }
-}
-
-/// `usnet run --stack STACK -- prog args` (or plain `prog args`), in the background.
-fn spawn(dir: &Path, shim: bool, what: &'static str, prog: &str, args: &[&str]) -> Bg {
-    let mut c = if shim {
-        let mut c = Command::new(USNET);
-        c.args(["run", "--stack", STACK, "--", prog]);
-        c
-    } else {
-        Command::new(prog)
-    };
-    let log = File::create(dir.join(format!("{what}.log"))).unwrap();
-    let child = c
-        .args(args)
-        .env("USNET_RUN_DIR", dir)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
-    Bg(child, what)
-}
-
-/// Waits until `addr:port` accepts a connection from the kernel side.
-fn wait_listening(bg: &mut Bg, dir: &Path, addr: &str, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let sa: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
-    while std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(200)).is_err() {
-        if let Some(s) = bg.0.try_wait().unwrap() {
-            panic!("{} exited ({s}): {}", bg.1, log_of(dir, bg.1));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} not listening on {sa}: {}",
-            bg.1,
-            log_of(dir, bg.1)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn log_of(dir: &Path, what: &str) -> String {
-    std::fs::read_to_string(dir.join(format!("{what}.log"))).unwrap_or_default()
-}
 
 /// `curl -s URL... -o OUT...` (under the shim or not); returns the files written.
 fn curl(dir: &Path, shim: bool, urls: &[String], tag: &str) -> Vec<PathBuf> {
@@ -153,9 +98,9 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
 
     // 1. curl under the shim → Python's http.server on Linux (keep-alive: two URLs).
     let (p1, p2, p3) = (18801u16, 18802u16, 18803u16);
-    let mut linux = spawn(
+    let mut linux = spawn_prog(
         d,
-        false,
+        None,
         "linux-http",
         "python3",
         &[
@@ -184,9 +129,9 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
     drop(linux);
 
     // 2. Python's http.server under the shim, curl on Linux.
-    let mut py = spawn(
+    let mut py = spawn_prog(
         d,
-        true,
+        Some(STACK),
         "shim-python",
         "python3",
         &[
@@ -227,9 +172,9 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
         ),
     )
     .unwrap();
-    let mut ng = spawn(
+    let mut ng = spawn_prog(
         d,
-        true,
+        Some(STACK),
         "shim-nginx",
         "nginx",
         &[
@@ -284,9 +229,9 @@ fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
         ),
     )
     .unwrap();
-    let mut ng = spawn(
+    let mut ng = spawn_prog(
         d,
-        true,
+        Some(STACK),
         "shim-nginx2",
         "nginx",
         &[

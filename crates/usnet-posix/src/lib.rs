@@ -469,7 +469,7 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
     let r: Res<usize> = match &*o {
         Obj::Stream(s) => {
             apply_timeouts(&e, s)?;
-            maybe_dontwait(flags, || io::Write::write(&mut &*s, buf)).map_err(Errno::from)
+            maybe_dontwait(flags, || write_stream(s, buf)).map_err(Errno::from)
         }
         Obj::Udp(u) => {
             u.set_write_timeout(lock(&e.opts).sndtimeo)?;
@@ -488,6 +488,23 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
         Obj::Moving => Err(Errno(libc::EBADF)),
     };
     r.map_err(|err| sigpipe(flags, err))
+}
+
+/// A stream write as the kernel's: a blocking socket takes every byte before it
+/// returns (a program may rightly treat a short count as lost bytes: socat warns
+/// and goes on without them); a signal, a timeout or, on a non-blocking socket, a
+/// full buffer after some bytes went returns the count that went.
+fn write_stream(s: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match io::Write::write(&mut &*s, &buf[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(_) if done > 0 => break,
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(done)
 }
 
 fn apply_timeouts(e: &Entry, s: &TcpStream) -> Res<()> {
@@ -548,18 +565,20 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
 
 /// `writev(2)`: the pieces in order; stops at the first short write.
 pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
+    if matches!(&*get(fd)?.read(), Obj::Udp(_)) {
+        // A datagram is one record: the pieces gathered.
+        let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        return sendto(fd, &data, flags, None);
+    }
     let mut total = 0;
-    for (i, b) in bufs.iter().enumerate() {
+    for b in bufs.iter() {
         if b.is_empty() {
             continue;
         }
-        // After the first piece, never block: a writev returns what went.
-        let f = if i > 0 && total > 0 {
-            flags | libc::MSG_DONTWAIT
-        } else {
-            flags
-        };
-        match sendto(fd, b, f, None) {
+        // Each piece as one write: a blocking socket takes all of it (so all of
+        // them, as the kernel's writev), a non-blocking one stops where its buffer
+        // is full.
+        match sendto(fd, b, flags, None) {
             Ok(n) => {
                 total += n;
                 if n < b.len() {

@@ -1178,25 +1178,36 @@ impl ServerSession {
         self.dirty = true;
     }
 
-    /// The client is gone. A socket it had closed whose send ring still holds bytes
-    /// keeps draining: those bytes were written before the close, and a close
-    /// promises they go out, as the kernel's orphaned sockets do. It stops being the
-    /// client's (so the reset below spares it); everything else the client held is
-    /// reset and given back. Returns whether any socket is still draining
-    /// ([`ServerSession::drain_closing`]).
+    /// The client is gone, and its process closed every descriptor, as the kernel
+    /// closes a process's sockets when it exits (a program may exit without closing
+    /// them; socat does). So each TCP connection it held closes as after `close`:
+    /// what its send ring still holds goes out first (those bytes were written, and
+    /// the kernel sends what is in a closed socket's buffer), then a FIN, or an RST
+    /// if received data was left unread; a connection with bytes left stops being
+    /// the client's and keeps draining ([`ServerSession::drain_closing`]).
+    /// Everything else the client held (listeners, datagram sockets) is closed and
+    /// given back. Returns whether any connection is still draining.
     pub fn close_dead(&mut self, stack: &mut Stack) -> bool {
         let mut draining = false;
-        for s in self.socks.iter_mut() {
-            let keep = s.as_mut().and_then(|x| {
-                let left = x.closing && x.tx.available().unwrap_or(0) > 0;
-                x.handle.filter(|_| left)
-            });
-            match keep {
-                Some(h) => {
-                    let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
-                    draining = true;
+        for i in 0..self.socks.len() {
+            let Some(x) = self.socks[i].as_mut() else {
+                continue;
+            };
+            match x.handle {
+                Some(h) if x.role == Role::Conn => {
+                    x.closing = true;
+                    if x.tx.available().unwrap_or(0) > 0 {
+                        let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
+                        x.tx_active = true;
+                        if !self.active.contains(&(i as u32)) {
+                            self.active.push(i as u32);
+                        }
+                        draining = true;
+                    } else {
+                        self.finish_close(stack, i as u32);
+                    }
                 }
-                None => *s = None,
+                _ => self.socks[i] = None,
             }
         }
         let socks = &self.socks;
