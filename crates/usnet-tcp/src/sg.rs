@@ -46,6 +46,11 @@ pub struct SgSend {
     cap: usize,
     max_spans: usize,
     ops: Vec<BufOp>,
+    /// Where the last lookup ended: (index of a piece, its offset from the front).
+    /// Segments are cut in sequence order, so the next lookup starts there instead
+    /// of walking the queue from its front (which would make a long queue of
+    /// small pieces quadratic).
+    cursor: (usize, usize),
 }
 
 impl SgSend {
@@ -58,6 +63,7 @@ impl SgSend {
             cap,
             max_spans,
             ops: Vec::new(),
+            cursor: (0, 0),
         }
     }
 
@@ -94,13 +100,20 @@ impl SgSend {
     /// The pieces covering bytes `[offset, offset + n)` (clipped to what is queued),
     /// cut to exactly that range, appended to `out`. Returns whether the first one
     /// starts where its piece starts (nothing of the piece lies before it).
-    pub fn spans_at(&self, offset: usize, n: usize, out: &mut Vec<BufSpan>) -> bool {
+    pub fn spans_at(&mut self, offset: usize, n: usize, out: &mut Vec<BufSpan>) -> bool {
         let end = (offset + n).min(self.len);
-        let mut at = 0usize;
+        let (mut k, mut at) = self.cursor;
+        if k >= self.spans.len() || at > offset {
+            (k, at) = (0, 0);
+        }
         let mut at_start = false;
-        for s in &self.spans {
+        for (j, s) in self.spans.iter().enumerate().skip(k) {
             if at >= end {
                 break;
+            }
+            if at + s.len as usize <= offset {
+                // Wholly before the range: the next lookup may start after it.
+                self.cursor = (j + 1, at + s.len as usize);
             }
             let s_end = at + s.len as usize;
             if s_end > offset {
@@ -124,6 +137,7 @@ impl SgSend {
     pub fn consume(&mut self, n: usize) {
         let mut n = n.min(self.len);
         self.len -= n;
+        let (total, mut popped) = (n, 0usize);
         while n > 0 {
             let Some(front) = self.spans.front_mut() else {
                 break;
@@ -132,12 +146,21 @@ impl SgSend {
                 n -= front.len as usize;
                 self.ops.push(BufOp::Release(front.buf));
                 self.spans.pop_front();
+                popped += 1;
             } else {
                 front.off += n as u32;
                 front.len -= n as u32;
                 n = 0;
             }
         }
+        // Offsets count from the front, which moved by `total` bytes and `popped`
+        // pieces: the cursor moves with it (or starts over if it fell off).
+        let (k, at) = self.cursor;
+        self.cursor = if k >= popped && at >= total {
+            (k - popped, at - total)
+        } else {
+            (0, 0)
+        };
     }
 
     /// Releases every piece (the connection is gone).
@@ -384,7 +407,7 @@ impl SendBuf {
     /// The payload of bytes `[offset, offset + n)`; `scratch` holds the pieces of a
     /// zero-copy queue.
     pub fn payload_at<'a>(
-        &'a self,
+        &'a mut self,
         offset: usize,
         n: usize,
         scratch: &'a mut Vec<BufSpan>,
@@ -590,6 +613,46 @@ mod tests {
         assert_eq!(out, vec![span(2, 220, 30)]);
         q.clear();
         assert_eq!(q.ops, vec![BufOp::Release(1), BufOp::Release(2)]);
+    }
+
+    #[test]
+    fn send_queue_lookups_in_any_order_match_a_walk_from_the_front() {
+        let mut q = SgSend::new(1 << 20);
+        for k in 0..200u32 {
+            assert!(q.push(span(k, 100, 1 + k % 37)));
+        }
+        let flat: Vec<(u32, u32)> = q
+            .spans
+            .iter()
+            .flat_map(|s| (0..s.len).map(move |i| (s.buf, s.off + i)))
+            .collect();
+        let mut rng = 12345u64;
+        let mut base = 0usize;
+        for step in 0..2000 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let r = (rng >> 33) as usize;
+            if step % 50 == 49 {
+                let n = r % 40;
+                q.consume(n);
+                base += n;
+                continue;
+            }
+            let (off, n) = (r % (q.len() + 1), 1 + (r >> 8) % 60);
+            let mut out = Vec::new();
+            q.spans_at(off, n, &mut out);
+            let got: Vec<(u32, u32)> = out
+                .iter()
+                .flat_map(|s| (0..s.len).map(move |i| (s.buf, s.off + i)))
+                .collect();
+            let want: Vec<(u32, u32)> = flat[base + off..]
+                .iter()
+                .take(n.min(q.len() - off))
+                .copied()
+                .collect();
+            assert_eq!(got, want, "step {step}: offset {off}, {n} bytes");
+        }
     }
 
     #[test]

@@ -79,7 +79,9 @@ impl SegmentSink for CoreSink<'_> {
                 spans,
                 at_piece_start,
             } => {
-                if let ([one], true) = (spans, at_piece_start) {
+                // With TSO, full segments are better joined into one GSO frame (one
+                // device write for 64 KiB) than sent one frame each in place.
+                if let ([one], true, false) = (spans, at_piece_start, self.tso) {
                     // Frames leave in order: what is being joined goes first.
                     self.flush();
                     if let Some(ok) = self.core.send_tcp_in_place(local, remote, repr, *one, ecn) {
