@@ -461,7 +461,7 @@ impl Stack {
                 self.zc_bad(port);
                 port.tx.tail = port.tx.next(t);
                 continue;
-            };
+            }
             if s.len > 0 {
                 let fits = (s.off as usize)
                     .checked_add(s.len as usize)
