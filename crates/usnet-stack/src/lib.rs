@@ -320,6 +320,10 @@ impl Stack {
         let handles = self.sockets_of(owner);
         for &h in &handles {
             let r = match self.sockets.get(h) {
+                // Closing a listener earlier in the list reset and freed the
+                // connections still in its accept queue.
+                None => continue,
+                Some(Socket::TcpConn(s)) if s.orphan => continue,
                 Some(Socket::TcpConn(_)) => self.tcp_abort(h),
                 _ => self.close(h),
             };

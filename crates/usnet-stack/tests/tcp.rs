@@ -509,7 +509,8 @@ fn tso_with_buffers_too_small_for_gso_headers() {
 
 /// Sockets carry an owner: accepted connections inherit their listener's, and
 /// `close_owner` resets the owner's connections toward their peers and gives back
-/// every socket and buffer, while another owner's sockets live on.
+/// every socket and buffer (a connection still in a listener's accept queue too,
+/// whichever of the two it reaches first), while another owner's sockets live on.
 #[test]
 fn owners_are_inherited_and_closed_together() {
     use usnet_stack::Owner;
@@ -532,13 +533,19 @@ fn owners_are_inherited_and_closed_together() {
         .stack_mut(0)
         .tcp_connect(None, sa("10.0.0.2:6002"))
         .unwrap();
+    // A second connection to a's listener that is never accepted.
+    let ca2 = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:6001"))
+        .unwrap();
     let cu = net.stack_mut(0).udp_bind(sa("10.0.0.1:0")).unwrap();
     net.stack_mut(0)
         .udp_send_to(cu, b"held in a's queue", sa("10.0.0.2:6003"))
         .unwrap();
     let ok = net.run_until(Duration::from_secs(5), |n| {
-        n.stack(0).tcp_state(ca) == Ok(TcpState::Established)
-            && n.stack(0).tcp_state(cb) == Ok(TcpState::Established)
+        [ca, ca2, cb]
+            .iter()
+            .all(|&c| n.stack(0).tcp_state(c) == Ok(TcpState::Established))
             && [la, lb, u]
                 .iter()
                 .all(|&h| n.stack(1).readiness(h).is_ok_and(|r| r.readable))
@@ -551,12 +558,19 @@ fn owners_are_inherited_and_closed_together() {
     assert_eq!(s.owner(acc_b), Some(b));
     let mut of_a = s.sockets_of(a);
     of_a.sort_by_key(|h| h.raw());
-    let mut want = vec![la, u, acc_a];
+    // The one a did not accept, still queued on its listener.
+    let queued: Vec<_> = of_a
+        .iter()
+        .copied()
+        .filter(|h| ![la, u, acc_a].contains(h))
+        .collect();
+    assert_eq!(queued.len(), 1, "{of_a:?}");
+    let mut want = vec![la, u, acc_a, queued[0]];
     want.sort_by_key(|h| h.raw());
     assert_eq!(of_a, want);
     assert!(s.pool().in_use() > base[1].1, "the datagram holds a buffer");
 
-    assert_eq!(s.close_owner(a), 3);
+    assert_eq!(s.close_owner(a), 4);
     assert!(s.sockets_of(a).is_empty());
     assert_eq!(s.owner(acc_a), None, "the handle is gone");
     net.run_for(Duration::from_millis(50));
@@ -564,6 +578,11 @@ fn owners_are_inherited_and_closed_together() {
         net.stack(0).tcp_error(ca),
         Ok(Some(StackError::ConnectionReset)),
         "the peer of a's connection saw an RST"
+    );
+    assert_eq!(
+        net.stack(0).tcp_error(ca2),
+        Ok(Some(StackError::ConnectionReset)),
+        "so did the peer of the one left in the accept queue"
     );
     assert_eq!(net.stack(0).tcp_state(cb), Ok(TcpState::Established));
     assert_eq!(net.stack(1).tcp_state(acc_b), Ok(TcpState::Established));
@@ -578,6 +597,7 @@ fn owners_are_inherited_and_closed_together() {
     assert_eq!(s1.close_owner(b), 2);
     let s0 = net.stack_mut(0);
     s0.tcp_close(ca).unwrap();
+    s0.tcp_close(ca2).unwrap();
     s0.tcp_close(cb).unwrap();
     s0.close(cu).unwrap();
     assert_clean(&mut net, &base);

@@ -655,7 +655,9 @@ impl Stack {
                     }
                 }
                 for c in children {
-                    if let Ok(s) = self.conn_sock_mut(c) {
+                    // Also one already aborted (orphaned) while it waited: it is
+                    // freed now that no accept can return it.
+                    if let Some(Socket::TcpConn(s)) = self.sockets.get_mut(c) {
                         s.parent = None;
                         s.orphan = true;
                         s.conn.abort();
