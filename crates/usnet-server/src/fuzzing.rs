@@ -99,6 +99,8 @@ pub struct Harness {
     forked: bool,
     now: Instant,
     ready: Vec<usnet_stack::SocketHandle>,
+    /// Departed sessions whose connections still drain (as `Loop` keeps them).
+    dying: Vec<ServerSession>,
 }
 
 impl Default for Harness {
@@ -139,6 +141,7 @@ impl Harness {
             forked: false,
             now: Instant::from_millis(1000),
             ready: Vec::new(),
+            dying: Vec::new(),
         };
         h.add_session(1);
         h
@@ -179,20 +182,18 @@ impl Harness {
             return;
         };
         let stack = &mut self.stack;
-        s.serve(stack, limits().budget);
-        s.drain_all(stack);
-        let mut gone = std::mem::take(&mut s.released);
-        let closed = gone.len();
-        gone.extend(s.take_shared());
-        s.close_all(stack);
-        for (k, (h, left)) in gone.into_iter().enumerate() {
+        let gone = s.depart(stack, limits().budget);
+        for (h, left, died) in gone.shared {
             self.sharing
-                .release(&mut self.sessions, stack, h, id, left, k >= closed);
+                .release(&mut self.sessions, stack, h, id, left, died);
         }
         assert!(
             stack.sockets_of(s.owner()).is_empty(),
             "a departed client still holds stack sockets"
         );
+        if gone.draining {
+            self.dying.push(s);
+        }
         if let Some(&other) = self.sessions.keys().next() {
             self.target = other;
         }
@@ -257,6 +258,8 @@ impl Harness {
             s.check_invariants(stack);
         }
         self.sharing.check(&self.sessions, stack);
+        // Departed clients' connections drain what their send rings hold.
+        self.dying.retain_mut(|s| s.drain_closing(stack).0);
     }
 
     pub fn advance(&mut self, d: Duration) {
@@ -330,6 +333,8 @@ impl Harness {
         for _ in 0..200 {
             self.advance(Duration::from_secs(1));
             self.stack.poll(self.now);
+            let stack = &mut self.stack;
+            self.dying.retain_mut(|s| s.drain_closing(stack).0);
             while let Some(b) = self.stack.dequeue_tx() {
                 self.stack.pool_mut().free(b);
             }

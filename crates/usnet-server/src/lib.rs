@@ -191,25 +191,18 @@ impl Loop {
             // What the client asked just before it went (a last shutdown or close, a
             // last write) still happens, as the kernel finishes a process's calls
             // before its exit closes the rest: those connections end with a FIN.
-            s.serve(stack, budget);
-            s.drain_all(stack);
-            let mut gone = std::mem::take(&mut s.released);
-            let closed_shared = gone.len();
-            gone.extend(s.take_shared());
-            // Its own sockets: the ones it closed drain what their send rings
-            // still hold, the rest are reset.
-            let draining = s.close_dead(stack);
+            let gone = s.depart(stack, budget);
             // Shared sockets it closed itself close gracefully if it was the last
             // holder; the ones it still held when it died are reset then.
-            for (k, (h, left)) in gone.into_iter().enumerate() {
-                self.release_shared(h, id, left, k >= closed_shared);
+            for (h, left, died) in gone.shared {
+                self.release_shared(h, id, left, died);
             }
             let stack = self.driver.stack_mut();
             stack.clear_owner_info(s.owner());
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;
             s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
-            if draining {
+            if gone.draining {
                 self.dying.push((s, Instant::now() + DYING_DRAIN_LIMIT));
             }
         }

@@ -31,6 +31,17 @@ pub(crate) enum Role {
     Udp,
 }
 
+/// What a departed client leaves for the loop ([`ServerSession::depart`]).
+pub struct Departure {
+    /// The stack sockets it shared with other sessions: the stream bytes it left
+    /// unread (for the next receiver), and whether it still held the socket when it
+    /// went (a last holder that died resets; one that had closed it closes).
+    pub shared: Vec<(SocketHandle, Vec<u8>, bool)>,
+    /// Connections it left still draining their send rings: the session must be
+    /// kept ([`ServerSession::drain_closing`]) until they are done.
+    pub draining: bool,
+}
+
 struct Sock {
     kind: u64,
     role: Role,
@@ -1167,8 +1178,8 @@ impl ServerSession {
             self.by_handle.remove(&h);
             // The client closed it: the close goes on gracefully even if the client
             // exits now (as the kernel's orphaned sockets do), so the socket is no
-            // longer the client's. Only sockets still open when a client goes are
-            // reset (`close_all`).
+            // longer the client's (`depart` closes what a client leaves open the
+            // same way).
             let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
             let _ = stack.close(h);
         }
@@ -1365,15 +1376,22 @@ impl ServerSession {
         }
     }
 
-    /// The client is gone: everything it held is closed (TCP reset toward the peers)
-    /// and given back. Returns how many stack sockets were closed.
-    pub fn close_all(&mut self, stack: &mut Stack) -> usize {
-        self.by_handle.clear();
-        self.active.clear();
-        for s in self.socks.iter_mut() {
-            *s = None;
+    /// The client is gone (its process closed every descriptor): what it had
+    /// already submitted is served, its own connections close
+    /// ([`ServerSession::close_dead`]), and what it shared with other sessions is
+    /// handed back for the loop to release. The one sequence `Loop::remove_session`
+    /// and the fuzzing harness both run.
+    pub fn depart(&mut self, stack: &mut Stack, budget: usize) -> Departure {
+        self.serve(stack, budget);
+        self.drain_all(stack);
+        let released = std::mem::take(&mut self.released);
+        let closed = released.len();
+        let mut shared = Vec::with_capacity(closed);
+        for (k, (h, left)) in released.into_iter().chain(self.take_shared()).enumerate() {
+            shared.push((h, left, k >= closed));
         }
-        stack.close_owner(self.owner())
+        let draining = self.close_dead(stack);
+        Departure { shared, draining }
     }
 
     /// What must hold whatever the client wrote (checked by the fuzzing harness and
