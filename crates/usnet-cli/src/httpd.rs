@@ -47,29 +47,29 @@ pub struct HttpdArgs {
     /// Connections served at once (more are refused).
     #[arg(long, default_value_t = 65536)]
     pub max_conns: usize,
-    /// socket: the link, as `usnet up --link` takes it (tap:NAME, afpacket:IF,
+    /// socket, zerocopy: the link, as `usnet up --link` takes it (tap:NAME, afpacket:IF,
     /// xdp:IF[:QUEUE], shm:NAME, nic:NAME).
     #[arg(long)]
     pub link: Option<String>,
-    /// socket: an address of the stack with its prefix (repeatable).
+    /// socket, zerocopy: an address of the stack with its prefix (repeatable).
     #[arg(long = "addr", value_name = "CIDR")]
     pub addrs: Vec<IpCidr>,
-    /// socket, tap links: address(es) for the Linux side of the TAP.
+    /// socket, zerocopy, tap links: address(es) for the Linux side of the TAP.
     #[arg(long = "host-addr", value_name = "CIDR")]
     pub host_addrs: Vec<IpCidr>,
-    /// socket: default gateway (repeatable).
+    /// socket, zerocopy: default gateway (repeatable).
     #[arg(long)]
     pub gateway: Vec<IpAddr>,
-    /// socket: L3 MTU (default: the link's).
+    /// socket, zerocopy: L3 MTU (default: the link's).
     #[arg(long)]
     pub mtu: Option<usize>,
-    /// socket, xdp links: auto, copy, zerocopy or generic.
+    /// socket, zerocopy, xdp links: auto, copy, zerocopy or generic.
     #[arg(long, default_value = "auto")]
     pub xdp_mode: usnet_link::xdp::XdpMode,
-    /// socket: write every frame to this pcap file.
+    /// socket, zerocopy: write every frame to this pcap file.
     #[arg(long)]
     pub pcap: Option<PathBuf>,
-    /// socket: keep polling the device this long (µs) after the last work before
+    /// socket, zerocopy: keep polling the device this long (µs) after the last work before
     /// sleeping on it (0: sleep at once).
     #[arg(long, default_value_t = 0)]
     pub spin_us: u64,
