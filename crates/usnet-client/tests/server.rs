@@ -141,6 +141,48 @@ fn udp_datagrams_keep_their_boundaries_and_senders() {
     assert_eq!((&buf[..n], from), (&b"hello"[..], bport));
 }
 
+/// More datagrams than the receive ring holds: the rest wait in the stack's socket
+/// queue and follow as the client reads (the server arms the ring's kick when the
+/// next one does not fit; a queue that never empties brings no readiness edge).
+#[test]
+fn udp_datagrams_beyond_a_full_ring_follow_as_the_client_reads() {
+    let _srv = common::server("udp-overflow", |_| {});
+    let c = Client::attach("udp-overflow").unwrap();
+    let small = Client::attach_with(
+        Some("udp-overflow"),
+        &usnet_client::AttachOptions {
+            ring_bytes: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let rx = UdpSocket::bind(&small, sa("10.66.0.1:7200")).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let tx = UdpSocket::bind(&c, sa("10.66.0.1:0")).unwrap();
+    // 200 records of 100 bytes: some 30 fit in a 4 KiB ring.
+    const N: usize = 200;
+    for i in 0..N {
+        tx.send_to(&[i as u8; 100], sa("10.66.0.1:7200")).unwrap();
+        if i % 32 == 31 {
+            // Let the server keep up: the socket queue must not overflow here.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // Everything reaches the stack's queue and the ring fills before a read.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut buf = [0u8; 200];
+    for i in 0..N {
+        let (n, _) = rx
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("datagram {i} of {N}: {e}"));
+        assert_eq!(
+            &buf[..n],
+            &[i as u8; 100][..],
+            "datagram {i} in order, whole"
+        );
+    }
+}
+
 #[test]
 fn the_poller_reports_accepts_reads_and_edges() {
     let _srv = common::server("poller", |_| {});

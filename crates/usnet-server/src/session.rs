@@ -1077,8 +1077,27 @@ impl ServerSession {
                 }
             }
             Role::Udp => {
-                if s.receiver {
-                    moved = Self::fill_udp(stack, s, h, chunk);
+                if !s.rx_blocked && s.receiver {
+                    loop {
+                        moved += Self::fill_udp(stack, s, h, chunk - moved.min(chunk));
+                        s.rx.publish();
+                        let Ok(Some(len)) = stack.udp_peek_len(h) else {
+                            break;
+                        };
+                        if moved >= chunk {
+                            // The per-turn budget ran out: the rest comes next turn.
+                            again = true;
+                            break;
+                        }
+                        // The next datagram does not fit: arm the kick, then look once
+                        // more (the client may have made room meanwhile). Without the
+                        // kick a queue that never empties would never be moved again.
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if !usnet_shm::arm::arm(armed, || udp_record_fits(&mut s.rx, len)) {
+                            s.rx_blocked = true;
+                            break;
+                        }
+                    }
                 }
                 s.rx.publish();
                 if s.flags & FLAG_BOUND == 0 {
@@ -1119,16 +1138,12 @@ impl ServerSession {
             let Ok(Some(len)) = stack.udp_peek_len(h) else {
                 break;
             };
-            let rec = usnet_abi::record_len(len);
-            let Ok(free) = s.rx.free() else {
-                break;
-            };
-            let pos = s.rx.position() as usize & (size - 1);
-            let to_end = size - pos;
-            let need = if rec > to_end { to_end + rec } else { rec };
-            if need > free {
+            if !udp_record_fits(&mut s.rx, len) {
                 break;
             }
+            let rec = usnet_abi::record_len(len);
+            let pos = s.rx.position() as usize & (size - 1);
+            let to_end = size - pos;
             if rec > to_end {
                 // Records never wrap: mark the tail skipped (a pad header when one
                 // fits; a shorter tail is skipped by rule) and start over at 0.
@@ -1439,4 +1454,17 @@ impl ServerSession {
 
 fn ring_size(s: &Sock) -> usize {
     s.tx.size()
+}
+
+/// Whether a datagram of `len` bytes fits in the receive ring as one record (with
+/// the skip to the ring's start that a record too long for the tail needs).
+fn udp_record_fits(rx: &mut ByteProducer, len: usize) -> bool {
+    let rec = usnet_abi::record_len(len);
+    let Ok(free) = rx.free() else {
+        return false;
+    };
+    let size = rx.size();
+    let to_end = size - (rx.position() as usize & (size - 1));
+    let need = if rec > to_end { to_end + rec } else { rec };
+    need <= free
 }
