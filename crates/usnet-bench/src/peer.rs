@@ -23,6 +23,8 @@ pub enum PeerSpec {
     Tcp(crate::tcp::TcpPeerOptions),
     /// An application of `usnet bench server` (write_server, read_client, round trip).
     App(crate::server::AppOptions),
+    /// A receiving client process of `usnet bench prio`.
+    PrioReceiver(crate::prio::ReceiverOptions),
 }
 
 /// Call first thing in `main()`: if this process was started as a benchmark peer, run
@@ -37,6 +39,7 @@ pub fn maybe_run_peer() {
             PeerSpec::Udp(o) => crate::udp::run_peer(&o),
             PeerSpec::Tcp(o) => crate::tcp::run_peer(&o),
             PeerSpec::App(o) => crate::server::run_app(&o),
+            PeerSpec::PrioReceiver(o) => crate::prio::run_receiver(&o),
         });
     let code = match r {
         Ok(c) => c,

@@ -72,6 +72,14 @@ pub struct PrioBenchOptions {
     pub no_linux: bool,
     /// As root, also the four configurations with Linux bursting through a TAP.
     pub tap: bool,
+    /// The receivers are threads of an in-process runtime instead of client
+    /// processes of a stack server.
+    pub threads: bool,
+    /// The nice value of the stack server's loop and of the sender's thread, so
+    /// that protocol work has the precedence over the receivers and the load that
+    /// the kernel's softirq has, and the burst (another machine's) is not slowed by
+    /// this one's load. None (or no right to lower a nice value): inherited.
+    pub stack_nice: Option<i32>,
 }
 
 impl Default for PrioBenchOptions {
@@ -94,6 +102,8 @@ impl Default for PrioBenchOptions {
             quick: false,
             no_linux: false,
             tap: false,
+            threads: false,
+            stack_nice: Some(-10),
         }
     }
 }
@@ -246,15 +256,49 @@ fn set_own_nice(nice: i32) {
     let _ = Setpriority.set(gettid(), nice);
 }
 
-/// The document's experiment on usnet, once.
-fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
-    let pool = |count| PoolConfig {
+/// Runs `f` with this thread at `nice` (if given and allowed), then puts it back.
+fn with_nice<R>(nice: Option<i32>, f: impl FnOnce() -> R) -> R {
+    let Some(nice) = nice else {
+        return f();
+    };
+    let own = usnet_driver::sched::nice_of(gettid()).unwrap_or(0);
+    set_own_nice(nice);
+    let r = f();
+    set_own_nice(own);
+    r
+}
+
+fn pool(count: u32) -> PoolConfig {
+    PoolConfig {
         buf_size: 2048,
         count,
         headroom: DEFAULT_HEADROOM,
         backing: Backing::Anonymous,
-    };
-    let (rx_dev, mut sender, rx_ip): (Box<dyn Device>, Sender, &str) = if cfg.tap {
+    }
+}
+
+/// The receiving stack's configuration for `cfg`.
+fn rx_stack_config(o: &PrioBenchOptions, cfg: Config, rx_ip: &str) -> Res<StackConfig> {
+    Ok(StackConfig {
+        mac: mac_from_seed(2),
+        addrs: vec![format!("{rx_ip}/24").parse()?],
+        pool: pool(16384),
+        input_queue_len: o.input_queue,
+        rx_budget: o.rx_budget,
+        rx_policy: cfg.mech.policy(&o.policy),
+        seed: 2,
+        ..StackConfig::default()
+    })
+}
+
+/// The receiving stack's device, the sender and the receiving address: a shm link
+/// with a second usnet stack bursting, or (`cfg.tap`) a TAP with Linux bursting.
+fn link(
+    o: &PrioBenchOptions,
+    cfg: Config,
+    tag: &str,
+) -> Res<(Box<dyn Device>, Sender, &'static str)> {
+    Ok(if cfg.tap {
         let ifname = format!("uprio{}", std::process::id() % 100_000);
         let dev = usnet_link::open(
             &LinkSpec::Tap(ifname),
@@ -284,19 +328,16 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
         let mut tx = Driver::new(tx_stack, tx_dev, SystemClock::new());
         tx.set_burst(64);
         (Box::new(rx_dev), Sender::Usnet(Box::new(tx)), ADDR[1])
-    };
+    })
+}
+
+/// The document's experiment on usnet, once, with the receivers as threads of the
+/// in-process runtime.
+fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
+    let (rx_dev, mut sender, rx_ip) = link(o, cfg, tag)?;
     let net = NetStack::start(
         rx_dev,
-        StackConfig {
-            mac: mac_from_seed(2),
-            addrs: vec![format!("{rx_ip}/24").parse()?],
-            pool: pool(16384),
-            input_queue_len: o.input_queue,
-            rx_budget: o.rx_budget,
-            rx_policy: cfg.mech.policy(&o.policy),
-            seed: 2,
-            ..StackConfig::default()
-        },
+        rx_stack_config(o, cfg, rx_ip)?,
         RuntimeConfig {
             backlog: true,
             ..RuntimeConfig::default()
@@ -366,7 +407,7 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
     wait_ready(&ready, n)?;
     let load = Load::start(if o.load == 0 { crate::cpus() } else { o.load });
     let t0 = Instant::now();
-    let sent = match sender.burst(o, n, rx_ip) {
+    let sent = match with_nice(o.stack_nice, || sender.burst(o, n, rx_ip)) {
         Ok(s) => s,
         Err(e) => {
             // Let the receivers go before reporting.
@@ -389,6 +430,154 @@ fn usnet_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
     run.drained = c.prio_restores_drained;
     net.shutdown();
     Ok(run)
+}
+
+/// What a receiving client process of [`server_run`] does (a benchmark peer).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ReceiverOptions {
+    /// The stack server to attach to.
+    pub stack: String,
+    pub bind: SocketAddr,
+    /// Its nice value, set before it attaches (the server ranks it by that).
+    pub nice: i32,
+    pub work_us: u64,
+    /// Created by the bench when the burst is over: the receiver stops at its next
+    /// quiet moment.
+    pub stop_file: PathBuf,
+}
+
+/// A receiving client process: attaches, binds, says it is ready, then reads and
+/// works until the burst is over. It reads on its main thread, whose id is the
+/// process id: that is the thread a boost of the process (setpriority on the pid)
+/// reaches.
+pub fn run_receiver(o: &ReceiverOptions) -> Res<std::process::ExitCode> {
+    set_own_nice(o.nice);
+    let client = usnet_client::Client::attach(&o.stack)?;
+    let sock = usnet_client::UdpSocket::bind(&client, o.bind)?;
+    sock.set_read_timeout(Some(QUIET))?;
+    println!("{}", json!({"ready": true}));
+    let mut buf = vec![0u8; 2048];
+    let mut got = 0u64;
+    let end = Instant::now() + RUN_LIMIT;
+    while Instant::now() < end {
+        match sock.recv_from(&mut buf) {
+            Ok(_) => {
+                got += 1;
+                work(o.work_us);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if o.stop_file.exists() {
+                    break;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    println!("{}", json!({"received": got}));
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The document's experiment on usnet, once, as the document ran it: the
+/// receiving stack is a stack server (in this process, its own loop thread) and
+/// the receivers are client processes, each reading its sockets' shared-memory
+/// rings without a lock shared with the others. A boost raises a whole client
+/// process, as the document raises a process.
+fn server_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
+    use crate::peer::{Peer, PeerSpec, PEER_READY};
+    let (rx_dev, mut sender, rx_ip) = link(o, cfg, tag)?;
+    let name = format!("prio-{}-{tag}", std::process::id());
+    let stack = Stack::new(rx_stack_config(o, cfg, rx_ip)?)?;
+    let mut server = usnet_server::ServerHandle::start(
+        stack,
+        rx_dev,
+        usnet_server::ServerConfig {
+            name: name.clone(),
+            link: if cfg.tap { "tap" } else { "shm" }.into(),
+            backlog: true,
+            loop_nice: o.stack_nice,
+            ..usnet_server::ServerConfig::default()
+        },
+    )?;
+    let stop_file = std::env::temp_dir().join(format!("{name}.over"));
+    let _ = std::fs::remove_file(&stop_file);
+    let rx_ip: std::net::IpAddr = rx_ip.parse()?;
+    let n = o.receivers.max(1);
+    let result = (|| -> Res<Run> {
+        let mut peers = Vec::new();
+        for i in 0..n {
+            let spec = PeerSpec::PrioReceiver(ReceiverOptions {
+                stack: name.clone(),
+                bind: SocketAddr::new(rx_ip, BASE_PORT + i as u16),
+                nice: if i == 0 { o.q_nice } else { o.other_nice },
+                work_us: o.work_us,
+                stop_file: stop_file.clone(),
+            });
+            peers.push(Peer::spawn(&spec)?);
+        }
+        for p in &mut peers {
+            p.read(PEER_READY)?;
+        }
+        let calls = Duration::from_secs(5);
+        let load = Load::start(if o.load == 0 { crate::cpus() } else { o.load });
+        let t0 = Instant::now();
+        let sent = with_nice(o.stack_nice, || sender.burst(o, n, rx_ip))?;
+        let end = Instant::now() + RUN_LIMIT;
+        while server
+            .call(calls, |lp| lp.stack().input_len())
+            .is_some_and(|l| l > 0)
+            && Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(QUIET);
+        // Drop 2 is final now (nothing arrives any more); read it while the
+        // receivers still hold their sockets.
+        let (c, socks) = server
+            .call(calls, |lp| {
+                let s = lp.stack();
+                (s.counters().clone(), s.udp_sockets())
+            })
+            .ok_or("the stack server did not answer")?;
+        std::fs::write(&stop_file, b"")?;
+        let mut run = Run {
+            sent,
+            ..Run::default()
+        };
+        for (i, p) in peers.iter_mut().enumerate() {
+            let v = p.read(RUN_LIMIT)?;
+            run.received.push(
+                v["received"]
+                    .as_u64()
+                    .ok_or("a receiver's report has no count")?,
+            );
+            let port = BASE_PORT + i as u16;
+            run.drop2.push(
+                socks
+                    .iter()
+                    .filter(|u| u.local.port() == port)
+                    .map(|u| u.stats.rx_queue_full)
+                    .sum(),
+            );
+        }
+        run.seconds = t0.elapsed().as_secs_f64();
+        drop(load);
+        for p in peers {
+            p.finish(Duration::from_secs(10))?;
+        }
+        run.drop1 = c.drop_input_queue_full;
+        run.forced = c.prio_forced_drop_drop1 + c.prio_forced_drop_threshold;
+        run.boosts = c.prio_boosts;
+        run.drained = c.prio_restores_drained;
+        Ok(run)
+    })();
+    let _ = std::fs::remove_file(&stop_file);
+    server.shutdown()?;
+    result
 }
 
 /// Keeps a sender to `rate` datagrams per second: sleeps until datagram `sent`
@@ -585,17 +774,22 @@ fn linux_run(o: &PrioBenchOptions) -> Res<Run> {
     let t0 = Instant::now();
     let tx = StdUdp::bind("127.0.0.1:0")?;
     let payload = vec![0x5au8; o.size];
-    let mut sent = 0;
-    let pace = Pacer::new(o.rate);
-    for k in 0..o.datagrams {
-        if k % 64 == 0 {
-            pace.wait(k);
+    // On loopback the sender's own system call does the receive side's protocol
+    // work (softirq in its context): at the stack's nice value, as for usnet.
+    let sent = with_nice(o.stack_nice, || {
+        let mut sent = 0;
+        let pace = Pacer::new(o.rate);
+        for k in 0..o.datagrams {
+            if k % 64 == 0 {
+                pace.wait(k);
+            }
+            let port = ports[(k % n as u64) as usize];
+            if tx.send_to(&payload, ("127.0.0.1", port)).is_ok() {
+                sent += 1;
+            }
         }
-        let port = ports[(k % n as u64) as usize];
-        if tx.send_to(&payload, ("127.0.0.1", port)).is_ok() {
-            sent += 1;
-        }
-    }
+        sent
+    });
     let mut run = end_run(&burst_over, handles, sent, t0)?;
     drop(load);
     run.drop1 = softnet_dropped().saturating_sub(drop1_before);
@@ -667,7 +861,15 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
     let mut mechs = vec![Mech::Baseline, Mech::ForcedDrop];
     match can_boost() {
         Ok(()) => mechs.extend([Mech::Priority, Mech::Both]),
-        Err(why) => println!("usnet bench prio: {why}; its configurations are skipped"),
+        Err(why) => {
+            println!("usnet bench prio: {why}; its configurations are skipped");
+            if o.stack_nice.is_some_and(|n| n < 0) {
+                println!(
+                    "usnet bench prio: the stack and the sender keep the nice value they have"
+                );
+                o.stack_nice = None;
+            }
+        }
     }
     let mut configs: Vec<Config> = mechs
         .iter()
@@ -688,15 +890,21 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
         });
     }
     println!(
-        "usnet bench prio: {} datagrams of {} B at {} /s to {} receivers (Q nice {}, others {}), {} µs of work each, {} load threads, interval {} ms, {} run(s) per configuration",
+        "usnet bench prio: {} datagrams of {} B at {} /s to {} receivers ({}; Q nice {}, others {}), {} µs of work each, {} load threads, stack and sender at nice {}, interval {} ms, {} run(s) per configuration",
         o.datagrams,
         o.size,
         if o.rate == 0 { "max".to_string() } else { o.rate.to_string() },
         o.receivers,
+        if o.threads {
+            "threads of an in-process runtime"
+        } else {
+            "client processes of a stack server"
+        },
         o.q_nice,
         o.other_nice,
         o.work_us,
         if o.load == 0 { crate::cpus() } else { o.load },
+        o.stack_nice.map_or("(inherited)".to_string(), |n| n.to_string()),
         o.policy.interval.as_millis(),
         o.runs
     );
@@ -706,7 +914,8 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
         for r in 0..o.runs {
             let run = match c.mech {
                 Mech::Linux => linux_run(&o)?,
-                _ => usnet_run(&o, c, &format!("{}-{r}", c.key()))?,
+                _ if o.threads => usnet_run(&o, c, &format!("{}-{r}", c.key()))?,
+                _ => server_run(&o, c, &format!("{}-{r}", c.key()))?,
             }
             .account();
             println!(
@@ -808,6 +1017,10 @@ pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
         "rx_budget": o.rx_budget,
         "rate": o.rate,
         "batch": o.batch,
+        "receivers_as": if o.threads { "threads" } else { "processes" },
+        "stack_nice": o.stack_nice,
+        "load": if o.load == 0 { crate::cpus() } else { o.load },
+        "drain_quiet_ms": o.policy.drain_quiet.as_millis() as u64,
         "interval_ms": o.policy.interval.as_millis() as u64,
         "set_size": o.policy.set_size,
         "drop_probability": o.policy.drop_probability,

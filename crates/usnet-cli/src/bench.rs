@@ -183,6 +183,32 @@ pub struct PrioArgs {
     /// through a TAP.
     #[arg(long)]
     pub tap: bool,
+    /// Receivers as threads of an in-process runtime (default: client processes of
+    /// a stack server, as in the document).
+    #[arg(long)]
+    pub threads: bool,
+    /// Nice value of the stack server's loop and the sender: protocol work gets the
+    /// precedence the kernel's softirq has ("inherit": none).
+    #[arg(long, default_value = "-10", allow_hyphen_values = true, value_parser = parse_stack_nice)]
+    pub stack_nice: StackNice,
+    /// A boost ends once its queue is below a quarter and nothing arrived for this
+    /// long (ms).
+    #[arg(long, default_value_t = 20)]
+    pub boost_quiet_ms: u64,
+}
+
+/// `--stack-nice`: a nice value, or none ("inherit").
+#[derive(Debug, Clone, Copy)]
+pub struct StackNice(Option<i32>);
+
+fn parse_stack_nice(s: &str) -> Result<StackNice, String> {
+    if s == "inherit" {
+        return Ok(StackNice(None));
+    }
+    match s.parse::<i32>() {
+        Ok(n) if (-20..=19).contains(&n) => Ok(StackNice(Some(n))),
+        _ => Err(format!("'{s}': a nice value (-20..19) or 'inherit'")),
+    }
 }
 
 impl From<PrioArgs> for PrioBenchOptions {
@@ -202,6 +228,7 @@ impl From<PrioArgs> for PrioBenchOptions {
                 drop_probability: a.drop_probability.clamp(0.0, 1.0),
                 boost: a.boost,
                 interval: std::time::Duration::from_millis(a.interval_ms.max(1)),
+                drain_quiet: std::time::Duration::from_millis(a.boost_quiet_ms),
                 ..usnet_stack::RxPolicy::default()
             },
             input_queue: a.input_queue.max(1),
@@ -211,6 +238,8 @@ impl From<PrioArgs> for PrioBenchOptions {
             quick: a.quick,
             no_linux: a.no_linux,
             tap: a.tap,
+            threads: a.threads,
+            stack_nice: a.stack_nice.0,
         }
     }
 }

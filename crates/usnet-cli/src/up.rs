@@ -144,6 +144,15 @@ pub struct UpArgs {
     /// The longest a boost lasts (ms).
     #[arg(long, default_value_t = 1000)]
     pub boost_ms: u64,
+    /// The stack loop's nice value (default: inherited). A better value than the
+    /// applications' gives protocol work the precedence the kernel's softirq has;
+    /// below the current value it needs CAP_SYS_NICE or RLIMIT_NICE.
+    #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub loop_nice: Option<i32>,
+    /// A boost ends early once its queue is below a quarter and nothing arrived for
+    /// this long (ms): the burst is over.
+    #[arg(long, default_value_t = 20)]
+    pub boost_quiet_ms: u64,
     /// Frames that may wait between the device and protocol work (drop 1 beyond).
     #[arg(long, default_value_t = 1000)]
     pub input_queue: usize,
@@ -178,6 +187,7 @@ impl UpArgs {
             drop_probability: self.forced_drop_probability,
             boost: self.boost,
             boost_time: Duration::from_millis(self.boost_ms),
+            drain_quiet: Duration::from_millis(self.boost_quiet_ms),
         })
     }
 }
@@ -221,6 +231,8 @@ impl UpArgs {
             forced_drop_probability: 0.9,
             boost: 10,
             boost_ms: 1000,
+            boost_quiet_ms: 20,
+            loop_nice: None,
             input_queue: 1000,
             quiet: true,
         }
@@ -417,6 +429,7 @@ pub fn run(args: UpArgs) -> CmdResult {
         },
         group: args.group,
         services: args.services.clone(),
+        loop_nice: args.loop_nice,
         ..Default::default()
     };
     let mut server = usnet_server::ServerHandle::start(stack, dev, server_cfg)?;

@@ -10,6 +10,13 @@
 //! restores whatever a dead stack left (a pid whose start time changed was reused
 //! and is left alone). Threads of the stack's own process (the in-process runtime's
 //! receivers) die with it, so they need no file.
+//!
+//! A boosted consumer must not outrank the loop that feeds it: the kernel's protocol
+//! work (softirq) runs before any process, but a stack's loop is a thread like the
+//! others, and a consumer boosted above it would take the CPU that delivers its own
+//! datagrams. So while any boost is in force, the booster keeps the thread that
+//! applies the boosts (the stack's loop) one nice step above the best boosted
+//! consumer, and puts it back with the last restore.
 
 use std::collections::HashMap;
 use std::io;
@@ -26,6 +33,10 @@ pub const NICE_MAX: i32 = 19;
 pub trait SchedHook: Send {
     fn get(&mut self, pid: u32) -> io::Result<i32>;
     fn set(&mut self, pid: u32, nice: i32) -> io::Result<()>;
+    /// The threads of process `pid` (a nice value is per thread on Linux).
+    fn threads(&mut self, pid: u32) -> Vec<u32> {
+        vec![pid]
+    }
 }
 
 /// getpriority(2)/setpriority(2) on `PRIO_PROCESS` (a tid names one thread on Linux).
@@ -44,6 +55,19 @@ impl SchedHook for Setpriority {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+    fn threads(&mut self, pid: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if v.is_empty() {
+            v.push(pid);
+        }
+        v.sort_unstable();
+        v
     }
 }
 
@@ -96,18 +120,37 @@ pub fn can_boost() -> Result<(), String> {
     Err("priority control is off: raising a consumer's priority needs CAP_SYS_NICE or RLIMIT_NICE (run as root or raise `ulimit -e`)".into())
 }
 
-/// A boosted consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A boosted consumer: each of its threads with its nice value before the boost.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Boosted {
+    threads: Vec<BoostedThread>,
+    /// The best nice value any of its threads was given.
+    target: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BoostedThread {
+    tid: u32,
     original: i32,
-    /// /proc/PID/stat start time, so a reused pid is never touched.
+    /// /proc/TID/stat start time, so a reused id is never touched.
     start: Option<u64>,
+}
+
+/// The stack's loop thread while it is raised above the boosted consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Feeder {
+    tid: u32,
+    original: i32,
 }
 
 /// Applies a stack's [`SchedRequest`]s and undoes them all at the end.
 pub struct Booster {
     hook: Box<dyn SchedHook>,
     boosted: HashMap<u32, Boosted>,
+    feeder: Option<Feeder>,
+    /// A consumer is a process: a boost raises all its threads (a stack server's
+    /// clients). Else a consumer is one thread (the in-process runtime's readers).
+    whole_processes: bool,
     state: Option<PathBuf>,
     /// Requests that failed (the process was gone, or no permission).
     pub failures: u64,
@@ -119,6 +162,8 @@ impl Booster {
         Booster {
             hook,
             boosted: HashMap::new(),
+            feeder: None,
+            whole_processes: false,
             state,
             failures: 0,
             applied: 0,
@@ -131,6 +176,12 @@ impl Booster {
         Ok(Booster::new(Box::new(Setpriority), state))
     }
 
+    /// Consumers are processes: a boost raises each of their threads.
+    pub fn whole_processes(mut self) -> Booster {
+        self.whole_processes = true;
+        self
+    }
+
     /// Consumers boosted now.
     pub fn boosted(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.boosted.keys().copied().collect();
@@ -138,6 +189,7 @@ impl Booster {
         v
     }
 
+    /// Applies one request, from the stack's loop thread (see [`Self::feeder`]).
     pub fn apply(&mut self, req: SchedRequest) {
         let ok = match req {
             SchedRequest::Boost { pid, steps } => self.boost(pid, steps),
@@ -147,31 +199,102 @@ impl Booster {
             Ok(()) => self.applied += 1,
             Err(_) => self.failures += 1,
         }
+        self.keep_precedence(gettid());
+    }
+
+    /// The loop thread's raise: its id and nice value before it, while in force.
+    pub fn feeder(&self) -> Option<(u32, i32)> {
+        self.feeder.map(|f| (f.tid, f.original))
+    }
+
+    /// Keeps thread `tid` (the loop) one step above the best boosted consumer while
+    /// any boost is in force, and puts it back when none is.
+    fn keep_precedence(&mut self, tid: u32) {
+        let Some(best) = self.boosted.values().map(|b| b.target).min() else {
+            if let Some(f) = self.feeder.take() {
+                let _ = self.hook.set(f.tid, f.original);
+            }
+            return;
+        };
+        if self
+            .boosted
+            .values()
+            .any(|b| b.threads.iter().any(|t| t.tid == tid))
+        {
+            return; // the loop is itself a consumer (a test, or a one-thread program)
+        }
+        let original = match self.feeder {
+            Some(f) if f.tid == tid => f.original,
+            _ => match self.hook.get(tid) {
+                Ok(n) => n,
+                Err(_) => return,
+            },
+        };
+        let want = (best - 1).clamp(NICE_MIN, NICE_MAX).min(original);
+        let now = match self.feeder {
+            Some(f) if f.tid == tid => self.hook.get(tid).unwrap_or(original),
+            _ => original,
+        };
+        if want < now && self.hook.set(tid, want).is_ok() {
+            self.feeder = Some(Feeder { tid, original });
+        }
     }
 
     fn boost(&mut self, pid: u32, steps: i32) -> io::Result<()> {
         if self.boosted.contains_key(&pid) {
             return Ok(());
         }
-        let original = self.hook.get(pid)?;
+        let tids = if self.whole_processes {
+            self.hook.threads(pid)
+        } else {
+            vec![pid]
+        };
+        let mut threads = Vec::new();
+        for tid in tids {
+            // A thread that ended meanwhile is no error; the consumer itself is.
+            match self.hook.get(tid) {
+                Ok(original) => threads.push(BoostedThread {
+                    tid,
+                    original,
+                    start: start_time(tid),
+                }),
+                Err(e) if tid == pid => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let first = threads.iter().find(|t| t.tid == pid).map(|t| t.original);
+        let Some(original) = first else {
+            return Ok(());
+        };
         let target = (original - steps.max(0)).clamp(NICE_MIN, NICE_MAX);
         if target == original {
             return Ok(());
         }
+        let steps = original - target;
+        let to = |t: &BoostedThread| (t.original - steps).clamp(NICE_MIN, NICE_MAX);
+        let best = threads.iter().map(to).min().unwrap_or(target);
         // Written down before the change, so a crash right after it is recoverable.
         self.boosted.insert(
             pid,
             Boosted {
-                original,
-                start: start_time(pid),
+                threads: threads.clone(),
+                target: best,
             },
         );
         self.save();
-        if let Err(e) = self.hook.set(pid, target) {
-            self.boosted.remove(&pid);
-            self.save();
-            return Err(e);
+        let mut raised = false;
+        for t in &threads {
+            match self.hook.set(t.tid, to(t)) {
+                Ok(()) => raised |= t.tid == pid,
+                Err(e) if t.tid == pid => {
+                    // Undo the threads already raised.
+                    let _ = self.restore(pid);
+                    return Err(e);
+                }
+                Err(_) => {}
+            }
         }
+        debug_assert!(raised);
         Ok(())
     }
 
@@ -179,20 +302,29 @@ impl Booster {
         let Some(b) = self.boosted.remove(&pid) else {
             return Ok(());
         };
-        let r = if b.start.is_some() && start_time(pid) != b.start {
-            Ok(()) // the process is gone (or its pid reused): nothing to undo
-        } else {
-            self.hook.set(pid, b.original)
-        };
+        let mut r = Ok(());
+        for t in &b.threads {
+            if t.start.is_some() && start_time(t.tid) != t.start {
+                continue; // the thread is gone (or its id reused): nothing to undo
+            }
+            if let Err(e) = self.hook.set(t.tid, t.original) {
+                if t.tid == pid {
+                    r = Err(e);
+                }
+            }
+        }
         self.save();
         r
     }
 
-    /// Puts every boosted consumer back (the loop stops).
+    /// Puts every boosted consumer back, and the loop thread (the loop stops).
     pub fn restore_all(&mut self) {
         let pids = self.boosted();
         for pid in pids {
             let _ = self.restore(pid);
+        }
+        if let Some(f) = self.feeder.take() {
+            let _ = self.hook.set(f.tid, f.original);
         }
     }
 
@@ -205,8 +337,13 @@ impl Booster {
             return;
         }
         let mut text = String::new();
-        for (pid, b) in &self.boosted {
-            text.push_str(&format!("{pid} {} {}\n", b.original, b.start.unwrap_or(0)));
+        for t in self.boosted.values().flat_map(|b| &b.threads) {
+            text.push_str(&format!(
+                "{} {} {}\n",
+                t.tid,
+                t.original,
+                t.start.unwrap_or(0)
+            ));
         }
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, text).is_ok() {
@@ -266,6 +403,14 @@ mod tests {
     struct Fake(Arc<Mutex<HashMap<u32, i32>>>);
 
     impl SchedHook for Fake {
+        /// Process 50 has threads 50, 51 and 52; every other id is one thread.
+        fn threads(&mut self, pid: u32) -> Vec<u32> {
+            if pid == 50 {
+                vec![50, 51, 52]
+            } else {
+                vec![pid]
+            }
+        }
         fn get(&mut self, pid: u32) -> io::Result<i32> {
             Ok(*self.0.lock().unwrap().get(&pid).unwrap_or(&0))
         }
@@ -306,6 +451,67 @@ mod tests {
         assert_eq!(b.failures, 0);
         drop(b);
         assert_eq!(fake.nice(8), -15, "dropped: everything restored");
+    }
+
+    #[test]
+    fn the_loop_thread_stays_above_the_boosted_consumers() {
+        let fake = Fake::default();
+        let me = gettid();
+        fake.0.lock().unwrap().insert(me, 0);
+        fake.0.lock().unwrap().insert(7, 5);
+        fake.0.lock().unwrap().insert(8, 0);
+        let mut b = Booster::new(Box::new(fake.clone()), None);
+        b.apply(SchedRequest::Boost { pid: 7, steps: 10 });
+        assert_eq!(fake.nice(7), -5);
+        assert_eq!(fake.nice(me), -6, "one step above the boosted consumer");
+        b.apply(SchedRequest::Boost { pid: 8, steps: 10 });
+        assert_eq!(fake.nice(me), -11, "above the best one");
+        assert_eq!(b.feeder(), Some((me, 0)));
+        b.apply(SchedRequest::Restore { pid: 8 });
+        assert_eq!(fake.nice(me), -11, "not lowered while a boost is in force");
+        b.apply(SchedRequest::Restore { pid: 7 });
+        assert_eq!(fake.nice(me), 0, "back with the last restore");
+        assert_eq!(b.feeder(), None);
+        // Restored when the booster goes, too.
+        b.apply(SchedRequest::Boost { pid: 7, steps: 8 });
+        assert_eq!(fake.nice(me), -4);
+        drop(b);
+        assert_eq!(fake.nice(me), 0);
+        assert_eq!(fake.nice(7), 5);
+    }
+
+    #[test]
+    fn a_process_is_boosted_thread_by_thread_and_put_back_the_same_way() {
+        let fake = Fake::default();
+        for (tid, nice) in [(50, 4), (51, 0), (52, 19)] {
+            fake.0.lock().unwrap().insert(tid, nice);
+        }
+        // Per thread (the runtime): only the named thread.
+        let mut b = Booster::new(Box::new(fake.clone()), None);
+        b.apply(SchedRequest::Boost { pid: 50, steps: 6 });
+        assert_eq!((fake.nice(50), fake.nice(51), fake.nice(52)), (-2, 0, 19));
+        drop(b);
+        assert_eq!(fake.nice(50), 4);
+        // Whole processes (the server): every thread by the same steps.
+        let mut b = Booster::new(Box::new(fake.clone()), None).whole_processes();
+        b.apply(SchedRequest::Boost { pid: 50, steps: 6 });
+        assert_eq!((fake.nice(50), fake.nice(51), fake.nice(52)), (-2, -6, 13));
+        // The loop stays above the best of them.
+        assert_eq!(fake.nice(gettid()), -7);
+        b.apply(SchedRequest::Restore { pid: 50 });
+        assert_eq!((fake.nice(50), fake.nice(51), fake.nice(52)), (4, 0, 19));
+        assert_eq!(fake.nice(gettid()), 0);
+    }
+
+    #[test]
+    fn a_loop_already_above_is_left_alone() {
+        let fake = Fake::default();
+        let me = gettid();
+        fake.0.lock().unwrap().insert(me, -19);
+        let mut b = Booster::new(Box::new(fake.clone()), None);
+        b.apply(SchedRequest::Boost { pid: 7, steps: 4 });
+        assert_eq!(fake.nice(me), -19);
+        assert_eq!(b.feeder(), None);
     }
 
     #[test]

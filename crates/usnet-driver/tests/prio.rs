@@ -126,12 +126,20 @@ fn a_boost_reaches_the_hook_and_is_undone_when_the_stack_stops() {
 #[test]
 fn a_boost_ends_through_the_hook_when_the_consumer_catches_up() {
     let fake = Fake::default();
-    let (mut b, h, _clock) = fill_past_half(77, Booster::new(Box::new(fake.clone()), None));
+    let (mut b, h, clock) = fill_past_half(77, Booster::new(Box::new(fake.clone()), None));
     assert_eq!(fake.nice(77), -5);
+    // The loop that applies the boost (this thread) stays above the consumer.
+    let me = usnet_driver::sched::gettid();
+    assert_eq!(fake.nice(me), -6);
     let mut buf = [0u8; 128];
     while b.stack_mut().udp_recv_from(h, &mut buf).is_ok() {}
     b.turn().unwrap();
-    assert_eq!(fake.nice(77), 0, "drained: restored");
+    assert_eq!(fake.nice(77), -5, "drained, but the burst may go on");
+    // Nothing arrives for the quiet time: the burst is over.
+    clock.advance(usnet_stack::RxPolicy::default().drain_quiet);
+    b.turn().unwrap();
+    assert_eq!(fake.nice(77), 0, "drained and quiet: restored");
+    assert_eq!(fake.nice(me), 0, "and the loop with it");
     assert!(b.booster().unwrap().boosted().is_empty());
     assert_eq!(b.stack().counters().prio_restores_drained, 1);
 }

@@ -86,6 +86,10 @@ pub struct ServerConfig {
     /// Kernel-like receive backlog (`Driver::set_backlog`); on by itself when the
     /// stack's receive policy is on.
     pub backlog: bool,
+    /// The loop thread's nice value (None: inherited). A better one than the
+    /// applications' gives the protocol work the precedence the kernel's softirq
+    /// has over processes; lowering it needs CAP_SYS_NICE or RLIMIT_NICE.
+    pub loop_nice: Option<i32>,
 }
 
 impl Default for ServerConfig {
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
             group: None,
             services: Vec::new(),
             backlog: false,
+            loop_nice: None,
         }
     }
 }
@@ -416,6 +421,17 @@ impl ServerHandle {
         device: Box<dyn Device>,
         cfg: ServerConfig,
     ) -> Result<ServerHandle, control::ControlError> {
+        if let Some(nice) = cfg.loop_nice {
+            let own = usnet_driver::sched::nice_of(usnet_driver::sched::gettid()).unwrap_or(0);
+            if nice < own {
+                usnet_driver::sched::can_boost().map_err(|why| {
+                    control::ControlError::Io(std::io::Error::other(format!(
+                        "the loop's nice value {nice}: {}",
+                        why.replace("priority control is off: raising a consumer's", "raising a")
+                    )))
+                })?;
+            }
+        }
         let bell = ServerBell::new(device.wait_kind())?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -430,7 +446,8 @@ impl ServerHandle {
         if policy.priority {
             // The caller checked the right to boost (`usnet up` says so in one line).
             if let Ok(b) = usnet_driver::Booster::system(Some(state)) {
-                driver.set_booster(Some(b));
+                // A client is a process: a boost raises all of its threads.
+                driver.set_booster(Some(b.whole_processes()));
             }
         }
         let lp = Loop {
@@ -528,6 +545,13 @@ pub(crate) fn submit_call<R: Send + 'static>(
 
 /// The loop: turn the driver with the sessions' work, run jobs, sleep when idle.
 fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String> {
+    if let Some(nice) = lp.cfg.loop_nice {
+        use usnet_driver::sched::SchedHook;
+        let tid = usnet_driver::sched::gettid();
+        usnet_driver::Setpriority
+            .set(tid, nice)
+            .map_err(|e| format!("the loop's nice value {nice}: {e}"))?;
+    }
     let mut ready = Vec::new();
     let mut last_work = Instant::now();
     let interval = lp.driver.stack().config().rx_policy.interval;

@@ -182,7 +182,13 @@ pub struct RxPolicy {
     pub drop_probability: f64,
     /// Nice steps a boost raises a consumer by (the hook keeps it within -20..19).
     pub boost: i32,
+    /// The longest a boost lasts.
     pub boost_time: Duration,
+    /// A boost ends early once its queue has drained: below a quarter of its limit
+    /// with nothing arrived for this long (the burst is over). Within a burst a
+    /// boosted reader keeps its queue short, so "below a quarter" alone would end
+    /// the boost while the burst still comes.
+    pub drain_quiet: Duration,
 }
 
 impl Default for RxPolicy {
@@ -196,6 +202,7 @@ impl Default for RxPolicy {
             drop_probability: 0.9,
             boost: 10,
             boost_time: Duration::from_secs(1),
+            drain_quiet: Duration::from_millis(20),
         }
     }
 }

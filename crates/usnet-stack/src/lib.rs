@@ -53,6 +53,7 @@ pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
 pub use socket::{EchoReply, Owner, Readiness, SocketHandle, SocketStats};
 pub use tcp::{TcpConnEntry, TcpListenEntry};
 pub use time::Instant;
+pub use udp::UdpEntry;
 pub use usnet_tcp::config::PROFILES as TCP_PROFILES;
 /// The TCP engine's types that appear in the stack's API.
 pub use usnet_tcp::{CcAlgorithm, Keepalive, State as TcpState, TcpConfig, TcpInfo, TcpStats};

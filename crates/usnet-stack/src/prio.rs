@@ -16,7 +16,8 @@
 //!   activates when drop 1 happens or the input queue reaches the threshold.
 //! - Priority control (mechanism B): when a member's queue passes half its limit
 //!   the stack asks for its consumer to be boosted ([`SchedRequest`]); it asks for a
-//!   restore when the queue has drained, the member left S, or the boost time is up.
+//!   restore when the queue has drained (below a quarter, nothing arrived for
+//!   `drain_quiet`), the member left S, or the boost time is up.
 //!   The stack stays sans-IO: a hook outside it (usnet-driver's `Booster`) makes
 //!   the system calls.
 
@@ -89,6 +90,8 @@ struct Boost {
     /// The member whose queue asked for it (its drain ends the boost).
     index: u32,
     until: Instant,
+    /// The last datagram queued on that member.
+    last_arrival: Instant,
 }
 
 /// Per-socket marks, kept beside the slot.
@@ -246,6 +249,7 @@ impl Core {
             pid,
             index,
             until: now + p.cfg.boost_time,
+            last_arrival: now,
         });
         p.requests.push(SchedRequest::Boost {
             pid,
@@ -254,38 +258,52 @@ impl Core {
         self.counters.prio_boosts += 1;
     }
 
-    /// A member's queue drained: its boost ends.
-    pub(crate) fn prio_drained(&mut self, index: u32) {
-        let p = &mut self.prio;
-        if let Some(i) = p.boosts.iter().position(|b| b.index == index) {
-            let b = p.boosts.swap_remove(i);
-            p.requests.push(SchedRequest::Restore { pid: b.pid });
-            self.counters.prio_restores_drained += 1;
+    /// A datagram was queued on a member that may be boosted: the burst goes on.
+    #[inline]
+    pub(crate) fn prio_arrival(&mut self, index: u32) {
+        let now = self.now;
+        for b in self.prio.boosts.iter_mut().filter(|b| b.index == index) {
+            b.last_arrival = now;
         }
     }
 
-    /// Ends boosts whose time is up; returns whether any did.
-    fn prio_expire(&mut self) -> bool {
+    /// Ends boosts whose time is up, and those whose queue drained (`drained(index)`:
+    /// below a quarter of its limit) with nothing arrived for `drain_quiet`; returns
+    /// whether any ended.
+    fn prio_expire(&mut self, drained: impl Fn(u32) -> bool) -> bool {
         let now = self.now;
         let p = &mut self.prio;
+        let quiet = p.cfg.drain_quiet;
         let before = p.boosts.len();
-        let mut expired = 0;
+        let (mut expired, mut emptied) = (0, 0);
         p.boosts.retain(|b| {
-            if now >= b.until {
-                p.requests.push(SchedRequest::Restore { pid: b.pid });
+            let done = if now >= b.until {
                 expired += 1;
-                false
-            } else {
                 true
+            } else if now >= b.last_arrival + quiet && drained(b.index) {
+                emptied += 1;
+                true
+            } else {
+                false
+            };
+            if done {
+                p.requests.push(SchedRequest::Restore { pid: b.pid });
             }
+            !done
         });
         self.counters.prio_restores_timeout += expired;
+        self.counters.prio_restores_drained += emptied;
         p.boosts.len() != before
     }
 
-    /// When a boost next runs out.
+    /// When a boost next runs out, or may end because its queue drained.
     pub(crate) fn prio_at(&self) -> Option<Instant> {
-        self.prio.boosts.iter().map(|b| b.until).min()
+        let quiet = self.prio.cfg.drain_quiet;
+        self.prio
+            .boosts
+            .iter()
+            .map(|b| b.until.min(b.last_arrival + quiet))
+            .min()
     }
 }
 
@@ -454,7 +472,13 @@ impl Stack {
             self.core.prio.dirty = true;
         }
         self.prio_refresh();
-        self.core.prio_expire()
+        let sockets = &self.sockets;
+        self.core.prio_expire(|index| {
+            // Only UDP sockets ask for boosts; anything else counts as drained.
+            sockets
+                .udp_at(index)
+                .is_none_or(|u| u.rx_queued_bytes * 4 < u.recv_buffer)
+        })
     }
 
     /// Ranks every candidate: explicit mark, else the best of its owner and the

@@ -759,9 +759,13 @@ impl Stack {
         if was_empty {
             self.sockets.mark_ready(sock);
         }
-        // Priority control: past half the limit, the consumer should hurry.
-        if high && self.prio_watch(sock) {
-            self.core.prio_queue_high(sock);
+        // Priority control: past half the limit, the consumer should hurry; a boosted
+        // consumer stays boosted while datagrams keep coming.
+        if self.prio_watch(sock) {
+            self.core.prio_arrival(sock);
+            if high {
+                self.core.prio_queue_high(sock);
+            }
         }
     }
 }

@@ -7,6 +7,18 @@ use crate::socket::udp::NONE;
 use crate::socket::{Owner, Socket, SocketHandle, SocketStats, UdpSocket};
 use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
 
+/// One UDP socket in [`Stack::udp_sockets`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpEntry {
+    pub handle: SocketHandle,
+    pub local: SocketAddr,
+    pub remote: Option<SocketAddr>,
+    pub owner: Owner,
+    /// Payload bytes waiting in its receive queue.
+    pub queued: usize,
+    pub stats: SocketStats,
+}
+
 impl Stack {
     fn udp(&self, h: SocketHandle) -> Result<&UdpSocket, StackError> {
         match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
@@ -56,6 +68,30 @@ impl Stack {
         self.sockets.link_udp(h.index, port);
         self.prio_consider(h);
         Ok(h)
+    }
+
+    /// Every UDP socket, as `ss -u` lists them: address, owner, queue and counters
+    /// (drop 2 is `stats.rx_queue_full`).
+    pub fn udp_sockets(&self) -> Vec<UdpEntry> {
+        self.sockets
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| match slot.sock.as_ref() {
+                Some(Socket::Udp(u)) => Some(UdpEntry {
+                    handle: SocketHandle {
+                        index: i as u32,
+                        gen: slot.gen,
+                    },
+                    local: u.local,
+                    remote: u.remote,
+                    owner: slot.owner,
+                    queued: u.rx_queued_bytes,
+                    stats: u.stats,
+                }),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Fixes the peer: `udp_send` goes there and only its datagrams are received.
@@ -140,10 +176,6 @@ impl Stack {
         };
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
-        let drained = u.rx_queued_bytes * 4 < u.recv_buffer;
-        if drained && self.prio_watch(h.index) {
-            self.core.prio_drained(h.index);
-        }
         let pool = &mut self.core.pool;
         let n = if pool.next(&d.buf).is_none() {
             let src = pool.data(&d.buf);
@@ -171,10 +203,6 @@ impl Stack {
         };
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
-        let drained = u.rx_queued_bytes * 4 < u.recv_buffer;
-        if drained && self.prio_watch(h.index) {
-            self.core.prio_drained(h.index);
-        }
         let pool = &mut self.core.pool;
         let mut cur = Some(d.buf.id());
         while let Some(c) = cur {

@@ -347,14 +347,26 @@ fn priority_control_boosts_past_half_and_restores_when_drained() {
     deliver(&mut a, &mut b, 2, 150);
     b.take_sched_requests(&mut reqs);
     assert!(reqs.is_empty());
-    // Reading it down below a quarter (512 bytes) restores.
+    // Reading it down below a quarter (512 bytes) is not enough while datagrams
+    // keep coming: the burst is not over.
     let mut buf = [0u8; 64];
-    for _ in 0..11 {
+    for _ in 0..12 {
         b.udp_recv_from(q, &mut buf).unwrap();
     }
+    b.poll(ms(160));
     b.take_sched_requests(&mut reqs);
-    assert!(reqs.is_empty(), "8 of 32 queued: not drained yet");
+    assert!(
+        reqs.is_empty(),
+        "7 of 32 queued, but the last arrival was 10 ms ago"
+    );
+    deliver(&mut a, &mut b, 1, 165);
     b.udp_recv_from(q, &mut buf).unwrap();
+    b.poll(ms(184));
+    b.take_sched_requests(&mut reqs);
+    assert!(reqs.is_empty(), "an arrival at 165 ms: quiet until 185 ms");
+    // The deadline is the end of the quiet time.
+    assert_eq!(b.poll_at(), Some(ms(185)));
+    b.poll(ms(185));
     b.take_sched_requests(&mut reqs);
     assert_eq!(reqs, vec![SchedRequest::Restore { pid: 1001 }]);
     assert_eq!(b.counters().prio_restores_drained, 1);

@@ -24,13 +24,23 @@ pub fn run_dir() {
 }
 
 pub fn server(name: &str, tweak: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
+    server_with(name, |_| {}, tweak)
+}
+
+/// [`server`] with the stack's configuration changed by `stack_tweak` too.
+pub fn server_with(
+    name: &str,
+    stack_tweak: impl FnOnce(&mut StackConfig),
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> ServerHandle {
     run_dir();
-    let stack = StackConfig {
+    let mut stack = StackConfig {
         mac: mac_from_seed(9),
         addrs: vec![format!("{ADDR}/24").parse().unwrap()],
         mtu: 65535 - 28,
         ..Default::default()
     };
+    stack_tweak(&mut stack);
     let mut cfg = ServerConfig {
         name: name.into(),
         link: "mem".into(),
