@@ -491,7 +491,11 @@ fn server_run(o: &PrioBenchOptions, cfg: Config, tag: &str) -> Res<Run> {
     use crate::peer::{Peer, PeerSpec, PEER_READY};
     let (rx_dev, mut sender, rx_ip) = link(o, cfg, tag)?;
     let name = format!("prio-{}-{tag}", std::process::id());
-    let stack = Stack::new(rx_stack_config(o, cfg, rx_ip)?)?;
+    let mut stack_cfg = rx_stack_config(o, cfg, rx_ip)?;
+    // Checksum and segmentation offloads as the device has them (a TAP's frames
+    // carry partial checksums), as `usnet up` does.
+    usnet_driver::fit_to_device(&mut stack_cfg, rx_dev.caps());
+    let stack = Stack::new(stack_cfg)?;
     let mut server = usnet_server::ServerHandle::start(
         stack,
         rx_dev,
