@@ -53,6 +53,7 @@ step "bench tcp (smoke)" ./target/release/usnet bench tcp --quick --out target/b
 step "bench server (smoke)" ./target/release/usnet bench server --quick --sizes 4096,65536 --out target/bench-smoke/server
 step "bench nic (smoke)" ./target/release/usnet bench nic --quick --out target/bench-smoke/nic
 step "bench async-syscall (smoke)" ./target/release/usnet bench async-syscall --quick --out target/bench-smoke/async-syscall
+step "bench prio (smoke)" ./target/release/usnet bench prio --quick --out target/bench-smoke/prio
 if [ "$(id -u)" = 0 ]; then
     step "bench preload (smoke)" ./target/release/usnet bench preload --quick --out target/bench-smoke/preload
     step "bench httpd (smoke)" ./target/release/usnet bench httpd --quick --out target/bench-smoke/httpd
