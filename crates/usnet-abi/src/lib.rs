@@ -319,6 +319,14 @@ pub mod opt {
     pub const TCP_CORK: u64 = 3;
     pub const TCP_INFO: u64 = 11;
     pub const TCP_KEEPIDLE: u64 = 4;
+    /// usnet's own options.
+    pub const SOL_USNET: u64 = 0x7573;
+    /// Priority-aware receive: the socket's priority (an i32 on the scale of
+    /// `-nice`, as i64 bits), or [`RX_PRIORITY_NONE`] to rank it by its owner again.
+    /// Above the client's own priority it needs CAP_SYS_NICE (or RLIMIT_NICE), as
+    /// raising a process's priority does.
+    pub const USNET_RX_PRIORITY: u64 = 1;
+    pub const RX_PRIORITY_NONE: u64 = u64::MAX;
 }
 
 // ---------------------------------------------------------------- socket slots

@@ -42,6 +42,13 @@ impl TcpListener {
         self.sock.disown();
     }
 
+    /// Priority-aware receive: ranks this listener (and the connections it
+    /// accepts, which share its port) with `priority`; see
+    /// [`crate::UdpSocket::set_rx_priority`].
+    pub fn set_rx_priority(&self, priority: Option<i32>) -> io::Result<()> {
+        crate::udp::set_rx_priority(&self.sock, priority)
+    }
+
     /// Binds and listens (backlog 128); port 0 picks one.
     pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<TcpListener> {
         Self::bind_with_backlog(client, addr, 128)

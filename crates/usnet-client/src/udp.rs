@@ -104,6 +104,14 @@ impl UdpSocket {
             .map(|_| ())
     }
 
+    /// Priority-aware receive (docs/priority.md): ranks this socket with
+    /// `priority` (the scale of `-nice`) instead of its process's priority; `None`
+    /// takes the mark back. Above the process's own priority it needs CAP_SYS_NICE
+    /// or RLIMIT_NICE (`EPERM` otherwise).
+    pub fn set_rx_priority(&self, priority: Option<i32>) -> io::Result<()> {
+        set_rx_priority(&self.sock, priority)
+    }
+
     pub fn send_to(&self, data: &[u8], to: SocketAddr) -> io::Result<usize> {
         self.send_record(data, Some(to))
     }
@@ -259,4 +267,14 @@ fn take_record(
             None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),
         });
     }
+}
+
+/// The `USNET_RX_PRIORITY` option on a UDP socket or a listener.
+pub(crate) fn set_rx_priority(sock: &Sock, priority: Option<i32>) -> io::Result<()> {
+    let v = priority.map_or(opt::RX_PRIORITY_NONE, |p| i64::from(p) as u64);
+    sock.call(
+        op::SETSOCKOPT,
+        [opt::SOL_USNET, opt::USNET_RX_PRIORITY, v, 0, 0, 0],
+    )
+    .map(|_| ())
 }

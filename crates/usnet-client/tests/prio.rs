@@ -144,3 +144,55 @@ fn a_client_process_is_boosted_past_half_and_restored_when_the_server_stops() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn a_client_marks_its_sockets_priority_within_its_own_rights() {
+    let name = "prio-mark";
+    let srv = common::server_with(
+        name,
+        |stack| {
+            stack.rx_policy.forced_drop = true;
+            stack.rx_policy.set_size = 1;
+        },
+        |_| {},
+    );
+    let c = Client::attach(name).unwrap();
+    let a = UdpSocket::bind(&c, sa(&format!("{}:7401", common::ADDR))).unwrap();
+    let b = UdpSocket::bind(&c, sa(&format!("{}:7402", common::ADDR))).unwrap();
+    let set = |srv: &usnet_server::ServerHandle| {
+        srv.call(Duration::from_secs(5), |lp| {
+            lp.stack()
+                .prio_status()
+                .members
+                .iter()
+                .map(|m| (m.port, m.priority))
+                .collect::<Vec<_>>()
+        })
+        .unwrap()
+    };
+    // Both rank as this process (ties to the older socket): a is S.
+    let own = -nice_of(std::process::id()).unwrap();
+    assert_eq!(set(&srv), vec![(7401, own)]);
+    // Ranking a below its process needs no right: b takes its place.
+    a.set_rx_priority(Some(own - 3)).unwrap();
+    assert_eq!(set(&srv), vec![(7402, own)]);
+    // The mark taken back: a ranks as its process again, and is older.
+    a.set_rx_priority(None).unwrap();
+    assert_eq!(set(&srv), vec![(7401, own)]);
+    // Above its own priority it needs CAP_SYS_NICE, as setpriority does.
+    let r = b.set_rx_priority(Some(own + 5));
+    if can_boost().is_ok() {
+        r.unwrap();
+        assert_eq!(set(&srv), vec![(7402, own + 5)]);
+    } else {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(set(&srv), vec![(7401, own)]);
+    }
+    // A listener takes a mark too (its accepted connections share its port).
+    let l = usnet_client::TcpListener::bind(&c, sa(&format!("{}:7403", common::ADDR))).unwrap();
+    let mark = if can_boost().is_ok() { own + 50 } else { own };
+    l.set_rx_priority(Some(mark)).unwrap();
+    if can_boost().is_ok() {
+        assert_eq!(set(&srv), vec![(7403, own + 50)]);
+    }
+}

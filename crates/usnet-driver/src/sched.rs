@@ -95,8 +95,21 @@ pub fn gettid() -> u32 {
 /// Whether this process may raise a priority (lower a nice value): CAP_SYS_NICE or
 /// an RLIMIT_NICE that allows it. `Err` is the one line to print when it may not.
 pub fn can_boost() -> Result<(), String> {
+    if may_raise("self", NICE_MIN) {
+        return Ok(());
+    }
+    Err("priority control is off: raising a consumer's priority needs CAP_SYS_NICE or RLIMIT_NICE (run as root or raise `ulimit -e`)".into())
+}
+
+/// Whether process `pid` may set a nice value as good as `nice`: it has
+/// CAP_SYS_NICE, or its RLIMIT_NICE allows it (what setpriority(2) asks).
+pub fn pid_may_raise(pid: u32, nice: i32) -> bool {
+    may_raise(&pid.to_string(), nice)
+}
+
+fn may_raise(proc_name: &str, nice: i32) -> bool {
     const CAP_SYS_NICE: u32 = 23;
-    let cap = std::fs::read_to_string("/proc/self/status")
+    let cap = std::fs::read_to_string(format!("/proc/{proc_name}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -105,19 +118,17 @@ pub fn can_boost() -> Result<(), String> {
         })
         .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0);
     if cap {
-        return Ok(());
+        return true;
     }
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `rl` is a valid out-pointer.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut rl) } == 0;
-    // RLIMIT_NICE r allows nice values down to 20 - r.
-    if ok && rl.rlim_cur > 20 {
-        return Ok(());
-    }
-    Err("priority control is off: raising a consumer's priority needs CAP_SYS_NICE or RLIMIT_NICE (run as root or raise `ulimit -e`)".into())
+    // RLIMIT_NICE r allows nice values down to 20 - r ("Max nice priority", soft).
+    std::fs::read_to_string(format!("/proc/{proc_name}/limits"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Max nice priority"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
+        })
+        .is_some_and(|r| 20 - r <= i64::from(nice))
 }
 
 /// A boosted consumer: each of its threads with its nice value before the boost.

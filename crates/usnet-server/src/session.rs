@@ -662,6 +662,21 @@ impl ServerSession {
             },
             (opt::SOL_SOCKET, opt::SO_SNDBUF | opt::SO_REUSEADDR | opt::SO_KEEPALIVE)
             | (opt::SOL_SOCKET, opt::SO_LINGER) => Ok(()),
+            (opt::SOL_USNET, opt::USNET_RX_PRIORITY) => {
+                let Some(h) = h.filter(|_| matches!(s.role, Role::Udp | Role::Listener)) else {
+                    return -errno::EINVAL;
+                };
+                let mark = (value != opt::RX_PRIORITY_NONE)
+                    .then(|| (value as i64).clamp(i32::MIN as i64, i32::MAX as i64) as i32);
+                if let Some(p) = mark {
+                    // Ranking above its own process is raising a priority.
+                    let own = usnet_driver::sched::nice_of(self.pid).map_or(0, |n| -n);
+                    if p > own && !usnet_driver::sched::pid_may_raise(self.pid, -p) {
+                        return -errno::EPERM;
+                    }
+                }
+                stack.set_socket_priority(h, mark)
+            }
             _ => return -errno::ENOPROTOOPT,
         };
         match r {

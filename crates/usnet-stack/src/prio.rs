@@ -436,9 +436,14 @@ impl Stack {
             .slots
             .get(h.index as usize)
             .is_some_and(|s| s.prio_member);
+        let seq = |index: u32| self.sockets.slots.get(index as usize).map(|s| s.seq);
         let outranks = self.prio_candidate(h.index).is_some_and(|(_, pr, ..)| {
             let p = &self.core.prio;
-            p.members.len() < p.cfg.set_size || p.members.iter().any(|m| pr > m.priority)
+            // Ties go to the older socket, as in the ranking itself.
+            p.members.len() < p.cfg.set_size
+                || p.members
+                    .iter()
+                    .any(|m| pr > m.priority || (pr == m.priority && seq(h.index) < seq(m.index)))
         });
         if member || outranks {
             self.core.prio.dirty = true;

@@ -124,6 +124,25 @@ fn ties_go_to_the_older_socket() {
 }
 
 #[test]
+fn an_older_socket_that_comes_to_tie_a_member_takes_its_place() {
+    let policy = RxPolicy {
+        set_size: 1,
+        ..both()
+    };
+    let mut s = Stack::new(cfg(2, policy, 1000)).unwrap();
+    let a = bind_owned(&mut s, 7001, 1, 0);
+    let _b = bind_owned(&mut s, 7002, 1, 0);
+    assert_eq!(ports(&mut s), vec![7001]);
+    // a marked below its owner: b takes its place...
+    s.set_socket_priority(a, Some(-3)).unwrap();
+    assert_eq!(ports(&mut s), vec![7002]);
+    // ... and the mark taken back, a ties b and is older: S changes back at once,
+    // not only at the next interval.
+    s.set_socket_priority(a, None).unwrap();
+    assert_eq!(ports(&mut s), vec![7001]);
+}
+
+#[test]
 fn a_member_that_closes_is_replaced_and_a_marked_socket_outranks() {
     let mut s = Stack::new(cfg(2, both(), 1000)).unwrap();
     let a = bind_owned(&mut s, 7001, 1, 4);
