@@ -137,8 +137,15 @@ int usnet_close(int fd);
 /* SOL_SOCKET: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF,  */
 /* SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; get also SO_ERROR, SO_TYPE, SO_DOMAIN,  */
 /* SO_PROTOCOL, SO_ACCEPTCONN. IPPROTO_TCP: TCP_NODELAY; get also TCP_INFO      */
-/* (struct tcp_info). Others: ENOPROTOOPT.                                      */
+/* (struct tcp_info). USNET_SOL_USNET: USNET_RX_PRIORITY. Others: ENOPROTOOPT.  */
 int usnet_setsockopt(int fd, int level, int name, const void *val, socklen_t len);
+/* usnet's own options (level USNET_SOL_USNET). USNET_RX_PRIORITY: priority-aware
+ * receive (docs/priority.md), an int priority on the scale of -nice for a bound UDP
+ * socket or a listener (EINVAL before); USNET_RX_PRIORITY_NONE takes the mark back. Above the process's own
+ * priority it needs CAP_SYS_NICE or RLIMIT_NICE (EPERM). */
+#define USNET_SOL_USNET         0x7573
+#define USNET_RX_PRIORITY       1
+#define USNET_RX_PRIORITY_NONE  (-2147483647 - 1)
 int usnet_getsockopt(int fd, int level, int name, void *val, socklen_t *len);
 int usnet_getsockname(int fd, struct sockaddr *addr, socklen_t *len);
 int usnet_getpeername(int fd, struct sockaddr *addr, socklen_t *len);

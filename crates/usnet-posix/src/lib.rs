@@ -870,10 +870,28 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 s.set_cork(o.cork)?;
             }
         }
+        (SOL_USNET, USNET_RX_PRIORITY) => {
+            let v = int_opt(value)?;
+            let mark = (v != USNET_RX_PRIORITY_NONE).then_some(v);
+            match &*obj {
+                Obj::Udp(u) => u.set_rx_priority(mark)?,
+                Obj::Listener(l) => l.set_rx_priority(mark)?,
+                _ => return Err(Errno(libc::EINVAL)),
+            }
+        }
         _ => return Err(Errno(libc::ENOPROTOOPT)),
     }
     Ok(())
 }
+
+/// usnet's own socket options (`usnet.h`: `USNET_SOL_USNET`).
+pub const SOL_USNET: i32 = usnet_abi::opt::SOL_USNET as i32;
+/// Priority-aware receive (docs/priority.md): an `int` priority on the scale of
+/// `-nice` for a bound UDP socket or a listener (`EINVAL` before), or
+/// [`USNET_RX_PRIORITY_NONE`].
+pub const USNET_RX_PRIORITY: i32 = usnet_abi::opt::USNET_RX_PRIORITY as i32;
+/// Takes a socket's priority mark back (it ranks as its process again).
+pub const USNET_RX_PRIORITY_NONE: i32 = i32::MIN;
 
 /// `getsockopt(2)`: what `setsockopt` takes, plus SO_ERROR, SO_TYPE, SO_DOMAIN,
 /// SO_PROTOCOL, SO_ACCEPTCONN and TCP_INFO (Linux's `struct tcp_info`). Writes into

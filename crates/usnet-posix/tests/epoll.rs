@@ -1,5 +1,6 @@
-//! epoll through the layer against a stack server in this process: what closing a
-//! watched socket does to the set, and edge-triggered EPOLLOUT after a full send ring.
+//! The layer against a stack server in this process: what closing a watched socket
+//! does to an epoll set, edge-triggered EPOLLOUT after a full send ring, and usnet's
+//! own socket option.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -138,4 +139,34 @@ fn edge_triggered_epollout_comes_when_a_full_send_ring_drains() {
     for fd in [ep, c, s, l] {
         px::close(fd).unwrap();
     }
+}
+
+#[test]
+fn the_priority_mark_reaches_udp_sockets_and_listeners_only() {
+    let _turn = attach();
+    let set =
+        |fd, v: i32| px::setsockopt(fd, px::SOL_USNET, px::USNET_RX_PRIORITY, &v.to_ne_bytes());
+    let u = px::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).unwrap();
+    assert_eq!(set(u, -4).unwrap_err().0, libc::EINVAL, "not bound yet");
+    px::bind(u, format!("{ADDR}:7778").parse().unwrap()).unwrap();
+    set(u, -4).unwrap();
+    set(u, px::USNET_RX_PRIORITY_NONE).unwrap();
+    let t = px::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    assert_eq!(
+        set(t, -4).unwrap_err().0,
+        libc::EINVAL,
+        "not a listener (yet)"
+    );
+    let a: SocketAddr = format!("{ADDR}:7777").parse().unwrap();
+    px::bind(t, a).unwrap();
+    px::listen(t, 4).unwrap();
+    set(t, -4).unwrap();
+    assert_eq!(
+        px::setsockopt(u, px::SOL_USNET, 99, &0i32.to_ne_bytes())
+            .unwrap_err()
+            .0,
+        libc::ENOPROTOOPT
+    );
+    px::close(u).unwrap();
+    px::close(t).unwrap();
 }
