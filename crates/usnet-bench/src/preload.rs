@@ -8,6 +8,11 @@
 //! to the other; the two systems take turns run by run. Responses of a small file
 //! (151 bytes, the size of the zero-copy document's responses) and of 64 KiB,
 //! keep-alive, `-c` connections; wrk's error counts are reported (they must be 0).
+//!
+//! Then, the same way, redis-server on the kernel and under the shim, driven by
+//! redis-benchmark (GET and SET, without and with pipelining), and iperf3's server
+//! on both, one stream each way (the client on Linux sends, then with `-R`
+//! receives). Parts whose programs are not installed are skipped with one line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,7 +22,7 @@ use serde_json::{json, Value};
 use usnet_report::{bar_plot, median, write_json, Table};
 
 use crate::tcp::{is_root, Veth, VETH_ADDR, VETH_USNET};
-use crate::web::{in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_serving, wrk, Res};
+use crate::web::{in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_serving, wrk, Bg, Res};
 
 #[derive(Debug, Clone)]
 pub struct PreloadBenchOptions {
@@ -25,11 +30,24 @@ pub struct PreloadBenchOptions {
     pub runs: usize,
     pub seconds: f64,
     pub connections: usize,
+    /// Requests per redis-benchmark run and test.
+    pub redis_requests: usize,
+}
+
+/// One measured row: a workload on one system.
+struct Row {
+    workload: String,
+    system: &'static str,
+    unit: &'static str,
+    runs: Vec<f64>,
+    errors: u64,
 }
 
 const STACK: &str = "bench-preload";
 const PORT: u16 = 8089;
 const FILES: [(&str, usize); 2] = [("r151", 151), ("r64k", 65536)];
+const REDIS_PORT: u16 = 6390;
+const IPERF_PORT: u16 = 5290;
 
 pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     if !is_root() {
@@ -111,24 +129,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     )?;
 
     let systems = [("Linux kernel", kernel_addr), ("usnet (shim)", VETH_USNET)];
-    let mut table = Table::new(
-        format!(
-            "nginx, one worker pinned to core 1; wrk -t1 -c{} on core 0 (median of {} × {} s)",
-            a.connections, a.runs, a.seconds
-        ),
-        [
-            "response",
-            "system",
-            "req/s",
-            "× kernel",
-            "errors",
-            "runs (req/s)",
-        ]
-        .map(String::from)
-        .to_vec(),
-    );
-    let mut results = Vec::new();
-    let mut bars = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     for (name, len) in FILES {
         let mut per: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
         let mut errs = vec![0u64; systems.len()];
@@ -145,52 +146,299 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
                 errs[i] += r.errors;
             }
         }
-        let meds: Vec<f64> = per.iter().map(|v| median(&mut v.clone())).collect();
         for (i, (sys, _)) in systems.iter().enumerate() {
-            let ratio = meds[i] / meds[0];
-            table.row(vec![
-                format!("{len} B"),
-                sys.to_string(),
-                format!("{:.0}", meds[i]),
-                format!("{ratio:.2}"),
-                errs[i].to_string(),
-                per[i]
-                    .iter()
-                    .map(|r| format!("{r:.0}"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ]);
-            bars.push((format!("{sys} {len} B"), meds[i]));
-            results.push(
-                json!({"response_bytes": len, "system": sys, "median_rps": meds[i],
-                "x_kernel": ratio, "errors": errs[i], "runs": per[i]}),
-            );
+            rows.push(Row {
+                workload: format!("nginx {len} B, wrk -c{}", a.connections),
+                system: sys,
+                unit: "req/s",
+                runs: per[i].clone(),
+                errors: errs[i],
+            });
         }
-    }
-    table.print();
-    std::fs::create_dir_all(&a.out)?;
-    let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
-        "runs": a.runs, "results": results});
-    write_json(&a.out.join("preload.json"), &doc)?;
-    std::fs::write(a.out.join("preload.md"), table.to_markdown())?;
-    if let Err(e) = bar_plot(
-        &a.out.join("preload.png"),
-        "nginx: kernel vs usnet (LD_PRELOAD)",
-        "requests/s",
-        &bars,
-    ) {
-        eprintln!("plot not drawn: {e}");
     }
     for t in ["kernel", "usnet"] {
         if let Some(e) = nginx_alerts(&dir, t) {
             eprintln!("nginx ({t}) logged errors:\n{e}");
         }
     }
+    drop((nginx_u, nginx_k));
+
+    if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
+        rows.extend(redis(a, &exe, &dir, &server_ns, &client_ns, &systems)?);
+    } else {
+        println!("usnet bench preload: redis-server/redis-benchmark not installed: redis skipped");
+    }
+    if need_tools(&["iperf3"]).is_ok() {
+        rows.extend(iperf3(a, &exe, &dir, &server_ns, &client_ns, &systems)?);
+    } else {
+        println!("usnet bench preload: iperf3 not installed: iperf3 skipped");
+    }
+
+    let mut table = Table::new(
+        format!(
+            "servers pinned to core 1, load generators on core 0 (median of {} runs)",
+            a.runs
+        ),
+        [
+            "workload",
+            "system",
+            "median",
+            "unit",
+            "× kernel",
+            "errors",
+            "runs",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let mut results = Vec::new();
+    let mut bars = Vec::new();
+    for pair in rows.chunks(2) {
+        let kernel = median(&mut pair[0].runs.clone());
+        for r in pair {
+            let m = median(&mut r.runs.clone());
+            let ratio = m / kernel;
+            table.row(vec![
+                r.workload.clone(),
+                r.system.to_string(),
+                format!("{m:.0}"),
+                r.unit.to_string(),
+                format!("{ratio:.2}"),
+                r.errors.to_string(),
+                r.runs
+                    .iter()
+                    .map(|v| format!("{v:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ]);
+            bars.push((format!("{} {}", r.system, r.workload), ratio));
+            results.push(
+                json!({"workload": r.workload, "system": r.system, "unit": r.unit,
+                "median": m, "x_kernel": ratio, "errors": r.errors, "runs": r.runs}),
+            );
+        }
+    }
+    table.print();
+    std::fs::create_dir_all(&a.out)?;
+    let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
+        "runs": a.runs, "redis_requests": a.redis_requests, "results": results});
+    write_json(&a.out.join("preload.json"), &doc)?;
+    std::fs::write(a.out.join("preload.md"), table.to_markdown())?;
+    if let Err(e) = bar_plot(
+        &a.out.join("preload.png"),
+        "unmodified programs: usnet (LD_PRELOAD) against the kernel",
+        "× the kernel",
+        &bars,
+    ) {
+        eprintln!("plot not drawn: {e}");
+    }
     println!(
         "wrote {}/preload.json, preload.md, preload.png",
         a.out.display()
     );
-    drop((nginx_u, nginx_k, stack));
+    drop(stack);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// A server program in `server_ns` on core 1: under the shim (`shim`) or on the kernel.
+fn server_cmd(exe: &std::path::Path, ns: &str, shim: bool, prog: &str) -> std::process::Command {
+    let mut c = in_ns(ns, 1);
+    if shim {
+        c.arg(exe).args(["run", "--stack", STACK, "--", prog]);
+    } else {
+        c.arg(prog);
+    }
+    c
+}
+
+/// Runs `args` in `ns` on core 0 with a deadline; its standard output.
+fn client_run(ns: &str, args: &[&str], limit: Duration) -> Res<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "taskset", "-c", "0", "timeout"])
+        .arg(limit.as_secs().to_string())
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "{}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits (at most 20 s) until a TCP server answers at `addr:port` from `ns`.
+fn wait_port(ns: &str, addr: &str, port: u16, bg: &mut Bg, dir: &std::path::Path) -> Res<()> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let probe = format!("exec 3<>/dev/tcp/{addr}/{port}");
+        let ok = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "timeout", "2", "bash", "-c", &probe])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(());
+        }
+        if let Some(s) = bg.0.try_wait()? {
+            return Err(format!("{} exited ({s}): {}", bg.1, bg.log(dir)).into());
+        }
+        if Instant::now() > end {
+            return Err(format!("{} did not listen on {addr}:{port} within 20 s", bg.1).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// redis-benchmark's `--csv` line for `test`: its requests/s.
+fn redis_rps(csv: &str, test: &str) -> Option<f64> {
+    csv.lines().find_map(|l| {
+        let mut f = l.split(',').map(|v| v.trim_matches('"'));
+        (f.next()? == test).then_some(())?;
+        f.next()?.parse().ok()
+    })
+}
+
+/// redis-server on both systems; redis-benchmark GET and SET, -P 1 and -P 16.
+fn redis(
+    a: &PreloadBenchOptions,
+    exe: &std::path::Path,
+    dir: &std::path::Path,
+    server_ns: &str,
+    client_ns: &str,
+    systems: &[(&'static str, &'static str); 2],
+) -> Res<Vec<Row>> {
+    let mut servers = Vec::new();
+    for (i, (_, addr)) in systems.iter().enumerate() {
+        let mut c = server_cmd(exe, server_ns, i == 1, "redis-server");
+        c.args(["--port", &REDIS_PORT.to_string(), "--bind", addr])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"]);
+        let mut bg = spawn(c, dir, &format!("redis-{i}"))?;
+        wait_port(client_ns, addr, REDIS_PORT, &mut bg, dir)?;
+        servers.push(bg);
+    }
+    let mut rows = Vec::new();
+    for pipeline in [1usize, 16] {
+        // Per test and system: requests/s of each run.
+        let mut per = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+        for _ in 0..a.runs.max(1) {
+            for (i, (_, addr)) in systems.iter().enumerate() {
+                let n = (a.redis_requests * pipeline.min(4)).to_string();
+                let out = client_run(
+                    client_ns,
+                    &[
+                        "redis-benchmark",
+                        "-h",
+                        addr,
+                        "-p",
+                        &REDIS_PORT.to_string(),
+                        "-t",
+                        "set,get",
+                        "-n",
+                        &n,
+                        "-c",
+                        "50",
+                        "-P",
+                        &pipeline.to_string(),
+                        "-q",
+                        "--csv",
+                    ],
+                    Duration::from_secs(300),
+                )?;
+                for (t, test) in ["GET", "SET"].iter().enumerate() {
+                    let rps = redis_rps(&out, test)
+                        .ok_or_else(|| format!("redis-benchmark printed no {test}: {out}"))?;
+                    per[t][i].push(rps);
+                }
+            }
+        }
+        for (t, test) in ["GET", "SET"].iter().enumerate() {
+            for (i, (sys, _)) in systems.iter().enumerate() {
+                rows.push(Row {
+                    workload: format!("redis {test} -c50 -P{pipeline}"),
+                    system: sys,
+                    unit: "req/s",
+                    runs: per[t][i].clone(),
+                    errors: 0,
+                });
+            }
+        }
+    }
+    drop(servers);
+    Ok(rows)
+}
+
+/// iperf3's server on both systems; one stream from Linux, then one to it (`-R`).
+fn iperf3(
+    a: &PreloadBenchOptions,
+    exe: &std::path::Path,
+    dir: &std::path::Path,
+    server_ns: &str,
+    client_ns: &str,
+    systems: &[(&'static str, &'static str); 2],
+) -> Res<Vec<Row>> {
+    let mut servers = Vec::new();
+    for (i, (_, addr)) in systems.iter().enumerate() {
+        let mut c = server_cmd(exe, server_ns, i == 1, "iperf3");
+        c.args(["-s", "-B", addr, "-p", &IPERF_PORT.to_string()]);
+        let mut bg = spawn(c, dir, &format!("iperf3-{i}"))?;
+        wait_port(client_ns, addr, IPERF_PORT, &mut bg, dir)?;
+        servers.push(bg);
+    }
+    let secs = a.seconds.ceil().max(1.0) as u64;
+    let mut rows = Vec::new();
+    for reverse in [false, true] {
+        let mut per = [Vec::new(), Vec::new()];
+        for _ in 0..a.runs.max(1) {
+            for (i, (_, addr)) in systems.iter().enumerate() {
+                let mut args = vec!["iperf3", "-c", addr, "-J"];
+                let (p, t) = (IPERF_PORT.to_string(), secs.to_string());
+                args.extend(["-p", &p, "-t", &t]);
+                if reverse {
+                    args.push("-R");
+                }
+                let out = client_run(client_ns, &args, Duration::from_secs(secs + 60))?;
+                let v: Value = serde_json::from_str(&out)?;
+                if !v["error"].is_null() {
+                    return Err(format!("iperf3: {}", v["error"]).into());
+                }
+                let bps = v["end"]["sum_received"]["bits_per_second"]
+                    .as_f64()
+                    .ok_or("iperf3 reported no received rate")?;
+                per[i].push(bps / 1e6);
+            }
+        }
+        for (i, (sys, _)) in systems.iter().enumerate() {
+            rows.push(Row {
+                workload: if reverse {
+                    "iperf3 -R: the server sends".into()
+                } else {
+                    "iperf3: the server receives".into()
+                },
+                system: sys,
+                unit: "Mbit/s",
+                runs: per[i].clone(),
+                errors: 0,
+            });
+        }
+    }
+    drop(servers);
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_redis_benchmarks_csv() {
+        let csv = "\"test\",\"rps\",\"avg_latency_ms\"\n\"SET\",\"41666.67\",\"0.6\"\n\"GET\",\"45454.55\",\"0.5\"\n";
+        assert_eq!(redis_rps(csv, "GET"), Some(45454.55));
+        assert_eq!(redis_rps(csv, "SET"), Some(41666.67));
+        assert_eq!(redis_rps(csv, "LPUSH"), None);
+    }
 }

@@ -366,7 +366,8 @@ impl From<ServerArgs> for usnet_bench::server::ServerBenchOptions {
     }
 }
 
-/// `usnet bench preload`: nginx on the kernel vs under the LD_PRELOAD shim.
+/// `usnet bench preload`: nginx, redis and iperf3 on the kernel vs under the
+/// LD_PRELOAD shim.
 #[derive(Args, Debug)]
 pub struct PreloadArgs {
     /// Directory for preload.json, preload.md and preload.png.
@@ -381,6 +382,9 @@ pub struct PreloadArgs {
     /// wrk connections.
     #[arg(long, default_value_t = 100)]
     pub connections: usize,
+    /// Requests per redis-benchmark run and test (times 4 with -P 16).
+    #[arg(long, default_value_t = 100_000)]
+    pub redis_requests: usize,
     /// One short run per configuration (a smoke test).
     #[arg(long)]
     pub quick: bool,
@@ -393,6 +397,7 @@ impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
             runs: if a.quick { 1 } else { a.runs },
             seconds: if a.quick { 1.0 } else { a.seconds },
             connections: a.connections,
+            redis_requests: if a.quick { 2000 } else { a.redis_requests },
         }
     }
 }

@@ -72,8 +72,9 @@ enum BenchCmd {
     Nic(bench::NicBenchArgs),
     /// Asynchronous system calls through shared-memory rings vs direct calls and io_uring.
     AsyncSyscall(bench::AsyncSyscallArgs),
-    /// nginx unmodified: on the Linux kernel vs on a stack server through the
-    /// LD_PRELOAD shim (`usnet run`), wrk over a veth (root).
+    /// Unmodified programs: nginx (wrk), redis (redis-benchmark) and iperf3 on the
+    /// Linux kernel vs on a stack server through the LD_PRELOAD shim (`usnet run`),
+    /// over a veth (root).
     Preload(bench::PreloadArgs),
     /// usnet httpd (--api kernel, and --api socket on AF_PACKET, AF_XDP and TAP) vs
     /// nginx on Linux, wrk -c100 from a namespace, 151 B / 4 KiB / 64 KiB responses (root).
