@@ -133,6 +133,11 @@ ssize_t usnet_readv(int fd, const struct iovec *iov, int iovcnt);
 
 int usnet_shutdown(int fd, int how);
 int usnet_close(int fd);
+/* A new number for the same socket (flags and options shared, FD_CLOEXEC per
+ * number); the socket closes when its last number does. */
+int usnet_dup(int fd);
+int usnet_dup2(int oldfd, int newfd);
+int usnet_dup3(int oldfd, int newfd, int flags);
 
 /* SOL_SOCKET: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF, SO_SNDBUF,  */
 /* SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; get also SO_ERROR, SO_TYPE, SO_DOMAIN,  */

@@ -156,6 +156,34 @@ int main(int argc, char **argv) {
     CHECK("end of stream after the child closed", recv(c, resp, sizeof resp, 0) == 0);
     close(c);
 
+    /* A dup'd connection handed to a child, as inetd hands one to a server on
+     * descriptors 0 and 1: the child has both numbers for the one connection, and
+     * closing one of them leaves the other working. */
+    c = dial();
+    s = accept(l, NULL, NULL);
+    int s2 = dup(s);
+    CHECK("dup for the child", c >= 0 && s >= 0 && s2 >= 0 && s2 != s);
+    kid = fork();
+    if (kid == 0) {
+        alarm(20);
+        close(l);
+        timeouts(s, 10);
+        char req[4];
+        if (read_n(s2, req, sizeof req) != 0 || memcmp(req, "ping", 4) != 0) _exit(30);
+        close(s2);
+        if (send(s, "pong", 4, 0) != 4) _exit(31);
+        close(s);
+        _exit(0);
+    }
+    close(s);
+    close(s2);
+    CHECK("request to the dup'd connection", send(c, "ping", 4, 0) == 4);
+    CHECK("the child answered through its other number",
+          read_n(c, resp, 4) == 0 && memcmp(resp, "pong", 4) == 0);
+    CHECK("the child closed both numbers", status_of(kid) == 0);
+    CHECK("end of stream once both are closed", recv(c, resp, sizeof resp, 0) == 0);
+    close(c);
+
     /* A daemon's double fork: a child forks again before any socket call of its own,
      * then exits; the grandchild serves from the listener. */
     pid_t mid = fork();

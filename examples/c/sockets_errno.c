@@ -196,6 +196,46 @@ int main(int argc, char **argv) {
         S_CLOSE(s2);
     }
 
+    /* dup: a second number for the same connection. Flags are shared (one open
+     * file description), FD_CLOEXEC is per number, and the connection lasts until
+     * its last number is closed. dup2 onto a number makes it name the socket. */
+    {
+        int c3 = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        CHECK("connect 3", S_CONNECT(c3, (struct sockaddr *)&a, sizeof a) == 0);
+        int s3 = S_ACCEPT(l, NULL, NULL);
+        CHECK("accept 3", s3 >= 0);
+        int d3 = S_DUP(c3);
+        CHECK("dup", d3 >= 0 && d3 != c3);
+        CHECK("O_NONBLOCK shared", S_FCNTL(c3, F_SETFL, O_NONBLOCK) == 0 &&
+                                       (S_FCNTL(d3, F_GETFL, 0) & O_NONBLOCK));
+        S_FCNTL(c3, F_SETFL, 0);
+        CHECK("FD_CLOEXEC per number", S_FCNTL(d3, F_SETFD, FD_CLOEXEC) == 0 &&
+                                           S_FCNTL(c3, F_GETFD, 0) == 0 &&
+                                           S_FCNTL(d3, F_GETFD, 0) == FD_CLOEXEC);
+        char b3[8];
+        CHECK("send through the dup", S_SEND(d3, "dup", 3, 0) == 3 &&
+                                          S_RECV(s3, b3, sizeof b3, 0) == 3 && memcmp(b3, "dup", 3) == 0);
+        CHECK("close the first number", S_CLOSE(c3) == 0);
+        CHECK("the dup still sends", S_SEND(d3, "one", 3, 0) == 3 &&
+                                         S_RECV(s3, b3, sizeof b3, 0) == 3 && memcmp(b3, "one", 3) == 0);
+        int f3 = S_FCNTL(d3, F_DUPFD, 100);
+        CHECK("F_DUPFD at or above 100", f3 >= 100);
+        int p3[2];
+        if (pipe(p3) != 0) return 1;
+        CHECK("dup2 onto a pipe's number", S_DUP2(d3, p3[0]) == p3[0]);
+        CHECK("that number sends", S_SEND(p3[0], "two", 3, 0) == 3 &&
+                                       S_RECV(s3, b3, sizeof b3, 0) == 3 && memcmp(b3, "two", 3) == 0);
+        CHECK("dup2 onto itself", S_DUP2(d3, d3) == d3);
+        S_CLOSE(d3);
+        S_CLOSE(p3[0]);
+        CHECK("not closed while a number is open", S_RECV(s3, b3, sizeof b3, MSG_DONTWAIT) < 0 &&
+                                                       (errno == EAGAIN || errno == EWOULDBLOCK));
+        S_CLOSE(f3);
+        CHECK("the last number closes it", S_RECV(s3, b3, sizeof b3, 0) == 0);
+        close(p3[1]);
+        S_CLOSE(s3);
+    }
+
     /* A closed descriptor: EBADF. */
     CHECK("close", S_CLOSE(c) == 0);
     errno = 0;

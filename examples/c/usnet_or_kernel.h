@@ -26,6 +26,8 @@
 #define S_GETSOCKOPT usnet_getsockopt
 #define S_POLL       usnet_poll
 #define S_FCNTL      usnet_fcntl
+#define S_DUP        usnet_dup
+#define S_DUP2       usnet_dup2
 #define S_STACK      "usnet"
 #else
 #include <fcntl.h>
@@ -44,6 +46,8 @@
 #define S_GETSOCKOPT getsockopt
 #define S_POLL       poll
 #define S_FCNTL      fcntl
+#define S_DUP        dup
+#define S_DUP2       dup2
 #define S_STACK      "kernel"
 #endif
 

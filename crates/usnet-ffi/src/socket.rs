@@ -408,6 +408,24 @@ pub extern "C" fn usnet_close(fd: c_int) -> c_int {
     guard(-1, || ret_int(usnet_posix::close(fd).map(|()| 0)))
 }
 
+/// `dup`: a new number for the same socket (closed when its last number is).
+#[no_mangle]
+pub extern "C" fn usnet_dup(fd: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::dup(fd)))
+}
+
+/// `dup2`: `new` names `old`'s socket (what `new` was is closed first).
+#[no_mangle]
+pub extern "C" fn usnet_dup2(old: c_int, new: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::dup2(old, new)))
+}
+
+/// `dup3`: [`usnet_dup2`] with `O_CLOEXEC` in `flags`; `old == new` is `EINVAL`.
+#[no_mangle]
+pub extern "C" fn usnet_dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    guard(-1, || ret_int(usnet_posix::dup3(old, new, flags)))
+}
+
 /// # Safety
 /// `v` points to `len` readable bytes.
 #[no_mangle]
@@ -492,7 +510,8 @@ pub unsafe extern "C" fn usnet_getpeername(
     })
 }
 
-/// `fcntl` with an integer argument: F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD.
+/// `fcntl` with an integer argument: F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD,
+/// F_DUPFD, F_DUPFD_CLOEXEC.
 #[no_mangle]
 pub extern "C" fn usnet_fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
     guard(-1, || ret_int(usnet_posix::fcntl(fd, cmd, arg)))

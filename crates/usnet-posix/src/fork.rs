@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, Once, RwLock};
 
 use usnet_client::{AttachOptions, Client, ForkPin};
 
-use crate::{lock, poll, table, Entry, Obj, CLIENT};
+use crate::{lock, poll, table, Desc, Entry, Obj, CLIENT};
 
 /// Set in a child by the fork handler; cleared once it has its own session.
 static FORKED: AtomicBool = AtomicBool::new(false);
@@ -138,35 +138,56 @@ fn adopt() {
         *current = new;
         return;
     };
-    let fds: Vec<RawFd> = t.keys().copied().collect();
+    let mut fds: Vec<RawFd> = t.keys().copied().collect();
+    fds.sort_unstable();
     let mut sets = Vec::new();
     // The parent's entries go after the table's lock is let go: dropping them closes
     // descriptors, and a close may come back through the shim, which reads the table.
     let mut olds = Vec::new();
+    // Numbers that were dup'd from one another share the child's description too.
+    let mut made: HashMap<*const Desc, Arc<Desc>> = HashMap::new();
     for fd in fds {
         let old = t.get(&fd).cloned().expect("listed");
-        let obj = match old.obj.try_read() {
-            Ok(o) => match &*o {
-                Obj::Epoll(_) => {
-                    sets.push(fd);
-                    continue;
-                }
-                o => remake(o, new.as_ref(), &map, &mut used),
-            },
-            Err(_) => Obj::Failed,
+        let key = Arc::as_ptr(&old.desc);
+        let desc = match made.get(&key) {
+            Some(d) => d.clone(),
+            None => {
+                let obj = match old.obj.try_read() {
+                    Ok(o) => match &*o {
+                        Obj::Epoll(_) => {
+                            sets.push(fd);
+                            continue;
+                        }
+                        o => remake(o, new.as_ref(), &map, &mut used),
+                    },
+                    Err(_) => Obj::Failed,
+                };
+                let d = redescribed(&old, obj);
+                made.insert(key, d.clone());
+                d
+            }
         };
-        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, obj))));
+        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, desc))));
     }
     for fd in sets {
         let old = t.get(&fd).cloned().expect("listed");
-        let obj = match old.obj.try_read() {
-            Ok(o) => match &*o {
-                Obj::Epoll(set) => Obj::Epoll(poll::forked(set, &t)),
-                _ => Obj::Failed,
-            },
-            Err(_) => Obj::Failed,
+        let key = Arc::as_ptr(&old.desc);
+        let desc = match made.get(&key) {
+            Some(d) => d.clone(),
+            None => {
+                let obj = match old.obj.try_read() {
+                    Ok(o) => match &*o {
+                        Obj::Epoll(set) => Obj::Epoll(poll::forked(set, &t)),
+                        _ => Obj::Failed,
+                    },
+                    Err(_) => Obj::Failed,
+                };
+                let d = redescribed(&old, obj);
+                made.insert(key, d.clone());
+                d
+            }
         };
-        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, obj))));
+        olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, desc))));
     }
     drop(t);
     drop(olds);
@@ -207,22 +228,25 @@ fn remake(o: &Obj, c: Option<&Client>, map: &HashMap<u32, u32>, used: &mut HashS
     r.unwrap_or(Obj::Failed)
 }
 
-/// A new entry under the same number with `obj`; the old one keeps the number open
-/// when it goes.
-fn renumbered(old: &Entry, fd: RawFd, obj: Obj) -> Entry {
+/// A new entry under the same number naming `desc`; the old one keeps the number
+/// open when it goes.
+fn renumbered(old: &Entry, fd: RawFd, desc: Arc<Desc>) -> Entry {
     old.keep_number.store(true, Relaxed);
-    Entry {
-        // SAFETY: `fd` is the number the old entry held and no longer closes; the new
-        // entry owns it from here.
-        reserve: std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) }),
-        keep_number: AtomicBool::new(false),
+    // SAFETY: `fd` is the number the old entry held and no longer closes; the new
+    // entry owns it from here.
+    crate::numbered(unsafe { OwnedFd::from_raw_fd(fd) }, desc)
+}
+
+/// The child's description for a parent's one, around `obj`.
+fn redescribed(old: &Desc, obj: Obj) -> Arc<Desc> {
+    Arc::new(Desc {
         obj: RwLock::new(obj),
         domain: old.domain,
         stype: old.stype,
         nonblock: AtomicBool::new(old.nonblocking()),
         error: AtomicI32::new(old.error.load(Relaxed)),
         opts: Mutex::new(old.opts.try_lock().map(|o| o.clone()).unwrap_or_default()),
-    }
+    })
 }
 
 /// For the table's users: the entries by number (epoll's rebuild looks them up).

@@ -140,11 +140,20 @@ struct Opts {
     linger: Option<Duration>,
 }
 
+/// One descriptor number. Numbers made by `dup` share one [`Desc`], as the kernel's
+/// dup'd descriptors share one open file description: the socket, O_NONBLOCK, the
+/// options. FD_CLOEXEC is the number's own (its reserve's flag).
 struct Entry {
     /// Holds the descriptor number (closed with the entry unless [`surrender`] kept it).
     reserve: std::mem::ManuallyDrop<OwnedFd>,
     /// Set by [`surrender`]: the number outlives the entry.
     keep_number: AtomicBool,
+    desc: Arc<Desc>,
+}
+
+/// What dup'd descriptors share. The socket closes when the last number naming it
+/// is closed (the last `Arc` goes).
+struct Desc {
     obj: RwLock<Obj>,
     domain: i32,
     stype: i32,
@@ -201,6 +210,13 @@ fn insert(e: Entry) -> RawFd {
     fd
 }
 
+impl std::ops::Deref for Entry {
+    type Target = Desc;
+    fn deref(&self) -> &Desc {
+        &self.desc
+    }
+}
+
 impl Drop for Entry {
     fn drop(&mut self) {
         if !self.keep_number.load(Relaxed) {
@@ -211,19 +227,29 @@ impl Drop for Entry {
 }
 
 fn new_entry(reserve: OwnedFd, obj: Obj, domain: i32, stype: i32, nonblock: bool) -> Entry {
+    numbered(
+        reserve,
+        Arc::new(Desc {
+            obj: RwLock::new(obj),
+            domain,
+            stype,
+            nonblock: AtomicBool::new(nonblock),
+            error: AtomicI32::new(0),
+            opts: Mutex::new(Opts::default()),
+        }),
+    )
+}
+
+/// An entry for number `reserve` naming `desc`.
+fn numbered(reserve: OwnedFd, desc: Arc<Desc>) -> Entry {
     Entry {
         reserve: std::mem::ManuallyDrop::new(reserve),
         keep_number: AtomicBool::new(false),
-        obj: RwLock::new(obj),
-        domain,
-        stype,
-        nonblock: AtomicBool::new(nonblock),
-        error: AtomicI32::new(0),
-        opts: Mutex::new(Opts::default()),
+        desc,
     }
 }
 
-impl Entry {
+impl Desc {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Obj> {
         self.obj.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -658,6 +684,87 @@ pub fn close(fd: RawFd) -> Res<()> {
     Ok(())
 }
 
+/// `dup(2)`: the lowest free number, naming the same socket (its flags and options
+/// shared; FD_CLOEXEC clear). The socket closes when the last of its numbers does.
+pub fn dup(fd: RawFd) -> Res<RawFd> {
+    dup_from(fd, 0, false)
+}
+
+/// `fcntl(F_DUPFD / F_DUPFD_CLOEXEC)`: the lowest free number at or above `min`.
+pub fn dup_from(fd: RawFd, min: RawFd, cloexec: bool) -> Res<RawFd> {
+    let e = get(fd)?;
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // The kernel picks the number: a dup of the reserve holds it from here.
+    // SAFETY: fcntl on a descriptor this entry owns, with an integer argument.
+    let n = unsafe { libc::fcntl(e.reserve.as_raw_fd(), cmd, min) };
+    if n < 0 {
+        return Err(last_os_errno());
+    }
+    // SAFETY: `n` was just returned by the kernel and is owned by nobody else.
+    let reserve = unsafe { OwnedFd::from_raw_fd(n) };
+    Ok(insert(numbered(reserve, e.desc.clone())))
+}
+
+/// `dup3(2)` (`dup2` is `flags` 0 and allows `old == new`): `new` names `old`'s
+/// socket; whatever `new` was is closed first, in one step (a usnet socket there
+/// goes from the table, a kernel descriptor is closed by the kernel's dup3).
+pub fn dup3(old: RawFd, new: RawFd, flags: i32) -> Res<RawFd> {
+    if flags & !libc::O_CLOEXEC != 0 || old == new {
+        return Err(Errno(libc::EINVAL));
+    }
+    let e = get(old)?;
+    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
+    // SAFETY: dup3 on a descriptor this entry owns onto a number; no memory arguments.
+    let n = unsafe { libc::dup3(e.reserve.as_raw_fd(), new, flags) };
+    if n < 0 {
+        return Err(last_os_errno());
+    }
+    // SAFETY: `new` now holds a dup of our reserve; this entry owns it from here.
+    let entry = numbered(unsafe { OwnedFd::from_raw_fd(new) }, e.desc.clone());
+    let replaced = t.insert(new, Arc::new(entry));
+    drop(t);
+    if let Some(r) = replaced {
+        // The kernel's dup3 already closed its eventfd: its number is the new
+        // entry's now.
+        r.keep_number.store(true, Relaxed);
+    }
+    Ok(new)
+}
+
+/// `dup2(2)`: [`dup3`], and `old == new` gives `new` back if it is open.
+pub fn dup2(old: RawFd, new: RawFd) -> Res<RawFd> {
+    if old == new {
+        get(old)?;
+        return Ok(new);
+    }
+    dup3(old, new, 0)
+}
+
+/// A kernel descriptor was just dup'd onto `fd` (`dup2`/`dup3` of a kernel
+/// descriptor onto a usnet socket's number, by the caller): `fd` is no longer a usnet
+/// socket, and the number stays with the kernel's descriptor.
+pub fn replaced_by_kernel(fd: RawFd) {
+    let e = table()
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&fd);
+    if let Some(e) = e {
+        e.keep_number.store(true, Relaxed);
+    }
+}
+
+fn last_os_errno() -> Errno {
+    Errno(
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EBADF),
+    )
+}
+
 /// What a socket was, for a caller that re-creates it on the kernel: see [`surrender`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Surrendered {
@@ -760,6 +867,11 @@ pub fn fcntl(fd: RawFd, cmd: i32, arg: i64) -> Res<i32> {
                 Ok(r)
             }
         }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_from(
+            fd,
+            arg.clamp(0, i32::MAX as i64) as i32,
+            cmd == libc::F_DUPFD_CLOEXEC,
+        ),
         _ => Err(Errno(libc::EINVAL)),
     }
 }

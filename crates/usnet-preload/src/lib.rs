@@ -718,9 +718,12 @@ pub unsafe extern "C" fn __ppoll_chk(
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if let Some(_g) = ours(fd) {
         return match cmd {
-            libc::F_GETFL | libc::F_SETFL | libc::F_GETFD | libc::F_SETFD => {
-                u::usnet_fcntl(fd, cmd, arg as c_long)
-            }
+            libc::F_GETFL
+            | libc::F_SETFL
+            | libc::F_GETFD
+            | libc::F_SETFD
+            | libc::F_DUPFD
+            | libc::F_DUPFD_CLOEXEC => u::usnet_fcntl(fd, cmd, arg as c_long),
             _ => refused(&format!("fcntl({cmd})"), fd, libc::EINVAL),
         };
     }
@@ -753,38 +756,46 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
-        return refused("dup", fd, libc::EOPNOTSUPP);
+        return u::usnet_dup(fd);
     }
     real!(dup: fn(c_int) -> c_int)(fd)
 }
 
-/// dup2/dup3 onto a usnet socket closes the socket first, as the kernel would.
-fn dup_onto(old: c_int, new: c_int, call: &str) -> Result<(), c_int> {
-    if let Some(_g) = ours(old) {
-        return Err(refused(call, old, libc::EOPNOTSUPP));
+/// dup2/dup3 of a usnet socket gives another number for it; of a kernel descriptor
+/// onto a usnet socket's number, the kernel's call replaces the eventfd that held
+/// the number in one step, and the layer lets the socket's number go.
+unsafe fn dup_onto(old: c_int, new: c_int, flags: Option<c_int>) -> c_int {
+    let real_dup = || match flags {
+        None => real!(dup2: fn(c_int, c_int) -> c_int)(old, new),
+        Some(f) => real!(dup3: fn(c_int, c_int, c_int) -> c_int)(old, new, f),
+    };
+    // The layer's own dup3 (it holds the descriptor table) goes straight to libc.
+    let Some(_g) = enter() else {
+        return real_dup();
+    };
+    if usnet_posix::is_usnet(old) {
+        return match flags {
+            None => u::usnet_dup2(old, new),
+            Some(f) => u::usnet_dup3(old, new, f),
+        };
     }
-    if let Some(_g) = ours(new) {
-        if old != new {
-            u::usnet_close(new);
-        }
+    let r = real_dup();
+    if r >= 0 && old != new && usnet_posix::is_usnet(new) {
+        usnet_posix::replaced_by_kernel(new);
     }
-    Ok(())
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if let Err(r) = dup_onto(old, new, "dup2") {
-        return r;
-    }
-    real!(dup2: fn(c_int, c_int) -> c_int)(old, new)
+    // SAFETY: dup2's contract.
+    unsafe { dup_onto(old, new, None) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if let Err(r) = dup_onto(old, new, "dup3") {
-        return r;
-    }
-    real!(dup3: fn(c_int, c_int, c_int) -> c_int)(old, new, flags)
+    // SAFETY: dup3's contract.
+    unsafe { dup_onto(old, new, Some(flags)) }
 }
 
 // ------------------------------------------------------------------ waiting
