@@ -92,6 +92,9 @@ struct Boost {
     until: Instant,
     /// The last datagram queued on that member.
     last_arrival: Instant,
+    /// When to look next whether the queue has drained (a timer, so a loop with a
+    /// boost in force neither misses the drain nor spins on a past deadline).
+    check_at: Instant,
 }
 
 /// Per-socket marks, kept beside the slot.
@@ -250,6 +253,7 @@ impl Core {
             index,
             until: now + p.cfg.boost_time,
             last_arrival: now,
+            check_at: now + p.cfg.drain_quiet,
         });
         p.requests.push(SchedRequest::Boost {
             pid,
@@ -276,14 +280,24 @@ impl Core {
         let quiet = p.cfg.drain_quiet;
         let before = p.boosts.len();
         let (mut expired, mut emptied) = (0, 0);
-        p.boosts.retain(|b| {
+        p.boosts.retain_mut(|b| {
             let done = if now >= b.until {
                 expired += 1;
                 true
+            } else if now < b.check_at {
+                false
             } else if now >= b.last_arrival + quiet && drained(b.index) {
                 emptied += 1;
                 true
             } else {
+                // Still coming: look again once quiet; quiet but still queued: look
+                // again after another quiet time.
+                let quiet_at = b.last_arrival + quiet;
+                b.check_at = if now < quiet_at {
+                    quiet_at
+                } else {
+                    now + quiet
+                };
                 false
             };
             if done {
@@ -298,11 +312,10 @@ impl Core {
 
     /// When a boost next runs out, or may end because its queue drained.
     pub(crate) fn prio_at(&self) -> Option<Instant> {
-        let quiet = self.prio.cfg.drain_quiet;
         self.prio
             .boosts
             .iter()
-            .map(|b| b.until.min(b.last_arrival + quiet))
+            .map(|b| b.until.min(b.check_at))
             .min()
     }
 }

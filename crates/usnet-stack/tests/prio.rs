@@ -425,6 +425,13 @@ fn a_boost_ends_when_its_time_is_up_or_its_socket_leaves_the_set() {
     b.take_sched_requests(&mut reqs);
     assert_eq!(reqs.len(), 1);
     reqs.clear();
+    // Quiet but never read: the drain check comes back every quiet time, never on a
+    // deadline already past (a loop would spin on it).
+    for t in [120, 140, 160] {
+        assert_eq!(b.poll_at(), Some(ms(t)));
+        b.poll(ms(t));
+        assert!(b.poll_at().is_some_and(|next| next > ms(t)));
+    }
     b.poll(ms(399));
     b.take_sched_requests(&mut reqs);
     assert!(reqs.is_empty());
