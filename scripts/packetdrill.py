@@ -51,7 +51,7 @@ SYSCTLS = {
     "tcp_timestamps", "tcp_sack", "tcp_dsack", "tcp_window_scaling", "tcp_rmem",
     "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
     "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
-    "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn",
+    "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn", "tcp_notsent_lowat",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)

@@ -27,10 +27,12 @@ mod test_util;
 mod timers;
 mod timestamps;
 mod transmit;
+mod wmem;
 
 pub(crate) use handshake::Handshake;
 pub use icmp::{IcmpError, IcmpOutcome};
 pub use state::State;
+pub use wmem::{sndbuf_for_option, CHUNK_OVERHEAD, MIN_SNDBUF};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -58,6 +60,7 @@ use send::SendState;
 use state::ChallengeLimiter;
 use timers::Timers;
 use timestamps::Timestamps;
+use wmem::Wmem;
 
 /// Why a connection ended abnormally. The stack maps it to its own error type, whose
 /// errno table is the only one (`usnet_stack::StackError::errno`).
@@ -282,6 +285,8 @@ pub struct Connection {
     pub(crate) ts: Timestamps,
     /// SND.*, send buffer, FIN, persist (`send`).
     pub(crate) snd: SendState,
+    /// The send buffer's limit as Linux accounts it (`wmem`).
+    pub(crate) wmem: Wmem,
     /// What is in flight (`scoreboard`).
     pub(crate) scoreboard: Scoreboard,
     /// Loss recovery, RACK, TLP (`recovery`).
@@ -353,6 +358,7 @@ impl Connection {
             opts: Negotiated::default(),
             ts: Timestamps::new(ts_offset, now),
             snd: SendState::new(iss, cfg.send_buffer, cfg.zero_copy, remote, now),
+            wmem: Wmem::new(cfg.send_buffer_initial.min(cfg.send_buffer), iss),
             scoreboard: Scoreboard::new(cfg.send_buffer),
             recovery: Recovery::new(iss),
             cc,

@@ -156,9 +156,10 @@ impl Connection {
             )
     }
 
-    /// Free space in the send buffer.
+    /// Free space in the send buffer: 0 when sending is over, or when the buffer's
+    /// limit admits nothing more (see [`Connection::send_step`]).
     pub fn send_capacity(&self) -> usize {
-        if self.may_send() {
+        if self.may_send() && self.may_queue() {
             self.snd.buf.free()
         } else {
             0
@@ -176,19 +177,14 @@ impl Connection {
     /// the end of this data is no push point (RFC 9293 §3.9.1 leaves PSH to the
     /// application's push).
     pub fn send_more(&mut self, data: &[u8], more: bool) -> usize {
-        if !self.may_send() {
-            return 0;
+        let mut done = 0;
+        while done < data.len() {
+            match self.send_step(&data[done..], more) {
+                (0, _) => break,
+                (n, _) => done += n,
+            }
         }
-        let n = self.snd.buf.push(data);
-        if n > 0 {
-            self.snd.more = more;
-            self.snd.more_pass = more;
-            self.chrono_start(super::Chrono::Busy);
-        }
-        if n < data.len() {
-            self.chrono_start(super::Chrono::SndbufLimited);
-        }
-        n
+        done
     }
 
     /// Zero-copy connection ([`TcpConfig::zero_copy`](crate::TcpConfig)): queue a
@@ -201,13 +197,19 @@ impl Connection {
         if !self.may_send() {
             return false;
         }
+        if !self.may_queue() {
+            self.no_space();
+            return false;
+        }
+        let len = span.len as usize;
         let SendBuf::Bufs(q) = &mut self.snd.buf else {
             return false;
         };
         if !q.push(span) {
-            self.chrono_start(super::Chrono::SndbufLimited);
+            self.no_space();
             return false;
         }
+        self.account_written(len);
         self.snd.more = more;
         self.snd.more_pass = more;
         self.chrono_start(super::Chrono::Busy);
@@ -266,7 +268,15 @@ impl Connection {
         if !self.may_send() {
             return 0;
         }
+        if !self.may_queue() {
+            self.no_space();
+            return 0;
+        }
         let n = self.snd.buf.push_with(max, fill);
+        self.account_written(n);
+        if n < max {
+            self.no_space();
+        }
         if n > 0 {
             self.snd.more = false;
             self.chrono_start(super::Chrono::Busy);

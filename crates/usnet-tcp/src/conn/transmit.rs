@@ -23,7 +23,6 @@ impl Connection {
         self.now = self.now.max(now);
         let readable = self.recv_available();
         let eof = self.rcv.fin_received;
-        let free = self.snd.buf.free();
         let state = self.state;
         self.run_timers();
         let mut budget = POLL_BUDGET;
@@ -53,7 +52,10 @@ impl Connection {
                 self.arm_persist();
             }
         }
-        self.wake_since(readable, eof, free, state)
+        let room = self.wmem_after_transmit();
+        let mut wake = self.wake_since(readable, eof, state);
+        wake.writable |= room;
+        wake
     }
 
     /// Options on every segment after the handshake: timestamps, SACK blocks.
