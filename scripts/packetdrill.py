@@ -168,6 +168,8 @@ def run_one(args, tcp, script, mode, extra):
     finally:
         os.unlink(sysctl_file)
     out = p.stdout.decode("utf-8", "replace")
+    if args.show:
+        print("==== %s %s\n%s" % (mode, script, out))
     if p.returncode == 0:
         status = "pass"
     elif p.returncode in (124, 137):
@@ -191,6 +193,7 @@ def main():
     ap.add_argument("--update", action="store_true", help="add new passes to --expect")
     ap.add_argument("--results", help="write every result (TSV) here")
     ap.add_argument("--mode", choices=sorted(MODES), action="append")
+    ap.add_argument("--show", action="store_true", help="print packetdrill's output")
     ap.add_argument("--no-sysctls", action="store_true",
                     help="pass no profile/sysctl flags (for backends without them)")
     ap.add_argument("filter", nargs="*", help="only scripts whose path contains one")

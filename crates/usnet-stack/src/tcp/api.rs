@@ -485,6 +485,8 @@ impl Stack {
         data: &[u8],
         more: bool,
     ) -> Result<usize, StackError> {
+        let now = self.core.tcp_now();
+        self.conn_mut(h)?.advance_clock(now);
         let mut done = 0;
         while done < data.len() {
             let (n, push) = self.conn_mut(h)?.send_step(&data[done..], more);

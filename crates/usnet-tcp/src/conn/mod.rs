@@ -413,6 +413,12 @@ impl Connection {
         self.rcv.irs.0
     }
 
+    /// Moves the connection's clock to `now` (never back) before an application
+    /// call that records time (a write starts the busy time).
+    pub fn advance_clock(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
     /// A `tcp_info`-like snapshot.
     pub fn info(&self) -> TcpInfo {
         self.info_at(self.now)

@@ -52,7 +52,7 @@ impl Connection {
                 self.arm_persist();
             }
         }
-        let room = self.wmem_after_transmit();
+        let room = self.wmem_after_transmit(self.snd.nxt != nxt_before);
         let mut wake = self.wake_since(readable, eof, state);
         wake.writable |= room;
         wake

@@ -287,11 +287,9 @@ impl Connection {
         }
     }
 
-    /// A write found no room: wake the writer when there is, and count the time as
-    /// send-buffer limited.
+    /// A write found no room: wake the writer when there is.
     pub fn no_space(&mut self) {
         self.wmem.nospace = true;
-        self.chrono_start(Chrono::SndbufLimited);
     }
 
     /// SND.UNA advanced: forget the chunks it acknowledged.
@@ -303,11 +301,15 @@ impl Connection {
         self.wmem.acked = true;
     }
 
-    /// After a transmit pass: the chunk SND.NXT now falls inside is cut there (as
-    /// Linux splits a buffer that went out in part); then, if an ACK came while a
-    /// writer waits, grow the limit (`tcp_sndbuf_expand`, unless locked or cwnd is
-    /// full) and wake the writer if it may write again. Returns whether to wake it.
-    pub(crate) fn wmem_after_transmit(&mut self) -> bool {
+    /// After a transmit pass (`sent`: it sent new data): the chunk SND.NXT now
+    /// falls inside is cut there (as Linux splits a buffer that went out in part).
+    /// A pass that sent everything queued without cwnd stopping it while a writer
+    /// waits for room starts the send-buffer limited time (the sender starves for
+    /// want of buffer, as Linux's `tcp_cwnd_validate` judges). Then, if an ACK came
+    /// while a writer waits, grow the limit (`tcp_sndbuf_expand`, unless locked or
+    /// cwnd is full) and wake the writer if it may write again, which ends that
+    /// time. Returns whether to wake it.
+    pub(crate) fn wmem_after_transmit(&mut self, sent: bool) -> bool {
         if self.snd.buf.is_empty() {
             self.wmem.chunks.clear();
         } else {
@@ -320,6 +322,15 @@ impl Connection {
             if i < self.wmem.chunks.len() && self.chunk_start(i).lt(cut) {
                 self.wmem.chunks.insert(i, cut);
             }
+        }
+        let cwnd_limited = self.snd.cwnd_blocked || self.pipe_est() >= self.cc.cwnd();
+        if sent
+            && !cwnd_limited
+            && self.wmem.nospace
+            && self.notsent_bytes() == 0
+            && matches!(self.state, State::Established | State::CloseWait)
+        {
+            self.chrono_start(Chrono::SndbufLimited);
         }
         if !std::mem::take(&mut self.wmem.acked) || !self.wmem.nospace {
             return false;
@@ -430,13 +441,13 @@ mod tests {
         let out = drain(&mut cli, T0);
         assert!(!out.is_empty());
         // Nothing acknowledged yet: no wake.
-        assert!(!cli.wmem_after_transmit());
+        assert!(!cli.wmem_after_transmit(false));
         feed(&mut srv, T0 + ms(10), &out);
         let acks = drain(&mut srv, T0 + ms(10));
         let mut woke = false;
         for a in &acks {
             feed(&mut cli, T0 + ms(20), std::slice::from_ref(a));
-            woke |= cli.wmem_after_transmit();
+            woke |= cli.wmem_after_transmit(false);
         }
         assert_eq!(woke, cli.is_writable());
         assert!(!cli.wmem.nospace || !woke);
@@ -459,7 +470,7 @@ mod tests {
         locked.set_send_buffer_limit(sndbuf_for_option(5000));
         locked.wmem.nospace = true;
         locked.wmem.acked = true;
-        locked.wmem_after_transmit();
+        locked.wmem_after_transmit(false);
         assert_eq!(locked.send_buffer_limit(), 10_000);
     }
 }
