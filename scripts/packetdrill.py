@@ -52,6 +52,7 @@ SYSCTLS = {
     "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
     "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
     "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn", "tcp_notsent_lowat",
+    "tcp_min_tso_segs",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)

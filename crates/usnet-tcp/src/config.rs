@@ -42,6 +42,13 @@ pub struct TcpConfig {
     /// (bytes plus a fixed cost per buffered chunk; `tcp_wmem` default). Autotuning
     /// grows it towards `send_buffer` unless the application set `SO_SNDBUF`.
     pub send_buffer_initial: usize,
+    /// Send new data in the pieces Linux's TSO engine cuts (`conn/tso.rs`): at
+    /// most the congestion window's room and the autosized TSO size each, whole
+    /// segments at the window's edge, PSH at a piece's end in slow start. Off by
+    /// default; the `linux` profile turns it on.
+    pub tso_pieces: bool,
+    /// Linux's `tcp_min_tso_segs`: the fewest segments a TSO piece is sized for.
+    pub min_tso_segs: u32,
     /// Linux's `tcp_notsent_lowat`: a write is admitted, and the socket polls
     /// writable, only while fewer bytes than this wait unsent (`u32::MAX`: no
     /// limit). A connection's `TCP_NOTSENT_LOWAT` overrides it.
@@ -177,6 +184,8 @@ impl Default for TcpConfig {
             send_buffer: 1 << 20,
             send_buffer_initial: 1 << 20,
             notsent_lowat: u32::MAX,
+            tso_pieces: false,
+            min_tso_segs: 2,
             recv_buffer: 4 << 20,
             recv_buffer_initial: 128 << 10,
             zero_copy: false,
@@ -238,6 +247,7 @@ impl TcpConfig {
                 c.recv_buffer_initial = 540_000;
                 c.send_buffer = 4 << 20;
                 c.send_buffer_initial = 256 << 10;
+                c.tso_pieces = true;
                 c.syn_retries = 5;
                 c.synack_retries = 5;
                 c.slow_start_after_idle = false;
@@ -253,7 +263,7 @@ impl TcpConfig {
     /// `tcp_window_scaling`, `tcp_rmem` and `tcp_wmem` ("min default max": the
     /// maximum is the buffer, as far as Linux's autotuning may grow it; the receive
     /// default is the initial receive window, the send default the initial send
-    /// buffer limit), `tcp_notsent_lowat`,
+    /// buffer limit), `tcp_notsent_lowat`, `tcp_min_tso_segs`,
     /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
     /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
     /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_ecn` (0, 1, 2),
@@ -298,6 +308,7 @@ impl TcpConfig {
                 self.send_buffer_initial = def.clamp(1024, self.send_buffer);
             }
             "tcp_notsent_lowat" => self.notsent_lowat = count()?,
+            "tcp_min_tso_segs" => self.min_tso_segs = count()?.clamp(1, 255),
             "tcp_syn_retries" => self.syn_retries = count()?,
             "tcp_synack_retries" => self.synack_retries = count()?,
             "tcp_retries2" => self.max_retries = count()?,

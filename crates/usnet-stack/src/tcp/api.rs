@@ -495,6 +495,7 @@ impl Stack {
             }
             done += n;
             if push && done < data.len() {
+                self.conn_mut(h)?.push_one();
                 self.tcp_settle(h.index, Wake::default());
                 // The transmission may have ended the connection.
                 if self.conn(h).map_or(true, |c| !c.may_send()) {

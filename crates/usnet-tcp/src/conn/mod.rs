@@ -27,6 +27,7 @@ mod test_util;
 mod timers;
 mod timestamps;
 mod transmit;
+mod tso;
 mod wmem;
 
 pub(crate) use handshake::Handshake;

@@ -87,6 +87,11 @@ pub(crate) struct SendState {
     pub more_pass: bool,
     /// TCP_NODELAY was set: the next pass sends a partial segment despite a cork.
     pub push_once: bool,
+    /// Where the piece of new data being sent in this pass ends (`tso`).
+    pub piece_end: Option<Seq>,
+    /// This pass pushes one piece out in the middle of a write (Linux's
+    /// `tcp_push_one`).
+    pub push_one: bool,
 }
 
 impl SendState {
@@ -130,6 +135,8 @@ impl SendState {
             more: false,
             more_pass: false,
             push_once: false,
+            piece_end: None,
+            push_one: false,
             burst: 0,
             delivered: 0,
             records: std::collections::VecDeque::new(),
@@ -237,6 +244,13 @@ impl Connection {
         if let RecvBuf::Bufs(q) = &mut self.rcv.buf {
             q.clear();
         }
+    }
+
+    /// The next transmit pass pushes out one piece of what a write queued so far
+    /// (Linux's `tcp_push_one` in the middle of a write: [`Connection::send_step`]
+    /// asked for a push).
+    pub fn push_one(&mut self) {
+        self.snd.push_one = true;
     }
 
     /// TCP_CORK: while on, a partial segment is held until it fills, the cork is
@@ -405,6 +419,12 @@ impl Connection {
         if let Some(r) = record_end {
             len = len.min(r);
         }
+        if len > 0 && !force && self.cfg.tso_pieces {
+            match self.tso_piece(maxp, unsent) {
+                Some(max) => len = len.min(max),
+                None => return None,
+            }
+        }
         if unsent > 0 && len == 0 {
             *blocked_by_window = true;
             if !(want_fin && unsent == 0) {
@@ -478,7 +498,8 @@ impl Connection {
                 || fin
                 || ends_record
                 || self.snd.persist_pending
-                || self.ends_burst(len, unsent, win, maxp))
+                || self.ends_burst(len, unsent, win, maxp)
+                || self.tso_piece_ends(self.snd.nxt + len as u32))
         {
             flags |= TcpFlags::PSH;
         }

@@ -28,6 +28,7 @@ impl Connection {
         let mut budget = POLL_BUDGET;
         let mut blocked_by_window = false;
         self.snd.burst = 0;
+        self.snd.piece_end = None;
         let nxt_before = self.snd.nxt;
         let data_waits = self.snd.buf.len() > self.snd.nxt.since(self.snd.una) as usize;
         while budget > 0 {
@@ -43,6 +44,7 @@ impl Connection {
         // A MSG_MORE write corks its own pass only; a NODELAY flush is one pass.
         self.snd.more_pass = false;
         self.snd.push_once = false;
+        self.snd.push_one = false;
         if self.state.is_synchronized() && self.state != State::TimeWait {
             if !self.scoreboard.is_empty() {
                 self.arm_rto_if_idle();

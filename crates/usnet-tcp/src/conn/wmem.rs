@@ -81,7 +81,40 @@ impl Wmem {
     }
 }
 
+impl Wmem {
+    /// The first chunk that ends after `p` (the one holding `p`).
+    pub(crate) fn chunk_index_after(&self, p: Seq) -> Option<usize> {
+        let i = self.chunks.partition_point(|e| e.le(p));
+        (i < self.chunks.len()).then_some(i)
+    }
+
+    pub(crate) fn chunk_end(&self, i: usize) -> Seq {
+        self.chunks[i]
+    }
+
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Cuts the chunk holding `at` in two there (`start`: the buffer's first byte).
+    pub(crate) fn cut(&mut self, at: Seq, start: Seq) {
+        let i = self.chunks.partition_point(|e| e.le(at));
+        if i == self.chunks.len() {
+            return;
+        }
+        let from = if i == 0 { start } else { self.chunks[i - 1] };
+        if from.lt(at) {
+            self.chunks.insert(i, at);
+        }
+    }
+}
+
 impl Connection {
+    /// Sequence number of the send buffer's first byte.
+    pub(crate) fn data_start_seq(&self) -> Seq {
+        self.data_start()
+    }
+
     /// Sequence number of the send buffer's first byte.
     fn data_start(&self) -> Seq {
         if self.snd.una == self.snd.iss {
@@ -317,11 +350,8 @@ impl Connection {
             while self.wmem.chunks.back().is_some_and(|e| e.gt(end)) {
                 self.wmem.chunks.pop_back();
             }
-            let cut = self.unsent_start();
-            let i = self.wmem.chunks.partition_point(|e| e.le(cut));
-            if i < self.wmem.chunks.len() && self.chunk_start(i).lt(cut) {
-                self.wmem.chunks.insert(i, cut);
-            }
+            let (cut, start) = (self.unsent_start(), self.data_start());
+            self.wmem.cut(cut, start);
         }
         let cwnd_limited = self.snd.cwnd_blocked || self.pipe_est() >= self.cc.cwnd();
         if sent
