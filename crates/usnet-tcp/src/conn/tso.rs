@@ -36,11 +36,10 @@ impl Connection {
         };
         let segs = u64::from((cwnd / mss.max(1)).max(self.scoreboard.len() as u32));
         let srtt_us = self.rtt.srtt.map_or(0, |d| d.as_micros() as u64);
-        let rate = if srtt_us > 0 {
-            u64::from(mss) * ratio * segs * 10_000 / srtt_us
-        } else {
-            u64::MAX >> 11
-        };
+        // No RTT yet (or none measurable): no pacing limit.
+        let rate = (u64::from(mss) * ratio * segs * 10_000)
+            .checked_div(srtt_us)
+            .unwrap_or(u64::MAX >> 11);
         let mut bytes = rate >> 10;
         if let Some(m) = self.rtt.min_rtt {
             let r = (m.as_micros() as u64) >> 9;
