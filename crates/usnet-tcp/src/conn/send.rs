@@ -89,6 +89,8 @@ pub(crate) struct SendState {
     pub push_once: bool,
     /// Where the piece of new data being sent in this pass ends (`tso`).
     pub piece_end: Option<Seq>,
+    /// That piece holds more than one segment (a TSO frame of Linux's).
+    pub piece_tso: bool,
     /// This pass pushes one piece out in the middle of a write (Linux's
     /// `tcp_push_one`).
     pub push_one: bool,
@@ -136,6 +138,7 @@ impl SendState {
             more_pass: false,
             push_once: false,
             piece_end: None,
+            piece_tso: false,
             push_one: false,
             burst: 0,
             delivered: 0,

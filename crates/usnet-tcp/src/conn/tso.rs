@@ -73,6 +73,7 @@ impl Connection {
         if len <= mss || quota == 0 {
             // One segment (Nagle's to judge), or cwnd's own check stops it.
             self.snd.piece_end = Some(end);
+            self.snd.piece_tso = false;
             return Some(len as usize);
         }
         let window = (self.snd.una + self.snd.wnd).since(nxt);
@@ -93,6 +94,7 @@ impl Connection {
         }
         .clamp(1, len);
         self.snd.piece_end = Some(nxt + piece);
+        self.snd.piece_tso = piece > mss;
         if piece < len {
             let start = self.data_start_seq();
             self.wmem.cut(nxt + piece, start);
@@ -100,12 +102,17 @@ impl Connection {
         Some(piece as usize)
     }
 
-    /// Whether the segment that ends at `end` closes the current piece in slow
-    /// start: the end of one of Linux's TSO frames, which carries PSH there.
+    /// Whether the segment that ends at `end` closes a multi-segment piece in slow
+    /// start with more data queued behind it: the end of one of Linux's TSO
+    /// frames, which carries PSH there. (At the end of the queued data the
+    /// application's push decides.)
     pub(crate) fn tso_piece_ends(&self, end: Seq) -> bool {
         self.cfg.tso_pieces
+            && self.snd.piece_tso
             && self.snd.piece_end == Some(end)
+            && end.lt(self.write_end_seq())
             && self.cc.cwnd() < self.cc.ssthresh()
+            && !self.recovery.in_recovery()
     }
 }
 

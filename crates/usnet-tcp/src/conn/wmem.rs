@@ -115,6 +115,11 @@ impl Connection {
         self.data_start()
     }
 
+    /// Sequence number after the send buffer's last byte.
+    pub(crate) fn write_end_seq(&self) -> Seq {
+        self.write_end()
+    }
+
     /// Sequence number of the send buffer's first byte.
     fn data_start(&self) -> Seq {
         if self.snd.una == self.snd.iss {
