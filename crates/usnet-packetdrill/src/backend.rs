@@ -1313,6 +1313,19 @@ mod tests {
             b.setsockopt(fd, sol, libc::SO_SNDBUF, None),
             Err(libc::EINVAL)
         );
+        // SO_SNDBUF: tcp_wmem's default until set, then doubled (with Linux's floor).
+        let sndbuf0 = b.stack().tcp_config().send_buffer_initial as c_int;
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_SNDBUF), Ok(sndbuf0));
+        let v = (21000 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, sol, libc::SO_SNDBUF, Some(&v)), Ok(()));
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_SNDBUF), Ok(42000));
+        assert_eq!(b.setsockopt(fd, sol, libc::SO_SNDBUF, Some(&one)), Ok(()));
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_SNDBUF), Ok(4608));
+        // TCP_NOTSENT_LOWAT: any 32-bit value, read back as set.
+        assert_eq!(b.getsockopt(fd, tcp, TCP_NOTSENT_LOWAT), Ok(0));
+        let max = (-1 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, tcp, TCP_NOTSENT_LOWAT, Some(&max)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, TCP_NOTSENT_LOWAT), Ok(-1));
         let linger = [1 as c_int, 5].map(c_int::to_ne_bytes).concat();
         assert_eq!(
             b.setsockopt(fd, sol, libc::SO_LINGER, Some(&linger)),
