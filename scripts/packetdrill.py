@@ -51,7 +51,8 @@ SYSCTLS = {
     "tcp_timestamps", "tcp_sack", "tcp_dsack", "tcp_window_scaling", "tcp_rmem",
     "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
     "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
-    "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn",
+    "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn", "tcp_notsent_lowat",
+    "tcp_min_tso_segs",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)
@@ -168,6 +169,8 @@ def run_one(args, tcp, script, mode, extra):
     finally:
         os.unlink(sysctl_file)
     out = p.stdout.decode("utf-8", "replace")
+    if args.show:
+        print("==== %s %s\n%s" % (mode, script, out))
     if p.returncode == 0:
         status = "pass"
     elif p.returncode in (124, 137):
@@ -191,6 +194,7 @@ def main():
     ap.add_argument("--update", action="store_true", help="add new passes to --expect")
     ap.add_argument("--results", help="write every result (TSV) here")
     ap.add_argument("--mode", choices=sorted(MODES), action="append")
+    ap.add_argument("--show", action="store_true", help="print packetdrill's output")
     ap.add_argument("--no-sysctls", action="store_true",
                     help="pass no profile/sysctl flags (for backends without them)")
     ap.add_argument("filter", nargs="*", help="only scripts whose path contains one")

@@ -319,6 +319,7 @@ pub mod opt {
     pub const TCP_CORK: u64 = 3;
     pub const TCP_INFO: u64 = 11;
     pub const TCP_KEEPIDLE: u64 = 4;
+    pub const TCP_NOTSENT_LOWAT: u64 = 25;
     /// usnet's own options.
     pub const SOL_USNET: u64 = 0x7573;
     /// Priority-aware receive: the socket's priority (an i32 on the scale of

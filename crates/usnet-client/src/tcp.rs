@@ -236,6 +236,18 @@ impl TcpStream {
         self.setopt(opt::IPPROTO_TCP, opt::TCP_CORK, on as u64)
     }
 
+    /// SO_SNDBUF as the application passed it: the stack's send-buffer limit for
+    /// this connection becomes twice that (Linux's accounting), without autotuning.
+    pub fn set_send_buffer_size(&self, bytes: i32) -> io::Result<()> {
+        self.setopt(opt::SOL_SOCKET, opt::SO_SNDBUF, bytes.max(0) as u64)
+    }
+
+    /// TCP_NOTSENT_LOWAT: at most `bytes` wait unsent in the stack (0: the stack's
+    /// `tcp_notsent_lowat`).
+    pub fn set_notsent_lowat(&self, bytes: u32) -> io::Result<()> {
+        self.setopt(opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT, u64::from(bytes))
+    }
+
     pub fn set_keepalive(&self, on: bool) -> io::Result<()> {
         self.setopt(opt::SOL_SOCKET, opt::SO_KEEPALIVE, on as u64)
     }

@@ -149,6 +149,10 @@ struct Fd {
     user_timeout: u32,
     /// TCP_CORK.
     cork: bool,
+    /// SO_SNDBUF as Linux keeps it (doubled), if set.
+    sndbuf: Option<u32>,
+    /// TCP_NOTSENT_LOWAT (0: the sysctl's).
+    notsent_lowat: u32,
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -376,6 +380,8 @@ impl Backend {
                 user_mss: None,
                 user_timeout: 0,
                 cork: false,
+                sndbuf: None,
+                notsent_lowat: 0,
             },
         );
         Ok(fd)
@@ -445,12 +451,22 @@ impl Backend {
             0,
         )?;
         // Socket flags the listener had are the new socket's (as Linux clones them).
-        let (zc, keepalive, keep, user_timeout) = {
+        let (zc, keepalive, keep, user_timeout, sndbuf, lowat) = {
             let l = self.fd(fd)?;
-            (l.zc.on, l.keepalive, l.keep, l.user_timeout)
+            (
+                l.zc.on,
+                l.keepalive,
+                l.keep,
+                l.user_timeout,
+                l.sndbuf,
+                l.notsent_lowat,
+            )
         };
+        self.apply_buffer_options(c, sndbuf, lowat);
         let n = self.fd(nfd)?;
         n.user_timeout = user_timeout;
+        n.sndbuf = sndbuf;
+        n.notsent_lowat = lowat;
         n.kind = Kind::Conn(c);
         n.nodelay = nodelay;
         n.zc.on = zc;
@@ -580,10 +596,25 @@ impl Backend {
         }))
     }
 
+    /// SO_SNDBUF and TCP_NOTSENT_LOWAT onto a new connection.
+    fn apply_buffer_options(&mut self, h: SocketHandle, sndbuf: Option<u32>, lowat: u32) {
+        if let Some(b) = sndbuf {
+            let _ = self.stack_mut().tcp_set_send_buffer(h, b);
+        }
+        if lowat != 0 {
+            let _ = self.stack_mut().tcp_set_notsent_lowat(h, lowat);
+        }
+    }
+
     fn connected_fd(&mut self, fd: c_int, h: SocketHandle, nodelay: bool) -> Res<()> {
         if nodelay {
             let _ = self.stack_mut().tcp_set_nodelay(h, true);
         }
+        let (sndbuf, lowat) = {
+            let f = self.fd(fd)?;
+            (f.sndbuf, f.notsent_lowat)
+        };
+        self.apply_buffer_options(h, sndbuf, lowat);
         if self.fd(fd)?.cork {
             let _ = self.stack_mut().tcp_set_cork(h, true);
         }
@@ -915,6 +946,15 @@ impl Backend {
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
             (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
+            (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => match kind {
+                Kind::Conn(h) => self.stack().tcp_notsent_lowat(h).map_err(map)? as c_int,
+                _ => self.fd(fd)?.notsent_lowat as c_int,
+            },
+            (libc::SOL_SOCKET, libc::SO_SNDBUF) => match (kind, self.fd(fd)?.sndbuf) {
+                (Kind::Conn(h), _) => self.stack().tcp_send_buffer(h).map_err(map)? as c_int,
+                (_, Some(b)) => b as c_int,
+                _ => self.stack().tcp_config().send_buffer_initial as c_int,
+            },
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => match (kind, self.fd(fd)?.user_mss) {
                 (Kind::Conn(h), _) => self.stack_mut().tcp_info(h).map_err(map)?.snd_mss as c_int,
                 (_, Some(m)) => c_int::from(m),
@@ -947,8 +987,25 @@ impl Backend {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
                 self.fd(fd)?.reuseaddr = field(0)? != 0;
             }
-            (libc::SOL_SOCKET, libc::SO_SNDBUF | libc::SO_RCVBUF | libc::SO_MARK) => {
+            (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_MARK) => {
                 field(0)?;
+            }
+            (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
+                let b = usnet_stack::sndbuf_for_option(field(0)?);
+                self.fd(fd)?.sndbuf = Some(b);
+                if let Kind::Conn(h) = kind {
+                    self.stack_mut().tcp_set_send_buffer(h, b).map_err(map)?;
+                    self.pump();
+                }
+            }
+            (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => {
+                // Any 32-bit value (0: the sysctl's).
+                let v = field(0)? as u32;
+                self.fd(fd)?.notsent_lowat = v;
+                if let Kind::Conn(h) = kind {
+                    self.stack_mut().tcp_set_notsent_lowat(h, v).map_err(map)?;
+                    self.pump();
+                }
             }
             (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
                 self.fd(fd)?.zc.on = field(0)? != 0;
@@ -1095,6 +1152,9 @@ const TCP_FASTOPEN_CONNECT: c_int = 30;
 
 /// Linux's `TCP_FASTOPEN_KEY` option number.
 const TCP_FASTOPEN_KEY: c_int = 33;
+
+/// Linux's `TCP_NOTSENT_LOWAT` option number.
+const TCP_NOTSENT_LOWAT: c_int = 25;
 
 /// Linux's `TCP_CC_INFO` option number.
 const TCP_CC_INFO: c_int = 26;
@@ -1253,6 +1313,19 @@ mod tests {
             b.setsockopt(fd, sol, libc::SO_SNDBUF, None),
             Err(libc::EINVAL)
         );
+        // SO_SNDBUF: tcp_wmem's default until set, then doubled (with Linux's floor).
+        let sndbuf0 = b.stack().tcp_config().send_buffer_initial as c_int;
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_SNDBUF), Ok(sndbuf0));
+        let v = (21000 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, sol, libc::SO_SNDBUF, Some(&v)), Ok(()));
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_SNDBUF), Ok(42000));
+        assert_eq!(b.setsockopt(fd, sol, libc::SO_SNDBUF, Some(&one)), Ok(()));
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_SNDBUF), Ok(4608));
+        // TCP_NOTSENT_LOWAT: any 32-bit value, read back as set.
+        assert_eq!(b.getsockopt(fd, tcp, TCP_NOTSENT_LOWAT), Ok(0));
+        let max = (-1 as c_int).to_ne_bytes();
+        assert_eq!(b.setsockopt(fd, tcp, TCP_NOTSENT_LOWAT, Some(&max)), Ok(()));
+        assert_eq!(b.getsockopt(fd, tcp, TCP_NOTSENT_LOWAT), Ok(-1));
         let linger = [1 as c_int, 5].map(c_int::to_ne_bytes).concat();
         assert_eq!(
             b.setsockopt(fd, sol, libc::SO_LINGER, Some(&linger)),

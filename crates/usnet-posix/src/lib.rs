@@ -135,6 +135,8 @@ struct Opts {
     cork: bool,
     rcvbuf: Option<i32>,
     sndbuf: Option<i32>,
+    /// TCP_NOTSENT_LOWAT (0: the stack's default).
+    notsent_lowat: u32,
     rcvtimeo: Option<Duration>,
     sndtimeo: Option<Duration>,
     linger: Option<Duration>,
@@ -393,6 +395,7 @@ pub fn accept4(fd: RawFd, flags: i32) -> Res<(RawFd, SocketAddr)> {
         to.keepalive = from.keepalive;
         to.rcvbuf = from.rcvbuf;
         to.sndbuf = from.sndbuf;
+        to.notsent_lowat = from.notsent_lowat;
     }
     Ok((insert(ne), peer))
 }
@@ -410,6 +413,12 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     }
     if o.linger.is_some() {
         let _ = s.set_linger(o.linger);
+    }
+    if let Some(b) = o.sndbuf {
+        let _ = s.set_send_buffer_size(b);
+    }
+    if o.notsent_lowat != 0 {
+        let _ = s.set_notsent_lowat(o.notsent_lowat);
     }
 }
 
@@ -926,9 +935,20 @@ fn timeval_opt(v: &[u8]) -> Res<Option<Duration>> {
     Ok((!d.is_zero()).then_some(d))
 }
 
+/// Linux's `TCP_NOTSENT_LOWAT` option number.
+const TCP_NOTSENT_LOWAT: i32 = 25;
+
+/// What Linux's `SO_SNDBUF` reports for a value set: twice it (its bookkeeping
+/// overhead), at least `SOCK_MIN_SNDBUF` (4608). The stack applies the same
+/// (`usnet_stack::sndbuf_for_option`).
+fn linux_sndbuf(v: i32) -> i32 {
+    (i64::from(v.max(0)) * 2).clamp(4608, i64::from(i32::MAX)) as i32
+}
+
 /// `setsockopt(2)`: SOL_SOCKET SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF,
-/// SO_SNDBUF, SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; IPPROTO_TCP TCP_NODELAY. Others
-/// are `ENOPROTOOPT`.
+/// SO_SNDBUF (the stack's send-buffer limit for the connection, doubled as Linux
+/// does), SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; IPPROTO_TCP TCP_NODELAY, TCP_CORK,
+/// TCP_NOTSENT_LOWAT. Others are `ENOPROTOOPT`.
 pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
     let e = get(fd)?;
     if matches!(&*e.read(), Obj::Epoll(_)) {
@@ -956,7 +976,20 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 u.set_recv_buffer_size(v as usize)?;
             }
         }
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => o.sndbuf = Some(int_opt(value)?.max(256)),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
+            // Linux keeps (and reports) twice the value, at least SOCK_MIN_SNDBUF.
+            let v = int_opt(value)?.max(0);
+            o.sndbuf = Some(v);
+            if let Some(s) = stream {
+                s.set_send_buffer_size(v)?;
+            }
+        }
+        (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) if e.stype == libc::SOCK_STREAM => {
+            o.notsent_lowat = int_opt(value)? as u32;
+            if let Some(s) = stream {
+                s.set_notsent_lowat(o.notsent_lowat)?;
+            }
+        }
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => o.rcvtimeo = timeval_opt(value)?,
         (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => o.sndtimeo = timeval_opt(value)?,
         (libc::SOL_SOCKET, libc::SO_LINGER) => {
@@ -1058,7 +1091,10 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         // Linux reports twice what was set (its bookkeeping overhead); so do we, so
         // programs that check the doubling keep working.
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rcvbuf.map_or(131072, |v| v * 2)),
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sndbuf.map_or(16384, |v| v * 2)),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sndbuf.map_or(16384, linux_sndbuf)),
+        (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) if e.stype == libc::SOCK_STREAM => {
+            int(o.notsent_lowat as i32)
+        }
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(o.rcvtimeo),
         (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(o.sndtimeo),
         (libc::SOL_SOCKET, libc::SO_LINGER) => {

@@ -170,3 +170,50 @@ fn the_priority_mark_reaches_udp_sockets_and_listeners_only() {
     px::close(u).unwrap();
     px::close(t).unwrap();
 }
+
+#[test]
+fn send_buffer_options_reach_the_stack_and_read_back_as_linux_reports_them() {
+    let _turn = attach();
+    let a: SocketAddr = format!("{ADDR}:7613").parse().unwrap();
+    let l = px::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    px::bind(l, a).unwrap();
+    px::listen(l, 4).unwrap();
+    let c = px::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    px::connect(c, a).unwrap();
+    let (s, _) = px::accept4(l, 0).unwrap();
+    let get = |fd, level, name| {
+        let mut b = [0u8; 4];
+        assert_eq!(px::getsockopt(fd, level, name, &mut b).unwrap(), 4);
+        i32::from_ne_bytes(b)
+    };
+    // Linux doubles SO_SNDBUF, with a floor; TCP_NOTSENT_LOWAT reads back as set.
+    px::setsockopt(
+        c,
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUF,
+        &21000i32.to_ne_bytes(),
+    )
+    .unwrap();
+    assert_eq!(get(c, libc::SOL_SOCKET, libc::SO_SNDBUF), 42000);
+    px::setsockopt(s, libc::SOL_SOCKET, libc::SO_SNDBUF, &1i32.to_ne_bytes()).unwrap();
+    assert_eq!(get(s, libc::SOL_SOCKET, libc::SO_SNDBUF), 4608);
+    assert_eq!(get(c, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT), 0);
+    px::setsockopt(
+        c,
+        libc::IPPROTO_TCP,
+        libc::TCP_NOTSENT_LOWAT,
+        &4000i32.to_ne_bytes(),
+    )
+    .unwrap();
+    assert_eq!(get(c, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT), 4000);
+    // The connection still carries data under the small limits.
+    assert_eq!(px::sendto(c, &[5u8; 3000], 0, None).unwrap(), 3000);
+    let mut got = 0;
+    let mut buf = [0u8; 4096];
+    while got < 3000 {
+        got += px::recvfrom(s, &mut buf, 0).unwrap().0;
+    }
+    for fd in [c, s, l] {
+        px::close(fd).unwrap();
+    }
+}

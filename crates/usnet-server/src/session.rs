@@ -660,6 +660,15 @@ impl ServerSession {
                 }
                 _ => Ok(()),
             },
+            // The stack's limit behind the shared ring, as Linux's (doubled).
+            (opt::SOL_SOCKET, opt::SO_SNDBUF) if tcp_conn => stack.tcp_set_send_buffer(
+                h.expect("conn"),
+                usnet_stack::sndbuf_for_option(value.min(i32::MAX as u64) as i32),
+            ),
+            (opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT) if tcp_conn => {
+                stack.tcp_set_notsent_lowat(h.expect("conn"), value.min(u64::from(u32::MAX)) as u32)
+            }
+            (opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT) => Ok(()),
             (opt::SOL_SOCKET, opt::SO_SNDBUF | opt::SO_REUSEADDR | opt::SO_KEEPALIVE)
             | (opt::SOL_SOCKET, opt::SO_LINGER) => Ok(()),
             (opt::SOL_USNET, opt::USNET_RX_PRIORITY) => {

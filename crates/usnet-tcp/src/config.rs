@@ -34,8 +34,25 @@ pub struct TcpConfig {
     /// TCP headers (1460 for IPv4 over Ethernet, 1440 for IPv6). Advertised in the SYN
     /// and the cap on what is sent.
     pub mss: u16,
-    /// Send buffer size in bytes (the most unacknowledged + unsent data held).
+    /// Send buffer size in bytes (the most unacknowledged + unsent data held): the
+    /// ring's size and the limit send-buffer autotuning grows towards (Linux's
+    /// `tcp_wmem` maximum).
     pub send_buffer: usize,
+    /// The send-buffer limit a connection starts with, in Linux's `sk_sndbuf` terms
+    /// (bytes plus a fixed cost per buffered chunk; `tcp_wmem` default). Autotuning
+    /// grows it towards `send_buffer` unless the application set `SO_SNDBUF`.
+    pub send_buffer_initial: usize,
+    /// Send new data in the pieces Linux's TSO engine cuts (`conn/tso.rs`): at
+    /// most the congestion window's room and the autosized TSO size each, whole
+    /// segments at the window's edge, PSH at a piece's end in slow start. Off by
+    /// default; the `linux` profile turns it on.
+    pub tso_pieces: bool,
+    /// Linux's `tcp_min_tso_segs`: the fewest segments a TSO piece is sized for.
+    pub min_tso_segs: u32,
+    /// Linux's `tcp_notsent_lowat`: a write is admitted, and the socket polls
+    /// writable, only while fewer bytes than this wait unsent (`u32::MAX`: no
+    /// limit). A connection's `TCP_NOTSENT_LOWAT` overrides it.
+    pub notsent_lowat: u32,
     /// Receive buffer size in bytes (the largest window that can be advertised).
     pub recv_buffer: usize,
     /// Initial receive window when autotuning (grows towards `recv_buffer`).
@@ -165,6 +182,10 @@ impl Default for TcpConfig {
         TcpConfig {
             mss: 1460,
             send_buffer: 1 << 20,
+            send_buffer_initial: 1 << 20,
+            notsent_lowat: u32::MAX,
+            tso_pieces: false,
+            min_tso_segs: 2,
             recv_buffer: 4 << 20,
             recv_buffer_initial: 128 << 10,
             zero_copy: false,
@@ -225,6 +246,8 @@ impl TcpConfig {
                 c.recv_buffer = 15 << 20;
                 c.recv_buffer_initial = 540_000;
                 c.send_buffer = 4 << 20;
+                c.send_buffer_initial = 256 << 10;
+                c.tso_pieces = true;
                 c.syn_retries = 5;
                 c.synack_retries = 5;
                 c.slow_start_after_idle = false;
@@ -239,7 +262,8 @@ impl TcpConfig {
     /// value as `/proc/sys` takes it: `tcp_timestamps`, `tcp_sack`, `tcp_dsack`,
     /// `tcp_window_scaling`, `tcp_rmem` and `tcp_wmem` ("min default max": the
     /// maximum is the buffer, as far as Linux's autotuning may grow it; the receive
-    /// default is the initial receive window),
+    /// default is the initial receive window, the send default the initial send
+    /// buffer limit), `tcp_notsent_lowat`, `tcp_min_tso_segs`,
     /// `tcp_syn_retries`, `tcp_synack_retries`, `tcp_retries2`, `tcp_orphan_retries`,
     /// `tcp_fin_timeout`, `tcp_keepalive_time`/`_intvl`/`_probes`,
     /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_ecn` (0, 1, 2),
@@ -279,9 +303,12 @@ impl TcpConfig {
                 self.recv_buffer_initial = def.clamp(1024, self.recv_buffer);
             }
             "tcp_wmem" => {
-                let [_, _, max] = triple()?;
+                let [_, def, max] = triple()?;
                 self.send_buffer = max.max(1024);
+                self.send_buffer_initial = def.clamp(1024, self.send_buffer);
             }
+            "tcp_notsent_lowat" => self.notsent_lowat = count()?,
+            "tcp_min_tso_segs" => self.min_tso_segs = count()?.clamp(1, 255),
             "tcp_syn_retries" => self.syn_retries = count()?,
             "tcp_synack_retries" => self.synack_retries = count()?,
             "tcp_retries2" => self.max_retries = count()?,
@@ -377,7 +404,9 @@ mod tests {
         assert_eq!((c.recv_buffer, c.recv_buffer_initial), (6291456, 87380));
         assert_eq!(c.rcv_wscale(), 7);
         c.set_sysctl("tcp_wmem", " 4096 50000 4194304 ").unwrap();
-        assert_eq!(c.send_buffer, 4194304);
+        assert_eq!((c.send_buffer, c.send_buffer_initial), (4194304, 50000));
+        c.set_sysctl("tcp_notsent_lowat", "4000").unwrap();
+        assert_eq!(c.notsent_lowat, 4000);
         c.set_sysctl("tcp_syn_retries", "2").unwrap();
         assert_eq!(c.syn_retries, 2);
         c.set_sysctl("tcp_keepalive_time", "30").unwrap();

@@ -28,7 +28,8 @@ pub mod time;
 pub use cc::{CcAlgorithm, CongestionControl, Cubic, NewReno};
 pub use config::{Keepalive, TcpConfig};
 pub use conn::{
-    Connection, IcmpError, IcmpOutcome, Segment, SegmentSink, State, TcpError, TcpInfo, Wake,
+    sndbuf_for_option, Connection, IcmpError, IcmpOutcome, Segment, SegmentSink, State, TcpError,
+    TcpInfo, Wake, CHUNK_OVERHEAD, MIN_SNDBUF,
 };
 pub use hash::SecretKey;
 pub use listener::{ListenEvent, Listener};

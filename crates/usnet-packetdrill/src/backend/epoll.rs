@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_int;
 
 use super::{Backend, Kind, RealFd, Res};
+use usnet_stack::SocketHandle;
 
 #[derive(Debug)]
 pub(crate) struct Epoll {
@@ -154,10 +155,28 @@ impl Backend {
         Ok(out)
     }
 
-    /// Counts the stack's wake-ups per socket (after the stack ran).
+    /// Counts the stack's wake-ups per socket (after the stack ran), and a
+    /// zero-copy completion that reached a socket's error queue as one (Linux
+    /// reports it with `sk_error_report`, a wake-up).
     pub(crate) fn count_wakes(&mut self) {
         let mut ready = Vec::new();
         self.stack_mut().take_ready(&mut ready);
+        let zc: Vec<(c_int, SocketHandle)> = self
+            .fds
+            .iter()
+            .filter(|(_, f)| f.zc.has_inflight())
+            .filter_map(|(&fd, f)| match f.kind {
+                Kind::Conn(h) => Some((fd, h)),
+                _ => None,
+            })
+            .collect();
+        for (fd, h) in zc {
+            let before = self.fds[&fd].zc.queued();
+            self.zerocopy_pending(fd);
+            if self.fds[&fd].zc.queued() != before {
+                ready.push(h);
+            }
+        }
         for h in ready {
             *self.wakes.entry(h).or_insert(0) += 1;
         }

@@ -405,7 +405,14 @@ impl Shared {
         let flags = flags & !libc::MSG_FASTOPEN;
         let eor = flags & libc::MSG_EOR != 0;
         let more = flags & libc::MSG_MORE != 0;
+        // A blocked writer goes on when the socket is writable again (Linux's
+        // `sk_stream_wait_memory` sleeps until `sk_stream_write_space` wakes it),
+        // not as soon as any room appears.
+        let mut blocked = false;
         let r = self.blocking(Some(fd), flags & libc::MSG_DONTWAIT != 0, None, |b| loop {
+            if blocked && b.revents(fd) & libc::POLLOUT == 0 {
+                break Err(libc::EAGAIN);
+            }
             // Up to the next point where the buffer must end (a zero-copy buffer out
             // of fragments), else to the end.
             let end = breaks
@@ -413,9 +420,16 @@ impl Shared {
                 .copied()
                 .find(|&x| x > done && x < data.len())
                 .unwrap_or(data.len());
-            let n = b.try_write(fd, &data[done..end], more && end == data.len())?;
+            let n = match b.try_write(fd, &data[done..end], more && end == data.len()) {
+                Err(libc::EAGAIN) => {
+                    blocked = true;
+                    break Err(libc::EAGAIN);
+                }
+                r => r?,
+            };
             done += n;
             if done < end {
+                blocked = true;
                 break Err(libc::EAGAIN);
             }
             if end < data.len() {

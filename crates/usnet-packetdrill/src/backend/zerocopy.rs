@@ -33,6 +33,17 @@ impl ZeroCopy {
         self.inflight.push_back((id, self.written));
     }
 
+    /// Sends wait for their acknowledgement.
+    pub fn has_inflight(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    /// Completions queued: the ranges, and the highest id (it grows as a range
+    /// does).
+    pub fn queued(&self) -> (usize, Option<u32>) {
+        (self.queue.len(), self.queue.back().map(|r| r.1))
+    }
+
     /// Everything up to `acked` bytes is acknowledged (or the connection is gone:
     /// `u64::MAX`).
     fn complete(&mut self, acked: u64) {

@@ -452,10 +452,14 @@ impl Stack {
         if data.is_empty() {
             return Ok(0);
         }
+        if !c.is_zero_copy() {
+            return self.tcp_send_steps(h, data, more);
+        }
         if c.send_capacity() == 0 {
+            self.conn_mut(h)?.no_space();
             return Err(StackError::WouldBlock);
         }
-        if c.is_zero_copy() {
+        {
             let mut at = 0;
             let n = self.zc_copy_in(h, data.len(), more, |out| {
                 out.copy_from_slice(&data[at..at + out.len()]);
@@ -463,13 +467,48 @@ impl Stack {
                 out.len()
             });
             self.tcp_settle(h.index, Wake::default());
-            return if n == 0 {
+            if n == 0 {
                 Err(StackError::WouldBlock)
             } else {
                 Ok(n)
-            };
+            }
         }
-        self.with_conn(h, |c| c.send_more(data, more))
+    }
+
+    /// A write as Linux's `tcp_sendmsg` takes it (`usnet_tcp::Connection::send_step`):
+    /// piece by piece, each admitted by the send buffer's limit, transmitting where
+    /// a piece at the head of the unsent data fills up, so that what the window lets
+    /// out meanwhile makes room. `WouldBlock` when nothing was admitted.
+    fn tcp_send_steps(
+        &mut self,
+        h: SocketHandle,
+        data: &[u8],
+        more: bool,
+    ) -> Result<usize, StackError> {
+        let now = self.core.tcp_now();
+        self.conn_mut(h)?.advance_clock(now);
+        let mut done = 0;
+        while done < data.len() {
+            let (n, push) = self.conn_mut(h)?.send_step(&data[done..], more);
+            if n == 0 {
+                break;
+            }
+            done += n;
+            if push && done < data.len() {
+                self.conn_mut(h)?.push_one();
+                self.tcp_settle(h.index, Wake::default());
+                // The transmission may have ended the connection.
+                if self.conn(h).map_or(true, |c| !c.may_send()) {
+                    break;
+                }
+            }
+        }
+        self.tcp_settle(h.index, Wake::default());
+        if done == 0 {
+            Err(StackError::WouldBlock)
+        } else {
+            Ok(done)
+        }
     }
 
     /// `MSG_EOR`: the data queued so far ends a record; its last byte ends a
@@ -529,6 +568,7 @@ impl Stack {
             return Ok(0);
         }
         if c.send_capacity() == 0 {
+            self.conn_mut(h)?.no_space();
             return Err(StackError::WouldBlock);
         }
         if c.is_zero_copy() {
@@ -717,6 +757,28 @@ impl Stack {
     /// TCP_CORK (`usnet_tcp::Connection::set_cork`); lifting it sends what waited.
     pub fn tcp_set_cork(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_cork(on))
+    }
+
+    /// `SO_SNDBUF`: the send buffer's limit becomes `sndbuf` bytes in Linux's
+    /// accounting (the caller doubles the option's value as Linux does:
+    /// [`usnet_tcp::sndbuf_for_option`]), without autotuning from now on.
+    pub fn tcp_set_send_buffer(&mut self, h: SocketHandle, sndbuf: u32) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_send_buffer_limit(sndbuf))
+    }
+
+    /// The send buffer's limit now (what Linux's `SO_SNDBUF` reports).
+    pub fn tcp_send_buffer(&self, h: SocketHandle) -> Result<u32, StackError> {
+        Ok(self.conn(h)?.send_buffer_limit())
+    }
+
+    /// `TCP_NOTSENT_LOWAT` (0: the stack's `tcp_notsent_lowat`).
+    pub fn tcp_set_notsent_lowat(&mut self, h: SocketHandle, lowat: u32) -> Result<(), StackError> {
+        self.with_conn(h, |c| c.set_notsent_lowat(lowat))
+    }
+
+    /// `TCP_NOTSENT_LOWAT` as set (0: none).
+    pub fn tcp_notsent_lowat(&self, h: SocketHandle) -> Result<u32, StackError> {
+        Ok(self.conn(h)?.notsent_lowat())
     }
 
     pub fn tcp_set_keepalive(

@@ -160,11 +160,11 @@ impl SegmentSink for CollectSink<'_> {
 pub(crate) fn readiness_of(c: &usnet_tcp::Connection) -> Readiness {
     let st = c.state();
     let closed = st == State::Closed || c.error().is_some();
-    let low_water = (c.config().send_buffer / 4).max(1);
     Readiness {
         readable: c.recv_available() > 0 || c.is_eof() || closed,
-        writable: closed
-            || (st.is_synchronized() && (!c.may_send() || c.send_capacity() >= low_water)),
+        // Linux's rule (`sk_stream_is_writeable`): a third of the send buffer's
+        // limit free and the unsent bytes under half TCP_NOTSENT_LOWAT.
+        writable: closed || (st.is_synchronized() && (!c.may_send() || c.is_writable())),
         closed,
         connected: st.is_synchronized(),
     }

@@ -77,7 +77,10 @@ impl Connection {
         let off = self.snd.nxt.since(self.snd.una) as usize;
         let unsent = self.snd.buf.len().saturating_sub(off);
         let win_left = (self.snd.una + self.snd.wnd).since(self.snd.nxt) as usize;
-        if unsent > 0 && win_left < unsent.min(self.smss() as usize) {
+        // As Linux's `tcp_write_xmit`, which tests cwnd before the window: a
+        // sender that cwnd stops is not window limited.
+        let cwnd_room = self.pipe_est() < self.cc.cwnd();
+        if unsent > 0 && cwnd_room && win_left < unsent.min(self.smss() as usize) {
             self.chrono_start(Chrono::RwndLimited);
         } else {
             self.chrono_stop(Chrono::RwndLimited);

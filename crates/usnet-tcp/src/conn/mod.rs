@@ -27,10 +27,13 @@ mod test_util;
 mod timers;
 mod timestamps;
 mod transmit;
+mod tso;
+mod wmem;
 
 pub(crate) use handshake::Handshake;
 pub use icmp::{IcmpError, IcmpOutcome};
 pub use state::State;
+pub use wmem::{sndbuf_for_option, CHUNK_OVERHEAD, MIN_SNDBUF};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -58,6 +61,7 @@ use send::SendState;
 use state::ChallengeLimiter;
 use timers::Timers;
 use timestamps::Timestamps;
+use wmem::Wmem;
 
 /// Why a connection ended abnormally. The stack maps it to its own error type, whose
 /// errno table is the only one (`usnet_stack::StackError::errno`).
@@ -282,6 +286,8 @@ pub struct Connection {
     pub(crate) ts: Timestamps,
     /// SND.*, send buffer, FIN, persist (`send`).
     pub(crate) snd: SendState,
+    /// The send buffer's limit as Linux accounts it (`wmem`).
+    pub(crate) wmem: Wmem,
     /// What is in flight (`scoreboard`).
     pub(crate) scoreboard: Scoreboard,
     /// Loss recovery, RACK, TLP (`recovery`).
@@ -353,6 +359,7 @@ impl Connection {
             opts: Negotiated::default(),
             ts: Timestamps::new(ts_offset, now),
             snd: SendState::new(iss, cfg.send_buffer, cfg.zero_copy, remote, now),
+            wmem: Wmem::new(cfg.send_buffer_initial.min(cfg.send_buffer), iss),
             scoreboard: Scoreboard::new(cfg.send_buffer),
             recovery: Recovery::new(iss),
             cc,
@@ -405,6 +412,12 @@ impl Connection {
     /// The peer's initial sequence number (valid once a SYN was received).
     pub fn irs(&self) -> u32 {
         self.rcv.irs.0
+    }
+
+    /// Moves the connection's clock to `now` (never back) before an application
+    /// call that records time (a write starts the busy time).
+    pub fn advance_clock(&mut self, now: Instant) {
+        self.now = self.now.max(now);
     }
 
     /// A `tcp_info`-like snapshot.

@@ -212,10 +212,9 @@ impl Connection {
         }
         self.snd.una = ack;
         self.snd.progress = self.now;
-        // Room in the send buffer again; all acknowledged: no longer busy.
-        if data_acked > 0 {
-            self.chrono_stop(super::Chrono::SndbufLimited);
-        }
+        self.wmem_on_ack();
+        // All acknowledged: no longer busy (the send-buffer limited time ends when
+        // the writer is woken, `wmem_after_transmit`).
         if self.snd.buf.is_empty() {
             self.chrono_stop(super::Chrono::Busy);
         }

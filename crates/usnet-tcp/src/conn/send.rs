@@ -87,6 +87,13 @@ pub(crate) struct SendState {
     pub more_pass: bool,
     /// TCP_NODELAY was set: the next pass sends a partial segment despite a cork.
     pub push_once: bool,
+    /// Where the piece of new data being sent in this pass ends (`tso`).
+    pub piece_end: Option<Seq>,
+    /// That piece holds more than one segment (a TSO frame of Linux's).
+    pub piece_tso: bool,
+    /// This pass pushes one piece out in the middle of a write (Linux's
+    /// `tcp_push_one`).
+    pub push_one: bool,
 }
 
 impl SendState {
@@ -130,6 +137,9 @@ impl SendState {
             more: false,
             more_pass: false,
             push_once: false,
+            piece_end: None,
+            piece_tso: false,
+            push_one: false,
             burst: 0,
             delivered: 0,
             records: std::collections::VecDeque::new(),
@@ -156,9 +166,10 @@ impl Connection {
             )
     }
 
-    /// Free space in the send buffer.
+    /// Free space in the send buffer: 0 when sending is over, or when the buffer's
+    /// limit admits nothing more (see [`Connection::send_step`]).
     pub fn send_capacity(&self) -> usize {
-        if self.may_send() {
+        if self.may_send() && self.may_queue() {
             self.snd.buf.free()
         } else {
             0
@@ -176,19 +187,14 @@ impl Connection {
     /// the end of this data is no push point (RFC 9293 §3.9.1 leaves PSH to the
     /// application's push).
     pub fn send_more(&mut self, data: &[u8], more: bool) -> usize {
-        if !self.may_send() {
-            return 0;
+        let mut done = 0;
+        while done < data.len() {
+            match self.send_step(&data[done..], more) {
+                (0, _) => break,
+                (n, _) => done += n,
+            }
         }
-        let n = self.snd.buf.push(data);
-        if n > 0 {
-            self.snd.more = more;
-            self.snd.more_pass = more;
-            self.chrono_start(super::Chrono::Busy);
-        }
-        if n < data.len() {
-            self.chrono_start(super::Chrono::SndbufLimited);
-        }
-        n
+        done
     }
 
     /// Zero-copy connection ([`TcpConfig::zero_copy`](crate::TcpConfig)): queue a
@@ -201,13 +207,19 @@ impl Connection {
         if !self.may_send() {
             return false;
         }
+        if !self.may_queue() {
+            self.no_space();
+            return false;
+        }
+        let len = span.len as usize;
         let SendBuf::Bufs(q) = &mut self.snd.buf else {
             return false;
         };
         if !q.push(span) {
-            self.chrono_start(super::Chrono::SndbufLimited);
+            self.no_space();
             return false;
         }
+        self.account_written(len);
         self.snd.more = more;
         self.snd.more_pass = more;
         self.chrono_start(super::Chrono::Busy);
@@ -235,6 +247,13 @@ impl Connection {
         if let RecvBuf::Bufs(q) = &mut self.rcv.buf {
             q.clear();
         }
+    }
+
+    /// The next transmit pass pushes out one piece of what a write queued so far
+    /// (Linux's `tcp_push_one` in the middle of a write: [`Connection::send_step`]
+    /// asked for a push).
+    pub fn push_one(&mut self) {
+        self.snd.push_one = true;
     }
 
     /// TCP_CORK: while on, a partial segment is held until it fills, the cork is
@@ -266,7 +285,15 @@ impl Connection {
         if !self.may_send() {
             return 0;
         }
+        if !self.may_queue() {
+            self.no_space();
+            return 0;
+        }
         let n = self.snd.buf.push_with(max, fill);
+        self.account_written(n);
+        if n < max {
+            self.no_space();
+        }
         if n > 0 {
             self.snd.more = false;
             self.chrono_start(super::Chrono::Busy);
@@ -395,6 +422,12 @@ impl Connection {
         if let Some(r) = record_end {
             len = len.min(r);
         }
+        if len > 0 && !force && self.cfg.tso_pieces {
+            match self.tso_piece(maxp, unsent) {
+                Some(max) => len = len.min(max),
+                None => return None,
+            }
+        }
         if unsent > 0 && len == 0 {
             *blocked_by_window = true;
             if !(want_fin && unsent == 0) {
@@ -468,7 +501,8 @@ impl Connection {
                 || fin
                 || ends_record
                 || self.snd.persist_pending
-                || self.ends_burst(len, unsent, win, maxp))
+                || self.ends_burst(len, unsent, win, maxp)
+                || self.tso_piece_ends(self.snd.nxt + len as u32))
         {
             flags |= TcpFlags::PSH;
         }

@@ -125,7 +125,6 @@ impl Connection {
         self.stats.rx_segments += u64::from(seg.wire_segments());
         let readable = self.recv_available();
         let eof = self.rcv.fin_received;
-        let free = self.snd.buf.free();
         let state = self.state;
         match self.state {
             State::Closed => self.stats.rx_closed_drop += 1,
@@ -134,15 +133,15 @@ impl Connection {
                 let _ = self.input_synchronized(seg);
             }
         }
-        self.wake_since(readable, eof, free, state)
+        self.wake_since(readable, eof, state)
     }
 
-    pub(crate) fn wake_since(&self, readable: usize, eof: bool, free: usize, state: State) -> Wake {
+    pub(crate) fn wake_since(&self, readable: usize, eof: bool, state: State) -> Wake {
         let gone = |s: State| matches!(s, State::Closed | State::TimeWait);
         Wake {
             readable: self.recv_available() > readable || self.rcv.fin_received != eof,
-            writable: self.snd.buf.free() > free
-                || (state != self.state && self.state == State::Established),
+            // Room for a writer that found none is `wmem_after_transmit`'s to report.
+            writable: state != self.state && self.state == State::Established,
             closed: !gone(state) && gone(self.state),
         }
     }

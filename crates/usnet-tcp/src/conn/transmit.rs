@@ -23,12 +23,12 @@ impl Connection {
         self.now = self.now.max(now);
         let readable = self.recv_available();
         let eof = self.rcv.fin_received;
-        let free = self.snd.buf.free();
         let state = self.state;
         self.run_timers();
         let mut budget = POLL_BUDGET;
         let mut blocked_by_window = false;
         self.snd.burst = 0;
+        self.snd.piece_end = None;
         let nxt_before = self.snd.nxt;
         let data_waits = self.snd.buf.len() > self.snd.nxt.since(self.snd.una) as usize;
         while budget > 0 {
@@ -44,6 +44,7 @@ impl Connection {
         // A MSG_MORE write corks its own pass only; a NODELAY flush is one pass.
         self.snd.more_pass = false;
         self.snd.push_once = false;
+        self.snd.push_one = false;
         if self.state.is_synchronized() && self.state != State::TimeWait {
             if !self.scoreboard.is_empty() {
                 self.arm_rto_if_idle();
@@ -53,7 +54,10 @@ impl Connection {
                 self.arm_persist();
             }
         }
-        self.wake_since(readable, eof, free, state)
+        let room = self.wmem_after_transmit(self.snd.nxt != nxt_before);
+        let mut wake = self.wake_since(readable, eof, state);
+        wake.writable |= room;
+        wake
     }
 
     /// Options on every segment after the handshake: timestamps, SACK blocks.
