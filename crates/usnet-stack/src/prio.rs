@@ -13,7 +13,9 @@
 //! - Forced drop (mechanism A) lives at the entrance, [`Core::receive`]: while active,
 //!   frames whose destination TCP/UDP port (read straight from the headers, no
 //!   parsing or checksum) is outside P are dropped with a fixed probability. It
-//!   activates when drop 1 happens or the input queue reaches the threshold.
+//!   activates when drop 1 happens or the input queue reaches the threshold, and
+//!   then drops while a backlog lasts (the input queue at half the threshold or
+//!   more), for one interval.
 //! - Priority control (mechanism B): when a member's queue passes half its limit
 //!   the stack asks for its consumer to be boosted ([`SchedRequest`]); it asks for a
 //!   restore when the queue has drained (below a quarter, nothing arrived for
@@ -109,6 +111,9 @@ pub(crate) struct SockMark {
 pub(crate) struct Prio {
     pub cfg: RxPolicy,
     threshold: usize,
+    /// While active, forced drop drops only with at least this many frames waiting:
+    /// the overload that activated it goes on.
+    backlog: usize,
     /// P, sorted; tiny (n ports), so a scan beats a map.
     ports: Vec<u16>,
     members: Vec<Member>,
@@ -140,6 +145,7 @@ impl Prio {
         Prio {
             cfg,
             threshold,
+            backlog: (threshold.min(input_queue_len) / 2).max(1),
             ports: Vec::new(),
             members: Vec::new(),
             owners: HashMap::new(),
@@ -210,7 +216,10 @@ impl Core {
                 self.counters.prio_forced_drop_activations += 1;
             }
         }
-        if now >= p.fd_until || p.ports.is_empty() {
+        // Active for the interval, dropping while the backlog lasts: a stack that
+        // caught up has nothing to save by dropping (the document's "while drop 1
+        // is happening").
+        if now >= p.fd_until || p.ports.is_empty() || self.input.len() < p.backlog {
             return false;
         }
         match port {

@@ -281,6 +281,19 @@ fn forced_drop_activates_at_most_once_per_interval_and_then_stops() {
     assert_eq!(c.prio_forced_drop_drop1 + c.drop_input_queue_full, 300);
     drain(&mut b, q);
     drain(&mut b, o);
+    // Active for the interval, but it drops only while a backlog lasts: a lone frame
+    // meeting an empty queue passes.
+    let before = b.counters().prio_forced_drop_drop1;
+    let s = a.udp_bind(sa("10.0.0.1:0")).unwrap();
+    for t in 500..520 {
+        a.udp_send_to(s, b"x", sa("10.0.0.2:7002")).unwrap();
+        carry(&mut a, &mut b);
+        b.poll(ms(t));
+    }
+    a.close(s).unwrap();
+    assert!(b.prio_status().forced_drop_active);
+    assert_eq!(b.counters().prio_forced_drop_drop1, before);
+    assert_eq!(drain(&mut b, o), 20);
     // Still within the interval (1 s): a second burst does not look again.
     burst(&mut a, &mut b, 400, 900);
     assert_eq!(b.counters().prio_forced_drop_activations, 1);
