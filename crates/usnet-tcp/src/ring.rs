@@ -1,31 +1,40 @@
 //! Byte rings for the send and receive buffers, and the receive-side out-of-order
-//! range list. Both are sized once, when the connection is created; nothing here
-//! allocates afterwards.
+//! range list. A ring's capacity is fixed when the connection is created; its storage
+//! grows towards it as bytes are placed (so a connection pays for the buffer it uses,
+//! not for its window: zeroing a 4 MiB receive ring and a 1 MiB send ring for every
+//! accepted connection cost about half a millisecond each, which capped a server's
+//! accept rate), and never shrinks.
 
 use crate::seq::Seq;
 
+/// Storage a ring starts with on its first write (unless its capacity is smaller).
+const FIRST_STORAGE: usize = 4096;
+
 /// A fixed-capacity byte ring. Bytes `[0, len)` from `head` are "in" the ring; bytes
 /// beyond `len` (up to the capacity) may be written out of order with [`Ring::write_at`]
-/// and committed later with [`Ring::commit`].
+/// and committed later with [`Ring::commit`]. Positions live in `buf`, whose length
+/// (the storage) is at most `cap` and covers every byte placed so far.
 #[derive(Debug, Clone)]
 pub struct Ring {
     buf: Vec<u8>,
+    cap: usize,
     head: usize,
     len: usize,
 }
 
 impl Ring {
-    /// A ring of `cap` bytes (zeroed memory, which the OS maps lazily).
+    /// A ring of `cap` bytes; storage comes with the first bytes placed.
     pub fn new(cap: usize) -> Self {
         Ring {
-            buf: vec![0; cap],
+            buf: Vec::new(),
+            cap,
             head: 0,
             len: 0,
         }
     }
     /// Capacity in bytes.
     pub fn capacity(&self) -> usize {
-        self.buf.len()
+        self.cap
     }
     /// Bytes held.
     pub fn len(&self) -> usize {
@@ -37,7 +46,31 @@ impl Ring {
     }
     /// Room left.
     pub fn free(&self) -> usize {
-        self.buf.len() - self.len
+        self.cap - self.len
+    }
+
+    /// Makes the storage cover offsets `[0, end)` from the head (at most the
+    /// capacity): doubles it at least, and lays the old bytes out from the head, so
+    /// out-of-order bytes beyond `len` keep their offsets.
+    fn reserve(&mut self, end: usize) {
+        let have = self.buf.len();
+        let end = end.min(self.cap);
+        if end <= have {
+            return;
+        }
+        let want = end
+            .max(have * 2)
+            .max(FIRST_STORAGE)
+            .next_power_of_two()
+            .min(self.cap);
+        let mut buf = vec![0u8; want];
+        if have > 0 {
+            let first = have - self.head;
+            buf[..first].copy_from_slice(&self.buf[self.head..]);
+            buf[first..have].copy_from_slice(&self.buf[..self.head]);
+        }
+        self.buf = buf;
+        self.head = 0;
     }
 
     /// Append as much of `data` as fits; returns the count appended.
@@ -50,13 +83,17 @@ impl Ring {
     /// Write `data` at `offset` from the head (which may be beyond `len`), clipped to the
     /// capacity; returns bytes written. Does not change `len`.
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> usize {
-        let cap = self.buf.len();
-        if offset >= cap {
+        if offset >= self.cap {
             return 0;
         }
-        let n = data.len().min(cap - offset);
-        let start = (self.head + offset) % cap;
-        let first = n.min(cap - start);
+        let n = data.len().min(self.cap - offset);
+        if n == 0 {
+            return 0;
+        }
+        self.reserve(offset + n);
+        let size = self.buf.len();
+        let start = (self.head + offset) % size;
+        let first = n.min(size - start);
         self.buf[start..start + first].copy_from_slice(&data[..first]);
         self.buf[..n - first].copy_from_slice(&data[first..n]);
         n
@@ -68,13 +105,14 @@ impl Ring {
     /// how a producer elsewhere (a stack server client's shared ring) is copied in
     /// with one copy.
     pub fn push_with(&mut self, n: usize, mut fill: impl FnMut(&mut [u8]) -> usize) -> usize {
-        let cap = self.buf.len();
-        let n = n.min(cap - self.len);
+        let n = n.min(self.cap - self.len);
         if n == 0 {
             return 0;
         }
-        let start = (self.head + self.len) % cap;
-        let first = n.min(cap - start);
+        self.reserve(self.len + n);
+        let size = self.buf.len();
+        let start = (self.head + self.len) % size;
+        let first = n.min(size - start);
         let got = fill(&mut self.buf[start..start + first]).min(first);
         let mut total = got;
         if got == first && n > first {
@@ -95,9 +133,9 @@ impl Ring {
             return (&[], &[]);
         }
         let n = n.min(self.len - offset);
-        let cap = self.buf.len();
-        let start = (self.head + offset) % cap;
-        let first = n.min(cap - start);
+        let size = self.buf.len();
+        let start = (self.head + offset) % size;
+        let first = n.min(size - start);
         (&self.buf[start..start + first], &self.buf[..n - first])
     }
 
@@ -247,6 +285,107 @@ mod tests {
         let (a, b) = r.slices(0, 6);
         assert_eq!([a, b].concat(), b"abcxyz");
         assert_eq!(r.write_at(8, b"q"), 0);
+    }
+
+    #[test]
+    fn storage_grows_with_use_and_keeps_out_of_order_bytes_in_place() {
+        let mut r = Ring::new(1 << 20);
+        assert_eq!(r.capacity(), 1 << 20);
+        assert_eq!(r.buf.len(), 0, "nothing stored before the first write");
+        // Wrap the first storage, then hold out-of-order bytes beyond len.
+        let a: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        assert_eq!(r.push(&a), 3000);
+        r.consume(2500);
+        assert_eq!(r.push(&a), 3000); // wraps the 4 KiB storage
+        assert_eq!(r.buf.len(), FIRST_STORAGE);
+        assert_eq!(r.write_at(3600, b"ooo"), 3);
+        assert_eq!(r.buf.len(), FIRST_STORAGE);
+        // A write far beyond the storage grows it; every byte keeps its offset.
+        assert_eq!(r.write_at(10_000, b"far"), 3);
+        assert!(r.buf.len() >= 10_003 && r.buf.len() <= 16_384);
+        let mut out = [0u8; 3500];
+        assert_eq!(r.peek(0, &mut out), 3500);
+        assert_eq!(&out[..500], &a[2500..]);
+        assert_eq!(&out[500..], &a[..]);
+        assert_eq!(r.write_at(3500, b"xyz"), 3);
+        r.commit(103);
+        let mut tail = [0u8; 3];
+        assert_eq!(r.peek(3500, &mut tail), 3);
+        assert_eq!(&tail, b"xyz");
+        assert_eq!(r.write_at(3603, &[0u8; 6397]), 6397);
+        r.commit(6503);
+        let mut far = [0u8; 3];
+        assert_eq!(r.peek(3600, &mut far), 3);
+        assert_eq!(
+            &far, b"ooo",
+            "placed before the growth, still at its offset"
+        );
+        assert_eq!(r.peek(10_000, &mut far), 3);
+        assert_eq!(&far, b"far");
+        // Storage never passes the capacity.
+        let mut small = Ring::new(100);
+        assert_eq!(small.push(&[1u8; 150]), 100);
+        assert_eq!(small.buf.len(), 100);
+        assert_eq!(small.free(), 0);
+    }
+
+    #[test]
+    fn push_with_grows_the_storage_it_fills() {
+        let mut r = Ring::new(64 << 10);
+        let n = r.push_with(20_000, |dst| {
+            dst.fill(7);
+            dst.len()
+        });
+        assert_eq!(n, 20_000);
+        assert!(r.buf.len() >= 20_000);
+        let (a, b) = r.slices(0, 20_000);
+        assert_eq!(a.len() + b.len(), 20_000);
+        assert!(a.iter().chain(b).all(|&x| x == 7));
+    }
+
+    proptest::proptest! {
+        /// Against a model: a ring of capacity `cap` behaves as a byte queue of at
+        /// most `cap` bytes plus out-of-order bytes at fixed offsets, whatever its
+        /// storage does.
+        #[test]
+        fn behaves_as_its_model(cap in 1usize..20_000, ops in proptest::collection::vec((0u8..4, 0usize..9000, proptest::num::u8::ANY), 1..60)) {
+            let mut r = Ring::new(cap);
+            // Model: bytes by offset from the head, and len.
+            let mut model: std::collections::VecDeque<u8> = std::collections::VecDeque::from(vec![0u8; cap]);
+            let mut len = 0usize;
+            for (op, n, byte) in ops {
+                match op {
+                    0 => {
+                        let data = vec![byte; n];
+                        let took = r.push(&data);
+                        proptest::prop_assert_eq!(took, n.min(cap - len));
+                        for k in 0..took { model[len + k] = byte; }
+                        len += took;
+                    }
+                    1 => {
+                        let k = n.min(len);
+                        r.consume(k);
+                        for _ in 0..k { model.pop_front(); model.push_back(0); }
+                        len -= k;
+                    }
+                    2 => {
+                        let off = len + n % 64;
+                        let data = vec![byte; 1 + n % 300];
+                        let w = r.write_at(off, &data);
+                        proptest::prop_assert_eq!(w, if off >= cap { 0 } else { data.len().min(cap - off) });
+                        for k in 0..w { model[off + k] = byte; }
+                    }
+                    _ => {
+                        let mut out = vec![0u8; n];
+                        let got = r.peek(0, &mut out);
+                        proptest::prop_assert_eq!(got, n.min(len));
+                        for k in 0..got { proptest::prop_assert_eq!(out[k], model[k]); }
+                    }
+                }
+                proptest::prop_assert_eq!(r.len(), len);
+                proptest::prop_assert!(r.buf.len() <= cap);
+            }
+        }
     }
 
     #[test]
