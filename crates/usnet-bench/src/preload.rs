@@ -163,13 +163,20 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     }
     drop((nginx_u, nginx_k));
 
+    let at = Setting {
+        exe: &exe,
+        dir: &dir,
+        server_ns: &server_ns,
+        client_ns: &client_ns,
+        systems,
+    };
     if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
-        rows.extend(redis(a, &exe, &dir, &server_ns, &client_ns, &systems)?);
+        rows.extend(redis(a, &at)?);
     } else {
         println!("usnet bench preload: redis-server/redis-benchmark not installed: redis skipped");
     }
     if need_tools(&["iperf3"]).is_ok() {
-        rows.extend(iperf3(a, &exe, &dir, &server_ns, &client_ns, &systems)?);
+        rows.extend(iperf3(a, &at)?);
     } else {
         println!("usnet bench preload: iperf3 not installed: iperf3 skipped");
     }
@@ -303,24 +310,46 @@ fn redis_rps(csv: &str, test: &str) -> Option<f64> {
     })
 }
 
-/// redis-server on both systems; redis-benchmark GET and SET, -P 1 and -P 16.
-fn redis(
-    a: &PreloadBenchOptions,
-    exe: &std::path::Path,
-    dir: &std::path::Path,
-    server_ns: &str,
-    client_ns: &str,
-    systems: &[(&'static str, &'static str); 2],
-) -> Res<Vec<Row>> {
-    let mut servers = Vec::new();
-    for (i, (_, addr)) in systems.iter().enumerate() {
-        let mut c = server_cmd(exe, server_ns, i == 1, "redis-server");
-        c.args(["--port", &REDIS_PORT.to_string(), "--bind", addr])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"]);
-        let mut bg = spawn(c, dir, &format!("redis-{i}"))?;
-        wait_port(client_ns, addr, REDIS_PORT, &mut bg, dir)?;
-        servers.push(bg);
+/// Where the servers and the load generators of one sitting run.
+struct Setting<'a> {
+    exe: &'a std::path::Path,
+    dir: &'a std::path::Path,
+    server_ns: &'a str,
+    client_ns: &'a str,
+    /// The kernel's and usnet's (under the shim): name and address.
+    systems: [(&'static str, &'static str); 2],
+}
+
+impl Setting<'_> {
+    /// `prog` with `args(address)` on both systems, each once it listens on `port`.
+    fn start_servers(
+        &self,
+        prog: &str,
+        port: u16,
+        args: impl Fn(&str) -> Vec<String>,
+    ) -> Res<Vec<Bg>> {
+        let mut servers = Vec::new();
+        for (i, (_, addr)) in self.systems.iter().enumerate() {
+            let mut c = server_cmd(self.exe, self.server_ns, i == 1, prog);
+            c.args(args(addr));
+            let mut bg = spawn(c, self.dir, &format!("{prog}-{i}"))?;
+            wait_port(self.client_ns, addr, port, &mut bg, self.dir)?;
+            servers.push(bg);
+        }
+        Ok(servers)
     }
+}
+
+/// redis-server on both systems; redis-benchmark GET and SET, -P 1 and -P 16.
+fn redis(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
+    let (client_ns, systems) = (at.client_ns, &at.systems);
+    let servers = at.start_servers("redis-server", REDIS_PORT, |addr| {
+        ["--port", &REDIS_PORT.to_string(), "--bind", addr]
+            .into_iter()
+            .chain(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .map(String::from)
+            .collect()
+    })?;
     let mut rows = Vec::new();
     for pipeline in [1usize, 16] {
         // Per test and system: requests/s of each run.
@@ -373,22 +402,13 @@ fn redis(
 }
 
 /// iperf3's server on both systems; one stream from Linux, then one to it (`-R`).
-fn iperf3(
-    a: &PreloadBenchOptions,
-    exe: &std::path::Path,
-    dir: &std::path::Path,
-    server_ns: &str,
-    client_ns: &str,
-    systems: &[(&'static str, &'static str); 2],
-) -> Res<Vec<Row>> {
-    let mut servers = Vec::new();
-    for (i, (_, addr)) in systems.iter().enumerate() {
-        let mut c = server_cmd(exe, server_ns, i == 1, "iperf3");
-        c.args(["-s", "-B", addr, "-p", &IPERF_PORT.to_string()]);
-        let mut bg = spawn(c, dir, &format!("iperf3-{i}"))?;
-        wait_port(client_ns, addr, IPERF_PORT, &mut bg, dir)?;
-        servers.push(bg);
-    }
+fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
+    let (client_ns, systems) = (at.client_ns, &at.systems);
+    let servers = at.start_servers("iperf3", IPERF_PORT, |addr| {
+        ["-s", "-B", addr, "-p", &IPERF_PORT.to_string()]
+            .map(String::from)
+            .to_vec()
+    })?;
     let secs = a.seconds.ceil().max(1.0) as u64;
     let mut rows = Vec::new();
     for reverse in [false, true] {
