@@ -148,45 +148,26 @@ fn adopt() {
     let mut made: HashMap<*const Desc, Arc<Desc>> = HashMap::new();
     for fd in fds {
         let old = t.get(&fd).cloned().expect("listed");
-        let key = Arc::as_ptr(&old.desc);
-        let desc = match made.get(&key) {
-            Some(d) => d.clone(),
-            None => {
-                let obj = match old.obj.try_read() {
-                    Ok(o) => match &*o {
-                        Obj::Epoll(_) => {
-                            sets.push(fd);
-                            continue;
-                        }
-                        o => remake(o, new.as_ref(), &map, &mut used),
-                    },
-                    Err(_) => Obj::Failed,
-                };
-                let d = redescribed(&old, obj);
-                made.insert(key, d.clone());
-                d
-            }
+        // Epoll sets come last: they look their sockets up in the rebuilt table.
+        let made_now = described(&mut made, &old, |o| match o {
+            Obj::Epoll(_) => None,
+            o => Some(remake(o, new.as_ref(), &map, &mut used)),
+        });
+        let Some(desc) = made_now else {
+            sets.push(fd);
+            continue;
         };
         olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, desc))));
     }
     for fd in sets {
         let old = t.get(&fd).cloned().expect("listed");
-        let key = Arc::as_ptr(&old.desc);
-        let desc = match made.get(&key) {
-            Some(d) => d.clone(),
-            None => {
-                let obj = match old.obj.try_read() {
-                    Ok(o) => match &*o {
-                        Obj::Epoll(set) => Obj::Epoll(poll::forked(set, &t)),
-                        _ => Obj::Failed,
-                    },
-                    Err(_) => Obj::Failed,
-                };
-                let d = redescribed(&old, obj);
-                made.insert(key, d.clone());
-                d
-            }
-        };
+        let desc = described(&mut made, &old, |o| {
+            Some(match o {
+                Obj::Epoll(set) => Obj::Epoll(poll::forked(set, &t)),
+                _ => Obj::Failed,
+            })
+        })
+        .expect("always made");
         olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, desc))));
     }
     drop(t);
@@ -235,6 +216,28 @@ fn renumbered(old: &Entry, fd: RawFd, desc: Arc<Desc>) -> Entry {
     // SAFETY: `fd` is the number the old entry held and no longer closes; the new
     // entry owns it from here.
     crate::numbered(unsafe { OwnedFd::from_raw_fd(fd) }, desc)
+}
+
+/// The child's description for `old`'s, made once for all the numbers that were
+/// dup'd from one another (`made`, by the parent's description): `make` builds its
+/// object from the parent's (`None`: not now). A description whose lock a parent's
+/// thread held at the fork gets a failed socket.
+fn described(
+    made: &mut HashMap<*const Desc, Arc<Desc>>,
+    old: &Entry,
+    make: impl FnOnce(&Obj) -> Option<Obj>,
+) -> Option<Arc<Desc>> {
+    let key = Arc::as_ptr(&old.desc);
+    if let Some(d) = made.get(&key) {
+        return Some(d.clone());
+    }
+    let obj = match old.obj.try_read() {
+        Ok(o) => make(&o)?,
+        Err(_) => Obj::Failed,
+    };
+    let d = redescribed(old, obj);
+    made.insert(key, d.clone());
+    Some(d)
 }
 
 /// The child's description for a parent's one, around `obj`.
