@@ -297,21 +297,11 @@ impl Stack {
     /// the background) left out.
     pub fn sockets_of(&self, owner: Owner) -> Vec<SocketHandle> {
         self.sockets
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                s.owner == owner
-                    && match &s.sock {
-                        Some(Socket::TcpConn(c)) => !c.orphan,
-                        Some(_) => true,
-                        None => false,
-                    }
+            .live()
+            .filter(|(_, sock, slot)| {
+                slot.owner == owner && !matches!(sock, Socket::TcpConn(c) if c.orphan)
             })
-            .map(|(i, s)| SocketHandle {
-                index: i as u32,
-                gen: s.gen,
-            })
+            .map(|(h, ..)| h)
             .collect()
     }
 

@@ -74,15 +74,10 @@ impl Stack {
     /// (drop 2 is `stats.rx_queue_full`).
     pub fn udp_sockets(&self) -> Vec<UdpEntry> {
         self.sockets
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, slot)| match slot.sock.as_ref() {
-                Some(Socket::Udp(u)) => Some(UdpEntry {
-                    handle: SocketHandle {
-                        index: i as u32,
-                        gen: slot.gen,
-                    },
+            .live()
+            .filter_map(|(handle, sock, slot)| match sock {
+                Socket::Udp(u) => Some(UdpEntry {
+                    handle,
                     local: u.local,
                     remote: u.remote,
                     owner: slot.owner,

@@ -217,6 +217,17 @@ impl SocketSet {
         self.slots.get(index as usize)?.sock.as_ref()
     }
 
+    /// Every live socket, with its current handle and its slot (owner, marks).
+    pub fn live(&self) -> impl Iterator<Item = (SocketHandle, &Socket, &Slot)> {
+        self.slots.iter().enumerate().filter_map(|(i, slot)| {
+            let h = SocketHandle {
+                index: i as u32,
+                gen: slot.gen,
+            };
+            Some((h, slot.sock.as_ref()?, slot))
+        })
+    }
+
     /// The current handle of slot `index`.
     pub fn handle_at(&self, index: u32) -> SocketHandle {
         SocketHandle {

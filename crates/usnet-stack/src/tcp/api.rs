@@ -855,15 +855,10 @@ impl Stack {
     /// Every TCP connection with its `tcp_info` (like `ss -ti`).
     pub fn tcp_connections(&self) -> Vec<TcpConnEntry> {
         self.sockets
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, slot)| match slot.sock.as_ref() {
-                Some(Socket::TcpConn(s)) => Some(TcpConnEntry {
-                    handle: SocketHandle {
-                        index: i as u32,
-                        gen: slot.gen,
-                    },
+            .live()
+            .filter_map(|(handle, sock, slot)| match sock {
+                Socket::TcpConn(s) => Some(TcpConnEntry {
+                    handle,
                     local: s.local,
                     remote: s.remote,
                     orphan: s.orphan,
@@ -877,15 +872,10 @@ impl Stack {
 
     pub fn tcp_listeners(&self) -> Vec<TcpListenEntry> {
         self.sockets
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, slot)| match slot.sock.as_ref() {
-                Some(Socket::TcpListen(l)) => Some(TcpListenEntry {
-                    handle: SocketHandle {
-                        index: i as u32,
-                        gen: slot.gen,
-                    },
+            .live()
+            .filter_map(|(handle, sock, slot)| match sock {
+                Socket::TcpListen(l) => Some(TcpListenEntry {
+                    handle,
                     local: l.local,
                     owner: slot.owner,
                     syn_queue: l.syn_queue_len(),
