@@ -22,7 +22,9 @@ use serde_json::{json, Value};
 use usnet_report::{bar_plot, median, write_json, Table};
 
 use crate::tcp::{is_root, Veth, VETH_ADDR, VETH_USNET};
-use crate::web::{in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_serving, wrk, Bg, Res};
+use crate::web::{
+    in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_port, wait_serving, wrk, Bg, Res,
+};
 
 #[derive(Debug, Clone)]
 pub struct PreloadBenchOptions {
@@ -276,29 +278,6 @@ fn client_run(ns: &str, args: &[&str], limit: Duration) -> Res<String> {
         .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Waits (at most 20 s) until a TCP server answers at `addr:port` from `ns`.
-fn wait_port(ns: &str, addr: &str, port: u16, bg: &mut Bg, dir: &std::path::Path) -> Res<()> {
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        let probe = format!("exec 3<>/dev/tcp/{addr}/{port}");
-        let ok = std::process::Command::new("ip")
-            .args(["netns", "exec", ns, "timeout", "2", "bash", "-c", &probe])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Ok(());
-        }
-        if let Some(s) = bg.0.try_wait()? {
-            return Err(format!("{} exited ({s}): {}", bg.1, bg.log(dir)).into());
-        }
-        if Instant::now() > end {
-            return Err(format!("{} did not listen on {addr}:{port} within 20 s", bg.1).into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// redis-benchmark's `--csv` line for `test`: its requests/s.

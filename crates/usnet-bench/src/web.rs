@@ -113,11 +113,28 @@ pub(crate) fn nginx_alerts(dir: &Path, tag: &str) -> Option<String> {
     (e.contains("[alert]") || e.contains("[crit]") || e.contains("[emerg]")).then_some(e)
 }
 
-/// Waits until `url` answers curl from namespace `ns` (20 s at most).
-pub(crate) fn wait_serving(ns: &str, url: &str, bg: &mut Bg, dir: &Path) -> Res<()> {
+/// Polls `ready` every 100 ms until it holds (20 s at most), failing at once with
+/// its log if the server `bg` exits meanwhile. `what` names what was awaited.
+fn wait_until(bg: &mut Bg, dir: &Path, what: &str, mut ready: impl FnMut() -> bool) -> Res<()> {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
-        let ok = Command::new("ip")
+        if ready() {
+            return Ok(());
+        }
+        if let Some(s) = bg.0.try_wait()? {
+            return Err(format!("{} exited ({s}): {}", bg.1, bg.log(dir)).into());
+        }
+        if Instant::now() > end {
+            return Err(format!("{} {what} within 20 s: {}", bg.1, bg.log(dir)).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `url` answers curl from namespace `ns` (20 s at most).
+pub(crate) fn wait_serving(ns: &str, url: &str, bg: &mut Bg, dir: &Path) -> Res<()> {
+    wait_until(bg, dir, &format!("does not answer {url}"), || {
+        Command::new("ip")
             .args([
                 "netns",
                 "exec",
@@ -132,18 +149,21 @@ pub(crate) fn wait_serving(ns: &str, url: &str, bg: &mut Bg, dir: &Path) -> Res<
                 url,
             ])
             .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Ok(());
-        }
-        if let Some(s) = bg.0.try_wait()? {
-            return Err(format!("{} exited ({s}): {}", bg.1, bg.log(dir)).into());
-        }
-        if Instant::now() > end {
-            return Err(format!("{} does not answer {url}: {}", bg.1, bg.log(dir)).into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Waits until a TCP server accepts a connection at `addr:port` from namespace `ns`
+/// (20 s at most).
+pub(crate) fn wait_port(ns: &str, addr: &str, port: u16, bg: &mut Bg, dir: &Path) -> Res<()> {
+    let probe = format!("exec 3<>/dev/tcp/{addr}/{port}");
+    wait_until(bg, dir, &format!("did not listen on {addr}:{port}"), || {
+        Command::new("ip")
+            .args(["netns", "exec", ns, "timeout", "2", "bash", "-c", &probe])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 /// One wrk run.
