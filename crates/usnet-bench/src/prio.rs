@@ -457,13 +457,30 @@ pub fn run_receiver(o: &ReceiverOptions) -> Res<std::process::ExitCode> {
     sock.set_read_timeout(Some(QUIET))?;
     println!("{}", json!({"ready": true}));
     let mut buf = vec![0u8; 2048];
+    let got = receive_burst(
+        o.work_us,
+        || sock.recv_from(&mut buf).map(drop),
+        || o.stop_file.exists(),
+    )?;
+    println!("{}", json!({"received": got}));
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// A receiver's loop: takes a datagram with `recv` (which times out after a quiet
+/// moment) and works on it, until a read times out once the burst is `over()`, or
+/// the run's limit. Returns the datagrams received.
+fn receive_burst(
+    work_us: u64,
+    mut recv: impl FnMut() -> std::io::Result<()>,
+    over: impl Fn() -> bool,
+) -> std::io::Result<u64> {
     let mut got = 0u64;
     let end = Instant::now() + RUN_LIMIT;
     while Instant::now() < end {
-        match sock.recv_from(&mut buf) {
-            Ok(_) => {
+        match recv() {
+            Ok(()) => {
                 got += 1;
-                work(o.work_us);
+                work(work_us);
             }
             Err(e)
                 if matches!(
@@ -471,15 +488,14 @@ pub fn run_receiver(o: &ReceiverOptions) -> Res<std::process::ExitCode> {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                if o.stop_file.exists() {
+                if over() {
                     break;
                 }
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
-    println!("{}", json!({"received": got}));
-    Ok(std::process::ExitCode::SUCCESS)
+    Ok(got)
 }
 
 /// The document's experiment on usnet, once, as the document ran it: the
@@ -758,18 +774,12 @@ fn linux_run(o: &PrioBenchOptions) -> Res<Run> {
                 .map_err(|e| e.to_string())?;
             let port = sock.local_addr().map_err(|e| e.to_string())?.port();
             let mut buf = vec![0u8; 2048];
-            let mut got = 0u64;
-            let end = Instant::now() + RUN_LIMIT;
-            while Instant::now() < end {
-                match sock.recv_from(&mut buf) {
-                    Ok(_) => {
-                        got += 1;
-                        work(work_us);
-                    }
-                    Err(_) if burst_over.load(Ordering::Acquire) => break,
-                    Err(_) => {}
-                }
-            }
+            let got = receive_burst(
+                work_us,
+                || sock.recv_from(&mut buf).map(drop),
+                || burst_over.load(Ordering::Acquire),
+            )
+            .map_err(|e| e.to_string())?;
             Ok((got, udp_drops(port).unwrap_or(0)))
         }));
     }
