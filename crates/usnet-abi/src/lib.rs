@@ -293,8 +293,18 @@ pub mod op {
     pub const TX_KICK: u16 = 10;
     /// No completion: the receive ring of `slot` has room again (after `rx_armed`).
     pub const RX_KICK: u16 = 11;
+    /// Zero-copy port (see [`super::zc`]): a listener on `args[0..4]` with backlog
+    /// `args[4]`. Result 0; `aux[0]`: the listener's socket as zero-copy slots name it.
+    /// `ENXIO` when the session has no zero-copy port.
+    pub const ZC_LISTEN: u16 = 12;
+    /// Zero-copy port: a connection to `args[0..4]`. Result 0, `aux[0]`: the socket;
+    /// the outcome arrives in the port's RX ring (payload, or `SLOT_ERROR`).
+    pub const ZC_CONNECT: u16 = 13;
+    /// Closes the session's zero-copy port: its sockets close (what they queued
+    /// still goes out) and every buffer the client held goes back. Result 0.
+    pub const ZC_CLOSE: u16 = 14;
     /// Highest opcode.
-    pub const MAX: u16 = 11;
+    pub const MAX: u16 = 14;
 }
 
 pub const KIND_TCP: u64 = 1;
@@ -328,6 +338,165 @@ pub mod opt {
     /// raising a process's priority does.
     pub const USNET_RX_PRIORITY: u64 = 1;
     pub const RX_PRIORITY_NONE: u64 = u64::MAX;
+}
+
+// ---------------------------------------------------------------- zero-copy ports
+
+/// A session's zero-copy port: the netmap/PASTE ring API of `usnet_stack::zerocopy`
+/// for a client process. The client asks for it on the control socket
+/// (`{"cmd":"zc_port","session":S,"rx_slots":N,"tx_slots":N}`, from the session's own
+/// process, on a server started with `--zero-copy`) and receives two memfds: the
+/// stack's packet pool (every buffer, `buf_count` × `buf_size` bytes, mapped
+/// read-write: payload is read and written where it lies) and the port's own area:
+///
+/// ```text
+/// 0          header (one page): magic, version, geometry, ring indices
+/// rx_off     rx_slots × Slot (24 B)       stack → application
+/// tx_off     tx_slots × Slot              application → stack
+/// stash_off  stash_slots × u32            free buffers, stack → application
+/// give_off   stash_slots × u32            buffers given back, application → stack
+/// ```
+///
+/// Ownership, as netmap's: in every ring `head` is the application's and `tail`
+/// the stack's, and neither writes the other's index. RX and stash: the stack fills
+/// slots from `tail` on; slots `[head, tail)` are the application's, which advances
+/// `head` past what it is done with. TX and give: the application fills the slot at
+/// `head` and advances it; at a sync the stack takes `[tail, head)` and advances
+/// `tail`. One slot of each ring always stays empty. A buffer is the application's
+/// from the moment a slot hands it over (RX payload, a stash entry) until a slot
+/// hands it back (RX `head` moving past it, a TX slot taken, a give entry); the
+/// stack never touches it meanwhile. The stack checks everything the application
+/// wrote (indices, buffers it does not hold, ranges, sockets) and refuses it.
+///
+/// Sync: the application publishes its indices, sets `sync` to 1, and rings the
+/// server as after a request (fence, `server_asleep`, bell). The server syncs the
+/// port in its next turn, and also whenever the port's sockets have news, then
+/// bumps the session's client bell, on which the application sleeps.
+pub mod zc {
+    /// "USNETZCP" in little-endian bytes.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"USNETZCP");
+    pub const VERSION: u32 = 1;
+    /// Bytes of one slot: `buf: u32, off: u32, len: u32, flags: u16, pad: u16,
+    /// socket: u64` (little-endian; `usnet_stack::zerocopy::Slot`).
+    pub const SLOT_BYTES: usize = 24;
+    /// The most slots a ring may have.
+    pub const MAX_SLOTS: u32 = 1 << 16;
+
+    /// Slot flags (`usnet_stack::zerocopy`'s, where each is explained).
+    pub const SLOT_MORE: u16 = 0x1;
+    pub const SLOT_CLOSE: u16 = 0x2;
+    pub const SLOT_EOF: u16 = 0x4;
+    pub const SLOT_ERROR: u16 = 0x8;
+    pub const SLOT_NEW: u16 = 0x10;
+    pub const SLOT_BUF_CHANGED: u16 = 0x20;
+    pub const SLOT_SHUT_WR: u16 = 0x40;
+    /// `buf` of a slot without a buffer.
+    pub const NO_BUF: u32 = u32::MAX;
+
+    /// Header offsets.
+    pub const H_MAGIC: usize = 0;
+    pub const H_VERSION: usize = 8;
+    pub const H_RX_SLOTS: usize = 12;
+    pub const H_TX_SLOTS: usize = 16;
+    pub const H_STASH_SLOTS: usize = 20;
+    pub const H_BUF_SIZE: usize = 24;
+    pub const H_BUF_COUNT: usize = 28;
+    /// Where an application writes payload in a buffer it sends (room for headers).
+    pub const H_HEADROOM: usize = 32;
+    pub const H_TOTAL_LEN: usize = 40;
+    /// Ring indices, each on its own line: the application's `head`, the stack's
+    /// `tail`.
+    pub const RX_HEAD: usize = 128;
+    pub const RX_TAIL: usize = 192;
+    pub const TX_HEAD: usize = 256;
+    pub const TX_TAIL: usize = 320;
+    pub const STASH_HEAD: usize = 384;
+    pub const STASH_TAIL: usize = 448;
+    pub const GIVE_HEAD: usize = 512;
+    pub const GIVE_TAIL: usize = 576;
+    /// Application: 1 asks the server for a sync (the server swaps it to 0).
+    pub const SYNC: usize = 640;
+    /// Server: slots it refused so far (bad index, buffer, range or socket).
+    pub const BAD_SLOTS: usize = 704;
+
+    /// One slot as the rings carry it (the stack's `Slot`, field by field).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Slot {
+        pub buf: u32,
+        pub off: u32,
+        pub len: u32,
+        pub flags: u16,
+        pub socket: u64,
+    }
+
+    impl Slot {
+        pub fn to_bytes(&self) -> [u8; SLOT_BYTES] {
+            let mut b = [0u8; SLOT_BYTES];
+            b[0..4].copy_from_slice(&self.buf.to_le_bytes());
+            b[4..8].copy_from_slice(&self.off.to_le_bytes());
+            b[8..12].copy_from_slice(&self.len.to_le_bytes());
+            b[12..14].copy_from_slice(&self.flags.to_le_bytes());
+            b[16..24].copy_from_slice(&self.socket.to_le_bytes());
+            b
+        }
+
+        pub fn from_bytes(b: &[u8; SLOT_BYTES]) -> Slot {
+            let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+            Slot {
+                buf: u32_at(0),
+                off: u32_at(4),
+                len: u32_at(8),
+                flags: u16::from_le_bytes([b[12], b[13]]),
+                socket: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            }
+        }
+    }
+
+    /// A port's geometry.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Geometry {
+        pub rx_slots: u32,
+        pub tx_slots: u32,
+        pub stash_slots: u32,
+    }
+
+    /// Where a port's rings lie.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Layout {
+        pub geometry: Geometry,
+        pub rx_off: usize,
+        pub tx_off: usize,
+        pub stash_off: usize,
+        pub give_off: usize,
+        pub total_len: usize,
+    }
+
+    impl Layout {
+        /// Every ring has 2 to [`MAX_SLOTS`] slots.
+        pub fn new(g: Geometry) -> Result<Layout, super::BadGeometry> {
+            let ok = |n: u32| (2..=MAX_SLOTS).contains(&n);
+            if !ok(g.rx_slots) || !ok(g.tx_slots) || !ok(g.stash_slots) {
+                return Err(super::BadGeometry);
+            }
+            let rx_off = super::PAGE;
+            let tx_off = rx_off + g.rx_slots as usize * SLOT_BYTES;
+            let stash_off = tx_off + g.tx_slots as usize * SLOT_BYTES;
+            let give_off = stash_off + g.stash_slots as usize * 4;
+            let total_len = super::page_up(give_off + g.stash_slots as usize * 4);
+            Ok(Layout {
+                geometry: g,
+                rx_off,
+                tx_off,
+                stash_off,
+                give_off,
+                total_len,
+            })
+        }
+    }
+
+    // The index words of the two sides never share a line.
+    const _: () = assert!(RX_TAIL - RX_HEAD >= super::CACHE_LINE);
+    const _: () = assert!(BAD_SLOTS + 8 <= super::PAGE);
 }
 
 // ---------------------------------------------------------------- socket slots
@@ -527,6 +696,7 @@ pub mod tcp_info {
 pub mod errno {
     pub const EPERM: i64 = 1;
     pub const EINTR: i64 = 4;
+    pub const ENXIO: i64 = 6;
     pub const EBADF: i64 = 9;
     pub const EAGAIN: i64 = 11;
     pub const ENOMEM: i64 = 12;

@@ -232,6 +232,36 @@ impl Conn {
         Ok((ctl, token, n))
     }
 
+    /// Asks for the session's zero-copy port: returns the pool's memfd and the
+    /// port's area (see `usnet_abi::zc`).
+    pub fn zc_port(&self, opts: crate::ZcOptions) -> io::Result<(OwnedFd, OwnedFd)> {
+        use std::io::Write;
+        let ctl = UnixStream::connect(&self.path)?;
+        ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let req = serde_json::json!({
+            "cmd": "zc_port", "session": self.mem.id(),
+            "rx_slots": opts.rx_slots, "tx_slots": opts.tx_slots,
+            "stash_slots": opts.stash_slots,
+        });
+        let mut line = serde_json::to_string(&req).expect("json");
+        line.push('\n');
+        (&ctl).write_all(line.as_bytes())?;
+        let mut buf = vec![0u8; 4096];
+        let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let reply: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+            .map_err(|e| proto(&format!("zc_port reply: {e}")))?;
+        if let Some(e) = reply["error"].as_str() {
+            let kind = refused(e).kind();
+            return Err(io::Error::new(kind, format!("zero-copy port refused: {e}")));
+        }
+        let mut fds = fds.into_iter();
+        match (fds.next(), fds.next()) {
+            (Some(pool), Some(area)) => Ok((pool, area)),
+            _ => Err(proto("zc_port reply without its memory")),
+        }
+    }
+
     /// Forgets this session without a word to the server: a forked child's copy of
     /// its parent's session, which only the parent may use.
     pub fn abandon(&self) {

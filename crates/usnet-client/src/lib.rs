@@ -22,6 +22,7 @@ mod sock;
 mod socket;
 mod tcp;
 mod udp;
+pub mod zc;
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -35,6 +36,7 @@ pub use sock::dont_wait;
 pub use socket::{Socket, SocketKind};
 pub use tcp::{TcpInfo, TcpListener, TcpStream};
 pub use udp::UdpSocket;
+pub use zc::{ZcOptions, ZcPort, ZcSlot};
 
 use conn::Conn;
 

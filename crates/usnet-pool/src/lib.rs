@@ -248,6 +248,19 @@ impl PacketPool {
             Backing::Memfd => {
                 let file = memfd("usnet-pool")?;
                 file.set_len(bytes as u64)?;
+                // The descriptor may be handed to a client (a zero-copy port): its
+                // size is sealed, so nobody it reaches can make our accesses fault.
+                // SAFETY: fcntl on a descriptor we own, with an integer argument.
+                let r = unsafe {
+                    libc::fcntl(
+                        file.as_raw_fd(),
+                        libc::F_ADD_SEALS,
+                        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+                    )
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error().into());
+                }
                 // SAFETY: the memfd was just created by us and sized above; nobody else
                 // truncates it while the mapping lives (we own the only descriptor until
                 // `memfd_fd` hands out a copy, and peers only map, never truncate).
@@ -696,7 +709,8 @@ impl PacketPool {
 fn memfd(name: &str) -> std::io::Result<File> {
     let cname = std::ffi::CString::new(name).expect("no NUL in name");
     // SAFETY: memfd_create takes a valid C string and flags; it returns a new fd or -1.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -275,6 +275,83 @@ fn pin(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     }
 }
 
+/// A zero-copy port for a session (`usnet_abi::zc`): only from the session's own
+/// process, of the stack's own user or root (the port maps the whole packet pool),
+/// on a server started with `zero_copy`. Answered with the pool's memfd and the
+/// port's area; the port lives as long as the session.
+fn zc_port(mut out: UnixStream, req: &Value, ctx: &Ctx) {
+    let refuse = |out: &mut UnixStream, e: &str| {
+        let _ = send(out, &json!({ "error": e }));
+    };
+    if !ctx.cfg.zero_copy {
+        return refuse(
+            &mut out,
+            "zero-copy ports are off on this stack (start it with --zero-copy)",
+        );
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let me = unsafe { libc::getuid() };
+    if !matches!(peer_ids(&out), Ok((uid, _)) if uid == me || uid == 0) {
+        return refuse(
+            &mut out,
+            "permission denied: a zero-copy port is for the stack's own user",
+        );
+    }
+    let Some(session) = req["session"].as_u64().map(|v| v as u32) else {
+        return refuse(&mut out, "zc_port needs a session");
+    };
+    let slots = |k: &str| {
+        req[k]
+            .as_u64()
+            .unwrap_or(256)
+            .min(usnet_abi::zc::MAX_SLOTS as u64) as u32
+    };
+    let g = usnet_abi::zc::Geometry {
+        rx_slots: slots("rx_slots"),
+        tx_slots: slots("tx_slots"),
+        stash_slots: slots("stash_slots"),
+    };
+    let pid = peer_pid(&out);
+    let r = ctx.call(
+        move |lp| -> Result<(std::os::fd::OwnedFd, usnet_session::zc::ZcArea), String> {
+            match lp.sessions.get(&session) {
+                Some(s) if Some(s.pid) == pid => {}
+                Some(_) => return Err("permission denied: not the session's process".into()),
+                None => return Err("no such session".into()),
+            }
+            if lp.sessions[&session].zc.is_some() {
+                return Err("the session has a zero-copy port already".into());
+            }
+            let stack = lp.driver.stack();
+            let Some(pool_fd) = stack.pool().memfd_fd() else {
+                return Err("the stack's packet pool is not shareable (not a memfd)".into());
+            };
+            // SAFETY: the pool's descriptor is open for the pool's life, and the pool
+            // lives in this loop; the copy is ours.
+            let pool = unsafe { std::os::fd::BorrowedFd::borrow_raw(pool_fd) }
+                .try_clone_to_owned()
+                .map_err(|e| format!("pool memfd: {e}"))?;
+            let port =
+                crate::zc::ServerZc::new(stack, g).map_err(|e| format!("port memory: {e}"))?;
+            let area = port.area.clone();
+            if let Some(s) = lp.sessions.get_mut(&session) {
+                s.zc = Some(port);
+            }
+            Ok((pool, area))
+        },
+    );
+    let (pool, area) = match r {
+        Some(Ok(x)) => x,
+        Some(Err(e)) => return refuse(&mut out, &e),
+        None => return refuse(&mut out, "the server loop does not answer"),
+    };
+    let mut bytes = serde_json::to_string(&json!({"ok": true}))
+        .expect("json")
+        .into_bytes();
+    bytes.push(b'\n');
+    let _ = usnet_shm::fdpass::send_with_fds(&out, &bytes, &[pool.as_fd(), area.region().fd()]);
+}
+
 /// One control connection: attach is answered here (the stream is then watched);
 /// other requests get a thread of their own (a ping takes seconds).
 fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
@@ -308,6 +385,10 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
     }
     if req["cmd"].as_str() == Some("pin") {
         return pin(out, &req, ctx);
+    }
+    if req["cmd"].as_str() == Some("zc_port") {
+        zc_port(out, &req, ctx);
+        return None;
     }
     let ctx = ctx.clone();
     std::thread::spawn(move || {

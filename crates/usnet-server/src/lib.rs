@@ -17,6 +17,7 @@ pub mod control;
 pub mod fuzzing;
 mod session;
 mod shared;
+mod zc;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,6 +82,10 @@ pub struct ServerConfig {
     pub spin: Duration,
     /// Besides the stack's owner, members of this group may attach (socket mode 0660).
     pub group: Option<u32>,
+    /// Zero-copy ports for clients of the stack's own user (and root): such a
+    /// client maps the whole packet pool, so it can read and write every buffer,
+    /// other clients' traffic included (netmap's trust model). Off by default.
+    pub zero_copy: bool,
     /// Services running as clients of this server (for `stat`).
     pub services: Vec<String>,
     /// Kernel-like receive backlog (`Driver::set_backlog`); on by itself when the
@@ -101,6 +106,7 @@ impl Default for ServerConfig {
             limits: ServerLimits::default(),
             spin: Duration::from_micros(50),
             group: None,
+            zero_copy: false,
             services: Vec::new(),
             backlog: false,
             loop_nice: None,
@@ -197,6 +203,9 @@ impl Loop {
             // last write) still happens, as the kernel finishes a process's calls
             // before its exit closes the rest: those connections end with a FIN.
             let gone = s.depart(stack, budget);
+            if let Some(port) = s.zc.take() {
+                port.close(stack);
+            }
             // Shared sockets it closed itself close gracefully if it was the last
             // holder; the ones it still held when it died are reset then.
             for (h, left, died) in gone.shared {
@@ -316,6 +325,18 @@ impl Loop {
             self.release_shared(h, id, left, false);
         }
         let stack = self.driver.stack_mut();
+        // Zero-copy ports after the requests (a listen or connect just made), before
+        // readiness: their sockets' news goes into their RX rings.
+        for id in &self.order {
+            if let Some(s) = self.sessions.get_mut(id) {
+                if let Some(port) = s.zc.as_mut() {
+                    if port.wants_sync(stack) && port.sync(stack) {
+                        s.dirty = true;
+                        did = true;
+                    }
+                }
+            }
+        }
         for h in touched {
             // Another holder accepted: every holder's view of the queue is redone.
             for id in self.sharing.holders(h) {

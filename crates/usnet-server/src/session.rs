@@ -139,6 +139,8 @@ pub(crate) struct ServerSession {
     /// Shared stack sockets whose readiness a call of this session changed (an
     /// accept): the loop refreshes the other holders' view.
     pub(crate) touched: Vec<SocketHandle>,
+    /// The session's zero-copy port, if the client opened one.
+    pub(crate) zc: Option<crate::zc::ServerZc>,
 }
 
 fn err(e: StackError) -> i64 {
@@ -196,6 +198,7 @@ impl ServerSession {
             mem,
             released: Vec::new(),
             touched: Vec::new(),
+            zc: None,
         })
     }
 
@@ -214,7 +217,8 @@ impl ServerSession {
 
     /// Requests or stream work waiting (the loop must not sleep).
     pub fn has_work(&mut self) -> bool {
-        !self.active.is_empty()
+        self.zc.as_ref().is_some_and(|z| z.asked())
+            || !self.active.is_empty()
             || !self.rx_again.is_empty()
             || !self.backlog.is_empty()
             || self.sq.pending()
@@ -307,6 +311,32 @@ impl ServerSession {
         match req.op {
             op::NOP => ok(0),
             op::SOCKET => ok(self.op_socket(req.args[0])),
+            op::ZC_CLOSE => match self.zc.take() {
+                Some(port) => {
+                    port.close(stack);
+                    ok(0)
+                }
+                None => ok(-errno::ENXIO),
+            },
+            op::ZC_LISTEN | op::ZC_CONNECT => {
+                let owner = self.owner();
+                let Some(port) = self.zc.as_mut() else {
+                    return ok(-errno::ENXIO);
+                };
+                let Some(addr) = SockAddr::from_args(&req.args).to_std() else {
+                    return ok(-errno::EINVAL);
+                };
+                let made = if req.op == op::ZC_LISTEN {
+                    let backlog = (req.args[4] as usize).clamp(1, self.limits.max_backlog);
+                    port.listen(stack, owner, addr, backlog)
+                } else {
+                    port.connect(stack, owner, addr)
+                };
+                match made {
+                    Ok(h) => Some((0, [h.raw(), 0])),
+                    Err(e) => ok(err(e)),
+                }
+            }
             op::TX_KICK | op::RX_KICK => {
                 self.stats.calls -= 1;
                 self.stats.kicks += 1;
@@ -1472,6 +1502,10 @@ impl ServerSession {
             "max_sockets": self.mem.geometry().max_sockets,
             "ring_bytes": self.mem.geometry().ring_bytes,
             "stats": self.stats,
+            "zero_copy": self.zc.as_ref().map(|z| serde_json::json!({
+                "held_buffers": z.held_references(),
+                "bad_slots": z.bad_slots(),
+            })),
         })
     }
 }

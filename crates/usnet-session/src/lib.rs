@@ -5,6 +5,7 @@
 //! some value of its type.
 
 pub mod ctl;
+pub mod zc;
 
 use std::io;
 use std::os::fd::OwnedFd;

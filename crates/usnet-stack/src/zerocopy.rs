@@ -253,6 +253,8 @@ pub struct ZcPort {
     rx_seen: u32,
     /// References the application holds, per pool buffer.
     held: Vec<u16>,
+    /// Their sum.
+    held_total: usize,
     sockets: HashMap<SocketHandle, PortSocket>,
     /// Sockets to look at for RX slots: the stack reported them ready, or the RX
     /// ring filled up before they were done. A sync looks only at these, so its
@@ -270,6 +272,27 @@ impl ZcPort {
     /// Buffers the application holds now.
     pub fn held_buffers(&self) -> usize {
         self.held.iter().filter(|&&n| n > 0).count()
+    }
+
+    /// References to buffers the application holds now (a buffer held twice counts
+    /// twice); cheap, unlike [`ZcPort::held_buffers`].
+    pub fn held_references(&self) -> usize {
+        self.held_total
+    }
+
+    /// Sockets wait to be looked at (the RX ring filled before they were done).
+    pub fn has_pending(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    fn hold(&mut self, buf: u32) {
+        self.held[buf as usize] += 1;
+        self.held_total += 1;
+    }
+
+    fn unhold(&mut self, buf: u32) {
+        self.held[buf as usize] -= 1;
+        self.held_total -= 1;
     }
 
     /// Sockets of the port (listeners and connections not yet closed).
@@ -303,10 +326,16 @@ impl Stack {
             tx: Ring::new(tx_slots),
             rx_seen: 0,
             held: vec![0; self.core.pool.count() as usize],
+            held_total: 0,
             sockets: HashMap::new(),
             dirty: VecDeque::new(),
             stats: ZcStats::default(),
         }
+    }
+
+    /// Readiness of zero-copy sockets waits for a port's sync.
+    pub fn zc_has_ready(&self) -> bool {
+        !self.sockets.zc_ready.is_empty()
     }
 
     /// The offset from which an application writes payload into a buffer it took
@@ -362,7 +391,7 @@ impl Stack {
     pub fn zc_alloc(&mut self, port: &mut ZcPort) -> Option<u32> {
         // The reference moves to the port's count.
         let i = self.core.pool.alloc()?.into_index();
-        port.held[i as usize] += 1;
+        port.hold(i);
         Some(i)
     }
 
@@ -373,7 +402,7 @@ impl Stack {
             self.zc_bad(port);
             return Err(StackError::InvalidInput);
         }
-        port.held[buf as usize] -= 1;
+        port.unhold(buf);
         if let Some(id) = self.core.pool.checked(buf) {
             self.core.pool.release(id);
         }
@@ -409,6 +438,16 @@ impl Stack {
         }
         port.sockets.insert(h, PortSocket::new(listener));
         port.mark(h);
+    }
+
+    /// `h` leaves its port: its readiness no longer goes to the zero-copy list
+    /// (where no port would take it, and every sync would pass it on again).
+    fn zc_unwatch(&mut self, h: SocketHandle) {
+        if let Some(slot) = self.sockets.slots.get_mut(h.index as usize) {
+            if slot.gen == h.gen {
+                slot.zc_watch = false;
+            }
+        }
     }
 
     fn zc_bad(&mut self, port: &mut ZcPort) {
@@ -495,7 +534,7 @@ impl Stack {
                     report.tx_waiting = port.tx.distance(t, port.tx.head);
                     break;
                 }
-                port.held[s.buf as usize] -= 1;
+                port.unhold(s.buf);
                 port.stats.tx_slots += 1;
                 port.stats.tx_bytes += u64::from(s.len);
             }
@@ -504,6 +543,7 @@ impl Stack {
             }
             if s.flags & SLOT_CLOSE != 0 {
                 port.sockets.remove(&h);
+                self.zc_unwatch(h);
                 let _ = self.tcp_close(h);
             } else if s.flags & SLOT_SHUT_WR != 0 {
                 let _ = self.tcp_shutdown_write(h);
@@ -619,7 +659,7 @@ impl Stack {
             let mut piece = None;
             conn.recv_spans(usize::MAX, 1, |s| piece = Some(s));
             let Some(p) = piece else { break };
-            port.held[p.buf as usize] += 1;
+            port.hold(p.buf);
             port.stats.rx_slots += 1;
             port.stats.rx_bytes += u64::from(p.len);
             got += p.len as usize;
@@ -671,6 +711,7 @@ impl Stack {
     /// application holds goes back to the pool.
     pub fn zc_close_port(&mut self, mut port: ZcPort) {
         for (h, _) in std::mem::take(&mut port.sockets) {
+            self.zc_unwatch(h);
             let _ = self.tcp_close(h);
         }
         for (i, n) in port.held.iter().enumerate() {

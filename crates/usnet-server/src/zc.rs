@@ -1,0 +1,223 @@
+//! A session's zero-copy port (`usnet_abi::zc`): the stack's [`ZcPort`] mirrored into
+//! the client's port area. The port itself stays in the server's memory; each sync
+//! copies the slots the client wrote (24 bytes each, never payload) into it, runs
+//! [`Stack::zc_sync`], and copies the slots the stack wrote back out. So the stack's
+//! checks see exactly what the client asked, and nothing the client writes later can
+//! change a slot the stack already took. The server's own indices live here too and
+//! are only ever stored into the area, never read back from it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::*;
+
+use usnet_abi::zc::{self, Geometry};
+use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
+use usnet_stack::zerocopy::{Slot, ZcPort};
+use usnet_stack::{Owner, SocketHandle, Stack, StackError};
+
+// The ABI's flags are the stack's.
+const _: () = {
+    use usnet_stack::zerocopy as z;
+    assert!(zc::SLOT_MORE == z::SLOT_MORE && zc::SLOT_CLOSE == z::SLOT_CLOSE);
+    assert!(zc::SLOT_EOF == z::SLOT_EOF && zc::SLOT_ERROR == z::SLOT_ERROR);
+    assert!(zc::SLOT_NEW == z::SLOT_NEW && zc::SLOT_BUF_CHANGED == z::SLOT_BUF_CHANGED);
+    assert!(zc::SLOT_SHUT_WR == z::SLOT_SHUT_WR && zc::NO_BUF == z::NO_BUF);
+};
+
+pub(crate) struct ServerZc {
+    pub area: ZcArea,
+    port: ZcPort,
+    /// The stash's `tail` and the give ring's `tail` (ours).
+    stash_tail: u32,
+    give_tail: u32,
+    /// References to pool buffers the client may hold at once (delivered, kept,
+    /// stashed): beyond it the stash is not refilled.
+    quota: usize,
+}
+
+fn to_stack(s: zc::Slot) -> Slot {
+    Slot::new(
+        SocketHandle::from_raw(s.socket),
+        s.buf,
+        s.off,
+        s.len,
+        s.flags,
+    )
+}
+
+fn to_abi(s: &Slot) -> zc::Slot {
+    zc::Slot {
+        buf: s.buf,
+        off: s.off,
+        len: s.len,
+        flags: s.flags,
+        socket: s.socket,
+    }
+}
+
+impl ServerZc {
+    /// A port with rings of `g`'s sizes over `stack`'s pool (which must be a memfd:
+    /// the caller hands it to the client).
+    pub fn new(stack: &Stack, g: Geometry) -> io::Result<ServerZc> {
+        let pool = stack.pool();
+        let area = ZcArea::create(
+            g,
+            PoolGeometry {
+                buf_size: pool.buf_size() as u32,
+                buf_count: pool.count(),
+                headroom: pool.headroom() as u32,
+            },
+        )?;
+        let quota = (g.rx_slots + g.tx_slots + g.stash_slots) as usize;
+        Ok(ServerZc {
+            area,
+            port: stack.zc_port(g.rx_slots as usize, g.tx_slots as usize),
+            stash_tail: 0,
+            give_tail: 0,
+            quota,
+        })
+    }
+
+    /// Whether a sync could do something: the client asked, a socket of some port
+    /// has news, or sockets of this one wait for room in its RX ring.
+    pub fn wants_sync(&self, stack: &Stack) -> bool {
+        self.area.word(zc::SYNC).load(Acquire) != 0
+            || stack.zc_has_ready()
+            || self.port.has_pending()
+    }
+
+    /// The client asked for a sync (the loop must not sleep).
+    pub fn asked(&self) -> bool {
+        self.area.word(zc::SYNC).load(Acquire) != 0
+    }
+
+    pub fn listen(
+        &mut self,
+        stack: &mut Stack,
+        owner: Owner,
+        addr: SocketAddr,
+        backlog: usize,
+    ) -> Result<SocketHandle, StackError> {
+        let h = stack.zc_listen(&mut self.port, addr, backlog)?;
+        let _ = stack.set_owner(h, owner);
+        Ok(h)
+    }
+
+    pub fn connect(
+        &mut self,
+        stack: &mut Stack,
+        owner: Owner,
+        remote: SocketAddr,
+    ) -> Result<SocketHandle, StackError> {
+        let h = stack.zc_connect(&mut self.port, remote)?;
+        let _ = stack.set_owner(h, owner);
+        Ok(h)
+    }
+
+    /// References to pool buffers the client holds (delivered, kept, stashed).
+    pub fn held_references(&self) -> usize {
+        self.port.held_references()
+    }
+
+    /// Slots the stack refused so far.
+    pub fn bad_slots(&self) -> u64 {
+        self.port.stats().bad_slots
+    }
+
+    /// One exchange: given-back buffers, RX `head`, TX slots in; the stack's sync;
+    /// RX and TX slots, indices and stash out. Returns whether anything changed for
+    /// the client (then its bell rings).
+    pub fn sync(&mut self, stack: &mut Stack) -> bool {
+        self.area.word(zc::SYNC).store(0, SeqCst);
+        let mut changed = self.take_given(stack);
+        let area = &self.area;
+        let port = &mut self.port;
+
+        // RX: the slots the client passed (it may have swapped buffers in them).
+        let rx_head = area.indices(ZcRing::Rx).0.load(Acquire) % port.rx.size();
+        let passed = port.rx.distance(port.rx.head, rx_head);
+        if passed <= port.rx.distance(port.rx.head, port.rx.tail) {
+            let mut i = port.rx.head;
+            while i != rx_head {
+                *port.rx.slot_mut(i) = to_stack(area.read_slot(ZcRing::Rx, i));
+                i = port.rx.next(i);
+            }
+        }
+        // (Past `tail`: the stack refuses it and puts `head` back.)
+        port.rx.head = rx_head;
+
+        // TX: every slot from the stack's `tail` to the client's `head`.
+        let tx_head = area.indices(ZcRing::Tx).0.load(Acquire) % port.tx.size();
+        let mut i = port.tx.tail;
+        while i != tx_head {
+            *port.tx.slot_mut(i) = to_stack(area.read_slot(ZcRing::Tx, i));
+            i = port.tx.next(i);
+        }
+        port.tx.head = tx_head;
+
+        let (rx_tail, tx_tail) = (port.rx.tail, port.tx.tail);
+        let report = stack.zc_sync(port);
+
+        // The TX slots taken, with any SLOT_ERROR the stack set, then `tail`.
+        let mut i = tx_tail;
+        while i != port.tx.tail {
+            area.write_slot(ZcRing::Tx, i, &to_abi(port.tx.slot(i)));
+            i = port.tx.next(i);
+        }
+        area.indices(ZcRing::Tx).1.store(port.tx.tail, Release);
+        // The RX slots filled, then `tail` (and `head` if the stack put it back).
+        let mut i = rx_tail;
+        while i != port.rx.tail {
+            area.write_slot(ZcRing::Rx, i, &to_abi(port.rx.slot(i)));
+            i = port.rx.next(i);
+        }
+        area.indices(ZcRing::Rx).1.store(port.rx.tail, Release);
+        area.region()
+            .u64(zc::BAD_SLOTS)
+            .store(port.stats().bad_slots, Relaxed);
+        changed |= report.rx > 0 || report.tx > 0 || tx_tail != port.tx.tail;
+        changed |= self.refill_stash(stack);
+        changed
+    }
+
+    /// Buffers the client gave back on the give ring.
+    fn take_given(&mut self, stack: &mut Stack) -> bool {
+        let n = self.area.size(ZcRing::Give);
+        let head = self.area.indices(ZcRing::Give).0.load(Acquire) % n;
+        let mut t = self.give_tail;
+        let moved = t != head;
+        while t != head {
+            let buf = self.area.entry(ZcRing::Give, t).load(Relaxed);
+            // One the client does not hold is refused and counted by the stack.
+            let _ = stack.zc_free(&mut self.port, buf);
+            t = (t + 1) % n;
+        }
+        self.give_tail = t;
+        self.area.indices(ZcRing::Give).1.store(t, Release);
+        moved
+    }
+
+    /// Fills the stash with free buffers up to the client's quota.
+    fn refill_stash(&mut self, stack: &mut Stack) -> bool {
+        let n = self.area.size(ZcRing::Stash);
+        let head = self.area.indices(ZcRing::Stash).0.load(Acquire) % n;
+        let mut t = self.stash_tail;
+        let start = t;
+        while (t + 1) % n != head && self.port.held_references() < self.quota {
+            let Some(buf) = stack.zc_alloc(&mut self.port) else {
+                break;
+            };
+            self.area.entry(ZcRing::Stash, t).store(buf, Relaxed);
+            t = (t + 1) % n;
+        }
+        self.stash_tail = t;
+        self.area.indices(ZcRing::Stash).1.store(t, Release);
+        t != start
+    }
+
+    /// The client is gone or closed the port: its sockets close (what their send
+    /// queues hold still goes out) and every buffer it held goes back to the pool.
+    pub fn close(self, stack: &mut Stack) {
+        stack.zc_close_port(self.port);
+    }
+}
