@@ -1,6 +1,7 @@
 //! `usnet httpd`: the phttpd-like server (crate usnet-httpd) on Linux sockets
-//! (`--api kernel`) or on a usnet stack of its own in the same thread
-//! (`--api socket`, on a link as `usnet up` opens it).
+//! (`--api kernel`), on a usnet stack of its own in the same thread (`--api socket`
+//! or `zerocopy`, on a link as `usnet up` opens it), or with `--api zerocopy
+//! --stack NAME` as a client process of a running `usnet up --zero-copy`.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -22,9 +23,15 @@ use crate::CmdResult;
 #[derive(Args, Debug, Clone)]
 pub struct HttpdArgs {
     /// The network API: kernel (Linux sockets, epoll), socket (usnet's stack in this
-    /// thread, on --link) or zerocopy (usnet's zero-copy rings; not available yet).
+    /// thread, on --link) or zerocopy (usnet's zero-copy rings: on --link in this
+    /// thread, or with --stack through a stack server).
     #[arg(long, default_value = "kernel")]
     pub api: Api,
+    /// zerocopy: be a client of this running stack server (`usnet up --zero-copy`)
+    /// instead of opening a link: the rings and the packet pool are its shared
+    /// memory, and its loop does the protocol work.
+    #[arg(long)]
+    pub stack: Option<String>,
     /// Listening port.
     #[arg(short, long, default_value_t = 80)]
     pub port: u16,
@@ -101,6 +108,13 @@ pub fn run(a: HttpdArgs) -> CmdResult {
                 .into(),
         );
     }
+    if a.stack.is_some() && (a.api != Api::Zerocopy || a.link.is_some() || !a.addrs.is_empty()) {
+        return Err(
+            "--stack is for --api zerocopy without --link and --addr (the stack server \
+             has the link and the addresses)"
+                .into(),
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
@@ -132,6 +146,17 @@ pub fn run(a: HttpdArgs) -> CmdResult {
                 );
             }
             srv.run(&stop)?
+        }
+        Api::Zerocopy if a.stack.is_some() => {
+            let name = a.stack.clone().unwrap_or_default();
+            if !a.quiet {
+                println!(
+                    "usnet httpd: api zerocopy through stack server {name}, port {}, {what}",
+                    cfg.port
+                );
+            }
+            usnet_httpd::zerocopy::run_client(&name, &cfg, &stop)
+                .map_err(|e| format!("stack server {name}: {e}"))?
         }
         Api::Socket | Api::Zerocopy => {
             let (mut driver, link) = stack_driver(&a)?;

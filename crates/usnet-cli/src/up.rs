@@ -86,6 +86,12 @@ pub struct UpArgs {
     /// (numeric gid; the control socket becomes mode 0660).
     #[arg(long)]
     pub group: Option<u32>,
+    /// Offer zero-copy ports (the netmap/PASTE ring API; docs/zerocopy.md) to
+    /// clients of the stack's own user and root. Such a client maps the whole
+    /// packet pool, every other client's traffic included: grant it only where
+    /// that is acceptable.
+    #[arg(long)]
+    pub zero_copy: bool,
     /// Clients at once (more are refused, counted as quota_sessions in `usnet stat`).
     #[arg(long, default_value_t = 1024)]
     pub max_clients: usize,
@@ -216,6 +222,7 @@ impl UpArgs {
             xdp_mode: usnet_link::xdp::XdpMode::Auto,
             duration: None,
             group: None,
+            zero_copy: false,
             max_clients: 1024,
             max_backlog: 1024,
             max_rcvbuf: 4 << 20,
@@ -428,6 +435,7 @@ pub fn run(args: UpArgs) -> CmdResult {
             ..Default::default()
         },
         group: args.group,
+        zero_copy: args.zero_copy,
         services: args.services.clone(),
         loop_nice: args.loop_nice,
         ..Default::default()

@@ -26,6 +26,16 @@ struct Httpd(Child, String);
 
 impl Httpd {
     fn start(dir: &Path, tag: &str, ns: Option<&str>, args: &[&str]) -> Httpd {
+        Self::start_env(dir, tag, ns, args, &[])
+    }
+
+    fn start_env(
+        dir: &Path,
+        tag: &str,
+        ns: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Httpd {
         let mut c = match ns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -36,6 +46,9 @@ impl Httpd {
         };
         let log = dir.join(format!("{tag}.log"));
         let f = File::create(&log).unwrap();
+        for (k, v) in env {
+            c.env(k, v);
+        }
         let child = c
             .arg("httpd")
             .args(args)
@@ -394,6 +407,61 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
         let n = check_wrk(None, &format!("{base}/"));
         check_summary(&h.stop(), n);
     }
+}
+
+#[test]
+fn zerocopy_through_a_stack_server_answers_curl_wrk_and_pipelined_requests() {
+    require_root!();
+    need("curl", "curl");
+    need("wrk", "wrk");
+    const TAP: &str = "usnthz0";
+    const OURS: &str = "10.59.0.2";
+    remove_leftovers(&[TAP], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", TAP]);
+    let dir = TempDir::new("httpd-zc-server");
+    // The server holds the link; the httpd is a client process with a zero-copy port.
+    let mut up = Daemon::start(
+        dir.path(),
+        "hzc",
+        &[
+            "--link",
+            &format!("tap:{TAP}"),
+            "--addr",
+            &format!("{OURS}/24"),
+            "--host-addr",
+            "10.59.0.1/24",
+            "--zero-copy",
+        ],
+    );
+    for len in LENGTHS {
+        let mut h = Httpd::start_env(
+            dir.path(),
+            &format!("zc-server-{len}"),
+            None,
+            &[
+                "--api",
+                "zerocopy",
+                "--stack",
+                "hzc",
+                "-l",
+                &len.to_string(),
+            ],
+            &[("USNET_RUN_DIR", dir.path())],
+        );
+        let base = format!("http://{OURS}");
+        wait_serving(&mut h, None, &base);
+        check_curl(dir.path(), None, &base, len);
+        check_raw(format!("{OURS}:80").parse().unwrap(), len);
+        check_resets(format!("{OURS}:80").parse().unwrap(), len);
+        let n = check_wrk(None, &format!("{base}/"));
+        check_summary(&h.stop(), n);
+    }
+    // The segments left from the client's buffers, in place.
+    let c = up.counters();
+    assert!(counter(&c, "tcp_zc_tx_in_place") > 0, "{}", up.logs());
+    assert_eq!(counter(&c, "tcp_zc_bad_slots"), 0);
+    up.down();
 }
 
 #[test]

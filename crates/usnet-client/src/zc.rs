@@ -253,6 +253,11 @@ impl ZcPort {
         self.give_head = (self.give_head + 1) % n;
     }
 
+    /// Slots of the TX ring (one always stays empty).
+    pub fn tx_size(&self) -> u32 {
+        self.area.size(ZcRing::Tx)
+    }
+
     /// TX slots the application may still fill.
     pub fn tx_space(&self) -> u32 {
         let n = self.area.size(ZcRing::Tx);

@@ -16,13 +16,21 @@
 //! Request bytes are never copied (a request cut by a segment boundary is kept in
 //! the session, as in every backend); response bytes are written once, into the
 //! buffer that goes on the wire.
+//!
+//! The server's logic ([`ZcLogic`]) sees the rings through [`Rings`], so the same
+//! code runs in-process ([`ZcServer`], a [`StackApp`] on the stack's own port) and
+//! as a client process of a stack server ([`run_client`], on a
+//! `usnet_client::ZcPort` whose rings and pool are shared memory).
 
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use usnet_abi::zc::Slot;
 use usnet_stack::zerocopy::{
-    Slot, ZcPort, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
+    ZcPort, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
 };
 use usnet_stack::{SocketHandle, Stack};
 
@@ -34,9 +42,143 @@ use crate::{HttpdConfig, Stats};
 /// Slots per ring.
 const RING_SLOTS: usize = 4096;
 
+/// What the server does with its rings: the stack's own port in-process, or a
+/// client's port of a stack server. Slots name sockets by their raw handle.
+pub trait Rings {
+    /// The RX slot at `head`, if one waits.
+    fn rx_slot(&self) -> Option<Slot>;
+    /// Passes the RX slot at `head` (its buffer goes back at the next sync).
+    fn rx_pass(&mut self);
+    /// The payload of an RX slot the application holds.
+    fn payload(&self, s: &Slot) -> Option<&[u8]>;
+    /// TX slots free.
+    fn tx_space(&self) -> u32;
+    /// Submits a TX slot (false: the ring is full).
+    fn send(&mut self, s: Slot) -> bool;
+    /// A free buffer, and its memory.
+    fn alloc(&mut self) -> Option<u32>;
+    fn buf_mut(&mut self, buf: u32) -> Option<&mut [u8]>;
+    /// Where payload starts in a buffer to send.
+    fn headroom(&self) -> usize;
+    /// One exchange with the stack; buffers of refused TX slots come back.
+    fn exchange(&mut self);
+    /// TX slots submitted and not yet taken.
+    fn tx_waiting(&self) -> bool;
+}
+
+/// The stack's own port, for one turn.
+struct InProcess<'a> {
+    stack: &'a mut Stack,
+    port: &'a mut ZcPort,
+}
+
+fn to_stack(s: Slot) -> usnet_stack::zerocopy::Slot {
+    usnet_stack::zerocopy::Slot::new(
+        SocketHandle::from_raw(s.socket),
+        s.buf,
+        s.off,
+        s.len,
+        s.flags,
+    )
+}
+
+fn to_abi(s: &usnet_stack::zerocopy::Slot) -> Slot {
+    Slot {
+        buf: s.buf,
+        off: s.off,
+        len: s.len,
+        flags: s.flags,
+        socket: s.socket,
+    }
+}
+
+impl Rings for InProcess<'_> {
+    fn rx_slot(&self) -> Option<Slot> {
+        (self.port.rx.head != self.port.rx.tail)
+            .then(|| to_abi(self.port.rx.slot(self.port.rx.head)))
+    }
+    fn rx_pass(&mut self) {
+        self.port.rx.head = self.port.rx.next(self.port.rx.head);
+    }
+    fn payload(&self, s: &Slot) -> Option<&[u8]> {
+        self.stack.zc_bytes(self.port, &to_stack(*s))
+    }
+    fn tx_space(&self) -> u32 {
+        self.port.tx.tx_space()
+    }
+    fn send(&mut self, s: Slot) -> bool {
+        self.port.tx.push(to_stack(s))
+    }
+    fn alloc(&mut self) -> Option<u32> {
+        self.stack.zc_alloc(self.port)
+    }
+    fn buf_mut(&mut self, buf: u32) -> Option<&mut [u8]> {
+        self.stack.zc_buf_mut(self.port, buf)
+    }
+    fn headroom(&self) -> usize {
+        self.stack.zc_headroom() as usize
+    }
+    fn exchange(&mut self) {
+        let from = self.port.tx.tail;
+        self.stack.zc_sync(self.port);
+        let mut i = from;
+        while i != self.port.tx.tail {
+            let s = *self.port.tx.slot(i);
+            if s.flags & SLOT_ERROR != 0 && s.buf != NO_BUF {
+                let _ = self.stack.zc_free(self.port, s.buf);
+            }
+            i = self.port.tx.next(i);
+        }
+    }
+    fn tx_waiting(&self) -> bool {
+        self.port.tx.tail != self.port.tx.head
+    }
+}
+
+impl Rings for usnet_client::ZcPort {
+    fn rx_slot(&self) -> Option<Slot> {
+        usnet_client::ZcPort::rx_slot(self)
+    }
+    fn rx_pass(&mut self) {
+        self.rx_advance();
+    }
+    fn payload(&self, s: &Slot) -> Option<&[u8]> {
+        usnet_client::ZcPort::payload(self, s)
+    }
+    fn tx_space(&self) -> u32 {
+        usnet_client::ZcPort::tx_space(self)
+    }
+    fn send(&mut self, s: Slot) -> bool {
+        usnet_client::ZcPort::send(self, s)
+    }
+    fn alloc(&mut self) -> Option<u32> {
+        usnet_client::ZcPort::alloc(self)
+    }
+    fn buf_mut(&mut self, buf: u32) -> Option<&mut [u8]> {
+        usnet_client::ZcPort::buf_mut(self, buf)
+    }
+    fn headroom(&self) -> usize {
+        usnet_client::ZcPort::headroom(self) as usize
+    }
+    fn exchange(&mut self) {
+        for s in self.tx_refused() {
+            if s.buf != NO_BUF {
+                self.free(s.buf);
+            }
+        }
+        // A dead server shows in the next wait.
+        let _ = self.sync();
+    }
+    fn tx_waiting(&self) -> bool {
+        usnet_client::ZcPort::tx_space(self) + 1 < self.tx_size()
+    }
+}
+
 #[derive(Debug)]
 struct ZConn {
-    h: SocketHandle,
+    h: u64,
+    /// Payload bytes that leave as one segment (from the `SLOT_NEW` slot).
+    piece: u32,
     session: Session,
     out: Outq,
     /// The client's FIN arrived.
@@ -48,41 +190,120 @@ struct ZConn {
     queued: bool,
 }
 
-/// The server on the zero-copy rings.
-pub struct ZcServer {
+/// The server's state over any [`Rings`]: connections, answers owed, counters.
+pub struct ZcLogic {
     resp: Responses,
-    port: ZcPort,
     /// Indexed by the handle's slot (its low 32 bits).
     conns: Vec<Option<ZConn>>,
     live: usize,
     /// Connections with answers (or a FIN or close) to submit.
-    writers: Vec<SocketHandle>,
+    writers: Vec<u64>,
     max_conns: usize,
     stats: Stats,
     next_sweep: Instant,
 }
 
-fn slot(h: SocketHandle) -> usize {
-    h.raw() as u32 as usize
+/// The server on the stack's own zero-copy port (in-process).
+pub struct ZcServer {
+    logic: ZcLogic,
+    port: ZcPort,
+}
+
+fn slot(h: u64) -> usize {
+    h as u32 as usize
+}
+
+/// The listening address of `cfg`.
+fn listen_addr(cfg: &HttpdConfig) -> SocketAddr {
+    SocketAddr::new(
+        cfg.bind.unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+        cfg.port,
+    )
 }
 
 impl ZcServer {
     /// Listens on `cfg.bind` (every address by default) and `cfg.port` through a
     /// zero-copy port.
     pub fn start(stack: &mut Stack, cfg: &HttpdConfig) -> io::Result<ZcServer> {
-        let resp = Responses::new(cfg.length, &cfg.headers)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let addr = SocketAddr::new(
-            cfg.bind.unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
-            cfg.port,
-        );
+        let logic = ZcLogic::new(cfg)?;
+        let addr = listen_addr(cfg);
         let mut port = stack.zc_port(RING_SLOTS, RING_SLOTS);
         stack
             .zc_listen(&mut port, addr, 1024)
             .map_err(|e| io::Error::other(format!("listen on {addr}: {e}")))?;
-        Ok(ZcServer {
+        Ok(ZcServer { logic, port })
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.logic.live
+    }
+
+    /// What the port counted (slots, bytes, refused slots).
+    pub fn port_stats(&self) -> usnet_stack::zerocopy::ZcStats {
+        self.port.stats()
+    }
+
+    /// Closes every connection and gives the port back (buffers included).
+    pub fn shutdown(self, stack: &mut Stack) {
+        stack.zc_close_port(self.port);
+    }
+}
+
+impl StackApp for ZcServer {
+    fn poll(&mut self, stack: &mut Stack) -> bool {
+        let mut rings = InProcess {
+            stack,
+            port: &mut self.port,
+        };
+        self.logic.turn(&mut rings)
+    }
+
+    fn stats(&self) -> Stats {
+        self.logic.stats
+    }
+}
+
+/// Runs the server as a client process of the stack server `stack` (started with
+/// `usnet up --zero-copy`) until `stop` is set: its rings and the stack's pool are
+/// shared memory, and the stack's loop does the protocol work in its own process.
+pub fn run_client(stack: &str, cfg: &HttpdConfig, stop: &AtomicBool) -> io::Result<Stats> {
+    let mut logic = ZcLogic::new(cfg)?;
+    let net = usnet_client::Client::attach(stack)?;
+    let slots = RING_SLOTS as u32;
+    let mut port = usnet_client::ZcPort::open(
+        &net,
+        usnet_client::ZcOptions {
+            rx_slots: slots,
+            tx_slots: slots,
+            stash_slots: slots,
+        },
+    )?;
+    let addr = listen_addr(cfg);
+    port.listen(addr, 1024)
+        .map_err(|e| io::Error::new(e.kind(), format!("listen on {addr}: {e}")))?;
+    let spin = Duration::from_micros(cfg.spin_us);
+    let mut last_work = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if logic.turn(&mut port) {
+            last_work = Instant::now();
+            continue;
+        }
+        if last_work.elapsed() < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        port.wait(Duration::from_millis(100))?;
+    }
+    Ok(logic.stats)
+}
+
+impl ZcLogic {
+    fn new(cfg: &HttpdConfig) -> io::Result<ZcLogic> {
+        let resp = Responses::new(cfg.length, &cfg.headers)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Ok(ZcLogic {
             resp,
-            port,
             conns: Vec::new(),
             live: 0,
             writers: Vec::new(),
@@ -92,24 +313,37 @@ impl ZcServer {
         })
     }
 
-    /// Connections open now.
-    pub fn connections(&self) -> usize {
-        self.live
+    /// What the server did so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
     }
 
-    /// What the port counted (slots, bytes, refused slots).
-    pub fn port_stats(&self) -> usnet_stack::zerocopy::ZcStats {
-        self.port.stats()
+    /// One turn: an exchange, the RX slots, the answers, and a second exchange
+    /// when TX slots wait (so the frames leave at once). Returns whether it did
+    /// anything.
+    pub fn turn(&mut self, rings: &mut impl Rings) -> bool {
+        rings.exchange();
+        let did = self.take_rx(rings);
+        self.write_answers(rings);
+        let now = Instant::now();
+        if now >= self.next_sweep {
+            self.sweep(rings, now);
+            self.next_sweep = now + Duration::from_millis(200);
+        }
+        if rings.tx_waiting() {
+            rings.exchange();
+        }
+        did || !self.writers.is_empty()
     }
 
-    fn conn_mut(&mut self, h: SocketHandle) -> Option<&mut ZConn> {
+    fn conn_mut(&mut self, h: u64) -> Option<&mut ZConn> {
         self.conns
             .get_mut(slot(h))
             .and_then(Option::as_mut)
             .filter(|c| c.h == h)
     }
 
-    fn mark_writer(&mut self, h: SocketHandle) {
+    fn mark_writer(&mut self, h: u64) {
         if let Some(c) = self.conn_mut(h) {
             if !c.queued {
                 c.queued = true;
@@ -120,12 +354,12 @@ impl ZcServer {
 
     /// Forgets a connection and submits its close (an abort is a close here: the
     /// stack resets a connection closed with unread data, as Linux does).
-    fn close(&mut self, h: SocketHandle, failed: bool) -> bool {
+    fn close(&mut self, rings: &mut impl Rings, h: u64, failed: bool) -> bool {
         let i = slot(h);
         if self.conns.get(i).and_then(Option::as_ref).map(|c| c.h) != Some(h) {
             return true;
         }
-        if !self.port.tx.push(Slot::new(h, NO_BUF, 0, 0, SLOT_CLOSE)) {
+        if !rings.send(flag_slot(h, SLOT_CLOSE)) {
             return false;
         }
         self.conns[i] = None;
@@ -138,24 +372,25 @@ impl ZcServer {
     }
 
     /// Handles the receive slots from `head` to `tail`, giving each buffer back.
-    fn take_rx(&mut self, stack: &mut Stack) -> bool {
+    fn take_rx(&mut self, rings: &mut impl Rings) -> bool {
         let mut did = false;
-        while self.port.rx.head != self.port.rx.tail {
+        while let Some(s) = rings.rx_slot() {
             did = true;
-            let s = *self.port.rx.slot(self.port.rx.head);
-            let h = s.handle();
+            let h = s.socket;
             if s.flags & SLOT_NEW != 0 {
                 if self.live >= self.max_conns {
                     self.stats.refused += 1;
-                    let _ = self.port.tx.push(Slot::new(h, NO_BUF, 0, 0, SLOT_CLOSE));
+                    let _ = rings.send(flag_slot(h, SLOT_CLOSE));
                 } else {
-                    let _ = stack.tcp_set_nodelay(h, true);
+                    // The answers leave at once anyway: every answer's last slot
+                    // is pushed (no SLOT_MORE), as a write with TCP_NODELAY.
                     let i = slot(h);
                     if self.conns.len() <= i {
                         self.conns.resize_with(i + 1, || None);
                     }
                     self.conns[i] = Some(ZConn {
                         h,
+                        piece: s.off,
                         session: Session::default(),
                         out: Outq::default(),
                         eof: false,
@@ -166,7 +401,7 @@ impl ZcServer {
                     self.stats.accepted += 1;
                 }
             } else if s.flags & SLOT_ERROR != 0 {
-                let _ = self.close(h, true);
+                let _ = self.close(rings, h, true);
             } else if s.len > 0 {
                 let stats = &mut self.stats;
                 if let (Some(c), Some(bytes)) = (
@@ -174,7 +409,7 @@ impl ZcServer {
                         .get_mut(slot(h))
                         .and_then(Option::as_mut)
                         .filter(|c| c.h == h),
-                    stack.zc_bytes(&self.port, &s),
+                    rings.payload(&s),
                 ) {
                     stats.rx_bytes += bytes.len() as u64;
                     if c.linger.is_none() {
@@ -192,7 +427,7 @@ impl ZcServer {
                 }
                 self.mark_writer(h);
             }
-            self.port.rx.head = self.port.rx.next(self.port.rx.head);
+            rings.rx_pass();
         }
         did
     }
@@ -200,15 +435,10 @@ impl ZcServer {
     /// Writes the answers owed into transmit buffers; then a FIN after the last
     /// answer, a close after the client's FIN. Connections the ring or the pool
     /// could not take stay listed for the next turn.
-    fn write_answers(&mut self, stack: &mut Stack) {
-        let head = stack.zc_headroom() as usize;
+    fn write_answers(&mut self, rings: &mut impl Rings) {
+        let head = rings.headroom();
         let writers = std::mem::take(&mut self.writers);
         for h in writers {
-            let Ok(piece) = stack.zc_piece_len(h) else {
-                // The socket is gone (reset and reaped): forget it.
-                let _ = self.close(h, true);
-                continue;
-            };
             let resp = &self.resp;
             let Some(c) = self
                 .conns
@@ -220,33 +450,47 @@ impl ZcServer {
             };
             let mut blocked = false;
             while !c.out.is_empty() {
-                if self.port.tx.tx_space() < 2 {
+                if rings.tx_space() < 2 {
                     blocked = true;
                     break;
                 }
-                let Some(b) = stack.zc_alloc(&mut self.port) else {
+                let Some(b) = rings.alloc() else {
                     blocked = true;
                     break;
                 };
-                let buf = stack.zc_buf_mut(&self.port, b).expect("just allocated");
-                let n = c.out.fill(resp, &mut buf[head..head + piece as usize]);
+                let Some(buf) = rings.buf_mut(b) else {
+                    blocked = true;
+                    break;
+                };
+                // One segment's payload (or the buffer's room, when unknown).
+                let room = buf.len() - head;
+                let piece = if c.piece == 0 {
+                    room
+                } else {
+                    (c.piece as usize).min(room)
+                };
+                let n = c.out.fill(resp, &mut buf[head..head + piece]);
                 let done = c.out.advance(resp, n);
                 self.stats.responses += done as u64;
                 self.stats.tx_bytes += n as u64;
                 let more = if c.out.is_empty() { 0 } else { SLOT_MORE };
-                self.port
-                    .tx
-                    .push(Slot::new(h, b, head as u32, n as u32, more));
+                rings.send(Slot {
+                    buf: b,
+                    off: head as u32,
+                    len: n as u32,
+                    flags: more,
+                    socket: h,
+                });
             }
             if !blocked && c.session.is_closing() && c.linger.is_none() {
-                if self.port.tx.push(Slot::new(h, NO_BUF, 0, 0, SLOT_SHUT_WR)) {
+                if rings.send(flag_slot(h, SLOT_SHUT_WR)) {
                     c.linger = Some(Instant::now() + LINGER);
                 } else {
                     blocked = true;
                 }
             }
             if !blocked && c.eof && c.out.is_empty() {
-                blocked = !self.close(h, false);
+                blocked = !self.close(rings, h, false);
             }
             if let Some(c) = self.conn_mut(h) {
                 c.queued = blocked;
@@ -257,23 +501,8 @@ impl ZcServer {
         }
     }
 
-    /// One exchange with the stack; transmit slots it refused (the connection
-    /// failed) give their buffers back.
-    fn sync(&mut self, stack: &mut Stack) {
-        let from = self.port.tx.tail;
-        stack.zc_sync(&mut self.port);
-        let mut i = from;
-        while i != self.port.tx.tail {
-            let s = *self.port.tx.slot(i);
-            if s.flags & SLOT_ERROR != 0 && s.buf != NO_BUF {
-                let _ = stack.zc_free(&mut self.port, s.buf);
-            }
-            i = self.port.tx.next(i);
-        }
-    }
-
-    fn sweep(&mut self, now: Instant) {
-        let expired: Vec<SocketHandle> = self
+    fn sweep(&mut self, rings: &mut impl Rings, now: Instant) {
+        let expired: Vec<u64> = self
             .conns
             .iter()
             .flatten()
@@ -281,33 +510,17 @@ impl ZcServer {
             .map(|c| c.h)
             .collect();
         for h in expired {
-            let _ = self.close(h, false);
+            let _ = self.close(rings, h, false);
         }
-    }
-
-    /// Closes every connection and gives the port back (buffers included).
-    pub fn shutdown(self, stack: &mut Stack) {
-        stack.zc_close_port(self.port);
     }
 }
 
-impl StackApp for ZcServer {
-    fn poll(&mut self, stack: &mut Stack) -> bool {
-        self.sync(stack);
-        let did = self.take_rx(stack);
-        self.write_answers(stack);
-        let now = Instant::now();
-        if now >= self.next_sweep {
-            self.sweep(now);
-            self.next_sweep = now + Duration::from_millis(200);
-        }
-        if self.port.tx.tail != self.port.tx.head {
-            self.sync(stack);
-        }
-        did || !self.writers.is_empty()
-    }
-
-    fn stats(&self) -> Stats {
-        self.stats
+/// A slot without payload: a close or a shutdown.
+fn flag_slot(h: u64, flags: u16) -> Slot {
+    Slot {
+        buf: NO_BUF,
+        flags,
+        socket: h,
+        ..Slot::default()
     }
 }

@@ -19,6 +19,11 @@
 //! - when the clients go, every stack socket they held is closed and, once the stack
 //!   has settled, every packet buffer is back in the pool.
 //!
+//! Session 1 also has a zero-copy port (`usnet_abi::zc`): commands scribble on its
+//! area (slots, indices, stash and give entries) or act as a client of the rings
+//! would (pass RX slots, keep buffers, send held ones), and the server syncs it each
+//! turn; its buffers must be back in the pool at the end too.
+//!
 //! The cargo-fuzz target `fuzz/fuzz_targets/server_session.rs` calls [`run`]; the
 //! crate's tests run it on seeded random inputs.
 
@@ -101,6 +106,8 @@ pub struct Harness {
     ready: Vec<usnet_stack::SocketHandle>,
     /// Departed sessions whose connections still drain (as `Loop` keeps them).
     dying: Vec<ServerSession>,
+    /// The client's view of session 1's zero-copy port.
+    zc: usnet_session::zc::ZcArea,
 }
 
 impl Default for Harness {
@@ -132,7 +139,18 @@ impl Harness {
             ..Default::default()
         })
         .expect("stack");
+        let port = crate::zc::ServerZc::new(
+            &stack,
+            usnet_abi::zc::Geometry {
+                rx_slots: 8,
+                tx_slots: 8,
+                stash_slots: 4,
+            },
+        )
+        .expect("zero-copy port");
+        let zc = port.area.clone();
         let mut h = Harness {
+            zc,
             stack,
             sessions: HashMap::new(),
             sharing: Sharing::default(),
@@ -144,6 +162,9 @@ impl Harness {
             dying: Vec::new(),
         };
         h.add_session(1);
+        if let Some(s) = h.sessions.get_mut(&1) {
+            s.zc = Some(port);
+        }
         h
     }
 
@@ -183,6 +204,9 @@ impl Harness {
         };
         let stack = &mut self.stack;
         let gone = s.depart(stack, limits().budget);
+        if let Some(port) = s.zc.take() {
+            port.close(stack);
+        }
         for (h, left, died) in gone.shared {
             self.sharing
                 .release(&mut self.sessions, stack, h, id, left, died);
@@ -221,6 +245,13 @@ impl Harness {
             for id in self.sharing.holders(h) {
                 if let Some(s) = self.sessions.get_mut(id) {
                     s.refresh_handle(stack, h);
+                }
+            }
+        }
+        for s in self.sessions.values_mut() {
+            if let Some(port) = s.zc.as_mut() {
+                if port.wants_sync(stack) {
+                    port.sync(stack);
                 }
             }
         }
@@ -370,6 +401,15 @@ fn addr(inp: &mut Input) -> SockAddr {
 /// Runs the commands in `data` against a fresh session (see the module's doc).
 pub fn run(data: &[u8]) {
     let mut h = Harness::new();
+    commands(&mut h, data);
+    for _ in 0..4 {
+        h.turn();
+    }
+    h.finish();
+}
+
+/// Runs the commands of `data` on `h`.
+fn commands(h: &mut Harness, data: &[u8]) {
     let g = geometry();
     let total = h.mem().layout().total_len;
     let mut inp = Input(data);
@@ -386,7 +426,7 @@ pub fn run(data: &[u8]) {
                 h.target = want;
             }
         }
-        match cmd % 11 {
+        match cmd % 13 {
             // Raw bytes anywhere.
             0 => {
                 let off = inp.u32() as usize % total;
@@ -420,7 +460,7 @@ pub fn run(data: &[u8]) {
                     op::SOCKET => {
                         args[0] = [KIND_TCP, KIND_UDP, 0, 9][inp.u8().unwrap_or(0) as usize % 4]
                     }
-                    op::BIND | op::CONNECT => {
+                    op::BIND | op::CONNECT | op::ZC_LISTEN | op::ZC_CONNECT => {
                         let a = addr(&mut inp).to_args();
                         args[..4].copy_from_slice(&a);
                     }
@@ -479,13 +519,100 @@ pub fn run(data: &[u8]) {
                 }
                 h.turn();
             }
+            // A word anywhere in the zero-copy port's area.
+            11 => {
+                let r = h.zc.region();
+                let off = (inp.u32() as usize % (r.len() / 4)) * 4;
+                r.u32(off)
+                    .store(inp.u32(), std::sync::atomic::Ordering::Release);
+            }
+            // The zero-copy client acts on its rings, well-formed or not.
+            12 => zc_client_step(&h.zc, &mut inp),
             _ => h.turn(),
         }
     }
-    for _ in 0..4 {
-        h.turn();
+}
+
+/// RX slots with payload a client step saw (the tests check that the zero-copy
+/// path was reached).
+static ZC_PAYLOAD_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// What a client of the zero-copy rings does: pass an RX slot (giving its buffer
+/// back, or keeping it with a stash buffer in its place), send a stash buffer or a
+/// received one on a socket it saw, give a buffer back; then asks for a sync. The
+/// input chooses, so it may well be wrong.
+fn zc_client_step(area: &usnet_session::zc::ZcArea, inp: &mut Input) {
+    use std::sync::atomic::Ordering::*;
+    use usnet_abi::zc::{Slot, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE};
+    use usnet_session::zc::ZcRing;
+    let (rx_head, rx_tail) = area.indices(ZcRing::Rx);
+    let (st_head, st_tail) = area.indices(ZcRing::Stash);
+    let rn = area.size(ZcRing::Rx);
+    let sn = area.size(ZcRing::Stash);
+    let h = rx_head.load(Relaxed) % rn;
+    let rx = area.read_slot(ZcRing::Rx, h);
+    let have_rx = h != rx_tail.load(Acquire) % rn;
+    if have_rx && rx.len > 0 {
+        ZC_PAYLOAD_SEEN.fetch_add(1, Relaxed);
     }
-    h.finish();
+    let sh = st_head.load(Relaxed) % sn;
+    let stash =
+        (sh != st_tail.load(Acquire) % sn).then(|| area.entry(ZcRing::Stash, sh).load(Relaxed));
+    let take_stash = || st_head.store((sh + 1) % sn, Release);
+    let choice = inp.u8().unwrap_or(0);
+    let send = |s: Slot| {
+        let (tx_head, _) = area.indices(ZcRing::Tx);
+        let t = tx_head.load(Relaxed) % area.size(ZcRing::Tx);
+        area.write_slot(ZcRing::Tx, t, &s);
+        tx_head.store((t + 1) % area.size(ZcRing::Tx), Release);
+    };
+    match choice % 5 {
+        0 if have_rx => rx_head.store((h + 1) % rn, Release),
+        1 if have_rx => {
+            if let Some(spare) = stash {
+                take_stash();
+                let mut s = rx;
+                s.buf = spare;
+                s.flags |= SLOT_BUF_CHANGED;
+                area.write_slot(ZcRing::Rx, h, &s);
+                rx_head.store((h + 1) % rn, Release);
+                // The kept buffer goes straight back out on its socket.
+                if rx.len > 0 {
+                    send(rx);
+                }
+            }
+        }
+        2 if have_rx => {
+            if let Some(b) = stash {
+                take_stash();
+                let len = inp.u16() as u32 % 1600;
+                send(Slot {
+                    buf: b,
+                    off: 128,
+                    len,
+                    flags: inp.u8().unwrap_or(0) as u16 & 0x43,
+                    socket: rx.socket,
+                });
+            }
+        }
+        3 => {
+            if let Some(b) = stash {
+                take_stash();
+                let (gh, _) = area.indices(ZcRing::Give);
+                let g = gh.load(Relaxed) % sn;
+                area.entry(ZcRing::Give, g).store(b, Relaxed);
+                gh.store((g + 1) % sn, Release);
+            }
+        }
+        4 if have_rx => send(Slot {
+            buf: NO_BUF,
+            flags: SLOT_CLOSE,
+            socket: rx.socket,
+            ..Slot::default()
+        }),
+        _ => {}
+    }
+    area.word(usnet_abi::zc::SYNC).store(1, SeqCst);
 }
 
 #[cfg(test)]
@@ -523,6 +650,50 @@ mod tests {
 
     /// After a fork the child holds the connection too; when the parent closes its
     /// copy, what the parent had not read reaches the child's ring, then new bytes.
+    #[test]
+    fn zero_copy_rings_under_random_client_steps_never_break_the_server() {
+        for seed in 0..200 {
+            let data = bytes(seed ^ 0x5a5a, 64 + (seed as usize * 53) % 2000);
+            let r = std::panic::catch_unwind(|| {
+                let mut h = Harness::new();
+                // A zero-copy listener of session 1 and a connection from its own
+                // copying socket, with bytes on the way: the rings have traffic.
+                let a = SockAddr::from_std((ADDR, 7002).into()).to_args();
+                let req = |op, slot, args| Request {
+                    op,
+                    slot,
+                    args,
+                    ..Default::default()
+                };
+                h.submit(&req(op::ZC_LISTEN, 0, [a[0], a[1], a[2], a[3], 4, 0]));
+                h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+                h.turn();
+                h.submit(&req(op::CONNECT, 0, [a[0], a[1], a[2], a[3], 0, 0]));
+                for _ in 0..4 {
+                    h.turn();
+                }
+                h.send_bytes(0, &vec![7u8; 3000]);
+                h.submit(&req(op::TX_KICK, 0, [0; 6]));
+                h.zc.word(usnet_abi::zc::SYNC).store(1, SeqCst);
+                for _ in 0..4 {
+                    h.turn();
+                }
+                commands(&mut h, &data);
+                for _ in 0..4 {
+                    h.turn();
+                }
+                h.finish();
+            });
+            if let Err(e) = r {
+                panic!("seed {seed}: {e:?}");
+            }
+        }
+        assert!(
+            ZC_PAYLOAD_SEEN.load(Relaxed) > 0,
+            "no client step saw zero-copy payload"
+        );
+    }
+
     #[test]
     fn a_shared_stream_moves_to_the_child_with_what_the_parent_left_unread() {
         let mut h = Harness::new();

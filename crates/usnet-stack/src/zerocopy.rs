@@ -47,7 +47,7 @@ pub const SLOT_EOF: u16 = 0x4;
 /// stack: the slot was refused and its buffer is still the application's.
 pub const SLOT_ERROR: u16 = 0x8;
 /// RX: a connection was accepted on one of the port's listeners (length 0); `socket`
-/// is the new connection.
+/// is the new connection and `off` its piece length ([`Stack::zc_piece_len`]).
 pub const SLOT_NEW: u16 = 0x10;
 /// RX, set by the application before it advances `head` past the slot: `buf` now
 /// names a spare buffer it owned, which the stack frees; the application keeps the
@@ -358,6 +358,16 @@ impl Stack {
         Ok(c.full_segment_payload().min(self.zc_buf_capacity()))
     }
 
+    /// A zero-copy socket's TCP: payload as pool-buffer pieces, and no Nagle: a TX
+    /// slot without [`SLOT_MORE`] is pushed at once; the application batches with
+    /// `SLOT_MORE` instead.
+    fn zc_tcp_config(&self) -> usnet_tcp::TcpConfig {
+        let mut cfg = self.core.cfg.tcp.clone();
+        cfg.zero_copy = true;
+        cfg.nodelay = true;
+        cfg
+    }
+
     /// A zero-copy listener on `addr` for `port`: its connections arrive as
     /// [`SLOT_NEW`] RX slots, already accepted.
     pub fn zc_listen(
@@ -366,9 +376,7 @@ impl Stack {
         addr: SocketAddr,
         backlog: usize,
     ) -> Result<SocketHandle, StackError> {
-        let mut cfg = self.core.cfg.tcp.clone();
-        cfg.zero_copy = true;
-        let h = self.tcp_listen_with(addr, backlog, cfg)?;
+        let h = self.tcp_listen_with(addr, backlog, self.zc_tcp_config())?;
         self.zc_add(port, h, true);
         Ok(h)
     }
@@ -379,9 +387,7 @@ impl Stack {
         port: &mut ZcPort,
         remote: SocketAddr,
     ) -> Result<SocketHandle, StackError> {
-        let mut cfg = self.core.cfg.tcp.clone();
-        cfg.zero_copy = true;
-        let h = self.tcp_connect_with(None, remote, cfg)?;
+        let h = self.tcp_connect_with(None, remote, self.zc_tcp_config())?;
         self.zc_add(port, h, false);
         Ok(h)
     }
@@ -630,6 +636,8 @@ impl Stack {
             self.zc_add(port, h, false);
             let s = Slot {
                 flags: SLOT_NEW,
+                // The piece length that leaves as one segment, in place.
+                off: self.zc_piece_len(h).unwrap_or(0),
                 socket: h.raw(),
                 ..Slot::default()
             };
