@@ -13,9 +13,14 @@
 //! - `httpd socket tap`: the same on a TAP whose Linux side is in wrk's namespace;
 //! - `httpd zerocopy afpacket` / `xdp` / `tap`: `usnet httpd --api zerocopy`, the
 //!   same server on usnet's zero-copy rings (requests parsed in the received
-//!   buffers, answers written once into buffers sent in place), on the same links.
+//!   buffers, answers written once into buffers sent in place), on the same links;
+//! - `httpd zerocopy client afpacket`: the zero-copy server as a client process of a
+//!   stack server (`usnet up --zero-copy` on the veth end, `usnet httpd --api
+//!   zerocopy --stack`): the rings and the pool are shared memory, and the stack
+//!   runs in another process on the same CPU.
 //!
-//! The server runs on CPU 1 and wrk on CPU 0. One server runs at a time (an
+//! The server runs on CPU 1 (both processes, for the client configuration) and wrk
+//! on CPU 0. One server runs at a time (an
 //! AF_PACKET socket sees every frame of the veth, so a usnet stack left running
 //! would tax the others); nginx stays up, idle while the others are measured.
 //! Before wrk, one curl per configuration checks the response bytes. The table shows
@@ -30,7 +35,8 @@ use usnet_report::{bar_plot, median, write_json, Table};
 
 use crate::tcp::{ip, is_root, Veth, VETH_ADDR, VETH_USNET};
 use crate::web::{
-    in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_serving, wrk, Bg, Res, WrkRun,
+    in_ns, need_tools, nginx_alerts, nginx_conf, spawn, start_stack_server, wait_serving, wrk, Bg,
+    Res, WrkRun,
 };
 
 #[derive(Debug, Clone)]
@@ -90,13 +96,16 @@ enum Sys {
     Socket(Link),
     /// `--api zerocopy` on a link.
     Zerocopy(Link),
+    /// `--api zerocopy --stack`: a client of `usnet up --zero-copy` on AF_PACKET.
+    ZcClient,
 }
 
-const SYSTEMS: [Sys; 8] = [
+const SYSTEMS: [Sys; 9] = [
     Sys::Nginx,
     Sys::Kernel,
     Sys::Socket(Link::AfPacket),
     Sys::Zerocopy(Link::AfPacket),
+    Sys::ZcClient,
     Sys::Socket(Link::Xdp),
     Sys::Zerocopy(Link::Xdp),
     Sys::Socket(Link::Tap),
@@ -114,6 +123,7 @@ impl Sys {
             Sys::Zerocopy(Link::AfPacket) => "zc-afpacket",
             Sys::Zerocopy(Link::Xdp) => "zc-xdp",
             Sys::Zerocopy(Link::Tap) => "zc-tap",
+            Sys::ZcClient => "zc-client",
         }
     }
 
@@ -127,6 +137,7 @@ impl Sys {
             Sys::Zerocopy(Link::AfPacket) => "httpd zerocopy afpacket",
             Sys::Zerocopy(Link::Xdp) => "httpd zerocopy xdp",
             Sys::Zerocopy(Link::Tap) => "httpd zerocopy tap",
+            Sys::ZcClient => "httpd zerocopy client afpacket",
         }
     }
 
@@ -134,6 +145,7 @@ impl Sys {
     fn link(self) -> Option<Link> {
         match self {
             Sys::Socket(l) | Sys::Zerocopy(l) => Some(l),
+            Sys::ZcClient => Some(Link::AfPacket),
             _ => None,
         }
     }
@@ -161,11 +173,18 @@ fn url(sys: Sys, len: usize) -> String {
         Sys::Socket(Link::Tap) | Sys::Zerocopy(Link::Tap) => {
             format!("http://{TAP_USNET}/r{len}")
         }
-        Sys::Socket(_) | Sys::Zerocopy(_) => format!("http://{VETH_USNET}/r{len}"),
+        Sys::Socket(_) | Sys::Zerocopy(_) | Sys::ZcClient => {
+            format!("http://{VETH_USNET}/r{len}")
+        }
     }
 }
 
-/// Starts `usnet httpd` for `sys` (nginx runs all along).
+/// The stack server of [`Sys::ZcClient`].
+const ZC_STACK: &str = "bench-httpd-zc";
+
+/// Starts `usnet httpd` for `sys` (nginx runs all along); for the zero-copy
+/// client, the stack server first. The httpd comes first in the list (it stops
+/// before the stack server).
 fn start_httpd(
     sys: Sys,
     len: usize,
@@ -173,7 +192,7 @@ fn start_httpd(
     dir: &Path,
     a: &HttpdBenchOptions,
     core: usize,
-) -> Res<Bg> {
+) -> Res<Vec<Bg>> {
     let exe = std::env::current_exe()?;
     let ns = if sys.link() == Some(Link::Tap) {
         net.client_ns()
@@ -191,8 +210,26 @@ fn start_httpd(
         "--core",
         &core.to_string(),
     ]);
+    let mut stack = None;
     match sys {
         Sys::Nginx => unreachable!("nginx is not usnet httpd"),
+        Sys::ZcClient => {
+            stack = Some(start_stack_server(
+                net.server_ns(),
+                core,
+                dir,
+                ZC_STACK,
+                &[
+                    "--link".into(),
+                    format!("afpacket:{}", net.veth.dev[0]),
+                    "--addr".into(),
+                    format!("{VETH_USNET}/24"),
+                    "--zero-copy".into(),
+                ],
+            )?);
+            c.args(["--api", "zerocopy", "--stack", ZC_STACK, "-p", "80"]);
+            c.args(["--spin-us", &a.spin_us.to_string()]);
+        }
         Sys::Kernel => {
             c.args(["--api", "kernel", "--bind", VETH_ADDR[0]]);
             c.args(["-p", &KERNEL_PORT.to_string()]);
@@ -219,7 +256,8 @@ fn start_httpd(
             c.args(["--spin-us", &a.spin_us.to_string()]);
         }
     }
-    spawn(c, dir, &format!("httpd-{}-{len}", sys.short()))
+    let httpd = spawn(c, dir, &format!("httpd-{}-{len}", sys.short()))?;
+    Ok(std::iter::once(httpd).chain(stack).collect())
 }
 
 /// One curl from wrk's namespace: the response must be the expected bytes (usnet
@@ -287,7 +325,8 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
     for o in &a.only {
         if !SYSTEMS.iter().any(|s| s.short() == o) {
             return Err(format!(
-                "--only {o}: use nginx, kernel, afpacket, xdp, tap, zc-afpacket, zc-xdp or zc-tap"
+                "--only {o}: use nginx, kernel, afpacket, xdp, tap, zc-afpacket, zc-client, \
+                 zc-xdp or zc-tap"
             )
             .into());
         }
@@ -346,7 +385,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
                 // A new stack has a new MAC: the client must not keep the last one.
                 let _ = ip(&["-n", net.client_ns(), "neigh", "flush", "all"]);
                 let mut bg = start_httpd(sys, len, &net, &dir, a, server_core)?;
-                if let Err(e) = wait_serving(net.client_ns(), &url(sys, len), &mut bg, &dir) {
+                if let Err(e) = wait_serving(net.client_ns(), &url(sys, len), &mut bg[0], &dir) {
                     notes.push(format!(
                         "{} with {len}-byte bodies skipped: {e}",
                         sys.name()
@@ -404,8 +443,8 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             .map(|q| q.med(|r| r.rps));
         let ratio = base.map(|b| rps / b);
         // The zero-copy server against the socket server on the same link.
-        let vs_socket = match p.sys {
-            Sys::Zerocopy(l) => points
+        let vs_socket = match (p.sys, p.sys.link()) {
+            (Sys::Zerocopy(_) | Sys::ZcClient, Some(l)) => points
                 .iter()
                 .find(|q| q.len == p.len && q.sys == Sys::Socket(l))
                 .map(|q| rps / q.med(|r| r.rps)),

@@ -16,14 +16,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use usnet_report::{bar_plot, median, write_json, Table};
 
 use crate::tcp::{is_root, Veth, VETH_ADDR, VETH_USNET};
 use crate::web::{
-    in_ns, need_tools, nginx_alerts, nginx_conf, spawn, wait_port, wait_serving, wrk, Bg, Res,
+    in_ns, need_tools, nginx_alerts, nginx_conf, spawn, start_stack_server, wait_port,
+    wait_serving, wrk, Bg, Res,
 };
 
 #[derive(Debug, Clone)]
@@ -83,31 +84,18 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     )?;
 
     // The usnet stack beside it on the same veth end, and nginx under the shim.
-    let mut c = in_ns(&server_ns, 1);
-    c.arg(&exe).args([
-        "up",
-        "--name",
+    let stack = start_stack_server(
+        &server_ns,
+        1,
+        &dir,
         STACK,
-        "--services",
-        "none",
-        "--quiet",
-        "--link",
-    ]);
-    c.arg(format!("afpacket:{}", veth.dev[0]));
-    c.args(["--addr", &format!("{VETH_USNET}/24")]);
-    let mut stack = spawn(c, &dir, "usnet-up")?;
-    let ctl = dir.join(format!("{STACK}.ctl"));
-    let end = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
-        if let Some(s) = stack.0.try_wait()? {
-            let log = std::fs::read_to_string(dir.join("usnet-up.log")).unwrap_or_default();
-            return Err(format!("usnet up exited ({s}): {log}").into());
-        }
-        if Instant::now() > end {
-            return Err("usnet up did not come up within 20 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        &[
+            "--link".into(),
+            format!("afpacket:{}", veth.dev[0]),
+            "--addr".into(),
+            format!("{VETH_USNET}/24"),
+        ],
+    )?;
     let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet", "", "")?;
     let mut c = in_ns(&server_ns, 1);
     c.arg(&exe)

@@ -54,6 +54,37 @@ pub(crate) fn spawn(mut c: Command, dir: &Path, what: &str) -> Res<Bg> {
     Ok(Bg(child, what.into()))
 }
 
+/// Starts `usnet up --name NAME` in namespace `ns` on CPU `core` with `args` (the
+/// link, addresses, options; no built-in services) and waits (at most 20 s) until
+/// its control socket answers.
+pub(crate) fn start_stack_server(
+    ns: &str,
+    core: usize,
+    dir: &Path,
+    name: &str,
+    args: &[String],
+) -> Res<Bg> {
+    let exe = std::env::current_exe()?;
+    let mut c = in_ns(ns, core);
+    c.arg(&exe)
+        .args(["up", "--name", name, "--services", "none", "--quiet"])
+        .args(args);
+    let what = format!("usnet-up-{name}");
+    let mut stack = spawn(c, dir, &what)?;
+    let ctl = dir.join(format!("{name}.ctl"));
+    let end = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
+        if let Some(s) = stack.0.try_wait()? {
+            return Err(format!("usnet up exited ({s}): {}", stack.log(dir)).into());
+        }
+        if Instant::now() > end {
+            return Err("usnet up did not come up within 20 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(stack)
+}
+
 /// Fails naming the package when a tool the benchmark runs is missing.
 pub(crate) fn need_tools(tools: &[&str]) -> Res<()> {
     for tool in tools {

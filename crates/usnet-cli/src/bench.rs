@@ -421,8 +421,9 @@ pub struct HttpdArgs {
     /// Response body lengths in bytes (64 makes the 151-byte response).
     #[arg(long, value_delimiter = ',', default_value = "64,4096,65536")]
     pub lengths: Vec<usize>,
-    /// Only these servers: nginx, kernel, afpacket, xdp, tap, zc-afpacket, zc-xdp,
-    /// zc-tap (default: all).
+    /// Only these servers: nginx, kernel, afpacket, xdp, tap, zc-afpacket,
+    /// zc-client (the zero-copy server as a client of usnet up), zc-xdp, zc-tap
+    /// (default: all).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// usnet httpd --batch.
