@@ -35,6 +35,8 @@ pub struct PreloadBenchOptions {
     pub connections: usize,
     /// Requests per redis-benchmark run and test.
     pub redis_requests: usize,
+    /// `usnet up --spin-us` for the stack server.
+    pub stack_spin_us: u64,
 }
 
 /// One measured row: a workload on one system.
@@ -94,6 +96,8 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
             format!("afpacket:{}", veth.dev[0]),
             "--addr".into(),
             format!("{VETH_USNET}/24"),
+            "--spin-us".into(),
+            a.stack_spin_us.to_string(),
         ],
     )?;
     let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet", "", "")?;
@@ -218,7 +222,8 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     table.print();
     std::fs::create_dir_all(&a.out)?;
     let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
-        "runs": a.runs, "redis_requests": a.redis_requests, "results": results});
+        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us,
+        "results": results});
     write_json(&a.out.join("preload.json"), &doc)?;
     std::fs::write(a.out.join("preload.md"), table.to_markdown())?;
     if let Err(e) = bar_plot(

@@ -385,6 +385,10 @@ pub struct PreloadArgs {
     /// Requests per redis-benchmark run and test (times 4 with -P 16).
     #[arg(long, default_value_t = 100_000)]
     pub redis_requests: usize,
+    /// The stack server's busy-poll after its last work (`usnet up --spin-us`); it
+    /// shares the servers' core, where polling takes their time.
+    #[arg(long, default_value_t = 50)]
+    pub stack_spin_us: u64,
     /// One short run per configuration (a smoke test).
     #[arg(long)]
     pub quick: bool,
@@ -398,6 +402,7 @@ impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
             seconds: if a.quick { 1.0 } else { a.seconds },
             connections: a.connections,
             redis_requests: if a.quick { 2000 } else { a.redis_requests },
+            stack_spin_us: a.stack_spin_us,
         }
     }
 }
