@@ -293,7 +293,13 @@ pub fn run_client(stack: &str, cfg: &HttpdConfig, stop: &AtomicBool) -> io::Resu
             std::hint::spin_loop();
             continue;
         }
-        port.wait(Duration::from_millis(100))?;
+        match port.wait(Duration::from_millis(100)) {
+            // A signal (the stop flag's, say) ends a wait; the loop looks at the flag.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => {
+                r?;
+            }
+        }
     }
     Ok(logic.stats)
 }
