@@ -15,15 +15,6 @@ use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
 use usnet_stack::zerocopy::{Slot, ZcPort};
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
-// The ABI's flags are the stack's.
-const _: () = {
-    use usnet_stack::zerocopy as z;
-    assert!(zc::SLOT_MORE == z::SLOT_MORE && zc::SLOT_CLOSE == z::SLOT_CLOSE);
-    assert!(zc::SLOT_EOF == z::SLOT_EOF && zc::SLOT_ERROR == z::SLOT_ERROR);
-    assert!(zc::SLOT_NEW == z::SLOT_NEW && zc::SLOT_BUF_CHANGED == z::SLOT_BUF_CHANGED);
-    assert!(zc::SLOT_SHUT_WR == z::SLOT_SHUT_WR && zc::NO_BUF == z::NO_BUF);
-};
-
 pub(crate) struct ServerZc {
     pub area: ZcArea,
     port: ZcPort,
