@@ -544,7 +544,7 @@ pub mod slot {
     pub const TX_PROD: usize = 256;
     pub const TX_CONS: usize = 320;
     pub const TX_ARMED: usize = 328;
-    /// 128 bytes the server fills on request ([`super::TcpInfoAbi`]).
+    /// 128 bytes the server fills on request ([`super::tcp_info`]).
     pub const INFO: usize = 384;
     pub const INFO_LEN: usize = 128;
 }
