@@ -130,6 +130,9 @@ ssize_t usnet_recvfrom(int fd, void *buf, size_t len, int flags,
 ssize_t usnet_recvmsg(int fd, struct msghdr *msg, int flags);
 ssize_t usnet_read(int fd, void *buf, size_t len);
 ssize_t usnet_readv(int fd, const struct iovec *iov, int iovcnt);
+/* sendfile(2): the file's bytes go straight into the socket's send ring (no   */
+/* buffer between); *off moves if given, else the file's position does.        */
+ssize_t usnet_sendfile(int out_fd, int in_fd, off_t *off, size_t count);
 
 int usnet_shutdown(int fd, int how);
 int usnet_close(int fd);

@@ -236,6 +236,48 @@ int main(int argc, char **argv) {
         S_CLOSE(s3);
     }
 
+    /* sendfile: at an offset (the offset moves, the file's position does not),
+     * then from the file's position (which moves), then at the end of the file. */
+    {
+        int c4 = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        CHECK("connect 4", S_CONNECT(c4, (struct sockaddr *)&a, sizeof a) == 0);
+        int s4 = S_ACCEPT(l, NULL, NULL);
+        CHECK("accept 4", s4 >= 0);
+        char path[] = "/tmp/usnet-sendfile-XXXXXX";
+        int f = mkstemp(path);
+        if (f < 0) return 1;
+        unlink(path);
+        static char file[100000];
+        for (size_t i = 0; i < sizeof file; i++) file[i] = (char)(i * 7 % 251);
+        if (write(f, file, sizeof file) != (ssize_t)sizeof file) return 1;
+        lseek(f, 0, SEEK_SET);
+        off_t off = 1000;
+        CHECK("sendfile at an offset", S_SENDFILE(c4, f, &off, 50000) == 50000 && off == 51000 &&
+                                           lseek(f, 0, SEEK_CUR) == 0);
+        static char got[100000];
+        size_t have = 0;
+        while (have < 50000) {
+            ssize_t n = S_RECV(s4, got + have, 50000 - have, 0);
+            if (n <= 0) break;
+            have += (size_t)n;
+        }
+        CHECK("its bytes", have == 50000 && memcmp(got, file + 1000, 50000) == 0);
+        lseek(f, 99000, SEEK_SET);
+        CHECK("sendfile from the position", S_SENDFILE(c4, f, NULL, 5000) == 1000 &&
+                                                lseek(f, 0, SEEK_CUR) == 100000);
+        CHECK("sendfile at the end", S_SENDFILE(c4, f, NULL, 5000) == 0);
+        have = 0;
+        while (have < 1000) {
+            ssize_t n = S_RECV(s4, got + have, 1000 - have, 0);
+            if (n <= 0) break;
+            have += (size_t)n;
+        }
+        CHECK("those bytes", have == 1000 && memcmp(got, file + 99000, 1000) == 0);
+        close(f);
+        S_CLOSE(c4);
+        S_CLOSE(s4);
+    }
+
     /* A closed descriptor: EBADF. */
     CHECK("close", S_CLOSE(c) == 0);
     errno = 0;

@@ -28,9 +28,11 @@
 #define S_FCNTL      usnet_fcntl
 #define S_DUP        usnet_dup
 #define S_DUP2       usnet_dup2
+#define S_SENDFILE   usnet_sendfile
 #define S_STACK      "usnet"
 #else
 #include <fcntl.h>
+#include <sys/sendfile.h>
 #define S_SOCKET     socket
 #define S_BIND       bind
 #define S_LISTEN     listen
@@ -48,6 +50,7 @@
 #define S_FCNTL      fcntl
 #define S_DUP        dup
 #define S_DUP2       dup2
+#define S_SENDFILE   sendfile
 #define S_STACK      "kernel"
 #endif
 

@@ -265,6 +265,28 @@ impl Sock {
         Ok(n)
     }
 
+    /// Moves up to `max` bytes of the file `fd` (at `file_off`, or from its
+    /// position) straight into the send ring, then kicks.
+    pub(crate) fn tx_write_from_fd(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        file_off: Option<i64>,
+        max: usize,
+    ) -> io::Result<usize> {
+        let mut tx = lock(&self.tx);
+        let free = tx.free().map_err(|_| corrupt())?;
+        if free == 0 || max == 0 {
+            return Ok(0);
+        }
+        let n = tx.push_from_fd(fd, file_off, max)?;
+        tx.publish();
+        drop(tx);
+        if n > 0 {
+            self.kick(slot::TX_ARMED, op::TX_KICK);
+        }
+        Ok(n)
+    }
+
     /// Runs `f` on the send ring's producer (UDP records), publishes, then kicks.
     pub(crate) fn with_tx<R>(&self, f: impl FnOnce(&mut ByteProducer) -> R) -> R {
         let mut tx = lock(&self.tx);

@@ -348,6 +348,37 @@ impl TcpStream {
         }
     }
 
+    /// `sendfile`: sends up to `max` bytes of the file `fd`, read at `file_off` (or
+    /// from the file's position, which moves) straight into the send ring, with no
+    /// buffer between. Blocks as a write does until some bytes went (or the
+    /// non-blocking mode's `WouldBlock`); returns 0 at the end of the file.
+    pub fn send_file(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        file_off: Option<i64>,
+        max: usize,
+    ) -> io::Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let deadline = self.sock.write_deadline();
+        loop {
+            self.sock.conn.check_alive()?;
+            if let Some(e) = self.sock.failure() {
+                return Err(e);
+            }
+            if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            if self.sock.tx_room() > 0 {
+                // Room: the file decides (0 at its end).
+                return self.sock.tx_write_from_fd(fd, file_off, max);
+            }
+            let s = &self.sock;
+            s.block(deadline, || s.tx_room() > 0 || s.hung_up())?;
+        }
+    }
+
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);

@@ -414,6 +414,30 @@ pub extern "C" fn usnet_dup(fd: c_int) -> c_int {
     guard(-1, || ret_int(usnet_posix::dup(fd)))
 }
 
+/// `sendfile`: up to `count` bytes of the file `in_fd` (at `*off`, which then
+/// moves, or from the file's position) go straight into the socket's send ring.
+///
+/// # Safety
+/// `off` is NULL or points to a writable `off_t`.
+#[no_mangle]
+pub unsafe extern "C" fn usnet_sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    off: *mut libc::off_t,
+    count: usize,
+) -> isize {
+    guard(-1, || {
+        if in_fd < 0 {
+            return ret::<usize>(Err(Errno(libc::EBADF)));
+        }
+        // SAFETY: the caller's descriptor, borrowed for this call only.
+        let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(in_fd) };
+        // SAFETY: per the contract.
+        let off = unsafe { off.as_mut() };
+        ret(usnet_posix::sendfile(out_fd, file, off, count))
+    })
+}
+
 /// `dup2`: `new` names `old`'s socket (what `new` was is closed first).
 #[no_mangle]
 pub extern "C" fn usnet_dup2(old: c_int, new: c_int) -> c_int {

@@ -525,6 +525,69 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
     r.map_err(|err| sigpipe(flags, err))
 }
 
+/// `sendfile(2)` to a usnet socket: up to `count` bytes of `in_fd`, read at `*off`
+/// (which then moves) or from the file's position. On a stream the file's bytes go
+/// straight into the socket's send ring (the kernel copies them there; no buffer
+/// between). A blocking socket takes every byte up to the end of the file; a
+/// non-blocking one what fits (`EAGAIN` if nothing does). A datagram socket sends
+/// one datagram of what it reads (at most 64 KiB).
+pub fn sendfile(
+    fd: RawFd,
+    in_fd: std::os::fd::BorrowedFd<'_>,
+    off: Option<&mut i64>,
+    count: usize,
+) -> Res<usize> {
+    let e = get(fd)?;
+    let o = e.read();
+    let start = off.as_deref().copied();
+    let r: Res<usize> = match &*o {
+        Obj::Stream(s) => {
+            apply_timeouts(&e, s)?;
+            let mut done = 0;
+            while done < count {
+                match s.send_file(in_fd, start.map(|o| o + done as i64), count - done) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(_) if done > 0 => break,
+                    Err(err) => return Err(sigpipe(0, Errno::from(err))),
+                }
+            }
+            Ok(done)
+        }
+        Obj::Udp(_) => {
+            drop(o);
+            let mut buf = vec![0u8; count.min(64 * 1024)];
+            // SAFETY: reads into our own buffer.
+            let got = unsafe {
+                match start {
+                    Some(at) => libc::pread(
+                        in_fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        at as libc::off_t,
+                    ),
+                    None => libc::read(in_fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()),
+                }
+            };
+            if got < 0 {
+                return Err(Errno::from(io::Error::last_os_error()));
+            }
+            return sendto(fd, &buf[..got as usize], 0, None).inspect(|&n| {
+                if let Some(off) = off {
+                    *off += n as i64;
+                }
+            });
+        }
+        Obj::Fresh(_) | Obj::Failed | Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),
+        Obj::Epoll(_) => Err(Errno(libc::EINVAL)),
+        Obj::Moving => Err(Errno(libc::EBADF)),
+    };
+    if let (Ok(n), Some(off)) = (&r, off) {
+        *off += *n as i64;
+    }
+    r
+}
+
 /// A stream write as the kernel's: a blocking socket takes every byte before it
 /// returns (a program may rightly treat a short count as lost bytes: socat warns
 /// and goes on without them); a signal, a timeout or, on a non-blocking socket, a

@@ -570,8 +570,9 @@ pub unsafe extern "C" fn recvmmsg(
     )
 }
 
-/// `sendfile` to a usnet socket: read from `in_fd` (at `*off` if given) and send, up
-/// to 64 KiB per call, as a short write.
+/// `sendfile` to a usnet socket: the file's bytes go straight into the socket's
+/// send ring (`usnet_posix::sendfile`), at `*off` if given (which then moves) or
+/// from the file's position.
 #[no_mangle]
 pub unsafe extern "C" fn sendfile(
     out_fd: c_int,
@@ -580,34 +581,17 @@ pub unsafe extern "C" fn sendfile(
     count: size_t,
 ) -> ssize_t {
     if let Some(_g) = ours(out_fd) {
-        let mut buf = vec![0u8; count.min(64 * 1024)];
-        // SAFETY: reads into our own buffer; `off` is the caller's, per sendfile's contract.
-        let got = unsafe {
-            if off.is_null() {
-                libc::read(in_fd, buf.as_mut_ptr().cast(), buf.len())
-            } else {
-                libc::pread(in_fd, buf.as_mut_ptr().cast(), buf.len(), *off)
+        // SAFETY: the caller's descriptor, borrowed for this call only.
+        let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(in_fd) };
+        // SAFETY: `off` is NULL or the caller's off_t, per sendfile's contract.
+        let off = unsafe { off.as_mut() };
+        return match usnet_posix::sendfile(out_fd, file, off, count) {
+            Ok(n) => n as ssize_t,
+            Err(Errno(e)) => {
+                set_errno(e);
+                -1
             }
         };
-        if got <= 0 {
-            return got;
-        }
-        // SAFETY: sends our own initialised bytes.
-        let sent = unsafe { u::usnet_send(out_fd, buf.as_ptr().cast(), got as usize, 0) };
-        if sent > 0 {
-            if !off.is_null() {
-                // SAFETY: as above.
-                unsafe { *off += sent as libc::off_t };
-            } else if sent < got {
-                // Put back what did not go out, as the kernel's file position would be.
-                // SAFETY: lseek on the caller's descriptor.
-                unsafe { libc::lseek(in_fd, (sent - got) as libc::off_t, libc::SEEK_CUR) };
-            }
-        } else if off.is_null() {
-            // SAFETY: as above.
-            unsafe { libc::lseek(in_fd, -(got as libc::off_t), libc::SEEK_CUR) };
-        }
-        return sent;
     }
     real!(sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t)(
         out_fd, in_fd, off, count,

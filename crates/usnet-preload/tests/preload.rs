@@ -61,8 +61,12 @@ fn root() -> PathBuf {
 }
 
 /// Runs `cmd` with a deadline (killed after it), collecting its output.
+/// Runs `cmd` in a process group of its own; past `timeout` the whole group is
+/// killed, so children it forked cannot keep the output pipes (and this wait) open.
 fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
+    use std::os::unix::process::CommandExt;
     let mut child = cmd
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -71,11 +75,15 @@ fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
     let end = Instant::now() + timeout;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > end {
-            let _ = child.kill();
+            // SAFETY: kill(2) on the process group our child leads.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    // The program exited: what it forked may still hold the pipes.
+    // SAFETY: as above; the group may already be empty (ESRCH is fine).
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
     child.wait_with_output().unwrap()
 }
 

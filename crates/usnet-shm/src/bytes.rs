@@ -138,6 +138,38 @@ impl ByteProducer {
         n
     }
 
+    /// Pushes up to `max` bytes read straight from the file `fd` (at `file_off`, or
+    /// from its position): the kernel copies the file's bytes into the ring, with no
+    /// buffer between (`sendfile` on a usnet socket). Stops at a short read (the end
+    /// of the file). Returns the bytes pushed; an error only if nothing was.
+    pub fn push_from_fd(
+        &mut self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        file_off: Option<i64>,
+        max: usize,
+    ) -> std::io::Result<usize> {
+        let room = self.at.size - (self.prod - self.cons) as usize;
+        let n = max.min(room);
+        let mut done = 0;
+        for (off, len) in self.at.spans(self.prod, n) {
+            if len == 0 {
+                continue;
+            }
+            let at = file_off.map(|o| o + done as i64);
+            let got = match self.region.read_from_fd(off, len, fd, at) {
+                Ok(g) => g,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            };
+            done += got;
+            if got < len {
+                break;
+            }
+        }
+        self.prod += done as u64;
+        Ok(done)
+    }
+
     /// Publishes every pushed byte with one Release store. Returns whether there was
     /// anything new (then the caller notifies the consumer).
     pub fn publish(&mut self) -> bool {
@@ -381,6 +413,66 @@ mod tests {
             }
             c.release();
         }
+    }
+
+    #[test]
+    fn a_file_goes_straight_into_the_ring_across_the_wrap() {
+        use std::io::Seek;
+        use std::os::fd::AsFd;
+        let r = region();
+        let mut p = ByteProducer::attach(r.clone(), AT).unwrap();
+        let mut c = ByteConsumer::attach(r, AT).unwrap();
+        // Move the counters near the wrap.
+        p.free().unwrap();
+        p.push(&[0u8; 200]);
+        p.publish();
+        c.available().unwrap();
+        c.skip(200);
+        c.release();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut f = tempfile_with(&data);
+        // At an offset: 256 bytes fit, across the ring's end.
+        p.free().unwrap();
+        assert_eq!(p.push_from_fd(f.as_fd(), Some(10), 1000).unwrap(), 256);
+        p.publish();
+        let mut got = vec![0u8; 256];
+        c.available().unwrap();
+        assert_eq!(c.read(&mut got), 256);
+        c.release();
+        assert_eq!(got, data[10..266]);
+        // From the file's position, which the read moves; the end of the file stops it.
+        f.seek(std::io::SeekFrom::Start(900)).unwrap();
+        p.free().unwrap();
+        assert_eq!(p.push_from_fd(f.as_fd(), None, 256).unwrap(), 100);
+        assert_eq!(
+            p.push_from_fd(f.as_fd(), None, 256).unwrap(),
+            0,
+            "end of file"
+        );
+        p.publish();
+        let mut got = vec![0u8; 100];
+        c.available().unwrap();
+        assert_eq!(c.read(&mut got), 100);
+        assert_eq!(got, data[900..]);
+    }
+
+    fn tempfile_with(data: &[u8]) -> std::fs::File {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!(
+            "usnet-shm-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.write_all(data).unwrap();
+        f
     }
 
     #[test]

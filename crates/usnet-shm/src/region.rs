@@ -270,6 +270,34 @@ impl Region {
         Ok(())
     }
 
+    /// Reads up to `len` bytes from the file `fd` into the mapping at `off`: at
+    /// `file_off` with `pread`, or from its position with `read`. The kernel writes
+    /// the mapping; no reference to it is made here. Returns the bytes read (0 at the
+    /// end of the file).
+    pub fn read_from_fd(
+        &self,
+        off: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        file_off: Option<i64>,
+    ) -> io::Result<usize> {
+        self.check(off, len, 1)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the destination range is inside the writable mapping (checked); the
+        // kernel writes at most `len` bytes there.
+        let r = unsafe {
+            let dst = self.map.as_mut_ptr().add(off).cast();
+            match file_off {
+                Some(o) => libc::pread(fd.as_raw_fd(), dst, len, o as libc::off_t),
+                None => libc::read(fd.as_raw_fd(), dst, len),
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(r as usize)
+    }
+
     /// Fills `len` bytes at `off` with zeros.
     pub fn zero(&self, off: usize, len: usize) -> Result<(), RangeError> {
         self.check(off, len, 1)?;
