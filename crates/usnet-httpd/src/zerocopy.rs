@@ -276,7 +276,9 @@ pub fn run_client(stack: &str, cfg: &HttpdConfig, stop: &AtomicBool) -> io::Resu
         usnet_client::ZcOptions {
             rx_slots: slots,
             tx_slots: slots,
-            stash_slots: slots,
+            // Answers take buffers as fast as they go: a few hundred at hand is
+            // plenty, and a stash holds its buffers out of the stack's pool.
+            stash_slots: 512,
         },
     )?;
     let addr = listen_addr(cfg);

@@ -22,7 +22,7 @@ pub(crate) struct ServerZc {
     stash_tail: u32,
     give_tail: u32,
     /// References to pool buffers the client may hold at once (delivered, kept,
-    /// stashed): beyond it the stash is not refilled.
+    /// stashed; at most a quarter of the pool): beyond it the stash is not refilled.
     quota: usize,
 }
 
@@ -59,7 +59,9 @@ impl ServerZc {
                 headroom: pool.headroom() as u32,
             },
         )?;
-        let quota = (g.rx_slots + g.tx_slots + g.stash_slots) as usize;
+        // At most a quarter of the pool: the stack must keep buffers to receive into.
+        let quota = ((g.rx_slots + g.tx_slots + g.stash_slots) as usize)
+            .min((pool.count() as usize / 4).max(64));
         Ok(ServerZc {
             area,
             port: stack.zc_port(g.rx_slots as usize, g.tx_slots as usize),
