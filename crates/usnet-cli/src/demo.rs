@@ -128,6 +128,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
         .args([
             "--services",
             "echo,discard,chargen,http",
+            "--zero-copy",
             "--quiet",
             "--duration",
             "120",
@@ -182,6 +183,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
         "http://10.77.0.1/bytes/8388608",
         8 << 20,
     ));
+    rows.push(zerocopy_client_step(&net, &peer_name));
     rows.push(peer_ping_step(&ctl));
     rows.push(peer_stat_step(&ctl));
 
@@ -585,6 +587,59 @@ fn server_client_step(stack: &str, url: &str, n: usize) -> Row {
                 "`usnet get --stack {stack} {url}` in its own process: the bytes cross \
                  the link, then the server's shared-memory rings; SHA-256 matches \
                  (the rate includes the process start)"
+            ),
+        ))
+    };
+    match run() {
+        Ok((summary, detail)) => Row {
+            step,
+            ok: true,
+            summary,
+            detail,
+        },
+        Err(e) => Row::failed(step, e),
+    }
+}
+
+/// `usnet httpd --api zerocopy --stack PEER`: a client process of the peer's server
+/// on its zero-copy rings; this stack fetches from it, every byte checked.
+fn zerocopy_client_step(net: &NetStack, stack: &str) -> Row {
+    const LEN: u64 = 4 << 20;
+    let url = "http://10.77.0.2:8081/";
+    let step = "zero-copy client process of the peer's server".to_string();
+    let run = || -> Result<(String, String), Box<dyn std::error::Error>> {
+        let child = Command::new(std::env::current_exe()?)
+            .args(["httpd", "--api", "zerocopy", "--stack", stack, "-p", "8081"])
+            .args(["-l", &LEN.to_string(), "--duration", "30", "--quiet"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()?;
+        let mut child = ChildGuard(child);
+        // The server listens once its port is open: try until it answers.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let row = loop {
+            let row = http_step(net, url, LEN);
+            if row.ok || Instant::now() > deadline {
+                break row;
+            }
+            if let Some(st) = child.0.try_wait()? {
+                return Err(format!("usnet httpd exited ({st})").into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // Its session ends with it: the server closes the port and takes back every
+        // buffer it held (as for a client that dies).
+        drop(child);
+        if !row.ok {
+            return Err(row.summary.into());
+        }
+        Ok((
+            row.summary,
+            format!(
+                "`usnet httpd --api zerocopy --stack {stack}`: a process with the peer's \
+                 packet pool and zero-copy rings mapped; it writes each answer into pool \
+                 buffers that the peer's stack sends in place; {}",
+                row.detail
             ),
         ))
     };
