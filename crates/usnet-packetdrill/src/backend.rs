@@ -7,7 +7,9 @@
 mod epoll;
 pub mod link;
 pub mod shared;
+mod timestamping;
 mod zerocopy;
+pub use timestamping::Stamp;
 pub use zerocopy::frag_breaks as zerocopy_frag_breaks;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -141,6 +143,8 @@ struct Fd {
     keep: [Option<u32>; 3],
     /// SO_ZEROCOPY and the `MSG_ZEROCOPY` completions ([`zerocopy`]).
     zc: zerocopy::ZeroCopy,
+    /// SO_TIMESTAMPING and its reports ([`timestamping`]).
+    ts: timestamping::Timestamping,
     /// TCP_INQ: `recvmsg` reports the bytes left to read (a `TCP_CM_INQ` cmsg).
     inq: bool,
     /// TCP_MAXSEG.
@@ -376,6 +380,7 @@ impl Backend {
                 keepalive: false,
                 keep: [None; 3],
                 zc: Default::default(),
+                ts: Default::default(),
                 inq: false,
                 user_mss: None,
                 user_timeout: 0,
@@ -752,7 +757,7 @@ impl Backend {
         {
             ev |= libc::POLLRDHUP;
         }
-        if self.zerocopy_pending(fd) {
+        if self.zerocopy_pending(fd) || self.timestamp_pending(fd) {
             ev |= libc::POLLERR;
         }
         if r.closed {
@@ -946,6 +951,7 @@ impl Backend {
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
             (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
+            (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => self.fd(fd)?.ts.flags as c_int,
             (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => match kind {
                 Kind::Conn(h) => self.stack().tcp_notsent_lowat(h).map_err(map)? as c_int,
                 _ => self.fd(fd)?.notsent_lowat as c_int,
@@ -1009,6 +1015,9 @@ impl Backend {
             }
             (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
                 self.fd(fd)?.zc.on = field(0)? != 0;
+            }
+            (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => {
+                self.set_timestamping(fd, field(0)? as u32)?;
             }
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
             | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT) => {

@@ -36,6 +36,7 @@ impl Backend {
             }
         }
         self.count_wakes();
+        self.timestamp_progress();
     }
 
     fn on_frame(&mut self, frame: &[u8]) {

@@ -352,6 +352,9 @@ impl Shared {
         if flags & libc::MSG_ZEROCOPY != 0 && matches!(r, Ok(n) if n > 0) {
             self.call(|b| b.zerocopy_sent(fd));
         }
+        if matches!(r, Ok(n) if n > 0) {
+            self.call(|b| b.timestamp_sent(fd));
+        }
         r
     }
 
