@@ -503,6 +503,9 @@ impl Stack {
                 }
             }
         }
+        if done > 0 {
+            self.conn_mut(h)?.write_done(more);
+        }
         self.tcp_settle(h.index, Wake::default());
         if done == 0 {
             Err(StackError::WouldBlock)

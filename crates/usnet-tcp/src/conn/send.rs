@@ -495,7 +495,10 @@ impl Connection {
         let ends_record = record_end == Some(len);
         // PSH where the application pushed (the end of a write without MSG_MORE),
         // and on what the persist timer forces out (as Linux's probes).
-        let pushed = len == unsent && !self.snd.more;
+        // A pass in the middle of a write (`tcp_push_one`) has no application push
+        // at the end of what is queued so far; a forced push marks its own.
+        let pushed = (len == unsent && !self.snd.more && !self.snd.push_one)
+            || self.push_marked(self.snd.nxt + len as u32);
         if len > 0
             && (pushed
                 || fin

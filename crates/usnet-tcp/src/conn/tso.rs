@@ -69,7 +69,12 @@ impl Connection {
         let len = end.since(nxt);
         let mss = mss.max(1) as u32;
         let in_flight = self.pipe_est().div_ceil(mss);
-        let quota = (self.cc.cwnd() / mss).saturating_sub(in_flight);
+        // Linux's `tcp_cwnd_test`: cwnd's room, but at most half of cwnd in one
+        // frame, so that at least two are in flight.
+        let cwnd_segs = self.cc.cwnd() / mss;
+        let quota = cwnd_segs
+            .saturating_sub(in_flight)
+            .min((cwnd_segs / 2).max(1));
         if len <= mss || quota == 0 {
             // One segment (Nagle's to judge), or cwnd's own check stops it.
             self.snd.piece_end = Some(end);
@@ -103,14 +108,14 @@ impl Connection {
     }
 
     /// Whether the segment that ends at `end` closes a multi-segment piece in slow
-    /// start with more data queued behind it: the end of one of Linux's TSO
-    /// frames, which carries PSH there. (At the end of the queued data the
-    /// application's push decides.)
+    /// start with more data queued behind it (or, in a pass in the middle of a
+    /// write, about to be): the end of one of Linux's TSO frames, which carries
+    /// PSH there. (At the end of the queued data the application's push decides.)
     pub(crate) fn tso_piece_ends(&self, end: Seq) -> bool {
         self.cfg.tso_pieces
             && self.snd.piece_tso
             && self.snd.piece_end == Some(end)
-            && end.lt(self.write_end_seq())
+            && (end.lt(self.write_end_seq()) || self.snd.push_one)
             && self.cc.cwnd() < self.cc.ssthresh()
             && !self.recovery.in_recovery()
     }
