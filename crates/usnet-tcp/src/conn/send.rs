@@ -422,6 +422,10 @@ impl Connection {
         if let Some(r) = record_end {
             len = len.min(r);
         }
+        if len > 0 && !force {
+            // Before the restarted window sizes the piece.
+            self.restart_after_idle();
+        }
         if len > 0 && !force && self.cfg.tso_pieces {
             match self.tso_piece(maxp, unsent) {
                 Some(max) => len = len.min(max),
@@ -480,14 +484,7 @@ impl Connection {
             let idle = self.now.saturating_since(self.snd.last_tx);
             self.cc.on_send_after_idle(self.now, idle);
         }
-        // Restart after idle (RFC 5681 §4.1).
-        if self.cfg.slow_start_after_idle
-            && self.scoreboard.is_empty()
-            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
-        {
-            self.cc
-                .on_idle_restart(self.cfg.initial_window * self.smss());
-        }
+        self.restart_after_idle();
         let mut flags = TcpFlags::ACK;
         if fin {
             flags |= TcpFlags::FIN;
@@ -553,6 +550,20 @@ impl Connection {
         // RFC 8985 §7.2: the PTO starts or restarts after new data is sent.
         self.arm_tlp();
         Some(true)
+    }
+
+    /// Restart after idle (RFC 5681 §4.1): nothing in flight and nothing sent for
+    /// an RTO. Checked when new data goes out, and (as Linux's
+    /// `tcp_slow_start_after_idle_check` in `tcp_skb_entail`) when a write starts a
+    /// new chunk, so that the restarted window sizes what is sent next.
+    pub(crate) fn restart_after_idle(&mut self) {
+        if self.cfg.slow_start_after_idle
+            && self.scoreboard.is_empty()
+            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
+        {
+            self.cc
+                .on_idle_restart(self.cfg.initial_window * self.smss());
+        }
     }
 
     /// Whether a new-data segment of `len` bytes ends a slow-start burst: an earlier

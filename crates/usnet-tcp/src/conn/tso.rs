@@ -173,4 +173,37 @@ mod tests {
         // Each piece is a chunk of its own in the send buffer's accounting.
         assert!(cli.wmem_queued() as usize >= 50 * mss - 10 * mss + 6 * 1280);
     }
+
+    #[test]
+    fn a_piece_takes_at_most_half_of_cwnd_and_a_restart_after_idle_comes_first() {
+        let cfg = TcpConfig {
+            min_tso_segs: 10,
+            slow_start_after_idle: true,
+            ..linuxish()
+        };
+        let (mut cli, mut srv) = pair_with_rtt(cfg, TcpConfig::default(), ms(20));
+        let mss = cli.smss() as usize;
+        let t0 = T0 + ms(20);
+        // The initial window of 10 in two pieces of 5 (tcp_cwnd_test), each
+        // ending with PSH (slow start; the second as the end of the write).
+        cli.send(&vec![1u8; 10 * mss]);
+        let out = drain(&mut cli, t0);
+        let psh: Vec<usize> = (0..out.len())
+            .filter(|&i| out[i].repr.flags.psh())
+            .collect();
+        assert_eq!((out.len(), psh), (10, vec![4, 9]));
+        let t1 = t0 + ms(20);
+        feed(&mut srv, t1, &out);
+        feed(&mut cli, t1, &drain(&mut srv, t1));
+        assert_eq!(cli.cc.cwnd() as usize, 20 * mss);
+        // Idle for seconds: the write after it restarts cwnd at the initial window
+        // before the first piece is cut, so the piece is half of that.
+        let t2 = t1 + ms(3000);
+        cli.advance_clock(t2);
+        cli.send(&vec![2u8; 20 * mss]);
+        assert_eq!(cli.cc.cwnd() as usize, 10 * mss);
+        let out = drain(&mut cli, t2);
+        assert_eq!(out.len(), 10);
+        assert!(out[4].repr.flags.psh() && !out[3].repr.flags.psh());
+    }
 }

@@ -326,6 +326,9 @@ impl Connection {
                 *last = at;
             }
         }
+        if at.lt(end) && self.state.is_synchronized() {
+            self.restart_after_idle();
+        }
         while at.lt(end) {
             at = at + goal.min(end.since(at));
             self.wmem.chunks.push_back(at);
