@@ -1192,6 +1192,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
     put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
     put32(32, u64::from(i.lost_out));
+    put32(36, u64::from(i.retrans_out));
     put32(52, i.last_data_recv.as_millis() as u64);
     put32(68, i.srtt.map_or(0, us));
     put32(72, us(i.rttvar));

@@ -686,7 +686,11 @@ impl Connection {
         // PSH as on the original: on the segment that ended the queued data.
         let data_end = self.snd.una + self.snd.buf.len();
         let ends_data = s.end.since(data_end) <= 1 && s.end.ge(data_end);
-        if data_len > 0 && ((ends_data && !self.snd.more) || self.snd.records.contains(&s.end)) {
+        // (The data a Fast Open SYN carried is a buffer of its own, pushed.)
+        let syn_data = self.syn.fo_sent > 0 && s.end == self.snd.iss + 1u32 + self.syn.fo_sent;
+        if data_len > 0
+            && ((ends_data && !self.snd.more) || self.snd.records.contains(&s.end) || syn_data)
+        {
             flags |= TcpFlags::PSH;
         }
         let off = s.start.since(self.snd.una) as usize;

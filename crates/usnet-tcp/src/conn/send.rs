@@ -494,8 +494,13 @@ impl Connection {
         // and on what the persist timer forces out (as Linux's probes).
         // A pass in the middle of a write (`tcp_push_one`) has no application push
         // at the end of what is queued so far; a forced push marks its own.
+        // The data a Fast Open SYN carried is a buffer of its own with PSH set
+        // (Linux's `tcp_send_syn_data`), sent again after a SYN-ACK that did not
+        // take it.
+        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
         let pushed = (len == unsent && !self.snd.more && !self.snd.push_one)
-            || self.push_marked(self.snd.nxt + len as u32);
+            || self.push_marked(self.snd.nxt + len as u32)
+            || (self.syn.fo_sent > 0 && self.snd.nxt + len as u32 == syn_data_end);
         if len > 0
             && (pushed
                 || fin
@@ -515,11 +520,19 @@ impl Connection {
             self.snd.progress = self.now;
         }
         self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
+        if len > 0 && seq.lt(syn_data_end) {
+            // Data a Fast Open SYN carried, sent again after a SYN-ACK that did not
+            // take it: Linux marks it lost and retransmits it (`retrans_out`,
+            // `total_retrans`).
+            let i = self.scoreboard.len() - 1;
+            self.scoreboard.retransmitted(i, self.now);
+            self.stats.retransmit_segments += 1;
+            self.stats.retransmit_bytes += len as u64;
+        }
         self.snd.nxt = end;
         // Minshall's small segment is a small piece of new data: the data a Fast Open
         // SYN carried, sent again after a SYN-ACK that did not take it, is a
         // retransmission (as Linux sends it), not a small segment to wait behind.
-        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
         if len < maxp && end.gt(syn_data_end) {
             self.snd.sml = end;
         }
