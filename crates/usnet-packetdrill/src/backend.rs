@@ -7,6 +7,7 @@
 mod epoll;
 pub mod link;
 pub mod shared;
+mod splice;
 mod timestamping;
 mod zerocopy;
 pub use timestamping::Stamp;
@@ -157,6 +158,8 @@ struct Fd {
     sndbuf: Option<u32>,
     /// TCP_NOTSENT_LOWAT (0: the sysctl's).
     notsent_lowat: u32,
+    /// IP_FREEBIND (recorded; `getsockopt` reports it).
+    freebind: bool,
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -243,6 +246,8 @@ pub struct Backend {
     epolls: BTreeMap<c_int, epoll::Epoll>,
     /// Wake-ups per socket from the stack's ready list (edge-triggered epoll).
     wakes: HashMap<SocketHandle, u64>,
+    /// Pipes `pipe()` made ([`splice`]).
+    pipes: splice::Pipes,
 }
 
 /// A result whose error is an errno value.
@@ -297,6 +302,7 @@ impl Backend {
             sysctl_file: o.sysctl_file.clone().map(|p| (p, 0)),
             epolls: BTreeMap::new(),
             wakes: HashMap::new(),
+            pipes: Default::default(),
         })
     }
 
@@ -387,6 +393,7 @@ impl Backend {
                 cork: false,
                 sndbuf: None,
                 notsent_lowat: 0,
+                freebind: false,
             },
         );
         Ok(fd)
@@ -692,7 +699,7 @@ impl Backend {
     }
 
     pub fn close(&mut self, fd: c_int) -> Res<()> {
-        if self.close_epoll(fd) {
+        if self.close_epoll(fd) || self.close_pipe(fd) {
             return Ok(());
         }
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
@@ -951,6 +958,7 @@ impl Backend {
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
             (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
+            (libc::SOL_IP, libc::IP_FREEBIND) => self.fd(fd)?.freebind as c_int,
             (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => self.fd(fd)?.ts.flags as c_int,
             (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => match kind {
                 Kind::Conn(h) => self.stack().tcp_notsent_lowat(h).map_err(map)? as c_int,
@@ -995,6 +1003,10 @@ impl Backend {
             }
             (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_MARK) => {
                 field(0)?;
+            }
+            (libc::SOL_IP, libc::IP_FREEBIND) => {
+                // Binding to an address the stack does not have stays refused.
+                self.fd(fd)?.freebind = field(0)? != 0;
             }
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
                 let b = usnet_stack::sndbuf_for_option(field(0)?);

@@ -815,19 +815,34 @@ unsafe extern "C" fn pd_epoll_wait(
     }) as c_int
 }
 
-unsafe extern "C" fn pd_pipe(ud: *mut c_void, _fds: *mut c_int) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+unsafe extern "C" fn pd_pipe(ud: *mut c_void, fds: *mut c_int) -> c_int {
+    with(ud, |s| {
+        if fds.is_null() {
+            return Err(libc::EFAULT);
+        }
+        let p = s.call(|b| b.pipe())?;
+        // SAFETY: pipe(2) contract: `fds` points to two ints.
+        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), fds, 2) };
+        Ok(0)
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_splice(
     ud: *mut c_void,
-    _a: c_int,
-    _b: *mut libc::loff_t,
-    _c: c_int,
-    _d: *mut libc::loff_t,
-    _n: size_t,
-    _f: c_uint,
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    n: size_t,
+    flags: c_uint,
 ) -> ssize_t {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as ssize_t
+    // packetdrill passes pointers to the script's offset arguments, which are
+    // themselves the pointers its `splice(2)` would get: a script's NULL arrives as
+    // a pointer to 0.
+    // SAFETY: null or pointers to packetdrill's loff_t values.
+    let given = |p: *mut libc::loff_t| !p.is_null() && unsafe { *p } != 0;
+    let offsets = given(off_in) || given(off_out);
+    with(ud, |s| s.splice(fd_in, fd_out, offsets, n, flags)) as ssize_t
 }
 
 /// packetdrill's entry point: fills `ifc` (every member, so no call hits a null

@@ -551,6 +551,32 @@ impl Stack {
         }
     }
 
+    /// [`Stack::tcp_recv`] as Linux's `splice` reads a socket (`tcp_read_sock`): it
+    /// stops at the urgent mark rather than skip the urgent byte, and there, with
+    /// that byte still queued, returns `Ok(0)` instead of waiting
+    /// (`usnet_tcp::Connection::recv_to_mark`).
+    pub fn tcp_recv_to_mark(
+        &mut self,
+        h: SocketHandle,
+        buf: &mut [u8],
+    ) -> Result<usize, StackError> {
+        let c = self.conn_mut(h)?;
+        if c.is_zero_copy() {
+            return self.tcp_recv(h, buf);
+        }
+        if c.at_urgent_mark() {
+            return Ok(0);
+        }
+        let n = c.recv_to_mark(buf);
+        if n > 0 {
+            // The read may open the window: let the connection say so.
+            self.tcp_settle(h.index, Wake::default());
+            return Ok(n);
+        }
+        // Nothing queued: end of stream, an error or nothing yet, as a read says.
+        self.tcp_recv(h, buf)
+    }
+
     /// [`Stack::tcp_send`] whose bytes `fill` writes straight into the connection's
     /// send buffer (up to `max`, in up to two slices; it returns how much of each it
     /// wrote). A stack server copies a client's shared ring in with it: one copy.

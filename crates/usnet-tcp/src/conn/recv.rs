@@ -169,12 +169,37 @@ impl Connection {
     /// [`Connection::recv`] that hands up to `max` bytes to `sink` as they lie in the
     /// receive ring (in order, a few slices), so a consumer elsewhere (a stack server
     /// client's shared ring) gets them with one copy. Returns the count taken.
-    pub fn recv_with(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
+    pub fn recv_with(&mut self, max: usize, sink: impl FnMut(&[u8])) -> usize {
+        self.recv_upto(max, false, sink)
+    }
+
+    /// [`Connection::recv`] that stops at the urgent mark instead of taking the
+    /// urgent byte out of the stream (Linux's `tcp_read_sock`, what `splice` reads
+    /// with): at the mark it returns 0 while data waits (see
+    /// [`Connection::at_urgent_mark`]).
+    pub fn recv_to_mark(&mut self, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        self.recv_upto(out.len(), true, |chunk| {
+            out[done..done + chunk.len()].copy_from_slice(chunk);
+            done += chunk.len();
+        })
+    }
+
+    /// Whether the next byte to read is the urgent byte (out of band, not inline).
+    pub fn at_urgent_mark(&self) -> bool {
+        let head = self.rcv.nxt - self.rcv.buf.len() as u32;
+        !self.rcv.buf.is_empty() && self.rcv.urg_seq == Some(head)
+    }
+
+    fn recv_upto(&mut self, max: usize, stop_at_mark: bool, mut sink: impl FnMut(&[u8])) -> usize {
         let mut done = 0;
         while done < max && !self.rcv.buf.is_empty() {
             let head = self.rcv.nxt - self.rcv.buf.len() as u32;
             let mut want = max - done;
             if let Some(u) = self.rcv.urg_seq {
+                if u == head && stop_at_mark {
+                    break;
+                }
                 if u == head {
                     let mut b = [0u8; 1];
                     self.rcv.buf.peek(0, &mut b);
@@ -786,6 +811,26 @@ mod tests {
         assert!(!data.contains(&b'!'));
         assert_eq!(srv.recv_urgent(), Some(b'!'));
         assert_eq!(srv.recv_urgent(), None);
+    }
+
+    #[test]
+    fn a_read_to_the_mark_stops_before_the_urgent_byte() {
+        let (mut cli, mut srv) = default_pair();
+        let mut segs = segments(&mut cli, 1, T0);
+        segs[0].repr.flags |= usnet_wire::TcpFlags::URG;
+        segs[0].repr.urgent = 10;
+        segs[0].payload[9] = b'!';
+        feed(&mut srv, T0, &segs);
+        let mut buf = vec![0u8; 2 * MSS];
+        assert!(!srv.at_urgent_mark());
+        assert_eq!(srv.recv_to_mark(&mut buf), 9);
+        // At the mark: nothing more, the urgent byte stays queued.
+        assert!(srv.at_urgent_mark());
+        assert_eq!(srv.recv_to_mark(&mut buf), 0);
+        assert!(srv.at_urgent_mark());
+        // An ordinary read takes it out of band and goes on.
+        assert_eq!(srv.recv(&mut buf), MSS - 10);
+        assert_eq!(srv.recv_urgent(), Some(b'!'));
     }
 
     #[test]
