@@ -87,6 +87,10 @@ def flags_for(text, defaults):
     as in packetdrill.)"""
     flags = []
     start = first_event(text)
+    # A header `--mss=N`: packetdrill injects TCP packets as GSO frames of N-byte
+    # segments, which only the backend can hand the stack as such.
+    for m in re.finditer(r"^--mss=([0-9]+)\s*$", text[:start], re.M):
+        flags.append("gso_mss=" + m.group(1))
     for m in COMMAND.finditer(text):
         if m.start() > start:
             continue

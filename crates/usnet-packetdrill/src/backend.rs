@@ -44,6 +44,10 @@ pub struct Options {
     /// script runs (its mid-script sysctl commands append to it); each system call
     /// first applies the lines added since the last one.
     pub sysctl_file: Option<String>,
+    /// `gso_mss=N` (a script's `--mss=N`): packetdrill hands every TCP packet it
+    /// injects to the kernel as a GSO frame of `N`-byte segments; the backend gives
+    /// the stack such frames with that `gso_size`, as a device that coalesced them.
+    pub gso_mss: Option<u16>,
 }
 
 impl Default for Options {
@@ -59,6 +63,7 @@ impl Default for Options {
             trap: true,
             tcp: usnet_stack::TcpConfig::default(),
             sysctl_file: None,
+            gso_mss: None,
         }
     }
 }
@@ -100,6 +105,7 @@ impl Options {
                 }
                 "profile" => {}
                 "trap" => o.trap = v != "0",
+                "gso_mss" => o.gso_mss = Some(v.parse().map_err(|e| bad(&e))?),
                 "sysctl_file" => o.sysctl_file = Some(v.to_string()),
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
@@ -232,6 +238,8 @@ pub struct Backend {
     /// Wall-clock microseconds at creation: `gettimeofday` returns this + virtual time.
     epoch_us: i64,
     tick_ns: u64,
+    /// `Options::gso_mss`.
+    gso_mss: Option<u16>,
     fds: BTreeMap<c_int, Fd>,
     out: VecDeque<(Vec<u8>, u64)>,
     /// What packetdrill's threads know about each other ([`shared`]).
@@ -293,6 +301,7 @@ impl Backend {
             clock,
             epoch_us,
             tick_ns: o.tick_ns,
+            gso_mss: o.gso_mss,
             fds: BTreeMap::new(),
             out: VecDeque::new(),
             sync: shared::Sync::default(),

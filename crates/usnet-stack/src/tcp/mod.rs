@@ -337,6 +337,9 @@ impl Stack {
                     let mut seg = Segment::from(&hdr);
                     seg.ce = ce;
                     let mut parts: Vec<&[u8]> = Vec::new();
+                    if let Src::Owned { gso_size, .. } = &src {
+                        seg.gso_size = *gso_size;
+                    }
                     if let Src::Buf(b) = &src {
                         seg.gso_size = pool.offload(b).gso_size;
                         if s.conn.is_zero_copy() {
