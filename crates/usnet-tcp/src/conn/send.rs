@@ -506,7 +506,7 @@ impl Connection {
                 || fin
                 || ends_record
                 || self.snd.persist_pending
-                || self.ends_burst(len, unsent, win, maxp)
+                || (!self.cfg.tso_pieces && self.ends_burst(len, unsent, win, maxp))
                 || self.tso_piece_ends(self.snd.nxt + len as u32))
         {
             flags |= TcpFlags::PSH;

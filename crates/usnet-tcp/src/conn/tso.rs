@@ -116,8 +116,6 @@ impl Connection {
             && self.snd.piece_tso
             && self.snd.piece_end == Some(end)
             && (end.lt(self.write_end_seq()) || self.snd.push_one)
-            && self.cc.cwnd() < self.cc.ssthresh()
-            && !self.recovery.in_recovery()
     }
 }
 

@@ -321,9 +321,15 @@ impl Connection {
             _ => 0,
         };
         if room > 0 {
+            let old_end = at;
             at = at + room.min(n as u32);
             if let Some(last) = self.wmem.chunks.back_mut() {
                 *last = at;
+            }
+            // A forced push marked the chunk (Linux's PSH is on the buffer): the mark
+            // moves to its new end.
+            if let Some(m) = self.wmem.marks.iter_mut().find(|m| **m == old_end) {
+                *m = at;
             }
         }
         if at.lt(end) && self.state.is_synchronized() {
