@@ -166,6 +166,27 @@ struct Fd {
     notsent_lowat: u32,
     /// IP_FREEBIND (recorded; `getsockopt` reports it).
     freebind: bool,
+    /// IP_TOS (IPv4 packets), IPV6_TCLASS (IPv6 packets), IP_MTU_DISCOVER.
+    ip: IpOptions,
+}
+
+/// The IP-level options of a socket.
+#[derive(Debug, Default, Clone, Copy)]
+struct IpOptions {
+    tos: u8,
+    tclass: u8,
+    pmtudisc: u8,
+}
+
+impl IpOptions {
+    /// The TOS / traffic class byte for a connection of this family.
+    fn byte(&self, v6: bool) -> u8 {
+        if v6 {
+            self.tclass
+        } else {
+            self.tos
+        }
+    }
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -403,6 +424,7 @@ impl Backend {
                 sndbuf: None,
                 notsent_lowat: 0,
                 freebind: false,
+                ip: IpOptions::default(),
             },
         );
         Ok(fd)
@@ -472,7 +494,7 @@ impl Backend {
             0,
         )?;
         // Socket flags the listener had are the new socket's (as Linux clones them).
-        let (zc, keepalive, keep, user_timeout, sndbuf, lowat) = {
+        let (zc, keepalive, keep, user_timeout, sndbuf, lowat, ip) = {
             let l = self.fd(fd)?;
             (
                 l.zc.on,
@@ -481,9 +503,11 @@ impl Backend {
                 l.user_timeout,
                 l.sndbuf,
                 l.notsent_lowat,
+                l.ip,
             )
         };
         self.apply_buffer_options(c, sndbuf, lowat);
+        let _ = self.stack_mut().tcp_set_tos(c, ip.byte(v6));
         let n = self.fd(nfd)?;
         n.user_timeout = user_timeout;
         n.sndbuf = sndbuf;
@@ -493,6 +517,7 @@ impl Backend {
         n.zc.on = zc;
         n.keepalive = keepalive;
         n.keep = keep;
+        n.ip = ip;
         Ok((nfd, peer))
     }
 
@@ -639,6 +664,8 @@ impl Backend {
         if self.fd(fd)?.cork {
             let _ = self.stack_mut().tcp_set_cork(h, true);
         }
+        let (ip, v6) = (self.fd(fd)?.ip, self.fd(fd)?.v6);
+        let _ = self.stack_mut().tcp_set_tos(h, ip.byte(v6));
         self.fd(fd)?.kind = Kind::Conn(h);
         self.pump();
         Ok(())
@@ -968,6 +995,9 @@ impl Backend {
             (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
             (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
             (libc::SOL_IP, libc::IP_FREEBIND) => self.fd(fd)?.freebind as c_int,
+            (libc::SOL_IP, libc::IP_TOS) => c_int::from(self.fd(fd)?.ip.tos),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => c_int::from(self.fd(fd)?.ip.tclass),
+            (libc::SOL_IP, libc::IP_MTU_DISCOVER) => c_int::from(self.fd(fd)?.ip.pmtudisc),
             (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => self.fd(fd)?.ts.flags as c_int,
             (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => match kind {
                 Kind::Conn(h) => self.stack().tcp_notsent_lowat(h).map_err(map)? as c_int,
@@ -1005,6 +1035,14 @@ impl Backend {
                 b.try_into().map_err(|_| libc::EINVAL)?,
             ))
         };
+        // Linux's IP-level integer options also take a single byte.
+        let ip_int = || -> Res<c_int> {
+            match value {
+                Some(v) if v.len() >= 4 => field(0),
+                Some([b, ..]) => Ok(c_int::from(*b)),
+                _ => Err(libc::EINVAL),
+            }
+        };
         let kind = self.fd(fd)?.kind;
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
@@ -1012,6 +1050,35 @@ impl Backend {
             }
             (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_MARK) => {
                 field(0)?;
+            }
+            (libc::SOL_IP, libc::IP_TOS) => {
+                // As Linux for a stream socket: the ECN bits stay TCP's.
+                let tos = (ip_int()? as u8) & !3;
+                self.fd(fd)?.ip.tos = tos;
+                if let (Kind::Conn(h), false) = (kind, self.fd(fd)?.v6) {
+                    self.stack_mut().tcp_set_tos(h, tos).map_err(map)?;
+                }
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                // -1: the default (0); otherwise 0..=255.
+                let v = field(0)?;
+                let tclass = match v {
+                    -1 => 0,
+                    0..=255 => v as u8,
+                    _ => return Err(libc::EINVAL),
+                };
+                self.fd(fd)?.ip.tclass = tclass;
+                if let (Kind::Conn(h), true) = (kind, self.fd(fd)?.v6) {
+                    self.stack_mut().tcp_set_tos(h, tclass).map_err(map)?;
+                }
+            }
+            (libc::SOL_IP, libc::IP_MTU_DISCOVER) => {
+                // IP_PMTUDISC_DONT..IP_PMTUDISC_OMIT.
+                let v = ip_int()?;
+                if !(0..=5).contains(&v) {
+                    return Err(libc::EINVAL);
+                }
+                self.fd(fd)?.ip.pmtudisc = v as u8;
             }
             (libc::SOL_IP, libc::IP_FREEBIND) => {
                 // Binding to an address the stack does not have stays refused.

@@ -67,16 +67,19 @@ fn set_ip_ecn(frame: &mut [u8], ecn: u8) {
     if ecn == 0 {
         return;
     }
+    // `ecn` is the whole TOS / traffic class byte (DSCP and ECN; the ECN field
+    // alone for most callers).
     let ip = &mut frame[ETH..];
     if ip[0] >> 4 == 4 {
-        ip[1] = (ip[1] & !3) | (ecn & 3);
+        ip[1] = ecn;
         ip[10..12].fill(0);
         let ihl = usize::from(ip[0] & 0xf) * 4;
         let c = wire::finish(wire::sum(&ip[..ihl]));
         ip[10..12].copy_from_slice(&c.to_be_bytes());
     } else {
-        // The traffic class straddles bytes 0 and 1; ECN is its low two bits.
-        ip[1] = (ip[1] & !0x30) | ((ecn & 3) << 4);
+        // The traffic class straddles bytes 0 and 1.
+        ip[0] = (ip[0] & 0xf0) | (ecn >> 4);
+        ip[1] = (ip[1] & 0x0f) | ((ecn & 0x0f) << 4);
     }
 }
 

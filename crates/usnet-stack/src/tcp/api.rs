@@ -801,6 +801,18 @@ impl Stack {
     }
 
     /// `TCP_NOTSENT_LOWAT` (0: the stack's `tcp_notsent_lowat`).
+    /// `IP_TOS` / `IPV6_TCLASS`: the DSCP bits of the connection's packets (its
+    /// ECN bits stay the engine's, as Linux masks them for TCP).
+    pub fn tcp_set_tos(&mut self, h: SocketHandle, tos: u8) -> Result<(), StackError> {
+        self.conn(h)?;
+        let s = self
+            .sockets
+            .conn_at_mut(h.index)
+            .ok_or(StackError::InvalidHandle)?;
+        s.tos = tos & !3;
+        Ok(())
+    }
+
     pub fn tcp_set_notsent_lowat(&mut self, h: SocketHandle, lowat: u32) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_notsent_lowat(lowat))
     }

@@ -237,7 +237,11 @@ impl Connection {
         c.snd.wl1 = h.irs;
         c.snd.wl2 = h.iss;
         if !seg.payload.is_empty() || seg.flags.fin() {
+            // The SYN's data is queued without growing the window clamp (Linux's
+            // `tcp_fastopen_add_skb`).
+            let clamp = c.rcv.ssthresh;
             c.receive_text(seg, h.irs + 1u32, seg.flags.fin());
+            c.rcv.ssthresh = clamp;
             c.syn.syn_data = !seg.payload.is_empty();
             c.stats.tfo_syn_data_accepted += 1;
         }

@@ -669,6 +669,25 @@ impl Connection {
         Some(sent)
     }
 
+    /// Whether segment `i`, about to be retransmitted, ends a run of two or more
+    /// segments of one original piece retransmitted back to back in this pass (the
+    /// one before it just went, the one after it is not marked lost or belongs to
+    /// another piece): what is left of one of Linux's TSO buffers, sent again as
+    /// one multi-segment frame, which ends with PSH as Linux's do.
+    fn ends_retransmitted_run(&self, i: usize) -> bool {
+        if !self.cfg.tso_pieces || i == 0 || i >= self.scoreboard.len() {
+            return false;
+        }
+        let (prev, cur) = (self.scoreboard[i - 1], self.scoreboard[i]);
+        let after = (i + 1 < self.scoreboard.len()).then(|| self.scoreboard[i + 1]);
+        let same_piece = |a: &TxSeg, b: &TxSeg| a.end == b.start && a.piece_end == b.piece_end;
+        same_piece(&prev, &cur)
+            && prev.xmits > 1
+            && prev.sent == self.now
+            && !prev.sacked
+            && after.is_none_or(|n| !(n.lost && same_piece(&cur, &n)))
+    }
+
     /// Retransmit segment `i` (splitting it first if the MSS shrank).
     fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
         let opts = self.segment_options();
@@ -688,8 +707,12 @@ impl Connection {
         let ends_data = s.end.since(data_end) <= 1 && s.end.ge(data_end);
         // (The data a Fast Open SYN carried is a buffer of its own, pushed.)
         let syn_data = self.syn.fo_sent > 0 && s.end == self.snd.iss + 1u32 + self.syn.fo_sent;
+        let ends_run = self.ends_retransmitted_run(i);
         if data_len > 0
-            && ((ends_data && !self.snd.more) || self.snd.records.contains(&s.end) || syn_data)
+            && ((ends_data && !self.snd.more)
+                || self.snd.records.contains(&s.end)
+                || syn_data
+                || ends_run)
         {
             flags |= TcpFlags::PSH;
         }

@@ -56,6 +56,9 @@ pub(crate) struct RecvState {
     pub oob_byte: Option<u8>,
     /// The application shut down reading (SHUT_RD).
     pub read_shut: bool,
+    /// Linux's `rcv_ssthresh` (`TcpConfig::rcv_ssthresh`): the most window to
+    /// offer; `u32::MAX` when off.
+    pub ssthresh: u32,
 }
 
 impl RecvState {
@@ -88,6 +91,7 @@ impl RecvState {
             urg_seq: None,
             oob_byte: None,
             read_shut: false,
+            ssthresh: if cfg.rcv_ssthresh { 65535 } else { u32::MAX },
         }
     }
 }
@@ -292,6 +296,16 @@ impl Connection {
         let right = self.rcv.nxt + self.rcv_window_available().min(max_adv);
         let adv_left = self.rcv.adv.since(self.rcv.nxt) as usize;
         let limit = self.rcv_limit();
+        if self.rcv.ssthresh != u32::MAX {
+            // Linux's `tcp_cleanup_rbuf`: an update when the read at least doubles
+            // a window that had shrunk to half the clamp or less.
+            let new = right.since(self.rcv.nxt) as usize;
+            if 2 * adv_left <= limit && new >= 2 * adv_left && new > 0 {
+                self.ack.pending = true;
+                self.stats.tx_window_updates += 1;
+            }
+            return;
+        }
         let step = (limit / 2).min(2 * self.rcv.mss as usize).max(1);
         if right.since(self.rcv.adv) as usize >= step && adv_left <= limit / 2 {
             self.ack.pending = true;
@@ -306,7 +320,8 @@ impl Connection {
     /// Window the buffer could take now, bytes.
     pub(crate) fn rcv_window_available(&self) -> u32 {
         let free = self.rcv_limit().saturating_sub(self.rcv.buf.len());
-        free.min(self.rcv.buf.free()).min(u32::MAX as usize / 2) as u32
+        let free = free.min(self.rcv.buf.free()).min(u32::MAX as usize / 2) as u32;
+        free.min(self.rcv.ssthresh)
     }
 
     /// The window field to send, and the right edge it advertises.
@@ -469,6 +484,19 @@ impl Connection {
         }
     }
 
+    /// Linux's `tcp_grow_window` for a data segment of `len` bytes (at least 128):
+    /// the window clamp grows by twice the larger of our MSS and the segment, up
+    /// to the receive space.
+    fn grow_rcv_ssthresh(&mut self, len: usize) {
+        if self.rcv.ssthresh == u32::MAX || len < 128 {
+            return;
+        }
+        let limit = self.rcv_limit().min(u32::MAX as usize / 2) as u32;
+        let room = limit.saturating_sub(self.rcv.ssthresh);
+        let incr = (2 * u32::from(self.cfg.mss)).max(2 * len as u32);
+        self.rcv.ssthresh += room.min(incr);
+    }
+
     /// Counters, the peer's segment size and the receiver's RTT (for autotuning) from
     /// a segment carrying data.
     fn note_peer_segment(&mut self, seg: &Segment) {
@@ -479,6 +507,7 @@ impl Connection {
             g => u32::from(g).min(payload.len() as u32),
         };
         self.rcv.mss = self.rcv.mss.max(wire_segment).min(65535);
+        self.grow_rcv_ssthresh(payload.len());
         if self.ts.ok {
             if let Some((_, ecr)) = seg.options.timestamps {
                 if let Some(ms) = self.ts.echo_ms(ecr, self.now) {

@@ -28,6 +28,9 @@ pub(crate) struct TxSeg {
     /// Marked lost in this episode, retransmitted or not, and not SACKed since
     /// (Linux's LOST mark, which its `lost_out` counts).
     pub lost_marked: bool,
+    /// Where the piece it was first sent in ends (`conn/tso.rs`; its own end
+    /// outside TSO pieces): Linux retransmits what is left of that buffer as one.
+    pub piece_end: Seq,
 }
 
 impl TxSeg {
@@ -42,6 +45,7 @@ impl TxSeg {
             sacked: false,
             lost: false,
             lost_marked: false,
+            piece_end: end,
         }
     }
 

@@ -519,7 +519,13 @@ impl Connection {
         if self.scoreboard.is_empty() {
             self.snd.progress = self.now;
         }
-        self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
+        let mut txseg = TxSeg::new(seq, end, fin, self.now);
+        if let (true, Some(p)) = (self.cfg.tso_pieces, self.snd.piece_end) {
+            if p.gt(seq) {
+                txseg.piece_end = p;
+            }
+        }
+        self.scoreboard.push(txseg);
         if len > 0 && seq.lt(syn_data_end) {
             // Data a Fast Open SYN carried, sent again after a SYN-ACK that did not
             // take it: Linux marks it lost and retransmits it (`retrans_out`,
