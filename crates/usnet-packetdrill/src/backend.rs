@@ -1400,6 +1400,32 @@ mod tests {
             Err(libc::EINVAL)
         );
         assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(0));
+        // IP-level options: one byte is enough, TCP keeps the ECN bits.
+        assert_eq!(
+            b.setsockopt(fd, libc::SOL_IP, libc::IP_TOS, Some(&[0x2f])),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, libc::SOL_IP, libc::IP_TOS), Ok(0x2c));
+        let tclass = (0x28 as c_int).to_ne_bytes();
+        let v6 = libc::IPPROTO_IPV6;
+        assert_eq!(
+            b.setsockopt(fd, v6, libc::IPV6_TCLASS, Some(&tclass)),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, v6, libc::IPV6_TCLASS), Ok(0x28));
+        let bad = (256 as c_int).to_ne_bytes();
+        assert_eq!(
+            b.setsockopt(fd, v6, libc::IPV6_TCLASS, Some(&bad)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            b.setsockopt(fd, libc::SOL_IP, libc::IP_MTU_DISCOVER, Some(&[0])),
+            Ok(())
+        );
+        assert_eq!(
+            b.setsockopt(fd, libc::SOL_IP, libc::IP_MTU_DISCOVER, Some(&[9])),
+            Err(libc::EINVAL)
+        );
         assert_eq!(b.setsockopt(fd, tcp, libc::TCP_NODELAY, Some(&one)), Ok(()));
         assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(1));
         assert_eq!(

@@ -1032,3 +1032,26 @@ impl Core {
         did
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tos_byte_goes_whole_into_either_header() {
+        // IPv4: the TOS byte, and a header checksum that still adds up.
+        let mut f = vec![0u8; ETH + 20];
+        f[ETH] = 0x45;
+        f[ETH + 8] = 64;
+        set_ip_ecn(&mut f, 0x2c | 2);
+        assert_eq!(f[ETH + 1], 0x2e);
+        assert_eq!(wire::finish(wire::sum(&f[ETH..ETH + 20])), 0);
+        // IPv6: the traffic class across the first two bytes, flow label kept.
+        let mut f = vec![0u8; ETH + 40];
+        f[ETH] = 0x60;
+        f[ETH + 1] = 0x0a;
+        set_ip_ecn(&mut f, 0xb8 | 2);
+        let tc = (f[ETH] & 0x0f) << 4 | f[ETH + 1] >> 4;
+        assert_eq!((f[ETH] >> 4, tc, f[ETH + 1] & 0x0f), (6, 0xba, 0x0a));
+    }
+}

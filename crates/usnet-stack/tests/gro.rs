@@ -542,3 +542,17 @@ fn a_device_coalesced_frame_keeps_its_segment_size() {
     assert_eq!(p.b.tcp_recv(s, &mut got).unwrap(), data.len());
     assert_eq!(&got[..data.len()], &data[..]);
 }
+
+/// `Stack::tcp_set_tos`: the connection's packets carry the DSCP bits under the
+/// engine's ECN field.
+#[test]
+fn a_connection_sends_with_its_tos() {
+    let mut p = Pair::new(false);
+    let (c, _s) = p.connect();
+    p.a.tcp_set_tos(c, 0x2f).unwrap();
+    assert_eq!(p.a.tcp_send(c, b"hello").unwrap(), 5);
+    let frames = Pair::frames(&mut p.a);
+    assert_eq!(frames.len(), 1);
+    // The ECN bits were masked off; this connection negotiated no ECN.
+    assert_eq!(frames[0][14 + 1], 0x2c);
+}

@@ -751,6 +751,39 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_retransmitted_run_of_one_piece_ends_with_psh() {
+        use crate::conn::scoreboard::TxSeg;
+        let cfg = crate::TcpConfig {
+            tso_pieces: true,
+            ..crate::TcpConfig::default()
+        };
+        let (mut c, _srv) = pair(cfg, crate::TcpConfig::default());
+        let now = c.now;
+        let base = c.snd.una;
+        // Two pieces of two segments: [0, 200) and [200, 400); all lost.
+        c.scoreboard.clear();
+        for k in 0..4u32 {
+            let start = base + 100 * k;
+            let mut s = TxSeg::new(start, start + 100u32, false, now);
+            s.piece_end = base + if k < 2 { 200u32 } else { 400u32 };
+            c.scoreboard.push(s);
+            c.scoreboard.mark_lost(k as usize);
+        }
+        // The first segment starts a run: not its end.
+        assert!(!c.ends_retransmitted_run(0));
+        c.scoreboard.retransmitted(0, now);
+        // The second ends its piece's run (the next is another piece's).
+        assert!(c.ends_retransmitted_run(1));
+        c.scoreboard.retransmitted(1, now);
+        // The third starts the next piece: a run of one so far.
+        assert!(!c.ends_retransmitted_run(2));
+        // Without TSO pieces there are no runs.
+        c.cfg.tso_pieces = false;
+        c.scoreboard.retransmitted(2, now);
+        assert!(!c.ends_retransmitted_run(3));
+    }
+
     use super::super::test_util::*;
     use super::*;
     use crate::testing::OwnedSegment;

@@ -843,6 +843,41 @@ mod tests {
     }
 
     #[test]
+    fn the_window_clamp_starts_at_64k_and_grows_with_data() {
+        let srv_cfg = TcpConfig {
+            rcv_ssthresh: true,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), srv_cfg);
+        assert_eq!(srv.rcv.ssthresh, 65535);
+        assert!(srv.rcv_window_available() <= 65535);
+        let segs = segments(&mut cli, 4, T0);
+        feed(&mut srv, T0, &segs);
+        // Four in-order segments: twice our MSS (the larger) each.
+        let grown = 65535 + 4 * 2 * u32::from(srv.cfg.mss);
+        assert_eq!(srv.rcv.ssthresh, grown);
+        // Off: no clamp.
+        let (_, plain) = default_pair();
+        assert_eq!(plain.rcv.ssthresh, u32::MAX);
+    }
+
+    #[test]
+    fn with_the_clamp_a_read_updates_the_window_only_when_it_doubles() {
+        let srv_cfg = TcpConfig {
+            rcv_ssthresh: true,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), srv_cfg);
+        let segs = segments(&mut cli, 2, T0);
+        feed(&mut srv, T0, &segs);
+        drain(&mut srv, T0);
+        // A small read frees little next to the window still offered: no update.
+        let mut buf = [0u8; 500];
+        assert_eq!(srv.recv(&mut buf), 500);
+        assert!(!srv.ack.pending);
+    }
+
+    #[test]
     fn a_read_to_the_mark_stops_before_the_urgent_byte() {
         let (mut cli, mut srv) = default_pair();
         let mut segs = segments(&mut cli, 1, T0);
