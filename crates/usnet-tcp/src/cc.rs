@@ -333,12 +333,15 @@ impl Cubic {
         self.mss = mss;
         let cwnd = (self.cwnd / mss.max(1)).max(1);
         self.epoch = None;
+        let scaled = |f: u32, d: u32| (u64::from(cwnd) * u64::from(f) / u64::from(d)) as u32;
         self.last_max = if cwnd < self.last_max {
-            cwnd * (CUBIC_BETA_SCALE + CUBIC_BETA) / (2 * CUBIC_BETA_SCALE)
+            scaled(CUBIC_BETA_SCALE + CUBIC_BETA, 2 * CUBIC_BETA_SCALE)
         } else {
             cwnd
         };
-        self.ssthresh = (cwnd * CUBIC_BETA / CUBIC_BETA_SCALE).max(2) * mss;
+        self.ssthresh = scaled(CUBIC_BETA, CUBIC_BETA_SCALE)
+            .max(2)
+            .saturating_mul(mss);
         self.cwnd_cnt = 0;
     }
 
@@ -360,18 +363,22 @@ impl Cubic {
                     self.k = 0;
                     self.origin = cwnd;
                 } else {
-                    self.k = cubic_root(cube_factor() * u64::from(self.last_max - cwnd));
+                    self.k =
+                        cubic_root(cube_factor().saturating_mul(u64::from(self.last_max - cwnd)));
                     self.origin = self.last_max;
                 }
                 now
             });
             // Time since the epoch plus the minimum RTT, in 1/1024 s.
             let delay_min = self.hystart.delay_min.map_or(0, |d| d.as_micros() as u64);
-            let t = (now - epoch + delay_min.div_ceil(1_000_000 / HZ)) << BICTCP_HZ;
+            let t = now.saturating_sub(epoch) + delay_min.div_ceil(1_000_000 / HZ);
+            let t = t.min(u64::MAX >> (BICTCP_HZ + 1)) << BICTCP_HZ;
             let t = t / HZ;
             let k = u64::from(self.k);
-            let offs = t.abs_diff(k);
-            let delta = ((CUBE_RTT_SCALE * offs * offs * offs) >> (10 + 3 * BICTCP_HZ)) as u32;
+            let offs = u128::from(t.abs_diff(k));
+            // (Linux's u64 holds this for any sane epoch; a wider one saturates.)
+            let delta = ((u128::from(CUBE_RTT_SCALE) * offs * offs * offs) >> (10 + 3 * BICTCP_HZ))
+                .min(u128::from(u32::MAX)) as u32;
             let target = if t < k {
                 self.origin.saturating_sub(delta)
             } else {
@@ -380,7 +387,7 @@ impl Cubic {
             self.cnt = if target > cwnd {
                 cwnd / (target - cwnd)
             } else {
-                100 * cwnd
+                cwnd.saturating_mul(100)
             };
             // Before any maximum is known: at least 5 % per RTT.
             if self.last_max == 0 && self.cnt > 20 {
@@ -388,11 +395,11 @@ impl Cubic {
             }
         }
         // The Reno-friendly estimate.
-        let delta = ((cwnd * BETA_SCALE) >> 3).max(1);
-        while self.ack_cnt > delta {
-            self.ack_cnt -= delta;
-            self.tcp_cwnd += 1;
-        }
+        let delta = (cwnd.saturating_mul(BETA_SCALE) >> 3).max(1);
+        // Linux subtracts `delta` while more than `delta` remain, one segment each.
+        let n = self.ack_cnt.saturating_sub(1) / delta;
+        self.ack_cnt -= n * delta;
+        self.tcp_cwnd = self.tcp_cwnd.saturating_add(n);
         if self.tcp_cwnd > cwnd {
             let max_cnt = cwnd / (self.tcp_cwnd - cwnd);
             self.cnt = self.cnt.min(max_cnt);
@@ -444,13 +451,13 @@ impl CongestionControl for Cubic {
         let w = self.cnt.max(1);
         if self.cwnd_cnt >= w {
             self.cwnd_cnt = 0;
-            cwnd += 1;
+            cwnd = cwnd.saturating_add(1);
         }
-        self.cwnd_cnt += acked;
+        self.cwnd_cnt = self.cwnd_cnt.saturating_add(acked);
         if self.cwnd_cnt >= w {
             let d = self.cwnd_cnt / w;
             self.cwnd_cnt -= d * w;
-            cwnd += d;
+            cwnd = cwnd.saturating_add(d);
         }
         self.cwnd = cwnd.saturating_mul(mss);
     }
