@@ -44,7 +44,7 @@ pub struct TcpConfig {
     pub send_buffer_initial: usize,
     /// Send new data in the pieces Linux's TSO engine cuts (`conn/tso.rs`): at
     /// most the congestion window's room and the autosized TSO size each, whole
-    /// segments at the window's edge, PSH at a piece's end in slow start. Off by
+    /// segments at the window's edge, PSH at a multi-segment piece's end. Off by
     /// default; the `linux` profile turns it on.
     pub tso_pieces: bool,
     /// Clamp the advertised window as Linux's `rcv_ssthresh` does: it starts at

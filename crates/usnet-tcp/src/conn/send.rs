@@ -592,7 +592,8 @@ impl Connection {
     /// the implementation; this approximates where Linux's (the tail of each of its
     /// write-queue buffers carries one, and in slow start its bursts end on them;
     /// a lone segment clocked out by an ACK, or a burst in congestion avoidance or
-    /// recovery, is cut from a buffer and carries none).
+    /// recovery, is cut from a buffer and carries none). Only without TSO pieces,
+    /// which place PSH as Linux's buffers do (`tso_piece_ends`).
     fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
         let prr_slow_start = self.ecn.prr.is_some() && self.pipe_est() < self.cc.ssthresh();
         if self.snd.burst == 0 || (self.cc.cwnd() >= self.cc.ssthresh() && !prr_slow_start) {

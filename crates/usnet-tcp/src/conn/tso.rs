@@ -4,7 +4,7 @@
 //! window's room and its TSO size (`tcp_tso_autosize`: about a millisecond at the
 //! pacing rate, at least `tcp_min_tso_segs` segments) and to whole segments at the
 //! peer's window edge (`tcp_mss_split_point`), and a TSO frame's last segment
-//! carries PSH in slow start. Where the pieces end is no TCP matter (RFC 9293
+//! carries PSH. Where the pieces end is no TCP matter (RFC 9293
 //! leaves segmentation and PSH to the sender); it decides where the send buffer's
 //! chunks are cut, which applications see through its accounting and `EPOLLOUT`,
 //! and where PSH goes. Linux's TSO deferral (`tcp_tso_should_defer`) is not
@@ -107,10 +107,11 @@ impl Connection {
         Some(piece as usize)
     }
 
-    /// Whether the segment that ends at `end` closes a multi-segment piece in slow
-    /// start with more data queued behind it (or, in a pass in the middle of a
-    /// write, about to be): the end of one of Linux's TSO frames, which carries
-    /// PSH there. (At the end of the queued data the application's push decides.)
+    /// Whether the segment that ends at `end` closes a multi-segment piece with
+    /// more data queued behind it (or, in a pass in the middle of a write, about to
+    /// be): the end of one of Linux's TSO frames, which carries PSH there in any
+    /// congestion state, as the suite shows. (At the end of the queued data the
+    /// application's push decides.)
     pub(crate) fn tso_piece_ends(&self, end: Seq) -> bool {
         self.cfg.tso_pieces
             && self.snd.piece_tso
@@ -183,7 +184,7 @@ mod tests {
         let mss = cli.smss() as usize;
         let t0 = T0 + ms(20);
         // The initial window of 10 in two pieces of 5 (tcp_cwnd_test), each
-        // ending with PSH (slow start; the second as the end of the write).
+        // ending with PSH (the second as the end of the write).
         cli.send(&vec![1u8; 10 * mss]);
         let out = drain(&mut cli, t0);
         let psh: Vec<usize> = (0..out.len())
