@@ -5,7 +5,9 @@ IPv6 flags, each script from its own directory. The shell commands the scripts r
 to tune or probe the Linux kernel (`defaults.sh`, `sysctl`, `ip`, `tc`, `nstat`)
 never run: the suite is copied to a temporary directory with every command replaced
 by `true`, and the sysctls a script sets become backend flags instead
-(`profile=linux` for defaults.sh, then e.g. `tcp_timestamps=0`).
+(`profile=linux` for defaults.sh, then e.g. `tcp_timestamps=0`). Only the file
+commands in FILE_COMMANDS (`rm -f` and `dd if=/dev/zero` of a file under /tmp) run
+as written, one such script at a time.
 
 Every run has a deadline (--timeout). Prints one line per failure, then
 `packetdrill: N passed, N failed` per mode. Exits non-zero when a script listed in the
@@ -21,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -84,6 +87,10 @@ def flags_for(text, defaults):
     as in packetdrill.)"""
     flags = []
     start = first_event(text)
+    # A header `--mss=N`: packetdrill injects TCP packets as GSO frames of N-byte
+    # segments, which only the backend can hand the stack as such.
+    for m in re.finditer(r"^--mss=([0-9]+)\s*$", text[:start], re.M):
+        flags.append("gso_mss=" + m.group(1))
     for m in COMMAND.finditer(text):
         if m.start() > start:
             continue
@@ -95,19 +102,35 @@ def flags_for(text, defaults):
     return flags
 
 
+# The file commands a script may really run: removing and creating a file of zeroes
+# under /tmp (what a script then opens, e.g. for sendfile). Nothing else runs.
+FILE_COMMANDS = [
+    re.compile(r"(/usr)?(/bin/)?rm -f /tmp/[A-Za-z0-9_.-]+"),
+    re.compile(r"(/usr)?(/bin/)?dd( (bs|count)=[0-9]+[kKM]?| status=none| if=/dev/zero"
+               r"| of=/tmp/[A-Za-z0-9_.-]+)+"),
+]
+
+
+def file_commands(cmd):
+    """The lines of a shell command that are file commands the harness runs."""
+    return [l.strip() for l in cmd.splitlines()
+            if any(p.fullmatch(l.strip()) for p in FILE_COMMANDS)]
+
+
 def replacement(text, m):
     """What a shell command becomes: `true`, or for a command after the first event
     that sets modelled sysctls, an append of them to the file the backend reads
-    ($USNET_PD_SYSCTL, its `sysctl_file=` flag) before each system call. Newlines
-    are kept so packetdrill's line numbers stay the script's."""
-    body = "true"
+    ($USNET_PD_SYSCTL, its `sysctl_file=` flag) before each system call; the file
+    commands it holds (FILE_COMMANDS) run as written. Newlines are kept so
+    packetdrill's line numbers stay the script's."""
+    body = "; ".join(file_commands(m.group(1)) + ["true"])
     if m.start() > first_event(text):
         sets = settings(m.group(1))
         if "tcp_metrics flush" in m.group(1):
             # The backend's own line for it (FLUSH_METRICS in backend.rs).
             sets.append("tcp_metrics_flush")
         if sets:
-            body = "printf '%s\\n' >> \"$USNET_PD_SYSCTL\"" % "\\n".join(sets)
+            body += "; printf '%s\\n' >> \"$USNET_PD_SYSCTL\"" % "\\n".join(sets)
     return "`%s%s`" % (body, "\n" * m.group(0).count("\n"))
 
 
@@ -128,6 +151,8 @@ def prepare(suite, dest):
             with open(p, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
             scripts[os.path.relpath(p, tcp)] = flags_for(text, defaults)
+            if any(file_commands(c) for c in COMMAND.findall(text)):
+                WRITES_FILES.add(os.path.relpath(p, tcp))
             with open(p, "w", encoding="utf-8") as fh:
                 fh.write(COMMAND.sub(lambda m, t=text: replacement(t, m), text))
     return scripts
@@ -151,7 +176,20 @@ def reason(output):
     return (lines[-1] if lines else "no output")[:300]
 
 
+# Scripts that run file commands (their runs in both modes write the same files):
+# one at a time.
+WRITES_FILES = set()
+FILE_LOCK = threading.Lock()
+
+
 def run_one(args, tcp, script, mode, extra):
+    if script in WRITES_FILES:
+        with FILE_LOCK:
+            return run_one_unlocked(args, tcp, script, mode, extra)
+    return run_one_unlocked(args, tcp, script, mode, extra)
+
+
+def run_one_unlocked(args, tcp, script, mode, extra):
     pd_flags, so_flags = MODES[mode]
     fd, sysctl_file = tempfile.mkstemp(prefix="usnet-pd-sysctl.")
     os.close(fd)

@@ -14,7 +14,7 @@ use usnet_shm::EventFd;
 
 #[derive(Default)]
 struct Queues {
-    rx: VecDeque<Vec<u8>>,
+    rx: VecDeque<(Vec<u8>, Offload)>,
     tx: VecDeque<(Vec<u8>, Offload)>,
     stats: DeviceStats,
 }
@@ -46,7 +46,14 @@ impl MemQueues {
 
     /// Queues a frame for the stack to receive.
     pub fn inject(&self, frame: &[u8]) {
-        self.lock().rx.push_back(frame.to_vec());
+        self.inject_with(frame, Offload::default());
+    }
+
+    /// Queues a frame with receive offload metadata, as a device that coalesced it
+    /// (`gso_size`: a GRO frame of segments that size) or checked its checksum
+    /// would hand it up.
+    pub fn inject_with(&self, frame: &[u8], offload: Offload) {
+        self.lock().rx.push_back((frame.to_vec(), offload));
         self.bell.ring();
     }
 
@@ -109,11 +116,14 @@ impl Device for MemDevice {
         let mut q = self.queues.lock();
         let mut n = 0;
         while n < max {
-            let Some(f) = q.rx.pop_front() else {
+            let Some((f, o)) = q.rx.pop_front() else {
                 break;
             };
             match pool.alloc_from(&f) {
                 Some(b) => {
+                    if o != Offload::default() {
+                        pool.set_offload(&b, o);
+                    }
                     q.stats.rx_frames += 1;
                     q.stats.rx_bytes += f.len() as u64;
                     out.push(b);
@@ -177,5 +187,38 @@ impl Device for MemDevice {
 
     fn stats(&self) -> DeviceStats {
         self.queues.lock().stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use usnet_pool::PoolConfig;
+
+    #[test]
+    fn an_injected_frame_keeps_its_offload_metadata() {
+        let caps = DeviceCaps {
+            mtu: 1500,
+            rx_csum_offload: false,
+            tx_csum_offload: false,
+            tso: false,
+            max_burst: 8,
+        };
+        let (mut dev, q) = MemDevice::new("mem0", caps).unwrap();
+        let mut pool = PacketPool::new(&PoolConfig::default()).unwrap();
+        let gro = Offload {
+            gso_size: 1000,
+            ..Offload::default()
+        };
+        q.inject(&[1u8; 60]);
+        q.inject_with(&[2u8; 5000], gro);
+        let mut out = Vec::new();
+        assert_eq!(dev.rx_burst(&mut pool, &mut out, 8).unwrap(), 2);
+        assert_eq!(pool.offload(&out[0]), Offload::default());
+        assert_eq!(pool.offload(&out[1]).gso_size, 1000);
+        assert_eq!(pool.chain_len(&out[1]), 5000);
+        for b in out {
+            pool.free(b);
+        }
     }
 }

@@ -7,7 +7,10 @@
 mod epoll;
 pub mod link;
 pub mod shared;
+mod splice;
+mod timestamping;
 mod zerocopy;
+pub use timestamping::Stamp;
 pub use zerocopy::frag_breaks as zerocopy_frag_breaks;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -41,6 +44,10 @@ pub struct Options {
     /// script runs (its mid-script sysctl commands append to it); each system call
     /// first applies the lines added since the last one.
     pub sysctl_file: Option<String>,
+    /// `gso_mss=N` (a script's `--mss=N`): packetdrill hands every TCP packet it
+    /// injects to the kernel as a GSO frame of `N`-byte segments; the backend gives
+    /// the stack such frames with that `gso_size`, as a device that coalesced them.
+    pub gso_mss: Option<u16>,
 }
 
 impl Default for Options {
@@ -56,6 +63,7 @@ impl Default for Options {
             trap: true,
             tcp: usnet_stack::TcpConfig::default(),
             sysctl_file: None,
+            gso_mss: None,
         }
     }
 }
@@ -97,6 +105,7 @@ impl Options {
                 }
                 "profile" => {}
                 "trap" => o.trap = v != "0",
+                "gso_mss" => o.gso_mss = Some(v.parse().map_err(|e| bad(&e))?),
                 "sysctl_file" => o.sysctl_file = Some(v.to_string()),
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
@@ -141,6 +150,8 @@ struct Fd {
     keep: [Option<u32>; 3],
     /// SO_ZEROCOPY and the `MSG_ZEROCOPY` completions ([`zerocopy`]).
     zc: zerocopy::ZeroCopy,
+    /// SO_TIMESTAMPING and its reports ([`timestamping`]).
+    ts: timestamping::Timestamping,
     /// TCP_INQ: `recvmsg` reports the bytes left to read (a `TCP_CM_INQ` cmsg).
     inq: bool,
     /// TCP_MAXSEG.
@@ -153,6 +164,29 @@ struct Fd {
     sndbuf: Option<u32>,
     /// TCP_NOTSENT_LOWAT (0: the sysctl's).
     notsent_lowat: u32,
+    /// IP_FREEBIND (recorded; `getsockopt` reports it).
+    freebind: bool,
+    /// IP_TOS (IPv4 packets), IPV6_TCLASS (IPv6 packets), IP_MTU_DISCOVER.
+    ip: IpOptions,
+}
+
+/// The IP-level options of a socket.
+#[derive(Debug, Default, Clone, Copy)]
+struct IpOptions {
+    tos: u8,
+    tclass: u8,
+    pmtudisc: u8,
+}
+
+impl IpOptions {
+    /// The TOS / traffic class byte for a connection of this family.
+    fn byte(&self, v6: bool) -> u8 {
+        if v6 {
+            self.tclass
+        } else {
+            self.tos
+        }
+    }
 }
 
 /// How a send with Fast Open (`MSG_FASTOPEN`, or the first write after a deferred
@@ -225,6 +259,8 @@ pub struct Backend {
     /// Wall-clock microseconds at creation: `gettimeofday` returns this + virtual time.
     epoch_us: i64,
     tick_ns: u64,
+    /// `Options::gso_mss`.
+    gso_mss: Option<u16>,
     fds: BTreeMap<c_int, Fd>,
     out: VecDeque<(Vec<u8>, u64)>,
     /// What packetdrill's threads know about each other ([`shared`]).
@@ -239,6 +275,8 @@ pub struct Backend {
     epolls: BTreeMap<c_int, epoll::Epoll>,
     /// Wake-ups per socket from the stack's ready list (edge-triggered epoll).
     wakes: HashMap<SocketHandle, u64>,
+    /// Pipes `pipe()` made ([`splice`]).
+    pipes: splice::Pipes,
 }
 
 /// A result whose error is an errno value.
@@ -284,6 +322,7 @@ impl Backend {
             clock,
             epoch_us,
             tick_ns: o.tick_ns,
+            gso_mss: o.gso_mss,
             fds: BTreeMap::new(),
             out: VecDeque::new(),
             sync: shared::Sync::default(),
@@ -293,6 +332,7 @@ impl Backend {
             sysctl_file: o.sysctl_file.clone().map(|p| (p, 0)),
             epolls: BTreeMap::new(),
             wakes: HashMap::new(),
+            pipes: Default::default(),
         })
     }
 
@@ -376,12 +416,15 @@ impl Backend {
                 keepalive: false,
                 keep: [None; 3],
                 zc: Default::default(),
+                ts: Default::default(),
                 inq: false,
                 user_mss: None,
                 user_timeout: 0,
                 cork: false,
                 sndbuf: None,
                 notsent_lowat: 0,
+                freebind: false,
+                ip: IpOptions::default(),
             },
         );
         Ok(fd)
@@ -451,7 +494,7 @@ impl Backend {
             0,
         )?;
         // Socket flags the listener had are the new socket's (as Linux clones them).
-        let (zc, keepalive, keep, user_timeout, sndbuf, lowat) = {
+        let (zc, keepalive, keep, user_timeout, sndbuf, lowat, ip) = {
             let l = self.fd(fd)?;
             (
                 l.zc.on,
@@ -460,9 +503,11 @@ impl Backend {
                 l.user_timeout,
                 l.sndbuf,
                 l.notsent_lowat,
+                l.ip,
             )
         };
         self.apply_buffer_options(c, sndbuf, lowat);
+        let _ = self.stack_mut().tcp_set_tos(c, ip.byte(v6));
         let n = self.fd(nfd)?;
         n.user_timeout = user_timeout;
         n.sndbuf = sndbuf;
@@ -472,6 +517,7 @@ impl Backend {
         n.zc.on = zc;
         n.keepalive = keepalive;
         n.keep = keep;
+        n.ip = ip;
         Ok((nfd, peer))
     }
 
@@ -618,6 +664,8 @@ impl Backend {
         if self.fd(fd)?.cork {
             let _ = self.stack_mut().tcp_set_cork(h, true);
         }
+        let (ip, v6) = (self.fd(fd)?.ip, self.fd(fd)?.v6);
+        let _ = self.stack_mut().tcp_set_tos(h, ip.byte(v6));
         self.fd(fd)?.kind = Kind::Conn(h);
         self.pump();
         Ok(())
@@ -687,7 +735,7 @@ impl Backend {
     }
 
     pub fn close(&mut self, fd: c_int) -> Res<()> {
-        if self.close_epoll(fd) {
+        if self.close_epoll(fd) || self.close_pipe(fd) {
             return Ok(());
         }
         let f = self.fds.remove(&fd).ok_or(libc::EBADF)?;
@@ -752,7 +800,7 @@ impl Backend {
         {
             ev |= libc::POLLRDHUP;
         }
-        if self.zerocopy_pending(fd) {
+        if self.zerocopy_pending(fd) || self.timestamp_pending(fd) {
             ev |= libc::POLLERR;
         }
         if r.closed {
@@ -946,6 +994,11 @@ impl Backend {
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
             (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
+            (libc::SOL_IP, libc::IP_FREEBIND) => self.fd(fd)?.freebind as c_int,
+            (libc::SOL_IP, libc::IP_TOS) => c_int::from(self.fd(fd)?.ip.tos),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => c_int::from(self.fd(fd)?.ip.tclass),
+            (libc::SOL_IP, libc::IP_MTU_DISCOVER) => c_int::from(self.fd(fd)?.ip.pmtudisc),
+            (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => self.fd(fd)?.ts.flags as c_int,
             (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => match kind {
                 Kind::Conn(h) => self.stack().tcp_notsent_lowat(h).map_err(map)? as c_int,
                 _ => self.fd(fd)?.notsent_lowat as c_int,
@@ -982,6 +1035,14 @@ impl Backend {
                 b.try_into().map_err(|_| libc::EINVAL)?,
             ))
         };
+        // Linux's IP-level integer options also take a single byte.
+        let ip_int = || -> Res<c_int> {
+            match value {
+                Some(v) if v.len() >= 4 => field(0),
+                Some([b, ..]) => Ok(c_int::from(*b)),
+                _ => Err(libc::EINVAL),
+            }
+        };
         let kind = self.fd(fd)?.kind;
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
@@ -989,6 +1050,39 @@ impl Backend {
             }
             (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_MARK) => {
                 field(0)?;
+            }
+            (libc::SOL_IP, libc::IP_TOS) => {
+                // As Linux for a stream socket: the ECN bits stay TCP's.
+                let tos = (ip_int()? as u8) & !3;
+                self.fd(fd)?.ip.tos = tos;
+                if let (Kind::Conn(h), false) = (kind, self.fd(fd)?.v6) {
+                    self.stack_mut().tcp_set_tos(h, tos).map_err(map)?;
+                }
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                // -1: the default (0); otherwise 0..=255.
+                let v = field(0)?;
+                let tclass = match v {
+                    -1 => 0,
+                    0..=255 => v as u8,
+                    _ => return Err(libc::EINVAL),
+                };
+                self.fd(fd)?.ip.tclass = tclass;
+                if let (Kind::Conn(h), true) = (kind, self.fd(fd)?.v6) {
+                    self.stack_mut().tcp_set_tos(h, tclass).map_err(map)?;
+                }
+            }
+            (libc::SOL_IP, libc::IP_MTU_DISCOVER) => {
+                // IP_PMTUDISC_DONT..IP_PMTUDISC_OMIT.
+                let v = ip_int()?;
+                if !(0..=5).contains(&v) {
+                    return Err(libc::EINVAL);
+                }
+                self.fd(fd)?.ip.pmtudisc = v as u8;
+            }
+            (libc::SOL_IP, libc::IP_FREEBIND) => {
+                // Binding to an address the stack does not have stays refused.
+                self.fd(fd)?.freebind = field(0)? != 0;
             }
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
                 let b = usnet_stack::sndbuf_for_option(field(0)?);
@@ -1009,6 +1103,9 @@ impl Backend {
             }
             (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
                 self.fd(fd)?.zc.on = field(0)? != 0;
+            }
+            (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => {
+                self.set_timestamping(fd, field(0)? as u32)?;
             }
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
             | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT) => {
@@ -1183,6 +1280,7 @@ pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
     put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
     put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
     put32(32, u64::from(i.lost_out));
+    put32(36, u64::from(i.retrans_out));
     put32(52, i.last_data_recv.as_millis() as u64);
     put32(68, i.srtt.map_or(0, us));
     put32(72, us(i.rttvar));
@@ -1302,6 +1400,32 @@ mod tests {
             Err(libc::EINVAL)
         );
         assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(0));
+        // IP-level options: one byte is enough, TCP keeps the ECN bits.
+        assert_eq!(
+            b.setsockopt(fd, libc::SOL_IP, libc::IP_TOS, Some(&[0x2f])),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, libc::SOL_IP, libc::IP_TOS), Ok(0x2c));
+        let tclass = (0x28 as c_int).to_ne_bytes();
+        let v6 = libc::IPPROTO_IPV6;
+        assert_eq!(
+            b.setsockopt(fd, v6, libc::IPV6_TCLASS, Some(&tclass)),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, v6, libc::IPV6_TCLASS), Ok(0x28));
+        let bad = (256 as c_int).to_ne_bytes();
+        assert_eq!(
+            b.setsockopt(fd, v6, libc::IPV6_TCLASS, Some(&bad)),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(
+            b.setsockopt(fd, libc::SOL_IP, libc::IP_MTU_DISCOVER, Some(&[0])),
+            Ok(())
+        );
+        assert_eq!(
+            b.setsockopt(fd, libc::SOL_IP, libc::IP_MTU_DISCOVER, Some(&[9])),
+            Err(libc::EINVAL)
+        );
         assert_eq!(b.setsockopt(fd, tcp, libc::TCP_NODELAY, Some(&one)), Ok(()));
         assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(1));
         assert_eq!(

@@ -331,9 +331,19 @@ unsafe extern "C" fn pd_recvmsg(
         // SAFETY: recvmsg(2) contract.
         let m = unsafe { &mut *m };
         if flags & libc::MSG_ERRQUEUE != 0 {
-            let ((lo, hi), v6) = s.call(|b| b.zerocopy_take(fd))?;
-            // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
-            unsafe { put_zerocopy_cmsg(m, lo, hi, v6) }?;
+            match s.call(|b| b.zerocopy_take(fd)) {
+                Ok(((lo, hi), v6)) => {
+                    // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
+                    unsafe { put_zerocopy_cmsg(m, lo, hi, v6) }?;
+                }
+                Err(libc::EAGAIN) => {
+                    let (stamp, v6) = s.call(|b| b.timestamp_take(fd))?;
+                    let wall = s.call(|b| b.wall_us(stamp.at_us));
+                    // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
+                    unsafe { put_timestamp_cmsgs(m, &stamp, wall, v6) }?;
+                }
+                Err(e) => return Err(e),
+            }
             return Ok(0);
         }
         let cnt = m.msg_iovlen as c_int;
@@ -389,14 +399,78 @@ unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<(
     unsafe { put_cmsg(m, level, ty, &ee) }
 }
 
+/// A transmit timestamp as Linux reports it on TCP: an `SCM_TIMESTAMPING` cmsg
+/// (`struct scm_timestamping`: the software time in `ts[0]`, at `wall_us` µs of
+/// `gettimeofday` time, zero when the socket asked for none) and an `IP_RECVERR`
+/// (`IPV6_RECVERR`) one with `ee_errno` `ENOMSG`, origin `SO_EE_ORIGIN_TIMESTAMPING`,
+/// the `SCM_TSTAMP_*` kind in `ee_info` and the key in `ee_data`, then an empty
+/// offender address. `msg_flags`: `MSG_ERRQUEUE`, and `MSG_TRUNC` for the packet
+/// that came with it (none with `OPT_TSONLY`), which this call does not copy.
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+unsafe fn put_timestamp_cmsgs(
+    m: &mut msghdr,
+    s: &crate::backend::Stamp,
+    wall_us: i64,
+    v6: bool,
+) -> Res<()> {
+    let mut ts = vec![0u8; 3 * std::mem::size_of::<libc::timespec>()];
+    if s.at_us != 0 {
+        let sec = wall_us.div_euclid(1_000_000) as libc::time_t;
+        let nsec = (wall_us.rem_euclid(1_000_000) * 1000) as libc::c_long;
+        let n = std::mem::size_of::<libc::time_t>();
+        ts[..n].copy_from_slice(&sec.to_ne_bytes());
+        ts[n..2 * n].copy_from_slice(&nsec.to_ne_bytes());
+    }
+    let offender = if v6 {
+        std::mem::size_of::<libc::sockaddr_in6>()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    let mut ee = vec![0u8; 16 + offender];
+    ee[..4].copy_from_slice(&(libc::ENOMSG as u32).to_ne_bytes());
+    ee[4] = 4; // SO_EE_ORIGIN_TIMESTAMPING
+    ee[8..12].copy_from_slice(&s.info.to_ne_bytes());
+    ee[12..16].copy_from_slice(&s.key.to_ne_bytes());
+    let (level, ty) = if v6 {
+        (libc::SOL_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::SOL_IP, libc::IP_RECVERR)
+    };
+    m.msg_flags = libc::MSG_ERRQUEUE | if s.tsonly { 0 } else { libc::MSG_TRUNC };
+    // SAFETY: per this function's contract.
+    unsafe {
+        put_cmsgs(
+            m,
+            &[
+                (libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &ts),
+                (level, ty, &ee),
+            ],
+        )
+    }
+}
+
 /// Writes one cmsg into `m.msg_control` (`MSG_CTRUNC` when it does not fit).
 ///
 /// # Safety
 /// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
 unsafe fn put_cmsg(m: &mut msghdr, level: c_int, ty: c_int, data: &[u8]) -> Res<()> {
-    let n = data.len() as u32;
-    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
-    let (space, len) = unsafe { (libc::CMSG_SPACE(n) as usize, libc::CMSG_LEN(n) as usize) };
+    // SAFETY: per this function's contract.
+    unsafe { put_cmsgs(m, &[(level, ty, data)]) }
+}
+
+/// Writes cmsgs one after another into `m.msg_control` (`MSG_CTRUNC` and none
+/// when they do not all fit).
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+unsafe fn put_cmsgs(m: &mut msghdr, cmsgs: &[(c_int, c_int, &[u8])]) -> Res<()> {
+    // SAFETY: CMSG_SPACE is pure arithmetic.
+    let space: usize = cmsgs
+        .iter()
+        .map(|c| unsafe { libc::CMSG_SPACE(c.2.len() as u32) } as usize)
+        .sum();
     // msg_controllen is usize on glibc, u32 on musl.
     #[allow(clippy::unnecessary_cast)]
     let room = m.msg_controllen as usize;
@@ -405,16 +479,20 @@ unsafe fn put_cmsg(m: &mut msghdr, level: c_int, ty: c_int, data: &[u8]) -> Res<
         m.msg_flags |= libc::MSG_CTRUNC;
         return Ok(());
     }
-    // SAFETY: the buffer holds at least CMSG_SPACE(n) bytes (checked above).
+    // SAFETY: the buffer holds the CMSG_SPACE of every cmsg (checked above), and
+    // CMSG_NXTHDR stays within msg_controllen.
     unsafe {
-        let c = libc::CMSG_FIRSTHDR(m);
-        if c.is_null() {
-            return Err(libc::EINVAL);
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        for &(level, ty, data) in cmsgs {
+            if c.is_null() {
+                return Err(libc::EINVAL);
+            }
+            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as _;
+            (*c).cmsg_level = level;
+            (*c).cmsg_type = ty;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
+            c = libc::CMSG_NXTHDR(m, c);
         }
-        (*c).cmsg_len = len as _;
-        (*c).cmsg_level = level;
-        (*c).cmsg_type = ty;
-        std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
     }
     m.msg_controllen = space as _;
     Ok(())
@@ -737,19 +815,34 @@ unsafe extern "C" fn pd_epoll_wait(
     }) as c_int
 }
 
-unsafe extern "C" fn pd_pipe(ud: *mut c_void, _fds: *mut c_int) -> c_int {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as c_int
+unsafe extern "C" fn pd_pipe(ud: *mut c_void, fds: *mut c_int) -> c_int {
+    with(ud, |s| {
+        if fds.is_null() {
+            return Err(libc::EFAULT);
+        }
+        let p = s.call(|b| b.pipe())?;
+        // SAFETY: pipe(2) contract: `fds` points to two ints.
+        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), fds, 2) };
+        Ok(0)
+    }) as c_int
 }
+
 unsafe extern "C" fn pd_splice(
     ud: *mut c_void,
-    _a: c_int,
-    _b: *mut libc::loff_t,
-    _c: c_int,
-    _d: *mut libc::loff_t,
-    _n: size_t,
-    _f: c_uint,
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    n: size_t,
+    flags: c_uint,
 ) -> ssize_t {
-    with(ud, |_| Err::<i32, _>(libc::ENOSYS)) as ssize_t
+    // packetdrill passes pointers to the script's offset arguments, which are
+    // themselves the pointers its `splice(2)` would get: a script's NULL arrives as
+    // a pointer to 0.
+    // SAFETY: null or pointers to packetdrill's loff_t values.
+    let given = |p: *mut libc::loff_t| !p.is_null() && unsafe { *p } != 0;
+    let offsets = given(off_in) || given(off_out);
+    with(ud, |s| s.splice(fd_in, fd_out, offsets, n, flags)) as ssize_t
 }
 
 /// packetdrill's entry point: fills `ifc` (every member, so no call hits a null

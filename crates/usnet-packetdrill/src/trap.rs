@@ -1,5 +1,5 @@
-//! packetdrill's own `getsockopt()` on the backend's descriptors, answered by the
-//! backend.
+//! packetdrill's own `getsockopt()` and `sendfile()` on the backend's descriptors,
+//! answered by the backend.
 //!
 //! For `%{ ... }%` assertions packetdrill reads `TCP_INFO` (then `TCP_CC_INFO` and
 //! `SO_MEMINFO`) with the C library's `getsockopt()` on the descriptor number the
@@ -8,7 +8,9 @@
 //! answer `ENOTSOCK`. This module installs a seccomp filter (with
 //! `SECCOMP_RET_USER_NOTIF`) on the process that traps `getsockopt` for those three
 //! options, and a supervisor thread that answers the trapped calls on the backend's
-//! descriptors from the backend's state ([`Backend::getsockopt_struct`]); every other
+//! descriptors from the backend's state ([`Backend::getsockopt_struct`]). A
+//! script's `sendfile()` is the C library's too: it is trapped as well and, with a
+//! backend socket as its destination, written to the socket (`sendfile_to`); every other
 //! trapped call continues into the kernel unchanged (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`).
 //!
 //! The caller's buffers are in this process: they are read and written with
@@ -77,10 +79,13 @@ pub fn install(shared: Arc<Shared>) -> Result<Trap, String> {
     // BPF_LD | BPF_W | BPF_ABS = 0x20; BPF_RET | BPF_K = 0x06. seccomp_data: nr at 0,
     // arch at 4, args[i] at 16 + 8 i (the low half first on these little-endian
     // targets).
+    // Jump offsets count from the next instruction: 9 is the notification, 10
+    // lets the call through.
     let prog = [
         stmt(0x20, 4),
-        jump(AUDIT_ARCH, 0, 7),
+        jump(AUDIT_ARCH, 0, 8),
         stmt(0x20, 0),
+        jump(libc::SYS_sendfile as u32, 5, 0),
         jump(libc::SYS_getsockopt as u32, 0, 5),
         stmt(0x20, 32),
         jump(libc::TCP_INFO as u32, 2, 0),
@@ -162,6 +167,9 @@ fn answer(fd: c_int, shared: &Shared, req: &libc::seccomp_notif) -> libc::seccom
     };
     let ours = std::path::Path::new(&format!("/proc/self/task/{}", req.pid)).exists();
     let a = req.data.args;
+    if ours && req.data.nr == libc::SYS_sendfile as c_int {
+        return sendfile(fd, shared, req, resp);
+    }
     if !ours || req.data.nr != libc::SYS_getsockopt as c_int {
         return resp;
     }
@@ -201,6 +209,92 @@ fn answer(fd: c_int, shared: &Shared, req: &libc::seccomp_notif) -> libc::seccom
         resp.val = -1;
     }
     resp
+}
+
+/// The most one trapped `sendfile` moves (Linux's `sendfile` moves at most
+/// `MAX_RW_COUNT` per call; a caller loops for the rest).
+const SENDFILE_MAX: usize = 1 << 20;
+
+/// packetdrill's `sendfile(out_fd, in_fd, offset, count)` (it calls the C library,
+/// not `struct packetdrill_interface`) with a backend socket as `out_fd`: the
+/// file's bytes are read here (the descriptor is this process's) and written to
+/// the socket as a `write` would (a blocking socket waits for room); `*offset`
+/// moves on by what was sent, or without an offset the file position does. Any
+/// other `out_fd` goes on to the kernel.
+fn sendfile(
+    fd: c_int,
+    shared: &Shared,
+    req: &libc::seccomp_notif,
+    mut resp: libc::seccomp_notif_resp,
+) -> libc::seccomp_notif_resp {
+    let a = req.data.args;
+    let (out_fd, in_fd, offp) = (a[0] as c_int, a[1] as c_int, a[2] as usize);
+    let count = (a[3] as usize).min(SENDFILE_MAX);
+    if !shared.lock().owns(out_fd) {
+        return resp;
+    }
+    resp.flags = 0;
+    // SAFETY: NOTIF_ID_VALID reads the id.
+    if unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &req.id) } != 0 {
+        return resp;
+    }
+    match sendfile_to(shared, out_fd, in_fd, offp, count) {
+        Ok(n) => resp.val = n as i64,
+        Err(e) => {
+            resp.error = -e;
+            resp.val = -1;
+        }
+    }
+    resp
+}
+
+fn sendfile_to(
+    shared: &Shared,
+    out_fd: c_int,
+    in_fd: c_int,
+    offp: usize,
+    count: usize,
+) -> Result<usize, c_int> {
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    let mut off = [0u8; 8];
+    if offp != 0 {
+        vm_copy(offp, &mut off, false)?;
+    }
+    let start = i64::from_ne_bytes(off);
+    let mut buf = vec![0u8; count];
+    // SAFETY: `buf` has `count` writable bytes; `in_fd` is the caller's descriptor
+    // in this process (the kernel checks it).
+    let got = unsafe {
+        if offp != 0 {
+            libc::pread(in_fd, buf.as_mut_ptr().cast(), count, start)
+        } else {
+            libc::read(in_fd, buf.as_mut_ptr().cast(), count)
+        }
+    };
+    if got < 0 {
+        return Err(errno());
+    }
+    let got = got as usize;
+    let sent = if got == 0 {
+        0
+    } else {
+        let _inside = shared.enter();
+        shared.lock().apply_sysctl_file();
+        shared.write(out_fd, &buf[..got], 0)? as usize
+    };
+    if offp != 0 {
+        let mut off = (start + sent as i64).to_ne_bytes();
+        vm_copy(offp, &mut off, true)?;
+    } else if sent < got {
+        // SAFETY: lseek on the caller's descriptor moves its file position back
+        // over what was read but not sent.
+        unsafe { libc::lseek(in_fd, sent as i64 - got as i64, libc::SEEK_CUR) };
+    }
+    Ok(sent)
 }
 
 /// What the backend says for `(level, name)` on `sock`; None: not its descriptor or

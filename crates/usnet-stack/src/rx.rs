@@ -487,6 +487,7 @@ impl Stack {
             // A frame larger than one buffer: linearise it once.
             let mut data = std::mem::take(&mut core.frame_scratch);
             core.pool.copy_chain(&buf, &mut data);
+            let gso_size = core.pool.offload(&buf).gso_size;
             core.pool.free(buf);
             let v = self.with_view(csum_valid, |view, c, _| view.classify(c, &data));
             let v = self.gro_flush_then(v);
@@ -495,6 +496,7 @@ impl Stack {
                 Src::Owned {
                     data,
                     invoking: Vec::new(),
+                    gso_size,
                 },
             );
             return;
@@ -723,7 +725,14 @@ impl Stack {
         let v = self.with_view(false, |view, c, _| {
             view.classify_l4(c, &l3, proto, &data[l4_off..], l4_off)
         });
-        self.execute(v, Src::Owned { data, invoking });
+        self.execute(
+            v,
+            Src::Owned {
+                data,
+                invoking,
+                gso_size: 0,
+            },
+        );
     }
 
     fn deliver_udp(&mut self, sock: u32, from: SocketAddr, off: usize, len: usize, src: Src) {

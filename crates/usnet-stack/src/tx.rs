@@ -67,16 +67,19 @@ fn set_ip_ecn(frame: &mut [u8], ecn: u8) {
     if ecn == 0 {
         return;
     }
+    // `ecn` is the whole TOS / traffic class byte (DSCP and ECN; the ECN field
+    // alone for most callers).
     let ip = &mut frame[ETH..];
     if ip[0] >> 4 == 4 {
-        ip[1] = (ip[1] & !3) | (ecn & 3);
+        ip[1] = ecn;
         ip[10..12].fill(0);
         let ihl = usize::from(ip[0] & 0xf) * 4;
         let c = wire::finish(wire::sum(&ip[..ihl]));
         ip[10..12].copy_from_slice(&c.to_be_bytes());
     } else {
-        // The traffic class straddles bytes 0 and 1; ECN is its low two bits.
-        ip[1] = (ip[1] & !0x30) | ((ecn & 3) << 4);
+        // The traffic class straddles bytes 0 and 1.
+        ip[0] = (ip[0] & 0xf0) | (ecn >> 4);
+        ip[1] = (ip[1] & 0x0f) | ((ecn & 0x0f) << 4);
     }
 }
 
@@ -1027,5 +1030,28 @@ impl Core {
             }
         }
         did
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tos_byte_goes_whole_into_either_header() {
+        // IPv4: the TOS byte, and a header checksum that still adds up.
+        let mut f = vec![0u8; ETH + 20];
+        f[ETH] = 0x45;
+        f[ETH + 8] = 64;
+        set_ip_ecn(&mut f, 0x2c | 2);
+        assert_eq!(f[ETH + 1], 0x2e);
+        assert_eq!(wire::finish(wire::sum(&f[ETH..ETH + 20])), 0);
+        // IPv6: the traffic class across the first two bytes, flow label kept.
+        let mut f = vec![0u8; ETH + 40];
+        f[ETH] = 0x60;
+        f[ETH + 1] = 0x0a;
+        set_ip_ecn(&mut f, 0xb8 | 2);
+        let tc = (f[ETH] & 0x0f) << 4 | f[ETH + 1] >> 4;
+        assert_eq!((f[ETH] >> 4, tc, f[ETH + 1] & 0x0f), (6, 0xba, 0x0a));
     }
 }

@@ -118,6 +118,9 @@ pub(crate) enum Src {
     Owned {
         data: Vec<u8>,
         invoking: Vec<u8>,
+        /// The device's `gso_size` for a linearised chain (a coalesced frame); 0
+        /// otherwise.
+        gso_size: u16,
     },
 }
 

@@ -496,3 +496,63 @@ fn a_shorter_segment_ends_the_batch_and_fin_is_not_merged() {
     }
     assert_eq!(&got[..n], &data[..]);
 }
+
+/// A frame a device coalesced (GRO offload, `gso_size` set) arrives as one long
+/// chained frame: the engine still takes the peer's segment size from `gso_size`
+/// (Linux's `tcp_measure_rcv_mss`), not from the frame's length.
+#[test]
+fn a_device_coalesced_frame_keeps_its_segment_size() {
+    let mut p = Pair::new(false);
+    let (c, s) = p.connect();
+    let mss = p.a.tcp_info(c).unwrap().snd_mss as usize;
+    let data: Vec<u8> = (0..BURST * mss).map(|i| pattern(0, i as u64)).collect();
+    assert_eq!(p.a.tcp_send(c, &data).unwrap(), data.len());
+    let frames = Pair::frames(&mut p.a);
+    assert_eq!(frames.len(), BURST);
+    // One frame: the first one's headers, every payload.
+    let hl = 14 + 20 + usize::from(frames[0][14 + 20 + 12] >> 4) * 4;
+    let mut big = frames[0][..hl].to_vec();
+    for f in &frames {
+        big.extend_from_slice(&f[hl..]);
+    }
+    let ip_len = (big.len() - 14) as u16;
+    big[14 + 2..14 + 4].copy_from_slice(&ip_len.to_be_bytes());
+    big[14 + 10..14 + 12].copy_from_slice(&[0, 0]);
+    let mut sum: u32 = big[14..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    big[14 + 10..14 + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    edit(&mut big, |_| {});
+    let b = p.b.pool_mut().alloc_from(&big).unwrap();
+    assert!(p.b.pool().next(&b).is_some(), "a chained frame");
+    let o = usnet_pool::Offload {
+        gso_size: mss as u16,
+        ..Default::default()
+    };
+    p.b.pool_mut().set_offload(&b, o);
+    p.b.receive(b);
+    p.now = p.now + Duration::from_micros(1);
+    p.b.poll(p.now);
+    assert_eq!(p.b.tcp_info(s).unwrap().rcv_mss as usize, mss);
+    let mut got = vec![0u8; data.len() + 1];
+    assert_eq!(p.b.tcp_recv(s, &mut got).unwrap(), data.len());
+    assert_eq!(&got[..data.len()], &data[..]);
+}
+
+/// `Stack::tcp_set_tos`: the connection's packets carry the DSCP bits under the
+/// engine's ECN field.
+#[test]
+fn a_connection_sends_with_its_tos() {
+    let mut p = Pair::new(false);
+    let (c, _s) = p.connect();
+    p.a.tcp_set_tos(c, 0x2f).unwrap();
+    assert_eq!(p.a.tcp_send(c, b"hello").unwrap(), 5);
+    let frames = Pair::frames(&mut p.a);
+    assert_eq!(frames.len(), 1);
+    // The ECN bits were masked off; this connection negotiated no ECN.
+    assert_eq!(frames[0][14 + 1], 0x2c);
+}

@@ -166,24 +166,39 @@ impl CongestionControl for NewReno {
     }
 }
 
-/// CUBIC (RFC 9438), with fast convergence and the Reno-friendly region.
+/// CUBIC (RFC 9438) as Linux's `tcp_cubic.c` computes it, so that its windows
+/// are Linux's to the segment: the window in whole segments with a count of
+/// acknowledged segments toward the next one (`snd_cwnd_cnt`,
+/// `tcp_cong_avoid_ai`); the cubic function in fixed point on a millisecond clock
+/// (`bictcp_update`: at most one recalculation per millisecond, the curve looked
+/// at one minimum RTT ahead), fast convergence, the Reno-friendly estimate
+/// (`tcp_friendliness`), at most one segment per two acknowledged; 5 % per RTT
+/// while no maximum is known (before the first reduction, and after a timeout,
+/// which forgets it, as Linux's `bictcp_reset` on entering Loss).
 #[derive(Debug, Clone)]
 pub struct Cubic {
+    /// Bytes (whole segments of `mss` in congestion avoidance).
     cwnd: u32,
     ssthresh: u32,
-    /// Window before the last reduction, in segments.
-    w_max: f64,
-    /// Previous w_max (fast convergence).
-    w_last_max: f64,
-    /// Start of the current congestion-avoidance epoch.
-    epoch: Option<Instant>,
-    k: f64,
-    /// Reno-friendly estimate, in segments.
-    w_est: f64,
     mss: u32,
-    /// Fractional growth carried between ACKs, in bytes.
-    carry: f64,
     hystart: HyStart,
+    /// Acknowledged segments per one-segment increase (`ca->cnt`).
+    cnt: u32,
+    /// Window before the last reduction, segments (`last_max_cwnd`; 0: none).
+    last_max: u32,
+    /// Window and time (ms) of the last recalculation.
+    last_cwnd: u32,
+    last_time: u64,
+    /// The curve's plateau (segments) and the time to it (1/1024 s).
+    origin: u32,
+    k: u32,
+    /// Start of the current congestion-avoidance epoch (ms).
+    epoch: Option<u64>,
+    /// Segments acknowledged toward the Reno-friendly estimate, and the estimate.
+    ack_cnt: u32,
+    tcp_cwnd: u32,
+    /// Segments acknowledged toward the next increase (`snd_cwnd_cnt`).
+    cwnd_cnt: u32,
 }
 
 /// HyStart (Ha & Rhee, "Taming the elephants", 2011), as Linux's CUBIC runs it
@@ -263,10 +278,33 @@ impl HyStart {
     }
 }
 
-const CUBIC_C: f64 = 0.4;
-const CUBIC_BETA: f64 = 0.7;
-/// Least growth per acknowledged segment before any reduction (Linux: 5% per RTT).
-const CUBIC_FIRST_GROWTH: f64 = 0.05;
+/// Linux's `beta` (717/1024) and `BICTCP_BETA_SCALE`.
+const CUBIC_BETA: u32 = 717;
+const CUBIC_BETA_SCALE: u32 = 1024;
+/// `cube_rtt_scale` (`bic_scale` 41 * 10) and `BICTCP_HZ`.
+const CUBE_RTT_SCALE: u64 = 410;
+const BICTCP_HZ: u32 = 10;
+/// `beta_scale`: 8 * (1024 + 717) / 3 / (1024 - 717).
+const BETA_SCALE: u32 = 8 * (CUBIC_BETA_SCALE + CUBIC_BETA) / 3 / (CUBIC_BETA_SCALE - CUBIC_BETA);
+/// Jiffies per second of the clock the function runs on (HZ=1000: milliseconds).
+const HZ: u64 = 1000;
+
+/// `cube_factor`: 2^(10 + 3 * BICTCP_HZ) / `cube_rtt_scale`.
+fn cube_factor() -> u64 {
+    (1u64 << (10 + 3 * BICTCP_HZ)) / CUBE_RTT_SCALE
+}
+
+/// The integer cube root (Linux approximates it within a fraction of a percent).
+fn cubic_root(a: u64) -> u32 {
+    let mut x = (a as f64).cbrt() as u64;
+    while (x + 1).pow(3) <= a {
+        x += 1;
+    }
+    while x > 0 && x.pow(3) > a {
+        x -= 1;
+    }
+    x as u32
+}
 
 impl Cubic {
     /// Initial window `iw` segments.
@@ -274,31 +312,100 @@ impl Cubic {
         Cubic {
             cwnd: mss * iw.max(1),
             ssthresh: u32::MAX,
-            w_max: 0.0,
-            w_last_max: 0.0,
-            epoch: None,
-            k: 0.0,
-            w_est: 0.0,
             mss,
-            carry: 0.0,
             hystart: HyStart::default(),
+            cnt: 0,
+            last_max: 0,
+            last_cwnd: 0,
+            last_time: 0,
+            origin: 0,
+            k: 0,
+            epoch: None,
+            ack_cnt: 0,
+            tcp_cwnd: 0,
+            cwnd_cnt: 0,
         }
     }
 
+    /// `cubictcp_recalc_ssthresh`: the epoch ends, Wmax with fast convergence, the
+    /// new ssthresh (bytes).
     fn reduce(&mut self, mss: u32) {
         self.mss = mss;
-        let cwnd_seg = f64::from(self.cwnd) / f64::from(mss);
-        // Fast convergence (RFC 9438 §4.7).
-        self.w_max = if cwnd_seg < self.w_last_max {
-            cwnd_seg * (1.0 + CUBIC_BETA) / 2.0
-        } else {
-            cwnd_seg
-        };
-        self.w_last_max = cwnd_seg;
-        let target = (f64::from(self.cwnd) * CUBIC_BETA) as u32;
-        self.ssthresh = target.max(2 * mss);
+        let cwnd = (self.cwnd / mss.max(1)).max(1);
         self.epoch = None;
-        self.carry = 0.0;
+        let scaled = |f: u32, d: u32| (u64::from(cwnd) * u64::from(f) / u64::from(d)) as u32;
+        self.last_max = if cwnd < self.last_max {
+            scaled(CUBIC_BETA_SCALE + CUBIC_BETA, 2 * CUBIC_BETA_SCALE)
+        } else {
+            cwnd
+        };
+        self.ssthresh = scaled(CUBIC_BETA, CUBIC_BETA_SCALE)
+            .max(2)
+            .saturating_mul(mss);
+        self.cwnd_cnt = 0;
+    }
+
+    /// `bictcp_update`: `cnt` for a window of `cwnd` segments at `now` (ms), with
+    /// `acked` segments newly acknowledged.
+    fn update(&mut self, now: u64, cwnd: u32, acked: u32) {
+        self.ack_cnt = self.ack_cnt.saturating_add(acked);
+        if self.last_cwnd == cwnd && now.saturating_sub(self.last_time) <= HZ / 32 {
+            return;
+        }
+        // The function is recalculated at most once per tick.
+        if !(self.epoch.is_some() && now == self.last_time) {
+            self.last_cwnd = cwnd;
+            self.last_time = now;
+            let epoch = *self.epoch.get_or_insert_with(|| {
+                self.ack_cnt = acked;
+                self.tcp_cwnd = cwnd;
+                if self.last_max <= cwnd {
+                    self.k = 0;
+                    self.origin = cwnd;
+                } else {
+                    self.k =
+                        cubic_root(cube_factor().saturating_mul(u64::from(self.last_max - cwnd)));
+                    self.origin = self.last_max;
+                }
+                now
+            });
+            // Time since the epoch plus the minimum RTT, in 1/1024 s.
+            let delay_min = self.hystart.delay_min.map_or(0, |d| d.as_micros() as u64);
+            let t = now.saturating_sub(epoch) + delay_min.div_ceil(1_000_000 / HZ);
+            let t = t.min(u64::MAX >> (BICTCP_HZ + 1)) << BICTCP_HZ;
+            let t = t / HZ;
+            let k = u64::from(self.k);
+            let offs = u128::from(t.abs_diff(k));
+            // (Linux's u64 holds this for any sane epoch; a wider one saturates.)
+            let delta = ((u128::from(CUBE_RTT_SCALE) * offs * offs * offs) >> (10 + 3 * BICTCP_HZ))
+                .min(u128::from(u32::MAX)) as u32;
+            let target = if t < k {
+                self.origin.saturating_sub(delta)
+            } else {
+                self.origin.saturating_add(delta)
+            };
+            self.cnt = if target > cwnd {
+                cwnd / (target - cwnd)
+            } else {
+                cwnd.saturating_mul(100)
+            };
+            // Before any maximum is known: at least 5 % per RTT.
+            if self.last_max == 0 && self.cnt > 20 {
+                self.cnt = 20;
+            }
+        }
+        // The Reno-friendly estimate.
+        let delta = (cwnd.saturating_mul(BETA_SCALE) >> 3).max(1);
+        // Linux subtracts `delta` while more than `delta` remain, one segment each.
+        let n = self.ack_cnt.saturating_sub(1) / delta;
+        self.ack_cnt -= n * delta;
+        self.tcp_cwnd = self.tcp_cwnd.saturating_add(n);
+        if self.tcp_cwnd > cwnd {
+            let max_cnt = cwnd / (self.tcp_cwnd - cwnd);
+            self.cnt = self.cnt.min(max_cnt);
+        }
+        // At most one segment per two acknowledged: 1.5 times per RTT.
+        self.cnt = self.cnt.max(2);
     }
 }
 
@@ -316,20 +423,19 @@ impl CongestionControl for Cubic {
         // HyStart looks at every ACK in slow start, limited or not, before the
         // window grows for it. Linux skips delay samples for a second after a
         // congestion-avoidance epoch began.
-        let fresh_epoch = self
-            .epoch
-            .is_some_and(|e| now.saturating_since(e) < Duration::from_secs(1));
+        let now_ms = now.as_millis();
+        let fresh_epoch = self.epoch.is_some_and(|e| now_ms.saturating_sub(e) < HZ);
         let in_ss = self.cwnd < self.ssthresh;
         if !fresh_epoch && self.hystart.update(now, a, self.cwnd / a.mss.max(1), in_ss) {
             self.ssthresh = self.cwnd;
         }
         if !a.cwnd_limited {
-            // RFC 9438 §5.8: do not grow while application-limited; restart the epoch
-            // so that the idle time does not count as growth time.
-            self.epoch = None;
+            // RFC 9438 §5.8: no growth while application-limited (the idle time is
+            // taken out of the epoch when sending resumes: `on_send_after_idle`).
             return;
         }
         self.mss = a.mss;
+        let mss = a.mss.max(1);
         let mut acked = a.acked;
         if self.cwnd < self.ssthresh {
             acked = slow_start(&mut self.cwnd, self.ssthresh, acked, a.mss);
@@ -337,57 +443,23 @@ impl CongestionControl for Cubic {
                 return;
             }
         }
-        let mss = f64::from(a.mss);
-        let cwnd_seg = f64::from(self.cwnd) / mss;
-        let epoch = match self.epoch {
-            Some(e) => e,
-            None => {
-                self.epoch = Some(now);
-                if self.w_max < cwnd_seg {
-                    self.w_max = cwnd_seg;
-                    self.k = 0.0;
-                } else {
-                    self.k = ((self.w_max - cwnd_seg) / CUBIC_C).cbrt();
-                }
-                self.w_est = cwnd_seg;
-                now
-            }
-        };
-        // The cubic function looks one RTT ahead: the minimum RTT, as Linux (the
-        // smoothed RTT grows with the queue this window builds).
-        let rtt = self
-            .hystart
-            .delay_min
-            .or(a.srtt)
-            .unwrap_or(Duration::from_millis(100))
-            .as_secs_f64();
-        let t = (now - epoch).as_secs_f64();
-        let w_cubic = |t: f64| CUBIC_C * (t - self.k).powi(3) + self.w_max;
-        // Reno-friendly estimate (RFC 9438 §4.3).
-        let alpha = 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA);
-        self.w_est += alpha * (f64::from(acked) / mss) / cwnd_seg;
-        let target = if w_cubic(t) < self.w_est {
-            self.w_est
-        } else {
-            w_cubic(t + rtt).clamp(cwnd_seg, 1.5 * cwnd_seg)
-        };
-        // Grow by (target - cwnd)/cwnd segments per acknowledged segment; before the
-        // first reduction (no w_max learnt: slow start ended by HyStart) by at least
-        // 5% per RTT, as Linux.
-        let mut rate = (target - cwnd_seg).max(0.0) / cwnd_seg;
-        if self.w_last_max == 0.0 {
-            rate = rate.max(CUBIC_FIRST_GROWTH);
+        // Linux counts segments.
+        let acked = acked.div_ceil(mss).max(1);
+        let mut cwnd = (self.cwnd / mss).max(1);
+        self.update(now_ms, cwnd, acked);
+        // tcp_cong_avoid_ai.
+        let w = self.cnt.max(1);
+        if self.cwnd_cnt >= w {
+            self.cwnd_cnt = 0;
+            cwnd = cwnd.saturating_add(1);
         }
-        if rate > 0.0 {
-            self.carry += rate * f64::from(acked);
-            if self.carry >= 1.0 {
-                let inc = self.carry.floor();
-                self.carry -= inc;
-                self.cwnd = self
-                    .cwnd
-                    .saturating_add(inc.min(f64::from(u32::MAX)) as u32);
-            }
+        self.cwnd_cnt = self.cwnd_cnt.saturating_add(acked);
+        if self.cwnd_cnt >= w {
+            let d = self.cwnd_cnt / w;
+            self.cwnd_cnt -= d * w;
+            cwnd = cwnd.saturating_add(d);
         }
+        self.cwnd = cwnd.saturating_mul(mss);
     }
     fn on_loss(&mut self, _now: Instant, _in_flight: u32, mss: u32) {
         self.reduce(mss);
@@ -399,19 +471,26 @@ impl CongestionControl for Cubic {
     fn on_rto(&mut self, _now: Instant, _in_flight: u32, mss: u32) {
         self.reduce(mss);
         self.cwnd = mss;
-        // Slow start again: HyStart starts over (as Linux on entering Loss).
+        // Entering Loss forgets the curve (`bictcp_reset`) and HyStart starts over.
+        self.last_max = 0;
+        self.cnt = 0;
+        self.last_cwnd = 0;
+        self.last_time = 0;
+        self.origin = 0;
+        self.k = 0;
+        self.ack_cnt = 0;
+        self.tcp_cwnd = 0;
         self.hystart = HyStart::default();
     }
     fn on_idle_restart(&mut self, rw: u32) {
         self.cwnd = self.cwnd.min(rw);
-        self.epoch = None;
     }
     fn on_send_after_idle(&mut self, now: Instant, idle: Duration) {
         // RFC 9438 §5.8: the time the sender was idle is no growth time; the epoch
         // moves on by it (as Linux's CUBIC does), never past now.
+        let now = now.as_millis();
         if let Some(e) = self.epoch {
-            let shifted = e + idle;
-            self.epoch = Some(if shifted > now { now } else { shifted });
+            self.epoch = Some((e + idle.as_millis() as u64).min(now));
         }
     }
     fn set_cwnd(&mut self, cwnd: u32) {
@@ -580,7 +659,44 @@ mod tests {
         assert!(c.cwnd() >= 95_000, "cwnd {}", c.cwnd());
         assert!(c.cwnd() <= 140_000, "cwnd {}", c.cwnd());
         // Fast convergence: a loss below the last w_max lowers w_max further.
+        let before = c.cwnd() / 1000;
         c.on_loss(t, 0, 1000);
-        assert!(c.w_max < f64::from(c.cwnd()) / 1000.0 / CUBIC_BETA + 1.0);
+        if before < 100 {
+            assert!(c.last_max < before, "{} >= {before}", c.last_max);
+        }
+    }
+
+    #[test]
+    fn cubic_grows_in_whole_segments_as_linux() {
+        // A timeout forgets w_max: 5 % per RTT (one segment per 20 acknowledged).
+        let mut c = Cubic::new(1000, 10);
+        let mut t = Instant::ZERO;
+        c.on_rto(t, 10_000, 1000);
+        assert_eq!((c.cwnd(), c.ssthresh()), (1000, 7000));
+        // Slow start to ssthresh, then congestion avoidance.
+        while c.cwnd() < c.ssthresh() {
+            t = t + Duration::from_millis(1);
+            c.on_ack(t, &ack(1000));
+        }
+        assert_eq!(c.cwnd(), 7000);
+        let mut acks = 0;
+        while c.cwnd() == 7000 {
+            t = t + Duration::from_millis(2);
+            c.on_ack(t, &ack(1000));
+            acks += 1;
+        }
+        assert_eq!(c.cwnd(), 8000, "one whole segment at a time");
+        // One per 20 by the 5 % rule, until the Reno-friendly estimate (a segment
+        // per 7 * 15 / 8 = 13 acknowledged) passes cwnd after 14 and caps the count
+        // at cwnd / 1 = 7: 14 + 3 ACKs, as Linux's arithmetic gives.
+        assert_eq!(acks, 17);
+    }
+
+    #[test]
+    fn the_integer_cube_root() {
+        for a in [0u64, 1, 7, 8, 26, 27, 1 << 40, 123_456_789_012] {
+            let r = u64::from(cubic_root(a));
+            assert!(r.pow(3) <= a && (r + 1).pow(3) > a, "cbrt({a}) = {r}");
+        }
     }
 }

@@ -44,9 +44,14 @@ pub struct TcpConfig {
     pub send_buffer_initial: usize,
     /// Send new data in the pieces Linux's TSO engine cuts (`conn/tso.rs`): at
     /// most the congestion window's room and the autosized TSO size each, whole
-    /// segments at the window's edge, PSH at a piece's end in slow start. Off by
+    /// segments at the window's edge, PSH at a multi-segment piece's end. Off by
     /// default; the `linux` profile turns it on.
     pub tso_pieces: bool,
+    /// Clamp the advertised window as Linux's `rcv_ssthresh` does: it starts at
+    /// 64 KB (what a SYN can offer) and grows as in-order data arrives (by twice
+    /// the larger of our MSS and the segment, `tcp_grow_window`), up to the
+    /// receive space. Off by default; the `linux` profile turns it on.
+    pub rcv_ssthresh: bool,
     /// Linux's `tcp_min_tso_segs`: the fewest segments a TSO piece is sized for.
     pub min_tso_segs: u32,
     /// Linux's `tcp_notsent_lowat`: a write is admitted, and the socket polls
@@ -185,6 +190,7 @@ impl Default for TcpConfig {
             send_buffer_initial: 1 << 20,
             notsent_lowat: u32::MAX,
             tso_pieces: false,
+            rcv_ssthresh: false,
             min_tso_segs: 2,
             recv_buffer: 4 << 20,
             recv_buffer_initial: 128 << 10,
@@ -248,6 +254,7 @@ impl TcpConfig {
                 c.send_buffer = 4 << 20;
                 c.send_buffer_initial = 256 << 10;
                 c.tso_pieces = true;
+                c.rcv_ssthresh = true;
                 c.syn_retries = 5;
                 c.synack_retries = 5;
                 c.slow_start_after_idle = false;

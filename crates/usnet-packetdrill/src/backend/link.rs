@@ -7,6 +7,7 @@
 
 use std::net::Ipv6Addr;
 
+use usnet_pool::{GsoKind, Offload};
 use usnet_wire::MacAddr;
 
 use super::{Backend, Res};
@@ -36,6 +37,7 @@ impl Backend {
             }
         }
         self.count_wakes();
+        self.timestamp_progress();
     }
 
     fn on_frame(&mut self, frame: &[u8]) {
@@ -87,12 +89,16 @@ impl Backend {
     }
 
     fn inject_frame(&mut self, ethertype: u16, payload: &[u8]) {
+        self.inject_frame_with(ethertype, payload, Offload::default());
+    }
+
+    fn inject_frame_with(&mut self, ethertype: u16, payload: &[u8], o: Offload) {
         let mut f = Vec::with_capacity(14 + payload.len());
         f.extend_from_slice(&STACK_MAC.0);
         f.extend_from_slice(&PEER_MAC.0);
         f.extend_from_slice(&ethertype.to_be_bytes());
         f.extend_from_slice(payload);
-        self.link.inject(&f);
+        self.link.inject_with(&f, o);
     }
 
     fn set_now(&self, ns: u64) {
@@ -106,7 +112,20 @@ impl Backend {
             Some(6) => ETH_IPV6,
             _ => return Err(libc::EINVAL),
         };
-        self.inject_frame(et, ip);
+        let o = match (self.gso_mss, tcp_payload_len(ip)) {
+            // As packetdrill's tun write with `--mss`: a GSO frame of that size.
+            (Some(mss), Some(n)) if n > 0 => Offload {
+                gso_size: mss,
+                gso_kind: if et == ETH_IPV4 {
+                    GsoKind::TcpV4
+                } else {
+                    GsoKind::TcpV6
+                },
+                ..Offload::default()
+            },
+            _ => Offload::default(),
+        };
+        self.inject_frame_with(et, ip, o);
         self.injected += 1;
         self.pump();
         Ok(())
@@ -170,6 +189,26 @@ impl Backend {
     }
 }
 
+/// The TCP payload length of an IP packet (IPv4, or IPv6 without extension
+/// headers); `None` for anything else.
+fn tcp_payload_len(ip: &[u8]) -> Option<usize> {
+    let (l3, total, proto) = match ip.first()? >> 4 {
+        4 => (
+            usize::from(ip[0] & 0x0f) * 4,
+            usize::from(u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?])),
+            *ip.get(9)?,
+        ),
+        6 => (
+            40,
+            40 + usize::from(u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?])),
+            *ip.get(6)?,
+        ),
+        _ => return None,
+    };
+    let doff = usize::from(ip.get(l3 + 12)? >> 4) * 4;
+    (proto == 6 && total.min(ip.len()) >= l3 + doff).then(|| total.min(ip.len()) - l3 - doff)
+}
+
 /// A neighbour advertisement answering `ns` (an IPv6 packet), if it is a solicitation.
 fn neighbor_advert_for(ns: &[u8]) -> Option<Vec<u8>> {
     if ns.len() < 40 + 24 || ns[6] != 58 || ns[40] != 135 {
@@ -209,4 +248,30 @@ fn neighbor_advert_for(ns: &[u8]) -> Option<Vec<u8>> {
     p.extend_from_slice(&dst);
     p.extend_from_slice(&icmp);
     Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tcp_payload_of_an_injected_packet() {
+        // IPv4: 20-byte header, TCP with 12 bytes of options, 100 bytes of data.
+        let mut v4 = vec![0u8; 20 + 32 + 100];
+        v4[0] = 0x45;
+        v4[2..4].copy_from_slice(&(152u16).to_be_bytes());
+        v4[9] = 6;
+        v4[20 + 12] = 8 << 4;
+        assert_eq!(tcp_payload_len(&v4), Some(100));
+        v4[9] = 17;
+        assert_eq!(tcp_payload_len(&v4), None, "not TCP");
+        // IPv6: a pure ACK.
+        let mut v6 = vec![0u8; 40 + 20];
+        v6[0] = 0x60;
+        v6[4..6].copy_from_slice(&(20u16).to_be_bytes());
+        v6[6] = 6;
+        v6[40 + 12] = 5 << 4;
+        assert_eq!(tcp_payload_len(&v6), Some(0));
+        assert_eq!(tcp_payload_len(&v6[..30]), None, "cut short");
+    }
 }

@@ -294,6 +294,60 @@ impl Shared {
         .map(|n| n as i64)
     }
 
+    /// `splice` between a backend socket and a kernel descriptor, without offsets
+    /// (`ESPIPE` with one, as for a pipe). `SPLICE_F_NONBLOCK`, or a non-blocking
+    /// socket, does not wait. See `backend::splice`.
+    pub fn splice(
+        &self,
+        fd_in: c_int,
+        fd_out: c_int,
+        offsets: bool,
+        len: usize,
+        flags: u32,
+    ) -> Res<i64> {
+        const SPLICE_F_NONBLOCK: u32 = 2;
+        if offsets {
+            return Err(libc::ESPIPE);
+        }
+        let nonblock = flags & SPLICE_F_NONBLOCK != 0;
+        let errno = || {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        };
+        let mut buf = vec![0u8; len.min(1 << 16)];
+        let (from_socket, to_socket) = self.call(|b| (b.is_socket(fd_in), b.is_socket(fd_out)));
+        if from_socket && !to_socket {
+            let n = self.blocking(Some(fd_in), nonblock, None, |b| {
+                b.try_splice_read(fd_in, &mut buf)
+            })?;
+            let mut done = 0;
+            while done < n {
+                // SAFETY: `buf[done..n]` is initialised memory; the kernel checks `fd_out`.
+                let w = unsafe { libc::write(fd_out, buf[done..n].as_ptr().cast(), n - done) };
+                if w <= 0 {
+                    return if done > 0 {
+                        Ok(done as i64)
+                    } else {
+                        Err(errno())
+                    };
+                }
+                done += w as usize;
+            }
+            Ok(n as i64)
+        } else if to_socket && !from_socket {
+            // SAFETY: `buf` has buf.len() writable bytes; the kernel checks `fd_in`.
+            let n = unsafe { libc::read(fd_in, buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                return Err(errno());
+            }
+            let flags = if nonblock { libc::MSG_DONTWAIT } else { 0 };
+            self.write(fd_out, &buf[..n as usize], flags)
+        } else {
+            Err(libc::EINVAL)
+        }
+    }
+
     /// `recvfrom`: [`Shared::read`] and the peer's address, if connected.
     pub fn recv_from(
         &self,
@@ -351,6 +405,9 @@ impl Shared {
         let r = self.send_inner(fd, data, flags & !libc::MSG_ZEROCOPY, to, breaks);
         if flags & libc::MSG_ZEROCOPY != 0 && matches!(r, Ok(n) if n > 0) {
             self.call(|b| b.zerocopy_sent(fd));
+        }
+        if matches!(r, Ok(n) if n > 0) {
+            self.call(|b| b.timestamp_sent(fd));
         }
         r
     }

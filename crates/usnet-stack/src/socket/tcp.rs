@@ -30,6 +30,9 @@ pub(crate) struct TcpConnSock {
     pub fin_pending: bool,
     /// The connection's error was reported to the application (once, as Linux).
     pub err_reported: bool,
+    /// The DSCP bits of its packets' TOS / traffic class byte (`IP_TOS`,
+    /// `IPV6_TCLASS`; the ECN bits are the engine's).
+    pub tos: u8,
 }
 
 impl TcpConnSock {
@@ -45,6 +48,7 @@ impl TcpConnSock {
             blocked: false,
             fin_pending: false,
             err_reported: false,
+            tos: 0,
         }
     }
 }

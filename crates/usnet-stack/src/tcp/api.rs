@@ -503,6 +503,9 @@ impl Stack {
                 }
             }
         }
+        if done > 0 {
+            self.conn_mut(h)?.write_done(more);
+        }
         self.tcp_settle(h.index, Wake::default());
         if done == 0 {
             Err(StackError::WouldBlock)
@@ -546,6 +549,32 @@ impl Stack {
         } else {
             Err(StackError::WouldBlock)
         }
+    }
+
+    /// [`Stack::tcp_recv`] as Linux's `splice` reads a socket (`tcp_read_sock`): it
+    /// stops at the urgent mark rather than skip the urgent byte, and there, with
+    /// that byte still queued, returns `Ok(0)` instead of waiting
+    /// (`usnet_tcp::Connection::recv_to_mark`).
+    pub fn tcp_recv_to_mark(
+        &mut self,
+        h: SocketHandle,
+        buf: &mut [u8],
+    ) -> Result<usize, StackError> {
+        let c = self.conn_mut(h)?;
+        if c.is_zero_copy() {
+            return self.tcp_recv(h, buf);
+        }
+        if c.at_urgent_mark() {
+            return Ok(0);
+        }
+        let n = c.recv_to_mark(buf);
+        if n > 0 {
+            // The read may open the window: let the connection say so.
+            self.tcp_settle(h.index, Wake::default());
+            return Ok(n);
+        }
+        // Nothing queued: end of stream, an error or nothing yet, as a read says.
+        self.tcp_recv(h, buf)
     }
 
     /// [`Stack::tcp_send`] whose bytes `fill` writes straight into the connection's
@@ -772,6 +801,18 @@ impl Stack {
     }
 
     /// `TCP_NOTSENT_LOWAT` (0: the stack's `tcp_notsent_lowat`).
+    /// `IP_TOS` / `IPV6_TCLASS`: the DSCP bits of the connection's packets (its
+    /// ECN bits stay the engine's, as Linux masks them for TCP).
+    pub fn tcp_set_tos(&mut self, h: SocketHandle, tos: u8) -> Result<(), StackError> {
+        self.conn(h)?;
+        let s = self
+            .sockets
+            .conn_at_mut(h.index)
+            .ok_or(StackError::InvalidHandle)?;
+        s.tos = tos & !3;
+        Ok(())
+    }
+
     pub fn tcp_set_notsent_lowat(&mut self, h: SocketHandle, lowat: u32) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_notsent_lowat(lowat))
     }

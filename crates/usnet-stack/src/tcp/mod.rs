@@ -44,16 +44,19 @@ pub(crate) struct CoreSink<'a> {
     /// With TSO: the GSO frame being built from this pass's segments.
     gso: Option<GsoPending>,
     tso: bool,
+    /// The connection's DSCP bits (`TcpConnSock::tos`), under the ECN field.
+    tos: u8,
 }
 
 impl CoreSink<'_> {
-    fn new(core: &mut Core) -> CoreSink<'_> {
+    fn new(core: &mut Core, tos: u8) -> CoreSink<'_> {
         let tso = core.tso_ok();
         CoreSink {
             core,
             refused: false,
             gso: None,
             tso,
+            tos: tos & !3,
         }
     }
 
@@ -72,7 +75,8 @@ impl SegmentSink for CoreSink<'_> {
         payload: TxData<'_>,
         ect: bool,
     ) -> bool {
-        let ecn = if ect { crate::tx::ECN_ECT0 } else { 0 };
+        // The whole TOS / traffic class byte: DSCP and ECN.
+        let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
         let payload = match payload {
             TxData::Bytes(a, b) => (a, b),
             TxData::Bufs {
@@ -191,7 +195,7 @@ impl Stack {
             s.fin_pending = false;
             s.conn.shutdown_write();
         }
-        let mut sink = CoreSink::new(&mut self.core);
+        let mut sink = CoreSink::new(&mut self.core, s.tos);
         let w = s.conn.poll_transmit(now, &mut sink);
         sink.flush();
         let learned = s.conn.take_fastopen_learned().map(|l| (s.remote.ip(), l));
@@ -337,6 +341,9 @@ impl Stack {
                     let mut seg = Segment::from(&hdr);
                     seg.ce = ce;
                     let mut parts: Vec<&[u8]> = Vec::new();
+                    if let Src::Owned { gso_size, .. } = &src {
+                        seg.gso_size = *gso_size;
+                    }
                     if let Src::Buf(b) = &src {
                         seg.gso_size = pool.offload(b).gso_size;
                         if s.conn.is_zero_copy() {

@@ -226,6 +226,10 @@ impl Connection {
         c.syn.xmits = 0;
         c.syn.pending = true;
         c.syn.tfo_child = true;
+        // It may send before the handshake completes: congestion control for the
+        // negotiated MSS from the start (Linux's `tcp_init_transfer` in
+        // `tcp_fastopen_create_child`).
+        c.cc = c.cfg.congestion.build(c.smss(), c.cfg.initial_window);
         c.snd.una = h.iss + 1u32;
         // A SYN's window is never scaled.
         c.snd.wnd = u32::from(seg.window);
@@ -233,7 +237,11 @@ impl Connection {
         c.snd.wl1 = h.irs;
         c.snd.wl2 = h.iss;
         if !seg.payload.is_empty() || seg.flags.fin() {
+            // The SYN's data is queued without growing the window clamp (Linux's
+            // `tcp_fastopen_add_skb`).
+            let clamp = c.rcv.ssthresh;
             c.receive_text(seg, h.irs + 1u32, seg.flags.fin());
+            c.rcv.ssthresh = clamp;
             c.syn.syn_data = !seg.payload.is_empty();
             c.stats.tfo_syn_data_accepted += 1;
         }
@@ -463,10 +471,14 @@ impl Connection {
         self.stats.conn_established += 1;
         // Our SYN (or SYN-ACK) was delivered.
         self.snd.delivered += 1;
-        self.cc = self
-            .cfg
-            .congestion
-            .build(self.smss(), self.cfg.initial_window);
+        // A Fast Open child has sent with its congestion control since its SYN-ACK
+        // (built for the negotiated MSS then); it keeps it, as Linux's does.
+        if !self.syn.tfo_child {
+            self.cc = self
+                .cfg
+                .congestion
+                .build(self.smss(), self.cfg.initial_window);
+        }
         self.recovery.rack.end_seq = self.snd.una;
         self.recovery.rack.fack = self.snd.una;
         self.recovery.point = self.snd.una;

@@ -204,6 +204,8 @@ pub struct TcpInfo {
     /// Segments marked lost, retransmitted or not, not yet SACKed or acknowledged
     /// (Linux's `lost_out`, `tcpi_lost`).
     pub lost_out: u32,
+    /// Retransmitted segments in flight (Linux's `retrans_out`, `tcpi_retrans`).
+    pub retrans_out: u32,
     /// Reordering estimate in segments (Linux's `tcpi_reordering`, from 3).
     pub reordering: u32,
     /// How often a segment was seen delivered out of order (`tcpi_reord_seen`).
@@ -447,6 +449,7 @@ impl Connection {
             sacked_bytes: self.scoreboard.sacked_bytes(),
             lost_segments: self.scoreboard.lost_segs(),
             lost_out: self.scoreboard.lost_out(),
+            retrans_out: self.scoreboard.retrans_out(self.smss()),
             reordering: self.recovery.reordering,
             reord_seen: self.recovery.reord_seen,
             snd_wnd: self.snd.wnd,

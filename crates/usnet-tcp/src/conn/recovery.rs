@@ -669,6 +669,25 @@ impl Connection {
         Some(sent)
     }
 
+    /// Whether segment `i`, about to be retransmitted, ends a run of two or more
+    /// segments of one original piece retransmitted back to back in this pass (the
+    /// one before it just went, the one after it is not marked lost or belongs to
+    /// another piece): what is left of one of Linux's TSO buffers, sent again as
+    /// one multi-segment frame, which ends with PSH as Linux's do.
+    fn ends_retransmitted_run(&self, i: usize) -> bool {
+        if !self.cfg.tso_pieces || i == 0 || i >= self.scoreboard.len() {
+            return false;
+        }
+        let (prev, cur) = (self.scoreboard[i - 1], self.scoreboard[i]);
+        let after = (i + 1 < self.scoreboard.len()).then(|| self.scoreboard[i + 1]);
+        let same_piece = |a: &TxSeg, b: &TxSeg| a.end == b.start && a.piece_end == b.piece_end;
+        same_piece(&prev, &cur)
+            && prev.xmits > 1
+            && prev.sent == self.now
+            && !prev.sacked
+            && after.is_none_or(|n| !(n.lost && same_piece(&cur, &n)))
+    }
+
     /// Retransmit segment `i` (splitting it first if the MSS shrank).
     fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
         let opts = self.segment_options();
@@ -686,7 +705,15 @@ impl Connection {
         // PSH as on the original: on the segment that ended the queued data.
         let data_end = self.snd.una + self.snd.buf.len();
         let ends_data = s.end.since(data_end) <= 1 && s.end.ge(data_end);
-        if data_len > 0 && ((ends_data && !self.snd.more) || self.snd.records.contains(&s.end)) {
+        // (The data a Fast Open SYN carried is a buffer of its own, pushed.)
+        let syn_data = self.syn.fo_sent > 0 && s.end == self.snd.iss + 1u32 + self.syn.fo_sent;
+        let ends_run = self.ends_retransmitted_run(i);
+        if data_len > 0
+            && ((ends_data && !self.snd.more)
+                || self.snd.records.contains(&s.end)
+                || syn_data
+                || ends_run)
+        {
             flags |= TcpFlags::PSH;
         }
         let off = s.start.since(self.snd.una) as usize;
@@ -724,6 +751,39 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_retransmitted_run_of_one_piece_ends_with_psh() {
+        use crate::conn::scoreboard::TxSeg;
+        let cfg = crate::TcpConfig {
+            tso_pieces: true,
+            ..crate::TcpConfig::default()
+        };
+        let (mut c, _srv) = pair(cfg, crate::TcpConfig::default());
+        let now = c.now;
+        let base = c.snd.una;
+        // Two pieces of two segments: [0, 200) and [200, 400); all lost.
+        c.scoreboard.clear();
+        for k in 0..4u32 {
+            let start = base + 100 * k;
+            let mut s = TxSeg::new(start, start + 100u32, false, now);
+            s.piece_end = base + if k < 2 { 200u32 } else { 400u32 };
+            c.scoreboard.push(s);
+            c.scoreboard.mark_lost(k as usize);
+        }
+        // The first segment starts a run: not its end.
+        assert!(!c.ends_retransmitted_run(0));
+        c.scoreboard.retransmitted(0, now);
+        // The second ends its piece's run (the next is another piece's).
+        assert!(c.ends_retransmitted_run(1));
+        c.scoreboard.retransmitted(1, now);
+        // The third starts the next piece: a run of one so far.
+        assert!(!c.ends_retransmitted_run(2));
+        // Without TSO pieces there are no runs.
+        c.cfg.tso_pieces = false;
+        c.scoreboard.retransmitted(2, now);
+        assert!(!c.ends_retransmitted_run(3));
+    }
+
     use super::super::test_util::*;
     use super::*;
     use crate::testing::OwnedSegment;

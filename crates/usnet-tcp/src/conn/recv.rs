@@ -56,6 +56,9 @@ pub(crate) struct RecvState {
     pub oob_byte: Option<u8>,
     /// The application shut down reading (SHUT_RD).
     pub read_shut: bool,
+    /// Linux's `rcv_ssthresh` (`TcpConfig::rcv_ssthresh`): the most window to
+    /// offer; `u32::MAX` when off.
+    pub ssthresh: u32,
 }
 
 impl RecvState {
@@ -88,6 +91,7 @@ impl RecvState {
             urg_seq: None,
             oob_byte: None,
             read_shut: false,
+            ssthresh: if cfg.rcv_ssthresh { 65535 } else { u32::MAX },
         }
     }
 }
@@ -169,12 +173,37 @@ impl Connection {
     /// [`Connection::recv`] that hands up to `max` bytes to `sink` as they lie in the
     /// receive ring (in order, a few slices), so a consumer elsewhere (a stack server
     /// client's shared ring) gets them with one copy. Returns the count taken.
-    pub fn recv_with(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
+    pub fn recv_with(&mut self, max: usize, sink: impl FnMut(&[u8])) -> usize {
+        self.recv_upto(max, false, sink)
+    }
+
+    /// [`Connection::recv`] that stops at the urgent mark instead of taking the
+    /// urgent byte out of the stream (Linux's `tcp_read_sock`, what `splice` reads
+    /// with): at the mark it returns 0 while data waits (see
+    /// [`Connection::at_urgent_mark`]).
+    pub fn recv_to_mark(&mut self, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        self.recv_upto(out.len(), true, |chunk| {
+            out[done..done + chunk.len()].copy_from_slice(chunk);
+            done += chunk.len();
+        })
+    }
+
+    /// Whether the next byte to read is the urgent byte (out of band, not inline).
+    pub fn at_urgent_mark(&self) -> bool {
+        let head = self.rcv.nxt - self.rcv.buf.len() as u32;
+        !self.rcv.buf.is_empty() && self.rcv.urg_seq == Some(head)
+    }
+
+    fn recv_upto(&mut self, max: usize, stop_at_mark: bool, mut sink: impl FnMut(&[u8])) -> usize {
         let mut done = 0;
         while done < max && !self.rcv.buf.is_empty() {
             let head = self.rcv.nxt - self.rcv.buf.len() as u32;
             let mut want = max - done;
             if let Some(u) = self.rcv.urg_seq {
+                if u == head && stop_at_mark {
+                    break;
+                }
                 if u == head {
                     let mut b = [0u8; 1];
                     self.rcv.buf.peek(0, &mut b);
@@ -267,6 +296,16 @@ impl Connection {
         let right = self.rcv.nxt + self.rcv_window_available().min(max_adv);
         let adv_left = self.rcv.adv.since(self.rcv.nxt) as usize;
         let limit = self.rcv_limit();
+        if self.rcv.ssthresh != u32::MAX {
+            // Linux's `tcp_cleanup_rbuf`: an update when the read at least doubles
+            // a window that had shrunk to half the clamp or less.
+            let new = right.since(self.rcv.nxt) as usize;
+            if 2 * adv_left <= limit && new >= 2 * adv_left && new > 0 {
+                self.ack.pending = true;
+                self.stats.tx_window_updates += 1;
+            }
+            return;
+        }
         let step = (limit / 2).min(2 * self.rcv.mss as usize).max(1);
         if right.since(self.rcv.adv) as usize >= step && adv_left <= limit / 2 {
             self.ack.pending = true;
@@ -281,7 +320,8 @@ impl Connection {
     /// Window the buffer could take now, bytes.
     pub(crate) fn rcv_window_available(&self) -> u32 {
         let free = self.rcv_limit().saturating_sub(self.rcv.buf.len());
-        free.min(self.rcv.buf.free()).min(u32::MAX as usize / 2) as u32
+        let free = free.min(self.rcv.buf.free()).min(u32::MAX as usize / 2) as u32;
+        free.min(self.rcv.ssthresh)
     }
 
     /// The window field to send, and the right edge it advertises.
@@ -444,6 +484,19 @@ impl Connection {
         }
     }
 
+    /// Linux's `tcp_grow_window` for a data segment of `len` bytes (at least 128):
+    /// the window clamp grows by twice the larger of our MSS and the segment, up
+    /// to the receive space.
+    fn grow_rcv_ssthresh(&mut self, len: usize) {
+        if self.rcv.ssthresh == u32::MAX || len < 128 {
+            return;
+        }
+        let limit = self.rcv_limit().min(u32::MAX as usize / 2) as u32;
+        let room = limit.saturating_sub(self.rcv.ssthresh);
+        let incr = (2 * u32::from(self.cfg.mss)).max(2 * len as u32);
+        self.rcv.ssthresh += room.min(incr);
+    }
+
     /// Counters, the peer's segment size and the receiver's RTT (for autotuning) from
     /// a segment carrying data.
     fn note_peer_segment(&mut self, seg: &Segment) {
@@ -454,6 +507,7 @@ impl Connection {
             g => u32::from(g).min(payload.len() as u32),
         };
         self.rcv.mss = self.rcv.mss.max(wire_segment).min(65535);
+        self.grow_rcv_ssthresh(payload.len());
         if self.ts.ok {
             if let Some((_, ecr)) = seg.options.timestamps {
                 if let Some(ms) = self.ts.echo_ms(ecr, self.now) {
@@ -786,6 +840,61 @@ mod tests {
         assert!(!data.contains(&b'!'));
         assert_eq!(srv.recv_urgent(), Some(b'!'));
         assert_eq!(srv.recv_urgent(), None);
+    }
+
+    #[test]
+    fn the_window_clamp_starts_at_64k_and_grows_with_data() {
+        let srv_cfg = TcpConfig {
+            rcv_ssthresh: true,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), srv_cfg);
+        assert_eq!(srv.rcv.ssthresh, 65535);
+        assert!(srv.rcv_window_available() <= 65535);
+        let segs = segments(&mut cli, 4, T0);
+        feed(&mut srv, T0, &segs);
+        // Four in-order segments: twice our MSS (the larger) each.
+        let grown = 65535 + 4 * 2 * u32::from(srv.cfg.mss);
+        assert_eq!(srv.rcv.ssthresh, grown);
+        // Off: no clamp.
+        let (_, plain) = default_pair();
+        assert_eq!(plain.rcv.ssthresh, u32::MAX);
+    }
+
+    #[test]
+    fn with_the_clamp_a_read_updates_the_window_only_when_it_doubles() {
+        let srv_cfg = TcpConfig {
+            rcv_ssthresh: true,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), srv_cfg);
+        let segs = segments(&mut cli, 2, T0);
+        feed(&mut srv, T0, &segs);
+        drain(&mut srv, T0);
+        // A small read frees little next to the window still offered: no update.
+        let mut buf = [0u8; 500];
+        assert_eq!(srv.recv(&mut buf), 500);
+        assert!(!srv.ack.pending);
+    }
+
+    #[test]
+    fn a_read_to_the_mark_stops_before_the_urgent_byte() {
+        let (mut cli, mut srv) = default_pair();
+        let mut segs = segments(&mut cli, 1, T0);
+        segs[0].repr.flags |= usnet_wire::TcpFlags::URG;
+        segs[0].repr.urgent = 10;
+        segs[0].payload[9] = b'!';
+        feed(&mut srv, T0, &segs);
+        let mut buf = vec![0u8; 2 * MSS];
+        assert!(!srv.at_urgent_mark());
+        assert_eq!(srv.recv_to_mark(&mut buf), 9);
+        // At the mark: nothing more, the urgent byte stays queued.
+        assert!(srv.at_urgent_mark());
+        assert_eq!(srv.recv_to_mark(&mut buf), 0);
+        assert!(srv.at_urgent_mark());
+        // An ordinary read takes it out of band and goes on.
+        assert_eq!(srv.recv(&mut buf), MSS - 10);
+        assert_eq!(srv.recv_urgent(), Some(b'!'));
     }
 
     #[test]

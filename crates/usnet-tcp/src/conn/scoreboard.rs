@@ -28,6 +28,9 @@ pub(crate) struct TxSeg {
     /// Marked lost in this episode, retransmitted or not, and not SACKed since
     /// (Linux's LOST mark, which its `lost_out` counts).
     pub lost_marked: bool,
+    /// Where the piece it was first sent in ends (`conn/tso.rs`; its own end
+    /// outside TSO pieces): Linux retransmits what is left of that buffer as one.
+    pub piece_end: Seq,
 }
 
 impl TxSeg {
@@ -42,6 +45,7 @@ impl TxSeg {
             sacked: false,
             lost: false,
             lost_marked: false,
+            piece_end: end,
         }
     }
 
@@ -115,6 +119,16 @@ impl Scoreboard {
     /// Segments marked lost, retransmitted or not, not SACKed (Linux's `lost_out`).
     pub(crate) fn lost_out(&self) -> u32 {
         self.segs.iter().filter(|s| s.lost_marked).count() as u32
+    }
+    /// Retransmitted segments still in flight: not SACKed, not marked lost again
+    /// (Linux's `retrans_out`, `tcpi_retrans`), in segments of `mss` bytes (a
+    /// multi-segment entry counts as Linux's TSO buffer's `pcount`).
+    pub(crate) fn retrans_out(&self, mss: u32) -> u32 {
+        self.segs
+            .iter()
+            .filter(|s| s.xmits > 1 && !s.sacked && !s.lost)
+            .map(|s| s.data_len().div_ceil(mss.max(1)).max(1))
+            .sum()
     }
     /// End of the highest SACKed segment (Linux's forward-most SACKed sequence).
     pub(crate) fn highest_sacked_end(&self) -> Option<Seq> {
@@ -328,6 +342,24 @@ mod tests {
             sb.sacked_segs(),
             sb.lost_segs(),
         )
+    }
+
+    #[test]
+    fn retrans_out_counts_retransmitted_segments_in_flight() {
+        let mut sb = four();
+        assert_eq!(sb.retrans_out(100), 0);
+        sb.mark_lost(0);
+        sb.mark_lost(1);
+        sb.retransmitted(0, T0);
+        sb.retransmitted(1, T0);
+        assert_eq!(sb.retrans_out(100), 2);
+        // 100 bytes are two segments of 50 (Linux's pcount).
+        assert_eq!(sb.retrans_out(50), 4);
+        // SACKed, or marked lost again: no longer counted.
+        sb.mark_sacked(1);
+        assert_eq!(sb.retrans_out(100), 1);
+        sb.mark_lost(0);
+        assert_eq!(sb.retrans_out(100), 0);
     }
 
     #[test]

@@ -422,6 +422,10 @@ impl Connection {
         if let Some(r) = record_end {
             len = len.min(r);
         }
+        if len > 0 && !force {
+            // Before the restarted window sizes the piece.
+            self.restart_after_idle();
+        }
         if len > 0 && !force && self.cfg.tso_pieces {
             match self.tso_piece(maxp, unsent) {
                 Some(max) => len = len.min(max),
@@ -480,14 +484,7 @@ impl Connection {
             let idle = self.now.saturating_since(self.snd.last_tx);
             self.cc.on_send_after_idle(self.now, idle);
         }
-        // Restart after idle (RFC 5681 §4.1).
-        if self.cfg.slow_start_after_idle
-            && self.scoreboard.is_empty()
-            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
-        {
-            self.cc
-                .on_idle_restart(self.cfg.initial_window * self.smss());
-        }
+        self.restart_after_idle();
         let mut flags = TcpFlags::ACK;
         if fin {
             flags |= TcpFlags::FIN;
@@ -495,13 +492,21 @@ impl Connection {
         let ends_record = record_end == Some(len);
         // PSH where the application pushed (the end of a write without MSG_MORE),
         // and on what the persist timer forces out (as Linux's probes).
-        let pushed = len == unsent && !self.snd.more;
+        // A pass in the middle of a write (`tcp_push_one`) has no application push
+        // at the end of what is queued so far; a forced push marks its own.
+        // The data a Fast Open SYN carried is a buffer of its own with PSH set
+        // (Linux's `tcp_send_syn_data`), sent again after a SYN-ACK that did not
+        // take it.
+        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
+        let pushed = (len == unsent && !self.snd.more && !self.snd.push_one)
+            || self.push_marked(self.snd.nxt + len as u32)
+            || (self.syn.fo_sent > 0 && self.snd.nxt + len as u32 == syn_data_end);
         if len > 0
             && (pushed
                 || fin
                 || ends_record
                 || self.snd.persist_pending
-                || self.ends_burst(len, unsent, win, maxp)
+                || (!self.cfg.tso_pieces && self.ends_burst(len, unsent, win, maxp))
                 || self.tso_piece_ends(self.snd.nxt + len as u32))
         {
             flags |= TcpFlags::PSH;
@@ -514,12 +519,26 @@ impl Connection {
         if self.scoreboard.is_empty() {
             self.snd.progress = self.now;
         }
-        self.scoreboard.push(TxSeg::new(seq, end, fin, self.now));
+        let mut txseg = TxSeg::new(seq, end, fin, self.now);
+        if let (true, Some(p)) = (self.cfg.tso_pieces, self.snd.piece_end) {
+            if p.gt(seq) {
+                txseg.piece_end = p;
+            }
+        }
+        self.scoreboard.push(txseg);
+        if len > 0 && seq.lt(syn_data_end) {
+            // Data a Fast Open SYN carried, sent again after a SYN-ACK that did not
+            // take it: Linux marks it lost and retransmits it (`retrans_out`,
+            // `total_retrans`).
+            let i = self.scoreboard.len() - 1;
+            self.scoreboard.retransmitted(i, self.now);
+            self.stats.retransmit_segments += 1;
+            self.stats.retransmit_bytes += len as u64;
+        }
         self.snd.nxt = end;
         // Minshall's small segment is a small piece of new data: the data a Fast Open
         // SYN carried, sent again after a SYN-ACK that did not take it, is a
         // retransmission (as Linux sends it), not a small segment to wait behind.
-        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
         if len < maxp && end.gt(syn_data_end) {
             self.snd.sml = end;
         }
@@ -552,6 +571,20 @@ impl Connection {
         Some(true)
     }
 
+    /// Restart after idle (RFC 5681 §4.1): nothing in flight and nothing sent for
+    /// an RTO. Checked when new data goes out, and (as Linux's
+    /// `tcp_slow_start_after_idle_check` in `tcp_skb_entail`) when a write starts a
+    /// new chunk, so that the restarted window sizes what is sent next.
+    pub(crate) fn restart_after_idle(&mut self) {
+        if self.cfg.slow_start_after_idle
+            && self.scoreboard.is_empty()
+            && self.now.saturating_since(self.snd.last_tx) > self.rtt.rto
+        {
+            self.cc
+                .on_idle_restart(self.cfg.initial_window * self.smss());
+        }
+    }
+
     /// Whether a new-data segment of `len` bytes ends a slow-start burst: an earlier
     /// one went in this pass, the congestion window is below ssthresh, and the next
     /// (at most `maxp` of the rest) would not fit in the congestion or the peer's
@@ -559,7 +592,8 @@ impl Connection {
     /// the implementation; this approximates where Linux's (the tail of each of its
     /// write-queue buffers carries one, and in slow start its bursts end on them;
     /// a lone segment clocked out by an ACK, or a burst in congestion avoidance or
-    /// recovery, is cut from a buffer and carries none).
+    /// recovery, is cut from a buffer and carries none). Only without TSO pieces,
+    /// which place PSH as Linux's buffers do (`tso_piece_ends`).
     fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
         let prr_slow_start = self.ecn.prr.is_some() && self.pipe_est() < self.cc.ssthresh();
         if self.snd.burst == 0 || (self.cc.cwnd() >= self.cc.ssthresh() && !prr_slow_start) {

@@ -4,7 +4,7 @@
 //! window's room and its TSO size (`tcp_tso_autosize`: about a millisecond at the
 //! pacing rate, at least `tcp_min_tso_segs` segments) and to whole segments at the
 //! peer's window edge (`tcp_mss_split_point`), and a TSO frame's last segment
-//! carries PSH in slow start. Where the pieces end is no TCP matter (RFC 9293
+//! carries PSH. Where the pieces end is no TCP matter (RFC 9293
 //! leaves segmentation and PSH to the sender); it decides where the send buffer's
 //! chunks are cut, which applications see through its accounting and `EPOLLOUT`,
 //! and where PSH goes. Linux's TSO deferral (`tcp_tso_should_defer`) is not
@@ -69,7 +69,12 @@ impl Connection {
         let len = end.since(nxt);
         let mss = mss.max(1) as u32;
         let in_flight = self.pipe_est().div_ceil(mss);
-        let quota = (self.cc.cwnd() / mss).saturating_sub(in_flight);
+        // Linux's `tcp_cwnd_test`: cwnd's room, but at most half of cwnd in one
+        // frame, so that at least two are in flight.
+        let cwnd_segs = self.cc.cwnd() / mss;
+        let quota = cwnd_segs
+            .saturating_sub(in_flight)
+            .min((cwnd_segs / 2).max(1));
         if len <= mss || quota == 0 {
             // One segment (Nagle's to judge), or cwnd's own check stops it.
             self.snd.piece_end = Some(end);
@@ -102,17 +107,16 @@ impl Connection {
         Some(piece as usize)
     }
 
-    /// Whether the segment that ends at `end` closes a multi-segment piece in slow
-    /// start with more data queued behind it: the end of one of Linux's TSO
-    /// frames, which carries PSH there. (At the end of the queued data the
+    /// Whether the segment that ends at `end` closes a multi-segment piece with
+    /// more data queued behind it (or, in a pass in the middle of a write, about to
+    /// be): the end of one of Linux's TSO frames, which carries PSH there in any
+    /// congestion state, as the suite shows. (At the end of the queued data the
     /// application's push decides.)
     pub(crate) fn tso_piece_ends(&self, end: Seq) -> bool {
         self.cfg.tso_pieces
             && self.snd.piece_tso
             && self.snd.piece_end == Some(end)
-            && end.lt(self.write_end_seq())
-            && self.cc.cwnd() < self.cc.ssthresh()
-            && !self.recovery.in_recovery()
+            && (end.lt(self.write_end_seq()) || self.snd.push_one)
     }
 }
 
@@ -167,5 +171,38 @@ mod tests {
         assert_eq!(psh, vec![3, 7, 11, 15, 19]);
         // Each piece is a chunk of its own in the send buffer's accounting.
         assert!(cli.wmem_queued() as usize >= 50 * mss - 10 * mss + 6 * 1280);
+    }
+
+    #[test]
+    fn a_piece_takes_at_most_half_of_cwnd_and_a_restart_after_idle_comes_first() {
+        let cfg = TcpConfig {
+            min_tso_segs: 10,
+            slow_start_after_idle: true,
+            ..linuxish()
+        };
+        let (mut cli, mut srv) = pair_with_rtt(cfg, TcpConfig::default(), ms(20));
+        let mss = cli.smss() as usize;
+        let t0 = T0 + ms(20);
+        // The initial window of 10 in two pieces of 5 (tcp_cwnd_test), each
+        // ending with PSH (the second as the end of the write).
+        cli.send(&vec![1u8; 10 * mss]);
+        let out = drain(&mut cli, t0);
+        let psh: Vec<usize> = (0..out.len())
+            .filter(|&i| out[i].repr.flags.psh())
+            .collect();
+        assert_eq!((out.len(), psh), (10, vec![4, 9]));
+        let t1 = t0 + ms(20);
+        feed(&mut srv, t1, &out);
+        feed(&mut cli, t1, &drain(&mut srv, t1));
+        assert_eq!(cli.cc.cwnd() as usize, 20 * mss);
+        // Idle for seconds: the write after it restarts cwnd at the initial window
+        // before the first piece is cut, so the piece is half of that.
+        let t2 = t1 + ms(3000);
+        cli.advance_clock(t2);
+        cli.send(&vec![2u8; 20 * mss]);
+        assert_eq!(cli.cc.cwnd() as usize, 10 * mss);
+        let out = drain(&mut cli, t2);
+        assert_eq!(out.len(), 10);
+        assert!(out[4].repr.flags.psh() && !out[3].repr.flags.psh());
     }
 }

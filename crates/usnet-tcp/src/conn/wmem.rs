@@ -61,8 +61,13 @@ pub(crate) struct Wmem {
     pub nospace: bool,
     /// SND.UNA advanced since the last check for room.
     pub acked: bool,
-    /// Where the last forced push ended (Linux's `pushed_seq`).
+    /// Where the last push point was marked (Linux's `pushed_seq`): the end of
+    /// the last write without `MSG_MORE`, or of the last forced push.
     pub pushed: Seq,
+    /// Chunk ends a forced push marked (`tcp_mark_push` in the middle of a write,
+    /// when half the peer's largest window went unpushed): the segment that ends
+    /// there carries PSH.
+    marks: VecDeque<Seq>,
     /// The ends of the chunks from the start of the send buffer on, in order.
     chunks: VecDeque<Seq>,
 }
@@ -76,6 +81,7 @@ impl Wmem {
             nospace: false,
             acked: false,
             pushed: iss,
+            marks: VecDeque::new(),
             chunks: VecDeque::new(),
         }
     }
@@ -282,6 +288,7 @@ impl Connection {
         let forced = end.since(self.wmem.pushed) > self.snd.max_wnd / 2;
         if forced {
             self.wmem.pushed = end;
+            self.wmem.marks.push_back(end);
         }
         (n, head || forced)
     }
@@ -314,10 +321,19 @@ impl Connection {
             _ => 0,
         };
         if room > 0 {
+            let old_end = at;
             at = at + room.min(n as u32);
             if let Some(last) = self.wmem.chunks.back_mut() {
                 *last = at;
             }
+            // A forced push marked the chunk (Linux's PSH is on the buffer): the mark
+            // moves to its new end.
+            if let Some(m) = self.wmem.marks.iter_mut().find(|m| **m == old_end) {
+                *m = at;
+            }
+        }
+        if at.lt(end) && self.state.is_synchronized() {
+            self.restart_after_idle();
         }
         while at.lt(end) {
             at = at + goal.min(end.since(at));
@@ -330,9 +346,25 @@ impl Connection {
         self.wmem.nospace = true;
     }
 
+    /// A write ended (Linux's `tcp_push` at the end of `tcp_sendmsg`): without
+    /// `MSG_MORE` its end is a push point.
+    pub fn write_done(&mut self, more: bool) {
+        if !more {
+            self.wmem.pushed = self.write_end();
+        }
+    }
+
+    /// Whether a forced push marked `end` (see [`Wmem`]'s `marks`).
+    pub(crate) fn push_marked(&self, end: Seq) -> bool {
+        self.wmem.marks.contains(&end)
+    }
+
     /// SND.UNA advanced: forget the chunks it acknowledged.
     pub(crate) fn wmem_on_ack(&mut self) {
         let una = self.snd.una;
+        while self.wmem.marks.front().is_some_and(|e| e.le(una)) {
+            self.wmem.marks.pop_front();
+        }
         while self.wmem.chunks.front().is_some_and(|e| e.le(una)) {
             self.wmem.chunks.pop_front();
         }
@@ -494,6 +526,64 @@ mod tests {
         let w = cli.poll_transmit(t1, &mut sink);
         assert!(!w.writable, "once");
         assert!(cli.send_step(&data[done..], false).0 > 0);
+    }
+
+    /// A write as the stack takes it (`Stack::tcp_send_steps`): step by step, a
+    /// transmit pass where a step asks for a push and data remains; the segments
+    /// sent in all, after the write's own pass.
+    fn write_in_steps(cli: &mut Connection, data: &[u8]) -> Vec<crate::testing::OwnedSegment> {
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < data.len() {
+            let (n, push) = cli.send_step(&data[done..], false);
+            if n == 0 {
+                break;
+            }
+            done += n;
+            if push && done < data.len() {
+                cli.push_one();
+                out.extend(drain(cli, T0));
+            }
+        }
+        cli.write_done(false);
+        out.extend(drain(cli, T0));
+        out
+    }
+
+    #[test]
+    fn a_forced_push_marks_psh_and_a_mid_write_push_does_not() {
+        // A 8 KiB receive window: chunks of two segments (half the window, whole
+        // segments); a forced push once more than 4 KiB went unpushed.
+        let srv_cfg = TcpConfig {
+            recv_buffer: 8192,
+            recv_buffer_initial: 8192,
+            autotune: false,
+            ..TcpConfig::default()
+        };
+        let (mut cli, _srv) = pair(TcpConfig::default(), srv_cfg);
+        let half = cli.snd.max_wnd / 2;
+        let goal = cli.size_goal();
+        assert!(
+            goal < half && 2 * goal > half,
+            "goal {goal}, half window {half}"
+        );
+        let start = cli.snd.nxt;
+        let out = write_in_steps(&mut cli, &vec![5u8; 3 * goal as usize]);
+        let psh: Vec<(u32, bool)> = out
+            .iter()
+            .map(|s| {
+                let end = crate::seq::Seq(s.repr.seq) + s.payload.len() as u32;
+                (end.since(start), s.repr.flags.psh())
+            })
+            .collect();
+        // The first chunk went out in the middle of the write: no push point. The
+        // second ends a forced push; the window stops the third, whose end the
+        // write's own push marks.
+        let at = |end: u32| psh.iter().find(|p| p.0 == end).map(|p| p.1);
+        assert_eq!(at(goal), Some(false), "{psh:?}");
+        assert_eq!(at(2 * goal), Some(true), "{psh:?}");
+        assert!(psh.iter().filter(|p| p.1).count() <= 2, "{psh:?}");
+        assert_eq!(cli.wmem.pushed, start + 3 * goal);
     }
 
     #[test]
