@@ -158,7 +158,8 @@ impl ServerZc {
             i = port.tx.next(i);
         }
         area.indices(ZcRing::Tx).1.store(port.tx.tail, Release);
-        // The RX slots filled, then `tail` (and `head` if the stack put it back).
+        // The RX slots filled, then `tail`. (`head` stays the client's own word: one
+        // that ran past `tail` is refused again at every sync until the client fixes it.)
         let mut i = rx_tail;
         while i != port.rx.tail {
             area.write_slot(ZcRing::Rx, i, &to_abi(port.rx.slot(i)));
