@@ -253,38 +253,31 @@ impl Sock {
 
     /// Copies into the send ring; 0 when it is full.
     pub(crate) fn tx_write(&self, buf: &[u8]) -> io::Result<usize> {
-        let mut tx = lock(&self.tx);
-        let free = tx.free().map_err(|_| corrupt())?;
-        if free == 0 || buf.is_empty() {
-            return Ok(0);
-        }
-        let n = tx.push(buf);
-        tx.publish();
-        drop(tx);
-        self.kick(slot::TX_ARMED, op::TX_KICK);
-        Ok(n)
+        self.with_tx(|tx| {
+            let free = tx.free().map_err(|_| corrupt())?;
+            if free == 0 || buf.is_empty() {
+                return Ok(0);
+            }
+            Ok(tx.push(buf))
+        })
     }
 
     /// Moves up to `max` bytes of the file `fd` (at `file_off`, or from its
-    /// position) straight into the send ring, then kicks.
+    /// position) straight into the send ring; None when the ring is full, 0 at
+    /// the end of the file.
     pub(crate) fn tx_write_from_fd(
         &self,
         fd: std::os::fd::BorrowedFd<'_>,
         file_off: Option<i64>,
         max: usize,
-    ) -> io::Result<usize> {
-        let mut tx = lock(&self.tx);
-        let free = tx.free().map_err(|_| corrupt())?;
-        if free == 0 || max == 0 {
-            return Ok(0);
-        }
-        let n = tx.push_from_fd(fd, file_off, max)?;
-        tx.publish();
-        drop(tx);
-        if n > 0 {
-            self.kick(slot::TX_ARMED, op::TX_KICK);
-        }
-        Ok(n)
+    ) -> io::Result<Option<usize>> {
+        self.with_tx(|tx| {
+            let free = tx.free().map_err(|_| corrupt())?;
+            if free == 0 {
+                return Ok(None);
+            }
+            tx.push_from_fd(fd, file_off, max).map(Some)
+        })
     }
 
     /// Runs `f` on the send ring's producer (UDP records), publishes, then kicks.

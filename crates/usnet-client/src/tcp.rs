@@ -361,28 +361,20 @@ impl TcpStream {
         if max == 0 {
             return Ok(0);
         }
-        let deadline = self.sock.write_deadline();
-        loop {
-            self.sock.conn.check_alive()?;
-            if let Some(e) = self.sock.failure() {
-                return Err(e);
-            }
-            if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
-                return Err(io::ErrorKind::BrokenPipe.into());
-            }
-            if self.sock.tx_room() > 0 {
-                // Room: the file decides (0 at its end).
-                return self.sock.tx_write_from_fd(fd, file_off, max);
-            }
-            let s = &self.sock;
-            s.block(deadline, || s.tx_room() > 0 || s.hung_up())?;
-        }
+        self.send_with(|| self.sock.tx_write_from_fd(fd, file_off, max))
     }
 
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.send_with(|| Ok(Some(self.sock.tx_write(buf)?).filter(|&n| n > 0)))
+    }
+
+    /// What every send does: fails as a write must (server gone, connection failed
+    /// or shut), then tries `put`, which says None when the send ring is full; then
+    /// it blocks (as the socket's mode and timeout say) until there is room.
+    fn send_with(&self, mut put: impl FnMut() -> io::Result<Option<usize>>) -> io::Result<usize> {
         let deadline = self.sock.write_deadline();
         loop {
             // Bytes written into the ring of a server that is gone would be lost.
@@ -393,8 +385,7 @@ impl TcpStream {
             if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
-            let n = self.sock.tx_write(buf)?;
-            if n > 0 {
+            if let Some(n) = put()? {
                 return Ok(n);
             }
             let s = &self.sock;
