@@ -41,6 +41,19 @@ struct Row {
 }
 
 impl Row {
+    /// The row of a step that gave `(summary, detail)` or failed.
+    fn of<E: std::fmt::Display>(step: String, r: Result<(String, String), E>) -> Row {
+        match r {
+            Ok((summary, detail)) => Row {
+                step,
+                ok: true,
+                summary,
+                detail,
+            },
+            Err(e) => Row::failed(step, e),
+        }
+    }
+
     fn failed(step: String, e: impl std::fmt::Display) -> Row {
         Row {
             step,
@@ -590,15 +603,7 @@ fn server_client_step(stack: &str, url: &str, n: usize) -> Row {
             ),
         ))
     };
-    match run() {
-        Ok((summary, detail)) => Row {
-            step,
-            ok: true,
-            summary,
-            detail,
-        },
-        Err(e) => Row::failed(step, e),
-    }
+    Row::of(step, run())
 }
 
 /// `usnet httpd --api zerocopy --stack PEER`: a client process of the peer's server
@@ -643,15 +648,7 @@ fn zerocopy_client_step(net: &NetStack, stack: &str) -> Row {
             ),
         ))
     };
-    match run() {
-        Ok((summary, detail)) => Row {
-            step,
-            ok: true,
-            summary,
-            detail,
-        },
-        Err(e) => Row::failed(step, e),
-    }
+    Row::of(step, run())
 }
 
 fn peer_ping_step(ctl: &std::path::Path) -> Row {
@@ -758,15 +755,7 @@ fn http_step(net: &NetStack, url: &str, n: u64) -> Row {
             "every byte checked against the pattern".to_string(),
         ))
     };
-    match run() {
-        Ok((summary, detail)) => Row {
-            step,
-            ok: true,
-            summary,
-            detail,
-        },
-        Err(e) => Row::failed(step, e),
-    }
+    Row::of(step, run())
 }
 
 /// `POST` of `n` bytes to the peer's HTTP service, which answers their SHA-256.
@@ -810,15 +799,7 @@ fn http_post_step(net: &NetStack, url: &str, n: u64) -> Row {
             format!("the server's SHA-256 matches ({}...)", &want[..16]),
         ))
     };
-    match run() {
-        Ok((summary, detail)) => Row {
-            step,
-            ok: true,
-            summary,
-            detail,
-        },
-        Err(e) => Row::failed(step, e),
-    }
+    Row::of(step, run())
 }
 
 #[cfg(test)]
