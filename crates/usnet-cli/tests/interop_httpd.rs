@@ -319,6 +319,17 @@ fn check_summary(log: &str, at_least: u64) {
     assert_eq!(num(" bad requests"), 0, "{line}");
 }
 
+/// The checks every server on this host's side passes, then its stop: curl, raw
+/// pipelined and resetting clients at `addr`, wrk, and the server's own summary.
+fn serves_every_client(mut h: Httpd, dir: &Path, base: &str, addr: &str, len: usize) {
+    wait_serving(&mut h, None, base);
+    check_curl(dir, None, base, len);
+    check_raw(addr.parse().unwrap(), len);
+    check_resets(addr.parse().unwrap(), len);
+    let n = check_wrk(None, &format!("{base}/"));
+    check_summary(&h.stop(), n);
+}
+
 #[test]
 fn kernel_api_answers_curl_wrk_and_pipelined_requests() {
     let have = |t: &str| {
@@ -336,7 +347,7 @@ fn kernel_api_answers_curl_wrk_and_pipelined_requests() {
     let dir = TempDir::new("httpd-kernel");
     for (i, len) in LENGTHS.into_iter().enumerate() {
         let port = 18_931 + i as u16;
-        let mut h = Httpd::start(
+        let h = Httpd::start(
             dir.path(),
             &format!("kernel-{len}"),
             None,
@@ -351,13 +362,8 @@ fn kernel_api_answers_curl_wrk_and_pipelined_requests() {
                 &len.to_string(),
             ],
         );
-        let base = format!("http://127.0.0.1:{port}");
-        wait_serving(&mut h, None, &base);
-        check_curl(dir.path(), None, &base, len);
-        check_raw(format!("127.0.0.1:{port}").parse().unwrap(), len);
-        check_resets(format!("127.0.0.1:{port}").parse().unwrap(), len);
-        let n = check_wrk(None, &format!("{base}/"));
-        check_summary(&h.stop(), n);
+        let addr = format!("127.0.0.1:{port}");
+        serves_every_client(h, dir.path(), &format!("http://{addr}"), &addr, len);
     }
 }
 
@@ -382,7 +388,7 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
     cleanup.on_drop(&["ip", "link", "del", TAP]);
     let dir = TempDir::new("httpd-tap");
     for (api, len) in APIS.into_iter().flat_map(|a| LENGTHS.map(|l| (a, l))) {
-        let mut h = Httpd::start(
+        let h = Httpd::start(
             dir.path(),
             &format!("tap-{api}-{len}"),
             None,
@@ -399,13 +405,13 @@ fn socket_api_over_tap_answers_curl_wrk_and_pipelined_requests() {
                 &len.to_string(),
             ],
         );
-        let base = format!("http://{OURS}");
-        wait_serving(&mut h, None, &base);
-        check_curl(dir.path(), None, &base, len);
-        check_raw(format!("{OURS}:80").parse().unwrap(), len);
-        check_resets(format!("{OURS}:80").parse().unwrap(), len);
-        let n = check_wrk(None, &format!("{base}/"));
-        check_summary(&h.stop(), n);
+        serves_every_client(
+            h,
+            dir.path(),
+            &format!("http://{OURS}"),
+            &format!("{OURS}:80"),
+            len,
+        );
     }
 }
 
@@ -435,7 +441,7 @@ fn zerocopy_through_a_stack_server_answers_curl_wrk_and_pipelined_requests() {
         ],
     );
     for len in LENGTHS {
-        let mut h = Httpd::start_env(
+        let h = Httpd::start_env(
             dir.path(),
             &format!("zc-server-{len}"),
             None,
@@ -449,13 +455,13 @@ fn zerocopy_through_a_stack_server_answers_curl_wrk_and_pipelined_requests() {
             ],
             &[("USNET_RUN_DIR", dir.path())],
         );
-        let base = format!("http://{OURS}");
-        wait_serving(&mut h, None, &base);
-        check_curl(dir.path(), None, &base, len);
-        check_raw(format!("{OURS}:80").parse().unwrap(), len);
-        check_resets(format!("{OURS}:80").parse().unwrap(), len);
-        let n = check_wrk(None, &format!("{base}/"));
-        check_summary(&h.stop(), n);
+        serves_every_client(
+            h,
+            dir.path(),
+            &format!("http://{OURS}"),
+            &format!("{OURS}:80"),
+            len,
+        );
     }
     // The segments left from the client's buffers, in place.
     let c = up.counters();
