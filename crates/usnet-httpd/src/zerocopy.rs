@@ -32,7 +32,7 @@ use usnet_abi::zc::Slot;
 use usnet_stack::zerocopy::{
     ZcPort, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
 };
-use usnet_stack::{SocketHandle, Stack};
+use usnet_stack::Stack;
 
 use crate::conn::LINGER;
 use crate::http::{Outq, Responses, Session};
@@ -72,42 +72,22 @@ struct InProcess<'a> {
     port: &'a mut ZcPort,
 }
 
-fn to_stack(s: Slot) -> usnet_stack::zerocopy::Slot {
-    usnet_stack::zerocopy::Slot::new(
-        SocketHandle::from_raw(s.socket),
-        s.buf,
-        s.off,
-        s.len,
-        s.flags,
-    )
-}
-
-fn to_abi(s: &usnet_stack::zerocopy::Slot) -> Slot {
-    Slot {
-        buf: s.buf,
-        off: s.off,
-        len: s.len,
-        flags: s.flags,
-        socket: s.socket,
-    }
-}
-
 impl Rings for InProcess<'_> {
     fn rx_slot(&self) -> Option<Slot> {
         (self.port.rx.head != self.port.rx.tail)
-            .then(|| to_abi(self.port.rx.slot(self.port.rx.head)))
+            .then(|| (*self.port.rx.slot(self.port.rx.head)).into())
     }
     fn rx_pass(&mut self) {
         self.port.rx.head = self.port.rx.next(self.port.rx.head);
     }
     fn payload(&self, s: &Slot) -> Option<&[u8]> {
-        self.stack.zc_bytes(self.port, &to_stack(*s))
+        self.stack.zc_bytes(self.port, &(*s).into())
     }
     fn tx_space(&self) -> u32 {
         self.port.tx.tx_space()
     }
     fn send(&mut self, s: Slot) -> bool {
-        self.port.tx.push(to_stack(s))
+        self.port.tx.push(s.into())
     }
     fn alloc(&mut self) -> Option<u32> {
         self.stack.zc_alloc(self.port)

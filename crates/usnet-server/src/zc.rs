@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::*;
 
 use usnet_abi::zc::{self, Geometry};
 use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
-use usnet_stack::zerocopy::{Slot, ZcPort};
+use usnet_stack::zerocopy::ZcPort;
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
 pub(crate) struct ServerZc {
@@ -24,26 +24,6 @@ pub(crate) struct ServerZc {
     /// References to pool buffers the client may hold at once (delivered, kept,
     /// stashed; at most a quarter of the pool): beyond it the stash is not refilled.
     quota: usize,
-}
-
-fn to_stack(s: zc::Slot) -> Slot {
-    Slot::new(
-        SocketHandle::from_raw(s.socket),
-        s.buf,
-        s.off,
-        s.len,
-        s.flags,
-    )
-}
-
-fn to_abi(s: &Slot) -> zc::Slot {
-    zc::Slot {
-        buf: s.buf,
-        off: s.off,
-        len: s.len,
-        flags: s.flags,
-        socket: s.socket,
-    }
 }
 
 impl ServerZc {
@@ -74,9 +54,7 @@ impl ServerZc {
     /// Whether a sync could do something: the client asked, a socket of some port
     /// has news, or sockets of this one wait for room in its RX ring.
     pub fn wants_sync(&self, stack: &Stack) -> bool {
-        self.area.word(zc::SYNC).load(Acquire) != 0
-            || stack.zc_has_ready()
-            || self.port.has_pending()
+        self.asked() || stack.zc_has_ready() || self.port.has_pending()
     }
 
     /// The client asked for a sync (the loop must not sleep).
@@ -132,7 +110,7 @@ impl ServerZc {
         if passed <= port.rx.distance(port.rx.head, port.rx.tail) {
             let mut i = port.rx.head;
             while i != rx_head {
-                *port.rx.slot_mut(i) = to_stack(area.read_slot(ZcRing::Rx, i));
+                *port.rx.slot_mut(i) = area.read_slot(ZcRing::Rx, i).into();
                 i = port.rx.next(i);
             }
         }
@@ -143,7 +121,7 @@ impl ServerZc {
         let tx_head = area.indices(ZcRing::Tx).0.load(Acquire) % port.tx.size();
         let mut i = port.tx.tail;
         while i != tx_head {
-            *port.tx.slot_mut(i) = to_stack(area.read_slot(ZcRing::Tx, i));
+            *port.tx.slot_mut(i) = area.read_slot(ZcRing::Tx, i).into();
             i = port.tx.next(i);
         }
         port.tx.head = tx_head;
@@ -154,7 +132,7 @@ impl ServerZc {
         // The TX slots taken, with any SLOT_ERROR the stack set, then `tail`.
         let mut i = tx_tail;
         while i != port.tx.tail {
-            area.write_slot(ZcRing::Tx, i, &to_abi(port.tx.slot(i)));
+            area.write_slot(ZcRing::Tx, i, &(*port.tx.slot(i)).into());
             i = port.tx.next(i);
         }
         area.indices(ZcRing::Tx).1.store(port.tx.tail, Release);
@@ -162,7 +140,7 @@ impl ServerZc {
         // that ran past `tail` is refused again at every sync until the client fixes it.)
         let mut i = rx_tail;
         while i != port.rx.tail {
-            area.write_slot(ZcRing::Rx, i, &to_abi(port.rx.slot(i)));
+            area.write_slot(ZcRing::Rx, i, &(*port.rx.slot(i)).into());
             i = port.rx.next(i);
         }
         area.indices(ZcRing::Rx).1.store(port.rx.tail, Release);

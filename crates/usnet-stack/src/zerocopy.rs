@@ -93,6 +93,31 @@ impl Slot {
     }
 }
 
+/// A slot as a stack-server client's rings carry it (`usnet_abi::zc`).
+impl From<usnet_abi::zc::Slot> for Slot {
+    fn from(s: usnet_abi::zc::Slot) -> Slot {
+        Slot::new(
+            SocketHandle::from_raw(s.socket),
+            s.buf,
+            s.off,
+            s.len,
+            s.flags,
+        )
+    }
+}
+
+impl From<Slot> for usnet_abi::zc::Slot {
+    fn from(s: Slot) -> usnet_abi::zc::Slot {
+        usnet_abi::zc::Slot {
+            buf: s.buf,
+            off: s.off,
+            len: s.len,
+            flags: s.flags,
+            socket: s.socket,
+        }
+    }
+}
+
 /// A ring of slots shared by the application and the stack. Indices run modulo the
 /// slot count; the ring is full when advancing the producer would make it equal
 /// the consumer.
