@@ -303,8 +303,13 @@ pub mod op {
     /// Closes the session's zero-copy port: its sockets close (what they queued
     /// still goes out) and every buffer the client held goes back. Result 0.
     pub const ZC_CLOSE: u16 = 14;
+    /// The client reads shared stream `slot` and found nothing (its slot has
+    /// [`crate::FLAG_NOT_RECEIVER`]): if the holder that receives the stream has never
+    /// read it (a shell holding the descriptor of the command it runs), the stream
+    /// comes to this slot, with what that holder was given. No completion.
+    pub const RX_WANT: u16 = 15;
     /// Highest opcode.
-    pub const MAX: u16 = 14;
+    pub const MAX: u16 = 15;
 }
 
 pub const KIND_TCP: u64 = 1;
@@ -531,6 +536,11 @@ pub mod slot {
     pub const ACCEPT_PENDING: usize = 20;
     /// Bumped each time the slot is given out, so stale handles are caught.
     pub const GEN: usize = 24;
+    /// The client's name for the socket across `exec` (the BSD layer's tag, also the
+    /// count of the eventfd that holds its descriptor number). Written by the client,
+    /// never trusted: the server only reports it back to the same family of
+    /// processes in a claim's slot map. Zero in a slot just given out.
+    pub const TAG: usize = 28;
     /// The local address ([`super::SockAddr`], 28 bytes).
     pub const LOCAL: usize = 64;
     /// The peer's address.
@@ -554,6 +564,16 @@ const _: () = assert!(slot::RX_CONS - slot::RX_PROD >= CACHE_LINE);
 const _: () = assert!(slot::TX_CONS - slot::TX_PROD >= CACHE_LINE);
 const _: () = assert!(tcp_info::LEN <= slot::INFO_LEN);
 
+/// What a socket of a claim's slot map is (the control socket's attach reply):
+/// `[parent slot, child slot, tag, role]`.
+pub mod role {
+    /// A TCP socket before listen or connect (maybe bound).
+    pub const FRESH: u32 = 0;
+    pub const LISTENER: u32 = 1;
+    pub const CONN: u32 = 2;
+    pub const UDP: u32 = 3;
+}
+
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_OPEN: u32 = 1;
 /// Closed by the client; the server still sends what its send ring held.
@@ -573,6 +593,9 @@ pub const FLAG_ACCEPTABLE: u32 = 1 << 4;
 pub const FLAG_WR_SHUT: u32 = 1 << 5;
 /// A UDP or listening socket that is bound (local address valid).
 pub const FLAG_BOUND: u32 = 1 << 6;
+/// A shared stream whose received bytes go to another holder (see
+/// [`op::RX_WANT`]).
+pub const FLAG_NOT_RECEIVER: u32 = 1 << 7;
 
 /// UDP records in a byte ring: a header, the payload, padding to 8 bytes. A record
 /// never wraps: a producer with too little room before the ring's end writes a

@@ -51,7 +51,58 @@ fn shim() -> Result<PathBuf, String> {
     })
 }
 
+/// The program `cmd` names: a path, or the first match in `PATH`.
+fn program_path(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// Why the shim could not reach a program's sockets, if it cannot: a statically
+/// linked executable (no dynamic loader reads `LD_PRELOAD`), or a Go program (its
+/// runtime makes the system calls itself, not through libc). Scripts and other
+/// files are not judged (their interpreter is).
+fn out_of_reach(path: &std::path::Path) -> Option<String> {
+    use object::Object;
+    let bytes = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*bytes).ok()?;
+    let dynamic = match &file {
+        object::File::Elf64(e) => program_has_interp(e.elf_program_headers(), e.endian()),
+        object::File::Elf32(e) => program_has_interp(e.elf_program_headers(), e.endian()),
+        _ => return None,
+    };
+    let go = file.section_by_name(".go.buildinfo").is_some()
+        || file.section_by_name(".note.go.buildid").is_some();
+    let name = path.display();
+    if go {
+        Some(format!(
+            "usnet run: {name} is a Go program: Go makes its system calls itself, past any LD_PRELOAD shim, so its sockets stay on the kernel"
+        ))
+    } else if !dynamic {
+        Some(format!(
+            "usnet run: {name} is statically linked: no LD_PRELOAD shim can reach it, so its sockets stay on the kernel"
+        ))
+    } else {
+        None
+    }
+}
+
+fn program_has_interp<P: object::read::elf::ProgramHeader>(
+    headers: &[P],
+    endian: P::Endian,
+) -> bool {
+    headers
+        .iter()
+        .any(|h| h.p_type(endian) == object::elf::PT_INTERP)
+}
+
 pub fn run(a: RunArgs) -> CmdResult {
+    if let Some(why) = program_path(&a.cmd[0]).and_then(|p| out_of_reach(&p)) {
+        eprintln!("{why}");
+    }
     let lib = shim()?;
     let mut preload = lib.into_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -72,7 +123,43 @@ pub fn run(a: RunArgs) -> CmdResult {
     if a.debug {
         c.env("USNET_DEBUG", "1");
     }
+    // A process that changes its uid (a server's workers) still looks for the stack
+    // where this one found it.
+    if std::env::var_os("USNET_RUN_DIR").is_none() {
+        c.env("USNET_RUN_DIR", usnet_session::ctl::run_dir());
+    }
     // exec only returns on failure.
     let e = c.exec();
     Err(format!("cannot run {}: {e}", a.cmd[0]).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_program_is_in_reach_and_a_static_one_is_not() {
+        let sh = program_path("sh").expect("sh in PATH");
+        assert_eq!(out_of_reach(&sh), None, "{}", sh.display());
+        // This test binary is dynamically linked too.
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(out_of_reach(&me), None);
+        // A static one: build it if a C compiler and a static libc are there.
+        let dir = std::env::temp_dir().join(format!("usnet-run-static-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("s.c");
+        std::fs::write(&src, "int main(void){return 0;}\n").unwrap();
+        let exe = dir.join("s");
+        let built = std::process::Command::new("cc")
+            .args(["-static", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .is_ok_and(|s| s.success());
+        if built {
+            let why = out_of_reach(&exe).expect("a static program is out of reach");
+            assert!(why.contains("statically linked"), "{why}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -570,6 +570,7 @@ fn spawn_services(
         &usnet_client::AttachOptions {
             max_sockets: Some(16384),
             ring_bytes: Some(64 * 1024),
+            ..Default::default()
         },
     )?;
     let mut net = usnet_client::ClientNet::new(client);

@@ -48,8 +48,10 @@ pub(crate) struct Conn {
     epoch: Instant,
     last_probe: AtomicU64,
     pub stack_name: String,
-    /// The control socket (a pin for a fork connects there again).
+    /// The control socket (a zero-copy port is asked for there).
     pub path: PathBuf,
+    /// Control connections survive `exec` ([`crate::AttachOptions::inheritable`]).
+    inheritable: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,18 +84,20 @@ pub(crate) fn down() -> io::Error {
 impl Conn {
     /// Connects to the control socket at `path` and attaches a session.
     pub fn attach(path: &Path, name: &str, opts: &crate::AttachOptions) -> io::Result<Conn> {
-        Self::attach_claiming(path, name, opts, None).map(|(c, _)| c)
+        let ctl = crate::lineage::connect(path, name, opts.inheritable)?;
+        Self::attach_over(ctl, path, name, opts, None).map(|(c, _)| c)
     }
 
-    /// Attaches; with `claim` (a fork pin's token) the new session also holds the
-    /// pinned sockets: returns (parent slot, our slot) pairs.
-    pub fn attach_claiming(
+    /// Attaches over `ctl` (a new connection to the control socket at `path`, or a
+    /// pin's channel); with `claim` (the pin's token) the new session also holds the
+    /// pinned sockets: returns what it got for each.
+    pub fn attach_over(
+        ctl: UnixStream,
         path: &Path,
         name: &str,
         opts: &crate::AttachOptions,
         claim: Option<&str>,
-    ) -> io::Result<(Conn, Vec<(u32, u32)>)> {
-        let ctl = UnixStream::connect(path)?;
+    ) -> io::Result<(Conn, Vec<crate::Claimed>)> {
         ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
         let command = std::env::args()
             .next()
@@ -162,11 +166,13 @@ impl Conn {
         let (Some(mem_fd), Some(page_fd)) = (fds.next(), fds.next()) else {
             return Err(proto("attach reply without its memory"));
         };
-        let mem = Session::attach(mem_fd)?;
-        let page = ServerPage::attach(page_fd)?;
+        use crate::lineage::park;
+        let mem = Session::attach(park(mem_fd))?;
+        let page = ServerPage::attach(park(page_fd))?;
         let server_efd = if page.bell_kind() == BELL_EVENTFD {
             Some(
                 fds.next()
+                    .map(park)
                     .ok_or_else(|| proto("attach reply without the server's eventfd"))?,
             )
         } else {
@@ -179,8 +185,16 @@ impl Conn {
         let slots = reply["slots"]
             .as_array()
             .map(|a| {
+                let word = |v: &serde_json::Value| v.as_u64().map(|x| x as u32);
                 a.iter()
-                    .filter_map(|p| Some((p[0].as_u64()? as u32, p[1].as_u64()? as u32)))
+                    .filter_map(|p| {
+                        Some(crate::Claimed {
+                            parent_slot: word(&p[0])?,
+                            slot: word(&p[1])?,
+                            tag: word(&p[2]).unwrap_or(0),
+                            role: word(&p[3]).unwrap_or(u32::MAX),
+                        })
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -203,22 +217,38 @@ impl Conn {
             last_probe: AtomicU64::new(0),
             stack_name: name.to_string(),
             path: path.to_path_buf(),
+            inheritable: opts.inheritable,
         };
         Ok((conn, slots))
     }
 
     /// Pins every socket of this session for a child about to be forked (see
-    /// `usnet_server::control`). The returned connection is the pin's life.
+    /// `usnet_server::control`): asked on the session's own connection. The
+    /// returned channel is the pin's life.
     pub fn pin(&self) -> io::Result<(UnixStream, String, u32)> {
-        use std::io::{BufRead, Write};
-        let ctl = UnixStream::connect(&self.path)?;
-        ctl.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let req = serde_json::json!({"cmd": "pin", "session": self.mem.id()});
-        let mut line = serde_json::to_string(&req).expect("json");
-        line.push('\n');
-        (&ctl).write_all(line.as_bytes())?;
+        Self::ask_pin(
+            &self.ctl,
+            crate::lineage::Kind::Pin,
+            &self.stack_name,
+            self.inheritable,
+        )
+    }
+
+    /// Asks for a pin on the control connection `over` (a session's: pins its
+    /// sockets; a pin's: its token again): the answer's channel (named `kind`), the
+    /// token and how many sockets the pin holds.
+    pub fn ask_pin(
+        over: &UnixStream,
+        kind: crate::lineage::Kind,
+        stack: &str,
+        inheritable: bool,
+    ) -> io::Result<(UnixStream, String, u32)> {
+        use std::io::BufRead;
+        let req = serde_json::json!({"cmd": "pin"});
+        let ch = crate::lineage::request(over, &req, kind, stack, inheritable)?;
         let mut reply = String::new();
-        std::io::BufReader::new(&ctl).read_line(&mut reply)?;
+        // The server writes this one line and nothing more until asked again.
+        std::io::BufReader::new(&ch).read_line(&mut reply)?;
         let v: serde_json::Value =
             serde_json::from_str(reply.trim()).map_err(|e| proto(&format!("pin reply: {e}")))?;
         if let Some(e) = v["error"].as_str() {
@@ -229,7 +259,7 @@ impl Conn {
             .ok_or_else(|| proto("pin reply without a token"))?
             .to_string();
         let n = v["sockets"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
-        Ok((ctl, token, n))
+        Ok((ch, token, n))
     }
 
     /// Asks for the session's zero-copy port: returns the pool's memfd and the

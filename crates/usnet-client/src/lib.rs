@@ -15,6 +15,7 @@
 //! with `ENETDOWN` within a fraction of a second.
 
 mod conn;
+pub mod lineage;
 mod net;
 mod poll;
 pub mod signal;
@@ -55,10 +56,9 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// A fork pin (see [`Client::pin_for_fork`]): its connection and token.
+/// A fork pin (see [`Client::pin_for_fork`]): its connection.
 pub struct ForkPin {
     stream: UnixStream,
-    token: String,
     /// Sockets pinned: the child asks for room for them besides its usual quota.
     sockets: u32,
     path: std::path::PathBuf,
@@ -81,6 +81,24 @@ pub struct AttachOptions {
     pub ring_bytes: Option<u32>,
     /// Sockets this client may hold at once (the server's quota is the most).
     pub max_sockets: Option<u32>,
+    /// The control connections (the session's, and fork pins') are made without
+    /// close-on-exec, so that a program this process `exec`s or spawns can take over
+    /// the sockets it inherits ([`Client::inherit`]); the BSD socket layer sets it.
+    /// Off, the session ends at `exec`.
+    pub inheritable: bool,
+}
+
+/// A socket a claim gave this session (see [`Client::claim`], [`Client::inherit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// Its slot in the session that pinned it.
+    pub parent_slot: u32,
+    /// Its slot here.
+    pub slot: u32,
+    /// The pinning session's tag for it (`usnet_abi::slot::TAG`).
+    pub tag: u32,
+    /// What it is (`usnet_abi::role`).
+    pub role: u32,
 }
 
 impl Client {
@@ -126,10 +144,9 @@ impl Client {
     /// right after the fork; a child that exits or execs without attaching drops the
     /// pin, and its share of the sockets with it.
     pub fn pin_for_fork(&self) -> io::Result<ForkPin> {
-        let (stream, token, sockets) = self.conn.pin()?;
+        let (stream, _token, sockets) = self.conn.pin()?;
         Ok(ForkPin {
             stream,
-            token,
             sockets,
             path: self.conn.path.clone(),
             name: self.conn.stack_name.clone(),
@@ -137,14 +154,40 @@ impl Client {
     }
 
     /// In a forked child: attaches a session of its own that holds the sockets of
-    /// `pin` too. Returns the client and, for each pinned socket, (its slot in the
-    /// parent's session, its slot in ours): see `forked` on the socket types.
-    pub fn claim(pin: ForkPin, opts: &AttachOptions) -> io::Result<(Client, Vec<(u32, u32)>)> {
+    /// `pin` too, asked for on the pin's own connection (so a child that dropped
+    /// its privileges after the fork still can). Returns the client and what it got
+    /// for each pinned socket: see `forked` on the socket types.
+    pub fn claim(pin: ForkPin, opts: &AttachOptions) -> io::Result<(Client, Vec<Claimed>)> {
+        let r = Self::claim_over(&pin.stream, pin.sockets, &pin.path, &pin.name, opts);
+        drop(pin);
+        r
+    }
+
+    /// In a program started by `exec` (or `posix_spawn`) from a client: takes over
+    /// the sockets of the control connection `from` that it inherited (a session's,
+    /// or a fork pin's), in a session of its own. Which of them it still has a
+    /// descriptor for, it tells by their tags ([`Claimed::tag`]); the caller closes
+    /// the slots of the others. `from` can be closed afterwards.
+    pub fn inherit(
+        from: &lineage::Inherited,
+        opts: &AttachOptions,
+    ) -> io::Result<(Client, Vec<Claimed>)> {
+        let path = usnet_session::ctl::socket_path(&from.stack);
+        Self::claim_over(&from.stream, 0, &path, &from.stack, opts)
+    }
+
+    fn claim_over(
+        over: &std::os::unix::net::UnixStream,
+        pinned: u32,
+        path: &std::path::Path,
+        name: &str,
+        opts: &AttachOptions,
+    ) -> io::Result<(Client, Vec<Claimed>)> {
+        let (ch, token, n) = Conn::ask_pin(over, lineage::Kind::Session, name, opts.inheritable)?;
         let mut opts = opts.clone();
         let want = opts.max_sockets.unwrap_or(1024);
-        opts.max_sockets = Some(want.max(pin.sockets.saturating_add(1024)));
-        let (conn, map) = Conn::attach_claiming(&pin.path, &pin.name, &opts, Some(&pin.token))?;
-        drop(pin);
+        opts.max_sockets = Some(want.max(n.max(pinned).saturating_add(1024)));
+        let (conn, map) = Conn::attach_over(ch, path, name, &opts, Some(&token))?;
         Ok((
             Client {
                 conn: Arc::new(conn),

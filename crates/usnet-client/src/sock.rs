@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, SLOT_OPEN};
+use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, SLOT_OPEN};
 use usnet_shm::{ByteConsumer, ByteProducer};
 
 use crate::conn::{errno_err, Conn};
@@ -28,6 +28,8 @@ pub struct Sock {
     read_timeout: Mutex<Option<Duration>>,
     write_timeout: Mutex<Option<Duration>>,
     closed: AtomicBool,
+    /// An `RX_WANT` was sent for this socket (once is enough: see `want_stream`).
+    wanted: AtomicBool,
 }
 
 thread_local! {
@@ -78,6 +80,7 @@ impl Sock {
             read_timeout: Mutex::new(None),
             write_timeout: Mutex::new(None),
             closed: AtomicBool::new(false),
+            wanted: AtomicBool::new(false),
         })
     }
 
@@ -96,6 +99,14 @@ impl Sock {
             *lock(&s.write_timeout) = *t;
         }
         Ok(s)
+    }
+
+    /// Names the socket across `exec` (`usnet_abi::slot::TAG`).
+    pub(crate) fn set_tag(&self, tag: u32) {
+        self.conn
+            .mem
+            .slot_word(self.slot, slot::TAG)
+            .store(tag, Release);
     }
 
     /// Never closes or posts again (a forked child's copy of its parent's socket).
@@ -206,7 +217,11 @@ impl Sock {
 
     /// Bytes in the receive ring.
     pub(crate) fn rx_ready(&self) -> usize {
-        lock(&self.rx).available().unwrap_or(0)
+        let n = lock(&self.rx).available().unwrap_or(0);
+        if n == 0 {
+            self.want_stream();
+        }
+        n
     }
 
     /// Copies from the receive ring; 0 when it is empty.
@@ -214,6 +229,8 @@ impl Sock {
         let mut rx = lock(&self.rx);
         let n = rx.available().map_err(|_| corrupt())?;
         if n == 0 {
+            drop(rx);
+            self.want_stream();
             return Ok(0);
         }
         let k = rx.read(buf);
@@ -294,6 +311,23 @@ impl Sock {
 
     /// The kick protocol: after publishing (or consuming), a fence, then take the
     /// server's "not watching" mark; if it was set, tell the server (usnet_shm::arm).
+    /// This process reads (or waits to read) a shared stream whose bytes go to
+    /// another holder: asks for it (`op::RX_WANT`). The server moves it here only if
+    /// that holder never read it; if it has, it keeps reading it, and asking again
+    /// would change nothing, so this asks once.
+    fn want_stream(&self) {
+        if self.flags() & FLAG_NOT_RECEIVER == 0 {
+            // The receiver (again): a later loss of the stream may be asked about.
+            if self.wanted.load(Relaxed) {
+                self.wanted.store(false, Relaxed);
+            }
+            return;
+        }
+        if !self.wanted.swap(true, Relaxed) {
+            let _ = self.conn.post(self.request(op::RX_WANT, [0; 6]), false);
+        }
+    }
+
     fn kick(&self, armed: usize, op: u16) {
         if usnet_shm::arm::take(self.conn.mem.slot_word(self.slot, armed)) {
             let _ = self.conn.post(self.request(op, [0; 6]), false);

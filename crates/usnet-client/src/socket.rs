@@ -42,6 +42,23 @@ impl Socket {
         self.sock.slot
     }
 
+    /// Names this socket across `exec` (`usnet_abi::slot::TAG`; the BSD layer's
+    /// tag for it).
+    #[doc(hidden)]
+    pub fn set_exec_tag(&self, tag: u32) {
+        self.sock.set_tag(tag);
+    }
+
+    /// The socket this program inherited at `slot` of its session
+    /// ([`crate::Client::inherit`]).
+    #[doc(hidden)]
+    pub fn inherited(client: &Client, slot: u32, kind: SocketKind) -> io::Result<Socket> {
+        Ok(Socket {
+            sock: Sock::from_slot(&client.conn, slot)?,
+            kind,
+        })
+    }
+
     /// The same socket in a forked child's session (see `TcpStream::forked`).
     #[doc(hidden)]
     pub fn forked(&self, client: &Client, slot: u32) -> io::Result<Socket> {

@@ -44,6 +44,22 @@ impl UdpSocket {
         })
     }
 
+    /// Names this socket across `exec` (`usnet_abi::slot::TAG`; the BSD layer's
+    /// tag for it).
+    #[doc(hidden)]
+    pub fn set_exec_tag(&self, tag: u32) {
+        self.sock.set_tag(tag);
+    }
+
+    /// The socket this program inherited at `slot` of its session
+    /// ([`crate::Client::inherit`]).
+    #[doc(hidden)]
+    pub fn inherited(client: &Client, slot: u32) -> io::Result<UdpSocket> {
+        Ok(UdpSocket {
+            sock: Sock::from_slot(&client.conn, slot)?,
+        })
+    }
+
     /// Never closes or posts again (a forked child's copy that has no slot of its own).
     #[doc(hidden)]
     pub fn disown(&self) {

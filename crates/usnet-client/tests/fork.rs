@@ -17,10 +17,10 @@ fn sa(s: &str) -> SocketAddr {
 }
 
 /// The child's copy of each pinned socket: (parent slot, child slot) → child slot.
-fn child_slot(map: &[(u32, u32)], parent: u32) -> u32 {
+fn child_slot(map: &[usnet_client::Claimed], parent: u32) -> u32 {
     map.iter()
-        .find(|&&(p, _)| p == parent)
-        .map(|&(_, c)| c)
+        .find(|c| c.parent_slot == parent)
+        .map(|c| c.slot)
         .expect("the socket was pinned")
 }
 

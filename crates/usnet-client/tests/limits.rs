@@ -71,6 +71,7 @@ fn per_client_limits_hold_and_are_counted() {
         &AttachOptions {
             max_sockets: Some(4),
             ring_bytes: Some(1 << 20),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -79,6 +80,7 @@ fn per_client_limits_hold_and_are_counted() {
         &AttachOptions {
             max_sockets: Some(100_000),
             ring_bytes: None,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -989,6 +989,7 @@ fn role_many(name: &str, k: u16, n: u16, conns: usize) -> i32 {
         &AttachOptions {
             ring_bytes: Some(4096),
             max_sockets: Some(2 * conns as u32 + 8),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -36,7 +36,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use std::sync::{Arc, Mutex, Once, RwLock};
 
-use usnet_client::{AttachOptions, Client, ForkPin};
+use usnet_client::{Client, ForkPin};
 
 use crate::{lock, poll, table, Desc, Entry, Obj, CLIENT};
 
@@ -121,7 +121,7 @@ fn adopt() {
         old.abandon();
     }
     let (new, map) = match pin {
-        Some(p) => match Client::claim(p, &AttachOptions::default()) {
+        Some(p) => match Client::claim(p, &crate::exec::attach_options()) {
             Ok((c, m)) => (Some(c), m),
             Err(e) => {
                 if std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1") {
@@ -132,7 +132,7 @@ fn adopt() {
         },
         None => (None, Vec::new()),
     };
-    let map: HashMap<u32, u32> = map.into_iter().collect();
+    let map: HashMap<u32, u32> = map.into_iter().map(|c| (c.parent_slot, c.slot)).collect();
     let mut used = HashSet::new();
     let Ok(mut t) = table().try_write() else {
         *current = new;
@@ -151,7 +151,7 @@ fn adopt() {
         // Epoll sets come last: they look their sockets up in the rebuilt table.
         let made_now = described(&mut made, &old, |o| match o {
             Obj::Epoll(_) => None,
-            o => Some(remake(o, new.as_ref(), &map, &mut used)),
+            o => Some(remake(o, old.tag, new.as_ref(), &map, &mut used)),
         });
         let Some(desc) = made_now else {
             sets.push(fd);
@@ -181,28 +181,55 @@ fn adopt() {
 }
 
 /// The child's object for a parent's one: over the claimed slot, or failed.
-fn remake(o: &Obj, c: Option<&Client>, map: &HashMap<u32, u32>, used: &mut HashSet<u32>) -> Obj {
+fn remake(
+    o: &Obj,
+    tag: u32,
+    c: Option<&Client>,
+    map: &HashMap<u32, u32>,
+    used: &mut HashSet<u32>,
+) -> Obj {
     let mut slot_for = |parent: u32| {
         let j = *map.get(&parent)?;
         used.insert(j);
         Some((c?, j))
     };
+    // The child's slot carries the socket's tag too, for an `exec` of its own.
     let r = match o {
         Obj::Fresh(s) => {
             s.disown();
-            slot_for(s.fork_slot()).and_then(|(c, j)| s.forked(c, j).ok().map(Obj::Fresh))
+            slot_for(s.fork_slot())
+                .and_then(|(c, j)| s.forked(c, j).ok())
+                .map(|s| {
+                    s.set_exec_tag(tag);
+                    Obj::Fresh(s)
+                })
         }
         Obj::Listener(l) => {
             l.disown();
-            slot_for(l.fork_slot()).and_then(|(c, j)| l.forked(c, j).ok().map(Obj::Listener))
+            slot_for(l.fork_slot())
+                .and_then(|(c, j)| l.forked(c, j).ok())
+                .map(|l| {
+                    l.set_exec_tag(tag);
+                    Obj::Listener(l)
+                })
         }
         Obj::Stream(s) => {
             s.disown();
-            slot_for(s.fork_slot()).and_then(|(c, j)| s.forked(c, j).ok().map(Obj::Stream))
+            slot_for(s.fork_slot())
+                .and_then(|(c, j)| s.forked(c, j).ok())
+                .map(|s| {
+                    s.set_exec_tag(tag);
+                    Obj::Stream(s)
+                })
         }
         Obj::Udp(u) => {
             u.disown();
-            slot_for(u.fork_slot()).and_then(|(c, j)| u.forked(c, j).ok().map(Obj::Udp))
+            slot_for(u.fork_slot())
+                .and_then(|(c, j)| u.forked(c, j).ok())
+                .map(|u| {
+                    u.set_exec_tag(tag);
+                    Obj::Udp(u)
+                })
         }
         _ => None,
     };
@@ -249,6 +276,7 @@ fn redescribed(old: &Desc, obj: Obj) -> Arc<Desc> {
         nonblock: AtomicBool::new(old.nonblocking()),
         error: AtomicI32::new(old.error.load(Relaxed)),
         opts: Mutex::new(old.opts.try_lock().map(|o| o.clone()).unwrap_or_default()),
+        tag: old.tag,
     })
 }
 

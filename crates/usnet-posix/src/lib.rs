@@ -23,6 +23,7 @@
 //! within a millisecond. A set of usnet sockets only sleeps on the bell.
 
 pub mod addr;
+mod exec;
 mod fork;
 mod poll;
 
@@ -36,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use usnet_client::{Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
 
+pub use exec::{attach_refusal, inherit, pin_for_spawn, SpawnPin};
 pub use poll::{epoll_create, epoll_ctl, epoll_wait, poll, EpollEvent};
 
 /// A Linux errno value.
@@ -86,14 +88,15 @@ pub fn attach(stack: Option<&str>) -> Res<()> {
     if c.as_ref().is_some_and(|c| c.is_alive()) {
         return Ok(());
     }
-    let client = match stack {
-        Some(name) => Client::attach(name),
-        None => Client::from_env(),
-    }
-    .map_err(|e| match e.raw_os_error() {
-        Some(n) => Errno(n),
-        None => Errno(libc::ENETDOWN),
-    })?;
+    let name = stack
+        .map(String::from)
+        .or_else(|| std::env::var("USNET_STACK").ok());
+    let client = Client::attach_with(name.as_deref(), &exec::attach_options())
+        .inspect_err(|e| exec::say_refused(name.as_deref(), e))
+        .map_err(|e| match e.raw_os_error() {
+            Some(n) => Errno(n),
+            None => Errno(libc::ENETDOWN),
+        })?;
     *c = Some(client);
     fork::register();
     Ok(())
@@ -163,6 +166,8 @@ struct Desc {
     /// A connect's failure, for `SO_ERROR` (taken once).
     error: AtomicI32,
     opts: Mutex<Opts>,
+    /// The socket's name across `exec` ([`exec::tag`]); 0 for an epoll set.
+    tag: u32,
 }
 
 fn table() -> &'static RwLock<HashMap<RawFd, Arc<Entry>>> {
@@ -188,10 +193,14 @@ pub fn is_usnet(fd: RawFd) -> bool {
         .contains_key(&fd)
 }
 
-fn reserve(cloexec: bool) -> Res<OwnedFd> {
-    let flags = libc::EFD_NONBLOCK | if cloexec { libc::EFD_CLOEXEC } else { 0 };
+/// A descriptor number for a socket: an eventfd whose count is the socket's `tag`
+/// and whose O_NONBLOCK follows the socket's (so a program after `exec` finds both;
+/// see [`exec`]).
+fn reserve(cloexec: bool, nonblock: bool, tag: u32) -> Res<OwnedFd> {
+    let flags =
+        if nonblock { libc::EFD_NONBLOCK } else { 0 } | if cloexec { libc::EFD_CLOEXEC } else { 0 };
     // SAFETY: eventfd has no memory arguments; a non-negative result is a new fd we own.
-    let fd = unsafe { libc::eventfd(0, flags) };
+    let fd = unsafe { libc::eventfd(tag, flags) };
     if fd < 0 {
         return Err(Errno(
             io::Error::last_os_error()
@@ -229,17 +238,19 @@ impl Drop for Entry {
 }
 
 fn new_entry(reserve: OwnedFd, obj: Obj, domain: i32, stype: i32, nonblock: bool) -> Entry {
-    numbered(
-        reserve,
-        Arc::new(Desc {
-            obj: RwLock::new(obj),
-            domain,
-            stype,
-            nonblock: AtomicBool::new(nonblock),
-            error: AtomicI32::new(0),
-            opts: Mutex::new(Opts::default()),
-        }),
-    )
+    numbered(reserve, new_desc(obj, domain, stype, nonblock, 0))
+}
+
+fn new_desc(obj: Obj, domain: i32, stype: i32, nonblock: bool, tag: u32) -> Arc<Desc> {
+    Arc::new(Desc {
+        obj: RwLock::new(obj),
+        domain,
+        stype,
+        nonblock: AtomicBool::new(nonblock),
+        error: AtomicI32::new(0),
+        opts: Mutex::new(Opts::default()),
+        tag,
+    })
 }
 
 /// An entry for number `reserve` naming `desc`.
@@ -289,16 +300,18 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     }
     let c = client()?;
     let s = Socket::new(&c, kind)?;
-    let r = reserve(ty & libc::SOCK_CLOEXEC != 0)?;
+    let nb = ty & libc::SOCK_NONBLOCK != 0;
+    let tag = exec::tag(domain);
+    s.set_exec_tag(tag);
+    let r = reserve(ty & libc::SOCK_CLOEXEC != 0, nb, tag)?;
     let obj = match kind {
         SocketKind::Tcp => Obj::Fresh(s),
         SocketKind::Udp => Obj::Udp(s.into_udp()),
     };
-    let nb = ty & libc::SOCK_NONBLOCK != 0;
     if let Obj::Udp(u) = &obj {
         u.set_nonblocking(nb)?;
     }
-    Ok(insert(new_entry(r, obj, domain, base, nb)))
+    Ok(insert(numbered(r, new_desc(obj, domain, base, nb, tag))))
 }
 
 /// `bind(2)`.
@@ -385,8 +398,13 @@ pub fn accept4(fd: RawFd, flags: i32) -> Res<(RawFd, SocketAddr)> {
     let nb = flags & libc::SOCK_NONBLOCK != 0;
     s.set_nonblocking(nb)?;
     apply_stream_opts(&e, &s);
-    let r = reserve(flags & libc::SOCK_CLOEXEC != 0)?;
-    let ne = new_entry(r, Obj::Stream(s), e.domain, libc::SOCK_STREAM, nb);
+    let tag = exec::tag(e.domain);
+    s.set_exec_tag(tag);
+    let r = reserve(flags & libc::SOCK_CLOEXEC != 0, nb, tag)?;
+    let ne = numbered(
+        r,
+        new_desc(Obj::Stream(s), e.domain, libc::SOCK_STREAM, nb, tag),
+    );
     // Accepted sockets inherit the listener's options, as Linux's do.
     {
         let from = lock(&e.opts);
@@ -949,7 +967,9 @@ pub fn fcntl(fd: RawFd, cmd: i32, arg: i64) -> Res<i32> {
 }
 
 fn set_nonblocking(e: &Entry, nb: bool) -> Res<()> {
-    e.nonblock.store(nb, Relaxed);
+    if e.nonblock.swap(nb, Relaxed) != nb {
+        exec::mirror_nonblock(e.reserve.as_raw_fd(), nb);
+    }
     match &*e.read() {
         Obj::Listener(l) => l.set_nonblocking(nb)?,
         Obj::Stream(s) => s.set_nonblocking(nb)?,

@@ -89,13 +89,14 @@ fn next_symbol(cache: &AtomicUsize, name: &CStr) -> usize {
 /// libc's definition of `name`, looked up once.
 macro_rules! next_of {
     ($name:ident) => {{
-        static CACHE: AtomicUsize = AtomicUsize::new(0);
-        const NAME: &CStr =
-            match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                Ok(c) => c,
-                Err(_) => panic!("symbol name"),
-            };
-        next_symbol(&CACHE, NAME)
+        static CACHE: ::std::sync::atomic::AtomicUsize = ::std::sync::atomic::AtomicUsize::new(0);
+        const NAME: &::std::ffi::CStr = match ::std::ffi::CStr::from_bytes_with_nul(
+            concat!(stringify!($name), "\0").as_bytes(),
+        ) {
+            Ok(c) => c,
+            Err(_) => panic!("symbol name"),
+        };
+        $crate::next_symbol(&CACHE, NAME)
     }};
 }
 
@@ -170,11 +171,14 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
                 return kernel();
             }
             if !SAID.swap(true, Relaxed) {
-                let stack =
-                    std::env::var("USNET_STACK").unwrap_or_else(|_| "(USNET_STACK unset)".into());
+                let why = usnet_posix::attach_refusal().unwrap_or_else(|| {
+                    format!(
+                        "cannot attach to a usnet stack ({})",
+                        std::io::Error::from_raw_os_error(e)
+                    )
+                });
                 eprintln!(
-                    "usnet-preload: cannot attach to the usnet stack {stack} ({}); is `usnet up` running? (USNET_FALLBACK=kernel uses the kernel instead)",
-                    std::io::Error::from_raw_os_error(e)
+                    "usnet-preload: {why} (USNET_FALLBACK=kernel puts this program's sockets on the kernel instead)"
                 );
             }
             set_errno(libc::ENETDOWN);
@@ -1137,3 +1141,5 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     }
     old.sa_sigaction
 }
+
+mod spawn;

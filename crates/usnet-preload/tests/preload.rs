@@ -163,6 +163,16 @@ fn sockets_shared_across_fork_behave_as_on_the_kernel() {
     same_under_the_shim("fork", 7704);
 }
 
+/// exec: sockets without FD_CLOEXEC live on in programs started with execv,
+/// posix_spawn, system, popen, execve with an empty environment, and a shell's
+/// /dev/tcp read by cat; FD_CLOEXEC ones close; as root, a child that drops to
+/// nobody right after fork serves its parent's listener.
+#[test]
+fn sockets_kept_across_exec_behave_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("exec", 7710);
+}
+
 #[test]
 fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
     let _serial = serial();

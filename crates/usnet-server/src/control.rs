@@ -11,16 +11,28 @@
 //! server's eventfd, passed with SCM_RIGHTS), `{"cmd":"stat"}`, `{"cmd":"clients"}`,
 //! `{"cmd":"ping",...}` and `{"cmd":"stop"}`.
 //!
-//! Fork: `{"cmd":"pin","session":S}` from the process that owns session S (its
-//! `SO_PEERCRED` pid must be the session's), just before it forks, pins every socket
-//! of S for the child and answers with a random token; the connection stays open and
-//! is the pin's life: the child inherits it (close-on-exec), and when every copy is
-//! closed (the child exited or exec'd without attaching) the pin is dropped. The
-//! child attaches with `"claim": token` and gets its own slots over the same stack
-//! sockets (`"slots": [[parent slot, child slot], ...]` in the reply). Only the
-//! family knows the token: it lives in the parent's memory, which the child copied.
+//! Requests on an attached connection. A client's connection (and a pin's, below)
+//! takes requests of its own, each one JSON line sent with `SCM_RIGHTS` carrying a
+//! fresh channel: one end of a socketpair the requester made, on which the answer
+//! comes. Whoever can write on the connection holds it (the session's process, a
+//! child forked from it, or the program one of them exec'd: the kernel gave them
+//! the descriptor), so no credentials are checked again: a child that dropped its
+//! privileges after `fork` (nginx's workers, sshd) keeps the right its parent was
+//! given, and never connects to the control socket, which its new uid may not open.
+//!
+//! - `{"cmd":"pin"}` on a session's connection pins every socket of the session for
+//!   a child (before a `fork`, or by a program after `exec` or `posix_spawn` that
+//!   inherited the connection) and answers `{"ok":true,"token":T,"sockets":N}` on
+//!   the channel. The channel is the pin's life: the child inherits it, and when
+//!   every copy is closed (the child exited without attaching) the pin is dropped.
+//!   The same request on a pin's channel answers that pin's token.
+//! - `{"cmd":"attach","claim":T,...}` on a pin's channel attaches a new session over
+//!   it (the channel is then that session's connection), holding the pinned sockets
+//!   too: `"slots": [[parent slot, child slot, tag, role], ...]` in the reply (the
+//!   tag is the parent's `usnet_abi::slot::TAG`, the role a `usnet_abi::role`).
+//!   Only the family knows the token: it came over a descriptor only they hold.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
@@ -161,25 +173,49 @@ fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
         if n <= 0 {
             continue;
         }
-        // Hang-ups first (walk backwards so removal keeps indices valid).
+        // Hang-ups and requests first (walk backwards so removal keeps indices valid;
+        // what is pushed meanwhile is looked at in the next round).
         for k in (1..fds.len()).rev() {
             if fds[k].revents == 0 {
                 continue;
             }
-            let gone = fds[k].revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 || {
-                // Readable: a client sends nothing after attach, so this is EOF or junk.
-                let mut b = [0u8; 64];
-                !matches!((&attached[k - 1].stream).read(&mut b), Ok(n) if n > 0)
+            let hup = fds[k].revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0;
+            let said = if hup {
+                Said::Gone
+            } else {
+                read_request(&attached[k - 1].stream)
             };
-            if gone {
-                let a = attached.swap_remove(k - 1);
-                let id = a.id;
-                match a.pin {
-                    Some(token) => {
+            match said {
+                Said::Nothing => {}
+                Said::Pin(channel) => {
+                    let from = (attached[k - 1].id, attached[k - 1].pin);
+                    if let Some(a) = pin(channel, from, &ctx) {
+                        attached.push(a);
+                    }
+                }
+                Said::Attach(req) if attached[k - 1].id == 0 => {
+                    let a = attached.swap_remove(k - 1);
+                    if let Some(s) = attach(a.stream, &req, &ctx) {
+                        attached.push(s);
+                    }
+                    // The channel was this pin's life: claimed now, or let go.
+                    if let Some(token) = a.pin {
                         let _ = ctx.call(move |lp| lp.drop_pin(token));
                     }
-                    None => {
-                        let _ = ctx.call(move |lp| lp.remove_session(id));
+                }
+                // A session attaches once.
+                Said::Attach(_) => {}
+                Said::Gone => {
+                    let a = attached.swap_remove(k - 1);
+                    let id = a.id;
+                    match a.pin {
+                        Some(token) => {
+                            let _ = ctx.call(move |lp| lp.drop_pin(token));
+                        }
+                        None if id == 0 => {}
+                        None => {
+                            let _ = ctx.call(move |lp| lp.remove_session(id));
+                        }
                     }
                 }
             }
@@ -225,13 +261,64 @@ fn random_token() -> io::Result<u128> {
     Ok(u128::from_le_bytes(b))
 }
 
-/// A pin request: see the module's text.
-fn pin(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
-    let Some(session) = req["session"].as_u64().map(|v| v as u32) else {
-        let _ = send(&mut out, &json!({"error": "pin needs a session"}));
-        return None;
-    };
-    let pid = peer_pid(&out);
+/// What an attached connection said (see the module's text).
+enum Said {
+    /// Hung up, or a read failed.
+    Gone,
+    /// Nothing yet, or something that is no request (ignored).
+    Nothing,
+    /// `pin`, with the channel to answer on.
+    Pin(UnixStream),
+    Attach(Value),
+}
+
+fn read_request(s: &UnixStream) -> Said {
+    let mut buf = [0u8; 4096];
+    match usnet_shm::fdpass::recv_with_fds(s, &mut buf) {
+        Ok((0, _)) => Said::Gone,
+        Ok((n, fds)) => {
+            let Ok(req) = serde_json::from_slice::<Value>(buf[..n].trim_ascii_end()) else {
+                return Said::Nothing;
+            };
+            let mut fds = fds.into_iter();
+            match (req["cmd"].as_str(), fds.next(), fds.next()) {
+                (Some("pin"), Some(channel), None) => Said::Pin(UnixStream::from(channel)),
+                (Some("attach"), None, None) => Said::Attach(req),
+                _ => Said::Nothing,
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Said::Nothing,
+        Err(_) => Said::Gone,
+    }
+}
+
+/// A pin request that came on the connection `from` (its session, and its pin if it
+/// is a pin's channel), answered on `out`, which is then watched: see the module's
+/// text.
+fn pin(mut out: UnixStream, from: (u32, Option<u128>), ctx: &Ctx) -> Option<Attached> {
+    out.set_nonblocking(false).ok()?;
+    out.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
+    let (session, held) = from;
+    if session == 0 {
+        // A pin's holder (a forked child, or what it exec'd) asks for its token.
+        let Some(token) = held else {
+            let _ = send(&mut out, &json!({"error": "this connection holds no pin"}));
+            return None;
+        };
+        let n = ctx.call(move |lp| lp.pin_size(token)).flatten();
+        let Some(n) = n else {
+            let _ = send(&mut out, &json!({"error": "the pin is gone"}));
+            return None;
+        };
+        let reply = json!({"ok": true, "token": format!("{token:032x}"), "sockets": n});
+        send(&mut out, &reply).ok()?;
+        out.set_nonblocking(true).ok()?;
+        return Some(Attached {
+            stream: out,
+            id: 0,
+            pin: None,
+        });
+    }
     let token = match random_token() {
         Ok(t) => t,
         Err(e) => {
@@ -239,16 +326,8 @@ fn pin(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
             return None;
         }
     };
-    let r = ctx.call(move |lp| {
-        // Only the session's own process may pin its sockets.
-        match lp.sessions.get(&session) {
-            Some(s) if Some(s.pid) == pid => lp.pin(session, token).ok_or("no such session"),
-            Some(_) => Err("permission denied: not the session's process"),
-            None => Err("no such session"),
-        }
-    });
-    match r {
-        Some(Ok(n)) => {
+    match ctx.call(move |lp| lp.pin(session, token)) {
+        Some(Some(n)) => {
             let reply = json!({"ok": true, "token": format!("{token:032x}"), "sockets": n});
             if send(&mut out, &reply).is_err() {
                 let _ = ctx.call(move |lp| lp.drop_pin(token));
@@ -261,8 +340,8 @@ fn pin(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
                 pin: Some(token),
             })
         }
-        Some(Err(e)) => {
-            let _ = send(&mut out, &json!({ "error": e }));
+        Some(None) => {
+            let _ = send(&mut out, &json!({"error": "no such session"}));
             None
         }
         None => {
@@ -383,9 +462,6 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
     if req["cmd"].as_str() == Some("attach") {
         return attach(out, &req, ctx);
     }
-    if req["cmd"].as_str() == Some("pin") {
-        return pin(out, &req, ctx);
-    }
     if req["cmd"].as_str() == Some("zc_port") {
         zc_port(out, &req, ctx);
         return None;
@@ -404,6 +480,8 @@ fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
 }
 
 fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
+    out.set_nonblocking(false).ok()?;
+    out.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
     // The kernel's word for who connected, the request's if it has none.
     let pid = peer_pid(&out).unwrap_or(req["pid"].as_u64().unwrap_or(0) as u32);
@@ -488,7 +566,7 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     if let Some(map) = slots {
         reply["slots"] = map
             .iter()
-            .map(|&(a, b)| json!([a, b]))
+            .map(|c| json!([c.parent_slot, c.slot, c.tag, c.role]))
             .collect::<Vec<_>>()
             .into();
     }

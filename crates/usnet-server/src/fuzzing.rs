@@ -229,17 +229,22 @@ impl Harness {
         stack.poll(self.now);
         let mut released = Vec::new();
         let mut touched = Vec::new();
+        let mut wants = Vec::new();
         for id in [1, 2] {
             if let Some(s) = self.sessions.get_mut(&id) {
                 s.serve(stack, limits().budget);
                 s.drain_all(stack);
                 released.extend(s.released.drain(..).map(|(h, left)| (h, id, left)));
                 touched.append(&mut s.touched);
+                wants.extend(s.wants.drain(..).map(|h| (h, id)));
             }
         }
         for (h, id, left) in released {
             self.sharing
                 .release(&mut self.sessions, stack, h, id, left, false);
+        }
+        for (h, id) in wants {
+            self.sharing.want(&mut self.sessions, stack, id, h);
         }
         for h in touched {
             for id in self.sharing.holders(h) {

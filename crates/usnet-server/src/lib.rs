@@ -313,18 +313,23 @@ impl Loop {
         }
         let mut released = Vec::new();
         let mut touched = Vec::new();
+        let mut wants = Vec::new();
         for id in &self.order {
             if let Some(s) = self.sessions.get_mut(id) {
                 did |= s.serve(stack, budget) > 0;
                 s.drain_all(stack);
                 released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                 touched.append(&mut s.touched);
+                wants.extend(s.wants.drain(..).map(|h| (h, *id)));
             }
         }
         for (h, id, left) in released {
             self.release_shared(h, id, left, false);
         }
         let stack = self.driver.stack_mut();
+        for (h, id) in wants {
+            self.sharing.want(&mut self.sessions, stack, id, h);
+        }
         // Zero-copy ports after the requests (a listen or connect just made), before
         // readiness: their sockets' news goes into their RX rings.
         for id in &self.order {
@@ -387,6 +392,11 @@ impl Loop {
         self.sharing.pin(&mut self.sessions, stack, from, token)
     }
 
+    /// How many sockets the pin `token` holds, if it is there.
+    pub(crate) fn pin_size(&self, token: u128) -> Option<usize> {
+        self.sharing.pin_size(token)
+    }
+
     /// A pin nobody will claim ([`Sharing::drop_pin`]).
     pub(crate) fn drop_pin(&mut self, token: u128) {
         let stack = self.driver.stack_mut();
@@ -394,7 +404,7 @@ impl Loop {
     }
 
     /// The forked child's session `id` claims the pin `token` ([`Sharing::claim`]).
-    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<(u32, u32)>> {
+    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<shared::Claimed>> {
         let stack = self.driver.stack_mut();
         self.sharing.claim(&mut self.sessions, stack, id, token)
     }

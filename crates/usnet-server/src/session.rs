@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use usnet_abi::{
     errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND,
-    FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF, FLAG_WR_SHUT, KIND_TCP, KIND_UDP,
-    RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
+    FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_WR_SHUT, KIND_TCP,
+    KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE,
+    SLOT_OPEN,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -29,6 +30,18 @@ pub(crate) enum Role {
     Listener,
     Conn,
     Udp,
+}
+
+impl Role {
+    /// Its number in a claim's slot map (`usnet_abi::role`).
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Role::Fresh => usnet_abi::role::FRESH,
+            Role::Listener => usnet_abi::role::LISTENER,
+            Role::Conn => usnet_abi::role::CONN,
+            Role::Udp => usnet_abi::role::UDP,
+        }
+    }
 }
 
 /// What a departed client leaves for the loop ([`ServerSession::depart`]).
@@ -85,6 +98,9 @@ pub(crate) const SHARED: Owner = Owner(u32::MAX);
 pub(crate) struct Pinned {
     /// Its slot in the parent's session (the child's descriptors name it so).
     pub parent_slot: u32,
+    /// The parent's tag for it ([`slot::TAG`], the client's word), reported back in
+    /// the claim so a program after `exec` can find its descriptors.
+    pub tag: u32,
     pub kind: u64,
     pub role: Role,
     pub handle: Option<SocketHandle>,
@@ -139,6 +155,9 @@ pub(crate) struct ServerSession {
     /// Shared stack sockets whose readiness a call of this session changed (an
     /// accept): the loop refreshes the other holders' view.
     pub(crate) touched: Vec<SocketHandle>,
+    /// Shared streams this session reads without being their receiver
+    /// (`op::RX_WANT`): the loop decides whether they come here.
+    pub(crate) wants: Vec<SocketHandle>,
     /// The session's zero-copy port, if the client opened one.
     pub(crate) zc: Option<crate::zc::ServerZc>,
 }
@@ -198,6 +217,7 @@ impl ServerSession {
             mem,
             released: Vec::new(),
             touched: Vec::new(),
+            wants: Vec::new(),
             zc: None,
         })
     }
@@ -336,6 +356,19 @@ impl ServerSession {
                     Ok(h) => Some((0, [h.raw(), 0])),
                     Err(e) => ok(err(e)),
                 }
+            }
+            op::RX_WANT => {
+                self.stats.calls -= 1;
+                if let Some(i) = self.slot_of(req) {
+                    if let Some(s) = self.socks[i as usize].as_ref() {
+                        if let (true, false, Role::Conn, Some(h)) =
+                            (s.shared, s.receiver, s.role, s.handle)
+                        {
+                            self.wants.push(h);
+                        }
+                    }
+                }
+                None
             }
             op::TX_KICK | op::RX_KICK => {
                 self.stats.calls -= 1;
@@ -1371,6 +1404,7 @@ impl ServerSession {
             }
             pinned.push(Pinned {
                 parent_slot: i as u32,
+                tag: self.mem.slot_word(i as u32, slot::TAG).load(Relaxed),
                 kind: s.kind,
                 role: s.role,
                 handle: s.handle,
@@ -1395,6 +1429,9 @@ impl ServerSession {
         s.bound = p.bound;
         s.receiver = receiver;
         s.carry = std::mem::take(carry);
+        if !receiver && p.role == Role::Conn && p.handle.is_some() {
+            self.set_flags(i, FLAG_NOT_RECEIVER, 0);
+        }
         if let Some(b) = p.bound {
             self.mem
                 .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(b));
@@ -1426,6 +1463,33 @@ impl ServerSession {
         Some(i)
     }
 
+    /// Another holder reads shared stream `h` (`op::RX_WANT`): it takes the stream
+    /// from this session if this session is its receiver and never read from it (a
+    /// shell that holds the descriptors of the commands it runs): returns what its
+    /// ring held (and its carry), for the new receiver. `None` if it has read (it
+    /// keeps the stream, as the first reader does on the kernel).
+    pub fn yield_untouched(&mut self, stack: &mut Stack, h: SocketHandle) -> Option<Vec<u8>> {
+        let &i = self.by_handle.get(&h)?;
+        let s = self.socks[i as usize].as_mut()?;
+        if !s.receiver || s.role != Role::Conn {
+            return None;
+        }
+        let mut out = Vec::new();
+        match s.rx.reclaim_untouched(&mut out) {
+            Ok(Some(_)) => {}
+            Ok(None) => return None,
+            Err(_) => {
+                self.stats.corrupt_rings += 1;
+                return None;
+            }
+        }
+        s.receiver = false;
+        out.append(&mut s.carry);
+        self.set_flags(i, FLAG_NOT_RECEIVER, 0);
+        self.refresh(stack, i);
+        Some(out)
+    }
+
     /// Received bytes of shared stack socket `h` come to this session from now on,
     /// `carry` first.
     pub fn become_receiver(&mut self, stack: &mut Stack, h: SocketHandle, carry: Vec<u8>) {
@@ -1435,6 +1499,7 @@ impl ServerSession {
         let s = self.sock(i);
         s.receiver = true;
         s.carry = carry;
+        self.set_flags(i, 0, FLAG_NOT_RECEIVER);
         self.refresh(stack, i);
     }
 

@@ -31,6 +31,28 @@ struct SharedSock {
 }
 
 /// Sockets pinned for a forked child until it attaches (or its pin connection closes).
+/// A claimed socket: its slot in the parent's session and in the child's, the
+/// parent's tag for it ([`usnet_abi::slot::TAG`]) and what it is
+/// ([`usnet_abi::role`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub parent_slot: u32,
+    pub slot: u32,
+    pub tag: u32,
+    pub role: u32,
+}
+
+impl Claimed {
+    fn of(p: &Pinned, slot: u32) -> Claimed {
+        Claimed {
+            parent_slot: p.parent_slot,
+            slot,
+            tag: p.tag,
+            role: p.role.code(),
+        }
+    }
+}
+
 struct Pin {
     /// The session that forked.
     from: u32,
@@ -80,8 +102,12 @@ impl Sharing {
         };
         sh.holders.retain(|&x| x != id);
         if sh.holders.is_empty() && sh.pins == 0 {
+            // A process's exit closes its descriptors as `close` does: the stream
+            // ends with a FIN, or with a reset if received bytes were left unread
+            // (the kernel's `tcp_close`), whether or not it died holding it.
+            let unread = !left.is_empty() || !sh.carry.is_empty();
             self.socks.remove(&h);
-            close_stack_socket(stack, h, died);
+            close_stack_socket(stack, h, died && unread);
             return;
         }
         if sh.receiver == Some(id) {
@@ -128,6 +154,11 @@ impl Sharing {
         Some(n)
     }
 
+    /// How many sockets the pin `token` holds, if it is there.
+    pub fn pin_size(&self, token: u128) -> Option<usize> {
+        self.pins.get(&token).map(|p| p.socks.len())
+    }
+
     /// A pin nobody will claim (the child exited or exec'd before attaching): its
     /// sockets are let go of, as the child's exit would close its copies.
     pub fn drop_pin(&mut self, stack: &mut Stack, token: u128) {
@@ -151,15 +182,15 @@ impl Sharing {
     }
 
     /// The forked child's session `id` claims the pin `token`: a slot of its own for
-    /// each pinned socket. Returns (the parent's slot, the child's slot) pairs, or
-    /// `None` for an unknown token.
+    /// each pinned socket. Returns what it got for each, or `None` for an unknown
+    /// token.
     pub fn claim(
         &mut self,
         sessions: &mut Sessions,
         stack: &mut Stack,
         id: u32,
         token: u128,
-    ) -> Option<Vec<(u32, u32)>> {
+    ) -> Option<Vec<Claimed>> {
         let pin = self.pins.remove(&token)?;
         let mut map = Vec::new();
         for p in &pin.socks {
@@ -173,7 +204,7 @@ impl Sharing {
             let Some(h) = p.handle else {
                 // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
                 if let Some(j) = s.add_pinned(stack, p, true, &mut Vec::new()) {
-                    map.push((p.parent_slot, j));
+                    map.push(Claimed::of(p, j));
                 }
                 continue;
             };
@@ -190,12 +221,39 @@ impl Sharing {
                     if receiver {
                         sh.receiver = Some(id);
                     }
-                    map.push((p.parent_slot, j));
+                    map.push(Claimed::of(p, j));
                 }
                 None => self.unpin(stack, h),
             }
         }
         Some(map)
+    }
+
+    /// Holder `id` reads stream `h` and is not its receiver (`op::RX_WANT`): the
+    /// stream comes to it if nobody receives it, or if its receiver never read it
+    /// (`ServerSession::yield_untouched`). Otherwise the receiver, a reader, keeps it.
+    pub fn want(&mut self, sessions: &mut Sessions, stack: &mut Stack, id: u32, h: SocketHandle) {
+        let Some(sh) = self.socks.get_mut(&h) else {
+            return;
+        };
+        if sh.receiver == Some(id) || !sh.holders.contains(&id) {
+            return;
+        }
+        let mut carry = match sh.receiver {
+            None => Vec::new(),
+            Some(r) => match sessions
+                .get_mut(&r)
+                .and_then(|o| o.yield_untouched(stack, h))
+            {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        carry.append(&mut sh.carry);
+        sh.receiver = Some(id);
+        if let Some(s) = sessions.get_mut(&id) {
+            s.become_receiver(stack, h, carry);
+        }
     }
 
     /// Shared stack sockets, and pins waiting for a child (each with the session that

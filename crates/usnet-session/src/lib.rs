@@ -260,6 +260,7 @@ impl Session {
             slot::FLAGS,
             slot::ERROR,
             slot::ACCEPT_PENDING,
+            slot::TAG,
             slot::RX_ARMED,
             slot::TX_ARMED,
         ] {

@@ -204,6 +204,23 @@ impl ByteProducer {
         Ok(n)
     }
 
+    /// If the consumer has never read from this ring (its counter is still 0): moves
+    /// every published byte to `out` and empties the ring (the producer's counter
+    /// back to 0), so that another consumer gets them instead. `Ok(None)` if it has
+    /// read. Only for a consumer that is not reading (a process that holds a shared
+    /// stream and never read it): one that reads at this instant could see the bytes
+    /// twice.
+    pub fn reclaim_untouched(&mut self, out: &mut Vec<u8>) -> Result<Option<usize>, ByteCorrupt> {
+        if self.region.u64(self.at.cons).load(Acquire) != 0 || self.cons != 0 {
+            return Ok(None);
+        }
+        let n = self.unread(out)?;
+        self.prod = 0;
+        self.published = 0;
+        self.region.u64(self.at.prod).store(0, Release);
+        Ok(Some(n))
+    }
+
     /// Bytes written since the ring began.
     pub fn position(&self) -> u64 {
         self.prod
@@ -353,6 +370,31 @@ mod tests {
         let r = Arc::new(Region::create_memfd(c"bytes-test", 4096, false).unwrap());
         AT.reset(&r).unwrap();
         r
+    }
+
+    #[test]
+    fn an_untouched_ring_gives_its_bytes_back_and_a_read_one_does_not() {
+        let (region, at) = (region(), AT);
+        let mut p = ByteProducer::attach(region.clone(), at).unwrap();
+        p.free().unwrap();
+        assert_eq!(p.push(b"abcdef"), 6);
+        p.publish();
+        let mut out = Vec::new();
+        assert_eq!(p.reclaim_untouched(&mut out).unwrap(), Some(6));
+        assert_eq!(out, b"abcdef");
+        let mut c = ByteConsumer::attach(region, at).unwrap();
+        assert_eq!(c.available().unwrap(), 0, "the ring is empty again");
+        p.free().unwrap();
+        assert_eq!(p.push(b"xy"), 2);
+        p.publish();
+        assert_eq!(c.available().unwrap(), 2);
+        let mut b = [0u8; 1];
+        assert_eq!(c.read(&mut b), 1);
+        assert_eq!(&b, b"x");
+        c.release();
+        let mut out = Vec::new();
+        assert_eq!(p.reclaim_untouched(&mut out).unwrap(), None);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -1,0 +1,354 @@
+//! Control connections a process can pass on: to a child it forks, and to the
+//! program it (or that child) `exec`s or `posix_spawn`s.
+//!
+//! A client's end of each control connection (its session's, or a fork pin's) is
+//! bound to an abstract Unix address that names it: `usnet.<kind>.<pid>.<nonce>.<stack>`
+//! (`kind` is `s` for a session, `p` for a pin; `pid` the process that made it). A
+//! program started by `exec` has none of its predecessor's memory, but it has its
+//! descriptors: it finds the connections it inherited by their names
+//! ([`inherited`]) and asks the server, over one of them, for the sockets they
+//! hold (`usnet_server::control`: "Requests on an attached connection"). Every
+//! request on a connection carries a fresh channel (a socketpair's end, passed with
+//! `SCM_RIGHTS`) for its answer, so that nothing is ever written on a connection
+//! that another process (the parent, still using its session) reads.
+//!
+//! With `inheritable` the connections are made without close-on-exec, so they
+//! survive `exec`, as the sockets they stand for do on the kernel.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+/// What a connection is, from its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Session,
+    Pin,
+}
+
+/// A control connection this process inherited.
+#[derive(Debug)]
+pub struct Inherited {
+    pub stream: UnixStream,
+    pub kind: Kind,
+    /// The process that made it.
+    pub pid: u32,
+    /// The stack it talks to.
+    pub stack: String,
+}
+
+fn kind_char(k: Kind) -> char {
+    match k {
+        Kind::Session => 's',
+        Kind::Pin => 'p',
+    }
+}
+
+/// The abstract address for a new connection of `kind` to `stack` (tried again
+/// with another nonce if taken).
+fn name(kind: Kind, stack: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let nonce = t ^ NEXT.fetch_add(1, Relaxed).wrapping_mul(0x9e37_79b9);
+    format!(
+        "usnet.{}.{}.{nonce:08x}.{stack}",
+        kind_char(kind),
+        std::process::id()
+    )
+}
+
+fn parse(n: &[u8]) -> Option<(Kind, u32, String)> {
+    let n = std::str::from_utf8(n).ok()?;
+    let mut it = n.splitn(5, '.');
+    if it.next()? != "usnet" {
+        return None;
+    }
+    let kind = match it.next()? {
+        "s" => Kind::Session,
+        "p" => Kind::Pin,
+        _ => return None,
+    };
+    let pid = it.next()?.parse().ok()?;
+    let _nonce = it.next()?;
+    Some((kind, pid, it.next()?.to_string()))
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `sockaddr_un` for an abstract name.
+fn abstract_addr(n: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = n.as_bytes();
+    if b.len() + 1 > a.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long"));
+    }
+    for (d, s) in a.sun_path[1..].iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + b.len();
+    Ok((a, len as libc::socklen_t))
+}
+
+/// Binds `fd` (an unbound AF_UNIX socket) to a fresh name of `kind`.
+fn bind_named(fd: RawFd, kind: Kind, stack: &str) -> io::Result<()> {
+    for _ in 0..8 {
+        let (a, len) = abstract_addr(&name(kind, stack))?;
+        // SAFETY: `a` is a valid sockaddr_un of `len` bytes, alive for the call.
+        let r = unsafe { libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) };
+        match cvt(r) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EADDRINUSE))
+}
+
+fn cloexec_flag(inheritable: bool) -> libc::c_int {
+    if inheritable {
+        0
+    } else {
+        libc::SOCK_CLOEXEC
+    }
+}
+
+/// Connects to the control socket at `path` from an end named as a session's
+/// connection to `stack`.
+pub(crate) fn connect(path: &Path, stack: &str, inheritable: bool) -> io::Result<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain system call; a non-negative result is a socket we own.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | cloexec_flag(inheritable),
+            0,
+        )
+    })?;
+    // SAFETY: `fd` was just made and is owned by nobody else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    bind_named(fd, Kind::Session, stack)?;
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let p = path.as_os_str().as_bytes();
+    if p.len() >= a.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "control socket path too long",
+        ));
+    }
+    for (d, s) in a.sun_path.iter_mut().zip(p) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + p.len() + 1;
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes, alive for the call.
+    cvt(unsafe {
+        libc::connect(
+            fd,
+            (&a as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    })?;
+    Ok(UnixStream::from(park(owned)))
+}
+
+/// Sends `req` on `over` with a new channel whose end named `kind` is returned
+/// (the other end goes to the server and is closed here).
+pub(crate) fn request(
+    over: &UnixStream,
+    req: &serde_json::Value,
+    kind: Kind,
+    stack: &str,
+    inheritable: bool,
+) -> io::Result<UnixStream> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors socketpair writes.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: both were just made and are owned by nobody else.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    bind_named(ours.as_raw_fd(), kind, stack)?;
+    if inheritable {
+        set_cloexec(ours.as_raw_fd(), false)?;
+    }
+    let mut line = serde_json::to_string(req).expect("json");
+    line.push('\n');
+    use std::os::fd::AsFd;
+    // The connection may be non-blocking; a request line is far below a socket's
+    // buffer, so a short wait is all it can take.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match usnet_shm::fdpass::send_with_fds(over, line.as_bytes(), &[theirs.as_fd()]) {
+            Ok(()) => break,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    drop(theirs);
+    let s = UnixStream::from(park(ours));
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    Ok(s)
+}
+
+/// The lowest number the client's own descriptors move to ([`park`]).
+const PARK_FLOOR: RawFd = 300;
+
+/// Moves the client's own descriptor `fd` (a control connection, session memory, an
+/// eventfd) to a high number, keeping its close-on-exec flag: programs name low
+/// numbers themselves (a shell's `exec 3<>/dev/tcp/...` is a `dup2` onto 3) and
+/// would replace ours without knowing. Left where it is if the process may not
+/// open that many.
+pub fn park(fd: OwnedFd) -> OwnedFd {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    if !ok || lim.rlim_cur < (PARK_FLOOR as libc::rlim_t) * 2 {
+        return fd;
+    }
+    // SAFETY: fcntl on a descriptor we own; no memory arguments.
+    let cloexec = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) } & libc::FD_CLOEXEC != 0;
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: as above; a non-negative result is a new descriptor we own.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, PARK_FLOOR) };
+    if moved < 0 {
+        return fd;
+    }
+    // SAFETY: just made, owned by nobody else; `fd` closes as it goes.
+    unsafe { OwnedFd::from_raw_fd(moved) }
+}
+
+pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we hold; no memory arguments.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    let want = if on {
+        flags | libc::FD_CLOEXEC
+    } else {
+        flags & !libc::FD_CLOEXEC
+    };
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, want) })?;
+    Ok(())
+}
+
+/// The usnet control connections among this process's descriptors (found by their
+/// names), each taken out of `/proc/self/fd`'s list as an owned stream.
+///
+/// # Safety
+/// Each one returned owns its descriptor: the caller must be the only code in the
+/// process that uses those numbers from here (true at a program's start, before
+/// `main`, which is where the shim calls this).
+pub unsafe fn inherited() -> Vec<Inherited> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return out;
+    };
+    let fds: Vec<RawFd> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in fds {
+        // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        // SAFETY: `a` has room for `len` bytes; a descriptor that is no socket
+        // fails with ENOTSOCK.
+        let r =
+            unsafe { libc::getsockname(fd, (&mut a as *mut libc::sockaddr_un).cast(), &mut len) };
+        if r != 0 || a.sun_family != libc::AF_UNIX as libc::sa_family_t {
+            continue;
+        }
+        let n = (len as usize).saturating_sub(std::mem::size_of::<libc::sa_family_t>());
+        if n < 2 || a.sun_path[0] != 0 {
+            continue;
+        }
+        let bytes: Vec<u8> = a.sun_path[1..n].iter().map(|&c| c as u8).collect();
+        let Some((kind, pid, stack)) = parse(&bytes) else {
+            continue;
+        };
+        // SAFETY: the caller's promise: this number is ours alone from here.
+        let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        out.push(Inherited {
+            stream,
+            kind,
+            pid,
+            stack,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        let n = name(Kind::Pin, "web.1");
+        let (k, pid, stack) = parse(n.as_bytes()).expect("parses");
+        assert_eq!(k, Kind::Pin);
+        assert_eq!(pid, std::process::id());
+        assert_eq!(stack, "web.1");
+        assert!(parse(b"usnet.x.1.2.s").is_none());
+        assert!(parse(b"other.s.1.2.s").is_none());
+        assert!(parse(b"usnet.s.notapid.2.s").is_none());
+    }
+
+    #[test]
+    fn a_channel_end_is_found_by_its_name() {
+        let (a, b) = UnixStream::pair().unwrap();
+        bind_named(a.as_raw_fd(), Kind::Session, "lineage-test").unwrap();
+        let raw = a.as_raw_fd();
+        std::mem::forget(a);
+        // SAFETY: this test owns every descriptor it lists (the others are the test
+        // harness's and are put back untouched below).
+        let found = unsafe { inherited() };
+        let mut mine = None;
+        for f in found {
+            if f.stream.as_raw_fd() == raw {
+                mine = Some((f.kind, f.pid, f.stack.clone()));
+                drop(f.stream);
+            } else {
+                std::mem::forget(f.stream);
+            }
+        }
+        assert_eq!(
+            mine,
+            Some((
+                Kind::Session,
+                std::process::id(),
+                "lineage-test".to_string()
+            ))
+        );
+        drop(b);
+    }
+}

@@ -1,0 +1,285 @@
+//! `exec`: sockets without `FD_CLOEXEC` live on in the program that `execve`,
+//! `posix_spawn`, `system` or `popen` starts, as on the kernel.
+//!
+//! Nothing runs at the `exec` itself (glibc's spawn path calls its internal execve,
+//! which no shim can see), so everything the new program needs is in what the
+//! kernel keeps across `exec`, its descriptors:
+//!
+//! - **The control connections** of the layer's sessions (and of fork pins) are made
+//!   without close-on-exec ([`attach_options`]) and are named by their abstract
+//!   Unix addresses (`usnet_client::lineage`). The server does not see the session
+//!   end at `exec`, since the new program holds the connection.
+//! - **Each socket's number** is an eventfd whose count is the socket's *tag*
+//!   ([`tag`]: a marker bit, the domain, and a number unique in the process) and
+//!   whose O_NONBLOCK is the socket's. The same tag is in the socket's slot
+//!   (`usnet_abi::slot::TAG`), where the server can read it.
+//!
+//! The new program (the shim's constructor, before `main`) calls [`inherit`]: it
+//! finds the control connections and the tagged eventfds it holds, asks the server
+//! over one connection (a pin's if it has one: a forked child that exec'd before
+//! its first socket call; else a session's: its own from before `exec`, or its
+//! parent's after `posix_spawn`) to pin that session's sockets and give them to a
+//! new session of its own, and puts each socket back under every number whose
+//! eventfd carries its tag. Sockets it has no number for (they were close-on-exec)
+//! are closed in its session; then it closes the inherited connections, so a parent
+//! that exits later is seen to go.
+//!
+//! What does not survive: the options the layer keeps for itself (`Opts`: what
+//! `getsockopt` reports back; the stack keeps what it applied), and epoll sets
+//! (kernel epoll instances are inherited, but their usnet members are the layer's).
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use usnet_client::lineage::{self, Kind};
+use usnet_client::{
+    AttachOptions, Claimed, Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket,
+};
+
+use crate::{lock, new_desc, numbered, table, Obj, CLIENT};
+
+/// Set in every tag: tells our eventfds from a program's own.
+const TAG_MARK: u32 = 1 << 31;
+/// Set in the tag of an AF_INET6 socket.
+const TAG_INET6: u32 = 1 << 30;
+const TAG_NUMBER: u32 = TAG_INET6 - 1;
+
+/// A new tag for a socket of `domain`.
+pub(crate) fn tag(domain: i32) -> u32 {
+    // Numbers start somewhere an inherited tag is unlikely to be (a tag is only
+    // looked for among this process's descriptors), then count up.
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = *SEED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() ^ std::process::id().rotate_left(16))
+            .unwrap_or(0)
+    });
+    let n = seed.wrapping_add(NEXT.fetch_add(1, Relaxed));
+    let inet6 = if domain == libc::AF_INET6 {
+        TAG_INET6
+    } else {
+        0
+    };
+    TAG_MARK | inet6 | (n & TAG_NUMBER)
+}
+
+/// O_NONBLOCK of a socket's eventfd follows the socket's own (read after `exec`).
+pub(crate) fn mirror_nonblock(fd: RawFd, nb: bool) {
+    // SAFETY: fcntl on a descriptor the table holds; no memory arguments.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            let want = if nb {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            libc::fcntl(fd, libc::F_SETFL, want);
+        }
+    }
+}
+
+/// How the layer attaches: connections that survive `exec`.
+pub(crate) fn attach_options() -> AttachOptions {
+    AttachOptions {
+        inheritable: true,
+        ..AttachOptions::default()
+    }
+}
+
+static REFUSAL: Mutex<Option<String>> = Mutex::new(None);
+
+/// Notes, in words a user can act on, why attaching to `stack` failed.
+pub(crate) fn say_refused(stack: Option<&str>, e: &std::io::Error) {
+    let name = stack.unwrap_or("(the only running stack)");
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let why = match e.kind() {
+        std::io::ErrorKind::PermissionDenied => format!(
+            "the stack {name} refused this process (uid {uid}, {e}): its control socket admits \
+             the user who started `usnet up`, root, and the group given with `usnet up --group`; \
+             run the program as that user or start the stack with --group, or make the first \
+             socket before dropping privileges (a process forked from one that is attached \
+             keeps its parent's right)"
+        ),
+        std::io::ErrorKind::NotFound => format!(
+            "no running stack {name} in {} ({e}); is `usnet up` running? A process that \
+             changed its uid looks in its own run directory: set USNET_RUN_DIR",
+            usnet_session::ctl::run_dir().display()
+        ),
+        _ => format!("cannot attach to the stack {name} ({e}); is `usnet up` running?"),
+    };
+    *lock(&REFUSAL) = Some(why);
+}
+
+/// Why the last attach failed, in a line a user can act on.
+pub fn attach_refusal() -> Option<String> {
+    lock(&REFUSAL).clone()
+}
+
+/// The tagged eventfds among this process's descriptors: tag → numbers.
+fn tagged_descriptors() -> HashMap<u32, Vec<RawFd>> {
+    let mut out: HashMap<u32, Vec<RawFd>> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else {
+            continue;
+        };
+        if !std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]") {
+            continue;
+        }
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")) else {
+            continue;
+        };
+        let count = info
+            .lines()
+            .find_map(|l| l.strip_prefix("eventfd-count:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+        if let Some(c) = count.and_then(|c| u32::try_from(c).ok()) {
+            if c & TAG_MARK != 0 {
+                out.entry(c).or_default().push(fd);
+            }
+        }
+    }
+    out
+}
+
+/// Held across `posix_spawn`, `system` and `popen` (see [`pin_for_spawn`]).
+pub struct SpawnPin(#[allow(dead_code)] Option<usnet_client::ForkPin>);
+
+/// Before a call that starts a program without running fork handlers
+/// (`posix_spawn`, and `system` and `popen`, which glibc builds on it): pins every
+/// socket of this process's session, as a fork does, for the program to claim.
+/// Without it, a parent that closes its copy right after the call returns (a server
+/// handing a connection over) could close the socket before the new program has
+/// asked for it. The pin's connection survives the `exec` in the child; the caller
+/// drops this (its own copy) when the call has returned. Nothing to pin without
+/// usnet sockets.
+pub fn pin_for_spawn() -> SpawnPin {
+    crate::fork::own_session();
+    let any = !table().read().unwrap_or_else(|p| p.into_inner()).is_empty();
+    let c = lock(&CLIENT).clone().filter(|c| any && c.is_alive());
+    SpawnPin(c.and_then(|c| c.pin_for_fork().ok()))
+}
+
+/// At a program's start (the shim calls it before `main`): takes over the sockets
+/// it inherited across `exec`; see the module's text. Does nothing in a program
+/// that inherited no control connection.
+pub fn inherit() {
+    // SAFETY: called once, before `main`: no other code of the program uses the
+    // control connections' numbers (they are the layer's).
+    let found = unsafe { lineage::inherited() };
+    if found.is_empty() {
+        return;
+    }
+    let tags = tagged_descriptors();
+    let me = std::process::id();
+    let pick = found
+        .iter()
+        .position(|f| f.kind == Kind::Pin)
+        .or_else(|| found.iter().position(|f| f.pid == me))
+        .unwrap_or(0);
+    if !tags.is_empty() {
+        match Client::inherit(&found[pick], &attach_options()) {
+            Ok((client, claimed)) => adopt(client, claimed, &tags),
+            Err(e) => eprintln!(
+                "usnet: the {} usnet socket(s) this program inherited are lost: {e}",
+                tags.len()
+            ),
+        }
+    }
+    // The connections go: a pin claimed (or not wanted), a parent's session copy.
+    drop(found);
+}
+
+fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
+    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
+    for c in claimed {
+        let Some(fds) = tags.get(&c.tag).filter(|_| c.tag & TAG_MARK != 0) else {
+            client.close_slot(c.slot);
+            continue;
+        };
+        let domain = if c.tag & TAG_INET6 != 0 {
+            libc::AF_INET6
+        } else {
+            libc::AF_INET
+        };
+        // SAFETY: fcntl on an inherited descriptor; no memory arguments.
+        let nb = unsafe { libc::fcntl(fds[0], libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        let made = match c.role {
+            usnet_abi::role::LISTENER => TcpListener::inherited(&client, c.slot).map(|l| {
+                l.set_exec_tag(c.tag);
+                (Obj::Listener(l), libc::SOCK_STREAM)
+            }),
+            usnet_abi::role::CONN => TcpStream::inherited(&client, c.slot).map(|s| {
+                s.set_exec_tag(c.tag);
+                let _ = s.set_nonblocking(nb);
+                (Obj::Stream(s), libc::SOCK_STREAM)
+            }),
+            usnet_abi::role::UDP => UdpSocket::inherited(&client, c.slot).map(|u| {
+                u.set_exec_tag(c.tag);
+                let _ = u.set_nonblocking(nb);
+                (Obj::Udp(u), libc::SOCK_DGRAM)
+            }),
+            usnet_abi::role::FRESH => {
+                Socket::inherited(&client, c.slot, SocketKind::Tcp).map(|s| {
+                    s.set_exec_tag(c.tag);
+                    (Obj::Fresh(s), libc::SOCK_STREAM)
+                })
+            }
+            _ => {
+                client.close_slot(c.slot);
+                continue;
+            }
+        };
+        let Ok((obj, stype)) = made else {
+            client.close_slot(c.slot);
+            continue;
+        };
+        let desc = new_desc(obj, domain, stype, nb, c.tag);
+        for &fd in fds {
+            // SAFETY: an inherited eventfd of ours (its tag says so) that nothing else
+            // in this new program knows of; the entry owns the number from here.
+            let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(&desc));
+            t.insert(fd, Arc::new(e));
+        }
+    }
+    drop(t);
+    *lock(&CLIENT) = Some(client);
+    crate::fork::register();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_carry_the_mark_and_the_domain_and_differ() {
+        let a = tag(libc::AF_INET);
+        let b = tag(libc::AF_INET6);
+        let c = tag(libc::AF_INET);
+        assert_ne!(a & TAG_MARK, 0);
+        assert_eq!(a & TAG_INET6, 0);
+        assert_ne!(b & TAG_INET6, 0);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn an_eventfd_is_found_by_its_tag() {
+        let t = tag(libc::AF_INET6);
+        // SAFETY: plain system call; the result is ours.
+        let fd = unsafe { libc::eventfd(t, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: just made, owned here.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let found = tagged_descriptors();
+        assert_eq!(found.get(&t), Some(&vec![fd]));
+        drop(owned);
+    }
+}

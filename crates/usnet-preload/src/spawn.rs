@@ -1,0 +1,228 @@
+//! The program's start and the programs it starts.
+//!
+//! - **At start** (a constructor, before `main`): sockets inherited across `exec`
+//!   are taken over (`usnet_posix::inherit`; the mechanism is in usnet-posix's
+//!   `exec` module), and the shim's settings are noted.
+//! - **`posix_spawn`, `posix_spawnp`, `system`, `popen`** start a program without
+//!   running fork handlers: the session's sockets are pinned for it first
+//!   (`usnet_posix::pin_for_spawn`), so that a parent that closes its copy right
+//!   after the call cannot close the socket before the program has claimed it.
+//! - **`execve`, `execvpe`, `posix_spawn`, `posix_spawnp`**: a program that builds
+//!   the environment of what it starts (sshd, `env -i`, systemd-style launchers)
+//!   may leave out `LD_PRELOAD` and `USNET_*`; the shim puts back the ones that
+//!   are missing, so the new program is on usnet too and can take its sockets
+//!   over. Calls that use the process's own environment (`execv`, `execvp`,
+//!   `system`, `popen`) keep it as it is: glibc runs them through its internal
+//!   execve, which no shim sees, and the settings are there unless the program
+//!   removed them from its own environment.
+
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_int};
+use std::sync::OnceLock;
+
+use super::{enter, env_is};
+
+/// The variables that make a program run on usnet, as this program got them.
+const SETTINGS: &[&str] = &[
+    "LD_PRELOAD",
+    "USNET_STACK",
+    "USNET_RUN_DIR",
+    "USNET_FALLBACK",
+    "USNET_LOOPBACK",
+    "USNET_DEBUG",
+];
+
+fn settings() -> &'static Vec<CString> {
+    static S: OnceLock<Vec<CString>> = OnceLock::new();
+    S.get_or_init(|| {
+        SETTINGS
+            .iter()
+            .filter_map(|k| {
+                let v = std::env::var_os(k)?;
+                let mut kv = format!("{k}=").into_bytes();
+                kv.extend_from_slice(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()));
+                CString::new(kv).ok()
+            })
+            .collect()
+    })
+}
+
+extern "C" fn at_start() {
+    if env_is("USNET_PRELOAD", "off") {
+        return;
+    }
+    let Some(_g) = enter() else {
+        return;
+    };
+    settings();
+    usnet_posix::inherit();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static AT_START: extern "C" fn() = at_start;
+
+/// `envp` with the settings it lacks added (`None`: it lacks none).
+///
+/// # Safety
+/// `envp` is null or a null-terminated array of C strings.
+unsafe fn completed(envp: *const *const c_char) -> Option<Vec<*const c_char>> {
+    let mut have = Vec::new();
+    if !envp.is_null() {
+        let mut p = envp;
+        // SAFETY: the caller's contract: a null-terminated array of C strings.
+        unsafe {
+            while !(*p).is_null() {
+                have.push(*p);
+                p = p.add(1);
+            }
+        }
+    }
+    let name_of = |s: &[u8]| s.split(|&b| b == b'=').next().map(<[u8]>::to_vec);
+    let missing: Vec<&CString> = settings()
+        .iter()
+        .filter(|kv| {
+            let k = name_of(kv.as_bytes());
+            // SAFETY: each entry is a C string (the caller's contract).
+            !have
+                .iter()
+                .any(|&e| name_of(unsafe { CStr::from_ptr(e) }.to_bytes()) == k)
+        })
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let mut out = have;
+    out.extend(missing.iter().map(|kv| kv.as_ptr()));
+    out.push(std::ptr::null());
+    Some(out)
+}
+
+/// Runs `f` with `envp` completed (see the module's text).
+unsafe fn with_settings<R>(
+    envp: *const *const c_char,
+    f: impl FnOnce(*const *const c_char) -> R,
+) -> R {
+    let Some(_g) = enter() else {
+        return f(envp);
+    };
+    // SAFETY: passed on from the caller (libc's contract for envp).
+    match unsafe { completed(envp) } {
+        Some(v) => f(v.as_ptr()),
+        None => f(envp),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let real =
+        real!(execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's contract, passed on.
+    unsafe { with_settings(envp, |e| real(path, argv, e)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let real =
+        real!(execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's contract, passed on.
+    unsafe { with_settings(envp, |e| real(file, argv, e)) }
+}
+
+type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: libc's definition of this very function.
+    let real: SpawnFn = unsafe { std::mem::transmute::<usize, SpawnFn>(next_of!(posix_spawn)) };
+    let _pin = pinned();
+    // SAFETY: libc's contract, passed on.
+    unsafe { with_settings(envp, |e| real(pid, path, actions, attr, argv, e)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: libc's definition of this very function.
+    let real: SpawnFn = unsafe { std::mem::transmute::<usize, SpawnFn>(next_of!(posix_spawnp)) };
+    let _pin = pinned();
+    // SAFETY: libc's contract, passed on.
+    unsafe { with_settings(envp, |e| real(pid, file, actions, attr, argv, e)) }
+}
+
+/// The sockets pinned for a program about to be spawned (nothing inside the shim).
+fn pinned() -> Option<usnet_posix::SpawnPin> {
+    let _g = enter()?;
+    Some(usnet_posix::pin_for_spawn())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    let real = real!(system: fn(*const c_char) -> c_int);
+    let _pin = if command.is_null() { None } else { pinned() };
+    // SAFETY: libc's contract, passed on.
+    unsafe { real(command) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    let real = real!(popen: fn(*const c_char, *const c_char) -> *mut libc::FILE);
+    let _pin = pinned();
+    // SAFETY: libc's contract, passed on.
+    unsafe { real(command, mode) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_environment_without_the_settings_gets_them() {
+        let _ = settings();
+        let a = CString::new("A=1").unwrap();
+        let env = [a.as_ptr(), std::ptr::null()];
+        // SAFETY: a null-terminated array of C strings.
+        let got = unsafe { completed(env.as_ptr()) };
+        match (settings().is_empty(), got) {
+            (true, None) => {}
+            (false, Some(v)) => {
+                assert_eq!(v.len(), 2 + settings().len());
+                assert!(v.last().unwrap().is_null());
+            }
+            (empty, got) => panic!("settings empty: {empty}, completed: {got:?}"),
+        }
+        // An environment that has every setting is passed as it is.
+        let mut full: Vec<*const c_char> = settings().iter().map(|s| s.as_ptr()).collect();
+        full.push(std::ptr::null());
+        // SAFETY: as above.
+        assert!(unsafe { completed(full.as_ptr()) }.is_none());
+    }
+}
