@@ -40,8 +40,7 @@ enum Kind {
 }
 
 /// `(default, kind)` of a recorded option on a socket of this type and family;
-/// `Err` is what Linux answers when the option does not apply (ENOPROTOOPT, or
-/// EINVAL for IPv4 multicast on a stream).
+/// `Err` is what Linux answers when the option does not apply (ENOPROTOOPT).
 fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
     use Kind::*;
     let none = Err(Errno(libc::ENOPROTOOPT));
@@ -70,7 +69,6 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::IP_MTU_DISCOVER => (1, Strict(0, 5)),
             libc::IP_FREEBIND => (0, Bool),
             IP_BIND_ADDRESS_NO_PORT => (0, Bool),
-            libc::IP_MULTICAST_TTL | libc::IP_MULTICAST_LOOP if stream => return Err(einval()),
             libc::IP_MULTICAST_TTL => (1, Ranged(0, 255)),
             libc::IP_MULTICAST_LOOP => (1, Bool),
             _ => return none,
@@ -81,7 +79,6 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::IPV6_RECVPKTINFO => (0, Bool),
             libc::IPV6_MTU_DISCOVER => (1, Strict(0, 5)),
             libc::IPV6_MULTICAST_LOOP => (1, Strict(0, 1)),
-            libc::IPV6_MULTICAST_HOPS | libc::IPV6_MULTICAST_IF if stream => return none,
             libc::IPV6_MULTICAST_HOPS => (1, Ranged(0, 255)),
             libc::IPV6_MULTICAST_IF => (0, Int),
             _ => return none,
@@ -93,6 +90,14 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
 /// The value to keep for a recorded option set to `v`.
 pub fn set(level: i32, name: i32, v: i32, stream: bool, v6: bool) -> Res<i32> {
     let (default, kind) = entry(level, name, stream, v6)?;
+    // Multicast sending options a stream reads but does not take.
+    match (level, name) {
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL) if stream => return Err(einval()),
+        (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS | libc::IPV6_MULTICAST_IF) if stream => {
+            return Err(Errno(libc::ENOPROTOOPT))
+        }
+        _ => {}
+    }
     Ok(match kind {
         Kind::Bool => (v != 0) as i32,
         Kind::Int => v,
