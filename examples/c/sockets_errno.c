@@ -1,7 +1,7 @@
 /* sockets_errno - the socket semantics a program relies on, checked one by one; the
  * same output on the kernel and on usnet is the test (see usnet_or_kernel.h).
  *
- *   sockets_errno ADDR PORT       (PORT and PORT+1 must be free)
+ *   sockets_errno ADDR PORT       (PORT, PORT+1 and PORT+10..PORT+14 must be free)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,6 +26,389 @@
 #endif
 
 #include "check.h"
+
+/* One option set to VAL on a fresh socket and read back: the outcome of both and
+ * the value read, printed (the kernel's and usnet's lines must be the same). */
+static void opt_int(const char *name, int fam, int type, int level, int opt, int val) {
+    int fd = S_SOCKET(fam, type, 0);
+    errno = 0;
+    int r = S_SETSOCKOPT(fd, level, opt, &val, sizeof val);
+    int se = r < 0 ? errno : 0;
+    int got = -12345;
+    socklen_t l = sizeof got;
+    errno = 0;
+    int g = S_GETSOCKOPT(fd, level, opt, &got, &l);
+    int ge = g < 0 ? errno : 0;
+    printf("opt %s %s/%s set %d: %s, reads %d (%s)\n", name, fam == AF_INET ? "inet" : "inet6",
+           type == SOCK_STREAM ? "tcp" : "udp", val, se ? strerror(se) : "ok", g == 0 ? got : -1,
+           ge ? strerror(ge) : "ok");
+    fflush(stdout);
+    S_CLOSE(fd);
+}
+
+/* The default an option reads on a fresh socket. */
+static void opt_default(const char *name, int fam, int type, int level, int opt) {
+    int fd = S_SOCKET(fam, type, 0);
+    int got = -12345;
+    socklen_t l = sizeof got;
+    errno = 0;
+    int g = S_GETSOCKOPT(fd, level, opt, &got, &l);
+    printf("default %s %s/%s: %d (%s)\n", name, fam == AF_INET ? "inet" : "inet6",
+           type == SOCK_STREAM ? "tcp" : "udp", g == 0 ? got : -1, g == 0 ? "ok" : strerror(errno));
+    fflush(stdout);
+    S_CLOSE(fd);
+}
+
+static int is_v4_mapped(const struct sockaddr_in6 *a) {
+    return a->sin6_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&a->sin6_addr);
+}
+
+#define OPT_BOTH(name, level, opt, val)                       \
+    do {                                                      \
+        opt_int(name, AF_INET, SOCK_STREAM, level, opt, val); \
+        opt_int(name, AF_INET, SOCK_DGRAM, level, opt, val);  \
+    } while (0)
+#define OPT_BOTH6(name, level, opt, val)                       \
+    do {                                                       \
+        opt_int(name, AF_INET6, SOCK_STREAM, level, opt, val); \
+        opt_int(name, AF_INET6, SOCK_DGRAM, level, opt, val);  \
+    } while (0)
+
+/* Socket options as Linux has them, round trip by round trip. */
+static void options(const struct sockaddr_in *a) {
+    opt_default("TCP_KEEPIDLE", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_KEEPIDLE);
+    opt_default("TCP_KEEPINTVL", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_KEEPINTVL);
+    opt_default("TCP_KEEPCNT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_KEEPCNT);
+    opt_default("TCP_QUICKACK", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_QUICKACK);
+    opt_default("TCP_MAXSEG", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_MAXSEG);
+    opt_default("TCP_USER_TIMEOUT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_USER_TIMEOUT);
+    opt_default("SO_RCVLOWAT", AF_INET, SOCK_STREAM, SOL_SOCKET, SO_RCVLOWAT);
+    opt_default("SO_INCOMING_CPU", AF_INET, SOCK_STREAM, SOL_SOCKET, SO_INCOMING_CPU);
+    opt_default("SO_INCOMING_NAPI_ID", AF_INET, SOCK_STREAM, SOL_SOCKET, 56);
+    opt_default("IP_TTL", AF_INET, SOCK_DGRAM, IPPROTO_IP, IP_TTL);
+    opt_default("IP_MTU_DISCOVER", AF_INET, SOCK_STREAM, IPPROTO_IP, IP_MTU_DISCOVER);
+    opt_default("IP_MULTICAST_TTL", AF_INET, SOCK_DGRAM, IPPROTO_IP, IP_MULTICAST_TTL);
+    opt_default("IP_MULTICAST_LOOP", AF_INET, SOCK_DGRAM, IPPROTO_IP, IP_MULTICAST_LOOP);
+    opt_default("IPV6_V6ONLY", AF_INET6, SOCK_STREAM, IPPROTO_IPV6, IPV6_V6ONLY);
+    opt_default("IPV6_UNICAST_HOPS", AF_INET6, SOCK_DGRAM, IPPROTO_IPV6, IPV6_UNICAST_HOPS);
+    opt_default("SO_PROTOCOL", AF_INET6, SOCK_DGRAM, SOL_SOCKET, SO_PROTOCOL);
+    opt_default("SO_DOMAIN", AF_INET6, SOCK_STREAM, SOL_SOCKET, SO_DOMAIN);
+    opt_default("SO_TYPE", AF_INET, SOCK_DGRAM, SOL_SOCKET, SO_TYPE);
+    opt_default("SO_ACCEPTCONN", AF_INET, SOCK_STREAM, SOL_SOCKET, SO_ACCEPTCONN);
+
+    OPT_BOTH("TCP_KEEPIDLE", IPPROTO_TCP, TCP_KEEPIDLE, 30);
+    opt_int("TCP_KEEPIDLE", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_KEEPIDLE, 0);
+    OPT_BOTH("TCP_KEEPINTVL", IPPROTO_TCP, TCP_KEEPINTVL, 7);
+    OPT_BOTH("TCP_KEEPCNT", IPPROTO_TCP, TCP_KEEPCNT, 4);
+    opt_int("TCP_KEEPCNT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_KEEPCNT, 128);
+    opt_int("TCP_KEEPIDLE", AF_INET6, SOCK_DGRAM, IPPROTO_TCP, TCP_KEEPIDLE, 30);
+    OPT_BOTH("TCP_QUICKACK", IPPROTO_TCP, TCP_QUICKACK, 0);
+    opt_int("TCP_QUICKACK", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_QUICKACK, 5);
+    opt_int("TCP_DEFER_ACCEPT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_DEFER_ACCEPT, 5);
+    opt_int("TCP_DEFER_ACCEPT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_DEFER_ACCEPT, 100);
+    OPT_BOTH("TCP_FASTOPEN", IPPROTO_TCP, TCP_FASTOPEN, 5);
+    opt_int("TCP_FASTOPEN_CONNECT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_FASTOPEN_CONNECT, 1);
+    opt_int("TCP_FASTOPEN_CONNECT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_FASTOPEN_CONNECT, 2);
+    OPT_BOTH("TCP_MAXSEG", IPPROTO_TCP, TCP_MAXSEG, 1200);
+    opt_int("TCP_MAXSEG", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_MAXSEG, 50);
+    opt_int("TCP_MAXSEG", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_MAXSEG, 0);
+    OPT_BOTH("TCP_WINDOW_CLAMP", IPPROTO_TCP, TCP_WINDOW_CLAMP, 20000);
+    opt_int("TCP_WINDOW_CLAMP", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_WINDOW_CLAMP, 100);
+    OPT_BOTH("TCP_USER_TIMEOUT", IPPROTO_TCP, TCP_USER_TIMEOUT, 5000);
+    opt_int("TCP_USER_TIMEOUT", AF_INET, SOCK_STREAM, IPPROTO_TCP, TCP_USER_TIMEOUT, -1);
+    OPT_BOTH("SO_RCVLOWAT", SOL_SOCKET, SO_RCVLOWAT, 10);
+    opt_int("SO_RCVLOWAT", AF_INET, SOCK_STREAM, SOL_SOCKET, SO_RCVLOWAT, 0);
+    OPT_BOTH("SO_BROADCAST", SOL_SOCKET, SO_BROADCAST, 5);
+    OPT_BOTH("SO_PRIORITY", SOL_SOCKET, SO_PRIORITY, 5);
+    OPT_BOTH("SO_INCOMING_CPU", SOL_SOCKET, SO_INCOMING_CPU, 1);
+    opt_int("SO_INCOMING_NAPI_ID", AF_INET, SOCK_STREAM, SOL_SOCKET, 56, 0);
+    OPT_BOTH("IP_TOS", IPPROTO_IP, IP_TOS, 0x10);
+    OPT_BOTH("IP_TOS ecn bits", IPPROTO_IP, IP_TOS, 0x13);
+    OPT_BOTH6("IP_TOS", IPPROTO_IP, IP_TOS, 0x10);
+    OPT_BOTH6("IPV6_TCLASS", IPPROTO_IPV6, IPV6_TCLASS, 0x20);
+    OPT_BOTH6("IPV6_TCLASS", IPPROTO_IPV6, IPV6_TCLASS, -1);
+    OPT_BOTH("IPV6_TCLASS", IPPROTO_IPV6, IPV6_TCLASS, 0x20);
+    OPT_BOTH("IP_TTL", IPPROTO_IP, IP_TTL, 33);
+    OPT_BOTH("IP_TTL", IPPROTO_IP, IP_TTL, -1);
+    opt_int("IP_TTL", AF_INET, SOCK_DGRAM, IPPROTO_IP, IP_TTL, 256);
+    OPT_BOTH6("IPV6_UNICAST_HOPS", IPPROTO_IPV6, IPV6_UNICAST_HOPS, 20);
+    OPT_BOTH6("IPV6_UNICAST_HOPS", IPPROTO_IPV6, IPV6_UNICAST_HOPS, -1);
+    OPT_BOTH("IP_RECVERR", IPPROTO_IP, IP_RECVERR, 7);
+    OPT_BOTH6("IPV6_RECVERR", IPPROTO_IPV6, IPV6_RECVERR, 1);
+    OPT_BOTH("IP_PKTINFO", IPPROTO_IP, IP_PKTINFO, 1);
+    OPT_BOTH6("IPV6_RECVPKTINFO", IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
+    OPT_BOTH("IP_MTU_DISCOVER", IPPROTO_IP, IP_MTU_DISCOVER, 0);
+    opt_int("IP_MTU_DISCOVER", AF_INET, SOCK_DGRAM, IPPROTO_IP, IP_MTU_DISCOVER, 6);
+    OPT_BOTH6("IPV6_MTU_DISCOVER", IPPROTO_IPV6, IPV6_MTU_DISCOVER, 0);
+    OPT_BOTH("IP_FREEBIND", IPPROTO_IP, IP_FREEBIND, 1);
+    OPT_BOTH("IP_BIND_ADDRESS_NO_PORT", IPPROTO_IP, 24, 1);
+    OPT_BOTH6("IPV6_V6ONLY", IPPROTO_IPV6, IPV6_V6ONLY, 1);
+    OPT_BOTH("IPV6_V6ONLY", IPPROTO_IPV6, IPV6_V6ONLY, 1);
+    OPT_BOTH("IP_MULTICAST_TTL", IPPROTO_IP, IP_MULTICAST_TTL, 4);
+    OPT_BOTH("IP_MULTICAST_LOOP", IPPROTO_IP, IP_MULTICAST_LOOP, 0);
+    OPT_BOTH6("IPV6_MULTICAST_HOPS", IPPROTO_IPV6, IPV6_MULTICAST_HOPS, 3);
+    OPT_BOTH6("IPV6_MULTICAST_LOOP", IPPROTO_IPV6, IPV6_MULTICAST_LOOP, 0);
+
+    /* SO_MARK needs CAP_NET_ADMIN on the kernel: either it round-trips or EPERM. */
+    {
+        int fd = S_SOCKET(AF_INET, SOCK_STREAM, 0), v = 7, got = 0;
+        socklen_t l = sizeof got;
+        int r = S_SETSOCKOPT(fd, SOL_SOCKET, SO_MARK, &v, sizeof v);
+        CHECK("SO_MARK", (r == 0 && S_GETSOCKOPT(fd, SOL_SOCKET, SO_MARK, &got, &l) == 0 && got == 7) ||
+                             (r < 0 && errno == EPERM));
+        S_CLOSE(fd);
+    }
+    /* TCP_CONGESTION: a name; an unknown one is ENOENT. */
+    {
+        int fd = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        const char *names[] = {"reno", "cubic", "bogus"};
+        for (int i = 0; i < 3; i++) {
+            errno = 0;
+            int r = S_SETSOCKOPT(fd, IPPROTO_TCP, TCP_CONGESTION, names[i], strlen(names[i]));
+            int se = r < 0 ? errno : 0;
+            char got[16] = {0};
+            socklen_t l = sizeof got;
+            S_GETSOCKOPT(fd, IPPROTO_TCP, TCP_CONGESTION, got, &l);
+            printf("opt TCP_CONGESTION set %s: %s, reads %s (%u bytes)\n", names[i], se ? strerror(se) : "ok",
+                   got, (unsigned)l);
+        }
+        S_CLOSE(fd);
+    }
+    /* SO_BINDTODEVICE: a name, read back with its NUL; empty clears it. */
+    {
+        int fd = S_SOCKET(AF_INET, SOCK_DGRAM, 0);
+        char got[16];
+        socklen_t l = sizeof got;
+        S_GETSOCKOPT(fd, SOL_SOCKET, SO_BINDTODEVICE, got, &l);
+        printf("opt SO_BINDTODEVICE unset reads %u bytes\n", (unsigned)l);
+        int r = S_SETSOCKOPT(fd, SOL_SOCKET, SO_BINDTODEVICE, "lo", 3);
+        l = sizeof got;
+        memset(got, 0, sizeof got);
+        S_GETSOCKOPT(fd, SOL_SOCKET, SO_BINDTODEVICE, got, &l);
+        printf("opt SO_BINDTODEVICE set lo: %s, reads %s (%u bytes)\n", r == 0 ? "ok" : strerror(errno), got,
+               (unsigned)l);
+        r = S_SETSOCKOPT(fd, SOL_SOCKET, SO_BINDTODEVICE, "", 0);
+        l = sizeof got;
+        S_GETSOCKOPT(fd, SOL_SOCKET, SO_BINDTODEVICE, got, &l);
+        printf("opt SO_BINDTODEVICE cleared: %s, reads %u bytes\n", r == 0 ? "ok" : strerror(errno), (unsigned)l);
+        S_CLOSE(fd);
+    }
+    /* SO_LINGER round trip. */
+    {
+        int fd = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        struct linger lg = {.l_onoff = 1, .l_linger = 3}, got = {0, 0};
+        socklen_t l = sizeof got;
+        CHECK("SO_LINGER", S_SETSOCKOPT(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0 &&
+                               S_GETSOCKOPT(fd, SOL_SOCKET, SO_LINGER, &got, &l) == 0 && got.l_onoff == 1 &&
+                               got.l_linger == 3);
+        S_CLOSE(fd);
+    }
+    /* Multicast: joined and dropped (twice each: EADDRINUSE, EADDRNOTAVAIL), the
+     * interface read back; a unicast group is EINVAL, a stream EPROTO. */
+    {
+        int fd = S_SOCKET(AF_INET, SOCK_DGRAM, 0);
+        struct ip_mreq m;
+        inet_pton(AF_INET, "239.1.2.3", &m.imr_multiaddr);
+        m.imr_interface.s_addr = htonl(INADDR_ANY);
+        const char *what[] = {"join", "join again", "drop", "drop again"};
+        for (int i = 0; i < 4; i++) {
+            errno = 0;
+            int r = S_SETSOCKOPT(fd, IPPROTO_IP, i < 2 ? IP_ADD_MEMBERSHIP : IP_DROP_MEMBERSHIP, &m, sizeof m);
+            printf("opt IP_ADD/DROP_MEMBERSHIP %s: %s\n", what[i], r == 0 ? "ok" : strerror(errno));
+        }
+        struct ip_mreq u = m;
+        inet_pton(AF_INET, "10.1.2.3", &u.imr_multiaddr);
+        errno = 0;
+        CHECK("IP_ADD_MEMBERSHIP unicast EINVAL",
+              S_SETSOCKOPT(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &u, sizeof u) < 0 && errno == EINVAL);
+        struct in_addr ifa, got = {0};
+        inet_pton(AF_INET, "127.0.0.1", &ifa);
+        socklen_t l = sizeof got;
+        CHECK("IP_MULTICAST_IF", S_SETSOCKOPT(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa) == 0 &&
+                                     S_GETSOCKOPT(fd, IPPROTO_IP, IP_MULTICAST_IF, &got, &l) == 0 &&
+                                     got.s_addr == ifa.s_addr);
+        S_CLOSE(fd);
+        int t = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        errno = 0;
+        CHECK("IP_ADD_MEMBERSHIP on a stream EPROTO",
+              S_SETSOCKOPT(t, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m) < 0 && errno == EPROTO);
+        S_CLOSE(t);
+        int fd6 = S_SOCKET(AF_INET6, SOCK_DGRAM, 0);
+        struct ipv6_mreq m6 = {.ipv6mr_interface = 0};
+        inet_pton(AF_INET6, "ff02::1:3", &m6.ipv6mr_multiaddr);
+        for (int i = 0; i < 4; i++) {
+            errno = 0;
+            int r = S_SETSOCKOPT(fd6, IPPROTO_IPV6, i < 2 ? IPV6_JOIN_GROUP : IPV6_LEAVE_GROUP, &m6, sizeof m6);
+            printf("opt IPV6_JOIN/LEAVE_GROUP %s: %s\n", what[i], r == 0 ? "ok" : strerror(errno));
+        }
+        S_CLOSE(fd6);
+    }
+    /* Options set on a listener before listen reach its accepted connections. */
+    {
+        struct sockaddr_in la = *a;
+        la.sin_port = htons(ntohs(a->sin_port) + 10);
+        int lt = S_SOCKET(AF_INET, SOCK_STREAM, 0), one = 1, idle = 40, ut = 3000;
+        S_SETSOCKOPT(lt, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        S_SETSOCKOPT(lt, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        S_SETSOCKOPT(lt, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        S_SETSOCKOPT(lt, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
+        S_SETSOCKOPT(lt, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
+        CHECK("listener with options", S_BIND(lt, (struct sockaddr *)&la, sizeof la) == 0 && S_LISTEN(lt, 4) == 0);
+        int ct = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        CHECK("connect to it", S_CONNECT(ct, (struct sockaddr *)&la, sizeof la) == 0);
+        int st = S_ACCEPT(lt, NULL, NULL);
+        int ka = 0, gi = 0, gu = 0;
+        char cc[16] = {0};
+        socklen_t l = sizeof ka;
+        S_GETSOCKOPT(st, SOL_SOCKET, SO_KEEPALIVE, &ka, &l);
+        l = sizeof gi;
+        S_GETSOCKOPT(st, IPPROTO_TCP, TCP_KEEPIDLE, &gi, &l);
+        l = sizeof gu;
+        S_GETSOCKOPT(st, IPPROTO_TCP, TCP_USER_TIMEOUT, &gu, &l);
+        l = sizeof cc;
+        S_GETSOCKOPT(st, IPPROTO_TCP, TCP_CONGESTION, cc, &l);
+        printf("accepted inherits: SO_KEEPALIVE %d TCP_KEEPIDLE %d TCP_USER_TIMEOUT %d TCP_CONGESTION %s\n", ka, gi,
+               gu, cc);
+        /* MSG_FASTOPEN on an unconnected stream: connect and send in one call. */
+        int fo = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        CHECK("sendto MSG_FASTOPEN", S_SENDTO(fo, "tfo", 3, MSG_FASTOPEN, (struct sockaddr *)&la, sizeof la) == 3);
+        int sf = S_ACCEPT(lt, NULL, NULL);
+        char b[8] = {0};
+        CHECK("its bytes arrive", sf >= 0 && S_RECV(sf, b, sizeof b, 0) == 3 && memcmp(b, "tfo", 3) == 0);
+        /* SO_LINGER 0: close resets the connection. */
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        S_SETSOCKOPT(fo, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        S_CLOSE(fo);
+        errno = 0;
+        CHECK("SO_LINGER 0 resets", S_RECV(sf, b, sizeof b, 0) < 0 && errno == ECONNRESET);
+        S_CLOSE(sf);
+        S_CLOSE(st);
+        S_CLOSE(ct);
+        S_CLOSE(lt);
+    }
+}
+
+/* Dual-stack AF_INET6 sockets (net.ipv6.bindv6only = 0): a listener on :: takes IPv4
+ * clients, seen as ::ffff:a.b.c.d; with IPV6_V6ONLY it does not. Printed: whether
+ * addresses are v4-mapped, never the addresses (loopback on the kernel, the
+ * stack's address on usnet). */
+static void dual_stack(const struct sockaddr_in *a) {
+    int base = ntohs(a->sin_port);
+    int one = 1, zero = 0;
+    struct sockaddr_in6 any6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_ANY_INIT};
+    struct sockaddr_in to4 = *a;
+
+    int l6 = S_SOCKET(AF_INET6, SOCK_STREAM, 0);
+    S_SETSOCKOPT(l6, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    CHECK("IPV6_V6ONLY off", S_SETSOCKOPT(l6, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) == 0);
+    any6.sin6_port = htons(base + 11);
+    CHECK("bind [::]", S_BIND(l6, (struct sockaddr *)&any6, sizeof any6) == 0);
+    errno = 0;
+    CHECK("IPV6_V6ONLY after bind EINVAL",
+          S_SETSOCKOPT(l6, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) < 0 && errno == EINVAL);
+    CHECK("listen [::]", S_LISTEN(l6, 4) == 0);
+    int c4 = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+    to4.sin_port = htons(base + 11);
+    CHECK("IPv4 client connects to [::]", S_CONNECT(c4, (struct sockaddr *)&to4, sizeof to4) == 0);
+    struct sockaddr_in6 peer;
+    socklen_t pl = sizeof peer;
+    int s6 = S_ACCEPT(l6, (struct sockaddr *)&peer, &pl);
+    CHECK("accepted", s6 >= 0);
+    struct sockaddr_in c4name;
+    socklen_t cl = sizeof c4name;
+    S_GETSOCKNAME(c4, (struct sockaddr *)&c4name, &cl);
+    printf("accept peer: len %u v4-mapped %d same as the client %d\n", (unsigned)pl, is_v4_mapped(&peer),
+           memcmp(&peer.sin6_addr.s6_addr[12], &c4name.sin_addr, 4) == 0 && peer.sin6_port == c4name.sin_port);
+    struct sockaddr_in6 n6;
+    socklen_t nl = sizeof n6;
+    S_GETPEERNAME(s6, (struct sockaddr *)&n6, &nl);
+    printf("getpeername v4-mapped %d\n", is_v4_mapped(&n6));
+    nl = sizeof n6;
+    S_GETSOCKNAME(s6, (struct sockaddr *)&n6, &nl);
+    printf("getsockname v4-mapped %d port ok %d\n", is_v4_mapped(&n6), ntohs(n6.sin6_port) == base + 11);
+    char b[16] = {0};
+    CHECK("v4 to v6 bytes", S_SEND(c4, "ping", 4, 0) == 4 && S_RECV(s6, b, sizeof b, 0) == 4 &&
+                                memcmp(b, "ping", 4) == 0);
+    CHECK("v6 to v4 bytes", S_SEND(s6, "pong", 4, 0) == 4 && S_RECV(c4, b, sizeof b, 0) == 4 &&
+                                memcmp(b, "pong", 4) == 0);
+    S_CLOSE(s6);
+    S_CLOSE(c4);
+
+    /* An AF_INET6 client to a v4-mapped address goes out over IPv4. */
+    struct sockaddr_in6 mapped = {.sin6_family = AF_INET6, .sin6_port = htons(base + 11)};
+    mapped.sin6_addr.s6_addr[10] = 0xff;
+    mapped.sin6_addr.s6_addr[11] = 0xff;
+    memcpy(&mapped.sin6_addr.s6_addr[12], &a->sin_addr, 4);
+    int c6 = S_SOCKET(AF_INET6, SOCK_STREAM, 0);
+    CHECK("AF_INET6 connect to ::ffff:a.b.c.d", S_CONNECT(c6, (struct sockaddr *)&mapped, sizeof mapped) == 0);
+    nl = sizeof n6;
+    S_GETSOCKNAME(c6, (struct sockaddr *)&n6, &nl);
+    printf("mapped client getsockname v4-mapped %d\n", is_v4_mapped(&n6));
+    int s6b = S_ACCEPT(l6, (struct sockaddr *)&peer, &(socklen_t){sizeof peer});
+    CHECK("accepted the mapped client", s6b >= 0 && is_v4_mapped(&peer));
+    S_CLOSE(s6b);
+    S_CLOSE(c6);
+    S_CLOSE(l6);
+
+    /* IPV6_V6ONLY: [::] takes IPv6 only, so the IPv4 client is refused. */
+    int v6o = S_SOCKET(AF_INET6, SOCK_STREAM, 0);
+    S_SETSOCKOPT(v6o, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    int got = -1;
+    socklen_t gl = sizeof got;
+    CHECK("IPV6_V6ONLY on", S_SETSOCKOPT(v6o, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) == 0 &&
+                                S_GETSOCKOPT(v6o, IPPROTO_IPV6, IPV6_V6ONLY, &got, &gl) == 0 && got == 1);
+    any6.sin6_port = htons(base + 12);
+    CHECK("V6ONLY bind and listen",
+          S_BIND(v6o, (struct sockaddr *)&any6, sizeof any6) == 0 && S_LISTEN(v6o, 4) == 0);
+    int r4 = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+    to4.sin_port = htons(base + 12);
+    errno = 0;
+    CHECK("IPv4 client refused by a V6ONLY [::]",
+          S_CONNECT(r4, (struct sockaddr *)&to4, sizeof to4) < 0 && errno == ECONNREFUSED);
+    S_CLOSE(r4);
+    int m6 = S_SOCKET(AF_INET6, SOCK_STREAM, 0);
+    S_SETSOCKOPT(m6, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    mapped.sin6_port = htons(base + 12);
+    errno = 0;
+    CHECK("V6ONLY connect to ::ffff:a.b.c.d ENETUNREACH",
+          S_CONNECT(m6, (struct sockaddr *)&mapped, sizeof mapped) < 0 && errno == ENETUNREACH);
+    S_CLOSE(m6);
+    S_CLOSE(v6o);
+
+    /* UDP: a dual [::] socket receives from an IPv4 one (sender v4-mapped) and
+     * answers it at the mapped address; a V6ONLY one sees nothing. */
+    int u6 = S_SOCKET(AF_INET6, SOCK_DGRAM, 0);
+    any6.sin6_port = htons(base + 13);
+    CHECK("UDP bind [::]", S_BIND(u6, (struct sockaddr *)&any6, sizeof any6) == 0);
+    int u4 = S_SOCKET(AF_INET, SOCK_DGRAM, 0);
+    to4.sin_port = htons(base + 13);
+    CHECK("UDP IPv4 sendto [::]", S_SENDTO(u4, "d4", 2, 0, (struct sockaddr *)&to4, sizeof to4) == 2);
+    struct sockaddr_in6 from;
+    socklen_t fl = sizeof from;
+    CHECK("UDP received", S_RECVFROM(u6, b, sizeof b, 0, (struct sockaddr *)&from, &fl) == 2 &&
+                              memcmp(b, "d4", 2) == 0);
+    struct sockaddr_in u4name;
+    socklen_t ul = sizeof u4name;
+    S_GETSOCKNAME(u4, (struct sockaddr *)&u4name, &ul);
+    printf("UDP sender: len %u v4-mapped %d the sender's port %d\n", (unsigned)fl, is_v4_mapped(&from),
+           from.sin6_port == u4name.sin_port);
+    CHECK("UDP answer to the mapped address",
+          S_SENDTO(u6, "d6", 2, 0, (struct sockaddr *)&from, fl) == 2 && S_RECV(u4, b, sizeof b, 0) == 2 &&
+              memcmp(b, "d6", 2) == 0);
+    S_CLOSE(u6);
+    int u6o = S_SOCKET(AF_INET6, SOCK_DGRAM, 0);
+    S_SETSOCKOPT(u6o, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    any6.sin6_port = htons(base + 14);
+    CHECK("UDP V6ONLY bind [::]", S_BIND(u6o, (struct sockaddr *)&any6, sizeof any6) == 0);
+    to4.sin_port = htons(base + 14);
+    S_SENDTO(u4, "x", 1, 0, (struct sockaddr *)&to4, sizeof to4);
+    usleep(100000);
+    errno = 0;
+    CHECK("UDP V6ONLY sees no IPv4", S_RECV(u6o, b, sizeof b, MSG_DONTWAIT) < 0 &&
+                                         (errno == EAGAIN || errno == EWOULDBLOCK));
+    S_CLOSE(u6o);
+    S_CLOSE(u4);
+}
 
 int main(int argc, char **argv) {
     if (argc != 3) {
@@ -287,6 +670,8 @@ int main(int argc, char **argv) {
     CHECK("F_SETFL O_NONBLOCK", S_FCNTL(s, F_SETFL, fl | O_NONBLOCK) == 0 && (S_FCNTL(s, F_GETFL, 0) & O_NONBLOCK));
     S_CLOSE(s);
     S_CLOSE(l);
+    options(&a);
+    dual_stack(&a);
     printf("%s\n", failures ? "FAILED" : "all ok");
     return failures != 0;
 }

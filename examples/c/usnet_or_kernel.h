@@ -29,6 +29,10 @@
 #define S_DUP        usnet_dup
 #define S_DUP2       usnet_dup2
 #define S_SENDFILE   usnet_sendfile
+#define S_SENDTO     usnet_sendto
+#define S_RECVFROM   usnet_recvfrom
+#define S_GETSOCKNAME usnet_getsockname
+#define S_GETPEERNAME usnet_getpeername
 #define S_STACK      "usnet"
 #else
 #include <fcntl.h>
@@ -51,6 +55,10 @@
 #define S_DUP        dup
 #define S_DUP2       dup2
 #define S_SENDFILE   sendfile
+#define S_SENDTO     sendto
+#define S_RECVFROM   recvfrom
+#define S_GETSOCKNAME getsockname
+#define S_GETPEERNAME getpeername
 #define S_STACK      "kernel"
 #endif
 

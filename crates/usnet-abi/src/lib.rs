@@ -271,9 +271,13 @@ pub mod op {
     pub const NOP: u16 = 0;
     /// `args[0]`: [`super::KIND_TCP`] or [`super::KIND_UDP`]. Result: the new slot.
     pub const SOCKET: u16 = 1;
-    /// `args[0..4]`: the address ([`super::SockAddr::to_args`]).
+    /// `args[0..4]`: the address ([`super::SockAddr::to_args`]); `args[4]`, for a
+    /// UDP socket: the families a wildcard address takes ([`super::FAM_V4`] |
+    /// [`super::FAM_V6`]; 0: both).
     pub const BIND: u16 = 2;
-    /// `args[0]`: backlog.
+    /// `args[0]`: backlog; `args[1]`: the families a wildcard address takes
+    /// ([`super::FAM_V4`] | [`super::FAM_V6`]; 0: both, and an unbound listener
+    /// listens on `0.0.0.0`; with `FAM_V6` on `[::]`).
     pub const LISTEN: u16 = 3;
     /// Result: the accepted connection's slot (its peer address is in the slot).
     pub const ACCEPT: u16 = 4;
@@ -312,6 +316,12 @@ pub mod op {
     pub const MAX: u16 = 15;
 }
 
+/// A wildcard address takes IPv4 (an `AF_INET` socket on `0.0.0.0`, or an
+/// `AF_INET6` one on `::` without `IPV6_V6ONLY`).
+pub const FAM_V4: u64 = 1;
+/// A wildcard address takes IPv6 (an `AF_INET6` socket on `::`).
+pub const FAM_V6: u64 = 2;
+
 pub const KIND_TCP: u64 = 1;
 pub const KIND_UDP: u64 = 2;
 
@@ -333,8 +343,24 @@ pub mod opt {
     pub const TCP_MAXSEG: u64 = 2;
     pub const TCP_CORK: u64 = 3;
     pub const TCP_INFO: u64 = 11;
+    /// With `SO_KEEPALIVE` on a connection: `args[3]` TCP_KEEPIDLE (s),
+    /// `args[4]` TCP_KEEPINTVL (s), `args[5]` TCP_KEEPCNT (0: the default).
     pub const TCP_KEEPIDLE: u64 = 4;
+    pub const TCP_KEEPINTVL: u64 = 5;
+    pub const TCP_KEEPCNT: u64 = 6;
+    /// Milliseconds, 0 for none; on a connection or a listener.
+    pub const TCP_USER_TIMEOUT: u64 = 18;
+    /// [`CC_CUBIC`] or [`CC_RENO`]; on a connection.
+    pub const TCP_CONGESTION: u64 = 13;
+    pub const CC_CUBIC: u64 = 0;
+    pub const CC_RENO: u64 = 1;
     pub const TCP_NOTSENT_LOWAT: u64 = 25;
+    pub const IPPROTO_IP: u64 = 0;
+    /// The TOS byte (its DSCP bits; TCP keeps the ECN bits); on a connection.
+    pub const IP_TOS: u64 = 1;
+    pub const IPPROTO_IPV6: u64 = 41;
+    /// As [`IP_TOS`], for IPv6's traffic class.
+    pub const IPV6_TCLASS: u64 = 67;
     /// usnet's own options.
     pub const SOL_USNET: u64 = 0x7573;
     /// Priority-aware receive: the socket's priority (an i32 on the scale of
@@ -740,6 +766,7 @@ pub mod errno {
     pub const EINVAL: i64 = 22;
     pub const EMFILE: i64 = 24;
     pub const EPIPE: i64 = 32;
+    pub const ENOENT: i64 = 2;
     pub const ENOSYS: i64 = 38;
     pub const ENOTSOCK: i64 = 88;
     pub const EMSGSIZE: i64 = 90;

@@ -92,8 +92,15 @@ impl Socket {
 
     /// A TCP socket starts listening (bound first, or on an ephemeral port).
     pub fn listen(self, backlog: usize) -> io::Result<TcpListener> {
+        self.listen_families(backlog, 0)
+    }
+
+    /// [`Socket::listen`] whose wildcard address takes only `families`
+    /// (`usnet_abi::FAM_V4` | `FAM_V6`; 0: both): Linux's `AF_INET` `0.0.0.0`, or
+    /// `AF_INET6` `::` with or without `IPV6_V6ONLY`.
+    pub fn listen_families(self, backlog: usize, families: u64) -> io::Result<TcpListener> {
         self.sock
-            .call(op::LISTEN, [backlog as u64, 0, 0, 0, 0, 0])?;
+            .call(op::LISTEN, [backlog as u64, families, 0, 0, 0, 0])?;
         Ok(TcpListener { sock: self.sock })
     }
 

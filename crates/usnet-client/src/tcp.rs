@@ -65,6 +65,33 @@ impl TcpListener {
         crate::udp::set_rx_priority(&self.sock, priority)
     }
 
+    /// TCP_USER_TIMEOUT (ms, 0: none) for the connections it accepts.
+    pub fn set_user_timeout(&self, ms: u32) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [
+                    opt::IPPROTO_TCP,
+                    opt::TCP_USER_TIMEOUT,
+                    u64::from(ms),
+                    0,
+                    0,
+                    0,
+                ],
+            )
+            .map(|_| ())
+    }
+
+    /// TCP_MAXSEG: its SYN-ACKs advertise (and its connections use) at most `mss`.
+    pub fn set_maxseg(&self, mss: u16) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::IPPROTO_TCP, opt::TCP_MAXSEG, u64::from(mss), 0, 0, 0],
+            )
+            .map(|_| ())
+    }
+
     /// Binds and listens (backlog 128); port 0 picks one.
     pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<TcpListener> {
         Self::bind_with_backlog(client, addr, 128)
@@ -281,7 +308,40 @@ impl TcpStream {
     }
 
     pub fn set_keepalive(&self, on: bool) -> io::Result<()> {
-        self.setopt(opt::SOL_SOCKET, opt::SO_KEEPALIVE, on as u64)
+        self.set_keepalive_with(on, 0, 0, 0)
+    }
+
+    /// SO_KEEPALIVE with TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and TCP_KEEPCNT
+    /// (each 0: the default, 7200 s, 75 s, 9).
+    pub fn set_keepalive_with(&self, on: bool, idle: u32, intvl: u32, cnt: u32) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [
+                    opt::SOL_SOCKET,
+                    opt::SO_KEEPALIVE,
+                    on as u64,
+                    u64::from(idle),
+                    u64::from(intvl),
+                    u64::from(cnt),
+                ],
+            )
+            .map(|_| ())
+    }
+
+    /// TCP_USER_TIMEOUT in milliseconds (0: none).
+    pub fn set_user_timeout(&self, ms: u32) -> io::Result<()> {
+        self.setopt(opt::IPPROTO_TCP, opt::TCP_USER_TIMEOUT, u64::from(ms))
+    }
+
+    /// TCP_CONGESTION: `opt::CC_CUBIC` or `opt::CC_RENO`.
+    pub fn set_congestion(&self, cc: u64) -> io::Result<()> {
+        self.setopt(opt::IPPROTO_TCP, opt::TCP_CONGESTION, cc)
+    }
+
+    /// IP_TOS (or IPV6_TCLASS): the DSCP bits of the connection's packets.
+    pub fn set_tos(&self, tos: u8) -> io::Result<()> {
+        self.setopt(opt::IPPROTO_IP, opt::IP_TOS, u64::from(tos))
     }
 
     /// `Some(0)`: close resets the connection; `None`: orderly close.

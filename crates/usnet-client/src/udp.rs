@@ -79,9 +79,15 @@ impl UdpSocket {
 
     /// Binds a socket made unbound ([`crate::Socket::into_udp`]).
     pub fn bind_to(&self, addr: SocketAddr) -> io::Result<()> {
+        self.bind_families(addr, 0)
+    }
+
+    /// [`UdpSocket::bind_to`] whose wildcard address takes only `families`
+    /// (`usnet_abi::FAM_V4` | `FAM_V6`; 0: both).
+    pub fn bind_families(&self, addr: SocketAddr, families: u64) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
         self.sock
-            .call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])
+            .call(op::BIND, [a[0], a[1], a[2], a[3], families, 0])
             .map(|_| ())
     }
 

@@ -26,6 +26,7 @@ pub mod addr;
 mod exec;
 mod fork;
 mod poll;
+mod sockopt;
 
 use std::collections::HashMap;
 use std::io;
@@ -143,6 +144,46 @@ struct Opts {
     rcvtimeo: Option<Duration>,
     sndtimeo: Option<Duration>,
     linger: Option<Duration>,
+    /// TCP_KEEPIDLE, TCP_KEEPINTVL (s), TCP_KEEPCNT (None: 7200, 75, 9).
+    keep: [Option<u32>; 3],
+    /// TCP_USER_TIMEOUT (ms, 0: none).
+    user_timeout: u32,
+    /// TCP_CONGESTION (`usnet_abi::opt::CC_*`; None: the stack's, cubic).
+    congestion: Option<u64>,
+    /// TCP_MAXSEG as set (None: none).
+    maxseg: Option<i32>,
+    /// IP_TOS, IPV6_TCLASS as set.
+    tos: Option<u8>,
+    tclass: Option<u8>,
+    /// IPV6_V6ONLY (an AF_INET6 socket's wildcard takes IPv6 only).
+    v6only: bool,
+    /// SO_BINDTODEVICE (empty: none).
+    device: Vec<u8>,
+    /// IP_MULTICAST_IF's address.
+    mcast_if: [u8; 4],
+    /// Multicast groups joined (as `sockopt::membership` keys them).
+    groups: Vec<Vec<u8>>,
+    /// Options only recorded and reported back (`sockopt`).
+    recorded: HashMap<(i32, i32), i32>,
+}
+
+impl Opts {
+    /// What an accepted connection inherits from its listener: everything, as
+    /// Linux's children copy the listener's socket, but the listener's own
+    /// (TCP_DEFER_ACCEPT, TCP_FASTOPEN, multicast groups); TCP_QUICKACK starts on.
+    fn inherited(&self) -> Opts {
+        let mut o = self.clone();
+        o.groups.clear();
+        for name in [
+            libc::TCP_DEFER_ACCEPT,
+            libc::TCP_FASTOPEN,
+            sockopt::TCP_FASTOPEN_CONNECT,
+            libc::TCP_QUICKACK,
+        ] {
+            o.recorded.remove(&(libc::IPPROTO_TCP, name));
+        }
+        o
+    }
 }
 
 /// One descriptor number. Numbers made by `dup` share one [`Desc`], as the kernel's
@@ -317,7 +358,11 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
 /// `bind(2)`.
 pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
     let e = get(fd)?;
-    check_family(&e, addr)?;
+    let addr = stack_addr(&e, addr).map_err(|err| match err.0 {
+        libc::ENETUNREACH => Errno(libc::EINVAL),
+        _ => err,
+    })?;
+    let fam = families_for(&e, addr);
     let mut o = e.write();
     match &mut *o {
         Obj::Fresh(s) => Ok(s.bind(addr)?),
@@ -326,7 +371,7 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
             let Obj::Udp(u) = std::mem::replace(&mut *o, Obj::Moving) else {
                 unreachable!()
             };
-            let r = bind_udp(&u, addr);
+            let r = bind_udp(&u, addr, fam);
             *o = Obj::Udp(u);
             r
         }
@@ -335,11 +380,11 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
     }
 }
 
-fn bind_udp(u: &UdpSocket, addr: SocketAddr) -> Res<()> {
+fn bind_udp(u: &UdpSocket, addr: SocketAddr, fam: u64) -> Res<()> {
     if u.local_addr().is_ok_and(|a| a.port() != 0) {
         return Err(Errno(libc::EINVAL));
     }
-    Ok(u.bind_to(addr)?)
+    Ok(u.bind_families(addr, fam)?)
 }
 
 fn check_family(e: &Entry, addr: SocketAddr) -> Res<()> {
@@ -348,6 +393,59 @@ fn check_family(e: &Entry, addr: SocketAddr) -> Res<()> {
         return Err(Errno(libc::EAFNOSUPPORT));
     }
     Ok(())
+}
+
+// Dual-stack AF_INET6 sockets (Linux with net.ipv6.bindv6only = 0). The design: the
+// stack sees plain addresses only, and this layer maps. An address an AF_INET6
+// socket is given as `::ffff:a.b.c.d` goes to the stack as `a.b.c.d` (bind binds
+// IPv4, connect and sendto go out over IPv4), and every IPv4 address the stack
+// reports to an AF_INET6 socket (accept's peer, recvfrom's sender, getsockname,
+// getpeername) comes back mapped. A wildcard bind tells the stack which families it
+// takes (`usnet_stack::Families`, carried by the ABI's BIND and LISTEN): `::` both
+// unless IPV6_V6ONLY, a mapped or AF_INET address IPv4 only; the stack's listener
+// demux then sends an IPv4 SYN that finds no IPv4 listener to a `::` listener that
+// takes IPv4.
+
+/// `addr` as the stack takes it from socket `e`: a v4-mapped address of an AF_INET6
+/// socket is its IPv4 address (EAFNOSUPPORT with IPV6_V6ONLY, as Linux's connect
+/// and bind refuse one then).
+fn stack_addr(e: &Entry, addr: SocketAddr) -> Res<SocketAddr> {
+    check_family(e, addr)?;
+    match addr {
+        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+            Some(v4) if e.domain == libc::AF_INET6 => {
+                if lock(&e.opts).v6only {
+                    return Err(Errno(libc::ENETUNREACH));
+                }
+                Ok(SocketAddr::new(v4.into(), a.port()))
+            }
+            _ => Ok(addr),
+        },
+        _ => Ok(addr),
+    }
+}
+
+/// An address from the stack as socket family `domain` reports it: IPv4 mapped
+/// into IPv6 for an AF_INET6 socket.
+fn user_addr(domain: i32, addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V4(a) if domain == libc::AF_INET6 => {
+            SocketAddr::new(a.ip().to_ipv6_mapped().into(), a.port())
+        }
+        _ => addr,
+    }
+}
+
+/// The families a bind of socket `e` to `addr` (as the stack takes it) holds.
+fn families_for(e: &Entry, addr: SocketAddr) -> u64 {
+    use usnet_abi::{FAM_V4, FAM_V6};
+    if addr.is_ipv4() || e.domain == libc::AF_INET {
+        FAM_V4
+    } else if lock(&e.opts).v6only {
+        FAM_V6
+    } else {
+        FAM_V4 | FAM_V6
+    }
 }
 
 /// `listen(2)`.
@@ -359,9 +457,26 @@ pub fn listen(fd: RawFd, backlog: i32) -> Res<()> {
             let Obj::Fresh(s) = std::mem::replace(&mut *o, Obj::Moving) else {
                 unreachable!()
             };
-            match s.listen(backlog.clamp(1, 4096) as usize) {
+            let bound = s
+                .local_addr()
+                .ok()
+                .filter(|a| a.port() != 0 || !a.ip().is_unspecified())
+                .unwrap_or_else(|| unspecified(e.domain));
+            let fam = families_for(&e, bound);
+            match s.listen_families(backlog.clamp(1, 4096) as usize, fam) {
                 Ok(l) => {
                     l.set_nonblocking(e.nonblocking())?;
+                    // Options set before listen that the listener carries.
+                    let (ut, mss) = {
+                        let op = lock(&e.opts);
+                        (op.user_timeout, op.maxseg)
+                    };
+                    if ut != 0 {
+                        let _ = l.set_user_timeout(ut);
+                    }
+                    if let Some(m) = mss.filter(|&m| m != 0) {
+                        let _ = l.set_maxseg(m as u16);
+                    }
                     *o = Obj::Listener(l);
                     Ok(())
                 }
@@ -397,7 +512,6 @@ pub fn accept4(fd: RawFd, flags: i32) -> Res<(RawFd, SocketAddr)> {
     };
     let nb = flags & libc::SOCK_NONBLOCK != 0;
     s.set_nonblocking(nb)?;
-    apply_stream_opts(&e, &s);
     let tag = exec::tag(e.domain);
     s.set_exec_tag(tag);
     let r = reserve(flags & libc::SOCK_CLOEXEC != 0, nb, tag)?;
@@ -406,18 +520,16 @@ pub fn accept4(fd: RawFd, flags: i32) -> Res<(RawFd, SocketAddr)> {
         new_desc(Obj::Stream(s), e.domain, libc::SOCK_STREAM, nb, tag),
     );
     // Accepted sockets inherit the listener's options, as Linux's do.
-    {
-        let from = lock(&e.opts);
-        let mut to = lock(&ne.opts);
-        to.nodelay = from.nodelay;
-        to.keepalive = from.keepalive;
-        to.rcvbuf = from.rcvbuf;
-        to.sndbuf = from.sndbuf;
-        to.notsent_lowat = from.notsent_lowat;
+    let inherited = lock(&e.opts).inherited();
+    *lock(&ne.opts) = inherited;
+    if let Obj::Stream(s) = &*ne.read() {
+        apply_stream_opts(&ne, s);
     }
-    Ok((insert(ne), peer))
+    Ok((insert(ne), user_addr(e.domain, peer)))
 }
 
+/// Options set before the socket became a stream (or on its listener) take effect
+/// on it; only those away from the default cost a request.
 fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     let o = lock(&e.opts);
     if o.nodelay {
@@ -427,7 +539,20 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
         let _ = s.set_cork(true);
     }
     if o.keepalive {
-        let _ = s.set_keepalive(true);
+        let _ = set_keepalive(&o, s);
+    }
+    if o.user_timeout != 0 {
+        let _ = s.set_user_timeout(o.user_timeout);
+    }
+    if let Some(cc) = o.congestion {
+        let _ = s.set_congestion(cc);
+    }
+    let tos = match s.peer_addr() {
+        Ok(SocketAddr::V6(_)) => o.tclass,
+        _ => o.tos,
+    };
+    if let Some(t) = tos.filter(|&t| t != 0) {
+        let _ = s.set_tos(t);
     }
     if o.linger.is_some() {
         let _ = s.set_linger(o.linger);
@@ -444,7 +569,7 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
 /// non-blocking returns `EINPROGRESS`, and `SO_ERROR` tells the outcome.
 pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
     let e = get(fd)?;
-    check_family(&e, addr)?;
+    let addr = stack_addr(&e, addr)?;
     {
         let mut o = e.write();
         match &*o {
@@ -493,7 +618,8 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
 
 /// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. `MSG_MORE` is only a
 /// hint to wait for more (the bytes then go out as soon as without it).
-const SEND_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE;
+const SEND_FLAGS: i32 =
+    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_FASTOPEN;
 const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
 
 fn maybe_dontwait<R>(flags: i32, f: impl FnOnce() -> R) -> R {
@@ -518,6 +644,16 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
         return Err(Errno(libc::EOPNOTSUPP));
     }
     let e = get(fd)?;
+    let to = to.map(|a| stack_addr(&e, a)).transpose()?;
+    if flags & libc::MSG_FASTOPEN != 0 && matches!(&*e.read(), Obj::Fresh(_)) {
+        // MSG_FASTOPEN on an unconnected stream: connect, then send (the bytes go
+        // right after the handshake rather than on the SYN; a non-blocking socket
+        // gets EINPROGRESS, as Linux's does without a cookie).
+        let to = to.ok_or(Errno(libc::EDESTADDRREQ))?;
+        drop(e);
+        connect(fd, to)?;
+        return sendto(fd, buf, flags & !libc::MSG_FASTOPEN, None);
+    }
     let o = e.read();
     let r: Res<usize> = match &*o {
         Obj::Stream(s) => {
@@ -671,7 +807,7 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
             } else {
                 maybe_dontwait(flags, || u.recv_from(buf))?
             };
-            Ok((n, Some(from)))
+            Ok((n, Some(user_addr(e.domain, from))))
         }
         Obj::Fresh(_) | Obj::Failed | Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),
         Obj::Epoll(_) => Err(Errno(libc::EINVAL)),
@@ -912,7 +1048,7 @@ pub fn getsockname(fd: RawFd) -> Res<SocketAddr> {
         Obj::Epoll(_) => return Err(ebadf_kind()),
         _ => return Err(Errno(libc::EINVAL)),
     };
-    r.or_else(|_| Ok(unspecified(e.domain)))
+    Ok(r.map_or_else(|_| unspecified(e.domain), |a| user_addr(e.domain, a)))
 }
 
 fn unspecified(domain: i32) -> SocketAddr {
@@ -928,8 +1064,11 @@ pub fn getpeername(fd: RawFd) -> Res<SocketAddr> {
     let e = get(fd)?;
     let o = e.read();
     match &*o {
-        Obj::Stream(s) if s.connected() => Ok(s.peer_addr()?),
-        Obj::Udp(u) => u.peer_addr().map_err(|_| Errno(libc::ENOTCONN)),
+        Obj::Stream(s) if s.connected() => Ok(user_addr(e.domain, s.peer_addr()?)),
+        Obj::Udp(u) => u
+            .peer_addr()
+            .map(|a| user_addr(e.domain, a))
+            .map_err(|_| Errno(libc::ENOTCONN)),
         Obj::Epoll(_) => Err(ebadf_kind()),
         _ => Err(Errno(libc::ENOTCONN)),
     }
@@ -1030,8 +1169,11 @@ fn linux_sndbuf(v: i32) -> i32 {
 
 /// `setsockopt(2)`: SOL_SOCKET SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF,
 /// SO_SNDBUF (the stack's send-buffer limit for the connection, doubled as Linux
-/// does), SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; IPPROTO_TCP TCP_NODELAY, TCP_CORK,
-/// TCP_NOTSENT_LOWAT. Others are `ENOPROTOOPT`.
+/// does), SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER, SO_BINDTODEVICE; IPPROTO_TCP
+/// TCP_NODELAY, TCP_CORK, TCP_NOTSENT_LOWAT, TCP_KEEPIDLE/INTVL/CNT,
+/// TCP_USER_TIMEOUT, TCP_CONGESTION, TCP_MAXSEG; IP_TOS, IPV6_TCLASS, IPV6_V6ONLY,
+/// multicast memberships and IP_MULTICAST_IF; and the options [`sockopt`] records.
+/// The table (what takes effect, what is only recorded) is in docs/preload.md.
 pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
     let e = get(fd)?;
     if matches!(&*e.read(), Obj::Epoll(_)) {
@@ -1043,13 +1185,15 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         Obj::Stream(s) => Some(s),
         _ => None,
     };
+    let tcp = e.stype == libc::SOCK_STREAM;
+    let v6 = e.domain == libc::AF_INET6;
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => o.reuseaddr = int_opt(value)? != 0,
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => o.reuseport = int_opt(value)? != 0,
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => {
             o.keepalive = int_opt(value)? != 0;
             if let Some(s) = stream {
-                s.set_keepalive(o.keepalive)?;
+                set_keepalive(&o, s)?;
             }
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
@@ -1107,9 +1251,139 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 _ => return Err(Errno(libc::EINVAL)),
             }
         }
-        _ => return Err(Errno(libc::ENOPROTOOPT)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT)
+            if tcp =>
+        {
+            // Linux's limits: 1..=32767 s, 1..=127 probes.
+            let v = int_opt(value)?;
+            let max = if name == libc::TCP_KEEPCNT {
+                127
+            } else {
+                32767
+            };
+            if !(1..=max).contains(&v) {
+                return Err(Errno(libc::EINVAL));
+            }
+            o.keep[(name - libc::TCP_KEEPIDLE) as usize] = Some(v as u32);
+            if let (Some(s), true) = (stream, o.keepalive) {
+                set_keepalive(&o, s)?;
+            }
+        }
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) if tcp => {
+            let v = int_opt(value)?;
+            if v < 0 {
+                return Err(Errno(libc::EINVAL));
+            }
+            o.user_timeout = v as u32;
+            match &*obj {
+                Obj::Stream(s) => s.set_user_timeout(v as u32)?,
+                Obj::Listener(l) => l.set_user_timeout(v as u32)?,
+                _ => {}
+            }
+        }
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) if tcp => {
+            let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            let cc = match &value[..n] {
+                b"cubic" => usnet_abi::opt::CC_CUBIC,
+                b"reno" => usnet_abi::opt::CC_RENO,
+                _ => return Err(Errno(libc::ENOENT)),
+            };
+            o.congestion = Some(cc);
+            if let Some(s) = stream {
+                s.set_congestion(cc)?;
+            }
+        }
+        (libc::IPPROTO_TCP, libc::TCP_MAXSEG) if tcp => {
+            let v = int_opt(value)?;
+            if v != 0 && !(88..=32767).contains(&v) {
+                return Err(Errno(libc::EINVAL));
+            }
+            o.maxseg = (v != 0).then_some(v);
+            if let (Obj::Listener(l), true) = (&*obj, v != 0) {
+                l.set_maxseg(v as u16)?;
+            }
+        }
+        (libc::IPPROTO_IP, libc::IP_TOS) => {
+            // TCP keeps the ECN bits its own, as Linux does.
+            let v = sockopt::int_value(level, value)? as u8;
+            let v = if tcp { v & !3 } else { v };
+            o.tos = Some(v);
+            if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv4())) {
+                s.set_tos(v)?;
+            }
+        }
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if v6 => {
+            let v = match int_opt(value)? {
+                -1 => 0,
+                v @ 0..=255 => v as u8,
+                _ => return Err(Errno(libc::EINVAL)),
+            };
+            o.tclass = Some(v);
+            if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv6())) {
+                s.set_tos(v)?;
+            }
+        }
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) if v6 => {
+            let v = int_opt(value)?;
+            // Fixed once the socket is bound, as Linux's.
+            let bound = match &*obj {
+                Obj::Fresh(s) => s.local_addr().is_ok_and(|a| a.port() != 0),
+                Obj::Udp(u) => u.local_addr().is_ok_and(|a| a.port() != 0),
+                _ => true,
+            };
+            if bound {
+                return Err(Errno(libc::EINVAL));
+            }
+            o.v6only = v != 0;
+        }
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => {
+            // Recorded: the stack has one interface (and the name is the kernel's).
+            let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            if n >= libc::IFNAMSIZ {
+                return Err(Errno(libc::EINVAL));
+            }
+            o.device = value[..n].to_vec();
+        }
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => {
+            if tcp {
+                return Err(Errno(libc::EINVAL));
+            }
+            // An in_addr, or an ip_mreqn whose address is the second field.
+            let a = match value.len() {
+                4..=7 => &value[..4],
+                n if n >= 8 => &value[4..8],
+                _ => return Err(Errno(libc::EINVAL)),
+            };
+            o.mcast_if.copy_from_slice(a);
+        }
+        _ => match sockopt::membership(level, name, value)? {
+            Some(_) if tcp && level == libc::IPPROTO_IP => return Err(Errno(libc::EPROTO)),
+            Some(_) if level == libc::IPPROTO_IPV6 && !v6 => return Err(Errno(libc::ENOPROTOOPT)),
+            Some((join, key)) => {
+                let had = o.groups.iter().position(|g| *g == key);
+                match (join, had) {
+                    (true, None) => o.groups.push(key),
+                    (true, Some(_)) => return Err(Errno(libc::EADDRINUSE)),
+                    (false, Some(i)) => {
+                        o.groups.remove(i);
+                    }
+                    (false, None) => return Err(Errno(libc::EADDRNOTAVAIL)),
+                }
+            }
+            None => {
+                let v = sockopt::int_value(level, value)?;
+                let kept = sockopt::set(level, name, v, tcp, v6)?;
+                o.recorded.insert((level, name), kept);
+            }
+        },
     }
     Ok(())
+}
+
+/// SO_KEEPALIVE on with TCP_KEEPIDLE/INTVL/CNT as set (or off) on a stream.
+fn set_keepalive(o: &Opts, s: &TcpStream) -> io::Result<()> {
+    let [idle, intvl, cnt] = o.keep.map(|k| k.unwrap_or(0));
+    s.set_keepalive_with(o.keepalive, idle, intvl, cnt)
 }
 
 /// usnet's own socket options (`usnet.h`: `USNET_SOL_USNET`).
@@ -1148,6 +1422,8 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         Obj::Stream(s) => Some(s),
         _ => None,
     };
+    let tcp = e.stype == libc::SOCK_STREAM;
+    let v6 = e.domain == libc::AF_INET6;
     let bytes: Vec<u8> = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_ERROR) => {
             let mut err = e.error.swap(0, Relaxed);
@@ -1195,6 +1471,39 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
             int(o.nodelay as i32)
         }
         (libc::IPPROTO_TCP, libc::TCP_CORK) if e.stype == libc::SOCK_STREAM => int(o.cork as i32),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT)
+            if tcp =>
+        {
+            let i = (name - libc::TCP_KEEPIDLE) as usize;
+            int(o.keep[i].unwrap_or([7200, 75, 9][i]) as i32)
+        }
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) if tcp => int(o.user_timeout as i32),
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) if tcp => {
+            // Linux's TCP_CA_NAME_MAX bytes, NUL-padded.
+            let name: &[u8] = match o.congestion {
+                Some(usnet_abi::opt::CC_RENO) => b"reno",
+                _ => b"cubic",
+            };
+            let mut b = name.to_vec();
+            b.resize(16, 0);
+            b
+        }
+        (libc::IPPROTO_TCP, libc::TCP_MAXSEG) if tcp => match stream {
+            // Connected: the MSS in use; otherwise what was set, or TCP_MSS_DEFAULT.
+            Some(s) => int(s.info().map(|i| i.snd_mss as i32).unwrap_or(536)),
+            None => int(o.maxseg.unwrap_or(536)),
+        },
+        (libc::IPPROTO_IP, libc::IP_TOS) => int(i32::from(o.tos.unwrap_or(0))),
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if v6 => int(i32::from(o.tclass.unwrap_or(0))),
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) if v6 => int(o.v6only as i32),
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => {
+            let mut b = o.device.clone();
+            if !b.is_empty() {
+                b.push(0);
+            }
+            b
+        }
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => o.mcast_if.to_vec(),
         (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => {
             let Some(s) = stream else {
                 // Not connected: Linux answers a zeroed tcp_info with state CLOSE (7).
@@ -1208,7 +1517,19 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
             };
             tcp_info_bytes(&s.info()?)
         }
-        _ => return Err(Errno(libc::ENOPROTOOPT)),
+        _ => {
+            let known = match level {
+                libc::SOL_SOCKET | libc::IPPROTO_IP => true,
+                libc::IPPROTO_TCP => tcp,
+                libc::IPPROTO_IPV6 => v6,
+                _ => false,
+            };
+            if !known {
+                return Err(sockopt::get_level_errno(level, tcp, v6));
+            }
+            let kept = o.recorded.get(&(level, name)).copied();
+            int(sockopt::get(level, name, kept, tcp, v6)?)
+        }
     };
     Ok(copy_out(&bytes, out))
 }

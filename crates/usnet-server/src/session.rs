@@ -10,15 +10,17 @@ use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
 use usnet_abi::{
-    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND,
-    FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_WR_SHUT, KIND_TCP,
-    KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE,
-    SLOT_OPEN,
+    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, FAM_V4, FAM_V6, FLAG_ACCEPTABLE,
+    FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_WR_SHUT,
+    KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
+    SLOT_FREE, SLOT_OPEN,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::{ByteConsumer, ByteProducer, FutexBell};
-use usnet_stack::{Keepalive, Owner, SocketHandle, Stack, StackError, TcpState};
+use usnet_stack::{
+    CcAlgorithm, Families, Keepalive, Owner, SocketHandle, Stack, StackError, TcpState,
+};
 
 use crate::ServerLimits;
 
@@ -389,8 +391,13 @@ impl ServerSession {
                     return ok(-errno::EBADF);
                 };
                 ok(match req.op {
-                    op::BIND => self.op_bind(stack, i, SockAddr::from_args(&req.args)),
-                    op::LISTEN => self.op_listen(stack, i, req.args[0]),
+                    op::BIND => self.op_bind(
+                        stack,
+                        i,
+                        SockAddr::from_args(&req.args),
+                        families(req.args[4]),
+                    ),
+                    op::LISTEN => self.op_listen(stack, i, req.args[0], req.args[1]),
                     op::ACCEPT => self.op_accept(stack, i),
                     op::CONNECT => self.op_connect(stack, i, SockAddr::from_args(&req.args)),
                     op::SHUTDOWN => self.op_shutdown(stack, i, req.args[0]),
@@ -488,7 +495,7 @@ impl ServerSession {
         }
     }
 
-    fn op_bind(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
+    fn op_bind(&mut self, stack: &mut Stack, i: u32, a: SockAddr, fam: Families) -> i64 {
         let Some(addr) = a.to_std() else {
             return -errno::EINVAL;
         };
@@ -497,7 +504,7 @@ impl ServerSession {
             return -errno::EINVAL;
         }
         match s.role {
-            Role::Udp => match stack.udp_bind(addr) {
+            Role::Udp => match stack.udp_bind_families(addr, fam) {
                 Ok(h) => {
                     self.adopt(stack, i, h);
                     let local = stack.udp_local_addr(h).unwrap_or(addr);
@@ -523,7 +530,7 @@ impl ServerSession {
         }
     }
 
-    fn op_listen(&mut self, stack: &mut Stack, i: u32, backlog: u64) -> i64 {
+    fn op_listen(&mut self, stack: &mut Stack, i: u32, backlog: u64, fam: u64) -> i64 {
         let s = self.sock(i);
         if s.role == Role::Listener {
             return 0;
@@ -531,15 +538,20 @@ impl ServerSession {
         if s.role != Role::Fresh {
             return -errno::EINVAL;
         }
-        let addr = s
-            .bound
-            .unwrap_or_else(|| "0.0.0.0:0".parse().expect("addr"));
+        // Unbound: the wildcard of the socket's family (an AF_INET6 socket's is `::`).
+        let any = if fam & FAM_V6 != 0 {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        };
+        let addr = s.bound.unwrap_or_else(|| any.parse().expect("addr"));
         let max = self.limits.max_backlog.max(1);
         if backlog > max as u64 {
             self.stats.quota_backlog += 1;
         }
         let backlog = backlog.clamp(1, max as u64) as usize;
-        match stack.tcp_listen(addr, backlog) {
+        let cfg = stack.tcp_config().clone();
+        match stack.tcp_listen_families(addr, backlog, cfg, families(fam)) {
             Ok(h) => {
                 self.sock(i).role = Role::Listener;
                 self.adopt(stack, i, h);
@@ -706,7 +718,50 @@ impl ServerSession {
             }
             (opt::IPPROTO_TCP, opt::TCP_CORK) => Ok(()),
             (opt::SOL_SOCKET, opt::SO_KEEPALIVE) if tcp_conn => {
-                stack.tcp_set_keepalive(h.expect("conn"), (value != 0).then(Keepalive::default))
+                // args[3..6]: TCP_KEEPIDLE, TCP_KEEPINTVL (s), TCP_KEEPCNT; 0: default.
+                let d = Keepalive::default();
+                let secs = |v: u64, d: Duration| {
+                    if v == 0 {
+                        d
+                    } else {
+                        Duration::from_secs(v.min(32767))
+                    }
+                };
+                let ka = Keepalive {
+                    idle: secs(a[3], d.idle),
+                    interval: secs(a[4], d.interval),
+                    count: if a[5] == 0 {
+                        d.count
+                    } else {
+                        a[5].min(127) as u32
+                    },
+                };
+                stack.tcp_set_keepalive(h.expect("conn"), (value != 0).then_some(ka))
+            }
+            (opt::IPPROTO_TCP, opt::TCP_USER_TIMEOUT) => match (s.role, h) {
+                (Role::Conn | Role::Listener, Some(h)) if s.kind == KIND_TCP => {
+                    let t = (value != 0).then(|| Duration::from_millis(value.min(u32::MAX as u64)));
+                    stack.tcp_set_user_timeout(h, t)
+                }
+                _ => Ok(()),
+            },
+            (opt::IPPROTO_TCP, opt::TCP_CONGESTION) if tcp_conn => {
+                let cc = match value {
+                    opt::CC_CUBIC => CcAlgorithm::Cubic,
+                    opt::CC_RENO => CcAlgorithm::NewReno,
+                    _ => return -errno::ENOENT,
+                };
+                stack.tcp_set_congestion_control(h.expect("conn"), cc)
+            }
+            (opt::IPPROTO_TCP, opt::TCP_MAXSEG) => match (s.role, h) {
+                // Linux's range: 88..=32767 (0 clears it: nothing to do here).
+                (Role::Listener, Some(h)) if (88..=32767).contains(&value) => {
+                    stack.tcp_set_listener_mss(h, value as u16)
+                }
+                _ => Ok(()),
+            },
+            (opt::IPPROTO_IP, opt::IP_TOS) | (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) if tcp_conn => {
+                stack.tcp_set_tos(h.expect("conn"), value as u8)
             }
             (opt::SOL_SOCKET, opt::SO_LINGER) if tcp_conn => {
                 // value: seconds, or u64::MAX for "off".
@@ -801,6 +856,15 @@ impl ServerSession {
             }
             _ => -errno::ENOPROTOOPT,
         }
+    }
+}
+
+/// The families of a BIND's or LISTEN's argument (`FAM_V4 | FAM_V6`; 0: both).
+fn families(f: u64) -> Families {
+    match f & (FAM_V4 | FAM_V6) {
+        FAM_V4 => Families::V4,
+        FAM_V6 => Families::V6,
+        _ => Families::Both,
     }
 }
 

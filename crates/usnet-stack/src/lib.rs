@@ -50,7 +50,7 @@ pub use config::{mac_from_seed, IpCidr, StackConfig};
 pub use counters::Counters;
 pub use error::{ConfigError, StackError};
 pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
-pub use socket::{EchoReply, Owner, Readiness, SocketHandle, SocketStats};
+pub use socket::{EchoReply, Families, Owner, Readiness, SocketHandle, SocketStats};
 pub use tcp::{TcpConnEntry, TcpListenEntry};
 pub use time::Instant;
 pub use udp::UdpEntry;

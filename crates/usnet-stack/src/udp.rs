@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use crate::socket::udp::NONE;
-use crate::socket::{Owner, Socket, SocketHandle, SocketStats, UdpSocket};
+use crate::socket::{Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
 use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
 
 /// One UDP socket in [`Stack::udp_sockets`].
@@ -37,6 +37,16 @@ impl Stack {
     /// Binds a UDP socket. Port 0 picks an ephemeral port; an unspecified address
     /// accepts datagrams to any local address of either family.
     pub fn udp_bind(&mut self, local: SocketAddr) -> Result<SocketHandle, StackError> {
+        self.udp_bind_families(local, Families::Both)
+    }
+
+    /// [`Stack::udp_bind`] whose wildcard takes only `fam` (Linux's `AF_INET`
+    /// `0.0.0.0`, or `AF_INET6` `::` with or without `IPV6_V6ONLY`: [`Families`]).
+    pub fn udp_bind_families(
+        &mut self,
+        local: SocketAddr,
+        fam: Families,
+    ) -> Result<SocketHandle, StackError> {
         let ip = local.ip();
         if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
             return Err(StackError::AddrNotAvailable);
@@ -44,10 +54,10 @@ impl Stack {
         let port = match local.port() {
             0 => self
                 .sockets
-                .udp_ephemeral_port(ip)
+                .udp_ephemeral_port(ip, fam)
                 .ok_or(StackError::AddrInUse)?,
             p => {
-                if !self.sockets.udp_port_free(local) {
+                if !self.sockets.udp_port_free(local, fam) {
                     return Err(StackError::AddrInUse);
                 }
                 p
@@ -56,6 +66,7 @@ impl Stack {
         let h = self.sockets.insert(
             Socket::Udp(UdpSocket {
                 local: SocketAddr::new(ip, port),
+                families: fam,
                 remote: None,
                 rxq: VecDeque::new(),
                 rx_queued_bytes: 0,

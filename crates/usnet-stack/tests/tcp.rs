@@ -131,6 +131,119 @@ fn handshake_data_and_close_v4_and_v6() {
     }
 }
 
+/// Linux's dual-stack listeners (`Families`): a `[::]` listener that takes both
+/// families accepts an IPv4 SYN (the connection is plain IPv4 in the stack); one
+/// with IPV6_V6ONLY refuses it (RST) and still takes IPv6; `0.0.0.0` for IPv4 may
+/// then share its port, and a dual `[::]` clashes with `0.0.0.0` on one port.
+#[test]
+fn a_dual_stack_listener_takes_ipv4_and_a_v6only_one_refuses_it() {
+    use usnet_stack::Families;
+    let mut net = pair(31, Faults::default());
+    let tcfg = net.stack(1).tcp_config().clone();
+    let dual = net
+        .stack_mut(1)
+        .tcp_listen_families(sa("[::]:90"), 8, tcfg.clone(), Families::Both)
+        .unwrap();
+    let v6only = net
+        .stack_mut(1)
+        .tcp_listen_families(sa("[::]:91"), 8, tcfg.clone(), Families::V6)
+        .unwrap();
+    assert_eq!(
+        net.stack_mut(1)
+            .tcp_listen_families(sa("0.0.0.0:90"), 8, tcfg.clone(), Families::V4),
+        Err(StackError::AddrInUse),
+        "a dual [::] holds the IPv4 wildcard too"
+    );
+
+    // IPv4 to the dual listener: accepted, an IPv4 connection.
+    let c = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:90"))
+        .unwrap();
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(1)
+        .readiness(dual)
+        .unwrap()
+        .readable));
+    let s = net.stack_mut(1).tcp_accept(dual).unwrap();
+    assert_eq!(net.stack(1).tcp_local_addr(s).unwrap(), sa("10.0.0.2:90"));
+    assert_eq!(
+        net.stack(1).tcp_peer_addr(s).unwrap(),
+        net.stack(0).tcp_local_addr(c).unwrap()
+    );
+    assert!(net.stack(0).readiness(c).unwrap().connected);
+
+    // IPv4 to the V6-only listener: refused.
+    let r = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:91"))
+        .unwrap();
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(0)
+        .readiness(r)
+        .unwrap()
+        .closed));
+    let mut buf = [0u8; 4];
+    assert_eq!(
+        net.stack_mut(0).tcp_recv(r, &mut buf),
+        Err(StackError::ConnectionRefused)
+    );
+    assert!(!net.stack(1).readiness(v6only).unwrap().readable);
+
+    // IPv6 to it: accepted.
+    let c6 = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("[fd00::2]:91"))
+        .unwrap();
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(1)
+        .readiness(v6only)
+        .unwrap()
+        .readable));
+    assert!(net.stack_mut(1).tcp_accept(v6only).is_ok());
+    assert!(net.stack(0).readiness(c6).unwrap().connected);
+
+    // 0.0.0.0:91 for IPv4 beside the V6-only [::]:91, as Linux allows; IPv4 goes
+    // to it.
+    let v4 = net
+        .stack_mut(1)
+        .tcp_listen_families(sa("0.0.0.0:91"), 8, tcfg, Families::V4)
+        .unwrap();
+    let c4 = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:91"))
+        .unwrap();
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(1)
+        .readiness(v4)
+        .unwrap()
+        .readable));
+    assert!(net.stack_mut(1).tcp_accept(v4).is_ok());
+    assert!(net.stack(0).readiness(c4).unwrap().connected);
+    assert!(!net.stack(1).readiness(v6only).unwrap().readable);
+
+    // The other way round (the V6-only wildcard listening last): the demux still
+    // takes the wildcard of the SYN's family.
+    let tcfg = net.stack(1).tcp_config().clone();
+    let v4b = net
+        .stack_mut(1)
+        .tcp_listen_families(sa("0.0.0.0:92"), 8, tcfg.clone(), Families::V4)
+        .unwrap();
+    net.stack_mut(1)
+        .tcp_listen_families(sa("[::]:92"), 8, tcfg, Families::V6)
+        .unwrap();
+    let c4b = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:92"))
+        .unwrap();
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(1)
+        .readiness(v4b)
+        .unwrap()
+        .readable));
+    assert!(net.stack(0).readiness(c4b).unwrap().connected);
+}
+
 #[test]
 fn refused_connect_gets_rst_and_rst_gets_nothing() {
     let mut net = pair(3, Faults::default());

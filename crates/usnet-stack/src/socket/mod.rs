@@ -36,6 +36,57 @@ impl SocketHandle {
     }
 }
 
+/// Which address families a socket bound to a wildcard address takes (a socket
+/// bound to a specific address takes that address's family only).
+///
+/// Linux's dual-stack sockets (`net.ipv6.bindv6only = 0`): an `AF_INET` socket on
+/// `0.0.0.0` takes IPv4 ([`Families::V4`]); an `AF_INET6` socket on `::` takes IPv6
+/// and, unless `IPV6_V6ONLY` is set, IPv4 too, whose peers its application sees as
+/// `::ffff:a.b.c.d` ([`Families::Both`]; with `IPV6_V6ONLY`, [`Families::V6`]). The
+/// stack keeps the flag on the socket (a listener builds one engine listener per
+/// family it takes; a UDP socket is matched only for a family it takes), so an IPv4
+/// SYN or datagram that finds no IPv4 socket on its port falls back to a `::` one
+/// that takes IPv4, and `0.0.0.0:P` and a `[::]:P` with `IPV6_V6ONLY` can be bound
+/// side by side, as on Linux. The stack sees plain addresses only: the BSD-socket
+/// layer (`usnet-posix`) maps `::ffff:a.b.c.d` to and from `a.b.c.d`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Families {
+    /// Both families (the stack's own callers' default for any wildcard).
+    #[default]
+    Both,
+    V4,
+    V6,
+}
+
+impl Families {
+    /// Whether a socket bound to `local` with these families takes traffic of
+    /// `ip`'s family.
+    pub fn takes(self, local: std::net::IpAddr, ip: std::net::IpAddr) -> bool {
+        if !local.is_unspecified() {
+            return local.is_ipv4() == ip.is_ipv4();
+        }
+        match self {
+            Families::Both => true,
+            Families::V4 => ip.is_ipv4(),
+            Families::V6 => ip.is_ipv6(),
+        }
+    }
+    /// (IPv4, IPv6) taken by a socket bound to `local`.
+    pub fn of(self, local: std::net::IpAddr) -> (bool, bool) {
+        let v4: std::net::IpAddr = std::net::Ipv4Addr::UNSPECIFIED.into();
+        let v6: std::net::IpAddr = std::net::Ipv6Addr::UNSPECIFIED.into();
+        (self.takes(local, v4), self.takes(local, v6))
+    }
+    /// Whether two sockets on one port, bound to `a` and `b`, would take the same
+    /// traffic: an address in common and a family in common.
+    pub fn overlap(a: std::net::IpAddr, fa: Families, b: std::net::IpAddr, fb: Families) -> bool {
+        let addr = a.is_unspecified() || b.is_unspecified() || a == b;
+        let (a4, a6) = fa.of(a);
+        let (b4, b6) = fb.of(b);
+        addr && ((a4 && b4) || (a6 && b6))
+    }
+}
+
 /// Who a socket belongs to: the application in this process ([`Owner::LOCAL`]) or a
 /// client of a stack server (its session number). Accepted connections inherit their
 /// listener's owner, so per-owner limits and clean-up cover them too.

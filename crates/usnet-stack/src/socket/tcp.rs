@@ -180,7 +180,7 @@ impl SocketSet {
     }
 
     /// TCP early demux: the connection for this 4-tuple, else the best listener on
-    /// the port (a specific address before a wildcard).
+    /// the port (a specific address before a wildcard that takes the SYN's family).
     #[inline]
     pub fn tcp_lookup(&self, local: SocketAddr, remote: SocketAddr) -> TcpTarget {
         if let Some(&i) = self.tcp.conns.get(&(local, remote)) {
@@ -196,7 +196,14 @@ impl SocketSet {
                 if a == local.ip() {
                     return TcpTarget::Listener(i);
                 }
-                if a.is_unspecified() {
+                // A wildcard only for a family it takes (an IPv4 SYN finds a `[::]`
+                // listener without IPV6_V6ONLY; see `Families`).
+                let takes = if local.is_ipv4() {
+                    l.v4.is_some()
+                } else {
+                    l.v6.is_some()
+                };
+                if a.is_unspecified() && takes {
                     best = Some(i);
                 }
             }

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use usnet_pool::PktBuf;
 
-use super::{Socket, SocketSet, SocketStats, EPHEMERAL_SPAN};
+use super::{Families, Socket, SocketSet, SocketStats, EPHEMERAL_SPAN};
 
 /// End of a port chain.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -22,6 +22,8 @@ pub(crate) struct Datagram {
 #[derive(Debug)]
 pub(crate) struct UdpSocket {
     pub local: SocketAddr,
+    /// The families a wildcard `local` takes ([`Families`]).
+    pub families: Families,
     pub remote: Option<SocketAddr>,
     pub rxq: VecDeque<Datagram>,
     pub rx_queued_bytes: usize,
@@ -81,15 +83,14 @@ impl SocketSet {
     }
 
     /// Whether `addr` may be bound: no other socket holds the same port with an
-    /// overlapping address (no SO_REUSEADDR semantics).
-    pub fn udp_port_free(&self, addr: SocketAddr) -> bool {
+    /// overlapping address and family (no SO_REUSEADDR semantics).
+    pub fn udp_port_free(&self, addr: SocketAddr, fam: Families) -> bool {
         let mut cur = self.udp.ports[addr.port() as usize];
         while cur != NONE {
             let Some(u) = self.udp_at(cur) else {
                 return true;
             };
-            let a = u.local.ip();
-            if a.is_unspecified() || addr.ip().is_unspecified() || a == addr.ip() {
+            if Families::overlap(u.local.ip(), u.families, addr.ip(), fam) {
                 return false;
             }
             cur = u.next_same_port;
@@ -106,10 +107,10 @@ impl SocketSet {
         self.udp.ports[port as usize] = index;
     }
 
-    pub fn udp_ephemeral_port(&mut self, ip: IpAddr) -> Option<u16> {
+    pub fn udp_ephemeral_port(&mut self, ip: IpAddr, fam: Families) -> Option<u16> {
         for _ in 0..EPHEMERAL_SPAN {
             let p = super::next_ephemeral(&mut self.udp.next_ephemeral);
-            if self.udp_port_free(SocketAddr::new(ip, p)) {
+            if self.udp_port_free(SocketAddr::new(ip, p), fam) {
                 return Some(p);
             }
         }
@@ -129,7 +130,7 @@ impl SocketSet {
             let local = u.local.ip();
             let addr_score = if local == dst {
                 2
-            } else if local.is_unspecified() {
+            } else if local.is_unspecified() && u.families.takes(local, dst) {
                 1
             } else {
                 0
@@ -159,6 +160,7 @@ mod tests {
     fn udp(local: &str, remote: Option<&str>) -> Socket {
         Socket::Udp(UdpSocket {
             local: local.parse().unwrap(),
+            families: Families::Both,
             remote: remote.map(|r| r.parse().unwrap()),
             rxq: VecDeque::new(),
             rx_queued_bytes: 0,
@@ -191,23 +193,50 @@ mod tests {
     }
 
     #[test]
+    fn a_wildcard_takes_the_families_it_was_bound_for() {
+        let mut set = SocketSet::new(1);
+        let v6only = bind(&mut set, "[::]:53", None);
+        if let Some(u) = set.udp_at_mut(v6only) {
+            u.families = Families::V6;
+        }
+        let from4: SocketAddr = "10.0.0.9:1000".parse().unwrap();
+        let from6: SocketAddr = "[fd00::9]:1000".parse().unwrap();
+        let to4: IpAddr = "10.0.0.1".parse().unwrap();
+        let to6: IpAddr = "fd00::1".parse().unwrap();
+        assert_eq!(set.udp_lookup(to4, 53, from4), None, "IPV6_V6ONLY");
+        assert_eq!(set.udp_lookup(to6, 53, from6), Some(v6only));
+        // 0.0.0.0:53 for IPv4 beside [::]:53 for IPv6, as Linux allows.
+        assert!(set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::V4));
+        assert!(!set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::Both));
+        let v4 = bind(&mut set, "0.0.0.0:53", None);
+        if let Some(u) = set.udp_at_mut(v4) {
+            u.families = Families::V4;
+        }
+        assert_eq!(set.udp_lookup(to4, 53, from4), Some(v4));
+        assert_eq!(set.udp_lookup(to6, 53, from6), Some(v6only));
+        // A dual [::] takes IPv4 too.
+        let dual = bind(&mut set, "[::]:54", None);
+        assert_eq!(set.udp_lookup(to4, 54, from4), Some(dual));
+    }
+
+    #[test]
     fn removal_unlinks_from_the_port_chain_and_frees_the_port() {
         let mut set = SocketSet::new(1);
         let a = bind(&mut set, "10.0.0.1:99", None);
         let b = bind(&mut set, "10.0.0.2:99", None);
         let c = bind(&mut set, "10.0.0.3:99", None);
-        assert!(!set.udp_port_free("10.0.0.2:99".parse().unwrap()));
-        assert!(!set.udp_port_free("0.0.0.0:99".parse().unwrap()));
+        assert!(!set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both));
+        assert!(!set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both));
         // Remove from the middle of the chain, then the head.
         assert!(set.remove(set.handle_at(b)).is_some());
-        assert!(set.udp_port_free("10.0.0.2:99".parse().unwrap()));
+        assert!(set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both));
         let to = |s: &str| s.parse::<IpAddr>().unwrap();
         let from: SocketAddr = "1.2.3.4:5".parse().unwrap();
         assert_eq!(set.udp_lookup(to("10.0.0.1"), 99, from), Some(a));
         assert_eq!(set.udp_lookup(to("10.0.0.3"), 99, from), Some(c));
         assert!(set.remove(set.handle_at(c)).is_some());
         assert!(set.remove(set.handle_at(a)).is_some());
-        assert!(set.udp_port_free("0.0.0.0:99".parse().unwrap()));
+        assert!(set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both));
     }
 
     #[test]
@@ -216,9 +245,13 @@ mod tests {
         // Seed 0 starts at the first ephemeral port.
         bind(&mut set, "0.0.0.0:49152", None);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        assert_eq!(set.udp_ephemeral_port(ip), Some(49153));
+        assert_eq!(set.udp_ephemeral_port(ip, Families::Both), Some(49153));
         let mut set = SocketSet::new(u16::MAX as u64 - 49152);
-        assert_eq!(set.udp_ephemeral_port(ip), Some(u16::MAX));
-        assert_eq!(set.udp_ephemeral_port(ip), Some(49152), "wraps");
+        assert_eq!(set.udp_ephemeral_port(ip, Families::Both), Some(u16::MAX));
+        assert_eq!(
+            set.udp_ephemeral_port(ip, Families::Both),
+            Some(49152),
+            "wraps"
+        );
     }
 }

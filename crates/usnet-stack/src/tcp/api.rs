@@ -11,7 +11,8 @@ use usnet_wire::FastOpen;
 
 use super::readiness_of;
 use crate::socket::{
-    Owner, Readiness, Socket, SocketHandle, SocketStats, TcpConnSock, TcpListenSock, EPHEMERAL_SPAN,
+    Families, Owner, Readiness, Socket, SocketHandle, SocketStats, TcpConnSock, TcpListenSock,
+    EPHEMERAL_SPAN,
 };
 use crate::{Stack, StackError};
 
@@ -135,6 +136,21 @@ impl Stack {
         backlog: usize,
         cfg: TcpConfig,
     ) -> Result<SocketHandle, StackError> {
+        self.tcp_listen_families(addr, backlog, cfg, Families::Both)
+    }
+
+    /// [`Stack::tcp_listen_with`] whose wildcard takes only the families `fam`
+    /// (Linux's dual-stack listeners: an `AF_INET` socket on `0.0.0.0` takes IPv4,
+    /// an `AF_INET6` one on `::` IPv6 and, without `IPV6_V6ONLY`, IPv4; see
+    /// [`Families`]). Two listeners on one port clash only when they share an
+    /// address and a family, so `0.0.0.0:P` and a V6-only `[::]:P` live side by side.
+    pub fn tcp_listen_families(
+        &mut self,
+        addr: SocketAddr,
+        backlog: usize,
+        cfg: TcpConfig,
+        fam: Families,
+    ) -> Result<SocketHandle, StackError> {
         let ip = addr.ip();
         if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
             return Err(StackError::AddrNotAvailable);
@@ -148,8 +164,12 @@ impl Stack {
         if let Some(list) = self.sockets.tcp.listen.get(&port) {
             for &i in list {
                 if let Some(Socket::TcpListen(l)) = self.sockets.at(i) {
-                    let a = l.local.ip();
-                    if a.is_unspecified() || ip.is_unspecified() || a == ip {
+                    let theirs = match (&l.v4, &l.v6) {
+                        (Some(_), None) => Families::V4,
+                        (None, Some(_)) => Families::V6,
+                        _ => Families::Both,
+                    };
+                    if Families::overlap(l.local.ip(), theirs, ip, fam) {
                         return Err(StackError::AddrInUse);
                     }
                 }
@@ -164,11 +184,9 @@ impl Stack {
             let cookies = c.syn_cookies;
             Listener::new(local, c, backlog, cookies)
         };
-        let (v4, v6) = match ip {
-            _ if ip.is_unspecified() => (Some(mk(false)), Some(mk(true))),
-            std::net::IpAddr::V4(_) => (Some(mk(false)), None),
-            std::net::IpAddr::V6(_) => (None, Some(mk(true))),
-        };
+        let (take4, take6) = fam.of(ip);
+        let v4 = take4.then(|| mk(false));
+        let v6 = take6.then(|| mk(true));
         let h = self.sockets.insert(
             Socket::TcpListen(Box::new(TcpListenSock {
                 local,
