@@ -308,9 +308,10 @@ pub mod op {
     /// still goes out) and every buffer the client held goes back. Result 0.
     pub const ZC_CLOSE: u16 = 14;
     /// The client reads shared stream `slot` and found nothing (its slot has
-    /// [`crate::FLAG_NOT_RECEIVER`]): if the holder that receives the stream has never
-    /// read it (a shell holding the descriptor of the command it runs), the stream
-    /// comes to this slot, with what that holder was given. No completion.
+    /// [`crate::FLAG_NOT_RECEIVER`]): the stream comes to this slot, with the bytes
+    /// the holder that received it had not read, unless that holder is copying out
+    /// of its ring at this instant (then the client asks again). As on the kernel,
+    /// bytes go to whoever reads. No completion.
     pub const RX_WANT: u16 = 15;
     /// Highest opcode.
     pub const MAX: u16 = 15;
@@ -567,6 +568,14 @@ pub mod slot {
     /// never trusted: the server only reports it back to the same family of
     /// processes in a claim's slot map. Zero in a slot just given out.
     pub const TAG: usize = 28;
+    /// A shared stream's receive ring ([`super::FLAG_SHARED`]): the client sets this
+    /// word (SeqCst) around each copy out of the ring, and the server sets
+    /// [`RX_STEAL`] (SeqCst) before it takes the ring's unread bytes for another
+    /// holder that reads (`op::RX_WANT`). Each checks the other's word after setting
+    /// its own (Dekker's handshake): at most one of them goes on, so no byte is both
+    /// read here and moved.
+    pub const RX_BUSY: usize = 32;
+    pub const RX_STEAL: usize = 36;
     /// The local address ([`super::SockAddr`], 28 bytes).
     pub const LOCAL: usize = 64;
     /// The peer's address.
@@ -622,6 +631,9 @@ pub const FLAG_BOUND: u32 = 1 << 6;
 /// A shared stream whose received bytes go to another holder (see
 /// [`op::RX_WANT`]).
 pub const FLAG_NOT_RECEIVER: u32 = 1 << 7;
+/// A stream other processes hold too: reads take part in the handshake of
+/// [`slot::RX_BUSY`].
+pub const FLAG_SHARED: u32 = 1 << 8;
 
 /// UDP records in a byte ring: a header, the payload, padding to 8 bytes. A record
 /// never wraps: a producer with too little room before the ring's end writes a

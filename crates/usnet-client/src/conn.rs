@@ -20,6 +20,8 @@ pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 /// How often a read or write that does not sleep looks at the control connection (a
 /// system call): a server that died is noticed by the first call after this.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
+/// How often a holder that is not its stream's receiver asks for it again.
+const WANT_EVERY: Duration = Duration::from_millis(2);
 
 struct Submit {
     sq: Producer,
@@ -47,6 +49,8 @@ pub(crate) struct Conn {
     /// `epoch`).
     epoch: Instant,
     last_probe: AtomicU64,
+    /// When each socket last asked for its stream ([`Conn::want_stream`]).
+    wants: Mutex<HashMap<u32, u64>>,
     pub stack_name: String,
     /// The control socket (a zero-copy port is asked for there).
     pub path: PathBuf,
@@ -215,6 +219,7 @@ impl Conn {
             dead: AtomicBool::new(false),
             epoch: Instant::now(),
             last_probe: AtomicU64::new(0),
+            wants: Mutex::new(HashMap::new()),
             stack_name: name.to_string(),
             path: path.to_path_buf(),
             inheritable: opts.inheritable,
@@ -354,6 +359,42 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// This process reads (or waits to read) the shared stream at `slot`, whose
+    /// bytes go to another holder (`FLAG_NOT_RECEIVER`): asks for it
+    /// (`op::RX_WANT`), with what that holder has not read, as the kernel gives a
+    /// socket's bytes to whoever reads. Asked again at most every [`WANT_EVERY`]
+    /// per socket: the receiver may have been copying out of its ring when the
+    /// server tried.
+    pub(crate) fn want_stream(&self, slot: u32) {
+        if !self.mem.valid_slot(slot)
+            || self
+                .mem
+                .slot_word(slot, usnet_abi::slot::FLAGS)
+                .load(Acquire)
+                & usnet_abi::FLAG_NOT_RECEIVER
+                == 0
+        {
+            return;
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+        {
+            let mut w = lock(&self.wants);
+            let last = w.entry(slot).or_insert(0);
+            if *last != 0 && now - *last < WANT_EVERY.as_nanos() as u64 {
+                return;
+            }
+            *last = now;
+        }
+        let _ = self.post(
+            Request {
+                op: usnet_abi::op::RX_WANT,
+                slot,
+                ..Default::default()
+            },
+            false,
+        );
     }
 
     /// Rings the server if it announced that it may sleep.

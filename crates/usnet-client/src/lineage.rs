@@ -215,13 +215,94 @@ pub(crate) fn request(
 }
 
 /// The lowest number the client's own descriptors move to ([`park`]).
-const PARK_FLOOR: RawFd = 300;
+pub const PARK_FLOOR: RawFd = 300;
+
+/// The client's own descriptors ([`park`] puts them here): number, device and
+/// inode, so that a number we closed and the program reused is told apart.
+static OWN: std::sync::RwLock<Vec<(RawFd, u64, u64)>> = std::sync::RwLock::new(Vec::new());
+
+fn identity(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: stat is plain data; fstat fills it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid stat buffer for the call.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Whether `fd` is one of the client's own descriptors (a control connection,
+/// session memory, the server's eventfd). Programs that close every descriptor
+/// they did not open (daemons, sshd after its re-exec, `closefrom`) must not close
+/// these: the shim asks here and leaves them open. Cheap for numbers below
+/// [`PARK_FLOOR`] (never ours).
+pub fn is_own(fd: RawFd) -> bool {
+    if fd < PARK_FLOOR || LAYER.with(|l| l.get()) {
+        return false;
+    }
+    let known = OWN
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|e| e.0 == fd)
+        .copied();
+    let Some((_, dev, ino)) = known else {
+        return false;
+    };
+    if identity(fd) == Some((dev, ino)) {
+        return true;
+    }
+    // We closed it and the number went to something else.
+    OWN.write()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|e| e.0 != fd);
+    false
+}
+
+/// The client's own descriptors in `first..=last` (for `closefrom`/`close_range`).
+pub fn own_in(first: RawFd, last: RawFd) -> Vec<RawFd> {
+    let nums: Vec<RawFd> = OWN
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|e| e.0)
+        .filter(|&n| n >= first && n <= last)
+        .collect();
+    let mut out: Vec<RawFd> = nums.into_iter().filter(|&n| is_own(n)).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+thread_local! {
+    /// This thread runs the layer's own code outside any call of the program's (a
+    /// fork handler): its closes are the layer's, not the program's.
+    static LAYER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as the layer's own work: descriptors it closes are closed even if they
+/// are the client's own ([`is_own`] says no meanwhile). For code the program does
+/// not call directly (fork handlers).
+pub fn as_layer<R>(f: impl FnOnce() -> R) -> R {
+    let before = LAYER.with(|l| l.replace(true));
+    let r = f();
+    LAYER.with(|l| l.set(before));
+    r
+}
+
+fn remember(fd: RawFd) {
+    if let Some((dev, ino)) = identity(fd) {
+        let mut own = OWN.write().unwrap_or_else(|p| p.into_inner());
+        own.retain(|e| e.0 != fd);
+        own.push((fd, dev, ino));
+    }
+}
 
 /// Moves the client's own descriptor `fd` (a control connection, session memory, an
-/// eventfd) to a high number, keeping its close-on-exec flag: programs name low
-/// numbers themselves (a shell's `exec 3<>/dev/tcp/...` is a `dup2` onto 3) and
-/// would replace ours without knowing. Left where it is if the process may not
-/// open that many.
+/// eventfd) to a high number, keeping its close-on-exec flag, and remembers it
+/// ([`is_own`]): programs name low numbers themselves (a shell's
+/// `exec 3<>/dev/tcp/...` is a `dup2` onto 3) and would replace ours without
+/// knowing. Left where it is if the process may not open that many.
 pub fn park(fd: OwnedFd) -> OwnedFd {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -244,6 +325,7 @@ pub fn park(fd: OwnedFd) -> OwnedFd {
     if moved < 0 {
         return fd;
     }
+    remember(moved);
     // SAFETY: just made, owned by nobody else; `fd` closes as it goes.
     unsafe { OwnedFd::from_raw_fd(moved) }
 }

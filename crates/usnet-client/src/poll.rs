@@ -137,6 +137,10 @@ impl Reg {
     /// The event to report now, if any (edge mode: only after a change).
     fn check(&self, token: Token) -> Option<(Event, u32)> {
         let (r, w, closed, ev) = readiness(self)?;
+        if !r && self.interest.readable {
+            // Waiting to read a shared stream another holder receives: ask for it.
+            self.conn.want_stream(self.slot);
+        }
         if self.mode == Mode::Edge && self.seen == Some(ev) {
             return None;
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, SLOT_OPEN};
+use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, FLAG_SHARED, SLOT_OPEN};
 use usnet_shm::{ByteConsumer, ByteProducer};
 
 use crate::conn::{errno_err, Conn};
@@ -28,8 +28,6 @@ pub struct Sock {
     read_timeout: Mutex<Option<Duration>>,
     write_timeout: Mutex<Option<Duration>>,
     closed: AtomicBool,
-    /// An `RX_WANT` was sent for this socket (once is enough: see `want_stream`).
-    wanted: AtomicBool,
 }
 
 thread_local! {
@@ -80,7 +78,6 @@ impl Sock {
             read_timeout: Mutex::new(None),
             write_timeout: Mutex::new(None),
             closed: AtomicBool::new(false),
-            wanted: AtomicBool::new(false),
         })
     }
 
@@ -226,6 +223,9 @@ impl Sock {
 
     /// Copies from the receive ring; 0 when it is empty.
     pub(crate) fn rx_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(_reading) = self.rx_enter() else {
+            return Ok(0);
+        };
         let mut rx = lock(&self.rx);
         let n = rx.available().map_err(|_| corrupt())?;
         if n == 0 {
@@ -243,10 +243,41 @@ impl Sock {
     /// Copies from the front of the receive ring without consuming (`MSG_PEEK`); 0
     /// when it is empty.
     pub(crate) fn rx_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(_reading) = self.rx_enter() else {
+            return Ok(0);
+        };
         let mut rx = lock(&self.rx);
         let n = rx.available().map_err(|_| corrupt())?;
+        if n == 0 {
+            drop(rx);
+            self.want_stream();
+            return Ok(0);
+        }
         let k = n.min(buf.len());
         Ok(rx.peek(0, &mut buf[..k]))
+    }
+
+    /// Before copying out of a shared stream's ring: Dekker's handshake with the
+    /// server, which may be taking the ring's unread bytes for another holder that
+    /// reads (`usnet_abi::slot::RX_BUSY`). `None`: it is, so read nothing now (the
+    /// bytes go to the other reader). The guard ends the copy.
+    fn rx_enter(&self) -> Option<Reading<'_>> {
+        if self.flags() & FLAG_SHARED == 0 {
+            return Some(Reading(None));
+        }
+        let busy = self.conn.mem.slot_word(self.slot, slot::RX_BUSY);
+        busy.store(1, SeqCst);
+        if self
+            .conn
+            .mem
+            .slot_word(self.slot, slot::RX_STEAL)
+            .load(SeqCst)
+            != 0
+        {
+            busy.store(0, Release);
+            return None;
+        }
+        Some(Reading(Some(busy)))
     }
 
     /// Runs `f` on the receive ring's consumer (UDP records), then kicks.
@@ -311,21 +342,8 @@ impl Sock {
 
     /// The kick protocol: after publishing (or consuming), a fence, then take the
     /// server's "not watching" mark; if it was set, tell the server (usnet_shm::arm).
-    /// This process reads (or waits to read) a shared stream whose bytes go to
-    /// another holder: asks for it (`op::RX_WANT`). The server moves it here only if
-    /// that holder never read it; if it has, it keeps reading it, and asking again
-    /// would change nothing, so this asks once.
     fn want_stream(&self) {
-        if self.flags() & FLAG_NOT_RECEIVER == 0 {
-            // The receiver (again): a later loss of the stream may be asked about.
-            if self.wanted.load(Relaxed) {
-                self.wanted.store(false, Relaxed);
-            }
-            return;
-        }
-        if !self.wanted.swap(true, Relaxed) {
-            let _ = self.conn.post(self.request(op::RX_WANT, [0; 6]), false);
-        }
+        self.conn.want_stream(self.slot);
     }
 
     fn kick(&self, armed: usize, op: u16) {
@@ -346,6 +364,17 @@ impl Sock {
         }
         if self.word(slot::GEN) == self.gen {
             let _ = self.conn.post(self.request(op::CLOSE, [0; 6]), true);
+        }
+    }
+}
+
+/// A copy out of a shared stream's ring in progress (`Sock::rx_enter`).
+struct Reading<'a>(Option<&'a std::sync::atomic::AtomicU32>);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.0 {
+            b.store(0, Release);
         }
     }
 }

@@ -172,6 +172,10 @@ pub fn pin_for_spawn() -> SpawnPin {
 /// it inherited across `exec`; see the module's text. Does nothing in a program
 /// that inherited no control connection.
 pub fn inherit() {
+    usnet_client::lineage::as_layer(inherit_now);
+}
+
+fn inherit_now() {
     // SAFETY: called once, before `main`: no other code of the program uses the
     // control connections' numbers (they are the layer's).
     let found = unsafe { lineage::inherited() };

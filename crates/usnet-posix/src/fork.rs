@@ -26,9 +26,14 @@
 //!   closed, and the parent's session is abandoned (its memory unmapped once nothing
 //!   refers to it). Locks are only tried there: a descriptor whose lock a parent's
 //!   thread held at the fork becomes a failed socket in the child.
-//! - A child that never makes a usnet call (it execs, or exits) never attaches: its
-//!   pin connection closes with it (exit, or exec by close-on-exec) and the server
-//!   lets the pinned sockets go, as the kernel would close the child's copies.
+//! - **A child of a single-threaded process attaches at once**, in the child
+//!   handler (no other thread can have held a lock at the fork): a child may lock
+//!   itself in before its first socket call (sshd's privilege-separated child:
+//!   chroot, one descriptor, a seccomp filter), where an attach would fail.
+//! - A child that never makes a usnet call (it exits) never attaches: its pin
+//!   connection closes with it and the server lets the pinned sockets go, as the
+//!   kernel would close the child's copies. One that execs passes the pin (or its
+//!   session) on to the new program (see `exec`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -47,6 +52,8 @@ static ADOPT: Mutex<()> = Mutex::new(());
 /// The pin the child claims.
 static CHILD_PIN: Mutex<Option<ForkPin>> = Mutex::new(None);
 static REGISTER: Once = Once::new();
+/// The process had one thread when it last forked (see `child`).
+static SINGLE_THREADED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// The pin made by this thread's fork (the handlers run in the forking thread).
@@ -64,6 +71,10 @@ pub(crate) fn register() {
 }
 
 extern "C" fn prepare() {
+    usnet_client::lineage::as_layer(prepare_now);
+}
+
+fn prepare_now() {
     // A child that forks again before any usnet call attaches first: it pins its
     // own session's sockets, never its parent's.
     own_session();
@@ -71,6 +82,7 @@ extern "C" fn prepare() {
     let Some(c) = c.filter(|c| c.is_alive()) else {
         return;
     };
+    SINGLE_THREADED.store(threads() == 1, Relaxed);
     match c.pin_for_fork() {
         Ok(pin) => PIN.with(|p| *p.borrow_mut() = Some(pin)),
         Err(e) => {
@@ -82,19 +94,41 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
+    usnet_client::lineage::as_layer(parent_now);
+}
+
+fn parent_now() {
     // The parent's copy of the pin connection: the child holds the pin now.
     let pin = PIN.with(|p| p.borrow_mut().take());
     drop(pin);
 }
 
 extern "C" fn child() {
+    usnet_client::lineage::as_layer(child_now);
+}
+
+fn child_now() {
     FORKED.store(true, Release);
     let pin = PIN.with(|p| p.borrow_mut().take());
+    let pinned = pin.is_some();
     if let Ok(mut g) = CHILD_PIN.try_lock() {
         *g = pin;
     } else {
         std::mem::forget(pin);
     }
+    // The child of a single-threaded process can attach right here: no other
+    // thread held a lock at the fork. It must, for children that lock themselves
+    // in before their first socket call (sshd's privilege-separated child chroots,
+    // drops to one descriptor and installs a seccomp filter that forbids the
+    // socketpair an attach needs).
+    if pinned && SINGLE_THREADED.load(Relaxed) {
+        own_session();
+    }
+}
+
+/// The process's thread count (`/proc/self/task`), 0 if unknown.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
 
 /// Called by every entry point: in a child that has not attached yet, attach now.

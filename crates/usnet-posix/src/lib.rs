@@ -237,6 +237,19 @@ pub fn is_usnet(fd: RawFd) -> bool {
 /// A descriptor number for a socket: an eventfd whose count is the socket's `tag`
 /// and whose O_NONBLOCK follows the socket's (so a program after `exec` finds both;
 /// see [`exec`]).
+/// The usnet descriptors numbered `lo..=hi` (for `close_range`).
+pub fn descriptors_in(lo: RawFd, hi: RawFd) -> Vec<RawFd> {
+    let mut v: Vec<RawFd> = table()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .copied()
+        .filter(|&fd| fd >= lo && fd <= hi)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 fn reserve(cloexec: bool, nonblock: bool, tag: u32) -> Res<OwnedFd> {
     let flags =
         if nonblock { libc::EFD_NONBLOCK } else { 0 } | if cloexec { libc::EFD_CLOEXEC } else { 0 };

@@ -325,7 +325,57 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
         return u::usnet_close(fd);
     }
+    // The layer's own descriptors stay open when a program closes every number it
+    // did not open (daemons; sshd after its re-exec).
+    if let Some(_g) = enter() {
+        if usnet_client::lineage::is_own(fd) {
+            return 0;
+        }
+    }
     real!(close: fn(c_int) -> c_int)(fd)
+}
+
+/// `close_range(2)` (and `closefrom`, built on it): usnet sockets in the range
+/// close through the layer, the layer's own descriptors stay open, the rest goes to
+/// the kernel in the gaps between.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let kernel = real!(close_range: fn(libc::c_uint, libc::c_uint, c_int) -> c_int);
+    let Some(_g) = enter() else {
+        return kernel(first, last, flags);
+    };
+    let lo = first.min(i32::MAX as libc::c_uint) as c_int;
+    let hi = last.min(i32::MAX as libc::c_uint) as c_int;
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        for fd in usnet_posix::descriptors_in(lo, hi) {
+            u::usnet_close(fd);
+        }
+    }
+    let mut from = first;
+    for own in usnet_client::lineage::own_in(lo, hi) {
+        let own = own as libc::c_uint;
+        if own > from {
+            let r = kernel(from, own - 1, flags);
+            if r != 0 {
+                return r;
+            }
+        }
+        from = own + 1;
+    }
+    if from <= last && from >= first {
+        return kernel(from, last, flags);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    // SAFETY: as close_range's.
+    unsafe { close_range(lowfd.max(0) as libc::c_uint, libc::c_uint::MAX, 0) };
 }
 
 #[no_mangle]

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use usnet_abi::{
     errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, FAM_V4, FAM_V6, FLAG_ACCEPTABLE,
-    FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_WR_SHUT,
-    KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
-    SLOT_FREE, SLOT_OPEN,
+    FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED,
+    FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR,
+    SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -1455,6 +1455,7 @@ impl ServerSession {
     pub fn pin_all(&mut self, stack: &mut Stack) -> (Vec<Pinned>, Vec<SocketHandle>) {
         let mut pinned = Vec::new();
         let mut newly = Vec::new();
+        let mut shared_now = Vec::new();
         for (i, s) in self.socks.iter_mut().enumerate() {
             let Some(s) = s.as_mut().filter(|s| !s.closing) else {
                 continue;
@@ -1463,8 +1464,16 @@ impl ServerSession {
                 if !s.shared {
                     s.shared = true;
                     let _ = stack.set_owner(h, SHARED);
+                    if s.role == Role::Listener {
+                        // Connections waiting to be accepted are shared too: the
+                        // forking process's exit must not reset them.
+                        stack.tcp_reown_waiting(h, SHARED);
+                    }
                     newly.push(h);
                 }
+            }
+            if s.handle.is_some() {
+                shared_now.push(i as u32);
             }
             pinned.push(Pinned {
                 parent_slot: i as u32,
@@ -1474,6 +1483,9 @@ impl ServerSession {
                 handle: s.handle,
                 bound: s.bound,
             });
+        }
+        for i in shared_now {
+            self.set_flags(i, FLAG_SHARED, 0);
         }
         (pinned, newly)
     }
@@ -1506,6 +1518,7 @@ impl ServerSession {
             s.handle = Some(h);
             s.shared = true;
             self.by_handle.insert(h, i);
+            self.set_flags(i, FLAG_SHARED, 0);
             let (local, peer) = match p.role {
                 Role::Udp => (stack.udp_local_addr(h).ok(), stack.udp_peer_addr(h).ok()),
                 _ => (stack.tcp_local_addr(h).ok(), stack.tcp_peer_addr(h).ok()),
@@ -1528,24 +1541,29 @@ impl ServerSession {
     }
 
     /// Another holder reads shared stream `h` (`op::RX_WANT`): it takes the stream
-    /// from this session if this session is its receiver and never read from it (a
-    /// shell that holds the descriptors of the commands it runs): returns what its
-    /// ring held (and its carry), for the new receiver. `None` if it has read (it
-    /// keeps the stream, as the first reader does on the kernel).
-    pub fn yield_untouched(&mut self, stack: &mut Stack, h: SocketHandle) -> Option<Vec<u8>> {
+    /// from this session, which receives it, with the bytes this session's client
+    /// has not read (and the carry), as on the kernel, where bytes go to whoever
+    /// reads. `None` if the client is copying out of its ring at this instant (the
+    /// other holder asks again).
+    pub fn yield_to_reader(&mut self, stack: &mut Stack, h: SocketHandle) -> Option<Vec<u8>> {
         let &i = self.by_handle.get(&h)?;
         let s = self.socks[i as usize].as_mut()?;
         if !s.receiver || s.role != Role::Conn {
             return None;
         }
+        // Dekker's handshake with the client's reads (`slot::RX_BUSY`).
+        let steal = self.mem.slot_word(i, slot::RX_STEAL);
+        steal.store(1, SeqCst);
+        if self.mem.slot_word(i, slot::RX_BUSY).load(SeqCst) != 0 {
+            steal.store(0, Release);
+            return None;
+        }
         let mut out = Vec::new();
-        match s.rx.reclaim_untouched(&mut out) {
-            Ok(Some(_)) => {}
-            Ok(None) => return None,
-            Err(_) => {
-                self.stats.corrupt_rings += 1;
-                return None;
-            }
+        let taken = s.rx.take_unread(&mut out);
+        steal.store(0, Release);
+        if taken.is_err() {
+            self.stats.corrupt_rings += 1;
+            return None;
         }
         s.receiver = false;
         out.append(&mut s.carry);

@@ -231,7 +231,7 @@ impl Sharing {
 
     /// Holder `id` reads stream `h` and is not its receiver (`op::RX_WANT`): the
     /// stream comes to it if nobody receives it, or if its receiver never read it
-    /// (`ServerSession::yield_untouched`). Otherwise the receiver, a reader, keeps it.
+    /// (`ServerSession::yield_to_reader`). Otherwise the receiver, a reader, keeps it.
     pub fn want(&mut self, sessions: &mut Sessions, stack: &mut Stack, id: u32, h: SocketHandle) {
         let Some(sh) = self.socks.get_mut(&h) else {
             return;
@@ -243,7 +243,7 @@ impl Sharing {
             None => Vec::new(),
             Some(r) => match sessions
                 .get_mut(&r)
-                .and_then(|o| o.yield_untouched(stack, h))
+                .and_then(|o| o.yield_to_reader(stack, h))
             {
                 Some(c) => c,
                 None => return,

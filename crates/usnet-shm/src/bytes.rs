@@ -204,21 +204,19 @@ impl ByteProducer {
         Ok(n)
     }
 
-    /// If the consumer has never read from this ring (its counter is still 0): moves
-    /// every published byte to `out` and empties the ring (the producer's counter
-    /// back to 0), so that another consumer gets them instead. `Ok(None)` if it has
-    /// read. Only for a consumer that is not reading (a process that holds a shared
-    /// stream and never read it): one that reads at this instant could see the bytes
-    /// twice.
-    pub fn reclaim_untouched(&mut self, out: &mut Vec<u8>) -> Result<Option<usize>, ByteCorrupt> {
-        if self.region.u64(self.at.cons).load(Acquire) != 0 || self.cons != 0 {
-            return Ok(None);
-        }
+    /// Moves the published bytes the consumer has not read to `out` and takes them
+    /// back out of the ring (the producer's counter back to the consumer's), so that
+    /// another consumer gets them instead. The caller makes sure the consumer is not
+    /// copying out of the ring meanwhile (`usnet_abi::slot::RX_BUSY`). Returns the
+    /// count.
+    pub fn take_unread(&mut self, out: &mut Vec<u8>) -> Result<usize, ByteCorrupt> {
         let n = self.unread(out)?;
-        self.prod = 0;
-        self.published = 0;
-        self.region.u64(self.at.prod).store(0, Release);
-        Ok(Some(n))
+        let cons = self.published - n as u64;
+        self.prod = cons;
+        self.published = cons;
+        self.cons = cons;
+        self.region.u64(self.at.prod).store(cons, Release);
+        Ok(n)
     }
 
     /// Bytes written since the ring began.
@@ -286,7 +284,9 @@ impl ByteConsumer {
     /// Bytes ready to read: reloads the producer's counter (Acquire).
     pub fn available(&mut self) -> Result<usize, ByteCorrupt> {
         let prod = self.region.u64(self.at.prod).load(Acquire);
-        if prod < self.prod || prod - self.cons > self.at.size as u64 {
+        // The producer may take unread bytes back (`ByteProducer::take_unread`), never
+        // below what was consumed.
+        if prod < self.cons || prod - self.cons > self.at.size as u64 {
             return Err(ByteCorrupt {
                 prod,
                 cons: self.cons,
@@ -373,28 +373,29 @@ mod tests {
     }
 
     #[test]
-    fn an_untouched_ring_gives_its_bytes_back_and_a_read_one_does_not() {
+    fn unread_bytes_taken_back_leave_the_consumer_an_empty_ring() {
         let (region, at) = (region(), AT);
         let mut p = ByteProducer::attach(region.clone(), at).unwrap();
+        let mut c = ByteConsumer::attach(region, at).unwrap();
         p.free().unwrap();
         assert_eq!(p.push(b"abcdef"), 6);
         p.publish();
+        assert_eq!(c.available().unwrap(), 6);
+        let mut two = [0u8; 2];
+        assert_eq!(c.read(&mut two), 2);
+        c.release();
         let mut out = Vec::new();
-        assert_eq!(p.reclaim_untouched(&mut out).unwrap(), Some(6));
-        assert_eq!(out, b"abcdef");
-        let mut c = ByteConsumer::attach(region, at).unwrap();
-        assert_eq!(c.available().unwrap(), 0, "the ring is empty again");
+        assert_eq!(p.take_unread(&mut out).unwrap(), 4);
+        assert_eq!(out, b"cdef");
+        // The consumer saw 6 published; the counter went back to 2: not corrupt,
+        // just empty.
+        assert_eq!(c.available().unwrap(), 0);
         p.free().unwrap();
         assert_eq!(p.push(b"xy"), 2);
         p.publish();
         assert_eq!(c.available().unwrap(), 2);
-        let mut b = [0u8; 1];
-        assert_eq!(c.read(&mut b), 1);
-        assert_eq!(&b, b"x");
-        c.release();
-        let mut out = Vec::new();
-        assert_eq!(p.reclaim_untouched(&mut out).unwrap(), None);
-        assert!(out.is_empty());
+        assert_eq!(c.read(&mut two), 2);
+        assert_eq!(&two, b"xy");
     }
 
     #[test]
@@ -547,13 +548,19 @@ mod tests {
         // The producer claims more than the ring can hold.
         r.u64(AT.prod).store(10_000, Relaxed);
         assert!(c.available().is_err());
-        // A counter that goes backwards.
+        // A counter that goes back below what was consumed (back to it or above is
+        // the producer taking unread bytes back: `take_unread`).
         r.u64(AT.prod).store(10, Relaxed);
         assert_eq!(c.available().unwrap(), 10);
+        let mut buf = [0u8; 8];
+        assert_eq!(c.read(&mut buf), 8);
+        c.release();
         r.u64(AT.prod).store(5, Relaxed);
         assert!(c.available().is_err());
+        r.u64(AT.prod).store(9, Relaxed);
+        assert_eq!(c.available().unwrap(), 1);
         // Whatever the counters, reads stay inside the ring's bytes.
         let mut buf = [0u8; 10];
-        assert_eq!(c.read(&mut buf), 10);
+        assert_eq!(c.read(&mut buf), 1);
     }
 }

@@ -294,6 +294,26 @@ impl Stack {
         }
     }
 
+    /// Gives the connections waiting in listener `h`'s accept queue to `owner`, as
+    /// the listener itself goes to `owner` (a stack server sharing a listener
+    /// between processes): a waiting connection then belongs to whoever accepts it,
+    /// not to the listener's first owner, whose exit must not reset it. Returns how
+    /// many moved.
+    pub fn tcp_reown_waiting(&mut self, h: SocketHandle, owner: Owner) -> usize {
+        let waiting: Vec<SocketHandle> = self
+            .sockets
+            .live()
+            .filter_map(|(c, s, _)| match s {
+                Socket::TcpConn(t) if t.parent == Some(h) => Some(c),
+                _ => None,
+            })
+            .collect();
+        for &c in &waiting {
+            self.sockets.set_owner(c, owner);
+        }
+        waiting.len()
+    }
+
     /// Starts an active open to `remote` and returns at once (the SYN is queued);
     /// `readiness().connected` or an error from `tcp_send`/`tcp_recv` tells the
     /// outcome. `local` may fix the address and/or port (port 0: ephemeral).
