@@ -1,0 +1,701 @@
+//! Programs nobody tuned for usnet, unchanged under `usnet run`, against Linux on the
+//! other side of a TAP (root only): the rows of docs/compat.md that say "works".
+//! Each program runs on its default settings; every payload is checked. One stack
+//! server serves them all, one program at a time.
+//!
+//! - the JVM: `com.sun.net.httpserver.HttpServer` on its default wildcard (an
+//!   AF_INET6 dual-stack socket) reached over IPv4 and IPv6, and
+//!   `java.net.http.HttpClient`;
+//! - Node: `http.createServer().listen(port)` (`::`, dual-stack) and `fetch`;
+//! - Python asyncio on a `socket.create_server(dualstack_ipv6=True)` listener;
+//! - nginx with a stock-shaped configuration: `user www-data`, 4 workers,
+//!   `listen PORT` and `listen [::]:PORT`;
+//! - OpenSSH: sshd (re-exec, privilege separation, seccomp sandbox) serving ssh from
+//!   Linux, and ssh to Linux's sshd;
+//! - socket activation: `systemd-socket-activate --inetd -a cat` and a program
+//!   handed its listener with `LISTEN_FDS`;
+//! - a shell: bash's `/dev/tcp` connection written and read by `cat`;
+//! - OpenSSL's `s_server` and `s_client`, each way;
+//! - wget and curl; iperf3 over UDP;
+//! - a statically linked program: `usnet run` says its sockets stay on the kernel.
+
+#[macro_use]
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const TAP: &str = "usntcmp0";
+const OURS: &str = "10.51.0.2";
+const HOST: &str = "10.51.0.1";
+const OURS6: &str = "fd51::2";
+const HOST6: &str = "fd51::1";
+const STACK: &str = "it-compat";
+
+/// `usnet run --stack STACK -- args` in `d`, with a deadline.
+fn shim(d: &Path, args: &[&str], input: &[u8], secs: u64) -> Out {
+    let mut c = Command::new(USNET);
+    c.args(["run", "--stack", STACK, "--"])
+        .args(args)
+        .env("USNET_RUN_DIR", d)
+        .current_dir(d);
+    run_in(&mut c, input, Duration::from_secs(secs))
+}
+
+/// curl from Linux: the body, which must come.
+fn curl(url: &str) -> Vec<u8> {
+    let o = Command::new("curl")
+        .args(["-sS", "-g", "--max-time", "10", url])
+        .output()
+        .expect("curl");
+    assert!(
+        o.status.success(),
+        "curl {url}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o.stdout
+}
+
+/// A file served by Linux's python http.server in `d/www`.
+fn body() -> Vec<u8> {
+    (0..300_000u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(7) % 251) as u8)
+        .collect()
+}
+
+fn java(d: &Path) {
+    need("java", "default-jdk-headless");
+    std::fs::write(
+        d.join("Srv.java"),
+        r#"import com.sun.net.httpserver.*;
+import java.net.*;
+public class Srv {
+  public static void main(String[] a) throws Exception {
+    HttpServer s = HttpServer.create(new InetSocketAddress(Integer.parseInt(a[0])), 0);
+    s.createContext("/", x -> { byte[] b = ("java saw " + x.getRemoteAddress().getAddress().getHostAddress() + "\n").getBytes(); x.sendResponseHeaders(200, b.length); x.getResponseBody().write(b); x.close(); });
+    s.start();
+    System.out.println("listening");
+  }
+}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("Cli.java"),
+        r#"import java.net.http.*;
+import java.net.*;
+import java.security.MessageDigest;
+public class Cli {
+  public static void main(String[] a) throws Exception {
+    HttpResponse<byte[]> r = HttpClient.newHttpClient().send(HttpRequest.newBuilder(URI.create(a[0])).build(), HttpResponse.BodyHandlers.ofByteArray());
+    byte[] h = MessageDigest.getInstance("SHA-256").digest(r.body());
+    StringBuilder sb = new StringBuilder();
+    for (byte b : h) sb.append(String.format("%02x", b));
+    System.out.println(r.statusCode() + " " + r.body().length + " " + sb);
+  }
+}
+"#,
+    )
+    .unwrap();
+    let port = 18080u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "java-server",
+        "java",
+        &["Srv.java", &port.to_string()],
+    );
+    wait_listening(&mut srv, d, OURS, port);
+    let v4 = curl(&format!("http://{OURS}:{port}/"));
+    assert_eq!(
+        String::from_utf8_lossy(&v4),
+        format!("java saw {HOST}\n"),
+        "JVM server over IPv4"
+    );
+    let v6 = curl(&format!("http://[{OURS6}]:{port}/"));
+    assert_eq!(
+        String::from_utf8_lossy(&v6),
+        "java saw fd51:0:0:0:0:0:0:1\n", // Java writes IPv6 addresses in full
+        "JVM server over IPv6"
+    );
+    drop(srv);
+    for url in [
+        format!("http://{HOST}:18099/f"),
+        format!("http://[{HOST6}]:18098/f"),
+    ] {
+        let o = shim(d, &["java", "Cli.java", &url], &[], 60);
+        assert!(o.ok(), "JVM client {url}: {}", o.describe());
+        let want = format!("200 {} {}", body().len(), sha256_hex(&body()));
+        assert_eq!(o.stdout.trim(), want, "JVM client {url}");
+    }
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn node(d: &Path) {
+    need("node", "nodejs");
+    std::fs::write(
+        d.join("srv.js"),
+        "require('http').createServer((q, r) => r.end('node saw ' + q.socket.remoteAddress + '\\n')).listen(+process.argv[2]);\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("cli.js"),
+        "fetch(process.argv[2]).then(r => r.arrayBuffer()).then(b => { const h = require('crypto').createHash('sha256').update(Buffer.from(b)).digest('hex'); console.log(b.byteLength + ' ' + h); }).catch(e => { console.error(e); process.exit(1); });\n",
+    )
+    .unwrap();
+    let port = 18081u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "node-server",
+        "node",
+        &["srv.js", &port.to_string()],
+    );
+    wait_listening(&mut srv, d, OURS, port);
+    assert_eq!(
+        String::from_utf8_lossy(&curl(&format!("http://{OURS}:{port}/"))),
+        format!("node saw ::ffff:{HOST}\n"),
+        "Node server over IPv4 (a dual-stack socket sees a v4-mapped peer)"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&curl(&format!("http://[{OURS6}]:{port}/"))),
+        format!("node saw {HOST6}\n"),
+        "Node server over IPv6"
+    );
+    drop(srv);
+    for url in [
+        format!("http://{HOST}:18099/f"),
+        format!("http://[{HOST6}]:18098/f"),
+    ] {
+        let o = shim(d, &["node", "cli.js", &url], &[], 30);
+        assert!(o.ok(), "Node fetch {url}: {}", o.describe());
+        assert_eq!(
+            o.stdout.trim(),
+            format!("{} {}", body().len(), sha256_hex(&body())),
+            "Node fetch {url}"
+        );
+    }
+}
+
+fn python_asyncio(d: &Path) {
+    std::fs::write(
+        d.join("aio.py"),
+        r#"import asyncio, socket, sys
+async def serve(r, w):
+    line = await r.readline()
+    peer = w.get_extra_info("peername")[0]
+    w.write(b"asyncio saw " + peer.encode() + b" " + line)
+    await w.drain()
+    w.close()
+async def main():
+    l = socket.create_server(("", int(sys.argv[1])), family=socket.AF_INET6,
+                             dualstack_ipv6=True)
+    s = await asyncio.start_server(serve, sock=l)
+    print("listening", flush=True)
+    async with s:
+        await s.serve_forever()
+asyncio.run(main())
+"#,
+    )
+    .unwrap();
+    let port = 18082u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "python-asyncio",
+        "python3",
+        &["aio.py", &port.to_string()],
+    );
+    wait_listening(&mut srv, d, OURS, port);
+    for (addr, peer) in [
+        (OURS.to_string(), format!("::ffff:{HOST}")),
+        (format!("[{OURS6}]"), HOST6.to_string()),
+    ] {
+        let o = run_in(
+            Command::new("socat").args(["-t", "5", "-", &format!("TCP:{addr}:{port}")]),
+            b"ping\n",
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            o.stdout,
+            format!("asyncio saw {peer} ping\n"),
+            "asyncio over {addr}: {}",
+            o.describe()
+        );
+    }
+}
+
+fn nginx(d: &Path) {
+    need("nginx", "nginx");
+    let user = if run("id", &["www-data"], Duration::from_secs(5)).ok() {
+        "www-data"
+    } else {
+        "nobody"
+    };
+    let www = d.join("www");
+    let port = 18083u16;
+    std::fs::write(
+        d.join("nginx.conf"),
+        format!(
+            "user {user};\nworker_processes 4;\npid {p}/nginx.pid;\nerror_log {p}/nginx-error.log;\n\
+             events {{ worker_connections 768; }}\n\
+             http {{ sendfile on; tcp_nopush on; access_log {p}/nginx-access.log;\n\
+               server {{ listen {port}; listen [::]:{port}; root {w}; }} }}\n",
+            p = d.display(),
+            w = www.display()
+        ),
+    )
+    .unwrap();
+    // daemon on (the default): the master forks, the workers drop to `user`.
+    let conf = d.join("nginx.conf");
+    let o = shim(d, &["nginx", "-c", conf.to_str().unwrap()], &[], 30);
+    assert!(o.ok(), "nginx: {}", o.describe());
+    let stop = || {
+        let _ = Command::new("nginx")
+            .args(["-c", conf.to_str().unwrap(), "-s", "stop"])
+            .status();
+    };
+    let mut ok = true;
+    for i in 0..12 {
+        let url = if i % 3 == 2 {
+            format!("http://[{OURS6}]:{port}/f")
+        } else {
+            format!("http://{OURS}:{port}/f")
+        };
+        let got = Command::new("curl")
+            .args(["-sS", "-g", "--max-time", "10", &url])
+            .output()
+            .expect("curl");
+        ok &= got.status.success() && got.stdout == body();
+    }
+    let log = std::fs::read_to_string(d.join("nginx-error.log")).unwrap_or_default();
+    let workers = run(
+        "pgrep",
+        &["-u", user, "-f", "nginx: worker"],
+        Duration::from_secs(5),
+    );
+    stop();
+    assert!(
+        ok,
+        "nginx (user {user}, 4 workers) served a wrong or no body: {log}"
+    );
+    assert!(
+        workers.stdout.lines().count() == 4,
+        "nginx workers running as {user}: {}",
+        workers.describe()
+    );
+    assert!(!log.contains("[alert]"), "nginx alerts: {log}");
+}
+
+fn openssh(d: &Path) {
+    need("sshd", "openssh-server");
+    need("ssh", "openssh-client");
+    need("ssh-keygen", "openssh-client");
+    let _ = std::fs::create_dir_all("/run/sshd");
+    for k in ["hostkey", "id"] {
+        must(
+            "ssh-keygen",
+            &[
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-f",
+                d.join(k).to_str().unwrap(),
+            ],
+        );
+    }
+    let conf = |addr6: &str, addr4: &str, port: u16, pid: &str| {
+        format!(
+            "Port {port}\nListenAddress {addr4}\nListenAddress {addr6}\nHostKey {p}/hostkey\n\
+             AuthorizedKeysFile {p}/id.pub\nPermitRootLogin yes\nPasswordAuthentication no\n\
+             UsePAM no\nStrictModes no\nPidFile {p}/{pid}\n",
+            p = d.display()
+        )
+    };
+    std::fs::write(d.join("sshd_config"), conf(OURS6, OURS, 12222, "sshd.pid")).unwrap();
+    std::fs::write(
+        d.join("lsshd_config"),
+        conf(HOST6, HOST, 12223, "lsshd.pid"),
+    )
+    .unwrap();
+    let sshd = which("sshd");
+    let ssh = |prog: Vec<&str>, host: &str, port: u16, shimmed: bool| {
+        let key = d.join("id");
+        let mut args = prog;
+        let p = port.to_string();
+        args.extend([
+            "-p",
+            &p,
+            "-i",
+            key.to_str().unwrap(),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+        ]);
+        let target = format!("root@{host}");
+        args.extend([target.as_str(), "head -c 1000000 /dev/zero | sha256sum"]);
+        if shimmed {
+            shim(d, &args, &[], 30)
+        } else {
+            run_in(
+                Command::new(args[0]).args(&args[1..]),
+                &[],
+                Duration::from_secs(30),
+            )
+        }
+    };
+    // 1 MB of zeros, hashed on the far side.
+    let want = "d29751f2649b32ff572b5e0a9f541ea660a50f94ff0beedfb0b692b924cc8025";
+    let cfg = d.join("sshd_config");
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "sshd",
+        &sshd,
+        &["-D", "-e", "-f", cfg.to_str().unwrap()],
+    );
+    wait_log(
+        &mut srv,
+        d,
+        &format!("Server listening on {OURS} port 12222"),
+    );
+    for host in [OURS, OURS6] {
+        let o = ssh(vec!["ssh"], host, 12222, false);
+        assert!(
+            o.ok() && o.stdout.contains(want),
+            "ssh from Linux to sshd under usnet run at {host}: {}\nsshd: {}",
+            o.describe(),
+            log_of(d, "sshd")
+        );
+    }
+    drop(srv);
+    let lcfg = d.join("lsshd_config");
+    let mut lin = spawn_prog(
+        d,
+        None,
+        "linux-sshd",
+        &sshd,
+        &["-D", "-e", "-f", lcfg.to_str().unwrap()],
+    );
+    wait_log(
+        &mut lin,
+        d,
+        &format!("Server listening on {HOST} port 12223"),
+    );
+    for host in [HOST, HOST6] {
+        let o = ssh(vec!["ssh"], host, 12223, true);
+        assert!(
+            o.ok() && o.stdout.contains(want),
+            "ssh under usnet run to Linux's sshd at {host}: {}",
+            o.describe()
+        );
+    }
+}
+
+fn which(prog: &str) -> String {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(prog))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("{prog} not found"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn socket_activation(d: &Path) {
+    need("systemd-socket-activate", "systemd");
+    // inetd style: a `cat` per connection, the connection on its stdin and stdout.
+    let port = 18084u16;
+    let mut inetd = spawn_prog(
+        d,
+        Some(STACK),
+        "socket-activate-inetd",
+        "systemd-socket-activate",
+        &["-l", &format!("{OURS}:{port}"), "--inetd", "-a", "cat"],
+    );
+    wait_log(&mut inetd, d, "Listening on");
+    for i in 0..3 {
+        let line = format!("echo {i}\n");
+        let o = run_in(
+            Command::new("socat").args(["-t", "3", "-", &format!("TCP:{OURS}:{port}")]),
+            line.as_bytes(),
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            o.stdout,
+            line,
+            "cat activated by systemd-socket-activate: {}",
+            o.describe()
+        );
+    }
+    drop(inetd);
+    // The listener handed over with LISTEN_FDS (fd 3) to a program that execs.
+    std::fs::write(
+        d.join("lfd.py"),
+        "import os, socket\nassert os.environ['LISTEN_FDS'] == '1'\nl = socket.socket(fileno=3)\nfor _ in range(2):\n    c, a = l.accept()\n    c.sendall(b'activated ' + c.recv(64))\n    c.close()\n",
+    )
+    .unwrap();
+    let port = 18085u16;
+    let mut act = spawn_prog(
+        d,
+        Some(STACK),
+        "socket-activate-fds",
+        "systemd-socket-activate",
+        &["-l", &format!("{OURS}:{port}"), "python3", "lfd.py"],
+    );
+    wait_log(&mut act, d, "Listening on");
+    for i in 0..2 {
+        let o = run_in(
+            Command::new("socat").args(["-t", "5", "-", &format!("TCP:{OURS}:{port}")]),
+            format!("hello {i}").as_bytes(),
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            o.stdout,
+            format!("activated hello {i}"),
+            "LISTEN_FDS: {}\n{}",
+            o.describe(),
+            log_of(d, "socket-activate-fds")
+        );
+    }
+}
+
+fn shell(d: &Path) {
+    need("bash", "bash");
+    let script = format!(
+        "exec 3<>/dev/tcp/{HOST}/18099; printf 'GET /f HTTP/1.0\\r\\n\\r\\n' | cat >&3; cat <&3 > got; echo done"
+    );
+    let o = shim(d, &["bash", "-c", &script], &[], 30);
+    assert!(
+        o.ok() && o.stdout.trim() == "done",
+        "bash /dev/tcp: {}",
+        o.describe()
+    );
+    let got = std::fs::read(d.join("got")).unwrap();
+    let at = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP head");
+    assert!(
+        got[at + 4..] == body(),
+        "bash /dev/tcp + cat: the body differs"
+    );
+}
+
+fn openssl(d: &Path) {
+    need("openssl", "openssl");
+    let (key, crt) = (d.join("tls.key"), d.join("tls.crt"));
+    must(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            crt.to_str().unwrap(),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=usnet",
+        ],
+    );
+    let server = |accept: String| -> Vec<String> {
+        vec![
+            "openssl".into(),
+            "s_server".into(),
+            "-accept".into(),
+            accept,
+            "-cert".into(),
+            crt.to_str().unwrap().into(),
+            "-key".into(),
+            key.to_str().unwrap().into(),
+            "-naccept".into(),
+            "1".into(),
+            "-rev".into(),
+        ]
+    };
+    for (shimmed_server, addr) in [
+        (true, format!("{OURS}:14433")),
+        (false, format!("{HOST}:14434")),
+    ] {
+        let args = server(addr.clone());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut srv = spawn_prog(
+            d,
+            shimmed_server.then_some(STACK),
+            if shimmed_server {
+                "s_server-usnet"
+            } else {
+                "s_server-linux"
+            },
+            args[0],
+            &args[1..],
+        );
+        wait_log(&mut srv, d, "ACCEPT");
+        // The line, then a pause for the answer before the end of input closes.
+        let line = format!(
+            "(printf 'hello tls\\n'; sleep 2) | openssl s_client -connect {addr} -quiet -no_ign_eof"
+        );
+        let cli = ["sh", "-c", line.as_str()];
+        let o = if shimmed_server {
+            run_in(
+                Command::new(cli[0]).args(&cli[1..]),
+                &[],
+                Duration::from_secs(15),
+            )
+        } else {
+            shim(d, &cli, &[], 15)
+        };
+        assert!(
+            o.stdout.contains("slt olleh"),
+            "openssl (server under usnet run: {shimmed_server}): {}",
+            o.describe()
+        );
+    }
+}
+
+fn fetchers(d: &Path) {
+    need("wget", "wget");
+    for url in [
+        format!("http://{HOST}:18099/f"),
+        format!("http://[{HOST6}]:18098/f"),
+    ] {
+        let o = shim(d, &["wget", "-q", "-O", "wget.out", &url], &[], 30);
+        assert!(o.ok(), "wget {url}: {}", o.describe());
+        assert!(
+            std::fs::read(d.join("wget.out")).unwrap() == body(),
+            "wget {url}: the body differs"
+        );
+        let o = shim(d, &["curl", "-sS", "-g", "-o", "curl.out", &url], &[], 30);
+        assert!(o.ok(), "curl {url}: {}", o.describe());
+        assert!(
+            std::fs::read(d.join("curl.out")).unwrap() == body(),
+            "curl {url}: the body differs"
+        );
+    }
+}
+
+fn iperf3_udp(d: &Path) {
+    need("iperf3", "iperf3");
+    let mut srv = spawn_prog(
+        d,
+        None,
+        "iperf3-udp-server",
+        "iperf3",
+        &["-s", "-1", "--forceflush", "-B", HOST, "-p", "15299"],
+    );
+    wait_log(&mut srv, d, "Server listening");
+    let o = shim(
+        d,
+        &[
+            "iperf3", "-u", "-c", HOST, "-p", "15299", "-t", "2", "-b", "20M", "-J",
+        ],
+        &[],
+        30,
+    );
+    assert!(o.ok(), "iperf3 -u under usnet run: {}", o.describe());
+    let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("iperf3 JSON");
+    let sent = j["end"]["sum"]["packets"].as_u64().unwrap_or(0);
+    assert!(sent > 1000, "iperf3 -u sent {sent} datagrams: {}", o.stdout);
+}
+
+fn static_program(d: &Path) {
+    let prog = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let Some(prog) = prog else {
+        return;
+    };
+    let o = shim(d, &[prog, "--version"], &[], 10);
+    assert!(
+        o.stderr.contains("statically linked"),
+        "usnet run says a static program stays on the kernel: {}",
+        o.describe()
+    );
+}
+
+#[test]
+fn programs_nobody_tuned_for_usnet_run_unchanged() {
+    require_root!();
+    need("curl", "curl");
+    need("socat", "socat");
+    remove_leftovers(&[TAP], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", TAP]);
+    let dir = TempDir::new("compat");
+    let d = dir.path();
+    // Workers that drop to another user read the files and the run directory.
+    must("chmod", &["755", d.to_str().unwrap()]);
+    std::fs::create_dir_all(d.join("www")).unwrap();
+    std::fs::write(d.join("www/f"), body()).unwrap();
+    let _stack = Daemon::start(
+        d,
+        STACK,
+        &[
+            "--link",
+            &format!("tap:{TAP}"),
+            "--addr",
+            &format!("{OURS}/24"),
+            "--addr",
+            &format!("{OURS6}/64"),
+            "--host-addr",
+            &format!("{HOST}/24"),
+            "--host-addr",
+            &format!("{HOST6}/64"),
+        ],
+    );
+    // Linux's web servers for the clients under test, IPv4 and IPv6.
+    let www = d.join("www");
+    let www = www.to_str().unwrap();
+    let mut py4 = spawn_prog(
+        d,
+        None,
+        "linux-http4",
+        "python3",
+        &["-m", "http.server", "18099", "--bind", HOST, "-d", www],
+    );
+    wait_listening(&mut py4, d, HOST, 18099);
+    let mut py6 = spawn_prog(
+        d,
+        None,
+        "linux-http6",
+        "python3",
+        &["-m", "http.server", "18098", "--bind", HOST6, "-d", www],
+    );
+    wait_listening(&mut py6, d, &format!("[{HOST6}]"), 18098);
+
+    java(d);
+    node(d);
+    python_asyncio(d);
+    nginx(d);
+    openssh(d);
+    socket_activation(d);
+    shell(d);
+    openssl(d);
+    fetchers(d);
+    iperf3_udp(d);
+    static_program(d);
+}
