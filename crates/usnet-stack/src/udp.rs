@@ -332,19 +332,15 @@ impl Stack {
     }
 
     /// IP_MULTICAST_IF: the source address of the IPv4 multicast it sends
-    /// (`None` or 0.0.0.0: the routed one). `AddrNotAvailable` for an address
-    /// the stack does not have.
+    /// (`None` or 0.0.0.0: the routed one). The stack has one interface, so an
+    /// address it does not have (a program naming the host's own interface)
+    /// selects it too, with the routed source.
     pub fn udp_set_multicast_if(
         &mut self,
         h: SocketHandle,
         addr: Option<Ipv4Addr>,
     ) -> Result<(), StackError> {
-        let addr = addr.filter(|a| !a.is_unspecified());
-        if let Some(a) = addr {
-            if !self.core.is_local_addr(IpAddr::V4(a)) {
-                return Err(StackError::AddrNotAvailable);
-            }
-        }
+        let addr = addr.filter(|a| self.core.is_local_addr(IpAddr::V4(*a)));
         self.udp_mut(h)?.mc.if4 = addr;
         Ok(())
     }

@@ -414,12 +414,14 @@ fn sending_to_a_group_uses_its_mac_the_socket_ttl_and_loops_back_to_members() {
     assert_eq!(sent(&mut s).len(), 1);
     s.poll(Instant::from_millis(2));
     assert_eq!(recv(&mut s, rx), None, "IP_MULTICAST_LOOP off");
-    // IP_MULTICAST_IF: only an address the stack has.
-    assert!(s
-        .udp_set_multicast_if(tx, Some(Ipv4Addr::new(10, 0, 0, 77)))
-        .is_err());
-    s.udp_set_multicast_if(tx, Some(Ipv4Addr::new(10, 0, 0, 1)))
+    // IP_MULTICAST_IF: an address the stack does not have means its one interface.
+    s.udp_set_multicast_if(tx, Some(Ipv4Addr::new(192, 168, 9, 9)))
         .unwrap();
+    s.udp_set_multicast_loop(tx, true, true).unwrap();
+    s.udp_send_to(tx, b"five", to).unwrap();
+    let f = sent(&mut s);
+    let ip4 = wire::parse_ipv4(&f[0][14..], true).unwrap();
+    assert_eq!(ip4.src, Ipv4Addr::new(10, 0, 0, 1));
 }
 
 #[test]
