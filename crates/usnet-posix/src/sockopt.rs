@@ -72,7 +72,7 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             IP_BIND_ADDRESS_NO_PORT => (0, Bool),
             libc::IP_MULTICAST_TTL => (1, Ranged(0, 255)),
             libc::IP_MULTICAST_LOOP => (1, Bool),
-            libc::IP_MULTICAST_ALL => (1, Bool),
+            libc::IP_MULTICAST_ALL => (1, Strict(0, 1)),
             _ => return none,
         },
         libc::IPPROTO_IPV6 if v6 => match name {
