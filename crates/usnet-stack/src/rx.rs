@@ -498,7 +498,10 @@ impl View<'_> {
                 c.icmp6_rx_time_exceeded += 1;
                 self.classify_tcp_icmp(c, l3, IcmpMsg::TimeExceeded, invoking)
             }
-            Icmpv6Repr::Other { kind, .. } if matches!(kind, 130..=132 | 143) => {
+            Icmpv6Repr::Other {
+                kind: 130..=132 | 143,
+                ..
+            } => {
                 classify_mld(c, l3, &src, &dst, l4)
             }
             _ => {

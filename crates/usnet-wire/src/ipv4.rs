@@ -173,7 +173,7 @@ impl Ipv4Repr {
     /// bytes, e.g. [`crate::IPV4_ROUTER_ALERT`]) after the fixed header:
     /// `20 + options.len()` bytes. `payload_len` still counts only the payload.
     pub fn emit_with_options(&self, options: &[u8], buf: &mut [u8]) -> Result<(), WireError> {
-        if options.len() % 4 != 0 || options.len() > 40 {
+        if !options.len().is_multiple_of(4) || options.len() > 40 {
             return Err(WireError::Malformed);
         }
         let hl = IPV4_HEADER_LEN + options.len();
