@@ -501,9 +501,7 @@ impl View<'_> {
             Icmpv6Repr::Other {
                 kind: 130..=132 | 143,
                 ..
-            } => {
-                classify_mld(c, l3, &src, &dst, l4)
-            }
+            } => classify_mld(c, l3, &src, &dst, l4),
             _ => {
                 c.icmp6_rx_other += 1;
                 Verdict::Drop
