@@ -529,3 +529,48 @@ fn ipv6_joins_report_with_mld_and_datagrams_reach_members() {
         (2, 1)
     );
 }
+
+#[test]
+fn a_connected_socket_a_full_queue_and_a_bad_checksum_each_lose_only_their_copy() {
+    let mut s = stack();
+    let bind = |s: &mut Stack| {
+        s.udp_bind_reuse(sa("0.0.0.0:5000"), Families::Both, true)
+            .unwrap()
+    };
+    let (open, full, conn_other, conn_peer) =
+        (bind(&mut s), bind(&mut s), bind(&mut s), bind(&mut s));
+    let from = sa("10.0.0.9:4000");
+    s.udp_connect(conn_other, sa("10.0.0.8:4000")).unwrap();
+    s.udp_connect(conn_peer, from).unwrap();
+    s.udp_set_recv_buffer(full, 2048).unwrap();
+    s.udp_join_multicast(open, IpAddr::V4(G4)).unwrap();
+    sent(&mut s);
+    let big = vec![7u8; 1400];
+    feed(
+        &mut s,
+        &udp(from, sa("239.1.2.3:5000"), &big),
+        Instant::from_millis(1),
+    );
+    feed(
+        &mut s,
+        &udp(from, sa("239.1.2.3:5000"), &big),
+        Instant::from_millis(2),
+    );
+    // `full` holds one 1400-byte datagram in 2048 bytes: the second copy is dropped
+    // for it alone.
+    for (h, n) in [(open, 2), (full, 1), (conn_peer, 2), (conn_other, 0)] {
+        let mut got = 0;
+        while recv(&mut s, h).is_some() {
+            got += 1;
+        }
+        assert_eq!(got, n);
+    }
+    assert_eq!(s.counters().udp_rx_queue_full, 1);
+    // A corrupted datagram reaches no one.
+    let mut bad = udp(from, sa("239.1.2.3:5000"), b"payload");
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    feed(&mut s, &bad, Instant::from_millis(3));
+    assert_eq!(recv(&mut s, open), None);
+    assert_eq!(s.counters().udp_rx_bad_checksum, 1);
+}
