@@ -273,7 +273,8 @@ pub mod op {
     pub const SOCKET: u16 = 1;
     /// `args[0..4]`: the address ([`super::SockAddr::to_args`]); `args[4]`, for a
     /// UDP socket: the families a wildcard address takes ([`super::FAM_V4`] |
-    /// [`super::FAM_V6`]; 0: both).
+    /// [`super::FAM_V6`]; 0: both); `args[5]`, for a UDP socket:
+    /// [`super::BIND_REUSE`] (SO_REUSEADDR or SO_REUSEPORT was set).
     pub const BIND: u16 = 2;
     /// `args[0]`: backlog; `args[1]`: the families a wildcard address takes
     /// ([`super::FAM_V4`] | [`super::FAM_V6`]; 0: both, and an unbound listener
@@ -323,6 +324,10 @@ pub const FAM_V4: u64 = 1;
 /// A wildcard address takes IPv6 (an `AF_INET6` socket on `::`).
 pub const FAM_V6: u64 = 2;
 
+/// `BIND` of a UDP socket: the address may be shared with other sockets bound
+/// with it (SO_REUSEADDR/SO_REUSEPORT; multicast receivers on one port).
+pub const BIND_REUSE: u64 = 1;
+
 pub const KIND_TCP: u64 = 1;
 pub const KIND_UDP: u64 = 2;
 
@@ -362,6 +367,30 @@ pub mod opt {
     pub const IPPROTO_IPV6: u64 = 41;
     /// As [`IP_TOS`], for IPv6's traffic class.
     pub const IPV6_TCLASS: u64 = 67;
+    /// UDP multicast, Linux's numbers. Memberships: `args[2]` the IPv4 group
+    /// (its octets as a big-endian u32), `args[3]` the interface address (ignored:
+    /// one interface); IPv6: `args[2]`, `args[3]` the group's high and low 64
+    /// bits (big-endian), `args[4]` the interface index (ignored). The stack's
+    /// errors: `EINVAL` for a non-multicast group, `EADDRINUSE` joining twice,
+    /// `EADDRNOTAVAIL` leaving a group not joined. Before the socket is bound
+    /// the server keeps them and applies them when it is (bind, connect or the
+    /// first send).
+    pub const IP_MULTICAST_IF: u64 = 32;
+    /// 0–255.
+    pub const IP_MULTICAST_TTL: u64 = 33;
+    /// 0 or 1.
+    pub const IP_MULTICAST_LOOP: u64 = 34;
+    pub const IP_ADD_MEMBERSHIP: u64 = 35;
+    pub const IP_DROP_MEMBERSHIP: u64 = 36;
+    /// 0 or 1; also for IPv6 ([`IPV6_MULTICAST_ALL`]): one flag per socket.
+    pub const IP_MULTICAST_ALL: u64 = 49;
+    /// 0–255.
+    pub const IPV6_MULTICAST_HOPS: u64 = 18;
+    /// 0 or 1.
+    pub const IPV6_MULTICAST_LOOP: u64 = 19;
+    pub const IPV6_ADD_MEMBERSHIP: u64 = 20;
+    pub const IPV6_DROP_MEMBERSHIP: u64 = 21;
+    pub const IPV6_MULTICAST_ALL: u64 = 29;
     /// usnet's own options.
     pub const SOL_USNET: u64 = 0x7573;
     /// Priority-aware receive: the socket's priority (an i32 on the scale of

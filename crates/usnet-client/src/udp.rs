@@ -3,7 +3,7 @@
 //! then the payload padded to 8 bytes; a record never wraps).
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use usnet_abi::{
@@ -85,10 +85,93 @@ impl UdpSocket {
     /// [`UdpSocket::bind_to`] whose wildcard address takes only `families`
     /// (`usnet_abi::FAM_V4` | `FAM_V6`; 0: both).
     pub fn bind_families(&self, addr: SocketAddr, families: u64) -> io::Result<()> {
+        self.bind_reuse(addr, families, false)
+    }
+
+    /// [`UdpSocket::bind_families`]; with `reuse` (SO_REUSEADDR or SO_REUSEPORT
+    /// set) the address may be shared with other sockets bound with it, as
+    /// multicast receivers on one port are.
+    pub fn bind_reuse(&self, addr: SocketAddr, families: u64, reuse: bool) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
+        let flags = if reuse { usnet_abi::BIND_REUSE } else { 0 };
         self.sock
-            .call(op::BIND, [a[0], a[1], a[2], a[3], families, 0])
+            .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())
+    }
+
+    fn mcast_opt(&self, level: u64, name: u64, args: [u64; 3]) -> io::Result<()> {
+        self.sock
+            .call(op::SETSOCKOPT, [level, name, args[0], args[1], args[2], 0])
+            .map(|_| ())
+    }
+
+    /// IP_ADD_MEMBERSHIP (as `std::net::UdpSocket::join_multicast_v4`): the
+    /// stack joins `group` (IGMPv2 report on the first join) and delivers its
+    /// datagrams to this socket. `interface` is ignored (one interface).
+    pub fn join_multicast_v4(&self, group: &Ipv4Addr, interface: &Ipv4Addr) -> io::Result<()> {
+        let g = u64::from(u32::from_be_bytes(group.octets()));
+        let i = u64::from(u32::from_be_bytes(interface.octets()));
+        self.mcast_opt(opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP, [g, i, 0])
+    }
+
+    /// IP_DROP_MEMBERSHIP.
+    pub fn leave_multicast_v4(&self, group: &Ipv4Addr, interface: &Ipv4Addr) -> io::Result<()> {
+        let g = u64::from(u32::from_be_bytes(group.octets()));
+        let i = u64::from(u32::from_be_bytes(interface.octets()));
+        self.mcast_opt(opt::IPPROTO_IP, opt::IP_DROP_MEMBERSHIP, [g, i, 0])
+    }
+
+    /// IPV6_JOIN_GROUP (MLDv2 report on the first join); `interface` ignored.
+    pub fn join_multicast_v6(&self, group: &Ipv6Addr, interface: u32) -> io::Result<()> {
+        let g = u128::from_be_bytes(group.octets());
+        let args = [(g >> 64) as u64, g as u64, u64::from(interface)];
+        self.mcast_opt(opt::IPPROTO_IPV6, opt::IPV6_ADD_MEMBERSHIP, args)
+    }
+
+    /// IPV6_LEAVE_GROUP.
+    pub fn leave_multicast_v6(&self, group: &Ipv6Addr, interface: u32) -> io::Result<()> {
+        let g = u128::from_be_bytes(group.octets());
+        let args = [(g >> 64) as u64, g as u64, u64::from(interface)];
+        self.mcast_opt(opt::IPPROTO_IPV6, opt::IPV6_DROP_MEMBERSHIP, args)
+    }
+
+    /// IP_MULTICAST_TTL (default 1).
+    pub fn set_multicast_ttl_v4(&self, ttl: u32) -> io::Result<()> {
+        let v = u64::from(ttl.min(255));
+        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_TTL, [v, 0, 0])
+    }
+
+    /// IPV6_MULTICAST_HOPS (default 1).
+    pub fn set_multicast_hops_v6(&self, hops: u32) -> io::Result<()> {
+        let v = u64::from(hops.min(255));
+        self.mcast_opt(opt::IPPROTO_IPV6, opt::IPV6_MULTICAST_HOPS, [v, 0, 0])
+    }
+
+    /// IP_MULTICAST_LOOP (default on).
+    pub fn set_multicast_loop_v4(&self, on: bool) -> io::Result<()> {
+        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_LOOP, [on as u64, 0, 0])
+    }
+
+    /// IPV6_MULTICAST_LOOP (default on).
+    pub fn set_multicast_loop_v6(&self, on: bool) -> io::Result<()> {
+        self.mcast_opt(
+            opt::IPPROTO_IPV6,
+            opt::IPV6_MULTICAST_LOOP,
+            [on as u64, 0, 0],
+        )
+    }
+
+    /// IP_MULTICAST_IF: the source address of IPv4 multicast (0.0.0.0: the
+    /// routed one); `EADDRNOTAVAIL` for an address the stack does not have.
+    pub fn set_multicast_if_v4(&self, addr: &Ipv4Addr) -> io::Result<()> {
+        let a = u64::from(u32::from_be_bytes(addr.octets()));
+        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_IF, [a, 0, 0])
+    }
+
+    /// IP_MULTICAST_ALL (default on: every group the interface joined reaches a
+    /// socket bound to the port; off: only the socket's own groups).
+    pub fn set_multicast_all(&self, on: bool) -> io::Result<()> {
+        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_ALL, [on as u64, 0, 0])
     }
 
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {

@@ -30,7 +30,7 @@ mod sockopt;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
@@ -376,6 +376,10 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
         _ => err,
     })?;
     let fam = families_for(&e, addr);
+    let reuse = {
+        let o = lock(&e.opts);
+        o.reuseaddr || o.reuseport
+    };
     let mut o = e.write();
     match &mut *o {
         Obj::Fresh(s) => Ok(s.bind(addr)?),
@@ -384,7 +388,7 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
             let Obj::Udp(u) = std::mem::replace(&mut *o, Obj::Moving) else {
                 unreachable!()
             };
-            let r = bind_udp(&u, addr, fam);
+            let r = bind_udp(&u, addr, fam, reuse);
             *o = Obj::Udp(u);
             r
         }
@@ -393,11 +397,13 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
     }
 }
 
-fn bind_udp(u: &UdpSocket, addr: SocketAddr, fam: u64) -> Res<()> {
+/// `reuse`: SO_REUSEADDR or SO_REUSEPORT is set (sockets with it share a port,
+/// as multicast receivers do).
+fn bind_udp(u: &UdpSocket, addr: SocketAddr, fam: u64, reuse: bool) -> Res<()> {
     if u.local_addr().is_ok_and(|a| a.port() != 0) {
         return Err(Errno(libc::EINVAL));
     }
-    Ok(u.bind_families(addr, fam)?)
+    Ok(u.bind_reuse(addr, fam, reuse)?)
 }
 
 fn check_family(e: &Entry, addr: SocketAddr) -> Res<()> {
@@ -1368,6 +1374,9 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 _ => return Err(Errno(libc::EINVAL)),
             };
             o.mcast_if.copy_from_slice(a);
+            if let Obj::Udp(u) = &*obj {
+                u.set_multicast_if_v4(&Ipv4Addr::new(a[0], a[1], a[2], a[3]))?;
+            }
         }
         _ => match sockopt::membership(level, name, value)? {
             Some(_) if tcp && level == libc::IPPROTO_IP => return Err(Errno(libc::EPROTO)),
@@ -1375,9 +1384,17 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             Some((join, key)) => {
                 let had = o.groups.iter().position(|g| *g == key);
                 match (join, had) {
-                    (true, None) => o.groups.push(key),
+                    (true, None) => {
+                        if let Obj::Udp(u) = &*obj {
+                            membership_to_stack(u, true, &key)?;
+                        }
+                        o.groups.push(key)
+                    }
                     (true, Some(_)) => return Err(Errno(libc::EADDRINUSE)),
                     (false, Some(i)) => {
+                        if let Obj::Udp(u) = &*obj {
+                            membership_to_stack(u, false, &key)?;
+                        }
                         o.groups.remove(i);
                     }
                     (false, None) => return Err(Errno(libc::EADDRNOTAVAIL)),
@@ -1386,9 +1403,55 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             None => {
                 let v = sockopt::int_value(level, value)?;
                 let kept = sockopt::set(level, name, v, tcp, v6)?;
+                if let Obj::Udp(u) = &*obj {
+                    mcast_option_to_stack(u, level, name, kept)?;
+                }
                 o.recorded.insert((level, name), kept);
             }
         },
+    }
+    Ok(())
+}
+
+/// A multicast membership (`sockopt::membership`'s key: `ip_mreq`/`ip_mreqn` or
+/// `ipv6_mreq` bytes) joined or left in the stack. Two joins of one group through
+/// different interfaces are one membership there (the stack has one interface):
+/// the second is EADDRINUSE.
+fn membership_to_stack(u: &UdpSocket, join: bool, key: &[u8]) -> Res<()> {
+    if key.len() == 20 && key[0] == 0xff {
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&key[..16]);
+        let ifindex = u32::from_ne_bytes([key[16], key[17], key[18], key[19]]);
+        let g = std::net::Ipv6Addr::from(g);
+        if join {
+            u.join_multicast_v6(&g, ifindex)?
+        } else {
+            u.leave_multicast_v6(&g, ifindex)?
+        }
+        return Ok(());
+    }
+    let g = Ipv4Addr::new(key[0], key[1], key[2], key[3]);
+    let i = Ipv4Addr::new(key[4], key[5], key[6], key[7]);
+    if join {
+        u.join_multicast_v4(&g, &i)?
+    } else {
+        u.leave_multicast_v4(&g, &i)?
+    }
+    Ok(())
+}
+
+/// The recorded multicast options that take effect in the stack, with the value
+/// kept (`-1` already turned into the default).
+fn mcast_option_to_stack(u: &UdpSocket, level: i32, name: i32, kept: i32) -> Res<()> {
+    let v = kept.clamp(0, 255) as u32;
+    match (level, name) {
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL) => u.set_multicast_ttl_v4(v)?,
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP) => u.set_multicast_loop_v4(kept != 0)?,
+        (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS) => u.set_multicast_hops_v6(v)?,
+        (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP) => u.set_multicast_loop_v6(kept != 0)?,
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_ALL)
+        | (libc::IPPROTO_IPV6, sockopt::IPV6_MULTICAST_ALL) => u.set_multicast_all(kept != 0)?,
+        _ => {}
     }
     Ok(())
 }

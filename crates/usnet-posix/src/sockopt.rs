@@ -10,6 +10,7 @@ use crate::{Errno, Res};
 pub const TCP_FASTOPEN_CONNECT: i32 = 30;
 pub const SO_INCOMING_NAPI_ID: i32 = 56;
 pub const IP_BIND_ADDRESS_NO_PORT: i32 = 24;
+pub const IPV6_MULTICAST_ALL: i32 = 29;
 /// `SOCK_MIN_RCVBUF / 2`: the least TCP_WINDOW_CLAMP Linux keeps.
 const MIN_WINDOW_CLAMP: i32 = 1152;
 
@@ -71,6 +72,7 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             IP_BIND_ADDRESS_NO_PORT => (0, Bool),
             libc::IP_MULTICAST_TTL => (1, Ranged(0, 255)),
             libc::IP_MULTICAST_LOOP => (1, Bool),
+            libc::IP_MULTICAST_ALL => (1, Strict(0, 1)),
             _ => return none,
         },
         libc::IPPROTO_IPV6 if v6 => match name {
@@ -81,6 +83,7 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::IPV6_MULTICAST_LOOP => (1, Strict(0, 1)),
             libc::IPV6_MULTICAST_HOPS => (1, Ranged(0, 255)),
             libc::IPV6_MULTICAST_IF => (0, Int),
+            IPV6_MULTICAST_ALL => (1, Bool),
             _ => return none,
         },
         _ => return none,
@@ -183,8 +186,9 @@ pub fn int_value(level: i32, v: &[u8]) -> Res<i32> {
 }
 
 /// A multicast membership (`IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP` and their
-/// drops): the group and the interface as given. Real IGMP/MLD is not done: the
-/// stack receives what reaches its address.
+/// drops): the group and the interface as given (the key `setsockopt` records and
+/// carries to the stack, which joins the group on its one interface and tells
+/// the link with IGMPv2/MLDv2).
 pub fn membership(level: i32, name: i32, v: &[u8]) -> Res<Option<(bool, Vec<u8>)>> {
     let join = match (level, name) {
         (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP) => true,

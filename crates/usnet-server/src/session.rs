@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
 use usnet_abi::{
-    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, FAM_V4, FAM_V6, FLAG_ACCEPTABLE,
-    FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED,
-    FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR,
-    SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
+    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, BIND_REUSE, FAM_V4, FAM_V6,
+    FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER,
+    FLAG_RX_EOF, FLAG_SHARED, FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD,
+    SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -88,6 +88,9 @@ struct Sock {
     /// Stream bytes to hand over before what the stack holds: what the previous
     /// receiver left unread in its ring when it let go.
     carry: Vec<u8>,
+    /// Multicast options set on a UDP socket before the stack socket existed:
+    /// applied, in order, when it is made (bind, connect, first send).
+    deferred: Vec<[u64; 6]>,
 }
 
 /// The stack owner of sockets held by several sessions: no session's death closes
@@ -396,6 +399,7 @@ impl ServerSession {
                         i,
                         SockAddr::from_args(&req.args),
                         families(req.args[4]),
+                        req.args[5] & BIND_REUSE != 0,
                     ),
                     op::LISTEN => self.op_listen(stack, i, req.args[0], req.args[1]),
                     op::ACCEPT => self.op_accept(stack, i),
@@ -458,6 +462,7 @@ impl ServerSession {
             shared: false,
             receiver: true,
             carry: Vec::new(),
+            deferred: Vec::new(),
         });
         Some(i)
     }
@@ -465,7 +470,9 @@ impl ServerSession {
     fn adopt(&mut self, stack: &mut Stack, i: u32, h: SocketHandle) {
         let _ = stack.set_owner(h, self.owner());
         self.by_handle.insert(h, i);
-        self.sock(i).handle = Some(h);
+        let s = self.sock(i);
+        s.handle = Some(h);
+        apply_deferred(stack, s, h);
     }
 
     fn set_flags(&mut self, i: u32, set: u32, clear: u32) {
@@ -495,7 +502,14 @@ impl ServerSession {
         }
     }
 
-    fn op_bind(&mut self, stack: &mut Stack, i: u32, a: SockAddr, fam: Families) -> i64 {
+    fn op_bind(
+        &mut self,
+        stack: &mut Stack,
+        i: u32,
+        a: SockAddr,
+        fam: Families,
+        reuse: bool,
+    ) -> i64 {
         let Some(addr) = a.to_std() else {
             return -errno::EINVAL;
         };
@@ -504,7 +518,7 @@ impl ServerSession {
             return -errno::EINVAL;
         }
         match s.role {
-            Role::Udp => match stack.udp_bind_families(addr, fam) {
+            Role::Udp => match stack.udp_bind_reuse(addr, fam, reuse) {
                 Ok(h) => {
                     self.adopt(stack, i, h);
                     let local = stack.udp_local_addr(h).unwrap_or(addr);
@@ -789,6 +803,15 @@ impl ServerSession {
             (opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT) => Ok(()),
             (opt::SOL_SOCKET, opt::SO_SNDBUF | opt::SO_REUSEADDR | opt::SO_KEEPALIVE)
             | (opt::SOL_SOCKET, opt::SO_LINGER) => Ok(()),
+            (level, name) if is_mcast_opt(level, name) => match (s.role, h) {
+                (Role::Udp, Some(h)) => apply_mcast(stack, h, a),
+                (Role::Udp, None) => {
+                    // Not in the stack yet: applied when it is.
+                    s.deferred.push(*a);
+                    Ok(())
+                }
+                _ => Ok(()),
+            },
             (opt::SOL_USNET, opt::USNET_RX_PRIORITY) => {
                 let Some(h) = h.filter(|_| matches!(s.role, Role::Udp | Role::Listener)) else {
                     return -errno::EINVAL;
@@ -860,6 +883,67 @@ impl ServerSession {
 }
 
 /// The families of a BIND's or LISTEN's argument (`FAM_V4 | FAM_V6`; 0: both).
+/// UDP multicast options (`usnet_abi::opt`).
+fn is_mcast_opt(level: u64, name: u64) -> bool {
+    match level {
+        opt::IPPROTO_IP => matches!(
+            name,
+            opt::IP_MULTICAST_IF
+                | opt::IP_MULTICAST_TTL
+                | opt::IP_MULTICAST_LOOP
+                | opt::IP_ADD_MEMBERSHIP
+                | opt::IP_DROP_MEMBERSHIP
+                | opt::IP_MULTICAST_ALL
+        ),
+        opt::IPPROTO_IPV6 => matches!(
+            name,
+            opt::IPV6_MULTICAST_HOPS
+                | opt::IPV6_MULTICAST_LOOP
+                | opt::IPV6_ADD_MEMBERSHIP
+                | opt::IPV6_DROP_MEMBERSHIP
+                | opt::IPV6_MULTICAST_ALL
+        ),
+        _ => false,
+    }
+}
+
+/// A multicast option on UDP socket `h` (`a`: the SETSOCKOPT arguments).
+fn apply_mcast(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), StackError> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let v4 = IpAddr::V4(Ipv4Addr::from((a[2] as u32).to_be_bytes()));
+    let v6 = IpAddr::V6(Ipv6Addr::from((u128::from(a[2]) << 64) | u128::from(a[3])));
+    let ttl = a[2].min(255) as u8;
+    match (a[0], a[1]) {
+        (opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v4),
+        (opt::IPPROTO_IP, opt::IP_DROP_MEMBERSHIP) => stack.udp_leave_multicast(h, v4),
+        (opt::IPPROTO_IPV6, opt::IPV6_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v6),
+        (opt::IPPROTO_IPV6, opt::IPV6_DROP_MEMBERSHIP) => stack.udp_leave_multicast(h, v6),
+        (opt::IPPROTO_IP, opt::IP_MULTICAST_IF) => match v4 {
+            IpAddr::V4(a) => stack.udp_set_multicast_if(h, Some(a)),
+            IpAddr::V6(_) => unreachable!(),
+        },
+        (opt::IPPROTO_IP, opt::IP_MULTICAST_TTL) => stack.udp_set_multicast_ttl(h, true, ttl),
+        (opt::IPPROTO_IPV6, opt::IPV6_MULTICAST_HOPS) => stack.udp_set_multicast_ttl(h, false, ttl),
+        (opt::IPPROTO_IP, opt::IP_MULTICAST_LOOP) => {
+            stack.udp_set_multicast_loop(h, true, a[2] != 0)
+        }
+        (opt::IPPROTO_IPV6, opt::IPV6_MULTICAST_LOOP) => {
+            stack.udp_set_multicast_loop(h, false, a[2] != 0)
+        }
+        (_, opt::IP_MULTICAST_ALL | opt::IPV6_MULTICAST_ALL) => {
+            stack.udp_set_multicast_all(h, a[2] != 0)
+        }
+        _ => Err(StackError::InvalidInput),
+    }
+}
+
+/// Multicast options set before the stack socket `h` of `s` existed.
+fn apply_deferred(stack: &mut Stack, s: &mut Sock, h: SocketHandle) {
+    for a in std::mem::take(&mut s.deferred) {
+        let _ = apply_mcast(stack, h, &a);
+    }
+}
+
 fn families(f: u64) -> Families {
     match f & (FAM_V4 | FAM_V6) {
         FAM_V4 => Families::V4,
@@ -1092,6 +1176,7 @@ impl ServerSession {
                     Ok(h) => {
                         let _ = stack.set_owner(h, owner);
                         s.handle = Some(h);
+                        apply_deferred(stack, s, h);
                         *bound = Some(h);
                     }
                     Err(_) => {

@@ -55,6 +55,12 @@ pub(crate) struct Core {
     pub tcp_secret: usnet_tcp::SecretKey,
     /// Priority-aware receive: forced drop runs in `receive`.
     pub prio: crate::prio::Prio,
+    /// The interface's multicast memberships (`mcast.rs`).
+    pub mcast: crate::mcast::Mcast,
+    /// Set while a multicast datagram is sent whose copy goes to local members too
+    /// (IP_MULTICAST_LOOP): `dispatch` loops each frame back.
+    pub mcast_loop: bool,
+    pub mcast_scratch: Vec<u8>,
 }
 
 impl Core {
@@ -117,6 +123,9 @@ impl Core {
             timers_checked: Instant::ZERO,
             tcp_secret: usnet_tcp::SecretKey::derive(cfg.seed),
             prio: crate::prio::Prio::new(cfg.rx_policy.clone(), cfg.input_queue_len, cfg.seed),
+            mcast: crate::mcast::Mcast::new(cfg.seed),
+            mcast_loop: false,
+            mcast_scratch: Vec::new(),
             addrs,
             pool,
             cfg,
@@ -165,7 +174,7 @@ impl Core {
             self.pool.free(b);
         }
         self.neighbor_work = work;
-        did | self.expire_reassembly()
+        did | self.expire_reassembly() | self.mcast_timers()
     }
 
     /// When the core's own timers next have work (not rounded below the tick).
@@ -175,6 +184,7 @@ impl Core {
             self.neighbors.next_deadline(),
             self.reasm4.next_deadline(),
             self.reasm6.next_deadline(),
+            self.mcast.next_due(),
         ]
         .into_iter()
         .flatten()

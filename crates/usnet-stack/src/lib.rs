@@ -25,6 +25,7 @@ pub mod counters;
 mod error;
 pub mod frag;
 mod gro;
+mod mcast;
 pub mod neighbor;
 mod ping;
 mod prio;
@@ -224,6 +225,10 @@ impl Stack {
             Socket::Udp(u) => {
                 for d in u.rxq {
                     self.core.pool.free(d.buf);
+                }
+                // A closed socket leaves its groups (the last one out sends the leave).
+                for g in u.mc.groups {
+                    self.core.mcast_leave(g);
                 }
             }
             Socket::Ping(_) | Socket::TcpConn(_) | Socket::TcpListen(_) => {}

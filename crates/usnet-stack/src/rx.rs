@@ -4,10 +4,12 @@
 //! checksum work), and returns a [`Verdict`]; `execute` then does the work.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 use usnet_pool::{PacketPool, PktBuf};
 use usnet_wire::{
-    self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, MacAddr, WireError,
+    self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, IgmpRepr, MacAddr, MldRepr,
+    WireError,
 };
 
 use crate::core::Core;
@@ -24,6 +26,7 @@ pub(crate) struct View<'a> {
     pub mac: MacAddr,
     pub addrs: &'a [IpCidr],
     pub sockets: &'a SocketSet,
+    pub mcast: &'a crate::mcast::Mcast,
     pub csum_valid: bool,
 }
 
@@ -104,6 +107,10 @@ impl View<'_> {
         }
         let dst = IpAddr::V4(ip.dst);
         let unicast = self.is_local(dst);
+        if ip.dst.is_multicast() && !self.mcast.is_member(dst) {
+            c.mcast_rx_not_member += 1;
+            return Verdict::Drop;
+        }
         let accept = unicast
             || ip.dst.is_broadcast()
             || ip.dst.is_multicast()
@@ -170,14 +177,18 @@ impl View<'_> {
         }
         let dst = IpAddr::V6(ip.dst);
         let unicast = self.is_local(dst);
-        let accept = unicast
-            || (ip.dst.is_multicast()
-                && (ip.dst.segments()[0] & 0xff0f != 0xff02
-                    || ip.dst == Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
-                    || self.addrs.iter().any(|a| match a.addr {
-                        IpAddr::V6(a) => wire::solicited_node(&a) == ip.dst,
-                        IpAddr::V4(_) => false,
-                    })));
+        // Multicast: all-nodes, our solicited-node groups, and the groups joined.
+        let multicast_ok = ip.dst.is_multicast()
+            && (self.mcast.is_member(dst)
+                || self.addrs.iter().any(|a| match a.addr {
+                    IpAddr::V6(a) => wire::solicited_node(&a) == ip.dst,
+                    IpAddr::V4(_) => false,
+                }));
+        if ip.dst.is_multicast() && !multicast_ok {
+            c.mcast_rx_not_member += 1;
+            return Verdict::Drop;
+        }
+        let accept = unicast || multicast_ok;
         if !accept {
             c.ip6_rx_not_for_us += 1;
             return Verdict::Drop;
@@ -252,6 +263,7 @@ impl View<'_> {
             (wire::IPPROTO_TCP, _) => self.classify_tcp(c, l3, l4, l4_off),
             (wire::IPPROTO_ICMP, IpAddr::V4(_)) => self.classify_icmp4(c, l3, l4, l4_off),
             (wire::IPPROTO_ICMPV6, IpAddr::V6(_)) => self.classify_icmp6(c, l3, l4, l4_off),
+            (wire::IPPROTO_IGMP, IpAddr::V4(_)) => classify_igmp(c, l3, l4, self.csum_valid),
             (59, IpAddr::V6(_)) => Verdict::Drop, // No Next Header: nothing to do
             _ => {
                 if l3.src.is_ipv4() {
@@ -286,6 +298,24 @@ impl View<'_> {
         };
         let udp_len = wire::UDP_HEADER_LEN + udp.payload.len();
         let from = SocketAddr::new(l3.src, udp.src_port);
+        if l3.dst.is_multicast() {
+            // To every member socket on the port (`execute` finds them).
+            if !self.sockets.udp_port_used(udp.dst_port) {
+                c.udp_rx_no_socket += 1;
+                return Verdict::Drop;
+            }
+            if !self.csum_valid && !wire::verify_udp_checksum(l3.src, l3.dst, &l4[..udp_len]) {
+                c.udp_rx_bad_checksum += 1;
+                return Verdict::Drop;
+            }
+            return Verdict::UdpMcast {
+                group: l3.dst,
+                port: udp.dst_port,
+                from,
+                off: l4_off + wire::UDP_HEADER_LEN,
+                len: udp.payload.len(),
+            };
+        }
         // Early demux: find the socket (and drop for a full queue) before spending the
         // checksum work on a datagram that would be thrown away.
         let sock = self.sockets.udp_lookup(l3.dst, udp.dst_port, from);
@@ -468,10 +498,76 @@ impl View<'_> {
                 c.icmp6_rx_time_exceeded += 1;
                 self.classify_tcp_icmp(c, l3, IcmpMsg::TimeExceeded, invoking)
             }
+            Icmpv6Repr::Other {
+                kind: 130..=132 | 143,
+                ..
+            } => classify_mld(c, l3, &src, &dst, l4),
             _ => {
                 c.icmp6_rx_other += 1;
                 Verdict::Drop
             }
+        }
+    }
+}
+
+/// IGMP: a query becomes [`Verdict::McastQuery`]; other hosts' reports and leaves
+/// are counted and dropped.
+fn classify_igmp(c: &mut Counters, l3: &L3Info, l4: &[u8], csum_valid: bool) -> Verdict {
+    c.igmp_rx += 1;
+    match IgmpRepr::parse(l4, !csum_valid) {
+        Ok(q @ IgmpRepr::Query { group, .. }) => {
+            c.igmp_rx_query += 1;
+            // A group-specific query goes to the group itself (RFC 2236 §2.1).
+            if !group.is_unspecified() && l3.dst != IpAddr::V4(group) {
+                c.igmp_rx_malformed += 1;
+                return Verdict::Drop;
+            }
+            Verdict::McastQuery {
+                group: IpAddr::V4(group),
+                max: Duration::from_millis(u64::from(q.max_resp_tenths()) * 100),
+            }
+        }
+        Ok(_) => {
+            c.igmp_rx_other += 1;
+            Verdict::Drop
+        }
+        Err(_) => {
+            c.igmp_rx_malformed += 1;
+            Verdict::Drop
+        }
+    }
+}
+
+/// MLD (the ICMPv6 checksum is verified already): only from a link-local source
+/// with hop limit 1 (RFC 3810 §5.1.14, §5.2.13); a query becomes
+/// [`Verdict::McastQuery`].
+fn classify_mld(
+    c: &mut Counters,
+    l3: &L3Info,
+    src: &Ipv6Addr,
+    dst: &Ipv6Addr,
+    l4: &[u8],
+) -> Verdict {
+    c.mld_rx += 1;
+    if l3.hop_limit != 1 || !crate::core::is_link_local6(src) {
+        c.mld_rx_malformed += 1;
+        return Verdict::Drop;
+    }
+    match MldRepr::parse(src, dst, l4, false) {
+        Ok(q @ MldRepr::Query { group, .. }) => {
+            c.mld_rx_query += 1;
+            Verdict::McastQuery {
+                group: IpAddr::V6(group),
+                max: Duration::from_millis(u64::from(q.max_resp_ms())),
+            }
+        }
+        Ok(_) => {
+            c.mld_rx_other += 1;
+            Verdict::Drop
+        }
+        Err(_) => {
+            c.mld_rx_malformed += 1;
+            Verdict::Drop
         }
     }
 }
@@ -527,12 +623,14 @@ impl Stack {
             addrs,
             pool,
             counters,
+            mcast,
             ..
         } = core;
         let view = View {
             mac: cfg.mac,
             addrs,
             sockets,
+            mcast,
             csum_valid,
         };
         f(&view, counters, pool)
@@ -547,6 +645,17 @@ impl Stack {
                 off,
                 len,
             } => self.deliver_udp(sock, from, off, len, src),
+            Verdict::UdpMcast {
+                group,
+                port,
+                from,
+                off,
+                len,
+            } => self.deliver_udp_mcast(group, port, from, off, len, src),
+            Verdict::McastQuery { group, max } => {
+                self.core.release(src);
+                self.core.mcast_query(group, max);
+            }
             Verdict::Tcp {
                 target,
                 local,
@@ -735,6 +844,45 @@ impl Stack {
         );
     }
 
+    /// A multicast datagram: a copy to every member socket on the port
+    /// ([`SocketSet::udp_mcast_members`]); a full queue drops its copy alone.
+    fn deliver_udp_mcast(
+        &mut self,
+        group: IpAddr,
+        port: u16,
+        from: SocketAddr,
+        off: usize,
+        len: usize,
+        src: Src,
+    ) {
+        let mut members = Vec::new();
+        self.sockets
+            .udp_mcast_members(group, port, from, &mut members);
+        if members.is_empty() {
+            self.core.counters.udp_rx_no_socket += 1;
+            self.core.release(src);
+            return;
+        }
+        let data = self.core.take_bytes(src, off, len);
+        for i in members {
+            let Some(u) = self.sockets.udp_at_mut(i) else {
+                continue;
+            };
+            if !u.rxq.is_empty() && u.rx_queued_bytes + len > u.recv_buffer {
+                u.stats.rx_queue_full += 1;
+                self.core.counters.udp_rx_queue_full += 1;
+                continue;
+            }
+            let Some(buf) = self.core.pool.alloc_from(&data) else {
+                self.core.counters.drop_pool_exhausted += 1;
+                break;
+            };
+            self.core.counters.udp_rx_mcast_delivered += 1;
+            self.queue_udp(i, buf, len, from);
+        }
+        self.core.scratch = data;
+    }
+
     fn deliver_udp(&mut self, sock: u32, from: SocketAddr, off: usize, len: usize, src: Src) {
         let core = &mut self.core;
         let buf = match src {
@@ -754,6 +902,12 @@ impl Stack {
             core.counters.drop_pool_exhausted += 1;
             return;
         };
+        self.queue_udp(sock, buf, len, from);
+    }
+
+    /// Queues a datagram's buffer on socket `sock`, which has room for it.
+    fn queue_udp(&mut self, sock: u32, buf: PktBuf, len: usize, from: SocketAddr) {
+        let core = &mut self.core;
         let Some(u) = self.sockets.udp_at_mut(sock) else {
             core.pool.free(buf);
             return;

@@ -350,6 +350,39 @@ impl Core {
         r
     }
 
+    /// A multicast UDP datagram: hop limit `ttl` (IP_MULTICAST_TTL /
+    /// IPV6_MULTICAST_HOPS), the checksum computed here (a looped copy is
+    /// verified like a received frame), and with `looped` a copy of every frame
+    /// into our own input queue for local members.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_udp_mcast(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        dport: u16,
+        data: &[u8],
+        ttl: u8,
+        looped: bool,
+    ) -> Result<(), StackError> {
+        let mut l4 = std::mem::take(&mut self.scratch);
+        l4.clear();
+        l4.resize(wire::UDP_HEADER_LEN, 0);
+        l4.extend_from_slice(data);
+        let _ = wire::emit_udp_header(&mut l4, src, dst, sport, dport, true);
+        self.mcast_loop = looped;
+        let r = self.send_ip(src, dst, dst, wire::IPPROTO_UDP, ttl, &l4);
+        self.mcast_loop = false;
+        self.scratch = l4;
+        if r.is_ok() {
+            self.counters.udp_tx_mcast += 1;
+            if looped {
+                self.counters.udp_tx_mcast_looped += 1;
+            }
+        }
+        r
+    }
+
     /// One TCP segment from the engine: a pool buffer with the payload copied once
     /// (from up to two slices of the send ring) behind room for the headers, which
     /// are then written in front. DF is set (TCP sizes segments from the MTU and
@@ -680,7 +713,7 @@ impl Core {
 
     /// Puts a finished frame on its way: to our own input queue, to the transmit
     /// queue with the next hop's MAC, or into the neighbour's waiting queue.
-    fn dispatch(&mut self, buf: PktBuf, next_hop: IpAddr) {
+    pub(crate) fn dispatch(&mut self, buf: PktBuf, next_hop: IpAddr) {
         if self.is_local_addr(next_hop) {
             let mac = self.cfg.mac;
             self.pool.data_mut(&buf)[..6].copy_from_slice(&mac.0);
@@ -695,6 +728,17 @@ impl Core {
         };
         if let Some(mac) = mac {
             self.pool.data_mut(&buf)[..6].copy_from_slice(&mac.0);
+            if self.mcast_loop {
+                // IP_MULTICAST_LOOP: local members get the frame as if received.
+                let mut copy = std::mem::take(&mut self.mcast_scratch);
+                copy.clear();
+                self.pool.copy_chain(&buf, &mut copy);
+                match self.pool.alloc_from(&copy) {
+                    Some(c) => self.receive(c),
+                    None => self.counters.drop_pool_exhausted += 1,
+                }
+                self.mcast_scratch = copy;
+            }
             self.push_tx(buf);
             return;
         }

@@ -40,6 +40,21 @@ pub(crate) enum Verdict {
     UdpQueueFull {
         sock: u32,
     },
+    /// A UDP datagram to a multicast group the interface joined (checksum
+    /// verified): for every member socket on `port`.
+    UdpMcast {
+        group: IpAddr,
+        port: u16,
+        from: SocketAddr,
+        off: usize,
+        len: usize,
+    },
+    /// An IGMP or MLD query (`group` unspecified: a general one) to answer within
+    /// `max`.
+    McastQuery {
+        group: IpAddr,
+        max: std::time::Duration,
+    },
     /// A TCP segment (checksum verified) and what the early demux found for it.
     Tcp {
         target: TcpTarget,

@@ -1,7 +1,7 @@
 //! The application's UDP calls on a [`Stack`]: bind, connect, send, receive.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::socket::udp::NONE;
 use crate::socket::{Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
@@ -47,8 +47,23 @@ impl Stack {
         local: SocketAddr,
         fam: Families,
     ) -> Result<SocketHandle, StackError> {
+        self.udp_bind_reuse(local, fam, false)
+    }
+
+    /// [`Stack::udp_bind_families`]; with `reuse` (SO_REUSEADDR or SO_REUSEPORT)
+    /// the address may be shared with other sockets bound with `reuse`, as
+    /// multicast receivers on one port do. A unicast datagram then goes to one of
+    /// them (the last bound); a multicast one to every member.
+    pub fn udp_bind_reuse(
+        &mut self,
+        local: SocketAddr,
+        fam: Families,
+        reuse: bool,
+    ) -> Result<SocketHandle, StackError> {
         let ip = local.ip();
-        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
+        // A multicast address may be bound (it then receives that group only), as
+        // on Linux.
+        if !ip.is_unspecified() && !ip.is_multicast() && !self.core.is_local_addr(ip) {
             return Err(StackError::AddrNotAvailable);
         }
         let port = match local.port() {
@@ -57,7 +72,7 @@ impl Stack {
                 .udp_ephemeral_port(ip, fam)
                 .ok_or(StackError::AddrInUse)?,
             p => {
-                if !self.sockets.udp_port_free(local, fam) {
+                if !self.sockets.udp_port_free(local, fam, reuse) {
                     return Err(StackError::AddrInUse);
                 }
                 p
@@ -73,6 +88,8 @@ impl Stack {
                 recv_buffer: self.core.cfg.udp_recv_buffer,
                 next_same_port: NONE,
                 stats: SocketStats::default(),
+                reuse,
+                mc: Default::default(),
             }),
             Owner::LOCAL,
         );
@@ -162,7 +179,19 @@ impl Stack {
         } else {
             local.ip()
         };
-        core.send_udp(src, to.ip(), next_hop, local.port(), to.port(), data)?;
+        if to.ip().is_multicast() {
+            // IP_MULTICAST_IF names the source; TTL/hop limit and loopback are the
+            // socket's multicast options; local members get a copy (as Linux, only
+            // when the interface joined the group).
+            let (src, ttl, looped) = match to.ip() {
+                IpAddr::V4(_) => (u.mc.if4.map_or(src, IpAddr::V4), u.mc.ttl, u.mc.loop4),
+                IpAddr::V6(_) => (src, u.mc.hops, u.mc.loop6),
+            };
+            let looped = looped && core.mcast.is_member(to.ip());
+            core.send_udp_mcast(src, to.ip(), local.port(), to.port(), data, ttl, looped)?;
+        } else {
+            core.send_udp(src, to.ip(), next_hop, local.port(), to.port(), data)?;
+        }
         core.counters.udp_tx += 1;
         u.stats.tx_datagrams += 1;
         u.stats.tx_bytes += data.len() as u64;
@@ -217,6 +246,113 @@ impl Stack {
         }
         pool.free(d.buf);
         Ok((d.len, d.from))
+    }
+
+    // ------------------------------------------------------------ multicast
+
+    /// IP_ADD_MEMBERSHIP / IPV6_JOIN_GROUP: the socket joins `group` (the stack
+    /// has one interface). The first socket to join makes the interface a member
+    /// and sends an IGMPv2 or MLDv2 report. `InvalidInput` for a non-multicast
+    /// address, `AddrInUse` when the socket is a member already (Linux's EINVAL
+    /// and EADDRINUSE).
+    pub fn udp_join_multicast(&mut self, h: SocketHandle, group: IpAddr) -> Result<(), StackError> {
+        if !group.is_multicast() {
+            return Err(StackError::InvalidInput);
+        }
+        let u = self.udp_mut(h)?;
+        if u.mc.groups.contains(&group) {
+            return Err(StackError::AddrInUse);
+        }
+        u.mc.groups.push(group);
+        self.core.mcast_join(group);
+        Ok(())
+    }
+
+    /// IP_DROP_MEMBERSHIP / IPV6_LEAVE_GROUP; the last socket to leave sends the
+    /// leave. `AddrNotAvailable` when the socket is not a member.
+    pub fn udp_leave_multicast(
+        &mut self,
+        h: SocketHandle,
+        group: IpAddr,
+    ) -> Result<(), StackError> {
+        let u = self.udp_mut(h)?;
+        let Some(i) = u.mc.groups.iter().position(|g| *g == group) else {
+            return Err(StackError::AddrNotAvailable);
+        };
+        u.mc.groups.swap_remove(i);
+        self.core.mcast_leave(group);
+        Ok(())
+    }
+
+    /// The groups `h` joined.
+    pub fn udp_multicast_groups(&self, h: SocketHandle) -> Result<Vec<IpAddr>, StackError> {
+        Ok(self.udp(h)?.mc.groups.clone())
+    }
+
+    /// IP_MULTICAST_TTL (`v4`) or IPV6_MULTICAST_HOPS: the hop limit of the
+    /// multicast it sends (default 1).
+    pub fn udp_set_multicast_ttl(
+        &mut self,
+        h: SocketHandle,
+        v4: bool,
+        ttl: u8,
+    ) -> Result<(), StackError> {
+        let u = self.udp_mut(h)?;
+        if v4 {
+            u.mc.ttl = ttl;
+        } else {
+            u.mc.hops = ttl;
+        }
+        Ok(())
+    }
+
+    /// IP_MULTICAST_LOOP (`v4`) or IPV6_MULTICAST_LOOP: whether local members
+    /// (this socket included) get a copy of the multicast it sends (default on).
+    pub fn udp_set_multicast_loop(
+        &mut self,
+        h: SocketHandle,
+        v4: bool,
+        on: bool,
+    ) -> Result<(), StackError> {
+        let u = self.udp_mut(h)?;
+        if v4 {
+            u.mc.loop4 = on;
+        } else {
+            u.mc.loop6 = on;
+        }
+        Ok(())
+    }
+
+    /// IP_MULTICAST_ALL / IPV6_MULTICAST_ALL: with it on (the default), a socket
+    /// bound to the port receives every group the interface joined; off, only the
+    /// groups it joined itself.
+    pub fn udp_set_multicast_all(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
+        self.udp_mut(h)?.mc.all = on;
+        Ok(())
+    }
+
+    /// IP_MULTICAST_IF: the source address of the IPv4 multicast it sends
+    /// (`None` or 0.0.0.0: the routed one). The stack has one interface, so an
+    /// address it does not have (a program naming the host's own interface)
+    /// selects it too, with the routed source.
+    pub fn udp_set_multicast_if(
+        &mut self,
+        h: SocketHandle,
+        addr: Option<Ipv4Addr>,
+    ) -> Result<(), StackError> {
+        let addr = addr.filter(|a| self.core.is_local_addr(IpAddr::V4(*a)));
+        self.udp_mut(h)?.mc.if4 = addr;
+        Ok(())
+    }
+
+    /// The interface's multicast groups and how many sockets joined each.
+    pub fn multicast_groups(&self) -> Vec<(IpAddr, u32)> {
+        self.core
+            .mcast
+            .groups
+            .iter()
+            .map(|m| (m.group, m.refs))
+            .collect()
     }
 
     /// Length of the next datagram, if one is queued.

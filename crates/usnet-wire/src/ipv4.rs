@@ -168,6 +168,32 @@ impl Ipv4Repr {
         let c = finish(sum(slice(buf, 0, IPV4_HEADER_LEN)?));
         put16(buf, 10, c)
     }
+
+    /// As [`Ipv4Repr::emit`], with `options` (whole 32-bit words, at most 40
+    /// bytes, e.g. [`crate::IPV4_ROUTER_ALERT`]) after the fixed header:
+    /// `20 + options.len()` bytes. `payload_len` still counts only the payload.
+    pub fn emit_with_options(&self, options: &[u8], buf: &mut [u8]) -> Result<(), WireError> {
+        if !options.len().is_multiple_of(4) || options.len() > 40 {
+            return Err(WireError::Malformed);
+        }
+        let hl = IPV4_HEADER_LEN + options.len();
+        if buf.len() < hl {
+            return Err(WireError::Truncated);
+        }
+        let with = Ipv4Repr {
+            payload_len: self
+                .payload_len
+                .checked_add(options.len())
+                .ok_or(WireError::BadLength)?,
+            ..*self
+        };
+        with.emit(buf)?;
+        put(buf, IPV4_HEADER_LEN, options)?;
+        buf[0] = 0x40 | (hl / 4) as u8;
+        buf[10..12].fill(0);
+        let c = finish(sum(slice(buf, 0, hl)?));
+        put16(buf, 10, c)
+    }
 }
 
 #[cfg(test)]

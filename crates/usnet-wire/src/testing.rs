@@ -46,7 +46,13 @@ pub fn walk_raw(data: &[u8]) -> u32 {
         IpAddr::V6(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)),
     );
     for (s, d) in [v4, v6] {
-        for proto in [IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP, IPPROTO_TCP] {
+        for proto in [
+            IPPROTO_ICMP,
+            IPPROTO_ICMPV6,
+            IPPROTO_IGMP,
+            IPPROTO_UDP,
+            IPPROTO_TCP,
+        ] {
             n += walk_transport(proto, s, d, data);
         }
         let _ = verify_udp_checksum(s, d, data);
@@ -136,6 +142,27 @@ pub fn walk_transport(proto: u8, src: IpAddr, dst: IpAddr, data: &[u8]) -> u32 {
             if let Some(b) = buf.get_mut(..r.buffer_len()) {
                 r.emit(&s, &d, b).expect("icmpv6 emit");
                 assert_eq!(Icmpv6Repr::parse(&s, &d, b, true), Ok(r));
+            }
+            if let Ok(m) = MldRepr::parse(&s, &d, data, false) {
+                if let Some(b) = buf.get_mut(..m.buffer_len()) {
+                    m.emit(&s, &d, b).expect("mld emit");
+                    let back = MldRepr::parse(&s, &d, b, true).expect("mld reparse");
+                    assert_eq!(back, m);
+                    if let MldRepr::ReportV2 { count, records } = m {
+                        assert!(mld_records(records).count() <= usize::from(count));
+                    }
+                }
+                return 2;
+            }
+            1
+        }
+        (IPPROTO_IGMP, IpAddr::V4(_), IpAddr::V4(_)) => {
+            let Ok(r) = IgmpRepr::parse(data, false) else {
+                return 0;
+            };
+            if let Some(b) = buf.get_mut(..r.buffer_len()) {
+                r.emit(b).expect("igmp emit");
+                assert_eq!(IgmpRepr::parse(b, true), Ok(r));
             }
             1
         }

@@ -31,6 +31,11 @@ pub(crate) struct UdpSocket {
     /// Next socket bound to the same port (a chain through the port map).
     pub next_same_port: u32,
     pub stats: SocketStats,
+    /// Bound with SO_REUSEADDR/SO_REUSEPORT: shares its address with other such
+    /// sockets (as Linux's UDP, where every one of them gets the multicast).
+    pub reuse: bool,
+    /// Multicast options and the groups it joined.
+    pub mc: crate::mcast::SockMcast,
 }
 
 /// The UDP demux state of a socket table.
@@ -83,14 +88,15 @@ impl SocketSet {
     }
 
     /// Whether `addr` may be bound: no other socket holds the same port with an
-    /// overlapping address and family (no SO_REUSEADDR semantics).
-    pub fn udp_port_free(&self, addr: SocketAddr, fam: Families) -> bool {
+    /// overlapping address and family, unless both were bound with `reuse`
+    /// (SO_REUSEADDR or SO_REUSEPORT, as Linux's UDP).
+    pub fn udp_port_free(&self, addr: SocketAddr, fam: Families, reuse: bool) -> bool {
         let mut cur = self.udp.ports[addr.port() as usize];
         while cur != NONE {
             let Some(u) = self.udp_at(cur) else {
                 return true;
             };
-            if Families::overlap(u.local.ip(), u.families, addr.ip(), fam) {
+            if !(reuse && u.reuse) && Families::overlap(u.local.ip(), u.families, addr.ip(), fam) {
                 return false;
             }
             cur = u.next_same_port;
@@ -110,11 +116,45 @@ impl SocketSet {
     pub fn udp_ephemeral_port(&mut self, ip: IpAddr, fam: Families) -> Option<u16> {
         for _ in 0..EPHEMERAL_SPAN {
             let p = super::next_ephemeral(&mut self.udp.next_ephemeral);
-            if self.udp_port_free(SocketAddr::new(ip, p), fam) {
+            if self.udp_port_free(SocketAddr::new(ip, p), fam, false) {
                 return Some(p);
             }
         }
         None
+    }
+
+    /// Whether any socket is bound to `port`.
+    pub fn udp_port_used(&self, port: u16) -> bool {
+        self.udp.ports[port as usize] != NONE
+    }
+
+    /// Every socket a datagram to multicast `group`:`port` from `from` goes to, as
+    /// Linux's `__udp4_lib_mcast_deliver` chooses them: bound to the port on the
+    /// wildcard (of a family it takes) or on the group itself, connected to `from`
+    /// or not connected, and either a member of the group itself or with
+    /// IP_MULTICAST_ALL on (the default: the interface's membership, checked
+    /// before, is enough).
+    pub fn udp_mcast_members(
+        &self,
+        group: IpAddr,
+        port: u16,
+        from: SocketAddr,
+        out: &mut Vec<u32>,
+    ) {
+        let mut cur = self.udp.ports[port as usize];
+        while cur != NONE {
+            let Some(u) = self.udp_at(cur) else {
+                return;
+            };
+            let local = u.local.ip();
+            let addr_ok =
+                local == group || (local.is_unspecified() && u.families.takes(local, group));
+            let peer_ok = u.remote.is_none_or(|r| r == from);
+            if addr_ok && peer_ok && (u.mc.all || u.mc.groups.contains(&group)) {
+                out.push(cur);
+            }
+            cur = u.next_same_port;
+        }
     }
 
     /// The best UDP socket for a datagram: connected match first, then a specific local
@@ -167,6 +207,8 @@ mod tests {
             recv_buffer: 4096,
             next_same_port: NONE,
             stats: SocketStats::default(),
+            reuse: false,
+            mc: Default::default(),
         })
     }
 
@@ -206,8 +248,8 @@ mod tests {
         assert_eq!(set.udp_lookup(to4, 53, from4), None, "IPV6_V6ONLY");
         assert_eq!(set.udp_lookup(to6, 53, from6), Some(v6only));
         // 0.0.0.0:53 for IPv4 beside [::]:53 for IPv6, as Linux allows.
-        assert!(set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::V4));
-        assert!(!set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::Both));
+        assert!(set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::V4, false));
+        assert!(!set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::Both, false));
         let v4 = bind(&mut set, "0.0.0.0:53", None);
         if let Some(u) = set.udp_at_mut(v4) {
             u.families = Families::V4;
@@ -225,18 +267,18 @@ mod tests {
         let a = bind(&mut set, "10.0.0.1:99", None);
         let b = bind(&mut set, "10.0.0.2:99", None);
         let c = bind(&mut set, "10.0.0.3:99", None);
-        assert!(!set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both));
-        assert!(!set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both));
+        assert!(!set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both, false));
+        assert!(!set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both, false));
         // Remove from the middle of the chain, then the head.
         assert!(set.remove(set.handle_at(b)).is_some());
-        assert!(set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both));
+        assert!(set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both, false));
         let to = |s: &str| s.parse::<IpAddr>().unwrap();
         let from: SocketAddr = "1.2.3.4:5".parse().unwrap();
         assert_eq!(set.udp_lookup(to("10.0.0.1"), 99, from), Some(a));
         assert_eq!(set.udp_lookup(to("10.0.0.3"), 99, from), Some(c));
         assert!(set.remove(set.handle_at(c)).is_some());
         assert!(set.remove(set.handle_at(a)).is_some());
-        assert!(set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both));
+        assert!(set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both, false));
     }
 
     #[test]
