@@ -120,13 +120,8 @@ fn socket_semantics_match_the_kernel() {
     server();
     let k = bin("sockets_errno", false);
     let u = bin("sockets_errno", true);
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
-        p
-    };
-    // PORT+1 must be closed on loopback too.
+    // PORT+1 must be closed on loopback too, and PORT+10..PORT+14 free.
+    let port = common::free_port_block(16);
     let ko = run(&k, &["127.0.0.1", &port.to_string()]);
     let uo = run(&u, &[ADDR, "7500"]);
     let (ks, us) = (

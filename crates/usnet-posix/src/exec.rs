@@ -184,18 +184,32 @@ fn inherit_now() {
     }
     let tags = tagged_descriptors();
     let me = std::process::id();
-    let pick = found
-        .iter()
-        .position(|f| f.kind == Kind::Pin)
-        .or_else(|| found.iter().position(|f| f.pid == me))
-        .unwrap_or(0);
+    // A pin first (a forked child that exec'd before attaching), then this
+    // process's own session from before the exec, then a parent's (after vfork).
+    // A connection that cannot answer (a pin already claimed) gives way to the next.
+    let mut order: Vec<&lineage::Inherited> = found.iter().collect();
+    order.sort_by_key(|f| match (f.kind, f.pid == me) {
+        (Kind::Pin, _) => 0,
+        (Kind::Session, true) => 1,
+        (Kind::Session, false) => 2,
+    });
     if !tags.is_empty() {
-        match Client::inherit(&found[pick], &attach_options()) {
-            Ok((client, claimed)) => adopt(client, claimed, &tags),
-            Err(e) => eprintln!(
+        let mut last = None;
+        for from in order {
+            match Client::inherit(from, &attach_options()) {
+                Ok((client, claimed)) => {
+                    adopt(client, claimed, &tags);
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            eprintln!(
                 "usnet: the {} usnet socket(s) this program inherited are lost: {e}",
                 tags.len()
-            ),
+            );
         }
     }
     // The connections go: a pin claimed (or not wanted), a parent's session copy.

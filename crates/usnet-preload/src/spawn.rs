@@ -157,9 +157,11 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     // SAFETY: libc's definition of this very function.
     let real: SpawnFn = unsafe { std::mem::transmute::<usize, SpawnFn>(next_of!(posix_spawn)) };
-    let _pin = pinned();
+    let pin = pinned();
     // SAFETY: libc's contract, passed on.
-    unsafe { with_settings(envp, |e| real(pid, path, actions, attr, argv, e)) }
+    let r = unsafe { with_settings(envp, |e| real(pid, path, actions, attr, argv, e)) };
+    unpin(pin);
+    r
 }
 
 #[no_mangle]
@@ -173,9 +175,11 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     // SAFETY: libc's definition of this very function.
     let real: SpawnFn = unsafe { std::mem::transmute::<usize, SpawnFn>(next_of!(posix_spawnp)) };
-    let _pin = pinned();
+    let pin = pinned();
     // SAFETY: libc's contract, passed on.
-    unsafe { with_settings(envp, |e| real(pid, file, actions, attr, argv, e)) }
+    let r = unsafe { with_settings(envp, |e| real(pid, file, actions, attr, argv, e)) };
+    unpin(pin);
+    r
 }
 
 /// The sockets pinned for a program about to be spawned (nothing inside the shim).
@@ -184,20 +188,32 @@ fn pinned() -> Option<usnet_posix::SpawnPin> {
     Some(usnet_posix::pin_for_spawn())
 }
 
+/// Our copy of the pin goes once the program was started: closed as the layer's own
+/// descriptor (the shim's `close` keeps the layer's descriptors open for the
+/// program's closes).
+fn unpin(pin: Option<usnet_posix::SpawnPin>) {
+    let _g = enter();
+    usnet_client::lineage::as_layer(|| drop(pin));
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
     let real = real!(system: fn(*const c_char) -> c_int);
-    let _pin = if command.is_null() { None } else { pinned() };
+    let pin = if command.is_null() { None } else { pinned() };
     // SAFETY: libc's contract, passed on.
-    unsafe { real(command) }
+    let r = unsafe { real(command) };
+    unpin(pin);
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     let real = real!(popen: fn(*const c_char, *const c_char) -> *mut libc::FILE);
-    let _pin = pinned();
+    let pin = pinned();
     // SAFETY: libc's contract, passed on.
-    unsafe { real(command, mode) }
+    let r = unsafe { real(command, mode) };
+    unpin(pin);
+    r
 }
 
 #[cfg(test)]

@@ -117,9 +117,19 @@ fn same_under_the_shim(name: &str, usnet_port: u16) {
         "cc: {}",
         String::from_utf8_lossy(&c.stderr)
     );
+    // A block below the ephemeral range: the programs use PORT to PORT+14, and a
+    // connection of a test beside this one must not take one of them.
     let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
+        let seed = std::process::id() as u64 + name.len() as u64 * 7919;
+        (0..500u64)
+            .map(|k| 20000 + ((seed * 37 + k * 101) % 12000) as u16)
+            .find(|&p| {
+                (p..=p + 16).all(|q| {
+                    std::net::TcpListener::bind(("127.0.0.1", q)).is_ok()
+                        && std::net::UdpSocket::bind(("127.0.0.1", q)).is_ok()
+                })
+            })
+            .expect("a free block of loopback ports")
     };
     let k = output_within(
         Command::new(&bin).args(["127.0.0.1", &port.to_string()]),

@@ -104,3 +104,22 @@ pub fn compile(name: &str, defines: &[&str], out: &Path) {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A loopback port P with P..P+span free for TCP and UDP, below the kernel's
+/// ephemeral range (32768 and up), so no connection of a test running beside this one
+/// takes one of them while the C program uses them (the semantics program binds
+/// PORT+1 to PORT+14).
+pub fn free_port_block(span: u16) -> u16 {
+    let seed = std::process::id() as u64;
+    for k in 0..500u64 {
+        let p = 20000 + ((seed * 37 + k * 101) % 12000) as u16;
+        let free = (p..=p + span).all(|q| {
+            std::net::TcpListener::bind(("127.0.0.1", q)).is_ok()
+                && std::net::UdpSocket::bind(("127.0.0.1", q)).is_ok()
+        });
+        if free {
+            return p;
+        }
+    }
+    panic!("no free block of {span} loopback ports below 32768");
+}
