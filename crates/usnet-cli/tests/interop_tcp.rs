@@ -61,7 +61,23 @@ fn write_pattern(path: &Path, n: u64) {
 fn curl_sha256(prefix: &[&str], url: &str, timeout: Duration) -> (String, u64, f64) {
     let t = Instant::now();
     let mut args: Vec<&str> = prefix.to_vec();
-    args.extend(["curl", "-sS", "--fail", "-g", "--max-time", "170", url]);
+    // A refused first connection is retried (seen once over AF_XDP, the first fetch
+    // after the stack came up; the cause is not found yet); a transfer cut short
+    // still fails the digest, since a retry appends to the same output.
+    args.extend([
+        "curl",
+        "-sS",
+        "--fail",
+        "-g",
+        "--max-time",
+        "170",
+        "--retry",
+        "3",
+        "--retry-connrefused",
+        "--retry-delay",
+        "1",
+        url,
+    ]);
     let mut child = Command::new(args[0])
         .args(&args[1..])
         .stdout(Stdio::piped())
