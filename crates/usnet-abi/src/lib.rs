@@ -628,8 +628,38 @@ const _: () = assert!(slot::RX_CONS - slot::RX_PROD >= CACHE_LINE);
 const _: () = assert!(slot::TX_CONS - slot::TX_PROD >= CACHE_LINE);
 const _: () = assert!(tcp_info::LEN <= slot::INFO_LEN);
 
-/// What a socket of a claim's slot map is (the control socket's attach reply):
-/// `[parent slot, child slot, tag, role]`.
+/// A socket a claim gave a session (the control socket's attach reply carries one
+/// `[parent slot, child slot, tag, role]` per pinned socket): its slot in the session
+/// that pinned it and in the claiming one, the pinning session's tag for it
+/// ([`slot::TAG`]) and what it is ([`role`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub parent_slot: u32,
+    pub slot: u32,
+    pub tag: u32,
+    pub role: u32,
+}
+
+impl Claimed {
+    /// The four words of the reply's entry.
+    pub fn words(&self) -> [u32; 4] {
+        [self.parent_slot, self.slot, self.tag, self.role]
+    }
+
+    /// From a reply's entry: the two slots are needed; a tag or role that is missing
+    /// reads as 0 and as no role (`u32::MAX`).
+    pub fn from_words(w: &[Option<u32>]) -> Option<Claimed> {
+        let at = |i: usize| w.get(i).copied().flatten();
+        Some(Claimed {
+            parent_slot: at(0)?,
+            slot: at(1)?,
+            tag: at(2).unwrap_or(0),
+            role: at(3).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+/// What a socket of a claim's slot map is ([`Claimed::role`]).
 pub mod role {
     /// A TCP socket before listen or connect (maybe bound).
     pub const FRESH: u32 = 0;

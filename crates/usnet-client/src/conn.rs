@@ -189,15 +189,11 @@ impl Conn {
         let slots = reply["slots"]
             .as_array()
             .map(|a| {
-                let word = |v: &serde_json::Value| v.as_u64().map(|x| x as u32);
                 a.iter()
                     .filter_map(|p| {
-                        Some(crate::Claimed {
-                            parent_slot: word(&p[0])?,
-                            slot: word(&p[1])?,
-                            tag: word(&p[2]).unwrap_or(0),
-                            role: word(&p[3]).unwrap_or(u32::MAX),
-                        })
+                        let words: Vec<Option<u32>> =
+                            (0..4).map(|i| p[i].as_u64().map(|x| x as u32)).collect();
+                        crate::Claimed::from_words(&words)
                     })
                     .collect()
             })

@@ -89,17 +89,7 @@ pub struct AttachOptions {
 }
 
 /// A socket a claim gave this session (see [`Client::claim`], [`Client::inherit`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claimed {
-    /// Its slot in the session that pinned it.
-    pub parent_slot: u32,
-    /// Its slot here.
-    pub slot: u32,
-    /// The pinning session's tag for it (`usnet_abi::slot::TAG`).
-    pub tag: u32,
-    /// What it is (`usnet_abi::role`).
-    pub role: u32,
-}
+pub use usnet_abi::Claimed;
 
 impl Client {
     /// Attaches to the stack named `name` (`usnet up --name`, or the interface name).

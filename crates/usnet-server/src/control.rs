@@ -566,7 +566,7 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     if let Some(map) = slots {
         reply["slots"] = map
             .iter()
-            .map(|c| json!([c.parent_slot, c.slot, c.tag, c.role]))
+            .map(|c| json!(c.words()))
             .collect::<Vec<_>>()
             .into();
     }

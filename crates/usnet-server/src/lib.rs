@@ -404,7 +404,7 @@ impl Loop {
     }
 
     /// The forked child's session `id` claims the pin `token` ([`Sharing::claim`]).
-    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<shared::Claimed>> {
+    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<usnet_abi::Claimed>> {
         let stack = self.driver.stack_mut();
         self.sharing.claim(&mut self.sessions, stack, id, token)
     }

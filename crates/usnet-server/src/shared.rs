@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use usnet_abi::Claimed;
 use usnet_stack::{Owner, SocketHandle, Stack};
 
 use crate::session::{Pinned, ServerSession, SHARED};
@@ -31,25 +32,13 @@ struct SharedSock {
 }
 
 /// Sockets pinned for a forked child until it attaches (or its pin connection closes).
-/// A claimed socket: its slot in the parent's session and in the child's, the
-/// parent's tag for it ([`usnet_abi::slot::TAG`]) and what it is
-/// ([`usnet_abi::role`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claimed {
-    pub parent_slot: u32,
-    pub slot: u32,
-    pub tag: u32,
-    pub role: u32,
-}
-
-impl Claimed {
-    fn of(p: &Pinned, slot: u32) -> Claimed {
-        Claimed {
-            parent_slot: p.parent_slot,
-            slot,
-            tag: p.tag,
-            role: p.role.code(),
-        }
+/// What a claim of pinned socket `p` gave the child at `slot`.
+fn claimed(p: &Pinned, slot: u32) -> Claimed {
+    Claimed {
+        parent_slot: p.parent_slot,
+        slot,
+        tag: p.tag,
+        role: p.role.code(),
     }
 }
 
@@ -204,7 +193,7 @@ impl Sharing {
             let Some(h) = p.handle else {
                 // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
                 if let Some(j) = s.add_pinned(stack, p, true, &mut Vec::new()) {
-                    map.push(Claimed::of(p, j));
+                    map.push(claimed(p, j));
                 }
                 continue;
             };
@@ -221,7 +210,7 @@ impl Sharing {
                     if receiver {
                         sh.receiver = Some(id);
                     }
-                    map.push(Claimed::of(p, j));
+                    map.push(claimed(p, j));
                 }
                 None => self.unpin(stack, h),
             }
