@@ -16,10 +16,12 @@
 //! survive `exec`, as the sockets they stand for do on the kernel.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 /// What a connection is, from its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,83 +88,39 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// `sockaddr_un` for an abstract name.
-fn abstract_addr(n: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = n.as_bytes();
-    if b.len() + 1 > a.sun_path.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long"));
-    }
-    for (d, s) in a.sun_path[1..].iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + b.len();
-    Ok((a, len as libc::socklen_t))
-}
-
 /// Binds `fd` (an unbound AF_UNIX socket) to a fresh name of `kind`.
-fn bind_named(fd: RawFd, kind: Kind, stack: &str) -> io::Result<()> {
+fn bind_named(fd: BorrowedFd<'_>, kind: Kind, stack: &str) -> io::Result<()> {
     for _ in 0..8 {
-        let (a, len) = abstract_addr(&name(kind, stack))?;
-        // SAFETY: `a` is a valid sockaddr_un of `len` bytes, alive for the call.
-        let r = unsafe { libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) };
-        match cvt(r) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
-            Err(e) => return Err(e),
+        let addr = SocketAddrUnix::new_abstract_name(name(kind, stack).as_bytes())?;
+        match rustix::net::bind(fd, &addr) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::ADDRINUSE) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
     Err(io::Error::from_raw_os_error(libc::EADDRINUSE))
 }
 
-fn cloexec_flag(inheritable: bool) -> libc::c_int {
+fn cloexec_flag(inheritable: bool) -> SocketFlags {
     if inheritable {
-        0
+        SocketFlags::empty()
     } else {
-        libc::SOCK_CLOEXEC
+        SocketFlags::CLOEXEC
     }
 }
 
 /// Connects to the control socket at `path` from an end named as a session's
 /// connection to `stack`.
 pub(crate) fn connect(path: &Path, stack: &str, inheritable: bool) -> io::Result<UnixStream> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: plain system call; a non-negative result is a socket we own.
-    let fd = cvt(unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | cloexec_flag(inheritable),
-            0,
-        )
-    })?;
-    // SAFETY: `fd` was just made and is owned by nobody else.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    bind_named(fd, Kind::Session, stack)?;
-    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let p = path.as_os_str().as_bytes();
-    if p.len() >= a.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "control socket path too long",
-        ));
-    }
-    for (d, s) in a.sun_path.iter_mut().zip(p) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + p.len() + 1;
-    // SAFETY: `a` is a valid sockaddr_un of `len` bytes, alive for the call.
-    cvt(unsafe {
-        libc::connect(
-            fd,
-            (&a as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
-        )
-    })?;
-    Ok(UnixStream::from(park(owned)))
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        cloexec_flag(inheritable),
+        None,
+    )?;
+    bind_named(fd.as_fd(), Kind::Session, stack)?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
+    Ok(UnixStream::from(park(fd)))
 }
 
 /// Sends `req` on `over` with a new channel whose end named `kind` is returned
@@ -174,25 +132,18 @@ pub(crate) fn request(
     stack: &str,
     inheritable: bool,
 ) -> io::Result<UnixStream> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: `fds` has room for the two descriptors socketpair writes.
-    cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: both were just made and are owned by nobody else.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    bind_named(ours.as_raw_fd(), kind, stack)?;
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    bind_named(ours.as_fd(), kind, stack)?;
     if inheritable {
         set_cloexec(ours.as_raw_fd(), false)?;
     }
     let mut line = serde_json::to_string(req).expect("json");
     line.push('\n');
-    use std::os::fd::AsFd;
     // The connection may be non-blocking; a request line is far below a socket's
     // buffer, so a short wait is all it can take.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -359,22 +310,16 @@ pub unsafe fn inherited() -> Vec<Inherited> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     for fd in fds {
-        // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
-        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-        // SAFETY: `a` has room for `len` bytes; a descriptor that is no socket
-        // fails with ENOTSOCK.
-        let r =
-            unsafe { libc::getsockname(fd, (&mut a as *mut libc::sockaddr_un).cast(), &mut len) };
-        if r != 0 || a.sun_family != libc::AF_UNIX as libc::sa_family_t {
+        // SAFETY: a number /proc/self/fd listed, borrowed for one call; one closed
+        // meanwhile fails it with EBADF.
+        let any = rustix::net::getsockname(unsafe { BorrowedFd::borrow_raw(fd) });
+        let Some(unix) = any.ok().and_then(|a| SocketAddrUnix::try_from(a).ok()) else {
             continue;
-        }
-        let n = (len as usize).saturating_sub(std::mem::size_of::<libc::sa_family_t>());
-        if n < 2 || a.sun_path[0] != 0 {
+        };
+        let Some(bytes) = unix.abstract_name() else {
             continue;
-        }
-        let bytes: Vec<u8> = a.sun_path[1..n].iter().map(|&c| c as u8).collect();
-        let Some((kind, pid, stack)) = parse(&bytes) else {
+        };
+        let Some((kind, pid, stack)) = parse(bytes) else {
             continue;
         };
         // SAFETY: the caller's promise: this number is ours alone from here.
@@ -408,7 +353,7 @@ mod tests {
     #[test]
     fn a_channel_end_is_found_by_its_name() {
         let (a, b) = UnixStream::pair().unwrap();
-        bind_named(a.as_raw_fd(), Kind::Session, "lineage-test").unwrap();
+        bind_named(a.as_fd(), Kind::Session, "lineage-test").unwrap();
         let raw = a.as_raw_fd();
         std::mem::forget(a);
         // SAFETY: this test owns every descriptor it lists (the others are the test
