@@ -253,12 +253,18 @@ impl Daemon {
         )
     }
 
-    /// Polls until the control socket answers (or the process died).
+    /// Polls until the control socket answers and `usnet up` has said it serves
+    /// clients (or the process died). The control socket opens before the built-in
+    /// services have attached and listen; the line comes after them, so a test's
+    /// first connection to a service is not refused.
     pub fn wait_ready(&mut self) {
         let sock = self.dir.join(format!("{}.ctl", self.name));
+        let out = self.dir.join(format!("{}.out", self.name));
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if UnixStream::connect(&sock).is_ok() {
+            let said = std::fs::read_to_string(&out)
+                .is_ok_and(|s| s.contains("usnet: serving clients at"));
+            if said && UnixStream::connect(&sock).is_ok() {
                 return;
             }
             if let Some(s) = self.child.try_wait().unwrap() {
