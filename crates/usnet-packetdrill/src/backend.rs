@@ -23,6 +23,7 @@ use usnet_link::DeviceCaps;
 use usnet_stack::{IpCidr, SocketHandle, Stack, StackConfig, StackError, TcpState};
 
 use link::STACK_MAC;
+use usnet_posix::sockopt;
 
 /// The options parsed from `--so_flags`.
 #[derive(Debug, Clone)]
@@ -164,18 +165,20 @@ struct Fd {
     sndbuf: Option<u32>,
     /// TCP_NOTSENT_LOWAT (0: the sysctl's).
     notsent_lowat: u32,
-    /// IP_FREEBIND (recorded; `getsockopt` reports it).
-    freebind: bool,
+    /// TCP_CONGESTION, if set (applied when the socket connects).
+    congestion: Option<sockopt::Congestion>,
+    /// The options only recorded and reported back (IP_FREEBIND, IP_MTU_DISCOVER,
+    /// ...: `sockopt::Opt::Recorded`).
+    recorded: BTreeMap<(c_int, c_int), c_int>,
     /// IP_TOS (IPv4 packets), IPV6_TCLASS (IPv6 packets), IP_MTU_DISCOVER.
     ip: IpOptions,
 }
 
-/// The IP-level options of a socket.
+/// The IP-level options of a socket that take effect.
 #[derive(Debug, Default, Clone, Copy)]
 struct IpOptions {
     tos: u8,
     tclass: u8,
-    pmtudisc: u8,
 }
 
 impl IpOptions {
@@ -423,7 +426,8 @@ impl Backend {
                 cork: false,
                 sndbuf: None,
                 notsent_lowat: 0,
-                freebind: false,
+                congestion: None,
+                recorded: BTreeMap::new(),
                 ip: IpOptions::default(),
             },
         );
@@ -494,7 +498,7 @@ impl Backend {
             0,
         )?;
         // Socket flags the listener had are the new socket's (as Linux clones them).
-        let (zc, keepalive, keep, user_timeout, sndbuf, lowat, ip) = {
+        let (zc, keepalive, keep, user_timeout, sndbuf, lowat, ip, cc, mut recorded) = {
             let l = self.fd(fd)?;
             (
                 l.zc.on,
@@ -504,9 +508,19 @@ impl Backend {
                 l.sndbuf,
                 l.notsent_lowat,
                 l.ip,
+                l.congestion,
+                l.recorded.clone(),
             )
         };
+        for key in sockopt::NOT_INHERITED {
+            recorded.remove(&key);
+        }
         self.apply_buffer_options(c, sndbuf, lowat);
+        if let Some(cc) = cc {
+            let _ = self
+                .stack_mut()
+                .tcp_set_congestion_control(c, algorithm(cc));
+        }
         let _ = self.stack_mut().tcp_set_tos(c, ip.byte(v6));
         let n = self.fd(nfd)?;
         n.user_timeout = user_timeout;
@@ -518,6 +532,8 @@ impl Backend {
         n.keepalive = keepalive;
         n.keep = keep;
         n.ip = ip;
+        n.congestion = cc;
+        n.recorded = recorded;
         Ok((nfd, peer))
     }
 
@@ -663,6 +679,11 @@ impl Backend {
         self.apply_buffer_options(h, sndbuf, lowat);
         if self.fd(fd)?.cork {
             let _ = self.stack_mut().tcp_set_cork(h, true);
+        }
+        if let Some(cc) = self.fd(fd)?.congestion {
+            let _ = self
+                .stack_mut()
+                .tcp_set_congestion_control(h, algorithm(cc));
         }
         let (ip, v6) = (self.fd(fd)?.ip, self.fd(fd)?.v6);
         let _ = self.stack_mut().tcp_set_tos(h, ip.byte(v6));
@@ -942,31 +963,32 @@ impl Backend {
         level: c_int,
         name: c_int,
     ) -> Option<Res<Vec<u8>>> {
-        if level != libc::IPPROTO_TCP || !(name == libc::TCP_INFO || name == TCP_CC_INFO) {
+        let tcp_struct = [libc::TCP_INFO, TCP_CC_INFO, libc::TCP_CONGESTION];
+        if level != libc::IPPROTO_TCP || !tcp_struct.contains(&name) {
             return None;
         }
-        let kind = match self.fd(fd) {
-            Ok(f) => f.kind,
+        let (kind, cc) = match self.fd(fd) {
+            Ok(f) => (f.kind, f.congestion),
             Err(e) => return Some(Err(e)),
         };
-        if name == TCP_CC_INFO {
-            return Some(Ok(Vec::new()));
+        match name {
+            TCP_CC_INFO => return Some(Ok(Vec::new())),
+            libc::TCP_CONGESTION => {
+                let cc = cc.unwrap_or(match self.stack().tcp_config().congestion {
+                    usnet_stack::CcAlgorithm::NewReno => sockopt::Congestion::Reno,
+                    _ => sockopt::Congestion::Cubic,
+                });
+                return Some(Ok(sockopt::congestion_name(cc)));
+            }
+            _ => {}
         }
         Some(Ok(match kind {
             Kind::Conn(h) => match self.stack().tcp_info(h) {
-                Ok(i) => linux_tcp_info(&i),
+                Ok(i) => linux_tcp_info(&i).to_bytes(),
                 Err(e) => return Some(Err(map(e))),
             },
-            Kind::Listen(_) => {
-                let mut b = vec![0u8; TCP_INFO_LEN];
-                b[0] = 10; // TCP_LISTEN
-                b
-            }
-            Kind::Fresh(_) => {
-                let mut b = vec![0u8; TCP_INFO_LEN];
-                b[0] = 7; // TCP_CLOSE
-                b
-            }
+            Kind::Listen(_) => sockopt::LinuxTcpInfo::unconnected(true).to_bytes(),
+            Kind::Fresh(_) => sockopt::LinuxTcpInfo::unconnected(false).to_bytes(),
         }))
     }
 
@@ -994,11 +1016,9 @@ impl Backend {
             (libc::IPPROTO_TCP, TCP_INQ) => self.fd(fd)?.inq as c_int,
             (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => self.fd(fd)?.user_timeout as c_int,
             (libc::IPPROTO_TCP, libc::TCP_CORK) => self.fd(fd)?.cork as c_int,
-            (libc::SOL_IP, libc::IP_FREEBIND) => self.fd(fd)?.freebind as c_int,
             (libc::SOL_IP, libc::IP_TOS) => c_int::from(self.fd(fd)?.ip.tos),
             (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => c_int::from(self.fd(fd)?.ip.tclass),
-            (libc::SOL_IP, libc::IP_MTU_DISCOVER) => c_int::from(self.fd(fd)?.ip.pmtudisc),
-            (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => self.fd(fd)?.ts.flags as c_int,
+            (libc::SOL_SOCKET, sockopt::SO_TIMESTAMPING) => self.fd(fd)?.ts.flags as c_int,
             (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => match kind {
                 Kind::Conn(h) => self.stack().tcp_notsent_lowat(h).map_err(map)? as c_int,
                 _ => self.fd(fd)?.notsent_lowat as c_int,
@@ -1013,13 +1033,18 @@ impl Backend {
                 (_, Some(m)) => c_int::from(m),
                 _ => self.stack_mut().tcp_config().mss as c_int,
             },
-            _ => return Err(libc::ENOPROTOOPT),
+            _ => {
+                let v6 = self.fd(fd)?.v6;
+                let kept = self.fd(fd)?.recorded.get(&(level, name)).copied();
+                sockopt::get(level, name, kept, true, v6).map_err(|e| e.0)?
+            }
         })
     }
 
     /// `setsockopt`; `value` is the option's bytes as the caller passed them (`None`:
-    /// a null pointer). SO_REUSEADDR/SO_REUSEPORT, SO_LINGER and TCP_NODELAY take
-    /// effect; SO_KEEPALIVE, SO_SNDBUF and SO_RCVBUF are accepted and ignored.
+    /// a null pointer, read as no bytes). The option is decoded and checked by the
+    /// one option table, `usnet_posix::sockopt` (the one `libusnet.so` and the shim
+    /// use), then applied to the stack's socket here.
     pub fn setsockopt(
         &mut self,
         fd: c_int,
@@ -1027,105 +1052,52 @@ impl Backend {
         name: c_int,
         value: Option<&[u8]>,
     ) -> Res<()> {
-        let field = |off: usize| -> Res<c_int> {
-            let b = value
-                .and_then(|v| v.get(off..off + 4))
-                .ok_or(libc::EINVAL)?;
-            Ok(c_int::from_ne_bytes(
-                b.try_into().map_err(|_| libc::EINVAL)?,
-            ))
+        use sockopt::Opt;
+        let (kind, v6) = {
+            let f = self.fd(fd)?;
+            (f.kind, f.v6)
         };
-        // Linux's IP-level integer options also take a single byte.
-        let ip_int = || -> Res<c_int> {
-            match value {
-                Some(v) if v.len() >= 4 => field(0),
-                Some([b, ..]) => Ok(c_int::from(*b)),
-                _ => Err(libc::EINVAL),
-            }
-        };
-        let kind = self.fd(fd)?.kind;
-        match (level, name) {
-            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_REUSEPORT) => {
-                self.fd(fd)?.reuseaddr = field(0)? != 0;
-            }
-            (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_MARK) => {
-                field(0)?;
-            }
-            (libc::SOL_IP, libc::IP_TOS) => {
-                // As Linux for a stream socket: the ECN bits stay TCP's.
-                let tos = (ip_int()? as u8) & !3;
+        let sk = sockopt::SockKind { stream: true, v6 };
+        let opt = sockopt::decode(level, name, value.unwrap_or(&[]), sk).map_err(|e| e.0)?;
+        match opt {
+            Opt::ReuseAddr(on) | Opt::ReusePort(on) => self.fd(fd)?.reuseaddr = on,
+            // The stack's receive buffer is its template's (tcp_rmem).
+            Opt::RcvBuf(_) => {}
+            Opt::Tos(tos) => {
                 self.fd(fd)?.ip.tos = tos;
-                if let (Kind::Conn(h), false) = (kind, self.fd(fd)?.v6) {
+                if let (Kind::Conn(h), false) = (kind, v6) {
                     self.stack_mut().tcp_set_tos(h, tos).map_err(map)?;
                 }
             }
-            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                // -1: the default (0); otherwise 0..=255.
-                let v = field(0)?;
-                let tclass = match v {
-                    -1 => 0,
-                    0..=255 => v as u8,
-                    _ => return Err(libc::EINVAL),
-                };
+            Opt::TrafficClass(tclass) => {
                 self.fd(fd)?.ip.tclass = tclass;
-                if let (Kind::Conn(h), true) = (kind, self.fd(fd)?.v6) {
+                if let (Kind::Conn(h), true) = (kind, v6) {
                     self.stack_mut().tcp_set_tos(h, tclass).map_err(map)?;
                 }
             }
-            (libc::SOL_IP, libc::IP_MTU_DISCOVER) => {
-                // IP_PMTUDISC_DONT..IP_PMTUDISC_OMIT.
-                let v = ip_int()?;
-                if !(0..=5).contains(&v) {
-                    return Err(libc::EINVAL);
-                }
-                self.fd(fd)?.ip.pmtudisc = v as u8;
-            }
-            (libc::SOL_IP, libc::IP_FREEBIND) => {
-                // Binding to an address the stack does not have stays refused.
-                self.fd(fd)?.freebind = field(0)? != 0;
-            }
-            (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
-                let b = usnet_stack::sndbuf_for_option(field(0)?);
+            Opt::SndBuf(v) => {
+                let b = usnet_stack::sndbuf_for_option(v);
                 self.fd(fd)?.sndbuf = Some(b);
                 if let Kind::Conn(h) = kind {
                     self.stack_mut().tcp_set_send_buffer(h, b).map_err(map)?;
                     self.pump();
                 }
             }
-            (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) => {
-                // Any 32-bit value (0: the sysctl's).
-                let v = field(0)? as u32;
+            Opt::NotsentLowat(v) => {
                 self.fd(fd)?.notsent_lowat = v;
                 if let Kind::Conn(h) = kind {
                     self.stack_mut().tcp_set_notsent_lowat(h, v).map_err(map)?;
                     self.pump();
                 }
             }
-            (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
-                self.fd(fd)?.zc.on = field(0)? != 0;
-            }
-            (libc::SOL_SOCKET, timestamping::SO_TIMESTAMPING) => {
-                self.set_timestamping(fd, field(0)? as u32)?;
-            }
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
-            | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT) => {
-                let v = field(0)?;
+            Opt::ZeroCopy(on) => self.fd(fd)?.zc.on = on,
+            Opt::Timestamping(flags) => self.set_timestamping(fd, flags)?,
+            Opt::KeepAlive(_) | Opt::Keep(..) => {
                 let f = self.fd(fd)?;
-                match name {
-                    libc::SO_KEEPALIVE if level == libc::SOL_SOCKET => f.keepalive = v != 0,
-                    _ => {
-                        // Linux's limits: 1..=32767 s, 1..=127 probes.
-                        let max = if name == libc::TCP_KEEPCNT {
-                            127
-                        } else {
-                            32767
-                        };
-                        if !(1..=max).contains(&v) {
-                            return Err(libc::EINVAL);
-                        }
-                        let i = (name - libc::TCP_KEEPIDLE) as usize;
-                        f.keep[i] = Some(v as u32);
-                    }
+                match opt {
+                    Opt::KeepAlive(on) => f.keepalive = on,
+                    Opt::Keep(i, v) => f.keep[i] = Some(v),
+                    _ => unreachable!("matched above"),
                 }
                 if let Kind::Conn(h) = kind {
                     let ka = self.keepalive_of(fd)?;
@@ -1133,68 +1105,41 @@ impl Backend {
                     self.pump();
                 }
             }
-            (libc::IPPROTO_TCP, TCP_INQ) => {
-                self.fd(fd)?.inq = field(0)? != 0;
-            }
-            (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) => {
-                // Linux: milliseconds, 0 for none, negative EINVAL.
-                let v = field(0)?;
-                if v < 0 {
-                    return Err(libc::EINVAL);
-                }
-                self.fd(fd)?.user_timeout = v as u32;
-                let t = (v > 0).then(|| Duration::from_millis(v as u64));
+            Opt::Inq(on) => self.fd(fd)?.inq = on,
+            Opt::UserTimeout(v) => {
+                self.fd(fd)?.user_timeout = v;
+                let t = (v > 0).then(|| Duration::from_millis(u64::from(v)));
                 if let Kind::Conn(h) | Kind::Listen(h) = kind {
                     self.stack_mut().tcp_set_user_timeout(h, t).map_err(map)?;
                     self.pump();
                 }
             }
-            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
-                // Linux: 0 clears it; otherwise TCP_MIN_MSS (88) up to 32767.
-                let v = field(0)?;
-                let m = match v {
-                    0 => None,
-                    88..=32767 => Some(v as u16),
-                    _ => return Err(libc::EINVAL),
-                };
+            Opt::MaxSeg(m) => {
                 self.fd(fd)?.user_mss = m;
                 if let (Kind::Listen(h), Some(m)) = (kind, m) {
                     self.stack_mut().tcp_set_listener_mss(h, m).map_err(map)?;
                 }
             }
-            (libc::IPPROTO_TCP, libc::TCP_SYNCNT) => {
-                let v = field(0)?;
-                if !(1..=127).contains(&v) {
-                    return Err(libc::EINVAL);
-                }
-                self.fd(fd)?.syn_retries = Some(v as u32);
+            Opt::SynCount(v) => {
+                self.fd(fd)?.syn_retries = Some(v);
                 if let Kind::Conn(h) = kind {
-                    self.stack_mut()
-                        .tcp_set_syn_retries(h, v as u32)
-                        .map_err(map)?;
+                    self.stack_mut().tcp_set_syn_retries(h, v).map_err(map)?;
                 }
             }
-            (libc::SOL_SOCKET, libc::SO_LINGER) => {
-                if value.is_none_or(|v| v.len() < std::mem::size_of::<libc::linger>()) {
-                    return Err(libc::EINVAL);
-                }
-                let on = field(std::mem::offset_of!(libc::linger, l_onoff))?;
-                let secs = field(std::mem::offset_of!(libc::linger, l_linger))?;
+            Opt::Linger(l) => {
                 if let Kind::Conn(h) = kind {
-                    let d = (on != 0).then(|| Duration::from_secs(secs.max(0) as u64));
-                    self.stack_mut().tcp_set_linger(h, d).map_err(map)?;
+                    self.stack_mut().tcp_set_linger(h, l).map_err(map)?;
                 }
             }
-            (libc::IPPROTO_TCP, libc::TCP_FASTOPEN) => {
-                let q = field(0)?.max(0) as usize;
-                match kind {
-                    Kind::Listen(h) => self.stack_mut().tcp_set_fastopen(h, q).map_err(map)?,
-                    Kind::Fresh(_) => self.fd(fd)?.fastopen = Some(q),
-                    Kind::Conn(_) => return Err(libc::EINVAL),
-                }
-            }
-            (libc::IPPROTO_TCP, TCP_FASTOPEN_CONNECT) => {
-                let on = field(0)? != 0;
+            Opt::FastOpen(q) => match kind {
+                Kind::Listen(h) => self
+                    .stack_mut()
+                    .tcp_set_fastopen(h, q as usize)
+                    .map_err(map)?,
+                Kind::Fresh(_) => self.fd(fd)?.fastopen = Some(q as usize),
+                Kind::Conn(_) => return Err(libc::EINVAL),
+            },
+            Opt::FastOpenConnect(on) => {
                 if !self.stack().tcp_fastopen_client_enabled() {
                     return Err(libc::EOPNOTSUPP);
                 }
@@ -1203,37 +1148,54 @@ impl Backend {
                     _ => return Err(libc::EISCONN),
                 }
             }
-            (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) => {
-                let key: [u8; 16] = value
-                    .and_then(|v| v.get(..16))
-                    .and_then(|v| v.try_into().ok())
-                    .ok_or(libc::EINVAL)?;
-                match kind {
-                    Kind::Listen(h) => {
-                        self.stack_mut().tcp_set_fastopen_key(h, key).map_err(map)?
-                    }
-                    _ => self.fd(fd)?.fastopen_key = Some(key),
-                }
-            }
-            (libc::IPPROTO_TCP, libc::TCP_CORK) => {
-                let on = field(0)? != 0;
+            Opt::FastOpenKey(key) => match kind {
+                Kind::Listen(h) => self.stack_mut().tcp_set_fastopen_key(h, key).map_err(map)?,
+                _ => self.fd(fd)?.fastopen_key = Some(key),
+            },
+            Opt::Cork(on) => {
                 self.fd(fd)?.cork = on;
                 if let Kind::Conn(h) = kind {
                     self.stack_mut().tcp_set_cork(h, on).map_err(map)?;
                     self.pump();
                 }
             }
-            (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
-                let on = field(0)? != 0;
+            Opt::NoDelay(on) => {
                 self.fd(fd)?.nodelay = on;
                 if let Kind::Conn(h) = kind {
                     self.stack_mut().tcp_set_nodelay(h, on).map_err(map)?;
                     self.pump();
                 }
             }
-            _ => return Err(libc::ENOPROTOOPT),
+            Opt::Congestion(cc) => {
+                self.fd(fd)?.congestion = Some(cc);
+                if let Kind::Conn(h) = kind {
+                    self.stack_mut()
+                        .tcp_set_congestion_control(h, algorithm(cc))
+                        .map_err(map)?;
+                }
+            }
+            Opt::Recorded { level, name, kept } => {
+                self.fd(fd)?.recorded.insert((level, name), kept);
+            }
+            // What a TCP socket of this library has no use for: timeouts (calls
+            // block in virtual time), a device, multicast, IPV6_V6ONLY (IPv4-mapped
+            // sockets are not supported here).
+            Opt::RcvTimeo(_)
+            | Opt::SndTimeo(_)
+            | Opt::BindToDevice(_)
+            | Opt::V6Only(_)
+            | Opt::MulticastIf(_)
+            | Opt::Membership { .. } => return Err(libc::ENOPROTOOPT),
         }
         Ok(())
+    }
+}
+
+/// The stack's congestion control for a `TCP_CONGESTION` name.
+fn algorithm(c: sockopt::Congestion) -> usnet_stack::CcAlgorithm {
+    match c {
+        sockopt::Congestion::Cubic => usnet_stack::CcAlgorithm::Cubic,
+        sockopt::Congestion::Reno => usnet_stack::CcAlgorithm::NewReno,
     }
 }
 
@@ -1241,123 +1203,84 @@ impl Backend {
 /// its per-destination metrics (Fast Open cookies).
 pub const FLUSH_METRICS: &str = "tcp_metrics_flush";
 
-/// Linux's `TCP_INQ` option number (also the `TCP_CM_INQ` cmsg type).
-pub const TCP_INQ: c_int = 36;
+use sockopt::{TCP_CC_INFO, TCP_NOTSENT_LOWAT};
+pub use sockopt::{TCP_INFO_LEN, TCP_INQ};
 
-/// Linux's `TCP_FASTOPEN_CONNECT` option number.
-const TCP_FASTOPEN_CONNECT: c_int = 30;
-
-/// Linux's `TCP_FASTOPEN_KEY` option number.
-const TCP_FASTOPEN_KEY: c_int = 33;
-
-/// Linux's `TCP_NOTSENT_LOWAT` option number.
-const TCP_NOTSENT_LOWAT: c_int = 25;
-
-/// Linux's `TCP_CC_INFO` option number.
-const TCP_CC_INFO: c_int = 26;
-
-/// Linux's `tcpi_snd_ssthresh` before any congestion event (`TCP_INFINITE_SSTHRESH`).
-const TCP_INFINITE_SSTHRESH: u64 = 0x7fff_ffff;
-
-/// The size of Linux's `struct tcp_info` (6.x, through `tcpi_options2`) this library
-/// returns; a caller's shorter buffer gets the first bytes, as from Linux.
-pub const TCP_INFO_LEN: usize = 280;
-
-/// A [`TcpInfo`](usnet_stack::TcpInfo) in the layout of Linux's `struct tcp_info`
-/// (`include/uapi/linux/tcp.h`): windows and thresholds in segments, times in µs.
-/// Fields usnet does not track are 0.
-pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> Vec<u8> {
+/// A [`TcpInfo`](usnet_stack::TcpInfo) in Linux's `struct tcp_info` terms (the
+/// layout is the one option table's, [`sockopt::LinuxTcpInfo`]).
+pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> sockopt::LinuxTcpInfo {
+    use sockopt::{tcp_state as st, tcpi_opt, LinuxTcpInfo};
     use usnet_stack::TcpState as S;
-    let mut b = vec![0u8; TCP_INFO_LEN];
-    let mut put32 = |off: usize, v: u64| {
-        b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
-    };
-    let mss = u64::from(i.snd_mss.max(1));
-    let us = |d: std::time::Duration| d.as_micros() as u64;
-    put32(8, us(i.rto));
-    put32(16, u64::from(i.snd_mss));
-    put32(20, u64::from(i.rcv_mss));
-    put32(24, u64::from(i.bytes_in_flight).div_ceil(mss));
-    put32(28, u64::from(i.sacked_bytes).div_ceil(mss));
-    put32(32, u64::from(i.lost_out));
-    put32(36, u64::from(i.retrans_out));
-    put32(52, i.last_data_recv.as_millis() as u64);
-    put32(68, i.srtt.map_or(0, us));
-    put32(72, us(i.rttvar));
-    // No loss yet: Linux's TCP_INFINITE_SSTHRESH, not a segment count.
-    put32(
-        76,
-        if i.ssthresh == u32::MAX {
-            TCP_INFINITE_SSTHRESH
-        } else {
-            u64::from(i.ssthresh) / mss
+    let mss = i.snd_mss.max(1);
+    let sat = |v: u64| v.min(u64::from(u32::MAX)) as u32;
+    let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;
+    let mut options = 0;
+    for (on, bit) in [
+        (i.timestamps, tcpi_opt::TIMESTAMPS),
+        (i.sack, tcpi_opt::SACK),
+        (i.wscale.is_some(), tcpi_opt::WSCALE),
+        (i.ecn, tcpi_opt::ECN),
+        (i.ecn_seen, tcpi_opt::ECN_SEEN),
+        (i.syn_data, tcpi_opt::SYN_DATA),
+    ] {
+        if on {
+            options |= bit;
+        }
+    }
+    LinuxTcpInfo {
+        state: match i.state {
+            S::Established => st::ESTABLISHED,
+            S::SynSent => st::SYN_SENT,
+            S::SynReceived => st::SYN_RECV,
+            S::FinWait1 => st::FIN_WAIT1,
+            S::FinWait2 => st::FIN_WAIT2,
+            S::TimeWait => st::TIME_WAIT,
+            S::Closed => st::CLOSE,
+            S::CloseWait => st::CLOSE_WAIT,
+            S::LastAck => st::LAST_ACK,
+            S::Closing => st::CLOSING,
         },
-    );
-    put32(80, u64::from(i.cwnd) / mss);
-    put32(84, u64::from(i.snd_mss));
-    put32(88, u64::from(i.reordering));
-    put32(96, u64::from(i.rcv_space));
-    put32(100, i.total_retransmits);
-    put32(148, i.min_rtt.map_or(u64::from(u32::MAX), us));
-    let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-    put64(168, us(i.busy_time));
-    put64(176, us(i.rwnd_limited));
-    put64(184, us(i.sndbuf_limited));
-    let mut put32 = |off: usize, v: u64| {
-        b[off..off + 4].copy_from_slice(&(v.min(u64::from(u32::MAX)) as u32).to_ne_bytes())
-    };
-    put32(192, i.delivered);
-    put32(220, u64::from(i.reord_seen));
-    put32(228, u64::from(i.snd_wnd));
-    put32(232, u64::from(i.rcv_wnd));
-    b[0] = match i.state {
-        S::Established => 1,
-        S::SynSent => 2,
-        S::SynReceived => 3,
-        S::FinWait1 => 4,
-        S::FinWait2 => 5,
-        S::TimeWait => 6,
-        S::Closed => 7,
-        S::CloseWait => 8,
-        S::LastAck => 9,
-        S::Closing => 11,
-    };
-    // tcpi_ca_state: Open (0), Disorder (1: SACKs or duplicate ACKs seen), CWR (2:
-    // reduced for an ECN echo), Recovery (3) or Loss (4: after an RTO).
-    b[1] = if i.in_loss {
-        4
-    } else if i.in_recovery {
-        3
-    } else if i.in_cwr {
-        2
-    } else if i.disorder {
-        1
-    } else {
-        0
-    };
-    b[4] = i.backoff.min(255) as u8;
-    let mut opts = 0u8;
-    if i.timestamps {
-        opts |= 1;
+        // Open (0), Disorder (1: SACKs or duplicate ACKs seen), CWR (2: reduced for
+        // an ECN echo), Recovery (3) or Loss (4: after an RTO).
+        ca_state: if i.in_loss {
+            4
+        } else if i.in_recovery {
+            3
+        } else if i.in_cwr {
+            2
+        } else if i.disorder {
+            1
+        } else {
+            0
+        },
+        backoff: i.backoff.min(255) as u8,
+        options,
+        wscale: i.wscale.unwrap_or((0, 0)),
+        rto_us: sat(us(i.rto)),
+        snd_mss: i.snd_mss,
+        rcv_mss: i.rcv_mss,
+        unacked: i.bytes_in_flight.div_ceil(mss),
+        sacked: i.sacked_bytes.div_ceil(mss),
+        lost: i.lost_out,
+        retrans: i.retrans_out,
+        last_data_recv_ms: sat(i.last_data_recv.as_millis() as u64),
+        rtt_us: sat(i.srtt.map_or(0, us)),
+        rttvar_us: sat(us(i.rttvar)),
+        snd_ssthresh: LinuxTcpInfo::ssthresh_segments(i.ssthresh, mss),
+        snd_cwnd: LinuxTcpInfo::segments(i.cwnd, mss),
+        advmss: i.snd_mss,
+        reordering: i.reordering,
+        rcv_space: i.rcv_space,
+        total_retrans: sat(i.total_retransmits),
+        min_rtt_us: i.min_rtt.map_or(u32::MAX, |d| sat(us(d))),
+        busy_time_us: us(i.busy_time),
+        rwnd_limited_us: us(i.rwnd_limited),
+        sndbuf_limited_us: us(i.sndbuf_limited),
+        delivered: sat(i.delivered),
+        reord_seen: i.reord_seen,
+        snd_wnd: i.snd_wnd,
+        rcv_wnd: i.rcv_wnd,
     }
-    if i.sack {
-        opts |= 2;
-    }
-    if i.ecn {
-        opts |= 8; // TCPI_OPT_ECN
-    }
-    if i.ecn_seen {
-        opts |= 16; // TCPI_OPT_ECN_SEEN
-    }
-    if i.syn_data {
-        opts |= 32; // TCPI_OPT_SYN_DATA
-    }
-    if let Some((snd, rcv)) = i.wscale {
-        opts |= 4;
-        b[6] = (snd & 0xf) | ((rcv & 0xf) << 4);
-    }
-    b[5] = opts;
-    b
 }
 
 impl Drop for Backend {
@@ -1383,7 +1306,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let ssthresh = u32::from_ne_bytes(info[76..80].try_into().unwrap());
-        assert_eq!(u64::from(ssthresh), TCP_INFINITE_SSTHRESH);
+        assert_eq!(ssthresh, sockopt::TCP_INFINITE_SSTHRESH);
     }
 
     #[test]
@@ -1400,6 +1323,25 @@ mod tests {
             Err(libc::EINVAL)
         );
         assert_eq!(b.getsockopt(fd, tcp, libc::TCP_NODELAY), Ok(0));
+        // The one option table's options: TCP_CONGESTION by name, recorded hints.
+        let name = |b: &mut Backend| b.getsockopt_struct(fd, tcp, libc::TCP_CONGESTION);
+        assert_eq!(name(&mut b).unwrap().unwrap()[..6], *b"cubic\0");
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_CONGESTION, Some(b"reno")),
+            Ok(())
+        );
+        assert_eq!(name(&mut b).unwrap().unwrap()[..5], *b"reno\0");
+        assert_eq!(
+            b.setsockopt(fd, tcp, libc::TCP_CONGESTION, Some(b"vegas")),
+            Err(libc::ENOENT)
+        );
+        let prio = (6 as c_int).to_ne_bytes();
+        assert_eq!(
+            b.setsockopt(fd, sol, libc::SO_PRIORITY, Some(&prio)),
+            Ok(())
+        );
+        assert_eq!(b.getsockopt(fd, sol, libc::SO_PRIORITY), Ok(6));
+        assert_eq!(b.getsockopt(fd, libc::SOL_IP, libc::IP_MTU_DISCOVER), Ok(1));
         // IP-level options: one byte is enough, TCP keeps the ECN bits.
         assert_eq!(
             b.setsockopt(fd, libc::SOL_IP, libc::IP_TOS, Some(&[0x2f])),
@@ -1408,14 +1350,21 @@ mod tests {
         assert_eq!(b.getsockopt(fd, libc::SOL_IP, libc::IP_TOS), Ok(0x2c));
         let tclass = (0x28 as c_int).to_ne_bytes();
         let v6 = libc::IPPROTO_IPV6;
+        // An IPv6-level option on an AF_INET socket: Linux's ip_setsockopt says
+        // ENOPROTOOPT.
         assert_eq!(
             b.setsockopt(fd, v6, libc::IPV6_TCLASS, Some(&tclass)),
+            Err(libc::ENOPROTOOPT)
+        );
+        let fd6 = b.socket(libc::AF_INET6, libc::SOCK_STREAM, 0).unwrap();
+        assert_eq!(
+            b.setsockopt(fd6, v6, libc::IPV6_TCLASS, Some(&tclass)),
             Ok(())
         );
-        assert_eq!(b.getsockopt(fd, v6, libc::IPV6_TCLASS), Ok(0x28));
+        assert_eq!(b.getsockopt(fd6, v6, libc::IPV6_TCLASS), Ok(0x28));
         let bad = (256 as c_int).to_ne_bytes();
         assert_eq!(
-            b.setsockopt(fd, v6, libc::IPV6_TCLASS, Some(&bad)),
+            b.setsockopt(fd6, v6, libc::IPV6_TCLASS, Some(&bad)),
             Err(libc::EINVAL)
         );
         assert_eq!(

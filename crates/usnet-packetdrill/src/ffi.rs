@@ -5,7 +5,7 @@
 //! business ([`crate::backend`]).
 
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_uint, c_ulong, c_void, CStr};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -47,36 +47,14 @@ fn with<T: Into<i64>>(ud: *mut c_void, f: impl FnOnce(&Shared) -> Res<T>) -> i64
     }
 }
 
-/// Reads a `sockaddr_in`/`sockaddr_in6`.
+/// Reads a `sockaddr_in`/`sockaddr_in6` with the one sockaddr codec
+/// (`usnet_posix::addr`, as `libusnet.so` and the shim read them).
 ///
 /// # Safety
 /// `addr` must point to `len` readable bytes.
 unsafe fn read_sockaddr(addr: *const sockaddr, len: socklen_t) -> Res<SocketAddr> {
-    if addr.is_null() {
-        return Err(libc::EFAULT);
-    }
-    // SAFETY: non-null, the caller promises `len` bytes; sizes checked before reading.
-    unsafe {
-        match (*addr).sa_family as c_int {
-            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
-                let a = &*(addr as *const libc::sockaddr_in);
-                Ok(SocketAddr::V4(SocketAddrV4::new(
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )))
-            }
-            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
-                let a = &*(addr as *const libc::sockaddr_in6);
-                Ok(SocketAddr::V6(SocketAddrV6::new(
-                    Ipv6Addr::from(a.sin6_addr.s6_addr),
-                    u16::from_be(a.sin6_port),
-                    a.sin6_flowinfo,
-                    a.sin6_scope_id,
-                )))
-            }
-            _ => Err(libc::EINVAL),
-        }
-    }
+    // SAFETY: the caller's contract is from_raw's.
+    unsafe { usnet_posix::addr::from_raw(addr, len) }.map_err(|e| e.0)
 }
 
 /// Writes `sa` into a caller's buffer (truncating like the kernel) and sets `*len`.
@@ -84,36 +62,8 @@ unsafe fn read_sockaddr(addr: *const sockaddr, len: socklen_t) -> Res<SocketAddr
 /// # Safety
 /// `addr` must point to `*len` writable bytes (or both may be null).
 unsafe fn write_sockaddr(sa: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
-    if addr.is_null() || len.is_null() {
-        return;
-    }
-    // SAFETY: sockaddr_storage is plain data; zeroed is a valid value.
-    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let n = match sa {
-        SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-            let s = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in) };
-            s.sin_family = libc::AF_INET as libc::sa_family_t;
-            s.sin_port = a.port().to_be();
-            s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: as above, for sockaddr_in6.
-            let s = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in6) };
-            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            s.sin6_port = a.port().to_be();
-            s.sin6_addr.s6_addr = a.ip().octets();
-            s.sin6_scope_id = a.scope_id();
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    // SAFETY: caller promises `*len` writable bytes at `addr`; we copy at most that.
-    unsafe {
-        let room = (*len as usize).min(n);
-        std::ptr::copy_nonoverlapping(&st as *const _ as *const u8, addr as *mut u8, room);
-        *len = n as socklen_t;
-    }
+    // SAFETY: the caller's contract is to_raw's (which cannot fail).
+    let _ = unsafe { usnet_posix::addr::to_raw(sa, addr, len) };
 }
 
 /// # Safety

@@ -26,7 +26,7 @@ pub mod addr;
 mod exec;
 mod fork;
 mod poll;
-mod sockopt;
+pub mod sockopt;
 
 use std::collections::HashMap;
 use std::io;
@@ -149,7 +149,7 @@ struct Opts {
     /// TCP_USER_TIMEOUT (ms, 0: none).
     user_timeout: u32,
     /// TCP_CONGESTION (`usnet_abi::opt::CC_*`; None: the stack's, cubic).
-    congestion: Option<u64>,
+    congestion: Option<sockopt::Congestion>,
     /// TCP_MAXSEG as set (None: none).
     maxseg: Option<i32>,
     /// IP_TOS, IPV6_TCLASS as set.
@@ -174,13 +174,8 @@ impl Opts {
     fn inherited(&self) -> Opts {
         let mut o = self.clone();
         o.groups.clear();
-        for name in [
-            libc::TCP_DEFER_ACCEPT,
-            libc::TCP_FASTOPEN,
-            sockopt::TCP_FASTOPEN_CONNECT,
-            libc::TCP_QUICKACK,
-        ] {
-            o.recorded.remove(&(libc::IPPROTO_TCP, name));
+        for key in sockopt::NOT_INHERITED {
+            o.recorded.remove(&key);
         }
         o
     }
@@ -564,7 +559,7 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
         let _ = s.set_user_timeout(o.user_timeout);
     }
     if let Some(cc) = o.congestion {
-        let _ = s.set_congestion(cc);
+        let _ = s.set_congestion(abi_congestion(cc));
     }
     let tos = match s.peer_addr() {
         Ok(SocketAddr::V6(_)) => o.tclass,
@@ -1156,43 +1151,15 @@ pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
     }
 }
 
-fn int_opt(v: &[u8]) -> Res<i32> {
-    if v.len() < 4 {
-        return Err(Errno(libc::EINVAL));
-    }
-    Ok(i32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
-}
-
-fn timeval_opt(v: &[u8]) -> Res<Option<Duration>> {
-    if v.len() < std::mem::size_of::<libc::timeval>() {
-        return Err(Errno(libc::EINVAL));
-    }
-    // SAFETY: length checked; read_unaligned copes with any alignment.
-    let tv = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const libc::timeval) };
-    if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) {
-        return Err(Errno(libc::EDOM));
-    }
-    let d = Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000);
-    Ok((!d.is_zero()).then_some(d))
-}
-
-/// Linux's `TCP_NOTSENT_LOWAT` option number.
-const TCP_NOTSENT_LOWAT: i32 = 25;
-
-/// What Linux's `SO_SNDBUF` reports for a value set: twice it (its bookkeeping
-/// overhead), at least `SOCK_MIN_SNDBUF` (4608). The stack applies the same
-/// (`usnet_stack::sndbuf_for_option`).
-fn linux_sndbuf(v: i32) -> i32 {
-    (i64::from(v.max(0)) * 2).clamp(4608, i64::from(i32::MAX)) as i32
-}
-
-/// `setsockopt(2)`: SOL_SOCKET SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF,
+/// `setsockopt(2)`: the option is decoded and checked by the one table
+/// ([`sockopt::decode`]), then applied to the socket (or kept for when it becomes a
+/// stream). Takes effect: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF,
 /// SO_SNDBUF (the stack's send-buffer limit for the connection, doubled as Linux
-/// does), SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER, SO_BINDTODEVICE; IPPROTO_TCP
-/// TCP_NODELAY, TCP_CORK, TCP_NOTSENT_LOWAT, TCP_KEEPIDLE/INTVL/CNT,
-/// TCP_USER_TIMEOUT, TCP_CONGESTION, TCP_MAXSEG; IP_TOS, IPV6_TCLASS, IPV6_V6ONLY,
-/// multicast memberships and IP_MULTICAST_IF; and the options [`sockopt`] records.
-/// The table (what takes effect, what is only recorded) is in docs/preload.md.
+/// does), SO_RCVTIMEO, SO_SNDTIMEO, SO_LINGER; TCP_NODELAY, TCP_CORK,
+/// TCP_NOTSENT_LOWAT, TCP_KEEPIDLE/INTVL/CNT, TCP_USER_TIMEOUT, TCP_CONGESTION,
+/// TCP_MAXSEG; IP_TOS, IPV6_TCLASS, IPV6_V6ONLY, multicast memberships and
+/// IP_MULTICAST_IF. Recorded and reported back: SO_BINDTODEVICE and the options
+/// [`sockopt`] records. The table is in docs/preload.md.
 pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
     let e = get(fd)?;
     if matches!(&*e.read(), Obj::Epoll(_)) {
@@ -1204,146 +1171,112 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         Obj::Stream(s) => Some(s),
         _ => None,
     };
-    let tcp = e.stype == libc::SOCK_STREAM;
-    let v6 = e.domain == libc::AF_INET6;
-    match (level, name) {
-        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => o.reuseaddr = int_opt(value)? != 0,
-        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => o.reuseport = int_opt(value)? != 0,
-        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => {
-            o.keepalive = int_opt(value)? != 0;
+    if level == SOL_USNET {
+        if name != USNET_RX_PRIORITY {
+            return Err(Errno(libc::ENOPROTOOPT));
+        }
+        let v = sockopt::int(value)?;
+        let mark = (v != USNET_RX_PRIORITY_NONE).then_some(v);
+        return match &*obj {
+            Obj::Udp(u) => Ok(u.set_rx_priority(mark)?),
+            Obj::Listener(l) => Ok(l.set_rx_priority(mark)?),
+            _ => Err(Errno(libc::EINVAL)),
+        };
+    }
+    let kind = sockopt::SockKind {
+        stream: e.stype == libc::SOCK_STREAM,
+        v6: e.domain == libc::AF_INET6,
+    };
+    let record = |o: &mut Opts, name: i32, v: i32| {
+        o.recorded.insert((libc::IPPROTO_TCP, name), v);
+    };
+    use sockopt::Opt;
+    match sockopt::decode(level, name, value, kind)? {
+        Opt::ReuseAddr(on) => o.reuseaddr = on,
+        Opt::ReusePort(on) => o.reuseport = on,
+        Opt::KeepAlive(on) => {
+            o.keepalive = on;
             if let Some(s) = stream {
                 set_keepalive(&o, s)?;
             }
         }
-        (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
-            let v = int_opt(value)?.max(256);
+        Opt::RcvBuf(v) => {
             o.rcvbuf = Some(v);
             if let Obj::Udp(u) = &*obj {
                 u.set_recv_buffer_size(v as usize)?;
             }
         }
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
-            // Linux keeps (and reports) twice the value, at least SOCK_MIN_SNDBUF.
-            let v = int_opt(value)?.max(0);
+        Opt::SndBuf(v) => {
             o.sndbuf = Some(v);
             if let Some(s) = stream {
                 s.set_send_buffer_size(v)?;
             }
         }
-        (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) if e.stype == libc::SOCK_STREAM => {
-            o.notsent_lowat = int_opt(value)? as u32;
+        Opt::NotsentLowat(v) => {
+            o.notsent_lowat = v;
             if let Some(s) = stream {
-                s.set_notsent_lowat(o.notsent_lowat)?;
+                s.set_notsent_lowat(v)?;
             }
         }
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => o.rcvtimeo = timeval_opt(value)?,
-        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => o.sndtimeo = timeval_opt(value)?,
-        (libc::SOL_SOCKET, libc::SO_LINGER) => {
-            if value.len() < std::mem::size_of::<libc::linger>() {
-                return Err(Errno(libc::EINVAL));
-            }
-            // SAFETY: length checked.
-            let l = unsafe { std::ptr::read_unaligned(value.as_ptr() as *const libc::linger) };
-            o.linger = (l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64));
+        Opt::RcvTimeo(d) => o.rcvtimeo = d,
+        Opt::SndTimeo(d) => o.sndtimeo = d,
+        Opt::Linger(l) => {
+            o.linger = l;
             if let Some(s) = stream {
-                s.set_linger(o.linger)?;
+                s.set_linger(l)?;
             }
         }
-        (libc::IPPROTO_TCP, libc::TCP_NODELAY) if e.stype == libc::SOCK_STREAM => {
-            o.nodelay = int_opt(value)? != 0;
+        Opt::NoDelay(on) => {
+            o.nodelay = on;
             if let Some(s) = stream {
-                s.set_nodelay(o.nodelay)?;
+                s.set_nodelay(on)?;
             }
         }
-        (libc::IPPROTO_TCP, libc::TCP_CORK) if e.stype == libc::SOCK_STREAM => {
-            o.cork = int_opt(value)? != 0;
+        Opt::Cork(on) => {
+            o.cork = on;
             if let Some(s) = stream {
-                s.set_cork(o.cork)?;
+                s.set_cork(on)?;
             }
         }
-        (SOL_USNET, USNET_RX_PRIORITY) => {
-            let v = int_opt(value)?;
-            let mark = (v != USNET_RX_PRIORITY_NONE).then_some(v);
-            match &*obj {
-                Obj::Udp(u) => u.set_rx_priority(mark)?,
-                Obj::Listener(l) => l.set_rx_priority(mark)?,
-                _ => return Err(Errno(libc::EINVAL)),
-            }
-        }
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT)
-            if tcp =>
-        {
-            // Linux's limits: 1..=32767 s, 1..=127 probes.
-            let v = int_opt(value)?;
-            let max = if name == libc::TCP_KEEPCNT {
-                127
-            } else {
-                32767
-            };
-            if !(1..=max).contains(&v) {
-                return Err(Errno(libc::EINVAL));
-            }
-            o.keep[(name - libc::TCP_KEEPIDLE) as usize] = Some(v as u32);
+        Opt::Keep(i, v) => {
+            o.keep[i] = Some(v);
             if let (Some(s), true) = (stream, o.keepalive) {
                 set_keepalive(&o, s)?;
             }
         }
-        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) if tcp => {
-            let v = int_opt(value)?;
-            if v < 0 {
-                return Err(Errno(libc::EINVAL));
-            }
-            o.user_timeout = v as u32;
+        Opt::UserTimeout(v) => {
+            o.user_timeout = v;
             match &*obj {
-                Obj::Stream(s) => s.set_user_timeout(v as u32)?,
-                Obj::Listener(l) => l.set_user_timeout(v as u32)?,
+                Obj::Stream(s) => s.set_user_timeout(v)?,
+                Obj::Listener(l) => l.set_user_timeout(v)?,
                 _ => {}
             }
         }
-        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) if tcp => {
-            let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-            let cc = match &value[..n] {
-                b"cubic" => usnet_abi::opt::CC_CUBIC,
-                b"reno" => usnet_abi::opt::CC_RENO,
-                _ => return Err(Errno(libc::ENOENT)),
-            };
+        Opt::Congestion(cc) => {
             o.congestion = Some(cc);
             if let Some(s) = stream {
-                s.set_congestion(cc)?;
+                s.set_congestion(abi_congestion(cc))?;
             }
         }
-        (libc::IPPROTO_TCP, libc::TCP_MAXSEG) if tcp => {
-            let v = int_opt(value)?;
-            if v != 0 && !(88..=32767).contains(&v) {
-                return Err(Errno(libc::EINVAL));
-            }
-            o.maxseg = (v != 0).then_some(v);
-            if let (Obj::Listener(l), true) = (&*obj, v != 0) {
-                l.set_maxseg(v as u16)?;
+        Opt::MaxSeg(m) => {
+            o.maxseg = m.map(i32::from);
+            if let (Obj::Listener(l), Some(m)) = (&*obj, m) {
+                l.set_maxseg(m)?;
             }
         }
-        (libc::IPPROTO_IP, libc::IP_TOS) => {
-            // TCP keeps the ECN bits its own, as Linux does.
-            let v = sockopt::int_value(level, value)? as u8;
-            let v = if tcp { v & !3 } else { v };
+        Opt::Tos(v) => {
             o.tos = Some(v);
             if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv4())) {
                 s.set_tos(v)?;
             }
         }
-        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if v6 => {
-            let v = match int_opt(value)? {
-                -1 => 0,
-                v @ 0..=255 => v as u8,
-                _ => return Err(Errno(libc::EINVAL)),
-            };
+        Opt::TrafficClass(v) => {
             o.tclass = Some(v);
             if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv6())) {
                 s.set_tos(v)?;
             }
         }
-        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) if v6 => {
-            let v = int_opt(value)?;
+        Opt::V6Only(on) => {
             // Fixed once the socket is bound, as Linux's.
             let bound = match &*obj {
                 Obj::Fresh(s) => s.local_addr().is_ok_and(|a| a.port() != 0),
@@ -1353,64 +1286,62 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             if bound {
                 return Err(Errno(libc::EINVAL));
             }
-            o.v6only = v != 0;
+            o.v6only = on;
         }
-        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => {
-            // Recorded: the stack has one interface (and the name is the kernel's).
-            let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-            if n >= libc::IFNAMSIZ {
-                return Err(Errno(libc::EINVAL));
-            }
-            o.device = value[..n].to_vec();
-        }
-        (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => {
-            if tcp {
-                return Err(Errno(libc::EINVAL));
-            }
-            // An in_addr, or an ip_mreqn whose address is the second field.
-            let a = match value.len() {
-                4..=7 => &value[..4],
-                n if n >= 8 => &value[4..8],
-                _ => return Err(Errno(libc::EINVAL)),
-            };
-            o.mcast_if.copy_from_slice(a);
+        // Recorded: the stack has one interface (and the name is the kernel's).
+        Opt::BindToDevice(name) => o.device = name,
+        Opt::MulticastIf(a) => {
+            o.mcast_if = a;
             if let Obj::Udp(u) = &*obj {
-                u.set_multicast_if_v4(&Ipv4Addr::new(a[0], a[1], a[2], a[3]))?;
+                u.set_multicast_if_v4(&Ipv4Addr::from(a))?;
             }
         }
-        _ => match sockopt::membership(level, name, value)? {
-            Some(_) if tcp && level == libc::IPPROTO_IP => return Err(Errno(libc::EPROTO)),
-            Some(_) if level == libc::IPPROTO_IPV6 && !v6 => return Err(Errno(libc::ENOPROTOOPT)),
-            Some((join, key)) => {
-                let had = o.groups.iter().position(|g| *g == key);
-                match (join, had) {
-                    (true, None) => {
-                        if let Obj::Udp(u) = &*obj {
-                            membership_to_stack(u, true, &key)?;
-                        }
-                        o.groups.push(key)
+        Opt::Membership { join, key } => {
+            let had = o.groups.iter().position(|g| *g == key);
+            match (join, had) {
+                (true, None) => {
+                    if let Obj::Udp(u) = &*obj {
+                        membership_to_stack(u, true, &key)?;
                     }
-                    (true, Some(_)) => return Err(Errno(libc::EADDRINUSE)),
-                    (false, Some(i)) => {
-                        if let Obj::Udp(u) = &*obj {
-                            membership_to_stack(u, false, &key)?;
-                        }
-                        o.groups.remove(i);
+                    o.groups.push(key)
+                }
+                (true, Some(_)) => return Err(Errno(libc::EADDRINUSE)),
+                (false, Some(i)) => {
+                    if let Obj::Udp(u) = &*obj {
+                        membership_to_stack(u, false, &key)?;
                     }
-                    (false, None) => return Err(Errno(libc::EADDRNOTAVAIL)),
+                    o.groups.remove(i);
                 }
+                (false, None) => return Err(Errno(libc::EADDRNOTAVAIL)),
             }
-            None => {
-                let v = sockopt::int_value(level, value)?;
-                let kept = sockopt::set(level, name, v, tcp, v6)?;
-                if let Obj::Udp(u) = &*obj {
-                    mcast_option_to_stack(u, level, name, kept)?;
-                }
-                o.recorded.insert((level, name), kept);
+        }
+        // Kept for `getsockopt` (the server has no per-socket SYN retry count, and
+        // Fast Open is the stack's: see docs/preload.md).
+        Opt::SynCount(v) => record(&mut o, libc::TCP_SYNCNT, v as i32),
+        Opt::FastOpen(q) => record(&mut o, libc::TCP_FASTOPEN, q as i32),
+        Opt::FastOpenConnect(on) => record(&mut o, sockopt::TCP_FASTOPEN_CONNECT, on as i32),
+        Opt::Recorded { level, name, kept } => {
+            if let Obj::Udp(u) = &*obj {
+                mcast_option_to_stack(u, level, name, kept)?;
             }
-        },
+            o.recorded.insert((level, name), kept);
+        }
+        // What a session cannot carry yet: no completions, timestamps or in-queue
+        // counts come back through the rings, and a program that set these would
+        // wait for them. Linux kernels without the feature answer the same.
+        Opt::ZeroCopy(_) | Opt::Timestamping(_) | Opt::Inq(_) | Opt::FastOpenKey(_) => {
+            return Err(Errno(libc::ENOPROTOOPT))
+        }
     }
     Ok(())
+}
+
+/// The ABI's number for a congestion control algorithm.
+fn abi_congestion(c: sockopt::Congestion) -> u64 {
+    match c {
+        sockopt::Congestion::Cubic => usnet_abi::opt::CC_CUBIC,
+        sockopt::Congestion::Reno => usnet_abi::opt::CC_RENO,
+    }
 }
 
 /// A multicast membership (`sockopt::membership`'s key: `ip_mreq`/`ip_mreqn` or
@@ -1481,19 +1412,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         return Err(ebadf_kind());
     }
     let o = lock(&e.opts);
-    let int = |v: i32| v.to_ne_bytes().to_vec();
-    let timeval = |d: Option<Duration>| {
-        let d = d.unwrap_or_default();
-        let tv = libc::timeval {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_usec: d.subsec_micros() as libc::suseconds_t,
-        };
-        // SAFETY: timeval is plain data; viewing it as bytes is sound.
-        unsafe {
-            std::slice::from_raw_parts(&tv as *const _ as *const u8, std::mem::size_of_val(&tv))
-                .to_vec()
-        }
-    };
+    let int = sockopt::int_bytes;
     let stream = match &*obj {
         Obj::Stream(s) => Some(s),
         _ => None,
@@ -1526,23 +1445,13 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         // Linux reports twice what was set (its bookkeeping overhead); so do we, so
         // programs that check the doubling keep working.
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rcvbuf.map_or(131072, |v| v * 2)),
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sndbuf.map_or(16384, linux_sndbuf)),
-        (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) if e.stype == libc::SOCK_STREAM => {
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sndbuf.map_or(16384, sockopt::linux_sndbuf)),
+        (libc::IPPROTO_TCP, sockopt::TCP_NOTSENT_LOWAT) if e.stype == libc::SOCK_STREAM => {
             int(o.notsent_lowat as i32)
         }
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(o.rcvtimeo),
-        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(o.sndtimeo),
-        (libc::SOL_SOCKET, libc::SO_LINGER) => {
-            let l = libc::linger {
-                l_onoff: o.linger.is_some() as i32,
-                l_linger: o.linger.map_or(0, |d| d.as_secs() as i32),
-            };
-            l.l_onoff
-                .to_ne_bytes()
-                .into_iter()
-                .chain(l.l_linger.to_ne_bytes())
-                .collect()
-        }
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => sockopt::timeval(o.rcvtimeo),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => sockopt::timeval(o.sndtimeo),
+        (libc::SOL_SOCKET, libc::SO_LINGER) => sockopt::linger(o.linger),
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) if e.stype == libc::SOCK_STREAM => {
             int(o.nodelay as i32)
         }
@@ -1555,14 +1464,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         }
         (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) if tcp => int(o.user_timeout as i32),
         (libc::IPPROTO_TCP, libc::TCP_CONGESTION) if tcp => {
-            // Linux's TCP_CA_NAME_MAX bytes, NUL-padded.
-            let name: &[u8] = match o.congestion {
-                Some(usnet_abi::opt::CC_RENO) => b"reno",
-                _ => b"cubic",
-            };
-            let mut b = name.to_vec();
-            b.resize(16, 0);
-            b
+            sockopt::congestion_name(o.congestion.unwrap_or(sockopt::Congestion::Cubic))
         }
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) if tcp => match stream {
             // Connected: the MSS in use; otherwise what was set, or TCP_MSS_DEFAULT.
@@ -1580,19 +1482,12 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
             b
         }
         (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => o.mcast_if.to_vec(),
-        (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => {
-            let Some(s) = stream else {
-                // Not connected: Linux answers a zeroed tcp_info with state CLOSE (7).
-                let mut z = vec![0u8; std::mem::size_of::<libc::tcp_info>()];
-                z[0] = if matches!(&*obj, Obj::Listener(_)) {
-                    10
-                } else {
-                    7
-                };
-                return Ok(copy_out(&z, out));
-            };
-            tcp_info_bytes(&s.info()?)
-        }
+        (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => match stream {
+            Some(s) => linux_tcp_info(&s.info()?).to_bytes(),
+            None => {
+                sockopt::LinuxTcpInfo::unconnected(matches!(&*obj, Obj::Listener(_))).to_bytes()
+            }
+        },
         _ => {
             let known = match level {
                 libc::SOL_SOCKET | libc::IPPROTO_IP => true,
@@ -1616,22 +1511,31 @@ fn copy_out(b: &[u8], out: &mut [u8]) -> usize {
     n
 }
 
-fn tcp_info_bytes(i: &usnet_client::TcpInfo) -> Vec<u8> {
-    // SAFETY: tcp_info is plain data; all-zero is a valid value.
-    let mut t: libc::tcp_info = unsafe { std::mem::zeroed() };
-    t.tcpi_state = i.state as u8;
-    t.tcpi_rto = i.rto.as_micros() as u32;
-    t.tcpi_snd_mss = i.snd_mss;
-    t.tcpi_rcv_mss = i.rcv_mss;
-    t.tcpi_rtt = i.rtt.as_micros() as u32;
-    t.tcpi_rttvar = i.rttvar.as_micros() as u32;
-    t.tcpi_snd_ssthresh = i.ssthresh;
-    t.tcpi_snd_cwnd = i.cwnd;
-    t.tcpi_total_retrans = i.total_retransmits;
-    t.tcpi_unacked = i.bytes_in_flight.div_ceil(i.snd_mss.max(1));
-    // SAFETY: as above, viewing plain data as bytes.
-    unsafe {
-        std::slice::from_raw_parts(&t as *const _ as *const u8, std::mem::size_of_val(&t)).to_vec()
+/// What a session reports of a connection, in Linux's `tcp_info` terms (the
+/// server gives windows in bytes; Linux counts segments).
+fn linux_tcp_info(i: &usnet_client::TcpInfo) -> sockopt::LinuxTcpInfo {
+    use sockopt::LinuxTcpInfo as L;
+    let us = |d: Duration| d.as_micros().min(u128::from(u32::MAX)) as u32;
+    L {
+        state: i.state as u8,
+        rto_us: us(i.rto),
+        snd_mss: i.snd_mss,
+        rcv_mss: i.rcv_mss,
+        advmss: i.snd_mss,
+        unacked: i.bytes_in_flight.div_ceil(i.snd_mss.max(1)),
+        rtt_us: us(i.rtt),
+        rttvar_us: us(i.rttvar),
+        min_rtt_us: if i.min_rtt.is_zero() {
+            u32::MAX
+        } else {
+            us(i.min_rtt)
+        },
+        snd_ssthresh: L::ssthresh_segments(i.ssthresh, i.snd_mss),
+        snd_cwnd: L::segments(i.cwnd, i.snd_mss),
+        total_retrans: i.total_retransmits,
+        snd_wnd: i.snd_wnd,
+        rcv_wnd: i.rcv_wnd,
+        ..Default::default()
     }
 }
 
@@ -1674,6 +1578,6 @@ mod tests {
         let b = unsafe {
             std::slice::from_raw_parts(&tv as *const _ as *const u8, std::mem::size_of_val(&tv))
         };
-        assert_eq!(timeval_opt(b), Err(Errno(libc::EDOM)));
+        assert_eq!(sockopt::timeval_value(b), Err(Errno(libc::EDOM)));
     }
 }

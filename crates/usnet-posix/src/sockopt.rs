@@ -1,18 +1,463 @@
-//! Socket options the layer only records and reports back, as Linux reports them:
-//! hints to a kernel that the stack has no use for (or does otherwise), which a
-//! correct program may set and read and must not fail on. The options that take
-//! effect in the stack are in `setsockopt`/`getsockopt` in the crate root; the
-//! table of both is in docs/preload.md.
+//! The socket option table: every option name the layer knows, how Linux reads its
+//! value (sizes, ranges, the errno of a bad one) and how Linux reports it back. One
+//! table for every BSD layer over usnet: usnet-posix (libusnet.so and the shim)
+//! applies a decoded [`Opt`] to a session's socket, the packetdrill backend to an
+//! in-process stack. Nothing here needs a session.
+//!
+//! [`decode`] turns `setsockopt`'s bytes into an [`Opt`]; the options that take
+//! effect have their own variant, the ones that are only hints to a kernel (which a
+//! correct program may set and read and must not fail on) are
+//! [`Opt::Recorded`], kept as [`set`] returns them and read back through [`get`].
+//! The encoders ([`int`], [`timeval`], [`linger`], [`congestion_name`],
+//! [`LinuxTcpInfo`]) give `getsockopt`'s bytes. The table for users is in
+//! docs/preload.md.
+
+use std::time::Duration;
 
 use crate::{Errno, Res};
 
 /// Linux's option numbers the `libc` crate may lack.
 pub const TCP_FASTOPEN_CONNECT: i32 = 30;
+pub const TCP_NOTSENT_LOWAT: i32 = 25;
+pub const TCP_CC_INFO: i32 = 26;
+pub const TCP_FASTOPEN_KEY: i32 = 33;
+/// Also the `TCP_CM_INQ` cmsg type.
+pub const TCP_INQ: i32 = 36;
 pub const SO_INCOMING_NAPI_ID: i32 = 56;
+pub const SO_TIMESTAMPING: i32 = 37;
 pub const IP_BIND_ADDRESS_NO_PORT: i32 = 24;
 pub const IPV6_MULTICAST_ALL: i32 = 29;
 /// `SOCK_MIN_RCVBUF / 2`: the least TCP_WINDOW_CLAMP Linux keeps.
 const MIN_WINDOW_CLAMP: i32 = 1152;
+
+/// What kind of socket an option is set on (what Linux's per-protocol handlers see).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SockKind {
+    /// `SOCK_STREAM` (TCP); else a datagram (UDP) socket.
+    pub stream: bool,
+    /// `AF_INET6`.
+    pub v6: bool,
+}
+
+/// A congestion control algorithm by its Linux name (`TCP_CONGESTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Congestion {
+    Cubic,
+    Reno,
+}
+
+/// One `setsockopt`, decoded and checked as Linux checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opt {
+    ReuseAddr(bool),
+    ReusePort(bool),
+    KeepAlive(bool),
+    /// `SO_RCVBUF` as given (at least 256; Linux reports twice it).
+    RcvBuf(i32),
+    /// `SO_SNDBUF` as given (not negative; see [`linux_sndbuf`]).
+    SndBuf(i32),
+    /// `SO_RCVTIMEO` (`None`: no timeout).
+    RcvTimeo(Option<Duration>),
+    SndTimeo(Option<Duration>),
+    /// `SO_LINGER` (`None`: off).
+    Linger(Option<Duration>),
+    ZeroCopy(bool),
+    /// `SO_TIMESTAMPING` flags.
+    Timestamping(u32),
+    /// `SO_BINDTODEVICE`: the name without its NUL (empty: unbind).
+    BindToDevice(Vec<u8>),
+    NoDelay(bool),
+    Cork(bool),
+    /// `TCP_KEEPIDLE` (0), `TCP_KEEPINTVL` (1), `TCP_KEEPCNT` (2) and its value.
+    Keep(usize, u32),
+    /// `TCP_USER_TIMEOUT`, ms (0: none).
+    UserTimeout(u32),
+    /// `TCP_MAXSEG` (`None`: cleared).
+    MaxSeg(Option<u16>),
+    SynCount(u32),
+    Congestion(Congestion),
+    /// `TCP_NOTSENT_LOWAT` (0: the sysctl's).
+    NotsentLowat(u32),
+    /// `TCP_FASTOPEN`: the queue length.
+    FastOpen(u32),
+    FastOpenConnect(bool),
+    FastOpenKey([u8; 16]),
+    Inq(bool),
+    /// `IP_TOS` without the ECN bits on a stream (TCP keeps those, as Linux).
+    Tos(u8),
+    /// `IPV6_TCLASS` (-1 is the default, 0).
+    TrafficClass(u8),
+    V6Only(bool),
+    /// `IP_MULTICAST_IF`: the interface address (from an `in_addr` or `ip_mreqn`).
+    MulticastIf([u8; 4]),
+    /// A multicast join or leave and its key (see [`membership`]).
+    Membership {
+        join: bool,
+        key: Vec<u8>,
+    },
+    /// An option only recorded: the value to keep (see [`set`]).
+    Recorded {
+        level: i32,
+        name: i32,
+        kept: i32,
+    },
+}
+
+/// Decodes `setsockopt(level, name, value)` on a socket of `kind` as Linux reads it:
+/// `ENOPROTOOPT` for an option Linux does not have there, `EINVAL` (or `EDOM` for
+/// a bad timeval) for a bad value. Options of usnet's own level are not here.
+pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
+    let SockKind { stream: tcp, v6 } = kind;
+    let bool_ = || int(value).map(|v| v != 0);
+    Ok(match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => Opt::ReuseAddr(bool_()?),
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => Opt::ReusePort(bool_()?),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => Opt::KeepAlive(bool_()?),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => Opt::RcvBuf(int(value)?.max(256)),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => Opt::SndBuf(int(value)?.max(0)),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => Opt::RcvTimeo(timeval_value(value)?),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => Opt::SndTimeo(timeval_value(value)?),
+        (libc::SOL_SOCKET, libc::SO_LINGER) => {
+            if value.len() < std::mem::size_of::<libc::linger>() {
+                return Err(einval());
+            }
+            // SAFETY: length checked; read_unaligned copes with any alignment.
+            let l = unsafe { std::ptr::read_unaligned(value.as_ptr() as *const libc::linger) };
+            Opt::Linger((l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64)))
+        }
+        (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => Opt::ZeroCopy(bool_()?),
+        (libc::SOL_SOCKET, SO_TIMESTAMPING) => Opt::Timestamping(int(value)? as u32),
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => {
+            let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            if n >= libc::IFNAMSIZ {
+                return Err(einval());
+            }
+            Opt::BindToDevice(value[..n].to_vec())
+        }
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) if tcp => Opt::NoDelay(bool_()?),
+        (libc::IPPROTO_TCP, libc::TCP_CORK) if tcp => Opt::Cork(bool_()?),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT)
+            if tcp =>
+        {
+            // Linux's limits: 1..=32767 s, 1..=127 probes.
+            let v = int(value)?;
+            let max = if name == libc::TCP_KEEPCNT {
+                127
+            } else {
+                32767
+            };
+            if !(1..=max).contains(&v) {
+                return Err(einval());
+            }
+            Opt::Keep((name - libc::TCP_KEEPIDLE) as usize, v as u32)
+        }
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) if tcp => {
+            let v = int(value)?;
+            if v < 0 {
+                return Err(einval());
+            }
+            Opt::UserTimeout(v as u32)
+        }
+        (libc::IPPROTO_TCP, libc::TCP_MAXSEG) if tcp => match int(value)? {
+            // 0 clears it; otherwise TCP_MIN_MSS (88) up to MAX_TCP_WINDOW.
+            0 => Opt::MaxSeg(None),
+            v @ 88..=32767 => Opt::MaxSeg(Some(v as u16)),
+            _ => return Err(einval()),
+        },
+        (libc::IPPROTO_TCP, libc::TCP_SYNCNT) if tcp => match int(value)? {
+            v @ 1..=127 => Opt::SynCount(v as u32),
+            _ => return Err(einval()),
+        },
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) if tcp => {
+            let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            Opt::Congestion(match &value[..n] {
+                b"cubic" => Congestion::Cubic,
+                b"reno" => Congestion::Reno,
+                _ => return Err(Errno(libc::ENOENT)),
+            })
+        }
+        (libc::IPPROTO_TCP, TCP_NOTSENT_LOWAT) if tcp => Opt::NotsentLowat(int(value)? as u32),
+        (libc::IPPROTO_TCP, libc::TCP_FASTOPEN) if tcp => match int(value)? {
+            v if v >= 0 => Opt::FastOpen(v as u32),
+            _ => return Err(einval()),
+        },
+        (libc::IPPROTO_TCP, TCP_FASTOPEN_CONNECT) if tcp => match int(value)? {
+            v @ 0..=1 => Opt::FastOpenConnect(v == 1),
+            _ => return Err(einval()),
+        },
+        (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) if tcp => {
+            // A primary key, or a primary and a backup (the backup is not kept).
+            if value.len() != 16 && value.len() != 32 {
+                return Err(einval());
+            }
+            let mut k = [0u8; 16];
+            k.copy_from_slice(&value[..16]);
+            Opt::FastOpenKey(k)
+        }
+        (libc::IPPROTO_TCP, TCP_INQ) if tcp => Opt::Inq(bool_()?),
+        (libc::IPPROTO_IP, libc::IP_TOS) => {
+            let v = int_value(level, value)? as u8;
+            Opt::Tos(if tcp { v & !3 } else { v })
+        }
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if v6 => match int(value)? {
+            -1 => Opt::TrafficClass(0),
+            v @ 0..=255 => Opt::TrafficClass(v as u8),
+            _ => return Err(einval()),
+        },
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) if v6 => Opt::V6Only(bool_()?),
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => {
+            if tcp {
+                return Err(einval());
+            }
+            // An in_addr, or an ip_mreqn whose address is the second field.
+            let a = match value.len() {
+                4..=7 => &value[..4],
+                n if n >= 8 => &value[4..8],
+                _ => return Err(einval()),
+            };
+            Opt::MulticastIf([a[0], a[1], a[2], a[3]])
+        }
+        _ => match membership(level, name, value)? {
+            Some(_) if tcp && level == libc::IPPROTO_IP => return Err(Errno(libc::EPROTO)),
+            Some(_) if level == libc::IPPROTO_IPV6 && !v6 => return Err(Errno(libc::ENOPROTOOPT)),
+            Some((join, key)) => Opt::Membership { join, key },
+            None => {
+                // Look the name up first: an unknown option is ENOPROTOOPT whatever
+                // its value.
+                entry(level, name, tcp, v6)?;
+                let v = int_value(level, value)?;
+                Opt::Recorded {
+                    level,
+                    name,
+                    kept: set(level, name, v, tcp, v6)?,
+                }
+            }
+        },
+    })
+}
+
+/// An `int` option's value (at least four bytes, as Linux's `copy_from_sockptr`).
+pub fn int(v: &[u8]) -> Res<i32> {
+    if v.len() < 4 {
+        return Err(einval());
+    }
+    Ok(i32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
+}
+
+/// A `struct timeval` option (`SO_RCVTIMEO`/`SO_SNDTIMEO`); zero is none, an
+/// out-of-range one `EDOM` as Linux's `sock_set_timeout`.
+pub fn timeval_value(v: &[u8]) -> Res<Option<Duration>> {
+    if v.len() < std::mem::size_of::<libc::timeval>() {
+        return Err(einval());
+    }
+    // SAFETY: length checked; read_unaligned copes with any alignment.
+    let tv = unsafe { std::ptr::read_unaligned(v.as_ptr() as *const libc::timeval) };
+    if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) {
+        return Err(Errno(libc::EDOM));
+    }
+    let d = Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000);
+    Ok((!d.is_zero()).then_some(d))
+}
+
+/// `getsockopt`'s bytes of an `int` option.
+pub fn int_bytes(v: i32) -> Vec<u8> {
+    v.to_ne_bytes().to_vec()
+}
+
+/// `getsockopt`'s bytes of a timeout (`None`: zero).
+pub fn timeval(d: Option<Duration>) -> Vec<u8> {
+    let d = d.unwrap_or_default();
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: timeval is plain data; viewing it as bytes is sound.
+    unsafe {
+        std::slice::from_raw_parts(&tv as *const _ as *const u8, std::mem::size_of_val(&tv))
+            .to_vec()
+    }
+}
+
+/// `getsockopt(SO_LINGER)`'s `struct linger`.
+pub fn linger(l: Option<Duration>) -> Vec<u8> {
+    let on = l.is_some() as i32;
+    let secs = l.map_or(0, |d| d.as_secs() as i32);
+    on.to_ne_bytes()
+        .into_iter()
+        .chain(secs.to_ne_bytes())
+        .collect()
+}
+
+/// `getsockopt(TCP_CONGESTION)`: the name in Linux's `TCP_CA_NAME_MAX` bytes,
+/// NUL-padded.
+pub fn congestion_name(c: Congestion) -> Vec<u8> {
+    let mut b = match c {
+        Congestion::Cubic => b"cubic".to_vec(),
+        Congestion::Reno => b"reno".to_vec(),
+    };
+    b.resize(16, 0);
+    b
+}
+
+/// What Linux's `SO_SNDBUF` reports for a value set: twice it (its bookkeeping
+/// overhead), at least `SOCK_MIN_SNDBUF` (4608). The stack applies the same
+/// (`usnet_stack::sndbuf_for_option`).
+pub fn linux_sndbuf(v: i32) -> i32 {
+    (i64::from(v.max(0)) * 2).clamp(4608, i64::from(i32::MAX)) as i32
+}
+
+/// Recorded options an accepted socket does not inherit from its listener (every
+/// other option it does, as Linux's children copy the listener's socket):
+/// TCP_DEFER_ACCEPT and TCP_FASTOPEN are the listener's own, TCP_QUICKACK starts on.
+pub const NOT_INHERITED: [(i32, i32); 4] = [
+    (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT),
+    (libc::IPPROTO_TCP, libc::TCP_FASTOPEN),
+    (libc::IPPROTO_TCP, TCP_FASTOPEN_CONNECT),
+    (libc::IPPROTO_TCP, libc::TCP_QUICKACK),
+];
+
+/// Linux's `tcpi_state` numbers (`include/net/tcp_states.h`).
+pub mod tcp_state {
+    pub const ESTABLISHED: u8 = 1;
+    pub const SYN_SENT: u8 = 2;
+    pub const SYN_RECV: u8 = 3;
+    pub const FIN_WAIT1: u8 = 4;
+    pub const FIN_WAIT2: u8 = 5;
+    pub const TIME_WAIT: u8 = 6;
+    pub const CLOSE: u8 = 7;
+    pub const CLOSE_WAIT: u8 = 8;
+    pub const LAST_ACK: u8 = 9;
+    pub const LISTEN: u8 = 10;
+    pub const CLOSING: u8 = 11;
+}
+
+/// `tcpi_options` bits.
+pub mod tcpi_opt {
+    pub const TIMESTAMPS: u8 = 1;
+    pub const SACK: u8 = 2;
+    pub const WSCALE: u8 = 4;
+    pub const ECN: u8 = 8;
+    pub const ECN_SEEN: u8 = 16;
+    pub const SYN_DATA: u8 = 32;
+}
+
+/// `tcpi_snd_ssthresh` before any congestion event (`TCP_INFINITE_SSTHRESH`).
+pub const TCP_INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
+
+/// The size of Linux's `struct tcp_info` (6.x, through `tcpi_options2`) that
+/// `getsockopt(TCP_INFO)` answers with; a shorter buffer gets the first bytes.
+pub const TCP_INFO_LEN: usize = 280;
+
+/// Linux's `struct tcp_info` (`include/uapi/linux/tcp.h`): windows and thresholds
+/// in segments, times in µs (`last_data_recv_ms` in ms). What a layer does not know
+/// stays 0. [`LinuxTcpInfo::to_bytes`] lays it out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinuxTcpInfo {
+    /// [`tcp_state`].
+    pub state: u8,
+    /// Open (0), Disorder (1), CWR (2), Recovery (3), Loss (4).
+    pub ca_state: u8,
+    pub backoff: u8,
+    /// [`tcpi_opt`] bits.
+    pub options: u8,
+    /// Window scales, send and receive (`tcpi_opt::WSCALE` says they count).
+    pub wscale: (u8, u8),
+    pub rto_us: u32,
+    pub snd_mss: u32,
+    pub rcv_mss: u32,
+    pub unacked: u32,
+    pub sacked: u32,
+    pub lost: u32,
+    pub retrans: u32,
+    pub last_data_recv_ms: u32,
+    pub rtt_us: u32,
+    pub rttvar_us: u32,
+    /// Segments, or [`TCP_INFINITE_SSTHRESH`].
+    pub snd_ssthresh: u32,
+    pub snd_cwnd: u32,
+    pub advmss: u32,
+    pub reordering: u32,
+    pub rcv_space: u32,
+    pub total_retrans: u32,
+    /// `u32::MAX` when there is no sample (as Linux's `~0U`).
+    pub min_rtt_us: u32,
+    pub busy_time_us: u64,
+    pub rwnd_limited_us: u64,
+    pub sndbuf_limited_us: u64,
+    pub delivered: u32,
+    pub reord_seen: u32,
+    pub snd_wnd: u32,
+    pub rcv_wnd: u32,
+}
+
+impl LinuxTcpInfo {
+    /// A socket with no connection: Linux's zeroed `tcp_info` with the state
+    /// (`CLOSE`, or `LISTEN` for a listener).
+    pub fn unconnected(listening: bool) -> LinuxTcpInfo {
+        LinuxTcpInfo {
+            state: if listening {
+                tcp_state::LISTEN
+            } else {
+                tcp_state::CLOSE
+            },
+            ..Default::default()
+        }
+    }
+
+    /// The segment counts Linux reports for a window of `bytes` with this MSS, and
+    /// the threshold (`u32::MAX` bytes: never reduced).
+    pub fn segments(bytes: u32, mss: u32) -> u32 {
+        bytes / mss.max(1)
+    }
+
+    /// `snd_ssthresh` for a threshold of `bytes` (`u32::MAX`: never reduced).
+    pub fn ssthresh_segments(bytes: u32, mss: u32) -> u32 {
+        if bytes == u32::MAX {
+            TCP_INFINITE_SSTHRESH
+        } else {
+            bytes / mss.max(1)
+        }
+    }
+
+    /// The [`TCP_INFO_LEN`] bytes of Linux's layout.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; TCP_INFO_LEN];
+        let mut put32 = |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        put32(8, self.rto_us);
+        put32(16, self.snd_mss);
+        put32(20, self.rcv_mss);
+        put32(24, self.unacked);
+        put32(28, self.sacked);
+        put32(32, self.lost);
+        put32(36, self.retrans);
+        put32(52, self.last_data_recv_ms);
+        put32(68, self.rtt_us);
+        put32(72, self.rttvar_us);
+        put32(76, self.snd_ssthresh);
+        put32(80, self.snd_cwnd);
+        put32(84, self.advmss);
+        put32(88, self.reordering);
+        put32(96, self.rcv_space);
+        put32(100, self.total_retrans);
+        put32(148, self.min_rtt_us);
+        put32(192, self.delivered);
+        put32(220, self.reord_seen);
+        put32(228, self.snd_wnd);
+        put32(232, self.rcv_wnd);
+        let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        put64(168, self.busy_time_us);
+        put64(176, self.rwnd_limited_us);
+        put64(184, self.sndbuf_limited_us);
+        b[0] = self.state;
+        b[1] = self.ca_state;
+        b[4] = self.backoff;
+        b[5] = self.options;
+        if self.options & tcpi_opt::WSCALE != 0 {
+            b[6] = (self.wscale.0 & 0xf) | ((self.wscale.1 & 0xf) << 4);
+        }
+        b
+    }
+}
 
 fn einval() -> Errno {
     Errno(libc::EINVAL)
@@ -61,6 +506,8 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::TCP_FASTOPEN => (0, Strict(0, i32::MAX)),
             TCP_FASTOPEN_CONNECT => (0, Strict(0, 1)),
             libc::TCP_WINDOW_CLAMP => (0, WindowClamp),
+            // The sysctl's default, net.ipv4.tcp_syn_retries.
+            libc::TCP_SYNCNT => (6, Strict(1, 127)),
             _ => return none,
         },
         libc::IPPROTO_IP => match name {
@@ -222,6 +669,128 @@ pub fn membership(level: i32, name: i32, v: &[u8]) -> Res<Option<(bool, Vec<u8>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TCP4: SockKind = SockKind {
+        stream: true,
+        v6: false,
+    };
+    const UDP6: SockKind = SockKind {
+        stream: false,
+        v6: true,
+    };
+
+    fn i(v: i32) -> [u8; 4] {
+        v.to_ne_bytes()
+    }
+
+    #[test]
+    fn decode_checks_values_as_linux() {
+        let tcp = |name, v: &[u8]| decode(libc::IPPROTO_TCP, name, v, TCP4);
+        assert_eq!(tcp(libc::TCP_NODELAY, &i(7)), Ok(Opt::NoDelay(true)));
+        assert_eq!(tcp(libc::TCP_NODELAY, &[1, 0]), Err(einval()));
+        assert_eq!(tcp(libc::TCP_KEEPCNT, &i(128)), Err(einval()));
+        assert_eq!(tcp(libc::TCP_KEEPINTVL, &i(5)), Ok(Opt::Keep(1, 5)));
+        assert_eq!(tcp(libc::TCP_MAXSEG, &i(87)), Err(einval()));
+        assert_eq!(tcp(libc::TCP_MAXSEG, &i(0)), Ok(Opt::MaxSeg(None)));
+        assert_eq!(tcp(libc::TCP_SYNCNT, &i(0)), Err(einval()));
+        assert_eq!(tcp(libc::TCP_USER_TIMEOUT, &i(-1)), Err(einval()));
+        assert_eq!(tcp(libc::TCP_FASTOPEN, &i(-1)), Err(einval()));
+        assert_eq!(tcp(TCP_FASTOPEN_CONNECT, &i(2)), Err(einval()));
+        assert_eq!(tcp(TCP_FASTOPEN_KEY, &[0; 3]), Err(einval()));
+        assert_eq!(
+            tcp(TCP_FASTOPEN_KEY, &[7; 32]),
+            Ok(Opt::FastOpenKey([7; 16]))
+        );
+        assert_eq!(
+            tcp(libc::TCP_CONGESTION, b"reno\0"),
+            Ok(Opt::Congestion(Congestion::Reno))
+        );
+        assert_eq!(tcp(libc::TCP_CONGESTION, b"bbr"), Err(Errno(libc::ENOENT)));
+        // A recorded option keeps Linux's reading of the value.
+        assert_eq!(
+            tcp(libc::TCP_DEFER_ACCEPT, &i(5)),
+            Ok(Opt::Recorded {
+                level: libc::IPPROTO_TCP,
+                name: libc::TCP_DEFER_ACCEPT,
+                kept: 3
+            })
+        );
+        // IP level: one byte is enough; a stream keeps its ECN bits.
+        assert_eq!(
+            decode(libc::IPPROTO_IP, libc::IP_TOS, &[0x2f], TCP4),
+            Ok(Opt::Tos(0x2c))
+        );
+        assert_eq!(
+            decode(libc::IPPROTO_IP, libc::IP_TOS, &[0x2f], UDP6),
+            Ok(Opt::Tos(0x2f))
+        );
+        // Options of another protocol or family: ENOPROTOOPT whatever the value.
+        assert_eq!(
+            decode(libc::IPPROTO_TCP, libc::TCP_NODELAY, &[], UDP6),
+            Err(Errno(libc::ENOPROTOOPT))
+        );
+        assert_eq!(
+            decode(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, &i(1), TCP4),
+            Err(Errno(libc::ENOPROTOOPT))
+        );
+        assert_eq!(
+            decode(libc::SOL_SOCKET, 12345, &i(1), TCP4),
+            Err(Errno(libc::ENOPROTOOPT))
+        );
+        // Timeouts: zero is none, a bad one EDOM.
+        let tv = |s: i64, us: i64| {
+            let t = libc::timeval {
+                tv_sec: s as libc::time_t,
+                tv_usec: us as libc::suseconds_t,
+            };
+            // SAFETY: plain data viewed as bytes.
+            unsafe { std::slice::from_raw_parts(&t as *const _ as *const u8, 16) }.to_vec()
+        };
+        assert_eq!(
+            decode(libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv(0, 0), TCP4),
+            Ok(Opt::RcvTimeo(None))
+        );
+        assert_eq!(
+            decode(libc::SOL_SOCKET, libc::SO_SNDTIMEO, &tv(1, 1_000_000), TCP4),
+            Err(Errno(libc::EDOM))
+        );
+        assert_eq!(
+            timeval_value(&timeval(Some(Duration::from_millis(1500)))),
+            Ok(Some(Duration::from_millis(1500)))
+        );
+        assert_eq!(
+            linger(Some(Duration::from_secs(3))),
+            [1, 0, 0, 0, 3, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn tcp_info_is_linux_layout() {
+        let b = LinuxTcpInfo {
+            state: tcp_state::ESTABLISHED,
+            ca_state: 3,
+            options: tcpi_opt::SACK | tcpi_opt::WSCALE,
+            wscale: (7, 9),
+            snd_cwnd: 10,
+            snd_ssthresh: LinuxTcpInfo::ssthresh_segments(u32::MAX, 1448),
+            min_rtt_us: 250,
+            busy_time_us: 1 << 40,
+            ..Default::default()
+        }
+        .to_bytes();
+        assert_eq!(b.len(), TCP_INFO_LEN);
+        assert_eq!(&b[..7], &[1, 3, 0, 0, 0, 6, 0x97]);
+        let word = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        assert_eq!(word(80), 10);
+        assert_eq!(word(76), TCP_INFINITE_SSTHRESH);
+        assert_eq!(word(148), 250);
+        assert_eq!(u64::from_ne_bytes(b[168..176].try_into().unwrap()), 1 << 40);
+        assert_eq!(LinuxTcpInfo::segments(14480, 1448), 10);
+        assert_eq!(
+            LinuxTcpInfo::unconnected(true).to_bytes()[0],
+            tcp_state::LISTEN
+        );
+    }
 
     #[test]
     fn values_read_back_as_linux_reports_them() {

@@ -13,7 +13,6 @@ use std::ffi::c_int;
 
 use super::{Backend, Kind, Res};
 
-pub const SO_TIMESTAMPING: c_int = 37;
 pub const TX_SOFTWARE: u32 = 1 << 1;
 pub const SOFTWARE: u32 = 1 << 4;
 pub const OPT_ID: u32 = 1 << 7;
