@@ -806,8 +806,8 @@ impl SockAddr {
     }
 }
 
-/// The part of `tcp_info` the server writes into a slot's info area (all `u32`,
-/// little-endian, in this order). Times in microseconds.
+/// The part of `tcp_info` the server writes into a slot's info area (`u32` but
+/// where marked, little-endian, in this order). Times in microseconds.
 pub mod tcp_info {
     pub const STATE: usize = 0;
     pub const RTT_US: usize = 4;
@@ -822,7 +822,24 @@ pub mod tcp_info {
     pub const SND_WND: usize = 40;
     pub const RCV_WND: usize = 44;
     pub const MIN_RTT_US: usize = 48;
-    pub const LEN: usize = 52;
+    /// `tcpi_ca_state`, `tcpi_options`, the window scales (send | receive << 4) and
+    /// `tcpi_backoff`, a byte each (Linux's numbering).
+    pub const CA_OPTIONS: usize = 52;
+    /// Segments: selectively acknowledged, lost, retransmitted in flight.
+    pub const SACKED: usize = 56;
+    pub const LOST: usize = 60;
+    pub const RETRANS: usize = 64;
+    pub const REORDERING: usize = 68;
+    pub const REORD_SEEN: usize = 72;
+    pub const RCV_SPACE: usize = 76;
+    pub const LAST_DATA_RECV_MS: usize = 80;
+    pub const DELIVERED: usize = 84;
+    /// `u64`, µs: busy (data queued or unacknowledged), of that limited by the
+    /// peer's window, and by the send buffer.
+    pub const BUSY_US: usize = 88;
+    pub const RWND_LIMITED_US: usize = 96;
+    pub const SNDBUF_LIMITED_US: usize = 104;
+    pub const LEN: usize = 112;
 }
 
 /// The errno values the ABI uses (Linux's).

@@ -159,6 +159,27 @@ pub struct TcpInfo {
     pub total_retransmits: u32,
     pub snd_wnd: u32,
     pub rcv_wnd: u32,
+    /// Linux's `tcpi_ca_state` and `tcpi_options` numbering.
+    pub ca_state: u8,
+    pub options: u8,
+    /// Window scales (send, receive).
+    pub wscale: (u8, u8),
+    pub backoff: u8,
+    /// Segments selectively acknowledged, lost, retransmitted in flight.
+    pub sacked: u32,
+    pub lost: u32,
+    pub retrans: u32,
+    pub reordering: u32,
+    pub reord_seen: u32,
+    pub rcv_space: u32,
+    pub last_data_recv: Duration,
+    /// Segments delivered.
+    pub delivered: u32,
+    /// Time busy (data queued or unacknowledged), and of that limited by the
+    /// peer's window and by the send buffer.
+    pub busy_time: Duration,
+    pub rwnd_limited: Duration,
+    pub sndbuf_limited: Duration,
 }
 
 /// A TCP connection. `Read`/`Write` are implemented for `TcpStream` and `&TcpStream`,
@@ -374,6 +395,9 @@ impl TcpStream {
         self.sock.conn.mem.read_info(self.sock.slot, &mut b);
         let u = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let us = |o: usize| Duration::from_micros(u(o) as u64);
+        let us64 = |o: usize| {
+            Duration::from_micros(u64::from_le_bytes(b[o..o + 8].try_into().expect("8")))
+        };
         Ok(TcpInfo {
             state: u(tcp_info::STATE),
             rtt: us(tcp_info::RTT_US),
@@ -388,6 +412,24 @@ impl TcpStream {
             total_retransmits: u(tcp_info::TOTAL_RETRANS),
             snd_wnd: u(tcp_info::SND_WND),
             rcv_wnd: u(tcp_info::RCV_WND),
+            ca_state: b[tcp_info::CA_OPTIONS],
+            options: b[tcp_info::CA_OPTIONS + 1],
+            wscale: (
+                b[tcp_info::CA_OPTIONS + 2] & 0xf,
+                b[tcp_info::CA_OPTIONS + 2] >> 4,
+            ),
+            backoff: b[tcp_info::CA_OPTIONS + 3],
+            sacked: u(tcp_info::SACKED),
+            lost: u(tcp_info::LOST),
+            retrans: u(tcp_info::RETRANS),
+            reordering: u(tcp_info::REORDERING),
+            reord_seen: u(tcp_info::REORD_SEEN),
+            rcv_space: u(tcp_info::RCV_SPACE),
+            last_data_recv: Duration::from_millis(u64::from(u(tcp_info::LAST_DATA_RECV_MS))),
+            delivered: u(tcp_info::DELIVERED),
+            busy_time: us64(tcp_info::BUSY_US),
+            rwnd_limited: us64(tcp_info::RWND_LIMITED_US),
+            sndbuf_limited: us64(tcp_info::SNDBUF_LIMITED_US),
         })
     }
 

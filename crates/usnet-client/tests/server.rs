@@ -240,6 +240,11 @@ fn tcp_info_and_options_reach_the_connection() {
     let info = s.info().unwrap();
     assert_eq!(info.state, 1, "ESTABLISHED");
     assert!(info.snd_mss > 0 && info.cwnd > 0);
+    // Linux's tcpi_options: the stack negotiates timestamps, SACK and window
+    // scaling with itself; a fresh connection is in the Open state.
+    assert_eq!(info.options & 7, 7, "{info:?}");
+    assert_eq!(info.ca_state, 0);
+    assert!(info.rcv_space > 0 && info.delivered >= 1, "{info:?}");
     assert!(s.take_error().unwrap().is_none());
     assert_eq!(s.peer_addr().unwrap(), sa("10.66.0.1:7300"));
 }

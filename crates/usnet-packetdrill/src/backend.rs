@@ -1209,52 +1209,15 @@ pub use sockopt::{TCP_INFO_LEN, TCP_INQ};
 /// A [`TcpInfo`](usnet_stack::TcpInfo) in Linux's `struct tcp_info` terms (the
 /// layout is the one option table's, [`sockopt::LinuxTcpInfo`]).
 pub fn linux_tcp_info(i: &usnet_stack::TcpInfo) -> sockopt::LinuxTcpInfo {
-    use sockopt::{tcp_state as st, tcpi_opt, LinuxTcpInfo};
-    use usnet_stack::TcpState as S;
+    use sockopt::LinuxTcpInfo;
     let mss = i.snd_mss.max(1);
     let sat = |v: u64| v.min(u64::from(u32::MAX)) as u32;
     let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;
-    let mut options = 0;
-    for (on, bit) in [
-        (i.timestamps, tcpi_opt::TIMESTAMPS),
-        (i.sack, tcpi_opt::SACK),
-        (i.wscale.is_some(), tcpi_opt::WSCALE),
-        (i.ecn, tcpi_opt::ECN),
-        (i.ecn_seen, tcpi_opt::ECN_SEEN),
-        (i.syn_data, tcpi_opt::SYN_DATA),
-    ] {
-        if on {
-            options |= bit;
-        }
-    }
     LinuxTcpInfo {
-        state: match i.state {
-            S::Established => st::ESTABLISHED,
-            S::SynSent => st::SYN_SENT,
-            S::SynReceived => st::SYN_RECV,
-            S::FinWait1 => st::FIN_WAIT1,
-            S::FinWait2 => st::FIN_WAIT2,
-            S::TimeWait => st::TIME_WAIT,
-            S::Closed => st::CLOSE,
-            S::CloseWait => st::CLOSE_WAIT,
-            S::LastAck => st::LAST_ACK,
-            S::Closing => st::CLOSING,
-        },
-        // Open (0), Disorder (1: SACKs or duplicate ACKs seen), CWR (2: reduced for
-        // an ECN echo), Recovery (3) or Loss (4: after an RTO).
-        ca_state: if i.in_loss {
-            4
-        } else if i.in_recovery {
-            3
-        } else if i.in_cwr {
-            2
-        } else if i.disorder {
-            1
-        } else {
-            0
-        },
+        state: i.linux_state(),
+        ca_state: i.linux_ca_state(),
         backoff: i.backoff.min(255) as u8,
-        options,
+        options: i.linux_options(),
         wscale: i.wscale.unwrap_or((0, 0)),
         rto_us: sat(us(i.rto)),
         snd_mss: i.snd_mss,

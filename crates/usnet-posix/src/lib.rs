@@ -1535,7 +1535,21 @@ fn linux_tcp_info(i: &usnet_client::TcpInfo) -> sockopt::LinuxTcpInfo {
         total_retrans: i.total_retransmits,
         snd_wnd: i.snd_wnd,
         rcv_wnd: i.rcv_wnd,
-        ..Default::default()
+        ca_state: i.ca_state,
+        options: i.options,
+        wscale: i.wscale,
+        backoff: i.backoff,
+        sacked: i.sacked,
+        lost: i.lost,
+        retrans: i.retrans,
+        reordering: i.reordering,
+        reord_seen: i.reord_seen,
+        rcv_space: i.rcv_space,
+        last_data_recv_ms: i.last_data_recv.as_millis().min(u128::from(u32::MAX)) as u32,
+        delivered: i.delivered,
+        busy_time_us: i.busy_time.as_micros().min(u128::from(u64::MAX)) as u64,
+        rwnd_limited_us: i.rwnd_limited.as_micros().min(u128::from(u64::MAX)) as u64,
+        sndbuf_limited_us: i.sndbuf_limited.as_micros().min(u128::from(u64::MAX)) as u64,
     }
 }
 

@@ -18,9 +18,7 @@ use usnet_abi::{
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::{ByteConsumer, ByteProducer, FutexBell};
-use usnet_stack::{
-    CcAlgorithm, Families, Keepalive, Owner, SocketHandle, Stack, StackError, TcpState,
-};
+use usnet_stack::{CcAlgorithm, Families, Keepalive, Owner, SocketHandle, Stack, StackError};
 
 use crate::ServerLimits;
 
@@ -169,22 +167,6 @@ pub(crate) struct ServerSession {
 
 fn err(e: StackError) -> i64 {
     -(e.errno() as i64)
-}
-
-/// Linux's `tcp_info.tcpi_state` numbering.
-fn linux_state(s: TcpState) -> u32 {
-    match s {
-        TcpState::Established => 1,
-        TcpState::SynSent => 2,
-        TcpState::SynReceived => 3,
-        TcpState::FinWait1 => 4,
-        TcpState::FinWait2 => 5,
-        TcpState::TimeWait => 6,
-        TcpState::Closed => 7,
-        TcpState::CloseWait => 8,
-        TcpState::LastAck => 9,
-        TcpState::Closing => 11,
-    }
 }
 
 impl ServerSession {
@@ -861,7 +843,7 @@ impl ServerSession {
                 let mut put =
                     |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
                 let us = |d: Duration| d.as_micros().min(u32::MAX as u128) as u32;
-                put(tcp_info::STATE, linux_state(info.state));
+                put(tcp_info::STATE, u32::from(info.linux_state()));
                 put(tcp_info::RTT_US, info.srtt.map_or(0, us));
                 put(tcp_info::RTTVAR_US, us(info.rttvar));
                 put(tcp_info::RTO_US, us(info.rto));
@@ -874,6 +856,39 @@ impl ServerSession {
                 put(tcp_info::SND_WND, info.snd_wnd);
                 put(tcp_info::RCV_WND, info.rcv_wnd);
                 put(tcp_info::MIN_RTT_US, info.min_rtt.map_or(0, us));
+                let (ws, wr) = info.wscale.unwrap_or((0, 0));
+                put(
+                    tcp_info::CA_OPTIONS,
+                    u32::from_le_bytes([
+                        info.linux_ca_state(),
+                        info.linux_options(),
+                        (ws & 0xf) | ((wr & 0xf) << 4),
+                        info.backoff.min(255) as u8,
+                    ]),
+                );
+                let mss = info.snd_mss.max(1);
+                put(tcp_info::SACKED, info.sacked_bytes.div_ceil(mss));
+                put(tcp_info::LOST, info.lost_out);
+                put(tcp_info::RETRANS, info.retrans_out);
+                put(tcp_info::REORDERING, info.reordering);
+                put(tcp_info::REORD_SEEN, info.reord_seen);
+                put(tcp_info::RCV_SPACE, info.rcv_space);
+                put(
+                    tcp_info::LAST_DATA_RECV_MS,
+                    info.last_data_recv.as_millis().min(u32::MAX as u128) as u32,
+                );
+                put(
+                    tcp_info::DELIVERED,
+                    info.delivered.min(u32::MAX as u64) as u32,
+                );
+                for (off, d) in [
+                    (tcp_info::BUSY_US, info.busy_time),
+                    (tcp_info::RWND_LIMITED_US, info.rwnd_limited),
+                    (tcp_info::SNDBUF_LIMITED_US, info.sndbuf_limited),
+                ] {
+                    let v = d.as_micros().min(u64::MAX as u128) as u64;
+                    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+                }
                 self.mem.write_info(i, &b);
                 tcp_info::LEN as i64
             }

@@ -266,6 +266,57 @@ pub struct TcpInfo {
     pub sndbuf_limited: Duration,
 }
 
+impl TcpInfo {
+    /// Linux's `tcpi_state` number (`include/net/tcp_states.h`).
+    pub fn linux_state(&self) -> u8 {
+        match self.state {
+            State::Established => 1,
+            State::SynSent => 2,
+            State::SynReceived => 3,
+            State::FinWait1 => 4,
+            State::FinWait2 => 5,
+            State::TimeWait => 6,
+            State::Closed => 7,
+            State::CloseWait => 8,
+            State::LastAck => 9,
+            State::Closing => 11,
+        }
+    }
+
+    /// Linux's `tcpi_ca_state`: Open (0), Disorder (1: SACKs or duplicate ACKs
+    /// seen), CWR (2: reduced for an ECN echo), Recovery (3) or Loss (4: after an
+    /// RTO).
+    pub fn linux_ca_state(&self) -> u8 {
+        if self.in_loss {
+            4
+        } else if self.in_recovery {
+            3
+        } else if self.in_cwr {
+            2
+        } else if self.disorder {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Linux's `tcpi_options` bits: timestamps (1), SACK (2), window scaling (4),
+    /// ECN (8), ECN seen (16), data on the SYN (32).
+    pub fn linux_options(&self) -> u8 {
+        [
+            (self.timestamps, 1),
+            (self.sack, 2),
+            (self.wscale.is_some(), 4),
+            (self.ecn, 8),
+            (self.ecn_seen, 16),
+            (self.syn_data, 32),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |o, (_, bit)| o | bit)
+    }
+}
+
 /// A TCP connection.
 pub struct Connection {
     pub(crate) local: SocketAddr,
