@@ -294,7 +294,13 @@ struct Run {
     bytes: u64,
     p50_us: f64,
     p99_us: f64,
+    /// Segments both ends retransmitted (a Linux end's from TCP_INFO).
     retransmits: u64,
+    /// TCP segments both ends sent, retransmissions included (a Linux end's
+    /// `tcpi_segs_out`).
+    segments: u64,
+    /// The usnet ends' counters ({"client": .., "server": ..}; null for Linux).
+    diag: Value,
 }
 
 pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
@@ -428,6 +434,9 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
             "× Linux veth",
             "× Linux loopback",
             "runs (Gbit/s)",
+            "segments sent",
+            "retransmits",
+            "% retransmitted",
         ]
         .map(String::from)
         .to_vec(),
@@ -449,6 +458,15 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                     .map(|r| format!("{:.2}", r.rate / 1e9))
                     .collect::<Vec<_>>()
                     .join(" "),
+                rs.iter()
+                    .map(|r| r.segments.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                rs.iter()
+                    .map(|r| r.retransmits.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                rtx_percent(rs),
             ]);
             bars.push((format!("{} {}", sys.short(), human(size)), g / 1e9));
             json_bulk.push(json!({
@@ -456,7 +474,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 "median_bits_per_s": g,
                 "ratio_vs_linux_veth": veth_b.map(|b| g / b),
                 "ratio_vs_linux_loopback": lo_b.map(|b| g / b),
-                "runs": rs.iter().map(|r| json!({"bits_per_s": r.rate, "bytes": r.bytes, "retransmits": r.retransmits})).collect::<Vec<_>>(),
+                "runs": rs.iter().map(|r| json!({"bits_per_s": r.rate, "bytes": r.bytes, "retransmits": r.retransmits, "segments": r.segments, "usnet": r.diag})).collect::<Vec<_>>(),
             }));
         }
     }
@@ -470,6 +488,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
             "p99 µs",
             "p50 × Linux loopback",
             "p50 × Linux veth",
+            "retransmits",
         ]
         .map(String::from)
         .to_vec(),
@@ -491,6 +510,10 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 format!("{p99:.1}"),
                 ratio(p50, lo_p),
                 ratio(p50, veth_p),
+                rs.iter()
+                    .map(|r| r.retransmits.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
             ]);
             rr_bars.push((format!("{} {size}B", sys.short()), p50));
             json_rr.push(json!({
@@ -498,7 +521,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 "median_transactions_per_s": tps, "median_p50_us": p50, "median_p99_us": p99,
                 "p50_ratio_vs_linux_loopback": lo_p.map(|b| p50 / b),
                 "p50_ratio_vs_linux_veth": veth_p.map(|b| p50 / b),
-                "runs": rs.iter().map(|r| json!({"transactions_per_s": r.rate, "p50_us": r.p50_us, "p99_us": r.p99_us, "transactions": r.bytes})).collect::<Vec<_>>(),
+                "runs": rs.iter().map(|r| json!({"transactions_per_s": r.rate, "p50_us": r.p50_us, "p99_us": r.p99_us, "transactions": r.bytes, "retransmits": r.retransmits, "segments": r.segments, "usnet": r.diag})).collect::<Vec<_>>(),
             }));
         }
     }
@@ -515,6 +538,29 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 s / v,
                 1.5,
                 true,
+            ));
+        }
+        if let Some((_, _, _, rs)) = results
+            .iter()
+            .find(|r| r.0 == Test::Bulk && r.1 == size && r.2 == Sys::UsnetShm)
+        {
+            let seg: u64 = rs.iter().map(|r| r.segments).sum();
+            let rtx: u64 = rs.iter().map(|r| r.retransmits).sum();
+            let share = if seg == 0 {
+                0.0
+            } else {
+                rtx as f64 / seg as f64
+            };
+            let met = seg > 0 && share <= 1e-4;
+            goals.push((
+                format!(
+                    "goal {}: bulk {}: usnet shm retransmits ≤ 0.01 % of its segments: {rtx} of {seg} ({:.4} %)",
+                    if met { "met" } else { "NOT met" },
+                    human(size),
+                    share * 100.0
+                ),
+                share,
+                met,
             ));
         }
         if let (Some(s), Some(l)) = (shm, lo_b) {
@@ -618,6 +664,17 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         a.out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Retransmitted segments as a percentage of the segments sent, over all runs.
+fn rtx_percent(rs: &[Run]) -> String {
+    let seg: u64 = rs.iter().map(|r| r.segments).sum();
+    let rtx: u64 = rs.iter().map(|r| r.retransmits).sum();
+    if seg == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.4}", rtx as f64 * 100.0 / seg as f64)
+    }
 }
 
 /// A goal line: (text, ratio, met).
@@ -818,6 +875,14 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
         return Err(e.to_string().into());
     }
     let rtx = cr["retransmits"].as_u64().unwrap_or(0) + sr["retransmits"].as_u64().unwrap_or(0);
+    let segments = cr["segments"].as_u64().unwrap_or(0) + sr["segments"].as_u64().unwrap_or(0);
+    let side = |r: &Value| {
+        r.get("counters").map(|_| {
+            json!({"segments": r["segments"], "retransmits": r["retransmits"],
+                   "counters": r["counters"], "device": r["device"]})
+        })
+    };
+    let diag = json!({"client": side(&cr), "server": side(&sr)});
     match test {
         Test::Bulk => {
             let sent = cr["bytes"].as_u64().unwrap_or(0);
@@ -830,6 +895,8 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
                 rate: if w > 0.0 { got as f64 * 8.0 / w } else { 0.0 },
                 bytes: got,
                 retransmits: rtx,
+                segments,
+                diag,
                 ..Run::default()
             })
         }
@@ -848,6 +915,8 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
                 p50_us: cr["p50_us"].as_f64().unwrap_or(0.0),
                 p99_us: cr["p99_us"].as_f64().unwrap_or(0.0),
                 retransmits: rtx,
+                segments,
+                diag,
             })
         }
     }
@@ -947,6 +1016,38 @@ fn accept_within(l: &StdListener, timeout: Duration) -> Res<StdStream> {
     }
 }
 
+/// A Linux end's segments sent and retransmitted (TCP_INFO's `tcpi_segs_out` and
+/// `tcpi_total_retrans`), as the JSON fields a usnet end reports.
+fn linux_counts(s: &StdStream) -> Value {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero tcp_info is a valid value of the plain C struct.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `ti` is writable for `len` bytes and outlives the call; the kernel
+    // writes at most `len` bytes and stores the length it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut ti as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return json!({});
+    }
+    json!({"segments": ti.tcpi_segs_out, "retransmits": ti.tcpi_total_retrans})
+}
+
+/// Merges `extra`'s fields into the object `v`.
+fn with(mut v: Value, extra: Value) -> Value {
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
+}
+
 /// Reads and writes of a Linux peer fail after this much silence (a peer that died).
 fn idle_limit(a: &TcpPeerOptions) -> Option<Duration> {
     Some(Duration::from_secs_f64(a.seconds + 15.0))
@@ -977,7 +1078,7 @@ fn linux_server(a: &TcpPeerOptions) -> Res<Value> {
             if let Some(at) = bad {
                 return Err(format!("stream byte {at} is wrong").into());
             }
-            Ok(json!({"bytes": got, "window_s": w}))
+            Ok(with(json!({"bytes": got, "window_s": w}), linux_counts(&s)))
         }
         Test::Rr => {
             s.set_nodelay(true)?;
@@ -992,7 +1093,7 @@ fn linux_server(a: &TcpPeerOptions) -> Res<Value> {
                 s.write_all(&buf)?;
                 n += 1;
             }
-            Ok(json!({"transactions": n}))
+            Ok(with(json!({"transactions": n}), linux_counts(&s)))
         }
     }
 }
@@ -1015,7 +1116,7 @@ fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
             s.shutdown(std::net::Shutdown::Write)?;
             let mut b = [0u8; 16];
             while s.read(&mut b)? > 0 {}
-            Ok(json!({"bytes": sent}))
+            Ok(with(json!({"bytes": sent}), linux_counts(&s)))
         }
         Test::Rr => {
             s.set_nodelay(true)?;
@@ -1040,7 +1141,10 @@ fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
             while s.read(&mut b)? > 0 {}
             let n = lat.len();
             let (p50, p99) = lat_summary(&mut lat);
-            Ok(json!({"transactions": n, "window_s": w, "p50_us": p50, "p99_us": p99}))
+            Ok(with(
+                json!({"transactions": n, "window_s": w, "p50_us": p50, "p99_us": p99}),
+                linux_counts(&s),
+            ))
         }
     }
 }
@@ -1209,6 +1313,29 @@ impl App {
             .map(|i| i.total_retransmits)
             .unwrap_or(0)
     }
+
+    /// What the stack and the device counted: the TCP segments this end sent, every
+    /// non-zero stack counter and the device's statistics, so a run's retransmissions
+    /// can be traced to where frames went missing.
+    fn diag(&self) -> Value {
+        let c = self.driver.stack().counters_snapshot();
+        let d = self.driver.device_stats();
+        let nonzero: serde_json::Map<String, Value> = c
+            .entries()
+            .into_iter()
+            .filter(|e| e.2 != 0)
+            .map(|(n, _, v)| (n.to_string(), json!(v)))
+            .collect();
+        json!({
+            "segments": c.tcp_engine_tx_segments,
+            "counters": nonzero,
+            "device": {
+                "rx_frames": d.rx_frames, "tx_frames": d.tx_frames,
+                "rx_no_buffer": d.rx_no_buffer, "rx_errors": d.rx_errors,
+                "tx_full": d.tx_full, "tx_dropped": d.tx_dropped,
+            },
+        })
+    }
 }
 
 fn would_block<T>(r: Result<T, StackError>) -> Result<Option<T>, StackError> {
@@ -1246,6 +1373,7 @@ fn usnet_peer(a: &TcpPeerOptions) -> Res<Value> {
         (_, Test::Bulk) => usnet_bulk_client(&mut app, h, a, wait)?,
         (_, Test::Rr) => usnet_rr_client(&mut app, h, a, wait)?,
     };
+    let v = with(v, app.diag());
     app.linger(h);
     Ok(v)
 }

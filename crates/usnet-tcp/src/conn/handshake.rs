@@ -69,6 +69,12 @@ pub(crate) struct SynState {
     pub fo_max: usize,
     /// Bytes the first SYN carried.
     pub fo_sent: u32,
+    /// The end of the data a Fast Open SYN carried, while part of it that the
+    /// SYN-ACK did not take is still to be sent again (RFC 7413 §4.1.3); None once
+    /// it went out, and for every other connection. A sequence number may only be
+    /// compared with it while it is set: 2^31 bytes into the stream a serial
+    /// comparison with the start of the stream turns round.
+    pub fo_resend_end: Option<Seq>,
     /// What the SYN-ACK taught about Fast Open to this peer (its MSS, its cookie if
     /// it sent one), until the owner takes it for its cookie cache.
     pub fo_learned: Option<(u16, Option<FastOpen>)>,
@@ -93,6 +99,7 @@ impl SynState {
             fo: None,
             fo_max: 0,
             fo_sent: 0,
+            fo_resend_end: None,
             fo_learned: None,
             fo_try_exp: None,
             write_pending: false,
@@ -290,6 +297,7 @@ impl Connection {
                 self.stats.tfo_syn_data_acked += 1;
             } else {
                 self.stats.tfo_syn_data_resent += 1;
+                self.syn.fo_resend_end = Some(self.snd.iss + 1u32 + self.syn.fo_sent);
             }
         }
         self.snd.nxt = ack;

@@ -496,11 +496,14 @@ impl Connection {
         // at the end of what is queued so far; a forced push marks its own.
         // The data a Fast Open SYN carried is a buffer of its own with PSH set
         // (Linux's `tcp_send_syn_data`), sent again after a SYN-ACK that did not
-        // take it.
-        let syn_data_end = self.snd.iss + 1u32 + self.syn.fo_sent;
+        // take it. Only while that resend is pending is a sequence number compared
+        // with the SYN data's end (`fo_resend_end`): 2^31 bytes into the stream a
+        // serial comparison with the start of the stream turns round, and every
+        // new segment of the stream's second 2 GiB would count as a resend.
+        let resend_end = self.syn.fo_resend_end;
         let pushed = (len == unsent && !self.snd.more && !self.snd.push_one)
             || self.push_marked(self.snd.nxt + len as u32)
-            || (self.syn.fo_sent > 0 && self.snd.nxt + len as u32 == syn_data_end);
+            || resend_end == Some(self.snd.nxt + len as u32);
         if len > 0
             && (pushed
                 || fin
@@ -526,7 +529,7 @@ impl Connection {
             }
         }
         self.scoreboard.push(txseg);
-        if len > 0 && seq.lt(syn_data_end) {
+        if len > 0 && resend_end.is_some_and(|e| seq.lt(e)) {
             // Data a Fast Open SYN carried, sent again after a SYN-ACK that did not
             // take it: Linux marks it lost and retransmits it (`retrans_out`,
             // `total_retrans`).
@@ -539,8 +542,11 @@ impl Connection {
         // Minshall's small segment is a small piece of new data: the data a Fast Open
         // SYN carried, sent again after a SYN-ACK that did not take it, is a
         // retransmission (as Linux sends it), not a small segment to wait behind.
-        if len < maxp && end.gt(syn_data_end) {
+        if len < maxp && resend_end.is_none_or(|e| end.gt(e)) {
             self.snd.sml = end;
+        }
+        if resend_end.is_some_and(|e| end.ge(e)) {
+            self.syn.fo_resend_end = None;
         }
         if fin {
             self.snd.fin_sent = true;
@@ -1022,5 +1028,60 @@ mod tests {
         cli.set_peer_mss(None);
         assert_eq!(cli.snd.peer_mss, 536, "IPv4 default");
         assert_eq!(cli.snd_mss(), 536);
+    }
+
+    /// A bulk transfer over a lossless path retransmits nothing, also past the
+    /// first 2 GiB of the stream: there a new segment's sequence number is more
+    /// than 2^31 beyond the ISN, where a serial-number comparison against the
+    /// start of the stream turns round (it once counted every new segment of
+    /// the stream's second 2 GiB as a resent Fast Open SYN payload).
+    #[test]
+    fn a_lossless_bulk_transfer_past_two_gib_retransmits_nothing() {
+        // Jumbo segments, as `usnet bench tcp` over shm, so the transfer takes
+        // tens of thousands of segments rather than millions.
+        let cfg = TcpConfig {
+            mss: 64_000,
+            send_buffer: 4 << 20,
+            recv_buffer: 8 << 20,
+            recv_buffer_initial: 1 << 20,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        let total: u64 = (1 << 31) + (256 << 20);
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut buf = vec![0u8; 1 << 20];
+        let (mut sent, mut got) = (0u64, 0u64);
+        let mut now = T0;
+        // Each step moves at most a window (8 MiB): far fewer steps than this.
+        for _ in 0..1_000_000 {
+            if got == total {
+                break;
+            }
+            while sent < total {
+                let want = (total - sent).min(chunk.len() as u64) as usize;
+                let n = cli.send(&chunk[..want]);
+                if n == 0 {
+                    break;
+                }
+                sent += n as u64;
+            }
+            let data = drain(&mut cli, now);
+            feed(&mut srv, now, &data);
+            loop {
+                let n = srv.recv(&mut buf);
+                if n == 0 {
+                    break;
+                }
+                got += n as u64;
+            }
+            let acks = drain(&mut srv, now);
+            feed(&mut cli, now, &acks);
+            now = now + std::time::Duration::from_micros(50);
+        }
+        assert_eq!(got, total, "the transfer finished");
+        assert_eq!(srv.stats().rx_dup_bytes, 0, "nothing arrived twice");
+        assert_eq!(cli.stats().retransmit_segments, 0, "{:?}", cli.info());
+        assert_eq!(cli.info().total_retransmits, 0);
+        assert_eq!(cli.info().retrans_out, 0);
     }
 }
