@@ -72,7 +72,6 @@ fn up(tap: &str, net: u8) -> Setup {
             &format!("10.61.{net}.1/24"),
             "--services",
             "echo",
-            "-q",
         ],
     );
     Setup {

@@ -218,6 +218,8 @@ pub struct Daemon {
     pub child: Child,
     pub name: String,
     pub dir: PathBuf,
+    /// Started with `--quiet`: no "serving clients" line to wait for.
+    quiet: bool,
 }
 
 impl Daemon {
@@ -237,6 +239,7 @@ impl Daemon {
             child,
             name: name.to_string(),
             dir: dir.to_path_buf(),
+            quiet: args.iter().any(|a| *a == "-q" || *a == "--quiet"),
         };
         d.wait_ready();
         d
@@ -256,14 +259,16 @@ impl Daemon {
     /// Polls until the control socket answers and `usnet up` has said it serves
     /// clients (or the process died). The control socket opens before the built-in
     /// services have attached and listen; the line comes after them, so a test's
-    /// first connection to a service is not refused.
+    /// first connection to a service is not refused. (A `--quiet` daemon says
+    /// nothing: only its control socket is waited for.)
     pub fn wait_ready(&mut self) {
         let sock = self.dir.join(format!("{}.ctl", self.name));
         let out = self.dir.join(format!("{}.out", self.name));
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let said = std::fs::read_to_string(&out)
-                .is_ok_and(|s| s.contains("usnet: serving clients at"));
+                .is_ok_and(|s| s.contains("usnet: serving clients at"))
+                || self.quiet;
             if said && UnixStream::connect(&sock).is_ok() {
                 return;
             }
