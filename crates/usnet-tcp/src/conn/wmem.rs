@@ -126,9 +126,16 @@ impl Connection {
         self.write_end()
     }
 
+    /// Our SYN (or SYN-ACK) is not acknowledged yet. SND.UNA at the ISS alone
+    /// does not say so: after the SYN and 2^32 - 1 bytes it is there again, but
+    /// by then something was delivered (the handshake counts one).
+    pub(crate) fn syn_unacked(&self) -> bool {
+        self.snd.una == self.snd.iss && self.snd.delivered == 0
+    }
+
     /// Sequence number of the send buffer's first byte.
     fn data_start(&self) -> Seq {
-        if self.snd.una == self.snd.iss {
+        if self.syn_unacked() {
             self.snd.iss + 1u32
         } else {
             self.snd.una
