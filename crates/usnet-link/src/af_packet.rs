@@ -33,7 +33,7 @@ use std::time::Duration;
 use usnet_pool::{Offload, PacketPool, PktBuf};
 
 use crate::error::LinkError;
-use crate::sys::{self, cvt, EventFd};
+use crate::sys::{self, cvt, getsockopt, setsockopt, EventFd};
 use crate::tap::VnetHdr;
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
 
@@ -134,6 +134,17 @@ pub struct AfPacketDevice {
     big: Vec<u8>,
     down: bool,
     stats: DeviceStats,
+    /// Frames the kernel dropped because the RX ring was full, as read so far
+    /// (PACKET_STATISTICS resets the kernel's count on each read).
+    ring_drops: std::cell::Cell<u64>,
+}
+
+/// `struct tpacket_stats` (PACKET_STATISTICS for a TPACKET_V2 socket).
+#[repr(C)]
+#[derive(Default)]
+struct TpacketStats {
+    tp_packets: u32,
+    tp_drops: u32,
 }
 
 impl std::fmt::Debug for AfPacketDevice {
@@ -144,20 +155,6 @@ impl std::fmt::Debug for AfPacketDevice {
             .field("mtu", &self.mtu)
             .finish()
     }
-}
-
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: passes a pointer to a live T and its exact size; the kernel only reads it.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (val as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
 }
 
 impl AfPacketDevice {
@@ -308,6 +305,7 @@ impl AfPacketDevice {
             big: vec![0; MAX_BIG_FRAME + 1],
             down: false,
             stats: DeviceStats::default(),
+            ring_drops: std::cell::Cell::new(0),
         })
     }
 
@@ -596,7 +594,16 @@ impl Device for AfPacketDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.stats
+        if let Ok(st) =
+            getsockopt::<TpacketStats>(&self.fd, libc::SOL_PACKET, libc::PACKET_STATISTICS)
+        {
+            self.ring_drops
+                .set(self.ring_drops.get() + u64::from(st.tp_drops));
+        }
+        DeviceStats {
+            rx_ring_drops: self.ring_drops.get(),
+            ..self.stats
+        }
     }
 }
 
@@ -778,6 +785,41 @@ mod tests {
 
     /// A frame larger than a ring frame (the ring is sized for the MTU the stack uses)
     /// comes through the kernel's copy path, whole and in order between small ones.
+    #[test]
+    fn afpacket_counts_what_the_kernel_dropped_on_a_full_ring() {
+        if !sys::is_root() {
+            eprintln!("skipped afpacket_counts_what_the_kernel_dropped_on_a_full_ring: needs root");
+            return;
+        }
+        let _veth = Veth::new();
+        let mut dev = AfPacketDevice::open(OURS, Some(1500)).unwrap();
+        let slots = dev.ring.frame_nr;
+        // Nothing drains the ring while the peer sends more frames than it holds.
+        let extra = 300;
+        let peer = std::thread::spawn(move || {
+            let fd = peer_socket();
+            let f = test_frame([0x02, 0, 0x5e, 0, 0x10, 0x02], &[7; 100]);
+            for _ in 0..slots + extra {
+                peer_send(&fd, &f);
+            }
+        });
+        peer.join().unwrap();
+        let drops = dev.stats().rx_ring_drops;
+        assert!(
+            drops >= extra as u64,
+            "{drops} drops counted for {extra} frames too many"
+        );
+        // Reading the kernel's count resets it: the device keeps the total.
+        assert_eq!(dev.stats().rx_ring_drops, drops);
+        let mut p = pool(256, 2048);
+        let mut bufs = Vec::new();
+        dev.rx_burst(&mut p, &mut bufs, 64).unwrap();
+        assert!(!bufs.is_empty(), "the ring kept the first frames");
+        for b in bufs.drain(..) {
+            p.free(b);
+        }
+    }
+
     #[test]
     fn afpacket_frames_larger_than_a_ring_frame() {
         if !sys::is_root() {

@@ -71,6 +71,27 @@ pub struct DeviceStats {
     pub tx_full: u64,
     /// Frames dropped on transmit (too large, device error).
     pub tx_dropped: u64,
+    /// Frames the kernel dropped before usnet saw them, its receive ring being
+    /// full (AF_PACKET's PACKET_STATISTICS `tp_drops`; AF_XDP's `rx_dropped` and
+    /// `rx_ring_full`): the loop did not drain the ring fast enough.
+    pub rx_ring_drops: u64,
+}
+
+impl DeviceStats {
+    /// Every counter with its name (what `usnet stat` and the benches print).
+    pub fn named(&self) -> [(&'static str, u64); 9] {
+        [
+            ("rx_frames", self.rx_frames),
+            ("rx_bytes", self.rx_bytes),
+            ("tx_frames", self.tx_frames),
+            ("tx_bytes", self.tx_bytes),
+            ("rx_no_buffer", self.rx_no_buffer),
+            ("rx_errors", self.rx_errors),
+            ("rx_ring_drops", self.rx_ring_drops),
+            ("tx_full", self.tx_full),
+            ("tx_dropped", self.tx_dropped),
+        ]
+    }
 }
 
 /// Wakes a thread blocked in [`Device::wait`], from any thread.

@@ -21,6 +21,47 @@ pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// `setsockopt` of a plain-data value.
+pub(crate) fn setsockopt<T>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: &T,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live T and its exact size; the kernel only reads it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// `getsockopt` of a plain-data value.
+pub(crate) fn getsockopt<T: Default>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<T> {
+    let mut v = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live `v`.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut T).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(v)
+}
+
 #[cfg(test)]
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

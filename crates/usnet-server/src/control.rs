@@ -647,12 +647,9 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
         "services": services,
         "counters": serde_json::to_value(s.counters_snapshot()).expect("counters serialise"),
         "priority": priority,
-        "device_counters": {
-            "rx_frames": dev.rx_frames, "rx_bytes": dev.rx_bytes,
-            "tx_frames": dev.tx_frames, "tx_bytes": dev.tx_bytes,
-            "rx_no_buffer": dev.rx_no_buffer, "rx_errors": dev.rx_errors,
-            "tx_full": dev.tx_full, "tx_dropped": dev.tx_dropped,
-        },
+        "device_counters": dev.named().into_iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect::<serde_json::Map<_, _>>(),
         "pool": {
             "buf_size": s.pool().buf_size(), "count": s.pool().count(),
             "in_use": p.in_use, "peak_in_use": p.peak_in_use,

@@ -49,7 +49,7 @@ use std::time::Duration;
 use usnet_pool::{Offload, PacketPool, PktBuf};
 
 use crate::error::LinkError;
-use crate::sys::{self, cvt, EventFd};
+use crate::sys::{self, cvt, getsockopt, setsockopt, EventFd};
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
 
 use ring::Ring;
@@ -226,36 +226,6 @@ impl std::fmt::Debug for XdpDevice {
             .field("zerocopy", &self.umem.as_ref().map(|u| u.zerocopy))
             .finish()
     }
-}
-
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: passes a pointer to a live T and its exact size; the kernel only reads it.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (val as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
-}
-
-fn getsockopt<T: Default>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> io::Result<T> {
-    let mut v = T::default();
-    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` bytes into the live `v`.
-    cvt(unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&mut v as *mut T).cast(),
-            &mut len,
-        )
-    })?;
-    Ok(v)
 }
 
 /// Number of RX queues of an interface (from sysfs), if it can be read.
@@ -1011,7 +981,17 @@ impl Device for XdpDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.stats
+        // The kernel's counts are cumulative: frames it dropped for a full RX ring
+        // or for no fill-ring buffer.
+        let ring_drops = self
+            .sock
+            .as_ref()
+            .and_then(|s| getsockopt::<XdpStats>(s, libc::SOL_XDP, libc::XDP_STATISTICS).ok())
+            .map_or(0, |st| st.rx_dropped + st.rx_ring_full);
+        DeviceStats {
+            rx_ring_drops: ring_drops,
+            ..self.stats
+        }
     }
 
     fn info(&self) -> Option<String> {
