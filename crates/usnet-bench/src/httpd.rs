@@ -315,6 +315,21 @@ impl Point {
     fn errors(&self) -> u64 {
         self.runs.iter().map(|r| r.errors).sum()
     }
+    /// Median CPU per request on the server's core, user and kernel (µs).
+    fn cpu_us_per_req(&self) -> (Option<f64>, Option<f64>) {
+        let per: Vec<(f64, f64)> = self
+            .runs
+            .iter()
+            .filter_map(|r| r.cpu_us_per_req())
+            .collect();
+        if per.is_empty() {
+            return (None, None);
+        }
+        (
+            Some(median(&mut per.iter().map(|p| p.0).collect::<Vec<_>>())),
+            Some(median(&mut per.iter().map(|p| p.1).collect::<Vec<_>>())),
+        )
+    }
 }
 
 pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
@@ -401,6 +416,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
                 runs.push(wrk(
                     net.client_ns(),
                     client_core,
+                    (server_core != client_core).then_some(server_core),
                     &url(sys, len),
                     a.connections,
                     a.seconds,
@@ -423,6 +439,8 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             "req/s",
             "× nginx",
             "× socket",
+            "user µs/req",
+            "kernel µs/req",
             "mean ms",
             "p99 ms",
             "errors",
@@ -451,6 +469,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             _ => None,
         };
         let (mean, p99) = (p.med(|r| r.mean_ms), p.med(|r| r.p99_ms));
+        let (cpu_user, cpu_kernel) = p.cpu_us_per_req();
         total_errors += p.errors();
         table.row(vec![
             format!("{total} B ({} B body)", p.len),
@@ -458,6 +477,8 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             format!("{rps:.0}"),
             ratio.map_or("-".into(), |r| format!("{r:.2}")),
             vs_socket.map_or("-".into(), |r| format!("{r:.2}")),
+            crate::cpu::cell(cpu_user, 1.0, 2),
+            crate::cpu::cell(cpu_kernel, 1.0, 2),
             format!("{mean:.3}"),
             format!("{p99:.3}"),
             p.errors().to_string(),
@@ -473,8 +494,10 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             "key": p.sys.short(), "median_rps": rps, "x_nginx": ratio,
             "x_socket": vs_socket,
             "mean_ms": mean, "p99_ms": p99, "errors": p.errors(),
+            "cpu_user_us_per_req": cpu_user, "cpu_kernel_us_per_req": cpu_kernel,
             "runs": p.runs.iter().map(|r| json!({"rps": r.rps, "mean_ms": r.mean_ms,
-                "p99_ms": r.p99_ms, "errors": r.errors})).collect::<Vec<_>>(),
+                "p99_ms": r.p99_ms, "errors": r.errors,
+                "cpu_us_per_req": r.cpu_us_per_req()})).collect::<Vec<_>>(),
         }));
     }
     table.print();

@@ -46,6 +46,44 @@ struct Row {
     unit: &'static str,
     runs: Vec<f64>,
     errors: u64,
+    /// Server-core CPU per unit of work of each measured run, user and kernel,
+    /// in `CPU_UNIT`s of the workload's unit (µs per request, s per GB).
+    cpu: Vec<(f64, f64)>,
+}
+
+impl Row {
+    /// The unit the CPU columns are in.
+    fn cpu_unit(&self) -> &'static str {
+        if self.unit == "req/s" {
+            "µs/req"
+        } else {
+            "s/GB"
+        }
+    }
+
+    /// Median CPU per unit, user and kernel.
+    fn cpu_median(&self) -> (Option<f64>, Option<f64>) {
+        if self.cpu.is_empty() {
+            return (None, None);
+        }
+        (
+            Some(median(
+                &mut self.cpu.iter().map(|c| c.0).collect::<Vec<_>>(),
+            )),
+            Some(median(
+                &mut self.cpu.iter().map(|c| c.1).collect::<Vec<_>>(),
+            )),
+        )
+    }
+}
+
+/// The server core: every server (the kernel's and usnet's, its stack server
+/// too) is pinned to it, and its counters are what the CPU columns show.
+const SERVER_CORE: usize = 1;
+
+/// The server core, when the load generators have another one to run on.
+fn server_core() -> Option<usize> {
+    (crate::cpus() >= 2).then_some(SERVER_CORE)
 }
 
 const STACK: &str = "bench-preload";
@@ -126,17 +164,20 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     let mut rows: Vec<Row> = Vec::new();
     for (name, len) in FILES {
         let mut per: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+        let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); systems.len()];
         let mut errs = vec![0u64; systems.len()];
         for _ in 0..a.runs.max(1) {
             for (i, (_, addr)) in systems.iter().enumerate() {
                 let r = wrk(
                     &client_ns,
                     0,
+                    server_core(),
                     &format!("http://{addr}:{PORT}/{name}"),
                     a.connections,
                     a.seconds,
                 )?;
                 per[i].push(r.rps);
+                cpu[i].extend(r.cpu_us_per_req());
                 errs[i] += r.errors;
             }
         }
@@ -147,6 +188,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
                 unit: "req/s",
                 runs: per[i].clone(),
                 errors: errs[i],
+                cpu: cpu[i].clone(),
             });
         }
     }
@@ -186,6 +228,9 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
             "median",
             "unit",
             "× kernel",
+            "CPU user",
+            "CPU kernel",
+            "CPU unit",
             "errors",
             "runs",
         ]
@@ -199,12 +244,16 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         for r in pair {
             let m = median(&mut r.runs.clone());
             let ratio = m / kernel;
+            let (cpu_user, cpu_kernel) = r.cpu_median();
             table.row(vec![
                 r.workload.clone(),
                 r.system.to_string(),
                 format!("{m:.0}"),
                 r.unit.to_string(),
                 format!("{ratio:.2}"),
+                crate::cpu::cell(cpu_user, 1.0, 2),
+                crate::cpu::cell(cpu_kernel, 1.0, 2),
+                r.cpu_unit().to_string(),
                 r.errors.to_string(),
                 r.runs
                     .iter()
@@ -215,7 +264,9 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
             bars.push((format!("{} {}", r.system, r.workload), ratio));
             results.push(
                 json!({"workload": r.workload, "system": r.system, "unit": r.unit,
-                "median": m, "x_kernel": ratio, "errors": r.errors, "runs": r.runs}),
+                "median": m, "x_kernel": ratio, "errors": r.errors, "runs": r.runs,
+                "cpu_unit": r.cpu_unit(), "cpu_user": cpu_user, "cpu_kernel": cpu_kernel,
+                "cpu_runs": r.cpu}),
             );
         }
     }
@@ -326,30 +377,39 @@ fn redis(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
     for pipeline in [1usize, 16] {
         // Per test and system: requests/s of each run.
         let mut per = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+        let mut cpu = [Vec::new(), Vec::new()];
         for _ in 0..a.runs.max(1) {
             for (i, (_, addr)) in systems.iter().enumerate() {
                 let n = (a.redis_requests * pipeline.min(4)).to_string();
-                let out = client_run(
-                    client_ns,
-                    &[
-                        "redis-benchmark",
-                        "-h",
-                        addr,
-                        "-p",
-                        &REDIS_PORT.to_string(),
-                        "-t",
-                        "set,get",
-                        "-n",
-                        &n,
-                        "-c",
-                        "50",
-                        "-P",
-                        &pipeline.to_string(),
-                        "-q",
-                        "--csv",
-                    ],
-                    Duration::from_secs(300),
-                )?;
+                let (out, used) = crate::cpu::measure(server_core(), || {
+                    client_run(
+                        client_ns,
+                        &[
+                            "redis-benchmark",
+                            "-h",
+                            addr,
+                            "-p",
+                            &REDIS_PORT.to_string(),
+                            "-t",
+                            "set,get",
+                            "-n",
+                            &n,
+                            "-c",
+                            "50",
+                            "-P",
+                            &pipeline.to_string(),
+                            "-q",
+                            "--csv",
+                        ],
+                        Duration::from_secs(300),
+                    )
+                });
+                let out = out?;
+                // One run makes n SETs then n GETs: its CPU per request is shared.
+                if let Some(u) = used {
+                    let (us, ks) = u.per_total(2.0 * n.parse::<f64>().unwrap_or(0.0));
+                    cpu[i].push((us * 1e6, ks * 1e6));
+                }
                 for (t, test) in ["GET", "SET"].iter().enumerate() {
                     let rps = redis_rps(&out, test)
                         .ok_or_else(|| format!("redis-benchmark printed no {test}: {out}"))?;
@@ -365,6 +425,7 @@ fn redis(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
                     unit: "req/s",
                     runs: per[t][i].clone(),
                     errors: 0,
+                    cpu: cpu[i].clone(),
                 });
             }
         }
@@ -385,6 +446,7 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
     for reverse in [false, true] {
         let mut per = [Vec::new(), Vec::new()];
+        let mut cpu = [Vec::new(), Vec::new()];
         for _ in 0..a.runs.max(1) {
             for (i, (_, addr)) in systems.iter().enumerate() {
                 let mut args = vec!["iperf3", "-c", addr, "-J"];
@@ -393,7 +455,10 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
                 if reverse {
                     args.push("-R");
                 }
-                let out = client_run(client_ns, &args, Duration::from_secs(secs + 60))?;
+                let (out, used) = crate::cpu::measure(server_core(), || {
+                    client_run(client_ns, &args, Duration::from_secs(secs + 60))
+                });
+                let out = out?;
                 let v: Value = serde_json::from_str(&out)?;
                 if !v["error"].is_null() {
                     return Err(format!("iperf3: {}", v["error"]).into());
@@ -402,6 +467,11 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
                     .as_f64()
                     .ok_or("iperf3 reported no received rate")?;
                 per[i].push(bps / 1e6);
+                // CPU seconds per GB moved in the window.
+                let bytes = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+                if let Some(u) = used {
+                    cpu[i].push(u.per_total(bytes / 1e9));
+                }
             }
         }
         for (i, (sys, _)) in systems.iter().enumerate() {
@@ -415,6 +485,7 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
                 unit: "Mbit/s",
                 runs: per[i].clone(),
                 errors: 0,
+                cpu: cpu[i].clone(),
             });
         }
     }

@@ -556,8 +556,9 @@ struct Pair {
     connect: String,
 }
 
-/// One bulk run: bits/s at the reader.
-fn bulk(p: &Pair, size: usize, seconds: f64) -> Res<f64> {
+/// One bulk run: bits/s at the reader, and the machine's CPU per GB over the run
+/// (user and kernel seconds, every core: nothing in this bench is pinned).
+fn bulk(p: &Pair, size: usize, seconds: f64) -> Res<(f64, Option<(f64, f64)>)> {
     let spec = |role, transport: &Transport, ns: &Option<String>| {
         PeerSpec::App(AppOptions {
             role,
@@ -573,6 +574,7 @@ fn bulk(p: &Pair, size: usize, seconds: f64) -> Res<f64> {
             netns: ns.clone(),
         })
     };
+    let before = crate::cpu::sample_machine();
     let mut w = Peer::spawn(&spec(Role::WriteServer, &p.writer, &p.writer_ns))?;
     ready(&mut w, "write_server")?;
     let mut r = Peer::spawn(&spec(Role::ReadClient, &p.reader, &p.reader_ns))?;
@@ -580,6 +582,7 @@ fn bulk(p: &Pair, size: usize, seconds: f64) -> Res<f64> {
     let deadline = PEER_READY + Duration::from_secs_f64(seconds * 4.0 + 10.0);
     let rv = r.read(deadline)?;
     let wv = w.read(deadline)?;
+    let used = before.and_then(|b| crate::cpu::sample_like(&b).map(|a| b.until(&a)));
     for v in [&rv, &wv] {
         if let Some(e) = v["error"].as_str() {
             return Err(format!("{}: {e}", p.label).into());
@@ -595,11 +598,12 @@ fn bulk(p: &Pair, size: usize, seconds: f64) -> Res<f64> {
     r.finish(Duration::from_secs(10))?;
     w.finish(Duration::from_secs(10))?;
     let secs = rv["seconds"].as_f64().unwrap_or(0.0);
-    Ok(if secs > 0.0 {
+    let bps = if secs > 0.0 {
         got as f64 * 8.0 / secs
     } else {
         0.0
-    })
+    };
+    Ok((bps, used.map(|u| u.per_total(got as f64 / 1e9))))
 }
 
 fn ready(p: &mut Peer, what: &str) -> Res<()> {
@@ -631,8 +635,9 @@ fn round_trip_p50(transport: &Transport, addr: &str, o: &ServerBenchOptions) -> 
     ))
 }
 
-/// One configuration's points: (buffer size, median Gbit/s, every run's Gbit/s).
-type Points = Vec<(usize, f64, Vec<f64>)>;
+/// One configuration's points: (buffer size, median Gbit/s, every run's Gbit/s,
+/// the median machine CPU s/GB, user and kernel).
+type Points = Vec<(usize, f64, Vec<f64>, Option<(f64, f64)>)>;
 
 /// Medians of `runs` bulk runs per size (Gbit/s); a failed run is reported and
 /// counted out.
@@ -643,19 +648,28 @@ fn series(p: &Pair, o: &ServerBenchOptions, seconds: f64) -> Points {
     }
     for &size in &o.sizes {
         let mut runs = Vec::new();
+        let mut cpu = Vec::new();
         for _ in 0..o.runs {
             match bulk(p, size, seconds) {
-                Ok(bps) => runs.push(bps / 1e9),
+                Ok((bps, used)) => {
+                    runs.push(bps / 1e9);
+                    cpu.extend(used);
+                }
                 Err(e) => eprintln!("  {} at {} B: {e}", p.label, size),
             }
         }
+        let cpu = (!cpu.is_empty()).then(|| {
+            let mut u: Vec<f64> = cpu.iter().map(|c: &(f64, f64)| c.0).collect();
+            let mut k: Vec<f64> = cpu.iter().map(|c| c.1).collect();
+            (median(&mut u), median(&mut k))
+        });
         let m = if runs.is_empty() {
             f64::NAN
         } else {
             median(&mut runs.clone())
         };
         eprintln!("  {:<34} {:>6} B  {:>8.3} Gbit/s", p.label, size, m);
-        out.push((size, m, runs));
+        out.push((size, m, runs, cpu));
     }
     out
 }
@@ -857,16 +871,18 @@ fn report(
             "buffer".into(),
             "Gbit/s".into(),
             "× native".into(),
+            "machine CPU s/GB (user/kernel)".into(),
             "runs".into(),
         ],
     );
     for (label, s) in results {
-        for (size, m, runs) in s {
+        for (size, m, runs, cpu) in s {
             t.row(vec![
                 label.clone(),
                 human(*size),
                 format!("{m:.3}"),
                 format!("{:.2}", m / get(native, *size)),
+                cpu.map_or("-".into(), |(u, k)| format!("{u:.3}/{k:.3}")),
                 runs.iter()
                     .map(|r| format!("{r:.2}"))
                     .collect::<Vec<_>>()
@@ -975,8 +991,9 @@ fn report(
     let json_results: Vec<Value> = results
         .iter()
         .map(|(l, s)| {
-            json!({"configuration": l, "points": s.iter().map(|(size, m, runs)| json!({
+            json!({"configuration": l, "points": s.iter().map(|(size, m, runs, cpu)| json!({
                 "size": size, "gbps_median": m, "gbps_runs": runs,
+                "machine_cpu_s_per_gb": cpu,
             })).collect::<Vec<_>>()})
         })
         .collect();

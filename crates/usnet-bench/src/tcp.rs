@@ -301,6 +301,21 @@ struct Run {
     segments: u64,
     /// The usnet ends' counters ({"client": .., "server": ..}; null for Linux).
     diag: Value,
+    /// CPU of the client's core (0) and the server's (1) per unit of work, user
+    /// and kernel: seconds per GB (bulk) or µs per transaction (request/response).
+    cpu: [Option<(f64, f64)>; 2],
+}
+
+/// The median of one core's user and kernel CPU per unit over runs.
+fn cpu_median(rs: &[Run], core: usize) -> Option<(f64, f64)> {
+    let v: Vec<(f64, f64)> = rs.iter().filter_map(|r| r.cpu[core]).collect();
+    if v.is_empty() {
+        return None;
+    }
+    Some((
+        median(&mut v.iter().map(|c| c.0).collect::<Vec<_>>()),
+        median(&mut v.iter().map(|c| c.1).collect::<Vec<_>>()),
+    ))
 }
 
 pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
@@ -437,6 +452,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
             "segments sent",
             "retransmits",
             "% retransmitted",
+            "server core CPU s/GB (user/kernel)",
+            "client core CPU s/GB (user/kernel)",
         ]
         .map(String::from)
         .to_vec(),
@@ -467,6 +484,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                     .collect::<Vec<_>>()
                     .join(" "),
                 rtx_percent(rs),
+                cpu_pair(cpu_median(rs, 1), 3),
+                cpu_pair(cpu_median(rs, 0), 3),
             ]);
             bars.push((format!("{} {}", sys.short(), human(size)), g / 1e9));
             json_bulk.push(json!({
@@ -474,7 +493,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 "median_bits_per_s": g,
                 "ratio_vs_linux_veth": veth_b.map(|b| g / b),
                 "ratio_vs_linux_loopback": lo_b.map(|b| g / b),
-                "runs": rs.iter().map(|r| json!({"bits_per_s": r.rate, "bytes": r.bytes, "retransmits": r.retransmits, "segments": r.segments, "usnet": r.diag})).collect::<Vec<_>>(),
+                "cpu_s_per_gb": {"server_core": cpu_median(rs, 1), "client_core": cpu_median(rs, 0)},
+                "runs": rs.iter().map(|r| json!({"bits_per_s": r.rate, "bytes": r.bytes, "retransmits": r.retransmits, "segments": r.segments, "usnet": r.diag, "cpu_s_per_gb": {"server_core": r.cpu[1], "client_core": r.cpu[0]}})).collect::<Vec<_>>(),
             }));
         }
     }
@@ -489,6 +509,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
             "p50 × Linux loopback",
             "p50 × Linux veth",
             "retransmits",
+            "server core CPU µs/txn (user/kernel)",
+            "client core CPU µs/txn (user/kernel)",
         ]
         .map(String::from)
         .to_vec(),
@@ -514,6 +536,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                     .map(|r| r.retransmits.to_string())
                     .collect::<Vec<_>>()
                     .join(" "),
+                cpu_pair(cpu_median(rs, 1), 2),
+                cpu_pair(cpu_median(rs, 0), 2),
             ]);
             rr_bars.push((format!("{} {size}B", sys.short()), p50));
             json_rr.push(json!({
@@ -521,7 +545,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 "median_transactions_per_s": tps, "median_p50_us": p50, "median_p99_us": p99,
                 "p50_ratio_vs_linux_loopback": lo_p.map(|b| p50 / b),
                 "p50_ratio_vs_linux_veth": veth_p.map(|b| p50 / b),
-                "runs": rs.iter().map(|r| json!({"transactions_per_s": r.rate, "p50_us": r.p50_us, "p99_us": r.p99_us, "transactions": r.bytes, "retransmits": r.retransmits, "segments": r.segments, "usnet": r.diag})).collect::<Vec<_>>(),
+                "cpu_us_per_transaction": {"server_core": cpu_median(rs, 1), "client_core": cpu_median(rs, 0)},
+                "runs": rs.iter().map(|r| json!({"transactions_per_s": r.rate, "p50_us": r.p50_us, "p99_us": r.p99_us, "transactions": r.bytes, "retransmits": r.retransmits, "segments": r.segments, "usnet": r.diag, "cpu_us_per_transaction": {"server_core": r.cpu[1], "client_core": r.cpu[0]}})).collect::<Vec<_>>(),
             }));
         }
     }
@@ -667,6 +692,11 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
 }
 
 /// Retransmitted segments as a percentage of the segments sent, over all runs.
+/// "user/kernel" CPU per unit, or "-".
+fn cpu_pair(c: Option<(f64, f64)>, digits: usize) -> String {
+    c.map_or("-".into(), |(u, k)| format!("{u:.digits$}/{k:.digits$}"))
+}
+
 fn rtx_percent(rs: &[Run]) -> String {
     let seg: u64 = rs.iter().map(|r| r.segments).sum();
     let rtx: u64 = rs.iter().map(|r| r.retransmits).sum();
@@ -865,10 +895,15 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
             ..peer(PeerRole::LinuxClient, test, size, 0, o)
         },
     };
+    // Both cores' counters over the client's life (its connect, the transfer, its
+    // end): every peer is pinned, the client to core 0 and the server to core 1.
+    let cores = crate::cpus() >= 2;
+    let before = [0, 1].map(|c| cores.then(|| crate::cpu::sample(c)).flatten());
     let mut client = Peer::spawn(&PeerSpec::Tcp(client))?;
     let limit = Duration::from_secs_f64(seconds + 20.0);
     let cr = client.read(limit + PEER_READY)?;
     let sr = server.read(limit + PEER_READY)?;
+    let used = before.map(|b| b.and_then(|b| crate::cpu::sample_like(&b).map(|a| b.until(&a))));
     client.finish(limit)?;
     server.finish(limit)?;
     if let Some(e) = cr["error"].as_str().or(sr["error"].as_str()) {
@@ -897,6 +932,7 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
                 retransmits: rtx,
                 segments,
                 diag,
+                cpu: used.map(|u| u.map(|u| u.per_total(got as f64 / 1e9))),
                 ..Run::default()
             })
         }
@@ -917,6 +953,12 @@ fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
                 retransmits: rtx,
                 segments,
                 diag,
+                cpu: used.map(|u| {
+                    u.map(|u| {
+                        let (us, ks) = u.per_total(n as f64);
+                        (us * 1e6, ks * 1e6)
+                    })
+                }),
             })
         }
     }
@@ -1329,11 +1371,9 @@ impl App {
         json!({
             "segments": c.tcp_engine_tx_segments,
             "counters": nonzero,
-            "device": {
-                "rx_frames": d.rx_frames, "tx_frames": d.tx_frames,
-                "rx_no_buffer": d.rx_no_buffer, "rx_errors": d.rx_errors,
-                "tx_full": d.tx_full, "tx_dropped": d.tx_dropped,
-            },
+            "device": d.named().into_iter()
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect::<serde_json::Map<_, _>>(),
         })
     }
 }

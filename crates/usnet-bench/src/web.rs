@@ -206,6 +206,18 @@ pub(crate) struct WrkRun {
     pub p99_ms: f64,
     /// Socket errors (connect, read, write, timeout) plus non-2xx/3xx answers.
     pub errors: u64,
+    /// How busy the server's core was during the run (`crate::cpu`).
+    pub cpu: Option<crate::cpu::CoreUse>,
+}
+
+impl WrkRun {
+    /// The server core's CPU per request, user and kernel, in µs.
+    pub fn cpu_us_per_req(&self) -> Option<(f64, f64)> {
+        self.cpu.map(|c| {
+            let (u, k) = c.per(self.rps);
+            (u * 1e6, k * 1e6)
+        })
+    }
 }
 
 /// "6.77ms", "850.00us", "1.20s" in milliseconds.
@@ -262,36 +274,40 @@ pub(crate) fn parse_wrk(text: &str) -> Option<WrkRun> {
 }
 
 /// One wrk run from namespace `ns` on CPU `core`: one thread, `connections`
-/// connections, `seconds` long (rounded up to whole seconds), with a deadline.
+/// connections, `seconds` long (rounded up to whole seconds), with a deadline. The
+/// server's core (`server_core`) is measured meanwhile (`WrkRun::cpu`).
 pub(crate) fn wrk(
     ns: &str,
     core: usize,
+    server_core: Option<usize>,
     url: &str,
     connections: usize,
     seconds: f64,
 ) -> Res<WrkRun> {
     let secs = seconds.ceil().max(1.0) as u64;
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "taskset",
-            "-c",
-            &core.to_string(),
-            "timeout",
-            &(secs + 30).to_string(),
-        ])
-        .args([
-            "wrk",
-            "-t1",
-            "--latency",
-            &format!("-c{connections}"),
-            &format!("-d{secs}s"),
-            url,
-        ])
-        .output()
-        .map_err(|e| format!("cannot run wrk (apt install wrk): {e}"))?;
+    let (out, cpu) = crate::cpu::measure(server_core, || {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "taskset",
+                "-c",
+                &core.to_string(),
+                "timeout",
+                &(secs + 30).to_string(),
+            ])
+            .args([
+                "wrk",
+                "-t1",
+                "--latency",
+                &format!("-c{connections}"),
+                &format!("-d{secs}s"),
+                url,
+            ])
+            .output()
+    });
+    let out = out.map_err(|e| format!("cannot run wrk (apt install wrk): {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(format!(
@@ -301,7 +317,10 @@ pub(crate) fn wrk(
         )
         .into());
     }
-    parse_wrk(&text).ok_or_else(|| format!("no Requests/sec in wrk's output: {text}").into())
+    let mut r =
+        parse_wrk(&text).ok_or_else(|| format!("no Requests/sec in wrk's output: {text}"))?;
+    r.cpu = cpu;
+    Ok(r)
 }
 
 #[cfg(test)]
