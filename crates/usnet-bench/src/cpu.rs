@@ -43,15 +43,6 @@ impl CoreUse {
             self.kernel * self.secs / units,
         )
     }
-
-    /// CPU seconds per unit of work, user and kernel, for a rate of `per_second`
-    /// units (requests/s, bytes/s, ...): the busy fraction divided by the rate.
-    pub fn per(&self, per_second: f64) -> (f64, f64) {
-        if per_second <= 0.0 {
-            return (0.0, 0.0);
-        }
-        (self.user / per_second, self.kernel / per_second)
-    }
 }
 
 /// The counters of `core` now (None: no such core in /proc/stat).
@@ -126,10 +117,21 @@ pub fn measure<T>(core: Option<usize>, f: impl FnOnce() -> T) -> (T, Option<Core
     (r, used)
 }
 
-/// A table cell of CPU per unit: `per` is seconds per unit, shown in `scale`
-/// units (1e6: µs) with `digits` decimals; "-" when not measured.
-pub fn cell(per: Option<f64>, scale: f64, digits: usize) -> String {
-    per.map_or("-".into(), |v| format!("{:.*}", digits, v * scale))
+/// A table cell of CPU per unit with `digits` decimals; "-" when not measured.
+pub fn cell(per: Option<f64>, digits: usize) -> String {
+    per.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+/// A "user/kernel" table cell of CPU per unit; "-" when not measured.
+pub fn pair_cell(per: Option<(f64, f64)>, digits: usize) -> String {
+    per.map_or("-".into(), |(u, k)| format!("{u:.digits$}/{k:.digits$}"))
+}
+
+/// The medians of the user and of the kernel CPU per unit over runs (None: no
+/// run was measured).
+pub fn median_pair(runs: impl IntoIterator<Item = (f64, f64)>) -> Option<(f64, f64)> {
+    let (mut u, mut k): (Vec<f64>, Vec<f64>) = runs.into_iter().unzip();
+    (!u.is_empty()).then(|| (usnet_report::median(&mut u), usnet_report::median(&mut k)))
 }
 
 #[cfg(test)]
@@ -155,11 +157,16 @@ mod tests {
             kernel: 0.25,
             secs: 2.0,
         };
-        assert_eq!(u.per(1000.0), (0.0005, 0.00025));
-        assert_eq!(u.per(0.0), (0.0, 0.0));
         assert_eq!(u.per_total(2000.0), (0.0005, 0.00025));
-        assert_eq!(cell(Some(0.0005), 1e6, 1), "500.0");
-        assert_eq!(cell(None, 1e6, 1), "-");
+        assert_eq!(u.per_total(0.0), (0.0, 0.0));
+        assert_eq!(cell(Some(500.0), 1), "500.0");
+        assert_eq!(cell(None, 1), "-");
+        assert_eq!(pair_cell(Some((0.5, 0.25)), 2), "0.50/0.25");
+        assert_eq!(
+            median_pair([(1.0, 9.0), (3.0, 7.0), (2.0, 8.0)]),
+            Some((2.0, 8.0))
+        );
+        assert_eq!(median_pair([]), None);
     }
 
     #[test]

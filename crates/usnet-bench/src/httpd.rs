@@ -316,19 +316,8 @@ impl Point {
         self.runs.iter().map(|r| r.errors).sum()
     }
     /// Median CPU per request on the server's core, user and kernel (µs).
-    fn cpu_us_per_req(&self) -> (Option<f64>, Option<f64>) {
-        let per: Vec<(f64, f64)> = self
-            .runs
-            .iter()
-            .filter_map(|r| r.cpu_us_per_req())
-            .collect();
-        if per.is_empty() {
-            return (None, None);
-        }
-        (
-            Some(median(&mut per.iter().map(|p| p.0).collect::<Vec<_>>())),
-            Some(median(&mut per.iter().map(|p| p.1).collect::<Vec<_>>())),
-        )
+    fn cpu_us_per_req(&self) -> Option<(f64, f64)> {
+        crate::cpu::median_pair(self.runs.iter().filter_map(|r| r.cpu_us_per_req()))
     }
 }
 
@@ -469,7 +458,8 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             _ => None,
         };
         let (mean, p99) = (p.med(|r| r.mean_ms), p.med(|r| r.p99_ms));
-        let (cpu_user, cpu_kernel) = p.cpu_us_per_req();
+        let cpu = p.cpu_us_per_req();
+        let (cpu_user, cpu_kernel) = (cpu.map(|c| c.0), cpu.map(|c| c.1));
         total_errors += p.errors();
         table.row(vec![
             format!("{total} B ({} B body)", p.len),
@@ -477,8 +467,8 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             format!("{rps:.0}"),
             ratio.map_or("-".into(), |r| format!("{r:.2}")),
             vs_socket.map_or("-".into(), |r| format!("{r:.2}")),
-            crate::cpu::cell(cpu_user, 1.0, 2),
-            crate::cpu::cell(cpu_kernel, 1.0, 2),
+            crate::cpu::cell(cpu_user, 2),
+            crate::cpu::cell(cpu_kernel, 2),
             format!("{mean:.3}"),
             format!("{p99:.3}"),
             p.errors().to_string(),

@@ -62,18 +62,8 @@ impl Row {
     }
 
     /// Median CPU per unit, user and kernel.
-    fn cpu_median(&self) -> (Option<f64>, Option<f64>) {
-        if self.cpu.is_empty() {
-            return (None, None);
-        }
-        (
-            Some(median(
-                &mut self.cpu.iter().map(|c| c.0).collect::<Vec<_>>(),
-            )),
-            Some(median(
-                &mut self.cpu.iter().map(|c| c.1).collect::<Vec<_>>(),
-            )),
-        )
+    fn cpu_median(&self) -> Option<(f64, f64)> {
+        crate::cpu::median_pair(self.cpu.iter().copied())
     }
 }
 
@@ -244,15 +234,16 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         for r in pair {
             let m = median(&mut r.runs.clone());
             let ratio = m / kernel;
-            let (cpu_user, cpu_kernel) = r.cpu_median();
+            let cpu = r.cpu_median();
+            let (cpu_user, cpu_kernel) = (cpu.map(|c| c.0), cpu.map(|c| c.1));
             table.row(vec![
                 r.workload.clone(),
                 r.system.to_string(),
                 format!("{m:.0}"),
                 r.unit.to_string(),
                 format!("{ratio:.2}"),
-                crate::cpu::cell(cpu_user, 1.0, 2),
-                crate::cpu::cell(cpu_kernel, 1.0, 2),
+                crate::cpu::cell(cpu_user, 2),
+                crate::cpu::cell(cpu_kernel, 2),
                 r.cpu_unit().to_string(),
                 r.errors.to_string(),
                 r.runs

@@ -658,11 +658,7 @@ fn series(p: &Pair, o: &ServerBenchOptions, seconds: f64) -> Points {
                 Err(e) => eprintln!("  {} at {} B: {e}", p.label, size),
             }
         }
-        let cpu = (!cpu.is_empty()).then(|| {
-            let mut u: Vec<f64> = cpu.iter().map(|c: &(f64, f64)| c.0).collect();
-            let mut k: Vec<f64> = cpu.iter().map(|c| c.1).collect();
-            (median(&mut u), median(&mut k))
-        });
+        let cpu = crate::cpu::median_pair(cpu);
         let m = if runs.is_empty() {
             f64::NAN
         } else {
@@ -882,7 +878,7 @@ fn report(
                 human(*size),
                 format!("{m:.3}"),
                 format!("{:.2}", m / get(native, *size)),
-                cpu.map_or("-".into(), |(u, k)| format!("{u:.3}/{k:.3}")),
+                crate::cpu::pair_cell(*cpu, 3),
                 runs.iter()
                     .map(|r| format!("{r:.2}"))
                     .collect::<Vec<_>>()

@@ -308,14 +308,7 @@ struct Run {
 
 /// The median of one core's user and kernel CPU per unit over runs.
 fn cpu_median(rs: &[Run], core: usize) -> Option<(f64, f64)> {
-    let v: Vec<(f64, f64)> = rs.iter().filter_map(|r| r.cpu[core]).collect();
-    if v.is_empty() {
-        return None;
-    }
-    Some((
-        median(&mut v.iter().map(|c| c.0).collect::<Vec<_>>()),
-        median(&mut v.iter().map(|c| c.1).collect::<Vec<_>>()),
-    ))
+    crate::cpu::median_pair(rs.iter().filter_map(|r| r.cpu[core]))
 }
 
 pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
@@ -484,8 +477,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                     .collect::<Vec<_>>()
                     .join(" "),
                 rtx_percent(rs),
-                cpu_pair(cpu_median(rs, 1), 3),
-                cpu_pair(cpu_median(rs, 0), 3),
+                crate::cpu::pair_cell(cpu_median(rs, 1), 3),
+                crate::cpu::pair_cell(cpu_median(rs, 0), 3),
             ]);
             bars.push((format!("{} {}", sys.short(), human(size)), g / 1e9));
             json_bulk.push(json!({
@@ -536,8 +529,8 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                     .map(|r| r.retransmits.to_string())
                     .collect::<Vec<_>>()
                     .join(" "),
-                cpu_pair(cpu_median(rs, 1), 2),
-                cpu_pair(cpu_median(rs, 0), 2),
+                crate::cpu::pair_cell(cpu_median(rs, 1), 2),
+                crate::cpu::pair_cell(cpu_median(rs, 0), 2),
             ]);
             rr_bars.push((format!("{} {size}B", sys.short()), p50));
             json_rr.push(json!({
@@ -692,11 +685,6 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
 }
 
 /// Retransmitted segments as a percentage of the segments sent, over all runs.
-/// "user/kernel" CPU per unit, or "-".
-fn cpu_pair(c: Option<(f64, f64)>, digits: usize) -> String {
-    c.map_or("-".into(), |(u, k)| format!("{u:.digits$}/{k:.digits$}"))
-}
-
 fn rtx_percent(rs: &[Run]) -> String {
     let seg: u64 = rs.iter().map(|r| r.segments).sum();
     let rtx: u64 = rs.iter().map(|r| r.retransmits).sum();

@@ -214,7 +214,7 @@ impl WrkRun {
     /// The server core's CPU per request, user and kernel, in µs.
     pub fn cpu_us_per_req(&self) -> Option<(f64, f64)> {
         self.cpu.map(|c| {
-            let (u, k) = c.per(self.rps);
+            let (u, k) = c.per_total(self.rps * c.secs);
             (u * 1e6, k * 1e6)
         })
     }
