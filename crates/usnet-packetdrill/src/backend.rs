@@ -658,6 +658,17 @@ impl Backend {
         }))
     }
 
+    /// SO_KEEPALIVE with TCP_KEEPIDLE/INTVL/CNT as set onto `fd`'s connection, if
+    /// it has one.
+    fn apply_keepalive(&mut self, fd: c_int, kind: Kind) -> Res<()> {
+        if let Kind::Conn(h) = kind {
+            let ka = self.keepalive_of(fd)?;
+            self.stack_mut().tcp_set_keepalive(h, ka).map_err(map)?;
+            self.pump();
+        }
+        Ok(())
+    }
+
     /// SO_SNDBUF and TCP_NOTSENT_LOWAT onto a new connection.
     fn apply_buffer_options(&mut self, h: SocketHandle, sndbuf: Option<u32>, lowat: u32) {
         if let Some(b) = sndbuf {
@@ -1092,18 +1103,13 @@ impl Backend {
             }
             Opt::ZeroCopy(on) => self.fd(fd)?.zc.on = on,
             Opt::Timestamping(flags) => self.set_timestamping(fd, flags)?,
-            Opt::KeepAlive(_) | Opt::Keep(..) => {
-                let f = self.fd(fd)?;
-                match opt {
-                    Opt::KeepAlive(on) => f.keepalive = on,
-                    Opt::Keep(i, v) => f.keep[i] = Some(v),
-                    _ => unreachable!("matched above"),
-                }
-                if let Kind::Conn(h) = kind {
-                    let ka = self.keepalive_of(fd)?;
-                    self.stack_mut().tcp_set_keepalive(h, ka).map_err(map)?;
-                    self.pump();
-                }
+            Opt::KeepAlive(on) => {
+                self.fd(fd)?.keepalive = on;
+                self.apply_keepalive(fd, kind)?;
+            }
+            Opt::Keep(i, v) => {
+                self.fd(fd)?.keep[i] = Some(v);
+                self.apply_keepalive(fd, kind)?;
             }
             Opt::Inq(on) => self.fd(fd)?.inq = on,
             Opt::UserTimeout(v) => {
