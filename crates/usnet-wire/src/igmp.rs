@@ -157,15 +157,20 @@ impl IgmpRepr {
                 max_resp_code: c,
                 v3: true,
                 ..
-            } if c >= 128 => {
-                let exp = u32::from((c >> 4) & 7);
-                let mant = u32::from(c & 0xf);
-                (mant | 0x10) << (exp + 3)
-            }
+            } if c >= 128 => float_code(u32::from(c), 4),
             IgmpRepr::Query { max_resp_code, .. } => u32::from(max_resp_code),
             _ => 0,
         }
     }
+}
+
+/// A maximum response code in the floating-point form IGMPv3 (RFC 3376 §4.1.1)
+/// and MLDv2 (RFC 3810 §5.1.3) share: a 3-bit exponent above a `mant_bits`-bit
+/// mantissa, worth `(mant | 1 << mant_bits) << (exp + 3)`.
+pub(crate) fn float_code(code: u32, mant_bits: u32) -> u32 {
+    let exp = (code >> mant_bits) & 7;
+    let mant = code & ((1 << mant_bits) - 1);
+    (mant | 1 << mant_bits) << (exp + 3)
 }
 
 #[cfg(test)]

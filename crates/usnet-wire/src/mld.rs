@@ -248,11 +248,7 @@ impl<'a> MldRepr<'a> {
                 max_resp_code: c,
                 v2: true,
                 ..
-            } if c >= 0x8000 => {
-                let exp = u32::from((c >> 12) & 7);
-                let mant = u32::from(c & 0xfff);
-                (mant | 0x1000) << (exp + 3)
-            }
+            } if c >= 0x8000 => crate::igmp::float_code(u32::from(c), 12),
             MldRepr::Query { max_resp_code, .. } => u32::from(max_resp_code),
             _ => 0,
         }
