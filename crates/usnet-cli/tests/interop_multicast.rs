@@ -109,21 +109,11 @@ fn python(stack: Option<&str>, d: &std::path::Path, script: &str, args: &[&str])
 
 /// Waits (25 s at most) for a background program to exit; its log.
 fn finish(bg: &mut Bg, d: &std::path::Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(25);
-    loop {
-        if let Some(s) = bg.0.try_wait().unwrap() {
-            let log = log_of(d, bg.1);
-            assert!(s.success(), "{} exited with {s}: {log}", bg.1);
-            return log;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} still running: {}",
-            bg.1,
-            log_of(d, bg.1)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let s = reap(&mut bg.0, Duration::from_secs(25));
+    let log = log_of(d, bg.1);
+    let s = s.unwrap_or_else(|| panic!("{} still running: {log}", bg.1));
+    assert!(s.success(), "{} exited with {s}: {log}", bg.1);
+    log
 }
 
 #[test]

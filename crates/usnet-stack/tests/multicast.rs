@@ -2,29 +2,20 @@
 //! leaves on the link, queries answered, delivery to every member socket on the
 //! port (and not to others), sending to a group (MAC, TTL/hop limit, loopback).
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use usnet_stack::{mac_from_seed, Families, Instant, SocketHandle, Stack, StackConfig};
+use common::{cfg, sa};
+use usnet_stack::{Families, Instant, SocketHandle, Stack};
 use usnet_wire::{self as wire, IgmpRepr, Ipv4Repr, Ipv6Repr, MacAddr, MldRepr};
 
 const PEER_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 9]);
 
+/// Stack 1 of the shared configurations: 10.0.0.1/24 and fd00::1/64.
 fn stack() -> Stack {
-    Stack::new(StackConfig {
-        mac: mac_from_seed(1),
-        addrs: vec![
-            "10.0.0.1/24".parse().unwrap(),
-            "fd00::1/64".parse().unwrap(),
-        ],
-        seed: 1,
-        ..Default::default()
-    })
-    .unwrap()
-}
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
+    Stack::new(cfg(1)).unwrap()
 }
 
 fn ip(s: &str) -> IpAddr {

@@ -1,4 +1,4 @@
-//! What the whole-stack TCP tests share: stack configurations, the byte pattern and a
+//! What the whole-stack tests share: stack configurations, the byte pattern and a
 //! checked one-way transfer.
 #![allow(dead_code)] // each test file uses a different part
 
