@@ -193,8 +193,8 @@ def run_one_unlocked(args, tcp, script, mode, extra):
     pd_flags, so_flags = MODES[mode]
     fd, sysctl_file = tempfile.mkstemp(prefix="usnet-pd-sysctl.")
     os.close(fd)
-    so = ",".join([so_flags] + ([] if args.no_sysctls else
-                                extra + ["sysctl_file=" + sysctl_file]))
+    so = ",".join([so_flags] + ["layer=" + args.layer] +
+                  ([] if args.no_sysctls else extra + ["sysctl_file=" + sysctl_file]))
     path = os.path.join(tcp, script)
     cmd = ["timeout", "-k", "5", str(args.timeout), args.packetdrill, "--send_omit_free"]
     cmd += pd_flags.split()
@@ -233,6 +233,9 @@ def main():
     ap.add_argument("--results", help="write every result (TSV) here")
     ap.add_argument("--mode", choices=sorted(MODES), action="append")
     ap.add_argument("--show", action="store_true", help="print packetdrill's output")
+    ap.add_argument("--layer", choices=["backend", "posix"], default="backend",
+                    help="the socket layer scripts call: the backend's own, or usnet-posix "
+                         "(libusnet.so's, the shim's) over a stack server in the process")
     ap.add_argument("--no-sysctls", action="store_true",
                     help="pass no profile/sysctl flags (for backends without them)")
     ap.add_argument("filter", nargs="*", help="only scripts whose path contains one")

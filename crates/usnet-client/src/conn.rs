@@ -15,6 +15,8 @@ use usnet_session::{ServerPage, Session};
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::FutexBell;
 
+use crate::vtime;
+
 /// How long one sleep lasts before the client looks at the server's liveness.
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 /// How often a read or write that does not sleep looks at the control connection (a
@@ -469,6 +471,7 @@ impl Conn {
     /// Waits for the completion of `tag`.
     pub fn wait(&self, tag: u64) -> io::Result<Completion> {
         loop {
+            let epoch = vtime::epoch();
             let seen = self.bell.seq();
             self.collect();
             if let Some(c) = lock(&self.comp).done.remove(&tag) {
@@ -481,7 +484,15 @@ impl Conn {
                 self.collect();
                 lock(&self.comp).done.contains_key(&tag)
             };
-            self.bell.sleep(seen, ready, LIVENESS_SLICE);
+            // The server answers without the clock moving: even the clock's owner
+            // sleeps here (a quiet server has answered).
+            let left = if vtime::installed().is_some() {
+                vtime::SLICE
+            } else {
+                LIVENESS_SLICE
+            };
+            let _asleep = vtime::asleep_for_server(epoch);
+            self.bell.sleep(seen, ready, left);
         }
     }
 
@@ -497,6 +508,7 @@ impl Conn {
     }
 
     pub fn bell_seq(&self) -> u32 {
+        vtime::mark();
         self.bell.seq()
     }
 
@@ -507,8 +519,17 @@ impl Conn {
             return Err(down());
         }
         self.collect();
-        self.bell
-            .sleep(seen, || false, timeout.min(LIVENESS_SLICE * 4));
+        let deadline = vtime::now() + timeout;
+        match vtime::plan(
+            vtime::marked(),
+            timeout.min(LIVENESS_SLICE * 4),
+            Some(deadline),
+        ) {
+            (vtime::Plan::Sleep(left), _asleep) => {
+                self.bell.sleep(seen, || false, left);
+            }
+            (vtime::Plan::Moved | vtime::Plan::GiveUp, _) => {}
+        }
         Ok(())
     }
 
@@ -526,6 +547,7 @@ impl Conn {
     ) -> io::Result<bool> {
         let signals = crate::signal::mark();
         loop {
+            let epoch = vtime::epoch();
             let seen = self.bell.seq();
             if ready() {
                 return Ok(true);
@@ -535,7 +557,7 @@ impl Conn {
             }
             let left = match deadline {
                 Some(d) => {
-                    let now = Instant::now();
+                    let now = vtime::now();
                     if now >= d {
                         return Ok(false);
                     }
@@ -543,7 +565,13 @@ impl Conn {
                 }
                 None => LIVENESS_SLICE,
             };
-            self.bell.sleep(seen, &mut ready, left);
+            match vtime::plan(epoch, left, deadline) {
+                (vtime::Plan::Sleep(left), _asleep) => {
+                    self.bell.sleep(seen, &mut ready, left);
+                }
+                (vtime::Plan::Moved, _) => continue,
+                (vtime::Plan::GiveUp, _) => return Ok(ready()),
+            }
             if crate::signal::interrupted_since(signals, restartable) && !ready() {
                 return Err(io::ErrorKind::Interrupted.into());
             }

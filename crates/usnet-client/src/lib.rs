@@ -23,6 +23,7 @@ mod sock;
 mod socket;
 mod tcp;
 mod udp;
+pub mod vtime;
 pub mod zc;
 
 use std::io;

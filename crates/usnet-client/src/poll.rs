@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::Arc;
@@ -220,7 +220,7 @@ impl Poller {
         events: &mut Vec<Event>,
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(|t| crate::vtime::now() + t);
         loop {
             let before = events.len();
             for (&token, reg) in self.regs.iter_mut() {
@@ -235,7 +235,7 @@ impl Poller {
             let Some(conn) = self.regs.values().next().map(|r| r.conn.clone()) else {
                 // Nothing registered: just wait out the timeout.
                 if let Some(t) = timeout {
-                    std::thread::sleep(t);
+                    crate::vtime::sleep(t);
                 }
                 return Ok(0);
             };

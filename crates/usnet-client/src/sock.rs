@@ -186,11 +186,11 @@ impl Sock {
     }
 
     pub(crate) fn read_deadline(&self) -> Option<Instant> {
-        lock(&self.read_timeout).map(|t| Instant::now() + t)
+        lock(&self.read_timeout).map(|t| crate::vtime::now() + t)
     }
 
     pub(crate) fn write_deadline(&self) -> Option<Instant> {
-        lock(&self.write_timeout).map(|t| Instant::now() + t)
+        lock(&self.write_timeout).map(|t| crate::vtime::now() + t)
     }
 
     /// Waits until `ready` holds; `WouldBlock` when non-blocking (the socket, or this

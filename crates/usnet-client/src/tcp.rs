@@ -237,7 +237,7 @@ impl TcpStream {
         addr: SocketAddr,
         timeout: Duration,
     ) -> io::Result<TcpStream> {
-        Self::connect_inner(client, addr, Some(Instant::now() + timeout))
+        Self::connect_inner(client, addr, Some(crate::vtime::now() + timeout))
     }
 
     /// Starts a connection and returns at once (like a non-blocking `connect`):

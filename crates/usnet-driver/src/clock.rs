@@ -67,6 +67,24 @@ impl Clock for ManualClock {
     }
 }
 
+/// Either clock, for a loop that is built once and runs on real time in service
+/// and on virtual time under a harness (the stack server under packetdrill).
+#[derive(Debug, Clone)]
+pub enum AnyClock {
+    System(SystemClock),
+    Manual(ManualClock),
+}
+
+impl Clock for AnyClock {
+    #[inline]
+    fn now(&self) -> Instant {
+        match self {
+            AnyClock::System(c) => c.now(),
+            AnyClock::Manual(c) => c.now(),
+        }
+    }
+}
+
 impl<C: Clock + ?Sized> Clock for &C {
     fn now(&self) -> Instant {
         (**self).now()

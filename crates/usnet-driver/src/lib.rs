@@ -10,7 +10,7 @@ mod clock;
 mod memdev;
 pub mod sched;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{AnyClock, Clock, ManualClock, SystemClock};
 pub use memdev::{MemDevice, MemQueues};
 pub use sched::{Booster, SchedHook, Setpriority};
 

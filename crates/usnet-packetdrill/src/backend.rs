@@ -49,6 +49,9 @@ pub struct Options {
     /// injects to the kernel as a GSO frame of `N`-byte segments; the backend gives
     /// the stack such frames with that `gso_size`, as a device that coalesced them.
     pub gso_mss: Option<u16>,
+    /// `layer=posix`: socket calls go through usnet-posix to a stack server in this
+    /// process (`crate::posix`) instead of this module's own socket layer.
+    pub posix: bool,
 }
 
 impl Default for Options {
@@ -65,6 +68,7 @@ impl Default for Options {
             tcp: usnet_stack::TcpConfig::default(),
             sysctl_file: None,
             gso_mss: None,
+            posix: false,
         }
     }
 }
@@ -108,11 +112,58 @@ impl Options {
                 "trap" => o.trap = v != "0",
                 "gso_mss" => o.gso_mss = Some(v.parse().map_err(|e| bad(&e))?),
                 "sysctl_file" => o.sysctl_file = Some(v.to_string()),
+                "layer" => {
+                    o.posix = match v {
+                        "posix" => true,
+                        "backend" => false,
+                        _ => return Err(format!("flag layer={v}: expected posix or backend")),
+                    }
+                }
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
         }
         Ok(o)
+    }
+}
+
+/// The stack a script runs against: packetdrill's addresses, the options' MTU,
+/// seed and TCP template.
+pub(crate) fn stack_config(o: &Options) -> StackConfig {
+    StackConfig {
+        mac: STACK_MAC,
+        addrs: vec![o.local, o.local6],
+        gateway4: Some(o.gateway),
+        gateway6: Some(o.gateway6),
+        mtu: o.mtu,
+        seed: o.seed,
+        tcp: o.tcp.clone(),
+        ..Default::default()
+    }
+}
+
+/// The in-memory link: the options' MTU, no offloads.
+pub(crate) fn device_caps(o: &Options) -> DeviceCaps {
+    DeviceCaps {
+        mtu: o.mtu,
+        rx_csum_offload: false,
+        tx_csum_offload: false,
+        tso: false,
+        max_burst: 64,
+    }
+}
+
+/// One line of the script's sysctl file: `tcp_name=value`, or the line that
+/// flushes the stack's TCP metrics.
+pub(crate) fn apply_sysctl_line(stack: &mut Stack, line: &str) {
+    if line.trim() == FLUSH_METRICS {
+        stack.tcp_flush_metrics();
+        return;
+    }
+    if let Some((k, v)) = line.trim().split_once('=') {
+        if let Err(e) = stack.tcp_config_mut().set_sysctl(k.trim(), v.trim()) {
+            eprintln!("usnet-packetdrill: sysctl {k}={v}: {e}");
+        }
     }
 }
 
@@ -292,28 +343,9 @@ pub(crate) fn map(e: StackError) -> c_int {
 
 impl Backend {
     pub fn new(o: &Options) -> Result<Backend, String> {
-        let cfg = StackConfig {
-            mac: STACK_MAC,
-            addrs: vec![o.local, o.local6],
-            gateway4: Some(o.gateway),
-            gateway6: Some(o.gateway6),
-            mtu: o.mtu,
-            seed: o.seed,
-            tcp: o.tcp.clone(),
-            ..Default::default()
-        };
-        let stack = Stack::new(cfg).map_err(|e| format!("{e}"))?;
-        let (dev, link) = MemDevice::new(
-            "packetdrill",
-            DeviceCaps {
-                mtu: o.mtu,
-                rx_csum_offload: false,
-                tx_csum_offload: false,
-                tso: false,
-                max_burst: 64,
-            },
-        )
-        .map_err(|e| format!("in-memory link: {e}"))?;
+        let stack = Stack::new(stack_config(o)).map_err(|e| format!("{e}"))?;
+        let (dev, link) = MemDevice::new("packetdrill", device_caps(o))
+            .map_err(|e| format!("in-memory link: {e}"))?;
         let clock = ManualClock::default();
         let epoch_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -356,19 +388,7 @@ impl Backend {
         let upto = new.rfind('\n').map_or(0, |i| i + 1);
         *seen += upto;
         for line in new[..upto].lines() {
-            if line.trim() == FLUSH_METRICS {
-                self.stack_mut().tcp_flush_metrics();
-                continue;
-            }
-            if let Some((k, v)) = line.trim().split_once('=') {
-                if let Err(e) = self
-                    .stack_mut()
-                    .tcp_config_mut()
-                    .set_sysctl(k.trim(), v.trim())
-                {
-                    eprintln!("usnet-packetdrill: sysctl {k}={v}: {e}");
-                }
-            }
+            apply_sysctl_line(self.stack_mut(), line);
         }
     }
 

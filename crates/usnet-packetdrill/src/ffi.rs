@@ -818,6 +818,13 @@ pub unsafe extern "C" fn packetdrill_interface_init(
             .to_string_lossy()
             .into_owned()
     };
+    if let Ok(o) = Options::parse(&flags) {
+        if o.posix {
+            // SAFETY: checked non-null; the caller owns a struct of this layout.
+            crate::posix::init(&o, unsafe { &mut *ifc });
+            return;
+        }
+    }
     let made = catch_unwind(|| {
         let o = Options::parse(&flags)?;
         Backend::new(&o).map(|b| (b, o.trap))

@@ -37,6 +37,7 @@
 pub mod backend;
 pub mod ffi;
 pub mod layout;
+pub mod posix;
 pub mod trap;
 
 pub use backend::link::{PEER_MAC, STACK_MAC};

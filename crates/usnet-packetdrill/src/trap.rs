@@ -27,6 +27,34 @@ use std::thread::JoinHandle;
 use crate::backend::shared::Shared;
 use crate::backend::Backend;
 
+/// What answers the trapped calls: the in-process backend, or the `layer=posix`
+/// world.
+pub trait Answer: Send + Sync + 'static {
+    /// The value of `(level, name)` on `sock`; None: not this library's descriptor
+    /// or not an option it answers (the call goes on to the kernel).
+    fn value(&self, sock: c_int, level: c_int, name: c_int) -> Option<Result<Vec<u8>, c_int>>;
+    /// Whether `fd` is this library's socket.
+    fn owns(&self, fd: c_int) -> bool;
+    /// A blocking `write` of `data` to the socket `fd`.
+    fn write(&self, fd: c_int, data: &[u8]) -> Result<usize, c_int>;
+}
+
+impl Answer for Shared {
+    fn value(&self, sock: c_int, level: c_int, name: c_int) -> Option<Result<Vec<u8>, c_int>> {
+        value(&mut self.lock(), sock, level, name)
+    }
+
+    fn owns(&self, fd: c_int) -> bool {
+        self.lock().owns(fd)
+    }
+
+    fn write(&self, fd: c_int, data: &[u8]) -> Result<usize, c_int> {
+        let _inside = self.enter();
+        self.lock().apply_sysctl_file();
+        Shared::write(self, fd, data, 0).map(|n| n as usize)
+    }
+}
+
 const TCP_CC_INFO: u32 = 26;
 const SO_MEMINFO: u32 = 55;
 
@@ -70,7 +98,7 @@ fn jump(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 }
 
 /// Installs the filter and starts the supervisor for `shared`.
-pub fn install(shared: Arc<Shared>) -> Result<Trap, String> {
+pub fn install<A: Answer>(shared: Arc<A>) -> Result<Trap, String> {
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = shared;
@@ -122,7 +150,7 @@ pub fn install(shared: Arc<Shared>) -> Result<Trap, String> {
     let stop2 = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
         .name("usnet-pd-trap".into())
-        .spawn(move || supervise(fd, &shared, &stop2))
+        .spawn(move || supervise(fd, &*shared, &stop2))
         .map_err(|e| format!("supervisor thread: {e}"))?;
     Ok(Trap {
         stop,
@@ -131,7 +159,7 @@ pub fn install(shared: Arc<Shared>) -> Result<Trap, String> {
 }
 
 /// Answers trapped calls until told to stop (checked every 100 ms of real time).
-fn supervise(fd: c_int, shared: &Shared, stop: &AtomicBool) {
+fn supervise(fd: c_int, shared: &dyn Answer, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         let mut p = libc::pollfd {
             fd,
@@ -158,7 +186,7 @@ fn supervise(fd: c_int, shared: &Shared, stop: &AtomicBool) {
 }
 
 /// The answer to one trapped `getsockopt`.
-fn answer(fd: c_int, shared: &Shared, req: &libc::seccomp_notif) -> libc::seccomp_notif_resp {
+fn answer(fd: c_int, shared: &dyn Answer, req: &libc::seccomp_notif) -> libc::seccomp_notif_resp {
     let mut resp = libc::seccomp_notif_resp {
         id: req.id,
         val: 0,
@@ -174,10 +202,7 @@ fn answer(fd: c_int, shared: &Shared, req: &libc::seccomp_notif) -> libc::seccom
         return resp;
     }
     let (sock, level, name) = (a[0] as c_int, a[1] as c_int, a[2] as c_int);
-    let bytes = {
-        let mut g = shared.lock();
-        value(&mut g, sock, level, name)
-    };
+    let bytes = shared.value(sock, level, name);
     let Some(bytes) = bytes else {
         return resp;
     };
@@ -223,14 +248,14 @@ const SENDFILE_MAX: usize = 1 << 20;
 /// other `out_fd` goes on to the kernel.
 fn sendfile(
     fd: c_int,
-    shared: &Shared,
+    shared: &dyn Answer,
     req: &libc::seccomp_notif,
     mut resp: libc::seccomp_notif_resp,
 ) -> libc::seccomp_notif_resp {
     let a = req.data.args;
     let (out_fd, in_fd, offp) = (a[0] as c_int, a[1] as c_int, a[2] as usize);
     let count = (a[3] as usize).min(SENDFILE_MAX);
-    if !shared.lock().owns(out_fd) {
+    if !shared.owns(out_fd) {
         return resp;
     }
     resp.flags = 0;
@@ -249,7 +274,7 @@ fn sendfile(
 }
 
 fn sendfile_to(
-    shared: &Shared,
+    shared: &dyn Answer,
     out_fd: c_int,
     in_fd: c_int,
     offp: usize,
@@ -282,9 +307,7 @@ fn sendfile_to(
     let sent = if got == 0 {
         0
     } else {
-        let _inside = shared.enter();
-        shared.lock().apply_sysctl_file();
-        shared.write(out_fd, &buf[..got], 0)? as usize
+        shared.write(out_fd, &buf[..got])?
     };
     if offp != 0 {
         let mut off = (start + sent as i64).to_ne_bytes();

@@ -34,7 +34,7 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use usnet_client::{Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
 
@@ -619,7 +619,9 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
         }
     }
     // Blocking: wait for the outcome.
-    let deadline = lock(&e.opts).sndtimeo.map(|t| Instant::now() + t);
+    let deadline = lock(&e.opts)
+        .sndtimeo
+        .map(|t| usnet_client::vtime::now() + t);
     let r = poll::wait_connected(&e, deadline);
     if let Err(err) = r {
         if err.0 != libc::EINPROGRESS {
@@ -1482,6 +1484,24 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
             b
         }
         (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => o.mcast_if.to_vec(),
+        // Linux's `sk_meminfo`: the receive queue and buffer, the send buffer and
+        // the bytes queued to send (in flight here: the rest waits in the session's
+        // ring, which is this process's memory, not the stack's).
+        (libc::SOL_SOCKET, sockopt::SO_MEMINFO) => {
+            let (rmem, queued) = match stream {
+                Some(s) => (s.available() as u32, s.info()?.bytes_in_flight),
+                None => (0, 0),
+            };
+            let rcvbuf = o.rcvbuf.map_or(131072, |v| v * 2) as u32;
+            let sndbuf = o.sndbuf.map_or(16384, sockopt::linux_sndbuf) as u32;
+            [rmem, rcvbuf, queued, sndbuf, 0, queued, 0, 0, 0]
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect()
+        }
+        // Linux's CUBIC and Reno keep no `tcp_cc_info` (only Vegas, DCTCP and BBR do):
+        // an empty answer, as the kernel gives.
+        (libc::IPPROTO_TCP, sockopt::TCP_CC_INFO) if tcp => Vec::new(),
         (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => match stream {
             Some(s) => linux_tcp_info(&s.info()?).to_bytes(),
             None => {

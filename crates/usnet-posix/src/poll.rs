@@ -77,8 +77,8 @@ fn interest_of(events: i16) -> Interest {
 /// `poll(2)` over any mix of usnet sockets and kernel descriptors. `timeout_ms < 0`
 /// waits without end.
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
-    let deadline =
-        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let deadline = (timeout_ms >= 0)
+        .then(|| usnet_client::vtime::now() + Duration::from_millis(timeout_ms as u64));
     let mut poller = Poller::new();
     let mut kernel: Vec<usize> = Vec::new();
     let mut fixed: Vec<(usize, i16)> = Vec::new();
@@ -141,7 +141,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
         }
         let left = match deadline {
             Some(d) => {
-                let now = Instant::now();
+                let now = usnet_client::vtime::now();
                 if now >= d {
                     return Ok(0);
                 }
@@ -372,8 +372,8 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
     if out.is_empty() {
         return Err(Errno(libc::EINVAL));
     }
-    let deadline =
-        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let deadline = (timeout_ms >= 0)
+        .then(|| usnet_client::vtime::now() + Duration::from_millis(timeout_ms as u64));
     with_set(epfd, |e, set| {
         let kfd = e.reserve.as_raw_fd();
         let mut events = Vec::new();
@@ -404,7 +404,7 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
             }
             let left = match deadline {
                 Some(d) => {
-                    let now = Instant::now();
+                    let now = usnet_client::vtime::now();
                     if now >= d {
                         return Ok(0);
                     }
@@ -454,7 +454,7 @@ pub(crate) fn wait_connected(e: &Entry, deadline: Option<Instant>) -> Res<()> {
     loop {
         let left = match deadline {
             Some(d) => {
-                let now = Instant::now();
+                let now = usnet_client::vtime::now();
                 if now >= d {
                     return Err(Errno(libc::EINPROGRESS));
                 }

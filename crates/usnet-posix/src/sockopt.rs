@@ -20,6 +20,8 @@ use crate::{Errno, Res};
 pub const TCP_FASTOPEN_CONNECT: i32 = 30;
 pub const TCP_NOTSENT_LOWAT: i32 = 25;
 pub const TCP_CC_INFO: i32 = 26;
+/// `SO_MEMINFO`: nine `u32`s (`SK_MEMINFO_*`).
+pub const SO_MEMINFO: i32 = 55;
 pub const TCP_FASTOPEN_KEY: i32 = 33;
 /// Also the `TCP_CM_INQ` cmsg type.
 pub const TCP_INQ: i32 = 36;

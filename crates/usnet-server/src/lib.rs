@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use usnet_abi::{hdr, Geometry};
-use usnet_driver::{Driver, SystemClock};
+use usnet_driver::{AnyClock, Driver, SystemClock};
 use usnet_link::Device;
 use usnet_stack::{Owner, SocketHandle, Stack};
 
@@ -126,7 +126,7 @@ pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
 
 /// The loop's state, as a [`Job`] sees it.
 pub struct Loop {
-    pub driver: Driver<Box<dyn Device>>,
+    pub driver: Driver<Box<dyn Device>, AnyClock>,
     sessions: HashMap<u32, ServerSession>,
     /// Sessions of clients that are gone, kept while sockets they closed still
     /// drain their send rings, with the time they must be done by.
@@ -141,6 +141,9 @@ pub struct Loop {
     pub sessions_closed: u64,
     /// Attaches refused because `max_sessions` clients were attached.
     pub quota_sessions: u64,
+    /// Passes of the loop that did work: a harness on virtual time reads it twice
+    /// around a wait to tell whether the loop was quiet in between.
+    pub busy_passes: u64,
 }
 
 impl Loop {
@@ -424,6 +427,13 @@ impl Loop {
         self.sessions.values_mut().any(|s| s.has_work())
     }
 
+    /// Nothing for the sessions to do: no request or bytes to move, no departed
+    /// client's sockets draining. (Frames waiting in the device are the device
+    /// owner's to know; due timers show as a busy pass.)
+    pub fn quiet(&mut self) -> bool {
+        !self.has_work() && self.dying.is_empty()
+    }
+
     fn set_asleep(&self, v: u32) {
         for s in self.sessions.values() {
             s.mem.word(hdr::SERVER_ASLEEP).store(v, Ordering::SeqCst);
@@ -452,6 +462,19 @@ impl ServerHandle {
         device: Box<dyn Device>,
         cfg: ServerConfig,
     ) -> Result<ServerHandle, control::ControlError> {
+        Self::start_on(stack, device, cfg, AnyClock::System(SystemClock::new()))
+    }
+
+    /// [`ServerHandle::start`] with the stack's time read from `clock`: a
+    /// [`usnet_driver::ManualClock`] runs the server on virtual time that its owner
+    /// moves (the packetdrill backend, with [`Loop::quiet`] and
+    /// [`Loop::busy_passes`] to know when the loop has settled).
+    pub fn start_on(
+        stack: Stack,
+        device: Box<dyn Device>,
+        cfg: ServerConfig,
+        clock: AnyClock,
+    ) -> Result<ServerHandle, control::ControlError> {
         if let Some(nice) = cfg.loop_nice {
             let own = usnet_driver::sched::nice_of(usnet_driver::sched::gettid()).unwrap_or(0);
             if nice < own {
@@ -467,7 +490,7 @@ impl ServerHandle {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let policy = stack.config().rx_policy.clone();
-        let mut driver = Driver::new(stack, device, SystemClock::new());
+        let mut driver = Driver::new(stack, device, clock);
         driver.set_burst(64);
         driver.set_backlog(cfg.backlog || policy.enabled());
         // Boosted clients are other processes: if this one dies, the next `usnet
@@ -492,6 +515,7 @@ impl ServerHandle {
             stop: stop.clone(),
             sessions_closed: 0,
             quota_sessions: 0,
+            busy_passes: 0,
         };
         let control = control::ControlServer::start(&cfg, tx.clone(), bell.clone())?;
         let bell2 = bell.clone();
@@ -610,6 +634,7 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
         }
         if t.busy() || served {
             last_work = Instant::now();
+            lp.busy_passes += 1;
             continue;
         }
         if last_work.elapsed() < lp.cfg.spin {

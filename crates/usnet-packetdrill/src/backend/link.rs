@@ -41,64 +41,22 @@ impl Backend {
     }
 
     fn on_frame(&mut self, frame: &[u8]) {
-        let Ok(eth) = usnet_wire::parse_ethernet(frame) else {
-            return;
-        };
-        let p = eth.payload;
-        match eth.ethertype {
-            ETH_ARP => {
-                if let Ok(req) = usnet_wire::ArpRepr::parse(p) {
-                    if req.op == usnet_wire::ArpOp::Request {
-                        let reply = usnet_wire::ArpRepr {
-                            op: usnet_wire::ArpOp::Reply,
-                            sender_mac: PEER_MAC,
-                            sender_ip: req.target_ip,
-                            target_mac: req.sender_mac,
-                            target_ip: req.sender_ip,
-                        };
-                        let mut b = [0u8; 28];
-                        if reply.emit(&mut b).is_ok() {
-                            self.resolved += 1;
-                            self.inject_frame(ETH_ARP, &b);
-                        }
-                    }
-                }
+        match sort_frame(frame) {
+            Sorted::Answer(ethertype, reply) => {
+                self.resolved += 1;
+                self.inject_frame(ethertype, &reply);
             }
-            ETH_IPV4 if p.len() >= 20 => {
-                let total = u16::from_be_bytes([p[2], p[3]]) as usize;
-                let n = total.clamp(20, p.len());
+            Sorted::ToScript(ip) => {
                 self.sniffed += 1;
-                self.out.push_back((p[..n].to_vec(), self.now_us()));
+                self.out.push_back((ip, self.now_us()));
             }
-            ETH_IPV6 if p.len() >= 40 => {
-                if let Some(na) = neighbor_advert_for(p) {
-                    self.resolved += 1;
-                    self.inject_frame(ETH_IPV6, &na);
-                    return;
-                }
-                let n = (40 + u16::from_be_bytes([p[4], p[5]]) as usize).min(p.len());
-                // Neighbour/router discovery and MLD are link business, not the script's.
-                if p[6] == 58 && n > 40 && (130..=143).contains(&p[40]) {
-                    return;
-                }
-                self.sniffed += 1;
-                self.out.push_back((p[..n].to_vec(), self.now_us()));
-            }
-            _ => {}
+            Sorted::Dropped => {}
         }
     }
 
     fn inject_frame(&mut self, ethertype: u16, payload: &[u8]) {
-        self.inject_frame_with(ethertype, payload, Offload::default());
-    }
-
-    fn inject_frame_with(&mut self, ethertype: u16, payload: &[u8], o: Offload) {
-        let mut f = Vec::with_capacity(14 + payload.len());
-        f.extend_from_slice(&STACK_MAC.0);
-        f.extend_from_slice(&PEER_MAC.0);
-        f.extend_from_slice(&ethertype.to_be_bytes());
-        f.extend_from_slice(payload);
-        self.link.inject_with(&f, o);
+        self.link
+            .inject_with(&link_frame(ethertype, payload), Offload::default());
     }
 
     fn set_now(&self, ns: u64) {
@@ -107,25 +65,8 @@ impl Backend {
 
     /// `netdev_send`: an IP packet from the script.
     pub fn inject(&mut self, ip: &[u8]) -> Res<()> {
-        let et = match ip.first().map(|b| b >> 4) {
-            Some(4) => ETH_IPV4,
-            Some(6) => ETH_IPV6,
-            _ => return Err(libc::EINVAL),
-        };
-        let o = match (self.gso_mss, tcp_payload_len(ip)) {
-            // As packetdrill's tun write with `--mss`: a GSO frame of that size.
-            (Some(mss), Some(n)) if n > 0 => Offload {
-                gso_size: mss,
-                gso_kind: if et == ETH_IPV4 {
-                    GsoKind::TcpV4
-                } else {
-                    GsoKind::TcpV6
-                },
-                ..Offload::default()
-            },
-            _ => Offload::default(),
-        };
-        self.inject_frame_with(et, ip, o);
+        let (f, o) = script_frame(ip, self.gso_mss)?;
+        self.link.inject_with(&f, o);
         self.injected += 1;
         self.pump();
         Ok(())
@@ -187,6 +128,97 @@ impl Backend {
         }
         self.out.pop_front()
     }
+}
+
+/// What becomes of a frame the stack sent.
+pub(crate) enum Sorted {
+    /// An ARP request or a neighbour solicitation: the answer to hand back to the
+    /// stack (ethertype, payload), as from [`PEER_MAC`].
+    Answer(u16, Vec<u8>),
+    /// An IP packet for the script (Ethernet header and padding stripped).
+    ToScript(Vec<u8>),
+    /// Link business (router and neighbour discovery, MLD), or not IP.
+    Dropped,
+}
+
+/// Sorts a frame the stack sent (see [`Sorted`]).
+pub(crate) fn sort_frame(frame: &[u8]) -> Sorted {
+    let Ok(eth) = usnet_wire::parse_ethernet(frame) else {
+        return Sorted::Dropped;
+    };
+    let p = eth.payload;
+    match eth.ethertype {
+        ETH_ARP => {
+            let Ok(req) = usnet_wire::ArpRepr::parse(p) else {
+                return Sorted::Dropped;
+            };
+            if req.op != usnet_wire::ArpOp::Request {
+                return Sorted::Dropped;
+            }
+            let reply = usnet_wire::ArpRepr {
+                op: usnet_wire::ArpOp::Reply,
+                sender_mac: PEER_MAC,
+                sender_ip: req.target_ip,
+                target_mac: req.sender_mac,
+                target_ip: req.sender_ip,
+            };
+            let mut b = [0u8; 28];
+            match reply.emit(&mut b) {
+                Ok(_) => Sorted::Answer(ETH_ARP, b.to_vec()),
+                Err(_) => Sorted::Dropped,
+            }
+        }
+        ETH_IPV4 if p.len() >= 20 => {
+            let total = u16::from_be_bytes([p[2], p[3]]) as usize;
+            Sorted::ToScript(p[..total.clamp(20, p.len())].to_vec())
+        }
+        ETH_IPV6 if p.len() >= 40 => {
+            if let Some(na) = neighbor_advert_for(p) {
+                return Sorted::Answer(ETH_IPV6, na);
+            }
+            let n = (40 + u16::from_be_bytes([p[4], p[5]]) as usize).min(p.len());
+            // Neighbour/router discovery and MLD are link business, not the script's.
+            if p[6] == 58 && n > 40 && (130..=143).contains(&p[40]) {
+                return Sorted::Dropped;
+            }
+            Sorted::ToScript(p[..n].to_vec())
+        }
+        _ => Sorted::Dropped,
+    }
+}
+
+/// An Ethernet frame to the stack from [`PEER_MAC`].
+pub(crate) fn link_frame(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + payload.len());
+    f.extend_from_slice(&STACK_MAC.0);
+    f.extend_from_slice(&PEER_MAC.0);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The frame (and its receive offload) for an IP packet from the script: with
+/// `gso_mss` (packetdrill's `--mss`, its tun write) a TCP packet with data is a GSO
+/// frame of segments that size.
+pub(crate) fn script_frame(ip: &[u8], gso_mss: Option<u16>) -> Res<(Vec<u8>, Offload)> {
+    let et = match ip.first().map(|b| b >> 4) {
+        Some(4) => ETH_IPV4,
+        Some(6) => ETH_IPV6,
+        _ => return Err(libc::EINVAL),
+    };
+    let o = match (gso_mss, tcp_payload_len(ip)) {
+        (Some(mss), Some(n)) if n > 0 => Offload {
+            gso_size: mss,
+            gso_kind: if et == ETH_IPV4 {
+                GsoKind::TcpV4
+            } else {
+                GsoKind::TcpV6
+            },
+            ..Offload::default()
+        },
+        _ => Offload::default(),
+    };
+    Ok((link_frame(et, ip), o))
 }
 
 /// The TCP payload length of an IP packet (IPv4, or IPv6 without extension

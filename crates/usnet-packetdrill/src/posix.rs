@@ -1,0 +1,819 @@
+//! `layer=posix`: the script's socket calls go through the socket layer `usnet run`
+//! and `libusnet.so` use (usnet-posix, through `libusnet.so`'s own C functions),
+//! as a client of a stack server running in this process on virtual time.
+//!
+//! The server is the real one (`usnet_server::ServerHandle`, its own loop thread,
+//! sessions over shared memory) on an in-memory link, its clock a
+//! [`ManualClock`] that only this module moves. The client side reads the same
+//! virtual time (`usnet_client::vtime`), so `poll` timeouts and `SO_RCVTIMEO` count
+//! it, and every thread asleep in a call says so. The clock moves only once the
+//! world has *settled* ([`World::settle`]): the server's loop made a pass with
+//! nothing to do, no frame waits in the link, and every other thread inside the
+//! library sleeps having looked at the world since the last change. A call woken by
+//! an injected packet thus completes at that packet's virtual time.
+//!
+//! The link, the script's frames and the clock's rules (stop at every stack timer
+//! and at a sleeping call's deadline; `gettimeofday` ticks; `netdev_receive` jumps
+//! to the next timer) are the in-process backend's (`crate::backend::link`,
+//! `crate::backend::shared`); only where the stack lives differs.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_int, c_long, c_longlong, c_uint, c_ulong, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant as RealInstant};
+
+use libc::{iovec, msghdr, pollfd, size_t, sockaddr, socklen_t, ssize_t, timeval};
+use usnet_client::vtime::{self, Virtual};
+use usnet_driver::{AnyClock, Clock, ManualClock, MemDevice, MemQueues};
+use usnet_server::{Loop, ServerConfig, ServerHandle};
+use usnet_stack::Stack;
+
+use crate::backend::link::{link_frame, script_frame, sort_frame, Sorted};
+use crate::backend::shared::{RECORD_GRACE, SETTLE_DEADLINE, SNIFF_HORIZON_NS, STUCK_AFTER_NS};
+use crate::backend::{Options, Res};
+use crate::layout::PacketdrillInterface;
+
+/// Longest real time a job on the server's loop may take.
+const LOOP_CALL: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct St {
+    /// Packets the stack sent, for the script, with the virtual ns they left at.
+    out: VecDeque<(Vec<u8>, u64)>,
+    /// Virtual ns at which a thread's call that slept completed (its next
+    /// `gettimeofday` reads it).
+    stamps: HashMap<ThreadId, u64>,
+    /// A thread that collected its stamp, and when (see `backend::shared`).
+    recording: Option<(ThreadId, RealInstant)>,
+    idle_run_ns: u64,
+    sysctl_seen: usize,
+}
+
+/// The server, its link and its clock (see the module documentation).
+pub struct World {
+    server: Mutex<Option<ServerHandle>>,
+    /// The supervisor answering packetdrill's own `getsockopt` (`crate::trap`).
+    trap: Mutex<Option<crate::trap::Trap>>,
+    queues: MemQueues,
+    clock: ManualClock,
+    vt: &'static Virtual,
+    epoch_us: i64,
+    tick_ns: u64,
+    gso_mss: Option<u16>,
+    sysctl_file: Option<String>,
+    /// Threads inside a library call.
+    active: AtomicUsize,
+    st: Mutex<St>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl World {
+    /// Starts the server on virtual time and attaches this process to it.
+    pub fn new(o: &Options) -> Result<Arc<World>, String> {
+        let stack = Stack::new(crate::backend::stack_config(o)).map_err(|e| format!("{e}"))?;
+        let (dev, queues) = MemDevice::new("packetdrill", crate::backend::device_caps(o))
+            .map_err(|e| format!("in-memory link: {e}"))?;
+        let clock = ManualClock::default();
+        let name = format!("packetdrill-{}", std::process::id());
+        let cfg = ServerConfig {
+            name: name.clone(),
+            link: "packetdrill".into(),
+            ..ServerConfig::default()
+        };
+        let server =
+            ServerHandle::start_on(stack, Box::new(dev), cfg, AnyClock::Manual(clock.clone()))
+                .map_err(|e| format!("stack server: {e}"))?;
+        let reader = clock.clone();
+        let vt = vtime::install(move || reader.now().as_nanos());
+        let epoch_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        let w = Arc::new(World {
+            server: Mutex::new(Some(server)),
+            trap: Mutex::new(None),
+            queues,
+            clock,
+            vt,
+            epoch_us,
+            tick_ns: o.tick_ns,
+            gso_mss: o.gso_mss,
+            sysctl_file: o.sysctl_file.clone(),
+            active: AtomicUsize::new(0),
+            st: Mutex::default(),
+        });
+        usnet_posix::attach(Some(&name)).map_err(|e| format!("attach: errno {}", e.0))?;
+        let weak = Arc::downgrade(&w);
+        vt.set_owner(std::thread::current().id(), move |deadline| {
+            let Some(w) = weak.upgrade() else { return };
+            match deadline {
+                Some(d) => w.advance_to(d),
+                None => eprintln!(
+                    "usnet-packetdrill: a call the script expects to return at once (no \
+                     time range) would block for ever: EAGAIN"
+                ),
+            }
+        });
+        if o.trap {
+            match crate::trap::install(Arc::clone(&w)) {
+                Ok(t) => *lock(&w.trap) = Some(t),
+                Err(e) => eprintln!(
+                    "usnet-packetdrill: packetdrill's own getsockopt(TCP_INFO) will not see \
+                     usnet's values: {e}"
+                ),
+            }
+        }
+        Ok(w)
+    }
+
+    fn on_loop<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
+        lock(&self.server).as_ref()?.call(LOOP_CALL, f)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.clock.now().as_nanos()
+    }
+
+    fn set_now(&self, ns: u64) {
+        self.clock.set(usnet_stack::Instant::from_nanos(ns));
+    }
+
+    fn wall_us(&self, ns: u64) -> i64 {
+        self.epoch_us + (ns / 1000) as i64
+    }
+
+    /// The loop's count of busy passes, and whether it has nothing to do.
+    fn probe(&self) -> Option<(u64, bool)> {
+        self.on_loop(|lp| (lp.busy_passes, lp.quiet()))
+    }
+
+    /// Takes what the stack sent: ARP and NDP are answered, IP packets queued for
+    /// the script at the present virtual time.
+    fn collect(&self) {
+        let now = self.now_ns();
+        while let Some((f, _)) = self.queues.take_sent() {
+            match sort_frame(&f) {
+                Sorted::Answer(et, reply) => self.queues.inject(&link_frame(et, &reply)),
+                Sorted::ToScript(ip) => lock(&self.st).out.push_back((ip, now)),
+                Sorted::Dropped => {}
+            }
+        }
+    }
+
+    /// Waits until the world has settled (see the module documentation), at most
+    /// [`SETTLE_DEADLINE`] of real time.
+    fn settle(&self) {
+        let me = std::thread::current().id();
+        let start = RealInstant::now();
+        loop {
+            let before = self.probe();
+            let epoch = self.vt.kick();
+            loop {
+                let others = self.active.load(SeqCst).saturating_sub(1);
+                if self.vt.settled(epoch, me) >= others || start.elapsed() >= SETTLE_DEADLINE {
+                    break;
+                }
+                self.vt.wait_for_sleepers(Duration::from_millis(1));
+            }
+            let after = self.probe();
+            self.collect();
+            let quiet = self.queues.rx_pending() == 0
+                && matches!((before, after), (Some((a, _)), Some((b, true))) if a == b);
+            if quiet || start.elapsed() >= SETTLE_DEADLINE {
+                return;
+            }
+        }
+    }
+
+    fn poll_at_ns(&self) -> Option<u64> {
+        self.on_loop(|lp| lp.stack().poll_at().map(|t| t.as_nanos()))
+            .flatten()
+    }
+
+    /// Moves the clock to `target_ns`, stopping at every stack timer on the way.
+    fn advance_to(&self, target_ns: u64) {
+        loop {
+            self.settle();
+            let now = self.now_ns();
+            match self.poll_at_ns() {
+                Some(t) if t > now && t <= target_ns => self.set_now(t),
+                Some(t) if t <= now => {
+                    if now >= target_ns {
+                        break;
+                    }
+                    self.set_now((now + 1_000).min(target_ns));
+                }
+                _ => {
+                    self.set_now(target_ns);
+                    self.settle();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Applies the sysctl lines appended to the script's sysctl file since the last
+    /// call (as the in-process backend does) to the server's stack.
+    fn apply_sysctl_file(&self) {
+        let Some(path) = &self.sysctl_file else {
+            return;
+        };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        let lines = {
+            let mut st = lock(&self.st);
+            if text.len() <= st.sysctl_seen {
+                return;
+            }
+            let new = &text[st.sysctl_seen..];
+            let upto = new.rfind('\n').map_or(0, |i| i + 1);
+            st.sysctl_seen += upto;
+            new[..upto].to_string()
+        };
+        if lines.is_empty() {
+            return;
+        }
+        let _ = self.on_loop(move |lp| {
+            for line in lines.lines() {
+                crate::backend::apply_sysctl_line(lp.stack(), line);
+            }
+        });
+    }
+
+    fn take_sent(&self) -> Option<(Vec<u8>, u64)> {
+        lock(&self.st).out.pop_front()
+    }
+
+    fn netdev_send(&self, ip: &[u8]) -> Res<c_int> {
+        let (f, o) = script_frame(ip, self.gso_mss)?;
+        self.queues.inject_with(&f, o);
+        self.settle();
+        Ok(0)
+    }
+
+    /// As `backend::shared::Shared::netdev_receive`.
+    fn netdev_receive(&self, out: &mut [u8]) -> Option<(usize, i64)> {
+        let start = self.now_ns();
+        let horizon = start.saturating_add(SNIFF_HORIZON_NS);
+        let got = loop {
+            self.settle();
+            if let Some(p) = self.take_sent() {
+                break Some(p);
+            }
+            let now = self.now_ns();
+            let timer = self.poll_at_ns().filter(|&t| t <= horizon);
+            let waiter = self.vt.next_deadline(now).filter(|&t| t <= horizon);
+            let me = std::thread::current().id();
+            let quiet = timer.is_none()
+                && waiter.is_none()
+                && self.active.load(SeqCst) <= 1 + self.vt.sleeping(me);
+            let to = match (timer, waiter) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => horizon,
+            };
+            self.advance_to(to.max(now + 1).min(horizon.max(now + 1)));
+            if !quiet {
+                lock(&self.st).idle_run_ns = 0;
+            }
+            if self.now_ns() >= horizon {
+                if quiet && self.poll_at_ns().is_none() && lock(&self.st).out.is_empty() {
+                    let mut st = lock(&self.st);
+                    st.idle_run_ns += self.now_ns() - start;
+                    if st.idle_run_ns >= STUCK_AFTER_NS {
+                        eprintln!(
+                            "usnet-packetdrill: the script waits for a packet, but for {} s of \
+                             virtual time nothing was scheduled: the stack will never send it",
+                            st.idle_run_ns / 1_000_000_000
+                        );
+                        std::process::exit(1);
+                    }
+                }
+                self.settle();
+                break self.take_sent();
+            }
+        };
+        let (p, t) = got?;
+        lock(&self.st).idle_run_ns = 0;
+        let n = p.len().min(out.len());
+        out[..n].copy_from_slice(&p[..n]);
+        Some((n, self.wall_us(t)))
+    }
+
+    /// Whether another thread still finishes a call that slept (see
+    /// `backend::shared`).
+    fn finishing(&self) -> bool {
+        let me = std::thread::current().id();
+        let st = lock(&self.st);
+        st.stamps.keys().any(|&t| t != me)
+            || st
+                .recording
+                .is_some_and(|(t, at)| t != me && at.elapsed() < RECORD_GRACE)
+    }
+
+    fn usleep(&self, us: u64) {
+        let start = RealInstant::now();
+        loop {
+            self.settle();
+            if !self.finishing() || start.elapsed() >= SETTLE_DEADLINE {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let target = self.now_ns().saturating_add(us.saturating_mul(1000));
+        loop {
+            let now = self.now_ns();
+            let stop = self.vt.next_deadline(now).map_or(target, |d| d.min(target));
+            self.advance_to(stop);
+            if stop >= target {
+                break;
+            }
+        }
+    }
+
+    fn gettimeofday(&self) -> i64 {
+        let me = std::thread::current().id();
+        {
+            let mut st = lock(&self.st);
+            if let Some(t) = st.stamps.remove(&me) {
+                st.recording = Some((me, RealInstant::now()));
+                return self.wall_us(t);
+            }
+            if st.recording.is_some_and(|(t, _)| t == me) {
+                st.recording = None;
+            }
+        }
+        self.settle();
+        self.advance_to(self.now_ns() + self.tick_ns);
+        self.wall_us(self.now_ns())
+    }
+
+    /// Runs one of packetdrill's calls: counted as inside the library, the sysctl
+    /// file applied first; a call that slept leaves its completion time for the
+    /// thread's next `gettimeofday`.
+    fn call<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.active.fetch_add(1, SeqCst);
+        let me = std::thread::current().id();
+        {
+            let mut st = lock(&self.st);
+            if st.recording.is_some_and(|(t, _)| t == me) {
+                st.recording = None;
+            }
+        }
+        self.apply_sysctl_file();
+        let r = f();
+        if self.vt.take_slept() {
+            let now = self.now_ns();
+            lock(&self.st).stamps.insert(me, now);
+        }
+        self.active.fetch_sub(1, SeqCst);
+        r
+    }
+
+    fn shutdown(&self) {
+        // The supervisor holds a reference to the world: stop it first.
+        let trap = lock(&self.trap).take();
+        drop(trap);
+        if let Some(mut s) = lock(&self.server).take() {
+            let _ = s.shutdown();
+        }
+    }
+}
+
+impl crate::trap::Answer for World {
+    fn value(&self, sock: c_int, level: c_int, name: c_int) -> Option<Result<Vec<u8>, c_int>> {
+        if !usnet_posix::is_usnet(sock) {
+            return None;
+        }
+        let mut buf = vec![0u8; 512];
+        Some(self.call(|| {
+            usnet_posix::getsockopt(sock, level, name, &mut buf)
+                .map(|n| buf[..n].to_vec())
+                .map_err(|e| e.0)
+        }))
+    }
+
+    fn owns(&self, fd: c_int) -> bool {
+        usnet_posix::is_usnet(fd)
+    }
+
+    fn write(&self, fd: c_int, data: &[u8]) -> Result<usize, c_int> {
+        self.call(|| usnet_posix::sendto(fd, data, 0, None).map_err(|e| e.0))
+    }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Runs `f` (a `libusnet.so` call that sets errno itself) as one of the world's
+/// calls; a panic becomes `EIO`.
+fn with<T: From<i8>>(ud: *mut c_void, f: impl FnOnce(&World) -> T) -> T {
+    if ud.is_null() {
+        set_errno(libc::EBADF);
+        return T::from(-1);
+    }
+    // SAFETY: `ud` is the pointer `init` made from an Arc<World>; only free releases it.
+    let w = unsafe { &*(ud as *const World) };
+    match catch_unwind(AssertUnwindSafe(|| w.call(|| f(w)))) {
+        Ok(v) => v,
+        Err(_) => {
+            set_errno(libc::EIO);
+            T::from(-1)
+        }
+    }
+}
+
+/// [`with`] for the world's own calls, which return `Res`.
+fn with_res(ud: *mut c_void, f: impl FnOnce(&World) -> Res<c_int>) -> c_int {
+    with(ud, |w| match f(w) {
+        Ok(v) => v,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    })
+}
+
+unsafe extern "C" fn px_free(ud: *mut c_void) {
+    if !ud.is_null() {
+        // SAFETY: made by Arc::into_raw in `init`; freed once.
+        let w = unsafe { Arc::from_raw(ud as *const World) };
+        w.shutdown();
+    }
+}
+
+unsafe extern "C" fn px_socket(ud: *mut c_void, d: c_int, t: c_int, p: c_int) -> c_int {
+    with(ud, |_| usnet::socket::usnet_socket(d, t, p))
+}
+
+unsafe extern "C" fn px_bind(
+    ud: *mut c_void,
+    fd: c_int,
+    a: *const sockaddr,
+    l: socklen_t,
+) -> c_int {
+    // SAFETY: bind(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_bind(fd, a, l) })
+}
+
+unsafe extern "C" fn px_listen(ud: *mut c_void, fd: c_int, backlog: c_int) -> c_int {
+    with(ud, |_| usnet::socket::usnet_listen(fd, backlog))
+}
+
+unsafe extern "C" fn px_accept(
+    ud: *mut c_void,
+    fd: c_int,
+    a: *mut sockaddr,
+    l: *mut socklen_t,
+) -> c_int {
+    // SAFETY: accept(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_accept(fd, a, l) })
+}
+
+unsafe extern "C" fn px_connect(
+    ud: *mut c_void,
+    fd: c_int,
+    a: *const sockaddr,
+    l: socklen_t,
+) -> c_int {
+    // SAFETY: connect(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_connect(fd, a, l) })
+}
+
+unsafe extern "C" fn px_read(ud: *mut c_void, fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: read(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_read(fd, buf, n) })
+}
+
+unsafe extern "C" fn px_readv(ud: *mut c_void, fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: readv(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_readv(fd, iov, n) })
+}
+
+unsafe extern "C" fn px_recv(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: recv(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_recv(fd, buf, n, flags)
+    })
+}
+
+unsafe extern "C" fn px_recvfrom(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    a: *mut sockaddr,
+    l: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: recvfrom(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_recvfrom(fd, buf, n, flags, a, l)
+    })
+}
+
+unsafe extern "C" fn px_recvmsg(
+    ud: *mut c_void,
+    fd: c_int,
+    m: *mut msghdr,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: recvmsg(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_recvmsg(fd, m, flags)
+    })
+}
+
+unsafe extern "C" fn px_write(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+) -> ssize_t {
+    // SAFETY: write(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_write(fd, buf, n) })
+}
+
+unsafe extern "C" fn px_writev(ud: *mut c_void, fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: writev(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_writev(fd, iov, n) })
+}
+
+unsafe extern "C" fn px_send(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: send(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_send(fd, buf, n, flags)
+    })
+}
+
+unsafe extern "C" fn px_sendto(
+    ud: *mut c_void,
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    a: *const sockaddr,
+    l: socklen_t,
+) -> ssize_t {
+    // SAFETY: sendto(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_sendto(fd, buf, n, flags, a, l)
+    })
+}
+
+unsafe extern "C" fn px_sendmsg(
+    ud: *mut c_void,
+    fd: c_int,
+    m: *const msghdr,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: sendmsg(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_sendmsg(fd, m, flags)
+    })
+}
+
+unsafe extern "C" fn px_fcntl(ud: *mut c_void, fd: c_int, cmd: c_int, arg: c_long) -> c_int {
+    with(ud, |_| usnet::socket::usnet_fcntl(fd, cmd, arg))
+}
+
+unsafe extern "C" fn px_ioctl(ud: *mut c_void, fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    // SAFETY: FIONREAD/FIONBIO take an int*; the layer checks the request.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_ioctl(fd, req, arg.cast())
+    })
+}
+
+unsafe extern "C" fn px_close(ud: *mut c_void, fd: c_int) -> c_int {
+    with(ud, |_| usnet::socket::usnet_close(fd))
+}
+
+unsafe extern "C" fn px_shutdown(ud: *mut c_void, fd: c_int, how: c_int) -> c_int {
+    with(ud, |_| usnet::socket::usnet_shutdown(fd, how))
+}
+
+unsafe extern "C" fn px_getsockopt(
+    ud: *mut c_void,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *mut c_void,
+    l: *mut socklen_t,
+) -> c_int {
+    // SAFETY: getsockopt(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_getsockopt(fd, level, name, v, l)
+    })
+}
+
+unsafe extern "C" fn px_setsockopt(
+    ud: *mut c_void,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    v: *const c_void,
+    l: socklen_t,
+) -> c_int {
+    // SAFETY: setsockopt(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_setsockopt(fd, level, name, v, l)
+    })
+}
+
+unsafe extern "C" fn px_poll(
+    ud: *mut c_void,
+    fds: *mut pollfd,
+    n: libc::nfds_t,
+    t: c_int,
+) -> c_int {
+    // SAFETY: poll(2) contract, passed on.
+    with(ud, |_| unsafe { usnet::socket::usnet_poll(fds, n, t) })
+}
+
+unsafe extern "C" fn px_netdev_send(ud: *mut c_void, buf: *const c_void, n: size_t) -> c_int {
+    with_res(ud, |w| {
+        if buf.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: packetdrill passes `n` bytes of packet.
+        let p = unsafe { std::slice::from_raw_parts(buf as *const u8, n) };
+        w.netdev_send(p)
+    })
+}
+
+unsafe extern "C" fn px_netdev_receive(
+    ud: *mut c_void,
+    buf: *mut c_void,
+    count: *mut size_t,
+    time_us: *mut c_longlong,
+) -> c_int {
+    with_res(ud, |w| {
+        if count.is_null() || buf.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: `*count` is the size of `buf` (packetdrill.h).
+        let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, *count) };
+        match w.netdev_receive(out) {
+            Some((n, t)) => {
+                // SAFETY: out-parameters from the caller.
+                unsafe {
+                    *count = n;
+                    if !time_us.is_null() {
+                        *time_us = t as c_longlong;
+                    }
+                }
+                Ok(0)
+            }
+            None => {
+                // SAFETY: as above.
+                unsafe { *count = 0 };
+                Err(libc::EAGAIN)
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn px_usleep(ud: *mut c_void, us: libc::useconds_t) -> c_int {
+    with_res(ud, |w| {
+        w.usleep(us as u64);
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn px_gettimeofday(ud: *mut c_void, tv: *mut timeval, _tz: *mut c_void) -> c_int {
+    with_res(ud, |w| {
+        let us = w.gettimeofday();
+        if !tv.is_null() {
+            // SAFETY: gettimeofday(2) contract.
+            unsafe {
+                (*tv).tv_sec = us.div_euclid(1_000_000) as libc::time_t;
+                (*tv).tv_usec = us.rem_euclid(1_000_000) as libc::suseconds_t;
+            }
+        }
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn px_epoll_create(ud: *mut c_void, size: c_int) -> c_int {
+    with(ud, |_| usnet::socket::usnet_epoll_create(size))
+}
+
+unsafe extern "C" fn px_epoll_ctl(
+    ud: *mut c_void,
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    // SAFETY: epoll_ctl(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_epoll_ctl(epfd, op, fd, ev)
+    })
+}
+
+unsafe extern "C" fn px_epoll_wait(
+    ud: *mut c_void,
+    epfd: c_int,
+    out: *mut libc::epoll_event,
+    max: c_int,
+    t: c_int,
+) -> c_int {
+    // SAFETY: epoll_wait(2) contract, passed on.
+    with(ud, |_| unsafe {
+        usnet::socket::usnet_epoll_wait(epfd, out, max, t)
+    })
+}
+
+unsafe extern "C" fn px_pipe(ud: *mut c_void, fds: *mut c_int) -> c_int {
+    // SAFETY: pipe(2) contract: the kernel's.
+    with(ud, |_| unsafe { libc::pipe(fds) })
+}
+
+unsafe extern "C" fn px_splice(
+    ud: *mut c_void,
+    _fd_in: c_int,
+    _off_in: *mut libc::loff_t,
+    _fd_out: c_int,
+    _off_out: *mut libc::loff_t,
+    _n: size_t,
+    _flags: c_uint,
+) -> ssize_t {
+    // libusnet.so has no splice: a program's splice on a usnet socket is refused
+    // the same way.
+    with(ud, |_| {
+        set_errno(libc::EINVAL);
+        -1
+    })
+}
+
+/// Fills `ifc` for `layer=posix` (see the module documentation); `userdata` is
+/// null when the world could not start (every call then fails with `EBADF`).
+pub fn init(o: &Options, ifc: &mut PacketdrillInterface) {
+    let userdata = match catch_unwind(|| World::new(o)) {
+        Ok(Ok(w)) => Arc::into_raw(w) as *mut c_void,
+        Ok(Err(e)) => {
+            eprintln!("usnet-packetdrill: {e}");
+            std::ptr::null_mut()
+        }
+        Err(_) => std::ptr::null_mut(),
+    };
+    *ifc = PacketdrillInterface {
+        userdata,
+        free: Some(px_free),
+        socket: Some(px_socket),
+        bind: Some(px_bind),
+        listen: Some(px_listen),
+        accept: Some(px_accept),
+        connect: Some(px_connect),
+        read: Some(px_read),
+        readv: Some(px_readv),
+        recv: Some(px_recv),
+        recvfrom: Some(px_recvfrom),
+        recvmsg: Some(px_recvmsg),
+        write: Some(px_write),
+        writev: Some(px_writev),
+        send: Some(px_send),
+        sendto: Some(px_sendto),
+        sendmsg: Some(px_sendmsg),
+        fcntl: Some(px_fcntl),
+        ioctl: Some(px_ioctl),
+        close: Some(px_close),
+        shutdown: Some(px_shutdown),
+        getsockopt: Some(px_getsockopt),
+        setsockopt: Some(px_setsockopt),
+        poll: Some(px_poll),
+        netdev_send: Some(px_netdev_send),
+        netdev_receive: Some(px_netdev_receive),
+        usleep: Some(px_usleep),
+        gettimeofday: Some(px_gettimeofday),
+        epoll_create: Some(px_epoll_create),
+        epoll_ctl: Some(px_epoll_ctl),
+        epoll_wait: Some(px_epoll_wait),
+        pipe: Some(px_pipe),
+        splice: Some(px_splice),
+    };
+}
