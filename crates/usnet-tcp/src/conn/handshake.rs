@@ -479,6 +479,8 @@ impl Connection {
         self.stats.conn_established += 1;
         // Our SYN (or SYN-ACK) was delivered.
         self.snd.delivered += 1;
+        // Before congestion control: mode 2 starts at tcp_base_mss.
+        self.mtup_init();
         // A Fast Open child has sent with its congestion control since its SYN-ACK
         // (built for the negotiated MSS then); it keeps it, as Linux's does.
         if !self.syn.tfo_child {

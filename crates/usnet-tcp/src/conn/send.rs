@@ -303,7 +303,9 @@ impl Connection {
 
     /// Sender MSS: the largest payload without options.
     pub fn snd_mss(&self) -> u32 {
-        u32::from(self.snd.peer_mss.min(self.cfg.mss)).max(64)
+        let mss = u32::from(self.snd.peer_mss.min(self.cfg.mss));
+        // Path MTU probing holds it to what the search knows gets through.
+        self.mtup_mss_cap().map_or(mss, |cap| mss.min(cap)).max(64)
     }
 
     /// The payload of a full-sized segment now: the sender MSS less the options
@@ -403,7 +405,9 @@ impl Connection {
         let maxp = self.max_payload(&opts);
         let wnd_end = self.snd.una + self.snd.wnd;
         let win = wnd_end.since(self.snd.nxt) as usize;
-        let mut len = unsent.min(maxp).min(win);
+        // An MTU probe is larger than a full segment (`transmit_one` checked it).
+        let full = self.mtup.sending.map_or(maxp, |p| p.min(unsent));
+        let mut len = unsent.min(full).min(win);
         // A segment ends at the next record end (MSG_EOR).
         while self
             .snd
