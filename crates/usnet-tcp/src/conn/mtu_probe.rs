@@ -52,6 +52,8 @@ pub(crate) struct MtuProbe {
     pub probe_timestamp: Instant,
     /// The payload of the probe being sent in this `send_new_data` call.
     pub sending: Option<usize>,
+    /// The MSS (without options) `search_low` allowed when last synced.
+    pub mss_cap: Option<u32>,
 }
 
 impl MtuProbe {
@@ -66,6 +68,7 @@ impl MtuProbe {
             probe_end: iss,
             probe_timestamp: now,
             sending: None,
+            mss_cap: None,
         }
     }
 }
@@ -120,18 +123,28 @@ impl Connection {
         mss + self.option_len() + TCP_HDR + self.ip_header_len()
     }
 
-    /// The cap probing puts on the sender MSS (without options), if it is on.
+    /// The cap probing puts on the sender MSS (without options), if any.
     pub(crate) fn mtup_mss_cap(&self) -> Option<u32> {
-        self.mtup.enabled.then(|| {
-            self.mtup
-                .search_low
-                .saturating_sub(TCP_HDR + self.ip_header_len())
-        })
+        self.mtup.mss_cap
+    }
+
+    /// Linux's `tcp_sync_mss` as far as probing goes: the MSS follows `search_low`
+    /// while probing is on. Linux re-syncs only at certain points (an active open,
+    /// a black hole, a probe's success, an ICMP), and so does this: a passive open
+    /// keeps its handshake's MSS until the first of them.
+    pub(crate) fn mtu_sync(&mut self) {
+        let ip = self.ip_header_len();
+        self.mtup.mss_cap = self
+            .mtup
+            .enabled
+            .then(|| self.mtup.search_low.saturating_sub(TCP_HDR + ip));
     }
 
     /// Linux's `tcp_mtup_init`, at establishment: the search spans `tcp_base_mss`
-    /// to what the peer and the link allow; mode 2 turns probing on at once.
-    pub(crate) fn mtup_init(&mut self) {
+    /// to what the peer and the link allow; mode 2 turns probing on at once. An
+    /// active open's MSS follows (Linux syncs it at connect); a passive one's waits
+    /// for the next sync (Linux's `tcp_init_transfer` does not sync).
+    pub(crate) fn mtup_init(&mut self, active: bool) {
         let m = &mut self.mtup;
         m.ready = true;
         m.enabled = self.cfg.mtu_probing > 1;
@@ -139,6 +152,9 @@ impl Connection {
         m.probe_timestamp = self.now;
         self.mtup.search_high = self.mss_clamp() + TCP_HDR + self.ip_header_len();
         self.mtup.search_low = self.mss_to_mtu(u32::from(self.cfg.base_mss));
+        if active {
+            self.mtu_sync();
+        }
     }
 
     /// Linux's `tcp_mtu_probing`, on a retransmission timeout past `tcp_retries1`:
@@ -160,6 +176,7 @@ impl Connection {
                 .max(MIN_SND_MSS);
             self.mtup.search_low = self.mss_to_mtu(mss);
         }
+        self.mtu_sync();
     }
 
     /// Linux's `tcp_mtu_check_reprobe`: once `tcp_probe_interval` has passed the
@@ -250,6 +267,7 @@ impl Connection {
             self.mtup.search_low = self.mtup.probe_size;
             self.mtup.probe_size = 0;
             self.stats.mtu_probe_successes += 1;
+            self.mtu_sync();
         }
     }
 
@@ -295,6 +313,7 @@ impl Connection {
             self.mtu_probe_failed();
         }
         self.mtup.search_high = self.mtup.search_high.min(mtu);
+        self.mtu_sync();
     }
 
     /// The search for `TcpInfo`: (search_low, search_high) while probing is on.
@@ -429,11 +448,13 @@ mod tests {
     fn mode_2_starts_at_the_base_mss_and_mode_0_does_not_probe() {
         let (cli, srv) = pair(cfg(MTU_PROBING_ALWAYS), cfg(MTU_PROBING_ALWAYS));
         for c in [&cli, &srv] {
-            assert_eq!(c.smss(), 1024, "tcp_base_mss");
             // 1024 + 12 (timestamps) + 20 + 20; up to the 1500 of the link.
             assert_eq!(c.info().mtu_search, Some((1076, 1500)));
             assert_eq!(c.info().pmtu, 1500);
         }
+        assert_eq!(cli.smss(), 1024, "tcp_base_mss");
+        // As Linux: a passive open keeps its MSS until something syncs it.
+        assert_eq!(srv.smss() as usize, MSS);
         let (cli, _) = default_pair();
         assert_eq!(cli.smss() as usize, MSS);
         assert_eq!(cli.info().mtu_search, None);
@@ -543,6 +564,7 @@ mod tests {
         cli.cc.set_cwnd(20 * 1024);
         cli.mtup.search_low = 1400;
         cli.mtup.search_high = 1405;
+        cli.mtu_sync();
         cli.send(&vec![5u8; 64 * 1024]);
         assert_eq!(cli.mtu_probe_due(), ProbeDue::No);
         cli.advance_clock(T0 + Duration::from_secs(61));
@@ -555,6 +577,23 @@ mod tests {
 
     /// The path drops every client packet over 1200 bytes and sends no ICMP.
     const BLACK_HOLE_MTU: usize = 1200;
+
+    #[test]
+    fn a_passive_open_in_mode_2_probes_from_its_handshake_mss() {
+        let (mut cli, mut srv) = pair_with_rtt(cfg(0), cfg(MTU_PROBING_ALWAYS), ms(10));
+        srv.cc.set_cwnd(20 * MSS as u32);
+        srv.send(&vec![5u8; 64 * 1024]);
+        let out = drain(&mut srv, T0 + ms(10));
+        // Linux's probe is the midpoint even below the MSS in use; its success
+        // syncs the MSS to it.
+        assert_eq!(out[0].payload.len(), 1288 - 52);
+        assert!(out[1..].iter().all(|s| s.payload.len() == MSS));
+        let t = T0 + ms(20);
+        feed(&mut cli, t, &out);
+        feed(&mut srv, t, &drain(&mut cli, t));
+        assert_eq!(srv.stats().mtu_probe_successes, 1);
+        assert_eq!(srv.smss(), 1288 - 52);
+    }
 
     #[test]
     fn black_hole_mode_0_times_out() {
