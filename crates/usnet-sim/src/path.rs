@@ -243,12 +243,12 @@ mod tests {
         let (mut a, mut rng_a) = path(cfg);
         let (mut b, mut rng_b) = path(cfg);
         for k in 0..50 {
-            let fate = a.send(&mut rng_a, k, &mut vec![0u8; 101]);
+            let fate = a.send(&mut rng_a, k, &mut [0u8; 101]);
             assert!(fate.too_big && !fate.lost && !fate.queue_drop);
             assert!(fate.arrivals().is_empty());
             // The same small frames meet the same fates on both paths.
-            let x = a.send(&mut rng_a, k, &mut vec![0u8; 100]);
-            let y = b.send(&mut rng_b, k, &mut vec![0u8; 100]);
+            let x = a.send(&mut rng_a, k, &mut [0u8; 100]);
+            let y = b.send(&mut rng_b, k, &mut [0u8; 100]);
             assert_eq!(x, y);
         }
         assert_eq!(a.stats().too_big, 50);
