@@ -402,6 +402,8 @@ fn a_silent_black_hole_is_survived_by_path_mtu_probing() {
             t.mtu_probe_failures
         );
         assert!(h.largest <= 1200, "{name}");
+        let c = net.stack(0).counters_snapshot();
+        assert_eq!(c.tcp_mtu_probes, t.mtu_probes, "{name}: in usnet stat");
         assert_eq!(t.pmtu_decreases, 0, "{name}: no ICMP came");
         if mode == "1" {
             // Full-sized segments vanish until timeouts lower the MSS.
