@@ -432,7 +432,16 @@ mod tests {
             .into_iter()
             .flatten()
             .min()
-            .expect("something to wait for");
+            .unwrap_or_else(|| {
+                let due = cli.mtu_probe_due();
+                panic!(
+                    "stalled: {received} of {total}; client {:?} {:?} due {:?} una {:?} nxt {:?} buf {} wnd {} piece {:?} mtup {:?}",
+                    cli.info(),
+                    cli.stats(),
+                    due,
+                    cli.snd.una, cli.snd.nxt, cli.snd.buf.len(), cli.snd.wnd, cli.snd.piece_end, cli.mtup
+                )
+            });
             assert!(next <= deadline, "time limit: {received} of {total} bytes");
             now = now.max(next);
             while wire.peek().is_some_and(|Reverse(e)| e.0 <= now) {
@@ -608,7 +617,15 @@ mod tests {
 
     #[test]
     fn black_hole_mode_1_completes_after_detection() {
-        let (cli, srv) = pair_with_rtt(cfg(MTU_PROBING_BLACKHOLE), cfg(0), ms(20));
+        let mut linux = TcpConfig::profile("linux").unwrap();
+        linux.mtu_probing = MTU_PROBING_BLACKHOLE;
+        for c in [cfg(MTU_PROBING_BLACKHOLE), linux] {
+            black_hole_mode_1(c);
+        }
+    }
+
+    fn black_hole_mode_1(c: TcpConfig) {
+        let (cli, srv) = pair_with_rtt(c, cfg(0), ms(20));
         let o = converse(
             cli,
             srv,
@@ -627,7 +644,16 @@ mod tests {
 
     #[test]
     fn black_hole_mode_2_probes_close_to_the_limit() {
-        let (cli, srv) = pair_with_rtt(cfg(MTU_PROBING_ALWAYS), cfg(0), ms(20));
+        // Also with the linux profile's TSO pieces, which the probe cuts across.
+        let mut linux = TcpConfig::profile("linux").unwrap();
+        linux.mtu_probing = MTU_PROBING_ALWAYS;
+        for c in [cfg(MTU_PROBING_ALWAYS), linux] {
+            black_hole_mode_2(c);
+        }
+    }
+
+    fn black_hole_mode_2(c: TcpConfig) {
+        let (cli, srv) = pair_with_rtt(c, cfg(0), ms(20));
         let o = converse(
             cli,
             srv,

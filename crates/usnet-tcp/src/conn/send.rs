@@ -471,7 +471,15 @@ impl Connection {
             let cut_by_window = len < unsent && len == win;
             let window_limited = cut_by_window && 2 * len >= self.snd.max_wnd as usize;
             let ends_record = record_end == Some(len);
-            if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited) {
+            // Linux applies Nagle to the last buffer only (TCP_NAGLE_PUSH for the
+            // others). With probing, pieces cut at a smaller MSS leave tails below
+            // a raised one in the middle of the queue: they go.
+            let short_tail = self.cfg.tso_pieces
+                && self.mtup.enabled
+                && !all
+                && self.snd.piece_end == Some(self.snd.nxt + len as u32);
+            if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited || short_tail)
+            {
                 if self.scoreboard.is_empty() && (cut_by_window || (corked && all)) {
                     // Nothing in flight will bring an ACK: the persist timer ends
                     // the wait (a cork's too, as Linux's probe timer does).
