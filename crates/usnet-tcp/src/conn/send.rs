@@ -405,7 +405,8 @@ impl Connection {
         let maxp = self.max_payload(&opts);
         let wnd_end = self.snd.una + self.snd.wnd;
         let win = wnd_end.since(self.snd.nxt) as usize;
-        // An MTU probe is larger than a full segment (`transmit_one` checked it).
+        // An MTU probe has its own size (`mtu_probe_due` chose it and checked the
+        // windows).
         let full = self.mtup.sending.map_or(maxp, |p| p.min(unsent));
         let mut len = unsent.min(full).min(win);
         // A segment ends at the next record end (MSG_EOR).
