@@ -55,7 +55,8 @@ SYSCTLS = {
     "tcp_wmem", "tcp_syn_retries", "tcp_synack_retries", "tcp_slow_start_after_idle",
     "tcp_early_retrans", "tcp_congestion_control", "tcp_syncookies",
     "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn", "tcp_notsent_lowat",
-    "tcp_min_tso_segs",
+    "tcp_min_tso_segs", "tcp_retries1", "tcp_mtu_probing", "tcp_base_mss",
+    "tcp_mtu_probe_floor", "tcp_probe_threshold", "tcp_probe_interval",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)

@@ -29,6 +29,9 @@ pub struct PathConfig {
     pub reorder: f64,
     /// Longest extra delay of a reordered copy.
     pub reorder_window: Duration,
+    /// Frames longer than this many bytes are dropped without a word: a path MTU
+    /// black hole (a router that sends no ICMP). 0: no limit.
+    pub max_frame: usize,
 }
 
 impl Default for PathConfig {
@@ -44,6 +47,7 @@ impl Default for PathConfig {
             corrupt: 0.0,
             reorder: 0.0,
             reorder_window: Duration::ZERO,
+            max_frame: 0,
         }
     }
 }
@@ -63,6 +67,8 @@ pub struct PathStats {
     pub corrupted: u64,
     /// Copies held back.
     pub reordered: u64,
+    /// Dropped for their size (`max_frame`).
+    pub too_big: u64,
 }
 
 /// What happened to one frame.
@@ -74,6 +80,8 @@ pub struct Fate {
     pub lost: bool,
     /// Dropped at the full bottleneck queue.
     pub queue_drop: bool,
+    /// Dropped for its size (`PathConfig::max_frame`).
+    pub too_big: bool,
     /// One bit of the frame was flipped.
     pub corrupted: bool,
     /// Two copies arrive.
@@ -89,6 +97,7 @@ impl Fate {
             copies: 0,
             lost,
             queue_drop: !lost,
+            too_big: false,
             corrupted: false,
             duplicated: false,
             reordered: 0,
@@ -135,6 +144,15 @@ impl Path {
     pub fn send(&mut self, rng: &mut SimRng, now: u64, frame: &mut [u8]) -> Fate {
         let c = self.config;
         self.stats.sent += 1;
+        // Before any draw, so that a black hole leaves the random stream alone.
+        if c.max_frame > 0 && frame.len() > c.max_frame {
+            self.stats.too_big += 1;
+            return Fate {
+                queue_drop: false,
+                too_big: true,
+                ..Fate::dropped(false)
+            };
+        }
         if rng.chance(c.loss) {
             self.stats.lost += 1;
             return Fate::dropped(true);
@@ -156,6 +174,7 @@ impl Path {
             copies: 1,
             lost: false,
             queue_drop: false,
+            too_big: false,
             corrupted: false,
             duplicated: false,
             reordered: 0,
@@ -212,6 +231,28 @@ mod tests {
         assert_eq!(frame, vec![7u8; 100]);
         assert_eq!(p.stats().sent, 100);
         assert_eq!(p.stats().lost + p.stats().queue_drops, 0);
+    }
+
+    #[test]
+    fn frames_over_max_frame_vanish_and_draw_nothing() {
+        let cfg = PathConfig {
+            max_frame: 100,
+            loss: 0.5,
+            ..PathConfig::default()
+        };
+        let (mut a, mut rng_a) = path(cfg);
+        let (mut b, mut rng_b) = path(cfg);
+        for k in 0..50 {
+            let fate = a.send(&mut rng_a, k, &mut [0u8; 101]);
+            assert!(fate.too_big && !fate.lost && !fate.queue_drop);
+            assert!(fate.arrivals().is_empty());
+            // The same small frames meet the same fates on both paths.
+            let x = a.send(&mut rng_a, k, &mut [0u8; 100]);
+            let y = b.send(&mut rng_b, k, &mut [0u8; 100]);
+            assert_eq!(x, y);
+        }
+        assert_eq!(a.stats().too_big, 50);
+        assert_eq!(b.stats().too_big, 0);
     }
 
     #[test]

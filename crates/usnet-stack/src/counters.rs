@@ -180,6 +180,10 @@ define_counters! {
     tcp_fast_recoveries => "TCP fast recovery episodes",
     tcp_rack_losses => "TCP segments marked lost by RACK",
     tcp_tlp_probes => "TCP tail loss probes",
+    tcp_mtu_probes => "TCP path MTU probes sent (tcp_mtu_probing)",
+    tcp_mtu_probe_successes => "TCP path MTU probes acknowledged (MSS raised)",
+    tcp_mtu_probe_failures => "TCP path MTU probes lost",
+    tcp_mtu_black_holes => "TCP timeouts taken as a path MTU black hole",
     tcp_tx_rst => "RSTs sent by connections and listeners",
     tcp_tx_challenge_acks => "TCP challenge ACKs sent (RFC 5961)",
     tcp_time_wait_entered => "TCP connections that entered TIME-WAIT",
@@ -216,6 +220,10 @@ impl Counters {
         self.tcp_fast_recoveries = s.fast_recoveries;
         self.tcp_rack_losses = s.rack_losses;
         self.tcp_tlp_probes = s.tlp_probes;
+        self.tcp_mtu_probes = s.mtu_probes;
+        self.tcp_mtu_probe_successes = s.mtu_probe_successes;
+        self.tcp_mtu_probe_failures = s.mtu_probe_failures;
+        self.tcp_mtu_black_holes = s.mtu_black_holes;
         self.tcp_tx_rst = s.tx_rst + s.listen_rst_sent;
         self.tcp_tx_challenge_acks = s.tx_challenge_acks;
         self.tcp_time_wait_entered = s.time_wait_entered;

@@ -2,7 +2,8 @@
 //! middlebox on the path (`SimNet::middlebox`): path MTU decreases in the middle of
 //! bulk transfers (ICMPv4 fragmentation needed, with and without the MTU field, and
 //! ICMPv6 packet too big; with and without TSO), forged and stale ICMP errors,
-//! connection attempts refused by ICMP, and soft errors on established connections.
+//! connection attempts refused by ICMP, soft errors on established connections, and
+//! a black hole that drops large packets without an ICMP (path MTU probing).
 //! Every byte of every transfer is checked.
 
 use std::cell::RefCell;
@@ -343,6 +344,79 @@ fn bulk_transfer_continues_at_the_smaller_mss() {
         assert_eq!(c.tcp_fast_recoveries, 0, "{}", case.name);
         assert!(took < Duration::from_secs(1), "{}: {took:?}", case.name);
         assert_eq!(net.stack(1).counters().tcp_rx_bad_checksum, 0);
+    }
+}
+
+/// What a black hole on the path saw: packets from stack 0 dropped for their
+/// size, and the largest it let through.
+#[derive(Default, Debug)]
+struct Hole {
+    dropped: u64,
+    largest: usize,
+}
+
+/// A router that silently drops stack 0's packets larger than `mtu` (no ICMP: an
+/// ICMP black hole, RFC 2923 §2.1).
+fn black_hole(mtu: usize) -> (Rc<RefCell<Hole>>, usnet_stack::sim::Middlebox) {
+    let h = Rc::new(RefCell::new(Hole::default()));
+    let h2 = h.clone();
+    let mb = Box::new(move |from: usize, frame: &[u8]| match tcp_of(frame) {
+        Some(t) if from == 0 => {
+            let mut h = h2.borrow_mut();
+            if t.ip_len > mtu {
+                h.dropped += 1;
+                return Hop::Drop;
+            }
+            h.largest = h.largest.max(t.ip_len);
+            Hop::Pass
+        }
+        _ => Hop::Pass,
+    });
+    (h, mb)
+}
+
+#[test]
+fn a_silent_black_hole_is_survived_by_path_mtu_probing() {
+    let cases = [
+        ("10.0.0.2:5001", "1", false),
+        ("[fd00::2]:5001", "1", true),
+        ("10.0.0.2:5001", "2", true),
+        ("[fd00::2]:5001", "2", false),
+    ];
+    for (k, (server, mode, tso)) in cases.into_iter().enumerate() {
+        let mut net = pair(90 + k as u64, tso, |c| {
+            c.tcp.set_sysctl("tcp_mtu_probing", mode).unwrap();
+        });
+        let (h, mb) = black_hole(1200);
+        net.middlebox = Some(mb);
+        transfer(&mut net, sa(server), 2 << 20, |_| {});
+        let t = net.stack(0).tcp_stats();
+        let h = h.borrow();
+        let name = format!("{server} mode {mode} tso {tso}");
+        eprintln!(
+            "{name}: {h:?}; rto {} black holes {} probes {} ok {} lost {}",
+            t.rto_expired,
+            t.mtu_black_holes,
+            t.mtu_probes,
+            t.mtu_probe_successes,
+            t.mtu_probe_failures
+        );
+        assert!(h.largest <= 1200, "{name}");
+        let c = net.stack(0).counters_snapshot();
+        assert_eq!(c.tcp_mtu_probes, t.mtu_probes, "{name}: in usnet stat");
+        assert_eq!(t.pmtu_decreases, 0, "{name}: no ICMP came");
+        if mode == "1" {
+            // Full-sized segments vanish until timeouts lower the MSS.
+            assert!(h.dropped > 0 && t.mtu_black_holes >= 1, "{name}");
+        } else {
+            // Probing from tcp_base_mss up finds the limit without a timeout.
+            assert_eq!((t.rto_expired, t.mtu_black_holes), (0, 0), "{name}");
+            assert!(
+                t.mtu_probe_successes > 0 && t.mtu_probe_failures > 0,
+                "{name}"
+            );
+            assert!(h.largest > 1200 - 8, "{name}: within tcp_probe_threshold");
+        }
     }
 }
 

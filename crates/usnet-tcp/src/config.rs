@@ -162,6 +162,25 @@ pub struct TcpConfig {
     /// The server's cookie key (Linux `tcp_fastopen_key`); None: derived from
     /// `secret`.
     pub fastopen_key: Option<[u8; 16]>,
+    /// Packetization-layer path MTU discovery (RFC 4821) as Linux's
+    /// `tcp_mtu_probing`: [`MTU_PROBING_OFF`], [`MTU_PROBING_BLACKHOLE`] (on once
+    /// repeated timeouts suggest a path that drops large segments silently),
+    /// [`MTU_PROBING_ALWAYS`] (every connection starts at `base_mss` and probes up).
+    pub mtu_probing: u8,
+    /// Linux's `tcp_base_mss`: the MSS probing starts from (search_low), and the
+    /// most a black hole's halving leaves.
+    pub base_mss: u16,
+    /// Linux's `tcp_mtu_probe_floor`: the least MSS black-hole halving goes down to.
+    pub mtu_probe_floor: u16,
+    /// Linux's `tcp_probe_threshold`: probing stops once the search range (in
+    /// bytes of MTU) is narrower than this.
+    pub probe_threshold: u32,
+    /// Linux's `tcp_probe_interval`: after this long the search starts again from
+    /// the MSS in use (RFC 4821 §7.7: the path may have grown).
+    pub probe_interval: Duration,
+    /// Linux's `tcp_retries1`: consecutive retransmission timeouts after which the
+    /// path is suspected (a black hole, with `mtu_probing` on).
+    pub retries1: u32,
 }
 
 /// `TcpConfig::ecn`: no ECN.
@@ -170,6 +189,13 @@ pub const ECN_OFF: u8 = 0;
 pub const ECN_ON: u8 = 1;
 /// `TcpConfig::ecn`: agree to ECN when a peer asks (Linux's default).
 pub const ECN_ACCEPT: u8 = 2;
+
+/// `TcpConfig::mtu_probing`: no probing (Linux's default).
+pub const MTU_PROBING_OFF: u8 = 0;
+/// `TcpConfig::mtu_probing`: probing starts when a black hole is suspected.
+pub const MTU_PROBING_BLACKHOLE: u8 = 1;
+/// `TcpConfig::mtu_probing`: probing from the start of every connection.
+pub const MTU_PROBING_ALWAYS: u8 = 2;
 
 /// `TcpConfig::fastopen`: clients may send data on their SYN.
 pub const FASTOPEN_CLIENT: u32 = 0x1;
@@ -232,6 +258,12 @@ impl Default for TcpConfig {
             syn_cookies: true,
             fastopen: FASTOPEN_CLIENT,
             fastopen_key: None,
+            mtu_probing: MTU_PROBING_OFF,
+            base_mss: 1024,
+            mtu_probe_floor: 48,
+            probe_threshold: 8,
+            probe_interval: Duration::from_secs(600),
+            retries1: 3,
         }
     }
 }
@@ -259,6 +291,8 @@ impl TcpConfig {
                 c.synack_retries = 5;
                 c.slow_start_after_idle = false;
                 c.fastopen = 0x70403;
+                // Linux's default; packetdrill's defaults.sh leaves it.
+                c.mtu_probing = MTU_PROBING_OFF;
             }
             _ => return None,
         }
@@ -277,7 +311,9 @@ impl TcpConfig {
     /// `tcp_fastopen` (the bits of
     /// [`TcpConfig::fastopen`]), `tcp_fastopen_key` (`xxxxxxxx-xxxxxxxx-xxxxxxxx-xxxxxxxx`,
     /// a backup key after a comma is ignored), `tcp_congestion_control`
-    /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off).
+    /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off),
+    /// `tcp_retries1`, `tcp_mtu_probing` (0, 1, 2), `tcp_base_mss`,
+    /// `tcp_mtu_probe_floor`, `tcp_probe_threshold`, `tcp_probe_interval` (seconds).
     /// Returns an error naming the problem for an unknown name or a bad value.
     pub fn set_sysctl(&mut self, name: &str, value: &str) -> Result<(), String> {
         let value = value.trim();
@@ -333,6 +369,18 @@ impl TcpConfig {
                     _ => return Err(bad()),
                 }
             }
+            "tcp_retries1" => self.retries1 = count()?,
+            "tcp_mtu_probing" => {
+                self.mtu_probing = match int()? {
+                    v @ 0..=2 => v as u8,
+                    _ => return Err(bad()),
+                }
+            }
+            // Linux's limits: an MSS of 48 up to what an IPv4 MTU allows.
+            "tcp_base_mss" => self.base_mss = mss_value(int()?).ok_or_else(bad)?,
+            "tcp_mtu_probe_floor" => self.mtu_probe_floor = mss_value(int()?).ok_or_else(bad)?,
+            "tcp_probe_threshold" => self.probe_threshold = count()?,
+            "tcp_probe_interval" => self.probe_interval = secs()?,
             "tcp_fastopen" => self.fastopen = int()? as u32,
             "tcp_fastopen_key" => {
                 self.fastopen_key = Some(parse_fastopen_key(value).ok_or_else(bad)?)
@@ -365,6 +413,11 @@ impl TcpConfig {
         }
         s
     }
+}
+
+/// An MSS sysctl's value within Linux's bounds (48 ..= 65495), else None.
+fn mss_value(v: u64) -> Option<u16> {
+    (48..=65495).contains(&v).then_some(v as u16)
 }
 
 /// A key as Linux's `tcp_fastopen_key` writes it: four 32-bit hex words, each
@@ -440,5 +493,35 @@ mod tests {
         assert!(c.set_sysctl("tcp_sack", "yes").is_err());
         assert!(c.set_sysctl("tcp_rmem", "1 2").is_err());
         assert!(c.set_sysctl("tcp_nonsense", "1").is_err());
+    }
+
+    #[test]
+    fn mtu_probing_sysctls_default_as_linux_and_set() {
+        let mut c = TcpConfig::default();
+        assert_eq!(c.mtu_probing, MTU_PROBING_OFF);
+        assert_eq!(
+            (c.base_mss, c.mtu_probe_floor, c.probe_threshold),
+            (1024, 48, 8)
+        );
+        assert_eq!(
+            (c.probe_interval, c.retries1),
+            (Duration::from_secs(600), 3)
+        );
+        assert_eq!(TcpConfig::profile("linux").unwrap().mtu_probing, 0);
+        c.set_sysctl("tcp_mtu_probing", "2").unwrap();
+        assert_eq!(c.mtu_probing, MTU_PROBING_ALWAYS);
+        assert!(c.set_sysctl("tcp_mtu_probing", "3").is_err());
+        c.set_sysctl("tcp_base_mss", "512").unwrap();
+        c.set_sysctl("tcp_mtu_probe_floor", "256").unwrap();
+        c.set_sysctl("tcp_probe_threshold", "16").unwrap();
+        c.set_sysctl("tcp_probe_interval", "30").unwrap();
+        c.set_sysctl("tcp_retries1", "5").unwrap();
+        assert_eq!(
+            (c.base_mss, c.mtu_probe_floor, c.probe_threshold),
+            (512, 256, 16)
+        );
+        assert_eq!((c.probe_interval, c.retries1), (Duration::from_secs(30), 5));
+        assert!(c.set_sysctl("tcp_base_mss", "47").is_err());
+        assert!(c.set_sysctl("tcp_mtu_probe_floor", "70000").is_err());
     }
 }

@@ -636,3 +636,67 @@ fn big_transfer_heavy_loss() {
     };
     run(72, path, 100 << 20, 0, cfg(), cfg());
 }
+
+/// A path that drops every packet over 1200 bytes of IP MTU without an ICMP: the
+/// largest TCP segment (these frames carry no IP header) that gets through.
+fn black_hole(path: PathConfig, v6: bool) -> PathConfig {
+    PathConfig {
+        max_frame: 1200 - if v6 { 40 } else { 20 },
+        ..path
+    }
+}
+
+fn probing(mode: &str) -> TcpConfig {
+    let mut c = cfg();
+    c.set_sysctl("tcp_mtu_probing", mode).unwrap();
+    c
+}
+
+#[test]
+fn mtu_black_hole_mode_1_both_ways_every_byte_arrives() {
+    for seed in [41u64, 42] {
+        let path = PathConfig {
+            rate: 12_500_000,
+            loss: 0.005,
+            ..black_hole(path(), seed % 2 == 1)
+        };
+        let o = run(seed, path, 1 << 20, 256 << 10, probing("1"), probing("1"));
+        assert!(o.up.too_big > 0 && o.down.too_big > 0);
+        // (Random loss keeps cwnd below the 11 segments a probe needs, so
+        // whether probes go is left open.)
+        for st in [&o.client, &o.server] {
+            assert!(st.mtu_black_holes >= 1, "{st:?}");
+        }
+        let (low, _) = o.client_info.mtu_search.expect("probing on");
+        assert!(low <= 1200, "{low}");
+    }
+}
+
+#[test]
+fn mtu_black_hole_mode_2_finds_the_path_mtu() {
+    for seed in [43u64, 44] {
+        let path = PathConfig {
+            rate: 12_500_000,
+            ..black_hole(path(), seed % 2 == 1)
+        };
+        // The second seed with the linux profile (TSO pieces).
+        let mut c = probing("2");
+        if seed == 44 {
+            c = TcpConfig {
+                time_wait: c.time_wait,
+                ..TcpConfig::profile("linux").unwrap()
+            };
+            c.set_sysctl("tcp_mtu_probing", "2").unwrap();
+        }
+        let o = run(seed, path, 4 << 20, 0, c, cfg());
+        assert_eq!(o.client.mtu_black_holes, 0, "{:?}", o.client);
+        assert_eq!(o.client.rto_expired, 0, "{:?}", o.client);
+        let (low, high) = o.client_info.mtu_search.expect("probing on");
+        // Within tcp_probe_threshold (8) of the path's 1200, never above it.
+        assert!(
+            low <= 1200 && low > 1200 - 8 && high - low < 8,
+            "{low}..{high}"
+        );
+        assert!(o.client.mtu_probe_failures > 0 && o.client.mtu_probe_successes > 0);
+    }
+}

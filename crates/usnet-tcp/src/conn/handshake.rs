@@ -471,6 +471,7 @@ impl Connection {
     /// The handshake is complete: ESTABLISHED (or FIN-WAIT-1 if the application
     /// already shut down writing), congestion control for the negotiated MSS.
     pub(crate) fn establish(&mut self) {
+        let active = self.state == State::SynSent;
         self.state = if self.snd.fin_queued {
             State::FinWait1
         } else {
@@ -479,6 +480,8 @@ impl Connection {
         self.stats.conn_established += 1;
         // Our SYN (or SYN-ACK) was delivered.
         self.snd.delivered += 1;
+        // Before congestion control: mode 2 starts at tcp_base_mss.
+        self.mtup_init(active);
         // A Fast Open child has sent with its congestion control since its SYN-ACK
         // (built for the negotiated MSS then); it keeps it, as Linux's does.
         if !self.syn.tfo_child {

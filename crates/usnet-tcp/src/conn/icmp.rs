@@ -99,10 +99,11 @@ impl Connection {
     fn pmtu_decrease(&mut self, seq: Seq, mss: u16) -> IcmpOutcome {
         // Before the peer's SYN arrives its MSS is unknown (the RFC 9293 default
         // stands in for it): compare with our own.
+        // Path MTU probing may hold the MSS lower: the path's own limit is compared.
         let current = if self.state == State::SynSent {
             u32::from(self.cfg.mss)
         } else {
-            self.snd_mss()
+            self.mss_clamp().max(64)
         };
         let lowered = u32::from(mss) < current;
         if lowered {
@@ -119,6 +120,25 @@ impl Connection {
             self.stats.pmtu_resends += 1;
             return IcmpOutcome::MssLowered;
         }
+        if lowered {
+            self.mtu_probe_on_pmtu(u32::from(mss));
+        }
+        if self.resend_oversized(seq) {
+            self.stats.pmtu_resends += 1;
+            self.enter_pmtu_phase();
+        }
+        if lowered {
+            IcmpOutcome::MssLowered
+        } else {
+            IcmpOutcome::MssNotLowered
+        }
+    }
+}
+
+impl Connection {
+    /// Mark lost the segments from `seq` on that no longer fit the MSS (Linux's
+    /// `tcp_simple_retransmit`). Returns whether any was marked.
+    pub(crate) fn resend_oversized(&mut self, seq: Seq) -> bool {
         let fits = self.smss();
         let mut marked = false;
         for i in 0..self.scoreboard.len() {
@@ -128,22 +148,20 @@ impl Connection {
                 marked = true;
             }
         }
-        if marked {
-            self.stats.pmtu_resends += 1;
-            if !self.recovery.in_recovery() {
-                self.recovery.phase = Phase::Pmtu;
-                self.recovery.point = self.snd.nxt;
-                self.timers.clear(Timer::Tlp);
-                self.recovery.tlp_pending = false;
-            }
-            // The first resend goes out even if the window is full.
-            self.recovery.fast_rtx_pending = true;
+        marked
+    }
+
+    /// Resend what is marked lost without a congestion response: the packets were
+    /// dropped for their size, not by congestion.
+    pub(crate) fn enter_pmtu_phase(&mut self) {
+        if !self.recovery.in_recovery() {
+            self.recovery.phase = Phase::Pmtu;
+            self.recovery.point = self.snd.nxt;
+            self.timers.clear(Timer::Tlp);
+            self.recovery.tlp_pending = false;
         }
-        if lowered {
-            IcmpOutcome::MssLowered
-        } else {
-            IcmpOutcome::MssNotLowered
-        }
+        // The first resend goes out even if the window is full.
+        self.recovery.fast_rtx_pending = true;
     }
 }
 

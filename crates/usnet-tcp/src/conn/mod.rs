@@ -9,13 +9,14 @@
 //! - `scoreboard` / `recovery`: what is in flight, loss detection and recovery
 //! - `rtt`, `timestamps`, `keepalive`: estimators and probes
 //! - `timers`: every deadline in one table; `transmit`: what goes out next
-//! - `icmp`: ICMP errors about this connection
+//! - `icmp`: ICMP errors about this connection; `mtu_probe`: path MTU probing
 
 mod chrono;
 mod ecn;
 mod handshake;
 mod icmp;
 mod keepalive;
+mod mtu_probe;
 mod recovery;
 mod recv;
 mod rtt;
@@ -53,6 +54,7 @@ use chrono::{Chrono, Chronos};
 use ecn::EcnState;
 use handshake::{Negotiated, SynState};
 use keepalive::KeepaliveState;
+use mtu_probe::MtuProbe;
 use recovery::Recovery;
 use recv::{AckState, RecvState};
 use rtt::RttEstimator;
@@ -264,6 +266,11 @@ pub struct TcpInfo {
     pub rwnd_limited: Duration,
     /// Of that, time a write found the send buffer full.
     pub sndbuf_limited: Duration,
+    /// The path MTU the link and ICMP allow (Linux's `tcpi_pmtu`).
+    pub pmtu: u32,
+    /// While path MTU probing is on (`tcp_mtu_probing`): its search range, the
+    /// MTUs (search_low, search_high); `snd_mss` follows search_low.
+    pub mtu_search: Option<(u32, u32)>,
 }
 
 impl TcpInfo {
@@ -357,6 +364,8 @@ pub struct Connection {
     pub(crate) keepalive: KeepaliveState,
     /// ECN (`ecn`).
     pub(crate) ecn: EcnState,
+    /// Path MTU probing (`mtu_probe`).
+    pub(crate) mtup: MtuProbe,
     /// Busy / window-limited / buffer-limited time (`chrono`).
     pub(crate) chrono: Chronos,
     /// RFC 5961 challenge ACKs sent this second (`state`).
@@ -422,6 +431,7 @@ impl Connection {
             timers: Timers::default(),
             keepalive: KeepaliveState::new(now),
             ecn: EcnState::default(),
+            mtup: MtuProbe::new(now, iss),
             chrono: Chronos::default(),
             challenges: ChallengeLimiter::new(now),
             rst_pending: false,
@@ -527,6 +537,8 @@ impl Connection {
             busy_time: self.chrono.busy(now.max(self.now)),
             rwnd_limited: self.chrono.spent(Chrono::RwndLimited, now.max(self.now)),
             sndbuf_limited: self.chrono.spent(Chrono::SndbufLimited, now.max(self.now)),
+            pmtu: self.path_mtu(),
+            mtu_search: self.mtu_search(),
         }
     }
 

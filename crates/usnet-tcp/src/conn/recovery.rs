@@ -211,6 +211,7 @@ impl Connection {
             self.snd.fin_acked = true;
         }
         self.snd.una = ack;
+        self.mtu_probe_on_ack(ack);
         self.snd.progress = self.now;
         self.wmem_on_ack();
         // All acknowledged: no longer busy (the send-buffer limited time ends when
@@ -397,7 +398,7 @@ impl Connection {
     }
 
     pub(crate) fn enter_fast_recovery(&mut self) {
-        if self.recovery.in_recovery() {
+        if self.recovery.in_recovery() || self.mtu_probe_lost_at_head() {
             return;
         }
         self.recovery.phase = Phase::Fast;
@@ -612,6 +613,10 @@ impl Connection {
             return;
         }
         self.stats.rto_expired += 1;
+        if self.rtt.backoff >= self.cfg.retries1 {
+            // Linux's tcp_write_timeout: maybe a path MTU black hole.
+            self.mtu_black_hole();
+        }
         let flight = self.snd.nxt.since(self.snd.una);
         if self.recovery.phase == Phase::Rto {
             // Same episode: back to one segment, ssthresh unchanged.
@@ -692,6 +697,11 @@ impl Connection {
     fn retransmit<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, i: usize) -> bool {
         let opts = self.segment_options();
         let maxp = self.max_payload(&opts) as u32;
+        let (start, end) = (self.scoreboard[i].start, self.scoreboard[i].end);
+        if self.is_mtu_probe(start, end) {
+            // A probe resent did not get through as one (RFC 4821 §7.5).
+            self.mtu_probe_failed();
+        }
         if self.scoreboard[i].data_len() > maxp {
             // The head keeps maxp bytes; the tail is a new entry with the same marks.
             self.scoreboard.split(i, maxp);

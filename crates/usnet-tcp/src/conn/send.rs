@@ -303,7 +303,9 @@ impl Connection {
 
     /// Sender MSS: the largest payload without options.
     pub fn snd_mss(&self) -> u32 {
-        u32::from(self.snd.peer_mss.min(self.cfg.mss)).max(64)
+        let mss = u32::from(self.snd.peer_mss.min(self.cfg.mss));
+        // Path MTU probing holds it to what the search knows gets through.
+        self.mtup_mss_cap().map_or(mss, |cap| mss.min(cap)).max(64)
     }
 
     /// The payload of a full-sized segment now: the sender MSS less the options
@@ -403,7 +405,10 @@ impl Connection {
         let maxp = self.max_payload(&opts);
         let wnd_end = self.snd.una + self.snd.wnd;
         let win = wnd_end.since(self.snd.nxt) as usize;
-        let mut len = unsent.min(maxp).min(win);
+        // An MTU probe has its own size (`mtu_probe_due` chose it and checked the
+        // windows).
+        let full = self.mtup.sending.map_or(maxp, |p| p.min(unsent));
+        let mut len = unsent.min(full).min(win);
         // A segment ends at the next record end (MSG_EOR).
         while self
             .snd
@@ -467,7 +472,15 @@ impl Connection {
             let cut_by_window = len < unsent && len == win;
             let window_limited = cut_by_window && 2 * len >= self.snd.max_wnd as usize;
             let ends_record = record_end == Some(len);
-            if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited) {
+            // Linux applies Nagle to the last buffer only (TCP_NAGLE_PUSH for the
+            // others). With probing, pieces cut at a smaller MSS leave tails below
+            // a raised one in the middle of the queue: they go.
+            let short_tail = self.cfg.tso_pieces
+                && self.mtup.enabled
+                && !all
+                && self.snd.piece_end == Some(self.snd.nxt + len as u32);
+            if !(full || (all && nagle_ok) || (ends_record && !all) || window_limited || short_tail)
+            {
                 if self.scoreboard.is_empty() && (cut_by_window || (corked && all)) {
                     // Nothing in flight will bring an ACK: the persist timer ends
                     // the wait (a cork's too, as Linux's probe timer does).

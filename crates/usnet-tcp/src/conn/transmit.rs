@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
 
+use super::mtu_probe::ProbeDue;
 use super::{Connection, SegmentSink, State, Wake};
 use crate::seq::Seq;
 use crate::sg::TxData;
@@ -178,10 +179,23 @@ impl Connection {
                     return Some(sent);
                 }
             }
+            // A path MTU probe goes before new data; while one waits for room, new
+            // data waits too.
+            let probe = self.mtu_probe_due();
+            if let ProbeDue::Send(len) = probe {
+                if let Some(sent) = self.send_mtu_probe(sink, len, blocked_by_window) {
+                    return Some(sent);
+                }
+            }
             // The persist timer fired and the window is open again: what fits goes
             // out regardless of Nagle and SWS rules.
             let force = self.snd.persist_pending && self.snd.wnd > 0;
-            match self.send_new_data(sink, force, blocked_by_window) {
+            let new_data = if probe == ProbeDue::Wait && !force {
+                None
+            } else {
+                self.send_new_data(sink, force, blocked_by_window)
+            };
+            match new_data {
                 Some(true) => {
                     if force {
                         self.snd.persist_pending = false;
@@ -202,6 +216,27 @@ impl Connection {
             return Some(self.send_pure_ack(sink));
         }
         None
+    }
+
+    /// One path MTU probe of `len` bytes of new data: a new-data segment past the
+    /// MSS, whose Nagle, window and piece rules `mtu_probe_due` replaced.
+    fn send_mtu_probe<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        len: usize,
+        blocked_by_window: &mut bool,
+    ) -> Option<bool> {
+        let start = self.snd.nxt;
+        self.mtup.sending = Some(len);
+        let r = self.send_new_data(sink, true, blocked_by_window);
+        self.mtup.sending = None;
+        if r == Some(true) {
+            let sent = self.snd.nxt.since(start);
+            self.mtu_probe_sent(start, sent);
+            // The next piece is cut afresh behind the probe.
+            self.snd.piece_end = None;
+        }
+        r
     }
 
     /// The RST of an abort (or of a reset decided on input); then CLOSED.
