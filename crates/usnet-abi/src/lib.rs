@@ -284,6 +284,11 @@ pub mod op {
     pub const ACCEPT: u16 = 4;
     /// `args[0..4]`: the address. TCP: completes once the SYN is queued (the slot's
     /// `CONNECTED` or `ERROR` flag tells the outcome). UDP: fixes the peer.
+    /// `args[4]` [`super::CONNECT_FASTOPEN`]: a Fast Open connect (RFC 7413, Linux's
+    /// `sendto(MSG_FASTOPEN)`) whose data the client staged in the send ring; the
+    /// result is how many of those bytes ride on the SYN (0 without a cookie: the SYN
+    /// asks for one); the rest are dropped, for the client to send once connected.
+    /// `EOPNOTSUPP` when the stack's `tcp_fastopen` has no client bit.
     pub const CONNECT: u16 = 5;
     /// `args[0]`: how ([`super::SHUT_RD`], [`super::SHUT_WR`], [`super::SHUT_RDWR`]).
     pub const SHUTDOWN: u16 = 6;
@@ -328,6 +333,9 @@ pub const FAM_V6: u64 = 2;
 /// with it (SO_REUSEADDR/SO_REUSEPORT; multicast receivers on one port).
 pub const BIND_REUSE: u64 = 1;
 
+/// `CONNECT`'s `args[4]`: a Fast Open connect.
+pub const CONNECT_FASTOPEN: u64 = 1;
+
 pub const KIND_TCP: u64 = 1;
 pub const KIND_UDP: u64 = 2;
 
@@ -361,6 +369,11 @@ pub mod opt {
     pub const CC_CUBIC: u64 = 0;
     pub const CC_RENO: u64 = 1;
     pub const TCP_NOTSENT_LOWAT: u64 = 25;
+    /// The Fast Open queue length on a listener (0: off).
+    pub const TCP_FASTOPEN: u64 = 23;
+    /// On a listener: the key its cookies are made with, `args[2]` its bytes 0..8
+    /// and `args[3]` its bytes 8..16 (each little-endian).
+    pub const TCP_FASTOPEN_KEY: u64 = 33;
     pub const IPPROTO_IP: u64 = 0;
     /// The TOS byte (its DSCP bits; TCP keeps the ECN bits); on a connection.
     pub const IP_TOS: u64 = 1;
@@ -399,6 +412,10 @@ pub mod opt {
     /// raising a process's priority does.
     pub const USNET_RX_PRIORITY: u64 = 1;
     pub const RX_PRIORITY_NONE: u64 = u64::MAX;
+    /// `GETSOCKOPT` with the address in `args[2..6]`: 1 when a Fast Open connect to
+    /// it would carry data on its SYN (a cookie is cached, or the stack sends data
+    /// without one), as Linux's `TCP_FASTOPEN_CONNECT` decides whether to defer.
+    pub const USNET_FASTOPEN_READY: u64 = 2;
 }
 
 // ---------------------------------------------------------------- zero-copy ports

@@ -328,6 +328,21 @@ impl Sock {
         })
     }
 
+    /// Puts `buf` in the send ring without telling the server (a Fast Open
+    /// connect's SYN data, which the server takes with the connect). At most what
+    /// fits.
+    pub(crate) fn tx_stage(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut tx = lock(&self.tx);
+        let free = tx.free().map_err(|_| corrupt())?;
+        let n = if free == 0 || buf.is_empty() {
+            0
+        } else {
+            tx.push(buf)
+        };
+        tx.publish();
+        Ok(n)
+    }
+
     /// Runs `f` on the send ring's producer (UDP records), publishes, then kicks.
     pub(crate) fn with_tx<R>(&self, f: impl FnOnce(&mut ByteProducer) -> R) -> R {
         let mut tx = lock(&self.tx);

@@ -6,7 +6,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use usnet_abi::{op, slot, SockAddr, KIND_TCP, KIND_UDP};
+use usnet_abi::{op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_TCP, KIND_UDP};
 
 use crate::sock::Sock;
 use crate::{Client, TcpListener, TcpStream, UdpSocket};
@@ -112,6 +112,39 @@ impl Socket {
         self.sock
             .call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
         Ok(TcpStream { sock: self.sock })
+    }
+
+    /// A Fast Open connect (RFC 7413), as Linux's `sendto(MSG_FASTOPEN)`: the SYN
+    /// carries what it can of `data` when a cookie for `addr` is cached (the
+    /// returned count; 0 when the SYN asks for a cookie instead). The rest of
+    /// `data` is the caller's to write once connected. `EOPNOTSUPP` when the stack's
+    /// `tcp_fastopen` has no client bit.
+    pub fn connect_fastopen(self, addr: SocketAddr, data: &[u8]) -> io::Result<(TcpStream, usize)> {
+        self.sock.tx_stage(data)?;
+        let a = SockAddr::from_std(addr).to_args();
+        let q = self
+            .sock
+            .call(op::CONNECT, [a[0], a[1], a[2], a[3], CONNECT_FASTOPEN, 0])?;
+        Ok((TcpStream { sock: self.sock }, q as usize))
+    }
+
+    /// Whether a Fast Open connect to `addr` would carry data on its SYN (a cookie
+    /// is cached, or the stack sends data without one): Linux's
+    /// `TCP_FASTOPEN_CONNECT` defers the SYN to the first write only then.
+    pub fn fastopen_ready(&self, addr: SocketAddr) -> io::Result<bool> {
+        let a = SockAddr::from_std(addr).to_args();
+        let r = self.sock.call(
+            op::GETSOCKOPT,
+            [
+                opt::SOL_USNET,
+                opt::USNET_FASTOPEN_READY,
+                a[0],
+                a[1],
+                a[2],
+                a[3],
+            ],
+        )?;
+        Ok(r != 0)
     }
 
     /// A UDP socket as a datagram socket (bound already, or bound to an ephemeral

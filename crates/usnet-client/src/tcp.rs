@@ -92,6 +92,36 @@ impl TcpListener {
             .map(|_| ())
     }
 
+    /// TCP_FASTOPEN: the Fast Open queue length (0: off; RFC 7413 server, as the
+    /// stack's `tcp_fastopen` server bits allow).
+    pub fn set_fastopen(&self, qlen: u32) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [
+                    opt::IPPROTO_TCP,
+                    opt::TCP_FASTOPEN,
+                    u64::from(qlen),
+                    0,
+                    0,
+                    0,
+                ],
+            )
+            .map(|_| ())
+    }
+
+    /// TCP_FASTOPEN_KEY: the key this listener's cookies are made with.
+    pub fn set_fastopen_key(&self, key: [u8; 16]) -> io::Result<()> {
+        let lo = u64::from_le_bytes(key[..8].try_into().expect("8 bytes"));
+        let hi = u64::from_le_bytes(key[8..].try_into().expect("8 bytes"));
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::IPPROTO_TCP, opt::TCP_FASTOPEN_KEY, 0, lo, hi, 0],
+            )
+            .map(|_| ())
+    }
+
     /// Binds and listens (backlog 128); port 0 picks one.
     pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<TcpListener> {
         Self::bind_with_backlog(client, addr, 128)

@@ -200,6 +200,13 @@ pub unsafe extern "C" fn usnet_sendto(
         ret((|| {
             // SAFETY: per the contract.
             let b = unsafe { bytes(buf, len) }?;
+            // SAFETY: non-null, per the contract (a family is always there).
+            if !a.is_null() && alen > 0 && unsafe { (*a).sa_family } == libc::AF_UNSPEC as u16 {
+                // Linux's answer to a Fast Open "connect" to no address.
+                if flags & libc::MSG_FASTOPEN != 0 {
+                    return Err(Errno(libc::EOPNOTSUPP));
+                }
+            }
             let to = if a.is_null() {
                 None
             } else {

@@ -165,6 +165,11 @@ struct Opts {
     groups: Vec<Vec<u8>>,
     /// Options only recorded and reported back (`sockopt`).
     recorded: HashMap<(i32, i32), i32>,
+    /// TCP_FASTOPEN_KEY as set (a listener's).
+    fastopen_key: Option<[u8; 16]>,
+    /// `connect` with TCP_FASTOPEN_CONNECT and a cookie at hand: the SYN waits for
+    /// the first write, to this address (Linux's deferred connect).
+    deferred: Option<SocketAddr>,
 }
 
 impl Opts {
@@ -481,15 +486,22 @@ pub fn listen(fd: RawFd, backlog: i32) -> Res<()> {
                 Ok(l) => {
                     l.set_nonblocking(e.nonblocking())?;
                     // Options set before listen that the listener carries.
-                    let (ut, mss) = {
+                    let (ut, mss, fastopen, key) = {
                         let op = lock(&e.opts);
-                        (op.user_timeout, op.maxseg)
+                        let fo = op.recorded.get(&(libc::IPPROTO_TCP, libc::TCP_FASTOPEN));
+                        (op.user_timeout, op.maxseg, fo.copied(), op.fastopen_key)
                     };
                     if ut != 0 {
                         let _ = l.set_user_timeout(ut);
                     }
                     if let Some(m) = mss.filter(|&m| m != 0) {
                         let _ = l.set_maxseg(m as u16);
+                    }
+                    if let Some(k) = key {
+                        let _ = l.set_fastopen_key(k);
+                    }
+                    if let Some(q) = fastopen.filter(|&q| q > 0) {
+                        let _ = l.set_fastopen(q as u32);
                     }
                     *o = Obj::Listener(l);
                     Ok(())
@@ -587,6 +599,12 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
     {
         let mut o = e.write();
         match &*o {
+            Obj::Fresh(s) if fastopen_connect_defers(&e, s, addr) => {
+                // TCP_FASTOPEN_CONNECT with a cookie at hand: the SYN goes with the
+                // first write, and connect succeeds at once (Linux's deferred connect).
+                lock(&e.opts).deferred = Some(addr);
+                return Ok(());
+            }
             Obj::Fresh(_) => {
                 let Obj::Fresh(s) = std::mem::replace(&mut *o, Obj::Moving) else {
                     unreachable!()
@@ -661,14 +679,16 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
     }
     let e = get(fd)?;
     let to = to.map(|a| stack_addr(&e, a)).transpose()?;
-    if flags & libc::MSG_FASTOPEN != 0 && matches!(&*e.read(), Obj::Fresh(_)) {
-        // MSG_FASTOPEN on an unconnected stream: connect, then send (the bytes go
-        // right after the handshake rather than on the SYN; a non-blocking socket
-        // gets EINPROGRESS, as Linux's does without a cookie).
-        let to = to.ok_or(Errno(libc::EDESTADDRREQ))?;
-        drop(e);
-        connect(fd, to)?;
-        return sendto(fd, buf, flags & !libc::MSG_FASTOPEN, None);
+    let deferred = lock(&e.opts).deferred;
+    if matches!(&*e.read(), Obj::Fresh(_)) && e.stype == libc::SOCK_STREAM {
+        // A Fast Open connect: MSG_FASTOPEN on an unconnected stream, or the first
+        // write after a deferred TCP_FASTOPEN_CONNECT `connect`.
+        if let Some(to) = deferred.or(to.filter(|_| flags & libc::MSG_FASTOPEN != 0)) {
+            return fastopen_send(&e, to, buf, flags).map_err(|err| sigpipe(flags, err));
+        }
+        if flags & libc::MSG_FASTOPEN != 0 {
+            return Err(Errno(libc::EDESTADDRREQ));
+        }
     }
     let o = e.read();
     let r: Res<usize> = match &*o {
@@ -762,6 +782,69 @@ pub fn sendfile(
 /// returns (a program may rightly treat a short count as lost bytes: socat warns
 /// and goes on without them); a signal, a timeout or, on a non-blocking socket, a
 /// full buffer after some bytes went returns the count that went.
+/// Whether `connect` on a socket with TCP_FASTOPEN_CONNECT defers the SYN: only
+/// when the first write's data can ride on it.
+fn fastopen_connect_defers(e: &Entry, s: &Socket, addr: SocketAddr) -> bool {
+    let on = lock(&e.opts)
+        .recorded
+        .get(&(libc::IPPROTO_TCP, sockopt::TCP_FASTOPEN_CONNECT))
+        .is_some_and(|&v| v != 0);
+    on && s.fastopen_ready(addr).unwrap_or(false)
+}
+
+/// A Fast Open connect to `to` with `buf` (RFC 7413, as Linux's
+/// `sendto(MSG_FASTOPEN)`): the SYN carries what it can when a cookie is cached. A
+/// non-blocking call returns that count, or `EINPROGRESS` when nothing rode; a
+/// blocking one waits for the handshake and then writes the rest.
+fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize> {
+    let q = {
+        let mut o = e.write();
+        let Obj::Fresh(_) = &*o else {
+            return Err(Errno(libc::EALREADY));
+        };
+        let Obj::Fresh(s) = std::mem::replace(&mut *o, Obj::Moving) else {
+            unreachable!()
+        };
+        lock(&e.opts).deferred = None;
+        match s.connect_fastopen(to, buf) {
+            Ok((st, q)) => {
+                apply_stream_opts(e, &st);
+                st.set_nonblocking(e.nonblocking())?;
+                *o = Obj::Stream(st);
+                q
+            }
+            Err(err) => {
+                *o = Obj::Failed;
+                return Err(err.into());
+            }
+        }
+    };
+    if e.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
+        return if q > 0 {
+            Ok(q)
+        } else {
+            Err(Errno(libc::EINPROGRESS))
+        };
+    }
+    let deadline = lock(&e.opts)
+        .sndtimeo
+        .map(|t| usnet_client::vtime::now() + t);
+    poll::wait_connected(e, deadline)?;
+    if q == buf.len() {
+        return Ok(q);
+    }
+    let o = e.read();
+    let Obj::Stream(s) = &*o else {
+        return Err(Errno(libc::ECONNABORTED));
+    };
+    apply_timeouts(e, s)?;
+    match write_stream(s, &buf[q..]) {
+        Ok(n) => Ok(q + n),
+        Err(_) if q > 0 => Ok(q),
+        Err(err) => Err(err.into()),
+    }
+}
+
 fn write_stream(s: &TcpStream, buf: &[u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
@@ -1317,10 +1400,22 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 (false, None) => return Err(Errno(libc::EADDRNOTAVAIL)),
             }
         }
-        // Kept for `getsockopt` (the server has no per-socket SYN retry count, and
-        // Fast Open is the stack's: see docs/preload.md).
+        // Kept for `getsockopt` (the server has no per-socket SYN retry count: see
+        // docs/preload.md).
         Opt::SynCount(v) => record(&mut o, libc::TCP_SYNCNT, v as i32),
-        Opt::FastOpen(q) => record(&mut o, libc::TCP_FASTOPEN, q as i32),
+        // Fast Open: a listener's queue and key go to the stack now (or at listen).
+        Opt::FastOpen(q) => {
+            record(&mut o, libc::TCP_FASTOPEN, q as i32);
+            if let Obj::Listener(l) = &*obj {
+                l.set_fastopen(q)?;
+            }
+        }
+        Opt::FastOpenKey(k) => {
+            o.fastopen_key = Some(k);
+            if let Obj::Listener(l) = &*obj {
+                l.set_fastopen_key(k)?;
+            }
+        }
         Opt::FastOpenConnect(on) => record(&mut o, sockopt::TCP_FASTOPEN_CONNECT, on as i32),
         Opt::Recorded { level, name, kept } => {
             if let Obj::Udp(u) = &*obj {
@@ -1331,7 +1426,7 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         // What a session cannot carry yet: no completions, timestamps or in-queue
         // counts come back through the rings, and a program that set these would
         // wait for them. Linux kernels without the feature answer the same.
-        Opt::ZeroCopy(_) | Opt::Timestamping(_) | Opt::Inq(_) | Opt::FastOpenKey(_) => {
+        Opt::ZeroCopy(_) | Opt::Timestamping(_) | Opt::Inq(_) => {
             return Err(Errno(libc::ENOPROTOOPT))
         }
     }

@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
 use usnet_abi::{
-    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, BIND_REUSE, FAM_V4, FAM_V6,
-    FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_NOT_RECEIVER,
-    FLAG_RX_EOF, FLAG_SHARED, FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SHUT_RD,
-    SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
+    errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN,
+    FAM_V4, FAM_V6, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP,
+    FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED, FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER,
+    RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -385,6 +385,9 @@ impl ServerSession {
                     ),
                     op::LISTEN => self.op_listen(stack, i, req.args[0], req.args[1]),
                     op::ACCEPT => self.op_accept(stack, i),
+                    op::CONNECT if req.args[4] & CONNECT_FASTOPEN != 0 => {
+                        self.op_connect_fastopen(stack, i, SockAddr::from_args(&req.args))
+                    }
                     op::CONNECT => self.op_connect(stack, i, SockAddr::from_args(&req.args)),
                     op::SHUTDOWN => self.op_shutdown(stack, i, req.args[0]),
                     op::CLOSE => self.op_close(stack, i),
@@ -602,6 +605,45 @@ impl ServerSession {
         j as i64
     }
 
+    /// A Fast Open connect (see `op::CONNECT`): the SYN takes what it can of the
+    /// bytes staged in the send ring; the rest are dropped.
+    fn op_connect_fastopen(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
+        let Some(remote) = a.to_std() else {
+            return -errno::EINVAL;
+        };
+        let chunk = self.limits.chunk;
+        let s = self.sock(i);
+        if s.kind != KIND_TCP || s.role != Role::Fresh {
+            return -errno::EINVAL;
+        }
+        if s.handle.is_some() {
+            return -errno::EISCONN;
+        }
+        let staged = s.tx.available().unwrap_or(0).min(chunk);
+        let mut data = vec![0u8; staged];
+        let got = s.tx.read(&mut data);
+        data.truncate(got);
+        let rest = s.tx.available().unwrap_or(0);
+        s.tx.skip(rest);
+        s.tx.release();
+        let cfg = stack.tcp_config().clone();
+        match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg) {
+            Ok((h, q)) => {
+                self.sock(i).role = Role::Conn;
+                self.adopt(stack, i, h);
+                if let Ok(l) = stack.tcp_local_addr(h) {
+                    self.mem
+                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                }
+                self.mem.set_slot_addr(i, slot::PEER, &a);
+                self.refresh(stack, i);
+                q as i64
+            }
+            Err(StackError::WrongType) => -errno::EOPNOTSUPP,
+            Err(e) => err(e),
+        }
+    }
+
     fn op_connect(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
         let Some(remote) = a.to_std() else {
             return -errno::EINVAL;
@@ -749,6 +791,21 @@ impl ServerSession {
                 };
                 stack.tcp_set_congestion_control(h.expect("conn"), cc)
             }
+            (opt::IPPROTO_TCP, opt::TCP_FASTOPEN) => match (s.role, h) {
+                (Role::Listener, Some(h)) => {
+                    stack.tcp_set_fastopen(h, value.min(i32::MAX as u64) as usize)
+                }
+                _ => Ok(()),
+            },
+            (opt::IPPROTO_TCP, opt::TCP_FASTOPEN_KEY) => match (s.role, h) {
+                (Role::Listener, Some(h)) => {
+                    let mut key = [0u8; 16];
+                    key[..8].copy_from_slice(&a[2].to_le_bytes());
+                    key[8..].copy_from_slice(&a[3].to_le_bytes());
+                    stack.tcp_set_fastopen_key(h, key)
+                }
+                _ => Ok(()),
+            },
             (opt::IPPROTO_TCP, opt::TCP_MAXSEG) => match (s.role, h) {
                 // Linux's range: 88..=32767 (0 clears it: nothing to do here).
                 (Role::Listener, Some(h)) if (88..=32767).contains(&value) => {
@@ -835,6 +892,13 @@ impl ServerSession {
                 Some(Ok(info)) => info.snd_mss as i64,
                 _ => stack.tcp_config().mss as i64,
             },
+            (opt::SOL_USNET, opt::USNET_FASTOPEN_READY) => {
+                let Some(remote) = SockAddr::from_args(&[a[2], a[3], a[4], a[5], 0, 0]).to_std()
+                else {
+                    return -errno::EINVAL;
+                };
+                stack.tcp_fastopen_ready(remote.ip()) as i64
+            }
             (opt::IPPROTO_TCP, opt::TCP_INFO) => {
                 let Some(Ok(info)) = conn.map(|h| stack.tcp_info(h)) else {
                     return -errno::ENOTCONN;

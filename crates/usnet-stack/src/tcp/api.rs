@@ -404,6 +404,16 @@ impl Stack {
             .is_some_and(|e| e.cookie.is_some())
     }
 
+    /// Whether a Fast Open connect to `ip` would carry data on its SYN: the client
+    /// is enabled and a cookie is cached, or data goes without one (Linux's
+    /// `tcp_fastopen_cookie_check`, which `TCP_FASTOPEN_CONNECT` asks).
+    pub fn tcp_fastopen_ready(&self, ip: std::net::IpAddr) -> bool {
+        let f = self.core.cfg.tcp.fastopen;
+        self.tcp_fastopen_client_enabled()
+            && (f & usnet_tcp::config::FASTOPEN_CLIENT_NO_COOKIE != 0
+                || self.tcp_fastopen_cookie_cached(ip))
+    }
+
     /// Forgets what was learned per destination (the Fast Open cookies and MSS),
     /// as Linux's `ip tcp_metrics flush`.
     pub fn tcp_flush_metrics(&mut self) {
