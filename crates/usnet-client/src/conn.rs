@@ -507,6 +507,11 @@ impl Conn {
         }
     }
 
+    /// Wakes this process's sleepers on the session's bell (as a server ring does).
+    pub(crate) fn ring_own_bell(&self) {
+        self.bell.ring();
+    }
+
     pub fn bell_seq(&self) -> u32 {
         vtime::mark();
         self.bell.seq()

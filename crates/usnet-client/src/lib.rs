@@ -114,9 +114,14 @@ impl Client {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         let conn = Conn::attach(&path, &label, opts)?;
-        Ok(Client {
-            conn: Arc::new(conn),
-        })
+        Ok(Client::over(conn))
+    }
+
+    fn over(conn: Conn) -> Client {
+        let conn = Arc::new(conn);
+        let weak = Arc::downgrade(&conn);
+        vtime::watch(move || weak.upgrade().map(|c| c.ring_own_bell()).is_some());
+        Client { conn }
     }
 
     /// The session's number at the server (shown by `usnet stat`).
@@ -179,12 +184,7 @@ impl Client {
         let want = opts.max_sockets.unwrap_or(1024);
         opts.max_sockets = Some(want.max(n.max(pinned).saturating_add(1024)));
         let (conn, map) = Conn::attach_over(ch, path, name, &opts, Some(&token))?;
-        Ok((
-            Client {
-                conn: Arc::new(conn),
-            },
-            map,
-        ))
+        Ok((Client::over(conn), map))
     }
 
     /// In a forked child: this (the parent's) session is never used again from

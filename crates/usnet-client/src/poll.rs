@@ -58,6 +58,11 @@ pub struct Event {
     pub writable: bool,
     /// Hung up or failed (reads return 0 or the error).
     pub closed: bool,
+    /// The peer will send no more (its FIN, or the connection is gone): Linux's
+    /// `POLLRDHUP`.
+    pub rdhup: bool,
+    /// An error waits to be reported (`SO_ERROR`): Linux's `POLLERR`.
+    pub error: bool,
 }
 
 mod sealed {
@@ -110,7 +115,17 @@ pub struct Poller {
 /// A registration's readiness, read from its slot in shared memory (the ring
 /// counters give what is queued each way): (readable, writable, closed, events).
 /// `None` once the slot was closed or given to another socket.
-fn readiness(r: &Reg) -> Option<(bool, bool, bool, u32)> {
+/// What a slot says now.
+struct Readiness {
+    readable: bool,
+    writable: bool,
+    closed: bool,
+    rdhup: bool,
+    error: bool,
+    events: u32,
+}
+
+fn readiness(r: &Reg) -> Option<Readiness> {
     let m = &r.conn.mem;
     let w = |off| m.slot_word(r.slot, off).load(Acquire);
     if w(slot::GEN) != r.gen || w(slot::STATE) != SLOT_OPEN {
@@ -130,13 +145,27 @@ fn readiness(r: &Reg) -> Option<(bool, bool, bool, u32)> {
     let readable = rx_queued > 0 || f & (FLAG_RX_EOF | FLAG_ACCEPTABLE) != 0 || closed;
     let can_send = f & FLAG_CONNECTED != 0 || w(slot::KIND) as u64 == KIND_UDP;
     let writable = closed || (can_send && tx_queued < size);
-    Some((readable, writable, closed, events))
+    Some(Readiness {
+        readable,
+        writable,
+        closed,
+        rdhup: closed || f & FLAG_RX_EOF != 0,
+        error: f & FLAG_ERROR != 0 && w(slot::ERROR) != 0,
+        events,
+    })
 }
 
 impl Reg {
     /// The event to report now, if any (edge mode: only after a change).
     fn check(&self, token: Token) -> Option<(Event, u32)> {
-        let (r, w, closed, ev) = readiness(self)?;
+        let Readiness {
+            readable: r,
+            writable: w,
+            closed,
+            rdhup,
+            error,
+            events: ev,
+        } = readiness(self)?;
         if !r && self.interest.readable {
             // Waiting to read a shared stream another holder receives: ask for it.
             self.conn.want_stream(self.slot);
@@ -152,6 +181,8 @@ impl Reg {
                 readable: r,
                 writable: w,
                 closed,
+                rdhup,
+                error,
             },
             ev,
         ))

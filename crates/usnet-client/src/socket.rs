@@ -118,14 +118,25 @@ impl Socket {
     /// carries what it can of `data` when a cookie for `addr` is cached (the
     /// returned count; 0 when the SYN asks for a cookie instead). The rest of
     /// `data` is the caller's to write once connected. `EOPNOTSUPP` when the stack's
-    /// `tcp_fastopen` has no client bit.
-    pub fn connect_fastopen(self, addr: SocketAddr, data: &[u8]) -> io::Result<(TcpStream, usize)> {
-        self.sock.tx_stage(data)?;
+    /// `tcp_fastopen` has no client bit. On failure the socket comes back as it was
+    /// (unconnected), as Linux leaves it.
+    #[allow(clippy::result_large_err)]
+    pub fn connect_fastopen(
+        self,
+        addr: SocketAddr,
+        data: &[u8],
+    ) -> Result<(TcpStream, usize), (Socket, io::Error)> {
+        if let Err(e) = self.sock.tx_stage(data) {
+            return Err((self, e));
+        }
         let a = SockAddr::from_std(addr).to_args();
-        let q = self
+        match self
             .sock
-            .call(op::CONNECT, [a[0], a[1], a[2], a[3], CONNECT_FASTOPEN, 0])?;
-        Ok((TcpStream { sock: self.sock }, q as usize))
+            .call(op::CONNECT, [a[0], a[1], a[2], a[3], CONNECT_FASTOPEN, 0])
+        {
+            Ok(q) => Ok((TcpStream { sock: self.sock }, q as usize)),
+            Err(e) => Err((self, e)),
+        }
     }
 
     /// Whether a Fast Open connect to `addr` would carry data on its SYN (a cookie

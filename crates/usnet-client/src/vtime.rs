@@ -56,6 +56,23 @@ pub struct Virtual {
 
 static VIRTUAL: OnceLock<Virtual> = OnceLock::new();
 
+type Waker = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// What wakes a session's sleepers (false once the session is gone).
+static WAKERS: Mutex<Vec<Waker>> = Mutex::new(Vec::new());
+
+fn lock_wakers() -> MutexGuard<'static, Vec<Waker>> {
+    WAKERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Under virtual time: `wake` rings a session's bell at every [`Virtual::kick`],
+/// so its sleepers look again at once (it returns false when the session is gone).
+pub(crate) fn watch(wake: impl Fn() -> bool + Send + Sync + 'static) {
+    if VIRTUAL.get().is_some() {
+        lock_wakers().push(Box::new(wake));
+    }
+}
+
 /// Installs virtual time for this process: `now_ns` reads it (nanoseconds, never
 /// going back). Only the first call installs; later ones return the installed one.
 pub fn install(now_ns: impl Fn() -> u64 + Send + Sync + 'static) -> &'static Virtual {
@@ -103,9 +120,16 @@ impl Virtual {
     }
 
     /// Starts a new epoch (the world changed: every sleeper must look again before
-    /// it counts as settled) and returns it.
+    /// it counts as settled), wakes the sleepers to look, and returns it.
     pub fn kick(&self) -> u64 {
-        self.epoch.fetch_add(1, SeqCst) + 1
+        let e = self.epoch.fetch_add(1, SeqCst) + 1;
+        lock_wakers().retain(|w| w());
+        e
+    }
+
+    /// The present epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(SeqCst)
     }
 
     /// Threads other than `me` asleep after looking in epoch `epoch` or later.
@@ -150,7 +174,8 @@ impl Virtual {
         let _ = self.advance.set(Box::new(advance));
     }
 
-    /// Whether the calling thread slept in a call since it last asked.
+    /// Whether the calling thread blocked in a call (waited for readiness, not only
+    /// for the server's answer) since it last asked.
     pub fn take_slept(&self) -> bool {
         self.lock()
             .slept
@@ -158,12 +183,16 @@ impl Virtual {
             .is_some()
     }
 
-    fn register(&self, epoch: u64, deadline: Option<Instant>) -> ThreadId {
+    /// `blocked`: the thread waits for readiness (its call blocks), not for the
+    /// server's answer to a request.
+    fn register(&self, epoch: u64, deadline: Option<Instant>, blocked: bool) -> ThreadId {
         let me = std::thread::current().id();
         let deadline = deadline.map(|d| self.ns_of(d));
         let mut g = self.lock();
         g.sleepers.insert(me, Sleeper { epoch, deadline });
-        g.slept.insert(me, ());
+        if blocked {
+            g.slept.insert(me, ());
+        }
         drop(g);
         self.changed.notify_all();
         me
@@ -230,7 +259,7 @@ pub(crate) fn marked() -> u64 {
 /// does not register: it is the thread that settles).
 pub(crate) fn asleep_for_server(epoch: u64) -> Asleep {
     match VIRTUAL.get() {
-        Some(v) if !v.is_owner() => Asleep(Some(v.register(epoch, None))),
+        Some(v) if !v.is_owner() => Asleep(Some(v.register(epoch, None, false))),
         _ => Asleep(None),
     }
 }
@@ -256,7 +285,7 @@ pub(crate) fn plan(epoch: u64, left: Duration, deadline: Option<Instant>) -> (Pl
             }
         };
     }
-    let me = v.register(epoch, deadline);
+    let me = v.register(epoch, deadline, true);
     (Plan::Sleep(left.min(SLICE)), Asleep(Some(me)))
 }
 

@@ -20,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_long, c_longlong, c_uint, c_ulong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant as RealInstant};
@@ -36,8 +36,21 @@ use crate::backend::shared::{RECORD_GRACE, SETTLE_DEADLINE, SNIFF_HORIZON_NS, ST
 use crate::backend::{Options, Res};
 use crate::layout::PacketdrillInterface;
 
+static SETTLES: AtomicUsize = AtomicUsize::new(0);
+static STEPS: AtomicUsize = AtomicUsize::new(0);
+static PROBES: AtomicUsize = AtomicUsize::new(0);
+static PROBE_NS: AtomicUsize = AtomicUsize::new(0);
+
 /// Longest real time a job on the server's loop may take.
 const LOOP_CALL: Duration = Duration::from_secs(5);
+
+/// What the last settle that ended quiet saw.
+#[derive(Clone, Copy)]
+struct Settled {
+    gen: u64,
+    busy: u64,
+    epoch: u64,
+}
 
 #[derive(Default)]
 struct St {
@@ -66,6 +79,10 @@ pub struct World {
     sysctl_file: Option<String>,
     /// Threads inside a library call.
     active: AtomicUsize,
+    /// Counts what changes the world for the loop and the sleepers: socket calls,
+    /// injected frames, clock moves.
+    gen: AtomicU64,
+    settled: Mutex<Option<Settled>>,
     st: Mutex<St>,
 }
 
@@ -84,6 +101,8 @@ impl World {
         let cfg = ServerConfig {
             name: name.clone(),
             link: "packetdrill".into(),
+            // The loop answers the clock's many probes without waking from sleep.
+            spin: Duration::from_millis(1),
             ..ServerConfig::default()
         };
         let server =
@@ -106,6 +125,8 @@ impl World {
             gso_mss: o.gso_mss,
             sysctl_file: o.sysctl_file.clone(),
             active: AtomicUsize::new(0),
+            gen: AtomicU64::new(0),
+            settled: Mutex::new(None),
             st: Mutex::default(),
         });
         usnet_posix::attach(Some(&name)).map_err(|e| format!("attach: errno {}", e.0))?;
@@ -144,6 +165,7 @@ impl World {
     }
 
     fn set_now(&self, ns: u64) {
+        self.gen.fetch_add(1, SeqCst);
         self.clock.set(usnet_stack::Instant::from_nanos(ns));
     }
 
@@ -153,7 +175,11 @@ impl World {
 
     /// The loop's count of busy passes, and whether it has nothing to do.
     fn probe(&self) -> Option<(u64, bool)> {
-        self.on_loop(|lp| (lp.busy_passes, lp.quiet()))
+        let t = RealInstant::now();
+        let r = self.on_loop(|lp| (lp.busy_passes, lp.quiet()));
+        PROBE_NS.fetch_add(t.elapsed().as_nanos() as usize, SeqCst);
+        PROBES.fetch_add(1, SeqCst);
+        r
     }
 
     /// Takes what the stack sent: ARP and NDP are answered, IP packets queued for
@@ -172,7 +198,12 @@ impl World {
     /// Waits until the world has settled (see the module documentation), at most
     /// [`SETTLE_DEADLINE`] of real time.
     fn settle(&self) {
+        SETTLES.fetch_add(1, SeqCst);
         let me = std::thread::current().id();
+        let gen = self.gen.load(SeqCst);
+        if self.still_settled(gen, me) {
+            return;
+        }
         let start = RealInstant::now();
         loop {
             let before = self.probe();
@@ -188,10 +219,39 @@ impl World {
             self.collect();
             let quiet = self.queues.rx_pending() == 0
                 && matches!((before, after), (Some((a, _)), Some((b, true))) if a == b);
+            if quiet {
+                *lock(&self.settled) = after.map(|(busy, _)| Settled { gen, busy, epoch });
+            }
             if quiet || start.elapsed() >= SETTLE_DEADLINE {
+                if !quiet && std::env::var_os("USNET_PD_DEBUG").is_some() {
+                    eprintln!(
+                        "usnet-packetdrill: settle gave up: active {} asleep {} since-kick {} \
+                         loop {:?} -> {:?} rx {}",
+                        self.active.load(SeqCst),
+                        self.vt.sleeping(me),
+                        self.vt.settled(epoch, me),
+                        before,
+                        after,
+                        self.queues.rx_pending()
+                    );
+                }
                 return;
             }
         }
+    }
+
+    /// Nothing happened since the last settle that ended quiet: no call, frame or
+    /// clock move (`gen`), no busy pass of the loop, every other thread inside the
+    /// library asleep since then.
+    fn still_settled(&self, gen: u64, me: ThreadId) -> bool {
+        let Some(last) = *lock(&self.settled) else {
+            return false;
+        };
+        let others = self.active.load(SeqCst).saturating_sub(1);
+        last.gen == gen
+            && self.queues.rx_pending() == 0
+            && self.vt.settled(last.epoch, me) >= others
+            && self.probe() == Some((last.busy, true))
     }
 
     fn poll_at_ns(&self) -> Option<u64> {
@@ -203,6 +263,7 @@ impl World {
     fn advance_to(&self, target_ns: u64) {
         loop {
             self.settle();
+            STEPS.fetch_add(1, SeqCst);
             let now = self.now_ns();
             match self.poll_at_ns() {
                 Some(t) if t > now && t <= target_ns => self.set_now(t),
@@ -256,6 +317,7 @@ impl World {
 
     fn netdev_send(&self, ip: &[u8]) -> Res<c_int> {
         let (f, o) = script_frame(ip, self.gso_mss)?;
+        self.gen.fetch_add(1, SeqCst);
         self.queues.inject_with(&f, o);
         self.settle();
         Ok(0)
@@ -381,6 +443,15 @@ impl World {
     }
 
     fn shutdown(&self) {
+        if std::env::var_os("USNET_PD_DEBUG").is_some() {
+            eprintln!(
+                "usnet-packetdrill: {} settles, {} clock steps, {} probes {} ms",
+                SETTLES.load(SeqCst),
+                STEPS.load(SeqCst),
+                PROBES.load(SeqCst),
+                PROBE_NS.load(SeqCst) / 1_000_000
+            );
+        }
         // The supervisor holds a reference to the world: stop it first.
         let trap = lock(&self.trap).take();
         drop(trap);
@@ -420,30 +491,41 @@ fn set_errno(e: c_int) {
 /// Runs `f` (a `libusnet.so` call that sets errno itself) as one of the world's
 /// calls; a panic becomes `EIO`.
 fn with<T: From<i8>>(ud: *mut c_void, f: impl FnOnce(&World) -> T) -> T {
-    if ud.is_null() {
-        set_errno(libc::EBADF);
-        return T::from(-1);
-    }
-    // SAFETY: `ud` is the pointer `init` made from an Arc<World>; only free releases it.
-    let w = unsafe { &*(ud as *const World) };
-    match catch_unwind(AssertUnwindSafe(|| w.call(|| f(w)))) {
-        Ok(v) => v,
-        Err(_) => {
-            set_errno(libc::EIO);
-            T::from(-1)
-        }
-    }
+    run(ud, true, f)
 }
 
-/// [`with`] for the world's own calls, which return `Res`.
+/// [`with`] for the world's own calls (the link and the clock), which return
+/// `Res` and change the world themselves where they do.
 fn with_res(ud: *mut c_void, f: impl FnOnce(&World) -> Res<c_int>) -> c_int {
-    with(ud, |w| match f(w) {
+    run(ud, false, |w| match f(w) {
         Ok(v) => v,
         Err(e) => {
             set_errno(e);
             -1
         }
     })
+}
+
+/// A call into the world; `socket_call`: a socket call (it may change what the
+/// loop and the sleepers see).
+fn run<T: From<i8>>(ud: *mut c_void, socket_call: bool, f: impl FnOnce(&World) -> T) -> T {
+    if ud.is_null() {
+        set_errno(libc::EBADF);
+        return T::from(-1);
+    }
+    // SAFETY: `ud` is the pointer `init` made from an Arc<World>; only free releases it.
+    let w = unsafe { &*(ud as *const World) };
+    let r = catch_unwind(AssertUnwindSafe(|| w.call(|| f(w))));
+    if socket_call {
+        w.gen.fetch_add(1, SeqCst);
+    }
+    match r {
+        Ok(v) => v,
+        Err(_) => {
+            set_errno(libc::EIO);
+            T::from(-1)
+        }
+    }
 }
 
 unsafe extern "C" fn px_free(ud: *mut c_void) {

@@ -609,7 +609,15 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
                 let Obj::Fresh(s) = std::mem::replace(&mut *o, Obj::Moving) else {
                     unreachable!()
                 };
-                match s.connect_start(addr) {
+                // TCP_FASTOPEN_CONNECT without a cookie: the SYN asks for one.
+                let started = if fastopen_connect_on(&e) {
+                    s.connect_fastopen(addr, &[])
+                        .map(|(st, _)| st)
+                        .map_err(|(_, err)| err)
+                } else {
+                    s.connect_start(addr)
+                };
+                match started {
                     Ok(st) => {
                         apply_stream_opts(&e, &st);
                         st.set_nonblocking(e.nonblocking())?;
@@ -785,11 +793,15 @@ pub fn sendfile(
 /// Whether `connect` on a socket with TCP_FASTOPEN_CONNECT defers the SYN: only
 /// when the first write's data can ride on it.
 fn fastopen_connect_defers(e: &Entry, s: &Socket, addr: SocketAddr) -> bool {
-    let on = lock(&e.opts)
+    fastopen_connect_on(e) && s.fastopen_ready(addr).unwrap_or(false)
+}
+
+/// TCP_FASTOPEN_CONNECT is set.
+fn fastopen_connect_on(e: &Entry) -> bool {
+    lock(&e.opts)
         .recorded
         .get(&(libc::IPPROTO_TCP, sockopt::TCP_FASTOPEN_CONNECT))
-        .is_some_and(|&v| v != 0);
-    on && s.fastopen_ready(addr).unwrap_or(false)
+        .is_some_and(|&v| v != 0)
 }
 
 /// A Fast Open connect to `to` with `buf` (RFC 7413, as Linux's
@@ -813,8 +825,8 @@ fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize
                 *o = Obj::Stream(st);
                 q
             }
-            Err(err) => {
-                *o = Obj::Failed;
+            Err((s, err)) => {
+                *o = Obj::Fresh(s);
                 return Err(err.into());
             }
         }

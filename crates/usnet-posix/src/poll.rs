@@ -61,7 +61,13 @@ fn poll_bits(ev: &Event, asked: i16) -> i16 {
         r |= libc::POLLOUT | libc::POLLWRNORM;
     }
     if ev.closed {
-        r |= libc::POLLHUP | libc::POLLRDHUP;
+        r |= libc::POLLHUP;
+    }
+    if ev.rdhup {
+        r |= libc::POLLRDHUP;
+    }
+    if ev.error {
+        r |= libc::POLLERR;
     }
     // POLLHUP and POLLERR are reported whether asked or not.
     r & (asked | libc::POLLHUP | libc::POLLERR)
@@ -329,7 +335,13 @@ fn epoll_bits(ev: &Event, asked: u32) -> u32 {
         r |= libc::EPOLLOUT as u32;
     }
     if ev.closed {
-        r |= (libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
+        r |= libc::EPOLLHUP as u32;
+    }
+    if ev.rdhup {
+        r |= libc::EPOLLRDHUP as u32;
+    }
+    if ev.error {
+        r |= libc::EPOLLERR as u32;
     }
     r & (asked | (libc::EPOLLHUP | libc::EPOLLERR) as u32)
 }
