@@ -139,6 +139,17 @@ impl Socket {
         }
     }
 
+    /// TCP_MAXSEG before `connect`: the SYN's MSS (and the connection's) is at most
+    /// `mss` (Linux's range 88..=32767; 0 clears it).
+    pub fn set_maxseg(&self, mss: u16) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::IPPROTO_TCP, opt::TCP_MAXSEG, u64::from(mss), 0, 0, 0],
+            )
+            .map(|_| ())
+    }
+
     /// Whether a Fast Open connect to `addr` would carry data on its SYN (a cookie
     /// is cached, or the stack sends data without one): Linux's
     /// `TCP_FASTOPEN_CONNECT` defers the SYN to the first write only then.

@@ -1357,8 +1357,10 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         }
         Opt::MaxSeg(m) => {
             o.maxseg = m.map(i32::from);
-            if let (Obj::Listener(l), Some(m)) = (&*obj, m) {
-                l.set_maxseg(m)?;
+            match (&*obj, m) {
+                (Obj::Listener(l), Some(m)) => l.set_maxseg(m)?,
+                (Obj::Fresh(s), m) => s.set_maxseg(m.unwrap_or(0))?,
+                _ => {}
             }
         }
         Opt::Tos(v) => {

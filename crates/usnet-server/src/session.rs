@@ -61,6 +61,8 @@ struct Sock {
     handle: Option<SocketHandle>,
     /// `bind` before `listen`/`connect` (TCP) records the address here.
     bound: Option<SocketAddr>,
+    /// TCP_MAXSEG set before `connect`: the SYN's MSS is at most this.
+    connect_mss: Option<u16>,
     rx: ByteProducer,
     tx: ByteConsumer,
     /// The send ring may hold bytes: the server looks at it every turn.
@@ -434,6 +436,7 @@ impl ServerSession {
             role,
             handle: None,
             bound: None,
+            connect_mss: None,
             rx,
             tx,
             tx_active: false,
@@ -626,7 +629,10 @@ impl ServerSession {
         let rest = s.tx.available().unwrap_or(0);
         s.tx.skip(rest);
         s.tx.release();
-        let cfg = stack.tcp_config().clone();
+        let mut cfg = stack.tcp_config().clone();
+        if let Some(m) = s.connect_mss {
+            cfg.mss = cfg.mss.min(m);
+        }
         match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg) {
             Ok((h, q)) => {
                 self.sock(i).role = Role::Conn;
@@ -654,7 +660,11 @@ impl ServerSession {
                 if s.handle.is_some() {
                     return -errno::EISCONN;
                 }
-                match stack.tcp_connect(s.bound, remote) {
+                let mut cfg = stack.tcp_config().clone();
+                if let Some(m) = s.connect_mss {
+                    cfg.mss = cfg.mss.min(m);
+                }
+                match stack.tcp_connect_with(s.bound, remote, cfg) {
                     Ok(h) => {
                         self.sock(i).role = Role::Conn;
                         self.adopt(stack, i, h);
@@ -810,6 +820,10 @@ impl ServerSession {
                 // Linux's range: 88..=32767 (0 clears it: nothing to do here).
                 (Role::Listener, Some(h)) if (88..=32767).contains(&value) => {
                     stack.tcp_set_listener_mss(h, value as u16)
+                }
+                (Role::Fresh, _) => {
+                    s.connect_mss = (88..=32767).contains(&value).then_some(value as u16);
+                    Ok(())
                 }
                 _ => Ok(()),
             },
@@ -1506,12 +1520,21 @@ impl ServerSession {
             self.released.push((h, left));
         } else if let Some(h) = s.handle {
             self.by_handle.remove(&h);
-            // The client closed it: the close goes on gracefully even if the client
-            // exits now (as the kernel's orphaned sockets do), so the socket is no
-            // longer the client's (`depart` closes what a client leaves open the
-            // same way).
-            let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
-            let _ = stack.close(h);
+            let mut s = s;
+            // Received bytes the client never read (in its ring, or carried): the
+            // kernel answers such a close with a reset (RFC 2525 §2.17), and so do we.
+            let unread = s.role == Role::Conn
+                && (!s.carry.is_empty() || s.rx.free().is_ok_and(|f| f < s.rx.size()));
+            if unread {
+                let _ = stack.tcp_abort(h);
+            } else {
+                // The client closed it: the close goes on gracefully even if the
+                // client exits now (as the kernel's orphaned sockets do), so the
+                // socket is no longer the client's (`depart` closes what a client
+                // leaves open the same way).
+                let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
+                let _ = stack.close(h);
+            }
         }
         self.mem.slot_word(i, slot::STATE).store(SLOT_FREE, Release);
         self.mem.slot_word(i, slot::EVENTS).fetch_add(1, Release);
