@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Runs packetdrill's Linux TCP suite (gtests/net/tcp) against usnet's
-`--so_filename` backend, the way packetdrill's own run_all.py runs it: its IPv4 and
+`--so_filename` backend (`--layer backend`: its own socket layer over an in-process
+stack; `--layer posix`: usnet-posix, the socket layer of libusnet.so and the
+LD_PRELOAD shim, against a stack server in the packetdrill process), the way packetdrill's own run_all.py runs it: its IPv4 and
 IPv6 flags, each script from its own directory. The shell commands the scripts run
 to tune or probe the Linux kernel (`defaults.sh`, `sysctl`, `ip`, `tc`, `nstat`)
 never run: the suite is copied to a temporary directory with every command replaced
@@ -29,7 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DEFAULT_SUITE = os.path.join(REPO, "..", "shared", "tools", "packetdrill")
-DEFAULT_EXPECT = os.path.join(REPO, "crates", "usnet-packetdrill", "suite-passing.txt")
+DEFAULT_EXPECT = {
+    "backend": os.path.join(REPO, "crates", "usnet-packetdrill", "suite-passing.txt"),
+    "posix": os.path.join(REPO, "crates", "usnet-packetdrill", "suite-passing-posix.txt"),
+}
 
 # run_all.py's flags, and the backend flags that give the same addresses.
 MODES = {
@@ -229,7 +234,7 @@ def main():
                                                 "libusnet_packetdrill.so"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=60, help="seconds per script")
-    ap.add_argument("--expect", default=DEFAULT_EXPECT)
+    ap.add_argument("--expect", help="expectations file (default: the --layer's own)")
     ap.add_argument("--update", action="store_true", help="add new passes to --expect")
     ap.add_argument("--results", help="write every result (TSV) here")
     ap.add_argument("--mode", choices=sorted(MODES), action="append")
@@ -241,6 +246,8 @@ def main():
                     help="pass no profile/sysctl flags (for backends without them)")
     ap.add_argument("filter", nargs="*", help="only scripts whose path contains one")
     args = ap.parse_args()
+    if not args.expect:
+        args.expect = DEFAULT_EXPECT[args.layer]
 
     if not os.path.isdir(os.path.join(args.suite, "gtests", "net", "tcp")):
         print("packetdrill: skipped: no packetdrill source at %s" % args.suite)

@@ -76,14 +76,7 @@ pub(crate) fn watch(wake: impl Fn() -> bool + Send + Sync + 'static) {
 /// Installs virtual time for this process: `now_ns` reads it (nanoseconds, never
 /// going back). Only the first call installs; later ones return the installed one.
 pub fn install(now_ns: impl Fn() -> u64 + Send + Sync + 'static) -> &'static Virtual {
-    VIRTUAL.get_or_init(|| Virtual {
-        base: Instant::now(),
-        now_ns: Box::new(now_ns),
-        epoch: AtomicU64::new(0),
-        state: Mutex::default(),
-        changed: Condvar::new(),
-        advance: OnceLock::new(),
-    })
+    VIRTUAL.get_or_init(|| Virtual::new(now_ns))
 }
 
 /// The installed virtual time, if any.
@@ -101,6 +94,17 @@ pub fn now() -> Instant {
 }
 
 impl Virtual {
+    fn new(now_ns: impl Fn() -> u64 + Send + Sync + 'static) -> Virtual {
+        Virtual {
+            base: Instant::now(),
+            now_ns: Box::new(now_ns),
+            epoch: AtomicU64::new(0),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+            advance: OnceLock::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -322,5 +326,34 @@ mod tests {
         let (p, g) = plan(epoch(), Duration::from_secs(3), None);
         assert!(matches!(p, Plan::Sleep(d) if d == Duration::from_secs(3)));
         assert!(g.0.is_none());
+    }
+
+    #[test]
+    fn a_sleeper_is_settled_only_for_the_epochs_it_looked_in() {
+        let v = Virtual::new(|| 1_000);
+        assert_eq!(v.ns_of(v.now()), 1_000);
+        let other = std::thread::spawn(|| {});
+        let other_id = other.thread().id();
+        other.join().unwrap();
+        let e0 = v.epoch();
+        let me = v.register(e0, Some(v.at(5_000)), true);
+        assert_eq!(v.settled(e0, other_id), 1);
+        assert_eq!(v.settled(e0, me), 0, "the caller does not count itself");
+        let e1 = v.kick();
+        assert_eq!(
+            v.settled(e1, other_id),
+            0,
+            "it has not looked since the kick"
+        );
+        assert_eq!(v.sleeping(other_id), 1);
+        assert_eq!(v.next_deadline(1_000), Some(5_000));
+        assert_eq!(v.next_deadline(5_000), None, "only deadlines still ahead");
+        assert!(v.take_slept());
+        assert!(!v.take_slept(), "asked once");
+        v.unregister(me);
+        assert_eq!(v.sleeping(other_id), 0);
+        // Waiting for the server's answer is not a blocked call.
+        v.register(e1, None, false);
+        assert!(!v.take_slept());
     }
 }

@@ -274,3 +274,126 @@ fn tcp_peek_leaves_the_bytes_in_the_stream() {
     (&b).read_exact(&mut got).unwrap();
     assert_eq!(&got, b"peek at me");
 }
+
+/// Waits (at most 10 s) until `s` is connected.
+fn wait_connected(s: &TcpStream) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !s.connected() {
+        assert!(s.take_error().unwrap().is_none(), "connect failed");
+        assert!(Instant::now() < end, "no handshake");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn fast_open_carries_data_on_the_syn_once_a_cookie_is_cached() {
+    use usnet_client::{Socket, SocketKind};
+    let _srv = common::server_with(
+        "fastopen",
+        |st| st.tcp.fastopen = 0x3, // client and server
+        |_| {},
+    );
+    let c = Client::attach("fastopen").unwrap();
+    let to = sa("10.66.0.1:7400");
+    let l = TcpListener::bind(&c, to).unwrap();
+    l.set_fastopen(16).unwrap();
+    // No cookie yet: the SYN asks for one and carries nothing.
+    let s = Socket::new(&c, SocketKind::Tcp).unwrap();
+    assert!(!s.fastopen_ready(to).unwrap());
+    let (a, q) = s
+        .connect_fastopen(to, b"first")
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert_eq!(q, 0, "no cookie, no SYN data");
+    wait_connected(&a);
+    let (b, _) = l.accept().unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (&a).write_all(b"first").unwrap();
+    let mut buf = [0u8; 16];
+    (&b).read_exact(&mut buf[..5]).unwrap();
+    assert_eq!(&buf[..5], b"first");
+    // The SYN-ACK gave a cookie: the next SYN carries the data.
+    let s = Socket::new(&c, SocketKind::Tcp).unwrap();
+    assert!(s.fastopen_ready(to).unwrap());
+    let (a2, q) = s
+        .connect_fastopen(to, b"early")
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert_eq!(q, 5, "all five bytes ride on the SYN");
+    let (b2, _) = l.accept().unwrap();
+    b2.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (&b2).read_exact(&mut buf[..5]).unwrap();
+    assert_eq!(&buf[..5], b"early");
+    wait_connected(&a2);
+    drop((a, b, a2, b2));
+}
+
+#[test]
+fn a_fast_open_connect_the_stack_refuses_leaves_the_socket_unconnected() {
+    use usnet_client::{Socket, SocketKind};
+    let _srv = common::server_with("fastopen-off", |st| st.tcp.fastopen = 0, |_| {});
+    let c = Client::attach("fastopen-off").unwrap();
+    let to = sa("10.66.0.1:7401");
+    let _l = TcpListener::bind(&c, to).unwrap();
+    let s = Socket::new(&c, SocketKind::Tcp).unwrap();
+    let (s, e) = s.connect_fastopen(to, b"x").map(|_| ()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(95), "EOPNOTSUPP: {e}");
+    // The socket comes back and still connects the ordinary way.
+    let a = s.connect_start(to).unwrap();
+    wait_connected(&a);
+}
+
+#[test]
+fn maxseg_set_before_connect_reaches_the_syn() {
+    use usnet_client::{Socket, SocketKind};
+    let _srv = common::server("maxseg-syn", |_| {});
+    let c = Client::attach("maxseg-syn").unwrap();
+    let to = sa("10.66.0.1:7402");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let s = Socket::new(&c, SocketKind::Tcp).unwrap();
+    s.set_maxseg(1000).unwrap();
+    let a = s.connect_start(to).unwrap();
+    wait_connected(&a);
+    let (b, _) = l.accept().unwrap();
+    // The accepting side learned the MSS from the SYN.
+    assert!(b.info().unwrap().snd_mss <= 1000, "{:?}", b.info().unwrap());
+}
+
+#[test]
+fn closing_with_bytes_unread_resets_the_peer() {
+    let _srv = common::server("unread-close", |_| {});
+    let c = Client::attach("unread-close").unwrap();
+    let to = sa("10.66.0.1:7403");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    (&a).write_all(b"never read").unwrap();
+    let mut buf = [0u8; 16];
+    let end = Instant::now() + Duration::from_secs(10);
+    while b.peek(&mut buf).unwrap_or(0) < 10 {
+        assert!(Instant::now() < end, "the bytes never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(b);
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let e = (&a).read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
+#[test]
+fn poll_tells_a_peer_fin_from_a_hang_up() {
+    let _srv = common::server("rdhup", |_| {});
+    let c = Client::attach("rdhup").unwrap();
+    let to = sa("10.66.0.1:7404");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    a.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut p = Poller::new();
+    p.register(&b, 1, Interest::READABLE, Mode::Level).unwrap();
+    let mut ev: Vec<Event> = Vec::new();
+    p.wait(&mut ev, Some(Duration::from_secs(10))).unwrap();
+    let e = ev.first().expect("the FIN makes it readable");
+    assert!(e.readable && e.rdhup, "{e:?}");
+    assert!(!e.closed && !e.error, "a FIN is not a hang-up: {e:?}");
+}

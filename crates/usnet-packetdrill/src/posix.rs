@@ -36,11 +36,6 @@ use crate::backend::shared::{RECORD_GRACE, SETTLE_DEADLINE, SNIFF_HORIZON_NS, ST
 use crate::backend::{Options, Res};
 use crate::layout::PacketdrillInterface;
 
-static SETTLES: AtomicUsize = AtomicUsize::new(0);
-static STEPS: AtomicUsize = AtomicUsize::new(0);
-static PROBES: AtomicUsize = AtomicUsize::new(0);
-static PROBE_NS: AtomicUsize = AtomicUsize::new(0);
-
 /// Longest real time a job on the server's loop may take.
 const LOOP_CALL: Duration = Duration::from_secs(5);
 
@@ -175,11 +170,7 @@ impl World {
 
     /// The loop's count of busy passes, and whether it has nothing to do.
     fn probe(&self) -> Option<(u64, bool)> {
-        let t = RealInstant::now();
-        let r = self.on_loop(|lp| (lp.busy_passes, lp.quiet()));
-        PROBE_NS.fetch_add(t.elapsed().as_nanos() as usize, SeqCst);
-        PROBES.fetch_add(1, SeqCst);
-        r
+        self.on_loop(|lp| (lp.busy_passes, lp.quiet()))
     }
 
     /// Takes what the stack sent: ARP and NDP are answered, IP packets queued for
@@ -198,7 +189,6 @@ impl World {
     /// Waits until the world has settled (see the module documentation), at most
     /// [`SETTLE_DEADLINE`] of real time.
     fn settle(&self) {
-        SETTLES.fetch_add(1, SeqCst);
         let me = std::thread::current().id();
         let gen = self.gen.load(SeqCst);
         if self.still_settled(gen, me) {
@@ -263,7 +253,6 @@ impl World {
     fn advance_to(&self, target_ns: u64) {
         loop {
             self.settle();
-            STEPS.fetch_add(1, SeqCst);
             let now = self.now_ns();
             match self.poll_at_ns() {
                 Some(t) if t > now && t <= target_ns => self.set_now(t),
@@ -443,15 +432,6 @@ impl World {
     }
 
     fn shutdown(&self) {
-        if std::env::var_os("USNET_PD_DEBUG").is_some() {
-            eprintln!(
-                "usnet-packetdrill: {} settles, {} clock steps, {} probes {} ms",
-                SETTLES.load(SeqCst),
-                STEPS.load(SeqCst),
-                PROBES.load(SeqCst),
-                PROBE_NS.load(SeqCst) / 1_000_000
-            );
-        }
         // The supervisor holds a reference to the world: stop it first.
         let trap = lock(&self.trap).take();
         drop(trap);
