@@ -445,6 +445,23 @@ pub unsafe extern "C" fn usnet_sendfile(
     })
 }
 
+/// `splice` between a usnet stream and a pipe (`usnet_posix::splice`); an offset
+/// (`off_in`/`off_out` not NULL) is `ESPIPE`, as for any socket or pipe.
+#[no_mangle]
+pub extern "C" fn usnet_splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: usize,
+    flags: std::ffi::c_uint,
+) -> isize {
+    let offsets = !off_in.is_null() || !off_out.is_null();
+    guard(-1, || {
+        ret(usnet_posix::splice(fd_in, fd_out, offsets, len, flags))
+    })
+}
+
 /// `dup2`: `new` names `old`'s socket (what `new` was is closed first).
 #[no_mangle]
 pub extern "C" fn usnet_dup2(old: c_int, new: c_int) -> c_int {

@@ -817,18 +817,26 @@ unsafe extern "C" fn px_pipe(ud: *mut c_void, fds: *mut c_int) -> c_int {
 
 unsafe extern "C" fn px_splice(
     ud: *mut c_void,
-    _fd_in: c_int,
-    _off_in: *mut libc::loff_t,
-    _fd_out: c_int,
-    _off_out: *mut libc::loff_t,
-    _n: size_t,
-    _flags: c_uint,
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    n: size_t,
+    flags: c_uint,
 ) -> ssize_t {
-    // libusnet.so has no splice: a program's splice on a usnet socket is refused
-    // the same way.
+    // packetdrill passes pointers to the script's offset arguments: a script's
+    // NULL arrives as a pointer to 0 (see `crate::ffi`'s splice).
+    // SAFETY: null or pointers to packetdrill's loff_t values.
+    let given = |p: *mut libc::loff_t| !p.is_null() && unsafe { *p } != 0;
+    let offsets = given(off_in) || given(off_out);
     with(ud, |_| {
-        set_errno(libc::EINVAL);
-        -1
+        match usnet_posix::splice(fd_in, fd_out, offsets, n, flags) {
+            Ok(n) => n as ssize_t,
+            Err(e) => {
+                set_errno(e.0);
+                -1
+            }
+        }
     })
 }
 

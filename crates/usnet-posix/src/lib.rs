@@ -857,6 +857,99 @@ fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize
     }
 }
 
+/// `splice(2)` between a usnet stream and a pipe (one end must be each, as on
+/// Linux, where one end must be a pipe). Socket to pipe: what the socket has, up
+/// to `len` and to the room the pipe has (nothing read is ever dropped); pipe to
+/// socket: up to `len` bytes straight from the pipe into the send ring, as
+/// [`sendfile`] moves them. `offsets`: an offset was given (`ESPIPE`: neither a
+/// socket nor a pipe has one). `SPLICE_F_NONBLOCK` does not wait for the pipe or
+/// the socket; otherwise the socket's mode decides.
+pub fn splice(fd_in: RawFd, fd_out: RawFd, offsets: bool, len: usize, flags: u32) -> Res<usize> {
+    const SPLICE_F_NONBLOCK: u32 = 2;
+    let is_pipe = |fd: RawFd| {
+        // SAFETY: fstat fills a plain struct for any descriptor number.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        (unsafe { libc::fstat(fd, &mut st) } == 0) && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+    };
+    let nonblock = flags & SPLICE_F_NONBLOCK != 0;
+    let dontwait = if nonblock { libc::MSG_DONTWAIT } else { 0 };
+    match (is_usnet(fd_in), is_usnet(fd_out)) {
+        (true, false) if is_pipe(fd_out) => {
+            if offsets {
+                return Err(Errno(libc::ESPIPE));
+            }
+            let room = pipe_room(fd_out, nonblock)?;
+            let mut buf = vec![0u8; len.min(room)];
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            let (n, _) = recvfrom(fd_in, &mut buf, dontwait)?;
+            let mut done = 0;
+            while done < n {
+                // SAFETY: `buf[done..n]` is initialised; the kernel checks `fd_out`.
+                let w = unsafe { libc::write(fd_out, buf[done..n].as_ptr().cast(), n - done) };
+                if w <= 0 {
+                    // The room was there a moment ago; another writer took it.
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(last_os_errno())
+                    };
+                }
+                done += w as usize;
+            }
+            Ok(n)
+        }
+        (false, true) if is_pipe(fd_in) => {
+            if offsets {
+                return Err(Errno(libc::ESPIPE));
+            }
+            // SAFETY: the caller's descriptor, borrowed for this call only.
+            let pipe = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd_in) };
+            let e = get(fd_out)?;
+            let o = e.read();
+            let Obj::Stream(s) = &*o else {
+                return Err(Errno(libc::EINVAL));
+            };
+            apply_timeouts(&e, s)?;
+            maybe_dontwait(dontwait, || s.send_file(pipe, None, len))
+                .map_err(|err| sigpipe(0, Errno::from(err)))
+        }
+        _ => Err(Errno(libc::EINVAL)),
+    }
+}
+
+/// The bytes pipe `fd` can take now; with `nonblock` false, waits until it can
+/// take some.
+fn pipe_room(fd: RawFd, nonblock: bool) -> Res<usize> {
+    loop {
+        // SAFETY: F_GETPIPE_SZ and FIONREAD read plain integers from a pipe.
+        let size = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+        let mut queued: libc::c_int = 0;
+        let q = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
+        if size < 0 || q < 0 {
+            return Err(last_os_errno());
+        }
+        let room = (size as usize).saturating_sub(queued as usize);
+        if room > 0 || nonblock {
+            return if room > 0 {
+                Ok(room)
+            } else {
+                Err(Errno(libc::EAGAIN))
+            };
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+            return Err(last_os_errno());
+        }
+    }
+}
+
 fn write_stream(s: &TcpStream, buf: &[u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {

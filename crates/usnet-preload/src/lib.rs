@@ -652,6 +652,32 @@ pub unsafe extern "C" fn sendfile(
     )
 }
 
+/// `splice` with a usnet socket at either end (the other a pipe):
+/// `usnet_posix::splice`.
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: std::os::raw::c_uint,
+) -> ssize_t {
+    if let Some(_g) = ours(fd_in).or_else(|| ours(fd_out)) {
+        let offsets = !off_in.is_null() || !off_out.is_null();
+        return match usnet_posix::splice(fd_in, fd_out, offsets, len, flags) {
+            Ok(n) => n as ssize_t,
+            Err(Errno(e)) => {
+                set_errno(e);
+                -1
+            }
+        };
+    }
+    real!(splice: fn(c_int, *mut libc::loff_t, c_int, *mut libc::loff_t, size_t, std::os::raw::c_uint) -> ssize_t)(
+        fd_in, off_in, fd_out, off_out, len, flags,
+    )
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn sendfile64(
     out_fd: c_int,
