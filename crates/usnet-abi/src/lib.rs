@@ -369,6 +369,9 @@ pub mod opt {
     pub const CC_CUBIC: u64 = 0;
     pub const CC_RENO: u64 = 1;
     pub const TCP_NOTSENT_LOWAT: u64 = 25;
+    /// On a connection: the server keeps `slot::TX_ACKED` current (the client's
+    /// `MSG_ZEROCOPY` completions). Linux's number.
+    pub const SO_ZEROCOPY: u64 = 60;
     /// The Fast Open queue length on a listener (0: off).
     pub const TCP_FASTOPEN: u64 = 23;
     /// On a listener: the key its cookies are made with, `args[2]` its bytes 0..8
@@ -635,6 +638,10 @@ pub mod slot {
     pub const TX_PROD: usize = 256;
     pub const TX_CONS: usize = 320;
     pub const TX_ARMED: usize = 328;
+    /// Send ring bytes the peer has acknowledged (u64, counted as `TX_PROD` counts:
+    /// from the ring's start), kept by the server for a connection with
+    /// `SO_ZEROCOPY` on; `u64::MAX` once it can send no more (closed, reset).
+    pub const TX_ACKED: usize = 336;
     /// 128 bytes the server fills on request ([`super::tcp_info`]).
     pub const INFO: usize = 384;
     pub const INFO_LEN: usize = 128;
@@ -644,6 +651,7 @@ pub mod slot {
 const _: () = assert!(slot::RX_CONS - slot::RX_PROD >= CACHE_LINE);
 const _: () = assert!(slot::TX_CONS - slot::TX_PROD >= CACHE_LINE);
 const _: () = assert!(tcp_info::LEN <= slot::INFO_LEN);
+const _: () = assert!(slot::TX_ACKED + 8 <= slot::INFO);
 
 /// A socket a claim gave a session (the control socket's attach reply carries one
 /// `[parent slot, child slot, tag, role]` per pinned socket): its slot in the session

@@ -53,6 +53,8 @@ pub(crate) struct Conn {
     last_probe: AtomicU64,
     /// When each socket last asked for its stream ([`Conn::want_stream`]).
     wants: Mutex<HashMap<u32, u64>>,
+    /// Each SO_ZEROCOPY socket's zero-copy sends, by slot (`crate::msgzc`).
+    pub(crate) zc: Mutex<HashMap<u32, crate::msgzc::ZcSends>>,
     pub stack_name: String,
     /// The control socket (a zero-copy port is asked for there).
     pub path: PathBuf,
@@ -218,6 +220,7 @@ impl Conn {
             epoch: Instant::now(),
             last_probe: AtomicU64::new(0),
             wants: Mutex::new(HashMap::new()),
+            zc: Mutex::new(HashMap::new()),
             stack_name: name.to_string(),
             path: path.to_path_buf(),
             inheritable: opts.inheritable,
@@ -505,6 +508,12 @@ impl Conn {
         } else {
             Ok((c.result as u64, c.aux))
         }
+    }
+
+    /// Whether slot `slot`'s zero-copy sends have a completion to report, the
+    /// peer having acknowledged `acked` bytes of its send ring.
+    pub(crate) fn zc_pending(&self, slot: u32, acked: u64) -> bool {
+        lock(&self.zc).get(&slot).is_some_and(|z| z.pending(acked))
     }
 
     /// Wakes this process's sleepers on the session's bell (as a server ring does).

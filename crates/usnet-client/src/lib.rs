@@ -16,6 +16,7 @@
 
 mod conn;
 pub mod lineage;
+mod msgzc;
 mod net;
 mod poll;
 pub mod signal;

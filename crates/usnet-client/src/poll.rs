@@ -150,7 +150,9 @@ fn readiness(r: &Reg) -> Option<Readiness> {
         writable,
         closed,
         rdhup: closed || f & FLAG_RX_EOF != 0,
-        error: f & FLAG_ERROR != 0 && w(slot::ERROR) != 0,
+        error: f & FLAG_ERROR != 0 && w(slot::ERROR) != 0
+            || r.conn
+                .zc_pending(r.slot, m.slot_u64(r.slot, slot::TX_ACKED).load(Acquire)),
         events,
     })
 }
@@ -175,7 +177,7 @@ impl Reg {
         }
         let r = r && self.interest.readable;
         let w = w && self.interest.writable;
-        (r || w || closed).then_some((
+        (r || w || closed || error).then_some((
             Event {
                 token,
                 readable: r,

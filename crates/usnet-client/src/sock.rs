@@ -295,6 +295,19 @@ impl Sock {
     // ------------------------------------------------------------ send ring
 
     /// Room in the send ring.
+    /// Bytes written into the send ring since it began.
+    pub(crate) fn tx_position(&self) -> u64 {
+        lock(&self.tx).position()
+    }
+
+    /// Send ring bytes the peer acknowledged (`slot::TX_ACKED`).
+    pub(crate) fn tx_acked(&self) -> u64 {
+        self.conn
+            .mem
+            .slot_u64(self.slot, slot::TX_ACKED)
+            .load(Acquire)
+    }
+
     pub(crate) fn tx_room(&self) -> usize {
         lock(&self.tx).free().unwrap_or(0)
     }
@@ -377,6 +390,11 @@ impl Sock {
         if self.closed.swap(true, AcqRel) {
             return;
         }
+        self.conn
+            .zc
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.slot);
         if self.word(slot::GEN) == self.gen {
             let _ = self.conn.post(self.request(op::CLOSE, [0; 6]), true);
         }

@@ -336,6 +336,37 @@ impl TcpStream {
         self.sock.set_write_timeout(t)
     }
 
+    /// SO_ZEROCOPY: `MSG_ZEROCOPY` sends are numbered and complete on the error
+    /// queue once acknowledged ([`TcpStream::zerocopy_sent`],
+    /// [`TcpStream::zerocopy_take`]; `crate::msgzc`).
+    pub fn set_zerocopy(&self, on: bool) -> io::Result<()> {
+        let mut zc = self.sock.conn.zc.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            zc.entry(self.sock.slot).or_default();
+        } else {
+            zc.remove(&self.sock.slot);
+        }
+        drop(zc);
+        self.setopt(opt::SOL_SOCKET, opt::SO_ZEROCOPY, on as u64)
+    }
+
+    /// A `MSG_ZEROCOPY` send just wrote its bytes: it gets the next id (nothing
+    /// without SO_ZEROCOPY, as Linux ignores the flag then).
+    pub fn zerocopy_sent(&self) {
+        let end = self.sock.tx_position();
+        let mut zc = self.sock.conn.zc.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(z) = zc.get_mut(&self.sock.slot) {
+            z.record(end);
+        }
+    }
+
+    /// `recvmsg(MSG_ERRQUEUE)`: the oldest completed range of zero-copy send ids.
+    pub fn zerocopy_take(&self) -> Option<(u32, u32)> {
+        let acked = self.sock.tx_acked();
+        let mut zc = self.sock.conn.zc.lock().unwrap_or_else(|p| p.into_inner());
+        zc.get_mut(&self.sock.slot)?.take(acked)
+    }
+
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.setopt(opt::IPPROTO_TCP, opt::TCP_NODELAY, on as u64)
     }

@@ -397,3 +397,36 @@ fn poll_tells_a_peer_fin_from_a_hang_up() {
     assert!(e.readable && e.rdhup, "{e:?}");
     assert!(!e.closed && !e.error, "a FIN is not a hang-up: {e:?}");
 }
+
+#[test]
+fn zero_copy_sends_complete_once_acknowledged() {
+    let _srv = common::server("msgzc", |_| {});
+    let c = Client::attach("msgzc").unwrap();
+    let to = sa("10.66.0.1:7405");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    a.set_zerocopy(true).unwrap();
+    for chunk in [&b"one"[..], b"two", b"three"] {
+        (&a).write_all(chunk).unwrap();
+        a.zerocopy_sent();
+    }
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 11];
+    (&b).read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"onetwothree");
+    // The completion arrives with the peer's ACK: the poller reports it as an error
+    // event, and the three sends are one range.
+    let mut p = Poller::new();
+    p.register(&a, 1, Interest::READABLE, Mode::Level).unwrap();
+    let mut ev: Vec<Event> = Vec::new();
+    p.wait(&mut ev, Some(Duration::from_secs(10))).unwrap();
+    assert!(ev.first().is_some_and(|e| e.error), "{ev:?}");
+    assert_eq!(a.zerocopy_take(), Some((0, 2)));
+    assert_eq!(a.zerocopy_take(), None, "read once");
+    // Without SO_ZEROCOPY a send is not numbered.
+    a.set_zerocopy(false).unwrap();
+    (&a).write_all(b"x").unwrap();
+    a.zerocopy_sent();
+    assert_eq!(a.zerocopy_take(), None);
+}

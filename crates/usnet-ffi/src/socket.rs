@@ -370,6 +370,18 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
             }
             // SAFETY: per the contract.
             let m = unsafe { &mut *msg };
+            if flags & libc::MSG_ERRQUEUE != 0 {
+                // The error queue holds zero-copy completions (`usnet_posix`).
+                let (lo, hi) = usnet_posix::zerocopy_completion(fd)?;
+                let mut dom = [0u8; 4];
+                usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut dom)?;
+                let v6 = i32::from_ne_bytes(dom) == libc::AF_INET6;
+                let (level, ty, ee) = usnet_posix::cmsg::zerocopy_completion(lo, hi, v6);
+                m.msg_flags = libc::MSG_ERRQUEUE;
+                // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                unsafe { usnet_posix::cmsg::put(m, &[(level, ty, &ee)]) }?;
+                return Ok(0);
+            }
             m.msg_controllen = 0;
             m.msg_flags = 0;
             // SAFETY: per the contract.

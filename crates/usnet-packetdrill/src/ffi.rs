@@ -328,23 +328,8 @@ unsafe extern "C" fn pd_recvmsg(
 /// # Safety
 /// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
 unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<()> {
-    // struct sock_extended_err: errno, origin, type, code, pad, info, data.
-    let offender = if v6 {
-        std::mem::size_of::<libc::sockaddr_in6>()
-    } else {
-        std::mem::size_of::<libc::sockaddr_in>()
-    };
-    let mut ee = vec![0u8; 16 + offender];
-    ee[4] = 5; // SO_EE_ORIGIN_ZEROCOPY
-    ee[6] = 1; // SO_EE_CODE_ZEROCOPY_COPIED
-    ee[8..12].copy_from_slice(&lo.to_ne_bytes());
-    ee[12..16].copy_from_slice(&hi.to_ne_bytes());
+    let (level, ty, ee) = usnet_posix::cmsg::zerocopy_completion(lo, hi, v6);
     m.msg_flags = libc::MSG_ERRQUEUE;
-    let (level, ty) = if v6 {
-        (libc::SOL_IPV6, libc::IPV6_RECVERR)
-    } else {
-        (libc::SOL_IP, libc::IP_RECVERR)
-    };
     // SAFETY: per this function's contract.
     unsafe { put_cmsg(m, level, ty, &ee) }
 }
@@ -416,36 +401,8 @@ unsafe fn put_cmsg(m: &mut msghdr, level: c_int, ty: c_int, data: &[u8]) -> Res<
 /// # Safety
 /// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
 unsafe fn put_cmsgs(m: &mut msghdr, cmsgs: &[(c_int, c_int, &[u8])]) -> Res<()> {
-    // SAFETY: CMSG_SPACE is pure arithmetic.
-    let space: usize = cmsgs
-        .iter()
-        .map(|c| unsafe { libc::CMSG_SPACE(c.2.len() as u32) } as usize)
-        .sum();
-    // msg_controllen is usize on glibc, u32 on musl.
-    #[allow(clippy::unnecessary_cast)]
-    let room = m.msg_controllen as usize;
-    if m.msg_control.is_null() || room < space {
-        m.msg_controllen = 0;
-        m.msg_flags |= libc::MSG_CTRUNC;
-        return Ok(());
-    }
-    // SAFETY: the buffer holds the CMSG_SPACE of every cmsg (checked above), and
-    // CMSG_NXTHDR stays within msg_controllen.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(m);
-        for &(level, ty, data) in cmsgs {
-            if c.is_null() {
-                return Err(libc::EINVAL);
-            }
-            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as _;
-            (*c).cmsg_level = level;
-            (*c).cmsg_type = ty;
-            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
-            c = libc::CMSG_NXTHDR(m, c);
-        }
-    }
-    m.msg_controllen = space as _;
-    Ok(())
+    // SAFETY: per this function's contract.
+    unsafe { usnet_posix::cmsg::put(m, cmsgs) }.map_err(|e| e.0)
 }
 
 unsafe extern "C" fn pd_write(

@@ -23,6 +23,7 @@
 //! within a millisecond. A set of usnet sockets only sleeps on the bell.
 
 pub mod addr;
+pub mod cmsg;
 mod exec;
 mod fork;
 mod poll;
@@ -165,6 +166,8 @@ struct Opts {
     groups: Vec<Vec<u8>>,
     /// Options only recorded and reported back (`sockopt`).
     recorded: HashMap<(i32, i32), i32>,
+    /// SO_ZEROCOPY.
+    zerocopy: bool,
     /// TCP_FASTOPEN_KEY as set (a listener's).
     fastopen_key: Option<[u8; 16]>,
     /// `connect` with TCP_FASTOPEN_CONNECT and a cookie at hand: the SYN waits for
@@ -589,6 +592,9 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     if o.notsent_lowat != 0 {
         let _ = s.set_notsent_lowat(o.notsent_lowat);
     }
+    if o.zerocopy {
+        let _ = s.set_zerocopy(true);
+    }
 }
 
 /// `connect(2)`: blocking waits for the handshake (`SO_SNDTIMEO` bounds it);
@@ -660,8 +666,11 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
 
 /// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. `MSG_MORE` is only a
 /// hint to wait for more (the bytes then go out as soon as without it).
-const SEND_FLAGS: i32 =
-    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE | libc::MSG_FASTOPEN;
+const SEND_FLAGS: i32 = libc::MSG_DONTWAIT
+    | libc::MSG_NOSIGNAL
+    | libc::MSG_MORE
+    | libc::MSG_FASTOPEN
+    | libc::MSG_ZEROCOPY;
 const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
 
 fn maybe_dontwait<R>(flags: i32, f: impl FnOnce() -> R) -> R {
@@ -702,7 +711,11 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
     let r: Res<usize> = match &*o {
         Obj::Stream(s) => {
             apply_timeouts(&e, s)?;
-            maybe_dontwait(flags, || write_stream(s, buf)).map_err(Errno::from)
+            let n = maybe_dontwait(flags, || write_stream(s, buf)).map_err(Errno::from)?;
+            if flags & libc::MSG_ZEROCOPY != 0 && n > 0 {
+                s.zerocopy_sent();
+            }
+            Ok(n)
         }
         Obj::Udp(u) => {
             u.set_write_timeout(lock(&e.opts).sndtimeo)?;
@@ -715,8 +728,9 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
                 _ => Errno::from(err),
             })
         }
-        Obj::Fresh(_) | Obj::Failed => Err(Errno(libc::ENOTCONN)),
-        Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),
+        // Linux's `sk_stream_wait_connect`: a stream that is not connecting says
+        // EPIPE (with SIGPIPE), not ENOTCONN.
+        Obj::Fresh(_) | Obj::Failed | Obj::Listener(_) => Err(Errno(libc::EPIPE)),
         Obj::Epoll(_) => Err(Errno(libc::EINVAL)),
         Obj::Moving => Err(Errno(libc::EBADF)),
     };
@@ -831,9 +845,17 @@ fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize
             }
         }
     };
+    let zerocopy = |n: usize| {
+        if flags & libc::MSG_ZEROCOPY != 0 && n > 0 {
+            if let Obj::Stream(s) = &*e.read() {
+                s.zerocopy_sent();
+            }
+        }
+        n
+    };
     if e.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
         return if q > 0 {
-            Ok(q)
+            Ok(zerocopy(q))
         } else {
             Err(Errno(libc::EINPROGRESS))
         };
@@ -843,18 +865,21 @@ fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize
         .map(|t| usnet_client::vtime::now() + t);
     poll::wait_connected(e, deadline)?;
     if q == buf.len() {
-        return Ok(q);
+        return Ok(zerocopy(q));
     }
-    let o = e.read();
-    let Obj::Stream(s) = &*o else {
-        return Err(Errno(libc::ECONNABORTED));
+    let r = {
+        let o = e.read();
+        let Obj::Stream(s) = &*o else {
+            return Err(Errno(libc::ECONNABORTED));
+        };
+        apply_timeouts(e, s)?;
+        match write_stream(s, &buf[q..]) {
+            Ok(n) => Ok(q + n),
+            Err(_) if q > 0 => Ok(q),
+            Err(err) => Err(err.into()),
+        }
     };
-    apply_timeouts(e, s)?;
-    match write_stream(s, &buf[q..]) {
-        Ok(n) => Ok(q + n),
-        Err(_) if q > 0 => Ok(q),
-        Err(err) => Err(err.into()),
-    }
+    r.map(zerocopy)
 }
 
 /// `splice(2)` between a usnet stream and a pipe (one end must be each, as on
@@ -1027,6 +1052,8 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
         return sendto(fd, &data, flags, None);
     }
     let mut total = 0;
+    // One zero-copy send for the whole vector, numbered once at the end.
+    let piece_flags = flags & !libc::MSG_ZEROCOPY;
     for b in bufs.iter() {
         if b.is_empty() {
             continue;
@@ -1034,7 +1061,7 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
         // Each piece as one write: a blocking socket takes all of it (so all of
         // them, as the kernel's writev), a non-blocking one stops where its buffer
         // is full.
-        match sendto(fd, b, flags, None) {
+        match sendto(fd, b, piece_flags, None) {
             Ok(n) => {
                 total += n;
                 if n < b.len() {
@@ -1049,7 +1076,25 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
             Err(e) => return Err(e),
         }
     }
+    if flags & libc::MSG_ZEROCOPY != 0 && total > 0 {
+        if let Obj::Stream(s) = &*get(fd)?.read() {
+            s.zerocopy_sent();
+        }
+    }
     Ok(total)
+}
+
+/// `recvmsg(MSG_ERRQUEUE)` on a stream: the oldest completed range `[lo, hi]` of its
+/// `MSG_ZEROCOPY` sends (reported with `SO_EE_CODE_ZEROCOPY_COPIED`: every send is
+/// copied into the session's ring); `EAGAIN` when none waits.
+pub fn zerocopy_completion(fd: RawFd) -> Res<(u32, u32)> {
+    let e = get(fd)?;
+    let o = e.read();
+    match &*o {
+        Obj::Stream(s) => s.zerocopy_take().ok_or(Errno(libc::EAGAIN)),
+        Obj::Epoll(_) => Err(ebadf_kind()),
+        _ => Err(Errno(libc::EAGAIN)),
+    }
 }
 
 /// `readv(2)`: fills the pieces in order with what is there (blocking only for the
@@ -1533,9 +1578,13 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         // What a session cannot carry yet: no completions, timestamps or in-queue
         // counts come back through the rings, and a program that set these would
         // wait for them. Linux kernels without the feature answer the same.
-        Opt::ZeroCopy(_) | Opt::Timestamping(_) | Opt::Inq(_) => {
-            return Err(Errno(libc::ENOPROTOOPT))
+        Opt::ZeroCopy(on) => {
+            o.zerocopy = on;
+            if let Some(s) = stream {
+                s.set_zerocopy(on)?;
+            }
         }
+        Opt::Timestamping(_) | Opt::Inq(_) => return Err(Errno(libc::ENOPROTOOPT)),
     }
     Ok(())
 }
@@ -1646,6 +1695,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => int(o.reuseaddr as i32),
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => int(o.reuseport as i32),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => int(o.keepalive as i32),
+        (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => int(o.zerocopy as i32),
         // Linux reports twice what was set (its bookkeeping overhead); so do we, so
         // programs that check the doubling keep working.
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rcvbuf.map_or(131072, |v| v * 2)),

@@ -67,6 +67,8 @@ struct Sock {
     tx: ByteConsumer,
     /// The send ring may hold bytes: the server looks at it every turn.
     tx_active: bool,
+    /// SO_ZEROCOPY: `slot::TX_ACKED` is kept current.
+    zc_watch: bool,
     /// The receive ring was full: wait for the client's RX_KICK.
     rx_blocked: bool,
     /// The client closed it: send what the send ring holds, then close.
@@ -144,6 +146,8 @@ pub(crate) struct ServerSession {
     by_handle: HashMap<SocketHandle, u32>,
     /// Slots whose send ring the server looks at each turn.
     active: Vec<u32>,
+    /// Connections with SO_ZEROCOPY on (`slot::TX_ACKED` published every pass).
+    zc_watched: Vec<u32>,
     /// Slots whose receive ring has room while the stack still holds bytes for them
     /// (the per-turn budget ran out): refreshed again next turn.
     rx_again: Vec<u32>,
@@ -197,6 +201,7 @@ impl ServerSession {
             free: (0..n).rev().collect(),
             by_handle: HashMap::new(),
             active: Vec::new(),
+            zc_watched: Vec::new(),
             rx_again: Vec::new(),
             backlog: Default::default(),
             dirty: false,
@@ -440,6 +445,7 @@ impl ServerSession {
             rx,
             tx,
             tx_active: false,
+            zc_watch: false,
             rx_blocked: false,
             closing: false,
             shut_wr: false,
@@ -801,6 +807,13 @@ impl ServerSession {
                 };
                 stack.tcp_set_congestion_control(h.expect("conn"), cc)
             }
+            (opt::SOL_SOCKET, opt::SO_ZEROCOPY) => {
+                s.zc_watch = value != 0 && tcp_conn;
+                if s.zc_watch && !self.zc_watched.contains(&i) {
+                    self.zc_watched.push(i);
+                }
+                Ok(())
+            }
             (opt::IPPROTO_TCP, opt::TCP_FASTOPEN) => match (s.role, h) {
                 (Role::Listener, Some(h)) => {
                     stack.tcp_set_fastopen(h, value.min(i32::MAX as u64) as usize)
@@ -1066,6 +1079,7 @@ impl ServerSession {
         for i in std::mem::take(&mut self.rx_again) {
             self.refresh(stack, i);
         }
+        self.publish_acked(stack);
         let mut k = 0;
         while k < self.active.len() {
             let i = self.active[k];
@@ -1073,6 +1087,36 @@ impl ServerSession {
                 k += 1;
             } else {
                 self.active.swap_remove(k);
+            }
+        }
+    }
+
+    /// For each SO_ZEROCOPY connection: how far the peer acknowledged the send
+    /// ring's bytes (`slot::TX_ACKED`; `u64::MAX` once it can send no more), with an
+    /// event when it moved.
+    fn publish_acked(&mut self, stack: &mut Stack) {
+        let mut k = 0;
+        while k < self.zc_watched.len() {
+            let i = self.zc_watched[k];
+            let Some((h, consumed)) = self.socks[i as usize]
+                .as_ref()
+                .filter(|s| s.zc_watch)
+                .and_then(|s| s.handle.map(|h| (h, s.tx.position())))
+            else {
+                self.zc_watched.swap_remove(k);
+                continue;
+            };
+            k += 1;
+            let acked = match stack.tcp_info(h) {
+                Ok(info) if info.state != usnet_stack::TcpState::Closed => {
+                    consumed.saturating_sub(info.send_queued as u64)
+                }
+                _ => u64::MAX,
+            };
+            let w = self.mem.slot_u64(i, slot::TX_ACKED);
+            if w.load(Relaxed) != acked {
+                w.store(acked, Release);
+                self.bump(i);
             }
         }
     }

@@ -266,7 +266,13 @@ impl Session {
         ] {
             self.slot_word(i, off).store(0, Relaxed);
         }
-        for off in [slot::RX_PROD, slot::RX_CONS, slot::TX_PROD, slot::TX_CONS] {
+        for off in [
+            slot::RX_PROD,
+            slot::RX_CONS,
+            slot::TX_PROD,
+            slot::TX_CONS,
+            slot::TX_ACKED,
+        ] {
             self.slot_u64(i, off).store(0, Relaxed);
         }
         self.set_slot_addr(i, slot::LOCAL, &SockAddr::default());

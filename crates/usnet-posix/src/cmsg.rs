@@ -1,0 +1,106 @@
+//! Control messages a receive hands back (`recvmsg`'s `msg_control`), laid out as
+//! Linux lays them out: for libusnet.so, the shim and the packetdrill backend.
+
+use libc::msghdr;
+
+use crate::{Errno, Res};
+
+/// Writes `cmsgs` (level, type, data) into `m.msg_control` and sets
+/// `m.msg_controllen`; with too little room (or none) nothing is written and
+/// `MSG_CTRUNC` is set in `m.msg_flags`, as the kernel does.
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
+pub unsafe fn put(m: &mut msghdr, cmsgs: &[(i32, i32, &[u8])]) -> Res<()> {
+    // SAFETY: CMSG_SPACE is pure arithmetic.
+    let space: usize = cmsgs
+        .iter()
+        .map(|c| unsafe { libc::CMSG_SPACE(c.2.len() as u32) } as usize)
+        .sum();
+    // msg_controllen is usize on glibc, u32 on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let room = m.msg_controllen as usize;
+    if m.msg_control.is_null() || room < space {
+        m.msg_controllen = 0;
+        m.msg_flags |= libc::MSG_CTRUNC;
+        return Ok(());
+    }
+    // SAFETY: the buffer holds the CMSG_SPACE of every cmsg (checked above), and
+    // CMSG_NXTHDR stays within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        for &(level, ty, data) in cmsgs {
+            if c.is_null() {
+                return Err(Errno(libc::EINVAL));
+            }
+            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as _;
+            (*c).cmsg_level = level;
+            (*c).cmsg_type = ty;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+    m.msg_controllen = space as _;
+    Ok(())
+}
+
+/// The `IP_RECVERR` (IPv6: `IPV6_RECVERR`) message of a zero-copy completion: a
+/// `sock_extended_err` with origin `SO_EE_ORIGIN_ZEROCOPY`, code
+/// `SO_EE_CODE_ZEROCOPY_COPIED` and the id range `lo..=hi` in `ee_info`/`ee_data`,
+/// then the offender address (none: zeros, the size of a `sockaddr_in` or
+/// `sockaddr_in6`), as Linux's `ip_recv_error` writes it.
+pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
+    let offender = if v6 {
+        std::mem::size_of::<libc::sockaddr_in6>()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    // struct sock_extended_err: errno, origin, type, code, pad, info, data.
+    let mut ee = vec![0u8; 16 + offender];
+    ee[4] = 5; // SO_EE_ORIGIN_ZEROCOPY
+    ee[6] = 1; // SO_EE_CODE_ZEROCOPY_COPIED
+    ee[8..12].copy_from_slice(&lo.to_ne_bytes());
+    ee[12..16].copy_from_slice(&hi.to_ne_bytes());
+    let (level, ty) = if v6 {
+        (libc::SOL_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::SOL_IP, libc::IP_RECVERR)
+    };
+    (level, ty, ee)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_fits_or_truncates() {
+        let (level, ty, data) = zerocopy_completion(3, 7, false);
+        assert_eq!(
+            (level, ty, data.len()),
+            (libc::SOL_IP, libc::IP_RECVERR, 32)
+        );
+        let mut buf = [0u64; 8];
+        // SAFETY: zeroed msghdr is valid; the control buffer is ours.
+        let mut m: msghdr = unsafe { std::mem::zeroed() };
+        m.msg_control = buf.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&buf) as _;
+        // SAFETY: msg_control has msg_controllen bytes.
+        unsafe { put(&mut m, &[(level, ty, &data)]) }.unwrap();
+        // SAFETY: CMSG_SPACE is arithmetic; CMSG_FIRSTHDR reads our msghdr.
+        assert_eq!(m.msg_controllen as u32, unsafe { libc::CMSG_SPACE(32) });
+        let c = unsafe { &*libc::CMSG_FIRSTHDR(&m) };
+        assert_eq!(
+            (c.cmsg_level, c.cmsg_type),
+            (libc::SOL_IP, libc::IP_RECVERR)
+        );
+        let mut small = [0u64; 2];
+        m.msg_control = small.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&small) as _;
+        m.msg_flags = 0;
+        // SAFETY: as above.
+        unsafe { put(&mut m, &[(level, ty, &data)]) }.unwrap();
+        assert_eq!(m.msg_controllen as usize, 0);
+        assert_ne!(m.msg_flags & libc::MSG_CTRUNC, 0);
+    }
+}
