@@ -367,6 +367,11 @@ impl TcpStream {
         zc.get_mut(&self.sock.slot)?.take(acked)
     }
 
+    /// The peer's FIN arrived (reads end once the ring is empty).
+    pub fn fin_received(&self) -> bool {
+        self.sock.flags() & FLAG_RX_EOF != 0
+    }
+
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.setopt(opt::IPPROTO_TCP, opt::TCP_NODELAY, on as u64)
     }

@@ -382,6 +382,8 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                 unsafe { usnet_posix::cmsg::put(m, &[(level, ty, &ee)]) }?;
                 return Ok(0);
             }
+            // The room for control messages (none is written but TCP_CM_INQ).
+            let control = m.msg_controllen;
             m.msg_controllen = 0;
             m.msg_flags = 0;
             // SAFETY: per the contract.
@@ -412,7 +414,18 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                 return Ok(n);
             }
             m.msg_namelen = 0;
-            usnet_posix::readv(fd, &mut v, flags)
+            let n = usnet_posix::readv(fd, &mut v, flags)?;
+            if let Some(left) = usnet_posix::inq(fd)? {
+                m.msg_controllen = control;
+                let cm = [(
+                    libc::SOL_TCP,
+                    usnet_posix::sockopt::TCP_INQ,
+                    &left.to_ne_bytes()[..],
+                )];
+                // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                unsafe { usnet_posix::cmsg::put(m, &cm) }?;
+            }
+            Ok(n)
         })())
     })
 }

@@ -6,41 +6,52 @@ use libc::msghdr;
 use crate::{Errno, Res};
 
 /// Writes `cmsgs` (level, type, data) into `m.msg_control` and sets
-/// `m.msg_controllen`; with too little room (or none) nothing is written and
-/// `MSG_CTRUNC` is set in `m.msg_flags`, as the kernel does.
+/// `m.msg_controllen` to the room used, as Linux's `put_cmsg` does: each message
+/// takes `CMSG_SPACE` of its data (the last one at least `CMSG_LEN`); one that does
+/// not fit is not written and `MSG_CTRUNC` is set in `m.msg_flags`.
 ///
 /// # Safety
 /// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
 pub unsafe fn put(m: &mut msghdr, cmsgs: &[(i32, i32, &[u8])]) -> Res<()> {
-    // SAFETY: CMSG_SPACE is pure arithmetic.
-    let space: usize = cmsgs
-        .iter()
-        .map(|c| unsafe { libc::CMSG_SPACE(c.2.len() as u32) } as usize)
-        .sum();
     // msg_controllen is usize on glibc, u32 on musl.
     #[allow(clippy::unnecessary_cast)]
-    let room = m.msg_controllen as usize;
-    if m.msg_control.is_null() || room < space {
-        m.msg_controllen = 0;
-        m.msg_flags |= libc::MSG_CTRUNC;
-        return Ok(());
-    }
-    // SAFETY: the buffer holds the CMSG_SPACE of every cmsg (checked above), and
-    // CMSG_NXTHDR stays within msg_controllen.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(m);
-        for &(level, ty, data) in cmsgs {
-            if c.is_null() {
-                return Err(Errno(libc::EINVAL));
-            }
-            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as _;
-            (*c).cmsg_level = level;
-            (*c).cmsg_type = ty;
-            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
-            c = libc::CMSG_NXTHDR(m, c);
+    let room = if m.msg_control.is_null() {
+        0
+    } else {
+        m.msg_controllen as usize
+    };
+    let base = m.msg_control as *mut u8;
+    let mut used = 0usize;
+    for &(level, ty, data) in cmsgs {
+        // SAFETY: CMSG_LEN and CMSG_SPACE are pure arithmetic.
+        let (len, space) = unsafe {
+            (
+                libc::CMSG_LEN(data.len() as u32) as usize,
+                libc::CMSG_SPACE(data.len() as u32) as usize,
+            )
+        };
+        if room - used < len {
+            m.msg_flags |= libc::MSG_CTRUNC;
+            break;
         }
+        let hdr = libc::cmsghdr {
+            cmsg_len: len as _,
+            cmsg_level: level,
+            cmsg_type: ty,
+        };
+        let data_off = len - data.len();
+        // SAFETY: `len` bytes from `base + used` are within the caller's buffer
+        // (checked above); cmsghdr is plain data, written unaligned-safe.
+        unsafe {
+            std::ptr::write_unaligned(base.add(used) as *mut libc::cmsghdr, hdr);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(used + data_off), data.len());
+        }
+        used += space.min(room - used);
     }
-    m.msg_controllen = space as _;
+    if used == 0 && !cmsgs.is_empty() && m.msg_flags & libc::MSG_CTRUNC == 0 {
+        return Err(Errno(libc::EINVAL));
+    }
+    m.msg_controllen = used as _;
     Ok(())
 }
 
@@ -89,6 +100,7 @@ mod tests {
         unsafe { put(&mut m, &[(level, ty, &data)]) }.unwrap();
         // SAFETY: CMSG_SPACE is arithmetic; CMSG_FIRSTHDR reads our msghdr.
         assert_eq!(m.msg_controllen as u32, unsafe { libc::CMSG_SPACE(32) });
+        assert_eq!(m.msg_flags & libc::MSG_CTRUNC, 0);
         let c = unsafe { &*libc::CMSG_FIRSTHDR(&m) };
         assert_eq!(
             (c.cmsg_level, c.cmsg_type),
@@ -102,5 +114,14 @@ mod tests {
         unsafe { put(&mut m, &[(level, ty, &data)]) }.unwrap();
         assert_eq!(m.msg_controllen as usize, 0);
         assert_ne!(m.msg_flags & libc::MSG_CTRUNC, 0);
+        // The last message needs only CMSG_LEN: an int in 20 bytes fits.
+        let mut exact = [0u32; 5];
+        m.msg_control = exact.as_mut_ptr().cast();
+        m.msg_controllen = 20;
+        m.msg_flags = 0;
+        // SAFETY: as above.
+        unsafe { put(&mut m, &[(libc::SOL_TCP, 36, &9000i32.to_ne_bytes())]) }.unwrap();
+        assert_eq!((m.msg_controllen as usize, m.msg_flags), (20, 0));
+        assert_eq!(exact[4], 9000);
     }
 }

@@ -168,6 +168,8 @@ struct Opts {
     recorded: HashMap<(i32, i32), i32>,
     /// SO_ZEROCOPY.
     zerocopy: bool,
+    /// TCP_INQ: each `recvmsg` says how many bytes are left to read.
+    inq: bool,
     /// TCP_FASTOPEN_KEY as set (a listener's).
     fastopen_key: Option<[u8; 16]>,
     /// `connect` with TCP_FASTOPEN_CONNECT and a cookie at hand: the SYN waits for
@@ -1084,6 +1086,25 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
     Ok(total)
 }
 
+/// With TCP_INQ on a stream: the bytes left to read (Linux's `tcp_inq_hint`,
+/// counted in what the socket's receive ring holds), for `recvmsg`'s `TCP_CM_INQ`.
+pub fn inq(fd: RawFd) -> Res<Option<i32>> {
+    let e = get(fd)?;
+    if !lock(&e.opts).inq {
+        return Ok(None);
+    }
+    let left = match &*e.read() {
+        // Linux's `tcp_inq_hint`: after the FIN, 1 rather than 0, so the program
+        // reads on and sees the end.
+        Obj::Stream(s) => match s.available() {
+            0 if s.fin_received() => 1,
+            n => n.min(i32::MAX as usize) as i32,
+        },
+        _ => 0,
+    };
+    Ok(Some(left))
+}
+
 /// `recvmsg(MSG_ERRQUEUE)` on a stream: the oldest completed range `[lo, hi]` of its
 /// `MSG_ZEROCOPY` sends (reported with `SO_EE_CODE_ZEROCOPY_COPIED`: every send is
 /// copied into the session's ring); `EAGAIN` when none waits.
@@ -1584,7 +1605,8 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 s.set_zerocopy(on)?;
             }
         }
-        Opt::Timestamping(_) | Opt::Inq(_) => return Err(Errno(libc::ENOPROTOOPT)),
+        Opt::Inq(on) => o.inq = on,
+        Opt::Timestamping(_) => return Err(Errno(libc::ENOPROTOOPT)),
     }
     Ok(())
 }
@@ -1696,6 +1718,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => int(o.reuseport as i32),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => int(o.keepalive as i32),
         (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => int(o.zerocopy as i32),
+        (libc::IPPROTO_TCP, sockopt::TCP_INQ) if tcp => int(o.inq as i32),
         // Linux reports twice what was set (its bookkeeping overhead); so do we, so
         // programs that check the doubling keep working.
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rcvbuf.map_or(131072, |v| v * 2)),
