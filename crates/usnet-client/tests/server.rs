@@ -430,3 +430,21 @@ fn zero_copy_sends_complete_once_acknowledged() {
     a.zerocopy_sent();
     assert_eq!(a.zerocopy_take(), None);
 }
+
+#[test]
+fn a_syn_to_a_port_bound_but_not_listening_is_refused() {
+    use usnet_client::{Socket, SocketKind};
+    // RFC 9293 §3.10.7.1: a socket in CLOSED state (bound, not listening) answers a
+    // SYN with a reset, as a closed port does.
+    let _srv = common::server("bound-closed", |_| {});
+    let c = Client::attach("bound-closed").unwrap();
+    let to = sa("10.66.0.1:7406");
+    let s = Socket::new(&c, SocketKind::Tcp).unwrap();
+    s.bind(to).unwrap();
+    let e = TcpStream::connect(&c, to).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(111), "ECONNREFUSED: {e}");
+    // Listening on it then accepts.
+    let l = s.listen(8).unwrap();
+    let _a = TcpStream::connect(&c, to).unwrap();
+    let _b = l.accept().unwrap();
+}
