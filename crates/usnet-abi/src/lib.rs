@@ -415,9 +415,11 @@ pub mod opt {
     /// raising a process's priority does.
     pub const USNET_RX_PRIORITY: u64 = 1;
     pub const RX_PRIORITY_NONE: u64 = u64::MAX;
-    /// `GETSOCKOPT` with the address in `args[2..6]`: 1 when a Fast Open connect to
-    /// it would carry data on its SYN (a cookie is cached, or the stack sends data
-    /// without one), as Linux's `TCP_FASTOPEN_CONNECT` decides whether to defer.
+    /// `GETSOCKOPT` with an address in `args[2..6]` (or none): bit 0 set when the
+    /// stack's `tcp_fastopen` has its client bit, bit 1 when a Fast Open connect to
+    /// the address would carry data on its SYN (a cookie is cached, or the stack
+    /// sends data without one), as Linux's `TCP_FASTOPEN_CONNECT` decides whether
+    /// to defer.
     pub const USNET_FASTOPEN_READY: u64 = 2;
 }
 

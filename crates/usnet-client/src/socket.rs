@@ -155,18 +155,21 @@ impl Socket {
     /// `TCP_FASTOPEN_CONNECT` defers the SYN to the first write only then.
     pub fn fastopen_ready(&self, addr: SocketAddr) -> io::Result<bool> {
         let a = SockAddr::from_std(addr).to_args();
-        let r = self.sock.call(
-            op::GETSOCKOPT,
-            [
-                opt::SOL_USNET,
-                opt::USNET_FASTOPEN_READY,
-                a[0],
-                a[1],
-                a[2],
-                a[3],
-            ],
-        )?;
-        Ok(r != 0)
+        let q = [
+            opt::SOL_USNET,
+            opt::USNET_FASTOPEN_READY,
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+        ];
+        Ok(self.sock.call(op::GETSOCKOPT, q)? & 2 != 0)
+    }
+
+    /// Whether the stack's `tcp_fastopen` lets clients use Fast Open.
+    pub fn fastopen_client_enabled(&self) -> io::Result<bool> {
+        let q = [opt::SOL_USNET, opt::USNET_FASTOPEN_READY, 0, 0, 0, 0];
+        Ok(self.sock.call(op::GETSOCKOPT, q)? & 1 != 0)
     }
 
     /// A UDP socket as a datagram socket (bound already, or bound to an ephemeral

@@ -367,6 +367,11 @@ impl TcpStream {
         zc.get_mut(&self.sock.slot)?.take(acked)
     }
 
+    /// Closed, reset or failed: nothing more will come or go.
+    pub fn hung_up(&self) -> bool {
+        self.sock.hung_up()
+    }
+
     /// The peer's FIN arrived (reads end once the ring is empty).
     pub fn fin_received(&self) -> bool {
         self.sock.flags() & FLAG_RX_EOF != 0

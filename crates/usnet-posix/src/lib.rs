@@ -321,6 +321,13 @@ fn numbered(reserve: OwnedFd, desc: Arc<Desc>) -> Entry {
     }
 }
 
+impl Entry {
+    /// A `connect` with TCP_FASTOPEN_CONNECT deferred the SYN to the first write.
+    fn deferred_connect(&self) -> bool {
+        lock(&self.opts).deferred.is_some()
+    }
+}
+
 impl Desc {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Obj> {
         self.obj.read().unwrap_or_else(|p| p.into_inner())
@@ -709,10 +716,37 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
             return Err(Errno(libc::EDESTADDRREQ));
         }
     }
+    if flags & libc::MSG_FASTOPEN != 0 {
+        if let Obj::Stream(s) = &*e.read() {
+            if !s.connected() && !s.hung_up() {
+                // A second Fast Open "connect" while the first is in progress.
+                return Err(Errno(libc::EALREADY));
+            }
+        }
+    }
     let o = e.read();
     let r: Res<usize> = match &*o {
         Obj::Stream(s) => {
             apply_timeouts(&e, s)?;
+            // Linux's `sk_stream_wait_connect`: a write on an active open still in
+            // SYN-SENT waits for the handshake, or says EAGAIN on a non-blocking
+            // socket (a passive Fast Open connection in SYN-RECV writes at once).
+            let syn_sent = |s: &TcpStream| {
+                s.info()
+                    .is_ok_and(|i| i.state == u32::from(sockopt::tcp_state::SYN_SENT))
+            };
+            if !s.connected() && !s.hung_up() && syn_sent(s) {
+                if e.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
+                    return Err(Errno(libc::EAGAIN));
+                }
+                let deadline = lock(&e.opts)
+                    .sndtimeo
+                    .map(|t| usnet_client::vtime::now() + t);
+                poll::wait_connected(&e, deadline).map_err(|err| match err.0 {
+                    libc::EINPROGRESS => Errno(libc::EAGAIN),
+                    _ => err,
+                })?;
+            }
             let n = maybe_dontwait(flags, || write_stream(s, buf)).map_err(Errno::from)?;
             if flags & libc::MSG_ZEROCOPY != 0 && n > 0 {
                 s.zerocopy_sent();
@@ -1006,6 +1040,9 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
     let e = get(fd)?;
     let o = e.read();
     match &*o {
+        // A deferred Fast Open connect is connecting, as Linux sees it: nothing to
+        // read yet.
+        Obj::Fresh(_) if e.deferred_connect() => Err(Errno(libc::EAGAIN)),
         Obj::Stream(s) if peek => {
             apply_timeouts(&e, s)?;
             Ok((maybe_dontwait(flags, || s.peek(buf))?, None))
@@ -1589,7 +1626,18 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 l.set_fastopen_key(k)?;
             }
         }
-        Opt::FastOpenConnect(on) => record(&mut o, sockopt::TCP_FASTOPEN_CONNECT, on as i32),
+        Opt::FastOpenConnect(on) => {
+            // Linux: EOPNOTSUPP unless `tcp_fastopen` has the client bit, EINVAL
+            // once the socket is connecting or connected.
+            match &*obj {
+                Obj::Fresh(s) if !s.fastopen_client_enabled()? => {
+                    return Err(Errno(libc::EOPNOTSUPP))
+                }
+                Obj::Fresh(_) => {}
+                _ => return Err(Errno(libc::EINVAL)),
+            }
+            record(&mut o, sockopt::TCP_FASTOPEN_CONNECT, on as i32)
+        }
         Opt::Recorded { level, name, kept } => {
             if let Obj::Udp(u) = &*obj {
                 mcast_option_to_stack(u, level, name, kept)?;

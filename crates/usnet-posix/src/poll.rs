@@ -46,6 +46,9 @@ fn register(p: &mut Poller, e: &Entry, token: u64, interest: Interest, mode: Mod
 /// writable and hung up (as Linux's), a failed one has an error.
 fn static_events(e: &Entry) -> i16 {
     match &*e.read() {
+        // A deferred Fast Open connect is writable (its first write sends the SYN),
+        // as Linux's `tcp_poll` says for `defer_connect`.
+        Obj::Fresh(_) if e.deferred_connect() => libc::POLLOUT,
         Obj::Fresh(_) => libc::POLLOUT | libc::POLLHUP,
         Obj::Failed => libc::POLLERR | libc::POLLHUP,
         _ => libc::POLLNVAL,
@@ -182,6 +185,12 @@ struct Watch {
     data: u64,
     /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD.
     disarmed: bool,
+    /// In the poller. A socket with no readiness of its own yet (fresh: not
+    /// listening or connected) is not; `epoll_wait` reports its fixed events
+    /// ([`static_events`]) and registers it once it connects or listens.
+    registered: bool,
+    /// Edge-triggered: the fixed events were reported (once per ADD/MOD).
+    static_seen: bool,
     /// The socket watched. Closing a descriptor takes it out of every epoll set (as
     /// the kernel does): a watch whose socket is gone, or whose number now names
     /// another socket, counts as absent.
@@ -199,6 +208,8 @@ impl Watch {
 pub(crate) struct Epoll {
     poller: Mutex<Poller>,
     watches: Mutex<HashMap<RawFd, Watch>>,
+    /// Watches not in the poller ([`Watch::registered`]).
+    unregistered: AtomicUsize,
     /// Kernel descriptors in the kernel epoll instance.
     kernel: AtomicUsize,
 }
@@ -220,6 +231,7 @@ pub fn epoll_create(flags: i32) -> Res<RawFd> {
     // SAFETY: fresh descriptor owned by nobody else.
     let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     let set = Epoll {
+        unregistered: AtomicUsize::new(0),
         poller: Mutex::new(Poller::new()),
         watches: Mutex::new(HashMap::new()),
         kernel: AtomicUsize::new(0),
@@ -284,7 +296,9 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
         let mut watches = lock(&set.watches);
         if watches.get(&fd).is_some_and(|w| !w.watches(&t)) {
             // Left from a socket closed since: gone, as in the kernel.
-            watches.remove(&fd);
+            if watches.remove(&fd).is_some_and(|w| !w.registered) {
+                set.unregistered.fetch_sub(1, Relaxed);
+            }
             let _ = poller.deregister(fd as u64);
         }
         match op {
@@ -298,26 +312,37 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
                     return Err(Errno(libc::ENOENT));
                 }
                 let _ = poller.deregister(fd as u64);
-                register(
+                let registered = register(
                     &mut poller,
                     &t,
                     fd as u64,
                     interest_of_epoll(ev.events),
                     mode_of(ev.events),
                 )?;
-                watches.insert(
+                let old = watches.insert(
                     fd,
                     Watch {
                         events: ev.events,
                         data: ev.u64,
                         disarmed: false,
+                        registered,
+                        static_seen: false,
                         socket: Arc::downgrade(&t),
                     },
                 );
+                if old.is_some_and(|w| !w.registered) {
+                    set.unregistered.fetch_sub(1, Relaxed);
+                }
+                if !registered {
+                    set.unregistered.fetch_add(1, Relaxed);
+                }
                 Ok(())
             }
             libc::EPOLL_CTL_DEL => {
-                watches.remove(&fd).ok_or(Errno(libc::ENOENT))?;
+                let w = watches.remove(&fd).ok_or(Errno(libc::ENOENT))?;
+                if !w.registered {
+                    set.unregistered.fetch_sub(1, Relaxed);
+                }
                 let _ = poller.deregister(fd as u64);
                 Ok(())
             }
@@ -344,6 +369,64 @@ fn epoll_bits(ev: &Event, asked: u32) -> u32 {
         r |= libc::EPOLLERR as u32;
     }
     r & (asked | (libc::EPOLLHUP | libc::EPOLLERR) as u32)
+}
+
+/// Watches whose sockets had no readiness of their own when added: registered
+/// once they connect or listen; until then their fixed events
+/// ([`static_events`]) are reported (level-triggered: at every wait;
+/// edge-triggered: once). Returns how many went into `out`.
+fn sync_unregistered(poller: &mut Poller, set: &Epoll, out: &mut [EpollEvent]) -> usize {
+    let mut watches = lock(&set.watches);
+    let mut n = 0;
+    for (&fd, w) in watches.iter_mut() {
+        if w.registered || w.disarmed {
+            continue;
+        }
+        let Some(t) = w.socket.upgrade() else {
+            continue;
+        };
+        let interest = interest_of_epoll(w.events);
+        if register(poller, &t, fd as u64, interest, mode_of(w.events)).unwrap_or(false) {
+            w.registered = true;
+            set.unregistered.fetch_sub(1, Relaxed);
+            continue;
+        }
+        let edge = w.events & libc::EPOLLET as u32 != 0;
+        if n == out.len() || (edge && w.static_seen) {
+            continue;
+        }
+        let bits = epoll_of_poll(static_events(&t))
+            & (w.events | (libc::EPOLLHUP | libc::EPOLLERR) as u32);
+        if bits == 0 {
+            continue;
+        }
+        w.static_seen = true;
+        out[n] = EpollEvent {
+            events: bits,
+            u64: w.data,
+        };
+        n += 1;
+        if w.events & libc::EPOLLONESHOT as u32 != 0 {
+            w.disarmed = true;
+        }
+    }
+    n
+}
+
+/// `poll` bits as epoll bits.
+fn epoll_of_poll(p: i16) -> u32 {
+    let mut r = 0u32;
+    for (pb, eb) in [
+        (libc::POLLIN, libc::EPOLLIN),
+        (libc::POLLOUT, libc::EPOLLOUT),
+        (libc::POLLERR, libc::EPOLLERR),
+        (libc::POLLHUP, libc::EPOLLHUP),
+    ] {
+        if p & pb != 0 {
+            r |= eb as u32;
+        }
+    }
+    r
 }
 
 /// Turns the poller's events into epoll events in `out` (as many as fit) by the
@@ -394,9 +477,12 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
             let mut n = 0;
             {
                 let mut poller = lock(&set.poller);
+                if set.unregistered.load(Relaxed) > 0 {
+                    n += sync_unregistered(&mut poller, set, out);
+                }
                 events.clear();
                 poller.wait(&mut events, Some(Duration::ZERO))?;
-                n += deliver(&events, &mut poller, set, out);
+                n += deliver(&events, &mut poller, set, &mut out[n..]);
             }
             if n < out.len() {
                 // SAFETY: out[n..] is valid for writes of that many events.
@@ -500,26 +586,30 @@ pub(crate) fn wait_connected(e: &Entry, deadline: Option<Instant>) -> Res<()> {
 pub(crate) fn forked(set: &Epoll, table: &crate::fork::Table) -> Epoll {
     let mut poller = Poller::new();
     let mut watches = HashMap::new();
+    let mut unregistered = 0;
     if let Ok(old) = set.watches.try_lock() {
         for (&fd, w) in old.iter() {
             let Some(t) = table.get(&fd) else {
                 continue;
             };
-            if !w.disarmed {
-                let _ = register(
+            let registered = !w.disarmed
+                && register(
                     &mut poller,
                     t,
                     fd as u64,
                     interest_of_epoll(w.events),
                     mode_of(w.events),
-                );
-            }
+                )
+                .unwrap_or(false);
+            unregistered += usize::from(!registered);
             watches.insert(
                 fd,
                 Watch {
                     events: w.events,
                     data: w.data,
                     disarmed: w.disarmed,
+                    registered,
+                    static_seen: w.static_seen,
                     socket: Arc::downgrade(t),
                 },
             );
@@ -528,6 +618,7 @@ pub(crate) fn forked(set: &Epoll, table: &crate::fork::Table) -> Epoll {
     Epoll {
         poller: Mutex::new(poller),
         watches: Mutex::new(watches),
+        unregistered: AtomicUsize::new(unregistered),
         kernel: AtomicUsize::new(set.kernel.load(Relaxed)),
     }
 }

@@ -920,11 +920,10 @@ impl ServerSession {
                 _ => stack.tcp_config().mss as i64,
             },
             (opt::SOL_USNET, opt::USNET_FASTOPEN_READY) => {
-                let Some(remote) = SockAddr::from_args(&[a[2], a[3], a[4], a[5], 0, 0]).to_std()
-                else {
-                    return -errno::EINVAL;
-                };
-                stack.tcp_fastopen_ready(remote.ip()) as i64
+                let ready = SockAddr::from_args(&[a[2], a[3], a[4], a[5], 0, 0])
+                    .to_std()
+                    .is_some_and(|r| stack.tcp_fastopen_ready(r.ip()));
+                (stack.tcp_fastopen_client_enabled() as i64) | (ready as i64) << 1
             }
             (opt::IPPROTO_TCP, opt::TCP_INFO) => {
                 let Some(Ok(info)) = conn.map(|h| stack.tcp_info(h)) else {
