@@ -17,6 +17,12 @@
 //! A call on a stream whose peer is gone raises `SIGPIPE` unless `MSG_NOSIGNAL`, as
 //! the kernel does.
 //!
+//! **Lock order.** The descriptor table's lock is held only to look a number up
+//! or change the table (never while a socket's locks are taken); a socket's object
+//! (`Desc::obj`, its `RwLock`) is taken before its options (`Desc::opts`), in
+//! every call (the other order against a `connect`, which holds the object while
+//! it reads the options, can deadlock).
+//!
 //! Waiting on a mix of usnet sockets and kernel descriptors (`poll`, `epoll_wait`)
 //! sleeps on the session's bell in slices of at most 1 ms and looks at the kernel
 //! descriptors between slices: usnet readiness wakes it at once, kernel readiness
@@ -1458,8 +1464,9 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
     if matches!(&*e.read(), Obj::Epoll(_)) {
         return Err(ebadf_kind());
     }
-    let mut o = lock(&e.opts);
+    // The lock order (module documentation): the object, then the options.
     let obj = e.read();
+    let mut o = lock(&e.opts);
     let stream = match &*obj {
         Obj::Stream(s) => Some(s),
         _ => None,
