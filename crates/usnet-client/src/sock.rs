@@ -131,12 +131,19 @@ impl Sock {
     }
 
     /// The socket's failure, if it failed (does not clear it; see `take_error`).
+    /// The connection's error, reported once, as Linux's `sock_error` takes
+    /// `sk_err` (later calls see the connection closed: reads end, writes get
+    /// EPIPE). `SO_ERROR` takes the same word.
     pub(crate) fn failure(&self) -> Option<io::Error> {
         if self.flags() & FLAG_ERROR == 0 {
             return None;
         }
-        let e = self.word(slot::ERROR);
-        Some(errno_err(if e == 0 { errno::ECONNRESET } else { e as i64 }))
+        let e = self
+            .conn
+            .mem
+            .slot_word(self.slot, slot::ERROR)
+            .swap(0, AcqRel);
+        (e != 0).then(|| errno_err(e as i64))
     }
 
     pub(crate) fn request(&self, op: u16, args: [u64; 6]) -> Request {

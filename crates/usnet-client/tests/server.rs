@@ -448,3 +448,32 @@ fn a_syn_to_a_port_bound_but_not_listening_is_refused() {
     let _a = TcpStream::connect(&c, to).unwrap();
     let _b = l.accept().unwrap();
 }
+
+#[test]
+fn bytes_that_arrived_before_a_reset_are_read_after_it() {
+    let _srv = common::server("reset-data", |_| {});
+    let c = Client::attach("reset-data").unwrap();
+    let to = sa("10.66.0.1:7407");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    (&a).write_all(b"0123456789").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    a.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(a);
+    std::thread::sleep(Duration::from_millis(50));
+    let (b, _) = l.accept().unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 64];
+    // As Linux: the bytes, then the reset once, then the end.
+    assert_eq!((&b).read(&mut buf).unwrap(), 10);
+    assert_eq!(&buf[..10], b"0123456789");
+    let e = (&b).read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert_eq!(
+        (&b).read(&mut buf).unwrap(),
+        0,
+        "the error is reported once"
+    );
+    let e = (&b).write(b"x").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+}
