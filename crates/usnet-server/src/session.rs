@@ -614,6 +614,19 @@ impl ServerSession {
         j as i64
     }
 
+    /// Slot `i` became the active open `h` to `peer`: a connection, with its
+    /// addresses and readiness in the slot.
+    fn connecting(&mut self, stack: &mut Stack, i: u32, h: SocketHandle, peer: &SockAddr) {
+        self.sock(i).role = Role::Conn;
+        self.adopt(stack, i, h);
+        if let Ok(l) = stack.tcp_local_addr(h) {
+            self.mem
+                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+        }
+        self.mem.set_slot_addr(i, slot::PEER, peer);
+        self.refresh(stack, i);
+    }
+
     /// A Fast Open connect (see `op::CONNECT`): the SYN takes what it can of the
     /// bytes staged in the send ring; the rest are dropped.
     fn op_connect_fastopen(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
@@ -635,20 +648,10 @@ impl ServerSession {
         let rest = s.tx.available().unwrap_or(0);
         s.tx.skip(rest);
         s.tx.release();
-        let mut cfg = stack.tcp_config().clone();
-        if let Some(m) = s.connect_mss {
-            cfg.mss = cfg.mss.min(m);
-        }
+        let cfg = connect_config(stack, s.connect_mss);
         match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg) {
             Ok((h, q)) => {
-                self.sock(i).role = Role::Conn;
-                self.adopt(stack, i, h);
-                if let Ok(l) = stack.tcp_local_addr(h) {
-                    self.mem
-                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
-                }
-                self.mem.set_slot_addr(i, slot::PEER, &a);
-                self.refresh(stack, i);
+                self.connecting(stack, i, h, &a);
                 q as i64
             }
             Err(StackError::WrongType) => -errno::EOPNOTSUPP,
@@ -666,20 +669,10 @@ impl ServerSession {
                 if s.handle.is_some() {
                     return -errno::EISCONN;
                 }
-                let mut cfg = stack.tcp_config().clone();
-                if let Some(m) = s.connect_mss {
-                    cfg.mss = cfg.mss.min(m);
-                }
+                let cfg = connect_config(stack, s.connect_mss);
                 match stack.tcp_connect_with(s.bound, remote, cfg) {
                     Ok(h) => {
-                        self.sock(i).role = Role::Conn;
-                        self.adopt(stack, i, h);
-                        if let Ok(l) = stack.tcp_local_addr(h) {
-                            self.mem
-                                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
-                        }
-                        self.mem.set_slot_addr(i, slot::PEER, &a);
-                        self.refresh(stack, i);
+                        self.connecting(stack, i, h, &a);
                         0
                     }
                     Err(e) => err(e),
@@ -1040,6 +1033,16 @@ fn apply_mcast(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), S
         }
         _ => Err(StackError::InvalidInput),
     }
+}
+
+/// The stack's TCP template for an active open, its MSS capped by the TCP_MAXSEG
+/// set before `connect`.
+fn connect_config(stack: &Stack, mss: Option<u16>) -> usnet_stack::TcpConfig {
+    let mut cfg = stack.tcp_config().clone();
+    if let Some(m) = mss {
+        cfg.mss = cfg.mss.min(m);
+    }
+    cfg
 }
 
 /// Multicast options set before the stack socket `h` of `s` existed.
