@@ -16,7 +16,7 @@
 
 mod conn;
 pub mod lineage;
-mod msgzc;
+pub mod msgzc;
 mod net;
 mod poll;
 pub mod signal;

@@ -8,13 +8,14 @@
 //! the server publishes how far the peer acknowledged in the same count
 //! (`usnet_abi::slot::TX_ACKED`), bumps the slot's events and rings the bell when it
 //! moves. Completed sends are ranges `[lo, hi]`: a range grows while it is queued
-//! and the next id completes, as Linux coalesces them.
+//! and the next id completes, as Linux coalesces them. The packetdrill backend
+//! counts the same numbering in the bytes its sends queued.
 
 use std::collections::VecDeque;
 
 /// One socket's zero-copy sends.
-#[derive(Debug, Default)]
-pub(crate) struct ZcSends {
+#[derive(Debug, Default, Clone)]
+pub struct ZcSends {
     next: u32,
     /// Sends not yet acknowledged: (id, send ring position after its bytes).
     inflight: VecDeque<(u32, u64)>,
@@ -44,6 +45,17 @@ impl ZcSends {
         }
     }
 
+    /// Sends wait for their acknowledgement.
+    pub fn has_inflight(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    /// Completions queued: the ranges, and the highest id (it grows as a range
+    /// does).
+    pub fn queued(&self) -> (usize, Option<u32>) {
+        (self.queue.len(), self.queue.back().map(|r| r.1))
+    }
+
     /// Whether a completion waits (or would, after `acked`): `POLLERR`.
     pub fn pending(&self, acked: u64) -> bool {
         !self.queue.is_empty() || self.inflight.front().is_some_and(|&(_, end)| end <= acked)
@@ -52,6 +64,11 @@ impl ZcSends {
     /// The oldest completed range.
     pub fn take(&mut self, acked: u64) -> Option<(u32, u32)> {
         self.complete(acked);
+        self.pop()
+    }
+
+    /// The oldest range already completed.
+    pub fn pop(&mut self) -> Option<(u32, u32)> {
         self.queue.pop_front()
     }
 }

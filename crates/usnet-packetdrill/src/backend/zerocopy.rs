@@ -6,57 +6,39 @@
 //! `POLLERR`) as ranges `[ee_info, ee_data]`, a range growing while it is queued
 //! and the next id completes, as Linux coalesces them.
 
-use std::collections::VecDeque;
 use std::ffi::c_int;
+
+use usnet_client::msgzc::ZcSends;
 
 use super::{Backend, Kind, Res};
 
-/// A socket's zero-copy state.
+/// A socket's zero-copy state: the numbering and coalescing are the client
+/// library's (`usnet_client::msgzc::ZcSends`), counted here in the bytes this
+/// socket's sends queued.
 #[derive(Debug, Default)]
 pub(crate) struct ZeroCopy {
     /// SO_ZEROCOPY.
     pub on: bool,
     /// Bytes this socket's sends queued, in all.
     pub written: u64,
-    next: u32,
-    /// Sends not yet acknowledged: (id, `written` after it).
-    inflight: VecDeque<(u32, u64)>,
-    /// Completed ranges not yet read.
-    queue: VecDeque<(u32, u32)>,
+    sends: ZcSends,
 }
 
 impl ZeroCopy {
     /// A `MSG_ZEROCOPY` send that queued bytes up to `written` gets the next id.
     pub fn record(&mut self) {
-        let id = self.next;
-        self.next = self.next.wrapping_add(1);
-        self.inflight.push_back((id, self.written));
+        self.sends.record(self.written);
     }
 
     /// Sends wait for their acknowledgement.
     pub fn has_inflight(&self) -> bool {
-        !self.inflight.is_empty()
+        self.sends.has_inflight()
     }
 
     /// Completions queued: the ranges, and the highest id (it grows as a range
     /// does).
     pub fn queued(&self) -> (usize, Option<u32>) {
-        (self.queue.len(), self.queue.back().map(|r| r.1))
-    }
-
-    /// Everything up to `acked` bytes is acknowledged (or the connection is gone:
-    /// `u64::MAX`).
-    fn complete(&mut self, acked: u64) {
-        while let Some(&(id, end)) = self.inflight.front() {
-            if end > acked {
-                break;
-            }
-            self.inflight.pop_front();
-            match self.queue.back_mut() {
-                Some((_, hi)) if hi.wrapping_add(1) == id => *hi = id,
-                _ => self.queue.push_back((id, id)),
-            }
-        }
+        self.sends.queued()
     }
 }
 
@@ -67,8 +49,8 @@ impl Backend {
         let Some(f) = self.fds.get(&fd) else {
             return false;
         };
-        if f.zc.inflight.is_empty() {
-            return !f.zc.queue.is_empty();
+        if !f.zc.has_inflight() {
+            return f.zc.queued().0 > 0;
         }
         let acked = match f.kind {
             Kind::Conn(h) => match self.stack().tcp_info(h) {
@@ -80,8 +62,8 @@ impl Backend {
             _ => u64::MAX,
         };
         let f = self.fds.get_mut(&fd).expect("looked up above");
-        f.zc.complete(acked);
-        !f.zc.queue.is_empty()
+        f.zc.sends.complete(acked);
+        f.zc.queued().0 > 0
     }
 
     /// `recvmsg(MSG_ERRQUEUE)`: the oldest completion `(lo, hi)`, and whether the
@@ -91,7 +73,7 @@ impl Backend {
         self.zerocopy_pending(fd);
         let f = self.fd(fd)?;
         let v6 = f.v6;
-        f.zc.queue.pop_front().map(|r| (r, v6)).ok_or(libc::EAGAIN)
+        f.zc.sends.pop().map(|r| (r, v6)).ok_or(libc::EAGAIN)
     }
 }
 
@@ -146,6 +128,12 @@ mod tests {
         assert_eq!(frag_breaks(&[(0x10000, 18 * 4096)]), [17 * 4096]);
     }
 
+    /// The completed ranges waiting, oldest first.
+    fn queue(z: &ZeroCopy) -> Vec<(u32, u32)> {
+        let mut s = z.sends.clone();
+        std::iter::from_fn(|| s.pop()).collect()
+    }
+
     #[test]
     fn completions_coalesce_while_queued() {
         let mut z = ZeroCopy::default();
@@ -153,16 +141,16 @@ mod tests {
             z.written += n;
             z.record();
         }
-        z.complete(99);
-        assert!(z.queue.is_empty(), "nothing fully acknowledged");
-        z.complete(300);
-        assert_eq!(z.queue, [(0, 1)]);
-        z.complete(600);
-        assert_eq!(z.queue, [(0, 2)], "grows while unread");
-        z.queue.clear();
+        z.sends.complete(99);
+        assert!(queue(&z).is_empty(), "nothing fully acknowledged");
+        z.sends.complete(300);
+        assert_eq!(queue(&z), [(0, 1)]);
+        z.sends.complete(600);
+        assert_eq!(queue(&z), [(0, 2)], "grows while unread");
+        while z.sends.pop().is_some() {}
         z.written += 10;
         z.record();
-        z.complete(u64::MAX);
-        assert_eq!(z.queue, [(3, 3)]);
+        z.sends.complete(u64::MAX);
+        assert_eq!(queue(&z), [(3, 3)]);
     }
 }
