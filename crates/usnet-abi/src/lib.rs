@@ -319,8 +319,16 @@ pub mod op {
     /// of its ring at this instant (then the client asks again). As on the kernel,
     /// bytes go to whoever reads. No completion.
     pub const RX_WANT: u16 = 15;
+    /// A write the stack takes as Linux's `tcp_sendmsg` takes it (its send
+    /// buffer's limit, `MSG_MORE`, `MSG_EOR`): the bytes of the send ring from
+    /// position `args[0]` to `args[1]`, with `args[2]` the `SEND_*` flags. Bytes
+    /// queued before `args[0]` go into the stack first. Result: how many of the
+    /// write's bytes the stack took (0: none, the socket is not writable); the rest
+    /// of them are dropped from the ring, so the client may retry them. What a
+    /// socket with [`crate::FLAG_SNDBUF`] writes, and any `MSG_MORE`/`MSG_EOR` send.
+    pub const SEND: u16 = 16;
     /// Highest opcode.
-    pub const MAX: u16 = 15;
+    pub const MAX: u16 = 16;
 }
 
 /// A wildcard address takes IPv4 (an `AF_INET` socket on `0.0.0.0`, or an
@@ -335,6 +343,10 @@ pub const BIND_REUSE: u64 = 1;
 
 /// `CONNECT`'s `args[4]`: a Fast Open connect.
 pub const CONNECT_FASTOPEN: u64 = 1;
+/// [`op::SEND`] flags: `MSG_MORE` (more follows at once: no push, a partial
+/// segment may wait) and `MSG_EOR` (the write ends a record).
+pub const SEND_MORE: u64 = 1;
+pub const SEND_EOR: u64 = 2;
 
 pub const KIND_TCP: u64 = 1;
 pub const KIND_UDP: u64 = 2;
@@ -720,6 +732,16 @@ pub const FLAG_NOT_RECEIVER: u32 = 1 << 7;
 /// A stream other processes hold too: reads take part in the handshake of
 /// [`slot::RX_BUSY`].
 pub const FLAG_SHARED: u32 = 1 << 8;
+/// The stack's send buffer bounds the connection's writes (the program set
+/// `SO_SNDBUF` or `TCP_NOTSENT_LOWAT`, or the stack's `tcp_notsent_lowat` is
+/// set): writes go through [`op::SEND`], so a write takes what Linux's would, and
+/// the socket is writable when [`FLAG_WRITABLE`] says so rather than when the
+/// send ring has room.
+pub const FLAG_SNDBUF: u32 = 1 << 9;
+/// With [`FLAG_SNDBUF`]: the stack's send buffer has room as Linux's
+/// `sk_stream_is_writeable` judges (a third free, the unsent bytes below half the
+/// low-water mark).
+pub const FLAG_WRITABLE: u32 = 1 << 10;
 
 /// UDP records in a byte ring: a header, the payload, padding to 8 bytes. A record
 /// never wraps: a producer with too little room before the ring's end writes a

@@ -15,6 +15,7 @@
 //! with `ENETDOWN` within a fraction of a second.
 
 mod conn;
+mod fdsend;
 pub mod lineage;
 pub mod msgzc;
 mod net;

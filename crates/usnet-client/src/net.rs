@@ -186,7 +186,8 @@ impl SocketApi for ClientNet {
         let udp = matches!(self.get(h)?, Entry::Udp(_));
         Ok(Readiness {
             readable: s.rx_ready() > 0 || f & (FLAG_RX_EOF | FLAG_ACCEPTABLE) != 0 || closed,
-            writable: closed || (!listener && (udp || f & FLAG_CONNECTED != 0) && s.tx_room() > 0),
+            writable: closed
+                || (!listener && (udp || f & FLAG_CONNECTED != 0) && s.tx_send_room(f)),
             closed,
             connected: f & FLAG_CONNECTED != 0,
         })

@@ -13,7 +13,8 @@ use std::sync::atomic::Ordering::Acquire;
 use std::sync::Arc;
 
 use usnet_abi::{
-    slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF, KIND_UDP, SLOT_OPEN,
+    slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF,
+    FLAG_WRITABLE, KIND_UDP, SLOT_OPEN,
 };
 
 use crate::conn::Conn;
@@ -125,6 +126,17 @@ struct Readiness {
     events: u32,
 }
 
+/// Whether a socket with flags `f` and `tx_queued` of its `size`-byte send ring
+/// taken would accept a write: a connection whose send buffer bounds its writes
+/// (`FLAG_SNDBUF`) when the stack would take one, any other when its ring has room.
+pub(crate) fn send_room(f: u32, tx_queued: u64, size: u64) -> bool {
+    if f & FLAG_SNDBUF != 0 {
+        f & FLAG_WRITABLE != 0
+    } else {
+        tx_queued < size
+    }
+}
+
 fn readiness(r: &Reg) -> Option<Readiness> {
     let m = &r.conn.mem;
     let w = |off| m.slot_word(r.slot, off).load(Acquire);
@@ -144,7 +156,7 @@ fn readiness(r: &Reg) -> Option<Readiness> {
     let size = m.geometry().ring_bytes as u64;
     let readable = rx_queued > 0 || f & (FLAG_RX_EOF | FLAG_ACCEPTABLE) != 0 || closed;
     let can_send = f & FLAG_CONNECTED != 0 || w(slot::KIND) as u64 == KIND_UDP;
-    let writable = closed || (can_send && tx_queued < size);
+    let writable = closed || (can_send && send_room(f, tx_queued, size));
     Some(Readiness {
         readable,
         writable,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, FLAG_SHARED, SLOT_OPEN};
+use usnet_abi::{errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, FLAG_SHARED, SEND_EOR, SLOT_OPEN};
 use usnet_shm::{ByteConsumer, ByteProducer};
 
 use crate::conn::{errno_err, Conn};
@@ -319,6 +319,14 @@ impl Sock {
         lock(&self.tx).free().unwrap_or(0)
     }
 
+    /// Whether a write would be taken now (flags `f`): `poll::send_room`.
+    pub(crate) fn tx_send_room(&self, f: u32) -> bool {
+        let mut tx = lock(&self.tx);
+        let size = tx.size() as u64;
+        let queued = size - tx.free().unwrap_or(0) as u64;
+        crate::poll::send_room(f, queued, size)
+    }
+
     /// Copies into the send ring; 0 when it is full.
     pub(crate) fn tx_write(&self, buf: &[u8]) -> io::Result<usize> {
         self.with_tx(|tx| {
@@ -361,6 +369,36 @@ impl Sock {
         };
         tx.publish();
         Ok(n)
+    }
+
+    /// A write through `op::SEND`: `fill` puts up to `want` bytes in the send ring
+    /// (no kick: the call tells the server), then the server hands them to the
+    /// stack, which takes what Linux's send buffer would, and drops the rest from
+    /// the ring. Returns (bytes put, bytes taken); `flags` are `SEND_*`, and
+    /// `SEND_EOR` holds only if every byte wanted went in. Writers queue on the
+    /// ring's lock for the whole call, as Linux's hold the socket's lock.
+    pub(crate) fn tx_send(
+        &self,
+        want: usize,
+        flags: u64,
+        fill: impl FnOnce(&mut ByteProducer) -> io::Result<usize>,
+    ) -> io::Result<(usize, usize)> {
+        self.live()?;
+        let mut tx = lock(&self.tx);
+        let start = tx.position();
+        let put = if tx.free().map_err(|_| corrupt())? == 0 || want == 0 {
+            0
+        } else {
+            fill(&mut tx)?
+        };
+        tx.publish();
+        let flags = if put < want { flags & !SEND_EOR } else { flags };
+        let end = start + put as u64;
+        let taken = self
+            .conn
+            .call(self.request(op::SEND, [start, end, flags, 0, 0, 0]))?
+            .0;
+        Ok((put, taken as usize))
     }
 
     /// Runs `f` on the send ring's producer (UDP records), publishes, then kicks.

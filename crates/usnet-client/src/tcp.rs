@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use usnet_abi::{
     op, opt, slot, tcp_info, SockAddr, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP,
-    FLAG_RX_EOF, FLAG_WR_SHUT, KIND_TCP, SHUT_RD, SHUT_RDWR, SHUT_WR,
+    FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, KIND_TCP, SEND_EOR, SEND_MORE, SHUT_RD,
+    SHUT_RDWR, SHUT_WR,
 };
 
 use crate::conn::errno_err;
@@ -566,14 +567,112 @@ impl TcpStream {
         if max == 0 {
             return Ok(0);
         }
+        if self.send_bounded() {
+            return crate::fdsend::send_file_bounded(self, fd, file_off, max);
+        }
         self.send_with(|| self.sock.tx_write_from_fd(fd, file_off, max))
+    }
+
+    /// A send with Linux's `MSG_MORE` (`more`: more follows at once, so a partial
+    /// segment may wait and no push ends it) or `MSG_EOR` (`eor`: it ends a record,
+    /// whose last byte never shares a segment with what follows). The stack takes
+    /// it at once, as Linux's `tcp_sendmsg` (see [`Self::send_bounded`]).
+    pub fn send_flagged(&self, buf: &[u8], more: bool, eor: bool) -> io::Result<usize> {
+        if !more && !eor {
+            return self.write_inner(buf);
+        }
+        let flags = if more { SEND_MORE } else { 0 } | if eor { SEND_EOR } else { 0 };
+        self.send_through_stack(buf.len(), flags, |tx| Ok(tx.push(buf)))
+    }
+
+    /// [`Self::send_flagged`] of the pieces `bufs` as one write (as Linux's
+    /// `tcp_sendmsg` takes an iovec: one push point, at its end).
+    pub fn send_vectored_flagged(
+        &self,
+        bufs: &[&[u8]],
+        more: bool,
+        eor: bool,
+    ) -> io::Result<usize> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want == 0 {
+            return Ok(0);
+        }
+        let flags = if more { SEND_MORE } else { 0 } | if eor { SEND_EOR } else { 0 };
+        self.send_through_stack(want, flags, |tx| {
+            let mut put = 0;
+            for b in bufs {
+                let n = tx.push(b);
+                put += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Ok(put)
+        })
+    }
+
+    /// The program chose the send buffer's limit (`SO_SNDBUF`, `TCP_NOTSENT_LOWAT`,
+    /// or the stack's `tcp_notsent_lowat`): a write is handed to the stack before it
+    /// returns and takes what Linux's would, and the socket polls writable when the
+    /// stack's buffer has room, not when the ring has. Otherwise the send ring
+    /// buffers writes on its own (as a larger send buffer would).
+    pub fn send_bounded(&self) -> bool {
+        self.sock.flags() & FLAG_SNDBUF != 0
     }
 
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
+        if self.send_bounded() {
+            return self.send_through_stack(buf.len(), 0, |tx| Ok(tx.push(buf)));
+        }
         self.send_with(|| Ok(Some(self.sock.tx_write(buf)?).filter(|&n| n > 0)))
+    }
+
+    /// A send the stack takes before it returns (`op::SEND`): `fill` puts up to
+    /// `want` bytes in the send ring; what the stack refuses is dropped and not
+    /// counted. When it takes nothing, waits (as the socket's mode and timeout say)
+    /// until the stack's buffer has room again, as Linux's `sk_stream_wait_memory`.
+    /// Returns the bytes taken; `fill` may be called again after a wait.
+    pub(crate) fn send_through_stack(
+        &self,
+        want: usize,
+        flags: u64,
+        mut fill: impl FnMut(&mut usnet_shm::ByteProducer) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        self.send_through_stack_put(want, flags, &mut fill)
+            .map(|(_, taken)| taken)
+    }
+
+    /// [`Self::send_through_stack`], returning also the bytes `fill` put in the
+    /// ring in the attempt that went (some may have been dropped).
+    pub(crate) fn send_through_stack_put(
+        &self,
+        want: usize,
+        flags: u64,
+        fill: &mut dyn FnMut(&mut usnet_shm::ByteProducer) -> io::Result<usize>,
+    ) -> io::Result<(usize, usize)> {
+        let deadline = self.sock.write_deadline();
+        loop {
+            self.sock.conn.check_alive()?;
+            if let Some(e) = self.sock.failure() {
+                return Err(e);
+            }
+            if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            let (put, taken) = self.sock.tx_send(want, flags, &mut *fill)?;
+            if taken > 0 || (put == 0 && want > 0 && self.sock.tx_room() > 0) {
+                // Taken; or the source had nothing (the end of a file).
+                return Ok((put, taken));
+            }
+            let s = &self.sock;
+            s.block(deadline, || {
+                let f = s.flags();
+                (f & FLAG_WRITABLE != 0 && s.tx_room() > 0) || s.hung_up()
+            })?;
+        }
     }
 
     /// What every send does: fails as a write must (server gone, connection failed

@@ -477,3 +477,134 @@ fn bytes_that_arrived_before_a_reset_are_read_after_it() {
     let e = (&b).write(b"x").unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
 }
+
+/// Reads `n` bytes from `b` on a thread (with a deadline), for a writer that blocks.
+fn read_all_of(b: TcpStream, n: usize) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        b.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = vec![0u8; n];
+        (&b).read_exact(&mut got).unwrap();
+        got
+    })
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[test]
+fn a_chosen_send_buffer_bounds_writes_and_loses_nothing() {
+    let _srv = common::server("sndbuf", |_| {});
+    let c = Client::attach("sndbuf").unwrap();
+    let to = sa("10.66.0.1:7407");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    assert!(
+        !a.send_bounded(),
+        "the ring buffers writes until a limit is chosen"
+    );
+    a.set_send_buffer_size(8192).unwrap();
+    assert!(a.send_bounded());
+    // A non-blocking write takes what the stack's 16 KiB buffer admits (Linux's
+    // count: whole chunks while the buffer is below its limit), far less than the
+    // ring would.
+    a.set_nonblocking(true).unwrap();
+    let data = pattern(3 << 20);
+    let first = (&a).write(&data).unwrap();
+    assert!(first > 0 && first < 200_000, "took {first}");
+    let mut poller = Poller::new();
+    poller
+        .register(&a, 1, Interest::WRITABLE, Mode::Level)
+        .unwrap();
+    // The rest, waiting for the stack's room each time: every byte arrives once,
+    // in order, although the stack refused and the ring dropped many.
+    let reader = read_all_of(b, data.len());
+    let mut done = first;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done < data.len() {
+        assert!(Instant::now() < deadline, "stuck at {done}");
+        match (&a).write(&data[done..]) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut ev = Vec::new();
+                poller.wait(&mut ev, Some(Duration::from_secs(5))).unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let got = reader.join().unwrap();
+    assert!(got == data, "the bytes arrive as written");
+}
+
+#[test]
+fn sendfile_and_a_pipe_into_a_bounded_socket_give_up_only_what_was_taken() {
+    use std::os::fd::AsFd;
+    let _srv = common::server("sndbuf-fd", |_| {});
+    let c = Client::attach("sndbuf-fd").unwrap();
+    let to = sa("10.66.0.1:7408");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    a.set_send_buffer_size(8192).unwrap();
+    a.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    // A file read from its position: the position moves by what was taken only.
+    let data = pattern(600_000);
+    let path = std::env::temp_dir().join(format!("usnet-sndbuf-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // A pipe: what the stack refused stays in the pipe.
+    let (pr, pw) = rustix::pipe::pipe().unwrap();
+    let piped = pattern(300_000);
+    let feed = {
+        let piped = piped.clone();
+        std::thread::spawn(move || {
+            let mut w = std::fs::File::from(pw);
+            w.write_all(&piped).unwrap();
+        })
+    };
+    let reader = read_all_of(b, data.len() + piped.len());
+    let mut sent = 0;
+    loop {
+        let n = a.send_file(file.as_fd(), None, 1 << 20).unwrap();
+        if n == 0 {
+            break;
+        }
+        sent += n;
+    }
+    assert_eq!(sent, data.len());
+    let mut from_pipe = 0;
+    while from_pipe < piped.len() {
+        from_pipe += a
+            .send_file(pr.as_fd(), None, piped.len() - from_pipe)
+            .unwrap();
+    }
+    feed.join().unwrap();
+    let got = reader.join().unwrap();
+    assert!(got[..data.len()] == data[..], "the file's bytes, once each");
+    assert!(
+        got[data.len()..] == piped[..],
+        "the pipe's bytes, once each"
+    );
+}
+
+#[test]
+fn msg_more_and_msg_eor_reach_the_stack_with_their_bytes() {
+    let _srv = common::server("sendflags", |_| {});
+    let c = Client::attach("sendflags").unwrap();
+    let to = sa("10.66.0.1:7409");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    assert_eq!(a.send_flagged(b"head ", true, false).unwrap(), 5);
+    assert_eq!(a.send_flagged(b"record", false, true).unwrap(), 6);
+    assert_eq!(
+        a.send_vectored_flagged(&[b"a", b"b", b"c"], false, false)
+            .unwrap(),
+        3
+    );
+    (&a).write_all(b" tail").unwrap();
+    let got = read_all_of(b, 19).join().unwrap();
+    assert_eq!(&got, b"head recordabc tail");
+}

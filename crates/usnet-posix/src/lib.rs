@@ -679,11 +679,13 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
     Ok(())
 }
 
-/// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. `MSG_MORE` is only a
-/// hint to wait for more (the bytes then go out as soon as without it).
+/// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. On a stream,
+/// `MSG_MORE` and `MSG_EOR` reach the stack with the bytes (`TcpStream::send_flagged`);
+/// on a datagram socket they change nothing.
 const SEND_FLAGS: i32 = libc::MSG_DONTWAIT
     | libc::MSG_NOSIGNAL
     | libc::MSG_MORE
+    | libc::MSG_EOR
     | libc::MSG_FASTOPEN
     | libc::MSG_ZEROCOPY;
 const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
@@ -706,6 +708,19 @@ fn sigpipe(flags: i32, err: Errno) -> Errno {
 
 /// `sendto(2)` (and `send`, `write` with `to = None`, `flags = 0`).
 pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<usize> {
+    send_iov(fd, &[buf], flags, to)
+}
+
+/// A send of the pieces `bufs` (one datagram, or one stream write).
+fn send_iov(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) -> Res<usize> {
+    let gathered;
+    let buf: &[u8] = match bufs {
+        [one] => one,
+        _ => {
+            gathered = bufs.concat();
+            &gathered
+        }
+    };
     if flags & !SEND_FLAGS != 0 {
         return Err(Errno(libc::EOPNOTSUPP));
     }
@@ -753,7 +768,7 @@ pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<
                     _ => err,
                 })?;
             }
-            let n = maybe_dontwait(flags, || write_stream(s, buf)).map_err(Errno::from)?;
+            let n = maybe_dontwait(flags, || write_stream(s, bufs, flags)).map_err(Errno::from)?;
             if flags & libc::MSG_ZEROCOPY != 0 && n > 0 {
                 s.zerocopy_sent();
             }
@@ -915,7 +930,7 @@ fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize
             return Err(Errno(libc::ECONNABORTED));
         };
         apply_timeouts(e, s)?;
-        match write_stream(s, &buf[q..]) {
+        match write_stream(s, &[&buf[q..]], flags) {
             Ok(n) => Ok(q + n),
             Err(_) if q > 0 => Ok(q),
             Err(err) => Err(err.into()),
@@ -1017,10 +1032,21 @@ fn pipe_room(fd: RawFd, nonblock: bool) -> Res<usize> {
     }
 }
 
-fn write_stream(s: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+fn write_stream(s: &TcpStream, bufs: &[&[u8]], flags: i32) -> io::Result<usize> {
+    let more = flags & libc::MSG_MORE != 0;
+    let eor = flags & libc::MSG_EOR != 0;
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
     let mut done = 0;
-    while done < buf.len() {
-        match io::Write::write(&mut &*s, &buf[done..]) {
+    while done < total {
+        let rest = iov_from(bufs, done);
+        // Flags, or a send buffer that bounds writes, take the stack's path (one
+        // write for the whole vector); otherwise each piece goes into the ring.
+        let r = if more || eor || s.send_bounded() {
+            s.send_vectored_flagged(&rest, more, eor)
+        } else {
+            io::Write::write(&mut &*s, rest[0])
+        };
+        match r {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(_) if done > 0 => break,
@@ -1028,6 +1054,20 @@ fn write_stream(s: &TcpStream, buf: &[u8]) -> io::Result<usize> {
         }
     }
     Ok(done)
+}
+
+/// The pieces of `bufs` from byte `skip` on.
+fn iov_from<'a>(bufs: &[&'a [u8]], mut skip: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        out.push(&b[skip..]);
+        skip = 0;
+    }
+    out
 }
 
 fn apply_timeouts(e: &Entry, s: &TcpStream) -> Res<()> {
@@ -1095,6 +1135,14 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
         // A datagram is one record: the pieces gathered.
         let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
         return sendto(fd, &data, flags, None);
+    }
+    let bounded = match &*get(fd)?.read() {
+        Obj::Stream(s) => s.send_bounded(),
+        _ => false,
+    };
+    if bounded || flags & (libc::MSG_MORE | libc::MSG_EOR) != 0 {
+        // One write for the whole vector, as the stack takes it.
+        return send_iov(fd, bufs, flags, None);
     }
     let mut total = 0;
     // One zero-copy send for the whole vector, numbered once at the end.

@@ -12,8 +12,9 @@ use std::time::Duration;
 use usnet_abi::{
     errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN,
     FAM_V4, FAM_V6, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP,
-    FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED, FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER,
-    RECORD_PAD, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
+    FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT,
+    KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SEND_EOR, SEND_MORE, SHUT_RD, SHUT_RDWR,
+    SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -69,6 +70,16 @@ struct Sock {
     tx_active: bool,
     /// SO_ZEROCOPY: `slot::TX_ACKED` is kept current.
     zc_watch: bool,
+    /// The program set `SO_SNDBUF` or `TCP_NOTSENT_LOWAT`: its writes meet the
+    /// stack's send buffer (`FLAG_SNDBUF`, `op::SEND`).
+    sndbuf_set: bool,
+    /// A write went through `op::SEND` (`MSG_MORE`, `MSG_EOR`, or bounded):
+    /// `FLAG_WRITABLE` is kept current, since such a writer waits for it.
+    send_used: bool,
+    /// Bytes of the send ring that `op::SEND` dropped (the stack refused them),
+    /// as (ring position, length), while SO_ZEROCOPY maps the stack's
+    /// acknowledged bytes back to ring positions.
+    tx_gaps: TxGaps,
     /// The receive ring was full: wait for the client's RX_KICK.
     rx_blocked: bool,
     /// The client closed it: send what the send ring holds, then close.
@@ -399,6 +410,10 @@ impl ServerSession {
                     op::SHUTDOWN => self.op_shutdown(stack, i, req.args[0]),
                     op::CLOSE => self.op_close(stack, i),
                     op::SETSOCKOPT => self.op_setsockopt(stack, i, &req.args),
+                    op::SEND => {
+                        let [start, end, flags, ..] = req.args;
+                        self.op_send(stack, i, start, end, flags)
+                    }
                     op::GETSOCKOPT => self.op_getsockopt(stack, i, &req.args),
                     _ => -errno::ENOSYS,
                 })
@@ -446,6 +461,9 @@ impl ServerSession {
             tx,
             tx_active: false,
             zc_watch: false,
+            sndbuf_set: false,
+            send_used: false,
+            tx_gaps: Default::default(),
             rx_blocked: false,
             closing: false,
             shut_wr: false,
@@ -852,11 +870,15 @@ impl ServerSession {
                 _ => Ok(()),
             },
             // The stack's limit behind the shared ring, as Linux's (doubled).
-            (opt::SOL_SOCKET, opt::SO_SNDBUF) if tcp_conn => stack.tcp_set_send_buffer(
-                h.expect("conn"),
-                usnet_stack::sndbuf_for_option(value.min(i32::MAX as u64) as i32),
-            ),
+            (opt::SOL_SOCKET, opt::SO_SNDBUF) if tcp_conn => {
+                s.sndbuf_set = true;
+                stack.tcp_set_send_buffer(
+                    h.expect("conn"),
+                    usnet_stack::sndbuf_for_option(value.min(i32::MAX as u64) as i32),
+                )
+            }
             (opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT) if tcp_conn => {
+                s.sndbuf_set = true;
                 stack.tcp_set_notsent_lowat(h.expect("conn"), value.min(u64::from(u32::MAX)) as u32)
             }
             (opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT) => Ok(()),
@@ -888,6 +910,10 @@ impl ServerSession {
             }
             _ => return -errno::ENOPROTOOPT,
         };
+        if tcp_conn {
+            // SO_SNDBUF and TCP_NOTSENT_LOWAT change how writes meet the stack.
+            self.send_flags(stack, i);
+        }
         match r {
             Ok(()) => 0,
             Err(e) => err(e),
@@ -1109,9 +1135,10 @@ impl ServerSession {
                 continue;
             };
             k += 1;
+            let s = self.socks[i as usize].as_mut().expect("watched");
             let acked = match stack.tcp_info(h) {
                 Ok(info) if info.state != usnet_stack::TcpState::Closed => {
-                    consumed.saturating_sub(info.send_queued as u64)
+                    s.tx_gaps.acked(consumed, info.send_queued as u64)
                 }
                 _ => u64::MAX,
             };
@@ -1223,6 +1250,99 @@ impl ServerSession {
             self.bump(i);
         }
         false
+    }
+
+    /// `op::SEND`: the write that lies in slot `i`'s send ring from `start` to `end`,
+    /// taken by the stack as Linux's `tcp_sendmsg` takes one (chunk by chunk within
+    /// the send buffer's limit, `MSG_MORE`, `MSG_EOR`). Bytes before `start` go in
+    /// first, as [`Self::drain_tx`] moves them; what the stack refuses of the write
+    /// is dropped from the ring (the client tells the program it was not taken).
+    /// Returns the bytes of the write the stack took.
+    fn op_send(&mut self, stack: &mut Stack, i: u32, start: u64, end: u64, flags: u64) -> i64 {
+        let chunk = self.limits.chunk;
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return -errno::EBADF;
+        };
+        let (Role::Conn, Some(h)) = (s.role, s.handle) else {
+            return -errno::EPIPE;
+        };
+        let Ok(avail) = s.tx.available() else {
+            self.stats.corrupt_rings += 1;
+            return -errno::EINVAL;
+        };
+        s.send_used = true;
+        let pos = s.tx.position();
+        if start > end || end > pos + avail as u64 || end - start > s.tx.size() as u64 {
+            self.stats.bad_requests += 1;
+            return -errno::EINVAL;
+        }
+        // Bytes written before this write, in the usual way (a drain may also have
+        // taken some of this write's already: the stack took them).
+        let mut at = pos;
+        while at < start {
+            let want = ((start - at) as usize).min(chunk);
+            let tx = &mut s.tx;
+            match stack.tcp_send_with(h, want, |dst| tx.read(dst)) {
+                Ok(n) if n > 0 => at += n as u64,
+                _ => break,
+            }
+        }
+        let before = at.saturating_sub(start).min(end - start);
+        let mut took = before;
+        let mut moved = at - pos;
+        let left = end - at.max(start);
+        if at >= start && left > 0 {
+            let n = left as usize;
+            if self.scratch.len() < n {
+                self.scratch.resize(n, 0);
+            }
+            let got = s.tx.read(&mut self.scratch[..n]);
+            let more = flags & SEND_MORE != 0;
+            let r = stack.tcp_send_more(h, &self.scratch[..got], more);
+            let k = match r {
+                Ok(k) => k,
+                Err(StackError::WouldBlock) => 0,
+                Err(e) => {
+                    s.tx.release();
+                    return err(e);
+                }
+            };
+            if flags & SEND_EOR != 0 && k == got && k > 0 {
+                let _ = stack.tcp_end_record(h);
+            }
+            if k < got && s.zc_watch {
+                s.tx_gaps
+                    .push(s.tx.position() - (got - k) as u64, (got - k) as u64);
+            }
+            took += k as u64;
+            moved += k as u64;
+        } else if left > 0 {
+            // Older bytes still wait: the write gets nothing now, and is dropped.
+            let n = left as usize;
+            s.tx.skip(n);
+            if s.zc_watch {
+                s.tx_gaps.push(s.tx.position() - n as u64, n as u64);
+            }
+        }
+        s.tx.release();
+        self.stats.bytes_in += moved;
+        if moved > 0 {
+            self.bump(i);
+        }
+        self.send_flags(stack, i);
+        took as i64
+    }
+
+    /// Keeps `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `i` current: whether
+    /// its send-buffer limit was chosen, and then whether the stack would take a
+    /// write (a change bumps the event counter: an edge-triggered `EPOLLOUT`).
+    fn send_flags(&mut self, stack: &Stack, i: u32) {
+        let s = self.sock(i);
+        let Some(h) = s.handle.filter(|_| s.role == Role::Conn) else {
+            return;
+        };
+        let (set, clear) = send_bits(stack, s, h);
+        self.set_flags(i, set, clear);
     }
 
     /// UDP records from the send ring into the stack. Returns (bytes, pushed back).
@@ -1442,6 +1562,9 @@ impl ServerSession {
                 if let Ok(Some(e)) = stack.tcp_error(h) {
                     error = Some(e);
                 }
+                let (s_set, s_clear) = send_bits(stack, s, h);
+                set |= s_set;
+                clear |= s_clear;
             }
             Role::Listener => {
                 let r = stack.readiness(h).unwrap_or_default();
@@ -1890,6 +2013,52 @@ impl ServerSession {
     }
 }
 
+/// `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `s` as (set, clear): whether its
+/// send-buffer limit was chosen, and whether the stack would take a write now
+/// (kept only while someone may wait for it).
+fn send_bits(stack: &Stack, s: &Sock, h: SocketHandle) -> (u32, u32) {
+    let bounded = s.sndbuf_set || stack.tcp_send_limit_chosen(h).unwrap_or(false);
+    let mut set = if bounded { FLAG_SNDBUF } else { 0 };
+    if (bounded || s.send_used) && stack.readiness(h).is_ok_and(|r| r.writable) {
+        set |= FLAG_WRITABLE;
+    }
+    (set, (FLAG_SNDBUF | FLAG_WRITABLE) & !set)
+}
+
+/// The bytes of a send ring that `op::SEND` dropped (the stack refused them), kept
+/// while SO_ZEROCOPY maps the stack's acknowledged bytes back to ring positions.
+#[derive(Debug, Default)]
+struct TxGaps {
+    /// (ring position, length), in order, not yet passed by the acknowledgements.
+    list: std::collections::VecDeque<(u64, u64)>,
+    /// The length of the gaps already passed.
+    passed: u64,
+}
+
+impl TxGaps {
+    fn push(&mut self, pos: u64, len: u64) {
+        self.list.push_back((pos, len));
+    }
+
+    /// The ring position up to which the peer acknowledged everything, from the
+    /// ring's consumed position and the bytes the stack still holds. A gap right
+    /// at the acknowledged point counts as acknowledged: nothing of it waits.
+    fn acked(&mut self, consumed: u64, queued: u64) -> u64 {
+        let dropped = self.passed + self.list.iter().map(|g| g.1).sum::<u64>();
+        // Bytes the stack took and the peer acknowledged, then as ring positions.
+        let mut at = consumed.saturating_sub(dropped).saturating_sub(queued) + self.passed;
+        while let Some(&(pos, len)) = self.list.front() {
+            if pos > at {
+                break;
+            }
+            at += len;
+            self.passed += len;
+            self.list.pop_front();
+        }
+        at
+    }
+}
+
 fn ring_size(s: &Sock) -> usize {
     s.tx.size()
 }
@@ -1905,4 +2074,27 @@ fn udp_record_fits(rx: &mut ByteProducer, len: usize) -> bool {
     let to_end = size - (rx.position() as usize & (size - 1));
     let need = if rec > to_end { to_end + rec } else { rec };
     need <= free
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TxGaps;
+
+    #[test]
+    fn dropped_bytes_are_stepped_over_when_mapping_acknowledgements() {
+        let mut g = TxGaps::default();
+        assert_eq!(g.acked(100, 40), 60, "no gaps: ring and stack agree");
+        // Ring 0..100 taken; 100..130 dropped; 130..200 taken.
+        g.push(100, 30);
+        // The stack holds 90 unacknowledged bytes of the 170 it took: 80 acked.
+        assert_eq!(g.acked(200, 90), 80);
+        // All of the first 100 acknowledged: the gap right after counts too.
+        assert_eq!(g.acked(200, 70), 130);
+        assert_eq!(g.acked(200, 50), 150);
+        // The passed gap is forgotten, its length kept.
+        assert!(g.list.is_empty());
+        g.push(200, 10);
+        assert_eq!(g.acked(260, 50), 200 + 10, "everything before the new gap");
+        assert_eq!(g.acked(260, 0), 260);
+    }
 }

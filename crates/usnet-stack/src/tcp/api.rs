@@ -843,6 +843,12 @@ impl Stack {
         self.with_conn(h, |c| c.set_send_buffer_limit(sndbuf))
     }
 
+    /// Whether the connection's send-buffer limit was chosen (`SO_SNDBUF`, a
+    /// not-sent low-water mark): `usnet_tcp::Connection::send_limit_chosen`.
+    pub fn tcp_send_limit_chosen(&self, h: SocketHandle) -> Result<bool, StackError> {
+        Ok(self.conn(h)?.send_limit_chosen())
+    }
+
     /// The send buffer's limit now (what Linux's `SO_SNDBUF` reports).
     pub fn tcp_send_buffer(&self, h: SocketHandle) -> Result<u32, StackError> {
         Ok(self.conn(h)?.send_buffer_limit())

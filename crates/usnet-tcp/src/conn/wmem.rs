@@ -194,6 +194,14 @@ impl Connection {
         self.wmem.lowat = lowat;
     }
 
+    /// The send buffer's limit is one the application (or the configuration)
+    /// chose: `SO_SNDBUF` locked it, or a not-sent low-water mark applies. A stack
+    /// server then lets the program's writes meet it as Linux's do, instead of
+    /// buffering them in its ring first.
+    pub fn send_limit_chosen(&self) -> bool {
+        self.wmem.locked || self.effective_lowat() != u32::MAX
+    }
+
     fn effective_lowat(&self) -> u32 {
         if self.wmem.lowat != 0 {
             self.wmem.lowat
