@@ -367,6 +367,8 @@ pub mod opt {
     pub const SO_REUSEADDR: u64 = 2;
     pub const TCP_NODELAY: u64 = 1;
     pub const TCP_MAXSEG: u64 = 2;
+    /// SYN retransmissions before a connect gives up (before `connect` too).
+    pub const TCP_SYNCNT: u64 = 7;
     pub const TCP_CORK: u64 = 3;
     pub const TCP_INFO: u64 = 11;
     /// With `SO_KEEPALIVE` on a connection: `args[3]` TCP_KEEPIDLE (s),
@@ -433,6 +435,10 @@ pub mod opt {
     /// sends data without one), as Linux's `TCP_FASTOPEN_CONNECT` decides whether
     /// to defer.
     pub const USNET_FASTOPEN_READY: u64 = 2;
+    /// `SETSOCKOPT` on a connecting stream: a writer waits for the handshake (1) or
+    /// stopped waiting (0), as Linux's `sk_write_pending`: the SYN-ACK's ACK then
+    /// waits to ride on that writer's data.
+    pub const USNET_WRITE_PENDING: u64 = 3;
 }
 
 // ---------------------------------------------------------------- zero-copy ports

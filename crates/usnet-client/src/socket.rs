@@ -150,6 +150,16 @@ impl Socket {
             .map(|_| ())
     }
 
+    /// TCP_SYNCNT before `connect`: the SYN is sent at most `n` times more.
+    pub fn set_syn_count(&self, n: u8) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::IPPROTO_TCP, opt::TCP_SYNCNT, u64::from(n), 0, 0, 0],
+            )
+            .map(|_| ())
+    }
+
     /// Whether a Fast Open connect to `addr` would carry data on its SYN (a cookie
     /// is cached, or the stack sends data without one): Linux's
     /// `TCP_FASTOPEN_CONNECT` defers the SYN to the first write only then.

@@ -611,6 +611,27 @@ impl TcpStream {
         })
     }
 
+    /// TCP_SYNCNT on a connection whose handshake may be under way.
+    pub fn set_syn_count(&self, n: u8) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::IPPROTO_TCP, opt::TCP_SYNCNT, u64::from(n), 0, 0, 0],
+            )
+            .map(drop)
+    }
+
+    /// A writer waits for the handshake to finish (`on`), or no longer (Linux's
+    /// `sk_write_pending`): the ACK of the SYN-ACK then waits to ride on its data.
+    pub fn set_write_pending(&self, on: bool) -> io::Result<()> {
+        self.sock
+            .call(
+                op::SETSOCKOPT,
+                [opt::SOL_USNET, opt::USNET_WRITE_PENDING, on as u64, 0, 0, 0],
+            )
+            .map(drop)
+    }
+
     /// The program chose the send buffer's limit (`SO_SNDBUF`, `TCP_NOTSENT_LOWAT`,
     /// or the stack's `tcp_notsent_lowat`): a write is handed to the stack before it
     /// returns and takes what Linux's would, and the socket polls writable when the

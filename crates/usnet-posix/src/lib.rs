@@ -620,6 +620,8 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
     {
         let mut o = e.write();
         match &*o {
+            // Linux's deferred connect counts as connected: connect again is EISCONN.
+            Obj::Fresh(_) if e.deferred_connect() => return Err(Errno(libc::EISCONN)),
             Obj::Fresh(s) if fastopen_connect_defers(&e, s, addr) => {
                 // TCP_FASTOPEN_CONNECT with a cookie at hand: the SYN goes with the
                 // first write, and connect succeeds at once (Linux's deferred connect).
@@ -763,7 +765,7 @@ fn send_iov(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) -> Re
                 let deadline = lock(&e.opts)
                     .sndtimeo
                     .map(|t| usnet_client::vtime::now() + t);
-                poll::wait_connected(&e, deadline).map_err(|err| match err.0 {
+                poll::wait_connected_to_write(&e, deadline).map_err(|err| match err.0 {
                     libc::EINPROGRESS => Errno(libc::EAGAIN),
                     _ => err,
                 })?;
@@ -920,10 +922,12 @@ fn fastopen_send(e: &Entry, to: SocketAddr, buf: &[u8], flags: i32) -> Res<usize
     let deadline = lock(&e.opts)
         .sndtimeo
         .map(|t| usnet_client::vtime::now() + t);
-    poll::wait_connected(e, deadline)?;
     if q == buf.len() {
+        poll::wait_connected(e, deadline)?;
         return Ok(zerocopy(q));
     }
+    // Data left over from the SYN waits to go: the handshake's ACK waits for it.
+    poll::wait_connected_to_write(e, deadline)?;
     let r = {
         let o = e.read();
         let Obj::Stream(s) = &*o else {
@@ -1665,9 +1669,14 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 (false, None) => return Err(Errno(libc::EADDRNOTAVAIL)),
             }
         }
-        // Kept for `getsockopt` (the server has no per-socket SYN retry count: see
-        // docs/preload.md).
-        Opt::SynCount(v) => record(&mut o, libc::TCP_SYNCNT, v as i32),
+        Opt::SynCount(v) => {
+            record(&mut o, libc::TCP_SYNCNT, v as i32);
+            match &*obj {
+                Obj::Fresh(s) => s.set_syn_count(v as u8)?,
+                Obj::Stream(s) => s.set_syn_count(v as u8)?,
+                _ => {}
+            }
+        }
         // Fast Open: a listener's queue and key go to the stack now (or at listen).
         Opt::FastOpen(q) => {
             record(&mut o, libc::TCP_FASTOPEN, q as i32);

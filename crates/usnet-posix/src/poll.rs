@@ -543,6 +543,21 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
 }
 
 /// A blocking `connect` waits here for the handshake's end.
+/// [`wait_connected`] for a writer, which the stack knows waits (Linux's
+/// `sk_write_pending` in `sk_stream_wait_connect`): the handshake's last ACK then
+/// waits for its data.
+pub(crate) fn wait_connected_to_write(e: &Entry, deadline: Option<Instant>) -> Res<()> {
+    let pending = |on: bool| {
+        if let Obj::Stream(s) = &*e.read() {
+            let _ = s.set_write_pending(on);
+        }
+    };
+    pending(true);
+    let r = wait_connected(e, deadline);
+    pending(false);
+    r
+}
+
 pub(crate) fn wait_connected(e: &Entry, deadline: Option<Instant>) -> Res<()> {
     let mut p = Poller::new();
     if !register(&mut p, e, 0, Interest::WRITABLE, Mode::Level)? {

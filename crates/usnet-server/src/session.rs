@@ -64,6 +64,8 @@ struct Sock {
     bound: Option<SocketAddr>,
     /// TCP_MAXSEG set before `connect`: the SYN's MSS is at most this.
     connect_mss: Option<u16>,
+    /// TCP_SYNCNT set before `connect`.
+    syn_retries: Option<u32>,
     rx: ByteProducer,
     tx: ByteConsumer,
     /// The send ring may hold bytes: the server looks at it every turn.
@@ -86,7 +88,6 @@ struct Sock {
     closing: bool,
     /// `shutdown(SHUT_WR)` waits for the send ring to drain.
     shut_wr: bool,
-    shut_rd: bool,
     /// End of stream reached and told to the client.
     eof: bool,
     flags: u32,
@@ -457,6 +458,7 @@ impl ServerSession {
             handle: None,
             bound: None,
             connect_mss: None,
+            syn_retries: None,
             rx,
             tx,
             tx_active: false,
@@ -467,7 +469,6 @@ impl ServerSession {
             rx_blocked: false,
             closing: false,
             shut_wr: false,
-            shut_rd: false,
             eof: false,
             flags: 0,
             pending_dgram: None,
@@ -637,6 +638,9 @@ impl ServerSession {
     fn connecting(&mut self, stack: &mut Stack, i: u32, h: SocketHandle, peer: &SockAddr) {
         self.sock(i).role = Role::Conn;
         self.adopt(stack, i, h);
+        if let Some(n) = self.sock(i).syn_retries {
+            let _ = stack.tcp_set_syn_retries(h, n);
+        }
         if let Ok(l) = stack.tcp_local_addr(h) {
             self.mem
                 .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
@@ -740,9 +744,6 @@ impl ServerSession {
         let s = self.sock(i);
         if s.role != Role::Conn || s.handle.is_none() {
             return -errno::ENOTCONN;
-        }
-        if how != SHUT_WR {
-            s.shut_rd = true;
         }
         if how != SHUT_RD {
             s.shut_wr = true;
@@ -851,6 +852,14 @@ impl ServerSession {
                 }
                 _ => Ok(()),
             },
+            (opt::IPPROTO_TCP, opt::TCP_SYNCNT) => match (s.role, h) {
+                (Role::Fresh, _) => {
+                    s.syn_retries = Some(value.clamp(1, 127) as u32);
+                    Ok(())
+                }
+                (Role::Conn, Some(h)) => stack.tcp_set_syn_retries(h, value.clamp(1, 127) as u32),
+                _ => Ok(()),
+            },
             (opt::IPPROTO_IP, opt::IP_TOS) | (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) if tcp_conn => {
                 stack.tcp_set_tos(h.expect("conn"), value as u8)
             }
@@ -893,6 +902,9 @@ impl ServerSession {
                 }
                 _ => Ok(()),
             },
+            (opt::SOL_USNET, opt::USNET_WRITE_PENDING) if tcp_conn => {
+                stack.tcp_set_write_pending(h.expect("conn"), value != 0)
+            }
             (opt::SOL_USNET, opt::USNET_RX_PRIORITY) => {
                 let Some(h) = h.filter(|_| matches!(s.role, Role::Udp | Role::Listener)) else {
                     return -errno::EINVAL;
@@ -1476,7 +1488,9 @@ impl ServerSession {
         let mut again = false;
         match s.role {
             Role::Conn => {
-                if !s.rx_blocked && !s.shut_rd && s.receiver {
+                // After SHUT_RD what arrives is still queued for reading, as on
+                // Linux (reads of an empty ring then see the end).
+                if !s.rx_blocked && s.receiver {
                     // Pull into the ring until the stack has nothing more, the stream
                     // ended, or the ring is full and stays full after arming the kick.
                     // The room found after arming is filled at once: the client's read
@@ -1547,9 +1561,6 @@ impl ServerSession {
                             break;
                         }
                     }
-                } else if s.shut_rd && s.receiver {
-                    // SHUT_RD: what arrives is read and dropped.
-                    let _ = stack.tcp_recv_with(h, usize::MAX, |_| {});
                 }
                 if let Ok(r) = stack.readiness(h) {
                     if r.connected {
