@@ -327,8 +327,14 @@ pub mod op {
     /// of them are dropped from the ring, so the client may retry them. What a
     /// socket with [`crate::FLAG_SNDBUF`] writes, and any `MSG_MORE`/`MSG_EOR` send.
     pub const SEND: u16 = 16;
+    /// The oldest transmit timestamp on the error queue of `slot`
+    /// ([`crate::FLAG_ERRQUEUE`], `SO_TIMESTAMPING`). Result: its `SCM_TSTAMP_*`
+    /// kind; `aux[0]`: the key (`OPT_ID`) in the low 32 bits, bit 32 set when no
+    /// packet comes with it (`OPT_TSONLY`), bit 33 when it has a software time;
+    /// `aux[1]`: how long ago it happened, ns. `EAGAIN` when none waits.
+    pub const ERRQUEUE: u16 = 17;
     /// Highest opcode.
-    pub const MAX: u16 = 16;
+    pub const MAX: u16 = 17;
 }
 
 /// A wildcard address takes IPv4 (an `AF_INET` socket on `0.0.0.0`, or an
@@ -383,6 +389,9 @@ pub mod opt {
     pub const CC_CUBIC: u64 = 0;
     pub const CC_RENO: u64 = 1;
     pub const TCP_NOTSENT_LOWAT: u64 = 25;
+    /// `SO_TIMESTAMPING` flags (`SOF_TIMESTAMPING_*`): transmit timestamps of a
+    /// connection's writes, read with [`super::op::ERRQUEUE`].
+    pub const SO_TIMESTAMPING: u64 = 37;
     /// On a connection: the server keeps `slot::TX_ACKED` current (the client's
     /// `MSG_ZEROCOPY` completions). Linux's number.
     pub const SO_ZEROCOPY: u64 = 60;
@@ -654,6 +663,14 @@ pub mod slot {
     pub const RX_PROD: usize = 128;
     pub const RX_ARMED: usize = 136;
     pub const RX_CONS: usize = 192;
+    /// The urgent mark (TCP urgent data, not inline): 1 + the receive ring position
+    /// where the urgent byte was (the bytes before it end there); 0: none. The
+    /// server sets it (before it publishes what follows the mark); the client's
+    /// reads stop there, and it clears it (compare-and-swap) once a read passes.
+    pub const RX_URG_MARK: usize = 144;
+    /// The urgent byte not yet read with `MSG_OOB`: `0x100 | byte`; 0: none. The
+    /// server sets it, the client takes it (swap).
+    pub const RX_OOB: usize = 152;
     /// Send ring: the client's `prod`, then the server's `cons` with `tx_armed`.
     pub const TX_PROD: usize = 256;
     pub const TX_CONS: usize = 320;
@@ -672,6 +689,7 @@ const _: () = assert!(slot::RX_CONS - slot::RX_PROD >= CACHE_LINE);
 const _: () = assert!(slot::TX_CONS - slot::TX_PROD >= CACHE_LINE);
 const _: () = assert!(tcp_info::LEN <= slot::INFO_LEN);
 const _: () = assert!(slot::TX_ACKED + 8 <= slot::INFO);
+const _: () = assert!(slot::RX_OOB + 4 <= slot::RX_CONS);
 
 /// A socket a claim gave a session (the control socket's attach reply carries one
 /// `[parent slot, child slot, tag, role]` per pinned socket): its slot in the session
@@ -748,6 +766,12 @@ pub const FLAG_SNDBUF: u32 = 1 << 9;
 /// `sk_stream_is_writeable` judges (a third free, the unsent bytes below half the
 /// low-water mark).
 pub const FLAG_WRITABLE: u32 = 1 << 10;
+/// Transmit timestamps wait on the socket's error queue ([`op::ERRQUEUE`]):
+/// `POLLERR`.
+pub const FLAG_ERRQUEUE: u32 = 1 << 11;
+/// [`op::ERRQUEUE`]'s `aux[0]` bits.
+pub const STAMP_TSONLY: u64 = 1 << 32;
+pub const STAMP_TIMED: u64 = 1 << 33;
 
 /// UDP records in a byte ring: a header, the payload, padding to 8 bytes. A record
 /// never wraps: a producer with too little room before the ring's end writes a

@@ -38,7 +38,7 @@ pub use net::ClientNet;
 pub use poll::{Event, Interest, Mode, Poller, Source, Token};
 pub use sock::dont_wait;
 pub use socket::{Socket, SocketKind};
-pub use tcp::{TcpInfo, TcpListener, TcpStream};
+pub use tcp::{TcpInfo, TcpListener, TcpStream, TxTimestamp};
 pub use udp::UdpSocket;
 pub use zc::{ZcOptions, ZcPort, ZcSlot};
 

@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering::Acquire;
 use std::sync::Arc;
 
 use usnet_abi::{
-    slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF,
-    FLAG_WRITABLE, KIND_UDP, SLOT_OPEN,
+    slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE, FLAG_HUP, FLAG_RX_EOF,
+    FLAG_SNDBUF, FLAG_WRITABLE, KIND_UDP, SLOT_OPEN,
 };
 
 use crate::conn::Conn;
@@ -163,6 +163,7 @@ fn readiness(r: &Reg) -> Option<Readiness> {
         closed,
         rdhup: closed || f & FLAG_RX_EOF != 0,
         error: f & FLAG_ERROR != 0 && w(slot::ERROR) != 0
+            || f & FLAG_ERRQUEUE != 0
             || r.conn
                 .zc_pending(r.slot, m.slot_u64(r.slot, slot::TX_ACKED).load(Acquire)),
         events,

@@ -120,7 +120,7 @@ impl Sock {
     }
 
     /// Still ours (not closed and given to another socket by the server).
-    fn live(&self) -> io::Result<()> {
+    pub(crate) fn live(&self) -> io::Result<()> {
         if self.closed.load(Relaxed)
             || self.word(slot::GEN) != self.gen
             || self.word(slot::STATE) != SLOT_OPEN
@@ -228,8 +228,11 @@ impl Sock {
         n
     }
 
-    /// Copies from the receive ring; 0 when it is empty.
-    pub(crate) fn rx_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Copies from the receive ring; 0 when it is empty. A read never crosses the
+    /// urgent mark (Linux's `tcp_recvmsg` stops there once it copied something);
+    /// one that starts at it goes past, and the mark is gone. With `to_mark` (what
+    /// `splice` reads with, Linux's `tcp_read_sock`) it stays and 0 comes back.
+    pub(crate) fn rx_read(&self, buf: &mut [u8], to_mark: bool) -> io::Result<usize> {
         let Some(_reading) = self.rx_enter() else {
             return Ok(0);
         };
@@ -240,7 +243,17 @@ impl Sock {
             self.want_stream();
             return Ok(0);
         }
-        let k = rx.read(buf);
+        // The mark is read after the ring's counter: what follows the mark is
+        // published after it.
+        let cons = rx.position();
+        let mut len = buf.len();
+        match self.urgent_mark() {
+            Some(m) if m > cons => len = len.min((m - cons) as usize),
+            Some(_) if to_mark => return Ok(0),
+            Some(m) => self.pass_urgent_mark(m),
+            None => {}
+        }
+        let k = rx.read(&mut buf[..len]);
         rx.release();
         drop(rx);
         self.kick(slot::RX_ARMED, op::RX_KICK);
@@ -260,8 +273,47 @@ impl Sock {
             self.want_stream();
             return Ok(0);
         }
-        let k = n.min(buf.len());
+        let mut k = n.min(buf.len());
+        if let Some(m) = self.urgent_mark().filter(|&m| m > rx.position()) {
+            k = k.min((m - rx.position()) as usize);
+        }
         Ok(rx.peek(0, &mut buf[..k]))
+    }
+
+    /// Where the urgent mark is in the receive ring (the position of the first
+    /// byte after the urgent byte's place), if one waits (`slot::RX_URG_MARK`).
+    fn urgent_mark(&self) -> Option<u64> {
+        let w = self
+            .conn
+            .mem
+            .slot_u64(self.slot, slot::RX_URG_MARK)
+            .load(Acquire);
+        w.checked_sub(1)
+    }
+
+    /// A read passes the mark at `m`: it is gone, unless the server set a new one.
+    fn pass_urgent_mark(&self, m: u64) {
+        let _ = self
+            .conn
+            .mem
+            .slot_u64(self.slot, slot::RX_URG_MARK)
+            .compare_exchange(m + 1, 0, AcqRel, Relaxed);
+    }
+
+    /// `SIOCATMARK`: the next byte to read is where the urgent byte was.
+    pub(crate) fn rx_at_mark(&self) -> bool {
+        let rx = lock(&self.rx);
+        self.urgent_mark() == Some(rx.position())
+    }
+
+    /// `recv(MSG_OOB)`: the urgent byte, once.
+    pub(crate) fn rx_take_oob(&self) -> Option<u8> {
+        let w = self
+            .conn
+            .mem
+            .slot_word(self.slot, slot::RX_OOB)
+            .swap(0, AcqRel);
+        (w & 0x100 != 0).then_some(w as u8)
     }
 
     /// Before copying out of a shared stream's ring: Dekker's handshake with the

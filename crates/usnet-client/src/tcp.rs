@@ -6,14 +6,36 @@ use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant};
 
 use usnet_abi::{
-    op, opt, slot, tcp_info, SockAddr, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP,
-    FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, KIND_TCP, SEND_EOR, SEND_MORE, SHUT_RD,
-    SHUT_RDWR, SHUT_WR,
+    op, opt, slot, tcp_info, SockAddr, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
+    FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, KIND_TCP, SEND_EOR, SEND_MORE,
+    SHUT_RD, SHUT_RDWR, SHUT_WR, STAMP_TIMED, STAMP_TSONLY,
 };
 
 use crate::conn::errno_err;
 use crate::sock::Sock;
 use crate::Client;
+
+/// How a read takes bytes from the receive ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadMode {
+    Read,
+    Peek,
+    /// Stops at the urgent mark (`splice`).
+    ToMark,
+}
+
+/// A transmit timestamp (`SO_TIMESTAMPING`, as Linux reports one on TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxTimestamp {
+    /// `SCM_TSTAMP_SND` (0), `SCM_TSTAMP_SCHED` (1) or `SCM_TSTAMP_ACK` (2).
+    pub info: u32,
+    /// `OPT_ID`: the stamped byte's number (0 without it).
+    pub key: u32,
+    /// When it happened, ns of `CLOCK_REALTIME` (None: no software stamps asked).
+    pub wall_ns: Option<i64>,
+    /// `OPT_TSONLY`: no packet comes with it.
+    pub tsonly: bool,
+}
 
 /// A listening TCP socket.
 pub struct TcpListener {
@@ -361,6 +383,40 @@ impl TcpStream {
         }
     }
 
+    /// `SO_TIMESTAMPING` (`SOF_TIMESTAMPING_*` flags): with a transmit flag, the last
+    /// byte of each write is stamped when it leaves and when it is acknowledged
+    /// ([`Self::timestamp_take`]); the writes then meet the stack as
+    /// [`Self::send_bounded`] says. `EINVAL` for unknown flags.
+    pub fn set_timestamping(&self, flags: u32) -> io::Result<()> {
+        self.setopt(opt::SOL_SOCKET, opt::SO_TIMESTAMPING, u64::from(flags))
+    }
+
+    /// The oldest transmit timestamp waiting (`recvmsg(MSG_ERRQUEUE)`), if any.
+    pub fn timestamp_take(&self) -> io::Result<Option<TxTimestamp>> {
+        if self.sock.flags() & FLAG_ERRQUEUE == 0 {
+            return Ok(None);
+        }
+        self.sock.live()?;
+        let req = self.sock.request(op::ERRQUEUE, [0; 6]);
+        match self.sock.conn.call(req) {
+            Ok((info, [aux, age])) => Ok(Some(TxTimestamp {
+                info: info as u32,
+                key: aux as u32,
+                tsonly: aux & STAMP_TSONLY != 0,
+                wall_ns: (aux & STAMP_TIMED != 0)
+                    .then(|| crate::vtime::wall_ns() - age.min(i64::MAX as u64) as i64),
+            })),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// SO_ZEROCOPY is on (a `MSG_ZEROCOPY` send is numbered).
+    pub fn zerocopy_on(&self) -> bool {
+        let zc = self.sock.conn.zc.lock().unwrap_or_else(|p| p.into_inner());
+        zc.contains_key(&self.sock.slot)
+    }
+
     /// `recvmsg(MSG_ERRQUEUE)`: the oldest completed range of zero-copy send ids.
     pub fn zerocopy_take(&self) -> Option<(u32, u32)> {
         let acked = self.sock.tx_acked();
@@ -512,15 +568,37 @@ impl TcpStream {
 
     /// Like `read`, but the bytes stay in the stream (`MSG_PEEK`, std's `peek`).
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_with(buf, true)
+        self.read_with(buf, ReadMode::Peek)
     }
 
     fn read_inner(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_with(buf, false)
+        self.read_with(buf, ReadMode::Read)
     }
 
-    fn read_with(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    /// A read as `splice` makes it (Linux's `tcp_read_sock`): it stops at the
+    /// urgent mark, and there returns 0 at once while the mark stays.
+    pub fn read_to_mark(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_with(buf, ReadMode::ToMark)
+    }
+
+    /// `SIOCATMARK`: the next byte to read is where the urgent byte was.
+    pub fn at_urgent_mark(&self) -> bool {
+        self.sock.rx_at_mark()
+    }
+
+    /// `recv(MSG_OOB)`: the urgent byte (TCP urgent data, not inline), once;
+    /// `EINVAL` when there is none, as Linux says.
+    pub fn recv_oob(&self) -> io::Result<u8> {
+        self.sock
+            .rx_take_oob()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn read_with(&self, buf: &mut [u8], mode: ReadMode) -> io::Result<usize> {
         if buf.is_empty() {
+            return Ok(0);
+        }
+        if mode == ReadMode::ToMark && self.sock.rx_at_mark() {
             return Ok(0);
         }
         let deadline = self.sock.read_deadline();
@@ -530,12 +608,12 @@ impl TcpStream {
             // Flags before the ring: the server publishes the bytes before it sets
             // end-of-stream, so seeing the flag means seeing every byte.
             let f = self.sock.flags();
-            let n = if peek {
-                self.sock.rx_peek(buf)?
-            } else {
-                self.sock.rx_read(buf)?
+            let n = match mode {
+                ReadMode::Peek => self.sock.rx_peek(buf)?,
+                ReadMode::Read => self.sock.rx_read(buf, false)?,
+                ReadMode::ToMark => self.sock.rx_read(buf, true)?,
             };
-            if n > 0 {
+            if n > 0 || (mode == ReadMode::ToMark && self.sock.rx_at_mark()) {
                 return Ok(n);
             }
             if f & FLAG_RX_EOF != 0 {

@@ -48,6 +48,8 @@ struct State {
 pub struct Virtual {
     base: Instant,
     now_ns: NowFn,
+    /// `CLOCK_REALTIME` ns at virtual 0 (what [`wall_ns`] counts from).
+    wall_epoch: std::sync::atomic::AtomicI64,
     epoch: AtomicU64,
     state: Mutex<State>,
     changed: Condvar,
@@ -93,11 +95,32 @@ pub fn now() -> Instant {
     }
 }
 
+/// `CLOCK_REALTIME` now, in ns: under virtual time the wall clock moves with it
+/// (from [`Virtual::set_wall_epoch`]), as a test's `gettimeofday` does.
+pub fn wall_ns() -> i64 {
+    match VIRTUAL.get() {
+        Some(v) => {
+            v.wall_epoch.load(std::sync::atomic::Ordering::Relaxed)
+                + (v.now_ns)().min(i64::MAX as u64) as i64
+        }
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64),
+    }
+}
+
 impl Virtual {
+    /// The wall-clock time (ns since the Unix epoch) of virtual 0.
+    pub fn set_wall_epoch(&self, ns: i64) {
+        self.wall_epoch
+            .store(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn new(now_ns: impl Fn() -> u64 + Send + Sync + 'static) -> Virtual {
         Virtual {
             base: Instant::now(),
             now_ns: Box::new(now_ns),
+            wall_epoch: std::sync::atomic::AtomicI64::new(0),
             epoch: AtomicU64::new(0),
             state: Mutex::default(),
             changed: Condvar::new(),

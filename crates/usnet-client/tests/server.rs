@@ -608,3 +608,61 @@ fn msg_more_and_msg_eor_reach_the_stack_with_their_bytes() {
     let got = read_all_of(b, 19).join().unwrap();
     assert_eq!(&got, b"head recordabc tail");
 }
+
+#[test]
+fn transmit_timestamps_report_each_write_sent_and_acknowledged() {
+    // SOF_TIMESTAMPING_TX_SCHED | TX_SOFTWARE | TX_ACK | SOFTWARE | OPT_ID.
+    const FLAGS: u32 = (1 << 8) | (1 << 1) | (1 << 9) | (1 << 4) | (1 << 7);
+    let _srv = common::server("tstamp", |_| {});
+    let c = Client::attach("tstamp").unwrap();
+    let to = sa("10.66.0.1:7410");
+    let l = TcpListener::bind(&c, to).unwrap();
+    let a = TcpStream::connect(&c, to).unwrap();
+    let (b, _) = l.accept().unwrap();
+    a.set_timestamping(FLAGS).unwrap();
+    assert!(a.send_bounded(), "stamped writes meet the stack");
+    assert_eq!(a.timestamp_take().unwrap(), None);
+    let before = usnet_client::vtime::wall_ns();
+    (&a).write_all(&[7u8; 1000]).unwrap();
+    (&a).write_all(&[8u8; 500]).unwrap();
+    let got = read_all_of(b, 1500).join().unwrap();
+    assert_eq!(got.len(), 1500);
+    // Six reports: sent (SCHED, SND) and acknowledged (ACK) for each write's last
+    // byte, keyed by its number; the poller says POLLERR while they wait.
+    let mut p = Poller::new();
+    p.register(&a, 1, Interest::READABLE, Mode::Level).unwrap();
+    let mut stamps = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stamps.len() < 6 {
+        assert!(Instant::now() < deadline, "reports so far: {stamps:?}");
+        let mut ev: Vec<Event> = Vec::new();
+        p.wait(&mut ev, Some(Duration::from_millis(100))).unwrap();
+        while let Some(t) = a.timestamp_take().unwrap() {
+            stamps.push(t);
+        }
+    }
+    let mut kinds: Vec<(u32, u32)> = stamps.iter().map(|t| (t.key, t.info)).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            (999, 0),
+            (999, 1),
+            (999, 2),
+            (1499, 0),
+            (1499, 1),
+            (1499, 2)
+        ]
+    );
+    let after = usnet_client::vtime::wall_ns();
+    for t in &stamps {
+        let w = t.wall_ns.expect("software stamps asked for");
+        assert!(
+            w >= before - 1_000_000 && w <= after,
+            "{t:?} outside {before}..{after}"
+        );
+        assert!(!t.tsonly);
+    }
+    // Unknown flags are refused, as on Linux.
+    assert!(a.set_timestamping(1 << 30).is_err());
+}

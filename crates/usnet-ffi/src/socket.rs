@@ -342,16 +342,14 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
             }
             // SAFETY: per the contract.
             let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }?;
-            if !m.msg_name.is_null() {
+            let to = if m.msg_name.is_null() {
+                None
+            } else {
                 // SAFETY: per the contract.
-                let to =
-                    unsafe { sockaddr_in(m.msg_name as *const libc::sockaddr, m.msg_namelen) }?;
-                // A datagram is one record: gather the pieces first.
-                let data: Vec<u8> = v.iter().flat_map(|s| s.iter().copied()).collect();
-                return usnet_posix::sendto(fd, &data, flags, Some(to));
-            }
+                Some(unsafe { sockaddr_in(m.msg_name as *const libc::sockaddr, m.msg_namelen) }?)
+            };
             let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
-            usnet_posix::writev(fd, &r, flags)
+            usnet_posix::sendmsg(fd, &r, flags, to)
         })())
     })
 }
@@ -371,15 +369,37 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
             // SAFETY: per the contract.
             let m = unsafe { &mut *msg };
             if flags & libc::MSG_ERRQUEUE != 0 {
-                // The error queue holds zero-copy completions (`usnet_posix`).
-                let (lo, hi) = usnet_posix::zerocopy_completion(fd)?;
+                // Zero-copy completions and transmit timestamps (`usnet_posix`).
+                let report = usnet_posix::error_queue(fd)?;
                 let mut dom = [0u8; 4];
                 usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut dom)?;
                 let v6 = i32::from_ne_bytes(dom) == libc::AF_INET6;
-                let (level, ty, ee) = usnet_posix::cmsg::zerocopy_completion(lo, hi, v6);
-                m.msg_flags = libc::MSG_ERRQUEUE;
-                // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                unsafe { usnet_posix::cmsg::put(m, &[(level, ty, &ee)]) }?;
+                match report {
+                    usnet_posix::ErrReport::ZeroCopy { lo, hi } => {
+                        let (level, ty, ee) = usnet_posix::cmsg::zerocopy_completion(lo, hi, v6);
+                        m.msg_flags = libc::MSG_ERRQUEUE;
+                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                        unsafe { usnet_posix::cmsg::put(m, &[(level, ty, &ee)]) }?;
+                    }
+                    usnet_posix::ErrReport::Timestamp(t) => {
+                        let (ts, (level, ty, ee)) =
+                            usnet_posix::cmsg::tx_timestamp(t.info, t.key, t.wall_ns, v6);
+                        // The packet that came with it (none with OPT_TSONLY) is
+                        // not copied: MSG_TRUNC, as Linux says for a short buffer.
+                        m.msg_flags =
+                            libc::MSG_ERRQUEUE | if t.tsonly { 0 } else { libc::MSG_TRUNC };
+                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                        unsafe {
+                            usnet_posix::cmsg::put(
+                                m,
+                                &[
+                                    (libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &ts),
+                                    (level, ty, &ee),
+                                ],
+                            )
+                        }?;
+                    }
+                }
                 return Ok(0);
             }
             // The room for control messages (none is written but TCP_CM_INQ).
@@ -590,8 +610,8 @@ pub extern "C" fn usnet_fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int
     guard(-1, || ret_int(usnet_posix::fcntl(fd, cmd, arg)))
 }
 
-/// `ioctl` FIONBIO (`*arg` the new mode) and FIONREAD (`*arg` set to the bytes
-/// readable).
+/// `ioctl` FIONBIO (`*arg` the new mode), FIONREAD (`*arg` set to the bytes
+/// readable) and SIOCATMARK (`*arg` set to 1 at the urgent mark).
 ///
 /// # Safety
 /// `arg` points to a readable and writable int.
@@ -605,7 +625,7 @@ pub unsafe extern "C" fn usnet_ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_
             // SAFETY: per the contract.
             let v = unsafe { *arg };
             let r = usnet_posix::ioctl_int(fd, req, v)?;
-            if req == libc::FIONREAD {
+            if req == libc::FIONREAD || req == usnet_posix::SIOCATMARK {
                 // SAFETY: per the contract.
                 unsafe { *arg = r };
             }

@@ -11,7 +11,7 @@ mod splice;
 mod timestamping;
 mod zerocopy;
 pub use timestamping::Stamp;
-pub use zerocopy::frag_breaks as zerocopy_frag_breaks;
+pub use usnet_client::msgzc::frag_breaks as zerocopy_frag_breaks;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_int;

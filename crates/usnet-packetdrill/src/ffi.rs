@@ -288,7 +288,7 @@ unsafe extern "C" fn pd_recvmsg(
                 }
                 Err(libc::EAGAIN) => {
                     let (stamp, v6) = s.call(|b| b.timestamp_take(fd))?;
-                    let wall = s.call(|b| b.wall_us(stamp.at_us));
+                    let wall = stamp.at.map(|at| s.call(|b| b.wall_us(at)));
                     // SAFETY: recvmsg(2) contract: msg_control has msg_controllen bytes.
                     unsafe { put_timestamp_cmsgs(m, &stamp, wall, v6) }?;
                 }
@@ -334,45 +334,21 @@ unsafe fn put_zerocopy_cmsg(m: &mut msghdr, lo: u32, hi: u32, v6: bool) -> Res<(
     unsafe { put_cmsg(m, level, ty, &ee) }
 }
 
-/// A transmit timestamp as Linux reports it on TCP: an `SCM_TIMESTAMPING` cmsg
-/// (`struct scm_timestamping`: the software time in `ts[0]`, at `wall_us` µs of
-/// `gettimeofday` time, zero when the socket asked for none) and an `IP_RECVERR`
-/// (`IPV6_RECVERR`) one with `ee_errno` `ENOMSG`, origin `SO_EE_ORIGIN_TIMESTAMPING`,
-/// the `SCM_TSTAMP_*` kind in `ee_info` and the key in `ee_data`, then an empty
-/// offender address. `msg_flags`: `MSG_ERRQUEUE`, and `MSG_TRUNC` for the packet
-/// that came with it (none with `OPT_TSONLY`), which this call does not copy.
+/// A transmit timestamp as Linux reports it on TCP (`usnet_posix::cmsg::tx_timestamp`,
+/// the time `wall_us` µs of `gettimeofday` time). `msg_flags`: `MSG_ERRQUEUE`, and
+/// `MSG_TRUNC` for the packet that came with it (none with `OPT_TSONLY`), which
+/// this call does not copy.
 ///
 /// # Safety
 /// `m.msg_control` is null or has `m.msg_controllen` writable bytes.
 unsafe fn put_timestamp_cmsgs(
     m: &mut msghdr,
     s: &crate::backend::Stamp,
-    wall_us: i64,
+    wall_us: Option<i64>,
     v6: bool,
 ) -> Res<()> {
-    let mut ts = vec![0u8; 3 * std::mem::size_of::<libc::timespec>()];
-    if s.at_us != 0 {
-        let sec = wall_us.div_euclid(1_000_000) as libc::time_t;
-        let nsec = (wall_us.rem_euclid(1_000_000) * 1000) as libc::c_long;
-        let n = std::mem::size_of::<libc::time_t>();
-        ts[..n].copy_from_slice(&sec.to_ne_bytes());
-        ts[n..2 * n].copy_from_slice(&nsec.to_ne_bytes());
-    }
-    let offender = if v6 {
-        std::mem::size_of::<libc::sockaddr_in6>()
-    } else {
-        std::mem::size_of::<libc::sockaddr_in>()
-    };
-    let mut ee = vec![0u8; 16 + offender];
-    ee[..4].copy_from_slice(&(libc::ENOMSG as u32).to_ne_bytes());
-    ee[4] = 4; // SO_EE_ORIGIN_TIMESTAMPING
-    ee[8..12].copy_from_slice(&s.info.to_ne_bytes());
-    ee[12..16].copy_from_slice(&s.key.to_ne_bytes());
-    let (level, ty) = if v6 {
-        (libc::SOL_IPV6, libc::IPV6_RECVERR)
-    } else {
-        (libc::SOL_IP, libc::IP_RECVERR)
-    };
+    let (ts, (level, ty, ee)) =
+        usnet_posix::cmsg::tx_timestamp(s.info, s.key, wall_us.map(|us| us * 1000), v6);
     m.msg_flags = libc::MSG_ERRQUEUE | if s.tsonly { 0 } else { libc::MSG_TRUNC };
     // SAFETY: per this function's contract.
     unsafe {

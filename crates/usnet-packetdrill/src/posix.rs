@@ -109,6 +109,8 @@ impl World {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as i64)
             .unwrap_or(0);
+        // Transmit timestamps read the wall clock as `gettimeofday` does.
+        vt.set_wall_epoch(epoch_us * 1000);
         let w = Arc::new(World {
             server: Mutex::new(Some(server)),
             trap: Mutex::new(None),

@@ -61,6 +61,7 @@ pub unsafe fn put(m: &mut msghdr, cmsgs: &[(i32, i32, &[u8])]) -> Res<()> {
 /// then the offender address (none: zeros, the size of a `sockaddr_in` or
 /// `sockaddr_in6`), as Linux's `ip_recv_error` writes it.
 pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
+    // (ee_info, ee_data) carry the range; `tx_timestamp` reuses the layout.
     let offender = if v6 {
         std::mem::size_of::<libc::sockaddr_in6>()
     } else {
@@ -78,6 +79,34 @@ pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
         (libc::SOL_IP, libc::IP_RECVERR)
     };
     (level, ty, ee)
+}
+
+/// A TCP transmit timestamp as Linux reports it (`recvmsg(MSG_ERRQUEUE)`): the
+/// `SCM_TIMESTAMPING` payload (`struct scm_timestamping`: the software time in
+/// `ts[0]`, `wall_ns` nanoseconds of `CLOCK_REALTIME`, zeros when the socket asked
+/// for none), then the `IP_RECVERR` (`IPV6_RECVERR`) cmsg with `ee_errno` `ENOMSG`,
+/// origin `SO_EE_ORIGIN_TIMESTAMPING`, the `SCM_TSTAMP_*` kind in `ee_info`, the key
+/// in `ee_data` and an empty offender address. Returns (timestamping payload,
+/// (level, type, extended error)).
+pub fn tx_timestamp(
+    info: u32,
+    key: u32,
+    wall_ns: Option<i64>,
+    v6: bool,
+) -> (Vec<u8>, (i32, i32, Vec<u8>)) {
+    let mut ts = vec![0u8; 3 * std::mem::size_of::<libc::timespec>()];
+    if let Some(ns) = wall_ns {
+        let sec = ns.div_euclid(1_000_000_000) as libc::time_t;
+        let nsec = ns.rem_euclid(1_000_000_000) as libc::c_long;
+        let n = std::mem::size_of::<libc::time_t>();
+        ts[..n].copy_from_slice(&sec.to_ne_bytes());
+        ts[n..2 * n].copy_from_slice(&nsec.to_ne_bytes());
+    }
+    let (level, ty, mut ee) = zerocopy_completion(info, key, v6);
+    ee[..4].copy_from_slice(&(libc::ENOMSG as u32).to_ne_bytes());
+    ee[4] = 4; // SO_EE_ORIGIN_TIMESTAMPING
+    ee[6] = 0;
+    (ts, (level, ty, ee))
 }
 
 #[cfg(test)]

@@ -176,6 +176,8 @@ struct Opts {
     zerocopy: bool,
     /// TCP_INQ: each `recvmsg` says how many bytes are left to read.
     inq: bool,
+    /// SO_TIMESTAMPING flags.
+    timestamping: u32,
     /// TCP_FASTOPEN_KEY as set (a listener's).
     fastopen_key: Option<[u8; 16]>,
     /// `connect` with TCP_FASTOPEN_CONNECT and a cookie at hand: the SYN waits for
@@ -604,6 +606,9 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     if let Some(b) = o.sndbuf {
         let _ = s.set_send_buffer_size(b);
     }
+    if o.timestamping != 0 {
+        let _ = s.set_timestamping(o.timestamping);
+    }
     if o.notsent_lowat != 0 {
         let _ = s.set_notsent_lowat(o.notsent_lowat);
     }
@@ -690,7 +695,7 @@ const SEND_FLAGS: i32 = libc::MSG_DONTWAIT
     | libc::MSG_EOR
     | libc::MSG_FASTOPEN
     | libc::MSG_ZEROCOPY;
-const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
+const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL | libc::MSG_OOB;
 
 fn maybe_dontwait<R>(flags: i32, f: impl FnOnce() -> R) -> R {
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -711,6 +716,16 @@ fn sigpipe(flags: i32, err: Errno) -> Errno {
 /// `sendto(2)` (and `send`, `write` with `to = None`, `flags = 0`).
 pub fn sendto(fd: RawFd, buf: &[u8], flags: i32, to: Option<SocketAddr>) -> Res<usize> {
     send_iov(fd, &[buf], flags, to)
+}
+
+/// `sendmsg(2)` of the pieces `bufs`, to `to` if given: one datagram, or on a
+/// connected stream one write (the address ignored, as Linux's `tcp_sendmsg` does);
+/// on an unconnected stream `to` is where `MSG_FASTOPEN` connects.
+pub fn sendmsg(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) -> Res<usize> {
+    if to.is_none() || matches!(&*get(fd)?.read(), Obj::Stream(_)) {
+        return writev(fd, bufs, flags);
+    }
+    send_iov(fd, bufs, flags, to)
 }
 
 /// A send of the pieces `bufs` (one datagram, or one stream write).
@@ -969,7 +984,16 @@ pub fn splice(fd_in: RawFd, fd_out: RawFd, offsets: bool, len: usize, flags: u32
             if buf.is_empty() {
                 return Ok(0);
             }
-            let (n, _) = recvfrom(fd_in, &mut buf, dontwait)?;
+            let n = {
+                let e = get(fd_in)?;
+                let o = e.read();
+                let Obj::Stream(s) = &*o else {
+                    return Err(Errno(libc::EINVAL));
+                };
+                apply_timeouts(&e, s)?;
+                // Linux's `tcp_read_sock`: stops at the urgent mark, 0 there.
+                maybe_dontwait(dontwait, || s.read_to_mark(&mut buf))?
+            };
             let mut done = 0;
             while done < n {
                 // SAFETY: `buf[done..n]` is initialised; the kernel checks `fd_out`.
@@ -1093,6 +1117,18 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
         // A deferred Fast Open connect is connecting, as Linux sees it: nothing to
         // read yet.
         Obj::Fresh(_) if e.deferred_connect() => Err(Errno(libc::EAGAIN)),
+        // TCP urgent data: the byte the server kept at the mark.
+        Obj::Stream(s) if flags & libc::MSG_OOB != 0 => {
+            let b = s.recv_oob()?;
+            match buf.first_mut() {
+                Some(first) => {
+                    *first = b;
+                    Ok((1, None))
+                }
+                None => Ok((0, None)),
+            }
+        }
+        _ if flags & libc::MSG_OOB != 0 => Err(Errno(libc::EINVAL)),
         Obj::Stream(s) if peek => {
             apply_timeouts(&e, s)?;
             Ok((maybe_dontwait(flags, || s.peek(buf))?, None))
@@ -1140,10 +1176,20 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
         let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
         return sendto(fd, &data, flags, None);
     }
-    let bounded = match &*get(fd)?.read() {
-        Obj::Stream(s) => s.send_bounded(),
-        _ => false,
+    let (bounded, zerocopy) = match &*get(fd)?.read() {
+        Obj::Stream(s) => (s.send_bounded(), s.zerocopy_on()),
+        _ => (false, false),
     };
+    if zerocopy && flags & libc::MSG_ZEROCOPY != 0 {
+        let pieces: Vec<(usize, usize)> = bufs
+            .iter()
+            .map(|b| (b.as_ptr() as usize, b.len()))
+            .collect();
+        let breaks = usnet_client::msgzc::frag_breaks(&pieces);
+        if !breaks.is_empty() {
+            return send_zerocopy_frags(fd, bufs, flags, &breaks);
+        }
+    }
     if bounded || flags & (libc::MSG_MORE | libc::MSG_EOR) != 0 {
         // One write for the whole vector, as the stack takes it.
         return send_iov(fd, bufs, flags, None);
@@ -1181,6 +1227,47 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
     Ok(total)
 }
 
+/// A `MSG_ZEROCOPY` send whose pages would not fit one of Linux's buffers
+/// (`msgzc::frag_breaks`): each run of pieces up to a break goes as a write that
+/// ends a record (Linux pushes and closes the buffer there, so later bytes never
+/// join its last segment); numbered as one send.
+fn send_zerocopy_frags(fd: RawFd, bufs: &[&[u8]], flags: i32, breaks: &[usize]) -> Res<usize> {
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let piece_flags = flags & !libc::MSG_ZEROCOPY;
+    let mut done = 0;
+    for end in breaks.iter().copied().chain(std::iter::once(total)) {
+        let run: Vec<&[u8]> = iov_from(bufs, done)
+            .into_iter()
+            .scan(end - done, |left, b| {
+                let k = b.len().min(*left);
+                *left -= k;
+                (k > 0).then(|| &b[..k])
+            })
+            .collect();
+        let f = if end < total {
+            piece_flags | libc::MSG_EOR
+        } else {
+            piece_flags
+        };
+        match send_iov(fd, &run, f, None) {
+            Ok(n) => {
+                done += n;
+                if done < end {
+                    break;
+                }
+            }
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if done > 0 {
+        if let Obj::Stream(s) = &*get(fd)?.read() {
+            s.zerocopy_sent();
+        }
+    }
+    Ok(done)
+}
+
 /// With TCP_INQ on a stream: the bytes left to read (Linux's `tcp_inq_hint`,
 /// counted in what the socket's receive ring holds), for `recvmsg`'s `TCP_CM_INQ`.
 pub fn inq(fd: RawFd) -> Res<Option<i32>> {
@@ -1200,14 +1287,31 @@ pub fn inq(fd: RawFd) -> Res<Option<i32>> {
     Ok(Some(left))
 }
 
-/// `recvmsg(MSG_ERRQUEUE)` on a stream: the oldest completed range `[lo, hi]` of its
-/// `MSG_ZEROCOPY` sends (reported with `SO_EE_CODE_ZEROCOPY_COPIED`: every send is
-/// copied into the session's ring); `EAGAIN` when none waits.
-pub fn zerocopy_completion(fd: RawFd) -> Res<(u32, u32)> {
+/// What `recvmsg(MSG_ERRQUEUE)` takes from a stream's error queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrReport {
+    /// The oldest completed range `[lo, hi]` of its `MSG_ZEROCOPY` sends (reported
+    /// with `SO_EE_CODE_ZEROCOPY_COPIED`: every send is copied into the session's
+    /// ring).
+    ZeroCopy { lo: u32, hi: u32 },
+    /// A transmit timestamp (`SO_TIMESTAMPING`).
+    Timestamp(usnet_client::TxTimestamp),
+}
+
+/// `recvmsg(MSG_ERRQUEUE)` on a stream: its oldest report, zero-copy completions
+/// first; `EAGAIN` when none waits.
+pub fn error_queue(fd: RawFd) -> Res<ErrReport> {
     let e = get(fd)?;
     let o = e.read();
     match &*o {
-        Obj::Stream(s) => s.zerocopy_take().ok_or(Errno(libc::EAGAIN)),
+        Obj::Stream(s) => {
+            if let Some((lo, hi)) = s.zerocopy_take() {
+                return Ok(ErrReport::ZeroCopy { lo, hi });
+            }
+            s.timestamp_take()?
+                .map(ErrReport::Timestamp)
+                .ok_or(Errno(libc::EAGAIN))
+        }
         Obj::Epoll(_) => Err(ebadf_kind()),
         _ => Err(Errno(libc::EAGAIN)),
     }
@@ -1483,7 +1587,10 @@ fn set_nonblocking(e: &Entry, nb: bool) -> Res<()> {
     Ok(())
 }
 
-/// `ioctl(2)`: FIONBIO and FIONREAD.
+/// Linux's `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate lacks it).
+pub const SIOCATMARK: u64 = 0x8905;
+
+/// `ioctl(2)`: FIONBIO, FIONREAD and SIOCATMARK.
 pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
     let e = get(fd)?;
     match req {
@@ -1496,6 +1603,11 @@ pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
             // The next datagram's size would need a peek at the ring's record header,
             // which the client does not offer yet.
             Obj::Udp(_) => Err(Errno(libc::EOPNOTSUPP)),
+            _ => Err(Errno(libc::EINVAL)),
+        },
+        r if r == SIOCATMARK => match &*e.read() {
+            Obj::Stream(s) => Ok(s.at_urgent_mark() as i32),
+            Obj::Fresh(_) | Obj::Listener(_) | Obj::Failed => Ok(0),
             _ => Err(Errno(libc::EINVAL)),
         },
         _ => Err(Errno(libc::ENOTTY)),
@@ -1708,9 +1820,6 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             }
             o.recorded.insert((level, name), kept);
         }
-        // What a session cannot carry yet: no completions, timestamps or in-queue
-        // counts come back through the rings, and a program that set these would
-        // wait for them. Linux kernels without the feature answer the same.
         Opt::ZeroCopy(on) => {
             o.zerocopy = on;
             if let Some(s) = stream {
@@ -1718,7 +1827,22 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             }
         }
         Opt::Inq(on) => o.inq = on,
-        Opt::Timestamping(_) => return Err(Errno(libc::ENOPROTOOPT)),
+        // Transmit timestamps of a connection's writes (the stack server keeps them:
+        // `TcpStream::set_timestamping`); set before `connect`, at `connect`.
+        Opt::Timestamping(flags) => {
+            match stream {
+                Some(s) => s.set_timestamping(flags)?,
+                // OPT_ID counts from a connection's bytes: Linux's EINVAL without one.
+                None if flags & sockopt::SOF_TIMESTAMPING_OPT_ID != 0 => {
+                    return Err(Errno(libc::EINVAL))
+                }
+                None if flags & !sockopt::SOF_TIMESTAMPING_MASK != 0 => {
+                    return Err(Errno(libc::EINVAL))
+                }
+                None => {}
+            }
+            o.timestamping = flags;
+        }
     }
     Ok(())
 }
@@ -1845,6 +1969,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
             int(o.nodelay as i32)
         }
         (libc::IPPROTO_TCP, libc::TCP_CORK) if e.stype == libc::SOCK_STREAM => int(o.cork as i32),
+        (libc::SOL_SOCKET, sockopt::SO_TIMESTAMPING) => int(o.timestamping as i32),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT)
             if tcp =>
         {

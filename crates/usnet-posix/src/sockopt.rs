@@ -27,6 +27,12 @@ pub const TCP_FASTOPEN_KEY: i32 = 33;
 pub const TCP_INQ: i32 = 36;
 pub const SO_INCOMING_NAPI_ID: i32 = 56;
 pub const SO_TIMESTAMPING: i32 = 37;
+/// `SOF_TIMESTAMPING_OPT_ID`, and every flag Linux 6.x knows (through
+/// `OPT_RX_FILTER`).
+/// `OPT_ID` (Linux's uapi values; the server checks a connection's flags with
+/// `usnet_stack::tx_stamps`).
+pub const SOF_TIMESTAMPING_OPT_ID: u32 = 1 << 7;
+pub const SOF_TIMESTAMPING_MASK: u32 = (1 << 18) - 1;
 pub const IP_BIND_ADDRESS_NO_PORT: i32 = 24;
 pub const IPV6_MULTICAST_ALL: i32 = 29;
 /// `SOCK_MIN_RCVBUF / 2`: the least TCP_WINDOW_CLAMP Linux keeps.

@@ -807,8 +807,8 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     if let Some(_g) = ours(fd) {
         return match req {
-            libc::FIONBIO | libc::FIONREAD => {
-                // SAFETY: both take a pointer to an int, per ioctl's contract.
+            libc::FIONBIO | libc::FIONREAD | usnet_posix::SIOCATMARK => {
+                // SAFETY: all take a pointer to an int, per ioctl's contract.
                 unsafe { u::usnet_ioctl(fd, req, arg.cast()) }
             }
             _ => refused(&format!("ioctl({req:#x})"), fd, libc::ENOTTY),

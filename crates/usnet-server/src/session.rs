@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use usnet_abi::{
     errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN,
-    FAM_V4, FAM_V6, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP,
-    FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT,
-    KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SEND_EOR, SEND_MORE, SHUT_RD, SHUT_RDWR,
-    SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN,
+    FAM_V4, FAM_V6, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
+    FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED, FLAG_SNDBUF, FLAG_WRITABLE,
+    FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SEND_EOR, SEND_MORE, SHUT_RD,
+    SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN, STAMP_TIMED, STAMP_TSONLY,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -82,6 +82,11 @@ struct Sock {
     /// as (ring position, length), while SO_ZEROCOPY maps the stack's
     /// acknowledged bytes back to ring positions.
     tx_gaps: TxGaps,
+    /// Bytes this connection's stack socket took from the program (what
+    /// `SO_TIMESTAMPING` keys and marks count in).
+    written: u64,
+    /// `SO_TIMESTAMPING`: transmit reports wait here for `op::ERRQUEUE`.
+    stamps: Option<Box<usnet_stack::tx_stamps::TxStamps>>,
     /// The receive ring was full: wait for the client's RX_KICK.
     rx_blocked: bool,
     /// The client closed it: send what the send ring holds, then close.
@@ -160,6 +165,8 @@ pub(crate) struct ServerSession {
     active: Vec<u32>,
     /// Connections with SO_ZEROCOPY on (`slot::TX_ACKED` published every pass).
     zc_watched: Vec<u32>,
+    /// Connections with SO_TIMESTAMPING transmit reports (looked at every pass).
+    ts_watched: Vec<u32>,
     /// Slots whose receive ring has room while the stack still holds bytes for them
     /// (the per-turn budget ran out): refreshed again next turn.
     rx_again: Vec<u32>,
@@ -214,6 +221,7 @@ impl ServerSession {
             by_handle: HashMap::new(),
             active: Vec::new(),
             zc_watched: Vec::new(),
+            ts_watched: Vec::new(),
             rx_again: Vec::new(),
             backlog: Default::default(),
             dirty: false,
@@ -415,6 +423,7 @@ impl ServerSession {
                         let [start, end, flags, ..] = req.args;
                         self.op_send(stack, i, start, end, flags)
                     }
+                    op::ERRQUEUE => return self.op_errqueue(stack, i),
                     op::GETSOCKOPT => self.op_getsockopt(stack, i, &req.args),
                     _ => -errno::ENOSYS,
                 })
@@ -466,6 +475,8 @@ impl ServerSession {
             sndbuf_set: false,
             send_used: false,
             tx_gaps: Default::default(),
+            written: 0,
+            stamps: None,
             rx_blocked: false,
             closing: false,
             shut_wr: false,
@@ -673,6 +684,7 @@ impl ServerSession {
         let cfg = connect_config(stack, s.connect_mss);
         match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg) {
             Ok((h, q)) => {
+                self.sock(i).written += q as u64;
                 self.connecting(stack, i, h, &a);
                 q as i64
             }
@@ -818,6 +830,26 @@ impl ServerSession {
                     _ => return -errno::ENOENT,
                 };
                 stack.tcp_set_congestion_control(h.expect("conn"), cc)
+            }
+            (opt::SOL_SOCKET, opt::SO_TIMESTAMPING) => {
+                let acked = match (s.role, h) {
+                    (Role::Conn, Some(h)) => match stack.tcp_info(h) {
+                        Ok(info) => s.written.saturating_sub(info.send_queued as u64),
+                        Err(e) => return err(e),
+                    },
+                    // OPT_ID needs a connection (Linux: EINVAL in CLOSE and LISTEN).
+                    _ if value & u64::from(usnet_stack::tx_stamps::OPT_ID) != 0 => {
+                        return -errno::EINVAL
+                    }
+                    _ => 0,
+                };
+                let written = s.written;
+                let st = s.stamps.get_or_insert_with(Default::default);
+                let r = st.set(value.min(u64::from(u32::MAX)) as u32, acked, written);
+                if st.wants_tx() && !self.ts_watched.contains(&i) {
+                    self.ts_watched.push(i);
+                }
+                r
             }
             (opt::SOL_SOCKET, opt::SO_ZEROCOPY) => {
                 s.zc_watch = value != 0 && tcp_conn;
@@ -1121,6 +1153,14 @@ impl ServerSession {
         }
         self.publish_acked(stack);
         let mut k = 0;
+        while k < self.ts_watched.len() {
+            if self.stamp_progress(stack, self.ts_watched[k]) {
+                k += 1;
+            } else {
+                self.ts_watched.swap_remove(k);
+            }
+        }
+        let mut k = 0;
         while k < self.active.len() {
             let i = self.active[k];
             if self.drain_tx(stack, i) {
@@ -1188,6 +1228,7 @@ impl ServerSession {
                 match stack.tcp_send_with(h, want, |dst| tx.read(dst)) {
                     Ok(n) => {
                         moved = n;
+                        s.written += n as u64;
                         pushed_back = n < want;
                     }
                     Err(StackError::WouldBlock) => pushed_back = true,
@@ -1299,6 +1340,7 @@ impl ServerSession {
                 _ => break,
             }
         }
+        s.written += at - pos;
         let before = at.saturating_sub(start).min(end - start);
         let mut took = before;
         let mut moved = at - pos;
@@ -1328,6 +1370,7 @@ impl ServerSession {
             }
             took += k as u64;
             moved += k as u64;
+            s.written += k as u64;
         } else if left > 0 {
             // Older bytes still wait: the write gets nothing now, and is dropped.
             let n = left as usize;
@@ -1337,12 +1380,84 @@ impl ServerSession {
             }
         }
         s.tx.release();
+        if took > 0 {
+            // Linux's `tcp_tx_timestamp`: the write's last byte is marked.
+            if let Some(st) = s.stamps.as_mut() {
+                st.record(s.written);
+            }
+        }
         self.stats.bytes_in += moved;
         if moved > 0 {
             self.bump(i);
         }
+        // The marked byte may have left already.
+        self.stamp_progress(stack, i);
         self.send_flags(stack, i);
         took as i64
+    }
+
+    /// Feeds connection `i`'s transmit timestamps what its stack socket sent and
+    /// had acknowledged; `FLAG_ERRQUEUE` while reports wait. Returns whether it
+    /// still has something to watch.
+    fn stamp_progress(&mut self, stack: &Stack, i: u32) -> bool {
+        let now = stack.now().as_nanos();
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return false;
+        };
+        let written = s.written;
+        let Some(st) = s.stamps.as_mut() else {
+            return false;
+        };
+        if st.marked() {
+            let progress = match (s.role, s.handle) {
+                (Role::Conn, Some(h)) => stack
+                    .tcp_info(h)
+                    .ok()
+                    .filter(|i| i.state != usnet_stack::TcpState::Closed),
+                _ => None,
+            };
+            let (sent, acked) = match progress {
+                Some(info) => {
+                    let acked = written.saturating_sub(info.send_queued as u64);
+                    let sent = (acked + u64::from(info.bytes_in_flight)).min(written);
+                    (sent, Some(acked))
+                }
+                None => (0, None),
+            };
+            st.progress(sent, acked, now);
+        }
+        let (queued, watch) = (st.queued(), st.wants_tx() || st.queued());
+        if queued != (s.flags & FLAG_ERRQUEUE != 0) {
+            let (set, clear) = if queued {
+                (FLAG_ERRQUEUE, 0)
+            } else {
+                (0, FLAG_ERRQUEUE)
+            };
+            self.set_flags(i, set, clear);
+        }
+        watch
+    }
+
+    /// `op::ERRQUEUE`: the oldest transmit timestamp of connection `i`.
+    fn op_errqueue(&mut self, stack: &Stack, i: u32) -> Option<(i64, [u64; 2])> {
+        let now = stack.now().as_nanos();
+        let stamp = self.sock(i).stamps.as_mut().and_then(|st| st.take());
+        self.stamp_progress(stack, i);
+        let Some(st) = stamp else {
+            return Some((-errno::EAGAIN, [0, 0]));
+        };
+        let mut aux0 = u64::from(st.key);
+        if st.tsonly {
+            aux0 |= STAMP_TSONLY;
+        }
+        let age = match st.at {
+            Some(at) => {
+                aux0 |= STAMP_TIMED;
+                now.saturating_sub(at)
+            }
+            None => 0,
+        };
+        Some((i64::from(st.info), [aux0, age]))
     }
 
     /// Keeps `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `i` current: whether
@@ -1516,9 +1631,23 @@ impl ServerSession {
                         }
                         while room > 0 && s.carry.is_empty() {
                             let rx = &mut s.rx;
-                            match stack.tcp_recv_with(h, room, |c| {
+                            match stack.tcp_recv_with_to_mark(h, room, |c| {
                                 rx.push(c);
                             }) {
+                                // At the urgent mark: the client learns where it is
+                                // (before anything after it is published) and gets
+                                // the byte for MSG_OOB; the stream goes on.
+                                Ok(0) if stack.tcp_at_urgent_mark(h) => {
+                                    if let Ok(Some(b)) = stack.tcp_take_urgent_at_mark(h) {
+                                        let mark = s.rx.position() + 1;
+                                        self.mem
+                                            .slot_u64(i, slot::RX_URG_MARK)
+                                            .store(mark, Release);
+                                        self.mem
+                                            .slot_word(i, slot::RX_OOB)
+                                            .store(0x100 | u32::from(b), Release);
+                                    }
+                                }
                                 // The call that finds nothing also tells end-of-stream.
                                 Ok(0) => {
                                     if !s.eof {
@@ -2028,7 +2157,10 @@ impl ServerSession {
 /// send-buffer limit was chosen, and whether the stack would take a write now
 /// (kept only while someone may wait for it).
 fn send_bits(stack: &Stack, s: &Sock, h: SocketHandle) -> (u32, u32) {
-    let bounded = s.sndbuf_set || stack.tcp_send_limit_chosen(h).unwrap_or(false);
+    // Transmit timestamps mark the last byte of each write: the stack must see
+    // the writes.
+    let stamped = s.stamps.as_ref().is_some_and(|st| st.wants_tx());
+    let bounded = s.sndbuf_set || stamped || stack.tcp_send_limit_chosen(h).unwrap_or(false);
     let mut set = if bounded { FLAG_SNDBUF } else { 0 };
     if (bounded || s.send_used) && stack.readiness(h).is_ok_and(|r| r.writable) {
         set |= FLAG_WRITABLE;

@@ -36,6 +36,7 @@ pub mod soft_offload;
 mod tcp;
 pub mod time;
 mod tx;
+pub mod tx_stamps;
 mod types;
 mod udp;
 pub mod zerocopy;

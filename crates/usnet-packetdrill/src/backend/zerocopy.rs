@@ -77,56 +77,9 @@ impl Backend {
     }
 }
 
-/// Linux's `MAX_SKB_FRAGS`: the page fragments one buffer of a zero-copy send holds.
-pub const MAX_FRAGS: usize = 17;
-
-const PAGE: usize = 4096;
-
-/// Where a zero-copy send of these iovec pieces (`(address, length)`) must start a new
-/// segment: each user page piece is a fragment of the buffer (a piece continuing the
-/// previous one in the same page adds to its fragment), and a buffer out of
-/// fragments is pushed and closed, as Linux's `MSG_ZEROCOPY` does (`tcp_mark_push`
-/// when `skb_zerocopy_iter_stream` finds no fragment free). Offsets into the data.
-pub fn frag_breaks(pieces: &[(usize, usize)]) -> Vec<usize> {
-    let mut breaks = Vec::new();
-    let (mut frags, mut off, mut prev_end) = (0usize, 0usize, None);
-    for &(base, len) in pieces {
-        let (mut addr, mut left) = (base, len);
-        while left > 0 {
-            let chunk = left.min(PAGE - addr % PAGE);
-            let coalesces = prev_end == Some(addr) && addr % PAGE != 0;
-            if !coalesces {
-                if frags == MAX_FRAGS {
-                    breaks.push(off);
-                    frags = 0;
-                }
-                frags += 1;
-            }
-            prev_end = Some(addr + chunk);
-            off += chunk;
-            addr += chunk;
-            left -= chunk;
-        }
-    }
-    breaks
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_buffer_out_of_fragments_ends_a_segment() {
-        // Eighteen one-byte pieces 64 bytes apart: seventeen fragments, then a new
-        // buffer for the eighteenth.
-        let apart: Vec<(usize, usize)> = (0..18).map(|i| (0x10000 + 64 * i, 1)).collect();
-        assert_eq!(frag_breaks(&apart), [17]);
-        // Contiguous pieces in one page are one fragment.
-        let contiguous: Vec<(usize, usize)> = (0..18).map(|i| (0x10000 + i, 1)).collect();
-        assert!(frag_breaks(&contiguous).is_empty());
-        // A piece over 18 pages: a fragment per page.
-        assert_eq!(frag_breaks(&[(0x10000, 18 * 4096)]), [17 * 4096]);
-    }
 
     /// The completed ranges waiting, oldest first.
     fn queue(z: &ZeroCopy) -> Vec<(u32, u32)> {

@@ -669,8 +669,50 @@ impl Stack {
         max: usize,
         sink: impl FnMut(&[u8]),
     ) -> Result<usize, StackError> {
+        self.tcp_recv_with_inner(h, max, false, sink)
+    }
+
+    /// [`Stack::tcp_recv_with`] that stops at the urgent mark
+    /// (`usnet_tcp::Connection::recv_with_to_mark`): `Ok(0)` there while the urgent
+    /// byte waits ([`Stack::tcp_take_urgent_at_mark`] takes it).
+    pub fn tcp_recv_with_to_mark(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        sink: impl FnMut(&[u8]),
+    ) -> Result<usize, StackError> {
+        if self.conn(h)?.at_urgent_mark() {
+            return Ok(0);
+        }
+        self.tcp_recv_with_inner(h, max, true, sink)
+    }
+
+    /// Whether the next byte to read is the urgent byte (not inline).
+    pub fn tcp_at_urgent_mark(&self, h: SocketHandle) -> bool {
+        self.conn(h).is_ok_and(|c| c.at_urgent_mark())
+    }
+
+    /// At the urgent mark: the urgent byte, taken out of the stream.
+    pub fn tcp_take_urgent_at_mark(&mut self, h: SocketHandle) -> Result<Option<u8>, StackError> {
+        let b = self.conn_mut(h)?.take_urgent_at_mark();
+        if b.is_some() {
+            // Taking it may open the window: let the connection say so.
+            self.tcp_settle(h.index, Wake::default());
+        }
+        Ok(b)
+    }
+
+    fn tcp_recv_with_inner(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        to_mark: bool,
+        sink: impl FnMut(&[u8]),
+    ) -> Result<usize, StackError> {
         let n = if self.conn(h)?.is_zero_copy() {
             self.zc_copy_out(h, max, sink)?
+        } else if to_mark {
+            self.conn_mut(h)?.recv_with_to_mark(max, sink)
         } else {
             self.conn_mut(h)?.recv_with(max, sink)
         };

@@ -189,6 +189,29 @@ impl Connection {
         })
     }
 
+    /// [`Connection::recv_with`] that stops at the urgent mark (see
+    /// [`Connection::recv_to_mark`]): a consumer elsewhere learns where the mark is
+    /// by finding [`Connection::at_urgent_mark`] after it, then takes the urgent
+    /// byte with [`Connection::take_urgent_at_mark`].
+    pub fn recv_with_to_mark(&mut self, max: usize, sink: impl FnMut(&[u8])) -> usize {
+        self.recv_upto(max, true, sink)
+    }
+
+    /// At the urgent mark: takes the urgent byte out of the stream (as a read that
+    /// passes the mark does) and returns it; None elsewhere.
+    pub fn take_urgent_at_mark(&mut self) -> Option<u8> {
+        if !self.at_urgent_mark() {
+            return None;
+        }
+        let mut b = [0u8; 1];
+        self.rcv.buf.peek(0, &mut b);
+        self.rcv.buf.consume(1);
+        self.rcv.urg_seq = None;
+        self.rcv.oob_byte = None;
+        self.after_app_read(1);
+        Some(b[0])
+    }
+
     /// Whether the next byte to read is the urgent byte (out of band, not inline).
     pub fn at_urgent_mark(&self) -> bool {
         let head = self.rcv.nxt - self.rcv.buf.len() as u32;
@@ -895,6 +918,36 @@ mod tests {
         // An ordinary read takes it out of band and goes on.
         assert_eq!(srv.recv(&mut buf), MSS - 10);
         assert_eq!(srv.recv_urgent(), Some(b'!'));
+    }
+
+    #[test]
+    fn a_consumer_elsewhere_finds_the_mark_and_takes_the_urgent_byte() {
+        // What a stack server does: copy up to the mark, note where it is, take
+        // the byte, copy on.
+        let (mut cli, mut srv) = default_pair();
+        let mut segs = segments(&mut cli, 1, T0);
+        segs[0].repr.flags |= usnet_wire::TcpFlags::URG;
+        segs[0].repr.urgent = 10;
+        segs[0].payload[9] = b'!';
+        feed(&mut srv, T0, &segs);
+        let mut got = Vec::new();
+        assert_eq!(srv.take_urgent_at_mark(), None, "not at the mark yet");
+        assert_eq!(
+            srv.recv_with_to_mark(usize::MAX, |c| got.extend_from_slice(c)),
+            9
+        );
+        assert_eq!(
+            srv.recv_with_to_mark(usize::MAX, |c| got.extend_from_slice(c)),
+            0
+        );
+        assert_eq!(srv.take_urgent_at_mark(), Some(b'!'));
+        assert!(!srv.at_urgent_mark());
+        assert_eq!(
+            srv.recv_with_to_mark(usize::MAX, |c| got.extend_from_slice(c)),
+            MSS - 10
+        );
+        assert_eq!(got.len(), MSS - 1, "every byte but the urgent one, once");
+        assert_eq!(srv.recv_urgent(), None, "taken already");
     }
 
     #[test]
