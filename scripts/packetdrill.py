@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Runs packetdrill's Linux TCP suite (gtests/net/tcp) against usnet's
-`--so_filename` backend (`--layer backend`: its own socket layer over an in-process
-stack; `--layer posix`: usnet-posix, the socket layer of libusnet.so and the
-LD_PRELOAD shim, against a stack server in the packetdrill process), the way packetdrill's own run_all.py runs it: its IPv4 and
-IPv6 flags, each script from its own directory. The shell commands the scripts run
+`--so_filename` backend (usnet-posix, the socket layer of libusnet.so and the
+LD_PRELOAD shim, against a stack server in the packetdrill process on virtual
+time), the way packetdrill's own run_all.py runs it: its IPv4 and IPv6 flags, each
+script from its own directory. The shell commands the scripts run
 to tune or probe the Linux kernel (`defaults.sh`, `sysctl`, `ip`, `tc`, `nstat`)
 never run: the suite is copied to a temporary directory with every command replaced
 by `true`, and the sysctls a script sets become backend flags instead
@@ -31,10 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DEFAULT_SUITE = os.path.join(REPO, "..", "shared", "tools", "packetdrill")
-DEFAULT_EXPECT = {
-    "backend": os.path.join(REPO, "crates", "usnet-packetdrill", "suite-passing.txt"),
-    "posix": os.path.join(REPO, "crates", "usnet-packetdrill", "suite-passing-posix.txt"),
-}
+DEFAULT_EXPECT = os.path.join(REPO, "crates", "usnet-packetdrill", "suite-passing.txt")
 
 # run_all.py's flags, and the backend flags that give the same addresses.
 MODES = {
@@ -133,7 +130,7 @@ def replacement(text, m):
     if m.start() > first_event(text):
         sets = settings(m.group(1))
         if "tcp_metrics flush" in m.group(1):
-            # The backend's own line for it (FLUSH_METRICS in backend.rs).
+            # The backend's own line for it (FLUSH_METRICS in config.rs).
             sets.append("tcp_metrics_flush")
         if sets:
             body += "; printf '%s\\n' >> \"$USNET_PD_SYSCTL\"" % "\\n".join(sets)
@@ -199,7 +196,7 @@ def run_one_unlocked(args, tcp, script, mode, extra):
     pd_flags, so_flags = MODES[mode]
     fd, sysctl_file = tempfile.mkstemp(prefix="usnet-pd-sysctl.")
     os.close(fd)
-    so = ",".join([so_flags] + ["layer=" + args.layer] +
+    so = ",".join([so_flags] +
                   ([] if args.no_sysctls else extra + ["sysctl_file=" + sysctl_file]))
     path = os.path.join(tcp, script)
     cmd = ["timeout", "-k", "5", str(args.timeout), args.packetdrill, "--send_omit_free"]
@@ -234,20 +231,15 @@ def main():
                                                 "libusnet_packetdrill.so"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=60, help="seconds per script")
-    ap.add_argument("--expect", help="expectations file (default: the --layer's own)")
+    ap.add_argument("--expect", default=DEFAULT_EXPECT, help="expectations file")
     ap.add_argument("--update", action="store_true", help="add new passes to --expect")
     ap.add_argument("--results", help="write every result (TSV) here")
     ap.add_argument("--mode", choices=sorted(MODES), action="append")
     ap.add_argument("--show", action="store_true", help="print packetdrill's output")
-    ap.add_argument("--layer", choices=["backend", "posix"], default="backend",
-                    help="the socket layer scripts call: the backend's own, or usnet-posix "
-                         "(libusnet.so's, the shim's) over a stack server in the process")
     ap.add_argument("--no-sysctls", action="store_true",
                     help="pass no profile/sysctl flags (for backends without them)")
     ap.add_argument("filter", nargs="*", help="only scripts whose path contains one")
     args = ap.parse_args()
-    if not args.expect:
-        args.expect = DEFAULT_EXPECT[args.layer]
 
     if not os.path.isdir(os.path.join(args.suite, "gtests", "net", "tcp")):
         print("packetdrill: skipped: no packetdrill source at %s" % args.suite)

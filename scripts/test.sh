@@ -35,14 +35,12 @@ step "clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 step "build" cargo build --workspace --release
 step "tests" cargo test --workspace --release
 # Long simulated conversations (100+ MB with loss, 100k connect/close cycles): release only.
-# packetdrill's Linux TCP suite against the --so_filename backend (IPv4 and IPv6,
-# 2 jobs, a timeout per script); fails if a script in the expectations file fails,
-# or if any run hangs or crashes. Skipped when ../shared/tools/packetdrill is absent.
+# packetdrill's Linux TCP suite against the --so_filename backend: every socket call
+# through usnet-posix (the socket layer `usnet run` and libusnet.so use) against a
+# stack server on virtual time (IPv4 and IPv6, 2 jobs, a timeout per script); fails
+# if a script in the expectations file fails, or if any run hangs or crashes.
+# Skipped when ../shared/tools/packetdrill is absent.
 step "packetdrill suite" python3 scripts/packetdrill.py --jobs 2 --timeout 60
-# The same suite through usnet-posix (the socket layer `usnet run` and libusnet.so
-# use) against a stack server on virtual time, with its own expectations file.
-step "packetdrill suite through usnet-posix" \
-    python3 scripts/packetdrill.py --jobs 2 --timeout 60 --layer posix
 step "long simulations" cargo test --release -p usnet-stack -p usnet-tcp -- --ignored
 if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 2>/dev/null; then
     step "loom model checking" env RUSTFLAGS="--cfg loom" \

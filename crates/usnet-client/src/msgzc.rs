@@ -8,8 +8,7 @@
 //! the server publishes how far the peer acknowledged in the same count
 //! (`usnet_abi::slot::TX_ACKED`), bumps the slot's events and rings the bell when it
 //! moves. Completed sends are ranges `[lo, hi]`: a range grows while it is queued
-//! and the next id completes, as Linux coalesces them. The packetdrill backend
-//! counts the same numbering in the bytes its sends queued.
+//! and the next id completes, as Linux coalesces them.
 
 use std::collections::VecDeque;
 

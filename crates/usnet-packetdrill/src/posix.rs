@@ -1,6 +1,6 @@
-//! `layer=posix`: the script's socket calls go through the socket layer `usnet run`
-//! and `libusnet.so` use (usnet-posix, through `libusnet.so`'s own C functions),
-//! as a client of a stack server running in this process on virtual time.
+//! The script's socket calls go through the socket layer `usnet run` and
+//! `libusnet.so` use (usnet-posix, through `libusnet.so`'s own C functions), as a
+//! client of a stack server running in this process on virtual time.
 //!
 //! The server is the real one (`usnet_server::ServerHandle`, its own loop thread,
 //! sessions over shared memory) on an in-memory link, its clock a
@@ -12,10 +12,11 @@
 //! library sleeps having looked at the world since the last change. A call woken by
 //! an injected packet thus completes at that packet's virtual time.
 //!
-//! The link, the script's frames and the clock's rules (stop at every stack timer
-//! and at a sleeping call's deadline; `gettimeofday` ticks; `netdev_receive` jumps
-//! to the next timer) are the in-process backend's (`crate::backend::link`,
-//! `crate::backend::shared`); only where the stack lives differs.
+//! The clock's rules: it stops at every stack timer and at a sleeping call's
+//! deadline; `gettimeofday` ticks (packetdrill spins on the clock for the last
+//! microseconds before an event); `netdev_receive` jumps to the next timer; and a
+//! thread whose blocking call completed reads that call's completion time first
+//! (packetdrill's `end_syscall`). The link is [`crate::link`].
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_long, c_longlong, c_uint, c_ulong, c_void};
@@ -31,10 +32,27 @@ use usnet_driver::{AnyClock, Clock, ManualClock, MemDevice, MemQueues};
 use usnet_server::{Loop, ServerConfig, ServerHandle};
 use usnet_stack::Stack;
 
-use crate::backend::link::{link_frame, script_frame, sort_frame, Sorted};
-use crate::backend::shared::{RECORD_GRACE, SETTLE_DEADLINE, SNIFF_HORIZON_NS, STUCK_AFTER_NS};
-use crate::backend::{Options, Res};
+use crate::config::{Options, Res};
 use crate::layout::PacketdrillInterface;
+use crate::link::{link_frame, script_frame, sort_frame, Sorted};
+
+/// How far one `netdev_receive` lets the virtual clock run looking for a packet
+/// before it reports "nothing" (packetdrill then asks again, and the clock runs on).
+const SNIFF_HORIZON_NS: u64 = 1_000_000_000;
+
+/// Longest real time the clock waits for woken calls to re-poll before it moves
+/// anyway (a thread that never comes back must not hang the run).
+const SETTLE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Virtual seconds `netdev_receive` runs the clock while nothing at all is scheduled
+/// (no stack timer, no waiting call with a deadline, no other thread inside the
+/// library) before it gives up: the packet the script waits for can never come, and
+/// packetdrill would ask for it forever.
+const STUCK_AFTER_NS: u64 = 30 * SNIFF_HORIZON_NS;
+
+/// Real time a thread whose blocking call completed gets to record its result
+/// before the virtual clock moves on.
+const RECORD_GRACE: Duration = Duration::from_millis(20);
 
 /// Longest real time a job on the server's loop may take.
 const LOOP_CALL: Duration = Duration::from_secs(5);
@@ -54,7 +72,11 @@ struct St {
     /// Virtual ns at which a thread's call that slept completed (its next
     /// `gettimeofday` reads it).
     stamps: HashMap<ThreadId, u64>,
-    /// A thread that collected its stamp, and when (see `backend::shared`).
+    /// A thread that just collected the completion time of its call, and when:
+    /// packetdrill records the call's result (an accepted descriptor) only after
+    /// that, outside the library and under its own lock, so the next `usleep` waits
+    /// [`RECORD_GRACE`] of real time (or until the thread calls in again) before
+    /// the clock moves.
     recording: Option<(ThreadId, RealInstant)>,
     idle_run_ns: u64,
     sysctl_seen: usize,
@@ -88,8 +110,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl World {
     /// Starts the server on virtual time and attaches this process to it.
     pub fn new(o: &Options) -> Result<Arc<World>, String> {
-        let stack = Stack::new(crate::backend::stack_config(o)).map_err(|e| format!("{e}"))?;
-        let (dev, queues) = MemDevice::new("packetdrill", crate::backend::device_caps(o))
+        let stack = Stack::new(crate::config::stack_config(o)).map_err(|e| format!("{e}"))?;
+        let (dev, queues) = MemDevice::new("packetdrill", crate::config::device_caps(o))
             .map_err(|e| format!("in-memory link: {e}"))?;
         let clock = ManualClock::default();
         let name = format!("packetdrill-{}", std::process::id());
@@ -274,7 +296,7 @@ impl World {
     }
 
     /// Applies the sysctl lines appended to the script's sysctl file since the last
-    /// call (as the in-process backend does) to the server's stack.
+    /// call to the server's stack.
     fn apply_sysctl_file(&self) {
         let Some(path) = &self.sysctl_file else {
             return;
@@ -297,7 +319,7 @@ impl World {
         }
         let _ = self.on_loop(move |lp| {
             for line in lines.lines() {
-                crate::backend::apply_sysctl_line(lp.stack(), line);
+                crate::config::apply_sysctl_line(lp.stack(), line);
             }
         });
     }
@@ -314,7 +336,11 @@ impl World {
         Ok(0)
     }
 
-    /// As `backend::shared::Shared::netdev_receive`.
+    /// The next packet the stack sent, with the wall-clock µs it left at: the
+    /// clock runs to the next thing that can happen (a stack timer, a sleeping
+    /// call's deadline), at most [`SNIFF_HORIZON_NS`] per call; `None` when that
+    /// brought nothing. A run in which nothing at all can happen any more ends the
+    /// process (see [`STUCK_AFTER_NS`]).
     fn netdev_receive(&self, out: &mut [u8]) -> Option<(usize, i64)> {
         let start = self.now_ns();
         let horizon = start.saturating_add(SNIFF_HORIZON_NS);
@@ -363,8 +389,8 @@ impl World {
         Some((n, self.wall_us(t)))
     }
 
-    /// Whether another thread still finishes a call that slept (see
-    /// `backend::shared`).
+    /// Whether another thread still finishes a call that slept (its completion time
+    /// not yet collected, or its result not yet recorded).
     fn finishing(&self) -> bool {
         let me = std::thread::current().id();
         let st = lock(&self.st);
@@ -673,7 +699,15 @@ unsafe extern "C" fn px_ioctl(ud: *mut c_void, fd: c_int, req: c_ulong, arg: *mu
 }
 
 unsafe extern "C" fn px_close(ud: *mut c_void, fd: c_int) -> c_int {
-    with(ud, |_| usnet::socket::usnet_close(fd))
+    with(ud, |_| {
+        if usnet_posix::is_usnet(fd) {
+            usnet::socket::usnet_close(fd)
+        } else {
+            // A script's pipe is the kernel's, as under the shim.
+            // SAFETY: close has no memory arguments.
+            unsafe { libc::close(fd) }
+        }
+    })
 }
 
 unsafe extern "C" fn px_shutdown(ud: *mut c_void, fd: c_int, how: c_int) -> c_int {
@@ -842,10 +876,44 @@ unsafe extern "C" fn px_splice(
     })
 }
 
-/// Fills `ifc` for `layer=posix` (see the module documentation); `userdata` is
-/// null when the world could not start (every call then fails with `EBADF`).
-pub fn init(o: &Options, ifc: &mut PacketdrillInterface) {
-    let userdata = match catch_unwind(|| World::new(o)) {
+/// packetdrill's entry point: fills `ifc` (every member, so no call hits a null
+/// pointer). On a bad `flags` string, or a world that cannot start, it prints why
+/// and leaves `userdata` null, so every call then fails with `EBADF`.
+///
+/// # Safety
+/// `ifc` must point to a writable `struct packetdrill_interface`; `flags` is null or a
+/// NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn packetdrill_interface_init(
+    flags: *const std::ffi::c_char,
+    ifc: *mut PacketdrillInterface,
+) {
+    if ifc.is_null() {
+        return;
+    }
+    let flags = if flags.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated string from packetdrill's command line.
+        unsafe { std::ffi::CStr::from_ptr(flags) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let made = catch_unwind(|| Options::parse(&flags).and_then(|o| World::new(&o)));
+    // SAFETY: checked non-null; the caller owns a struct of this layout.
+    init(made, unsafe { &mut *ifc });
+}
+
+/// The packetdrill.h member count this library fills (checked by the C driver test
+/// against `sizeof(struct packetdrill_interface)`).
+#[no_mangle]
+pub extern "C" fn usnet_packetdrill_interface_size() -> size_t {
+    std::mem::size_of::<PacketdrillInterface>()
+}
+
+/// Fills `ifc` with this module's functions over the world `made` (if it started).
+fn init(made: std::thread::Result<Result<Arc<World>, String>>, ifc: &mut PacketdrillInterface) {
+    let userdata = match made {
         Ok(Ok(w)) => Arc::into_raw(w) as *mut c_void,
         Ok(Err(e)) => {
             eprintln!("usnet-packetdrill: {e}");

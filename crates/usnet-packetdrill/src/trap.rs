@@ -1,16 +1,16 @@
-//! packetdrill's own `getsockopt()` and `sendfile()` on the backend's descriptors,
-//! answered by the backend.
+//! packetdrill's own `getsockopt()` and `sendfile()` on this library's descriptors,
+//! answered by this library.
 //!
 //! For `%{ ... }%` assertions packetdrill reads `TCP_INFO` (then `TCP_CC_INFO` and
 //! `SO_MEMINFO`) with the C library's `getsockopt()` on the descriptor number the
 //! library handed out, not through `struct packetdrill_interface`. Those numbers are
-//! real kernel descriptors (memfds, see `backend::RealFd`), so the kernel would
+//! real kernel descriptors (usnet-posix's eventfds), so the kernel would
 //! answer `ENOTSOCK`. This module installs a seccomp filter (with
 //! `SECCOMP_RET_USER_NOTIF`) on the process that traps `getsockopt` for those three
-//! options, and a supervisor thread that answers the trapped calls on the backend's
-//! descriptors from the backend's state ([`Backend::getsockopt_struct`]). A
-//! script's `sendfile()` is the C library's too: it is trapped as well and, with a
-//! backend socket as its destination, written to the socket (`sendfile_to`); every other
+//! options, and a supervisor thread that answers the trapped calls on this library's
+//! descriptors ([`Answer`]). A script's `sendfile()` is the C library's too: it is
+//! trapped as well and, with one of our sockets as its destination, written to the
+//! socket (`sendfile_to`); every other
 //! trapped call continues into the kernel unchanged (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`).
 //!
 //! The caller's buffers are in this process: they are read and written with
@@ -24,11 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::backend::shared::Shared;
-use crate::backend::Backend;
-
-/// What answers the trapped calls: the in-process backend, or the `layer=posix`
-/// world.
+/// What answers the trapped calls (the world of `crate::posix`).
 pub trait Answer: Send + Sync + 'static {
     /// The value of `(level, name)` on `sock`; None: not this library's descriptor
     /// or not an option it answers (the call goes on to the kernel).
@@ -37,22 +33,6 @@ pub trait Answer: Send + Sync + 'static {
     fn owns(&self, fd: c_int) -> bool;
     /// A blocking `write` of `data` to the socket `fd`.
     fn write(&self, fd: c_int, data: &[u8]) -> Result<usize, c_int>;
-}
-
-impl Answer for Shared {
-    fn value(&self, sock: c_int, level: c_int, name: c_int) -> Option<Result<Vec<u8>, c_int>> {
-        value(&mut self.lock(), sock, level, name)
-    }
-
-    fn owns(&self, fd: c_int) -> bool {
-        self.lock().owns(fd)
-    }
-
-    fn write(&self, fd: c_int, data: &[u8]) -> Result<usize, c_int> {
-        let _inside = self.enter();
-        self.lock().apply_sysctl_file();
-        Shared::write(self, fd, data, 0).map(|n| n as usize)
-    }
 }
 
 const TCP_CC_INFO: u32 = 26;
@@ -241,7 +221,7 @@ fn answer(fd: c_int, shared: &dyn Answer, req: &libc::seccomp_notif) -> libc::se
 const SENDFILE_MAX: usize = 1 << 20;
 
 /// packetdrill's `sendfile(out_fd, in_fd, offset, count)` (it calls the C library,
-/// not `struct packetdrill_interface`) with a backend socket as `out_fd`: the
+/// not `struct packetdrill_interface`) with one of our sockets as `out_fd`: the
 /// file's bytes are read here (the descriptor is this process's) and written to
 /// the socket as a `write` would (a blocking socket waits for room); `*offset`
 /// moves on by what was sent, or without an offset the file position does. Any
@@ -318,23 +298,6 @@ fn sendfile_to(
         unsafe { libc::lseek(in_fd, sent as i64 - got as i64, libc::SEEK_CUR) };
     }
     Ok(sent)
-}
-
-/// What the backend says for `(level, name)` on `sock`; None: not its descriptor or
-/// not an option it answers (the call goes on to the kernel).
-fn value(
-    b: &mut Backend,
-    sock: c_int,
-    level: c_int,
-    name: c_int,
-) -> Option<Result<Vec<u8>, c_int>> {
-    if !b.owns(sock) {
-        return None;
-    }
-    if level == libc::SOL_SOCKET && name == SO_MEMINFO as c_int {
-        return Some(Ok(b.meminfo(sock)));
-    }
-    b.getsockopt_struct(sock, level, name)
 }
 
 /// Copies between `buf` and `addr` in this process with process_vm_readv/writev

@@ -1,8 +1,8 @@
 //! The socket option table: every option name the layer knows, how Linux reads its
 //! value (sizes, ranges, the errno of a bad one) and how Linux reports it back. One
-//! table for every BSD layer over usnet: usnet-posix (libusnet.so and the shim)
-//! applies a decoded [`Opt`] to a session's socket, the packetdrill backend to an
-//! in-process stack. Nothing here needs a session.
+//! table: usnet-posix (libusnet.so, the shim and the packetdrill backend, which
+//! calls libusnet.so) applies a decoded [`Opt`] to a session's socket. Nothing here
+//! needs a session.
 //!
 //! [`decode`] turns `setsockopt`'s bytes into an [`Opt`]; the options that take
 //! effect have their own variant, the ones that are only hints to a kernel (which a

@@ -9,8 +9,8 @@
 //! scheduler and the driver see a segment at the same instant.
 //!
 //! This is the bookkeeping over byte counts and times, with no clock and no
-//! socket: the packetdrill backend and the stack server each feed it the bytes a
-//! connection took, sent and had acknowledged, in the time unit they keep.
+//! socket: the stack server feeds it the bytes a connection took, sent and had
+//! acknowledged, and its clock's nanoseconds.
 
 use std::collections::VecDeque;
 

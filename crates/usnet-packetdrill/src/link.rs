@@ -1,16 +1,14 @@
-//! The backend's virtual link and clock: the one loop of this library (frames in,
-//! protocol work, frames out). Packets from the script enter the stack as Ethernet
-//! frames; frames the stack sends leave as IP packets for the script, except ARP
-//! requests and neighbour solicitations, which are answered here with a fixed peer
-//! MAC. The clock is virtual and only moves when asked, stopping at every stack
-//! timer on the way.
+//! The virtual link between the script and the stack: packets from the script enter
+//! the stack as Ethernet frames (a script's `--mss` as a GSO frame); frames the
+//! stack sends leave as IP packets for the script, except ARP requests and
+//! neighbour solicitations, which are answered here with a fixed peer MAC.
 
 use std::net::Ipv6Addr;
 
 use usnet_pool::{GsoKind, Offload};
 use usnet_wire::MacAddr;
 
-use super::{Backend, Res};
+use crate::config::Res;
 
 /// The MAC this library answers ARP/NDP with: the "other end" of the virtual link.
 pub const PEER_MAC: MacAddr = MacAddr([0x02, 0x70, 0x64, 0x00, 0x00, 0x02]);
@@ -20,115 +18,6 @@ pub const STACK_MAC: MacAddr = MacAddr([0x02, 0x70, 0x64, 0x00, 0x00, 0x01]);
 const ETH_IPV4: u16 = 0x0800;
 const ETH_ARP: u16 = 0x0806;
 const ETH_IPV6: u16 = 0x86dd;
-
-impl Backend {
-    /// Runs the stack at the current virtual time until it is idle, collecting what it
-    /// sends (and answering its ARP/NDP itself).
-    pub(crate) fn pump(&mut self) {
-        for _ in 0..64 {
-            // The in-memory device never fails.
-            let mut did = self.driver.turn().is_ok_and(|t| t.busy());
-            while let Some((frame, _)) = self.link.take_sent() {
-                did = true;
-                self.on_frame(&frame);
-            }
-            if !did {
-                break;
-            }
-        }
-        self.count_wakes();
-        self.timestamp_progress();
-    }
-
-    fn on_frame(&mut self, frame: &[u8]) {
-        match sort_frame(frame) {
-            Sorted::Answer(ethertype, reply) => {
-                self.resolved += 1;
-                self.inject_frame(ethertype, &reply);
-            }
-            Sorted::ToScript(ip) => {
-                self.sniffed += 1;
-                self.out.push_back((ip, self.now_us()));
-            }
-            Sorted::Dropped => {}
-        }
-    }
-
-    fn inject_frame(&mut self, ethertype: u16, payload: &[u8]) {
-        self.link
-            .inject_with(&link_frame(ethertype, payload), Offload::default());
-    }
-
-    fn set_now(&self, ns: u64) {
-        self.clock.set(usnet_stack::Instant::from_nanos(ns));
-    }
-
-    /// `netdev_send`: an IP packet from the script.
-    pub fn inject(&mut self, ip: &[u8]) -> Res<()> {
-        let (f, o) = script_frame(ip, self.gso_mss)?;
-        self.link.inject_with(&f, o);
-        self.injected += 1;
-        self.pump();
-        Ok(())
-    }
-
-    /// Moves the virtual clock to `target_ns`, stopping at every stack deadline on
-    /// the way so timers fire at their own time.
-    pub fn advance_to(&mut self, target_ns: u64) {
-        loop {
-            self.pump();
-            let next = self.stack().poll_at().map(|t| t.as_nanos());
-            match next {
-                Some(t) if t > self.now_ns() && t <= target_ns => self.set_now(t),
-                Some(t) if t <= self.now_ns() => {
-                    // Due now but nothing happened in pump: avoid spinning.
-                    if self.now_ns() >= target_ns {
-                        break;
-                    }
-                    self.set_now((self.now_ns() + 1_000).min(target_ns));
-                }
-                _ => {
-                    self.set_now(target_ns);
-                    self.pump();
-                    break;
-                }
-            }
-        }
-    }
-
-    /// The next packet the stack sent, if one is queued (after running the stack at
-    /// the current time).
-    pub(crate) fn take_sent(&mut self) -> Option<(Vec<u8>, u64)> {
-        self.pump();
-        self.out.pop_front()
-    }
-
-    pub(crate) fn out_is_empty(&self) -> bool {
-        self.out.is_empty()
-    }
-
-    /// The stack's next deadline, virtual ns.
-    pub(crate) fn stack_poll_at_ns(&self) -> Option<u64> {
-        self.stack().poll_at().map(|t| t.as_nanos())
-    }
-
-    /// `netdev_receive` without blocking: the next packet the stack sent, jumping the
-    /// clock to the stack's next timer (at most `horizon_ns` ahead) if none is queued.
-    pub fn sniff(&mut self, horizon_ns: u64) -> Option<(Vec<u8>, u64)> {
-        self.pump();
-        let limit = self.now_ns().saturating_add(horizon_ns);
-        while self.out.is_empty() {
-            match self.stack().poll_at().map(|t| t.as_nanos()) {
-                Some(t) if t <= limit => {
-                    let t = t.max(self.now_ns() + 1);
-                    self.advance_to(t);
-                }
-                _ => break,
-            }
-        }
-        self.out.pop_front()
-    }
-}
 
 /// What becomes of a frame the stack sent.
 pub(crate) enum Sorted {
