@@ -390,6 +390,26 @@ impl Sock {
         })
     }
 
+    /// Copies the pieces `bufs` into the send ring in order, as far as they fit,
+    /// and publishes them at once (the server sees one write, as Linux's `writev`
+    /// is one `tcp_sendmsg`); 0 when the ring is full.
+    pub(crate) fn tx_write_vectored(&self, bufs: &[&[u8]]) -> io::Result<usize> {
+        self.with_tx(|tx| {
+            if tx.free().map_err(|_| corrupt())? == 0 {
+                return Ok(0);
+            }
+            let mut put = 0;
+            for b in bufs {
+                let n = tx.push(b);
+                put += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Ok(put)
+        })
+    }
+
     /// Moves up to `max` bytes of the file `fd` (at `file_off`, or from its
     /// position) straight into the send ring; None when the ring is full, 0 at
     /// the end of the file.

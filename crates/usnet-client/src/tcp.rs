@@ -719,6 +719,20 @@ impl TcpStream {
         self.sock.flags() & FLAG_SNDBUF != 0
     }
 
+    /// `writev`: the pieces `bufs` as one write (blocking as a write does until
+    /// some bytes went); the server sees them together, so no segment boundary
+    /// falls between pieces that Linux's one `tcp_sendmsg` would not make.
+    pub fn write_pieces(&self, bufs: &[&[u8]]) -> io::Result<usize> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want == 0 {
+            return Ok(0);
+        }
+        if self.send_bounded() {
+            return self.send_vectored_flagged(bufs, false, false);
+        }
+        self.send_with(|| Ok(Some(self.sock.tx_write_vectored(bufs)?).filter(|&n| n > 0)))
+    }
+
     fn write_inner(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);

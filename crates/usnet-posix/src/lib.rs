@@ -1067,12 +1067,11 @@ fn write_stream(s: &TcpStream, bufs: &[&[u8]], flags: i32) -> io::Result<usize> 
     let mut done = 0;
     while done < total {
         let rest = iov_from(bufs, done);
-        // Flags, or a send buffer that bounds writes, take the stack's path (one
-        // write for the whole vector); otherwise each piece goes into the ring.
-        let r = if more || eor || s.send_bounded() {
+        // Flags take the stack's path; either way the vector is one write.
+        let r = if more || eor {
             s.send_vectored_flagged(&rest, more, eor)
         } else {
-            io::Write::write(&mut &*s, rest[0])
+            s.write_pieces(&rest)
         };
         match r {
             Ok(0) => break,
@@ -1169,16 +1168,17 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
     }
 }
 
-/// `writev(2)`: the pieces in order; stops at the first short write.
+/// `writev(2)`: the pieces in order, as one write (a non-blocking socket stops
+/// where its buffer is full).
 pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
     if matches!(&*get(fd)?.read(), Obj::Udp(_)) {
         // A datagram is one record: the pieces gathered.
         let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
         return sendto(fd, &data, flags, None);
     }
-    let (bounded, zerocopy) = match &*get(fd)?.read() {
-        Obj::Stream(s) => (s.send_bounded(), s.zerocopy_on()),
-        _ => (false, false),
+    let zerocopy = match &*get(fd)?.read() {
+        Obj::Stream(s) => s.zerocopy_on(),
+        _ => false,
     };
     if zerocopy && flags & libc::MSG_ZEROCOPY != 0 {
         let pieces: Vec<(usize, usize)> = bufs
@@ -1190,41 +1190,8 @@ pub fn writev(fd: RawFd, bufs: &[&[u8]], flags: i32) -> Res<usize> {
             return send_zerocopy_frags(fd, bufs, flags, &breaks);
         }
     }
-    if bounded || flags & (libc::MSG_MORE | libc::MSG_EOR) != 0 {
-        // One write for the whole vector, as the stack takes it.
-        return send_iov(fd, bufs, flags, None);
-    }
-    let mut total = 0;
-    // One zero-copy send for the whole vector, numbered once at the end.
-    let piece_flags = flags & !libc::MSG_ZEROCOPY;
-    for b in bufs.iter() {
-        if b.is_empty() {
-            continue;
-        }
-        // Each piece as one write: a blocking socket takes all of it (so all of
-        // them, as the kernel's writev), a non-blocking one stops where its buffer
-        // is full.
-        match sendto(fd, b, piece_flags, None) {
-            Ok(n) => {
-                total += n;
-                if n < b.len() {
-                    break;
-                }
-            }
-            Err(e) if total > 0 && e.0 == libc::EAGAIN => break,
-            Err(e) if total > 0 => {
-                let _ = e;
-                break;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    if flags & libc::MSG_ZEROCOPY != 0 && total > 0 {
-        if let Obj::Stream(s) = &*get(fd)?.read() {
-            s.zerocopy_sent();
-        }
-    }
-    Ok(total)
+    // One write for the whole vector, as Linux's `tcp_sendmsg` takes it.
+    send_iov(fd, bufs, flags, None)
 }
 
 /// A `MSG_ZEROCOPY` send whose pages would not fit one of Linux's buffers
