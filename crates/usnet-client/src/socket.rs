@@ -77,11 +77,21 @@ impl Socket {
         self.kind
     }
 
-    /// Gives the socket its local address (port 0: the server picks one).
+    /// Gives the socket its local address (port 0: the server picks one, which
+    /// [`Self::local_addr`] reports). A TCP socket holds the port from now on, as
+    /// Linux's: `EADDRINUSE` when a listener or another bound socket has it.
     pub fn bind(&self, addr: SocketAddr) -> io::Result<()> {
+        self.bind_with(addr, 0, false)
+    }
+
+    /// [`Self::bind`] for the wildcard's `families` (`usnet_abi::FAM_V4` |
+    /// `FAM_V6`; 0: both) with `reuse` (SO_REUSEADDR: two sockets that both set it
+    /// may be bound to one port while neither listens).
+    pub fn bind_with(&self, addr: SocketAddr, families: u64, reuse: bool) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
+        let flags = if reuse { usnet_abi::BIND_REUSE } else { 0 };
         self.sock
-            .call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])
+            .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())
     }
 

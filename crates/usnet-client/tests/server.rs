@@ -666,3 +666,42 @@ fn transmit_timestamps_report_each_write_sent_and_acknowledged() {
     // Unknown flags are refused, as on Linux.
     assert!(a.set_timestamping(1 << 30).is_err());
 }
+
+#[test]
+fn bind_holds_the_port_and_port_zero_is_chosen_at_bind() {
+    use usnet_client::{Socket, SocketKind};
+    let _srv = common::server("bindhold", |_| {});
+    let c = Client::attach("bindhold").unwrap();
+    const EADDRINUSE: i32 = 98;
+    // Port 0: the port is chosen at bind, and getsockname says which.
+    let a = Socket::new(&c, SocketKind::Tcp).unwrap();
+    a.bind(sa("10.66.0.1:0")).unwrap();
+    let p = a.local_addr().unwrap().port();
+    assert_ne!(p, 0, "an ephemeral port, before listen");
+    // The port is held: another bind to it fails, wildcard or not.
+    let b = Socket::new(&c, SocketKind::Tcp).unwrap();
+    let e = b
+        .bind(SocketAddr::new("0.0.0.0".parse().unwrap(), p))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(EADDRINUSE), "{e}");
+    // A listener holds it too.
+    let l = a.listen(8).unwrap();
+    assert_eq!(l.local_addr().unwrap().port(), p);
+    let e = b.bind(sa(&format!("10.66.0.1:{p}"))).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(EADDRINUSE), "{e}");
+    drop(l);
+    // Closed: free again.
+    b.bind(sa(&format!("10.66.0.1:{p}"))).unwrap();
+    drop(b);
+    // SO_REUSEADDR on both lets two sockets be bound to one port; one then listens.
+    let x = Socket::new(&c, SocketKind::Tcp).unwrap();
+    let y = Socket::new(&c, SocketKind::Tcp).unwrap();
+    let to = sa("10.66.0.1:7411");
+    x.bind_with(to, 0, true).unwrap();
+    y.bind_with(to, 0, true).unwrap();
+    let z = Socket::new(&c, SocketKind::Tcp).unwrap();
+    assert_eq!(z.bind(to).unwrap_err().raw_os_error(), Some(EADDRINUSE));
+    let lx = x.listen(8).unwrap();
+    let _a = TcpStream::connect(&c, to).unwrap();
+    let _b = lx.accept().unwrap();
+}

@@ -402,7 +402,7 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
     };
     let mut o = e.write();
     match &mut *o {
-        Obj::Fresh(s) => Ok(s.bind(addr)?),
+        Obj::Fresh(s) => Ok(s.bind_with(addr, fam, reuse)?),
         Obj::Udp(_) => {
             // A UDP socket is bound once; a second bind is EINVAL as in the kernel.
             let Obj::Udp(u) = std::mem::replace(&mut *o, Obj::Moving) else {

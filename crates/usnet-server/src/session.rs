@@ -62,6 +62,9 @@ struct Sock {
     handle: Option<SocketHandle>,
     /// `bind` before `listen`/`connect` (TCP) records the address here.
     bound: Option<SocketAddr>,
+    /// The stack's hold on that port until the socket listens, connects or closes
+    /// (`Stack::tcp_bind`).
+    binding: Option<u64>,
     /// TCP_MAXSEG set before `connect`: the SYN's MSS is at most this.
     connect_mss: Option<u16>,
     /// TCP_SYNCNT set before `connect`.
@@ -466,6 +469,7 @@ impl ServerSession {
             role,
             handle: None,
             bound: None,
+            binding: None,
             connect_mss: None,
             syn_retries: None,
             rx,
@@ -537,6 +541,7 @@ impl ServerSession {
         let Some(addr) = a.to_std() else {
             return -errno::EINVAL;
         };
+        let owner = self.owner();
         let s = self.sock(i);
         if s.handle.is_some() || s.bound.is_some() {
             return -errno::EINVAL;
@@ -553,17 +558,19 @@ impl ServerSession {
                 }
                 Err(e) => err(e),
             },
-            Role::Fresh => {
-                let ip = addr.ip();
-                let local_ok = ip.is_unspecified() || stack.addrs().iter().any(|c| c.addr == ip);
-                if !local_ok {
-                    return -errno::EADDRNOTAVAIL;
+            // The port is held now, as Linux's bind takes it: a clash is
+            // EADDRINUSE here, and port 0 gets its ephemeral port here.
+            Role::Fresh => match stack.tcp_bind(addr, fam, reuse, owner) {
+                Ok((local, id)) => {
+                    s.bound = Some(local);
+                    s.binding = Some(id);
+                    self.mem
+                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
+                    self.set_flags(i, FLAG_BOUND, 0);
+                    0
                 }
-                s.bound = Some(addr);
-                self.mem.set_slot_addr(i, slot::LOCAL, &a);
-                self.set_flags(i, FLAG_BOUND, 0);
-                0
-            }
+                Err(e) => err(e),
+            },
             _ => -errno::EINVAL,
         }
     }
@@ -583,6 +590,7 @@ impl ServerSession {
             "0.0.0.0:0"
         };
         let addr = s.bound.unwrap_or_else(|| any.parse().expect("addr"));
+        unbind(stack, s);
         let max = self.limits.max_backlog.max(1);
         if backlog > max as u64 {
             self.stats.quota_backlog += 1;
@@ -682,6 +690,7 @@ impl ServerSession {
         s.tx.skip(rest);
         s.tx.release();
         let cfg = connect_config(stack, s.connect_mss);
+        unbind(stack, s);
         match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg) {
             Ok((h, q)) => {
                 self.sock(i).written += q as u64;
@@ -704,6 +713,7 @@ impl ServerSession {
                     return -errno::EISCONN;
                 }
                 let cfg = connect_config(stack, s.connect_mss);
+                unbind(stack, s);
                 match stack.tcp_connect_with(s.bound, remote, cfg) {
                     Ok(h) => {
                         self.connecting(stack, i, h, &a);
@@ -1107,6 +1117,14 @@ fn apply_mcast(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), S
 
 /// The stack's TCP template for an active open, its MSS capped by the TCP_MAXSEG
 /// set before `connect`.
+/// A bound TCP socket that listens, connects or closes lets go of the port hold
+/// `bind` took (the listener or connection holds the port from then on).
+fn unbind(stack: &mut Stack, s: &mut Sock) {
+    if let (Some(id), Some(b)) = (s.binding.take(), s.bound) {
+        stack.tcp_unbind(b.port(), id);
+    }
+}
+
 fn connect_config(stack: &Stack, mss: Option<u16>) -> usnet_stack::TcpConfig {
     let mut cfg = stack.tcp_config().clone();
     if let Some(m) = mss {
@@ -1818,9 +1836,10 @@ impl ServerSession {
     /// The client closed slot `i` and its send ring is empty: close the stack socket
     /// and give the slot back.
     fn finish_close(&mut self, stack: &mut Stack, i: u32) {
-        let Some(s) = self.socks[i as usize].take() else {
+        let Some(mut s) = self.socks[i as usize].take() else {
             return;
         };
+        unbind(stack, &mut s);
         if let (Some(h), true) = (s.handle, s.shared) {
             // Other sessions may hold it: the loop decides (`Loop::release_shared`).
             self.by_handle.remove(&h);

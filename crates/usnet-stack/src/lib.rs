@@ -316,6 +316,7 @@ impl Stack {
     /// unaccepted connections reset), UDP and ping sockets freed with their buffers.
     /// Returns how many sockets were closed.
     pub fn close_owner(&mut self, owner: Owner) -> usize {
+        self.tcp_unbind_owner(owner);
         let handles = self.sockets_of(owner);
         for &h in &handles {
             let r = match self.sockets.get(h) {

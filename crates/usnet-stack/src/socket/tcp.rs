@@ -133,6 +133,21 @@ pub(crate) struct TcpTable {
     /// Client Fast Open cookie cache (RFC 7413 §4.1.1): per peer address, the MSS
     /// and cookie its last Fast Open SYN-ACK carried.
     pub fo_cache: HashMap<std::net::IpAddr, FoCacheEntry>,
+    /// Ports held by `bind` before a socket listens or connects (Linux's bind
+    /// hash), by port.
+    pub bound: HashMap<u16, Vec<TcpBinding>>,
+    pub next_binding: u64,
+}
+
+/// A port a socket holds by `bind` alone ([`crate::Stack::tcp_bind`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TcpBinding {
+    pub id: u64,
+    pub ip: std::net::IpAddr,
+    pub fam: crate::Families,
+    /// SO_REUSEADDR: another such binding may share the port.
+    pub reuse: bool,
+    pub owner: crate::Owner,
 }
 
 /// A Fast Open cookie cache entry.

@@ -88,7 +88,7 @@ impl Stack {
         for _ in 0..EPHEMERAL_SPAN {
             let p = crate::socket::next_ephemeral(&mut self.sockets.tcp.next_ephemeral);
             let local = SocketAddr::new(local_ip, p);
-            if self.sockets.tcp.listen.contains_key(&p) {
+            if self.sockets.tcp.listen.contains_key(&p) || self.sockets.tcp.bound.contains_key(&p) {
                 continue;
             }
             if remote.port() == 0 || self.tcp_tuple_free(local, remote) {
@@ -114,6 +114,93 @@ impl Stack {
             self.tcp_reap(i);
         }
         reusable
+    }
+
+    /// `bind` of a TCP socket that neither listens nor connects yet (Linux's bind
+    /// hash): holds `addr`'s port for families `fam` (port 0 picks an ephemeral
+    /// one) against other binds and listeners, until [`Stack::tcp_unbind`] (the
+    /// socket listens, connects or closes) or its owner closes
+    /// ([`Stack::close_owner`]). `AddrInUse` when a listener or another binding
+    /// shares an address and a family on the port (two bindings may share it when
+    /// both set `reuse`, SO_REUSEADDR). Returns the address with its port and the
+    /// binding's id.
+    pub fn tcp_bind(
+        &mut self,
+        addr: SocketAddr,
+        fam: Families,
+        reuse: bool,
+        owner: Owner,
+    ) -> Result<(SocketAddr, u64), StackError> {
+        let ip = addr.ip();
+        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
+            return Err(StackError::AddrNotAvailable);
+        }
+        let port = match addr.port() {
+            0 => self
+                .tcp_ephemeral(ip, SocketAddr::new(ip, 0))
+                .ok_or(StackError::AddrInUse)?,
+            p => p,
+        };
+        if self.tcp_listener_clash(ip, fam, port) {
+            return Err(StackError::AddrInUse);
+        }
+        let clash = self.sockets.tcp.bound.get(&port).is_some_and(|list| {
+            list.iter()
+                .any(|b| !(reuse && b.reuse) && Families::overlap(b.ip, b.fam, ip, fam))
+        });
+        if clash {
+            return Err(StackError::AddrInUse);
+        }
+        let t = &mut self.sockets.tcp;
+        t.next_binding += 1;
+        let id = t.next_binding;
+        t.bound
+            .entry(port)
+            .or_default()
+            .push(crate::socket::tcp::TcpBinding {
+                id,
+                ip,
+                fam,
+                reuse,
+                owner,
+            });
+        Ok((SocketAddr::new(ip, port), id))
+    }
+
+    /// Lets go of the port binding `id` held on `port` ([`Stack::tcp_bind`]).
+    pub fn tcp_unbind(&mut self, port: u16, id: u64) {
+        if let Some(list) = self.sockets.tcp.bound.get_mut(&port) {
+            list.retain(|b| b.id != id);
+            if list.is_empty() {
+                self.sockets.tcp.bound.remove(&port);
+            }
+        }
+    }
+
+    /// Lets go of every port binding of `owner`.
+    pub(crate) fn tcp_unbind_owner(&mut self, owner: Owner) {
+        self.sockets.tcp.bound.retain(|_, list| {
+            list.retain(|b| b.owner != owner);
+            !list.is_empty()
+        });
+    }
+
+    /// Whether a listener on `port` shares an address and a family with `ip`/`fam`.
+    fn tcp_listener_clash(&self, ip: std::net::IpAddr, fam: Families, port: u16) -> bool {
+        let Some(list) = self.sockets.tcp.listen.get(&port) else {
+            return false;
+        };
+        list.iter().any(|&i| match self.sockets.at(i) {
+            Some(Socket::TcpListen(l)) => {
+                let theirs = match (&l.v4, &l.v6) {
+                    (Some(_), None) => Families::V4,
+                    (None, Some(_)) => Families::V6,
+                    _ => Families::Both,
+                };
+                Families::overlap(l.local.ip(), theirs, ip, fam)
+            }
+            _ => false,
+        })
     }
 
     /// Listens on `addr` (an unspecified address accepts both families, like UDP's
@@ -161,19 +248,8 @@ impl Stack {
                 .ok_or(StackError::AddrInUse)?,
             p => p,
         };
-        if let Some(list) = self.sockets.tcp.listen.get(&port) {
-            for &i in list {
-                if let Some(Socket::TcpListen(l)) = self.sockets.at(i) {
-                    let theirs = match (&l.v4, &l.v6) {
-                        (Some(_), None) => Families::V4,
-                        (None, Some(_)) => Families::V6,
-                        _ => Families::Both,
-                    };
-                    if Families::overlap(l.local.ip(), theirs, ip, fam) {
-                        return Err(StackError::AddrInUse);
-                    }
-                }
-            }
+        if self.tcp_listener_clash(ip, fam, port) {
+            return Err(StackError::AddrInUse);
         }
         let local = SocketAddr::new(ip, port);
         let cfg = self.tcp_prepare(cfg);
