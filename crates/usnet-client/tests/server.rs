@@ -657,8 +657,10 @@ fn transmit_timestamps_report_each_write_sent_and_acknowledged() {
     let after = usnet_client::vtime::wall_ns();
     for t in &stamps {
         let w = t.wall_ns.expect("software stamps asked for");
+        // The server's clock is the one its loop read at the start of a turn, which
+        // may lag real time a little on a loaded machine: a second of slack below.
         assert!(
-            w >= before - 1_000_000 && w <= after,
+            w >= before - 1_000_000_000 && w <= after,
             "{t:?} outside {before}..{after}"
         );
         assert!(!t.tsonly);
