@@ -353,6 +353,10 @@ pub const CONNECT_FASTOPEN: u64 = 1;
 /// segment may wait) and `MSG_EOR` (the write ends a record).
 pub const SEND_MORE: u64 = 1;
 pub const SEND_EOR: u64 = 2;
+/// [`op::SEND`] posted without waiting for its count (the write lies within
+/// [`slot::TX_CREDIT`]): what the stack does not take stays in the ring for the
+/// usual drain instead of being dropped.
+pub const SEND_ASYNC: u64 = 4;
 
 pub const KIND_TCP: u64 = 1;
 pub const KIND_UDP: u64 = 2;
@@ -679,6 +683,10 @@ pub mod slot {
     /// from the ring's start), kept by the server for a connection with
     /// `SO_ZEROCOPY` on; `u64::MAX` once it can send no more (closed, reset).
     pub const TX_ACKED: usize = 336;
+    /// A connection with [`super::FLAG_SNDBUF`]: the send ring position up to which
+    /// a write would surely be taken whole by the stack (u64, counted as `TX_PROD`),
+    /// so the client may post it without waiting for the count (`SEND_ASYNC`).
+    pub const TX_CREDIT: usize = 344;
     /// 128 bytes the server fills on request ([`super::tcp_info`]).
     pub const INFO: usize = 384;
     pub const INFO_LEN: usize = 128;
@@ -688,7 +696,7 @@ pub mod slot {
 const _: () = assert!(slot::RX_CONS - slot::RX_PROD >= CACHE_LINE);
 const _: () = assert!(slot::TX_CONS - slot::TX_PROD >= CACHE_LINE);
 const _: () = assert!(tcp_info::LEN <= slot::INFO_LEN);
-const _: () = assert!(slot::TX_ACKED + 8 <= slot::INFO);
+const _: () = assert!(slot::TX_CREDIT + 8 <= slot::INFO);
 const _: () = assert!(slot::RX_OOB + 4 <= slot::RX_CONS);
 
 /// A socket a claim gave a session (the control socket's attach reply carries one

@@ -767,6 +767,7 @@ impl TcpStream {
         fill: &mut dyn FnMut(&mut usnet_shm::ByteProducer) -> io::Result<usize>,
     ) -> io::Result<(usize, usize)> {
         let deadline = self.sock.write_deadline();
+        let mut synced = false;
         loop {
             self.sock.conn.check_alive()?;
             if let Some(e) = self.sock.failure() {
@@ -775,8 +776,20 @@ impl TcpStream {
             if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
+            // Room measured first: it only grows meanwhile, so a fill that then puts
+            // nothing found its source empty, not the ring full.
+            let had_room = self.sock.tx_room() > 0;
+            if !had_room && want > 0 && !synced {
+                // Writes posted without waiting still fill the ring: an empty call
+                // behind them returns once the server took them (requests are
+                // served in order); the stack's room is not in question yet.
+                synced = true;
+                self.sock.tx_send(0, flags, |_| Ok(0))?;
+                continue;
+            }
+            synced = false;
             let (put, taken) = self.sock.tx_send(want, flags, &mut *fill)?;
-            if taken > 0 || (put == 0 && want > 0 && self.sock.tx_room() > 0) {
+            if taken > 0 || (put == 0 && want > 0 && had_room) {
                 // Taken; or the source had nothing (the end of a file).
                 return Ok((put, taken));
             }

@@ -13,8 +13,8 @@ use usnet_abi::{
     errno, op, opt, slot, tcp_info, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN,
     FAM_V4, FAM_V6, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
     FLAG_HUP, FLAG_NOT_RECEIVER, FLAG_RX_EOF, FLAG_SHARED, FLAG_SNDBUF, FLAG_WRITABLE,
-    FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SEND_EOR, SEND_MORE, SHUT_RD,
-    SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN, STAMP_TIMED, STAMP_TSONLY,
+    FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SEND_ASYNC, SEND_EOR, SEND_MORE,
+    SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN, STAMP_TIMED, STAMP_TSONLY,
 };
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
@@ -1360,6 +1360,7 @@ impl ServerSession {
         }
         s.written += at - pos;
         let before = at.saturating_sub(start).min(end - start);
+        let mut leftover = false;
         let mut took = before;
         let mut moved = at - pos;
         let left = end - at.max(start);
@@ -1368,13 +1369,15 @@ impl ServerSession {
             if self.scratch.len() < n {
                 self.scratch.resize(n, 0);
             }
-            let got = s.tx.read(&mut self.scratch[..n]);
+            let got = s.tx.peek(0, &mut self.scratch[..n]);
             let more = flags & SEND_MORE != 0;
             let r = stack.tcp_send_more(h, &self.scratch[..got], more);
             let k = match r {
                 Ok(k) => k,
                 Err(StackError::WouldBlock) => 0,
+                Err(_) if flags & SEND_ASYNC != 0 => 0,
                 Err(e) => {
+                    s.tx.skip(got);
                     s.tx.release();
                     return err(e);
                 }
@@ -1382,13 +1385,26 @@ impl ServerSession {
             if flags & SEND_EOR != 0 && k == got && k > 0 {
                 let _ = stack.tcp_end_record(h);
             }
-            if k < got && s.zc_watch {
-                s.tx_gaps
-                    .push(s.tx.position() - (got - k) as u64, (got - k) as u64);
+            if flags & SEND_ASYNC != 0 {
+                // The client counted every byte as taken: what the stack did not
+                // take (it should not happen within the credit) goes out later by
+                // the usual drain, never dropped.
+                s.tx.skip(k);
+                if k < got {
+                    leftover = true;
+                }
+            } else {
+                s.tx.skip(got);
+                if k < got && s.zc_watch {
+                    s.tx_gaps
+                        .push(s.tx.position() - (got - k) as u64, (got - k) as u64);
+                }
             }
             took += k as u64;
             moved += k as u64;
             s.written += k as u64;
+        } else if left > 0 && flags & SEND_ASYNC != 0 {
+            leftover = true;
         } else if left > 0 {
             // Older bytes still wait: the write gets nothing now, and is dropped.
             let n = left as usize;
@@ -1407,6 +1423,9 @@ impl ServerSession {
         self.stats.bytes_in += moved;
         if moved > 0 {
             self.bump(i);
+        }
+        if leftover {
+            self.activate(i);
         }
         // The marked byte may have left already.
         self.stamp_progress(stack, i);
@@ -1456,6 +1475,23 @@ impl ServerSession {
         watch
     }
 
+    /// `slot::TX_CREDIT` of connection `i` (whose writes meet the stack when
+    /// `bounded`): the ring position up to which a write would surely be taken
+    /// whole, so the client posts it without waiting.
+    fn publish_credit(&mut self, stack: &Stack, i: u32, bounded: bool) {
+        let s = self.sock(i);
+        let credit = match s.handle {
+            Some(h) if bounded => {
+                s.tx.position() + u64::from(stack.tcp_sure_write_room(h).unwrap_or(0))
+            }
+            _ => 0,
+        };
+        let w = self.mem.slot_u64(i, slot::TX_CREDIT);
+        if w.load(Relaxed) != credit {
+            w.store(credit, Release);
+        }
+    }
+
     /// `op::ERRQUEUE`: the oldest transmit timestamp of connection `i`.
     fn op_errqueue(&mut self, stack: &Stack, i: u32) -> Option<(i64, [u64; 2])> {
         let now = stack.now().as_nanos();
@@ -1487,6 +1523,7 @@ impl ServerSession {
             return;
         };
         let (set, clear) = send_bits(stack, s, h);
+        self.publish_credit(stack, i, set & FLAG_SNDBUF != 0);
         self.set_flags(i, set, clear);
     }
 
@@ -1723,6 +1760,12 @@ impl ServerSession {
                 let (s_set, s_clear) = send_bits(stack, s, h);
                 set |= s_set;
                 clear |= s_clear;
+                let credit = if s_set & FLAG_SNDBUF != 0 {
+                    s.tx.position() + u64::from(stack.tcp_sure_write_room(h).unwrap_or(0))
+                } else {
+                    0
+                };
+                self.mem.slot_u64(i, slot::TX_CREDIT).store(credit, Release);
             }
             Role::Listener => {
                 let r = stack.readiness(h).unwrap_or_default();

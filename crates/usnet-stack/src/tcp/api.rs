@@ -967,6 +967,12 @@ impl Stack {
         Ok(self.conn(h)?.send_limit_chosen())
     }
 
+    /// How many bytes a write would surely have taken whole now
+    /// (`usnet_tcp::Connection::sure_write_room`).
+    pub fn tcp_sure_write_room(&self, h: SocketHandle) -> Result<u32, StackError> {
+        Ok(self.conn(h)?.sure_write_room())
+    }
+
     /// The send buffer's limit now (what Linux's `SO_SNDBUF` reports).
     pub fn tcp_send_buffer(&self, h: SocketHandle) -> Result<u32, StackError> {
         Ok(self.conn(h)?.send_buffer_limit())

@@ -228,6 +228,39 @@ impl Connection {
         i64::from(self.wmem.sndbuf) - queued >= queued / 2 && self.memory_free(true)
     }
 
+    /// A write of at most this many bytes would be taken whole now (a lower
+    /// bound of what [`Connection::send_step`]s admit: the unsent tail chunk's
+    /// room, then new chunks of the size goal while the queued bytes, with each
+    /// chunk's overhead, stay under the limit and the unsent bytes under the
+    /// low-water mark; transmissions in between only help). 0 once writing is over.
+    pub fn sure_write_room(&self) -> u32 {
+        if !self.may_send() {
+            return 0;
+        }
+        let goal = self.size_goal();
+        let tail = self.tail_room(goal);
+        let queued = u64::from(self.wmem_queued()) + u64::from(tail);
+        let notsent = u64::from(self.notsent_bytes()) + u64::from(tail);
+        let (limit, lowat) = (
+            u64::from(self.wmem.sndbuf),
+            u64::from(self.effective_lowat()),
+        );
+        let step = u64::from(goal) + u64::from(CHUNK_OVERHEAD);
+        let mut chunks = 0u64;
+        // The k-th new chunk starts while queued + k·step < limit and notsent +
+        // k·goal < lowat (k from 0).
+        while queued + chunks * step < limit && notsent + chunks * u64::from(goal) < lowat {
+            chunks += 1;
+            if chunks > 1 << 16 {
+                break;
+            }
+        }
+        let room = u64::from(tail) + chunks * u64::from(goal);
+        // The byte ring underneath is the hard cap.
+        room.min(self.snd.buf.free() as u64)
+            .min(u64::from(u32::MAX)) as u32
+    }
+
     /// Linux's size goal: the most one chunk holds, whole segments of the current
     /// MSS up to a TSO frame, at most half the largest window the peer offered.
     pub fn size_goal(&self) -> u32 {
@@ -508,6 +541,38 @@ mod tests {
         // The configured default applies when the option is 0.
         cli.set_notsent_lowat(0);
         assert!(cli.memory_free(false));
+    }
+
+    #[test]
+    fn a_write_within_the_sure_room_is_taken_whole() {
+        let srv_cfg = TcpConfig {
+            recv_buffer: 8192,
+            recv_buffer_initial: 8192,
+            autotune: false,
+            ..TcpConfig::default()
+        };
+        for (limit, lowat) in [(20_000, 0), (200_000, 0), (50_000, 4000), (9000, 0)] {
+            let (mut cli, _srv) = pair(TcpConfig::default(), srv_cfg.clone());
+            cli.set_send_buffer_limit(limit);
+            cli.set_notsent_lowat(lowat);
+            let data = vec![1u8; 300_000];
+            let mut done = 0;
+            // Twice: from empty, then with what the first write left queued.
+            for _ in 0..2 {
+                let sure = cli.sure_write_room() as usize;
+                let mut took = 0;
+                while took < sure {
+                    let (n, _) = cli.send_step(&data[..sure - took], false);
+                    if n == 0 {
+                        break;
+                    }
+                    took += n;
+                }
+                assert_eq!(took, sure, "limit {limit} lowat {lowat}: all of {sure}");
+                done += took;
+            }
+            assert!(done > 0 && done < data.len());
+        }
     }
 
     #[test]
