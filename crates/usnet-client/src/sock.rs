@@ -400,15 +400,7 @@ impl Sock {
             if tx.free().map_err(|_| corrupt())? == 0 {
                 return Ok(0);
             }
-            let mut put = 0;
-            for b in bufs {
-                let n = tx.push(b);
-                put += n;
-                if n < b.len() {
-                    break;
-                }
-            }
-            Ok(put)
+            Ok(push_pieces(tx, bufs))
         })
     }
 
@@ -530,6 +522,20 @@ impl Sock {
             let _ = self.conn.post(self.request(op::CLOSE, [0; 6]), true);
         }
     }
+}
+
+/// Pushes the pieces `bufs` in order, as far as they fit (by the last
+/// `ByteProducer::free`); returns the bytes pushed.
+pub(crate) fn push_pieces(tx: &mut ByteProducer, bufs: &[&[u8]]) -> usize {
+    let mut put = 0;
+    for b in bufs {
+        let n = tx.push(b);
+        put += n;
+        if n < b.len() {
+            break;
+        }
+    }
+    put
 }
 
 /// A copy out of a shared stream's ring in progress (`Sock::rx_enter`).

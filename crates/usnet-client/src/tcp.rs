@@ -676,17 +676,7 @@ impl TcpStream {
             return Ok(0);
         }
         let flags = if more { SEND_MORE } else { 0 } | if eor { SEND_EOR } else { 0 };
-        self.send_through_stack(want, flags, |tx| {
-            let mut put = 0;
-            for b in bufs {
-                let n = tx.push(b);
-                put += n;
-                if n < b.len() {
-                    break;
-                }
-            }
-            Ok(put)
-        })
+        self.send_through_stack(want, flags, |tx| Ok(crate::sock::push_pieces(tx, bufs)))
     }
 
     /// TCP_SYNCNT on a connection whose handshake may be under way.
@@ -769,13 +759,7 @@ impl TcpStream {
         let deadline = self.sock.write_deadline();
         let mut synced = false;
         loop {
-            self.sock.conn.check_alive()?;
-            if let Some(e) = self.sock.failure() {
-                return Err(e);
-            }
-            if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
-                return Err(io::ErrorKind::BrokenPipe.into());
-            }
+            self.may_write()?;
             // Room measured first: it only grows meanwhile, so a fill that then puts
             // nothing found its source empty, not the ring full.
             let had_room = self.sock.tx_room() > 0;
@@ -801,20 +785,27 @@ impl TcpStream {
         }
     }
 
+    /// What a send checks first: the server is there (bytes written into the ring
+    /// of a server that is gone would be lost), the connection did not fail, and
+    /// writing is not over.
+    fn may_write(&self) -> io::Result<()> {
+        self.sock.conn.check_alive()?;
+        if let Some(e) = self.sock.failure() {
+            return Err(e);
+        }
+        if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        Ok(())
+    }
+
     /// What every send does: fails as a write must (server gone, connection failed
     /// or shut), then tries `put`, which says None when the send ring is full; then
     /// it blocks (as the socket's mode and timeout say) until there is room.
     fn send_with(&self, mut put: impl FnMut() -> io::Result<Option<usize>>) -> io::Result<usize> {
         let deadline = self.sock.write_deadline();
         loop {
-            // Bytes written into the ring of a server that is gone would be lost.
-            self.sock.conn.check_alive()?;
-            if let Some(e) = self.sock.failure() {
-                return Err(e);
-            }
-            if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
-                return Err(io::ErrorKind::BrokenPipe.into());
-            }
+            self.may_write()?;
             if let Some(n) = put()? {
                 return Ok(n);
             }

@@ -132,18 +132,7 @@ impl Stack {
         owner: Owner,
     ) -> Result<(SocketAddr, u64), StackError> {
         let ip = addr.ip();
-        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
-            return Err(StackError::AddrNotAvailable);
-        }
-        let port = match addr.port() {
-            0 => self
-                .tcp_ephemeral(ip, SocketAddr::new(ip, 0))
-                .ok_or(StackError::AddrInUse)?,
-            p => p,
-        };
-        if self.tcp_listener_clash(ip, fam, port) {
-            return Err(StackError::AddrInUse);
-        }
+        let port = self.tcp_claim_port(addr, fam)?;
         let clash = self.sockets.tcp.bound.get(&port).is_some_and(|list| {
             list.iter()
                 .any(|b| !(reuse && b.reuse) && Families::overlap(b.ip, b.fam, ip, fam))
@@ -183,6 +172,26 @@ impl Stack {
             list.retain(|b| b.owner != owner);
             !list.is_empty()
         });
+    }
+
+    /// The port `bind` and `listen` take for `addr`: its own (port 0: an ephemeral
+    /// one), on a local or wildcard address, with no listener sharing an address and
+    /// a family on it.
+    fn tcp_claim_port(&mut self, addr: SocketAddr, fam: Families) -> Result<u16, StackError> {
+        let ip = addr.ip();
+        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
+            return Err(StackError::AddrNotAvailable);
+        }
+        let port = match addr.port() {
+            0 => self
+                .tcp_ephemeral(ip, SocketAddr::new(ip, 0))
+                .ok_or(StackError::AddrInUse)?,
+            p => p,
+        };
+        if self.tcp_listener_clash(ip, fam, port) {
+            return Err(StackError::AddrInUse);
+        }
+        Ok(port)
     }
 
     /// Whether a listener on `port` shares an address and a family with `ip`/`fam`.
@@ -239,18 +248,7 @@ impl Stack {
         fam: Families,
     ) -> Result<SocketHandle, StackError> {
         let ip = addr.ip();
-        if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
-            return Err(StackError::AddrNotAvailable);
-        }
-        let port = match addr.port() {
-            0 => self
-                .tcp_ephemeral(ip, SocketAddr::new(ip, 0))
-                .ok_or(StackError::AddrInUse)?,
-            p => p,
-        };
-        if self.tcp_listener_clash(ip, fam, port) {
-            return Err(StackError::AddrInUse);
-        }
+        let port = self.tcp_claim_port(addr, fam)?;
         let local = SocketAddr::new(ip, port);
         let cfg = self.tcp_prepare(cfg);
         let mtu = self.core.cfg.mtu;
