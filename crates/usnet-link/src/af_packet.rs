@@ -471,8 +471,10 @@ impl Device for AfPacketDevice {
             let mut nmsg = 0;
             for f in frames.iter().take(MAX_MSGS) {
                 let len = pool.chain_len(f);
-                // The header takes an iovec too; the batch ends when none is left.
-                if !fits(pool, f, len) || (vnet && nseg == MAX_SEGS) {
+                // One iovec per part of the frame, and one for the header; the batch
+                // ends when the next frame's do not fit.
+                let parts = pool.part_count(f);
+                if !fits(pool, f, len) || nseg + parts + usize::from(vnet) > MAX_SEGS {
                     break;
                 }
                 let first = nseg;
@@ -494,25 +496,19 @@ impl Device for AfPacketDevice {
                     msgs[nmsg].msg_hdr.msg_namelen =
                         std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
                 }
-                let mut cur = Some(f.id());
-                while let (Some(c), true) = (cur, nseg < MAX_SEGS) {
-                    let d = pool.data(c);
+                for d in pool.parts(f) {
                     iov[nseg] = libc::iovec {
                         iov_base: d.as_ptr() as *mut libc::c_void,
                         iov_len: d.len(),
                     };
                     nseg += 1;
-                    cur = pool.next(c);
-                }
-                if cur.is_some() {
-                    break; // does not fit this batch (or any: handled below)
                 }
                 msgs[nmsg].msg_hdr.msg_iov = iov[first..].as_mut_ptr();
                 msgs[nmsg].msg_hdr.msg_iovlen = (nseg - first) as _;
                 nmsg += 1;
             }
             if nmsg == 0 {
-                // A chain longer than MAX_SEGS buffers: cannot gather it.
+                // A frame of more than MAX_SEGS parts: cannot gather it.
                 let f = frames.pop_front().expect("not empty");
                 pool.free(f);
                 self.stats.tx_dropped += 1;

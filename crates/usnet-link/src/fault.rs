@@ -232,6 +232,7 @@ impl<D: Device> FaultInjector<D> {
         o.csum_valid = false;
         o.needs_csum = false;
         pool.set_offload(f, o);
+        // Only a private frame (no fragments: `apply` copies any other) comes here.
         let bit = self.rng.gen_range(0..len * 8);
         let (mut byte, mask) = (bit / 8, 1u8 << (bit % 8));
         let mut cur = Some(f.id());
@@ -258,7 +259,7 @@ impl<D: Device> FaultInjector<D> {
         if corrupt > 0.0 && self.rng.gen::<f64>() < corrupt {
             // Never flip bits in a buffer someone else still reads (a TCP retransmission
             // queue, a pcap writer): corrupt a private copy instead.
-            if pool.refcount(&f) > 1 || pool.next(&f).is_some_and(|n| pool.refcount(n) > 1) {
+            if !pool.is_private(&f) {
                 if let Some(c) = self.copy(pool, &f) {
                     pool.free(std::mem::replace(&mut f, c));
                     self.flip_bit(pool, &f);

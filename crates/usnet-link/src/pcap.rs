@@ -108,13 +108,13 @@ impl<D: Device> PcapWriter<D> {
         hdr[12..16].copy_from_slice(&(len as u32).to_ne_bytes());
         let mut r = out.write_all(&hdr);
         let mut left = incl;
-        let mut cur = Some(b.id());
-        while let (Some(c), true) = (cur, left > 0) {
-            let d = pool.data(c);
+        for d in pool.parts(b) {
+            if left == 0 {
+                break;
+            }
             let n = d.len().min(left);
             r = r.and_then(|_| out.write_all(&d[..n]));
             left -= n;
-            cur = pool.next(c);
         }
         match r {
             Ok(()) => {

@@ -646,14 +646,11 @@ impl Device for ShmDevice {
             // load of tail in `reserve`); SLOT_HDR + len <= slot_size.
             let slot = self.tx_slots + s as usize * self.slot_size;
             let mut off = slot + SLOT_HDR;
-            let mut cur = Some(f);
-            while let Some(c) = cur {
-                let d = pool.data(c);
+            for d in pool.parts(f) {
                 self.region
                     .write(off, d)
                     .expect("slots were checked against the mapping at open");
                 off += d.len();
-                cur = pool.next(c);
             }
             let o = pool.offload(f);
             let flags = if o.needs_csum || o.csum_valid {

@@ -459,27 +459,21 @@ impl Device for TapDevice {
                 iov_base: hdr.as_ptr() as *mut libc::c_void,
                 iov_len: VNET_HDR_LEN,
             };
+            if pool.part_count(f) > MAX_IOV {
+                // A frame of more than 64 parts: not something the stack produces.
+                pool.free(frames.pop_front().expect("the frame looked at"));
+                self.stats.tx_dropped += 1;
+                continue;
+            }
             let mut cnt = 1;
-            let mut cur = Some(f);
-            while let Some(c) = cur {
-                if cnt > MAX_IOV {
-                    break;
-                }
-                let d = pool.data(c);
+            for d in pool.parts(f) {
                 iov[cnt] = libc::iovec {
                     iov_base: d.as_ptr() as *mut libc::c_void,
                     iov_len: d.len(),
                 };
                 cnt += 1;
-                cur = pool.next(c);
             }
-            if cur.is_some() {
-                // A chain of more than 64 buffers: not something the stack produces.
-                pool.free(frames.pop_front().expect("the frame looked at"));
-                self.stats.tx_dropped += 1;
-                continue;
-            }
-            // SAFETY: every iovec points at live bytes (the local header and the chain's
+            // SAFETY: every iovec points at live bytes (the local header and the frame's
             // buffers, which stay allocated until we free them below); writev only reads.
             let r = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), cnt as libc::c_int) };
             if r < 0 {

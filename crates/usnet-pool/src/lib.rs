@@ -15,7 +15,20 @@
 //! an AF_XDP fill ring — is therefore never aliased by a Rust reference.
 //!
 //! Allocation never touches the heap: the free list is a pre-sized stack of indices.
-//! Exhaustion is counted and reported as `None`; it never panics.
+//! Exhaustion is counted and reported as `None`; it never panics. (The one table that
+//! grows is that of fragment lists, below: to the most frames with fragments alive
+//! at once, after which its lists are reused.)
+//!
+//! A frame is its buffer's data, then the data of every buffer chained after it,
+//! each buffer's *fragments* following its data. A fragment names a range of
+//! another buffer that the frame holds a reference to without owning its data
+//! window or its chain: the kernel's `skb_shinfo` frags. That is how a zero-copy
+//! TCP segment's payload leaves where it lies: the buffer is still in the
+//! connection's send queue (the queue's reference), the frame carries a second
+//! reference, and neither touches the other's view of it. [`PacketPool::parts`]
+//! walks a frame in order; everything that reads frames goes through it (or
+//! [`PacketPool::chain_len`], [`PacketPool::copy_chain`], [`PacketPool::read_chain`],
+//! which do).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -160,6 +173,8 @@ struct Meta {
     off: u32,
     len: u32,
     next: u32,
+    /// Index of this buffer's fragment list in `PacketPool::frag_lists`, or NONE.
+    frags: u32,
     refcnt: u16,
     offload: Offload,
 }
@@ -168,6 +183,7 @@ const FREE_META: Meta = Meta {
     off: 0,
     len: 0,
     next: NONE,
+    frags: NONE,
     refcnt: 0,
     offload: Offload {
         csum_valid: false,
@@ -179,6 +195,16 @@ const FREE_META: Meta = Meta {
         hdr_len: 0,
     },
 };
+
+/// A range of another buffer that a frame carries after a buffer's data (see the
+/// module docs): `len` bytes from byte `off` of buffer `buf`, counted from the
+/// buffer's start as [`PacketPool::whole`] shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frag {
+    pub buf: u32,
+    pub off: u32,
+    pub len: u32,
+}
 
 /// Counters of the pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -202,6 +228,10 @@ pub struct PacketPool {
     headroom: usize,
     meta: Vec<Meta>,
     free: Vec<u32>,
+    /// Fragment lists, named by `Meta::frags`; a list given back keeps its capacity
+    /// and its index goes to `frag_free`.
+    frag_lists: Vec<Vec<Frag>>,
+    frag_free: Vec<u32>,
     stats: PoolStats,
 }
 
@@ -281,6 +311,8 @@ impl PacketPool {
             headroom: cfg.headroom,
             meta: vec![FREE_META; cfg.count as usize],
             free,
+            frag_lists: Vec::new(),
+            frag_free: Vec::new(),
             stats: PoolStats::default(),
         })
     }
@@ -398,10 +430,15 @@ impl PacketPool {
                 return; // the rest of the chain is still owned through this buffer
             }
             let next = m.next;
+            let frags = m.frags;
             m.next = NONE;
+            m.frags = NONE;
             self.free.push(cur);
             self.stats.frees += 1;
             self.stats.in_use -= 1;
+            if frags != NONE {
+                self.release_frags(frags);
+            }
             cur = next;
         }
     }
@@ -599,14 +636,7 @@ impl PacketPool {
 
     /// Total data bytes of the chain starting at `b`.
     pub fn chain_len(&self, b: impl Into<BufId>) -> usize {
-        let b: BufId = b.into();
-        let mut total = 0;
-        let mut cur = Some(b);
-        while let Some(c) = cur {
-            total += self.len(c);
-            cur = self.next(c);
-        }
-        total
+        self.parts(b).map(<[u8]>::len).sum()
     }
 
     /// Copies `bytes` into a new buffer, chaining more buffers when they do not fit in one.
@@ -670,39 +700,170 @@ impl PacketPool {
         Some(cur)
     }
 
+    /// Carries `len` bytes from byte `off` of `piece` (counted from the buffer's
+    /// start) as a fragment after `b`'s data, with a reference of its own to
+    /// `piece`, dropped when `b` is freed. `None`, changing nothing, when the range
+    /// runs past the buffer or `piece` is free.
+    pub fn attach(
+        &mut self,
+        b: impl Into<BufId>,
+        piece: BufId,
+        off: usize,
+        len: usize,
+    ) -> Option<()> {
+        let b: BufId = b.into();
+        if off > self.buf_size || len > self.buf_size - off || self.checked(piece.0).is_none() {
+            return None;
+        }
+        let list = match self.meta[b.0 as usize].frags {
+            NONE => {
+                let i = match self.frag_free.pop() {
+                    Some(i) => i,
+                    None => {
+                        self.frag_lists.push(Vec::new());
+                        (self.frag_lists.len() - 1) as u32
+                    }
+                };
+                self.meta[b.0 as usize].frags = i;
+                i
+            }
+            i => i,
+        };
+        self.retain_index(piece);
+        self.frag_lists[list as usize].push(Frag {
+            buf: piece.0,
+            off: off as u32,
+            len: len as u32,
+        });
+        Some(())
+    }
+
+    /// The fragments carried after `b`'s data.
+    pub fn frags(&self, b: impl Into<BufId>) -> &[Frag] {
+        let b: BufId = b.into();
+        match self.meta[b.0 as usize].frags {
+            NONE => &[],
+            i => &self.frag_lists[i as usize],
+        }
+    }
+
+    /// Drops the references of a freed buffer's fragments and gives its list back.
+    fn release_frags(&mut self, list: u32) {
+        let mut frags = std::mem::take(&mut self.frag_lists[list as usize]);
+        for f in frags.drain(..) {
+            self.free(PktBuf(f.buf));
+        }
+        self.frag_lists[list as usize] = frags;
+        self.frag_free.push(list);
+    }
+
+    /// The bytes of a frame in order: each buffer's data, then its fragments, down
+    /// the chain. A device gathers a frame from these (one iovec each), a copy
+    /// reads them.
+    pub fn parts(&self, b: impl Into<BufId>) -> Parts<'_> {
+        Parts {
+            pool: self,
+            cur: Some(b.into()),
+            frag: None,
+        }
+    }
+
+    /// How many slices [`PacketPool::parts`] yields for the frame `b`.
+    pub fn part_count(&self, b: impl Into<BufId>) -> usize {
+        let mut n = 0;
+        let mut cur = Some(b.into());
+        while let Some(c) = cur {
+            n += 1 + self.frags(c).len();
+            cur = self.next(c);
+        }
+        n
+    }
+
+    /// Whether the frame `b` is one buffer: no chain and no fragments.
+    pub fn is_single(&self, b: impl Into<BufId>) -> bool {
+        let b: BufId = b.into();
+        let m = &self.meta[b.0 as usize];
+        m.next == NONE && m.frags == NONE
+    }
+
+    /// Whether every byte of the frame `b` is reachable through this one reference:
+    /// each buffer of its chain held once, no fragment (a fragment's buffer always
+    /// has another owner). Only such a frame may be changed in place.
+    pub fn is_private(&self, b: impl Into<BufId>) -> bool {
+        let mut cur = Some(b.into());
+        while let Some(c) = cur {
+            let m = &self.meta[c.0 as usize];
+            if m.refcnt != 1 || m.frags != NONE {
+                return false;
+            }
+            cur = self.next(c);
+        }
+        true
+    }
+
     /// Copies the chain's data into `out` (cleared first).
     pub fn copy_chain(&self, b: impl Into<BufId>, out: &mut Vec<u8>) {
-        let b: BufId = b.into();
         out.clear();
-        let mut cur = Some(b);
-        while let Some(c) = cur {
-            out.extend_from_slice(self.data(c));
-            cur = self.next(c);
+        for d in self.parts(b) {
+            out.extend_from_slice(d);
         }
     }
 
     /// Copies up to `out.len()` bytes of the chain starting `skip` bytes in; returns the count.
     pub fn read_chain(&self, b: impl Into<BufId>, mut skip: usize, out: &mut [u8]) -> usize {
-        let b: BufId = b.into();
         let mut done = 0;
-        let mut cur = Some(b);
-        while let Some(c) = cur {
-            let d = self.data(c);
+        for d in self.parts(b) {
             if skip >= d.len() {
                 skip -= d.len();
-            } else {
-                let d = &d[skip..];
-                skip = 0;
-                let n = d.len().min(out.len() - done);
-                out[done..done + n].copy_from_slice(&d[..n]);
-                done += n;
-                if done == out.len() {
-                    break;
-                }
+                continue;
             }
-            cur = self.next(c);
+            let d = &d[skip..];
+            skip = 0;
+            let n = d.len().min(out.len() - done);
+            out[done..done + n].copy_from_slice(&d[..n]);
+            done += n;
+            if done == out.len() {
+                break;
+            }
         }
         done
+    }
+}
+
+/// The slices of a frame, in order ([`PacketPool::parts`]).
+pub struct Parts<'a> {
+    pool: &'a PacketPool,
+    /// The buffer whose data or fragments come next.
+    cur: Option<BufId>,
+    /// None: `cur`'s data comes next; Some(i): its fragment `i`.
+    frag: Option<usize>,
+}
+
+impl<'a> Iterator for Parts<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let pool = self.pool;
+        loop {
+            let c = self.cur?;
+            match self.frag {
+                None => {
+                    self.frag = Some(0);
+                    return Some(pool.data(c));
+                }
+                Some(i) => match pool.frags(c).get(i) {
+                    Some(f) => {
+                        self.frag = Some(i + 1);
+                        let whole = pool.whole(BufId(f.buf));
+                        return Some(&whole[f.off as usize..][..f.len as usize]);
+                    }
+                    None => {
+                        self.cur = pool.next(c);
+                        self.frag = None;
+                    }
+                },
+            }
+        }
     }
 }
 
@@ -728,6 +889,79 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_fragment_follows_its_buffers_data_and_holds_its_own_reference() {
+        let mut p = pool(8);
+        let head = p.alloc().unwrap();
+        p.append(&head, 3).unwrap().copy_from_slice(b"hdr");
+        // Two pieces as a zero-copy queue holds them: one reference each.
+        let a = p.alloc().unwrap();
+        p.whole_mut(&a)[100..105].copy_from_slice(b"hello");
+        let b = p.alloc().unwrap();
+        p.whole_mut(&b)[7..13].copy_from_slice(b" world");
+        p.attach(&head, a.id(), 100, 5).unwrap();
+        p.attach(&head, b.id(), 7, 6).unwrap();
+        assert!(
+            p.attach(&head, a.id(), 2040, 9).is_none(),
+            "past the buffer"
+        );
+        assert_eq!(p.refcount(&a), 2);
+        let parts: Vec<&[u8]> = p.parts(&head).collect();
+        assert_eq!(parts, [&b"hdr"[..], b"hello", b" world"]);
+        assert_eq!(p.part_count(&head), 3);
+        assert_eq!(p.chain_len(&head), 14);
+        let mut v = Vec::new();
+        p.copy_chain(&head, &mut v);
+        assert_eq!(v, b"hdrhello world");
+        let mut out = [0u8; 6];
+        assert_eq!(p.read_chain(&head, 5, &mut out), 6);
+        assert_eq!(&out, b"llo wo");
+        assert!(!p.is_single(&head) && !p.is_private(&head));
+        // The piece's own data window is untouched.
+        assert_eq!(p.len(&a), 0);
+        // A second owner of the frame (a pcap snapshot) keeps the fragments alive.
+        let snap = p.retain(&head);
+        p.free(head);
+        assert_eq!(p.refcount(&a), 2);
+        p.free(snap);
+        assert_eq!(p.refcount(&a), 1);
+        assert_eq!(p.refcount(&b), 1);
+        // The queue's references are the last ones.
+        p.free(a);
+        p.free(b);
+        assert_eq!(p.in_use(), 0);
+        // The list is reused, not grown.
+        let h2 = p.alloc().unwrap();
+        let c = p.alloc().unwrap();
+        p.attach(&h2, c.id(), 0, 1).unwrap();
+        assert_eq!(p.frag_lists.len(), 1);
+        p.free(c);
+        p.free(h2);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn fragments_of_a_chained_buffer_come_before_the_next_buffer() {
+        let mut p = pool(8);
+        let head = p.alloc_from(b"ab").unwrap();
+        let tail = p.alloc_from(b"ef").unwrap();
+        let piece = p.alloc().unwrap();
+        p.whole_mut(&piece)[0..2].copy_from_slice(b"cd");
+        p.attach(&head, piece.id(), 0, 2).unwrap();
+        p.set_next(&head, Some(tail));
+        let mut v = Vec::new();
+        p.copy_chain(&head, &mut v);
+        assert_eq!(v, b"abcdef");
+        assert!(p.alloc_from(b"x").is_some_and(|x| {
+            let private = p.is_private(&x) && p.is_single(&x);
+            p.free(x);
+            private
+        }));
+        p.free(head);
+        p.free(piece);
+        assert_eq!(p.in_use(), 0);
     }
 
     #[test]

@@ -579,7 +579,7 @@ impl Stack {
         core.counters.link_rx_frames += 1;
         core.counters.link_rx_bytes += len as u64;
         let csum_valid = core.pool.offload(&buf).csum_valid && core.cfg.rx_csum_offload;
-        if core.pool.next(&buf).is_some() {
+        if !core.pool.is_single(&buf) {
             // A frame larger than one buffer: linearise it once.
             let mut data = std::mem::take(&mut core.frame_scratch);
             core.pool.copy_chain(&buf, &mut data);

@@ -25,7 +25,8 @@ const GSO_MAX_IP: usize = 65535;
 const GSO_MAX_BUFS: usize = 48;
 
 /// A GSO frame being built from consecutive segments of one connection: headers and
-/// the first payload in `buf`, the rest in buffers chained after it.
+/// the first payload in `buf`, the rest in buffers chained after it (or, for
+/// zero-copy pieces, every payload as fragments of `buf`).
 pub(crate) struct GsoPending {
     buf: PktBuf,
     /// The chain's last buffer, where the next segment's payload goes (owned by the
@@ -48,6 +49,95 @@ pub(crate) struct GsoPending {
     closed: bool,
     /// The IP ECN codepoint of every segment in it.
     ecn: u8,
+    /// The payload is carried as fragments of `buf` (zero-copy pieces where they
+    /// lie), not copied into its chain; `bufs` counts the fragments.
+    frags: bool,
+}
+
+/// What [`Core::gso_start`] found.
+enum GsoStart {
+    Unjoinable,
+    Refused,
+    Head(PktBuf, usize, IpAddr),
+}
+
+impl GsoPending {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        buf: PktBuf,
+        tail: BufId,
+        bufs: usize,
+        frags: bool,
+        (local, remote): (std::net::SocketAddr, std::net::SocketAddr),
+        repr: &usnet_tcp::TcpRepr,
+        plen: usize,
+        (l3, next_hop): (usize, IpAddr),
+        ecn: u8,
+    ) -> GsoPending {
+        GsoPending {
+            buf,
+            tail,
+            bufs,
+            local,
+            remote,
+            repr: *repr,
+            next_seq: repr.seq.wrapping_add(plen as u32),
+            seg: plen,
+            payload: plen,
+            segs: 1,
+            l3,
+            next_hop,
+            closed: repr.flags.contains(TcpFlags::PSH),
+            ecn,
+            frags,
+        }
+    }
+
+    /// Whether a segment (`plen` payload bytes, `more_bufs` more buffers or
+    /// fragments) continues this frame: the next bytes of the same connection with
+    /// the same header but for the sequence number and PSH, no longer than the
+    /// frame's segments, within the size and buffer limits.
+    fn continues(
+        &self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        plen: usize,
+        ecn: u8,
+        more_bufs: usize,
+    ) -> bool {
+        let mut same = *repr;
+        same.seq = self.repr.seq;
+        same.flags = TcpFlags(same.flags.0 & !TcpFlags::PSH.0);
+        let mut first = self.repr;
+        first.flags = TcpFlags(first.flags.0 & !TcpFlags::PSH.0);
+        let fits = self.l3 + repr.header_len() + self.payload + plen <= GSO_MAX_IP
+            && self.bufs + more_bufs <= GSO_MAX_BUFS;
+        !self.closed
+            && self.local == local
+            && self.remote == remote
+            && repr.seq == self.next_seq
+            && same == first
+            && self.ecn == ecn
+            && plen > 0
+            && plen <= self.seg
+            && fits
+    }
+
+    /// Counts a segment that joined the frame.
+    fn joined(&mut self, repr: &usnet_tcp::TcpRepr, plen: usize, more_bufs: usize) {
+        self.bufs += more_bufs;
+        self.payload += plen;
+        self.segs += 1;
+        self.next_seq = self.next_seq.wrapping_add(plen as u32);
+        if repr.flags.contains(TcpFlags::PSH) {
+            self.repr.flags = TcpFlags(self.repr.flags.0 | TcpFlags::PSH.0);
+            self.closed = true;
+        }
+        if plen < self.seg {
+            self.closed = true;
+        }
+    }
 }
 
 /// IPv6 fragment header fields for one fragment.
@@ -518,7 +608,7 @@ impl Core {
         let id = self.pool.checked(span.buf)?;
         let front = ETH + ip_header_len(dst) + repr.header_len();
         let frame_off = (span.off as usize).checked_sub(front)?;
-        if self.pool.refcount(id) != 1 || self.pool.next(id).is_some() {
+        if self.pool.refcount(id) != 1 || !self.pool.is_single(id) {
             return None;
         }
         let (_, next_hop) = self.route(dst)?;
@@ -554,81 +644,26 @@ impl Core {
         ecn: u8,
     ) -> bool {
         let plen = payload.0.len() + payload.1.len();
-        let hl = repr.header_len();
         if let Some(p) = pending.as_mut() {
-            let mut same = *repr;
-            same.seq = p.repr.seq;
-            same.flags = TcpFlags(same.flags.0 & !TcpFlags::PSH.0);
-            let mut first = p.repr;
-            first.flags = TcpFlags(first.flags.0 & !TcpFlags::PSH.0);
             let more_bufs = plen
                 .saturating_sub(self.pool.tailroom(p.tail))
                 .div_ceil(self.pool.buf_size());
-            let fits =
-                p.l3 + hl + p.payload + plen <= GSO_MAX_IP && p.bufs + more_bufs <= GSO_MAX_BUFS;
-            if !p.closed
-                && p.local == local
-                && p.remote == remote
-                && repr.seq == p.next_seq
-                && same == first
-                && p.ecn == ecn
-                && plen > 0
-                && plen <= p.seg
-                && fits
-            {
+            if !p.frags && p.continues(local, remote, repr, plen, ecn, more_bufs) {
                 let Some(tail) = self.pool.extend_chain(p.tail, &[payload.0, payload.1]) else {
                     self.counters.tcp_tx_blocked += 1;
                     return false;
                 };
                 p.tail = tail;
-                p.bufs += more_bufs;
-                p.payload += plen;
-                p.segs += 1;
-                p.next_seq = p.next_seq.wrapping_add(plen as u32);
-                if repr.flags.contains(TcpFlags::PSH) {
-                    p.repr.flags = TcpFlags(p.repr.flags.0 | TcpFlags::PSH.0);
-                    p.closed = true;
-                }
-                if plen < p.seg {
-                    p.closed = true;
-                }
+                p.joined(repr, plen, more_bufs);
                 return true;
             }
         }
         self.flush_gso(pending);
-        let joinable = plen > 0
-            && repr.flags.0
-                & (TcpFlags::SYN.0 | TcpFlags::RST.0 | TcpFlags::FIN.0 | TcpFlags::URG.0)
-                == 0
-            && self.tso_ok();
-        if !joinable {
-            return self.send_tcp(local, remote, repr, payload, ecn);
-        }
-        if self.tx.len() >= self.cfg.tx_queue_len {
-            self.counters.tcp_tx_blocked += 1;
-            return false;
-        }
-        let dst = remote.ip();
-        let Some((_, next_hop)) = self.route(dst) else {
-            self.counters.ip_tx_no_route += 1;
-            return true;
+        let (buf, l3, next_hop) = match self.gso_start(remote, repr, plen) {
+            GsoStart::Unjoinable => return self.send_tcp(local, remote, repr, payload, ecn),
+            GsoStart::Refused => return false,
+            GsoStart::Head(buf, l3, next_hop) => (buf, l3, next_hop),
         };
-        let l3 = ip_header_len(dst);
-        // The headers go in the first buffer; a pool whose buffers are too small for
-        // them (legal: the pool only promises 64 bytes past the headroom) sends the
-        // segment unjoined, built the way `send_tcp` builds oversized ones.
-        let fits_headers = ETH + l3 + hl <= self.pool.buf_size() - self.pool.headroom();
-        if self.is_local_addr(next_hop) || !fits_headers {
-            return self.send_tcp(local, remote, repr, payload, ecn);
-        }
-        let Some(buf) = self.pool.alloc() else {
-            self.counters.tcp_tx_blocked += 1;
-            return false;
-        };
-        // Headers are written when the frame is finished; reserve their room.
-        self.pool
-            .append(&buf, ETH + l3 + hl)
-            .expect("a buffer holds the headers");
         let more_bufs = plen
             .saturating_sub(self.pool.tailroom(&buf))
             .div_ceil(self.pool.buf_size());
@@ -637,23 +672,129 @@ impl Core {
             self.counters.tcp_tx_blocked += 1;
             return false;
         };
-        *pending = Some(GsoPending {
+        *pending = Some(GsoPending::new(
             buf,
             tail,
-            bufs: 1 + more_bufs,
-            local,
-            remote,
-            repr: *repr,
-            next_seq: repr.seq.wrapping_add(plen as u32),
-            seg: plen,
-            payload: plen,
-            segs: 1,
-            l3,
-            next_hop,
-            closed: repr.flags.contains(TcpFlags::PSH),
+            1 + more_bufs,
+            false,
+            (local, remote),
+            repr,
+            plen,
+            (l3, next_hop),
             ecn,
-        });
+        ));
         true
+    }
+
+    /// Sends a zero-copy TCP segment whose payload is `spans` of pool buffers the
+    /// sender's queue holds, joined to `pending` as fragments: the payload leaves
+    /// where it lies, the frame holding a reference to each buffer (the queue keeps
+    /// its own for retransmission). None when the segment cannot go that way (not
+    /// joinable into a GSO frame, or a span that names no live buffer): the caller
+    /// gathers its bytes instead. Otherwise as [`Core::send_tcp_gso`].
+    pub(crate) fn send_tcp_gso_spans(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        spans: &[usnet_tcp::BufSpan],
+        ecn: u8,
+    ) -> Option<bool> {
+        let size = self.pool.buf_size();
+        let valid = spans
+            .iter()
+            .all(|s| self.pool.checked(s.buf).is_some() && s.off as usize + s.len as usize <= size);
+        if !valid {
+            debug_assert!(false, "zero-copy piece in a free buffer");
+            return None;
+        }
+        let plen: usize = spans.iter().map(|s| s.len as usize).sum();
+        if let Some(p) = pending.as_mut() {
+            if p.frags && p.continues(local, remote, repr, plen, ecn, spans.len()) {
+                let head = p.buf.id();
+                self.attach_spans(head, spans);
+                p.joined(repr, plen, spans.len());
+                return Some(true);
+            }
+        }
+        self.flush_gso(pending);
+        let (buf, l3, next_hop) = match self.gso_start(remote, repr, plen) {
+            GsoStart::Unjoinable => return None,
+            GsoStart::Refused => return Some(false),
+            GsoStart::Head(buf, l3, next_hop) => (buf, l3, next_hop),
+        };
+        let head = buf.id();
+        self.attach_spans(head, spans);
+        *pending = Some(GsoPending::new(
+            buf,
+            head,
+            1 + spans.len(),
+            true,
+            (local, remote),
+            repr,
+            plen,
+            (l3, next_hop),
+            ecn,
+        ));
+        self.counters.tcp_zc_tx_attached += 1;
+        Some(true)
+    }
+
+    fn attach_spans(&mut self, head: BufId, spans: &[usnet_tcp::BufSpan]) {
+        for s in spans {
+            let piece = self.pool.checked(s.buf).expect("checked by the caller");
+            self.pool
+                .attach(head, piece, s.off as usize, s.len as usize)
+                .expect("ranges checked by the caller");
+        }
+    }
+
+    /// The head buffer of a new GSO frame for a segment of `plen` payload bytes:
+    /// headers reserved, no payload yet. Unjoinable: the segment must go on its own
+    /// (control flags, no TSO, a local destination, headers that do not fit a
+    /// buffer); Refused: no room (counted).
+    fn gso_start(
+        &mut self,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        plen: usize,
+    ) -> GsoStart {
+        let joinable = plen > 0
+            && repr.flags.0
+                & (TcpFlags::SYN.0 | TcpFlags::RST.0 | TcpFlags::FIN.0 | TcpFlags::URG.0)
+                == 0
+            && self.tso_ok();
+        if !joinable {
+            return GsoStart::Unjoinable;
+        }
+        if self.tx.len() >= self.cfg.tx_queue_len {
+            self.counters.tcp_tx_blocked += 1;
+            return GsoStart::Refused;
+        }
+        let dst = remote.ip();
+        let Some((_, next_hop)) = self.route(dst) else {
+            // `send_tcp` counts the missing route.
+            return GsoStart::Unjoinable;
+        };
+        let l3 = ip_header_len(dst);
+        let hl = repr.header_len();
+        // The headers go in the first buffer; a pool whose buffers are too small for
+        // them (legal: the pool only promises 64 bytes past the headroom) sends the
+        // segment unjoined, built the way `send_tcp` builds oversized ones.
+        let fits_headers = ETH + l3 + hl <= self.pool.buf_size() - self.pool.headroom();
+        if self.is_local_addr(next_hop) || !fits_headers {
+            return GsoStart::Unjoinable;
+        }
+        let Some(buf) = self.pool.alloc() else {
+            self.counters.tcp_tx_blocked += 1;
+            return GsoStart::Refused;
+        };
+        // Headers are written when the frame is finished; reserve their room.
+        self.pool
+            .append(&buf, ETH + l3 + hl)
+            .expect("a buffer holds the headers");
+        GsoStart::Head(buf, l3, next_hop)
     }
 
     /// Finishes the GSO frame being built (headers, partial checksum, offload fields)

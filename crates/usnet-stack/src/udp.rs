@@ -212,7 +212,7 @@ impl Stack {
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
         let pool = &mut self.core.pool;
-        let n = if pool.next(&d.buf).is_none() {
+        let n = if pool.is_single(&d.buf) {
             let src = pool.data(&d.buf);
             let n = src.len().min(buf.len());
             buf[..n].copy_from_slice(&src[..n]);
@@ -239,10 +239,8 @@ impl Stack {
         let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
         u.rx_queued_bytes -= d.len;
         let pool = &mut self.core.pool;
-        let mut cur = Some(d.buf.id());
-        while let Some(c) = cur {
-            sink(pool.data(c));
-            cur = pool.next(c);
+        for part in pool.parts(&d.buf) {
+            sink(part);
         }
         pool.free(d.buf);
         Ok((d.len, d.from))

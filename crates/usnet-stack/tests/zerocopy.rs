@@ -25,9 +25,18 @@ fn faults() -> Faults {
 }
 
 fn pair(seed: u64, faults: Faults) -> SimNet {
+    pair_with(seed, faults, false)
+}
+
+/// Two stacks; with `tso`, both join segments into GSO frames.
+fn pair_with(seed: u64, faults: Faults, tso: bool) -> SimNet {
     let mut net = SimNet::new(seed, faults);
-    net.add(cfg(1)).unwrap();
-    net.add(cfg(2)).unwrap();
+    for i in 1..=2 {
+        let mut c = cfg(i);
+        c.tso = tso;
+        c.tx_csum_offload |= tso;
+        net.add(c).unwrap();
+    }
     net
 }
 
@@ -52,8 +61,12 @@ fn submit(s: &mut Stack, port: &mut ZcPort, h: SocketHandle, data: &[u8], piece:
 /// Stack 1 echoes through the ring API, sending back each received buffer itself
 /// (no copy: the payload's offset in the received frame leaves room for the
 /// headers); stack 0 sends `total` bytes with the copying API and checks the echo.
-fn echo(seed: u64, faults: Faults, total: u64) {
-    let mut net = pair(seed, faults);
+/// With `tso`, full-sized segments leave as GSO frames that carry the received
+/// buffers as fragments (no payload copied), which must hold the buffers exactly
+/// as long as the frames live.
+fn echo(seed: u64, faults: Faults, total: u64, tso: bool) {
+    let clean = faults == Faults::default();
+    let mut net = pair_with(seed, faults, tso);
     let server = sa("10.0.0.2:7");
     let base = net.stack(1).pool().in_use();
     let mut port = net.stack(1).zc_port(256, 256);
@@ -156,20 +169,37 @@ fn echo(seed: u64, faults: Faults, total: u64) {
     assert_eq!(port.stats().rx_bytes, total);
     assert_eq!(port.stats().tx_bytes, total);
     let c = s.counters();
-    assert!(c.tcp_zc_tx_in_place > 0, "segments left in place");
+    if tso {
+        assert!(c.tcp_zc_tx_attached > 0, "GSO frames of fragments");
+        if clean {
+            // Every full segment joined a frame, every short one left in place.
+            assert_eq!(c.tcp_zc_tx_copied, 0, "no payload copied");
+        }
+    } else {
+        assert!(c.tcp_zc_tx_in_place > 0, "segments left in place");
+        assert_eq!(c.tcp_zc_tx_attached, 0);
+    }
     s.zc_close_port(port);
     assert_eq!(s.pool().in_use(), base, "pool back to its baseline");
 }
 
 #[test]
 fn echo_through_the_rings_on_a_clean_wire() {
-    echo(1, Faults::default(), 1 << 20);
+    echo(1, Faults::default(), 1 << 20, false);
+}
+
+#[test]
+fn echo_through_the_rings_with_tso_sends_the_buffers_as_fragments() {
+    echo(11, Faults::default(), 2 << 20, true);
+    for seed in [12, 13] {
+        echo(seed, faults(), 512 << 10, true);
+    }
 }
 
 #[test]
 fn echo_through_the_rings_under_loss_reorder_duplication_corruption() {
     for seed in [2, 3, 4] {
-        echo(seed, faults(), 512 << 10);
+        echo(seed, faults(), 512 << 10, false);
     }
 }
 

@@ -718,9 +718,7 @@ impl Device for NicDriver {
             let first = self.tx_next;
             let mut slot = first;
             let mut filled = 0usize;
-            let mut cur = Some(f.id());
-            while let Some(c) = cur {
-                let mut data = pool.data(c);
+            for mut data in pool.parts(f) {
                 while !data.is_empty() {
                     let at = filled % bs;
                     let take = (bs - at).min(data.len());
@@ -734,7 +732,6 @@ impl Device for NicDriver {
                         slot = (slot + 1) % ring;
                     }
                 }
-                cur = pool.next(c);
             }
             // Descriptors: the first one is handed over last so the device never sees
             // half a frame.

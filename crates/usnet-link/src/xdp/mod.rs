@@ -882,7 +882,7 @@ impl Device for XdpDevice {
                 self.stats.tx_dropped += 1;
                 continue;
             }
-            let in_place = pool.next(f).is_none() && u.lent[f.index() as usize].is_none();
+            let in_place = pool.is_single(f) && u.lent[f.index() as usize].is_none();
             let b = if in_place {
                 frames.pop_front().expect("looked at it")
             } else {

@@ -83,15 +83,23 @@ impl SegmentSink for CoreSink<'_> {
                 spans,
                 at_piece_start,
             } => {
-                // With TSO, a full-sized segment is better joined with the next ones
-                // into one GSO frame (one device write for 64 KiB) than sent in
-                // place, one frame each; a short one (a small response) goes in
-                // place.
+                // With TSO, a full-sized segment is joined with the next ones into
+                // one GSO frame (one device write for 64 KiB) that carries the pieces
+                // as fragments, where they lie; a short one (a small response), or
+                // any without TSO, goes in place.
                 let ip = if remote.is_ipv4() { 20 } else { 40 };
                 let full =
                     ip + repr.header_len() + spans.iter().map(|s| s.len as usize).sum::<usize>()
                         >= self.core.cfg.mtu;
-                if let ([one], true, false) = (spans, at_piece_start, self.tso && full) {
+                if self.tso && full {
+                    if let Some(ok) =
+                        self.core
+                            .send_tcp_gso_spans(&mut self.gso, local, remote, repr, spans, ecn)
+                    {
+                        self.refused |= !ok;
+                        return ok;
+                    }
+                } else if let ([one], true) = (spans, at_piece_start) {
                     // Frames leave in order: what is being joined goes first.
                     self.flush();
                     if let Some(ok) = self.core.send_tcp_in_place(local, remote, repr, *one, ecn) {
