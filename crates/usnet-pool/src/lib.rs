@@ -702,8 +702,10 @@ impl PacketPool {
 
     /// Carries `len` bytes from byte `off` of `piece` (counted from the buffer's
     /// start) as a fragment after `b`'s data, with a reference of its own to
-    /// `piece`, dropped when `b` is freed. `None`, changing nothing, when the range
-    /// runs past the buffer or `piece` is free.
+    /// `piece`, dropped when `b` is freed. A range that continues `b`'s last
+    /// fragment in the same buffer extends it instead (one part, one reference).
+    /// `None`, changing nothing, when the range runs past the buffer or `piece` is
+    /// free.
     pub fn attach(
         &mut self,
         b: impl Into<BufId>,
@@ -729,6 +731,12 @@ impl PacketPool {
             }
             i => i,
         };
+        if let Some(last) = self.frag_lists[list as usize].last_mut() {
+            if last.buf == piece.0 && last.off + last.len == off as u32 {
+                last.len += len as u32;
+                return Some(());
+            }
+        }
         self.retain_index(piece);
         self.frag_lists[list as usize].push(Frag {
             buf: piece.0,
@@ -939,6 +947,28 @@ mod tests {
         assert_eq!(p.frag_lists.len(), 1);
         p.free(c);
         p.free(h2);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn a_range_that_continues_the_last_fragment_extends_it() {
+        let mut p = pool(4);
+        let head = p.alloc().unwrap();
+        let a = p.alloc().unwrap();
+        p.whole_mut(&a)[10..16].copy_from_slice(b"abcdef");
+        p.attach(&head, a.id(), 10, 3).unwrap();
+        p.attach(&head, a.id(), 13, 3).unwrap();
+        assert_eq!(p.frags(&head).len(), 1);
+        assert_eq!(p.refcount(&a), 2, "one reference for the one fragment");
+        // Not contiguous: a fragment of its own.
+        p.attach(&head, a.id(), 10, 1).unwrap();
+        assert_eq!(p.part_count(&head), 3);
+        let mut v = Vec::new();
+        p.copy_chain(&head, &mut v);
+        assert_eq!(v, b"abcdefa");
+        p.free(head);
+        assert_eq!(p.refcount(&a), 1);
+        p.free(a);
         assert_eq!(p.in_use(), 0);
     }
 

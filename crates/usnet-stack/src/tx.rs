@@ -714,7 +714,9 @@ impl Core {
             if p.frags && p.continues(local, remote, repr, plen, ecn, spans.len()) {
                 let head = p.buf.id();
                 self.attach_spans(head, spans);
-                p.joined(repr, plen, spans.len());
+                p.joined(repr, plen, 0);
+                // Spans that continue the last fragment extend it: count the parts.
+                p.bufs = 1 + self.pool.frags(head).len();
                 return Some(true);
             }
         }
@@ -726,10 +728,11 @@ impl Core {
         };
         let head = buf.id();
         self.attach_spans(head, spans);
+        let parts = 1 + self.pool.frags(head).len();
         *pending = Some(GsoPending::new(
             buf,
             head,
-            1 + spans.len(),
+            parts,
             true,
             (local, remote),
             repr,

@@ -359,11 +359,16 @@ impl Stack {
         (self.core.pool.buf_size() - self.core.pool.headroom()) as u32
     }
 
-    /// The piece size that makes one segment per piece on connection `h` (so every
-    /// piece can leave in place): its full-segment payload, at most a buffer's
-    /// capacity. Known once the connection is established.
+    /// The piece size an application should write on connection `h`. Without TSO,
+    /// one segment per piece, so every piece can leave in place: its full-segment
+    /// payload, at most a buffer's capacity. With TSO, full segments leave as
+    /// fragments of GSO frames wherever they start in a piece, so a whole buffer's
+    /// capacity: fewer pieces per byte. Known once the connection is established.
     pub fn zc_piece_len(&self, h: SocketHandle) -> Result<u32, StackError> {
         let c = self.conn(h)?;
+        if self.core.tso_ok() {
+            return Ok(self.zc_buf_capacity());
+        }
         Ok(c.full_segment_payload().min(self.zc_buf_capacity()))
     }
 
