@@ -730,12 +730,12 @@ pub fn sendmsg(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) ->
 
 /// A send of the pieces `bufs` (one datagram, or one stream write).
 fn send_iov(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) -> Res<usize> {
-    let gathered;
-    let buf: &[u8] = match bufs {
-        [one] => one,
-        _ => {
-            gathered = bufs.concat();
-            &gathered
+    // One datagram, or the data of a Fast Open SYN, is one slice; a stream write
+    // takes the pieces as they are (joining them would copy every byte once more).
+    let joined = || -> std::borrow::Cow<'_, [u8]> {
+        match bufs {
+            [one] => std::borrow::Cow::Borrowed(*one),
+            _ => std::borrow::Cow::Owned(bufs.concat()),
         }
     };
     if flags & !SEND_FLAGS != 0 {
@@ -748,7 +748,7 @@ fn send_iov(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) -> Re
         // A Fast Open connect: MSG_FASTOPEN on an unconnected stream, or the first
         // write after a deferred TCP_FASTOPEN_CONNECT `connect`.
         if let Some(to) = deferred.or(to.filter(|_| flags & libc::MSG_FASTOPEN != 0)) {
-            return fastopen_send(&e, to, buf, flags).map_err(|err| sigpipe(flags, err));
+            return fastopen_send(&e, to, &joined(), flags).map_err(|err| sigpipe(flags, err));
         }
         if flags & libc::MSG_FASTOPEN != 0 {
             return Err(Errno(libc::EDESTADDRREQ));
@@ -793,9 +793,10 @@ fn send_iov(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) -> Re
         }
         Obj::Udp(u) => {
             u.set_write_timeout(lock(&e.opts).sndtimeo)?;
+            let buf = joined();
             maybe_dontwait(flags, || match to {
-                Some(a) => u.send_to(buf, a),
-                None => u.send(buf),
+                Some(a) => u.send_to(&buf, a),
+                None => u.send(&buf),
             })
             .map_err(|err| match err.kind() {
                 io::ErrorKind::NotConnected => Errno(libc::EDESTADDRREQ),

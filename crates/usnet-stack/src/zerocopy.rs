@@ -755,7 +755,11 @@ impl Stack {
         more: bool,
         mut fill: impl FnMut(&mut [u8]) -> usize,
     ) -> usize {
-        let room = self.zc_buf_capacity() as usize;
+        // Pieces of the connection's piece length, so each leaves as one segment in
+        // place (or, with TSO, whole buffers that leave as fragments).
+        let room = self
+            .zc_piece_len(h)
+            .map_or(self.zc_buf_capacity(), |p| p.max(1)) as usize;
         let head = self.zc_headroom();
         let mut done = 0;
         while done < max {

@@ -494,3 +494,65 @@ mod garbage {
         }
     }
 }
+
+/// The copying calls on a zero-copy connection cut the bytes into pieces of the
+/// connection's piece length, so without TSO writes of whole pieces leave one
+/// segment per piece, in place: the copy into the pieces is the only one (before,
+/// pieces of a whole buffer straddled segments and every segment was gathered
+/// again). A write that ends mid-piece still shifts the later segments off the
+/// piece starts (its tail piece is not filled up by the next write).
+#[test]
+fn copying_sends_on_a_zero_copy_connection_leave_in_place() {
+    let mut net = pair(21, Faults::default());
+    let server = sa("10.0.0.2:9");
+    let l = net.stack_mut(1).tcp_listen(server, 4).unwrap();
+    let mut port = net.stack(0).zc_port(64, 64);
+    let c = net.stack_mut(0).zc_connect(&mut port, server).unwrap();
+    let total = 256u64 << 10;
+    let (mut sent, mut got) = (0u64, 0u64);
+    let mut conn = None;
+    let mut chunk = Vec::new();
+    let mut rbuf = vec![0u8; 64 * 1024];
+    let ok = net.run_until(Duration::from_secs(60), |n| {
+        let s = n.stack_mut(0);
+        s.zc_sync(&mut port);
+        while port.rx.head != port.rx.tail {
+            port.rx.head = port.rx.next(port.rx.head);
+        }
+        // Once established: the piece length follows the negotiated MSS.
+        let established = s.tcp_state(c) == Ok(usnet_stack::TcpState::Established);
+        if established && chunk.is_empty() {
+            // Writes of whole pieces (8 segments each).
+            chunk = vec![0u8; 8 * s.zc_piece_len(c).unwrap() as usize];
+        }
+        while established && sent < total {
+            let want = (total - sent).min(chunk.len() as u64) as usize;
+            fill(&mut chunk[..want], sent);
+            match s.tcp_send(c, &chunk[..want]) {
+                Ok(k) => sent += k as u64,
+                Err(StackError::WouldBlock) => break,
+                Err(e) => panic!("send: {e:?}"),
+            }
+        }
+        let s = n.stack_mut(1);
+        if conn.is_none() {
+            conn = s.tcp_accept(l).ok();
+        }
+        if let Some(h) = conn {
+            while let Ok(k) = s.tcp_recv(h, &mut rbuf) {
+                if k == 0 {
+                    break;
+                }
+                for (j, b) in rbuf[..k].iter().enumerate() {
+                    assert_eq!(*b, pattern(got + j as u64), "byte {}", got + j as u64);
+                }
+                got += k as u64;
+            }
+        }
+        got == total
+    });
+    assert!(ok, "sent {sent} got {got} of {total}");
+    let c = net.stack(0).counters_snapshot();
+    assert!(c.tcp_zc_tx_in_place > 0);
+    assert_eq!(c.tcp_zc_tx_copied, 0, "every segment in place");
+}
