@@ -91,6 +91,9 @@ pub struct TcpBenchOptions {
     /// How long a usnet end on a TAP keeps polling its device after the last frame
     /// before it sleeps on it, in microseconds. Ends on shm always poll.
     pub spin_us: u64,
+    /// usnet ends hold their connections' queues in pool buffers
+    /// (`TcpConfig::zero_copy`) and use the copying calls on them.
+    pub pool_buffers: bool,
 }
 
 impl Default for TcpBenchOptions {
@@ -109,6 +112,7 @@ impl Default for TcpBenchOptions {
             no_bulk: false,
             no_tso: false,
             spin_us: DEFAULT_SPIN_US,
+            pool_buffers: false,
         }
     }
 }
@@ -150,6 +154,9 @@ pub struct TcpPeerOptions {
     pub netns: Option<String>,
     /// usnet: microseconds of polling after the last frame before sleeping.
     pub spin_us: u64,
+    /// usnet: connections hold their queues in pool buffers.
+    #[serde(default)]
+    pub pool_buffers: bool,
 }
 
 /// Polling window of a usnet end, microseconds. Measured on the 2-vCPU machine
@@ -392,6 +399,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         ns: ns.as_ref(),
         tso: !a.no_tso,
         spin_us: a.spin_us,
+        pool_buffers: a.pool_buffers,
     };
     let mut results: Vec<(Test, usize, Sys, Vec<Run>)> = Vec::new();
     for (test, sizes, systems) in [
@@ -642,7 +650,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         &json!({
             "benchmark": "tcp", "runs": runs, "seconds": seconds, "cpus": crate::cpus(),
             "verify": if a.verify { "every byte" } else { "byte counts + stamp per KiB" },
-            "shm_mtu": SHM_MTU, "tap_mtu": 1500, "veth_mtu": 1500,
+            "shm_mtu": SHM_MTU, "tap_mtu": 1500, "veth_mtu": 1500, "pool_buffers": a.pool_buffers,
             "notes": notes,
             "goals": goals.iter().map(|g| json!({"goal": g.0, "ratio": g.1, "met": g.2})).collect::<Vec<_>>(),
             "bulk": json_bulk, "request_response": json_rr,
@@ -739,6 +747,7 @@ fn peer(role: PeerRole, test: Test, size: usize, core: usize, o: &RunOpts) -> Tc
         tso: false,
         netns: None,
         spin_us: o.spin_us,
+        pool_buffers: o.pool_buffers,
     }
 }
 
@@ -753,6 +762,7 @@ struct RunOpts<'a> {
     veth_dev: Option<&'a str>,
     tso: bool,
     spin_us: u64,
+    pool_buffers: bool,
 }
 
 fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
@@ -1226,6 +1236,7 @@ impl App {
         )?;
         let caps = dev.caps();
         let mut tcp = StackConfig::default().tcp;
+        tcp.zero_copy = a.pool_buffers;
         if shm {
             tcp.mss = u16::MAX;
         }

@@ -296,6 +296,11 @@ pub struct TcpArgs {
     /// `--spin-us 1000000`. Ends on shm always poll.
     #[arg(long, default_value_t = TcpBenchOptions::default().spin_us)]
     pub spin_us: u64,
+    /// usnet ends keep their connections' send and receive queues in pool buffers
+    /// (`TcpConfig::zero_copy`, used through the copying calls): one copy fewer
+    /// each way (docs/benchmarks.md, "Copies per payload byte").
+    #[arg(long)]
+    pub pool_buffers: bool,
 }
 
 impl From<TcpArgs> for TcpBenchOptions {
@@ -314,6 +319,7 @@ impl From<TcpArgs> for TcpBenchOptions {
             no_bulk: a.no_bulk,
             no_tso: a.no_tso,
             spin_us: a.spin_us,
+            pool_buffers: a.pool_buffers,
         }
     }
 }

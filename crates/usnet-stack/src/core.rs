@@ -48,6 +48,9 @@ pub(crate) struct Core {
     pub frame_scratch: Vec<u8>,
     /// A zero-copy segment's pieces gathered when it cannot go in place.
     pub zc_scratch: Vec<u8>,
+    /// Buffers a copying read of a zero-copy connection took, released after the
+    /// engine's own reference changes are applied.
+    pub zc_taken: Vec<usnet_pool::BufId>,
     pub icmp_scratch: Vec<u8>,
     pub neighbor_work: NeighborWork,
     pub timers_checked: Instant,
@@ -118,6 +121,7 @@ impl Core {
             scratch: Vec::new(),
             frame_scratch: Vec::new(),
             zc_scratch: Vec::new(),
+            zc_taken: Vec::new(),
             icmp_scratch: Vec::new(),
             neighbor_work: NeighborWork::default(),
             timers_checked: Instant::ZERO,

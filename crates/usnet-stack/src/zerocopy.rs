@@ -761,9 +761,43 @@ impl Stack {
             .zc_piece_len(h)
             .map_or(self.zc_buf_capacity(), |p| p.max(1)) as usize;
         let head = self.zc_headroom();
+        let size = self.core.pool.buf_size();
         let mut done = 0;
         while done < max {
             let cap = self.conn(h).map(|c| c.send_capacity()).unwrap_or(0);
+            // First the room behind the last piece while none of it was sent (and
+            // only the queue holds its buffer): a write that ended mid-piece is
+            // filled up, so the pieces stay one segment each.
+            let tail = self.conn(h).ok().and_then(|c| c.unsent_tail_piece());
+            if let Some(t) = tail {
+                let at = (t.off + t.len) as usize;
+                let behind = room
+                    .saturating_sub(t.len as usize)
+                    .min(size.saturating_sub(at));
+                let id = self.core.pool.checked(t.buf);
+                if let (true, Some(id)) = (behind > 0, id) {
+                    if self.core.pool.refcount(id) == 1 {
+                        let want = (max - done).min(behind).min(cap);
+                        if want == 0 {
+                            break;
+                        }
+                        let n = fill(&mut self.core.pool.whole_mut(id)[at..][..want]).min(want);
+                        let last = done + n == max || n < want;
+                        let ok = n > 0
+                            && self
+                                .conn_mut(h)
+                                .is_ok_and(|c| c.extend_tail_piece(n, more || !last));
+                        if !ok {
+                            break;
+                        }
+                        done += n;
+                        if n < want {
+                            break;
+                        }
+                        continue;
+                    }
+                }
+            }
             let want = (max - done).min(room).min(cap);
             if want == 0 {
                 break;
@@ -812,13 +846,20 @@ impl Stack {
             return Err(StackError::InvalidHandle);
         };
         let pool = &mut self.core.pool;
+        let mut taken = std::mem::take(&mut self.core.zc_taken);
         let n = sock.conn.recv_spans(max, usize::MAX, |s| {
             if let Some(id) = pool.checked(s.buf) {
                 sink(&pool.whole(id)[s.off as usize..][..s.len as usize]);
-                pool.release(id);
+                taken.push(id);
             }
         });
+        // The queue's references first: a piece read in part is retained for its
+        // rest, and releasing the part's reference before that would free it.
         settle_bufs(pool, &mut sock.conn);
+        for id in taken.drain(..) {
+            pool.release(id);
+        }
+        self.core.zc_taken = taken;
         Ok(n)
     }
 }

@@ -496,11 +496,11 @@ mod garbage {
 }
 
 /// The copying calls on a zero-copy connection cut the bytes into pieces of the
-/// connection's piece length, so without TSO writes of whole pieces leave one
-/// segment per piece, in place: the copy into the pieces is the only one (before,
-/// pieces of a whole buffer straddled segments and every segment was gathered
-/// again). A write that ends mid-piece still shifts the later segments off the
-/// piece starts (its tail piece is not filled up by the next write).
+/// connection's piece length, and a write that ends mid-piece is continued by the
+/// next one in the same piece while none of it was sent, so without TSO every
+/// segment is one piece, in place: the copy into the pieces is the only one.
+/// Before, pieces of a whole buffer straddled segments, and after the first
+/// 16 KiB write's short tail every segment did: each was gathered again.
 #[test]
 fn copying_sends_on_a_zero_copy_connection_leave_in_place() {
     let mut net = pair(21, Faults::default());
@@ -522,8 +522,8 @@ fn copying_sends_on_a_zero_copy_connection_leave_in_place() {
         // Once established: the piece length follows the negotiated MSS.
         let established = s.tcp_state(c) == Ok(usnet_stack::TcpState::Established);
         if established && chunk.is_empty() {
-            // Writes of whole pieces (8 segments each).
-            chunk = vec![0u8; 8 * s.zc_piece_len(c).unwrap() as usize];
+            // 16 KiB writes: no whole number of pieces.
+            chunk = vec![0u8; 16 * 1024];
         }
         while established && sent < total {
             let want = (total - sent).min(chunk.len() as u64) as usize;
@@ -555,4 +555,70 @@ fn copying_sends_on_a_zero_copy_connection_leave_in_place() {
     let c = net.stack(0).counters_snapshot();
     assert!(c.tcp_zc_tx_in_place > 0);
     assert_eq!(c.tcp_zc_tx_copied, 0, "every segment in place");
+}
+
+/// Both ends zero-copy connections (pool-backed queues) used only through the
+/// copying calls, 64 KiB reads of 64 KiB writes: every byte arrives, in order.
+/// Before the fix a read that took part of a piece released the part's reference
+/// before the queue retained the rest, and the buffer was freed under the queue.
+#[test]
+fn copying_calls_on_pool_backed_connections_carry_every_byte() {
+    let mut net = pair(22, Faults::default());
+    let server = sa("10.0.0.2:10");
+    let mut cfg = net.stack(1).config().tcp.clone();
+    cfg.zero_copy = true;
+    let l = net
+        .stack_mut(1)
+        .tcp_listen_with(server, 4, cfg.clone())
+        .unwrap();
+    let c = net
+        .stack_mut(0)
+        .tcp_connect_with(None, server, cfg)
+        .unwrap();
+    let total = 1u64 << 20;
+    let (mut sent, mut got, mut shut, mut eof) = (0u64, 0u64, false, false);
+    let mut conn = None;
+    let mut chunk = vec![0u8; 65536];
+    let mut rbuf = vec![0u8; 65536];
+    let ok = net.run_until(Duration::from_secs(60), |n| {
+        let s = n.stack_mut(0);
+        while sent < total {
+            let want = (total - sent).min(chunk.len() as u64) as usize;
+            fill(&mut chunk[..want], sent);
+            match s.tcp_send(c, &chunk[..want]) {
+                Ok(k) => sent += k as u64,
+                Err(StackError::WouldBlock) | Err(StackError::NotConnected) => break,
+                Err(e) => panic!("send: {e:?}"),
+            }
+        }
+        if sent == total && !shut {
+            s.tcp_shutdown_write(c).unwrap();
+            shut = true;
+        }
+        let s = n.stack_mut(1);
+        if conn.is_none() {
+            conn = s.tcp_accept(l).ok();
+        }
+        if let Some(h) = conn {
+            loop {
+                match s.tcp_recv(h, &mut rbuf) {
+                    Ok(0) => {
+                        eof = true;
+                        break;
+                    }
+                    Ok(k) => {
+                        for (j, b) in rbuf[..k].iter().enumerate() {
+                            assert_eq!(*b, pattern(got + j as u64), "byte {}", got + j as u64);
+                        }
+                        got += k as u64;
+                    }
+                    Err(StackError::WouldBlock) => break,
+                    Err(e) => panic!("recv: {e:?}"),
+                }
+            }
+        }
+        eof
+    });
+    assert!(ok, "sent {sent} got {got} of {total} eof {eof}");
+    assert_eq!(got, total);
 }

@@ -97,6 +97,26 @@ impl SgSend {
         true
     }
 
+    /// The last piece queued.
+    pub fn last(&self) -> Option<BufSpan> {
+        self.spans.back().copied()
+    }
+
+    /// Grows the last piece by `n` bytes its owner wrote right behind it (the same
+    /// buffer reference); false, nothing changed, if they do not fit or nothing is
+    /// queued.
+    pub fn extend_last(&mut self, n: usize) -> bool {
+        if n > self.cap - self.len {
+            return false;
+        }
+        let Some(last) = self.spans.back_mut() else {
+            return false;
+        };
+        last.len += n as u32;
+        self.len += n;
+        true
+    }
+
     /// The pieces covering bytes `[offset, offset + n)` (clipped to what is queued),
     /// cut to exactly that range, appended to `out`. Returns whether the first one
     /// starts where its piece starts (nothing of the piece lies before it).

@@ -226,6 +226,45 @@ impl Connection {
         true
     }
 
+    /// The last piece of a zero-copy send queue while none of it has been sent, so
+    /// bytes written right behind it in its buffer may still join it
+    /// ([`Connection::extend_tail_piece`]). None once any of it left, behind a
+    /// record's end, or on a copying connection.
+    pub fn unsent_tail_piece(&self) -> Option<BufSpan> {
+        let SendBuf::Bufs(q) = &self.snd.buf else {
+            return None;
+        };
+        let last = q.last()?;
+        let sealed = self.snd.records.back() == Some(&self.write_end_seq());
+        (last.len <= self.notsent_bytes() && !sealed).then_some(last)
+    }
+
+    /// Adds `n` bytes the caller wrote right behind the unsent last piece
+    /// ([`Connection::unsent_tail_piece`]) to it, so a copying write that ends in
+    /// the middle of a piece does not leave every later segment straddling two
+    /// pieces. False, nothing changed, when sending is not allowed, there is no
+    /// such piece, or the queue is full. `more` as in [`Connection::send_span`].
+    pub fn extend_tail_piece(&mut self, n: usize, more: bool) -> bool {
+        if n == 0 || !self.may_send() || self.unsent_tail_piece().is_none() {
+            return false;
+        }
+        if !self.may_queue() {
+            self.no_space();
+            return false;
+        }
+        let SendBuf::Bufs(q) = &mut self.snd.buf else {
+            return false;
+        };
+        if !q.extend_last(n) {
+            self.no_space();
+            return false;
+        }
+        self.account_written(n);
+        self.snd.more = more;
+        self.snd.more_pass = more;
+        true
+    }
+
     /// The connection holds its payload in pool buffers.
     pub fn is_zero_copy(&self) -> bool {
         matches!(self.snd.buf, SendBuf::Bufs(_))
