@@ -37,6 +37,8 @@ pub struct PreloadBenchOptions {
     pub redis_requests: usize,
     /// `usnet up --spin-us` for the stack server.
     pub stack_spin_us: u64,
+    /// `usnet up --pool-buffers` for the stack server.
+    pub pool_buffers: bool,
 }
 
 /// One measured row: a workload on one system.
@@ -126,7 +128,10 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
             format!("{VETH_USNET}/24"),
             "--spin-us".into(),
             a.stack_spin_us.to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(a.pool_buffers.then(|| "--pool-buffers".to_string()))
+        .collect::<Vec<_>>(),
     )?;
     let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet", "", "")?;
     let mut c = in_ns(&server_ns, 1);
@@ -264,7 +269,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     table.print();
     std::fs::create_dir_all(&a.out)?;
     let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
-        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us,
+        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us, "pool_buffers": a.pool_buffers,
         "results": results});
     write_json(&a.out.join("preload.json"), &doc)?;
     std::fs::write(a.out.join("preload.md"), table.to_markdown())?;

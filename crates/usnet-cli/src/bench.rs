@@ -395,6 +395,10 @@ pub struct PreloadArgs {
     /// shares the servers' core, where polling takes their time.
     #[arg(long, default_value_t = 50)]
     pub stack_spin_us: u64,
+    /// The stack server keeps its connections' queues in pool buffers (`usnet up
+    /// --pool-buffers`).
+    #[arg(long)]
+    pub pool_buffers: bool,
     /// One short run per configuration (a smoke test).
     #[arg(long)]
     pub quick: bool,
@@ -409,6 +413,7 @@ impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
             connections: a.connections,
             redis_requests: if a.quick { 2000 } else { a.redis_requests },
             stack_spin_us: a.stack_spin_us,
+            pool_buffers: a.pool_buffers,
         }
     }
 }

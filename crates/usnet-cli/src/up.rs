@@ -92,6 +92,14 @@ pub struct UpArgs {
     /// that is acceptable.
     #[arg(long)]
     pub zero_copy: bool,
+    /// Keep every TCP connection's send and receive queues in pool buffers (the
+    /// zero-copy connections' storage, used through the ordinary calls): a segment
+    /// leaves from the buffer its bytes were copied into, and a reader copies from
+    /// the buffer they arrived in, one copy fewer each way (docs/benchmarks.md,
+    /// "Copies per payload byte"). The queues then come out of the pool: size it
+    /// (`--buffers`) for the connections' buffers as well as for the frames.
+    #[arg(long)]
+    pub pool_buffers: bool,
     /// Clients at once (more are refused, counted as quota_sessions in `usnet stat`).
     #[arg(long, default_value_t = 1024)]
     pub max_clients: usize,
@@ -228,6 +236,7 @@ impl UpArgs {
             duration: None,
             group: None,
             zero_copy: false,
+            pool_buffers: false,
             max_clients: 1024,
             max_backlog: 1024,
             max_rcvbuf: 4 << 20,
@@ -340,6 +349,10 @@ pub fn open(args: &UpArgs) -> Result<Opened, Box<dyn std::error::Error>> {
         gro: !args.no_gro,
         input_queue_len: args.input_queue.max(1),
         rx_policy: args.rx_policy()?,
+        tcp: usnet_stack::TcpConfig {
+            zero_copy: args.pool_buffers,
+            ..StackConfig::default().tcp
+        },
         ..StackConfig::default()
     };
     // Check the configuration before touching the link, so mistakes cost nothing.

@@ -3,7 +3,9 @@
 //! the shim fetching from a Linux HTTP server, and Python's http.server and nginx
 //! (epoll, sendfile, keep-alive) under the shim serving curl on Linux; then nginx with
 //! a master and two workers (fork after listen: the workers share the listener through
-//! the server) serving curl and wrk on Linux. Every payload is checked.
+//! the server) serving curl and wrk on Linux. Every payload is checked. The same
+//! programs run again on a stack server whose connections keep their queues in
+//! pool buffers (`usnet up --pool-buffers`).
 
 #[macro_use]
 mod common;
@@ -73,20 +75,38 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
     remove_leftovers(&[TAP], &[]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "link", "del", TAP]);
-    let dir = TempDir::new("preload");
-    let d = dir.path();
-    let _stack = Daemon::start(
-        d,
-        STACK,
-        &[
-            "--link",
-            &format!("tap:{TAP}"),
-            "--addr",
-            &format!("{OURS}/24"),
-            "--host-addr",
-            &format!("{HOST}/24"),
-        ],
-    );
+    for pool_buffers in [false, true] {
+        let dir = TempDir::new("preload");
+        let mut stack = programs_on_the_stack_server(dir.path(), pool_buffers);
+        let c = stack.counters();
+        let zc = counter(&c, "tcp_zc_tx_attached") + counter(&c, "tcp_zc_tx_in_place");
+        if pool_buffers {
+            // Segments left from the pool buffers the bytes were copied into.
+            assert!(zc > 0, "{c}");
+        } else {
+            assert_eq!(zc, 0, "{c}");
+        }
+        assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");
+        stack.down();
+    }
+}
+
+/// The programs above on a fresh stack server in `d` (with `--pool-buffers` if
+/// asked), which it returns for its counters.
+fn programs_on_the_stack_server(d: &Path, pool_buffers: bool) -> Daemon {
+    let mut args = vec![
+        "--link".to_string(),
+        format!("tap:{TAP}"),
+        "--addr".into(),
+        format!("{OURS}/24"),
+        "--host-addr".into(),
+        format!("{HOST}/24"),
+    ];
+    if pool_buffers {
+        args.push("--pool-buffers".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let stack = Daemon::start(d, STACK, &args);
     let www = d.join("www");
     std::fs::create_dir_all(&www).unwrap();
     let file = www.join("file");
@@ -209,6 +229,7 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
     //    workers accept from the one listener (each wakes for every connection, as
     //    without EPOLLEXCLUSIVE on the kernel).
     nginx_with_two_workers(d, &www, &file);
+    stack
 }
 
 fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
