@@ -53,6 +53,9 @@ pub struct HttpdBenchOptions {
     pub batch: usize,
     /// `usnet httpd --spin-us` (socket api).
     pub spin_us: u64,
+    /// `usnet httpd --buf-size` for the servers on AF_PACKET and TAP (AF_XDP keeps
+    /// 2048: its chunks are at most a page).
+    pub buf_size: usize,
 }
 
 impl Default for HttpdBenchOptions {
@@ -66,6 +69,7 @@ impl Default for HttpdBenchOptions {
             only: Vec::new(),
             batch: 64,
             spin_us: 0,
+            buf_size: 2048,
         }
     }
 }
@@ -240,6 +244,9 @@ fn start_httpd(
             } else {
                 "socket"
             };
+            if link != Link::Xdp {
+                c.args(["--buf-size", &a.buf_size.to_string()]);
+            }
             c.args(["--api", api, "--link"]);
             match link {
                 Link::AfPacket | Link::Xdp => {
@@ -496,7 +503,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
     }
     std::fs::create_dir_all(&a.out)?;
     let doc: Value = json!({"bench": "httpd", "connections": a.connections,
-        "seconds": a.seconds, "runs": a.runs, "batch": a.batch, "spin_us": a.spin_us,
+        "seconds": a.seconds, "runs": a.runs, "batch": a.batch, "spin_us": a.spin_us, "buf_size": a.buf_size,
         "results": results, "notes": notes});
     write_json(&a.out.join("httpd.json"), &doc)?;
     let mut md = table.to_markdown();

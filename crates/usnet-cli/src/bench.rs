@@ -448,6 +448,10 @@ pub struct HttpdArgs {
     /// usnet httpd --spin-us (socket api): poll this long before sleeping.
     #[arg(long, default_value_t = 0)]
     pub spin_us: u64,
+    /// usnet httpd --buf-size for the servers on AF_PACKET and TAP (AF_XDP keeps
+    /// 2048): a zero-copy piece is one buffer.
+    #[arg(long, default_value_t = 2048)]
+    pub buf_size: usize,
     /// One 1-second run per configuration (a smoke test).
     #[arg(long)]
     pub quick: bool,
@@ -464,6 +468,7 @@ impl From<HttpdArgs> for usnet_bench::httpd::HttpdBenchOptions {
             only: a.only,
             batch: a.batch.max(1),
             spin_us: a.spin_us,
+            buf_size: a.buf_size,
         }
     }
 }

@@ -70,6 +70,11 @@ pub struct HttpdArgs {
     /// socket, zerocopy: L3 MTU (default: the link's).
     #[arg(long)]
     pub mtu: Option<usize>,
+    /// socket, zerocopy: packet buffer size (2048, 4096, 9216 or 65536; AF_XDP
+    /// takes at most a page). A zero-copy piece is one buffer, so larger buffers
+    /// mean fewer pieces per response.
+    #[arg(long, default_value_t = 2048)]
+    pub buf_size: usize,
     /// socket, zerocopy, xdp links: auto, copy, zerocopy or generic.
     #[arg(long, default_value = "auto")]
     pub xdp_mode: usnet_link::xdp::XdpMode,
@@ -212,6 +217,9 @@ fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::err
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
         mtu: a.mtu,
+        buf_size: a.buf_size,
+        // The same pool memory whatever the buffer size (32 MiB).
+        buffers: ((32usize << 20) / a.buf_size).max(1024) as u32,
         xdp_mode: a.xdp_mode,
         pcap: a.pcap.clone(),
         ..UpArgs::embedded(link.clone(), name)
