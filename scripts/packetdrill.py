@@ -196,7 +196,7 @@ def run_one_unlocked(args, tcp, script, mode, extra):
     pd_flags, so_flags = MODES[mode]
     fd, sysctl_file = tempfile.mkstemp(prefix="usnet-pd-sysctl.")
     os.close(fd)
-    so = ",".join([so_flags] +
+    so = ",".join([so_flags] + args.flags +
                   ([] if args.no_sysctls else extra + ["sysctl_file=" + sysctl_file]))
     path = os.path.join(tcp, script)
     cmd = ["timeout", "-k", "5", str(args.timeout), args.packetdrill, "--send_omit_free"]
@@ -236,6 +236,8 @@ def main():
     ap.add_argument("--results", help="write every result (TSV) here")
     ap.add_argument("--mode", choices=sorted(MODES), action="append")
     ap.add_argument("--show", action="store_true", help="print packetdrill's output")
+    ap.add_argument("--flag", dest="flags", action="append", default=[],
+                    help="a backend flag for every script (e.g. pool_buffers=1)")
     ap.add_argument("--no-sysctls", action="store_true",
                     help="pass no profile/sysctl flags (for backends without them)")
     ap.add_argument("filter", nargs="*", help="only scripts whose path contains one")

@@ -96,6 +96,8 @@ impl Options {
                 "trap" => o.trap = v != "0",
                 "gso_mss" => o.gso_mss = Some(v.parse().map_err(|e| bad(&e))?),
                 "sysctl_file" => o.sysctl_file = Some(v.to_string()),
+                // Every connection on pool-backed queues (`usnet up --pool-buffers`).
+                "pool_buffers" => o.tcp.zero_copy = v != "0",
                 // The one socket layer there is (the flag of earlier versions).
                 "layer" if v == "posix" => {}
                 _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
