@@ -622,3 +622,68 @@ fn copying_calls_on_pool_backed_connections_carry_every_byte() {
     assert!(ok, "sent {sent} got {got} of {total} eof {eof}");
     assert_eq!(got, total);
 }
+
+/// Fast Open between two stacks whose connections keep their queues in pool
+/// buffers: the client's SYN carries its data (queued as a piece), and the
+/// server's listener keeps the SYN's data in the frame's buffer. Before, the client
+/// queued nothing (`Connection::send` takes no bytes on such a connection) and the
+/// server dropped the SYN's data (it came without its buffer).
+#[test]
+fn fast_open_syn_data_on_pool_backed_connections() {
+    use usnet_tcp::config::{FASTOPEN_CLIENT, FASTOPEN_SERVER};
+    let mut net = SimNet::new(23, Faults::default());
+    for i in 1..=2 {
+        let mut c = cfg(i);
+        c.tcp.zero_copy = true;
+        c.tcp.fastopen = FASTOPEN_CLIENT | FASTOPEN_SERVER;
+        net.add(c).unwrap();
+    }
+    let base = (net.stack(0).pool().in_use(), net.stack(1).pool().in_use());
+    let server = sa("10.0.0.2:11");
+    let l = net.stack_mut(1).tcp_listen(server, 8).unwrap();
+    net.stack_mut(1).tcp_set_fastopen(l, 8).unwrap();
+    let mut data = vec![0u8; 1000];
+    fill(&mut data, 0);
+    let mut rbuf = vec![0u8; 4096];
+    for round in 0..2 {
+        // The first round fetches a cookie; the second spends it.
+        let (c, n) = net
+            .stack_mut(0)
+            .tcp_connect_fastopen(None, server, &data)
+            .unwrap();
+        assert_eq!(n, if round == 0 { 0 } else { data.len() }, "round {round}");
+        let mut conn = None;
+        let mut got = Vec::new();
+        let ok = net.run_until(Duration::from_secs(10), |n| {
+            let s = n.stack_mut(1);
+            if conn.is_none() {
+                conn = s.tcp_accept(l).ok();
+            }
+            if let Some(h) = conn {
+                while let Ok(k) = s.tcp_recv(h, &mut rbuf) {
+                    if k == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&rbuf[..k]);
+                }
+            }
+            round == 0 && conn.is_some() || got.len() == data.len()
+        });
+        assert!(ok, "round {round}: got {} bytes", got.len());
+        let h = conn.unwrap();
+        if round == 1 {
+            assert_eq!(got, data);
+            let st = net.stack(1).tcp_conn_stats(h).unwrap();
+            assert_eq!(
+                st.tfo_syn_data_accepted, 1,
+                "the server took the SYN's data"
+            );
+        }
+        net.stack_mut(0).tcp_abort(c).unwrap();
+        net.stack_mut(1).tcp_abort(h).unwrap();
+        net.run_for(Duration::from_secs(1));
+    }
+    net.run_for(Duration::from_secs(5));
+    assert_eq!(net.stack(0).pool().in_use(), base.0);
+    assert_eq!(net.stack(1).pool().in_use(), base.1);
+}

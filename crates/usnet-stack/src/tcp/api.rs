@@ -527,7 +527,24 @@ impl Stack {
         if !self.tcp_fastopen_client_enabled() {
             return Err(StackError::WrongType);
         }
-        self.tcp_open(local, remote, cfg, |c, cache| {
+        // A pool-backed connection queues the SYN's data as a piece: copied into a
+        // buffer first, handed to the queue if the SYN takes it, freed if not.
+        let mut staged = None;
+        if cfg.zero_copy && !data.is_empty() {
+            let head = self.core.pool.headroom();
+            let n = data.len().min(self.core.pool.buf_size() - head);
+            if let Some(b) = self.core.pool.alloc() {
+                self.core.pool.whole_mut(&b)[head..head + n].copy_from_slice(&data[..n]);
+                staged = Some((b, head, n));
+            }
+        }
+        let piece = staged.as_ref().map(|(b, head, n)| usnet_tcp::BufSpan {
+            buf: b.index(),
+            off: *head as u32,
+            len: *n as u32,
+        });
+        let mut taken = false;
+        let r = self.tcp_open(local, remote, cfg, |c, cache| {
             let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
             let no_cookie = c.config().fastopen & usnet_tcp::config::FASTOPEN_CLIENT_NO_COOKIE != 0;
             if entry.cookie.is_none() && !no_cookie {
@@ -539,13 +556,33 @@ impl Stack {
                 m => m.min(c.config().mss),
             };
             let room = usize::from(mss).saturating_sub(40).min(data.len());
-            let n = c.send(&data[..room]);
+            let n = match piece {
+                Some(mut p) if c.is_zero_copy() => {
+                    p.len = p.len.min(room as u32);
+                    taken = p.len > 0 && c.send_span(p, false);
+                    if taken {
+                        p.len as usize
+                    } else {
+                        0
+                    }
+                }
+                _ => c.send(&data[..room]),
+            };
             match entry.cookie {
                 Some(cookie) => c.set_fastopen_client(cookie, n),
                 // Cookie-less mode: the data rides without an option.
                 None => c.set_syn_data(n),
             }
-        })
+        });
+        if let Some((b, _, _)) = staged {
+            if taken {
+                // The queue holds the reference now.
+                let _ = b.into_index();
+            } else {
+                self.core.pool.free(b);
+            }
+        }
+        r
     }
 
     /// Queues data; returns how much was taken (`WouldBlock` when the send buffer is

@@ -434,11 +434,12 @@ impl Stack {
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
                     // Data on the ACK that completes the handshake of a zero-copy
-                    // listener's child stays in its buffer (a linearised chain's
-                    // data is not taken: the peer sends it again).
-                    // (Not on a SYN: a child still in the SYN queue could not hand
-                    // back its references before the frame is freed.)
-                    if let (Src::Buf(b), false) = (&src, hdr.flags.syn()) {
+                    // listener's child, or on a Fast Open SYN it accepts, stays in
+                    // its buffer (a linearised chain's data is not taken: the peer
+                    // sends it again). Only a child the listener returns at once
+                    // takes payload (a SYN-queue entry keeps none), and its
+                    // references are settled below, before the frame is freed.
+                    if let Src::Buf(b) = &src {
                         seg.payload =
                             Payload::with_origin(hdr.payload, zc::origin_in(pool, b, hdr.payload));
                     }
