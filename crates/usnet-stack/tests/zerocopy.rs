@@ -557,70 +557,34 @@ fn copying_sends_on_a_zero_copy_connection_leave_in_place() {
     assert_eq!(c.tcp_zc_tx_copied, 0, "every segment in place");
 }
 
+/// Two stacks whose connections keep their queues in pool buffers
+/// (`TcpConfig::zero_copy` in the stacks' template), with the Fast Open bits
+/// `fastopen`.
+fn pool_backed_pair(seed: u64, fastopen: u32) -> SimNet {
+    let mut net = SimNet::new(seed, Faults::default());
+    for i in 1..=2 {
+        let mut c = cfg(i);
+        c.tcp.zero_copy = true;
+        c.tcp.fastopen = fastopen;
+        net.add(c).unwrap();
+    }
+    net
+}
+
 /// Both ends zero-copy connections (pool-backed queues) used only through the
 /// copying calls, 64 KiB reads of 64 KiB writes: every byte arrives, in order.
 /// Before the fix a read that took part of a piece released the part's reference
 /// before the queue retained the rest, and the buffer was freed under the queue.
 #[test]
 fn copying_calls_on_pool_backed_connections_carry_every_byte() {
-    let mut net = pair(22, Faults::default());
-    let server = sa("10.0.0.2:10");
-    let mut cfg = net.stack(1).config().tcp.clone();
-    cfg.zero_copy = true;
-    let l = net
-        .stack_mut(1)
-        .tcp_listen_with(server, 4, cfg.clone())
-        .unwrap();
-    let c = net
-        .stack_mut(0)
-        .tcp_connect_with(None, server, cfg)
-        .unwrap();
-    let total = 1u64 << 20;
-    let (mut sent, mut got, mut shut, mut eof) = (0u64, 0u64, false, false);
-    let mut conn = None;
-    let mut chunk = vec![0u8; 65536];
-    let mut rbuf = vec![0u8; 65536];
-    let ok = net.run_until(Duration::from_secs(60), |n| {
-        let s = n.stack_mut(0);
-        while sent < total {
-            let want = (total - sent).min(chunk.len() as u64) as usize;
-            fill(&mut chunk[..want], sent);
-            match s.tcp_send(c, &chunk[..want]) {
-                Ok(k) => sent += k as u64,
-                Err(StackError::WouldBlock) | Err(StackError::NotConnected) => break,
-                Err(e) => panic!("send: {e:?}"),
-            }
-        }
-        if sent == total && !shut {
-            s.tcp_shutdown_write(c).unwrap();
-            shut = true;
-        }
-        let s = n.stack_mut(1);
-        if conn.is_none() {
-            conn = s.tcp_accept(l).ok();
-        }
-        if let Some(h) = conn {
-            loop {
-                match s.tcp_recv(h, &mut rbuf) {
-                    Ok(0) => {
-                        eof = true;
-                        break;
-                    }
-                    Ok(k) => {
-                        for (j, b) in rbuf[..k].iter().enumerate() {
-                            assert_eq!(*b, pattern(got + j as u64), "byte {}", got + j as u64);
-                        }
-                        got += k as u64;
-                    }
-                    Err(StackError::WouldBlock) => break,
-                    Err(e) => panic!("recv: {e:?}"),
-                }
-            }
-        }
-        eof
-    });
-    assert!(ok, "sent {sent} got {got} of {total} eof {eof}");
-    assert_eq!(got, total);
+    let mut net = pool_backed_pair(22, usnet_stack::TcpConfig::default().fastopen);
+    common::transfer_with(
+        &mut net,
+        sa("10.0.0.2:10"),
+        1 << 20,
+        Duration::from_secs(60),
+        |_| {},
+    );
 }
 
 /// Fast Open between two stacks whose connections keep their queues in pool
@@ -631,13 +595,7 @@ fn copying_calls_on_pool_backed_connections_carry_every_byte() {
 #[test]
 fn fast_open_syn_data_on_pool_backed_connections() {
     use usnet_tcp::config::{FASTOPEN_CLIENT, FASTOPEN_SERVER};
-    let mut net = SimNet::new(23, Faults::default());
-    for i in 1..=2 {
-        let mut c = cfg(i);
-        c.tcp.zero_copy = true;
-        c.tcp.fastopen = FASTOPEN_CLIENT | FASTOPEN_SERVER;
-        net.add(c).unwrap();
-    }
+    let mut net = pool_backed_pair(23, FASTOPEN_CLIENT | FASTOPEN_SERVER);
     let base = (net.stack(0).pool().in_use(), net.stack(1).pool().in_use());
     let server = sa("10.0.0.2:11");
     let l = net.stack_mut(1).tcp_listen(server, 8).unwrap();
