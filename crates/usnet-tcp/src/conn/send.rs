@@ -204,6 +204,14 @@ impl Connection {
     /// queue is full, or this is not a zero-copy connection. `more` as in
     /// [`Connection::send_more`].
     pub fn send_span(&mut self, span: BufSpan, more: bool) -> bool {
+        self.queue_piece(span.len as usize, more, |q| q.push(span))
+    }
+
+    /// Admits `n` more bytes into the zero-copy send queue through `add` (a new
+    /// piece, or the last one grown), as a write is admitted: sending allowed, the
+    /// send buffer's limit, the queue's own room; then accounts them and starts the
+    /// busy clock. False, nothing changed, otherwise.
+    fn queue_piece(&mut self, n: usize, more: bool, add: impl FnOnce(&mut SgSend) -> bool) -> bool {
         if !self.may_send() {
             return false;
         }
@@ -211,15 +219,14 @@ impl Connection {
             self.no_space();
             return false;
         }
-        let len = span.len as usize;
         let SendBuf::Bufs(q) = &mut self.snd.buf else {
             return false;
         };
-        if !q.push(span) {
+        if !add(q) {
             self.no_space();
             return false;
         }
-        self.account_written(len);
+        self.account_written(n);
         self.snd.more = more;
         self.snd.more_pass = more;
         self.chrono_start(super::Chrono::Busy);
@@ -245,24 +252,10 @@ impl Connection {
     /// pieces. False, nothing changed, when sending is not allowed, there is no
     /// such piece, or the queue is full. `more` as in [`Connection::send_span`].
     pub fn extend_tail_piece(&mut self, n: usize, more: bool) -> bool {
-        if n == 0 || !self.may_send() || self.unsent_tail_piece().is_none() {
+        if n == 0 || self.unsent_tail_piece().is_none() {
             return false;
         }
-        if !self.may_queue() {
-            self.no_space();
-            return false;
-        }
-        let SendBuf::Bufs(q) = &mut self.snd.buf else {
-            return false;
-        };
-        if !q.extend_last(n) {
-            self.no_space();
-            return false;
-        }
-        self.account_written(n);
-        self.snd.more = more;
-        self.snd.more_pass = more;
-        true
+        self.queue_piece(n, more, |q| q.extend_last(n))
     }
 
     /// The connection holds its payload in pool buffers.
