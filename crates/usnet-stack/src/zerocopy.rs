@@ -760,78 +760,75 @@ impl Stack {
         let room = self
             .zc_piece_len(h)
             .map_or(self.zc_buf_capacity(), |p| p.max(1)) as usize;
-        let head = self.zc_headroom();
-        let size = self.core.pool.buf_size();
+        let head = self.zc_headroom() as usize;
         let mut done = 0;
         while done < max {
             let cap = self.conn(h).map(|c| c.send_capacity()).unwrap_or(0);
-            // First the room behind the last piece while none of it was sent (and
-            // only the queue holds its buffer): a write that ended mid-piece is
-            // filled up, so the pieces stay one segment each.
-            let tail = self.conn(h).ok().and_then(|c| c.unsent_tail_piece());
-            if let Some(t) = tail {
-                let at = (t.off + t.len) as usize;
-                let behind = room
-                    .saturating_sub(t.len as usize)
-                    .min(size.saturating_sub(at));
-                let id = self.core.pool.checked(t.buf);
-                if let (true, Some(id)) = (behind > 0, id) {
-                    if self.core.pool.refcount(id) == 1 {
-                        let want = (max - done).min(behind).min(cap);
-                        if want == 0 {
-                            break;
-                        }
-                        let n = fill(&mut self.core.pool.whole_mut(id)[at..][..want]).min(want);
-                        let last = done + n == max || n < want;
-                        let ok = n > 0
-                            && self
-                                .conn_mut(h)
-                                .is_ok_and(|c| c.extend_tail_piece(n, more || !last));
-                        if !ok {
-                            break;
-                        }
-                        done += n;
-                        if n < want {
-                            break;
-                        }
-                        continue;
-                    }
-                }
-            }
-            let want = (max - done).min(room).min(cap);
+            // First the room behind the last piece while none of it was sent: a
+            // write that ended mid-piece is filled up, so the pieces stay one
+            // segment each. Otherwise a new piece.
+            let tail = self.zc_tail_room(h, room);
+            let limit = tail.map_or(room, |(_, _, behind)| behind);
+            let want = (max - done).min(limit).min(cap);
             if want == 0 {
                 break;
             }
-            let Some(b) = self.core.pool.alloc() else {
-                break;
+            let (buf, at, fresh) = match tail {
+                Some((id, at, _)) => (id, at, None),
+                None => match self.core.pool.alloc() {
+                    Some(b) => (b.id(), head, Some(b)),
+                    None => break,
+                },
             };
-            let n = fill(&mut self.core.pool.whole_mut(&b)[head as usize..][..want]).min(want);
-            if n == 0 {
-                self.core.pool.free(b);
-                break;
+            let n = fill(&mut self.core.pool.whole_mut(buf)[at..][..want]).min(want);
+            let push = more || !(done + n == max || n < want);
+            let ok = n > 0
+                && self.conn_mut(h).is_ok_and(|c| match &fresh {
+                    Some(b) => c.send_span(
+                        BufSpan {
+                            buf: b.index(),
+                            off: head as u32,
+                            len: n as u32,
+                        },
+                        push,
+                    ),
+                    None => c.extend_tail_piece(n, push),
+                });
+            match fresh {
+                // The queue owns the reference now.
+                Some(b) if ok => {
+                    let _ = b.into_index();
+                }
+                Some(b) => self.core.pool.free(b),
+                None => {}
             }
-            let span = BufSpan {
-                buf: b.index(),
-                off: head,
-                len: n as u32,
-            };
-            let last = done + n == max || n < want;
-            let ok = self
-                .conn_mut(h)
-                .map(|c| c.send_span(span, more || !last))
-                .unwrap_or(false);
             if !ok {
-                self.core.pool.free(b);
                 break;
             }
-            // The queue owns the reference now.
-            let _ = b.into_index();
             done += n;
             if n < want {
                 break;
             }
         }
         done
+    }
+
+    /// Where bytes may still join `h`'s last queued piece: its buffer, the offset
+    /// behind its bytes, and how many fit before the piece reaches `room` or the
+    /// buffer ends. Only while none of the piece was sent and only the queue holds
+    /// its buffer.
+    fn zc_tail_room(
+        &self,
+        h: SocketHandle,
+        room: usize,
+    ) -> Option<(usnet_pool::BufId, usize, usize)> {
+        let t = self.conn(h).ok()?.unsent_tail_piece()?;
+        let id = self.core.pool.checked(t.buf)?;
+        let at = (t.off + t.len) as usize;
+        let behind = room
+            .saturating_sub(t.len as usize)
+            .min(self.core.pool.buf_size().saturating_sub(at));
+        (behind > 0 && self.core.pool.refcount(id) == 1).then_some((id, at, behind))
     }
 
     /// Copies up to `max` received bytes of a zero-copy connection to `sink` and
