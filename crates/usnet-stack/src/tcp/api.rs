@@ -407,7 +407,8 @@ impl Stack {
         remote: SocketAddr,
         cfg: TcpConfig,
     ) -> Result<SocketHandle, StackError> {
-        self.tcp_open(local, remote, cfg, |_, _| 0).map(|(h, _)| h)
+        self.tcp_open(local, remote, cfg, |_, _, _| 0)
+            .map(|(h, _)| h)
     }
 
     /// An active open; `prepare` sees the connection before its SYN goes out.
@@ -419,6 +420,7 @@ impl Stack {
         prepare: impl FnOnce(
             &mut Connection,
             &std::collections::HashMap<std::net::IpAddr, crate::socket::FoCacheEntry>,
+            &mut usnet_pool::PacketPool,
         ) -> usize,
     ) -> Result<(SocketHandle, usize), StackError> {
         let rip = remote.ip();
@@ -457,7 +459,7 @@ impl Stack {
             .mss
             .min(TcpConfig::mss_for_mtu(self.core.cfg.mtu, remote.is_ipv6()));
         let mut conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
-        let queued = prepare(&mut conn, &self.sockets.tcp.fo_cache);
+        let queued = prepare(&mut conn, &self.sockets.tcp.fo_cache, &mut self.core.pool);
         let h = self.sockets.insert(
             Socket::TcpConn(Box::new(TcpConnSock::new(conn, None))),
             Owner::LOCAL,
@@ -527,24 +529,7 @@ impl Stack {
         if !self.tcp_fastopen_client_enabled() {
             return Err(StackError::WrongType);
         }
-        // A pool-backed connection queues the SYN's data as a piece: copied into a
-        // buffer first, handed to the queue if the SYN takes it, freed if not.
-        let mut staged = None;
-        if cfg.zero_copy && !data.is_empty() {
-            let head = self.core.pool.headroom();
-            let n = data.len().min(self.core.pool.buf_size() - head);
-            if let Some(b) = self.core.pool.alloc() {
-                self.core.pool.whole_mut(&b)[head..head + n].copy_from_slice(&data[..n]);
-                staged = Some((b, head, n));
-            }
-        }
-        let piece = staged.as_ref().map(|(b, head, n)| usnet_tcp::BufSpan {
-            buf: b.index(),
-            off: *head as u32,
-            len: *n as u32,
-        });
-        let mut taken = false;
-        let r = self.tcp_open(local, remote, cfg, |c, cache| {
+        self.tcp_open(local, remote, cfg, |c, cache, pool| {
             let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
             let no_cookie = c.config().fastopen & usnet_tcp::config::FASTOPEN_CLIENT_NO_COOKIE != 0;
             if entry.cookie.is_none() && !no_cookie {
@@ -556,33 +541,17 @@ impl Stack {
                 m => m.min(c.config().mss),
             };
             let room = usize::from(mss).saturating_sub(40).min(data.len());
-            let n = match piece {
-                Some(mut p) if c.is_zero_copy() => {
-                    p.len = p.len.min(room as u32);
-                    taken = p.len > 0 && c.send_span(p, false);
-                    if taken {
-                        p.len as usize
-                    } else {
-                        0
-                    }
-                }
-                _ => c.send(&data[..room]),
+            let n = if c.is_zero_copy() {
+                queue_copied_piece(c, pool, &data[..room])
+            } else {
+                c.send(&data[..room])
             };
             match entry.cookie {
                 Some(cookie) => c.set_fastopen_client(cookie, n),
                 // Cookie-less mode: the data rides without an option.
                 None => c.set_syn_data(n),
             }
-        });
-        if let Some((b, _, _)) = staged {
-            if taken {
-                // The queue holds the reference now.
-                let _ = b.into_index();
-            } else {
-                self.core.pool.free(b);
-            }
-        }
-        r
+        })
     }
 
     /// Queues data; returns how much was taken (`WouldBlock` when the send buffer is
@@ -1168,5 +1137,33 @@ impl Stack {
             tx_datagrams: st.tx_segments,
             tx_bytes: st.tx_bytes,
         })
+    }
+}
+
+/// Queues `data` (at most a buffer's room) on a pool-backed connection as one piece
+/// of a new pool buffer; returns the bytes queued (0 when the pool is empty or the
+/// queue refuses them, the buffer then going back).
+fn queue_copied_piece(c: &mut Connection, pool: &mut usnet_pool::PacketPool, data: &[u8]) -> usize {
+    let head = pool.headroom();
+    let n = data.len().min(pool.buf_size() - head);
+    if n == 0 {
+        return 0;
+    }
+    let Some(b) = pool.alloc() else {
+        return 0;
+    };
+    pool.whole_mut(&b)[head..head + n].copy_from_slice(&data[..n]);
+    let span = usnet_tcp::BufSpan {
+        buf: b.index(),
+        off: head as u32,
+        len: n as u32,
+    };
+    if c.send_span(span, false) {
+        // The queue holds the reference now.
+        let _ = b.into_index();
+        n
+    } else {
+        pool.free(b);
+        0
     }
 }
