@@ -157,6 +157,10 @@ pub struct StackConfig {
     pub tcp: usnet_tcp::TcpConfig,
     /// Priority-aware receive (forced drop, priority control); off by default.
     pub rx_policy: RxPolicy,
+    /// This stack's place among the shards of one host (`shard.rs`): frames owned
+    /// by another shard are handed over, ephemeral ports and ping identifiers come
+    /// from this shard's own class. One shard (the default) changes nothing.
+    pub shard: crate::shard::ShardRole,
 }
 
 /// Priority-aware receive (docs/priority.md): the top `set_size` sockets by their
@@ -244,6 +248,7 @@ impl Default for StackConfig {
             seed: 0x5eed_0001,
             tcp: usnet_tcp::TcpConfig::default(),
             rx_policy: RxPolicy::default(),
+            shard: crate::shard::ShardRole::default(),
         }
     }
 }

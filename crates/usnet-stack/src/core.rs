@@ -64,6 +64,8 @@ pub(crate) struct Core {
     /// (IP_MULTICAST_LOOP): `dispatch` loops each frame back.
     pub mcast_loop: bool,
     pub mcast_scratch: Vec<u8>,
+    /// Frames and datagrams for other shards, until the host takes them.
+    pub handoffs: Vec<(usize, crate::shard::Handoff)>,
 }
 
 impl Core {
@@ -130,6 +132,7 @@ impl Core {
             mcast: crate::mcast::Mcast::new(cfg.seed),
             mcast_loop: false,
             mcast_scratch: Vec::new(),
+            handoffs: Vec::new(),
             addrs,
             pool,
             cfg,
@@ -139,6 +142,51 @@ impl Core {
     /// Queues a received frame (ownership moves); a full input queue drops it (drop 1).
     #[inline]
     pub fn receive(&mut self, frame: PktBuf) {
+        let frame = if self.cfg.shard.sharded() {
+            match self.steer(frame) {
+                Some(f) => f,
+                None => return,
+            }
+        } else {
+            frame
+        };
+        self.enqueue(frame);
+    }
+
+    /// A sharded stack's entrance: a frame owned by another shard is copied into a
+    /// handoff and freed (`None`); an every-shard frame is copied to each other
+    /// shard and processed here too.
+    fn steer(&mut self, frame: PktBuf) -> Option<PktBuf> {
+        use crate::shard::{owner, Handoff, Owner};
+        let role = self.cfg.shard;
+        let n = usize::from(role.count);
+        let me = usize::from(role.index);
+        let (targets, keep) = match owner(self.pool.data(&frame), n) {
+            Owner::Landing => return Some(frame),
+            Owner::Shard(s) if s == me => return Some(frame),
+            Owner::Shard(s) => (s..s + 1, false),
+            Owner::Every => (0..n, true),
+        };
+        let mut bytes = Vec::new();
+        self.pool.copy_chain(&frame, &mut bytes);
+        for s in targets.filter(|&s| s != me) {
+            if keep {
+                self.counters.shard_every_copies += 1;
+            } else {
+                self.counters.shard_handoff_out += 1;
+            }
+            self.handoffs.push((s, Handoff::Frame(bytes.clone())));
+        }
+        if keep {
+            Some(frame)
+        } else {
+            self.pool.free(frame);
+            None
+        }
+    }
+
+    /// Queues a received frame that is this shard's.
+    pub fn enqueue(&mut self, frame: PktBuf) {
         let full = self.input.len() >= self.cfg.input_queue_len;
         if self.prio.cfg.forced_drop {
             // Before drop 1 and before any IP work: the point of forced drop.

@@ -30,6 +30,7 @@ pub mod neighbor;
 mod ping;
 mod prio;
 mod rx;
+pub mod shard;
 pub mod sim;
 mod socket;
 pub mod soft_offload;
@@ -52,6 +53,7 @@ pub use config::{mac_from_seed, IpCidr, StackConfig};
 pub use counters::Counters;
 pub use error::{ConfigError, StackError};
 pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
+pub use shard::{Handoff, ShardRole};
 pub use socket::{EchoReply, Families, Owner, Readiness, SocketHandle, SocketStats};
 pub use tcp::{TcpConnEntry, TcpListenEntry};
 pub use time::Instant;
@@ -139,6 +141,38 @@ impl Stack {
     #[inline]
     pub fn receive(&mut self, frame: PktBuf) {
         self.core.receive(frame);
+    }
+
+    /// Takes the frames and datagrams this shard received for other shards
+    /// (`(shard, handoff)`), for the host to deliver with [`Stack::receive_handoff`].
+    pub fn take_handoffs(&mut self, out: &mut Vec<(usize, Handoff)>) {
+        out.append(&mut self.core.handoffs);
+    }
+
+    /// Whether handoffs wait to be taken.
+    pub fn has_handoffs(&self) -> bool {
+        !self.core.handoffs.is_empty()
+    }
+
+    /// A frame or datagram another shard handed to this one: processed here, not
+    /// steered again. A frame finds no pool buffer: dropped and counted, as at the
+    /// device.
+    pub fn receive_handoff(&mut self, h: Handoff) {
+        self.core.counters.shard_handoff_in += 1;
+        match h {
+            Handoff::Frame(bytes) => match self.core.pool.alloc_from(&bytes) {
+                Some(b) => self.core.enqueue(b),
+                None => self.core.counters.drop_pool_exhausted += 1,
+            },
+            Handoff::Datagram {
+                src,
+                dst,
+                proto,
+                hop_limit,
+                data,
+                invoking,
+            } => self.deliver_datagram(src, dst, proto, hop_limit, data, invoking, false),
+        }
     }
 
     /// Frames waiting in the input queue.

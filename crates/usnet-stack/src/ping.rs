@@ -10,7 +10,8 @@ impl Stack {
     /// Opens an ICMP echo socket with its own identifier (both IPv4 and IPv6).
     pub fn ping_open(&mut self) -> SocketHandle {
         let mut ident = self.sockets.next_ping_ident;
-        while self.sockets.ping_by_ident(ident).is_some() {
+        let shard = self.core.cfg.shard;
+        while self.sockets.ping_by_ident(ident).is_some() || !shard.owns_ephemeral(ident) {
             ident = ident.wrapping_add(1);
         }
         self.sockets.next_ping_ident = ident.wrapping_add(1);

@@ -809,18 +809,25 @@ impl Stack {
             FragKey::V4 { src, dst, .. } => (IpAddr::V4(src), IpAddr::V4(dst)),
             FragKey::V6 { src, dst, .. } => (IpAddr::V6(src), IpAddr::V6(dst)),
         };
-        let l3 = L3Info {
-            src: s,
-            dst: d,
-            unicast: self.core.is_local_addr(d),
-            hop_limit,
-            l3_off: 0,
-            l3_len: invoking.len(),
-            eth_src: MacAddr::default(),
-            ecn: 0,
-        };
+        self.deliver_datagram(s, d, proto, hop_limit, data, invoking, true);
+    }
+
+    /// A reassembled datagram (`data`: the transport payload, for IPv6 with any
+    /// extension headers after the fragment header) to its socket; a sharded stack
+    /// first hands it to the shard that owns it (`steer`: not yet steered).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn deliver_datagram(
+        &mut self,
+        s: IpAddr,
+        d: IpAddr,
+        proto: u8,
+        hop_limit: u8,
+        data: Vec<u8>,
+        invoking: Vec<u8>,
+        steer: bool,
+    ) {
         // IPv6: extension headers may follow the fragment header.
-        let (proto, l4_off) = if s.is_ipv4() {
+        let (l4_proto, l4_off) = if s.is_ipv4() {
             (proto, 0)
         } else {
             match wire::skip_ext_headers(proto, &data) {
@@ -831,8 +838,52 @@ impl Stack {
                 }
             }
         };
+        let role = self.core.cfg.shard;
+        if steer && role.sharded() {
+            use crate::shard::{datagram_owner, Handoff, Owner};
+            let n = usize::from(role.count);
+            let me = usize::from(role.index);
+            let owner = datagram_owner(l4_proto, d, &data[l4_off..], n);
+            let (targets, keep) = match owner {
+                Owner::Landing => (0..0, true),
+                Owner::Shard(x) if x == me => (0..0, true),
+                Owner::Shard(x) => (x..x + 1, false),
+                Owner::Every => (0..n, true),
+            };
+            for x in targets.filter(|&x| x != me) {
+                if keep {
+                    self.core.counters.shard_every_copies += 1;
+                } else {
+                    self.core.counters.shard_handoff_out += 1;
+                }
+                self.core.handoffs.push((
+                    x,
+                    Handoff::Datagram {
+                        src: s,
+                        dst: d,
+                        proto,
+                        hop_limit,
+                        data: data.clone(),
+                        invoking: invoking.clone(),
+                    },
+                ));
+            }
+            if !keep {
+                return;
+            }
+        }
+        let l3 = L3Info {
+            src: s,
+            dst: d,
+            unicast: self.core.is_local_addr(d),
+            hop_limit,
+            l3_off: 0,
+            l3_len: invoking.len(),
+            eth_src: MacAddr::default(),
+            ecn: 0,
+        };
         let v = self.with_view(false, |view, c, _| {
-            view.classify_l4(c, &l3, proto, &data[l4_off..], l4_off)
+            view.classify_l4(c, &l3, l4_proto, &data[l4_off..], l4_off)
         });
         self.execute(
             v,

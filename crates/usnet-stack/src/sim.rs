@@ -117,6 +117,10 @@ pub struct SimNet {
     pub stats: WireStats,
     /// A router or firewall on the path, before the faults.
     pub middlebox: Option<Middlebox>,
+    /// Groups of stacks that are the shards of one host (`add_shards`).
+    groups: Vec<Vec<usize>>,
+    group_of: Vec<Option<usize>>,
+    handoffs: Vec<(usize, crate::Handoff)>,
 }
 
 impl SimNet {
@@ -131,6 +135,9 @@ impl SimNet {
             faults,
             stats: WireStats::default(),
             middlebox: None,
+            groups: Vec::new(),
+            group_of: Vec::new(),
+            handoffs: Vec::new(),
         }
     }
 
@@ -139,7 +146,60 @@ impl SimNet {
         let mut s = Stack::new(cfg)?;
         s.advance(self.now);
         self.stacks.push(s);
+        self.group_of.push(None);
         Ok(self.stacks.len() - 1)
+    }
+
+    /// Adds one host as `n` shards of `cfg` (same MAC and addresses, each its own
+    /// seed): the wire hands each frame to the member [`crate::shard::link_queue`]
+    /// names, as the AF_PACKET fanout program does, and the shards' handoffs reach
+    /// their owners at once (they share a machine, not the wire). Returns the
+    /// shards' indices, in shard order.
+    pub fn add_shards(&mut self, cfg: StackConfig, n: usize) -> Result<Vec<usize>, ConfigError> {
+        let g = self.groups.len();
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut c = cfg.clone();
+            c.shard = crate::ShardRole::new(i, n);
+            c.seed = cfg.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let k = self.add(c)?;
+            self.group_of[k] = Some(g);
+            members.push(k);
+        }
+        self.groups.push(members.clone());
+        Ok(members)
+    }
+
+    /// Delivers every shard's handoffs to their owners; returns whether any moved.
+    fn move_handoffs(&mut self) -> bool {
+        let mut moved = false;
+        for i in 0..self.stacks.len() {
+            let Some(g) = self.group_of[i] else {
+                continue;
+            };
+            self.stacks[i].take_handoffs(&mut self.handoffs);
+            for (shard, h) in self.handoffs.drain(..) {
+                self.stacks[self.groups[g][shard]].receive_handoff(h);
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// Whether stack `j` takes a frame sent by `from`: a shard takes it only if the
+    /// link steers it there, and never from its own host.
+    fn takes(&self, j: usize, from: usize, frame: &[u8]) -> bool {
+        if j == from {
+            return false;
+        }
+        let Some(g) = self.group_of[j] else {
+            return true;
+        };
+        if self.group_of.get(from).copied().flatten() == Some(g) {
+            return false;
+        }
+        let members = &self.groups[g];
+        members[crate::shard::link_queue(frame, members.len())] == j
     }
 
     pub fn stack(&self, i: usize) -> &Stack {
@@ -174,7 +234,7 @@ impl SimNet {
         while self.wire.peek().is_some_and(|f| f.0.at <= self.now) {
             let Reverse(f) = self.wire.pop().expect("peeked");
             for j in 0..self.stacks.len() {
-                if j == f.from {
+                if !self.takes(j, f.from, &f.bytes) {
                     continue;
                 }
                 let s = &mut self.stacks[j];
@@ -188,6 +248,7 @@ impl SimNet {
             }
             did = true;
         }
+        did |= self.move_handoffs();
         if did {
             // Work costs a little time, so a busy sender still lets frames arrive.
             self.now = self.now + Duration::from_micros(1);

@@ -69,7 +69,7 @@ impl Stack {
         let port = match local.port() {
             0 => self
                 .sockets
-                .udp_ephemeral_port(ip, fam)
+                .udp_ephemeral_port(ip, fam, self.core.cfg.shard)
                 .ok_or(StackError::AddrInUse)?,
             p => {
                 if !self.sockets.udp_port_free(local, fam, reuse) {

@@ -113,10 +113,16 @@ impl SocketSet {
         self.udp.ports[port as usize] = index;
     }
 
-    pub fn udp_ephemeral_port(&mut self, ip: IpAddr, fam: Families) -> Option<u16> {
+    /// An ephemeral port free for `ip`, from `shard`'s own class of ports.
+    pub fn udp_ephemeral_port(
+        &mut self,
+        ip: IpAddr,
+        fam: Families,
+        shard: crate::shard::ShardRole,
+    ) -> Option<u16> {
         for _ in 0..EPHEMERAL_SPAN {
             let p = super::next_ephemeral(&mut self.udp.next_ephemeral);
-            if self.udp_port_free(SocketAddr::new(ip, p), fam, false) {
+            if shard.owns_ephemeral(p) && self.udp_port_free(SocketAddr::new(ip, p), fam, false) {
                 return Some(p);
             }
         }
@@ -287,11 +293,17 @@ mod tests {
         // Seed 0 starts at the first ephemeral port.
         bind(&mut set, "0.0.0.0:49152", None);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        assert_eq!(set.udp_ephemeral_port(ip, Families::Both), Some(49153));
-        let mut set = SocketSet::new(u16::MAX as u64 - 49152);
-        assert_eq!(set.udp_ephemeral_port(ip, Families::Both), Some(u16::MAX));
         assert_eq!(
-            set.udp_ephemeral_port(ip, Families::Both),
+            set.udp_ephemeral_port(ip, Families::Both, Default::default()),
+            Some(49153)
+        );
+        let mut set = SocketSet::new(u16::MAX as u64 - 49152);
+        assert_eq!(
+            set.udp_ephemeral_port(ip, Families::Both, Default::default()),
+            Some(u16::MAX)
+        );
+        assert_eq!(
+            set.udp_ephemeral_port(ip, Families::Both, Default::default()),
             Some(49152),
             "wraps"
         );

@@ -87,6 +87,9 @@ impl Stack {
     fn tcp_ephemeral(&mut self, local_ip: std::net::IpAddr, remote: SocketAddr) -> Option<u16> {
         for _ in 0..EPHEMERAL_SPAN {
             let p = crate::socket::next_ephemeral(&mut self.sockets.tcp.next_ephemeral);
+            if !self.core.cfg.shard.owns_ephemeral(p) {
+                continue;
+            }
             let local = SocketAddr::new(local_ip, p);
             if self.sockets.tcp.listen.contains_key(&p) || self.sockets.tcp.bound.contains_key(&p) {
                 continue;
@@ -450,6 +453,12 @@ impl Stack {
                 .ok_or(StackError::AddrNotAvailable)?,
             p => p,
         };
+        if !self.core.cfg.shard.owns_flow(lport, remote.port()) {
+            // The replies would land on another shard, which has no such
+            // connection: the host must open it there (`shard.rs`).
+            self.core.counters.tcp_connect_wrong_shard += 1;
+            return Err(StackError::AddrNotAvailable);
+        }
         let l = SocketAddr::new(lip, lport);
         if !self.tcp_tuple_free(l, remote) {
             return Err(StackError::AddrInUse);

@@ -2,6 +2,8 @@
 //! checked one-way transfer.
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod icmp;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -1,0 +1,370 @@
+//! Shards: one host's stack cut into N complete stacks, one per core, that share
+//! nothing on the per-packet path (each its own pool, timers, connection table).
+//!
+//! Which shard a frame belongs to is a pure function of its bytes, so the link (a
+//! kernel fanout program, a queue per shard), the simulator and the stack agree
+//! without talking:
+//!
+//! - a TCP or UDP segment belongs to [`flow_shard`]`(local port, remote port)`: an
+//!   ephemeral local port names its shard directly (`port % n`, and each shard picks
+//!   its ephemeral ports, ping identifiers likewise, from its own residue class), any
+//!   other local port (a server's) spreads its connections by `local ^ remote`;
+//! - an ICMP error belongs where the packet it quotes came from; an echo reply to its
+//!   identifier's shard;
+//! - an ARP reply, a neighbour or router advertisement, and anything sent to a
+//!   multicast or broadcast address belongs to every shard ([`Owner::Every`]);
+//! - the rest (ARP and neighbour requests, echo requests, fragments before
+//!   reassembly) is answered wherever it lands ([`Owner::Landing`]).
+//!
+//! [`link_queue`] is the cheap part a link can run for every frame (the AF_PACKET
+//! fanout program in `usnet-link` is the same function in classic BPF): ports for
+//! unfragmented TCP/UDP, shard 0 for the rest. A shard that gets a frame owned by
+//! another hands it over ([`Handoff`]), copied: the one place where shards meet,
+//! taken only by frames the link cannot steer (ICMP errors, reassembled datagrams,
+//! every-shard frames, links that steer by a hash of their own), and counted.
+
+use std::net::IpAddr;
+
+use crate::socket::EPHEMERAL_FIRST;
+
+/// This stack's place among the shards of one host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardRole {
+    pub index: u16,
+    pub count: u16,
+}
+
+impl Default for ShardRole {
+    fn default() -> Self {
+        ShardRole { index: 0, count: 1 }
+    }
+}
+
+impl ShardRole {
+    pub fn new(index: usize, count: usize) -> ShardRole {
+        assert!(count >= 1 && index < count && count <= usize::from(u16::MAX));
+        ShardRole {
+            index: index as u16,
+            count: count as u16,
+        }
+    }
+
+    /// More than one shard.
+    pub fn sharded(&self) -> bool {
+        self.count > 1
+    }
+
+    /// Whether a TCP/UDP flow with this local port belongs here.
+    pub fn owns_flow(&self, local: u16, remote: u16) -> bool {
+        flow_shard(local, remote, self.count.into()) == usize::from(self.index)
+    }
+
+    /// Whether this shard may pick `port` as an ephemeral port (or ping identifier).
+    pub fn owns_ephemeral(&self, port: u16) -> bool {
+        usize::from(port) % usize::from(self.count) == usize::from(self.index)
+    }
+}
+
+/// The shard of a TCP or UDP flow, seen from this host: `local` is our port.
+#[inline]
+pub fn flow_shard(local: u16, remote: u16, n: usize) -> usize {
+    if local >= EPHEMERAL_FIRST {
+        usize::from(local) % n
+    } else {
+        usize::from(local ^ remote) % n
+    }
+}
+
+/// Who must process a received frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Shard(usize),
+    /// Every shard: the landing one processes it and hands a copy to each other.
+    Every,
+    /// Whichever shard it landed on.
+    Landing,
+}
+
+/// A frame or datagram handed from the shard it landed on to the one that owns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handoff {
+    /// A whole Ethernet frame.
+    Frame(Vec<u8>),
+    /// A datagram reassembled from fragments on another shard: the transport
+    /// payload (for IPv6, with any extension headers after the fragment header) and
+    /// the start of the original packet (for ICMP errors about it).
+    Datagram {
+        src: IpAddr,
+        dst: IpAddr,
+        proto: u8,
+        hop_limit: u8,
+        data: Vec<u8>,
+        invoking: Vec<u8>,
+    },
+}
+
+const ETH_HDR: usize = 14;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
+const ETHERTYPE_ARP: u16 = 0x0806;
+const PROTO_ICMP: u8 = 1;
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+const PROTO_ICMPV6: u8 = 58;
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+/// The queue (shard) a link steers a received frame to, as the link's own program
+/// computes it: for unfragmented TCP and UDP the raw value the AF_PACKET fanout
+/// program returns (the kernel takes it modulo the group size), 0 for the rest.
+pub fn link_queue_value(frame: &[u8]) -> u32 {
+    let ports = |at: usize| -> Option<u32> {
+        let src = be16(frame, at)?;
+        let dst = be16(frame, at + 2)?;
+        Some(if dst >= EPHEMERAL_FIRST {
+            u32::from(dst)
+        } else {
+            u32::from(src ^ dst)
+        })
+    };
+    let v = match be16(frame, 12) {
+        Some(ETHERTYPE_IPV4) => {
+            let frag = be16(frame, ETH_HDR + 6).unwrap_or(0x3fff);
+            let proto = frame.get(ETH_HDR + 9).copied();
+            let ihl = usize::from(frame.get(ETH_HDR).copied().unwrap_or(0) & 0x0f) * 4;
+            match proto {
+                Some(PROTO_TCP | PROTO_UDP) if frag & 0x3fff == 0 => ports(ETH_HDR + ihl),
+                _ => None,
+            }
+        }
+        Some(ETHERTYPE_IPV6) => match frame.get(ETH_HDR + 6).copied() {
+            Some(PROTO_TCP | PROTO_UDP) => ports(ETH_HDR + 40),
+            _ => None,
+        },
+        _ => None,
+    };
+    v.unwrap_or(0)
+}
+
+/// [`link_queue_value`] for `n` queues.
+#[inline]
+pub fn link_queue(frame: &[u8], n: usize) -> usize {
+    link_queue_value(frame) as usize % n.max(1)
+}
+
+/// Who must process `frame` among `n` shards.
+pub fn owner(frame: &[u8], n: usize) -> Owner {
+    match be16(frame, 12) {
+        Some(ETHERTYPE_ARP) => match be16(frame, ETH_HDR + 6) {
+            Some(2) => Owner::Every,
+            _ => Owner::Landing,
+        },
+        Some(ETHERTYPE_IPV4) => owner_v4(&frame[ETH_HDR..], n).unwrap_or(Owner::Landing),
+        Some(ETHERTYPE_IPV6) => owner_v6(&frame[ETH_HDR..], n).unwrap_or(Owner::Landing),
+        _ => Owner::Landing,
+    }
+}
+
+/// The owner of a transport header at `l4` carried by a packet we received
+/// (`quoted`: a header we sent, quoted by an ICMP error: its source is ours).
+fn transport_owner(proto: u8, l4: &[u8], quoted: bool, n: usize) -> Option<Owner> {
+    match proto {
+        PROTO_TCP | PROTO_UDP => {
+            let (a, b) = (be16(l4, 0)?, be16(l4, 2)?);
+            let (local, remote) = if quoted { (a, b) } else { (b, a) };
+            Some(Owner::Shard(flow_shard(local, remote, n)))
+        }
+        // Echo request (8, 128) and reply (0, 129): the identifier is ours when we
+        // sent the request (quoted) or receive the reply.
+        PROTO_ICMP | PROTO_ICMPV6 => {
+            let t = *l4.first()?;
+            let ours = if quoted {
+                t == 8 || t == 128
+            } else {
+                t == 0 || t == 129
+            };
+            ours.then(|| Some(Owner::Shard(usize::from(be16(l4, 4)?) % n)))
+                .flatten()
+        }
+        _ => None,
+    }
+}
+
+fn owner_v4(ip: &[u8], n: usize) -> Option<Owner> {
+    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
+    let proto = *ip.get(9)?;
+    let dst = ip.get(16..20)?;
+    if be16(ip, 6)? & 0x3fff != 0 {
+        // A fragment: the datagram is steered once reassembled.
+        return Some(Owner::Landing);
+    }
+    if dst[0] >= 224 || dst == [255, 255, 255, 255] {
+        // Multicast and broadcast: every shard's sockets may want it. (A subnet's
+        // broadcast address is not known here: such a datagram goes to the shard
+        // its ports name, like any other.)
+        return Some(Owner::Every);
+    }
+    let l4 = ip.get(ihl..)?;
+    if proto == PROTO_ICMP {
+        let t = *l4.first()?;
+        if matches!(t, 3 | 4 | 5 | 11 | 12) {
+            let inner = l4.get(8..)?;
+            let ihl2 = usize::from(*inner.first()? & 0x0f) * 4;
+            return transport_owner(*inner.get(9)?, inner.get(ihl2..)?, true, n);
+        }
+    }
+    transport_owner(proto, l4, false, n)
+}
+
+fn owner_v6(ip: &[u8], n: usize) -> Option<Owner> {
+    let next = *ip.get(6)?;
+    let dst_multicast = *ip.get(24)? == 0xff;
+    let l4 = ip.get(40..)?;
+    if next == PROTO_ICMPV6 {
+        let t = *l4.first()?;
+        return match t {
+            // Router, neighbour advertisements, redirects: every cache.
+            134 | 136 | 137 => Some(Owner::Every),
+            // Solicitations: one answer.
+            133 | 135 => Some(Owner::Landing),
+            // MLD queries and reports: every shard's memberships.
+            130..=132 | 143 => Some(Owner::Every),
+            1..=4 => {
+                let inner = l4.get(8..)?;
+                transport_owner(*inner.get(6)?, inner.get(40..)?, true, n)
+            }
+            _ if dst_multicast => Some(Owner::Landing),
+            _ => transport_owner(next, l4, false, n),
+        };
+    }
+    if dst_multicast {
+        // Multicast datagrams, MLD behind a hop-by-hop header.
+        return Some(Owner::Every);
+    }
+    transport_owner(next, l4, false, n)
+}
+
+/// The owner of a reassembled datagram's transport payload (`l4` after any
+/// extension headers).
+pub(crate) fn datagram_owner(proto: u8, dst: IpAddr, l4: &[u8], n: usize) -> Owner {
+    let multicast = match dst {
+        IpAddr::V4(a) => a.is_multicast() || a.is_broadcast(),
+        IpAddr::V6(a) => a.is_multicast(),
+    };
+    if multicast {
+        return Owner::Every;
+    }
+    transport_owner(proto, l4, false, n).unwrap_or(Owner::Landing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eth(ty: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&ty.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    fn v4(proto: u8, dst: [u8; 4], frag: u16, l4: &[u8]) -> Vec<u8> {
+        let mut ip = vec![0x45, 0, 0, 0, 0, 0];
+        ip.extend_from_slice(&frag.to_be_bytes());
+        ip.extend_from_slice(&[64, proto, 0, 0, 10, 0, 0, 1]);
+        ip.extend_from_slice(&dst);
+        ip.extend_from_slice(l4);
+        eth(ETHERTYPE_IPV4, &ip)
+    }
+
+    fn ports(src: u16, dst: u16) -> Vec<u8> {
+        let mut p = src.to_be_bytes().to_vec();
+        p.extend_from_slice(&dst.to_be_bytes());
+        p.extend_from_slice(&[0; 16]);
+        p
+    }
+
+    #[test]
+    fn a_flow_is_owned_by_one_shard_and_the_link_agrees() {
+        for n in 1..=8 {
+            for (sport, dport) in [(40000u16, 80u16), (80, 50001), (443, 65535), (1, 2)] {
+                let f = v4(PROTO_TCP, [10, 0, 0, 2], 0, &ports(sport, dport));
+                let want = flow_shard(dport, sport, n);
+                assert_eq!(owner(&f, n), Owner::Shard(want));
+                assert_eq!(link_queue(&f, n), want, "{sport}->{dport} n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn ephemeral_ports_name_their_shard_and_server_ports_spread() {
+        let role = ShardRole::new(3, 4);
+        let mine: Vec<u16> = (EPHEMERAL_FIRST..EPHEMERAL_FIRST + 16)
+            .filter(|&p| role.owns_ephemeral(p))
+            .collect();
+        assert_eq!(mine.len(), 4);
+        for p in mine {
+            // Whatever the remote port.
+            assert!(role.owns_flow(p, 80) && role.owns_flow(p, 12345));
+        }
+        let spread: std::collections::HashSet<usize> =
+            (40000..40016).map(|r| flow_shard(80, r, 4)).collect();
+        assert_eq!(spread.len(), 4);
+    }
+
+    #[test]
+    fn icmp_errors_go_where_the_quoted_packet_came_from() {
+        // We (port 50001, shard 50001 % 4 = 1) sent to 10.0.0.9:80; the router says
+        // fragmentation needed, quoting our header.
+        let mut quoted = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, PROTO_TCP, 0, 0];
+        quoted.extend_from_slice(&[10, 0, 0, 2, 10, 0, 0, 9]);
+        quoted.extend_from_slice(&ports(50001, 80)[..8]);
+        let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0xdc];
+        icmp.extend_from_slice(&quoted);
+        let f = v4(PROTO_ICMP, [10, 0, 0, 2], 0, &icmp);
+        assert_eq!(owner(&f, 4), Owner::Shard(50001 % 4));
+        assert_eq!(link_queue(&f, 4), 0);
+        // An echo reply to identifier 7.
+        let f = v4(PROTO_ICMP, [10, 0, 0, 2], 0, &[0, 0, 0, 0, 0, 7, 0, 1]);
+        assert_eq!(owner(&f, 4), Owner::Shard(3));
+        // An echo request is answered where it lands.
+        let f = v4(PROTO_ICMP, [10, 0, 0, 2], 0, &[8, 0, 0, 0, 0, 7, 0, 1]);
+        assert_eq!(owner(&f, 4), Owner::Landing);
+    }
+
+    #[test]
+    fn neighbours_multicast_and_fragments() {
+        let arp = |op: u16| {
+            let mut a = vec![0, 1, 8, 0, 6, 4];
+            a.extend_from_slice(&op.to_be_bytes());
+            a.extend_from_slice(&[0; 20]);
+            eth(ETHERTYPE_ARP, &a)
+        };
+        assert_eq!(owner(&arp(1), 4), Owner::Landing);
+        assert_eq!(owner(&arp(2), 4), Owner::Every);
+        assert_eq!(link_queue(&arp(2), 4), 0);
+        let mc = v4(PROTO_UDP, [239, 1, 2, 3], 0, &ports(5000, 5000));
+        assert_eq!(owner(&mc, 4), Owner::Every);
+        let frag = v4(PROTO_UDP, [10, 0, 0, 2], 0x2000, &ports(40000, 53));
+        assert_eq!(owner(&frag, 4), Owner::Landing);
+        assert_eq!(link_queue(&frag, 4), 0);
+        // IPv6 neighbour advertisement and solicitation.
+        let nd = |t: u8| {
+            let mut ip = vec![0x60, 0, 0, 0, 0, 32, PROTO_ICMPV6, 255];
+            ip.extend_from_slice(&[0; 16]);
+            let mut dst = [0u8; 16];
+            dst[0] = 0xfd;
+            ip.extend_from_slice(&dst);
+            ip.extend_from_slice(&[t, 0, 0, 0]);
+            ip.extend_from_slice(&[0; 28]);
+            eth(ETHERTYPE_IPV6, &ip)
+        };
+        assert_eq!(owner(&nd(136), 4), Owner::Every);
+        assert_eq!(owner(&nd(135), 4), Owner::Landing);
+        // Truncated garbage lands.
+        assert_eq!(owner(&[0x08, 0x00], 4), Owner::Landing);
+        assert_eq!(link_queue(&[1, 2, 3], 4), 0);
+    }
+}
