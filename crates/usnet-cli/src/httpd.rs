@@ -85,12 +85,39 @@ pub struct HttpdArgs {
     /// sleeping on it (0: sleep at once).
     #[arg(long, default_value_t = 0)]
     pub spin_us: u64,
+    /// socket, zerocopy: run this many shards of the stack, one thread each pinned to
+    /// its own core (from --core, or 0, up), each a complete stack with its own
+    /// listener, the link steering each connection to one shard (afpacket: a fanout
+    /// group; tap: one queue per shard). A number, or `cores` for one per core.
+    #[arg(long, default_value = "1")]
+    pub shards: Shards,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
     /// Print nothing but errors (and the summary at exit).
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// How many shards: a number, or one per available core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shards(pub usize);
+
+impl std::str::FromStr for Shards {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "cores" {
+            return Ok(Shards(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ));
+        }
+        match s.parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(Shards(n)),
+            _ => Err(format!(
+                "bad shard count {s:?}: a number from 1 to 256, or 'cores'"
+            )),
+        }
+    }
 }
 
 pub fn run(a: HttpdArgs) -> CmdResult {
@@ -131,7 +158,11 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             s.store(true, Ordering::Relaxed);
         });
     }
-    if let Some(c) = a.core {
+    let sharded = a.shards.0 > 1;
+    if sharded && (a.api == Api::Kernel || a.stack.is_some()) {
+        return Err("--shards is for --api socket and zerocopy on --link".into());
+    }
+    if let Some(c) = a.core.filter(|_| !sharded) {
         usnet_httpd::pin_to_core(c).map_err(|e| format!("cannot pin to core {c}: {e}"))?;
     }
     let what = format!(
@@ -163,6 +194,7 @@ pub fn run(a: HttpdArgs) -> CmdResult {
             usnet_httpd::zerocopy::run_client(&name, &cfg, &stop)
                 .map_err(|e| format!("stack server {name}: {e}"))?
         }
+        Api::Socket | Api::Zerocopy if sharded => run_shards(&a, &cfg, &what, &stop)?,
         Api::Socket | Api::Zerocopy => {
             let (mut driver, link) = stack_driver(&a)?;
             // Either server is a StackApp in the same loop, on the same driver.
@@ -199,9 +231,8 @@ pub fn run(a: HttpdArgs) -> CmdResult {
 /// The driver of a usnet stack on a link opened from the command line.
 type StackDriver = Driver<Box<dyn usnet_link::Device>>;
 
-/// The usnet stack of `--api socket` (and of the zero-copy api): the link opened as
-/// `usnet up` opens it, the stack fitted to the device, in a driver for this thread.
-fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::error::Error>> {
+/// The `usnet up` flags of the stack behind `--api socket` and `zerocopy`.
+fn up_args(a: &HttpdArgs) -> Result<UpArgs, Box<dyn std::error::Error>> {
     let link = a
         .link
         .clone()
@@ -212,7 +243,7 @@ fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::err
         );
     }
     let name = format!("httpd-{}", std::process::id());
-    let ua = UpArgs {
+    Ok(UpArgs {
         addrs: a.addrs.clone(),
         host_addrs: a.host_addrs.clone(),
         gateway: a.gateway.clone(),
@@ -222,8 +253,96 @@ fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::err
         buffers: ((32usize << 20) / a.buf_size).max(1024) as u32,
         xdp_mode: a.xdp_mode,
         pcap: a.pcap.clone(),
-        ..UpArgs::embedded(link.clone(), name)
-    };
+        ..UpArgs::embedded(link, name)
+    })
+}
+
+/// Runs one server per shard, each in its own thread pinned to its own core, and
+/// adds up what they did.
+fn run_shards(
+    a: &HttpdArgs,
+    cfg: &HttpdConfig,
+    what: &str,
+    stop: &Arc<AtomicBool>,
+) -> Result<usnet_httpd::Stats, Box<dyn std::error::Error>> {
+    let ua = up_args(a)?;
+    let n = a.shards.0;
+    let opened = up::open_shards(&ua, n)?;
+    let boxes = usnet_driver::Mailboxes::new(n)?;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let first = a.core.unwrap_or(0);
+    let mut threads = Vec::with_capacity(n);
+    for (i, o) in opened.into_iter().enumerate() {
+        let mut scfg = o.cfg;
+        usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
+        let stack = usnet_stack::Stack::new(scfg)?;
+        let mut driver = Driver::new(stack, o.dev, SystemClock::new());
+        driver.bind_device()?;
+        driver.join_shards(i, boxes.clone());
+        let mut app: Box<dyn StackApp + Send> = match a.api {
+            Api::Zerocopy => Box::new(ZcServer::start(driver.stack_mut(), cfg)?),
+            _ => Box::new(SocketServer::start(driver.stack_mut(), cfg)?),
+        };
+        let core = (first + i) % cores;
+        let stop = stop.clone();
+        let spin = Duration::from_micros(cfg.spin_us);
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("usnet-shard-{i}"))
+                .spawn(move || {
+                    usnet_httpd::pin_to_core(core)
+                        .map_err(|e| format!("shard {i}: cannot pin to core {core}: {e}"))?;
+                    let st = usnet_httpd::socket::run(&mut driver, app.as_mut(), spin, &stop)
+                        .map_err(|e| format!("shard {i}: {e}"))?;
+                    Ok::<_, String>((st, driver.stack().counters_snapshot()))
+                })?,
+        );
+    }
+    if !a.quiet {
+        println!(
+            "usnet httpd: api {} on {} ({}), {n} shards, port {}, {what}",
+            a.api,
+            ua.link,
+            a.addrs
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+            cfg.port
+        );
+    }
+    let mut total = usnet_httpd::Stats::default();
+    let mut first_err = None;
+    for (i, t) in threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(Ok((st, c))) => {
+                println!(
+                    "usnet httpd: shard {i}: {st}; {} frames handed out, {} in, {} copies to all",
+                    c.shard_handoff_out, c.shard_handoff_in, c.shard_every_copies
+                );
+                total += st;
+            }
+            Ok(Err(e)) => {
+                stop.store(true, Ordering::Relaxed);
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                stop.store(true, Ordering::Relaxed);
+                first_err.get_or_insert(format!("shard {i} panicked"));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(total),
+    }
+}
+
+/// The usnet stack of `--api socket` (and of the zero-copy api): the link opened as
+/// `usnet up` opens it, the stack fitted to the device, in a driver for this thread.
+fn stack_driver(a: &HttpdArgs) -> Result<(StackDriver, String), Box<dyn std::error::Error>> {
+    let ua = up_args(a)?;
+    let link = ua.link.clone();
     let o = up::open(&ua)?;
     let mut scfg = o.cfg;
     usnet_driver::fit_to_device(&mut scfg, o.dev.caps());

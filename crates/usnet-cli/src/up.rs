@@ -297,6 +297,52 @@ pub struct Opened {
 
 /// Checks the flags, opens the link and makes the stack's configuration.
 pub fn open(args: &UpArgs) -> Result<Opened, Box<dyn std::error::Error>> {
+    let p = plan(args)?;
+    let dev = usnet_link::open(&p.link, &p.opts)?;
+    Ok(Opened {
+        dev,
+        cfg: p.cfg,
+        name: p.name,
+        services: p.services,
+    })
+}
+
+/// [`open`] for `n` shards of one stack (`usnet_stack::shard`): the link opened once
+/// per shard, steering each frame to its shard's device, and each shard's
+/// configuration (its role, its own seed).
+pub fn open_shards(args: &UpArgs, n: usize) -> Result<Vec<Opened>, Box<dyn std::error::Error>> {
+    let p = plan(args)?;
+    let devs = usnet_link::open_shards(&p.link, &p.opts, n)?;
+    Ok(devs
+        .into_iter()
+        .enumerate()
+        .map(|(i, dev)| {
+            let mut cfg = p.cfg.clone();
+            if n > 1 {
+                cfg.shard = usnet_stack::ShardRole::new(i, n);
+                cfg.seed ^= (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            }
+            Opened {
+                dev,
+                cfg,
+                name: p.name.clone(),
+                services: p.services.clone(),
+            }
+        })
+        .collect())
+}
+
+/// What opening a link takes: checked flags, the link's options, the stack's
+/// configuration.
+struct Plan {
+    link: LinkSpec,
+    opts: LinkOptions,
+    cfg: StackConfig,
+    name: String,
+    services: Vec<ServiceKind>,
+}
+
+fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
     let link: LinkSpec = args.link.parse()?;
     let services: Vec<ServiceKind> = args
         .services
@@ -377,9 +423,9 @@ pub fn open(args: &UpArgs) -> Result<Opened, Box<dyn std::error::Error>> {
         }
     }
     opts.xdp.mode = args.xdp_mode;
-    let dev = usnet_link::open(&link, &opts)?;
-    Ok(Opened {
-        dev,
+    Ok(Plan {
+        link,
+        opts,
         cfg,
         name,
         services,

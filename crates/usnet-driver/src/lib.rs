@@ -9,16 +9,20 @@
 mod clock;
 mod memdev;
 pub mod sched;
+pub mod shards;
 
 pub use clock::{AnyClock, Clock, ManualClock, SystemClock};
 pub use memdev::{MemDevice, MemQueues};
 pub use sched::{Booster, SchedHook, Setpriority};
+pub use shards::Mailboxes;
 
+use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use usnet_link::{Device, DeviceStats, Doorbell, LinkState, WaitPlan};
 use usnet_pool::PktBuf;
-use usnet_stack::{Instant, SchedRequest, Stack};
+use usnet_stack::{Handoff, Instant, SchedRequest, Stack};
 
 /// Makes a stack configuration fit a real device: the device's MTU and offloads,
 /// and real randomness mixed into the seed (a stack on a real link needs
@@ -95,6 +99,9 @@ pub struct Driver<D: Device, C: Clock = SystemClock> {
     /// restores every boost when dropped, so a dropped driver leaves none behind.
     booster: Option<Booster>,
     sched: Vec<SchedRequest>,
+    /// This stack's shard index and the host's mailboxes, when it is one of several.
+    shard: Option<(usize, Arc<Mailboxes>)>,
+    handoffs: Vec<(usize, Handoff)>,
 }
 
 impl<D: Device, C: Clock> Driver<D, C> {
@@ -111,7 +118,17 @@ impl<D: Device, C: Clock> Driver<D, C> {
             backlog: false,
             booster: None,
             sched: Vec::new(),
+            shard: None,
+            handoffs: Vec::new(),
         }
+    }
+
+    /// Makes this driver's stack shard `me` of a host whose shards meet at
+    /// `boxes`: each turn delivers the mail other shards posted for it and posts
+    /// what it received for them, and [`Driver::wait`] also wakes for mail.
+    pub fn join_shards(&mut self, me: usize, boxes: Arc<Mailboxes>) {
+        assert!(me < boxes.len());
+        self.shard = Some((me, boxes));
     }
 
     /// Kernel-like receive: each turn empties the device into the stack's input
@@ -236,12 +253,18 @@ impl<D: Device, C: Clock> Driver<D, C> {
                 }
             }
         }
+        if let Some((me, boxes)) = &self.shard {
+            received += boxes.deliver_to(*me, &mut self.stack);
+        }
         let t1 = self.phase_timing.then(std::time::Instant::now);
         let mut worked = self.stack.poll(now);
         let mut rounds = 1;
         while !self.backlog && self.stack.input_len() > 0 && rounds < MAX_INPUT_ROUNDS {
             worked |= self.stack.poll(now);
             rounds += 1;
+        }
+        if let Some((_, boxes)) = &self.shard {
+            worked |= boxes.post_from(&mut self.stack, &mut self.handoffs) > 0;
         }
         worked |= app(&mut self.stack);
         self.apply_sched();
@@ -309,7 +332,20 @@ impl<D: Device, C: Clock> Driver<D, C> {
         if timeout.is_zero() {
             return Ok(());
         }
-        usnet_link::wait_device(&mut self.dev, extra, extra_ready, timeout)
+        match &self.shard {
+            None => usnet_link::wait_device(&mut self.dev, extra, extra_ready, timeout),
+            Some((me, boxes)) => {
+                let mut all = extra.to_vec();
+                all.push(Doorbell::Fd(boxes.bell(*me).as_fd()));
+                let mut extra_ready = extra_ready;
+                usnet_link::wait_device(
+                    &mut self.dev,
+                    &all,
+                    || extra_ready() || boxes.has_mail(*me),
+                    timeout,
+                )
+            }
+        }
     }
 
     /// For a loop that holds the driver under a lock: what to sleep on and for how

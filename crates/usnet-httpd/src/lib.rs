@@ -115,6 +115,20 @@ pub struct Stats {
     pub tx_bytes: u64,
 }
 
+impl std::ops::AddAssign for Stats {
+    fn add_assign(&mut self, o: Stats) {
+        self.accepted += o.accepted;
+        self.requests += o.requests;
+        self.responses += o.responses;
+        self.bad_requests += o.bad_requests;
+        self.resets += o.resets;
+        self.closed += o.closed;
+        self.refused += o.refused;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_bytes += o.tx_bytes;
+    }
+}
+
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -313,6 +313,52 @@ impl AfPacketDevice {
         &self.ifname
     }
 
+    /// Opens `n` sockets on `ifname`, the members of one fanout group
+    /// (`PACKET_FANOUT_CBPF`) whose program, [`crate::bpf::shard_steering`], hands
+    /// each received frame to the socket of the shard that owns it: member `i` is
+    /// shard `i`. `n` = 1 is a plain socket.
+    pub fn open_shards(
+        ifname: &str,
+        mtu: Option<usize>,
+        n: usize,
+    ) -> Result<Vec<AfPacketDevice>, LinkError> {
+        let mut out = Vec::with_capacity(n);
+        let mut group = None;
+        for _ in 0..n {
+            let d = AfPacketDevice::open(ifname, mtu)?;
+            if n > 1 {
+                group = Some(d.join_fanout(group)?);
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    /// Joins fanout group `id` (`None`: a new group with an id the kernel picks) with
+    /// the shard steering program; returns the group's id. Frames this host sends are
+    /// not fanned out back to it (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`, as
+    /// `PACKET_IGNORE_OUTGOING` does for a lone socket).
+    fn join_fanout(&self, id: Option<u16>) -> Result<u16, LinkError> {
+        let ctx = |what: &str| format!("{}: {what}", self.label);
+        let mut flags = libc::PACKET_FANOUT_CBPF | libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
+        if id.is_none() {
+            flags |= libc::PACKET_FANOUT_FLAG_UNIQUEID;
+        }
+        let arg: u32 = u32::from(id.unwrap_or(0)) | (flags << 16);
+        setsockopt(&self.fd, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
+            .map_err(|e| LinkError::io(ctx("cannot join a fanout group"), e))?;
+        let prog = crate::bpf::shard_steering();
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        setsockopt(&self.fd, libc::SOL_PACKET, libc::PACKET_FANOUT_DATA, &fprog)
+            .map_err(|e| LinkError::io(ctx("cannot set the fanout program"), e))?;
+        let got: u32 = getsockopt(&self.fd, libc::SOL_PACKET, libc::PACKET_FANOUT)
+            .map_err(|e| LinkError::io(ctx("cannot read the fanout group"), e))?;
+        Ok(got as u16)
+    }
+
     /// Receives the packet the kernel queued for a ring frame marked TP_STATUS_COPY
     /// (`len` bytes long, says the frame); `None` if it is not there or not whole.
     fn recv_copied(&mut self, len: usize) -> Option<&[u8]> {

@@ -25,6 +25,8 @@ pub enum LinkError {
     BadName { name: String, why: &'static str },
     #[error("interface '{0}' not found: check `ip link` for its name")]
     NoSuchInterface(String),
+    #[error("{0} cannot carry several shards yet: use afpacket:IFNAME or tap:NAME, or one shard")]
+    NoShards(String),
     #[error("bad MTU {mtu}: must be between {min} and {max}")]
     BadMtu { mtu: usize, min: usize, max: usize },
     #[error("bad shm slot count {0}: must be a power of two between 2 and 65536")]

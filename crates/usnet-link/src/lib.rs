@@ -10,6 +10,7 @@
 //! device: `usnet-driver` joins the two.
 
 pub mod af_packet;
+pub mod bpf;
 pub mod error;
 pub mod fault;
 pub mod nic;
@@ -24,7 +25,7 @@ mod wait;
 pub mod xdp;
 
 pub use error::LinkError;
-pub use spec::{open, wrap, LinkOptions, LinkSpec};
+pub use spec::{open, open_shards, wrap, LinkOptions, LinkSpec};
 pub use wait::{sleep_on, wait_device, Doorbell, WaitKind, WaitPlan, WaitSpec};
 
 use std::collections::VecDeque;

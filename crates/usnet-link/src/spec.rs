@@ -160,6 +160,50 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
 
 /// Puts the wrappers `opts` asks for around any device (also one opened elsewhere):
 /// fault injection inside, pcap outermost.
+/// Opens the link for `n` shards of one stack, one device each, whose frames the
+/// link steers to the shard that owns them (`usnet_stack::shard`): AF_PACKET as a
+/// fanout group with the steering program ([`crate::bpf::shard_steering`]), TAP
+/// with one queue per shard. With `opts.pcap`, shard `i` writes `NAME.i.pcap`.
+pub fn open_shards(
+    spec: &LinkSpec,
+    opts: &LinkOptions,
+    n: usize,
+) -> Result<Vec<Box<dyn Device>>, LinkError> {
+    if n <= 1 {
+        return Ok(vec![open(spec, opts)?]);
+    }
+    let devs: Vec<Box<dyn Device>> = match spec {
+        LinkSpec::AfPacket(ifname) => AfPacketDevice::open_shards(ifname, opts.mtu, n)?
+            .into_iter()
+            .map(|d| Box::new(d) as Box<dyn Device>)
+            .collect(),
+        LinkSpec::Tap(name) => TapDevice::open_queues(
+            name,
+            &TapConfig {
+                mtu: opts.mtu,
+                host_addrs: opts.tap_host_addrs.clone(),
+                tso: opts.tso,
+            },
+            n,
+        )?
+        .into_iter()
+        .map(|d| Box::new(d) as Box<dyn Device>)
+        .collect(),
+        other => return Err(LinkError::NoShards(other.to_string())),
+    };
+    devs.into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut o = opts.clone();
+            o.pcap = opts
+                .pcap
+                .as_ref()
+                .map(|p| p.with_extension(format!("{i}.pcap")));
+            wrap(d, &o)
+        })
+        .collect()
+}
+
 pub fn wrap(dev: Box<dyn Device>, opts: &LinkOptions) -> Result<Box<dyn Device>, LinkError> {
     let dev: Box<dyn Device> = match &opts.fault {
         Some(f) => Box::new(FaultInjector::new(dev, f.clone())),

@@ -172,9 +172,94 @@ fn is_link_gone(e: &io::Error) -> bool {
     )
 }
 
+/// Opens one queue of the TAP interface `ifname` (creating it if needed) with the
+/// vnet header and checksum (and with `tso`, segmentation) offloads.
+fn open_queue(
+    ifname: &str,
+    spec: &str,
+    tso: bool,
+    multi_queue: bool,
+) -> Result<OwnedFd, LinkError> {
+    let needs_root = || LinkError::NeedsRoot {
+        spec: spec.to_string(),
+    };
+    let path = CString::new("/dev/net/tun").expect("no NUL");
+    // SAFETY: open with a valid C string and flags; returns a new fd or -1.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => needs_root(),
+            _ => LinkError::io(
+                format!("{spec}: cannot open /dev/net/tun (is the tun module loaded?)"),
+                e,
+            ),
+        });
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut req = sys::ifreq(ifname);
+    let mut flags = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+    if multi_queue {
+        flags |= libc::IFF_MULTI_QUEUE;
+    }
+    req.ifr_ifru.ifru_flags = flags as libc::c_short;
+    // SAFETY: TUNSETIFF reads the name and flags from `req` (and may write the name
+    // back); `req` lives across the call.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => needs_root(),
+            Some(libc::EBUSY) => LinkError::io(
+                format!("{spec}: interface is busy (another process has it open?)"),
+                e,
+            ),
+            _ => LinkError::io(format!("{spec}: cannot create the TAP interface"), e),
+        });
+    }
+    let hdr_len: libc::c_int = VNET_HDR_LEN as libc::c_int;
+    // SAFETY: TUNSETVNETHDRSZ reads an int from the pointer, which lives across the call.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_len) })
+        .map_err(|e| LinkError::io(format!("{spec}: cannot set the vnet header size"), e))?;
+    let mut offload = libc::TUN_F_CSUM;
+    if tso {
+        offload |= libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+    }
+    // SAFETY: TUNSETOFFLOAD takes the flags by value; no memory is passed.
+    cvt(unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            offload as libc::c_ulong,
+        )
+    })
+    .map_err(|e| LinkError::io(format!("{spec}: cannot set offloads"), e))?;
+
+    Ok(fd)
+}
+
 impl TapDevice {
     /// Creates (or attaches to) the TAP interface `ifname` and configures the Linux side.
     pub fn open(ifname: &str, cfg: &TapConfig) -> Result<TapDevice, LinkError> {
+        let mut q = TapDevice::open_queues(ifname, cfg, 1)?;
+        Ok(q.remove(0))
+    }
+
+    /// [`TapDevice::open`] with `n` queues (`IFF_MULTI_QUEUE` when `n` > 1), one
+    /// device per queue: the shards of one stack. The kernel sends each flow to the
+    /// queue that last wrote one of its frames (its flow table, learned from our
+    /// writes), and a new flow to a queue by its hash, so after a shard's first
+    /// reply the flow's frames reach that shard.
+    pub fn open_queues(
+        ifname: &str,
+        cfg: &TapConfig,
+        n: usize,
+    ) -> Result<Vec<TapDevice>, LinkError> {
         sys::check_ifname(ifname)?;
         if let Some(mtu) = cfg.mtu {
             if !(TAP_MIN_MTU..=TAP_MAX_MTU).contains(&mtu) {
@@ -186,61 +271,9 @@ impl TapDevice {
             }
         }
         let spec = format!("tap:{ifname}");
-        let needs_root = || LinkError::NeedsRoot { spec: spec.clone() };
-        let path = CString::new("/dev/net/tun").expect("no NUL");
-        // SAFETY: open with a valid C string and flags; returns a new fd or -1.
-        let fd = unsafe {
-            libc::open(
-                path.as_ptr(),
-                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::EACCES) | Some(libc::EPERM) => needs_root(),
-                _ => LinkError::io(
-                    format!("{spec}: cannot open /dev/net/tun (is the tun module loaded?)"),
-                    e,
-                ),
-            });
-        }
-        // SAFETY: fd was just opened and is owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut req = sys::ifreq(ifname);
-        req.ifr_ifru.ifru_flags =
-            (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
-        // SAFETY: TUNSETIFF reads the name and flags from `req` (and may write the name
-        // back); `req` lives across the call.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::EPERM) | Some(libc::EACCES) => needs_root(),
-                Some(libc::EBUSY) => LinkError::io(
-                    format!("{spec}: interface is busy (another process has it open?)"),
-                    e,
-                ),
-                _ => LinkError::io(format!("{spec}: cannot create the TAP interface"), e),
-            });
-        }
-        let hdr_len: libc::c_int = VNET_HDR_LEN as libc::c_int;
-        // SAFETY: TUNSETVNETHDRSZ reads an int from the pointer, which lives across the call.
-        cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_len) })
-            .map_err(|e| LinkError::io(format!("{spec}: cannot set the vnet header size"), e))?;
-        let mut offload = libc::TUN_F_CSUM;
-        if cfg.tso {
-            offload |= libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
-        }
-        // SAFETY: TUNSETOFFLOAD takes the flags by value; no memory is passed.
-        cvt(unsafe {
-            libc::ioctl(
-                fd.as_raw_fd(),
-                libc::TUNSETOFFLOAD,
-                offload as libc::c_ulong,
-            )
-        })
-        .map_err(|e| LinkError::io(format!("{spec}: cannot set offloads"), e))?;
-
+        let fds = (0..n.max(1))
+            .map(|_| open_queue(ifname, &spec, cfg.tso, n > 1))
+            .collect::<Result<Vec<OwnedFd>, LinkError>>()?;
         match cfg.mtu {
             Some(m) => sys::run_ip(&["link", "set", "dev", ifname, "mtu", &m.to_string(), "up"])?,
             None => sys::run_ip(&["link", "set", "dev", ifname, "up"])?,
@@ -257,20 +290,25 @@ impl TapDevice {
             None => sys::if_mtu(ifname)
                 .map_err(|e| LinkError::io(format!("{spec}: cannot read the MTU"), e))?,
         };
-        let ev =
-            Arc::new(EventFd::new().map_err(|e| LinkError::io(format!("{spec}: eventfd"), e))?);
-        Ok(TapDevice {
-            label: spec,
-            ifname: ifname.to_string(),
-            fd: Arc::new(fd),
-            ev,
-            mtu,
-            tso: cfg.tso,
-            scratch: vec![0u8; MAX_READ],
-            spare: Vec::new(),
-            down: false,
-            stats: DeviceStats::default(),
-        })
+        fds.into_iter()
+            .map(|fd| {
+                let ev = Arc::new(
+                    EventFd::new().map_err(|e| LinkError::io(format!("{spec}: eventfd"), e))?,
+                );
+                Ok(TapDevice {
+                    label: spec.clone(),
+                    ifname: ifname.to_string(),
+                    fd: Arc::new(fd),
+                    ev,
+                    mtu,
+                    tso: cfg.tso,
+                    scratch: vec![0u8; MAX_READ],
+                    spare: Vec::new(),
+                    down: false,
+                    stats: DeviceStats::default(),
+                })
+            })
+            .collect()
     }
 
     pub fn ifname(&self) -> &str {

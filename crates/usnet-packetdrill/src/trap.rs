@@ -23,6 +23,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use usnet_link::bpf::{jump, op, stmt};
 
 /// What answers the trapped calls (the world of `crate::posix`).
 pub trait Answer: Send + Sync + 'static {
@@ -58,25 +59,6 @@ impl Drop for Trap {
     }
 }
 
-fn stmt(code: u16, k: u32) -> libc::sock_filter {
-    libc::sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-fn jump(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-    // BPF_JMP | BPF_JEQ | BPF_K
-    libc::sock_filter {
-        code: 0x15,
-        jt,
-        jf,
-        k,
-    }
-}
-
 /// Installs the filter and starts the supervisor for `shared`.
 pub fn install<A: Answer>(shared: Arc<A>) -> Result<Trap, String> {
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -84,23 +66,22 @@ pub fn install<A: Answer>(shared: Arc<A>) -> Result<Trap, String> {
         let _ = shared;
         return Err("no seccomp architecture constant for this target".into());
     }
-    // BPF_LD | BPF_W | BPF_ABS = 0x20; BPF_RET | BPF_K = 0x06. seccomp_data: nr at 0,
-    // arch at 4, args[i] at 16 + 8 i (the low half first on these little-endian
+    // seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i (the low half first on these little-endian
     // targets).
     // Jump offsets count from the next instruction: 9 is the notification, 10
     // lets the call through.
     let prog = [
-        stmt(0x20, 4),
-        jump(AUDIT_ARCH, 0, 8),
-        stmt(0x20, 0),
-        jump(libc::SYS_sendfile as u32, 5, 0),
-        jump(libc::SYS_getsockopt as u32, 0, 5),
-        stmt(0x20, 32),
-        jump(libc::TCP_INFO as u32, 2, 0),
-        jump(TCP_CC_INFO, 1, 0),
-        jump(SO_MEMINFO, 0, 1),
-        stmt(0x06, libc::SECCOMP_RET_USER_NOTIF),
-        stmt(0x06, libc::SECCOMP_RET_ALLOW),
+        stmt(op::LD_W_ABS, 4),
+        jump(op::JEQ_K, AUDIT_ARCH, 0, 8),
+        stmt(op::LD_W_ABS, 0),
+        jump(op::JEQ_K, libc::SYS_sendfile as u32, 5, 0),
+        jump(op::JEQ_K, libc::SYS_getsockopt as u32, 0, 5),
+        stmt(op::LD_W_ABS, 32),
+        jump(op::JEQ_K, libc::TCP_INFO as u32, 2, 0),
+        jump(op::JEQ_K, TCP_CC_INFO, 1, 0),
+        jump(op::JEQ_K, SO_MEMINFO, 0, 1),
+        stmt(op::RET_K, libc::SECCOMP_RET_USER_NOTIF),
+        stmt(op::RET_K, libc::SECCOMP_RET_ALLOW),
     ];
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,

@@ -8,7 +8,7 @@
 //! - a TCP or UDP segment belongs to [`flow_shard`]`(local port, remote port)`: an
 //!   ephemeral local port names its shard directly (`port % n`, and each shard picks
 //!   its ephemeral ports, ping identifiers likewise, from its own residue class), any
-//!   other local port (a server's) spreads its connections by `local ^ remote`;
+//!   other local port (a server's) spreads its connections by a hash of both ports;
 //! - an ICMP error belongs where the packet it quotes came from; an echo reply to its
 //!   identifier's shard;
 //! - an ARP reply, a neighbour or router advertisement, and anything sent to a
@@ -65,14 +65,23 @@ impl ShardRole {
     }
 }
 
-/// The shard of a TCP or UDP flow, seen from this host: `local` is our port.
+/// The value a flow's shard is taken from (modulo the shard count), seen from this
+/// host: `local` is our port. An ephemeral local port is its own value; otherwise the
+/// two ports are mixed (a multiplicative hash), since a peer's ports need not vary
+/// in their low bits (Linux gives `connect` even ports only).
+#[inline]
+pub fn flow_value(local: u16, remote: u16) -> u32 {
+    if local >= EPHEMERAL_FIRST {
+        u32::from(local)
+    } else {
+        u32::from(local ^ remote).wrapping_mul(0x9e37_79b1) >> 16
+    }
+}
+
+/// The shard of a TCP or UDP flow among `n`, seen from this host.
 #[inline]
 pub fn flow_shard(local: u16, remote: u16, n: usize) -> usize {
-    if local >= EPHEMERAL_FIRST {
-        usize::from(local) % n
-    } else {
-        usize::from(local ^ remote) % n
-    }
+    flow_value(local, remote) as usize % n
 }
 
 /// Who must process a received frame.
@@ -123,11 +132,7 @@ pub fn link_queue_value(frame: &[u8]) -> u32 {
     let ports = |at: usize| -> Option<u32> {
         let src = be16(frame, at)?;
         let dst = be16(frame, at + 2)?;
-        Some(if dst >= EPHEMERAL_FIRST {
-            u32::from(dst)
-        } else {
-            u32::from(src ^ dst)
-        })
+        Some(flow_value(dst, src))
     };
     let v = match be16(frame, 12) {
         Some(ETHERTYPE_IPV4) => {
@@ -309,9 +314,15 @@ mod tests {
             // Whatever the remote port.
             assert!(role.owns_flow(p, 80) && role.owns_flow(p, 12345));
         }
-        let spread: std::collections::HashSet<usize> =
-            (40000..40016).map(|r| flow_shard(80, r, 4)).collect();
-        assert_eq!(spread.len(), 4);
+        // A server port's connections spread, even when the peer's ports are all
+        // even (Linux's connect).
+        for n in [2, 3, 4, 8] {
+            let mut per = vec![0; n];
+            for r in (40000..40000 + 64 * n as u16).step_by(2) {
+                per[flow_shard(80, r, n)] += 1;
+            }
+            assert!(per.iter().all(|&k| k >= 32 / 2), "{n}: {per:?}");
+        }
     }
 
     #[test]
