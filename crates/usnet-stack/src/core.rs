@@ -169,13 +169,20 @@ impl Core {
         };
         let mut bytes = Vec::new();
         self.pool.copy_chain(&frame, &mut bytes);
+        let offload = self.pool.offload(&frame);
         for s in targets.filter(|&s| s != me) {
             if keep {
                 self.counters.shard_every_copies += 1;
             } else {
                 self.counters.shard_handoff_out += 1;
             }
-            self.handoffs.push((s, Handoff::Frame(bytes.clone())));
+            self.handoffs.push((
+                s,
+                Handoff::Frame {
+                    bytes: bytes.clone(),
+                    offload,
+                },
+            ));
         }
         if keep {
             Some(frame)

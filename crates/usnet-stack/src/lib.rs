@@ -160,8 +160,11 @@ impl Stack {
     pub fn receive_handoff(&mut self, h: Handoff) {
         self.core.counters.shard_handoff_in += 1;
         match h {
-            Handoff::Frame(bytes) => match self.core.pool.alloc_from(&bytes) {
-                Some(b) => self.core.enqueue(b),
+            Handoff::Frame { bytes, offload } => match self.core.pool.alloc_from(&bytes) {
+                Some(b) => {
+                    self.core.pool.set_offload(&b, offload);
+                    self.core.enqueue(b);
+                }
                 None => self.core.counters.drop_pool_exhausted += 1,
             },
             Handoff::Datagram {

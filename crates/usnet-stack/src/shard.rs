@@ -97,8 +97,12 @@ pub enum Owner {
 /// A frame or datagram handed from the shard it landed on to the one that owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handoff {
-    /// A whole Ethernet frame.
-    Frame(Vec<u8>),
+    /// A whole Ethernet frame, with what the device said of it (a checksum the
+    /// device verified, or that a virtual link left partial, stays trusted).
+    Frame {
+        bytes: Vec<u8>,
+        offload: usnet_pool::Offload,
+    },
     /// A datagram reassembled from fragments on another shard: the transport
     /// payload (for IPv6, with any extension headers after the fragment header) and
     /// the start of the original packet (for ICMP errors about it).

@@ -446,3 +446,70 @@ fn fragmented_datagrams_reach_the_shard_that_owns_them() {
         + clients.iter().filter(|c| c.0 != shards[0]).count()) as u64;
     assert_eq!(handed, for_others);
 }
+
+/// A virtual link (TAP, a veth under AF_PACKET) hands over frames whose checksum is
+/// only partial and says so (`csum_valid`): a shard that receives one and hands it
+/// to the owner must hand over that word too, or the owner drops the frame as
+/// corrupt. Here the peer's SYNs are caught, their checksums zeroed, and each
+/// injected into a shard that does not own it, marked as the device marks them.
+#[test]
+fn a_handed_frame_keeps_the_checksum_its_device_vouched_for() {
+    let mut net = SimNet::new(0xc5, Faults::default());
+    let peer = net.add(cfg(1)).unwrap();
+    let mut scfg = cfg(2);
+    scfg.rx_csum_offload = true;
+    let shards = net.add_shards(scfg, 2).unwrap();
+    let caught: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let c2 = caught.clone();
+    net.middlebox = Some(Box::new(move |from: usize, frame: &[u8]| {
+        match tcp_of(frame) {
+            Some(t) if from == 0 && t.syn => {
+                c2.borrow_mut().push(frame.to_vec());
+                Hop::Drop
+            }
+            _ => Hop::Pass,
+        }
+    }));
+    let listeners: Vec<SocketHandle> = shards
+        .iter()
+        .map(|&s| net.stack_mut(s).tcp_listen(sa("10.0.0.2:80"), 16).unwrap())
+        .collect();
+    let mut conns = Vec::new();
+    for _ in 0..8 {
+        conns.push(
+            net.stack_mut(peer)
+                .tcp_connect(None, sa("10.0.0.2:80"))
+                .unwrap(),
+        );
+    }
+    let mut accepted = 0;
+    let ok = net.run_until(Duration::from_secs(5), |n| {
+        for f in caught.borrow_mut().drain(..) {
+            let mut f = f;
+            let l4 = 14 + usize::from(f[14] & 0xf) * 4;
+            let sport = u16::from_be_bytes([f[l4], f[l4 + 1]]);
+            f[l4 + 16..l4 + 18].fill(0);
+            let wrong = shards[1 - flow_shard(80, sport, 2)];
+            let s = n.stack_mut(wrong);
+            let b = s.pool_mut().alloc_from(&f).unwrap();
+            let o = usnet_pool::Offload {
+                csum_valid: true,
+                ..Default::default()
+            };
+            s.pool_mut().set_offload(&b, o);
+            s.receive(b);
+        }
+        for (k, &s) in shards.iter().enumerate() {
+            while n.stack_mut(s).tcp_accept(listeners[k]).is_ok() {
+                accepted += 1;
+            }
+        }
+        accepted == conns.len()
+    });
+    assert!(ok, "{accepted} of {} accepted", conns.len());
+    let handed: u64 = shards
+        .iter()
+        .map(|&s| net.stack(s).counters().shard_handoff_out)
+        .sum();
+    assert!(handed >= conns.len() as u64);
+}
