@@ -117,6 +117,48 @@ pub fn measure<T>(core: Option<usize>, f: impl FnOnce() -> T) -> (T, Option<Core
     (r, used)
 }
 
+/// CPU seconds (user and kernel together) that process `pid` and every process
+/// descended from it have spent so far, from `/proc/PID/stat` (all threads of a
+/// process count; children that already exited do not). For a server that forks
+/// workers (nginx): its whole tree. None if `pid` is gone.
+pub fn process_tree_secs(pid: u32) -> Option<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let stat = |pid: u32| -> Option<(u32, u64)> {
+        let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name may hold spaces and parentheses: fields start after the
+        // last ')'. Then: state ppid ... utime (14th field) stime (15th).
+        let rest = &t[t.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ppid = f.get(1)?.parse().ok()?;
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        Some((ppid, ticks))
+    };
+    let (_, own) = stat(pid)?;
+    let mut procs: Vec<(u32, u32, u64)> = Vec::new();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        if let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+            if let Some((ppid, t)) = stat(p) {
+                procs.push((p, ppid, t));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut total = own;
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        for &(p, ppid, t) in &procs {
+            if ppid == parent && !tree.contains(&p) {
+                tree.push(p);
+                total += t;
+            }
+        }
+        i += 1;
+    }
+    Some(total as f64 / hz)
+}
+
 /// A table cell of CPU per unit with `digits` decimals; "-" when not measured.
 pub fn cell(per: Option<f64>, digits: usize) -> String {
     per.map_or("-".into(), |v| format!("{v:.digits$}"))

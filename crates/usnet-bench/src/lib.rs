@@ -9,6 +9,7 @@ pub mod peer;
 pub mod preload;
 pub mod prio;
 pub mod server;
+pub mod shards;
 pub mod tcp;
 pub mod udp;
 mod web;

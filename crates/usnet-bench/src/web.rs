@@ -120,12 +120,33 @@ pub(crate) fn nginx_conf(
     events: &str,
     http: &str,
 ) -> Res<PathBuf> {
+    nginx_conf_workers(dir, www, addr, port, tag, events, http, 1)
+}
+
+/// [`nginx_conf`] with `workers` worker processes (more than one: a master process
+/// starts them, each pinned to its own core by `worker_cpu_affinity auto`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn nginx_conf_workers(
+    dir: &Path,
+    www: &Path,
+    addr: &str,
+    port: u16,
+    tag: &str,
+    events: &str,
+    http: &str,
+    workers: usize,
+) -> Res<PathBuf> {
+    let procs = if workers > 1 {
+        format!("master_process on;\nworker_processes {workers};\nworker_cpu_affinity auto;")
+    } else {
+        "master_process off;\nworker_processes 1;".to_string()
+    };
     let d = dir.display();
     let conf = dir.join(format!("nginx-{tag}.conf"));
     std::fs::write(
         &conf,
         format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx-{tag}.pid;\n\
+            "daemon off;\n{procs}\npid {d}/nginx-{tag}.pid;\n\
              error_log {d}/nginx-{tag}.err warn;\nuser root;\n\
              events {{ worker_connections 4096; use epoll; {events} }}\n\
              http {{\n access_log off;\n sendfile on;\n keepalive_requests 1000000;\n {http}\n\
@@ -284,6 +305,27 @@ pub(crate) fn wrk(
     connections: usize,
     seconds: f64,
 ) -> Res<WrkRun> {
+    wrk_threads(
+        ns,
+        &core.to_string(),
+        1,
+        server_core,
+        url,
+        connections,
+        seconds,
+    )
+}
+
+/// [`wrk`] with `threads` threads on the CPUs `cpus` (a taskset list: `0`, `0-3`).
+pub(crate) fn wrk_threads(
+    ns: &str,
+    cpus: &str,
+    threads: usize,
+    server_core: Option<usize>,
+    url: &str,
+    connections: usize,
+    seconds: f64,
+) -> Res<WrkRun> {
     let secs = seconds.ceil().max(1.0) as u64;
     let (out, cpu) = crate::cpu::measure(server_core, || {
         Command::new("ip")
@@ -293,13 +335,13 @@ pub(crate) fn wrk(
                 ns,
                 "taskset",
                 "-c",
-                &core.to_string(),
+                cpus,
                 "timeout",
                 &(secs + 30).to_string(),
             ])
             .args([
                 "wrk",
-                "-t1",
+                &format!("-t{threads}"),
                 "--latency",
                 &format!("-c{connections}"),
                 &format!("-d{secs}s"),

@@ -473,6 +473,46 @@ impl From<HttpdArgs> for usnet_bench::httpd::HttpdBenchOptions {
     }
 }
 
+/// `usnet bench shards`: usnet httpd --shards N vs nginx with N workers.
+#[derive(Args, Debug)]
+pub struct ShardsArgs {
+    /// Directory for shards.json, shards.md and shards.png.
+    #[arg(long, default_value = "bench-out/shards")]
+    pub out: PathBuf,
+    /// Runs per configuration (the table shows medians).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds per wrk run.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// wrk connections per shard (per nginx worker).
+    #[arg(long, default_value_t = 100)]
+    pub connections: usize,
+    /// Response body lengths in bytes (64 makes the 151-byte response).
+    #[arg(long, value_delimiter = ',', default_value = "64,4096")]
+    pub lengths: Vec<usize>,
+    /// The largest shard count (default: the cores available).
+    #[arg(long)]
+    pub max_shards: Option<usize>,
+    /// One 1-second run per configuration (a smoke test).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl From<ShardsArgs> for usnet_bench::shards::ShardsBenchOptions {
+    fn from(a: ShardsArgs) -> Self {
+        let d = usnet_bench::shards::ShardsBenchOptions::default();
+        usnet_bench::shards::ShardsBenchOptions {
+            out: a.out,
+            runs: if a.quick { 1 } else { a.runs.max(1) },
+            seconds: if a.quick { 1.0 } else { a.seconds },
+            connections: a.connections.max(1),
+            lengths: a.lengths,
+            max_shards: a.max_shards.unwrap_or(d.max_shards),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

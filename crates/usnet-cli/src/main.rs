@@ -79,6 +79,9 @@ enum BenchCmd {
     /// usnet httpd (--api kernel, and --api socket on AF_PACKET, AF_XDP and TAP) vs
     /// nginx on Linux, wrk -c100 from a namespace, 151 B / 4 KiB / 64 KiB responses (root).
     Httpd(bench::HttpdArgs),
+    /// Many cores: usnet httpd --shards N (socket and zero-copy, AF_PACKET fanout) vs
+    /// nginx with N workers, N = 1 .. the cores, wrk -tN from a namespace (root).
+    Shards(bench::ShardsArgs),
     /// Priority-aware receive: a UDP burst to several receivers under CPU load, with
     /// forced drop and priority control on and off, vs Linux.
     Prio(bench::PrioArgs),
@@ -107,6 +110,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
         Cmd::Bench(BenchCmd::Preload(a)) => usnet_bench::preload::run(&a.into()),
         Cmd::Bench(BenchCmd::Httpd(a)) => usnet_bench::httpd::run(&a.into()),
+        Cmd::Bench(BenchCmd::Shards(a)) => usnet_bench::shards::run(&a.into()),
         Cmd::Bench(BenchCmd::Prio(a)) => usnet_bench::prio::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
