@@ -16,13 +16,7 @@ mod web;
 
 /// Pins the calling thread to `core` (best effort: a failure only costs accuracy).
 pub fn pin_to_core(core: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; sched_setaffinity
-    // reads it for the calling thread (pid 0).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    let _ = usnet_driver::sched::pin_to_core(core);
 }
 
 /// Number of CPUs this process may run on.

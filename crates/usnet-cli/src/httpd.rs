@@ -267,36 +267,23 @@ fn run_shards(
 ) -> Result<usnet_httpd::Stats, Box<dyn std::error::Error>> {
     let ua = up_args(a)?;
     let n = a.shards.0;
-    let opened = up::open_shards(&ua, n)?;
-    let boxes = usnet_driver::Mailboxes::new(n)?;
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let first = a.core.unwrap_or(0);
-    let mut threads = Vec::with_capacity(n);
-    for (i, o) in opened.into_iter().enumerate() {
+    let mut drivers = Vec::with_capacity(n);
+    for o in up::open_shards(&ua, n)? {
         let mut scfg = o.cfg;
         usnet_driver::fit_to_device(&mut scfg, o.dev.caps());
-        let stack = usnet_stack::Stack::new(scfg)?;
-        let mut driver = Driver::new(stack, o.dev, SystemClock::new());
+        let mut driver = Driver::new(usnet_stack::Stack::new(scfg)?, o.dev, SystemClock::new());
         driver.bind_device()?;
-        driver.join_shards(i, boxes.clone());
-        let mut app: Box<dyn StackApp + Send> = match a.api {
-            Api::Zerocopy => Box::new(ZcServer::start(driver.stack_mut(), cfg)?),
-            _ => Box::new(SocketServer::start(driver.stack_mut(), cfg)?),
-        };
-        let core = (first + i) % cores;
-        let stop = stop.clone();
-        let spin = Duration::from_micros(cfg.spin_us);
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("usnet-shard-{i}"))
-                .spawn(move || {
-                    usnet_httpd::pin_to_core(core)
-                        .map_err(|e| format!("shard {i}: cannot pin to core {core}: {e}"))?;
-                    let st = usnet_httpd::socket::run(&mut driver, app.as_mut(), spin, &stop)
-                        .map_err(|e| format!("shard {i}: {e}"))?;
-                    Ok::<_, String>((st, driver.stack().counters_snapshot()))
-                })?,
-        );
+        drivers.push(driver);
+    }
+    let mut shards = usnet_driver::Shards::new(drivers)?;
+    // Each shard's server listens on its own stack before any shard turns.
+    let mut apps: Vec<std::sync::Mutex<Box<dyn StackApp + Send>>> = Vec::with_capacity(n);
+    for i in 0..n {
+        let d = shards.driver_mut(i);
+        apps.push(std::sync::Mutex::new(match a.api {
+            Api::Zerocopy => Box::new(ZcServer::start(d.stack_mut(), cfg)?),
+            _ => Box::new(SocketServer::start(d.stack_mut(), cfg)?),
+        }));
     }
     if !a.quiet {
         println!(
@@ -311,10 +298,19 @@ fn run_shards(
             cfg.port
         );
     }
+    let spin = Duration::from_micros(cfg.spin_us);
+    let results = shards.run(Some(a.core.unwrap_or(0)), |i, driver| {
+        let mut app = apps[i].lock().unwrap_or_else(|p| p.into_inner());
+        let r = usnet_httpd::socket::run(driver, app.as_mut(), spin, stop);
+        if r.is_err() {
+            // One shard down stops the others.
+            stop.store(true, Ordering::Relaxed);
+        }
+        r.map(|st| (st, driver.stack().counters_snapshot()))
+    });
     let mut total = usnet_httpd::Stats::default();
-    let mut first_err = None;
-    for (i, t) in threads.into_iter().enumerate() {
-        match t.join() {
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
             Ok(Ok((st, c))) => {
                 println!(
                     "usnet httpd: shard {i}: {st}; {} frames handed out, {} in, {} copies to all",
@@ -322,20 +318,11 @@ fn run_shards(
                 );
                 total += st;
             }
-            Ok(Err(e)) => {
-                stop.store(true, Ordering::Relaxed);
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                stop.store(true, Ordering::Relaxed);
-                first_err.get_or_insert(format!("shard {i} panicked"));
-            }
+            Ok(Err(e)) => return Err(format!("shard {i}: {e}").into()),
+            Err(e) => return Err(e.into()),
         }
     }
-    match first_err {
-        Some(e) => Err(e.into()),
-        None => Ok(total),
-    }
+    Ok(total)
 }
 
 /// The usnet stack of `--api socket` (and of the zero-copy api): the link opened as

@@ -14,7 +14,7 @@ pub mod shards;
 pub use clock::{AnyClock, Clock, ManualClock, SystemClock};
 pub use memdev::{MemDevice, MemQueues};
 pub use sched::{Booster, SchedHook, Setpriority};
-pub use shards::Mailboxes;
+pub use shards::{Mailboxes, Shards};
 
 use std::os::fd::AsFd;
 use std::sync::Arc;

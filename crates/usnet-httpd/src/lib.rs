@@ -146,21 +146,5 @@ impl fmt::Display for Stats {
     }
 }
 
-/// Pins the calling thread to `core`.
-pub fn pin_to_core(core: usize) -> std::io::Result<()> {
-    if core >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it (core checked
-    // above); sched_setaffinity reads it for the calling thread (pid 0).
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
+/// Pins the calling thread to `core` (the driver's).
+pub use usnet_driver::sched::pin_to_core;
