@@ -59,6 +59,7 @@ step "bench prio (smoke)" ./target/release/usnet bench prio --quick --out target
 if [ "$(id -u)" = 0 ]; then
     step "bench preload (smoke)" ./target/release/usnet bench preload --quick --out target/bench-smoke/preload
     step "bench httpd (smoke)" ./target/release/usnet bench httpd --quick --out target/bench-smoke/httpd
+    step "bench shards (smoke)" ./target/release/usnet bench shards --quick --lengths 64 --out target/bench-smoke/shards
 fi
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
