@@ -25,7 +25,7 @@ pub enum LinkError {
     BadName { name: String, why: &'static str },
     #[error("interface '{0}' not found: check `ip link` for its name")]
     NoSuchInterface(String),
-    #[error("{0} cannot carry several shards yet: use afpacket:IFNAME or tap:NAME, or one shard")]
+    #[error("{0} cannot carry several shards yet: use afpacket:IFNAME, tap:NAME or xdp:IFNAME (all its queues from 0), or one shard")]
     NoShards(String),
     #[error("bad MTU {mtu}: must be between {min} and {max}")]
     BadMtu { mtu: usize, min: usize, max: usize },

@@ -163,7 +163,9 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
 /// Opens the link for `n` shards of one stack, one device each, whose frames the
 /// link steers to the shard that owns them (`usnet_stack::shard`): AF_PACKET as a
 /// fanout group with the steering program ([`crate::bpf::shard_steering`]), TAP
-/// with one queue per shard. With `opts.pcap`, shard `i` writes `NAME.i.pcap`.
+/// with one queue per shard, AF_XDP with one socket per RX queue (shard `i` on
+/// queue `i`: the interface's own hash picks the queue, so frames it put on the
+/// wrong one are handed over). With `opts.pcap`, shard `i` writes `NAME.i.pcap`.
 pub fn open_shards(
     spec: &LinkSpec,
     opts: &LinkOptions,
@@ -189,6 +191,12 @@ pub fn open_shards(
         .into_iter()
         .map(|d| Box::new(d) as Box<dyn Device>)
         .collect(),
+        LinkSpec::Xdp { ifname, queue: 0 } => {
+            XdpDevice::open_queues(ifname, n, opts.mtu, &opts.xdp)?
+                .into_iter()
+                .map(|d| Box::new(d) as Box<dyn Device>)
+                .collect()
+        }
         other => return Err(LinkError::NoShards(other.to_string())),
     };
     devs.into_iter()

@@ -362,12 +362,41 @@ pub fn remove_leftovers(links: &[&str], netns: &[&str]) {
 /// `addrs` (IPv6 ones without DAD), and `outer` left up in the root namespace with no
 /// address, for usnet to attach to with af_packet. The returned guard deletes both.
 pub fn veth_netns(ns: &str, outer: &str, inner: &str, addrs: &[&str]) -> Cleanup {
+    veth_netns_queues(ns, outer, inner, addrs, 1)
+}
+
+/// [`veth_netns`] with `queues` RX and TX queues on each end.
+pub fn veth_netns_queues(
+    ns: &str,
+    outer: &str,
+    inner: &str,
+    addrs: &[&str],
+    queues: usize,
+) -> Cleanup {
     remove_leftovers(&[outer], &[ns]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "netns", "del", ns]);
     cleanup.on_drop(&["ip", "link", "del", outer]);
     ip(&["netns", "add", ns]);
-    ip(&["link", "add", outer, "type", "veth", "peer", "name", inner]);
+    let q = queues.to_string();
+    ip(&[
+        "link",
+        "add",
+        outer,
+        "numrxqueues",
+        &q,
+        "numtxqueues",
+        &q,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        inner,
+        "numrxqueues",
+        &q,
+        "numtxqueues",
+        &q,
+    ]);
     ip(&["link", "set", inner, "netns", ns]);
     for a in addrs {
         if a.contains(':') {

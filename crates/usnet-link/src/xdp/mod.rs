@@ -203,16 +203,19 @@ pub struct XdpDevice {
     veth: bool,
     mode: XdpMode,
     native: bool,
-    /// The BPF link holding the program on the interface: first to go on drop.
-    link: Option<OwnedFd>,
-    map: OwnedFd,
-    _prog: OwnedFd,
+    /// The BPF link holding the program on the interface: first to go on drop (the
+    /// program leaves the interface with the last queue's device).
+    link: Option<Arc<OwnedFd>>,
+    /// The XSKMAP and the program, shared by the devices of every queue opened
+    /// together ([`XdpDevice::open_queues`]).
+    map: Arc<OwnedFd>,
+    _prog: Arc<OwnedFd>,
     umem: Option<Umem>,
     /// The XDP socket; shared with wait plans. `None` after `release_buffers`.
     sock: Option<Arc<OwnedFd>>,
     ev: Arc<EventFd>,
     /// A packet socket whose membership keeps the interface promiscuous.
-    _promisc: Option<OwnedFd>,
+    _promisc: Option<Arc<OwnedFd>>,
     down: bool,
     stats: DeviceStats,
 }
@@ -269,15 +272,42 @@ impl XdpDevice {
         mtu: Option<usize>,
         opts: &XdpOptions,
     ) -> Result<XdpDevice, LinkError> {
-        let spec = if queue == 0 {
-            format!("xdp:{ifname}")
-        } else {
-            format!("xdp:{ifname}@{queue}")
+        let mut v = XdpDevice::open_at(ifname, &[queue], mtu, opts)?;
+        Ok(v.remove(0))
+    }
+
+    /// Opens an XDP socket on each of RX queues `0..n` of `ifname`, one device per
+    /// queue (the shards of one stack), with one steering program and one XSKMAP
+    /// for all of them: a frame goes to the socket of the queue it arrived on.
+    pub fn open_queues(
+        ifname: &str,
+        n: usize,
+        mtu: Option<usize>,
+        opts: &XdpOptions,
+    ) -> Result<Vec<XdpDevice>, LinkError> {
+        let queues: Vec<u32> = (0..n as u32).collect();
+        XdpDevice::open_at(ifname, &queues, mtu, opts)
+    }
+
+    fn open_at(
+        ifname: &str,
+        queues: &[u32],
+        mtu: Option<usize>,
+        opts: &XdpOptions,
+    ) -> Result<Vec<XdpDevice>, LinkError> {
+        let label = |queue: u32| {
+            if queue == 0 {
+                format!("xdp:{ifname}")
+            } else {
+                format!("xdp:{ifname}@{queue}")
+            }
         };
+        let top = queues.iter().copied().max().unwrap_or(0);
+        let spec = label(queues.first().copied().unwrap_or(0));
         let fail = |why: String| LinkError::Xdp(format!("{spec}: {why}"));
         let ifindex = sys::if_index(ifname)?;
         if let Some(n) = rx_queues(ifname) {
-            if queue >= n {
+            if top >= n {
                 return Err(fail(format!(
                     "{ifname} has {n} RX queue{} (0..{}): pick one of them with @QUEUE",
                     if n == 1 { "" } else { "s" },
@@ -303,21 +333,7 @@ impl XdpDevice {
                 "the steering program needs the stack's unicast MAC (LinkOptions::xdp.mac)".into(),
             ));
         }
-        // SAFETY: socket() with constant arguments returns a new fd or -1.
-        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(if needs_root(&e) {
-                LinkError::NeedsRoot { spec }
-            } else if e.raw_os_error() == Some(libc::EAFNOSUPPORT) {
-                fail("this kernel has no AF_XDP sockets (CONFIG_XDP_SOCKETS)".into())
-            } else {
-                LinkError::io(format!("{spec}: cannot open an XDP socket"), e)
-            });
-        }
-        // SAFETY: fd was just created and is owned by nothing else.
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        let map = bpf::create_xskmap(queue + 1).map_err(|e| {
+        let map = bpf::create_xskmap(top + 1).map_err(|e| {
             if needs_root(&e) {
                 LinkError::NeedsRoot { spec: spec.clone() }
             } else {
@@ -363,28 +379,53 @@ impl XdpDevice {
         // a veth are therefore marked as checked, as the shm link's are: they crossed
         // memory, not a wire. On every other interface the stack verifies checksums.
         let veth = sys::if_driver(ifname).is_ok_and(|d| d == "veth");
-        let ev =
-            Arc::new(EventFd::new().map_err(|e| LinkError::io(format!("{spec}: eventfd"), e))?);
-        Ok(XdpDevice {
-            label: spec,
-            ifname: ifname.to_string(),
-            ifindex,
-            queue,
-            mtu,
-            if_mtu,
-            veth,
-            mode: opts.mode,
-            native,
-            link: Some(link),
-            map,
-            _prog: prog_fd,
-            umem: None,
-            sock: Some(Arc::new(sock)),
-            ev,
-            _promisc: Some(promisc),
-            down: false,
-            stats: DeviceStats::default(),
-        })
+        let (map, prog_fd, link, promisc) = (
+            Arc::new(map),
+            Arc::new(prog_fd),
+            Arc::new(link),
+            Arc::new(promisc),
+        );
+        let mut out = Vec::with_capacity(queues.len());
+        for &queue in queues {
+            let spec = label(queue);
+            // SAFETY: socket() with constant arguments returns a new fd or -1.
+            let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                return Err(if needs_root(&e) {
+                    LinkError::NeedsRoot { spec }
+                } else if e.raw_os_error() == Some(libc::EAFNOSUPPORT) {
+                    fail("this kernel has no AF_XDP sockets (CONFIG_XDP_SOCKETS)".into())
+                } else {
+                    LinkError::io(format!("{spec}: cannot open an XDP socket"), e)
+                });
+            }
+            // SAFETY: fd was just created and is owned by nothing else.
+            let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+            let ev =
+                Arc::new(EventFd::new().map_err(|e| LinkError::io(format!("{spec}: eventfd"), e))?);
+            out.push(XdpDevice {
+                label: spec,
+                ifname: ifname.to_string(),
+                ifindex,
+                queue,
+                mtu,
+                if_mtu,
+                veth,
+                mode: opts.mode,
+                native,
+                link: Some(link.clone()),
+                map: map.clone(),
+                _prog: prog_fd.clone(),
+                umem: None,
+                sock: Some(Arc::new(sock)),
+                ev,
+                _promisc: Some(promisc.clone()),
+                down: false,
+                stats: DeviceStats::default(),
+            });
+        }
+        Ok(out)
     }
 
     pub fn ifname(&self) -> &str {
