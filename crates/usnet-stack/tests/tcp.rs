@@ -14,7 +14,7 @@ mod common;
 
 use common::{cfg, fill, sa, transfer_with};
 use usnet_stack::sim::{Faults, SimNet};
-use usnet_stack::{SocketHandle, StackError, TcpState};
+use usnet_stack::{Families, Owner, SocketHandle, StackError, TcpState};
 
 fn pair(seed: u64, faults: Faults) -> SimNet {
     let mut net = SimNet::new(seed, faults);
@@ -280,6 +280,25 @@ fn refused_connect_gets_rst_and_rst_gets_nothing() {
         net.stack_mut(0).tcp_connect(None, sa("192.168.9.9:80")),
         Err(StackError::NoRoute)
     );
+    // A port with a socket bound to it that does not listen is a closed port
+    // (RFC 9293 §3.10.7.1): the SYN gets a RST, as Linux answers.
+    net.stack_mut(1)
+        .tcp_bind(sa("0.0.0.0:82"), Families::Both, false, Owner::LOCAL)
+        .unwrap();
+    let c2 = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:82"))
+        .unwrap();
+    assert!(net.run_until(Duration::from_secs(2), |n| n
+        .stack(0)
+        .readiness(c2)
+        .unwrap()
+        .closed));
+    assert_eq!(
+        net.stack_mut(0).tcp_recv(c2, &mut buf),
+        Err(StackError::ConnectionRefused)
+    );
+    assert_eq!(net.stack(1).counters().tcp_tx_reset_no_socket, 2);
     // Port in use.
     let l = net.stack_mut(1).tcp_listen(sa("0.0.0.0:80"), 1).unwrap();
     assert_eq!(
