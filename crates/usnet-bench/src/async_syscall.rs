@@ -57,6 +57,10 @@ fn median_of(mut v: Vec<f64>) -> f64 {
 
 /// Run the benchmark.
 pub fn run(args: &AsyncSyscallBenchOptions) -> Result<(), BoxErr> {
+    crate::check_only(
+        &args.only,
+        &["gettid", "read", "transport"].map(String::from),
+    )?;
     std::fs::create_dir_all(&args.out)?;
     let want = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let mut json = json!({

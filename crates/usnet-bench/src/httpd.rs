@@ -333,15 +333,7 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
         return Err("usnet bench httpd needs root (veth pair, namespaces, TAP, AF_XDP)".into());
     }
     need_tools(&["nginx", "wrk", "curl", "taskset"])?;
-    for o in &a.only {
-        if !SYSTEMS.iter().any(|s| s.short() == o) {
-            return Err(format!(
-                "--only {o}: use nginx, kernel, afpacket, xdp, tap, zc-afpacket, zc-client, \
-                 zc-xdp or zc-tap"
-            )
-            .into());
-        }
-    }
+    crate::check_only(&a.only, &SYSTEMS.map(|s| s.short().to_string()))?;
     let systems: Vec<Sys> = SYSTEMS
         .into_iter()
         .filter(|s| a.only.is_empty() || a.only.iter().any(|o| o == s.short()))

@@ -19,6 +19,34 @@ pub fn pin_to_core(core: usize) {
     let _ = usnet_driver::sched::pin_to_core(core);
 }
 
+/// Checks a benchmark's `--only` values against the ones it knows, before anything
+/// runs: an unknown one is a one-line error that lists them (not a run that
+/// measures nothing).
+pub(crate) fn check_only<T: PartialEq + std::fmt::Display>(
+    given: &[T],
+    known: &[T],
+) -> Result<(), String> {
+    match given.iter().find(|g| !known.contains(g)) {
+        None => Ok(()),
+        Some(bad) => {
+            let names: Vec<String> = known.iter().map(|k| k.to_string()).collect();
+            let list = match names.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+                _ => names.join(""),
+            };
+            Err(format!("--only {bad}: use {list}"))
+        }
+    }
+}
+
+/// `--flag` must be at least `min` (a count of runs, datagrams, bytes).
+pub(crate) fn check_min(flag: &str, value: u64, min: u64) -> Result<(), String> {
+    if value < min {
+        return Err(format!("--{flag} {value}: use at least {min}"));
+    }
+    Ok(())
+}
+
 /// Number of CPUs this process may run on.
 pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -49,5 +77,27 @@ pub fn kill_and_reap(child: &mut std::process::Child, timeout: std::time::Durati
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_only_values_and_small_counts_are_one_line_errors() {
+        let known = ["a", "b", "c"].map(String::from);
+        assert_eq!(check_only(&["b".to_string()], &known), Ok(()));
+        assert_eq!(check_only::<String>(&[], &known), Ok(()));
+        assert_eq!(
+            check_only(&["x".to_string()], &known),
+            Err("--only x: use a, b or c".to_string())
+        );
+        assert_eq!(check_only(&[4], &[1]), Err("--only 4: use 1".to_string()));
+        assert_eq!(check_min("runs", 1, 1), Ok(()));
+        assert_eq!(
+            check_min("runs", 0, 1),
+            Err("--runs 0: use at least 1".to_string())
+        );
     }
 }

@@ -913,6 +913,7 @@ fn exp3(ctx: &mut Ctx, b: &NicBenchOptions, json: &mut Value) -> Result<(), BoxE
 
 /// `usnet bench nic`.
 pub fn run_bench(b: &NicBenchOptions) -> Result<(), BoxErr> {
+    crate::check_only(&b.only, &[1, 2, 3])?;
     let mut b = b.clone();
     if b.quick {
         b.runs = b.runs.min(2);

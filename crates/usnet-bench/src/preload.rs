@@ -85,6 +85,7 @@ const REDIS_PORT: u16 = 6390;
 const IPERF_PORT: u16 = 5290;
 
 pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
+    crate::check_min("runs", a.runs as u64, 1)?;
     if !is_root() {
         return Err("usnet bench preload needs root (a veth pair between two namespaces)".into());
     }

@@ -867,6 +867,10 @@ fn ratio(a: f64, b: f64) -> String {
 
 /// `usnet bench prio`.
 pub fn run(o: &PrioBenchOptions) -> Res<std::process::ExitCode> {
+    crate::check_min("runs", o.runs as u64, 1)?;
+    crate::check_min("datagrams", o.datagrams, 1)?;
+    crate::check_min("receivers", o.receivers as u64, 1)?;
+    crate::check_min("size", o.size as u64, 1)?;
     let mut o = o.clone();
     if o.quick {
         o.runs = 1;

@@ -671,6 +671,10 @@ fn series(p: &Pair, o: &ServerBenchOptions, seconds: f64) -> Points {
 }
 
 pub fn run(o: &ServerBenchOptions) -> Res<ExitCode> {
+    crate::check_min("runs", o.runs as u64, 1)?;
+    for &s in &o.sizes {
+        crate::check_min("sizes", s as u64, 1)?;
+    }
     std::fs::create_dir_all(&o.out)?;
     let pid = std::process::id();
     let root = is_root();

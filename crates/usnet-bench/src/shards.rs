@@ -218,6 +218,9 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
     if !is_root() {
         return Err("usnet bench shards needs root (veth pair, namespaces, AF_PACKET)".into());
     }
+    crate::check_min("runs", a.runs as u64, 1)?;
+    crate::check_min("connections", a.connections as u64, 1)?;
+    crate::check_min("max-shards", a.max_shards as u64, 1)?;
     need_tools(&["nginx", "wrk", "curl"])?;
     let cores = crate::cpus();
     let max = a.max_shards.clamp(1, cores.max(1));

@@ -209,6 +209,7 @@ pub fn run(a: &UdpBenchOptions) -> Res<ExitCode> {
         (a.runs.max(1), a.seconds)
     };
     let root = is_root() && !a.no_root;
+    crate::check_only(&a.only, &System::ALL.map(|s| s.short().to_string()))?;
     let wanted = |s: System| a.only.is_empty() || a.only.iter().any(|o| o == s.short());
     let mut notes = Vec::new();
     if !root && System::ALL.iter().any(|&s| s.needs_root() && wanted(s)) {

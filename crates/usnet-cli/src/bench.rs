@@ -59,7 +59,7 @@ pub struct NicBenchArgs {
     #[arg(long)]
     pub rt: bool,
     /// Only these experiments (1, 2, 3); default all.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=3))]
     pub only: Vec<u32>,
 }
 

@@ -100,6 +100,23 @@ fn program_has_interp<P: object::read::elf::ProgramHeader>(
 }
 
 pub fn run(a: RunArgs) -> CmdResult {
+    // A stack that is not there would make every socket of the program fail with
+    // ENETDOWN, long after it started: say so now, in one line.
+    if !a.fallback_kernel {
+        let name = a
+            .stack
+            .clone()
+            .or_else(|| std::env::var("USNET_STACK").ok());
+        let hint = "or add --fallback-kernel to leave the program on the kernel";
+        let p = usnet_session::ctl::resolve(name.as_deref()).map_err(|e| format!("{e}; {hint}"))?;
+        if std::os::unix::net::UnixStream::connect(&p).is_err() {
+            return Err(format!(
+                "the stack at {} does not answer (is its `usnet up` still running?); {hint}",
+                p.display()
+            )
+            .into());
+        }
+    }
     if let Some(why) = program_path(&a.cmd[0]).and_then(|p| out_of_reach(&p)) {
         eprintln!("{why}");
     }

@@ -538,3 +538,151 @@ fn duplicate_name_and_third_shm_stack_are_one_line_errors() {
     drop(b);
     drop(a);
 }
+
+/// Every subcommand given a bad flag value, a stack that is not running, an address
+/// that does not parse or a link it cannot open: non-zero exit, one line that says
+/// what is wrong (and, in usnet's own messages, what to do), no panic, and nothing
+/// run or written first.
+#[test]
+fn every_subcommand_answers_bad_input_in_one_line() {
+    let dir = TempDir::new("err-every");
+    let out = dir.path().join("bench-out");
+    let o = out.to_str().unwrap();
+    // (arguments, words the line must contain)
+    let cases: &[(&[&str], &[&str])] = &[
+        // Flag values.
+        (&["ping", "10.0.0.999"], &["10.0.0.999"]),
+        (&["httpd", "-p", "99999"], &["99999"]),
+        (&["httpd", "--shards", "0"], &["shard", "cores"]),
+        (&["perf", "--bytes", "abc"], &["abc"]),
+        (&["nicemu", "--name", "x", "--count", "abc"], &["abc"]),
+        (&["bench", "udp", "--runs", "x", "--out", o], &["--runs"]),
+        (&["bench", "nic", "--only", "9", "--out", o], &["9"]),
+        (
+            &["bench", "udp", "--only", "foo", "--out", o],
+            &["foo", "usnet-shm"],
+        ),
+        (
+            &["bench", "httpd", "--only", "foo", "--out", o],
+            &["foo", "nginx"],
+        ),
+        (
+            &["bench", "async-syscall", "--only", "foo", "--out", o],
+            &["foo", "gettid"],
+        ),
+        (
+            &["bench", "prio", "--datagrams", "0", "--out", o],
+            &["--datagrams", "at least"],
+        ),
+        (
+            &["bench", "server", "--sizes", "0", "--out", o],
+            &["--sizes", "at least"],
+        ),
+        (
+            &["bench", "preload", "--runs", "0", "--out", o],
+            &["--runs", "at least"],
+        ),
+        // A stack that is not running.
+        (&["down", "--stack", "nosuch"], &["nosuch", "usnet up"]),
+        (
+            &["ping", "--stack", "nosuch", "10.0.0.1"],
+            &["nosuch", "usnet up"],
+        ),
+        (&["stat", "--stack", "nosuch"], &["nosuch", "usnet up"]),
+        (&["clients", "--stack", "nosuch"], &["nosuch", "usnet up"]),
+        (
+            &["get", "--stack", "nosuch", "http://10.0.0.1/"],
+            &["nosuch", "usnet up"],
+        ),
+        (
+            &["run", "--stack", "nosuch", "--", "true"],
+            &["nosuch", "--fallback-kernel"],
+        ),
+        (&["run", "--", "true"], &["usnet up", "--fallback-kernel"]),
+        (
+            &["httpd", "--api", "zerocopy", "--stack", "nosuch"],
+            &["nosuch", "usnet up"],
+        ),
+        // Addresses.
+        (
+            &["get", "--stack", "nosuch", "notaurl"],
+            &["notaurl", "http://"],
+        ),
+        (
+            &["up", "--link", "shm:x", "--addr", "10.0.0.1/99"],
+            &["10.0.0.1/99"],
+        ),
+        (
+            &["httpd", "--api", "socket", "--link", "shm:x"],
+            &["--addr"],
+        ),
+        // Links.
+        (
+            &[
+                "up",
+                "--link",
+                "afpacket:nosuchif0",
+                "--addr",
+                "10.0.0.1/24",
+            ],
+            &["nosuchif0", "ip link"],
+        ),
+        (
+            &[
+                "up",
+                "--link",
+                "tap:waytoolonginterfacename",
+                "--addr",
+                "10.0.0.1/24",
+            ],
+            &["15"],
+        ),
+        (
+            &[
+                "up",
+                "--link",
+                "shm:x",
+                "--addr",
+                "10.0.0.1/24",
+                "--mtu",
+                "10",
+            ],
+            &["MTU"],
+        ),
+        (
+            &[
+                "httpd",
+                "--api",
+                "socket",
+                "--link",
+                "shm:x",
+                "--addr",
+                "10.0.0.2/24",
+                "--shards",
+                "2",
+            ],
+            &["shards", "afpacket"],
+        ),
+    ];
+    for (args, words) in cases {
+        let what = args.join(" ");
+        let o = run_in(
+            Command::new(USNET)
+                .args(*args)
+                .env("USNET_RUN_DIR", dir.path().join("run"))
+                .env_remove("USNET_STACK")
+                .env("RUST_BACKTRACE", "1"),
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_one_error_line(&o, &what);
+        for w in *words {
+            assert!(
+                o.stderr.contains(w),
+                "{what}: the line should say {w:?}: {}",
+                o.describe()
+            );
+        }
+    }
+    assert!(!out.exists(), "a refused benchmark wrote its results");
+}
