@@ -1517,7 +1517,7 @@ impl ServerSession {
     /// Keeps `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `i` current: whether
     /// its send-buffer limit was chosen, and then whether the stack would take a
     /// write (a change bumps the event counter: an edge-triggered `EPOLLOUT`).
-    fn send_flags(&mut self, stack: &Stack, i: u32) {
+    fn send_flags(&mut self, stack: &mut Stack, i: u32) {
         let s = self.sock(i);
         let Some(h) = s.handle.filter(|_| s.role == Role::Conn) else {
             return;
@@ -2218,13 +2218,16 @@ impl ServerSession {
 /// `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `s` as (set, clear): whether its
 /// send-buffer limit was chosen, and whether the stack would take a write now
 /// (kept only while someone may wait for it).
-fn send_bits(stack: &Stack, s: &Sock, h: SocketHandle) -> (u32, u32) {
+fn send_bits(stack: &mut Stack, s: &Sock, h: SocketHandle) -> (u32, u32) {
     // Transmit timestamps mark the last byte of each write: the stack must see
     // the writes.
     let stamped = s.stamps.as_ref().is_some_and(|st| st.wants_tx());
     let bounded = s.sndbuf_set || stamped || stack.tcp_send_limit_chosen(h).unwrap_or(false);
     let mut set = if bounded { FLAG_SNDBUF } else { 0 };
-    if (bounded || s.send_used) && stack.readiness(h).is_ok_and(|r| r.writable) {
+    // The client waits on this flag: a "no" arms the stack's wake for the ACK that
+    // makes room (`tcp_poll_writable`), or a write pushed for the client later (its
+    // queued bytes) could fill the socket with nothing left to report it emptied.
+    if (bounded || s.send_used) && stack.tcp_poll_writable(h) {
         set |= FLAG_WRITABLE;
     }
     (set, (FLAG_SNDBUF | FLAG_WRITABLE) & !set)

@@ -734,3 +734,66 @@ fn owners_are_inherited_and_closed_together() {
     s0.close(cu).unwrap();
     assert_clean(&mut net, &base);
 }
+
+/// Bytes pushed into a connection for a writer without a refusal (a stack server
+/// moving what its client queued) may leave it full; a poll that then finds it not
+/// writable (`tcp_poll_writable`, Linux's `tcp_poll` setting `SOCK_NOSPACE`) must
+/// hear when it empties, or the writer waiting on that answer waits forever (the
+/// stall `sendfile_and_a_pipe_into_a_bounded_socket_give_up_only_what_was_taken`
+/// once hit in CI). Without the poll nobody asked, and the stack stays quiet, as
+/// Linux's does.
+#[test]
+fn a_connection_a_poll_found_full_reports_when_it_empties() {
+    for poll in [false, true] {
+        let mut net = pair(41, Faults::default());
+        let l = net.stack_mut(1).tcp_listen(sa("10.0.0.2:90"), 4).unwrap();
+        let c = net
+            .stack_mut(0)
+            .tcp_connect(None, sa("10.0.0.2:90"))
+            .unwrap();
+        let mut srv = None;
+        assert!(net.run_until(Duration::from_secs(2), |n| {
+            srv = srv.or_else(|| n.stack_mut(1).tcp_accept(l).ok());
+            srv.is_some() && n.stack(0).readiness(c).unwrap().connected
+        }));
+        let srv = srv.unwrap();
+        net.stack_mut(0).tcp_set_send_buffer(c, 16_384).unwrap();
+        let data = vec![7u8; 12_000];
+        let n = net
+            .stack_mut(0)
+            .tcp_send_with(c, data.len(), |dst| {
+                let k = dst.len().min(data.len());
+                dst[..k].copy_from_slice(&data[..k]);
+                k
+            })
+            .unwrap();
+        assert_eq!(n, data.len(), "pushed whole: no refusal");
+        let mut ready = Vec::new();
+        net.stack_mut(0).take_ready(&mut ready);
+        if poll {
+            assert!(
+                !net.stack_mut(0).tcp_poll_writable(c),
+                "full after the push"
+            );
+        }
+        // The peer reads everything; its ACKs empty the send buffer.
+        let mut got = 0;
+        let mut buf = vec![0u8; 4096];
+        let mut reported = false;
+        assert!(net.run_until(Duration::from_secs(5), |n| {
+            while let Ok(k) = n.stack_mut(1).tcp_recv(srv, &mut buf) {
+                got += k;
+            }
+            n.stack_mut(0).take_ready(&mut ready);
+            // A report that finds it writable (others, before, do not count).
+            let writable = n.stack(0).readiness(c).unwrap().writable;
+            reported |= ready.drain(..).any(|h| h == c) && writable;
+            got == data.len() && n.stack(0).tcp_connections()[0].info.send_queued == 0
+        }));
+        assert!(net.stack(0).readiness(c).unwrap().writable);
+        assert_eq!(
+            reported, poll,
+            "poll {poll}: reported writable when it emptied"
+        );
+    }
+}

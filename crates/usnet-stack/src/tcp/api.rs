@@ -570,6 +570,21 @@ impl Stack {
         self.tcp_send_more(h, data, false)
     }
 
+    /// Whether connection `h` would take a write now, asked by someone who will
+    /// wait for it: if not, the ACK that makes room reports it writable (Linux's
+    /// `tcp_poll` setting `SOCK_NOSPACE`). Without that, a writer whose bytes were
+    /// pushed for it without a refusal (a stack server moving what a client queued)
+    /// could find the socket full and never hear that it emptied.
+    pub fn tcp_poll_writable(&mut self, h: SocketHandle) -> bool {
+        let writable = self.readiness(h).is_ok_and(|r| r.writable);
+        if !writable {
+            if let Ok(c) = self.conn_mut(h) {
+                c.no_space();
+            }
+        }
+        writable
+    }
+
     /// [`Stack::tcp_send`]; `more` (Linux `MSG_MORE`): more data follows at once, so
     /// a partial segment waits and this data's end carries no PSH
     /// (`usnet_tcp::Connection::send_more`).
