@@ -316,18 +316,11 @@ pub fn open_shards(args: &UpArgs, n: usize) -> Result<Vec<Opened>, Box<dyn std::
     Ok(devs
         .into_iter()
         .enumerate()
-        .map(|(i, dev)| {
-            let mut cfg = p.cfg.clone();
-            if n > 1 {
-                cfg.shard = usnet_stack::ShardRole::new(i, n);
-                cfg.seed ^= (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            }
-            Opened {
-                dev,
-                cfg,
-                name: p.name.clone(),
-                services: p.services.clone(),
-            }
+        .map(|(i, dev)| Opened {
+            dev,
+            cfg: p.cfg.for_shard(i, n),
+            name: p.name.clone(),
+            services: p.services.clone(),
         })
         .collect())
 }

@@ -253,6 +253,18 @@ impl Default for StackConfig {
     }
 }
 
+impl StackConfig {
+    /// This configuration as shard `i` of `n` (`shard.rs`): its role, and a seed of
+    /// its own (ISNs, ports and cookies differ between shards; shard 0 keeps this
+    /// one).
+    pub fn for_shard(&self, i: usize, n: usize) -> StackConfig {
+        let mut c = self.clone();
+        c.shard = crate::shard::ShardRole::new(i, n);
+        c.seed = self.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        c
+    }
+}
+
 /// A locally administered unicast MAC derived from a seed (for stacks given no MAC).
 pub fn mac_from_seed(seed: u64) -> MacAddr {
     let b = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes();

@@ -157,39 +157,55 @@ impl Core {
     /// handoff and freed (`None`); an every-shard frame is copied to each other
     /// shard and processed here too.
     fn steer(&mut self, frame: PktBuf) -> Option<PktBuf> {
-        use crate::shard::{owner, Handoff, Owner};
-        let role = self.cfg.shard;
-        let n = usize::from(role.count);
-        let me = usize::from(role.index);
-        let (targets, keep) = match owner(self.pool.data(&frame), n) {
-            Owner::Landing => return Some(frame),
-            Owner::Shard(s) if s == me => return Some(frame),
-            Owner::Shard(s) => (s..s + 1, false),
-            Owner::Every => (0..n, true),
-        };
-        let mut bytes = Vec::new();
-        self.pool.copy_chain(&frame, &mut bytes);
-        let offload = self.pool.offload(&frame);
-        for s in targets.filter(|&s| s != me) {
-            if keep {
-                self.counters.shard_every_copies += 1;
-            } else {
-                self.counters.shard_handoff_out += 1;
+        use crate::shard::{owner, Handoff};
+        let own = owner(self.pool.data(&frame), usize::from(self.cfg.shard.count));
+        let mut bytes = None;
+        let here = self.hand_over(own, |pool| {
+            let bytes = bytes.get_or_insert_with(|| {
+                let mut v = Vec::new();
+                pool.copy_chain(&frame, &mut v);
+                v
+            });
+            Handoff::Frame {
+                bytes: bytes.clone(),
+                offload: pool.offload(&frame),
             }
-            self.handoffs.push((
-                s,
-                Handoff::Frame {
-                    bytes: bytes.clone(),
-                    offload,
-                },
-            ));
-        }
-        if keep {
+        });
+        if here {
             Some(frame)
         } else {
             self.pool.free(frame);
             None
         }
+    }
+
+    /// Queues a copy (`make`) of what this shard received for each other shard
+    /// `owner` names, counted; returns whether this shard processes it too (it owns
+    /// it, it landed here, or every shard does).
+    pub fn hand_over(
+        &mut self,
+        owner: crate::shard::Owner,
+        mut make: impl FnMut(&PacketPool) -> crate::shard::Handoff,
+    ) -> bool {
+        use crate::shard::Owner;
+        let n = usize::from(self.cfg.shard.count);
+        let me = usize::from(self.cfg.shard.index);
+        let (targets, here) = match owner {
+            Owner::Landing => return true,
+            Owner::Shard(s) if s == me => return true,
+            Owner::Shard(s) => (s..s + 1, false),
+            Owner::Every => (0..n, true),
+        };
+        for s in targets.filter(|&s| s != me) {
+            if here {
+                self.counters.shard_every_copies += 1;
+            } else {
+                self.counters.shard_handoff_out += 1;
+            }
+            let h = make(&self.pool);
+            self.handoffs.push((s, h));
+        }
+        here
     }
 
     /// Queues a received frame that is this shard's.

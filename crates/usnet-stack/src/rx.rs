@@ -838,37 +838,20 @@ impl Stack {
                 }
             }
         };
-        let role = self.core.cfg.shard;
-        if steer && role.sharded() {
-            use crate::shard::{datagram_owner, Handoff, Owner};
-            let n = usize::from(role.count);
-            let me = usize::from(role.index);
-            let owner = datagram_owner(l4_proto, d, &data[l4_off..], n);
-            let (targets, keep) = match owner {
-                Owner::Landing => (0..0, true),
-                Owner::Shard(x) if x == me => (0..0, true),
-                Owner::Shard(x) => (x..x + 1, false),
-                Owner::Every => (0..n, true),
-            };
-            for x in targets.filter(|&x| x != me) {
-                if keep {
-                    self.core.counters.shard_every_copies += 1;
-                } else {
-                    self.core.counters.shard_handoff_out += 1;
-                }
-                self.core.handoffs.push((
-                    x,
-                    Handoff::Datagram {
-                        src: s,
-                        dst: d,
-                        proto,
-                        hop_limit,
-                        data: data.clone(),
-                        invoking: invoking.clone(),
-                    },
-                ));
-            }
-            if !keep {
+        let n = usize::from(self.core.cfg.shard.count);
+        if steer && n > 1 {
+            let owner = crate::shard::datagram_owner(l4_proto, d, &data[l4_off..], n);
+            let here = self
+                .core
+                .hand_over(owner, |_| crate::shard::Handoff::Datagram {
+                    src: s,
+                    dst: d,
+                    proto,
+                    hop_limit,
+                    data: data.clone(),
+                    invoking: invoking.clone(),
+                });
+            if !here {
                 return;
             }
         }

@@ -159,10 +159,7 @@ impl SimNet {
         let g = self.groups.len();
         let mut members = Vec::with_capacity(n);
         for i in 0..n {
-            let mut c = cfg.clone();
-            c.shard = crate::ShardRole::new(i, n);
-            c.seed = cfg.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            let k = self.add(c)?;
+            let k = self.add(cfg.for_shard(i, n))?;
             self.group_of[k] = Some(g);
             members.push(k);
         }
