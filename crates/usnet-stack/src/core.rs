@@ -66,6 +66,8 @@ pub(crate) struct Core {
     pub mcast_scratch: Vec<u8>,
     /// Frames and datagrams for other shards, until the host takes them.
     pub handoffs: Vec<(usize, crate::shard::Handoff)>,
+    /// Ports whose sockets live on other shards, and connections sent there.
+    pub redirects: crate::shard::Redirects,
 }
 
 impl Core {
@@ -133,14 +135,15 @@ impl Core {
             mcast_loop: false,
             mcast_scratch: Vec::new(),
             handoffs: Vec::new(),
+            redirects: Default::default(),
             addrs,
             pool,
             cfg,
         })
     }
 
-    /// Queues a received frame (ownership moves); a full input queue drops it (drop 1).
-    #[inline]
+    /// Queues a frame this host sent itself (ownership moves): steered like a
+    /// received one; a full input queue drops it (drop 1).
     pub fn receive(&mut self, frame: PktBuf) {
         let frame = if self.cfg.shard.sharded() {
             match self.steer(frame) {
@@ -156,7 +159,7 @@ impl Core {
     /// A sharded stack's entrance: a frame owned by another shard is copied into a
     /// handoff and freed (`None`); an every-shard frame is copied to each other
     /// shard and processed here too.
-    fn steer(&mut self, frame: PktBuf) -> Option<PktBuf> {
+    pub fn steer(&mut self, frame: PktBuf) -> Option<PktBuf> {
         use crate::shard::{owner, Handoff};
         let own = owner(self.pool.data(&frame), usize::from(self.cfg.shard.count));
         let mut bytes = None;
@@ -177,6 +180,18 @@ impl Core {
             self.pool.free(frame);
             None
         }
+    }
+
+    /// Hands `frame` to shard `to` as it is (a redirect: that shard holds the
+    /// socket its port names), counted.
+    pub fn redirect(&mut self, frame: PktBuf, to: usize) {
+        let mut bytes = Vec::new();
+        self.pool.copy_chain(&frame, &mut bytes);
+        let offload = self.pool.offload(&frame);
+        self.pool.free(frame);
+        self.counters.shard_redirected += 1;
+        self.handoffs
+            .push((to, crate::shard::Handoff::Frame { bytes, offload }));
     }
 
     /// Queues a copy (`make`) of what this shard received for each other shard

@@ -34,6 +34,7 @@ define_counters! {
     shard_handoff_out => "frames (or reassembled datagrams) handed to the shard that owns them",
     shard_handoff_in => "frames (or reassembled datagrams) another shard handed to this one",
     tcp_connect_wrong_shard => "connects refused: the chosen local port puts the flow on another shard",
+    shard_redirected => "frames handed to the shard that holds their port's socket (this one has none)",
     shard_every_copies => "copies of every-shard frames (ARP replies, advertisements, multicast) handed to the other shards",
     eth_rx_truncated => "frames shorter than an Ethernet header",
     eth_rx_not_for_us => "frames for another MAC address",

@@ -55,7 +55,7 @@ pub use error::{ConfigError, StackError};
 pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
 pub use shard::{Handoff, ShardRole};
 pub use socket::{EchoReply, Families, Owner, Readiness, SocketHandle, SocketStats};
-pub use tcp::{TcpConnEntry, TcpListenEntry};
+pub use tcp::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 pub use time::Instant;
 pub use udp::UdpEntry;
 pub use usnet_tcp::config::PROFILES as TCP_PROFILES;
@@ -140,7 +140,51 @@ impl Stack {
     /// protocol work happens in `poll`. A full input queue drops it (drop 1).
     #[inline]
     pub fn receive(&mut self, frame: PktBuf) {
-        self.core.receive(frame);
+        if !self.core.cfg.shard.sharded() {
+            self.core.enqueue(frame);
+            return;
+        }
+        let Some(frame) = self.core.steer(frame) else {
+            return;
+        };
+        if !self.core.redirects.is_empty() {
+            if let Some(to) = self.redirect_target(&frame) {
+                self.core.redirect(frame, to);
+                return;
+            }
+        }
+        self.core.enqueue(frame);
+    }
+
+    /// The shard a frame this shard owns must go to because its port's socket
+    /// lives there ([`Stack::set_port_redirect`]), if any.
+    fn redirect_target(&mut self, frame: &PktBuf) -> Option<usize> {
+        let flow = shard::flow_of(self.core.pool.data(frame))?;
+        let here = flow.proto == 6
+            && self
+                .sockets
+                .tcp
+                .conns
+                .contains_key(&(flow.local, flow.remote));
+        let now = self.core.now;
+        self.core
+            .redirects
+            .target(&flow, here, now)
+            .filter(|&s| s != usize::from(self.core.cfg.shard.index))
+    }
+
+    /// A sharded stack server's directory of who holds which port: segments for
+    /// local `port` (`proto` 6 for TCP, 17 for UDP) that this shard owns and has no
+    /// socket for go to one of the shards `to` (chosen by the flow's hash; a TCP
+    /// connection by its SYN, and remembered). Empty `to`: they stay here. Counted as
+    /// `shard_redirected`.
+    pub fn set_port_redirect(&mut self, proto: u8, port: u16, to: &[usize]) {
+        self.core.redirects.set_port(proto, port, to);
+    }
+
+    /// Connections this shard hands to another by a port redirect.
+    pub fn redirected_flows(&self) -> usize {
+        self.core.redirects.flows()
     }
 
     /// Takes the frames and datagrams this shard received for other shards

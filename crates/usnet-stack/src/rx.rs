@@ -854,6 +854,36 @@ impl Stack {
             if !here {
                 return;
             }
+            // A UDP port whose socket lives on another shard (a reassembled
+            // datagram to a sharded server's port).
+            let l4 = &data[l4_off..];
+            if l4_proto == 17 && l4.len() >= 4 && !self.core.redirects.is_empty() {
+                let flow = crate::shard::Flow {
+                    proto: 17,
+                    local: SocketAddr::new(d, u16::from_be_bytes([l4[2], l4[3]])),
+                    remote: SocketAddr::new(s, u16::from_be_bytes([l4[0], l4[1]])),
+                    syn: false,
+                };
+                let me = usize::from(self.core.cfg.shard.index);
+                let now = self.core.now;
+                if let Some(to) = self.core.redirects.target(&flow, false, now) {
+                    if to != me {
+                        self.core.counters.shard_redirected += 1;
+                        self.core.handoffs.push((
+                            to,
+                            crate::shard::Handoff::Datagram {
+                                src: s,
+                                dst: d,
+                                proto,
+                                hop_limit,
+                                data,
+                                invoking,
+                            },
+                        ));
+                        return;
+                    }
+                }
+            }
         }
         let l3 = L3Info {
             src: s,

@@ -23,9 +23,11 @@
 //! taken only by frames the link cannot steer (ICMP errors, reassembled datagrams,
 //! every-shard frames, links that steer by a hash of their own), and counted.
 
-use std::net::IpAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::socket::EPHEMERAL_FIRST;
+use crate::time::Instant;
 
 /// This stack's place among the shards of one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +255,130 @@ fn owner_v6(ip: &[u8], n: usize) -> Option<Owner> {
         return Some(Owner::Every);
     }
     transport_owner(next, l4, false, n)
+}
+
+/// A received unfragmented TCP or UDP segment's flow, as the link steered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow {
+    pub proto: u8,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// A TCP SYN without ACK: a connection's first segment.
+    pub syn: bool,
+}
+
+/// The flow of an unfragmented, unicast TCP or UDP frame (`None` for the rest).
+pub fn flow_of(frame: &[u8]) -> Option<Flow> {
+    let (proto, src, dst, l4): (u8, IpAddr, IpAddr, &[u8]) = match be16(frame, 12)? {
+        ETHERTYPE_IPV4 => {
+            let ip = frame.get(ETH_HDR..)?;
+            if be16(ip, 6)? & 0x3fff != 0 {
+                return None;
+            }
+            let ihl = usize::from(*ip.first()? & 0x0f) * 4;
+            let a = |at: usize| -> Option<IpAddr> {
+                let b: [u8; 4] = ip.get(at..at + 4)?.try_into().ok()?;
+                Some(Ipv4Addr::from(b).into())
+            };
+            (*ip.get(9)?, a(12)?, a(16)?, ip.get(ihl..)?)
+        }
+        ETHERTYPE_IPV6 => {
+            let ip = frame.get(ETH_HDR..)?;
+            let a = |at: usize| -> Option<IpAddr> {
+                let b: [u8; 16] = ip.get(at..at + 16)?.try_into().ok()?;
+                Some(Ipv6Addr::from(b).into())
+            };
+            (*ip.get(6)?, a(8)?, a(24)?, ip.get(40..)?)
+        }
+        _ => return None,
+    };
+    if !matches!(proto, PROTO_TCP | PROTO_UDP) || dst.is_multicast() {
+        return None;
+    }
+    let (sport, dport) = (be16(l4, 0)?, be16(l4, 2)?);
+    let syn = proto == PROTO_TCP && (*l4.get(13)? & 0x12) == 0x02;
+    Some(Flow {
+        proto,
+        local: SocketAddr::new(dst, dport),
+        remote: SocketAddr::new(src, sport),
+        syn,
+    })
+}
+
+/// How long a redirected connection's entry outlives its last frame.
+const REDIRECT_IDLE_SECS: u64 = 300;
+
+/// Ports whose sockets live on other shards only, and the connections this shard
+/// sent there. A sharded stack server listens on the shards where a client of it
+/// lives, not on all: a segment the link steers to a shard without the port's
+/// socket is handed to a shard with it, a TCP connection by its SYN (the choice is
+/// remembered, so its later segments follow even if the port's shards change).
+#[derive(Debug, Default)]
+pub(crate) struct Redirects {
+    /// `(protocol, local port)` → the shards that hold a socket on it.
+    ports: HashMap<(u8, u16), Vec<u16>>,
+    /// TCP connections handed over by their SYN: `(local, remote)` → (shard, last seen).
+    flows: HashMap<(SocketAddr, SocketAddr), (u16, Instant)>,
+    swept: Instant,
+}
+
+impl Redirects {
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty() && self.flows.is_empty()
+    }
+
+    /// Segments to `port` go to `to` (empty: stay here).
+    pub fn set_port(&mut self, proto: u8, port: u16, to: &[usize]) {
+        if to.is_empty() {
+            self.ports.remove(&(proto, port));
+        } else {
+            let to = to.iter().map(|&s| s as u16).collect();
+            self.ports.insert((proto, port), to);
+        }
+    }
+
+    /// The shard `flow` goes to, if not this one. `local_conn`: this shard has a
+    /// connection for it (it stays).
+    pub fn target(&mut self, flow: &Flow, local_conn: bool, now: Instant) -> Option<usize> {
+        let key = (flow.local, flow.remote);
+        if flow.proto == PROTO_TCP {
+            if local_conn {
+                return None;
+            }
+            if let Some(e) = self.flows.get_mut(&key) {
+                e.1 = now;
+                return Some(usize::from(e.0));
+            }
+        }
+        let to = self.ports.get(&(flow.proto, flow.local.port()))?;
+        let pick = flow_value(flow.local.port(), flow.remote.port()) as usize % to.len();
+        let shard = to[pick];
+        if flow.proto == PROTO_TCP {
+            // Only a SYN opens a connection elsewhere; any other segment of an
+            // unknown flow is answered here (a reset), as it would be unsharded.
+            if !flow.syn {
+                return None;
+            }
+            self.sweep(now);
+            self.flows.insert(key, (shard, now));
+        }
+        Some(usize::from(shard))
+    }
+
+    /// Forgets connections idle for [`REDIRECT_IDLE_SECS`] (at most every 10 s).
+    fn sweep(&mut self, now: Instant) {
+        if now.saturating_since(self.swept).as_secs() < 10 {
+            return;
+        }
+        self.swept = now;
+        self.flows
+            .retain(|_, (_, seen)| now.saturating_since(*seen).as_secs() < REDIRECT_IDLE_SECS);
+    }
+
+    /// Connections remembered (for `stat`).
+    pub fn flows(&self) -> usize {
+        self.flows.len()
+    }
 }
 
 /// The owner of a reassembled datagram's transport payload (`l4` after any

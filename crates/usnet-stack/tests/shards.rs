@@ -513,3 +513,133 @@ fn a_handed_frame_keeps_the_checksum_its_device_vouched_for() {
         .sum();
     assert!(handed >= conns.len() as u64);
 }
+
+/// A port whose socket lives on one shard only (a stack-server client on that shard
+/// listens): the other shards hand its segments there (`set_port_redirect`). 240
+/// connections over a lossy wire from the peer's many ports all end on shard 2,
+/// every byte checked; when a listener opens on shard 0 halfway, the connections
+/// shard 0 already sent away keep going there and the new ones stay; datagrams to a
+/// UDP port bound on shard 1 reach it whichever shard they land on.
+#[test]
+fn a_port_held_by_some_shards_takes_its_flows_from_every_shard() {
+    const N: usize = 3;
+    const CONNS: usize = 240;
+    let faults = Faults {
+        loss: 0.01,
+        duplicate: 0.005,
+        reorder: 0.01,
+        ..Faults::default()
+    };
+    let mut net = SimNet::new(0x4ed1, faults);
+    let peer = net.add(small(cfg(1))).unwrap();
+    let shards = net.add_shards(small(cfg(2)), N).unwrap();
+    let mut listeners: Vec<Option<SocketHandle>> = vec![None; N];
+    listeners[2] = Some(
+        net.stack_mut(shards[2])
+            .tcp_listen(sa("[::]:80"), 1024)
+            .unwrap(),
+    );
+    for &s in &shards[..2] {
+        net.stack_mut(s).set_port_redirect(6, 80, &[2]);
+    }
+    let dns = net.stack_mut(shards[1]).udp_bind(sa("[::]:53")).unwrap();
+    for &s in [shards[0], shards[2]].iter() {
+        net.stack_mut(s).set_port_redirect(17, 53, &[1]);
+    }
+
+    let mut clients: Vec<Client> = Vec::new();
+    let mut echoes: Vec<(usize, Echo)> = Vec::new();
+    let mut accepted = [0usize; N];
+    let mut buf = vec![0u8; 16 << 10];
+    let mut opened_on_0 = false;
+    let ok = net.run_until(Duration::from_secs(600), |n| {
+        let live = clients.iter().filter(|c| !c.done).count();
+        for _ in 0..20.min(100usize.saturating_sub(live)) {
+            if clients.len() == CONNS {
+                break;
+            }
+            let i = clients.len();
+            let to = sa(if i % 2 == 0 {
+                "10.0.0.2:80"
+            } else {
+                "[fd00::2]:80"
+            });
+            let h = n.stack_mut(peer).tcp_connect(None, to).unwrap();
+            clients.push(Client {
+                stack: peer,
+                h,
+                seed: i as u64 * 7_000_003,
+                total: size(i),
+                sent: 0,
+                got: 0,
+                shut: false,
+                done: false,
+            });
+        }
+        // Halfway, a client on shard 0 listens too: shard 0 keeps new connections
+        // and still forwards the ones it sent to shard 2.
+        if !opened_on_0 && clients.len() >= CONNS / 2 {
+            opened_on_0 = true;
+            let s0 = n.stack_mut(shards[0]);
+            listeners[0] = Some(s0.tcp_listen(sa("[::]:80"), 1024).unwrap());
+            s0.set_port_redirect(6, 80, &[]);
+            n.stack_mut(shards[1]).set_port_redirect(6, 80, &[0, 2]);
+        }
+        for k in 0..N {
+            let Some(l) = listeners[k] else { continue };
+            while let Ok(h) = n.stack_mut(shards[k]).tcp_accept(l) {
+                accepted[k] += 1;
+                echoes.push((
+                    shards[k],
+                    Echo {
+                        h,
+                        pending: Vec::new(),
+                        eof: false,
+                        done: false,
+                    },
+                ));
+            }
+        }
+        for c in clients.iter_mut().filter(|c| !c.done) {
+            drive_client(n, c, &mut buf);
+        }
+        for (s, e) in echoes.iter_mut().filter(|(_, e)| !e.done) {
+            drive_echo(n, *s, e, &mut buf);
+        }
+        clients.len() == CONNS && clients.iter().all(|c| c.done)
+    });
+    let done = clients.iter().filter(|c| c.done).count();
+    assert!(ok, "stalled: {done} of {CONNS} done, accepted {accepted:?}");
+    assert_eq!(accepted.iter().sum::<usize>(), CONNS, "{accepted:?}");
+    eprintln!("accepted {accepted:?}");
+    assert_eq!(accepted[1], 0, "shard 1 has no listener");
+    assert!(accepted[0] > 0 && accepted[2] > CONNS / 2, "{accepted:?}");
+    for &s in &shards[..2] {
+        assert!(net.stack(s).counters().shard_redirected > 0);
+    }
+    assert!(net.stack(shards[0]).redirected_flows() > 0);
+
+    // UDP: 60 datagrams from 60 source ports, all at shard 1's socket.
+    let senders: Vec<SocketHandle> = (0..60)
+        .map(|_| net.stack_mut(peer).udp_bind(sa("0.0.0.0:0")).unwrap())
+        .collect();
+    for (i, &h) in senders.iter().enumerate() {
+        let d = [i as u8; 100];
+        net.stack_mut(peer)
+            .udp_send_to(h, &d, sa("10.0.0.2:53"))
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    let ok = net.run_until(Duration::from_secs(10), |n| {
+        while let Ok((len, _)) = n.stack_mut(shards[1]).udp_recv_from(dns, &mut buf) {
+            assert_eq!(len, 100);
+            got.push(buf[0]);
+        }
+        got.len() == senders.len()
+    });
+    got.sort();
+    // The wire above is lossy: what arrived arrived whole, and most arrived.
+    assert!(ok || got.len() > 50, "{} of 60 datagrams", got.len());
+    got.dedup();
+    assert!(got.len() > 50, "{} distinct datagrams", got.len());
+}

@@ -98,6 +98,25 @@ impl<H> Listener<H> {
         }
     }
 
+    /// A listener with this one's address and settings (configuration, backlogs,
+    /// cookies, Fast Open) and nothing queued: the same listening socket opened
+    /// again elsewhere (another shard of a host).
+    pub fn copy_settings<K>(&self) -> Listener<K> {
+        Listener {
+            local: self.local,
+            cfg: self.cfg.clone(),
+            backlog: self.backlog,
+            syn_backlog: self.syn_backlog,
+            syn_queue: Vec::with_capacity(self.syn_backlog),
+            accept_queue: VecDeque::with_capacity(self.backlog),
+            cookies: self.cookies,
+            last_overflow: None,
+            fastopen_qlen: self.fastopen_qlen,
+            stats: TcpStats::default(),
+            now: self.now,
+        }
+    }
+
     /// Set the SYN queue limit (tcp_max_syn_backlog).
     pub fn set_syn_backlog(&mut self, n: usize) {
         self.syn_backlog = n;

@@ -28,6 +28,22 @@ pub struct TcpConnEntry {
     pub info: TcpInfo,
 }
 
+/// A listening socket's settings, copied out of one shard to open the same
+/// listener in another ([`Stack::tcp_listener_copy`]).
+#[derive(Debug)]
+pub struct TcpListenCopy {
+    local: SocketAddr,
+    fam: Families,
+    v4: Option<usnet_tcp::Listener<SocketHandle>>,
+    v6: Option<usnet_tcp::Listener<SocketHandle>>,
+}
+
+impl TcpListenCopy {
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+}
+
 /// One listener as `tcp_listeners` lists it.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpListenEntry {
@@ -264,6 +280,47 @@ impl Stack {
         let (take4, take6) = fam.of(ip);
         let v4 = take4.then(|| mk(false));
         let v6 = take6.then(|| mk(true));
+        Ok(self.tcp_insert_listener(local, v4, v6))
+    }
+
+    /// A listener's address, families and settings, to open the same listening
+    /// socket in another shard of this host ([`Stack::tcp_listen_copy`]).
+    pub fn tcp_listener_copy(&self, h: SocketHandle) -> Result<TcpListenCopy, StackError> {
+        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpListen(l) => {
+                let fam = match (l.v4.is_some(), l.v6.is_some()) {
+                    (true, false) => Families::V4,
+                    (false, true) => Families::V6,
+                    _ => Families::Both,
+                };
+                Ok(TcpListenCopy {
+                    local: l.local,
+                    fam,
+                    v4: l.v4.as_ref().map(|x| x.copy_settings()),
+                    v6: l.v6.as_ref().map(|x| x.copy_settings()),
+                })
+            }
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    /// Listens as the copied listener does (same address, families and settings;
+    /// nothing queued). Fails as `listen` does if the port is taken here.
+    pub fn tcp_listen_copy(&mut self, c: &TcpListenCopy) -> Result<SocketHandle, StackError> {
+        let port = self.tcp_claim_port(c.local, c.fam)?;
+        let local = SocketAddr::new(c.local.ip(), port);
+        let v4 = c.v4.as_ref().map(|x| x.copy_settings());
+        let v6 = c.v6.as_ref().map(|x| x.copy_settings());
+        Ok(self.tcp_insert_listener(local, v4, v6))
+    }
+
+    fn tcp_insert_listener(
+        &mut self,
+        local: SocketAddr,
+        v4: Option<Listener<SocketHandle>>,
+        v6: Option<Listener<SocketHandle>>,
+    ) -> SocketHandle {
+        let port = local.port();
         let h = self.sockets.insert(
             Socket::TcpListen(Box::new(TcpListenSock {
                 local,
@@ -281,7 +338,7 @@ impl Stack {
             .or_default()
             .push(h.index);
         self.prio_consider(h);
-        Ok(h)
+        h
     }
 
     /// TCP_FASTOPEN on a listener (RFC 7413 server): with a server enabled in

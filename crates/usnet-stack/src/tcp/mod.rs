@@ -35,7 +35,7 @@ use crate::tx::GsoPending;
 use crate::types::{Src, TcpTarget};
 use crate::Stack;
 
-pub use api::{TcpConnEntry, TcpListenEntry};
+pub use api::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 
 /// The engine's output path: segments go through the core's transmit path.
 pub(crate) struct CoreSink<'a> {
