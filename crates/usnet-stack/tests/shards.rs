@@ -559,7 +559,7 @@ fn a_port_held_by_some_shards_takes_its_flows_from_every_shard() {
                 break;
             }
             let i = clients.len();
-            let to = sa(if i % 2 == 0 {
+            let to = sa(if i.is_multiple_of(2) {
                 "10.0.0.2:80"
             } else {
                 "[fd00::2]:80"
