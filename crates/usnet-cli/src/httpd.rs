@@ -17,6 +17,7 @@ use usnet_httpd::zerocopy::ZcServer;
 use usnet_httpd::{Api, HttpdConfig};
 use usnet_stack::IpCidr;
 
+use crate::up::Shards;
 use crate::up::{self, UpArgs};
 use crate::CmdResult;
 
@@ -97,27 +98,6 @@ pub struct HttpdArgs {
     /// Print nothing but errors (and the summary at exit).
     #[arg(short, long)]
     pub quiet: bool,
-}
-
-/// How many shards: a number, or one per available core.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shards(pub usize);
-
-impl std::str::FromStr for Shards {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "cores" {
-            return Ok(Shards(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ));
-        }
-        match s.parse::<usize>() {
-            Ok(n) if (1..=256).contains(&n) => Ok(Shards(n)),
-            _ => Err(format!(
-                "bad shard count {s:?}: a number from 1 to 256, or 'cores'"
-            )),
-        }
-    }
 }
 
 pub fn run(a: HttpdArgs) -> CmdResult {

@@ -20,6 +20,27 @@ use usnet_wire::MacAddr;
 
 use crate::CmdResult;
 
+/// How many shards: a number, or one per available core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shards(pub usize);
+
+impl std::str::FromStr for Shards {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "cores" {
+            return Ok(Shards(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ));
+        }
+        match s.parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(Shards(n)),
+            _ => Err(format!(
+                "bad shard count {s:?}: a number from 1 to 256, or 'cores'"
+            )),
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
     /// tap:IFNAME (root; created if missing), shm:NAME (two processes, no root),
@@ -34,6 +55,13 @@ pub struct UpArgs {
     /// tap only: address(es) for the Linux side of the TAP, e.g. 10.20.0.1/24.
     #[arg(long = "host-addr", value_name = "CIDR")]
     pub host_addrs: Vec<IpCidr>,
+    /// Run this many shards of the stack (a number, or `cores` for one per core):
+    /// each a complete stack on its own core with its own loop, pool and connection
+    /// table, the link steering each flow to one shard (afpacket: a fanout group;
+    /// tap: one queue per shard; xdp: one socket per queue). A client lives on one
+    /// shard; a pre-forking server's workers are spread over them.
+    #[arg(long, default_value = "1")]
+    pub shards: Shards,
     /// Default gateway (IPv4 and/or IPv6; repeatable).
     #[arg(long)]
     pub gateway: Vec<IpAddr>,
@@ -221,6 +249,7 @@ impl UpArgs {
             addrs: vec![],
             host_addrs: vec![],
             gateway: vec![],
+            shards: Shards(1),
             mtu: None,
             mac: None,
             services: vec!["none".into()],
@@ -445,7 +474,12 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
 
 /// `usnet up`: the stack server, with the built-in services as its clients.
 pub fn run(args: UpArgs) -> CmdResult {
-    let o = open(&args)?;
+    let n = args.shards.0;
+    let opened = if n > 1 {
+        open_shards(&args, n)?
+    } else {
+        vec![open(&args)?]
+    };
     if !args.cluster_bytes.is_power_of_two() || args.clusters == 0 {
         return Err("--cluster-bytes must be a power of two and --clusters at least 1".into());
     }
@@ -456,22 +490,35 @@ pub fn run(args: UpArgs) -> CmdResult {
     };
     usnet_abi::Layout::new(geometry)
         .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
-    let mut cfg = o.cfg;
-    if cfg.rx_policy.priority {
-        if let Err(why) = usnet_driver::sched::can_boost() {
-            eprintln!("usnet: {why}");
-            cfg.rx_policy.priority = false;
+    let (name, services) = (opened[0].name.clone(), opened[0].services.clone());
+    let mut parts = Vec::with_capacity(n);
+    let mut cfg_policy = None;
+    let mut dev_info = None;
+    for o in opened {
+        let mut cfg = o.cfg;
+        if cfg.rx_policy.priority {
+            if let Err(why) = usnet_driver::sched::can_boost() {
+                if cfg_policy.is_none() {
+                    eprintln!("usnet: {why}");
+                }
+                cfg.rx_policy.priority = false;
+            }
         }
+        usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
+        cfg_policy.get_or_insert_with(|| cfg.rx_policy.clone());
+        let mut stack = usnet_stack::Stack::new(cfg)?;
+        let mut dev = o.dev;
+        // An AF_XDP link registers the stack's pool as its UMEM now, so a pool it
+        // cannot use is reported before the server starts.
+        dev.bind_pool(stack.pool_mut())?;
+        // How the device runs (AF_XDP: native or generic, copy or zero-copy, its queue).
+        if dev_info.is_none() {
+            dev_info = dev.info();
+        }
+        parts.push((stack, dev));
     }
-    usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
-    let cfg_policy = cfg.rx_policy.clone();
-    let mut stack = usnet_stack::Stack::new(cfg)?;
-    let mut dev = o.dev;
-    // An AF_XDP link registers the stack's pool as its UMEM now, so a pool it cannot
-    // use is reported before the server starts.
-    dev.bind_pool(stack.pool_mut())?;
-    // How the device runs (AF_XDP: native or generic, copy or zero-copy, its queue).
-    let dev_info = dev.info();
+    let cfg_policy = cfg_policy.expect("one shard at least");
+    let stack = &parts[0].0;
     let (mac, addrs, mtu) = (
         stack.mac(),
         stack
@@ -482,7 +529,7 @@ pub fn run(args: UpArgs) -> CmdResult {
         stack.mtu(),
     );
     let server_cfg = usnet_server::ServerConfig {
-        name: o.name.clone(),
+        name: name.clone(),
         link: args.link.clone(),
         geometry,
         limits: usnet_server::ServerLimits {
@@ -499,30 +546,36 @@ pub fn run(args: UpArgs) -> CmdResult {
         spin: std::time::Duration::from_micros(args.spin_us),
         ..Default::default()
     };
-    let mut server = usnet_server::ServerHandle::start(stack, dev, server_cfg)?;
+    let clock = usnet_driver::AnyClock::System(usnet_driver::SystemClock::new());
+    let mut server = usnet_server::ServerHandle::start_shards(parts, server_cfg, clock)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
     let rpc = if args.rpc {
-        Some(usnet_rpc::Proxy::start(&o.name, args.group)?)
+        Some(usnet_rpc::Proxy::start(&name, args.group)?)
     } else {
         None
     };
     // The services are clients like any other.
-    let svc_thread = if o.services.is_empty() {
+    let svc_thread = if services.is_empty() {
         None
     } else {
-        Some(spawn_services(&o.name, &o.services, stop.clone())?)
+        Some(spawn_services(&name, &services, stop.clone())?)
     };
     if let (Some(info), false) = (&dev_info, args.quiet) {
         println!("usnet: {}: {info}", args.link);
     }
     if !args.quiet {
         println!(
-            "usnet: stack '{}' up on {} (mac {mac}, mtu {mtu}): {}; services: {}",
-            o.name,
+            "usnet: stack '{}' up on {}{} (mac {mac}, mtu {mtu}): {}; services: {}",
+            name,
             args.link,
+            if n > 1 {
+                format!(", {n} shards")
+            } else {
+                String::new()
+            },
             addrs.join(" "),
             args.services.join(",")
         );
@@ -545,7 +598,7 @@ pub fn run(args: UpArgs) -> CmdResult {
                 .control_path()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            o.name
+            name
         );
         if let Some(p) = &rpc {
             println!("usnet: rpc baseline transport at {}", p.path().display());
@@ -576,10 +629,14 @@ pub fn run(args: UpArgs) -> CmdResult {
         std::thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::Relaxed);
-    let counters = server.call(Duration::from_secs(2), |lp| {
-        let c = lp.stack().counters();
-        (c.link_rx_frames, c.link_tx_frames)
-    });
+    let counters: Option<(u64, u64)> = (0..server.shards())
+        .map(|k| {
+            server.call_on(k, Duration::from_secs(2), |lp| {
+                let c = lp.stack().counters();
+                (c.link_rx_frames, c.link_tx_frames)
+            })
+        })
+        .try_fold((0, 0), |a, c| c.map(|c| (a.0 + c.0, a.1 + c.1)));
     let r = server.shutdown();
     if let Some(t) = svc_thread {
         let _ = join_within(t, Duration::from_secs(5));
@@ -589,7 +646,7 @@ pub fn run(args: UpArgs) -> CmdResult {
         if let Some((rx, tx)) = counters {
             println!(
                 "usnet: stack '{}' down: {rx} frames in, {tx} frames out",
-                o.name
+                name
             );
         }
     }

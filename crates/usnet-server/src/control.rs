@@ -32,6 +32,7 @@
 //!   tag is the parent's `usnet_abi::slot::TAG`, the role a `usnet_abi::role`).
 //!   Only the family knows the token: it came over a descriptor only they hold.
 
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
@@ -39,8 +40,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,7 @@ use usnet_session::ctl::{run_dir, socket_path, valid_name};
 use usnet_session::Session;
 
 use crate::session::ServerSession;
-use crate::{submit_call, Job, Loop, ServerBell, ServerConfig};
+use crate::{submit_call, Loop, ServerConfig, ShardLink};
 
 pub use usnet_session::ctl::ControlError;
 
@@ -70,8 +70,7 @@ pub struct ControlServer {
 impl ControlServer {
     pub(crate) fn start(
         cfg: &ServerConfig,
-        jobs: Sender<Job>,
-        bell: ServerBell,
+        links: Vec<ShardLink>,
     ) -> Result<ControlServer, ControlError> {
         if !valid_name(&cfg.name) {
             return Err(ControlError::BadName(cfg.name.clone()));
@@ -95,10 +94,10 @@ impl ControlServer {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ctx = Ctx {
-            jobs,
-            bell,
+            links: Arc::new(links),
             cfg: cfg.clone(),
             next_id: Arc::new(AtomicU32::new(1)),
+            homes: Arc::new(Mutex::new(Homes::default())),
         };
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -128,18 +127,60 @@ impl Drop for ControlServer {
 
 #[derive(Clone)]
 struct Ctx {
-    jobs: Sender<Job>,
-    bell: ServerBell,
+    /// Each shard's loop (one unless the server is sharded).
+    links: Arc<Vec<ShardLink>>,
     cfg: ServerConfig,
     next_id: Arc<AtomicU32>,
+    homes: Arc<Mutex<Homes>>,
+}
+
+/// Which shard each session lives on, and where the next ones go.
+#[derive(Default)]
+struct Homes {
+    of: HashMap<u32, usize>,
+    /// The next fresh client's shard (round robin).
+    next: usize,
+    /// Children that took only listeners, per parent session: they are spread over
+    /// the shards from the parent's own.
+    children: HashMap<u32, usize>,
 }
 
 impl Ctx {
+    /// Runs `f` in shard 0's loop (what any shard can answer).
     fn call<R: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Loop) -> R + Send + 'static,
     ) -> Option<R> {
-        submit_call(&self.jobs, &self.bell, LOOP_TIMEOUT, f)
+        self.call_on(0, f)
+    }
+
+    fn call_on<R: Send + 'static>(
+        &self,
+        shard: usize,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
+        let l = self.links.get(shard)?;
+        submit_call(&l.jobs, &l.bell, LOOP_TIMEOUT, f)
+    }
+
+    /// Runs `f` in every shard's loop, in shard order (`None` for a loop that does
+    /// not answer).
+    fn call_all<R: Send + 'static>(
+        &self,
+        f: impl Fn(&mut Loop) -> R + Send + Sync + Clone + 'static,
+    ) -> Vec<Option<R>> {
+        (0..self.links.len())
+            .map(|k| self.call_on(k, f.clone()))
+            .collect()
+    }
+
+    fn homes(&self) -> std::sync::MutexGuard<'_, Homes> {
+        self.homes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shard session `id` lives on.
+    fn home_of(&self, id: u32) -> usize {
+        self.homes().of.get(&id).copied().unwrap_or(0)
     }
 }
 
@@ -149,6 +190,8 @@ struct Attached {
     stream: UnixStream,
     id: u32,
     pin: Option<u128>,
+    /// The session's shard, or the pin's.
+    shard: usize,
 }
 
 fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
@@ -188,33 +231,36 @@ fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
             match said {
                 Said::Nothing => {}
                 Said::Pin(channel) => {
-                    let from = (attached[k - 1].id, attached[k - 1].pin);
+                    let a = &attached[k - 1];
+                    let from = (a.id, a.pin, a.shard);
                     if let Some(a) = pin(channel, from, &ctx) {
                         attached.push(a);
                     }
                 }
                 Said::Attach(req) if attached[k - 1].id == 0 => {
                     let a = attached.swap_remove(k - 1);
-                    if let Some(s) = attach(a.stream, &req, &ctx) {
+                    let pin_shard = a.shard;
+                    if let Some(s) = attach(a.stream, &req, pin_shard, &ctx) {
                         attached.push(s);
                     }
                     // The channel was this pin's life: claimed now, or let go.
                     if let Some(token) = a.pin {
-                        let _ = ctx.call(move |lp| lp.drop_pin(token));
+                        let _ = ctx.call_on(pin_shard, move |lp| lp.drop_pin(token));
                     }
                 }
                 // A session attaches once.
                 Said::Attach(_) => {}
                 Said::Gone => {
                     let a = attached.swap_remove(k - 1);
-                    let id = a.id;
+                    let (id, shard) = (a.id, a.shard);
                     match a.pin {
                         Some(token) => {
-                            let _ = ctx.call(move |lp| lp.drop_pin(token));
+                            let _ = ctx.call_on(shard, move |lp| lp.drop_pin(token));
                         }
                         None if id == 0 => {}
                         None => {
-                            let _ = ctx.call(move |lp| lp.remove_session(id));
+                            let _ = ctx.call_on(shard, move |lp| lp.remove_session(id));
+                            ctx.homes().of.remove(&id);
                         }
                     }
                 }
@@ -295,17 +341,17 @@ fn read_request(s: &UnixStream) -> Said {
 /// A pin request that came on the connection `from` (its session, and its pin if it
 /// is a pin's channel), answered on `out`, which is then watched: see the module's
 /// text.
-fn pin(mut out: UnixStream, from: (u32, Option<u128>), ctx: &Ctx) -> Option<Attached> {
+fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Option<Attached> {
     out.set_nonblocking(false).ok()?;
     out.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
-    let (session, held) = from;
+    let (session, held, shard) = from;
     if session == 0 {
         // A pin's holder (a forked child, or what it exec'd) asks for its token.
         let Some(token) = held else {
             let _ = send(&mut out, &json!({"error": "this connection holds no pin"}));
             return None;
         };
-        let n = ctx.call(move |lp| lp.pin_size(token)).flatten();
+        let n = ctx.call_on(shard, move |lp| lp.pin_size(token)).flatten();
         let Some(n) = n else {
             let _ = send(&mut out, &json!({"error": "the pin is gone"}));
             return None;
@@ -317,6 +363,7 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>), ctx: &Ctx) -> Option<Atta
             stream: out,
             id: 0,
             pin: None,
+            shard,
         });
     }
     let token = match random_token() {
@@ -326,11 +373,11 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>), ctx: &Ctx) -> Option<Atta
             return None;
         }
     };
-    match ctx.call(move |lp| lp.pin(session, token)) {
+    match ctx.call_on(shard, move |lp| lp.pin(session, token)) {
         Some(Some(n)) => {
             let reply = json!({"ok": true, "token": format!("{token:032x}"), "sockets": n});
             if send(&mut out, &reply).is_err() {
-                let _ = ctx.call(move |lp| lp.drop_pin(token));
+                let _ = ctx.call_on(shard, move |lp| lp.drop_pin(token));
                 return None;
             }
             out.set_nonblocking(true).ok()?;
@@ -338,6 +385,7 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>), ctx: &Ctx) -> Option<Atta
                 stream: out,
                 id: 0,
                 pin: Some(token),
+                shard,
             })
         }
         Some(None) => {
@@ -391,7 +439,8 @@ fn zc_port(mut out: UnixStream, req: &Value, ctx: &Ctx) {
         stash_slots: slots("stash_slots"),
     };
     let pid = peer_pid(&out);
-    let r = ctx.call(
+    let r = ctx.call_on(
+        ctx.home_of(session),
         move |lp| -> Result<(std::os::fd::OwnedFd, usnet_session::zc::ZcArea), String> {
             match lp.sessions.get(&session) {
                 Some(s) if Some(s.pid) == pid => {}
@@ -460,7 +509,7 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
         }
     };
     if req["cmd"].as_str() == Some("attach") {
-        return attach(out, &req, ctx);
+        return attach(out, &req, 0, ctx);
     }
     if req["cmd"].as_str() == Some("zc_port") {
         zc_port(out, &req, ctx);
@@ -479,7 +528,13 @@ fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
     out.write_all(s.as_bytes())
 }
 
-fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
+/// Attaches a client (`pin_shard`: where the pin it claims lives, if it claims one).
+/// A fresh client's home shard is the next in turn; a forked child's is its
+/// parent's, unless it took only listeners: such children (a pre-forking server's
+/// workers) are spread over the shards starting from the parent's, each holding
+/// the listener's copy on its own shard, so each worker accepts what its shard
+/// receives.
+fn attach(mut out: UnixStream, req: &Value, pin_shard: usize, ctx: &Ctx) -> Option<Attached> {
     out.set_nonblocking(false).ok()?;
     out.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
@@ -535,12 +590,53 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     };
     s.stats.quota_geometry += cut as u64;
     let max = limits.max_sessions;
-    let added = ctx.call(move |lp| {
+    let n = ctx.links.len();
+    let (home, remote) = match claim {
+        None => {
+            let mut h = ctx.homes();
+            let k = h.next % n;
+            h.next = h.next.wrapping_add(1);
+            (k, false)
+        }
+        Some(token) if n > 1 => {
+            match ctx
+                .call_on(pin_shard, move |lp| lp.pin_info(token))
+                .flatten()
+            {
+                Some((parent, true)) => {
+                    let mut h = ctx.homes();
+                    let c = h.children.entry(parent).or_insert(0);
+                    let k = (pin_shard + *c) % n;
+                    *c += 1;
+                    (k, k != pin_shard)
+                }
+                _ => (pin_shard, false),
+            }
+        }
+        Some(_) => (pin_shard, false),
+    };
+    // A child that moves takes copies of the listeners out of the parent's shard.
+    let copies = match claim {
+        Some(token) if remote => {
+            match ctx
+                .call_on(pin_shard, move |lp| lp.take_listener_pin(token))
+                .flatten()
+            {
+                Some(c) => Some(c),
+                None => return fail(&mut out, "unknown fork token".into()),
+            }
+        }
+        _ => None,
+    };
+    let added = ctx.call_on(home, move |lp| {
         if lp.sessions.len() >= max {
             lp.quota_sessions += 1;
             return Err("too many clients");
         }
         lp.add_session(s);
+        if let Some(c) = copies {
+            return Ok(Some(lp.claim_copies(id, c)));
+        }
         match claim {
             None => Ok(None),
             Some(token) => match lp.claim(id, token) {
@@ -557,10 +653,12 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
         Some(Err(e)) => return fail(&mut out, e.into()),
         None => return fail(&mut out, "the server loop does not answer".into()),
     };
+    let bell = &ctx.links[home].bell;
     let mut reply = json!({
         "ok": true,
         "session": id,
-        "bell_kind": ctx.bell.page().bell_kind(),
+        "shard": home,
+        "bell_kind": bell.page().bell_kind(),
         "pid": std::process::id(),
     });
     if let Some(map) = slots {
@@ -572,40 +670,46 @@ fn attach(mut out: UnixStream, req: &Value, ctx: &Ctx) -> Option<Attached> {
     }
     let mut bytes = serde_json::to_string(&reply).expect("json").into_bytes();
     bytes.push(b'\n');
-    let page = ctx.bell.page().region().fd();
+    let page = bell.page().region().fd();
     let mut fds = vec![mem.region().fd(), page];
-    if let Some(e) = ctx.bell.eventfd() {
+    if let Some(e) = bell.eventfd() {
         fds.push(e);
     }
     if usnet_shm::fdpass::send_with_fds(&out, &bytes, &fds).is_err() {
-        let _ = ctx.call(move |lp| lp.remove_session(id));
+        let _ = ctx.call_on(home, move |lp| lp.remove_session(id));
         return None;
     }
+    ctx.homes().of.insert(id, home);
     out.set_nonblocking(true).ok()?;
     Some(Attached {
         stream: out,
         id,
         pin: None,
+        shard: home,
     })
 }
 
 fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
     match req["cmd"].as_str() {
         Some("stat") => {
-            let info = (
+            let info = Arc::new((
                 ctx.cfg.name.clone(),
                 ctx.cfg.link.clone(),
                 ctx.cfg.services.clone(),
-            );
-            match ctx.call(move |lp| stat(lp, &info.0, &info.1, &info.2)) {
-                Some(v) => send(out, &v),
+            ));
+            let parts = ctx.call_all(move |lp| stat(lp, &info.0, &info.1, &info.2));
+            match parts.into_iter().collect::<Option<Vec<_>>>() {
+                Some(v) => send(out, &merge_stats(v)),
                 None => send(out, &json!({"error": "the server loop does not answer"})),
             }
         }
-        Some("clients") => match ctx.call(|lp| lp.clients()) {
-            Some(v) => send(out, &json!({ "clients": v })),
-            None => send(out, &json!({"error": "the server loop does not answer"})),
-        },
+        Some("clients") => {
+            let parts = ctx.call_all(|lp| lp.clients());
+            match parts.into_iter().collect::<Option<Vec<_>>>() {
+                Some(v) => send(out, &json!({ "clients": tag_rows(v) })),
+                None => send(out, &json!({"error": "the server loop does not answer"})),
+            }
+        }
         Some("ping") => ping(out, req, ctx),
         Some("stop") => {
             send(out, &json!({"ok": true}))?;
@@ -614,6 +718,116 @@ fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
         }
         other => send(out, &json!({"error": format!("unknown command {other:?}")})),
     }
+}
+
+/// Rows from each shard (in shard order) as one list, each row with its shard.
+fn tag_rows(parts: Vec<Vec<Value>>) -> Vec<Value> {
+    let mut rows: Vec<Value> = parts
+        .into_iter()
+        .enumerate()
+        .flat_map(|(k, v)| {
+            v.into_iter().map(move |mut r| {
+                r["shard"] = k.into();
+                r
+            })
+        })
+        .collect();
+    rows.sort_by_key(|r| r["id"].as_u64());
+    rows
+}
+
+/// Adds `b`'s numbers into `a`'s, key by key (objects of counters).
+fn add_numbers(a: &mut Value, b: &Value) {
+    let (Some(a), Some(b)) = (a.as_object_mut(), b.as_object()) else {
+        return;
+    };
+    for (k, v) in b {
+        match (a.get_mut(k), v.as_u64()) {
+            (Some(x), Some(y)) => *x = (x.as_u64().unwrap_or(0) + y).into(),
+            (None, Some(y)) => {
+                a.insert(k.clone(), y.into());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One `stat` from every shard's: totals (counters, pool, sockets, clients,
+/// listeners and connections, each row with its shard) and, for a sharded server,
+/// a row per shard.
+fn merge_stats(parts: Vec<Value>) -> Value {
+    let mut it = parts.into_iter();
+    let Some(mut all) = it.next() else {
+        return json!({"error": "no shards"});
+    };
+    let rest: Vec<Value> = it.collect();
+    if rest.is_empty() {
+        return all;
+    }
+    let shard_row = |k: usize, v: &Value| {
+        let c = &v["counters"];
+        json!({
+            "shard": k,
+            "clients": v["clients"].as_array().map_or(0, |a| a.len()),
+            "tcp_connections": v["tcp_connections_total"],
+            "pool_in_use": v["pool"]["in_use"],
+            "rx_frames": v["device_counters"]["rx_frames"],
+            "tx_frames": v["device_counters"]["tx_frames"],
+            "handoff_out": c["shard_handoff_out"],
+            "handoff_in": c["shard_handoff_in"],
+            "redirected": c["shard_redirected"],
+            "every_copies": c["shard_every_copies"],
+        })
+    };
+    let mut rows = vec![shard_row(0, &all)];
+    let tag = |list: &Value, k: usize| -> Vec<Value> {
+        list.as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut r| {
+                r["shard"] = k.into();
+                r
+            })
+            .collect()
+    };
+    let mut lists: Vec<(&str, Vec<Value>)> =
+        ["clients", "tcp_listeners", "tcp_connections", "fork_pins"]
+            .iter()
+            .map(|&key| (key, tag(&all[key], 0)))
+            .collect();
+    for (k, v) in rest.iter().enumerate() {
+        let k = k + 1;
+        rows.push(shard_row(k, v));
+        for key in ["counters", "device_counters", "pool", "sockets"] {
+            let add = v[key].clone();
+            add_numbers(&mut all[key], &add);
+        }
+        for key in [
+            "tcp_connections_total",
+            "sessions_closed",
+            "shared_sockets",
+            "quota_sessions",
+        ] {
+            all[key] = (all[key].as_u64().unwrap_or(0) + v[key].as_u64().unwrap_or(0)).into();
+        }
+        for (key, list) in lists.iter_mut() {
+            list.extend(tag(&v[*key], k));
+        }
+    }
+    for (key, mut list) in lists {
+        if key == "clients" {
+            list.sort_by_key(|r| r["id"].as_u64());
+        }
+        if key == "tcp_connections" {
+            list.truncate(STAT_MAX_CONNECTIONS);
+        }
+        all[key] = list.into();
+    }
+    // A pool's buffer size is not a sum.
+    all["pool"]["buf_size"] = rest[0]["pool"]["buf_size"].clone();
+    all["shards"] = rows.into();
+    all
 }
 
 /// Everything `usnet stat` shows, as JSON.

@@ -19,10 +19,10 @@ mod session;
 mod shared;
 mod zc;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -144,11 +144,111 @@ pub struct Loop {
     /// Passes of the loop that did work: a harness on virtual time reads it twice
     /// around a wait to tell whether the loop was quiet in between.
     pub busy_passes: u64,
+    /// This loop's shard, and the host's shards (one: not sharded).
+    pub shard: usize,
+    host: Arc<Host>,
+    /// The ports this shard holds sockets on, as last told to the host.
+    published: HashSet<(u8, u16)>,
+    ports_read: Instant,
+    /// A client bound, listened or closed in this pass: reread the ports now.
+    ports_changed: bool,
 }
+
+/// A loop's mailbox for jobs, and the bell that wakes it.
+#[derive(Clone)]
+pub(crate) struct ShardLink {
+    pub jobs: Sender<Job>,
+    pub bell: ServerBell,
+}
+
+/// What the shards of one stack server share, off the per-packet path: a way to
+/// hand each other jobs, and the directory of which shards hold a socket on which
+/// port (a shard without one hands the port's segments to one with it:
+/// `Stack::set_port_redirect`).
+pub(crate) struct Host {
+    pub links: Vec<ShardLink>,
+    /// `(protocol, port)` → a bit per shard holding a socket on it.
+    ports: Mutex<HashMap<(u8, u16), u64>>,
+}
+
+impl Host {
+    /// Shard `me` holds sockets on `added` now, and none on `removed`: every shard
+    /// learns where the port's segments go.
+    fn publish(&self, me: usize, added: &[(u8, u16)], removed: &[(u8, u16)]) {
+        let mut ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, on) in added
+            .iter()
+            .map(|k| (k, true))
+            .chain(removed.iter().map(|k| (k, false)))
+        {
+            let bits = ports.entry(*key).or_default();
+            if on {
+                *bits |= 1 << me;
+            } else {
+                *bits &= !(1 << me);
+            }
+            let bits = *bits;
+            if bits == 0 {
+                ports.remove(key);
+            }
+            let holders: Vec<usize> = (0..self.links.len())
+                .filter(|j| bits & (1 << j) != 0)
+                .collect();
+            // Sent under the lock: each shard gets the port's news in order.
+            for (j, l) in self.links.iter().enumerate() {
+                let to = if bits & (1 << j) != 0 {
+                    Vec::new()
+                } else {
+                    holders.clone()
+                };
+                let (proto, port) = *key;
+                let _ = l.jobs.send(Box::new(move |lp: &mut Loop| {
+                    lp.stack().set_port_redirect(proto, port, &to)
+                }));
+                l.bell.ring();
+            }
+        }
+    }
+}
+
+/// How often a shard rereads its ports besides after a bind, listen or close.
+const PORTS_REREAD: Duration = Duration::from_millis(250);
 
 impl Loop {
     pub fn stack(&mut self) -> &mut Stack {
         self.driver.stack_mut()
+    }
+
+    /// The host's shards.
+    pub fn shards(&self) -> usize {
+        self.host.links.len()
+    }
+
+    /// Tells the host which ports this shard holds sockets on, if that changed
+    /// (`now`: a client bound, listened or closed; else at most every
+    /// [`PORTS_REREAD`]).
+    fn publish_ports(&mut self, now: bool) {
+        if self.host.links.len() < 2 || (!now && self.ports_read.elapsed() < PORTS_REREAD) {
+            return;
+        }
+        self.ports_read = Instant::now();
+        let stack = self.driver.stack();
+        // Ports of this shard's ephemeral class need no directory: the link
+        // steers their flows here.
+        let role = stack.config().shard;
+        let mut held: HashSet<(u8, u16)> = stack
+            .tcp_listeners()
+            .iter()
+            .map(|l| (6, l.local.port()))
+            .collect();
+        held.extend(stack.udp_sockets().iter().map(|u| (17, u.local.port())));
+        held.retain(|&(_, port)| port != 0 && !role.owns_port(port));
+        let added: Vec<_> = held.difference(&self.published).copied().collect();
+        let removed: Vec<_> = self.published.difference(&held).copied().collect();
+        if !added.is_empty() || !removed.is_empty() {
+            self.host.publish(self.shard, &added, &removed);
+            self.published = held;
+        }
     }
 
     /// Adds an attached client's session.
@@ -299,8 +399,12 @@ impl Loop {
         self.sessions.get(&owner.0).map(|s| s.pid)
     }
 
+    /// Stops every shard's loop.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        for l in &self.host.links {
+            l.bell.ring();
+        }
     }
 
     /// Serves every session: requests (a budget each), send rings into the stack,
@@ -320,6 +424,7 @@ impl Loop {
         for id in &self.order {
             if let Some(s) = self.sessions.get_mut(id) {
                 did |= s.serve(stack, budget) > 0;
+                self.ports_changed |= std::mem::take(&mut s.ports_changed);
                 s.drain_all(stack);
                 released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                 touched.append(&mut s.touched);
@@ -412,6 +517,34 @@ impl Loop {
         self.sharing.claim(&mut self.sessions, stack, id, token)
     }
 
+    /// Who made pin `token`, and whether its child may live on another shard
+    /// ([`Sharing::pin_info`]).
+    pub(crate) fn pin_info(&self, token: u128) -> Option<(u32, bool)> {
+        self.sharing.pin_info(token)
+    }
+
+    /// Takes pin `token` for a child on another shard ([`Sharing::take_listener_pin`]).
+    pub(crate) fn take_listener_pin(
+        &mut self,
+        token: u128,
+    ) -> Option<Vec<(session::Pinned, Option<usnet_stack::TcpListenCopy>)>> {
+        let stack = self.driver.stack_mut();
+        self.sharing.take_listener_pin(stack, token)
+    }
+
+    /// The child's session `id` takes the listeners' copies on this shard
+    /// ([`Sharing::claim_copies`]).
+    pub(crate) fn claim_copies(
+        &mut self,
+        id: u32,
+        items: Vec<(session::Pinned, Option<usnet_stack::TcpListenCopy>)>,
+    ) -> Vec<usnet_abi::Claimed> {
+        self.ports_changed = true;
+        let stack = self.driver.stack_mut();
+        self.sharing
+            .claim_copies(&mut self.sessions, stack, id, items)
+    }
+
     /// Stack sockets held by several sessions, and pins waiting for a child (each
     /// with the session that forked and how many sockets it holds).
     pub fn fork_counts(&self) -> (usize, Vec<(u32, usize)>) {
@@ -448,10 +581,9 @@ pub fn boost_state_path(name: &str) -> std::path::PathBuf {
 
 /// A running server.
 pub struct ServerHandle {
-    jobs: Sender<Job>,
-    bell: ServerBell,
+    links: Vec<ShardLink>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Result<(), String>>>,
+    threads: Vec<JoinHandle<Result<(), String>>>,
     control: Option<control::ControlServer>,
 }
 
@@ -475,90 +607,195 @@ impl ServerHandle {
         cfg: ServerConfig,
         clock: AnyClock,
     ) -> Result<ServerHandle, control::ControlError> {
+        Self::start_shards(vec![(stack, device)], cfg, clock)
+    }
+
+    /// A sharded server: shard `i` is `parts[i]` (its stack's `ShardRole` says
+    /// `i` of `parts.len()`, its device is the link's queue `i`), each loop in a
+    /// thread of its own pinned to its own core; one control socket. A client lives
+    /// on one shard (its home: round robin, or its parent's; see `control`).
+    pub fn start_shards(
+        parts: Vec<(Stack, Box<dyn Device>)>,
+        cfg: ServerConfig,
+        clock: AnyClock,
+    ) -> Result<ServerHandle, control::ControlError> {
+        let n = parts.len();
+        let bad = |e: String| control::ControlError::Io(std::io::Error::other(e));
+        if n == 0 || n > 64 {
+            return Err(bad(format!("{n} shards: from 1 to 64")));
+        }
+        for (i, (stack, _)) in parts.iter().enumerate() {
+            let role = stack.config().shard;
+            if usize::from(role.index) != i || usize::from(role.count) != n {
+                return Err(bad(format!(
+                    "stack {i} of {n} is shard {} of {}",
+                    role.index, role.count
+                )));
+            }
+        }
         if let Some(nice) = cfg.loop_nice {
             let own = usnet_driver::sched::nice_of(usnet_driver::sched::gettid()).unwrap_or(0);
             if nice < own {
                 usnet_driver::sched::can_boost().map_err(|why| {
-                    control::ControlError::Io(std::io::Error::other(format!(
+                    bad(format!(
                         "the loop's nice value {nice}: {}",
                         why.replace("priority control is off: raising a consumer's", "raising a")
-                    )))
+                    ))
                 })?;
             }
         }
-        let bell = ServerBell::new(device.wait_kind())?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let policy = stack.config().rx_policy.clone();
-        let mut driver = Driver::new(stack, device, clock);
-        driver.set_burst(64);
-        driver.set_backlog(cfg.backlog || policy.enabled());
+        let mut links = Vec::with_capacity(n);
+        let mut inboxes = Vec::with_capacity(n);
+        for (_, device) in &parts {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            links.push(ShardLink {
+                jobs: tx,
+                bell: ServerBell::new(device.wait_kind())?,
+            });
+            inboxes.push(rx);
+        }
+        let host = Arc::new(Host {
+            links: links.clone(),
+            ports: Mutex::new(HashMap::new()),
+        });
+        let boxes = if n > 1 {
+            Some(usnet_driver::Mailboxes::new(n)?)
+        } else {
+            None
+        };
         // Boosted clients are other processes: if this one dies, the next `usnet
         // up` or `usnet down` of the same name restores them from this file.
         let state = boost_state_path(&cfg.name);
         usnet_driver::sched::recover(&state, &mut usnet_driver::Setpriority);
-        if policy.priority {
-            // The caller checked the right to boost (`usnet up` says so in one line).
-            if let Ok(b) = usnet_driver::Booster::system(Some(state)) {
-                // A client is a process: a boost raises all of its threads.
-                driver.set_booster(Some(b.whole_processes()));
+        let mut loops = Vec::with_capacity(n);
+        for (i, (stack, device)) in parts.into_iter().enumerate() {
+            let policy = stack.config().rx_policy.clone();
+            let mut driver = Driver::new(stack, device, clock.clone());
+            driver.set_burst(64);
+            driver.set_backlog(cfg.backlog || policy.enabled());
+            if let Some(b) = &boxes {
+                driver.join_shards(i, b.clone());
+            }
+            // One booster (shard 0's): the state file is one per server.
+            if policy.priority && i == 0 {
+                // The caller checked the right to boost (`usnet up` says so in one line).
+                if let Ok(b) = usnet_driver::Booster::system(Some(state.clone())) {
+                    // A client is a process: a boost raises all of its threads.
+                    driver.set_booster(Some(b.whole_processes()));
+                }
+            }
+            loops.push(Loop {
+                driver,
+                sessions: HashMap::new(),
+                dying: Vec::new(),
+                sharing: Sharing::default(),
+                order: Vec::new(),
+                cfg: cfg.clone(),
+                started: Instant::now(),
+                stop: stop.clone(),
+                sessions_closed: 0,
+                quota_sessions: 0,
+                busy_passes: 0,
+                shard: i,
+                host: host.clone(),
+                published: HashSet::new(),
+                ports_read: Instant::now(),
+                ports_changed: false,
+            });
+        }
+        let control = control::ControlServer::start(&cfg, links.clone())?;
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let mut threads = Vec::with_capacity(n);
+        for (i, (lp, rx)) in loops.into_iter().zip(inboxes).enumerate() {
+            let bell = links[i].bell.clone();
+            let name = if n == 1 {
+                "usnet-server".to_string()
+            } else {
+                format!("usnet-shard-{i}")
+            };
+            let t = std::thread::Builder::new().name(name).spawn(move || {
+                if n > 1 {
+                    // Best effort: an unpinned shard is slower, not wrong.
+                    if let Err(e) = usnet_driver::sched::pin_to_core(i % cores) {
+                        eprintln!("usnet: shard {i}: cannot pin to core {}: {e}", i % cores);
+                    }
+                }
+                run(lp, rx, bell)
+            });
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    stop.store(true, Ordering::Release);
+                    for l in &links {
+                        l.bell.ring();
+                    }
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(control::ControlError::Io(e));
+                }
             }
         }
-        let lp = Loop {
-            driver,
-            sessions: HashMap::new(),
-            dying: Vec::new(),
-            sharing: Sharing::default(),
-            order: Vec::new(),
-            cfg: cfg.clone(),
-            started: Instant::now(),
-            stop: stop.clone(),
-            sessions_closed: 0,
-            quota_sessions: 0,
-            busy_passes: 0,
-        };
-        let control = control::ControlServer::start(&cfg, tx.clone(), bell.clone())?;
-        let bell2 = bell.clone();
-        let thread = std::thread::Builder::new()
-            .name("usnet-server".into())
-            .spawn(move || run(lp, rx, bell2))
-            .map_err(control::ControlError::Io)?;
         Ok(ServerHandle {
-            jobs: tx,
-            bell,
+            links,
             stop,
-            thread: Some(thread),
+            threads,
             control: Some(control),
         })
     }
 
-    /// Runs `f` in the loop and waits for its answer (at most `timeout`).
+    /// The server's shards.
+    pub fn shards(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Runs `f` in shard `shard`'s loop and waits for its answer (at most `timeout`).
+    pub fn call_on<R: Send + 'static>(
+        &self,
+        shard: usize,
+        timeout: Duration,
+        f: impl FnOnce(&mut Loop) -> R + Send + 'static,
+    ) -> Option<R> {
+        let l = self.links.get(shard)?;
+        submit_call(&l.jobs, &l.bell, timeout, f)
+    }
+
+    /// Runs `f` in the loop (shard 0's) and waits for its answer (at most `timeout`).
     pub fn call<R: Send + 'static>(
         &self,
         timeout: Duration,
         f: impl FnOnce(&mut Loop) -> R + Send + 'static,
     ) -> Option<R> {
-        submit_call(&self.jobs, &self.bell, timeout, f)
+        self.call_on(0, timeout, f)
     }
 
     pub fn control_path(&self) -> Option<&std::path::Path> {
         self.control.as_ref().map(|c| c.path())
     }
 
+    /// Every shard's loop runs (one that stopped, by `usnet down` or a failed
+    /// device, stops the others).
     pub fn is_running(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        !self.threads.is_empty() && self.threads.iter().all(|t| !t.is_finished())
     }
 
-    /// Stops the loop (clients see the server go) and waits for it.
+    /// Stops the loops (clients see the server go) and waits for them; the first
+    /// error any of them ended with.
     pub fn shutdown(&mut self) -> Result<(), String> {
         self.stop.store(true, Ordering::Release);
-        self.bell.ring();
-        let r = match self.thread.take() {
-            Some(t) => t
+        for l in &self.links {
+            l.bell.ring();
+        }
+        let mut r = Ok(());
+        for t in self.threads.drain(..) {
+            let one = t
                 .join()
-                .unwrap_or_else(|_| Err("server loop panicked".into())),
-            None => Ok(()),
-        };
+                .unwrap_or_else(|_| Err("server loop panicked".into()));
+            if r.is_ok() {
+                r = one;
+            }
+        }
         self.control.take();
         r
     }
@@ -628,6 +865,8 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             Err(e) => break Err(format!("device: {e}")),
         };
         served |= lp.serve(&mut ready);
+        let ports_changed = std::mem::take(&mut lp.ports_changed);
+        lp.publish_ports(ports_changed);
         // What the sessions queued goes out now, not one turn later.
         if let Err(e) = lp.driver.flush() {
             break Err(format!("device: {e}"));
@@ -669,6 +908,11 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             break Err(format!("wait: {e}"));
         }
     };
+    // One shard ending ends them all (the host is one stack to its clients).
+    lp.stop.store(true, Ordering::Release);
+    for l in &lp.host.links {
+        l.bell.ring();
+    }
     // Orderly end: every client learns the server is gone.
     let ids: Vec<u32> = lp.sessions.keys().copied().collect();
     for id in ids {

@@ -189,6 +189,8 @@ pub(crate) struct ServerSession {
     /// Shared streams this session reads without being their receiver
     /// (`op::RX_WANT`): the loop decides whether they come here.
     pub(crate) wants: Vec<SocketHandle>,
+    /// A bind, listen or close happened (a sharded server rereads its ports).
+    pub(crate) ports_changed: bool,
     /// The session's zero-copy port, if the client opened one.
     pub(crate) zc: Option<crate::zc::ServerZc>,
 }
@@ -235,6 +237,7 @@ impl ServerSession {
             released: Vec::new(),
             touched: Vec::new(),
             wants: Vec::new(),
+            ports_changed: false,
             zc: None,
         })
     }
@@ -344,6 +347,9 @@ impl ServerSession {
         if req.op > op::MAX {
             self.stats.bad_requests += 1;
             return ok(-errno::ENOSYS);
+        }
+        if matches!(req.op, op::BIND | op::LISTEN | op::CLOSE | op::ZC_LISTEN) {
+            self.ports_changed = true;
         }
         match req.op {
             op::NOP => ok(0),

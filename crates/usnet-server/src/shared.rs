@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 
 use usnet_abi::Claimed;
-use usnet_stack::{Owner, SocketHandle, Stack};
+use usnet_stack::{Owner, SocketHandle, Stack, TcpListenCopy};
 
-use crate::session::{Pinned, ServerSession, SHARED};
+use crate::session::{Pinned, Role, ServerSession, SHARED};
 
 /// A stack socket held by several sessions, or pinned for a child.
 #[derive(Debug, Default)]
@@ -216,6 +216,99 @@ impl Sharing {
             }
         }
         Some(map)
+    }
+
+    /// The session that made pin `token`, and whether a child claiming it may live
+    /// on another shard: every stack socket it holds is a listener (whose copy the
+    /// child can hold there), as a pre-forking server's workers inherit.
+    pub fn pin_info(&self, token: u128) -> Option<(u32, bool)> {
+        let p = self.pins.get(&token)?;
+        let movable = p
+            .socks
+            .iter()
+            .all(|x| x.handle.is_none() || x.role == Role::Listener);
+        Some((p.from, movable))
+    }
+
+    /// Takes pin `token` for a child that lives on another shard: each pinned
+    /// socket with its listener's copy (`None`: no stack socket yet, or not a
+    /// listener), the pin let go of here.
+    pub fn take_listener_pin(
+        &mut self,
+        stack: &mut Stack,
+        token: u128,
+    ) -> Option<Vec<(Pinned, Option<TcpListenCopy>)>> {
+        let pin = self.pins.remove(&token)?;
+        let mut out = Vec::with_capacity(pin.socks.len());
+        for p in pin.socks {
+            let copy = p.handle.and_then(|h| stack.tcp_listener_copy(h).ok());
+            if let Some(h) = p.handle {
+                self.unpin(stack, h);
+            }
+            out.push((p, copy));
+        }
+        Some(out)
+    }
+
+    /// The child's session `id`, on this shard, claims what
+    /// [`Sharing::take_listener_pin`] took on its parent's: each listener's copy
+    /// here (shared with the children that made or took it before), each socket
+    /// without a stack socket as a copy.
+    pub fn claim_copies(
+        &mut self,
+        sessions: &mut Sessions,
+        stack: &mut Stack,
+        id: u32,
+        items: Vec<(Pinned, Option<TcpListenCopy>)>,
+    ) -> Vec<Claimed> {
+        let mut map = Vec::new();
+        for (mut p, copy) in items {
+            let Some(s) = sessions.get_mut(&id) else {
+                break;
+            };
+            let copy = match (p.handle, copy) {
+                (None, _) => {
+                    if let Some(j) = s.add_pinned(stack, &p, true, &mut Vec::new()) {
+                        map.push(claimed(&p, j));
+                    }
+                    continue;
+                }
+                (Some(_), None) => continue,
+                (Some(_), Some(c)) => c,
+            };
+            let here = stack
+                .tcp_listeners()
+                .into_iter()
+                .find(|l| l.local == copy.local() && l.owner == SHARED)
+                .map(|l| l.handle)
+                .filter(|h| self.socks.contains_key(h));
+            let h = match here {
+                Some(h) => h,
+                None => {
+                    let Ok(h) = stack.tcp_listen_copy(&copy) else {
+                        continue;
+                    };
+                    let _ = stack.set_owner(h, SHARED);
+                    self.socks.insert(h, SharedSock::default());
+                    h
+                }
+            };
+            p.handle = Some(h);
+            let sh = self.socks.get_mut(&h).expect("just found or made");
+            match s.add_pinned(stack, &p, false, &mut Vec::new()) {
+                Some(j) => {
+                    sh.holders.push(id);
+                    sh.receiver.get_or_insert(id);
+                    map.push(claimed(&p, j));
+                }
+                None if sh.holders.is_empty() && sh.pins == 0 => {
+                    self.socks.remove(&h);
+                    close_stack_socket(stack, h, false);
+                }
+                None => {}
+            }
+        }
+        map
     }
 
     /// Holder `id` reads stream `h` and is not its receiver (`op::RX_WANT`): the

@@ -207,6 +207,19 @@ impl Stack {
             Handoff::Frame { bytes, offload } => match self.core.pool.alloc_from(&bytes) {
                 Some(b) => {
                     self.core.pool.set_offload(&b, offload);
+                    // Steered here as its owner (not redirected here: then its
+                    // owner is the shard that sent it), it may belong to a port
+                    // whose socket lives elsewhere.
+                    let n = usize::from(self.core.cfg.shard.count);
+                    let me = usize::from(self.core.cfg.shard.index);
+                    if !self.core.redirects.is_empty()
+                        && shard::owner(&bytes, n) == shard::Owner::Shard(me)
+                    {
+                        if let Some(to) = self.redirect_target(&b) {
+                            self.core.redirect(b, to);
+                            return;
+                        }
+                    }
                     self.core.enqueue(b);
                 }
                 None => self.core.counters.drop_pool_exhausted += 1,

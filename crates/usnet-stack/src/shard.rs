@@ -65,6 +65,12 @@ impl ShardRole {
     pub fn owns_ephemeral(&self, port: u16) -> bool {
         usize::from(port) % usize::from(self.count) == usize::from(self.index)
     }
+
+    /// Whether every flow to local `port` belongs here whatever the remote port:
+    /// an ephemeral port of this shard's class.
+    pub fn owns_port(&self, port: u16) -> bool {
+        port >= EPHEMERAL_FIRST && self.owns_ephemeral(port)
+    }
 }
 
 /// The value a flow's shard is taken from (modulo the shard count), seen from this
