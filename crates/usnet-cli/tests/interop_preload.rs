@@ -53,6 +53,119 @@ fn curl(dir: &Path, shim: bool, urls: &[String], tag: &str) -> Vec<PathBuf> {
     outs
 }
 
+/// nginx with 2 and then 4 workers under the shim on a stack server of two shards
+/// (`usnet up --shards 2` on a multi-queue TAP): the workers are spread over the
+/// shards (each holds the listener's copy on its own), both shards carry
+/// connections, every worker serves, every payload is checked; curl under the shim
+/// connects out from whichever shard it lands on.
+#[test]
+fn nginx_workers_spread_over_a_sharded_stack_server() {
+    require_root!();
+    need("curl", "curl");
+    need("nginx", "nginx");
+    need("wrk", "wrk");
+    const TAP2: &str = "usntpl1";
+    const OURS2: &str = "10.48.0.2";
+    const HOST2: &str = "10.48.0.1";
+    const STACK2: &str = "it-preload-sh";
+    remove_leftovers(&[TAP2], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", TAP2]);
+    let dir = TempDir::new("preload-shards");
+    let d = dir.path();
+    let link = format!("tap:{TAP2}");
+    let (ours, host) = (format!("{OURS2}/24"), format!("{HOST2}/24"));
+    let mut stack = Daemon::start(
+        d,
+        STACK2,
+        &[
+            "--link",
+            &link,
+            "--addr",
+            &ours,
+            "--host-addr",
+            &host,
+            "--shards",
+            "2",
+        ],
+    );
+    let www = d.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let file = www.join("file");
+    let body: Vec<u8> = (0..1_000_003u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    std::fs::write(&file, &body).unwrap();
+    std::fs::write(www.join("small"), b"hello, shards\n").unwrap();
+    for workers in [2, 4] {
+        let pids = nginx_with_workers(d, &www, &file, STACK2, OURS2, workers);
+        assert_eq!(pids.len(), workers);
+    }
+    // The workers' shards, while the last nginx ran, are in the clients' rows of the
+    // stat taken below only if still attached: check the shards' own counters.
+    let st = stack.stat_json();
+    let shards = st["shards"].as_array().expect("a sharded stat").clone();
+    assert_eq!(shards.len(), 2, "{st}");
+    for sh in &shards {
+        assert!(
+            sh["rx_frames"].as_u64().unwrap_or(0) > 100,
+            "a shard idle: {shards:?}"
+        );
+        assert!(
+            sh["tx_frames"].as_u64().unwrap_or(0) > 100,
+            "a shard idle: {shards:?}"
+        );
+    }
+
+    // curl under the shim, out from the sharded stack to Linux, several times (its
+    // session lands on one shard or the other).
+    let mut linux = spawn_prog(
+        d,
+        None,
+        "linux-http-sh",
+        "python3",
+        &[
+            "-m",
+            "http.server",
+            "18810",
+            "--bind",
+            HOST2,
+            "--directory",
+            www.to_str().unwrap(),
+        ],
+    );
+    wait_listening(&mut linux, d, HOST2, 18810);
+    for i in 0..4 {
+        let out = d.join(format!("sh-curl.{i}"));
+        let o = run_in(
+            Command::new(USNET)
+                .args([
+                    "run",
+                    "--stack",
+                    STACK2,
+                    "--",
+                    "curl",
+                    "-sS",
+                    "--fail",
+                    "--max-time",
+                    "30",
+                ])
+                .arg(format!("http://{HOST2}:18810/file"))
+                .arg("-o")
+                .arg(&out)
+                .env("USNET_RUN_DIR", d),
+            &[],
+            Duration::from_secs(60),
+        );
+        assert!(o.ok(), "curl under the shim: {}", o.describe());
+        same_file(&out, &file);
+    }
+    drop(linux);
+    let c = stack.counters();
+    assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");
+    stack.down();
+}
+
 fn same_file(a: &Path, b: &Path) {
     let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
     assert!(
@@ -228,31 +341,41 @@ fn programs_on_the_stack_server(d: &Path, pool_buffers: bool) -> Daemon {
     // 4. nginx with a master and two workers: the master listens, then forks; both
     //    workers accept from the one listener (each wakes for every connection, as
     //    without EPOLLEXCLUSIVE on the kernel).
-    nginx_with_two_workers(d, &www, &file);
+    nginx_with_workers(d, &www, &file, STACK, OURS, 2);
     stack
 }
 
-fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
+/// nginx with a master and `workers` workers on stack `stack` (at `ours`), serving
+/// curl and wrk from Linux; every worker must serve. Returns the workers' pids.
+fn nginx_with_workers(
+    d: &Path,
+    www: &Path,
+    file: &Path,
+    stack: &str,
+    ours: &str,
+    workers: usize,
+) -> Vec<String> {
     let p4 = 18804u16;
     let dd = d.display();
+    let _ = std::fs::remove_file(d.join("access2.log"));
     let conf = d.join("nginx2.conf");
     std::fs::write(
         &conf,
         format!(
-            "daemon off;\nmaster_process on;\nworker_processes 2;\npid {dd}/nginx2.pid;\n\
+            "daemon off;\nmaster_process on;\nworker_processes {workers};\npid {dd}/nginx2.pid;\n\
              error_log {dd}/nginx2.err info;\nuser root;\nevents {{ worker_connections 256; use epoll; }}\n\
              http {{\n log_format w '$pid $status $body_bytes_sent';\n access_log {dd}/access2.log w;\n\
              sendfile on;\n keepalive_requests 1000;\n\
              client_body_temp_path {dd}/cb; proxy_temp_path {dd}/px; fastcgi_temp_path {dd}/fc;\n\
              uwsgi_temp_path {dd}/uw; scgi_temp_path {dd}/sc;\n\
-             server {{ listen {OURS}:{p4}; root {}; }}\n}}\n",
+             server {{ listen {ours}:{p4}; root {}; }}\n}}\n",
             www.display()
         ),
     )
     .unwrap();
     let mut ng = spawn_prog(
         d,
-        Some(STACK),
+        Some(stack),
         "shim-nginx2",
         "nginx",
         &[
@@ -295,14 +418,14 @@ fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
             }
         }
     }
-    let workers = Workers(ng.0.id());
-    wait_listening(&mut ng, d, OURS, p4);
+    let workers_guard = Workers(ng.0.id());
+    wait_listening(&mut ng, d, ours, p4);
     // Many requests, new connections and keep-alive, every payload checked.
     for i in 0..4 {
         let urls = [
-            format!("http://{OURS}:{p4}/file"),
-            format!("http://{OURS}:{p4}/small"),
-            format!("http://{OURS}:{p4}/file"),
+            format!("http://{ours}:{p4}/file"),
+            format!("http://{ours}:{p4}/small"),
+            format!("http://{ours}:{p4}/file"),
         ];
         let got = curl(d, false, &urls, &format!("c4-{i}"));
         same_file(&got[0], file);
@@ -316,7 +439,7 @@ fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
             "-d3s",
             "--timeout",
             "5s",
-            &format!("http://{OURS}:{p4}/small"),
+            &format!("http://{ours}:{p4}/small"),
         ]),
         &[],
         Duration::from_secs(30),
@@ -339,7 +462,7 @@ fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
         let got = curl(
             d,
             false,
-            &[format!("http://{OURS}:{p4}/small")],
+            &[format!("http://{ours}:{p4}/small")],
             &format!("c5-{i}"),
         );
         same_file(&got[0], &www.join("small"));
@@ -350,8 +473,8 @@ fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
     pids.dedup();
     assert_eq!(
         pids.len(),
-        2,
-        "both workers should have served requests: {pids:?} (wrk: {})",
+        workers,
+        "every worker should have served requests: {pids:?} (wrk: {})",
         w.stdout
     );
     assert!(
@@ -363,6 +486,7 @@ fn nginx_with_two_workers(d: &Path, www: &Path, file: &Path) {
         !err.contains("[alert]") && !err.contains("[crit]") && !err.contains("[emerg]"),
         "nginx complained:\n{err}"
     );
-    drop(workers);
+    drop(workers_guard);
     drop(ng);
+    pids.iter().map(|p| p.to_string()).collect()
 }

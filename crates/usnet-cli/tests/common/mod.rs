@@ -297,10 +297,14 @@ impl Daemon {
     }
 
     pub fn counters(&self) -> Value {
+        self.stat_json()["counters"].clone()
+    }
+
+    /// `usnet stat --json`, whole.
+    pub fn stat_json(&self) -> Value {
         let o = self.ctl(&["stat", "--json"], Duration::from_secs(10));
         assert!(o.ok(), "usnet stat --json: {}", o.describe());
-        let v: Value = serde_json::from_str(&o.stdout).expect("stat JSON");
-        v["counters"].clone()
+        serde_json::from_str(&o.stdout).expect("stat JSON")
     }
 
     /// `usnet down`, then waits for a clean exit.
