@@ -6,6 +6,8 @@
 //!   AF_PACKET: N complete stacks, one thread each pinned to its own core, the
 //!   kernel's fanout group steering each connection to its shard
 //!   (`usnet_link::bpf::shard_steering`);
+//! - nginx with N workers under the shim (`usnet run`) on a stack server of N
+//!   shards (`usnet up --shards N` on AF_PACKET): each worker on its own shard;
 //! - nginx on Linux with N workers (`worker_cpu_affinity auto`) on the same veth.
 //!
 //! Each point reports requests/s, its ratio to the same server with N = 1 and to
@@ -13,7 +15,8 @@
 //! (its process tree's user + system time from /proc) and the machine's (every
 //! core's busy time: the server, wrk and the kernel's packet work together). For
 //! the usnet servers it also reports the frames handed between shards (0 when the
-//! link steers every frame to its owner).
+//! link steers every frame to its owner; the stack server counts the frames it
+//! redirected to a shard holding the port too).
 //!
 //! On a machine with few cores wrk shares them with the server, so N = cores
 //! measures how the server shares a saturated machine: the checks there are that N
@@ -63,14 +66,19 @@ const NGINX_PORT: u16 = 8089;
 enum Sys {
     Socket,
     Zerocopy,
+    Shim,
     Nginx,
 }
+
+/// The stack server the shim's nginx runs on.
+const SHIM_STACK: &str = "bench-shards";
 
 impl Sys {
     fn short(self) -> &'static str {
         match self {
             Sys::Socket => "socket",
             Sys::Zerocopy => "zc",
+            Sys::Shim => "shim",
             Sys::Nginx => "nginx",
         }
     }
@@ -78,12 +86,14 @@ impl Sys {
         match self {
             Sys::Socket => "usnet httpd socket",
             Sys::Zerocopy => "usnet httpd zerocopy",
+            Sys::Shim => "nginx (usnet run, up --shards N)",
             Sys::Nginx => "nginx (Linux)",
         }
     }
     fn url(self, len: usize) -> String {
         match self {
             Sys::Nginx => format!("http://{}:{NGINX_PORT}/r{len}", VETH_ADDR[0]),
+            Sys::Shim => format!("http://{VETH_USNET}:{NGINX_PORT}/r{len}"),
             _ => format!("http://{VETH_USNET}/r{len}"),
         }
     }
@@ -114,26 +124,70 @@ impl Point {
     }
 }
 
-fn start(sys: Sys, n: usize, len: usize, veth: &Veth, dir: &Path, www: &Path) -> Res<Bg> {
+/// Starts the server: its processes, the one that answers last (the one to wait
+/// for) last.
+fn start(sys: Sys, n: usize, len: usize, veth: &Veth, dir: &Path, www: &Path) -> Res<Vec<Bg>> {
     let exe = std::env::current_exe()?;
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &veth.ns[0]]);
+    let what = format!("{}-{n}-{len}", sys.short());
+    let nginx_conf = |addr: &str| {
+        nginx_conf_workers(
+            dir,
+            www,
+            addr,
+            NGINX_PORT,
+            &format!("{}{n}", sys.short()),
+            "multi_accept on;",
+            "tcp_nopush on; tcp_nodelay on; keepalive_timeout 65; server_tokens off; \
+             open_file_cache max=64;",
+            n,
+        )
+    };
     match sys {
         Sys::Nginx => {
-            let tag = format!("shards{n}");
-            let conf = nginx_conf_workers(
-                dir,
-                www,
-                VETH_ADDR[0],
-                NGINX_PORT,
-                &tag,
-                "multi_accept on;",
-                "tcp_nopush on; tcp_nodelay on; keepalive_timeout 65; server_tokens off; \
-                 open_file_cache max=64;",
-                n,
-            )?;
+            let conf = nginx_conf(VETH_ADDR[0])?;
             c.args(["nginx", "-p", &dir.display().to_string(), "-c"])
                 .arg(&conf);
+            Ok(vec![spawn(c, dir, &what)?])
+        }
+        Sys::Shim => {
+            // The stack server's shards pin themselves from core 0 up, as nginx's
+            // workers do (`worker_cpu_affinity auto`).
+            let mut up = Command::new("ip");
+            up.args(["netns", "exec", &veth.ns[0]]).arg(&exe).args([
+                "up",
+                "--name",
+                SHIM_STACK,
+                "--services",
+                "none",
+                "--quiet",
+                "--link",
+                &format!("afpacket:{}", veth.dev[0]),
+                "--addr",
+                &format!("{VETH_USNET}/24"),
+                "--shards",
+                &n.to_string(),
+            ]);
+            let mut stack = spawn(up, dir, &format!("up-{what}"))?;
+            let ctl = dir.join(format!("{SHIM_STACK}.ctl"));
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
+                if let Some(st) = stack.0.try_wait()? {
+                    return Err(format!("usnet up exited ({st}): {}", stack.log(dir)).into());
+                }
+                if std::time::Instant::now() > end {
+                    return Err("usnet up did not come up within 20 s".into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let conf = nginx_conf(VETH_USNET)?;
+            c.arg(&exe)
+                .args(["run", "--stack", SHIM_STACK, "--", "nginx", "-p"])
+                .arg(dir)
+                .arg("-c")
+                .arg(&conf);
+            Ok(vec![stack, spawn(c, dir, &what)?])
         }
         Sys::Socket | Sys::Zerocopy => {
             let api = if sys == Sys::Socket {
@@ -159,9 +213,22 @@ fn start(sys: Sys, n: usize, len: usize, veth: &Veth, dir: &Path, www: &Path) ->
                 "--core",
                 "0",
             ]);
+            Ok(vec![spawn(c, dir, &what)?])
         }
     }
-    spawn(c, dir, &format!("{}-{n}-{len}", sys.short()))
+}
+
+/// The frames the shim's stack server handed or redirected between its shards
+/// (`usnet stat`'s rows per shard), summed.
+fn stack_handed(dir: &Path) -> Option<u64> {
+    let out = Command::new(std::env::current_exe().ok()?)
+        .args(["stat", "--json", "--stack", SHIM_STACK])
+        .env("USNET_RUN_DIR", dir)
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let c = &v["counters"];
+    Some(c["shard_handoff_out"].as_u64()? + c["shard_redirected"].as_u64().unwrap_or(0))
 }
 
 /// One curl: the body must be the expected bytes.
@@ -242,16 +309,20 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
     let mut points = Vec::new();
     for &len in &a.lengths {
         for n in 1..=max {
-            for sys in [Sys::Socket, Sys::Zerocopy, Sys::Nginx] {
+            for sys in [Sys::Socket, Sys::Zerocopy, Sys::Shim, Sys::Nginx] {
                 // A new stack has a new MAC: the client must not keep the last one.
                 let _ = ip(&["-n", &veth.ns[1], "neigh", "flush", "all"]);
-                let mut bg = start(sys, n, len, &veth, &dir, &www)?;
-                wait_serving(&veth.ns[1], &sys.url(len), &mut bg, &dir)?;
+                let mut bgs = start(sys, n, len, &veth, &dir, &www)?;
+                let last = bgs.last_mut().expect("a server");
+                wait_serving(&veth.ns[1], &sys.url(len), last, &dir)?;
                 check_body(sys, len, &veth, &dir)?;
-                let pid = bg.0.id();
+                let pids: Vec<u32> = bgs.iter().map(|b| b.0.id()).collect();
+                let tree = || -> Option<f64> {
+                    pids.iter().map(|&p| crate::cpu::process_tree_secs(p)).sum()
+                };
                 let mut runs = Vec::new();
                 for _ in 0..a.runs.max(1) {
-                    let before = crate::cpu::process_tree_secs(pid);
+                    let before = tree();
                     let machine = crate::cpu::sample_machine();
                     let r = wrk_threads(
                         &veth.ns[1],
@@ -262,7 +333,7 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
                         a.connections * n,
                         a.seconds,
                     )?;
-                    let after = crate::cpu::process_tree_secs(pid);
+                    let after = tree();
                     let used =
                         machine.and_then(|m| crate::cpu::sample_like(&m).map(|l| m.until(&l)));
                     let reqs = r.rps * a.seconds.ceil().max(1.0);
@@ -278,16 +349,23 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
                         }),
                     });
                 }
-                drop(bg);
+                let shim_handed = (sys == Sys::Shim).then(|| stack_handed(&dir)).flatten();
+                // nginx (the last) first, then the stack server it ran on.
+                while bgs.pop().is_some() {}
                 let log =
                     std::fs::read_to_string(dir.join(format!("{}-{n}-{len}.log", sys.short())))
                         .unwrap_or_default();
+                let handed = match sys {
+                    Sys::Nginx => None,
+                    Sys::Shim => shim_handed,
+                    _ => handed(&log),
+                };
                 points.push(Point {
                     len,
                     sys,
                     n,
                     runs,
-                    handed: (sys != Sys::Nginx).then(|| handed(&log)).flatten(),
+                    handed,
                 });
             }
         }
@@ -295,7 +373,7 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
 
     let mut table = Table::new(
         format!(
-            "shards: usnet httpd --shards N and nginx with N workers, wrk -tN -c{}·N, median of {} × {} s",
+            "shards: usnet httpd --shards N, nginx with N workers under the shim (up --shards N) and on Linux, wrk -tN -c{}·N, median of {} × {} s",
             a.connections, a.runs, a.seconds
         ),
         [
@@ -395,9 +473,11 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
             Err(e) => eprintln!("plot {name} not drawn: {e}"),
         }
     }
-    for n in 2..=max {
-        if let Some(e) = nginx_alerts(&dir, &format!("shards{n}")) {
-            eprintln!("nginx logged errors:\n{e}");
+    for n in 1..=max {
+        for sys in [Sys::Shim, Sys::Nginx] {
+            if let Some(e) = nginx_alerts(&dir, &format!("{}{n}", sys.short())) {
+                eprintln!("nginx logged errors:\n{e}");
+            }
         }
     }
     println!(

@@ -85,14 +85,33 @@ pub fn render_clients(clients: &Value, sockets: bool) -> String {
     if rows.is_empty() {
         return out;
     }
+    // A sharded server says which shard each client lives on.
+    let sharded = rows.iter().any(|c| c.get("shard").is_some());
+    let shard = |c: &Value| {
+        if sharded {
+            format!("{:>5} ", c["shard"].to_string())
+        } else {
+            String::new()
+        }
+    };
     out += &format!(
-        "    {:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
-        "id", "pid", "command", "sockets", "ring B", "stack B", "bytes in", "bytes out", "calls"
+        "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+        if sharded { "shard " } else { "" },
+        "id",
+        "pid",
+        "command",
+        "sockets",
+        "ring B",
+        "stack B",
+        "bytes in",
+        "bytes out",
+        "calls"
     );
     for c in &rows {
         let st = &c["stats"];
         out += &format!(
-            "    {:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+            "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+            shard(c),
             c["id"].to_string(),
             c["pid"].to_string(),
             c["command"].as_str().unwrap_or("?"),
@@ -324,6 +343,7 @@ pub fn render_stat(v: &Value, all: bool) -> String {
             );
         }
     }
+    out += &render_shards(&v["shards"]);
     out += &render_priority(&v["priority"]);
     out += &render_clients(&v["clients"], false);
     let neigh = v["neighbors"].as_array().cloned().unwrap_or_default();
@@ -336,6 +356,44 @@ pub fn render_stat(v: &Value, all: bool) -> String {
                 n["mac"].as_str().unwrap_or("(resolving)")
             );
         }
+    }
+    out
+}
+
+/// A sharded server's row per shard (empty for one shard): its load, and the
+/// frames that crossed between shards.
+pub fn render_shards(rows: &Value) -> String {
+    let Some(rows) = rows.as_array().filter(|r| !r.is_empty()) else {
+        return String::new();
+    };
+    let mut out = format!(
+        "shards ({}; the counters above are their sums):\n    {:>5} {:>7} {:>6} {:>12} {:>12} {:>8} {:>10} {:>10} {:>10} {:>10}\n",
+        rows.len(),
+        "shard",
+        "clients",
+        "tcp",
+        "rx frames",
+        "tx frames",
+        "pool",
+        "handed out",
+        "handed in",
+        "redirected",
+        "every"
+    );
+    for r in rows {
+        out += &format!(
+            "    {:>5} {:>7} {:>6} {:>12} {:>12} {:>8} {:>10} {:>10} {:>10} {:>10}\n",
+            r["shard"].to_string(),
+            r["clients"].to_string(),
+            r["tcp_connections"].to_string(),
+            r["rx_frames"].to_string(),
+            r["tx_frames"].to_string(),
+            r["pool_in_use"].to_string(),
+            r["handoff_out"].to_string(),
+            r["handoff_in"].to_string(),
+            r["redirected"].to_string(),
+            r["every_copies"].to_string(),
+        );
     }
     out
 }

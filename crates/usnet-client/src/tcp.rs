@@ -439,9 +439,18 @@ impl TcpStream {
     }
 
     /// TCP_CORK: hold partial segments until the cork is lifted (which sends them) or
-    /// for at most 200 ms.
+    /// for at most 200 ms. Posted without waiting for the server: a server that
+    /// corks and uncorks around every response (nginx's `tcp_nopush`) would
+    /// otherwise wait for two round trips to the stack per response. It cannot fail
+    /// on a connection; the server moves what was written before it into the stack
+    /// first, so the order of bytes and cork is kept.
     pub fn set_cork(&self, on: bool) -> io::Result<()> {
-        self.setopt(opt::IPPROTO_TCP, opt::TCP_CORK, on as u64)
+        self.sock.live()?;
+        let req = self.sock.request(
+            op::SETSOCKOPT,
+            [opt::IPPROTO_TCP, opt::TCP_CORK, on as u64, 0, 0, 0],
+        );
+        self.sock.conn.post(req, true).map(|_| ())
     }
 
     /// SO_SNDBUF as the application passed it: the stack's send-buffer limit for

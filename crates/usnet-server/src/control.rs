@@ -722,6 +722,9 @@ fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
 
 /// Rows from each shard (in shard order) as one list, each row with its shard.
 fn tag_rows(parts: Vec<Vec<Value>>) -> Vec<Value> {
+    if parts.len() == 1 {
+        return parts.into_iter().flatten().collect();
+    }
     let mut rows: Vec<Value> = parts
         .into_iter()
         .enumerate()

@@ -750,6 +750,76 @@ mod tests {
         h.finish();
     }
 
+    /// A client posts TCP_CORK without waiting (nginx's `tcp_nopush` corks and
+    /// uncorks around every response): the bytes it wrote before a cork change meet
+    /// the stack before the change, even when the server reads the change in the
+    /// same turn as the bytes. Written, uncorked, corked again for the next
+    /// response: the first response goes out at once (it is not held by the new
+    /// cork until the 200 ms cork timer), and what is written under the new cork
+    /// waits for its lifting.
+    #[test]
+    fn a_cork_change_follows_the_bytes_written_before_it() {
+        let mut h = Harness::new();
+        let req = |op, slot, args| Request {
+            op,
+            slot,
+            args,
+            ..Default::default()
+        };
+        let cork = |on: u64| {
+            [
+                usnet_abi::opt::IPPROTO_TCP,
+                usnet_abi::opt::TCP_CORK,
+                on,
+                0,
+                0,
+                0,
+            ]
+        };
+        let a = SockAddr::from_std((ADDR, 7002).into()).to_args();
+        let addr = [a[0], a[1], a[2], a[3], 0, 0];
+        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        h.turn();
+        h.submit(&req(op::BIND, 0, addr));
+        h.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
+        h.submit(&req(op::CONNECT, 1, addr));
+        for _ in 0..4 {
+            h.turn();
+        }
+        h.submit(&req(op::ACCEPT, 0, [0; 6]));
+        h.turn();
+        assert_eq!(h.mem().slot_word(2, slot::STATE).load(Acquire), SLOT_OPEN);
+        // One turn sees: cork on, 100 bytes, cork off, cork on (the order the
+        // client made them in: bytes are in the ring before the requests after them).
+        h.submit(&req(op::SETSOCKOPT, 2, cork(1)));
+        h.send_bytes(2, &[7u8; 100]);
+        h.submit(&req(op::SETSOCKOPT, 2, cork(0)));
+        h.submit(&req(op::SETSOCKOPT, 2, cork(1)));
+        for _ in 0..4 {
+            h.turn();
+        }
+        let rx = h.mem().rx_ring(1);
+        assert_eq!(
+            h.mem().region().u64(rx.prod).load(Acquire),
+            100,
+            "the response written before the uncork arrived without waiting"
+        );
+        // Under the new cork: held until it is lifted.
+        h.send_bytes(2, &[8u8; 50]);
+        h.submit(&req(op::TX_KICK, 2, [0; 6]));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(h.mem().region().u64(rx.prod).load(Acquire), 100, "corked");
+        h.submit(&req(op::SETSOCKOPT, 2, cork(0)));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(h.mem().region().u64(rx.prod).load(Acquire), 150, "lifted");
+        h.finish();
+    }
+
     fn udp_record(len: usize, to: std::net::SocketAddr) -> Vec<u8> {
         let mut rec = vec![0u8; usnet_abi::record_len(len)];
         rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());

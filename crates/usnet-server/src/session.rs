@@ -805,9 +805,12 @@ impl ServerSession {
                 stack.tcp_set_nodelay(h.expect("conn"), value != 0)
             }
             (opt::IPPROTO_TCP, opt::TCP_NODELAY) => Ok(()),
-            // Requests are served before a turn drains the send rings: a cork set after
-            // a write may hold that write's tail too, until the cork is lifted.
+            // What the client wrote before it changed the cork meets the stack
+            // first, so the cork holds (or lifting it sends) exactly those bytes, as
+            // on the kernel, though clients post this request without waiting.
             (opt::IPPROTO_TCP, opt::TCP_CORK) if tcp_conn => {
+                self.activate(i);
+                self.drain_tx(stack, i);
                 stack.tcp_set_cork(h.expect("conn"), value != 0)
             }
             (opt::IPPROTO_TCP, opt::TCP_CORK) => Ok(()),
