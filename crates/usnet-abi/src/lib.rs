@@ -677,6 +677,14 @@ pub mod slot {
     pub const RX_OOB: usize = 152;
     /// Send ring: the client's `prod`, then the server's `cons` with `tx_armed`.
     pub const TX_PROD: usize = 256;
+    /// 1 + a send ring position (u64, counted as `TX_PROD`) that the server moves
+    /// no byte past until it has served the request posted with the same value in
+    /// its `args[3]` (then it clears the word, if unchanged); 0: none. The client
+    /// sets it before posting an option that must apply to the bytes written after
+    /// it (`TCP_CORK` on), so it need not wait for the answer; bytes of a closing
+    /// socket ignore it. A client that never posts the request only holds its own
+    /// bytes.
+    pub const TX_HOLD: usize = 264;
     pub const TX_CONS: usize = 320;
     pub const TX_ARMED: usize = 328;
     /// Send ring bytes the peer has acknowledged (u64, counted as `TX_PROD` counts:

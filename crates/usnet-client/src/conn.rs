@@ -55,6 +55,9 @@ pub(crate) struct Conn {
     wants: Mutex<HashMap<u32, u64>>,
     /// Each SO_ZEROCOPY socket's zero-copy sends, by slot (`crate::msgzc`).
     pub(crate) zc: Mutex<HashMap<u32, crate::msgzc::ZcSends>>,
+    /// Some socket ever turned SO_ZEROCOPY on: without it, readiness checks
+    /// (every registered socket on every `epoll_wait`) skip the lock above.
+    pub(crate) zc_used: std::sync::atomic::AtomicBool,
     pub stack_name: String,
     /// The control socket (a zero-copy port is asked for there).
     pub path: PathBuf,
@@ -221,6 +224,7 @@ impl Conn {
             last_probe: AtomicU64::new(0),
             wants: Mutex::new(HashMap::new()),
             zc: Mutex::new(HashMap::new()),
+            zc_used: std::sync::atomic::AtomicBool::new(false),
             stack_name: name.to_string(),
             path: path.to_path_buf(),
             inheritable: opts.inheritable,
@@ -513,7 +517,7 @@ impl Conn {
     /// Whether slot `slot`'s zero-copy sends have a completion to report, the
     /// peer having acknowledged `acked` bytes of its send ring.
     pub(crate) fn zc_pending(&self, slot: u32, acked: u64) -> bool {
-        lock(&self.zc).get(&slot).is_some_and(|z| z.pending(acked))
+        self.zc_used.load(Acquire) && lock(&self.zc).get(&slot).is_some_and(|z| z.pending(acked))
     }
 
     /// Wakes this process's sleepers on the session's bell (as a server ring does).

@@ -365,6 +365,10 @@ impl TcpStream {
     pub fn set_zerocopy(&self, on: bool) -> io::Result<()> {
         let mut zc = self.sock.conn.zc.lock().unwrap_or_else(|p| p.into_inner());
         if on {
+            self.sock
+                .conn
+                .zc_used
+                .store(true, std::sync::atomic::Ordering::Release);
             zc.entry(self.sock.slot).or_default();
         } else {
             zc.remove(&self.sock.slot);
@@ -434,23 +438,49 @@ impl TcpStream {
         self.sock.flags() & FLAG_RX_EOF != 0
     }
 
+    /// TCP_NODELAY, posted without waiting for the server (nginx turns it off
+    /// before every corked response and on after it): it cannot fail on a
+    /// connection, and the server moves what was written before it into the stack
+    /// first, so those bytes meet the setting they were written under.
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        self.setopt(opt::IPPROTO_TCP, opt::TCP_NODELAY, on as u64)
+        self.post_opt(opt::TCP_NODELAY, on as u64)
+    }
+
+    /// A TCP option posted without waiting (see [`Self::set_nodelay`]).
+    fn post_opt(&self, name: u64, value: u64) -> io::Result<()> {
+        self.sock.live()?;
+        let req = self
+            .sock
+            .request(op::SETSOCKOPT, [opt::IPPROTO_TCP, name, value, 0, 0, 0]);
+        self.sock.conn.post(req, true).map(|_| ())
     }
 
     /// TCP_CORK: hold partial segments until the cork is lifted (which sends them) or
-    /// for at most 200 ms. Posted without waiting for the server: a server that
-    /// corks and uncorks around every response (nginx's `tcp_nopush`) would
-    /// otherwise wait for two round trips to the stack per response. It cannot fail
-    /// on a connection; the server moves what was written before it into the stack
-    /// first, so the order of bytes and cork is kept.
+    /// for at most 200 ms. Posted without waiting for the server either way (a
+    /// server that corks and uncorks around every response, nginx's `tcp_nopush`,
+    /// would wait for the stack twice per response): setting it holds the bytes
+    /// written after it in the ring until the server has set it
+    /// (`slot::TX_HOLD`); lifting it cannot fail on a connection, and the server
+    /// moves what was written before it into the stack first, so those bytes go out
+    /// at once (bytes written after it may meet the cork for the rest of that turn).
     pub fn set_cork(&self, on: bool) -> io::Result<()> {
-        self.sock.live()?;
-        let req = self.sock.request(
-            op::SETSOCKOPT,
-            [opt::IPPROTO_TCP, opt::TCP_CORK, on as u64, 0, 0, 0],
-        );
-        self.sock.conn.post(req, true).map(|_| ())
+        if on {
+            // The bytes written from here on wait in the ring for the cork
+            // (`slot::TX_HOLD`), so setting it need not wait either.
+            self.sock.live()?;
+            let hold = self.sock.tx_position() + 1;
+            self.sock
+                .conn
+                .mem
+                .slot_u64(self.sock.slot, slot::TX_HOLD)
+                .store(hold, std::sync::atomic::Ordering::Release);
+            let req = self.sock.request(
+                op::SETSOCKOPT,
+                [opt::IPPROTO_TCP, opt::TCP_CORK, 1, hold, 0, 0],
+            );
+            return self.sock.conn.post(req, true).map(|_| ());
+        }
+        self.post_opt(opt::TCP_CORK, 0)
     }
 
     /// SO_SNDBUF as the application passed it: the stack's send-buffer limit for

@@ -820,6 +820,78 @@ mod tests {
         h.finish();
     }
 
+    /// A client posts TCP_CORK on without waiting: it holds the bytes it writes
+    /// after it (`slot::TX_HOLD`) until the server has set the cork, so they meet
+    /// the cork (one segment with what follows), not an uncorked stack.
+    #[test]
+    fn bytes_held_for_a_posted_cork_wait_for_it() {
+        let mut h = Harness::new();
+        let req = |op, slot, args| Request {
+            op,
+            slot,
+            args,
+            ..Default::default()
+        };
+        let cork = |on: u64, hold: u64| {
+            [
+                usnet_abi::opt::IPPROTO_TCP,
+                usnet_abi::opt::TCP_CORK,
+                on,
+                hold,
+                0,
+                0,
+            ]
+        };
+        let a = SockAddr::from_std((ADDR, 7003).into()).to_args();
+        let addr = [a[0], a[1], a[2], a[3], 0, 0];
+        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        h.turn();
+        h.submit(&req(op::BIND, 0, addr));
+        h.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
+        h.submit(&req(op::CONNECT, 1, addr));
+        for _ in 0..4 {
+            h.turn();
+        }
+        h.submit(&req(op::ACCEPT, 0, [0; 6]));
+        h.turn();
+        let rx = h.mem().rx_ring(1);
+        let got = |h: &Harness| h.mem().region().u64(rx.prod).load(Acquire);
+        // The hold is set before the bytes and before the request is seen.
+        h.mem().slot_u64(2, slot::TX_HOLD).store(1, Release);
+        h.send_bytes(2, &[7u8; 100]);
+        h.submit(&req(op::TX_KICK, 2, [0; 6]));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(got(&h), 0, "held until the cork's request is served");
+        h.submit(&req(op::SETSOCKOPT, 2, cork(1, 1)));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(h.mem().slot_u64(2, slot::TX_HOLD).load(Acquire), 0);
+        assert_eq!(got(&h), 0, "in the stack now, under the cork");
+        h.submit(&req(op::SETSOCKOPT, 2, cork(0, 0)));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(got(&h), 100, "lifted");
+        // A hold nobody serves holds only this socket's bytes; closing lets them go.
+        h.mem().slot_u64(2, slot::TX_HOLD).store(101, Release);
+        h.send_bytes(2, &[9u8; 10]);
+        h.submit(&req(op::TX_KICK, 2, [0; 6]));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(got(&h), 100);
+        h.submit(&req(op::CLOSE, 2, [0; 6]));
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(got(&h), 110, "a closing socket's bytes ignore the hold");
+        h.finish();
+    }
+
     fn udp_record(len: usize, to: std::net::SocketAddr) -> Vec<u8> {
         let mut rec = vec![0u8; usnet_abi::record_len(len)];
         rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());

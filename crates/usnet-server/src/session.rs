@@ -801,17 +801,32 @@ impl ServerSession {
         let h = s.handle;
         let tcp_conn = s.kind == KIND_TCP && s.role == Role::Conn;
         let r = match (level, name) {
+            // Posted by clients without waiting, like lifting a cork (below).
             (opt::IPPROTO_TCP, opt::TCP_NODELAY) if tcp_conn => {
+                self.activate(i);
+                self.drain_tx(stack, i);
                 stack.tcp_set_nodelay(h.expect("conn"), value != 0)
             }
             (opt::IPPROTO_TCP, opt::TCP_NODELAY) => Ok(()),
             // What the client wrote before it changed the cork meets the stack
             // first, so the cork holds (or lifting it sends) exactly those bytes, as
-            // on the kernel, though clients post this request without waiting.
+            // on the kernel, though clients post the lifting without waiting.
             (opt::IPPROTO_TCP, opt::TCP_CORK) if tcp_conn => {
                 self.activate(i);
                 self.drain_tx(stack, i);
-                stack.tcp_set_cork(h.expect("conn"), value != 0)
+                let r = stack.tcp_set_cork(h.expect("conn"), value != 0);
+                // The bytes the client held back for this cork may go now (the
+                // turn's drain moves them).
+                if a[3] != 0 {
+                    let _ = self.mem.slot_u64(i, slot::TX_HOLD).compare_exchange(
+                        a[3],
+                        0,
+                        std::sync::atomic::Ordering::AcqRel,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                    self.activate(i);
+                }
+                r
             }
             (opt::IPPROTO_TCP, opt::TCP_CORK) => Ok(()),
             (opt::SOL_SOCKET, opt::SO_KEEPALIVE) if tcp_conn => {
@@ -1239,13 +1254,23 @@ impl ServerSession {
         if !s.tx_active {
             return false;
         }
-        let avail = match s.tx.available() {
+        let mut avail = match s.tx.available() {
             Ok(n) => n,
             Err(_) => {
                 self.stats.corrupt_rings += 1;
                 0
             }
         };
+        // Bytes past a hold wait for the request that set it (`slot::TX_HOLD`);
+        // a closing socket's go regardless.
+        let hold = self.mem.slot_u64(i, slot::TX_HOLD).load(Acquire);
+        let mut held = false;
+        if hold != 0 && !s.closing {
+            let room = (hold - 1).saturating_sub(s.tx.position());
+            let room = usize::try_from(room).unwrap_or(usize::MAX);
+            held = avail > room;
+            avail = avail.min(room);
+        }
         let mut moved = 0usize;
         let mut pushed_back = false;
         match (s.role, s.handle) {
@@ -1298,6 +1323,15 @@ impl ServerSession {
         }
         self.stats.bytes_in += moved as u64;
         let s = self.socks[i as usize].as_mut().expect("still here");
+        if held && !pushed_back {
+            // The rest waits for the request that set the hold, which activates
+            // the socket again (a client that never sends it only holds itself).
+            s.tx_active = false;
+            if moved > 0 {
+                self.bump(i);
+            }
+            return false;
+        }
         let left = s.tx.ready();
         if pushed_back || left > 0 || s.pending_dgram.is_some() {
             if moved > 0 {
