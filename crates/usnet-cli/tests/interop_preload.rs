@@ -101,9 +101,30 @@ fn nginx_workers_spread_over_a_sharded_stack_server() {
         let pids = nginx_with_workers(d, &www, &file, STACK2, OURS2, workers);
         assert_eq!(pids.len(), workers);
     }
+    // The built-in echo service is one client, on one shard: connections the TAP
+    // queues on the other reach it through a port redirect. Each echoes its bytes.
+    for i in 0..24u32 {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect_timeout(
+            &format!("{OURS2}:7").parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .expect("connect to the echo service");
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let msg: Vec<u8> = (0..1000u32).map(|k| (k * 7 + i) as u8).collect();
+        c.write_all(&msg).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        c.read_exact(&mut back).expect("echo");
+        assert_eq!(back, msg, "echo {i}");
+    }
+    let st = stack.stat_json();
+    assert!(
+        counter(&st["counters"], "shard_redirected") > 0,
+        "no frame went to the echo service's shard by a redirect: {}",
+        st["shards"]
+    );
     // The workers' shards, while the last nginx ran, are in the clients' rows of the
     // stat taken below only if still attached: check the shards' own counters.
-    let st = stack.stat_json();
     let shards = st["shards"].as_array().expect("a sharded stat").clone();
     assert_eq!(shards.len(), 2, "{st}");
     for sh in &shards {

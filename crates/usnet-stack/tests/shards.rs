@@ -643,3 +643,72 @@ fn a_port_held_by_some_shards_takes_its_flows_from_every_shard() {
     got.dedup();
     assert!(got.len() > 50, "{} distinct datagrams", got.len());
 }
+
+/// A link that queues by a hash of its own (a multi-queue TAP) puts a flow's frames
+/// on any shard; the shard there hands each to its owner, which must still redirect
+/// it when the port's socket lives on a third place (here: the owner is shard 1, the
+/// listener on shard 0 only). Every frame from the peer lands on the shard that
+/// does not own it; 8 connections are accepted on shard 0 and carry their bytes.
+#[test]
+fn a_frame_handed_to_its_owner_follows_the_port_redirect() {
+    let mut net = SimNet::new(0x7a9, Faults::default());
+    let peer = net.add(cfg(1)).unwrap();
+    let shards = net.add_shards(cfg(2), 2).unwrap();
+    let caught: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let c2 = caught.clone();
+    net.middlebox = Some(Box::new(move |from: usize, frame: &[u8]| {
+        match tcp_of(frame) {
+            Some(t) if from == peer && t.dport == 80 => {
+                c2.borrow_mut().push(frame.to_vec());
+                Hop::Drop
+            }
+            _ => Hop::Pass,
+        }
+    }));
+    let listener = net
+        .stack_mut(shards[0])
+        .tcp_listen(sa("10.0.0.2:80"), 16)
+        .unwrap();
+    net.stack_mut(shards[1]).set_port_redirect(6, 80, &[0]);
+    let conns: Vec<SocketHandle> = (0..8)
+        .map(|_| {
+            net.stack_mut(peer)
+                .tcp_connect(None, sa("10.0.0.2:80"))
+                .unwrap()
+        })
+        .collect();
+    let mut sent = vec![false; conns.len()];
+    let mut accepted = Vec::new();
+    let mut got = 0usize;
+    let mut buf = [0u8; 256];
+    let ok = net.run_until(Duration::from_secs(10), |n| {
+        for f in caught.borrow_mut().drain(..) {
+            let l4 = 14 + usize::from(f[14] & 0xf) * 4;
+            let sport = u16::from_be_bytes([f[l4], f[l4 + 1]]);
+            let wrong = shards[1 - flow_shard(80, sport, 2)];
+            let s = n.stack_mut(wrong);
+            let b = s.pool_mut().alloc_from(&f).unwrap();
+            s.receive(b);
+        }
+        for (k, &c) in conns.iter().enumerate() {
+            if !sent[k] && n.stack_mut(peer).tcp_send(c, &[k as u8; 100]).is_ok() {
+                sent[k] = true;
+            }
+        }
+        while let Ok(h) = n.stack_mut(shards[0]).tcp_accept(listener) {
+            accepted.push(h);
+        }
+        for &h in &accepted {
+            while let Ok(k) = n.stack_mut(shards[0]).tcp_recv(h, &mut buf) {
+                if k == 0 {
+                    break;
+                }
+                got += k;
+            }
+        }
+        accepted.len() == conns.len() && got == 100 * conns.len()
+    });
+    assert!(ok, "{} accepted, {got} bytes", accepted.len());
+    assert!(net.stack(shards[1]).counters().shard_redirected > 0);
+    assert_eq!(net.stack(shards[1]).counters().tcp_listen_syn_received, 0);
+}
