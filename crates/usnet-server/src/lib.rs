@@ -169,6 +169,39 @@ pub(crate) struct Host {
     pub links: Vec<ShardLink>,
     /// `(protocol, port)` → a bit per shard holding a socket on it.
     ports: Mutex<HashMap<(u8, u16), u64>>,
+    /// Each shard's TCP listeners (address, families), as it last published them.
+    listeners: Mutex<Vec<Vec<(std::net::SocketAddr, usnet_stack::Families)>>>,
+}
+
+/// What a session of shard `me` checks a TCP bind or listen against: the other
+/// shards' listeners (one stack refuses a second listener that shares an address
+/// and a family; the host of several does too). A shard's list is as of its last
+/// pass that bound, listened or closed (at most 250 ms old after a client died), so
+/// two listens on two shards in the same instant may both pass.
+#[derive(Clone)]
+pub(crate) struct Elsewhere {
+    me: usize,
+    host: Arc<Host>,
+}
+
+impl Elsewhere {
+    pub fn clash(&self, addr: std::net::SocketAddr, fam: usnet_stack::Families) -> bool {
+        if addr.port() == 0 {
+            return false;
+        }
+        let all = self
+            .host
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        all.iter().enumerate().any(|(k, list)| {
+            k != self.me
+                && list.iter().any(|&(l, f)| {
+                    l.port() == addr.port()
+                        && usnet_stack::Families::overlap(l.ip(), f, addr.ip(), fam)
+                })
+        })
+    }
 }
 
 impl Host {
@@ -236,11 +269,16 @@ impl Loop {
         // Ports of this shard's ephemeral class need no directory: the link
         // steers their flows here.
         let role = stack.config().shard;
-        let mut held: HashSet<(u8, u16)> = stack
-            .tcp_listeners()
-            .iter()
-            .map(|l| (6, l.local.port()))
-            .collect();
+        let listeners = stack.tcp_listeners();
+        {
+            let mut all = self
+                .host
+                .listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            all[self.shard] = listeners.iter().map(|l| (l.local, l.families)).collect();
+        }
+        let mut held: HashSet<(u8, u16)> = listeners.iter().map(|l| (6, l.local.port())).collect();
         held.extend(stack.udp_sockets().iter().map(|u| (17, u.local.port())));
         held.retain(|&(_, port)| port != 0 && !role.owns_port(port));
         let added: Vec<_> = held.difference(&self.published).copied().collect();
@@ -252,7 +290,13 @@ impl Loop {
     }
 
     /// Adds an attached client's session.
-    fn add_session(&mut self, s: ServerSession) {
+    fn add_session(&mut self, mut s: ServerSession) {
+        if self.host.links.len() > 1 {
+            s.elsewhere = Some(Elsewhere {
+                me: self.shard,
+                host: self.host.clone(),
+            });
+        }
         self.order.push(s.id);
         let (owner, pid) = (s.owner(), s.pid);
         self.sessions.insert(s.id, s);
@@ -318,6 +362,7 @@ impl Loop {
             stack.clear_owner_info(s.owner());
             self.order.retain(|&x| x != id);
             self.sessions_closed += 1;
+            self.ports_changed = true;
             s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
             if gone.draining {
                 self.dying.push((s, Instant::now() + DYING_DRAIN_LIMIT));
@@ -658,6 +703,7 @@ impl ServerHandle {
         let host = Arc::new(Host {
             links: links.clone(),
             ports: Mutex::new(HashMap::new()),
+            listeners: Mutex::new(vec![Vec::new(); n]),
         });
         let boxes = if n > 1 {
             Some(usnet_driver::Mailboxes::new(n)?)
@@ -940,18 +986,38 @@ pub mod testing {
     /// Starts a server with `stack` (its addresses, buffers) and `cfg` on a memory link
     /// of MTU 1500 without offloads.
     pub fn in_memory(stack: StackConfig, cfg: ServerConfig) -> Result<ServerHandle, String> {
-        let (dev, _queues) = MemDevice::new(
-            "mem",
-            DeviceCaps {
-                mtu: 1500,
-                rx_csum_offload: false,
-                tx_csum_offload: false,
-                tso: false,
-                max_burst: 64,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let stack = Stack::new(stack).map_err(|e| e.to_string())?;
-        ServerHandle::start(stack, Box::new(dev), cfg).map_err(|e| e.to_string())
+        in_memory_shards(stack, cfg, 1)
+    }
+
+    /// [`in_memory`] as `n` shards, one memory link each (frames between the
+    /// shards' own addresses travel by local delivery and the shards' handoffs).
+    pub fn in_memory_shards(
+        stack: StackConfig,
+        cfg: ServerConfig,
+        n: usize,
+    ) -> Result<ServerHandle, String> {
+        let mut parts = Vec::with_capacity(n);
+        for i in 0..n {
+            let (dev, _queues) = MemDevice::new(
+                "mem",
+                DeviceCaps {
+                    mtu: 1500,
+                    rx_csum_offload: false,
+                    tx_csum_offload: false,
+                    tso: false,
+                    max_burst: 64,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            let c = if n > 1 {
+                stack.for_shard(i, n)
+            } else {
+                stack.clone()
+            };
+            let st = Stack::new(c).map_err(|e| e.to_string())?;
+            parts.push((st, Box::new(dev) as Box<dyn Device>));
+        }
+        let clock = AnyClock::System(SystemClock::new());
+        ServerHandle::start_shards(parts, cfg, clock).map_err(|e| e.to_string())
     }
 }

@@ -191,6 +191,9 @@ pub(crate) struct ServerSession {
     pub(crate) wants: Vec<SocketHandle>,
     /// A bind, listen or close happened (a sharded server rereads its ports).
     pub(crate) ports_changed: bool,
+    /// A sharded server's listeners on the other shards (`None`: one shard): a
+    /// TCP bind or listen that would clash with one fails as it would in one stack.
+    pub(crate) elsewhere: Option<crate::Elsewhere>,
     /// The session's zero-copy port, if the client opened one.
     pub(crate) zc: Option<crate::zc::ServerZc>,
 }
@@ -238,6 +241,7 @@ impl ServerSession {
             touched: Vec::new(),
             wants: Vec::new(),
             ports_changed: false,
+            elsewhere: None,
             zc: None,
         })
     }
@@ -548,6 +552,7 @@ impl ServerSession {
             return -errno::EINVAL;
         };
         let owner = self.owner();
+        let clash = self.elsewhere.as_ref().is_some_and(|e| e.clash(addr, fam));
         let s = self.sock(i);
         if s.handle.is_some() || s.bound.is_some() {
             return -errno::EINVAL;
@@ -566,6 +571,7 @@ impl ServerSession {
             },
             // The port is held now, as Linux's bind takes it: a clash is
             // EADDRINUSE here, and port 0 gets its ephemeral port here.
+            Role::Fresh if clash => -errno::EADDRINUSE,
             Role::Fresh => match stack.tcp_bind(addr, fam, reuse, owner) {
                 Ok((local, id)) => {
                     s.bound = Some(local);
@@ -596,6 +602,14 @@ impl ServerSession {
             "0.0.0.0:0"
         };
         let addr = s.bound.unwrap_or_else(|| any.parse().expect("addr"));
+        if self
+            .elsewhere
+            .as_ref()
+            .is_some_and(|e| e.clash(addr, families(fam)))
+        {
+            return -errno::EADDRINUSE;
+        }
+        let s = self.sock(i);
         unbind(stack, s);
         let max = self.limits.max_backlog.max(1);
         if backlog > max as u64 {

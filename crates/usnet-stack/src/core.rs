@@ -153,6 +153,25 @@ impl Core {
         } else {
             frame
         };
+        // A connection to a port of this host whose socket lives on another shard
+        // (a client of a sharded stack server connecting to a local service). No
+        // connection here can be this flow's unless it was accepted here before the
+        // port moved, and then it is not a SYN and was never redirected: the
+        // redirect table alone decides.
+        if !self.redirects.is_empty() {
+            if let Some(flow) = crate::shard::flow_of(self.pool.data(&frame)) {
+                let me = usize::from(self.cfg.shard.index);
+                let now = self.now;
+                if let Some(to) = self
+                    .redirects
+                    .target(&flow, false, now)
+                    .filter(|&t| t != me)
+                {
+                    self.redirect(frame, to);
+                    return;
+                }
+            }
+        }
         self.enqueue(frame);
     }
 

@@ -75,6 +75,14 @@ pub(crate) struct TcpListenSock {
 }
 
 impl TcpListenSock {
+    /// The families its wildcard takes (see [`super::Families`]).
+    pub fn families_taken(&self) -> super::Families {
+        match (&self.v4, &self.v6) {
+            (Some(_), None) => super::Families::V4,
+            (None, Some(_)) => super::Families::V6,
+            _ => super::Families::Both,
+        }
+    }
     pub fn family(&mut self, remote: SocketAddr) -> Option<&mut Listener<SocketHandle>> {
         if remote.is_ipv4() {
             self.v4.as_mut()

@@ -49,6 +49,8 @@ impl TcpListenCopy {
 pub struct TcpListenEntry {
     pub handle: SocketHandle,
     pub local: SocketAddr,
+    /// The families a wildcard `local` takes.
+    pub families: Families,
     pub owner: Owner,
     pub syn_queue: usize,
     pub accept_queue: usize,
@@ -220,12 +222,7 @@ impl Stack {
         };
         list.iter().any(|&i| match self.sockets.at(i) {
             Some(Socket::TcpListen(l)) => {
-                let theirs = match (&l.v4, &l.v6) {
-                    (Some(_), None) => Families::V4,
-                    (None, Some(_)) => Families::V6,
-                    _ => Families::Both,
-                };
-                Families::overlap(l.local.ip(), theirs, ip, fam)
+                Families::overlap(l.local.ip(), l.families_taken(), ip, fam)
             }
             _ => false,
         })
@@ -287,19 +284,12 @@ impl Stack {
     /// socket in another shard of this host ([`Stack::tcp_listen_copy`]).
     pub fn tcp_listener_copy(&self, h: SocketHandle) -> Result<TcpListenCopy, StackError> {
         match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
-            Socket::TcpListen(l) => {
-                let fam = match (l.v4.is_some(), l.v6.is_some()) {
-                    (true, false) => Families::V4,
-                    (false, true) => Families::V6,
-                    _ => Families::Both,
-                };
-                Ok(TcpListenCopy {
-                    local: l.local,
-                    fam,
-                    v4: l.v4.as_ref().map(|x| x.copy_settings()),
-                    v6: l.v6.as_ref().map(|x| x.copy_settings()),
-                })
-            }
+            Socket::TcpListen(l) => Ok(TcpListenCopy {
+                local: l.local,
+                fam: l.families_taken(),
+                v4: l.v4.as_ref().map(|x| x.copy_settings()),
+                v6: l.v6.as_ref().map(|x| x.copy_settings()),
+            }),
             _ => Err(StackError::WrongType),
         }
     }
@@ -1181,6 +1171,7 @@ impl Stack {
                 Socket::TcpListen(l) => Some(TcpListenEntry {
                     handle,
                     local: l.local,
+                    families: l.families_taken(),
                     owner: slot.owner,
                     syn_queue: l.syn_queue_len(),
                     accept_queue: l.accept_queue_len(),

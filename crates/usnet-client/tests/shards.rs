@@ -1,0 +1,114 @@
+//! Clients of a stack server of two shards (`usnet up --shards 2`), in this process on
+//! memory links: fresh clients are spread over the shards; a TCP port has one
+//! listener host-wide (a second client's listen on it fails as in one stack, and
+//! succeeds once the first listener closes); and a client on one shard connects to a
+//! listener on the other (local delivery, then the port's redirect), whichever shard
+//! each connection's flow belongs to.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use usnet_client::{Client, TcpListener, TcpStream};
+use usnet_server::ServerConfig;
+use usnet_stack::{mac_from_seed, StackConfig};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// Polls `f` until it gives `Some`, for at most 10 s.
+fn within<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn two_shards_spread_clients_share_ports_and_connect_across() {
+    common::run_dir();
+    let stack = StackConfig {
+        mac: mac_from_seed(11),
+        addrs: vec![format!("{}/24", common::ADDR).parse().unwrap()],
+        ..Default::default()
+    };
+    let cfg = ServerConfig {
+        name: "shards2".into(),
+        link: "mem".into(),
+        spin: Duration::from_micros(20),
+        ..Default::default()
+    };
+    let srv = usnet_server::testing::in_memory_shards(stack, cfg, 2).unwrap();
+    assert_eq!(srv.shards(), 2);
+    let a = Client::attach("shards2").unwrap();
+    let b = Client::attach("shards2").unwrap();
+    let per_shard: Vec<usize> = (0..2)
+        .map(|k| {
+            srv.call_on(k, Duration::from_secs(5), |lp| lp.clients().len())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(per_shard, [1, 1], "one client on each shard");
+
+    let l = TcpListener::bind(&a, sa("10.66.0.1:9000")).unwrap();
+    // One listener per port host-wide: the other shard's client is refused (once
+    // the first shard has told the host, which it does in the pass that listened).
+    let e = within("the second listen refused", || {
+        TcpListener::bind(&b, sa("10.66.0.1:9000")).err()
+    });
+    assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+    // A wildcard overlaps it too; another port does not.
+    let e = match TcpListener::bind(&b, sa("0.0.0.0:9000")) {
+        Err(e) => e,
+        Ok(_) => panic!("a wildcard listen on the port was taken"),
+    };
+    assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+    let other = TcpListener::bind(&b, sa("10.66.0.1:9001")).unwrap();
+    drop(other);
+
+    // Client b (the other shard) connects to a's listener 16 times: the flows
+    // belong to either shard by their ports; each goes to the listener's.
+    l.set_nonblocking(true).unwrap();
+    for i in 0..16u32 {
+        let s = TcpStream::connect_timeout(&b, sa("10.66.0.1:9000"), Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {i}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (c, _) = within("accept", || match l.accept() {
+            Ok(x) => Some(x),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+            Err(e) => panic!("accept {i}: {e}"),
+        });
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let msg = format!("hello {i} across the shards");
+        (&s).write_all(msg.as_bytes()).unwrap();
+        let mut got = vec![0u8; msg.len()];
+        (&c).read_exact(&mut got).unwrap();
+        assert_eq!(got, msg.as_bytes());
+        (&c).write_all(&got).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        (&s).read_exact(&mut back).unwrap();
+        assert_eq!(back, msg.as_bytes());
+    }
+    let redirected: u64 = (0..2)
+        .map(|k| {
+            srv.call_on(k, Duration::from_secs(5), |lp| {
+                lp.stack().counters().shard_redirected
+            })
+            .unwrap()
+        })
+        .sum();
+    assert!(redirected > 0, "no flow needed a redirect");
+
+    // Closed, the port is free for the other shard's client.
+    drop(l);
+    within("the listen after the close", || {
+        TcpListener::bind(&b, sa("10.66.0.1:9000")).ok()
+    });
+}
