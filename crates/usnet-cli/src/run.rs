@@ -24,6 +24,11 @@ pub struct RunArgs {
     /// Print a line for each call the shim does not support.
     #[arg(long)]
     debug: bool,
+    /// On a sharded stack server (`usnet up --shards N`), live on this shard
+    /// (modulo N) rather than the next in turn (USNET_SHARD). Its forked children
+    /// that inherit only listeners still spread from there.
+    #[arg(long)]
+    shard: Option<u32>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     cmd: Vec<String>,
@@ -133,6 +138,9 @@ pub fn run(a: RunArgs) -> CmdResult {
     }
     if a.fallback_kernel {
         c.env("USNET_FALLBACK", "kernel");
+    }
+    if let Some(k) = a.shard {
+        c.env("USNET_SHARD", k.to_string());
     }
     if a.loopback_usnet {
         c.env("USNET_LOOPBACK", "usnet");

@@ -127,6 +127,9 @@ impl Conn {
         if let Some(m) = opts.max_sockets {
             req["max_sockets"] = m.into();
         }
+        if let Some(k) = opts.shard {
+            req["shard"] = k.into();
+        }
         if let Some(t) = claim {
             req["claim"] = t.into();
         }

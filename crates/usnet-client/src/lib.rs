@@ -89,6 +89,9 @@ pub struct AttachOptions {
     /// the sockets it inherits ([`Client::inherit`]); the BSD socket layer sets it.
     /// Off, the session ends at `exec`.
     pub inheritable: bool,
+    /// On a sharded server, the shard to live on (modulo the shard count); `None`:
+    /// the server's choice, the next in turn.
+    pub shard: Option<u32>,
 }
 
 /// A socket a claim gave this session (see [`Client::claim`], [`Client::inherit`]).

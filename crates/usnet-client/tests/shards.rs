@@ -3,7 +3,7 @@
 //! listener host-wide (a second client's listen on it fails as in one stack, and
 //! succeeds once the first listener closes); and a client on one shard connects to a
 //! listener on the other (local delivery, then the port's redirect), whichever shard
-//! each connection's flow belongs to.
+//! each connection's flow belongs to. A client that asks for a shard gets it.
 
 mod common;
 
@@ -56,6 +56,20 @@ fn two_shards_spread_clients_share_ports_and_connect_across() {
         })
         .collect();
     assert_eq!(per_shard, [1, 1], "one client on each shard");
+    // A client may ask for its shard (`usnet run --shard K`).
+    let asked = usnet_client::Client::attach_with(
+        Some("shards2"),
+        &usnet_client::AttachOptions {
+            shard: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let on_1 = srv
+        .call_on(1, Duration::from_secs(5), |lp| lp.clients().len())
+        .unwrap();
+    assert_eq!(on_1, 2, "shard 3 of 2 is shard 1");
+    drop(asked);
 
     let l = TcpListener::bind(&a, sa("10.66.0.1:9000")).unwrap();
     // One listener per port host-wide: the other shard's client is refused (once

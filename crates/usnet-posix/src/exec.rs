@@ -87,6 +87,10 @@ pub(crate) fn mirror_nonblock(fd: RawFd, nb: bool) {
 pub(crate) fn attach_options() -> AttachOptions {
     AttachOptions {
         inheritable: true,
+        // `usnet run --shard K`.
+        shard: std::env::var("USNET_SHARD")
+            .ok()
+            .and_then(|v| v.parse().ok()),
         ..AttachOptions::default()
     }
 }

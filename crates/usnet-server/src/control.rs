@@ -529,7 +529,8 @@ fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
 }
 
 /// Attaches a client (`pin_shard`: where the pin it claims lives, if it claims one).
-/// A fresh client's home shard is the next in turn; a forked child's is its
+/// A fresh client's home shard is the one it asks for (`"shard"`, modulo the count),
+/// else the next in turn; a forked child's is its
 /// parent's, unless it took only listeners: such children (a pre-forking server's
 /// workers) are spread over the shards starting from the parent's, each holding
 /// the listener's copy on its own shard, so each worker accepts what its shard
@@ -592,6 +593,8 @@ fn attach(mut out: UnixStream, req: &Value, pin_shard: usize, ctx: &Ctx) -> Opti
     let max = limits.max_sessions;
     let n = ctx.links.len();
     let (home, remote) = match claim {
+        // A client that asks for a shard gets it.
+        None if req["shard"].is_u64() => (req["shard"].as_u64().unwrap_or(0) as usize % n, false),
         None => {
             let mut h = ctx.homes();
             let k = h.next % n;
