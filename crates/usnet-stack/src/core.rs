@@ -159,17 +159,11 @@ impl Core {
         // port moved, and then it is not a SYN and was never redirected: the
         // redirect table alone decides.
         if !self.redirects.is_empty() {
-            if let Some(flow) = crate::shard::flow_of(self.pool.data(&frame)) {
-                let me = usize::from(self.cfg.shard.index);
-                let now = self.now;
-                if let Some(to) = self
-                    .redirects
-                    .target(&flow, false, now)
-                    .filter(|&t| t != me)
-                {
-                    self.redirect(frame, to);
-                    return;
-                }
+            if let Some(to) = crate::shard::flow_of(self.pool.data(&frame))
+                .and_then(|flow| self.redirect_of(&flow, false))
+            {
+                self.redirect(frame, to);
+                return;
             }
         }
         self.enqueue(frame);
@@ -199,6 +193,16 @@ impl Core {
             self.pool.free(frame);
             None
         }
+    }
+
+    /// The other shard `flow` goes to because its port's socket lives there
+    /// (`shard::Redirects`); `has_conn`: this shard has a connection for it.
+    pub fn redirect_of(&mut self, flow: &crate::shard::Flow, has_conn: bool) -> Option<usize> {
+        let me = usize::from(self.cfg.shard.index);
+        let now = self.now;
+        self.redirects
+            .target(flow, has_conn, now)
+            .filter(|&t| t != me)
     }
 
     /// Hands `frame` to shard `to` as it is (a redirect: that shard holds the

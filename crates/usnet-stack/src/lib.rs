@@ -166,11 +166,7 @@ impl Stack {
                 .tcp
                 .conns
                 .contains_key(&(flow.local, flow.remote));
-        let now = self.core.now;
-        self.core
-            .redirects
-            .target(&flow, here, now)
-            .filter(|&s| s != usize::from(self.core.cfg.shard.index))
+        self.core.redirect_of(&flow, here)
     }
 
     /// A sharded stack server's directory of who holds which port: segments for

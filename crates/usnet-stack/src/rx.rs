@@ -864,24 +864,20 @@ impl Stack {
                     remote: SocketAddr::new(s, u16::from_be_bytes([l4[0], l4[1]])),
                     syn: false,
                 };
-                let me = usize::from(self.core.cfg.shard.index);
-                let now = self.core.now;
-                if let Some(to) = self.core.redirects.target(&flow, false, now) {
-                    if to != me {
-                        self.core.counters.shard_redirected += 1;
-                        self.core.handoffs.push((
-                            to,
-                            crate::shard::Handoff::Datagram {
-                                src: s,
-                                dst: d,
-                                proto,
-                                hop_limit,
-                                data,
-                                invoking,
-                            },
-                        ));
-                        return;
-                    }
+                if let Some(to) = self.core.redirect_of(&flow, false) {
+                    self.core.counters.shard_redirected += 1;
+                    self.core.handoffs.push((
+                        to,
+                        crate::shard::Handoff::Datagram {
+                            src: s,
+                            dst: d,
+                            proto,
+                            hop_limit,
+                            data,
+                            invoking,
+                        },
+                    ));
+                    return;
                 }
             }
         }
