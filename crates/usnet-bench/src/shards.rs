@@ -31,7 +31,8 @@ use usnet_report::{bar_plot, median, write_json, Table};
 
 use crate::tcp::{ip, is_root, Veth, VETH_ADDR, VETH_USNET};
 use crate::web::{
-    need_tools, nginx_alerts, nginx_conf_workers, spawn, wait_serving, wrk_threads, Bg, Res,
+    need_tools, nginx_alerts, nginx_conf_workers, spawn, wait_serving, wait_stack_server,
+    wrk_threads, Bg, Res,
 };
 
 #[derive(Debug, Clone)]
@@ -170,17 +171,7 @@ fn start(sys: Sys, n: usize, len: usize, veth: &Veth, dir: &Path, www: &Path) ->
                 &n.to_string(),
             ]);
             let mut stack = spawn(up, dir, &format!("up-{what}"))?;
-            let ctl = dir.join(format!("{SHIM_STACK}.ctl"));
-            let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
-                if let Some(st) = stack.0.try_wait()? {
-                    return Err(format!("usnet up exited ({st}): {}", stack.log(dir)).into());
-                }
-                if std::time::Instant::now() > end {
-                    return Err("usnet up did not come up within 20 s".into());
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
+            wait_stack_server(&mut stack, dir, SHIM_STACK)?;
             let conf = nginx_conf(VETH_USNET)?;
             c.arg(&exe)
                 .args(["run", "--stack", SHIM_STACK, "--", "nginx", "-p"])

@@ -71,6 +71,13 @@ pub(crate) fn start_stack_server(
         .args(args);
     let what = format!("usnet-up-{name}");
     let mut stack = spawn(c, dir, &what)?;
+    wait_stack_server(&mut stack, dir, name)?;
+    Ok(stack)
+}
+
+/// Waits (at most 20 s) until the control socket of stack server `name`, started as
+/// `stack` with `USNET_RUN_DIR` = `dir`, answers; fails with its log if it exits.
+pub(crate) fn wait_stack_server(stack: &mut Bg, dir: &Path, name: &str) -> Res<()> {
     let ctl = dir.join(format!("{name}.ctl"));
     let end = Instant::now() + Duration::from_secs(20);
     while std::os::unix::net::UnixStream::connect(&ctl).is_err() {
@@ -82,7 +89,7 @@ pub(crate) fn start_stack_server(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(stack)
+    Ok(())
 }
 
 /// Fails naming the package when a tool the benchmark runs is missing.
