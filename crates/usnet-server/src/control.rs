@@ -731,15 +731,18 @@ fn tag_rows(parts: Vec<Vec<Value>>) -> Vec<Value> {
     let mut rows: Vec<Value> = parts
         .into_iter()
         .enumerate()
-        .flat_map(|(k, v)| {
-            v.into_iter().map(move |mut r| {
-                r["shard"] = k.into();
-                r
-            })
-        })
+        .flat_map(|(k, v)| tagged(v, k))
         .collect();
     rows.sort_by_key(|r| r["id"].as_u64());
     rows
+}
+
+/// `rows`, each with `"shard": k`.
+fn tagged(rows: Vec<Value>, k: usize) -> impl Iterator<Item = Value> {
+    rows.into_iter().map(move |mut r| {
+        r["shard"] = k.into();
+        r
+    })
 }
 
 /// Adds `b`'s numbers into `a`'s, key by key (objects of counters).
@@ -787,15 +790,7 @@ fn merge_stats(parts: Vec<Value>) -> Value {
     };
     let mut rows = vec![shard_row(0, &all)];
     let tag = |list: &Value, k: usize| -> Vec<Value> {
-        list.as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|mut r| {
-                r["shard"] = k.into();
-                r
-            })
-            .collect()
+        tagged(list.as_array().cloned().unwrap_or_default(), k).collect()
     };
     let mut lists: Vec<(&str, Vec<Value>)> =
         ["clients", "tcp_listeners", "tcp_connections", "fork_pins"]
