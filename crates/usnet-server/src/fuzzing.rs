@@ -699,18 +699,17 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_shared_stream_moves_to_the_child_with_what_the_parent_left_unread() {
-        let mut h = Harness::new();
+    /// Session 1's slot 0 listens on `port`, slot 1 connects to it and slot 2 is the
+    /// accepted connection.
+    fn connected_pair(h: &mut Harness, port: u16) {
         let req = |op, slot, args| Request {
             op,
             slot,
             args,
             ..Default::default()
         };
-        let a = SockAddr::from_std((ADDR, 7001).into()).to_args();
+        let a = SockAddr::from_std((ADDR, port).into()).to_args();
         let addr = [a[0], a[1], a[2], a[3], 0, 0];
-        // Slot 0 listens, slot 1 connects to it, slot 2 is the accepted connection.
         h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
         h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
         h.turn();
@@ -723,6 +722,18 @@ mod tests {
         h.submit(&req(op::ACCEPT, 0, [0; 6]));
         h.turn();
         assert_eq!(h.mem().slot_word(2, slot::STATE).load(Acquire), SLOT_OPEN);
+    }
+
+    #[test]
+    fn a_shared_stream_moves_to_the_child_with_what_the_parent_left_unread() {
+        let mut h = Harness::new();
+        let req = |op, slot, args| Request {
+            op,
+            slot,
+            args,
+            ..Default::default()
+        };
+        connected_pair(&mut h, 7001);
         h.send_bytes(1, b"unread by the parent");
         h.submit(&req(op::TX_KICK, 1, [0; 6]));
         for _ in 0..4 {
@@ -776,20 +787,7 @@ mod tests {
                 0,
             ]
         };
-        let a = SockAddr::from_std((ADDR, 7002).into()).to_args();
-        let addr = [a[0], a[1], a[2], a[3], 0, 0];
-        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
-        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
-        h.turn();
-        h.submit(&req(op::BIND, 0, addr));
-        h.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
-        h.submit(&req(op::CONNECT, 1, addr));
-        for _ in 0..4 {
-            h.turn();
-        }
-        h.submit(&req(op::ACCEPT, 0, [0; 6]));
-        h.turn();
-        assert_eq!(h.mem().slot_word(2, slot::STATE).load(Acquire), SLOT_OPEN);
+        connected_pair(&mut h, 7002);
         // One turn sees: cork on, 100 bytes, cork off, cork on (the order the
         // client made them in: bytes are in the ring before the requests after them).
         h.submit(&req(op::SETSOCKOPT, 2, cork(1)));
@@ -842,19 +840,7 @@ mod tests {
                 0,
             ]
         };
-        let a = SockAddr::from_std((ADDR, 7003).into()).to_args();
-        let addr = [a[0], a[1], a[2], a[3], 0, 0];
-        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
-        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
-        h.turn();
-        h.submit(&req(op::BIND, 0, addr));
-        h.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
-        h.submit(&req(op::CONNECT, 1, addr));
-        for _ in 0..4 {
-            h.turn();
-        }
-        h.submit(&req(op::ACCEPT, 0, [0; 6]));
-        h.turn();
+        connected_pair(&mut h, 7003);
         let rx = h.mem().rx_ring(1);
         let got = |h: &Harness| h.mem().region().u64(rx.prod).load(Acquire);
         // The hold is set before the bytes and before the request is seen.
