@@ -93,6 +93,10 @@ pub struct UpArgs {
     /// Slots per direction of a shm link.
     #[arg(long)]
     pub shm_slots: Option<usize>,
+    /// Queues per side of a shm link, set by the side that creates it (default 4, or
+    /// the shard count if larger): a sharded stack needs one per shard.
+    #[arg(long)]
+    pub shm_queues: Option<usize>,
     /// tap only: turn off TCP segmentation offload. By default a TAP negotiates it:
     /// usnet hands the kernel TCP frames of up to 64 KiB (chains of pool buffers) and
     /// the kernel hands usnet coalesced ones; without it every frame is MTU-sized.
@@ -259,6 +263,7 @@ impl UpArgs {
             buf_size: 2048,
             buffers: 16384,
             shm_slots: None,
+            shm_queues: None,
             no_tso: false,
             no_gro: false,
             xdp_mode: usnet_link::xdp::XdpMode::Auto,
@@ -390,6 +395,7 @@ fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
         fault: args.fault.clone(),
         tap_host_addrs: args.host_addrs.iter().map(|c| c.to_string()).collect(),
         shm_slots: args.shm_slots,
+        shm_queues: args.shm_queues,
         tso: !args.no_tso,
         ..LinkOptions::default()
     };

@@ -16,7 +16,6 @@ pub use memdev::{MemDevice, MemQueues};
 pub use sched::{Booster, SchedHook, Setpriority};
 pub use shards::{Mailboxes, Shards};
 
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -336,7 +335,7 @@ impl<D: Device, C: Clock> Driver<D, C> {
             None => usnet_link::wait_device(&mut self.dev, extra, extra_ready, timeout),
             Some((me, boxes)) => {
                 let mut all = extra.to_vec();
-                all.push(Doorbell::Fd(boxes.bell(*me).as_fd()));
+                all.push(boxes.doorbell(*me));
                 let mut extra_ready = extra_ready;
                 usnet_link::wait_device(
                     &mut self.dev,

@@ -7,12 +7,16 @@
 //!
 //! No lost wake-up: a poster pushes, then rings; the owner drains the bell, then
 //! takes the box. A push after the take rings after the drain, so the next sleep
-//! returns at once.
+//! returns at once. A mailbox's doorbell is of the kind its loop's device sleeps on
+//! (an eventfd beside a TAP or an AF_PACKET socket, a futex beside a shm link), so
+//! the loop sleeps on both in one system call; a futex doorbell is rung only when
+//! its loop announced that it may sleep (`usnet_shm::doorbell::Gate`), and the loop
+//! re-checks the box after announcing.
 
 use std::sync::{Arc, Mutex};
 
-use usnet_link::Device;
-use usnet_shm::EventFd;
+use usnet_link::{Device, Doorbell, WaitKind};
+use usnet_shm::{EventFd, FutexBell, Region};
 use usnet_stack::{Handoff, Stack};
 
 use crate::{Clock, Driver};
@@ -26,7 +30,10 @@ pub struct Shards<D: Device, C: Clock> {
 
 impl<D: Device + Send, C: Clock + Send> Shards<D, C> {
     pub fn new(mut drivers: Vec<Driver<D, C>>) -> std::io::Result<Shards<D, C>> {
-        let boxes = Mailboxes::new(drivers.len())?;
+        let kind = drivers
+            .first()
+            .map_or(WaitKind::Fd, |d| d.device().wait_kind());
+        let boxes = Mailboxes::new(drivers.len(), kind)?;
         for (i, d) in drivers.iter_mut().enumerate() {
             let role = d.stack().config().shard;
             if usize::from(role.index) != i || usize::from(role.count) != boxes.len() {
@@ -107,25 +114,54 @@ impl<D: Device + Send, C: Clock + Send> Shards<D, C> {
 
 struct Mailbox {
     q: Mutex<Vec<Handoff>>,
-    bell: EventFd,
+    bell: MailBell,
 }
 
-/// The mailboxes of `n` shards, shared by their loops.
+/// A mailbox's doorbell, of its loop's device's kind.
+enum MailBell {
+    Fd(EventFd),
+    Futex(FutexBell),
+}
+
+/// One shard's mailboxes: where other shards post the frames it owns.
 pub struct Mailboxes {
     boxes: Vec<Mailbox>,
+    /// Where futex doorbells live (process-private, never shared).
+    _words: Option<Arc<Region>>,
 }
 
+const BELL_STRIDE: usize = 64;
+
 impl Mailboxes {
-    pub fn new(n: usize) -> std::io::Result<Arc<Mailboxes>> {
+    /// `n` mailboxes whose doorbells are of `kind` (the shards' devices').
+    pub fn new(n: usize, kind: WaitKind) -> std::io::Result<Arc<Mailboxes>> {
+        let words = match kind {
+            WaitKind::Fd => None,
+            WaitKind::Bell => Some(Arc::new(Region::create_memfd(
+                c"usnet-mailboxes",
+                (n * BELL_STRIDE).next_multiple_of(4096),
+                false,
+            )?)),
+        };
         let boxes = (0..n)
-            .map(|_| {
+            .map(|i| {
+                let bell = match &words {
+                    None => MailBell::Fd(EventFd::new()?),
+                    Some(r) => MailBell::Futex(
+                        FutexBell::new(r.clone(), i * BELL_STRIDE, i * BELL_STRIDE + 4)
+                            .map_err(std::io::Error::other)?,
+                    ),
+                };
                 Ok(Mailbox {
                     q: Mutex::new(Vec::new()),
-                    bell: EventFd::new()?,
+                    bell,
                 })
             })
             .collect::<std::io::Result<_>>()?;
-        Ok(Arc::new(Mailboxes { boxes }))
+        Ok(Arc::new(Mailboxes {
+            boxes,
+            _words: words,
+        }))
     }
 
     pub fn len(&self) -> usize {
@@ -136,7 +172,7 @@ impl Mailboxes {
         self.boxes.is_empty()
     }
 
-    /// Posts what `stack` received for other shards; returns how many.
+    /// Posts every frame `stack` handed out to its owner's mailbox and rings it.
     pub fn post_from(&self, stack: &mut Stack, scratch: &mut Vec<(usize, Handoff)>) -> usize {
         if !stack.has_handoffs() {
             return 0;
@@ -148,15 +184,22 @@ impl Mailboxes {
                 continue;
             };
             b.q.lock().unwrap_or_else(|p| p.into_inner()).push(h);
-            b.bell.ring();
+            match &b.bell {
+                MailBell::Fd(e) => e.ring(),
+                MailBell::Futex(f) => {
+                    f.notify();
+                }
+            }
         }
         n
     }
 
-    /// Hands shard `me`'s mail to its stack; returns how many.
+    /// Delivers shard `me`'s mail into its stack.
     pub fn deliver_to(&self, me: usize, stack: &mut Stack) -> usize {
         let b = &self.boxes[me];
-        b.bell.drain();
+        if let MailBell::Fd(e) = &b.bell {
+            e.drain();
+        }
         let mail = std::mem::take(&mut *b.q.lock().unwrap_or_else(|p| p.into_inner()));
         let n = mail.len();
         for h in mail {
@@ -165,7 +208,6 @@ impl Mailboxes {
         n
     }
 
-    /// Whether shard `me` has mail (a loop's re-check before it sleeps).
     pub fn has_mail(&self, me: usize) -> bool {
         !self.boxes[me]
             .q
@@ -174,9 +216,15 @@ impl Mailboxes {
             .is_empty()
     }
 
-    /// Shard `me`'s doorbell, readable while mail may wait.
-    pub fn bell(&self, me: usize) -> &EventFd {
-        &self.boxes[me].bell
+    /// Shard `me`'s doorbell, to sleep on beside its device. A futex doorbell's `seq`
+    /// is read here; the sleeper re-checks [`Mailboxes::has_mail`] after announcing
+    /// itself, so a post between this read and the sleep is not lost.
+    pub fn doorbell(&self, me: usize) -> Doorbell<'_> {
+        use std::os::fd::AsFd;
+        match &self.boxes[me].bell {
+            MailBell::Fd(e) => Doorbell::Fd(e.as_fd()),
+            MailBell::Futex(f) => Doorbell::Bell(f, f.seq()),
+        }
     }
 }
 
@@ -228,7 +276,7 @@ mod tests {
 
     #[test]
     fn mail_reaches_its_shard_and_rings_it() {
-        let boxes = Mailboxes::new(2).unwrap();
+        let boxes = Mailboxes::new(2, WaitKind::Fd).unwrap();
         let mut a = Stack::new(StackConfig {
             shard: ShardRole::new(0, 2),
             addrs: vec!["10.0.0.2/24".parse().unwrap()],
@@ -251,9 +299,55 @@ mod tests {
         let mut scratch = Vec::new();
         assert_eq!(boxes.post_from(&mut a, &mut scratch), 1);
         assert!(boxes.has_mail(1) && !boxes.has_mail(0));
-        assert_eq!(boxes.bell(1).drain(), 1);
+        match &boxes.boxes[1].bell {
+            MailBell::Fd(e) => assert_eq!(e.drain(), 1),
+            MailBell::Futex(_) => unreachable!("an eventfd kind"),
+        }
         assert_eq!(boxes.deliver_to(1, &mut b), 1);
         assert!(!boxes.has_mail(1));
         assert_eq!(b.counters().shard_handoff_in, 1);
+    }
+
+    /// Beside a shm link the doorbell is a futex: a loop asleep on it (announced, as
+    /// `Gate` has it) is woken by a post from another shard.
+    #[test]
+    fn a_futex_mailbox_wakes_its_sleeping_shard() {
+        let boxes = Mailboxes::new(2, WaitKind::Bell).unwrap();
+        let mut a = Stack::new(StackConfig {
+            shard: ShardRole::new(0, 2),
+            addrs: vec!["10.0.0.2/24".parse().unwrap()],
+            ..StackConfig::default()
+        })
+        .unwrap();
+        let sleeper = {
+            let boxes = boxes.clone();
+            std::thread::spawn(move || {
+                let Doorbell::Bell(bell, seen) = boxes.doorbell(1) else {
+                    panic!("a futex kind");
+                };
+                let t = std::time::Instant::now();
+                let slept = usnet_shm::doorbell::sleep_many(
+                    &[(bell, seen)],
+                    || boxes.has_mail(1),
+                    std::time::Duration::from_secs(10),
+                )
+                .unwrap();
+                (slept, t.elapsed())
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut arp = vec![0xffu8; 6];
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 10, 0, 0, 9]);
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 2]);
+        let f = a.pool_mut().alloc_from(&arp).unwrap();
+        a.receive(f);
+        assert_eq!(boxes.post_from(&mut a, &mut Vec::new()), 1);
+        let (slept, waited) = sleeper.join().unwrap();
+        assert!(slept, "no mail before the post: it slept");
+        assert!(
+            waited < std::time::Duration::from_secs(5),
+            "woken by the post"
+        );
     }
 }

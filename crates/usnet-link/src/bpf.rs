@@ -2,7 +2,7 @@
 //! (`struct sock_filter`), with jump targets named by labels instead of counted by
 //! hand, and the programs usnet installs. Written here rather than taken from a
 //! crate: the programs are a dozen instructions, and the one that steers shards must
-//! match `usnet_stack::shard::link_queue` bit for bit (tested below through an
+//! match `usnet_wire::steer::link_queue` (re-exported by `usnet_stack::shard`) bit for bit (tested below through an
 //! interpreter of the same instructions).
 
 /// Opcodes (`linux/filter.h`): class | size | mode, class | op | source.

@@ -21,11 +21,23 @@ pub enum LinkError {
     },
     #[error("shm link '{name}' was created with {what}; open it with the same settings or pick another name")]
     ShmMismatch { name: String, what: String },
+    #[error(
+        "shm link '{name}' has {queues} queues per side, fewer than the {shards} shards \
+         opening it: the first side to open a link sets its layout, so open it first with \
+         --shm-queues {shards}, or pick another name"
+    )]
+    ShmQueues {
+        name: String,
+        queues: usize,
+        shards: usize,
+    },
+    #[error("bad shm queue count {0}: must be between 1 and 16")]
+    BadQueues(usize),
     #[error("bad link name '{name}': {why}")]
     BadName { name: String, why: &'static str },
     #[error("interface '{0}' not found: check `ip link` for its name")]
     NoSuchInterface(String),
-    #[error("{0} cannot carry several shards yet: use afpacket:IFNAME, tap:NAME or xdp:IFNAME (all its queues from 0), or one shard")]
+    #[error("{0} cannot carry several shards yet: use afpacket:IFNAME, tap:NAME, shm:NAME or xdp:IFNAME (all its queues from 0), or one shard")]
     NoShards(String),
     #[error("bad MTU {mtu}: must be between {min} and {max}")]
     BadMtu { mtu: usize, min: usize, max: usize },

@@ -1,31 +1,45 @@
 //! The shared-memory Ethernet: a point-to-point link between two unprivileged processes
 //! through one file in `/dev/shm`.
 //!
-//! # Layout of `/dev/shm/usnet-shm-NAME` (version 2)
+//! # Layout of `/dev/shm/usnet-shm-NAME` (version 3)
 //!
 //! ```text
 //! 0      header page (4096 bytes)
 //!          0  magic "usnetshm" (u64, written last by the initialiser)
-//!          8  version u32 · 12 mtu u32 · 16 slot size u32 · 20 slot count u32
-//!        128  side A {pid i32 (informational), claimed u32, generation u32}
-//!        256  side B {pid i32 (informational), claimed u32, generation u32}
-//!        512  ring 0 (A→B) control · 1024 ring 1 (B→A) control, each:
-//!               +0   head: producer index (written only by the producer)
-//!               +128 tail: consumer index (written only by the consumer)
-//!               +256 seq: the doorbell the consumer sleeps on · +260 sleepers
-//! 4096   ring 0 slots, then ring 1 slots: `count` slots of `slot size` bytes, each
-//!        {len: u32, flags: u32, frame bytes}
+//!          8  version u32 · 12 mtu u32 · 16 slot size u32 · 20 slots per ring u32
+//!         24  queues per side Q u32
+//!        128  side A {pid i32 (informational), claimed u32, generation u32, shards u32}
+//!        256  side B {same}
+//! 4096   doorbells, 128 bytes each: side A's queues 0..Q, then side B's, each
+//!          +0 seq: the futex its consumer sleeps on · +4 sleepers
+//! then   (page-aligned) ring indices, 256 bytes each: ring r at r·256,
+//!          +0 head: producer index (written only by the producer)
+//!          +128 tail: consumer index (written only by the consumer)
+//! then   (page-aligned) ring r's slots at r · slots · slot size: `slots` slots of
+//!        `slot size` bytes, each {len: u32, flags: u32, frame bytes}
+//!
+//! ring (s, i, j) = (s·Q + i)·Q + j: from queue i of side s to queue j of the other
 //! ```
 //!
-//! Each direction is a single-producer single-consumer ring; its indices, their
+//! A side runs as many queues as its stack has shards (`shards`, at most Q; one for an
+//! unsharded stack), so each pair of queues has a ring each way, and every ring has one
+//! producer and one consumer. A queue consumes the rings from every peer queue into
+//! itself and sleeps on its own doorbell, which every one of those producers rings. A
+//! sender puts each frame into the ring to the peer queue that owns it
+//! ([`usnet_wire::steer::link_queue`] over the peer's `shards`), which is how a sharded
+//! stack gets every frame on the shard that handles it, as a NIC's RSS would do it. Q
+//! is fixed by whoever creates the file ([`SHM_DEFAULT_QUEUES`] unless asked): rings
+//! between queues nobody runs are never touched, so they cost file size, not memory.
+//!
+//! Each ring is a single-producer single-consumer ring; its indices, their
 //! ownership and their memory ordering (one Release store per burst, an Acquire load
 //! before reading or overwriting slots, cached copies of the other side's index) are
 //! `usnet_shm::spsc`'s. Slot contents are copied with `Region::read`/`write`, so no
 //! reference into the shared bytes is ever held.
 //!
 //! # Wake-ups without lost wake-ups
-//! A consumer about to sleep announces itself on its ring's doorbell (`sleepers`),
-//! fences, re-checks the ring and sleeps on `seq`; a producer publishes its head,
+//! A consumer about to sleep announces itself on its queue's doorbell (`sleepers`),
+//! fences, re-checks its rings and sleeps on `seq`; a producer publishes its head,
 //! fences, and rings only if a consumer announced itself. This is
 //! `usnet_shm::doorbell::Gate`, where the argument that no wake-up is lost is written
 //! out. The futex is shared (not FUTEX_PRIVATE) because the word lives in a file mapping
@@ -34,6 +48,8 @@
 //! ~0.2 s.
 //!
 //! # Sides, claims and liveness
+//! All the queues of one side belong to one process ([`ShmDevice::open_queues`]),
+//! which claims the side once.
 //! Opening takes a lock on byte 2 of the file (an open-file-description lock, waited for
 //! at most 5 s) for the whole open (and close), so two simultaneous first openers cannot
 //! both initialise it. The first opener initialises the file and becomes side A, the
@@ -68,6 +84,12 @@ pub const SHM_DEFAULT_MTU: usize = 1500;
 pub const SHM_MIN_MTU: usize = 68;
 pub const SHM_MAX_MTU: usize = 65535;
 pub const SHM_DEFAULT_SLOTS: usize = 512;
+/// Queues per side a link is created with unless asked: room for a stack of up to
+/// four shards on either side. Rings nobody uses cost file size, not memory (the
+/// file is sparse and its pages are touched only by traffic).
+pub const SHM_DEFAULT_QUEUES: usize = 4;
+/// Most queues per side (the sides' doorbells fit one page, the rings' indices a few).
+pub const SHM_MAX_QUEUES: usize = 16;
 /// Frames per burst the stack should ask for.
 pub const SHM_MAX_BURST: usize = 64;
 /// Directory and prefix of the shared files.
@@ -75,23 +97,27 @@ pub const SHM_DIR: &str = "/dev/shm";
 pub const SHM_PREFIX: &str = "usnet-shm-";
 
 const MAGIC: u64 = u64::from_le_bytes(*b"usnetshm");
-/// 2: liveness by OFD locks, and `sleepers` is a count (1 was a pid check and a flag).
-const VERSION: u32 = 2;
+/// 3: a grid of rings between the sides' queues (2 was one ring each way).
+const VERSION: u32 = 3;
 const HDR_SIZE: usize = 4096;
+const PAGE: usize = 4096;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
 const OFF_MTU: usize = 12;
 const OFF_SLOT_SIZE: usize = 16;
 const OFF_SLOTS: usize = 20;
+const OFF_QUEUES: usize = 24;
 const OFF_SIDE: [usize; 2] = [128, 256];
 const SIDE_PID: usize = 0;
 const SIDE_CLAIMED: usize = 4;
 const SIDE_GEN: usize = 8;
-const OFF_RING: [usize; 2] = [512, 1024];
+const SIDE_SHARDS: usize = 12;
+const BELL_STRIDE: usize = 128;
+const BELL_SEQ: usize = 0;
+const BELL_SLEEPERS: usize = 4;
+const RING_STRIDE: usize = 256;
 const RING_HEAD: usize = 0;
 const RING_TAIL: usize = 128;
-const RING_SEQ: usize = 256;
-const RING_SLEEPERS: usize = 260;
 /// File bytes whose OFD locks are the sides' claims, and the open/close lock.
 const LOCK_SIDE: [u64; 2] = [0, 1];
 const LOCK_OPEN: u64 = 2;
@@ -114,6 +140,8 @@ pub struct ShmConfig {
     pub mtu: Option<usize>,
     /// Slots per direction (a power of two).
     pub slots: Option<usize>,
+    /// Queues per side (each side's shards; [`SHM_DEFAULT_QUEUES`] when creating).
+    pub queues: Option<usize>,
     /// How long `wait` spins before it sleeps.
     pub spin: Duration,
 }
@@ -123,6 +151,7 @@ impl Default for ShmConfig {
         ShmConfig {
             mtu: None,
             slots: None,
+            queues: None,
             spin: Duration::from_micros(10),
         }
     }
@@ -166,23 +195,6 @@ fn slot_size_for(mtu: usize) -> usize {
     (SLOT_HDR + mtu + FRAME_OVERHEAD).next_multiple_of(64)
 }
 
-fn ring_indices(r: usize, slots: usize) -> RingIndices {
-    RingIndices {
-        head: OFF_RING[r] + RING_HEAD,
-        tail: OFF_RING[r] + RING_TAIL,
-        size: slots as u32,
-    }
-}
-
-fn ring_bell(region: &Arc<Region>, r: usize) -> FutexBell {
-    FutexBell::new(
-        region.clone(),
-        OFF_RING[r] + RING_SEQ,
-        OFF_RING[r] + RING_SLEEPERS,
-    )
-    .expect("ring control words lie in the header page")
-}
-
 /// Whether side `s` is held by a live process: claimed, and its owner's lock is held.
 fn side_live(region: &Region, s: usize) -> io::Result<bool> {
     Ok(region
@@ -224,30 +236,79 @@ fn alloc_from_region(
     }
 }
 
-/// One end of a shm link.
-pub struct ShmDevice {
-    label: String,
+/// What the devices of one side (the shards of one stack) share: the mapping, the
+/// side's claim, and giving the claim back when the last of them closes.
+struct Claim {
     path: PathBuf,
     region: Arc<Region>,
     side: usize,
-    /// Our tx ring (we produce) and rx ring (we consume).
-    tx: Producer,
-    rx: Consumer,
-    /// Offsets of the two rings' slot areas.
-    tx_slots: usize,
-    rx_slots: usize,
-    /// The doorbell the peer sleeps on (our tx ring's) and ours (our rx ring's).
-    tx_bell: FutexBell,
+    lay: Layout,
+    /// Our claim's generation: on close we clear the claim only if it is still ours.
+    generation: u32,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let file = self.region.file();
+        let locked = liveness::lock_within(file, LOCK_OPEN, OPEN_LOCK_TIMEOUT).is_ok();
+        let me = OFF_SIDE[self.side];
+        // If we were declared dead and our side reclaimed, the claim is not ours to clear.
+        if self.region.u32(me + SIDE_GEN).load(Ordering::SeqCst) == self.generation {
+            self.region
+                .u32(me + SIDE_CLAIMED)
+                .store(0, Ordering::SeqCst);
+            self.region.u32(me + SIDE_SHARDS).store(0, Ordering::SeqCst);
+            self.region.i32(me + SIDE_PID).store(0, Ordering::SeqCst);
+        }
+        // Our lock only: a new owner of this side holds its own.
+        let _ = liveness::release(file, LOCK_SIDE[self.side]);
+        // Wake every queue of the peer so it notices at once that we are gone.
+        for q in 0..self.lay.queues {
+            self.lay.bell(&self.region, 1 - self.side, q).ring();
+        }
+        if locked {
+            let peer_live = side_live(&self.region, 1 - self.side).unwrap_or(true);
+            if !peer_live {
+                // Last one out: remove the file, but only if the name still refers to it.
+                if let (Ok(ours), Ok(now)) = (file.metadata(), std::fs::metadata(&self.path)) {
+                    if ours.ino() == now.ino() && ours.dev() == now.dev() {
+                        let _ = std::fs::remove_file(&self.path);
+                    }
+                }
+            }
+            let _ = liveness::release(file, LOCK_OPEN);
+        }
+    }
+}
+
+/// One end of a shm link: one queue of one side (a whole side unless the stack on it
+/// is sharded).
+pub struct ShmDevice {
+    label: String,
+    claim: Arc<Claim>,
+    region: Arc<Region>,
+    side: usize,
+    /// Our queue among our side's queues.
+    queue: usize,
+    /// The rings we produce into, one per peer queue, and their slot areas.
+    tx: Vec<Producer>,
+    tx_slots: Vec<usize>,
+    /// The doorbell each peer queue sleeps on.
+    tx_bells: Vec<FutexBell>,
+    /// The rings we consume, one per peer queue, their slot areas, and the one our
+    /// rx rings ring (ours).
+    rx: Vec<Consumer>,
+    rx_slots: Vec<usize>,
     rx_bell: FutexBell,
+    /// The rx ring a burst starts with, moved on each burst so no ring starves.
+    rx_next: usize,
     count: u32,
     slot_size: usize,
     mtu: usize,
     max_frame: usize,
     spin: Duration,
-    /// The rx ring's `seq` as of the last wake-up `wait` acted on.
+    /// The rx bell's `seq` as of the last wake-up `wait` acted on.
     seen_seq: u32,
-    /// Our claim's generation: on close we clear the claim only if it is still ours.
-    generation: u32,
     /// (checked at, peer generation, alive): the lock probe runs at most every 50 ms.
     alive_cache: Cell<(Instant, u32, bool)>,
     stats: DeviceStats,
@@ -258,21 +319,57 @@ impl std::fmt::Debug for ShmDevice {
         f.debug_struct("ShmDevice")
             .field("name", &self.label)
             .field("side", &self.side())
+            .field("queue", &self.queue)
             .field("mtu", &self.mtu)
             .field("slots", &self.count)
             .finish()
     }
 }
 
+#[derive(Debug, Clone, Copy)]
 struct Layout {
     mtu: usize,
     slots: usize,
     slot_size: usize,
+    queues: usize,
 }
 
 impl Layout {
+    /// Offset of the doorbell queue `q` of side `s` sleeps on.
+    fn bell_at(&self, s: usize, q: usize) -> usize {
+        HDR_SIZE + (s * self.queues + q) * BELL_STRIDE
+    }
+    fn bell(&self, region: &Arc<Region>, s: usize, q: usize) -> FutexBell {
+        let at = self.bell_at(s, q);
+        FutexBell::new(region.clone(), at + BELL_SEQ, at + BELL_SLEEPERS)
+            .expect("bells lie inside the checked layout")
+    }
+    fn rings_at(&self) -> usize {
+        HDR_SIZE + (2 * self.queues * BELL_STRIDE).next_multiple_of(PAGE)
+    }
+    fn rings(&self) -> usize {
+        2 * self.queues * self.queues
+    }
+    /// The ring from queue `i` of side `s` to queue `j` of the other side.
+    fn ring(&self, s: usize, i: usize, j: usize) -> usize {
+        (s * self.queues + i) * self.queues + j
+    }
+    fn indices(&self, r: usize) -> RingIndices {
+        let at = self.rings_at() + r * RING_STRIDE;
+        RingIndices {
+            head: at + RING_HEAD,
+            tail: at + RING_TAIL,
+            size: self.slots as u32,
+        }
+    }
+    fn slots_at(&self) -> usize {
+        self.rings_at() + (self.rings() * RING_STRIDE).next_multiple_of(PAGE)
+    }
+    fn ring_slots(&self, r: usize) -> usize {
+        self.slots_at() + r * self.slots * self.slot_size
+    }
     fn total(&self) -> usize {
-        HDR_SIZE + 2 * self.slots * self.slot_size
+        self.slots_at() + self.rings() * self.slots * self.slot_size
     }
 }
 
@@ -291,14 +388,32 @@ fn check_config(cfg: &ShmConfig) -> Result<(), LinkError> {
             return Err(LinkError::BadSlots(s));
         }
     }
+    if let Some(q) = cfg.queues {
+        if !(1..=SHM_MAX_QUEUES).contains(&q) {
+            return Err(LinkError::BadQueues(q));
+        }
+    }
     Ok(())
 }
 
 impl ShmDevice {
     /// Opens (creating if needed) the link `name` and claims a free side of it.
     pub fn open(name: &str, cfg: &ShmConfig) -> Result<ShmDevice, LinkError> {
+        let mut devs = Self::open_queues(name, cfg, 1)?;
+        Ok(devs.pop().expect("one queue asked for"))
+    }
+
+    /// Opens the link `name` for a stack of `n` shards: claims a free side and returns
+    /// one device per queue `0..n` of it. Each shard's device consumes the rings from
+    /// every peer queue to its own, and sends each frame into the ring to the peer
+    /// queue that owns it ([`usnet_wire::steer::link_queue`] over the peer's shard
+    /// count), so a sharded peer gets every frame on the shard that handles it.
+    pub fn open_queues(name: &str, cfg: &ShmConfig, n: usize) -> Result<Vec<ShmDevice>, LinkError> {
         check_shm_name(name)?;
         check_config(cfg)?;
+        if !(1..=SHM_MAX_QUEUES).contains(&n) {
+            return Err(LinkError::BadQueues(n));
+        }
         let path = shm_path(name);
         let ctx = |what: &str| format!("shm:{name}: {what} {}", path.display());
         // Open and lock; retry if the file we locked was unlinked meanwhile by a closer.
@@ -324,7 +439,7 @@ impl ShmDevice {
         };
         // The device's region keeps a duplicate of the descriptor: the same open file
         // description, so the side's lock taken through it is held while the device is.
-        let r = Self::open_locked(name, cfg, path, &file);
+        let r = Self::open_locked(name, cfg, n, path, &file);
         let _ = liveness::release(&file, LOCK_OPEN);
         r
     }
@@ -332,9 +447,10 @@ impl ShmDevice {
     fn open_locked(
         name: &str,
         cfg: &ShmConfig,
+        n: usize,
         path: PathBuf,
         file: &File,
-    ) -> Result<ShmDevice, LinkError> {
+    ) -> Result<Vec<ShmDevice>, LinkError> {
         let ctx = |what: &str| format!("shm:{name}: {what} {}", path.display());
         let map_file = |len: usize| -> Result<Arc<Region>, LinkError> {
             let dup = file
@@ -348,6 +464,10 @@ impl ShmDevice {
             .metadata()
             .map_err(|e| LinkError::io(ctx("cannot stat"), e))?
             .len() as usize;
+        let mismatch = |what: String| LinkError::ShmMismatch {
+            name: name.to_string(),
+            what,
+        };
 
         // Look at an existing, initialised file.
         let mut existing: Option<(Arc<Region>, Layout, [bool; 2])> = None;
@@ -363,6 +483,7 @@ impl ShmDevice {
                     mtu: sh.u32(OFF_MTU).load(Ordering::Relaxed) as usize,
                     slot_size: sh.u32(OFF_SLOT_SIZE).load(Ordering::Relaxed) as usize,
                     slots: sh.u32(OFF_SLOTS).load(Ordering::Relaxed) as usize,
+                    queues: sh.u32(OFF_QUEUES).load(Ordering::Relaxed) as usize,
                 };
                 if live[0] || live[1] {
                     if live[0] && live[1] {
@@ -377,24 +498,21 @@ impl ShmDevice {
                         && lay.slot_size == slot_size_for(lay.mtu)
                         && lay.slots.is_power_of_two()
                         && (2..=65536).contains(&lay.slots)
+                        && (1..=SHM_MAX_QUEUES).contains(&lay.queues)
                         && lay.total() <= file_len;
                     if !sane {
-                        return Err(LinkError::ShmMismatch {
-                            name: name.to_string(),
-                            what: format!("an incompatible layout (version {version})"),
-                        });
+                        return Err(mismatch(format!(
+                            "an incompatible layout (version {version})"
+                        )));
                     }
                     if cfg.mtu.is_some_and(|m| m != lay.mtu) {
-                        return Err(LinkError::ShmMismatch {
-                            name: name.to_string(),
-                            what: format!("MTU {}", lay.mtu),
-                        });
+                        return Err(mismatch(format!("MTU {}", lay.mtu)));
                     }
                     if cfg.slots.is_some_and(|s| s != lay.slots) {
-                        return Err(LinkError::ShmMismatch {
-                            name: name.to_string(),
-                            what: format!("{} slots", lay.slots),
-                        });
+                        return Err(mismatch(format!("{} slots", lay.slots)));
+                    }
+                    if cfg.queues.is_some_and(|q| q != lay.queues) {
+                        return Err(mismatch(format!("{} queues per side", lay.queues)));
                     }
                     existing = Some((sh, lay, live));
                 }
@@ -414,13 +532,15 @@ impl ShmDevice {
                     mtu,
                     slots: cfg.slots.unwrap_or(SHM_DEFAULT_SLOTS),
                     slot_size: slot_size_for(mtu),
+                    queues: cfg.queues.unwrap_or(SHM_DEFAULT_QUEUES.max(n)),
                 };
                 let len = lay.total().max(file_len);
                 file.set_len(len as u64)
                     .map_err(|e| LinkError::io(ctx("cannot size"), e))?;
                 let sh = map_file(len)?;
                 sh.u64(OFF_MAGIC).store(0, Ordering::SeqCst);
-                for off in (8..HDR_SIZE).step_by(4) {
+                // The header, the bells and the ring indices start at zero.
+                for off in (8..lay.slots_at()).step_by(4) {
                     sh.u32(off).store(0, Ordering::Relaxed);
                 }
                 sh.u32(OFF_VERSION).store(VERSION, Ordering::Relaxed);
@@ -428,14 +548,20 @@ impl ShmDevice {
                 sh.u32(OFF_SLOT_SIZE)
                     .store(lay.slot_size as u32, Ordering::Relaxed);
                 sh.u32(OFF_SLOTS).store(lay.slots as u32, Ordering::Relaxed);
+                sh.u32(OFF_QUEUES)
+                    .store(lay.queues as u32, Ordering::Relaxed);
                 sh.u64(OFF_MAGIC).store(MAGIC, Ordering::Release);
                 (sh, lay, 0)
             }
         };
         if region.len() < lay.total() {
-            return Err(LinkError::ShmMismatch {
+            return Err(mismatch("a truncated file".into()));
+        }
+        if n > lay.queues {
+            return Err(LinkError::ShmQueues {
                 name: name.to_string(),
-                what: "a truncated file".into(),
+                queues: lay.queues,
+                shards: n,
             });
         }
 
@@ -445,16 +571,28 @@ impl ShmDevice {
                 io::Error::new(io::ErrorKind::InvalidData, e),
             )
         };
-        let tx =
-            Producer::attach(region.clone(), ring_indices(side, lay.slots)).map_err(layout_err)?;
-        // Frames left in our rx ring were meant for a previous owner of this side (or
-        // were sent while the link was down): discard them. A previous owner that died
-        // asleep left its announcement behind: clear it. Then claim.
-        let rx = Consumer::attach_discarding(region.clone(), ring_indices(1 - side, lay.slots))
-            .map_err(layout_err)?;
-        region
-            .u32(OFF_RING[1 - side] + RING_SLEEPERS)
-            .store(0, Ordering::SeqCst);
+        let peer = 1 - side;
+        let mut parts = Vec::with_capacity(n);
+        for k in 0..n {
+            let mut tx = Vec::with_capacity(lay.queues);
+            let mut rx = Vec::with_capacity(lay.queues);
+            for q in 0..lay.queues {
+                let out = lay.ring(side, k, q);
+                tx.push(Producer::attach(region.clone(), lay.indices(out)).map_err(layout_err)?);
+                // Frames left in our rx rings were meant for a previous owner of this
+                // side (or were sent while the link was down): discard them.
+                let inn = lay.ring(peer, q, k);
+                rx.push(
+                    Consumer::attach_discarding(region.clone(), lay.indices(inn))
+                        .map_err(layout_err)?,
+                );
+            }
+            // A previous owner that died asleep left its announcement behind: clear it.
+            region
+                .u32(lay.bell_at(side, k) + BELL_SLEEPERS)
+                .store(0, Ordering::SeqCst);
+            parts.push((tx, rx));
+        }
         if !liveness::try_claim(region.file(), LOCK_SIDE[side])
             .map_err(|e| LinkError::io(ctx("cannot claim"), e))?
         {
@@ -469,37 +607,63 @@ impl ShmDevice {
         region
             .i32(me + SIDE_PID)
             .store(std::process::id() as i32, Ordering::SeqCst);
+        region
+            .u32(me + SIDE_SHARDS)
+            .store(n as u32, Ordering::SeqCst);
         let generation = region
             .u32(me + SIDE_GEN)
             .fetch_add(1, Ordering::SeqCst)
             .wrapping_add(1);
         region.u32(me + SIDE_CLAIMED).store(1, Ordering::SeqCst);
-
-        let tx_bell = ring_bell(&region, side);
-        let rx_bell = ring_bell(&region, 1 - side);
-        let seen_seq = rx_bell.seq();
-        let slots_at = |r: usize| HDR_SIZE + r * lay.slots * lay.slot_size;
-        Ok(ShmDevice {
-            label: format!("shm:{name}"),
-            path: path.clone(),
+        let claim = Arc::new(Claim {
+            path,
+            region: region.clone(),
             side,
-            tx,
-            rx,
-            tx_slots: slots_at(side),
-            rx_slots: slots_at(1 - side),
-            tx_bell,
-            rx_bell,
-            region,
-            count: lay.slots as u32,
-            slot_size: lay.slot_size,
-            mtu: lay.mtu,
-            max_frame: lay.mtu + FRAME_OVERHEAD,
-            spin: cfg.spin,
-            seen_seq,
+            lay,
             generation,
-            alive_cache: Cell::new((Instant::now() - LIVENESS_CACHE * 2, 0, false)),
-            stats: DeviceStats::default(),
-        })
+        });
+
+        let devs = parts
+            .into_iter()
+            .enumerate()
+            .map(|(k, (tx, rx))| {
+                let rx_bell = lay.bell(&region, side, k);
+                let seen_seq = rx_bell.seq();
+                ShmDevice {
+                    label: if n == 1 {
+                        format!("shm:{name}")
+                    } else {
+                        format!("shm:{name}#{k}")
+                    },
+                    claim: claim.clone(),
+                    region: region.clone(),
+                    side,
+                    queue: k,
+                    tx,
+                    tx_slots: (0..lay.queues)
+                        .map(|q| lay.ring_slots(lay.ring(side, k, q)))
+                        .collect(),
+                    tx_bells: (0..lay.queues)
+                        .map(|q| lay.bell(&region, peer, q))
+                        .collect(),
+                    rx,
+                    rx_slots: (0..lay.queues)
+                        .map(|q| lay.ring_slots(lay.ring(peer, q, k)))
+                        .collect(),
+                    rx_bell,
+                    rx_next: 0,
+                    count: lay.slots as u32,
+                    slot_size: lay.slot_size,
+                    mtu: lay.mtu,
+                    max_frame: lay.mtu + FRAME_OVERHEAD,
+                    spin: cfg.spin,
+                    seen_seq,
+                    alive_cache: Cell::new((Instant::now() - LIVENESS_CACHE * 2, 0, false)),
+                    stats: DeviceStats::default(),
+                }
+            })
+            .collect();
+        Ok(devs)
     }
 
     pub fn side(&self) -> ShmSide {
@@ -511,12 +675,17 @@ impl ShmDevice {
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.claim.path
     }
 
-    /// Slots per direction.
+    /// Slots per ring.
     pub fn slots(&self) -> usize {
         self.count as usize
+    }
+
+    /// This device's queue among its side's, and how many queues each side has.
+    pub fn queue(&self) -> (usize, usize) {
+        (self.queue, self.claim.lay.queues)
     }
 
     /// Tests: drop our side's lock as the kernel does when a process dies, leaving the
@@ -542,6 +711,22 @@ impl ShmDevice {
             liveness::claimed_by_other(self.region.file(), LOCK_SIDE[peer]).unwrap_or(false);
         self.alive_cache.set((Instant::now(), generation, alive));
         alive
+    }
+
+    /// How many shards the peer runs (its queues in use: the rings we send into and
+    /// consume), whatever it wrote there kept within the layout. Read per burst: a
+    /// peer that comes back with another shard count is followed at once.
+    fn peer_shards(&self) -> usize {
+        let n = self
+            .region
+            .u32(OFF_SIDE[1 - self.side] + SIDE_SHARDS)
+            .load(Ordering::Acquire) as usize;
+        n.clamp(1, self.tx.len())
+    }
+
+    fn rx_pending(&mut self) -> bool {
+        let rings = self.peer_shards();
+        self.rx[..rings].iter_mut().any(|c| c.pending())
     }
 }
 
@@ -569,48 +754,57 @@ impl Device for ShmDevice {
         out: &mut Vec<PktBuf>,
         max: usize,
     ) -> io::Result<usize> {
-        if max == 0 {
-            return Ok(0);
-        }
-        let avail = match self.rx.available() {
-            Ok(n) => n,
-            Err(_) => {
-                // The peer wrote nonsense into its head index: the ring resynchronised.
-                self.stats.rx_errors += 1;
-                return Ok(0);
-            }
-        };
-        let n = avail.min(max as u32);
+        // Only the peer's queues in use send to us.
+        let rings = self.peer_shards();
+        let mut room = max as u32;
         let mut added = 0;
-        for k in 0..n {
-            // The slot is in [tail, head): published by the producer (Acquire load of
-            // head in `available`) and not touched by it until we release it.
-            let slot = self.rx_slots + self.rx.slot(k) as usize * self.slot_size;
-            let len = self.region.u32(slot).load(Ordering::Relaxed) as usize;
-            if len == 0 || len > self.max_frame {
-                self.stats.rx_errors += 1;
-                continue;
+        for step in 0..rings {
+            if room == 0 {
+                break;
             }
-            let flags = self.region.u32(slot + 4).load(Ordering::Relaxed);
-            // len <= max_frame and SLOT_HDR + max_frame <= slot_size: inside this slot.
-            match alloc_from_region(pool, &self.region, slot + SLOT_HDR, len) {
-                Some(b) => {
-                    if flags & SLOT_CSUM_TRUSTED != 0 {
-                        let mut o = pool.offload(&b);
-                        o.csum_valid = true;
-                        pool.set_offload(&b, o);
-                    }
-                    out.push(b);
-                    added += 1;
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += len as u64;
+            let r = (self.rx_next + step) % rings;
+            let avail = match self.rx[r].available() {
+                Ok(n) => n,
+                Err(_) => {
+                    // The peer wrote nonsense into its head index: the ring resynchronised.
+                    self.stats.rx_errors += 1;
+                    continue;
                 }
-                None => self.stats.rx_no_buffer += 1,
+            };
+            let n = avail.min(room);
+            room -= n;
+            for k in 0..n {
+                // The slot is in [tail, head): published by the producer (Acquire load
+                // of head in `available`) and not touched by it until we release it.
+                let slot = self.rx_slots[r] + self.rx[r].slot(k) as usize * self.slot_size;
+                let len = self.region.u32(slot).load(Ordering::Relaxed) as usize;
+                if len == 0 || len > self.max_frame {
+                    self.stats.rx_errors += 1;
+                    continue;
+                }
+                let flags = self.region.u32(slot + 4).load(Ordering::Relaxed);
+                // len <= max_frame and SLOT_HDR + max_frame <= slot_size: inside this slot.
+                match alloc_from_region(pool, &self.region, slot + SLOT_HDR, len) {
+                    Some(b) => {
+                        if flags & SLOT_CSUM_TRUSTED != 0 {
+                            let mut o = pool.offload(&b);
+                            o.csum_valid = true;
+                            pool.set_offload(&b, o);
+                        }
+                        out.push(b);
+                        added += 1;
+                        self.stats.rx_frames += 1;
+                        self.stats.rx_bytes += len as u64;
+                    }
+                    None => self.stats.rx_no_buffer += 1,
+                }
             }
+            // One Release store per ring and burst hands every slot we read back to
+            // its producer.
+            self.rx[r].consume(n);
+            self.rx[r].release();
         }
-        // One Release store per burst hands every slot we read back to the producer.
-        self.rx.consume(n);
-        self.rx.release();
+        self.rx_next = (self.rx_next + 1) % rings;
         Ok(added)
     }
 
@@ -630,6 +824,8 @@ impl Device for ShmDevice {
             }
             return Ok(0);
         }
+        let peers = self.peer_shards();
+        let mut written = 0u32; // a bit per ring written into
         let mut sent = 0;
         while let Some(f) = frames.front().map(|f| f.id()) {
             let len = pool.chain_len(f);
@@ -638,13 +834,20 @@ impl Device for ShmDevice {
                 self.stats.tx_dropped += 1;
                 continue;
             }
-            let Some(s) = self.tx.reserve() else {
+            // The peer queue that owns the frame (the headers are in its first buffer).
+            let q = if peers > 1 {
+                usnet_wire::steer::link_queue(pool.data(f), peers)
+            } else {
+                0
+            };
+            let Some(s) = self.tx[q].reserve() else {
+                // Back-pressure: the frame and those behind it wait, in order.
                 self.stats.tx_full += 1;
                 break;
             };
             // The slot is outside [tail, head): the consumer is done with it (Acquire
             // load of tail in `reserve`); SLOT_HDR + len <= slot_size.
-            let slot = self.tx_slots + s as usize * self.slot_size;
+            let slot = self.tx_slots[q] + s as usize * self.slot_size;
             let mut off = slot + SLOT_HDR;
             for d in pool.parts(f) {
                 self.region
@@ -660,16 +863,21 @@ impl Device for ShmDevice {
             };
             self.region.u32(slot).store(len as u32, Ordering::Relaxed);
             self.region.u32(slot + 4).store(flags, Ordering::Relaxed);
-            self.tx.commit();
+            self.tx[q].commit();
+            written |= 1 << q;
             pool.free(frames.pop_front().expect("the frame looked at"));
             sent += 1;
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += len as u64;
         }
-        // One Release store per burst publishes every slot written above; then wake the
-        // peer if it is asleep on this ring.
-        if self.tx.publish() {
-            self.tx_bell.notify();
+        // One Release store per ring and burst publishes every slot written above; then
+        // wake that peer queue if it is asleep.
+        while written != 0 {
+            let q = written.trailing_zeros() as usize;
+            written &= written - 1;
+            if self.tx[q].publish() {
+                self.tx_bells[q].notify();
+            }
         }
         Ok(sent)
     }
@@ -681,7 +889,7 @@ impl Device for ShmDevice {
         // sleeping costs two system calls on each side.
         let spin = timeout.map_or(self.spin, |t| t.min(self.spin));
         loop {
-            if self.rx.pending() {
+            if self.rx_pending() {
                 return Ok(());
             }
             let s = self.rx_bell.seq();
@@ -711,8 +919,9 @@ impl Device for ShmDevice {
                 self.seen_seq = s;
                 return Ok(());
             }
-            let (bell, rx) = (&self.rx_bell, &mut self.rx);
-            if !bell.sleep(s, || rx.pending(), slice) {
+            let rings = self.peer_shards();
+            let (bell, rx) = (&self.rx_bell, &mut self.rx[..rings]);
+            if !bell.sleep(s, || rx.iter_mut().any(|c| c.pending()), slice) {
                 return Ok(()); // a frame arrived meanwhile
             }
             if self.link_state() != entry_state {
@@ -734,7 +943,7 @@ impl Device for ShmDevice {
             self.seen_seq = s;
             return crate::WaitPlan::ready();
         }
-        if self.rx.pending() {
+        if self.rx_pending() {
             return crate::WaitPlan::ready();
         }
         let mut plan = crate::WaitPlan::bell(self.rx_bell.clone(), s);
@@ -744,7 +953,7 @@ impl Device for ShmDevice {
     }
 
     fn rx_ready(&mut self) -> bool {
-        self.rx.pending()
+        self.rx_pending()
     }
 
     fn waker(&self) -> Waker {
@@ -773,37 +982,6 @@ struct ShmWaker {
 impl Wake for ShmWaker {
     fn wake(&self) {
         self.bell.ring();
-    }
-}
-
-impl Drop for ShmDevice {
-    fn drop(&mut self) {
-        let file = self.region.file();
-        let locked = liveness::lock_within(file, LOCK_OPEN, OPEN_LOCK_TIMEOUT).is_ok();
-        let me = OFF_SIDE[self.side];
-        // If we were declared dead and our side reclaimed, the claim is not ours to clear.
-        if self.region.u32(me + SIDE_GEN).load(Ordering::SeqCst) == self.generation {
-            self.region
-                .u32(me + SIDE_CLAIMED)
-                .store(0, Ordering::SeqCst);
-            self.region.i32(me + SIDE_PID).store(0, Ordering::SeqCst);
-        }
-        // Our lock only: a new owner of this side holds its own.
-        let _ = liveness::release(file, LOCK_SIDE[self.side]);
-        // Wake the peer so it notices at once that we are gone.
-        self.tx_bell.ring();
-        if locked {
-            let peer_live = side_live(&self.region, 1 - self.side).unwrap_or(true);
-            if !peer_live {
-                // Last one out: remove the file, but only if the name still refers to it.
-                if let (Ok(ours), Ok(now)) = (file.metadata(), std::fs::metadata(&self.path)) {
-                    if ours.ino() == now.ino() && ours.dev() == now.dev() {
-                        let _ = std::fs::remove_file(&self.path);
-                    }
-                }
-            }
-            let _ = liveness::release(file, LOCK_OPEN);
-        }
     }
 }
 
@@ -1070,6 +1248,165 @@ mod tests {
         let t = Instant::now();
         a.wait(Some(Duration::from_millis(50))).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(50));
+    }
+
+    /// An Ethernet + IPv4 + TCP frame between two ports, its tag in the payload.
+    fn tcp_frame(src: u16, dst: u16, tag: u32) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20 + 4];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[14 + 9] = 6;
+        f[34..36].copy_from_slice(&src.to_be_bytes());
+        f[36..38].copy_from_slice(&dst.to_be_bytes());
+        f[54..58].copy_from_slice(&tag.to_be_bytes());
+        f
+    }
+
+    /// Sends `frames` from `dev` (all of them, within the ring's room).
+    fn send_all(dev: &mut ShmDevice, p: &mut PacketPool, frames: &[Vec<u8>]) {
+        let mut q: VecDeque<PktBuf> = frames.iter().map(|f| p.alloc_from(f).unwrap()).collect();
+        assert_eq!(dev.tx_burst(p, &mut q).unwrap(), frames.len());
+    }
+
+    /// Everything waiting on `dev`, as byte vectors.
+    fn drain(dev: &mut ShmDevice, p: &mut PacketPool) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        while dev.rx_burst(p, &mut got, 7).unwrap() > 0 {}
+        got.into_iter()
+            .map(|b| {
+                let mut v = Vec::new();
+                p.copy_chain(&b, &mut v);
+                p.free(b);
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sharded_sides_get_each_frame_on_the_queue_that_owns_it() {
+        use usnet_wire::steer::link_queue;
+        let n = name("shards");
+        // A runs 2 shards, B 3: different counts on each side, on the default 4 queues.
+        let mut a = ShmDevice::open_queues(&n, &cfg(64), 2).unwrap();
+        let mut b = ShmDevice::open_queues(&n, &ShmConfig::default(), 3).unwrap();
+        assert_eq!((a[1].queue(), b[2].queue()), ((1, 4), (2, 4)));
+        assert_eq!(a[0].link_state(), LinkState::Up);
+        let mut p = pool(1024, 2048);
+        // Frames from every A queue to B: each lands on the B queue that owns it, in
+        // order per sender and flow.
+        let frames: Vec<Vec<u8>> = (0..40u32)
+            .map(|i| tcp_frame(80 + (i % 5) as u16, 49152 + i as u16 * 7, i))
+            .collect();
+        let (from0, from1) = frames.split_at(20);
+        send_all(&mut a[0], &mut p, from0);
+        send_all(&mut a[1], &mut p, from1);
+        let mut seen = 0;
+        for (k, dev) in b.iter_mut().enumerate() {
+            let got = drain(dev, &mut p);
+            for f in &got {
+                assert_eq!(link_queue(f, 3), k, "on the queue that owns it");
+            }
+            // Per sender, the order it sent in.
+            for half in [from0, from1] {
+                let mine: Vec<&Vec<u8>> = got.iter().filter(|f| half.contains(f)).collect();
+                let want: Vec<&Vec<u8>> = half.iter().filter(|f| link_queue(f, 3) == k).collect();
+                assert_eq!(mine, want);
+            }
+            seen += got.len();
+        }
+        assert_eq!(seen, 40, "every frame arrived once");
+        // And back: B's queues to A's two.
+        let back: Vec<Vec<u8>> = (0..30u32)
+            .map(|i| tcp_frame(49152 + i as u16, 8080, 100 + i))
+            .collect();
+        for (k, chunk) in back.chunks(10).enumerate() {
+            send_all(&mut b[k], &mut p, chunk);
+        }
+        let mut seen = 0;
+        for (k, dev) in a.iter_mut().enumerate() {
+            let got = drain(dev, &mut p);
+            assert!(got.iter().all(|f| link_queue(f, 2) == k));
+            seen += got.len();
+        }
+        assert_eq!(seen, 30);
+        // A frame with no ports (ARP) goes to queue 0.
+        let mut arp = vec![0u8; 60];
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        send_all(&mut b[2], &mut p, &[arp.clone()]);
+        assert_eq!(drain(&mut a[0], &mut p), vec![arp]);
+        // The side stays up while any of its queues is open.
+        let last = b.pop().unwrap();
+        drop(b);
+        assert_eq!(a[0].link_state(), LinkState::Up);
+        drop(last);
+        std::thread::sleep(LIVENESS_CACHE * 2);
+        assert_eq!(a[1].link_state(), LinkState::Down);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn a_sleeping_queue_is_woken_by_any_peer_queue() {
+        let n = name("shwake");
+        let mut a = ShmDevice::open_queues(&n, &cfg(64), 2).unwrap();
+        let mut b = ShmDevice::open(&n, &ShmConfig::default()).unwrap();
+        let a1 = a.pop().unwrap();
+        let th = std::thread::spawn(move || {
+            let mut a1 = a1;
+            let mut p = pool(64, 2048);
+            let t = Instant::now();
+            let mut got = Vec::new();
+            while got.is_empty() {
+                assert!(t.elapsed() < Duration::from_secs(10), "never woken");
+                a1.wait(Some(Duration::from_secs(5))).unwrap();
+                a1.rx_burst(&mut p, &mut got, 8).unwrap();
+            }
+            let n = got.len();
+            for f in got {
+                p.free(f);
+            }
+            (n, t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let mut p = pool(64, 2048);
+        // Port 49153 is odd: queue 1 of two.
+        send_all(&mut b, &mut p, &[tcp_frame(80, 49153, 1)]);
+        let (n, waited) = th.join().unwrap();
+        assert_eq!(n, 1);
+        assert!(waited < Duration::from_secs(5), "woken, not timed out");
+    }
+
+    #[test]
+    fn too_few_queues_for_the_shards_is_a_clear_error() {
+        let n = name("fewq");
+        let _a = ShmDevice::open(
+            &n,
+            &ShmConfig {
+                queues: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let e = ShmDevice::open_queues(&n, &ShmConfig::default(), 3).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("has 2 queues per side, fewer than the 3 shards"),
+            "{e}"
+        );
+        let e = ShmDevice::open(
+            &n,
+            &ShmConfig {
+                queues: Some(4),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("2 queues per side"), "{e}");
+        assert!(matches!(
+            ShmDevice::open_queues(&n, &ShmConfig::default(), 17),
+            Err(LinkError::BadQueues(17))
+        ));
+        let b = ShmDevice::open_queues(&n, &ShmConfig::default(), 2).unwrap();
+        assert_eq!(b.len(), 2);
     }
 
     /// Not a test by itself: the child process of `peer_process_death_is_seen`.

@@ -109,8 +109,10 @@ pub struct LinkOptions {
     pub fault: Option<FaultConfig>,
     /// CIDRs given to the Linux side of a TAP, e.g. "10.20.0.1/24", "fd00:20::1/64".
     pub tap_host_addrs: Vec<String>,
-    /// Slots per direction of a shm link (a power of two).
+    /// Slots per ring of a shm link (a power of two).
     pub shm_slots: Option<usize>,
+    /// Queues per side of a shm link (when this side creates it).
+    pub shm_queues: Option<usize>,
     /// TAP: negotiate TCP segmentation offload (TUN_F_TSO4/6), so the stack may hand
     /// the kernel 64 KiB TCP frames and the kernel sends it coalesced ones. Other
     /// links ignore it.
@@ -121,6 +123,15 @@ pub struct LinkOptions {
     /// AF_XDP: the stack's MAC and addresses (the steering program redirects the
     /// frames for them) and the bind mode. Other links ignore it.
     pub xdp: XdpOptions,
+}
+
+fn shm_config(opts: &LinkOptions) -> ShmConfig {
+    ShmConfig {
+        mtu: opts.mtu,
+        slots: opts.shm_slots,
+        queues: opts.shm_queues,
+        ..ShmConfig::default()
+    }
 }
 
 /// Opens the link named by `spec`, wrapped in a fault injector and then a pcap writer
@@ -135,14 +146,7 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
                 tso: opts.tso,
             },
         )?),
-        LinkSpec::Shm(name) => Box::new(ShmDevice::open(
-            name,
-            &ShmConfig {
-                mtu: opts.mtu,
-                slots: opts.shm_slots,
-                ..ShmConfig::default()
-            },
-        )?),
+        LinkSpec::Shm(name) => Box::new(ShmDevice::open(name, &shm_config(opts))?),
         LinkSpec::AfPacket(ifname) => Box::new(AfPacketDevice::open(ifname, opts.mtu)?),
         LinkSpec::Xdp { ifname, queue } => {
             Box::new(XdpDevice::open(ifname, *queue, opts.mtu, &opts.xdp)?)
@@ -165,7 +169,7 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
 /// fanout group with the steering program ([`crate::bpf::shard_steering`]), TAP
 /// with one queue per shard, AF_XDP with one socket per RX queue (shard `i` on
 /// queue `i`: the interface's own hash picks the queue, so frames it put on the
-/// wrong one are handed over). With `opts.pcap`, shard `i` writes `NAME.i.pcap`.
+/// wrong one are handed over), shm with one queue per shard (the sender steers). With `opts.pcap`, shard `i` writes `NAME.i.pcap`.
 pub fn open_shards(
     spec: &LinkSpec,
     opts: &LinkOptions,
@@ -197,6 +201,10 @@ pub fn open_shards(
                 .map(|d| Box::new(d) as Box<dyn Device>)
                 .collect()
         }
+        LinkSpec::Shm(name) => ShmDevice::open_queues(name, &shm_config(opts), n)?
+            .into_iter()
+            .map(|d| Box::new(d) as Box<dyn Device>)
+            .collect(),
         other => return Err(LinkError::NoShards(other.to_string())),
     };
     devs.into_iter()

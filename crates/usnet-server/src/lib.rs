@@ -706,7 +706,7 @@ impl ServerHandle {
             listeners: Mutex::new(vec![Vec::new(); n]),
         });
         let boxes = if n > 1 {
-            Some(usnet_driver::Mailboxes::new(n)?)
+            Some(usnet_driver::Mailboxes::new(n, parts[0].1.wait_kind())?)
         } else {
             None
         };

@@ -26,8 +26,8 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::socket::EPHEMERAL_FIRST;
 use crate::time::Instant;
+use usnet_wire::steer::EPHEMERAL_FIRST;
 
 /// This stack's place among the shards of one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,24 +73,7 @@ impl ShardRole {
     }
 }
 
-/// The value a flow's shard is taken from (modulo the shard count), seen from this
-/// host: `local` is our port. An ephemeral local port is its own value; otherwise the
-/// two ports are mixed (a multiplicative hash), since a peer's ports need not vary
-/// in their low bits (Linux gives `connect` even ports only).
-#[inline]
-pub fn flow_value(local: u16, remote: u16) -> u32 {
-    if local >= EPHEMERAL_FIRST {
-        u32::from(local)
-    } else {
-        u32::from(local ^ remote).wrapping_mul(0x9e37_79b1) >> 16
-    }
-}
-
-/// The shard of a TCP or UDP flow among `n`, seen from this host.
-#[inline]
-pub fn flow_shard(local: u16, remote: u16, n: usize) -> usize {
-    flow_value(local, remote) as usize % n
-}
+pub use usnet_wire::steer::{flow_shard, flow_value, link_queue, link_queue_value};
 
 /// Who must process a received frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,40 +118,6 @@ const PROTO_ICMPV6: u8 = 58;
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
-}
-
-/// The queue (shard) a link steers a received frame to, as the link's own program
-/// computes it: for unfragmented TCP and UDP the raw value the AF_PACKET fanout
-/// program returns (the kernel takes it modulo the group size), 0 for the rest.
-pub fn link_queue_value(frame: &[u8]) -> u32 {
-    let ports = |at: usize| -> Option<u32> {
-        let src = be16(frame, at)?;
-        let dst = be16(frame, at + 2)?;
-        Some(flow_value(dst, src))
-    };
-    let v = match be16(frame, 12) {
-        Some(ETHERTYPE_IPV4) => {
-            let frag = be16(frame, ETH_HDR + 6).unwrap_or(0x3fff);
-            let proto = frame.get(ETH_HDR + 9).copied();
-            let ihl = usize::from(frame.get(ETH_HDR).copied().unwrap_or(0) & 0x0f) * 4;
-            match proto {
-                Some(PROTO_TCP | PROTO_UDP) if frag & 0x3fff == 0 => ports(ETH_HDR + ihl),
-                _ => None,
-            }
-        }
-        Some(ETHERTYPE_IPV6) => match frame.get(ETH_HDR + 6).copied() {
-            Some(PROTO_TCP | PROTO_UDP) => ports(ETH_HDR + 40),
-            _ => None,
-        },
-        _ => None,
-    };
-    v.unwrap_or(0)
-}
-
-/// [`link_queue_value`] for `n` queues.
-#[inline]
-pub fn link_queue(frame: &[u8], n: usize) -> usize {
-    link_queue_value(frame) as usize % n.max(1)
 }
 
 /// Who must process `frame` among `n` shards.

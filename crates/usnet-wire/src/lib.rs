@@ -20,6 +20,7 @@ pub mod ipv4;
 pub mod ipv6;
 pub mod mld;
 pub mod quoted;
+pub mod steer;
 pub mod tcp;
 pub mod udp;
 

@@ -166,8 +166,8 @@ pub(crate) struct SocketSet {
     next_seq: u64,
 }
 
-/// First port of the ephemeral range (IANA's, RFC 6335).
-pub(crate) const EPHEMERAL_FIRST: u16 = 49152;
+/// First port of the ephemeral range (IANA's, RFC 6335); the shards' steering names it.
+pub(crate) use usnet_wire::steer::EPHEMERAL_FIRST;
 
 /// Starts an ephemeral-port cursor somewhere in the range, from a seed.
 pub(crate) fn ephemeral_start(seed: u64) -> u16 {
