@@ -301,8 +301,19 @@ impl Redirects {
                 return None;
             }
             if let Some(e) = self.flows.get_mut(&key) {
-                e.1 = now;
-                return Some(usize::from(e.0));
+                let held = self
+                    .ports
+                    .get(&(flow.proto, flow.local.port()))
+                    .is_some_and(|to| to.contains(&e.0));
+                // A connection's segments follow its SYN's choice, whatever the port's
+                // holders now (it lives there until it closes); so does its SYN sent
+                // again. A SYN on a remembered pair whose shard no longer holds the
+                // port opens a new connection (the old one is over): decide again.
+                if !flow.syn || held {
+                    e.1 = now;
+                    return Some(usize::from(e.0));
+                }
+                self.flows.remove(&key);
             }
         }
         let to = self.ports.get(&(flow.proto, flow.local.port()))?;
@@ -374,6 +385,39 @@ mod tests {
         p.extend_from_slice(&dst.to_be_bytes());
         p.extend_from_slice(&[0; 16]);
         p
+    }
+
+    #[test]
+    fn a_remembered_flow_follows_its_syn_until_a_new_syn_finds_the_port_moved() {
+        let mut r = Redirects::default();
+        let t = Instant::ZERO;
+        let flow = |syn| Flow {
+            proto: PROTO_TCP,
+            local: "10.0.0.2:80".parse().unwrap(),
+            remote: "10.0.0.1:40000".parse().unwrap(),
+            syn,
+        };
+        r.set_port(PROTO_TCP, 80, &[2]);
+        assert_eq!(r.target(&flow(true), false, t), Some(2));
+        assert_eq!(r.target(&flow(false), false, t), Some(2));
+        // The port's only listener moved back here: the connection lives on on shard
+        // 2, and its segments (a SYN sent again included while 2 holds the port) go
+        // there.
+        r.set_port(PROTO_TCP, 80, &[]);
+        assert_eq!(r.target(&flow(false), false, t), Some(2));
+        // A new SYN on the same pair is a new connection: it stays, and the pair is
+        // forgotten.
+        assert_eq!(r.target(&flow(true), false, t), None);
+        assert_eq!(r.flows(), 0);
+        assert_eq!(r.target(&flow(false), false, t), None);
+        // Held elsewhere again, by shard 2 among others: a retransmitted SYN keeps
+        // its first choice.
+        r.set_port(PROTO_TCP, 80, &[1]);
+        assert_eq!(r.target(&flow(true), false, t), Some(1));
+        r.set_port(PROTO_TCP, 80, &[1, 3]);
+        assert_eq!(r.target(&flow(true), false, t), Some(1));
+        // A local connection always keeps its segments.
+        assert_eq!(r.target(&flow(false), true, t), None);
     }
 
     #[test]
