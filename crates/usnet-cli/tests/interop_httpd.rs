@@ -530,11 +530,10 @@ fn shard_line(log: &str, i: usize) -> (u64, u64) {
 /// `usnet httpd --shards 2` on AF_PACKET (a fanout group steered by the shards'
 /// program), on a multi-queue TAP and on AF_XDP over a two-queue veth: curl with
 /// every byte checked and wrk with many connections; both shards serve. On
-/// AF_PACKET no frame is handed between shards (the link steers each to its owner);
-/// on the TAP a flow's first frames may land by the kernel's hash, until its flow
-/// table learns the owner's queue from the owner's first reply: at most a few per
-/// connection. On AF_XDP the veth's peer picks the queue (its socket's hash), so the
-/// frames it puts on the other shard's queue are handed over all along.
+/// AF_PACKET and on the TAP no frame is handed between shards (the fanout program,
+/// the TAP's steering program, steer each to its owner). On AF_XDP the veth's peer
+/// picks the queue (its socket's hash), so the frames it puts on the other shard's
+/// queue are handed over all along.
 #[test]
 fn two_shards_on_af_packet_af_xdp_and_a_multi_queue_tap_serve_curl_and_wrk() {
     require_root!();
@@ -594,7 +593,6 @@ fn two_shards_on_af_packet_af_xdp_and_a_multi_queue_tap_serve_curl_and_wrk() {
             o.describe()
         );
         let log = h.stop();
-        let conns = 64 + 4;
         for i in 0..2 {
             let (requests, handed) = shard_line(&log, i);
             assert!(
@@ -606,8 +604,7 @@ fn two_shards_on_af_packet_af_xdp_and_a_multi_queue_tap_serve_curl_and_wrk() {
                 // run (of many) saw 2 of about 160,000 frames handed on a shard
                 // (zero-copy run; cause not found yet: the program and the Rust
                 // owner agree on every generated packet), so a handful is let by.
-                "afpacket" => assert!(handed <= 4, "{api} {kind}: shard {i}:\n{log}"),
-                "tap" => assert!(handed <= 4 * conns, "{api} {kind}: shard {i}:\n{log}"),
+                "afpacket" | "tap" => assert!(handed <= 4, "{api} {kind}: shard {i}:\n{log}"),
                 _ => {}
             }
         }

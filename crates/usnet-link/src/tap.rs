@@ -172,6 +172,34 @@ fn is_link_gone(e: &io::Error) -> bool {
     )
 }
 
+/// `TUNSETSTEERINGEBPF` (`_IOR('T', 224, int)`).
+const TUNSETSTEERINGEBPF: libc::c_ulong = 0x8004_54e0;
+
+/// Installs the shards' steering program on a multi-queue TAP (one for all its
+/// queues): the kernel then puts each frame it sends into the TAP on the queue of
+/// the shard that owns it (`usnet_wire::steer::link_queue`), from a flow's first
+/// frame on. The TAP keeps the program until it is replaced or the TAP goes.
+fn set_steering(fd: &OwnedFd) -> Result<(), String> {
+    let prog = crate::xdp::bpf::load_socket_filter(&crate::ebpf::tap_steering(), "usnet_tap_steer")
+        .map_err(|(e, log)| {
+            format!(
+                "cannot load it: {e}{}",
+                if log.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {log}")
+                }
+            )
+        })?;
+    let raw: libc::c_int = prog.as_raw_fd();
+    // SAFETY: TUNSETSTEERINGEBPF reads an int (the program's fd) from the pointer,
+    // which lives across the call; the TAP takes its own reference to the program.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETSTEERINGEBPF, &raw) } < 0 {
+        return Err(format!("cannot attach it: {}", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Opens one queue of the TAP interface `ifname` (creating it if needed) with the
 /// vnet header and checksum (and with `tso`, segmentation) offloads.
 fn open_queue(
@@ -274,6 +302,15 @@ impl TapDevice {
         let fds = (0..n.max(1))
             .map(|_| open_queue(ifname, &spec, cfg.tso, n > 1))
             .collect::<Result<Vec<OwnedFd>, LinkError>>()?;
+        if n > 1 {
+            // Best effort: without the program the kernel's own hash and flow table
+            // choose the queue, and the shards hand over what lands elsewhere.
+            if let Err(why) = set_steering(&fds[0]) {
+                eprintln!(
+                    "usnet: {spec}: no steering program ({why}): a flow's first frames may land on another shard and be handed over"
+                );
+            }
+        }
         match cfg.mtu {
             Some(m) => sys::run_ip(&["link", "set", "dev", ifname, "mtu", &m.to_string(), "up"])?,
             None => sys::run_ip(&["link", "set", "dev", ifname, "up"])?,
@@ -707,6 +744,73 @@ pub(crate) mod tests {
         }
         // Dropping the device removed the interface.
         assert!(sys::if_index(name).is_err());
+        assert_eq!(p.in_use(), 0);
+    }
+
+    /// A two-queue TAP with the steering program: every datagram the kernel sends
+    /// into it, from a flow's first on, arrives on the queue that owns it.
+    #[test]
+    fn tap_queues_get_each_frame_on_the_queue_that_owns_it() {
+        if !sys::is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let name = "usnett2";
+        let mut p = pool(1024, 2048);
+        let mut devs = TapDevice::open_queues(
+            name,
+            &TapConfig {
+                mtu: Some(1500),
+                host_addrs: vec!["10.98.0.1/24".into()],
+                tso: false,
+            },
+            2,
+        )
+        .unwrap();
+        // A neighbour the kernel need not ask for: datagrams leave at once.
+        sys::run_ip(&[
+            "neigh",
+            "replace",
+            "10.98.0.2",
+            "lladdr",
+            "02:00:00:00:98:02",
+            "dev",
+            name,
+        ])
+        .unwrap();
+        let sock = std::net::UdpSocket::bind("10.98.0.1:0").unwrap();
+        let mut sent = 0;
+        for dst in [7u16, 80, 443, 5353, 49152, 49153, 50000, 61001] {
+            for src in 0..8u16 {
+                let s =
+                    std::net::UdpSocket::bind(("10.98.0.1", 40000 + src * 7 + dst % 5)).unwrap();
+                s.send_to(b"steer me", ("10.98.0.2", dst)).unwrap();
+                sent += 1;
+            }
+        }
+        drop(sock);
+        let mut got = [0usize; 2];
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut frames = Vec::new();
+        let mut v = Vec::new();
+        while got[0] + got[1] < sent && Instant::now() < end {
+            for (q, dev) in devs.iter_mut().enumerate() {
+                dev.rx_burst(&mut p, &mut frames, 64).unwrap();
+                for f in frames.drain(..) {
+                    p.copy_chain(&f, &mut v);
+                    p.free(f);
+                    // Only our datagrams (the kernel may also send IPv6 chatter).
+                    if v.len() > 42 && v[12..14] == [0x08, 0x00] && v[23] == 17 {
+                        assert_eq!(usnet_wire::steer::link_queue(&v, 2), q, "{:02x?}", &v[..42]);
+                        got[q] += 1;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(got[0] + got[1], sent, "every datagram arrived");
+        assert!(got[0] > 0 && got[1] > 0, "both queues: {got:?}");
+        drop(devs);
         assert_eq!(p.in_use(), 0);
     }
 

@@ -1,13 +1,13 @@
-//! The few bpf(2) commands the AF_XDP link needs: an XSKMAP, loading the steering
-//! program, attaching it to an interface through a BPF link, and (for tests) running
-//! it on a frame. Each command's part of `union bpf_attr` is a `#[repr(C)]` struct
+//! The few bpf(2) commands usnet needs: an XSKMAP, loading the AF_XDP steering
+//! program (and the TAP steering program, a socket filter), attaching the XDP program
+//! to an interface through a BPF link, and (for tests) running a program on a frame. Each command's part of `union bpf_attr` is a `#[repr(C)]` struct
 //! laid out as in `<linux/bpf.h>`; the kernel takes the size we pass and treats the
 //! rest of the union as zero.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::prog::Insn;
+use crate::ebpf::Insn;
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
@@ -17,6 +17,7 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 /// `enum bpf_attach_type`: BPF_XDP.
 const BPF_XDP: u32 = 37;
@@ -177,15 +178,30 @@ pub fn map_delete_u32(map: &OwnedFd, key: u32) -> io::Result<()> {
 
 /// Loads an XDP program. On failure the error carries the verifier's log.
 pub fn load_xdp(insns: &[Insn], name: &str) -> Result<OwnedFd, (io::Error, String)> {
+    load(BPF_PROG_TYPE_XDP, BPF_XDP, insns, name)
+}
+
+/// Loads a socket filter program (what `TUNSETSTEERINGEBPF` takes). On failure the
+/// error carries the verifier's log.
+pub fn load_socket_filter(insns: &[Insn], name: &str) -> Result<OwnedFd, (io::Error, String)> {
+    load(BPF_PROG_TYPE_SOCKET_FILTER, 0, insns, name)
+}
+
+fn load(
+    prog_type: u32,
+    expected_attach_type: u32,
+    insns: &[Insn],
+    name: &str,
+) -> Result<OwnedFd, (io::Error, String)> {
     let license = c"Dual MIT/GPL";
     let words: Vec<u64> = insns.iter().map(|i| i.encode()).collect();
     let mut a = ProgLoad {
-        prog_type: BPF_PROG_TYPE_XDP,
+        prog_type,
         insn_cnt: words.len() as u32,
         insns: words.as_ptr() as u64,
         license: license.as_ptr() as u64,
         prog_name: name16(name),
-        expected_attach_type: BPF_XDP,
+        expected_attach_type,
         ..ProgLoad::default()
     };
     match bpf(BPF_PROG_LOAD, &mut a) {
@@ -230,6 +246,28 @@ pub fn test_run_xdp(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
         data_size_in: frame.len() as u32,
         data_size_out: out.len() as u32,
         data_in: frame.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..TestRun::default()
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut a).map(|_| a.retval)
+}
+
+/// Runs a socket filter `prog` once on an Ethernet `frame` (BPF_PROG_TEST_RUN) and
+/// returns its value. The test run strips an Ethernet header before the program
+/// sees the packet (`eth_type_trans`), while a TAP's steering program sees the frame
+/// from its Ethernet header: so a dummy header goes in front. For tests.
+pub fn test_run_skb(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
+    let mut input = vec![0u8; 14];
+    input[0] = 0x02; // a unicast MAC
+    input[12..14].copy_from_slice(&[0x08, 0x00]);
+    input.extend_from_slice(frame);
+    let mut out = vec![0u8; input.len() + 512];
+    let mut a = TestRun {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: input.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: input.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
         repeat: 1,
         ..TestRun::default()

@@ -25,51 +25,8 @@ pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_REDIRECT: u32 = 4;
 
-/// One eBPF instruction (`struct bpf_insn`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Insn {
-    pub code: u8,
-    pub dst: u8,
-    pub src: u8,
-    pub off: i16,
-    pub imm: i32,
-}
+use crate::ebpf::{Asm, Insn, BPF_H, BPF_W};
 
-impl Insn {
-    /// The 8 bytes the kernel reads, as a little-endian word: code, dst (low nibble) |
-    /// src (high nibble), offset, immediate.
-    pub fn encode(&self) -> u64 {
-        let regs = (self.dst & 0x0f) | (self.src << 4);
-        u64::from(self.code)
-            | u64::from(regs) << 8
-            | u64::from(self.off as u16) << 16
-            | u64::from(self.imm as u32) << 32
-    }
-}
-
-// Opcode parts (linux/bpf_common.h, linux/bpf.h).
-const BPF_LD: u8 = 0x00;
-const BPF_LDX: u8 = 0x01;
-const BPF_JMP: u8 = 0x05;
-const BPF_JMP32: u8 = 0x06;
-const BPF_ALU64: u8 = 0x07;
-const BPF_W: u8 = 0x00;
-const BPF_H: u8 = 0x08;
-const BPF_DW: u8 = 0x18;
-const BPF_IMM: u8 = 0x00;
-const BPF_MEM: u8 = 0x60;
-const BPF_K: u8 = 0x00;
-const BPF_X: u8 = 0x08;
-const BPF_ADD: u8 = 0x00;
-const BPF_MOV: u8 = 0xb0;
-const BPF_JA: u8 = 0x00;
-const BPF_JEQ: u8 = 0x10;
-const BPF_JGT: u8 = 0x20;
-const BPF_JNE: u8 = 0x50;
-const BPF_CALL: u8 = 0x80;
-const BPF_EXIT: u8 = 0x90;
-/// ld_imm64's source register that makes the immediate a map fd.
-const BPF_PSEUDO_MAP_FD: u8 = 1;
 /// Helper number of `bpf_redirect_map`.
 const FN_REDIRECT_MAP: i32 = 51;
 
@@ -87,82 +44,6 @@ enum Label {
     Pass,
     /// The next candidate of a list (local to one comparison).
     Next(usize),
-}
-
-/// A tiny assembler: instructions plus forward jumps patched when their label is
-/// placed.
-#[derive(Default)]
-struct Asm {
-    insns: Vec<Insn>,
-    fixups: Vec<(usize, Label)>,
-    labels: Vec<(Label, usize)>,
-}
-
-impl Asm {
-    fn push(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
-        self.insns.push(Insn {
-            code,
-            dst,
-            src,
-            off,
-            imm,
-        });
-    }
-    fn mov64_reg(&mut self, dst: u8, src: u8) {
-        self.push(BPF_ALU64 | BPF_MOV | BPF_X, dst, src, 0, 0);
-    }
-    fn mov64_imm(&mut self, dst: u8, imm: i32) {
-        self.push(BPF_ALU64 | BPF_MOV | BPF_K, dst, 0, 0, imm);
-    }
-    fn add64_imm(&mut self, dst: u8, imm: i32) {
-        self.push(BPF_ALU64 | BPF_ADD | BPF_K, dst, 0, 0, imm);
-    }
-    fn ldx(&mut self, size: u8, dst: u8, src: u8, off: i16) {
-        self.push(BPF_LDX | size | BPF_MEM, dst, src, off, 0);
-    }
-    fn ld_map_fd(&mut self, dst: u8, fd: i32) {
-        self.push(BPF_LD | BPF_DW | BPF_IMM, dst, BPF_PSEUDO_MAP_FD, 0, fd);
-        self.push(0, 0, 0, 0, 0);
-    }
-    /// A conditional or unconditional jump to `to`, patched later.
-    fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: Label) {
-        self.fixups.push((self.insns.len(), to));
-        self.push(code, dst, src, 0, imm);
-    }
-    fn ja(&mut self, to: Label) {
-        self.jump(BPF_JMP | BPF_JA, 0, 0, 0, to);
-    }
-    /// if (u32)dst != imm goto to
-    fn jne32(&mut self, dst: u8, imm: u32, to: Label) {
-        self.jump(BPF_JMP32 | BPF_JNE | BPF_K, dst, 0, imm as i32, to);
-    }
-    /// if (u32)dst == imm goto to
-    fn jeq32(&mut self, dst: u8, imm: u32, to: Label) {
-        self.jump(BPF_JMP32 | BPF_JEQ | BPF_K, dst, 0, imm as i32, to);
-    }
-    /// if dst > src goto to (unsigned, 64-bit)
-    fn jgt_reg(&mut self, dst: u8, src: u8, to: Label) {
-        self.jump(BPF_JMP | BPF_JGT | BPF_X, dst, src, 0, to);
-    }
-    fn call(&mut self, helper: i32) {
-        self.push(BPF_JMP | BPF_CALL, 0, 0, 0, helper);
-    }
-    fn exit(&mut self) {
-        self.push(BPF_JMP | BPF_EXIT, 0, 0, 0, 0);
-    }
-    fn place(&mut self, l: Label) {
-        self.labels.push((l, self.insns.len()));
-    }
-    /// Resolves every jump; `None` if a label was never placed or a jump went
-    /// backwards (the program has no loops).
-    fn finish(mut self) -> Option<Vec<Insn>> {
-        for &(at, l) in &self.fixups {
-            let target = self.labels.iter().find(|(m, _)| *m == l)?.1;
-            let off = target.checked_sub(at + 1)?;
-            self.insns[at].off = i16::try_from(off).ok()?;
-        }
-        Some(self.insns)
-    }
 }
 
 /// What the program steers to the socket.
@@ -216,7 +97,7 @@ pub fn steering_program(s: &Steering, map_fd: i32) -> Option<Vec<Insn>> {
     if s.ipv4.len() > MAX_ADDRS || s.ipv6.len() > MAX_ADDRS {
         return None;
     }
-    let mut a = Asm::default();
+    let mut a = Asm::<Label>::default();
     // r6 = ctx; r2 = data; r3 = data_end
     a.mov64_reg(6, 1);
     a.ldx(BPF_W, 2, 6, MD_DATA);
@@ -297,6 +178,7 @@ pub fn steers(s: &Steering, frame: &[u8]) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ebpf::*;
 
     pub(crate) fn steering() -> Steering {
         Steering {
