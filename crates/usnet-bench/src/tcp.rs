@@ -1192,8 +1192,11 @@ fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
 /// A usnet application: a stack and its device, driven from this loop.
 struct App {
     driver: Driver<Box<dyn Device>>,
-    /// When the device last delivered or took a frame.
-    last_work: Instant,
+    /// When the device last delivered or took a frame (stack time: the turn's clock
+    /// read).
+    last_work: usnet_stack::Instant,
+    /// When the last turn ran: the loops' deadlines read no clock of their own.
+    now: usnet_stack::Instant,
     /// How long a turn keeps spinning after the last frame before it sleeps on the
     /// device, like the runtime's poll thread.
     spin: Duration,
@@ -1278,9 +1281,11 @@ impl App {
         let mut driver = Driver::new(stack, dev, SystemClock::new());
         driver.bind_device()?;
         driver.set_burst(BURST);
+        let last_work = driver.now();
         Ok(App {
             driver,
-            last_work: Instant::now(),
+            last_work,
+            now: last_work,
             // Two usnet ends over shm each have a core and no kernel work to make room
             // for: a futex sleep there only adds wake-up latency (64 KiB bulk: 52 vs
             // 88 Gbit/s), so they poll without sleeping.
@@ -1300,14 +1305,25 @@ impl App {
     /// window.
     fn turn(&mut self) -> Res<usize> {
         let t = self.driver.turn()?;
+        self.now = t.now;
         if t.received > 0 || t.sent > 0 || t.tx_backlog > 0 {
-            self.last_work = Instant::now();
-        } else if self.last_work.elapsed() >= self.spin {
+            self.last_work = t.now;
+        } else if t.now.saturating_since(self.last_work) >= self.spin {
             // Idle past the spin window: sleep on the device instead of taking a core
             // the peer (on this 2-core machine, the Linux side) needs.
             self.driver.wait(Duration::from_millis(1))?;
         }
         Ok(t.received)
+    }
+
+    /// A deadline `d` from now, in the turns' time.
+    fn deadline(&self, d: Duration) -> usnet_stack::Instant {
+        self.driver.now() + d
+    }
+
+    /// Whether the last turn ran at or after `end`.
+    fn past(&self, end: usnet_stack::Instant) -> bool {
+        self.now >= end
     }
 
     fn check_link(&self) -> Res<()> {
@@ -1425,7 +1441,7 @@ fn usnet_bulk_server(
 ) -> Res<Value> {
     let mut buf = vec![0u8; a.size];
     let (mut got, mut first, mut bad) = (0u64, None::<Instant>, None);
-    let end = Instant::now() + wait;
+    let end = app.deadline(wait);
     loop {
         match app.stack().tcp_recv(h, &mut buf) {
             Ok(0) => break,
@@ -1441,7 +1457,7 @@ fn usnet_bulk_server(
             Err(e) => return Err(e.into()),
         }
         app.turn()?;
-        if Instant::now() > end {
+        if app.past(end) {
             return Err("the stream did not end".into());
         }
         app.check_link()?;
@@ -1463,8 +1479,8 @@ fn usnet_bulk_client(
     let mut sent = 0u64;
     let mut pos = 0usize; // bytes of the current message already taken
     stamp_fill(&mut buf, 0, a.stride);
-    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
-    while Instant::now() < end {
+    let end = app.deadline(Duration::from_secs_f64(a.seconds));
+    while !app.past(end) {
         loop {
             match app.stack().tcp_send(h, &buf[pos..]) {
                 Ok(n) => {

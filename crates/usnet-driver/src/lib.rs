@@ -75,6 +75,9 @@ pub struct Turn {
     /// device, and in protocol and application work (0 otherwise).
     pub rx_ns: u64,
     pub work_ns: u64,
+    /// The time this turn ran at (the one clock read of the turn), for a loop's own
+    /// spin window and deadlines, so it need not read the clock again.
+    pub now: Instant,
 }
 
 impl Turn {
@@ -286,6 +289,7 @@ impl<D: Device, C: Clock> Driver<D, C> {
             link_changed,
             rx_ns,
             work_ns,
+            now,
         })
     }
 

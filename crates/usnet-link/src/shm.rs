@@ -309,8 +309,9 @@ pub struct ShmDevice {
     spin: Duration,
     /// The rx bell's `seq` as of the last wake-up `wait` acted on.
     seen_seq: u32,
-    /// (checked at, peer generation, alive): the lock probe runs at most every 50 ms.
-    alive_cache: Cell<(Instant, u32, bool)>,
+    /// (checked at, on the coarse clock; peer generation; alive): the lock probe runs
+    /// at most every 50 ms.
+    alive_cache: Cell<(Duration, u32, bool)>,
     stats: DeviceStats,
 }
 
@@ -658,7 +659,7 @@ impl ShmDevice {
                     max_frame: lay.mtu + FRAME_OVERHEAD,
                     spin: cfg.spin,
                     seen_seq,
-                    alive_cache: Cell::new((Instant::now() - LIVENESS_CACHE * 2, 0, false)),
+                    alive_cache: Cell::new((Duration::ZERO, 0, false)),
                     stats: DeviceStats::default(),
                 }
             })
@@ -703,13 +704,18 @@ impl ShmDevice {
         }
         // The generation changes when the side is reclaimed: a new owner is probed at once.
         let generation = self.region.u32(at + SIDE_GEN).load(Ordering::Acquire);
+        // Asked on every burst: the coarse clock costs no TSC read.
+        let now = crate::sys::coarse_now();
         let (checked, cached_gen, alive) = self.alive_cache.get();
-        if cached_gen == generation && checked.elapsed() < LIVENESS_CACHE {
+        if cached_gen == generation
+            && checked != Duration::ZERO
+            && now.saturating_sub(checked) < LIVENESS_CACHE
+        {
             return alive;
         }
         let alive =
             liveness::claimed_by_other(self.region.file(), LOCK_SIDE[peer]).unwrap_or(false);
-        self.alive_cache.set((Instant::now(), generation, alive));
+        self.alive_cache.set((now, generation, alive));
         alive
     }
 

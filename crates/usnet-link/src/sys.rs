@@ -62,6 +62,19 @@ pub(crate) fn getsockopt<T: Default>(
     Ok(v)
 }
 
+/// The coarse monotonic clock (the last tick's time: a few ms of resolution, read
+/// without the TSC), for checks made on every burst whose period is far above a
+/// tick (a peer's liveness every 50 ms).
+pub(crate) fn coarse_now() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 #[cfg(test)]
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

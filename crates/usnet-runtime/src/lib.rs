@@ -281,7 +281,8 @@ impl NetStack {
 /// says (without the lock) after a short spin.
 fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
     let mut ready = Vec::new();
-    let mut last_work = std::time::Instant::now();
+    // Stack time, from each turn's one clock read.
+    let mut last_work = shared.lock().driver.now();
     loop {
         if shared.stop.load(Ordering::Acquire) {
             break;
@@ -310,7 +311,7 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
             inner.waiters > 0 && (!ready.is_empty() || t.sent > 0 || t.link_changed || t.worked);
         ready.clear();
         if t.busy() {
-            last_work = std::time::Instant::now();
+            last_work = t.now;
         }
         if t.tx_backlog > 0 {
             // The device pushed back: retry soon without sleeping long.
@@ -321,7 +322,7 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
             std::thread::yield_now();
             continue;
         }
-        if last_work.elapsed() < rt.spin {
+        if t.now.saturating_since(last_work) < rt.spin {
             drop(g);
             if notify {
                 shared.cond.notify_all();

@@ -891,16 +891,15 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             .map_err(|e| format!("the loop's nice value {nice}: {e}"))?;
     }
     let mut ready = Vec::new();
-    let mut last_work = Instant::now();
+    // The spin window runs on the wall clock (the stack's may be virtual, and stand
+    // still while the loop waits), read only on idle passes: a busy pass reads
+    // nothing but the turn's clock.
+    let mut idle_since: Option<Instant> = None;
     let interval = lp.driver.stack().config().rx_policy.interval;
-    let mut owners_read = Instant::now();
+    let mut owners_read = lp.driver.now();
     let result = loop {
         if lp.stop.load(Ordering::Acquire) {
             break Ok(());
-        }
-        if owners_read.elapsed() >= interval {
-            owners_read = Instant::now();
-            lp.refresh_owners();
         }
         while let Ok(job) = jobs.try_recv() {
             job(&mut lp);
@@ -910,6 +909,10 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             Ok(t) => t,
             Err(e) => break Err(format!("device: {e}")),
         };
+        if t.now.saturating_since(owners_read) >= interval {
+            owners_read = t.now;
+            lp.refresh_owners();
+        }
         served |= lp.serve(&mut ready);
         let ports_changed = std::mem::take(&mut lp.ports_changed);
         lp.publish_ports(ports_changed);
@@ -918,11 +921,12 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             break Err(format!("device: {e}"));
         }
         if t.busy() || served {
-            last_work = Instant::now();
+            idle_since = None;
             lp.busy_passes += 1;
             continue;
         }
-        if last_work.elapsed() < lp.cfg.spin {
+        let now = Instant::now();
+        if now.duration_since(*idle_since.get_or_insert(now)) < lp.cfg.spin {
             std::hint::spin_loop();
             continue;
         }
