@@ -38,7 +38,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use usnet_driver::{Driver, SystemClock};
+use usnet_driver::{Driver, SpinWindow, SystemClock};
 use usnet_link::{Device, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot, median, percentile, write_json, Table};
@@ -1192,14 +1192,11 @@ fn linux_client(a: &TcpPeerOptions) -> Res<Value> {
 /// A usnet application: a stack and its device, driven from this loop.
 struct App {
     driver: Driver<Box<dyn Device>>,
-    /// When the device last delivered or took a frame (stack time: the turn's clock
-    /// read).
-    last_work: usnet_stack::Instant,
     /// When the last turn ran: the loops' deadlines read no clock of their own.
     now: usnet_stack::Instant,
-    /// How long a turn keeps spinning after the last frame before it sleeps on the
+    /// How long a turn keeps polling after the last frame before it sleeps on the
     /// device, like the runtime's poll thread.
-    spin: Duration,
+    spin: SpinWindow,
 }
 
 impl App {
@@ -1281,19 +1278,18 @@ impl App {
         let mut driver = Driver::new(stack, dev, SystemClock::new());
         driver.bind_device()?;
         driver.set_burst(BURST);
-        let last_work = driver.now();
+        let now = driver.now();
         Ok(App {
             driver,
-            last_work,
-            now: last_work,
+            now,
             // Two usnet ends over shm each have a core and no kernel work to make room
             // for: a futex sleep there only adds wake-up latency (64 KiB bulk: 52 vs
             // 88 Gbit/s), so they poll without sleeping.
-            spin: if shm {
+            spin: SpinWindow::new(if shm {
                 Duration::MAX
             } else {
                 Duration::from_micros(a.spin_us)
-            },
+            }),
         })
     }
 
@@ -1307,8 +1303,8 @@ impl App {
         let t = self.driver.turn()?;
         self.now = t.now;
         if t.received > 0 || t.sent > 0 || t.tx_backlog > 0 {
-            self.last_work = t.now;
-        } else if t.now.saturating_since(self.last_work) >= self.spin {
+            self.spin.worked();
+        } else if !self.spin.keep_polling() {
             // Idle past the spin window: sleep on the device instead of taking a core
             // the peer (on this 2-core machine, the Linux side) needs.
             self.driver.wait(Duration::from_millis(1))?;

@@ -10,11 +10,13 @@ mod clock;
 mod memdev;
 pub mod sched;
 pub mod shards;
+mod spin;
 
 pub use clock::{AnyClock, Clock, ManualClock, SystemClock};
 pub use memdev::{MemDevice, MemQueues};
 pub use sched::{Booster, SchedHook, Setpriority};
 pub use shards::{Mailboxes, Shards};
+pub use spin::SpinWindow;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -40,16 +40,14 @@ pub fn run<D: Device, C: Clock>(
     spin: Duration,
     stop: &AtomicBool,
 ) -> io::Result<Stats> {
-    let mut last_work = Instant::now();
+    let mut window = usnet_driver::SpinWindow::new(spin);
     while !stop.load(Ordering::Relaxed) {
         let t = driver.turn_with(|st| app.poll(st))?;
         if t.busy() {
-            if !spin.is_zero() {
-                last_work = Instant::now();
-            }
+            window.worked();
             continue;
         }
-        if spin.is_zero() || last_work.elapsed() >= spin {
+        if !window.keep_polling() {
             driver.wait(Duration::from_millis(100))?;
         }
     }

@@ -264,14 +264,13 @@ pub fn run_client(stack: &str, cfg: &HttpdConfig, stop: &AtomicBool) -> io::Resu
     let addr = listen_addr(cfg);
     port.listen(addr, 1024)
         .map_err(|e| io::Error::new(e.kind(), format!("listen on {addr}: {e}")))?;
-    let spin = Duration::from_micros(cfg.spin_us);
-    let mut last_work = Instant::now();
+    let mut spin = usnet_driver::SpinWindow::new(Duration::from_micros(cfg.spin_us));
     while !stop.load(Ordering::Relaxed) {
         if logic.turn(&mut port) {
-            last_work = Instant::now();
+            spin.worked();
             continue;
         }
-        if last_work.elapsed() < spin {
+        if spin.keep_polling() {
             std::hint::spin_loop();
             continue;
         }

@@ -281,8 +281,7 @@ impl NetStack {
 /// says (without the lock) after a short spin.
 fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
     let mut ready = Vec::new();
-    // Stack time, from each turn's one clock read.
-    let mut last_work = shared.lock().driver.now();
+    let mut spin = usnet_driver::SpinWindow::new(rt.spin);
     loop {
         if shared.stop.load(Ordering::Acquire) {
             break;
@@ -311,7 +310,7 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
             inner.waiters > 0 && (!ready.is_empty() || t.sent > 0 || t.link_changed || t.worked);
         ready.clear();
         if t.busy() {
-            last_work = t.now;
+            spin.worked();
         }
         if t.tx_backlog > 0 {
             // The device pushed back: retry soon without sleeping long.
@@ -322,7 +321,7 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
             std::thread::yield_now();
             continue;
         }
-        if t.now.saturating_since(last_work) < rt.spin {
+        if spin.keep_polling() {
             drop(g);
             if notify {
                 shared.cond.notify_all();

@@ -891,10 +891,9 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             .map_err(|e| format!("the loop's nice value {nice}: {e}"))?;
     }
     let mut ready = Vec::new();
-    // The spin window runs on the wall clock (the stack's may be virtual, and stand
-    // still while the loop waits), read only on idle passes: a busy pass reads
-    // nothing but the turn's clock.
-    let mut idle_since: Option<Instant> = None;
+    // On the wall clock (the stack's may be virtual, and stand still while the loop
+    // waits), read only on idle passes.
+    let mut spin = usnet_driver::SpinWindow::new(lp.cfg.spin);
     let interval = lp.driver.stack().config().rx_policy.interval;
     let mut owners_read = lp.driver.now();
     let result = loop {
@@ -921,12 +920,11 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             break Err(format!("device: {e}"));
         }
         if t.busy() || served {
-            idle_since = None;
+            spin.worked();
             lp.busy_passes += 1;
             continue;
         }
-        let now = Instant::now();
-        if now.duration_since(*idle_since.get_or_insert(now)) < lp.cfg.spin {
+        if spin.keep_polling() {
             std::hint::spin_loop();
             continue;
         }
