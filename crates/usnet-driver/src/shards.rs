@@ -236,17 +236,7 @@ mod tests {
     use usnet_stack::{ShardRole, StackConfig};
 
     fn driver(index: usize, count: usize) -> Driver<MemDevice, ManualClock> {
-        let (dev, _q) = MemDevice::new(
-            "mem",
-            DeviceCaps {
-                mtu: 1500,
-                rx_csum_offload: false,
-                tx_csum_offload: false,
-                tso: false,
-                max_burst: 64,
-            },
-        )
-        .unwrap();
+        let (dev, _q) = MemDevice::new("mem", DeviceCaps::plain(1500)).unwrap();
         let stack = Stack::new(StackConfig {
             shard: ShardRole::new(index, count),
             addrs: vec!["10.0.0.2/24".parse().unwrap()],

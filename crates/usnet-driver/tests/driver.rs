@@ -8,13 +8,7 @@ use usnet_link::DeviceCaps;
 use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError, TcpState};
 
 fn caps() -> DeviceCaps {
-    DeviceCaps {
-        mtu: 1500,
-        rx_csum_offload: false,
-        tx_csum_offload: false,
-        tso: false,
-        max_burst: 64,
-    }
+    DeviceCaps::plain(1500)
 }
 
 fn end(i: u8, clock: &ManualClock) -> (Driver<MemDevice, ManualClock>, MemQueues) {

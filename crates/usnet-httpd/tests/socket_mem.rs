@@ -55,17 +55,7 @@ fn setup<S: Server>(length: usize) -> (Drv, S) {
 }
 
 fn setup_batch<S: Server>(length: usize, batch: usize) -> (Drv, S) {
-    let (dev, _q) = MemDevice::new(
-        "mem",
-        DeviceCaps {
-            mtu: 1500,
-            rx_csum_offload: false,
-            tx_csum_offload: false,
-            tso: false,
-            max_burst: 64,
-        },
-    )
-    .unwrap();
+    let (dev, _q) = MemDevice::new("mem", DeviceCaps::plain(1500)).unwrap();
     let stack = Stack::new(StackConfig {
         addrs: vec!["10.0.0.1/24".parse().unwrap()],
         ..StackConfig::default()

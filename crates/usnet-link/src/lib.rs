@@ -51,6 +51,20 @@ pub struct DeviceCaps {
     pub max_burst: usize,
 }
 
+impl DeviceCaps {
+    /// A device with no offloads that moves 64 frames a burst: what memory links and
+    /// tests model.
+    pub fn plain(mtu: usize) -> DeviceCaps {
+        DeviceCaps {
+            mtu,
+            rx_csum_offload: false,
+            tx_csum_offload: false,
+            tso: false,
+            max_burst: 64,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkState {
     Up,

@@ -1000,17 +1000,8 @@ pub mod testing {
     ) -> Result<ServerHandle, String> {
         let mut parts = Vec::with_capacity(n);
         for i in 0..n {
-            let (dev, _queues) = MemDevice::new(
-                "mem",
-                DeviceCaps {
-                    mtu: 1500,
-                    rx_csum_offload: false,
-                    tx_csum_offload: false,
-                    tso: false,
-                    max_burst: 64,
-                },
-            )
-            .map_err(|e| e.to_string())?;
+            let (dev, _queues) =
+                MemDevice::new("mem", DeviceCaps::plain(1500)).map_err(|e| e.to_string())?;
             let c = if n > 1 {
                 stack.for_shard(i, n)
             } else {
