@@ -118,6 +118,13 @@ pub struct UpArgs {
     /// (numeric gid; the control socket becomes mode 0660).
     #[arg(long)]
     pub group: Option<u32>,
+    /// Once the link is open, the control socket bound and the loops started, run as
+    /// this user (a name or a numeric uid; its primary group, no supplementary
+    /// groups, no capabilities left), as nginx's workers and ntpd do: a client that
+    /// finds a bug in the server then holds an unprivileged process. The control
+    /// socket is handed to that user, so its processes and root may attach.
+    #[arg(long)]
+    pub user: Option<String>,
     /// Offer zero-copy ports (the netmap/PASTE ring API; docs/zerocopy.md) to
     /// clients of the stack's own user and root. Such a client maps the whole
     /// packet pool, every other client's traffic included: grant it only where
@@ -269,6 +276,7 @@ impl UpArgs {
             xdp_mode: usnet_link::xdp::XdpMode::Auto,
             duration: None,
             group: None,
+            user: None,
             zero_copy: false,
             pool_buffers: false,
             max_clients: 1024,
@@ -481,6 +489,11 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
 /// `usnet up`: the stack server, with the built-in services as its clients.
 pub fn run(args: UpArgs) -> CmdResult {
     let n = args.shards.0;
+    // The user to become, checked before anything is opened.
+    let become_user = match &args.user {
+        Some(u) => Some(usnet_server::privs::lookup(u).map_err(|e| format!("--user: {e}"))?),
+        None => None,
+    };
     let opened = if n > 1 {
         open_shards(&args, n)?
     } else {
@@ -563,6 +576,16 @@ pub fn run(args: UpArgs) -> CmdResult {
     } else {
         None
     };
+    if let (Some(to), Some(user)) = (become_user, &args.user) {
+        if cfg_policy.priority {
+            return Err("--user cannot go with the priority policy: renicing clients needs the privileges --user gives up".into());
+        }
+        if let Some(p) = server.control_path() {
+            std::os::unix::fs::chown(p, Some(to.uid), Some(args.group.unwrap_or(to.gid)))
+                .map_err(|e| format!("cannot hand the control socket to {user}: {e}"))?;
+        }
+        usnet_server::privs::drop_to(&to).map_err(|e| format!("--user {user}: {e}"))?;
+    }
     // The services are clients like any other.
     let svc_thread = if services.is_empty() {
         None

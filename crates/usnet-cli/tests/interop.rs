@@ -504,6 +504,111 @@ fn tap_as_non_root_is_a_one_line_error() {
     );
 }
 
+/// `usnet up --user nobody`: the server gives up root once its TAP is open, its
+/// control socket bound and its loop started. It then runs as nobody with no
+/// capabilities, and still answers Linux (ping, the echo service), its control
+/// socket (stat, ping out, down) and clients under the shim, which run as root.
+#[test]
+fn a_stack_server_that_gave_up_root_keeps_serving() {
+    require_root!();
+    need("curl", "curl");
+    const TAPU: &str = "usntu0";
+    remove_leftovers(&[TAPU], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", TAPU]);
+    let dir = TempDir::new("user-nobody");
+    let link = format!("tap:{TAPU}");
+    let mut d = Daemon::start(
+        dir.path(),
+        "it-nobody",
+        &[
+            "--link",
+            &link,
+            "--addr",
+            "10.67.0.2/24",
+            "--host-addr",
+            "10.67.0.1/24",
+            "--user",
+            "nobody",
+        ],
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let field = |k: &str| -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {status}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
+    assert_eq!(field("Groups:"), "", "{status}");
+    // Linux reaches it; it reaches Linux; the echo service (a client) answers.
+    let o = run(
+        "ping",
+        &["-c", "2", "-W", "2", "10.67.0.2"],
+        Duration::from_secs(10),
+    );
+    assert!(o.ok(), "ping: {}", o.describe());
+    usnet_ping(&d, "10.67.0.1");
+    {
+        let mut c = std::net::TcpStream::connect_timeout(
+            &"10.67.0.2:7".parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .expect("the echo service");
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"still serving").unwrap();
+        let mut back = [0u8; 13];
+        c.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"still serving");
+    }
+    // A root client under the shim: curl out to a Linux server.
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("f"), b"from linux\n").unwrap();
+    let mut py = std::process::Command::new("python3")
+        .args([
+            "-m",
+            "http.server",
+            "18840",
+            "--bind",
+            "10.67.0.1",
+            "--directory",
+        ])
+        .arg(&www)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(15);
+    let o = loop {
+        let o = run_in(
+            Command::new(USNET)
+                .args(["run", "--stack", "it-nobody", "--", "curl", "-sS", "--fail"])
+                .args(["--max-time", "10", "http://10.67.0.1:18840/f"])
+                .env("USNET_RUN_DIR", dir.path()),
+            &[],
+            Duration::from_secs(30),
+        );
+        if o.ok() || Instant::now() > end {
+            break o;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = py.kill();
+    let _ = py.wait();
+    assert!(
+        o.ok() && o.stdout == "from linux\n",
+        "curl under the shim: {}",
+        o.describe()
+    );
+    d.down();
+}
+
 #[test]
 fn duplicate_name_and_third_shm_stack_are_one_line_errors() {
     let dir = TempDir::new("err-shm");
@@ -655,13 +760,25 @@ fn every_subcommand_answers_bad_input_in_one_line() {
                 "--api",
                 "socket",
                 "--link",
-                "shm:x",
+                "nic:x",
                 "--addr",
                 "10.0.0.2/24",
                 "--shards",
                 "2",
             ],
             &["shards", "afpacket"],
+        ),
+        (
+            &[
+                "up",
+                "--link",
+                "shm:x",
+                "--addr",
+                "10.0.0.1/24",
+                "--user",
+                "no-such-user-here",
+            ],
+            &["--user", "no-such-user-here"],
         ),
     ];
     for (args, words) in cases {

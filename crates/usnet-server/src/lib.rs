@@ -15,6 +15,7 @@ mod bell;
 pub mod control;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod privs;
 mod session;
 mod shared;
 mod zc;
@@ -753,8 +754,10 @@ impl ServerHandle {
         let control = control::ControlServer::start(&cfg, links.clone())?;
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let mut threads = Vec::with_capacity(n);
+        let (prepared_tx, prepared) = std::sync::mpsc::channel::<Result<(), String>>();
         for (i, (lp, rx)) in loops.into_iter().zip(inboxes).enumerate() {
             let bell = links[i].bell.clone();
+            let prepared_tx = prepared_tx.clone();
             let name = if n == 1 {
                 "usnet-server".to_string()
             } else {
@@ -767,6 +770,9 @@ impl ServerHandle {
                         eprintln!("usnet: shard {i}: cannot pin to core {}: {e}", i % cores);
                     }
                 }
+                let p = prepare_loop(&lp.cfg);
+                let _ = prepared_tx.send(p.clone());
+                p?;
                 run(lp, rx, bell)
             });
             match t {
@@ -783,12 +789,21 @@ impl ServerHandle {
                 }
             }
         }
-        Ok(ServerHandle {
+        let handle = ServerHandle {
             links,
             stop,
             threads,
             control: Some(control),
-        })
+        };
+        // Every loop has done what needs the process's privileges before this returns.
+        for _ in 0..n {
+            match prepared.recv_timeout(Duration::from_secs(10)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(bad(e)),
+                Err(_) => return Err(bad("a loop thread did not start".into())),
+            }
+        }
+        Ok(handle)
     }
 
     /// The server's shards.
@@ -882,14 +897,21 @@ pub(crate) fn submit_call<R: Send + 'static>(
 }
 
 /// The loop: turn the driver with the sessions' work, run jobs, sleep when idle.
-fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String> {
-    if let Some(nice) = lp.cfg.loop_nice {
+/// What a loop thread does before it serves, with the privileges the process was
+/// started with: its nice value. `start_shards` waits for every loop's answer, so a
+/// caller that drops privileges after it (`usnet up --user`) drops them after.
+fn prepare_loop(cfg: &ServerConfig) -> Result<(), String> {
+    if let Some(nice) = cfg.loop_nice {
         use usnet_driver::sched::SchedHook;
         let tid = usnet_driver::sched::gettid();
         usnet_driver::Setpriority
             .set(tid, nice)
             .map_err(|e| format!("the loop's nice value {nice}: {e}"))?;
     }
+    Ok(())
+}
+
+fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String> {
     let mut ready = Vec::new();
     // On the wall clock (the stack's may be virtual, and stand still while the loop
     // waits), read only on idle passes.
