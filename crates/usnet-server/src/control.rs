@@ -807,6 +807,7 @@ fn merge_stats(parts: Vec<Value>) -> Value {
         for key in [
             "tcp_connections_total",
             "sessions_closed",
+            "sessions_broken",
             "shared_sockets",
             "quota_sessions",
         ] {
@@ -839,6 +840,7 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
     let uptime = lp.started.elapsed().as_secs_f64();
     let clients = lp.clients();
     let closed = lp.sessions_closed;
+    let broken = lp.sessions_broken;
     let (shared, pins) = lp.fork_counts();
     let quota_sessions = lp.quota_sessions;
     let limits = lp.cfg.limits;
@@ -876,6 +878,7 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
         })).collect::<Vec<_>>(),
         "clients": clients,
         "sessions_closed": closed,
+        "sessions_broken": broken,
         "shared_sockets": shared,
         "fork_pins": pins,
         "quota_sessions": quota_sessions,

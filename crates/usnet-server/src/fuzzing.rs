@@ -230,10 +230,12 @@ impl Harness {
         let mut released = Vec::new();
         let mut touched = Vec::new();
         let mut wants = Vec::new();
+        let mut broken = Vec::new();
         for id in [1, 2] {
             if let Some(s) = self.sessions.get_mut(&id) {
-                s.serve(stack, limits().budget);
-                s.drain_all(stack);
+                if s.serve_contained(stack, limits().budget).is_err() {
+                    broken.push(id);
+                }
                 released.extend(s.released.drain(..).map(|(h, left)| (h, id, left)));
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, id)));
@@ -246,6 +248,10 @@ impl Harness {
         for (h, id) in wants {
             self.sharing.want(&mut self.sessions, stack, id, h);
         }
+        for id in broken {
+            self.remove(id);
+        }
+        let stack = &mut self.stack;
         for h in touched {
             for id in self.sharing.holders(h) {
                 if let Some(s) = self.sessions.get_mut(id) {
@@ -758,6 +764,42 @@ mod tests {
         let mut got = [0u8; 20];
         r.read(child_rx.data, &mut got).unwrap();
         assert_eq!(&got, b"unread by the parent");
+        h.finish();
+    }
+
+    /// A bug that one client's requests reach (here a panic injected into its
+    /// serve) cuts off that client only: its session is removed and its sockets
+    /// reset, and another client's connection keeps moving bytes.
+    #[test]
+    fn a_panic_serving_one_client_cuts_off_that_client_only() {
+        let mut h = Harness::new();
+        h.add_session(2);
+        h.target = 2;
+        connected_pair(&mut h, 7010);
+        h.target = 1;
+        connected_pair(&mut h, 7011);
+        assert_eq!(h.stack.sockets_of(Owner(1)).len(), 3);
+        h.sessions.get_mut(&1).unwrap().panic_next = true;
+        h.turn();
+        assert!(!h.sessions.contains_key(&1), "the broken session is gone");
+        assert!(h.stack.sockets_of(Owner(1)).is_empty(), "and its sockets");
+        assert_eq!(h.target, 2);
+        // The other client's connection goes on: slot 1 writes, slot 2 reads.
+        h.send_bytes(1, b"still here");
+        h.submit(&Request {
+            op: op::TX_KICK,
+            slot: 1,
+            ..Default::default()
+        });
+        for _ in 0..4 {
+            h.turn();
+        }
+        let rx = h.mem().rx_ring(2);
+        let r = h.mem().region().clone();
+        assert_eq!(r.u64(rx.prod).load(Acquire), 10);
+        let mut got = [0u8; 10];
+        r.read(rx.data, &mut got).unwrap();
+        assert_eq!(&got, b"still here");
         h.finish();
     }
 

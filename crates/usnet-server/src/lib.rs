@@ -10,6 +10,8 @@
 //! at once and everything it held is reset and given back. Work for the loop from other
 //! threads (a new session, a statistics snapshot, a ping) travels as [`Job`]s through a
 //! channel, followed by a ring of the loop's bell.
+// `usnet stat`'s answer is one json! literal deeper than the default limit.
+#![recursion_limit = "256"]
 
 mod bell;
 pub mod control;
@@ -140,6 +142,8 @@ pub struct Loop {
     stop: Arc<AtomicBool>,
     /// Sessions that ended (client gone), for `stat`.
     pub sessions_closed: u64,
+    /// Sessions cut off because serving them panicked.
+    pub sessions_broken: u64,
     /// Attaches refused because `max_sessions` clients were attached.
     pub quota_sessions: u64,
     /// Passes of the loop that did work: a harness on virtual time reads it twice
@@ -467,11 +471,20 @@ impl Loop {
         let mut released = Vec::new();
         let mut touched = Vec::new();
         let mut wants = Vec::new();
+        let mut broken = Vec::new();
         for id in &self.order {
             if let Some(s) = self.sessions.get_mut(id) {
-                did |= s.serve(stack, budget) > 0;
+                match s.serve_contained(stack, budget) {
+                    Ok(n) => did |= n > 0,
+                    Err(why) => {
+                        eprintln!(
+                            "usnet: client {} (pid {}, {}): serving it panicked ({why}); its session is cut off, the other clients go on",
+                            s.id, s.pid, s.command
+                        );
+                        broken.push(*id);
+                    }
+                }
                 self.ports_changed |= std::mem::take(&mut s.ports_changed);
-                s.drain_all(stack);
                 released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, *id)));
@@ -479,6 +492,11 @@ impl Loop {
         }
         for (h, id, left) in released {
             self.release_shared(h, id, left, false);
+        }
+        for id in broken {
+            self.sessions_broken += 1;
+            self.remove_session(id);
+            did = true;
         }
         let stack = self.driver.stack_mut();
         for (h, id) in wants {
@@ -742,6 +760,7 @@ impl ServerHandle {
                 started: Instant::now(),
                 stop: stop.clone(),
                 sessions_closed: 0,
+                sessions_broken: 0,
                 quota_sessions: 0,
                 busy_passes: 0,
                 shard: i,

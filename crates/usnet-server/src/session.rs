@@ -196,6 +196,12 @@ pub(crate) struct ServerSession {
     pub(crate) elsewhere: Option<crate::Elsewhere>,
     /// The session's zero-copy port, if the client opened one.
     pub(crate) zc: Option<crate::zc::ServerZc>,
+    /// Serving this session panicked: it is cut off without running its requests
+    /// again (see [`ServerSession::serve_contained`]).
+    pub(crate) broken: bool,
+    /// Tests: the next serve panics, as a bug reached by this client's requests would.
+    #[cfg(test)]
+    pub(crate) panic_next: bool,
 }
 
 fn err(e: StackError) -> i64 {
@@ -243,6 +249,31 @@ impl ServerSession {
             ports_changed: false,
             elsewhere: None,
             zc: None,
+            broken: false,
+            #[cfg(test)]
+            panic_next: false,
+        })
+    }
+
+    /// [`ServerSession::serve`] and [`ServerSession::drain_all`], with a panic kept
+    /// inside this session: a broken invariant that one client's requests reach (a
+    /// bug) ends that client's session, not the server and every other client's
+    /// connections. `Err` carries the panic's message; the session is then marked
+    /// `broken` and its owner removes it. Best effort, as a kernel oops that kills one
+    /// process is: the stack's state is as the panic left it, so the panic is
+    /// reported loudly (`sessions_broken` in `usnet stat`, a line on stderr).
+    pub fn serve_contained(&mut self, stack: &mut Stack, budget: usize) -> Result<usize, String> {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let n = self.serve(stack, budget);
+            self.drain_all(stack);
+            n
+        }));
+        r.map_err(|p| {
+            self.broken = true;
+            p.downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into())
         })
     }
 
@@ -285,6 +316,10 @@ impl ServerSession {
     /// Serves up to `budget` requests. Returns how many. A client that does not
     /// read its completions stops being served once [`BACKLOG_MAX`] wait.
     pub fn serve(&mut self, stack: &mut Stack, budget: usize) -> usize {
+        #[cfg(test)]
+        if std::mem::take(&mut self.panic_next) {
+            panic!("injected: a bug reached by this client's requests");
+        }
         self.flush_backlog();
         let mut done = 0;
         while done < budget && self.backlog.len() < BACKLOG_MAX {
@@ -2213,8 +2248,11 @@ impl ServerSession {
     /// handed back for the loop to release. The one sequence `Loop::remove_session`
     /// and the fuzzing harness both run.
     pub fn depart(&mut self, stack: &mut Stack, budget: usize) -> Departure {
-        self.serve(stack, budget);
-        self.drain_all(stack);
+        // A broken session's requests are not run again: its sockets are only reset.
+        if !self.broken {
+            self.serve(stack, budget);
+            self.drain_all(stack);
+        }
         let released = std::mem::take(&mut self.released);
         let closed = released.len();
         let mut shared = Vec::with_capacity(closed);
