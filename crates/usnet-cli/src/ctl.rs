@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::{json, Value};
-use usnet_runtime::control::{request, resolve};
+use usnet_session::ctl::{request, resolve};
 use usnet_stack::Counters;
 
 use crate::CmdResult;

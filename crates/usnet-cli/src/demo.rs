@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::json;
 use usnet_report::Table;
-use usnet_runtime::control::{request, socket_path};
 use usnet_runtime::{NetStack, PingSocket, TcpStream, UdpSocket};
+use usnet_session::ctl::{request, socket_path};
 
 use crate::up::{self, UpArgs};
 use crate::CmdResult;
@@ -161,7 +161,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    let (net, _info) = up::start(&up_args(
+    let net = up::start(&up_args(
         &link,
         &format!("{tag}-a"),
         ["10.77.0.1/24", "fd77::1/64"],

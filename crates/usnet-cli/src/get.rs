@@ -104,7 +104,7 @@ pub fn run(a: GetArgs) -> CmdResult {
         no_gro: a.no_gro,
         ..UpArgs::embedded(link, format!("get-{}", std::process::id()))
     };
-    let (net, _) = up::start(&args)?;
+    let net = up::start(&args)?;
     let r = fetch(&a, &mut |on_head, sink| {
         exchange(&net, &url, "GET", None, timeout, on_head, sink)
     });

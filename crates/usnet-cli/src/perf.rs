@@ -273,7 +273,7 @@ fn stack(a: &PerfArgs) -> Result<NetStack, Box<dyn std::error::Error>> {
         no_gro: a.no_gro,
         ..UpArgs::embedded(link, format!("perf-{}", std::process::id()))
     };
-    Ok(up::start(&args)?.0)
+    up::start(&args)
 }
 
 fn server_addr(s: &str, port: u16) -> Result<SocketAddr, String> {

@@ -13,8 +13,8 @@ use std::time::Duration;
 use clap::Args;
 use usnet_link::{fault::FaultConfig, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
-use usnet_runtime::control::{socket_path, StackInfo};
 use usnet_runtime::{NetStack, RuntimeConfig, ServiceKind};
+use usnet_session::ctl::socket_path;
 use usnet_stack::{mac_from_seed, IpCidr, StackConfig};
 use usnet_wire::MacAddr;
 
@@ -386,7 +386,7 @@ fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
         .map(|s| s.parse::<ServiceKind>())
         .collect::<Result<_, _>>()?;
     let name = args.name.clone().unwrap_or_else(|| default_name(&link));
-    if !usnet_runtime::control::valid_name(&name) {
+    if !usnet_session::ctl::valid_name(&name) {
         return Err(
             format!("bad stack name '{name}': use letters, digits, '-', '_' and '.'").into(),
         );
@@ -469,7 +469,7 @@ fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
 }
 
 /// An in-process stack with its services in the poll loop (`demo`, `get`, `perf`).
-pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error::Error>> {
+pub fn start(args: &UpArgs) -> Result<NetStack, Box<dyn std::error::Error>> {
     let o = open(args)?;
     let net = NetStack::start(o.dev, o.cfg, RuntimeConfig::default())?;
     for s in &o.services {
@@ -478,12 +478,7 @@ pub fn start(args: &UpArgs) -> Result<(NetStack, StackInfo), Box<dyn std::error:
             .map_err(|e| format!("cannot start service {s:?} on port {}: {e}", s.port()))?;
         net.add_service(svc);
     }
-    let info = StackInfo {
-        name: o.name,
-        link: args.link.clone(),
-        services: args.services.clone(),
-    };
-    Ok((net, info))
+    Ok(net)
 }
 
 /// `usnet up`: the stack server, with the built-in services as its clients.

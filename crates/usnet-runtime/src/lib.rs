@@ -10,7 +10,6 @@
 //! variable wakes blocked sockets; the device's waker wakes the poll thread after a
 //! send.
 
-pub mod control;
 mod sockets;
 mod tcp;
 
