@@ -60,6 +60,7 @@ if [ "$(id -u)" = 0 ]; then
     step "bench preload (smoke)" ./target/release/usnet bench preload --quick --out target/bench-smoke/preload
     step "bench httpd (smoke)" ./target/release/usnet bench httpd --quick --out target/bench-smoke/httpd
     step "bench shards (smoke)" ./target/release/usnet bench shards --quick --lengths 64 --out target/bench-smoke/shards
+    step "bench conns (smoke)" ./target/release/usnet bench conns --quick --out target/bench-smoke/conns
 fi
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
@@ -67,6 +68,10 @@ if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
         cargo install --locked cargo-fuzz >/dev/null 2>&1 || echo "cargo-fuzz unavailable: fuzz smoke skipped"
     fi
     if command -v cargo-fuzz >/dev/null; then
+        # The committed corpora first, each input once: a regression test.
+        for t in $(git ls-files fuzz/corpus | cut -d/ -f3 | sort -u); do
+            step "fuzz corpus $t" bash -c "set -o pipefail; cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t corpus/$t -- -runs=0 -rss_limit_mb=2048 2>&1 | tail -2"
+        done
         for t in $(cd fuzz && cargo fuzz list 2>/dev/null); do
             step "fuzz $t" bash -c "set -o pipefail; cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t -- -max_total_time=${USNET_FUZZ_SECONDS:-20} -rss_limit_mb=2048 2>&1 | tail -3"
         done

@@ -2,6 +2,7 @@
 //! run, prints a table of medians and ratios, writes JSON and draws a plot.
 
 pub mod async_syscall;
+pub mod conns;
 pub mod cpu;
 pub mod httpd;
 pub mod nic;

@@ -513,6 +513,30 @@ impl From<ShardsArgs> for usnet_bench::shards::ShardsBenchOptions {
     }
 }
 
+/// `usnet bench conns`: memory per idle TCP connection, usnet vs Linux.
+#[derive(Args, Debug)]
+pub struct ConnsArgs {
+    /// Directory for conns.json, conns.md and conns.png.
+    #[arg(long, default_value = "bench-out/conns")]
+    pub out: PathBuf,
+    /// Connection counts to measure at.
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000,100000")]
+    pub counts: Vec<usize>,
+    /// 2,000 connections only (a smoke test).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl From<ConnsArgs> for usnet_bench::conns::ConnsBenchOptions {
+    fn from(a: ConnsArgs) -> Self {
+        usnet_bench::conns::ConnsBenchOptions {
+            out: a.out,
+            counts: a.counts,
+            quick: a.quick,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

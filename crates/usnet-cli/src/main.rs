@@ -82,6 +82,10 @@ enum BenchCmd {
     /// Many cores: usnet httpd --shards N (socket and zero-copy, AF_PACKET fanout) vs
     /// nginx with N workers, N = 1 .. the cores, wrk -tN from a namespace (root).
     Shards(bench::ShardsArgs),
+    /// Memory per idle established TCP connection: usnet's heap against Linux's
+    /// slab and socket buffers, at several connection counts (root for 100k
+    /// descriptors).
+    Conns(bench::ConnsArgs),
     /// Priority-aware receive: a UDP burst to several receivers under CPU load, with
     /// forced drop and priority control on and off, vs Linux.
     Prio(bench::PrioArgs),
@@ -111,6 +115,9 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Preload(a)) => usnet_bench::preload::run(&a.into()),
         Cmd::Bench(BenchCmd::Httpd(a)) => usnet_bench::httpd::run(&a.into()),
         Cmd::Bench(BenchCmd::Shards(a)) => usnet_bench::shards::run(&a.into()),
+        Cmd::Bench(BenchCmd::Conns(a)) => {
+            usnet_bench::conns::run(&a.into()).map(|()| ExitCode::SUCCESS)
+        }
         Cmd::Bench(BenchCmd::Prio(a)) => usnet_bench::prio::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {

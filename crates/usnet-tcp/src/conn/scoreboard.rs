@@ -60,7 +60,7 @@ impl TxSeg {
     }
 }
 
-/// Sent segments from SND.UNA to SND.NXT, with a capacity fixed at creation.
+/// Sent segments from SND.UNA to SND.NXT, at most a capacity fixed at creation.
 #[derive(Debug, Clone)]
 pub(crate) struct Scoreboard {
     segs: VecDeque<TxSeg>,
@@ -80,12 +80,15 @@ impl Index<usize> for Scoreboard {
 }
 
 impl Scoreboard {
-    /// A scoreboard for a send buffer of `send_buffer` bytes: one entry per 256 bytes,
-    /// 64..65536 entries, allocated now so that sending never allocates.
+    /// A scoreboard for a send buffer of `send_buffer` bytes: up to one entry per 256
+    /// bytes, 64..65536 entries. The room grows with what is in flight (doubling, a
+    /// handful of times in a connection's life) instead of being taken at creation:
+    /// a 1 MiB send buffer's 4,096 entries are 130 KiB, which every idle connection
+    /// paid (`usnet bench conns`: 139 KB per connection end, against Linux's 4 KB).
     pub(crate) fn new(send_buffer: usize) -> Self {
         let capacity = (send_buffer / 256).clamp(64, 65536);
         Scoreboard {
-            segs: VecDeque::with_capacity(capacity),
+            segs: VecDeque::new(),
             capacity,
             pipe: 0,
             sacked_bytes: 0,
@@ -364,6 +367,8 @@ mod tests {
 
     #[test]
     fn capacity_follows_the_send_buffer() {
+        // The room comes with what is in flight: an idle connection holds none.
+        assert_eq!(Scoreboard::new(1 << 20).segs.capacity(), 0);
         assert_eq!(Scoreboard::new(0).capacity, 64);
         assert_eq!(Scoreboard::new(1 << 20).capacity, 4096);
         assert_eq!(Scoreboard::new(1 << 30).capacity, 65536);

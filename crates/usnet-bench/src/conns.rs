@@ -1,0 +1,375 @@
+//! `usnet bench conns`: what an idle established TCP connection costs in memory,
+//! usnet against Linux, at several connection counts.
+//!
+//! - **usnet**: two stacks in this process on the simulated wire (virtual time), one
+//!   listening on several ports, the other connecting N times; every connection is
+//!   accepted and established, nothing is sent. The cost is the growth of the heap
+//!   in use (glibc's `mallinfo2`: bytes in allocated chunks plus mmapped blocks, not
+//!   RSS, so what the allocator keeps cached does not count), over 2N connection
+//!   ends (both ends hold the same state: a socket entry, the TCP engine's state,
+//!   receive and send rings whose storage comes with the first byte).
+//! - **Linux**: N loopback connection pairs held by child processes (as many as the
+//!   descriptor limit needs), accepted and idle. The
+//!   cost is the growth of the kernel's slab memory (`Slab` in `/proc/meminfo`:
+//!   `tcp_sock`, the socket inode, the file, the dentry, the hash entries) over 2N
+//!   ends, plus the idle sockets' buffer memory (`TCP: mem` in
+//!   `/proc/net/sockstat`, pages).
+//!
+//! Neither side counts what a stack server adds per client socket (a session slot,
+//! see docs/benchmarks.md) or what a program adds per descriptor.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use usnet_report::{bar_plot, write_json, Table};
+use usnet_stack::sim::{Faults, SimNet};
+use usnet_stack::{mac_from_seed, StackConfig, StackError};
+
+type BoxErr = Box<dyn std::error::Error>;
+
+/// Ports the listeners use: each takes at most the ephemeral range's worth of
+/// connections from one address.
+const PORTS: u16 = 8;
+const FIRST_PORT: u16 = 20_000;
+
+#[derive(Debug, Clone)]
+pub struct ConnsBenchOptions {
+    pub out: PathBuf,
+    /// Connection counts to measure at.
+    pub counts: Vec<usize>,
+    pub quick: bool,
+}
+
+impl Default for ConnsBenchOptions {
+    fn default() -> Self {
+        ConnsBenchOptions {
+            out: PathBuf::from("bench-out/conns"),
+            counts: vec![10_000, 50_000, 100_000],
+            quick: false,
+        }
+    }
+}
+
+/// Heap bytes in use (allocated chunks and mmapped blocks).
+fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
+}
+
+fn cfg(i: u8) -> StackConfig {
+    StackConfig {
+        mac: mac_from_seed(i as u64),
+        addrs: vec![format!("10.0.0.{i}/24").parse().unwrap()],
+        seed: i as u64 * 7919,
+        ..Default::default()
+    }
+}
+
+/// usnet: bytes per idle connection end, and how long setting them up took.
+fn usnet_idle(n: usize) -> Result<(f64, Duration), BoxErr> {
+    let t0 = Instant::now();
+    let mut net = SimNet::new(1, Faults::default());
+    net.add(cfg(1))?;
+    net.add(cfg(2))?;
+    let mut listeners = Vec::new();
+    for p in 0..PORTS {
+        let at: SocketAddr = (Ipv4Addr::new(10, 0, 0, 2), FIRST_PORT + p).into();
+        listeners.push(net.stack_mut(1).tcp_listen(at, 4096)?);
+    }
+    // The first connection resolves the neighbours: the baseline is taken after it.
+    // The handles are the bench's, not the stacks': their room is taken before the
+    // baseline.
+    let mut clients = Vec::with_capacity(n + 1);
+    let mut servers = Vec::with_capacity(n + 1);
+    let mut batch = |net: &mut SimNet, from: usize, to: usize| -> Result<(), BoxErr> {
+        for k in from..to {
+            let port = FIRST_PORT + (k % PORTS as usize) as u16;
+            let at: SocketAddr = (Ipv4Addr::new(10, 0, 0, 2), port).into();
+            clients.push(net.stack_mut(0).tcp_connect(None, at)?);
+        }
+        let want = to;
+        let end = net.now() + Duration::from_secs(60);
+        while servers.len() < want {
+            if !net.step() && net.now() > end {
+                return Err(
+                    format!("only {} of {want} connections accepted", servers.len()).into(),
+                );
+            }
+            for &l in &listeners {
+                loop {
+                    match net.stack_mut(1).tcp_accept(l) {
+                        Ok(s) => servers.push(s),
+                        Err(StackError::WouldBlock) => break,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        // Let the last ACKs settle.
+        net.run_for(Duration::from_millis(50));
+        Ok(())
+    };
+    batch(&mut net, 0, 1)?;
+    let before = heap_in_use();
+    let mut done = 1;
+    while done < n + 1 {
+        let to = (done + 2_000).min(n + 1);
+        batch(&mut net, done, to)?;
+        done = to;
+    }
+    let after = heap_in_use();
+    let established = net.stack(0).tcp_connections().len();
+    if established < n {
+        return Err(format!("{established} of {n} connections established").into());
+    }
+    let per_end = after.saturating_sub(before) as f64 / (2 * n) as f64;
+    Ok((per_end, t0.elapsed()))
+}
+
+fn meminfo_kib(key: &str) -> Result<u64, BoxErr> {
+    let m = std::fs::read_to_string("/proc/meminfo")?;
+    m.lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| format!("no {key} in /proc/meminfo").into())
+}
+
+/// Pages of TCP socket buffer memory (`TCP: ... mem N` in /proc/net/sockstat).
+fn tcp_mem_pages() -> Result<u64, BoxErr> {
+    let s = std::fs::read_to_string("/proc/net/sockstat")?;
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("TCP:"))
+        .ok_or("no TCP line in /proc/net/sockstat")?;
+    let mut it = line.split_whitespace();
+    while let Some(w) = it.next() {
+        if w == "mem" {
+            return Ok(it.next().ok_or("sockstat: mem without a value")?.parse()?);
+        }
+    }
+    Err("sockstat: no mem".into())
+}
+
+/// Descriptors one process may hold here (the hard limit may not be raisable).
+fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads and writes one rlimit struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+    r.rlim_cur
+}
+
+/// In a child process: `k` loopback connection pairs, accepted; one byte to
+/// `ready` when they stand, then they are held until `go` closes.
+fn hold_pairs(k: usize, ready: i32, go: i32) -> Result<(), BoxErr> {
+    let listeners: Vec<TcpListener> = (0..PORTS)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<Result<_, _>>()?;
+    let addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<_, _>>()?;
+    let mut pairs = Vec::with_capacity(k);
+    for j in 0..k {
+        let i = j % PORTS as usize;
+        let c = TcpStream::connect(addrs[i])?;
+        let (s, _) = listeners[i].accept()?;
+        pairs.push((c, s));
+    }
+    // One byte each way on one pair: the connections are working ones.
+    if let Some((c, s)) = pairs.first_mut() {
+        c.write_all(b"x")?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b)?;
+    }
+    let mut f = unsafe_fd(ready);
+    f.write_all(b"r")?;
+    let mut g = unsafe_fd(go);
+    let mut b = [0u8; 1];
+    let _ = g.read(&mut b); // returns when the parent closes its end
+    drop(pairs);
+    Ok(())
+}
+
+fn unsafe_fd(fd: i32) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a pipe end this process owns and hands to the File, once.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+fn pipe() -> Result<(i32, i32), BoxErr> {
+    let mut p = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok((p[0], p[1]))
+}
+
+/// Linux: kernel bytes per idle connection end (slab, and socket buffer pages).
+/// The pairs are held by child processes, as many as the descriptor limit needs.
+fn linux_idle(n: usize) -> Result<(f64, f64, Duration), BoxErr> {
+    let t0 = Instant::now();
+    let per_child = ((nofile_limit().saturating_sub(64)) / 2).clamp(1, 50_000) as usize;
+    // Warm the caches (a first pair, slab pages per cpu) before the baseline.
+    let warm_l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let warm = TcpStream::connect(warm_l.local_addr()?)?;
+    let (warm_s, _) = warm_l.accept()?;
+    std::thread::sleep(Duration::from_millis(200));
+    let slab0 = meminfo_kib("Slab:")?;
+    let mem0 = tcp_mem_pages()?;
+    let mut children = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(per_child);
+        left -= k;
+        let (ready_r, ready_w) = pipe()?;
+        let (go_r, go_w) = pipe()?;
+        // SAFETY: the bench is single-threaded here; the child only runs
+        // `hold_pairs` and exits.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        if pid == 0 {
+            // SAFETY: the parent's ends are not ours.
+            unsafe {
+                libc::close(ready_r);
+                libc::close(go_w);
+            }
+            // Nor the earlier holders' "go" ends: a copy held here would keep them
+            // from seeing the parent close theirs.
+            children.clear();
+            let code = match hold_pairs(k, ready_w, go_r) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("usnet bench conns: a holder: {e}");
+                    1
+                }
+            };
+            // SAFETY: leaves the child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        // SAFETY: the child's ends are not ours.
+        unsafe {
+            libc::close(ready_w);
+            libc::close(go_r);
+        }
+        let mut r = unsafe_fd(ready_r);
+        let mut b = [0u8; 1];
+        let got = r.read(&mut b)?;
+        children.push((pid, unsafe_fd(go_w)));
+        if got != 1 {
+            for (pid, go) in children {
+                drop(go);
+                // SAFETY: waits for a child of ours.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            }
+            return Err("a process holding connections failed (see above)".into());
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let slab1 = meminfo_kib("Slab:")?;
+    let mem1 = tcp_mem_pages()?;
+    for (pid, go) in children {
+        drop(go);
+        // SAFETY: waits for a child of ours.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    }
+    drop((warm, warm_s, warm_l));
+    let slab = (slab1.saturating_sub(slab0) * 1024) as f64 / (2 * n) as f64;
+    let bufs = (mem1.saturating_sub(mem0) * 4096) as f64 / (2 * n) as f64;
+    Ok((slab, bufs, t0.elapsed()))
+}
+
+pub fn run(o: &ConnsBenchOptions) -> Result<(), BoxErr> {
+    crate::check_min(
+        "--counts",
+        o.counts.iter().copied().min().unwrap_or(0) as u64,
+        1,
+    )?;
+    std::fs::create_dir_all(&o.out)?;
+    let counts: Vec<usize> = if o.quick {
+        vec![2_000]
+    } else {
+        o.counts.clone()
+    };
+    let mut t = Table::new(
+        "Memory per idle established TCP connection end (bytes)",
+        [
+            "connections",
+            "usnet (heap)",
+            "Linux (slab)",
+            "Linux (socket buffers)",
+            "usnet ÷ Linux",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let mut rows = Vec::new();
+    let mut bars = Vec::new();
+    for &n in &counts {
+        let (u, ut) = usnet_idle(n)?;
+        let (l, lb, lt) = linux_idle(n)?;
+        let linux = l + lb;
+        t.row(vec![
+            n.to_string(),
+            format!("{u:.0}"),
+            format!("{l:.0}"),
+            format!("{lb:.0}"),
+            format!("{:.2}×", u / linux.max(1.0)),
+        ]);
+        rows.push(json!({
+            "connections": n,
+            "usnet_heap_bytes_per_end": u,
+            "linux_slab_bytes_per_end": l,
+            "linux_socket_buffer_bytes_per_end": lb,
+            "usnet_setup_s": ut.as_secs_f64(),
+            "linux_setup_s": lt.as_secs_f64(),
+        }));
+        bars.push((format!("usnet {n}"), u));
+        bars.push((format!("Linux {n}"), linux));
+    }
+    t.print();
+    let goal = rows.iter().all(|r| {
+        r["usnet_heap_bytes_per_end"].as_f64().unwrap_or(f64::MAX)
+            <= r["linux_slab_bytes_per_end"].as_f64().unwrap_or(0.0)
+                + r["linux_socket_buffer_bytes_per_end"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+    });
+    println!(
+        "goal {}: usnet ≤ Linux per idle connection at every count",
+        if goal { "met" } else { "NOT met" }
+    );
+    bar_plot(
+        &o.out.join("conns.png"),
+        "Memory per idle TCP connection end (lower is better)",
+        "bytes",
+        &bars,
+    )?;
+    write_json(
+        &o.out.join("conns.json"),
+        &json!({"quick": o.quick, "rows": rows, "goal_met": goal}),
+    )?;
+    std::fs::write(o.out.join("conns.md"), t.to_markdown())?;
+    println!("wrote {}", o.out.display());
+    Ok(())
+}
