@@ -4,14 +4,12 @@
 //! The rules (ephemeral ports name their shard, server ports spread by a hash of both
 //! ports) are explained in `usnet_stack::shard`, which builds on this.
 
+use crate::checksum::{IPPROTO_TCP as PROTO_TCP, IPPROTO_UDP as PROTO_UDP};
+use crate::ethernet::ethertype::{IPV4 as ETHERTYPE_IPV4, IPV6 as ETHERTYPE_IPV6};
+use crate::ethernet::ETHERNET_HEADER_LEN as ETH_HDR;
+
 /// First ephemeral port (IANA's dynamic range, 49152..=65535).
 pub const EPHEMERAL_FIRST: u16 = 49152;
-
-const ETHERTYPE_IPV4: u16 = 0x0800;
-const ETHERTYPE_IPV6: u16 = 0x86dd;
-const PROTO_TCP: u8 = 6;
-const PROTO_UDP: u8 = 17;
-const ETH_HDR: usize = 14;
 
 /// The value a flow's shard is taken from (modulo the shard count), seen from this
 /// host: `local` is our port. An ephemeral local port is its own value; otherwise the

@@ -240,6 +240,11 @@ pub fn link_xdp(prog: &OwnedFd, ifindex: u32, flags: u32) -> io::Result<OwnedFd>
 /// Runs `prog` once on `frame` (BPF_PROG_TEST_RUN, RX queue 0); returns the XDP
 /// action. For tests: it shows what the loaded program decides.
 pub fn test_run_xdp(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
+    test_run(prog, frame)
+}
+
+/// BPF_PROG_TEST_RUN once on `frame`; the program's return value.
+fn test_run(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
     let mut out = vec![0u8; frame.len() + 512];
     let mut a = TestRun {
         prog_fd: prog.as_raw_fd() as u32,
@@ -262,17 +267,7 @@ pub fn test_run_skb(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
     input[0] = 0x02; // a unicast MAC
     input[12..14].copy_from_slice(&[0x08, 0x00]);
     input.extend_from_slice(frame);
-    let mut out = vec![0u8; input.len() + 512];
-    let mut a = TestRun {
-        prog_fd: prog.as_raw_fd() as u32,
-        data_size_in: input.len() as u32,
-        data_size_out: out.len() as u32,
-        data_in: input.as_ptr() as u64,
-        data_out: out.as_mut_ptr() as u64,
-        repeat: 1,
-        ..TestRun::default()
-    };
-    bpf(BPF_PROG_TEST_RUN, &mut a).map(|_| a.retval)
+    test_run(prog, &input)
 }
 
 #[cfg(test)]
