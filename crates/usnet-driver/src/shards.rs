@@ -237,13 +237,32 @@ mod tests {
 
     fn driver(index: usize, count: usize) -> Driver<MemDevice, ManualClock> {
         let (dev, _q) = MemDevice::new("mem", DeviceCaps::plain(1500)).unwrap();
-        let stack = Stack::new(StackConfig {
+        Driver::new(
+            shard_stack(index, count),
+            dev,
+            ManualClock::new(usnet_stack::Instant::ZERO),
+        )
+    }
+
+    /// Shard `index` of `count` of one host.
+    fn shard_stack(index: usize, count: usize) -> Stack {
+        Stack::new(StackConfig {
             shard: ShardRole::new(index, count),
             addrs: vec!["10.0.0.2/24".parse().unwrap()],
             ..StackConfig::default()
         })
-        .unwrap();
-        Driver::new(stack, dev, ManualClock::new(usnet_stack::Instant::ZERO))
+        .unwrap()
+    }
+
+    /// An ARP reply lands on `stack`: every shard's cache wants it, so the stack hands
+    /// a copy to each other shard.
+    fn land_arp_reply(stack: &mut Stack) {
+        let mut arp = vec![0xffu8; 6];
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 10, 0, 0, 9]);
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 2]);
+        let f = stack.pool_mut().alloc_from(&arp).unwrap();
+        stack.receive(f);
     }
 
     #[test]
@@ -267,25 +286,10 @@ mod tests {
     #[test]
     fn mail_reaches_its_shard_and_rings_it() {
         let boxes = Mailboxes::new(2, WaitKind::Fd).unwrap();
-        let mut a = Stack::new(StackConfig {
-            shard: ShardRole::new(0, 2),
-            addrs: vec!["10.0.0.2/24".parse().unwrap()],
-            ..StackConfig::default()
-        })
-        .unwrap();
-        let mut b = Stack::new(StackConfig {
-            shard: ShardRole::new(1, 2),
-            addrs: vec!["10.0.0.2/24".parse().unwrap()],
-            ..StackConfig::default()
-        })
-        .unwrap();
+        let mut a = shard_stack(0, 2);
+        let mut b = shard_stack(1, 2);
         // An ARP reply lands on shard 0: a copy is posted to shard 1.
-        let mut arp = vec![0xffu8; 6];
-        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
-        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 10, 0, 0, 9]);
-        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 2]);
-        let f = a.pool_mut().alloc_from(&arp).unwrap();
-        a.receive(f);
+        land_arp_reply(&mut a);
         let mut scratch = Vec::new();
         assert_eq!(boxes.post_from(&mut a, &mut scratch), 1);
         assert!(boxes.has_mail(1) && !boxes.has_mail(0));
@@ -303,12 +307,7 @@ mod tests {
     #[test]
     fn a_futex_mailbox_wakes_its_sleeping_shard() {
         let boxes = Mailboxes::new(2, WaitKind::Bell).unwrap();
-        let mut a = Stack::new(StackConfig {
-            shard: ShardRole::new(0, 2),
-            addrs: vec!["10.0.0.2/24".parse().unwrap()],
-            ..StackConfig::default()
-        })
-        .unwrap();
+        let mut a = shard_stack(0, 2);
         let sleeper = {
             let boxes = boxes.clone();
             std::thread::spawn(move || {
@@ -326,12 +325,7 @@ mod tests {
             })
         };
         std::thread::sleep(std::time::Duration::from_millis(100));
-        let mut arp = vec![0xffu8; 6];
-        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
-        arp.extend_from_slice(&[2, 0, 0, 0, 0, 9, 10, 0, 0, 9]);
-        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 10, 0, 0, 2]);
-        let f = a.pool_mut().alloc_from(&arp).unwrap();
-        a.receive(f);
+        land_arp_reply(&mut a);
         assert_eq!(boxes.post_from(&mut a, &mut Vec::new()), 1);
         let (slept, waited) = sleeper.join().unwrap();
         assert!(slept, "no mail before the post: it slept");
