@@ -29,6 +29,20 @@ fn pattern(i: usize) -> u8 {
     ((i as u64).wrapping_mul(0x9e37_79b9) >> 17) as u8 ^ (i >> 13) as u8
 }
 
+/// The stream's bytes from offset `off`.
+fn fill(buf: &mut [u8], off: usize) {
+    for (k, b) in buf.iter_mut().enumerate() {
+        *b = pattern(off + k);
+    }
+}
+
+/// `bytes` are the stream's from offset `off`, as `from` echoed them.
+fn check(bytes: &[u8], off: usize, from: &str) {
+    for (k, &b) in bytes.iter().enumerate() {
+        assert_eq!(b, pattern(off + k), "echoed byte {} from {from}", off + k);
+    }
+}
+
 /// smoltcp's side of the wire: frames for it, frames from it.
 #[derive(Default)]
 struct SmolWire {
@@ -290,9 +304,7 @@ fn smoltcp_client_usnet_server(server: SocketAddr, seed: u64) {
         let sock = w.smol(c);
         while sent < TOTAL && sock.can_send() {
             let n = chunk.len().min(TOTAL - sent);
-            for (k, b) in chunk[..n].iter_mut().enumerate() {
-                *b = pattern(sent + k);
-            }
+            fill(&mut chunk[..n], sent);
             let took = sock.send_slice(&chunk[..n]).unwrap();
             if took == 0 {
                 break;
@@ -301,9 +313,7 @@ fn smoltcp_client_usnet_server(server: SocketAddr, seed: u64) {
         }
         while sock.can_recv() {
             let n = sock.recv_slice(&mut chunk).unwrap();
-            for (k, &b) in chunk[..n].iter().enumerate() {
-                assert_eq!(b, pattern(got + k), "echoed byte {} from usnet", got + k);
-            }
+            check(&chunk[..n], got, "usnet");
             got += n;
         }
     }
@@ -366,9 +376,7 @@ fn usnet_client_smoltcp_server(server: SocketAddr, seed: u64) {
         }
         while sent < TOTAL {
             let n = chunk.len().min(TOTAL - sent);
-            for (k, b) in chunk[..n].iter_mut().enumerate() {
-                *b = pattern(sent + k);
-            }
+            fill(&mut chunk[..n], sent);
             match w.usnet.tcp_send(c, &chunk[..n]) {
                 Ok(k) => sent += k,
                 Err(StackError::WouldBlock) => break,
@@ -379,9 +387,7 @@ fn usnet_client_smoltcp_server(server: SocketAddr, seed: u64) {
             match w.usnet.tcp_recv(c, &mut buf) {
                 Ok(0) => panic!("early end of the echo at {got}"),
                 Ok(n) => {
-                    for (k, &b) in buf[..n].iter().enumerate() {
-                        assert_eq!(b, pattern(got + k), "echoed byte {} from smoltcp", got + k);
-                    }
+                    check(&buf[..n], got, "smoltcp");
                     got += n;
                 }
                 Err(StackError::WouldBlock) => break,
