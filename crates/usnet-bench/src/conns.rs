@@ -199,16 +199,17 @@ fn hold_pairs(k: usize, ready: i32, go: i32) -> Result<(), BoxErr> {
         let mut b = [0u8; 1];
         s.read_exact(&mut b)?;
     }
-    let mut f = unsafe_fd(ready);
+    let mut f = pipe_file(ready);
     f.write_all(b"r")?;
-    let mut g = unsafe_fd(go);
+    let mut g = pipe_file(go);
     let mut b = [0u8; 1];
     let _ = g.read(&mut b); // returns when the parent closes its end
     drop(pairs);
     Ok(())
 }
 
-fn unsafe_fd(fd: i32) -> std::fs::File {
+/// A pipe end as a File that closes it when dropped.
+fn pipe_file(fd: i32) -> std::fs::File {
     use std::os::fd::FromRawFd;
     // SAFETY: a pipe end this process owns and hands to the File, once.
     unsafe { std::fs::File::from_raw_fd(fd) }
@@ -272,10 +273,10 @@ fn linux_idle(n: usize) -> Result<(f64, f64, Duration), BoxErr> {
             libc::close(ready_w);
             libc::close(go_r);
         }
-        let mut r = unsafe_fd(ready_r);
+        let mut r = pipe_file(ready_r);
         let mut b = [0u8; 1];
         let got = r.read(&mut b)?;
-        children.push((pid, unsafe_fd(go_w)));
+        children.push((pid, pipe_file(go_w)));
         if got != 1 {
             for (pid, go) in children {
                 drop(go);
