@@ -69,6 +69,18 @@ pub struct PathStats {
     pub reordered: u64,
     /// Dropped for their size (`max_frame`).
     pub too_big: u64,
+    /// Time frames waited in the bottleneck queue, summed (nanoseconds).
+    pub queue_wait_ns: u64,
+    /// The longest one waited (nanoseconds).
+    pub queue_wait_max_ns: u64,
+}
+
+impl PathStats {
+    /// The mean wait in the bottleneck queue of the frames that passed it.
+    pub fn mean_queue_wait(&self) -> std::time::Duration {
+        let passed = self.sent - self.lost - self.queue_drops - self.too_big;
+        std::time::Duration::from_nanos(self.queue_wait_ns.checked_div(passed).unwrap_or(0))
+    }
 }
 
 /// What happened to one frame.
@@ -168,6 +180,8 @@ impl Path {
             }
             depart = start.saturating_add(serialisation);
             self.busy_until = depart;
+            self.stats.queue_wait_ns += start - now;
+            self.stats.queue_wait_max_ns = self.stats.queue_wait_max_ns.max(start - now);
         }
         let mut fate = Fate {
             arrivals: [0; 2],

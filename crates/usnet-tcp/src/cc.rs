@@ -1,10 +1,19 @@
-//! Congestion control behind one trait: NewReno (RFC 5681 + 6582) and CUBIC (RFC 9438).
+//! Congestion control behind one trait: NewReno (RFC 5681 + 6582), CUBIC (RFC 9438)
+//! and BBR v1 ([`bbr`], as Linux's `tcp_bbr.c`).
 //!
 //! The connection owns loss detection and recovery (SACK scoreboard, RACK-TLP); the
 //! controller only decides the window: it is told about acknowledged bytes outside
 //! recovery, about the start and end of a fast recovery, and about retransmission
 //! timeouts. During fast recovery the connection sends while `pipe < cwnd`, and the
 //! controller has set `cwnd = ssthresh` on entry.
+//!
+//! A model-based controller (BBR) instead hears of every ACK through
+//! [`CongestionControl::on_rate_sample`] with a delivery-rate sample (the
+//! connection's `conn/rate.rs`), sets the pacing rate, and keeps the window itself
+//! in recovery too ([`CongestionControl::owns_cwnd`]: no proportional rate
+//! reduction), as Linux's `cong_control` hook does.
+
+pub mod bbr;
 
 use std::fmt;
 use std::time::Duration;
@@ -20,6 +29,8 @@ pub enum CcAlgorithm {
     /// RFC 9438 CUBIC (the default, as in Linux).
     #[default]
     Cubic,
+    /// BBR v1 as Linux's `tcp_bbr.c` (model-based, paced).
+    Bbr,
 }
 
 impl CcAlgorithm {
@@ -28,7 +39,82 @@ impl CcAlgorithm {
         match self {
             CcAlgorithm::NewReno => Box::new(NewReno::new(mss, initial_window_segments)),
             CcAlgorithm::Cubic => Box::new(Cubic::new(mss, initial_window_segments)),
+            CcAlgorithm::Bbr => Box::new(bbr::Bbr::new(mss, initial_window_segments)),
         }
+    }
+
+    /// Linux's name for it (`TCP_CONGESTION`, `tcp_congestion_control`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CcAlgorithm::NewReno => "reno",
+            CcAlgorithm::Cubic => "cubic",
+            CcAlgorithm::Bbr => "bbr",
+        }
+    }
+
+    /// The controller Linux calls `name` ("reno" and "newreno" are the same one).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "reno" | "newreno" => Some(CcAlgorithm::NewReno),
+            "cubic" => Some(CcAlgorithm::Cubic),
+            "bbr" => Some(CcAlgorithm::Bbr),
+            _ => None,
+        }
+    }
+}
+
+/// Where loss recovery stands, as a controller that keeps its own window needs to
+/// know it (Linux's `TCP_CA_Open`/`Recovery`/`Loss`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CcPhase {
+    /// No recovery (Linux's Open, Disorder and CWR).
+    Open,
+    /// Fast recovery.
+    Recovery,
+    /// Recovery after a retransmission timeout.
+    Loss,
+}
+
+/// A delivery-rate sample (draft-cheng-iccrg-delivery-rate-estimation, Linux's
+/// `struct rate_sample`), taken on every ACK that delivered data.
+#[derive(Debug, Clone, Copy)]
+pub struct RateSample {
+    /// Bytes delivered between the send of the most recently sent segment this
+    /// ACK delivered and now.
+    pub delivered: u64,
+    /// The interval over which `delivered` was delivered: the longer of the send
+    /// and the ACK intervals. None: no valid sample (nothing delivered, or shorter
+    /// than the minimum RTT).
+    pub interval: Option<Duration>,
+    /// The sample was taken while the application did not fill the pipe: its rate
+    /// is a lower bound.
+    pub app_limited: bool,
+    /// The connection's delivered bytes when that segment was sent (a round ends
+    /// when a segment sent after the round began is delivered).
+    pub prior_delivered: u64,
+    /// The connection's delivered bytes after this ACK.
+    pub total_delivered: u64,
+    /// Bytes this ACK newly delivered (acknowledged or SACKed).
+    pub acked_sacked: u32,
+    /// Bytes this ACK newly marked lost.
+    pub losses: u32,
+    /// Bytes in flight before this ACK.
+    pub prior_in_flight: u32,
+    /// Bytes in flight after it.
+    pub in_flight: u32,
+    /// This ACK's RTT sample, if it gave one.
+    pub rtt: Option<Duration>,
+    /// Sender maximum segment size.
+    pub mss: u32,
+    /// Recovery phase after this ACK.
+    pub phase: CcPhase,
+}
+
+impl RateSample {
+    /// The sample's delivery rate in bytes per second, if it is valid.
+    pub fn rate(&self) -> Option<u64> {
+        let us = self.interval?.as_micros() as u64;
+        (us > 0).then(|| (u128::from(self.delivered) * 1_000_000 / u128::from(us)) as u64)
     }
 }
 
@@ -79,6 +165,23 @@ pub trait CongestionControl: fmt::Debug + Send {
     /// Sets cwnd: proportional rate reduction (RFC 6937) steers it during a
     /// reduction, from the ssthresh `on_loss` chose.
     fn set_cwnd(&mut self, cwnd: u32);
+    /// Every ACK that delivered data, in recovery too, after the callbacks above.
+    /// Returns true when the controller wants the sender counted as
+    /// application-limited from here (BBR's ProbeRTT: its samples must not raise
+    /// the bandwidth estimate).
+    fn on_rate_sample(&mut self, _now: Instant, _rs: &RateSample) -> bool {
+        false
+    }
+    /// The pacing rate it asks for, bytes per second; None: pace (when pacing is
+    /// on) at the connection's default, Linux's `tcp_update_pacing_rate`.
+    fn pacing_rate(&self) -> Option<u64> {
+        None
+    }
+    /// It keeps cwnd itself in recovery (no proportional rate reduction): Linux's
+    /// `cong_control` controllers.
+    fn owns_cwnd(&self) -> bool {
+        false
+    }
 }
 
 fn loss_ssthresh(in_flight: u32, mss: u32) -> u32 {

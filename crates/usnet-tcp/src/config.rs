@@ -90,6 +90,17 @@ pub struct TcpConfig {
     pub linger: Option<Duration>,
     /// Congestion controller.
     pub congestion: CcAlgorithm,
+    /// Pace every connection, as Linux does under the `fq` qdisc: segments leave
+    /// at the pacing rate (`conn/pacing.rs`). Off, only connections whose
+    /// controller paces (BBR) or that set `SO_MAX_PACING_RATE` are paced, as
+    /// Linux's TCP paces itself without `fq`.
+    pub pacing: bool,
+    /// The default pacing rate in slow start, percent of cwnd per SRTT (Linux's
+    /// `tcp_pacing_ss_ratio`, 200).
+    pub pacing_ss_ratio: u32,
+    /// The default pacing rate after slow start, percent of cwnd per SRTT
+    /// (`tcp_pacing_ca_ratio`, 120).
+    pub pacing_ca_ratio: u32,
     /// Initial congestion window in segments (RFC 6928).
     pub initial_window: u32,
     /// Initial RTO (RFC 6298: 1 s).
@@ -229,6 +240,9 @@ impl Default for TcpConfig {
             user_timeout: None,
             ecn: ECN_ACCEPT,
             congestion: CcAlgorithm::Cubic,
+            pacing: false,
+            pacing_ss_ratio: 200,
+            pacing_ca_ratio: 120,
             initial_window: 10,
             initial_rto: Duration::from_secs(1),
             min_rto: Duration::from_millis(200),
@@ -311,7 +325,9 @@ impl TcpConfig {
     /// `tcp_fastopen` (the bits of
     /// [`TcpConfig::fastopen`]), `tcp_fastopen_key` (`xxxxxxxx-xxxxxxxx-xxxxxxxx-xxxxxxxx`,
     /// a backup key after a comma is ignored), `tcp_congestion_control`
-    /// (`cubic`, `reno`), `tcp_early_retrans` (0 turns tail loss probes off),
+    /// (`cubic`, `reno`, `bbr`), `tcp_pacing_ss_ratio`, `tcp_pacing_ca_ratio`,
+    /// `default_qdisc` (`fq` paces every connection, [`TcpConfig::pacing`]; any
+    /// other qdisc does not), `tcp_early_retrans` (0 turns tail loss probes off),
     /// `tcp_retries1`, `tcp_mtu_probing` (0, 1, 2), `tcp_base_mss`,
     /// `tcp_mtu_probe_floor`, `tcp_probe_threshold`, `tcp_probe_interval` (seconds).
     /// Returns an error naming the problem for an unknown name or a bad value.
@@ -385,12 +401,17 @@ impl TcpConfig {
             "tcp_fastopen_key" => {
                 self.fastopen_key = Some(parse_fastopen_key(value).ok_or_else(bad)?)
             }
-            "tcp_congestion_control" => {
-                self.congestion = match value {
-                    "cubic" => CcAlgorithm::Cubic,
-                    "reno" | "newreno" => CcAlgorithm::NewReno,
+            "tcp_pacing_ss_ratio" => self.pacing_ss_ratio = count()?,
+            "tcp_pacing_ca_ratio" => self.pacing_ca_ratio = count()?,
+            "default_qdisc" => {
+                self.pacing = match value {
+                    "fq" => true,
+                    "fq_codel" | "pfifo_fast" | "pfifo" | "noqueue" | "cake" | "sfq" => false,
                     _ => return Err(bad()),
                 }
+            }
+            "tcp_congestion_control" => {
+                self.congestion = CcAlgorithm::from_name(value).ok_or_else(bad)?
             }
             _ => return Err(format!("{name}: unknown tunable")),
         }

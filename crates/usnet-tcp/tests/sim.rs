@@ -583,6 +583,81 @@ fn congestion_at_a_bottleneck_cubic_and_newreno() {
     }
 }
 
+/// The path of issue 28's comparison: 50 ms RTT, 100 Mbit/s, 1 % random loss each
+/// way, a 10 ms (125 kB, a fifth of the BDP) drop-tail queue.
+fn long_lossy_path() -> PathConfig {
+    PathConfig {
+        delay: Duration::from_millis(25),
+        rate: 12_500_000,
+        overhead: 40,
+        queue: Duration::from_millis(10),
+        loss: 0.01,
+        ..PathConfig::default()
+    }
+}
+
+fn goodput(o: &Outcome, bytes: u64) -> f64 {
+    bytes as f64 / o.data_time.as_secs_f64()
+}
+
+#[test]
+fn bbr_fills_a_long_lossy_path_that_cubic_cannot() {
+    let bytes = 64u64 << 20;
+    let mut b = cfg();
+    b.congestion = CcAlgorithm::Bbr;
+    b.send_buffer = 8 << 20;
+    b.recv_buffer = 8 << 20;
+    let bbr = run(71, long_lossy_path(), bytes, 0, b.clone(), b.clone());
+    let mut c = b.clone();
+    c.congestion = CcAlgorithm::Cubic;
+    let cubic = run(71, long_lossy_path(), bytes / 16, 0, c.clone(), c);
+    let (gb, gc) = (goodput(&bbr, bytes), goodput(&cubic, bytes / 16));
+    eprintln!(
+        "bbr {gb:.0} B/s ({} retransmitted, {:?}), cubic {gc:.0} B/s ({} retransmitted)",
+        bbr.client.retransmit_segments, bbr.up, cubic.client.retransmit_segments
+    );
+    assert_eq!(bbr.client_info.congestion, "bbr");
+    // Random loss is no congestion signal to BBR: most of the link is used.
+    assert!(gb > 0.8 * 12_500_000.0, "bbr goodput {gb}");
+    assert!(gb > 3.0 * gc, "bbr {gb} vs cubic {gc}");
+}
+
+#[test]
+fn bbr_keeps_the_bottleneck_queue_short_where_cubic_fills_it() {
+    // 20 Mbit/s, 20 ms RTT, a deep (100 ms) queue, no loss.
+    let path = PathConfig {
+        delay: Duration::from_millis(10),
+        rate: 2_500_000,
+        queue: Duration::from_millis(100),
+        ..path()
+    };
+    let bytes = 12u64 << 20;
+    let mut res = Vec::new();
+    for cc in [CcAlgorithm::Bbr, CcAlgorithm::Cubic] {
+        let mut c = cfg();
+        c.congestion = cc;
+        c.send_buffer = 4 << 20;
+        let o = run(72, path, bytes, 0, c.clone(), c);
+        let wait = o.up.mean_queue_wait();
+        eprintln!(
+            "{cc:?}: {:.0} B/s, mean queue wait {wait:?}, max {:?}, drops {}",
+            goodput(&o, bytes),
+            Duration::from_nanos(o.up.queue_wait_max_ns),
+            o.up.queue_drops
+        );
+        assert!(goodput(&o, bytes) > 0.85 * 2_500_000.0, "{cc:?}");
+        res.push(wait);
+    }
+    // CUBIC fills the queue to its drops; BBR keeps about its 1.25x probe's worth.
+    assert!(
+        res[0] * 3 < res[1],
+        "bbr {:?} vs cubic {:?}",
+        res[0],
+        res[1]
+    );
+    assert!(res[0] < Duration::from_millis(15), "bbr queue {:?}", res[0]);
+}
+
 #[test]
 fn small_buffers_and_zero_window() {
     let mut c = cfg();

@@ -178,6 +178,10 @@ impl Connection {
         let Some(mut p) = self.ecn.prr else {
             return;
         };
+        // A controller that keeps its own window in recovery (BBR) gets no PRR.
+        if self.cc.owns_cwnd() {
+            return;
+        }
         if delivered == 0 {
             return;
         }

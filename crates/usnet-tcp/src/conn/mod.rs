@@ -10,6 +10,7 @@
 //! - `rtt`, `timestamps`, `keepalive`: estimators and probes
 //! - `timers`: every deadline in one table; `transmit`: what goes out next
 //! - `icmp`: ICMP errors about this connection; `mtu_probe`: path MTU probing
+//! - `rate`: delivery-rate samples for the controller; `pacing`: departure times
 
 mod chrono;
 mod ecn;
@@ -17,6 +18,8 @@ mod handshake;
 mod icmp;
 mod keepalive;
 mod mtu_probe;
+mod pacing;
+mod rate;
 mod recovery;
 mod recv;
 mod rtt;
@@ -55,6 +58,8 @@ use ecn::EcnState;
 use handshake::{Negotiated, SynState};
 use keepalive::KeepaliveState;
 use mtu_probe::MtuProbe;
+use pacing::Pacing;
+use rate::RateState;
 use recovery::Recovery;
 use recv::{AckState, RecvState};
 use rtt::RttEstimator;
@@ -353,6 +358,10 @@ pub struct Connection {
     /// Loss recovery, RACK, TLP (`recovery`).
     pub(crate) recovery: Recovery,
     pub(crate) cc: Box<dyn CongestionControl>,
+    /// Delivery-rate samples (`rate`).
+    pub(crate) rate: RateState,
+    /// Departure times of a paced sender (`pacing`).
+    pub(crate) pace: Pacing,
     /// RCV.*, receive buffer, reassembly (`recv`).
     pub(crate) rcv: RecvState,
     /// When to acknowledge (`recv`).
@@ -425,6 +434,8 @@ impl Connection {
             scoreboard: Scoreboard::new(cfg.send_buffer),
             recovery: Recovery::new(iss),
             cc,
+            rate: RateState::default(),
+            pace: Pacing::default(),
             rcv: RecvState::new(&cfg, mss, now),
             ack: AckState::new(cfg.quickack_segments),
             rtt: RttEstimator::new(cfg.initial_rto),

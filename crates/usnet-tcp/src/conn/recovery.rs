@@ -196,6 +196,7 @@ impl Connection {
                 self.note_reord(front.start);
             }
             if !front.sacked {
+                self.rate_seg_delivered(&front);
                 self.rack_update(&front);
                 self.snd.delivered += 1;
                 delivered = true;
@@ -284,6 +285,7 @@ impl Connection {
                         self.note_reord(s.start);
                     }
                     self.rack_update(&s);
+                    self.rate_seg_delivered(&s);
                     self.snd.delivered += 1;
                     delivered = true;
                 }
@@ -730,7 +732,12 @@ impl Connection {
         if !self.emit(sink, flags, s.start, off, data_len, opts) {
             return false;
         }
+        let stamp = self.rate_stamp();
         self.scoreboard.retransmitted(i, self.now);
+        self.scoreboard.stamp_rate(i, stamp);
+        if data_len > 0 {
+            self.pacing_sent(data_len as u32);
+        }
         self.prr_sent(data_len as u32);
         self.stats.retransmit_segments += 1;
         self.stats.retransmit_bytes += data_len as u64;

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::ops::Index;
 
+use super::rate::TxRate;
 use crate::seq::Seq;
 use crate::time::Instant;
 
@@ -31,6 +32,8 @@ pub(crate) struct TxSeg {
     /// Where the piece it was first sent in ends (`conn/tso.rs`; its own end
     /// outside TSO pieces): Linux retransmits what is left of that buffer as one.
     pub piece_end: Seq,
+    /// Delivery-rate stamp of the latest transmission (`conn/rate.rs`).
+    pub rate: TxRate,
 }
 
 impl TxSeg {
@@ -46,6 +49,7 @@ impl TxSeg {
             lost: false,
             lost_marked: false,
             piece_end: end,
+            rate: TxRate::default(),
         }
     }
 
@@ -250,6 +254,13 @@ impl Scoreboard {
             s.lost = false;
             self.lost_segs -= 1;
             self.pipe += s.len();
+        }
+    }
+
+    /// Segment `i` went out again with delivery-rate stamp `rate`.
+    pub(crate) fn stamp_rate(&mut self, i: usize, rate: TxRate) {
+        if let Some(s) = self.segs.get_mut(i) {
+            s.rate = rate;
         }
     }
 

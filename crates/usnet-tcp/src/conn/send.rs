@@ -568,12 +568,16 @@ impl Connection {
             self.snd.progress = self.now;
         }
         let mut txseg = TxSeg::new(seq, end, fin, self.now);
+        txseg.rate = self.rate_stamp();
         if let (true, Some(p)) = (self.cfg.tso_pieces, self.snd.piece_end) {
             if p.gt(seq) {
                 txseg.piece_end = p;
             }
         }
         self.scoreboard.push(txseg);
+        if len > 0 {
+            self.pacing_sent(len as u32);
+        }
         if len > 0 && resend_end.is_some_and(|e| seq.lt(e)) {
             // Data a Fast Open SYN carried, sent again after a SYN-ACK that did not
             // take it: Linux marks it lost and retransmits it (`retrans_out`,

@@ -328,6 +328,7 @@ impl Connection {
             return false;
         }
         let flight_before = self.snd.nxt.since(self.snd.una);
+        let pipe_before = self.pipe_est();
         let prior_fack = self.scoreboard.highest_sacked_end().unwrap_or(self.snd.una);
         self.recovery.reord_low = None;
         // RFC 6937's DeliveredData: the change in SND.UNA plus in SACKed bytes.
@@ -374,6 +375,8 @@ impl Connection {
         .max(0) as u32;
         let retrans_acked = advanced && self.recovery.retrans_acked;
         self.ecn_on_ack(seg, delivered, retrans_acked, newly_lost);
+        let losses = (self.scoreboard.lost_segs().saturating_sub(lost_before)) * self.smss();
+        self.rate_on_ack(delivered, losses, pipe_before);
         if self.snd.fin_acked {
             self.on_fin_acked();
         }

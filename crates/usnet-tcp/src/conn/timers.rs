@@ -27,10 +27,13 @@ pub(crate) enum Timer {
     Persist,
     /// Keepalive probe (RFC 9293 §3.8.4).
     Keepalive,
+    /// The paced sender's next departure time (`conn/pacing.rs`): nothing to do on
+    /// expiry but to let `poll_transmit` send.
+    Pace,
 }
 
 impl Timer {
-    const COUNT: usize = 7;
+    const COUNT: usize = 8;
 
     /// Every timer, in expiry-handling order.
     pub(crate) const ALL: [Timer; Timer::COUNT] = [
@@ -41,6 +44,7 @@ impl Timer {
         Timer::DelayedAck,
         Timer::Persist,
         Timer::Keepalive,
+        Timer::Pace,
     ];
 }
 
@@ -123,6 +127,7 @@ impl Connection {
             Timer::DelayedAck => self.on_delayed_ack_timer(),
             Timer::Persist => self.on_persist_timer(),
             Timer::Keepalive => self.on_keepalive_timer(),
+            Timer::Pace => {}
         }
     }
 }

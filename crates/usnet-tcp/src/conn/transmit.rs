@@ -41,6 +41,9 @@ impl Connection {
         if data_waits && self.state.is_synchronized() {
             self.validate_cwnd(nxt_before);
         }
+        if self.state.is_synchronized() {
+            self.rate_check_app_limited();
+        }
         self.chrono_after_transmit();
         // A MSG_MORE write corks its own pass only; a NODELAY flush is one pass.
         self.snd.more_pass = false;
@@ -167,7 +170,10 @@ impl Connection {
             }
             _ => {}
         }
-        if self.state != State::TimeWait {
+        // A paced sender waits for its departure time with data (new, resent or a
+        // probe); window probes, keepalives and ACKs are not paced.
+        let paced = self.state != State::TimeWait && self.paced_out();
+        if self.state != State::TimeWait && !paced {
             if self.scoreboard.lost_segs() > 0 {
                 if let Some(sent) = self.retransmit_lost(sink) {
                     return Some(sent);

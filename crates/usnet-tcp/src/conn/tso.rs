@@ -24,23 +24,11 @@ impl Connection {
     }
 
     /// Linux's `tcp_tso_segs`/`tcp_tso_autosize`: the most segments one piece
-    /// carries, a millisecond's worth (1/1024 s) at the pacing rate (twice cwnd per
-    /// SRTT in slow start, 1.2 times after), plus a bonus on short paths, within a
+    /// carries, a millisecond's worth (1/1024 s) at the pacing rate
+    /// (`Connection::pacing_rate`), plus a bonus on short paths, within a
     /// TSO frame and at least `min_tso_segs`.
     pub(crate) fn tso_segs(&self, mss: u32) -> u32 {
-        let cwnd = self.cc.cwnd();
-        let ratio: u64 = if cwnd < self.cc.ssthresh() / 2 {
-            200
-        } else {
-            120
-        };
-        let segs = u64::from((cwnd / mss.max(1)).max(self.scoreboard.len() as u32));
-        let srtt_us = self.rtt.srtt.map_or(0, |d| d.as_micros() as u64);
-        // No RTT yet (or none measurable): no pacing limit.
-        let rate = (u64::from(mss) * ratio * segs * 10_000)
-            .checked_div(srtt_us)
-            .unwrap_or(u64::MAX >> 11);
-        let mut bytes = rate >> 10;
+        let mut bytes = self.pacing_rate() >> 10;
         if let Some(m) = self.rtt.min_rtt {
             let r = (m.as_micros() as u64) >> 9;
             if r < 32 {
