@@ -13,6 +13,7 @@ pub mod server;
 pub mod shards;
 pub mod tcp;
 pub mod udp;
+pub mod wan;
 mod web;
 
 /// Pins the calling thread to `core` (best effort: a failure only costs accuracy).

@@ -301,6 +301,54 @@ pub struct TcpArgs {
     /// each way (docs/benchmarks.md, "Copies per payload byte").
     #[arg(long)]
     pub pool_buffers: bool,
+    /// Instead of the configurations above: bulk TCP over an emulated wide-area path
+    /// (a bottleneck, delay and random loss; TAPs in two namespaces, root), usnet's
+    /// controllers against Linux's (`--wan-cc`). Writes wan.json, wan.md, wan.png.
+    #[arg(long)]
+    pub wan: bool,
+    /// The path's round-trip propagation delay, ms.
+    #[arg(long, default_value_t = 50.0)]
+    pub wan_rtt_ms: f64,
+    /// The path's bottleneck rate, Mbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub wan_mbit: f64,
+    /// The path's random loss each way, percent.
+    #[arg(long, default_value_t = 1.0)]
+    pub wan_loss_percent: f64,
+    /// The bottleneck's queue, ms at its rate.
+    #[arg(long, default_value_t = 10.0)]
+    pub wan_queue_ms: f64,
+    /// Controllers to compare over the path (Linux names).
+    #[arg(long, value_delimiter = ',', default_value = "bbr,cubic")]
+    pub wan_cc: Vec<String>,
+}
+
+impl TcpArgs {
+    /// The `--wan` comparison's options (`--seconds` default 3 becomes 10 there:
+    /// a 50 ms path needs seconds to leave slow start behind).
+    pub fn wan_options(&self) -> usnet_bench::wan::WanOptions {
+        let seconds = if self.quick {
+            3.0
+        } else if self.seconds == 3.0 {
+            10.0
+        } else {
+            self.seconds
+        };
+        usnet_bench::wan::WanOptions {
+            out: if self.out == std::path::Path::new("bench-out/tcp") {
+                PathBuf::from("bench-out/tcp-wan")
+            } else {
+                self.out.clone()
+            },
+            runs: if self.quick { 1 } else { self.runs },
+            seconds,
+            rtt: std::time::Duration::from_secs_f64(self.wan_rtt_ms / 1e3),
+            rate_bps: (self.wan_mbit * 1e6) as u64,
+            loss: self.wan_loss_percent / 100.0,
+            queue: std::time::Duration::from_secs_f64(self.wan_queue_ms / 1e3),
+            ccs: self.wan_cc.clone(),
+        }
+    }
 }
 
 impl From<TcpArgs> for TcpBenchOptions {

@@ -110,6 +110,9 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run::run(a),
         Cmd::Httpd(a) => httpd::run(*a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
+        Cmd::Bench(BenchCmd::Tcp(a)) if a.wan => {
+            usnet_bench::wan::run(&a.wan_options()).map_err(|e| e.to_string().into())
+        }
         Cmd::Bench(BenchCmd::Tcp(a)) => usnet_bench::tcp::run(&a.into()),
         Cmd::Bench(BenchCmd::Server(a)) => usnet_bench::server::run(&a.into()),
         Cmd::Bench(BenchCmd::Preload(a)) => usnet_bench::preload::run(&a.into()),
