@@ -388,10 +388,13 @@ pub mod opt {
     pub const TCP_KEEPCNT: u64 = 6;
     /// Milliseconds, 0 for none; on a connection or a listener.
     pub const TCP_USER_TIMEOUT: u64 = 18;
-    /// [`CC_CUBIC`] or [`CC_RENO`]; on a connection.
+    /// [`CC_CUBIC`], [`CC_RENO`] or [`CC_BBR`]; on a connection.
     pub const TCP_CONGESTION: u64 = 13;
     pub const CC_CUBIC: u64 = 0;
     pub const CC_RENO: u64 = 1;
+    pub const CC_BBR: u64 = 2;
+    /// Bytes per second, `u64::MAX` for none; on a connection (it paces it).
+    pub const SO_MAX_PACING_RATE: u64 = 47;
     pub const TCP_NOTSENT_LOWAT: u64 = 25;
     /// `SO_TIMESTAMPING` flags (`SOF_TIMESTAMPING_*`): transmit timestamps of a
     /// connection's writes, read with [`super::op::ERRQUEUE`].
@@ -934,7 +937,13 @@ pub mod tcp_info {
     pub const BUSY_US: usize = 88;
     pub const RWND_LIMITED_US: usize = 96;
     pub const SNDBUF_LIMITED_US: usize = 104;
-    pub const LEN: usize = 112;
+    /// `u64`, bytes per second: the pacing rate, and the latest delivery-rate
+    /// sample with bit 63 set when it was application-limited.
+    pub const PACING_RATE: usize = 112;
+    pub const DELIVERY_RATE: usize = 120;
+    /// Bit 63 of [`DELIVERY_RATE`].
+    pub const APP_LIMITED: u64 = 1 << 63;
+    pub const LEN: usize = 128;
 }
 
 /// The errno values the ABI uses (Linux's).

@@ -207,6 +207,12 @@ pub struct UpArgs {
     /// with the applications it takes their time, so 0 is better there.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// A TCP tunable by its Linux sysctl name, `NAME=VALUE` (repeatable; the
+    /// `net.ipv4.`/`net.core.` prefix may be left out), e.g.
+    /// `tcp_congestion_control=bbr`, `default_qdisc=fq` (pace every connection),
+    /// `tcp_ecn=1`; the list is `TcpConfig::set_sysctl`'s.
+    #[arg(long = "sysctl", value_name = "NAME=VALUE")]
+    pub sysctls: Vec<String>,
     /// A boost ends early once its queue is below a quarter and nothing arrived for
     /// this long (ms): the burst is over.
     #[arg(long, default_value_t = 20)]
@@ -297,6 +303,7 @@ impl UpArgs {
             boost_quiet_ms: 20,
             loop_nice: None,
             spin_us: 50,
+            sysctls: vec![],
             input_queue: 1000,
             quiet: true,
         }
@@ -431,10 +438,7 @@ fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
         gro: !args.no_gro,
         input_queue_len: args.input_queue.max(1),
         rx_policy: args.rx_policy()?,
-        tcp: usnet_stack::TcpConfig {
-            zero_copy: args.pool_buffers,
-            ..StackConfig::default().tcp
-        },
+        tcp: tcp_config(args)?,
         ..StackConfig::default()
     };
     // Check the configuration before touching the link, so mistakes cost nothing.
@@ -730,6 +734,28 @@ fn spawn_services(
         })?)
 }
 
+/// The TCP configuration: the stack's default with `--pool-buffers` and every
+/// `--sysctl` applied in order.
+fn tcp_config(args: &UpArgs) -> Result<usnet_stack::TcpConfig, Box<dyn std::error::Error>> {
+    let mut tcp = usnet_stack::TcpConfig {
+        zero_copy: args.pool_buffers,
+        ..StackConfig::default().tcp
+    };
+    for s in &args.sysctls {
+        let (name, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("--sysctl {s}: expected NAME=VALUE"))?;
+        let name = name.trim();
+        let name = name
+            .strip_prefix("net.ipv4.")
+            .or_else(|| name.strip_prefix("net.core."))
+            .unwrap_or(name);
+        tcp.set_sysctl(name, value)
+            .map_err(|e| format!("--sysctl {s}: {e}"))?;
+    }
+    Ok(tcp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -745,6 +771,22 @@ mod tests {
         let mut args = vec!["usnet", "--link", "shm:x"];
         args.extend_from_slice(extra);
         P::parse_from(args).up
+    }
+
+    #[test]
+    fn sysctl_flags_set_the_tcp_configuration() {
+        let t = tcp_config(&parse(&[
+            "--sysctl",
+            "net.ipv4.tcp_congestion_control=bbr",
+            "--sysctl",
+            "net.core.default_qdisc=fq",
+        ]))
+        .unwrap();
+        assert_eq!(t.congestion, usnet_stack::CcAlgorithm::Bbr);
+        assert!(t.pacing);
+        let e = tcp_config(&parse(&["--sysctl", "tcp_congestion_control=vegas"])).unwrap_err();
+        assert!(e.to_string().contains("bad value"), "{e}");
+        assert!(tcp_config(&parse(&["--sysctl", "tcp_sack"])).is_err());
     }
 
     #[test]

@@ -233,6 +233,11 @@ pub struct TcpInfo {
     pub busy_time: Duration,
     pub rwnd_limited: Duration,
     pub sndbuf_limited: Duration,
+    /// Bytes per second: the pacing rate, and the latest delivery-rate sample
+    /// (which was application-limited if the flag says so).
+    pub pacing_rate: u64,
+    pub delivery_rate: u64,
+    pub delivery_rate_app_limited: bool,
 }
 
 /// A TCP connection. `Read`/`Write` are implemented for `TcpStream` and `&TcpStream`,
@@ -522,9 +527,14 @@ impl TcpStream {
         self.setopt(opt::IPPROTO_TCP, opt::TCP_USER_TIMEOUT, u64::from(ms))
     }
 
-    /// TCP_CONGESTION: `opt::CC_CUBIC` or `opt::CC_RENO`.
+    /// TCP_CONGESTION: `opt::CC_CUBIC`, `opt::CC_RENO` or `opt::CC_BBR`.
     pub fn set_congestion(&self, cc: u64) -> io::Result<()> {
         self.setopt(opt::IPPROTO_TCP, opt::TCP_CONGESTION, cc)
+    }
+
+    /// SO_MAX_PACING_RATE in bytes per second (`u64::MAX`: none).
+    pub fn set_max_pacing_rate(&self, rate: u64) -> io::Result<()> {
+        self.setopt(opt::SOL_SOCKET, opt::SO_MAX_PACING_RATE, rate)
     }
 
     /// IP_TOS (or IPV6_TCLASS): the DSCP bits of the connection's packets.
@@ -562,9 +572,8 @@ impl TcpStream {
         self.sock.conn.mem.read_info(self.sock.slot, &mut b);
         let u = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let us = |o: usize| Duration::from_micros(u(o) as u64);
-        let us64 = |o: usize| {
-            Duration::from_micros(u64::from_le_bytes(b[o..o + 8].try_into().expect("8")))
-        };
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        let us64 = |o: usize| Duration::from_micros(u64_at(o));
         Ok(TcpInfo {
             state: u(tcp_info::STATE),
             rtt: us(tcp_info::RTT_US),
@@ -597,6 +606,9 @@ impl TcpStream {
             busy_time: us64(tcp_info::BUSY_US),
             rwnd_limited: us64(tcp_info::RWND_LIMITED_US),
             sndbuf_limited: us64(tcp_info::SNDBUF_LIMITED_US),
+            pacing_rate: u64_at(tcp_info::PACING_RATE),
+            delivery_rate: u64_at(tcp_info::DELIVERY_RATE) & !tcp_info::APP_LIMITED,
+            delivery_rate_app_limited: u64_at(tcp_info::DELIVERY_RATE) & tcp_info::APP_LIMITED != 0,
         })
     }
 

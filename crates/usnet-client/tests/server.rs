@@ -234,7 +234,7 @@ fn tcp_info_and_options_reach_the_connection() {
     let c = Client::attach("opts").unwrap();
     let l = TcpListener::bind(&c, sa("10.66.0.1:7300")).unwrap();
     let s = TcpStream::connect(&c, sa("10.66.0.1:7300")).unwrap();
-    let _a = l.accept().unwrap();
+    let (a, _) = l.accept().unwrap();
     s.set_nodelay(true).unwrap();
     s.set_keepalive(true).unwrap();
     let info = s.info().unwrap();
@@ -247,6 +247,28 @@ fn tcp_info_and_options_reach_the_connection() {
     assert!(info.rcv_space > 0 && info.delivered >= 1, "{info:?}");
     assert!(s.take_error().unwrap().is_none());
     assert_eq!(s.peer_addr().unwrap(), sa("10.66.0.1:7300"));
+    // BBR sets its own pacing rate; SO_MAX_PACING_RATE caps it.
+    s.set_congestion(usnet_abi::opt::CC_BBR).unwrap();
+    let mut buf = [0u8; 4096];
+    (&s).write_all(&[1u8; 4096]).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (&a).read_exact(&mut buf).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let info = loop {
+        let i = s.info().unwrap();
+        if i.delivery_rate > 0 || Instant::now() > end {
+            break i;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(info.pacing_rate > 0 && info.delivery_rate > 0, "{info:?}");
+    s.set_max_pacing_rate(12_345).unwrap();
+    assert_eq!(s.info().unwrap().pacing_rate, 12_345);
+    assert_eq!(
+        s.set_congestion(99).unwrap_err().raw_os_error(),
+        Some(2),
+        "ENOENT"
+    );
 }
 
 #[test]

@@ -159,6 +159,8 @@ struct Opts {
     congestion: Option<sockopt::Congestion>,
     /// TCP_MAXSEG as set (None: none).
     maxseg: Option<i32>,
+    /// SO_MAX_PACING_RATE (None: none).
+    max_pacing_rate: Option<u64>,
     /// IP_TOS, IPV6_TCLASS as set.
     tos: Option<u8>,
     tclass: Option<u8>,
@@ -592,6 +594,9 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     }
     if let Some(cc) = o.congestion {
         let _ = s.set_congestion(abi_congestion(cc));
+    }
+    if let Some(r) = o.max_pacing_rate {
+        let _ = s.set_max_pacing_rate(r);
     }
     let tos = match s.peer_addr() {
         Ok(SocketAddr::V6(_)) => o.tclass,
@@ -1690,6 +1695,12 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 s.set_congestion(abi_congestion(cc))?;
             }
         }
+        Opt::MaxPacingRate(r) => {
+            o.max_pacing_rate = (r != u64::MAX).then_some(r);
+            if let Some(s) = stream {
+                s.set_max_pacing_rate(r)?;
+            }
+        }
         Opt::MaxSeg(m) => {
             o.maxseg = m.map(i32::from);
             match (&*obj, m) {
@@ -1820,6 +1831,7 @@ fn abi_congestion(c: sockopt::Congestion) -> u64 {
     match c {
         sockopt::Congestion::Cubic => usnet_abi::opt::CC_CUBIC,
         sockopt::Congestion::Reno => usnet_abi::opt::CC_RENO,
+        sockopt::Congestion::Bbr => usnet_abi::opt::CC_BBR,
     }
 }
 
@@ -1948,6 +1960,15 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         (libc::IPPROTO_TCP, libc::TCP_CONGESTION) if tcp => {
             sockopt::congestion_name(o.congestion.unwrap_or(sockopt::Congestion::Cubic))
         }
+        // Linux answers a 4-byte buffer with the value capped at ~0U.
+        (libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE) => {
+            let r = o.max_pacing_rate.unwrap_or(u64::MAX);
+            if out.len() >= 8 {
+                r.to_ne_bytes().to_vec()
+            } else {
+                int(r.min(u64::from(u32::MAX)) as u32 as i32)
+            }
+        }
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) if tcp => match stream {
             // Connected: the MSS in use; otherwise what was set, or TCP_MSS_DEFAULT.
             Some(s) => int(s.info().map(|i| i.snd_mss as i32).unwrap_or(536)),
@@ -1983,7 +2004,11 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         // an empty answer, as the kernel gives.
         (libc::IPPROTO_TCP, sockopt::TCP_CC_INFO) if tcp => Vec::new(),
         (libc::IPPROTO_TCP, libc::TCP_INFO) if e.stype == libc::SOCK_STREAM => match stream {
-            Some(s) => linux_tcp_info(&s.info()?).to_bytes(),
+            Some(s) => sockopt::LinuxTcpInfo {
+                max_pacing_rate: o.max_pacing_rate.unwrap_or(u64::MAX),
+                ..linux_tcp_info(&s.info()?)
+            }
+            .to_bytes(),
             None => {
                 sockopt::LinuxTcpInfo::unconnected(matches!(&*obj, Obj::Listener(_))).to_bytes()
             }
@@ -2050,6 +2075,10 @@ fn linux_tcp_info(i: &usnet_client::TcpInfo) -> sockopt::LinuxTcpInfo {
         busy_time_us: i.busy_time.as_micros().min(u128::from(u64::MAX)) as u64,
         rwnd_limited_us: i.rwnd_limited.as_micros().min(u128::from(u64::MAX)) as u64,
         sndbuf_limited_us: i.sndbuf_limited.as_micros().min(u128::from(u64::MAX)) as u64,
+        pacing_rate: i.pacing_rate,
+        max_pacing_rate: u64::MAX,
+        delivery_rate: i.delivery_rate,
+        delivery_rate_app_limited: i.delivery_rate_app_limited,
     }
 }
 

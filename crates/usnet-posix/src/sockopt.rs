@@ -52,6 +52,7 @@ pub struct SockKind {
 pub enum Congestion {
     Cubic,
     Reno,
+    Bbr,
 }
 
 /// One `setsockopt`, decoded and checked as Linux checks it.
@@ -59,6 +60,8 @@ pub enum Congestion {
 pub enum Opt {
     ReuseAddr(bool),
     ReusePort(bool),
+    /// `SO_MAX_PACING_RATE`, bytes per second (`u64::MAX`: none).
+    MaxPacingRate(u64),
     KeepAlive(bool),
     /// `SO_RCVBUF` as given (at least 256; Linux reports twice it).
     RcvBuf(i32),
@@ -134,6 +137,14 @@ pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
             Opt::Linger((l.l_onoff != 0).then(|| Duration::from_secs(l.l_linger.max(0) as u64)))
         }
         (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => Opt::ZeroCopy(bool_()?),
+        // Linux reads a u64 when given 8 bytes, else a u32 (whose ~0U is none too).
+        (libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE) => Opt::MaxPacingRate(match value.len() {
+            n if n >= 8 => u64::from_ne_bytes(value[..8].try_into().expect("8 bytes")),
+            _ => match int(value)? as u32 {
+                u32::MAX => u64::MAX,
+                v => u64::from(v),
+            },
+        }),
         (libc::SOL_SOCKET, SO_TIMESTAMPING) => Opt::Timestamping(int(value)? as u32),
         (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => {
             let n = value.iter().position(|&b| b == 0).unwrap_or(value.len());
@@ -181,6 +192,7 @@ pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
             Opt::Congestion(match &value[..n] {
                 b"cubic" => Congestion::Cubic,
                 b"reno" => Congestion::Reno,
+                b"bbr" => Congestion::Bbr,
                 _ => return Err(Errno(libc::ENOENT)),
             })
         }
@@ -302,6 +314,7 @@ pub fn congestion_name(c: Congestion) -> Vec<u8> {
     let mut b = match c {
         Congestion::Cubic => b"cubic".to_vec(),
         Congestion::Reno => b"reno".to_vec(),
+        Congestion::Bbr => b"bbr".to_vec(),
     };
     b.resize(16, 0);
     b
@@ -396,6 +409,11 @@ pub struct LinuxTcpInfo {
     pub reord_seen: u32,
     pub snd_wnd: u32,
     pub rcv_wnd: u32,
+    /// Bytes per second; `max_pacing_rate` is `u64::MAX` when none is set.
+    pub pacing_rate: u64,
+    pub max_pacing_rate: u64,
+    pub delivery_rate: u64,
+    pub delivery_rate_app_limited: bool,
 }
 
 impl LinuxTcpInfo {
@@ -456,10 +474,15 @@ impl LinuxTcpInfo {
         put64(168, self.busy_time_us);
         put64(176, self.rwnd_limited_us);
         put64(184, self.sndbuf_limited_us);
+        put64(104, self.pacing_rate);
+        put64(112, self.max_pacing_rate);
+        put64(160, self.delivery_rate);
         b[0] = self.state;
         b[1] = self.ca_state;
         b[4] = self.backoff;
         b[5] = self.options;
+        // The byte after the window scales: `tcpi_delivery_rate_app_limited:1`.
+        b[7] = u8::from(self.delivery_rate_app_limited);
         if self.options & tcpi_opt::WSCALE != 0 {
             b[6] = (self.wscale.0 & 0xf) | ((self.wscale.1 & 0xf) << 4);
         }
@@ -713,7 +736,24 @@ mod tests {
             tcp(libc::TCP_CONGESTION, b"reno\0"),
             Ok(Opt::Congestion(Congestion::Reno))
         );
-        assert_eq!(tcp(libc::TCP_CONGESTION, b"bbr"), Err(Errno(libc::ENOENT)));
+        assert_eq!(
+            tcp(libc::TCP_CONGESTION, b"bbr"),
+            Ok(Opt::Congestion(Congestion::Bbr))
+        );
+        assert_eq!(
+            tcp(libc::TCP_CONGESTION, b"vegas"),
+            Err(Errno(libc::ENOENT))
+        );
+        let sol = |name, v: &[u8]| decode(libc::SOL_SOCKET, name, v, TCP4);
+        assert_eq!(
+            sol(libc::SO_MAX_PACING_RATE, &1_000_000u64.to_ne_bytes()),
+            Ok(Opt::MaxPacingRate(1_000_000))
+        );
+        assert_eq!(
+            sol(libc::SO_MAX_PACING_RATE, &i(-1)),
+            Ok(Opt::MaxPacingRate(u64::MAX)),
+            "~0U is none"
+        );
         // A recorded option keeps Linux's reading of the value.
         assert_eq!(
             tcp(libc::TCP_DEFER_ACCEPT, &i(5)),

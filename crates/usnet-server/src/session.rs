@@ -910,10 +910,13 @@ impl ServerSession {
                 let cc = match value {
                     opt::CC_CUBIC => CcAlgorithm::Cubic,
                     opt::CC_RENO => CcAlgorithm::NewReno,
+                    opt::CC_BBR => CcAlgorithm::Bbr,
                     _ => return -errno::ENOENT,
                 };
                 stack.tcp_set_congestion_control(h.expect("conn"), cc)
             }
+            (opt::SOL_SOCKET, opt::SO_MAX_PACING_RATE) if tcp_conn => stack
+                .tcp_set_max_pacing_rate(h.expect("conn"), (value != u64::MAX).then_some(value)),
             (opt::SOL_SOCKET, opt::SO_TIMESTAMPING) => {
                 let acked = match (s.role, h) {
                     (Role::Conn, Some(h)) => match stack.tcp_info(h) {
@@ -1123,6 +1126,20 @@ impl ServerSession {
                     (tcp_info::SNDBUF_LIMITED_US, info.sndbuf_limited),
                 ] {
                     let v = d.as_micros().min(u64::MAX as u128) as u64;
+                    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                let limited = if info.delivery_rate_app_limited {
+                    tcp_info::APP_LIMITED
+                } else {
+                    0
+                };
+                for (off, v) in [
+                    (tcp_info::PACING_RATE, info.pacing_rate),
+                    (
+                        tcp_info::DELIVERY_RATE,
+                        (info.delivery_rate & !tcp_info::APP_LIMITED) | limited,
+                    ),
+                ] {
                     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
                 }
                 self.mem.write_info(i, &b);

@@ -1115,6 +1115,17 @@ impl Stack {
         Ok(())
     }
 
+    /// SO_MAX_PACING_RATE in bytes per second (None: none); setting one paces the
+    /// connection, as Linux's TCP then paces itself.
+    pub fn tcp_set_max_pacing_rate(
+        &mut self,
+        h: SocketHandle,
+        rate: Option<u64>,
+    ) -> Result<(), StackError> {
+        self.conn_mut(h)?.set_max_pacing_rate(rate);
+        Ok(())
+    }
+
     /// The template new connections start from (buffer sizes, congestion control,
     /// timers, SACK/timestamps/window scaling).
     pub fn tcp_config(&self) -> &TcpConfig {

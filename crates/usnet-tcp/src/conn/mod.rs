@@ -241,6 +241,14 @@ pub struct TcpInfo {
     pub disorder: bool,
     /// Congestion control in use.
     pub congestion: &'static str,
+    /// The pacing rate, bytes per second (Linux's `tcpi_pacing_rate`; paced or not).
+    pub pacing_rate: u64,
+    /// `SO_MAX_PACING_RATE` (`u64::MAX`: none).
+    pub max_pacing_rate: u64,
+    /// The latest delivery-rate sample, bytes per second (`tcpi_delivery_rate`).
+    pub delivery_rate: u64,
+    /// That sample was application-limited (`tcpi_delivery_rate_app_limited`).
+    pub delivery_rate_app_limited: bool,
     /// Window scaling negotiated (send shift, receive shift).
     pub wscale: Option<(u8, u8)>,
     /// Timestamps negotiated.
@@ -535,6 +543,10 @@ impl Connection {
             in_loss: self.recovery.in_loss(),
             disorder: self.in_disorder(),
             congestion: self.cc.name(),
+            pacing_rate: self.pacing_rate(),
+            max_pacing_rate: self.pace.max_rate,
+            delivery_rate: self.rate.last_rate.unwrap_or(0),
+            delivery_rate_app_limited: self.rate.last_app_limited,
             wscale: self.opts.ws.then_some((self.snd.wscale, self.rcv.wscale)),
             timestamps: self.ts.ok,
             sack: self.opts.sack,
