@@ -59,17 +59,21 @@ SYSCTLS = {
     "tcp_fastopen", "tcp_fastopen_key", "tcp_ecn", "tcp_notsent_lowat",
     "tcp_min_tso_segs", "tcp_retries1", "tcp_mtu_probing", "tcp_base_mss",
     "tcp_mtu_probe_floor", "tcp_probe_threshold", "tcp_probe_interval",
+    "tcp_pacing_ss_ratio", "tcp_pacing_ca_ratio",
 }
 
 COMMAND = re.compile(r"`([^`]*)`", re.S)
 SETTING = re.compile(
-    r"(?:net\.ipv4\.|/proc/sys/net/ipv4/)([a-z0-9_]+)=(\"[^\"]*\"|'[^']*'|[^\s\\`]+)")
+    r"(?:net\.ipv4\.|net/ipv4/|/proc/sys/net/ipv4/)([a-z0-9_]+)=(\"[^\"]*\"|'[^']*'|[^\s\\`]+)")
+# The fq qdisc on the tunnel: every connection paced (the backend's `default_qdisc`).
+FQ = re.compile(r"tc qdisc (?:replace|add) dev \S+ root fq\b")
 
 
 def settings(text):
     """The modelled sysctls a piece of shell sets, as backend flags, in order."""
-    return ["%s=%s" % (k, v.strip("\"'")) for k, v in SETTING.findall(text)
-            if k in SYSCTLS and "$" not in v]
+    fq = ["default_qdisc=fq"] if FQ.search(text) else []
+    return fq + ["%s=%s" % (k, v.strip("\"'")) for k, v in SETTING.findall(text)
+                 if k in SYSCTLS and "$" not in v]
 
 
 EVENT = re.compile(r"^\s*(?:[0-9.]+|\+[0-9.]+|\*)", re.M)

@@ -100,7 +100,7 @@ impl Options {
                 "pool_buffers" => o.tcp.zero_copy = v != "0",
                 // The one socket layer there is (the flag of earlier versions).
                 "layer" if v == "posix" => {}
-                _ if k.starts_with("tcp_") => o.tcp.set_sysctl(k, v)?,
+                _ if k.starts_with("tcp_") || k == "default_qdisc" => o.tcp.set_sysctl(k, v)?,
                 _ => return Err(format!("unknown flag {k:?}")),
             }
         }

@@ -88,6 +88,10 @@ pub struct TcpConfig {
     /// SO_LINGER: `Some(0)` makes `close()` abortive (RST); `Some(t)` bounds how long a
     /// closing connection may try to deliver its data before it is aborted.
     pub linger: Option<Duration>,
+    /// Answer an ACK of data not yet sent (SEG.ACK > SND.NXT) with an ACK before
+    /// dropping it, as RFC 9293 §3.10.7.4 and RFC 5961 §5.2 say; off, it is
+    /// dropped without a word, as Linux does (the `linux` profile).
+    pub challenge_unsent_acks: bool,
     /// Congestion controller.
     pub congestion: CcAlgorithm,
     /// Pace every connection, as Linux does under the `fq` qdisc: segments leave
@@ -239,6 +243,7 @@ impl Default for TcpConfig {
             linger: None,
             user_timeout: None,
             ecn: ECN_ACCEPT,
+            challenge_unsent_acks: true,
             congestion: CcAlgorithm::Cubic,
             pacing: false,
             pacing_ss_ratio: 200,
@@ -307,6 +312,7 @@ impl TcpConfig {
                 c.fastopen = 0x70403;
                 // Linux's default; packetdrill's defaults.sh leaves it.
                 c.mtu_probing = MTU_PROBING_OFF;
+                c.challenge_unsent_acks = false;
             }
             _ => return None,
         }

@@ -282,15 +282,22 @@ impl Connection {
     }
 
     /// Fifth check, ACK field: no ACK, no processing. TS.Recent follows (RFC 7323
-    /// §4.3); in SYN-RECEIVED the ACK completes the handshake; then the ACK itself.
-    /// In TIME-WAIT only a segment with data or a FIN goes on.
+    /// §4.3) unless the ACK is one `process_ack` drops (of unsent data, or older
+    /// than the window): a segment that is not accepted must not move it, or one
+    /// forged segment with a high TSval would make PAWS drop the peer's real ones
+    /// (as Linux, which updates it only after the ACK checks); in SYN-RECEIVED the
+    /// ACK completes the handshake; then the ACK itself. In TIME-WAIT only a
+    /// segment with data or a FIN goes on.
     fn check_ack(&mut self, seg: &Segment) -> ControlFlow<()> {
         let f = seg.flags;
         if !f.ack() {
             self.stats.rx_no_ack += 1;
             return ControlFlow::Break(());
         }
-        if self.ts.ok {
+        let ack = Seq(seg.ack);
+        let ack_invalid = self.state != State::SynReceived
+            && (ack.gt(self.snd.nxt) || ack.lt(self.snd.una - self.snd.max_wnd.max(1)));
+        if self.ts.ok && !ack_invalid {
             if let Some((tsval, _)) = seg.options.timestamps {
                 self.ts
                     .update_recent(tsval, Seq(seg.seq), self.ack.last_sent, self.now);
@@ -319,7 +326,9 @@ impl Connection {
         let seq = Seq(seg.seq);
         if ack.gt(self.snd.nxt) {
             self.stats.rx_ack_too_new += 1;
-            self.challenge_ack();
+            if self.cfg.challenge_unsent_acks {
+                self.challenge_ack();
+            }
             return false;
         }
         if ack.lt(self.snd.una - self.snd.max_wnd.max(1)) {
@@ -714,6 +723,31 @@ mod tests {
         feed(&mut cli, T0, &[too_old]);
         assert_eq!(cli.stats().rx_ack_too_old, 1);
         assert_eq!(cli.snd.una.0, una);
+    }
+
+    #[test]
+    fn the_linux_profile_drops_an_ack_of_unsent_data_without_a_word() {
+        let cfg = TcpConfig::profile("linux").unwrap();
+        let (mut cli, mut srv) = pair(cfg.clone(), cfg);
+        let una = cli.snd.una.0;
+        let too_new = from_server(&mut srv, |s| s.repr.ack = una + 5);
+        feed(&mut cli, T0, &[too_new]);
+        assert_eq!(cli.stats().rx_ack_too_new, 1);
+        assert_eq!(cli.stats().tx_challenge_acks, 0);
+        assert!(drain(&mut cli, T0).is_empty());
+    }
+
+    #[test]
+    fn a_segment_with_an_invalid_ack_leaves_ts_recent_alone() {
+        let (mut cli, mut srv) = default_pair();
+        let recent = cli.ts.recent;
+        let una = cli.snd.una.0;
+        let forged = from_server(&mut srv, |s| {
+            s.repr.ack = una + 9999;
+            s.repr.options.timestamps = Some((recent.wrapping_add(1 << 20), 0));
+        });
+        feed(&mut cli, T0, &[forged]);
+        assert_eq!(cli.ts.recent, recent);
     }
 
     #[test]
