@@ -405,8 +405,11 @@ pub mod opt {
     /// The Fast Open queue length on a listener (0: off).
     pub const TCP_FASTOPEN: u64 = 23;
     /// On a listener: the key its cookies are made with, `args[2]` its bytes 0..8
-    /// and `args[3]` its bytes 8..16 (each little-endian).
+    /// and `args[3]` its bytes 8..16 (each little-endian); it clears a backup key.
     pub const TCP_FASTOPEN_KEY: u64 = 33;
+    /// usnet's own: [`TCP_FASTOPEN_KEY`] with a backup key (Linux's 32-byte
+    /// value), the backup's bytes in `args[4]` and `args[5]`.
+    pub const TCP_FASTOPEN_KEYS: u64 = 0x1_0000 + 33;
     pub const IPPROTO_IP: u64 = 0;
     /// The TOS byte (its DSCP bits; TCP keeps the ECN bits); on a connection.
     pub const IP_TOS: u64 = 1;

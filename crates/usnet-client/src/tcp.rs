@@ -134,14 +134,20 @@ impl TcpListener {
     }
 
     /// TCP_FASTOPEN_KEY: the key this listener's cookies are made with.
-    pub fn set_fastopen_key(&self, key: [u8; 16]) -> io::Result<()> {
-        let lo = u64::from_le_bytes(key[..8].try_into().expect("8 bytes"));
-        let hi = u64::from_le_bytes(key[8..].try_into().expect("8 bytes"));
-        self.sock
-            .call(
-                op::SETSOCKOPT,
-                [opt::IPPROTO_TCP, opt::TCP_FASTOPEN_KEY, 0, lo, hi, 0],
+    pub fn set_fastopen_key(&self, key: [u8; 16], backup: Option<[u8; 16]>) -> io::Result<()> {
+        let halves = |k: &[u8; 16]| {
+            (
+                u64::from_le_bytes(k[..8].try_into().expect("8 bytes")),
+                u64::from_le_bytes(k[8..].try_into().expect("8 bytes")),
             )
+        };
+        let (lo, hi) = halves(&key);
+        let (name, (blo, bhi)) = match &backup {
+            Some(b) => (opt::TCP_FASTOPEN_KEYS, halves(b)),
+            None => (opt::TCP_FASTOPEN_KEY, (0, 0)),
+        };
+        self.sock
+            .call(op::SETSOCKOPT, [opt::IPPROTO_TCP, name, lo, hi, blo, bhi])
             .map(|_| ())
     }
 

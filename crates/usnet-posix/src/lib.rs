@@ -180,8 +180,8 @@ struct Opts {
     inq: bool,
     /// SO_TIMESTAMPING flags.
     timestamping: u32,
-    /// TCP_FASTOPEN_KEY as set (a listener's).
-    fastopen_key: Option<[u8; 16]>,
+    /// TCP_FASTOPEN_KEY as set (a listener's): the primary key and a backup.
+    fastopen_key: Option<([u8; 16], Option<[u8; 16]>)>,
     /// `connect` with TCP_FASTOPEN_CONNECT and a cookie at hand: the SYN waits for
     /// the first write, to this address (Linux's deferred connect).
     deferred: Option<SocketAddr>,
@@ -519,8 +519,8 @@ pub fn listen(fd: RawFd, backlog: i32) -> Res<()> {
                     if let Some(m) = mss.filter(|&m| m != 0) {
                         let _ = l.set_maxseg(m as u16);
                     }
-                    if let Some(k) = key {
-                        let _ = l.set_fastopen_key(k);
+                    if let Some((k, backup)) = key {
+                        let _ = l.set_fastopen_key(k, backup);
                     }
                     if let Some(q) = fastopen.filter(|&q| q > 0) {
                         let _ = l.set_fastopen(q as u32);
@@ -1775,10 +1775,10 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 l.set_fastopen(q)?;
             }
         }
-        Opt::FastOpenKey(k) => {
-            o.fastopen_key = Some(k);
+        Opt::FastOpenKey(k, backup) => {
+            o.fastopen_key = Some((k, backup));
             if let Obj::Listener(l) = &*obj {
-                l.set_fastopen_key(k)?;
+                l.set_fastopen_key(k, backup)?;
             }
         }
         Opt::FastOpenConnect(on) => {

@@ -92,7 +92,8 @@ pub enum Opt {
     /// `TCP_FASTOPEN`: the queue length.
     FastOpen(u32),
     FastOpenConnect(bool),
-    FastOpenKey([u8; 16]),
+    /// `TCP_FASTOPEN_KEY`: the primary key and, from a 32-byte value, a backup.
+    FastOpenKey([u8; 16], Option<[u8; 16]>),
     Inq(bool),
     /// `IP_TOS` without the ECN bits on a stream (TCP keeps those, as Linux).
     Tos(u8),
@@ -206,13 +207,15 @@ pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
             _ => return Err(einval()),
         },
         (libc::IPPROTO_TCP, TCP_FASTOPEN_KEY) if tcp => {
-            // A primary key, or a primary and a backup (the backup is not kept).
+            // A primary key, or a primary and a backup.
             if value.len() != 16 && value.len() != 32 {
                 return Err(einval());
             }
-            let mut k = [0u8; 16];
-            k.copy_from_slice(&value[..16]);
-            Opt::FastOpenKey(k)
+            let key = |b: &[u8]| -> [u8; 16] { b.try_into().expect("16 bytes") };
+            Opt::FastOpenKey(
+                key(&value[..16]),
+                (value.len() == 32).then(|| key(&value[16..])),
+            )
         }
         (libc::IPPROTO_TCP, TCP_INQ) if tcp => Opt::Inq(bool_()?),
         (libc::IPPROTO_IP, libc::IP_TOS) => {
@@ -730,7 +733,7 @@ mod tests {
         assert_eq!(tcp(TCP_FASTOPEN_KEY, &[0; 3]), Err(einval()));
         assert_eq!(
             tcp(TCP_FASTOPEN_KEY, &[7; 32]),
-            Ok(Opt::FastOpenKey([7; 16]))
+            Ok(Opt::FastOpenKey([7; 16], Some([7; 16])))
         );
         assert_eq!(
             tcp(libc::TCP_CONGESTION, b"reno\0"),

@@ -950,15 +950,21 @@ impl ServerSession {
                 }
                 _ => Ok(()),
             },
-            (opt::IPPROTO_TCP, opt::TCP_FASTOPEN_KEY) => match (s.role, h) {
-                (Role::Listener, Some(h)) => {
-                    let mut key = [0u8; 16];
-                    key[..8].copy_from_slice(&a[2].to_le_bytes());
-                    key[8..].copy_from_slice(&a[3].to_le_bytes());
-                    stack.tcp_set_fastopen_key(h, key)
+            (opt::IPPROTO_TCP, opt::TCP_FASTOPEN_KEY | opt::TCP_FASTOPEN_KEYS) => {
+                match (s.role, h) {
+                    (Role::Listener, Some(h)) => {
+                        let key = |lo: u64, hi: u64| {
+                            let mut k = [0u8; 16];
+                            k[..8].copy_from_slice(&lo.to_le_bytes());
+                            k[8..].copy_from_slice(&hi.to_le_bytes());
+                            k
+                        };
+                        let backup = (name == opt::TCP_FASTOPEN_KEYS).then(|| key(a[4], a[5]));
+                        stack.tcp_set_fastopen_key(h, key(a[2], a[3]), backup)
+                    }
+                    _ => Ok(()),
                 }
-                _ => Ok(()),
-            },
+            }
             (opt::IPPROTO_TCP, opt::TCP_MAXSEG) => match (s.role, h) {
                 // Linux's range: 88..=32767 (0 clears it: nothing to do here).
                 (Role::Listener, Some(h)) if (88..=32767).contains(&value) => {

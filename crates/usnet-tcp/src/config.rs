@@ -177,6 +177,10 @@ pub struct TcpConfig {
     /// The server's cookie key (Linux `tcp_fastopen_key`); None: derived from
     /// `secret`.
     pub fastopen_key: Option<[u8; 16]>,
+    /// A second key whose cookies a server still accepts (Linux's backup key,
+    /// for rotating keys across a fleet): a SYN with such a cookie gets its data
+    /// taken and a fresh cookie of the primary key on the SYN-ACK.
+    pub fastopen_backup_key: Option<[u8; 16]>,
     /// Packetization-layer path MTU discovery (RFC 4821) as Linux's
     /// `tcp_mtu_probing`: [`MTU_PROBING_OFF`], [`MTU_PROBING_BLACKHOLE`] (on once
     /// repeated timeouts suggest a path that drops large segments silently),
@@ -277,6 +281,7 @@ impl Default for TcpConfig {
             syn_cookies: true,
             fastopen: FASTOPEN_CLIENT,
             fastopen_key: None,
+            fastopen_backup_key: None,
             mtu_probing: MTU_PROBING_OFF,
             base_mss: 1024,
             mtu_probe_floor: 48,
@@ -330,7 +335,7 @@ impl TcpConfig {
     /// `tcp_slow_start_after_idle`, `tcp_syncookies`, `tcp_ecn` (0, 1, 2),
     /// `tcp_fastopen` (the bits of
     /// [`TcpConfig::fastopen`]), `tcp_fastopen_key` (`xxxxxxxx-xxxxxxxx-xxxxxxxx-xxxxxxxx`,
-    /// a backup key after a comma is ignored), `tcp_congestion_control`
+    /// then optionally a comma and a backup key), `tcp_congestion_control`
     /// (`cubic`, `reno`, `bbr`), `tcp_pacing_ss_ratio`, `tcp_pacing_ca_ratio`,
     /// `default_qdisc` (`fq` paces every connection, [`TcpConfig::pacing`]; any
     /// other qdisc does not), `tcp_early_retrans` (0 turns tail loss probes off),
@@ -405,7 +410,9 @@ impl TcpConfig {
             "tcp_probe_interval" => self.probe_interval = secs()?,
             "tcp_fastopen" => self.fastopen = int()? as u32,
             "tcp_fastopen_key" => {
-                self.fastopen_key = Some(parse_fastopen_key(value).ok_or_else(bad)?)
+                let (primary, backup) = parse_fastopen_keys(value).ok_or_else(bad)?;
+                self.fastopen_key = Some(primary);
+                self.fastopen_backup_key = backup;
             }
             "tcp_pacing_ss_ratio" => self.pacing_ss_ratio = count()?,
             "tcp_pacing_ca_ratio" => self.pacing_ca_ratio = count()?,
@@ -447,11 +454,23 @@ fn mss_value(v: u64) -> Option<u16> {
     (48..=65495).contains(&v).then_some(v as u16)
 }
 
+/// `tcp_fastopen_key` as Linux writes it: a primary key, then optionally a comma
+/// and a backup key.
+pub fn parse_fastopen_keys(s: &str) -> Option<([u8; 16], Option<[u8; 16]>)> {
+    let mut keys = s.split(',');
+    let primary = parse_fastopen_key(keys.next()?)?;
+    let backup = match keys.next() {
+        Some(b) => Some(parse_fastopen_key(b)?),
+        None => None,
+    };
+    keys.next().is_none().then_some((primary, backup))
+}
+
 /// A key as Linux's `tcp_fastopen_key` writes it: four 32-bit hex words, each
 /// stored little-endian.
 pub fn parse_fastopen_key(s: &str) -> Option<[u8; 16]> {
-    let primary = s.split(',').next()?.trim();
-    let words: Vec<u32> = primary
+    let words: Vec<u32> = s
+        .trim()
         .split('-')
         .map(|w| u32::from_str_radix(w, 16).ok())
         .collect::<Option<_>>()?;
@@ -513,6 +532,19 @@ mod tests {
             c.fastopen,
             FASTOPEN_SERVER | FASTOPEN_SERVER_NO_COOKIE | FASTOPEN_SERVER_ALL
         );
+        c.set_sysctl(
+            "tcp_fastopen_key",
+            "01020304-05060708-090a0b0c-0d0e0f10,a1a1a1a1-b2b2b2b2-c3c3c3c3-d4d4d4d4",
+        )
+        .unwrap();
+        assert_eq!(c.fastopen_key.unwrap()[..5], [4, 3, 2, 1, 8]);
+        assert_eq!(
+            c.fastopen_backup_key.unwrap()[..5],
+            [0xa1, 0xa1, 0xa1, 0xa1, 0xb2]
+        );
+        assert!(c
+            .set_sysctl("tcp_fastopen_key", "1-2-3-4,5-6-7-8,9-a-b-c")
+            .is_err());
         c.set_sysctl("tcp_fastopen_key", "a1a1a1a1-b2b2b2b2-c3c3c3c3-d4d4d4d4")
             .unwrap();
         assert_eq!(c.fastopen_key.unwrap()[..5], [0xa1, 0xa1, 0xa1, 0xa1, 0xb2]);

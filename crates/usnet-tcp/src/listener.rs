@@ -141,9 +141,12 @@ impl<H> Listener<H> {
         self.cfg.user_timeout = t;
     }
 
-    /// TCP_FASTOPEN_KEY: the key server cookies are made with.
-    pub fn set_fastopen_key(&mut self, key: [u8; 16]) {
+    /// TCP_FASTOPEN_KEY: the key server cookies are made with, and a backup key
+    /// whose cookies are still accepted (Linux's 32-byte form; a 16-byte key
+    /// clears the backup).
+    pub fn set_fastopen_key(&mut self, key: [u8; 16], backup: Option<[u8; 16]>) {
         self.cfg.fastopen_key = Some(key);
+        self.cfg.fastopen_backup_key = backup;
     }
 
     /// The TCP_FASTOPEN queue length set.
@@ -156,7 +159,7 @@ impl<H> Listener<H> {
         f & FASTOPEN_SERVER != 0 && (self.fastopen_qlen > 0 || f & FASTOPEN_SERVER_ALL != 0)
     }
 
-    /// The cookie a client at `remote` must present.
+    /// The cookie a client at `remote` must present (the primary key's).
     fn cookie_for(&self, local: SocketAddr, remote: SocketAddr) -> [u8; 8] {
         let key = self.cfg.fastopen_key.unwrap_or_else(|| {
             let mut k = [0u8; 16];
@@ -167,8 +170,17 @@ impl<H> Listener<H> {
         fastopen_cookie(&key, remote.ip(), local.ip())
     }
 
-    /// RFC 7413 §4.2.2 on a SYN: Some(true) accept its data now, Some(false) a
-    /// normal handshake whose SYN-ACK carries `cookie`.
+    /// Whether `cookie` is the backup key's for this pair (Linux's
+    /// `tcp_fastopen_cookie_gen_check` tries the primary, then the backup).
+    fn backup_cookie_matches(&self, local: SocketAddr, remote: SocketAddr, cookie: &[u8]) -> bool {
+        self.cfg
+            .fastopen_backup_key
+            .is_some_and(|k| fastopen_cookie(&k, remote.ip(), local.ip())[..] == *cookie)
+    }
+
+    /// RFC 7413 §4.2.2 on a SYN: true: accept its data now (with `cookie` set, the
+    /// SYN-ACK carries it: the client's was the backup key's); false: a normal
+    /// handshake whose SYN-ACK carries `cookie`.
     fn fastopen_decision(
         &self,
         local: SocketAddr,
@@ -187,6 +199,12 @@ impl<H> Listener<H> {
                 false
             }
             Some(fo) if fo.cookie() == want || no_cookie_ok => true,
+            // Valid under the backup key: the data is taken and the client gets
+            // the primary key's cookie to use from now on.
+            Some(fo) if self.backup_cookie_matches(local, remote, fo.cookie()) => {
+                *cookie = Some(FastOpen::with_cookie(&want, fo.exp));
+                true
+            }
             Some(fo) => {
                 *cookie = Some(FastOpen::with_cookie(&want, fo.exp));
                 false
@@ -513,7 +531,8 @@ impl<H> Listener<H> {
                 synack_xmits: 0,
                 ecn,
             };
-            let c = Connection::from_tfo_syn(local, remote, self.now, self.cfg.clone(), h, seg);
+            let c =
+                Connection::from_tfo_syn(local, remote, self.now, self.cfg.clone(), h, seg, cookie);
             return ListenEvent::Established(Box::new(c));
         }
         if cookie.is_some() {
@@ -876,6 +895,62 @@ mod tests {
         let (_, out) = offer(&mut l, T0, &newer);
         assert_eq!(out[0].repr.ack, newer.repr.seq.wrapping_add(1));
         assert_eq!(l.syn_queue_len(), 1);
+    }
+
+    #[test]
+    fn a_backup_key_cookie_is_accepted_and_refreshed_with_the_primary() {
+        use crate::hash::fastopen_cookie;
+        use usnet_wire::FastOpen;
+        let (old, new) = ([0x11u8; 16], [0x22u8; 16]);
+        let cfg = TcpConfig {
+            fastopen: crate::config::FASTOPEN_SERVER,
+            ..TcpConfig::default()
+        };
+        let mut l = Listener::new(server(), cfg, 8, false);
+        l.set_fastopen(16);
+        l.set_fastopen_key(new, Some(old));
+        let cookie = |k: &[u8; 16], port| fastopen_cookie(k, client_addr(port).ip(), server().ip());
+        let syn_with = |port, k: &[u8; 16]| {
+            let (_, mut syn) = client(port, TcpConfig::default());
+            syn.repr.options.fast_open = Some(FastOpen::with_cookie(&cookie(k, port), false));
+            syn.payload = b"hello".to_vec();
+            syn
+        };
+        // The primary key's cookie: the data is taken, no cookie on the SYN-ACK.
+        let (ev, _) = offer(&mut l, T0, &syn_with(40000, &new));
+        let ListenEvent::Established(mut c) = ev else {
+            panic!("the primary key's cookie was refused")
+        };
+        let drain = |c: &mut Connection| {
+            let mut sink = VecSink::default();
+            c.poll_transmit(T0, &mut sink);
+            sink.segments
+        };
+        let out = drain(&mut c);
+        assert_eq!(out[0].repr.options.fast_open, None);
+        // The backup key's: taken too, and the SYN-ACK hands out the primary's.
+        let (ev, _) = offer(&mut l, T0, &syn_with(40001, &old));
+        let ListenEvent::Established(mut c) = ev else {
+            panic!("the backup key's cookie was refused")
+        };
+        assert_eq!(c.recv_available(), 5, "the SYN's data");
+        let out = drain(&mut c);
+        assert!(out[0].repr.flags.syn() && out[0].repr.flags.ack());
+        assert_eq!(
+            out[0].repr.options.fast_open,
+            Some(FastOpen::with_cookie(&cookie(&new, 40001), false))
+        );
+        // Any other key's: a normal handshake offering the primary's.
+        let (ev, out) = offer(&mut l, T0, &syn_with(40002, &[0x33; 16]));
+        assert!(matches!(ev, ListenEvent::None));
+        assert_eq!(
+            out[0].repr.options.fast_open,
+            Some(FastOpen::with_cookie(&cookie(&new, 40002), false))
+        );
+        // A 16-byte key clears the backup.
+        l.set_fastopen_key(new, None);
+        let (ev, _) = offer(&mut l, T0, &syn_with(40003, &old));
+        assert!(matches!(ev, ListenEvent::None));
     }
 
     #[test]

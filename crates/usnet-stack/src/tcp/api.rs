@@ -380,16 +380,18 @@ impl Stack {
         }
     }
 
-    /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with.
+    /// TCP_FASTOPEN_KEY on a listener: the key its Fast Open cookies are made with,
+    /// and a backup key whose cookies it still accepts.
     pub fn tcp_set_fastopen_key(
         &mut self,
         h: SocketHandle,
         key: [u8; 16],
+        backup: Option<[u8; 16]>,
     ) -> Result<(), StackError> {
         match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
             Socket::TcpListen(l) => {
                 for f in l.families() {
-                    f.set_fastopen_key(key);
+                    f.set_fastopen_key(key, backup);
                 }
                 Ok(())
             }

@@ -63,7 +63,8 @@ pub(crate) struct SynState {
     /// `TCPI_OPT_SYN_DATA`.
     pub syn_data: bool,
     /// Client Fast Open (RFC 7413 §4.1): the option on our first SYN, a cookie or
-    /// a cookie request; None: an ordinary SYN.
+    /// a cookie request; None: an ordinary SYN. On a server's Fast Open child:
+    /// the cookie its SYN-ACK carries, if any.
     pub fo: Option<FastOpen>,
     /// With a cookie: at most this much of the send buffer rides on the first SYN.
     pub fo_max: usize,
@@ -226,13 +227,16 @@ impl Connection {
         cfg: TcpConfig,
         h: Handshake,
         seg: &Segment,
+        cookie: Option<FastOpen>,
     ) -> Self {
         let mut c = Connection::from_handshake(local, remote, now, cfg, h);
         // The SYN-ACK is this connection's to send, and data may follow it at once:
-        // the send buffer starts after our SYN.
+        // the send buffer starts after our SYN. It carries `cookie` if the
+        // listener gave one (a fresh one for a client whose was the backup key's).
         c.syn.xmits = 0;
         c.syn.pending = true;
         c.syn.tfo_child = true;
+        c.syn.fo = cookie;
         // It may send before the handshake completes: congestion control for the
         // negotiated MSS from the start (Linux's `tcp_init_transfer` in
         // `tcp_fastopen_create_child`).
@@ -534,11 +538,14 @@ impl Connection {
             TcpFlags::SYN | self.ecn_syn_flags()
         };
         let mut opts = self.syn_options(synack);
-        // Client Fast Open: only the first SYN carries the option and data.
+        // Client Fast Open: only the first SYN carries the option and data. A Fast
+        // Open child's SYN-ACK carries the cookie its listener chose, if any.
         let mut data = 0;
         if !synack && self.syn.xmits == 0 {
             opts.fast_open = self.syn.fo;
             data = self.syn.fo_max.min(self.snd.buf.len());
+        } else if synack && self.syn.tfo_child {
+            opts.fast_open = self.syn.fo;
         }
         if !self.emit(sink, flags, self.snd.iss, 0, data, opts) {
             return Some(false);
