@@ -244,7 +244,10 @@ func main() {
 		if e := ep.Bind(tcpip.FullAddress{Port: uint16(*port)}); e != nil {
 			fail("bind: %v", e)
 		}
-		if e := ep.Listen(1); e != nil {
+		// netstack's backlog is the accept queue's capacity (the sentry adds one to
+		// listen(2)'s), and with a capacity of 1 every SYN is answered with a SYN
+		// cookie, whose SYN-ACK carries neither window scaling nor SACK.
+		if e := ep.Listen(16); e != nil {
 			fail("listen: %v", e)
 		}
 		fmt.Printf("listening %s port %d\n", prefix.Addr(), *port)
@@ -290,32 +293,36 @@ func main() {
 	}
 	fmt.Printf("connected %v\n", peerAddr.Addr)
 
+	// Both streams at once. Neither side ends before it has received the
+	// other's bytes: netstack sends no SACK blocks once it has sent its FIN
+	// (docs/tcp.md in usnet).
 	var wg sync.WaitGroup
 	var sent, received int64
 	var sendErr, recvErr string
-	var peerEnd string
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		sent, sendErr = writeStream(conn, cwq, *send, *sendSeed, deadline)
-		if sendErr == "" && *closeHow == "fin" {
-			if e := conn.Shutdown(tcpip.ShutdownWrite); e != nil {
-				sendErr = "shutdown: " + e.String()
-			}
-		}
 	}()
 	go func() {
 		defer wg.Done()
-		received, peerEnd, recvErr = readStream(conn, cwq, *recv, *recvSeed, deadline)
+		received, recvErr = readStream(conn, cwq, *recv, *recvSeed, deadline)
 	}()
-	// The writer may finish long before the reader: FIN goes out as soon as
-	// everything is written.
 	wg.Wait()
 	if sendErr != "" {
 		fail("send: %s (%d of %d bytes sent)", sendErr, sent, *send)
 	}
 	if recvErr != "" {
 		fail("receive: %s (%d of %d bytes received)", recvErr, received, *recv)
+	}
+	if *closeHow == "fin" {
+		if e := conn.Shutdown(tcpip.ShutdownWrite); e != nil {
+			fail("shutdown: %v", e)
+		}
+	}
+	peerEnd, endErr := readEnd(conn, cwq, deadline)
+	if endErr != "" {
+		fail("after the last byte: %s", endErr)
 	}
 	if peerEnd != *peerClose {
 		fail("the peer ended with %s, expected %s", peerEnd, *peerClose)
@@ -415,49 +422,63 @@ func writeStream(ep tcpip.Endpoint, wq *waiter.Queue, n int64, seed uint64, dead
 	return off, ""
 }
 
-// readStream reads and checks n bytes of pattern seed, then reads on to see how
-// the peer ends: "fin" (EOF) or "rst" (reset). Bytes past n are an error.
-func readStream(ep tcpip.Endpoint, wq *waiter.Queue, n int64, seed uint64, deadline time.Time) (int64, string, string) {
+// readStream reads and checks n bytes of pattern seed.
+func readStream(ep tcpip.Endpoint, wq *waiter.Queue, n int64, seed uint64, deadline time.Time) (int64, string) {
 	we, ch := waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 	wq.EventRegister(&we)
 	defer wq.EventUnregister(&we)
 	buf := make([]byte, 64<<10)
 	var off int64
-	for {
-		w := tcpip.SliceWriter(buf)
+	for off < n {
+		w := tcpip.SliceWriter(buf[:min(int64(len(buf)), n-off)])
 		res, e := ep.Read(&w, tcpip.ReadOptions{})
 		if res.Count > 0 {
-			got := buf[:res.Count]
-			if off+int64(len(got)) > n {
-				return off, "", fmt.Sprintf("%d bytes more than the %d expected", off+int64(len(got))-n, n)
-			}
-			for k, b := range got {
+			for k, b := range buf[:res.Count] {
 				if want := patternByte(seed, uint64(off)+uint64(k)); b != want {
-					return off, "", fmt.Sprintf("byte %d is %#02x, expected %#02x", off+int64(k), b, want)
+					return off, fmt.Sprintf("byte %d is %#02x, expected %#02x", off+int64(k), b, want)
 				}
 			}
-			off += int64(len(got))
+			off += int64(res.Count)
 			continue
 		}
 		switch e.(type) {
 		case nil:
-			continue
 		case *tcpip.ErrWouldBlock:
 			if waitEvent(ch, deadline) {
-				return off, "", "timed out"
+				return off, "timed out"
+			}
+		default:
+			return off, e.String()
+		}
+	}
+	return off, ""
+}
+
+// readEnd reads past the stream's end to see how the peer ended it: "fin"
+// (EOF) or "rst" (reset). A byte there is an error.
+func readEnd(ep tcpip.Endpoint, wq *waiter.Queue, deadline time.Time) (string, string) {
+	we, ch := waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
+	wq.EventRegister(&we)
+	defer wq.EventUnregister(&we)
+	var one [1]byte
+	for {
+		w := tcpip.SliceWriter(one[:])
+		res, e := ep.Read(&w, tcpip.ReadOptions{})
+		if res.Count > 0 {
+			return "", "a byte past the expected end"
+		}
+		switch e.(type) {
+		case nil:
+		case *tcpip.ErrWouldBlock:
+			if waitEvent(ch, deadline) {
+				return "", "timed out waiting for the peer's FIN or RST"
 			}
 		case *tcpip.ErrClosedForReceive:
-			if off != n {
-				return off, "fin", fmt.Sprintf("EOF after %d bytes", off)
-			}
-			return off, "fin", ""
+			return "fin", ""
 		case *tcpip.ErrConnectionReset:
-			if off != n {
-				return off, "rst", fmt.Sprintf("reset after %d bytes", off)
-			}
-			return off, "rst", ""
+			return "rst", ""
 		default:
-			return off, "", e.String()
+			return "", e.String()
 		}
 	}
 }
