@@ -151,6 +151,8 @@ func main() {
 	peerClose := flag.String("peer-close", "fin", "what the peer ends with after its bytes: fin (EOF) or rst (connection reset)")
 	timeout := flag.Duration("timeout", 60*time.Second, "exit with an error after this long")
 	mtu := flag.Uint("mtu", 1500, "L3 MTU")
+	backlog := flag.Int("backlog", 16, "listen backlog: netstack's accept queue capacity (1 answers every SYN with a SYN cookie)")
+	finEarly := flag.Bool("fin-early", false, "with -close fin: send the FIN as soon as our stream is sent, not after the peer's has arrived")
 	flag.Parse()
 
 	deadline := time.Now().Add(*timeout)
@@ -247,7 +249,7 @@ func main() {
 		// netstack's backlog is the accept queue's capacity (the sentry adds one to
 		// listen(2)'s), and with a capacity of 1 every SYN is answered with a SYN
 		// cookie, whose SYN-ACK carries neither window scaling nor SACK.
-		if e := ep.Listen(16); e != nil {
+		if e := ep.Listen(*backlog); e != nil {
 			fail("listen: %v", e)
 		}
 		fmt.Printf("listening %s port %d\n", prefix.Addr(), *port)
@@ -294,8 +296,8 @@ func main() {
 	fmt.Printf("connected %v\n", peerAddr.Addr)
 
 	// Both streams at once. Neither side ends before it has received the
-	// other's bytes: netstack sends no SACK blocks once it has sent its FIN
-	// (docs/tcp.md in usnet).
+	// other's bytes (unless -fin-early): netstack sends no SACK blocks once it
+	// has sent its FIN (docs/tcp.md in usnet).
 	var wg sync.WaitGroup
 	var sent, received int64
 	var sendErr, recvErr string
@@ -303,6 +305,11 @@ func main() {
 	go func() {
 		defer wg.Done()
 		sent, sendErr = writeStream(conn, cwq, *send, *sendSeed, deadline)
+		if sendErr == "" && *finEarly && *closeHow == "fin" {
+			if e := conn.Shutdown(tcpip.ShutdownWrite); e != nil {
+				sendErr = "shutdown: " + e.String()
+			}
+		}
 	}()
 	go func() {
 		defer wg.Done()
@@ -315,7 +322,7 @@ func main() {
 	if recvErr != "" {
 		fail("receive: %s (%d of %d bytes received)", recvErr, received, *recv)
 	}
-	if *closeHow == "fin" {
+	if *closeHow == "fin" && !*finEarly {
 		if e := conn.Shutdown(tcpip.ShutdownWrite); e != nil {
 			fail("shutdown: %v", e)
 		}

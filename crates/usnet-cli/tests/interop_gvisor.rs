@@ -351,9 +351,25 @@ impl End {
     }
 }
 
+/// What is special about a conversation.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    /// SACK and window scaling on; each side ends after it has the other's bytes.
+    Plain,
+    /// gVisor listens with an accept queue of 1, so it answers the SYN with a SYN
+    /// cookie: no window scaling, no SACK (usnet must not use them).
+    SynCookie,
+    /// gVisor sends its FIN as soon as its own stream is out, and then receives
+    /// half-closed, where netstack sends no SACK blocks.
+    GvisorFinEarly,
+}
+
 struct Case {
     usnet_connects: bool,
-    bytes: u64,
+    kind: Kind,
+    /// Bytes usnet sends, and gVisor.
+    usnet_bytes: u64,
+    gvisor_bytes: u64,
     usnet_end: End,
     gvisor_end: End,
     port: u16,
@@ -433,14 +449,16 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     };
     let gvisor_ip: IpAddr = gvisor_cidr.split('/').next().unwrap().parse().unwrap();
     let name = format!(
-        "{} {} {} MiB each way, usnet {:?}, gVisor {:?}",
+        "{} {} {:?}, {} KiB from usnet, {} KiB from gVisor, usnet {:?}, gVisor {:?}",
         if v6 { "IPv6" } else { "IPv4" },
         if c.usnet_connects {
             "usnet → gVisor"
         } else {
             "gVisor → usnet"
         },
-        c.bytes >> 20,
+        c.kind,
+        c.usnet_bytes >> 10,
+        c.gvisor_bytes >> 10,
         c.usnet_end,
         c.gvisor_end
     );
@@ -451,9 +469,9 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
         "-addr",
         gvisor_cidr,
         "-send",
-        &c.bytes.to_string(),
+        &c.gvisor_bytes.to_string(),
         "-recv",
-        &c.bytes.to_string(),
+        &c.usnet_bytes.to_string(),
         "-send-seed",
         &GVISOR_SEED.to_string(),
         "-recv-seed",
@@ -468,6 +486,11 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    match c.kind {
+        Kind::Plain => {}
+        Kind::SynCookie => args.extend(["-backlog".into(), "1".into()]),
+        Kind::GvisorFinEarly => args.push("-fin-early".into()),
+    }
     let (mut peer, stream) = if c.usnet_connects {
         args.extend([
             "-mode".into(),
@@ -501,10 +524,22 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
         (peer, s)
     };
     let info = stream.info().expect("tcp_info");
-    assert!(info.sack, "{name}: SACK not negotiated: {info:?}");
-    let (snd_shift, rcv_shift) = info
-        .wscale
-        .unwrap_or_else(|| panic!("{name}: window scaling not negotiated: {info:?}"));
+    let (snd_shift, rcv_shift) = if c.kind == Kind::SynCookie {
+        // RFC 7323 §2.2 and RFC 2018 §2: an option the SYN-ACK lacks is off.
+        assert!(
+            !info.sack,
+            "{name}: SACK without the SYN-ACK's consent: {info:?}"
+        );
+        assert!(
+            info.wscale.is_none(),
+            "{name}: window scaling without the SYN-ACK's consent: {info:?}"
+        );
+        (0, 0)
+    } else {
+        assert!(info.sack, "{name}: SACK not negotiated: {info:?}");
+        info.wscale
+            .unwrap_or_else(|| panic!("{name}: window scaling not negotiated: {info:?}"))
+    };
 
     let mut stream = stream;
     stream.set_read_timeout(Some(STEP)).unwrap();
@@ -512,12 +547,12 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     let stream = Arc::new(stream);
     let result = Arc::new(Mutex::new(None));
     let writer = {
-        let (s, r, n) = (stream.clone(), result.clone(), c.bytes);
+        let (s, r, n) = (stream.clone(), result.clone(), c.usnet_bytes);
         std::thread::spawn(move || *r.lock().unwrap() = Some(send_stream(&s, n)))
     };
     // Both streams at once; neither side ends before it has the other's bytes
     // (netstack sends no SACK blocks once it has sent its FIN).
-    recv_stream(&stream, c.bytes);
+    recv_stream(&stream, c.gvisor_bytes);
     let why = || {
         format!(
             "usnet: {:?}\n{:?}\n{}",
@@ -562,10 +597,14 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     let g = peer.finish();
     let elapsed = t0.elapsed();
     assert_eq!(g["ok"], true, "{g}");
-    assert_eq!(g["sent"].as_u64(), Some(c.bytes), "{g}");
-    assert_eq!(g["received"].as_u64(), Some(c.bytes), "{g}");
+    assert_eq!(g["sent"].as_u64(), Some(c.gvisor_bytes), "{g}");
+    assert_eq!(g["received"].as_u64(), Some(c.usnet_bytes), "{g}");
     assert_eq!(g["peer_close"], c.usnet_end.flag(), "{g}");
-    assert_eq!(g["sack"], true, "{name}: gVisor did not see SACK: {g}");
+    assert_eq!(
+        g["sack"],
+        c.kind != Kind::SynCookie,
+        "{name}: gVisor's view of SACK: {g}"
+    );
     assert_eq!(
         g["snd_wscale"].as_u64(),
         Some(u64::from(rcv_shift)),
@@ -576,7 +615,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
         Some(u64::from(snd_shift)),
         "{name}: gVisor's window shift as usnet reads it: {g}"
     );
-    let mb_s = (2 * c.bytes) as f64 / elapsed.as_secs_f64() / 1e6;
+    let mb_s = (c.usnet_bytes + c.gvisor_bytes) as f64 / elapsed.as_secs_f64() / 1e6;
     eprintln!(
         "{name}: {elapsed:.2?} ({mb_s:.0} MB/s both ways together); usnet: wscale {snd_shift}/{rcv_shift}, {} retransmits, {} fast recoveries, {} RTOs; gVisor: {g}",
         info.as_ref().map_or(0, |i| i.total_retransmits),
@@ -585,37 +624,28 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     );
 }
 
-/// The conversations of one address family: both roles, three endings.
-fn cases(bytes: u64, small: u64) -> [Case; 4] {
-    [
-        Case {
-            usnet_connects: true,
-            bytes,
-            usnet_end: End::Fin,
-            gvisor_end: End::Fin,
-            port: 5101,
-        },
-        Case {
-            usnet_connects: false,
-            bytes,
-            usnet_end: End::Fin,
-            gvisor_end: End::Fin,
-            port: 5102,
-        },
-        Case {
-            usnet_connects: true,
-            bytes: small,
-            usnet_end: End::Fin,
-            gvisor_end: End::Rst,
-            port: 5103,
-        },
-        Case {
-            usnet_connects: false,
-            bytes: small,
-            usnet_end: End::Rst,
-            gvisor_end: End::Fin,
-            port: 5104,
-        },
+/// The conversations of one address family: both roles, three endings, a SYN
+/// cookie and a half-closed gVisor receiver.
+fn cases(bulk: u64, small: u64) -> Vec<Case> {
+    let case =
+        |usnet_connects, kind, usnet_bytes, gvisor_bytes, usnet_end, gvisor_end, port| Case {
+            usnet_connects,
+            kind,
+            usnet_bytes,
+            gvisor_bytes,
+            usnet_end,
+            gvisor_end,
+            port,
+        };
+    use End::{Fin, Rst};
+    use Kind::*;
+    vec![
+        case(true, Plain, bulk, bulk, Fin, Fin, 5101),
+        case(false, Plain, bulk, bulk, Fin, Fin, 5102),
+        case(true, Plain, small, small, Fin, Rst, 5103),
+        case(false, Plain, small, small, Rst, Fin, 5104),
+        case(true, SynCookie, small, small, Fin, Fin, 5105),
+        case(true, GvisorFinEarly, 1 << 20, 64 << 10, Fin, Fin, 5106),
     ]
 }
 
