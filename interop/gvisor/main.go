@@ -5,15 +5,17 @@
 // stream it receives against the pattern, and ends with a FIN or an RST. It is the
 // peer of usnet's interop test (crates/usnet-cli/tests/interop_gvisor.rs).
 //
-// On success it prints one JSON line starting with {"ok":true and exits 0; on
-// any mismatch, error or timeout it prints a line starting with "error:" and
-// exits non-zero. It never runs longer than -timeout.
+// On success it prints one JSON line starting with {"ok":true, keeps its stack
+// up until its stdin closes, and exits 0; on any mismatch, error or timeout it
+// prints a line starting with "error:" and exits non-zero. It never runs longer
+// than -timeout.
 package main
 
 import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -367,9 +369,6 @@ func main() {
 	} else {
 		conn.Close()
 	}
-	// Let the last frame (RST or final ACK) leave the stack before exiting.
-	time.Sleep(100 * time.Millisecond)
-
 	neg.mu.Lock()
 	st := s.Stats().TCP
 	out := summary{
@@ -393,6 +392,10 @@ func main() {
 	neg.mu.Unlock()
 	b, _ := json.Marshal(out)
 	fmt.Println(string(b))
+	// The stack stays up until stdin closes: the peer may still need an answer
+	// (a FIN retransmitted because our last ACK was lost gets one from
+	// TIME-WAIT). The timeout still applies.
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
 }
 

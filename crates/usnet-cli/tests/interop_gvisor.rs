@@ -2,18 +2,21 @@
 //! independent TCP that runs on a real wire: `interop/gvisor` (a Go program, built
 //! here with `go build`) attaches gVisor's stack to one end of a veth pair through
 //! an AF_PACKET socket, from inside a network namespace; usnet's stack runs in this
-//! process on the other end through its AF_PACKET link, with 1 % of the frames
-//! dropped each way (`FaultInjector`). Neither veth end has an IP address, so the
-//! kernel answers nothing; ARP and NDP are the two stacks' own.
+//! process on the other end through its AF_PACKET link. Neither veth end has an IP
+//! address, so the kernel answers nothing; ARP and NDP are the two stacks' own.
 //!
-//! Each family runs four conversations, both streams at once, each side checking
-//! every byte it receives against a deterministic pattern: usnet connects to a
-//! gVisor listener and gVisor to a usnet listener, 64 MiB each way, both ending
-//! with FIN; then 4 MiB each way ending with gVisor resetting (SO_LINGER 0) after
-//! usnet's FIN, and with usnet resetting after gVisor's FIN. The side that is reset
-//! must read ECONNRESET after the last byte. SACK and window scaling must be
-//! negotiated, and both stacks must agree on the shifts (usnet's `tcp_info`
-//! against what gVisor's TCP probe saw).
+//! Each family runs six conversations, both streams at once, each side checking
+//! every byte it receives against a deterministic pattern. With 1 % of the frames
+//! dropped each way at usnet's end (`FaultInjector`): usnet connects to a gVisor
+//! listener and gVisor to a usnet listener, 64 MiB each way, both ending with FIN;
+//! a SYN answered with a SYN cookie (no window scaling, no SACK); a gVisor that
+//! sends its FIN first and then receives 1 MiB half-closed. On a clean wire (a
+//! lost RST is never recovered when the reset side's peer has nothing more to
+//! send): 4 MiB each way ending with gVisor resetting (SO_LINGER 0) after usnet's
+//! FIN, and with usnet resetting after gVisor's FIN; the reset side must read
+//! ECONNRESET after the last byte. SACK and window scaling must be negotiated
+//! where both are offered, and both stacks must agree on the shifts (usnet's
+//! `tcp_info` against what gVisor's TCP probe saw).
 //!
 //! Needs root ("skipped: needs root" otherwise) and Go (`/usr/local/go/bin/go` or
 //! `go` on PATH; skipped with a message if missing). The Go module downloads
@@ -22,7 +25,7 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -110,9 +113,11 @@ fn gvisor_peer() -> &'static Result<PathBuf, String> {
 }
 
 /// The gVisor program, in the namespace, killed on drop. Its stdout lines arrive
-/// on `lines`; its stderr goes to a file.
+/// on `lines`; its stderr goes to a file. It keeps its stack up until its stdin
+/// closes ([`Peer::finish`]).
 struct Peer {
     child: Child,
+    stdin: Option<ChildStdin>,
     lines: Receiver<String>,
     seen: Vec<String>,
     stderr: PathBuf,
@@ -125,11 +130,12 @@ impl Peer {
             .args(["netns", "exec", ns])
             .arg(exe)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .expect("start the gVisor program");
+        let stdin = child.stdin.take();
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
         // Ends when the program's stdout closes (it exits or is killed on drop).
@@ -143,6 +149,7 @@ impl Peer {
         });
         Peer {
             child,
+            stdin,
             lines,
             seen: Vec::new(),
             stderr,
@@ -179,8 +186,10 @@ impl Peer {
         }
     }
 
-    /// Waits (up to `STEP`) for the program to exit, and returns its summary.
+    /// Lets the program go (closes its stdin: usnet's side is done and needs no
+    /// more answers), waits (up to `STEP`) for it to exit, and returns its summary.
     fn finish(&mut self) -> Value {
+        self.stdin = None;
         let line = self.wait_line("{");
         let status = reap(&mut self.child, STEP)
             .unwrap_or_else(|| panic!("gVisor did not exit:\n{}", self.output()));
@@ -284,7 +293,8 @@ impl Drop for Wire {
     }
 }
 
-fn wire(tag: &str) -> Wire {
+/// A wire whose usnet end drops 1 % of the frames each way if `lossy`.
+fn wire(tag: &str, lossy: bool) -> Wire {
     let pid = std::process::id() % 100_000;
     let ns = format!("usnet-gv{tag}-{pid}");
     let (outer, inner) = (format!("ugv{tag}a{pid}"), format!("ugv{tag}b{pid}"));
@@ -304,7 +314,7 @@ fn wire(tag: &str) -> Wire {
     );
     let dev = AfPacketDevice::open(&outer, None).expect("af_packet on the veth");
     let opts = LinkOptions {
-        fault: Some(FaultConfig {
+        fault: lossy.then(|| FaultConfig {
             drop: 0.01,
             seed: u64::from(pid),
             ..Default::default()
@@ -365,6 +375,10 @@ enum Kind {
 }
 
 struct Case {
+    /// On the wire with 1 % loss each way (the RST endings run on a clean one:
+    /// nothing recovers a lost RST when the reset side's peer has nothing more to
+    /// send).
+    lossy: bool,
     usnet_connects: bool,
     kind: Kind,
     /// Bytes usnet sends, and gVisor.
@@ -449,8 +463,9 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     };
     let gvisor_ip: IpAddr = gvisor_cidr.split('/').next().unwrap().parse().unwrap();
     let name = format!(
-        "{} {} {:?}, {} KiB from usnet, {} KiB from gVisor, usnet {:?}, gVisor {:?}",
+        "{} {} {} {:?}, {} KiB from usnet, {} KiB from gVisor, usnet {:?}, gVisor {:?}",
         if v6 { "IPv6" } else { "IPv4" },
+        if c.lossy { "1% loss" } else { "no loss" },
         if c.usnet_connects {
             "usnet → gVisor"
         } else {
@@ -628,25 +643,43 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
 /// cookie and a half-closed gVisor receiver.
 fn cases(bulk: u64, small: u64) -> Vec<Case> {
     let case =
-        |usnet_connects, kind, usnet_bytes, gvisor_bytes, usnet_end, gvisor_end, port| Case {
+        |lossy, usnet_connects, kind, usnet_bytes, gvisor_bytes, ends: (End, End), port| Case {
+            lossy,
             usnet_connects,
             kind,
             usnet_bytes,
             gvisor_bytes,
-            usnet_end,
-            gvisor_end,
+            usnet_end: ends.0,
+            gvisor_end: ends.1,
             port,
         };
     use End::{Fin, Rst};
     use Kind::*;
     vec![
-        case(true, Plain, bulk, bulk, Fin, Fin, 5101),
-        case(false, Plain, bulk, bulk, Fin, Fin, 5102),
-        case(true, Plain, small, small, Fin, Rst, 5103),
-        case(false, Plain, small, small, Rst, Fin, 5104),
-        case(true, SynCookie, small, small, Fin, Fin, 5105),
-        case(true, GvisorFinEarly, 1 << 20, 64 << 10, Fin, Fin, 5106),
+        case(true, true, Plain, bulk, bulk, (Fin, Fin), 5101),
+        case(true, false, Plain, bulk, bulk, (Fin, Fin), 5102),
+        case(true, true, SynCookie, small, small, (Fin, Fin), 5105),
+        case(
+            true,
+            true,
+            GvisorFinEarly,
+            1 << 20,
+            64 << 10,
+            (Fin, Fin),
+            5106,
+        ),
+        case(false, true, Plain, small, small, (Fin, Rst), 5103),
+        case(false, false, Plain, small, small, (Rst, Fin), 5104),
     ]
+}
+
+/// Runs `cases` over a lossy and a clean wire.
+fn run_family(tag: &str, v6: bool, cases: Vec<Case>) {
+    let lossy = wire(&format!("{tag}l"), true);
+    let clean = wire(&format!("{tag}c"), false);
+    for c in cases {
+        run_case(if c.lossy { &lossy } else { &clean }, v6, &c);
+    }
 }
 
 /// Both roles and the three endings over IPv4, 64 MiB each way in the two FIN
@@ -660,10 +693,7 @@ fn gvisor_tcp_ipv4() {
     }
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
-    let w = wire("4");
-    for c in cases(64 << 20, 4 << 20) {
-        run_case(&w, false, &c);
-    }
+    run_family("4", false, cases(64 << 20, 4 << 20));
     eprintln!("gvisor_tcp_ipv4 took {:?}", t0.elapsed());
 }
 
@@ -677,9 +707,6 @@ fn gvisor_tcp_ipv6() {
     }
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
-    let w = wire("6");
-    for c in cases(64 << 20, 4 << 20) {
-        run_case(&w, true, &c);
-    }
+    run_family("6", true, cases(64 << 20, 4 << 20));
     eprintln!("gvisor_tcp_ipv6 took {:?}", t0.elapsed());
 }
