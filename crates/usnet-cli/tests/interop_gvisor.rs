@@ -407,7 +407,7 @@ fn send_stream(s: &TcpStream, n: u64) -> Result<(), String> {
 }
 
 /// Reads and checks `n` bytes of gVisor's stream.
-fn recv_stream(s: &TcpStream, n: u64) {
+fn recv_stream(s: &TcpStream, n: u64) -> Result<(), String> {
     let mut buf = vec![0u8; 256 << 10];
     let mut off = 0u64;
     let mut r = s;
@@ -415,14 +415,20 @@ fn recv_stream(s: &TcpStream, n: u64) {
         let want = (n - off).min(buf.len() as u64) as usize;
         let k = r
             .read(&mut buf[..want])
-            .unwrap_or_else(|e| panic!("read at {off} of {n}: {e}"));
-        assert!(k > 0, "EOF after {off} of {n} bytes");
+            .map_err(|e| format!("read at {off} of {n}: {e}"))?;
+        if k == 0 {
+            return Err(format!("EOF after {off} of {n} bytes"));
+        }
         for (j, &b) in buf[..k].iter().enumerate() {
             let i = off + j as u64;
-            assert_eq!(b, pattern(GVISOR_SEED, i), "byte {i} from gVisor");
+            let p = pattern(GVISOR_SEED, i);
+            if b != p {
+                return Err(format!("byte {i} from gVisor is {b:#04x}, not {p:#04x}"));
+            }
         }
         off += k as u64;
     }
+    Ok(())
 }
 
 /// Reads past the end of gVisor's stream: EOF for its FIN, ECONNRESET for its RST.
@@ -567,7 +573,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     };
     // Both streams at once; neither side ends before it has the other's bytes
     // (netstack sends no SACK blocks once it has sent its FIN).
-    recv_stream(&stream, c.gvisor_bytes);
+    let received = recv_stream(&stream, c.gvisor_bytes);
     let why = || {
         format!(
             "usnet: {:?}\n{:?}\n{}",
@@ -576,6 +582,9 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
             peer.output()
         )
     };
+    if let Err(e) = received {
+        panic!("{name}: {e}\n{}", why());
+    }
     wait_until("usnet's writer", || writer.is_finished(), why);
     let _ = writer.join();
     let sent = result.lock().unwrap().take().expect("writer result");
