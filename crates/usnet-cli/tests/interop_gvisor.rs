@@ -689,6 +689,9 @@ fn run_family(tag: &str, v6: bool, cases: Vec<Case>) {
     for c in cases {
         run_case(if c.lossy { &lossy } else { &clean }, v6, &c);
     }
+    for (what, w) in [("lossy", &lossy), ("clean", &clean)] {
+        eprintln!("usnet's {what} link: {:?}", w.net.device_stats());
+    }
 }
 
 /// Both roles and the three endings over IPv4, 64 MiB each way in the two FIN
