@@ -319,8 +319,10 @@ fn wire(tag: &str, lossy: bool) -> Wire {
             seed: u64::from(pid),
             ..Default::default()
         }),
-        // USNET_GVISOR_PCAP=FILE records what usnet sent and received.
-        pcap: std::env::var_os("USNET_GVISOR_PCAP").map(PathBuf::from),
+        // USNET_GVISOR_PCAP=FILE records what usnet sent and received, in FILE.TAG
+        // for each wire.
+        pcap: std::env::var_os("USNET_GVISOR_PCAP")
+            .map(|f| PathBuf::from(format!("{}.{tag}", f.to_string_lossy()))),
         ..Default::default()
     };
     let dev = usnet_link::wrap(Box::new(dev), &opts).expect("fault injector");
@@ -597,7 +599,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     if let Err(e) = recv_end(&stream, c.gvisor_end) {
         panic!("{name}: {e}\n{}", why());
     }
-    let info = stream.info().ok();
+    let mut info = stream.info().ok();
     match (c.usnet_end, c.gvisor_end) {
         (End::Fin, End::Fin) => wait_until(
             "usnet's side closed",
@@ -614,6 +616,11 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
             stream.set_linger(Some(Duration::ZERO)).unwrap();
         }
         (End::Fin, End::Rst) => {}
+    }
+    // The counters once everything is acknowledged (a connection gone already
+    // keeps the earlier ones).
+    if let Ok(i) = stream.info() {
+        info = Some(i);
     }
     // The last handle: closing it sends the RST when lingering 0.
     drop(Arc::into_inner(stream).expect("one handle"));
