@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use usnet_driver::{Driver, SystemClock};
 use usnet_link::{Device, LinkOptions, LinkSpec};
 use usnet_pool::{Backing, PacketPool, PktBuf, PoolConfig, DEFAULT_HEADROOM};
-use usnet_report::{bar_plot, median, write_json, Table};
+use usnet_report::{bar_plot_runs, median, write_json, Bar, Table};
 use usnet_sim::{Path, PathConfig, SimRng};
 use usnet_stack::{mac_from_seed, CcAlgorithm, Stack, StackConfig, StackError};
 
@@ -653,7 +653,11 @@ pub fn run(o: &WanOptions) -> Res<ExitCode> {
             format!("{drops:.0} ({queue:.0} at the queue)"),
             format!("{excess:+.0}"),
         ]);
-        bars.push((format!("{who} {cc}"), g / 1e6));
+        let bar = Bar::new(
+            format!("{who} {cc}"),
+            runs.iter().map(|r| r.goodput_bps).collect(),
+        );
+        bars.push(if *linux { bar } else { bar.against(lg) });
         json_rows.push(json!({
             "sender": who,
             "cc": cc,
@@ -688,7 +692,7 @@ pub fn run(o: &WanOptions) -> Res<ExitCode> {
         "rows": json_rows,
     });
     write_json(&o.out.join("wan.json"), &v)?;
-    bar_plot(
+    bar_plot_runs(
         &o.out.join("wan.png"),
         &format!(
             "bulk TCP, {} ms / {} Mbit/s / {} % loss (median)",
@@ -696,7 +700,7 @@ pub fn run(o: &WanOptions) -> Res<ExitCode> {
             o.rate_bps / 1_000_000,
             o.loss * 100.0
         ),
-        "goodput, Mbit/s",
+        "goodput, bit/s (median, min–max)",
         &bars,
     )?;
     drop(taps);

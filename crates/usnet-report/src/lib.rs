@@ -2,8 +2,12 @@
 //!
 //! * [`Table`]: aligned text tables (stdout) and Markdown.
 //! * [`write_json`]: pretty JSON files (parent directories are created).
-//! * [`line_plot`], [`bar_plot`], [`histogram_plot`]: PNG plots drawn with
-//!   `plotters` (bitmap backend, TrueType text through font-kit/fontconfig).
+//! * [`line_plot`], [`bar_plot`], [`bar_plot_runs`], [`histogram_plot`]: PNG plots
+//!   drawn with `plotters` (bitmap backend, TrueType text through
+//!   font-kit/fontconfig), one style for every bench: axes in k/M/G units
+//!   ([`si`]), each bar labelled with its value (and its ratio to a baseline when
+//!   it has one), the runs' spread as min–max whiskers, no slot for a bar that has
+//!   no value.
 //! * [`percentile`], [`median`]: small statistics helpers.
 //!
 //! Plot text needs a system sans-serif font found through fontconfig. On a
@@ -16,6 +20,7 @@ use std::io;
 use std::path::Path;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// Errors from the plot functions.
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +157,81 @@ pub fn write_json(path: &Path, value: &serde_json::Value) -> io::Result<()> {
     std::fs::write(path, text)
 }
 
+/// `v` with an SI prefix, three significant digits at most: 160000 → "160k",
+/// 1.5e9 → "1.5G", 0.25 → "0.25". The axes and bar labels of every plot.
+pub fn si(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let a = v.abs();
+    let (div, suffix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|(d, _)| a >= *d)
+        .unwrap_or((1.0, ""));
+    let x = v / div;
+    let digits = if x.abs() >= 100.0 {
+        0
+    } else if x.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let mut t = format!("{x:.digits$}");
+    if t.contains('.') {
+        t = t.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    t + suffix
+}
+
+/// One bar of [`bar_plot_runs`]: the runs of one configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bar {
+    pub label: String,
+    /// Every run's value; the bar is their median, the whisker their range.
+    pub runs: Vec<f64>,
+    /// The value this bar is compared with (Linux's, measured in the same run):
+    /// its label then gives the ratio too.
+    pub baseline: Option<f64>,
+}
+
+impl Bar {
+    pub fn new(label: impl Into<String>, runs: Vec<f64>) -> Self {
+        Bar {
+            label: label.into(),
+            runs,
+            baseline: None,
+        }
+    }
+
+    pub fn against(mut self, baseline: f64) -> Self {
+        self.baseline = Some(baseline);
+        self
+    }
+
+    /// The finite runs: (median, min, max); None if there are none.
+    fn summary(&self) -> Option<(f64, f64, f64)> {
+        let mut v: Vec<f64> = self
+            .runs
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .collect();
+        if v.is_empty() {
+            return None;
+        }
+        let m = median(&mut v);
+        Some((m, v[0], v[v.len() - 1]))
+    }
+
+    /// The text above the bar: its value, and its ratio to the baseline.
+    fn caption(&self, value: f64) -> String {
+        match self.baseline.filter(|b| b.is_finite() && *b != 0.0) {
+            Some(b) => format!("{} ({:.2}×)", si(value), value / b),
+            None => si(value),
+        }
+    }
+}
+
 /// One line of a line plot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
@@ -246,6 +326,8 @@ pub fn line_plot(
                 .configure_mesh()
                 .x_desc(x_label)
                 .y_desc(y_label)
+                .x_label_formatter(&|v| si(*v))
+                .y_label_formatter(&|v| si(*v))
                 .label_style((FONT, 15))
                 .draw()
                 .map_err(perr)?;
@@ -290,24 +372,42 @@ pub fn line_plot(
     Ok(())
 }
 
-/// Vertical bar chart, one labelled bar per entry; PNG at `path`.
+/// Vertical bar chart, one labelled bar per entry (one value each); PNG at
+/// `path`. [`bar_plot_runs`] with one run per bar and no baseline.
 pub fn bar_plot(
     path: &Path,
     title: &str,
     y_label: &str,
     bars: &[(String, f64)],
 ) -> Result<(), ReportError> {
-    if bars.is_empty() {
-        return Err(ReportError::Empty("bar_plot: no bars"));
+    let bars: Vec<Bar> = bars
+        .iter()
+        .map(|(l, v)| Bar::new(l.clone(), vec![*v]))
+        .collect();
+    bar_plot_runs(path, title, y_label, &bars)
+}
+
+/// Vertical bar chart: per [`Bar`] the median of its runs, a min–max whisker when
+/// there were several, and its value (and ratio to its baseline) above it. A bar
+/// with no finite run gets no slot. PNG at `path`.
+pub fn bar_plot_runs(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    bars: &[Bar],
+) -> Result<(), ReportError> {
+    let drawn: Vec<(&Bar, (f64, f64, f64))> = bars
+        .iter()
+        .filter_map(|b| Some((b, b.summary()?)))
+        .collect();
+    if drawn.is_empty() {
+        return Err(ReportError::Empty("bar_plot: no bars with a value"));
     }
     prepare(path)?;
-    let ymax = bars
-        .iter()
-        .map(|b| b.1)
-        .filter(|v| v.is_finite())
-        .fold(0.0f64, f64::max);
-    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
-    let n = bars.len();
+    let ymax = drawn.iter().map(|(_, s)| s.2).fold(0.0f64, f64::max);
+    // Room above the tallest whisker for its label.
+    let ymax = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+    let n = drawn.len();
     let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
     let mut chart = ChartBuilder::on(&root)
@@ -315,33 +415,67 @@ pub fn bar_plot(
         .margin(15)
         .x_label_area_size(60)
         .y_label_area_size(80)
-        .build_cartesian_2d((0..n).into_segmented(), 0.0..ymax)
+        // `a..b` segmented has a slot for `b` too: the last bar's index ends it.
+        .build_cartesian_2d((0..n as i32 - 1).into_segmented(), 0.0..ymax)
         .map_err(perr)?;
-    let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let labels: Vec<String> = drawn.iter().map(|(b, _)| b.label.clone()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
         .y_desc(y_label)
         .x_labels(n)
         .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
             _ => String::new(),
         })
+        .y_label_formatter(&|v| si(*v))
         .label_style((FONT, 14))
         .draw()
         .map_err(perr)?;
     chart
-        .draw_series(bars.iter().enumerate().map(|(i, b)| {
-            let v = if b.1.is_finite() { b.1.max(0.0) } else { 0.0 };
+        .draw_series(drawn.iter().enumerate().map(|(i, (_, (m, _, _)))| {
             let mut r = Rectangle::new(
                 [
-                    (SegmentValue::Exact(i), 0.0),
-                    (SegmentValue::Exact(i + 1), v),
+                    (SegmentValue::Exact(i as i32), 0.0),
+                    (SegmentValue::Exact(i as i32 + 1), m.max(0.0)),
                 ],
                 Palette99::pick(i).filled(),
             );
             r.set_margin(0, 0, 8, 8);
             r
+        }))
+        .map_err(perr)?;
+    // Whiskers: the runs' range, where there was more than one run.
+    chart
+        .draw_series(
+            drawn
+                .iter()
+                .enumerate()
+                .filter(|(_, (b, _))| b.runs.len() > 1)
+                .map(|(i, (_, (_, lo, hi)))| {
+                    PathElement::new(
+                        vec![
+                            (SegmentValue::CenterOf(i as i32), lo.max(0.0)),
+                            (SegmentValue::CenterOf(i as i32), hi.max(0.0)),
+                        ],
+                        BLACK.stroke_width(2),
+                    )
+                }),
+        )
+        .map_err(perr)?;
+    chart
+        .draw_series(drawn.iter().enumerate().map(|(i, (b, (m, _, hi)))| {
+            Text::new(
+                b.caption(*m),
+                (
+                    SegmentValue::CenterOf(i as i32),
+                    hi.max(*m).max(0.0) + ymax * 0.02,
+                ),
+                (FONT, 14)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
+            )
         }))
         .map_err(perr)?;
     root.present().map_err(perr)?;
@@ -387,6 +521,8 @@ pub fn histogram_plot(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc("count")
+        .x_label_formatter(&|v| si(*v))
+        .y_label_formatter(&|v| si(*v))
         .label_style((FONT, 15))
         .draw()
         .map_err(perr)?;
@@ -438,6 +574,22 @@ mod tests {
     }
 
     #[test]
+    fn si_units_for_axes_and_labels() {
+        assert_eq!(si(160000.0), "160k");
+        assert_eq!(si(1.5e9), "1.5G");
+        assert_eq!(si(12_345_678.0), "12.3M");
+        assert_eq!(si(999.0), "999");
+        assert_eq!(si(0.25), "0.25");
+        assert_eq!(si(0.0), "0");
+        assert_eq!(si(-2500.0), "-2.5k");
+        assert_eq!(si(f64::NAN), "-");
+        let b = Bar::new("u", vec![3.0, 1.0, 2.0]).against(1.0);
+        assert_eq!(b.summary(), Some((2.0, 1.0, 3.0)));
+        assert_eq!(b.caption(2e6), "2M (2000000.00×)");
+        assert_eq!(Bar::new("l", vec![5e3]).caption(5e3), "5k");
+    }
+
+    #[test]
     fn table_text_and_markdown() {
         let mut t = Table::new("T", vec!["name".into(), "value".into()]);
         t.row(vec!["a".into(), "1".into()])
@@ -465,6 +617,21 @@ mod tests {
             &[("x".into(), 1.0), ("y".into(), 3.0)],
         )
         .unwrap();
+        bar_plot_runs(
+            &dir.join("r.png"),
+            "runs",
+            "req/s",
+            &[
+                Bar::new("linux", vec![150e3, 160e3, 170e3]),
+                Bar::new("usnet", vec![200e3, 210e3, 190e3]).against(160e3),
+                Bar::new("missing", vec![f64::NAN]),
+            ],
+        )
+        .unwrap();
+        assert!(matches!(
+            bar_plot_runs(&dir.join("e.png"), "e", "v", &[Bar::new("x", vec![])]),
+            Err(ReportError::Empty(_))
+        ));
         histogram_plot(
             &dir.join("h.png"),
             "hist",
@@ -473,7 +640,7 @@ mod tests {
         )
         .unwrap();
         write_json(&dir.join("sub/x.json"), &serde_json::json!({"a": 1})).unwrap();
-        for f in ["l.png", "log.png", "b.png", "h.png", "sub/x.json"] {
+        for f in ["l.png", "log.png", "b.png", "r.png", "h.png", "sub/x.json"] {
             assert!(std::fs::metadata(dir.join(f)).unwrap().len() > 0, "{f}");
         }
         let _ = std::fs::remove_dir_all(&dir);
