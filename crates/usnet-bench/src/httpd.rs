@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use serde_json::{json, Value};
-use usnet_report::{bar_plot, median, write_json, Table};
+use usnet_report::{bar_plot_runs, median, write_json, Bar, Table};
 
 use crate::tcp::{ip, is_root, Veth, VETH_ADDR, VETH_USNET};
 use crate::web::{
@@ -477,7 +477,9 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(" "),
         ]);
-        bars.push((p.len, total, p.sys.short().to_string(), rps));
+        let mut bar = Bar::new(p.sys.short(), p.runs.iter().map(|r| r.rps).collect());
+        bar.baseline = base;
+        bars.push((p.len, total, bar));
         results.push(json!({
             "body_bytes": p.len, "response_bytes": total, "server": p.sys.name(),
             "key": p.sys.short(), "median_rps": rps, "x_nginx": ratio,
@@ -507,10 +509,10 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
     // One plot per response size (five bars each); httpd.png is the first size's.
     let mut plots = Vec::new();
     for (i, &len) in a.lengths.iter().enumerate() {
-        let b: Vec<(String, f64)> = bars
+        let b: Vec<Bar> = bars
             .iter()
             .filter(|x| x.0 == len)
-            .map(|x| (x.2.clone(), x.3))
+            .map(|x| x.2.clone())
             .collect();
         let Some(total) = bars.iter().find(|x| x.0 == len).map(|x| x.1) else {
             continue;
@@ -521,10 +523,10 @@ pub fn run(a: &HttpdBenchOptions) -> Res<ExitCode> {
             format!("httpd-{total}.png")
         };
         let title = format!(
-            "usnet httpd vs nginx on Linux, {total}-byte responses (wrk -c{})",
+            "usnet httpd vs nginx on Linux, {total}-byte responses (wrk -c{}; median, min–max, ratio to nginx)",
             a.connections
         );
-        match bar_plot(&a.out.join(&name), &title, "requests/s", &b) {
+        match bar_plot_runs(&a.out.join(&name), &title, "requests/s", &b) {
             Ok(()) => plots.push(name),
             Err(e) => eprintln!("plot {name} not drawn: {e}"),
         }

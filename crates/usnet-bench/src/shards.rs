@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use serde_json::{json, Value};
-use usnet_report::{bar_plot, median, write_json, Table};
+use usnet_report::{bar_plot_runs, median, write_json, Bar, Table};
 
 use crate::tcp::{ip, is_root, Veth, VETH_ADDR, VETH_USNET};
 use crate::web::{
@@ -442,14 +442,23 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
     std::fs::write(a.out.join("shards.md"), md)?;
     let mut plots = Vec::new();
     for (i, &len) in a.lengths.iter().enumerate() {
-        let bars: Vec<(String, f64)> = points
+        // Each against Linux's nginx with as many workers.
+        let nginx = |n: usize| {
+            points
+                .iter()
+                .find(|q| q.len == len && q.sys == Sys::Nginx && q.n == n)
+                .and_then(|q| q.med(|r| Some(r.rps)))
+        };
+        let bars: Vec<Bar> = points
             .iter()
             .filter(|p| p.len == len)
             .map(|p| {
-                (
+                let mut b = Bar::new(
                     format!("{}×{}", p.sys.short(), p.n),
-                    p.med(|r| Some(r.rps)).unwrap_or(0.0),
-                )
+                    p.runs.iter().map(|r| r.rps).collect(),
+                );
+                b.baseline = nginx(p.n).filter(|_| p.sys != Sys::Nginx);
+                b
             })
             .collect();
         let total = usnet_httpd::Responses::new(len, &[])?.response().len();
@@ -458,8 +467,10 @@ pub fn run(a: &ShardsBenchOptions) -> Res<ExitCode> {
         } else {
             format!("shards-{total}.png")
         };
-        let title = format!("requests/s by shards (workers), {total}-byte responses");
-        match bar_plot(&a.out.join(&name), &title, "requests/s", &bars) {
+        let title = format!(
+            "requests/s by shards (workers), {total}-byte responses (median, min–max, ratio to nginx)"
+        );
+        match bar_plot_runs(&a.out.join(&name), &title, "requests/s", &bars) {
             Ok(()) => plots.push(name),
             Err(e) => eprintln!("plot {name} not drawn: {e}"),
         }

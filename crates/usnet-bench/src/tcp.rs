@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use usnet_driver::{Driver, SpinWindow, SystemClock};
 use usnet_link::{Device, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
-use usnet_report::{bar_plot, median, percentile, write_json, Table};
+use usnet_report::{bar_plot_runs, median, percentile, write_json, Bar, Table};
 use usnet_stack::{mac_from_seed, SocketHandle, Stack, StackConfig, StackError};
 
 use crate::peer::{emit, Peer, PeerSpec, PEER_READY};
@@ -488,7 +488,12 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 crate::cpu::pair_cell(cpu_median(rs, 1), 3),
                 crate::cpu::pair_cell(cpu_median(rs, 0), 3),
             ]);
-            bars.push((format!("{} {}", sys.short(), human(size)), g / 1e9));
+            let mut bar = Bar::new(
+                format!("{} {}", sys.short(), human(size)),
+                rs.iter().map(|r| r.rate).collect(),
+            );
+            bar.baseline = veth_b.or(lo_b);
+            bars.push(bar);
             json_bulk.push(json!({
                 "size": size, "config": sys.short(), "label": sys.label(Test::Bulk),
                 "median_bits_per_s": g,
@@ -540,7 +545,12 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
                 crate::cpu::pair_cell(cpu_median(rs, 1), 2),
                 crate::cpu::pair_cell(cpu_median(rs, 0), 2),
             ]);
-            rr_bars.push((format!("{} {size}B", sys.short()), p50));
+            let mut bar = Bar::new(
+                format!("{} {size}B", sys.short()),
+                rs.iter().map(|r| r.p50_us).collect(),
+            );
+            bar.baseline = veth_p.or(lo_p);
+            rr_bars.push(bar);
             json_rr.push(json!({
                 "size": size, "config": sys.short(), "label": sys.label(Test::Rr),
                 "median_transactions_per_s": tps, "median_p50_us": p50, "median_p99_us": p99,
@@ -670,17 +680,17 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
     }
     std::fs::write(a.out.join("tcp.md"), md)?;
     if !bars.is_empty() {
-        bar_plot(
+        bar_plot_runs(
             &a.out.join("tcp.png"),
-            "TCP bulk throughput (median)",
-            "Gbit/s",
+            "TCP bulk throughput (median, min–max; ratio to Linux veth, else loopback)",
+            "bit/s",
             &bars,
         )?;
     }
     if !rr_bars.is_empty() {
-        bar_plot(
+        bar_plot_runs(
             &a.out.join("tcp-rr.png"),
-            "TCP request/response p50 latency (median)",
+            "TCP request/response p50 latency (median, min–max; ratio to Linux veth, else loopback)",
             "µs",
             &rr_bars,
         )?;

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use usnet_driver::{Driver, SystemClock};
 use usnet_link::{Device, LinkOptions, LinkSpec, LinkState};
 use usnet_pool::{Backing, PoolConfig, DEFAULT_HEADROOM};
-use usnet_report::{bar_plot, median, write_json, Table};
+use usnet_report::{bar_plot_runs, median, write_json, Bar, Table};
 use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError};
 
 use crate::peer::{emit, Peer, PeerSpec, PEER_READY};
@@ -308,7 +308,12 @@ pub fn run(a: &UdpBenchOptions) -> Res<ExitCode> {
                     .collect::<Vec<_>>()
                     .join(" "),
             ]);
-            bars.push((format!("{} {size}B", sys.short()), pps));
+            let mut bar = Bar::new(
+                format!("{} {size}B", sys.short()),
+                rs.iter().map(|r| r.pps).collect(),
+            );
+            bar.baseline = ratio(base).map(|_| base);
+            bars.push(bar);
             json_rows.push(json!({
                 "size": size, "system": sys.label(), "short": sys.short(), "median_pps": pps,
                 "ratio_vs_linux_plain": ratio(base),
@@ -329,9 +334,9 @@ pub fn run(a: &UdpBenchOptions) -> Res<ExitCode> {
                 "notes": notes, "results": json_rows}),
     )?;
     std::fs::write(a.out.join("udp.md"), t.to_markdown())?;
-    bar_plot(
+    bar_plot_runs(
         &a.out.join("udp.png"),
-        "UDP packets/s at the receiver (median)",
+        "UDP packets/s at the receiver (median, min–max, ratio to plain Linux)",
         "packets/s",
         &bars,
     )?;

@@ -408,12 +408,14 @@ pub fn bar_plot_runs(
     // Room above the tallest whisker for its label.
     let ymax = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
     let n = drawn.len();
+    // Many bars: their names stand upright below them instead of overlapping.
+    let upright = n > 8;
     let root = BitMapBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 24))
         .margin(15)
-        .x_label_area_size(60)
+        .x_label_area_size(if upright { 150 } else { 60 })
         .y_label_area_size(80)
         // `a..b` segmented has a slot for `b` too: the last bar's index ends it.
         .build_cartesian_2d((0..n as i32 - 1).into_segmented(), 0.0..ymax)
@@ -425,13 +427,27 @@ pub fn bar_plot_runs(
         .y_desc(y_label)
         .x_labels(n)
         .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+            SegmentValue::CenterOf(i) if !upright => {
+                labels.get(*i as usize).cloned().unwrap_or_default()
+            }
             _ => String::new(),
         })
         .y_label_formatter(&|v| si(*v))
         .label_style((FONT, 14))
         .draw()
         .map_err(perr)?;
+    if upright {
+        // Each name reads downwards from just below its bar.
+        for (i, l) in labels.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(SegmentValue::CenterOf(i as i32), 0.0));
+            root.draw(&Text::new(
+                l.clone(),
+                (x + 6, y + 8),
+                (FONT, 13).into_font().transform(FontTransform::Rotate90),
+            ))
+            .map_err(perr)?;
+        }
+    }
     chart
         .draw_series(drawn.iter().enumerate().map(|(i, (_, (m, _, _)))| {
             let mut r = Rectangle::new(
@@ -471,7 +487,7 @@ pub fn bar_plot_runs(
                     SegmentValue::CenterOf(i as i32),
                     hi.max(*m).max(0.0) + ymax * 0.02,
                 ),
-                (FONT, 14)
+                (FONT, if upright { 11 } else { 14 })
                     .into_font()
                     .color(&BLACK)
                     .pos(Pos::new(HPos::Center, VPos::Bottom)),
