@@ -81,7 +81,9 @@ pub struct UpArgs {
     /// Write every frame sent and received to this pcap file.
     #[arg(long)]
     pub pcap: Option<PathBuf>,
-    /// Inject faults, e.g. drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,seed=7.
+    /// Inject faults, e.g. drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,seed=7
+    /// (also window=, the reordering window; delay=; rate=100mbit,queue=10ms: a
+    /// bottleneck; dir=rx|tx|both).
     #[arg(long)]
     pub fault: Option<FaultConfig>,
     /// Packet buffer size: 2048, 4096, 9216 or 65536.

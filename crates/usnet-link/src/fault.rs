@@ -1,14 +1,16 @@
-//! A device wrapper that injects faults — drops, duplicates, bit flips, reordering and
-//! delay — from a seeded random generator, so a run can be repeated exactly.
+//! A device wrapper that injects faults — drops, duplicates, bit flips, reordering,
+//! delay and a bottleneck — on the wall clock. The decisions are `usnet-sim`'s path
+//! model (the one the simulations use: one model of a faulty path in the house),
+//! drawn from its seeded generator, so a run can be repeated exactly; this wrapper
+//! applies them to frames in pool buffers (chains, buffers others still read).
 
 use std::collections::VecDeque;
 use std::io;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use usnet_pool::{PacketPool, PktBuf};
+use usnet_sim::{Path, PathConfig, SimRng};
 
 use crate::error::LinkError;
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
@@ -19,10 +21,17 @@ pub struct FaultConfig {
     pub drop: f64,
     pub duplicate: f64,
     pub corrupt: f64,
-    /// A reordered frame is held back and overtaken by the next frame.
+    /// A reordered frame is held back by up to `reorder_window` (uniform), so the
+    /// frames after it overtake it.
     pub reorder: f64,
+    /// The longest a reordered frame is held back (1 ms by default).
+    pub reorder_window: Duration,
     /// Every frame is held this long before it moves on.
     pub delay: Option<Duration>,
+    /// A bottleneck of this many bytes per second (None: none), with a drop-tail
+    /// queue of `queue` at its rate.
+    pub rate: Option<u64>,
+    pub queue: Duration,
     pub seed: u64,
     pub apply_rx: bool,
     pub apply_tx: bool,
@@ -35,7 +44,10 @@ impl Default for FaultConfig {
             duplicate: 0.0,
             corrupt: 0.0,
             reorder: 0.0,
+            reorder_window: Duration::from_millis(1),
             delay: None,
+            rate: None,
+            queue: Duration::from_millis(50),
             seed: 0,
             apply_rx: true,
             apply_tx: true,
@@ -61,10 +73,49 @@ fn parse_duration(v: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
+/// A rate in bits per second as `tc` writes it (`100mbit`, `1gbit`, `500kbit`,
+/// `1000000`), in bytes per second.
+fn parse_rate(v: &str) -> Option<u64> {
+    let (num, unit) = match v.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => v.split_at(i),
+        None => (v, "bit"),
+    };
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n > 0.0)?;
+    let mult = match unit {
+        "bit" | "bps" => 1.0,
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        _ => return None,
+    };
+    Some(((n * mult / 8.0) as u64).max(1))
+}
+
+impl FaultConfig {
+    /// The path model one direction of the injector runs.
+    fn path(&self) -> PathConfig {
+        PathConfig {
+            delay: self.delay.unwrap_or(Duration::ZERO),
+            rate: self.rate.unwrap_or(0),
+            queue: self.queue,
+            loss: self.drop,
+            duplicate: self.duplicate,
+            corrupt: self.corrupt,
+            reorder: self.reorder,
+            reorder_window: self.reorder_window,
+            ..PathConfig::default()
+        }
+    }
+}
+
 impl FromStr for FaultConfig {
     type Err = LinkError;
 
-    /// `drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay=5ms,seed=7,dir=rx|tx|both`
+    /// `drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,window=2ms,delay=5ms,`
+    /// `rate=100mbit,queue=10ms,seed=7,dir=rx|tx|both`
     fn from_str(s: &str) -> Result<Self, LinkError> {
         let bad = |why: String| LinkError::BadFault {
             spec: s.to_string(),
@@ -86,11 +137,19 @@ impl FromStr for FaultConfig {
                 "dup" | "duplicate" => c.duplicate = prob(v)?,
                 "corrupt" => c.corrupt = prob(v)?,
                 "reorder" => c.reorder = prob(v)?,
-                "delay" => {
-                    c.delay =
-                        Some(parse_duration(v).ok_or_else(|| {
-                            bad(format!("delay={v}: expected e.g. 5ms, 200us or 1s"))
-                        })?)
+                "delay" | "window" | "queue" => {
+                    let d = parse_duration(v)
+                        .ok_or_else(|| bad(format!("{k}={v}: expected e.g. 5ms, 200us or 1s")))?;
+                    match k {
+                        "delay" => c.delay = Some(d),
+                        "window" => c.reorder_window = d,
+                        _ => c.queue = d,
+                    }
+                }
+                "rate" => {
+                    c.rate = Some(parse_rate(v).ok_or_else(|| {
+                        bad(format!("rate={v}: expected bits per second, e.g. 100mbit or 1gbit"))
+                    })?)
                 }
                 "seed" => {
                     c.seed = v
@@ -107,7 +166,7 @@ impl FromStr for FaultConfig {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key '{k}' (known: drop, dup, corrupt, reorder, delay, seed, dir)"
+                        "unknown key '{k}' (known: drop, dup, corrupt, reorder, window, delay, rate, queue, seed, dir)"
                     )))
                 }
             }
@@ -119,6 +178,7 @@ impl FromStr for FaultConfig {
 /// What the injector did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultStats {
+    /// Lost on the way, or (with a `rate`) at the full bottleneck queue.
     pub dropped: u64,
     pub duplicated: u64,
     pub corrupted: u64,
@@ -129,44 +189,37 @@ pub struct FaultStats {
 /// Frames of one direction on their way through the injector.
 #[derive(Default)]
 struct Lane {
-    /// Processed, ready to go on (to the stack for rx, to the inner device for tx).
+    /// Arrived, ready to go on (to the stack for rx, to the inner device for tx).
     ready: VecDeque<PktBuf>,
-    /// Held back to be overtaken, and for how many calls it has waited.
-    held: Option<(PktBuf, u32)>,
-    delayed: VecDeque<(Instant, PktBuf)>,
+    /// On their way: (arrival, order taken, frame), in arrival order.
+    delayed: VecDeque<(u64, u64, PktBuf)>,
 }
 
 impl Lane {
-    fn release_due(&mut self, now: Instant) {
-        while self.delayed.front().is_some_and(|(t, _)| *t <= now) {
-            let (_, f) = self.delayed.pop_front().expect("looked at it");
+    fn schedule(&mut self, at: u64, n: u64, f: PktBuf) {
+        let i = self.delayed.partition_point(|&(t, k, _)| (t, k) <= (at, n));
+        self.delayed.insert(i, (at, n, f));
+    }
+    fn release_due(&mut self, now: u64) {
+        while self.delayed.front().is_some_and(|(t, _, _)| *t <= now) {
+            let (_, _, f) = self.delayed.pop_front().expect("looked at it");
             self.ready.push_back(f);
         }
     }
-    /// End of a call: a held frame that nobody overtook for a whole call goes on.
-    fn age_held(&mut self) {
-        match &mut self.held {
-            Some((_, age)) if *age >= 1 => {
-                let (f, _) = self.held.take().expect("matched");
-                self.ready.push_back(f);
-            }
-            Some((_, age)) => *age += 1,
-            None => {}
-        }
+    /// When the next frame on its way arrives.
+    fn next_due(&self) -> Option<u64> {
+        self.delayed.front().map(|d| d.0)
     }
     fn free_all(&mut self, pool: &mut PacketPool) {
         for f in self.ready.drain(..) {
             pool.free(f);
         }
-        for (_, f) in self.delayed.drain(..) {
-            pool.free(f);
-        }
-        if let Some((f, _)) = self.held.take() {
+        for (_, _, f) in self.delayed.drain(..) {
             pool.free(f);
         }
     }
     fn is_idle(&self) -> bool {
-        self.ready.is_empty() && self.held.is_none() && self.delayed.is_empty()
+        self.ready.is_empty() && self.delayed.is_empty()
     }
 }
 
@@ -177,7 +230,13 @@ impl Lane {
 pub struct FaultInjector<D: Device> {
     inner: D,
     cfg: FaultConfig,
-    rng: StdRng,
+    rng: SimRng,
+    /// One path model per direction.
+    paths: [Path; 2],
+    /// The paths' clock starts here.
+    t0: Instant,
+    /// Frames taken so far (ties in arrival time keep this order).
+    taken: u64,
     stats: FaultStats,
     rx: Lane,
     tx: Lane,
@@ -189,7 +248,10 @@ impl<D: Device> FaultInjector<D> {
     pub fn new(inner: D, cfg: FaultConfig) -> Self {
         FaultInjector {
             inner,
-            rng: StdRng::seed_from_u64(cfg.seed),
+            rng: SimRng::new(cfg.seed),
+            paths: [Path::new(cfg.path()), Path::new(cfg.path())],
+            t0: Instant::now(),
+            taken: 0,
             cfg,
             stats: FaultStats::default(),
             rx: Lane::default(),
@@ -212,6 +274,21 @@ impl<D: Device> FaultInjector<D> {
         &mut self.inner
     }
 
+    /// The paths' clock.
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+    }
+
+    /// How long until a frame on its way in either direction arrives.
+    fn next_due_in(&self) -> Option<Duration> {
+        let now = self.now();
+        [&self.rx, &self.tx]
+            .iter()
+            .filter_map(|l| l.next_due())
+            .min()
+            .map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+
     /// A copy of the chain `f` (data and offload metadata), or `None` if the pool is dry.
     fn copy(&mut self, pool: &mut PacketPool, f: &PktBuf) -> Option<PktBuf> {
         pool.copy_chain(f, &mut self.bytes);
@@ -220,11 +297,8 @@ impl<D: Device> FaultInjector<D> {
         Some(c)
     }
 
-    fn flip_bit(&mut self, pool: &mut PacketPool, f: &PktBuf) {
-        let len = pool.chain_len(f);
-        if len == 0 {
-            return;
-        }
+    /// Flips `bit` (counted from the chain's first byte) of the private frame `f`.
+    fn flip_bit(pool: &mut PacketPool, f: &PktBuf, bit: usize) {
         // A damaged frame must not keep a checksum exemption: a receiver that trusted
         // `csum_valid` (or a partial checksum left for offload) would accept it. Without
         // the flags the checksum is verified, and fails, as on a real wire.
@@ -232,8 +306,6 @@ impl<D: Device> FaultInjector<D> {
         o.csum_valid = false;
         o.needs_csum = false;
         pool.set_offload(f, o);
-        // Only a private frame (no fragments: `apply` copies any other) comes here.
-        let bit = self.rng.gen_range(0..len * 8);
         let (mut byte, mask) = (bit / 8, 1u8 << (bit % 8));
         let mut cur = Some(f.id());
         while let Some(c) = cur {
@@ -247,30 +319,36 @@ impl<D: Device> FaultInjector<D> {
         }
     }
 
-    /// Applies the faults to one frame and moves what is left of it into `rx`/`tx` lane.
+    /// Sends one frame through its direction's path model and schedules what
+    /// arrives of it in the `rx`/`tx` lane.
     fn apply(&mut self, pool: &mut PacketPool, mut f: PktBuf, is_rx: bool) {
-        let cfg = &self.cfg;
-        let (drop, corrupt, dup, reorder) = (cfg.drop, cfg.corrupt, cfg.duplicate, cfg.reorder);
-        if drop > 0.0 && self.rng.gen::<f64>() < drop {
+        let now = self.now();
+        let len = pool.chain_len(&f);
+        let fate = self.paths[usize::from(!is_rx)].decide(&mut self.rng, now, len);
+        if fate.arrivals().is_empty() {
             pool.free(f);
             self.stats.dropped += 1;
             return;
         }
-        if corrupt > 0.0 && self.rng.gen::<f64>() < corrupt {
+        if let Some(bit) = fate.corrupt_bit {
             // Never flip bits in a buffer someone else still reads (a TCP retransmission
             // queue, a pcap writer): corrupt a private copy instead.
             if !pool.is_private(&f) {
-                if let Some(c) = self.copy(pool, &f) {
-                    pool.free(std::mem::replace(&mut f, c));
-                    self.flip_bit(pool, &f);
-                    self.stats.corrupted += 1;
+                match self.copy(pool, &f) {
+                    Some(c) => pool.free(std::mem::replace(&mut f, c)),
+                    None => {
+                        // The pool is dry: the frame is lost instead.
+                        pool.free(f);
+                        self.stats.dropped += 1;
+                        return;
+                    }
                 }
-            } else {
-                self.flip_bit(pool, &f);
-                self.stats.corrupted += 1;
             }
+            Self::flip_bit(pool, &f, bit);
+            self.stats.corrupted += 1;
         }
-        let twin = if dup > 0.0 && self.rng.gen::<f64>() < dup {
+        let arrivals: Vec<u64> = fate.arrivals().to_vec();
+        let twin = if arrivals.len() > 1 {
             let c = self.copy(pool, &f);
             if c.is_some() {
                 self.stats.duplicated += 1;
@@ -279,30 +357,21 @@ impl<D: Device> FaultInjector<D> {
         } else {
             None
         };
-        let hold = reorder > 0.0 && self.rng.gen::<f64>() < reorder;
-        let delay = self.cfg.delay;
-        let lane = if is_rx { &mut self.rx } else { &mut self.tx };
-        for (i, g) in std::iter::once(f).chain(twin).enumerate() {
-            if let Some(d) = delay {
-                lane.delayed.push_back((Instant::now() + d, g));
+        self.stats.reordered += u64::from(fate.reordered);
+        for (at, g) in arrivals.into_iter().zip(std::iter::once(f).chain(twin)) {
+            if self.cfg.delay.is_some() {
                 self.stats.delayed += 1;
-                continue;
             }
-            if let Some((h, _)) = lane.held.take() {
-                lane.ready.push_back(g);
-                lane.ready.push_back(h);
-                self.stats.reordered += 1;
-            } else if hold && i == 0 {
-                lane.held = Some((g, 0));
-            } else {
-                lane.ready.push_back(g);
-            }
+            self.taken += 1;
+            let lane = if is_rx { &mut self.rx } else { &mut self.tx };
+            lane.schedule(at, self.taken, g);
         }
     }
 
-    /// Moves due delayed tx frames on and gives the inner device what is ready.
+    /// Moves due tx frames on and gives the inner device what is ready.
     fn pump_tx(&mut self, pool: &mut PacketPool) -> io::Result<()> {
-        self.tx.release_due(Instant::now());
+        let now = self.now();
+        self.tx.release_due(now);
         if !self.tx.ready.is_empty() {
             self.inner.tx_burst(pool, &mut self.tx.ready)?;
         }
@@ -330,7 +399,6 @@ impl<D: Device> Device for FaultInjector<D> {
         if !self.cfg.apply_rx && self.rx.is_idle() {
             return self.inner.rx_burst(pool, out, max);
         }
-        self.rx.release_due(Instant::now());
         if self.rx.ready.len() < max {
             let mut scratch = std::mem::take(&mut self.scratch);
             let r = self
@@ -346,7 +414,8 @@ impl<D: Device> Device for FaultInjector<D> {
             self.scratch = scratch;
             r?;
         }
-        self.rx.age_held();
+        let now = self.now();
+        self.rx.release_due(now);
         let n = self.rx.ready.len().min(max);
         out.extend(self.rx.ready.drain(..n));
         Ok(n)
@@ -373,7 +442,6 @@ impl<D: Device> Device for FaultInjector<D> {
             }
             taken += 1;
         }
-        self.tx.age_held();
         self.pump_tx(pool)?;
         Ok(taken)
     }
@@ -386,17 +454,17 @@ impl<D: Device> Device for FaultInjector<D> {
         if !self.rx.ready.is_empty() {
             return crate::WaitPlan::ready();
         }
+        let due = self.next_due_in();
+        let tx_waits = !self.tx.ready.is_empty();
         let mut plan = self.inner.prepare_wait();
-        // Come back in time to release delayed and held frames.
+        // Come back in time to release frames on their way, and soon for tx frames
+        // the inner device pushed back.
         let mut cap = |d: Duration| plan.within = Some(plan.within.map_or(d, |w| w.min(d)));
-        let now = Instant::now();
-        for lane in [&self.rx, &self.tx] {
-            if let Some(&(due, _)) = lane.delayed.front() {
-                cap(due.saturating_duration_since(now));
-            }
-            if lane.held.is_some() || (!lane.ready.is_empty()) {
-                cap(Duration::from_millis(10));
-            }
+        if let Some(d) = due {
+            cap(d);
+        }
+        if tx_waits {
+            cap(Duration::from_millis(10));
         }
         plan
     }
@@ -409,17 +477,15 @@ impl<D: Device> Device for FaultInjector<D> {
         if !self.rx.ready.is_empty() {
             return Ok(());
         }
-        // Come back in time to release delayed and held frames.
+        // Come back in time to release frames on their way, and soon for tx frames
+        // the inner device pushed back.
         let mut t = timeout;
         let mut cap = |d: Duration| t = Some(t.map_or(d, |t| t.min(d)));
-        let now = Instant::now();
-        for lane in [&self.rx, &self.tx] {
-            if let Some(&(due, _)) = lane.delayed.front() {
-                cap(due.saturating_duration_since(now));
-            }
-            if lane.held.is_some() || (!lane.ready.is_empty()) {
-                cap(Duration::from_millis(10));
-            }
+        if let Some(d) = self.next_due_in() {
+            cap(d);
+        }
+        if !self.tx.ready.is_empty() {
+            cap(Duration::from_millis(10));
         }
         self.inner.wait(t)
     }
@@ -466,6 +532,10 @@ mod tests {
                 ..Default::default()
             }
         );
+        let c: FaultConfig = "rate=100mbit,queue=10ms,window=2ms".parse().unwrap();
+        assert_eq!(c.rate, Some(12_500_000));
+        assert_eq!(c.queue, Duration::from_millis(10));
+        assert_eq!(c.reorder_window, Duration::from_millis(2));
         let c: FaultConfig = "delay=5ms,dir=tx".parse().unwrap();
         assert_eq!(c.delay, Some(Duration::from_millis(5)));
         assert!(!c.apply_rx && c.apply_tx);
@@ -480,6 +550,8 @@ mod tests {
             "delay=5parsecs",
             "dir=up",
             "seed=x",
+            "rate=fast",
+            "rate=10furlongs",
         ] {
             let e = bad.parse::<FaultConfig>().unwrap_err().to_string();
             assert!(e.starts_with(&format!("bad fault spec '{bad}'")), "{e}");
@@ -510,9 +582,13 @@ mod tests {
         let mut got = Vec::new();
         let mut frames = Vec::new();
         let mut idle = 0;
-        while idle < 3 {
+        // Reordered frames are held up to the window (1 ms): read until none is.
+        while idle < 3 || !dev.rx.is_idle() {
             let n = dev.rx_burst(&mut p, &mut got, 32).unwrap();
             idle = if n == 0 { idle + 1 } else { 0 };
+            if n == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             for b in got.drain(..) {
                 let mut v = Vec::new();
                 p.copy_chain(&b, &mut v);
@@ -560,6 +636,15 @@ mod tests {
                 p.free(b);
             }
         }
+        let end = Instant::now() + Duration::from_secs(5);
+        while !dev2.rx.is_idle() && Instant::now() < end {
+            std::thread::sleep(Duration::from_micros(200));
+            dev2.rx_burst(&mut p, &mut got, 32).unwrap();
+            for b in got.drain(..) {
+                again += 1;
+                p.free(b);
+            }
+        }
         assert_eq!(again, frames.len());
         assert_eq!(dev2.fault_stats(), s);
         dev.release_buffers(&mut p);
@@ -593,7 +678,10 @@ mod tests {
                 }
             }
         }
-        for _ in 0..3 {
+        // Reordered frames are held up to the window (1 ms).
+        let end = Instant::now() + Duration::from_secs(5);
+        while !dev.tx.is_idle() && Instant::now() < end {
+            std::thread::sleep(Duration::from_micros(200));
             dev.tx_burst(&mut p, &mut q).unwrap();
         }
         for (i, b) in kept.into_iter().enumerate() {
@@ -606,6 +694,38 @@ mod tests {
             dev.inner().sent.len() as u64,
             1000 - s.dropped + s.duplicated
         );
+        dev.release_buffers(&mut p);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn a_bottleneck_queues_at_its_rate_and_drops_past_its_queue() {
+        let mut p = pool(128, 2048);
+        let cfg = FaultConfig {
+            rate: Some(1_000_000),
+            queue: Duration::from_millis(10),
+            apply_rx: false,
+            ..Default::default()
+        };
+        let mut dev = FaultInjector::new(MemDevice::new(), cfg);
+        let mut q: VecDeque<PktBuf> = (0..50u32)
+            .map(|i| {
+                let mut f = frame(i);
+                f.resize(1000, 0);
+                p.alloc_from(&f).unwrap()
+            })
+            .collect();
+        dev.tx_burst(&mut p, &mut q).unwrap();
+        // 1 ms per frame at 1 MB/s: the first leaves after 1 ms, and a frame that
+        // would wait past 10 ms is dropped: 11 get in.
+        assert_eq!(dev.fault_stats().dropped, 39);
+        assert!(dev.inner().sent.is_empty(), "nothing left before its time");
+        let end = Instant::now() + Duration::from_secs(5);
+        while !dev.tx.is_idle() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+            dev.tx_burst(&mut p, &mut q).unwrap();
+        }
+        assert_eq!(dev.inner().sent.len(), 11);
         dev.release_buffers(&mut p);
         assert_eq!(p.in_use(), 0);
     }

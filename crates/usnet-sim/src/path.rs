@@ -100,6 +100,9 @@ pub struct Fate {
     pub duplicated: bool,
     /// Copies held back (0..=2).
     pub reordered: u32,
+    /// The bit a corruption flips, counted from the frame's first byte's lowest
+    /// bit ([`Path::send`] flips it; a caller of [`Path::decide`] does).
+    pub corrupt_bit: Option<usize>,
 }
 
 impl Fate {
@@ -113,6 +116,7 @@ impl Fate {
             corrupted: false,
             duplicated: false,
             reordered: 0,
+            corrupt_bit: None,
         }
     }
 
@@ -154,10 +158,21 @@ impl Path {
     /// `frame` enters the path at `now` (nanoseconds). Decides whether, when and in
     /// how many copies it arrives; a corrupted frame has one bit flipped in place.
     pub fn send(&mut self, rng: &mut SimRng, now: u64, frame: &mut [u8]) -> Fate {
+        let fate = self.decide(rng, now, frame.len());
+        if let Some(bit) = fate.corrupt_bit {
+            frame[bit / 8] ^= 1 << (bit % 8);
+        }
+        fate
+    }
+
+    /// [`Path::send`] for a frame of `len` bytes that the caller holds in its own
+    /// form (a chain of buffers, a buffer others share): the same decisions, from
+    /// the same draws, with the bit to flip in `Fate::corrupt_bit`.
+    pub fn decide(&mut self, rng: &mut SimRng, now: u64, len: usize) -> Fate {
         let c = self.config;
         self.stats.sent += 1;
         // Before any draw, so that a black hole leaves the random stream alone.
-        if c.max_frame > 0 && frame.len() > c.max_frame {
+        if c.max_frame > 0 && len > c.max_frame {
             self.stats.too_big += 1;
             return Fate {
                 queue_drop: false,
@@ -171,7 +186,7 @@ impl Path {
         }
         let mut depart = now;
         // Rate 0 is no bottleneck at all.
-        let bytes = frame.len() as u64 + c.overhead;
+        let bytes = len as u64 + c.overhead;
         if let Some(serialisation) = bytes.saturating_mul(1_000_000_000).checked_div(c.rate) {
             let start = self.busy_until.max(now);
             if start - now > duration_nanos(c.queue) {
@@ -192,10 +207,11 @@ impl Path {
             corrupted: false,
             duplicated: false,
             reordered: 0,
+            corrupt_bit: None,
         };
-        if rng.chance(c.corrupt) && !frame.is_empty() {
-            let i = rng.index(frame.len());
-            frame[i] ^= 1 << rng.below(8);
+        if rng.chance(c.corrupt) && len > 0 {
+            let i = rng.index(len);
+            fate.corrupt_bit = Some(i * 8 + rng.below(8) as usize);
             fate.corrupted = true;
             self.stats.corrupted += 1;
         }
