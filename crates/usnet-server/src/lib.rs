@@ -16,6 +16,7 @@
 mod bell;
 pub mod control;
 #[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod privs;
 mod session;
@@ -1019,7 +1020,7 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
 /// For tests of the server and its clients: a stack server in this process on an
 /// in-memory link (sockets to the stack's own addresses are delivered locally, so
 /// whole conversations need no device and no privileges).
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     use super::*;
     use usnet_driver::MemDevice;

@@ -2289,6 +2289,7 @@ impl ServerSession {
     /// What must hold whatever the client wrote (checked by the fuzzing harness and
     /// tests): the session holds no more sockets than its quota, every stack socket it
     /// names is its own (so clean-up and limits reach it) and named once.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn check_invariants(&self, stack: &Stack) {
         let quota = self.mem.geometry().max_sockets as usize;
         assert!(self.socket_count() <= quota, "more sockets than the quota");

@@ -31,6 +31,7 @@ mod ping;
 mod prio;
 mod rx;
 pub mod shard;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 mod socket;
 pub mod soft_offload;

@@ -22,6 +22,7 @@ pub mod ring;
 pub mod seq;
 pub mod sg;
 pub mod stats;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod time;
 
