@@ -3,6 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
+
+use crate::lockorder::{self, Rank};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -438,12 +440,14 @@ impl Conn {
                 return Err(down());
             }
             {
-                let mut s = lock(&self.submit);
+                let mut s = lockorder::lock(&self.submit, Rank::Submit);
                 if let Some(k) = s.sq.reserve() {
                     req.tag = s.next_tag;
                     s.next_tag += 1;
                     if discard {
-                        lock(&self.comp).discard.insert(req.tag);
+                        lockorder::lock(&self.comp, Rank::Completions)
+                            .discard
+                            .insert(req.tag);
                     }
                     self.mem.write_request(k, &req);
                     s.sq.commit();
@@ -464,7 +468,7 @@ impl Conn {
 
     /// Moves arrived completions into the table.
     fn collect(&self) {
-        let mut c = lock(&self.comp);
+        let mut c = lockorder::lock(&self.comp, Rank::Completions);
         let Ok(n) = c.cq.available() else {
             return;
         };
@@ -484,7 +488,10 @@ impl Conn {
             let epoch = vtime::epoch();
             let seen = self.bell.seq();
             self.collect();
-            if let Some(c) = lock(&self.comp).done.remove(&tag) {
+            if let Some(c) = lockorder::lock(&self.comp, Rank::Completions)
+                .done
+                .remove(&tag)
+            {
                 return Ok(c);
             }
             if self.is_dead() {
@@ -492,7 +499,9 @@ impl Conn {
             }
             let ready = || {
                 self.collect();
-                lock(&self.comp).done.contains_key(&tag)
+                lockorder::lock(&self.comp, Rank::Completions)
+                    .done
+                    .contains_key(&tag)
             };
             // The server answers without the clock moving: even the clock's owner
             // sleeps here (a quiet server has answered).

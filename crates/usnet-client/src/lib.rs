@@ -17,6 +17,7 @@
 mod conn;
 mod fdsend;
 pub mod lineage;
+mod lockorder;
 pub mod msgzc;
 mod net;
 mod poll;

@@ -3,6 +3,8 @@
 //! when a ring it stopped watching has work again.
 
 use std::io;
+
+use crate::lockorder::{self, Rank};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -358,7 +360,7 @@ impl Sock {
     /// Room in the send ring.
     /// Bytes written into the send ring since it began.
     pub(crate) fn tx_position(&self) -> u64 {
-        lock(&self.tx).position()
+        lockorder::lock(&self.tx, Rank::SockTx).position()
     }
 
     /// Send ring bytes the peer acknowledged (`slot::TX_ACKED`).
@@ -370,12 +372,12 @@ impl Sock {
     }
 
     pub(crate) fn tx_room(&self) -> usize {
-        lock(&self.tx).free().unwrap_or(0)
+        lockorder::lock(&self.tx, Rank::SockTx).free().unwrap_or(0)
     }
 
     /// Whether a write would be taken now (flags `f`): `poll::send_room`.
     pub(crate) fn tx_send_room(&self, f: u32) -> bool {
-        let mut tx = lock(&self.tx);
+        let mut tx = lockorder::lock(&self.tx, Rank::SockTx);
         let size = tx.size() as u64;
         let queued = size - tx.free().unwrap_or(0) as u64;
         crate::poll::send_room(f, queued, size)
@@ -426,7 +428,7 @@ impl Sock {
     /// connect's SYN data, which the server takes with the connect). At most what
     /// fits.
     pub(crate) fn tx_stage(&self, buf: &[u8]) -> io::Result<usize> {
-        let mut tx = lock(&self.tx);
+        let mut tx = lockorder::lock(&self.tx, Rank::SockTx);
         let free = tx.free().map_err(|_| corrupt())?;
         let n = if free == 0 || buf.is_empty() {
             0
@@ -450,7 +452,7 @@ impl Sock {
         fill: impl FnOnce(&mut ByteProducer) -> io::Result<usize>,
     ) -> io::Result<(usize, usize)> {
         self.live()?;
-        let mut tx = lock(&self.tx);
+        let mut tx = lockorder::lock(&self.tx, Rank::SockTx);
         let start = tx.position();
         let put = if tx.free().map_err(|_| corrupt())? == 0 || want == 0 {
             0
@@ -481,7 +483,7 @@ impl Sock {
 
     /// Runs `f` on the send ring's producer (UDP records), publishes, then kicks.
     pub(crate) fn with_tx<R>(&self, f: impl FnOnce(&mut ByteProducer) -> R) -> R {
-        let mut tx = lock(&self.tx);
+        let mut tx = lockorder::lock(&self.tx, Rank::SockTx);
         let r = f(&mut tx);
         let published = tx.publish();
         drop(tx);

@@ -131,6 +131,7 @@ struct Ctx {
     links: Arc<Vec<ShardLink>>,
     cfg: ServerConfig,
     next_id: Arc<AtomicU32>,
+    /// A leaf lock (the server's lock order: `Host` in lib.rs).
     homes: Arc<Mutex<Homes>>,
 }
 

@@ -171,6 +171,12 @@ pub(crate) struct ShardLink {
 /// hand each other jobs, and the directory of which shards hold a socket on which
 /// port (a shard without one hands the port's segments to one with it:
 /// `Stack::set_port_redirect`).
+///
+/// Lock order: the server has three locks and each is a leaf — `ports` and
+/// `listeners` here and the control plane's `homes` (`control.rs`): a thread holds
+/// at most one of them, never while it takes another, and never across a call
+/// into a stack or a session (a shard's loop publishes its listeners, lets go,
+/// then publishes its ports). Everything else a loop touches is its own.
 pub(crate) struct Host {
     pub links: Vec<ShardLink>,
     /// `(protocol, port)` → a bit per shard holding a socket on it.
