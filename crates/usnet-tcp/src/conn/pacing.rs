@@ -89,12 +89,15 @@ impl Connection {
     }
 
     /// The next data segment must wait for its departure time: the pace timer is
-    /// armed for it.
+    /// armed for it (only if data waits: a lost segment, a probe, or unsent bytes).
     pub(crate) fn paced_out(&mut self) -> bool {
         if self.pace.burst > 0 || !self.pacing_on() || self.pace.next <= self.now {
             return false;
         }
-        self.timers.set(Timer::Pace, self.pace.next);
+        let unsent = self.snd.buf.len() > self.snd.nxt.since(self.snd.una) as usize;
+        if unsent || self.scoreboard.lost_segs() > 0 || self.recovery.tlp_pending {
+            self.timers.set(Timer::Pace, self.pace.next);
+        }
         true
     }
 

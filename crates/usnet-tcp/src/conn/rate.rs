@@ -141,7 +141,9 @@ impl Connection {
     /// The pipe is not full for want of data (`tcp_rate_check_app_limited`): less
     /// than a segment waits, cwnd has room, and no lost segment waits to be resent.
     pub(crate) fn rate_check_app_limited(&mut self) {
-        let unsent = self.snd.buf.len() as u64 - u64::from(self.snd.nxt.since(self.snd.una));
+        // (SND.NXT counts a FIN the buffer does not hold.)
+        let unsent =
+            (self.snd.buf.len() as u64).saturating_sub(u64::from(self.snd.nxt.since(self.snd.una)));
         if unsent < u64::from(self.smss())
             && self.pipe_est() < self.cc.cwnd()
             && self.scoreboard.lost_segs() == 0
