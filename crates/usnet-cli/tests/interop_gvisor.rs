@@ -327,7 +327,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     };
 
     let output = || peer.output();
-    let info = Converse {
+    let (info, _) = Converse {
         name: &name,
         peer_output: &output,
         peer: "gVisor",

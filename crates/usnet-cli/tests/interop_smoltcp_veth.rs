@@ -16,7 +16,11 @@
 //! side must see the reset after the last byte. smoltcp offers SACK-permitted and
 //! window scaling in every SYN; both must be negotiated, and the shifts usnet's
 //! `tcp_info` reports must be the ones on the wire (smoltcp's side of the wire is
-//! parsed as it sends and receives, which also counts its retransmissions).
+//! parsed as it sends and receives, which also counts its retransmissions, the
+//! SACK blocks in its ACKs and the segments from usnet that it had acknowledged
+//! already). smoltcp's packet socket gets an 8 MiB receive buffer: with the
+//! default, the kernel drops frames for it even on the clean wire (each run
+//! prints those drops).
 //!
 //! Needs root ("skipped: needs root" otherwise).
 
@@ -80,6 +84,8 @@ struct WireLog {
     /// Segments smoltcp sent with SACK blocks, and received with them.
     sack_out: u64,
     sack_in: u64,
+    /// Of `sack_out`, those with more than one block.
+    multi_sack_out: u64,
     /// (window scale, SACK-permitted) of smoltcp's SYN and of usnet's.
     syn_out: Option<(Option<u8>, bool)>,
     syn_in: Option<(Option<u8>, bool)>,
@@ -87,6 +93,11 @@ struct WireLog {
     rst_out: u64,
     rst_in: u64,
     snd_max: Option<u32>,
+    /// Data segments smoltcp received that lay wholly below what it had already
+    /// acknowledged (usnet sent them again needlessly, or the copy overtook).
+    stale_in: u64,
+    /// The highest acknowledgment number smoltcp has sent.
+    ack_max: Option<u32>,
 }
 
 /// `a` is before `b` in sequence space.
@@ -142,8 +153,21 @@ impl WireLog {
         }
         if out {
             self.sack_out += u64::from(sack);
+            self.multi_sack_out += u64::from(r.sack_ranges[1].is_some());
         } else {
             self.sack_in += u64::from(sack);
+        }
+        if let (true, Some(a)) = (out, r.ack_number) {
+            let a = a.0 as u32;
+            if self.ack_max.is_none_or(|m| seq_lt(m, a)) {
+                self.ack_max = Some(a);
+            }
+        }
+        if !out && !r.payload.is_empty() {
+            let end = (r.seq_number.0 as u32).wrapping_add(r.payload.len() as u32);
+            if self.ack_max.is_some_and(|m| !seq_lt(m, end)) {
+                self.stale_in += 1;
+            }
         }
         if out && !r.payload.is_empty() {
             let seq = r.seq_number.0 as u32;
@@ -627,7 +651,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     );
 
     let output = || peer.output();
-    let info = Converse {
+    let (info, stats) = Converse {
         name: &name,
         peer_output: &output,
         peer: "smoltcp",
@@ -663,6 +687,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
         "{name}: usnet's SYN as smoltcp received it (usnet's receive shift)"
     );
     let info = info.expect("usnet's tcp_info");
+    let st = stats.unwrap_or_default();
     if c.lossy {
         // smoltcp reports out-of-order data in SACK blocks, and usnet gets them.
         assert!(g.wire.sack_out > 0, "{name}: smoltcp sent no SACK blocks");
@@ -673,14 +698,20 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
     }
     let mb_s = (c.usnet_bytes + c.smol_bytes) as f64 / elapsed.as_secs_f64() / 1e6;
     eprintln!(
-        "{name}: {elapsed:.2?} ({mb_s:.0} MB/s both ways together); usnet: wscale {snd_shift}/{rcv_shift}, {} retransmits, {} fast recoveries, {} RTOs, {} SACK blocks in; smoltcp: {} data segments, {} retransmitted, {} ACKs with SACK blocks, {} RSTs out, {} in; its packet socket dropped {}",
+        "{name}: {elapsed:.2?} ({mb_s:.0} MB/s both ways together); usnet: wscale {snd_shift}/{rcv_shift}, {} retransmits, {} fast recoveries, {} RTOs ({} lost by RACK, {} by the dupthresh, {} TLPs, {} D-SACKs in), {} SACK blocks in, {} segments smoltcp had acknowledged already; smoltcp: {} data segments, {} retransmitted, {} ACKs with SACK blocks ({} with more than one), {} RSTs out, {} in; its packet socket dropped {}",
         info.total_retransmits,
         info.fast_recoveries,
         info.rto_expiries,
+        st.rack_losses,
+        st.dupthresh_losses,
+        st.tlp_probes,
+        st.rx_dsack,
         info.sack_blocks,
+        g.wire.stale_in,
         g.wire.data_out,
         g.wire.retransmits,
         g.wire.sack_out,
+        g.wire.multi_sack_out,
         g.wire.rst_out,
         g.wire.rst_in,
         g.raw_drops,

@@ -14,7 +14,7 @@ use usnet_link::af_packet::AfPacketDevice;
 use usnet_link::fault::FaultConfig;
 use usnet_link::{Device, DeviceCaps, LinkOptions};
 use usnet_runtime::{NetStack, RuntimeConfig, TcpStream};
-use usnet_stack::{mac_from_seed, StackConfig, TcpInfo, TcpState};
+use usnet_stack::{mac_from_seed, StackConfig, TcpInfo, TcpState, TcpStats};
 
 use super::*;
 
@@ -269,8 +269,8 @@ pub struct Converse<'a> {
 impl Converse<'_> {
     /// Both streams at once; usnet ends only after it has the peer's bytes, then
     /// closes with `usnet_end` and reads the peer's `peer_end`. Returns usnet's
-    /// `tcp_info` once everything is acknowledged (or the last one seen).
-    pub fn run(&self, stream: TcpStream) -> Option<TcpInfo> {
+    /// `tcp_info` and counters once everything is acknowledged (or the last seen).
+    pub fn run(&self, stream: TcpStream) -> (Option<TcpInfo>, Option<TcpStats>) {
         let (name, step) = (self.name, self.step);
         let mut stream = stream;
         stream.set_read_timeout(Some(step)).unwrap();
@@ -311,6 +311,7 @@ impl Converse<'_> {
             panic!("{name}: {e}\n{}", why());
         }
         let mut info = stream.info().ok();
+        let mut stats = stream.stats().ok();
         match (self.usnet_end, self.peer_end) {
             (End::Fin, End::Fin) => wait_until(
                 "usnet's side closed",
@@ -334,9 +335,12 @@ impl Converse<'_> {
         if let Ok(i) = stream.info() {
             info = Some(i);
         }
+        if let Ok(s) = stream.stats() {
+            stats = Some(s);
+        }
         // The last handle: closing it sends the RST when lingering 0.
         drop(Arc::into_inner(stream).expect("one handle"));
-        info
+        (info, stats)
     }
 }
 
