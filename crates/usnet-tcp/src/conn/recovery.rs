@@ -170,10 +170,15 @@ impl Rack {
     }
 
     /// Whether `s` was sent before the most recently delivered segment (RFC 8985
-    /// §6.2 step 5); None before anything was delivered.
+    /// §6.2 step 5); None before anything was delivered. At the same time stamp
+    /// RACK_sent_after orders by sequence, which holds for new data only: one poll
+    /// stamps all it sends with one instant, and a retransmission of a low segment
+    /// can go out after new data of higher sequence. So a retransmission is not
+    /// taken to be older than a delivery stamped the same (it would be marked lost
+    /// at once and sent a third time, as against smoltcp on a veth).
     pub(crate) fn sent_before_latest(&self, s: &TxSeg) -> Option<bool> {
         let xts = self.xmit_ts?;
-        Some(s.sent < xts || (s.sent == xts && s.end.lt(self.end_seq)))
+        Some(s.sent < xts || (s.sent == xts && s.xmits == 1 && s.end.lt(self.end_seq)))
     }
 }
 
@@ -873,6 +878,10 @@ mod tests {
         assert_eq!(rack.sent_before_latest(&seg(0, 100, 10, 1)), Some(true));
         assert_eq!(rack.sent_before_latest(&seg(200, 100, 10, 1)), Some(false));
         assert_eq!(rack.sent_before_latest(&seg(0, 100, 11, 1)), Some(false));
+        // A retransmission stamped with the delivered segment's instant may have
+        // gone out after it.
+        assert_eq!(rack.sent_before_latest(&seg(0, 100, 10, 2)), Some(false));
+        assert_eq!(rack.sent_before_latest(&seg(0, 100, 9, 2)), Some(true));
     }
 
     /// `n` full segments from the client, with the server's ACKs for `deliver` of
