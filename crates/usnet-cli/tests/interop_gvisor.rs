@@ -22,23 +22,20 @@
 //! `go` on PATH; skipped with a message if missing). The Go module downloads
 //! gVisor through the Go module proxy on a machine whose module cache lacks it.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr};
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use usnet_link::af_packet::AfPacketDevice;
-use usnet_link::fault::FaultConfig;
-use usnet_link::{Device, DeviceCaps, LinkOptions};
-use usnet_runtime::{NetStack, RuntimeConfig, TcpListener, TcpStream};
-use usnet_stack::{mac_from_seed, StackConfig, TcpState};
+use usnet_runtime::{TcpListener, TcpStream};
 
 #[macro_use]
 mod common;
+use common::veth_tcp::*;
 use common::*;
 
 /// Streams: usnet sends pattern 1, gVisor pattern 2 (so an echo of our own bytes
@@ -51,15 +48,6 @@ const STEP: Duration = Duration::from_secs(30);
 static SERIAL: Mutex<()> = Mutex::new(());
 /// The gVisor program gives up by itself after this.
 const PEER_TIMEOUT: &str = "60s";
-
-/// The byte at offset `i` of stream `seed`; `interop/gvisor/main.go`'s `patternByte`
-/// computes the same.
-fn pattern(seed: u64, i: u64) -> u8 {
-    let x = i
-        .wrapping_add(seed << 40)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (x >> 56) as u8 ^ (i >> 13) as u8
-}
 
 // ------------------------------------------------------------ the Go program
 
@@ -212,157 +200,6 @@ impl Drop for Peer {
 
 // ------------------------------------------------------------ usnet's side
 
-/// usnet's AF_PACKET link without its checksum and segmentation offloads: the
-/// kernel passes a frame that a packet socket sent with a partial checksum or as
-/// one 64 KiB GSO frame over the veth as it is, and gVisor reads the other end
-/// through a packet socket too (no virtio header), so it would see bad checksums
-/// and oversized frames. With these caps the stack sends finished frames.
-struct NoOffload(Box<dyn Device>);
-
-impl Device for NoOffload {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn caps(&self) -> DeviceCaps {
-        DeviceCaps {
-            tx_csum_offload: false,
-            tso: false,
-            ..self.0.caps()
-        }
-    }
-    fn rx_burst(
-        &mut self,
-        pool: &mut usnet_pool::PacketPool,
-        out: &mut Vec<usnet_pool::PktBuf>,
-        max: usize,
-    ) -> std::io::Result<usize> {
-        self.0.rx_burst(pool, out, max)
-    }
-    fn tx_burst(
-        &mut self,
-        pool: &mut usnet_pool::PacketPool,
-        frames: &mut std::collections::VecDeque<usnet_pool::PktBuf>,
-    ) -> std::io::Result<usize> {
-        self.0.tx_burst(pool, frames)
-    }
-    fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
-        self.0.wait(timeout)
-    }
-    fn waker(&self) -> usnet_link::Waker {
-        self.0.waker()
-    }
-    fn prepare_wait(&mut self) -> usnet_link::WaitPlan {
-        self.0.prepare_wait()
-    }
-    fn rx_ready(&mut self) -> bool {
-        self.0.rx_ready()
-    }
-    fn wait_kind(&self) -> usnet_link::WaitKind {
-        self.0.wait_kind()
-    }
-    fn link_state(&self) -> usnet_link::LinkState {
-        self.0.link_state()
-    }
-    fn stats(&self) -> usnet_link::DeviceStats {
-        self.0.stats()
-    }
-    fn bind_pool(&mut self, pool: &mut usnet_pool::PacketPool) -> std::io::Result<()> {
-        self.0.bind_pool(pool)
-    }
-    fn info(&self) -> Option<String> {
-        self.0.info()
-    }
-    fn release_buffers(&mut self, pool: &mut usnet_pool::PacketPool) {
-        self.0.release_buffers(pool)
-    }
-}
-
-/// The wire: a namespace holding gVisor's veth end, usnet's stack on the other.
-struct Wire {
-    net: NetStack,
-    ns: String,
-    inner: String,
-    dir: TempDir,
-    // Dropped last: the stack stops before its interface goes.
-    _veth: Cleanup,
-}
-
-impl Drop for Wire {
-    fn drop(&mut self) {
-        self.net.shutdown();
-    }
-}
-
-/// A wire whose usnet end drops 1 % of the frames each way if `lossy`.
-fn wire(tag: &str, lossy: bool) -> Wire {
-    let pid = std::process::id() % 100_000;
-    let ns = format!("usnet-gv{tag}-{pid}");
-    let (outer, inner) = (format!("ugv{tag}a{pid}"), format!("ugv{tag}b{pid}"));
-    let veth = veth_netns(&ns, &outer, &inner, &[]);
-    // No address on either end, and no IPv6 of the kernel's own (router
-    // solicitations, MLD) on gVisor's.
-    must(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &ns,
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{inner}.disable_ipv6=1"),
-        ],
-    );
-    let dev = AfPacketDevice::open(&outer, None).expect("af_packet on the veth");
-    let opts = LinkOptions {
-        fault: lossy.then(|| FaultConfig {
-            drop: 0.01,
-            seed: u64::from(pid),
-            ..Default::default()
-        }),
-        // USNET_GVISOR_PCAP=FILE records what usnet sent and received, in FILE.TAG
-        // for each wire.
-        pcap: std::env::var_os("USNET_GVISOR_PCAP")
-            .map(|f| PathBuf::from(format!("{}.{tag}", f.to_string_lossy()))),
-        ..Default::default()
-    };
-    let dev = usnet_link::wrap(Box::new(dev), &opts).expect("fault injector");
-    let net = NetStack::start(
-        Box::new(NoOffload(dev)),
-        StackConfig {
-            mac: mac_from_seed(0x6776),
-            addrs: vec![
-                "10.71.0.1/24".parse().unwrap(),
-                "fd71::1/64".parse().unwrap(),
-            ],
-            ..Default::default()
-        },
-        RuntimeConfig::default(),
-    )
-    .expect("usnet stack");
-    Wire {
-        net,
-        ns,
-        inner,
-        dir: TempDir::new(&format!("gvisor-{tag}")),
-        _veth: veth,
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum End {
-    Fin,
-    Rst,
-}
-
-impl End {
-    fn flag(self) -> &'static str {
-        match self {
-            End::Fin => "fin",
-            End::Rst => "rst",
-        }
-    }
-}
-
 /// What is special about a conversation.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
@@ -389,74 +226,6 @@ struct Case {
     usnet_end: End,
     gvisor_end: End,
     port: u16,
-}
-
-/// Writes `n` bytes of usnet's stream.
-fn send_stream(s: &TcpStream, n: u64) -> Result<(), String> {
-    let mut buf = vec![0u8; 256 << 10];
-    let mut off = 0u64;
-    let mut w = s;
-    while off < n {
-        let k = (n - off).min(buf.len() as u64) as usize;
-        for (j, b) in buf[..k].iter_mut().enumerate() {
-            *b = pattern(USNET_SEED, off + j as u64);
-        }
-        w.write_all(&buf[..k])
-            .map_err(|e| format!("write at {off}: {e}"))?;
-        off += k as u64;
-    }
-    Ok(())
-}
-
-/// Reads and checks `n` bytes of gVisor's stream.
-fn recv_stream(s: &TcpStream, n: u64) -> Result<(), String> {
-    let mut buf = vec![0u8; 256 << 10];
-    let mut off = 0u64;
-    let mut r = s;
-    while off < n {
-        let want = (n - off).min(buf.len() as u64) as usize;
-        let k = r
-            .read(&mut buf[..want])
-            .map_err(|e| format!("read at {off} of {n}: {e}"))?;
-        if k == 0 {
-            return Err(format!("EOF after {off} of {n} bytes"));
-        }
-        for (j, &b) in buf[..k].iter().enumerate() {
-            let i = off + j as u64;
-            let p = pattern(GVISOR_SEED, i);
-            if b != p {
-                return Err(format!("byte {i} from gVisor is {b:#04x}, not {p:#04x}"));
-            }
-        }
-        off += k as u64;
-    }
-    Ok(())
-}
-
-/// Reads past the end of gVisor's stream: EOF for its FIN, ECONNRESET for its RST.
-fn recv_end(s: &TcpStream, end: End) -> Result<(), String> {
-    let mut r = s;
-    let mut one = [0u8; 1];
-    match (end, r.read(&mut one)) {
-        (End::Fin, Ok(0)) => Ok(()),
-        (End::Rst, Err(e)) if e.kind() == ErrorKind::ConnectionReset => Ok(()),
-        (want, got) => Err(format!(
-            "after the last byte: {got:?}, expected gVisor's {want:?}"
-        )),
-    }
-}
-
-/// Waits (up to `STEP`) until `f` holds; `why` says what was going on if not.
-fn wait_until(what: &str, mut f: impl FnMut() -> bool, why: impl Fn() -> String) {
-    let deadline = Instant::now() + STEP;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}:\n{}",
-            why()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn run_case(w: &Wire, v6: bool, c: &Case) {
@@ -536,14 +305,7 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
             addr.to_string(),
         ]);
         let peer = Peer::start(exe, &w.ns, w.dir.path(), &args);
-        let ready = w.net.wait_readable(&[l.handle()], Some(STEP));
-        assert!(
-            !ready.is_empty(),
-            "{name}: no connection from gVisor\n{}",
-            peer.output()
-        );
-        let (s, from) = l.accept().expect("accept");
-        assert_eq!(from.ip(), gvisor_ip);
+        let s = accept_from(w, &l, gvisor_ip, (&name, STEP), &|| peer.output());
         (peer, s)
     };
     let info = stream.info().expect("tcp_info");
@@ -564,66 +326,20 @@ fn run_case(w: &Wire, v6: bool, c: &Case) {
             .unwrap_or_else(|| panic!("{name}: window scaling not negotiated: {info:?}"))
     };
 
-    let mut stream = stream;
-    stream.set_read_timeout(Some(STEP)).unwrap();
-    stream.set_write_timeout(Some(STEP)).unwrap();
-    let stream = Arc::new(stream);
-    let result = Arc::new(Mutex::new(None));
-    let writer = {
-        let (s, r, n) = (stream.clone(), result.clone(), c.usnet_bytes);
-        std::thread::spawn(move || *r.lock().unwrap() = Some(send_stream(&s, n)))
-    };
-    // Both streams at once; neither side ends before it has the other's bytes
-    // (netstack sends no SACK blocks once it has sent its FIN).
-    let received = recv_stream(&stream, c.gvisor_bytes);
-    let why = || {
-        format!(
-            "usnet: {:?}\n{:?}\n{}",
-            stream.info(),
-            stream.stats(),
-            peer.output()
-        )
-    };
-    if let Err(e) = received {
-        panic!("{name}: {e}\n{}", why());
+    let output = || peer.output();
+    let (info, _) = Converse {
+        name: &name,
+        peer_output: &output,
+        peer: "gVisor",
+        usnet_seed: USNET_SEED,
+        peer_seed: GVISOR_SEED,
+        usnet_bytes: c.usnet_bytes,
+        peer_bytes: c.gvisor_bytes,
+        usnet_end: c.usnet_end,
+        peer_end: c.gvisor_end,
+        step: STEP,
     }
-    wait_until("usnet's writer", || writer.is_finished(), why);
-    let _ = writer.join();
-    let sent = result.lock().unwrap().take().expect("writer result");
-    if let Err(e) = sent {
-        panic!("{name}: {e}\n{}", peer.output());
-    }
-    if c.usnet_end == End::Fin {
-        stream.shutdown(Shutdown::Write).expect("shutdown");
-    }
-    if let Err(e) = recv_end(&stream, c.gvisor_end) {
-        panic!("{name}: {e}\n{}", why());
-    }
-    let mut info = stream.info().ok();
-    match (c.usnet_end, c.gvisor_end) {
-        (End::Fin, End::Fin) => wait_until(
-            "usnet's side closed",
-            || {
-                matches!(
-                    stream.state(),
-                    Ok(TcpState::TimeWait | TcpState::Closed) | Err(_)
-                )
-            },
-            why,
-        ),
-        (End::Rst, _) => {
-            stream.flush_acked(STEP).expect("usnet's data acknowledged");
-            stream.set_linger(Some(Duration::ZERO)).unwrap();
-        }
-        (End::Fin, End::Rst) => {}
-    }
-    // The counters once everything is acknowledged (a connection gone already
-    // keeps the earlier ones).
-    if let Ok(i) = stream.info() {
-        info = Some(i);
-    }
-    // The last handle: closing it sends the RST when lingering 0.
-    drop(Arc::into_inner(stream).expect("one handle"));
+    .run(stream);
 
     let g = peer.finish();
     let elapsed = t0.elapsed();
@@ -689,16 +405,17 @@ fn cases(bulk: u64, small: u64) -> Vec<Case> {
     ]
 }
 
-/// Runs `cases` over a lossy and a clean wire.
+/// Runs `cases` over a lossy and a clean wire (USNET_GVISOR_PCAP=FILE records usnet's
+/// side of each in FILE.TAG).
 fn run_family(tag: &str, v6: bool, cases: Vec<Case>) {
-    let lossy = wire(&format!("{tag}l"), true);
-    let clean = wire(&format!("{tag}c"), false);
-    for c in cases {
-        run_case(if c.lossy { &lossy } else { &clean }, v6, &c);
-    }
-    for (what, w) in [("lossy", &lossy), ("clean", &clean)] {
-        eprintln!("usnet's {what} link: {:?}", w.net.device_stats());
-    }
+    run_on_wires(
+        ("gv", tag),
+        &["10.71.0.1/24", "fd71::1/64"],
+        "USNET_GVISOR_PCAP",
+        cases,
+        |c| c.lossy,
+        |w, c| run_case(w, v6, c),
+    );
 }
 
 /// Both roles and the three endings over IPv4, 64 MiB each way in the two FIN

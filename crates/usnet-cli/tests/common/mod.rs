@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod veth_tcp;
+
 pub const USNET: &str = env!("CARGO_BIN_EXE_usnet");
 
 // ------------------------------------------------------------------ helpers

@@ -96,6 +96,8 @@ pub(crate) struct Rack {
     /// Transmission time of the most recently delivered segment.
     pub xmit_ts: Option<Instant>,
     pub end_seq: Seq,
+    /// Its [`TxSeg::order`].
+    pub order: u64,
     pub rtt: Duration,
     /// Highest end sequence ever delivered (acked or SACKed).
     pub fack: Seq,
@@ -109,6 +111,7 @@ impl Rack {
         Rack {
             xmit_ts: None,
             end_seq: iss,
+            order: 0,
             rtt: Duration::ZERO,
             fack: iss,
             reordering_seen: false,
@@ -133,11 +136,12 @@ impl Rack {
         self.rtt = rtt;
         let newer = match self.xmit_ts {
             None => true,
-            Some(t) => s.sent > t || (s.sent == t && s.end.gt(self.end_seq)),
+            Some(t) => s.sent > t || (s.sent == t && self.tie_after(s)),
         };
         if newer {
             self.xmit_ts = Some(s.sent);
             self.end_seq = s.end;
+            self.order = s.order;
         }
         let mut first_reordering = false;
         if s.xmits == 1 && s.end.lt(self.fack) && !self.reordering_seen {
@@ -169,11 +173,25 @@ impl Rack {
         }
     }
 
+    /// Whether `s`, stamped like the most recently delivered segment, went out
+    /// after it. RFC 8985 §6.2's RACK_sent_after orders such ties by sequence,
+    /// which holds for new data only: one poll stamps all it sends with one
+    /// instant, and a retransmission of a low segment can go out after new data of
+    /// higher sequence (it would be marked lost as soon as that data is SACKed and
+    /// sent a third time, as against smoltcp on a veth). The order of transmission
+    /// decides, and the sequence where that is unknown (0).
+    fn tie_after(&self, s: &TxSeg) -> bool {
+        if s.order != 0 && self.order != 0 && s.order != self.order {
+            return s.order > self.order;
+        }
+        s.end.gt(self.end_seq)
+    }
+
     /// Whether `s` was sent before the most recently delivered segment (RFC 8985
     /// §6.2 step 5); None before anything was delivered.
     pub(crate) fn sent_before_latest(&self, s: &TxSeg) -> Option<bool> {
         let xts = self.xmit_ts?;
-        Some(s.sent < xts || (s.sent == xts && s.end.lt(self.end_seq)))
+        Some(s.sent < xts || (s.sent == xts && s.end != self.end_seq && !self.tie_after(s)))
     }
 }
 
@@ -873,6 +891,17 @@ mod tests {
         assert_eq!(rack.sent_before_latest(&seg(0, 100, 10, 1)), Some(true));
         assert_eq!(rack.sent_before_latest(&seg(200, 100, 10, 1)), Some(false));
         assert_eq!(rack.sent_before_latest(&seg(0, 100, 11, 1)), Some(false));
+        // With the order of transmission known, it decides a tie: a
+        // retransmission of a lower segment after the delivered one is not older.
+        let mut rack = Rack::new(Seq(0));
+        let mut d = seg(100, 100, 10, 1);
+        d.order = 5;
+        rack.on_delivered(&d, Instant::from_millis(20), None);
+        let mut r = seg(0, 100, 10, 2);
+        r.order = 6;
+        assert_eq!(rack.sent_before_latest(&r), Some(false));
+        r.order = 4;
+        assert_eq!(rack.sent_before_latest(&r), Some(true));
     }
 
     /// `n` full segments from the client, with the server's ACKs for `deliver` of

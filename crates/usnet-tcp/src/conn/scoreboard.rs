@@ -23,6 +23,9 @@ pub(crate) struct TxSeg {
     pub sent: Instant,
     /// Transmissions so far (1 = never retransmitted).
     pub xmits: u16,
+    /// Order of the latest (re)transmission among the connection's: `sent` is one
+    /// instant for everything a poll sends, so RACK breaks ties with this.
+    pub order: u64,
     pub sacked: bool,
     /// Marked lost and not yet retransmitted.
     pub lost: bool,
@@ -45,6 +48,7 @@ impl TxSeg {
             fin,
             sent,
             xmits: 1,
+            order: 0,
             sacked: false,
             lost: false,
             lost_marked: false,
@@ -74,6 +78,8 @@ pub(crate) struct Scoreboard {
     sacked_bytes: u32,
     sacked_segs: u32,
     lost_segs: u32,
+    /// The next transmission's [`TxSeg::order`].
+    next_order: u64,
 }
 
 impl Index<usize> for Scoreboard {
@@ -98,6 +104,7 @@ impl Scoreboard {
             sacked_bytes: 0,
             sacked_segs: 0,
             lost_segs: 0,
+            next_order: 1,
         }
     }
 
@@ -168,7 +175,9 @@ impl Scoreboard {
     }
 
     /// A newly sent segment (in flight).
-    pub(crate) fn push(&mut self, seg: TxSeg) {
+    pub(crate) fn push(&mut self, mut seg: TxSeg) {
+        seg.order = self.next_order;
+        self.next_order += 1;
         self.pipe += seg.len();
         self.segs.push_back(seg);
     }
@@ -245,10 +254,13 @@ impl Scoreboard {
 
     /// Segment `i` was sent again at `now`: a lost one is in flight again.
     pub(crate) fn retransmitted(&mut self, i: usize, now: Instant) {
+        let order = self.next_order;
         let Some(s) = self.segs.get_mut(i) else {
             return;
         };
+        self.next_order += 1;
         s.sent = now;
+        s.order = order;
         s.xmits = s.xmits.saturating_add(1);
         if s.lost {
             s.lost = false;
