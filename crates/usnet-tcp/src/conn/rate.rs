@@ -14,7 +14,6 @@ use super::recovery::Phase;
 use super::scoreboard::TxSeg;
 use super::Connection;
 use crate::cc::{CcPhase, RateSample};
-use crate::seq::Seq;
 use crate::time::Instant;
 
 /// What a segment carries from its (latest) transmission.
@@ -42,10 +41,12 @@ pub(crate) struct RateState {
     /// Nonzero: samples are application-limited until `delivered` passes this.
     app_limited: u64,
     /// This ACK's sample so far: the stamp of the most recently sent segment it
-    /// delivered, that segment's send interval, its send time and end.
+    /// delivered, that segment's send interval, and its transmission order
+    /// (`TxSeg::order`: one poll stamps all it sends with one time, so the time
+    /// cannot tell a retransmission from the new data sent before it).
     prior: Option<TxRate>,
     send_interval: Duration,
-    last_sent: Option<(Instant, Seq)>,
+    last_order: Option<u64>,
     /// The latest valid sample, for `tcp_info` (`tcpi_delivery_rate`).
     pub last_rate: Option<u64>,
     pub last_app_limited: bool,
@@ -70,15 +71,11 @@ impl Connection {
     /// Segment `s` was newly delivered by the ACK being processed
     /// (`tcp_rate_skb_delivered`): the most recently sent one gives the sample.
     pub(crate) fn rate_seg_delivered(&mut self, s: &TxSeg) {
-        let later = self
-            .rate
-            .last_sent
-            .is_none_or(|(t, end)| s.sent > t || (s.sent == t && s.end.gt(end)));
-        if !later {
+        if self.rate.last_order.is_some_and(|o| s.order <= o) {
             return;
         }
         self.rate.prior = Some(s.rate);
-        self.rate.last_sent = Some((s.sent, s.end));
+        self.rate.last_order = Some(s.order);
         self.rate.send_interval = s.sent.saturating_since(s.rate.first_tx);
         self.rate.first_tx = s.sent;
     }
@@ -95,7 +92,7 @@ impl Connection {
             r.delivered_time = self.now;
         }
         let prior = r.prior.take();
-        r.last_sent = None;
+        r.last_order = None;
         let mut interval = None;
         let mut delivered = 0;
         if let Some(p) = prior {
