@@ -165,10 +165,15 @@ pub trait CongestionControl: fmt::Debug + Send {
     /// Sets cwnd: proportional rate reduction (RFC 6937) steers it during a
     /// reduction, from the ssthresh `on_loss` chose.
     fn set_cwnd(&mut self, cwnd: u32);
-    /// Every ACK that delivered data, in recovery too, after the callbacks above.
-    /// Returns true when the controller wants the sender counted as
-    /// application-limited from here (BBR's ProbeRTT: its samples must not raise
-    /// the bandwidth estimate).
+    /// Whether it is to hear [`CongestionControl::on_rate_sample`] (the sample is
+    /// not built for one that does not).
+    fn wants_rate_samples(&self) -> bool {
+        false
+    }
+    /// Every ACK, in recovery too, after the callbacks above, for a controller
+    /// that [wants them](CongestionControl::wants_rate_samples). Returns true when
+    /// the controller wants the sender counted as application-limited from here
+    /// (BBR's ProbeRTT: its samples must not raise the bandwidth estimate).
     fn on_rate_sample(&mut self, _now: Instant, _rs: &RateSample) -> bool {
         false
     }

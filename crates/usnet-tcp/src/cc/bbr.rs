@@ -775,6 +775,9 @@ impl CongestionControl for Bbr {
     fn pacing_rate(&self) -> Option<u64> {
         (self.pacing_rate > 0).then_some(self.pacing_rate)
     }
+    fn wants_rate_samples(&self) -> bool {
+        true
+    }
     fn owns_cwnd(&self) -> bool {
         true
     }

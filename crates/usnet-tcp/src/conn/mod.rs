@@ -545,7 +545,7 @@ impl Connection {
             congestion: self.cc.name(),
             pacing_rate: self.pacing_rate(),
             max_pacing_rate: self.pace.max_rate,
-            delivery_rate: self.rate.last_rate.unwrap_or(0),
+            delivery_rate: self.delivery_rate(),
             delivery_rate_app_limited: self.rate.last_app_limited,
             wscale: self.opts.ws.then_some((self.snd.wscale, self.rcv.wscale)),
             timestamps: self.ts.ok,

@@ -47,8 +47,11 @@ pub(crate) struct RateState {
     prior: Option<TxRate>,
     send_interval: Duration,
     last_order: Option<u64>,
-    /// The latest valid sample, for `tcp_info` (`tcpi_delivery_rate`).
-    pub last_rate: Option<u64>,
+    /// The latest valid sample kept for `tcp_info` (`tcpi_delivery_rate`): bytes
+    /// and microseconds (the rate is divided out when asked for: a 128-bit
+    /// division on every ACK cost the request/response path 4 %), and whether it
+    /// was application-limited.
+    last_sample: Option<(u64, u64)>,
     pub last_app_limited: bool,
 }
 
@@ -109,12 +112,28 @@ impl Connection {
             Phase::Fast => CcPhase::Recovery,
             Phase::Rto | Phase::Pmtu => CcPhase::Loss,
         };
+        let app_limited = prior.is_some_and(|p| p.app_limited);
+        if let Some(i) = interval {
+            // Linux keeps the sample unless it is application-limited and slower
+            // (compared by cross-multiplying: no division here).
+            let us = (i.as_micros() as u64).max(1);
+            let faster = |(d, t): (u64, u64)| {
+                u128::from(delivered) * u128::from(t) >= u128::from(d) * u128::from(us)
+            };
+            if !app_limited || r.last_sample.is_none_or(faster) {
+                r.last_sample = Some((delivered, us));
+                r.last_app_limited = app_limited;
+            }
+        }
+        if !self.cc.wants_rate_samples() {
+            return;
+        }
         let rs = RateSample {
             delivered,
             interval,
-            app_limited: prior.is_some_and(|p| p.app_limited),
+            app_limited,
             prior_delivered: prior.map_or(0, |p| p.delivered),
-            total_delivered: r.delivered,
+            total_delivered: self.rate.delivered,
             acked_sacked,
             losses,
             prior_in_flight,
@@ -123,16 +142,16 @@ impl Connection {
             mss: self.smss(),
             phase,
         };
-        if let Some(rate) = rs.rate() {
-            // Linux keeps the sample unless it is application-limited and slower.
-            if !rs.app_limited || self.rate.last_rate.is_none_or(|l| rate >= l) {
-                self.rate.last_rate = Some(rate);
-                self.rate.last_app_limited = rs.app_limited;
-            }
-        }
         if self.cc.on_rate_sample(self.now, &rs) {
             self.rate_mark_app_limited();
         }
+    }
+
+    /// The latest delivery rate kept for `tcp_info`, bytes per second (0: none yet).
+    pub(crate) fn delivery_rate(&self) -> u64 {
+        self.rate.last_sample.map_or(0, |(d, us)| {
+            (u128::from(d) * 1_000_000 / u128::from(us)) as u64
+        })
     }
 
     /// The pipe is not full for want of data (`tcp_rate_check_app_limited`): less
