@@ -1068,7 +1068,8 @@ fn accept_within(l: &StdListener, timeout: Duration) -> Res<StdStream> {
 
 /// A Linux end's segments sent and retransmitted (TCP_INFO's `tcpi_segs_out` and
 /// `tcpi_total_retrans`), as the JSON fields a usnet end reports.
-fn linux_counts(s: &StdStream) -> Value {
+/// A Linux socket's `tcp_info`.
+pub(crate) fn linux_tcp_info(s: &StdStream) -> Option<libc::tcp_info> {
     use std::os::fd::AsRawFd;
     // SAFETY: an all-zero tcp_info is a valid value of the plain C struct.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
@@ -1084,10 +1085,14 @@ fn linux_counts(s: &StdStream) -> Value {
             &mut len,
         )
     };
-    if r != 0 {
-        return json!({});
+    (r == 0).then_some(ti)
+}
+
+fn linux_counts(s: &StdStream) -> Value {
+    match linux_tcp_info(s) {
+        Some(ti) => json!({"segments": ti.tcpi_segs_out, "retransmits": ti.tcpi_total_retrans}),
+        None => json!({}),
     }
-    json!({"segments": ti.tcpi_segs_out, "retransmits": ti.tcpi_total_retrans})
 }
 
 /// Merges `extra`'s fields into the object `v`.

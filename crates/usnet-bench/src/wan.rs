@@ -36,7 +36,7 @@ use usnet_report::{bar_plot_runs, median, write_json, Bar, Table};
 use usnet_sim::{Path, PathConfig, SimRng};
 use usnet_stack::{mac_from_seed, CcAlgorithm, Stack, StackConfig, StackError};
 
-use crate::tcp::{enter_netns, ip, is_root};
+use crate::tcp::{enter_netns, ip, is_root, linux_tcp_info};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -336,24 +336,7 @@ fn set_linux_cc(s: &StdStream, cc: &str) -> Res<()> {
 }
 
 fn linux_retransmits(s: &StdStream) -> u64 {
-    use std::os::fd::AsRawFd;
-    // SAFETY: an all-zero tcp_info is a valid value of the plain C struct.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `ti` is writable for `len` bytes and outlives the call.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut ti as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return 0;
-    }
-    u64::from(ti.tcpi_total_retrans)
+    linux_tcp_info(s).map_or(0, |ti| u64::from(ti.tcpi_total_retrans))
 }
 
 /// The Linux sender in namespace A: returns (segments retransmitted, bytes sent).
