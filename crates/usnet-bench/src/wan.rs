@@ -2,7 +2,9 @@
 //! congestion controllers against Linux's over the same path in the same run.
 //!
 //! The path is `usnet-sim`'s model (the one the simulation tests use) run on the
-//! wall clock by a forwarding thread: a bottleneck of `rate` with a drop-tail queue
+//! wall clock by the link's fault injector (`usnet_link::fault::FaultInjector`, as
+//! `usnet up --fault` runs it) in front of the far end, with a forwarding thread
+//! between the two ends: a bottleneck of `rate` with a drop-tail queue
 //! of `queue` at its entrance, `rtt / 2` of propagation delay each way, and random
 //! loss each way. Its far end is a TAP interface in a network namespace where a
 //! Linux socket receives; its near end is either a TAP in a second namespace (a
@@ -15,12 +17,12 @@
 //! ```
 //!
 //! This machine's kernel has no `netem` and no `fq` qdisc, hence the emulator in
-//! user space; it forwards frames in place in pool buffers, and its timing error
+//! user space; it holds frames in place in pool buffers, and its timing error
 //! (a sleep's slack, tens of microseconds) is small beside a 50 ms round trip.
 //! Each run sends for `seconds` with one controller; the receiver's goodput (first
 //! byte to EOF) and the sender's retransmitted segments are reported.
 
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
 use std::path::PathBuf;
@@ -30,10 +32,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use usnet_driver::{Driver, SystemClock};
+use usnet_link::fault::FaultInjector;
 use usnet_link::{Device, LinkOptions, LinkSpec};
-use usnet_pool::{Backing, PacketPool, PktBuf, PoolConfig, DEFAULT_HEADROOM};
+use usnet_pool::{Backing, PacketPool, PoolConfig, DEFAULT_HEADROOM};
 use usnet_report::{bar_plot_runs, median, write_json, Bar, Table};
-use usnet_sim::{Path, PathConfig, SimRng};
+use usnet_sim::PathConfig;
 use usnet_stack::{mac_from_seed, CcAlgorithm, Stack, StackConfig, StackError};
 
 use crate::tcp::{enter_netns, ip, is_root, linux_tcp_info};
@@ -142,126 +145,70 @@ impl Drop for Netns {
     }
 }
 
-/// A frame on its way, ordered by arrival time.
-struct InFlight {
-    at: u64,
-    n: u64,
-    to_b: bool,
-    buf: PktBuf,
-}
-
-impl PartialEq for InFlight {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.n) == (o.at, o.n)
-    }
-}
-impl Eq for InFlight {}
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for InFlight {
-    /// Earliest first in a max-heap.
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (o.at, o.n).cmp(&(self.at, self.n))
-    }
-}
-
-/// What the emulator counted, per direction (A→B, B→A).
+/// What the emulator's path did, per direction (A→B, B→A).
 #[derive(Debug, Default, Clone, Copy)]
 struct EmuStats {
-    frames: [u64; 2],
     lost: [u64; 2],
     queue_drops: [u64; 2],
 }
 
-/// Forwards frames between `a` and `b` through the path model until `stop`.
-fn emulate<'d>(
-    a: &'d mut dyn Device,
-    b: &'d mut dyn Device,
+/// Forwards frames between `near` and `far` until `stop`, through the path model
+/// in front of `far` (the link's fault injector: what A sends goes out through
+/// its tx path, what B sends comes in through its rx path). Returns what the path
+/// did, and `far` for the next run.
+fn emulate(
+    near: &mut dyn Device,
+    far: Box<dyn Device>,
     cfg: PathConfig,
     seed: u64,
     stop: &AtomicBool,
-) -> Res<EmuStats> {
+) -> Res<(EmuStats, Box<dyn Device>)> {
     let mut pool = PacketPool::new(&PoolConfig {
         buf_size: 2048,
         count: 16384,
         headroom: DEFAULT_HEADROOM,
         backing: Backing::Anonymous,
     })?;
-    let mut paths = [Path::new(cfg), Path::new(cfg)];
-    let mut rng = SimRng::new(seed);
-    let mut heap = BinaryHeap::new();
-    let mut out: [VecDeque<PktBuf>; 2] = [VecDeque::new(), VecDeque::new()];
-    let mut rx = Vec::new();
-    let mut n = 0u64;
-    let t0 = Instant::now();
-    let mut stats = EmuStats::default();
-    while !stop.load(Ordering::Relaxed) {
-        let now = t0.elapsed().as_nanos() as u64;
-        let mut got = 0;
-        for (dir, path) in paths.iter_mut().enumerate() {
-            let dev: &mut dyn Device = if dir == 0 { &mut *a } else { &mut *b };
-            dev.rx_burst(&mut pool, &mut rx, 64)?;
-            for buf in rx.drain(..) {
-                got += 1;
-                stats.frames[dir] += 1;
-                let fate = path.send(&mut rng, now, pool.data_mut(&buf));
-                match fate.arrivals() {
-                    [] => {
-                        if fate.lost {
-                            stats.lost[dir] += 1;
-                        } else {
-                            stats.queue_drops[dir] += 1;
-                        }
-                        pool.free(buf);
-                    }
-                    [at, ..] => {
-                        n += 1;
-                        heap.push(InFlight {
-                            at: *at,
-                            n,
-                            to_b: dir == 0,
-                            buf,
-                        });
-                    }
+    let mut far = FaultInjector::with_path(far, cfg, seed);
+    let (mut rx, mut to_far, mut to_near) = (Vec::new(), VecDeque::new(), VecDeque::new());
+    let mut run = || -> Res<()> {
+        while !stop.load(Ordering::Relaxed) {
+            let mut got = near.rx_burst(&mut pool, &mut rx, 64)?;
+            to_far.extend(rx.drain(..));
+            // Also moves on what is due of the frames on their way to B.
+            far.tx_burst(&mut pool, &mut to_far)?;
+            got += far.rx_burst(&mut pool, &mut rx, 64)?;
+            to_near.extend(rx.drain(..));
+            if !to_near.is_empty() {
+                near.tx_burst(&mut pool, &mut to_near)?;
+            }
+            if got == 0 {
+                // Nothing came in: sleep until the next arrival is due, at most
+                // 100 µs (a new frame waits that long at worst; the model
+                // timestamps it on arrival, so the bottleneck's rate is kept).
+                let wait = far
+                    .next_due_in()
+                    .unwrap_or(Duration::MAX)
+                    .min(Duration::from_micros(100));
+                if !wait.is_zero() {
+                    std::thread::sleep(wait);
                 }
             }
         }
-        let now = t0.elapsed().as_nanos() as u64;
-        while heap.peek().is_some_and(|f| f.at <= now) {
-            let f = heap.pop().expect("peeked");
-            out[usize::from(f.to_b)].push_back(f.buf);
-        }
-        for (i, q) in out.iter_mut().enumerate() {
-            let dev: &mut dyn Device = if i == 0 { &mut *a } else { &mut *b };
-            if !q.is_empty() {
-                dev.tx_burst(&mut pool, q)?;
-            }
-        }
-        if got == 0 {
-            // Nothing came in: sleep until the next arrival is due, at most 100 µs
-            // (a new frame waits that long at worst; the model timestamps it on
-            // arrival, so the bottleneck's rate is kept).
-            let next = heap.peek().map_or(u64::MAX, |f| f.at);
-            let wait = next
-                .saturating_sub(t0.elapsed().as_nanos() as u64)
-                .min(100_000);
-            if wait > 0 {
-                std::thread::sleep(Duration::from_nanos(wait));
-            }
-        }
+        Ok(())
+    };
+    let r = run();
+    for b in to_far.drain(..).chain(to_near.drain(..)) {
+        pool.free(b);
     }
-    for f in heap.drain() {
-        pool.free(f.buf);
-    }
-    for q in &mut out {
-        for b in q.drain(..) {
-            pool.free(b);
-        }
-    }
-    Ok(stats)
+    far.release_buffers(&mut pool);
+    r?;
+    let (out, back) = (far.path_stats(false), far.path_stats(true));
+    let stats = EmuStats {
+        lost: [out.lost, back.lost],
+        queue_drops: [out.queue_drops, back.queue_drops],
+    };
+    Ok((stats, far.into_inner()))
 }
 
 /// What the receiver saw: bytes in the measured window (from the first byte, for
@@ -478,7 +425,8 @@ fn one_run(
     o: &WanOptions,
     linux: bool,
     cc: &str,
-    taps: &mut [Box<dyn Device>; 2],
+    tap_a: &mut dyn Device,
+    tap_b: &mut Option<Box<dyn Device>>,
     seed: u64,
 ) -> Res<Run> {
     let stop = AtomicBool::new(false);
@@ -504,14 +452,16 @@ fn one_run(
         });
         h.join().map_err(|_| "receiver setup panicked")??
     };
-    let (ta, tb) = taps.split_at_mut(1);
-    let (a, b): (&mut dyn Device, &mut dyn Device) = match shm.as_mut() {
-        Some(s) => (s.as_mut(), tb[0].as_mut()),
-        None => (ta[0].as_mut(), tb[0].as_mut()),
+    let near: &mut dyn Device = match shm.as_mut() {
+        Some(s) => s.as_mut(),
+        None => tap_a,
     };
+    let far = tap_b
+        .take()
+        .ok_or("the receiver's TAP was lost in an earlier run")?;
     let path = o.path();
     std::thread::scope(|sc| -> Res<Run> {
-        let emu = sc.spawn(|| emulate(a, b, path, seed, &stop));
+        let emu = sc.spawn(|| emulate(near, far, path, seed, &stop));
         let window = Duration::from_secs_f64(o.seconds);
         let rx = sc.spawn(move || receive(&listener, window, limit));
         let tx = sc.spawn(|| -> Res<(u64, u64)> {
@@ -525,7 +475,8 @@ fn one_run(
         let sent = tx.join().map_err(|_| "sender panicked");
         let got = rx.join().map_err(|_| "receiver panicked");
         stop.store(true, Ordering::Relaxed);
-        let emu = emu.join().map_err(|_| "emulator panicked")??;
+        let (emu, far) = emu.join().map_err(|_| "emulator panicked")??;
+        *tap_b = Some(far);
         let (rtx, sent) = sent??;
         let got = got??;
         if got.total != sent {
@@ -549,10 +500,11 @@ pub fn run(o: &WanOptions) -> Res<ExitCode> {
     }
     std::fs::create_dir_all(&o.out)?;
     let ns = Netns::create()?;
-    let mut taps: [Box<dyn Device>; 2] = [
-        usnet_link::open(&LinkSpec::Tap(TAP[0].into()), &LinkOptions::default())?,
-        usnet_link::open(&LinkSpec::Tap(TAP[1].into()), &LinkOptions::default())?,
-    ];
+    let mut tap_a = usnet_link::open(&LinkSpec::Tap(TAP[0].into()), &LinkOptions::default())?;
+    let mut tap_b = Some(usnet_link::open(
+        &LinkSpec::Tap(TAP[1].into()),
+        &LinkOptions::default(),
+    )?);
     ns.place(0, LINUX_SENDER)?;
     ns.place(1, RECEIVER)?;
     let mut results: Vec<(String, bool, Vec<Run>)> = Vec::new();
@@ -571,7 +523,14 @@ pub fn run(o: &WanOptions) -> Res<ExitCode> {
     );
     for r in 0..o.runs {
         for (i, (cc, linux, runs)) in results.iter_mut().enumerate() {
-            let run = one_run(o, *linux, cc, &mut taps, (r * 16 + i) as u64 + 1)?;
+            let run = one_run(
+                o,
+                *linux,
+                cc,
+                tap_a.as_mut(),
+                &mut tap_b,
+                (r * 16 + i) as u64 + 1,
+            )?;
             println!(
                 "  run {}: {} {cc}: {:.1} Mbit/s, {} retransmitted",
                 r + 1,
@@ -686,7 +645,7 @@ pub fn run(o: &WanOptions) -> Res<ExitCode> {
         "goodput, bit/s (median, min–max)",
         &bars,
     )?;
-    drop(taps);
+    drop((tap_a, tap_b));
     drop(ns);
     Ok(ExitCode::SUCCESS)
 }

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use usnet_pool::{PacketPool, PktBuf};
-use usnet_sim::{Path, PathConfig, SimRng};
+use usnet_sim::{Path, PathConfig, PathStats, SimRng};
 
 use crate::error::LinkError;
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
@@ -246,10 +246,34 @@ pub struct FaultInjector<D: Device> {
 
 impl<D: Device> FaultInjector<D> {
     pub fn new(inner: D, cfg: FaultConfig) -> Self {
+        let path = cfg.path();
+        Self::with_path_config(inner, cfg, path)
+    }
+
+    /// An injector that runs `path` (the whole path model, framing overhead
+    /// included) both ways, its decisions seeded with `seed`: a wide-area path
+    /// in front of `inner` (`usnet bench tcp --wan`).
+    pub fn with_path(inner: D, path: PathConfig, seed: u64) -> Self {
+        let cfg = FaultConfig {
+            drop: path.loss,
+            duplicate: path.duplicate,
+            corrupt: path.corrupt,
+            reorder: path.reorder,
+            reorder_window: path.reorder_window,
+            delay: (!path.delay.is_zero()).then_some(path.delay),
+            rate: (path.rate > 0).then_some(path.rate),
+            queue: path.queue,
+            seed,
+            ..FaultConfig::default()
+        };
+        Self::with_path_config(inner, cfg, path)
+    }
+
+    fn with_path_config(inner: D, cfg: FaultConfig, path: PathConfig) -> Self {
         FaultInjector {
             inner,
             rng: SimRng::new(cfg.seed),
-            paths: [Path::new(cfg.path()), Path::new(cfg.path())],
+            paths: [Path::new(path), Path::new(path)],
             t0: Instant::now(),
             taken: 0,
             cfg,
@@ -273,6 +297,15 @@ impl<D: Device> FaultInjector<D> {
     pub fn inner_mut(&mut self) -> &mut D {
         &mut self.inner
     }
+    /// The wrapped device back (release the held buffers first:
+    /// [`Device::release_buffers`]).
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+    /// What the path model did on the way in (`rx`) or out.
+    pub fn path_stats(&self, rx: bool) -> PathStats {
+        *self.paths[usize::from(!rx)].stats()
+    }
 
     /// The paths' clock.
     fn now(&self) -> u64 {
@@ -280,7 +313,7 @@ impl<D: Device> FaultInjector<D> {
     }
 
     /// How long until a frame on its way in either direction arrives.
-    fn next_due_in(&self) -> Option<Duration> {
+    pub fn next_due_in(&self) -> Option<Duration> {
         let now = self.now();
         [&self.rx, &self.tx]
             .iter()
