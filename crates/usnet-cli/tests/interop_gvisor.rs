@@ -422,20 +422,16 @@ fn run_family(tag: &str, v6: bool, cases: Vec<Case>) {
 /// conversations, 1 % loss each way.
 #[test]
 fn gvisor_tcp_ipv4() {
-    require_root!();
-    if let Err(why) = gvisor_peer() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let t0 = Instant::now();
-    run_family("4", false, cases(64 << 20, 4 << 20));
-    eprintln!("gvisor_tcp_ipv4 took {:?}", t0.elapsed());
+    gvisor_family("4", false);
 }
 
 /// The same over IPv6 (NDP instead of ARP).
 #[test]
 fn gvisor_tcp_ipv6() {
+    gvisor_family("6", true);
+}
+
+fn gvisor_family(tag: &str, v6: bool) {
     require_root!();
     if let Err(why) = gvisor_peer() {
         eprintln!("skipped: {why}");
@@ -443,6 +439,6 @@ fn gvisor_tcp_ipv6() {
     }
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
-    run_family("6", true, cases(64 << 20, 4 << 20));
-    eprintln!("gvisor_tcp_ipv6 took {:?}", t0.elapsed());
+    run_family(tag, v6, cases(64 << 20, 4 << 20));
+    eprintln!("gvisor_tcp_ipv{tag} took {:?}", t0.elapsed());
 }

@@ -107,11 +107,6 @@ impl Connection {
                 interval = Some(i);
             }
         }
-        let phase = match self.recovery.phase {
-            Phase::None => CcPhase::Open,
-            Phase::Fast => CcPhase::Recovery,
-            Phase::Rto | Phase::Pmtu => CcPhase::Loss,
-        };
         let app_limited = prior.is_some_and(|p| p.app_limited);
         if let Some(i) = interval {
             // Linux keeps the sample unless it is application-limited and slower
@@ -128,6 +123,11 @@ impl Connection {
         if !self.cc.wants_rate_samples() {
             return;
         }
+        let phase = match self.recovery.phase {
+            Phase::None => CcPhase::Open,
+            Phase::Fast => CcPhase::Recovery,
+            Phase::Rto | Phase::Pmtu => CcPhase::Loss,
+        };
         let rs = RateSample {
             delivered,
             interval,
