@@ -380,7 +380,7 @@ impl<D: Device> FaultInjector<D> {
             Self::flip_bit(pool, &f, bit);
             self.stats.corrupted += 1;
         }
-        let arrivals: Vec<u64> = fate.arrivals().to_vec();
+        let arrivals = fate.arrivals();
         let twin = if arrivals.len() > 1 {
             let c = self.copy(pool, &f);
             if c.is_some() {
@@ -391,7 +391,7 @@ impl<D: Device> FaultInjector<D> {
             None
         };
         self.stats.reordered += u64::from(fate.reordered);
-        for (at, g) in arrivals.into_iter().zip(std::iter::once(f).chain(twin)) {
+        for (&at, g) in arrivals.iter().zip(std::iter::once(f).chain(twin)) {
             if self.cfg.delay.is_some() {
                 self.stats.delayed += 1;
             }
