@@ -5,8 +5,10 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::{json, Value};
-use usnet_session::ctl::{request, resolve};
+use usnet_session::ctl::msg::{
+    ClientRow, Clients, Done, Ping, PingEvent, Priority, Request, ShardRow, Stat,
+};
+use usnet_session::ctl::{call, call_one, resolve};
 use usnet_stack::Counters;
 
 use crate::CmdResult;
@@ -61,38 +63,27 @@ pub struct ClientsArgs {
 
 pub fn clients(a: ClientsArgs) -> CmdResult {
     let path = resolve(a.sel.stack.as_deref())?;
-    let mut answer = Value::Null;
-    request(&path, &json!({"cmd": "clients"}), |v| {
-        answer = v.clone();
-        false
-    })?;
-    if let Some(e) = answer["error"].as_str() {
-        return Err(e.to_string().into());
-    }
+    let answer: Clients = call_one(&path, &Request::Clients)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&answer["clients"])?);
+        println!("{}", serde_json::to_string_pretty(&answer.clients)?);
     } else {
-        print!("{}", render_clients(&answer["clients"], true));
+        print!("{}", render_clients(&answer.clients, true));
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// The attached clients: one summary line each, then (with `sockets`) their TCP
 /// sockets as `ss -p` shows them.
-pub fn render_clients(clients: &Value, sockets: bool) -> String {
-    let rows = clients.as_array().cloned().unwrap_or_default();
+pub fn render_clients(rows: &[ClientRow], sockets: bool) -> String {
     let mut out = format!("clients ({}):\n", rows.len());
     if rows.is_empty() {
         return out;
     }
     // A sharded server says which shard each client lives on.
-    let sharded = rows.iter().any(|c| c.get("shard").is_some());
-    let shard = |c: &Value| {
-        if sharded {
-            format!("{:>5} ", c["shard"].to_string())
-        } else {
-            String::new()
-        }
+    let sharded = rows.iter().any(|c| c.shard.is_some());
+    let shard = |c: &ClientRow| match c.shard {
+        Some(k) if sharded => format!("{k:>5} "),
+        _ => String::new(),
     };
     out += &format!(
         "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
@@ -107,20 +98,20 @@ pub fn render_clients(clients: &Value, sockets: bool) -> String {
         "bytes out",
         "calls"
     );
-    for c in &rows {
-        let st = &c["stats"];
+    for c in rows {
+        let st = &c.stats;
         out += &format!(
             "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
             shard(c),
-            c["id"].to_string(),
-            c["pid"].to_string(),
-            c["command"].as_str().unwrap_or("?"),
-            format!("{}/{}", c["sockets"], c["max_sockets"]),
-            c["ring_bytes"].to_string(),
-            c["stack_bytes"].to_string(),
-            st["bytes_in"].to_string(),
-            st["bytes_out"].to_string(),
-            st["calls"].to_string(),
+            c.id,
+            c.pid,
+            c.command,
+            format!("{}/{}", c.sockets, c.max_sockets),
+            c.ring_bytes,
+            c.stack_bytes,
+            st.bytes_in,
+            st.bytes_out,
+            st.calls,
         );
     }
     if sockets {
@@ -128,22 +119,12 @@ pub fn render_clients(clients: &Value, sockets: bool) -> String {
             "    {:<12} {:>8} {:>8} {:<44} {:<44} {}\n",
             "state", "recv-q", "send-q", "local", "peer", "process"
         );
-        for c in &rows {
-            let process = format!(
-                "users:((\"{}\",pid={},client={}))",
-                c["command"].as_str().unwrap_or("?"),
-                c["pid"],
-                c["id"]
-            );
-            for s in c["tcp"].as_array().into_iter().flatten() {
+        for c in rows {
+            let process = format!("users:((\"{}\",pid={},client={}))", c.command, c.pid, c.id);
+            for s in &c.tcp {
                 out += &format!(
                     "    {:<12} {:>8} {:>8} {:<44} {:<44} {}\n",
-                    s["state"].as_str().unwrap_or("?"),
-                    s["recv_q"].to_string(),
-                    s["send_q"].to_string(),
-                    s["local"].as_str().unwrap_or("?"),
-                    s["remote"].as_str().unwrap_or("?"),
-                    process
+                    s.state, s.recv_q, s.send_q, s.local, s.remote, process
                 );
             }
         }
@@ -158,7 +139,7 @@ pub fn down(sel: StackSel) -> CmdResult {
         recover_boosts(name);
     }
     let path = resolve(sel.stack.as_deref())?;
-    let r = request(&path, &json!({"cmd": "stop"}), |_| false);
+    let r = call_one::<Done>(&path, &Request::Stop);
     if let Some(name) = path.file_stem().and_then(|n| n.to_str()) {
         recover_boosts(name);
     }
@@ -176,10 +157,12 @@ fn recover_boosts(name: &str) {
 
 pub fn ping(a: PingArgs) -> CmdResult {
     let path = resolve(a.sel.stack.as_deref())?;
-    let req = json!({
-        "cmd": "ping", "dst": a.dst.to_string(), "count": a.count,
-        "interval_ms": (a.interval * 1000.0) as u64, "size": a.size,
-        "timeout_ms": (a.timeout * 1000.0) as u64,
+    let req = Request::Ping(Ping {
+        dst: a.dst,
+        count: a.count,
+        interval_ms: (a.interval * 1000.0) as u64,
+        size: a.size as u64,
+        timeout_ms: (a.timeout * 1000.0) as u64,
     });
     let hdr = if a.dst.is_ipv4() { 28 } else { 48 };
     println!(
@@ -191,26 +174,29 @@ pub fn ping(a: PingArgs) -> CmdResult {
     let mut rtts = Vec::new();
     let (mut sent, mut received) = (0, 0);
     let t0 = std::time::Instant::now();
-    request(&path, &req, |v| {
-        if v.get("done").is_some() {
-            sent = v["sent"].as_u64().unwrap_or(0);
-            received = v["received"].as_u64().unwrap_or(0);
-            return false;
-        }
-        let seq = v["seq"].as_u64().unwrap_or(0);
-        if v.get("timeout").is_some() {
-            println!("no reply for icmp_seq={seq}");
-        } else if let Some(e) = v.get("error") {
-            println!("icmp_seq={seq}: {}", e.as_str().unwrap_or("error"));
-        } else {
-            let rtt = v["rtt_us"].as_f64().unwrap_or(0.0) / 1000.0;
-            rtts.push(rtt);
-            println!(
-                "{} bytes from {}: icmp_seq={seq} ttl={} time={rtt:.3} ms",
-                v["bytes"],
-                v["from"].as_str().unwrap_or("?"),
-                v["ttl"]
-            );
+    call(&path, &req, |ev: PingEvent| {
+        match ev {
+            PingEvent::Done {
+                sent: s,
+                received: r,
+                ..
+            } => {
+                (sent, received) = (s, r);
+                return false;
+            }
+            PingEvent::Timeout { seq, .. } => println!("no reply for icmp_seq={seq}"),
+            PingEvent::Failed { seq, error } => println!("icmp_seq={seq}: {error}"),
+            PingEvent::Reply {
+                seq,
+                from,
+                bytes,
+                ttl,
+                rtt_us,
+            } => {
+                let rtt = rtt_us / 1000.0;
+                rtts.push(rtt);
+                println!("{bytes} bytes from {from}: icmp_seq={seq} ttl={ttl} time={rtt:.3} ms");
+            }
         }
         true
     })?;
@@ -241,11 +227,7 @@ pub fn ping(a: PingArgs) -> CmdResult {
 
 pub fn stat(a: StatArgs) -> CmdResult {
     let path = resolve(a.sel.stack.as_deref())?;
-    let mut answer = Value::Null;
-    request(&path, &json!({"cmd": "stat"}), |v| {
-        answer = v.clone();
-        false
-    })?;
+    let answer: Stat = call_one(&path, &Request::Stat)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&answer)?);
         return Ok(ExitCode::SUCCESS);
@@ -255,21 +237,15 @@ pub fn stat(a: StatArgs) -> CmdResult {
 }
 
 /// The `netstat -s`-like text for one stack's `stat` answer.
-pub fn render_stat(v: &Value, all: bool) -> String {
+pub fn render_stat(v: &Stat, all: bool) -> String {
     let mut out = String::new();
-    let s = |k: &str| v[k].as_str().unwrap_or("?").to_string();
     out += &format!(
         "stack {} on {} ({}), pid {}, up {:.0} s, link {}\n",
-        s("name"),
-        s("link"),
-        s("device"),
-        v["pid"],
-        v["uptime_s"].as_f64().unwrap_or(0.0),
-        s("link_state")
+        v.name, v.link, v.device, v.pid, v.uptime_s, v.link_state
     );
-    out += &format!("  mac {}  mtu {}\n", s("mac"), v["mtu"]);
-    for a in v["addrs"].as_array().into_iter().flatten() {
-        out += &format!("  inet {}\n", a.as_str().unwrap_or("?"));
+    out += &format!("  mac {}  mtu {}\n", v.mac, v.mtu);
+    for a in &v.addrs {
+        out += &format!("  inet {a}\n");
     }
     let descs: BTreeMap<&str, &str> = Counters::default()
         .entries()
@@ -278,7 +254,7 @@ pub fn render_stat(v: &Value, all: bool) -> String {
         .collect();
     let mut layer = "";
     for (name, _, _) in Counters::default().entries() {
-        let value = v["counters"][name].as_u64().unwrap_or(0);
+        let value = v.counters.get(name).copied().unwrap_or(0);
         if value == 0 && !all {
             continue;
         }
@@ -290,70 +266,64 @@ pub fn render_stat(v: &Value, all: bool) -> String {
         out += &format!("    {value:>12} {}  [{name}]\n", descs[name]);
     }
     out += "device:\n";
-    if let Some(d) = v["device_counters"].as_object() {
-        for (k, val) in d {
-            if all || val.as_u64() != Some(0) {
-                out += &format!("    {:>12} {k}\n", val);
-            }
+    for (k, val) in &v.device_counters {
+        if all || *val != 0 {
+            out += &format!("    {val:>12} {k}\n");
         }
     }
-    let p = &v["pool"];
+    let p = &v.pool;
     out += &format!(
         "pool:\n    {} buffers of {} bytes, {} in use (peak {}), {} allocations, {} times exhausted\n",
-        p["count"], p["buf_size"], p["in_use"], p["peak_in_use"], p["allocs"], p["exhausted"]
+        p.count, p.buf_size, p.in_use, p.peak_in_use, p.allocs, p.exhausted
     );
-    let listeners = v["tcp_listeners"].as_array().cloned().unwrap_or_default();
-    let conns = v["tcp_connections"].as_array().cloned().unwrap_or_default();
-    if !listeners.is_empty() || !conns.is_empty() {
-        out += &format!(
-            "tcp sockets ({} connections):\n    {:<12} {:<44} {:<44} {:>8} {:>8} {:>8} {:>6}\n",
-            v["tcp_connections_total"],
+    if !v.tcp_listeners.is_empty() || !v.tcp_connections.is_empty() {
+        let row = |state: &str, local: &str, remote: &str, srtt: &str, cwnd: &str, re: &str, q| {
+            format!("    {state:<12} {local:<44} {remote:<44} {srtt:>8} {cwnd:>8} {re:>8} {q:>6}\n")
+        };
+        out += &format!("tcp sockets ({} connections):\n", v.tcp_connections_total);
+        out += &row(
             "state",
             "local",
             "remote",
             "srtt µs",
             "cwnd",
             "retrans",
-            "recv-q"
+            "recv-q".into(),
         );
-        for l in &listeners {
-            out += &format!(
-                "    {:<12} {:<44} {:<44} {:>8} {:>8} {:>8} {:>6}\n",
+        for l in &v.tcp_listeners {
+            out += &row(
                 "LISTEN",
-                l["local"].as_str().unwrap_or("?"),
+                &l.local,
                 "*",
                 "-",
                 "-",
                 "-",
-                l["accept_queue"].to_string()
+                l.accept_queue.to_string(),
             );
         }
-        for c in &conns {
-            out += &format!(
-                "    {:<12} {:<44} {:<44} {:>8} {:>8} {:>8} {:>6}\n",
-                c["state"].as_str().unwrap_or("?"),
-                c["local"].as_str().unwrap_or("?"),
-                c["remote"].as_str().unwrap_or("?"),
-                c["srtt_us"]
-                    .as_u64()
-                    .map_or("-".to_string(), |u| u.to_string()),
-                c["cwnd"].to_string(),
-                c["retransmits"].to_string(),
-                c["recv_q"].to_string(),
+        for c in &v.tcp_connections {
+            let srtt = c.srtt_us.map_or("-".to_string(), |u| u.to_string());
+            out += &row(
+                &c.state,
+                &c.local,
+                &c.remote,
+                &srtt,
+                &c.cwnd.to_string(),
+                &c.retransmits.to_string(),
+                c.recv_q.to_string(),
             );
         }
     }
-    out += &render_shards(&v["shards"]);
-    out += &render_priority(&v["priority"]);
-    out += &render_clients(&v["clients"], false);
-    let neigh = v["neighbors"].as_array().cloned().unwrap_or_default();
-    if !neigh.is_empty() {
+    out += &render_shards(&v.shards);
+    out += &render_priority(&v.priority);
+    out += &render_clients(&v.clients, false);
+    if !v.neighbors.is_empty() {
         out += "neighbors:\n";
-        for n in neigh {
+        for n in &v.neighbors {
             out += &format!(
                 "    {:<40} {}\n",
-                n["ip"].as_str().unwrap_or("?"),
-                n["mac"].as_str().unwrap_or("(resolving)")
+                n.ip,
+                n.mac.as_deref().unwrap_or("(resolving)")
             );
         }
     }
@@ -362,10 +332,10 @@ pub fn render_stat(v: &Value, all: bool) -> String {
 
 /// A sharded server's row per shard (empty for one shard): its load, and the
 /// frames that crossed between shards.
-pub fn render_shards(rows: &Value) -> String {
-    let Some(rows) = rows.as_array().filter(|r| !r.is_empty()) else {
+pub fn render_shards(rows: &[ShardRow]) -> String {
+    if rows.is_empty() {
         return String::new();
-    };
+    }
     let mut out = format!(
         "shards ({}; the counters above are their sums):\n    {:>5} {:>7} {:>6} {:>12} {:>12} {:>8} {:>10} {:>10} {:>10} {:>10}\n",
         rows.len(),
@@ -383,56 +353,50 @@ pub fn render_shards(rows: &Value) -> String {
     for r in rows {
         out += &format!(
             "    {:>5} {:>7} {:>6} {:>12} {:>12} {:>8} {:>10} {:>10} {:>10} {:>10}\n",
-            r["shard"].to_string(),
-            r["clients"].to_string(),
-            r["tcp_connections"].to_string(),
-            r["rx_frames"].to_string(),
-            r["tx_frames"].to_string(),
-            r["pool_in_use"].to_string(),
-            r["handoff_out"].to_string(),
-            r["handoff_in"].to_string(),
-            r["redirected"].to_string(),
-            r["every_copies"].to_string(),
+            r.shard,
+            r.clients,
+            r.tcp_connections,
+            r.rx_frames,
+            r.tx_frames,
+            r.pool_in_use,
+            r.handoff_out,
+            r.handoff_in,
+            r.redirected,
+            r.every_copies,
         );
     }
     out
 }
 
 /// The priority-aware receive section of `usnet stat` (empty when both are off).
-pub fn render_priority(p: &Value) -> String {
-    let on = |k: &str| p[k].as_bool().unwrap_or(false);
-    if !on("forced_drop") && !on("priority") {
+pub fn render_priority(p: &Priority) -> String {
+    if !p.forced_drop && !p.priority {
         return String::new();
     }
-    let list = |k: &str| {
-        let v: Vec<String> = p[k]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|x| x.to_string())
-            .collect();
+    fn list<T: ToString>(v: &[T]) -> String {
         if v.is_empty() {
             "-".to_string()
         } else {
-            v.join(" ")
+            v.iter().map(T::to_string).collect::<Vec<_>>().join(" ")
         }
-    };
+    }
+    let on = |b: bool| if b { "on" } else { "off" };
     let mut out = format!(
         "priority:\n    forced drop {}{}, priority control {}, set of {}\n    ports P: {}\n    boosted: {}\n",
-        if on("forced_drop") { "on" } else { "off" },
-        if on("forced_drop_active") { " (dropping now)" } else { "" },
-        if on("priority") { "on" } else { "off" },
-        p["set_size"],
-        list("ports"),
-        list("boosted"),
+        on(p.forced_drop),
+        if p.forced_drop_active { " (dropping now)" } else { "" },
+        on(p.priority),
+        p.set_size,
+        list(&p.ports),
+        list(&p.boosted),
     );
-    for m in p["members"].as_array().into_iter().flatten() {
+    for m in &p.members {
         out += &format!(
             "    S: port {:<6} priority {:>4}  owner {:<5} consumer {}\n",
-            m["port"],
-            m["priority"],
-            m["owner"],
-            m["pid"].as_u64().map_or("-".to_string(), |p| p.to_string())
+            m.port,
+            m.priority,
+            m.owner,
+            m.pid.map_or("-".to_string(), |p| p.to_string())
         );
     }
     out

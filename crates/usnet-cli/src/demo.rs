@@ -11,10 +11,10 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde_json::json;
 use usnet_report::Table;
 use usnet_runtime::{NetStack, PingSocket, TcpStream, UdpSocket};
-use usnet_session::ctl::{request, socket_path};
+use usnet_session::ctl::msg::{Done, Ping, PingEvent, Request, Stat};
+use usnet_session::ctl::{call, call_one, socket_path};
 
 use crate::up::{self, UpArgs};
 use crate::CmdResult;
@@ -200,7 +200,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
     rows.push(peer_ping_step(&ctl));
     rows.push(peer_stat_step(&ctl));
 
-    let _ = request(&ctl, &json!({"cmd": "stop"}), |_| false);
+    let _ = call_one::<Done>(&ctl, &Request::Stop);
     let deadline = Instant::now() + Duration::from_secs(5);
     while child.0.try_wait()?.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -653,12 +653,18 @@ fn zerocopy_client_step(net: &NetStack, stack: &str) -> Row {
 
 fn peer_ping_step(ctl: &std::path::Path) -> Row {
     let mut rtts = Vec::new();
-    let req = json!({"cmd": "ping", "dst": "fd77::1", "count": 3, "interval_ms": 10, "size": 56});
-    let r = request(ctl, &req, |v| {
-        if let Some(r) = v["rtt_us"].as_f64() {
-            rtts.push(r);
+    let req = Request::Ping(Ping {
+        count: 3,
+        interval_ms: 10,
+        ..Ping::to("fd77::1".parse().expect("an address"))
+    });
+    let r = call(ctl, &req, |ev: PingEvent| match ev {
+        PingEvent::Reply { rtt_us, .. } => {
+            rtts.push(rtt_us);
+            true
         }
-        v.get("done").is_none()
+        PingEvent::Done { .. } => false,
+        _ => true,
     });
     let step = "peer pings fd77::1 (usnet ping)".to_string();
     match r {
@@ -676,12 +682,9 @@ fn peer_ping_step(ctl: &std::path::Path) -> Row {
 }
 
 fn peer_stat_step(ctl: &std::path::Path) -> Row {
-    let mut stat = serde_json::Value::Null;
-    let r = request(ctl, &json!({"cmd": "stat"}), |v| {
-        stat = v.clone();
-        false
-    });
-    let c = &stat["counters"];
+    let r = call_one::<Stat>(ctl, &Request::Stat);
+    let stat = r.as_ref().ok().cloned().unwrap_or_default();
+    let c = |k: &str| stat.counters.get(k).copied().unwrap_or(0);
     let drops: u64 = [
         "drop_input_queue_full",
         "udp_rx_queue_full",
@@ -689,7 +692,7 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
         "drop_pool_exhausted",
     ]
     .iter()
-    .map(|k| c[*k].as_u64().unwrap_or(0))
+    .map(|k| c(k))
     .sum();
     let step = "peer counters (usnet stat)".to_string();
     if let Err(e) = r {
@@ -700,18 +703,18 @@ fn peer_stat_step(ctl: &std::path::Path) -> Row {
         ok: drops == 0,
         summary: format!(
             "drops {drops}, retransmits {}",
-            c["tcp_retransmit_segments"]
+            c("tcp_retransmit_segments")
         ),
         detail: format!(
             "udp in {} / out {}, reassembled v4 {} v6 {}, echo replies {}+{}, tcp segments in {} / out {}",
-            c["udp_rx"],
-            c["udp_tx"],
-            c["ip4_reassembled"],
-            c["ip6_reassembled"],
-            c["icmp4_tx_echo_reply"],
-            c["icmp6_tx_echo_reply"],
-            c["tcp_rx"],
-            c["tcp_tx_segments"],
+            c("udp_rx"),
+            c("udp_tx"),
+            c("ip4_reassembled"),
+            c("ip6_reassembled"),
+            c("icmp4_tx_echo_reply"),
+            c("icmp6_tx_echo_reply"),
+            c("tcp_rx"),
+            c("tcp_tx_segments"),
         ),
     }
 }

@@ -190,7 +190,7 @@ fn tap_interop_with_linux() {
     ] {
         assert!(
             counter(&c, name) >= at_least,
-            "{name} = {} < {at_least}: {c}",
+            "{name} = {} < {at_least}: {c:?}",
             counter(&c, name)
         );
     }
@@ -293,8 +293,8 @@ fn af_packet_on_veth_with_a_namespace() {
     usnet_ping(&d, "10.32.0.1");
     usnet_ping(&d, "fd32::1");
     let c = d.counters();
-    assert!(counter(&c, "udp_rx_bad_checksum") == 0, "{c}");
-    assert!(counter(&c, "ip4_reassembled") >= 1, "{c}");
+    assert!(counter(&c, "udp_rx_bad_checksum") == 0, "{c:?}");
+    assert!(counter(&c, "ip4_reassembled") >= 1, "{c:?}");
     d.down();
     eprintln!("af_packet_on_veth_with_a_namespace took {:?}", t0.elapsed());
 }
@@ -372,9 +372,9 @@ fn xdp_on_veth_with_a_namespace() {
     // the program to Linux, and Linux answers.
     linux_ping(&nsx, "10.34.0.3", false);
     let c = d.counters();
-    assert_eq!(counter(&c, "udp_rx_bad_checksum"), 0, "{c}");
-    assert!(counter(&c, "ip4_reassembled") >= 1, "{c}");
-    assert!(counter(&c, "link_rx_frames") >= 20, "{c}");
+    assert_eq!(counter(&c, "udp_rx_bad_checksum"), 0, "{c:?}");
+    assert!(counter(&c, "ip4_reassembled") >= 1, "{c:?}");
+    assert!(counter(&c, "link_rx_frames") >= 20, "{c:?}");
     let stat = d.ctl(&["stat"], Duration::from_secs(10));
     assert!(stat.ok(), "{}", stat.describe());
     d.down();

@@ -156,7 +156,7 @@ fn multicast_both_ways_between_programs_under_the_shim_and_linux() {
     let c = stack.counters();
     assert!(
         counter(&c, "igmp_tx_report") > before,
-        "no IGMP report for the join: {c}"
+        "no IGMP report for the join: {c:?}"
     );
     let o = python(
         None,
@@ -175,7 +175,7 @@ fn multicast_both_ways_between_programs_under_the_shim_and_linux() {
     while counter(&stack.counters(), "igmp_tx_leave") == 0 {
         assert!(
             Instant::now() < deadline,
-            "no IGMP leave: {}",
+            "no IGMP leave: {:?}",
             stack.counters()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -204,7 +204,7 @@ fn multicast_both_ways_between_programs_under_the_shim_and_linux() {
         "the Linux receiver: {log}"
     );
     let c = stack.counters();
-    assert!(counter(&c, "udp_tx_mcast") >= 1, "{c}");
+    assert!(counter(&c, "udp_tx_mcast") >= 1, "{c:?}");
 
     // IPv6 both ways: MLDv2 for the join, the TAP named by its index on Linux.
     let ifindex = std::fs::read_to_string(format!("/sys/class/net/{TAP}/ifindex"))

@@ -117,25 +117,19 @@ fn nginx_workers_spread_over_a_sharded_stack_server() {
         c.read_exact(&mut back).expect("echo");
         assert_eq!(back, msg, "echo {i}");
     }
-    let st = stack.stat_json();
+    let st = stack.stat();
     assert!(
-        counter(&st["counters"], "shard_redirected") > 0,
-        "no frame went to the echo service's shard by a redirect: {}",
-        st["shards"]
+        counter(&st.counters, "shard_redirected") > 0,
+        "no frame went to the echo service's shard by a redirect: {:?}",
+        st.shards
     );
     // The workers' shards, while the last nginx ran, are in the clients' rows of the
     // stat taken below only if still attached: check the shards' own counters.
-    let shards = st["shards"].as_array().expect("a sharded stat").clone();
-    assert_eq!(shards.len(), 2, "{st}");
+    let shards = st.shards.clone();
+    assert_eq!(shards.len(), 2, "{st:?}");
     for sh in &shards {
-        assert!(
-            sh["rx_frames"].as_u64().unwrap_or(0) > 100,
-            "a shard idle: {shards:?}"
-        );
-        assert!(
-            sh["tx_frames"].as_u64().unwrap_or(0) > 100,
-            "a shard idle: {shards:?}"
-        );
+        assert!(sh.rx_frames > 100, "a shard idle: {shards:?}");
+        assert!(sh.tx_frames > 100, "a shard idle: {shards:?}");
     }
 
     // curl under the shim, out from the sharded stack to Linux, several times (its
@@ -183,7 +177,7 @@ fn nginx_workers_spread_over_a_sharded_stack_server() {
     }
     drop(linux);
     let c = stack.counters();
-    assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");
+    assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c:?}");
     stack.down();
 }
 
@@ -279,24 +273,20 @@ fn a_sharded_stack_server_over_shm_gets_its_frames_steered_by_the_sender() {
         }
         drop(py);
     }
-    let st = a.stat_json();
-    let shards = st["shards"].as_array().expect("a sharded stat").clone();
-    assert_eq!(shards.len(), 2, "{st}");
+    let st = a.stat();
+    let shards = st.shards.clone();
+    assert_eq!(shards.len(), 2, "{st:?}");
     for sh in &shards {
         assert!(
             // A downloading shard sends an ACK for several segments: fewer frames out.
-            sh["rx_frames"].as_u64().unwrap_or(0) > 100
-                && sh["tx_frames"].as_u64().unwrap_or(0) > 20,
+            sh.rx_frames > 100 && sh.tx_frames > 20,
             "a shard idle: {shards:?}"
         );
     }
-    let handed: u64 = shards
-        .iter()
-        .map(|s| s["handoff_out"].as_u64().unwrap_or(0))
-        .sum();
+    let handed: u64 = shards.iter().map(|s| s.handoff_out).sum();
     assert_eq!(handed, 0, "frames handed between shards: {shards:?}");
     assert!(
-        counter(&st["counters"], "shard_redirected") > 0,
+        counter(&st.counters, "shard_redirected") > 0,
         "Python's port on one shard: the other shard's connections reach it by a redirect: {shards:?}"
     );
     b.down();
@@ -332,11 +322,11 @@ fn curl_python_and_nginx_unmodified_on_the_stack_server() {
         let zc = counter(&c, "tcp_zc_tx_attached") + counter(&c, "tcp_zc_tx_in_place");
         if pool_buffers {
             // Segments left from the pool buffers the bytes were copied into.
-            assert!(zc > 0, "{c}");
+            assert!(zc > 0, "{c:?}");
         } else {
-            assert_eq!(zc, 0, "{c}");
+            assert_eq!(zc, 0, "{c:?}");
         }
-        assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");
+        assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c:?}");
         stack.down();
     }
 }

@@ -569,7 +569,7 @@ fn tap_curl_to_usnet_http_and_usnet_get_from_nginx() {
     }
     drop(nginx);
     let c = d.counters();
-    assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c}");
+    assert_eq!(counter(&c, "drop_pool_exhausted"), 0, "{c:?}");
     d.down();
     eprintln!(
         "tap_curl_to_usnet_http_and_usnet_get_from_nginx took {:?}",
@@ -975,10 +975,10 @@ fn xdp_tcp_both_ways_every_byte_clean_and_with_one_percent_loss() {
             }
         }
         let c = d.counters();
-        assert_eq!(counter(&c, "tcp_rx_bad_checksum"), 0, "{c}");
+        assert_eq!(counter(&c, "tcp_rx_bad_checksum"), 0, "{c:?}");
         assert!(
             counter(&c, "tcp_retransmit_segments") > 0,
-            "loss never seen: {c}"
+            "loss never seen: {c:?}"
         );
         d.down();
     }

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use usnet_session::ctl::msg::Stat;
 
 #[macro_use]
 mod common;
@@ -92,20 +92,17 @@ fn echo_once(addr: SocketAddr, msg: &[u8], limit: Duration) -> std::io::Result<(
     Ok(())
 }
 
-fn stat(d: &Daemon) -> Value {
-    let o = d.ctl(&["stat", "--json"], Duration::from_secs(10));
-    assert!(o.ok(), "usnet stat --json: {}", o.describe());
-    serde_json::from_str(&o.stdout).expect("stat JSON")
+fn stat(d: &Daemon) -> Stat {
+    d.stat()
 }
 
 /// Waits (up to `limit`) until the stack holds no TCP connection and its pool is back
 /// to `pool0` buffers in use.
-fn settle(d: &Daemon, pool0: u64, limit: Duration) -> Value {
+fn settle(d: &Daemon, pool0: u64, limit: Duration) -> Stat {
     let until = Instant::now() + limit;
     loop {
         let v = stat(d);
-        let conns = v["tcp_connections_total"].as_u64().unwrap_or(u64::MAX);
-        let pool = v["pool"]["in_use"].as_u64().unwrap_or(u64::MAX);
+        let (conns, pool) = (v.tcp_connections_total, v.pool.in_use);
         if conns == 0 && pool <= pool0 {
             return v;
         }
@@ -127,7 +124,7 @@ fn ten_thousand_concurrent_connections_over_tap() {
     let t0 = Instant::now();
     let s = up("usnld1", 1);
     let addr: SocketAddr = format!("{}:7", s.addr).parse().unwrap();
-    let pool0 = stat(&s.d)["pool"]["in_use"].as_u64().unwrap();
+    let pool0 = stat(&s.d).pool.in_use;
     let n = 10_000;
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
@@ -136,7 +133,7 @@ fn ten_thousand_concurrent_connections_over_tap() {
         conns.push(c);
     }
     let v = stat(&s.d);
-    let open = v["tcp_connections_total"].as_u64().unwrap();
+    let open = v.tcp_connections_total;
     assert!(open >= n as u64, "usnet holds {open} connections, want {n}");
     for (i, c) in conns.iter_mut().enumerate() {
         c.write_all(format!("{i:05}").as_bytes()).unwrap();
@@ -153,7 +150,7 @@ fn ten_thousand_concurrent_connections_over_tap() {
     eprintln!(
         "10k concurrent over TAP: ok in {:?}; passive opens {}",
         t0.elapsed(),
-        counter(&v["counters"], "tcp_passive_opens")
+        counter(&v.counters, "tcp_passive_opens")
     );
 }
 
@@ -167,20 +164,20 @@ fn twenty_thousand_connect_close_cycles_over_tap() {
     let s = up("usnld2", 2);
     let addr: SocketAddr = format!("{}:7", s.addr).parse().unwrap();
     let v0 = stat(&s.d);
-    let pool0 = v0["pool"]["in_use"].as_u64().unwrap();
+    let pool0 = v0.pool.in_use;
     let n = 20_000;
     for i in 0..n {
         echo_once(addr, b"cycle", Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("cycle {i}: {e}"));
     }
     let v = settle(&s.d, pool0, Duration::from_secs(90));
-    let c = &v["counters"];
+    let c = &v.counters;
     assert!(counter(c, "tcp_passive_opens") >= n as u64);
     eprintln!(
         "{n} cycles over TAP in {:?}; pool {} -> {}; reaped {}",
         t0.elapsed(),
         pool0,
-        v["pool"]["in_use"],
+        v.pool.in_use,
         counter(c, "tcp_conns_reaped")
     );
 }

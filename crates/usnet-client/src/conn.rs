@@ -13,6 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use usnet_abi::{errno, hdr, Completion, Request, BELL_EVENTFD};
+use usnet_session::ctl::{self, msg, ControlError};
 use usnet_session::{ServerPage, Session};
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::FutexBell;
@@ -75,6 +76,14 @@ fn proto(m: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, m.to_string())
 }
 
+/// The answer line `line` to `what`, or why not.
+fn answer<R: serde::de::DeserializeOwned>(line: &str, what: &str) -> io::Result<R> {
+    ctl::parse_answer(line).map_err(|e| match e {
+        ControlError::Refused(m) => refused(&m),
+        e => proto(&format!("{what} reply: {e}")),
+    })
+}
+
 /// The server refused to attach us, for the reason it gave.
 fn refused(why: &str) -> io::Error {
     let kind = if why.contains("permission denied") {
@@ -120,23 +129,15 @@ impl Conn {
                     .map(|f| f.to_string_lossy().into_owned())
             })
             .unwrap_or_else(|| "?".into());
-        let mut req = serde_json::json!({
-            "cmd": "attach", "pid": std::process::id(), "command": command,
+        let req = ctl::Request::Attach(msg::Attach {
+            pid: std::process::id(),
+            command,
+            ring_bytes: opts.ring_bytes.map(|r| r as u64),
+            max_sockets: opts.max_sockets.map(|m| m as u64),
+            shard: opts.shard.map(|k| k as u64),
+            claim: claim.map(String::from),
         });
-        if let Some(r) = opts.ring_bytes {
-            req["ring_bytes"] = r.into();
-        }
-        if let Some(m) = opts.max_sockets {
-            req["max_sockets"] = m.into();
-        }
-        if let Some(k) = opts.shard {
-            req["shard"] = k.into();
-        }
-        if let Some(t) = claim {
-            req["claim"] = t.into();
-        }
-        let mut line = serde_json::to_string(&req).expect("json");
-        line.push('\n');
+        let line = ctl::request_line(&req);
         use std::io::{Read, Write};
         if let Err(e) = (&ctl).write_all(line.as_bytes()) {
             // The server refuses a peer it does not admit before reading its request,
@@ -144,12 +145,8 @@ impl Conn {
             let mut buf = [0u8; 512];
             if let Ok(n) = (&ctl).read(&mut buf) {
                 let text = String::from_utf8_lossy(&buf[..n]);
-                let reply =
-                    serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap_or(""));
-                if let Some(m) = reply
-                    .ok()
-                    .and_then(|r| r["error"].as_str().map(String::from))
-                {
+                let first = text.lines().next().unwrap_or("");
+                if let Err(ControlError::Refused(m)) = ctl::parse_answer::<msg::Done>(first) {
                     return Err(refused(&m));
                 }
             }
@@ -173,11 +170,7 @@ impl Conn {
         }
         let text = String::from_utf8_lossy(&buf[..n]);
         let first = text.lines().next().unwrap_or("");
-        let reply: serde_json::Value =
-            serde_json::from_str(first).map_err(|e| proto(&format!("attach reply: {e}")))?;
-        if let Some(e) = reply["error"].as_str() {
-            return Err(refused(e));
-        }
+        let reply: msg::AttachReply = answer(first, "attach")?;
         let mut fds = fds.into_iter();
         let (Some(mem_fd), Some(page_fd)) = (fds.next(), fds.next()) else {
             return Err(proto("attach reply without its memory"));
@@ -198,18 +191,12 @@ impl Conn {
         let sq = Producer::attach(region.clone(), mem.sq()).map_err(|e| proto(&e.to_string()))?;
         let cq =
             Consumer::attach_discarding(region, mem.cq()).map_err(|e| proto(&e.to_string()))?;
-        let slots = reply["slots"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|p| {
-                        let words: Vec<Option<u32>> =
-                            (0..4).map(|i| p[i].as_u64().map(|x| x as u32)).collect();
-                        crate::Claimed::from_words(&words)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let slots = reply
+            .slots
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|w| crate::Claimed::from_words(&w.map(Some)))
+            .collect();
         ctl.set_nonblocking(true)?;
         let bell = mem.client_bell();
         let conn = Conn {
@@ -259,22 +246,12 @@ impl Conn {
         inheritable: bool,
     ) -> io::Result<(UnixStream, String, u32)> {
         use std::io::BufRead;
-        let req = serde_json::json!({"cmd": "pin"});
-        let ch = crate::lineage::request(over, &req, kind, stack, inheritable)?;
+        let ch = crate::lineage::request(over, &ctl::Request::Pin, kind, stack, inheritable)?;
         let mut reply = String::new();
         // The server writes this one line and nothing more until asked again.
         std::io::BufReader::new(&ch).read_line(&mut reply)?;
-        let v: serde_json::Value =
-            serde_json::from_str(reply.trim()).map_err(|e| proto(&format!("pin reply: {e}")))?;
-        if let Some(e) = v["error"].as_str() {
-            return Err(refused(e));
-        }
-        let token = v["token"]
-            .as_str()
-            .ok_or_else(|| proto("pin reply without a token"))?
-            .to_string();
-        let n = v["sockets"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
-        Ok((ch, token, n))
+        let v: msg::PinReply = answer(&reply, "pin")?;
+        Ok((ch, v.token, v.sockets))
     }
 
     /// Asks for the session's zero-copy port: returns the pool's memfd and the
@@ -283,22 +260,23 @@ impl Conn {
         use std::io::Write;
         let ctl = UnixStream::connect(&self.path)?;
         ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let req = serde_json::json!({
-            "cmd": "zc_port", "session": self.mem.id(),
-            "rx_slots": opts.rx_slots, "tx_slots": opts.tx_slots,
-            "stash_slots": opts.stash_slots,
+        let req = ctl::Request::ZcPort(msg::ZcPort {
+            session: self.mem.id(),
+            rx_slots: opts.rx_slots,
+            tx_slots: opts.tx_slots,
+            stash_slots: opts.stash_slots,
         });
-        let mut line = serde_json::to_string(&req).expect("json");
-        line.push('\n');
-        (&ctl).write_all(line.as_bytes())?;
+        (&ctl).write_all(ctl::request_line(&req).as_bytes())?;
         let mut buf = vec![0u8; 4096];
         let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
         let text = String::from_utf8_lossy(&buf[..n]);
-        let reply: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or(""))
-            .map_err(|e| proto(&format!("zc_port reply: {e}")))?;
-        if let Some(e) = reply["error"].as_str() {
-            let kind = refused(e).kind();
-            return Err(io::Error::new(kind, format!("zero-copy port refused: {e}")));
+        match ctl::parse_answer::<msg::Done>(text.lines().next().unwrap_or("")) {
+            Ok(_) => {}
+            Err(ControlError::Refused(e)) => {
+                let kind = refused(&e).kind();
+                return Err(io::Error::new(kind, format!("zero-copy port refused: {e}")));
+            }
+            Err(e) => return Err(proto(&format!("zc_port reply: {e}"))),
         }
         let mut fds = fds.into_iter();
         match (fds.next(), fds.next()) {

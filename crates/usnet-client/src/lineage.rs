@@ -127,7 +127,7 @@ pub(crate) fn connect(path: &Path, stack: &str, inheritable: bool) -> io::Result
 /// (the other end goes to the server and is closed here).
 pub(crate) fn request(
     over: &UnixStream,
-    req: &serde_json::Value,
+    req: &usnet_session::ctl::Request,
     kind: Kind,
     stack: &str,
     inheritable: bool,
@@ -142,8 +142,7 @@ pub(crate) fn request(
     if inheritable {
         set_cloexec(ours.as_raw_fd(), false)?;
     }
-    let mut line = serde_json::to_string(req).expect("json");
-    line.push('\n');
+    let line = usnet_session::ctl::request_line(req);
     // The connection may be non-blocking; a request line is far below a socket's
     // buffer, so a short wait is all it can take.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

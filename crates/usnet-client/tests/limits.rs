@@ -11,30 +11,26 @@ use std::time::{Duration, Instant};
 use usnet_abi::{errno, Geometry};
 use usnet_client::{AttachOptions, Client, TcpListener, TcpStream, UdpSocket};
 use usnet_server::ServerLimits;
+use usnet_session::ctl::{
+    self,
+    msg::{ClientRow, Stat},
+};
 use usnet_stack::Owner;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-fn stat(path: &std::path::Path) -> serde_json::Value {
-    let mut out = serde_json::Value::Null;
-    usnet_session::ctl::request(path, &serde_json::json!({"cmd": "stat"}), |v| {
-        out = v.clone();
-        false
-    })
-    .unwrap();
-    out
+fn stat(path: &std::path::Path) -> Stat {
+    ctl::call_one(path, &ctl::Request::Stat).unwrap()
 }
 
-fn row(st: &serde_json::Value, session: u32) -> serde_json::Value {
-    st["clients"]
-        .as_array()
-        .unwrap()
+fn row(st: &Stat, session: u32) -> ClientRow {
+    st.clients
         .iter()
-        .find(|r| r["id"].as_u64() == Some(session as u64))
+        .find(|r| r.id == session)
         .cloned()
-        .unwrap_or_else(|| panic!("session {session} not in stat: {st}"))
+        .unwrap_or_else(|| panic!("session {session} not in stat: {st:?}"))
 }
 
 fn until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
@@ -87,20 +83,14 @@ fn per_client_limits_hold_and_are_counted() {
     let e = Client::attach("quotas").unwrap_err();
     assert!(e.to_string().contains("too many clients"), "{e}");
     let st = stat(&path);
-    assert_eq!(st["quota_sessions"].as_u64(), Some(1), "{st}");
-    assert_eq!(
-        st["limits"]["max_backlog"].as_u64(),
-        Some(backlog_cap as u64)
-    );
+    assert_eq!(st.quota_sessions, 1, "{st:?}");
+    assert_eq!(st.limits.max_backlog, backlog_cap as u64);
     // Geometry: asking past the caps gets the caps, counted.
     let (ra, rb) = (row(&st, a.session_id()), row(&st, b.session_id()));
-    assert_eq!(
-        (ra["max_sockets"].as_u64(), ra["ring_bytes"].as_u64()),
-        (Some(4), Some(64 << 10))
-    );
-    assert_eq!(rb["max_sockets"].as_u64(), Some(64));
-    assert_eq!(ra["stats"]["quota_geometry"].as_u64(), Some(1));
-    assert_eq!(rb["stats"]["quota_geometry"].as_u64(), Some(1));
+    assert_eq!((ra.max_sockets, ra.ring_bytes), (4, 64 << 10));
+    assert_eq!(rb.max_sockets, 64);
+    assert_eq!(ra.stats.quota_geometry, 1);
+    assert_eq!(rb.stats.quota_geometry, 1);
 
     // Backlog: asked 1000, got the cap; the accept queue never holds more.
     let l = TcpListener::bind_with_backlog(&a, sa("10.66.0.1:7700"), 1000).unwrap();
@@ -147,12 +137,12 @@ fn per_client_limits_hold_and_are_counted() {
     );
     let st = stat(&path);
     let ra = row(&st, a.session_id());
-    assert_eq!(ra["sockets"].as_u64(), Some(4));
-    assert_eq!(ra["stats"]["quota_sockets"].as_u64(), Some(3), "{ra}");
-    assert_eq!(ra["stats"]["quota_backlog"].as_u64(), Some(1), "{ra}");
+    assert_eq!(ra.sockets, 4);
+    assert_eq!(ra.stats.quota_sockets, 3, "{ra:?}");
+    assert_eq!(ra.stats.quota_backlog, 1, "{ra:?}");
     // The accept queue is the client's too, and bounded by the capped backlog.
-    let held = ra["stack_sockets"].as_u64().unwrap();
-    assert!(held <= 4 + backlog_cap as u64, "{ra}");
+    let held = ra.stack_sockets;
+    assert!(held <= 4 + backlog_cap as u64, "{ra:?}");
 
     // Receive buffer: asked 64 MiB, got the cap; a receiver that never reads holds
     // its ring's worth plus the cap in the stack, and the rest is dropped (counted).
@@ -190,7 +180,7 @@ fn per_client_limits_hold_and_are_counted() {
     assert!(s.rx_queue_full > 0, "{s:?}");
     assert!(s.rx_datagrams <= ring_records + stack_cap, "{s:?}");
     let ra = row(&stat(&path), a.session_id());
-    assert_eq!(ra["stats"]["quota_rcvbuf"].as_u64(), Some(1), "{ra}");
+    assert_eq!(ra.stats.quota_rcvbuf, 1, "{ra:?}");
     drop(pending);
 }
 

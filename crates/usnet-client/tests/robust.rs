@@ -492,10 +492,7 @@ fn a_client_killed_mid_transfer_is_reset_and_reclaimed() {
     loop {
         let (listed, held, total) = srv
             .call(WITHIN, move |lp| {
-                let listed = lp
-                    .clients()
-                    .iter()
-                    .any(|r| r["id"].as_u64() == Some(session as u64));
+                let listed = lp.clients().iter().any(|r| r.id == session);
                 let held = lp.stack().sockets_of(Owner(session)).len();
                 (listed, held, lp.stack().socket_count().0)
             })
@@ -885,7 +882,7 @@ fn a_hostile_client_cannot_crash_stall_or_read_others() {
         .unwrap();
     // Watch the hostile session while it works.
     let mut worst = (0u64, 0u64);
-    let mut row = serde_json::Value::Null;
+    let mut row = None;
     let mut moved_during = 0u64;
     let start_moved = moved.load(Acquire);
     let (done_tx, done_rx) = channel();
@@ -907,15 +904,13 @@ fn a_hostile_client_cannot_crash_stall_or_read_others() {
         assert!(srv.is_running(), "the server died");
         let r = srv
             .call(Duration::from_secs(5), move |lp| {
-                lp.clients()
-                    .into_iter()
-                    .find(|r| r["id"].as_u64() == Some(session as u64))
+                lp.clients().into_iter().find(|r| r.id == session)
             })
             .expect("the server loop does not answer");
         if let Some(r) = r {
-            worst.0 = worst.0.max(r["sockets"].as_u64().unwrap());
-            worst.1 = worst.1.max(r["stack_sockets"].as_u64().unwrap());
-            row = r;
+            worst.0 = worst.0.max(r.sockets);
+            worst.1 = worst.1.max(r.stack_sockets);
+            row = Some(r);
         }
         moved_during = moved.load(Acquire) - start_moved;
         std::thread::sleep(Duration::from_millis(20));
@@ -927,17 +922,16 @@ fn a_hostile_client_cannot_crash_stall_or_read_others() {
     // Still attached: its final counters.
     let r = srv
         .call(WITHIN, move |lp| {
-            lp.clients()
-                .into_iter()
-                .find(|r| r["id"].as_u64() == Some(session as u64))
+            lp.clients().into_iter().find(|r| r.id == session)
         })
         .unwrap()
+        .or(row)
         .expect("the hostile session is listed");
-    row = if r.is_null() { row } else { r };
+    let row = r;
     h.release();
     assert!(h.wait(Duration::from_secs(10)).success());
     eprintln!(
-        "hostile: {row}; most slots {}, stack sockets {}; good bytes meanwhile {moved_during}",
+        "hostile: {row:?}; most slots {}, stack sockets {}; good bytes meanwhile {moved_during}",
         worst.0, worst.1
     );
     assert!(
@@ -951,15 +945,12 @@ fn a_hostile_client_cannot_crash_stall_or_read_others() {
         "hostile held {} stack sockets",
         worst.1
     );
-    assert_eq!(row["max_sockets"].as_u64(), Some(quota as u64), "{row}");
-    let st = &row["stats"];
-    assert!(st["quota_geometry"].as_u64().unwrap() > 0, "{row}");
-    assert!(st["quota_sockets"].as_u64().unwrap() > 0, "{row}");
-    assert!(st["quota_backlog"].as_u64().unwrap() > 0, "{row}");
-    assert!(
-        st["bad_requests"].as_u64().unwrap() + st["corrupt_rings"].as_u64().unwrap() > 0,
-        "{row}"
-    );
+    assert_eq!(row.max_sockets, quota, "{row:?}");
+    let st = &row.stats;
+    assert!(st.quota_geometry > 0, "{row:?}");
+    assert!(st.quota_sockets > 0, "{row:?}");
+    assert!(st.quota_backlog > 0, "{row:?}");
+    assert!(st.bad_requests + st.corrupt_rings > 0, "{row:?}");
     // Gone: everything it held is closed.
     let end = Instant::now() + Duration::from_secs(5);
     while srv

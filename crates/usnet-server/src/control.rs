@@ -6,10 +6,11 @@
 //! the socket is mode 0600 (0660 with a group) and every peer's credentials are
 //! checked.
 //!
-//! Requests (one JSON line): `{"cmd":"attach","pid":P,"command":"name"}` (answered
-//! with the session memfd, the server page and, for a stack on an fd-based link, the
-//! server's eventfd, passed with SCM_RIGHTS), `{"cmd":"stat"}`, `{"cmd":"clients"}`,
-//! `{"cmd":"ping",...}` and `{"cmd":"stop"}`.
+//! Requests (one JSON line, typed in `usnet_session::ctl::msg`):
+//! `{"cmd":"attach","pid":P,"command":"name"}` (answered with the session memfd, the
+//! server page and, for a stack on an fd-based link, the server's eventfd, passed
+//! with SCM_RIGHTS), `{"cmd":"stat"}`, `{"cmd":"clients"}`, `{"cmd":"ping",...}` and
+//! `{"cmd":"stop"}`.
 //!
 //! Requests on an attached connection. A client's connection (and a pin's, below)
 //! takes requests of its own, each one JSON line sent with `SCM_RIGHTS` carrying a
@@ -34,7 +35,6 @@
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -44,7 +44,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use usnet_session::ctl::msg::{
+    self, AttachReply, Clients, Done, PinReply, PingEvent, Refusal, Request, Stat,
+};
 use usnet_session::ctl::{run_dir, socket_path, valid_name};
 use usnet_session::Session;
 
@@ -316,7 +319,7 @@ enum Said {
     Nothing,
     /// `pin`, with the channel to answer on.
     Pin(UnixStream),
-    Attach(Value),
+    Attach(msg::Attach),
 }
 
 fn read_request(s: &UnixStream) -> Said {
@@ -324,13 +327,13 @@ fn read_request(s: &UnixStream) -> Said {
     match usnet_shm::fdpass::recv_with_fds(s, &mut buf) {
         Ok((0, _)) => Said::Gone,
         Ok((n, fds)) => {
-            let Ok(req) = serde_json::from_slice::<Value>(buf[..n].trim_ascii_end()) else {
+            let Ok(req) = serde_json::from_slice::<Request>(buf[..n].trim_ascii_end()) else {
                 return Said::Nothing;
             };
             let mut fds = fds.into_iter();
-            match (req["cmd"].as_str(), fds.next(), fds.next()) {
-                (Some("pin"), Some(channel), None) => Said::Pin(UnixStream::from(channel)),
-                (Some("attach"), None, None) => Said::Attach(req),
+            match (req, fds.next(), fds.next()) {
+                (Request::Pin, Some(channel), None) => Said::Pin(UnixStream::from(channel)),
+                (Request::Attach(a), None, None) => Said::Attach(a),
                 _ => Said::Nothing,
             }
         }
@@ -349,16 +352,15 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Opti
     if session == 0 {
         // A pin's holder (a forked child, or what it exec'd) asks for its token.
         let Some(token) = held else {
-            let _ = send(&mut out, &json!({"error": "this connection holds no pin"}));
+            refuse(&mut out, "this connection holds no pin");
             return None;
         };
         let n = ctx.call_on(shard, move |lp| lp.pin_size(token)).flatten();
         let Some(n) = n else {
-            let _ = send(&mut out, &json!({"error": "the pin is gone"}));
+            refuse(&mut out, "the pin is gone");
             return None;
         };
-        let reply = json!({"ok": true, "token": format!("{token:032x}"), "sockets": n});
-        send(&mut out, &reply).ok()?;
+        send(&mut out, &pin_reply(token, n)).ok()?;
         out.set_nonblocking(true).ok()?;
         return Some(Attached {
             stream: out,
@@ -370,14 +372,13 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Opti
     let token = match random_token() {
         Ok(t) => t,
         Err(e) => {
-            let _ = send(&mut out, &json!({"error": format!("no random token: {e}")}));
+            refuse(&mut out, &format!("no random token: {e}"));
             return None;
         }
     };
     match ctx.call_on(shard, move |lp| lp.pin(session, token)) {
         Some(Some(n)) => {
-            let reply = json!({"ok": true, "token": format!("{token:032x}"), "sockets": n});
-            if send(&mut out, &reply).is_err() {
+            if send(&mut out, &pin_reply(token, n)).is_err() {
                 let _ = ctx.call_on(shard, move |lp| lp.drop_pin(token));
                 return None;
             }
@@ -390,16 +391,21 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Opti
             })
         }
         Some(None) => {
-            let _ = send(&mut out, &json!({"error": "no such session"}));
+            refuse(&mut out, "no such session");
             None
         }
         None => {
-            let _ = send(
-                &mut out,
-                &json!({"error": "the server loop does not answer"}),
-            );
+            refuse(&mut out, NO_ANSWER);
             None
         }
+    }
+}
+
+fn pin_reply(token: u128, sockets: usize) -> PinReply {
+    PinReply {
+        ok: true,
+        token: format!("{token:032x}"),
+        sockets: sockets.min(u32::MAX as usize) as u32,
     }
 }
 
@@ -407,10 +413,7 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Opti
 /// process, of the stack's own user or root (the port maps the whole packet pool),
 /// on a server started with `zero_copy`. Answered with the pool's memfd and the
 /// port's area; the port lives as long as the session.
-fn zc_port(mut out: UnixStream, req: &Value, ctx: &Ctx) {
-    let refuse = |out: &mut UnixStream, e: &str| {
-        let _ = send(out, &json!({ "error": e }));
-    };
+fn zc_port(mut out: UnixStream, req: &msg::ZcPort, ctx: &Ctx) {
     if !ctx.cfg.zero_copy {
         return refuse(
             &mut out,
@@ -425,19 +428,12 @@ fn zc_port(mut out: UnixStream, req: &Value, ctx: &Ctx) {
             "permission denied: a zero-copy port is for the stack's own user",
         );
     }
-    let Some(session) = req["session"].as_u64().map(|v| v as u32) else {
-        return refuse(&mut out, "zc_port needs a session");
-    };
-    let slots = |k: &str| {
-        req[k]
-            .as_u64()
-            .unwrap_or(256)
-            .min(usnet_abi::zc::MAX_SLOTS as u64) as u32
-    };
+    let session = req.session;
+    let slots = |n: u32| n.min(usnet_abi::zc::MAX_SLOTS);
     let g = usnet_abi::zc::Geometry {
-        rx_slots: slots("rx_slots"),
-        tx_slots: slots("tx_slots"),
-        stash_slots: slots("stash_slots"),
+        rx_slots: slots(req.rx_slots),
+        tx_slots: slots(req.tx_slots),
+        stash_slots: slots(req.stash_slots),
     };
     let pid = peer_pid(&out);
     let r = ctx.call_on(
@@ -472,12 +468,9 @@ fn zc_port(mut out: UnixStream, req: &Value, ctx: &Ctx) {
     let (pool, area) = match r {
         Some(Ok(x)) => x,
         Some(Err(e)) => return refuse(&mut out, &e),
-        None => return refuse(&mut out, "the server loop does not answer"),
+        None => return refuse(&mut out, NO_ANSWER),
     };
-    let mut bytes = serde_json::to_string(&json!({"ok": true}))
-        .expect("json")
-        .into_bytes();
-    bytes.push(b'\n');
+    let bytes = line(&Done::OK);
     let _ = usnet_shm::fdpass::send_with_fds(&out, &bytes, &[pool.as_fd(), area.region().fd()]);
 }
 
@@ -492,7 +485,7 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
         Ok((uid, gid)) if uid == me || uid == 0 || ctx.cfg.group == Some(gid) => {}
         _ => {
             let mut s = stream;
-            let _ = send(&mut s, &json!({"error": "permission denied"}));
+            refuse(&mut s, "permission denied");
             return None;
         }
     }
@@ -502,31 +495,54 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
         reader.read_line(&mut line).ok()?;
     }
     let mut out = stream;
-    let req: Value = match serde_json::from_str(&line) {
+    let req: Request = match serde_json::from_str(&line) {
         Ok(v) => v,
         Err(e) => {
-            let _ = send(&mut out, &json!({"error": format!("bad request: {e}")}));
+            refuse(&mut out, &format!("bad request: {e}"));
             return None;
         }
     };
-    if req["cmd"].as_str() == Some("attach") {
-        return attach(out, &req, 0, ctx);
-    }
-    if req["cmd"].as_str() == Some("zc_port") {
-        zc_port(out, &req, ctx);
-        return None;
+    match req {
+        Request::Attach(a) => return attach(out, &a, 0, ctx),
+        Request::ZcPort(z) => {
+            zc_port(out, &z, ctx);
+            return None;
+        }
+        Request::Pin => {
+            refuse(&mut out, "pin is asked on an attached client's connection");
+            return None;
+        }
+        Request::Stat | Request::Clients | Request::Ping(_) | Request::Stop => {}
     }
     let ctx = ctx.clone();
     std::thread::spawn(move || {
-        let _ = request(&mut out, &req, &ctx);
+        let _ = request(&mut out, req, &ctx);
     });
     None
 }
 
-fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
-    let mut s = serde_json::to_string(v).expect("json");
-    s.push('\n');
-    out.write_all(s.as_bytes())
+/// What a loop that does not take a call in time is told.
+const NO_ANSWER: &str = "the server loop does not answer";
+
+/// `v` as one line of the protocol.
+fn line(v: &impl Serialize) -> Vec<u8> {
+    let mut b = serde_json::to_vec(v).expect("a control message serialises");
+    b.push(b'\n');
+    b
+}
+
+fn send(out: &mut UnixStream, v: &impl Serialize) -> io::Result<()> {
+    out.write_all(&line(v))
+}
+
+/// Says no (best effort: the connection is dropped after).
+fn refuse(out: &mut UnixStream, why: &str) {
+    let _ = send(
+        out,
+        &Refusal {
+            error: why.to_string(),
+        },
+    );
 }
 
 /// Attaches a client (`pin_shard`: where the pin it claims lives, if it claims one).
@@ -536,49 +552,32 @@ fn send(out: &mut UnixStream, v: &Value) -> io::Result<()> {
 /// workers) are spread over the shards starting from the parent's, each holding
 /// the listener's copy on its own shard, so each worker accepts what its shard
 /// receives.
-fn attach(mut out: UnixStream, req: &Value, pin_shard: usize, ctx: &Ctx) -> Option<Attached> {
+fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -> Option<Attached> {
     out.set_nonblocking(false).ok()?;
     out.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
     // The kernel's word for who connected, the request's if it has none.
-    let pid = peer_pid(&out).unwrap_or(req["pid"].as_u64().unwrap_or(0) as u32);
-    let claim = match req["claim"].as_str() {
+    let pid = peer_pid(&out).unwrap_or(req.pid);
+    let claim = match &req.claim {
         Some(t) => match u128::from_str_radix(t, 16) {
             Ok(t) => Some(t),
             Err(_) => {
-                let _ = send(&mut out, &json!({"error": "bad fork token"}));
+                refuse(&mut out, "bad fork token");
                 return None;
             }
         },
         None => None,
     };
-    let command: String = req["command"]
-        .as_str()
+    let command: String = Some(req.command.as_str())
+        .filter(|c| !c.is_empty())
         .unwrap_or("?")
         .chars()
         .filter(|c| !c.is_control())
         .take(64)
         .collect();
-    // The server's geometry is the most a client may ask for; without asking it
-    // gets 1024 sockets with 256 KiB rings (or the caps, if smaller).
-    let cap = ctx.cfg.geometry;
-    let mut g = cap;
-    // Asking for more than the caps is not an error: the client gets the caps (they
-    // are in its session header) and the cut is counted (`quota_geometry`).
-    let mut cut = false;
-    let want_sockets = req["max_sockets"].as_u64().unwrap_or(1024).max(1);
-    cut |= want_sockets > cap.max_sockets as u64;
-    g.max_sockets = want_sockets.min(cap.max_sockets as u64) as u32;
-    g.ring_bytes = match req["ring_bytes"].as_u64() {
-        Some(r) if r.is_power_of_two() && (4096..=cap.ring_bytes as u64).contains(&r) => r as u32,
-        Some(r) => {
-            cut |= r > cap.ring_bytes as u64;
-            cap.ring_bytes.min(256 * 1024)
-        }
-        None => cap.ring_bytes.min(256 * 1024),
-    };
+    let (g, cut) = granted_geometry(req, ctx.cfg.geometry);
     let fail = |out: &mut UnixStream, e: String| {
-        let _ = send(out, &json!({"error": e}));
+        refuse(out, &e);
         None
     };
     let mem = match Session::create(id, g) {
@@ -595,7 +594,7 @@ fn attach(mut out: UnixStream, req: &Value, pin_shard: usize, ctx: &Ctx) -> Opti
     let n = ctx.links.len();
     let (home, remote) = match claim {
         // A client that asks for a shard gets it.
-        None if req["shard"].is_u64() => (req["shard"].as_u64().unwrap_or(0) as usize % n, false),
+        None if req.shard.is_some() => (req.shard.unwrap_or(0) as usize % n, false),
         None => {
             let mut h = ctx.homes();
             let k = h.next % n;
@@ -655,25 +654,17 @@ fn attach(mut out: UnixStream, req: &Value, pin_shard: usize, ctx: &Ctx) -> Opti
     let slots = match added {
         Some(Ok(m)) => m,
         Some(Err(e)) => return fail(&mut out, e.into()),
-        None => return fail(&mut out, "the server loop does not answer".into()),
+        None => return fail(&mut out, NO_ANSWER.into()),
     };
     let bell = &ctx.links[home].bell;
-    let mut reply = json!({
-        "ok": true,
-        "session": id,
-        "shard": home,
-        "bell_kind": bell.page().bell_kind(),
-        "pid": std::process::id(),
+    let bytes = line(&AttachReply {
+        ok: true,
+        session: id,
+        shard: home,
+        bell_kind: bell.page().bell_kind(),
+        pid: std::process::id(),
+        slots: slots.map(|map| map.iter().map(|c| c.words()).collect()),
     });
-    if let Some(map) = slots {
-        reply["slots"] = map
-            .iter()
-            .map(|c| json!(c.words()))
-            .collect::<Vec<_>>()
-            .into();
-    }
-    let mut bytes = serde_json::to_string(&reply).expect("json").into_bytes();
-    bytes.push(b'\n');
     let page = bell.page().region().fd();
     let mut fds = vec![mem.region().fd(), page];
     if let Some(e) = bell.eventfd() {
@@ -693,244 +684,223 @@ fn attach(mut out: UnixStream, req: &Value, pin_shard: usize, ctx: &Ctx) -> Opti
     })
 }
 
-fn request(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
-    match req["cmd"].as_str() {
-        Some("stat") => {
+/// The session geometry a client gets for what it asked (`cap`: the server's), and
+/// whether it asked for more than the caps. Asking for more is not an error: the
+/// client gets the caps (they are in its session header) and the cut is counted
+/// (`quota_geometry`). Without asking it gets 1024 sockets with 256 KiB rings (or
+/// the caps, if smaller).
+pub fn granted_geometry(
+    req: &msg::Attach,
+    cap: usnet_abi::Geometry,
+) -> (usnet_abi::Geometry, bool) {
+    let mut g = cap;
+    let mut cut = false;
+    let want_sockets = req.max_sockets.unwrap_or(1024).max(1);
+    // Only what the client asked for can be cut.
+    cut |= req.max_sockets.is_some() && want_sockets > cap.max_sockets as u64;
+    g.max_sockets = want_sockets.min(cap.max_sockets as u64) as u32;
+    g.ring_bytes = match req.ring_bytes {
+        Some(r) if r.is_power_of_two() && (4096..=cap.ring_bytes as u64).contains(&r) => r as u32,
+        Some(r) => {
+            cut |= r > cap.ring_bytes as u64;
+            cap.ring_bytes.min(256 * 1024)
+        }
+        None => cap.ring_bytes.min(256 * 1024),
+    };
+    (g, cut)
+}
+
+fn request(out: &mut UnixStream, req: Request, ctx: &Ctx) -> io::Result<()> {
+    match req {
+        Request::Stat => {
             let info = Arc::new((
                 ctx.cfg.name.clone(),
                 ctx.cfg.link.clone(),
                 ctx.cfg.services.clone(),
             ));
             let parts = ctx.call_all(move |lp| stat(lp, &info.0, &info.1, &info.2));
-            match parts.into_iter().collect::<Option<Vec<_>>>() {
-                Some(v) => send(out, &merge_stats(v)),
-                None => send(out, &json!({"error": "the server loop does not answer"})),
+            let merged = parts
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .and_then(|v| Stat::merge(v, STAT_MAX_CONNECTIONS));
+            match merged {
+                Some(s) => send(out, &s),
+                None => send(out, &no_answer()),
             }
         }
-        Some("clients") => {
+        Request::Clients => {
             let parts = ctx.call_all(|lp| lp.clients());
             match parts.into_iter().collect::<Option<Vec<_>>>() {
-                Some(v) => send(out, &json!({ "clients": tag_rows(v) })),
-                None => send(out, &json!({"error": "the server loop does not answer"})),
+                Some(v) => send(out, &Clients::merge(v)),
+                None => send(out, &no_answer()),
             }
         }
-        Some("ping") => ping(out, req, ctx),
-        Some("stop") => {
-            send(out, &json!({"ok": true}))?;
+        Request::Ping(p) => ping(out, &p, ctx),
+        Request::Stop => {
+            send(out, &Done::OK)?;
             let _ = ctx.call(|lp| lp.stop());
             Ok(())
         }
-        other => send(out, &json!({"error": format!("unknown command {other:?}")})),
+        // Answered where the connection is read (`handle`).
+        Request::Attach(_) | Request::Pin | Request::ZcPort(_) => Ok(()),
     }
 }
 
-/// Rows from each shard (in shard order) as one list, each row with its shard.
-fn tag_rows(parts: Vec<Vec<Value>>) -> Vec<Value> {
-    if parts.len() == 1 {
-        return parts.into_iter().flatten().collect();
-    }
-    let mut rows: Vec<Value> = parts
-        .into_iter()
-        .enumerate()
-        .flat_map(|(k, v)| tagged(v, k))
-        .collect();
-    rows.sort_by_key(|r| r["id"].as_u64());
-    rows
-}
-
-/// `rows`, each with `"shard": k`.
-fn tagged(rows: Vec<Value>, k: usize) -> impl Iterator<Item = Value> {
-    rows.into_iter().map(move |mut r| {
-        r["shard"] = k.into();
-        r
-    })
-}
-
-/// Adds `b`'s numbers into `a`'s, key by key (objects of counters).
-fn add_numbers(a: &mut Value, b: &Value) {
-    let (Some(a), Some(b)) = (a.as_object_mut(), b.as_object()) else {
-        return;
-    };
-    for (k, v) in b {
-        match (a.get_mut(k), v.as_u64()) {
-            (Some(x), Some(y)) => *x = (x.as_u64().unwrap_or(0) + y).into(),
-            (None, Some(y)) => {
-                a.insert(k.clone(), y.into());
-            }
-            _ => {}
-        }
+fn no_answer() -> Refusal {
+    Refusal {
+        error: NO_ANSWER.into(),
     }
 }
 
-/// One `stat` from every shard's: totals (counters, pool, sockets, clients,
-/// listeners and connections, each row with its shard) and, for a sharded server,
-/// a row per shard.
-fn merge_stats(parts: Vec<Value>) -> Value {
-    let mut it = parts.into_iter();
-    let Some(mut all) = it.next() else {
-        return json!({"error": "no shards"});
-    };
-    let rest: Vec<Value> = it.collect();
-    if rest.is_empty() {
-        return all;
-    }
-    let shard_row = |k: usize, v: &Value| {
-        let c = &v["counters"];
-        json!({
-            "shard": k,
-            "clients": v["clients"].as_array().map_or(0, |a| a.len()),
-            "tcp_connections": v["tcp_connections_total"],
-            "pool_in_use": v["pool"]["in_use"],
-            "rx_frames": v["device_counters"]["rx_frames"],
-            "tx_frames": v["device_counters"]["tx_frames"],
-            "handoff_out": c["shard_handoff_out"],
-            "handoff_in": c["shard_handoff_in"],
-            "redirected": c["shard_redirected"],
-            "every_copies": c["shard_every_copies"],
-        })
-    };
-    let mut rows = vec![shard_row(0, &all)];
-    let tag = |list: &Value, k: usize| -> Vec<Value> {
-        tagged(list.as_array().cloned().unwrap_or_default(), k).collect()
-    };
-    let mut lists: Vec<(&str, Vec<Value>)> =
-        ["clients", "tcp_listeners", "tcp_connections", "fork_pins"]
-            .iter()
-            .map(|&key| (key, tag(&all[key], 0)))
-            .collect();
-    for (k, v) in rest.iter().enumerate() {
-        let k = k + 1;
-        rows.push(shard_row(k, v));
-        for key in ["counters", "device_counters", "pool", "sockets"] {
-            let add = v[key].clone();
-            add_numbers(&mut all[key], &add);
-        }
-        for key in [
-            "tcp_connections_total",
-            "sessions_closed",
-            "sessions_broken",
-            "shared_sockets",
-            "quota_sessions",
-        ] {
-            all[key] = (all[key].as_u64().unwrap_or(0) + v[key].as_u64().unwrap_or(0)).into();
-        }
-        for (key, list) in lists.iter_mut() {
-            list.extend(tag(&v[*key], k));
-        }
-    }
-    for (key, mut list) in lists {
-        if key == "clients" {
-            list.sort_by_key(|r| r["id"].as_u64());
-        }
-        if key == "tcp_connections" {
-            list.truncate(STAT_MAX_CONNECTIONS);
-        }
-        all[key] = list.into();
-    }
-    // A pool's buffer size is not a sum.
-    all["pool"]["buf_size"] = rest[0]["pool"]["buf_size"].clone();
-    all["shards"] = rows.into();
-    all
-}
-
-/// Everything `usnet stat` shows, as JSON.
-fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Value {
+/// Everything `usnet stat` shows, from one shard's loop.
+fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Stat {
     let dev = lp.driver.device_stats();
     let link_state = lp.driver.link_state();
     let device = lp.driver.device().name().to_string();
-    let uptime = lp.started.elapsed().as_secs_f64();
+    let uptime_s = lp.started.elapsed().as_secs_f64();
     let clients = lp.clients();
-    let closed = lp.sessions_closed;
-    let broken = lp.sessions_broken;
+    let sessions_closed = lp.sessions_closed;
+    let sessions_broken = lp.sessions_broken;
     let (shared, pins) = lp.fork_counts();
     let quota_sessions = lp.quota_sessions;
     let limits = lp.cfg.limits;
     let geometry = lp.cfg.geometry;
-    let boosted = lp.driver.booster().map(|b| b.boosted()).unwrap_or_default();
+    let boosted_now = lp.driver.booster().map(|b| b.boosted()).unwrap_or_default();
     let s = lp.stack();
-    let mut priority = serde_json::to_value(s.prio_status()).expect("status serialises");
-    // What the scheduler hook holds (the stack's view is `boosted`).
-    priority["boosted_now"] = boosted.into();
+    let prio = s.prio_status();
     let p = s.pool().stats();
-    json!({
-        "name": name,
-        "link": link,
-        "device": device,
-        "pid": std::process::id(),
-        "uptime_s": uptime,
-        "link_state": format!("{link_state:?}").to_lowercase(),
-        "mac": s.mac().to_string(),
-        "mtu": s.mtu(),
-        "addrs": s.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-        "services": services,
-        "counters": serde_json::to_value(s.counters_snapshot()).expect("counters serialise"),
-        "priority": priority,
-        "device_counters": dev.named().into_iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect::<serde_json::Map<_, _>>(),
-        "pool": {
-            "buf_size": s.pool().buf_size(), "count": s.pool().count(),
-            "in_use": p.in_use, "peak_in_use": p.peak_in_use,
-            "allocs": p.allocs, "exhausted": p.exhausted,
+    let (live, slots) = s.socket_count();
+    let conns = s.tcp_connections();
+    Stat {
+        name: name.into(),
+        link: link.into(),
+        device,
+        pid: std::process::id(),
+        uptime_s,
+        link_state: format!("{link_state:?}").to_lowercase(),
+        mac: s.mac().to_string(),
+        mtu: s.mtu() as u64,
+        addrs: s.addrs().iter().map(|a| a.to_string()).collect(),
+        services: services.to_vec(),
+        counters: s
+            .counters_snapshot()
+            .entries()
+            .into_iter()
+            .map(|(n, _, v)| (n.to_string(), v))
+            .collect(),
+        priority: msg::Priority {
+            forced_drop: prio.forced_drop,
+            priority: prio.priority,
+            set_size: prio.set_size as u64,
+            members: prio
+                .members
+                .iter()
+                .map(|m| msg::PrioMember {
+                    handle: m.handle,
+                    port: m.port,
+                    priority: m.priority,
+                    owner: m.owner,
+                    pid: m.pid,
+                })
+                .collect(),
+            ports: prio.ports,
+            forced_drop_active: prio.forced_drop_active,
+            boosted: prio.boosted,
+            boosted_now,
         },
-        "neighbors": s.neighbors().iter().map(|(ip, mac)| json!({
-            "ip": ip.to_string(),
-            "mac": mac.map(|m| m.to_string()),
-        })).collect::<Vec<_>>(),
-        "clients": clients,
-        "sessions_closed": closed,
-        "sessions_broken": broken,
-        "shared_sockets": shared,
-        "fork_pins": pins,
-        "quota_sessions": quota_sessions,
-        "limits": {
-            "max_clients": limits.max_sessions,
-            "client_sockets": geometry.max_sockets,
-            "ring_bytes": geometry.ring_bytes,
-            "max_backlog": limits.max_backlog,
-            "max_rcvbuf": limits.max_rcvbuf,
+        device_counters: dev
+            .named()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        pool: msg::PoolStat {
+            buf_size: s.pool().buf_size() as u64,
+            count: s.pool().count() as u64,
+            in_use: p.in_use as u64,
+            peak_in_use: p.peak_in_use as u64,
+            allocs: p.allocs,
+            exhausted: p.exhausted,
         },
-        "sockets": {"live": s.socket_count().0, "slots": s.socket_count().1},
-        "tcp_listeners": s.tcp_listeners().iter().map(|l| json!({
-            "local": l.local.to_string(),
-            "owner": l.owner.0,
-            "syn_queue": l.syn_queue,
-            "accept_queue": l.accept_queue,
-        })).collect::<Vec<_>>(),
-        "tcp_connections_total": s.tcp_connections().len(),
-        "tcp_connections": s.tcp_connections().iter().take(STAT_MAX_CONNECTIONS).map(|c| json!({
-            "local": c.local.to_string(),
-            "remote": c.remote.to_string(),
-            "owner": c.owner.0,
-            "state": format!("{:?}", c.info.state),
-            "orphan": c.orphan,
-            "srtt_us": c.info.srtt.map(|d| d.as_micros() as u64),
-            "rto_ms": c.info.rto.as_millis() as u64,
-            "cwnd": c.info.cwnd,
-            "ssthresh": c.info.ssthresh,
-            "mss": c.info.snd_mss,
-            "in_flight": c.info.bytes_in_flight,
-            "retransmits": c.info.total_retransmits,
-            "congestion": c.info.congestion,
-            "recv_q": c.info.recv_queued,
-            "send_q": c.info.send_queued,
-        })).collect::<Vec<_>>(),
-    })
+        neighbors: s
+            .neighbors()
+            .iter()
+            .map(|(ip, mac)| msg::Neighbor {
+                ip: ip.to_string(),
+                mac: mac.map(|m| m.to_string()),
+            })
+            .collect(),
+        clients,
+        sessions_closed,
+        sessions_broken,
+        shared_sockets: shared as u64,
+        fork_pins: pins
+            .into_iter()
+            .map(|(session, n)| msg::ForkPin {
+                session,
+                sockets: n as u64,
+                shard: None,
+            })
+            .collect(),
+        quota_sessions,
+        limits: msg::Limits {
+            max_clients: limits.max_sessions as u64,
+            client_sockets: geometry.max_sockets,
+            ring_bytes: geometry.ring_bytes,
+            max_backlog: limits.max_backlog as u64,
+            max_rcvbuf: limits.max_rcvbuf as u64,
+        },
+        sockets: msg::SocketCount {
+            live: live as u64,
+            slots: slots as u64,
+        },
+        tcp_listeners: s
+            .tcp_listeners()
+            .iter()
+            .map(|l| msg::Listener {
+                local: l.local.to_string(),
+                owner: l.owner.0,
+                syn_queue: l.syn_queue as u64,
+                accept_queue: l.accept_queue as u64,
+                shard: None,
+            })
+            .collect(),
+        tcp_connections_total: conns.len() as u64,
+        tcp_connections: conns
+            .iter()
+            .take(STAT_MAX_CONNECTIONS)
+            .map(|c| msg::Connection {
+                local: c.local.to_string(),
+                remote: c.remote.to_string(),
+                owner: c.owner.0,
+                state: format!("{:?}", c.info.state),
+                orphan: c.orphan,
+                srtt_us: c.info.srtt.map(|d| d.as_micros() as u64),
+                rto_ms: c.info.rto.as_millis() as u64,
+                cwnd: c.info.cwnd,
+                ssthresh: c.info.ssthresh,
+                mss: c.info.snd_mss,
+                in_flight: c.info.bytes_in_flight,
+                retransmits: c.info.total_retransmits,
+                congestion: c.info.congestion.to_string(),
+                recv_q: c.info.recv_queued as u64,
+                send_q: c.info.send_queued as u64,
+                shard: None,
+            })
+            .collect(),
+        shards: Vec::new(),
+    }
 }
 
 /// `usnet ping` from the server's own stack: an echo socket in the loop, polled from
 /// this thread; round-trip times come from the stack's clock (send and receive times).
-fn ping(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
-    let dst: IpAddr = match req["dst"].as_str().and_then(|s| s.parse().ok()) {
-        Some(d) => d,
-        None => return send(out, &json!({"error": "ping needs an IP address"})),
-    };
-    let count = req["count"].as_u64().unwrap_or(4).min(1_000_000);
-    let interval = Duration::from_millis(req["interval_ms"].as_u64().unwrap_or(1000));
-    let size = req["size"].as_u64().unwrap_or(56).min(65_000) as usize;
-    let timeout = Duration::from_millis(req["timeout_ms"].as_u64().unwrap_or(2000));
+fn ping(out: &mut UnixStream, req: &msg::Ping, ctx: &Ctx) -> io::Result<()> {
+    let dst = req.dst;
+    let count = req.count.min(1_000_000);
+    let interval = Duration::from_millis(req.interval_ms);
+    let size = req.size.min(65_000) as usize;
+    let timeout = Duration::from_millis(req.timeout_ms);
     let Some(h) = ctx.call(|lp| lp.stack().ping_open()) else {
-        return send(out, &json!({"error": "the server loop does not answer"}));
+        return send(out, &no_answer());
     };
     let (mut sent, mut received) = (0u64, 0u64);
     let result = (|| -> io::Result<()> {
@@ -964,18 +934,26 @@ fn ping(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
                             let rtt = r.at.saturating_since(at);
                             send(
                                 out,
-                                &json!({
-                                    "seq": seq, "from": r.from.to_string(), "bytes": r.len + 8,
-                                    "ttl": r.hop_limit,
-                                    "rtt_us": rtt.as_secs_f64() * 1e6,
-                                }),
+                                &PingEvent::Reply {
+                                    seq,
+                                    from: r.from,
+                                    bytes: r.len as u64 + 8,
+                                    ttl: r.hop_limit,
+                                    rtt_us: rtt.as_secs_f64() * 1e6,
+                                },
                             )?;
                         }
-                        None => send(out, &json!({"seq": seq, "timeout": true}))?,
+                        None => send(out, &PingEvent::Timeout { seq, timeout: true })?,
                     }
                 }
-                Some(Err(e)) => send(out, &json!({"seq": seq, "error": e.to_string()}))?,
-                None => return send(out, &json!({"error": "the server loop does not answer"})),
+                Some(Err(e)) => send(
+                    out,
+                    &PingEvent::Failed {
+                        seq,
+                        error: e.to_string(),
+                    },
+                )?,
+                None => return send(out, &no_answer()),
             }
             if i + 1 < count {
                 std::thread::sleep(interval.saturating_sub(t0.elapsed()));
@@ -987,6 +965,50 @@ fn ping(out: &mut UnixStream, req: &Value, ctx: &Ctx) -> io::Result<()> {
     result?;
     send(
         out,
-        &json!({"done": true, "sent": sent, "received": received}),
+        &PingEvent::Done {
+            done: true,
+            sent,
+            received,
+        },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap() -> usnet_abi::Geometry {
+        usnet_abi::Geometry {
+            max_sockets: 64,
+            ring_bytes: 1 << 20,
+            ..Default::default()
+        }
+    }
+
+    fn ask(max_sockets: Option<u64>, ring_bytes: Option<u64>) -> (u32, u32, bool) {
+        let req = msg::Attach {
+            max_sockets,
+            ring_bytes,
+            ..Default::default()
+        };
+        let (g, cut) = granted_geometry(&req, cap());
+        (g.max_sockets, g.ring_bytes, cut)
+    }
+
+    #[test]
+    fn a_client_gets_what_it_asks_within_the_caps_and_a_cut_is_told() {
+        assert_eq!(ask(None, None), (64, 256 << 10, false), "the defaults");
+        assert_eq!(ask(Some(8), Some(8192)), (8, 8192, false));
+        assert_eq!(ask(Some(0), None).0, 1, "at least one socket");
+        assert_eq!(ask(Some(u64::MAX), Some(u64::MAX)), (64, 256 << 10, true));
+        assert_eq!(
+            ask(None, Some(2 << 20)),
+            (64, 256 << 10, true),
+            "past the cap"
+        );
+        // Not a power of two, or below a page: the default, and no cut (it did not
+        // ask for more than the caps).
+        assert_eq!(ask(None, Some(5000)), (64, 256 << 10, false));
+        assert_eq!(ask(None, Some(1024)), (64, 256 << 10, false));
+    }
 }

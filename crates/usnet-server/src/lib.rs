@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use usnet_abi::{hdr, Geometry};
 use usnet_driver::{AnyClock, Driver, SystemClock};
 use usnet_link::Device;
+use usnet_session::ctl::msg::{ClientRow, ClientSocket};
 use usnet_stack::{Owner, SocketHandle, Stack};
 
 pub use bell::ServerBell;
@@ -406,7 +407,7 @@ impl Loop {
     /// One row per attached client (pid, command, sockets, calls served...).
     /// With each row, the client's TCP sockets as `ss -p` shows them and the bytes the
     /// stack holds for it (its sockets' send and receive queues: its share of buffers).
-    pub fn clients(&self) -> Vec<serde_json::Value> {
+    pub fn clients(&self) -> Vec<ClientRow> {
         let stack = self.driver.stack();
         let conns = stack.tcp_connections();
         let listeners = stack.tcp_listeners();
@@ -417,37 +418,40 @@ impl Loop {
                 let owner = s.owner();
                 let mut row = s.stats_row();
                 let mine: Vec<_> = conns.iter().filter(|c| c.owner == owner).collect();
-                let queued: u64 = mine
+                row.stack_bytes = mine
                     .iter()
                     .map(|c| (c.info.recv_queued + c.info.send_queued) as u64)
                     .sum();
-                let mut socks: Vec<serde_json::Value> = listeners
+                row.tcp = listeners
                     .iter()
                     .filter(|l| l.owner == owner)
-                    .map(|l| {
-                        serde_json::json!({
-                            "state": "LISTEN", "local": l.local.to_string(), "remote": "*",
-                            "recv_q": l.accept_queue, "send_q": 0,
-                        })
+                    .map(|l| ClientSocket {
+                        state: "LISTEN".into(),
+                        local: l.local.to_string(),
+                        remote: "*".into(),
+                        recv_q: l.accept_queue as u64,
+                        send_q: 0,
                     })
                     .collect();
-                socks.extend(mine.iter().take(STAT_MAX_CLIENT_SOCKETS).map(|c| {
-                    serde_json::json!({
-                        "state": format!("{:?}", c.info.state),
-                        "local": c.local.to_string(), "remote": c.remote.to_string(),
-                        "recv_q": c.info.recv_queued, "send_q": c.info.send_queued,
-                    })
-                }));
-                row["stack_bytes"] = queued.into();
-                row["tcp_connections"] = mine.len().into();
-                row["tcp"] = socks.into();
+                row.tcp.extend(
+                    mine.iter()
+                        .take(STAT_MAX_CLIENT_SOCKETS)
+                        .map(|c| ClientSocket {
+                            state: format!("{:?}", c.info.state),
+                            local: c.local.to_string(),
+                            remote: c.remote.to_string(),
+                            recv_q: c.info.recv_queued as u64,
+                            send_q: c.info.send_queued as u64,
+                        }),
+                );
+                row.tcp_connections = mine.len() as u64;
                 // Stack sockets the client holds, connections waiting in its
                 // listeners' accept queues included.
-                row["stack_sockets"] = stack.sockets_of(owner).len().into();
+                row.stack_sockets = stack.sockets_of(owner).len() as u64;
                 row
             })
             .collect();
-        v.sort_by_key(|r| r["id"].as_u64());
+        v.sort_by_key(|r| r.id);
         v
     }
 

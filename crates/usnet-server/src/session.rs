@@ -16,6 +16,7 @@ use usnet_abi::{
     FLAG_WR_SHUT, KIND_TCP, KIND_UDP, RECORD_HEADER, RECORD_PAD, SEND_ASYNC, SEND_EOR, SEND_MORE,
     SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING, SLOT_FREE, SLOT_OPEN, STAMP_TIMED, STAMP_TSONLY,
 };
+use usnet_session::ctl::msg::{ClientRow, ZcPortStat};
 use usnet_session::Session;
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::{ByteConsumer, ByteProducer, FutexBell};
@@ -134,24 +135,8 @@ pub(crate) struct Pinned {
     pub bound: Option<SocketAddr>,
 }
 
-/// Counters of one session (shown by `usnet stat`).
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct SessionStats {
-    pub calls: u64,
-    pub kicks: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub bad_requests: u64,
-    pub corrupt_rings: u64,
-    /// Requests refused or cut down by a per-client limit: a socket past the slot
-    /// quota (EMFILE), a listen backlog past `max_backlog`, an `SO_RCVBUF` past
-    /// `max_rcvbuf`, a geometry past the server's caps at attach.
-    pub quota_sockets: u64,
-    pub quota_backlog: u64,
-    pub quota_rcvbuf: u64,
-    pub quota_geometry: u64,
-    pub notifies: u64,
-}
+/// Counters of one session (shown by `usnet stat`): the control protocol's type.
+pub use usnet_session::ctl::msg::SessionStats;
 
 pub(crate) struct ServerSession {
     pub id: u32,
@@ -2317,20 +2302,21 @@ impl ServerSession {
         }
     }
 
-    pub fn stats_row(&self) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "pid": self.pid,
-            "command": self.command,
-            "sockets": self.socket_count(),
-            "max_sockets": self.mem.geometry().max_sockets,
-            "ring_bytes": self.mem.geometry().ring_bytes,
-            "stats": self.stats,
-            "zero_copy": self.zc.as_ref().map(|z| serde_json::json!({
-                "held_buffers": z.held_references(),
-                "bad_slots": z.bad_slots(),
-            })),
-        })
+    pub fn stats_row(&self) -> ClientRow {
+        ClientRow {
+            id: self.id,
+            pid: self.pid,
+            command: self.command.clone(),
+            sockets: self.socket_count() as u64,
+            max_sockets: self.mem.geometry().max_sockets,
+            ring_bytes: self.mem.geometry().ring_bytes,
+            stats: self.stats,
+            zero_copy: self.zc.as_ref().map(|z| ZcPortStat {
+                held_buffers: z.held_references() as u64,
+                bad_slots: z.bad_slots(),
+            }),
+            ..ClientRow::default()
+        }
     }
 }
 

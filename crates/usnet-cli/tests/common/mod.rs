@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use usnet_session::ctl::msg::Stat;
 
 pub mod veth_tcp;
 
@@ -298,12 +298,12 @@ impl Daemon {
         )
     }
 
-    pub fn counters(&self) -> Value {
-        self.stat_json()["counters"].clone()
+    pub fn counters(&self) -> Counters {
+        self.stat().counters
     }
 
-    /// `usnet stat --json`, whole.
-    pub fn stat_json(&self) -> Value {
+    /// `usnet stat --json`, read as the control protocol's answer.
+    pub fn stat(&self) -> Stat {
         let o = self.ctl(&["stat", "--json"], Duration::from_secs(10));
         assert!(o.ok(), "usnet stat --json: {}", o.describe());
         serde_json::from_str(&o.stdout).expect("stat JSON")
@@ -348,10 +348,12 @@ impl Drop for Daemon {
     }
 }
 
-pub fn counter(c: &Value, name: &str) -> u64 {
-    c[name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name} in {c}"))
+/// A stack's counters by name.
+pub type Counters = std::collections::BTreeMap<String, u64>;
+
+pub fn counter(c: &Counters, name: &str) -> u64 {
+    *c.get(name)
+        .unwrap_or_else(|| panic!("no counter {name} in {c:?}"))
 }
 
 /// Removes what a crashed earlier run may have left behind.

@@ -1,13 +1,18 @@
 //! Finding a running stack and talking to its control socket: a Unix stream socket
 //! named after the stack in the run directory, speaking one JSON request line and JSON
 //! lines back. `usnet stat`, `usnet ping`, `usnet down` and every client that attaches
-//! start here.
+//! start here. The messages are typed in [`msg`].
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+pub mod msg;
+
+pub use msg::Request;
 
 /// Where control sockets live: `$USNET_RUN_DIR`, else `/tmp/usnet-<uid>`.
 pub fn run_dir() -> PathBuf {
@@ -39,6 +44,8 @@ pub enum ControlError {
     Io(#[from] io::Error),
     #[error("the stack answered something unexpected: {0}")]
     Protocol(String),
+    #[error("the stack refused: {0}")]
+    Refused(String),
 }
 
 pub fn valid_name(name: &str) -> bool {
@@ -82,28 +89,49 @@ pub fn resolve(name: Option<&str>) -> Result<PathBuf, ControlError> {
     }
 }
 
-/// Sends one request and calls `each` for every JSON line of the answer.
-pub fn request(
+/// One request line (what [`call`] writes).
+pub fn request_line(req: &Request) -> String {
+    let mut line = serde_json::to_string(req).expect("a request serialises");
+    line.push('\n');
+    line
+}
+
+/// The answer line `line` as an `R`, or the stack's refusal (`{"error": ...}` with
+/// nothing else the answer could be: a ping's failed request carries its `seq`).
+pub fn parse_answer<R: DeserializeOwned>(line: &str) -> Result<R, ControlError> {
+    let v: Value =
+        serde_json::from_str(line.trim()).map_err(|e| ControlError::Protocol(e.to_string()))?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        if v.get("seq").is_none() {
+            return Err(ControlError::Refused(e.to_string()));
+        }
+    }
+    serde_json::from_value(v).map_err(|e| ControlError::Protocol(e.to_string()))
+}
+
+/// Sends one request and calls `each` for every line of the answer, read as `R`,
+/// until it returns false or the stack closes.
+pub fn call<R: DeserializeOwned>(
     path: &Path,
-    req: &Value,
-    mut each: impl FnMut(&Value) -> bool,
+    req: &Request,
+    mut each: impl FnMut(R) -> bool,
 ) -> Result<(), ControlError> {
     let mut s = UnixStream::connect(path)?;
-    let mut line = serde_json::to_string(req).expect("json");
-    line.push('\n');
-    s.write_all(line.as_bytes())?;
-    let reader = BufReader::new(s);
-    for l in reader.lines() {
-        let v: Value =
-            serde_json::from_str(&l?).map_err(|e| ControlError::Protocol(e.to_string()))?;
-        if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-            if v.get("seq").is_none() {
-                return Err(ControlError::Protocol(e.to_string()));
-            }
-        }
-        if !each(&v) {
+    s.write_all(request_line(req).as_bytes())?;
+    for l in BufReader::new(s).lines() {
+        if !each(parse_answer(&l?)?) {
             break;
         }
     }
     Ok(())
+}
+
+/// Sends one request whose answer is one line.
+pub fn call_one<R: DeserializeOwned>(path: &Path, req: &Request) -> Result<R, ControlError> {
+    let mut got = None;
+    call(path, req, |r| {
+        got = Some(r);
+        false
+    })?;
+    got.ok_or_else(|| ControlError::Protocol("no answer".into()))
 }
