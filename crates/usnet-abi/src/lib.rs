@@ -1,7 +1,8 @@
 //! The contract between a usnet stack server and its clients: what lives where in a
 //! client's session memory, and what the requests, completions and socket slots mean.
-//! Plain constants and `#[repr(C)]` types, no dependencies, so a client in any
-//! language can follow it (`include/usnet.h` mirrors it for C).
+//! Plain constants and `#[repr(C)]` types, no dependencies but the errno numbers of
+//! `usnet_api` (itself dependency-free), so a client in any language can follow it
+//! (`include/usnet.h` mirrors it for C).
 //!
 //! # A session
 //! A client connects to the stack's control socket and asks to attach. The server
@@ -949,38 +950,41 @@ pub mod tcp_info {
     pub const LEN: usize = 128;
 }
 
-/// The errno values the ABI uses (Linux's).
+/// The errno values the ABI uses (Linux's), as `i64`: a completion's result is
+/// one negated. The numbers are `usnet_api::errno`'s, usnet's one table.
 pub mod errno {
-    pub const EPERM: i64 = 1;
-    pub const EINTR: i64 = 4;
-    pub const ENXIO: i64 = 6;
-    pub const EBADF: i64 = 9;
-    pub const EAGAIN: i64 = 11;
-    pub const ENOMEM: i64 = 12;
-    pub const EFAULT: i64 = 14;
-    pub const EINVAL: i64 = 22;
-    pub const EMFILE: i64 = 24;
-    pub const EPIPE: i64 = 32;
-    pub const ENOENT: i64 = 2;
-    pub const ENOSYS: i64 = 38;
-    pub const ENOTSOCK: i64 = 88;
-    pub const EMSGSIZE: i64 = 90;
-    pub const ENOPROTOOPT: i64 = 92;
-    pub const EOPNOTSUPP: i64 = 95;
-    pub const EADDRINUSE: i64 = 98;
-    pub const EADDRNOTAVAIL: i64 = 99;
-    pub const ENETDOWN: i64 = 100;
-    pub const ENETUNREACH: i64 = 101;
-    pub const ECONNABORTED: i64 = 103;
-    pub const ECONNRESET: i64 = 104;
-    pub const ENOBUFS: i64 = 105;
-    pub const EISCONN: i64 = 106;
-    pub const ENOTCONN: i64 = 107;
-    pub const ETIMEDOUT: i64 = 110;
-    pub const ECONNREFUSED: i64 = 111;
-    pub const EHOSTUNREACH: i64 = 113;
-    pub const EALREADY: i64 = 114;
-    pub const EINPROGRESS: i64 = 115;
+    use usnet_api::errno as e;
+
+    pub const EPERM: i64 = e::EPERM as i64;
+    pub const EINTR: i64 = e::EINTR as i64;
+    pub const ENXIO: i64 = e::ENXIO as i64;
+    pub const EBADF: i64 = e::EBADF as i64;
+    pub const EAGAIN: i64 = e::EAGAIN as i64;
+    pub const ENOMEM: i64 = e::ENOMEM as i64;
+    pub const EFAULT: i64 = e::EFAULT as i64;
+    pub const EINVAL: i64 = e::EINVAL as i64;
+    pub const EMFILE: i64 = e::EMFILE as i64;
+    pub const EPIPE: i64 = e::EPIPE as i64;
+    pub const ENOENT: i64 = e::ENOENT as i64;
+    pub const ENOSYS: i64 = e::ENOSYS as i64;
+    pub const ENOTSOCK: i64 = e::ENOTSOCK as i64;
+    pub const EMSGSIZE: i64 = e::EMSGSIZE as i64;
+    pub const ENOPROTOOPT: i64 = e::ENOPROTOOPT as i64;
+    pub const EOPNOTSUPP: i64 = e::EOPNOTSUPP as i64;
+    pub const EADDRINUSE: i64 = e::EADDRINUSE as i64;
+    pub const EADDRNOTAVAIL: i64 = e::EADDRNOTAVAIL as i64;
+    pub const ENETDOWN: i64 = e::ENETDOWN as i64;
+    pub const ENETUNREACH: i64 = e::ENETUNREACH as i64;
+    pub const ECONNABORTED: i64 = e::ECONNABORTED as i64;
+    pub const ECONNRESET: i64 = e::ECONNRESET as i64;
+    pub const ENOBUFS: i64 = e::ENOBUFS as i64;
+    pub const EISCONN: i64 = e::EISCONN as i64;
+    pub const ENOTCONN: i64 = e::ENOTCONN as i64;
+    pub const ETIMEDOUT: i64 = e::ETIMEDOUT as i64;
+    pub const ECONNREFUSED: i64 = e::ECONNREFUSED as i64;
+    pub const EHOSTUNREACH: i64 = e::EHOSTUNREACH as i64;
+    pub const EALREADY: i64 = e::EALREADY as i64;
+    pub const EINPROGRESS: i64 = e::EINPROGRESS as i64;
 }
 
 #[cfg(test)]

@@ -49,3 +49,57 @@ pub trait SocketApi {
     /// Closes a socket of any kind.
     fn close(&mut self, h: Handle) -> io::Result<()>;
 }
+
+/// Linux's errno numbers, usnet's one table: the stack's `StackError::errno`, the
+/// stack server's ABI (`usnet_abi::errno`) and the client library take them from
+/// here. Here because this crate depends on nothing, so the sans-IO stack and the
+/// ABI can both use it without the stack importing the server's ABI. Written out
+/// rather than taken from `libc`: the ABI's numbers are Linux's on any build, and
+/// neither the stack nor the ABI needs libc; a test holds them to `libc`'s.
+pub mod errno {
+    macro_rules! table {
+        ($($name:ident = $n:literal,)*) => {
+            $(pub const $name: i32 = $n;)*
+
+            #[cfg(all(test, target_os = "linux"))]
+            #[test]
+            fn numbers_are_linux() {
+                $(assert_eq!($name, libc::$name, stringify!($name));)*
+            }
+        };
+    }
+
+    table! {
+        EPERM = 1,
+        ENOENT = 2,
+        EINTR = 4,
+        ENXIO = 6,
+        EBADF = 9,
+        EAGAIN = 11,
+        ENOMEM = 12,
+        EFAULT = 14,
+        EINVAL = 22,
+        EMFILE = 24,
+        EPIPE = 32,
+        ENOSYS = 38,
+        ENOTSOCK = 88,
+        EMSGSIZE = 90,
+        ENOPROTOOPT = 92,
+        ESOCKTNOSUPPORT = 94,
+        EOPNOTSUPP = 95,
+        EADDRINUSE = 98,
+        EADDRNOTAVAIL = 99,
+        ENETDOWN = 100,
+        ENETUNREACH = 101,
+        ECONNABORTED = 103,
+        ECONNRESET = 104,
+        ENOBUFS = 105,
+        EISCONN = 106,
+        ENOTCONN = 107,
+        ETIMEDOUT = 110,
+        ECONNREFUSED = 111,
+        EHOSTUNREACH = 113,
+        EALREADY = 114,
+        EINPROGRESS = 115,
+    }
+}

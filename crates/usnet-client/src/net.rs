@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use usnet_abi::{slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF};
-use usnet_api::{Handle, Readiness, SocketApi};
+use usnet_api::{errno, Handle, Readiness, SocketApi};
 
 use crate::sock::Sock;
 use crate::{Client, TcpListener, TcpStream, UdpSocket};
@@ -38,7 +38,7 @@ pub struct ClientNet {
 }
 
 fn ebadf() -> io::Error {
-    io::Error::from_raw_os_error(9)
+    io::Error::from_raw_os_error(errno::EBADF)
 }
 
 impl ClientNet {
@@ -91,7 +91,7 @@ impl ClientNet {
     fn stream(&self, h: Handle) -> io::Result<&TcpStream> {
         match self.get(h)? {
             Entry::Stream(s) => Ok(s),
-            _ => Err(io::Error::from_raw_os_error(88)),
+            _ => Err(io::Error::from_raw_os_error(errno::ENOTSOCK)),
         }
     }
 
@@ -125,7 +125,7 @@ impl SocketApi for ClientNet {
                 }
                 l.accept()?.0
             }
-            _ => return Err(io::Error::from_raw_os_error(22)),
+            _ => return Err(io::Error::from_raw_os_error(errno::EINVAL)),
         };
         Ok(self.insert(Entry::Stream(s)))
     }
@@ -167,14 +167,14 @@ impl SocketApi for ClientNet {
     fn udp_send_to(&mut self, h: Handle, data: &[u8], to: SocketAddr) -> io::Result<usize> {
         match self.get(h)? {
             Entry::Udp(u) => u.send_to(data, to),
-            _ => Err(io::Error::from_raw_os_error(88)),
+            _ => Err(io::Error::from_raw_os_error(errno::ENOTSOCK)),
         }
     }
 
     fn udp_recv_from(&mut self, h: Handle, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
         match self.get(h)? {
             Entry::Udp(u) => u.recv_from(buf),
-            _ => Err(io::Error::from_raw_os_error(88)),
+            _ => Err(io::Error::from_raw_os_error(errno::ENOTSOCK)),
         }
     }
 

@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use usnet_api::errno;
 use usnet_client::{Client, Event, Interest, Mode, Poller, TcpListener, TcpStream, UdpSocket};
 
 fn sa(s: &str) -> SocketAddr {
@@ -225,7 +226,7 @@ fn connect_to_a_closed_port_is_refused_and_nop_round_trips() {
     let c = Client::attach("refused").unwrap();
     c.nop().unwrap();
     let e = TcpStream::connect(&c, sa("10.66.0.1:9")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(111), "{e}");
+    assert_eq!(e.raw_os_error(), Some(errno::ECONNREFUSED), "{e}");
 }
 
 #[test]
@@ -359,7 +360,7 @@ fn a_fast_open_connect_the_stack_refuses_leaves_the_socket_unconnected() {
     let _l = TcpListener::bind(&c, to).unwrap();
     let s = Socket::new(&c, SocketKind::Tcp).unwrap();
     let (s, e) = s.connect_fastopen(to, b"x").map(|_| ()).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(95), "EOPNOTSUPP: {e}");
+    assert_eq!(e.raw_os_error(), Some(errno::EOPNOTSUPP), "{e}");
     // The socket comes back and still connects the ordinary way.
     let a = s.connect_start(to).unwrap();
     wait_connected(&a);
@@ -464,7 +465,7 @@ fn a_syn_to_a_port_bound_but_not_listening_is_refused() {
     let s = Socket::new(&c, SocketKind::Tcp).unwrap();
     s.bind(to).unwrap();
     let e = TcpStream::connect(&c, to).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(111), "ECONNREFUSED: {e}");
+    assert_eq!(e.raw_os_error(), Some(errno::ECONNREFUSED), "{e}");
     // Listening on it then accepts.
     let l = s.listen(8).unwrap();
     let _a = TcpStream::connect(&c, to).unwrap();
@@ -696,7 +697,6 @@ fn bind_holds_the_port_and_port_zero_is_chosen_at_bind() {
     use usnet_client::{Socket, SocketKind};
     let _srv = common::server("bindhold", |_| {});
     let c = Client::attach("bindhold").unwrap();
-    const EADDRINUSE: i32 = 98;
     // Port 0: the port is chosen at bind, and getsockname says which.
     let a = Socket::new(&c, SocketKind::Tcp).unwrap();
     a.bind(sa("10.66.0.1:0")).unwrap();
@@ -707,12 +707,12 @@ fn bind_holds_the_port_and_port_zero_is_chosen_at_bind() {
     let e = b
         .bind(SocketAddr::new("0.0.0.0".parse().unwrap(), p))
         .unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(EADDRINUSE), "{e}");
+    assert_eq!(e.raw_os_error(), Some(errno::EADDRINUSE), "{e}");
     // A listener holds it too.
     let l = a.listen(8).unwrap();
     assert_eq!(l.local_addr().unwrap().port(), p);
     let e = b.bind(sa(&format!("10.66.0.1:{p}"))).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(EADDRINUSE), "{e}");
+    assert_eq!(e.raw_os_error(), Some(errno::EADDRINUSE), "{e}");
     drop(l);
     // Closed: free again.
     b.bind(sa(&format!("10.66.0.1:{p}"))).unwrap();
@@ -724,7 +724,10 @@ fn bind_holds_the_port_and_port_zero_is_chosen_at_bind() {
     x.bind_with(to, 0, true).unwrap();
     y.bind_with(to, 0, true).unwrap();
     let z = Socket::new(&c, SocketKind::Tcp).unwrap();
-    assert_eq!(z.bind(to).unwrap_err().raw_os_error(), Some(EADDRINUSE));
+    assert_eq!(
+        z.bind(to).unwrap_err().raw_os_error(),
+        Some(errno::EADDRINUSE)
+    );
     let lx = x.listen(8).unwrap();
     let _a = TcpStream::connect(&c, to).unwrap();
     let _b = lx.accept().unwrap();

@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use usnet_abi::zc::Slot;
-use usnet_stack::zerocopy::{
-    ZcPort, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
+use usnet_abi::zc::{
+    Slot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
 };
-use usnet_stack::Stack;
+use usnet_stack::zerocopy::{self, ZcPort};
+use usnet_stack::{SocketHandle, Stack};
 
 use crate::conn::LINGER;
 use crate::http::{Outq, Responses, Session};
@@ -66,6 +66,23 @@ pub trait Rings {
     fn tx_waiting(&self) -> bool;
 }
 
+/// The stack's slot as the rings' common (ABI) slot; the flag bits are the same
+/// (usnet-server checks that at compile time).
+fn abi_slot(s: &zerocopy::Slot) -> Slot {
+    Slot {
+        buf: s.buf,
+        off: s.off,
+        len: s.len,
+        flags: s.flags,
+        socket: s.socket,
+    }
+}
+
+fn stack_slot(s: &Slot) -> zerocopy::Slot {
+    let h = SocketHandle::from_raw(s.socket);
+    zerocopy::Slot::new(h, s.buf, s.off, s.len, s.flags)
+}
+
 /// The stack's own port, for one turn.
 struct InProcess<'a> {
     stack: &'a mut Stack,
@@ -75,19 +92,19 @@ struct InProcess<'a> {
 impl Rings for InProcess<'_> {
     fn rx_slot(&self) -> Option<Slot> {
         (self.port.rx.head != self.port.rx.tail)
-            .then(|| (*self.port.rx.slot(self.port.rx.head)).into())
+            .then(|| abi_slot(self.port.rx.slot(self.port.rx.head)))
     }
     fn rx_pass(&mut self) {
         self.port.rx.head = self.port.rx.next(self.port.rx.head);
     }
     fn payload(&self, s: &Slot) -> Option<&[u8]> {
-        self.stack.zc_bytes(self.port, &(*s).into())
+        self.stack.zc_bytes(self.port, &stack_slot(s))
     }
     fn tx_space(&self) -> u32 {
         self.port.tx.tx_space()
     }
     fn send(&mut self, s: Slot) -> bool {
-        self.port.tx.push(s.into())
+        self.port.tx.push(stack_slot(&s))
     }
     fn alloc(&mut self) -> Option<u32> {
         self.stack.zc_alloc(self.port)
@@ -104,7 +121,7 @@ impl Rings for InProcess<'_> {
         let mut i = from;
         while i != self.port.tx.tail {
             let s = *self.port.tx.slot(i);
-            if s.flags & SLOT_ERROR != 0 && s.buf != NO_BUF {
+            if s.flags & zerocopy::SLOT_ERROR != 0 && s.buf != zerocopy::NO_BUF {
                 let _ = self.stack.zc_free(self.port, s.buf);
             }
             i = self.port.tx.next(i);

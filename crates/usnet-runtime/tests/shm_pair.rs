@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use usnet_api::errno;
 use usnet_link::shm::{ShmConfig, ShmDevice};
 use usnet_runtime::{NetStack, PingSocket, RuntimeConfig, ServiceKind, UdpSocket};
 use usnet_stack::{mac_from_seed, StackConfig};
@@ -67,7 +68,7 @@ fn nonblocking_recv_and_timeouts() {
     s.set_nonblocking(true);
     let mut buf = [0u8; 16];
     let e = s.recv_from(&mut buf).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(11), "EAGAIN");
+    assert_eq!(e.raw_os_error(), Some(errno::EAGAIN));
     s.set_nonblocking(false);
     let mut t = UdpSocket::bind(&b, "0.0.0.0:4001".parse().unwrap()).unwrap();
     t.set_read_timeout(Some(Duration::from_millis(50)));

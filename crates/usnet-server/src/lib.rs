@@ -22,6 +22,7 @@ pub mod privs;
 mod session;
 mod shared;
 mod zc;
+mod zc_slots;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

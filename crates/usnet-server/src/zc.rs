@@ -15,6 +15,8 @@ use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
 use usnet_stack::zerocopy::ZcPort;
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
+use crate::zc_slots::{from_abi, to_abi};
+
 pub(crate) struct ServerZc {
     pub area: ZcArea,
     port: ZcPort,
@@ -110,7 +112,7 @@ impl ServerZc {
         if passed <= port.rx.distance(port.rx.head, port.rx.tail) {
             let mut i = port.rx.head;
             while i != rx_head {
-                *port.rx.slot_mut(i) = area.read_slot(ZcRing::Rx, i).into();
+                *port.rx.slot_mut(i) = from_abi(area.read_slot(ZcRing::Rx, i));
                 i = port.rx.next(i);
             }
         }
@@ -121,7 +123,7 @@ impl ServerZc {
         let tx_head = area.indices(ZcRing::Tx).0.load(Acquire) % port.tx.size();
         let mut i = port.tx.tail;
         while i != tx_head {
-            *port.tx.slot_mut(i) = area.read_slot(ZcRing::Tx, i).into();
+            *port.tx.slot_mut(i) = from_abi(area.read_slot(ZcRing::Tx, i));
             i = port.tx.next(i);
         }
         port.tx.head = tx_head;
@@ -132,7 +134,7 @@ impl ServerZc {
         // The TX slots taken, with any SLOT_ERROR the stack set, then `tail`.
         let mut i = tx_tail;
         while i != port.tx.tail {
-            area.write_slot(ZcRing::Tx, i, &(*port.tx.slot(i)).into());
+            area.write_slot(ZcRing::Tx, i, &to_abi(port.tx.slot(i)));
             i = port.tx.next(i);
         }
         area.indices(ZcRing::Tx).1.store(port.tx.tail, Release);
@@ -140,7 +142,7 @@ impl ServerZc {
         // that ran past `tail` is refused again at every sync until the client fixes it.)
         let mut i = rx_tail;
         while i != port.rx.tail {
-            area.write_slot(ZcRing::Rx, i, &(*port.rx.slot(i)).into());
+            area.write_slot(ZcRing::Rx, i, &to_abi(port.rx.slot(i)));
             i = port.rx.next(i);
         }
         area.indices(ZcRing::Rx).1.store(port.rx.tail, Release);

@@ -9,7 +9,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use usnet_api::{Handle as SocketHandle, SocketApi};
+use usnet_api::{errno, Handle as SocketHandle, SocketApi};
 
 /// A service: `poll` does what is due and returns whether it did work.
 pub trait Service: Send {
@@ -78,7 +78,7 @@ impl ServiceKind {
     /// Only the UDP service.
     pub fn start_udp(self, stack: &mut dyn SocketApi) -> io::Result<Box<dyn Service>> {
         if let ServiceKind::Http(_) = self {
-            return Err(io::Error::from_raw_os_error(94)); // ESOCKTNOSUPPORT
+            return Err(io::Error::from_raw_os_error(errno::ESOCKTNOSUPPORT));
         }
         let sock = stack.udp_bind(SocketAddr::from(([0u16; 8], self.port())))?;
         Ok(Box::new(UdpService {

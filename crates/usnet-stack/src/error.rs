@@ -1,5 +1,7 @@
-//! The stack's errors. [`StackError::errno`] is the one errno table of usnet: the
-//! runtime, the C ABI and the packetdrill backend all report errors through it.
+//! The stack's errors. [`StackError::errno`] is the one mapping from a stack error to
+//! an errno (the runtime and the stack server, so the C ABI and the packetdrill
+//! backend too, report errors through it); the numbers are `usnet_api::errno`'s,
+//! usnet's one table.
 
 use std::net::IpAddr;
 
@@ -46,24 +48,25 @@ pub enum StackError {
 impl StackError {
     /// The errno a C caller sees.
     pub fn errno(self) -> i32 {
+        use usnet_api::errno::*;
         match self {
-            StackError::WouldBlock => 11,         // EAGAIN
-            StackError::AddrInUse => 98,          // EADDRINUSE
-            StackError::AddrNotAvailable => 99,   // EADDRNOTAVAIL
-            StackError::InvalidHandle => 9,       // EBADF
-            StackError::NotConnected => 107,      // ENOTCONN
-            StackError::NoRoute => 113,           // EHOSTUNREACH
-            StackError::MessageTooLong => 90,     // EMSGSIZE
-            StackError::NoBuffers => 105,         // ENOBUFS
-            StackError::InvalidInput => 22,       // EINVAL
-            StackError::WrongType => 88,          // ENOTSOCK
-            StackError::ConnectionRefused => 111, // ECONNREFUSED
-            StackError::ConnectionReset => 104,   // ECONNRESET
-            StackError::ConnectionAborted => 103, // ECONNABORTED
-            StackError::TimedOut => 110,          // ETIMEDOUT
-            StackError::BrokenPipe => 32,         // EPIPE
-            StackError::HostUnreachable => 113,   // EHOSTUNREACH
-            StackError::NetUnreachable => 101,    // ENETUNREACH
+            StackError::WouldBlock => EAGAIN,
+            StackError::AddrInUse => EADDRINUSE,
+            StackError::AddrNotAvailable => EADDRNOTAVAIL,
+            StackError::InvalidHandle => EBADF,
+            StackError::NotConnected => ENOTCONN,
+            StackError::NoRoute => EHOSTUNREACH,
+            StackError::MessageTooLong => EMSGSIZE,
+            StackError::NoBuffers => ENOBUFS,
+            StackError::InvalidInput => EINVAL,
+            StackError::WrongType => ENOTSOCK,
+            StackError::ConnectionRefused => ECONNREFUSED,
+            StackError::ConnectionReset => ECONNRESET,
+            StackError::ConnectionAborted => ECONNABORTED,
+            StackError::TimedOut => ETIMEDOUT,
+            StackError::BrokenPipe => EPIPE,
+            StackError::HostUnreachable => EHOSTUNREACH,
+            StackError::NetUnreachable => ENETUNREACH,
         }
     }
 }

@@ -15,6 +15,7 @@ mod common;
 
 use common::icmp::{icmp_for, inject, set_quoted_seq, tcp_of, Says};
 use common::{cfg, sa, transfer_with};
+use usnet_api::errno::{EHOSTUNREACH, ENETUNREACH};
 use usnet_stack::sim::{Faults, Hop, SimNet};
 use usnet_stack::{StackConfig, StackError, TcpState};
 use usnet_wire::{self as wire, unreach, unreach_v6};
@@ -402,7 +403,7 @@ fn a_soft_error_is_what_a_later_timeout_reports() {
             Err(want),
             "{server}: the socket reports it"
         );
-        assert_eq!(want.errno(), if v4 { 113 } else { 101 });
+        assert_eq!(want.errno(), if v4 { EHOSTUNREACH } else { ENETUNREACH });
         let _ = net.stack_mut(0).tcp_close(c);
         let _ = net.stack_mut(1).tcp_close(l);
     }

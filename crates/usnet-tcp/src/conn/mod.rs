@@ -70,8 +70,8 @@ use timers::Timers;
 use timestamps::Timestamps;
 use wmem::Wmem;
 
-/// Why a connection ended abnormally. The stack maps it to its own error type, whose
-/// errno table is the only one (`usnet_stack::StackError::errno`).
+/// Why a connection ended abnormally. The stack maps it to its own error type, and
+/// that to an errno (`usnet_stack::StackError::errno`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TcpError {
     /// RST in answer to our SYN (ECONNREFUSED).
