@@ -321,3 +321,128 @@ pub(super) fn families(f: u64) -> Families {
         _ => Families::Both,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::*;
+
+    use usnet_abi::{
+        errno, op, slot, SockAddr, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_TCP, KIND_UDP,
+        SHUT_WR, SLOT_FREE,
+    };
+
+    use crate::fuzzing::{Harness, ADDR};
+
+    const TCP: [u64; 6] = [KIND_TCP, 0, 0, 0, 0, 0];
+
+    fn at(port: u16) -> [u64; 6] {
+        let a = SockAddr::from_std((ADDR, port).into()).to_args();
+        [a[0], a[1], a[2], a[3], 0, 0]
+    }
+
+    fn flags(h: &Harness, i: u32) -> u32 {
+        h.mem().slot_word(i, slot::FLAGS).load(Acquire)
+    }
+
+    #[test]
+    fn a_second_bind_to_a_held_port_is_eaddrinuse_until_the_holder_closes() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 0);
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 1);
+        assert_eq!(h.call(op::BIND, 0, at(7100)), 0);
+        assert_ne!(flags(&h, 0) & FLAG_BOUND, 0);
+        assert_eq!(
+            h.mem().slot_addr(0, slot::LOCAL).to_std(),
+            Some((ADDR, 7100).into())
+        );
+        assert_eq!(h.call(op::BIND, 1, at(7100)), -errno::EADDRINUSE);
+        assert_eq!(h.call(op::BIND, 0, at(7101)), -errno::EINVAL, "bound twice");
+        // Closing the holder lets go of the port.
+        assert_eq!(h.call(op::CLOSE, 0, [0; 6]), 0);
+        assert_eq!(h.call(op::BIND, 1, at(7100)), 0);
+        h.finish();
+    }
+
+    #[test]
+    fn a_call_on_a_slot_that_is_not_open_is_ebadf_and_counted() {
+        let mut h = Harness::new();
+        let listen = [4, 0, 0, 0, 0, 0];
+        assert_eq!(h.call(op::LISTEN, 3, listen), -errno::EBADF, "never opened");
+        assert_eq!(
+            h.call(op::LISTEN, 99, listen),
+            -errno::EBADF,
+            "no such slot"
+        );
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 0);
+        assert_eq!(h.call(op::CLOSE, 0, [0; 6]), 0);
+        assert_eq!(h.mem().slot_word(0, slot::STATE).load(Acquire), SLOT_FREE);
+        assert_eq!(h.call(op::LISTEN, 0, listen), -errno::EBADF, "closed");
+        assert_eq!(h.call(op::MAX + 1, 0, [0; 6]), -errno::ENOSYS);
+        assert_eq!(h.parts(1).0.stats.bad_requests, 4);
+        h.finish();
+    }
+
+    #[test]
+    fn sockets_past_the_quota_are_emfile() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [9, 0, 0, 0, 0, 0]), -errno::EINVAL);
+        for i in 0..4 {
+            let kind = if i % 2 == 0 { KIND_TCP } else { KIND_UDP };
+            assert_eq!(h.call(op::SOCKET, 0, [kind, 0, 0, 0, 0, 0]), i);
+        }
+        assert_eq!(h.call(op::SOCKET, 0, TCP), -errno::EMFILE);
+        assert_eq!(h.parts(1).0.stats.quota_sockets, 1);
+        h.finish();
+    }
+
+    #[test]
+    fn listen_connect_and_accept_make_a_connection_with_its_addresses() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 0);
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 1);
+        assert_eq!(
+            h.call(op::ACCEPT, 0, [0; 6]),
+            -errno::EINVAL,
+            "not listening"
+        );
+        assert_eq!(h.call(op::BIND, 0, at(7102)), 0);
+        assert_eq!(h.call(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]), 0);
+        assert_eq!(h.call(op::ACCEPT, 0, [0; 6]), -errno::EAGAIN, "nobody yet");
+        assert_eq!(h.call(op::CONNECT, 1, at(7102)), 0);
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(h.call(op::ACCEPT, 0, [0; 6]), 2);
+        h.turn();
+        let local = |h: &Harness, i| h.mem().slot_addr(i, slot::LOCAL).to_std();
+        let peer = |h: &Harness, i| h.mem().slot_addr(i, slot::PEER).to_std();
+        assert_eq!(local(&h, 2), Some((ADDR, 7102).into()));
+        assert_eq!(peer(&h, 1), Some((ADDR, 7102).into()));
+        assert_eq!(peer(&h, 2), local(&h, 1));
+        for i in [1, 2] {
+            assert_ne!(flags(&h, i) & FLAG_CONNECTED, 0, "slot {i} connected");
+        }
+        assert_eq!(h.call(op::CONNECT, 1, at(7102)), -errno::EISCONN);
+        assert_eq!(h.call(op::LISTEN, 1, [4, 0, 0, 0, 0, 0]), -errno::EINVAL);
+        h.finish();
+    }
+
+    #[test]
+    fn shutdown_checks_its_argument_and_role_then_ends_the_stream() {
+        let mut h = Harness::new();
+        h.connected_pair(7103);
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 3);
+        assert_eq!(
+            h.call(op::SHUTDOWN, 3, [SHUT_WR, 0, 0, 0, 0, 0]),
+            -errno::ENOTCONN
+        );
+        assert_eq!(h.call(op::SHUTDOWN, 1, [7, 0, 0, 0, 0, 0]), -errno::EINVAL);
+        assert_eq!(flags(&h, 2) & FLAG_RX_EOF, 0);
+        assert_eq!(h.call(op::SHUTDOWN, 1, [SHUT_WR, 0, 0, 0, 0, 0]), 0);
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_ne!(flags(&h, 2) & FLAG_RX_EOF, 0, "the peer saw the FIN");
+        h.finish();
+    }
+}

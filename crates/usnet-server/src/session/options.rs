@@ -382,3 +382,97 @@ pub(super) fn apply_deferred(stack: &mut Stack, s: &mut Sock, h: SocketHandle) {
         let _ = apply_mcast(stack, h, &a);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use usnet_abi::{errno, op, opt, tcp_info, SockAddr, KIND_TCP, KIND_UDP};
+
+    use crate::fuzzing::{Harness, ADDR};
+
+    fn at(port: u16) -> [u64; 6] {
+        let a = SockAddr::from_std((ADDR, port).into()).to_args();
+        [a[0], a[1], a[2], a[3], 0, 0]
+    }
+
+    #[test]
+    fn an_unknown_option_is_enoprotoopt_both_ways() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]), 0);
+        let bogus = [0xdead, 1, 1, 0, 0, 0];
+        assert_eq!(h.call(op::SETSOCKOPT, 0, bogus), -errno::ENOPROTOOPT);
+        assert_eq!(h.call(op::GETSOCKOPT, 0, bogus), -errno::ENOPROTOOPT);
+        h.finish();
+    }
+
+    #[test]
+    fn tcp_info_needs_a_connection_and_reports_it_established() {
+        let mut h = Harness::new();
+        h.connected_pair(7110);
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]), 3);
+        let info = [opt::IPPROTO_TCP, opt::TCP_INFO, 0, 0, 0, 0];
+        assert_eq!(h.call(op::GETSOCKOPT, 3, info), -errno::ENOTCONN);
+        assert_eq!(h.call(op::GETSOCKOPT, 1, info), tcp_info::LEN as i64);
+        let mut b = [0u8; tcp_info::LEN];
+        h.mem().read_info(1, &mut b);
+        let state = u32::from_le_bytes(b[tcp_info::STATE..][..4].try_into().unwrap());
+        assert_eq!(state, 1, "TCP_ESTABLISHED");
+        h.finish();
+    }
+
+    /// TCP_MAXSEG set before `connect` is kept on the slot and caps the MSS the SYN
+    /// offers: the accepting side sends segments no larger.
+    #[test]
+    fn tcp_maxseg_before_connect_caps_the_mss_offered() {
+        let mut h = Harness::new();
+        let tcp = [KIND_TCP, 0, 0, 0, 0, 0];
+        assert_eq!(h.call(op::SOCKET, 0, tcp), 0);
+        assert_eq!(h.call(op::SOCKET, 0, tcp), 1);
+        assert_eq!(h.call(op::BIND, 0, at(7111)), 0);
+        assert_eq!(h.call(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]), 0);
+        let maxseg = [opt::IPPROTO_TCP, opt::TCP_MAXSEG, 500, 0, 0, 0];
+        assert_eq!(h.call(op::SETSOCKOPT, 1, maxseg), 0);
+        assert_eq!(
+            h.parts(1).0.socks[1].as_ref().unwrap().connect_mss,
+            Some(500)
+        );
+        assert_eq!(h.call(op::CONNECT, 1, at(7111)), 0);
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_eq!(h.call(op::ACCEPT, 0, [0; 6]), 2);
+        let mss = h.call(op::GETSOCKOPT, 2, maxseg);
+        assert!(mss > 0 && mss <= 500, "the accepted side's MSS is {mss}");
+        h.finish();
+    }
+
+    #[test]
+    fn a_receive_buffer_past_the_limit_is_cut_and_counted() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]), 0);
+        assert_eq!(h.call(op::BIND, 0, at(7112)), 0);
+        let rcvbuf = |v| [opt::SOL_SOCKET, opt::SO_RCVBUF, v, 0, 0, 0];
+        assert_eq!(h.call(op::SETSOCKOPT, 0, rcvbuf(4096)), 0);
+        assert_eq!(h.parts(1).0.stats.quota_rcvbuf, 0);
+        assert_eq!(h.call(op::SETSOCKOPT, 0, rcvbuf(1 << 30)), 0);
+        assert_eq!(h.parts(1).0.stats.quota_rcvbuf, 1);
+        h.finish();
+    }
+
+    /// A multicast option on a UDP socket that has no stack socket yet waits on the
+    /// slot and is applied when the bind makes one.
+    #[test]
+    fn a_multicast_option_before_bind_waits_for_the_stack_socket() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]), 0);
+        let ttl = [opt::IPPROTO_IP, opt::IP_MULTICAST_TTL, 5, 0, 0, 0];
+        assert_eq!(h.call(op::SETSOCKOPT, 0, ttl), 0);
+        let deferred = |h: &mut Harness| h.parts(1).0.socks[0].as_ref().unwrap().deferred.len();
+        assert_eq!(deferred(&mut h), 1);
+        assert_eq!(h.call(op::BIND, 0, at(7113)), 0);
+        assert_eq!(deferred(&mut h), 0, "applied at bind");
+        // Bound: applied at once.
+        assert_eq!(h.call(op::SETSOCKOPT, 0, ttl), 0);
+        assert_eq!(deferred(&mut h), 0);
+        h.finish();
+    }
+}
