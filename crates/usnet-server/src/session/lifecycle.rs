@@ -162,3 +162,151 @@ impl ServerSession {
         Departure { shared, draining }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::*;
+
+    use usnet_abi::{
+        errno, op, slot, SockAddr, FLAG_ERROR, FLAG_RX_EOF, KIND_TCP, KIND_UDP, SLOT_FREE,
+    };
+    use usnet_stack::Owner;
+
+    use crate::fuzzing::{Harness, ADDR};
+
+    const TCP: [u64; 6] = [KIND_TCP, 0, 0, 0, 0, 0];
+
+    fn at(port: u16) -> [u64; 6] {
+        let a = SockAddr::from_std((ADDR, port).into()).to_args();
+        [a[0], a[1], a[2], a[3], 0, 0]
+    }
+
+    fn flags(h: &Harness, i: u32) -> u32 {
+        h.mem().slot_word(i, slot::FLAGS).load(Acquire)
+    }
+
+    /// Session 2's slot 0 listens on `port` and its slot 1 is the connection from
+    /// session 1's slot 0.
+    fn across(h: &mut Harness, port: u16) {
+        h.add_session(2);
+        h.target(2);
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 0);
+        assert_eq!(h.call(op::BIND, 0, at(port)), 0);
+        assert_eq!(h.call(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]), 0);
+        h.target(1);
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 0);
+        assert_eq!(h.call(op::CONNECT, 0, at(port)), 0);
+        for _ in 0..4 {
+            h.turn();
+        }
+        h.target(2);
+        assert_eq!(h.call(op::ACCEPT, 0, [0; 6]), 1);
+    }
+
+    /// A closed connection's slot is given back once what its send ring held went
+    /// out, followed by a FIN (not a reset), and the next socket takes the slot.
+    #[test]
+    fn a_closed_slot_is_given_back_after_its_bytes_went_out() {
+        let mut h = Harness::new();
+        h.connected_pair(7130);
+        h.send_bytes(1, &[3u8; 3000]);
+        assert_eq!(h.call(op::CLOSE, 1, [0; 6]), 0);
+        let mut got = Vec::new();
+        for _ in 0..8 {
+            h.turn();
+            got.extend(h.recv(2));
+        }
+        assert_eq!(got, vec![3u8; 3000]);
+        assert_ne!(flags(&h, 2) & FLAG_RX_EOF, 0, "a FIN");
+        assert_eq!(flags(&h, 2) & FLAG_ERROR, 0, "not a reset");
+        assert_eq!(h.mem().slot_word(1, slot::STATE).load(Acquire), SLOT_FREE);
+        assert_eq!(h.call(op::SOCKET, 0, TCP), 1, "the slot is reused");
+        h.finish();
+    }
+
+    /// A client dies with received bytes unread: its connection is reset (as the
+    /// kernel's close does), its datagram socket's port is free again, and it holds
+    /// no stack socket.
+    #[test]
+    fn a_dead_client_with_unread_bytes_resets_and_lets_go_of_everything() {
+        let mut h = Harness::new();
+        across(&mut h, 7131);
+        h.target(1);
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]), 1);
+        assert_eq!(h.call(op::BIND, 1, at(7132)), 0);
+        h.target(2);
+        h.send_bytes(1, b"never read");
+        h.submit(&usnet_abi::Request {
+            op: op::TX_KICK,
+            slot: 1,
+            ..Default::default()
+        });
+        for _ in 0..4 {
+            h.turn();
+        }
+        h.remove(1);
+        assert!(h.stack().sockets_of(Owner(1)).is_empty());
+        for _ in 0..4 {
+            h.turn();
+        }
+        assert_ne!(flags(&h, 1) & FLAG_ERROR, 0, "the peer was reset");
+        let e = h.mem().slot_word(1, slot::ERROR).load(Acquire);
+        assert_eq!(i64::from(e), errno::ECONNRESET);
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]), 2);
+        assert_eq!(h.call(op::BIND, 2, at(7132)), 0, "the dead client's port");
+        h.finish();
+    }
+
+    /// A client dies with bytes in its send ring the server had not taken yet: they
+    /// still go out (the kernel sends a closed socket's buffer), then a FIN.
+    #[test]
+    fn a_dead_clients_unsent_bytes_go_out_before_its_fin() {
+        let mut h = Harness::new();
+        across(&mut h, 7133);
+        h.target(1);
+        // No kick: the server has not looked at the ring when the client dies.
+        h.send_bytes(0, &[9u8; 3000]);
+        h.remove(1);
+        let mut got = Vec::new();
+        for _ in 0..8 {
+            h.turn();
+            got.extend(h.recv(1));
+        }
+        assert_eq!(got, vec![9u8; 3000]);
+        assert_ne!(flags(&h, 1) & FLAG_RX_EOF, 0, "a FIN");
+        assert_eq!(flags(&h, 1) & FLAG_ERROR, 0, "not a reset");
+        h.finish();
+    }
+
+    /// A panic while serving is caught and marks the session broken; its departure
+    /// then runs none of the requests it had left (a healthy one's runs them).
+    #[test]
+    fn a_panic_is_contained_and_the_broken_session_runs_nothing_more() {
+        let mut h = Harness::new();
+        h.add_session(2);
+        let socket = usnet_abi::Request {
+            op: op::SOCKET,
+            args: TCP,
+            ..Default::default()
+        };
+        for id in [1, 2] {
+            h.target(id);
+            h.submit(&socket);
+            h.submit(&socket);
+        }
+        let (s, stack) = h.parts(1);
+        s.panic_next = true;
+        let e = s
+            .serve_contained(stack, 16)
+            .expect_err("the panic is caught");
+        assert!(e.contains("injected"), "{e}");
+        assert!(s.broken);
+        s.depart(stack, 16);
+        assert_eq!(s.stats.calls, 0, "nothing run after the panic");
+        let (s, stack) = h.parts(2);
+        s.depart(stack, 16);
+        assert_eq!(s.stats.calls, 2, "a healthy session's are served");
+        assert_eq!(s.socket_count(), 0, "and closed with it");
+        h.finish();
+    }
+}

@@ -600,3 +600,76 @@ impl ServerSession {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::*;
+
+    use usnet_abi::{hdr, op, Request};
+
+    use crate::fuzzing::Harness;
+
+    /// The completions in the ring, taken as the client takes them.
+    fn completions(h: &Harness) -> Vec<u64> {
+        let mem = h.mem();
+        let head = mem.word(hdr::CQ_HEAD).load(Acquire);
+        let mut tail = mem.word(hdr::CQ_TAIL).load(Relaxed);
+        let mut tags = Vec::new();
+        while tail != head {
+            tags.push(mem.read_completion(tail).tag);
+            tail = tail.wrapping_add(1);
+        }
+        mem.word(hdr::CQ_TAIL).store(tail, Release);
+        tags
+    }
+
+    fn nop(tag: u64) -> Request {
+        Request {
+            op: op::NOP,
+            tag,
+            ..Default::default()
+        }
+    }
+
+    /// Completions that do not fit the completion ring (8 entries here) wait in the
+    /// backlog and reach the client, in order, once it makes room.
+    #[test]
+    fn completions_past_a_full_ring_wait_and_keep_their_order() {
+        let mut h = Harness::new();
+        for tag in 1..=8 {
+            h.submit(&nop(tag));
+        }
+        h.turn();
+        for tag in 9..=12 {
+            h.submit(&nop(tag));
+        }
+        h.turn();
+        assert_eq!(h.parts(1).0.backlog.len(), 4);
+        assert!(h.parts(1).0.has_work(), "the backlog is work");
+        assert_eq!(completions(&h), (1..=8).collect::<Vec<_>>());
+        h.turn();
+        assert_eq!(completions(&h), (9..=12).collect::<Vec<_>>());
+        assert_eq!(h.parts(1).0.stats.calls, 12);
+        h.finish();
+    }
+
+    /// Kicks complete nothing and are counted apart from calls; a kick for a slot
+    /// that is not open is ignored.
+    #[test]
+    fn kicks_complete_nothing_and_are_not_calls() {
+        let mut h = Harness::new();
+        for (op, slot) in [(op::TX_KICK, 0), (op::RX_KICK, 3), (op::NOP, 0)] {
+            h.submit(&Request {
+                op,
+                slot,
+                tag: 77,
+                ..Default::default()
+            });
+        }
+        h.turn();
+        assert_eq!(completions(&h), [77], "only the NOP completes");
+        let stats = h.parts(1).0.stats;
+        assert_eq!((stats.calls, stats.kicks, stats.bad_requests), (1, 2, 0));
+        h.finish();
+    }
+}

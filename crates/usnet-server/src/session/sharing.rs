@@ -206,3 +206,145 @@ impl ServerSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::*;
+
+    use usnet_abi::{op, slot, Request, SockAddr, FLAG_NOT_RECEIVER, FLAG_SHARED, KIND_TCP};
+    use usnet_stack::SocketHandle;
+
+    use super::SHARED;
+    use crate::fuzzing::{Harness, ADDR};
+
+    fn flags(h: &Harness, i: u32) -> u32 {
+        h.mem().slot_word(i, slot::FLAGS).load(Acquire)
+    }
+
+    fn handle(h: &mut Harness, id: u32, i: u32) -> SocketHandle {
+        h.parts(id).0.socks[i as usize]
+            .as_ref()
+            .and_then(|s| s.handle)
+            .expect("a stack socket")
+    }
+
+    /// Bytes into the target session's slot `i`, with the kick.
+    fn write(h: &Harness, i: u32, data: &[u8]) {
+        h.send_bytes(i, data);
+        h.submit(&Request {
+            op: op::TX_KICK,
+            slot: i,
+            ..Default::default()
+        });
+    }
+
+    fn turns(h: &mut Harness) {
+        for _ in 0..4 {
+            h.turn();
+        }
+    }
+
+    /// After a fork both sessions hold the parent's sockets: the same stack sockets,
+    /// shared, each holder's writes go out, and the received stream goes to one
+    /// holder only (the parent, which had it).
+    #[test]
+    fn a_socket_shared_after_fork_is_served_for_both_holders() {
+        let mut h = Harness::new();
+        h.connected_pair(7140);
+        h.fork();
+        for i in 0..3 {
+            let (parent, child) = (handle(&mut h, 1, i), handle(&mut h, 2, i));
+            assert_eq!(parent, child, "slot {i}: one stack socket");
+            assert_eq!(h.stack().owner(parent), Some(SHARED));
+        }
+        h.target(2);
+        assert_ne!(flags(&h, 1) & FLAG_SHARED, 0);
+        assert_ne!(flags(&h, 2) & FLAG_NOT_RECEIVER, 0, "the parent receives");
+        write(&h, 1, b"from the child, ");
+        turns(&mut h);
+        h.target(1);
+        write(&h, 1, b"from the parent");
+        turns(&mut h);
+        assert_eq!(h.recv(2), b"from the child, from the parent");
+        h.target(2);
+        assert!(h.recv(2).is_empty(), "not the child's stream");
+        h.finish();
+    }
+
+    /// A shared socket lives while a holder has it: the parent's close leaves the
+    /// listener to the child, which still accepts on it; the child's close, the last
+    /// one, closes it.
+    #[test]
+    fn a_shared_socket_is_closed_when_its_last_holder_lets_go() {
+        let mut h = Harness::new();
+        h.connected_pair(7141);
+        h.fork();
+        let listener = handle(&mut h, 1, 0);
+        assert_eq!(h.call(op::CLOSE, 0, [0; 6]), 0);
+        assert_eq!(
+            h.stack().owner(listener),
+            Some(SHARED),
+            "the child holds it"
+        );
+        // The parent connects to it from the slot it freed.
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]), 0);
+        let a = SockAddr::from_std((ADDR, 7141).into()).to_args();
+        assert_eq!(h.call(op::CONNECT, 0, [a[0], a[1], a[2], a[3], 0, 0]), 0);
+        turns(&mut h);
+        h.target(2);
+        assert_eq!(h.call(op::ACCEPT, 0, [0; 6]), 3, "still listening");
+        assert_eq!(h.call(op::CLOSE, 0, [0; 6]), 0);
+        assert_eq!(
+            h.stack().owner(listener),
+            None,
+            "closed with the last holder"
+        );
+        h.finish();
+    }
+
+    /// A holder that reads a shared stream it does not receive asks for it
+    /// (`op::RX_WANT`): the receiver yields, and what it had not read moves to the
+    /// asker's ring first, then the new bytes.
+    #[test]
+    fn the_stream_moves_to_the_holder_that_asks_with_what_was_unread() {
+        let mut h = Harness::new();
+        h.connected_pair(7142);
+        h.fork();
+        h.target(1);
+        write(&h, 1, b"unread, ");
+        turns(&mut h);
+        h.target(2);
+        h.submit(&Request {
+            op: op::RX_WANT,
+            slot: 2,
+            ..Default::default()
+        });
+        turns(&mut h);
+        assert_eq!(flags(&h, 2) & FLAG_NOT_RECEIVER, 0, "the child receives");
+        h.target(1);
+        assert_ne!(flags(&h, 2) & FLAG_NOT_RECEIVER, 0, "the parent does not");
+        write(&h, 1, b"then new");
+        turns(&mut h);
+        assert!(h.recv(2).is_empty(), "taken from the parent's ring");
+        h.target(2);
+        assert_eq!(h.recv(2), b"unread, then new");
+        h.finish();
+    }
+
+    /// The receiver dies: the stream passes to the holder left, and the connection
+    /// goes on with it.
+    #[test]
+    fn when_the_receiver_dies_the_stream_passes_to_the_holder_left() {
+        let mut h = Harness::new();
+        h.connected_pair(7143);
+        h.fork();
+        h.remove(1);
+        h.target(2);
+        turns(&mut h);
+        assert_eq!(flags(&h, 2) & FLAG_NOT_RECEIVER, 0, "the child receives");
+        write(&h, 1, b"after the parent");
+        turns(&mut h);
+        assert_eq!(h.recv(2), b"after the parent");
+        h.finish();
+    }
+}
