@@ -38,7 +38,8 @@ use crate::session::{ServerSession, SHARED};
 use crate::shared::Sharing;
 use crate::ServerLimits;
 
-const ADDR: [u8; 4] = [10, 77, 0, 1];
+/// The stack's address: connections and datagrams to it are delivered locally.
+pub(crate) const ADDR: [u8; 4] = [10, 77, 0, 1];
 // A UDP record's header holds the length and the address.
 const _: () = assert!(RECORD_HEADER >= 8 + SockAddr::LEN);
 
@@ -168,7 +169,7 @@ impl Harness {
         h
     }
 
-    fn add_session(&mut self, id: u32) {
+    pub(crate) fn add_session(&mut self, id: u32) {
         let mem = Session::create(id, geometry()).expect("session memory");
         let session =
             ServerSession::new(id, 0, "fuzz".into(), mem.clone(), limits()).expect("session");
@@ -383,6 +384,107 @@ impl Harness {
         }
         let p = self.stack.pool().stats();
         assert_eq!(p.in_use, 0, "packet buffers leaked: {p:?}");
+    }
+}
+
+/// For the session's unit tests (`crate::session`): the same harness, with calls
+/// that wait for their completion and a look inside.
+#[cfg(test)]
+impl Harness {
+    /// Points the client-side helpers at session `id`.
+    pub(crate) fn target(&mut self, id: u32) {
+        self.target = id;
+    }
+
+    pub(crate) fn stack(&self) -> &Stack {
+        &self.stack
+    }
+
+    /// Session `id` with the stack, to call it or look at its state directly.
+    pub(crate) fn parts(&mut self, id: u32) -> (&mut ServerSession, &mut Stack) {
+        (
+            self.sessions.get_mut(&id).expect("session"),
+            &mut self.stack,
+        )
+    }
+
+    /// Request `op` on `slot`, served: its result. At most 4 turns (a call never
+    /// waits for the network: the stack's own address is delivered in the turn).
+    pub(crate) fn call(&mut self, op: u16, slot: u32, args: [u64; 6]) -> i64 {
+        use std::sync::atomic::Ordering::*;
+        let tag = 0xca11_0000_0000 | u64::from(self.mem().word(hdr::SQ_HEAD).load(Relaxed));
+        self.submit(&Request {
+            op,
+            slot,
+            tag,
+            args,
+            ..Default::default()
+        });
+        for _ in 0..4 {
+            self.turn();
+            let mem = self.mem();
+            let head = mem.word(hdr::CQ_HEAD).load(Acquire);
+            let mut tail = mem.word(hdr::CQ_TAIL).load(Relaxed);
+            let mut found = None;
+            while tail != head {
+                let c = mem.read_completion(tail);
+                if c.tag == tag {
+                    found = Some(c.result);
+                }
+                tail = tail.wrapping_add(1);
+            }
+            mem.word(hdr::CQ_TAIL).store(tail, Release);
+            if let Some(r) = found {
+                return r;
+            }
+        }
+        panic!("op {op} on slot {slot} was never completed");
+    }
+
+    /// What slot `i`'s receive ring holds, read as the client reads it (with the
+    /// kicks the server asked for).
+    pub(crate) fn recv(&self, i: u32) -> Vec<u8> {
+        use std::sync::atomic::Ordering::*;
+        let at = self.mem().rx_ring(i);
+        let r = self.mem().region();
+        let prod = r.u64(at.prod).load(Acquire);
+        let cons = r.u64(at.cons).load(Relaxed);
+        let mut out = vec![0u8; prod.wrapping_sub(cons) as usize];
+        for (k, b) in out.iter_mut().enumerate() {
+            let off = at.data + ((cons as usize + k) & (at.size - 1));
+            r.read(off, std::slice::from_mut(b)).expect("in the ring");
+        }
+        self.consume(i);
+        out
+    }
+
+    /// Session `target`'s slot 0 listens on `port`, slot 1 connects to it and slot
+    /// 2 is the accepted connection.
+    pub(crate) fn connected_pair(&mut self, port: u16) {
+        use std::sync::atomic::Ordering::*;
+        let req = |op, slot, args| Request {
+            op,
+            slot,
+            args,
+            ..Default::default()
+        };
+        let a = SockAddr::from_std((ADDR, port).into()).to_args();
+        let addr = [a[0], a[1], a[2], a[3], 0, 0];
+        self.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        self.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
+        self.turn();
+        self.submit(&req(op::BIND, 0, addr));
+        self.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
+        self.submit(&req(op::CONNECT, 1, addr));
+        for _ in 0..4 {
+            self.turn();
+        }
+        self.submit(&req(op::ACCEPT, 0, [0; 6]));
+        self.turn();
+        assert_eq!(
+            self.mem().slot_word(2, slot::STATE).load(Acquire),
+            usnet_abi::SLOT_OPEN
+        );
     }
 }
 
@@ -705,31 +807,6 @@ mod tests {
         );
     }
 
-    /// Session 1's slot 0 listens on `port`, slot 1 connects to it and slot 2 is the
-    /// accepted connection.
-    fn connected_pair(h: &mut Harness, port: u16) {
-        let req = |op, slot, args| Request {
-            op,
-            slot,
-            args,
-            ..Default::default()
-        };
-        let a = SockAddr::from_std((ADDR, port).into()).to_args();
-        let addr = [a[0], a[1], a[2], a[3], 0, 0];
-        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
-        h.submit(&req(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]));
-        h.turn();
-        h.submit(&req(op::BIND, 0, addr));
-        h.submit(&req(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]));
-        h.submit(&req(op::CONNECT, 1, addr));
-        for _ in 0..4 {
-            h.turn();
-        }
-        h.submit(&req(op::ACCEPT, 0, [0; 6]));
-        h.turn();
-        assert_eq!(h.mem().slot_word(2, slot::STATE).load(Acquire), SLOT_OPEN);
-    }
-
     #[test]
     fn a_shared_stream_moves_to_the_child_with_what_the_parent_left_unread() {
         let mut h = Harness::new();
@@ -739,7 +816,7 @@ mod tests {
             args,
             ..Default::default()
         };
-        connected_pair(&mut h, 7001);
+        h.connected_pair(7001);
         h.send_bytes(1, b"unread by the parent");
         h.submit(&req(op::TX_KICK, 1, [0; 6]));
         for _ in 0..4 {
@@ -775,9 +852,9 @@ mod tests {
         let mut h = Harness::new();
         h.add_session(2);
         h.target = 2;
-        connected_pair(&mut h, 7010);
+        h.connected_pair(7010);
         h.target = 1;
-        connected_pair(&mut h, 7011);
+        h.connected_pair(7011);
         assert_eq!(h.stack.sockets_of(Owner(1)).len(), 3);
         h.sessions.get_mut(&1).unwrap().panic_next = true;
         h.turn();
@@ -829,7 +906,7 @@ mod tests {
                 0,
             ]
         };
-        connected_pair(&mut h, 7002);
+        h.connected_pair(7002);
         // One turn sees: cork on, 100 bytes, cork off, cork on (the order the
         // client made them in: bytes are in the ring before the requests after them).
         h.submit(&req(op::SETSOCKOPT, 2, cork(1)));
@@ -882,7 +959,7 @@ mod tests {
                 0,
             ]
         };
-        connected_pair(&mut h, 7003);
+        h.connected_pair(7003);
         let rx = h.mem().rx_ring(1);
         let got = |h: &Harness| h.mem().region().u64(rx.prod).load(Acquire);
         // The hold is set before the bytes and before the request is seen.

@@ -1,0 +1,965 @@
+//! Bytes between a slot's rings and its stack socket: the send ring drained into the
+//! stack (stream bytes, or UDP records), received bytes and datagrams moved into the
+//! receive ring, the slot's readiness flags, and the send-side reports that follow
+//! the stack's progress (`slot::TX_CREDIT`, SO_ZEROCOPY's `slot::TX_ACKED`,
+//! SO_TIMESTAMPING's error queue).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::*;
+
+use usnet_abi::{
+    errno, slot, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
+    FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER, RECORD_PAD,
+    SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
+};
+use usnet_shm::ByteProducer;
+use usnet_stack::{Owner, SocketHandle, Stack, StackError};
+
+use super::{err, options::apply_deferred, Role, ServerSession, SessionStats, Sock};
+
+impl ServerSession {
+    pub(super) fn activate(&mut self, i: u32) {
+        if let Some(s) = self.socks[i as usize].as_mut() {
+            if !s.tx_active {
+                s.tx_active = true;
+                self.active.push(i);
+            }
+        }
+    }
+
+    /// Moves bytes from the send rings of active sockets into the stack, at most
+    /// `chunk` bytes per socket (the cluster size × clusters per request).
+    pub fn drain_all(&mut self, stack: &mut Stack) {
+        for i in std::mem::take(&mut self.rx_again) {
+            self.refresh(stack, i);
+        }
+        self.publish_acked(stack);
+        let mut k = 0;
+        while k < self.ts_watched.len() {
+            if self.stamp_progress(stack, self.ts_watched[k]) {
+                k += 1;
+            } else {
+                self.ts_watched.swap_remove(k);
+            }
+        }
+        let mut k = 0;
+        while k < self.active.len() {
+            let i = self.active[k];
+            if self.drain_tx(stack, i) {
+                k += 1;
+            } else {
+                self.active.swap_remove(k);
+            }
+        }
+    }
+
+    /// For each SO_ZEROCOPY connection: how far the peer acknowledged the send
+    /// ring's bytes (`slot::TX_ACKED`; `u64::MAX` once it can send no more), with an
+    /// event when it moved.
+    fn publish_acked(&mut self, stack: &mut Stack) {
+        let mut k = 0;
+        while k < self.zc_watched.len() {
+            let i = self.zc_watched[k];
+            let Some((h, consumed)) = self.socks[i as usize]
+                .as_ref()
+                .filter(|s| s.zc_watch)
+                .and_then(|s| s.handle.map(|h| (h, s.tx.position())))
+            else {
+                self.zc_watched.swap_remove(k);
+                continue;
+            };
+            k += 1;
+            let s = self.socks[i as usize].as_mut().expect("watched");
+            let acked = match stack.tcp_info(h) {
+                Ok(info) if info.state != usnet_stack::TcpState::Closed => {
+                    s.tx_gaps.acked(consumed, info.send_queued as u64)
+                }
+                _ => u64::MAX,
+            };
+            let w = self.mem.slot_u64(i, slot::TX_ACKED);
+            if w.load(Relaxed) != acked {
+                w.store(acked, Release);
+                self.bump(i);
+            }
+        }
+    }
+
+    /// Moves what slot `i`'s send ring holds into the stack. Returns whether the socket
+    /// stays active (more bytes, or the stack pushed back).
+    pub(super) fn drain_tx(&mut self, stack: &mut Stack, i: u32) -> bool {
+        let chunk = self.limits.chunk;
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return false;
+        };
+        if !s.tx_active {
+            return false;
+        }
+        let mut avail = match s.tx.available() {
+            Ok(n) => n,
+            Err(_) => {
+                self.stats.corrupt_rings += 1;
+                0
+            }
+        };
+        // Bytes past a hold wait for the request that set it (`slot::TX_HOLD`);
+        // a closing socket's go regardless.
+        let hold = self.mem.slot_u64(i, slot::TX_HOLD).load(Acquire);
+        let mut held = false;
+        if hold != 0 && !s.closing {
+            let room = (hold - 1).saturating_sub(s.tx.position());
+            let room = usize::try_from(room).unwrap_or(usize::MAX);
+            held = avail > room;
+            avail = avail.min(room);
+        }
+        let mut moved = 0usize;
+        let mut pushed_back = false;
+        match (s.role, s.handle) {
+            (Role::Conn, Some(h)) if avail > 0 => {
+                let want = avail.min(chunk);
+                let tx = &mut s.tx;
+                match stack.tcp_send_with(h, want, |dst| tx.read(dst)) {
+                    Ok(n) => {
+                        moved = n;
+                        s.written += n as u64;
+                        pushed_back = n < want;
+                    }
+                    Err(StackError::WouldBlock) => pushed_back = true,
+                    Err(_) => {
+                        // The connection failed or was shut down: the bytes can never
+                        // go out; drop them as the kernel would.
+                        s.tx.skip(avail);
+                    }
+                }
+                s.tx.release();
+            }
+            (Role::Udp, _) if avail > 0 || s.pending_dgram.is_some() => {
+                let owner = Owner(self.id);
+                let mut bound = None;
+                let (m, back) = Self::drain_udp(
+                    stack,
+                    s,
+                    owner,
+                    &mut bound,
+                    &mut self.scratch,
+                    chunk,
+                    &mut self.stats,
+                );
+                moved = m;
+                pushed_back = back;
+                if let Some(h) = bound {
+                    // sendto bound the socket: it is the client's like any other
+                    // (owner clean-up, readiness, received datagrams), and the client
+                    // learns its address now.
+                    self.by_handle.insert(h, i);
+                    self.refresh(stack, i);
+                }
+            }
+            (_, _) if avail > 0 => {
+                // Bytes on a socket that cannot send (not connected): discard them.
+                s.tx.skip(avail);
+                s.tx.release();
+            }
+            _ => {}
+        }
+        self.stats.bytes_in += moved as u64;
+        let s = self.socks[i as usize].as_mut().expect("still here");
+        if held && !pushed_back {
+            // The rest waits for the request that set the hold, which activates
+            // the socket again (a client that never sends it only holds itself).
+            s.tx_active = false;
+            if moved > 0 {
+                self.bump(i);
+            }
+            return false;
+        }
+        let left = s.tx.ready();
+        if pushed_back || left > 0 || s.pending_dgram.is_some() {
+            if moved > 0 {
+                self.bump(i);
+            }
+            return true;
+        }
+        // Drained. A close or SHUT_WR that waited for it happens now.
+        let (closing, shut_wr) = (s.closing, s.shut_wr);
+        if closing {
+            self.finish_close(stack, i);
+            return false;
+        }
+        if shut_wr {
+            if let Some(h) = s.handle.filter(|_| s.role == Role::Conn) {
+                s.shut_wr = false;
+                let _ = stack.tcp_shutdown_write(h);
+                self.set_flags(i, FLAG_WR_SHUT, 0);
+            }
+        }
+        // Arm the kick, then look once more (Dekker with the client's publish:
+        // usnet_shm::arm).
+        let s = self.socks[i as usize].as_mut().expect("still here");
+        let armed = self.mem.slot_word(i, slot::TX_ARMED);
+        if usnet_shm::arm::arm(armed, || s.tx.available().unwrap_or(0) > 0) {
+            return true;
+        }
+        s.tx_active = false;
+        if moved > 0 {
+            self.bump(i);
+        }
+        false
+    }
+
+    /// `op::SEND`: the write that lies in slot `i`'s send ring from `start` to `end`,
+    /// taken by the stack as Linux's `tcp_sendmsg` takes one (chunk by chunk within
+    /// the send buffer's limit, `MSG_MORE`, `MSG_EOR`). Bytes before `start` go in
+    /// first, as [`Self::drain_tx`] moves them; what the stack refuses of the write
+    /// is dropped from the ring (the client tells the program it was not taken).
+    /// Returns the bytes of the write the stack took.
+    pub(super) fn op_send(
+        &mut self,
+        stack: &mut Stack,
+        i: u32,
+        start: u64,
+        end: u64,
+        flags: u64,
+    ) -> i64 {
+        let chunk = self.limits.chunk;
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return -errno::EBADF;
+        };
+        let (Role::Conn, Some(h)) = (s.role, s.handle) else {
+            return -errno::EPIPE;
+        };
+        let Ok(avail) = s.tx.available() else {
+            self.stats.corrupt_rings += 1;
+            return -errno::EINVAL;
+        };
+        s.send_used = true;
+        let pos = s.tx.position();
+        if start > end || end > pos + avail as u64 || end - start > s.tx.size() as u64 {
+            self.stats.bad_requests += 1;
+            return -errno::EINVAL;
+        }
+        // Bytes written before this write, in the usual way (a drain may also have
+        // taken some of this write's already: the stack took them).
+        let mut at = pos;
+        while at < start {
+            let want = ((start - at) as usize).min(chunk);
+            let tx = &mut s.tx;
+            match stack.tcp_send_with(h, want, |dst| tx.read(dst)) {
+                Ok(n) if n > 0 => at += n as u64,
+                _ => break,
+            }
+        }
+        s.written += at - pos;
+        let before = at.saturating_sub(start).min(end - start);
+        let mut leftover = false;
+        let mut took = before;
+        let mut moved = at - pos;
+        let left = end - at.max(start);
+        if at >= start && left > 0 {
+            let n = left as usize;
+            if self.scratch.len() < n {
+                self.scratch.resize(n, 0);
+            }
+            let got = s.tx.peek(0, &mut self.scratch[..n]);
+            let more = flags & SEND_MORE != 0;
+            let r = stack.tcp_send_more(h, &self.scratch[..got], more);
+            let k = match r {
+                Ok(k) => k,
+                Err(StackError::WouldBlock) => 0,
+                Err(_) if flags & SEND_ASYNC != 0 => 0,
+                Err(e) => {
+                    s.tx.skip(got);
+                    s.tx.release();
+                    return err(e);
+                }
+            };
+            if flags & SEND_EOR != 0 && k == got && k > 0 {
+                let _ = stack.tcp_end_record(h);
+            }
+            if flags & SEND_ASYNC != 0 {
+                // The client counted every byte as taken: what the stack did not
+                // take (it should not happen within the credit) goes out later by
+                // the usual drain, never dropped.
+                s.tx.skip(k);
+                if k < got {
+                    leftover = true;
+                }
+            } else {
+                s.tx.skip(got);
+                if k < got && s.zc_watch {
+                    s.tx_gaps
+                        .push(s.tx.position() - (got - k) as u64, (got - k) as u64);
+                }
+            }
+            took += k as u64;
+            moved += k as u64;
+            s.written += k as u64;
+        } else if left > 0 && flags & SEND_ASYNC != 0 {
+            leftover = true;
+        } else if left > 0 {
+            // Older bytes still wait: the write gets nothing now, and is dropped.
+            let n = left as usize;
+            s.tx.skip(n);
+            if s.zc_watch {
+                s.tx_gaps.push(s.tx.position() - n as u64, n as u64);
+            }
+        }
+        s.tx.release();
+        if took > 0 {
+            // Linux's `tcp_tx_timestamp`: the write's last byte is marked.
+            if let Some(st) = s.stamps.as_mut() {
+                st.record(s.written);
+            }
+        }
+        self.stats.bytes_in += moved;
+        if moved > 0 {
+            self.bump(i);
+        }
+        if leftover {
+            self.activate(i);
+        }
+        // The marked byte may have left already.
+        self.stamp_progress(stack, i);
+        self.send_flags(stack, i);
+        took as i64
+    }
+
+    /// Feeds connection `i`'s transmit timestamps what its stack socket sent and
+    /// had acknowledged; `FLAG_ERRQUEUE` while reports wait. Returns whether it
+    /// still has something to watch.
+    fn stamp_progress(&mut self, stack: &Stack, i: u32) -> bool {
+        let now = stack.now().as_nanos();
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return false;
+        };
+        let written = s.written;
+        let Some(st) = s.stamps.as_mut() else {
+            return false;
+        };
+        if st.marked() {
+            let progress = match (s.role, s.handle) {
+                (Role::Conn, Some(h)) => stack
+                    .tcp_info(h)
+                    .ok()
+                    .filter(|i| i.state != usnet_stack::TcpState::Closed),
+                _ => None,
+            };
+            let (sent, acked) = match progress {
+                Some(info) => {
+                    let acked = written.saturating_sub(info.send_queued as u64);
+                    let sent = (acked + u64::from(info.bytes_in_flight)).min(written);
+                    (sent, Some(acked))
+                }
+                None => (0, None),
+            };
+            st.progress(sent, acked, now);
+        }
+        let (queued, watch) = (st.queued(), st.wants_tx() || st.queued());
+        if queued != (s.flags & FLAG_ERRQUEUE != 0) {
+            let (set, clear) = if queued {
+                (FLAG_ERRQUEUE, 0)
+            } else {
+                (0, FLAG_ERRQUEUE)
+            };
+            self.set_flags(i, set, clear);
+        }
+        watch
+    }
+
+    /// `slot::TX_CREDIT` of connection `i` (whose writes meet the stack when
+    /// `bounded`): the ring position up to which a write would surely be taken
+    /// whole, so the client posts it without waiting.
+    fn publish_credit(&mut self, stack: &Stack, i: u32, bounded: bool) {
+        let s = self.sock(i);
+        let credit = match s.handle {
+            Some(h) if bounded => {
+                s.tx.position() + u64::from(stack.tcp_sure_write_room(h).unwrap_or(0))
+            }
+            _ => 0,
+        };
+        let w = self.mem.slot_u64(i, slot::TX_CREDIT);
+        if w.load(Relaxed) != credit {
+            w.store(credit, Release);
+        }
+    }
+
+    /// `op::ERRQUEUE`: the oldest transmit timestamp of connection `i`.
+    pub(super) fn op_errqueue(&mut self, stack: &Stack, i: u32) -> Option<(i64, [u64; 2])> {
+        let now = stack.now().as_nanos();
+        let stamp = self.sock(i).stamps.as_mut().and_then(|st| st.take());
+        self.stamp_progress(stack, i);
+        let Some(st) = stamp else {
+            return Some((-errno::EAGAIN, [0, 0]));
+        };
+        let mut aux0 = u64::from(st.key);
+        if st.tsonly {
+            aux0 |= STAMP_TSONLY;
+        }
+        let age = match st.at {
+            Some(at) => {
+                aux0 |= STAMP_TIMED;
+                now.saturating_sub(at)
+            }
+            None => 0,
+        };
+        Some((i64::from(st.info), [aux0, age]))
+    }
+
+    /// Keeps `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `i` current: whether
+    /// its send-buffer limit was chosen, and then whether the stack would take a
+    /// write (a change bumps the event counter: an edge-triggered `EPOLLOUT`).
+    pub(super) fn send_flags(&mut self, stack: &mut Stack, i: u32) {
+        let s = self.sock(i);
+        let Some(h) = s.handle.filter(|_| s.role == Role::Conn) else {
+            return;
+        };
+        let (set, clear) = send_bits(stack, s, h);
+        self.publish_credit(stack, i, set & FLAG_SNDBUF != 0);
+        self.set_flags(i, set, clear);
+    }
+
+    /// UDP records from the send ring into the stack. Returns (bytes, pushed back).
+    #[allow(clippy::too_many_arguments)]
+    fn drain_udp(
+        stack: &mut Stack,
+        s: &mut Sock,
+        owner: Owner,
+        bound: &mut Option<SocketHandle>,
+        scratch: &mut Vec<u8>,
+        chunk: usize,
+        stats: &mut SessionStats,
+    ) -> (usize, bool) {
+        let mut moved = 0;
+        loop {
+            if let Some((data, to)) = s.pending_dgram.take() {
+                let Some(h) = s.handle else {
+                    return (moved, false);
+                };
+                let r = match to {
+                    Some(to) => stack.udp_send_to(h, &data, to),
+                    None => stack.udp_send(h, &data),
+                };
+                match r {
+                    Err(StackError::WouldBlock) => {
+                        s.pending_dgram = Some((data, to));
+                        return (moved, true);
+                    }
+                    // Other errors lose the datagram, as a kernel send would report
+                    // them to the caller; the counters tell.
+                    _ => moved += data.len(),
+                }
+            }
+            if moved >= chunk {
+                return (moved, true);
+            }
+            let avail = s.tx.ready();
+            // Records never wrap: fewer bytes than a header before the ring's end are
+            // skipped without a marker.
+            let size = ring_size(s);
+            let to_end = size - (s.tx.position() as usize & (size - 1));
+            if to_end < RECORD_HEADER && avail >= to_end {
+                s.tx.skip(to_end);
+                s.tx.release();
+                continue;
+            }
+            if avail < RECORD_HEADER {
+                if avail > 0 {
+                    // A partial header means a broken producer: resynchronise.
+                    stats.corrupt_rings += 1;
+                    s.tx.skip(avail);
+                    s.tx.release();
+                }
+                return (moved, false);
+            }
+            let mut h = [0u8; RECORD_HEADER];
+            s.tx.peek(0, &mut h);
+            let len = u32::from_le_bytes(h[0..4].try_into().expect("4"));
+            if len == RECORD_PAD {
+                // Skip to the start of the ring.
+                s.tx.skip(to_end.min(avail));
+                s.tx.release();
+                continue;
+            }
+            let rec = usnet_abi::record_len(len as usize);
+            if len as usize > usnet_stack::MAX_UDP_PAYLOAD || rec > avail {
+                stats.corrupt_rings += 1;
+                s.tx.skip(avail);
+                s.tx.release();
+                return (moved, false);
+            }
+            let addr = SockAddr::from_bytes(h[8..36].try_into().expect("28"));
+            scratch.resize(len as usize, 0);
+            s.tx.peek(RECORD_HEADER, scratch);
+            s.tx.skip(rec);
+            s.tx.release();
+            let to = if addr.family == 0 {
+                None
+            } else {
+                addr.to_std()
+            };
+            s.pending_dgram = Some((std::mem::take(scratch), to));
+            if s.handle.is_none() {
+                // sendto on an unbound UDP socket binds it to an ephemeral port.
+                let v6 = to.is_some_and(|a| a.is_ipv6());
+                let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
+                    .parse()
+                    .expect("addr");
+                match stack.udp_bind(any) {
+                    Ok(h) => {
+                        let _ = stack.set_owner(h, owner);
+                        s.handle = Some(h);
+                        apply_deferred(stack, s, h);
+                        *bound = Some(h);
+                    }
+                    Err(_) => {
+                        s.pending_dgram = None;
+                        return (moved, false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stack socket's readiness changed (or the client made room): bring the
+    /// client's view up to date.
+    pub fn on_ready(&mut self, stack: &mut Stack, h: SocketHandle) {
+        if let Some(&i) = self.by_handle.get(&h) {
+            // A new UDP binding made by sendto: tell the client its address.
+            self.refresh(stack, i);
+            if self.socks[i as usize].as_ref().is_some_and(|s| s.tx_active) {
+                // Writable again: the stack took what it refused before.
+                self.drain_tx(stack, i);
+            }
+        }
+    }
+
+    /// Moves received data into slot `i`'s receive ring and updates its flags.
+    pub(super) fn refresh(&mut self, stack: &mut Stack, i: u32) {
+        let chunk = self.limits.chunk;
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return;
+        };
+        let Some(h) = s.handle else {
+            return;
+        };
+        let mut moved = 0usize;
+        let mut set = 0u32;
+        let mut clear = 0u32;
+        let mut error = None;
+        let mut again = false;
+        match s.role {
+            Role::Conn => {
+                // After SHUT_RD what arrives is still queued for reading, as on
+                // Linux (reads of an empty ring then see the end).
+                if !s.rx_blocked && s.receiver {
+                    // Pull into the ring until the stack has nothing more, the stream
+                    // ended, or the ring is full and stays full after arming the kick.
+                    // The room found after arming is filled at once: the client's read
+                    // that made it saw the kick unarmed and will not ask, and the last
+                    // bytes of a stream bring no further readiness from the stack.
+                    loop {
+                        let free = match s.rx.free() {
+                            Ok(f) => f,
+                            Err(_) => {
+                                self.stats.corrupt_rings += 1;
+                                break;
+                            }
+                        };
+                        let mut room = free.min(chunk.saturating_sub(moved));
+                        let mut drained = false;
+                        if !s.carry.is_empty() {
+                            // What the previous receiver left unread comes first.
+                            let k = room.min(s.carry.len());
+                            let n = s.rx.push(&s.carry[..k]);
+                            s.carry.drain(..n);
+                            moved += n;
+                            room -= n;
+                        }
+                        while room > 0 && s.carry.is_empty() {
+                            let rx = &mut s.rx;
+                            match stack.tcp_recv_with_to_mark(h, room, |c| {
+                                rx.push(c);
+                            }) {
+                                // At the urgent mark: the client learns where it is
+                                // (before anything after it is published) and gets
+                                // the byte for MSG_OOB; the stream goes on.
+                                Ok(0) if stack.tcp_at_urgent_mark(h) => {
+                                    if let Ok(Some(b)) = stack.tcp_take_urgent_at_mark(h) {
+                                        let mark = s.rx.position() + 1;
+                                        self.mem
+                                            .slot_u64(i, slot::RX_URG_MARK)
+                                            .store(mark, Release);
+                                        self.mem
+                                            .slot_word(i, slot::RX_OOB)
+                                            .store(0x100 | u32::from(b), Release);
+                                    }
+                                }
+                                // The call that finds nothing also tells end-of-stream.
+                                Ok(0) => {
+                                    if !s.eof {
+                                        s.eof = true;
+                                        set |= FLAG_RX_EOF;
+                                    }
+                                    drained = true;
+                                    break;
+                                }
+                                Ok(n) => {
+                                    moved += n;
+                                    room -= n;
+                                }
+                                Err(StackError::WouldBlock) => {
+                                    drained = true;
+                                    break;
+                                }
+                                Err(e) => {
+                                    error = Some(e);
+                                    drained = true;
+                                    break;
+                                }
+                            }
+                        }
+                        s.rx.publish();
+                        if drained || s.eof {
+                            break;
+                        }
+                        if s.rx.free().unwrap_or(0) > 0 {
+                            // The per-turn budget ran out with room left: the rest
+                            // comes next turn (`drain_all`).
+                            again = true;
+                            break;
+                        }
+                        // Full ring with more to tell: arm the kick, then look once more;
+                        // room that appeared meanwhile is filled at once.
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if !usnet_shm::arm::arm(armed, || s.rx.free().unwrap_or(0) > 0) {
+                            s.rx_blocked = true;
+                            break;
+                        }
+                    }
+                }
+                if let Ok(r) = stack.readiness(h) {
+                    if r.connected {
+                        set |= FLAG_CONNECTED;
+                    }
+                    if r.closed {
+                        set |= FLAG_HUP;
+                    }
+                }
+                if let Ok(Some(e)) = stack.tcp_error(h) {
+                    error = Some(e);
+                }
+                let (s_set, s_clear) = send_bits(stack, s, h);
+                set |= s_set;
+                clear |= s_clear;
+                let credit = if s_set & FLAG_SNDBUF != 0 {
+                    s.tx.position() + u64::from(stack.tcp_sure_write_room(h).unwrap_or(0))
+                } else {
+                    0
+                };
+                self.mem.slot_u64(i, slot::TX_CREDIT).store(credit, Release);
+            }
+            Role::Listener => {
+                let r = stack.readiness(h).unwrap_or_default();
+                if r.readable {
+                    set |= FLAG_ACCEPTABLE;
+                } else {
+                    clear |= FLAG_ACCEPTABLE;
+                }
+            }
+            Role::Udp => {
+                if !s.rx_blocked && s.receiver {
+                    loop {
+                        moved += Self::fill_udp(stack, s, h, chunk - moved.min(chunk));
+                        s.rx.publish();
+                        let Ok(Some(len)) = stack.udp_peek_len(h) else {
+                            break;
+                        };
+                        if moved >= chunk {
+                            // The per-turn budget ran out: the rest comes next turn.
+                            again = true;
+                            break;
+                        }
+                        // The next datagram does not fit: arm the kick, then look once
+                        // more (the client may have made room meanwhile). Without the
+                        // kick a queue that never empties would never be moved again.
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if !usnet_shm::arm::arm(armed, || udp_record_fits(&mut s.rx, len)) {
+                            s.rx_blocked = true;
+                            break;
+                        }
+                    }
+                }
+                s.rx.publish();
+                if s.flags & FLAG_BOUND == 0 {
+                    if let Ok(l) = stack.udp_local_addr(h) {
+                        self.mem
+                            .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                        set |= FLAG_BOUND;
+                    }
+                }
+            }
+            Role::Fresh => {}
+        }
+        if let Some(e) = error {
+            let old = self.mem.slot_word(i, slot::ERROR).load(Relaxed);
+            if old == 0 && self.sock(i).flags & FLAG_ERROR == 0 {
+                self.mem
+                    .slot_word(i, slot::ERROR)
+                    .store(e.errno() as u32, Release);
+            }
+            set |= FLAG_ERROR | FLAG_HUP;
+        }
+        self.stats.bytes_out += moved as u64;
+        if moved > 0 {
+            self.bump(i);
+        }
+        if again && !self.rx_again.contains(&i) {
+            self.rx_again.push(i);
+        }
+        self.set_flags(i, set, clear);
+    }
+
+    /// Datagrams from the stack's queue into the receive ring as records, while they
+    /// fit. Returns the payload bytes moved.
+    fn fill_udp(stack: &mut Stack, s: &mut Sock, h: SocketHandle, chunk: usize) -> usize {
+        let size = s.rx.size();
+        let mut moved = 0;
+        while moved < chunk {
+            let Ok(Some(len)) = stack.udp_peek_len(h) else {
+                break;
+            };
+            if !udp_record_fits(&mut s.rx, len) {
+                break;
+            }
+            let rec = usnet_abi::record_len(len);
+            let pos = s.rx.position() as usize & (size - 1);
+            let to_end = size - pos;
+            if rec > to_end {
+                // Records never wrap: mark the tail skipped (a pad header when one
+                // fits; a shorter tail is skipped by rule) and start over at 0.
+                let mut tail = vec![0u8; to_end];
+                if to_end >= RECORD_HEADER {
+                    tail[0..4].copy_from_slice(&RECORD_PAD.to_le_bytes());
+                }
+                s.rx.push(&tail);
+            }
+            // The sender is known only once the datagram is taken: the header is
+            // completed after the payload, before the record is published.
+            let start_pos = s.rx.position();
+            let mut hdr = [0u8; RECORD_HEADER];
+            hdr[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+            s.rx.push(&hdr);
+            let rx = &mut s.rx;
+            let Ok((n, from)) = stack.udp_recv_with(h, |c| {
+                rx.push(c);
+            }) else {
+                break;
+            };
+            let pad = rec - RECORD_HEADER - n;
+            if pad > 0 {
+                s.rx.push(&[0u8; 8][..pad]);
+            }
+            hdr[0..4].copy_from_slice(&(n as u32).to_le_bytes());
+            hdr[8..36].copy_from_slice(&SockAddr::from_std(from).to_bytes());
+            s.rx.rewrite(start_pos, &hdr);
+            moved += n;
+        }
+        moved
+    }
+}
+
+/// `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `s` as (set, clear): whether its
+/// send-buffer limit was chosen, and whether the stack would take a write now
+/// (kept only while someone may wait for it).
+fn send_bits(stack: &mut Stack, s: &Sock, h: SocketHandle) -> (u32, u32) {
+    // Transmit timestamps mark the last byte of each write: the stack must see
+    // the writes.
+    let stamped = s.stamps.as_ref().is_some_and(|st| st.wants_tx());
+    let bounded = s.sndbuf_set || stamped || stack.tcp_send_limit_chosen(h).unwrap_or(false);
+    let mut set = if bounded { FLAG_SNDBUF } else { 0 };
+    // The client waits on this flag: a "no" arms the stack's wake for the ACK that
+    // makes room (`tcp_poll_writable`), or a write pushed for the client later (its
+    // queued bytes) could fill the socket with nothing left to report it emptied.
+    if (bounded || s.send_used) && stack.tcp_poll_writable(h) {
+        set |= FLAG_WRITABLE;
+    }
+    (set, (FLAG_SNDBUF | FLAG_WRITABLE) & !set)
+}
+
+/// The bytes of a send ring that `op::SEND` dropped (the stack refused them), kept
+/// while SO_ZEROCOPY maps the stack's acknowledged bytes back to ring positions.
+#[derive(Debug, Default)]
+pub(super) struct TxGaps {
+    /// (ring position, length), in order, not yet passed by the acknowledgements.
+    list: std::collections::VecDeque<(u64, u64)>,
+    /// The length of the gaps already passed.
+    passed: u64,
+}
+
+impl TxGaps {
+    fn push(&mut self, pos: u64, len: u64) {
+        self.list.push_back((pos, len));
+    }
+
+    /// The ring position up to which the peer acknowledged everything, from the
+    /// ring's consumed position and the bytes the stack still holds. A gap right
+    /// at the acknowledged point counts as acknowledged: nothing of it waits.
+    fn acked(&mut self, consumed: u64, queued: u64) -> u64 {
+        let dropped = self.passed + self.list.iter().map(|g| g.1).sum::<u64>();
+        // Bytes the stack took and the peer acknowledged, then as ring positions.
+        let mut at = consumed.saturating_sub(dropped).saturating_sub(queued) + self.passed;
+        while let Some(&(pos, len)) = self.list.front() {
+            if pos > at {
+                break;
+            }
+            at += len;
+            self.passed += len;
+            self.list.pop_front();
+        }
+        at
+    }
+}
+
+fn ring_size(s: &Sock) -> usize {
+    s.tx.size()
+}
+
+/// Whether a datagram of `len` bytes fits in the receive ring as one record (with
+/// the skip to the ring's start that a record too long for the tail needs).
+fn udp_record_fits(rx: &mut ByteProducer, len: usize) -> bool {
+    let rec = usnet_abi::record_len(len);
+    let Ok(free) = rx.free() else {
+        return false;
+    };
+    let size = rx.size();
+    let to_end = size - (rx.position() as usize & (size - 1));
+    let need = if rec > to_end { to_end + rec } else { rec };
+    need <= free
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::*;
+
+    use usnet_abi::{op, slot, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
+
+    use super::TxGaps;
+    use crate::fuzzing::{Harness, ADDR};
+
+    /// Writes what fits of `data` into slot `i`'s send ring, kicking the server if it
+    /// asked. Returns how many bytes went in.
+    fn write(h: &Harness, i: u32, data: &[u8]) -> usize {
+        let at = h.mem().tx_ring(i);
+        let prod = || h.mem().region().u64(at.prod).load(Acquire);
+        let before = prod();
+        h.send_bytes(i, data);
+        if h.mem().slot_word(i, slot::TX_ARMED).swap(0, AcqRel) == 1 {
+            h.submit(&Request {
+                op: op::TX_KICK,
+                slot: i,
+                ..Default::default()
+            });
+        }
+        (prod() - before) as usize
+    }
+
+    /// Sends `data` from slot `from` and reads it at slot `to`, a ring at a time.
+    fn pump(h: &mut Harness, from: u32, to: u32, data: &[u8]) -> Vec<u8> {
+        let (mut sent, mut got) = (0, Vec::new());
+        for _ in 0..500 {
+            if got.len() == data.len() {
+                break;
+            }
+            sent += write(h, from, &data[sent..]);
+            h.turn();
+            got.extend(h.recv(to));
+        }
+        got
+    }
+
+    /// Stream bytes written into a send ring reach the stack socket, cross to the
+    /// peer's socket and come out of its receive ring, in order, both ways, many
+    /// rings' worth (4 KiB rings).
+    #[test]
+    fn stream_bytes_cross_the_stack_in_order_both_ways() {
+        let mut h = Harness::new();
+        h.connected_pair(7120);
+        let data: Vec<u8> = (0..50_000u32).map(|k| (k * 7 % 251) as u8).collect();
+        assert!(pump(&mut h, 1, 2, &data) == data, "1 → 2");
+        let back: Vec<u8> = data.iter().rev().copied().take(20_000).collect();
+        assert!(pump(&mut h, 2, 1, &back) == back, "2 → 1");
+        let stats = h.parts(1).0.stats;
+        assert_eq!(stats.bytes_in, 70_000);
+        assert_eq!(stats.bytes_out, 70_000);
+        h.finish();
+    }
+
+    /// UDP records written into a send ring arrive as records in the receiving
+    /// socket's ring: in order, each with its length and sender.
+    #[test]
+    fn datagrams_arrive_as_records_in_order_with_their_sender() {
+        let mut h = Harness::new();
+        let udp = [KIND_UDP, 0, 0, 0, 0, 0];
+        assert_eq!(h.call(op::SOCKET, 0, udp), 0);
+        assert_eq!(h.call(op::SOCKET, 0, udp), 1);
+        for (i, port) in [(0, 7121), (1, 7122)] {
+            let a = SockAddr::from_std((ADDR, port).into()).to_args();
+            assert_eq!(h.call(op::BIND, i, [a[0], a[1], a[2], a[3], 0, 0]), 0);
+        }
+        let to = SockAddr::from_std((ADDR, 7121).into());
+        for (len, fill) in [(10, 1u8), (300, 2)] {
+            let mut rec = vec![fill; usnet_abi::record_len(len)];
+            rec[..RECORD_HEADER].fill(0);
+            rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+            rec[8..8 + SockAddr::LEN].copy_from_slice(&to.to_bytes());
+            assert_eq!(write(&h, 1, &rec), rec.len());
+        }
+        h.turn();
+        h.turn();
+        let ring = h.recv(0);
+        let mut at = 0;
+        for (len, fill) in [(10, 1u8), (300, 2)] {
+            let hdr = &ring[at..at + RECORD_HEADER];
+            assert_eq!(u32::from_le_bytes(hdr[0..4].try_into().unwrap()), len);
+            let from = SockAddr::from_bytes(hdr[8..8 + SockAddr::LEN].try_into().unwrap());
+            assert_eq!(from.to_std(), Some((ADDR, 7122).into()));
+            let body = &ring[at + RECORD_HEADER..at + RECORD_HEADER + len as usize];
+            assert!(body.iter().all(|&b| b == fill), "record of {len}");
+            at += usnet_abi::record_len(len as usize);
+        }
+        assert_eq!(at, ring.len(), "two records, nothing else");
+        h.finish();
+    }
+
+    /// Bytes written on a socket that cannot send (not connected) are dropped, as
+    /// the kernel drops them: the ring is emptied, nothing is counted as sent.
+    #[test]
+    fn bytes_on_a_socket_that_cannot_send_are_dropped() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]), 0);
+        assert_eq!(write(&h, 0, &[5u8; 100]), 100);
+        h.turn();
+        let at = h.mem().tx_ring(0);
+        let r = h.mem().region();
+        assert_eq!(r.u64(at.cons).load(Acquire), 100, "the ring was emptied");
+        assert_eq!(h.parts(1).0.stats.bytes_in, 0);
+        h.finish();
+    }
+
+    #[test]
+    fn dropped_bytes_are_stepped_over_when_mapping_acknowledgements() {
+        let mut g = TxGaps::default();
+        assert_eq!(g.acked(100, 40), 60, "no gaps: ring and stack agree");
+        // Ring 0..100 taken; 100..130 dropped; 130..200 taken.
+        g.push(100, 30);
+        // The stack holds 90 unacknowledged bytes of the 170 it took: 80 acked.
+        assert_eq!(g.acked(200, 90), 80);
+        // All of the first 100 acknowledged: the gap right after counts too.
+        assert_eq!(g.acked(200, 70), 130);
+        assert_eq!(g.acked(200, 50), 150);
+        // The passed gap is forgotten, its length kept.
+        assert!(g.list.is_empty());
+        g.push(200, 10);
+        assert_eq!(g.acked(260, 50), 200 + 10, "everything before the new gap");
+        assert_eq!(g.acked(260, 0), 260);
+    }
+}
