@@ -1,8 +1,9 @@
 //! usnet-shm: the one place where usnet touches memory shared between processes.
 //!
-//! Three users share memory with another process: the shm link (`usnet-link`), the
-//! emulated NIC (`usnet-link::nic` and `usnet-nicemu`) and the request rings
-//! (`usnet-ring`). They need the same few things, and this crate has each of them once:
+//! Four users share memory with another process: the shm link (`usnet-link`), the
+//! emulated NIC (`usnet-link::nic` and `usnet-nicemu`), the request rings
+//! (`usnet-ring`) and the zero-copy port (`usnet-session`). They need the same few
+//! things, and this crate has each of them once:
 //!
 //! * [`Region`]: a shared mapping (a memfd, sealed when asked, or a file under
 //!   `/dev/shm`) with checked offsets: typed references to atomics and bounded byte
@@ -13,8 +14,9 @@
 //!   ([`FutexBell`]), with the "sleeping flag + fence + re-check" protocol
 //!   ([`Gate`]) written once.
 //! * [`poll_fds`]: wait on several fds (a device fd plus doorbell fds) with a deadline.
-//! * [`spsc`]: the single-producer single-consumer ring index protocol, and [`bytes`],
-//!   the same protocol for a byte stream.
+//! * [`spsc`]: the single-producer single-consumer ring index protocol (free-running
+//!   indices, or netmap's for the zero-copy port), and [`bytes`], the same protocol
+//!   for a byte stream.
 //! * [`arm`]: the arm/kick handshake of a ring its consumer stops watching.
 //! * [`fdpass`]: handing a memfd or an eventfd to another process (SCM_RIGHTS).
 //! * [`liveness`]: "is the process on the other side still alive", by open-file-
