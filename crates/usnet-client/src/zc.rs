@@ -29,6 +29,7 @@ use usnet_abi::zc::{self, Geometry, SLOT_BUF_CHANGED};
 use usnet_abi::{op, Request, SockAddr};
 use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
 use usnet_shm::spsc::WrappedEnd;
+use usnet_shm::BufferArea;
 
 use crate::Client;
 
@@ -60,7 +61,7 @@ impl Default for ZcOptions {
 pub struct ZcPort {
     net: Client,
     area: ZcArea,
-    pool: memmap2::MmapMut,
+    pool: BufferArea,
     geo: PoolGeometry,
     /// Our side (`head`) of each ring; the area holds what we published.
     rx: WrappedEnd,
@@ -193,7 +194,7 @@ impl ZcPort {
         if s.off as usize + s.len as usize > self.geo.buf_size as usize {
             return None;
         }
-        self.pool.get(start..end)
+        self.pool.get(start, end - start)
     }
 
     // ------------------------------------------------------------ TX
@@ -225,7 +226,7 @@ impl ZcPort {
         }
         let size = self.geo.buf_size as usize;
         let start = buf as usize * size;
-        self.pool.get_mut(start..start + size)
+        self.pool.get_mut(start, size)
     }
 
     /// Gives a held buffer back (one kept from RX, or allocated and not sent). It
@@ -338,15 +339,11 @@ impl Drop for ZcPort {
     }
 }
 
-fn map_pool(fd: OwnedFd, g: PoolGeometry) -> io::Result<memmap2::MmapMut> {
-    let file = std::fs::File::from(fd);
-    let len = file.metadata()?.len();
+/// The server sealed the pool's size, so the mapping stays backed; the bytes are
+/// shared with the stack under the ring protocol (module docs).
+fn map_pool(fd: OwnedFd, g: PoolGeometry) -> io::Result<BufferArea> {
     let want = u64::from(g.buf_size) * u64::from(g.buf_count);
-    if len != want {
-        return Err(proto("the pool's memfd does not match the port's geometry"));
-    }
-    // SAFETY: the server sealed the pool's size (no shrink, no grow), so the mapping
-    // stays backed; the bytes are shared with the stack under the ring protocol
-    // (module docs).
-    unsafe { memmap2::MmapMut::map_mut(&file) }
+    let len = usize::try_from(want).map_err(|_| proto("the pool is too large"))?;
+    BufferArea::attach_memfd(fd, len)
+        .map_err(|_| proto("the pool's memfd does not match the port's geometry"))
 }
