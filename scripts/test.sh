@@ -46,9 +46,10 @@ if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 
     step "loom model checking" env RUSTFLAGS="--cfg loom" \
         cargo test -p usnet-ring --release --lib --target-dir target/loom loom
 fi
-# The stack server's arm/kick handshake (usnet-shm::arm), model-checked.
-step "loom model checking (session arm/kick)" env RUSTFLAGS="--cfg loom" \
-    cargo test -p usnet-shm --release --test loom_arm --target-dir target/loom
+# The stack server's arm/kick handshake (usnet-shm::arm) and the ring index
+# protocol (usnet-shm::spsc), model-checked.
+step "loom model checking (session arm/kick, spsc)" env RUSTFLAGS="--cfg loom" \
+    cargo test -p usnet-shm --release --test loom_arm --test loom_spsc --target-dir target/loom
 step "demo" ./target/release/usnet demo
 step "bench udp (smoke)" ./target/release/usnet bench udp --quick --out target/bench-smoke/udp
 step "bench tcp (smoke)" ./target/release/usnet bench tcp --quick --out target/bench-smoke/tcp

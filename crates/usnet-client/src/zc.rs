@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 use usnet_abi::zc::{self, Geometry, SLOT_BUF_CHANGED};
 use usnet_abi::{op, Request, SockAddr};
 use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
+use usnet_shm::spsc::WrappedEnd;
+use usnet_shm::BufferArea;
 
 use crate::Client;
 
@@ -59,13 +61,13 @@ impl Default for ZcOptions {
 pub struct ZcPort {
     net: Client,
     area: ZcArea,
-    pool: memmap2::MmapMut,
+    pool: BufferArea,
     geo: PoolGeometry,
-    /// Our indices (the area holds what we published).
-    rx_head: u32,
-    tx_head: u32,
-    stash_head: u32,
-    give_head: u32,
+    /// Our side (`head`) of each ring; the area holds what we published.
+    rx: WrappedEnd,
+    tx: WrappedEnd,
+    stash: WrappedEnd,
+    give: WrappedEnd,
     /// TX slots up to here were looked at by [`ZcPort::tx_refused`].
     tx_seen: u32,
     /// Buffers we hold and do not use, handed out again by [`ZcPort::alloc`].
@@ -99,13 +101,13 @@ impl ZcPort {
         }
         Ok(ZcPort {
             net: net.clone(),
+            rx: area.app_end(ZcRing::Rx),
+            tx: area.app_end(ZcRing::Tx),
+            stash: area.app_end(ZcRing::Stash),
+            give: area.app_end(ZcRing::Give),
             area,
             pool,
             geo,
-            rx_head: 0,
-            tx_head: 0,
-            stash_head: 0,
-            give_head: 0,
             tx_seen: 0,
             spare: Vec::new(),
         })
@@ -152,21 +154,19 @@ impl ZcPort {
 
     /// RX slots waiting for the application.
     pub fn rx_ready(&self) -> u32 {
-        let n = self.area.size(ZcRing::Rx);
-        let tail = self.area.indices(ZcRing::Rx).1.load(Acquire) % n;
-        (tail + n - self.rx_head) % n
+        self.rx.ready()
     }
 
     /// The first RX slot waiting, if any.
     pub fn rx_slot(&self) -> Option<ZcSlot> {
-        (self.rx_ready() > 0).then(|| self.area.read_slot(ZcRing::Rx, self.rx_head))
+        (self.rx_ready() > 0).then(|| self.area.read_slot(ZcRing::Rx, self.rx.mine()))
     }
 
     /// Done with the first RX slot: its buffer goes back to the stack at the next
     /// sync.
     pub fn rx_advance(&mut self) {
         if self.rx_ready() > 0 {
-            self.rx_head = (self.rx_head + 1) % self.area.size(ZcRing::Rx);
+            self.rx.advance(1);
         }
     }
 
@@ -179,7 +179,7 @@ impl ZcPort {
         let kept = s.buf;
         s.buf = spare;
         s.flags |= SLOT_BUF_CHANGED;
-        self.area.write_slot(ZcRing::Rx, self.rx_head, &s);
+        self.area.write_slot(ZcRing::Rx, self.rx.mine(), &s);
         self.rx_advance();
         Some(kept)
     }
@@ -194,7 +194,7 @@ impl ZcPort {
         if s.off as usize + s.len as usize > self.geo.buf_size as usize {
             return None;
         }
-        self.pool.get(start..end)
+        self.pool.get(start, end - start)
     }
 
     // ------------------------------------------------------------ TX
@@ -205,20 +205,17 @@ impl ZcPort {
         if let Some(b) = self.spare.pop() {
             return Some(b);
         }
-        let n = self.area.size(ZcRing::Stash);
-        let tail = self.area.indices(ZcRing::Stash).1.load(Acquire) % n;
-        if self.stash_head == tail {
+        if self.stash.ready() == 0 {
             return None;
         }
         let b = self
             .area
-            .entry(ZcRing::Stash, self.stash_head)
+            .entry(ZcRing::Stash, self.stash.mine())
             .load(Relaxed);
-        self.stash_head = (self.stash_head + 1) % n;
-        self.area
-            .indices(ZcRing::Stash)
-            .0
-            .store(self.stash_head, Release);
+        self.stash.advance(1);
+        // At once, not at the next sync: the server refills the stash whenever it
+        // syncs the port, also on its own.
+        self.stash.publish();
         Some(b)
     }
 
@@ -229,7 +226,7 @@ impl ZcPort {
         }
         let size = self.geo.buf_size as usize;
         let start = buf as usize * size;
-        self.pool.get_mut(start..start + size)
+        self.pool.get_mut(start, size)
     }
 
     /// Gives a held buffer back (one kept from RX, or allocated and not sent). It
@@ -240,17 +237,15 @@ impl ZcPort {
             self.spare.push(buf);
             return;
         }
-        let n = self.area.size(ZcRing::Give);
-        let tail = self.area.indices(ZcRing::Give).1.load(Acquire) % n;
-        if (self.give_head + 1) % n == tail {
+        if self.give.room() == 0 {
             // The give ring is full until the next sync: keep it.
             self.spare.push(buf);
             return;
         }
         self.area
-            .entry(ZcRing::Give, self.give_head)
+            .entry(ZcRing::Give, self.give.mine())
             .store(buf, Relaxed);
-        self.give_head = (self.give_head + 1) % n;
+        self.give.advance(1);
     }
 
     /// Slots of the TX ring (one always stays empty).
@@ -260,9 +255,7 @@ impl ZcPort {
 
     /// TX slots the application may still fill.
     pub fn tx_space(&self) -> u32 {
-        let n = self.area.size(ZcRing::Tx);
-        let tail = self.area.indices(ZcRing::Tx).1.load(Acquire) % n;
-        n - 1 - (self.tx_head + n - tail) % n
+        self.tx.room()
     }
 
     /// Submits a TX slot: `len` bytes of `buf` from `off` for `socket`, with
@@ -272,23 +265,22 @@ impl ZcPort {
         if self.tx_space() == 0 {
             return false;
         }
-        self.area.write_slot(ZcRing::Tx, self.tx_head, &s);
-        self.tx_head = (self.tx_head + 1) % self.area.size(ZcRing::Tx);
+        self.area.write_slot(ZcRing::Tx, self.tx.mine(), &s);
+        self.tx.advance(1);
         true
     }
 
     /// TX slots the stack refused since the last call (their buffers are still the
     /// application's).
     pub fn tx_refused(&mut self) -> Vec<ZcSlot> {
-        let n = self.area.size(ZcRing::Tx);
-        let tail = self.area.indices(ZcRing::Tx).1.load(Acquire) % n;
+        let tail = self.tx.theirs();
         let mut out = Vec::new();
         while self.tx_seen != tail {
             let s = self.area.read_slot(ZcRing::Tx, self.tx_seen);
             if s.flags & SLOT_ERROR != 0 {
                 out.push(s);
             }
-            self.tx_seen = (self.tx_seen + 1) % n;
+            self.tx_seen = self.tx.next(self.tx_seen);
         }
         out
     }
@@ -310,12 +302,9 @@ impl ZcPort {
     /// back) and asks the server for a sync, which also fills the RX ring.
     pub fn sync(&mut self) -> io::Result<()> {
         self.net.conn.check_alive()?;
-        self.area.indices(ZcRing::Rx).0.store(self.rx_head, Release);
-        self.area.indices(ZcRing::Tx).0.store(self.tx_head, Release);
-        self.area
-            .indices(ZcRing::Give)
-            .0
-            .store(self.give_head, Release);
+        self.rx.publish();
+        self.tx.publish();
+        self.give.publish();
         self.area.word(zc::SYNC).store(1, SeqCst);
         self.net.conn.ring_server();
         Ok(())
@@ -350,15 +339,11 @@ impl Drop for ZcPort {
     }
 }
 
-fn map_pool(fd: OwnedFd, g: PoolGeometry) -> io::Result<memmap2::MmapMut> {
-    let file = std::fs::File::from(fd);
-    let len = file.metadata()?.len();
+/// The server sealed the pool's size, so the mapping stays backed; the bytes are
+/// shared with the stack under the ring protocol (module docs).
+fn map_pool(fd: OwnedFd, g: PoolGeometry) -> io::Result<BufferArea> {
     let want = u64::from(g.buf_size) * u64::from(g.buf_count);
-    if len != want {
-        return Err(proto("the pool's memfd does not match the port's geometry"));
-    }
-    // SAFETY: the server sealed the pool's size (no shrink, no grow), so the mapping
-    // stays backed; the bytes are shared with the stack under the ring protocol
-    // (module docs).
-    unsafe { memmap2::MmapMut::map_mut(&file) }
+    let len = usize::try_from(want).map_err(|_| proto("the pool is too large"))?;
+    BufferArea::attach_memfd(fd, len)
+        .map_err(|_| proto("the pool's memfd does not match the port's geometry"))
 }

@@ -29,11 +29,14 @@
 //! walks a frame in order; everything that reads frames goes through it (or
 //! [`PacketPool::chain_len`], [`PacketPool::copy_chain`], [`PacketPool::read_chain`],
 //! which do).
+//!
+//! The memory itself is a `usnet_shm::BufferArea`: the mapping's `unsafe` lives there.
 
-use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+#![forbid(unsafe_code)]
 
-use memmap2::MmapMut;
+use std::os::fd::{AsRawFd, RawFd};
+
+use usnet_shm::BufferArea;
 
 /// Buffer sizes a pool may be configured with (BSD's MCLBYTES, the cluster size the rump-kernel client/server study varies).
 pub const ALLOWED_BUF_SIZES: [usize; 4] = [2048, 4096, 9216, 65536];
@@ -218,12 +221,9 @@ pub struct PoolStats {
 }
 
 pub struct PacketPool {
-    /// Owns the mapping; the bytes are reached only through `base` (see
-    /// [`PacketPool::bytes`]), so no reference ever spans more than one buffer.
-    _region: MmapMut,
-    base: *mut u8,
-    region_len: usize,
-    memfd: Option<File>,
+    /// The bytes, reached only through [`PacketPool::bytes`] and its `_mut` twin, so
+    /// no reference ever spans more than one buffer.
+    region: BufferArea,
     buf_size: usize,
     headroom: usize,
     meta: Vec<Meta>,
@@ -234,13 +234,6 @@ pub struct PacketPool {
     frag_free: Vec<u32>,
     stats: PoolStats,
 }
-
-// SAFETY: `base` points into the mapping `_region` owns, which moves with the pool;
-// all access to the bytes goes through `&self` (reads) or `&mut self` (writes), as with
-// the `MmapMut` itself, which is Send and Sync.
-unsafe impl Send for PacketPool {}
-// SAFETY: as above: `&PacketPool` only ever reads.
-unsafe impl Sync for PacketPool {}
 
 impl std::fmt::Debug for PacketPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -273,40 +266,16 @@ impl PacketPool {
         if bytes > (1usize << 40) {
             return Err(PoolError::TooLarge(bytes));
         }
-        let (region, memfd) = match cfg.backing {
-            Backing::Anonymous => (MmapMut::map_anon(bytes)?, None),
-            Backing::Memfd => {
-                let file = memfd("usnet-pool")?;
-                file.set_len(bytes as u64)?;
-                // The descriptor may be handed to a client (a zero-copy port): its
-                // size is sealed, so nobody it reaches can make our accesses fault.
-                // SAFETY: fcntl on a descriptor we own, with an integer argument.
-                let r = unsafe {
-                    libc::fcntl(
-                        file.as_raw_fd(),
-                        libc::F_ADD_SEALS,
-                        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-                    )
-                };
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error().into());
-                }
-                // SAFETY: the memfd was just created by us and sized above; nobody else
-                // truncates it while the mapping lives (we own the only descriptor until
-                // `memfd_fd` hands out a copy, and peers only map, never truncate).
-                let map = unsafe { MmapMut::map_mut(&file)? };
-                (map, Some(file))
-            }
+        let region = match cfg.backing {
+            Backing::Anonymous => BufferArea::anonymous(bytes)?,
+            // The descriptor may be handed to a client (a zero-copy port): its size is
+            // sealed, so nobody it reaches can make our accesses fault.
+            Backing::Memfd => BufferArea::create_memfd(c"usnet-pool", bytes)?,
         };
         let mut free: Vec<u32> = (0..cfg.count).collect();
         free.reverse(); // pop hands out low indices first: friendlier to caches and debugging
-        let mut region = region;
-        let base = region.as_mut_ptr();
         Ok(PacketPool {
-            _region: region,
-            base,
-            region_len: bytes,
-            memfd,
+            region,
             buf_size: cfg.buf_size,
             headroom: cfg.headroom,
             meta: vec![FREE_META; cfg.count as usize],
@@ -337,13 +306,13 @@ impl PacketPool {
     }
     /// The memfd behind the region, if the pool was created with `Backing::Memfd`.
     pub fn memfd_fd(&self) -> Option<RawFd> {
-        self.memfd.as_ref().map(|f| f.as_raw_fd())
+        self.region.fd().map(|f| f.as_raw_fd())
     }
     /// Start address and length of the region, for registering it with the kernel
     /// (an AF_XDP UMEM). The address is page-aligned and stays valid while the pool
     /// lives; the pool never moves or resizes the mapping.
     pub fn region_addr(&self) -> (usize, usize) {
-        (self.base as usize, self.region_len)
+        (self.region.addr(), self.region.len())
     }
 
     /// Byte offset of a buffer inside the region (for sharing with a peer by offset).
@@ -451,25 +420,16 @@ impl PacketPool {
     /// `len` bytes of the region from byte `start`, all inside one buffer.
     #[inline]
     fn bytes(&self, start: usize, len: usize) -> &[u8] {
-        assert!(
-            start <= self.region_len && len <= self.region_len - start,
-            "pool range out of bounds"
-        );
-        // SAFETY: the range is inside the mapping (checked above), which lives as long
-        // as `self`. Callers pass a range inside a buffer they name; the shared borrow
-        // of `self` keeps every `&mut` slice of the pool away while this one lives.
-        unsafe { std::slice::from_raw_parts(self.base.add(start), len) }
+        self.region
+            .get(start, len)
+            .expect("pool range out of bounds")
     }
 
     #[inline]
     fn bytes_mut(&mut self, start: usize, len: usize) -> &mut [u8] {
-        assert!(
-            start <= self.region_len && len <= self.region_len - start,
-            "pool range out of bounds"
-        );
-        // SAFETY: as for `bytes`; the exclusive borrow of `self` makes this the only
-        // slice of the pool alive.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(start), len) }
+        self.region
+            .get_mut(start, len)
+            .expect("pool range out of bounds")
     }
 
     /// The frame bytes of this one buffer (not the chain).
@@ -873,18 +833,6 @@ impl<'a> Iterator for Parts<'a> {
             }
         }
     }
-}
-
-fn memfd(name: &str) -> std::io::Result<File> {
-    let cname = std::ffi::CString::new(name).expect("no NUL in name");
-    // SAFETY: memfd_create takes a valid C string and flags; it returns a new fd or -1.
-    let fd =
-        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a freshly created descriptor that nothing else owns.
-    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! copies the slots the client wrote (24 bytes each, never payload) into it, runs
 //! [`Stack::zc_sync`], and copies the slots the stack wrote back out. So the stack's
 //! checks see exactly what the client asked, and nothing the client writes later can
-//! change a slot the stack already took. The server's own indices live here too and
-//! are only ever stored into the area, never read back from it.
+//! change a slot the stack already took. The server's own indices live here too (its
+//! side, `tail`, of each ring: `usnet_shm::spsc::WrappedEnd`) and are only ever
+//! stored into the area, never read back from it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use std::sync::atomic::Ordering::*;
 
 use usnet_abi::zc::{self, Geometry};
 use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
+use usnet_shm::spsc::WrappedEnd;
 use usnet_stack::zerocopy::ZcPort;
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
@@ -20,9 +22,11 @@ use crate::zc_slots::{from_abi, to_abi};
 pub(crate) struct ServerZc {
     pub area: ZcArea,
     port: ZcPort,
-    /// The stash's `tail` and the give ring's `tail` (ours).
-    stash_tail: u32,
-    give_tail: u32,
+    /// Our side (`tail`) of each ring. RX's and TX's follow the stack's port.
+    rx: WrappedEnd,
+    tx: WrappedEnd,
+    stash: WrappedEnd,
+    give: WrappedEnd,
     /// References to pool buffers the client may hold at once (delivered, kept,
     /// stashed; at most a quarter of the pool): beyond it the stash is not refilled.
     quota: usize,
@@ -45,10 +49,12 @@ impl ServerZc {
         let quota = ((g.rx_slots + g.tx_slots + g.stash_slots) as usize)
             .min((pool.count() as usize / 4).max(64));
         Ok(ServerZc {
+            rx: area.stack_end(ZcRing::Rx),
+            tx: area.stack_end(ZcRing::Tx),
+            stash: area.stack_end(ZcRing::Stash),
+            give: area.stack_end(ZcRing::Give),
             area,
             port: stack.zc_port(g.rx_slots as usize, g.tx_slots as usize),
-            stash_tail: 0,
-            give_tail: 0,
             quota,
         })
     }
@@ -107,7 +113,7 @@ impl ServerZc {
         let port = &mut self.port;
 
         // RX: the slots the client passed (it may have swapped buffers in them).
-        let rx_head = area.indices(ZcRing::Rx).0.load(Acquire) % port.rx.size();
+        let rx_head = self.rx.theirs();
         let passed = port.rx.distance(port.rx.head, rx_head);
         if passed <= port.rx.distance(port.rx.head, port.rx.tail) {
             let mut i = port.rx.head;
@@ -120,7 +126,7 @@ impl ServerZc {
         port.rx.head = rx_head;
 
         // TX: every slot from the stack's `tail` to the client's `head`.
-        let tx_head = area.indices(ZcRing::Tx).0.load(Acquire) % port.tx.size();
+        let tx_head = self.tx.theirs();
         let mut i = port.tx.tail;
         while i != tx_head {
             *port.tx.slot_mut(i) = from_abi(area.read_slot(ZcRing::Tx, i));
@@ -137,7 +143,8 @@ impl ServerZc {
             area.write_slot(ZcRing::Tx, i, &to_abi(port.tx.slot(i)));
             i = port.tx.next(i);
         }
-        area.indices(ZcRing::Tx).1.store(port.tx.tail, Release);
+        self.tx.set_mine(port.tx.tail);
+        self.tx.publish();
         // The RX slots filled, then `tail`. (`head` stays the client's own word: one
         // that ran past `tail` is refused again at every sync until the client fixes it.)
         let mut i = rx_tail;
@@ -145,7 +152,8 @@ impl ServerZc {
             area.write_slot(ZcRing::Rx, i, &to_abi(port.rx.slot(i)));
             i = port.rx.next(i);
         }
-        area.indices(ZcRing::Rx).1.store(port.rx.tail, Release);
+        self.rx.set_mine(port.rx.tail);
+        self.rx.publish();
         area.region()
             .u64(zc::BAD_SLOTS)
             .store(port.stats().bad_slots, Relaxed);
@@ -156,37 +164,31 @@ impl ServerZc {
 
     /// Buffers the client gave back on the give ring.
     fn take_given(&mut self, stack: &mut Stack) -> bool {
-        let n = self.area.size(ZcRing::Give);
-        let head = self.area.indices(ZcRing::Give).0.load(Acquire) % n;
-        let mut t = self.give_tail;
-        let moved = t != head;
+        let head = self.give.theirs();
+        let mut t = self.give.mine();
         while t != head {
             let buf = self.area.entry(ZcRing::Give, t).load(Relaxed);
             // One the client does not hold is refused and counted by the stack.
             let _ = stack.zc_free(&mut self.port, buf);
-            t = (t + 1) % n;
+            t = self.give.next(t);
         }
-        self.give_tail = t;
-        self.area.indices(ZcRing::Give).1.store(t, Release);
-        moved
+        self.give.set_mine(t);
+        self.give.publish()
     }
 
     /// Fills the stash with free buffers up to the client's quota.
     fn refill_stash(&mut self, stack: &mut Stack) -> bool {
-        let n = self.area.size(ZcRing::Stash);
-        let head = self.area.indices(ZcRing::Stash).0.load(Acquire) % n;
-        let mut t = self.stash_tail;
-        let start = t;
-        while (t + 1) % n != head && self.port.held_references() < self.quota {
+        let head = self.stash.theirs();
+        let mut t = self.stash.mine();
+        while self.stash.next(t) != head && self.port.held_references() < self.quota {
             let Some(buf) = stack.zc_alloc(&mut self.port) else {
                 break;
             };
             self.area.entry(ZcRing::Stash, t).store(buf, Relaxed);
-            t = (t + 1) % n;
+            t = self.stash.next(t);
         }
-        self.stash_tail = t;
-        self.area.indices(ZcRing::Stash).1.store(t, Release);
-        t != start
+        self.stash.set_mine(t);
+        self.stash.publish()
     }
 
     /// The client is gone or closed the port: its sockets close (what their send

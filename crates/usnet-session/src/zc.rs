@@ -1,7 +1,8 @@
 //! A zero-copy port's own area (`usnet_abi::zc`), typed: the server creates it, the
-//! client attaches it, both reach its rings only through here. Indices read from
-//! the other side are only ever reduced modulo the ring size; what they mean is
-//! checked by the stack (`usnet_stack::zerocopy`).
+//! client attaches it, both reach its rings only through here, and publish and read
+//! ring indices only through `usnet_shm::spsc::WrappedEnd`. Indices read from the
+//! other side are only ever reduced modulo the ring size; what they mean is checked
+//! by the stack (`usnet_stack::zerocopy`).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use usnet_abi::zc::{self, Geometry, Layout, Slot, SLOT_BYTES};
 use usnet_abi::PAGE;
+use usnet_shm::spsc::{WrappedEnd, WrappedIndices};
 use usnet_shm::Region;
 
 /// The pool geometry a port's header carries.
@@ -140,15 +142,42 @@ impl ZcArea {
         }
     }
 
-    /// The ring's (application's `head`, stack's `tail`) words.
-    pub fn indices(&self, ring: ZcRing) -> (&AtomicU32, &AtomicU32) {
-        let (h, t) = match ring {
+    fn index_offs(ring: ZcRing) -> (usize, usize) {
+        match ring {
             ZcRing::Rx => (zc::RX_HEAD, zc::RX_TAIL),
             ZcRing::Tx => (zc::TX_HEAD, zc::TX_TAIL),
             ZcRing::Stash => (zc::STASH_HEAD, zc::STASH_TAIL),
             ZcRing::Give => (zc::GIVE_HEAD, zc::GIVE_TAIL),
-        };
+        }
+    }
+
+    /// The ring's raw (application's `head`, stack's `tail`) words, for tests and
+    /// fuzzers that write them wrong on purpose; the sides use [`ZcArea::app_end`]
+    /// and [`ZcArea::stack_end`].
+    pub fn indices(&self, ring: ZcRing) -> (&AtomicU32, &AtomicU32) {
+        let (h, t) = Self::index_offs(ring);
         (self.region.u32(h), self.region.u32(t))
+    }
+
+    fn end(&self, ring: ZcRing, mine: usize, theirs: usize) -> WrappedEnd {
+        let at = WrappedIndices {
+            mine,
+            theirs,
+            size: self.size(ring),
+        };
+        WrappedEnd::attach(self.region.clone(), at).expect("checked by Layout::new")
+    }
+
+    /// The application's side of a ring: it owns `head`.
+    pub fn app_end(&self, ring: ZcRing) -> WrappedEnd {
+        let (h, t) = Self::index_offs(ring);
+        self.end(ring, h, t)
+    }
+
+    /// The stack's side of a ring: it owns `tail`.
+    pub fn stack_end(&self, ring: ZcRing) -> WrappedEnd {
+        let (h, t) = Self::index_offs(ring);
+        self.end(ring, t, h)
     }
 
     fn slot_off(&self, ring: ZcRing, i: u32) -> usize {

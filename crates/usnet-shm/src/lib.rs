@@ -1,8 +1,10 @@
 //! usnet-shm: the one place where usnet touches memory shared between processes.
 //!
-//! Three users share memory with another process: the shm link (`usnet-link`), the
-//! emulated NIC (`usnet-link::nic` and `usnet-nicemu`) and the request rings
-//! (`usnet-ring`). They need the same few things, and this crate has each of them once:
+//! Four users share memory with another process: the shm link (`usnet-link`), the
+//! emulated NIC (`usnet-link::nic` and `usnet-nicemu`), the request rings
+//! (`usnet-ring`) and the zero-copy port with the packet pool it lends
+//! (`usnet-session`, `usnet-pool`). They need the same few things, and this crate has
+//! each of them once:
 //!
 //! * [`Region`]: a shared mapping (a memfd, sealed when asked, or a file under
 //!   `/dev/shm`) with checked offsets: typed references to atomics and bounded byte
@@ -12,9 +14,12 @@
 //!   fits an epoll set next to kernel fds) or a futex word in a region
 //!   ([`FutexBell`]), with the "sleeping flag + fence + re-check" protocol
 //!   ([`Gate`]) written once.
+//! * [`BufferArea`]: memory cut into buffers lent out as byte slices (the packet
+//!   pool's, and a zero-copy client's mapping of it), anonymous or a sealed memfd.
 //! * [`poll_fds`]: wait on several fds (a device fd plus doorbell fds) with a deadline.
-//! * [`spsc`]: the single-producer single-consumer ring index protocol, and [`bytes`],
-//!   the same protocol for a byte stream.
+//! * [`spsc`]: the single-producer single-consumer ring index protocol (free-running
+//!   indices, or netmap's for the zero-copy port), and [`bytes`], the same protocol
+//!   for a byte stream.
 //! * [`arm`]: the arm/kick handshake of a ring its consumer stops watching.
 //! * [`fdpass`]: handing a memfd or an eventfd to another process (SCM_RIGHTS).
 //! * [`liveness`]: "is the process on the other side still alive", by open-file-
@@ -31,12 +36,14 @@
 //!
 //! Every wait takes a timeout: nothing here sleeps without a deadline.
 //!
-//! `unsafe` lives only in the mapping (`region`), futex (`futex`) and system-call
-//! (`sys`) modules; each block says why it is sound.
+//! `unsafe` lives only in the mapping (`region`, `buffers`), futex (`futex`) and
+//! system-call (`sys`) modules; each block says why it is sound.
 
 #![deny(unsafe_code)]
 
 pub mod arm;
+#[allow(unsafe_code)]
+mod buffers;
 pub mod bytes;
 pub mod doorbell;
 pub mod fdpass;
@@ -49,6 +56,7 @@ pub mod spsc;
 #[allow(unsafe_code)]
 mod sys;
 
+pub use buffers::BufferArea;
 pub use bytes::{ByteConsumer, ByteCorrupt, ByteProducer, ByteRingAt};
 pub use doorbell::{sleep_many, EventFd, FutexBell, Gate};
 pub use region::{Populate, RangeError, Region, Shared};
