@@ -42,9 +42,9 @@ step "tests" cargo test --workspace --release
 # Skipped when ../shared/tools/packetdrill is absent.
 step "packetdrill suite" python3 scripts/packetdrill.py --jobs 2 --timeout 60
 step "long simulations" cargo test --release -p usnet-stack -p usnet-tcp -- --ignored
-if [ -d crates/usnet-ring ] && grep -q 'cfg(loom)' crates/usnet-ring/Cargo.toml 2>/dev/null; then
+if [ -d crates/usnet-async-syscall ] && grep -q 'cfg(loom)' crates/usnet-async-syscall/Cargo.toml 2>/dev/null; then
     step "loom model checking" env RUSTFLAGS="--cfg loom" \
-        cargo test -p usnet-ring --release --lib --target-dir target/loom loom
+        cargo test -p usnet-async-syscall --release --lib --target-dir target/loom loom
 fi
 # The stack server's arm/kick handshake (usnet-shm::arm) and the ring index
 # protocol (usnet-shm::spsc), model-checked.

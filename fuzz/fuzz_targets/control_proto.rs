@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         let back: Request = serde_json::from_str(&line).expect("a written request reads back");
         assert_eq!(back, req);
         if let Request::Attach(a) = &req {
-            let cap = usnet_abi::Geometry {
+            let cap = usnet_session_abi::Geometry {
                 max_sockets: 4096,
                 ring_bytes: 1 << 22,
                 ..Default::default()

@@ -15,11 +15,11 @@ use serde_json::{json, Value};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use usnet_report::{bar_plot, histogram_plot, line_plot, percentile, write_json, Series, Table};
-use usnet_ring::{
+use usnet_async_syscall::{
     echo_result, run_syscall, spawn_child, AsyncOptions, AsyncSyscall, Call, Completion, Error,
     ExecOptions, ExitMode, Request, Ring, WaitPolicy,
 };
+use usnet_report::{bar_plot, histogram_plot, line_plot, percentile, write_json, Series, Table};
 
 type BoxErr = Box<dyn std::error::Error>;
 

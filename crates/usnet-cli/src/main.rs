@@ -94,7 +94,7 @@ enum BenchCmd {
 fn main() -> ExitCode {
     // A process a benchmark started as its peer (the ring's exec peer, the emulated
     // NIC's device side, a udp/tcp bench end) runs that role and exits.
-    usnet_ring::maybe_run_child();
+    usnet_async_syscall::maybe_run_child();
     usnet_nicemu::maybe_run_child();
     usnet_bench::peer::maybe_run_peer();
     let cli = Cli::parse();

@@ -503,12 +503,12 @@ pub fn run(args: UpArgs) -> CmdResult {
     if !args.cluster_bytes.is_power_of_two() || args.clusters == 0 {
         return Err("--cluster-bytes must be a power of two and --clusters at least 1".into());
     }
-    let geometry = usnet_abi::Geometry {
+    let geometry = usnet_session_abi::Geometry {
         max_sockets: args.client_sockets,
         ring_bytes: args.ring_bytes,
         ..Default::default()
     };
-    usnet_abi::Layout::new(geometry)
+    usnet_session_abi::Layout::new(geometry)
         .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
     let (name, services) = (opened[0].name.clone(), opened[0].services.clone());
     let mut parts = Vec::with_capacity(n);

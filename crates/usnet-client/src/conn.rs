@@ -12,9 +12,9 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{errno, hdr, Completion, Request, BELL_EVENTFD};
 use usnet_session::ctl::{self, msg, ControlError};
 use usnet_session::{ServerPage, Session};
+use usnet_session_abi::{errno, hdr, Completion, Request, BELL_EVENTFD};
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::FutexBell;
 
@@ -255,7 +255,7 @@ impl Conn {
     }
 
     /// Asks for the session's zero-copy port: returns the pool's memfd and the
-    /// port's area (see `usnet_abi::zc`).
+    /// port's area (see `usnet_session_abi::zc`).
     pub fn zc_port(&self, opts: crate::ZcOptions) -> io::Result<(OwnedFd, OwnedFd)> {
         use std::io::Write;
         let ctl = UnixStream::connect(&self.path)?;
@@ -359,9 +359,9 @@ impl Conn {
         if !self.mem.valid_slot(slot)
             || self
                 .mem
-                .slot_word(slot, usnet_abi::slot::FLAGS)
+                .slot_word(slot, usnet_session_abi::slot::FLAGS)
                 .load(Acquire)
-                & usnet_abi::FLAG_NOT_RECEIVER
+                & usnet_session_abi::FLAG_NOT_RECEIVER
                 == 0
         {
             return;
@@ -377,7 +377,7 @@ impl Conn {
         }
         let _ = self.post(
             Request {
-                op: usnet_abi::op::RX_WANT,
+                op: usnet_session_abi::op::RX_WANT,
                 slot,
                 ..Default::default()
             },

@@ -96,7 +96,7 @@ pub struct AttachOptions {
 }
 
 /// A socket a claim gave this session (see [`Client::claim`], [`Client::inherit`]).
-pub use usnet_abi::Claimed;
+pub use usnet_session_abi::Claimed;
 
 impl Client {
     /// Attaches to the stack named `name` (`usnet up --name`, or the interface name).
@@ -205,8 +205,8 @@ impl Client {
     #[doc(hidden)]
     pub fn close_slot(&self, slot: u32) {
         let _ = self.conn.post(
-            usnet_abi::Request {
-                op: usnet_abi::op::CLOSE,
+            usnet_session_abi::Request {
+                op: usnet_session_abi::op::CLOSE,
                 slot,
                 ..Default::default()
             },
@@ -218,8 +218,8 @@ impl Client {
     /// cost).
     pub fn nop(&self) -> io::Result<()> {
         self.conn
-            .call(usnet_abi::Request {
-                op: usnet_abi::op::NOP,
+            .call(usnet_session_abi::Request {
+                op: usnet_session_abi::op::NOP,
                 ..Default::default()
             })
             .map(|_| ())

@@ -1,11 +1,11 @@
 //! The client library's lock order, and its check in debug builds.
 //!
 //! A thread takes these locks only in increasing [`Rank`]: a socket's send ring
-//! (`Sock::tx`, held for a whole write as Linux holds the socket's lock, so the
+//! (`ClientSocket::tx`, held for a whole write as Linux holds the socket's lock, so the
 //! write's request goes out under it), then the session's submission queue
 //! (`Conn::submit`), then its completion table (`Conn::comp`). Every other lock of
 //! the library is a leaf, taken with none of its own held after it: a socket's
-//! receive ring (`Sock::rx`, released before any request), its timeouts, the
+//! receive ring (`ClientSocket::rx`, released before any request), its timeouts, the
 //! session's `wants` and `zc` tables, virtual time's state.
 //!
 //! [`lock`] takes a ranked lock; in debug builds, and with the `lock-order-check`

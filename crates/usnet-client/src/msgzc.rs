@@ -6,7 +6,7 @@
 //!
 //! The bytes of a send end at a position of the send ring (`TX_PROD` counts them);
 //! the server publishes how far the peer acknowledged in the same count
-//! (`usnet_abi::slot::TX_ACKED`), bumps the slot's events and rings the bell when it
+//! (`usnet_session_abi::slot::TX_ACKED`), bumps the slot's events and rings the bell when it
 //! moves. Completed sends are ranges `[lo, hi]`: a range grows while it is queued
 //! and the next id completes, as Linux coalesces them.
 

@@ -1,4 +1,4 @@
-//! A client session as a [`usnet_api::SocketApi`]: a table of non-blocking sockets
+//! A client session as a [`usnet_socket_api::SocketApi`]: a table of non-blocking sockets
 //! named by handles, so a service written against that trait (echo, HTTP...) runs as
 //! an ordinary client of a stack server, and an idle wait on the session's bell.
 
@@ -6,10 +6,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use usnet_abi::{slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF};
-use usnet_api::{errno, Handle, Readiness, SocketApi};
+use usnet_session_abi::{slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_HUP, FLAG_RX_EOF};
+use usnet_socket_api::{errno, Handle, Readiness, SocketApi};
 
-use crate::sock::Sock;
+use crate::sock::ClientSocket;
 use crate::{Client, TcpListener, TcpStream, UdpSocket};
 
 enum Entry {
@@ -19,7 +19,7 @@ enum Entry {
 }
 
 impl Entry {
-    fn sock(&self) -> &Sock {
+    fn sock(&self) -> &ClientSocket {
         match self {
             Entry::Listener(l) => &l.sock,
             Entry::Stream(s) => &s.sock,

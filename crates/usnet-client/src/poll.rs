@@ -12,13 +12,13 @@ use std::time::Duration;
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::Arc;
 
-use usnet_abi::{
+use usnet_session_abi::{
     slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE, FLAG_HUP, FLAG_RX_EOF,
     FLAG_SNDBUF, FLAG_WRITABLE, KIND_UDP, SLOT_OPEN,
 };
 
 use crate::conn::Conn;
-use crate::sock::Sock;
+use crate::sock::ClientSocket;
 use crate::{TcpListener, TcpStream, UdpSocket};
 
 /// The caller's name for a registration.
@@ -69,7 +69,7 @@ pub struct Event {
 mod sealed {
     /// Sockets a poller can watch (sealed: only this crate's socket types).
     pub trait Sealed {
-        fn sock(&self) -> &crate::sock::Sock;
+        fn sock(&self) -> &crate::sock::ClientSocket;
     }
 }
 
@@ -77,21 +77,21 @@ mod sealed {
 pub trait Source: sealed::Sealed {}
 
 impl sealed::Sealed for TcpStream {
-    fn sock(&self) -> &Sock {
+    fn sock(&self) -> &ClientSocket {
         &self.sock
     }
 }
 impl Source for TcpStream {}
 
 impl sealed::Sealed for TcpListener {
-    fn sock(&self) -> &Sock {
+    fn sock(&self) -> &ClientSocket {
         &self.sock
     }
 }
 impl Source for TcpListener {}
 
 impl sealed::Sealed for UdpSocket {
-    fn sock(&self) -> &Sock {
+    fn sock(&self) -> &ClientSocket {
         &self.sock
     }
 }

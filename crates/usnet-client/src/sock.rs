@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{
+use usnet_session_abi::{
     errno, op, slot, Request, FLAG_ERROR, FLAG_HUP, FLAG_SHARED, SEND_ASYNC, SEND_EOR, SLOT_OPEN,
 };
 use usnet_shm::{ByteConsumer, ByteProducer};
@@ -22,7 +22,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[doc(hidden)]
-pub struct Sock {
+pub struct ClientSocket {
     pub(crate) conn: Arc<Conn>,
     pub(crate) slot: u32,
     gen: u32,
@@ -51,9 +51,9 @@ fn corrupt() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "socket ring corrupt")
 }
 
-impl Sock {
-    /// A new socket of `kind` (`usnet_abi::KIND_*`).
-    pub(crate) fn open(conn: &Arc<Conn>, kind: u64) -> io::Result<Sock> {
+impl ClientSocket {
+    /// A new socket of `kind` (`usnet_session_abi::KIND_*`).
+    pub(crate) fn open(conn: &Arc<Conn>, kind: u64) -> io::Result<ClientSocket> {
         let (slot, _) = conn.call(Request {
             op: op::SOCKET,
             args: [kind, 0, 0, 0, 0, 0],
@@ -63,7 +63,7 @@ impl Sock {
     }
 
     /// The socket the server put in `slot` (a new one, or an accepted connection).
-    pub(crate) fn from_slot(conn: &Arc<Conn>, slot: u32) -> io::Result<Sock> {
+    pub(crate) fn from_slot(conn: &Arc<Conn>, slot: u32) -> io::Result<ClientSocket> {
         if !conn.mem.valid_slot(slot) {
             return Err(errno_err(errno::EBADF));
         }
@@ -72,7 +72,7 @@ impl Sock {
             .map_err(|e| io::Error::other(e.to_string()))?;
         let tx = ByteProducer::attach(region, conn.mem.tx_ring(slot))
             .map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(Sock {
+        Ok(ClientSocket {
             gen: conn.mem.slot_word(slot, slot::GEN).load(Acquire),
             conn: conn.clone(),
             slot,
@@ -88,8 +88,8 @@ impl Sock {
     /// The same socket in a forked child's own session, at `slot` there (the
     /// server's claim put it there), with this one's blocking mode and timeouts. The
     /// caller disowns this one (the parent's copy) in the child.
-    pub(crate) fn forked(&self, conn: &Arc<Conn>, slot: u32) -> io::Result<Sock> {
-        let s = Sock::from_slot(conn, slot)?;
+    pub(crate) fn forked(&self, conn: &Arc<Conn>, slot: u32) -> io::Result<ClientSocket> {
+        let s = ClientSocket::from_slot(conn, slot)?;
         s.nonblocking.store(self.nonblocking(), Relaxed);
         // A lock a thread of the parent held at the fork stays held in the child:
         // never wait for one here.
@@ -102,7 +102,7 @@ impl Sock {
         Ok(s)
     }
 
-    /// Names the socket across `exec` (`usnet_abi::slot::TAG`).
+    /// Names the socket across `exec` (`usnet_session_abi::slot::TAG`).
     pub(crate) fn set_tag(&self, tag: u32) {
         self.conn
             .mem
@@ -322,7 +322,7 @@ impl Sock {
 
     /// Before copying out of a shared stream's ring: Dekker's handshake with the
     /// server, which may be taking the ring's unread bytes for another holder that
-    /// reads (`usnet_abi::slot::RX_BUSY`). `None`: it is, so read nothing now (the
+    /// reads (`usnet_session_abi::slot::RX_BUSY`). `None`: it is, so read nothing now (the
     /// bytes go to the other reader). The guard ends the copy.
     fn rx_enter(&self) -> Option<Reading<'_>> {
         if self.flags() & FLAG_SHARED == 0 {
@@ -540,7 +540,7 @@ pub(crate) fn push_pieces(tx: &mut ByteProducer, bufs: &[&[u8]]) -> usize {
     put
 }
 
-/// A copy out of a shared stream's ring in progress (`Sock::rx_enter`).
+/// A copy out of a shared stream's ring in progress (`ClientSocket::rx_enter`).
 struct Reading<'a>(Option<&'a std::sync::atomic::AtomicU32>);
 
 impl Drop for Reading<'_> {
@@ -551,7 +551,7 @@ impl Drop for Reading<'_> {
     }
 }
 
-impl Drop for Sock {
+impl Drop for ClientSocket {
     fn drop(&mut self) {
         self.close();
     }

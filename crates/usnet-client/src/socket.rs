@@ -6,9 +6,9 @@
 use std::io;
 use std::net::SocketAddr;
 
-use usnet_abi::{op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_TCP, KIND_UDP};
+use usnet_session_abi::{op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_TCP, KIND_UDP};
 
-use crate::sock::Sock;
+use crate::sock::ClientSocket;
 use crate::{Client, TcpListener, TcpStream, UdpSocket};
 
 /// What a [`Socket`] carries.
@@ -20,7 +20,7 @@ pub enum SocketKind {
 
 /// A fresh socket at the server.
 pub struct Socket {
-    sock: Sock,
+    sock: ClientSocket,
     kind: SocketKind,
 }
 
@@ -31,7 +31,7 @@ impl Socket {
             SocketKind::Udp => KIND_UDP,
         };
         Ok(Socket {
-            sock: Sock::open(&client.conn, k)?,
+            sock: ClientSocket::open(&client.conn, k)?,
             kind,
         })
     }
@@ -42,7 +42,7 @@ impl Socket {
         self.sock.slot
     }
 
-    /// Names this socket across `exec` (`usnet_abi::slot::TAG`; the BSD layer's
+    /// Names this socket across `exec` (`usnet_session_abi::slot::TAG`; the BSD layer's
     /// tag for it).
     #[doc(hidden)]
     pub fn set_exec_tag(&self, tag: u32) {
@@ -54,7 +54,7 @@ impl Socket {
     #[doc(hidden)]
     pub fn inherited(client: &Client, slot: u32, kind: SocketKind) -> io::Result<Socket> {
         Ok(Socket {
-            sock: Sock::from_slot(&client.conn, slot)?,
+            sock: ClientSocket::from_slot(&client.conn, slot)?,
             kind,
         })
     }
@@ -84,12 +84,16 @@ impl Socket {
         self.bind_with(addr, 0, false)
     }
 
-    /// [`Self::bind`] for the wildcard's `families` (`usnet_abi::FAM_V4` |
+    /// [`Self::bind`] for the wildcard's `families` (`usnet_session_abi::FAM_V4` |
     /// `FAM_V6`; 0: both) with `reuse` (SO_REUSEADDR: two sockets that both set it
     /// may be bound to one port while neither listens).
     pub fn bind_with(&self, addr: SocketAddr, families: u64, reuse: bool) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
-        let flags = if reuse { usnet_abi::BIND_REUSE } else { 0 };
+        let flags = if reuse {
+            usnet_session_abi::BIND_REUSE
+        } else {
+            0
+        };
         self.sock
             .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())
@@ -106,7 +110,7 @@ impl Socket {
     }
 
     /// [`Socket::listen`] whose wildcard address takes only `families`
-    /// (`usnet_abi::FAM_V4` | `FAM_V6`; 0: both): Linux's `AF_INET` `0.0.0.0`, or
+    /// (`usnet_session_abi::FAM_V4` | `FAM_V6`; 0: both): Linux's `AF_INET` `0.0.0.0`, or
     /// `AF_INET6` `::` with or without `IPV6_V6ONLY`.
     pub fn listen_families(self, backlog: usize, families: u64) -> io::Result<TcpListener> {
         self.sock

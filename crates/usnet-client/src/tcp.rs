@@ -5,14 +5,14 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{
+use usnet_session_abi::{
     op, opt, slot, tcp_info, SockAddr, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
     FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, KIND_TCP, SEND_EOR, SEND_MORE,
     SHUT_RD, SHUT_RDWR, SHUT_WR, STAMP_TIMED, STAMP_TSONLY,
 };
 
 use crate::conn::errno_err;
-use crate::sock::Sock;
+use crate::sock::ClientSocket;
 use crate::Client;
 
 /// How a read takes bytes from the receive ring.
@@ -39,7 +39,7 @@ pub struct TxTimestamp {
 
 /// A listening TCP socket.
 pub struct TcpListener {
-    pub(crate) sock: Sock,
+    pub(crate) sock: ClientSocket,
 }
 
 impl TcpListener {
@@ -59,7 +59,7 @@ impl TcpListener {
         })
     }
 
-    /// Names this socket across `exec` (`usnet_abi::slot::TAG`; the BSD layer's
+    /// Names this socket across `exec` (`usnet_session_abi::slot::TAG`; the BSD layer's
     /// tag for it).
     #[doc(hidden)]
     pub fn set_exec_tag(&self, tag: u32) {
@@ -71,7 +71,7 @@ impl TcpListener {
     #[doc(hidden)]
     pub fn inherited(client: &Client, slot: u32) -> io::Result<TcpListener> {
         Ok(TcpListener {
-            sock: Sock::from_slot(&client.conn, slot)?,
+            sock: ClientSocket::from_slot(&client.conn, slot)?,
         })
     }
 
@@ -161,7 +161,7 @@ impl TcpListener {
         addr: SocketAddr,
         backlog: usize,
     ) -> io::Result<TcpListener> {
-        let sock = Sock::open(&client.conn, KIND_TCP)?;
+        let sock = ClientSocket::open(&client.conn, KIND_TCP)?;
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])?;
         sock.call(op::LISTEN, [backlog as u64, 0, 0, 0, 0, 0])?;
@@ -173,7 +173,7 @@ impl TcpListener {
         loop {
             match self.sock.call(op::ACCEPT, [0; 6]) {
                 Ok(s) => {
-                    let sock = Sock::from_slot(&self.sock.conn, s as u32)?;
+                    let sock = ClientSocket::from_slot(&self.sock.conn, s as u32)?;
                     let peer = sock.addr(slot::PEER)?;
                     return Ok((TcpStream { sock }, peer));
                 }
@@ -249,7 +249,7 @@ pub struct TcpInfo {
 /// A TCP connection. `Read`/`Write` are implemented for `TcpStream` and `&TcpStream`,
 /// so one thread may read while another writes.
 pub struct TcpStream {
-    pub(crate) sock: Sock,
+    pub(crate) sock: ClientSocket,
 }
 
 impl TcpStream {
@@ -269,7 +269,7 @@ impl TcpStream {
         })
     }
 
-    /// Names this socket across `exec` (`usnet_abi::slot::TAG`; the BSD layer's
+    /// Names this socket across `exec` (`usnet_session_abi::slot::TAG`; the BSD layer's
     /// tag for it).
     #[doc(hidden)]
     pub fn set_exec_tag(&self, tag: u32) {
@@ -281,7 +281,7 @@ impl TcpStream {
     #[doc(hidden)]
     pub fn inherited(client: &Client, slot: u32) -> io::Result<TcpStream> {
         Ok(TcpStream {
-            sock: Sock::from_slot(&client.conn, slot)?,
+            sock: ClientSocket::from_slot(&client.conn, slot)?,
         })
     }
 
@@ -307,7 +307,7 @@ impl TcpStream {
     /// Starts a connection and returns at once (like a non-blocking `connect`):
     /// [`TcpStream::connected`] or a write/read tells the outcome.
     pub fn connect_nonblocking(client: &Client, addr: SocketAddr) -> io::Result<TcpStream> {
-        let sock = Sock::open(&client.conn, KIND_TCP)?;
+        let sock = ClientSocket::open(&client.conn, KIND_TCP)?;
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
         sock.set_nonblocking(true);
@@ -319,7 +319,7 @@ impl TcpStream {
         addr: SocketAddr,
         deadline: Option<Instant>,
     ) -> io::Result<TcpStream> {
-        let sock = Sock::open(&client.conn, KIND_TCP)?;
+        let sock = ClientSocket::open(&client.conn, KIND_TCP)?;
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])?;
         let done = || sock.flags() & (FLAG_CONNECTED | FLAG_ERROR | FLAG_HUP) != 0;
@@ -330,7 +330,7 @@ impl TcpStream {
             return Err(e);
         }
         if sock.flags() & FLAG_CONNECTED == 0 {
-            return Err(errno_err(usnet_abi::errno::ECONNREFUSED));
+            return Err(errno_err(usnet_session_abi::errno::ECONNREFUSED));
         }
         Ok(TcpStream { sock })
     }

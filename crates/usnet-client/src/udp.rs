@@ -1,25 +1,25 @@
 //! UDP over a stack server, shaped like `std::net::UdpSocket`. Datagrams travel through
-//! the socket's rings as records (`usnet_abi::RECORD_HEADER`: length and peer address,
+//! the socket's rings as records (`usnet_session_abi::RECORD_HEADER`: length and peer address,
 //! then the payload padded to 8 bytes; a record never wraps).
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use usnet_abi::{
+use usnet_session_abi::{
     errno, op, opt, record_len, slot, SockAddr, FLAG_ERROR, KIND_UDP, RECORD_HEADER, RECORD_PAD,
 };
 use usnet_shm::{ByteConsumer, ByteProducer};
 
 use crate::conn::errno_err;
-use crate::sock::Sock;
+use crate::sock::ClientSocket;
 use crate::Client;
 
 /// Largest UDP payload.
 pub const MAX_PAYLOAD: usize = 65507;
 
 pub struct UdpSocket {
-    pub(crate) sock: Sock,
+    pub(crate) sock: ClientSocket,
 }
 
 /// Bytes from the ring position to the end of the ring.
@@ -44,7 +44,7 @@ impl UdpSocket {
         })
     }
 
-    /// Names this socket across `exec` (`usnet_abi::slot::TAG`; the BSD layer's
+    /// Names this socket across `exec` (`usnet_session_abi::slot::TAG`; the BSD layer's
     /// tag for it).
     #[doc(hidden)]
     pub fn set_exec_tag(&self, tag: u32) {
@@ -56,7 +56,7 @@ impl UdpSocket {
     #[doc(hidden)]
     pub fn inherited(client: &Client, slot: u32) -> io::Result<UdpSocket> {
         Ok(UdpSocket {
-            sock: Sock::from_slot(&client.conn, slot)?,
+            sock: ClientSocket::from_slot(&client.conn, slot)?,
         })
     }
 
@@ -67,7 +67,7 @@ impl UdpSocket {
     }
 
     pub fn bind(client: &Client, addr: SocketAddr) -> io::Result<UdpSocket> {
-        let sock = Sock::open(&client.conn, KIND_UDP)?;
+        let sock = ClientSocket::open(&client.conn, KIND_UDP)?;
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])?;
         Ok(UdpSocket { sock })
@@ -83,7 +83,7 @@ impl UdpSocket {
     }
 
     /// [`UdpSocket::bind_to`] whose wildcard address takes only `families`
-    /// (`usnet_abi::FAM_V4` | `FAM_V6`; 0: both).
+    /// (`usnet_session_abi::FAM_V4` | `FAM_V6`; 0: both).
     pub fn bind_families(&self, addr: SocketAddr, families: u64) -> io::Result<()> {
         self.bind_reuse(addr, families, false)
     }
@@ -93,7 +93,11 @@ impl UdpSocket {
     /// multicast receivers on one port are.
     pub fn bind_reuse(&self, addr: SocketAddr, families: u64, reuse: bool) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
-        let flags = if reuse { usnet_abi::BIND_REUSE } else { 0 };
+        let flags = if reuse {
+            usnet_session_abi::BIND_REUSE
+        } else {
+            0
+        };
         self.sock
             .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())
@@ -375,7 +379,7 @@ fn take_record(
 }
 
 /// The `USNET_RX_PRIORITY` option on a UDP socket or a listener.
-pub(crate) fn set_rx_priority(sock: &Sock, priority: Option<i32>) -> io::Result<()> {
+pub(crate) fn set_rx_priority(sock: &ClientSocket, priority: Option<i32>) -> io::Result<()> {
     let v = priority.map_or(opt::RX_PRIORITY_NONE, |p| i64::from(p) as u64);
     sock.call(
         op::SETSOCKOPT,

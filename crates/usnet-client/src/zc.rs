@@ -1,5 +1,5 @@
 //! Zero-copy rings for a client process: the netmap/PASTE ring API of
-//! `usnet_stack::zerocopy` over a stack server (`usnet_abi::zc`).
+//! `usnet_stack::zerocopy` over a stack server (`usnet_session_abi::zc`).
 //!
 //! The server hands the client its packet pool and the port's rings. Received
 //! payload is read in the buffer the frame arrived in; payload to send is written
@@ -13,7 +13,7 @@
 //! What the client writes into slots is still checked by the stack, so a bad slot
 //! cannot corrupt the stack's queues or the pool's accounting.
 //!
-//! Ownership of a buffer moves only through the rings (see `usnet_abi::zc`). The
+//! Ownership of a buffer moves only through the rings (see `usnet_session_abi::zc`). The
 //! references [`ZcPort::payload`] and [`ZcPort::buf_mut`] give are into the shared
 //! pool; they are sound because the stack never touches a buffer while the
 //! application holds it, and an application that uses a buffer it does not hold
@@ -25,15 +25,15 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
 
-use usnet_abi::zc::{self, Geometry, SLOT_BUF_CHANGED};
-use usnet_abi::{op, Request, SockAddr};
 use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
+use usnet_session_abi::zc::{self, Geometry, SLOT_BUF_CHANGED};
+use usnet_session_abi::{op, Request, SockAddr};
 use usnet_shm::spsc::WrappedEnd;
 use usnet_shm::BufferArea;
 
 use crate::Client;
 
-pub use usnet_abi::zc::{
+pub use usnet_session_abi::zc::{
     Slot as ZcSlot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
 };
 

@@ -8,13 +8,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use usnet_abi::{errno, Geometry};
 use usnet_client::{AttachOptions, Client, TcpListener, TcpStream, UdpSocket};
 use usnet_server::ServerLimits;
 use usnet_session::ctl::{
     self,
     msg::{ClientRow, Stat},
 };
+use usnet_session_abi::{errno, Geometry};
 use usnet_stack::Owner;
 
 fn sa(s: &str) -> SocketAddr {
@@ -175,7 +175,7 @@ fn per_client_limits_hold_and_are_counted() {
     });
     let s = stats();
     // A 64 KiB ring holds 63 records of 1000 bytes; the stack 16 KiB more.
-    let ring_records = (64 << 10) / usnet_abi::record_len(1000) as u64;
+    let ring_records = (64 << 10) / usnet_session_abi::record_len(1000) as u64;
     let stack_cap = (rcvbuf_cap / 1000) as u64 + 1;
     assert!(s.rx_queue_full > 0, "{s:?}");
     assert!(s.rx_datagrams <= ring_records + stack_cap, "{s:?}");

@@ -17,11 +17,11 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use usnet_abi::{errno, hdr, op, Geometry, Request, SockAddr, BELL_EVENTFD};
 use usnet_client::{AttachOptions, Client, Event, Interest, Mode, Poller, TcpListener};
 use usnet_client::{TcpStream, UdpSocket};
 use usnet_server::{ServerConfig, ServerHandle, ServerLimits};
 use usnet_session::{ServerPage, Session};
+use usnet_session_abi::{errno, hdr, op, Geometry, Request, SockAddr, BELL_EVENTFD};
 use usnet_stack::{mac_from_seed, Owner, StackConfig};
 
 const ADDR: [u8; 4] = [10, 66, 0, 1];

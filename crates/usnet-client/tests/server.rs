@@ -6,8 +6,8 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use usnet_api::errno;
 use usnet_client::{Client, Event, Interest, Mode, Poller, TcpListener, TcpStream, UdpSocket};
+use usnet_socket_api::errno;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -249,7 +249,7 @@ fn tcp_info_and_options_reach_the_connection() {
     assert!(s.take_error().unwrap().is_none());
     assert_eq!(s.peer_addr().unwrap(), sa("10.66.0.1:7300"));
     // BBR sets its own pacing rate; SO_MAX_PACING_RATE caps it.
-    s.set_congestion(usnet_abi::opt::CC_BBR).unwrap();
+    s.set_congestion(usnet_session_abi::opt::CC_BBR).unwrap();
     let mut buf = [0u8; 4096];
     (&s).write_all(&[1u8; 4096]).unwrap();
     a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

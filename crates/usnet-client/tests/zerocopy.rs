@@ -296,7 +296,7 @@ fn nonsense_in_the_rings_is_refused_and_hurts_nobody() {
             usnet_session::zc::ZcRing::Give,
         ][round % 4];
         let v = next();
-        let slot = usnet_abi::zc::Slot {
+        let slot = usnet_session_abi::zc::Slot {
             buf: (v % 5000) as u32,
             off: (v >> 12) as u32 % 3000,
             len: (v >> 24) as u32 % 3000,
@@ -314,7 +314,7 @@ fn nonsense_in_the_rings_is_refused_and_hurts_nobody() {
             // The server's own words too: it never reads them back.
             area.indices(ring).1.store(next() as u32, Release);
         }
-        area.word(usnet_abi::zc::SYNC).store(1, SeqCst);
+        area.word(usnet_session_abi::zc::SYNC).store(1, SeqCst);
         // A round trip rings the server (port.sync would publish our own indices).
         c.nop().unwrap();
         (&w).write_all(&pattern(4096)).unwrap();

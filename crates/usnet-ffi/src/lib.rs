@@ -5,7 +5,7 @@
 //! through `usnet-posix`: `-1` and `errno` on failure, as the system calls.
 //!
 //! Section "asynchronous system calls": the `usnet_async_*` functions wrap
-//! [`usnet_ring::AsyncSyscall`]. All functions return 0 or a count on
+//! [`usnet_async_syscall::AsyncSyscall`]. All functions return 0 or a count on
 //! success and a negative errno on failure, like the system calls they
 //! carry; results of the carried calls follow `syscall(2)` semantics with
 //! negative errno. No Rust panic crosses the boundary (they abort).
@@ -14,7 +14,7 @@ pub mod socket;
 
 use std::ptr;
 use std::time::Duration;
-use usnet_ring::{AsyncSyscall, Call, Completion, Error, ExitMode};
+use usnet_async_syscall::{AsyncSyscall, Call, Completion, Error, ExitMode};
 
 /// Opaque handle (`usnet_async_t`).
 pub struct UsnetAsync {

@@ -67,7 +67,7 @@ use sha2::{Digest, Sha256};
 use std::io;
 use std::time::Duration as Instant;
 
-use usnet_api::{Handle as SocketHandle, SocketApi};
+use usnet_socket_api::{Handle as SocketHandle, SocketApi};
 
 fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock

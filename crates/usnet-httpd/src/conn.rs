@@ -7,7 +7,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use crate::http::{Outq, Responses, Session};
+use crate::http::{Outq, RequestStream, Responses};
 use crate::Stats;
 
 /// How long a connection that sent its last answer waits for the client's FIN.
@@ -58,7 +58,7 @@ impl Default for Scratch {
 /// One connection: the HTTP session, the answers owed and the closing state.
 #[derive(Debug, Default)]
 pub struct Conn {
-    pub session: Session,
+    pub session: RequestStream,
     pub out: Outq,
     /// The client closed its side.
     eof: bool,

@@ -1,7 +1,7 @@
 //! The HTTP part every backend shares: the responses (built once at start), where
-//! one request ends and the next begins in a byte stream ([`Session`], on
+//! one request ends and the next begins in a byte stream ([`RequestStream`], on
 //! `usnet_http`'s strict parser), and the answers owed to a connection in order
-//! ([`Outq`]). No I/O here: a backend hands [`Session::feed`] whatever bytes it
+//! ([`Outq`]). No I/O here: a backend hands [`RequestStream::feed`] whatever bytes it
 //! received (from a kernel socket, from the stack's byte rings, or straight from a
 //! received pool buffer) and sends what [`Outq`] gives it.
 
@@ -224,7 +224,7 @@ impl Outq {
 /// answer for each, in order. Whole requests are parsed straight from the bytes
 /// received; only a request cut by a read boundary is kept (in `partial`).
 #[derive(Debug, Default)]
-pub struct Session {
+pub struct RequestStream {
     partial: Vec<u8>,
     /// Skipping a request body.
     body: Option<BodyDecoder>,
@@ -237,7 +237,7 @@ pub struct Session {
     pub errors: u64,
 }
 
-impl Session {
+impl RequestStream {
     /// No more requests will be answered.
     pub fn is_closing(&self) -> bool {
         self.closing
@@ -390,7 +390,7 @@ mod tests {
         ]
         .concat();
         for step in [1, 2, 3, 7, 30, 1000] {
-            let mut s = Session::default();
+            let mut s = RequestStream::default();
             let mut out = Outq::default();
             let mut got = Vec::new();
             for c in stream.chunks(step) {
@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn chunked_bodies_are_skipped() {
         let r = Responses::new(3, &[]).unwrap();
-        let mut s = Session::default();
+        let mut s = RequestStream::default();
         let mut out = Outq::default();
         s.feed(
             b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -426,7 +426,7 @@ mod tests {
             (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
             (b"BAD\r\n\r\n", 400),
         ] {
-            let mut s = Session::default();
+            let mut s = RequestStream::default();
             let mut out = Outq::default();
             s.feed(GET, &mut out);
             s.feed(req, &mut out);
@@ -438,7 +438,7 @@ mod tests {
                 .starts_with(&format!("HTTP/1.1 {status} ")));
             assert!(s.is_closing());
         }
-        let mut s = Session::default();
+        let mut s = RequestStream::default();
         let mut out = Outq::default();
         s.feed(&vec![b'a'; MAX_HEAD + 1], &mut out);
         assert_eq!(out.q.front(), Some(&Reply::Error(431)));

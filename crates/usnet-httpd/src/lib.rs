@@ -5,7 +5,7 @@
 //!
 //! One HTTP part, several backends:
 //!
-//! - [`http`]: the responses, request boundaries in a byte stream ([`http::Session`],
+//! - [`http`]: the responses, request boundaries in a byte stream ([`http::RequestStream`],
 //!   on `usnet_http`'s parser), the answers owed in order ([`http::Outq`]) — no I/O;
 //! - [`conn`]: one connection's life over any call-style [`conn::Transport`];
 //! - [`kernel`] (`--api kernel`): Linux sockets and epoll in one thread (phttpd's
@@ -14,7 +14,7 @@
 //!   [`usnet_driver::Driver`] whose turn serves the sockets the stack reports ready.
 //!
 //! - [`zerocopy`] (`--api zerocopy`): the same loop on usnet's zero-copy rings
-//!   (`usnet_stack::zerocopy`): [`http::Session::feed`] reads the received buffers
+//!   (`usnet_stack::zerocopy`): [`http::RequestStream::feed`] reads the received buffers
 //!   in place and [`http::Outq::fill`] writes the answers into the buffers that go
 //!   on the wire.
 

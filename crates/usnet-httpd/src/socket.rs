@@ -16,9 +16,9 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use usnet_api::SocketApi;
 use usnet_driver::{Clock, Driver};
 use usnet_link::Device;
+use usnet_socket_api::SocketApi;
 use usnet_stack::{SocketHandle, Stack};
 
 use crate::conn::{Conn, Scratch, Status, Transport};

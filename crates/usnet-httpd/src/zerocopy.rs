@@ -5,7 +5,7 @@
 //! 1. `zc_sync` takes back the receive buffers handed back last time, queues the
 //!    transmit slots and fills the receive ring;
 //! 2. every receive slot is parsed **where it lies**, in the buffer the frame
-//!    arrived in ([`Session::feed`] on the pool bytes), and handed back by advancing
+//!    arrived in ([`RequestStream::feed`] on the pool bytes), and handed back by advancing
 //!    `head`;
 //! 3. the answers owed are written into transmit buffers ([`Outq::fill`] at the
 //!    buffer's headroom, pieces of one segment each, so each leaves in place with
@@ -28,14 +28,14 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use usnet_abi::zc::{
+use usnet_session_abi::zc::{
     Slot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
 };
 use usnet_stack::zerocopy::{self, ZcPort};
 use usnet_stack::{SocketHandle, Stack};
 
 use crate::conn::LINGER;
-use crate::http::{Outq, Responses, Session};
+use crate::http::{Outq, RequestStream, Responses};
 use crate::socket::StackApp;
 use crate::{HttpdConfig, Stats};
 
@@ -176,7 +176,7 @@ struct ZConn {
     h: u64,
     /// Payload bytes that leave as one segment (from the `SLOT_NEW` slot).
     piece: u32,
-    session: Session,
+    session: RequestStream,
     out: Outq,
     /// The client's FIN arrived.
     eof: bool,
@@ -395,7 +395,7 @@ impl ZcLogic {
                     self.conns[i] = Some(ZConn {
                         h,
                         piece: s.off,
-                        session: Session::default(),
+                        session: RequestStream::default(),
                         out: Outq::default(),
                         eof: false,
                         linger: None,

@@ -545,7 +545,7 @@ unsafe extern "C" fn px_free(ud: *mut c_void) {
 }
 
 unsafe extern "C" fn px_socket(ud: *mut c_void, d: c_int, t: c_int, p: c_int) -> c_int {
-    with(ud, |_| usnet::socket::usnet_socket(d, t, p))
+    with(ud, |_| usnet_ffi::socket::usnet_socket(d, t, p))
 }
 
 unsafe extern "C" fn px_bind(
@@ -555,11 +555,11 @@ unsafe extern "C" fn px_bind(
     l: socklen_t,
 ) -> c_int {
     // SAFETY: bind(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_bind(fd, a, l) })
+    with(ud, |_| unsafe { usnet_ffi::socket::usnet_bind(fd, a, l) })
 }
 
 unsafe extern "C" fn px_listen(ud: *mut c_void, fd: c_int, backlog: c_int) -> c_int {
-    with(ud, |_| usnet::socket::usnet_listen(fd, backlog))
+    with(ud, |_| usnet_ffi::socket::usnet_listen(fd, backlog))
 }
 
 unsafe extern "C" fn px_accept(
@@ -569,7 +569,7 @@ unsafe extern "C" fn px_accept(
     l: *mut socklen_t,
 ) -> c_int {
     // SAFETY: accept(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_accept(fd, a, l) })
+    with(ud, |_| unsafe { usnet_ffi::socket::usnet_accept(fd, a, l) })
 }
 
 unsafe extern "C" fn px_connect(
@@ -579,17 +579,21 @@ unsafe extern "C" fn px_connect(
     l: socklen_t,
 ) -> c_int {
     // SAFETY: connect(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_connect(fd, a, l) })
+    with(ud, |_| unsafe {
+        usnet_ffi::socket::usnet_connect(fd, a, l)
+    })
 }
 
 unsafe extern "C" fn px_read(ud: *mut c_void, fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: read(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_read(fd, buf, n) })
+    with(ud, |_| unsafe { usnet_ffi::socket::usnet_read(fd, buf, n) })
 }
 
 unsafe extern "C" fn px_readv(ud: *mut c_void, fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: readv(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_readv(fd, iov, n) })
+    with(ud, |_| unsafe {
+        usnet_ffi::socket::usnet_readv(fd, iov, n)
+    })
 }
 
 unsafe extern "C" fn px_recv(
@@ -601,7 +605,7 @@ unsafe extern "C" fn px_recv(
 ) -> ssize_t {
     // SAFETY: recv(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_recv(fd, buf, n, flags)
+        usnet_ffi::socket::usnet_recv(fd, buf, n, flags)
     })
 }
 
@@ -616,7 +620,7 @@ unsafe extern "C" fn px_recvfrom(
 ) -> ssize_t {
     // SAFETY: recvfrom(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_recvfrom(fd, buf, n, flags, a, l)
+        usnet_ffi::socket::usnet_recvfrom(fd, buf, n, flags, a, l)
     })
 }
 
@@ -628,7 +632,7 @@ unsafe extern "C" fn px_recvmsg(
 ) -> ssize_t {
     // SAFETY: recvmsg(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_recvmsg(fd, m, flags)
+        usnet_ffi::socket::usnet_recvmsg(fd, m, flags)
     })
 }
 
@@ -639,12 +643,16 @@ unsafe extern "C" fn px_write(
     n: size_t,
 ) -> ssize_t {
     // SAFETY: write(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_write(fd, buf, n) })
+    with(ud, |_| unsafe {
+        usnet_ffi::socket::usnet_write(fd, buf, n)
+    })
 }
 
 unsafe extern "C" fn px_writev(ud: *mut c_void, fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: writev(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_writev(fd, iov, n) })
+    with(ud, |_| unsafe {
+        usnet_ffi::socket::usnet_writev(fd, iov, n)
+    })
 }
 
 unsafe extern "C" fn px_send(
@@ -656,7 +664,7 @@ unsafe extern "C" fn px_send(
 ) -> ssize_t {
     // SAFETY: send(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_send(fd, buf, n, flags)
+        usnet_ffi::socket::usnet_send(fd, buf, n, flags)
     })
 }
 
@@ -671,7 +679,7 @@ unsafe extern "C" fn px_sendto(
 ) -> ssize_t {
     // SAFETY: sendto(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_sendto(fd, buf, n, flags, a, l)
+        usnet_ffi::socket::usnet_sendto(fd, buf, n, flags, a, l)
     })
 }
 
@@ -683,25 +691,25 @@ unsafe extern "C" fn px_sendmsg(
 ) -> ssize_t {
     // SAFETY: sendmsg(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_sendmsg(fd, m, flags)
+        usnet_ffi::socket::usnet_sendmsg(fd, m, flags)
     })
 }
 
 unsafe extern "C" fn px_fcntl(ud: *mut c_void, fd: c_int, cmd: c_int, arg: c_long) -> c_int {
-    with(ud, |_| usnet::socket::usnet_fcntl(fd, cmd, arg))
+    with(ud, |_| usnet_ffi::socket::usnet_fcntl(fd, cmd, arg))
 }
 
 unsafe extern "C" fn px_ioctl(ud: *mut c_void, fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     // SAFETY: FIONREAD/FIONBIO take an int*; the layer checks the request.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_ioctl(fd, req, arg.cast())
+        usnet_ffi::socket::usnet_ioctl(fd, req, arg.cast())
     })
 }
 
 unsafe extern "C" fn px_close(ud: *mut c_void, fd: c_int) -> c_int {
     with(ud, |_| {
         if usnet_posix::is_usnet(fd) {
-            usnet::socket::usnet_close(fd)
+            usnet_ffi::socket::usnet_close(fd)
         } else {
             // A script's pipe is the kernel's, as under the shim.
             // SAFETY: close has no memory arguments.
@@ -711,7 +719,7 @@ unsafe extern "C" fn px_close(ud: *mut c_void, fd: c_int) -> c_int {
 }
 
 unsafe extern "C" fn px_shutdown(ud: *mut c_void, fd: c_int, how: c_int) -> c_int {
-    with(ud, |_| usnet::socket::usnet_shutdown(fd, how))
+    with(ud, |_| usnet_ffi::socket::usnet_shutdown(fd, how))
 }
 
 unsafe extern "C" fn px_getsockopt(
@@ -724,7 +732,7 @@ unsafe extern "C" fn px_getsockopt(
 ) -> c_int {
     // SAFETY: getsockopt(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_getsockopt(fd, level, name, v, l)
+        usnet_ffi::socket::usnet_getsockopt(fd, level, name, v, l)
     })
 }
 
@@ -738,7 +746,7 @@ unsafe extern "C" fn px_setsockopt(
 ) -> c_int {
     // SAFETY: setsockopt(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_setsockopt(fd, level, name, v, l)
+        usnet_ffi::socket::usnet_setsockopt(fd, level, name, v, l)
     })
 }
 
@@ -749,7 +757,7 @@ unsafe extern "C" fn px_poll(
     t: c_int,
 ) -> c_int {
     // SAFETY: poll(2) contract, passed on.
-    with(ud, |_| unsafe { usnet::socket::usnet_poll(fds, n, t) })
+    with(ud, |_| unsafe { usnet_ffi::socket::usnet_poll(fds, n, t) })
 }
 
 unsafe extern "C" fn px_netdev_send(ud: *mut c_void, buf: *const c_void, n: size_t) -> c_int {
@@ -817,7 +825,7 @@ unsafe extern "C" fn px_gettimeofday(ud: *mut c_void, tv: *mut timeval, _tz: *mu
 }
 
 unsafe extern "C" fn px_epoll_create(ud: *mut c_void, size: c_int) -> c_int {
-    with(ud, |_| usnet::socket::usnet_epoll_create(size))
+    with(ud, |_| usnet_ffi::socket::usnet_epoll_create(size))
 }
 
 unsafe extern "C" fn px_epoll_ctl(
@@ -829,7 +837,7 @@ unsafe extern "C" fn px_epoll_ctl(
 ) -> c_int {
     // SAFETY: epoll_ctl(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_epoll_ctl(epfd, op, fd, ev)
+        usnet_ffi::socket::usnet_epoll_ctl(epfd, op, fd, ev)
     })
 }
 
@@ -842,7 +850,7 @@ unsafe extern "C" fn px_epoll_wait(
 ) -> c_int {
     // SAFETY: epoll_wait(2) contract, passed on.
     with(ud, |_| unsafe {
-        usnet::socket::usnet_epoll_wait(epfd, out, max, t)
+        usnet_ffi::socket::usnet_epoll_wait(epfd, out, max, t)
     })
 }
 

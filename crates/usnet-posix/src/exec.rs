@@ -12,7 +12,7 @@
 //! - **Each socket's number** is an eventfd whose count is the socket's *tag*
 //!   ([`tag`]: a marker bit, the domain, and a number unique in the process) and
 //!   whose O_NONBLOCK is the socket's. The same tag is in the socket's slot
-//!   (`usnet_abi::slot::TAG`), where the server can read it.
+//!   (`usnet_session_abi::slot::TAG`), where the server can read it.
 //!
 //! The new program (the shim's constructor, before `main`) calls [`inherit`]: it
 //! finds the control connections and the tagged eventfds it holds, asks the server
@@ -235,26 +235,25 @@ fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>)
         // SAFETY: fcntl on an inherited descriptor; no memory arguments.
         let nb = unsafe { libc::fcntl(fds[0], libc::F_GETFL) } & libc::O_NONBLOCK != 0;
         let made = match c.role {
-            usnet_abi::role::LISTENER => TcpListener::inherited(&client, c.slot).map(|l| {
+            usnet_session_abi::role::LISTENER => TcpListener::inherited(&client, c.slot).map(|l| {
                 l.set_exec_tag(c.tag);
                 (Obj::Listener(l), libc::SOCK_STREAM)
             }),
-            usnet_abi::role::CONN => TcpStream::inherited(&client, c.slot).map(|s| {
+            usnet_session_abi::role::CONN => TcpStream::inherited(&client, c.slot).map(|s| {
                 s.set_exec_tag(c.tag);
                 let _ = s.set_nonblocking(nb);
                 (Obj::Stream(s), libc::SOCK_STREAM)
             }),
-            usnet_abi::role::UDP => UdpSocket::inherited(&client, c.slot).map(|u| {
+            usnet_session_abi::role::UDP => UdpSocket::inherited(&client, c.slot).map(|u| {
                 u.set_exec_tag(c.tag);
                 let _ = u.set_nonblocking(nb);
                 (Obj::Udp(u), libc::SOCK_DGRAM)
             }),
-            usnet_abi::role::FRESH => {
-                Socket::inherited(&client, c.slot, SocketKind::Tcp).map(|s| {
+            usnet_session_abi::role::FRESH => Socket::inherited(&client, c.slot, SocketKind::Tcp)
+                .map(|s| {
                     s.set_exec_tag(c.tag);
                     (Obj::Fresh(s), libc::SOCK_STREAM)
-                })
-            }
+                }),
             _ => {
                 client.close_slot(c.slot);
                 continue;

@@ -155,7 +155,7 @@ struct Opts {
     keep: [Option<u32>; 3],
     /// TCP_USER_TIMEOUT (ms, 0: none).
     user_timeout: u32,
-    /// TCP_CONGESTION (`usnet_abi::opt::CC_*`; None: the stack's, cubic).
+    /// TCP_CONGESTION (`usnet_session_abi::opt::CC_*`; None: the stack's, cubic).
     congestion: Option<sockopt::Congestion>,
     /// TCP_MAXSEG as set (None: none).
     maxseg: Option<i32>,
@@ -479,7 +479,7 @@ fn user_addr(domain: i32, addr: SocketAddr) -> SocketAddr {
 
 /// The families a bind of socket `e` to `addr` (as the stack takes it) holds.
 fn families_for(e: &Entry, addr: SocketAddr) -> u64 {
-    use usnet_abi::{FAM_V4, FAM_V6};
+    use usnet_session_abi::{FAM_V4, FAM_V6};
     if addr.is_ipv4() || e.domain == libc::AF_INET {
         FAM_V4
     } else if lock(&e.opts).v6only {
@@ -1829,9 +1829,9 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
 /// The ABI's number for a congestion control algorithm.
 fn abi_congestion(c: sockopt::Congestion) -> u64 {
     match c {
-        sockopt::Congestion::Cubic => usnet_abi::opt::CC_CUBIC,
-        sockopt::Congestion::Reno => usnet_abi::opt::CC_RENO,
-        sockopt::Congestion::Bbr => usnet_abi::opt::CC_BBR,
+        sockopt::Congestion::Cubic => usnet_session_abi::opt::CC_CUBIC,
+        sockopt::Congestion::Reno => usnet_session_abi::opt::CC_RENO,
+        sockopt::Congestion::Bbr => usnet_session_abi::opt::CC_BBR,
     }
 }
 
@@ -1885,11 +1885,11 @@ fn set_keepalive(o: &Opts, s: &TcpStream) -> io::Result<()> {
 }
 
 /// usnet's own socket options (`usnet.h`: `USNET_SOL_USNET`).
-pub const SOL_USNET: i32 = usnet_abi::opt::SOL_USNET as i32;
+pub const SOL_USNET: i32 = usnet_session_abi::opt::SOL_USNET as i32;
 /// Priority-aware receive (docs/priority.md): an `int` priority on the scale of
 /// `-nice` for a bound UDP socket or a listener (`EINVAL` before), or
 /// [`USNET_RX_PRIORITY_NONE`].
-pub const USNET_RX_PRIORITY: i32 = usnet_abi::opt::USNET_RX_PRIORITY as i32;
+pub const USNET_RX_PRIORITY: i32 = usnet_session_abi::opt::USNET_RX_PRIORITY as i32;
 /// Takes a socket's priority mark back (it ranks as its process again).
 pub const USNET_RX_PRIORITY_NONE: i32 = i32::MIN;
 

@@ -30,7 +30,7 @@ use std::os::raw::{c_int, c_long, c_ulong, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
-use usnet::socket as u;
+use usnet_ffi::socket;
 use usnet_posix::Errno;
 
 // ------------------------------------------------------------------ re-entry
@@ -186,7 +186,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         }
         ATTACH.store(1, Relaxed);
     }
-    u::usnet_socket(domain, ty, protocol)
+    socket::usnet_socket(domain, ty, protocol)
 }
 
 unsafe fn sockaddr_of(a: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn bind(fd: c_int, a: *const sockaddr, len: socklen_t) -> 
             .is_some_and(|sa| loopback(&sa) && !env_is("USNET_LOOPBACK", "usnet"));
         if !moved {
             // SAFETY: bind's contract.
-            return unsafe { u::usnet_bind(fd, a, len) };
+            return unsafe { socket::usnet_bind(fd, a, len) };
         }
         if !to_kernel(fd) {
             return -1;
@@ -272,7 +272,7 @@ pub unsafe extern "C" fn connect(fd: c_int, a: *const sockaddr, len: socklen_t) 
             .is_some_and(|sa| loopback(&sa) && !env_is("USNET_LOOPBACK", "usnet"));
         if !moved || usnet_posix::getsockname(fd).is_ok_and(|l| l.port() != 0) {
             // SAFETY: connect's contract.
-            return unsafe { u::usnet_connect(fd, a, len) };
+            return unsafe { socket::usnet_connect(fd, a, len) };
         }
         if !to_kernel(fd) {
             return -1;
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn connect(fd: c_int, a: *const sockaddr, len: socklen_t) 
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
-        return u::usnet_listen(fd, backlog);
+        return socket::usnet_listen(fd, backlog);
     }
     real!(listen: fn(c_int, c_int) -> c_int)(fd, backlog)
 }
@@ -293,7 +293,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 pub unsafe extern "C" fn accept(fd: c_int, a: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(_g) = ours(fd) {
         // SAFETY: accept's contract.
-        return unsafe { u::usnet_accept4(fd, a, len, 0) };
+        return unsafe { socket::usnet_accept4(fd, a, len, 0) };
     }
     real!(accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int)(fd, a, len)
 }
@@ -307,7 +307,7 @@ pub unsafe extern "C" fn accept4(
 ) -> c_int {
     if let Some(_g) = ours(fd) {
         // SAFETY: accept4's contract.
-        return unsafe { u::usnet_accept4(fd, a, len, flags) };
+        return unsafe { socket::usnet_accept4(fd, a, len, flags) };
     }
     real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int)(fd, a, len, flags)
 }
@@ -315,7 +315,7 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
-        return u::usnet_shutdown(fd, how);
+        return socket::usnet_shutdown(fd, how);
     }
     real!(shutdown: fn(c_int, c_int) -> c_int)(fd, how)
 }
@@ -323,7 +323,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
-        return u::usnet_close(fd);
+        return socket::usnet_close(fd);
     }
     // The layer's own descriptors stay open when a program closes every number it
     // did not open (daemons; sshd after its re-exec).
@@ -352,7 +352,7 @@ pub unsafe extern "C" fn close_range(
     let hi = last.min(i32::MAX as libc::c_uint) as c_int;
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         for fd in usnet_posix::descriptors_in(lo, hi) {
-            u::usnet_close(fd);
+            socket::usnet_close(fd);
         }
     }
     let mut from = first;
@@ -382,7 +382,7 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
 pub unsafe extern "C" fn getsockname(fd: c_int, a: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(_g) = ours(fd) {
         // SAFETY: getsockname's contract.
-        return unsafe { u::usnet_getsockname(fd, a, len) };
+        return unsafe { socket::usnet_getsockname(fd, a, len) };
     }
     real!(getsockname: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int)(fd, a, len)
 }
@@ -391,7 +391,7 @@ pub unsafe extern "C" fn getsockname(fd: c_int, a: *mut sockaddr, len: *mut sock
 pub unsafe extern "C" fn getpeername(fd: c_int, a: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(_g) = ours(fd) {
         // SAFETY: getpeername's contract.
-        return unsafe { u::usnet_getpeername(fd, a, len) };
+        return unsafe { socket::usnet_getpeername(fd, a, len) };
     }
     real!(getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int)(fd, a, len)
 }
@@ -406,7 +406,7 @@ pub unsafe extern "C" fn setsockopt(
 ) -> c_int {
     if let Some(_g) = ours(fd) {
         // SAFETY: setsockopt's contract.
-        let r = unsafe { u::usnet_setsockopt(fd, level, name, v, len) };
+        let r = unsafe { socket::usnet_setsockopt(fd, level, name, v, len) };
         if r < 0 && errno() == libc::ENOPROTOOPT {
             return refused(
                 &format!("setsockopt({level}, {name})"),
@@ -431,7 +431,7 @@ pub unsafe extern "C" fn getsockopt(
 ) -> c_int {
     if let Some(_g) = ours(fd) {
         // SAFETY: getsockopt's contract.
-        let r = unsafe { u::usnet_getsockopt(fd, level, name, v, len) };
+        let r = unsafe { socket::usnet_getsockopt(fd, level, name, v, len) };
         if r < 0 && errno() == libc::ENOPROTOOPT {
             return refused(
                 &format!("getsockopt({level}, {name})"),
@@ -452,7 +452,7 @@ pub unsafe extern "C" fn getsockopt(
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: read's contract.
-        return unsafe { u::usnet_read(fd, buf, n) };
+        return unsafe { socket::usnet_read(fd, buf, n) };
     }
     real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n)
 }
@@ -461,7 +461,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: write's contract.
-        return unsafe { u::usnet_write(fd, buf, n) };
+        return unsafe { socket::usnet_write(fd, buf, n) };
     }
     real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, buf, n)
 }
@@ -470,7 +470,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: readv's contract.
-        return unsafe { u::usnet_readv(fd, iov, n) };
+        return unsafe { socket::usnet_readv(fd, iov, n) };
     }
     real!(readv: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, iov, n)
 }
@@ -479,7 +479,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> 
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: writev's contract.
-        return unsafe { u::usnet_writev(fd, iov, n) };
+        return unsafe { socket::usnet_writev(fd, iov, n) };
     }
     real!(writev: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, iov, n)
 }
@@ -488,7 +488,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) ->
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: recv's contract.
-        return unsafe { u::usnet_recv(fd, buf, n, flags) };
+        return unsafe { socket::usnet_recv(fd, buf, n, flags) };
     }
     real!(recv: fn(c_int, *mut c_void, size_t, c_int) -> ssize_t)(fd, buf, n, flags)
 }
@@ -497,7 +497,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: send's contract.
-        return unsafe { u::usnet_send(fd, buf, n, flags) };
+        return unsafe { socket::usnet_send(fd, buf, n, flags) };
     }
     real!(send: fn(c_int, *const c_void, size_t, c_int) -> ssize_t)(fd, buf, n, flags)
 }
@@ -513,7 +513,7 @@ pub unsafe extern "C" fn recvfrom(
 ) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: recvfrom's contract.
-        return unsafe { u::usnet_recvfrom(fd, buf, n, flags, a, len) };
+        return unsafe { socket::usnet_recvfrom(fd, buf, n, flags, a, len) };
     }
     real!(recvfrom: fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t)(
         fd, buf, n, flags, a, len,
@@ -531,7 +531,7 @@ pub unsafe extern "C" fn sendto(
 ) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: sendto's contract.
-        return unsafe { u::usnet_sendto(fd, buf, n, flags, a, len) };
+        return unsafe { socket::usnet_sendto(fd, buf, n, flags, a, len) };
     }
     real!(sendto: fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t)(
         fd, buf, n, flags, a, len,
@@ -542,7 +542,7 @@ pub unsafe extern "C" fn sendto(
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: recvmsg's contract.
-        return unsafe { u::usnet_recvmsg(fd, msg, flags) };
+        return unsafe { socket::usnet_recvmsg(fd, msg, flags) };
     }
     real!(recvmsg: fn(c_int, *mut libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
 }
@@ -551,7 +551,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
     if let Some(_g) = ours(fd) {
         // SAFETY: sendmsg's contract.
-        return unsafe { u::usnet_sendmsg(fd, msg, flags) };
+        return unsafe { socket::usnet_sendmsg(fd, msg, flags) };
     }
     real!(sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
 }
@@ -571,7 +571,7 @@ pub unsafe extern "C" fn sendmmsg(
             // SAFETY: sendmmsg's contract: `n` mmsghdrs at `msgs`.
             let m = unsafe { &mut *msgs.add(i) };
             // SAFETY: as above, the message's own contract.
-            let r = unsafe { u::usnet_sendmsg(fd, &m.msg_hdr, flags) };
+            let r = unsafe { socket::usnet_sendmsg(fd, &m.msg_hdr, flags) };
             if r < 0 {
                 return if done > 0 { done } else { -1 };
             }
@@ -607,7 +607,7 @@ pub unsafe extern "C" fn recvmmsg(
             // SAFETY: recvmmsg's contract: `n` mmsghdrs at `msgs`.
             let m = unsafe { &mut *msgs.add(i) };
             // SAFETY: as above, the message's own contract.
-            let r = unsafe { u::usnet_recvmsg(fd, &mut m.msg_hdr, f) };
+            let r = unsafe { socket::usnet_recvmsg(fd, &mut m.msg_hdr, f) };
             if r < 0 {
                 if done > 0 {
                     set_errno(0);
@@ -787,7 +787,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             | libc::F_GETFD
             | libc::F_SETFD
             | libc::F_DUPFD
-            | libc::F_DUPFD_CLOEXEC => u::usnet_fcntl(fd, cmd, arg as c_long),
+            | libc::F_DUPFD_CLOEXEC => socket::usnet_fcntl(fd, cmd, arg as c_long),
             _ => refused(&format!("fcntl({cmd})"), fd, libc::EINVAL),
         };
     }
@@ -809,7 +809,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
         return match req {
             libc::FIONBIO | libc::FIONREAD | usnet_posix::SIOCATMARK => {
                 // SAFETY: all take a pointer to an int, per ioctl's contract.
-                unsafe { u::usnet_ioctl(fd, req, arg.cast()) }
+                unsafe { socket::usnet_ioctl(fd, req, arg.cast()) }
             }
             _ => refused(&format!("ioctl({req:#x})"), fd, libc::ENOTTY),
         };
@@ -820,7 +820,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
-        return u::usnet_dup(fd);
+        return socket::usnet_dup(fd);
     }
     real!(dup: fn(c_int) -> c_int)(fd)
 }
@@ -839,8 +839,8 @@ unsafe fn dup_onto(old: c_int, new: c_int, flags: Option<c_int>) -> c_int {
     };
     if usnet_posix::is_usnet(old) {
         return match flags {
-            None => u::usnet_dup2(old, new),
-            Some(f) => u::usnet_dup3(old, new, f),
+            None => socket::usnet_dup2(old, new),
+            Some(f) => socket::usnet_dup3(old, new, f),
         };
     }
     let r = real_dup();
@@ -875,7 +875,7 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: 
         let set = unsafe { slice_of(fds, n as usize) };
         if any_usnet(set) {
             // SAFETY: as above.
-            return unsafe { u::usnet_poll(fds, n, timeout) };
+            return unsafe { socket::usnet_poll(fds, n, timeout) };
         }
     }
     real!(poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int)(fds, n, timeout)
@@ -913,7 +913,7 @@ pub unsafe extern "C" fn ppoll(
         let set = unsafe { slice_of(fds, n as usize) };
         if any_usnet(set) {
             // SAFETY: as above.
-            return unsafe { u::usnet_poll(fds, n, timeout_ms(ts)) };
+            return unsafe { socket::usnet_poll(fds, n, timeout_ms(ts)) };
         }
     }
     real!(ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int)(
@@ -961,7 +961,7 @@ unsafe fn select_by_poll(
         return None;
     }
     // SAFETY: our own pollfd list.
-    let n = unsafe { u::usnet_poll(list.as_mut_ptr(), list.len() as libc::nfds_t, timeout) };
+    let n = unsafe { socket::usnet_poll(list.as_mut_ptr(), list.len() as libc::nfds_t, timeout) };
     if n < 0 {
         return Some(-1);
     }
@@ -1045,7 +1045,7 @@ pub unsafe extern "C" fn pselect(
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     if let Some(_g) = enter() {
-        return u::usnet_epoll_create1(flags);
+        return socket::usnet_epoll_create1(flags);
     }
     real!(epoll_create1: fn(c_int) -> c_int)(flags)
 }
@@ -1053,7 +1053,7 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     if let Some(_g) = enter() {
-        return u::usnet_epoll_create(size);
+        return socket::usnet_epoll_create(size);
     }
     real!(epoll_create: fn(c_int) -> c_int)(size)
 }
@@ -1067,7 +1067,7 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     if let Some(_g) = ours(epfd) {
         // SAFETY: epoll_ctl's contract.
-        return unsafe { u::usnet_epoll_ctl(epfd, op, fd, ev) };
+        return unsafe { socket::usnet_epoll_ctl(epfd, op, fd, ev) };
     }
     real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int)(epfd, op, fd, ev)
 }
@@ -1081,7 +1081,7 @@ pub unsafe extern "C" fn epoll_wait(
 ) -> c_int {
     if let Some(_g) = ours(epfd) {
         // SAFETY: epoll_wait's contract.
-        return unsafe { u::usnet_epoll_wait(epfd, out, max, timeout) };
+        return unsafe { socket::usnet_epoll_wait(epfd, out, max, timeout) };
     }
     real!(epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int)(
         epfd, out, max, timeout,
@@ -1100,7 +1100,7 @@ pub unsafe extern "C" fn epoll_pwait(
 ) -> c_int {
     if let Some(_g) = ours(epfd) {
         // SAFETY: epoll_pwait's contract.
-        return unsafe { u::usnet_epoll_wait(epfd, out, max, timeout) };
+        return unsafe { socket::usnet_epoll_wait(epfd, out, max, timeout) };
     }
     real!(epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int)(
         epfd, out, max, timeout, mask,

@@ -112,7 +112,7 @@ fn listen(listener: UnixListener, stack: &str, stop: &AtomicBool) {
     }
 }
 
-enum Sock {
+enum ProxySocket {
     Listener(TcpListener),
     Stream(TcpStream),
 }
@@ -121,7 +121,7 @@ struct Conn {
     unix: UnixStream,
     client: Client,
     clusters: Clusters,
-    socks: HashMap<u32, Sock>,
+    socks: HashMap<u32, ProxySocket>,
     next: u32,
     buf: Vec<u8>,
 }
@@ -210,23 +210,23 @@ impl Conn {
         let r = match h.op {
             wire::LISTEN => addr(payload).and_then(|a| {
                 let l = TcpListener::bind_with_backlog(&self.client, a, h.arg.max(1) as usize)?;
-                Ok(self.add(Sock::Listener(l)))
+                Ok(self.add(ProxySocket::Listener(l)))
             }),
             wire::CONNECT => addr(payload).and_then(|a| {
                 let s = TcpStream::connect_timeout(&self.client, a, Duration::from_secs(30))?;
-                Ok(self.add(Sock::Stream(s)))
+                Ok(self.add(ProxySocket::Stream(s)))
             }),
             wire::ACCEPT => match self.accept(h.sock) {
                 Ok((s, peer)) => {
                     extra = peer.to_string();
-                    Ok(self.add(Sock::Stream(s)))
+                    Ok(self.add(ProxySocket::Stream(s)))
                 }
                 Err(e) => Err(e),
             },
             wire::WRITE => return self.write(h).map(|r| (r, extra)),
             wire::READ => return self.read(h).map(|r| (r, extra)),
             wire::SHUTDOWN => match self.socks.get(&h.sock) {
-                Some(Sock::Stream(s)) => s
+                Some(ProxySocket::Stream(s)) => s
                     .shutdown(match h.arg {
                         0 => std::net::Shutdown::Read,
                         1 => std::net::Shutdown::Write,
@@ -244,7 +244,7 @@ impl Conn {
         Ok((wire::result(r), extra))
     }
 
-    fn add(&mut self, s: Sock) -> i64 {
+    fn add(&mut self, s: ProxySocket) -> i64 {
         let id = self.next;
         self.next = self.next.wrapping_add(1).max(1);
         self.socks.insert(id, s);
@@ -252,7 +252,7 @@ impl Conn {
     }
 
     fn accept(&self, sock: u32) -> io::Result<(TcpStream, SocketAddr)> {
-        let Some(Sock::Listener(l)) = self.socks.get(&sock) else {
+        let Some(ProxySocket::Listener(l)) = self.socks.get(&sock) else {
             return Err(ebadf());
         };
         l.set_nonblocking(true)?;
@@ -274,7 +274,7 @@ impl Conn {
     fn write(&mut self, h: Header) -> io::Result<i64> {
         let total = h.arg.max(0) as usize;
         let chunk = self.clusters.bytes * self.clusters.count;
-        let Some(Sock::Stream(s)) = self.socks.get(&h.sock) else {
+        let Some(ProxySocket::Stream(s)) = self.socks.get(&h.sock) else {
             return Ok(wire::result(Err(ebadf())));
         };
         s.set_write_timeout(Some(SLICE))?;
@@ -307,7 +307,7 @@ impl Conn {
     fn read(&mut self, h: Header) -> io::Result<i64> {
         let max = (h.arg.max(0) as usize).min(crate::MAX_READ);
         let chunk = self.clusters.bytes * self.clusters.count;
-        let Some(Sock::Stream(s)) = self.socks.get(&h.sock) else {
+        let Some(ProxySocket::Stream(s)) = self.socks.get(&h.sock) else {
             return Ok(wire::result(Err(ebadf())));
         };
         s.set_read_timeout(Some(SLICE))?;

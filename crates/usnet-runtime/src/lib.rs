@@ -291,7 +291,7 @@ fn poll_loop(shared: Arc<Shared>, rt: RuntimeConfig) {
         let turn = inner.driver.turn_with(|stack| {
             let mut did = false;
             for svc in services.iter_mut() {
-                did |= svc.poll(stack as &mut dyn usnet_api::SocketApi);
+                did |= svc.poll(stack as &mut dyn usnet_socket_api::SocketApi);
             }
             did
         });

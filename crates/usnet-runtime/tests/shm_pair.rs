@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use usnet_api::errno;
 use usnet_link::shm::{ShmConfig, ShmDevice};
 use usnet_runtime::{NetStack, PingSocket, RuntimeConfig, ServiceKind, UdpSocket};
+use usnet_socket_api::errno;
 use usnet_stack::{mac_from_seed, StackConfig};
 
 fn start(link: &str, i: u8) -> NetStack {

@@ -7,9 +7,9 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
-use usnet_abi::{BELL_EVENTFD, BELL_FUTEX};
 use usnet_link::{Doorbell, WaitKind};
 use usnet_session::ServerPage;
+use usnet_session_abi::{BELL_EVENTFD, BELL_FUTEX};
 use usnet_shm::{EventFd, FutexBell};
 
 #[derive(Clone)]

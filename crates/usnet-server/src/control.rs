@@ -30,7 +30,7 @@
 //! - `{"cmd":"attach","claim":T,...}` on a pin's channel attaches a new session over
 //!   it (the channel is then that session's connection), holding the pinned sockets
 //!   too: `"slots": [[parent slot, child slot, tag, role], ...]` in the reply (the
-//!   tag is the parent's `usnet_abi::slot::TAG`, the role a `usnet_abi::role`).
+//!   tag is the parent's `usnet_session_abi::slot::TAG`, the role a `usnet_session_abi::role`).
 //!   Only the family knows the token: it came over a descriptor only they hold.
 
 use std::collections::HashMap;
@@ -105,7 +105,7 @@ impl ControlServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("usnet-control".into())
-            .spawn(move || serve(listener, ctx, stop2))?;
+            .spawn(move || watch_connections(listener, ctx, stop2))?;
         Ok(ControlServer {
             path,
             stop,
@@ -198,7 +198,7 @@ struct Attached {
     shard: usize,
 }
 
-fn serve(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
+fn watch_connections(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
     let mut attached: Vec<Attached> = Vec::new();
     while !stop.load(Ordering::Acquire) {
         let mut fds = Vec::with_capacity(1 + attached.len());
@@ -409,7 +409,7 @@ fn pin_reply(token: u128, sockets: usize) -> PinReply {
     }
 }
 
-/// A zero-copy port for a session (`usnet_abi::zc`): only from the session's own
+/// A zero-copy port for a session (`usnet_session_abi::zc`): only from the session's own
 /// process, of the stack's own user or root (the port maps the whole packet pool),
 /// on a server started with `zero_copy`. Answered with the pool's memfd and the
 /// port's area; the port lives as long as the session.
@@ -429,8 +429,8 @@ fn zc_port(mut out: UnixStream, req: &msg::ZcPort, ctx: &Ctx) {
         );
     }
     let session = req.session;
-    let slots = |n: u32| n.min(usnet_abi::zc::MAX_SLOTS);
-    let g = usnet_abi::zc::Geometry {
+    let slots = |n: u32| n.min(usnet_session_abi::zc::MAX_SLOTS);
+    let g = usnet_session_abi::zc::Geometry {
         rx_slots: slots(req.rx_slots),
         tx_slots: slots(req.tx_slots),
         stash_slots: slots(req.stash_slots),
@@ -691,8 +691,8 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
 /// the caps, if smaller).
 pub fn granted_geometry(
     req: &msg::Attach,
-    cap: usnet_abi::Geometry,
-) -> (usnet_abi::Geometry, bool) {
+    cap: usnet_session_abi::Geometry,
+) -> (usnet_session_abi::Geometry, bool) {
     let mut g = cap;
     let mut cut = false;
     let want_sockets = req.max_sockets.unwrap_or(1024).max(1);
@@ -977,8 +977,8 @@ fn ping(out: &mut UnixStream, req: &msg::Ping, ctx: &Ctx) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn cap() -> usnet_abi::Geometry {
-        usnet_abi::Geometry {
+    fn cap() -> usnet_session_abi::Geometry {
+        usnet_session_abi::Geometry {
             max_sockets: 64,
             ring_bytes: 1 << 20,
             ..Default::default()

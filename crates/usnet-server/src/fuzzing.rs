@@ -19,7 +19,7 @@
 //! - when the clients go, every stack socket they held is closed and, once the stack
 //!   has settled, every packet buffer is back in the pool.
 //!
-//! Session 1 also has a zero-copy port (`usnet_abi::zc`): commands scribble on its
+//! Session 1 also has a zero-copy port (`usnet_session_abi::zc`): commands scribble on its
 //! area (slots, indices, stash and give entries) or act as a client of the rings
 //! would (pass RX slots, keep buffers, send held ones), and the server syncs it each
 //! turn; its buffers must be back in the pool at the end too.
@@ -30,8 +30,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use usnet_abi::{hdr, op, slot, Geometry, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
 use usnet_session::Session;
+use usnet_session_abi::{
+    hdr, op, slot, Geometry, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER,
+};
 use usnet_stack::{mac_from_seed, Instant, Owner, Stack, StackConfig};
 
 use crate::session::{ServerSession, SHARED};
@@ -142,7 +144,7 @@ impl Harness {
         .expect("stack");
         let port = crate::zc::ServerZc::new(
             &stack,
-            usnet_abi::zc::Geometry {
+            usnet_session_abi::zc::Geometry {
                 rx_slots: 8,
                 tx_slots: 8,
                 stash_slots: 4,
@@ -495,7 +497,7 @@ impl Harness {
         self.turn();
         assert_eq!(
             self.mem().slot_word(2, slot::STATE).load(Acquire),
-            usnet_abi::SLOT_OPEN
+            usnet_session_abi::SLOT_OPEN
         );
     }
 }
@@ -617,7 +619,7 @@ fn commands(h: &mut Harness, data: &[u8]) {
                 let s = inp.u8().unwrap_or(0) as u32 % g.max_sockets;
                 let len = inp.u16() as usize % 3000;
                 let to = addr(&mut inp);
-                let mut rec = vec![0u8; usnet_abi::record_len(len)];
+                let mut rec = vec![0u8; usnet_session_abi::record_len(len)];
                 rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
                 rec[8..8 + SockAddr::LEN].copy_from_slice(&to.to_bytes());
                 h.send_bytes(s, &rec);
@@ -668,8 +670,8 @@ static ZC_PAYLOAD_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 /// input chooses, so it may well be wrong.
 fn zc_client_step(area: &usnet_session::zc::ZcArea, inp: &mut Input) {
     use std::sync::atomic::Ordering::*;
-    use usnet_abi::zc::{Slot, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE};
     use usnet_session::zc::ZcRing;
+    use usnet_session_abi::zc::{Slot, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE};
     let (rx_head, rx_tail) = area.indices(ZcRing::Rx);
     let (st_head, st_tail) = area.indices(ZcRing::Stash);
     let rn = area.size(ZcRing::Rx);
@@ -737,14 +739,14 @@ fn zc_client_step(area: &usnet_session::zc::ZcArea, inp: &mut Input) {
         }),
         _ => {}
     }
-    area.word(usnet_abi::zc::SYNC).store(1, SeqCst);
+    area.word(usnet_session_abi::zc::SYNC).store(1, SeqCst);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering::*;
-    use usnet_abi::{FLAG_BOUND, SLOT_OPEN};
+    use usnet_session_abi::{FLAG_BOUND, SLOT_OPEN};
 
     /// xorshift64*: seeded, so a failure names its input.
     fn bytes(seed: u64, n: usize) -> Vec<u8> {
@@ -799,7 +801,7 @@ mod tests {
                 }
                 h.send_bytes(0, &vec![7u8; 3000]);
                 h.submit(&req(op::TX_KICK, 0, [0; 6]));
-                h.zc.word(usnet_abi::zc::SYNC).store(1, SeqCst);
+                h.zc.word(usnet_session_abi::zc::SYNC).store(1, SeqCst);
                 for _ in 0..4 {
                     h.turn();
                 }
@@ -910,8 +912,8 @@ mod tests {
         };
         let cork = |on: u64| {
             [
-                usnet_abi::opt::IPPROTO_TCP,
-                usnet_abi::opt::TCP_CORK,
+                usnet_session_abi::opt::IPPROTO_TCP,
+                usnet_session_abi::opt::TCP_CORK,
                 on,
                 0,
                 0,
@@ -963,8 +965,8 @@ mod tests {
         };
         let cork = |on: u64, hold: u64| {
             [
-                usnet_abi::opt::IPPROTO_TCP,
-                usnet_abi::opt::TCP_CORK,
+                usnet_session_abi::opt::IPPROTO_TCP,
+                usnet_session_abi::opt::TCP_CORK,
                 on,
                 hold,
                 0,
@@ -1010,7 +1012,7 @@ mod tests {
     }
 
     fn udp_record(len: usize, to: std::net::SocketAddr) -> Vec<u8> {
-        let mut rec = vec![0u8; usnet_abi::record_len(len)];
+        let mut rec = vec![0u8; usnet_session_abi::record_len(len)];
         rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
         rec[8..8 + SockAddr::LEN].copy_from_slice(&SockAddr::from_std(to).to_bytes());
         for (k, b) in rec[RECORD_HEADER..RECORD_HEADER + len]
@@ -1079,7 +1081,7 @@ mod tests {
         let at1 = h.mem().rx_ring(1);
         assert_eq!(
             r.u64(at1.prod).load(Acquire) as usize,
-            usnet_abi::record_len(33),
+            usnet_session_abi::record_len(33),
             "the reply reached the socket that sendto bound"
         );
         h.finish();

@@ -1,6 +1,6 @@
 //! The usnet stack server: one loop owns a [`Stack`] and its device (through the shared
 //! [`Driver`]) and serves client processes through shared-memory sessions
-//! (`usnet-abi`, `usnet-session`). No lock is shared with a client: a client writes
+//! (`usnet-session-abi`, `usnet-session`). No lock is shared with a client: a client writes
 //! requests into its submission ring and bytes into its sockets' send rings, the loop
 //! reads them, calls the stack, and writes completions, received bytes and readiness
 //! back into the client's memory, then rings the client's bell if it sleeps.
@@ -31,10 +31,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use usnet_abi::{hdr, Geometry};
 use usnet_driver::{AnyClock, Driver, SystemClock};
 use usnet_link::Device;
-use usnet_session::ctl::msg::{ClientRow, ClientSocket};
+use usnet_session::ctl::msg::{ClientRow, SocketRow};
+use usnet_session_abi::{hdr, Geometry};
 use usnet_stack::{Owner, SocketHandle, Stack};
 
 pub use bell::ServerBell;
@@ -426,7 +426,7 @@ impl Loop {
                 row.tcp = listeners
                     .iter()
                     .filter(|l| l.owner == owner)
-                    .map(|l| ClientSocket {
+                    .map(|l| SocketRow {
                         state: "LISTEN".into(),
                         local: l.local.to_string(),
                         remote: "*".into(),
@@ -437,7 +437,7 @@ impl Loop {
                 row.tcp.extend(
                     mine.iter()
                         .take(STAT_MAX_CLIENT_SOCKETS)
-                        .map(|c| ClientSocket {
+                        .map(|c| SocketRow {
                             state: format!("{:?}", c.info.state),
                             local: c.local.to_string(),
                             remote: c.remote.to_string(),
@@ -472,7 +472,7 @@ impl Loop {
     /// Serves every session: requests (a budget each), send rings into the stack,
     /// then readiness and received bytes back into the rings. Returns whether
     /// anything was done.
-    fn serve(&mut self, ready: &mut Vec<usnet_stack::SocketHandle>) -> bool {
+    fn serve_sessions(&mut self, ready: &mut Vec<usnet_stack::SocketHandle>) -> bool {
         let budget = self.cfg.limits.budget;
         let stack = self.driver.stack_mut();
         let mut did = false;
@@ -588,7 +588,11 @@ impl Loop {
     }
 
     /// The forked child's session `id` claims the pin `token` ([`Sharing::claim`]).
-    pub(crate) fn claim(&mut self, id: u32, token: u128) -> Option<Vec<usnet_abi::Claimed>> {
+    pub(crate) fn claim(
+        &mut self,
+        id: u32,
+        token: u128,
+    ) -> Option<Vec<usnet_session_abi::Claimed>> {
         let stack = self.driver.stack_mut();
         self.sharing.claim(&mut self.sessions, stack, id, token)
     }
@@ -614,7 +618,7 @@ impl Loop {
         &mut self,
         id: u32,
         items: Vec<(session::Pinned, Option<usnet_stack::TcpListenCopy>)>,
-    ) -> Vec<usnet_abi::Claimed> {
+    ) -> Vec<usnet_session_abi::Claimed> {
         self.ports_changed = true;
         let stack = self.driver.stack_mut();
         self.sharing
@@ -965,7 +969,7 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
             owners_read = t.now;
             lp.refresh_owners();
         }
-        served |= lp.serve(&mut ready);
+        served |= lp.serve_sessions(&mut ready);
         let ports_changed = std::mem::take(&mut lp.ports_changed);
         lp.publish_ports(ports_changed);
         // What the sessions queued goes out now, not one turn later.

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use usnet_abi::Claimed;
+use usnet_session_abi::Claimed;
 use usnet_stack::{Owner, SocketHandle, Stack, TcpListenCopy};
 
 use crate::session::{Pinned, Role, ServerSession, SHARED};

@@ -1,4 +1,4 @@
-//! A session's zero-copy port (`usnet_abi::zc`): the stack's [`ZcPort`] mirrored into
+//! A session's zero-copy port (`usnet_session_abi::zc`): the stack's [`ZcPort`] mirrored into
 //! the client's port area. The port itself stays in the server's memory; each sync
 //! copies the slots the client wrote (24 bytes each, never payload) into it, runs
 //! [`Stack::zc_sync`], and copies the slots the stack wrote back out. So the stack's
@@ -11,8 +11,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
-use usnet_abi::zc::{self, Geometry};
 use usnet_session::zc::{PoolGeometry, ZcArea, ZcRing};
+use usnet_session_abi::zc::{self, Geometry};
 use usnet_shm::spsc::WrappedEnd;
 use usnet_stack::zerocopy::ZcPort;
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};

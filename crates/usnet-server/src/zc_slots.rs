@@ -1,8 +1,8 @@
 //! Zero-copy slots between the stack's vocabulary (`usnet_stack::zerocopy`) and the
-//! port area's layout (`usnet_abi::zc`). Here, on the server, because the server is
+//! port area's layout (`usnet_session_abi::zc`). Here, on the server, because the server is
 //! the one that owns both: the sans-IO stack knows nothing of the ABI.
 
-use usnet_abi::zc as abi;
+use usnet_session_abi::zc as abi;
 use usnet_stack::zerocopy::{self as stack, Slot};
 use usnet_stack::SocketHandle;
 

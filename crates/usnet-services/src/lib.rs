@@ -9,7 +9,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use usnet_api::{errno, Handle as SocketHandle, SocketApi};
+use usnet_socket_api::{errno, Handle as SocketHandle, SocketApi};
 
 /// A service: `poll` does what is due and returns whether it did work.
 pub trait Service: Send {

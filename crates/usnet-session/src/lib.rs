@@ -1,5 +1,5 @@
 //! A session's shared memory, typed: the server creates it, a client attaches it, and
-//! both read and write it only through this crate, which follows `usnet-abi`'s layout
+//! both read and write it only through this crate, which follows `usnet-session-abi`'s layout
 //! and never hands out a reference into shared bytes (usnet-shm's `Region` copies).
 //! Every slot index is checked; nothing read from the memory is trusted beyond being
 //! some value of its type.
@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
 
-use usnet_abi::{
+use usnet_session_abi::{
     hdr, server_page, slot, Completion, Geometry, Layout, Request, SockAddr, COMPLETION_SIZE,
     MAGIC, PAGE, REQUEST_SIZE, VERSION,
 };
@@ -118,7 +118,7 @@ impl Session {
         self.region.u32(hdr::SESSION_ID).load(Relaxed)
     }
 
-    /// A header word (`usnet_abi::hdr` offsets of `u32` words).
+    /// A header word (`usnet_session_abi::hdr` offsets of `u32` words).
     pub fn word(&self, off: usize) -> &AtomicU32 {
         self.region.u32(off)
     }
@@ -194,7 +194,7 @@ impl Session {
         self.layout.slot(i) + off
     }
 
-    /// A `u32` word of slot `i` (`usnet_abi::slot` offsets). Panics on a bad index:
+    /// A `u32` word of slot `i` (`usnet_session_abi::slot` offsets). Panics on a bad index:
     /// callers check indices from the other side with [`Session::valid_slot`].
     pub fn slot_word(&self, i: u32, off: usize) -> &AtomicU32 {
         self.region.u32(self.slot_off(i, off))
@@ -294,7 +294,7 @@ pub struct ServerPage {
 }
 
 impl ServerPage {
-    /// Server side: a new page; `kind` is `usnet_abi::BELL_FUTEX` or `BELL_EVENTFD`.
+    /// Server side: a new page; `kind` is `usnet_session_abi::BELL_FUTEX` or `BELL_EVENTFD`.
     pub fn create(kind: u32) -> io::Result<ServerPage> {
         let region = Arc::new(Region::create_memfd(
             c"usnet-server",

@@ -1,4 +1,4 @@
-//! A zero-copy port's own area (`usnet_abi::zc`), typed: the server creates it, the
+//! A zero-copy port's own area (`usnet_session_abi::zc`), typed: the server creates it, the
 //! client attaches it, both reach its rings only through here, and publish and read
 //! ring indices only through `usnet_shm::spsc::WrappedEnd`. Indices read from the
 //! other side are only ever reduced modulo the ring size; what they mean is checked
@@ -9,8 +9,8 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering::*};
 use std::sync::Arc;
 
-use usnet_abi::zc::{self, Geometry, Layout, Slot, SLOT_BYTES};
-use usnet_abi::PAGE;
+use usnet_session_abi::zc::{self, Geometry, Layout, Slot, SLOT_BYTES};
+use usnet_session_abi::PAGE;
 use usnet_shm::spsc::{WrappedEnd, WrappedIndices};
 use usnet_shm::Region;
 
@@ -127,7 +127,7 @@ impl ZcArea {
         self.pool
     }
 
-    /// A header word (`usnet_abi::zc` offsets).
+    /// A header word (`usnet_session_abi::zc` offsets).
     pub fn word(&self, off: usize) -> &AtomicU32 {
         self.region.u32(off)
     }

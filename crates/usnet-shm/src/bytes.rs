@@ -207,7 +207,7 @@ impl ByteProducer {
     /// Moves the published bytes the consumer has not read to `out` and takes them
     /// back out of the ring (the producer's counter back to the consumer's), so that
     /// another consumer gets them instead. The caller makes sure the consumer is not
-    /// copying out of the ring meanwhile (`usnet_abi::slot::RX_BUSY`). Returns the
+    /// copying out of the ring meanwhile (`usnet_session_abi::slot::RX_BUSY`). Returns the
     /// count.
     pub fn take_unread(&mut self, out: &mut Vec<u8>) -> Result<usize, ByteCorrupt> {
         let n = self.unread(out)?;

@@ -104,7 +104,7 @@ impl<'a> Gate<'a, SharedFutex> {
 }
 
 impl<'a, F: FutexOps> Gate<'a, F> {
-    /// A gate whose futex is `fx` (the loom model in usnet-ring's tests).
+    /// A gate whose futex is `fx` (the loom model in usnet-async-syscall's tests).
     pub fn with_futex(seq: &'a F::Word, sleepers: &'a F::Word, fx: &'a F) -> Self {
         Gate { seq, sleepers, fx }
     }

@@ -6,7 +6,7 @@
 //!
 //! [`FutexOps`] names the handful of operations the wake-up protocol in
 //! [`crate::doorbell::Gate`] needs, so that the protocol exists once: [`SharedFutex`]
-//! implements them with std atomics and the real futex; `usnet-ring` implements them
+//! implements them with std atomics and the real futex; `usnet-async-syscall` implements them
 //! with loom's atomics and a model futex, so loom checks the same protocol code.
 
 use std::io;
@@ -156,7 +156,7 @@ pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) -> io::Result<Wa
 
 /// The operations the wake-up protocol ([`crate::doorbell::Gate`]) runs on its two
 /// words. Implemented here for std atomics and the real futex ([`SharedFutex`]), and by
-/// `usnet-ring` for loom's model, so loom checks the one protocol implementation.
+/// `usnet-async-syscall` for loom's model, so loom checks the one protocol implementation.
 pub trait FutexOps {
     type Word;
     fn load(w: &Self::Word, o: Ordering) -> u32;

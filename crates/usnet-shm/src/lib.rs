@@ -2,7 +2,7 @@
 //!
 //! Four users share memory with another process: the shm link (`usnet-link`), the
 //! emulated NIC (`usnet-link::nic` and `usnet-nicemu`), the request rings
-//! (`usnet-ring`) and the zero-copy port with the packet pool it lends
+//! (`usnet-async-syscall`) and the zero-copy port with the packet pool it lends
 //! (`usnet-session`, `usnet-pool`). They need the same few things, and this crate has
 //! each of them once:
 //!

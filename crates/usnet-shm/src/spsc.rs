@@ -32,7 +32,7 @@
 //! ([`crate::doorbell::Gate`]): publish, then `notify`.
 //!
 //! # The netmap convention
-//! The zero-copy port's rings (`usnet_abi::zc`) keep netmap's indices instead: each in
+//! The zero-copy port's rings (`usnet_session_abi::zc`) keep netmap's indices instead: each in
 //! `[0, size)` (any size from 2), one slot always empty, so `(theirs - mine) mod size`
 //! items lie between the two. [`WrappedEnd`] is one side of such a ring.
 //!

@@ -13,7 +13,7 @@
 //!    (`ring_server`), line for line.
 //!
 //! The server → client direction is `usnet_shm::doorbell::Gate` (the client announces
-//! itself in `client_sleepers`), which usnet-ring's loom tests check on a model futex.
+//! itself in `client_sleepers`), which usnet-async-syscall's loom tests check on a model futex.
 #![cfg(loom)]
 
 use std::sync::atomic::Ordering::{self, *};

@@ -1,11 +1,11 @@
-//! The stack as a [`usnet_api::SocketApi`], so a service written against that trait
+//! The stack as a [`usnet_socket_api::SocketApi`], so a service written against that trait
 //! runs in a process's own poll loop (and, unchanged, as a stack server client).
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use usnet_api::{Handle, Readiness, SocketApi};
+use usnet_socket_api::{Handle, Readiness, SocketApi};
 
 use crate::{SocketHandle, Stack, StackError};
 

@@ -1,6 +1,6 @@
 //! The stack's errors. [`StackError::errno`] is the one mapping from a stack error to
 //! an errno (the runtime and the stack server, so the C ABI and the packetdrill
-//! backend too, report errors through it); the numbers are `usnet_api::errno`'s,
+//! backend too, report errors through it); the numbers are `usnet_socket_api::errno`'s,
 //! usnet's one table.
 
 use std::net::IpAddr;
@@ -48,7 +48,7 @@ pub enum StackError {
 impl StackError {
     /// The errno a C caller sees.
     pub fn errno(self) -> i32 {
-        use usnet_api::errno::*;
+        use usnet_socket_api::errno::*;
         match self {
             StackError::WouldBlock => EAGAIN,
             StackError::AddrInUse => EADDRINUSE,

@@ -189,7 +189,7 @@ fn igmp_report_on_first_join_and_leave_on_last_leave() {
     // Joining twice, leaving what was not joined: Linux's errors.
     assert_eq!(
         s.udp_join_multicast(a, IpAddr::V4(G4)).unwrap_err().errno(),
-        usnet_api::errno::EADDRINUSE
+        usnet_socket_api::errno::EADDRINUSE
     );
     assert!(s.udp_join_multicast(a, ip("10.0.0.9")).is_err());
     assert!(s.udp_leave_multicast(a, ip("239.9.9.9")).is_err());

@@ -269,7 +269,7 @@ fn refused_connect_gets_rst_and_rst_gets_nothing() {
     assert_eq!(net.stack_mut(0).tcp_recv(c, &mut buf), Ok(0));
     assert_eq!(
         StackError::ConnectionRefused.errno(),
-        usnet_api::errno::ECONNREFUSED
+        usnet_socket_api::errno::ECONNREFUSED
     );
     let c1 = net.stack(1).counters();
     assert_eq!(c1.tcp_rx_no_socket, 1);

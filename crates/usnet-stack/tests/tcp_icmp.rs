@@ -15,7 +15,7 @@ mod common;
 
 use common::icmp::{icmp_for, inject, set_quoted_seq, tcp_of, Says};
 use common::{cfg, sa, transfer_with};
-use usnet_api::errno::{EHOSTUNREACH, ENETUNREACH};
+use usnet_socket_api::errno::{EHOSTUNREACH, ENETUNREACH};
 use usnet_stack::sim::{Faults, Hop, SimNet};
 use usnet_stack::{StackConfig, StackError, TcpState};
 use usnet_wire::{self as wire, unreach, unreach_v6};

@@ -4,13 +4,13 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
-use usnet_abi::{
+use usnet_session_abi::{
     errno, slot, SockAddr, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_TCP,
     KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
 };
 use usnet_stack::{Families, SocketHandle, Stack, StackError};
 
-use super::{err, Role, ServerSession, Sock};
+use super::{err, Role, ServerSession, SessionSocket};
 
 impl ServerSession {
     pub(super) fn op_socket(&mut self, kind: u64) -> i64 {
@@ -297,7 +297,7 @@ impl ServerSession {
 
 /// A bound TCP socket that listens, connects or closes lets go of the port hold
 /// `bind` took (the listener or connection holds the port from then on).
-pub(super) fn unbind(stack: &mut Stack, s: &mut Sock) {
+pub(super) fn unbind(stack: &mut Stack, s: &mut SessionSocket) {
     if let (Some(id), Some(b)) = (s.binding.take(), s.bound) {
         stack.tcp_unbind(b.port(), id);
     }
@@ -326,7 +326,7 @@ pub(super) fn families(f: u64) -> Families {
 mod tests {
     use std::sync::atomic::Ordering::*;
 
-    use usnet_abi::{
+    use usnet_session_abi::{
         errno, op, slot, SockAddr, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_TCP, KIND_UDP,
         SHUT_WR, SLOT_FREE,
     };

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering::*;
 
-use usnet_abi::{slot, SLOT_FREE};
+use usnet_session_abi::{slot, SLOT_FREE};
 use usnet_stack::{SocketHandle, Stack};
 
 use super::{calls::unbind, Role, ServerSession};
@@ -30,7 +30,7 @@ impl ServerSession {
     /// reported loudly (`sessions_broken` in `usnet stat`, a line on stderr).
     pub fn serve_contained(&mut self, stack: &mut Stack, budget: usize) -> Result<usize, String> {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let n = self.serve(stack, budget);
+            let n = self.serve_requests(stack, budget);
             self.drain_all(stack);
             n
         }));
@@ -149,7 +149,7 @@ impl ServerSession {
     pub fn depart(&mut self, stack: &mut Stack, budget: usize) -> Departure {
         // A broken session's requests are not run again: its sockets are only reset.
         if !self.broken {
-            self.serve(stack, budget);
+            self.serve_requests(stack, budget);
             self.drain_all(stack);
         }
         let released = std::mem::take(&mut self.released);
@@ -167,7 +167,7 @@ impl ServerSession {
 mod tests {
     use std::sync::atomic::Ordering::*;
 
-    use usnet_abi::{
+    use usnet_session_abi::{
         errno, op, slot, SockAddr, FLAG_ERROR, FLAG_RX_EOF, KIND_TCP, KIND_UDP, SLOT_FREE,
     };
     use usnet_stack::Owner;
@@ -236,7 +236,7 @@ mod tests {
         assert_eq!(h.call(op::BIND, 1, at(7132)), 0);
         h.target(2);
         h.send_bytes(1, b"never read");
-        h.submit(&usnet_abi::Request {
+        h.submit(&usnet_session_abi::Request {
             op: op::TX_KICK,
             slot: 1,
             ..Default::default()
@@ -284,7 +284,7 @@ mod tests {
     fn a_panic_is_contained_and_the_broken_session_runs_nothing_more() {
         let mut h = Harness::new();
         h.add_session(2);
-        let socket = usnet_abi::Request {
+        let socket = usnet_session_abi::Request {
             op: op::SOCKET,
             args: TCP,
             ..Default::default()

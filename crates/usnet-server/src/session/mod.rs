@@ -26,11 +26,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
-use usnet_abi::{
-    errno, op, slot, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN, SLOT_OPEN,
-};
 use usnet_session::ctl::msg::{ClientRow, ZcPortStat};
 use usnet_session::Session;
+use usnet_session_abi::{
+    errno, op, slot, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN, SLOT_OPEN,
+};
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::{ByteConsumer, ByteProducer, FutexBell};
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
@@ -51,18 +51,18 @@ pub(crate) enum Role {
 }
 
 impl Role {
-    /// Its number in a claim's slot map (`usnet_abi::role`).
+    /// Its number in a claim's slot map (`usnet_session_abi::role`).
     pub(crate) fn code(self) -> u32 {
         match self {
-            Role::Fresh => usnet_abi::role::FRESH,
-            Role::Listener => usnet_abi::role::LISTENER,
-            Role::Conn => usnet_abi::role::CONN,
-            Role::Udp => usnet_abi::role::UDP,
+            Role::Fresh => usnet_session_abi::role::FRESH,
+            Role::Listener => usnet_session_abi::role::LISTENER,
+            Role::Conn => usnet_session_abi::role::CONN,
+            Role::Udp => usnet_session_abi::role::UDP,
         }
     }
 }
 
-struct Sock {
+struct SessionSocket {
     kind: u64,
     role: Role,
     handle: Option<SocketHandle>,
@@ -152,7 +152,7 @@ pub(crate) struct ServerSession {
     pub dirty: bool,
 
     // Slots (here; `calls` opens them, `lifecycle` gives them back).
-    socks: Vec<Option<Sock>>,
+    socks: Vec<Option<SessionSocket>>,
     free: Vec<u32>,
     by_handle: HashMap<SocketHandle, u32>,
     /// A bind, listen or close happened (a sharded server rereads its ports).
@@ -288,7 +288,7 @@ impl ServerSession {
 
     /// Serves up to `budget` requests. Returns how many. A client that does not
     /// read its completions stops being served once [`BACKLOG_MAX`] wait.
-    pub fn serve(&mut self, stack: &mut Stack, budget: usize) -> usize {
+    pub fn serve_requests(&mut self, stack: &mut Stack, budget: usize) -> usize {
         #[cfg(test)]
         if std::mem::take(&mut self.panic_next) {
             panic!("injected: a bug reached by this client's requests");
@@ -464,7 +464,7 @@ impl ServerSession {
 
     // ------------------------------------------------------------ slots
 
-    fn sock(&mut self, i: u32) -> &mut Sock {
+    fn sock(&mut self, i: u32) -> &mut SessionSocket {
         self.socks[i as usize].as_mut().expect("checked by slot_of")
     }
 
@@ -484,7 +484,7 @@ impl ServerSession {
         // The server is not looking at the send ring yet: the first bytes kick it.
         self.mem.slot_word(i, slot::TX_ARMED).store(1, Relaxed);
         self.mem.slot_word(i, slot::STATE).store(SLOT_OPEN, Release);
-        self.socks[i as usize] = Some(Sock {
+        self.socks[i as usize] = Some(SessionSocket {
             kind,
             role,
             handle: None,
@@ -591,7 +591,7 @@ impl ServerSession {
 mod tests {
     use std::sync::atomic::Ordering::*;
 
-    use usnet_abi::{hdr, op, Request};
+    use usnet_session_abi::{hdr, op, Request};
 
     use crate::fuzzing::Harness;
 

@@ -4,10 +4,10 @@
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
-use usnet_abi::{errno, opt, slot, tcp_info, SockAddr, KIND_TCP};
+use usnet_session_abi::{errno, opt, slot, tcp_info, SockAddr, KIND_TCP};
 use usnet_stack::{CcAlgorithm, Keepalive, SocketHandle, Stack, StackError};
 
-use super::{err, Role, ServerSession, Sock};
+use super::{err, Role, ServerSession, SessionSocket};
 
 impl ServerSession {
     pub(super) fn op_setsockopt(&mut self, stack: &mut Stack, i: u32, a: &[u64; 6]) -> i64 {
@@ -322,7 +322,7 @@ impl ServerSession {
     }
 }
 
-/// UDP multicast options (`usnet_abi::opt`).
+/// UDP multicast options (`usnet_session_abi::opt`).
 fn is_mcast_opt(level: u64, name: u64) -> bool {
     match level {
         opt::IPPROTO_IP => matches!(
@@ -377,7 +377,7 @@ fn apply_mcast(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), S
 }
 
 /// Multicast options set before the stack socket `h` of `s` existed.
-pub(super) fn apply_deferred(stack: &mut Stack, s: &mut Sock, h: SocketHandle) {
+pub(super) fn apply_deferred(stack: &mut Stack, s: &mut SessionSocket, h: SocketHandle) {
     for a in std::mem::take(&mut s.deferred) {
         let _ = apply_mcast(stack, h, &a);
     }
@@ -385,7 +385,7 @@ pub(super) fn apply_deferred(stack: &mut Stack, s: &mut Sock, h: SocketHandle) {
 
 #[cfg(test)]
 mod tests {
-    use usnet_abi::{errno, op, opt, tcp_info, SockAddr, KIND_TCP, KIND_UDP};
+    use usnet_session_abi::{errno, op, opt, tcp_info, SockAddr, KIND_TCP, KIND_UDP};
 
     use crate::fuzzing::{Harness, ADDR};
 

@@ -5,10 +5,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
-use usnet_abi::{slot, SockAddr, FLAG_BOUND, FLAG_CONNECTED, FLAG_NOT_RECEIVER, FLAG_SHARED};
+use usnet_session_abi::{
+    slot, SockAddr, FLAG_BOUND, FLAG_CONNECTED, FLAG_NOT_RECEIVER, FLAG_SHARED,
+};
 use usnet_stack::{Owner, SocketHandle, Stack};
 
-use super::{Role, ServerSession, SessionStats, Sock};
+use super::{Role, ServerSession, SessionSocket, SessionStats};
 
 /// The stack owner of sockets held by several sessions: no session's death closes
 /// them; the loop closes one when its last holder lets go.
@@ -33,7 +35,7 @@ impl ServerSession {
     /// What a receiver that lets go of a shared stream leaves for the next one: the
     /// bytes in its receive ring it did not read, then its carry. (Datagrams are not
     /// handed on: records are not moved between rings.)
-    pub(super) fn salvage(s: &mut Sock, stats: &mut SessionStats) -> Vec<u8> {
+    pub(super) fn salvage(s: &mut SessionSocket, stats: &mut SessionStats) -> Vec<u8> {
         let mut left = Vec::new();
         if s.receiver && s.role == Role::Conn {
             if s.rx.unread(&mut left).is_err() {
@@ -211,7 +213,9 @@ impl ServerSession {
 mod tests {
     use std::sync::atomic::Ordering::*;
 
-    use usnet_abi::{op, slot, Request, SockAddr, FLAG_NOT_RECEIVER, FLAG_SHARED, KIND_TCP};
+    use usnet_session_abi::{
+        op, slot, Request, SockAddr, FLAG_NOT_RECEIVER, FLAG_SHARED, KIND_TCP,
+    };
     use usnet_stack::SocketHandle;
 
     use super::SHARED;

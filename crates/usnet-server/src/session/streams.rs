@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
-use usnet_abi::{
+use usnet_session_abi::{
     errno, slot, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
     FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER, RECORD_PAD,
     SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
@@ -15,7 +15,7 @@ use usnet_abi::{
 use usnet_shm::ByteProducer;
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
-use super::{err, options::apply_deferred, Role, ServerSession, SessionStats, Sock};
+use super::{err, options::apply_deferred, Role, ServerSession, SessionSocket, SessionStats};
 
 impl ServerSession {
     pub(super) fn activate(&mut self, i: u32) {
@@ -421,7 +421,7 @@ impl ServerSession {
     #[allow(clippy::too_many_arguments)]
     fn drain_udp(
         stack: &mut Stack,
-        s: &mut Sock,
+        s: &mut SessionSocket,
         owner: Owner,
         bound: &mut Option<SocketHandle>,
         scratch: &mut Vec<u8>,
@@ -479,7 +479,7 @@ impl ServerSession {
                 s.tx.release();
                 continue;
             }
-            let rec = usnet_abi::record_len(len as usize);
+            let rec = usnet_session_abi::record_len(len as usize);
             if len as usize > usnet_stack::MAX_UDP_PAYLOAD || rec > avail {
                 stats.corrupt_rings += 1;
                 s.tx.skip(avail);
@@ -720,7 +720,7 @@ impl ServerSession {
 
     /// Datagrams from the stack's queue into the receive ring as records, while they
     /// fit. Returns the payload bytes moved.
-    fn fill_udp(stack: &mut Stack, s: &mut Sock, h: SocketHandle, chunk: usize) -> usize {
+    fn fill_udp(stack: &mut Stack, s: &mut SessionSocket, h: SocketHandle, chunk: usize) -> usize {
         let size = s.rx.size();
         let mut moved = 0;
         while moved < chunk {
@@ -730,7 +730,7 @@ impl ServerSession {
             if !udp_record_fits(&mut s.rx, len) {
                 break;
             }
-            let rec = usnet_abi::record_len(len);
+            let rec = usnet_session_abi::record_len(len);
             let pos = s.rx.position() as usize & (size - 1);
             let to_end = size - pos;
             if rec > to_end {
@@ -770,7 +770,7 @@ impl ServerSession {
 /// `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `s` as (set, clear): whether its
 /// send-buffer limit was chosen, and whether the stack would take a write now
 /// (kept only while someone may wait for it).
-fn send_bits(stack: &mut Stack, s: &Sock, h: SocketHandle) -> (u32, u32) {
+fn send_bits(stack: &mut Stack, s: &SessionSocket, h: SocketHandle) -> (u32, u32) {
     // Transmit timestamps mark the last byte of each write: the stack must see
     // the writes.
     let stamped = s.stamps.as_ref().is_some_and(|st| st.wants_tx());
@@ -819,14 +819,14 @@ impl TxGaps {
     }
 }
 
-fn ring_size(s: &Sock) -> usize {
+fn ring_size(s: &SessionSocket) -> usize {
     s.tx.size()
 }
 
 /// Whether a datagram of `len` bytes fits in the receive ring as one record (with
 /// the skip to the ring's start that a record too long for the tail needs).
 fn udp_record_fits(rx: &mut ByteProducer, len: usize) -> bool {
-    let rec = usnet_abi::record_len(len);
+    let rec = usnet_session_abi::record_len(len);
     let Ok(free) = rx.free() else {
         return false;
     };
@@ -840,7 +840,7 @@ fn udp_record_fits(rx: &mut ByteProducer, len: usize) -> bool {
 mod tests {
     use std::sync::atomic::Ordering::*;
 
-    use usnet_abi::{op, slot, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
+    use usnet_session_abi::{op, slot, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
 
     use super::TxGaps;
     use crate::fuzzing::{Harness, ADDR};
@@ -907,7 +907,7 @@ mod tests {
         }
         let to = SockAddr::from_std((ADDR, 7121).into());
         for (len, fill) in [(10, 1u8), (300, 2)] {
-            let mut rec = vec![fill; usnet_abi::record_len(len)];
+            let mut rec = vec![fill; usnet_session_abi::record_len(len)];
             rec[..RECORD_HEADER].fill(0);
             rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
             rec[8..8 + SockAddr::LEN].copy_from_slice(&to.to_bytes());
@@ -924,7 +924,7 @@ mod tests {
             assert_eq!(from.to_std(), Some((ADDR, 7122).into()));
             let body = &ring[at + RECORD_HEADER..at + RECORD_HEADER + len as usize];
             assert!(body.iter().all(|&b| b == fill), "record of {len}");
-            at += usnet_abi::record_len(len as usize);
+            at += usnet_session_abi::record_len(len as usize);
         }
         assert_eq!(at, ring.len(), "two records, nothing else");
         h.finish();

@@ -135,7 +135,7 @@ pub struct AttachReply {
     pub ok: bool,
     pub session: u32,
     pub shard: usize,
-    /// `usnet_abi::server_page` bell kind.
+    /// `usnet_session_abi::server_page` bell kind.
     pub bell_kind: u32,
     /// The server's pid.
     pub pid: u32,
@@ -225,7 +225,7 @@ pub struct ClientRow {
     /// Stack sockets it holds, connections in its listeners' queues included.
     pub stack_sockets: u64,
     /// Its listeners and connections (the first few), as `ss -p` shows them.
-    pub tcp: Vec<ClientSocket>,
+    pub tcp: Vec<SocketRow>,
     /// Its shard, on a sharded server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<usize>,
@@ -238,7 +238,7 @@ pub struct ZcPortStat {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ClientSocket {
+pub struct SocketRow {
     pub state: String,
     pub local: String,
     /// `*` for a listener.

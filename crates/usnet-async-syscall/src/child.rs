@@ -34,7 +34,7 @@ pub fn maybe_run_child() {
     let code = match run_child(&spec) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("usnet-ring child ({spec}): {e}");
+            eprintln!("usnet-async-syscall child ({spec}): {e}");
             2
         }
     };
@@ -69,7 +69,7 @@ fn run_child(spec: &str) -> io::Result<()> {
                     [0, 8, &mask as *const u64 as u64, 0, 0, 0],
                 );
                 if r < 0 {
-                    eprintln!("usnet-ring child: could not pin to CPU 1 ({r})");
+                    eprintln!("usnet-async-syscall child: could not pin to CPU 1 ({r})");
                 }
             }
             let ring = Ring::from_fd(fd, wait).map_err(io::Error::other)?;

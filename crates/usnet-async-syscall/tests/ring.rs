@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use usnet_ring::*;
+use usnet_async_syscall::*;
 
 /// Joins a thread that must end within `d` (a lost wake-up would otherwise hang the
 /// test instead of failing it).
@@ -125,7 +125,8 @@ fn async_syscall_gettid_and_read() {
         -(libc::ENOSYS as i64)
     );
     // read a file in pieces with pread64 through the ring
-    let path = std::env::temp_dir().join(format!("usnet-ring-read-{}", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("usnet-async-syscall-read-{}", std::process::id()));
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&path, &data).unwrap();
     let f = std::fs::File::open(&path).unwrap();

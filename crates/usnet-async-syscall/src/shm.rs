@@ -70,7 +70,7 @@ mod real {
         pub(crate) fn create(geo: Geometry) -> io::Result<Region> {
             // Sealed against resizing, so no party can shrink the file under a
             // mapping (which would turn accesses into SIGBUS).
-            let map = usnet_shm::Region::create_memfd(c"usnet-ring", geo.total, true)?;
+            let map = usnet_shm::Region::create_memfd(c"usnet-async-syscall", geo.total, true)?;
             let r = Region { map, geo };
             // Fresh memfd pages are zero: every atomic starts at 0, which is
             // what the header wants. The cells need their initial sequence

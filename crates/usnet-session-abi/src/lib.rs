@@ -1,7 +1,7 @@
 //! The contract between a usnet stack server and its clients: what lives where in a
 //! client's session memory, and what the requests, completions and socket slots mean.
 //! Plain constants and `#[repr(C)]` types, no dependencies but the errno numbers of
-//! `usnet_api` (itself dependency-free), so a client in any language can follow it
+//! `usnet_socket_api` (itself dependency-free), so a client in any language can follow it
 //! (`include/usnet.h` mirrors it for C).
 //!
 //! # A session
@@ -951,9 +951,9 @@ pub mod tcp_info {
 }
 
 /// The errno values the ABI uses (Linux's), as `i64`: a completion's result is
-/// one negated. The numbers are `usnet_api::errno`'s, usnet's one table.
+/// one negated. The numbers are `usnet_socket_api::errno`'s, usnet's one table.
 pub mod errno {
-    use usnet_api::errno as e;
+    use usnet_socket_api::errno as e;
 
     pub const EPERM: i64 = e::EPERM as i64;
     pub const EINTR: i64 = e::EINTR as i64;

@@ -1,4 +1,4 @@
-//! usnet-ring: shared-memory request rings and asynchronous system calls.
+//! usnet-async-syscall: shared-memory request rings and asynchronous system calls.
 //!
 //! The asynchronous system call design (an in-kernel `async_syscall` mechanism with a shared request area, in the line of FlexSC's exception-less system calls) recast for
 //! userspace: a request area of `syscall_info` entries (state, call number,

@@ -51,7 +51,7 @@ pub trait SocketApi {
 }
 
 /// Linux's errno numbers, usnet's one table: the stack's `StackError::errno`, the
-/// stack server's ABI (`usnet_abi::errno`) and the client library take them from
+/// stack server's ABI (`usnet_session_abi::errno`) and the client library take them from
 /// here. Here because this crate depends on nothing, so the sans-IO stack and the
 /// ABI can both use it without the stack importing the server's ABI. Written out
 /// rather than taken from `libc`: the ABI's numbers are Linux's on any build, and

@@ -1,5 +1,5 @@
 //! Exhaustive interleaving checks with loom. Run with
-//! `RUSTFLAGS="--cfg loom" cargo test -p usnet-ring --release --lib loom`.
+//! `RUSTFLAGS="--cfg loom" cargo test -p usnet-async-syscall --release --lib loom`.
 //!
 //! Spinning is disabled under loom, so every wait goes through the
 //! announce / fence / re-check / futex path: a lost wake-up shows up as a

@@ -5,7 +5,7 @@
 
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
-use usnet_ring::*;
+use usnet_async_syscall::*;
 
 /// Waits for a child that must exit within `d`; kills it and fails otherwise.
 fn wait_within(child: &mut Child, d: Duration) -> ExitStatus {
