@@ -661,6 +661,10 @@ pub fn run(args: UpArgs) -> CmdResult {
                 cfg_policy.interval.as_millis()
             );
         }
+        // Before the line a starter waits for, so it is there when that line is.
+        if let Some(l) = &privs_line {
+            println!("usnet: {l}");
+        }
         println!(
             "usnet: serving clients at {}; `usnet stat --stack {}` shows its counters",
             server
@@ -671,9 +675,6 @@ pub fn run(args: UpArgs) -> CmdResult {
         );
         if let Some(p) = &rpc {
             println!("usnet: rpc baseline transport at {}", p.path().display());
-        }
-        if let Some(l) = &privs_line {
-            println!("usnet: {l}");
         }
     }
     let deadline = args

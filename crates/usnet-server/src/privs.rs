@@ -437,6 +437,8 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
+            // SAFETY: raw calls on live locals (the program, the path, argv/envp
+            // built before the fork); null pointers where the call takes them.
             unsafe {
                 if install_filter(&prog).is_err() {
                     libc::_exit(0xff);
@@ -511,14 +513,13 @@ mod tests {
     fn capabilities_are_limited_to_the_kept_set() {
         // In a thread of its own: capabilities are per thread.
         std::thread::spawn(|| {
-            if unsafe { libc::geteuid() } != 0 {
+            if !is_root() {
                 return;
             }
             limit_caps(1 << CAP_SYS_NICE).unwrap();
-            let st = std::fs::read_to_string(format!("/proc/self/task/{}/status", unsafe {
-                libc::gettid()
-            }))
-            .unwrap();
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            let st = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
             let f = |k: &str| {
                 st.lines()
                     .find_map(|l| l.strip_prefix(k))
