@@ -122,11 +122,18 @@ pub struct UpArgs {
     pub group: Option<u32>,
     /// Once the link is open, the control socket bound and the loops started, run as
     /// this user (a name or a numeric uid; its primary group, no supplementary
-    /// groups, no capabilities left), as nginx's workers and ntpd do: a client that
-    /// finds a bug in the server then holds an unprivileged process. The control
-    /// socket is handed to that user, so its processes and root may attach.
+    /// groups), as nginx's workers and ntpd do: a client that finds a bug in the
+    /// server then holds an unprivileged process. Started as root, the default is the
+    /// user who ran sudo ($SUDO_USER), else nobody; `--user root` stays root. Only
+    /// CAP_SYS_NICE is kept, with `--rx-policy priority`; no_new_privs and a seccomp
+    /// allow-list follow (docs/server.md, "Giving up root"). The control socket is
+    /// handed to that user, so its processes and root may attach.
     #[arg(long)]
     pub user: Option<String>,
+    /// With the user change, leave out the seccomp filter of the system calls the
+    /// server makes (an escape hatch if it refuses one it should not).
+    #[arg(long)]
+    pub no_seccomp: bool,
     /// Offer zero-copy ports (the netmap/PASTE ring API; docs/zerocopy.md) to
     /// clients of the stack's own user and root. Such a client maps the whole
     /// packet pool, every other client's traffic included: grant it only where
@@ -285,6 +292,7 @@ impl UpArgs {
             duration: None,
             group: None,
             user: None,
+            no_seccomp: false,
             zero_copy: false,
             pool_buffers: false,
             max_clients: 1024,
@@ -491,10 +499,7 @@ pub fn start(args: &UpArgs) -> Result<NetStack, Box<dyn std::error::Error>> {
 pub fn run(args: UpArgs) -> CmdResult {
     let n = args.shards.0;
     // The user to become, checked before anything is opened.
-    let become_user = match &args.user {
-        Some(u) => Some(usnet_server::privs::lookup(u).map_err(|e| format!("--user: {e}"))?),
-        None => None,
-    };
+    let become_user = user_to_become(args.user.as_deref())?;
     let opened = if n > 1 {
         open_shards(&args, n)?
     } else {
@@ -572,26 +577,60 @@ pub fn run(args: UpArgs) -> CmdResult {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    // The stack by its control socket's path (less `.ctl`) for the clients in this
+    // process: the run directory follows the uid, which is about to change.
+    let stack_ref = server
+        .control_path()
+        .map(|p| p.with_extension("").display().to_string())
+        .unwrap_or_else(|| name.clone());
     let rpc = if args.rpc {
-        Some(usnet_rpc::Proxy::start(&name, args.group)?)
+        Some(usnet_rpc::Proxy::start(&stack_ref, args.group)?)
     } else {
         None
     };
-    if let (Some(to), Some(user)) = (become_user, &args.user) {
-        if cfg_policy.priority {
-            return Err("--user cannot go with the priority policy: renicing clients needs the privileges --user gives up".into());
-        }
-        if let Some(p) = server.control_path() {
-            std::os::unix::fs::chown(p, Some(to.uid), Some(args.group.unwrap_or(to.gid)))
-                .map_err(|e| format!("cannot hand the control socket to {user}: {e}"))?;
-        }
-        usnet_server::privs::drop_to(&to).map_err(|e| format!("--user {user}: {e}"))?;
-    }
-    // The services are clients like any other.
+    // The services are clients like any other; they attach before the user change,
+    // while the run directory is still the one the control socket is in.
     let svc_thread = if services.is_empty() {
         None
     } else {
-        Some(spawn_services(&name, &services, stop.clone())?)
+        Some(spawn_services(&stack_ref, &services, stop.clone())?)
+    };
+    let privs_line = match &become_user {
+        Become::Stay => None,
+        Become::Root => Some("running as root (--user root)".to_string()),
+        Become::User(user, to) => {
+            if let Some(p) = server.control_path() {
+                std::os::unix::fs::chown(p, Some(to.uid), Some(args.group.unwrap_or(to.gid)))
+                    .map_err(|e| format!("cannot hand the control socket to {user}: {e}"))?;
+            }
+            // Boosting clients (other processes) needs CAP_SYS_NICE.
+            let keep = usnet_server::privs::Keep {
+                caps: if cfg_policy.priority {
+                    1 << usnet_server::privs::CAP_SYS_NICE
+                } else {
+                    0
+                },
+                seccomp: !args.no_seccomp,
+            };
+            server
+                .give_up_root(to, keep)
+                .map_err(|e| format!("--user {user}: {e}"))?;
+            Some(format!(
+                "running as {user} (uid {}, gid {}), {}, no_new_privs, {}",
+                to.uid,
+                to.gid,
+                if keep.caps != 0 {
+                    "keeping CAP_SYS_NICE"
+                } else {
+                    "no capabilities"
+                },
+                if keep.seccomp {
+                    "seccomp allow-list"
+                } else {
+                    "no seccomp filter (--no-seccomp)"
+                }
+            ))
+        }
     };
     if let (Some(info), false) = (&dev_info, args.quiet) {
         println!("usnet: {}: {info}", args.link);
@@ -621,6 +660,10 @@ pub fn run(args: UpArgs) -> CmdResult {
                 cfg_policy.set_size,
                 cfg_policy.interval.as_millis()
             );
+        }
+        // Before the line a starter waits for, so it is there when that line is.
+        if let Some(l) = &privs_line {
+            println!("usnet: {l}");
         }
         println!(
             "usnet: serving clients at {}; `usnet stat --stack {}` shows its counters",
@@ -681,6 +724,49 @@ pub fn run(args: UpArgs) -> CmdResult {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Who `usnet up` runs as once it is serving.
+enum Become {
+    /// Started as an ordinary user, without `--user`: no change.
+    Stay,
+    /// `--user root` (or uid 0, also through $SUDO_USER): stays root, said in one line.
+    Root,
+    /// Gives up root for this user.
+    User(String, usnet_server::privs::Target),
+}
+
+/// `--user`, else (started as root) the user who ran sudo, else nobody.
+fn user_to_become(user: Option<&str>) -> Result<Become, String> {
+    use usnet_server::privs::lookup;
+    let root = usnet_server::privs::is_root();
+    let (name, to) = match user {
+        Some(u) => (
+            u.to_string(),
+            lookup(u).map_err(|e| format!("--user: {e}"))?,
+        ),
+        None if !root => return Ok(Become::Stay),
+        None => {
+            let sudo = std::env::var("SUDO_USER")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .and_then(|u| lookup(&u).ok().map(|t| (u, t)));
+            match sudo {
+                Some(s) => s,
+                None => (
+                    "nobody".to_string(),
+                    lookup("nobody").map_err(|e| {
+                        format!("giving up root: {e} (name a user with --user, or --user root)")
+                    })?,
+                ),
+            }
+        }
+    };
+    Ok(if to.uid == 0 {
+        Become::Root
+    } else {
+        Become::User(name, to)
+    })
 }
 
 /// Joins a thread, giving up after `limit` (nothing waits without a deadline).

@@ -504,10 +504,25 @@ fn tap_as_non_root_is_a_one_line_error() {
     );
 }
 
+/// A field of /proc/PID/status (or of one thread's, with `pid/task/TID`), its
+/// whitespace collapsed.
+fn proc_status(pid: &str, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {status}"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// `usnet up --user nobody`: the server gives up root once its TAP is open, its
 /// control socket bound and its loop started. It then runs as nobody with no
-/// capabilities, and still answers Linux (ping, the echo service), its control
-/// socket (stat, ping out, down) and clients under the shim, which run as root.
+/// capabilities, no_new_privs and the seccomp allow-list (`Seccomp: 2`: filter
+/// mode; that the filter refuses calls is `usnet_server::privs`' unit test), and
+/// still answers Linux (ping, the echo service), its control socket (stat, ping
+/// out, down) and clients under the shim, which run as root.
 #[test]
 fn a_stack_server_that_gave_up_root_keeps_serving() {
     require_root!();
@@ -546,6 +561,13 @@ fn a_stack_server_that_gave_up_root_keeps_serving() {
     assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
     assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
     assert_eq!(field("Groups:"), "", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("Seccomp:"), "2", "{status}");
+    assert!(
+        d.logs().contains("usnet: running as nobody (uid 65534"),
+        "{}",
+        d.logs()
+    );
     // Linux reaches it; it reaches Linux; the echo service (a client) answers.
     let o = run(
         "ping",
@@ -606,6 +628,94 @@ fn a_stack_server_that_gave_up_root_keeps_serving() {
         "curl under the shim: {}",
         o.describe()
     );
+    d.down();
+}
+
+/// `--rx-policy priority` with `--user`: the loop keeps CAP_SYS_NICE (bit 23) to
+/// boost clients, in its permitted and effective sets only; the control thread
+/// keeps nothing. Started as root with no `--user`, the server becomes the user who
+/// ran sudo, else nobody; `--user root` stays root and says so.
+#[test]
+fn a_priority_server_keeps_only_cap_sys_nice_and_root_is_given_up_by_default() {
+    require_root!();
+    const TAPU: &str = "usntu1";
+    remove_leftovers(&[TAPU], &[]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", TAPU]);
+    let dir = TempDir::new("user-prio");
+    let link = format!("tap:{TAPU}");
+    let tap = |more: &[&'static str]| -> Vec<String> {
+        let mut a: Vec<String> = ["--link", &link, "--addr", "10.68.0.2/24"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(["--host-addr".into(), "10.68.0.1/24".into()]);
+        a.extend(more.iter().map(|s| s.to_string()));
+        a
+    };
+    let start = |name: &str, more: &[&'static str]| {
+        let a = tap(more);
+        let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+        Daemon::start(dir.path(), name, &a)
+    };
+    let mut d = start("it-prio", &["--user", "nobody", "--rx-policy", "priority"]);
+    let pid = d.child.id().to_string();
+    assert_eq!(proc_status(&pid, "Uid:"), "65534 65534 65534 65534");
+    assert_eq!(proc_status(&pid, "CapEff:"), "0000000000800000");
+    assert_eq!(proc_status(&pid, "CapPrm:"), "0000000000800000");
+    assert_eq!(proc_status(&pid, "CapInh:"), "0000000000000000");
+    assert_eq!(proc_status(&pid, "CapAmb:"), "0000000000000000");
+    assert_eq!(proc_status(&pid, "NoNewPrivs:"), "1");
+    assert_eq!(proc_status(&pid, "Seccomp:"), "2");
+    let mut seen = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let tid = format!("{pid}/task/{}", t.file_name().to_string_lossy());
+        let comm = std::fs::read_to_string(format!("/proc/{tid}/comm")).unwrap_or_default();
+        let want = match comm.trim() {
+            "usnet" | "usnet-server" => "0000000000800000",
+            _ => "0000000000000000",
+        };
+        assert_eq!(proc_status(&tid, "CapEff:"), want, "thread {}", comm.trim());
+        assert_eq!(proc_status(&tid, "Seccomp:"), "2", "thread {}", comm.trim());
+        seen.push(comm.trim().to_string());
+    }
+    assert!(
+        seen.iter().any(|c| c == "usnet-control"),
+        "threads: {seen:?}"
+    );
+    assert!(d.logs().contains("keeping CAP_SYS_NICE"), "{}", d.logs());
+    let o = run(
+        "ping",
+        &["-c", "2", "-W", "2", "10.68.0.2"],
+        Duration::from_secs(10),
+    );
+    assert!(o.ok(), "ping: {}", o.describe());
+    d.down();
+    // No --user: $SUDO_USER if it names a user, else nobody.
+    let want = std::env::var("SUDO_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .and_then(|u| {
+            let o = run("id", &["-u", &u], Duration::from_secs(5));
+            o.ok().then(|| o.stdout.trim().to_string())
+        })
+        .unwrap_or_else(|| "65534".into());
+    let mut d = start("it-default", &[]);
+    let pid = d.child.id().to_string();
+    assert_eq!(proc_status(&pid, "Uid:"), [want.as_str(); 4].join(" "));
+    assert_eq!(proc_status(&pid, "CapEff:"), "0000000000000000");
+    assert_eq!(proc_status(&pid, "Seccomp:"), "2");
+    usnet_ping(&d, "10.68.0.1");
+    d.down();
+    // --user root: stays root, no filter, and says so.
+    let mut d = start("it-root", &["--user", "root"]);
+    let pid = d.child.id().to_string();
+    assert_eq!(proc_status(&pid, "Uid:"), "0 0 0 0");
+    assert_eq!(proc_status(&pid, "Seccomp:"), "0");
+    assert!(d.logs().contains("usnet: running as root"), "{}", d.logs());
     d.down();
 }
 

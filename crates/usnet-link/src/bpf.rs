@@ -98,6 +98,56 @@ pub fn assemble(src: &[Asm]) -> Vec<libc::sock_filter> {
     out
 }
 
+/// Seccomp filters: what a filter program reads and how one is installed. The one
+/// place usnet installs seccomp programs (the stack server's allow-list,
+/// `usnet_server::privs`, and packetdrill's trap of `getsockopt`).
+pub mod seccomp {
+    /// `AUDIT_ARCH_*` of this target, which a filter compares with
+    /// `seccomp_data.arch` before trusting the system call number.
+    #[cfg(target_arch = "x86_64")]
+    pub const AUDIT_ARCH: Option<u32> = Some(0xC000_003E);
+    #[cfg(target_arch = "aarch64")]
+    pub const AUDIT_ARCH: Option<u32> = Some(0xC000_00B7);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub const AUDIT_ARCH: Option<u32> = None;
+
+    /// Offsets in `struct seccomp_data`: the call's number, the architecture, and
+    /// argument `i`'s low 32 bits (these targets are little-endian).
+    pub const NR: u32 = 0;
+    pub const ARCH: u32 = 4;
+    pub const fn arg_lo(i: u32) -> u32 {
+        16 + 8 * i
+    }
+
+    /// Sets `PR_SET_NO_NEW_PRIVS` and installs `prog` with `flags`
+    /// (`SECCOMP_FILTER_FLAG_*`). Returns what seccomp(2) returns (a listener fd
+    /// with `SECCOMP_FILTER_FLAG_NEW_LISTENER`, else 0) or the errno. Makes no
+    /// allocation, so a child between fork and exec may call it.
+    pub fn install(prog: &[libc::sock_filter], flags: libc::c_ulong) -> Result<i32, i32> {
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: prctl takes integer arguments; seccomp reads the program through
+        // `fprog`, which points to `prog`, alive for the call.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(*libc::__errno_location());
+            }
+            let r = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                flags,
+                &fprog as *const libc::sock_fprog,
+            );
+            if r < 0 {
+                return Err(*libc::__errno_location());
+            }
+            Ok(r as i32)
+        }
+    }
+}
+
 /// The AF_PACKET fanout program that steers each received frame to a shard
 /// (`PACKET_FANOUT_CBPF`; the kernel takes the result modulo the group's size).
 /// Loads are relative to the network header, where a fanout program sees the

@@ -23,7 +23,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use usnet_link::bpf::{jump, op, stmt};
+use usnet_link::bpf::{jump, op, seccomp, stmt};
 
 /// What answers the trapped calls (the world of `crate::posix`).
 pub trait Answer: Send + Sync + 'static {
@@ -38,11 +38,6 @@ pub trait Answer: Send + Sync + 'static {
 
 const TCP_CC_INFO: u32 = 26;
 const SO_MEMINFO: u32 = 55;
-
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xC000_003E;
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xC000_00B7;
 
 /// The supervisor of the installed filter; stops its thread when dropped.
 pub struct Trap {
@@ -61,51 +56,34 @@ impl Drop for Trap {
 
 /// Installs the filter and starts the supervisor for `shared`.
 pub fn install<A: Answer>(shared: Arc<A>) -> Result<Trap, String> {
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        let _ = shared;
+    let Some(arch) = seccomp::AUDIT_ARCH else {
         return Err("no seccomp architecture constant for this target".into());
-    }
-    // seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i (the low half first on these little-endian
-    // targets).
-    // Jump offsets count from the next instruction: 9 is the notification, 10
-    // lets the call through.
+    };
     let prog = [
-        stmt(op::LD_W_ABS, 4),
-        jump(op::JEQ_K, AUDIT_ARCH, 0, 8),
-        stmt(op::LD_W_ABS, 0),
+        stmt(op::LD_W_ABS, seccomp::ARCH),
+        jump(op::JEQ_K, arch, 0, 8),
+        stmt(op::LD_W_ABS, seccomp::NR),
         jump(op::JEQ_K, libc::SYS_sendfile as u32, 5, 0),
         jump(op::JEQ_K, libc::SYS_getsockopt as u32, 0, 5),
-        stmt(op::LD_W_ABS, 32),
+        stmt(op::LD_W_ABS, seccomp::arg_lo(2)),
         jump(op::JEQ_K, libc::TCP_INFO as u32, 2, 0),
         jump(op::JEQ_K, TCP_CC_INFO, 1, 0),
         jump(op::JEQ_K, SO_MEMINFO, 0, 1),
         stmt(op::RET_K, libc::SECCOMP_RET_USER_NOTIF),
         stmt(op::RET_K, libc::SECCOMP_RET_ALLOW),
     ];
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr() as *mut libc::sock_filter,
-    };
-    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes integer arguments; seccomp reads the
-    // program through `fprog`, which points to `prog`, alive for the call.
-    let fd = unsafe {
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER
-                | libc::SECCOMP_FILTER_FLAG_TSYNC
-                | libc::SECCOMP_FILTER_FLAG_TSYNC_ESRCH,
-            &fprog as *const libc::sock_fprog,
-        )
-    };
-    if fd < 0 {
-        return Err(format!(
+    let fd = seccomp::install(
+        &prog,
+        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER
+            | libc::SECCOMP_FILTER_FLAG_TSYNC
+            | libc::SECCOMP_FILTER_FLAG_TSYNC_ESRCH,
+    )
+    .map_err(|e| {
+        format!(
             "seccomp user notification: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+            std::io::Error::from_raw_os_error(e)
+        )
+    })?;
     let fd = fd as c_int;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
