@@ -392,6 +392,17 @@ enum Call {
         fd: Fd,
         events: i16,
     },
+    /// A connection to the stack's own listener, made for real: a listener on
+    /// slot `l` (port `port` of the stack's address), a client on slot `c` that
+    /// connects to it, and the accepted socket on slot `s`, each step through the
+    /// C functions and checked as the others (a step that fails ends it).
+    Pair {
+        l: u8,
+        c: u8,
+        s: u8,
+        v6: bool,
+        port: u8,
+    },
 }
 
 // ------------------------------------------------------------------ the state
@@ -856,7 +867,7 @@ fn allowed(k: K, e: c_int) -> bool {
     if extra.contains(&e) {
         return true;
     }
-    matches!(k, K::Send | K::Recv) && PENDING.contains(&e)
+    matches!(k, K::Send | K::Recv | K::SendFile) && PENDING.contains(&e)
 }
 
 use libc::{EIO, EOVERFLOW};
@@ -864,6 +875,19 @@ use libc::{EIO, EOVERFLOW};
 /// Checks a C call's result: -1 with an errno Linux could give for the call.
 fn check<T: Into<i64> + Copy>(k: K, r: T, what: &dyn Fn() -> String) -> Option<i64> {
     let r: i64 = r.into();
+    if trace() {
+        // SAFETY: this thread's errno.
+        let e = unsafe { *libc::__errno_location() };
+        eprintln!(
+            "{} -> {r}{}",
+            what(),
+            if r < 0 {
+                format!(" errno {e}")
+            } else {
+                String::new()
+            }
+        );
+    }
     if r >= 0 {
         return Some(r);
     }
@@ -880,6 +904,13 @@ fn check<T: Into<i64> + Copy>(k: K, r: T, what: &dyn Fn() -> String) -> Option<i
     // ENETDOWN would mean the session is gone: the server must stay up.
     assert_ne!(e, ENETDOWN);
     None
+}
+
+/// `POSIX_CALLS_TRACE=1`: every checked call and its result on stderr (to see
+/// what a corpus reaches: `cargo fuzz run posix_calls corpus/posix_calls -- -runs=0`).
+fn trace() -> bool {
+    static T: OnceLock<bool> = OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("POSIX_CALLS_TRACE").is_some())
 }
 
 fn set_errno(e: c_int) {
@@ -1536,27 +1567,121 @@ fn run(st: &mut St, call: &Call) {
             if !st.open.contains(&f) {
                 return;
             }
-            let t = Instant::now();
             let ev = if events == 0 {
                 libc::POLLIN | libc::POLLOUT
             } else {
                 events
             };
-            while t.elapsed() < Duration::from_micros(500) {
-                let mut p = [libc::pollfd {
-                    fd: f,
-                    events: ev,
-                    revents: 0,
-                }];
-                // SAFETY: one pollfd.
-                if unsafe { c::usnet_poll(p.as_mut_ptr(), 1, 0) } != 0 {
-                    break;
-                }
-                std::thread::yield_now();
+            settle(f, ev, Duration::from_micros(500));
+        }
+        Call::Pair {
+            l,
+            c: cs,
+            s,
+            v6,
+            port: p,
+        } => {
+            let host = if v6 { Host::Own6 } else { Host::Own4 };
+            let addr = Addr::Ip {
+                host,
+                port: Port::P(p),
+                len: AddrLen::Exact,
+                flow: 0,
+                scope: 0,
+            };
+            let before = st.open.len();
+            run(
+                st,
+                &Call::Socket {
+                    slot: l,
+                    v6,
+                    dgram: false,
+                    cloexec: false,
+                    proto: 0,
+                    junk: None,
+                },
+            );
+            if st.open.len() == before {
+                return;
+            }
+            let lfd = st.slots[l as usize % SLOTS];
+            let one = 1 as c_int;
+            // SAFETY: an int and its length.
+            let r = unsafe {
+                c::usnet_setsockopt(
+                    lfd,
+                    libc::SOL_SOCKET,
+                    libc::SO_REUSEADDR,
+                    (&one as *const c_int).cast(),
+                    4,
+                )
+            };
+            check(K::Sockopt, r, &dbg);
+            let (a, al) = sockaddr(addr);
+            // SAFETY: `a` has `al` bytes.
+            if check(K::Bind, unsafe { c::usnet_bind(lfd, ptr_of(&a), al) }, &dbg).is_none() {
+                return;
+            }
+            if check(K::Listen, c::usnet_listen(lfd, 8), &dbg).is_none() {
+                return;
+            }
+            let before = st.open.len();
+            run(
+                st,
+                &Call::Socket {
+                    slot: cs,
+                    v6,
+                    dgram: false,
+                    cloexec: false,
+                    proto: 0,
+                    junk: None,
+                },
+            );
+            if st.open.len() == before {
+                return;
+            }
+            let cfd = st.slots[cs as usize % SLOTS];
+            // SAFETY: `a` has `al` bytes.
+            check(
+                K::Connect,
+                unsafe { c::usnet_connect(cfd, ptr_of(&a), al) },
+                &dbg,
+            );
+            settle(lfd, libc::POLLIN, Duration::from_millis(5));
+            // SAFETY: NULL address and length.
+            let r = unsafe {
+                c::usnet_accept4(
+                    lfd,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_NONBLOCK,
+                )
+            };
+            if let Some(n) = check(K::Accept, r, &dbg) {
+                st.got(s, n as c_int);
+                settle(cfd, libc::POLLOUT, Duration::from_millis(5));
             }
         }
     }
     set_errno(0);
+}
+
+/// Polls `f` (timeout 0) until one of `ev` comes or `limit` has passed: lets the
+/// server's loop catch up.
+fn settle(f: c_int, ev: i16, limit: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        let mut p = [libc::pollfd {
+            fd: f,
+            events: ev,
+            revents: 0,
+        }];
+        // SAFETY: one pollfd.
+        if unsafe { c::usnet_poll(p.as_mut_ptr(), 1, 0) } != 0 {
+            break;
+        }
+        std::thread::yield_now();
+    }
 }
 
 /// A `dup2`/`dup3` target: one of the input's own descriptors, or -1/huge (EBADF);
