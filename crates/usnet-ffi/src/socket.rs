@@ -200,8 +200,16 @@ pub unsafe extern "C" fn usnet_sendto(
         ret((|| {
             // SAFETY: per the contract.
             let b = unsafe { bytes(buf, len) }?;
-            // SAFETY: non-null, per the contract (a family is always there).
-            if !a.is_null() && alen > 0 && unsafe { (*a).sa_family } == libc::AF_UNSPEC as u16 {
+            // The family is read only when `alen` covers it (a shorter address is
+            // EINVAL below, from `sockaddr_in`).
+            let has_family = alen as usize >= std::mem::size_of::<libc::sa_family_t>();
+            // SAFETY: non-null, with `alen` readable bytes per the contract, which
+            // cover the family; read unaligned as the caller's buffer may be.
+            if !a.is_null()
+                && has_family
+                && unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*a).sa_family)) }
+                    == libc::AF_UNSPEC as u16
+            {
                 // Linux's answer to a Fast Open "connect" to no address.
                 if flags & libc::MSG_FASTOPEN != 0 {
                     return Err(Errno(libc::EOPNOTSUPP));
@@ -714,4 +722,77 @@ pub unsafe extern "C" fn usnet_epoll_wait(
             usnet_posix::epoll_wait(epfd, s, timeout_ms)
         })())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` bytes that end where an inaccessible page begins: reading past them
+    /// faults.
+    struct Guarded {
+        base: *mut u8,
+        page: usize,
+    }
+
+    impl Guarded {
+        fn new() -> Guarded {
+            // SAFETY: sysconf has no memory arguments.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+            // SAFETY: a fresh anonymous mapping of two pages, the second made
+            // inaccessible.
+            let base = unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    2 * page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED);
+                assert_eq!(
+                    libc::mprotect(p.cast::<u8>().add(page).cast(), page, libc::PROT_NONE),
+                    0
+                );
+                p.cast::<u8>()
+            };
+            Guarded { base, page }
+        }
+        fn last(&self, n: usize) -> *mut u8 {
+            // SAFETY: within the first page.
+            unsafe { self.base.add(self.page - n) }
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `new`.
+            unsafe { libc::munmap(self.base.cast(), 2 * self.page) };
+        }
+    }
+
+    fn errno() -> i32 {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() }
+    }
+
+    /// Found by the posix_calls fuzz target: `sendto` with a one-byte address read
+    /// the two-byte family past the caller's buffer (ASan: heap-buffer-overflow).
+    #[test]
+    fn sendto_with_a_one_byte_address_reads_only_that_byte() {
+        let g = Guarded::new();
+        let a = g.last(1);
+        // SAFETY: `a` has one readable byte, as passed.
+        let r = unsafe {
+            *a = libc::AF_UNSPEC as u8;
+            usnet_sendto(-1, b"x".as_ptr().cast(), 1, libc::MSG_FASTOPEN, a.cast(), 1)
+        };
+        assert_eq!(r, -1);
+        assert!(
+            [libc::EINVAL, libc::EBADF].contains(&errno()),
+            "errno {}",
+            errno()
+        );
+    }
 }
