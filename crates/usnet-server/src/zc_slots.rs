@@ -3,20 +3,10 @@
 //! the one that owns both: the sans-IO stack knows nothing of the ABI.
 
 use usnet_session_abi::zc as abi;
-use usnet_stack::zerocopy::{self as stack, Slot};
+use usnet_stack::zerocopy::Slot;
 use usnet_stack::SocketHandle;
 
-// Flags pass through unchanged, so the two vocabularies must agree bit for bit.
-const _: () = {
-    assert!(stack::SLOT_MORE == abi::SLOT_MORE);
-    assert!(stack::SLOT_CLOSE == abi::SLOT_CLOSE);
-    assert!(stack::SLOT_EOF == abi::SLOT_EOF);
-    assert!(stack::SLOT_ERROR == abi::SLOT_ERROR);
-    assert!(stack::SLOT_NEW == abi::SLOT_NEW);
-    assert!(stack::SLOT_BUF_CHANGED == abi::SLOT_BUF_CHANGED);
-    assert!(stack::SLOT_SHUT_WR == abi::SLOT_SHUT_WR);
-    assert!(stack::NO_BUF == abi::NO_BUF);
-};
+// Flags pass through unchanged: both vocabularies name `usnet_socket_api::zc_flags`.
 
 /// A slot the client wrote, for the stack's port.
 pub(crate) fn from_abi(s: abi::Slot) -> Slot {

@@ -56,6 +56,36 @@ pub trait SocketApi {
 /// ABI can both use it without the stack importing the server's ABI. Written out
 /// rather than taken from `libc`: the ABI's numbers are Linux's on any build, and
 /// neither the stack nor the ABI needs libc; a test holds them to `libc`'s.
+/// The flags of a zero-copy slot (the PASTE/netmap-style ring API): one table for
+/// the sans-IO stack's vocabulary (`usnet_stack::zerocopy`) and the stack server's
+/// port layout (`usnet_session_abi::zc`), which pass flags through unchanged. Here
+/// because both depend on this crate and neither may depend on the other.
+pub mod zc_flags {
+    /// TX: more data follows at once (hold a partial segment; no push). A slot
+    /// without it is pushed at once: zero-copy sockets run without Nagle.
+    pub const SLOT_MORE: u16 = 0x1;
+    /// TX: close the socket after this slot's data (the length may be 0).
+    pub const SLOT_CLOSE: u16 = 0x2;
+    /// RX: the peer finished sending (length 0).
+    pub const SLOT_EOF: u16 = 0x4;
+    /// RX: the connection failed (reset, timed out; length 0). TX, written back by
+    /// the stack: the slot was refused and its buffer is still the application's.
+    pub const SLOT_ERROR: u16 = 0x8;
+    /// RX: a connection was accepted on one of the port's listeners (length 0);
+    /// `socket` is the new connection and `off` its piece length (one segment's
+    /// payload: a piece that long leaves in place).
+    pub const SLOT_NEW: u16 = 0x10;
+    /// RX, set by the application before it advances `head` past the slot: `buf`
+    /// now names a spare buffer it owned, which the stack frees; the application
+    /// keeps the buffer that was delivered in the slot (PASTE's `NS_BUF_CHANGED`).
+    pub const SLOT_BUF_CHANGED: u16 = 0x20;
+    /// TX: finish sending after this slot's data (FIN; SHUT_WR): the socket stays
+    /// readable and stays the port's until a [`SLOT_CLOSE`].
+    pub const SLOT_SHUT_WR: u16 = 0x40;
+    /// `buf` of a slot without a buffer.
+    pub const NO_BUF: u32 = u32::MAX;
+}
+
 pub mod errno {
     macro_rules! table {
         ($($name:ident = $n:literal,)*) => {

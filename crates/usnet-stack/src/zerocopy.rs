@@ -37,29 +37,10 @@ use crate::socket::Socket;
 use crate::tcp::zc::settle_bufs;
 use crate::{SocketHandle, Stack, StackError, TcpState};
 
-/// TX: more data follows at once (hold a partial segment; no push). A slot without
-/// it is pushed at once: zero-copy sockets run without Nagle.
-pub const SLOT_MORE: u16 = 0x1;
-/// TX: close the socket after this slot's data (the length may be 0).
-pub const SLOT_CLOSE: u16 = 0x2;
-/// RX: the peer finished sending (length 0).
-pub const SLOT_EOF: u16 = 0x4;
-/// RX: the connection failed (reset, timed out; length 0). TX, written back by the
-/// stack: the slot was refused and its buffer is still the application's.
-pub const SLOT_ERROR: u16 = 0x8;
-/// RX: a connection was accepted on one of the port's listeners (length 0); `socket`
-/// is the new connection and `off` its piece length (one segment's payload: a piece
-/// that long leaves in place).
-pub const SLOT_NEW: u16 = 0x10;
-/// RX, set by the application before it advances `head` past the slot: `buf` now
-/// names a spare buffer it owned, which the stack frees; the application keeps the
-/// buffer that was delivered in the slot (PASTE's `NS_BUF_CHANGED`).
-pub const SLOT_BUF_CHANGED: u16 = 0x20;
-/// TX: finish sending after this slot's data (FIN; SHUT_WR): the socket stays
-/// readable and stays the port's until a [`SLOT_CLOSE`].
-pub const SLOT_SHUT_WR: u16 = 0x40;
-/// `buf` of a slot without a buffer.
-pub const NO_BUF: u32 = u32::MAX;
+/// The slot flags (one table with the stack server's port layout).
+pub use usnet_socket_api::zc_flags::{
+    NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
+};
 
 /// One ring slot. `off` counts from the start of the buffer's memory, so the bytes
 /// are `pool.whole(buf)[off..off + len]` ([`Stack::zc_bytes`]).
