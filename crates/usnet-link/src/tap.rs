@@ -782,8 +782,10 @@ pub(crate) mod tests {
         let mut sent = 0;
         for dst in [7u16, 80, 443, 5353, 49152, 49153, 50000, 61001] {
             for src in 0..8u16 {
+                // Below the ephemeral range (32768 up), so no other test's
+                // socket can hold the port.
                 let s =
-                    std::net::UdpSocket::bind(("10.98.0.1", 40000 + src * 7 + dst % 5)).unwrap();
+                    std::net::UdpSocket::bind(("10.98.0.1", 21000 + src * 7 + dst % 5)).unwrap();
                 s.send_to(b"steer me", ("10.98.0.2", dst)).unwrap();
                 sent += 1;
             }
