@@ -32,6 +32,10 @@ pub struct FaultConfig {
     /// queue of `queue` at its rate.
     pub rate: Option<u64>,
     pub queue: Duration,
+    /// What a full bottleneck queue does to a frame sent (tx): drop it, as a router
+    /// does (the default), or refuse it, so the stack keeps it, as a NIC at its line
+    /// rate does (`full=push`): the link is then the stack's own bottleneck.
+    pub push_back: bool,
     pub seed: u64,
     pub apply_rx: bool,
     pub apply_tx: bool,
@@ -48,6 +52,7 @@ impl Default for FaultConfig {
             delay: None,
             rate: None,
             queue: Duration::from_millis(50),
+            push_back: false,
             seed: 0,
             apply_rx: true,
             apply_tx: true,
@@ -115,7 +120,7 @@ impl FromStr for FaultConfig {
     type Err = LinkError;
 
     /// `drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,window=2ms,delay=5ms,`
-    /// `rate=100mbit,queue=10ms,seed=7,dir=rx|tx|both`
+    /// `rate=100mbit,queue=10ms,full=drop|push,seed=7,dir=rx|tx|both`
     fn from_str(s: &str) -> Result<Self, LinkError> {
         let bad = |why: String| LinkError::BadFault {
             spec: s.to_string(),
@@ -151,6 +156,13 @@ impl FromStr for FaultConfig {
                         bad(format!("rate={v}: expected bits per second, e.g. 100mbit or 1gbit"))
                     })?)
                 }
+                "full" => {
+                    c.push_back = match v {
+                        "drop" => false,
+                        "push" => true,
+                        _ => return Err(bad(format!("full={v}: expected drop or push"))),
+                    }
+                }
                 "seed" => {
                     c.seed = v
                         .parse()
@@ -166,7 +178,7 @@ impl FromStr for FaultConfig {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key '{k}' (known: drop, dup, corrupt, reorder, window, delay, rate, queue, seed, dir)"
+                        "unknown key '{k}' (known: drop, dup, corrupt, reorder, window, delay, rate, queue, full, seed, dir)"
                     )))
                 }
             }
@@ -467,6 +479,10 @@ impl<D: Device> Device for FaultInjector<D> {
         let k = self.inner.caps().max_burst.max(1);
         let mut taken = 0;
         while self.tx.ready.len() < k {
+            // At line rate a full queue refuses what comes next: the stack holds it.
+            if self.cfg.push_back && self.cfg.apply_tx && !self.paths[1].has_room(self.now()) {
+                break;
+            }
             let Some(f) = frames.pop_front() else { break };
             if self.cfg.apply_tx {
                 self.apply(pool, f, false);
@@ -584,6 +600,7 @@ mod tests {
             "dir=up",
             "seed=x",
             "rate=fast",
+            "full=maybe",
             "rate=10furlongs",
         ] {
             let e = bad.parse::<FaultConfig>().unwrap_err().to_string();
@@ -759,6 +776,45 @@ mod tests {
             dev.tx_burst(&mut p, &mut q).unwrap();
         }
         assert_eq!(dev.inner().sent.len(), 11);
+        dev.release_buffers(&mut p);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn at_line_rate_a_full_queue_pushes_back_and_loses_nothing() {
+        let mut p = pool(128, 2048);
+        let cfg: FaultConfig = "rate=8mbit,queue=10ms,full=push,dir=tx".parse().unwrap();
+        assert!(cfg.push_back);
+        let mut dev = FaultInjector::new(MemDevice::new(), cfg);
+        let mut q: VecDeque<PktBuf> = (0..50u32)
+            .map(|i| {
+                let mut f = frame(i);
+                f.resize(1000, 0);
+                p.alloc_from(&f).unwrap()
+            })
+            .collect();
+        let taken = dev.tx_burst(&mut p, &mut q).unwrap();
+        // 1 ms per frame at 1 MB/s: what would wait past 10 ms stays with the caller.
+        assert!((1..=12).contains(&taken), "{taken}");
+        assert_eq!(q.len(), 50 - taken);
+        let end = Instant::now() + Duration::from_secs(5);
+        while (!q.is_empty() || !dev.tx.is_idle()) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+            dev.tx_burst(&mut p, &mut q).unwrap();
+        }
+        assert_eq!(dev.fault_stats().dropped, 0);
+        let sent = &dev.inner().sent;
+        assert_eq!(sent.len(), 50, "every frame, in order");
+        for (i, f) in sent.iter().enumerate() {
+            assert_eq!(
+                f[..1000],
+                {
+                    let mut g = frame(i as u32);
+                    g.resize(1000, 0);
+                    g
+                }[..]
+            );
+        }
         dev.release_buffers(&mut p);
         assert_eq!(p.in_use(), 0);
     }

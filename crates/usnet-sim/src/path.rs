@@ -150,6 +150,14 @@ impl Path {
         }
     }
 
+    /// Whether the bottleneck's queue has room at `now` for another frame (always,
+    /// without a rate): what a sender that must not lose frames to it (a NIC at its
+    /// line rate pushing back on the stack) checks before it hands one over.
+    pub fn has_room(&self, now: u64) -> bool {
+        self.config.rate == 0
+            || self.busy_until.saturating_sub(now) <= duration_nanos(self.config.queue)
+    }
+
     /// What the path did so far.
     pub fn stats(&self) -> &PathStats {
         &self.stats

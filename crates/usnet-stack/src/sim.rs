@@ -25,6 +25,10 @@ pub struct Faults {
     pub reorder_window: Duration,
     /// Fixed one-way delay.
     pub delay: Duration,
+    /// Each stack's NIC sends at most this many bytes per second (0: no limit),
+    /// taking a frame from the stack's transmit queue only when the last one is out:
+    /// the stack, not the wire, holds what waits, as with a NIC at its line rate.
+    pub line_rate: u64,
 }
 
 impl Default for Faults {
@@ -36,6 +40,7 @@ impl Default for Faults {
             reorder: 0.0,
             reorder_window: Duration::from_millis(5),
             delay: Duration::from_micros(50),
+            line_rate: 0,
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct SimNet {
     groups: Vec<Vec<usize>>,
     group_of: Vec<Option<usize>>,
     handoffs: Vec<(usize, crate::Handoff)>,
+    /// With a `line_rate`: when each stack's NIC is done with its last frame.
+    nic_busy_until: Vec<Instant>,
 }
 
 impl SimNet {
@@ -138,6 +145,7 @@ impl SimNet {
             groups: Vec::new(),
             group_of: Vec::new(),
             handoffs: Vec::new(),
+            nic_busy_until: Vec::new(),
         }
     }
 
@@ -147,6 +155,7 @@ impl SimNet {
         s.advance(self.now);
         self.stacks.push(s);
         self.group_of.push(None);
+        self.nic_busy_until.push(self.now);
         Ok(self.stacks.len() - 1)
     }
 
@@ -215,7 +224,15 @@ impl SimNet {
         let mut did = false;
         for i in 0..self.stacks.len() {
             did |= self.stacks[i].poll(self.now);
-            while let Some(buf) = self.stacks[i].dequeue_tx() {
+            while self.nic_busy_until[i] <= self.now {
+                let Some(buf) = self.stacks[i].dequeue_tx() else {
+                    break;
+                };
+                if self.faults.line_rate > 0 {
+                    let bytes = self.stacks[i].pool().chain_len(&buf) as u64;
+                    let ns = bytes * 1_000_000_000 / self.faults.line_rate;
+                    self.nic_busy_until[i] = self.now + Duration::from_nanos(ns);
+                }
                 let mut bytes = Vec::new();
                 self.stacks[i].pool().copy_chain(&buf, &mut bytes);
                 let o = self.stacks[i].pool().offload(&buf);
@@ -250,15 +267,28 @@ impl SimNet {
             // Work costs a little time, so a busy sender still lets frames arrive.
             self.now = self.now + Duration::from_micros(1);
         } else {
+            // A NIC that holds back a stack's frames is an event too.
+            let nics = (0..self.stacks.len())
+                .filter(|&i| self.stacks[i].tx_len() > 0)
+                .map(|i| self.nic_busy_until[i]);
+            // A stack that asks for now but did nothing waits at most 1 ms.
+            let (now, mut stuck) = (self.now, false);
             let next = self
                 .stacks
                 .iter()
                 .filter_map(|s| s.poll_at())
                 .chain(self.wire.peek().map(|f| f.0.at))
+                .chain(nics)
+                .filter(|&t| {
+                    stuck |= t <= now;
+                    t > now
+                })
                 .min();
+            let tick = now + Duration::from_millis(1);
             self.now = match next {
-                Some(t) if t > self.now => t,
-                _ => self.now + Duration::from_millis(1),
+                Some(t) if stuck => t.min(tick),
+                Some(t) => t,
+                None => tick,
             };
         }
         did

@@ -127,8 +127,11 @@ pub(crate) struct TcpTable {
     pub listen: HashMap<u16, Vec<u32>>,
     /// `(deadline ns, slot, generation)`; stale entries are skipped when popped.
     pub timers: BinaryHeap<Reverse<(u64, u32, u32)>>,
-    /// Connections whose output was refused (full transmit queue or empty pool).
-    pub blocked: Vec<u32>,
+    /// Connections whose output was refused (full transmit queue or empty pool),
+    /// served owner by owner as room comes.
+    pub blocked: crate::tcp::fair::TxWaiters,
+    /// The waiting connection whose turn it is (its output is not held back).
+    pub serving: Option<u32>,
     /// Reused list of sockets whose deadline passed.
     pub due: Vec<u32>,
     pub next_ephemeral: u16,

@@ -10,7 +10,7 @@
 //!   pool buffer with the payload copied once and the headers written in front
 //!   (`send_tcp`). A full transmit queue or an empty pool refuses the segment; the
 //!   connection then goes on the blocked list and is polled again once the queue has
-//!   room.
+//!   room, owner by owner ([`fair`]).
 //! - **Timers.** A min-heap of `(deadline, slot, generation)` in the table; a socket
 //!   remembers the deadline it is queued under, so stale entries are skipped when
 //!   popped. Only sockets whose deadline passed are polled.
@@ -21,6 +21,7 @@
 //! The application's calls are in [`api`]; ICMP errors in [`icmp`].
 
 mod api;
+pub(crate) mod fair;
 pub(crate) mod icmp;
 pub(crate) mod zc;
 
@@ -46,10 +47,14 @@ pub(crate) struct CoreSink<'a> {
     tso: bool,
     /// The connection's DSCP bits (`TcpConnSock::tos`), under the ECN field.
     tos: u8,
+    /// Payload bytes this pass may still send (`None`: no limit). While connections
+    /// wait for transmit room, one that is not being served gets 0 and the one whose
+    /// turn it is [`fair::QUANTUM`].
+    budget: Option<usize>,
 }
 
 impl CoreSink<'_> {
-    fn new(core: &mut Core, tos: u8) -> CoreSink<'_> {
+    fn new(core: &mut Core, tos: u8, budget: Option<usize>) -> CoreSink<'_> {
         let tso = core.tso_ok();
         CoreSink {
             core,
@@ -57,6 +62,7 @@ impl CoreSink<'_> {
             gso: None,
             tso,
             tos: tos & !3,
+            budget,
         }
     }
 
@@ -75,6 +81,14 @@ impl SegmentSink for CoreSink<'_> {
         payload: TxData<'_>,
         ect: bool,
     ) -> bool {
+        if let Some(left) = self.budget.as_mut() {
+            let len = payload.len();
+            if len > 0 && *left == 0 {
+                self.refused = true;
+                return false;
+            }
+            *left = left.saturating_sub(len);
+        }
         // The whole TOS / traffic class byte: DSCP and ECN.
         let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
         let payload = match payload {
@@ -203,7 +217,18 @@ impl Stack {
             s.fin_pending = false;
             s.conn.shutdown_write();
         }
-        let mut sink = CoreSink::new(&mut self.core, s.tos);
+        // While connections wait for room, only the one whose turn it is sends payload.
+        let budget = if self.sockets.tcp.serving == Some(idx) {
+            Some(fair::QUANTUM)
+        } else if !self.sockets.tcp.blocked.is_empty() {
+            Some(0)
+        } else {
+            None
+        };
+        let Some(s) = self.sockets.conn_at_mut(idx) else {
+            return;
+        };
+        let mut sink = CoreSink::new(&mut self.core, s.tos, budget);
         let w = s.conn.poll_transmit(now, &mut sink);
         sink.flush();
         let learned = s.conn.take_fastopen_learned().map(|l| (s.remote.ip(), l));
@@ -225,7 +250,8 @@ impl Stack {
                 || w.writable
                 || w.closed);
         if newly_blocked {
-            self.sockets.tcp.blocked.push(idx);
+            let owner = self.sockets.slots[idx as usize].owner;
+            self.sockets.tcp.blocked.push(owner, idx);
         }
         // Client Fast Open: the SYN-ACK's MSS and cookie go to the cache.
         if let Some((ip, (mss, cookie))) = learned {
@@ -517,10 +543,8 @@ impl Stack {
     fn tcp_poll_one(&mut self, idx: u32) {
         let slot = self.sockets.slots.get_mut(idx as usize);
         match slot.and_then(|s| s.sock.as_mut()) {
-            Some(Socket::TcpConn(s)) => {
-                s.blocked = false;
-                self.tcp_settle(idx, Wake::default());
-            }
+            // A waiting connection stays on the list (`blocked`) until its turn.
+            Some(Socket::TcpConn(_)) => self.tcp_settle(idx, Wake::default()),
             Some(Socket::TcpListen(l)) => {
                 let now = self.core.tcp_now();
                 let mut out = std::mem::take(&mut self.sockets.tcp.out);
@@ -548,20 +572,40 @@ impl Stack {
         due.clear();
         self.sockets.tcp.due = due;
         if !self.sockets.tcp.blocked.is_empty() && self.core.tx.len() < self.core.cfg.tx_queue_len {
-            let mut blocked = std::mem::take(&mut self.sockets.tcp.blocked);
-            for &idx in &blocked {
-                if self.sockets.conn_at(idx).is_some_and(|s| s.blocked) {
-                    self.tcp_poll_one(idx);
-                }
-            }
-            blocked.clear();
-            if self.sockets.tcp.blocked.is_empty() {
-                self.sockets.tcp.blocked = blocked;
-            }
+            self.tcp_serve_waiters();
             did = true;
         }
         self.sockets.tcp_compact_timers();
         did
+    }
+
+    /// Gives the waiting connections their turns ([`fair`]) while the transmit
+    /// queue has room: a turn is one connection's output, at most a quantum of
+    /// payload; one that has more waits again behind its owner's others.
+    fn tcp_serve_waiters(&mut self) {
+        // Each waiting connection about twice (a turn ends at a quantum or a full
+        // queue, so this bounds the pass, not the rate).
+        let mut turns = 2 * self.sockets.tcp.blocked.len() + 16;
+        while turns > 0 && self.core.tx.len() < self.core.cfg.tx_queue_len {
+            let Some(idx) = self.sockets.tcp.blocked.pop() else {
+                break;
+            };
+            turns -= 1;
+            match self.sockets.conn_at_mut(idx) {
+                Some(s) if s.blocked => s.blocked = false,
+                _ => continue, // closed, or a slot reused since
+            }
+            let queued = self.core.tx.len();
+            self.sockets.tcp.serving = Some(idx);
+            self.tcp_poll_one(idx);
+            self.sockets.tcp.serving = None;
+            // Refused with room in the queue and nothing sent: the pool is dry;
+            // wait for the next pass.
+            if self.core.tx.len() == queued && self.sockets.conn_at(idx).is_some_and(|s| s.blocked)
+            {
+                break;
+            }
+        }
     }
 
     /// The earliest TCP deadline (stale heap entries only make it early).
