@@ -228,9 +228,8 @@ impl SimNet {
                 let Some(buf) = self.stacks[i].dequeue_tx() else {
                     break;
                 };
-                if self.faults.line_rate > 0 {
-                    let bytes = self.stacks[i].pool().chain_len(&buf) as u64;
-                    let ns = bytes * 1_000_000_000 / self.faults.line_rate;
+                let bytes = self.stacks[i].pool().chain_len(&buf) as u64;
+                if let Some(ns) = (bytes * 1_000_000_000).checked_div(self.faults.line_rate) {
                     self.nic_busy_until[i] = self.now + Duration::from_nanos(ns);
                 }
                 let mut bytes = Vec::new();
