@@ -86,7 +86,7 @@ pub fn render_clients(rows: &[ClientRow], sockets: bool) -> String {
         _ => String::new(),
     };
     out += &format!(
-        "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+        "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>7} {:>12} {:>12} {:>8}\n",
         if sharded { "shard " } else { "" },
         "id",
         "pid",
@@ -94,6 +94,7 @@ pub fn render_clients(rows: &[ClientRow], sockets: bool) -> String {
         "sockets",
         "ring B",
         "stack B",
+        "pool",
         "bytes in",
         "bytes out",
         "calls"
@@ -101,7 +102,7 @@ pub fn render_clients(rows: &[ClientRow], sockets: bool) -> String {
     for c in rows {
         let st = &c.stats;
         out += &format!(
-            "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>12} {:>12} {:>8}\n",
+            "    {}{:>4} {:>8} {:<16} {:>7} {:>10} {:>10} {:>7} {:>12} {:>12} {:>8}\n",
             shard(c),
             c.id,
             c.pid,
@@ -109,6 +110,7 @@ pub fn render_clients(rows: &[ClientRow], sockets: bool) -> String {
             format!("{}/{}", c.sockets, c.max_sockets),
             c.ring_bytes,
             c.stack_bytes,
+            c.pool_held,
             st.bytes_in,
             st.bytes_out,
             st.calls,

@@ -160,6 +160,11 @@ pub struct UpArgs {
     /// one is cut, counted as quota_rcvbuf).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_rcvbuf: usize,
+    /// The share of the packet pool, in percent, one client's receive queues may
+    /// hold (datagrams waiting while its rings are full); past it that client's
+    /// datagrams are dropped (counted), so it cannot take the pool from the others.
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_pool_percent: u32,
     /// Sockets one client may hold at most (its quota; each has two rings). A client
     /// gets 1024 unless it asks for more.
     #[arg(long, default_value_t = 16384)]
@@ -298,6 +303,7 @@ impl UpArgs {
             max_clients: 1024,
             max_backlog: 1024,
             max_rcvbuf: 4 << 20,
+            max_pool_percent: 25,
             client_sockets: 16384,
             ring_bytes: 1 << 20,
             cluster_bytes: 65536,
@@ -562,6 +568,7 @@ pub fn run(args: UpArgs) -> CmdResult {
             max_sessions: args.max_clients,
             max_backlog: args.max_backlog,
             max_rcvbuf: args.max_rcvbuf,
+            max_pool_percent: args.max_pool_percent,
             ..Default::default()
         },
         group: args.group,

@@ -255,3 +255,76 @@ fn threads_of_one_client_use_its_sockets_at_once() {
     stop.store(true, std::sync::atomic::Ordering::Release);
     assert!(pinger.join().unwrap() > 0);
 }
+
+/// One client that stops reading its UDP sockets holds at most its share of the
+/// packet pool (`max_pool_percent`): past it its datagrams are dropped and counted,
+/// and another client's datagrams keep arriving.
+#[test]
+fn a_client_that_stops_reading_cannot_take_the_pool() {
+    let srv = common::server("poolquota", |c| {
+        c.geometry = Geometry {
+            ring_bytes: 4096,
+            ..Default::default()
+        };
+        c.limits = ServerLimits {
+            max_pool_percent: 2,
+            ..Default::default()
+        };
+    });
+    let path = srv.control_path().unwrap().to_path_buf();
+    let st = stat(&path);
+    let cap = st.limits.max_pool_bufs;
+    assert_eq!(cap, st.pool.count * 2 / 100, "{:?}", st.limits);
+    let greedy = Client::attach("poolquota").unwrap();
+    let other = Client::attach("poolquota").unwrap();
+    // Four sockets that never read, each allowed far more than the cap in bytes.
+    let stuck: Vec<UdpSocket> = (0..4)
+        .map(|i| {
+            let u = UdpSocket::bind(&greedy, sa(&format!("10.66.0.1:{}", 7800 + i))).unwrap();
+            u.set_recv_buffer_size(4 << 20).unwrap();
+            u
+        })
+        .collect();
+    let reader = UdpSocket::bind(&other, sa("10.66.0.1:7810")).unwrap();
+    reader
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let sender = UdpSocket::bind(&other, sa("10.66.0.1:0")).unwrap();
+    let mut buf = [0u8; 16];
+    let rounds = 3 * cap as u32;
+    for i in 0..rounds {
+        for k in 0..4 {
+            let to = sa(&format!("10.66.0.1:{}", 7800 + k));
+            sender.send_to(b"x", to).unwrap();
+        }
+        // The other client's traffic still gets through, every datagram of it.
+        sender
+            .send_to(&i.to_be_bytes(), sa("10.66.0.1:7810"))
+            .unwrap();
+        let (n, _) = reader.recv_from(&mut buf).unwrap();
+        assert_eq!(buf[..n], i.to_be_bytes());
+    }
+    let owner = Owner(greedy.session_id());
+    until(
+        "the stuck client's share taken",
+        Duration::from_secs(5),
+        || row(&stat(&path), greedy.session_id()).pool_held == cap,
+    );
+    let dropped = srv
+        .call(Duration::from_secs(2), |lp| {
+            lp.stack().counters().udp_rx_owner_full
+        })
+        .unwrap();
+    assert!(dropped > 0);
+    assert_eq!(
+        srv.call(Duration::from_secs(2), move |lp| lp.stack().rx_held(owner))
+            .unwrap(),
+        cap as u32
+    );
+    assert_eq!(row(&stat(&path), other.session_id()).pool_held, 0);
+    // Closing the sockets gives the buffers back.
+    drop(stuck);
+    until("the share given back", Duration::from_secs(5), || {
+        row(&stat(&path), greedy.session_id()).pool_held == 0
+    });
+}

@@ -848,6 +848,7 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Stat {
             ring_bytes: geometry.ring_bytes,
             max_backlog: limits.max_backlog as u64,
             max_rcvbuf: limits.max_rcvbuf as u64,
+            max_pool_bufs: u64::from(s.rx_owner_limit().unwrap_or(0)),
         },
         sockets: msg::SocketCount {
             live: live as u64,

@@ -62,6 +62,7 @@ fn limits() -> ServerLimits {
         max_sessions: 2,
         max_backlog: 4,
         max_rcvbuf: 16384,
+        max_pool_percent: 25,
     }
 }
 

@@ -60,6 +60,18 @@ pub struct ServerLimits {
     /// pool buffers one of its sockets may hold while its receive ring is full; a
     /// larger request is cut down and counted (`quota_rcvbuf`).
     pub max_rcvbuf: usize,
+    /// The share of the packet pool, in percent, that one client's receive queues
+    /// may hold (datagrams waiting while its rings are full); past it the client's
+    /// datagrams are dropped and counted, so one client that stops reading cannot
+    /// take the pool from the others.
+    pub max_pool_percent: u32,
+}
+
+impl ServerLimits {
+    /// [`ServerLimits::max_pool_percent`] of a pool of `count` buffers, in buffers.
+    pub fn pool_share(&self, count: u32) -> u32 {
+        (u64::from(count) * u64::from(self.max_pool_percent.min(100)) / 100) as u32
+    }
 }
 
 impl Default for ServerLimits {
@@ -70,6 +82,7 @@ impl Default for ServerLimits {
             max_sessions: 1024,
             max_backlog: 1024,
             max_rcvbuf: 4 << 20,
+            max_pool_percent: 25,
         }
     }
 }
@@ -449,6 +462,7 @@ impl Loop {
                 // Stack sockets the client holds, connections waiting in its
                 // listeners' accept queues included.
                 row.stack_sockets = stack.sockets_of(owner).len() as u64;
+                row.pool_held = u64::from(stack.rx_held(owner));
                 row
             })
             .collect();
@@ -752,6 +766,9 @@ impl ServerHandle {
         let mut loops = Vec::with_capacity(n);
         for (i, (stack, device)) in parts.into_iter().enumerate() {
             let policy = stack.config().rx_policy.clone();
+            let mut stack = stack;
+            let share = cfg.limits.pool_share(stack.pool().count());
+            stack.set_rx_owner_limit(Some(share));
             let mut driver = Driver::new(stack, device, clock.clone());
             driver.set_burst(64);
             driver.set_backlog(cfg.backlog || policy.enabled());

@@ -113,6 +113,7 @@ define_counters! {
     udp_rx_bad_checksum => "UDP datagrams with a bad checksum",
     udp_rx_no_socket => "UDP datagrams for a port with no socket",
     udp_rx_queue_full => "UDP datagrams dropped: socket receive queue full (drop 2)",
+    udp_rx_owner_full => "UDP datagrams dropped: their socket's owner holds its share of the pool in receive queues",
     udp_rx_delivered => "UDP datagrams queued to a socket",
     udp_tx => "UDP datagrams sent",
     udp_tx_too_big => "UDP datagrams refused: larger than 65507 bytes",

@@ -304,6 +304,24 @@ impl Stack {
         }
     }
 
+    /// The most pool buffers one owner's receive queues may hold (`None`: no
+    /// limit, the default). A stack server sets it so that a client that stops
+    /// reading cannot take the pool from the others; past it, that owner's
+    /// datagrams are dropped and counted (`udp_rx_owner_full`, and the socket's
+    /// `rx_queue_full`).
+    pub fn set_rx_owner_limit(&mut self, bufs: Option<u32>) {
+        self.sockets.rx_owner_limit = bufs;
+    }
+
+    pub fn rx_owner_limit(&self) -> Option<u32> {
+        self.sockets.rx_owner_limit
+    }
+
+    /// Pool buffers the receive queues of `owner`'s sockets hold.
+    pub fn rx_held(&self, owner: Owner) -> u32 {
+        self.sockets.rx_held(owner)
+    }
+
     /// Closes a socket of any kind and gives back the buffers it held (for TCP,
     /// `tcp_close`).
     pub fn close(&mut self, h: SocketHandle) -> Result<(), StackError> {

@@ -325,6 +325,10 @@ impl View<'_> {
                     c.udp_rx_queue_full += 1;
                     return Verdict::UdpQueueFull { sock: i };
                 }
+                if self.sockets.owner_rx_full(i) {
+                    c.udp_rx_owner_full += 1;
+                    return Verdict::UdpQueueFull { sock: i };
+                }
             }
         }
         if !self.csum_valid && !wire::verify_udp_checksum(l3.src, l3.dst, &l4[..udp_len]) {
@@ -933,6 +937,13 @@ impl Stack {
                 self.core.counters.udp_rx_queue_full += 1;
                 continue;
             }
+            if self.sockets.owner_rx_full(i) {
+                if let Some(u) = self.sockets.udp_at_mut(i) {
+                    u.stats.rx_queue_full += 1;
+                }
+                self.core.counters.udp_rx_owner_full += 1;
+                continue;
+            }
             let Some(buf) = self.core.pool.alloc_from(&data) else {
                 self.core.counters.drop_pool_exhausted += 1;
                 break;
@@ -973,12 +984,14 @@ impl Stack {
             return;
         };
         let was_empty = u.rxq.is_empty();
+        let bufs = core.pool.parts(&buf).count() as u32;
         u.rxq.push_back(Datagram { buf, len, from });
         u.rx_queued_bytes += len;
         u.stats.rx_datagrams += 1;
         u.stats.rx_bytes += len as u64;
         let high = u.rx_queued_bytes * 2 > u.recv_buffer;
         core.counters.udp_rx_delivered += 1;
+        self.sockets.charge_rx(sock, bufs, true);
         if was_empty {
             self.sockets.mark_ready(sock);
         }

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::socket::udp::NONE;
+use crate::socket::udp::{Datagram, NONE};
 use crate::socket::{Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
 use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
 
@@ -85,6 +85,7 @@ impl Stack {
                 remote: None,
                 rxq: VecDeque::new(),
                 rx_queued_bytes: 0,
+                rx_bufs: 0,
                 recv_buffer: self.core.cfg.udp_recv_buffer,
                 next_same_port: NONE,
                 stats: SocketStats::default(),
@@ -198,6 +199,20 @@ impl Stack {
         Ok(data.len())
     }
 
+    /// Takes the oldest datagram off socket `h`'s queue (its buffers are the
+    /// caller's now, no longer charged to the owner).
+    fn udp_pop(&mut self, h: SocketHandle) -> Result<Datagram, StackError> {
+        let u = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::Udp(u) => u,
+            _ => return Err(StackError::WrongType),
+        };
+        let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
+        u.rx_queued_bytes -= d.len;
+        let bufs = self.core.pool.parts(&d.buf).count() as u32;
+        self.sockets.charge_rx(h.index, bufs, false);
+        Ok(d)
+    }
+
     /// Takes the oldest datagram: copies its payload into `buf` (truncating, like
     /// `recvfrom` without MSG_TRUNC) and returns the bytes copied and the sender.
     pub fn udp_recv_from(
@@ -205,12 +220,7 @@ impl Stack {
         h: SocketHandle,
         buf: &mut [u8],
     ) -> Result<(usize, SocketAddr), StackError> {
-        let u = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
-            Socket::Udp(u) => u,
-            _ => return Err(StackError::WrongType),
-        };
-        let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
-        u.rx_queued_bytes -= d.len;
+        let d = self.udp_pop(h)?;
         let pool = &mut self.core.pool;
         let n = if pool.is_single(&d.buf) {
             let src = pool.data(&d.buf);
@@ -232,12 +242,7 @@ impl Stack {
         h: SocketHandle,
         mut sink: impl FnMut(&[u8]),
     ) -> Result<(usize, SocketAddr), StackError> {
-        let u = match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
-            Socket::Udp(u) => u,
-            _ => return Err(StackError::WrongType),
-        };
-        let d = u.rxq.pop_front().ok_or(StackError::WouldBlock)?;
-        u.rx_queued_bytes -= d.len;
+        let d = self.udp_pop(h)?;
         let pool = &mut self.core.pool;
         for part in pool.parts(&d.buf) {
             sink(part);

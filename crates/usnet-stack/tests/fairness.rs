@@ -115,3 +115,66 @@ fn a_client_with_many_connections_gets_no_more_than_an_equal_split() {
     // And it does not take more than its half either (its turns are bounded).
     assert!(greedy * 10 >= total / 2 * 8, "greedy {greedy} of {total}");
 }
+
+/// One owner that stops reading its UDP sockets holds at most its share of the
+/// pool; another owner's datagrams keep arriving, and the charges follow the
+/// buffers (read, moved to another owner, closed).
+#[test]
+fn an_owner_that_stops_reading_holds_no_more_than_its_share_of_the_pool() {
+    let mut net = SimNet::new(23, Faults::default());
+    net.add(cfg(1)).unwrap();
+    net.add(cfg(2)).unwrap();
+    let base = net.stack(1).pool().in_use();
+    let cap = 64;
+    net.stack_mut(1).set_rx_owner_limit(Some(cap));
+    // Owner 1: four sockets, each with room for far more than the cap in bytes.
+    let stuck: Vec<SocketHandle> = (0..4)
+        .map(|i| {
+            let h = net
+                .stack_mut(1)
+                .udp_bind(sa(&format!("10.0.0.2:{}", 5000 + i)))
+                .unwrap();
+            net.stack_mut(1).set_owner(h, Owner(1)).unwrap();
+            net.stack_mut(1).udp_set_recv_buffer(h, 4 << 20).unwrap();
+            h
+        })
+        .collect();
+    let reader = net.stack_mut(1).udp_bind(sa("10.0.0.2:6000")).unwrap();
+    net.stack_mut(1).set_owner(reader, Owner(2)).unwrap();
+    let tx = net.stack_mut(0).udp_bind(sa("10.0.0.1:0")).unwrap();
+    let mut buf = [0u8; 64];
+    let (mut sent, mut read) = (0u32, 0u32);
+    for round in 0..100u32 {
+        for i in 0..4 {
+            let to = sa(&format!("10.0.0.2:{}", 5000 + i));
+            net.stack_mut(0).udp_send_to(tx, b"x", to).unwrap();
+        }
+        net.stack_mut(0)
+            .udp_send_to(tx, &round.to_be_bytes(), sa("10.0.0.2:6000"))
+            .unwrap();
+        sent += 1;
+        net.run_for(Duration::from_millis(1));
+        while let Ok((n, _)) = net.stack_mut(1).udp_recv_from(reader, &mut buf) {
+            assert_eq!(buf[..n], read.to_be_bytes());
+            read += 1;
+        }
+    }
+    assert_eq!(read, sent, "the other owner got every datagram");
+    assert_eq!(net.stack(1).rx_held(Owner(1)), cap);
+    assert_eq!(net.stack(1).rx_held(Owner(2)), 0);
+    assert_eq!(net.stack(1).counters().udp_rx_owner_full, 400 - cap as u64);
+    // Reading one gives one back; moving a socket moves its charge; closing frees it.
+    net.stack_mut(1).udp_recv_from(stuck[0], &mut buf).unwrap();
+    assert_eq!(net.stack(1).rx_held(Owner(1)), cap - 1);
+    let moved = net.stack(1).rx_held(Owner(1));
+    net.stack_mut(1).set_owner(stuck[1], Owner(3)).unwrap();
+    let on_3 = net.stack(1).rx_held(Owner(3));
+    assert!(on_3 > 0);
+    assert_eq!(net.stack(1).rx_held(Owner(1)) + on_3, moved);
+    for &h in &stuck {
+        net.stack_mut(1).close(h).unwrap();
+    }
+    assert_eq!(net.stack(1).rx_held(Owner(1)), 0);
+    assert_eq!(net.stack(1).rx_held(Owner(3)), 0);
+    assert_eq!(net.stack(1).pool().in_use(), base);
+}

@@ -224,6 +224,9 @@ pub struct ClientRow {
     pub tcp_connections: u64,
     /// Stack sockets it holds, connections in its listeners' queues included.
     pub stack_sockets: u64,
+    /// Pool buffers its receive queues hold (at most `Limits::max_pool_bufs`).
+    #[serde(default)]
+    pub pool_held: u64,
     /// Its listeners and connections (the first few), as `ss -p` shows them.
     pub tcp: Vec<SocketRow>,
     /// Its shard, on a sharded server.
@@ -349,6 +352,9 @@ pub struct Limits {
     pub ring_bytes: u32,
     pub max_backlog: u64,
     pub max_rcvbuf: u64,
+    /// Pool buffers one client's receive queues may hold.
+    #[serde(default)]
+    pub max_pool_bufs: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

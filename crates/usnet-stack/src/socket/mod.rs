@@ -8,7 +8,7 @@ pub(crate) mod ping;
 pub(crate) mod tcp;
 pub(crate) mod udp;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 pub use ping::EchoReply;
 pub(crate) use ping::PingSocket;
@@ -148,6 +148,16 @@ pub(crate) struct Slot {
     pub zc_queued: bool,
 }
 
+impl Slot {
+    /// Pool buffers its receive queue holds.
+    fn rx_bufs(&self) -> u32 {
+        match &self.sock {
+            Some(Socket::Udp(u)) => u.rx_bufs,
+            _ => 0,
+        }
+    }
+}
+
 pub(crate) struct SocketSet {
     pub slots: Vec<Slot>,
     free: Vec<u32>,
@@ -164,6 +174,11 @@ pub(crate) struct SocketSet {
     /// A member of the priority set was removed: S must be recomputed.
     pub prio_dirty: bool,
     next_seq: u64,
+    /// Pool buffers each owner's receive queues hold (UDP datagrams waiting to be
+    /// read), and the most one owner may hold (`None`: no limit). One client of a
+    /// stack server that stops reading must not take the pool from the others.
+    rx_held: HashMap<Owner, u32>,
+    pub rx_owner_limit: Option<u32>,
 }
 
 /// First port of the ephemeral range (IANA's, RFC 6335); the shards' steering names it.
@@ -201,6 +216,8 @@ impl SocketSet {
             tcp: TcpTable::new(seed),
             prio_dirty: false,
             next_seq: 0,
+            rx_held: HashMap::new(),
+            rx_owner_limit: None,
         }
     }
 
@@ -297,10 +314,53 @@ impl SocketSet {
     pub fn set_owner(&mut self, h: SocketHandle, owner: Owner) -> bool {
         match self.slots.get_mut(h.index as usize) {
             Some(s) if s.gen == h.gen && s.sock.is_some() => {
+                let (old, held) = (s.owner, s.rx_bufs());
                 s.owner = owner;
+                // What its queue holds goes with it.
+                self.uncharge(old, held);
+                *self.rx_held.entry(owner).or_default() += held;
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Pool buffers the receive queues of `owner`'s sockets hold.
+    pub fn rx_held(&self, owner: Owner) -> u32 {
+        self.rx_held.get(&owner).copied().unwrap_or(0)
+    }
+
+    /// Whether the owner of socket `index` holds its share of the pool already.
+    pub fn owner_rx_full(&self, index: u32) -> bool {
+        self.rx_owner_limit
+            .is_some_and(|cap| self.rx_held(self.slots[index as usize].owner) >= cap)
+    }
+
+    /// Charges (`add`) or releases pool buffers queued on UDP socket `index` to
+    /// its owner.
+    pub fn charge_rx(&mut self, index: u32, bufs: u32, add: bool) {
+        let slot = &mut self.slots[index as usize];
+        let owner = slot.owner;
+        if let Some(Socket::Udp(u)) = slot.sock.as_mut() {
+            if add {
+                u.rx_bufs += bufs;
+                *self.rx_held.entry(owner).or_default() += bufs;
+            } else {
+                u.rx_bufs -= bufs;
+                self.uncharge(owner, bufs);
+            }
+        }
+    }
+
+    fn uncharge(&mut self, owner: Owner, bufs: u32) {
+        if bufs == 0 {
+            return;
+        }
+        if let Some(n) = self.rx_held.get_mut(&owner) {
+            *n -= bufs;
+            if *n == 0 {
+                self.rx_held.remove(&owner);
+            }
         }
     }
 
@@ -315,8 +375,11 @@ impl SocketSet {
             slot.prio_member = false;
             self.prio_dirty = true;
         }
+        let owner = slot.owner;
         if let Socket::Udp(u) = &sock {
             self.unlink_udp_port(h.index, u.local.port(), u.next_same_port);
+            // The caller frees what its queue held.
+            self.uncharge(owner, u.rx_bufs);
         }
         self.free.push(h.index);
         Some(sock)

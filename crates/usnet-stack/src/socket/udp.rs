@@ -27,6 +27,8 @@ pub(crate) struct UdpSocket {
     pub remote: Option<SocketAddr>,
     pub rxq: VecDeque<Datagram>,
     pub rx_queued_bytes: usize,
+    /// Pool buffers `rxq` holds (charged to the socket's owner: [`SocketSet::rx_held`]).
+    pub rx_bufs: u32,
     pub recv_buffer: usize,
     /// Next socket bound to the same port (a chain through the port map).
     pub next_same_port: u32,
@@ -210,6 +212,7 @@ mod tests {
             remote: remote.map(|r| r.parse().unwrap()),
             rxq: VecDeque::new(),
             rx_queued_bytes: 0,
+            rx_bufs: 0,
             recv_buffer: 4096,
             next_same_port: NONE,
             stats: SocketStats::default(),
