@@ -97,6 +97,7 @@ fn main() -> ExitCode {
     usnet_async_syscall::maybe_run_child();
     usnet_nicemu::maybe_run_child();
     usnet_bench::peer::maybe_run_peer();
+    usnet_server::privs::maybe_run_janitor();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Up(a) => up::run(*a),

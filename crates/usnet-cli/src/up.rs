@@ -602,6 +602,8 @@ pub fn run(args: UpArgs) -> CmdResult {
     } else {
         Some(spawn_services(&stack_ref, &services, stop.clone())?)
     };
+    // Kept until this process ends: its end tells the janitor to clean up.
+    let mut _janitor = None;
     let privs_line = match &become_user {
         Become::Stay => None,
         Become::Root => Some("running as root (--user root)".to_string()),
@@ -610,6 +612,18 @@ pub fn run(args: UpArgs) -> CmdResult {
                 std::os::unix::fs::chown(p, Some(to.uid), Some(args.group.unwrap_or(to.gid)))
                     .map_err(|e| format!("cannot hand the control socket to {user}: {e}"))?;
             }
+            if cfg_policy.priority {
+                // The booster rewrites this file as the user; created here, as root.
+                let state = usnet_server::boost_state_path(&name);
+                std::fs::write(&state, "")
+                    .and_then(|_| std::os::unix::fs::chown(&state, Some(to.uid), Some(to.gid)))
+                    .map_err(|e| format!("cannot hand {} to {user}: {e}", state.display()))?;
+            }
+            // Root's run directory is not the user's to clean: this one is.
+            _janitor = Some(
+                usnet_server::privs::Janitor::spawn(&name)
+                    .map_err(|e| format!("cannot start the clean-up process: {e}"))?,
+            );
             // Boosting clients (other processes) needs CAP_SYS_NICE.
             let keep = usnet_server::privs::Keep {
                 caps: if cfg_policy.priority {
@@ -621,7 +635,7 @@ pub fn run(args: UpArgs) -> CmdResult {
             };
             server
                 .give_up_root(to, keep)
-                .map_err(|e| format!("--user {user}: {e}"))?;
+                .map_err(|e| format!("giving up root for {user}: {e}"))?;
             Some(format!(
                 "running as {user} (uid {}, gid {}), {}, no_new_privs, {}",
                 to.uid,

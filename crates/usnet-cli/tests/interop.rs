@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -629,6 +629,18 @@ fn a_stack_server_that_gave_up_root_keeps_serving() {
         o.describe()
     );
     d.down();
+    // Root's run directory is not nobody's to clean; the janitor that kept root
+    // removes the control socket once the server is gone.
+    gone_within(&dir.path().join("it-nobody.ctl"), Duration::from_secs(5));
+}
+
+/// Waits until `path` no longer exists, failing after `limit`.
+fn gone_within(path: &std::path::Path, limit: Duration) {
+    let end = Instant::now() + limit;
+    while path.exists() {
+        assert!(Instant::now() < end, "{} is still there", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `--rx-policy priority` with `--user`: the loop keeps CAP_SYS_NICE (bit 23) to
@@ -693,7 +705,12 @@ fn a_priority_server_keeps_only_cap_sys_nice_and_root_is_given_up_by_default() {
         Duration::from_secs(10),
     );
     assert!(o.ok(), "ping: {}", o.describe());
+    // The boost state file was handed to nobody (the booster rewrites it).
+    let boosts = dir.path().join("it-prio.boosts");
+    assert_eq!(std::fs::metadata(&boosts).unwrap().uid(), 65534);
     d.down();
+    gone_within(&boosts, Duration::from_secs(5));
+    gone_within(&dir.path().join("it-prio.ctl"), Duration::from_secs(5));
     // No --user: $SUDO_USER if it names a user, else nobody.
     let want = std::env::var("SUDO_USER")
         .ok()

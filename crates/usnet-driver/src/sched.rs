@@ -343,8 +343,20 @@ impl Booster {
         let Some(path) = &self.state else {
             return;
         };
+        // A server that gave up root may not create or remove files in root's run
+        // directory: it was handed its state file and writes it in place (the
+        // janitor removes it: `usnet_server::privs::Janitor`).
+        let in_place = |text: &str| {
+            if path.exists() {
+                let _ = std::fs::write(path, text);
+            }
+        };
         if self.boosted.is_empty() {
-            let _ = std::fs::remove_file(path);
+            if let Err(e) = std::fs::remove_file(path) {
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    in_place("");
+                }
+            }
             return;
         }
         let mut text = String::new();
@@ -357,8 +369,10 @@ impl Booster {
             ));
         }
         let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, text).is_ok() {
+        if std::fs::write(&tmp, &text).is_ok() {
             let _ = std::fs::rename(&tmp, path);
+        } else {
+            in_place(&text);
         }
     }
 }

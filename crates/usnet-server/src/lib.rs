@@ -673,6 +673,21 @@ pub fn boost_state_path(name: &str) -> std::path::PathBuf {
     usnet_session::ctl::run_dir().join(format!("{name}.boosts"))
 }
 
+/// Removes what a stopped server `name` left in the run directory: boosted
+/// clients get their priorities back (from its state file), and its control and
+/// rpc sockets go unless a server answers on them (a new one of the same name).
+/// Returns how many priorities were restored.
+pub fn clean_up_after(name: &str) -> usize {
+    let n = usnet_driver::sched::recover(&boost_state_path(name), &mut usnet_driver::Setpriority);
+    let ctl = usnet_session::ctl::socket_path(name);
+    for path in [ctl.with_extension("rpc"), ctl] {
+        if path.exists() && std::os::unix::net::UnixStream::connect(&path).is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    n
+}
+
 /// A running server.
 pub struct ServerHandle {
     links: Vec<ShardLink>,

@@ -11,8 +11,60 @@
 //! that matters and the part a crate does not do for us.
 
 use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 use usnet_link::bpf::{op, seccomp, Asm};
+
+/// The variable that makes a `usnet` process a [`Janitor`] for the stack it names.
+pub const JANITOR_ENV: &str = "USNET_JANITOR";
+
+/// A process that keeps root when the server gives it up, to do what the server
+/// can no longer do once it runs as an ordinary user, after it stops: remove its
+/// control socket (and the rpc one) from root's run directory, and give boosted
+/// clients their priorities back (from the state file). It waits for the end of a
+/// pipe the server holds, so it acts however the server ends, `SIGKILL` included,
+/// and it reads nothing from the server but that end (sshd's monitor, reduced to
+/// clean-up). It lives in a process group of its own, so a terminal's Ctrl-C stops
+/// the server, not it.
+pub struct Janitor {
+    _pipe: std::process::ChildStdin,
+}
+
+impl Janitor {
+    /// Starts one for the stack `name` (call while still root).
+    pub fn spawn(name: &str) -> std::io::Result<Janitor> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .env(JANITOR_ENV, name)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let pipe = child.stdin.take().expect("stdin is piped");
+        Ok(Janitor { _pipe: pipe })
+    }
+}
+
+/// Call first in `main`: in a process started as a [`Janitor`], waits for its
+/// server to end, cleans up after it and exits.
+pub fn maybe_run_janitor() {
+    let Some(name) = std::env::var_os(JANITOR_ENV) else {
+        return;
+    };
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    crate::clean_up_after(&name.to_string_lossy());
+    std::process::exit(0);
+}
 
 /// `CAP_SYS_NICE` (linux/capability.h): lowering another process's nice value.
 pub const CAP_SYS_NICE: u32 = 23;
