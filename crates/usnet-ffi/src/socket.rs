@@ -27,6 +27,16 @@ fn ret<T: TryInto<isize>>(r: Result<T, Errno>) -> isize {
     }
 }
 
+/// Linux looks the descriptor up before it reads an argument: a call on a
+/// descriptor that is not a socket here fails with `EBADF` whatever else is wrong
+/// (checked only on the way out of a failure, so a success costs nothing).
+fn fd_first<T>(fd: c_int, r: Result<T, Errno>) -> Result<T, Errno> {
+    match r {
+        Err(_) if !usnet_posix::is_usnet(fd) => Err(Errno(libc::EBADF)),
+        r => r,
+    }
+}
+
 fn ret_int<T: TryInto<isize>>(r: Result<T, Errno>) -> c_int {
     ret(r) as c_int
 }
@@ -109,11 +119,12 @@ pub unsafe extern "C" fn usnet_bind(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: per the contract.
-        ret_int(
+        ret_int(fd_first(
+            fd,
             unsafe { sockaddr_in(a, len) }
                 .and_then(|a| usnet_posix::bind(fd, a))
                 .map(|()| 0),
-        )
+        ))
     })
 }
 
@@ -132,11 +143,14 @@ pub unsafe extern "C" fn usnet_accept4(
     flags: c_int,
 ) -> c_int {
     guard(-1, || {
-        ret_int(usnet_posix::accept4(fd, flags).and_then(|(nfd, peer)| {
-            // SAFETY: per the contract.
-            unsafe { sockaddr_out(peer, a, len) }?;
-            Ok(nfd)
-        }))
+        ret_int(fd_first(
+            fd,
+            usnet_posix::accept4(fd, flags).and_then(|(nfd, peer)| {
+                // SAFETY: per the contract.
+                unsafe { sockaddr_out(peer, a, len) }?;
+                Ok(nfd)
+            }),
+        ))
     })
 }
 
@@ -162,11 +176,12 @@ pub unsafe extern "C" fn usnet_connect(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: per the contract.
-        ret_int(
+        ret_int(fd_first(
+            fd,
             unsafe { sockaddr_in(a, len) }
                 .and_then(|a| usnet_posix::connect(fd, a))
                 .map(|()| 0),
-        )
+        ))
     })
 }
 
@@ -181,7 +196,10 @@ pub unsafe extern "C" fn usnet_send(
 ) -> isize {
     guard(-1, || {
         // SAFETY: per the contract.
-        ret(unsafe { bytes(buf, len) }.and_then(|b| usnet_posix::sendto(fd, b, flags, None)))
+        ret(fd_first(
+            fd,
+            unsafe { bytes(buf, len) }.and_then(|b| usnet_posix::sendto(fd, b, flags, None)),
+        ))
     })
 }
 
@@ -197,32 +215,35 @@ pub unsafe extern "C" fn usnet_sendto(
     alen: libc::socklen_t,
 ) -> isize {
     guard(-1, || {
-        ret((|| {
-            // SAFETY: per the contract.
-            let b = unsafe { bytes(buf, len) }?;
-            // The family is read only when `alen` covers it (a shorter address is
-            // EINVAL below, from `sockaddr_in`).
-            let has_family = alen as usize >= std::mem::size_of::<libc::sa_family_t>();
-            // SAFETY: non-null, with `alen` readable bytes per the contract, which
-            // cover the family; read unaligned as the caller's buffer may be.
-            if !a.is_null()
-                && has_family
-                && unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*a).sa_family)) }
-                    == libc::AF_UNSPEC as u16
-            {
-                // Linux's answer to a Fast Open "connect" to no address.
-                if flags & libc::MSG_FASTOPEN != 0 {
-                    return Err(Errno(libc::EOPNOTSUPP));
-                }
-            }
-            let to = if a.is_null() {
-                None
-            } else {
+        ret(fd_first(
+            fd,
+            (|| {
                 // SAFETY: per the contract.
-                Some(unsafe { sockaddr_in(a, alen) }?)
-            };
-            usnet_posix::sendto(fd, b, flags, to)
-        })())
+                let b = unsafe { bytes(buf, len) }?;
+                // The family is read only when `alen` covers it (a shorter address is
+                // EINVAL below, from `sockaddr_in`).
+                let has_family = alen as usize >= std::mem::size_of::<libc::sa_family_t>();
+                // SAFETY: non-null, with `alen` readable bytes per the contract, which
+                // cover the family; read unaligned as the caller's buffer may be.
+                if !a.is_null()
+                    && has_family
+                    && unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*a).sa_family)) }
+                        == libc::AF_UNSPEC as u16
+                {
+                    // Linux's answer to a Fast Open "connect" to no address.
+                    if flags & libc::MSG_FASTOPEN != 0 {
+                        return Err(Errno(libc::EOPNOTSUPP));
+                    }
+                }
+                let to = if a.is_null() {
+                    None
+                } else {
+                    // SAFETY: per the contract.
+                    Some(unsafe { sockaddr_in(a, alen) }?)
+                };
+                usnet_posix::sendto(fd, b, flags, to)
+            })(),
+        ))
     })
 }
 
@@ -245,8 +266,11 @@ pub unsafe extern "C" fn usnet_recv(
 ) -> isize {
     guard(-1, || {
         // SAFETY: per the contract.
-        ret(unsafe { bytes_mut(buf, len) }
-            .and_then(|b| usnet_posix::recvfrom(fd, b, flags).map(|(n, _)| n)))
+        ret(fd_first(
+            fd,
+            unsafe { bytes_mut(buf, len) }
+                .and_then(|b| usnet_posix::recvfrom(fd, b, flags).map(|(n, _)| n)),
+        ))
     })
 }
 
@@ -262,22 +286,25 @@ pub unsafe extern "C" fn usnet_recvfrom(
     alen: *mut libc::socklen_t,
 ) -> isize {
     guard(-1, || {
-        ret((|| {
-            // SAFETY: per the contract.
-            let b = unsafe { bytes_mut(buf, len) }?;
-            let (n, from) = usnet_posix::recvfrom(fd, b, flags)?;
-            match from {
+        ret(fd_first(
+            fd,
+            (|| {
                 // SAFETY: per the contract.
-                Some(f) => unsafe { sockaddr_out(f, a, alen) }?,
-                None => {
-                    if !alen.is_null() {
-                        // SAFETY: per the contract; a stream has no sender address.
-                        unsafe { *alen = 0 };
+                let b = unsafe { bytes_mut(buf, len) }?;
+                let (n, from) = usnet_posix::recvfrom(fd, b, flags)?;
+                match from {
+                    // SAFETY: per the contract.
+                    Some(f) => unsafe { sockaddr_out(f, a, alen) }?,
+                    None => {
+                        if !alen.is_null() {
+                            // SAFETY: per the contract; a stream has no sender address.
+                            unsafe { *alen = 0 };
+                        }
                     }
                 }
-            }
-            Ok(n)
-        })())
+                Ok(n)
+            })(),
+        ))
     })
 }
 
@@ -293,11 +320,26 @@ unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a mu
     if !(0..=libc::UIO_MAXIOV).contains(&n) {
         return Err(Errno(libc::EINVAL));
     }
+    // SAFETY: per the caller's contract.
+    unsafe { iov_pieces(iov, n as usize) }
+}
+
+/// A `msghdr`'s pieces: more than `UIO_MAXIOV` is `EMSGSIZE` for sendmsg and
+/// recvmsg (where readv and writev say `EINVAL`), and the count is a `size_t`.
+unsafe fn msg_iov_slices<'a>(m: &libc::msghdr) -> Result<Vec<&'a mut [u8]>, Errno> {
+    if m.msg_iovlen > libc::UIO_MAXIOV as usize {
+        return Err(Errno(libc::EMSGSIZE));
+    }
+    // SAFETY: per the caller's contract.
+    unsafe { iov_pieces(m.msg_iov, m.msg_iovlen) }
+}
+
+unsafe fn iov_pieces<'a>(iov: *const libc::iovec, n: usize) -> Result<Vec<&'a mut [u8]>, Errno> {
     if n > 0 && iov.is_null() {
         return Err(Errno(libc::EFAULT));
     }
-    let mut v = Vec::with_capacity(n as usize);
-    for i in 0..n as usize {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
         // SAFETY: the caller vouches for `n` iovecs, each valid for its length.
         let io = unsafe { &*iov.add(i) };
         v.push(unsafe { bytes_mut(io.iov_base, io.iov_len) }?);
@@ -310,12 +352,15 @@ unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a mu
 #[no_mangle]
 pub unsafe extern "C" fn usnet_writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
     guard(-1, || {
-        ret((|| {
-            // SAFETY: per the contract (only read through).
-            let v = unsafe { iov_slices(iov, n) }?;
-            let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
-            usnet_posix::writev(fd, &r, 0)
-        })())
+        ret(fd_first(
+            fd,
+            (|| {
+                // SAFETY: per the contract (only read through).
+                let v = unsafe { iov_slices(iov, n) }?;
+                let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
+                usnet_posix::writev(fd, &r, 0)
+            })(),
+        ))
     })
 }
 
@@ -324,11 +369,14 @@ pub unsafe extern "C" fn usnet_writev(fd: c_int, iov: *const libc::iovec, n: c_i
 #[no_mangle]
 pub unsafe extern "C" fn usnet_readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
     guard(-1, || {
-        ret((|| {
-            // SAFETY: per the contract.
-            let mut v = unsafe { iov_slices(iov, n) }?;
-            usnet_posix::readv(fd, &mut v, 0)
-        })())
+        ret(fd_first(
+            fd,
+            (|| {
+                // SAFETY: per the contract.
+                let mut v = unsafe { iov_slices(iov, n) }?;
+                usnet_posix::readv(fd, &mut v, 0)
+            })(),
+        ))
     })
 }
 
@@ -339,26 +387,31 @@ pub unsafe extern "C" fn usnet_readv(fd: c_int, iov: *const libc::iovec, n: c_in
 #[no_mangle]
 pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
     guard(-1, || {
-        ret((|| {
-            if msg.is_null() {
-                return Err(Errno(libc::EFAULT));
-            }
-            // SAFETY: per the contract.
-            let m = unsafe { &*msg };
-            if m.msg_controllen != 0 {
-                return Err(Errno(libc::EOPNOTSUPP));
-            }
-            // SAFETY: per the contract.
-            let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }?;
-            let to = if m.msg_name.is_null() {
-                None
-            } else {
+        ret(fd_first(
+            fd,
+            (|| {
+                if msg.is_null() {
+                    return Err(Errno(libc::EFAULT));
+                }
                 // SAFETY: per the contract.
-                Some(unsafe { sockaddr_in(m.msg_name as *const libc::sockaddr, m.msg_namelen) }?)
-            };
-            let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
-            usnet_posix::sendmsg(fd, &r, flags, to)
-        })())
+                let m = unsafe { &*msg };
+                if m.msg_controllen != 0 {
+                    return Err(Errno(libc::EOPNOTSUPP));
+                }
+                // SAFETY: per the contract.
+                let v = unsafe { msg_iov_slices(m) }?;
+                let to = if m.msg_name.is_null() {
+                    None
+                } else {
+                    // SAFETY: per the contract.
+                    Some(unsafe {
+                        sockaddr_in(m.msg_name as *const libc::sockaddr, m.msg_namelen)
+                    }?)
+                };
+                let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
+                usnet_posix::sendmsg(fd, &r, flags, to)
+            })(),
+        ))
     })
 }
 
@@ -370,91 +423,99 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
 #[no_mangle]
 pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
     guard(-1, || {
-        ret((|| {
-            if msg.is_null() {
-                return Err(Errno(libc::EFAULT));
-            }
-            // SAFETY: per the contract.
-            let m = unsafe { &mut *msg };
-            if flags & libc::MSG_ERRQUEUE != 0 {
-                // Zero-copy completions and transmit timestamps (`usnet_posix`).
-                let report = usnet_posix::error_queue(fd)?;
-                let mut dom = [0u8; 4];
-                usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut dom)?;
-                let v6 = i32::from_ne_bytes(dom) == libc::AF_INET6;
-                match report {
-                    usnet_posix::ErrReport::ZeroCopy { lo, hi } => {
-                        let (level, ty, ee) = usnet_posix::cmsg::zerocopy_completion(lo, hi, v6);
-                        m.msg_flags = libc::MSG_ERRQUEUE;
-                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                        unsafe { usnet_posix::cmsg::put(m, &[(level, ty, &ee)]) }?;
-                    }
-                    usnet_posix::ErrReport::Timestamp(t) => {
-                        let (ts, (level, ty, ee)) =
-                            usnet_posix::cmsg::tx_timestamp(t.info, t.key, t.wall_ns, v6);
-                        // The packet that came with it (none with OPT_TSONLY) is
-                        // not copied: MSG_TRUNC, as Linux says for a short buffer.
-                        m.msg_flags =
-                            libc::MSG_ERRQUEUE | if t.tsonly { 0 } else { libc::MSG_TRUNC };
-                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                        unsafe {
-                            usnet_posix::cmsg::put(
-                                m,
-                                &[
-                                    (libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &ts),
-                                    (level, ty, &ee),
-                                ],
-                            )
-                        }?;
-                    }
+        ret(fd_first(
+            fd,
+            (|| {
+                if msg.is_null() {
+                    return Err(Errno(libc::EFAULT));
                 }
-                return Ok(0);
-            }
-            // The room for control messages (none is written but TCP_CM_INQ).
-            let control = m.msg_controllen;
-            m.msg_controllen = 0;
-            m.msg_flags = 0;
-            // SAFETY: per the contract.
-            let mut v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }?;
-            let dgram = {
-                let mut ty = [0u8; 4];
-                usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, &mut ty)?;
-                i32::from_ne_bytes(ty) == libc::SOCK_DGRAM
-            };
-            if dgram {
-                let cap: usize = v.iter().map(|s| s.len()).sum();
-                let mut tmp = vec![0u8; cap.max(1)];
-                let (n, from) = usnet_posix::recvfrom(fd, &mut tmp[..cap], flags)?;
-                let mut off = 0;
-                for s in v.iter_mut() {
-                    let k = s.len().min(n - off);
-                    s[..k].copy_from_slice(&tmp[off..off + k]);
-                    off += k;
-                }
-                if let Some(f) = from {
-                    if !m.msg_name.is_null() {
-                        // SAFETY: per the contract.
-                        unsafe {
-                            sockaddr_out(f, m.msg_name as *mut libc::sockaddr, &mut m.msg_namelen)
-                        }?;
+                // SAFETY: per the contract.
+                let m = unsafe { &mut *msg };
+                if flags & libc::MSG_ERRQUEUE != 0 {
+                    // Zero-copy completions and transmit timestamps (`usnet_posix`).
+                    let report = usnet_posix::error_queue(fd)?;
+                    let mut dom = [0u8; 4];
+                    usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut dom)?;
+                    let v6 = i32::from_ne_bytes(dom) == libc::AF_INET6;
+                    match report {
+                        usnet_posix::ErrReport::ZeroCopy { lo, hi } => {
+                            let (level, ty, ee) =
+                                usnet_posix::cmsg::zerocopy_completion(lo, hi, v6);
+                            m.msg_flags = libc::MSG_ERRQUEUE;
+                            // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                            unsafe { usnet_posix::cmsg::put(m, &[(level, ty, &ee)]) }?;
+                        }
+                        usnet_posix::ErrReport::Timestamp(t) => {
+                            let (ts, (level, ty, ee)) =
+                                usnet_posix::cmsg::tx_timestamp(t.info, t.key, t.wall_ns, v6);
+                            // The packet that came with it (none with OPT_TSONLY) is
+                            // not copied: MSG_TRUNC, as Linux says for a short buffer.
+                            m.msg_flags =
+                                libc::MSG_ERRQUEUE | if t.tsonly { 0 } else { libc::MSG_TRUNC };
+                            // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                            unsafe {
+                                usnet_posix::cmsg::put(
+                                    m,
+                                    &[
+                                        (libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &ts),
+                                        (level, ty, &ee),
+                                    ],
+                                )
+                            }?;
+                        }
                     }
+                    return Ok(0);
                 }
-                return Ok(n);
-            }
-            m.msg_namelen = 0;
-            let n = usnet_posix::readv(fd, &mut v, flags)?;
-            if let Some(left) = usnet_posix::inq(fd)? {
-                m.msg_controllen = control;
-                let cm = [(
-                    libc::SOL_TCP,
-                    usnet_posix::sockopt::TCP_INQ,
-                    &left.to_ne_bytes()[..],
-                )];
-                // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                unsafe { usnet_posix::cmsg::put(m, &cm) }?;
-            }
-            Ok(n)
-        })())
+                // The room for control messages (none is written but TCP_CM_INQ).
+                let control = m.msg_controllen;
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+                // SAFETY: per the contract.
+                let mut v = unsafe { msg_iov_slices(m) }?;
+                let dgram = {
+                    let mut ty = [0u8; 4];
+                    usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, &mut ty)?;
+                    i32::from_ne_bytes(ty) == libc::SOCK_DGRAM
+                };
+                if dgram {
+                    let cap: usize = v.iter().map(|s| s.len()).sum();
+                    let mut tmp = vec![0u8; cap.max(1)];
+                    let (n, from) = usnet_posix::recvfrom(fd, &mut tmp[..cap], flags)?;
+                    let mut off = 0;
+                    for s in v.iter_mut() {
+                        let k = s.len().min(n - off);
+                        s[..k].copy_from_slice(&tmp[off..off + k]);
+                        off += k;
+                    }
+                    if let Some(f) = from {
+                        if !m.msg_name.is_null() {
+                            // SAFETY: per the contract.
+                            unsafe {
+                                sockaddr_out(
+                                    f,
+                                    m.msg_name as *mut libc::sockaddr,
+                                    &mut m.msg_namelen,
+                                )
+                            }?;
+                        }
+                    }
+                    return Ok(n);
+                }
+                m.msg_namelen = 0;
+                let n = usnet_posix::readv(fd, &mut v, flags)?;
+                if let Some(left) = usnet_posix::inq(fd)? {
+                    m.msg_controllen = control;
+                    let cm = [(
+                        libc::SOL_TCP,
+                        usnet_posix::sockopt::TCP_INQ,
+                        &left.to_ne_bytes()[..],
+                    )];
+                    // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                    unsafe { usnet_posix::cmsg::put(m, &cm) }?;
+                }
+                Ok(n)
+            })(),
+        ))
     })
 }
 
@@ -538,12 +599,13 @@ pub unsafe extern "C" fn usnet_setsockopt(
     len: libc::socklen_t,
 ) -> c_int {
     guard(-1, || {
-        ret_int(
+        ret_int(fd_first(
+            fd,
             // SAFETY: per the contract.
             unsafe { bytes(v, len as usize) }
                 .and_then(|b| usnet_posix::setsockopt(fd, level, name, b))
                 .map(|()| 0),
-        )
+        ))
     })
 }
 
@@ -558,18 +620,21 @@ pub unsafe extern "C" fn usnet_getsockopt(
     len: *mut libc::socklen_t,
 ) -> c_int {
     guard(-1, || {
-        ret_int((|| {
-            if len.is_null() {
-                return Err(Errno(libc::EFAULT));
-            }
-            // SAFETY: per the contract.
-            let cap = unsafe { *len } as usize;
-            let out = unsafe { bytes_mut(v, cap) }?;
-            let n = usnet_posix::getsockopt(fd, level, name, out)?;
-            // SAFETY: per the contract.
-            unsafe { *len = n as libc::socklen_t };
-            Ok(0)
-        })())
+        ret_int(fd_first(
+            fd,
+            (|| {
+                if len.is_null() {
+                    return Err(Errno(libc::EFAULT));
+                }
+                // SAFETY: per the contract.
+                let cap = unsafe { *len } as usize;
+                let out = unsafe { bytes_mut(v, cap) }?;
+                let n = usnet_posix::getsockopt(fd, level, name, out)?;
+                // SAFETY: per the contract.
+                unsafe { *len = n as libc::socklen_t };
+                Ok(0)
+            })(),
+        ))
     })
 }
 
@@ -582,13 +647,16 @@ pub unsafe extern "C" fn usnet_getsockname(
     len: *mut libc::socklen_t,
 ) -> c_int {
     guard(-1, || {
-        ret_int(usnet_posix::getsockname(fd).and_then(|x| {
-            if a.is_null() || len.is_null() {
-                return Err(Errno(libc::EFAULT));
-            }
-            // SAFETY: per the contract.
-            unsafe { sockaddr_out(x, a, len) }.map(|()| 0)
-        }))
+        ret_int(fd_first(
+            fd,
+            usnet_posix::getsockname(fd).and_then(|x| {
+                if a.is_null() || len.is_null() {
+                    return Err(Errno(libc::EFAULT));
+                }
+                // SAFETY: per the contract.
+                unsafe { sockaddr_out(x, a, len) }.map(|()| 0)
+            }),
+        ))
     })
 }
 
@@ -601,13 +669,16 @@ pub unsafe extern "C" fn usnet_getpeername(
     len: *mut libc::socklen_t,
 ) -> c_int {
     guard(-1, || {
-        ret_int(usnet_posix::getpeername(fd).and_then(|x| {
-            if a.is_null() || len.is_null() {
-                return Err(Errno(libc::EFAULT));
-            }
-            // SAFETY: per the contract.
-            unsafe { sockaddr_out(x, a, len) }.map(|()| 0)
-        }))
+        ret_int(fd_first(
+            fd,
+            usnet_posix::getpeername(fd).and_then(|x| {
+                if a.is_null() || len.is_null() {
+                    return Err(Errno(libc::EFAULT));
+                }
+                // SAFETY: per the contract.
+                unsafe { sockaddr_out(x, a, len) }.map(|()| 0)
+            }),
+        ))
     })
 }
 
@@ -794,5 +865,47 @@ mod tests {
             "errno {}",
             errno()
         );
+    }
+
+    /// Linux looks the descriptor up first: a bad one is EBADF even when an
+    /// argument is bad too (here a NULL buffer and an address too short).
+    #[test]
+    fn a_bad_descriptor_is_ebadf_whatever_else_is_wrong() {
+        let calls: [(&str, Box<dyn Fn() -> isize>); 4] = [
+            (
+                "sendto",
+                // SAFETY: every pointer is NULL or valid for its length.
+                Box::new(|| unsafe {
+                    usnet_sendto(-1, std::ptr::null(), 10, 0, std::ptr::null(), 1)
+                }),
+            ),
+            (
+                "recvfrom",
+                Box::new(|| unsafe {
+                    usnet_recvfrom(
+                        -1,
+                        std::ptr::null_mut(),
+                        10,
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                }),
+            ),
+            (
+                "bind",
+                Box::new(|| unsafe { usnet_bind(-1, std::ptr::null(), 3) as isize }),
+            ),
+            (
+                "getsockopt",
+                Box::new(|| unsafe {
+                    usnet_getsockopt(-1, 1, 1, std::ptr::null_mut(), std::ptr::null_mut()) as isize
+                }),
+            ),
+        ];
+        for (name, call) in calls {
+            assert_eq!(call(), -1, "{name}");
+            assert_eq!(errno(), libc::EBADF, "{name}");
+        }
     }
 }
