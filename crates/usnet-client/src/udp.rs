@@ -231,16 +231,27 @@ impl UdpSocket {
     }
 
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.recv_with(buf, true)
+        self.recv_with(buf, true).map(|(n, _, from)| (n, from))
     }
 
     /// Like `recv_from`, but the datagram stays queued (`MSG_PEEK`, std's
     /// `peek_from`).
     pub fn peek_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.recv_with(buf, false)
+        self.recv_with(buf, false).map(|(n, _, from)| (n, from))
     }
 
-    fn recv_with(&self, buf: &mut [u8], consume: bool) -> io::Result<(usize, SocketAddr)> {
+    /// The next datagram (left queued with `peek`): the bytes copied into `buf`,
+    /// the datagram's whole length (more than copied when `buf` is short: what
+    /// `MSG_TRUNC` reports) and the sender.
+    pub fn recv_from_whole(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+    ) -> io::Result<(usize, usize, SocketAddr)> {
+        self.recv_with(buf, !peek)
+    }
+
+    fn recv_with(&self, buf: &mut [u8], consume: bool) -> io::Result<(usize, usize, SocketAddr)> {
         let deadline = self.sock.read_deadline();
         loop {
             self.sock.conn.check_alive()?;
@@ -317,14 +328,13 @@ fn put_record(tx: &mut ByteProducer, data: &[u8], addr: &SockAddr) -> io::Result
 }
 
 /// Takes the next record, if one is complete: its payload into `buf` (truncated like
-/// `recvfrom`) and its sender.
-/// The next datagram's bytes and sender; `consume`: it leaves the ring (else it
-/// stays, for `MSG_PEEK`).
+/// `recvfrom`), its whole length and its sender; `consume`: it leaves the ring
+/// (else it stays, for `MSG_PEEK`).
 fn take_record(
     rx: &mut ByteConsumer,
     buf: &mut [u8],
     consume: bool,
-) -> Option<io::Result<(usize, SocketAddr)>> {
+) -> Option<io::Result<(usize, usize, SocketAddr)>> {
     let bad = || {
         Some(Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -372,7 +382,7 @@ fn take_record(
             rx.skip(rec);
         }
         return Some(match from {
-            Some(a) => Ok((n, a)),
+            Some(a) => Ok((n, len as usize, a)),
             None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),
         });
     }

@@ -266,11 +266,17 @@ pub unsafe extern "C" fn usnet_recv(
 ) -> isize {
     guard(-1, || {
         // SAFETY: per the contract.
-        ret(fd_first(
-            fd,
-            unsafe { bytes_mut(buf, len) }
-                .and_then(|b| usnet_posix::recvfrom(fd, b, flags).map(|(n, _)| n)),
-        ))
+        ret(fd_first(fd, {
+            // `recv(fd, NULL, n, MSG_TRUNC)` on a stream throws n bytes away.
+            let mut scratch = Vec::new();
+            let b = if buf.is_null() && flags & libc::MSG_TRUNC != 0 {
+                scratch.resize(len.min(1 << 20), 0);
+                Ok(&mut scratch[..])
+            } else {
+                unsafe { bytes_mut(buf, len) }
+            };
+            b.and_then(|b| usnet_posix::recvfrom(fd, b, flags).map(|(n, _)| n))
+        }))
     })
 }
 
@@ -480,7 +486,13 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                 if dgram {
                     let cap: usize = v.iter().map(|s| s.len()).sum();
                     let mut tmp = vec![0u8; cap.max(1)];
-                    let (n, from) = usnet_posix::recvfrom(fd, &mut tmp[..cap], flags)?;
+                    // The whole length too: a longer datagram is MSG_TRUNC in msg_flags.
+                    let (whole, from) =
+                        usnet_posix::recvfrom(fd, &mut tmp[..cap], flags | libc::MSG_TRUNC)?;
+                    let n = whole.min(cap);
+                    if whole > cap {
+                        m.msg_flags |= libc::MSG_TRUNC;
+                    }
                     let mut off = 0;
                     for s in v.iter_mut() {
                         let k = s.len().min(n - off);
@@ -499,7 +511,11 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                             }?;
                         }
                     }
-                    return Ok(n);
+                    return Ok(if flags & libc::MSG_TRUNC != 0 {
+                        whole
+                    } else {
+                        n
+                    });
                 }
                 m.msg_namelen = 0;
                 let n = usnet_posix::readv(fd, &mut v, flags)?;
@@ -871,7 +887,8 @@ mod tests {
     /// argument is bad too (here a NULL buffer and an address too short).
     #[test]
     fn a_bad_descriptor_is_ebadf_whatever_else_is_wrong() {
-        let calls: [(&str, Box<dyn Fn() -> isize>); 4] = [
+        type Call = Box<dyn Fn() -> isize>;
+        let calls: [(&str, Call); 4] = [
             (
                 "sendto",
                 // SAFETY: every pointer is NULL or valid for its length.

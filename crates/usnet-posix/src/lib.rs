@@ -1111,10 +1111,20 @@ fn apply_timeouts(e: &Entry, s: &TcpStream) -> Res<()> {
 }
 
 /// `recvfrom(2)` (and `recv`, `read`): the byte count and, for datagrams, the sender.
+///
+/// `MSG_TRUNC`: a datagram's whole length is returned even when `buf` is shorter;
+/// a stream's bytes are taken and thrown away, not copied (Linux's `tcp_recvmsg`).
+/// `MSG_ERRQUEUE`: the oldest error-queue report is taken (its control message has
+/// no room here: 0 bytes), `EAGAIN` when there is none.
 pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<SocketAddr>)> {
     let peek = flags & libc::MSG_PEEK != 0;
-    if flags & !(RECV_FLAGS | libc::MSG_PEEK) != 0 {
+    let trunc = flags & libc::MSG_TRUNC != 0;
+    if flags & !(RECV_FLAGS | libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_ERRQUEUE) != 0 {
         return Err(Errno(libc::EOPNOTSUPP));
+    }
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        error_queue(fd)?;
+        return Ok((0, None));
     }
     let e = get(fd)?;
     let o = e.read();
@@ -1134,6 +1144,14 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
             }
         }
         _ if flags & libc::MSG_OOB != 0 => Err(Errno(libc::EINVAL)),
+        Obj::Stream(_) if trunc => {
+            // Discarded: the bytes go through a scratch buffer, never the caller's.
+            drop(o);
+            // (At most 1 MiB a call: a longer request is a short read.)
+            let mut scratch = vec![0u8; buf.len().min(1 << 20)];
+            let (n, _) = recvfrom(fd, &mut scratch, flags & !libc::MSG_TRUNC)?;
+            Ok((n, None))
+        }
         Obj::Stream(s) if peek => {
             apply_timeouts(&e, s)?;
             Ok((maybe_dontwait(flags, || s.peek(buf))?, None))
@@ -1161,12 +1179,11 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
         }
         Obj::Udp(u) => {
             u.set_read_timeout(lock(&e.opts).rcvtimeo)?;
-            let (n, from) = if peek {
-                maybe_dontwait(flags, || u.peek_from(buf))?
-            } else {
-                maybe_dontwait(flags, || u.recv_from(buf))?
-            };
-            Ok((n, Some(user_addr(e.domain, from))))
+            let (n, whole, from) = maybe_dontwait(flags, || u.recv_from_whole(buf, peek))?;
+            Ok((
+                if trunc { whole } else { n },
+                Some(user_addr(e.domain, from)),
+            ))
         }
         Obj::Fresh(_) | Obj::Failed | Obj::Listener(_) => Err(Errno(libc::ENOTCONN)),
         Obj::Epoll(_) => Err(Errno(libc::EINVAL)),
