@@ -580,7 +580,7 @@ pub struct ConnsArgs {
     /// Rounds of 100 bytes each way per connection in the server's busy phase.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Seconds each round is spread over (default: 2, or one per 20,000
+    /// Seconds each round is spread over (default: 2, or one per 5,000
     /// connections).
     #[arg(long)]
     pub round_secs: Option<f64>,

@@ -615,7 +615,7 @@ impl Drop for Forked {
 pub(super) fn server_case(n: usize, busy: Busy) -> Result<ServerCase, BoxErr> {
     let Busy { rounds, period, .. } = busy;
     let t0 = Instant::now();
-    let tag = format!("conns-{}", std::process::id());
+    let tag = format!("conns-{}-{n}", std::process::id());
     let link = format!("shm:{tag}");
     let server = UpServer::start(&tag, &link)?;
     let sessions = n.div_ceil(SESSION_SOCKETS - LISTENERS);
@@ -692,5 +692,9 @@ pub(super) fn server_case(n: usize, busy: Busy) -> Result<ServerCase, BoxErr> {
     drop(to_app);
     app.reap(Duration::from_secs(10));
     drop(server);
+    // The server gave up root after creating the link's file and its control
+    // socket, so it could not remove them.
+    let _ = std::fs::remove_file(format!("/dev/shm/usnet-shm-{tag}"));
+    let _ = std::fs::remove_file(usnet_session::ctl::socket_path(&tag));
     r
 }
