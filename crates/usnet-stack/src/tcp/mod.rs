@@ -549,15 +549,21 @@ impl Stack {
         self.sockets.tcp.due = due;
         if !self.sockets.tcp.blocked.is_empty() && self.core.tx.len() < self.core.cfg.tx_queue_len {
             let mut blocked = std::mem::take(&mut self.sockets.tcp.blocked);
-            for &idx in &blocked {
+            // Only while the queue has room: polling every blocked connection
+            // whenever one frame left cost a pass over all of them, each refused
+            // again (100,000 of them: the loop did little else).
+            let mut k = 0;
+            while k < blocked.len() && self.core.tx.len() < self.core.cfg.tx_queue_len {
+                let idx = blocked[k];
+                k += 1;
                 if self.sockets.conn_at(idx).is_some_and(|s| s.blocked) {
                     self.tcp_poll_one(idx);
                 }
             }
-            blocked.clear();
-            if self.sockets.tcp.blocked.is_empty() {
-                self.sockets.tcp.blocked = blocked;
-            }
+            // Those not reached keep their turn, ahead of the ones refused again.
+            blocked.drain(..k);
+            blocked.append(&mut self.sockets.tcp.blocked);
+            self.sockets.tcp.blocked = blocked;
             did = true;
         }
         self.sockets.tcp_compact_timers();
