@@ -15,8 +15,12 @@
 //!   ends, plus the idle sockets' buffer memory (`TCP: mem` in
 //!   `/proc/net/sockstat`, pages).
 //!
-//! Neither side counts what a stack server adds per client socket (a session slot,
-//! see docs/benchmarks.md) or what a program adds per descriptor.
+//! - **the stack server** (`server`): a `usnet up` process whose connections'
+//!   application ends are client sockets in another process, idle and then busy at
+//!   a low rate (a few rounds of 100 bytes each way). Its cost per connection is the
+//!   server's anonymous memory, the session memory's pages (slots and rings, whoever
+//!   touched them) and the client library's heap, against Linux's slab and socket
+//!   buffers for the same number of connections after the same rounds.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -27,6 +31,8 @@ use serde_json::json;
 use usnet_report::{bar_plot, write_json, Table};
 use usnet_stack::sim::{Faults, SimNet};
 use usnet_stack::{mac_from_seed, StackConfig, StackError};
+
+mod server;
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -41,6 +47,18 @@ pub struct ConnsBenchOptions {
     /// Connection counts to measure at.
     pub counts: Vec<usize>,
     pub quick: bool,
+    /// Parts to run ([`PARTS`]; empty: all).
+    pub only: Vec<String>,
+    /// Rounds of the busy phase of the stack-server case.
+    pub rounds: usize,
+    /// How long each round is spread over (None: 2 s, or longer above 10,000
+    /// connections, so the rate stays at about 5,000 exchanges a second).
+    pub period: Option<Duration>,
+    /// Bytes each way per connection and round.
+    pub msg: usize,
+    /// Ring bytes the server case's client sessions ask for (None: the client's
+    /// default, 256 KiB).
+    pub ring_bytes: Option<u32>,
 }
 
 impl Default for ConnsBenchOptions {
@@ -49,12 +67,17 @@ impl Default for ConnsBenchOptions {
             out: PathBuf::from("bench-out/conns"),
             counts: vec![10_000, 50_000, 100_000],
             quick: false,
+            only: Vec::new(),
+            rounds: 3,
+            period: None,
+            msg: server::MSG,
+            ring_bytes: None,
         }
     }
 }
 
 /// Heap bytes in use (allocated chunks and mmapped blocks).
-fn heap_in_use() -> u64 {
+pub(crate) fn heap_in_use() -> u64 {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let m = unsafe { libc::mallinfo2() };
     (m.uordblks + m.hblkhd) as u64
@@ -177,8 +200,10 @@ fn nofile_limit() -> u64 {
 }
 
 /// In a child process: `k` loopback connection pairs, accepted; one byte to
-/// `ready` when they stand, then they are held until `go` closes.
-fn hold_pairs(k: usize, ready: i32, go: i32) -> Result<(), BoxErr> {
+/// `ready` when they stand, then they are held until `go` closes. Each `r` byte on
+/// `go` is a round: `msg` bytes from each client end, echoed by its server end; a
+/// `d` byte to `ready` when it is done.
+fn hold_pairs(k: usize, msg: usize, ready: i32, go: i32) -> Result<(), BoxErr> {
     let listeners: Vec<TcpListener> = (0..PORTS)
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
         .collect::<Result<_, _>>()?;
@@ -191,6 +216,9 @@ fn hold_pairs(k: usize, ready: i32, go: i32) -> Result<(), BoxErr> {
         let i = j % PORTS as usize;
         let c = TcpStream::connect(addrs[i])?;
         let (s, _) = listeners[i].accept()?;
+        // No read in a round may wait for ever.
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
         pairs.push((c, s));
     }
     // One byte each way on one pair: the connections are working ones.
@@ -203,9 +231,56 @@ fn hold_pairs(k: usize, ready: i32, go: i32) -> Result<(), BoxErr> {
     f.write_all(b"r")?;
     let mut g = pipe_file(go);
     let mut b = [0u8; 1];
-    let _ = g.read(&mut b); // returns when the parent closes its end
+    // Returns 0 when the parent closes its end.
+    while g.read(&mut b)? == 1 && b[0] == b'r' {
+        let out = vec![b'm'; msg];
+        let mut back = vec![0u8; msg];
+        for (c, s) in &mut pairs {
+            c.write_all(&out)?;
+            s.read_exact(&mut back)?;
+            s.write_all(&back)?;
+            c.read_exact(&mut back)?;
+        }
+        f.write_all(b"d")?;
+    }
     drop(pairs);
     Ok(())
+}
+
+/// Waits for child `pid` to exit, at most `timeout`; then kills it.
+pub(crate) fn reap_within(pid: i32, timeout: Duration) {
+    let end = Instant::now() + timeout;
+    loop {
+        // SAFETY: asks about a child of ours without blocking.
+        if unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) } != 0 {
+            return;
+        }
+        if Instant::now() > end {
+            // SAFETY: a signal to a child of ours, then its reaping (a killed child
+            // exits at once).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One byte from `f`, waiting at most `timeout`.
+fn byte_within(f: &mut std::fs::File, timeout: Duration) -> Result<u8, BoxErr> {
+    use std::os::fd::AsFd;
+    if !usnet_shm::poll_fds(&[f.as_fd()], timeout)?.any() {
+        return Err(
+            format!("a process holding connections said nothing within {timeout:?}").into(),
+        );
+    }
+    let mut b = [0u8; 1];
+    match f.read(&mut b)? {
+        1 => Ok(b[0]),
+        _ => Err("a process holding connections failed (see above)".into()),
+    }
 }
 
 /// A pipe end as a File that closes it when dropped.
@@ -215,7 +290,7 @@ fn pipe_file(fd: i32) -> std::fs::File {
     unsafe { std::fs::File::from_raw_fd(fd) }
 }
 
-fn pipe() -> Result<(i32, i32), BoxErr> {
+pub(crate) fn pipe() -> Result<(i32, i32), BoxErr> {
     let mut p = [0i32; 2];
     // SAFETY: pipe2 writes two descriptors into the array.
     if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -224,9 +299,27 @@ fn pipe() -> Result<(i32, i32), BoxErr> {
     Ok((p[0], p[1]))
 }
 
-/// Linux: kernel bytes per idle connection end (slab, and socket buffer pages).
-/// The pairs are held by child processes, as many as the descriptor limit needs.
-fn linux_idle(n: usize) -> Result<(f64, f64, Duration), BoxErr> {
+/// Linux's kernel bytes per connection end: slab and socket buffer pages.
+#[derive(Debug, Clone, Copy, Default)]
+struct LinuxMem {
+    slab: f64,
+    bufs: f64,
+}
+
+impl LinuxMem {
+    fn total(&self) -> f64 {
+        self.slab + self.bufs
+    }
+}
+
+/// Linux: kernel bytes per connection end, idle and after `rounds` rounds of `msg`
+/// bytes each way on every connection. The pairs are held by child processes, as
+/// many as the descriptor limit needs.
+fn linux_case(
+    n: usize,
+    rounds: usize,
+    msg: usize,
+) -> Result<(LinuxMem, LinuxMem, Duration), BoxErr> {
     let t0 = Instant::now();
     let per_child = ((nofile_limit().saturating_sub(64)) / 2).clamp(1, 50_000) as usize;
     // Warm the caches (a first pair, slab pages per cpu) before the baseline.
@@ -236,7 +329,17 @@ fn linux_idle(n: usize) -> Result<(f64, f64, Duration), BoxErr> {
     std::thread::sleep(Duration::from_millis(200));
     let slab0 = meminfo_kib("Slab:")?;
     let mem0 = tcp_mem_pages()?;
-    let mut children = Vec::new();
+    // (pid, the child's "go" end, its "ready" end)
+    let mut children: Vec<(i32, std::fs::File, std::fs::File)> = Vec::new();
+    let reap = |children: Vec<(i32, std::fs::File, std::fs::File)>| {
+        for (pid, go, ready) in children {
+            drop(go);
+            drop(ready);
+            // It exits once its "go" end closes.
+            reap_within(pid, Duration::from_secs(30));
+        }
+    };
+    let setup = Duration::from_secs(60) + Duration::from_millis(n as u64);
     let mut left = n;
     while left > 0 {
         let k = left.min(per_child);
@@ -255,10 +358,10 @@ fn linux_idle(n: usize) -> Result<(f64, f64, Duration), BoxErr> {
                 libc::close(ready_r);
                 libc::close(go_w);
             }
-            // Nor the earlier holders' "go" ends: a copy held here would keep them
+            // Nor the earlier holders' pipe ends: a copy held here would keep them
             // from seeing the parent close theirs.
             children.clear();
-            let code = match hold_pairs(k, ready_w, go_r) {
+            let code = match hold_pairs(k, msg, ready_w, go_r) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("usnet bench conns: a holder: {e}");
@@ -274,31 +377,45 @@ fn linux_idle(n: usize) -> Result<(f64, f64, Duration), BoxErr> {
             libc::close(go_r);
         }
         let mut r = pipe_file(ready_r);
-        let mut b = [0u8; 1];
-        let got = r.read(&mut b)?;
-        children.push((pid, pipe_file(go_w)));
-        if got != 1 {
-            for (pid, go) in children {
-                drop(go);
-                // SAFETY: waits for a child of ours.
-                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-            }
-            return Err("a process holding connections failed (see above)".into());
+        let got = byte_within(&mut r, setup);
+        children.push((pid, pipe_file(go_w), r));
+        if let Err(e) = got {
+            reap(children);
+            return Err(e);
         }
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let slab1 = meminfo_kib("Slab:")?;
-    let mem1 = tcp_mem_pages()?;
-    for (pid, go) in children {
-        drop(go);
-        // SAFETY: waits for a child of ours.
-        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-    }
+    let measure = || -> Result<LinuxMem, BoxErr> {
+        std::thread::sleep(Duration::from_millis(200));
+        let slab1 = meminfo_kib("Slab:")?;
+        let mem1 = tcp_mem_pages()?;
+        Ok(LinuxMem {
+            slab: (slab1 as f64 - slab0 as f64) * 1024.0 / (2 * n) as f64,
+            bufs: (mem1 as f64 - mem0 as f64) * 4096.0 / (2 * n) as f64,
+        })
+    };
+    let rounds_run = (|| -> Result<(LinuxMem, LinuxMem), BoxErr> {
+        let idle = measure()?;
+        for _ in 0..rounds {
+            for (_, go, _) in &mut children {
+                go.write_all(b"r")?;
+            }
+            for (_, _, ready) in &mut children {
+                if byte_within(ready, setup)? != b'd' {
+                    return Err("a holder's round failed".into());
+                }
+            }
+        }
+        let busy = if rounds > 0 { measure()? } else { idle };
+        Ok((idle, busy))
+    })();
+    reap(children);
     drop((warm, warm_s, warm_l));
-    let slab = (slab1.saturating_sub(slab0) * 1024) as f64 / (2 * n) as f64;
-    let bufs = (mem1.saturating_sub(mem0) * 4096) as f64 / (2 * n) as f64;
-    Ok((slab, bufs, t0.elapsed()))
+    let (idle, busy) = rounds_run?;
+    Ok((idle, busy, t0.elapsed()))
 }
+
+/// `--only` values.
+pub const PARTS: [&str; 2] = ["stack", "server"];
 
 pub fn run(o: &ConnsBenchOptions) -> Result<(), BoxErr> {
     crate::check_min(
@@ -306,12 +423,16 @@ pub fn run(o: &ConnsBenchOptions) -> Result<(), BoxErr> {
         o.counts.iter().copied().min().unwrap_or(0) as u64,
         1,
     )?;
+    crate::check_only(&o.only, &PARTS.map(String::from))?;
+    crate::check_min("msg", o.msg as u64, 1)?;
+    let want = |p: &str| o.only.is_empty() || o.only.iter().any(|x| x == p);
     std::fs::create_dir_all(&o.out)?;
     let counts: Vec<usize> = if o.quick {
         vec![2_000]
     } else {
         o.counts.clone()
     };
+    let rounds = if o.quick { 2 } else { o.rounds };
     let mut t = Table::new(
         "Memory per idle established TCP connection end (bytes)",
         [
@@ -324,53 +445,168 @@ pub fn run(o: &ConnsBenchOptions) -> Result<(), BoxErr> {
         .map(String::from)
         .to_vec(),
     );
-    let mut rows = Vec::new();
-    let mut bars = Vec::new();
-    for &n in &counts {
-        let (u, ut) = usnet_idle(n)?;
-        let (l, lb, lt) = linux_idle(n)?;
-        let linux = l + lb;
-        t.row(vec![
-            n.to_string(),
-            format!("{u:.0}"),
-            format!("{l:.0}"),
-            format!("{lb:.0}"),
-            format!("{:.2}×", u / linux.max(1.0)),
-        ]);
-        rows.push(json!({
-            "connections": n,
-            "usnet_heap_bytes_per_end": u,
-            "linux_slab_bytes_per_end": l,
-            "linux_socket_buffer_bytes_per_end": lb,
-            "usnet_setup_s": ut.as_secs_f64(),
-            "linux_setup_s": lt.as_secs_f64(),
-        }));
-        bars.push((format!("usnet {n}"), u));
-        bars.push((format!("Linux {n}"), linux));
-    }
-    t.print();
-    let goal = rows.iter().all(|r| {
-        r["usnet_heap_bytes_per_end"].as_f64().unwrap_or(f64::MAX)
-            <= r["linux_slab_bytes_per_end"].as_f64().unwrap_or(0.0)
-                + r["linux_socket_buffer_bytes_per_end"]
-                    .as_f64()
-                    .unwrap_or(0.0)
-    });
-    println!(
-        "goal {}: usnet ≤ Linux per idle connection at every count",
-        if goal { "met" } else { "NOT met" }
+    let mut ts = Table::new(
+        format!(
+            "Stack server: memory per connection (bytes), idle and after {rounds} rounds of \
+             {} B each way",
+            o.msg
+        ),
+        [
+            "connections",
+            "state",
+            "server heap",
+            "session pages",
+            "client library",
+            "usnet total",
+            "Linux (slab + buffers)",
+            "usnet ÷ Linux",
+            "server RSS",
+            "pool RSS",
+            "session mapped",
+        ]
+        .map(String::from)
+        .to_vec(),
     );
-    bar_plot(
-        &o.out.join("conns.png"),
-        "Memory per idle TCP connection end (lower is better)",
-        "bytes",
-        &bars,
-    )?;
+    let mut rows = Vec::new();
+    let mut srows = Vec::new();
+    let mut bars = Vec::new();
+    let mut sbars = Vec::new();
+    for &n in &counts {
+        let stack = if want("stack") {
+            Some(usnet_idle(n)?)
+        } else {
+            None
+        };
+        let srv = if want("server") {
+            // Spread each round so that the machine takes it at a low rate (about
+            // 5,000 exchanges a second at most: at 20,000 a second a loaded machine's
+            // peer fell behind and the server's blocked connections piled up).
+            let period = if o.quick {
+                Duration::from_secs(1)
+            } else {
+                o.period
+                    .unwrap_or_else(|| Duration::from_secs_f64((n as f64 / 5_000.0).max(2.0)))
+            };
+            Some(server::server_case(
+                n,
+                server::Busy {
+                    rounds,
+                    period,
+                    msg: o.msg,
+                    ring_bytes: o.ring_bytes,
+                },
+            )?)
+        } else {
+            None
+        };
+        let (li, lb, lt) = linux_case(n, if srv.is_some() { rounds } else { 0 }, o.msg)?;
+        if let Some((u, ut)) = stack {
+            let linux = li.total();
+            t.row(vec![
+                n.to_string(),
+                format!("{u:.0}"),
+                format!("{:.0}", li.slab),
+                format!("{:.0}", li.bufs),
+                format!("{:.2}×", u / linux.max(1.0)),
+            ]);
+            rows.push(json!({
+                "connections": n,
+                "usnet_heap_bytes_per_end": u,
+                "linux_slab_bytes_per_end": li.slab,
+                "linux_socket_buffer_bytes_per_end": li.bufs,
+                "usnet_setup_s": ut.as_secs_f64(),
+                "linux_setup_s": lt.as_secs_f64(),
+            }));
+            bars.push((format!("usnet {n}"), u));
+            bars.push((format!("Linux {n}"), linux));
+        }
+        if let Some(c) = srv {
+            for (state, u, l) in [("idle", c.idle, li), ("busy", c.busy, lb)] {
+                ts.row(vec![
+                    n.to_string(),
+                    state.into(),
+                    format!("{:.0}", u.server_anon),
+                    format!("{:.0}", u.session_touched),
+                    format!("{:.0}", u.client_heap),
+                    format!("{:.0}", u.total()),
+                    format!("{:.0}", l.total()),
+                    format!("{:.2}×", u.total() / l.total().max(1.0)),
+                    format!("{:.0}", u.server_rss),
+                    format!("{:.0}", u.pool_rss),
+                    format!("{:.0}", u.session_mapped),
+                ]);
+                srows.push(json!({
+                    "connections": n,
+                    "state": state,
+                    "rounds": if state == "idle" { 0 } else { c.rounds },
+                    "sessions": c.sessions,
+                    "server_anon_bytes_per_conn": u.server_anon,
+                    "session_touched_bytes_per_conn": u.session_touched,
+                    "session_mapped_bytes_per_conn": u.session_mapped,
+                    "session_in_server_bytes_per_conn": u.session_in_server,
+                    "client_heap_bytes_per_conn": u.client_heap,
+                    "usnet_total_bytes_per_conn": u.total(),
+                    "server_rss_bytes_per_conn": u.server_rss,
+                    "server_pss_bytes_per_conn": u.server_pss,
+                    "pool_rss_bytes_per_conn": u.pool_rss,
+                    "linux_slab_bytes_per_end": l.slab,
+                    "linux_socket_buffer_bytes_per_end": l.bufs,
+                    "server_case_s": c.setup_s,
+                }));
+                sbars.push((format!("usnet {state} {n}"), u.total()));
+                sbars.push((format!("Linux {state} {n}"), l.total()));
+            }
+        }
+    }
+    let mut goal = true;
+    if !rows.is_empty() {
+        t.print();
+        let met = rows.iter().all(|r| {
+            r["usnet_heap_bytes_per_end"].as_f64().unwrap_or(f64::MAX)
+                <= r["linux_slab_bytes_per_end"].as_f64().unwrap_or(0.0)
+                    + r["linux_socket_buffer_bytes_per_end"]
+                        .as_f64()
+                        .unwrap_or(0.0)
+        });
+        println!(
+            "goal {}: usnet ≤ Linux per idle connection at every count",
+            if met { "met" } else { "NOT met" }
+        );
+        goal &= met;
+        bar_plot(
+            &o.out.join("conns.png"),
+            "Memory per idle TCP connection end (lower is better)",
+            "bytes",
+            &bars,
+        )?;
+        std::fs::write(o.out.join("conns.md"), t.to_markdown())?;
+    }
+    if !srows.is_empty() {
+        ts.print();
+        let met = srows.iter().filter(|r| r["state"] == "idle").all(|r| {
+            r["usnet_total_bytes_per_conn"].as_f64().unwrap_or(f64::MAX)
+                <= r["linux_slab_bytes_per_end"].as_f64().unwrap_or(0.0)
+                    + r["linux_socket_buffer_bytes_per_end"]
+                        .as_f64()
+                        .unwrap_or(0.0)
+        });
+        println!(
+            "goal {}: the stack server ≤ Linux per idle connection at every count",
+            if met { "met" } else { "NOT met" }
+        );
+        goal &= met;
+        bar_plot(
+            &o.out.join("conns-server.png"),
+            "Stack server: memory per TCP connection (lower is better)",
+            "bytes",
+            &sbars,
+        )?;
+        std::fs::write(o.out.join("conns-server.md"), ts.to_markdown())?;
+    }
     write_json(
         &o.out.join("conns.json"),
-        &json!({"quick": o.quick, "rows": rows, "goal_met": goal}),
+        &json!({"quick": o.quick, "rows": rows, "server_rows": srows, "goal_met": goal}),
     )?;
-    std::fs::write(o.out.join("conns.md"), t.to_markdown())?;
     println!("wrote {}", o.out.display());
     Ok(())
 }

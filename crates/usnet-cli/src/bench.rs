@@ -573,6 +573,24 @@ pub struct ConnsArgs {
     /// 2,000 connections only (a smoke test).
     #[arg(long)]
     pub quick: bool,
+    /// Parts to run: stack (two in-process stacks), server (a `usnet up` server
+    /// with client sessions); all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Rounds of 100 bytes each way per connection in the server's busy phase.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds each round is spread over (default: 2, or one per 5,000
+    /// connections).
+    #[arg(long)]
+    pub round_secs: Option<f64>,
+    /// Bytes each way per connection and round.
+    #[arg(long, default_value_t = 100)]
+    pub msg: usize,
+    /// Bytes per socket ring the server case's client sessions ask for (a power of
+    /// two from 4096; default: the client's, 256 KiB).
+    #[arg(long)]
+    pub ring_bytes: Option<u32>,
 }
 
 impl From<ConnsArgs> for usnet_bench::conns::ConnsBenchOptions {
@@ -581,6 +599,13 @@ impl From<ConnsArgs> for usnet_bench::conns::ConnsBenchOptions {
             out: a.out,
             counts: a.counts,
             quick: a.quick,
+            only: a.only,
+            rounds: a.rounds,
+            period: a
+                .round_secs
+                .map(|s| std::time::Duration::from_secs_f64(s.max(0.0))),
+            msg: a.msg,
+            ring_bytes: a.ring_bytes,
         }
     }
 }

@@ -180,10 +180,12 @@ pub enum OooAdd {
 }
 
 impl OooRanges {
-    /// Room for `max` ranges.
+    /// At most `max` ranges. The list's storage comes with the first range: most
+    /// connections never hold out-of-order data, and room for the maximum (64
+    /// ranges, 520 bytes) was a seventh of an idle connection's memory.
     pub fn new(max: usize) -> Self {
         OooRanges {
-            ranges: Vec::with_capacity(max + 1),
+            ranges: Vec::new(),
             max: max.max(1),
         }
     }
@@ -386,6 +388,19 @@ mod tests {
                 proptest::prop_assert!(r.buf.len() <= cap);
             }
         }
+    }
+
+    /// An idle connection's out-of-order list holds no storage; it takes some with
+    /// the first range, and never more ranges than its limit.
+    #[test]
+    fn ooo_storage_comes_with_the_first_range() {
+        let mut o = OooRanges::new(64);
+        assert_eq!(o.ranges.capacity(), 0, "room for the maximum up front");
+        for k in 0..100u32 {
+            let _ = o.add(Seq(100 * k), Seq(100 * k + 10));
+        }
+        assert_eq!(o.ranges().len(), 64);
+        assert!(o.ranges.capacity() >= 64);
     }
 
     #[test]

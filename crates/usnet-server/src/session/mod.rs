@@ -152,7 +152,10 @@ pub(crate) struct ServerSession {
     pub dirty: bool,
 
     // Slots (here; `calls` opens them, `lifecycle` gives them back).
-    socks: Vec<Option<SessionSocket>>,
+    /// One entry per slot of the geometry, boxed: a client gets room for 1,024
+    /// sockets (up to 65,536) and most use a few, so an empty slot costs a pointer
+    /// here, not a whole socket's state (several hundred bytes).
+    socks: Vec<Option<Box<SessionSocket>>>,
     free: Vec<u32>,
     by_handle: HashMap<SocketHandle, u32>,
     /// A bind, listen or close happened (a sharded server rereads its ports).
@@ -465,7 +468,9 @@ impl ServerSession {
     // ------------------------------------------------------------ slots
 
     fn sock(&mut self, i: u32) -> &mut SessionSocket {
-        self.socks[i as usize].as_mut().expect("checked by slot_of")
+        self.socks[i as usize]
+            .as_deref_mut()
+            .expect("checked by slot_of")
     }
 
     /// Takes a free slot and readies its rings. `None` when the quota is reached.
@@ -484,7 +489,7 @@ impl ServerSession {
         // The server is not looking at the send ring yet: the first bytes kick it.
         self.mem.slot_word(i, slot::TX_ARMED).store(1, Relaxed);
         self.mem.slot_word(i, slot::STATE).store(SLOT_OPEN, Release);
-        self.socks[i as usize] = Some(SessionSocket {
+        self.socks[i as usize] = Some(Box::new(SessionSocket {
             kind,
             role,
             handle: None,
@@ -511,7 +516,7 @@ impl ServerSession {
             receiver: true,
             carry: Vec::new(),
             deferred: Vec::new(),
-        });
+        }));
         Some(i)
     }
 
@@ -657,5 +662,32 @@ mod tests {
         let stats = h.parts(1).0.stats;
         assert_eq!((stats.calls, stats.kicks, stats.bad_requests), (1, 2, 0));
         h.finish();
+    }
+
+    /// A session's socket table costs a pointer per slot until the slot is used: a
+    /// client gets room for 1,024 sockets unless it asks (up to the server's cap),
+    /// and most use a few. Held inline, every empty slot took a whole socket's
+    /// state: 16,384 slots of a session with 2,000 connections were megabytes, about
+    /// 3 KB per connection (`usnet bench conns`, docs/benchmarks.md).
+    #[test]
+    fn an_empty_slot_costs_a_pointer_not_a_socket() {
+        use usnet_session_abi::Geometry;
+        let slots = 16_384;
+        let g = Geometry {
+            max_sockets: slots,
+            ring_bytes: 4096,
+            ..Geometry::default()
+        };
+        let mem = usnet_session::Session::create(1, g).unwrap();
+        let s = super::ServerSession::new(1, 0, "t".into(), mem, crate::ServerLimits::default())
+            .unwrap();
+        let table = s.socks.capacity() * std::mem::size_of_val(&s.socks[0])
+            + s.free.capacity() * std::mem::size_of::<u32>();
+        let per_slot = table / slots as usize;
+        assert!(per_slot <= 16, "{per_slot} bytes per empty slot");
+        assert!(
+            std::mem::size_of::<super::SessionSocket>() > 16 * per_slot,
+            "a socket's state is much larger than an empty slot"
+        );
     }
 }

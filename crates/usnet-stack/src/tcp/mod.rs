@@ -84,6 +84,8 @@ impl SegmentSink for CoreSink<'_> {
         if let Some(left) = self.budget.as_mut() {
             let len = payload.len();
             if len > 0 && *left == 0 {
+                // Deferred like a segment the full queue refused: it waits its turn.
+                self.core.counters.tcp_tx_blocked += 1;
                 self.refused = true;
                 return false;
             }
