@@ -344,9 +344,13 @@ fn child_udp(o: &ChildOptions) -> Res<ExitCode> {
 fn child_scribbler(o: &ChildOptions) -> Res<ExitCode> {
     let mut h = usnet_server::hostile::Hostile::attach(&o.stack, 256, 4096, o.seed)?;
     emit(&json!({"kind": "ready", "session": h.session}));
+    // Its binds go to these too: a port of a server that is killed and started
+    // again (nginx's, redis's) would be taken by its random binds the moment it is
+    // free, and the server could not start again. So its own ports on the stack, and
+    // the verifier and the echo across the link.
     let targets: Vec<SocketAddr> = [
-        format!("{USNET}:{HTTP_PORT}"),
-        format!("{USNET}:{REDIS_PORT}"),
+        format!("{USNET}:7000"),
+        format!("{USNET}:7001"),
         format!("{HOST}:{VERIFY_PORT}"),
         format!("{HOST}:{ECHO_PORT}"),
     ]
