@@ -63,6 +63,7 @@ if [ "$(id -u)" = 0 ]; then
     step "bench shards (smoke)" ./target/release/usnet bench shards --quick --lengths 64 --out target/bench-smoke/shards
     step "bench conns (smoke)" ./target/release/usnet bench conns --quick --out target/bench-smoke/conns
     step "bench tcp --wan (smoke)" ./target/release/usnet bench tcp --wan --quick --out target/bench-smoke/tcp-wan
+    step "bench soak (2 min)" ./target/release/usnet bench soak --minutes 2 --out target/bench-smoke/soak
 fi
 
 if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then

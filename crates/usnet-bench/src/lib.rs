@@ -11,6 +11,7 @@ pub mod preload;
 pub mod prio;
 pub mod server;
 pub mod shards;
+pub mod soak;
 pub mod tcp;
 pub mod udp;
 pub mod wan;

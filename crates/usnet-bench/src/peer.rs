@@ -25,6 +25,8 @@ pub enum PeerSpec {
     App(crate::server::AppOptions),
     /// A receiving client process of `usnet bench prio`.
     PrioReceiver(crate::prio::ReceiverOptions),
+    /// A client process of `usnet bench soak`.
+    Soak(crate::soak::ChildOptions),
 }
 
 /// Call first thing in `main()`: if this process was started as a benchmark peer, run
@@ -40,6 +42,7 @@ pub fn maybe_run_peer() {
             PeerSpec::Tcp(o) => crate::tcp::run_peer(&o),
             PeerSpec::App(o) => crate::server::run_app(&o),
             PeerSpec::PrioReceiver(o) => crate::prio::run_receiver(&o),
+            PeerSpec::Soak(o) => crate::soak::run_child(&o),
         });
     let code = match r {
         Ok(c) => c,

@@ -322,7 +322,7 @@ fn client_run(ns: &str, args: &[&str], limit: Duration) -> Res<String> {
 }
 
 /// redis-benchmark's `--csv` line for `test`: its requests/s.
-fn redis_rps(csv: &str, test: &str) -> Option<f64> {
+pub(crate) fn redis_rps(csv: &str, test: &str) -> Option<f64> {
     csv.lines().find_map(|l| {
         let mut f = l.split(',').map(|v| v.trim_matches('"'));
         (f.next()? == test).then_some(())?;

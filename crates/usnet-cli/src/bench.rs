@@ -610,6 +610,40 @@ impl From<ConnsArgs> for usnet_bench::conns::ConnsBenchOptions {
     }
 }
 
+/// `usnet bench soak`: nginx, redis, iperf3 (under the shim) and usnet client
+/// processes at once through one stack server over a lossy, duplicating,
+/// reordering link, killing a client every few seconds; checks bytes, deadlines,
+/// leaks and counters.
+#[derive(Args, Debug)]
+pub struct SoakArgs {
+    /// Directory for soak.json, soak.md and soak.png.
+    #[arg(long, default_value = "bench-out/soak")]
+    pub out: PathBuf,
+    /// Minutes of load.
+    #[arg(long, default_value_t = 2.0)]
+    pub minutes: f64,
+    /// Seconds of load instead (a short run; overrides --minutes).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Seeds the fault link, the streams and the choice of whom to kill.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Seconds between two kills of a client process.
+    #[arg(long, default_value_t = 10.0)]
+    pub kill_every: f64,
+}
+
+impl From<SoakArgs> for usnet_bench::soak::SoakBenchOptions {
+    fn from(a: SoakArgs) -> Self {
+        usnet_bench::soak::SoakBenchOptions {
+            out: a.out,
+            seconds: a.seconds.unwrap_or(a.minutes * 60.0),
+            seed: a.seed,
+            kill_every: a.kill_every,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,6 +656,7 @@ mod tests {
         Nic(NicBenchArgs),
         AsyncSyscall(AsyncSyscallArgs),
         Httpd(HttpdArgs),
+        Soak(SoakArgs),
     }
 
     /// The flags' defaults are the libraries' (each default lives twice: in the help
@@ -683,6 +718,17 @@ mod tests {
                 d.batch,
                 d.spin_us
             )
+        );
+        let P::Soak(s) = P::parse_from(["b", "soak"]) else {
+            unreachable!()
+        };
+        let (s, d) = (
+            usnet_bench::soak::SoakBenchOptions::from(s),
+            usnet_bench::soak::SoakBenchOptions::default(),
+        );
+        assert_eq!(
+            (s.out, s.seconds, s.seed, s.kill_every),
+            (d.out, d.seconds, d.seed, d.kill_every)
         );
     }
 }

@@ -89,6 +89,9 @@ enum BenchCmd {
     /// Priority-aware receive: a UDP burst to several receivers under CPU load, with
     /// forced drop and priority control on and off, vs Linux.
     Prio(bench::PrioArgs),
+    /// A soak with faults: nginx, redis, iperf3 and usnet clients at once through
+    /// one stack server over a lossy link, clients killed and restarted (root).
+    Soak(bench::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
             usnet_bench::conns::run(&a.into()).map(|()| ExitCode::SUCCESS)
         }
         Cmd::Bench(BenchCmd::Prio(a)) => usnet_bench::prio::run(&a.into()),
+        Cmd::Bench(BenchCmd::Soak(a)) => usnet_bench::soak::run(&a.into()),
         Cmd::Nicemu(a) => usnet_nicemu::run_device(&a.into()).map(|()| ExitCode::SUCCESS),
         Cmd::Bench(BenchCmd::Nic(a)) => {
             usnet_bench::nic::run_bench(&a.into()).map(|()| ExitCode::SUCCESS)

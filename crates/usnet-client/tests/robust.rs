@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 use usnet_client::{AttachOptions, Client, Event, Interest, Mode, Poller, TcpListener};
 use usnet_client::{TcpStream, UdpSocket};
 use usnet_server::{ServerConfig, ServerHandle, ServerLimits};
-use usnet_session::{ServerPage, Session};
-use usnet_session_abi::{errno, hdr, op, Geometry, Request, SockAddr, BELL_EVENTFD};
+use usnet_session_abi::{errno, Geometry};
 use usnet_stack::{mac_from_seed, Owner, StackConfig};
 
 const ADDR: [u8; 4] = [10, 66, 0, 1];
@@ -676,135 +675,28 @@ fn a_server_killed_mid_transfer_fails_every_call() {
 
 // ------------------------------------------------------------------ 3. hostile client
 
-/// Attaches by hand (as any program may) and scribbles on the session for `secs`:
-/// random bytes and words anywhere (header, ring indices, requests, slot words, data
-/// area) and random requests aimed at the good client's ports; after each round it
-/// looks for the good client's bytes anywhere in its memory (prints "leak" if found).
+/// Attaches by hand (as any program may) and scribbles on the session for `secs`
+/// (`usnet_server::hostile`: random bytes and words anywhere, header, ring indices,
+/// requests, slot words, data area, and random requests aimed at the good client's
+/// ports); after each round it looks for the good client's bytes anywhere in its
+/// memory (prints "leak" if found).
 fn role_hostile(name: &str, secs: f64, good_port: u16) -> i32 {
-    use std::os::unix::net::UnixStream;
-    let path = usnet_session::ctl::socket_path(name);
-    let ctl = UnixStream::connect(path).unwrap();
-    let req = "{\"cmd\":\"attach\",\"pid\":1,\"command\":\"hostile\",\"max_sockets\":100000,\"ring_bytes\":4096}\n";
-    (&ctl).write_all(req.as_bytes()).unwrap();
-    let mut buf = vec![0u8; 4096];
-    let (n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf).unwrap();
-    let reply: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&buf[..n]).lines().next().unwrap()).unwrap();
-    let mut fds = fds.into_iter();
-    let mem = Session::attach(fds.next().unwrap()).unwrap();
-    let page = ServerPage::attach(fds.next().unwrap()).unwrap();
-    let efd = fds.next();
-    println!("session {}", reply["session"]);
-    let ring = || {
-        if page.bell_kind() == BELL_EVENTFD {
-            use std::os::fd::AsRawFd;
-            let one = 1u64.to_ne_bytes();
-            let fd = efd.as_ref().unwrap().as_raw_fd();
-            // SAFETY: 8 bytes from a live buffer to an eventfd we own.
-            let _ = unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
-        } else {
-            page.bell().ring();
-        }
-    };
-    let total = mem.layout().total_len;
-    let r = mem.region().clone();
-    let g = mem.geometry();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let submit = |req: &Request| {
-        let head = mem.word(hdr::SQ_HEAD).load(Relaxed);
-        mem.write_request(head, req);
-        mem.word(hdr::SQ_HEAD).store(head.wrapping_add(1), Release);
-    };
+    let mut h =
+        usnet_server::hostile::Hostile::attach(name, 100_000, 4096, std::process::id() as u64)
+            .unwrap();
+    println!("session {}", h.session);
+    let targets: Vec<SocketAddr> = [good_port]
+        .into_iter()
+        .chain((0..16).map(|k| 7000 + k))
+        .map(at)
+        .collect();
     let end = Instant::now() + Duration::from_secs_f64(secs);
-    let mut snap = vec![0u8; total];
+    let mut snap = Vec::new();
     let mut rounds = 0u64;
     while Instant::now() < end {
         rounds += 1;
-        for _ in 0..64 {
-            match rnd() % 12 {
-                0 | 1 => {
-                    let off = rnd() as usize % total;
-                    let len = (rnd() % 256) as usize;
-                    let bytes: Vec<u8> = (0..len.min(total - off)).map(|_| rnd() as u8).collect();
-                    let _ = r.write(off, &bytes);
-                }
-                2 => {
-                    // Indices and counters live in the first pages and the slots.
-                    let off = (rnd() as usize % (mem.layout().data_off / 8)) * 8;
-                    r.u64(off).store(rnd(), Relaxed);
-                }
-                3 => {
-                    let off = (rnd() as usize % (mem.layout().data_off / 4)) * 4;
-                    r.u32(off).store(rnd() as u32, Relaxed);
-                }
-                4 => {
-                    // Take the completions (so the server keeps serving us).
-                    let head = mem.word(hdr::CQ_HEAD).load(Acquire);
-                    mem.word(hdr::CQ_TAIL).store(head, Release);
-                }
-                5 => {
-                    // Bytes into a send ring, no room check, and a kick.
-                    let i = (rnd() % g.max_sockets as u64) as u32;
-                    let at = mem.tx_ring(i);
-                    let prod = r.u64(at.prod).load(Relaxed);
-                    let len = (rnd() % 3000) as usize;
-                    let off = at.data + (prod as usize & (at.size - 1));
-                    let len = len.min(at.data + at.size - off);
-                    let bytes: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
-                    let _ = r.write(off, &bytes);
-                    r.u64(at.prod).store(prod.wrapping_add(len as u64), Release);
-                    submit(&Request {
-                        op: op::TX_KICK,
-                        slot: i,
-                        ..Default::default()
-                    });
-                }
-                6 => {
-                    // Read everything a receive ring holds, and kick.
-                    let i = (rnd() % g.max_sockets as u64) as u32;
-                    let at = mem.rx_ring(i);
-                    let prod = r.u64(at.prod).load(Acquire);
-                    r.u64(at.cons).store(prod, Release);
-                    submit(&Request {
-                        op: op::RX_KICK,
-                        slot: i,
-                        ..Default::default()
-                    });
-                }
-                _ => {
-                    // Requests: many sockets, binds and connects to the good ports,
-                    // listens with huge backlogs, anything on any slot.
-                    let o = (rnd() % (op::MAX as u64 + 2)) as u16;
-                    let port = if rnd() % 2 == 0 {
-                        good_port
-                    } else {
-                        7000 + (rnd() % 16) as u16
-                    };
-                    let a = SockAddr::from_std(at(port)).to_args();
-                    let args = match o {
-                        op::SOCKET => [1 + rnd() % 2, 0, 0, 0, 0, 0],
-                        op::BIND | op::CONNECT => [a[0], a[1], a[2], a[3], 0, 0],
-                        op::LISTEN => [rnd() % 100_000, 0, 0, 0, 0, 0],
-                        _ => [rnd(), rnd(), rnd(), rnd(), rnd(), rnd()],
-                    };
-                    submit(&Request {
-                        op: o,
-                        flags: rnd() as u16,
-                        slot: (rnd() % (g.max_sockets as u64 + 4)) as u32,
-                        tag: rnd(),
-                        args,
-                    });
-                }
-            }
-        }
-        ring();
-        r.read(0, &mut snap).unwrap();
+        h.scribble(64, &targets);
+        h.snapshot(&mut snap);
         if snap.windows(MARKER.len()).any(|w| w == MARKER) {
             println!("leak");
             return 3;

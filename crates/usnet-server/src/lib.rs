@@ -18,6 +18,8 @@ pub mod control;
 #[doc(hidden)]
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+#[cfg(any(test, feature = "testing"))]
+pub mod hostile;
 pub mod privs;
 mod session;
 mod shared;
