@@ -823,7 +823,8 @@ fn allowed(k: K, e: c_int) -> bool {
             ENETUNREACH,
             EPERM,
         ],
-        K::Recv => &[EAGAIN, ENOTCONN, EOPNOTSUPP],
+        // EMSGSIZE: recvmsg with more than UIO_MAXIOV pieces (Linux's __copy_msghdr).
+        K::Recv => &[EAGAIN, ENOTCONN, EOPNOTSUPP, EMSGSIZE],
         K::Sockopt => &[
             ENOPROTOOPT,
             // SO_RCVTIMEO/SO_SNDTIMEO with tv_usec out of range.
