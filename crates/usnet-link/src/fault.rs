@@ -748,6 +748,13 @@ mod tests {
         assert_eq!(p.in_use(), 0);
     }
 
+    /// Frame `i`, padded to 1000 bytes (1 ms at 1 MB/s).
+    fn frame_1000(i: u32) -> Vec<u8> {
+        let mut f = frame(i);
+        f.resize(1000, 0);
+        f
+    }
+
     #[test]
     fn a_bottleneck_queues_at_its_rate_and_drops_past_its_queue() {
         let mut p = pool(128, 2048);
@@ -759,11 +766,7 @@ mod tests {
         };
         let mut dev = FaultInjector::new(MemDevice::new(), cfg);
         let mut q: VecDeque<PktBuf> = (0..50u32)
-            .map(|i| {
-                let mut f = frame(i);
-                f.resize(1000, 0);
-                p.alloc_from(&f).unwrap()
-            })
+            .map(|i| p.alloc_from(&frame_1000(i)).unwrap())
             .collect();
         dev.tx_burst(&mut p, &mut q).unwrap();
         // 1 ms per frame at 1 MB/s: the first leaves after 1 ms, and a frame that
@@ -787,11 +790,7 @@ mod tests {
         assert!(cfg.push_back);
         let mut dev = FaultInjector::new(MemDevice::new(), cfg);
         let mut q: VecDeque<PktBuf> = (0..50u32)
-            .map(|i| {
-                let mut f = frame(i);
-                f.resize(1000, 0);
-                p.alloc_from(&f).unwrap()
-            })
+            .map(|i| p.alloc_from(&frame_1000(i)).unwrap())
             .collect();
         let taken = dev.tx_burst(&mut p, &mut q).unwrap();
         // 1 ms per frame at 1 MB/s: what would wait past 10 ms stays with the caller.
@@ -806,14 +805,7 @@ mod tests {
         let sent = &dev.inner().sent;
         assert_eq!(sent.len(), 50, "every frame, in order");
         for (i, f) in sent.iter().enumerate() {
-            assert_eq!(
-                f[..1000],
-                {
-                    let mut g = frame(i as u32);
-                    g.resize(1000, 0);
-                    g
-                }[..]
-            );
+            assert_eq!(f[..1000], frame_1000(i as u32)[..]);
         }
         dev.release_buffers(&mut p);
         assert_eq!(p.in_use(), 0);

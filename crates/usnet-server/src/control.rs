@@ -81,12 +81,8 @@ impl ControlServer {
         let dir = run_dir();
         std::fs::create_dir_all(&dir)?;
         let path = socket_path(&cfg.name);
-        if path.exists() {
-            if UnixStream::connect(&path).is_ok() {
-                return Err(ControlError::NameInUse(cfg.name.clone()));
-            }
-            // A stale socket left by a stack that died.
-            let _ = std::fs::remove_file(&path);
+        if !remove_if_stale(&path) {
+            return Err(ControlError::NameInUse(cfg.name.clone()));
         }
         let listener = UnixListener::bind(&path)?;
         let mode = if cfg.group.is_some() { 0o660 } else { 0o600 };
@@ -116,6 +112,19 @@ impl ControlServer {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Removes the socket at `path` if nobody answers on it (one a stopped or dead
+/// server left); false when a server does answer, and the socket stays.
+pub fn remove_if_stale(path: &Path) -> bool {
+    if !path.exists() {
+        return true;
+    }
+    if UnixStream::connect(path).is_ok() {
+        return false;
+    }
+    let _ = std::fs::remove_file(path);
+    true
 }
 
 impl Drop for ControlServer {
@@ -977,6 +986,22 @@ fn ping(out: &mut UnixStream, req: &msg::Ping, ctx: &Ctx) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_nobody_answers_on_is_removed_and_a_live_one_stays() {
+        let dir = std::env::temp_dir().join(format!("usnet-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let live = dir.join("live.ctl");
+        let dead = dir.join("dead.ctl");
+        let _l = UnixListener::bind(&live).unwrap();
+        drop(UnixListener::bind(&dead).unwrap());
+        assert!(!remove_if_stale(&live));
+        assert!(live.exists());
+        assert!(remove_if_stale(&dead));
+        assert!(!dead.exists());
+        assert!(remove_if_stale(&dir.join("absent.ctl")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn cap() -> usnet_session_abi::Geometry {
         usnet_session_abi::Geometry {

@@ -683,9 +683,7 @@ pub fn clean_up_after(name: &str) -> usize {
     let n = usnet_driver::sched::recover(&boost_state_path(name), &mut usnet_driver::Setpriority);
     let ctl = usnet_session::ctl::socket_path(name);
     for path in [ctl.with_extension("rpc"), ctl] {
-        if path.exists() && std::os::unix::net::UnixStream::connect(&path).is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
+        control::remove_if_stale(&path);
     }
     n
 }
