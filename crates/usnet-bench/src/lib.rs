@@ -72,6 +72,22 @@ pub fn join_within<T>(
 }
 
 /// Kills a child process and reaps it, waiting at most `timeout` for it to go.
+/// Stops a child cleanly: SIGTERM, up to `grace` for it to exit, then
+/// [`kill_and_reap`]. Returns false when it had to be killed.
+pub fn stop_child(child: &mut std::process::Child, grace: std::time::Duration) -> bool {
+    // SAFETY: a signal to a child we own.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let end = std::time::Instant::now() + grace;
+    while let Ok(None) = child.try_wait() {
+        if std::time::Instant::now() > end {
+            kill_and_reap(child, std::time::Duration::from_secs(5));
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
+
 pub fn kill_and_reap(child: &mut std::process::Child, timeout: std::time::Duration) {
     let _ = child.kill();
     let end = std::time::Instant::now() + timeout;

@@ -528,16 +528,8 @@ impl StackServer {
 impl Drop for StackServer {
     fn drop(&mut self) {
         // SIGTERM: a clean stop (the control socket is removed); then make sure.
-        // SAFETY: kill with a pid we own.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(5);
-        while let Ok(None) = self.child.try_wait() {
-            if Instant::now() > end {
-                crate::kill_and_reap(&mut self.child, Duration::from_secs(5));
-                eprintln!("usnet up ({}) did not stop; killed", self.name);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !crate::stop_child(&mut self.child, Duration::from_secs(5)) {
+            eprintln!("usnet up ({}) did not stop; killed", self.name);
         }
     }
 }

@@ -21,16 +21,7 @@ impl Bg {
 
 impl Drop for Bg {
     fn drop(&mut self) {
-        // SAFETY: kill with the pid of a child we own (SIGTERM first: a clean stop).
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(3);
-        while let Ok(None) = self.0.try_wait() {
-            if Instant::now() > end {
-                crate::kill_and_reap(&mut self.0, Duration::from_secs(5));
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::stop_child(&mut self.0, Duration::from_secs(3));
     }
 }
 

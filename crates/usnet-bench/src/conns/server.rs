@@ -579,16 +579,7 @@ impl UpServer {
 
 impl Drop for UpServer {
     fn drop(&mut self) {
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(5);
-        while let Ok(None) = self.child.try_wait() {
-            if Instant::now() > end {
-                crate::kill_and_reap(&mut self.child, Duration::from_secs(5));
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::stop_child(&mut self.child, Duration::from_secs(5));
     }
 }
 
