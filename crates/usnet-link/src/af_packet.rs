@@ -176,12 +176,15 @@ impl AfPacketDevice {
             None => if_mtu,
         };
         let proto = (libc::ETH_P_ALL as u16).to_be();
+        // Protocol 0: the socket receives nothing until `bind` below names the
+        // protocol and the interface together. Opened with ETH_P_ALL it would take
+        // every interface's frames (loopback's too) into its ring in between.
         // SAFETY: socket() with constant arguments returns a new fd or -1.
         let fd = unsafe {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                proto as libc::c_int,
+                0,
             )
         };
         if fd < 0 {
@@ -325,11 +328,21 @@ impl AfPacketDevice {
         let mut out = Vec::with_capacity(n);
         let mut group = None;
         for _ in 0..n {
-            let d = AfPacketDevice::open(ifname, mtu)?;
+            let mut d = AfPacketDevice::open(ifname, mtu)?;
             if n > 1 {
                 group = Some(d.join_fanout(group)?);
             }
             out.push(d);
+        }
+        if n > 1 {
+            // Until the last socket joined, frames went to the members there were:
+            // between its `bind` and its join a socket took every frame of the
+            // interface, and a group of fewer members steered frames modulo its size.
+            // Drop them, as a link not yet up would (CI saw a dozen handed between
+            // shards when frames still arrived for an earlier server).
+            for d in &mut out {
+                d.discard_pending();
+            }
         }
         Ok(out)
     }
@@ -338,7 +351,7 @@ impl AfPacketDevice {
     /// the shard steering program; returns the group's id. Frames this host sends are
     /// not fanned out back to it (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`, as
     /// `PACKET_IGNORE_OUTGOING` does for a lone socket).
-    fn join_fanout(&self, id: Option<u16>) -> Result<u16, LinkError> {
+    fn join_fanout(&mut self, id: Option<u16>) -> Result<u16, LinkError> {
         let ctx = |what: &str| format!("{}: {what}", self.label);
         let mut flags = libc::PACKET_FANOUT_CBPF | libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
         if id.is_none() {
@@ -357,6 +370,31 @@ impl AfPacketDevice {
         let got: u32 = getsockopt(&self.fd, libc::SOL_PACKET, libc::PACKET_FANOUT)
             .map_err(|e| LinkError::io(ctx("cannot read the fanout group"), e))?;
         Ok(got as u16)
+    }
+
+    /// Gives back every frame waiting in the ring and in the copy path's queue.
+    /// Bounded by the ring's size: frames arriving meanwhile are the group's.
+    fn discard_pending(&mut self) {
+        for _ in 0..self.ring.frame_nr {
+            if !self.ring.is_ours(self.next) {
+                break;
+            }
+            self.release_frame();
+        }
+        for _ in 0..self.ring.frame_nr {
+            // SAFETY: receives into our own buffer of its stated length, without waiting.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.big.as_mut_ptr().cast(),
+                    self.big.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
+            if n < 0 {
+                break;
+            }
+        }
     }
 
     /// Receives the packet the kernel queued for a ring frame marked TP_STATUS_COPY
@@ -860,6 +898,70 @@ mod tests {
         for b in bufs.drain(..) {
             p.free(b);
         }
+    }
+
+    /// Shards opened while frames keep arriving each get only the frames the fanout
+    /// program gives them: nothing that reached a socket before it joined the group
+    /// (another shard's frames, or another interface's before `bind`).
+    #[test]
+    fn afpacket_shards_opened_under_traffic_get_only_their_own_frames() {
+        if !sys::is_root() {
+            eprintln!("skipped afpacket_shards_opened_under_traffic_get_only_their_own_frames: needs root");
+            return;
+        }
+        let _veth = Veth::new();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let peer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let fd = peer_socket();
+                // IPv4/UDP to ephemeral ports 50000 and 50001: one for each shard.
+                let mut f = vec![0xff; 6];
+                f.extend_from_slice(&[0x02, 0, 0x5e, 0, 0x10, 0x02]);
+                f.extend_from_slice(&0x0800u16.to_be_bytes());
+                f.extend_from_slice(&[0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+                f.extend_from_slice(&[10, 98, 0, 1, 10, 98, 0, 2]);
+                f.extend_from_slice(&[0x13, 0x88, 0, 0, 0, 8, 0, 0]);
+                f.resize(60, 0);
+                let mut sent = 0u64;
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(10) {
+                    f[36..38].copy_from_slice(&(50000 + (sent % 2) as u16).to_be_bytes());
+                    peer_send(&fd, &f);
+                    sent += 1;
+                }
+                sent
+            })
+        };
+        // Let the traffic start, then open the shards in the middle of it.
+        std::thread::sleep(Duration::from_millis(50));
+        let mut devs = AfPacketDevice::open_shards(OURS, None, 2).unwrap();
+        let mut p = pool(4096, 2048);
+        let mut got = Vec::new();
+        let mut v = Vec::new();
+        let mut counts = [0u64; 2];
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(300) {
+            for (i, dev) in devs.iter_mut().enumerate() {
+                dev.rx_burst(&mut p, &mut got, 64).unwrap();
+                for b in got.drain(..) {
+                    p.copy_chain(&b, &mut v);
+                    p.free(b);
+                    assert_eq!(
+                        usnet_wire::steer::link_queue(&v, 2),
+                        i,
+                        "shard {i} got another's frame: {v:02x?}"
+                    );
+                    counts[i] += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let sent = peer.join().unwrap();
+        assert!(
+            counts[0] > 0 && counts[1] > 0,
+            "both shards receive ({counts:?} of {sent} sent)"
+        );
     }
 
     #[test]
