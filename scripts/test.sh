@@ -11,8 +11,12 @@ failed_steps=()
 step() {
     local name=$1; shift
     echo "==> $name"
+    local t0=$SECONDS
     if "$@" 2>&1 | tee -a "$log"; then :; else failed_steps+=("$name"); fi
+    # Each step's time, to see where CI's minutes go.
+    times+=("$((SECONDS - t0)) s  $name")
 }
+times=()
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> installing test dependencies (apt)"
@@ -85,6 +89,8 @@ passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4}
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 ignored=$(grep -Eo '[0-9]+ ignored;' "$log" | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
+echo "==> time per step (longest first)"
+printf '%s\n' "${times[@]}" | sort -rn | head -15
 if [ ${#failed_steps[@]} -gt 0 ]; then
     echo "failed steps: ${failed_steps[*]}"
     [ "$failed" = 0 ] && failed=${#failed_steps[@]}
