@@ -972,6 +972,46 @@ mod tests {
     }
 
     #[test]
+    fn an_unacceptable_segment_in_syn_received_gets_one_ack_and_no_busy_deadline() {
+        let (c, s) = addrs();
+        let mut cli = client(TcpConfig::default());
+        let mut lst: crate::Listener<u32> = crate::Listener::new(s, TcpConfig::default(), 8, false);
+        let mut back = VecSink::default();
+        for syn in drain(&mut cli, T0) {
+            lst.input(T0, s, c, &syn.segment(), &mut back);
+        }
+        let synack = back.segments.remove(0);
+        let h = Handshake {
+            iss: Seq(synack.repr.seq),
+            irs: Seq(synack.repr.ack.wrapping_sub(1)),
+            peer_mss: 1460,
+            peer_wscale: None,
+            sack: false,
+            ts_recent: None,
+            synack_sent: T0,
+            synack_xmits: 1,
+            ecn: false,
+        };
+        let mut srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
+        feed(&mut cli, T0, &[synack.clone()]);
+        let mut late = drain(&mut cli, T0).remove(0);
+        // Data far outside the receive window: not acceptable, answered by an ACK.
+        late.repr.seq = late.repr.seq.wrapping_add(1 << 30);
+        late.payload = vec![7; 100];
+        let t = T0 + ms(10);
+        feed(&mut srv, t, &[late]);
+        assert_eq!(srv.state(), State::SynReceived);
+        let out = drain(&mut srv, t);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+        assert_eq!(out[0].repr.seq, synack.repr.seq.wrapping_add(1));
+        assert_eq!(out[0].repr.ack, synack.repr.ack);
+        // Nothing else is owed: no deadline at or before now.
+        assert!(srv.poll_at().is_none_or(|d| d > t), "{:?}", srv.poll_at());
+        assert!(drain(&mut srv, t).is_empty());
+    }
+
+    #[test]
     fn passive_open_completes_only_with_the_right_ack() {
         let (c, s) = addrs();
         let mut cli = client(TcpConfig::default());

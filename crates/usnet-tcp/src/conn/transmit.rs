@@ -164,8 +164,18 @@ impl Connection {
             State::SynReceived => {
                 // A Fast Open child goes on to its data once the SYN-ACK is out.
                 let r = self.send_syn(sink);
-                if r.is_some() || !self.syn.tfo_child {
+                if r.is_some() {
                     return r;
+                }
+                if !self.syn.tfo_child {
+                    // An ACK owed while the SYN-ACK is not due (an unacceptable
+                    // segment, a PAWS reject, a challenge): a bare ACK at ISS+1, as
+                    // Linux's request socket sends. Left pending, `poll_at` would say
+                    // "now" for ever and the stack's loop would never sleep.
+                    if self.ack.pending || self.ack.dupacks_owed > 0 {
+                        return Some(self.send_pure_ack(sink));
+                    }
+                    return None;
                 }
             }
             _ => {}
