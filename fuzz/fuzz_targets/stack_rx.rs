@@ -3,8 +3,9 @@
 //! Input: records of `[ctl: u8][len: u16 LE][len bytes of frame]` (a short last record
 //! takes what is left). `ctl & 7` moves the clock (none, 1 ms, 50 ms, 1 s, 3 s, 31 s,
 //! 120 s, or 0..255 µs), bit 3 polls right away, bit 4 lets the application read (and
-//! bit 5 echo) its UDP datagrams. At the end the stack settles, the sockets are drained
-//! and no packet buffer may still be in use.
+//! bit 5 echo) its UDP datagrams, bit 6 runs the stack until idle, when no deadline may
+//! still be due (its loop would spin). At the end the stack settles, the sockets are
+//! drained and no packet buffer may still be in use.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -77,6 +78,11 @@ fuzz_target!(|data: &[u8]| {
         now = now + step;
         if ctl & 8 != 0 || step > Duration::ZERO {
             s.poll(now);
+        }
+        if ctl & 64 != 0 {
+            if let Err(d) = s.run_until_idle(now) {
+                panic!("deadline {d:?} still due at {now:?} after the stack ran idle");
+            }
         }
         if ctl & 16 != 0 {
             while let Ok((n, from)) = s.udp_recv_from(udp, &mut buf) {

@@ -395,7 +395,12 @@ impl Harness {
                 break;
             }
             self.now = next.max(self.now + Duration::from_millis(1));
-            self.stack.poll(self.now);
+            if let Err(d) = self.stack.run_until_idle(self.now) {
+                panic!(
+                    "deadline {d:?} still due at {:?} after the stack ran idle: its loop would spin",
+                    self.now
+                );
+            }
         }
         let p = self.stack.pool().stats();
         assert_eq!(p.in_use, 0, "packet buffers leaked: {p:?}");

@@ -281,6 +281,25 @@ impl Stack {
         .min()
     }
 
+    /// Polls at `now` until nothing is left to do (at most 64 passes), then checks
+    /// that no deadline is still due: `Err(deadline)` if one is, for then a loop
+    /// driving this stack would wake at once for ever without doing anything.
+    /// Harnesses (fuzz targets, simulations) call it to catch that class of bug.
+    /// A full transmit queue is not idle (the stack waits for the link to take
+    /// frames): draining it is the caller's job.
+    pub fn run_until_idle(&mut self, now: Instant) -> Result<(), Instant> {
+        for _ in 0..64 {
+            if !self.poll(now) && self.input_len() == 0 {
+                break;
+            }
+        }
+        let waits_for_link = self.core.tx.len() >= self.core.cfg.tx_queue_len;
+        match self.poll_at() {
+            Some(d) if d <= now && self.input_len() == 0 && !waits_for_link => Err(d),
+            _ => Ok(()),
+        }
+    }
+
     /// Frames ready for the device.
     pub fn tx_len(&self) -> usize {
         self.core.tx.len()
