@@ -293,11 +293,19 @@ impl Stack {
                 break;
             }
         }
-        let waits_for_link = self.core.tx.len() >= self.core.cfg.tx_queue_len;
-        match self.poll_at() {
-            Some(d) if d <= now && self.input_len() == 0 && !waits_for_link => Err(d),
-            _ => Ok(()),
+        match self.due_while_idle(now) {
+            Some(d) => Err(d),
+            None => Ok(()),
         }
+    }
+
+    /// For a stack whose last poll at `now` did nothing: a deadline still due, which
+    /// would make its loop wake at once for ever (a bug). A full transmit queue is
+    /// not counted: the stack then waits for the link to take frames.
+    pub fn due_while_idle(&self, now: Instant) -> Option<Instant> {
+        let waits_for_link = self.core.tx.len() >= self.core.cfg.tx_queue_len;
+        self.poll_at()
+            .filter(|&d| d <= now && self.input_len() == 0 && !waits_for_link)
     }
 
     /// Frames ready for the device.

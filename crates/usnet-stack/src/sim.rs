@@ -272,6 +272,13 @@ impl SimNet {
                 .map(|i| self.nic_busy_until[i]);
             // A stack that asks for now but did nothing waits at most 1 ms.
             let (now, mut stuck) = (self.now, false);
+            // Every stack just polled and did nothing: one whose deadline is still
+            // due would make a real loop spin (see `Stack::due_while_idle`).
+            for (i, s) in self.stacks.iter().enumerate() {
+                if let Some(d) = s.due_while_idle(now) {
+                    panic!("stack {i} did nothing at {now:?} with a deadline due ({d:?}): its loop would spin");
+                }
+            }
             let next = self
                 .stacks
                 .iter()
