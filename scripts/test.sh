@@ -37,7 +37,8 @@ fi
 step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --workspace --all-targets --release -- -D warnings
 step "build" cargo build --workspace --release
-step "tests" cargo test --workspace --release
+# --no-fail-fast: one failing test binary must not hide the others (and their count).
+step "tests" cargo test --workspace --release --no-fail-fast
 # packetdrill's Linux TCP suite against the --so_filename backend: every socket call
 # through usnet-posix (the socket layer `usnet run` and libusnet.so use) against a
 # stack server on virtual time (IPv4 and IPv6, 2 jobs, a timeout per script); fails

@@ -993,7 +993,7 @@ mod tests {
             ecn: false,
         };
         let mut srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
-        feed(&mut cli, T0, &[synack.clone()]);
+        feed(&mut cli, T0, std::slice::from_ref(&synack));
         let mut late = drain(&mut cli, T0).remove(0);
         // Data far outside the receive window: not acceptable, answered by an ACK.
         late.repr.seq = late.repr.seq.wrapping_add(1 << 30);
