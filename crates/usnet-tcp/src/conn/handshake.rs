@@ -971,8 +971,9 @@ mod tests {
         assert!(x.opts.sack && x.ts.ok && x.opts.ws);
     }
 
-    #[test]
-    fn an_unacceptable_segment_in_syn_received_gets_one_ack_and_no_busy_deadline() {
+    /// A client that sent its SYN, the listener's SYN-ACK to it, and the server's
+    /// connection in SYN-RECEIVED built from that handshake (as the listener does).
+    fn syn_received() -> (Connection, Connection, OwnedSegment) {
         let (c, s) = addrs();
         let mut cli = client(TcpConfig::default());
         let mut lst: crate::Listener<u32> = crate::Listener::new(s, TcpConfig::default(), 8, false);
@@ -992,7 +993,13 @@ mod tests {
             synack_xmits: 1,
             ecn: false,
         };
-        let mut srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
+        let srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
+        (cli, srv, synack)
+    }
+
+    #[test]
+    fn an_unacceptable_segment_in_syn_received_gets_one_ack_and_no_busy_deadline() {
+        let (mut cli, mut srv, synack) = syn_received();
         feed(&mut cli, T0, std::slice::from_ref(&synack));
         let mut late = drain(&mut cli, T0).remove(0);
         // Data far outside the receive window: not acceptable, answered by an ACK.
@@ -1013,26 +1020,7 @@ mod tests {
 
     #[test]
     fn passive_open_completes_only_with_the_right_ack() {
-        let (c, s) = addrs();
-        let mut cli = client(TcpConfig::default());
-        let mut lst: crate::Listener<u32> = crate::Listener::new(s, TcpConfig::default(), 8, false);
-        let mut back = VecSink::default();
-        for syn in drain(&mut cli, T0) {
-            lst.input(T0, s, c, &syn.segment(), &mut back);
-        }
-        let synack = back.segments.remove(0);
-        let h = Handshake {
-            iss: Seq(synack.repr.seq),
-            irs: Seq(synack.repr.ack.wrapping_sub(1)),
-            peer_mss: 1460,
-            peer_wscale: None,
-            sack: false,
-            ts_recent: None,
-            synack_sent: T0,
-            synack_xmits: 1,
-            ecn: false,
-        };
-        let mut srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
+        let (mut cli, mut srv, synack) = syn_received();
         assert_eq!(srv.state(), State::SynReceived);
         // An ACK of something never sent: RST <SEQ=SEG.ACK>.
         feed(&mut cli, T0, &[synack]);
