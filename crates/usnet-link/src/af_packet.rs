@@ -382,16 +382,7 @@ impl AfPacketDevice {
             self.release_frame();
         }
         for _ in 0..self.ring.frame_nr {
-            // SAFETY: receives into our own buffer of its stated length, without waiting.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.big.as_mut_ptr().cast(),
-                    self.big.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                )
-            };
-            if n < 0 {
+            if self.recv_big().is_none() {
                 break;
             }
         }
@@ -400,8 +391,14 @@ impl AfPacketDevice {
     /// Receives the packet the kernel queued for a ring frame marked TP_STATUS_COPY
     /// (`len` bytes long, says the frame); `None` if it is not there or not whole.
     fn recv_copied(&mut self, len: usize) -> Option<&[u8]> {
-        // SAFETY: receives into our own buffer of the stated length; MSG_TRUNC makes the
-        // result the packet's real length, so a cut packet is recognised.
+        let n = self.recv_big()?;
+        (n == len && n >= 14 && n < self.big.len()).then(|| &self.big[..n])
+    }
+
+    /// Receives the next packet of the copy path's queue into `big` without waiting:
+    /// its real length (MSG_TRUNC, so a cut packet is recognised), `None` if none.
+    fn recv_big(&mut self) -> Option<usize> {
+        // SAFETY: receives into our own buffer of the stated length.
         let n = unsafe {
             libc::recv(
                 self.fd.as_raw_fd(),
@@ -410,8 +407,7 @@ impl AfPacketDevice {
                 libc::MSG_DONTWAIT | libc::MSG_TRUNC,
             )
         };
-        let n = usize::try_from(n).ok()?;
-        (n == len && n >= 14 && n < self.big.len()).then(|| &self.big[..n])
+        usize::try_from(n).ok()
     }
 
     /// Gives the current frame back to the kernel and moves on.
