@@ -859,13 +859,91 @@ impl Proc {
         };
         !matches!(c.try_wait(), Ok(None))
     }
-    fn kill(&mut self) {
+    fn kill(&mut self) -> KillPhases {
         let c = match self {
             Proc::Server(b) => &mut b.0,
             Proc::Client(c) => c,
         };
-        crate::kill_and_reap(c, Duration::from_secs(5));
+        kill_timed(c)
     }
+}
+
+/// How a SIGKILL went: how long until the process was reaped (`None`: not within
+/// 10 s) and, when that took over a second, what the process was doing then (its
+/// state, the kernel function it waited in, its threads), so a slow exit names a cause.
+#[derive(Debug, Default, Clone)]
+struct KillPhases {
+    reaped_after: Option<Duration>,
+    slow: Option<String>,
+}
+
+fn kill_timed(c: &mut Child) -> KillPhases {
+    let pid = c.id();
+    let t = Instant::now();
+    let _ = c.kill();
+    let mut slow = None;
+    loop {
+        if !matches!(c.try_wait(), Ok(None)) {
+            return KillPhases {
+                reaped_after: Some(t.elapsed()),
+                slow,
+            };
+        }
+        let waited = t.elapsed();
+        if slow.is_none() && waited >= Duration::from_secs(1) {
+            slow = Some(proc_state(pid));
+        }
+        if waited >= Duration::from_secs(10) {
+            return KillPhases {
+                reaped_after: None,
+                slow,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// `state S, wchan W, N threads (T1 in W1, ...)` from /proc, as far as it can be read.
+fn proc_state(pid: u32) -> String {
+    let read = |p: String| std::fs::read_to_string(p).unwrap_or_default();
+    let state_of = |stat: &str| {
+        // The state follows the command's closing parenthesis.
+        stat.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string()
+    };
+    let mut threads = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in dir.flatten().take(16) {
+            let tid = e.file_name().to_string_lossy().into_owned();
+            let st = state_of(&read(format!("/proc/{pid}/task/{tid}/stat")));
+            let w = read(format!("/proc/{pid}/task/{tid}/wchan"));
+            threads.push(format!(
+                "{tid} {st} in {}",
+                if w.is_empty() { "?" } else { &w }
+            ));
+        }
+    }
+    format!(
+        "state {}, wchan {}, {} threads ({})",
+        state_of(&read(format!("/proc/{pid}/stat"))),
+        read(format!("/proc/{pid}/wchan")),
+        threads.len(),
+        threads.join(", ")
+    )
+}
+
+/// One time a workload went away: killed by the bench or exited on its own.
+struct Disturbance {
+    kind: Kind,
+    why: &'static str,
+    /// When it was killed (or found gone).
+    gone: Instant,
+    /// The kill's own course (nothing for an exit).
+    kill: KillPhases,
+    /// When it was started again and served (or the restart gave up).
+    back: Instant,
 }
 
 impl Drop for Proc {
@@ -1123,9 +1201,8 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
     );
 
     let mut tally = Tally::default();
-    // (kind, when it went, when it was back, why): every kill and every restart
-    // after an exit.
-    let mut disturbances: Vec<(Kind, Instant, Instant, &'static str)> = Vec::new();
+    // Every kill and every restart after an exit.
+    let mut disturbances: Vec<Disturbance> = Vec::new();
     let mut restart_failures = 0u64;
     let mut rng = mix(a.seed ^ 0x6b69_6c6c);
     let kill_every = Duration::from_secs_f64(a.kill_every);
@@ -1163,7 +1240,13 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
                     }
                     None => restart_failures += 1,
                 }
-                disturbances.push((k, now, Instant::now(), "exited"));
+                disturbances.push(Disturbance {
+                    kind: k,
+                    why: "exited",
+                    gone: now,
+                    kill: KillPhases::default(),
+                    back: Instant::now(),
+                });
             }
         }
         if warm.is_none() && now >= warm_at {
@@ -1173,8 +1256,22 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
             next_kill += kill_every;
             rng = mix(rng);
             let k = KINDS[rng as usize % KINDS.len()];
-            if let Some(mut p) = procs.remove(&k) {
-                p.kill(); // SIGKILL, then reaped
+            let kill = procs
+                .remove(&k)
+                .map(|mut p| p.kill()) // SIGKILL, then reaped
+                .unwrap_or_default();
+            if kill.reaped_after.is_none_or(|d| d > Duration::from_secs(1)) {
+                notes.push(format!(
+                    "{} at {:.0} s: reaped after {}; at 1 s: {}",
+                    k.name(),
+                    (now - t0).as_secs_f64(),
+                    kill.reaped_after
+                        .map_or("more than 10 s".into(), |d| format!(
+                            "{:.1} s",
+                            d.as_secs_f64()
+                        )),
+                    kill.slow.as_deref().unwrap_or("-")
+                ));
             }
             match soak.restart(k, &mut notes) {
                 Some(p) => {
@@ -1182,7 +1279,13 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
                 }
                 None => restart_failures += 1,
             }
-            disturbances.push((k, now, Instant::now(), "killed"));
+            disturbances.push(Disturbance {
+                kind: k,
+                why: "killed",
+                gone: now,
+                kill,
+                back: Instant::now(),
+            });
         }
         if now >= next_sample {
             next_sample += interval;
@@ -1258,12 +1361,13 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
     // A run that overlapped its server's absence (from its kill until it served
     // again, and a second after) is excused.
     let killed_during = |k: Kind, r: &LoadRun| {
-        disturbances.iter().any(|&(d, gone, back, _)| {
-            d == k && gone <= r.end && back + Duration::from_secs(1) >= r.start
-        })
+        disturbances
+            .iter()
+            .any(|d| d.kind == k && d.gone <= r.end && d.back + Duration::from_secs(1) >= r.start)
     };
     let mut load_rows = Vec::new();
     let mut load_misses = 0usize;
+    let mut overruns = Vec::new();
     let mut load_unexcused = 0usize;
     for (name, target, runs) in &load_runs {
         let miss = runs
@@ -1274,6 +1378,16 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
             .iter()
             .filter(|r| r.failed && !r.timed_out && !killed_during(*target, r))
             .count();
+        for r in runs
+            .iter()
+            .filter(|r| r.timed_out && !killed_during(*target, r))
+        {
+            let (from, to) = ((r.start - t0).as_secs_f64(), (r.end - t0).as_secs_f64());
+            notes.push(format!(
+                "{name} ran past its deadline from {from:.0} s to {to:.0} s"
+            ));
+            overruns.push(json!({"load": name, "start_s": from, "end_s": to}));
+        }
         load_misses += miss;
         load_unexcused += unexcused;
         let amount: f64 = runs.iter().map(|r| r.amount).sum();
@@ -1313,7 +1427,7 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
     let tolerance = |b: u64| b + (b / 10).max(16 << 20);
     let (rss_limit, anon_limit) = (tolerance(warm.rss), tolerance(warm.rss_anon));
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let kills = disturbances.iter().filter(|d| d.3 == "killed").count();
+    let kills = disturbances.iter().filter(|d| d.why == "killed").count();
     let exits = disturbances.len() - kills;
     let amount_of = |name: &str| {
         load_rows
@@ -1473,9 +1587,11 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
         "udp": {"batches": tally.udp_batches, "sent": tally.udp_sent, "reached": udp_reached,
             "echoed": tally.udp_echoed, "dup": tally.udp_dup, "late": tally.udp_late,
             "echo_received": ech.received.load(Relaxed), "echo_sent": ech.echoed.load(Relaxed)},
-        "disturbances": disturbances.iter().map(|(k, gone, back, why)| json!({"what": k.name(),
-            "at_s": (*gone - t0).as_secs_f64(), "back_after_s": (*back - *gone).as_secs_f64(),
-            "why": why})).collect::<Vec<_>>(),
+        "disturbances": disturbances.iter().map(|d| json!({"what": d.kind.name(),
+            "at_s": (d.gone - t0).as_secs_f64(), "back_after_s": (d.back - d.gone).as_secs_f64(),
+            "reaped_after_s": d.kill.reaped_after.map(|r| r.as_secs_f64()),
+            "slow_exit": d.kill.slow, "why": d.why})).collect::<Vec<_>>(),
+        "overruns": overruns,
         "misses": tally.misses, "errors": tally.errors, "notes": notes,
         "link_bytes_per_s": link_per_interval, "rss_per_interval": rss_per_interval, "stream_bytes_per_interval": tally.per_interval,
         "final_counters": final_stat.as_ref().map(|s| &s.counters),

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use usnet_wire::{FastOpen, TcpFlags, TcpOptions, TcpRepr};
@@ -63,7 +64,8 @@ pub enum ListenEvent {
 #[derive(Debug)]
 pub struct Listener<H = u64> {
     local: SocketAddr,
-    cfg: TcpConfig,
+    /// Shared with every connection it accepts (see `Connection::cfg`).
+    cfg: Arc<TcpConfig>,
     backlog: usize,
     syn_backlog: usize,
     syn_queue: Vec<SynEntry>,
@@ -85,7 +87,7 @@ impl<H> Listener<H> {
         let syn_backlog = backlog.max(128);
         Listener {
             local,
-            cfg,
+            cfg: Arc::new(cfg),
             backlog,
             syn_backlog,
             syn_queue: Vec::with_capacity(syn_backlog),
@@ -132,21 +134,23 @@ impl<H> Listener<H> {
     /// TCP_MAXSEG: the MSS its SYN-ACKs advertise (and its connections use) is at
     /// most `mss`.
     pub fn set_mss(&mut self, mss: u16) {
-        self.cfg.mss = self.cfg.mss.min(mss);
+        let mss = self.cfg.mss.min(mss);
+        Arc::make_mut(&mut self.cfg).mss = mss;
     }
 
     /// TCP_USER_TIMEOUT for the connections it opens (see
     /// [`TcpConfig::user_timeout`]).
     pub fn set_user_timeout(&mut self, t: Option<Duration>) {
-        self.cfg.user_timeout = t;
+        Arc::make_mut(&mut self.cfg).user_timeout = t;
     }
 
     /// TCP_FASTOPEN_KEY: the key server cookies are made with, and a backup key
     /// whose cookies are still accepted (Linux's 32-byte form; a 16-byte key
     /// clears the backup).
     pub fn set_fastopen_key(&mut self, key: [u8; 16], backup: Option<[u8; 16]>) {
-        self.cfg.fastopen_key = Some(key);
-        self.cfg.fastopen_backup_key = backup;
+        let cfg = Arc::make_mut(&mut self.cfg);
+        cfg.fastopen_key = Some(key);
+        cfg.fastopen_backup_key = backup;
     }
 
     /// The TCP_FASTOPEN queue length set.

@@ -1007,7 +1007,7 @@ impl Stack {
 
     /// The connection's own counters.
     pub fn tcp_conn_stats(&self, h: SocketHandle) -> Result<TcpStats, StackError> {
-        Ok(self.conn(h)?.stats().clone())
+        Ok(self.conn(h)?.stats())
     }
 
     pub fn tcp_local_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
@@ -1143,7 +1143,7 @@ impl Stack {
         let mut t = self.sockets.tcp.totals.clone();
         for slot in &self.sockets.slots {
             match slot.sock.as_ref() {
-                Some(Socket::TcpConn(s)) => t.merge(s.conn.stats()),
+                Some(Socket::TcpConn(s)) => t.merge(&s.conn.stats()),
                 Some(Socket::TcpListen(l)) => l.merge_stats(&mut t),
                 _ => {}
             }
@@ -1207,7 +1207,7 @@ impl Stack {
 
     pub(crate) fn tcp_socket_stats(&self, s: &Socket) -> Option<SocketStats> {
         let st = match s {
-            Socket::TcpConn(s) => s.conn.stats().clone(),
+            Socket::TcpConn(s) => s.conn.stats(),
             Socket::TcpListen(l) => {
                 let mut t = TcpStats::default();
                 l.merge_stats(&mut t);

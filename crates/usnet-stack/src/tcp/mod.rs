@@ -312,7 +312,7 @@ impl Stack {
             if s.in_table && t.conns.get(&(s.local, s.remote)) == Some(&idx) {
                 t.conns.remove(&(s.local, s.remote));
             }
-            t.totals.merge(s.conn.stats());
+            t.totals.merge(&s.conn.stats());
             t.live -= 1;
             self.core.counters.tcp_conns_reaped += 1;
             self.core.counters.mirror_tcp(&t.totals);

@@ -107,7 +107,7 @@ impl Connection {
             self.ecn.echo = false;
         }
         if seg.ce {
-            self.stats.rx_ecn_ce += 1;
+            self.stats.rare().rx_ecn_ce += 1;
             self.ecn.seen = true;
             if !self.ecn.echo {
                 self.ecn.echo = true;
@@ -141,7 +141,7 @@ impl Connection {
             }
         }
         if self.ecn.ok && seg.flags.ece() && !seg.flags.syn() {
-            self.stats.rx_ecn_ece += 1;
+            self.stats.rare().rx_ecn_ece += 1;
             // Echoes sent before the receiver saw our CWR (or before it went out)
             // are of the congestion already reacted to.
             let fresh = self.ecn.cwr_sent.is_none_or(|c| Seq(seg.ack).gt(c));
@@ -152,7 +152,7 @@ impl Connection {
             {
                 let flight = self.snd.nxt.since(self.snd.una);
                 self.cc.on_loss(self.now, flight, self.smss());
-                self.stats.ecn_reductions += 1;
+                self.stats.rare().ecn_reductions += 1;
                 self.ecn.cwr_until = Some(self.snd.nxt);
                 self.ecn.cwr_pending = true;
                 self.ecn.prr = Some(Prr {

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use usnet_wire::{FastOpen, TcpFlags, TcpOptions};
 
@@ -111,7 +112,13 @@ impl SynState {
 impl Connection {
     /// Active open: a connection in SYN-SENT whose SYN goes out on the next
     /// `poll_transmit`. The ISN follows RFC 6528.
-    pub fn connect(local: SocketAddr, remote: SocketAddr, now: Instant, cfg: TcpConfig) -> Self {
+    pub fn connect(
+        local: SocketAddr,
+        remote: SocketAddr,
+        now: Instant,
+        cfg: impl Into<Arc<TcpConfig>>,
+    ) -> Self {
+        let cfg = cfg.into();
         let iss = Seq(initial_sequence(cfg.secret, local, remote, now.as_nanos()));
         let mut c = Connection::blank(local, remote, now, cfg, iss);
         c.state = State::SynSent;
@@ -163,7 +170,7 @@ impl Connection {
     /// TCP_SYNCNT: how many times the SYN is retransmitted before the connect
     /// fails (takes effect for a handshake under way too).
     pub fn set_syn_retries(&mut self, n: u32) {
-        self.cfg.syn_retries = n;
+        Arc::make_mut(&mut self.cfg).syn_retries = n;
     }
 
     /// After a Fast Open SYN was answered: the peer's MSS (0: none) and the cookie
@@ -185,7 +192,7 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
         now: Instant,
-        cfg: TcpConfig,
+        cfg: Arc<TcpConfig>,
         h: Handshake,
     ) -> Self {
         let mut c = Connection::blank(local, remote, now, cfg, h.iss);
@@ -224,7 +231,7 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
         now: Instant,
-        cfg: TcpConfig,
+        cfg: Arc<TcpConfig>,
         h: Handshake,
         seg: &Segment,
         cookie: Option<FastOpen>,
@@ -254,7 +261,7 @@ impl Connection {
             c.receive_text(seg, h.irs + 1u32, seg.flags.fin());
             c.rcv.ssthresh = clamp;
             c.syn.syn_data = !seg.payload.is_empty();
-            c.stats.tfo_syn_data_accepted += 1;
+            c.stats.rare().tfo_syn_data_accepted += 1;
         }
         c
     }
@@ -298,9 +305,9 @@ impl Connection {
         if sent > 0 {
             if acked >= sent {
                 self.syn.syn_data = true;
-                self.stats.tfo_syn_data_acked += 1;
+                self.stats.rare().tfo_syn_data_acked += 1;
             } else {
-                self.stats.tfo_syn_data_resent += 1;
+                self.stats.rare().tfo_syn_data_resent += 1;
                 self.syn.fo_resend_end = Some(self.snd.iss + 1u32 + self.syn.fo_sent);
             }
         }
@@ -335,7 +342,7 @@ impl Connection {
         let ack = Seq(seg.ack);
         if f.ack() && (ack.le(self.snd.iss) || ack.gt(self.snd.nxt)) {
             if !f.rst() {
-                self.stats.rx_bad_syn_ack += 1;
+                self.stats.rare().rx_bad_syn_ack += 1;
                 self.reply_rst = Some((ack, None));
             }
             return;
@@ -344,7 +351,7 @@ impl Connection {
             // It cannot answer our SYN (RFC 7323 §5's reasoning, Linux's active
             // PAWS check): reset it like an unacceptable ACK, stay in SYN-SENT.
             if !f.rst() {
-                self.stats.rx_bad_syn_ack += 1;
+                self.stats.rare().rx_bad_syn_ack += 1;
                 self.reply_rst = Some((ack, None));
             }
             return;
@@ -352,10 +359,10 @@ impl Connection {
         if f.rst() {
             // RFC 5961 §3.2: acceptable only if it acknowledges our SYN.
             if f.ack() {
-                self.stats.conn_refused += 1;
+                self.stats.rare().conn_refused += 1;
                 self.enter_closed(Some(TcpError::Refused));
             } else {
-                self.stats.rx_rst_out_of_window += 1;
+                self.stats.rare().rx_rst_out_of_window += 1;
             }
             return;
         }
@@ -517,7 +524,7 @@ impl Connection {
             self.cfg.synack_retries
         };
         if self.syn.xmits > limit {
-            self.stats.conn_timeouts += 1;
+            self.stats.rare().conn_timeouts += 1;
             self.enter_closed(Some(TcpError::TimedOut));
             return;
         }
@@ -993,7 +1000,7 @@ mod tests {
             synack_xmits: 1,
             ecn: false,
         };
-        let srv = Connection::from_handshake(s, c, T0, TcpConfig::default(), h);
+        let srv = Connection::from_handshake(s, c, T0, TcpConfig::default().into(), h);
         (cli, srv, synack)
     }
 

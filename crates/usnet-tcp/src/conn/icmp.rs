@@ -59,19 +59,19 @@ impl Connection {
         let syn_ack =
             self.syn.tfo_child && self.state == State::SynReceived && Seq(seq) == self.snd.iss;
         if !syn_ack && !Seq(seq).in_range(self.snd.una, self.snd.nxt) {
-            self.stats.icmp_out_of_window += 1;
+            self.stats.rare().icmp_out_of_window += 1;
             return IcmpOutcome::OutOfWindow;
         }
         match err {
             IcmpError::PacketTooBig { mss } => self.pmtu_decrease(Seq(seq), mss),
             IcmpError::Unreachable { error, hard } => {
                 if hard && matches!(self.state, State::SynSent | State::SynReceived) {
-                    self.stats.icmp_hard_errors += 1;
+                    self.stats.rare().icmp_hard_errors += 1;
                     self.enter_closed(Some(error));
                     IcmpOutcome::Aborted
                 } else {
                     // Like Linux's sk_err_soft: only a later timeout reports it.
-                    self.stats.icmp_soft_errors += 1;
+                    self.stats.rare().icmp_soft_errors += 1;
                     self.soft_error = Some(error);
                     IcmpOutcome::Soft
                 }
@@ -108,23 +108,23 @@ impl Connection {
         let lowered = u32::from(mss) < current;
         if lowered {
             self.clamp_mss(mss);
-            self.stats.pmtu_decreases += 1;
+            self.stats.rare().pmtu_decreases += 1;
         } else {
-            self.stats.pmtu_not_lowered += 1;
+            self.stats.rare().pmtu_not_lowered += 1;
         }
         if lowered && self.state == State::SynSent && self.syn.fo_sent > 0 && self.syn.xmits == 1 {
             // Our Fast Open SYN was too big for the path: send the SYN again at once,
             // without the data (it follows the handshake) and advertising the MSS
             // that fits; not congestion, so no back-off.
             self.syn.pending = true;
-            self.stats.pmtu_resends += 1;
+            self.stats.rare().pmtu_resends += 1;
             return IcmpOutcome::MssLowered;
         }
         if lowered {
             self.mtu_probe_on_pmtu(u32::from(mss));
         }
         if self.resend_oversized(seq) {
-            self.stats.pmtu_resends += 1;
+            self.stats.rare().pmtu_resends += 1;
             self.enter_pmtu_phase();
         }
         if lowered {

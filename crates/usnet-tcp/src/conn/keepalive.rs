@@ -3,6 +3,8 @@
 //! connection. Off unless configured (SO_KEEPALIVE).
 
 use super::timers::Timer;
+use std::sync::Arc;
+
 use super::{Connection, SegmentSink, State};
 use crate::config::Keepalive;
 use crate::time::Instant;
@@ -31,7 +33,7 @@ impl KeepaliveState {
 impl Connection {
     /// SO_KEEPALIVE with its parameters, or off.
     pub fn set_keepalive(&mut self, ka: Option<Keepalive>) {
-        self.cfg.keepalive = ka;
+        Arc::make_mut(&mut self.cfg).keepalive = ka;
         self.keepalive.sent = 0;
         let at = ka
             .filter(|_| self.state.is_synchronized())
@@ -63,7 +65,7 @@ impl Connection {
                 // Not idle: the retransmission timer watches the peer.
                 self.timers.set(Timer::Keepalive, now + k.idle);
             } else if self.keepalive_expired(k.count) {
-                self.stats.keepalive_timeouts += 1;
+                self.stats.rare().keepalive_timeouts += 1;
                 self.error = Some(self.timeout_error());
                 self.rst_pending = true;
             } else {
@@ -93,7 +95,7 @@ impl Connection {
             return false;
         }
         self.keepalive.pending = false;
-        self.stats.keepalive_probes += 1;
+        self.stats.rare().keepalive_probes += 1;
         true
     }
 }

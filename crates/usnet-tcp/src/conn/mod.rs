@@ -41,6 +41,7 @@ pub use wmem::{sndbuf_for_option, CHUNK_OVERHEAD, MIN_SNDBUF};
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use usnet_wire::{TcpFlags, TcpHeader, TcpOptions, TcpRepr};
@@ -51,7 +52,7 @@ use crate::hash::tuple_hash;
 use crate::payload::Payload;
 use crate::seq::Seq;
 use crate::sg::{BufSpan, TxData};
-use crate::stats::TcpStats;
+use crate::stats::{ConnStats, TcpStats};
 use crate::time::Instant;
 use chrono::{Chrono, Chronos};
 use ecn::EcnState;
@@ -342,7 +343,9 @@ pub struct Connection {
     pub(crate) local: SocketAddr,
     pub(crate) remote: SocketAddr,
     pub(crate) state: State,
-    pub(crate) cfg: TcpConfig,
+    /// Shared with the listener that accepted it (and its other children) until an
+    /// option is set on this connection alone: 448 bytes an idle connection need not hold.
+    pub(crate) cfg: Arc<TcpConfig>,
     pub(crate) error: Option<TcpError>,
     /// An ICMP error since the last new ACK, reported if the connection times out.
     pub(crate) soft_error: Option<TcpError>,
@@ -391,7 +394,7 @@ pub struct Connection {
     pub(crate) rst_pending: bool,
     /// An RST to send in reply to an unacceptable segment: (seq, ack).
     pub(crate) reply_rst: Option<(Seq, Option<Seq>)>,
-    pub(crate) stats: TcpStats,
+    pub(crate) stats: ConnStats,
     /// The pieces of the segment being emitted (zero-copy send queue), reused.
     pub(crate) tx_spans: Vec<BufSpan>,
 }
@@ -416,7 +419,7 @@ impl Connection {
         local: SocketAddr,
         remote: SocketAddr,
         now: Instant,
-        cfg: TcpConfig,
+        cfg: Arc<TcpConfig>,
         iss: Seq,
     ) -> Self {
         let mss = u32::from(cfg.mss.max(64));
@@ -456,7 +459,7 @@ impl Connection {
             rst_pending: false,
             reply_rst: None,
             tx_spans: Vec::new(),
-            stats: TcpStats::default(),
+            stats: ConnStats::default(),
             cfg,
         }
     }
@@ -480,8 +483,8 @@ impl Connection {
         self.error
     }
     /// Counters.
-    pub fn stats(&self) -> &TcpStats {
-        &self.stats
+    pub fn stats(&self) -> TcpStats {
+        self.stats.to_stats()
     }
     /// The configuration in force.
     pub fn config(&self) -> &TcpConfig {
@@ -569,18 +572,18 @@ impl Connection {
 
     /// TCP_NODELAY.
     pub fn set_nodelay(&mut self, on: bool) {
-        self.cfg.nodelay = on;
+        Arc::make_mut(&mut self.cfg).nodelay = on;
         // Setting it flushes pending output, even past a cork (as Linux).
         self.snd.push_once |= on;
     }
     /// TCP_USER_TIMEOUT (see [`TcpConfig::user_timeout`]); takes effect for the data
     /// in flight too.
     pub fn set_user_timeout(&mut self, t: Option<Duration>) {
-        self.cfg.user_timeout = t;
+        Arc::make_mut(&mut self.cfg).user_timeout = t;
     }
     /// SO_LINGER.
     pub fn set_linger(&mut self, linger: Option<Duration>) {
-        self.cfg.linger = linger;
+        Arc::make_mut(&mut self.cfg).linger = linger;
     }
     /// Replace the congestion controller (TCP_CONGESTION); takes effect at once.
     pub fn set_congestion_control(&mut self, cc: Box<dyn CongestionControl>) {
@@ -590,7 +593,7 @@ impl Connection {
     /// negotiated value.
     pub fn clamp_mss(&mut self, mss: u16) {
         if mss < self.cfg.mss {
-            self.cfg.mss = mss.max(64);
+            Arc::make_mut(&mut self.cfg).mss = mss.max(64);
         }
     }
 

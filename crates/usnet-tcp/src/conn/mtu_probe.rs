@@ -165,7 +165,7 @@ impl Connection {
         if self.cfg.mtu_probing == MTU_PROBING_OFF || !self.mtup.ready {
             return;
         }
-        self.stats.mtu_black_holes += 1;
+        self.stats.rare().mtu_black_holes += 1;
         if !self.mtup.enabled {
             self.mtup.enabled = true;
             self.mtup.probe_timestamp = self.now;
@@ -190,7 +190,7 @@ impl Connection {
         self.mtup.search_high = self.mss_clamp() + TCP_HDR + self.ip_header_len();
         self.mtup.search_low = self.mss_to_mtu(mss);
         self.mtup.probe_timestamp = self.now;
-        self.stats.mtu_reprobes += 1;
+        self.stats.rare().mtu_reprobes += 1;
     }
 
     /// Linux's `tcp_mtu_probe` conditions: probing on and no probe out, the
@@ -257,7 +257,7 @@ impl Connection {
         self.mtup.probe_size = self.mss_to_mtu(len);
         self.mtup.probe_start = start;
         self.mtup.probe_end = start + len;
-        self.stats.mtu_probes += 1;
+        self.stats.rare().mtu_probes += 1;
     }
 
     /// SND.UNA reached `ack`: a probe it covers got through (Linux's
@@ -266,7 +266,7 @@ impl Connection {
         if self.mtup.probe_size != 0 && self.mtup.probe_end.le(ack) {
             self.mtup.search_low = self.mtup.probe_size;
             self.mtup.probe_size = 0;
-            self.stats.mtu_probe_successes += 1;
+            self.stats.rare().mtu_probe_successes += 1;
             self.mtu_sync();
         }
     }
@@ -284,7 +284,7 @@ impl Connection {
         }
         self.mtup.search_high = self.mtup.probe_size - 1;
         self.mtup.probe_size = 0;
-        self.stats.mtu_probe_failures += 1;
+        self.stats.rare().mtu_probe_failures += 1;
     }
 
     /// Loss detected with the probe at the head of the flight (Linux's check in

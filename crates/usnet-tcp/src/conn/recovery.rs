@@ -275,7 +275,7 @@ impl Connection {
             self.stats.rx_sack_blocks += 1;
             let (l, r) = (Seq(l), Seq(r));
             if !l.lt(r) || r.gt(self.snd.nxt) || r.since(l) > (1 << 30) {
-                self.stats.rx_sack_invalid += 1;
+                self.stats.rare().rx_sack_invalid += 1;
                 continue;
             }
             // D-SACK (RFC 2883): below the cumulative ACK, or inside the second block.
@@ -284,7 +284,7 @@ impl Connection {
                     .get(1)
                     .is_some_and(|&(l2, r2)| Seq(l2).le(l) && Seq(r2).ge(r));
             if r.le(Seq(seg.ack)) || r.le(self.snd.una) || in_second {
-                self.stats.rx_dsack += 1;
+                self.stats.rare().rx_dsack += 1;
                 let rack = &mut self.recovery.rack;
                 rack.reo_wnd_mult = (rack.reo_wnd_mult + 1).min(8);
                 continue;
@@ -351,7 +351,7 @@ impl Connection {
             .rack
             .on_delivered(s, self.now, self.rtt.min_rtt)
         {
-            self.stats.reordering_seen += 1;
+            self.stats.rare().reordering_seen += 1;
         }
     }
 
@@ -363,7 +363,7 @@ impl Connection {
             self.stats.rx_dup_acks += 1;
             if !self.opts.sack && self.recovery.dupacks == 3 && !self.recovery.in_recovery() {
                 self.mark_front_lost();
-                self.stats.dupthresh_losses += 1;
+                self.stats.rare().dupthresh_losses += 1;
             }
         }
         if delivered {
@@ -403,7 +403,7 @@ impl Connection {
             let deadline = s.sent + self.recovery.rack.rtt + reo;
             if deadline <= self.now {
                 self.scoreboard.mark_lost(i);
-                self.stats.rack_losses += 1;
+                self.stats.rare().rack_losses += 1;
             } else {
                 wait = Some(wait.map_or(deadline, |w: Instant| w.max(deadline)));
             }
@@ -487,7 +487,7 @@ impl Connection {
                     self.cc
                         .on_recovery_end(self.now, self.scoreboard.pipe(), self.smss());
                 } else {
-                    self.stats.partial_acks += 1;
+                    self.stats.rare().partial_acks += 1;
                     if !self.opts.sack {
                         // RFC 6582: the next hole is lost; retransmit it now.
                         self.mark_front_lost();
@@ -584,7 +584,7 @@ impl Connection {
 
     /// RACK reordering timer: the segments it waited for are lost now.
     pub(crate) fn on_reorder_timer(&mut self) {
-        self.stats.rack_reorder_timeouts += 1;
+        self.stats.rare().rack_reorder_timeouts += 1;
         self.rack_detect_loss();
         if self.scoreboard.lost_segs() > 0 && !self.recovery.in_recovery() {
             self.enter_fast_recovery();
@@ -628,7 +628,7 @@ impl Connection {
             None => self.rtt.backoff >= self.cfg.max_retries,
         };
         if expired {
-            self.stats.conn_timeouts += 1;
+            self.stats.rare().conn_timeouts += 1;
             self.enter_closed(Some(TcpError::TimedOut));
             return;
         }
@@ -643,7 +643,7 @@ impl Connection {
             self.cc.on_idle_restart(self.smss());
         } else {
             self.cc.on_rto(self.now, flight, self.smss());
-            self.stats.rto_recoveries += 1;
+            self.stats.rare().rto_recoveries += 1;
         }
         self.recovery.phase = Phase::Rto;
         self.recovery.point = self.snd.nxt;
@@ -814,7 +814,7 @@ mod tests {
         // The third starts the next piece: a run of one so far.
         assert!(!c.ends_retransmitted_run(2));
         // Without TSO pieces there are no runs.
-        c.cfg.tso_pieces = false;
+        std::sync::Arc::make_mut(&mut c.cfg).tso_pieces = false;
         c.scoreboard.retransmitted(2, now);
         assert!(!c.ends_retransmitted_run(3));
     }

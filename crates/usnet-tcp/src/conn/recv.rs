@@ -409,7 +409,7 @@ impl Connection {
     /// (one duplicate ACK less), and a reported D-SACK is done.
     pub(crate) fn on_ack_sent(&mut self, adv: Seq, sent_sack: bool) {
         if self.rcv.dsack.is_some() && sent_sack {
-            self.stats.tx_dsack += 1;
+            self.stats.rare().tx_dsack += 1;
             self.rcv.dsack = None;
         }
         self.rcv.adv = self.rcv.adv.max(adv);
@@ -434,17 +434,17 @@ impl Connection {
     pub(crate) fn note_urgent(&mut self, seq: Seq, up: u16) {
         // A zero-copy connection hands out whole buffers: urgent data stays inline.
         if up == 0 || self.cfg.oob_inline || self.cfg.zero_copy {
-            self.stats.rx_urgent_inline += 1;
+            self.stats.rare().rx_urgent_inline += 1;
             return;
         }
         let u = seq + (u32::from(up) - 1);
         if u.ge(self.rcv.nxt) && u.lt(self.rcv.adv) {
             if self.rcv.urg_seq != Some(u) {
                 self.rcv.urg_seq = Some(u);
-                self.stats.rx_urgent_oob += 1;
+                self.stats.rare().rx_urgent_oob += 1;
             }
         } else {
-            self.stats.rx_urgent_inline += 1;
+            self.stats.rare().rx_urgent_inline += 1;
         }
     }
 
@@ -477,7 +477,7 @@ impl Connection {
         let room = limit.since(start) as usize;
         let mut fin = fin;
         if data.len() > room {
-            self.stats.rx_beyond_window_bytes += (data.len() - room) as u64;
+            self.stats.rare().rx_beyond_window_bytes += (data.len() - room) as u64;
             data = data.take(room);
             fin = false;
             self.ack.pending = true;
@@ -599,7 +599,7 @@ impl Connection {
                     self.rcv.dsack = Some((start, dend));
                 }
             }
-            OooAdd::Full => self.stats.rx_ooo_full += 1,
+            OooAdd::Full => self.stats.rare().rx_ooo_full += 1,
         }
         // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2); a
         // coalesced frame owes one per wire segment, as they would have. Reordering

@@ -357,7 +357,7 @@ impl Connection {
         let m = mss.unwrap_or_else(|| default_peer_mss(self.remote));
         let clamped = m.clamp(88, 65495);
         if clamped != m {
-            self.stats.mss_clamped += 1;
+            self.stats.rare().mss_clamped += 1;
         }
         self.snd.peer_mss = clamped;
     }
@@ -716,7 +716,7 @@ impl Connection {
             None => self.snd.persist_backoff >= limit,
         };
         if expired {
-            self.stats.persist_timeouts += 1;
+            self.stats.rare().persist_timeouts += 1;
             self.enter_closed(Some(TcpError::TimedOut));
             return;
         }
@@ -735,7 +735,7 @@ impl Connection {
         }
         self.snd.persist_pending = false;
         self.snd.persist_backoff += 1;
-        self.stats.persist_probes += 1;
+        self.stats.rare().persist_probes += 1;
         *blocked_by_window = true;
         true
     }

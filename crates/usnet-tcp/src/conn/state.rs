@@ -127,7 +127,7 @@ impl Connection {
         let eof = self.rcv.fin_received;
         let state = self.state;
         match self.state {
-            State::Closed => self.stats.rx_closed_drop += 1,
+            State::Closed => self.stats.rare().rx_closed_drop += 1,
             State::SynSent => self.input_syn_sent(seg),
             _ => {
                 let _ = self.input_synchronized(seg);
@@ -175,11 +175,11 @@ impl Connection {
             return ControlFlow::Continue(());
         }
         if f.rst() {
-            self.stats.rx_rst_out_of_window += 1;
+            self.stats.rare().rx_rst_out_of_window += 1;
             return ControlFlow::Break(());
         }
         if f.syn() {
-            self.stats.rx_syn_challenged += 1;
+            self.stats.rare().rx_syn_challenged += 1;
             self.challenge_ack();
             return ControlFlow::Break(());
         }
@@ -187,13 +187,13 @@ impl Connection {
         if zero_window_edge {
             // Take the ACK and window information, not the data.
             if !seg.payload.is_empty() {
-                self.stats.rx_beyond_window_bytes += seg.payload.len() as u64;
+                self.stats.rare().rx_beyond_window_bytes += seg.payload.len() as u64;
             }
             self.ack.pending = true;
             self.process_ack(seg);
             return ControlFlow::Break(());
         }
-        self.stats.rx_out_of_window += u64::from(seg.wire_segments());
+        self.stats.rare().rx_out_of_window += u64::from(seg.wire_segments());
         let plen = seg.payload.len() as u32;
         if plen > 0 && (seq + plen).le(self.rcv.nxt) {
             self.stats.rx_dup_bytes += u64::from(plen);
@@ -218,15 +218,15 @@ impl Connection {
         match seg.options.timestamps {
             Some((tsval, _)) if !seg.flags.rst() => match self.ts.paws(tsval, self.now) {
                 Paws::Fresh => {}
-                Paws::RecentExpired => self.stats.rx_ts_recent_expired += 1,
+                Paws::RecentExpired => self.stats.rare().rx_ts_recent_expired += 1,
                 Paws::Reject => {
-                    self.stats.rx_paws_rejected += 1;
+                    self.stats.rare().rx_paws_rejected += 1;
                     self.ack.pending = true;
                     return ControlFlow::Break(());
                 }
             },
             Some(_) => {}
-            None => self.stats.rx_missing_ts += 1,
+            None => self.stats.rare().rx_missing_ts += 1,
         }
         ControlFlow::Continue(())
     }
@@ -239,33 +239,33 @@ impl Connection {
             return ControlFlow::Continue(());
         }
         if Seq(seg.seq) != self.rcv.nxt {
-            self.stats.rx_rst_challenged += 1;
+            self.stats.rare().rx_rst_challenged += 1;
             self.challenge_ack();
             return ControlFlow::Break(());
         }
         match self.state {
-            State::TimeWait => self.stats.rx_rst_time_wait += 1,
+            State::TimeWait => self.stats.rare().rx_rst_time_wait += 1,
             // A Fast Open child already belongs to the application: reset, as an
             // established connection (Linux: ECONNRESET).
             State::SynReceived if self.syn.tfo_child => {
-                self.stats.conn_resets += 1;
+                self.stats.rare().conn_resets += 1;
                 self.enter_closed(Some(TcpError::Reset));
             }
             State::SynReceived => {
-                self.stats.conn_resets += 1;
+                self.stats.rare().conn_resets += 1;
                 self.enter_closed(Some(TcpError::Refused));
             }
             State::Established | State::FinWait1 | State::FinWait2 | State::CloseWait => {
-                self.stats.conn_resets += 1;
+                self.stats.rare().conn_resets += 1;
                 self.enter_closed(Some(TcpError::Reset));
             }
             _ => {
-                self.stats.rx_rst += 1;
+                self.stats.rare().rx_rst += 1;
                 self.enter_closed(None);
             }
         }
         if self.state == State::Closed {
-            self.stats.rx_rst += 1;
+            self.stats.rare().rx_rst += 1;
         }
         ControlFlow::Break(())
     }
@@ -276,7 +276,7 @@ impl Connection {
         if !seg.flags.syn() {
             return ControlFlow::Continue(());
         }
-        self.stats.rx_syn_challenged += 1;
+        self.stats.rare().rx_syn_challenged += 1;
         self.challenge_ack();
         ControlFlow::Break(())
     }
@@ -291,7 +291,7 @@ impl Connection {
     fn check_ack(&mut self, seg: &Segment) -> ControlFlow<()> {
         let f = seg.flags;
         if !f.ack() {
-            self.stats.rx_no_ack += 1;
+            self.stats.rare().rx_no_ack += 1;
             return ControlFlow::Break(());
         }
         let ack = Seq(seg.ack);
@@ -325,14 +325,14 @@ impl Connection {
         let ack = Seq(seg.ack);
         let seq = Seq(seg.seq);
         if ack.gt(self.snd.nxt) {
-            self.stats.rx_ack_too_new += 1;
+            self.stats.rare().rx_ack_too_new += 1;
             if self.cfg.challenge_unsent_acks {
                 self.challenge_ack();
             }
             return false;
         }
         if ack.lt(self.snd.una - self.snd.max_wnd.max(1)) {
-            self.stats.rx_ack_too_old += 1;
+            self.stats.rare().rx_ack_too_old += 1;
             self.ack.pending = true;
             return false;
         }
@@ -412,7 +412,7 @@ impl Connection {
     /// Sixth check, URG bit (RFC 6093 semantics, see `note_urgent`).
     fn check_urg(&mut self, seg: &Segment) {
         if seg.flags.urg() {
-            self.stats.rx_urgent += 1;
+            self.stats.rare().rx_urgent += 1;
             self.note_urgent(Seq(seg.seq), seg.urgent);
         }
     }
@@ -433,8 +433,8 @@ impl Connection {
                     // Nobody will read this: reset (RFC 1122 §4.2.2.13). Nobody holds
                     // the connection any more, so the RST answers the segment as a
                     // closed port would (RFC 9293 §3.10.7.1's form, as Linux).
-                    self.stats.rx_after_close += 1;
-                    self.stats.conn_aborts += 1;
+                    self.stats.rare().rx_after_close += 1;
+                    self.stats.rare().conn_aborts += 1;
                     self.reply_rst = Some(if seg.flags.ack() {
                         (Seq(seg.ack), None)
                     } else {
@@ -451,7 +451,7 @@ impl Connection {
                 // CLOSE-WAIT, CLOSING, LAST-ACK (and TIME-WAIT): the peer already
                 // sent FIN.
                 if !seg.payload.is_empty() {
-                    self.stats.rx_out_of_window += 1;
+                    self.stats.rare().rx_out_of_window += 1;
                 }
             }
         }
@@ -486,7 +486,7 @@ impl Connection {
     /// A retransmitted FIN in TIME-WAIT: our last ACK was lost; wait 2MSL again.
     fn restart_time_wait(&mut self) {
         self.timers.set(Timer::Close, self.now + self.cfg.time_wait);
-        self.stats.time_wait_restarted += 1;
+        self.stats.rare().time_wait_restarted += 1;
     }
 
     /// Rate-limited challenge ACK (RFC 5961 §7, per connection).
@@ -496,9 +496,9 @@ impl Connection {
             .allow(self.now, self.cfg.challenge_ack_limit)
         {
             self.ack.pending = true;
-            self.stats.tx_challenge_acks += 1;
+            self.stats.rare().tx_challenge_acks += 1;
         } else {
-            self.stats.challenge_acks_limited += 1;
+            self.stats.rare().challenge_acks_limited += 1;
         }
     }
 
@@ -531,7 +531,7 @@ impl Connection {
         self.app_closed = true;
         if self.cfg.linger == Some(Duration::ZERO) || !self.rcv.buf.is_empty() {
             if !self.rcv.buf.is_empty() {
-                self.stats.rx_after_close += 1;
+                self.stats.rare().rx_after_close += 1;
             }
             self.abort();
             return;
@@ -558,7 +558,7 @@ impl Connection {
             return;
         }
         self.rst_pending = true;
-        self.stats.conn_aborts += 1;
+        self.stats.rare().conn_aborts += 1;
     }
 
     /// RFC 6191 / RFC 9293 §3.6.1: may a SYN for this 4-tuple, arriving while this
@@ -582,11 +582,11 @@ impl Connection {
             State::TimeWait => self.enter_closed(None),
             State::Closed => {}
             State::FinWait2 if self.app_closed => {
-                self.stats.fin_wait2_timeouts += 1;
+                self.stats.rare().fin_wait2_timeouts += 1;
                 self.enter_closed(None);
             }
             _ => {
-                self.stats.linger_timeouts += 1;
+                self.stats.rare().linger_timeouts += 1;
                 self.error = Some(TcpError::Aborted);
                 self.rst_pending = true;
             }

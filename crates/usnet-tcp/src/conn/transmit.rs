@@ -123,7 +123,7 @@ impl Connection {
             TxData::NONE
         };
         if !sink.emit(self.local, self.remote, &repr, payload, ect) {
-            self.stats.tx_sink_full += 1;
+            self.stats.rare().tx_sink_full += 1;
             return false;
         }
         self.ecn_sent(flags, seq);
@@ -266,7 +266,7 @@ impl Connection {
         if !self.emit(sink, flags, self.snd.nxt, 0, 0, opts) {
             return false;
         }
-        self.stats.tx_rst += 1;
+        self.stats.rare().tx_rst += 1;
         self.rst_pending = false;
         self.enter_closed(None);
         true
@@ -295,7 +295,7 @@ impl Connection {
         if !ok {
             return false;
         }
-        self.stats.tx_rst += 1;
+        self.stats.rare().tx_rst += 1;
         self.reply_rst = None;
         true
     }

@@ -129,7 +129,7 @@ mod tests {
         cli.rtt.min_rtt = Some(ms(100));
         // 2 * 10 segments per 100 ms is 200 kB/s: 195 bytes a millisecond.
         assert_eq!(cli.tso_segs(1000), cli.cfg.min_tso_segs);
-        cli.cfg.min_tso_segs = 10;
+        std::sync::Arc::make_mut(&mut cli.cfg).min_tso_segs = 10;
         assert_eq!(cli.tso_segs(1000), 10);
     }
 
