@@ -617,3 +617,15 @@ impl Connection {
         self.scoreboard.check(self.snd.una, self.snd.nxt)
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    /// What every idle connection carries inline (docs/benchmarks.md, "Memory per
+    /// connection"): 2,864 bytes before its configuration was shared and its rare
+    /// counters moved out of line. A field added here is paid 100,000 times over.
+    #[test]
+    fn an_idle_connection_stays_small() {
+        let n = std::mem::size_of::<super::Connection>();
+        assert!(n <= 1_900, "Connection is {n} bytes inline");
+    }
+}
