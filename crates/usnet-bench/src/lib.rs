@@ -88,15 +88,22 @@ pub fn stop_child(child: &mut std::process::Child, grace: std::time::Duration) -
     true
 }
 
-pub fn kill_and_reap(child: &mut std::process::Child, timeout: std::time::Duration) {
+/// SIGKILL, then [`reap_within`] `timeout`.
+pub fn kill_and_reap(child: &mut std::process::Child, timeout: std::time::Duration) -> bool {
     let _ = child.kill();
+    reap_within(child, timeout)
+}
+
+/// Waits up to `timeout` for `child` to exit and reaps it; whether it did.
+pub fn reap_within(child: &mut std::process::Child, timeout: std::time::Duration) -> bool {
     let end = std::time::Instant::now() + timeout;
     while let Ok(None) = child.try_wait() {
         if std::time::Instant::now() >= end {
-            return;
+            return false;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    true
 }
 
 #[cfg(test)]

@@ -880,26 +880,14 @@ struct KillPhases {
 fn kill_timed(c: &mut Child) -> KillPhases {
     let pid = c.id();
     let t = Instant::now();
-    let _ = c.kill();
-    let mut slow = None;
-    loop {
-        if !matches!(c.try_wait(), Ok(None)) {
-            return KillPhases {
-                reaped_after: Some(t.elapsed()),
-                slow,
-            };
-        }
-        let waited = t.elapsed();
-        if slow.is_none() && waited >= Duration::from_secs(1) {
-            slow = Some(proc_state(pid));
-        }
-        if waited >= Duration::from_secs(10) {
-            return KillPhases {
-                reaped_after: None,
-                slow,
-            };
-        }
-        std::thread::sleep(Duration::from_millis(2));
+    let mut reaped = crate::kill_and_reap(c, Duration::from_secs(1));
+    let slow = (!reaped).then(|| proc_state(pid));
+    if !reaped {
+        reaped = crate::reap_within(c, Duration::from_secs(9));
+    }
+    KillPhases {
+        reaped_after: reaped.then(|| t.elapsed()),
+        slow,
     }
 }
 
@@ -1370,18 +1358,16 @@ pub fn run(a: &SoakBenchOptions) -> Res<ExitCode> {
     let mut overruns = Vec::new();
     let mut load_unexcused = 0usize;
     for (name, target, runs) in &load_runs {
-        let miss = runs
-            .iter()
-            .filter(|r| r.timed_out && !killed_during(*target, r))
-            .count();
         let unexcused = runs
             .iter()
             .filter(|r| r.failed && !r.timed_out && !killed_during(*target, r))
             .count();
+        let mut miss = 0usize;
         for r in runs
             .iter()
             .filter(|r| r.timed_out && !killed_during(*target, r))
         {
+            miss += 1;
             let (from, to) = ((r.start - t0).as_secs_f64(), (r.end - t0).as_secs_f64());
             notes.push(format!(
                 "{name} ran past its deadline from {from:.0} s to {to:.0} s"
