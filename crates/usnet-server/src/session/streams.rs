@@ -253,7 +253,9 @@ impl ServerSession {
         let mut leftover = false;
         let mut took = before;
         let mut moved = at - pos;
-        let left = end - at.max(start);
+        // What is left of the write; nothing when the stack already took all of it
+        // (`at` may lie past `end`: the client names the range, the drain moved on).
+        let left = end.saturating_sub(at.max(start));
         if at >= start && left > 0 {
             let n = left as usize;
             if self.scratch.len() < n {
@@ -942,6 +944,26 @@ mod tests {
         let r = h.mem().region();
         assert_eq!(r.u64(at.cons).load(Acquire), 100, "the ring was emptied");
         assert_eq!(h.parts(1).0.stats.bytes_in, 0);
+        h.finish();
+    }
+
+    /// An `op::SEND` naming a write that the usual drain already gave the stack
+    /// whole (its end lies before the ring's read position) takes nothing more and
+    /// reports the write taken: the range is the client's, so the server must not
+    /// reckon with it as if it lay ahead (found by the `server_session` fuzzer: the
+    /// subtraction overflowed, and in a release build asked for an enormous buffer).
+    #[test]
+    fn a_send_naming_bytes_already_drained_is_reported_taken() {
+        let mut h = Harness::new();
+        h.connected_pair(7123);
+        assert_eq!(write(&h, 1, &[9u8; 100]), 100);
+        h.turn();
+        let at = h.mem().tx_ring(1);
+        assert_eq!(h.mem().region().u64(at.cons).load(Acquire), 100, "drained");
+        assert_eq!(h.call(op::SEND, 1, [0, 50, 0, 0, 0, 0]), 50);
+        assert_eq!(h.call(op::SEND, 1, [40, 100, 0, 0, 0, 0]), 60);
+        h.turn();
+        assert_eq!(h.recv(2), vec![9u8; 100], "each byte sent once");
         h.finish();
     }
 
