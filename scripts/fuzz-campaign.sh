@@ -27,6 +27,13 @@ mkdir -p "campaign/$target" "corpus/$target"
 log="campaign/$target.log"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-quarantine_size_mb=0:detect_stack_use_after_return=0:malloc_context_size=0}
 args=(-max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1)
+if [ "$target" = posix_calls ]; then
+    # Its stack server lives across inputs, so after almost every input the heap
+    # holds more than before and libFuzzer runs LeakSanitizer's full scan (36 % of
+    # the time; 165 executions/s with it, 526 without). A leak is no memory
+    # error, and the harness checks what it owns (descriptors, sockets) itself.
+    args+=(-detect_leaks=0)
+fi
 if [ "$jobs" -gt 1 ]; then
     # -fork keeps one corpus for all workers and adds up their executions.
     args+=(-fork="$jobs" -ignore_crashes=0)
