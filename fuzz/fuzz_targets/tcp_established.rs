@@ -109,6 +109,12 @@ impl Harness {
             addrs: vec!["192.168.0.1/16".parse().unwrap()],
             gateway4: Some("192.168.0.2".parse().unwrap()),
             seed: 1,
+            // One connection's windows; not the default 4,096 buffers built for
+            // every input.
+            pool: usnet_pool::PoolConfig {
+                count: 512,
+                ..Default::default()
+            },
             ..StackConfig::default()
         })
         .expect("config");
