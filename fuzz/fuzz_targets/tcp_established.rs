@@ -9,7 +9,10 @@
 //! sequence (relative to what the stack last acknowledged), acknowledgment (relative
 //! to what it last sent), flags, window, urgent pointer, options and payload; the
 //! checksum is right unless the record asks for a corrupt one. Record control bits also
-//! move the virtual clock and make the application read, write or shut down.
+//! move the virtual clock and make the application read, write or shut down. The
+//! flag word's spare high bits ask for the frame to arrive as a device's chain of
+//! buffers of that many 16-byte units, its checksum vouched for by the device when it
+//! is right (the receive path reads a connection's chained segments where they lie).
 //!
 //! Invariants: no panic; every packet the stack sends parses; no deadline is still due
 //! once the stack has run to idle (its loop would spin); after the application
@@ -109,6 +112,8 @@ impl Harness {
             addrs: vec!["192.168.0.1/16".parse().unwrap()],
             gateway4: Some("192.168.0.2".parse().unwrap()),
             seed: 1,
+            // Frames marked checksum-verified are trusted (as from a TAP or veth).
+            rx_csum_offload: true,
             // One connection's windows; not the default 4,096 buffers built for
             // every input.
             pool: usnet_pool::PoolConfig {
@@ -126,14 +131,47 @@ impl Harness {
 
     /// An Ethernet frame from the peer into the stack, then the protocol work.
     fn frame(&mut self, ethertype: u16, payload: &[u8]) {
+        self.frame_in_pieces(ethertype, payload, 0, false);
+    }
+
+    /// [`Self::frame`] as a chain of buffers of `piece` bytes each (0: as the pool
+    /// lays it out), marked checksum-verified by the device if `csum_valid`.
+    fn frame_in_pieces(&mut self, ethertype: u16, payload: &[u8], piece: usize, csum_valid: bool) {
         let mut f = Vec::with_capacity(14 + payload.len());
         f.extend_from_slice(&STACK_MAC.0);
         f.extend_from_slice(&PEER_MAC.0);
         f.extend_from_slice(&ethertype.to_be_bytes());
         f.extend_from_slice(payload);
-        if let Some(b) = self.st.pool_mut().alloc_from(&f) {
-            self.st.receive(b);
+        let pool = self.st.pool_mut();
+        let mut pieces = f.chunks(if piece == 0 { f.len() } else { piece });
+        let head = match pieces.next().map(|p| pool.alloc_from(p)) {
+            Some(Some(b)) if piece == 0 || pool.is_single(&b) => b,
+            Some(Some(b)) => {
+                pool.free(b);
+                return;
+            }
+            _ => return,
+        };
+        let mut last = usnet_pool::BufId::from(&head);
+        for p in pieces {
+            let Some(b) = pool.alloc_continuation() else {
+                pool.free(head);
+                return;
+            };
+            pool.space_mut(&b)[..p.len()].copy_from_slice(p);
+            pool.set_len(&b, p.len()).expect("fits");
+            let id = usnet_pool::BufId::from(&b);
+            pool.set_next(last, Some(b));
+            last = id;
         }
+        if csum_valid {
+            let o = usnet_pool::Offload {
+                csum_valid: true,
+                ..Default::default()
+            };
+            pool.set_offload(&head, o);
+        }
+        self.st.receive(head);
         self.run();
     }
 
@@ -277,6 +315,7 @@ fuzz_target!(|data: &[u8]| {
         let seq_off = i16::from_le_bytes([h[1], h[2]]) as i32;
         let ack_off = i16::from_le_bytes([h[3], h[4]]) as i32;
         let flags = u16::from_le_bytes([h[5], h[6]]) & 0x1ff;
+        let piece = usize::from(h[6] >> 1) * 16;
         let window = u16::from_le_bytes([h[7], h[8]]);
         let urgent = u16::from(h[9]);
         let opt_len = (h[10] % 44) as usize;
@@ -303,7 +342,11 @@ fuzz_target!(|data: &[u8]| {
             payload,
             bad_csum: ctl & 0x0f == 0x0f,
         };
-        b.inject(&packet(&s));
+        if piece > 0 {
+            b.frame_in_pieces(0x0800, &packet(&s), piece, !s.bad_csum);
+        } else {
+            b.inject(&packet(&s));
+        }
         match ctl >> 4 & 3 {
             1 => {
                 let _ = b.st.tcp_recv(fd, &mut buf);

@@ -309,6 +309,22 @@ impl Core {
 
     /// Gives a frame's bytes back: the buffer to the pool, or a big allocation to the
     /// scratch slot for the next oversized frame.
+    /// A chained frame as one contiguous copy (the receive path's full
+    /// classification, reassembly and the sockets other than connections read
+    /// frames whole).
+    pub fn linearise(&mut self, buf: PktBuf) -> Src {
+        let mut data = std::mem::take(&mut self.frame_scratch);
+        self.pool.copy_chain(&buf, &mut data);
+        let gso_size = self.pool.offload(&buf).gso_size;
+        self.pool.free(buf);
+        self.counters.link_rx_linearised += 1;
+        Src::Owned {
+            data,
+            invoking: Vec::new(),
+            gso_size,
+        }
+    }
+
     pub fn release(&mut self, src: Src) {
         match src {
             Src::Buf(b) => self.pool.free(b),

@@ -19,6 +19,7 @@ macro_rules! define_counters {
 define_counters! {
     link_rx_frames => "frames received from the device (and sent by the stack to itself)",
     link_rx_bytes => "bytes received from the device",
+    link_rx_linearised => "frames of several buffers copied into one before processing (all but TCP segments for a connection)",
     link_tx_frames => "frames handed to the device",
     link_tx_bytes => "bytes handed to the device",
     drop_input_queue_full => "frames dropped at the stack entrance: input queue full (drop 1)",
@@ -144,6 +145,7 @@ define_counters! {
     tcp_rx_no_socket => "TCP segments for no connection or listener",
     tcp_gro_merged => "TCP segments coalesced into the segment before them (GRO)",
     tcp_gro_frames => "coalesced TCP segments (of several wire segments) handed to connections (GRO)",
+    tcp_rx_chained => "TCP segments that arrived in several buffers (a device's GSO frame) read by their connection where they lie, not linearised",
     tcp_tx_reset_no_socket => "RSTs sent for segments to closed ports",
     tcp_tx_segments => "TCP segments handed to IP",
     tcp_tx_blocked => "TCP segments deferred: transmit queue full or no buffer (retried)",

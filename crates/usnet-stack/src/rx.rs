@@ -17,7 +17,7 @@ use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
 use crate::socket::ping::PING_QUEUE;
 use crate::socket::{Datagram, EchoReply, SocketSet};
-use crate::types::{IcmpMsg, L3Info, Src, Unreach, Verdict};
+use crate::types::{IcmpMsg, L3Info, Src, TcpTarget, Unreach, Verdict};
 use crate::{IpCidr, Stack};
 
 /// The read-only parts of the stack that classification needs: the core's
@@ -60,6 +60,88 @@ impl View<'_> {
                 Verdict::Drop
             }
         }
+    }
+
+    /// A TCP segment for one of this stack's connections, in a frame that arrived
+    /// in several buffers, classified from its first buffer (`head`; `frame_len` is
+    /// the whole chain's). `None` for anything else: another protocol or socket, a
+    /// VLAN tag, IPv6 extension headers, headers running past the first buffer, or
+    /// a checksum the device did not vouch for (verifying it would read every byte
+    /// anyway). The caller then linearises the frame and classifies it in full, so
+    /// every unusual frame still takes the one checked path.
+    fn classify_chained_tcp(
+        &self,
+        c: &mut Counters,
+        head: &[u8],
+        frame_len: usize,
+    ) -> Option<Verdict> {
+        if !self.csum_valid {
+            return None;
+        }
+        let eth = wire::parse_ethernet(head).ok()?;
+        if eth.vlan.is_some() || eth.dst != self.mac {
+            return None;
+        }
+        let base = eth.header_len;
+        let (src, dst, ip_hdr, l3_len, ecn) = match eth.ethertype {
+            ethertype::IPV4 => {
+                let ip = wire::parse_ipv4_prefix(eth.payload, true).ok()?;
+                if ip.is_fragment()
+                    || ip.protocol != wire::IPPROTO_TCP
+                    || ip.src.is_multicast()
+                    || ip.src.is_broadcast()
+                {
+                    return None;
+                }
+                let (src, dst) = (IpAddr::V4(ip.src), IpAddr::V4(ip.dst));
+                (src, dst, ip.header_len, ip.total_len, ip.dscp_ecn & 3)
+            }
+            ethertype::IPV6 => {
+                let ip = wire::parse_ipv6_prefix(eth.payload).ok()?;
+                if ip.next_header != wire::IPPROTO_TCP || ip.src.is_multicast() {
+                    return None;
+                }
+                let (src, dst) = (IpAddr::V6(ip.src), IpAddr::V6(ip.dst));
+                let l3_len = wire::IPV6_HEADER_LEN + ip.payload_len;
+                (
+                    src,
+                    dst,
+                    wire::IPV6_HEADER_LEN,
+                    l3_len,
+                    ip.traffic_class & 3,
+                )
+            }
+            _ => return None,
+        };
+        if base + l3_len > frame_len || !self.is_local(dst) {
+            return None;
+        }
+        let l4_off = base + ip_hdr;
+        let l4 = head.get(l4_off..)?;
+        let tcp_hdr = usize::from(*l4.get(12)? >> 4) * 4;
+        if tcp_hdr < wire::TCP_HEADER_LEN || tcp_hdr > l4.len() || tcp_hdr > l3_len - ip_hdr {
+            return None;
+        }
+        let remote = SocketAddr::new(src, u16::from_be_bytes([l4[0], l4[1]]));
+        let local = SocketAddr::new(dst, u16::from_be_bytes([l4[2], l4[3]]));
+        let target = self.sockets.tcp_lookup(local, remote);
+        if !matches!(target, TcpTarget::Conn(_)) {
+            return None;
+        }
+        if src.is_ipv4() {
+            c.ip4_rx += 1;
+        } else {
+            c.ip6_rx += 1;
+        }
+        c.tcp_rx += 1;
+        Some(Verdict::Tcp {
+            target,
+            local,
+            remote,
+            off: l4_off,
+            len: l3_len - ip_hdr,
+            ce: ecn == 3,
+        })
     }
 
     fn classify_arp(&self, c: &mut Counters, payload: &[u8]) -> Verdict {
@@ -584,21 +666,34 @@ impl Stack {
         core.counters.link_rx_bytes += len as u64;
         let csum_valid = core.pool.offload(&buf).csum_valid && core.cfg.rx_csum_offload;
         if !core.pool.is_single(&buf) {
-            // A frame larger than one buffer: linearise it once.
-            let mut data = std::mem::take(&mut core.frame_scratch);
-            core.pool.copy_chain(&buf, &mut data);
-            let gso_size = core.pool.offload(&buf).gso_size;
-            core.pool.free(buf);
-            let v = self.with_view(csum_valid, |view, c, _| view.classify(c, &data));
+            // A frame larger than one buffer (a device's GSO frame). A segment for a
+            // connection goes to it where it lies; anything else is linearised once.
+            let v = self.with_view(csum_valid, |view, c, pool| {
+                view.classify_chained_tcp(c, pool.data(&buf), len)
+            });
+            if let Some(v) = v {
+                let v = self.gro_flush_then(v);
+                if let Verdict::Tcp {
+                    target: target @ TcpTarget::Conn(_),
+                    local,
+                    remote,
+                    off,
+                    len,
+                    ce,
+                } = v
+                {
+                    self.core.counters.tcp_rx_chained += 1;
+                    self.tcp_input(target, local, remote, off, len, Src::Buf(buf), ce);
+                    return;
+                }
+                // The flush ended the connection: the segment goes the full way.
+            }
+            let src = self.core.linearise(buf);
+            let v = self.with_view(csum_valid, |view, c, pool| {
+                view.classify(c, src.bytes(pool))
+            });
             let v = self.gro_flush_then(v);
-            self.execute(
-                v,
-                Src::Owned {
-                    data,
-                    invoking: Vec::new(),
-                    gso_size,
-                },
-            );
+            self.execute(v, src);
             return;
         }
         let v = self.with_view(csum_valid, |view, c, pool| {

@@ -78,6 +78,8 @@ struct InFlight {
     seq: u64,
     from: usize,
     bytes: Vec<u8>,
+    /// A GSO frame crossing whole (`SimNet::whole_gso`): its segment size.
+    gso_size: u16,
 }
 
 impl PartialEq for InFlight {
@@ -128,6 +130,12 @@ pub struct SimNet {
     handoffs: Vec<(usize, crate::Handoff)>,
     /// With a `line_rate`: when each stack's NIC is done with its last frame.
     nic_busy_until: Vec<Instant>,
+    /// GSO frames cross the wire whole and arrive marked checksum-verified, with
+    /// their segment size, as over a TAP or a veth with offloads (the receiver's
+    /// pool chains them when they exceed a buffer); otherwise the simulated NIC
+    /// cuts them into wire segments. The wire's corruption would then go unseen,
+    /// as on those links: use it without `Faults::corrupt`.
+    pub whole_gso: bool,
 }
 
 impl SimNet {
@@ -146,6 +154,7 @@ impl SimNet {
             group_of: Vec::new(),
             handoffs: Vec::new(),
             nic_busy_until: Vec::new(),
+            whole_gso: false,
         }
     }
 
@@ -245,10 +254,14 @@ impl SimNet {
                 self.stacks[i].pool().copy_chain(&buf, &mut bytes);
                 let o = self.stacks[i].pool().offload(&buf);
                 self.stacks[i].pool_mut().free(buf);
-                // The simulated NIC does what a real one would with offloads (finish
-                // checksums, cut GSO frames into wire segments).
-                for wire_frame in crate::soft_offload::resolve(&bytes, &o) {
-                    self.launch(i, wire_frame);
+                if self.whole_gso && o.gso_size > 0 {
+                    self.launch(i, bytes, o.gso_size);
+                } else {
+                    // The simulated NIC does what a real one would with offloads
+                    // (finish checksums, cut GSO frames into wire segments).
+                    for wire_frame in crate::soft_offload::resolve(&bytes, &o) {
+                        self.launch(i, wire_frame, 0);
+                    }
                 }
                 did = true;
             }
@@ -262,6 +275,14 @@ impl SimNet {
                 let s = &mut self.stacks[j];
                 match s.pool_mut().alloc_from(&f.bytes) {
                     Some(b) => {
+                        if f.gso_size > 0 {
+                            let o = usnet_pool::Offload {
+                                csum_valid: true,
+                                gso_size: f.gso_size,
+                                ..Default::default()
+                            };
+                            s.pool_mut().set_offload(&b, o);
+                        }
                         s.receive(b);
                         self.stats.delivered += 1;
                     }
@@ -310,7 +331,7 @@ impl SimNet {
         did
     }
 
-    fn launch(&mut self, from: usize, mut bytes: Vec<u8>) {
+    fn launch(&mut self, from: usize, mut bytes: Vec<u8>, gso_size: u16) {
         self.stats.sent += 1;
         if let Some(mb) = self.middlebox.as_mut() {
             match mb(from, &bytes) {
@@ -324,6 +345,7 @@ impl SimNet {
                         seq: self.seq,
                         from: usize::MAX,
                         bytes: reply,
+                        gso_size: 0,
                     }));
                     return;
                 }
@@ -344,6 +366,7 @@ impl SimNet {
                 seq: self.seq,
                 from,
                 bytes: bytes.clone(),
+                gso_size,
             }));
         }
     }

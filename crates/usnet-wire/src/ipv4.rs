@@ -67,6 +67,18 @@ impl Ipv4Header<'_> {
 /// Parse an IPv4 header. Checks version 4, IHL >= 5, IHL*4 <= total length
 /// <= `data.len()` and, if `verify_checksum`, the header checksum.
 pub fn parse_ipv4(data: &[u8], verify_checksum: bool) -> Result<Ipv4Header<'_>, WireError> {
+    let ip = parse_ipv4_prefix(data, verify_checksum)?;
+    if ip.total_len > data.len() {
+        return Err(WireError::Truncated);
+    }
+    Ok(ip)
+}
+
+/// [`parse_ipv4`] for the first bytes of a packet whose rest lies elsewhere (the
+/// first buffer of a chained frame): the whole header must be in `data`, the
+/// payload need not be, and `payload` is the part of it that `data` holds (shorter
+/// than `total_len - header_len` when the packet goes on).
+pub fn parse_ipv4_prefix(data: &[u8], verify_checksum: bool) -> Result<Ipv4Header<'_>, WireError> {
     let vihl = u8_at(data, 0)?;
     if vihl >> 4 != 4 {
         return Err(WireError::BadVersion);
@@ -81,9 +93,6 @@ pub fn parse_ipv4(data: &[u8], verify_checksum: bool) -> Result<Ipv4Header<'_>, 
     let total_len = usize::from(u16_at(data, 2)?);
     if total_len < header_len {
         return Err(WireError::BadLength);
-    }
-    if total_len > data.len() {
-        return Err(WireError::Truncated);
     }
     let header = slice(data, 0, header_len)?;
     if verify_checksum && !verifies(sum(header)) {
@@ -103,7 +112,7 @@ pub fn parse_ipv4(data: &[u8], verify_checksum: bool) -> Result<Ipv4Header<'_>, 
         header_len,
         total_len,
         dscp_ecn: u8_at(data, 1)?,
-        payload: slice(data, header_len, total_len)?,
+        payload: slice(data, header_len, total_len.min(data.len()))?,
     })
 }
 
@@ -212,6 +221,29 @@ mod tests {
         let mut p = [0xeeu8; 0x73 + 4];
         p[..20].copy_from_slice(&HDR);
         p
+    }
+
+    /// The first bytes of a packet that goes on in another buffer: the full parse
+    /// refuses them, the prefix parse gives the header and what is here of the
+    /// payload; a header cut short is refused by both.
+    #[test]
+    fn a_prefix_holds_the_header_and_part_of_the_payload() {
+        let p = packet();
+        assert_eq!(parse_ipv4(&p[..50], true), Err(WireError::Truncated));
+        let h = parse_ipv4_prefix(&p[..50], true).unwrap();
+        assert_eq!((h.total_len, h.header_len, h.payload.len()), (0x73, 20, 30));
+        assert_eq!(h.src, Ipv4Addr::new(192, 168, 0, 1));
+        assert_eq!(
+            parse_ipv4_prefix(&p, true).unwrap().payload.len(),
+            0x73 - 20
+        );
+        assert_eq!(parse_ipv4_prefix(&p[..19], true), Err(WireError::Truncated));
+        let mut bad = p;
+        bad[10] ^= 1;
+        assert_eq!(
+            parse_ipv4_prefix(&bad[..50], true),
+            Err(WireError::BadChecksum)
+        );
     }
 
     #[test]

@@ -53,6 +53,17 @@ impl Ipv6Header<'_> {
 /// Parse the fixed IPv6 header. Payload length 0 with a Hop-by-Hop header
 /// signals a jumbogram (RFC 2675): `Unsupported`.
 pub fn parse_ipv6(data: &[u8]) -> Result<Ipv6Header<'_>, WireError> {
+    let ip = parse_ipv6_prefix(data)?;
+    if IPV6_HEADER_LEN + ip.payload_len > data.len() {
+        return Err(WireError::Truncated);
+    }
+    Ok(ip)
+}
+
+/// [`parse_ipv6`] for the first bytes of a packet whose rest lies elsewhere (the
+/// first buffer of a chained frame): the fixed header must be in `data`, and
+/// `payload` is the part of the payload that `data` holds.
+pub fn parse_ipv6_prefix(data: &[u8]) -> Result<Ipv6Header<'_>, WireError> {
     let first = u32_at(data, 0)?;
     if first >> 28 != 6 {
         return Err(WireError::BadVersion);
@@ -65,10 +76,7 @@ pub fn parse_ipv6(data: &[u8]) -> Result<Ipv6Header<'_>, WireError> {
     if payload_len == 0 && next_header == IPPROTO_HOPOPTS {
         return Err(WireError::Unsupported);
     }
-    let end = IPV6_HEADER_LEN + payload_len;
-    if end > data.len() {
-        return Err(WireError::Truncated);
-    }
+    let end = (IPV6_HEADER_LEN + payload_len).min(data.len());
     Ok(Ipv6Header {
         src: Ipv6Addr::from(get::<16>(data, 8)?),
         dst: Ipv6Addr::from(get::<16>(data, 24)?),
@@ -288,6 +296,22 @@ mod tests {
         r.emit(&mut p).unwrap();
         p.extend_from_slice(payload);
         p
+    }
+
+    /// The first bytes of a packet that goes on in another buffer: the full parse
+    /// refuses them, the prefix parse gives the header and what is here of the
+    /// payload; a fixed header cut short is refused by both.
+    #[test]
+    fn a_prefix_holds_the_header_and_part_of_the_payload() {
+        let p = packet(6, &[9; 100]);
+        assert_eq!(parse_ipv6(&p[..60]), Err(WireError::Truncated));
+        let h = parse_ipv6_prefix(&p[..60]).unwrap();
+        assert_eq!(
+            (h.payload_len, h.payload.len(), h.next_header),
+            (100, 20, 6)
+        );
+        assert_eq!(parse_ipv6_prefix(&p).unwrap().payload.len(), 100);
+        assert_eq!(parse_ipv6_prefix(&p[..39]), Err(WireError::Truncated));
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub(crate) mod zc;
 
 use std::net::SocketAddr;
 
+use usnet_pool::{BufId, PacketPool, PktBuf};
 use usnet_tcp::{ListenEvent, Payload, Segment, SegmentSink, State, TcpRepr, TxData, Wake};
 use usnet_wire as wire;
 
@@ -355,8 +356,15 @@ impl Stack {
             self.core.release(src);
             return;
         };
-        // A zero-copy connection keeps the payload's buffer; a linearised chain is
-        // first copied into buffers of its own.
+        // A zero-copy connection keeps the payload's buffer; a chain is linearised and
+        // copied into buffers of its own (a buffer it kept must not lead on to the
+        // rest of a chain).
+        let src = match src {
+            Src::Buf(b) if s.conn.is_zero_copy() && !self.core.pool.is_single(&b) => {
+                self.core.linearise(b)
+            }
+            src => src,
+        };
         let mut staged = Vec::new();
         let mut origins = Vec::new();
         if s.conn.is_zero_copy() {
@@ -371,7 +379,9 @@ impl Stack {
         let outcome = {
             let pool = &self.core.pool;
             let bytes = src.bytes(pool);
-            match wire::parse_tcp(&bytes[off..off + len]) {
+            // A chained frame's first buffer holds the header and the payload's start.
+            let head_end = (off + len).min(bytes.len());
+            match wire::parse_tcp(&bytes[off..head_end]) {
                 Err(_) => None,
                 Ok(hdr) => {
                     let mut seg = Segment::from(&hdr);
@@ -382,7 +392,10 @@ impl Stack {
                     }
                     if let Src::Buf(b) = &src {
                         seg.gso_size = pool.offload(b).gso_size;
-                        if s.conn.is_zero_copy() {
+                        if !pool.is_single(b) {
+                            chained_payload(pool, b, hdr.payload, len - hdr.header_len, &mut parts);
+                            seg.payload = Payload::chain(&parts);
+                        } else if s.conn.is_zero_copy() {
                             seg.payload = Payload::with_origin(
                                 hdr.payload,
                                 zc::origin_in(pool, b, hdr.payload),
@@ -429,6 +442,11 @@ impl Stack {
                     self.core.release(src);
                     return;
                 }
+                // A listener reads the segment whole.
+                let src = match src {
+                    Src::Buf(b) if !self.core.pool.is_single(&b) => self.core.linearise(b),
+                    src => src,
+                };
                 self.tcp_input(t, local, remote, off, len, src, ce);
             }
         }
@@ -620,5 +638,31 @@ impl Stack {
             .timers
             .peek()
             .map(|std::cmp::Reverse((t, _, _))| crate::Instant::from_nanos(*t))
+    }
+}
+
+/// The payload of a TCP segment in a chained frame, read where it lies: `first` (its
+/// part in the head buffer `head`), then the bytes of the buffers chained after it,
+/// `total` bytes in all (link padding after them left out).
+fn chained_payload<'p>(
+    pool: &'p PacketPool,
+    head: &PktBuf,
+    first: &'p [u8],
+    total: usize,
+    parts: &mut Vec<&'p [u8]>,
+) {
+    let mut left = total;
+    let mut part = &first[..first.len().min(left)];
+    let mut at = Some(BufId::from(head));
+    while let Some(b) = at {
+        if !part.is_empty() {
+            parts.push(part);
+            left -= part.len();
+        }
+        at = pool.next(b);
+        if let Some(n) = at {
+            let data = pool.data(n);
+            part = &data[..data.len().min(left)];
+        }
     }
 }
