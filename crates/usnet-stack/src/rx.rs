@@ -682,7 +682,6 @@ impl Stack {
                     ce,
                 } = v
                 {
-                    self.core.counters.tcp_rx_chained += 1;
                     self.tcp_input(target, local, remote, off, len, Src::Buf(buf), ce);
                     return;
                 }

@@ -672,6 +672,35 @@ fn chained_gso_frames_are_read_in_place() {
     }
 }
 
+/// A pool-backed (zero-copy) connection keeps the buffers its segments arrived in,
+/// so a chained GSO frame is linearised and staged into buffers of its own instead
+/// (a kept buffer must not lead on into the rest of a chain): every byte arrives
+/// and every buffer comes back.
+#[test]
+fn chained_gso_frames_to_a_pool_backed_connection_are_staged() {
+    let mut net = SimNet::new(49, Faults::default());
+    net.whole_gso = true;
+    for i in 1..=2 {
+        let mut c = cfg(i);
+        c.tso = true;
+        c.tx_csum_offload = true;
+        c.rx_csum_offload = true;
+        c.tcp.zero_copy = true;
+        net.add(c).unwrap();
+    }
+    let base = baseline(&net);
+    transfer(
+        &mut net,
+        sa("10.0.0.2:5005"),
+        4 << 20,
+        Duration::from_secs(600),
+    );
+    let rx = net.stack(1).counters_snapshot();
+    assert!(rx.tcp_zc_rx_staged > 10, "{} staged", rx.tcp_zc_rx_staged);
+    assert!(rx.link_rx_linearised >= rx.tcp_zc_rx_staged);
+    assert_clean(&mut net, &base);
+}
+
 /// A legal pool whose buffers hold only the promised 64 bytes past the headroom is
 /// too small for a GSO frame's headers (Ethernet + IPv6 + TCP with options): TSO then
 /// sends unjoined segments built as chains instead of panicking, and every byte

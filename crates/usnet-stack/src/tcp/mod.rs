@@ -365,6 +365,9 @@ impl Stack {
             }
             src => src,
         };
+        if matches!(&src, Src::Buf(b) if !self.core.pool.is_single(b)) {
+            self.core.counters.tcp_rx_chained += 1;
+        }
         let mut staged = Vec::new();
         let mut origins = Vec::new();
         if s.conn.is_zero_copy() {
