@@ -94,6 +94,8 @@ pub struct TcpBenchOptions {
     /// usnet ends hold their connections' queues in pool buffers
     /// (`TcpConfig::zero_copy`) and use the copying calls on them.
     pub pool_buffers: bool,
+    /// Pool buffer size of the usnet ends, instead of the link's default.
+    pub buf_size: Option<usize>,
 }
 
 impl Default for TcpBenchOptions {
@@ -113,6 +115,7 @@ impl Default for TcpBenchOptions {
             no_tso: false,
             spin_us: DEFAULT_SPIN_US,
             pool_buffers: false,
+            buf_size: None,
         }
     }
 }
@@ -157,6 +160,9 @@ pub struct TcpPeerOptions {
     /// usnet: connections hold their queues in pool buffers.
     #[serde(default)]
     pub pool_buffers: bool,
+    /// usnet: pool buffer size, instead of the link's default.
+    #[serde(default)]
+    pub buf_size: Option<usize>,
 }
 
 /// Polling window of a usnet end, microseconds. Measured on the 2-vCPU machine
@@ -400,6 +406,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         tso: !a.no_tso,
         spin_us: a.spin_us,
         pool_buffers: a.pool_buffers,
+        buf_size: a.buf_size,
     };
     let mut results: Vec<(Test, usize, Sys, Vec<Run>)> = Vec::new();
     for (test, sizes, systems) in [
@@ -660,7 +667,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         &json!({
             "benchmark": "tcp", "runs": runs, "seconds": seconds, "cpus": crate::cpus(),
             "verify": if a.verify { "every byte" } else { "byte counts + stamp per KiB" },
-            "shm_mtu": SHM_MTU, "tap_mtu": 1500, "veth_mtu": 1500, "pool_buffers": a.pool_buffers,
+            "shm_mtu": SHM_MTU, "tap_mtu": 1500, "veth_mtu": 1500, "pool_buffers": a.pool_buffers, "buf_size": a.buf_size,
             "notes": notes,
             "goals": goals.iter().map(|g| json!({"goal": g.0, "ratio": g.1, "met": g.2})).collect::<Vec<_>>(),
             "bulk": json_bulk, "request_response": json_rr,
@@ -758,6 +765,7 @@ fn peer(role: PeerRole, test: Test, size: usize, core: usize, o: &RunOpts) -> Tc
         netns: None,
         spin_us: o.spin_us,
         pool_buffers: o.pool_buffers,
+        buf_size: o.buf_size,
     }
 }
 
@@ -773,6 +781,7 @@ struct RunOpts<'a> {
     tso: bool,
     spin_us: u64,
     pool_buffers: bool,
+    buf_size: Option<usize>,
 }
 
 fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
@@ -1269,7 +1278,14 @@ impl App {
             mtu: caps.mtu,
             addrs: vec![addr],
             tso: caps.tso,
-            pool: if big {
+            pool: if let Some(buf_size) = a.buf_size {
+                PoolConfig {
+                    buf_size,
+                    count: ((64usize << 20) / buf_size).max(1024) as u32,
+                    headroom: DEFAULT_HEADROOM,
+                    backing: Backing::Anonymous,
+                }
+            } else if big {
                 PoolConfig {
                     buf_size: SHM_BUF,
                     count: 1024,

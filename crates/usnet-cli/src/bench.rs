@@ -301,6 +301,12 @@ pub struct TcpArgs {
     /// each way (docs/benchmarks.md, "Copies per payload byte").
     #[arg(long)]
     pub pool_buffers: bool,
+    /// Pool buffer size of the usnet ends (2048, 4096, 9216 or 65536). By default
+    /// 64 KiB on shm and on a TAP with TSO (one frame per buffer), 2 KiB elsewhere;
+    /// `--buf-size 2048` on a TAP makes each GSO frame a chain, as `usnet up`'s
+    /// default does.
+    #[arg(long)]
+    pub buf_size: Option<usize>,
     /// Instead of the configurations above: bulk TCP over an emulated wide-area path
     /// (a bottleneck, delay and random loss; TAPs in two namespaces, root), usnet's
     /// controllers against Linux's (`--wan-cc`). Writes wan.json, wan.md, wan.png.
@@ -368,6 +374,7 @@ impl From<TcpArgs> for TcpBenchOptions {
             no_tso: a.no_tso,
             spin_us: a.spin_us,
             pool_buffers: a.pool_buffers,
+            buf_size: a.buf_size,
         }
     }
 }
