@@ -7,9 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use usnet_session::ctl::msg::{
-    AttachReply, Clients, Done, PingEvent, PinReply, Request, Stat,
-};
+use usnet_session::ctl::msg::{AttachReply, Clients, Done, PinReply, PingEvent, Request, Stat};
 use usnet_session::ctl::{parse_answer, request_line};
 
 fuzz_target!(|data: &[u8]| {

@@ -183,7 +183,10 @@ impl Harness {
     /// be due then (a real loop would spin).
     fn run(&mut self) {
         if let Err(d) = self.st.run_until_idle(self.now) {
-            panic!("deadline {d:?} still due at {:?} after the stack ran idle", self.now);
+            panic!(
+                "deadline {d:?} still due at {:?} after the stack ran idle",
+                self.now
+            );
         }
     }
 
@@ -276,7 +279,9 @@ fn take<'a>(data: &mut &'a [u8], n: usize) -> &'a [u8] {
 fuzz_target!(|data: &[u8]| {
     let mut b = Harness::new();
     let mut peer = Peer::default();
-    let l: SocketHandle = b.st.tcp_listen("192.168.0.1:8080".parse().unwrap(), 4).unwrap();
+    let l: SocketHandle =
+        b.st.tcp_listen("192.168.0.1:8080".parse().unwrap(), 4)
+            .unwrap();
     let syn_opts = [
         2, 4, 0x05, 0xb4, // MSS 1460
         4, 2, // SACK permitted
@@ -353,7 +358,8 @@ fuzz_target!(|data: &[u8]| {
             }
             2 => {
                 let more = ctl & 0x40 != 0;
-                let _ = b.st.tcp_send_more(fd, &blob[..(ctl as usize & 0x0f) * 100], more);
+                let _ =
+                    b.st.tcp_send_more(fd, &blob[..(ctl as usize & 0x0f) * 100], more);
             }
             3 if ctl & 0x80 != 0 => {
                 let _ = b.st.tcp_shutdown_write(fd);

@@ -15,9 +15,20 @@ use usnet_stack::{mac_from_seed, SocketHandle, StackConfig};
 
 #[derive(Debug, Arbitrary)]
 enum Act {
-    Tx { buf: u8, off: u16, len: u16, flags: u16, sock: u8 },
+    Tx {
+        buf: u8,
+        off: u16,
+        len: u16,
+        flags: u16,
+        sock: u8,
+    },
     RxHead(u8),
-    RxScribble { buf: u8, off: u16, len: u16, flags: u16 },
+    RxScribble {
+        buf: u8,
+        off: u16,
+        len: u16,
+        flags: u16,
+    },
     Free(u8),
     Alloc,
     Step(u8),
@@ -62,17 +73,29 @@ fuzz_target!(|acts: Vec<Act>| {
             _ => u32::from(b) << 24,
         };
         match a {
-            Act::Tx { buf, off, len, flags, sock } => {
+            Act::Tx {
+                buf,
+                off,
+                len,
+                flags,
+                sock,
+            } => {
                 let h = socks[sock as usize % socks.len()];
                 let b = pick(buf, &mine);
-                port.tx.push(Slot::new(h, b, u32::from(off), u32::from(len), flags));
+                port.tx
+                    .push(Slot::new(h, b, u32::from(off), u32::from(len), flags));
             }
             Act::RxHead(n) => {
                 for _ in 0..n % 16 {
                     port.rx.head = port.rx.next(port.rx.head);
                 }
             }
-            Act::RxScribble { buf, off, len, flags } => {
+            Act::RxScribble {
+                buf,
+                off,
+                len,
+                flags,
+            } => {
                 let b = pick(buf, &mine);
                 let h = port.rx.head;
                 let s = port.rx.slot_mut(h);
