@@ -307,8 +307,6 @@ impl Core {
 
     // ---------------------------------------------------------------- frame bytes
 
-    /// Gives a frame's bytes back: the buffer to the pool, or a big allocation to the
-    /// scratch slot for the next oversized frame.
     /// A chained frame as one contiguous copy (the receive path's full
     /// classification, reassembly and the sockets other than connections read
     /// frames whole).
@@ -325,6 +323,8 @@ impl Core {
         }
     }
 
+    /// Gives a frame's bytes back: the buffer to the pool, or a big allocation to the
+    /// scratch slot for the next oversized frame.
     pub fn release(&mut self, src: Src) {
         match src {
             Src::Buf(b) => self.pool.free(b),

@@ -685,7 +685,11 @@ impl Stack {
                     self.tcp_input(target, local, remote, off, len, Src::Buf(buf), ce);
                     return;
                 }
-                // The flush ended the connection: the segment goes the full way.
+                // The flush ended the connection: the segment, classified already,
+                // goes to its new target whole.
+                let src = self.core.linearise(buf);
+                self.execute(v, src);
+                return;
             }
             let src = self.core.linearise(buf);
             let v = self.with_view(csum_valid, |view, c, pool| {
