@@ -334,7 +334,8 @@ impl Harness {
         let free = at.size as u64 - prod.wrapping_sub(cons).min(at.size as u64);
         let n = (data.len() as u64).min(free) as usize;
         for (k, b) in data[..n].iter().enumerate() {
-            let off = at.data + ((prod as usize + k) & (at.size - 1));
+            // `prod` is in memory the client (here: the input) may have scribbled on.
+            let off = at.data + ((prod as usize).wrapping_add(k) & (at.size - 1));
             let _ = r.write(off, std::slice::from_ref(b));
         }
         r.u64(at.prod).store(prod.wrapping_add(n as u64), Release);
