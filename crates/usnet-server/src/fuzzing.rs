@@ -472,7 +472,7 @@ impl Harness {
         let cons = r.u64(at.cons).load(Relaxed);
         let mut out = vec![0u8; prod.wrapping_sub(cons) as usize];
         for (k, b) in out.iter_mut().enumerate() {
-            let off = at.data + ((cons as usize + k) & (at.size - 1));
+            let off = at.data + ((cons as usize).wrapping_add(k) & (at.size - 1));
             r.read(off, std::slice::from_mut(b)).expect("in the ring");
         }
         self.consume(i);
