@@ -881,3 +881,93 @@ fn a_connection_a_poll_found_full_reports_when_it_empties() {
         );
     }
 }
+
+/// The segment ends a sender's write puts PSH on, relative to its first byte, with
+/// its queues copying or pool-backed (`TcpConfig::zero_copy`): one write of
+/// `len` bytes to a peer with a 8 KiB window, the segments seen on the wire.
+fn push_points(zero_copy: bool, len: usize) -> Vec<u32> {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let mut net = SimNet::new(50, Faults::default());
+    let mut c0 = cfg(1);
+    c0.tcp.zero_copy = zero_copy;
+    let mut c1 = cfg(2);
+    c1.tcp.recv_buffer = 8192;
+    c1.tcp.recv_buffer_initial = 8192;
+    c1.tcp.autotune = false;
+    net.add(c0).unwrap();
+    net.add(c1).unwrap();
+    // (sequence number after the segment, PSH) of every data segment stack 0 sends.
+    let seen: Rc<RefCell<Vec<(u32, bool)>>> = Rc::default();
+    let isn = Rc::new(RefCell::new(None::<u32>));
+    let (s2, i2) = (seen.clone(), isn.clone());
+    net.middlebox = Some(Box::new(move |from, f| {
+        if from == 0 && f.len() > 54 && f[12..14] == [8, 0] && f[23] == 6 {
+            let ihl = usize::from(f[14] & 15) * 4;
+            let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+            let t = &f[14 + ihl..];
+            let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+            let thl = usize::from(t[12] >> 4) * 4;
+            if t[13] & 0x02 != 0 {
+                *i2.borrow_mut() = Some(seq);
+            }
+            let payload = total - ihl - thl;
+            if payload > 0 {
+                s2.borrow_mut()
+                    .push((seq.wrapping_add(payload as u32), t[13] & 0x08 != 0));
+            }
+        }
+        usnet_stack::sim::Hop::Pass
+    }));
+    let l = net.stack_mut(1).tcp_listen(sa("10.0.0.2:5006"), 4).unwrap();
+    let c = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:5006"))
+        .unwrap();
+    let mut srv = None;
+    assert!(net.run_until(Duration::from_secs(2), |n| {
+        srv = n.stack_mut(1).tcp_accept(l).ok();
+        srv.is_some()
+    }));
+    let srv = srv.expect("accepted");
+    let data = vec![5u8; len];
+    let (mut sent, mut got) = (0, 0);
+    let mut buf = vec![0u8; 65536];
+    assert!(net.run_until(Duration::from_secs(10), |n| {
+        if sent < len {
+            if let Ok(k) = n.stack_mut(0).tcp_send_more(c, &data[sent..], false) {
+                sent += k;
+            }
+        }
+        while let Ok(k @ 1..) = n.stack_mut(1).tcp_recv(srv, &mut buf) {
+            got += k;
+        }
+        got == len
+    }));
+    let first = isn.borrow().expect("SYN seen").wrapping_add(1);
+    let mut ends: Vec<u32> = seen
+        .borrow()
+        .iter()
+        .filter(|s| s.1)
+        .map(|s| s.0.wrapping_sub(first))
+        .collect();
+    ends.dedup();
+    ends
+}
+
+/// A pool-backed connection puts PSH where a copying one does: on a chunk a forced
+/// push marks (half the peer's largest window unpushed) and at the end of each
+/// write (Linux's `tcp_mark_push` and `tcp_push`; packetdrill's
+/// `timestamping/partial` and `notsent_lowat` scripts cover a write the send buffer
+/// cut short).
+#[test]
+fn pool_backed_writes_push_where_copying_writes_do() {
+    // Writes the send buffer takes whole (beyond that, what one call admits
+    // differs: pool buffers are charged as Linux charges its pages, a ring by bytes).
+    for len in [6000, 7000] {
+        let copying = push_points(false, len);
+        let pooled = push_points(true, len);
+        assert!(copying.len() >= 2, "{len}: {copying:?}");
+        assert_eq!(pooled, copying, "{len}");
+    }
+}

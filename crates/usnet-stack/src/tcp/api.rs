@@ -667,6 +667,10 @@ impl Stack {
                 at += out.len();
                 out.len()
             });
+            if n > 0 {
+                // The write's end is a push point, as on a copying connection.
+                self.conn_mut(h)?.write_done(more);
+            }
             self.tcp_settle(h.index, Wake::default());
             if n == 0 {
                 Err(StackError::WouldBlock)

@@ -226,7 +226,7 @@ impl Connection {
             self.no_space();
             return false;
         }
-        self.account_written(n);
+        self.account_piece(n);
         self.snd.more = more;
         self.snd.more_pass = more;
         self.chrono_start(super::Chrono::Busy);

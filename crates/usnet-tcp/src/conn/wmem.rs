@@ -333,12 +333,43 @@ impl Connection {
             return (n, false);
         }
         let head = start.le(self.unsent_start());
-        let forced = end.since(self.wmem.pushed) > self.snd.max_wnd / 2;
-        if forced {
-            self.wmem.pushed = end;
-            self.wmem.marks.push_back(end);
-        }
+        let forced = self.mark_forced_push(end);
         (n, head || forced)
+    }
+
+    /// A chunk ending at `filled_end` just reached the size goal (Linux's skb):
+    /// if half the peer's largest window went unpushed, Linux's `forced_push`
+    /// marks it with PSH (`tcp_mark_push`). Returns whether it did.
+    fn mark_forced_push(&mut self, filled_end: Seq) -> bool {
+        let forced = filled_end.since(self.wmem.pushed) > self.snd.max_wnd / 2;
+        if forced {
+            self.wmem.pushed = filled_end;
+            self.wmem.marks.push_back(filled_end);
+        }
+        forced
+    }
+
+    /// `n` bytes joined a zero-copy connection's queue (pieces, not a ring, so
+    /// not through [`Self::send_step`]): the same forced push on a chunk they
+    /// filled, the last one if a piece filled several.
+    pub(crate) fn account_piece(&mut self, n: usize) {
+        let chunks_before = self.wmem.chunks.len();
+        self.account_written(n);
+        let Some(last) = self.wmem.chunks.len().checked_sub(1) else {
+            return;
+        };
+        let goal = self.size_goal();
+        let end = self.write_end();
+        let filled = if end.since(self.chunk_start(last)) >= goal {
+            Some(end)
+        } else if self.wmem.chunks.len() > chunks_before && last > 0 {
+            Some(self.wmem.chunks[last - 1])
+        } else {
+            None
+        };
+        if let Some(e) = filled {
+            self.mark_forced_push(e);
+        }
     }
 
     /// Whether a write may queue anything now: the last chunk has room, or the
@@ -397,6 +428,10 @@ impl Connection {
     /// A write ended (Linux's `tcp_push` at the end of `tcp_sendmsg`): without
     /// `MSG_MORE` its end is a push point.
     pub fn write_done(&mut self, more: bool) {
+        // The write's own MSG_MORE holds for its last bytes (a zero-copy write
+        // queues its pieces as "more follows" until the last one it expected).
+        self.snd.more = more;
+        self.snd.more_pass = more;
         if !more {
             self.wmem.pushed = self.write_end();
         }
