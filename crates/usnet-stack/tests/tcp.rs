@@ -620,6 +620,22 @@ fn bulk_with_tso_frames_in_buffer_chains() {
     }
 }
 
+/// Two stacks sending TSO frames that cross the wire whole, checksum-verified (as
+/// over a TAP or a veth with offloads); `zero_copy`: pool-backed queues.
+fn whole_gso_pair(seed: u64, faults: Faults, zero_copy: bool) -> SimNet {
+    let mut net = SimNet::new(seed, faults);
+    net.whole_gso = true;
+    for i in 1..=2 {
+        let mut c = cfg(i);
+        c.tso = true;
+        c.tx_csum_offload = true;
+        c.rx_csum_offload = true;
+        c.tcp.zero_copy = zero_copy;
+        net.add(c).unwrap();
+    }
+    net
+}
+
 /// GSO frames that cross whole (as over a TAP or a veth with offloads) arrive as
 /// chains of 2 KiB buffers; their segments reach the connection where they lie,
 /// without being linearised first, and every byte arrives in order, through loss,
@@ -639,15 +655,7 @@ fn chained_gso_frames_are_read_in_place() {
         (47, "10.0.0.2:5004", lossy),
         (48, "[fd00::2]:5004", lossy),
     ] {
-        let mut net = SimNet::new(seed, faults);
-        net.whole_gso = true;
-        for i in 1..=2 {
-            let mut c = cfg(i);
-            c.tso = true;
-            c.tx_csum_offload = true;
-            c.rx_csum_offload = true;
-            net.add(c).unwrap();
-        }
+        let mut net = whole_gso_pair(seed, faults, false);
         let base = baseline(&net);
         transfer(&mut net, sa(server), 8 << 20, Duration::from_secs(600));
         let rx = net.stack(1).counters_snapshot();
@@ -678,16 +686,7 @@ fn chained_gso_frames_are_read_in_place() {
 /// and every buffer comes back.
 #[test]
 fn chained_gso_frames_to_a_pool_backed_connection_are_staged() {
-    let mut net = SimNet::new(49, Faults::default());
-    net.whole_gso = true;
-    for i in 1..=2 {
-        let mut c = cfg(i);
-        c.tso = true;
-        c.tx_csum_offload = true;
-        c.rx_csum_offload = true;
-        c.tcp.zero_copy = true;
-        net.add(c).unwrap();
-    }
+    let mut net = whole_gso_pair(49, Faults::default(), true);
     let base = baseline(&net);
     transfer(
         &mut net,
