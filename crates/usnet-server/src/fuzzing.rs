@@ -231,7 +231,6 @@ impl Harness {
     pub fn turn(&mut self) {
         let stack = &mut self.stack;
         stack.poll(self.now);
-        let mut released = Vec::new();
         let mut touched = Vec::new();
         let mut wants = Vec::new();
         let mut broken = Vec::new();
@@ -240,15 +239,12 @@ impl Harness {
                 if s.serve_contained(stack, limits().budget).is_err() {
                     broken.push(id);
                 }
-                released.extend(s.released.drain(..).map(|(h, left)| (h, id, left)));
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, id)));
             }
         }
-        for (h, id, left) in released {
-            self.sharing
-                .release(&mut self.sessions, stack, h, id, left, false);
-        }
+        self.release_pending();
+        let stack = &mut self.stack;
         for (h, id) in wants {
             self.sharing.want(&mut self.sessions, stack, id, h);
         }
@@ -293,6 +289,8 @@ impl Harness {
                 None => {}
             }
         }
+        self.release_pending();
+        let stack = &mut self.stack;
         for s in self.sessions.values_mut() {
             s.notify();
         }
@@ -306,6 +304,19 @@ impl Harness {
         self.sharing.check(&self.sessions, stack);
         // Departed clients' connections drain what their send rings hold.
         self.dying.retain_mut(|s| s.drain_closing(stack).0);
+    }
+
+    /// The shared sockets the sessions closed are let go, as
+    /// `Loop::release_pending` does.
+    fn release_pending(&mut self) {
+        let mut released = Vec::new();
+        for (id, s) in self.sessions.iter_mut() {
+            released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
+        }
+        for (h, id, left) in released {
+            self.sharing
+                .release(&mut self.sessions, &mut self.stack, h, id, left, false);
+        }
     }
 
     pub fn advance(&mut self, d: Duration) {
@@ -863,6 +874,17 @@ mod tests {
         r.read(child_rx.data, &mut got).unwrap();
         assert_eq!(&got, b"unread by the parent");
         h.finish();
+    }
+
+    /// The input `server_session` found (fuzz/corpus/server_session/2a9b3b1a…):
+    /// after a fork, a session's close of a shared connection completed in the
+    /// readiness pass and the turn ended with the socket still listing it as a
+    /// holder.
+    #[test]
+    fn the_fuzzers_close_in_a_readiness_pass_keeps_the_sharing_consistent() {
+        run(include_bytes!(
+            "../../../fuzz/corpus/server_session/2a9b3b1a9bc29741ae436e949dbab76a2a171283"
+        ));
     }
 
     /// A bug that one client's requests reach (here a panic injected into its

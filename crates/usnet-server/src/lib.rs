@@ -496,7 +496,6 @@ impl Loop {
         if !self.order.is_empty() {
             self.order.rotate_left(1);
         }
-        let mut released = Vec::new();
         let mut touched = Vec::new();
         let mut wants = Vec::new();
         let mut broken = Vec::new();
@@ -513,14 +512,11 @@ impl Loop {
                     }
                 }
                 self.ports_changed |= std::mem::take(&mut s.ports_changed);
-                released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, *id)));
             }
         }
-        for (h, id, left) in released {
-            self.release_shared(h, id, left, false);
-        }
+        self.release_pending();
         for id in broken {
             self.sessions_broken += 1;
             self.remove_session(id);
@@ -571,11 +567,27 @@ impl Loop {
                 did = true;
             }
         }
+        // A close can complete in the readiness pass too (the last bytes of a
+        // closed slot went out): its shared socket is let go in this turn, not
+        // left to a turn that may come only with the next event.
+        self.release_pending();
         for s in self.sessions.values_mut() {
             s.notify();
         }
         did |= self.drain_dying();
         did
+    }
+
+    /// The shared stack sockets sessions closed since the last call are let go
+    /// ([`Sharing::release`]): the last holder's close closes the stack socket.
+    fn release_pending(&mut self) {
+        let mut released = Vec::new();
+        for (id, s) in self.sessions.iter_mut() {
+            released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
+        }
+        for (h, id, left) in released {
+            self.release_shared(h, id, left, false);
+        }
     }
 
     /// Session `id` let go of shared stack socket `h` (see [`Sharing::release`]).
