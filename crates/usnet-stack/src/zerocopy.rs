@@ -352,6 +352,8 @@ impl Stack {
     fn zc_tcp_config(&self) -> usnet_tcp::TcpConfig {
         let mut cfg = self.core.cfg.tcp.clone();
         cfg.zero_copy = true;
+        // Whole buffers go to the application: an urgent byte stays in them.
+        cfg.oob_inline = true;
         cfg.nodelay = true;
         cfg
     }
@@ -735,7 +737,11 @@ impl Stack {
             .zc_piece_len(h)
             .map_or(self.zc_buf_capacity(), |p| p.max(1)) as usize;
         let head = self.zc_headroom() as usize;
-        let mut done = 0;
+        let now = self.core.tcp_now();
+        if let Ok(c) = self.conn_mut(h) {
+            c.advance_clock(now);
+        }
+        let (mut done, mut blocked) = (0, false);
         while done < max {
             let cap = self.conn(h).map(|c| c.send_capacity()).unwrap_or(0);
             // First the room behind the last piece while none of it was sent: a
@@ -745,13 +751,17 @@ impl Stack {
             let limit = tail.map_or(room, |(_, _, behind)| behind);
             let want = (max - done).min(limit).min(cap);
             if want == 0 {
+                blocked = true;
                 break;
             }
             let (buf, at, fresh) = match tail {
                 Some((id, at, _)) => (id, at, None),
                 None => match self.core.pool.alloc() {
                     Some(b) => (b.id(), head, Some(b)),
-                    None => break,
+                    None => {
+                        blocked = true;
+                        break;
+                    }
                 },
             };
             let n = fill(&mut self.core.pool.whole_mut(buf)[at..][..want]).min(want);
@@ -783,6 +793,27 @@ impl Stack {
             if n < want {
                 break;
             }
+            // A chunk at the head of the unsent data filled: transmit before the
+            // next piece, as a copying write does (`tcp_send_steps`).
+            if done < max && self.conn_mut(h).is_ok_and(|c| c.take_push_due()) {
+                if let Ok(c) = self.conn_mut(h) {
+                    c.push_one();
+                }
+                self.tcp_settle(h.index, usnet_tcp::Wake::default());
+                if self.conn(h).map_or(true, |c| !c.may_send()) {
+                    break;
+                }
+            }
+        }
+        if let Ok(c) = self.conn_mut(h) {
+            // What is left to push goes out with the caller's settle.
+            c.take_push_due();
+            if blocked {
+                // The write found no more room (or no buffer): wake the writer when
+                // there is, and let the ACKs that make room grow the limit
+                // (`wmem_after_transmit`), as a copying write's `send_step` does.
+                c.no_space();
+            }
         }
         done
     }
@@ -806,11 +837,14 @@ impl Stack {
     }
 
     /// Copies up to `max` received bytes of a zero-copy connection to `sink` and
-    /// gives their buffers back (the copying `tcp_recv` on such a socket).
+    /// gives their buffers back (the copying `tcp_recv` on such a socket). As a
+    /// byte ring's read, it takes an urgent byte it comes to out of the stream
+    /// (kept for `MSG_OOB`), or with `to_mark` stops there (`splice`).
     pub(crate) fn zc_copy_out(
         &mut self,
         h: SocketHandle,
         max: usize,
+        to_mark: bool,
         mut sink: impl FnMut(&[u8]),
     ) -> Result<usize, StackError> {
         let Some(Socket::TcpConn(sock)) = self.sockets.get_mut(h) else {
@@ -818,12 +852,33 @@ impl Stack {
         };
         let pool = &mut self.core.pool;
         let mut taken = std::mem::take(&mut self.core.zc_taken);
-        let n = sock.conn.recv_spans(max, usize::MAX, |s| {
-            if let Some(id) = pool.checked(s.buf) {
-                sink(&pool.whole(id)[s.off as usize..][..s.len as usize]);
-                taken.push(id);
+        let mut done = 0;
+        while done < max {
+            let limit = match sock.conn.bytes_to_urgent_mark() {
+                Some(0) if to_mark => break,
+                Some(0) => {
+                    if let Some(s) = sock.conn.take_urgent_piece() {
+                        if let Some(id) = pool.checked(s.buf) {
+                            sock.conn.keep_urgent_byte(pool.whole(id)[s.off as usize]);
+                            taken.push(id);
+                        }
+                    }
+                    continue;
+                }
+                Some(d) => d.min(max - done),
+                None => max - done,
+            };
+            let n = sock.conn.recv_spans(limit, usize::MAX, |s| {
+                if let Some(id) = pool.checked(s.buf) {
+                    sink(&pool.whole(id)[s.off as usize..][..s.len as usize]);
+                    taken.push(id);
+                }
+            });
+            done += n;
+            if n < limit {
+                break;
             }
-        });
+        }
         // The queue's references first: a piece read in part is retained for its
         // rest, and releasing the part's reference before that would free it.
         settle_bufs(pool, &mut sock.conn);
@@ -831,7 +886,27 @@ impl Stack {
             pool.release(id);
         }
         self.core.zc_taken = taken;
-        Ok(n)
+        Ok(done)
+    }
+
+    /// A zero-copy connection at the urgent mark: its urgent byte, taken out of
+    /// the stream (`Stack::tcp_take_urgent_at_mark`).
+    pub(crate) fn zc_take_urgent(&mut self, h: SocketHandle) -> Result<Option<u8>, StackError> {
+        let Some(Socket::TcpConn(sock)) = self.sockets.get_mut(h) else {
+            return Err(StackError::InvalidHandle);
+        };
+        let pool = &mut self.core.pool;
+        let Some(s) = sock.conn.take_urgent_piece() else {
+            return Ok(None);
+        };
+        let b = pool
+            .checked(s.buf)
+            .map(|id| (id, pool.whole(id)[s.off as usize]));
+        settle_bufs(pool, &mut sock.conn);
+        if let Some((id, _)) = b {
+            pool.release(id);
+        }
+        Ok(b.map(|(_, b)| b))
     }
 }
 

@@ -766,11 +766,15 @@ impl Stack {
         buf: &mut [u8],
     ) -> Result<usize, StackError> {
         let c = self.conn_mut(h)?;
-        if c.is_zero_copy() {
-            return self.tcp_recv(h, buf);
-        }
         if c.at_urgent_mark() {
             return Ok(0);
+        }
+        if c.is_zero_copy() {
+            let mut done = 0;
+            return self.tcp_recv_with_inner(h, buf.len(), true, |chunk| {
+                buf[done..done + chunk.len()].copy_from_slice(chunk);
+                done += chunk.len();
+            });
         }
         let n = c.recv_to_mark(buf);
         if n > 0 {
@@ -851,7 +855,11 @@ impl Stack {
 
     /// At the urgent mark: the urgent byte, taken out of the stream.
     pub fn tcp_take_urgent_at_mark(&mut self, h: SocketHandle) -> Result<Option<u8>, StackError> {
-        let b = self.conn_mut(h)?.take_urgent_at_mark();
+        let b = if self.conn(h)?.is_zero_copy() {
+            self.zc_take_urgent(h)?
+        } else {
+            self.conn_mut(h)?.take_urgent_at_mark()
+        };
         if b.is_some() {
             // Taking it may open the window: let the connection say so.
             self.tcp_settle(h.index, Wake::default());
@@ -867,7 +875,7 @@ impl Stack {
         sink: impl FnMut(&[u8]),
     ) -> Result<usize, StackError> {
         let n = if self.conn(h)?.is_zero_copy() {
-            self.zc_copy_out(h, max, sink)?
+            self.zc_copy_out(h, max, to_mark, sink)?
         } else if to_mark {
             self.conn_mut(h)?.recv_with_to_mark(max, sink)
         } else {

@@ -200,7 +200,8 @@ impl Connection {
     /// At the urgent mark: takes the urgent byte out of the stream (as a read that
     /// passes the mark does) and returns it; None elsewhere.
     pub fn take_urgent_at_mark(&mut self) -> Option<u8> {
-        if !self.at_urgent_mark() {
+        // A queue of pool buffers: the byte is in the pool (`take_urgent_piece`).
+        if !self.at_urgent_mark() || matches!(self.rcv.buf, RecvBuf::Bufs(_)) {
             return None;
         }
         let mut b = [0u8; 1];
@@ -279,6 +280,42 @@ impl Connection {
             self.after_app_read(done);
         }
         done
+    }
+
+    /// Bytes a read may take before the urgent byte (out of band, not inline):
+    /// Some(0) at the mark, None while no urgent byte is queued.
+    pub fn bytes_to_urgent_mark(&self) -> Option<usize> {
+        let u = self.rcv.urg_seq?;
+        let head = self.rcv.nxt - self.rcv.buf.len() as u32;
+        self.in_rcvbuf(u).then(|| u.since(head) as usize)
+    }
+
+    /// Zero-copy connection at the urgent mark: takes the urgent byte out of the
+    /// stream as a one-byte piece (its reference goes to the caller, who reads the
+    /// byte from the pool: [`Connection::take_urgent_at_mark`] for a queue of
+    /// pool buffers). None elsewhere.
+    pub fn take_urgent_piece(&mut self) -> Option<BufSpan> {
+        if !self.at_urgent_mark() {
+            return None;
+        }
+        let RecvBuf::Bufs(q) = &mut self.rcv.buf else {
+            return None;
+        };
+        let mut piece = None;
+        q.take(1, 1, |s| piece = Some(s));
+        self.rcv.urg_seq = None;
+        self.rcv.oob_byte = None;
+        if piece.is_some() {
+            self.after_app_read(1);
+        }
+        piece
+    }
+
+    /// The urgent byte a read of a zero-copy connection passed (it took the byte
+    /// out of the stream with [`Connection::take_urgent_piece`]): kept for
+    /// [`Connection::recv_urgent`], as a copying read keeps it.
+    pub fn keep_urgent_byte(&mut self, b: u8) {
+        self.rcv.oob_byte = Some(b);
     }
 
     /// The out-of-band byte (urgent data), if one arrived and was not read.
@@ -432,8 +469,10 @@ impl Connection {
     /// The urgent pointer of a segment starting at `seq` (RFC 6093: BSD/Linux
     /// semantics, the pointer names the byte after the urgent byte).
     pub(crate) fn note_urgent(&mut self, seq: Seq, up: u16) {
-        // A zero-copy connection hands out whole buffers: urgent data stays inline.
-        if up == 0 || self.cfg.oob_inline || self.cfg.zero_copy {
+        // (The zero-copy API's connections, which hand out whole buffers, are
+        // configured with `oob_inline`; a pool-backed queue read through the
+        // copying calls takes the urgent byte out as a byte ring does.)
+        if up == 0 || self.cfg.oob_inline {
             self.stats.rare().rx_urgent_inline += 1;
             return;
         }

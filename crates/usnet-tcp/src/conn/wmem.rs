@@ -70,6 +70,11 @@ pub(crate) struct Wmem {
     marks: VecDeque<Seq>,
     /// The ends of the chunks from the start of the send buffer on, in order.
     chunks: VecDeque<Seq>,
+    /// A piece queued on a zero-copy connection filled the chunk at the head of
+    /// the unsent data or marked a forced push: the writer should transmit before
+    /// queuing more ([`Connection::take_push_due`]), as [`Connection::send_step`]
+    /// says through its return value.
+    push_due: bool,
 }
 
 impl Wmem {
@@ -83,6 +88,7 @@ impl Wmem {
             pushed: iss,
             marks: VecDeque::new(),
             chunks: VecDeque::new(),
+            push_due: false,
         }
     }
 }
@@ -351,7 +357,8 @@ impl Connection {
 
     /// `n` bytes joined a zero-copy connection's queue (pieces, not a ring, so
     /// not through [`Self::send_step`]): the same forced push on a chunk they
-    /// filled, the last one if a piece filled several.
+    /// filled, the last one if a piece filled several, and the same request to
+    /// transmit before the next piece ([`Self::take_push_due`]).
     pub(crate) fn account_piece(&mut self, n: usize) {
         let chunks_before = self.wmem.chunks.len();
         self.account_written(n);
@@ -360,16 +367,33 @@ impl Connection {
         };
         let goal = self.size_goal();
         let end = self.write_end();
+        // The chunk these bytes filled: the last one, or the one before it if
+        // they went on into a new chunk (and reached into it: a new chunk after
+        // one that was already whole, or sent, filled nothing).
+        let piece_start = end - n as u32;
         let filled = if end.since(self.chunk_start(last)) >= goal {
-            Some(end)
-        } else if self.wmem.chunks.len() > chunks_before && last > 0 {
-            Some(self.wmem.chunks[last - 1])
+            Some(last)
+        } else if self.wmem.chunks.len() > chunks_before
+            && last > 0
+            && self.wmem.chunks[last - 1].gt(piece_start)
+        {
+            Some(last - 1)
         } else {
             None
         };
-        if let Some(e) = filled {
-            self.mark_forced_push(e);
+        if let Some(i) = filled {
+            let head = self.chunk_start(i).le(self.unsent_start());
+            let forced = self.mark_forced_push(self.wmem.chunks[i]);
+            self.wmem.push_due |= head || forced;
         }
+    }
+
+    /// Whether the pieces queued since the last call filled the chunk at the head
+    /// of the unsent data or marked a forced push: a writer that has more to queue
+    /// transmits first ([`Self::push_one`]), so that what the window lets out makes
+    /// room (Linux's `tcp_push_one` in the middle of `tcp_sendmsg`).
+    pub fn take_push_due(&mut self) -> bool {
+        std::mem::take(&mut self.wmem.push_due)
     }
 
     /// Whether a write may queue anything now: the last chunk has room, or the
