@@ -45,6 +45,10 @@ step "tests" cargo test --workspace --release --no-fail-fast
 # if a script in the expectations file fails, or if any run hangs or crashes.
 # Skipped when ../shared/tools/packetdrill is absent.
 step "packetdrill suite" python3 scripts/packetdrill.py --jobs 2 --timeout 60
+# The same suite with pool-backed queues (`usnet up --pool-buffers`: a connection's
+# payload stays in the packet pool's buffers): the same expectations must hold.
+step "packetdrill suite, pool-backed queues" \
+    python3 scripts/packetdrill.py --jobs 2 --timeout 60 --flag pool_buffers=1
 # Long simulated conversations (100+ MB with loss, 100k connect/close cycles): the
 # ignored tests, in the same build as the tests above (selecting packages with -p would
 # unify features differently and rebuild them: 3 minutes). shm_throughput is a
