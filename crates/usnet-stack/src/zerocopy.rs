@@ -857,11 +857,12 @@ impl Stack {
             let limit = match sock.conn.bytes_to_urgent_mark() {
                 Some(0) if to_mark => break,
                 Some(0) => {
-                    if let Some(s) = sock.conn.take_urgent_piece() {
-                        if let Some(id) = pool.checked(s.buf) {
-                            sock.conn.keep_urgent_byte(pool.whole(id)[s.off as usize]);
-                            taken.push(id);
-                        }
+                    let Some(s) = sock.conn.take_urgent_piece() else {
+                        break;
+                    };
+                    if let Some(id) = pool.checked(s.buf) {
+                        sock.conn.keep_urgent_byte(pool.whole(id)[s.off as usize]);
+                        taken.push(id);
                     }
                     continue;
                 }

@@ -367,9 +367,9 @@ impl Connection {
         };
         let goal = self.size_goal();
         let end = self.write_end();
-        // The chunk these bytes filled: the last one, or the one before it if
-        // they went on into a new chunk (and reached into it: a new chunk after
-        // one that was already whole, or sent, filled nothing).
+        // The chunk these bytes filled: the last one, or the one before it if they
+        // began in it and went on into a new one (a new chunk behind one that was
+        // already whole, or sent, means they filled nothing).
         let piece_start = end - n as u32;
         let filled = if end.since(self.chunk_start(last)) >= goal {
             Some(last)
