@@ -306,8 +306,8 @@ impl Harness {
         self.dying.retain_mut(|s| s.drain_closing(stack).0);
     }
 
-    /// The shared sockets the sessions closed are let go, as
-    /// `Loop::release_pending` does.
+    /// The shared sockets the sessions closed are let go, after serving and after
+    /// the readiness pass, as `Loop::serve_sessions` does (`Loop::release_all`).
     fn release_pending(&mut self) {
         let mut released = Vec::new();
         for (id, s) in self.sessions.iter_mut() {

@@ -496,6 +496,7 @@ impl Loop {
         if !self.order.is_empty() {
             self.order.rotate_left(1);
         }
+        let mut released = Vec::new();
         let mut touched = Vec::new();
         let mut wants = Vec::new();
         let mut broken = Vec::new();
@@ -512,11 +513,12 @@ impl Loop {
                     }
                 }
                 self.ports_changed |= std::mem::take(&mut s.ports_changed);
+                released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, *id)));
             }
         }
-        self.release_pending();
+        self.release_all(&mut released);
         for id in broken {
             self.sessions_broken += 1;
             self.remove_session(id);
@@ -557,6 +559,7 @@ impl Loop {
                 for id in self.sharing.holders(h) {
                     if let Some(s) = self.sessions.get_mut(id) {
                         s.on_ready(stack, h);
+                        released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                         did = true;
                     }
                 }
@@ -564,13 +567,14 @@ impl Loop {
             }
             if let Some(s) = self.sessions.get_mut(&owner.0) {
                 s.on_ready(stack, h);
+                released.extend(s.released.drain(..).map(|(h, left)| (h, owner.0, left)));
                 did = true;
             }
         }
         // A close can complete in the readiness pass too (the last bytes of a
         // closed slot went out): its shared socket is let go in this turn, not
         // left to a turn that may come only with the next event.
-        self.release_pending();
+        self.release_all(&mut released);
         for s in self.sessions.values_mut() {
             s.notify();
         }
@@ -578,14 +582,12 @@ impl Loop {
         did
     }
 
-    /// The shared stack sockets sessions closed since the last call are let go
-    /// ([`Sharing::release`]): the last holder's close closes the stack socket.
-    fn release_pending(&mut self) {
-        let mut released = Vec::new();
-        for (id, s) in self.sessions.iter_mut() {
-            released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
-        }
-        for (h, id, left) in released {
+    /// The shared stack sockets sessions closed (stack socket, session, what its
+    /// receive ring held) are let go ([`Sharing::release`]): the last holder's
+    /// close closes the stack socket. Gathered where the sessions close them, in
+    /// their serve and in the readiness pass, not by a walk over every session.
+    fn release_all(&mut self, released: &mut Vec<(SocketHandle, u32, Vec<u8>)>) {
+        for (h, id, left) in released.drain(..) {
             self.release_shared(h, id, left, false);
         }
     }
