@@ -84,8 +84,13 @@ if [ "${USNET_FUZZ_SECONDS:-20}" != 0 ]; then
     fi
     if command -v cargo-fuzz >/dev/null; then
         # The committed corpora first, each input once: a regression test.
+        # posix_calls's stack server lives across inputs, so LeakSanitizer's scan
+        # after each one finds the heap grown and costs more than the inputs (148 s
+        # against 44 s for its 4,555): skipped, as its campaigns skip it.
         for t in $(git ls-files fuzz/corpus | cut -d/ -f3 | sort -u); do
-            step "fuzz corpus $t" bash -c "set -o pipefail; cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t corpus/$t -- -runs=0 -rss_limit_mb=2048 2>&1 | tail -2"
+            extra=""
+            [ "$t" = posix_calls ] && extra="-detect_leaks=0"
+            step "fuzz corpus $t" bash -c "set -o pipefail; cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t corpus/$t -- -runs=0 -rss_limit_mb=2048 $extra 2>&1 | tail -2"
         done
         for t in $(cd fuzz && cargo fuzz list 2>/dev/null); do
             step "fuzz $t" bash -c "set -o pipefail; cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t -- -max_total_time=${USNET_FUZZ_SECONDS:-20} -rss_limit_mb=2048 2>&1 | tail -3"
