@@ -881,6 +881,20 @@ fn a_connection_a_poll_found_full_reports_when_it_empties() {
     }
 }
 
+/// Stack 0 connects to a listener of stack 1's on `port`: the two ends, once
+/// accepted (within 2 s of virtual time).
+fn connected(net: &mut SimNet, port: u16) -> (SocketHandle, SocketHandle) {
+    let at = SocketAddr::from(([10, 0, 0, 2], port));
+    let l = net.stack_mut(1).tcp_listen(at, 4).unwrap();
+    let c = net.stack_mut(0).tcp_connect(None, at).unwrap();
+    let mut srv = None;
+    assert!(net.run_until(Duration::from_secs(2), |n| {
+        srv = n.stack_mut(1).tcp_accept(l).ok();
+        srv.is_some()
+    }));
+    (c, srv.expect("accepted"))
+}
+
 /// The segment ends a sender's write puts PSH on, relative to its first byte, with
 /// its queues copying or pool-backed (`TcpConfig::zero_copy`): one write of
 /// `len` bytes to a peer with a 8 KiB window, the segments seen on the wire.
@@ -918,17 +932,7 @@ fn push_points(zero_copy: bool, len: usize) -> Vec<u32> {
         }
         usnet_stack::sim::Hop::Pass
     }));
-    let l = net.stack_mut(1).tcp_listen(sa("10.0.0.2:5006"), 4).unwrap();
-    let c = net
-        .stack_mut(0)
-        .tcp_connect(None, sa("10.0.0.2:5006"))
-        .unwrap();
-    let mut srv = None;
-    assert!(net.run_until(Duration::from_secs(2), |n| {
-        srv = n.stack_mut(1).tcp_accept(l).ok();
-        srv.is_some()
-    }));
-    let srv = srv.expect("accepted");
+    let (c, srv) = connected(&mut net, 5006);
     let data = vec![5u8; len];
     let (mut sent, mut got) = (0, 0);
     let mut buf = vec![0u8; 65536];
@@ -1015,17 +1019,7 @@ fn urgent_read(zero_copy: bool, splice_like: bool) -> (Vec<u8>, bool, Option<u8>
         g[t + 16..t + 18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
         usnet_stack::sim::Hop::Answer(g)
     }));
-    let l = net.stack_mut(1).tcp_listen(sa("10.0.0.2:5007"), 4).unwrap();
-    let c = net
-        .stack_mut(0)
-        .tcp_connect(None, sa("10.0.0.2:5007"))
-        .unwrap();
-    let mut srv = None;
-    assert!(net.run_until(Duration::from_secs(2), |n| {
-        srv = n.stack_mut(1).tcp_accept(l).ok();
-        srv.is_some()
-    }));
-    let srv = srv.expect("accepted");
+    let (c, srv) = connected(&mut net, 5007);
     assert_eq!(net.stack_mut(0).tcp_send(c, b"abcdefghij"), Ok(10));
     net.run_for(Duration::from_millis(200));
     assert!(marked.get(), "the middlebox marked a segment");
@@ -1088,17 +1082,7 @@ fn writes_taken(zero_copy: bool) -> (usize, usize) {
     c1.tcp.recv_buffer_initial = 65536;
     c1.tcp.autotune = false;
     net.add(c1).unwrap();
-    let l = net.stack_mut(1).tcp_listen(sa("10.0.0.2:5008"), 4).unwrap();
-    let c = net
-        .stack_mut(0)
-        .tcp_connect(None, sa("10.0.0.2:5008"))
-        .unwrap();
-    let mut srv = None;
-    assert!(net.run_until(Duration::from_secs(2), |n| {
-        srv = n.stack_mut(1).tcp_accept(l).ok();
-        srv.is_some()
-    }));
-    let srv = srv.expect("accepted");
+    let (c, srv) = connected(&mut net, 5008);
     let data = vec![3u8; 200_000];
     let first = net.stack_mut(0).tcp_send(c, &data).unwrap();
     let mut buf = vec![0u8; 1 << 16];
