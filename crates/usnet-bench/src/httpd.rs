@@ -229,6 +229,10 @@ fn start_httpd(
                     "--addr".into(),
                     format!("{VETH_USNET}/24"),
                     "--zero-copy".into(),
+                    // The two processes share the core: a loop that polls after
+                    // its work takes the time the other one needs to answer.
+                    "--spin-us".into(),
+                    a.spin_us.to_string(),
                 ],
             )?);
             c.args(["--api", "zerocopy", "--stack", ZC_STACK, "-p", "80"]);

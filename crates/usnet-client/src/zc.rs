@@ -314,8 +314,22 @@ impl ZcPort {
     /// this session (TX slots taken, the stash refilled), or `timeout` passes.
     /// Returns whether RX slots wait.
     pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
+        self.wait_since(self.changes(), timeout)
+    }
+
+    /// A mark of the server's changes to this session so far, for
+    /// [`ZcPort::wait_since`].
+    pub fn changes(&self) -> u32 {
+        self.net.conn.bell_seq()
+    }
+
+    /// As [`ZcPort::wait`], but a change the server made after `mark` was taken
+    /// ends the wait at once: an application that found its TX ring full or its
+    /// stash empty takes the mark before it looks, so a refill in between is not
+    /// slept through.
+    pub fn wait_since(&self, mark: u32, timeout: Duration) -> io::Result<bool> {
         let deadline = Instant::now() + timeout;
-        let seen = self.net.conn.bell_seq();
+        let seen = mark;
         if self.rx_ready() > 0 {
             return Ok(true);
         }
