@@ -1253,6 +1253,7 @@ fn run(st: &mut St, call: &Call) {
             m.msg_iovlen = v.n as _;
             m.msg_name = o.ptr().cast();
             m.msg_namelen = o.len.as_deref().copied().unwrap_or(0);
+            let namelen = m.msg_namelen;
             m.msg_control = if ctl.is_empty() {
                 std::ptr::null_mut()
             } else {
@@ -1275,7 +1276,17 @@ fn run(st: &mut St, call: &Call) {
                     dbg(),
                     m.msg_controllen
                 );
-                assert!(m.msg_namelen as usize <= std::mem::size_of::<libc::sockaddr_in6>());
+                // As Linux: written back only when there is a name to write.
+                if m.msg_name.is_null() {
+                    assert_eq!(m.msg_namelen, namelen, "{}", dbg());
+                } else {
+                    assert!(
+                        m.msg_namelen as usize <= std::mem::size_of::<libc::sockaddr_in6>(),
+                        "{}: namelen {}",
+                        dbg(),
+                        m.msg_namelen
+                    );
+                }
             }
         }
         Call::Readv { fd, ref iov, n } => {

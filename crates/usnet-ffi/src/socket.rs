@@ -437,9 +437,16 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                 }
                 // SAFETY: per the contract.
                 let m = unsafe { &mut *msg };
+                // As Linux, a successful call writes `msg_namelen` back only when
+                // there is a `msg_name` (0 where no address is given: a stream, the
+                // error queue's zero-copy and timestamp reports); without one it is
+                // left as the caller set it.
                 if flags & libc::MSG_ERRQUEUE != 0 {
                     // Zero-copy completions and transmit timestamps (`usnet_posix`).
                     let report = usnet_posix::error_queue(fd)?;
+                    if !m.msg_name.is_null() {
+                        m.msg_namelen = 0;
+                    }
                     let mut dom = [0u8; 4];
                     usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut dom)?;
                     let v6 = i32::from_ne_bytes(dom) == libc::AF_INET6;
@@ -517,8 +524,10 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                         n
                     });
                 }
-                m.msg_namelen = 0;
                 let n = usnet_posix::readv(fd, &mut v, flags)?;
+                if !m.msg_name.is_null() {
+                    m.msg_namelen = 0;
+                }
                 if let Some(left) = usnet_posix::inq(fd)? {
                     m.msg_controllen = control;
                     let cm = [(

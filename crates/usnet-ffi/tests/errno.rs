@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 
 use usnet::socket::{
     usnet_accept, usnet_attach, usnet_bind, usnet_connect, usnet_getsockname, usnet_listen,
-    usnet_recv, usnet_recvmsg, usnet_send, usnet_sendmsg, usnet_sendto, usnet_socket,
+    usnet_recv, usnet_recvmsg, usnet_send, usnet_sendmsg, usnet_sendto, usnet_setsockopt,
+    usnet_socket,
 };
 use usnet_server::{ServerConfig, ServerHandle};
 use usnet_stack::{mac_from_seed, StackConfig};
@@ -193,4 +194,93 @@ fn too_many_pieces_in_a_msghdr_is_emsgsize() {
         assert_eq!(unsafe { usnet_recvmsg(fd, &mut m, 0) }, -1);
         assert_eq!(errno(), libc::EMSGSIZE, "recvmsg, {n} pieces");
     }
+}
+
+/// recvmsg writes `msg_namelen` back only when there is a `msg_name`, as Linux
+/// does: the sender's length for a datagram, 0 for a stream; without a name the
+/// caller's value stays (a fuzzer passed NULL with 128 and was told 128, which is
+/// right).
+#[test]
+fn recvmsg_writes_the_name_length_only_with_a_name() {
+    attached();
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let full = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let recv = |fd: i32, name: Option<&mut libc::sockaddr_storage>| {
+        let mut buf = [0u8; 64];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: a zeroed msghdr with one valid piece and, if any, a full-sized name.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_namelen = full;
+        if let Some(n) = name {
+            m.msg_name = (n as *mut libc::sockaddr_storage).cast();
+        }
+        // A bounded wait: what is read was sent before.
+        let tv = libc::timeval {
+            tv_sec: 10,
+            tv_usec: 0,
+        };
+        // SAFETY: a valid timeval of its size.
+        let set = unsafe {
+            usnet_setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0);
+        // SAFETY: as above.
+        let r = unsafe { usnet_recvmsg(fd, &mut m, 0) };
+        (r, m.msg_namelen)
+    };
+    let (u, at) = bound(libc::SOCK_DGRAM);
+    for _ in 0..2 {
+        // SAFETY: a valid buffer and address.
+        let sent = unsafe {
+            usnet_sendto(
+                u,
+                b"ping".as_ptr().cast(),
+                4,
+                0,
+                (&at as *const libc::sockaddr_in).cast(),
+                len,
+            )
+        };
+        assert_eq!(sent, 4);
+    }
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    assert_eq!(recv(u, Some(&mut name)), (4, len), "a datagram's sender");
+    assert_eq!(recv(u, None), (4, full), "no name: left as it was");
+
+    let (l, lat) = bound(libc::SOCK_STREAM);
+    assert_eq!(usnet_listen(l, 4), 0);
+    let c = usnet_socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+    // SAFETY: a valid address.
+    assert_eq!(
+        unsafe { usnet_connect(c, (&lat as *const libc::sockaddr_in).cast(), len) },
+        0
+    );
+    // SAFETY: no address wanted.
+    let a = unsafe { usnet_accept(l, std::ptr::null_mut(), std::ptr::null_mut()) };
+    assert!(a >= 0);
+    // SAFETY: a valid buffer.
+    assert_eq!(
+        unsafe { usnet_send(c, b"abcdefgh".as_ptr().cast(), 8, 0) },
+        8
+    );
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let (r, got) = recv(a, Some(&mut name));
+    assert!(r > 0);
+    assert_eq!(got, 0, "a stream gives no address");
+    // SAFETY: a valid buffer.
+    assert_eq!(unsafe { usnet_send(c, b"ijkl".as_ptr().cast(), 4, 0) }, 4);
+    let (r, got) = recv(a, None);
+    assert!(r > 0);
+    assert_eq!(got, full, "no name: left as it was");
 }
