@@ -301,9 +301,11 @@ pub unsafe extern "C" fn usnet_recvfrom(
                 match from {
                     // SAFETY: per the contract.
                     Some(f) => unsafe { sockaddr_out(f, a, alen) }?,
+                    // As Linux: the length is written back only with an address
+                    // buffer (0: a stream has no sender address).
                     None => {
-                        if !alen.is_null() {
-                            // SAFETY: per the contract; a stream has no sender address.
+                        if !a.is_null() && !alen.is_null() {
+                            // SAFETY: per the contract.
                             unsafe { *alen = 0 };
                         }
                     }

@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 
 use usnet::socket::{
     usnet_accept, usnet_attach, usnet_bind, usnet_connect, usnet_getsockname, usnet_listen,
-    usnet_recv, usnet_recvmsg, usnet_send, usnet_sendmsg, usnet_sendto, usnet_setsockopt,
-    usnet_socket,
+    usnet_recv, usnet_recvfrom, usnet_recvmsg, usnet_send, usnet_sendmsg, usnet_sendto,
+    usnet_setsockopt, usnet_socket,
 };
 use usnet_server::{ServerConfig, ServerHandle};
 use usnet_stack::{mac_from_seed, StackConfig};
@@ -283,4 +283,21 @@ fn recvmsg_writes_the_name_length_only_with_a_name() {
     let (r, got) = recv(a, None);
     assert!(r > 0);
     assert_eq!(got, full, "no name: left as it was");
+    // recvfrom: the same rule for its address and length.
+    // SAFETY: a valid buffer.
+    assert_eq!(unsafe { usnet_send(c, b"mn".as_ptr().cast(), 2, 0) }, 2);
+    let mut buf = [0u8; 8];
+    let mut alen = full;
+    // SAFETY: a valid buffer and length; no address buffer.
+    let r = unsafe {
+        usnet_recvfrom(
+            a,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            std::ptr::null_mut(),
+            &mut alen,
+        )
+    };
+    assert_eq!((r, alen), (2, full), "no address buffer: the length stays");
 }
