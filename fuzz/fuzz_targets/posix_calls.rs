@@ -710,6 +710,15 @@ const RECV_FLAGS: &[c_int] = &[
     libc::MSG_CMSG_CLOEXEC,
 ];
 
+/// How a send with flags `f` is checked.
+fn send_kind(f: Flags) -> K {
+    if flags(f, SEND_FLAGS) & libc::MSG_FASTOPEN != 0 {
+        K::SendFastOpen
+    } else {
+        K::Send
+    }
+}
+
 fn flags(f: Flags, table: &[c_int]) -> c_int {
     match f {
         Flags::None => 0,
@@ -751,6 +760,9 @@ enum K {
     Accept,
     Connect,
     Send,
+    /// A send with MSG_FASTOPEN: on a TCP socket not yet connected it connects
+    /// (`tcp_sendmsg_fastopen`), so connect's errors too.
+    SendFastOpen,
     Recv,
     Sockopt,
     Shutdown,
@@ -769,6 +781,9 @@ enum K {
 fn allowed(k: K, e: c_int) -> bool {
     if COMMON.contains(&e) {
         return true;
+    }
+    if let K::SendFastOpen = k {
+        return allowed(K::Send, e) || allowed(K::Connect, e);
     }
     let extra: &[c_int] = match k {
         K::Socket => &[
@@ -807,6 +822,8 @@ fn allowed(k: K, e: c_int) -> bool {
             ETIMEDOUT,
             ECONNRESET,
         ],
+        // Checked as a send or a connect above.
+        K::SendFastOpen => &[],
         K::Send => &[
             EACCES,
             EAGAIN,
@@ -1110,7 +1127,8 @@ fn run(st: &mut St, call: &Call) {
                     c::usnet_send(st.fd(fd), p, data.len(), flags(f, SEND_FLAGS))
                 }
             };
-            if let Some(n) = check(K::Send, r as i64, &dbg) {
+            let k = if write { K::Send } else { send_kind(f) };
+            if let Some(n) = check(k, r as i64, &dbg) {
                 assert!(n as usize <= data.len(), "{}: sent {n}", dbg());
             }
         }
@@ -1133,7 +1151,7 @@ fn run(st: &mut St, call: &Call) {
                     l,
                 )
             };
-            if let Some(n) = check(K::Send, r as i64, &dbg) {
+            if let Some(n) = check(send_kind(f), r as i64, &dbg) {
                 assert!(n as usize <= data.len());
             }
         }
@@ -1168,7 +1186,7 @@ fn run(st: &mut St, call: &Call) {
             };
             // SAFETY: the msghdr's pointers are valid for their lengths.
             let r = unsafe { c::usnet_sendmsg(st.fd(fd), mp, flags(f, SEND_FLAGS)) };
-            if let Some(k) = check(K::Send, r as i64, &dbg) {
+            if let Some(k) = check(send_kind(f), r as i64, &dbg) {
                 assert!(k as usize <= v.room());
             }
             drop(v.bufs);

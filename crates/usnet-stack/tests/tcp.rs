@@ -309,6 +309,16 @@ fn refused_connect_gets_rst_and_rst_gets_nothing() {
         Err(StackError::AddrInUse)
     );
     assert_eq!(net.stack_mut(1).tcp_accept(l), Err(StackError::WouldBlock));
+    // A second connection with the same four numbers: EADDRNOTAVAIL, as Linux's
+    // connect says (`__inet_check_established`).
+    let from = Some(sa("10.0.0.1:4000"));
+    net.stack_mut(0)
+        .tcp_connect(from, sa("10.0.0.2:80"))
+        .unwrap();
+    assert_eq!(
+        net.stack_mut(0).tcp_connect(from, sa("10.0.0.2:80")),
+        Err(StackError::AddrNotAvailable)
+    );
 }
 
 #[test]

@@ -510,7 +510,9 @@ impl Stack {
         }
         let l = SocketAddr::new(lip, lport);
         if !self.tcp_tuple_free(l, remote) {
-            return Err(StackError::AddrInUse);
+            // Linux's `__inet_check_established`: a connection with these four
+            // numbers exists (EADDRNOTAVAIL, not a bind's EADDRINUSE).
+            return Err(StackError::AddrNotAvailable);
         }
         let mut cfg = self.tcp_prepare(cfg);
         cfg.mss = cfg
