@@ -625,20 +625,27 @@ impl Connection {
     fn receive_out_of_order(&mut self, start: Seq, data: Payload, wire_segs: u32) {
         let off = self.rcv.buf.len() + start.since(self.rcv.nxt) as usize;
         let dend = start + data.len();
-        match self.rcv.ooo.add(start, dend) {
-            OooAdd::Added => {
-                self.rcv.buf.write_payload(off, data);
-                self.stats.rx_ooo_segments += u64::from(wire_segs);
-                self.rcv.sack_recent.rotate_right(1);
-                self.rcv.sack_recent[0] = Some(start);
+        if self.rcv.ooo.covers(start, dend) {
+            self.stats.rx_dup_bytes += data.len() as u64;
+            if self.opts.sack && self.cfg.dsack {
+                self.rcv.dsack = Some((start, dend));
             }
-            OooAdd::Duplicate => {
-                self.stats.rx_dup_bytes += data.len() as u64;
-                if self.opts.sack && self.cfg.dsack {
-                    self.rcv.dsack = Some((start, dend));
+        } else {
+            // Only what the buffer took is held: a pool-backed queue stops at its
+            // piece limit or at a part that lies in no pool buffer. A range longer
+            // than what was placed would count the rest as data once the hole fills.
+            // (What was placed beyond a refused range stays where it is, at its
+            // offset, and is used when the data arrives again.)
+            let n = self.rcv.buf.write_payload(off, data);
+            match (n > 0).then(|| self.rcv.ooo.add(start, start + n)) {
+                Some(OooAdd::Added) => {
+                    self.stats.rx_ooo_segments += u64::from(wire_segs);
+                    self.rcv.sack_recent.rotate_right(1);
+                    self.rcv.sack_recent[0] = Some(start);
                 }
+                Some(OooAdd::Duplicate) => {}
+                Some(OooAdd::Full) | None => self.stats.rare().rx_ooo_full += 1,
             }
-            OooAdd::Full => self.stats.rare().rx_ooo_full += 1,
         }
         // Out of order: a duplicate ACK at once, every time (RFC 5681 §4.2); a
         // coalesced frame owes one per wire segment, as they would have. Reordering
@@ -685,6 +692,42 @@ mod tests {
         let n = c.recv(&mut buf);
         buf.truncate(n);
         buf
+    }
+
+    /// A pool-backed queue holds only what lies in pool buffers: an out-of-order
+    /// segment it could not keep (here no part has an origin) is not held, so the
+    /// hole's filling does not count it as received (`server_session` found the
+    /// queue then saying in-order bytes it did not have: acknowledged, never
+    /// delivered).
+    #[test]
+    fn an_out_of_order_segment_a_pool_backed_queue_cannot_keep_is_not_held() {
+        use crate::payload::Origin;
+        let zc = TcpConfig {
+            zero_copy: true,
+            ..TcpConfig::default()
+        };
+        let (mut cli, mut srv) = pair(TcpConfig::default(), zc);
+        let now = T0 + ms(1);
+        let segs = segments(&mut cli, 3, now);
+        let start = srv.rcv.nxt;
+        let with_origin = |c: &mut Connection, s: &OwnedSegment, buf: u32| {
+            let mut seg = s.segment();
+            seg.payload = Payload::with_origin(&s.payload, Origin { buf, off: 0 });
+            c.input(now, &seg);
+        };
+        // The third first, where the queue cannot keep it; then the first two.
+        srv.input(now, &segs[2].segment());
+        with_origin(&mut srv, &segs[0], 1);
+        with_origin(&mut srv, &segs[1], 2);
+        assert_eq!(srv.rcv.nxt, start + (2 * MSS) as u32, "only what is held");
+        // Sent again, it is kept, and the stream reads whole.
+        with_origin(&mut srv, &segs[2], 3);
+        assert_eq!(srv.rcv.nxt, start + (3 * MSS) as u32);
+        let mut spans = Vec::new();
+        let n = srv.recv_spans(usize::MAX, usize::MAX, |s| spans.push(s));
+        assert_eq!(n, 3 * MSS);
+        let bufs: Vec<u32> = spans.iter().map(|s| s.buf).collect();
+        assert_eq!(bufs, vec![1, 2, 3]);
     }
 
     #[test]
