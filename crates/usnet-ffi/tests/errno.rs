@@ -69,6 +69,23 @@ fn bound(ty: i32) -> (i32, libc::sockaddr_in) {
     (fd, got)
 }
 
+/// A connected TCP pair: the connecting socket and the accepted one.
+fn stream_pair() -> (i32, i32) {
+    let (l, lat) = bound(libc::SOCK_STREAM);
+    assert_eq!(usnet_listen(l, 4), 0);
+    let c = usnet_socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a valid address.
+    assert_eq!(
+        unsafe { usnet_connect(c, (&lat as *const libc::sockaddr_in).cast(), len) },
+        0
+    );
+    // SAFETY: no address wanted.
+    let a = unsafe { usnet_accept(l, std::ptr::null_mut(), std::ptr::null_mut()) };
+    assert!(a >= 0);
+    (c, a)
+}
+
 /// MSG_TRUNC: a datagram's whole length (recv, and MSG_TRUNC in recvmsg's
 /// msg_flags for a short buffer), a stream's bytes thrown away; MSG_ERRQUEUE
 /// through plain recv with nothing queued is EAGAIN, as on Linux.
@@ -121,17 +138,7 @@ fn msg_trunc_and_msg_errqueue_as_linux() {
     );
 
     // A stream: 1000 bytes, of which recv(NULL, 600, MSG_TRUNC) throws 600 away.
-    let (l, lat) = bound(libc::SOCK_STREAM);
-    assert_eq!(usnet_listen(l, 4), 0);
-    let c = usnet_socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-    // SAFETY: a valid address.
-    assert_eq!(
-        unsafe { usnet_connect(c, (&lat as *const libc::sockaddr_in).cast(), len) },
-        0
-    );
-    // SAFETY: no address wanted.
-    let a = unsafe { usnet_accept(l, std::ptr::null_mut(), std::ptr::null_mut()) };
-    assert!(a >= 0);
+    let (c, a) = stream_pair();
     let bytes: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
     // SAFETY: a valid buffer.
     assert_eq!(
@@ -258,17 +265,7 @@ fn recvmsg_writes_the_name_length_only_with_a_name() {
     assert_eq!(recv(u, Some(&mut name)), (4, len), "a datagram's sender");
     assert_eq!(recv(u, None), (4, full), "no name: left as it was");
 
-    let (l, lat) = bound(libc::SOCK_STREAM);
-    assert_eq!(usnet_listen(l, 4), 0);
-    let c = usnet_socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-    // SAFETY: a valid address.
-    assert_eq!(
-        unsafe { usnet_connect(c, (&lat as *const libc::sockaddr_in).cast(), len) },
-        0
-    );
-    // SAFETY: no address wanted.
-    let a = unsafe { usnet_accept(l, std::ptr::null_mut(), std::ptr::null_mut()) };
-    assert!(a >= 0);
+    let (c, a) = stream_pair();
     // SAFETY: a valid buffer.
     assert_eq!(
         unsafe { usnet_send(c, b"abcdefgh".as_ptr().cast(), 8, 0) },
