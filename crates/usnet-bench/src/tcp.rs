@@ -96,6 +96,8 @@ pub struct TcpBenchOptions {
     pub pool_buffers: bool,
     /// Pool buffer size of the usnet ends, instead of the link's default.
     pub buf_size: Option<usize>,
+    /// Slots per ring of the shm link, instead of its default.
+    pub shm_slots: Option<usize>,
 }
 
 impl Default for TcpBenchOptions {
@@ -116,6 +118,7 @@ impl Default for TcpBenchOptions {
             spin_us: DEFAULT_SPIN_US,
             pool_buffers: false,
             buf_size: None,
+            shm_slots: None,
         }
     }
 }
@@ -163,6 +166,9 @@ pub struct TcpPeerOptions {
     /// usnet: pool buffer size, instead of the link's default.
     #[serde(default)]
     pub buf_size: Option<usize>,
+    /// usnet on shm: slots per ring, instead of the link's default.
+    #[serde(default)]
+    pub shm_slots: Option<usize>,
 }
 
 /// Polling window of a usnet end, microseconds. Measured on the 2-vCPU machine
@@ -407,6 +413,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         spin_us: a.spin_us,
         pool_buffers: a.pool_buffers,
         buf_size: a.buf_size,
+        shm_slots: a.shm_slots,
     };
     let mut results: Vec<(Test, usize, Sys, Vec<Run>)> = Vec::new();
     for (test, sizes, systems) in [
@@ -667,7 +674,7 @@ pub fn run(a: &TcpBenchOptions) -> Res<ExitCode> {
         &json!({
             "benchmark": "tcp", "runs": runs, "seconds": seconds, "cpus": crate::cpus(),
             "verify": if a.verify { "every byte" } else { "byte counts + stamp per KiB" },
-            "shm_mtu": SHM_MTU, "tap_mtu": 1500, "veth_mtu": 1500, "pool_buffers": a.pool_buffers, "buf_size": a.buf_size,
+            "shm_mtu": SHM_MTU, "tap_mtu": 1500, "veth_mtu": 1500, "pool_buffers": a.pool_buffers, "buf_size": a.buf_size, "shm_slots": a.shm_slots,
             "notes": notes,
             "goals": goals.iter().map(|g| json!({"goal": g.0, "ratio": g.1, "met": g.2})).collect::<Vec<_>>(),
             "bulk": json_bulk, "request_response": json_rr,
@@ -766,6 +773,7 @@ fn peer(role: PeerRole, test: Test, size: usize, core: usize, o: &RunOpts) -> Tc
         spin_us: o.spin_us,
         pool_buffers: o.pool_buffers,
         buf_size: o.buf_size,
+        shm_slots: o.shm_slots,
     }
 }
 
@@ -782,6 +790,7 @@ struct RunOpts<'a> {
     spin_us: u64,
     pool_buffers: bool,
     buf_size: Option<usize>,
+    shm_slots: Option<usize>,
 }
 
 fn one_run(test: Test, sys: Sys, size: usize, o: &RunOpts) -> Res<Run> {
@@ -1252,6 +1261,7 @@ impl App {
             &link,
             &LinkOptions {
                 mtu: shm.then_some(SHM_MTU),
+                shm_slots: a.shm_slots.filter(|_| shm),
                 tap_host_addrs: a.host_addr.iter().cloned().collect(),
                 tso: a.tso,
                 xdp,

@@ -307,6 +307,11 @@ pub struct TcpArgs {
     /// default does.
     #[arg(long)]
     pub buf_size: Option<usize>,
+    /// Slots per ring of the shm link between the usnet ends (a power of two,
+    /// 2..=65536; default 512). With 64 KiB frames a ring's slots span slots × 64
+    /// KiB of memory the frames cycle through.
+    #[arg(long)]
+    pub shm_slots: Option<usize>,
     /// Instead of the configurations above: bulk TCP over an emulated wide-area path
     /// (a bottleneck, delay and random loss; TAPs in two namespaces, root), usnet's
     /// controllers against Linux's (`--wan-cc`). Writes wan.json, wan.md, wan.png.
@@ -375,6 +380,7 @@ impl From<TcpArgs> for TcpBenchOptions {
             spin_us: a.spin_us,
             pool_buffers: a.pool_buffers,
             buf_size: a.buf_size,
+            shm_slots: a.shm_slots,
         }
     }
 }
