@@ -594,6 +594,23 @@ impl PacketPool {
         self.meta[b.0 as usize].next = next.map_or(NONE, |n| n.0);
     }
 
+    /// Splits the chain after `b` into single buffers, appended to `out` in chain
+    /// order: the chain's reference to each moves to the caller, who frees them one
+    /// by one. Only for a private frame ([`Self::is_private`]): another holder of
+    /// the chain would lose its tail.
+    pub fn unchain(&mut self, b: &PktBuf, out: &mut Vec<PktBuf>) {
+        debug_assert!(self.is_private(b), "unchain of a shared frame");
+        let mut cur = b.0;
+        loop {
+            let next = std::mem::replace(&mut self.meta[cur as usize].next, NONE);
+            if next == NONE {
+                return;
+            }
+            out.push(PktBuf(next));
+            cur = next;
+        }
+    }
+
     /// Total data bytes of the chain starting at `b`.
     pub fn chain_len(&self, b: impl Into<BufId>) -> usize {
         self.parts(b).map(<[u8]>::len).sum()
@@ -995,6 +1012,32 @@ mod tests {
         assert_eq!(p.read_chain(&head, 1500, &mut part), 3000);
         assert_eq!(&part[..], &bytes[1500..4500]);
         p.free(head);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn unchain_hands_each_buffer_of_a_chain_to_the_caller() {
+        let mut p = pool(64);
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let head = p.alloc_from(&bytes).unwrap();
+        let in_use = p.in_use();
+        let mut tail = Vec::new();
+        p.unchain(&head, &mut tail);
+        assert_eq!(tail.len(), in_use as usize - 1);
+        assert!(p.is_single(&head));
+        // Each buffer keeps its bytes, in chain order.
+        let mut joined = p.data(&head).to_vec();
+        for b in &tail {
+            assert!(p.is_single(b));
+            joined.extend_from_slice(p.data(b));
+        }
+        assert_eq!(joined, bytes);
+        // Freeing the head no longer frees the rest; each goes on its own.
+        p.free(head);
+        assert_eq!(p.in_use(), in_use - 1);
+        for b in tail {
+            p.free(b);
+        }
         assert_eq!(p.in_use(), 0);
     }
 

@@ -28,7 +28,7 @@ pub(crate) mod zc;
 use std::net::SocketAddr;
 
 use usnet_pool::{BufId, PacketPool, PktBuf};
-use usnet_tcp::{ListenEvent, Payload, Segment, SegmentSink, State, TcpRepr, TxData, Wake};
+use usnet_tcp::{ListenEvent, Origin, Payload, Segment, SegmentSink, State, TcpRepr, TxData, Wake};
 use usnet_wire as wire;
 
 use crate::core::Core;
@@ -356,16 +356,30 @@ impl Stack {
             self.core.release(src);
             return;
         };
-        // A zero-copy connection keeps the payload's buffer; a chain is linearised and
-        // copied into buffers of its own (a buffer it kept must not lead on to the
-        // rest of a chain).
+        // A zero-copy connection keeps the payload's buffers, and a buffer it kept must
+        // not lead on to the rest of a chain: a chain is split into its buffers
+        // (`tail`, freed after the input), each holding its part where it lies. A
+        // chain someone else also holds, or a SYN (which may leave for a listener
+        // that reads the segment whole), is linearised and copied into buffers of
+        // its own instead.
+        let mut tail = Vec::new();
         let src = match src {
             Src::Buf(b) if s.conn.is_zero_copy() && !self.core.pool.is_single(&b) => {
-                self.core.linearise(b)
+                let pool = &mut self.core.pool;
+                let syn = pool
+                    .data(&b)
+                    .get(off + 13)
+                    .is_some_and(|f| f & wire::TcpFlags::SYN.0 as u8 != 0);
+                if pool.is_private(&b) && !syn {
+                    pool.unchain(&b, &mut tail);
+                    Src::Buf(b)
+                } else {
+                    self.core.linearise(b)
+                }
             }
             src => src,
         };
-        if matches!(&src, Src::Buf(b) if !self.core.pool.is_single(b)) {
+        if !tail.is_empty() || matches!(&src, Src::Buf(b) if !self.core.pool.is_single(b)) {
             self.core.counters.tcp_rx_chained += 1;
         }
         let mut staged = Vec::new();
@@ -395,7 +409,19 @@ impl Stack {
                     }
                     if let Src::Buf(b) = &src {
                         seg.gso_size = pool.offload(b).gso_size;
-                        if !pool.is_single(b) {
+                        if !tail.is_empty() {
+                            let total = len - hdr.header_len;
+                            split_payload(
+                                pool,
+                                b,
+                                hdr.payload,
+                                &tail,
+                                total,
+                                &mut parts,
+                                &mut origins,
+                            );
+                            seg.payload = Payload::chain_with_origins(&parts, &origins);
+                        } else if !pool.is_single(b) {
                             chained_payload(pool, b, hdr.payload, len - hdr.header_len, &mut parts);
                             seg.payload = Payload::chain(&parts);
                         } else if s.conn.is_zero_copy() {
@@ -417,7 +443,7 @@ impl Stack {
             }
         };
         zc::settle_bufs(&mut self.core.pool, &mut s.conn);
-        for b in staged {
+        for b in staged.into_iter().chain(tail) {
             self.core.pool.free(b);
         }
         match outcome {
@@ -641,6 +667,32 @@ impl Stack {
             .timers
             .peek()
             .map(|std::cmp::Reverse((t, _, _))| crate::Instant::from_nanos(*t))
+    }
+}
+
+/// The payload of a TCP segment in a chain split into single buffers (`head`, then
+/// `tail`), as parts where they lie and the origin of each: `first` (its part in
+/// `head`), then the bytes of each tail buffer, `total` bytes in all (link padding
+/// left out).
+fn split_payload<'p>(
+    pool: &'p PacketPool,
+    head: &PktBuf,
+    first: &'p [u8],
+    tail: &[PktBuf],
+    total: usize,
+    parts: &mut Vec<&'p [u8]>,
+    origins: &mut Vec<Origin>,
+) {
+    let mut left = total;
+    for (buf, data) in std::iter::once((head, first)).chain(tail.iter().map(|b| (b, pool.data(b))))
+    {
+        let part = &data[..data.len().min(left)];
+        if part.is_empty() {
+            continue;
+        }
+        parts.push(part);
+        origins.push(zc::origin_in(pool, buf, part));
+        left -= part.len();
     }
 }
 
