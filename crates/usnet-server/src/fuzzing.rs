@@ -99,7 +99,7 @@ static FORKS_WITH_SOCKETS: std::sync::atomic::AtomicUsize = std::sync::atomic::A
 /// stack, driven by hand.
 pub struct Harness {
     stack: Stack,
-    sessions: HashMap<u32, ServerSession>,
+    sessions: crate::shared::Sessions,
     sharing: Sharing,
     /// The clients' views of the same memory, by session.
     mems: HashMap<u32, Session>,
@@ -156,7 +156,7 @@ impl Harness {
         let mut h = Harness {
             zc,
             stack,
-            sessions: HashMap::new(),
+            sessions: Default::default(),
             sharing: Sharing::default(),
             mems: HashMap::new(),
             target: 1,

@@ -148,7 +148,7 @@ pub type Job = Box<dyn FnOnce(&mut Loop) + Send>;
 /// The loop's state, as a [`Job`] sees it.
 pub struct Loop {
     pub driver: Driver<Box<dyn Device>, AnyClock>,
-    sessions: HashMap<u32, ServerSession>,
+    sessions: shared::Sessions,
     /// Sessions of clients that are gone, kept while sockets they closed still
     /// drain their send rings, with the time they must be done by.
     dying: Vec<(ServerSession, Instant)>,
@@ -403,6 +403,11 @@ impl Loop {
     /// are all done (or whose time is up: then they are reset) is dropped. Returns
     /// whether bytes moved (else the loop may sleep: the stack's ACKs wake it).
     fn drain_dying(&mut self) -> bool {
+        if self.dying.is_empty() {
+            // Every turn comes here: no clock read (3.7 % of a busy loop's samples
+            // under redis-benchmark) when no client is dying.
+            return false;
+        }
         let stack = self.driver.stack_mut();
         let now = Instant::now();
         let mut moved = false;
@@ -814,7 +819,7 @@ impl ServerHandle {
             }
             loops.push(Loop {
                 driver,
-                sessions: HashMap::new(),
+                sessions: Default::default(),
                 dying: Vec::new(),
                 sharing: Sharing::default(),
                 order: Vec::new(),

@@ -55,7 +55,8 @@ pub(crate) struct Sharing {
     pins: HashMap<u128, Pin>,
 }
 
-type Sessions = HashMap<u32, ServerSession>;
+/// The server's sessions by the ids it hands out (FxHash: no client picks a key).
+pub(crate) type Sessions = rustc_hash::FxHashMap<u32, ServerSession>;
 
 /// Closes a stack socket nobody holds any more: gracefully after a close, with a
 /// reset (TCP connections) after the last holder died.

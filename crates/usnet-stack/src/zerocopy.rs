@@ -28,7 +28,7 @@
 //! for watched sockets, so the application's own readiness consumer is not
 //! disturbed): its cost follows the traffic, not the number of connections.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use usnet_tcp::BufSpan;
@@ -238,7 +238,9 @@ pub struct ZcPort {
     held: Vec<u16>,
     /// Their sum.
     held_total: usize,
-    sockets: HashMap<SocketHandle, PortSocket>,
+    /// Keyed by the stack's handles (FxHash: the stack assigns every key held, so a
+    /// client cannot crowd one bucket).
+    sockets: rustc_hash::FxHashMap<SocketHandle, PortSocket>,
     /// Sockets to look at for RX slots: the stack reported them ready, or the RX
     /// ring filled up before they were done. A sync looks only at these, so its
     /// cost follows the traffic, not the number of connections.
@@ -310,7 +312,7 @@ impl Stack {
             rx_seen: 0,
             held: vec![0; self.core.pool.count() as usize],
             held_total: 0,
-            sockets: HashMap::new(),
+            sockets: Default::default(),
             dirty: VecDeque::new(),
             stats: ZcStats::default(),
         }

@@ -22,7 +22,7 @@ mod streams;
 
 pub(crate) use sharing::{Pinned, SHARED};
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
@@ -157,7 +157,8 @@ pub(crate) struct ServerSession {
     /// here, not a whole socket's state (several hundred bytes).
     socks: Vec<Option<Box<SessionSocket>>>,
     free: Vec<u32>,
-    by_handle: HashMap<SocketHandle, u32>,
+    /// Keyed by the stack's handles (FxHash: no client picks a key).
+    by_handle: FxHashMap<SocketHandle, u32>,
     /// A bind, listen or close happened (a sharded server rereads its ports).
     pub(crate) ports_changed: bool,
     /// A sharded server's listeners on the other shards (`None`: one shard): a
@@ -230,7 +231,7 @@ impl ServerSession {
             bell,
             socks: (0..n).map(|_| None).collect(),
             free: (0..n).rev().collect(),
-            by_handle: HashMap::new(),
+            by_handle: FxHashMap::default(),
             active: Vec::new(),
             zc_watched: Vec::new(),
             ts_watched: Vec::new(),
