@@ -258,12 +258,17 @@ impl ServerSession {
         let left = end.saturating_sub(at.max(start));
         if at >= start && left > 0 {
             let n = left as usize;
-            if self.scratch.len() < n {
-                self.scratch.resize(n, 0);
-            }
-            let got = s.tx.peek(0, &mut self.scratch[..n]);
+            let got = s.tx.ready().min(n);
             let more = flags & SEND_MORE != 0;
-            let r = stack.tcp_send_more(h, &self.scratch[..got], more);
+            // Straight from the shared ring into the socket, as the drain moves bytes
+            // (no copy of the write beside the ring first).
+            let tx = &s.tx;
+            let mut at = 0;
+            let r = stack.tcp_send_more_with(h, got, more, |dst| {
+                let k = tx.peek(at, dst);
+                at += k;
+                k
+            });
             let k = match r {
                 Ok(k) => k,
                 Err(StackError::WouldBlock) => 0,

@@ -645,6 +645,25 @@ impl Stack {
         data: &[u8],
         more: bool,
     ) -> Result<usize, StackError> {
+        let mut at = 0;
+        self.tcp_send_more_with(h, data.len(), more, |out| {
+            out.copy_from_slice(&data[at..at + out.len()]);
+            at += out.len();
+            out.len()
+        })
+    }
+
+    /// [`Stack::tcp_send_more`] of the next `max` bytes of a source that `fill`
+    /// copies into the socket's storage in order (each call is handed the next
+    /// part and returns what it wrote): the same admission, step by step as Linux's
+    /// `tcp_sendmsg`, for bytes that are not one slice (a client's shared ring).
+    pub fn tcp_send_more_with(
+        &mut self,
+        h: SocketHandle,
+        max: usize,
+        more: bool,
+        mut fill: impl FnMut(&mut [u8]) -> usize,
+    ) -> Result<usize, StackError> {
         if let Some(e) = self.tcp_report_error(h)? {
             return Err(e);
         }
@@ -652,23 +671,18 @@ impl Stack {
         if !c.may_send() {
             return Err(StackError::BrokenPipe);
         }
-        if data.is_empty() {
+        if max == 0 {
             return Ok(0);
         }
         if !c.is_zero_copy() {
-            return self.tcp_send_steps(h, data, more);
+            return self.tcp_send_steps(h, max, more, &mut fill);
         }
         if c.send_capacity() == 0 {
             self.conn_mut(h)?.no_space();
             return Err(StackError::WouldBlock);
         }
         {
-            let mut at = 0;
-            let n = self.zc_copy_in(h, data.len(), more, |out| {
-                out.copy_from_slice(&data[at..at + out.len()]);
-                at += out.len();
-                out.len()
-            });
+            let n = self.zc_copy_in(h, max, more, fill);
             if n > 0 {
                 // The write's end is a push point, as on a copying connection.
                 self.conn_mut(h)?.write_done(more);
@@ -689,19 +703,22 @@ impl Stack {
     fn tcp_send_steps(
         &mut self,
         h: SocketHandle,
-        data: &[u8],
+        max: usize,
         more: bool,
+        fill: &mut impl FnMut(&mut [u8]) -> usize,
     ) -> Result<usize, StackError> {
         let now = self.core.tcp_now();
         self.conn_mut(h)?.advance_clock(now);
         let mut done = 0;
-        while done < data.len() {
-            let (n, push) = self.conn_mut(h)?.send_step(&data[done..], more);
+        while done < max {
+            let (n, push) = self
+                .conn_mut(h)?
+                .send_step_with(max - done, more, &mut *fill);
             if n == 0 {
                 break;
             }
             done += n;
-            if push && done < data.len() {
+            if push && done < max {
                 self.conn_mut(h)?.push_one();
                 self.tcp_settle(h.index, Wake::default());
                 // The transmission may have ended the connection.

@@ -310,20 +310,38 @@ impl Connection {
     /// went unpushed: `tcp_push_one`, `forced_push`). `(0, _)`: no room; the
     /// writer is woken when there is (see the module documentation).
     pub fn send_step(&mut self, data: &[u8], more: bool) -> (usize, bool) {
-        if !self.may_send() || data.is_empty() {
+        let mut at = 0;
+        self.send_step_with(data.len(), more, |dst| {
+            dst.copy_from_slice(&data[at..at + dst.len()]);
+            at += dst.len();
+            dst.len()
+        })
+    }
+
+    /// [`Self::send_step`] over the next `avail` bytes of a source that `fill`
+    /// copies into the send buffer in order (each call is handed the next part,
+    /// returns what it wrote): a caller whose bytes are not one slice (a shared
+    /// ring) needs no copy of its own first.
+    pub fn send_step_with(
+        &mut self,
+        avail: usize,
+        more: bool,
+        fill: impl FnMut(&mut [u8]) -> usize,
+    ) -> (usize, bool) {
+        if !self.may_send() || avail == 0 {
             return (0, false);
         }
         let goal = self.size_goal();
         let room = self.tail_room(goal) as usize;
         let want = if room > 0 {
-            room.min(data.len())
+            room.min(avail)
         } else if self.memory_free(false) {
-            (goal as usize).min(data.len())
+            (goal as usize).min(avail)
         } else {
             self.no_space();
             return (0, false);
         };
-        let n = self.snd.buf.push(&data[..want]);
+        let n = self.snd.buf.push_with(want, fill);
         if n == 0 {
             self.no_space();
             return (0, false);
