@@ -1262,6 +1262,7 @@ impl App {
             &LinkOptions {
                 mtu: shm.then_some(SHM_MTU),
                 shm_slots: a.shm_slots.filter(|_| shm),
+                mac: Some(mac_from_seed(seed).0),
                 tap_host_addrs: a.host_addr.iter().cloned().collect(),
                 tso: a.tso,
                 xdp,

@@ -677,6 +677,7 @@ fn usnet_app(a: &UdpPeerOptions, seed: u64) -> Res<Driver<Box<dyn Device>>> {
         &LinkOptions {
             tap_host_addrs: a.host_addr.iter().cloned().collect(),
             xdp,
+            mac: Some(mac.0),
             ..LinkOptions::default()
         },
     )?;

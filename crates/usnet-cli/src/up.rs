@@ -472,6 +472,9 @@ fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
     // The AF_XDP steering program redirects the frames for the stack's MAC and
     // addresses (ARP and NDP for them); everything else stays with Linux.
     opts.xdp.mac = cfg.mac.0;
+    // AF_PACKET takes only the frames for the stack's MAC (and group frames): the
+    // host's traffic on the same interface is not copied into the stack to be dropped.
+    opts.mac = Some(cfg.mac.0);
     for a in &cfg.addrs {
         match a.addr {
             IpAddr::V4(v4) => opts.xdp.ipv4.push(v4),

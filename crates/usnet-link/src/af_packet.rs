@@ -347,6 +347,20 @@ impl AfPacketDevice {
         Ok(out)
     }
 
+    /// Takes only the frames sent to `mac` (the stack's) and to group addresses, by a
+    /// socket filter ([`crate::bpf::frames_for`]): a stack beside the host on one
+    /// interface otherwise receives, copies and drops every frame of the host's own
+    /// traffic. Frames queued before the filter are still delivered.
+    pub fn accept_only(&mut self, mac: [u8; 6]) -> Result<(), LinkError> {
+        let prog = crate::bpf::frames_for(mac);
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        setsockopt(&self.fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+            .map_err(|e| LinkError::io(format!("{}: cannot attach the MAC filter", self.label), e))
+    }
+
     /// Joins fanout group `id` (`None`: a new group with an id the kernel picks) with
     /// the shard steering program; returns the group's id. Frames this host sends are
     /// not fanned out back to it (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`, as
@@ -856,6 +870,61 @@ mod tests {
             .expect("our frame not seen in the namespace");
         assert_eq!(received, ours);
         assert_eq!(dev.link_state(), LinkState::Up);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    /// With the stack's MAC given, the socket takes the frames sent to it and to
+    /// group addresses, and none of the host's unicast traffic on the interface.
+    #[test]
+    fn afpacket_with_a_mac_takes_only_frames_for_it() {
+        if !sys::is_root() {
+            eprintln!("skipped afpacket_with_a_mac_takes_only_frames_for_it: needs root");
+            return;
+        }
+        let _veth = Veth::new();
+        let mut dev = AfPacketDevice::open(OURS, None).unwrap();
+        dev.accept_only(OUR_MAC).unwrap();
+        let mut p = pool(256, 2048);
+        let peer_mac = [0x02, 0, 0x5e, 0, 0x10, 0x02];
+        let addressed = |dst: [u8; 6], what: &[u8]| {
+            let mut f = test_frame(peer_mac, what);
+            f[..6].copy_from_slice(&dst);
+            f
+        };
+        let host = addressed([0x02, 0, 0x5e, 0, 0x10, 0x77], b"for the host");
+        let ours = addressed(OUR_MAC, b"for usnet");
+        let group = addressed([0xff; 6], b"for everyone");
+        let frames = [host.clone(), ours.clone(), group.clone()];
+        let peer = std::thread::spawn(move || {
+            let fd = peer_socket();
+            // Repeated: the first may go out before our socket reads.
+            for _ in 0..5 {
+                for f in &frames {
+                    peer_send(&fd, f);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let (mut got_ours, mut got_group, mut got_host) = (false, false, false);
+        let mut got = Vec::new();
+        let mut v = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(3)
+            && !(got_ours && got_group && peer.is_finished())
+        {
+            dev.wait(Some(Duration::from_millis(50))).unwrap();
+            dev.rx_burst(&mut p, &mut got, 64).unwrap();
+            for b in got.drain(..) {
+                p.copy_chain(&b, &mut v);
+                got_ours |= v == ours;
+                got_group |= v == group;
+                got_host |= v == host;
+                p.free(b);
+            }
+        }
+        peer.join().unwrap();
+        assert!(got_ours && got_group, "ours {got_ours}, group {got_group}");
+        assert!(!got_host, "the host's frame reached the stack");
         assert_eq!(p.in_use(), 0);
     }
 

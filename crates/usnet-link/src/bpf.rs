@@ -199,6 +199,31 @@ pub fn shard_steering() -> Vec<libc::sock_filter> {
     ])
 }
 
+/// The AF_PACKET socket filter of a stack beside the host on one interface: a frame
+/// whose destination is `mac`, or a group address (broadcast, multicast: ARP and
+/// neighbour discovery reach both), is taken whole; any other (the host's own
+/// unicast traffic) returns 0, so the kernel drops it for this socket before it
+/// copies a byte into the ring. Runs on the frame from its Ethernet header (a
+/// `SOCK_RAW` socket's filter does).
+pub fn frames_for(mac: [u8; 6]) -> Vec<libc::sock_filter> {
+    use op::*;
+    use Asm::*;
+    let hi = u32::from_be_bytes([mac[0], mac[1], mac[2], mac[3]]);
+    let lo = u32::from(u16::from_be_bytes([mac[4], mac[5]]));
+    assemble(&[
+        Stmt(LD_W_ABS, 0),
+        Jump(JEQ_K, hi, None, Some("group")),
+        Stmt(LD_H_ABS, 4),
+        Jump(JEQ_K, lo, Some("take"), Some("group")),
+        Label("group"),
+        Stmt(LD_B_ABS, 0),
+        Jump(JSET_K, 1, Some("take"), None),
+        Stmt(RET_K, 0),
+        Label("take"),
+        Stmt(RET_K, u32::MAX),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +243,10 @@ mod tests {
             let jmp = |cond: bool| usize::from(if cond { i.jt } else { i.jf });
             match i.code {
                 op::LD_H_ABS if k == AD_PROTOCOL => a = u32::from(proto),
+                op::LD_W_ABS => match (half(k), half(k + 2)) {
+                    (Some(h), Some(l)) => a = h << 16 | l,
+                    _ => return 0,
+                },
                 op::LD_H_ABS => match half(k) {
                     Some(v) => a = v,
                     None => return 0,
@@ -321,6 +350,32 @@ mod tests {
             out.push((ethertype, l3));
         }
         out
+    }
+
+    #[test]
+    fn the_mac_filter_takes_frames_for_the_stack_and_group_frames_only() {
+        let ours = [0x02, 0x5e, 0x10, 0x20, 0x30, 0x41];
+        let prog = frames_for(ours);
+        let to = |dst: [u8; 6]| {
+            let mut f = dst.to_vec();
+            f.extend_from_slice(&[0x02, 0, 0, 0, 0, 9, 0x08, 0x00]);
+            f.extend_from_slice(&[0x45; 40]);
+            f
+        };
+        assert_eq!(run(&prog, 0x0800, &to(ours)), u32::MAX);
+        assert_eq!(run(&prog, 0x0806, &to([0xff; 6])), u32::MAX, "broadcast");
+        let mcast6 = [0x33, 0x33, 0xff, 0x20, 0x30, 0x41];
+        assert_eq!(run(&prog, 0x86dd, &to(mcast6)), u32::MAX, "multicast");
+        // The host's unicast, and addresses that share one half of ours.
+        for other in [
+            [0x02, 0, 0, 0, 0, 1],
+            [0x02, 0x5e, 0x10, 0x20, 0x30, 0x40],
+            [0x02, 0x5e, 0x10, 0x21, 0x30, 0x41],
+            [0x00, 0x5e, 0x10, 0x20, 0x30, 0x41],
+        ] {
+            assert_eq!(run(&prog, 0x0800, &to(other)), 0, "{other:x?}");
+        }
+        assert_eq!(run(&prog, 0x0800, &ours[..5]), 0, "cut short");
     }
 
     #[test]

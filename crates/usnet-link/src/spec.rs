@@ -123,6 +123,11 @@ pub struct LinkOptions {
     /// AF_XDP: the stack's MAC and addresses (the steering program redirects the
     /// frames for them) and the bind mode. Other links ignore it.
     pub xdp: XdpOptions,
+    /// AF_PACKET: the stack's MAC. The socket then takes only the frames sent to it
+    /// and to group addresses (a filter in the kernel), so the host's own traffic
+    /// on the interface costs the stack nothing; without it the stack sees every
+    /// frame. Other links ignore it.
+    pub mac: Option<[u8; 6]>,
 }
 
 fn shm_config(opts: &LinkOptions) -> ShmConfig {
@@ -147,7 +152,13 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
             },
         )?),
         LinkSpec::Shm(name) => Box::new(ShmDevice::open(name, &shm_config(opts))?),
-        LinkSpec::AfPacket(ifname) => Box::new(AfPacketDevice::open(ifname, opts.mtu)?),
+        LinkSpec::AfPacket(ifname) => {
+            let mut d = AfPacketDevice::open(ifname, opts.mtu)?;
+            if let Some(mac) = opts.mac {
+                d.accept_only(mac)?;
+            }
+            Box::new(d)
+        }
         LinkSpec::Xdp { ifname, queue } => {
             Box::new(XdpDevice::open(ifname, *queue, opts.mtu, &opts.xdp)?)
         }
@@ -179,10 +190,17 @@ pub fn open_shards(
         return Ok(vec![open(spec, opts)?]);
     }
     let devs: Vec<Box<dyn Device>> = match spec {
-        LinkSpec::AfPacket(ifname) => AfPacketDevice::open_shards(ifname, opts.mtu, n)?
-            .into_iter()
-            .map(|d| Box::new(d) as Box<dyn Device>)
-            .collect(),
+        LinkSpec::AfPacket(ifname) => {
+            let mut devs = AfPacketDevice::open_shards(ifname, opts.mtu, n)?;
+            if let Some(mac) = opts.mac {
+                for d in &mut devs {
+                    d.accept_only(mac)?;
+                }
+            }
+            devs.into_iter()
+                .map(|d| Box::new(d) as Box<dyn Device>)
+                .collect()
+        }
         LinkSpec::Tap(name) => TapDevice::open_queues(
             name,
             &TapConfig {
