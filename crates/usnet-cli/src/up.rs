@@ -217,8 +217,8 @@ pub struct UpArgs {
     #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
     pub loop_nice: Option<i32>,
     /// How long the loop keeps polling (busy) after its last work before it
-    /// sleeps, in microseconds. Polling saves a wake-up per burst; on a core shared
-    /// with the applications it takes their time, so 0 is better there.
+    /// sleeps, in microseconds. Polling saves a wake-up per burst; it yields the
+    /// core on every idle pass, so an application sharing the core runs meanwhile.
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
     /// A TCP tunable by its Linux sysctl name, `NAME=VALUE` (repeatable; the
