@@ -453,7 +453,7 @@ pub struct PreloadArgs {
     #[arg(long, default_value_t = 100_000)]
     pub redis_requests: usize,
     /// The stack server's busy-poll after its last work (`usnet up --spin-us`); it
-    /// shares the servers' core, where polling takes their time.
+    /// shares the servers' core, and yields it to them on each idle pass.
     #[arg(long, default_value_t = 50)]
     pub stack_spin_us: u64,
     /// The stack server keeps its connections' queues in pool buffers (`usnet up
