@@ -61,6 +61,8 @@ pub const XDP_MAX_BURST: usize = 64;
 const MAX_RING: u32 = 2048;
 /// Smallest ring: a pool needs four times this many buffers.
 const MIN_RING: u32 = 64;
+/// How long a bind waits for a queue a closed socket still holds.
+const XSK_QUEUE_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Ethernet header plus one VLAN tag.
 const L2_MAX: usize = 18;
 
@@ -621,14 +623,29 @@ impl XdpDevice {
             sxdp_queue_id: self.queue,
             sxdp_shared_umem_fd: 0,
         };
-        // SAFETY: binds to a valid sockaddr_xdp of the stated size.
-        let r = cvt(unsafe {
-            libc::bind(
-                sock.as_raw_fd(),
-                (&sxdp as *const libc::sockaddr_xdp).cast(),
-                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        });
+        // A socket on this queue closed a moment ago may still hold it: the kernel
+        // lets go of a queue after the close returns (`xp_release_deferred`), so a
+        // server restarted at once would find it taken. Busy is retried for a while.
+        let busy_until = std::time::Instant::now() + XSK_QUEUE_RELEASE_WAIT;
+        let r = loop {
+            // SAFETY: binds to a valid sockaddr_xdp of the stated size.
+            let r = cvt(unsafe {
+                libc::bind(
+                    sock.as_raw_fd(),
+                    (&sxdp as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            });
+            match &r {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY)
+                        && std::time::Instant::now() < busy_until =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => break r,
+            }
+        };
         if let Err(e) = r {
             // Nothing was lent yet as far as the kernel is concerned: take them back.
             give_back(&mut umem, pool);

@@ -181,6 +181,16 @@ fn xdp_on_veth_exchanges_frames_and_cleans_up() {
     assert_eq!(p.in_use(), 0, "every lent buffer back");
     assert!(!xdp_attached(OURS), "program detached on release");
     drop(dev);
+
+    // A stack restarted at once gets the queue, again and again: the kernel lets go
+    // of a closed socket's queue only after the close returns, and the bind waits.
+    for _ in 0..10 {
+        let mut again = XdpDevice::open(OURS, 0, None, &opts()).unwrap();
+        again.bind_pool(&mut p).unwrap();
+        again.release_buffers(&mut p);
+        drop(again);
+    }
+    assert_eq!(p.in_use(), 0);
 }
 
 #[test]
