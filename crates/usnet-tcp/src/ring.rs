@@ -263,6 +263,17 @@ impl OooRanges {
     }
 }
 
+/// A `fill` for [`Ring::push_with`] and the calls built on it that copies `data`
+/// in order: each call is handed the next part of the destination.
+pub fn fill_from(data: &[u8]) -> impl FnMut(&mut [u8]) -> usize + '_ {
+    let mut at = 0;
+    move |dst| {
+        dst.copy_from_slice(&data[at..at + dst.len()]);
+        at += dst.len();
+        dst.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

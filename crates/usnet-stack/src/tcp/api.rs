@@ -645,12 +645,7 @@ impl Stack {
         data: &[u8],
         more: bool,
     ) -> Result<usize, StackError> {
-        let mut at = 0;
-        self.tcp_send_more_with(h, data.len(), more, |out| {
-            out.copy_from_slice(&data[at..at + out.len()]);
-            at += out.len();
-            out.len()
-        })
+        self.tcp_send_more_with(h, data.len(), more, usnet_tcp::ring::fill_from(data))
     }
 
     /// [`Stack::tcp_send_more`] of the next `max` bytes of a source that `fill`

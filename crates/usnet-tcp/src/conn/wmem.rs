@@ -310,12 +310,7 @@ impl Connection {
     /// went unpushed: `tcp_push_one`, `forced_push`). `(0, _)`: no room; the
     /// writer is woken when there is (see the module documentation).
     pub fn send_step(&mut self, data: &[u8], more: bool) -> (usize, bool) {
-        let mut at = 0;
-        self.send_step_with(data.len(), more, |dst| {
-            dst.copy_from_slice(&data[at..at + dst.len()]);
-            at += dst.len();
-            dst.len()
-        })
+        self.send_step_with(data.len(), more, crate::ring::fill_from(data))
     }
 
     /// [`Self::send_step`] over the next `avail` bytes of a source that `fill`
