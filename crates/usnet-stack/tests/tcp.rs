@@ -646,12 +646,19 @@ fn whole_gso_pair(seed: u64, faults: Faults, zero_copy: bool) -> SimNet {
     net
 }
 
-/// GSO frames that cross whole (as over a TAP or a veth with offloads) arrive as
-/// chains of 2 KiB buffers; their segments reach the connection where they lie,
-/// without being linearised first, and every byte arrives in order, through loss,
-/// reordering and duplication, over IPv4 and IPv6.
-#[test]
-fn chained_gso_frames_are_read_in_place() {
+/// Bulk transfers of `bytes` over [`whole_gso_pair`] to `port`, seeds from
+/// `first_seed`, in four configurations (IPv4 and IPv6, clean and with loss,
+/// duplication and reordering): every byte arrives in order and every buffer comes
+/// back; most frames reach the connection as chains (`tcp_rx_chained`) and only
+/// what reaches the listener (a first flight that arrives with the handshake's last
+/// ACK) is linearised. `check` gets each run's receiver counters.
+fn chained_gso_transfers(
+    first_seed: u64,
+    port: u16,
+    zero_copy: bool,
+    bytes: u64,
+    check: impl Fn(u64, &usnet_stack::Counters),
+) {
     let lossy = Faults {
         loss: 0.01,
         duplicate: 0.01,
@@ -659,19 +666,24 @@ fn chained_gso_frames_are_read_in_place() {
         reorder_window: Duration::from_millis(1),
         ..Faults::default()
     };
-    for (seed, server, faults) in [
-        (45, "10.0.0.2:5004", Faults::default()),
-        (46, "[fd00::2]:5004", Faults::default()),
-        (47, "10.0.0.2:5004", lossy),
-        (48, "[fd00::2]:5004", lossy),
-    ] {
-        let mut net = whole_gso_pair(seed, faults, false);
+    for (k, (server, faults)) in [
+        ("10.0.0.2", Faults::default()),
+        ("[fd00::2]", Faults::default()),
+        ("10.0.0.2", lossy),
+        ("[fd00::2]", lossy),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = first_seed + k as u64;
+        let mut net = whole_gso_pair(seed, faults, zero_copy);
         let base = baseline(&net);
-        transfer(&mut net, sa(server), 8 << 20, Duration::from_secs(600));
+        let server = format!("{server}:{port}");
+        transfer(&mut net, sa(&server), bytes, Duration::from_secs(600));
         let rx = net.stack(1).counters_snapshot();
         eprintln!(
-            "seed {seed}: {} chained segments read in place, {} frames linearised, {} frames",
-            rx.tcp_rx_chained, rx.link_rx_linearised, rx.link_rx_frames
+            "seed {seed}: {} chained segments read in place, {} staged, {} frames linearised, {} frames",
+            rx.tcp_rx_chained, rx.tcp_zc_rx_staged, rx.link_rx_linearised, rx.link_rx_frames
         );
         assert!(
             rx.tcp_rx_chained * 4 > rx.link_rx_frames,
@@ -679,15 +691,23 @@ fn chained_gso_frames_are_read_in_place() {
             rx.tcp_rx_chained,
             rx.link_rx_frames
         );
-        // Only what reaches the listener goes the full way: a first flight that
-        // arrives with the handshake's last ACK.
         assert!(
             rx.link_rx_linearised * 20 < rx.tcp_rx_chained,
             "{} frames linearised",
             rx.link_rx_linearised
         );
+        check(seed, &rx);
         assert_clean(&mut net, &base);
     }
+}
+
+/// GSO frames that cross whole (as over a TAP or a veth with offloads) arrive as
+/// chains of 2 KiB buffers; their segments reach the connection where they lie,
+/// without being linearised first, and every byte arrives in order, through loss,
+/// reordering and duplication, over IPv4 and IPv6.
+#[test]
+fn chained_gso_frames_are_read_in_place() {
+    chained_gso_transfers(45, 5004, false, 8 << 20, |_, _| {});
 }
 
 /// A pool-backed (zero-copy) connection keeps the buffers its segments arrived in.
@@ -697,46 +717,13 @@ fn chained_gso_frames_are_read_in_place() {
 /// duplication, over IPv4 and IPv6, and every buffer comes back.
 #[test]
 fn chained_gso_frames_to_a_pool_backed_connection_are_kept_in_place() {
-    let lossy = Faults {
-        loss: 0.01,
-        duplicate: 0.01,
-        reorder: 0.03,
-        reorder_window: Duration::from_millis(1),
-        ..Faults::default()
-    };
-    for (seed, server, faults) in [
-        (49, "10.0.0.2:5005", Faults::default()),
-        (50, "[fd00::2]:5005", Faults::default()),
-        (51, "10.0.0.2:5005", lossy),
-        (52, "[fd00::2]:5005", lossy),
-    ] {
-        let mut net = whole_gso_pair(seed, faults, true);
-        let base = baseline(&net);
-        transfer(&mut net, sa(server), 4 << 20, Duration::from_secs(600));
-        let rx = net.stack(1).counters_snapshot();
-        eprintln!(
-            "seed {seed}: {} chained segments kept in place, {} staged, {} frames linearised, {} frames",
-            rx.tcp_rx_chained, rx.tcp_zc_rx_staged, rx.link_rx_linearised, rx.link_rx_frames
-        );
-        assert!(
-            rx.tcp_rx_chained * 4 > rx.link_rx_frames,
-            "{} of {} frames kept in place",
-            rx.tcp_rx_chained,
-            rx.link_rx_frames
-        );
-        // Only what reaches the listener, or a SYN, goes the full way.
-        assert!(
-            rx.link_rx_linearised * 20 < rx.tcp_rx_chained,
-            "{} frames linearised",
-            rx.link_rx_linearised
-        );
+    chained_gso_transfers(49, 5005, true, 4 << 20, |seed, rx| {
         assert!(
             rx.tcp_zc_rx_staged * 20 < rx.tcp_rx_chained,
-            "{} segments staged",
+            "seed {seed}: {} segments staged",
             rx.tcp_zc_rx_staged
         );
-        assert_clean(&mut net, &base);
-    }
+    });
 }
 
 /// A legal pool whose buffers hold only the promised 64 bytes past the headroom is
