@@ -1250,13 +1250,6 @@ impl App {
         let big = shm || (a.tso && matches!(link, LinkSpec::Tap(_)));
         let seed = (std::process::id() as u64) << 8 | a.role as u64;
         let addr: usnet_stack::IpCidr = format!("{}/24", a.addr).parse()?;
-        let mut xdp = usnet_link::xdp::XdpOptions {
-            mac: mac_from_seed(seed).0,
-            ..Default::default()
-        };
-        if let std::net::IpAddr::V4(v4) = addr.addr {
-            xdp.ipv4.push(v4);
-        }
         let dev = usnet_link::open(
             &link,
             &LinkOptions {
@@ -1265,7 +1258,7 @@ impl App {
                 mac: Some(mac_from_seed(seed).0),
                 tap_host_addrs: a.host_addr.iter().cloned().collect(),
                 tso: a.tso,
-                xdp,
+                addrs: vec![addr.addr],
                 ..LinkOptions::default()
             },
         )?;

@@ -665,19 +665,12 @@ fn usnet_app(a: &UdpPeerOptions, seed: u64) -> Res<Driver<Box<dyn Device>>> {
     let link: LinkSpec = a.link.as_deref().ok_or("no link")?.parse()?;
     let addr: usnet_stack::IpCidr = format!("{}/24", a.addr).parse()?;
     let mac = mac_from_seed(seed ^ (std::process::id() as u64) << 8);
-    let mut xdp = usnet_link::xdp::XdpOptions {
-        mac: mac.0,
-        ..Default::default()
-    };
-    if let std::net::IpAddr::V4(v4) = addr.addr {
-        xdp.ipv4.push(v4);
-    }
     let dev = usnet_link::open(
         &link,
         &LinkOptions {
             tap_host_addrs: a.host_addr.iter().cloned().collect(),
-            xdp,
             mac: Some(mac.0),
+            addrs: vec![addr.addr],
             ..LinkOptions::default()
         },
     )?;

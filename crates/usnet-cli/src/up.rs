@@ -466,22 +466,14 @@ fn plan(args: &UpArgs) -> Result<Plan, Box<dyn std::error::Error>> {
         },
         ..cfg.clone()
     })?;
-    // The emulated NIC's config block carries the driver's MAC (the device side sends
-    // to it): the stack's.
-    opts.nic.mac = cfg.mac.0;
-    // The AF_XDP steering program redirects the frames for the stack's MAC and
-    // addresses (ARP and NDP for them); everything else stays with Linux.
-    opts.xdp.mac = cfg.mac.0;
-    // AF_PACKET takes only the frames for the stack's MAC (and group frames): the
-    // host's traffic on the same interface is not copied into the stack to be dropped.
+    // The link learns the stack's MAC and addresses: AF_PACKET takes only the frames
+    // for the MAC (and group frames), so the host's traffic on the same interface is
+    // not copied into the stack to be dropped; the AF_XDP steering program redirects
+    // the frames for them (ARP and NDP for the addresses) and leaves the rest to
+    // Linux; the emulated NIC's config block carries the MAC.
     opts.mac = Some(cfg.mac.0);
-    for a in &cfg.addrs {
-        match a.addr {
-            IpAddr::V4(v4) => opts.xdp.ipv4.push(v4),
-            IpAddr::V6(v6) => opts.xdp.ipv6.push(v6),
-        }
-    }
-    opts.xdp.mode = args.xdp_mode;
+    opts.addrs = cfg.addrs.iter().map(|a| a.addr).collect();
+    opts.xdp_mode = args.xdp_mode;
     Ok(Plan {
         link,
         opts,

@@ -821,6 +821,29 @@ mod tests {
         })
     }
 
+    /// Receives on `dev` for at most `limit` (waiting up to `poll` at a time), each
+    /// frame linearised and handed to `frame` with `st`, until `done(st)` holds.
+    fn receive_until<S>(
+        dev: &mut AfPacketDevice,
+        p: &mut PacketPool,
+        (limit, poll): (Duration, Duration),
+        st: &mut S,
+        mut frame: impl FnMut(&mut S, &[u8]),
+        mut done: impl FnMut(&S) -> bool,
+    ) {
+        let (mut got, mut v) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        while !done(st) && start.elapsed() < limit {
+            dev.wait(Some(poll)).unwrap();
+            dev.rx_burst(p, &mut got, 64).unwrap();
+            for b in got.drain(..) {
+                p.copy_chain(&b, &mut v);
+                p.free(b);
+                frame(st, &v);
+            }
+        }
+    }
+
     #[test]
     fn afpacket_on_veth() {
         if !sys::is_root() {
@@ -839,19 +862,15 @@ mod tests {
         let peer_mac = [0x02, 0, 0x5e, 0, 0x10, 0x02];
         let theirs = test_frame(peer_mac, b"hello from the namespace");
         let peer = peer_side(theirs.clone());
-        let start = Instant::now();
         let mut seen = false;
-        let mut got = Vec::new();
-        let mut v = Vec::new();
-        while !seen && start.elapsed() < Duration::from_secs(3) {
-            dev.wait(Some(Duration::from_millis(100))).unwrap();
-            dev.rx_burst(&mut p, &mut got, 64).unwrap();
-            for b in got.drain(..) {
-                p.copy_chain(&b, &mut v);
-                seen |= v == theirs;
-                p.free(b);
-            }
-        }
+        receive_until(
+            &mut dev,
+            &mut p,
+            (Duration::from_secs(3), Duration::from_millis(100)),
+            &mut seen,
+            |seen, v| *seen |= v == theirs,
+            |seen| *seen,
+        );
         assert!(seen, "frame from the namespace not received");
         let ours = test_frame(OUR_MAC, b"hello from usnet");
         let mut q = VecDeque::new();
@@ -905,23 +924,20 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
-        let (mut got_ours, mut got_group, mut got_host) = (false, false, false);
-        let mut got = Vec::new();
-        let mut v = Vec::new();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(3)
-            && !(got_ours && got_group && peer.is_finished())
-        {
-            dev.wait(Some(Duration::from_millis(50))).unwrap();
-            dev.rx_burst(&mut p, &mut got, 64).unwrap();
-            for b in got.drain(..) {
-                p.copy_chain(&b, &mut v);
-                got_ours |= v == ours;
-                got_group |= v == group;
-                got_host |= v == host;
-                p.free(b);
-            }
-        }
+        let mut seen = (false, false, false);
+        receive_until(
+            &mut dev,
+            &mut p,
+            (Duration::from_secs(3), Duration::from_millis(50)),
+            &mut seen,
+            |(o, g, h), v| {
+                *o |= v == ours;
+                *g |= v == group;
+                *h |= v == host;
+            },
+            |&(o, g, _)| o && g && peer.is_finished(),
+        );
+        let (got_ours, got_group, got_host) = seen;
         peer.join().unwrap();
         assert!(got_ours && got_group, "ours {got_ours}, group {got_group}");
         assert!(!got_host, "the host's frame reached the stack");
@@ -1057,19 +1073,19 @@ mod tests {
                 peer_send(&fd, f);
             }
         });
-        let start = Instant::now();
-        let (mut got, mut bufs, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        while got.len() < sent.len() && start.elapsed() < Duration::from_secs(3) {
-            dev.wait(Some(Duration::from_millis(100))).unwrap();
-            dev.rx_burst(&mut p, &mut bufs, 64).unwrap();
-            for b in bufs.drain(..) {
-                p.copy_chain(&b, &mut v);
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        receive_until(
+            &mut dev,
+            &mut p,
+            (Duration::from_secs(3), Duration::from_millis(100)),
+            &mut got,
+            |got, v| {
                 if v[12..14] == ETH_EXPERIMENTAL.to_be_bytes() {
-                    got.push(v.clone());
+                    got.push(v.to_vec());
                 }
-                p.free(b);
-            }
-        }
+            },
+            |got| got.len() >= sent.len(),
+        );
         peer.join().unwrap();
         assert_eq!(got, sent);
         assert_eq!(dev.stats().rx_errors, 0);

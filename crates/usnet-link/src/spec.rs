@@ -3,6 +3,7 @@
 //! else.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -13,7 +14,7 @@ use crate::nic::{NicDriver, NicOptions};
 use crate::pcap::PcapWriter;
 use crate::shm::{ShmConfig, ShmDevice};
 use crate::tap::{TapConfig, TapDevice};
-use crate::xdp::{XdpDevice, XdpOptions};
+use crate::xdp::{XdpDevice, XdpMode, XdpOptions};
 use crate::Device;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,17 +118,38 @@ pub struct LinkOptions {
     /// the kernel 64 KiB TCP frames and the kernel sends it coalesced ones. Other
     /// links ignore it.
     pub tso: bool,
-    /// The emulated NIC's driver: rings, buffers, MAC, interrupt mode and moderation
-    /// (`mtu` is taken from [`LinkOptions::mtu`] when that is set). Other links ignore it.
+    /// The emulated NIC's driver: rings, buffers, interrupt mode and moderation
+    /// (`mtu` and the MAC are taken from [`LinkOptions::mtu`] and
+    /// [`LinkOptions::mac`] when those are set). Other links ignore it.
     pub nic: NicOptions,
-    /// AF_XDP: the stack's MAC and addresses (the steering program redirects the
-    /// frames for them) and the bind mode. Other links ignore it.
-    pub xdp: XdpOptions,
-    /// AF_PACKET: the stack's MAC. The socket then takes only the frames sent to it
-    /// and to group addresses (a filter in the kernel), so the host's own traffic
-    /// on the interface costs the stack nothing; without it the stack sees every
-    /// frame. Other links ignore it.
+    /// The stack's MAC, the one place a link learns it. AF_PACKET: the socket takes
+    /// only the frames sent to it and to group addresses (a filter in the kernel),
+    /// so the host's own traffic on the interface costs the stack nothing; without
+    /// it the stack sees every frame. AF_XDP (required there): the steering program
+    /// redirects the frames sent to it. The emulated NIC: its config block carries
+    /// it (the device side sends to it). Other links ignore it.
     pub mac: Option<[u8; 6]>,
+    /// AF_XDP: the stack's addresses (the steering program redirects the ARP
+    /// requests and neighbour solicitations for them). Other links ignore them.
+    pub addrs: Vec<IpAddr>,
+    /// AF_XDP: the bind mode. Other links ignore it.
+    pub xdp_mode: XdpMode,
+}
+
+/// What the AF_XDP steering program needs, from the options that describe the stack.
+fn xdp_options(opts: &LinkOptions) -> XdpOptions {
+    let mut x = XdpOptions {
+        mac: opts.mac.unwrap_or_default(),
+        mode: opts.xdp_mode,
+        ..XdpOptions::default()
+    };
+    for a in &opts.addrs {
+        match a {
+            IpAddr::V4(v4) => x.ipv4.push(*v4),
+            IpAddr::V6(v6) => x.ipv6.push(*v6),
+        }
+    }
+    x
 }
 
 fn shm_config(opts: &LinkOptions) -> ShmConfig {
@@ -159,13 +181,19 @@ pub fn open(spec: &LinkSpec, opts: &LinkOptions) -> Result<Box<dyn Device>, Link
             }
             Box::new(d)
         }
-        LinkSpec::Xdp { ifname, queue } => {
-            Box::new(XdpDevice::open(ifname, *queue, opts.mtu, &opts.xdp)?)
-        }
+        LinkSpec::Xdp { ifname, queue } => Box::new(XdpDevice::open(
+            ifname,
+            *queue,
+            opts.mtu,
+            &xdp_options(opts),
+        )?),
         LinkSpec::Nic(name) => {
             let mut nic = opts.nic.clone();
             if let Some(mtu) = opts.mtu {
                 nic.mtu = mtu;
+            }
+            if let Some(mac) = opts.mac {
+                nic.mac = mac;
             }
             Box::new(NicDriver::create(name, &nic)?)
         }
@@ -214,7 +242,7 @@ pub fn open_shards(
         .map(|d| Box::new(d) as Box<dyn Device>)
         .collect(),
         LinkSpec::Xdp { ifname, queue: 0 } => {
-            XdpDevice::open_queues(ifname, n, opts.mtu, &opts.xdp)?
+            XdpDevice::open_queues(ifname, n, opts.mtu, &xdp_options(opts))?
                 .into_iter()
                 .map(|d| Box::new(d) as Box<dyn Device>)
                 .collect()
@@ -253,6 +281,30 @@ pub fn wrap(dev: Box<dyn Device>, opts: &LinkOptions) -> Result<Box<dyn Device>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steering_program_learns_the_stack_from_the_link_options() {
+        let mac = [0x02, 0, 0x5e, 0, 1, 2];
+        let opts = LinkOptions {
+            mac: Some(mac),
+            addrs: vec!["10.0.0.2".parse().unwrap(), "fd00::2".parse().unwrap()],
+            xdp_mode: XdpMode::Copy,
+            ..LinkOptions::default()
+        };
+        let x = xdp_options(&opts);
+        assert_eq!(x.mac, mac);
+        assert_eq!(
+            x.ipv4,
+            vec!["10.0.0.2".parse::<std::net::Ipv4Addr>().unwrap()]
+        );
+        assert_eq!(
+            x.ipv6,
+            vec!["fd00::2".parse::<std::net::Ipv6Addr>().unwrap()]
+        );
+        assert_eq!(x.mode, XdpMode::Copy);
+        // Without a MAC the program has none to steer by: XdpDevice refuses it.
+        assert_eq!(xdp_options(&LinkOptions::default()).mac, [0; 6]);
+    }
 
     #[test]
     fn parses_and_prints() {

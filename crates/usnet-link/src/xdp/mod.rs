@@ -332,7 +332,7 @@ impl XdpDevice {
         };
         if opts.mac == [0; 6] || opts.mac[0] & 1 != 0 {
             return Err(fail(
-                "the steering program needs the stack's unicast MAC (LinkOptions::xdp.mac)".into(),
+                "the steering program needs the stack's unicast MAC (LinkOptions::mac)".into(),
             ));
         }
         let map = bpf::create_xskmap(top + 1).map_err(|e| {
