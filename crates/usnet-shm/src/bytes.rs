@@ -344,6 +344,33 @@ impl ByteConsumer {
         true
     }
 
+    /// Hands back the consumed bytes before `pos` (at most what was consumed) with
+    /// one Release store: a consumer that keeps bytes it consumed in the ring (a
+    /// [`ByteLoan`]) gives them back as it finishes with them. Returns whether there
+    /// was anything new.
+    pub fn release_to(&mut self, pos: u64) -> bool {
+        let pos = pos.min(self.cons);
+        if pos <= self.released {
+            return false;
+        }
+        self.region.u64(self.at.cons).store(pos, Release);
+        self.released = pos;
+        true
+    }
+
+    /// Bytes consumed and not yet handed back.
+    pub fn unreleased(&self) -> u64 {
+        self.cons - self.released
+    }
+
+    /// The ring's bytes to read in place (see [`ByteLoan`]).
+    pub fn loan(&self) -> ByteLoan {
+        ByteLoan {
+            region: self.region.clone(),
+            at: self.at,
+        }
+    }
+
     /// Bytes consumed since the ring began.
     pub fn position(&self) -> u64 {
         self.cons
@@ -352,6 +379,43 @@ impl ByteConsumer {
     /// The ring's size in bytes.
     pub fn size(&self) -> usize {
         self.at.size
+    }
+}
+
+/// A consumer's view of its ring's bytes in place: those it consumed and has not
+/// released ([`ByteConsumer::release_to`]) stay its own, since the producer writes
+/// only where the released counter lets it, so they can be read as slices without a
+/// copy (a stack server's TCP connection sends straight from a client's send ring).
+/// The consumer asks only for such bytes; the producer's own protocol keeps off
+/// them. A producer that breaks it (writes bytes it was not given back) garbles
+/// only its own stream: the region is a sealed memfd, so no access can fault.
+#[derive(Clone)]
+pub struct ByteLoan {
+    region: Arc<Region>,
+    at: ByteRingAt,
+}
+
+impl std::fmt::Debug for ByteLoan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByteLoan").field("at", &self.at).finish()
+    }
+}
+
+impl ByteLoan {
+    /// Ring positions `[pos, pos + n)` as up to two slices (`n` at most the ring's
+    /// size). The caller asks only for bytes it consumed and has not released.
+    #[allow(unsafe_code)]
+    pub fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]) {
+        let [(a, la), (b, lb)] = self.at.spans(pos, n.min(self.at.size));
+        // SAFETY: the ring was checked against the mapping at attach, so both spans
+        // are inside it; the bytes are the consumer's until it releases them (type
+        // docs), so nobody writes them while the slices live.
+        unsafe {
+            (
+                self.region.lend(a, la).expect("ring checked at attach"),
+                self.region.lend(b, lb).expect("ring checked at attach"),
+            )
+        }
     }
 }
 
@@ -370,6 +434,44 @@ mod tests {
         let r = Arc::new(Region::create_memfd(c"bytes-test", 4096, false).unwrap());
         AT.reset(&r).unwrap();
         r
+    }
+
+    #[test]
+    fn loaned_bytes_stay_the_consumers_until_released() {
+        let (region, at) = (region(), AT);
+        let mut p = ByteProducer::attach(region.clone(), at).unwrap();
+        let mut c = ByteConsumer::attach(region, at).unwrap();
+        // Near the wrap, so a loan straddles it.
+        p.free().unwrap();
+        let pad = [0u8; 200];
+        assert_eq!(p.push(&pad), 200);
+        p.publish();
+        c.available().unwrap();
+        c.skip(200);
+        c.release();
+        let data: Vec<u8> = (0..100u8).collect();
+        p.free().unwrap();
+        assert_eq!(p.push(&data), 100);
+        p.publish();
+        assert_eq!(c.available().unwrap(), 100);
+        // Consumed without a copy, and not handed back: the producer has no room
+        // for them, and they read in place across the wrap.
+        c.skip(100);
+        assert_eq!(c.unreleased(), 100);
+        assert_eq!(p.free().unwrap(), 256 - 100);
+        let loan = c.loan();
+        let (a, b) = loan.slices(200, 100);
+        assert_eq!((a.len(), b.len()), (56, 44));
+        assert_eq!([a, b].concat(), data);
+        // Handed back in part, then past what was consumed (clamped).
+        assert!(c.release_to(230));
+        assert!(!c.release_to(230), "nothing new");
+        assert_eq!(p.free().unwrap(), 256 - 70);
+        assert!(c.release_to(u64::MAX));
+        assert_eq!(c.unreleased(), 0);
+        assert_eq!(p.free().unwrap(), 256);
+        let (a, b) = loan.slices(230, 30);
+        assert_eq!([a, b].concat(), data[30..60]);
     }
 
     #[test]

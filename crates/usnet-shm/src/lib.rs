@@ -37,7 +37,8 @@
 //! Every wait takes a timeout: nothing here sleeps without a deadline.
 //!
 //! `unsafe` lives only in the mapping (`region`, `buffers`), futex (`futex`) and
-//! system-call (`sys`) modules; each block says why it is sound.
+//! system-call (`sys`) modules, and in `bytes::ByteLoan::slices` (a consumer's own
+//! ring bytes read in place); each block says why it is sound.
 
 #![deny(unsafe_code)]
 
@@ -57,7 +58,7 @@ pub mod spsc;
 mod sys;
 
 pub use buffers::BufferArea;
-pub use bytes::{ByteConsumer, ByteCorrupt, ByteProducer, ByteRingAt};
+pub use bytes::{ByteConsumer, ByteCorrupt, ByteLoan, ByteProducer, ByteRingAt};
 pub use doorbell::{sleep_many, EventFd, FutexBell, Gate};
 pub use region::{Populate, RangeError, Region, Shared};
 pub use sys::{adopt_inherited_fd, inherit_fd, monotonic_ns, poll_fds, ReadyFds};

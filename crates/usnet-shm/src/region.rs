@@ -3,7 +3,9 @@
 //! A region maps a memfd or a file shared (`MAP_SHARED`, read-write) and hands out
 //! references to atomics at offsets it has checked against the mapping's length and the
 //! type's alignment, plus bounded byte copies in and out. Nothing else touches the
-//! mapping, so no user needs a raw pointer.
+//! mapping, so no user needs a raw pointer. The one exception is crate-private: a
+//! byte ring's consumer lends the bytes it holds and the producer may not write
+//! ([`crate::bytes::ByteLoan`]), under the ownership rule of [`crate::BufferArea`].
 //!
 //! Offsets normally come from a layout the user validated when it opened the region, so
 //! an offset outside the mapping is a bug in the user: the short accessors (`u32`, `u64`,
@@ -241,6 +243,21 @@ impl Region {
     #[track_caller]
     pub fn i64(&self, off: usize) -> &AtomicI64 {
         self.must(off)
+    }
+
+    /// `len` bytes at `off` as a slice, or an error outside the mapping.
+    ///
+    /// # Safety
+    /// Nobody may write these bytes while the slice lives: the caller's protocol
+    /// gives them to this process (as a byte ring's consumed, unreleased bytes are
+    /// the consumer's), and no `write` of this region covers them meanwhile. A peer
+    /// that breaks its protocol garbles bytes it was not owed; the mapping is a
+    /// sealed memfd or a private file, so no access can fault.
+    pub(crate) unsafe fn lend(&self, off: usize, len: usize) -> Result<&[u8], RangeError> {
+        self.check(off, len, 1)?;
+        // SAFETY: inside the mapping (checked), which lives as long as `self`; the
+        // caller vouches that nobody writes the bytes meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off), len) })
     }
 
     /// Copies `dst.len()` bytes at `off` out of the mapping. A peer writing the same

@@ -374,14 +374,45 @@ impl SgRecv {
     }
 }
 
-/// The send buffer: bytes in a ring (copying sockets) or pieces of pool buffers
-/// (zero-copy connections).
+/// A byte ring someone else keeps that a connection sends from in place (a stack
+/// server client's shared send ring): the connection's send buffer is then that
+/// ring, as a kernel socket's buffer is the bytes it was written into.
+pub trait LentBytes: std::fmt::Debug + Send {
+    /// Ring positions `[pos, pos + n)` as up to two slices. The connection asks only
+    /// for bytes it was lent and has not acknowledged.
+    fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]);
+}
+
+/// A send buffer in a lent ring: bytes `[head, head + len)` of it, `head` being the
+/// ring position of SND.UNA's byte.
+#[derive(Debug)]
+pub struct LentRing {
+    src: Box<dyn LentBytes>,
+    head: u64,
+    len: usize,
+    cap: usize,
+    /// The capacity of the byte ring the connection had before, for when it takes
+    /// its bytes back ([`SendBuf::unlend`]).
+    own_cap: usize,
+}
+
+impl LentRing {
+    /// The ring position of the first unacknowledged byte.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+}
+
+/// The send buffer: bytes in a ring (copying sockets), pieces of pool buffers
+/// (zero-copy connections), or a ring lent by whoever wrote the bytes.
 #[derive(Debug)]
 pub enum SendBuf {
     /// Bytes copied in by `send`.
     Bytes(Ring),
     /// Pool-buffer pieces handed over by `send_span`.
     Bufs(SgSend),
+    /// Bytes left where they were written (`Connection::lend_send_buffer`).
+    Lent(LentRing),
 }
 
 impl SendBuf {
@@ -390,6 +421,7 @@ impl SendBuf {
         match self {
             SendBuf::Bytes(r) => r.len(),
             SendBuf::Bufs(q) => q.len(),
+            SendBuf::Lent(l) => l.len,
         }
     }
     /// Nothing queued.
@@ -401,27 +433,80 @@ impl SendBuf {
         match self {
             SendBuf::Bytes(r) => r.free(),
             SendBuf::Bufs(q) => q.free(),
+            SendBuf::Lent(l) => l.cap - l.len,
         }
     }
-    /// Appends bytes (a byte ring only; a zero-copy queue takes pieces).
+    /// Appends bytes (a byte ring only; a zero-copy queue takes pieces, a lent ring
+    /// its owner's bytes in place).
     pub fn push(&mut self, data: &[u8]) -> usize {
         match self {
             SendBuf::Bytes(r) => r.push(data),
-            SendBuf::Bufs(_) => 0,
+            SendBuf::Bufs(_) | SendBuf::Lent(_) => 0,
         }
     }
     /// [`Ring::push_with`] (a byte ring only).
     pub fn push_with(&mut self, n: usize, fill: impl FnMut(&mut [u8]) -> usize) -> usize {
         match self {
             SendBuf::Bytes(r) => r.push_with(n, fill),
-            SendBuf::Bufs(_) => 0,
+            SendBuf::Bufs(_) | SendBuf::Lent(_) => 0,
         }
+    }
+    /// Takes up to `n` more bytes of a lent ring, the ones right after those it
+    /// holds (a lent ring only). Returns the count taken.
+    pub fn extend_lent(&mut self, n: usize) -> usize {
+        match self {
+            SendBuf::Lent(l) => {
+                let n = n.min(l.cap - l.len);
+                l.len += n;
+                n
+            }
+            SendBuf::Bytes(_) | SendBuf::Bufs(_) => 0,
+        }
+    }
+    /// An empty byte ring becomes a view of `src` from ring position `pos`, holding
+    /// at most `cap` bytes (at most its own capacity). False, nothing changed,
+    /// otherwise.
+    pub fn lend(&mut self, src: Box<dyn LentBytes>, pos: u64, cap: usize) -> bool {
+        let SendBuf::Bytes(r) = self else {
+            return false;
+        };
+        if !r.is_empty() {
+            return false;
+        }
+        let own_cap = r.capacity();
+        *self = SendBuf::Lent(LentRing {
+            src,
+            head: pos,
+            len: 0,
+            cap: cap.min(own_cap),
+            own_cap,
+        });
+        true
+    }
+    /// A lent ring's bytes copied into a byte ring of the connection's own, which
+    /// becomes the buffer (the lender wants its ring back). Returns whether it was
+    /// lent.
+    pub fn unlend(&mut self) -> bool {
+        let SendBuf::Lent(l) = self else {
+            return false;
+        };
+        let mut r = Ring::new(l.own_cap);
+        let (a, b) = l.src.slices(l.head, l.len);
+        r.push(a);
+        r.push(b);
+        *self = SendBuf::Bytes(r);
+        true
     }
     /// Drops `n` acknowledged bytes.
     pub fn consume(&mut self, n: usize) {
         match self {
             SendBuf::Bytes(r) => r.consume(n),
             SendBuf::Bufs(q) => q.consume(n),
+            SendBuf::Lent(l) => {
+                let n = n.min(l.len);
+                l.head += n as u64;
+                l.len -= n;
+            }
         }
     }
     /// The payload of bytes `[offset, offset + n)`; `scratch` holds the pieces of a
@@ -445,11 +530,18 @@ impl SendBuf {
                     at_piece_start,
                 }
             }
+            SendBuf::Lent(l) => {
+                if offset >= l.len {
+                    return TxData::NONE;
+                }
+                let (a, b) = l.src.slices(l.head + offset as u64, n.min(l.len - offset));
+                TxData::Bytes(a, b)
+            }
         }
     }
     fn ops(&mut self) -> Option<&mut Vec<BufOp>> {
         match self {
-            SendBuf::Bytes(_) => None,
+            SendBuf::Bytes(_) | SendBuf::Lent(_) => None,
             SendBuf::Bufs(q) => Some(&mut q.ops),
         }
     }

@@ -5,19 +5,26 @@
 //! bottleneck queue. Every byte is checked. With `TcpConfig::zero_copy` on either end,
 //! that end holds its payload in a fake pool's buffers (each arriving segment lands
 //! in a buffer of its own, as from a NIC; the application writes and reads pieces),
-//! every reference change is checked and the pool must be empty at the end.
+//! every reference change is checked and the pool must be empty at the end. With a
+//! lender, the client writes into a shared-memory byte ring and its connection sends
+//! from that ring in place, as a stack server's connections send from their clients'
+//! rings (`Connection::lend_send_buffer`).
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
+
+use usnet_shm::{ByteConsumer, ByteLoan, ByteProducer, ByteRingAt, Region};
 
 use usnet_sim::{Path, PathConfig, PathStats, SimRng};
 use usnet_tcp::testing::{FakePool, OwnedSegment, VecSink};
 use usnet_tcp::{
-    CcAlgorithm, Connection, Instant, ListenEvent, Listener, Payload, State, TcpConfig, TcpStats,
+    CcAlgorithm, Connection, Instant, LentBytes, ListenEvent, Listener, Payload, State, TcpConfig,
+    TcpStats,
 };
 
 /// The path the tests start from: 5 ms one way, a 50 ms queue when a rate is set (40
@@ -55,6 +62,105 @@ struct Sim {
     bad_checksum: u64,
     /// The buffers zero-copy ends hold their payload in.
     pool: Rc<RefCell<FakePool>>,
+    /// The client's writes go through a shared ring its connection sends from.
+    lender: Option<Lender>,
+}
+
+/// A shared ring read in place by the connection (the stack server's wrapper).
+#[derive(Debug)]
+struct Loan(ByteLoan);
+
+impl LentBytes for Loan {
+    fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]) {
+        self.0.slices(pos, n)
+    }
+}
+
+/// The client application's send ring, as a stack server client's: the
+/// application writes into it, the connection takes the bytes in place and the ring
+/// gets them back as they are acknowledged. At `unlend_at` bytes the connection
+/// gives the ring back mid-stream (copying what it holds) and the rest is copied in,
+/// as when a socket turns shared or bounded.
+struct Lender {
+    prod: ByteProducer,
+    cons: ByteConsumer,
+    unlend_at: u64,
+    /// Bytes the connection took in place, and copied after giving the ring back.
+    in_place: u64,
+    copied: u64,
+    /// The most bytes the connection held in the ring at once.
+    most_held: u64,
+}
+
+impl Lender {
+    fn new(size: usize, unlend_at: u64) -> Lender {
+        let at = ByteRingAt {
+            prod: 0,
+            cons: 64,
+            data: 4096,
+            size,
+        };
+        let r = Arc::new(Region::create_memfd(c"sim-lender", 4096 + size, true).unwrap());
+        at.reset(&r).unwrap();
+        Lender {
+            prod: ByteProducer::attach(r.clone(), at).unwrap(),
+            cons: ByteConsumer::attach(r, at).unwrap(),
+            unlend_at,
+            in_place: 0,
+            copied: 0,
+            most_held: 0,
+        }
+    }
+
+    /// The application's write: into the ring as far as it has room.
+    fn write(&mut self, data: &[u8]) -> usize {
+        let n = data.len().min(self.prod.free().unwrap());
+        let n = self.prod.push(&data[..n]);
+        self.prod.publish();
+        n
+    }
+
+    /// What the stack server's turn does: acknowledged bytes back to the ring, then
+    /// the ring's new bytes into the connection.
+    fn turn(&mut self, c: &mut Connection) {
+        if let Some(head) = c.lent_head() {
+            self.cons.release_to(head);
+        }
+        self.most_held = self.most_held.max(self.cons.unreleased());
+        let ready = self.cons.available().unwrap();
+        if c.lent_head().is_some() && self.in_place >= self.unlend_at {
+            assert!(c.unlend_send_buffer());
+            self.cons.release();
+        }
+        if ready == 0 {
+            return;
+        }
+        if self.in_place < self.unlend_at
+            && c.lent_head().is_none()
+            && c.lend_send_buffer(
+                Box::new(Loan(self.cons.loan())),
+                self.cons.position(),
+                self.cons.size(),
+            )
+        {
+            assert_eq!(c.lent_head(), Some(self.cons.position()));
+        }
+        if c.lent_head().is_some() {
+            let k = c.send_lent(ready);
+            self.cons.skip(k);
+            self.in_place += k as u64;
+        } else {
+            let cons = &mut self.cons;
+            let k = c.send_with(ready, |dst| cons.read(dst));
+            self.cons.release();
+            self.copied += k as u64;
+        }
+    }
+
+    /// Every byte written reached the connection.
+    fn drained(&self) -> bool {
+        self.cons.ready() == 0
+    }
 }
 
 /// Applies the buffer-reference changes of a zero-copy connection to the pool.
@@ -130,6 +236,8 @@ struct Outcome {
     client_state: State,
     server_state: State,
     client_info: usnet_tcp::TcpInfo,
+    /// With a lender: bytes sent in place, bytes copied, most held in the ring.
+    lent: Option<(u64, u64, u64)>,
 }
 
 impl Sim {
@@ -167,7 +275,15 @@ impl Sim {
             server: None,
             bad_checksum: 0,
             pool: Rc::default(),
+            lender: None,
         }
+    }
+
+    /// The client writes through a shared ring of `size` bytes its connection sends
+    /// from in place, until `unlend_at` bytes (then it copies).
+    fn lending(mut self, size: usize, unlend_at: u64) -> Sim {
+        self.lender = Some(Lender::new(size, unlend_at));
+        self
     }
 
     fn send(&mut self, segs: Vec<OwnedSegment>, to_server: bool) {
@@ -284,12 +400,23 @@ impl Sim {
                 for (k, b) in buf[..n].iter_mut().enumerate() {
                     *b = pattern(sent + k as u64);
                 }
-                let w = app_send(&mut self.client, &buf[..n], &self.pool);
+                let w = match self.lender.as_mut() {
+                    Some(l) => {
+                        let w = l.write(&buf[..n]);
+                        l.turn(&mut self.client);
+                        w
+                    }
+                    None => app_send(&mut self.client, &buf[..n], &self.pool),
+                };
                 sent += w as u64;
                 if w < n {
                     break;
                 }
             }
+            if let Some(l) = self.lender.as_mut() {
+                l.turn(&mut self.client);
+            }
+            let drained = self.lender.as_ref().is_none_or(Lender::drained);
             loop {
                 let n = app_recv(&mut self.client, &mut buf, &self.pool);
                 if n == 0 {
@@ -305,7 +432,11 @@ impl Sim {
                 }
                 brcvd += n as u64;
             }
-            if sent == total && !client_closed && self.client.state() == State::Established {
+            if sent == total
+                && drained
+                && !client_closed
+                && self.client.state() == State::Established
+            {
                 self.client.shutdown_write();
                 client_closed = true;
             }
@@ -400,6 +531,12 @@ impl Sim {
             settle(c, &self.pool);
         }
         assert_eq!(self.pool.borrow().in_use(), 0, "pool buffers leaked");
+        let lent = self.lender.as_mut().map(|l| {
+            l.turn(&mut self.client);
+            assert_eq!(l.cons.unreleased(), 0, "the ring got every byte back");
+            assert_eq!(l.in_place + l.copied, total);
+            (l.in_place, l.copied, l.most_held)
+        });
         let server = self.server.as_ref().unwrap();
         Outcome {
             client: self.client.stats().clone(),
@@ -411,6 +548,7 @@ impl Sim {
             client_state: self.client.state(),
             server_state: server.state(),
             client_info: self.client.info(),
+            lent,
         }
     }
 }
@@ -529,6 +667,47 @@ fn zero_copy_ends_under_loss_reorder_duplication() {
         let o = run(seed, path, 1 << 20, 512 << 10, c, s);
         assert!(o.client.retransmit_segments > 0);
         assert!(o.server.rx_dup_bytes > 0 || o.client.rx_dup_bytes > 0);
+    }
+}
+
+/// The client's connection sends from its application's shared ring in place
+/// (a stack server's connections send from their clients' rings), with loss,
+/// duplication, reordering and corruption both ways: every byte arrives, the ring
+/// gets each byte back only once it is acknowledged (a retransmission reads it
+/// there), and a connection that gives the ring back mid-stream keeps what it held.
+#[test]
+fn a_lent_send_ring_under_loss_reorder_duplication() {
+    let path = PathConfig {
+        loss: 0.02,
+        duplicate: 0.02,
+        reorder: 0.05,
+        corrupt: 0.01,
+        rate: 5_000_000,
+        ..path()
+    };
+    let total = 1u64 << 20;
+    for (seed, ring, unlend_at) in [
+        (61u64, 64 << 10, u64::MAX),
+        (62, 256 << 10, u64::MAX),
+        (63, 64 << 10, total / 2),
+    ] {
+        let o = Sim::new(seed, path, path, cfg(), cfg(), seed % 2 == 1)
+            .lending(ring, unlend_at)
+            .transfer(total, 256 << 10, Duration::from_secs(3600));
+        assert_eq!(o.client_state, State::Closed);
+        assert!(o.client.retransmit_segments > 0);
+        let (in_place, copied, most_held) = o.lent.unwrap();
+        // The ring held unacknowledged bytes (up to its size), not released as
+        // they were taken.
+        assert!(
+            most_held > 0 && most_held <= ring as u64,
+            "held {most_held}"
+        );
+        if unlend_at == u64::MAX {
+            assert_eq!((in_place, copied), (total, 0));
+        } else {
+            assert!(in_place >= unlend_at && copied > 0, "{in_place} {copied}");
+        }
     }
 }
 

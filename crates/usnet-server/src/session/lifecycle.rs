@@ -46,6 +46,9 @@ impl ServerSession {
     /// The client closed slot `i` and its send ring is empty: close the stack socket
     /// and give the slot back.
     pub(super) fn finish_close(&mut self, stack: &mut Stack, i: u32) {
+        // The slot's ring is about to be reused: a connection sending from it
+        // keeps what it still holds in a buffer of its own.
+        self.unlend(stack, i);
         let Some(mut s) = self.socks[i as usize].take() else {
             return;
         };

@@ -84,6 +84,13 @@ struct SessionSocket {
 
     // The send direction (`streams`).
     tx: ByteConsumer,
+    /// The connection sends from the send ring in place (its send buffer is the
+    /// ring: `Stack::tcp_lend_send_buffer`); ring bytes go back to the client as
+    /// they are acknowledged, not as they are taken.
+    lent: bool,
+    /// The ring may still be lent: not tried yet, and nothing (a bounded write,
+    /// sharing, a refusal, a ring taken back) ruled it out.
+    lendable: bool,
     /// The send ring may hold bytes: the server looks at it every turn.
     tx_active: bool,
     /// SO_ZEROCOPY: `slot::TX_ACKED` is kept current.
@@ -170,6 +177,9 @@ pub(crate) struct ServerSession {
     active: Vec<u32>,
     /// Connections with SO_ZEROCOPY on (`slot::TX_ACKED` published every pass).
     zc_watched: Vec<u32>,
+    /// Connections sending from a lent send ring that still holds bytes not given
+    /// back (looked at every pass: what was acknowledged returns to the client).
+    lent_held: Vec<u32>,
     /// Connections with SO_TIMESTAMPING transmit reports (looked at every pass).
     ts_watched: Vec<u32>,
     /// Slots whose receive ring has room while the stack still holds bytes for them
@@ -234,6 +244,7 @@ impl ServerSession {
             by_handle: FxHashMap::default(),
             active: Vec::new(),
             zc_watched: Vec::new(),
+            lent_held: Vec::new(),
             ts_watched: Vec::new(),
             rx_again: Vec::new(),
             backlog: Default::default(),
@@ -500,6 +511,8 @@ impl ServerSession {
             syn_retries: None,
             rx,
             tx,
+            lent: false,
+            lendable: true,
             tx_active: false,
             zc_watch: false,
             sndbuf_set: false,

@@ -72,6 +72,13 @@ impl ServerSession {
         let mut pinned = Vec::new();
         let mut newly = Vec::new();
         let mut shared_now = Vec::new();
+        // A shared socket takes bytes from every holder's ring: none of them can be
+        // its send buffer.
+        for i in 0..self.socks.len() {
+            if self.socks[i].as_ref().is_some_and(|s| !s.closing) {
+                self.unlend(stack, i as u32);
+            }
+        }
         for (i, s) in self.socks.iter_mut().enumerate() {
             let Some(s) = s.as_mut().filter(|s| !s.closing) else {
                 continue;

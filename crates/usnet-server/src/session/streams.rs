@@ -13,7 +13,7 @@ use usnet_session_abi::{
     SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
 use usnet_shm::ByteProducer;
-use usnet_stack::{Owner, SocketHandle, Stack, StackError};
+use usnet_stack::{LentBytes, Owner, SocketHandle, Stack, StackError};
 
 use super::{err, options::apply_deferred, Role, ServerSession, SessionSocket, SessionStats};
 
@@ -34,6 +34,7 @@ impl ServerSession {
             self.refresh(stack, i);
         }
         self.publish_acked(stack);
+        self.return_acked(stack);
         let mut k = 0;
         while k < self.ts_watched.len() {
             if self.stamp_progress(stack, self.ts_watched[k]) {
@@ -50,6 +51,57 @@ impl ServerSession {
             } else {
                 self.active.swap_remove(k);
             }
+        }
+    }
+
+    /// For each connection sending from its lent send ring: the bytes it is done
+    /// with (acknowledged) go back to the client, with an event when the client's
+    /// room grew. A connection that closed reads the ring no more: all of it goes
+    /// back.
+    fn return_acked(&mut self, stack: &Stack) {
+        let mut k = 0;
+        while k < self.lent_held.len() {
+            let i = self.lent_held[k];
+            let Some(s) = self.socks[i as usize].as_mut().filter(|s| s.lent) else {
+                self.lent_held.swap_remove(k);
+                continue;
+            };
+            let grew = match s.handle.and_then(|h| stack.tcp_lent_head(h)) {
+                Some(head) => s.tx.release_to(head),
+                None => {
+                    s.lent = false;
+                    s.tx.release()
+                }
+            };
+            if s.tx.unreleased() == 0 || !s.lent {
+                self.lent_held.swap_remove(k);
+            } else {
+                k += 1;
+            }
+            if grew {
+                self.bump(i);
+            }
+        }
+    }
+
+    /// Connection `i` takes back what it holds of its lent send ring into a buffer
+    /// of its own, and the ring goes back to the client whole: before the slot is
+    /// reused, shared with another session, or written through `op::SEND`. It is
+    /// not lent again.
+    pub(super) fn unlend(&mut self, stack: &mut Stack, i: u32) {
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return;
+        };
+        s.lendable = false;
+        if !s.lent {
+            return;
+        }
+        s.lent = false;
+        if let Some(h) = s.handle {
+            stack.tcp_unlend_send_buffer(h);
+        }
+        if s.tx.release() {
+            self.bump(i);
         }
     }
 
@@ -113,12 +165,31 @@ impl ServerSession {
         }
         let mut moved = 0usize;
         let mut pushed_back = false;
+        // Ring bytes the client had lent went back all at once.
+        let mut returned = false;
         match (s.role, s.handle) {
             (Role::Conn, Some(h)) if avail > 0 => {
                 let want = avail.min(chunk);
-                let tx = &mut s.tx;
-                match stack.tcp_send_with(h, want, |dst| tx.read(dst)) {
+                if s.lendable && !s.shared {
+                    // The first bytes: the ring becomes the connection's send
+                    // buffer, so they are sent from here (one copy fewer).
+                    s.lendable = false;
+                    let loan = Box::new(RingLoan(s.tx.loan()));
+                    s.lent = stack
+                        .tcp_lend_send_buffer(h, loan, s.tx.position(), s.tx.size())
+                        .unwrap_or(false);
+                }
+                let r = if s.lent {
+                    stack.tcp_send_lent(h, want)
+                } else {
+                    let tx = &mut s.tx;
+                    stack.tcp_send_with(h, want, |dst| tx.read(dst))
+                };
+                match r {
                     Ok(n) => {
+                        if s.lent {
+                            s.tx.skip(n);
+                        }
                         moved = n;
                         s.written += n as u64;
                         pushed_back = n < want;
@@ -126,11 +197,36 @@ impl ServerSession {
                     Err(StackError::WouldBlock) => pushed_back = true,
                     Err(_) => {
                         // The connection failed or was shut down: the bytes can never
-                        // go out; drop them as the kernel would.
+                        // go out; drop them as the kernel would. What it holds of a
+                        // lent ring becomes its own, so the ring goes back whole.
+                        if s.lent {
+                            s.lent = false;
+                            stack.tcp_unlend_send_buffer(h);
+                        }
                         s.tx.skip(avail);
                     }
                 }
-                s.tx.release();
+                let size = s.tx.size();
+                if s.lent
+                    && s.tx.unreleased() as usize >= size
+                    && stack.tcp_send_buffer(h).is_ok_and(|l| l as usize > size)
+                {
+                    // The ring binds: full of bytes the connection holds while its
+                    // send buffer may hold more (a long or fast path grew it). It
+                    // takes them into a buffer of its own, once, and the client
+                    // writes on: a lent ring never caps the window below what a
+                    // copying connection would reach.
+                    s.lent = false;
+                    stack.tcp_unlend_send_buffer(h);
+                    returned = true;
+                }
+                if s.lent {
+                    if s.tx.unreleased() > 0 && !self.lent_held.contains(&i) {
+                        self.lent_held.push(i);
+                    }
+                } else {
+                    s.tx.release();
+                }
             }
             (Role::Udp, _) if avail > 0 || s.pending_dgram.is_some() => {
                 let owner = Owner(self.id);
@@ -162,6 +258,9 @@ impl ServerSession {
             _ => {}
         }
         self.stats.bytes_in += moved as u64;
+        if returned {
+            self.bump(i);
+        }
         let s = self.socks[i as usize].as_mut().expect("still here");
         if held && !pushed_back {
             // The rest waits for the request that set the hold, which activates
@@ -221,6 +320,9 @@ impl ServerSession {
         flags: u64,
     ) -> i64 {
         let chunk = self.limits.chunk;
+        // Such writes are admitted step by step from the ring and may drop what the
+        // stack refuses: the connection keeps its own buffer from here on.
+        self.unlend(stack, i);
         let Some(s) = self.socks[i as usize].as_mut() else {
             return -errno::EBADF;
         };
@@ -826,6 +928,16 @@ impl TxGaps {
     }
 }
 
+/// A client's send ring, read in place by the connection it feeds.
+#[derive(Debug)]
+struct RingLoan(usnet_shm::ByteLoan);
+
+impl LentBytes for RingLoan {
+    fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]) {
+        self.0.slices(pos, n)
+    }
+}
+
 fn ring_size(s: &SessionSocket) -> usize {
     s.tx.size()
 }
@@ -847,7 +959,11 @@ fn udp_record_fits(rx: &mut ByteProducer, len: usize) -> bool {
 mod tests {
     use std::sync::atomic::Ordering::*;
 
-    use usnet_session_abi::{op, slot, Request, SockAddr, KIND_TCP, KIND_UDP, RECORD_HEADER};
+    use std::time::Duration;
+
+    use usnet_session_abi::{
+        op, slot, Request, SockAddr, FLAG_RX_EOF, KIND_TCP, KIND_UDP, RECORD_HEADER,
+    };
 
     use super::TxGaps;
     use crate::fuzzing::{Harness, ADDR};
@@ -937,6 +1053,83 @@ mod tests {
         h.finish();
     }
 
+    /// A connection sends from its client's send ring in place: the ring's bytes
+    /// go back to the client only as the peer acknowledges them (a retransmission
+    /// reads them there), and a close while the connection still holds some lets
+    /// it keep them: the slot and its ring are reused at once, scribbled on, and
+    /// every byte still arrives once.
+    #[test]
+    fn a_lent_send_ring_gives_bytes_back_as_they_are_acknowledged() {
+        let mut h = Harness::new();
+        h.connected_pair(7124);
+        let at = h.mem().tx_ring(1);
+        let given_back = |h: &Harness| h.mem().region().u64(at.cons).load(Acquire);
+        let data: Vec<u8> = (0..3000u32).map(|k| (k * 7) as u8).collect();
+        assert_eq!(write(&h, 1, &data), 3000);
+        h.turn();
+        assert!(h.parts(1).0.sock(1).lent, "the ring is the send buffer");
+        assert_eq!(h.parts(1).0.sock(1).tx.position(), 3000, "taken");
+        let mut got = Vec::new();
+        for _ in 0..20 {
+            h.advance(Duration::from_millis(50));
+            h.turn();
+            got.extend(h.recv(2));
+        }
+        assert_eq!(got, data);
+        assert_eq!(given_back(&h), 3000, "acknowledged: back to the client");
+
+        // The peer stops reading: its windows fill, and the connection holds bytes
+        // it cannot send yet, in the ring, which the client cannot write over.
+        let mut sent = Vec::new();
+        for k in 0..64u32 {
+            let (sess, stack) = h.parts(1);
+            let h1 = sess.sock(1).handle.unwrap();
+            if stack.tcp_info(h1).unwrap().send_queued >= 1000 {
+                break;
+            }
+            let chunk: Vec<u8> = (0..1500u32).map(|j| (k * 31 + j * 3) as u8).collect();
+            let n = write(&h, 1, &chunk);
+            sent.extend_from_slice(&chunk[..n]);
+            h.turn();
+        }
+        let (sess, stack) = h.parts(1);
+        assert!(sess.sock(1).lent, "still lent (the ring never filled)");
+        let info = stack.tcp_info(sess.sock(1).handle.unwrap()).unwrap();
+        let held = sess.sock(1).tx.unreleased();
+        assert!(
+            info.send_queued > info.bytes_in_flight as usize,
+            "unsent bytes: {info:?}"
+        );
+        assert_eq!(
+            held, info.send_queued as u64,
+            "what it holds is in the ring"
+        );
+        assert_eq!(given_back(&h), 3000 + sent.len() as u64 - held);
+        // The client closes: the slot goes at once, the connection keeps its bytes.
+        assert_eq!(h.call(op::CLOSE, 1, [0; 6]), 0);
+        h.turn();
+        assert_eq!(
+            h.mem().slot_word(1, slot::STATE).load(Acquire),
+            usnet_session_abi::SLOT_FREE
+        );
+        // The same slot, and ring, for a new socket whose client writes over it.
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]), 1);
+        h.send_bytes(1, &[0xee; 4096]);
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            h.advance(Duration::from_millis(50));
+            h.turn();
+            got.extend(h.recv(2));
+        }
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "what the connection held arrives unchanged");
+        assert_ne!(
+            h.mem().slot_word(2, slot::FLAGS).load(Acquire) & FLAG_RX_EOF,
+            0
+        );
+        h.finish();
+    }
+
     /// Bytes written on a socket that cannot send (not connected) are dropped, as
     /// the kernel drops them: the ring is emptied, nothing is counted as sent.
     #[test]
@@ -963,8 +1156,7 @@ mod tests {
         h.connected_pair(7123);
         assert_eq!(write(&h, 1, &[9u8; 100]), 100);
         h.turn();
-        let at = h.mem().tx_ring(1);
-        assert_eq!(h.mem().region().u64(at.cons).load(Acquire), 100, "drained");
+        assert_eq!(h.parts(1).0.sock(1).tx.position(), 100, "drained");
         assert_eq!(h.call(op::SEND, 1, [0, 50, 0, 0, 0, 0]), 50);
         assert_eq!(h.call(op::SEND, 1, [40, 100, 0, 0, 0, 0]), 60);
         h.turn();

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use usnet_tcp::{
-    CcAlgorithm, Connection, Keepalive, Listener, State, TcpConfig, TcpInfo, TcpStats, Wake,
+    CcAlgorithm, Connection, Keepalive, LentBytes, Listener, State, TcpConfig, TcpInfo, TcpStats,
+    Wake,
 };
 use usnet_wire::FastOpen;
 
@@ -833,6 +834,62 @@ impl Stack {
             };
         }
         self.with_conn(h, |c| c.send_with(max, fill))
+    }
+
+    /// A stack server's shared send ring becomes connection `h`'s send buffer
+    /// (`Connection::lend_send_buffer`): the client's bytes are sent from where it
+    /// wrote them, one copy fewer. `pos`: the ring position of the next byte to
+    /// send; `cap`: the ring's size. False when the connection cannot take it (a
+    /// zero-copy one, or bytes already queued).
+    pub fn tcp_lend_send_buffer(
+        &mut self,
+        h: SocketHandle,
+        src: Box<dyn LentBytes>,
+        pos: u64,
+        cap: usize,
+    ) -> Result<bool, StackError> {
+        Ok(self.conn_mut(h)?.lend_send_buffer(src, pos, cap))
+    }
+
+    /// [`Stack::tcp_send_with`] for a connection whose send buffer is lent: the
+    /// next `max` bytes of the ring are queued where they lie.
+    pub fn tcp_send_lent(&mut self, h: SocketHandle, max: usize) -> Result<usize, StackError> {
+        if let Some(e) = self.tcp_report_error(h)? {
+            return Err(e);
+        }
+        let c = self.conn(h)?;
+        if !c.may_send() {
+            return Err(StackError::BrokenPipe);
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        if c.send_capacity() == 0 {
+            self.conn_mut(h)?.no_space();
+            return Err(StackError::WouldBlock);
+        }
+        self.with_conn(h, |c| c.send_lent(max))
+    }
+
+    /// The ring position up to which connection `h` is done with its lent send
+    /// ring (everything before it acknowledged): the owner may reuse those bytes.
+    /// None when the buffer is not lent, or the connection is closed (it reads the
+    /// ring no more).
+    pub fn tcp_lent_head(&self, h: SocketHandle) -> Option<u64> {
+        let c = self.conn(h).ok()?;
+        if c.state() == State::Closed {
+            return None;
+        }
+        c.lent_head()
+    }
+
+    /// Connection `h` copies what it holds of its lent ring into a buffer of its
+    /// own and gives the ring back (its owner is about to reuse or share it).
+    /// Returns whether it was lent.
+    pub fn tcp_unlend_send_buffer(&mut self, h: SocketHandle) -> bool {
+        self.conn_mut(h)
+            .map(|c| c.unlend_send_buffer())
+            .unwrap_or(false)
     }
 
     /// [`Stack::tcp_recv`] that hands up to `max` bytes to `sink` as they lie in the

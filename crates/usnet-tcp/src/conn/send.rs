@@ -12,7 +12,7 @@ use super::timers::Timer;
 use super::{Connection, SegmentSink, State, TcpError};
 use crate::ring::Ring;
 use crate::seq::Seq;
-use crate::sg::{drain_ops, BufOp, BufSpan, RecvBuf, SendBuf, SgSend};
+use crate::sg::{drain_ops, BufOp, BufSpan, LentBytes, RecvBuf, SendBuf, SgSend};
 use crate::time::Instant;
 
 /// SND.* and the send buffer.
@@ -314,6 +314,44 @@ impl Connection {
     /// to `max`, in up to two slices; it returns how many of each it wrote). Returns
     /// the count queued.
     pub fn send_with(&mut self, max: usize, fill: impl FnMut(&mut [u8]) -> usize) -> usize {
+        self.send_by(max, |b| b.push_with(max, fill))
+    }
+
+    /// A stack server's send ring becomes this connection's send buffer: the bytes
+    /// its client writes there are sent from there ([`Connection::send_lent`]) and
+    /// stay until acknowledged, where a copying buffer would take a copy first.
+    /// `pos` is the ring position of the next byte to send, `cap` the most the ring
+    /// may hold for it (its size). Only a copying connection whose buffer is empty
+    /// can take one; false, nothing changed, otherwise.
+    pub fn lend_send_buffer(&mut self, src: Box<dyn LentBytes>, pos: u64, cap: usize) -> bool {
+        self.snd.buf.lend(src, pos, cap)
+    }
+
+    /// [`Connection::send`] of the next `max` bytes of a lent ring, in place: they
+    /// are queued as a write of them would be. Returns the count queued.
+    pub fn send_lent(&mut self, max: usize) -> usize {
+        self.send_by(max, |b| b.extend_lent(max))
+    }
+
+    /// The ring position of the oldest byte a lent ring still holds for the
+    /// connection (everything before it was acknowledged, and the lender may reuse
+    /// it). None when the buffer is not lent.
+    pub fn lent_head(&self) -> Option<u64> {
+        match &self.snd.buf {
+            SendBuf::Lent(l) => Some(l.head()),
+            _ => None,
+        }
+    }
+
+    /// The connection takes the bytes it holds of a lent ring into a buffer of its
+    /// own (a copy), and gives the ring back. Returns whether it was lent.
+    pub fn unlend_send_buffer(&mut self) -> bool {
+        self.snd.buf.unlend()
+    }
+
+    /// The admission every write shares: sending allowed, the send buffer's limit,
+    /// then `put` queues up to `max` bytes and they are accounted.
+    fn send_by(&mut self, max: usize, put: impl FnOnce(&mut SendBuf) -> usize) -> usize {
         if !self.may_send() {
             return 0;
         }
@@ -321,7 +359,7 @@ impl Connection {
             self.no_space();
             return 0;
         }
-        let n = self.snd.buf.push_with(max, fill);
+        let n = put(&mut self.snd.buf);
         self.account_written(n);
         if n < max {
             self.no_space();
