@@ -282,6 +282,34 @@ mod tests {
         h.finish();
     }
 
+    /// A connection that sends from its ring (lent) gives the ring back when a fork
+    /// shares it: a shared socket takes bytes from every holder's ring, so none of
+    /// them can be its send buffer. Both holders' bytes then arrive in order.
+    #[test]
+    fn a_lent_send_ring_is_given_back_when_its_socket_is_shared() {
+        let mut h = Harness::new();
+        h.connected_pair(7143);
+        write(&h, 1, b"before the fork, ");
+        turns(&mut h);
+        assert!(h.parts(1).0.sock(1).lent, "the ring is the send buffer");
+        h.fork();
+        let s = h.parts(1).0.sock(1);
+        assert!(!s.lent && !s.lendable);
+        assert_eq!(s.tx.unreleased(), 0, "the ring is the client's again");
+        h.target(2);
+        write(&h, 1, b"from the child, ");
+        turns(&mut h);
+        assert!(!h.parts(2).0.sock(1).lent, "a shared socket never lends");
+        h.target(1);
+        write(&h, 1, b"from the parent");
+        turns(&mut h);
+        assert_eq!(
+            h.recv(2),
+            b"before the fork, from the child, from the parent"
+        );
+        h.finish();
+    }
+
     /// A shared socket lives while a holder has it: the parent's close leaves the
     /// listener to the child, which still accepts on it; the child's close, the last
     /// one, closes it.
