@@ -401,6 +401,10 @@ impl LentRing {
     pub fn head(&self) -> u64 {
         self.head
     }
+    /// It holds all the lender lets it.
+    pub fn is_full(&self) -> bool {
+        self.len >= self.cap
+    }
 }
 
 /// The send buffer: bytes in a ring (copying sockets), pieces of pool buffers

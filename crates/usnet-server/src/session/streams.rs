@@ -206,14 +206,13 @@ impl ServerSession {
                         s.tx.skip(avail);
                     }
                 }
-                let size = s.tx.size();
                 if s.lent
-                    && s.tx.unreleased() as usize >= size
-                    && stack.tcp_send_buffer(h).is_ok_and(|l| l as usize > size)
+                    && s.tx.unreleased() as usize >= s.tx.size()
+                    && stack.tcp_lent_ring_binds(h)
                 {
-                    // The ring binds: full of bytes the connection holds while its
-                    // send buffer may hold more (a long or fast path grew it). It
-                    // takes them into a buffer of its own, once, and the client
+                    // The ring binds: full of bytes the connection has sent, while
+                    // its send buffer may hold more (a long or fast path grew it).
+                    // It takes them into a buffer of its own, once, and the client
                     // writes on: a lent ring never caps the window below what a
                     // copying connection would reach.
                     s.lent = false;

@@ -883,6 +883,13 @@ impl Stack {
         c.lent_head()
     }
 
+    /// Whether connection `h`'s lent ring holds it back
+    /// (`Connection::lent_ring_binds`: full, all of it sent, and the send buffer's
+    /// limit larger).
+    pub fn tcp_lent_ring_binds(&self, h: SocketHandle) -> bool {
+        self.conn(h).is_ok_and(|c| c.lent_ring_binds())
+    }
+
     /// Connection `h` copies what it holds of its lent ring into a buffer of its
     /// own and gives the ring back (its owner is about to reuse or share it).
     /// Returns whether it was lent.

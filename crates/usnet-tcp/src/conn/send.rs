@@ -343,6 +343,21 @@ impl Connection {
         }
     }
 
+    /// A lent ring holds the connection back: it is full, what it holds has been
+    /// sent (less than a segment waits), and the send buffer's limit would let the
+    /// connection hold more. The window is then the ring's size, not what the path
+    /// allows: the lender should take its ring back
+    /// ([`Connection::unlend_send_buffer`]) so the buffer can grow as a copying
+    /// one does. A full ring whose bytes wait for the windows binds nothing.
+    pub fn lent_ring_binds(&self) -> bool {
+        let SendBuf::Lent(l) = &self.snd.buf else {
+            return false;
+        };
+        l.is_full()
+            && self.notsent_bytes() < self.snd_mss()
+            && self.send_buffer_limit() as usize > self.snd.buf.len()
+    }
+
     /// The connection takes the bytes it holds of a lent ring into a buffer of its
     /// own (a copy), and gives the ring back. Returns whether it was lent.
     pub fn unlend_send_buffer(&mut self) -> bool {
