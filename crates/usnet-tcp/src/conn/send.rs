@@ -807,6 +807,67 @@ mod tests {
     use super::*;
     use crate::TcpConfig;
 
+    /// A lender's ring whose every position already holds its byte (the test
+    /// writes nothing after lending it).
+    #[derive(Debug)]
+    struct Pattern(Vec<u8>);
+
+    impl LentBytes for Pattern {
+        fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]) {
+            let at = (pos as usize) % self.0.len();
+            let first = n.min(self.0.len() - at);
+            (&self.0[at..at + first], &self.0[..n - first])
+        }
+    }
+
+    fn byte_at(pos: u64) -> u8 {
+        (pos * 7 + pos / 251) as u8
+    }
+
+    /// A lent ring binds only once everything in it has been sent: full of bytes
+    /// waiting for the windows it holds nothing back. Given back, the connection
+    /// keeps what it held, and the peer gets every byte, first sends and
+    /// retransmissions alike, from the ring's positions.
+    #[test]
+    fn a_lent_ring_binds_once_all_of_it_is_sent_and_is_given_back_whole() {
+        let (mut cli, mut srv) = default_pair();
+        let size = 8192usize;
+        let start = 5000u64;
+        let ring = Pattern((0..size as u64).map(byte_at).collect());
+        assert!(cli.lend_send_buffer(Box::new(ring), start, size));
+        assert_eq!(cli.send_lent(size + 100), size, "the ring's size at most");
+        assert!(!cli.lent_ring_binds(), "full, but nothing sent yet");
+        let first = drain(&mut cli, T0);
+        assert_eq!(first.iter().map(|s| s.payload.len()).sum::<usize>(), size);
+        assert!(cli.lent_ring_binds(), "full, all of it in flight");
+        // The first segment is lost: what the peer gets is the rest, then the
+        // retransmission after the ring was given back.
+        feed(&mut srv, T0 + ms(1), &first[1..]);
+        assert!(cli.unlend_send_buffer());
+        assert_eq!(cli.lent_head(), None);
+        let mut got = Vec::new();
+        let mut now = T0 + ms(1);
+        for _ in 0..50 {
+            now = now + ms(100);
+            let acks = drain(&mut srv, now);
+            feed(&mut cli, now, &acks);
+            let again = drain(&mut cli, now);
+            feed(&mut srv, now, &again);
+            let mut buf = vec![0u8; 2 * size];
+            let n = srv.recv(&mut buf);
+            got.extend_from_slice(&buf[..n]);
+            if got.len() == size {
+                break;
+            }
+        }
+        let want: Vec<u8> = (start..start + size as u64)
+            .map(|p| byte_at(p % size as u64))
+            .collect();
+        assert_eq!(got.len(), size);
+        assert!(got == want, "every byte from its ring position");
+        assert!(cli.stats().retransmit_segments > 0);
+    }
+
     #[test]
     fn a_slow_start_burst_cut_by_the_window_ends_with_psh() {
         let (mut cli, mut srv) = default_pair();
