@@ -210,11 +210,10 @@ impl ServerSession {
                     && s.tx.unreleased() as usize >= s.tx.size()
                     && stack.tcp_lent_ring_binds(h)
                 {
-                    // The ring binds: full of bytes the connection has sent, while
-                    // its send buffer may hold more (a long or fast path grew it).
-                    // It takes them into a buffer of its own, once, and the client
-                    // writes on: a lent ring never caps the window below what a
-                    // copying connection would reach.
+                    // The ring binds: full of bytes the connection holds while its
+                    // send buffer may hold more. It takes them into a buffer of its
+                    // own, once, and the client writes on: a lent ring never
+                    // buffers less than a copying connection would.
                     s.lent = false;
                     stack.tcp_unlend_send_buffer(h);
                     returned = true;
