@@ -810,21 +810,10 @@ impl Stack {
         max: usize,
         fill: impl FnMut(&mut [u8]) -> usize,
     ) -> Result<usize, StackError> {
-        if let Some(e) = self.tcp_report_error(h)? {
-            return Err(e);
-        }
-        let c = self.conn(h)?;
-        if !c.may_send() {
-            return Err(StackError::BrokenPipe);
-        }
-        if max == 0 {
+        if !self.tcp_write_admitted(h, max)? {
             return Ok(0);
         }
-        if c.send_capacity() == 0 {
-            self.conn_mut(h)?.no_space();
-            return Err(StackError::WouldBlock);
-        }
-        if c.is_zero_copy() {
+        if self.conn(h)?.is_zero_copy() {
             let n = self.zc_copy_in(h, max, false, fill);
             self.tcp_settle(h.index, Wake::default());
             return if n == 0 {
@@ -854,6 +843,16 @@ impl Stack {
     /// [`Stack::tcp_send_with`] for a connection whose send buffer is lent: the
     /// next `max` bytes of the ring are queued where they lie.
     pub fn tcp_send_lent(&mut self, h: SocketHandle, max: usize) -> Result<usize, StackError> {
+        if !self.tcp_write_admitted(h, max)? {
+            return Ok(0);
+        }
+        self.with_conn(h, |c| c.send_lent(max))
+    }
+
+    /// What a write of `max` bytes meets before any byte is queued, in Linux's
+    /// order: a pending error, sending over (`BrokenPipe`), nothing to write
+    /// (`Ok(false)`), a full send buffer (`WouldBlock`, the writer noted).
+    fn tcp_write_admitted(&mut self, h: SocketHandle, max: usize) -> Result<bool, StackError> {
         if let Some(e) = self.tcp_report_error(h)? {
             return Err(e);
         }
@@ -862,13 +861,13 @@ impl Stack {
             return Err(StackError::BrokenPipe);
         }
         if max == 0 {
-            return Ok(0);
+            return Ok(false);
         }
         if c.send_capacity() == 0 {
             self.conn_mut(h)?.no_space();
             return Err(StackError::WouldBlock);
         }
-        self.with_conn(h, |c| c.send_lent(max))
+        Ok(true)
     }
 
     /// The ring position up to which connection `h` is done with its lent send
