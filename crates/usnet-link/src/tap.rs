@@ -778,19 +778,20 @@ pub(crate) mod tests {
             name,
         ])
         .unwrap();
-        let sock = std::net::UdpSocket::bind("10.98.0.1:0").unwrap();
+        let mut senders = Vec::new();
         let mut sent = 0;
         for dst in [7u16, 80, 443, 5353, 49152, 49153, 50000, 61001] {
-            for src in 0..8u16 {
-                // Below the ephemeral range (32768 up), so no other test's
-                // socket can hold the port.
-                let s =
-                    std::net::UdpSocket::bind(("10.98.0.1", 21000 + src * 7 + dst % 5)).unwrap();
+            for _ in 0..8 {
+                // A port the kernel picks: a fixed one can be held by anything
+                // else on the machine (CI once found one taken). 64 flows all
+                // hashing to one queue has a chance of 2^-63.
+                // Kept open to the end, so each flow has a port of its own.
+                let s = std::net::UdpSocket::bind(("10.98.0.1", 0)).unwrap();
                 s.send_to(b"steer me", ("10.98.0.2", dst)).unwrap();
+                senders.push(s);
                 sent += 1;
             }
         }
-        drop(sock);
         let mut got = [0usize; 2];
         let end = Instant::now() + Duration::from_secs(5);
         let mut frames = Vec::new();
@@ -812,6 +813,7 @@ pub(crate) mod tests {
         }
         assert_eq!(got[0] + got[1], sent, "every datagram arrived");
         assert!(got[0] > 0 && got[1] > 0, "both queues: {got:?}");
+        drop(senders);
         drop(devs);
         assert_eq!(p.in_use(), 0);
     }
