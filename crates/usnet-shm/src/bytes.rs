@@ -88,6 +88,9 @@ pub struct ByteProducer {
     published: u64,
     /// Our last view of the consumer's `cons`.
     cons: u64,
+    /// While a [`TailLoan`] is out: the write position, shared with it (the loan
+    /// appends too), and the one to believe over `prod`.
+    tail: Option<Arc<AtomicU64>>,
 }
 
 impl ByteProducer {
@@ -102,11 +105,58 @@ impl ByteProducer {
             prod,
             published: prod,
             cons,
+            tail: None,
         })
+    }
+
+    /// Takes what a [`TailLoan`] appended: the write position is the shared one.
+    fn sync(&mut self) {
+        if let Some(t) = &self.tail {
+            self.prod = t.load(Relaxed);
+        }
+    }
+
+    /// Hands the write position back to a [`TailLoan`] after we moved it.
+    fn store(&self) {
+        if let Some(t) = &self.tail {
+            t.store(self.prod, Relaxed);
+        }
+    }
+
+    /// Lets another party append to the ring after our last byte (a stack server's
+    /// connection writing received bytes straight into its client's ring): the
+    /// loan and this producer share the write position, so either may push and
+    /// the bytes stay in the order they were pushed; [`ByteProducer::publish`]
+    /// publishes the loan's bytes too. Not for use from two threads at once.
+    pub fn lend_tail(&mut self) -> TailLoan {
+        let tail = self
+            .tail
+            .get_or_insert_with(|| Arc::new(AtomicU64::new(self.prod)))
+            .clone();
+        TailLoan {
+            region: self.region.clone(),
+            at: self.at,
+            tail,
+        }
+    }
+
+    /// Ends every [`TailLoan`]: what they appended is ours, and from now on they
+    /// have no room (a loan that outlives this writes nothing).
+    pub fn end_tail_loans(&mut self) {
+        self.sync();
+        if let Some(t) = self.tail.take() {
+            t.store(TAIL_REVOKED, Relaxed);
+        }
+    }
+
+    /// Bytes pushed (by us or a loan) and not yet published.
+    pub fn unpublished(&self) -> usize {
+        (self.position() - self.published) as usize
     }
 
     /// Room for more bytes: reloads the consumer's counter (Acquire).
     pub fn free(&mut self) -> Result<usize, ByteCorrupt> {
+        self.sync();
         let cons = self.region.u64(self.at.cons).load(Acquire);
         if cons < self.cons || cons > self.prod {
             return Err(self.corrupt(cons));
@@ -117,12 +167,13 @@ impl ByteProducer {
 
     /// Bytes written and not yet read, as last seen (no reload).
     pub fn queued(&self) -> usize {
-        (self.prod - self.cons) as usize
+        (self.position() - self.cons) as usize
     }
 
     /// Copies as much of `src` as fits (by the last [`ByteProducer::free`]); returns
     /// the count. The consumer sees it after [`ByteProducer::publish`].
     pub fn push(&mut self, src: &[u8]) -> usize {
+        self.sync();
         let room = self.at.size - (self.prod - self.cons) as usize;
         let n = src.len().min(room);
         let mut done = 0;
@@ -135,6 +186,7 @@ impl ByteProducer {
             }
         }
         self.prod += n as u64;
+        self.store();
         n
     }
 
@@ -148,6 +200,7 @@ impl ByteProducer {
         file_off: Option<i64>,
         max: usize,
     ) -> std::io::Result<usize> {
+        self.sync();
         let room = self.at.size - (self.prod - self.cons) as usize;
         let n = max.min(room);
         let mut done = 0;
@@ -167,12 +220,14 @@ impl ByteProducer {
             }
         }
         self.prod += done as u64;
+        self.store();
         Ok(done)
     }
 
     /// Publishes every pushed byte with one Release store. Returns whether there was
     /// anything new (then the caller notifies the consumer).
     pub fn publish(&mut self) -> bool {
+        self.sync();
         if self.prod == self.published {
             return false;
         }
@@ -185,6 +240,7 @@ impl ByteProducer {
     /// counter), without changing the ring: what a consumer that went away left
     /// behind. At most the ring's size, whatever the counters say.
     pub fn unread(&mut self, out: &mut Vec<u8>) -> Result<usize, ByteCorrupt> {
+        self.sync();
         let cons = self.region.u64(self.at.cons).load(Acquire);
         if cons < self.cons || cons > self.published {
             return Err(self.corrupt(cons));
@@ -215,13 +271,17 @@ impl ByteProducer {
         self.prod = cons;
         self.published = cons;
         self.cons = cons;
+        self.store();
         self.region.u64(self.at.prod).store(cons, Release);
         Ok(n)
     }
 
     /// Bytes written since the ring began.
     pub fn position(&self) -> u64 {
-        self.prod
+        match &self.tail {
+            Some(t) => t.load(Relaxed),
+            None => self.prod,
+        }
     }
 
     /// The ring's size in bytes.
@@ -233,6 +293,7 @@ impl ByteProducer {
     /// record header completed after its payload). Returns false, writing nothing,
     /// when the range is not pushed-and-unpublished.
     pub fn rewrite(&mut self, pos: u64, src: &[u8]) -> bool {
+        self.sync();
         if pos < self.published || pos + src.len() as u64 > self.prod {
             return false;
         }
@@ -254,6 +315,60 @@ impl ByteProducer {
             cons,
             size: self.at.size as u64,
         }
+    }
+}
+
+/// A [`TailLoan`]'s shared position once its producer ended the loan.
+const TAIL_REVOKED: u64 = u64::MAX;
+
+/// Appends to a producer's ring after its last byte ([`ByteProducer::lend_tail`]);
+/// the producer publishes what it appends. It trusts the consumer's counter no more
+/// than the producer does: an impossible one leaves it no room.
+pub struct TailLoan {
+    region: Arc<Region>,
+    at: ByteRingAt,
+    tail: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for TailLoan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TailLoan").field("at", &self.at).finish()
+    }
+}
+
+impl TailLoan {
+    /// Room after the last byte: reloads the consumer's counter (Acquire). None
+    /// once the producer ended the loan or when the counters are impossible.
+    pub fn free(&self) -> usize {
+        let prod = self.tail.load(Relaxed);
+        if prod == TAIL_REVOKED {
+            return 0;
+        }
+        let cons = self.region.u64(self.at.cons).load(Acquire);
+        match prod.checked_sub(cons) {
+            Some(q) if q <= self.at.size as u64 => self.at.size - q as usize,
+            _ => 0,
+        }
+    }
+
+    /// Appends as much of `src` as fits; returns the count.
+    pub fn push(&self, src: &[u8]) -> usize {
+        let n = src.len().min(self.free());
+        if n == 0 {
+            return 0;
+        }
+        let prod = self.tail.load(Relaxed);
+        let mut done = 0;
+        for (off, len) in self.at.spans(prod, n) {
+            if len > 0 {
+                self.region
+                    .write(off, &src[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+        self.tail.store(prod + n as u64, Relaxed);
+        n
     }
 }
 
@@ -434,6 +549,65 @@ mod tests {
         let r = Arc::new(Region::create_memfd(c"bytes-test", 4096, false).unwrap());
         AT.reset(&r).unwrap();
         r
+    }
+
+    #[test]
+    fn a_tail_loan_and_its_producer_append_in_turn_and_publish_in_order() {
+        let (region, at) = (region(), AT);
+        let mut p = ByteProducer::attach(region.clone(), at).unwrap();
+        let mut c = ByteConsumer::attach(region, at).unwrap();
+        p.free().unwrap();
+        assert_eq!(p.push(b"ab"), 2);
+        let loan = p.lend_tail();
+        assert_eq!(loan.free(), 254);
+        assert_eq!(loan.push(b"cde"), 3);
+        assert_eq!(p.unpublished(), 5, "the loan's bytes wait for the producer");
+        assert_eq!(c.available().unwrap(), 0);
+        p.free().unwrap();
+        assert_eq!(p.push(b"f"), 1);
+        assert_eq!(loan.push(b"g"), 1);
+        assert!(p.publish());
+        assert_eq!(p.position(), 7);
+        let mut out = [0u8; 7];
+        assert_eq!(c.available().unwrap(), 7);
+        assert_eq!(c.read(&mut out), 7);
+        assert_eq!(&out, b"abcdefg");
+        c.release();
+        // Across the wrap, and only into room the consumer gave back.
+        let big = [7u8; 300];
+        assert_eq!(loan.push(&big), 256);
+        assert_eq!(loan.push(b"x"), 0, "full");
+        p.publish();
+        let mut got = vec![0u8; 256];
+        assert_eq!(c.available().unwrap(), 256);
+        assert_eq!(c.read(&mut got), 256);
+        assert!(got.iter().all(|&b| b == 7));
+        c.release();
+        // Ended: the producer owns what was appended; the loan writes nothing more.
+        assert_eq!(loan.push(b"y"), 1);
+        p.end_tail_loans();
+        assert_eq!(p.unpublished(), 1);
+        assert_eq!(loan.free(), 0);
+        assert_eq!(loan.push(b"z"), 0);
+        p.free().unwrap();
+        assert_eq!(p.push(b"w"), 1);
+        p.publish();
+        let mut two = [0u8; 2];
+        assert_eq!(c.available().unwrap(), 2);
+        c.read(&mut two);
+        assert_eq!(&two, b"yw");
+    }
+
+    #[test]
+    fn a_tail_loan_gives_no_room_when_the_consumer_lies() {
+        let (region, at) = (region(), AT);
+        let mut p = ByteProducer::attach(region.clone(), at).unwrap();
+        let loan = p.lend_tail();
+        assert_eq!(loan.push(b"abc"), 3);
+        region.u64(at.cons).store(10, Release); // ahead of what was written
+        assert_eq!(loan.free(), 0);
+        assert_eq!(loan.push(b"d"), 0);
+        assert!(p.free().is_err(), "the producer reports it");
     }
 
     #[test]

@@ -177,6 +177,7 @@ define_counters! {
     tcp_engine_rx_segments => "TCP segments processed by connections",
     tcp_engine_tx_segments => "TCP segments sent by connections",
     tcp_rx_bytes => "TCP in-order payload bytes received",
+    tcp_rx_direct_bytes => "TCP in-order payload bytes written straight into a client's ring (no receive queue)",
     tcp_tx_bytes => "TCP new payload bytes sent",
     tcp_rx_dup_bytes => "TCP payload bytes received twice",
     tcp_rx_ooo_segments => "TCP segments received out of order",
@@ -217,6 +218,7 @@ impl Counters {
         self.tcp_engine_rx_segments = s.rx_segments;
         self.tcp_engine_tx_segments = s.tx_segments;
         self.tcp_rx_bytes = s.rx_bytes;
+        self.tcp_rx_direct_bytes = s.rx_direct_bytes;
         self.tcp_tx_bytes = s.tx_bytes;
         self.tcp_rx_dup_bytes = s.rx_dup_bytes;
         self.tcp_rx_ooo_segments = s.rx_ooo_segments;

@@ -62,8 +62,8 @@ pub use udp::UdpEntry;
 pub use usnet_tcp::config::PROFILES as TCP_PROFILES;
 /// The TCP engine's types that appear in the stack's API.
 pub use usnet_tcp::{
-    sndbuf_for_option, CcAlgorithm, Keepalive, LentBytes, State as TcpState, TcpConfig, TcpInfo,
-    TcpStats,
+    sndbuf_for_option, CcAlgorithm, Keepalive, LentBytes, RecvSink, State as TcpState, TcpConfig,
+    TcpInfo, TcpStats,
 };
 
 use crate::core::Core;

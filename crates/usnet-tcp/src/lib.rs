@@ -36,7 +36,7 @@ pub use hash::SecretKey;
 pub use listener::{ListenEvent, Listener};
 pub use payload::{Origin, Payload};
 pub use seq::Seq;
-pub use sg::{BufOp, BufSpan, LentBytes, TxData};
+pub use sg::{BufOp, BufSpan, LentBytes, RecvSink, TxData};
 pub use stats::TcpStats;
 pub use time::Instant;
 pub use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};

@@ -383,6 +383,17 @@ pub trait LentBytes: std::fmt::Debug + Send {
     fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]);
 }
 
+/// Where a connection hands in-order bytes that nothing waits before (a stack
+/// server client's shared receive ring): the reader gets them with one copy from
+/// the frame, where the receive buffer would take one and give one. The connection
+/// counts them as read by the application.
+pub trait RecvSink: std::fmt::Debug + Send {
+    /// Room for bytes now.
+    fn room(&self) -> usize;
+    /// Appends `chunk`; the connection made sure of room for all of a segment first.
+    fn push(&mut self, chunk: &[u8]);
+}
+
 /// A send buffer in a lent ring: bytes `[head, head + len)` of it, `head` being the
 /// ring position of SND.UNA's byte.
 #[derive(Debug)]

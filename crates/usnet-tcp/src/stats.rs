@@ -69,6 +69,7 @@ define_stats! {
         rx_segments => "segments received",
         rx_data_segments => "segments received carrying data",
         rx_bytes => "new in-order data bytes received",
+        rx_direct_bytes => "in-order data bytes handed straight to a receive sink (a stack server client's ring)",
         rx_dup_bytes => "data bytes received that were already received",
         rx_ooo_segments => "segments received out of order (queued)",
         rx_dup_acks => "duplicate ACKs",
@@ -191,6 +192,6 @@ mod tests {
         );
         let total: u64 = t.entries().iter().map(|e| e.2).sum();
         assert_eq!(total, 6, "nothing else moved");
-        assert_eq!(t.entries().len(), 99, "every counter is listed once");
+        assert_eq!(t.entries().len(), 100, "every counter is listed once");
     }
 }

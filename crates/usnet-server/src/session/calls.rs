@@ -285,6 +285,7 @@ impl ServerSession {
 
     pub(super) fn op_close(&mut self, stack: &mut Stack, i: u32) -> i64 {
         self.sock(i).closing = true;
+        self.end_direct_rx(stack, i);
         self.mem
             .slot_word(i, slot::STATE)
             .store(SLOT_CLOSING, Release);

@@ -46,9 +46,11 @@ impl ServerSession {
     /// The client closed slot `i` and its send ring is empty: close the stack socket
     /// and give the slot back.
     pub(super) fn finish_close(&mut self, stack: &mut Stack, i: u32) {
-        // The slot's ring is about to be reused: a connection sending from it
-        // keeps what it still holds in a buffer of its own.
+        // The slot's rings are about to be reused: a connection sending from one
+        // keeps what it still holds in a buffer of its own, and one receiving into
+        // the other stops.
         self.unlend(stack, i);
+        self.end_direct_rx(stack, i);
         let Some(mut s) = self.socks[i as usize].take() else {
             return;
         };
@@ -101,6 +103,8 @@ impl ServerSession {
             match x.handle {
                 Some(h) if x.role == Role::Conn => {
                     x.closing = true;
+                    self.end_direct_rx(stack, i as u32);
+                    let x = self.socks[i].as_mut().expect("looked at it");
                     if x.tx.available().unwrap_or(0) > 0 {
                         let _ = stack.set_owner(h, usnet_stack::Owner::LOCAL);
                         x.tx_active = true;

@@ -119,6 +119,10 @@ struct SessionSocket {
     rx: ByteProducer,
     /// The receive ring was full: wait for the client's RX_KICK.
     rx_blocked: bool,
+    /// The connection writes what it receives in order straight into the receive
+    /// ring (`Stack::tcp_set_recv_sink` with a `TailLoan` of it), where it would
+    /// queue it for `refresh` to copy: one copy fewer per byte received.
+    rx_direct: bool,
     /// End of stream reached and told to the client.
     eof: bool,
 
@@ -521,6 +525,7 @@ impl ServerSession {
             written: 0,
             stamps: None,
             rx_blocked: false,
+            rx_direct: false,
             closing: false,
             shut_wr: false,
             eof: false,

@@ -72,11 +72,13 @@ impl ServerSession {
         let mut pinned = Vec::new();
         let mut newly = Vec::new();
         let mut shared_now = Vec::new();
-        // A shared socket takes bytes from every holder's ring: none of them can be
-        // its send buffer.
+        // A shared socket takes bytes from every holder's ring and gives them to
+        // whichever reads: none of them can be its send buffer, nor take what it
+        // receives straight.
         for i in 0..self.socks.len() {
             if self.socks[i].as_ref().is_some_and(|s| !s.closing) {
                 self.unlend(stack, i as u32);
+                self.end_direct_rx(stack, i as u32);
             }
         }
         for (i, s) in self.socks.iter_mut().enumerate() {

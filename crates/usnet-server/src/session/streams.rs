@@ -12,8 +12,8 @@ use usnet_session_abi::{
     FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER, RECORD_PAD,
     SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
-use usnet_shm::ByteProducer;
-use usnet_stack::{LentBytes, Owner, SocketHandle, Stack, StackError};
+use usnet_shm::{ByteProducer, TailLoan};
+use usnet_stack::{LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
 
 use super::{err, options::apply_deferred, Role, ServerSession, SessionSocket, SessionStats};
 
@@ -639,8 +639,46 @@ impl ServerSession {
         }
     }
 
+    /// Connection `i` writes what it receives straight into the receive ring while
+    /// it may: this slot alone receives its stream (not shared, nothing carried
+    /// over from another receiver) and the client has not closed it. Otherwise the
+    /// sink goes, and what it wrote is the ring's like anything pushed.
+    fn direct_rx(&mut self, stack: &mut Stack, i: u32) {
+        let Some(s) = self.socks[i as usize].as_mut() else {
+            return;
+        };
+        let Some(h) = s.handle else {
+            return;
+        };
+        let may =
+            s.role == Role::Conn && s.receiver && !s.shared && !s.closing && s.carry.is_empty();
+        if may && !s.rx_direct {
+            let sink = RingSink(s.rx.lend_tail());
+            if stack.tcp_set_recv_sink(h, Some(Box::new(sink))).is_ok() {
+                s.rx_direct = true;
+            } else {
+                s.rx.end_tail_loans();
+            }
+        } else if !may && s.rx_direct {
+            self.end_direct_rx(stack, i);
+        }
+    }
+
+    /// Connection `i` no longer writes into the receive ring (see `direct_rx`).
+    pub(super) fn end_direct_rx(&mut self, stack: &mut Stack, i: u32) {
+        let Some(s) = self.socks[i as usize].as_mut().filter(|s| s.rx_direct) else {
+            return;
+        };
+        s.rx_direct = false;
+        if let Some(h) = s.handle {
+            let _ = stack.tcp_set_recv_sink(h, None);
+        }
+        s.rx.end_tail_loans();
+    }
+
     /// Moves received data into slot `i`'s receive ring and updates its flags.
     pub(super) fn refresh(&mut self, stack: &mut Stack, i: u32) {
+        self.direct_rx(stack, i);
         let chunk = self.limits.chunk;
         let Some(s) = self.socks[i as usize].as_mut() else {
             return;
@@ -655,6 +693,9 @@ impl ServerSession {
         let mut again = false;
         match s.role {
             Role::Conn => {
+                // What the connection wrote into the ring itself since the last
+                // look (`direct_rx`) is published with the rest.
+                moved += s.rx.unpublished();
                 // After SHUT_RD what arrives is still queued for reading, as on
                 // Linux (reads of an empty ring then see the end).
                 if !s.rx_blocked && s.receiver {
@@ -743,6 +784,8 @@ impl ServerSession {
                         }
                     }
                 }
+                // The connection's own bytes go out even when the loop did not run.
+                s.rx.publish();
                 if let Ok(r) = stack.readiness(h) {
                     if r.connected {
                         set |= FLAG_CONNECTED;
@@ -933,6 +976,19 @@ struct RingLoan(usnet_shm::ByteLoan);
 impl LentBytes for RingLoan {
     fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]) {
         self.0.slices(pos, n)
+    }
+}
+
+/// A client's receive ring as its connection's receive sink (`direct_rx`).
+#[derive(Debug)]
+struct RingSink(TailLoan);
+
+impl RecvSink for RingSink {
+    fn room(&self) -> usize {
+        self.0.free()
+    }
+    fn push(&mut self, chunk: &[u8]) {
+        self.0.push(chunk);
     }
 }
 

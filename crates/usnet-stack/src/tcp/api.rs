@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use usnet_tcp::{
-    CcAlgorithm, Connection, Keepalive, LentBytes, Listener, State, TcpConfig, TcpInfo, TcpStats,
-    Wake,
+    CcAlgorithm, Connection, Keepalive, LentBytes, Listener, RecvSink, State, TcpConfig, TcpInfo,
+    TcpStats, Wake,
 };
 use usnet_wire::FastOpen;
 
@@ -823,6 +823,18 @@ impl Stack {
             };
         }
         self.with_conn(h, |c| c.send_with(max, fill))
+    }
+
+    /// In-order bytes connection `h` receives while nothing waits before them go
+    /// to `sink` (a stack server's client ring) instead of its receive queue
+    /// (`Connection::set_recv_sink`): one copy fewer. `None` takes it away.
+    /// Returns the sink it replaces.
+    pub fn tcp_set_recv_sink(
+        &mut self,
+        h: SocketHandle,
+        sink: Option<Box<dyn RecvSink>>,
+    ) -> Result<Option<Box<dyn RecvSink>>, StackError> {
+        Ok(self.conn_mut(h)?.set_recv_sink(sink))
     }
 
     /// A stack server's shared send ring becomes connection `h`'s send buffer

@@ -15,7 +15,7 @@ use crate::config::TcpConfig;
 use crate::payload::Payload;
 use crate::ring::{OooAdd, OooRanges, Ring};
 use crate::seq::Seq;
-use crate::sg::{BufSpan, RecvBuf, SgRecv};
+use crate::sg::{BufSpan, RecvBuf, RecvSink, SgRecv};
 use crate::time::Instant;
 
 /// RCV.*, the receive buffer and what arrived out of order.
@@ -59,6 +59,10 @@ pub(crate) struct RecvState {
     /// Linux's `rcv_ssthresh` (`TcpConfig::rcv_ssthresh`): the most window to
     /// offer; `u32::MAX` when off.
     pub ssthresh: u32,
+    /// Where in-order bytes go when nothing waits before them.
+    pub sink: Option<Box<dyn RecvSink>>,
+    /// Bytes handed to `sink`, ever.
+    pub delivered: u64,
 }
 
 impl RecvState {
@@ -92,6 +96,8 @@ impl RecvState {
             oob_byte: None,
             read_shut: false,
             ssthresh: if cfg.rcv_ssthresh { 65535 } else { u32::MAX },
+            sink: None,
+            delivered: 0,
         }
     }
 }
@@ -145,6 +151,21 @@ impl Connection {
     /// shut down reading and has read what was queued.
     pub fn is_eof(&self) -> bool {
         (self.rcv.fin_received || self.rcv.read_shut) && self.recv_available() == 0
+    }
+
+    /// Hands in-order bytes that nothing waits before to `sink` instead of queueing
+    /// them (a stack server's client ring): one copy fewer per byte received. They
+    /// count as read, so the window and autotuning see an application that reads
+    /// at once; a segment the sink has no room for, and everything after it until
+    /// the queue empties again, is queued as usual. Only a copying receive queue
+    /// takes one. Returns the sink it replaces.
+    pub fn set_recv_sink(&mut self, sink: Option<Box<dyn RecvSink>>) -> Option<Box<dyn RecvSink>> {
+        std::mem::replace(&mut self.rcv.sink, sink)
+    }
+
+    /// Bytes handed to a receive sink so far.
+    pub fn recv_delivered(&self) -> u64 {
+        self.rcv.delivered
     }
 
     /// SHUT_RD: reading ends once what is queued has been read (`recv` then returns
@@ -584,10 +605,20 @@ impl Connection {
     /// ranges, and decide when to acknowledge.
     fn receive_in_order(&mut self, data: Payload) {
         let had_ooo = !self.rcv.ooo.is_empty();
-        let off = self.rcv.buf.len();
-        let n = self.rcv.buf.write_payload(off, data);
-        self.rcv.buf.commit(n);
+        let direct = self.deliver_to_sink(&data);
+        let n = match direct {
+            Some(n) => n,
+            None => {
+                let off = self.rcv.buf.len();
+                let n = self.rcv.buf.write_payload(off, data);
+                self.rcv.buf.commit(n);
+                n
+            }
+        };
         self.rcv.nxt = self.rcv.nxt + n;
+        if let Some(n) = direct {
+            self.after_app_read(n);
+        }
         let mut got = n as u64;
         while let Some(e) = self.rcv.ooo.pop_contiguous(self.rcv.nxt) {
             if e.gt(self.rcv.nxt) {
@@ -618,6 +649,30 @@ impl Connection {
             self.timers
                 .set_if_idle(Timer::DelayedAck, self.now + self.cfg.delayed_ack);
         }
+    }
+
+    /// In-order data straight to the receive sink, when nothing is queued or waits
+    /// out of order (the stream stays in order), no urgent byte is pending (it is
+    /// taken out of the stream on the way), and the sink has room for all of it.
+    fn deliver_to_sink(&mut self, data: &Payload) -> Option<usize> {
+        if !self.rcv.buf.is_empty()
+            || !self.rcv.ooo.is_empty()
+            || self.rcv.urg_seq.is_some()
+            || !matches!(self.rcv.buf, RecvBuf::Bytes(_))
+        {
+            return None;
+        }
+        let sink = self.rcv.sink.as_mut()?;
+        let n = data.len();
+        if sink.room() < n {
+            return None;
+        }
+        for c in data.chunks() {
+            sink.push(c);
+        }
+        self.rcv.delivered += n as u64;
+        self.stats.rx_direct_bytes += n as u64;
+        Some(n)
     }
 
     /// Data after a hole: written into the ring at its offset and remembered as a
@@ -728,6 +783,88 @@ mod tests {
         assert_eq!(n, 3 * MSS);
         let bufs: Vec<u32> = spans.iter().map(|s| s.buf).collect();
         assert_eq!(bufs, vec![1, 2, 3]);
+    }
+
+    /// A receive sink whose room the test sets; what it got, shared with the test.
+    #[derive(Debug, Clone, Default)]
+    struct TestSink(std::sync::Arc<std::sync::Mutex<(Vec<u8>, usize)>>);
+
+    impl RecvSink for TestSink {
+        fn room(&self) -> usize {
+            self.0.lock().unwrap().1
+        }
+        fn push(&mut self, chunk: &[u8]) {
+            let mut g = self.0.lock().unwrap();
+            assert!(chunk.len() <= g.1, "pushed past the room it said");
+            g.0.extend_from_slice(chunk);
+            g.1 -= chunk.len();
+        }
+    }
+
+    impl TestSink {
+        fn give_room(&self, n: usize) {
+            self.0.lock().unwrap().1 += n;
+        }
+        fn got(&self) -> Vec<u8> {
+            self.0.lock().unwrap().0.clone()
+        }
+    }
+
+    /// A sink takes in-order segments while nothing is queued before them; one it
+    /// has no room for is queued, and so is what follows until the queue is read,
+    /// so the stream reads in order from the sink then the queue then the sink.
+    #[test]
+    fn a_receive_sink_takes_in_order_bytes_while_nothing_waits_before_them() {
+        let (mut cli, mut srv) = default_pair();
+        let sink = TestSink::default();
+        sink.give_room(2 * MSS + MSS / 2);
+        assert!(srv.set_recv_sink(Some(Box::new(sink.clone()))).is_none());
+        let now = T0 + ms(1);
+        let segs = segments(&mut cli, 5, now);
+        let w0 = srv.rcv_window_available();
+        let wake = srv.input(now, &segs[0].segment());
+        assert!(wake.readable, "the sink's bytes wake the reader");
+        srv.input(now, &segs[1].segment());
+        assert_eq!(srv.recv_delivered(), (2 * MSS) as u64);
+        assert_eq!(srv.recv_available(), 0);
+        assert_eq!(srv.rcv_window_available(), w0, "counted as read");
+        // No room for the third: queued; the fourth follows it though room came.
+        srv.input(now, &segs[2].segment());
+        sink.give_room(10 * MSS);
+        srv.input(now, &segs[3].segment());
+        assert_eq!(srv.recv_available(), 2 * MSS);
+        let queued = read_all(&mut srv);
+        srv.input(now, &segs[4].segment());
+        assert_eq!(srv.recv_available(), 0);
+        let mut stream = sink.got();
+        stream.splice(2 * MSS..2 * MSS, queued);
+        let want: Vec<u8> = (0..5 * MSS).map(|i| (i / MSS) as u8).collect();
+        assert_eq!(stream, want);
+        assert_eq!(srv.recv_delivered(), (3 * MSS) as u64);
+    }
+
+    /// What arrives out of order is queued, and so is the segment that fills the
+    /// hole (the queue holds what follows it); an urgent byte keeps the sink out.
+    #[test]
+    fn a_receive_sink_leaves_reordered_and_urgent_data_to_the_queue() {
+        let (mut cli, mut srv) = default_pair();
+        let sink = TestSink::default();
+        sink.give_room(1 << 20);
+        srv.set_recv_sink(Some(Box::new(sink.clone())));
+        let now = T0 + ms(1);
+        let segs = segments(&mut cli, 3, now);
+        srv.input(now, &segs[1].segment());
+        srv.input(now, &segs[0].segment());
+        assert_eq!(srv.recv_delivered(), 0);
+        assert_eq!(srv.recv_available(), 2 * MSS);
+        read_all(&mut srv);
+        // Urgent data: the byte is taken out of the stream, which a sink cannot.
+        let mut seg = segs[2].clone();
+        seg.repr.flags |= usnet_wire::TcpFlags::URG;
+        seg.repr.urgent = 10;
+        srv.input(now, &seg.segment());
+        assert_eq!(srv.recv_delivered(), 0);
+        assert!(sink.got().is_empty());
     }
 
     #[test]

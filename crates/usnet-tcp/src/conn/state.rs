@@ -123,7 +123,7 @@ impl Connection {
     pub fn input(&mut self, now: Instant, seg: &Segment) -> Wake {
         self.now = self.now.max(now);
         self.stats.rx_segments += u64::from(seg.wire_segments());
-        let readable = self.recv_available();
+        let readable = self.readable_mark();
         let eof = self.rcv.fin_received;
         let state = self.state;
         match self.state {
@@ -136,10 +136,16 @@ impl Connection {
         self.wake_since(readable, eof, state)
     }
 
-    pub(crate) fn wake_since(&self, readable: usize, eof: bool, state: State) -> Wake {
+    /// What grows when there is more to read: bytes queued, and bytes handed to a
+    /// receive sink ([`Connection::set_recv_sink`]).
+    pub(crate) fn readable_mark(&self) -> u64 {
+        self.recv_available() as u64 + self.rcv.delivered
+    }
+
+    pub(crate) fn wake_since(&self, readable: u64, eof: bool, state: State) -> Wake {
         let gone = |s: State| matches!(s, State::Closed | State::TimeWait);
         Wake {
-            readable: self.recv_available() > readable || self.rcv.fin_received != eof,
+            readable: self.readable_mark() > readable || self.rcv.fin_received != eof,
             // Room for a writer that found none is `wmem_after_transmit`'s to report.
             writable: state != self.state && self.state == State::Established,
             closed: !gone(state) && gone(self.state),

@@ -22,7 +22,7 @@ impl Connection {
     /// `input`, after `send`/`recv`/`close`, and whenever `poll_at` is reached.
     pub fn poll_transmit<S: SegmentSink + ?Sized>(&mut self, now: Instant, sink: &mut S) -> Wake {
         self.now = self.now.max(now);
-        let readable = self.recv_available();
+        let readable = self.readable_mark();
         let eof = self.rcv.fin_received;
         let state = self.state;
         self.run_timers();
