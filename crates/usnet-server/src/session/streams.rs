@@ -1070,6 +1070,43 @@ mod tests {
         h.finish();
     }
 
+    /// What a connection receives in order goes straight into the client's ring
+    /// while nothing is queued; with the reader away the ring fills, the rest waits
+    /// in the connection's queue, and once read the stream is whole and in order,
+    /// and the straight path takes over again.
+    #[test]
+    fn received_bytes_go_straight_into_the_ring_and_queue_behind_a_full_one() {
+        let mut h = Harness::new();
+        h.connected_pair(7121);
+        let direct = |h: &Harness| h.stack().counters_snapshot().tcp_rx_direct_bytes;
+        let data: Vec<u8> = (0..40_000u32).map(|k| (k * 13 % 251) as u8).collect();
+        // A ring's worth first, read as it comes: all of it goes straight.
+        assert!(pump(&mut h, 1, 2, &data[..4096]) == data[..4096]);
+        let first = direct(&h);
+        assert!(first >= 4000, "straight into the ring: {first}");
+        // The reader away: the 4 KiB ring fills and the rest is queued.
+        let mut sent = 4096;
+        for _ in 0..50 {
+            sent += write(&h, 1, &data[sent..20_000]);
+            h.turn();
+        }
+        assert_eq!(sent, 20_000);
+        let queued = direct(&h) - first;
+        assert!(queued < 16_000, "a full ring takes nothing straight: {queued}");
+        let mut got = data[..4096].to_vec();
+        for _ in 0..100 {
+            got.extend(h.recv(2));
+            h.turn();
+        }
+        assert!(got == data[..20_000], "in order across the queue");
+        // The queue is empty again: the straight path is back.
+        let before = direct(&h);
+        let rest = pump(&mut h, 1, 2, &data[20_000..]);
+        assert!(rest == data[20_000..]);
+        assert!(direct(&h) > before, "straight again");
+        h.finish();
+    }
+
     /// UDP records written into a send ring arrive as records in the receiving
     /// socket's ring: in order, each with its length and sender.
     #[test]
