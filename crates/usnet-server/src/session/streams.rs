@@ -1092,7 +1092,10 @@ mod tests {
         }
         assert_eq!(sent, 20_000);
         let queued = direct(&h) - first;
-        assert!(queued < 16_000, "a full ring takes nothing straight: {queued}");
+        assert!(
+            queued < 16_000,
+            "a full ring takes nothing straight: {queued}"
+        );
         let mut got = data[..4096].to_vec();
         for _ in 0..100 {
             got.extend(h.recv(2));
