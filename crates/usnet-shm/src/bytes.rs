@@ -71,6 +71,32 @@ impl ByteRingAt {
         [(self.data + at, first), (self.data, len - first)]
     }
 
+    /// Copies `src` into the ring at position `pos` (`src` at most the ring's size).
+    fn write(&self, region: &Region, pos: u64, src: &[u8]) {
+        let mut done = 0;
+        for (off, len) in self.spans(pos, src.len()) {
+            if len > 0 {
+                region
+                    .write(off, &src[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+    }
+
+    /// Copies the ring's bytes at position `pos` into `dst` (at most the ring's size).
+    fn read(&self, region: &Region, pos: u64, dst: &mut [u8]) {
+        let mut done = 0;
+        for (off, len) in self.spans(pos, dst.len()) {
+            if len > 0 {
+                region
+                    .read(off, &mut dst[done..done + len])
+                    .expect("ring checked against the mapping at attach");
+                done += len;
+            }
+        }
+    }
+
     /// Both counters to zero (the ring empty), before either side attaches.
     pub fn reset(&self, region: &Region) -> Result<(), RangeError> {
         self.check(region)?;
@@ -176,15 +202,7 @@ impl ByteProducer {
         self.sync();
         let room = self.at.size - (self.prod - self.cons) as usize;
         let n = src.len().min(room);
-        let mut done = 0;
-        for (off, len) in self.at.spans(self.prod, n) {
-            if len > 0 {
-                self.region
-                    .write(off, &src[done..done + len])
-                    .expect("ring checked against the mapping at attach");
-                done += len;
-            }
-        }
+        self.at.write(&self.region, self.prod, &src[..n]);
         self.prod += n as u64;
         self.store();
         n
@@ -248,15 +266,7 @@ impl ByteProducer {
         let n = ((self.published - cons) as usize).min(self.at.size);
         let start = out.len();
         out.resize(start + n, 0);
-        let mut done = 0;
-        for (off, len) in self.at.spans(cons, n) {
-            if len > 0 {
-                self.region
-                    .read(off, &mut out[start + done..start + done + len])
-                    .expect("ring checked against the mapping at attach");
-                done += len;
-            }
-        }
+        self.at.read(&self.region, cons, &mut out[start..]);
         Ok(n)
     }
 
@@ -297,15 +307,7 @@ impl ByteProducer {
         if pos < self.published || pos + src.len() as u64 > self.prod {
             return false;
         }
-        let mut done = 0;
-        for (off, len) in self.at.spans(pos, src.len()) {
-            if len > 0 {
-                self.region
-                    .write(off, &src[done..done + len])
-                    .expect("ring checked against the mapping at attach");
-                done += len;
-            }
-        }
+        self.at.write(&self.region, pos, src);
         true
     }
 
@@ -358,15 +360,7 @@ impl TailLoan {
             return 0;
         }
         let prod = self.tail.load(Relaxed);
-        let mut done = 0;
-        for (off, len) in self.at.spans(prod, n) {
-            if len > 0 {
-                self.region
-                    .write(off, &src[done..done + len])
-                    .expect("ring checked against the mapping at attach");
-                done += len;
-            }
-        }
+        self.at.write(&self.region, prod, &src[..n]);
         self.tail.store(prod + n as u64, Relaxed);
         n
     }
@@ -424,15 +418,8 @@ impl ByteConsumer {
             return 0;
         }
         let n = dst.len().min(ready - skip);
-        let mut done = 0;
-        for (off, len) in self.at.spans(self.cons + skip as u64, n) {
-            if len > 0 {
-                self.region
-                    .read(off, &mut dst[done..done + len])
-                    .expect("ring checked against the mapping at attach");
-                done += len;
-            }
-        }
+        self.at
+            .read(&self.region, self.cons + skip as u64, &mut dst[..n]);
         n
     }
 

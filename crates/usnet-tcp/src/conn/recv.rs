@@ -59,10 +59,9 @@ pub(crate) struct RecvState {
     /// Linux's `rcv_ssthresh` (`TcpConfig::rcv_ssthresh`): the most window to
     /// offer; `u32::MAX` when off.
     pub ssthresh: u32,
-    /// Where in-order bytes go when nothing waits before them.
+    /// Where in-order bytes go when nothing waits before them (what it took is
+    /// counted in `rx_direct_bytes`).
     pub sink: Option<Box<dyn RecvSink>>,
-    /// Bytes handed to `sink`, ever.
-    pub delivered: u64,
 }
 
 impl RecvState {
@@ -97,7 +96,6 @@ impl RecvState {
             read_shut: false,
             ssthresh: if cfg.rcv_ssthresh { 65535 } else { u32::MAX },
             sink: None,
-            delivered: 0,
         }
     }
 }
@@ -165,7 +163,7 @@ impl Connection {
 
     /// Bytes handed to a receive sink so far.
     pub fn recv_delivered(&self) -> u64 {
-        self.rcv.delivered
+        self.stats.rx_direct_bytes
     }
 
     /// SHUT_RD: reading ends once what is queued has been read (`recv` then returns
@@ -670,7 +668,6 @@ impl Connection {
         for c in data.chunks() {
             sink.push(c);
         }
-        self.rcv.delivered += n as u64;
         self.stats.rx_direct_bytes += n as u64;
         Some(n)
     }

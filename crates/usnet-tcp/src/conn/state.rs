@@ -139,7 +139,7 @@ impl Connection {
     /// What grows when there is more to read: bytes queued, and bytes handed to a
     /// receive sink ([`Connection::set_recv_sink`]).
     pub(crate) fn readable_mark(&self) -> u64 {
-        self.recv_available() as u64 + self.rcv.delivered
+        self.recv_available() as u64 + self.recv_delivered()
     }
 
     pub(crate) fn wake_since(&self, readable: u64, eof: bool, state: State) -> Wake {
