@@ -66,7 +66,7 @@ impl Connection {
         } else {
             self.cfg.pacing_ca_ratio
         };
-        let segs = u64::from((cwnd / self.smss().max(1)).max(self.scoreboard.len() as u32));
+        let segs = u64::from((cwnd / self.smss().max(1)).max(self.scoreboard.segs_out()));
         let srtt_us = self.rtt.srtt.map_or(0, |d| d.as_micros() as u64);
         (mss * u64::from(ratio) * segs * 10_000)
             .checked_div(srtt_us)

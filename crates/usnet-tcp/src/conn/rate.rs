@@ -17,7 +17,7 @@ use crate::cc::{CcPhase, RateSample};
 use crate::time::Instant;
 
 /// What a segment carries from its (latest) transmission.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TxRate {
     /// The connection's delivered bytes then.
     pub delivered: u64,

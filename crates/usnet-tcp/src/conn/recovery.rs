@@ -204,11 +204,21 @@ impl Connection {
         let mut delivered = false;
         self.recovery.retrans_acked = false;
         while let Some(front) = self.scoreboard.front() {
-            if !front.end.le(ack) {
-                delivered |= self.scoreboard.trim_front(ack);
-                break;
-            }
-            self.scoreboard.pop_front();
+            let acked_segs = if front.end.le(ack) {
+                self.scoreboard.pop_front();
+                front.segs
+            } else {
+                // An ACK inside the entry: the whole segments it covers are
+                // delivered, and the entry stays (Linux's `tcp_tso_acked`).
+                match self.scoreboard.trim_front(ack) {
+                    Some(0) => {
+                        delivered = true;
+                        break;
+                    }
+                    Some(n) => n,
+                    None => break,
+                }
+            };
             self.recovery.retrans_acked |= front.xmits > 1;
             if !front.sacked && front.xmits == 1 {
                 self.note_reord(front.start);
@@ -216,11 +226,14 @@ impl Connection {
             if !front.sacked {
                 self.rate_seg_delivered(&front);
                 self.rack_update(&front);
-                self.snd.delivered += 1;
+                self.snd.delivered += u64::from(acked_segs);
                 delivered = true;
                 if front.xmits == 1 {
                     rtt_sample = Some(self.now.saturating_since(front.sent));
                 }
+            }
+            if !front.end.le(ack) {
+                break;
             }
         }
         let data_end = self.snd.una + self.snd.buf.len();
@@ -292,19 +305,42 @@ impl Connection {
             let l = l.max(self.snd.una);
             let mut idx = self.scoreboard.first_ending_after(l);
             while idx < self.scoreboard.len() {
-                let s = self.scoreboard[idx];
+                let mut s = self.scoreboard[idx];
                 if !s.start.lt(r) {
                     break;
                 }
-                // Only segments the block covers whole (partly covered ones are left
-                // alone: conservative).
+                if s.segs > 1 && !s.sacked {
+                    // An entry of several segments the block covers in part: cut out
+                    // the whole segments it covers (Linux's `tcp_match_skb_to_sack`).
+                    let len = s.data_len();
+                    let head = if l.gt(s.start) {
+                        l.since(s.start).next_multiple_of(s.unit)
+                    } else {
+                        0
+                    };
+                    let end = if r.lt(s.end) {
+                        r.since(s.start) / s.unit * s.unit
+                    } else {
+                        len
+                    };
+                    if head < end {
+                        self.scoreboard.split(idx, end);
+                        if head > 0 {
+                            self.scoreboard.split(idx, head);
+                            idx += 1;
+                        }
+                        s = self.scoreboard[idx];
+                    }
+                }
+                // Only segments the block covers whole (a single segment covered in
+                // part is left alone: conservative).
                 if s.start.ge(l) && s.end.le(r) && self.scoreboard.mark_sacked(idx) {
                     if s.xmits == 1 {
                         self.note_reord(s.start);
                     }
                     self.rack_update(&s);
                     self.rate_seg_delivered(&s);
-                    self.snd.delivered += 1;
+                    self.snd.delivered += u64::from(s.segs);
                     delivered = true;
                 }
                 idx += 1;
@@ -413,6 +449,9 @@ impl Connection {
 
     fn mark_front_lost(&mut self) {
         if let Some(i) = self.scoreboard.first_unsacked() {
+            // One segment, as Linux's `tcp_mark_head_lost` cuts its buffer.
+            let head = self.scoreboard[i].head_len();
+            self.scoreboard.split(i, head);
             self.scoreboard.mark_lost(i);
         }
     }
@@ -542,7 +581,7 @@ impl Connection {
                 // RFC 8985 §7.2 sets no floor: 2·SRTT, plus 2 ms of timer slack
                 // (Linux's TCP_TIMEOUT_MIN) so an ACK due at 2·SRTT is not beaten.
                 let mut p = s * 2 + Duration::from_millis(2);
-                if self.scoreboard.len() == 1 {
+                if self.scoreboard.segs_out() == 1 {
                     p += self.cfg.peer_max_ack_delay;
                 }
                 p
@@ -681,7 +720,7 @@ impl Connection {
         sink: &mut S,
     ) -> Option<bool> {
         let i = self.scoreboard.first_lost()?;
-        let len = self.scoreboard[i].len();
+        let len = self.scoreboard[i].head_len();
         let pipe = self.pipe_est();
         if !self.recovery.fast_rtx_pending && pipe > 0 && pipe + len > self.cc.cwnd() {
             self.snd.cwnd_blocked = true;
@@ -769,7 +808,14 @@ impl Connection {
         let sent = match self.send_new_data(sink, true, &mut dummy) {
             Some(s) => s,
             None => {
-                let i = self.scoreboard.last_unsacked()?;
+                // The last segment (Linux's `tcp_send_loss_probe` cuts it off its
+                // buffer).
+                let mut i = self.scoreboard.last_unsacked()?;
+                let s = self.scoreboard[i];
+                if s.segs > 1 {
+                    self.scoreboard.split(i, (s.segs - 1) * s.unit);
+                    i += 1;
+                }
                 self.retransmit(sink, i)
             }
         };
@@ -933,9 +979,14 @@ mod tests {
         let (data, acks) = flight(&mut cli, &mut srv, 8, |i| i != 0, now);
         assert!(acks.iter().all(|a| a.repr.ack == data[0].repr.seq));
         assert!(acks.iter().any(|a| a.repr.options.sack_count > 0));
+        // The burst is one scoreboard entry of eight segments.
+        assert_eq!((cli.scoreboard.len(), cli.scoreboard.segs_out()), (1, 8));
         let cwnd = cli.info().cwnd;
         let now = now + ms(5);
         feed(&mut cli, now, &acks);
+        // The SACKs cut it on its segment grid: the hole is one segment of its own.
+        assert_eq!(cli.scoreboard.segs_out(), 8);
+        assert_eq!(cli.scoreboard[0].end.0, data[1].repr.seq);
         // RACK: the hole was sent before the SACKed segments, and the reordering
         // window is 0 here (no delay, so a zero minimum RTT): it is lost at once.
         assert_eq!(cli.recovery.phase, Phase::Fast);
@@ -1132,8 +1183,11 @@ mod tests {
         feed(&mut cli, now + ms(1), &acks[2..3]);
         assert_eq!(cli.stats().dupthresh_losses, 1);
         assert_eq!(cli.recovery.phase, Phase::Fast);
+        // Only the first segment of the burst's entry is marked.
+        assert_eq!(cli.scoreboard.lost_segs(), 1);
         let out = drain(&mut cli, now + ms(1));
         assert_eq!(out[0].repr.seq, data[0].repr.seq);
+        assert_eq!(out[0].payload.len(), MSS);
     }
 
     #[test]
@@ -1143,6 +1197,7 @@ mod tests {
         cli.send(&vec![1u8; 4 * MSS]);
         let data = drain(&mut cli, now);
         assert_eq!(data.len(), 4);
+        assert_eq!(cli.scoreboard.len(), 1, "one entry for the burst");
         let rto_at = cli.timers.get(Timer::Rto).unwrap();
         // The TLP comes first (an RTT sample exists from the handshake).
         let tlp_at = cli.timers.get(Timer::Tlp).unwrap();
@@ -1150,6 +1205,8 @@ mod tests {
         let probe = drain(&mut cli, tlp_at);
         assert_eq!(probe.len(), 1);
         assert_eq!(probe[0].repr.seq, data[3].repr.seq, "the last segment");
+        assert_eq!(probe[0].payload.len(), MSS, "cut off its entry");
+        assert_eq!((cli.scoreboard.len(), cli.scoreboard.segs_out()), (2, 4));
         assert_eq!(cli.stats().tlp_probes, 1);
         assert!(!cli.timers.is_armed(Timer::Tlp), "one probe per silence");
         let rto_at = cli.timers.get(Timer::Rto).unwrap();

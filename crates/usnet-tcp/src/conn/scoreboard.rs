@@ -4,6 +4,16 @@
 //! The counters are cached, so every mark goes through a method here that keeps
 //! them right; [`Scoreboard::check`] recounts them (the simulation calls it after
 //! every step).
+//!
+//! An entry may stand for several segments, as Linux's TSO buffer (`skb`) does:
+//! full-sized segments sent back to back in one pass with the same stamps join the
+//! entry before them ([`Scoreboard::join_last`]), so a bulk sender pushes, acknowledges
+//! and scans one entry per burst instead of one per segment (each entry is a cache
+//! line's worth of stores). An entry is cut where the per-segment rules need it: a
+//! SACK block covering part of it (on its segment grid, as Linux's
+//! `tcp_match_skb_to_sack`), a retransmission (one segment), a tail loss probe (the
+//! last). The counters loss recovery reads are in segments (`segs`), as Linux's
+//! `pcount`.
 
 use std::collections::VecDeque;
 use std::ops::Index;
@@ -37,6 +47,12 @@ pub(crate) struct TxSeg {
     pub piece_end: Seq,
     /// Delivery-rate stamp of the latest transmission (`conn/rate.rs`).
     pub rate: TxRate,
+    /// Segments the entry stands for (Linux's `pcount`): 1, or more once later
+    /// segments joined it; after a cut, its bytes over `unit`, rounded up.
+    pub segs: u32,
+    /// Payload of each of its segments (the last may be shorter): where a SACK
+    /// block may cut it.
+    pub unit: u32,
 }
 
 impl TxSeg {
@@ -54,6 +70,26 @@ impl TxSeg {
             lost_marked: false,
             piece_end: end,
             rate: TxRate::default(),
+            segs: 1,
+            unit: end.since(start).saturating_sub(u32::from(fin)).max(1),
+        }
+    }
+
+    /// Payload of its first segment: what a retransmission of it sends.
+    pub(crate) fn head_len(&self) -> u32 {
+        if self.segs > 1 {
+            self.unit.min(self.len())
+        } else {
+            self.len()
+        }
+    }
+
+    /// Payload of its largest segment.
+    pub(crate) fn seg_payload(&self) -> u32 {
+        if self.segs > 1 {
+            self.unit
+        } else {
+            self.data_len()
         }
     }
 
@@ -78,9 +114,14 @@ pub(crate) struct Scoreboard {
     sacked_bytes: u32,
     sacked_segs: u32,
     lost_segs: u32,
+    /// Segments of all entries (Linux's `packets_out`).
+    segs_out: u32,
     /// The next transmission's [`TxSeg::order`].
     next_order: u64,
 }
+
+/// The most payload one entry carries (a TSO frame's, `GSO_MAX_SIZE`).
+const MAX_ENTRY_BYTES: u32 = 65536;
 
 impl Index<usize> for Scoreboard {
     type Output = TxSeg;
@@ -104,6 +145,7 @@ impl Scoreboard {
             sacked_bytes: 0,
             sacked_segs: 0,
             lost_segs: 0,
+            segs_out: 0,
             next_order: 1,
         }
     }
@@ -130,9 +172,17 @@ impl Scoreboard {
     pub(crate) fn lost_segs(&self) -> u32 {
         self.lost_segs
     }
+    /// Segments sent and not acknowledged, SACKed ones too (Linux's `packets_out`).
+    pub(crate) fn segs_out(&self) -> u32 {
+        self.segs_out
+    }
     /// Segments marked lost, retransmitted or not, not SACKed (Linux's `lost_out`).
     pub(crate) fn lost_out(&self) -> u32 {
-        self.segs.iter().filter(|s| s.lost_marked).count() as u32
+        self.segs
+            .iter()
+            .filter(|s| s.lost_marked)
+            .map(|s| s.segs)
+            .sum()
     }
     /// Retransmitted segments still in flight: not SACKed, not marked lost again
     /// (Linux's `retrans_out`, `tcpi_retrans`), in segments of `mss` bytes (a
@@ -179,7 +229,44 @@ impl Scoreboard {
         seg.order = self.next_order;
         self.next_order += 1;
         self.pipe += seg.len();
+        self.segs_out += seg.segs;
         self.segs.push_back(seg);
+    }
+
+    /// A newly sent segment of one new segment's stamps that continues the last
+    /// entry: it joins that entry as one more of its segments and returns true, if
+    /// the entry is new data sent at the same instant with the same rate stamp, not
+    /// marked, holds only full segments of `seg`'s size or more and stays within a
+    /// TSO frame; with `pieces`, only inside the same TSO piece. Else false: push it.
+    pub(crate) fn join_last(&mut self, seg: &TxSeg, pieces: bool) -> bool {
+        let Some(last) = self.segs.back_mut() else {
+            return false;
+        };
+        let joins = last.end == seg.start
+            && !last.fin
+            && !seg.fin
+            && last.xmits == 1
+            && seg.xmits == 1
+            && !(last.sacked || last.lost || last.lost_marked)
+            && last.sent == seg.sent
+            && last.rate == seg.rate
+            && (!pieces || last.piece_end == seg.piece_end)
+            && last.data_len() == last.segs * last.unit
+            && (1..=last.unit).contains(&seg.data_len())
+            && last.data_len() + seg.data_len() <= MAX_ENTRY_BYTES;
+        if !joins {
+            return false;
+        }
+        last.end = seg.end;
+        if !pieces {
+            last.piece_end = seg.end;
+        }
+        last.segs += 1;
+        last.order = self.next_order;
+        self.next_order += 1;
+        self.pipe += seg.len();
+        self.segs_out += 1;
+        true
     }
 
     /// Remove the first segment (cumulatively acknowledged) and its counts.
@@ -187,32 +274,39 @@ impl Scoreboard {
         let s = self.segs.pop_front()?;
         if s.sacked {
             self.sacked_bytes -= s.len();
-            self.sacked_segs -= 1;
+            self.sacked_segs -= s.segs;
         } else if s.lost {
-            self.lost_segs -= 1;
+            self.lost_segs -= s.segs;
         } else {
             self.pipe -= s.len();
         }
+        self.segs_out -= s.segs;
         Some(s)
     }
 
-    /// A cumulative ACK inside the first segment: its acknowledged head is gone.
-    /// Returns whether anything was cut.
-    pub(crate) fn trim_front(&mut self, ack: Seq) -> bool {
-        let Some(front) = self.segs.front_mut() else {
-            return false;
-        };
-        if !front.start.lt(ack) {
-            return false;
+    /// A cumulative ACK inside the first entry: its acknowledged head is gone.
+    /// Returns None if nothing was cut, else how many of its segments went (whole
+    /// ones: Linux's `tcp_tso_acked`; 0 for an ACK inside a single segment).
+    pub(crate) fn trim_front(&mut self, ack: Seq) -> Option<u32> {
+        let front = self.segs.front_mut()?;
+        if !front.start.lt(ack) || !ack.lt(front.end) {
+            return None;
         }
         let cut = ack.since(front.start);
         front.start = ack;
+        let segs = front.data_len().div_ceil(front.unit).max(1);
+        let gone = front.segs - segs.min(front.segs);
+        front.segs -= gone;
         if front.sacked {
             self.sacked_bytes -= cut;
-        } else if !front.lost {
+            self.sacked_segs -= gone;
+        } else if front.lost {
+            self.lost_segs -= gone;
+        } else {
             self.pipe -= cut;
         }
-        true
+        self.segs_out -= gone;
+        Some(gone)
     }
 
     /// Mark segment `i` lost unless it is SACKed or already lost; returns whether it
@@ -223,7 +317,7 @@ impl Scoreboard {
                 s.lost = true;
                 s.lost_marked = true;
                 self.pipe -= s.len();
-                self.lost_segs += 1;
+                self.lost_segs += s.segs;
                 true
             }
             _ => false,
@@ -240,7 +334,7 @@ impl Scoreboard {
             return false;
         }
         if s.lost {
-            self.lost_segs -= 1;
+            self.lost_segs -= s.segs;
         } else {
             self.pipe -= s.len();
         }
@@ -248,7 +342,7 @@ impl Scoreboard {
         s.lost = false;
         s.lost_marked = false;
         self.sacked_bytes += s.len();
-        self.sacked_segs += 1;
+        self.sacked_segs += s.segs;
         true
     }
 
@@ -264,7 +358,7 @@ impl Scoreboard {
         s.xmits = s.xmits.saturating_add(1);
         if s.lost {
             s.lost = false;
-            self.lost_segs -= 1;
+            self.lost_segs -= s.segs;
             self.pipe += s.len();
         }
     }
@@ -276,21 +370,33 @@ impl Scoreboard {
         }
     }
 
-    /// Cut segment `i` after `head` payload bytes (the MSS shrank); the tail becomes a
-    /// new entry with the same marks and keeps the FIN.
+    /// Cut entry `i` after `head` payload bytes (one segment of it is resent, a SACK
+    /// block covers part of it, the MSS shrank); the tail becomes a new entry with
+    /// the same marks and keeps the FIN. Each part counts its bytes over the unit,
+    /// rounded up, as segments. Nothing happens unless the cut is inside the payload.
     pub(crate) fn split(&mut self, i: usize, head: u32) {
         let Some(s) = self.segs.get_mut(i) else {
             return;
         };
+        if head == 0 || head >= s.data_len() {
+            return;
+        }
+        let before = s.segs;
         let mut tail = *s;
         tail.start = s.start + head;
         s.end = tail.start;
         s.fin = false;
+        s.segs = head.div_ceil(s.unit).max(1);
+        s.unit = s.unit.min(head);
+        tail.segs = tail.data_len().div_ceil(tail.unit).max(1);
+        tail.unit = tail.unit.min(tail.data_len().max(1));
+        let added = s.segs + tail.segs - before;
         if tail.lost {
-            self.lost_segs += 1;
+            self.lost_segs += added;
         } else if tail.sacked {
-            self.sacked_segs += 1;
+            self.sacked_segs += added;
         }
+        self.segs_out += added;
         self.segs.insert(i + 1, tail);
     }
 
@@ -301,12 +407,14 @@ impl Scoreboard {
         self.sacked_bytes = 0;
         self.sacked_segs = 0;
         self.lost_segs = 0;
+        self.segs_out = 0;
     }
 
     /// Recount: the segments must tile `una..nxt` without gaps and the cached
     /// counters must match.
     pub(crate) fn check(&self, una: Seq, nxt: Seq) -> Result<(), String> {
         let (mut pipe, mut sb, mut ss, mut ls) = (0u32, 0u32, 0u32, 0u32);
+        let mut out = 0u32;
         let mut prev = una;
         for s in &self.segs {
             if s.start != prev {
@@ -315,15 +423,28 @@ impl Scoreboard {
                     s.start, prev
                 ));
             }
+            if s.segs == 0 || s.unit == 0 || s.data_len() > s.segs * s.unit {
+                return Err(format!(
+                    "entry at {:?}: {} bytes as {} segments of {}",
+                    s.start,
+                    s.data_len(),
+                    s.segs,
+                    s.unit
+                ));
+            }
             prev = s.end;
+            out += s.segs;
             if s.sacked {
                 sb += s.len();
-                ss += 1;
+                ss += s.segs;
             } else if s.lost {
-                ls += 1;
+                ls += s.segs;
             } else {
                 pipe += s.len();
             }
+        }
+        if out != self.segs_out {
+            return Err(format!("segments: recount {out}, cached {}", self.segs_out));
         }
         if !self.segs.is_empty() && prev != nxt {
             return Err(format!("scoreboard ends at {prev:?}, snd_nxt {nxt:?}"));
@@ -448,13 +569,117 @@ mod tests {
         sb.pop_front();
         assert_eq!(counts(&sb), (100, 0, 0, 0));
         // An ACK in the middle of the last segment cuts its head off.
-        assert!(!sb.trim_front(Seq(1300)), "nothing before the start");
-        assert!(sb.trim_front(Seq(1340)));
+        assert_eq!(sb.trim_front(Seq(1300)), None, "nothing before the start");
+        assert_eq!(sb.trim_front(Seq(1340)), Some(0), "no whole segment");
         assert_eq!(sb.front().unwrap().start, Seq(1340));
         assert_eq!(counts(&sb), (60, 0, 0, 0));
         sb.check(Seq(1340), Seq(1400)).unwrap();
         assert!(sb.pop_front().is_some() && sb.pop_front().is_none());
-        assert!(!sb.trim_front(Seq(2000)));
+        assert_eq!(sb.trim_front(Seq(2000)), None);
+    }
+
+    /// Ten 100-byte segments sent in one pass from 1000, joined into one entry.
+    fn burst() -> Scoreboard {
+        let mut sb = Scoreboard::new(1 << 20);
+        for k in 0..10u32 {
+            let start = Seq(1000 + 100 * k);
+            let seg = TxSeg::new(start, start + 100u32, false, T0);
+            if !sb.join_last(&seg, false) {
+                sb.push(seg);
+            }
+        }
+        sb
+    }
+
+    #[test]
+    fn full_segments_of_one_pass_join_one_entry() {
+        let sb = burst();
+        assert_eq!(sb.len(), 1);
+        assert_eq!(
+            (sb[0].start, sb[0].end, sb[0].segs, sb[0].unit),
+            (Seq(1000), Seq(2000), 10, 100)
+        );
+        assert_eq!((sb.pipe(), sb.segs_out()), (1000, 10));
+        sb.check(Seq(1000), Seq(2000)).unwrap();
+        // What does not join: another instant, a longer segment, a FIN, a marked
+        // entry, a segment after a short one, another piece.
+        let mut sb = burst();
+        let later = TxSeg::new(Seq(2000), Seq(2100), false, Instant::from_millis(2));
+        assert!(!sb.join_last(&later, false));
+        assert!(!sb.join_last(&TxSeg::new(Seq(2000), Seq(2101), false, T0), false));
+        assert!(!sb.join_last(&TxSeg::new(Seq(2000), Seq(2101), true, T0), false));
+        let short = TxSeg::new(Seq(2000), Seq(2050), false, T0);
+        assert!(sb.join_last(&short, false));
+        assert!(!sb.join_last(&TxSeg::new(Seq(2050), Seq(2150), false, T0), false));
+        let mut piece = TxSeg::new(Seq(2050), Seq(2150), false, T0);
+        piece.piece_end = Seq(3000);
+        sb.push(piece);
+        let mut other = TxSeg::new(Seq(2150), Seq(2250), false, T0);
+        other.piece_end = Seq(4000);
+        assert!(!sb.join_last(&other, true));
+        other.piece_end = Seq(3000);
+        assert!(sb.join_last(&other, true));
+        sb.mark_lost(1);
+        assert!(!sb.join_last(&TxSeg::new(Seq(2250), Seq(2350), false, T0), true));
+        sb.check(Seq(1000), Seq(2250)).unwrap();
+        // An entry stays within a TSO frame.
+        let mut sb = Scoreboard::new(1 << 20);
+        sb.push(TxSeg::new(Seq(0), Seq(32768), false, T0));
+        assert!(sb.join_last(&TxSeg::new(Seq(32768), Seq(65536), false, T0), false));
+        assert!(!sb.join_last(&TxSeg::new(Seq(65536), Seq(65537), false, T0), false));
+    }
+
+    #[test]
+    fn cutting_a_joined_entry_counts_segments_on_its_grid() {
+        let mut sb = burst();
+        sb.mark_lost(0);
+        assert_eq!(sb.lost_segs(), 10);
+        // Cut after three segments, then one more: 3 + 1 + 6, all lost.
+        sb.split(0, 300);
+        sb.split(1, 100);
+        assert_eq!((sb.len(), sb[0].segs, sb[1].segs, sb[2].segs), (3, 3, 1, 6));
+        assert_eq!((sb.lost_segs(), sb.segs_out(), sb.pipe()), (10, 10, 0));
+        sb.check(Seq(1000), Seq(2000)).unwrap();
+        // A cut off the grid (the MSS shrank to 60): the parts round up.
+        let mut sb = burst();
+        sb.mark_sacked(0);
+        sb.split(0, 60);
+        assert_eq!(
+            (sb[0].segs, sb[0].unit, sb[1].segs, sb[1].unit),
+            (1, 60, 10, 100)
+        );
+        assert_eq!(
+            (sb.sacked_segs(), sb.segs_out(), sb.sacked_bytes()),
+            (11, 11, 1000)
+        );
+        sb.check(Seq(1000), Seq(2000)).unwrap();
+        // No cut at the ends.
+        let mut sb = burst();
+        sb.split(0, 0);
+        sb.split(0, 1000);
+        assert_eq!(sb.len(), 1);
+    }
+
+    #[test]
+    fn an_ack_inside_a_joined_entry_delivers_its_whole_segments() {
+        let mut sb = burst();
+        assert_eq!(
+            sb.trim_front(Seq(1250)),
+            Some(2),
+            "two whole, half of the third"
+        );
+        assert_eq!((sb[0].segs, sb.segs_out(), sb.pipe()), (8, 8, 750));
+        assert_eq!(sb.trim_front(Seq(1300)), Some(1));
+        assert_eq!(sb.trim_front(Seq(1350)), Some(0));
+        sb.check(Seq(1350), Seq(2000)).unwrap();
+        assert_eq!(sb.lost_out(), 0);
+        sb.mark_lost(0);
+        assert_eq!((sb.lost_segs(), sb.lost_out()), (7, 7));
+        assert_eq!(sb.trim_front(Seq(1500)), Some(2));
+        assert_eq!((sb.lost_segs(), sb.segs_out()), (5, 5));
+        sb.check(Seq(1500), Seq(2000)).unwrap();
+        let s = sb.pop_front().unwrap();
+        assert_eq!((s.segs, sb.lost_segs(), sb.segs_out()), (5, 0, 0));
     }
 
     #[test]

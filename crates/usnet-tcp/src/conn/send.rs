@@ -627,7 +627,13 @@ impl Connection {
                 txseg.piece_end = p;
             }
         }
-        self.scoreboard.push(txseg);
+        // A full segment after another of this pass joins its entry (one entry per
+        // burst, as Linux's TSO buffers; `conn/scoreboard.rs`), except around an MTU
+        // probe or the resend of Fast Open data, which are entries of their own.
+        let joinable = self.mtup.probe_size == 0 && resend_end.is_none();
+        if !(joinable && self.scoreboard.join_last(&txseg, self.cfg.tso_pieces)) {
+            self.scoreboard.push(txseg);
+        }
         if len > 0 {
             self.pacing_sent(len as u32);
         }

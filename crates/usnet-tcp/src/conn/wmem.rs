@@ -523,7 +523,7 @@ impl Connection {
             return false;
         }
         let cwnd_segs = self.cc.cwnd() / self.smss().max(1);
-        if !self.wmem.locked && (self.scoreboard.len() as u32) < cwnd_segs {
+        if !self.wmem.locked && self.scoreboard.segs_out() < cwnd_segs {
             self.expand_sndbuf();
         }
         if self.state == State::Closed || !self.is_writable() {
