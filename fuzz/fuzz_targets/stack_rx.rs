@@ -83,6 +83,9 @@ fuzz_target!(|data: &[u8]| {
             if let Err(d) = s.run_until_idle(now) {
                 panic!("deadline {d:?} still due at {now:?} after the stack ran idle");
             }
+            if let Err(e) = s.tcp_check_invariants() {
+                panic!("at {now:?}: {e}");
+            }
         }
         if ctl & 16 != 0 {
             while let Ok((n, from)) = s.udp_recv_from(udp, &mut buf) {

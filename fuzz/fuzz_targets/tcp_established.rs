@@ -18,7 +18,8 @@
 //! split into them), an even one on the copying rings.
 //!
 //! Invariants: no panic; every packet the stack sends parses; no deadline is still due
-//! once the stack has run to idle (its loop would spin); after the application
+//! once the stack has run to idle (its loop would spin); the connection's scoreboard
+//! recounts to its cached counters after every step; after the application
 //! closes and (virtual) hours pass, no connection is left and every packet buffer is
 //! back in the pool.
 #![no_main]
@@ -186,13 +187,17 @@ impl Harness {
     }
 
     /// Runs the stack at the current time until it is idle; no deadline may still
-    /// be due then (a real loop would spin).
+    /// be due then (a real loop would spin), and every connection's scoreboard must
+    /// recount to its cached counters.
     fn run(&mut self) {
         if let Err(d) = self.st.run_until_idle(self.now) {
             panic!(
                 "deadline {d:?} still due at {:?} after the stack ran idle",
                 self.now
             );
+        }
+        if let Err(e) = self.st.tcp_check_invariants() {
+            panic!("at {:?}: {e}", self.now);
         }
     }
 

@@ -436,6 +436,20 @@ impl Stack {
         }
     }
 
+    /// Every TCP connection's internal invariants (its scoreboard recounted against
+    /// its cached counters, `Connection::check_invariants`): for fuzzers and
+    /// simulations, after each step. The first violation, with the socket.
+    pub fn tcp_check_invariants(&self) -> Result<(), String> {
+        for (h, sock, _) in self.sockets.live() {
+            if let Socket::TcpConn(c) = sock {
+                c.conn
+                    .check_invariants()
+                    .map_err(|e| format!("{h:?} {} → {}: {e}", c.local, c.remote))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The live sockets `owner` holds, orphaned TCP connections (closed, finishing in
     /// the background) left out.
     pub fn sockets_of(&self, owner: Owner) -> Vec<SocketHandle> {

@@ -611,7 +611,7 @@ impl Connection {
         self.timers.next()
     }
 
-    /// Check the scoreboard's cached counters against a recount (tests).
+    /// Check the scoreboard's cached counters against a recount (tests, fuzzers).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
         self.scoreboard.check(self.snd.una, self.snd.nxt)

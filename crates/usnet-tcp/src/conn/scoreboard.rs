@@ -75,7 +75,7 @@ impl TxSeg {
         }
     }
 
-    /// Payload of its first segment: what a retransmission of it sends.
+    /// Sequence space of its first segment: what a retransmission of it sends.
     pub(crate) fn head_len(&self) -> u32 {
         if self.segs > 1 {
             self.unit.min(self.len())
@@ -233,11 +233,11 @@ impl Scoreboard {
         self.segs.push_back(seg);
     }
 
-    /// A newly sent segment of one new segment's stamps that continues the last
-    /// entry: it joins that entry as one more of its segments and returns true, if
-    /// the entry is new data sent at the same instant with the same rate stamp, not
-    /// marked, holds only full segments of `seg`'s size or more and stays within a
-    /// TSO frame; with `pieces`, only inside the same TSO piece. Else false: push it.
+    /// A newly sent segment `seg` that continues the last entry joins it as one more
+    /// of its segments (true) if that entry is new data sent at the same instant with
+    /// the same rate stamp, unmarked, holds only whole segments at least as long as
+    /// `seg`, and stays within a TSO frame; with `pieces`, only inside the same TSO
+    /// piece. Else false: the caller pushes it.
     pub(crate) fn join_last(&mut self, seg: &TxSeg, pieces: bool) -> bool {
         let Some(last) = self.segs.back_mut() else {
             return false;
