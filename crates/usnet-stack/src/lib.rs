@@ -437,8 +437,8 @@ impl Stack {
     }
 
     /// Every TCP connection's internal invariants (its scoreboard recounted against
-    /// its cached counters, `Connection::check_invariants`): for fuzzers and
-    /// simulations, after each step. The first violation, with the socket.
+    /// its cached counters, `Connection::check_invariants`), for the fuzz targets
+    /// after each step. The first violation, with the socket.
     pub fn tcp_check_invariants(&self) -> Result<(), String> {
         for (h, sock, _) in self.sockets.live() {
             if let Socket::TcpConn(c) = sock {
