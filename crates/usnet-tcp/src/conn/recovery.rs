@@ -204,7 +204,8 @@ impl Connection {
         let mut delivered = false;
         self.recovery.retrans_acked = false;
         while let Some(front) = self.scoreboard.front() {
-            let acked_segs = if front.end.le(ack) {
+            let whole = front.end.le(ack);
+            let acked_segs = if whole {
                 self.scoreboard.pop_front();
                 front.segs
             } else {
@@ -232,7 +233,7 @@ impl Connection {
                     rtt_sample = Some(self.now.saturating_since(front.sent));
                 }
             }
-            if !front.end.le(ack) {
+            if !whole {
                 break;
             }
         }
