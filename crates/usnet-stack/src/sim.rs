@@ -64,6 +64,9 @@ impl From<Faults> for PathConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WireStats {
     pub sent: u64,
+    /// A hash (FNV-1a) of every frame sent, in order, with its sender and GSO
+    /// segment size: two runs that put the same frames on the wire have the same.
+    pub frames_hash: u64,
     pub delivered: u64,
     pub lost: u64,
     pub duplicated: u64,
@@ -333,6 +336,11 @@ impl SimNet {
 
     fn launch(&mut self, from: usize, mut bytes: Vec<u8>, gso_size: u16) {
         self.stats.sent += 1;
+        let mut h = self.stats.frames_hash ^ ((from as u64) << 16 | u64::from(gso_size));
+        for &b in &bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        self.stats.frames_hash = h.wrapping_mul(0x100_0000_01b3);
         if let Some(mb) = self.middlebox.as_mut() {
             match mb(from, &bytes) {
                 Hop::Pass => {}

@@ -126,15 +126,37 @@ impl GsoPending {
 
     /// Counts a segment that joined the frame.
     fn joined(&mut self, repr: &usnet_tcp::TcpRepr, plen: usize, more_bufs: usize) {
+        self.joined_run(repr, plen, 1, more_bufs);
+    }
+
+    /// How many more full segments (beyond what `continues` checked for one) fit
+    /// in the frame: its size limit, and its buffer limit with `tailroom` bytes
+    /// left in the last buffer of a pool of `buf_size` buffers.
+    fn room_for(&self, hl: usize, tailroom: usize, buf_size: usize) -> usize {
+        let by_size = GSO_MAX_IP.saturating_sub(self.l3 + hl + self.payload);
+        let by_bufs = tailroom + GSO_MAX_BUFS.saturating_sub(self.bufs) * buf_size;
+        by_size.min(by_bufs) / self.seg.max(1)
+    }
+
+    /// Counts `segs` segments, `plen` bytes in all, that joined the frame; `last`
+    /// is the last one's header.
+    fn joined_run(
+        &mut self,
+        last: &usnet_tcp::TcpRepr,
+        plen: usize,
+        segs: usize,
+        more_bufs: usize,
+    ) {
+        let repr = last;
         self.bufs += more_bufs;
         self.payload += plen;
-        self.segs += 1;
+        self.segs += segs;
         self.next_seq = self.next_seq.wrapping_add(plen as u32);
         if repr.flags.contains(TcpFlags::PSH) {
             self.repr.flags = TcpFlags(self.repr.flags.0 | TcpFlags::PSH.0);
             self.closed = true;
         }
-        if plen < self.seg {
+        if plen < segs * self.seg {
             self.closed = true;
         }
     }
@@ -684,6 +706,62 @@ impl Core {
             ecn,
         ));
         true
+    }
+
+    /// Sends a run of `n` full segments of `seg` bytes (`SegmentSink::emit_run`)
+    /// as [`Core::send_tcp_gso`] sends each: as many as the GSO frame being built
+    /// takes join it in one append, and the next starts a frame of its own.
+    /// Returns how many, from the first, went (fewer: the transmit queue or the
+    /// pool is full).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_tcp_gso_run(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        payload: (&[u8], &[u8]),
+        seg: usize,
+        n: usize,
+        ecn: u8,
+    ) -> usize {
+        let size = self.pool.buf_size();
+        let mut done = 0;
+        while done < n {
+            let r = usnet_tcp::run_segment(repr, seg, done, n);
+            if let Some(p) = pending.as_mut() {
+                let tailroom = self.pool.tailroom(p.tail);
+                let one_more = seg.saturating_sub(tailroom).div_ceil(size);
+                if !p.frags && p.continues(local, remote, &r, seg, ecn, one_more) {
+                    let k = p
+                        .room_for(repr.header_len(), tailroom, size)
+                        .clamp(1, n - done);
+                    let bytes = k * seg;
+                    let (a, b) = usnet_tcp::ring_range(payload, done * seg, bytes);
+                    let Some(tail) = self.pool.extend_chain(p.tail, &[a, b]) else {
+                        self.counters.tcp_tx_blocked += 1;
+                        return done;
+                    };
+                    p.tail = tail;
+                    let last = usnet_tcp::run_segment(repr, seg, done + k - 1, n);
+                    p.joined_run(
+                        &last,
+                        bytes,
+                        k,
+                        bytes.saturating_sub(tailroom).div_ceil(size),
+                    );
+                    done += k;
+                    continue;
+                }
+            }
+            // The next segment starts a frame (or goes unjoined).
+            let one = usnet_tcp::ring_range(payload, done * seg, seg);
+            if !self.send_tcp_gso(pending, local, remote, &r, one, ecn) {
+                return done;
+            }
+            done += 1;
+        }
+        done
     }
 
     /// Sends a zero-copy TCP segment whose payload is `spans` of pool buffers the

@@ -630,6 +630,54 @@ fn bulk_with_tso_frames_in_buffer_chains() {
     }
 }
 
+/// Runs of full segments (`TcpConfig::send_runs`) go into GSO frames a frame's
+/// worth per append (`Core::send_tcp_gso_run`), or one segment at a time without
+/// TSO: the frames on the wire are the same as when each segment is emitted on
+/// its own, through loss, duplication and reordering, over IPv4 and IPv6.
+#[test]
+fn send_runs_build_the_same_frames() {
+    let lossy = Faults {
+        loss: 0.01,
+        duplicate: 0.01,
+        reorder: 0.03,
+        reorder_window: Duration::from_millis(1),
+        ..Faults::default()
+    };
+    for (k, (server, tso)) in [
+        ("10.0.0.2:5006", true),
+        ("[fd00::2]:5006", true),
+        ("10.0.0.2:5006", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let [on, off] = [true, false].map(|runs| {
+            let mut net = SimNet::new(61 + k as u64, lossy);
+            net.whole_gso = tso;
+            for i in 1..=2 {
+                let mut c = cfg(i);
+                c.tso = tso;
+                c.tx_csum_offload = tso;
+                c.rx_csum_offload = tso;
+                c.tcp.send_runs = runs;
+                net.add(c).unwrap();
+            }
+            let base = baseline(&net);
+            transfer(&mut net, sa(server), 4 << 20, Duration::from_secs(600));
+            let tcp = net.stack(0).tcp_stats();
+            assert_clean(&mut net, &base);
+            (net.stats, tcp.tx_run_segments, tcp.tx_data_segments)
+        });
+        eprintln!(
+            "{server} tso {tso}: {} of {} segments sent in runs, {} frames",
+            on.1, on.2, on.0.sent
+        );
+        assert!(on.1 * 4 > on.2, "{} of {} segments in runs", on.1, on.2);
+        assert_eq!(off.1, 0);
+        assert_eq!(on.0, off.0, "{server} tso {tso}: the wire differs");
+    }
+}
+
 /// Two stacks sending TSO frames that cross the wire whole, checksum-verified (as
 /// over a TAP or a veth with offloads); `zero_copy`: pool-backed queues.
 fn whole_gso_pair(seed: u64, faults: Faults, zero_copy: bool) -> SimNet {

@@ -47,6 +47,13 @@ pub struct TcpConfig {
     /// segments at the window's edge, PSH at a multi-segment piece's end. Off by
     /// default; the `linux` profile turns it on.
     pub tso_pieces: bool,
+    /// Send the full segments that follow a full new-data segment in one pass as
+    /// one run: the rules looked at once for the run, the options built once (as
+    /// Linux's `tcp_write_xmit` sends a TSO buffer of several segments). On by
+    /// default; off, each goes through the per-segment path. The segments on the
+    /// wire are the same either way (`tests/sim.rs` compares them byte for byte);
+    /// off is there for that comparison and for measuring what runs save.
+    pub send_runs: bool,
     /// Clamp the advertised window as Linux's `rcv_ssthresh` does: it starts at
     /// 64 KB (what a SYN can offer) and grows as in-order data arrives (by twice
     /// the larger of our MSS and the segment, `tcp_grow_window`), up to the
@@ -235,6 +242,7 @@ impl Default for TcpConfig {
             send_buffer_initial: 1 << 20,
             notsent_lowat: u32::MAX,
             tso_pieces: false,
+            send_runs: true,
             rcv_ssthresh: false,
             min_tso_segs: 2,
             recv_buffer: 4 << 20,

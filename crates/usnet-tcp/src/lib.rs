@@ -29,14 +29,14 @@ pub mod time;
 pub use cc::{CcAlgorithm, CongestionControl, Cubic, NewReno};
 pub use config::{Keepalive, TcpConfig};
 pub use conn::{
-    sndbuf_for_option, Connection, IcmpError, IcmpOutcome, Segment, SegmentSink, State, TcpError,
-    TcpInfo, Wake, CHUNK_OVERHEAD, MIN_SNDBUF,
+    run_segment, sndbuf_for_option, Connection, IcmpError, IcmpOutcome, Segment, SegmentSink,
+    State, TcpError, TcpInfo, Wake, CHUNK_OVERHEAD, MIN_SNDBUF,
 };
 pub use hash::SecretKey;
 pub use listener::{ListenEvent, Listener};
 pub use payload::{Origin, Payload};
 pub use seq::Seq;
-pub use sg::{BufOp, BufSpan, LentBytes, RecvSink, TxData};
+pub use sg::{ring_range, BufOp, BufSpan, LentBytes, RecvSink, TxData};
 pub use stats::TcpStats;
 pub use time::Instant;
 pub use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};

@@ -671,6 +671,22 @@ pub(crate) fn drain_ops(snd: &mut SendBuf, rcv: &mut RecvBuf, mut f: impl FnMut(
     }
 }
 
+/// `len` bytes from `from` of the two slices `(a, b)` taken as one (a ring's
+/// bytes that may wrap), as two slices again.
+pub fn ring_range<'a>(
+    (a, b): (&'a [u8], &'a [u8]),
+    from: usize,
+    len: usize,
+) -> (&'a [u8], &'a [u8]) {
+    if from >= a.len() {
+        let f = from - a.len();
+        (&b[f..f + len], &[])
+    } else {
+        let in_a = len.min(a.len() - from);
+        (&a[from..from + in_a], &b[..len - in_a])
+    }
+}
+
 /// A segment's payload as the engine hands it to a [`SegmentSink`](crate::SegmentSink).
 #[derive(Debug, Clone, Copy)]
 pub enum TxData<'a> {

@@ -76,6 +76,7 @@ define_stats! {
         tx_segments => "segments sent",
         tx_data_segments => "segments sent carrying data",
         tx_bytes => "new data bytes sent",
+        tx_run_segments => "new-data segments sent in runs (full segments after a full one in the same pass; TcpConfig::send_runs)",
         tx_acks => "pure ACKs sent",
         tx_delayed_acks => "ACKs sent by the delayed-ACK timer",
         tx_quick_acks => "ACKs sent at once in quick-ack mode",
@@ -192,6 +193,6 @@ mod tests {
         );
         let total: u64 = t.entries().iter().map(|e| e.2).sum();
         assert_eq!(total, 6, "nothing else moved");
-        assert_eq!(t.entries().len(), 100, "every counter is listed once");
+        assert_eq!(t.entries().len(), 101, "every counter is listed once");
     }
 }

@@ -64,6 +64,9 @@ struct Sim {
     pool: Rc<RefCell<FakePool>>,
     /// The client's writes go through a shared ring its connection sends from.
     lender: Option<Lender>,
+    /// A hash of every segment either end sent, in order (FNV-1a): two runs that
+    /// put the same bytes on the wire have the same.
+    wire_hash: u64,
 }
 
 /// A shared ring read in place by the connection (the stack server's wrapper).
@@ -238,6 +241,8 @@ struct Outcome {
     client_info: usnet_tcp::TcpInfo,
     /// With a lender: bytes sent in place, bytes copied, most held in the ring.
     lent: Option<(u64, u64, u64)>,
+    /// `Sim::wire_hash` at the end.
+    wire_hash: u64,
 }
 
 impl Sim {
@@ -276,6 +281,7 @@ impl Sim {
             bad_checksum: 0,
             pool: Rc::default(),
             lender: None,
+            wire_hash: 0xcbf2_9ce4_8422_2325,
         }
     }
 
@@ -289,6 +295,9 @@ impl Sim {
     fn send(&mut self, segs: Vec<OwnedSegment>, to_server: bool) {
         for s in segs {
             let mut bytes = s.to_bytes();
+            for &b in bytes.iter().chain(&[to_server as u8]) {
+                self.wire_hash = (self.wire_hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+            }
             let path = if to_server {
                 &mut self.up
             } else {
@@ -549,6 +558,7 @@ impl Sim {
             server_state: server.state(),
             client_info: self.client.info(),
             lent,
+            wire_hash: self.wire_hash,
         }
     }
 }
@@ -601,6 +611,62 @@ fn clean_transfer_no_retransmissions() {
         o.server.tx_acks,
         o.client.tx_data_segments
     );
+}
+
+/// Runs (`TcpConfig::send_runs`) change how the sender decides, not what it
+/// sends: the same transfers with runs on and off put the same bytes on the wire,
+/// segment for segment, under loss, duplication, reordering and a bottleneck, with
+/// each congestion controller, with pacing, ECN and without SACK.
+#[test]
+fn send_runs_put_the_same_bytes_on_the_wire() {
+    let lossy = PathConfig {
+        loss: 0.01,
+        duplicate: 0.01,
+        reorder: 0.03,
+        rate: 12_500_000,
+        ..path()
+    };
+    let clean = PathConfig {
+        rate: 50_000_000,
+        ..path()
+    };
+    type Tweak = fn(&mut TcpConfig);
+    let variants: [(u64, PathConfig, Tweak); 6] = [
+        (31, clean, |_| {}),
+        (32, lossy, |_| {}),
+        (33, lossy, |c| c.congestion = CcAlgorithm::NewReno),
+        (34, lossy, |c| c.congestion = CcAlgorithm::Bbr),
+        (35, lossy, |c| c.pacing = true),
+        (36, lossy, |c| {
+            c.sack = false;
+            c.ecn = usnet_tcp::config::ECN_ON;
+        }),
+    ];
+    for (seed, path, tweak) in variants {
+        let config = |runs: bool| {
+            let mut c = TcpConfig {
+                send_runs: runs,
+                ..cfg()
+            };
+            tweak(&mut c);
+            c
+        };
+        let on = run(seed, path, 3 << 20, 512 << 10, config(true), config(true));
+        let off = run(seed, path, 3 << 20, 512 << 10, config(false), config(false));
+        assert!(
+            on.client.tx_run_segments > on.client.tx_data_segments / 10,
+            "seed {seed}: runs sent {} of {} segments",
+            on.client.tx_run_segments,
+            on.client.tx_data_segments
+        );
+        assert_eq!(off.client.tx_run_segments, 0);
+        assert_eq!(on.wire_hash, off.wire_hash, "seed {seed}: the wire differs");
+        let (mut a, mut b) = (on.client.clone(), off.client.clone());
+        a.tx_run_segments = 0;
+        b.tx_run_segments = 0;
+        assert_eq!(a, b, "seed {seed}");
+        assert_eq!(on.elapsed, off.elapsed);
+    }
 }
 
 #[test]

@@ -144,6 +144,59 @@ impl SegmentSink for CoreSink<'_> {
         };
         self.send_bytes(local, remote, repr, payload, ecn)
     }
+
+    /// A run of `n` segments of `seg` bytes (`SegmentSink::emit_run`) within the
+    /// pass's budget: with TSO into GSO frames, a frame's worth per append;
+    /// without, one segment at a time. Returns how many went.
+    fn emit_run(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        repr: &TcpRepr,
+        payload: (&[u8], &[u8]),
+        seg: usize,
+        n: usize,
+        ect: bool,
+    ) -> usize {
+        let mut allowed = n;
+        if let Some(left) = self.budget.as_mut() {
+            // As one segment at a time: each goes while some budget is left.
+            allowed = n.min(left.div_ceil(seg));
+            *left = left.saturating_sub(allowed * seg);
+        }
+        let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
+        let sent = if self.tso {
+            self.core.send_tcp_gso_run(
+                &mut self.gso,
+                local,
+                remote,
+                repr,
+                payload,
+                seg,
+                allowed,
+                ecn,
+            )
+        } else {
+            let mut k = 0;
+            while k < allowed {
+                let r = usnet_tcp::run_segment(repr, seg, k, n);
+                let one = usnet_tcp::ring_range(payload, k * seg, seg);
+                if !self.core.send_tcp(local, remote, &r, one, ecn) {
+                    break;
+                }
+                k += 1;
+            }
+            k
+        };
+        if sent < n {
+            if sent == allowed {
+                // Deferred like a segment the full queue refused: it waits its turn.
+                self.core.counters.tcp_tx_blocked += 1;
+            }
+            self.refused = true;
+        }
+        sent
+    }
 }
 
 impl CoreSink<'_> {

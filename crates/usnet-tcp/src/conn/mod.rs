@@ -165,6 +165,45 @@ pub trait SegmentSink {
         payload: TxData<'_>,
         ect: bool,
     ) -> bool;
+
+    /// Emit `n` segments of `seg` payload bytes each from `repr.seq` on (a run of
+    /// new data, `payload` its `n * seg` bytes from the send ring): each with
+    /// `repr`'s header but for its sequence number, PSH (if `repr` has it) on the
+    /// last only, as a GSO frame is cut. Returns how many, from the first, it
+    /// took (fewer: no room for the rest; the engine commits those). By default
+    /// one [`SegmentSink::emit`] each; a sink that builds GSO frames takes the run
+    /// at once.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_run(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        repr: &TcpRepr,
+        payload: (&[u8], &[u8]),
+        seg: usize,
+        n: usize,
+        ect: bool,
+    ) -> usize {
+        for k in 0..n {
+            let r = run_segment(repr, seg, k, n);
+            let (a, b) = crate::sg::ring_range(payload, k * seg, seg);
+            if !self.emit(local, remote, &r, TxData::Bytes(a, b), ect) {
+                return k;
+            }
+        }
+        n
+    }
+}
+
+/// The header of segment `k` of a run of `n` segments of `seg` bytes whose first
+/// has `first`: its sequence number, and PSH only if it is the last.
+pub fn run_segment(first: &TcpRepr, seg: usize, k: usize, n: usize) -> TcpRepr {
+    let mut r = *first;
+    r.seq = first.seq.wrapping_add((k * seg) as u32);
+    if k + 1 < n {
+        r.flags = TcpFlags(r.flags.0 & !TcpFlags::PSH.0);
+    }
+    r
 }
 
 /// What changed in an `input` or `poll_transmit` call, for waking the application.

@@ -101,6 +101,12 @@ impl Connection {
         true
     }
 
+    /// Segments left in the pacing burst under way (with pacing on, a run of
+    /// segments ends with it: what comes next waits for `paced_out` to decide).
+    pub(crate) fn pacing_burst_left(&self) -> usize {
+        self.pace.burst as usize
+    }
+
     /// A data segment of `bytes` payload went out: the departure time moves on by
     /// its time at the pacing rate.
     pub(crate) fn pacing_sent(&mut self, bytes: u32) {

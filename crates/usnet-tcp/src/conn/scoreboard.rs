@@ -160,6 +160,10 @@ impl Scoreboard {
     pub(crate) fn is_full(&self) -> bool {
         self.segs.len() >= self.capacity
     }
+    /// Entries that may still be added.
+    pub(crate) fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.segs.len())
+    }
     pub(crate) fn pipe(&self) -> u32 {
         self.pipe
     }

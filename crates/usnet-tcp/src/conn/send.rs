@@ -616,6 +616,106 @@ impl Connection {
         if !self.emit(sink, flags, seq, off, len, opts) {
             return Some(false);
         }
+        self.new_data_sent(seq, len, fin, maxp, resend_end);
+        let run_ok = len != maxp || fin || force || self.send_full_run(sink, maxp);
+        self.arm_rto_if_idle();
+        // RFC 8985 §7.2: the PTO starts or restarts after new data is sent.
+        self.arm_tlp();
+        Some(run_ok)
+    }
+
+    /// The full segments that follow a full new-data segment in the same pass, sent
+    /// as one run (as Linux's `tcp_write_xmit` sends a TSO buffer of several
+    /// segments): the rules are looked at once for the run and the options built
+    /// once, instead of going through `transmit_one` and `send_new_data` again for
+    /// each. Only where that per-segment path is known to send the same full
+    /// segments: nothing marked lost, no loss probe or persist probe pending, no
+    /// path MTU probing, no record ends, no Linux TSO pieces, no Fast Open resend.
+    /// A run stops before the last segment of what is queued (it may carry PSH or
+    /// FIN), at the peer's window and the congestion window, at the end of a
+    /// pacing burst and at a full scoreboard, and leaves what follows to the
+    /// per-segment path. False if the sink refused a segment (nothing of it was
+    /// committed).
+    fn send_full_run<S: SegmentSink + ?Sized>(&mut self, sink: &mut S, maxp: usize) -> bool {
+        if !self.cfg.send_runs
+            || self.cfg.tso_pieces
+            || self.mtup.enabled
+            || self.mtup.probe_size != 0
+            || self.syn.fo_resend_end.is_some()
+            || !self.snd.records.is_empty()
+            || self.snd.persist_pending
+            || self.scoreboard.lost_segs() > 0
+            || self.recovery.tlp_pending
+            || self.ecn.cwr_pending
+            || !matches!(self.state, State::Established | State::CloseWait)
+        {
+            return true;
+        }
+        // After the first segment of the pass: a D-SACK it carried is not repeated.
+        let opts = self.segment_options();
+        let cwnd = self.cc.cwnd() as usize;
+        let wnd_end = self.snd.una + self.snd.wnd;
+        loop {
+            // How many full segments the per-segment path would send next: it stops
+            // before the last of the queue, at the windows' edges, at the pacing
+            // burst's end and at a full scoreboard (which a joined one does not
+            // fill; counting each as an entry errs short).
+            let seq = self.snd.nxt;
+            let off = seq.since(self.snd.una) as usize;
+            let unsent = self.snd.buf.len().saturating_sub(off);
+            let win = if wnd_end.gt(seq) {
+                wnd_end.since(seq) as usize
+            } else {
+                0
+            };
+            let pipe = self.pipe_est() as usize;
+            let mut n = (unsent.saturating_sub(1) / maxp)
+                .min(win / maxp)
+                .min(cwnd.saturating_sub(pipe) / maxp)
+                .min(self.scoreboard.room());
+            if self.pacing_on() {
+                n = n.min(self.pacing_burst_left());
+            }
+            if n == 0 {
+                return true;
+            }
+            // A write's end that falls on a segment's end gives that segment PSH
+            // and ends the unit there; a unit's segments are alike but for PSH on
+            // the last (as a GSO frame is cut).
+            let mut push = false;
+            if let Some(k) = self.first_push_mark_at_segment_end(seq, maxp, n) {
+                n = k;
+                push = true;
+            }
+            let last = (n - 1) * maxp;
+            push |= self.ends_burst_at(pipe + last, maxp, unsent - last, win - last, maxp);
+            let flags = if push {
+                TcpFlags::ACK | TcpFlags::PSH
+            } else {
+                TcpFlags::ACK
+            };
+            let sent = self.emit_run(sink, flags, seq, off, maxp, n, opts);
+            for k in 0..sent {
+                self.new_data_sent(seq + (k * maxp) as u32, maxp, false, maxp, None);
+            }
+            self.stats.tx_run_segments += sent as u64;
+            if sent < n {
+                return false;
+            }
+        }
+    }
+
+    /// A new-data segment of `len` bytes from `seq` went out: the scoreboard, the
+    /// send state and the counters take it (what `send_new_data` and
+    /// `send_full_run` share).
+    fn new_data_sent(
+        &mut self,
+        seq: Seq,
+        len: usize,
+        fin: bool,
+        maxp: usize,
+        resend_end: Option<Seq>,
+    ) {
         let end = seq + len + u32::from(fin);
         if self.scoreboard.is_empty() {
             self.snd.progress = self.now;
@@ -679,10 +779,6 @@ impl Connection {
             self.stats.tx_data_segments += 1;
             self.stats.tx_bytes += len as u64;
         }
-        self.arm_rto_if_idle();
-        // RFC 8985 §7.2: the PTO starts or restarts after new data is sent.
-        self.arm_tlp();
-        Some(true)
     }
 
     /// Restart after idle (RFC 5681 §4.1): nothing in flight and nothing sent for
@@ -709,12 +805,26 @@ impl Connection {
     /// recovery, is cut from a buffer and carries none). Only without TSO pieces,
     /// which place PSH as Linux's buffers do (`tso_piece_ends`).
     fn ends_burst(&self, len: usize, unsent: usize, win: usize, maxp: usize) -> bool {
-        let prr_slow_start = self.ecn.prr.is_some() && self.pipe_est() < self.cc.ssthresh();
-        if self.snd.burst == 0 || (self.cc.cwnd() >= self.cc.ssthresh() && !prr_slow_start) {
+        self.ends_burst_at(self.pipe_est() as usize, len, unsent, win, maxp)
+    }
+
+    /// `ends_burst` with `pipe` bytes in flight before the segment (a run asks for
+    /// its last segment before the ones ahead of it are committed).
+    fn ends_burst_at(
+        &self,
+        pipe: usize,
+        len: usize,
+        unsent: usize,
+        win: usize,
+        maxp: usize,
+    ) -> bool {
+        let ssthresh = self.cc.ssthresh() as usize;
+        let prr_slow_start = self.ecn.prr.is_some() && pipe < ssthresh;
+        if self.snd.burst == 0 || (self.cc.cwnd() as usize >= ssthresh && !prr_slow_start) {
             return false;
         }
         let next = (unsent - len).min(maxp);
-        let avail = (self.cc.cwnd() as usize).saturating_sub(self.pipe_est() as usize + len);
+        let avail = (self.cc.cwnd() as usize).saturating_sub(pipe + len);
         avail < next || win.saturating_sub(len) < next
     }
 

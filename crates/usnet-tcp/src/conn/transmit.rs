@@ -9,7 +9,7 @@ use std::time::Duration;
 use usnet_wire::{TcpFlags, TcpOptions, TcpRepr};
 
 use super::mtu_probe::ProbeDue;
-use super::{Connection, SegmentSink, State, Wake};
+use super::{run_segment, Connection, SegmentSink, State, Wake};
 use crate::seq::Seq;
 use crate::sg::TxData;
 use crate::time::Instant;
@@ -97,6 +97,79 @@ impl Connection {
         data_len: usize,
         opts: TcpOptions,
     ) -> bool {
+        let (repr, ect, adv) = self.segment_repr(flags, seq, data_len, opts);
+        let payload = if data_len > 0 {
+            self.snd
+                .buf
+                .payload_at(data_off, data_len, &mut self.tx_spans)
+        } else {
+            TxData::NONE
+        };
+        if !sink.emit(self.local, self.remote, &repr, payload, ect) {
+            self.stats.rare().tx_sink_full += 1;
+            return false;
+        }
+        self.emitted(&repr, adv, 1);
+        true
+    }
+
+    /// Build and emit a run of `n` new-data segments of `seg` bytes from `seq`
+    /// (`send_full_run`): one header for all, PSH (if `flags` has it) on the last.
+    /// Bytes from the send ring go to the sink as one run; pieces of pool buffers
+    /// one segment at a time (each cut to its own spans). Returns how many, from
+    /// the first, the sink took; their ACK-related state is committed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn emit_run<S: SegmentSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        flags: TcpFlags,
+        seq: Seq,
+        data_off: usize,
+        seg: usize,
+        n: usize,
+        opts: TcpOptions,
+    ) -> usize {
+        let (repr, ect, adv) = self.segment_repr(flags, seq, seg, opts);
+        let (local, remote) = (self.local, self.remote);
+        let whole = self
+            .snd
+            .buf
+            .payload_at(data_off, n * seg, &mut self.tx_spans);
+        let sent = if let TxData::Bytes(a, b) = whole {
+            sink.emit_run(local, remote, &repr, (a, b), seg, n, ect)
+        } else {
+            let mut k = 0;
+            while k < n {
+                let r = run_segment(&repr, seg, k, n);
+                let payload = self
+                    .snd
+                    .buf
+                    .payload_at(data_off + k * seg, seg, &mut self.tx_spans);
+                if !sink.emit(local, remote, &r, payload, ect) {
+                    break;
+                }
+                k += 1;
+            }
+            k
+        };
+        if sent < n {
+            self.stats.rare().tx_sink_full += 1;
+        }
+        if sent > 0 {
+            self.emitted(&repr, adv, sent);
+        }
+        sent
+    }
+
+    /// The header of a segment from `seq` with `data_len` bytes: ECN bits and the
+    /// window filled in. Also whether it is ECT and the right edge it advertises.
+    fn segment_repr(
+        &self,
+        flags: TcpFlags,
+        seq: Seq,
+        data_len: usize,
+        opts: TcpOptions,
+    ) -> (TcpRepr, bool, Seq) {
         let syn = flags.syn();
         let ect = self.ecn_ect(flags, seq, data_len);
         let flags = flags | self.ecn_flags(flags, ect);
@@ -115,31 +188,27 @@ impl Connection {
             urgent: 0,
             options: opts,
         };
-        let payload = if data_len > 0 {
-            self.snd
-                .buf
-                .payload_at(data_off, data_len, &mut self.tx_spans)
-        } else {
-            TxData::NONE
-        };
-        if !sink.emit(self.local, self.remote, &repr, payload, ect) {
-            self.stats.rare().tx_sink_full += 1;
-            return false;
+        (repr, ect, adv)
+    }
+
+    /// `count` segments with the header `repr` (but for their sequence numbers)
+    /// went out: the counters and the ACK-related state take them.
+    fn emitted(&mut self, repr: &TcpRepr, adv: Seq, count: usize) {
+        let flags = repr.flags;
+        let count = count as u64;
+        self.ecn_sent(flags, Seq(repr.seq));
+        self.stats.tx_segments += count;
+        if repr.window == 0 && !flags.rst() {
+            self.stats.tx_zero_window += count;
         }
-        self.ecn_sent(flags, seq);
-        self.stats.tx_segments += 1;
-        if window == 0 && !flags.rst() {
-            self.stats.tx_zero_window += 1;
-        }
-        let nsack = opts.sacks().len() as u64;
+        let nsack = repr.options.sacks().len() as u64;
         if nsack > 0 {
-            self.stats.tx_sack_blocks += nsack;
+            self.stats.tx_sack_blocks += nsack * count;
         }
         if flags.ack() && !flags.rst() {
             self.on_ack_sent(adv, nsack > 0);
         }
         self.snd.last_tx = self.now;
-        true
     }
 
     /// Emit the one segment that is most urgent, in this order: an RST (abort), an

@@ -479,6 +479,26 @@ impl Connection {
         self.wmem.marks.contains(&end)
     }
 
+    /// Of `n` segments of `seg` bytes from `seq`, the count up to and including
+    /// the first whose end a forced push marked, if one is (the marks are in
+    /// sequence order: one per chunk end).
+    pub(crate) fn first_push_mark_at_segment_end(
+        &self,
+        seq: Seq,
+        seg: usize,
+        n: usize,
+    ) -> Option<usize> {
+        let end = seq + (n * seg) as u32;
+        self.wmem
+            .marks
+            .iter()
+            .skip_while(|m| m.le(seq))
+            .take_while(|m| m.le(end))
+            .map(|m| m.since(seq) as usize)
+            .find(|d| d % seg == 0)
+            .map(|d| d / seg)
+    }
+
     /// SND.UNA advanced: forget the chunks it acknowledged.
     pub(crate) fn wmem_on_ack(&mut self) {
         let una = self.snd.una;
