@@ -14,7 +14,8 @@ use crate::seq::Seq;
 use crate::sg::TxData;
 use crate::time::Instant;
 
-/// Most segments one `poll_transmit` call emits (bounds the work per call).
+/// Most segments one `poll_transmit` call emits (bounds the work per call); a run
+/// of full segments (`send_full_run`) counts as one: the send buffer bounds it.
 const POLL_BUDGET: usize = 4096;
 
 impl Connection {
