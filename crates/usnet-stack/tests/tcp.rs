@@ -632,8 +632,9 @@ fn bulk_with_tso_frames_in_buffer_chains() {
 
 /// Runs of full segments (`TcpConfig::send_runs`) go into GSO frames a frame's
 /// worth per append (`Core::send_tcp_gso_run`), or one segment at a time without
-/// TSO: the frames on the wire are the same as when each segment is emitted on
-/// its own, through loss, duplication and reordering, over IPv4 and IPv6.
+/// TSO or from pool-backed (zero-copy) queues: the frames on the wire are the same
+/// as when each segment is emitted on its own, through loss, duplication and
+/// reordering, over IPv4 and IPv6.
 #[test]
 fn send_runs_build_the_same_frames() {
     let lossy = Faults {
@@ -643,10 +644,11 @@ fn send_runs_build_the_same_frames() {
         reorder_window: Duration::from_millis(1),
         ..Faults::default()
     };
-    for (k, (server, tso)) in [
-        ("10.0.0.2:5006", true),
-        ("[fd00::2]:5006", true),
-        ("10.0.0.2:5006", false),
+    for (k, (server, tso, zero_copy)) in [
+        ("10.0.0.2:5006", true, false),
+        ("[fd00::2]:5006", true, false),
+        ("10.0.0.2:5006", false, false),
+        ("[fd00::2]:5006", true, true),
     ]
     .into_iter()
     .enumerate()
@@ -660,6 +662,7 @@ fn send_runs_build_the_same_frames() {
                 c.tx_csum_offload = tso;
                 c.rx_csum_offload = tso;
                 c.tcp.send_runs = runs;
+                c.tcp.zero_copy = zero_copy;
                 net.add(c).unwrap();
             }
             let base = baseline(&net);
@@ -669,12 +672,15 @@ fn send_runs_build_the_same_frames() {
             (net.stats, tcp.tx_run_segments, tcp.tx_data_segments)
         });
         eprintln!(
-            "{server} tso {tso}: {} of {} segments sent in runs, {} frames",
+            "{server} tso {tso} zero-copy {zero_copy}: {} of {} segments sent in runs, {} frames",
             on.1, on.2, on.0.sent
         );
         assert!(on.1 * 4 > on.2, "{} of {} segments in runs", on.1, on.2);
         assert_eq!(off.1, 0);
-        assert_eq!(on.0, off.0, "{server} tso {tso}: the wire differs");
+        assert_eq!(
+            on.0, off.0,
+            "{server} tso {tso} zero-copy {zero_copy}: the wire differs"
+        );
     }
 }
 
