@@ -147,12 +147,11 @@ impl GsoPending {
         segs: usize,
         more_bufs: usize,
     ) {
-        let repr = last;
         self.bufs += more_bufs;
         self.payload += plen;
         self.segs += segs;
         self.next_seq = self.next_seq.wrapping_add(plen as u32);
-        if repr.flags.contains(TcpFlags::PSH) {
+        if last.flags.contains(TcpFlags::PSH) {
             self.repr.flags = TcpFlags(self.repr.flags.0 | TcpFlags::PSH.0);
             self.closed = true;
         }
