@@ -637,13 +637,7 @@ fn bulk_with_tso_frames_in_buffer_chains() {
 /// reordering, over IPv4 and IPv6.
 #[test]
 fn send_runs_build_the_same_frames() {
-    let lossy = Faults {
-        loss: 0.01,
-        duplicate: 0.01,
-        reorder: 0.03,
-        reorder_window: Duration::from_millis(1),
-        ..Faults::default()
-    };
+    let lossy = lossy_gso_path();
     for (k, (server, tso, zero_copy)) in [
         ("10.0.0.2:5006", true, false),
         ("[fd00::2]:5006", true, false),
@@ -654,17 +648,10 @@ fn send_runs_build_the_same_frames() {
     .enumerate()
     {
         let [on, off] = [true, false].map(|runs| {
-            let mut net = SimNet::new(61 + k as u64, lossy);
-            net.whole_gso = tso;
-            for i in 1..=2 {
-                let mut c = cfg(i);
-                c.tso = tso;
-                c.tx_csum_offload = tso;
-                c.rx_csum_offload = tso;
-                c.tcp.send_runs = runs;
-                c.tcp.zero_copy = zero_copy;
-                net.add(c).unwrap();
-            }
+            let mut net = offload_pair(61 + k as u64, lossy, tso, |t| {
+                t.send_runs = runs;
+                t.zero_copy = zero_copy;
+            });
             let base = baseline(&net);
             transfer(&mut net, sa(server), 4 << 20, Duration::from_secs(600));
             let tcp = net.stack(0).tcp_stats();
@@ -684,20 +671,44 @@ fn send_runs_build_the_same_frames() {
     }
 }
 
-/// Two stacks sending TSO frames that cross the wire whole, checksum-verified (as
-/// over a TAP or a veth with offloads); `zero_copy`: pool-backed queues.
-fn whole_gso_pair(seed: u64, faults: Faults, zero_copy: bool) -> SimNet {
+/// Loss, duplication and reordering for the GSO conversations (no corruption:
+/// frames that cross whole are trusted, as on a TAP).
+fn lossy_gso_path() -> Faults {
+    Faults {
+        loss: 0.01,
+        duplicate: 0.01,
+        reorder: 0.03,
+        reorder_window: Duration::from_millis(1),
+        ..Faults::default()
+    }
+}
+
+/// Two stacks that, with `tso`, send TSO frames that cross the wire whole,
+/// checksum-verified (as over a TAP or a veth with offloads); `tcp` sets their
+/// TCP configuration.
+fn offload_pair(
+    seed: u64,
+    faults: Faults,
+    tso: bool,
+    tcp: impl Fn(&mut usnet_stack::TcpConfig),
+) -> SimNet {
     let mut net = SimNet::new(seed, faults);
-    net.whole_gso = true;
+    net.whole_gso = tso;
     for i in 1..=2 {
         let mut c = cfg(i);
-        c.tso = true;
-        c.tx_csum_offload = true;
-        c.rx_csum_offload = true;
-        c.tcp.zero_copy = zero_copy;
+        c.tso = tso;
+        c.tx_csum_offload = tso;
+        c.rx_csum_offload = tso;
+        tcp(&mut c.tcp);
         net.add(c).unwrap();
     }
     net
+}
+
+/// Two stacks sending TSO frames that cross the wire whole; `zero_copy`:
+/// pool-backed queues.
+fn whole_gso_pair(seed: u64, faults: Faults, zero_copy: bool) -> SimNet {
+    offload_pair(seed, faults, true, |t| t.zero_copy = zero_copy)
 }
 
 /// Bulk transfers of `bytes` over [`whole_gso_pair`] to `port`, seeds from
@@ -713,13 +724,7 @@ fn chained_gso_transfers(
     bytes: u64,
     check: impl Fn(u64, &usnet_stack::Counters),
 ) {
-    let lossy = Faults {
-        loss: 0.01,
-        duplicate: 0.01,
-        reorder: 0.03,
-        reorder_window: Duration::from_millis(1),
-        ..Faults::default()
-    };
+    let lossy = lossy_gso_path();
     for (k, (server, faults)) in [
         ("10.0.0.2", Faults::default()),
         ("[fd00::2]", Faults::default()),
