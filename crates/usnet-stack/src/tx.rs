@@ -665,20 +665,69 @@ impl Core {
         ecn: u8,
     ) -> bool {
         let plen = payload.0.len() + payload.1.len();
-        if let Some(p) = pending.as_mut() {
-            let more_bufs = plen
-                .saturating_sub(self.pool.tailroom(p.tail))
-                .div_ceil(self.pool.buf_size());
-            if !p.frags && p.continues(local, remote, repr, plen, ecn, more_bufs) {
-                let Some(tail) = self.pool.extend_chain(p.tail, &[payload.0, payload.1]) else {
-                    self.counters.tcp_tx_blocked += 1;
-                    return false;
-                };
-                p.tail = tail;
-                p.joined(repr, plen, more_bufs);
-                return true;
-            }
+        // One segment is a run of one: PSH, if it has it, is on its last.
+        if let Some(joined) =
+            self.gso_join_run(pending, local, remote, repr, payload, plen, 0, 1, ecn)
+        {
+            return joined == 1;
         }
+        self.gso_begin(pending, local, remote, repr, payload, ecn)
+    }
+
+    /// Joins segments `done..n` of a run of `n` segments of `seg` bytes (`repr` the
+    /// first's header, `payload` the whole run's bytes) to the GSO frame `pending`
+    /// holds, as many as its size and buffer limits take, with one append. None:
+    /// segment `done` does not continue the frame; Some(0): the pool ran dry
+    /// (counted); else how many joined.
+    #[allow(clippy::too_many_arguments)]
+    fn gso_join_run(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        payload: (&[u8], &[u8]),
+        seg: usize,
+        done: usize,
+        n: usize,
+        ecn: u8,
+    ) -> Option<usize> {
+        let p = pending.as_mut()?;
+        let size = self.pool.buf_size();
+        let tailroom = self.pool.tailroom(p.tail);
+        let first = usnet_tcp::run_segment(repr, seg, done, n);
+        let one_more = seg.saturating_sub(tailroom).div_ceil(size);
+        if p.frags || !p.continues(local, remote, &first, seg, ecn, one_more) {
+            return None;
+        }
+        let k = p
+            .room_for(repr.header_len(), tailroom, size)
+            .clamp(1, n - done);
+        let bytes = k * seg;
+        let (a, b) = usnet_tcp::ring_range(payload, done * seg, bytes);
+        let Some(tail) = self.pool.extend_chain(p.tail, &[a, b]) else {
+            self.counters.tcp_tx_blocked += 1;
+            return Some(0);
+        };
+        p.tail = tail;
+        let last = usnet_tcp::run_segment(repr, seg, done + k - 1, n);
+        let more_bufs = bytes.saturating_sub(tailroom).div_ceil(size);
+        p.joined_run(&last, bytes, k, more_bufs);
+        Some(k)
+    }
+
+    /// Starts a GSO frame with a segment that does not continue the one being built
+    /// (which is sent first), or sends it unjoined. False when it was refused.
+    fn gso_begin(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        payload: (&[u8], &[u8]),
+        ecn: u8,
+    ) -> bool {
+        let plen = payload.0.len() + payload.1.len();
         self.flush_gso(pending);
         let (buf, l3, next_hop) = match self.gso_start(remote, repr, plen) {
             GsoStart::Unjoinable => return self.send_tcp(local, remote, repr, payload, ecn),
@@ -724,41 +773,21 @@ impl Core {
         n: usize,
         ecn: u8,
     ) -> usize {
-        let size = self.pool.buf_size();
         let mut done = 0;
         while done < n {
-            let r = usnet_tcp::run_segment(repr, seg, done, n);
-            if let Some(p) = pending.as_mut() {
-                let tailroom = self.pool.tailroom(p.tail);
-                let one_more = seg.saturating_sub(tailroom).div_ceil(size);
-                if !p.frags && p.continues(local, remote, &r, seg, ecn, one_more) {
-                    let k = p
-                        .room_for(repr.header_len(), tailroom, size)
-                        .clamp(1, n - done);
-                    let bytes = k * seg;
-                    let (a, b) = usnet_tcp::ring_range(payload, done * seg, bytes);
-                    let Some(tail) = self.pool.extend_chain(p.tail, &[a, b]) else {
-                        self.counters.tcp_tx_blocked += 1;
+            match self.gso_join_run(pending, local, remote, repr, payload, seg, done, n, ecn) {
+                Some(0) => return done,
+                Some(k) => done += k,
+                None => {
+                    // The next segment starts a frame (or goes unjoined).
+                    let r = usnet_tcp::run_segment(repr, seg, done, n);
+                    let one = usnet_tcp::ring_range(payload, done * seg, seg);
+                    if !self.gso_begin(pending, local, remote, &r, one, ecn) {
                         return done;
-                    };
-                    p.tail = tail;
-                    let last = usnet_tcp::run_segment(repr, seg, done + k - 1, n);
-                    p.joined_run(
-                        &last,
-                        bytes,
-                        k,
-                        bytes.saturating_sub(tailroom).div_ceil(size),
-                    );
-                    done += k;
-                    continue;
+                    }
+                    done += 1;
                 }
             }
-            // The next segment starts a frame (or goes unjoined).
-            let one = usnet_tcp::ring_range(payload, done * seg, seg);
-            if !self.send_tcp_gso(pending, local, remote, &r, one, ecn) {
-                return done;
-            }
-            done += 1;
         }
         done
     }
