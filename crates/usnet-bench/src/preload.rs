@@ -39,6 +39,19 @@ pub struct PreloadBenchOptions {
     pub stack_spin_us: u64,
     /// `usnet up --pool-buffers` for the stack server.
     pub pool_buffers: bool,
+    /// Only these parts ([`PARTS`]); empty: all.
+    pub only: Vec<String>,
+}
+
+/// The parts `--only` names: nginx's two files, redis, and iperf3 (`iperf3` sends
+/// to the server, `iperf3-R` receives from it).
+pub const PARTS: [&str; 5] = ["nginx-151", "nginx-64k", "redis", "iperf3", "iperf3-R"];
+
+impl PreloadBenchOptions {
+    /// Whether `--only` leaves `part` in.
+    fn wants(&self, part: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
+    }
 }
 
 /// One measured row: a workload on one system.
@@ -80,12 +93,14 @@ fn server_core() -> Option<usize> {
 
 const STACK: &str = "bench-preload";
 const PORT: u16 = 8089;
-const FILES: [(&str, usize); 2] = [("r151", 151), ("r64k", 65536)];
+/// nginx's files: the part's name, the file's name and its length.
+const FILES: [(&str, &str, usize); 2] = [("nginx-151", "r151", 151), ("nginx-64k", "r64k", 65536)];
 const REDIS_PORT: u16 = 6390;
 const IPERF_PORT: u16 = 5290;
 
 pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     crate::check_min("runs", a.runs as u64, 1)?;
+    crate::check_only(&a.only, &PARTS.map(String::from))?;
     if !is_root() {
         return Err("usnet bench preload needs root (a veth pair between two namespaces)".into());
     }
@@ -95,7 +110,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     std::fs::create_dir_all(&dir)?;
     let www = dir.join("www");
     std::fs::create_dir_all(&www)?;
-    for (name, len) in FILES {
+    for (_, name, len) in FILES {
         let body: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
         std::fs::write(www.join(name), body)?;
     }
@@ -158,7 +173,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
 
     let systems = [("Linux kernel", kernel_addr), ("usnet (shim)", VETH_USNET)];
     let mut rows: Vec<Row> = Vec::new();
-    for (name, len) in FILES {
+    for (_, name, len) in FILES.into_iter().filter(|f| a.wants(f.0)) {
         let mut per: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
         let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); systems.len()];
         let mut errs = vec![0u64; systems.len()];
@@ -202,12 +217,14 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         client_ns: &client_ns,
         systems,
     };
-    if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
+    if !a.wants("redis") {
+    } else if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
         rows.extend(redis(a, &at)?);
     } else {
         println!("usnet bench preload: redis-server/redis-benchmark not installed: redis skipped");
     }
-    if need_tools(&["iperf3"]).is_ok() {
+    if !a.wants("iperf3") && !a.wants("iperf3-R") {
+    } else if need_tools(&["iperf3"]).is_ok() {
         rows.extend(iperf3(a, &at)?);
     } else {
         println!("usnet bench preload: iperf3 not installed: iperf3 skipped");
@@ -270,7 +287,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     table.print();
     std::fs::create_dir_all(&a.out)?;
     let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
-        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us, "pool_buffers": a.pool_buffers,
+        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us, "pool_buffers": a.pool_buffers, "only": a.only,
         "results": results});
     write_json(&a.out.join("preload.json"), &doc)?;
     std::fs::write(a.out.join("preload.md"), table.to_markdown())?;
@@ -441,7 +458,8 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
     })?;
     let secs = a.seconds.ceil().max(1.0) as u64;
     let mut rows = Vec::new();
-    for reverse in [false, true] {
+    let parts = [(false, "iperf3"), (true, "iperf3-R")];
+    for reverse in parts.into_iter().filter(|p| a.wants(p.1)).map(|p| p.0) {
         let mut per = [Vec::new(), Vec::new()];
         let mut cpu = [Vec::new(), Vec::new()];
         for _ in 0..a.runs.max(1) {

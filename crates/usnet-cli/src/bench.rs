@@ -460,6 +460,10 @@ pub struct PreloadArgs {
     /// --pool-buffers`).
     #[arg(long)]
     pub pool_buffers: bool,
+    /// Only these parts (comma-separated: nginx-151, nginx-64k, redis, iperf3,
+    /// iperf3-R).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
     /// One short run per configuration (a smoke test).
     #[arg(long)]
     pub quick: bool,
@@ -475,6 +479,7 @@ impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
             redis_requests: if a.quick { 2000 } else { a.redis_requests },
             stack_spin_us: a.stack_spin_us,
             pool_buffers: a.pool_buffers,
+            only: a.only,
         }
     }
 }
