@@ -30,11 +30,18 @@
 //! [`PacketPool::chain_len`], [`PacketPool::copy_chain`], [`PacketPool::read_chain`],
 //! which do).
 //!
+//! A fragment may also name memory outside the pool that a [`Lender`] keeps
+//! mapped (a stack server client's send ring, which is the connection's send
+//! buffer): the frame holds the lender alive, and a device that copies the frame
+//! (the kernel's copy in `sendmmsg` or `writev`) takes the bytes from where the
+//! client wrote them ([`PacketPool::attach_lent`]).
+//!
 //! The memory itself is a `usnet_shm::BufferArea`: the mapping's `unsafe` lives there.
 
 #![forbid(unsafe_code)]
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 
 use usnet_shm::BufferArea;
 
@@ -201,13 +208,58 @@ const FREE_META: Meta = Meta {
 
 /// A range of another buffer that a frame carries after a buffer's data (see the
 /// module docs): `len` bytes from byte `off` of buffer `buf`, counted from the
-/// buffer's start as [`PacketPool::whole`] shows it.
+/// buffer's start as [`PacketPool::whole`] shows it; or, with `buf` at
+/// `u32::MAX - 1`, `len` bytes of a lender's memory ([`PacketPool::attach_lent`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frag {
     pub buf: u32,
     pub off: u32,
     pub len: u32,
 }
+
+/// Memory outside the pool whose bytes frames may carry by reference
+/// ([`PacketPool::attach_lent`]); a frame holds the lender (an `Arc`) until it is
+/// freed, so the memory stays mapped however long a device keeps the frame. What
+/// the bytes say is the lender's protocol: a stack server's client writes its ring
+/// again only after the connection has had those bytes acknowledged (a frame still
+/// carrying them then is a duplicate its receiver drops), or after the connection
+/// gave the ring back ([`Lender::retire`]).
+pub trait Lender: Send + Sync + std::fmt::Debug {
+    /// The `len` bytes from offset `off` of the lent memory; None outside it.
+    fn lent_bytes(&self, off: usize, len: usize) -> Option<&[u8]>;
+    /// The offset at which `bytes` lie in the lent memory, when they lie in it
+    /// (found by address: `bytes` came from this memory, through another path).
+    fn offset_of(&self, bytes: &[u8]) -> Option<usize>;
+    /// The memory goes back to its owner, who will write over it, while frames
+    /// built from it may still wait in a queue: from now on they must read
+    /// `held` (the bytes the connection had not had acknowledged, slices of this
+    /// memory) as they are now, from a copy.
+    fn retire(&self, held: &[&[u8]]);
+}
+
+/// A stack server client's send ring, lent to the connection that sends from it.
+impl Lender for usnet_shm::KeptLoan {
+    fn lent_bytes(&self, off: usize, len: usize) -> Option<&[u8]> {
+        self.bytes_at(off, len)
+    }
+    fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+        self.offset_of(bytes)
+    }
+    fn retire(&self, held: &[&[u8]]) {
+        self.retire(held);
+    }
+}
+
+/// A lent range a fragment names ([`Frag`] with `buf == LENT`).
+#[derive(Debug)]
+struct LentPart {
+    lender: Arc<dyn Lender>,
+    off: usize,
+    len: usize,
+}
+
+/// `Frag::buf` of a fragment of lent memory; its `off` indexes `PacketPool::lent`.
+const LENT: u32 = u32::MAX - 1;
 
 /// Counters of the pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -232,6 +284,9 @@ pub struct PacketPool {
     /// and its index goes to `frag_free`.
     frag_lists: Vec<Vec<Frag>>,
     frag_free: Vec<u32>,
+    /// Lent ranges fragments name (`None`: free, its index in `lent_free`).
+    lent: Vec<Option<LentPart>>,
+    lent_free: Vec<u32>,
     stats: PoolStats,
 }
 
@@ -282,6 +337,8 @@ impl PacketPool {
             free,
             frag_lists: Vec::new(),
             frag_free: Vec::new(),
+            lent: Vec::new(),
+            lent_free: Vec::new(),
             stats: PoolStats::default(),
         })
     }
@@ -694,20 +751,7 @@ impl PacketPool {
         if off > self.buf_size || len > self.buf_size - off || self.checked(piece.0).is_none() {
             return None;
         }
-        let list = match self.meta[b.0 as usize].frags {
-            NONE => {
-                let i = match self.frag_free.pop() {
-                    Some(i) => i,
-                    None => {
-                        self.frag_lists.push(Vec::new());
-                        (self.frag_lists.len() - 1) as u32
-                    }
-                };
-                self.meta[b.0 as usize].frags = i;
-                i
-            }
-            i => i,
-        };
+        let list = self.frag_list(b);
         if let Some(last) = self.frag_lists[list as usize].last_mut() {
             if last.buf == piece.0 && last.off + last.len == off as u32 {
                 last.len += len as u32;
@@ -723,6 +767,86 @@ impl PacketPool {
         Some(())
     }
 
+    /// `b`'s fragment list, made if it has none.
+    fn frag_list(&mut self, b: BufId) -> u32 {
+        match self.meta[b.0 as usize].frags {
+            NONE => {
+                let i = match self.frag_free.pop() {
+                    Some(i) => i,
+                    None => {
+                        self.frag_lists.push(Vec::new());
+                        (self.frag_lists.len() - 1) as u32
+                    }
+                };
+                self.meta[b.0 as usize].frags = i;
+                i
+            }
+            i => i,
+        }
+    }
+
+    /// Carries `bytes`, which lie in memory `lender` lends, as a fragment after
+    /// `b`'s data, holding the lender until `b` is freed (see [`Lender`]). Bytes
+    /// that continue `b`'s last fragment in the same lent memory extend it. `None`,
+    /// changing nothing, when they do not lie in the lender's memory. Empty bytes
+    /// add nothing.
+    pub fn attach_lent(
+        &mut self,
+        b: impl Into<BufId>,
+        lender: &Arc<dyn Lender>,
+        bytes: &[u8],
+    ) -> Option<()> {
+        let b: BufId = b.into();
+        if bytes.is_empty() {
+            return Some(());
+        }
+        let off = lender.offset_of(bytes)?;
+        lender.lent_bytes(off, bytes.len())?;
+        let len = u32::try_from(bytes.len()).ok()?;
+        let list = self.frag_list(b);
+        if let Some(last) = self.frag_lists[list as usize].last_mut() {
+            if last.buf == LENT {
+                let part = self.lent[last.off as usize]
+                    .as_mut()
+                    .expect("a fragment names a live lent part");
+                if Arc::ptr_eq(&part.lender, lender)
+                    && part.off + part.len == off
+                    && last.len.checked_add(len).is_some()
+                {
+                    part.len += bytes.len();
+                    last.len += len;
+                    return Some(());
+                }
+            }
+        }
+        let part = Some(LentPart {
+            lender: Arc::clone(lender),
+            off,
+            len: bytes.len(),
+        });
+        let i = match self.lent_free.pop() {
+            Some(i) => {
+                self.lent[i as usize] = part;
+                i
+            }
+            None => {
+                self.lent.push(part);
+                (self.lent.len() - 1) as u32
+            }
+        };
+        self.frag_lists[list as usize].push(Frag {
+            buf: LENT,
+            off: i,
+            len,
+        });
+        Some(())
+    }
+
+    /// Lent ranges fragments name now (each holds its lender).
+    pub fn lent_parts(&self) -> usize {
+        self.lent.len() - self.lent_free.len()
+    }
+
     /// The fragments carried after `b`'s data.
     pub fn frags(&self, b: impl Into<BufId>) -> &[Frag] {
         let b: BufId = b.into();
@@ -736,7 +860,12 @@ impl PacketPool {
     fn release_frags(&mut self, list: u32) {
         let mut frags = std::mem::take(&mut self.frag_lists[list as usize]);
         for f in frags.drain(..) {
-            self.free(PktBuf(f.buf));
+            if f.buf == LENT {
+                self.lent[f.off as usize] = None;
+                self.lent_free.push(f.off);
+            } else {
+                self.free(PktBuf(f.buf));
+            }
         }
         self.frag_lists[list as usize] = frags;
         self.frag_free.push(list);
@@ -837,6 +966,14 @@ impl<'a> Iterator for Parts<'a> {
                     return Some(pool.data(c));
                 }
                 Some(i) => match pool.frags(c).get(i) {
+                    Some(f) if f.buf == LENT => {
+                        self.frag = Some(i + 1);
+                        let part = pool.lent[f.off as usize]
+                            .as_ref()
+                            .expect("a fragment names a live lent part");
+                        // Checked when attached; the lender keeps it.
+                        return Some(part.lender.lent_bytes(part.off, part.len).unwrap_or(&[]));
+                    }
                     Some(f) => {
                         self.frag = Some(i + 1);
                         let whole = pool.whole(BufId(f.buf));
@@ -912,6 +1049,71 @@ mod tests {
         assert_eq!(p.frag_lists.len(), 1);
         p.free(c);
         p.free(h2);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    /// Memory outside the pool, lent by address.
+    #[derive(Debug)]
+    struct VecLender(Vec<u8>);
+
+    impl Lender for VecLender {
+        fn lent_bytes(&self, off: usize, len: usize) -> Option<&[u8]> {
+            self.0.get(off..off.checked_add(len)?)
+        }
+        fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+            let base = self.0.as_ptr() as usize;
+            let at = (bytes.as_ptr() as usize).checked_sub(base)?;
+            (at + bytes.len() <= self.0.len()).then_some(at)
+        }
+        // Its owner never writes it again.
+        fn retire(&self, _held: &[&[u8]]) {}
+    }
+
+    #[test]
+    fn a_lent_fragment_follows_the_data_and_holds_its_lender_until_freed() {
+        let mut p = pool(8);
+        let vl = Arc::new(VecLender((0..200u8).collect()));
+        let lender: Arc<dyn Lender> = vl.clone();
+        let other: Arc<dyn Lender> = Arc::new(VecLender(vec![7; 16]));
+        let head = p.alloc_from(b"hdr").unwrap();
+        let piece = p.alloc_from(b"piece").unwrap();
+        let ring = &vl.0;
+        p.attach_lent(&head, &lender, &ring[10..20]).unwrap();
+        // Contiguous in the same memory: one part.
+        p.attach_lent(&head, &lender, &ring[20..25]).unwrap();
+        // Empty: nothing.
+        p.attach_lent(&head, &lender, &ring[30..30]).unwrap();
+        p.attach(&head, piece.id(), p.headroom(), 2).unwrap();
+        // A gap: a second part.
+        p.attach_lent(&head, &lender, &ring[0..3]).unwrap();
+        // Not the lender's memory: refused, nothing changed.
+        assert_eq!(p.attach_lent(&head, &other, &ring[0..3]), None);
+        let outside = [1u8; 4];
+        assert_eq!(p.attach_lent(&head, &lender, &outside), None);
+        assert_eq!(p.frags(&head).len(), 3);
+        assert_eq!(p.part_count(&head), 4);
+        let mut want = b"hdr".to_vec();
+        want.extend_from_slice(&ring[10..25]);
+        want.extend_from_slice(b"pi");
+        want.extend_from_slice(&ring[0..3]);
+        let mut got = Vec::new();
+        p.copy_chain(&head, &mut got);
+        assert_eq!(got, want);
+        assert_eq!(p.chain_len(&head), want.len());
+        let mut mid = [0u8; 6];
+        assert_eq!(p.read_chain(&head, 15, &mut mid), 6);
+        assert_eq!(&mid, &want[15..21]);
+        assert!(!p.is_private(&head));
+        assert_eq!((p.lent_parts(), Arc::strong_count(&vl)), (2, 4));
+        p.free(head);
+        assert_eq!((p.lent_parts(), Arc::strong_count(&vl)), (0, 2));
+        // The slots are reused, and the piece is its owner's alone again.
+        assert_eq!(p.refcount(&piece), 1);
+        let h2 = p.alloc().unwrap();
+        p.attach_lent(&h2, &lender, &ring[5..6]).unwrap();
+        assert_eq!(p.lent.len(), 2);
+        p.free(h2);
+        p.free(piece);
         assert_eq!(p.in_use(), 0);
     }
 

@@ -22,7 +22,7 @@
 //! so a lying peer can only garble the stream it shares with us.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::{RangeError, Region, CACHE_LINE};
 
@@ -519,6 +519,81 @@ impl ByteLoan {
             )
         }
     }
+
+    /// Where `bytes` (a slice [`ByteLoan::slices`] gave) lie among the ring's
+    /// bytes: their offset from its first byte. None for other memory.
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+        let off = self.region.offset_of(bytes)?.checked_sub(self.at.data)?;
+        (off + bytes.len() <= self.at.size).then_some(off)
+    }
+
+    /// The ring's bytes `[off, off + len)` by offset from its first byte (not by
+    /// ring position): bytes [`ByteLoan::slices`] gave, named again by a frame
+    /// that carries them (`usnet_pool::Lender`). None past the ring's end.
+    #[allow(unsafe_code)]
+    pub fn bytes_at(&self, off: usize, len: usize) -> Option<&[u8]> {
+        if off.checked_add(len)? > self.at.size {
+            return None;
+        }
+        // SAFETY: inside the ring (checked here and against the mapping at attach).
+        // The bytes were the consumer's when `slices` gave them; a frame may still
+        // carry them after the consumer released them (a retransmission queued as
+        // their acknowledgment came), when the producer may write them again: they
+        // are then only copied (by a device) into a segment its receiver already
+        // has and drops, and the mapping is a sealed memfd, so no access can fault.
+        unsafe { self.region.lend(self.at.data + off, len).ok() }
+    }
+}
+
+/// A [`ByteLoan`] whose bytes may be named after the consumer gives the ring
+/// back: frames that carry a connection's unacknowledged bytes by reference can
+/// wait in a queue while the producer writes over the ring. [`KeptLoan::retire`]
+/// copies what the connection held, and from then on those bytes are read from
+/// the copy.
+#[derive(Debug)]
+pub struct KeptLoan {
+    loan: ByteLoan,
+    /// The ring's bytes as they were when retired, at their offsets (only what
+    /// was held is copied; the rest reads as zeros, never asked for).
+    kept: OnceLock<Box<[u8]>>,
+}
+
+impl KeptLoan {
+    pub fn new(loan: ByteLoan) -> KeptLoan {
+        KeptLoan {
+            loan,
+            kept: OnceLock::new(),
+        }
+    }
+
+    /// [`ByteLoan::bytes_at`], from the copy once retired.
+    pub fn bytes_at(&self, off: usize, len: usize) -> Option<&[u8]> {
+        match self.kept.get() {
+            Some(k) => k.get(off..off.checked_add(len)?),
+            None => self.loan.bytes_at(off, len),
+        }
+    }
+
+    /// [`ByteLoan::offset_of`].
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+        self.loan.offset_of(bytes)
+    }
+
+    /// The consumer gives the ring back, still holding `held` (slices of it,
+    /// from [`ByteLoan::slices`]): they are copied, and read from the copy from
+    /// now on. Only the first call copies.
+    pub fn retire(&self, held: &[&[u8]]) {
+        self.kept.get_or_init(|| {
+            // Zeroed pages from the allocator cost nothing until written.
+            let mut copy = vec![0u8; self.loan.at.size].into_boxed_slice();
+            for bytes in held {
+                if let Some(off) = self.loan.offset_of(bytes) {
+                    copy[off..off + bytes.len()].copy_from_slice(bytes);
+                }
+            }
+            copy
+        });
+    }
 }
 
 #[cfg(test)]
@@ -633,6 +708,45 @@ mod tests {
         assert_eq!(p.free().unwrap(), 256);
         let (a, b) = loan.slices(230, 30);
         assert_eq!([a, b].concat(), data[30..60]);
+    }
+
+    #[test]
+    fn a_loans_slices_are_found_again_by_offset() {
+        let (region, at) = (region(), AT);
+        let mut p = ByteProducer::attach(region.clone(), at).unwrap();
+        let mut c = ByteConsumer::attach(region.clone(), at).unwrap();
+        let data: Vec<u8> = (0..=255u8).collect();
+        p.free().unwrap();
+        assert_eq!(p.push(&data[..200]), 200);
+        p.publish();
+        c.available().unwrap();
+        c.skip(200);
+        let loan = c.loan();
+        let (a, b) = loan.slices(150, 50);
+        assert!(b.is_empty());
+        assert_eq!(loan.offset_of(a), Some(150));
+        assert_eq!(loan.offset_of(&a[10..20]), Some(160));
+        assert_eq!(loan.bytes_at(160, 10), Some(&data[160..170]));
+        assert_eq!(loan.bytes_at(250, 7), None, "past the ring's end");
+        // Other memory is not the ring's.
+        assert_eq!(loan.offset_of(&data[..4]), None);
+        // In the mapping, the slice lies at the ring's data offset plus its position.
+        assert_eq!(region.offset_of(a), Some(at.data + 150));
+
+        // Kept: once retired, what was held reads from a copy while the producer
+        // writes over the ring.
+        let kept = KeptLoan::new(loan.clone());
+        assert_eq!(kept.bytes_at(150, 50), Some(&data[150..200]));
+        let (a, b) = loan.slices(150, 50);
+        kept.retire(&[a, b]);
+        c.release();
+        p.free().unwrap();
+        assert_eq!(p.push(&[0xee; 256]), 256);
+        p.publish();
+        assert_eq!(loan.bytes_at(150, 50), Some(&[0xee; 50][..]));
+        assert_eq!(kept.bytes_at(150, 50), Some(&data[150..200]));
+        assert_eq!(kept.offset_of(&loan.slices(150, 1).0[..1]), Some(150));
+        assert_eq!(kept.bytes_at(250, 7), None);
     }
 
     #[test]

@@ -58,7 +58,9 @@ pub mod spsc;
 mod sys;
 
 pub use buffers::BufferArea;
-pub use bytes::{ByteConsumer, ByteCorrupt, ByteLoan, ByteProducer, ByteRingAt, TailLoan};
+pub use bytes::{
+    ByteConsumer, ByteCorrupt, ByteLoan, ByteProducer, ByteRingAt, KeptLoan, TailLoan,
+};
 pub use doorbell::{sleep_many, EventFd, FutexBell, Gate};
 pub use region::{Populate, RangeError, Region, Shared};
 pub use sys::{adopt_inherited_fd, inherit_fd, monotonic_ns, poll_fds, ReadyFds};

@@ -150,6 +150,13 @@ impl Region {
         self.map.len() == 0
     }
 
+    /// The offset at which `bytes` lie in the mapping, when they lie in it (by
+    /// address: a slice this region lent, found again).
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+        let off = (bytes.as_ptr() as usize).checked_sub(self.map.as_ptr() as usize)?;
+        (off.checked_add(bytes.len())? <= self.map.len()).then_some(off)
+    }
+
     /// The file behind the mapping (liveness locks are taken on it).
     pub fn file(&self) -> &File {
         &self.file

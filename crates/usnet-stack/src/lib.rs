@@ -59,6 +59,7 @@ pub use socket::{EchoReply, Families, Owner, Readiness, SocketHandle, SocketStat
 pub use tcp::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 pub use time::Instant;
 pub use udp::UdpEntry;
+pub use usnet_pool::Lender;
 pub use usnet_tcp::config::PROFILES as TCP_PROFILES;
 /// The TCP engine's types that appear in the stack's API.
 pub use usnet_tcp::{

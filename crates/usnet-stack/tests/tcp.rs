@@ -8,13 +8,15 @@
 //! `cargo test --release -p usnet-stack --test tcp -- --ignored`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
 
-use common::{cfg, fill, sa, transfer_with};
+use common::{cfg, fill, sa, transfer_by, transfer_with};
+use usnet_shm::{ByteConsumer, ByteLoan, ByteProducer, ByteRingAt, KeptLoan, Region};
 use usnet_stack::sim::{Faults, SimNet};
-use usnet_stack::{Families, Owner, SocketHandle, StackError, TcpState};
+use usnet_stack::{Families, Lender, LentBytes, Owner, SocketHandle, StackError, TcpState};
 
 fn pair(seed: u64, faults: Faults) -> SimNet {
     let mut net = SimNet::new(seed, faults);
@@ -667,6 +669,154 @@ fn send_runs_build_the_same_frames() {
         assert_eq!(
             on.0, off.0,
             "{server} tso {tso} zero-copy {zero_copy}: the wire differs"
+        );
+    }
+}
+
+/// A stack server client's send ring as its connection reads it in place.
+#[derive(Debug)]
+struct RingLoan(ByteLoan);
+
+impl LentBytes for RingLoan {
+    fn slices(&self, pos: u64, n: usize) -> (&[u8], &[u8]) {
+        self.0.slices(pos, n)
+    }
+}
+
+/// A bulk transfer of `total` bytes to `server` whose sender writes into a
+/// shared ring of 256 KiB that is its connection's send buffer, as a stack
+/// server does for its clients (acknowledged bytes go back to the writer, which
+/// writes over them). `by_reference`: the stack also gets the ring as a
+/// [`Lender`], so GSO frames carry its bytes where they lie. Once the connection
+/// took `unlend_at` bytes in place, it gives the ring back in the middle of the
+/// stream, as a stack server does when the ring binds, and the writer at once
+/// writes over all of it (frames just built from it have not left yet); the rest
+/// is copied in. Returns the ring as that lender (the count of its references
+/// tells who still holds it).
+fn lent_transfer(
+    net: &mut SimNet,
+    server: SocketAddr,
+    total: u64,
+    by_reference: bool,
+    unlend_at: u64,
+) -> Arc<dyn Lender> {
+    const SIZE: usize = 256 << 10;
+    let at = ByteRingAt {
+        prod: 0,
+        cons: 64,
+        data: 4096,
+        size: SIZE,
+    };
+    let region = Arc::new(Region::create_memfd(c"lent-ring", 4096 + SIZE, true).unwrap());
+    at.reset(&region).unwrap();
+    let mut prod = ByteProducer::attach(region.clone(), at).unwrap();
+    let mut cons = ByteConsumer::attach(region, at).unwrap();
+    let lender: Arc<dyn Lender> = Arc::new(KeptLoan::new(cons.loan()));
+    let (mut written, mut in_place) = (0u64, 0u64);
+    let (mut lent, mut given_back) = (false, false);
+    let mut chunk = vec![0u8; 16 << 10];
+    // The writer: the pattern into the ring, as far as it has room.
+    let mut write = move |prod: &mut ByteProducer| {
+        let want = (total - written).min(chunk.len() as u64) as usize;
+        let room = want.min(prod.free().unwrap());
+        fill(&mut chunk[..room], written);
+        written += prod.push(&chunk[..room]) as u64;
+        prod.publish();
+    };
+    transfer_by(
+        net,
+        server,
+        total,
+        Duration::from_secs(600),
+        |_| {},
+        |s, c, _sent| {
+            if !lent && !given_back {
+                if !s.readiness(c).unwrap().connected {
+                    return 0;
+                }
+                let by_ref = by_reference.then(|| lender.clone());
+                let src = Box::new(RingLoan(cons.loan()));
+                assert!(s
+                    .tcp_lend_send_buffer(c, src, by_ref, cons.position(), SIZE)
+                    .unwrap());
+                lent = true;
+            }
+            if let Some(head) = s.tcp_lent_head(c) {
+                cons.release_to(head);
+            }
+            write(&mut prod);
+            let ready = cons.available().unwrap();
+            let took = if lent {
+                s.tcp_send_lent(c, ready)
+            } else {
+                s.tcp_send_with(c, ready, |dst| cons.read(dst))
+            };
+            let k = match took {
+                Ok(k) => k,
+                Err(StackError::WouldBlock) => 0,
+                Err(e) => panic!("send: {e:?}"),
+            };
+            if !lent {
+                cons.release();
+                return k;
+            }
+            cons.skip(k);
+            in_place += k as u64;
+            if in_place >= unlend_at {
+                assert!(s.tcp_unlend_send_buffer(c));
+                (lent, given_back) = (false, true);
+                cons.release();
+                write(&mut prod);
+            }
+            k
+        },
+    );
+    lender
+}
+
+#[test]
+fn a_lent_ring_rides_gso_frames_by_reference() {
+    let lossy = lossy_gso_path();
+    for (k, (server, faults, unlend_at)) in [
+        ("10.0.0.2:5007", Faults::default(), u64::MAX),
+        ("[fd00::2]:5007", lossy, u64::MAX),
+        ("10.0.0.2:5007", lossy, u64::MAX),
+        ("10.0.0.2:5007", Faults::default(), 1 << 20),
+        ("[fd00::2]:5007", lossy, 1 << 20),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let [by_ref, copied] = [true, false].map(|by_reference| {
+            let mut net = offload_pair(71 + k as u64, faults, true, |_| {});
+            let base = baseline(&net);
+            let ring = lent_transfer(&mut net, sa(server), 3 << 20, by_reference, unlend_at);
+            let lent = net.stack(0).counters().tcp_tx_lent;
+            let segs = net.stack(0).tcp_stats().tx_data_segments;
+            assert_clean(&mut net, &base);
+            assert_eq!(net.stack(0).pool().lent_parts(), 0, "{server}: a part left");
+            // Only the test's own reference is left: no frame or socket holds it.
+            (net.stats, lent, segs, Arc::strong_count(&ring) - 1)
+        });
+        eprintln!(
+            "{server} given back at {unlend_at}: {} of {} segments by reference, {} frames",
+            by_ref.1, by_ref.2, by_ref.0.sent
+        );
+        // While lent, nearly every segment (not the handshake's) leaves by
+        // reference, and the frames are the copying path's.
+        let lent_share = if unlend_at == u64::MAX { 9 } else { 2 };
+        assert!(
+            by_ref.1 * 10 > by_ref.2 * lent_share,
+            "{} of {}",
+            by_ref.1,
+            by_ref.2
+        );
+        assert_eq!(copied.1, 0);
+        assert_eq!(by_ref.0, copied.0, "{server}: the wire differs");
+        assert_eq!(
+            (by_ref.3, copied.3),
+            (0, 0),
+            "the stack still holds the ring"
         );
     }
 }

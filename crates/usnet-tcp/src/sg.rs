@@ -416,6 +416,10 @@ impl LentRing {
     pub fn is_full(&self) -> bool {
         self.len >= self.cap
     }
+    /// The bytes it holds, as up to two slices of the ring.
+    pub fn held(&self) -> (&[u8], &[u8]) {
+        self.src.slices(self.head, self.len)
+    }
 }
 
 /// The send buffer: bytes in a ring (copying sockets), pieces of pool buffers
@@ -506,7 +510,7 @@ impl SendBuf {
             return false;
         };
         let mut r = Ring::new(l.own_cap);
-        let (a, b) = l.src.slices(l.head, l.len);
+        let (a, b) = l.held();
         r.push(a);
         r.push(b);
         *self = SendBuf::Bytes(r);

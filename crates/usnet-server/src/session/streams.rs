@@ -6,14 +6,16 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
 
 use usnet_session_abi::{
     errno, slot, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
     FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER, RECORD_PAD,
     SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
+use usnet_shm::KeptLoan;
 use usnet_shm::{ByteProducer, TailLoan};
-use usnet_stack::{LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
+use usnet_stack::{Lender, LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
 
 use super::{err, options::apply_deferred, Role, ServerSession, SessionSocket, SessionStats};
 
@@ -174,9 +176,17 @@ impl ServerSession {
                     // The first bytes: the ring becomes the connection's send
                     // buffer, so they are sent from here (one copy fewer).
                     s.lendable = false;
-                    let loan = Box::new(RingLoan(s.tx.loan()));
+                    let loan = s.tx.loan();
+                    // The same ring as memory GSO frames carry bytes of.
+                    let lender: Arc<dyn Lender> = Arc::new(KeptLoan::new(loan.clone()));
                     s.lent = stack
-                        .tcp_lend_send_buffer(h, loan, s.tx.position(), s.tx.size())
+                        .tcp_lend_send_buffer(
+                            h,
+                            Box::new(RingLoan(loan)),
+                            Some(lender),
+                            s.tx.position(),
+                            s.tx.size(),
+                        )
                         .unwrap_or(false);
                 }
                 let r = if s.lent {

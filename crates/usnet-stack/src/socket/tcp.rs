@@ -5,7 +5,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
+use usnet_pool::Lender;
 use usnet_tcp::{Connection, Listener, TcpRepr, TcpStats};
 
 use super::{Socket, SocketHandle, SocketSet};
@@ -33,6 +35,9 @@ pub(crate) struct TcpConnSock {
     /// The DSCP bits of its packets' TOS / traffic class byte (`IP_TOS`,
     /// `IPV6_TCLASS`; the ECN bits are the engine's).
     pub tos: u8,
+    /// What keeps a lent send ring mapped (`Stack::tcp_lend_send_buffer`), for
+    /// frames that carry its bytes by reference.
+    pub lender: Option<Arc<dyn Lender>>,
 }
 
 impl TcpConnSock {
@@ -49,6 +54,7 @@ impl TcpConnSock {
             fin_pending: false,
             err_reported: false,
             tos: 0,
+            lender: None,
         }
     }
 }

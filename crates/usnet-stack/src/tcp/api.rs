@@ -2,6 +2,7 @@
 //! receive, shutdown, close, options and inspection.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use usnet_tcp::{
@@ -16,6 +17,7 @@ use crate::socket::{
     EPHEMERAL_SPAN,
 };
 use crate::{Stack, StackError};
+use usnet_pool::Lender;
 
 /// One connection as `tcp_connections` lists it (like a line of `ss -ti`).
 #[derive(Debug, Clone)]
@@ -840,16 +842,25 @@ impl Stack {
     /// A stack server's shared send ring becomes connection `h`'s send buffer
     /// (`Connection::lend_send_buffer`): the client's bytes are sent from where it
     /// wrote them, one copy fewer. `pos`: the ring position of the next byte to
-    /// send; `cap`: the ring's size. False when the connection cannot take it (a
-    /// zero-copy one, or bytes already queued).
+    /// send; `cap`: the ring's size. `lender`, the same memory as a [`Lender`]:
+    /// with TSO, GSO frames then carry the ring's bytes by reference and the
+    /// device's own copy (the kernel's, for TAP and AF_PACKET) is the only one
+    /// (`tcp_tx_lent`). False when the connection cannot take it (a zero-copy
+    /// one, or bytes already queued).
     pub fn tcp_lend_send_buffer(
         &mut self,
         h: SocketHandle,
         src: Box<dyn LentBytes>,
+        lender: Option<Arc<dyn Lender>>,
         pos: u64,
         cap: usize,
     ) -> Result<bool, StackError> {
-        Ok(self.conn_mut(h)?.lend_send_buffer(src, pos, cap))
+        let s = self.conn_sock_mut(h)?;
+        let lent = s.conn.lend_send_buffer(src, pos, cap);
+        if lent {
+            s.lender = lender;
+        }
+        Ok(lent)
     }
 
     /// [`Stack::tcp_send_with`] for a connection whose send buffer is lent: the
@@ -905,9 +916,15 @@ impl Stack {
     /// own and gives the ring back (its owner is about to reuse or share it).
     /// Returns whether it was lent.
     pub fn tcp_unlend_send_buffer(&mut self, h: SocketHandle) -> bool {
-        self.conn_mut(h)
-            .map(|c| c.unlend_send_buffer())
-            .unwrap_or(false)
+        let Ok(s) = self.conn_sock_mut(h) else {
+            return false;
+        };
+        if let (Some(lender), Some((a, b))) = (s.lender.take(), s.conn.lent_bytes()) {
+            // Frames that carry the ring's bytes may still wait to be sent: they
+            // read what the connection held from a copy, as the client writes on.
+            lender.retire(&[a, b]);
+        }
+        s.conn.unlend_send_buffer()
     }
 
     /// [`Stack::tcp_recv`] that hands up to `max` bytes to `sink` as they lie in the

@@ -26,8 +26,9 @@ pub(crate) mod icmp;
 pub(crate) mod zc;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use usnet_pool::{BufId, PacketPool, PktBuf};
+use usnet_pool::{BufId, Lender, PacketPool, PktBuf};
 use usnet_tcp::{ListenEvent, Origin, Payload, Segment, SegmentSink, State, TcpRepr, TxData, Wake};
 use usnet_wire as wire;
 
@@ -52,6 +53,9 @@ pub(crate) struct CoreSink<'a> {
     /// wait for transmit room, one that is not being served gets 0 and the one whose
     /// turn it is [`fair::QUANTUM`].
     budget: Option<usize>,
+    /// With TSO, the memory the connection's lent send ring lies in: its payload
+    /// rides GSO frames by reference.
+    lent: Option<Arc<dyn Lender>>,
 }
 
 impl CoreSink<'_> {
@@ -64,6 +68,7 @@ impl CoreSink<'_> {
             tso,
             tos: tos & !3,
             budget,
+            lent: None,
         }
     }
 
@@ -175,6 +180,7 @@ impl SegmentSink for CoreSink<'_> {
                 seg,
                 allowed,
                 ecn,
+                self.lent.as_ref(),
             )
         } else {
             let mut k = 0;
@@ -209,8 +215,15 @@ impl CoreSink<'_> {
         ecn: u8,
     ) -> bool {
         let ok = if self.tso {
-            self.core
-                .send_tcp_gso(&mut self.gso, local, remote, repr, payload, ecn)
+            self.core.send_tcp_gso(
+                &mut self.gso,
+                local,
+                remote,
+                repr,
+                payload,
+                ecn,
+                self.lent.as_ref(),
+            )
         } else {
             self.core.send_tcp(local, remote, repr, payload, ecn)
         };
@@ -285,6 +298,9 @@ impl Stack {
             return;
         };
         let mut sink = CoreSink::new(&mut self.core, s.tos, budget);
+        if sink.tso && s.conn.lent_head().is_some() {
+            sink.lent.clone_from(&s.lender);
+        }
         let w = s.conn.poll_transmit(now, &mut sink);
         sink.flush();
         let learned = s.conn.take_fastopen_learned().map(|l| (s.remote.ip(), l));

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use usnet_stack::sim::SimNet;
-use usnet_stack::{mac_from_seed, SocketHandle, StackConfig, StackError};
+use usnet_stack::{mac_from_seed, SocketHandle, Stack, StackConfig, StackError};
 
 pub fn cfg(i: u8) -> StackConfig {
     StackConfig {
@@ -46,7 +46,30 @@ pub fn transfer_with(
     server: SocketAddr,
     total: u64,
     limit: Duration,
+    hook: impl FnMut(&mut SimNet),
+) -> Duration {
+    let mut chunk = vec![0u8; 64 * 1024];
+    transfer_by(net, server, total, limit, hook, |s, c, sent| {
+        let want = (total - sent).min(chunk.len() as u64) as usize;
+        fill(&mut chunk[..want], sent);
+        match s.tcp_send(c, &chunk[..want]) {
+            Ok(k) => k,
+            Err(StackError::WouldBlock) => 0,
+            Err(e) => panic!("client send at {sent}: {e:?}"),
+        }
+    })
+}
+
+/// [`transfer_with`] whose client queues the pattern with `write(stack, conn,
+/// sent)`: the count of bytes from stream offset `sent` on it queued (0: none
+/// now), called until all are.
+pub fn transfer_by(
+    net: &mut SimNet,
+    server: SocketAddr,
+    total: u64,
+    limit: Duration,
     mut hook: impl FnMut(&mut SimNet),
+    mut write: impl FnMut(&mut Stack, SocketHandle, u64) -> usize,
 ) -> Duration {
     let start = net.now();
     let l = net.stack_mut(1).tcp_listen(server, 16).unwrap();
@@ -54,7 +77,6 @@ pub fn transfer_with(
     let mut srv: Option<SocketHandle> = None;
     let (mut sent, mut got) = (0u64, 0u64);
     let (mut shut, mut srv_closed, mut cli_closed) = (false, false, false);
-    let mut chunk = vec![0u8; 64 * 1024];
     let mut rbuf = vec![0u8; 64 * 1024];
     let ok = net.run_until(limit, |n| {
         hook(n);
@@ -62,12 +84,9 @@ pub fn transfer_with(
         if !cli_closed {
             let s = n.stack_mut(0);
             while sent < total {
-                let want = (total - sent).min(chunk.len() as u64) as usize;
-                fill(&mut chunk[..want], sent);
-                match s.tcp_send(c, &chunk[..want]) {
-                    Ok(k) => sent += k as u64,
-                    Err(StackError::WouldBlock) => break,
-                    Err(e) => panic!("client send at {sent}: {e:?}"),
+                match write(s, c, sent) {
+                    0 => break,
+                    k => sent += k as u64,
                 }
             }
             if sent == total && !shut {

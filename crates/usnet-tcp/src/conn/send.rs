@@ -343,6 +343,15 @@ impl Connection {
         }
     }
 
+    /// The bytes a lent ring holds for the connection (not yet acknowledged), as
+    /// up to two slices of it. None when the buffer is not lent.
+    pub fn lent_bytes(&self) -> Option<(&[u8], &[u8])> {
+        match &self.snd.buf {
+            SendBuf::Lent(l) => Some(l.held()),
+            _ => None,
+        }
+    }
+
     /// A lent ring holds the connection back: it is full, and the send buffer's
     /// limit would let the connection hold more. A copying connection would take
     /// more of the program's writes (into its window, or to wait for the peer's),
