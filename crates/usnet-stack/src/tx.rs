@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use std::sync::Arc;
 
-use usnet_pool::{BufId, GsoKind, Lender, Offload, PktBuf};
+use usnet_pool::{BufId, GsoKind, Lender, Offload, PacketPool, PktBuf};
 use usnet_wire::{
     self as wire, ethertype, ArpOp, ArpRepr, Icmpv4Repr, Icmpv6Repr, Ipv4Repr, Ipv6Repr, MacAddr,
     TcpFlags,
@@ -169,6 +169,15 @@ impl GsoPending {
         if plen < segs * self.seg {
             self.closed = true;
         }
+    }
+}
+
+/// Carries zero-copy `spans` (checked by the caller) as fragments of `head`.
+fn attach_spans(pool: &mut PacketPool, head: BufId, spans: &[usnet_tcp::BufSpan]) {
+    for s in spans {
+        let piece = pool.checked(s.buf).expect("checked by the caller");
+        pool.attach(head, piece, s.off as usize, s.len as usize)
+            .expect("ranges checked by the caller");
     }
 }
 
@@ -780,34 +789,28 @@ impl Core {
         lent: Option<&Arc<dyn Lender>>,
     ) -> bool {
         let plen = payload.0.len() + payload.1.len();
+        if let Some(lender) = lent {
+            let begun =
+                self.gso_begin_frags(pending, local, remote, repr, plen, ecn, |pool, head| {
+                    for part in [payload.0, payload.1] {
+                        pool.attach_lent(head, lender, part)
+                            .expect("the caller checked the payload lies in lent memory");
+                    }
+                });
+            return match begun {
+                None => self.send_tcp(local, remote, repr, payload, ecn),
+                Some(ok) => {
+                    self.counters.tcp_tx_lent += u64::from(ok);
+                    ok
+                }
+            };
+        }
         self.flush_gso(pending);
         let (buf, l3, next_hop) = match self.gso_start(remote, repr, plen) {
             GsoStart::Unjoinable => return self.send_tcp(local, remote, repr, payload, ecn),
             GsoStart::Refused => return false,
             GsoStart::Head(buf, l3, next_hop) => (buf, l3, next_hop),
         };
-        if let Some(lender) = lent {
-            let head = buf.id();
-            for part in [payload.0, payload.1] {
-                self.pool
-                    .attach_lent(head, lender, part)
-                    .expect("the caller checked the payload lies in lent memory");
-            }
-            let parts = 1 + self.pool.frags(head).len();
-            *pending = Some(GsoPending::new(
-                buf,
-                head,
-                parts,
-                true,
-                (local, remote),
-                repr,
-                plen,
-                (l3, next_hop),
-                ecn,
-            ));
-            self.counters.tcp_tx_lent += 1;
-            return true;
-        }
         let more_bufs = plen
             .saturating_sub(self.pool.tailroom(&buf))
             .div_ceil(self.pool.buf_size());
@@ -897,13 +900,35 @@ impl Core {
         if let Some(p) = pending.as_mut() {
             if p.frags && p.continues(local, remote, repr, plen, ecn, spans.len()) {
                 let head = p.buf.id();
-                self.attach_spans(head, spans);
+                attach_spans(&mut self.pool, head, spans);
                 p.joined(repr, plen, 0);
                 // Spans that continue the last fragment extend it: count the parts.
                 p.bufs = 1 + self.pool.frags(head).len();
                 return Some(true);
             }
         }
+        let ok = self.gso_begin_frags(pending, local, remote, repr, plen, ecn, |pool, head| {
+            attach_spans(pool, head, spans)
+        })?;
+        self.counters.tcp_zc_tx_attached += u64::from(ok);
+        Some(ok)
+    }
+
+    /// Starts a GSO frame, after sending the one being built, whose payload
+    /// `attach` carries on its head buffer as fragments (zero-copy pieces, a lent
+    /// ring's bytes). None: the segment cannot start one and must go on its own
+    /// ([`GsoStart::Unjoinable`]); Some(false): no room (counted).
+    #[allow(clippy::too_many_arguments)]
+    fn gso_begin_frags(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        repr: &usnet_tcp::TcpRepr,
+        plen: usize,
+        ecn: u8,
+        attach: impl FnOnce(&mut PacketPool, BufId),
+    ) -> Option<bool> {
         self.flush_gso(pending);
         let (buf, l3, next_hop) = match self.gso_start(remote, repr, plen) {
             GsoStart::Unjoinable => return None,
@@ -911,7 +936,7 @@ impl Core {
             GsoStart::Head(buf, l3, next_hop) => (buf, l3, next_hop),
         };
         let head = buf.id();
-        self.attach_spans(head, spans);
+        attach(&mut self.pool, head);
         let parts = 1 + self.pool.frags(head).len();
         *pending = Some(GsoPending::new(
             buf,
@@ -924,17 +949,7 @@ impl Core {
             (l3, next_hop),
             ecn,
         ));
-        self.counters.tcp_zc_tx_attached += 1;
         Some(true)
-    }
-
-    fn attach_spans(&mut self, head: BufId, spans: &[usnet_tcp::BufSpan]) {
-        for s in spans {
-            let piece = self.pool.checked(s.buf).expect("checked by the caller");
-            self.pool
-                .attach(head, piece, s.off as usize, s.len as usize)
-                .expect("ranges checked by the caller");
-        }
     }
 
     /// The head buffer of a new GSO frame for a segment of `plen` payload bytes:
