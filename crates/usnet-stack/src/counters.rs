@@ -151,6 +151,7 @@ define_counters! {
     tcp_tx_blocked => "TCP segments deferred: transmit queue full or no buffer (retried)",
     tcp_zc_tx_attached => "zero-copy TCP GSO frames that carry the application's buffers as fragments (payload not copied)",
     tcp_tx_lent => "TCP segments whose payload a GSO frame carried from a lent send ring (a stack server client's) by reference, not copied into the frame",
+    tcp_lent_given_back => "lent send rings given back to their owner mid-connection, the connection copying what it held into a buffer of its own (the ring bound, the socket became shared, a write went through a copying call, the connection failed)",
     tcp_zc_tx_in_place => "zero-copy TCP segments sent from the application's buffer (headers written into its headroom)",
     tcp_zc_tx_copied => "zero-copy TCP segments copied into a new frame (several pieces, a piece still in flight, or too little headroom)",
     tcp_zc_rx_staged => "TCP payloads copied into pool buffers for a zero-copy connection (the frame was not one buffer)",

@@ -792,6 +792,8 @@ fn a_lent_ring_rides_gso_frames_by_reference() {
             let base = baseline(&net);
             let ring = lent_transfer(&mut net, sa(server), 3 << 20, by_reference, unlend_at);
             let lent = net.stack(0).counters().tcp_tx_lent;
+            let given_back = net.stack(0).counters().tcp_lent_given_back;
+            assert_eq!(given_back, u64::from(unlend_at != u64::MAX));
             let segs = net.stack(0).tcp_stats().tx_data_segments;
             assert_clean(&mut net, &base);
             assert_eq!(net.stack(0).pool().lent_parts(), 0, "{server}: a part left");

@@ -924,7 +924,9 @@ impl Stack {
             // read what the connection held from a copy, as the client writes on.
             lender.retire(&[a, b]);
         }
-        s.conn.unlend_send_buffer()
+        let given_back = s.conn.unlend_send_buffer();
+        self.core.counters.tcp_lent_given_back += u64::from(given_back);
+        given_back
     }
 
     /// [`Stack::tcp_recv`] that hands up to `max` bytes to `sink` as they lie in the
