@@ -599,6 +599,10 @@ pub fn run(args: UpArgs) -> CmdResult {
     };
     // Kept until this process ends: its end tells the janitor to clean up.
     let mut _janitor = None;
+    let shm_link = match args.link.parse::<LinkSpec>() {
+        Ok(LinkSpec::Shm(n)) => Some(n),
+        _ => None,
+    };
     let privs_line = match &become_user {
         Become::Stay => None,
         Become::Root => Some("running as root (--user root)".to_string()),
@@ -616,7 +620,7 @@ pub fn run(args: UpArgs) -> CmdResult {
             }
             // Root's run directory is not the user's to clean: this one is.
             _janitor = Some(
-                usnet_server::privs::Janitor::spawn(&name)
+                usnet_server::privs::Janitor::spawn(&name, shm_link.as_deref())
                     .map_err(|e| format!("cannot start the clean-up process: {e}"))?,
             );
             // Boosting clients (other processes) needs CAP_SYS_NICE.

@@ -769,6 +769,8 @@ fn duplicate_name_and_third_shm_stack_are_one_line_errors() {
     usnet_ping(&a, "10.33.0.2");
     drop(b);
     drop(a);
+    assert_shm_link_removed(&link);
+    assert_shm_link_removed(&other);
 }
 
 /// Every subcommand given a bad flag value, a stack that is not running, an address

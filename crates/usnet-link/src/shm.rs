@@ -191,6 +191,41 @@ pub fn shm_path(name: &str) -> PathBuf {
     Path::new(SHM_DIR).join(format!("{SHM_PREFIX}{name}"))
 }
 
+/// Removes the link `name`'s file when no side of it is held. The last stack out
+/// removes it itself, but a stack that gave up root after opening the link (`usnet
+/// up` as root) cannot unlink root's file in the sticky `/dev/shm`: its clean-up
+/// process, still root, calls this once the stack has ended. Returns whether the
+/// file was removed.
+pub fn remove_if_unused(name: &str) -> bool {
+    if check_shm_name(name).is_err() {
+        return false;
+    }
+    let path = shm_path(name);
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+    else {
+        return false;
+    };
+    if liveness::lock_within(&file, LOCK_OPEN, OPEN_LOCK_TIMEOUT).is_err() {
+        return false;
+    }
+    // A side is in use while its owner holds its lock (a stack opening the link
+    // holds the open lock, which we hold now).
+    let unused = LOCK_SIDE
+        .iter()
+        .all(|&l| matches!(liveness::claimed_by_other(&file, l), Ok(false)));
+    let same_file = match (file.metadata(), std::fs::metadata(&path)) {
+        (Ok(ours), Ok(now)) => ours.ino() == now.ino() && ours.dev() == now.dev(),
+        _ => false,
+    };
+    let removed = unused && same_file && std::fs::remove_file(&path).is_ok();
+    let _ = liveness::release(&file, LOCK_OPEN);
+    removed
+}
+
 fn slot_size_for(mtu: usize) -> usize {
     (SLOT_HDR + mtu + FRAME_OVERHEAD).next_multiple_of(64)
 }

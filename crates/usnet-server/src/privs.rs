@@ -19,11 +19,14 @@ use usnet_link::bpf::{op, seccomp, Asm};
 
 /// The variable that makes a `usnet` process a [`Janitor`] for the stack it names.
 pub const JANITOR_ENV: &str = "USNET_JANITOR";
+/// The shm link the janitor removes when no stack holds it any more.
+pub const JANITOR_SHM_ENV: &str = "USNET_JANITOR_SHM";
 
 /// A process that keeps root when the server gives it up, to do what the server
 /// can no longer do once it runs as an ordinary user, after it stops: remove its
-/// control socket (and the rpc one) from root's run directory, and give boosted
-/// clients their priorities back (from the state file). It waits for the end of a
+/// control socket (and the rpc one) from root's run directory, give boosted
+/// clients their priorities back (from the state file), and remove its shm link's
+/// file from `/dev/shm` if no other stack holds the link. It waits for the end of a
 /// pipe the server holds, so it acts however the server ends, `SIGKILL` included,
 /// and it reads nothing from the server but that end (sshd's monitor, reduced to
 /// clean-up). It lives in a process group of its own, so a terminal's Ctrl-C stops
@@ -33,10 +36,15 @@ pub struct Janitor {
 }
 
 impl Janitor {
-    /// Starts one for the stack `name` (call while still root).
-    pub fn spawn(name: &str) -> std::io::Result<Janitor> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .env(JANITOR_ENV, name)
+    /// Starts one for the stack `name` on the shm link `shm`, if it is on one
+    /// (call while still root).
+    pub fn spawn(name: &str, shm: Option<&str>) -> std::io::Result<Janitor> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.env(JANITOR_ENV, name);
+        if let Some(link) = shm {
+            cmd.env(JANITOR_SHM_ENV, link);
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .process_group(0)
@@ -63,6 +71,9 @@ pub fn maybe_run_janitor() {
         }
     }
     crate::clean_up_after(&name.to_string_lossy());
+    if let Some(link) = std::env::var_os(JANITOR_SHM_ENV) {
+        usnet_link::shm::remove_if_unused(&link.to_string_lossy());
+    }
     std::process::exit(0);
 }
 
