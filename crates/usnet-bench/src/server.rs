@@ -368,10 +368,19 @@ pub fn run_app(a: &AppOptions) -> Res<ExitCode> {
     if let Some(ns) = &a.netns {
         enter_netns(ns)?;
     }
-    let r = Net::open(&a.transport).and_then(|net| match a.role {
-        Role::WriteServer => write_server(&net, a),
-        Role::ReadClient => read_client(&net, a),
-        Role::RoundTrip => round_trip(&net, a),
+    let r = Net::open(&a.transport).and_then(|net| {
+        let v = match a.role {
+            Role::WriteServer => write_server(&net, a),
+            Role::ReadClient => read_client(&net, a),
+            Role::RoundTrip => round_trip(&net, a),
+        };
+        // An in-process stack's poll thread holds its link until stopped; left to
+        // the process's exit, the last end out never closes a shm link (its file
+        // would stay in /dev/shm).
+        if let Net::InProcess(n) = &net {
+            n.shutdown();
+        }
+        v
     });
     match r {
         Ok(v) => emit(&v),
