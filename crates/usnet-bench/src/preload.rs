@@ -217,17 +217,21 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         client_ns: &client_ns,
         systems,
     };
-    if !a.wants("redis") {
-    } else if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
-        rows.extend(redis(a, &at)?);
-    } else {
-        println!("usnet bench preload: redis-server/redis-benchmark not installed: redis skipped");
+    if a.wants("redis") {
+        if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
+            rows.extend(redis(a, &at)?);
+        } else {
+            println!(
+                "usnet bench preload: redis-server/redis-benchmark not installed: redis skipped"
+            );
+        }
     }
-    if !a.wants("iperf3") && !a.wants("iperf3-R") {
-    } else if need_tools(&["iperf3"]).is_ok() {
-        rows.extend(iperf3(a, &at)?);
-    } else {
-        println!("usnet bench preload: iperf3 not installed: iperf3 skipped");
+    if a.wants("iperf3") || a.wants("iperf3-R") {
+        if need_tools(&["iperf3"]).is_ok() {
+            rows.extend(iperf3(a, &at)?);
+        } else {
+            println!("usnet bench preload: iperf3 not installed: iperf3 skipped");
+        }
     }
 
     let mut table = Table::new(

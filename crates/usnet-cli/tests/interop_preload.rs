@@ -290,8 +290,10 @@ fn a_sharded_stack_server_over_shm_gets_its_frames_steered_by_the_sender() {
         "Python's port on one shard: the other shard's connections reach it by a redirect: {shards:?}"
     );
     b.down();
-    let path = usnet_link::shm::shm_path(link.trim_start_matches("shm:"));
-    assert!(path.exists(), "removed while a stack holds it");
+    assert!(
+        shm_link_path(&link).exists(),
+        "removed while a stack holds it"
+    );
     a.down();
     assert_shm_link_removed(&link);
 }

@@ -217,13 +217,20 @@ pub fn remove_if_unused(name: &str) -> bool {
     let unused = LOCK_SIDE
         .iter()
         .all(|&l| matches!(liveness::claimed_by_other(&file, l), Ok(false)));
-    let same_file = match (file.metadata(), std::fs::metadata(&path)) {
-        (Ok(ours), Ok(now)) => ours.ino() == now.ino() && ours.dev() == now.dev(),
-        _ => false,
-    };
-    let removed = unused && same_file && std::fs::remove_file(&path).is_ok();
+    let removed = unused && remove_if_it_names(&path, &file);
     let _ = liveness::release(&file, LOCK_OPEN);
     removed
+}
+
+/// Removes `path` if the name still refers to `file` (not to a file a newer stack
+/// made since). Returns whether it did.
+fn remove_if_it_names(path: &Path, file: &File) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(ours), Ok(now)) if ours.ino() == now.ino() && ours.dev() == now.dev() => {
+            std::fs::remove_file(path).is_ok()
+        }
+        _ => false,
+    }
 }
 
 fn slot_size_for(mtu: usize) -> usize {
@@ -304,12 +311,8 @@ impl Drop for Claim {
         if locked {
             let peer_live = side_live(&self.region, 1 - self.side).unwrap_or(true);
             if !peer_live {
-                // Last one out: remove the file, but only if the name still refers to it.
-                if let (Ok(ours), Ok(now)) = (file.metadata(), std::fs::metadata(&self.path)) {
-                    if ours.ino() == now.ino() && ours.dev() == now.dev() {
-                        let _ = std::fs::remove_file(&self.path);
-                    }
-                }
+                // Last one out.
+                remove_if_it_names(&self.path, file);
             }
             let _ = liveness::release(file, LOCK_OPEN);
         }

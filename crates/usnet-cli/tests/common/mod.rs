@@ -508,11 +508,16 @@ pub fn wait_log(bg: &mut Bg, dir: &Path, needle: &str) {
     }
 }
 
+/// The file of shm link `link` (`shm:NAME`).
+pub fn shm_link_path(link: &str) -> PathBuf {
+    usnet_link::shm::shm_path(link.trim_start_matches("shm:"))
+}
+
 /// Waits up to 10 s for the file of shm link `link` (`shm:NAME`) to be gone once
 /// the stacks on it have stopped: the last one out removes it, or, when it gave up
 /// root (as root, by default), its clean-up process does.
 pub fn assert_shm_link_removed(link: &str) {
-    let path = usnet_link::shm::shm_path(link.trim_start_matches("shm:"));
+    let path = shm_link_path(link);
     let end = Instant::now() + Duration::from_secs(10);
     while path.exists() {
         assert!(Instant::now() < end, "{} left behind", path.display());

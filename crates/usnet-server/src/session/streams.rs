@@ -13,8 +13,7 @@ use usnet_session_abi::{
     FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER, RECORD_PAD,
     SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
-use usnet_shm::KeptLoan;
-use usnet_shm::{ByteProducer, TailLoan};
+use usnet_shm::{ByteProducer, KeptLoan, TailLoan};
 use usnet_stack::{Lender, LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
 
 use super::{err, options::apply_deferred, Role, ServerSession, SessionSocket, SessionStats};

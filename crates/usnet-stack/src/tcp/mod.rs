@@ -55,7 +55,7 @@ pub(crate) struct CoreSink<'a> {
     budget: Option<usize>,
     /// With TSO, the memory the connection's lent send ring lies in: its payload
     /// rides GSO frames by reference.
-    lent: Option<Arc<dyn Lender>>,
+    lent: Option<&'a Arc<dyn Lender>>,
 }
 
 impl CoreSink<'_> {
@@ -180,7 +180,7 @@ impl SegmentSink for CoreSink<'_> {
                 seg,
                 allowed,
                 ecn,
-                self.lent.as_ref(),
+                self.lent,
             )
         } else {
             let mut k = 0;
@@ -215,15 +215,8 @@ impl CoreSink<'_> {
         ecn: u8,
     ) -> bool {
         let ok = if self.tso {
-            self.core.send_tcp_gso(
-                &mut self.gso,
-                local,
-                remote,
-                repr,
-                payload,
-                ecn,
-                self.lent.as_ref(),
-            )
+            self.core
+                .send_tcp_gso(&mut self.gso, local, remote, repr, payload, ecn, self.lent)
         } else {
             self.core.send_tcp(local, remote, repr, payload, ecn)
         };
@@ -299,7 +292,7 @@ impl Stack {
         };
         let mut sink = CoreSink::new(&mut self.core, s.tos, budget);
         if sink.tso && s.conn.lent_head().is_some() {
-            sink.lent.clone_from(&s.lender);
+            sink.lent = s.lender.as_ref();
         }
         let w = s.conn.poll_transmit(now, &mut sink);
         sink.flush();
