@@ -279,15 +279,24 @@ pub fn render_stat(v: &Stat, all: bool) -> String {
         p.count, p.buf_size, p.in_use, p.peak_in_use, p.allocs, p.exhausted
     );
     if !v.tcp_listeners.is_empty() || !v.tcp_connections.is_empty() {
-        let row = |state: &str, local: &str, remote: &str, srtt: &str, cwnd: &str, re: &str, q| {
-            format!("    {state:<12} {local:<44} {remote:<44} {srtt:>8} {cwnd:>8} {re:>8} {q:>6}\n")
+        let row = |state: &str,
+                   local: &str,
+                   remote: &str,
+                   rtt: [&str; 2],
+                   cwnd: &str,
+                   re: &str,
+                   q| {
+            let [srtt, min] = rtt;
+            format!(
+                "    {state:<12} {local:<44} {remote:<44} {srtt:>8} {min:>8} {cwnd:>8} {re:>8} {q:>6}\n"
+            )
         };
         out += &format!("tcp sockets ({} connections):\n", v.tcp_connections_total);
         out += &row(
             "state",
             "local",
             "remote",
-            "srtt µs",
+            ["srtt µs", "min µs"],
             "cwnd",
             "retrans",
             "recv-q".into(),
@@ -297,19 +306,20 @@ pub fn render_stat(v: &Stat, all: bool) -> String {
                 "LISTEN",
                 &l.local,
                 "*",
-                "-",
+                ["-", "-"],
                 "-",
                 "-",
                 l.accept_queue.to_string(),
             );
         }
         for c in &v.tcp_connections {
-            let srtt = c.srtt_us.map_or("-".to_string(), |u| u.to_string());
+            let us = |v: Option<u64>| v.map_or("-".to_string(), |u| u.to_string());
+            let (srtt, min) = (us(c.srtt_us), us(c.min_rtt_us));
             out += &row(
                 &c.state,
                 &c.local,
                 &c.remote,
-                &srtt,
+                [&srtt, &min],
                 &c.cwnd.to_string(),
                 &c.retransmits.to_string(),
                 c.recv_q.to_string(),

@@ -885,6 +885,7 @@ fn stat(lp: &mut Loop, name: &str, link: &str, services: &[String]) -> Stat {
                 state: format!("{:?}", c.info.state),
                 orphan: c.orphan,
                 srtt_us: c.info.srtt.map(|d| d.as_micros() as u64),
+                min_rtt_us: c.info.min_rtt.map(|d| d.as_micros() as u64),
                 rto_ms: c.info.rto.as_millis() as u64,
                 cwnd: c.info.cwnd,
                 ssthresh: c.info.ssthresh,

@@ -691,14 +691,17 @@ impl LentBytes for RingLoan {
 /// took `unlend_at` bytes in place, it gives the ring back in the middle of the
 /// stream, as a stack server does when the ring binds, and the writer at once
 /// writes over all of it (frames just built from it have not left yet); the rest
-/// is copied in. Returns the ring as that lender (the count of its references
-/// tells who still holds it).
+/// is copied in. `when_bound`: it also gives the ring back where a stack server
+/// would, when the ring is full and binds (`Stack::tcp_lent_ring_binds`). Returns
+/// the ring as that lender (the count of its references tells who still holds
+/// it).
 fn lent_transfer(
     net: &mut SimNet,
     server: SocketAddr,
     total: u64,
     by_reference: bool,
     unlend_at: u64,
+    when_bound: bool,
 ) -> Arc<dyn Lender> {
     const SIZE: usize = 256 << 10;
     let at = ByteRingAt {
@@ -762,7 +765,9 @@ fn lent_transfer(
             }
             cons.skip(k);
             in_place += k as u64;
-            if in_place >= unlend_at {
+            let bound =
+                when_bound && cons.unreleased() as usize >= SIZE && s.tcp_lent_ring_binds(c);
+            if in_place >= unlend_at || bound {
                 assert!(s.tcp_unlend_send_buffer(c));
                 (lent, given_back) = (false, true);
                 cons.release();
@@ -790,7 +795,14 @@ fn a_lent_ring_rides_gso_frames_by_reference() {
         let [by_ref, copied] = [true, false].map(|by_reference| {
             let mut net = offload_pair(71 + k as u64, faults, true, |_| {});
             let base = baseline(&net);
-            let ring = lent_transfer(&mut net, sa(server), 3 << 20, by_reference, unlend_at);
+            let ring = lent_transfer(
+                &mut net,
+                sa(server),
+                3 << 20,
+                by_reference,
+                unlend_at,
+                false,
+            );
             let lent = net.stack(0).counters().tcp_tx_lent;
             let given_back = net.stack(0).counters().tcp_lent_given_back;
             assert_eq!(given_back, u64::from(unlend_at != u64::MAX));
@@ -820,6 +832,45 @@ fn a_lent_ring_rides_gso_frames_by_reference() {
             (0, 0),
             "the stack still holds the ring"
         );
+    }
+}
+
+/// A bulk stream keeps its lent ring where the flight it caps already waits in a
+/// queue (a short path behind a slower link, as a veth behind a busy core): a
+/// larger buffer there only adds delay, and the ring saves a copy per byte. On a
+/// long path, whose bandwidth-delay product is far above the ring, the ring would
+/// cap the rate: it binds, and the connection's own buffer grows as Linux's does.
+#[test]
+fn a_lent_ring_binds_on_a_long_path_and_not_behind_a_queue() {
+    for (name, faults, binds) in [
+        (
+            "20 ms RTT",
+            Faults {
+                delay: Duration::from_millis(10),
+                ..Faults::default()
+            },
+            true,
+        ),
+        (
+            "100 MB/s, 100 µs RTT",
+            Faults {
+                line_rate: 100_000_000,
+                ..Faults::default()
+            },
+            false,
+        ),
+    ] {
+        let mut net = offload_pair(81, faults, true, |_| {});
+        let base = baseline(&net);
+        lent_transfer(&mut net, sa("10.0.0.2:5008"), 8 << 20, true, u64::MAX, true);
+        let c = net.stack(0).counters();
+        eprintln!(
+            "{name}: {} segments by reference, {} rings given back",
+            c.tcp_tx_lent, c.tcp_lent_given_back
+        );
+        assert_eq!(c.tcp_lent_given_back, u64::from(binds), "{name}");
+        assert!(c.tcp_tx_lent > 0, "{name}");
+        assert_clean(&mut net, &base);
     }
 }
 

@@ -59,7 +59,7 @@ impl ServerSession {
     /// with (acknowledged) go back to the client, with an event when the client's
     /// room grew. A connection that closed reads the ring no more: all of it goes
     /// back.
-    fn return_acked(&mut self, stack: &Stack) {
+    fn return_acked(&mut self, stack: &mut Stack) {
         let mut k = 0;
         while k < self.lent_held.len() {
             let i = self.lent_held[k];
@@ -67,13 +67,17 @@ impl ServerSession {
                 self.lent_held.swap_remove(k);
                 continue;
             };
-            let grew = match s.handle.and_then(|h| stack.tcp_lent_head(h)) {
+            let mut grew = match s.handle.and_then(|h| stack.tcp_lent_head(h)) {
                 Some(head) => s.tx.release_to(head),
                 None => {
                     s.lent = false;
                     s.tx.release()
                 }
             };
+            // The peer's window may close after the ring filled.
+            if Self::unlend_if_bound(stack, s) {
+                grew |= s.tx.release();
+            }
             if s.tx.unreleased() == 0 || !s.lent {
                 self.lent_held.swap_remove(k);
             } else {
@@ -83,6 +87,22 @@ impl ServerSession {
                 self.bump(i);
             }
         }
+    }
+
+    /// A full lent ring binds ([`Stack::tcp_lent_ring_binds`]): the connection
+    /// takes what it holds of it into a buffer of its own, once, and the client
+    /// writes on, so a lent ring never holds a program back where a copying
+    /// connection would take its writes. Returns whether the ring went back.
+    fn unlend_if_bound(stack: &mut Stack, s: &mut SessionSocket) -> bool {
+        let Some(h) = s.handle.filter(|_| s.lent) else {
+            return false;
+        };
+        if (s.tx.unreleased() as usize) < s.tx.size() || !stack.tcp_lent_ring_binds(h) {
+            return false;
+        }
+        s.lent = false;
+        stack.tcp_unlend_send_buffer(h);
+        true
     }
 
     /// Connection `i` takes back what it holds of its lent send ring into a buffer
@@ -215,18 +235,7 @@ impl ServerSession {
                         s.tx.skip(avail);
                     }
                 }
-                if s.lent
-                    && s.tx.unreleased() as usize >= s.tx.size()
-                    && stack.tcp_lent_ring_binds(h)
-                {
-                    // The ring binds: full of bytes the connection holds while its
-                    // send buffer may hold more. It takes them into a buffer of its
-                    // own, once, and the client writes on: a lent ring never
-                    // buffers less than a copying connection would.
-                    s.lent = false;
-                    stack.tcp_unlend_send_buffer(h);
-                    returned = true;
-                }
+                returned = Self::unlend_if_bound(stack, s);
                 if s.lent {
                     if s.tx.unreleased() > 0 && !self.lent_held.contains(&i) {
                         self.lent_held.push(i);

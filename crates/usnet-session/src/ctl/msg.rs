@@ -382,6 +382,9 @@ pub struct Connection {
     /// Closed by its owner, still sending or acknowledging.
     pub orphan: bool,
     pub srtt_us: Option<u64>,
+    /// The least RTT seen (the path's floor; an srtt well above it is a queue).
+    #[serde(default)]
+    pub min_rtt_us: Option<u64>,
     pub rto_ms: u64,
     pub cwnd: u32,
     pub ssthresh: u32,

@@ -906,8 +906,9 @@ impl Stack {
     }
 
     /// Whether connection `h`'s lent ring holds it back
-    /// (`Connection::lent_ring_binds`: full, all of it sent, and the send buffer's
-    /// limit larger).
+    /// (`Connection::lent_ring_binds`: full, the send buffer's limit larger, and
+    /// the peer's window closed on it or the ring alone capping a flight that meets
+    /// no queue).
     pub fn tcp_lent_ring_binds(&self, h: SocketHandle) -> bool {
         self.conn(h).is_ok_and(|c| c.lent_ring_binds())
     }

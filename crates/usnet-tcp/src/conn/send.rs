@@ -352,19 +352,52 @@ impl Connection {
         }
     }
 
-    /// A lent ring holds the connection back: it is full, and the send buffer's
-    /// limit would let the connection hold more. A copying connection would take
-    /// more of the program's writes (into its window, or to wait for the peer's),
-    /// so the lender should take its ring back
-    /// ([`Connection::unlend_send_buffer`]): a lent ring never buffers less than
-    /// the connection's own would. (Binding only once everything in the ring was
-    /// sent held a program that writes more than the ring before it reads, the
-    /// peer's window closed, until its timeout.)
+    /// A lent ring holds the connection back, so its lender should take it back
+    /// ([`Connection::unlend_send_buffer`]) and let the program write on into a
+    /// buffer of the connection's own, at one copy per byte from then on. That is
+    /// when the ring is full, the send buffer's limit would let the connection hold
+    /// more, and either
+    /// - the peer's window closed on what the ring holds (the peer stopped
+    ///   reading): a copying connection would take more of the program's writes
+    ///   meanwhile, and a program that writes more than the ring before it reads
+    ///   would wait for a peer that waits for it; or
+    /// - the ring alone caps the flight: cwnd would let out more than the ring
+    ///   holds, and the path shows no standing queue (smoothed RTT within 3/2 of
+    ///   the least seen), so a larger flight would be delivered faster (a path
+    ///   whose bandwidth-delay product is above the ring).
+    ///
+    /// A bulk stream whose flight already queues (a short, busy path) keeps
+    /// sending from the ring: a larger buffer there adds delay, not rate, and the
+    /// ring saves the copy.
     pub fn lent_ring_binds(&self) -> bool {
         let SendBuf::Lent(l) = &self.snd.buf else {
             return false;
         };
-        l.is_full() && self.send_buffer_limit() as usize > self.snd.buf.len()
+        l.is_full()
+            && self.send_buffer_limit() as usize > self.snd.buf.len()
+            && (self.window_closed_on_data() || (self.cwnd_outgrows_ring() && !self.queue_stands()))
+    }
+
+    /// Bytes wait unsent behind a window that closed: the peer offers less than
+    /// a segment. (A window merely smaller than the data, as a receiver's first
+    /// before it grows, is not a peer that stopped reading.)
+    fn window_closed_on_data(&self) -> bool {
+        self.notsent_bytes() > 0 && self.snd.wnd < self.smss()
+    }
+
+    /// Once all the send buffer holds is out, cwnd would still let out a segment.
+    fn cwnd_outgrows_ring(&self) -> bool {
+        let room = self.cc.cwnd().saturating_sub(self.pipe_est());
+        room >= self.notsent_bytes().saturating_add(self.smss())
+    }
+
+    /// The RTT stands above the path's least: the flight already waits in a queue
+    /// (or no RTT was measured yet).
+    fn queue_stands(&self) -> bool {
+        match (self.rtt.srtt, self.rtt.min_rtt) {
+            (Some(srtt), Some(min)) => srtt * 2 >= min * 3,
+            _ => true,
+        }
     }
 
     /// The connection takes the bytes it holds of a lent ring into a buffer of its
@@ -945,28 +978,53 @@ mod tests {
         }
     }
 
+    fn cwnd_room(c: &Connection) -> usize {
+        c.cc.cwnd().saturating_sub(c.pipe_est()) as usize
+    }
+
     fn byte_at(pos: u64) -> u8 {
         (pos * 7 + pos / 251) as u8
     }
 
-    /// A lent ring binds once it is full while the send buffer's limit is larger
-    /// (the connection's own buffer would hold more). Given back, the connection
-    /// keeps what it held, and the peer gets every byte, first sends and
-    /// retransmissions alike, from the ring's positions.
+    /// A full lent ring binds where it holds the connection back: the peer's
+    /// window stops what it holds, or it alone caps a flight that meets no queue;
+    /// not where the flight already queues. Given back, the connection keeps what
+    /// it held, and the peer gets every byte, first sends and retransmissions
+    /// alike, from the ring's positions.
     #[test]
-    fn a_lent_ring_binds_when_full_and_is_given_back_whole() {
+    fn a_lent_ring_binds_where_it_holds_back_and_is_given_back_whole() {
         let (mut cli, mut srv) = default_pair();
         let size = 8192usize;
         let start = 5000u64;
         let ring = Pattern((0..size as u64).map(byte_at).collect());
         assert!(cli.lend_send_buffer(Box::new(ring), start, size));
         assert_eq!(cli.send_lent(size / 2), size / 2);
+        cli.rtt.srtt = Some(ms(20));
+        cli.rtt.min_rtt = Some(ms(19));
         assert!(!cli.lent_ring_binds(), "room left in the ring");
         assert_eq!(cli.send_lent(size), size / 2, "the ring's size at most");
+        assert!(cwnd_room(&cli) > size, "cwnd would let out more");
         assert!(
             cli.lent_ring_binds(),
-            "full, the send buffer's limit larger"
+            "the ring caps a flight without a queue"
         );
+        cli.rtt.srtt = Some(ms(40));
+        assert!(!cli.lent_ring_binds(), "the flight already queues");
+        let wnd = std::mem::replace(&mut cli.snd.wnd, 0);
+        assert!(
+            cli.lent_ring_binds(),
+            "the peer's window holds back the ring"
+        );
+        cli.snd.wnd = wnd;
+        cli.rtt.srtt = Some(ms(20));
+        let limit = cli.send_buffer_limit();
+        cli.set_send_buffer_limit(super::super::wmem::MIN_SNDBUF);
+        assert!(
+            !cli.lent_ring_binds(),
+            "the send buffer's limit holds no more"
+        );
+        cli.set_send_buffer_limit(limit);
+        assert!(cli.lent_ring_binds());
         let first = drain(&mut cli, T0);
         assert_eq!(first.iter().map(|s| s.payload.len()).sum::<usize>(), size);
         // The first segment is lost: what the peer gets is the rest, then the
