@@ -172,6 +172,69 @@ impl GsoPending {
     }
 }
 
+/// A run's zero-copy pieces, taken from the front a segment's worth at a time.
+struct SpanCut<'a> {
+    spans: &'a [usnet_tcp::BufSpan],
+    /// The span the next byte lies in, and how far into it.
+    at: usize,
+    off: u32,
+}
+
+impl<'a> SpanCut<'a> {
+    fn new(spans: &'a [usnet_tcp::BufSpan]) -> Self {
+        SpanCut {
+            spans,
+            at: 0,
+            off: 0,
+        }
+    }
+
+    /// How many of the next `max` segments of `seg` bytes lie in at most `frags`
+    /// spans (counting each span they touch: an upper bound on the fragments
+    /// they add, since a piece that continues the last fragment extends it).
+    fn segments_within(&self, seg: usize, max: usize, frags: usize) -> usize {
+        let (mut at, mut off) = (self.at, self.off as usize);
+        let (mut touched, mut counted) = (0, None);
+        for k in 0..max {
+            let mut need = seg;
+            while need > 0 {
+                let Some(s) = self.spans.get(at) else {
+                    return k;
+                };
+                if counted != Some(at) {
+                    (touched, counted) = (touched + 1, Some(at));
+                }
+                let take = need.min(s.len as usize - off);
+                need -= take;
+                off += take;
+                if off == s.len as usize {
+                    (at, off) = (at + 1, 0);
+                }
+            }
+            if touched > frags {
+                return k;
+            }
+        }
+        max
+    }
+
+    /// Attaches the next `bytes` of the pieces to `head` as fragments.
+    fn attach(&mut self, pool: &mut PacketPool, head: BufId, mut bytes: usize) {
+        while bytes > 0 {
+            let s = self.spans[self.at];
+            let take = bytes.min((s.len - self.off) as usize);
+            let piece = pool.checked(s.buf).expect("checked by the caller");
+            pool.attach(head, piece, (s.off + self.off) as usize, take)
+                .expect("ranges checked by the caller");
+            bytes -= take;
+            self.off += take as u32;
+            if self.off == s.len {
+                (self.at, self.off) = (self.at + 1, 0);
+            }
+        }
+    }
+}
+
 /// Carries zero-copy `spans` (checked by the caller) as fragments of `head`.
 fn attach_spans(pool: &mut PacketPool, head: BufId, spans: &[usnet_tcp::BufSpan]) {
     for s in spans {
@@ -888,12 +951,7 @@ impl Core {
         spans: &[usnet_tcp::BufSpan],
         ecn: u8,
     ) -> Option<bool> {
-        let size = self.pool.buf_size();
-        let valid = spans
-            .iter()
-            .all(|s| self.pool.checked(s.buf).is_some() && s.off as usize + s.len as usize <= size);
-        if !valid {
-            debug_assert!(false, "zero-copy piece in a free buffer");
+        if !self.spans_live(spans) {
             return None;
         }
         let plen: usize = spans.iter().map(|s| s.len as usize).sum();
@@ -912,6 +970,71 @@ impl Core {
         })?;
         self.counters.tcp_zc_tx_attached += u64::from(ok);
         Some(ok)
+    }
+
+    /// Every zero-copy piece names a live buffer and lies within it (the engine's
+    /// queue holds them; a miss is a bug, and the caller gathers instead).
+    pub(crate) fn spans_live(&self, spans: &[usnet_tcp::BufSpan]) -> bool {
+        let size = self.pool.buf_size();
+        let live = spans
+            .iter()
+            .all(|s| self.pool.checked(s.buf).is_some() && s.off as usize + s.len as usize <= size);
+        debug_assert!(live, "zero-copy piece in a free buffer");
+        live
+    }
+
+    /// [`Core::send_tcp_gso_spans`] for `allowed` of a run of `n` full-sized
+    /// segments of `seg` bytes whose payload is `spans` (checked live by the
+    /// caller): each append to the frame being built takes as many segments as its
+    /// size and fragment limits let it, with their pieces attached at once, and a
+    /// segment that does not fit starts the next frame. The frames are the ones
+    /// the segments sent one at a time would make. Returns how many went; None
+    /// when the first cannot join a GSO frame (the caller sends them one at a
+    /// time).
+    pub(crate) fn send_tcp_gso_span_run(
+        &mut self,
+        pending: &mut Option<GsoPending>,
+        (local, remote): (std::net::SocketAddr, std::net::SocketAddr),
+        repr: &usnet_tcp::TcpRepr,
+        spans: &[usnet_tcp::BufSpan],
+        (seg, allowed, n): (usize, usize, usize),
+        ecn: u8,
+    ) -> Option<usize> {
+        let mut cut = SpanCut::new(spans);
+        let hl = repr.header_len();
+        let mut done = 0;
+        while done < allowed {
+            let first = usnet_tcp::run_segment(repr, seg, done, n);
+            if let Some(p) = pending
+                .as_mut()
+                .filter(|p| p.frags && p.continues(local, remote, &first, seg, ecn, 1))
+            {
+                let by_size = (p.room_by_size(hl) / seg).clamp(1, allowed - done);
+                let k = cut.segments_within(seg, by_size, GSO_MAX_BUFS - p.bufs);
+                if k > 0 {
+                    let head = p.buf.id();
+                    cut.attach(&mut self.pool, head, k * seg);
+                    p.bufs = 1 + self.pool.frags(head).len();
+                    let last = usnet_tcp::run_segment(repr, seg, done + k - 1, n);
+                    p.joined_run(&last, k * seg, k, 0);
+                    done += k;
+                    continue;
+                }
+            }
+            let begun =
+                self.gso_begin_frags(pending, local, remote, &first, seg, ecn, |pool, head| {
+                    cut.attach(pool, head, seg)
+                });
+            match begun {
+                None if done == 0 => return None,
+                None | Some(false) => break,
+                Some(true) => {
+                    self.counters.tcp_zc_tx_attached += 1;
+                    done += 1;
+                }
+            }
+        }
+        Some(done)
     }
 
     /// Starts a GSO frame, after sending the one being built, whose payload
@@ -1423,6 +1546,60 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run's pieces are cut a segment's worth at a time: `segments_within`
+    /// counts every span a segment touches against the fragment room (a span that
+    /// several segments share counts once), and `attach` carries exactly the next
+    /// bytes, spans that continue one another merging into one fragment.
+    #[test]
+    fn a_span_cut_takes_whole_segments_within_the_fragment_room() {
+        let mut pool = PacketPool::new(&usnet_pool::PoolConfig {
+            count: 8,
+            ..Default::default()
+        })
+        .unwrap();
+        let bufs: Vec<PktBuf> = (0..3).map(|_| pool.alloc().unwrap()).collect();
+        let span = |b: &PktBuf, off, len| usnet_tcp::BufSpan {
+            buf: b.index(),
+            off,
+            len,
+        };
+        // Segments of 100 bytes: 0..100 and 100..200 in the first span, 200..300
+        // across the first and the second, 300..400 across the second and third.
+        let spans = [
+            span(&bufs[0], 0, 250),
+            span(&bufs[1], 10, 100),
+            span(&bufs[2], 0, 50),
+        ];
+        let mut cut = SpanCut::new(&spans);
+        assert_eq!(cut.segments_within(100, 9, 48), 4, "as far as the spans go");
+        assert_eq!(cut.segments_within(100, 2, 1), 2, "one span holds two");
+        assert_eq!(
+            cut.segments_within(100, 4, 1),
+            2,
+            "the third needs a second"
+        );
+        assert_eq!(cut.segments_within(100, 4, 2), 3);
+        assert_eq!(cut.segments_within(100, 4, 0), 0);
+        let head = pool.alloc().unwrap();
+        cut.attach(&mut pool, head.id(), 100);
+        cut.attach(&mut pool, head.id(), 200);
+        let f = pool.frags(head.id()).to_vec();
+        assert_eq!(f.len(), 2, "continuing bytes extend the fragment");
+        assert_eq!((f[0].buf, f[0].off, f[0].len), (bufs[0].index(), 0, 250));
+        assert_eq!((f[1].buf, f[1].off, f[1].len), (bufs[1].index(), 10, 50));
+        // From the middle of a span: its rest counts as one more.
+        assert_eq!(cut.segments_within(100, 4, 1), 0, "50 + 50 spans two");
+        assert_eq!(cut.segments_within(100, 4, 2), 1);
+        cut.attach(&mut pool, head.id(), 100);
+        assert_eq!((cut.at, cut.off), (3, 0), "all of it taken");
+        assert_eq!(cut.segments_within(100, 4, 48), 0);
+        pool.free(head);
+        for b in bufs {
+            pool.free(b);
+        }
+        assert_eq!(pool.in_use(), 0);
+    }
 
     #[test]
     fn the_tos_byte_goes_whole_into_either_header() {

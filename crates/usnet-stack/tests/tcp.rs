@@ -633,10 +633,11 @@ fn bulk_with_tso_frames_in_buffer_chains() {
 }
 
 /// Runs of full segments (`TcpConfig::send_runs`) go into GSO frames a frame's
-/// worth per append (`Core::send_tcp_gso_run`), or one segment at a time without
-/// TSO or from pool-backed (zero-copy) queues: the frames on the wire are the same
-/// as when each segment is emitted on its own, through loss, duplication and
-/// reordering, over IPv4 and IPv6.
+/// worth per append (`Core::send_tcp_gso_run`; from pool-backed, zero-copy,
+/// queues with their pieces attached a frame's worth at a time,
+/// `Core::send_tcp_gso_span_run`), or one segment at a time without TSO: the
+/// frames on the wire are the same as when each segment is emitted on its own,
+/// through loss, duplication and reordering, over IPv4 and IPv6.
 #[test]
 fn send_runs_build_the_same_frames() {
     let lossy = lossy_gso_path();
@@ -645,6 +646,7 @@ fn send_runs_build_the_same_frames() {
         ("[fd00::2]:5006", true, false),
         ("10.0.0.2:5006", false, false),
         ("[fd00::2]:5006", true, true),
+        ("10.0.0.2:5006", true, true),
     ]
     .into_iter()
     .enumerate()

@@ -163,12 +163,7 @@ impl SegmentSink for CoreSink<'_> {
         n: usize,
         ect: bool,
     ) -> usize {
-        let mut allowed = n;
-        if let Some(left) = self.budget.as_mut() {
-            // As one segment at a time: each goes while some budget is left.
-            allowed = n.min(left.div_ceil(seg));
-            *left = left.saturating_sub(allowed * seg);
-        }
+        let allowed = self.run_allowed(seg, n);
         let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
         let sent = if self.tso {
             self.core.send_tcp_gso_run(
@@ -194,6 +189,61 @@ impl SegmentSink for CoreSink<'_> {
             }
             k
         };
+        self.run_done(sent, allowed, n);
+        sent
+    }
+
+    /// A run of full-sized zero-copy segments: with TSO, the pieces ride GSO
+    /// frames as fragments, a frame's worth per append (`Core::send_tcp_gso_span_run`);
+    /// without, or when a piece names no live buffer, one `emit` at a time.
+    fn emit_span_run(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        repr: &TcpRepr,
+        spans: &[usnet_tcp::BufSpan],
+        seg: usize,
+        n: usize,
+        ect: bool,
+    ) -> Option<usize> {
+        if !self.tso || !self.core.spans_live(spans) {
+            return None;
+        }
+        let saved = self.budget;
+        let allowed = self.run_allowed(seg, n);
+        let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
+        let sent = self.core.send_tcp_gso_span_run(
+            &mut self.gso,
+            (local, remote),
+            repr,
+            spans,
+            (seg, allowed, n),
+            ecn,
+        );
+        let Some(sent) = sent else {
+            // Not joinable (a local destination): one at a time, budget untouched.
+            self.budget = saved;
+            return None;
+        };
+        self.run_done(sent, allowed, n);
+        Some(sent)
+    }
+}
+
+impl CoreSink<'_> {
+    /// The budget's share of a run of `n` segments of `seg` bytes: each goes while
+    /// some budget is left, as one segment at a time would.
+    fn run_allowed(&mut self, seg: usize, n: usize) -> usize {
+        let Some(left) = self.budget.as_mut() else {
+            return n;
+        };
+        let allowed = n.min(left.div_ceil(seg));
+        *left = left.saturating_sub(allowed * seg);
+        allowed
+    }
+
+    /// After a run: `sent` of `n` went, `allowed` of them within the budget.
+    fn run_done(&mut self, sent: usize, allowed: usize, n: usize) {
         if sent < n {
             if sent == allowed {
                 // Deferred like a segment the full queue refused: it waits its turn.
@@ -201,11 +251,8 @@ impl SegmentSink for CoreSink<'_> {
             }
             self.refused = true;
         }
-        sent
     }
-}
 
-impl CoreSink<'_> {
     fn send_bytes(
         &mut self,
         local: SocketAddr,

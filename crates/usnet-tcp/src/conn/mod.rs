@@ -193,6 +193,24 @@ pub trait SegmentSink {
         }
         n
     }
+
+    /// [`SegmentSink::emit_run`] for a run whose payload is pieces of pool buffers
+    /// (`spans`, the run's `n * seg` bytes in order). None: the sink takes such a
+    /// run one [`SegmentSink::emit`] at a time (the default), as it must when a
+    /// segment cannot join a GSO frame; the engine then sends it that way.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_span_run(
+        &mut self,
+        _local: SocketAddr,
+        _remote: SocketAddr,
+        _repr: &TcpRepr,
+        _spans: &[BufSpan],
+        _seg: usize,
+        _n: usize,
+        _ect: bool,
+    ) -> Option<usize> {
+        None
+    }
 }
 
 /// The header of segment `k` of a run of `n` segments of `seg` bytes whose first

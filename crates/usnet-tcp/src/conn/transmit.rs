@@ -116,8 +116,9 @@ impl Connection {
 
     /// Build and emit a run of `n` new-data segments of `seg` bytes from `seq`
     /// (`send_full_run`): one header for all, PSH (if `flags` has it) on the last.
-    /// Bytes from the send ring go to the sink as one run; pieces of pool buffers
-    /// one segment at a time (each cut to its own spans). Returns how many, from
+    /// Bytes from the send ring go to the sink as one run, and so do pieces of pool
+    /// buffers where the sink takes them as one (else one segment at a time, each
+    /// cut to its own spans). Returns how many, from
     /// the first, the sink took; their ACK-related state is committed.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn emit_run<S: SegmentSink + ?Sized>(
@@ -136,8 +137,14 @@ impl Connection {
             .snd
             .buf
             .payload_at(data_off, n * seg, &mut self.tx_spans);
-        let sent = if let TxData::Bytes(a, b) = whole {
-            sink.emit_run(local, remote, &repr, (a, b), seg, n, ect)
+        let by_sink = match whole {
+            TxData::Bytes(a, b) => Some(sink.emit_run(local, remote, &repr, (a, b), seg, n, ect)),
+            TxData::Bufs { spans, .. } => {
+                sink.emit_span_run(local, remote, &repr, spans, seg, n, ect)
+            }
+        };
+        let sent = if let Some(sent) = by_sink {
+            sent
         } else {
             let mut k = 0;
             while k < n {
