@@ -387,8 +387,12 @@ impl Connection {
 
     /// Once all the send buffer holds is out, cwnd would still let out a segment.
     fn cwnd_outgrows_ring(&self) -> bool {
-        let room = self.cc.cwnd().saturating_sub(self.pipe_est());
-        room >= self.notsent_bytes().saturating_add(self.smss())
+        self.cwnd_room() >= self.notsent_bytes().saturating_add(self.smss())
+    }
+
+    /// Bytes cwnd lets out beyond what is in flight.
+    fn cwnd_room(&self) -> u32 {
+        self.cc.cwnd().saturating_sub(self.pipe_est())
     }
 
     /// The RTT stands above the path's least: the flight already waits in a queue
@@ -978,10 +982,6 @@ mod tests {
         }
     }
 
-    fn cwnd_room(c: &Connection) -> usize {
-        c.cc.cwnd().saturating_sub(c.pipe_est()) as usize
-    }
-
     fn byte_at(pos: u64) -> u8 {
         (pos * 7 + pos / 251) as u8
     }
@@ -1003,7 +1003,7 @@ mod tests {
         cli.rtt.min_rtt = Some(ms(19));
         assert!(!cli.lent_ring_binds(), "room left in the ring");
         assert_eq!(cli.send_lent(size), size / 2, "the ring's size at most");
-        assert!(cwnd_room(&cli) > size, "cwnd would let out more");
+        assert!(cli.cwnd_room() as usize > size, "cwnd would let out more");
         assert!(
             cli.lent_ring_binds(),
             "the ring caps a flight without a queue"
