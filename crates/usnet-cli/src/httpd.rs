@@ -92,6 +92,11 @@ pub struct HttpdArgs {
     /// group; tap: one queue per shard). A number, or `cores` for one per core.
     #[arg(long, default_value = "1")]
     pub shards: Shards,
+    /// zerocopy: write every answer into fresh buffers, instead of sending the
+    /// responses from buffers written once and kept (SLOT_KEEP, as sendfile sends
+    /// the page cache; used where pieces travel by reference, i.e. with TSO).
+    #[arg(long)]
+    pub no_cache: bool,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -109,6 +114,7 @@ pub fn run(a: HttpdArgs) -> CmdResult {
         batch: a.batch.max(1),
         max_conns: a.max_conns.max(1),
         spin_us: a.spin_us,
+        zc_cache: !a.no_cache,
     };
     // The responses are checked before anything opens.
     let resp = usnet_httpd::Responses::new(cfg.length, &cfg.headers)?;

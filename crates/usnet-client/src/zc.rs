@@ -34,7 +34,8 @@ use usnet_shm::BufferArea;
 use crate::Client;
 
 pub use usnet_session_abi::zc::{
-    Slot as ZcSlot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
+    Slot as ZcSlot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_KEEP, SLOT_MORE, SLOT_NEW,
+    SLOT_SHUT_WR,
 };
 
 /// Ring sizes of a port.
@@ -260,7 +261,9 @@ impl ZcPort {
 
     /// Submits a TX slot: `len` bytes of `buf` from `off` for `socket`, with
     /// `SLOT_MORE`, `SLOT_SHUT_WR` or `SLOT_CLOSE` (`buf` [`NO_BUF`] and `len` 0 for
-    /// a close or shutdown alone). False when the ring is full.
+    /// a close or shutdown alone), and `SLOT_KEEP` to keep holding `buf` (send it
+    /// again later, on any socket; give it back with [`ZcPort::free`] when done).
+    /// False when the ring is full.
     pub fn send(&mut self, s: ZcSlot) -> bool {
         if self.tx_space() == 0 {
             return false;

@@ -161,6 +161,11 @@ impl Outq {
         self.q.push_back(r);
     }
 
+    /// The first answer owed and how many of its bytes were sent.
+    pub fn front(&self) -> Option<(Reply, usize)> {
+        self.q.front().map(|&r| (r, self.off))
+    }
+
     /// Copies the pending bytes, in order, into `dst` as far as they fit; returns
     /// how many. Nothing is consumed: [`Outq::advance`] does that once they are sent.
     /// (A zero-copy backend fills its transmit buffers with it.)

@@ -15,8 +15,9 @@
 //!
 //! - [`zerocopy`] (`--api zerocopy`): the same loop on usnet's zero-copy rings
 //!   (`usnet_stack::zerocopy`): [`http::RequestStream::feed`] reads the received buffers
-//!   in place and [`http::Outq::fill`] writes the answers into the buffers that go
-//!   on the wire.
+//!   in place, and the answers go out from buffers the responses were written into
+//!   once and the server keeps (`SLOT_KEEP`), or are written by [`http::Outq::fill`]
+//!   into the buffers that go on the wire.
 
 pub mod conn;
 pub mod http;
@@ -81,6 +82,11 @@ pub struct HttpdConfig {
     /// `socket` backend: keep turning (busy-poll) this long after the last work
     /// before sleeping on the device, in microseconds.
     pub spin_us: u64,
+    /// `zerocopy` backend: send the responses from buffers written once and kept
+    /// (`SLOT_KEEP`), as a static file server sends the page cache, where a piece
+    /// travels by reference (TSO); otherwise every answer is written into fresh
+    /// buffers.
+    pub zc_cache: bool,
 }
 
 impl Default for HttpdConfig {
@@ -93,6 +99,7 @@ impl Default for HttpdConfig {
             batch: 64,
             max_conns: 65536,
             spin_us: 0,
+            zc_cache: true,
         }
     }
 }

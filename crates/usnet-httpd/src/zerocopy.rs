@@ -29,13 +29,13 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use usnet_session_abi::zc::{
-    Slot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
+    Slot, NO_BUF, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_KEEP, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
 };
 use usnet_stack::zerocopy::{self, ZcPort};
 use usnet_stack::{SocketHandle, Stack};
 
 use crate::conn::LINGER;
-use crate::http::{Outq, RequestStream, Responses};
+use crate::http::{Outq, Reply, RequestStream, Responses};
 use crate::socket::StackApp;
 use crate::{HttpdConfig, Stats};
 
@@ -58,8 +58,12 @@ pub trait Rings {
     /// A free buffer, and its memory.
     fn alloc(&mut self) -> Option<u32>;
     fn buf_mut(&mut self, buf: u32) -> Option<&mut [u8]>;
+    /// Gives a buffer the application holds back.
+    fn free(&mut self, buf: u32);
     /// Where payload starts in a buffer to send.
     fn headroom(&self) -> usize;
+    /// Payload bytes a buffer holds after the headroom.
+    fn capacity(&self) -> usize;
     /// One exchange with the stack; buffers of refused TX slots come back.
     fn exchange(&mut self);
     /// TX slots submitted and not yet taken.
@@ -81,6 +85,13 @@ fn abi_slot(s: &zerocopy::Slot) -> Slot {
 fn stack_slot(s: &Slot) -> zerocopy::Slot {
     let h = SocketHandle::from_raw(s.socket);
     zerocopy::Slot::new(h, s.buf, s.off, s.len, s.flags)
+}
+
+/// Whether a TX slot the stack handed back refused carries a buffer of its own,
+/// which the server gives back: not a flag slot's, and not a kept one's (the
+/// cache's buffer stays the server's).
+fn refused_owns_buf(flags: u16, buf: u32) -> bool {
+    flags & SLOT_ERROR != 0 && flags & SLOT_KEEP == 0 && buf != NO_BUF
 }
 
 /// The stack's own port, for one turn.
@@ -112,8 +123,14 @@ impl Rings for InProcess<'_> {
     fn buf_mut(&mut self, buf: u32) -> Option<&mut [u8]> {
         self.stack.zc_buf_mut(self.port, buf)
     }
+    fn free(&mut self, buf: u32) {
+        let _ = self.stack.zc_free(self.port, buf);
+    }
     fn headroom(&self) -> usize {
         self.stack.zc_headroom() as usize
+    }
+    fn capacity(&self) -> usize {
+        self.stack.zc_buf_capacity() as usize
     }
     fn exchange(&mut self) {
         let from = self.port.tx.tail;
@@ -121,7 +138,7 @@ impl Rings for InProcess<'_> {
         let mut i = from;
         while i != self.port.tx.tail {
             let s = *self.port.tx.slot(i);
-            if s.flags & zerocopy::SLOT_ERROR != 0 && s.buf != zerocopy::NO_BUF {
+            if refused_owns_buf(s.flags, s.buf) {
                 let _ = self.stack.zc_free(self.port, s.buf);
             }
             i = self.port.tx.next(i);
@@ -154,12 +171,18 @@ impl Rings for usnet_client::ZcPort {
     fn buf_mut(&mut self, buf: u32) -> Option<&mut [u8]> {
         usnet_client::ZcPort::buf_mut(self, buf)
     }
+    fn free(&mut self, buf: u32) {
+        usnet_client::ZcPort::free(self, buf);
+    }
     fn headroom(&self) -> usize {
         usnet_client::ZcPort::headroom(self) as usize
     }
+    fn capacity(&self) -> usize {
+        usnet_client::ZcPort::buf_capacity(self) as usize
+    }
     fn exchange(&mut self) {
         for s in self.tx_refused() {
-            if s.buf != NO_BUF {
+            if refused_owns_buf(s.flags, s.buf) {
                 self.free(s.buf);
             }
         }
@@ -168,6 +191,107 @@ impl Rings for usnet_client::ZcPort {
     }
     fn tx_waiting(&self) -> bool {
         usnet_client::ZcPort::tx_space(self) + 1 < self.tx_size()
+    }
+}
+
+/// The most buffers the response cache may take (long bodies in small buffers
+/// are written per answer instead: the pool is for traffic first).
+const CACHE_MAX_BUFS: usize = 512;
+
+/// The two full responses, written once into buffers the server keeps and sent by
+/// reference ([`SLOT_KEEP`]) on every connection, as a static file server sends the
+/// page cache with `sendfile`: no answer is written per request. Used where a
+/// whole buffer is one piece (TSO: full segments carry pieces as fragments); where
+/// a piece must be one segment, a buffer held by several queues could not leave in
+/// place and the stack would copy it per frame, so answers are written instead.
+#[derive(Debug)]
+struct Cache {
+    /// Response bytes per buffer (a buffer's room after the headroom).
+    chunk: usize,
+    keep: Vec<u32>,
+    close: Vec<u32>,
+}
+
+/// Whether the server has its cache.
+#[derive(Debug)]
+enum CacheState {
+    /// Not built yet (or the pool ran short last time: tried again).
+    Unbuilt,
+    Ready(Cache),
+    /// Off (`--no-cache`) or too large for the pool.
+    Off,
+}
+
+impl Cache {
+    /// Writes both full responses into buffers of `rings`. Err(true): try again
+    /// later (the pool ran short; what it took is given back); Err(false): never
+    /// (they would take more than [`CACHE_MAX_BUFS`]).
+    fn build(rings: &mut impl Rings, resp: &Responses) -> Result<Cache, bool> {
+        let head = rings.headroom();
+        let mut cache = Cache {
+            chunk: 0,
+            keep: Vec::new(),
+            close: Vec::new(),
+        };
+        for close in [false, true] {
+            let bytes = resp.bytes(Reply::Full { close });
+            let mut at = 0;
+            while at < bytes.len() {
+                let Some(b) = rings.alloc() else {
+                    cache.free(rings);
+                    return Err(true);
+                };
+                let list = if close {
+                    &mut cache.close
+                } else {
+                    &mut cache.keep
+                };
+                list.push(b);
+                let Some(buf) = rings.buf_mut(b) else {
+                    cache.free(rings);
+                    return Err(true);
+                };
+                cache.chunk = buf.len() - head;
+                if bytes.len().div_ceil(cache.chunk) * 2 > CACHE_MAX_BUFS {
+                    cache.free(rings);
+                    return Err(false);
+                }
+                let n = cache.chunk.min(bytes.len() - at);
+                buf[head..head + n].copy_from_slice(&bytes[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(cache)
+    }
+
+    fn free(self, rings: &mut impl Rings) {
+        for b in self.keep.into_iter().chain(self.close) {
+            rings.free(b);
+        }
+    }
+
+    /// The next piece of answer `r` from its `off`th byte: the buffer, the offset
+    /// of the piece in it, and its length (to the buffer's or the answer's end).
+    /// None for an error answer (not cached).
+    fn piece(
+        &self,
+        resp: &Responses,
+        r: Reply,
+        off: usize,
+        head: usize,
+    ) -> Option<(u32, u32, u32)> {
+        let (bufs, close) = match r {
+            Reply::Full { close } | Reply::Head { close } => {
+                (if close { &self.close } else { &self.keep }, close)
+            }
+            Reply::Error(_) => return None,
+        };
+        // A HEAD's answer is the full answer's head: a prefix of the same bytes.
+        let len = resp.bytes(r).len();
+        debug_assert!(resp.bytes(Reply::Full { close }).starts_with(resp.bytes(r)));
+        let (k, within) = (off / self.chunk, off % self.chunk);
+        let n = (self.chunk - within).min(len - off);
+        Some((*bufs.get(k)?, (head + within) as u32, n as u32))
     }
 }
 
@@ -190,6 +314,7 @@ struct ZConn {
 /// The server's state over any [`Rings`]: connections, answers owed, counters.
 pub struct ZcLogic {
     resp: Responses,
+    cache: CacheState,
     /// Indexed by the handle's slot (its low 32 bits).
     conns: Vec<Option<ZConn>>,
     live: usize,
@@ -319,6 +444,11 @@ impl ZcLogic {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         Ok(ZcLogic {
             resp,
+            cache: if cfg.zc_cache {
+                CacheState::Unbuilt
+            } else {
+                CacheState::Off
+            },
             conns: Vec::new(),
             live: 0,
             writers: Vec::new(),
@@ -474,10 +604,38 @@ impl ZcLogic {
                 continue;
             };
             let mut blocked = false;
+            // A whole buffer is one piece here (TSO): the answers can go from the
+            // cache, built the first time one can.
+            let cached = c.piece == 0 || c.piece as usize >= rings.capacity();
+            if cached && matches!(self.cache, CacheState::Unbuilt) {
+                match Cache::build(rings, resp) {
+                    Ok(cache) => self.cache = CacheState::Ready(cache),
+                    Err(false) => self.cache = CacheState::Off,
+                    Err(true) => {}
+                }
+            }
             while !c.out.is_empty() {
                 if rings.tx_space() < 2 {
                     blocked = true;
                     break;
+                }
+                if let (true, CacheState::Ready(cache), Some((r, off))) =
+                    (cached, &self.cache, c.out.front())
+                {
+                    if let Some((buf, at, n)) = cache.piece(resp, r, off, head) {
+                        let done = c.out.advance(resp, n as usize);
+                        self.stats.responses += done as u64;
+                        self.stats.tx_bytes += u64::from(n);
+                        let more = if c.out.is_empty() { 0 } else { SLOT_MORE };
+                        wrote |= rings.send(Slot {
+                            buf,
+                            off: at,
+                            len: n,
+                            flags: more | SLOT_KEEP,
+                            socket: h,
+                        });
+                        continue;
+                    }
                 }
                 let Some(b) = rings.alloc() else {
                     blocked = true;
@@ -599,6 +757,10 @@ mod tests {
         fn headroom(&self) -> usize {
             128
         }
+        fn capacity(&self) -> usize {
+            2048 - 128
+        }
+        fn free(&mut self, _: u32) {}
         fn exchange(&mut self) {}
         fn tx_waiting(&self) -> bool {
             false
@@ -650,5 +812,81 @@ mod tests {
         assert_eq!(sent as usize, logic.resp.response().len());
         assert_eq!(rings.tx.last().unwrap().flags & SLOT_MORE, 0);
         assert!(!logic.turn(&mut rings), "and nothing is left");
+    }
+
+    /// The bytes the TX slots sent so far on `socket`, read from the buffers.
+    fn sent_bytes(rings: &Scripted, socket: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for s in rings.tx.iter().filter(|s| s.socket == socket && s.len > 0) {
+            out.extend_from_slice(&rings.bufs[s.buf as usize][s.off as usize..][..s.len as usize]);
+        }
+        out
+    }
+
+    /// Where a whole buffer is one piece, answers go from buffers written once and
+    /// kept (`SLOT_KEEP`): two connections and three answers (one a HEAD, a prefix of
+    /// the same bytes) take no buffer beyond the cache, and every byte is the
+    /// response's. A connection whose piece is one segment, and a server with the
+    /// cache off, write their answers into fresh buffers.
+    #[test]
+    fn answers_go_from_kept_buffers_where_a_buffer_is_one_piece() {
+        let get = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let head = b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n";
+        for cache_on in [true, false] {
+            let cfg = HttpdConfig {
+                length: 5000,
+                zc_cache: cache_on,
+                ..Default::default()
+            };
+            let mut logic = ZcLogic::new(&cfg).unwrap();
+            let capacity = (2048 - 128) as u32;
+            let new = |socket, piece| {
+                let (mut s, b) = rx(socket, SLOT_NEW, b"");
+                s.off = piece;
+                (s, b)
+            };
+            let mut rings = Scripted {
+                rx: [
+                    new(1, capacity),
+                    new(2, capacity),
+                    new(3, 1448),
+                    rx(1, 0, get),
+                    rx(2, 0, head),
+                    rx(2, 0, get),
+                    rx(3, 0, get),
+                ]
+                .into(),
+                tx: Vec::new(),
+                space: 1024,
+                bufs: Vec::new(),
+            };
+            assert!(logic.turn(&mut rings));
+            let full = logic.resp.response().to_vec();
+            let head_len = logic.resp.head_len();
+            assert_eq!(sent_bytes(&rings, 1), full);
+            assert_eq!(
+                sent_bytes(&rings, 2),
+                [&full[..head_len], &full[..]].concat()
+            );
+            assert_eq!(sent_bytes(&rings, 3), full);
+            let kept = |socket| {
+                rings
+                    .tx
+                    .iter()
+                    .filter(|s| s.socket == socket && s.flags & SLOT_KEEP != 0)
+                    .count()
+            };
+            // 5,087 bytes in buffers of 1,920: three pieces an answer.
+            let per_answer = full.len().div_ceil(capacity as usize);
+            if cache_on {
+                assert_eq!((kept(1), kept(2)), (per_answer, 1 + per_answer));
+                // The two responses (keep-alive and close), once.
+                assert_eq!(rings.bufs.len(), 2 * per_answer + full.len().div_ceil(1448));
+            } else {
+                assert_eq!((kept(1), kept(2)), (0, 0));
+            }
+            assert_eq!(kept(3), 0, "a one-segment piece is written, not kept");
+            assert!(rings.tx.iter().all(|s| s.len <= capacity));
+        }
     }
 }

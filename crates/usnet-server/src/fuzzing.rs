@@ -705,7 +705,7 @@ static ZC_PAYLOAD_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 fn zc_client_step(area: &usnet_session::zc::ZcArea, inp: &mut Input) {
     use std::sync::atomic::Ordering::*;
     use usnet_session::zc::ZcRing;
-    use usnet_session_abi::zc::{Slot, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE};
+    use usnet_session_abi::zc::{Slot, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_KEEP};
     let (rx_head, rx_tail) = area.indices(ZcRing::Rx);
     let (st_head, st_tail) = area.indices(ZcRing::Stash);
     let rn = area.size(ZcRing::Rx);
@@ -737,9 +737,16 @@ fn zc_client_step(area: &usnet_session::zc::ZcArea, inp: &mut Input) {
                 s.flags |= SLOT_BUF_CHANGED;
                 area.write_slot(ZcRing::Rx, h, &s);
                 rx_head.store((h + 1) % rn, Release);
-                // The kept buffer goes straight back out on its socket.
+                // The kept buffer goes straight back out on its socket; or, kept
+                // (`SLOT_KEEP`), twice, and the client still holds it after.
                 if rx.len > 0 {
-                    send(rx);
+                    let mut out = rx;
+                    out.flags = 0;
+                    if inp.u8().unwrap_or(0) & 1 != 0 {
+                        out.flags = SLOT_KEEP;
+                        send(out);
+                    }
+                    send(out);
                 }
             }
         }
@@ -751,7 +758,8 @@ fn zc_client_step(area: &usnet_session::zc::ZcArea, inp: &mut Input) {
                     buf: b,
                     off: 128,
                     len,
-                    flags: inp.u8().unwrap_or(0) as u16 & 0x43,
+                    // SLOT_MORE, SLOT_CLOSE, SLOT_SHUT_WR, SLOT_KEEP.
+                    flags: inp.u8().unwrap_or(0) as u16 & 0xc3,
                     socket: rx.socket,
                 });
             }

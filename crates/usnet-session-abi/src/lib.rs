@@ -505,7 +505,7 @@ pub mod zc {
 
     /// The slot flags (one table with the sans-IO stack's vocabulary).
     pub use usnet_socket_api::zc_flags::{
-        NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW,
+        NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_KEEP, SLOT_MORE, SLOT_NEW,
         SLOT_SHUT_WR,
     };
 

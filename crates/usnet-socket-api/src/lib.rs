@@ -82,6 +82,15 @@ pub mod zc_flags {
     /// TX: finish sending after this slot's data (FIN; SHUT_WR): the socket stays
     /// readable and stays the port's until a [`SLOT_CLOSE`].
     pub const SLOT_SHUT_WR: u16 = 0x40;
+    /// TX: the application keeps its hold on the buffer; the stack takes a
+    /// reference of its own for as long as it needs the bytes (until they are
+    /// acknowledged), as `sendfile` sends the page cache. So one buffer (a cached
+    /// response) can go out on many connections, or many times, written once. Its
+    /// bytes are read whenever a segment is built, so the application must not
+    /// change them while a send of them may be in flight. A buffer held more than
+    /// once never leaves in place (two frames would write their headers into its
+    /// headroom): without TSO the stack copies it into each frame.
+    pub const SLOT_KEEP: u16 = 0x80;
     /// `buf` of a slot without a buffer.
     pub const NO_BUF: u32 = u32::MAX;
 }

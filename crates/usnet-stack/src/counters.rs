@@ -153,6 +153,7 @@ define_counters! {
     tcp_tx_lent => "TCP segments whose payload a GSO frame carried from a lent send ring (a stack server client's) by reference, not copied into the frame",
     tcp_lent_given_back => "lent send rings given back to their owner mid-connection, the connection copying what it held into a buffer of its own (the ring bound, the socket became shared, a write went through a copying call, the connection failed)",
     tcp_zc_tx_in_place => "zero-copy TCP segments sent from the application's buffer (headers written into its headroom)",
+    tcp_zc_tx_kept => "zero-copy TX slots whose buffer the application kept (SLOT_KEEP: the send queue took a reference of its own)",
     tcp_zc_tx_copied => "zero-copy TCP segments copied into a new frame (several pieces, a piece still in flight, or too little headroom)",
     tcp_zc_rx_staged => "TCP payloads copied into pool buffers for a zero-copy connection (the frame was not one buffer)",
     tcp_zc_bad_slots => "zero-copy ring slots refused: a buffer the application does not own, a bad range or socket",

@@ -15,9 +15,12 @@
 //!   queues the buffer itself; a segment that is exactly one such piece leaves in
 //!   place (headers written into the headroom), and retransmission reads the same
 //!   buffer. The buffer goes back to the pool when its bytes are acknowledged.
+//!   With [`SLOT_KEEP`] the application keeps the buffer and the queue takes a
+//!   reference of its own, so content written once (a cached response) goes out
+//!   on any number of connections (`sendfile`'s shape).
 //!
-//! Every buffer is owned by exactly one party at a time; the port counts the
-//! references the application holds, so a bad index, a buffer returned twice or one
+//! The pool counts a buffer's references; the port counts the ones the
+//! application holds, so a bad index, a buffer returned twice or one
 //! it never had is refused (counted in [`ZcStats::bad_slots`] and the stack's
 //! `tcp_zc_bad_slots`, the slot marked [`SLOT_ERROR`]) and cannot corrupt the stack.
 //!
@@ -39,8 +42,13 @@ use crate::{SocketHandle, Stack, StackError, TcpState};
 
 /// The slot flags (one table with the stack server's port layout).
 pub use usnet_socket_api::zc_flags::{
-    NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_MORE, SLOT_NEW, SLOT_SHUT_WR,
+    NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_KEEP, SLOT_MORE, SLOT_NEW,
+    SLOT_SHUT_WR,
 };
+
+/// The most references a buffer may have for a [`SLOT_KEEP`] send to take one more
+/// (the pool counts in 16 bits; the rest is headroom for the frames in flight).
+pub const KEEP_REFS_MAX: u16 = u16::MAX / 2;
 
 /// One ring slot. `off` counts from the start of the buffer's memory, so the bytes
 /// are `pool.whole(buf)[off..off + len]` ([`Stack::zc_bytes`]).
@@ -188,6 +196,8 @@ pub struct ZcStats {
     pub tx_slots: u64,
     /// Payload bytes queued from TX slots.
     pub tx_bytes: u64,
+    /// TX slots taken with [`SLOT_KEEP`] (the application kept the buffer).
+    pub tx_kept: u64,
     /// Slots refused (bad buffer, range, socket, or a buffer returned twice).
     pub bad_slots: u64,
 }
@@ -487,6 +497,15 @@ impl Stack {
         port.rx_seen = port.rx.head;
     }
 
+    /// Whether another reference to `buf` (a [`SLOT_KEEP`] send) leaves its count
+    /// far from overflowing.
+    fn zc_may_share(&self, buf: u32) -> bool {
+        self.core
+            .pool
+            .checked(buf)
+            .is_some_and(|id| self.core.pool.refcount(id) < KEEP_REFS_MAX)
+    }
+
     fn zc_take_tx(&mut self, port: &mut ZcPort, report: &mut SyncReport) {
         let mut touched: Vec<SocketHandle> = Vec::new();
         while port.tx.tail != port.tx.head {
@@ -508,6 +527,14 @@ impl Stack {
                     self.zc_bad(port);
                     port.tx.tail = port.tx.next(t);
                     continue;
+                }
+                let keep = s.flags & SLOT_KEEP != 0;
+                if keep && !self.zc_may_share(s.buf) {
+                    // So many sends of it are out that one more reference could
+                    // overflow its count: it waits for acknowledgments, as for room
+                    // in a send queue.
+                    report.tx_waiting = port.tx.distance(t, port.tx.head);
+                    break;
                 }
                 let span = BufSpan {
                     buf: s.buf,
@@ -532,7 +559,16 @@ impl Stack {
                     report.tx_waiting = port.tx.distance(t, port.tx.head);
                     break;
                 }
-                port.unhold(s.buf);
+                if keep {
+                    // The application's hold stays; the queue gets its own.
+                    if let Some(id) = self.core.pool.checked(s.buf) {
+                        self.core.pool.retain_index(id);
+                    }
+                    port.stats.tx_kept += 1;
+                    self.core.counters.tcp_zc_tx_kept += 1;
+                } else {
+                    port.unhold(s.buf);
+                }
                 port.stats.tx_slots += 1;
                 port.stats.tx_bytes += u64::from(s.len);
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{cfg, fill, pattern, sa};
 use usnet_stack::sim::{Faults, SimNet};
 use usnet_stack::zerocopy::{
-    Slot, ZcPort, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_NEW,
+    Slot, ZcPort, NO_BUF, SLOT_BUF_CHANGED, SLOT_CLOSE, SLOT_EOF, SLOT_ERROR, SLOT_KEEP, SLOT_NEW,
     SLOT_SHUT_WR,
 };
 use usnet_stack::{SocketHandle, Stack, StackError};
@@ -644,4 +644,198 @@ fn fast_open_syn_data_on_pool_backed_connections() {
     net.run_for(Duration::from_secs(5));
     assert_eq!(net.stack(0).pool().in_use(), base.0);
     assert_eq!(net.stack(1).pool().in_use(), base.1);
+}
+
+/// The bytes of the cached response in [`kept_buffers_go_out_on_many_connections`]:
+/// piece `k` of `n` bytes, as the server wrote it once.
+fn cached_byte(k: usize, j: usize) -> u8 {
+    pattern((k * 7919 + j) as u64)
+}
+
+/// A response written once into buffers the application keeps (`SLOT_KEEP`) and
+/// sent `rounds` times on each of three connections, under faults: every client
+/// reads every byte right, no segment of a shared buffer leaves in place (two frames
+/// would write their headers into one headroom), and once everything is
+/// acknowledged the application's hold is the buffers' only reference again. With
+/// TSO the pieces travel as fragments; without, the stack copies them per frame.
+fn kept_buffers(seed: u64, tso: bool) {
+    let mut net = pair_with(seed, faults(), tso);
+    let server = sa("10.0.0.2:12");
+    let base = net.stack(1).pool().in_use();
+    let mut port = net.stack(1).zc_port(256, 256);
+    net.stack_mut(1).zc_listen(&mut port, server, 8).unwrap();
+    let clients: Vec<SocketHandle> = (0..3)
+        .map(|_| net.stack_mut(0).tcp_connect(None, server).unwrap())
+        .collect();
+    // Four pieces of one segment each (the piece length a connection's SLOT_NEW
+    // gives), written once when the first connection arrives: without TSO such a
+    // piece would leave in place if only the queue held it.
+    let (pieces, rounds) = (4usize, 40usize);
+    let head = net.stack(1).zc_headroom();
+    let mut cache: Vec<u32> = Vec::new();
+    let mut piece_len = 0usize;
+    // Per server connection: slots still to submit.
+    let mut owed: Vec<(SocketHandle, usize)> = Vec::new();
+    let mut got = vec![0usize; clients.len()];
+    let mut rbuf = vec![0u8; 16 * 1024];
+    let ok = net.run_until(Duration::from_secs(600), |n| {
+        let s = n.stack_mut(1);
+        s.zc_sync(&mut port);
+        while port.rx.head != port.rx.tail {
+            let slot = *port.rx.slot(port.rx.head);
+            assert_eq!(slot.flags & SLOT_ERROR, 0, "server connection failed");
+            if slot.flags & SLOT_NEW != 0 {
+                owed.push((slot.handle(), pieces * rounds));
+                if cache.is_empty() {
+                    piece_len = slot.off as usize;
+                    for k in 0..pieces {
+                        let b = s.zc_alloc(&mut port).unwrap();
+                        let mem = s.zc_buf_mut(&port, b).unwrap();
+                        for (j, x) in mem[head as usize..][..piece_len].iter_mut().enumerate() {
+                            *x = cached_byte(k, j);
+                        }
+                        cache.push(b);
+                    }
+                }
+            }
+            port.rx.head = port.rx.next(port.rx.head);
+        }
+        for (h, left) in owed.iter_mut() {
+            while *left > 0 && port.tx.tx_space() > 0 {
+                let k = (pieces * rounds - *left) % pieces;
+                let slot = Slot::new(*h, cache[k], head, piece_len as u32, SLOT_KEEP);
+                assert!(port.tx.push(slot));
+                *left -= 1;
+            }
+        }
+        s.zc_sync(&mut port);
+        let s = n.stack_mut(0);
+        for (i, &c) in clients.iter().enumerate() {
+            while let Ok(k) = s.tcp_recv(c, &mut rbuf) {
+                if k == 0 {
+                    break;
+                }
+                for (j, &b) in rbuf[..k].iter().enumerate() {
+                    let at = (got[i] + j) % (pieces * piece_len);
+                    assert_eq!(
+                        b,
+                        cached_byte(at / piece_len, at % piece_len),
+                        "connection {i} byte {}",
+                        got[i] + j
+                    );
+                }
+                got[i] += k;
+            }
+        }
+        let total = pieces * piece_len * rounds;
+        total > 0 && got.iter().all(|&g| g == total) && port.tx.tail == port.tx.head
+    });
+    assert!(ok, "stalled: got {got:?}; wire {:?}", net.stats);
+    // Every acknowledgment in: only the application's hold is left.
+    net.run_for(Duration::from_secs(5));
+    let s = net.stack_mut(1);
+    s.zc_sync(&mut port);
+    assert_eq!(port.stats().bad_slots, 0);
+    assert_eq!(
+        port.stats().tx_kept as usize,
+        clients.len() * pieces * rounds
+    );
+    assert_eq!(
+        port.held_buffers(),
+        pieces,
+        "the application still holds its cache"
+    );
+    for &b in &cache {
+        let id = s.pool().checked(b).expect("a kept buffer is live");
+        assert_eq!(
+            s.pool().refcount(id),
+            1,
+            "the queues gave their references back"
+        );
+    }
+    let c = s.counters_snapshot();
+    assert_eq!(
+        c.tcp_zc_tx_in_place, 0,
+        "a shared buffer never leaves in place"
+    );
+    if tso {
+        assert!(c.tcp_zc_tx_attached > 0, "GSO frames of the kept buffers");
+    }
+    for b in cache {
+        s.zc_free(&mut port, b).unwrap();
+    }
+    s.zc_close_port(port);
+    // The FINs of the closes leave, and are acknowledged.
+    net.run_for(Duration::from_secs(5));
+    assert_eq!(
+        net.stack(1).pool().in_use(),
+        base,
+        "pool back to its baseline"
+    );
+}
+
+#[test]
+fn kept_buffers_go_out_on_many_connections() {
+    kept_buffers(31, false);
+    kept_buffers(32, true);
+}
+
+/// A `SLOT_KEEP` send of a buffer whose reference count is near the pool's limit
+/// waits, as for room in a send queue, instead of overflowing the count; once
+/// references come back it goes out.
+#[test]
+fn a_kept_send_waits_while_its_buffer_has_too_many_references() {
+    use usnet_stack::zerocopy::KEEP_REFS_MAX;
+    let mut net = pair(33, Faults::default());
+    let server = sa("10.0.0.2:13");
+    let mut port = net.stack(1).zc_port(16, 16);
+    net.stack_mut(1).zc_listen(&mut port, server, 4).unwrap();
+    let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
+    let mut conn = None;
+    net.run_until(Duration::from_secs(10), |n| {
+        let s = n.stack_mut(1);
+        s.zc_sync(&mut port);
+        while port.rx.head != port.rx.tail {
+            let slot = *port.rx.slot(port.rx.head);
+            if slot.flags & SLOT_NEW != 0 {
+                conn = Some(slot.handle());
+            }
+            port.rx.head = port.rx.next(port.rx.head);
+        }
+        conn.is_some()
+    });
+    let h = conn.expect("accepted");
+    let s = net.stack_mut(1);
+    let head = s.zc_headroom();
+    let b = s.zc_alloc(&mut port).unwrap();
+    s.zc_buf_mut(&port, b).unwrap()[head as usize..][..5].copy_from_slice(b"hello");
+    let id = s.pool().checked(b).unwrap();
+    let extra = KEEP_REFS_MAX - s.pool().refcount(id);
+    for _ in 0..extra {
+        s.pool_mut().retain_index(id);
+    }
+    assert!(port.tx.push(Slot::new(h, b, head, 5, SLOT_KEEP)));
+    let r = s.zc_sync(&mut port);
+    assert_eq!((r.tx, r.tx_waiting), (0, 1), "the slot waits");
+    assert_eq!(s.pool().refcount(id), KEEP_REFS_MAX);
+    for _ in 0..extra {
+        s.pool_mut().release(id);
+    }
+    let r = s.zc_sync(&mut port);
+    assert_eq!(
+        (r.tx, r.tx_waiting),
+        (1, 0),
+        "and goes once references came back"
+    );
+    let mut got = Vec::new();
+    let mut rbuf = [0u8; 64];
+    let ok = net.run_until(Duration::from_secs(10), |n| {
+        if let Ok(k) = n.stack_mut(0).tcp_recv(c, &mut rbuf) {
+            got.extend_from_slice(&rbuf[..k]);
+        }
+        got.len() == 5
+    });
+    assert!(ok);
+    assert_eq!(got, b"hello");
+    assert_eq!(port.stats().bad_slots, 0);
 }
