@@ -296,14 +296,14 @@ fn both_ends_on_rings_under_faults() {
     );
 }
 
-/// Bad indices, a buffer given back twice, a buffer the application never had, a
-/// socket that is not the port's, ranges outside the buffer and a `head` past
-/// `tail`: each refused and counted; the stack's state and pool are untouched and a
-/// transfer afterwards works.
-#[test]
-fn a_misbehaving_application_is_refused_and_cannot_corrupt_the_stack() {
-    let mut net = pair(9, Faults::default());
-    let server = sa("10.0.0.2:9");
+/// Two clean stacks, stack 1 listening on `server` through a port of 16 slots, and
+/// one connection from stack 0 accepted: the net, the port, the client's handle and
+/// the server's.
+fn accepted(
+    seed: u64,
+    server: std::net::SocketAddr,
+) -> (SimNet, ZcPort, SocketHandle, SocketHandle) {
+    let mut net = pair(seed, Faults::default());
     let mut port = net.stack(1).zc_port(16, 16);
     net.stack_mut(1).zc_listen(&mut port, server, 4).unwrap();
     let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
@@ -319,7 +319,16 @@ fn a_misbehaving_application_is_refused_and_cannot_corrupt_the_stack() {
         }
         conn.is_some()
     }));
-    let h = conn.unwrap();
+    (net, port, c, conn.unwrap())
+}
+
+/// Bad indices, a buffer given back twice, a buffer the application never had, a
+/// socket that is not the port's, ranges outside the buffer and a `head` past
+/// `tail`: each refused and counted; the stack's state and pool are untouched and a
+/// transfer afterwards works.
+#[test]
+fn a_misbehaving_application_is_refused_and_cannot_corrupt_the_stack() {
+    let (mut net, mut port, c, h) = accepted(9, sa("10.0.0.2:9"));
     let s = net.stack_mut(1);
     let in_use = s.pool().in_use();
     let mut bad = 0;
@@ -786,25 +795,7 @@ fn kept_buffers_go_out_on_many_connections() {
 #[test]
 fn a_kept_send_waits_while_its_buffer_has_too_many_references() {
     use usnet_stack::zerocopy::KEEP_REFS_MAX;
-    let mut net = pair(33, Faults::default());
-    let server = sa("10.0.0.2:13");
-    let mut port = net.stack(1).zc_port(16, 16);
-    net.stack_mut(1).zc_listen(&mut port, server, 4).unwrap();
-    let c = net.stack_mut(0).tcp_connect(None, server).unwrap();
-    let mut conn = None;
-    net.run_until(Duration::from_secs(10), |n| {
-        let s = n.stack_mut(1);
-        s.zc_sync(&mut port);
-        while port.rx.head != port.rx.tail {
-            let slot = *port.rx.slot(port.rx.head);
-            if slot.flags & SLOT_NEW != 0 {
-                conn = Some(slot.handle());
-            }
-            port.rx.head = port.rx.next(port.rx.head);
-        }
-        conn.is_some()
-    });
-    let h = conn.expect("accepted");
+    let (mut net, mut port, c, h) = accepted(33, sa("10.0.0.2:13"));
     let s = net.stack_mut(1);
     let head = s.zc_headroom();
     let b = s.zc_alloc(&mut port).unwrap();
