@@ -227,16 +227,19 @@ impl Cache {
     /// later (the pool ran short; what it took is given back); Err(false): never
     /// (they would take more than [`CACHE_MAX_BUFS`]).
     fn build(rings: &mut impl Rings, resp: &Responses) -> Result<Cache, bool> {
-        let head = rings.headroom();
+        let (head, chunk) = (rings.headroom(), rings.capacity());
+        let both = [false, true].map(|close| resp.bytes(Reply::Full { close }).len());
+        if both.iter().map(|n| n.div_ceil(chunk)).sum::<usize>() > CACHE_MAX_BUFS {
+            return Err(false);
+        }
         let mut cache = Cache {
-            chunk: 0,
+            chunk,
             keep: Vec::new(),
             close: Vec::new(),
         };
         for close in [false, true] {
             let bytes = resp.bytes(Reply::Full { close });
-            let mut at = 0;
-            while at < bytes.len() {
+            for piece in bytes.chunks(chunk) {
                 let Some(b) = rings.alloc() else {
                     cache.free(rings);
                     return Err(true);
@@ -251,14 +254,7 @@ impl Cache {
                     cache.free(rings);
                     return Err(true);
                 };
-                cache.chunk = buf.len() - head;
-                if bytes.len().div_ceil(cache.chunk) * 2 > CACHE_MAX_BUFS {
-                    cache.free(rings);
-                    return Err(false);
-                }
-                let n = cache.chunk.min(bytes.len() - at);
-                buf[head..head + n].copy_from_slice(&bytes[at..at + n]);
-                at += n;
+                buf[head..head + piece.len()].copy_from_slice(piece);
             }
         }
         Ok(cache)
