@@ -851,7 +851,7 @@ impl TcpStream {
             return Err(e);
         }
         if self.sock.flags() & (FLAG_WR_SHUT | FLAG_HUP) != 0 {
-            return Err(io::ErrorKind::BrokenPipe.into());
+            return Err(errno_err(usnet_session_abi::errno::EPIPE));
         }
         Ok(())
     }
