@@ -3,7 +3,9 @@
  * copies takes nothing from its parent; a listener shared by two children that accept
  * concurrently from its one queue; a connected socket handed to a child after the
  * parent closed its copy (bytes that arrived before the fork included); a daemon's
- * double fork (the grandchild serves, its parent forked before any socket call). Only
+ * double fork (the grandchild serves, its parent forked before any socket call); forks
+ * made while other threads are in socket calls, as a threaded fork-per-connection
+ * server makes them (Python's ForkingTCPServer beside client threads). Only
  * the parent
  * prints; children report through their exit status. Every wait has a deadline
  * (SO_RCVTIMEO, alarm). The same output on the kernel and under the LD_PRELOAD shim
@@ -11,6 +13,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -73,6 +77,23 @@ static void serve(int l, int n) {
         close(s);
     }
     _exit(0);
+}
+
+static volatile int stop_busy;
+
+/* A thread that keeps making socket calls until told to stop: looking a descriptor up,
+ * making and closing a socket. A fork may come at any instant of them. */
+static void *busy(void *arg) {
+    int l = *(int *)arg;
+    while (!stop_busy) {
+        struct sockaddr_in a;
+        socklen_t n = sizeof a;
+        getsockname(l, (struct sockaddr *)&a, &n);
+        fcntl(l, F_GETFL);
+        int f = socket(AF_INET, SOCK_STREAM, 0);
+        if (f >= 0) close(f);
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -200,6 +221,43 @@ int main(int argc, char **argv) {
               c9 >= 0 && send(c9, "ping 9", 6, 0) == 6 && read_n(c9, resp9, 6) == 0 &&
                   memcmp(resp9, "pong 9", 6) == 0);
         if (c9 >= 0) close(c9);
+    }
+
+    /* Forks while three other threads are in socket calls: each child answers on the
+     * connection it was handed and makes a socket of its own. A lock another thread
+     * held at the instant of the fork must not cost the child its sockets (or hang
+     * it: alarm). */
+    {
+        pthread_t th[3];
+        for (int k = 0; k < 3; k++) pthread_create(&th[k], NULL, busy, &l);
+        int served = 0;
+        for (int i = 0; i < 100; i++) {
+            int ci = dial();
+            int si = accept(l, NULL, NULL);
+            if (ci < 0 || si < 0) break;
+            pid_t k = fork();
+            if (k == 0) {
+                alarm(10);
+                if (send(si, "k", 1, 0) != 1) _exit(40);
+                int f = socket(AF_INET, SOCK_STREAM, 0);
+                if (f < 0) _exit(41);
+                close(f);
+                close(si);
+                _exit(0);
+            }
+            close(si);
+            char b = 0;
+            ssize_t got = k > 0 ? recv(ci, &b, 1, 0) : -1;
+            int st = k > 0 ? status_of(k) : -1;
+            if (got == 1 && b == 'k' && st == 0)
+                served++;
+            else /* stderr: not compared, shown when the test fails */
+                fprintf(stderr, "fork %d: read %zd, child status %d\n", i, got, st);
+            close(ci);
+        }
+        stop_busy = 1;
+        for (int k = 0; k < 3; k++) pthread_join(th[k], NULL);
+        CHECK("a hundred children forked beside busy threads answered", served == 100);
     }
 
     /* The parent's listener still works after every child is gone. */

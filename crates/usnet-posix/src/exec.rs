@@ -167,15 +167,19 @@ pub struct SpawnPin(#[allow(dead_code)] Option<usnet_client::ForkPin>);
 /// usnet sockets.
 pub fn pin_for_spawn() -> SpawnPin {
     crate::fork::own_session();
-    let any = !table().read().unwrap_or_else(|p| p.into_inner()).is_empty();
+    let any = !crate::read_table(|t| t.is_empty());
     let c = lock(&CLIENT).clone().filter(|c| any && c.is_alive());
     SpawnPin(c.and_then(|c| c.pin_for_fork().ok()))
 }
 
 /// At a program's start (the shim calls it before `main`): takes over the sockets
-/// it inherited across `exec`; see the module's text. Does nothing in a program
-/// that inherited no control connection.
+/// it inherited across `exec`; see the module's text. Does nothing else in a program
+/// that inherited no control connection, but install the fork handlers: installed
+/// this early, before any library of the program installs its own, the prepare
+/// handler runs after the others and the child's and parent's before them, so the
+/// locks it holds across the fork are held as briefly as can be (fork.rs).
 pub fn inherit() {
+    crate::fork::register();
     usnet_client::lineage::as_layer(inherit_now);
 }
 

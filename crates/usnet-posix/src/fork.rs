@@ -26,6 +26,14 @@
 //!   closed, and the parent's session is abandoned (its memory unmapped once nothing
 //!   refers to it). Locks are only tried there: a descriptor whose lock a parent's
 //!   thread held at the fork becomes a failed socket in the child.
+//! - **The table and the session's lock are held across the fork** by the forking
+//!   thread (taken in the prepare handler, let go in the parent's and the child's):
+//!   otherwise another thread in the middle of a socket call at that instant leaves
+//!   them held forever in the child, whose rebuild then cannot happen (its sockets
+//!   stay on the parent's abandoned session and fail with `ENETDOWN`) and whose next
+//!   new socket waits forever for the table. Taking them waits a bounded time: the
+//!   forking thread may itself be in a socket call (a fork from a signal handler),
+//!   and then the fork goes on without them.
 //! - **A child of a single-threaded process attaches at once**, in the child
 //!   handler (no other thread can have held a lock at the fork): a child may lock
 //!   itself in before its first socket call (sshd's privilege-separated child:
@@ -39,7 +47,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
-use std::sync::{Arc, Mutex, Once, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, Once, RwLock, RwLockWriteGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use usnet_client::{Client, ForkPin};
 
@@ -55,9 +64,25 @@ static REGISTER: Once = Once::new();
 /// The process had one thread when it last forked (see `child`).
 static SINGLE_THREADED: AtomicBool = AtomicBool::new(false);
 
+/// How long the prepare handler waits for a lock to hold across the fork.
+const HOLD_WAIT: Duration = Duration::from_millis(500);
+
+/// The locks the forking thread holds across the fork, so that no other thread is
+/// inside them at its instant (see the module's notes). `None`: not had in time.
+struct Held {
+    _client: Option<MutexGuard<'static, Option<Client>>>,
+    table: Option<RwLockWriteGuard<'static, Table>>,
+}
+
 thread_local! {
     /// The pin made by this thread's fork (the handlers run in the forking thread).
     static PIN: RefCell<Option<ForkPin>> = const { RefCell::new(None) };
+    /// The locks this thread's fork is made under.
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    /// This thread holds the table in [`HELD`]. A flag with nothing to drop, so it
+    /// can be read in any call, even one made while the thread's locals are being
+    /// destroyed (where `HELD` can no longer be reached).
+    static HOLDS_TABLE: Cell<bool> = const { Cell::new(false) };
     /// This thread is the one attaching the child's session.
     static ADOPTING: Cell<bool> = const { Cell::new(false) };
 }
@@ -78,19 +103,95 @@ fn prepare_now() {
     // A child that forks again before any usnet call attaches first: it pins its
     // own session's sockets, never its parent's.
     own_session();
-    let c = CLIENT.try_lock().ok().and_then(|c| c.clone());
-    let Some(c) = c.filter(|c| c.is_alive()) else {
-        return;
-    };
-    SINGLE_THREADED.store(threads() == 1, Relaxed);
-    match c.pin_for_fork() {
-        Ok(pin) => PIN.with(|p| *p.borrow_mut() = Some(pin)),
-        Err(e) => {
-            if std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1") {
-                eprintln!("usnet: fork: the child will not have the sockets ({e})");
+    // The session's lock first, as `adopt` takes them: held while pinning, so no
+    // other thread attaches or replaces the session meanwhile.
+    let client = within(|| held(CLIENT.try_lock()));
+    if let Some(c) = client
+        .as_ref()
+        .and_then(|g| (**g).clone())
+        .filter(|c| c.is_alive())
+    {
+        SINGLE_THREADED.store(threads() == 1, Relaxed);
+        match c.pin_for_fork() {
+            Ok(pin) => PIN.with(|p| *p.borrow_mut() = Some(pin)),
+            Err(e) => {
+                if std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1") {
+                    eprintln!("usnet: fork: the child will not have the sockets ({e})");
+                }
             }
         }
     }
+    let table = within(|| held(table().try_write()));
+    HOLDS_TABLE.with(|f| f.set(table.is_some()));
+    HELD.with(|h| {
+        *h.borrow_mut() = Some(Held {
+            _client: client,
+            table,
+        })
+    });
+}
+
+/// A lock's guard from a `try_lock`/`try_write`, a poisoned one included.
+fn held<G>(r: Result<G, TryLockError<G>>) -> Option<G> {
+    match r {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Tries `attempt` until it gives a guard or [`HOLD_WAIT`] passes. Other threads
+/// hold these locks for a lookup or an insert; only this thread's own hold (a fork
+/// from a signal handler inside a socket call) can last, and must not hang the fork.
+fn within<G>(mut attempt: impl FnMut() -> Option<G>) -> Option<G> {
+    let end = Instant::now() + HOLD_WAIT;
+    loop {
+        if let Some(g) = attempt() {
+            return Some(g);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Runs `f` on the table through this thread's hold across a fork, if it holds it
+/// (gives `f` back otherwise): the thread's own socket calls in other fork handlers
+/// must not wait for the lock it holds.
+pub(crate) fn through_hold<R, F: FnOnce(&Table) -> R>(f: F) -> Result<R, F> {
+    if !HOLDS_TABLE.with(Cell::get) {
+        return Err(f);
+    }
+    HELD.with(|h| match h.try_borrow() {
+        Ok(h) => match h.as_ref().and_then(|h| h.table.as_deref()) {
+            Some(t) => Ok(f(t)),
+            None => Err(f),
+        },
+        Err(_) => Err(f),
+    })
+}
+
+/// [`through_hold`], to change the table.
+pub(crate) fn through_hold_mut<R, F: FnOnce(&mut Table) -> R>(f: F) -> Result<R, F> {
+    if !HOLDS_TABLE.with(Cell::get) {
+        return Err(f);
+    }
+    HELD.with(|h| match h.try_borrow_mut() {
+        Ok(mut h) => match h.as_mut().and_then(|h| h.table.as_deref_mut()) {
+            Some(t) => Ok(f(t)),
+            None => Err(f),
+        },
+        Err(_) => Err(f),
+    })
+}
+
+/// Lets go of the locks held across the fork (in the parent, and in the child:
+/// unlocking is an atomic store and perhaps a futex wake, safe after a fork).
+fn release_held() {
+    HOLDS_TABLE.with(|f| f.set(false));
+    let h = HELD.with(|h| h.borrow_mut().take());
+    drop(h);
 }
 
 extern "C" fn parent() {
@@ -99,6 +200,9 @@ extern "C" fn parent() {
 
 fn parent_now() {
     // The parent's copy of the pin connection: the child holds the pin now.
+    // First: closing the pin's connection passes through the shim's `close`, which
+    // reads the table.
+    release_held();
     let pin = PIN.with(|p| p.borrow_mut().take());
     drop(pin);
 }
@@ -108,6 +212,7 @@ extern "C" fn child() {
 }
 
 fn child_now() {
+    release_held();
     FORKED.store(true, Release);
     let pin = PIN.with(|p| p.borrow_mut().take());
     let pinned = pin.is_some();

@@ -231,22 +231,28 @@ fn table() -> &'static RwLock<HashMap<RawFd, Arc<Entry>>> {
     T.get_or_init(|| RwLock::new(HashMap::new()))
 }
 
+/// Reads the descriptor table. The thread that holds it across a fork reads through
+/// its own hold: another library's fork handler may close a descriptor meanwhile.
+fn read_table<R>(f: impl FnOnce(&fork::Table) -> R) -> R {
+    fork::through_hold(f).unwrap_or_else(|f| f(&table().read().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// Changes the descriptor table (as [`read_table`]). What `f` takes out of it must be
+/// dropped after this returns: dropping an entry closes its number, and that close
+/// comes back through the shim, which reads the table.
+fn write_table<R>(f: impl FnOnce(&mut fork::Table) -> R) -> R {
+    fork::through_hold_mut(f)
+        .unwrap_or_else(|f| f(&mut table().write().unwrap_or_else(|p| p.into_inner())))
+}
+
 fn get(fd: RawFd) -> Res<Arc<Entry>> {
     fork::own_session();
-    table()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&fd)
-        .cloned()
-        .ok_or(Errno(libc::EBADF))
+    read_table(|t| t.get(&fd).cloned()).ok_or(Errno(libc::EBADF))
 }
 
 /// Whether `fd` is a usnet socket or epoll set of this process.
 pub fn is_usnet(fd: RawFd) -> bool {
-    table()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains_key(&fd)
+    read_table(|t| t.contains_key(&fd))
 }
 
 /// A descriptor number for a socket: an eventfd whose count is the socket's `tag`
@@ -254,13 +260,12 @@ pub fn is_usnet(fd: RawFd) -> bool {
 /// see [`exec`]).
 /// The usnet descriptors numbered `lo..=hi` (for `close_range`).
 pub fn descriptors_in(lo: RawFd, hi: RawFd) -> Vec<RawFd> {
-    let mut v: Vec<RawFd> = table()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .keys()
-        .copied()
-        .filter(|&fd| fd >= lo && fd <= hi)
-        .collect();
+    let mut v: Vec<RawFd> = read_table(|t| {
+        t.keys()
+            .copied()
+            .filter(|&fd| fd >= lo && fd <= hi)
+            .collect()
+    });
     v.sort_unstable();
     v
 }
@@ -283,10 +288,8 @@ fn reserve(cloexec: bool, nonblock: bool, tag: u32) -> Res<OwnedFd> {
 
 fn insert(e: Entry) -> RawFd {
     let fd = e.reserve.as_raw_fd();
-    table()
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(fd, Arc::new(e));
+    let replaced = write_table(|t| t.insert(fd, Arc::new(e)));
+    drop(replaced);
     fd
 }
 
@@ -1358,11 +1361,7 @@ pub fn close(fd: RawFd) -> Res<()> {
     // A forked child's first call may be a close: its objects must be its own first
     // (dropping one of the parent's would close the parent's socket).
     fork::own_session();
-    let e = table()
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&fd)
-        .ok_or(Errno(libc::EBADF))?;
+    let e = write_table(|t| t.remove(&fd)).ok_or(Errno(libc::EBADF))?;
     // Another thread blocked in a call on it still holds the entry: the socket and the
     // number go when that call returns.
     drop(e);
@@ -1402,16 +1401,17 @@ pub fn dup3(old: RawFd, new: RawFd, flags: i32) -> Res<RawFd> {
         return Err(Errno(libc::EINVAL));
     }
     let e = get(old)?;
-    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
-    // SAFETY: dup3 on a descriptor this entry owns onto a number; no memory arguments.
-    let n = unsafe { libc::dup3(e.reserve.as_raw_fd(), new, flags) };
-    if n < 0 {
-        return Err(last_os_errno());
-    }
-    // SAFETY: `new` now holds a dup of our reserve; this entry owns it from here.
-    let entry = numbered(unsafe { OwnedFd::from_raw_fd(new) }, e.desc.clone());
-    let replaced = t.insert(new, Arc::new(entry));
-    drop(t);
+    let replaced = write_table(|t| {
+        // SAFETY: dup3 on a descriptor this entry owns onto a number; no memory
+        // arguments.
+        let n = unsafe { libc::dup3(e.reserve.as_raw_fd(), new, flags) };
+        if n < 0 {
+            return Err(last_os_errno());
+        }
+        // SAFETY: `new` now holds a dup of our reserve; this entry owns it from here.
+        let entry = numbered(unsafe { OwnedFd::from_raw_fd(new) }, e.desc.clone());
+        Ok(t.insert(new, Arc::new(entry)))
+    })?;
     if let Some(r) = replaced {
         // The kernel's dup3 already closed its eventfd: its number is the new
         // entry's now.
@@ -1433,10 +1433,7 @@ pub fn dup2(old: RawFd, new: RawFd) -> Res<RawFd> {
 /// descriptor onto a usnet socket's number, by the caller): `fd` is no longer a usnet
 /// socket, and the number stays with the kernel's descriptor.
 pub fn replaced_by_kernel(fd: RawFd) {
-    let e = table()
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&fd);
+    let e = write_table(|t| t.remove(&fd));
     if let Some(e) = e {
         e.keep_number.store(true, Relaxed);
     }
@@ -1488,10 +1485,8 @@ pub fn surrender(fd: RawFd) -> Res<Surrendered> {
     };
     drop(o);
     e.keep_number.store(true, Relaxed);
-    table()
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&fd);
+    let removed = write_table(|t| t.remove(&fd));
+    drop(removed);
     Ok(what)
 }
 
