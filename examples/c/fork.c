@@ -82,10 +82,14 @@ static void serve(int l, int n) {
 static volatile int stop_busy;
 
 /* A thread that keeps making socket calls until told to stop: looking a descriptor up,
- * making and closing a socket. A fork may come at any instant of them. */
+ * making and closing a socket, closing a descriptor numbered as high as a busy server's
+ * (a shim asks whether such a number is its own). A fork may come at any instant. */
 static void *busy(void *arg) {
     int l = *(int *)arg;
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     while (!stop_busy) {
+        int high = fcntl(null, F_DUPFD_CLOEXEC, 400);
+        if (high >= 0) close(high);
         struct sockaddr_in a;
         socklen_t n = sizeof a;
         getsockname(l, (struct sockaddr *)&a, &n);
@@ -93,6 +97,7 @@ static void *busy(void *arg) {
         int f = socket(AF_INET, SOCK_STREAM, 0);
         if (f >= 0) close(f);
     }
+    close(null);
     return NULL;
 }
 

@@ -26,7 +26,8 @@
 //!   closed, and the parent's session is abandoned (its memory unmapped once nothing
 //!   refers to it). Locks are only tried there: a descriptor whose lock a parent's
 //!   thread held at the fork becomes a failed socket in the child.
-//! - **The table and the session's lock are held across the fork** by the forking
+//! - **The table, the session's lock and the client's list of its own descriptors
+//!   (`lineage`) are held across the fork** by the forking
 //!   thread (taken in the prepare handler, let go in the parent's and the child's):
 //!   otherwise another thread in the middle of a socket call at that instant leaves
 //!   them held forever in the child, whose rebuild then cannot happen (its sockets
@@ -72,6 +73,8 @@ const HOLD_WAIT: Duration = Duration::from_millis(500);
 struct Held {
     _client: Option<MutexGuard<'static, Option<Client>>>,
     table: Option<RwLockWriteGuard<'static, Table>>,
+    /// The client's list of its own descriptors (`lineage::try_hold_own`).
+    own: bool,
 }
 
 thread_local! {
@@ -123,10 +126,12 @@ fn prepare_now() {
     }
     let table = within(|| held(table().try_write()));
     HOLDS_TABLE.with(|f| f.set(table.is_some()));
+    let own = within(|| usnet_client::lineage::try_hold_own().then_some(())).is_some();
     HELD.with(|h| {
         *h.borrow_mut() = Some(Held {
             _client: client,
             table,
+            own,
         })
     });
 }
@@ -191,6 +196,9 @@ pub(crate) fn through_hold_mut<R, F: FnOnce(&mut Table) -> R>(f: F) -> Result<R,
 fn release_held() {
     HOLDS_TABLE.with(|f| f.set(false));
     let h = HELD.with(|h| h.borrow_mut().take());
+    if h.as_ref().is_some_and(|h| h.own) {
+        usnet_client::lineage::release_own();
+    }
     drop(h);
 }
 
