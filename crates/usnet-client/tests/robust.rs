@@ -666,7 +666,11 @@ fn a_server_killed_mid_transfer_fails_every_call() {
     for (what, e) in &later {
         assert!(is_clear(e), "{what}: {e}");
     }
-    assert!(t1.elapsed() < NOTICED, "later calls took {:?}", t1.elapsed());
+    assert!(
+        t1.elapsed() < NOTICED,
+        "later calls took {:?}",
+        t1.elapsed()
+    );
     assert!(!c.is_alive());
     // Nothing hangs on the way out.
     let (tx, rx) = channel();
