@@ -175,8 +175,8 @@ pub fn pin_for_spawn() -> SpawnPin {
 /// At a program's start (the shim calls it before `main`): takes over the sockets
 /// it inherited across `exec`; see the module's text. Does nothing else in a program
 /// that inherited no control connection, but install the fork handlers: installed
-/// this early, before any library of the program installs its own, the prepare
-/// handler runs after the others and the child's and parent's before them, so the
+/// this early, before the handlers installed after `main` starts, the prepare
+/// handler runs after those and the child's and parent's before them, so the
 /// locks it holds across the fork are held as briefly as can be (fork.rs).
 pub fn inherit() {
     crate::fork::register();
