@@ -73,8 +73,6 @@ const HOLD_WAIT: Duration = Duration::from_millis(500);
 struct Held {
     _client: Option<MutexGuard<'static, Option<Client>>>,
     table: Option<RwLockWriteGuard<'static, Table>>,
-    /// The client's list of its own descriptors (`lineage::try_hold_own`).
-    own: bool,
 }
 
 thread_local! {
@@ -126,12 +124,12 @@ fn prepare_now() {
     }
     let table = within(|| held(table().try_write()));
     HOLDS_TABLE.with(|f| f.set(table.is_some()));
-    let own = within(|| usnet_client::lineage::try_hold_own().then_some(())).is_some();
+    // The client's list of its own descriptors, let go by `release_held`.
+    let _ = within(|| usnet_client::lineage::try_hold_own().then_some(()));
     HELD.with(|h| {
         *h.borrow_mut() = Some(Held {
             _client: client,
             table,
-            own,
         })
     });
 }
@@ -161,33 +159,20 @@ fn within<G>(mut attempt: impl FnMut() -> Option<G>) -> Option<G> {
     }
 }
 
-/// Runs `f` on the table through this thread's hold across a fork, if it holds it
-/// (gives `f` back otherwise): the thread's own socket calls in other fork handlers
-/// must not wait for the lock it holds.
-pub(crate) fn through_hold<R, F: FnOnce(&Table) -> R>(f: F) -> Result<R, F> {
+/// Runs `g` on the table through this thread's hold across a fork, if it holds it
+/// (`None` otherwise): the thread's own socket calls in other fork handlers must not
+/// wait for the lock it holds.
+pub(crate) fn through_hold<R>(g: impl FnOnce(&mut Table) -> R) -> Option<R> {
     if !HOLDS_TABLE.with(Cell::get) {
-        return Err(f);
+        return None;
     }
-    HELD.with(|h| match h.try_borrow() {
-        Ok(h) => match h.as_ref().and_then(|h| h.table.as_deref()) {
-            Some(t) => Ok(f(t)),
-            None => Err(f),
-        },
-        Err(_) => Err(f),
-    })
-}
-
-/// [`through_hold`], to change the table.
-pub(crate) fn through_hold_mut<R, F: FnOnce(&mut Table) -> R>(f: F) -> Result<R, F> {
-    if !HOLDS_TABLE.with(Cell::get) {
-        return Err(f);
-    }
-    HELD.with(|h| match h.try_borrow_mut() {
-        Ok(mut h) => match h.as_mut().and_then(|h| h.table.as_deref_mut()) {
-            Some(t) => Ok(f(t)),
-            None => Err(f),
-        },
-        Err(_) => Err(f),
+    HELD.with(|h| {
+        h.try_borrow_mut()
+            .ok()?
+            .as_mut()?
+            .table
+            .as_deref_mut()
+            .map(g)
     })
 }
 
@@ -196,9 +181,7 @@ pub(crate) fn through_hold_mut<R, F: FnOnce(&mut Table) -> R>(f: F) -> Result<R,
 fn release_held() {
     HOLDS_TABLE.with(|f| f.set(false));
     let h = HELD.with(|h| h.borrow_mut().take());
-    if h.as_ref().is_some_and(|h| h.own) {
-        usnet_client::lineage::release_own();
-    }
+    usnet_client::lineage::release_own();
     drop(h);
 }
 

@@ -234,15 +234,22 @@ fn table() -> &'static RwLock<HashMap<RawFd, Arc<Entry>>> {
 /// Reads the descriptor table. The thread that holds it across a fork reads through
 /// its own hold: another library's fork handler may close a descriptor meanwhile.
 fn read_table<R>(f: impl FnOnce(&fork::Table) -> R) -> R {
-    fork::through_hold(f).unwrap_or_else(|f| f(&table().read().unwrap_or_else(|p| p.into_inner())))
+    let mut f = Some(f);
+    if let Some(Some(r)) = fork::through_hold(|t| f.take().map(|f| f(t))) {
+        return r;
+    }
+    (f.expect("not run"))(&table().read().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// Changes the descriptor table (as [`read_table`]). What `f` takes out of it must be
 /// dropped after this returns: dropping an entry closes its number, and that close
 /// comes back through the shim, which reads the table.
 fn write_table<R>(f: impl FnOnce(&mut fork::Table) -> R) -> R {
-    fork::through_hold_mut(f)
-        .unwrap_or_else(|f| f(&mut table().write().unwrap_or_else(|p| p.into_inner())))
+    let mut f = Some(f);
+    if let Some(Some(r)) = fork::through_hold(|t| f.take().map(|f| f(t))) {
+        return r;
+    }
+    (f.expect("not run"))(&mut table().write().unwrap_or_else(|p| p.into_inner()))
 }
 
 fn get(fd: RawFd) -> Res<Arc<Entry>> {
