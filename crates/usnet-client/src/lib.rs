@@ -16,6 +16,7 @@
 
 mod conn;
 mod fdsend;
+pub mod forklock;
 pub mod lineage;
 mod lockorder;
 pub mod msgzc;

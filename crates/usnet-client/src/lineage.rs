@@ -15,13 +15,13 @@
 //! With `inheritable` the connections are made without close-on-exec, so they
 //! survive `exec`, as the sockets they stand for do on the kernel.
 
-use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-use std::sync::{RwLock, RwLockWriteGuard, TryLockError};
+
+use crate::forklock::ForkRwLock;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
@@ -170,69 +170,12 @@ pub(crate) fn request(
 pub const PARK_FLOOR: RawFd = 300;
 
 /// The client's own descriptors ([`park`] puts them here): number, device and
-/// inode, so that a number we closed and the program reused is told apart.
-static OWN: RwLock<OwnList> = RwLock::new(Vec::new());
+/// inode, so that a number we closed and the program reused is told apart. Held
+/// across a fork by `usnet-posix`'s fork handlers ([`ForkRwLock`]): a child's attach
+/// adds to it.
+pub static OWN: ForkRwLock<OwnList> = ForkRwLock::new(Vec::new());
 
-type OwnList = Vec<(RawFd, u64, u64)>;
-
-thread_local! {
-    /// This thread's hold on [`OWN`] across a fork ([`try_hold_own`]).
-    static OWN_HELD: RefCell<Option<RwLockWriteGuard<'static, OwnList>>> =
-        const { RefCell::new(None) };
-    /// Set while this thread holds [`OWN`]: a flag with nothing to drop, readable in
-    /// any call, even one made while the thread's locals are being destroyed.
-    static HOLDS_OWN: Cell<bool> = const { Cell::new(false) };
-}
-
-/// For a fork about to happen (`usnet-posix`'s fork handlers): takes the list of the
-/// layer's own descriptors if it is free (one try), and holds it in this thread until
-/// [`release_own`]. So no other thread is inside it at the fork's instant, which
-/// would leave it locked forever in the child, whose attach must add to it. Whether
-/// it is held.
-pub fn try_hold_own() -> bool {
-    let g = match OWN.try_write() {
-        Ok(g) => g,
-        Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(TryLockError::WouldBlock) => return false,
-    };
-    OWN_HELD.with(|h| *h.borrow_mut() = Some(g));
-    HOLDS_OWN.with(|f| f.set(true));
-    true
-}
-
-/// Lets go of what [`try_hold_own`] took (nothing if it took nothing).
-pub fn release_own() {
-    HOLDS_OWN.with(|f| f.set(false));
-    let g = OWN_HELD.with(|h| h.borrow_mut().take());
-    drop(g);
-}
-
-/// Runs `g` on [`OWN`] through this thread's hold across a fork, if it has one (a
-/// close in another library's fork handler must not wait for the hold).
-fn through_own_hold<R>(g: impl FnOnce(&mut OwnList) -> R) -> Option<R> {
-    if !HOLDS_OWN.with(Cell::get) {
-        return None;
-    }
-    OWN_HELD.with(|h| h.try_borrow_mut().ok()?.as_deref_mut().map(g))
-}
-
-/// Reads [`OWN`] (through this thread's hold, if it has one).
-fn read_own<R>(f: impl FnOnce(&OwnList) -> R) -> R {
-    let mut f = Some(f);
-    if let Some(Some(r)) = through_own_hold(|l| f.take().map(|f| f(l))) {
-        return r;
-    }
-    (f.expect("not run"))(&OWN.read().unwrap_or_else(|p| p.into_inner()))
-}
-
-/// Changes [`OWN`] (through this thread's hold, if it has one).
-fn write_own<R>(f: impl FnOnce(&mut OwnList) -> R) -> R {
-    let mut f = Some(f);
-    if let Some(Some(r)) = through_own_hold(|l| f.take().map(|f| f(l))) {
-        return r;
-    }
-    (f.expect("not run"))(&mut OWN.write().unwrap_or_else(|p| p.into_inner()))
-}
+pub type OwnList = Vec<(RawFd, u64, u64)>;
 
 fn identity(fd: RawFd) -> Option<(u64, u64)> {
     // SAFETY: stat is plain data; fstat fills it or fails.
@@ -253,7 +196,7 @@ pub fn is_own(fd: RawFd) -> bool {
     if fd < PARK_FLOOR || LAYER.with(|l| l.get()) {
         return false;
     }
-    let known = read_own(|l| l.iter().find(|e| e.0 == fd).copied());
+    let known = OWN.read(|l| l.iter().find(|e| e.0 == fd).copied());
     let Some((_, dev, ino)) = known else {
         return false;
     };
@@ -261,13 +204,13 @@ pub fn is_own(fd: RawFd) -> bool {
         return true;
     }
     // We closed it and the number went to something else.
-    write_own(|l| l.retain(|e| e.0 != fd));
+    OWN.write(|l| l.retain(|e| e.0 != fd));
     false
 }
 
 /// The client's own descriptors in `first..=last` (for `closefrom`/`close_range`).
 pub fn own_in(first: RawFd, last: RawFd) -> Vec<RawFd> {
-    let nums: Vec<RawFd> = read_own(|l| {
+    let nums: Vec<RawFd> = OWN.read(|l| {
         l.iter()
             .map(|e| e.0)
             .filter(|&n| n >= first && n <= last)
@@ -297,7 +240,7 @@ pub fn as_layer<R>(f: impl FnOnce() -> R) -> R {
 
 fn remember(fd: RawFd) {
     if let Some((dev, ino)) = identity(fd) {
-        write_own(|own| {
+        OWN.write(|own| {
             own.retain(|e| e.0 != fd);
             own.push((fd, dev, ino));
         });
@@ -393,30 +336,21 @@ pub unsafe fn inherited() -> Vec<Inherited> {
 mod tests {
     use super::*;
 
-    /// The hold a fork handler takes on the list of the layer's own descriptors: not
-    /// while another thread is inside it, and the holding thread's own lookups (a
-    /// close in another library's fork handler) go through the hold instead of
-    /// waiting for it forever.
+    /// The hold a fork handler takes on the list of the layer's own descriptors:
+    /// the holding thread's own lookups (a close in another library's fork handler)
+    /// go through the hold instead of waiting for it forever. (`forklock`'s tests
+    /// cover the lock itself.)
     #[test]
-    fn the_own_list_is_held_for_a_fork_and_read_through_the_hold() {
+    fn the_own_list_is_read_through_a_hold_across_a_fork() {
         let null = std::fs::File::open("/dev/null").unwrap();
         let fd = park(OwnedFd::from(null));
         let n = fd.as_raw_fd();
         assert!(n >= PARK_FLOOR, "parked at {n}");
         let (tx, rx) = std::sync::mpsc::channel();
-        let reader = OWN.read().unwrap();
         std::thread::spawn(move || {
-            let busy = try_hold_own();
-            tx.send(busy).unwrap();
-        });
-        let busy = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
-        assert!(!busy, "held while another thread read the list");
-        drop(reader);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            assert!(try_hold_own());
+            assert!(OWN.try_hold());
             let seen = (is_own(n), own_in(n, n));
-            release_own();
+            OWN.release();
             tx.send(seen).unwrap();
         });
         let (seen, listed) = rx
@@ -424,7 +358,7 @@ mod tests {
             .expect("the holding thread's lookups went through its hold");
         assert!(seen);
         assert_eq!(listed, vec![n]);
-        assert!(OWN.try_write().is_ok(), "let go");
+        assert!(OWN.try_write().is_some(), "let go");
     }
 
     #[test]

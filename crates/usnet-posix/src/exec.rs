@@ -38,7 +38,7 @@ use usnet_client::{
     AttachOptions, Claimed, Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket,
 };
 
-use crate::{lock, new_desc, numbered, table, Obj, CLIENT};
+use crate::{lock, new_desc, numbered, Obj, CLIENT};
 
 /// Set in every tag: tells our eventfds from a program's own.
 const TAG_MARK: u32 = 1 << 31;
@@ -168,7 +168,7 @@ pub struct SpawnPin(#[allow(dead_code)] Option<usnet_client::ForkPin>);
 pub fn pin_for_spawn() -> SpawnPin {
     crate::fork::own_session();
     let any = !crate::read_table(|t| t.is_empty());
-    let c = lock(&CLIENT).clone().filter(|c| any && c.is_alive());
+    let c = CLIENT.with(|c| c.clone()).filter(|c| any && c.is_alive());
     SpawnPin(c.and_then(|c| c.pin_for_fork().ok()))
 }
 
@@ -225,58 +225,61 @@ fn inherit_now() {
 }
 
 fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
-    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
-    for c in claimed {
-        let Some(fds) = tags.get(&c.tag).filter(|_| c.tag & TAG_MARK != 0) else {
-            client.close_slot(c.slot);
-            continue;
-        };
-        let domain = if c.tag & TAG_INET6 != 0 {
-            libc::AF_INET6
-        } else {
-            libc::AF_INET
-        };
-        // SAFETY: fcntl on an inherited descriptor; no memory arguments.
-        let nb = unsafe { libc::fcntl(fds[0], libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-        let made = match c.role {
-            usnet_session_abi::role::LISTENER => TcpListener::inherited(&client, c.slot).map(|l| {
-                l.set_exec_tag(c.tag);
-                (Obj::Listener(l), libc::SOCK_STREAM)
-            }),
-            usnet_session_abi::role::CONN => TcpStream::inherited(&client, c.slot).map(|s| {
-                s.set_exec_tag(c.tag);
-                let _ = s.set_nonblocking(nb);
-                (Obj::Stream(s), libc::SOCK_STREAM)
-            }),
-            usnet_session_abi::role::UDP => UdpSocket::inherited(&client, c.slot).map(|u| {
-                u.set_exec_tag(c.tag);
-                let _ = u.set_nonblocking(nb);
-                (Obj::Udp(u), libc::SOCK_DGRAM)
-            }),
-            usnet_session_abi::role::FRESH => Socket::inherited(&client, c.slot, SocketKind::Tcp)
-                .map(|s| {
-                    s.set_exec_tag(c.tag);
-                    (Obj::Fresh(s), libc::SOCK_STREAM)
-                }),
-            _ => {
+    crate::write_table(|t| {
+        for c in claimed {
+            let Some(fds) = tags.get(&c.tag).filter(|_| c.tag & TAG_MARK != 0) else {
                 client.close_slot(c.slot);
                 continue;
+            };
+            let domain = if c.tag & TAG_INET6 != 0 {
+                libc::AF_INET6
+            } else {
+                libc::AF_INET
+            };
+            // SAFETY: fcntl on an inherited descriptor; no memory arguments.
+            let nb = unsafe { libc::fcntl(fds[0], libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+            let made = match c.role {
+                usnet_session_abi::role::LISTENER => {
+                    TcpListener::inherited(&client, c.slot).map(|l| {
+                        l.set_exec_tag(c.tag);
+                        (Obj::Listener(l), libc::SOCK_STREAM)
+                    })
+                }
+                usnet_session_abi::role::CONN => TcpStream::inherited(&client, c.slot).map(|s| {
+                    s.set_exec_tag(c.tag);
+                    let _ = s.set_nonblocking(nb);
+                    (Obj::Stream(s), libc::SOCK_STREAM)
+                }),
+                usnet_session_abi::role::UDP => UdpSocket::inherited(&client, c.slot).map(|u| {
+                    u.set_exec_tag(c.tag);
+                    let _ = u.set_nonblocking(nb);
+                    (Obj::Udp(u), libc::SOCK_DGRAM)
+                }),
+                usnet_session_abi::role::FRESH => {
+                    Socket::inherited(&client, c.slot, SocketKind::Tcp).map(|s| {
+                        s.set_exec_tag(c.tag);
+                        (Obj::Fresh(s), libc::SOCK_STREAM)
+                    })
+                }
+                _ => {
+                    client.close_slot(c.slot);
+                    continue;
+                }
+            };
+            let Ok((obj, stype)) = made else {
+                client.close_slot(c.slot);
+                continue;
+            };
+            let desc = new_desc(obj, domain, stype, nb, c.tag);
+            for &fd in fds {
+                // SAFETY: an inherited eventfd of ours (its tag says so) that nothing else
+                // in this new program knows of; the entry owns the number from here.
+                let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(&desc));
+                t.insert(fd, Arc::new(e));
             }
-        };
-        let Ok((obj, stype)) = made else {
-            client.close_slot(c.slot);
-            continue;
-        };
-        let desc = new_desc(obj, domain, stype, nb, c.tag);
-        for &fd in fds {
-            // SAFETY: an inherited eventfd of ours (its tag says so) that nothing else
-            // in this new program knows of; the entry owns the number from here.
-            let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(&desc));
-            t.insert(fd, Arc::new(e));
         }
-    }
-    drop(t);
-    *lock(&CLIENT) = Some(client);
+    });
+    CLIENT.with(|c| *c = Some(client));
     crate::fork::register();
 }
 

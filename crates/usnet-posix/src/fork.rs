@@ -48,7 +48,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
-use std::sync::{Arc, Mutex, MutexGuard, Once, RwLock, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, Once, RwLock};
 use std::time::{Duration, Instant};
 
 use usnet_client::{Client, ForkPin};
@@ -68,22 +68,9 @@ static SINGLE_THREADED: AtomicBool = AtomicBool::new(false);
 /// How long the prepare handler waits for a lock to hold across the fork.
 const HOLD_WAIT: Duration = Duration::from_millis(500);
 
-/// The locks the forking thread holds across the fork, so that no other thread is
-/// inside them at its instant (see the module's notes). `None`: not had in time.
-struct Held {
-    _client: Option<MutexGuard<'static, Option<Client>>>,
-    table: Option<RwLockWriteGuard<'static, Table>>,
-}
-
 thread_local! {
     /// The pin made by this thread's fork (the handlers run in the forking thread).
     static PIN: RefCell<Option<ForkPin>> = const { RefCell::new(None) };
-    /// The locks this thread's fork is made under.
-    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
-    /// This thread holds the table in [`HELD`]. A flag with nothing to drop, so it
-    /// can be read in any call, even one made while the thread's locals are being
-    /// destroyed (where `HELD` can no longer be reached).
-    static HOLDS_TABLE: Cell<bool> = const { Cell::new(false) };
     /// This thread is the one attaching the child's session.
     static ADOPTING: Cell<bool> = const { Cell::new(false) };
 }
@@ -105,13 +92,13 @@ fn prepare_now() {
     // own session's sockets, never its parent's.
     own_session();
     // The session's lock first, as `adopt` takes them: held while pinning, so no
-    // other thread attaches or replaces the session meanwhile.
-    let client = within(|| held(CLIENT.try_lock()));
-    if let Some(c) = client
-        .as_ref()
-        .and_then(|g| (**g).clone())
-        .filter(|c| c.is_alive())
-    {
+    // other thread attaches or replaces the session meanwhile. Then the table and
+    // the client's list of its own descriptors, all let go by `release_held`.
+    let client = within(|| CLIENT.try_hold())
+        .then(|| CLIENT.with(|c| c.clone()))
+        .flatten()
+        .filter(|c| c.is_alive());
+    if let Some(c) = client {
         SINGLE_THREADED.store(threads() == 1, Relaxed);
         match c.pin_for_fork() {
             Ok(pin) => PIN.with(|p| *p.borrow_mut() = Some(pin)),
@@ -122,67 +109,33 @@ fn prepare_now() {
             }
         }
     }
-    let table = within(|| held(table().try_write()));
-    HOLDS_TABLE.with(|f| f.set(table.is_some()));
-    // The client's list of its own descriptors, let go by `release_held`.
-    let _ = within(|| usnet_client::lineage::try_hold_own().then_some(()));
-    HELD.with(|h| {
-        *h.borrow_mut() = Some(Held {
-            _client: client,
-            table,
-        })
-    });
+    within(|| table().try_hold());
+    within(|| usnet_client::lineage::OWN.try_hold());
 }
 
-/// A lock's guard from a `try_lock`/`try_write`, a poisoned one included.
-fn held<G>(r: Result<G, TryLockError<G>>) -> Option<G> {
-    match r {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
-}
-
-/// Tries `attempt` until it gives a guard or [`HOLD_WAIT`] passes. Other threads
-/// hold these locks for a lookup or an insert; only this thread's own hold (a fork
-/// from a signal handler inside a socket call) can last, and must not hang the fork.
-fn within<G>(mut attempt: impl FnMut() -> Option<G>) -> Option<G> {
+/// Tries `hold` until it holds or [`HOLD_WAIT`] passes. Other threads hold these
+/// locks for a lookup or an insert; only this thread's own (a fork from a signal
+/// handler inside a socket call) can last, and must not hang the fork.
+fn within(mut hold: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + HOLD_WAIT;
     loop {
-        if let Some(g) = attempt() {
-            return Some(g);
+        if hold() {
+            return true;
         }
         if Instant::now() >= end {
-            return None;
+            return false;
         }
         std::thread::yield_now();
     }
 }
 
-/// Runs `g` on the table through this thread's hold across a fork, if it holds it
-/// (`None` otherwise): the thread's own socket calls in other fork handlers must not
-/// wait for the lock it holds.
-pub(crate) fn through_hold<R>(g: impl FnOnce(&mut Table) -> R) -> Option<R> {
-    if !HOLDS_TABLE.with(Cell::get) {
-        return None;
-    }
-    HELD.with(|h| {
-        h.try_borrow_mut()
-            .ok()?
-            .as_mut()?
-            .table
-            .as_deref_mut()
-            .map(g)
-    })
-}
-
 /// Lets go of the locks held across the fork (in the parent, and in the child:
-/// unlocking is an atomic store and perhaps a futex wake, safe after a fork).
+/// unlocking is an atomic store and perhaps a futex wake, safe after a fork). The
+/// reverse of the order they were taken in.
 fn release_held() {
-    HOLDS_TABLE.with(|f| f.set(false));
-    let h = HELD.with(|h| h.borrow_mut().take());
-    usnet_client::lineage::release_own();
-    drop(h);
+    usnet_client::lineage::OWN.release();
+    table().release();
+    CLIENT.release();
 }
 
 extern "C" fn parent() {
@@ -244,7 +197,7 @@ pub(crate) fn own_session() {
 
 fn adopt() {
     let pin = CHILD_PIN.try_lock().ok().and_then(|mut g| g.take());
-    let Ok(mut current) = CLIENT.try_lock() else {
+    let Some(mut current) = CLIENT.try_lock() else {
         return;
     };
     if let Some(old) = current.take() {
@@ -264,7 +217,7 @@ fn adopt() {
     };
     let map: HashMap<u32, u32> = map.into_iter().map(|c| (c.parent_slot, c.slot)).collect();
     let mut used = HashSet::new();
-    let Ok(mut t) = table().try_write() else {
+    let Some(mut t) = table().try_write() else {
         *current = new;
         return;
     };

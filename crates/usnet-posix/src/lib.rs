@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
+use usnet_client::forklock::{ForkMutex, ForkRwLock};
 use usnet_client::{Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
 
 pub use exec::{attach_refusal, inherit, pin_for_spawn, SpawnPin};
@@ -86,13 +87,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 // ------------------------------------------------------------------ the session
 
-static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
+/// The session. Held across a fork by the forking thread (fork.rs), whose calls in
+/// other fork handlers go through its hold.
+static CLIENT: ForkMutex<Option<Client>> = ForkMutex::new(None);
 
 /// Attaches this process to the stack named `stack` (`None`: `USNET_STACK`, or the only
 /// one running). The first socket call attaches on its own if this was not called.
 pub fn attach(stack: Option<&str>) -> Res<()> {
     fork::own_session();
-    let mut c = lock(&CLIENT);
+    CLIENT.with(|c| attach_into(c, stack))
+}
+
+fn attach_into(c: &mut Option<Client>, stack: Option<&str>) -> Res<()> {
     if c.as_ref().is_some_and(|c| c.is_alive()) {
         return Ok(());
     }
@@ -112,11 +118,12 @@ pub fn attach(stack: Option<&str>) -> Res<()> {
 
 fn client() -> Res<Client> {
     fork::own_session();
-    if let Some(c) = lock(&CLIENT).as_ref() {
-        return Ok(c.clone());
-    }
-    attach(None)?;
-    lock(&CLIENT).clone().ok_or(Errno(libc::ENETDOWN))
+    CLIENT.with(|c| {
+        if c.is_none() {
+            attach_into(c, None)?;
+        }
+        c.clone().ok_or(Errno(libc::ENETDOWN))
+    })
 }
 
 // ------------------------------------------------------------------ the table
@@ -226,30 +233,23 @@ struct Desc {
     tag: u32,
 }
 
-fn table() -> &'static RwLock<HashMap<RawFd, Arc<Entry>>> {
-    static T: OnceLock<RwLock<HashMap<RawFd, Arc<Entry>>>> = OnceLock::new();
-    T.get_or_init(|| RwLock::new(HashMap::new()))
+/// The descriptor table. Held across a fork by the forking thread (fork.rs), whose
+/// calls in other fork handlers (a close) read and change it through its hold.
+fn table() -> &'static ForkRwLock<fork::Table> {
+    static T: OnceLock<ForkRwLock<fork::Table>> = OnceLock::new();
+    T.get_or_init(|| ForkRwLock::new(HashMap::new()))
 }
 
-/// Reads the descriptor table. The thread that holds it across a fork reads through
-/// its own hold: another library's fork handler may close a descriptor meanwhile.
+/// Reads the descriptor table.
 fn read_table<R>(f: impl FnOnce(&fork::Table) -> R) -> R {
-    let mut f = Some(f);
-    if let Some(Some(r)) = fork::through_hold(|t| f.take().map(|f| f(t))) {
-        return r;
-    }
-    (f.expect("not run"))(&table().read().unwrap_or_else(|p| p.into_inner()))
+    table().read(f)
 }
 
-/// Changes the descriptor table (as [`read_table`]). What `f` takes out of it must be
-/// dropped after this returns: dropping an entry closes its number, and that close
-/// comes back through the shim, which reads the table.
+/// Changes the descriptor table. What `f` takes out of it must be dropped after this
+/// returns: dropping an entry closes its number, and that close comes back through
+/// the shim, which reads the table.
 fn write_table<R>(f: impl FnOnce(&mut fork::Table) -> R) -> R {
-    let mut f = Some(f);
-    if let Some(Some(r)) = fork::through_hold(|t| f.take().map(|f| f(t))) {
-        return r;
-    }
-    (f.expect("not run"))(&mut table().write().unwrap_or_else(|p| p.into_inner()))
+    table().write(f)
 }
 
 fn get(fd: RawFd) -> Res<Arc<Entry>> {
@@ -262,9 +262,6 @@ pub fn is_usnet(fd: RawFd) -> bool {
     read_table(|t| t.contains_key(&fd))
 }
 
-/// A descriptor number for a socket: an eventfd whose count is the socket's `tag`
-/// and whose O_NONBLOCK follows the socket's (so a program after `exec` finds both;
-/// see [`exec`]).
 /// The usnet descriptors numbered `lo..=hi` (for `close_range`).
 pub fn descriptors_in(lo: RawFd, hi: RawFd) -> Vec<RawFd> {
     let mut v: Vec<RawFd> = read_table(|t| {
@@ -277,6 +274,9 @@ pub fn descriptors_in(lo: RawFd, hi: RawFd) -> Vec<RawFd> {
     v
 }
 
+/// A descriptor number for a socket: an eventfd whose count is the socket's `tag`
+/// and whose O_NONBLOCK follows the socket's (so a program after `exec` finds both;
+/// see [`exec`]).
 fn reserve(cloexec: bool, nonblock: bool, tag: u32) -> Res<OwnedFd> {
     let flags =
         if nonblock { libc::EFD_NONBLOCK } else { 0 } | if cloexec { libc::EFD_CLOEXEC } else { 0 };

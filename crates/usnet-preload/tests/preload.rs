@@ -103,13 +103,40 @@ fn same_under_the_shim(name: &str, usnet_port: u16) {
     run_dir();
     let bin = std::env::temp_dir().join(format!("usnet-preload-{name}-{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    // A program with a library of its own (`<name>_lib.c`) links it as a shared
+    // library: its constructor then runs before the shim's, as a real library's does.
+    let lib_src = root().join(format!("examples/c/{name}_lib.c"));
+    let lib_dir = bin.with_extension("lib");
+    let mut link = Vec::new();
+    if lib_src.exists() {
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        let c = output_within(
+            Command::new(&cc)
+                .args(["-O1", "-Wall", "-pthread", "-shared", "-fPIC", "-o"])
+                .arg(lib_dir.join(format!("lib{name}.so")))
+                .arg(&lib_src),
+            Duration::from_secs(120),
+        );
+        assert!(
+            c.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&c.stderr)
+        );
+        let dir = lib_dir.display();
+        link = vec![
+            format!("-L{dir}"),
+            format!("-Wl,-rpath,{dir}"),
+            format!("-l{name}"),
+        ];
+    }
     let c = output_within(
-        Command::new(cc)
+        Command::new(&cc)
             .args(["-O1", "-Wall", "-pthread", "-o"])
             .arg(&bin)
             .arg("-I")
             .arg(root().join("examples/c"))
-            .arg(root().join(format!("examples/c/{name}.c"))),
+            .arg(root().join(format!("examples/c/{name}.c")))
+            .args(&link),
         Duration::from_secs(120),
     );
     assert!(
@@ -140,6 +167,7 @@ fn same_under_the_shim(name: &str, usnet_port: u16) {
         Duration::from_secs(60),
     );
     let _ = std::fs::remove_file(&bin);
+    let _ = std::fs::remove_dir_all(&lib_dir);
     let (ks, us) = (text(&k), text(&u));
     assert!(
         k.status.success() && ks.ends_with("all ok\n"),
@@ -163,6 +191,14 @@ fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();
     same_under_the_shim("signals", 7703);
+}
+
+/// fork with a library's fork handlers (installed in its constructor, so they run
+/// while the shim holds its locks across the fork) making sockets of their own.
+#[test]
+fn sockets_made_in_a_librarys_fork_handlers_behave_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("fork_handlers", 7760);
 }
 
 /// fork: a child that exits untouched, a listener shared by two children accepting
