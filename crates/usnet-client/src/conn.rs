@@ -236,6 +236,51 @@ impl Conn {
         )
     }
 
+    /// Pins the sockets of `slots` for a process they are passed to (see
+    /// `usnet_server::control`): like [`Conn::pin`], for some sockets only.
+    pub fn pin_slots(&self, slots: &[u32]) -> io::Result<(UnixStream, String, u32)> {
+        let req = ctl::Request::Pin(msg::PinReq {
+            slots: Some(slots.to_vec()),
+        });
+        Self::ask_as(
+            &self.ctl,
+            &req,
+            crate::lineage::Kind::Pin,
+            &self.stack_name,
+            self.inheritable,
+        )
+    }
+
+    /// Takes into this session the sockets of the pin `token` (a pin made for
+    /// passing): what each one became.
+    pub fn claim_pin(&self, token: &str) -> io::Result<Vec<usnet_session_abi::Claimed>> {
+        use std::io::BufRead;
+        let req = ctl::Request::Claim(msg::ClaimReq {
+            token: token.into(),
+        });
+        let ch = crate::lineage::request(
+            &self.ctl,
+            &req,
+            crate::lineage::Kind::Session,
+            &self.stack_name,
+            false,
+        )?;
+        let mut reply = String::new();
+        std::io::BufReader::new(&ch).read_line(&mut reply)?;
+        let v: msg::ClaimReply = answer(&reply, "claim")?;
+        Ok(v.slots
+            .iter()
+            .map(
+                |&[parent_slot, slot, tag, role]| usnet_session_abi::Claimed {
+                    parent_slot,
+                    slot,
+                    tag,
+                    role,
+                },
+            )
+            .collect())
+    }
+
     /// Asks for a pin on the control connection `over` (a session's: pins its
     /// sockets; a pin's: its token again): the answer's channel (named `kind`), the
     /// token and how many sockets the pin holds.
@@ -245,8 +290,24 @@ impl Conn {
         stack: &str,
         inheritable: bool,
     ) -> io::Result<(UnixStream, String, u32)> {
+        Self::ask_as(
+            over,
+            &ctl::Request::Pin(msg::PinReq::default()),
+            kind,
+            stack,
+            inheritable,
+        )
+    }
+
+    fn ask_as(
+        over: &UnixStream,
+        req: &ctl::Request,
+        kind: crate::lineage::Kind,
+        stack: &str,
+        inheritable: bool,
+    ) -> io::Result<(UnixStream, String, u32)> {
         use std::io::BufRead;
-        let ch = crate::lineage::request(over, &ctl::Request::Pin, kind, stack, inheritable)?;
+        let ch = crate::lineage::request(over, req, kind, stack, inheritable)?;
         let mut reply = String::new();
         // The server writes this one line and nothing more until asked again.
         std::io::BufReader::new(&ch).read_line(&mut reply)?;

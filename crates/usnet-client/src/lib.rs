@@ -70,6 +70,19 @@ pub struct ForkPin {
     name: String,
 }
 
+impl ForkPin {
+    /// The pin's connection (what goes with passed descriptors).
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+}
+
+impl std::os::fd::AsFd for ForkPin {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
 impl std::fmt::Debug for ForkPin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ForkPin")
@@ -154,6 +167,31 @@ impl Client {
             path: self.conn.path.clone(),
             name: self.conn.stack_name.clone(),
         })
+    }
+
+    /// Before passing sockets of this session (its slots `slots`) to another process
+    /// with `SCM_RIGHTS`: pins them at the server for the receiver, which takes them
+    /// with [`Client::take_passed`]. The pin's connection goes with the descriptors
+    /// and lives while any copy of it is open, so the sockets outlive the sender's own
+    /// close while the message is in flight, and a message never received (its copy
+    /// closed with the socket that queued it) lets them go.
+    pub fn pin_for_passing(&self, slots: &[u32]) -> io::Result<ForkPin> {
+        let (stream, _token, sockets) = self.conn.pin_slots(slots)?;
+        Ok(ForkPin {
+            stream,
+            sockets,
+            path: self.conn.path.clone(),
+            name: self.conn.stack_name.clone(),
+        })
+    }
+
+    /// In the receiver of sockets passed with `SCM_RIGHTS`: this session takes the
+    /// sockets of the pin whose connection `pin` came with them. What each one
+    /// became here (its `tag` names it among the received descriptors).
+    pub fn take_passed(&self, pin: &UnixStream) -> io::Result<Vec<Claimed>> {
+        let (_answer, token, _) =
+            Conn::ask_pin(pin, lineage::Kind::Pin, &self.conn.stack_name, false)?;
+        self.conn.claim_pin(&token)
     }
 
     /// In a forked child: attaches a session of its own that holds the sockets of

@@ -82,6 +82,14 @@ fn parse(n: &[u8]) -> Option<(Kind, u32, String)> {
     Some((kind, pid, it.next()?.to_string()))
 }
 
+/// What a control connection's end is named (its kind, the process that made it
+/// and its stack), `None` if `fd` is none of ours.
+pub fn named(fd: BorrowedFd<'_>) -> Option<(Kind, u32, String)> {
+    let any = rustix::net::getsockname(fd).ok()?;
+    let unix = SocketAddrUnix::try_from(any).ok()?;
+    parse(unix.abstract_name()?)
+}
+
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -310,14 +318,7 @@ pub unsafe fn inherited() -> Vec<Inherited> {
     for fd in fds {
         // SAFETY: a number /proc/self/fd listed, borrowed for one call; one closed
         // meanwhile fails it with EBADF.
-        let any = rustix::net::getsockname(unsafe { BorrowedFd::borrow_raw(fd) });
-        let Some(unix) = any.ok().and_then(|a| SocketAddrUnix::try_from(a).ok()) else {
-            continue;
-        };
-        let Some(bytes) = unix.abstract_name() else {
-            continue;
-        };
-        let Some((kind, pid, stack)) = parse(bytes) else {
+        let Some((kind, pid, stack)) = named(unsafe { BorrowedFd::borrow_raw(fd) }) else {
             continue;
         };
         // SAFETY: the caller's promise: this number is ours alone from here.

@@ -298,3 +298,58 @@ fn a_shared_udp_socket_delivers_to_one_holder_then_the_next() {
     let (n, from) = p.recv_from(&mut buf).unwrap();
     assert_eq!((&buf[..n], from), (&b"reply"[..], to));
 }
+
+/// A connection passed to another process (`SCM_RIGHTS`), played by a second client
+/// that is already attached: the sender pins only that socket, closes its copy
+/// while the pin is in flight, and the receiver's session takes it with its unread
+/// bytes and answers on it. The sender's other sockets stay its own.
+#[test]
+fn a_connection_passed_to_an_attached_process_keeps_its_unread_bytes() {
+    let server = common::server("pass-conn", |_| {});
+    let sender = Client::attach("pass-conn").unwrap();
+    let receiver = Client::attach("pass-conn").unwrap();
+    let l = TcpListener::bind(&sender, sa(&format!("{}:7110", common::ADDR))).unwrap();
+    let peer = Client::attach("pass-conn").unwrap();
+    let mut c = TcpStream::connect(&peer, sa(&format!("{}:7110", common::ADDR))).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(b"request").unwrap();
+    let (s, _) = l.accept().unwrap();
+    let pin = sender.pin_for_passing(&[s.fork_slot()]).unwrap();
+    // Only the passed socket is shared; the listener stays the sender's alone.
+    assert_eq!(stat(&server), (1, 1), "one socket pinned for the receiver");
+    drop(s);
+    let got = receiver
+        .take_passed(pin_stream(&pin))
+        .expect("the receiver takes the passed socket");
+    drop(pin);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let mut r = TcpStream::inherited(&receiver, got[0].slot).unwrap();
+    r.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 7];
+    r.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"request");
+    r.write_all(b"answer").unwrap();
+    let mut b2 = [0u8; 6];
+    c.read_exact(&mut b2).unwrap();
+    assert_eq!(&b2, b"answer");
+    // A second pin of the same kind, never taken: dropping it lets the socket go
+    // with the sender's close, as a message never received would.
+    let mut c2 = TcpStream::connect(&peer, sa(&format!("{}:7110", common::ADDR))).unwrap();
+    c2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (s2, _) = l.accept().unwrap();
+    let pin2 = sender.pin_for_passing(&[s2.fork_slot()]).unwrap();
+    drop(s2);
+    drop(pin2);
+    let mut b3 = [0u8; 1];
+    assert_eq!(
+        c2.read(&mut b3).unwrap(),
+        0,
+        "the unclaimed connection closes"
+    );
+    drop((r, l));
+    settled(&server);
+}
+
+fn pin_stream(p: &usnet_client::ForkPin) -> &std::os::unix::net::UnixStream {
+    p.stream()
+}

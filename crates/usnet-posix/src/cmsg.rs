@@ -5,6 +5,37 @@ use libc::msghdr;
 
 use crate::{Errno, Res};
 
+/// The control messages of `m` (level, type, data), in order.
+///
+/// # Safety
+/// `m.msg_control` is null or has `m.msg_controllen` readable bytes.
+pub unsafe fn each(m: &msghdr) -> Vec<(i32, i32, Vec<u8>)> {
+    let mut out = Vec::new();
+    if m.msg_control.is_null() {
+        return out;
+    }
+    // SAFETY: the caller's promise; the CMSG macros stay inside msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            let head = data as usize - c as usize;
+            let len = ((*c).cmsg_len as usize).saturating_sub(head);
+            let bytes = std::slice::from_raw_parts(data, len).to_vec();
+            out.push(((*c).cmsg_level, (*c).cmsg_type, bytes));
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+    out
+}
+
+/// The descriptors of an `SCM_RIGHTS` message's data.
+pub fn fds_of(data: &[u8]) -> Vec<i32> {
+    data.chunks_exact(4)
+        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 /// Writes `cmsgs` (level, type, data) into `m.msg_control` and sets
 /// `m.msg_controllen` to the room used, as Linux's `put_cmsg` does: each message
 /// takes `CMSG_SPACE` of its data (the last one at least `CMSG_LEN`); one that does

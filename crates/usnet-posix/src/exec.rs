@@ -138,20 +138,22 @@ fn tagged_descriptors() -> HashMap<u32, Vec<RawFd>> {
         if !std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]") {
             continue;
         }
-        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")) else {
-            continue;
-        };
-        let count = info
-            .lines()
-            .find_map(|l| l.strip_prefix("eventfd-count:"))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
-        if let Some(c) = count.and_then(|c| u32::try_from(c).ok()) {
-            if c & TAG_MARK != 0 {
-                out.entry(c).or_default().push(fd);
-            }
+        if let Some(c) = tag_of(fd) {
+            out.entry(c).or_default().push(fd);
         }
     }
     out
+}
+
+/// The tag of `fd`, if it is an eventfd whose count is one of ours (read without
+/// consuming it).
+pub(crate) fn tag_of(fd: RawFd) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    let count = info
+        .lines()
+        .find_map(|l| l.strip_prefix("eventfd-count:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+    u32::try_from(count).ok().filter(|c| c & TAG_MARK != 0)
 }
 
 /// Held across `posix_spawn`, `system` and `popen` (see [`pin_for_spawn`]).
@@ -225,6 +227,15 @@ fn inherit_now() {
 }
 
 fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
+    install(&client, claimed, tags);
+    CLIENT.with(|c| *c = Some(client));
+    crate::fork::register();
+}
+
+/// Puts each socket `client` claimed under every number of `tags` (tagged
+/// eventfds this process holds and nothing else knows of) carrying its tag; the
+/// slots of those it has no number for are closed.
+pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
     crate::write_table(|t| {
         for c in claimed {
             let Some(fds) = tags.get(&c.tag).filter(|_| c.tag & TAG_MARK != 0) else {
@@ -240,23 +251,23 @@ fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>)
             let nb = unsafe { libc::fcntl(fds[0], libc::F_GETFL) } & libc::O_NONBLOCK != 0;
             let made = match c.role {
                 usnet_session_abi::role::LISTENER => {
-                    TcpListener::inherited(&client, c.slot).map(|l| {
+                    TcpListener::inherited(client, c.slot).map(|l| {
                         l.set_exec_tag(c.tag);
                         (Obj::Listener(l), libc::SOCK_STREAM)
                     })
                 }
-                usnet_session_abi::role::CONN => TcpStream::inherited(&client, c.slot).map(|s| {
+                usnet_session_abi::role::CONN => TcpStream::inherited(client, c.slot).map(|s| {
                     s.set_exec_tag(c.tag);
                     let _ = s.set_nonblocking(nb);
                     (Obj::Stream(s), libc::SOCK_STREAM)
                 }),
-                usnet_session_abi::role::UDP => UdpSocket::inherited(&client, c.slot).map(|u| {
+                usnet_session_abi::role::UDP => UdpSocket::inherited(client, c.slot).map(|u| {
                     u.set_exec_tag(c.tag);
                     let _ = u.set_nonblocking(nb);
                     (Obj::Udp(u), libc::SOCK_DGRAM)
                 }),
                 usnet_session_abi::role::FRESH => {
-                    Socket::inherited(&client, c.slot, SocketKind::Tcp).map(|s| {
+                    Socket::inherited(client, c.slot, SocketKind::Tcp).map(|s| {
                         s.set_exec_tag(c.tag);
                         (Obj::Fresh(s), libc::SOCK_STREAM)
                     })
@@ -279,8 +290,6 @@ fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>)
             }
         }
     });
-    CLIENT.with(|c| *c = Some(client));
-    crate::fork::register();
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub mod addr;
 pub mod cmsg;
 mod exec;
 mod fork;
+pub mod pass;
 mod poll;
 pub mod sockopt;
 
@@ -250,6 +251,33 @@ fn read_table<R>(f: impl FnOnce(&fork::Table) -> R) -> R {
 /// the shim, which reads the table.
 fn write_table<R>(f: impl FnOnce(&mut fork::Table) -> R) -> R {
     table().write(f)
+}
+
+/// Received numbers whose eventfd carries the tag of a socket this process already
+/// has (it passed the socket to itself, `pass`): each names that socket, as a `dup`
+/// would.
+fn alias_tagged(tags: &HashMap<u32, Vec<RawFd>>) {
+    let olds = write_table(|t| {
+        let descs: HashMap<u32, Arc<Desc>> = t
+            .values()
+            .filter(|e| e.desc.tag != 0 && tags.contains_key(&e.desc.tag))
+            .map(|e| (e.desc.tag, Arc::clone(&e.desc)))
+            .collect();
+        let mut olds = Vec::new();
+        for (tag, fds) in tags {
+            let Some(d) = descs.get(tag) else {
+                continue;
+            };
+            for &fd in fds {
+                // SAFETY: a number the kernel just gave this process with a message,
+                // which nothing else here knows of; the entry owns it from here.
+                let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(d));
+                olds.extend(t.insert(fd, Arc::new(e)));
+            }
+        }
+        olds
+    });
+    drop(olds);
 }
 
 fn get(fd: RawFd) -> Res<Arc<Entry>> {

@@ -540,20 +540,40 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
-    if let Some(_g) = ours(fd) {
+    let recv = real!(recvmsg: fn(c_int, *mut libc::msghdr, c_int) -> ssize_t);
+    let Some(_g) = enter() else {
+        return recv(fd, msg, flags);
+    };
+    if usnet_posix::is_usnet(fd) {
         // SAFETY: recvmsg's contract.
         return unsafe { socket::usnet_recvmsg(fd, msg, flags) };
     }
-    real!(recvmsg: fn(c_int, *mut libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
+    // Usnet sockets passed with SCM_RIGHTS become this process's (inside: the
+    // layer's own calls meanwhile go straight to libc).
+    // SAFETY: recvmsg's contract.
+    unsafe { usnet_posix::pass::recvmsg(fd, msg, flags, |f, m, fl| recv(f, m, fl)) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
-    if let Some(_g) = ours(fd) {
+    let send = real!(sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t);
+    let Some(_g) = enter() else {
+        return send(fd, msg, flags);
+    };
+    if usnet_posix::is_usnet(fd) {
         // SAFETY: sendmsg's contract.
         return unsafe { socket::usnet_sendmsg(fd, msg, flags) };
     }
-    real!(sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t)(fd, msg, flags)
+    // Usnet sockets among the descriptors passed with SCM_RIGHTS go with a pin.
+    // SAFETY: sendmsg's contract.
+    match unsafe { usnet_posix::pass::sendmsg(fd, msg, flags, |f, m, fl| send(f, m, fl)) } {
+        None => send(fd, msg, flags),
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
+            set_errno(e.0);
+            -1
+        }
+    }
 }
 
 /// `sendmmsg` on a usnet socket: one `sendmsg` per message until one fails; the

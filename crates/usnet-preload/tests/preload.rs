@@ -323,3 +323,75 @@ srv.shutdown(); srv.server_close()
     );
     assert_eq!(out, "served 6\n", "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Sockets passed to another process with `SCM_RIGHTS` (Python's `send_fds` and
+/// `recv_fds`, as a process handing connections to workers does): the receiver, a
+/// separate program that had no usnet socket before, answers on each connection
+/// after the sender closed its copy. The same output on the kernel (loopback) and
+/// under the shim.
+#[test]
+fn connections_passed_with_scm_rights_are_served_by_the_receiver() {
+    let _serial = serial();
+    run_dir();
+    let prog = |addr: &str, port: u16| {
+        format!(
+            r#"
+import os, socket, subprocess, sys, time
+path = "/tmp/usnet-pass-%d-%d.sock" % (os.getpid(), {port})
+receiver = '''
+import os, socket, sys
+u = socket.socket(socket.AF_UNIX); u.bind(sys.argv[1]); u.listen(1)
+c, _ = u.accept(); c.settimeout(10)
+for i in range(3):
+    msg, fds, _, _ = socket.recv_fds(c, 100, 4)
+    s = socket.socket(fileno=fds[0]); s.settimeout(10)
+    s.sendall(b"receiver got " + s.recv(100) + b" with " + msg)
+    s.close()
+print("received", i + 1, flush=True)
+'''
+r = subprocess.Popen([sys.executable, "-c", receiver, path], stdout=subprocess.PIPE)
+u = socket.socket(socket.AF_UNIX)
+for _ in range(100):
+    try:
+        u.connect(path); break
+    except OSError:
+        time.sleep(0.05)
+l = socket.create_server(("{addr}", {port}))
+for i in range(3):
+    c = socket.create_connection(("{addr}", {port}), timeout=10)
+    s, _ = l.accept()
+    c.sendall(b"hello %d" % i)
+    socket.send_fds(u, [b"message %d" % i], [s.fileno()])
+    s.close()
+    got = b""
+    while True:
+        b = c.recv(100)
+        if not b: break
+        got += b
+    print(got.decode())
+print(r.communicate(timeout=20)[0].decode(), end="")
+os.unlink(path)
+"#
+        )
+    };
+    let k = output_within(
+        Command::new("python3").args(["-c", &prog("127.0.0.1", 23719)]),
+        Duration::from_secs(60),
+    );
+    let u = output_within(
+        under_shim(Command::new("python3").args(["-c", &prog(ADDR, 7720)])),
+        Duration::from_secs(60),
+    );
+    let (ks, us) = (text(&k), text(&u));
+    assert!(
+        k.status.success() && ks.ends_with("received 3\n"),
+        "kernel: {ks}{}",
+        String::from_utf8_lossy(&k.stderr)
+    );
+    assert_eq!(
+        us,
+        ks,
+        "under the shim the output differs from the kernel's; stderr: {}",
+        String::from_utf8_lossy(&u.stderr)
+    );
+}

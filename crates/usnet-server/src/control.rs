@@ -32,6 +32,13 @@
 //!   too: `"slots": [[parent slot, child slot, tag, role], ...]` in the reply (the
 //!   tag is the parent's `usnet_session_abi::slot::TAG`, the role a `usnet_session_abi::role`).
 //!   Only the family knows the token: it came over a descriptor only they hold.
+//! - `{"cmd":"pin","slots":[...]}` on a session's connection pins only those slots,
+//!   for a process they are passed to with `SCM_RIGHTS` (the pin's channel goes with
+//!   them, so its life is the message's, then the receiver's).
+//! - `{"cmd":"claim","token":T}` on a session's connection: that (already attached)
+//!   session takes the sockets of pin T, as the receiver of passed descriptors does
+//!   after asking the token on the pin's channel; `{"ok":true,"slots":[...]}` as
+//!   for an attach's claim. The pin must live on the session's shard.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
@@ -46,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use usnet_session::ctl::msg::{
-    self, AttachReply, Clients, Done, PinReply, PingEvent, Refusal, Request, Stat,
+    self, AttachReply, ClaimReply, Clients, Done, PinReply, PingEvent, Refusal, Request, Stat,
 };
 use usnet_session::ctl::{run_dir, socket_path, valid_name};
 use usnet_session::Session;
@@ -243,12 +250,16 @@ fn watch_connections(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
             };
             match said {
                 Said::Nothing => {}
-                Said::Pin(channel) => {
+                Said::Pin(channel, only) => {
                     let a = &attached[k - 1];
                     let from = (a.id, a.pin, a.shard);
-                    if let Some(a) = pin(channel, from, &ctx) {
+                    if let Some(a) = pin(channel, from, only, &ctx) {
                         attached.push(a);
                     }
+                }
+                Said::Claim(channel, token) => {
+                    let a = &attached[k - 1];
+                    claim(channel, a.id, a.shard, &token, &ctx);
                 }
                 Said::Attach(req) if attached[k - 1].id == 0 => {
                     let a = attached.swap_remove(k - 1);
@@ -326,8 +337,10 @@ enum Said {
     Gone,
     /// Nothing yet, or something that is no request (ignored).
     Nothing,
-    /// `pin`, with the channel to answer on.
-    Pin(UnixStream),
+    /// `pin`, with the channel to answer on (and the slots to pin, if not all).
+    Pin(UnixStream, Option<Vec<u32>>),
+    /// `claim` of a pin's token, with the channel to answer on.
+    Claim(UnixStream, String),
     Attach(msg::Attach),
 }
 
@@ -341,7 +354,12 @@ fn read_request(s: &UnixStream) -> Said {
             };
             let mut fds = fds.into_iter();
             match (req, fds.next(), fds.next()) {
-                (Request::Pin, Some(channel), None) => Said::Pin(UnixStream::from(channel)),
+                (Request::Pin(p), Some(channel), None) => {
+                    Said::Pin(UnixStream::from(channel), p.slots)
+                }
+                (Request::Claim(c), Some(channel), None) => {
+                    Said::Claim(UnixStream::from(channel), c.token)
+                }
                 (Request::Attach(a), None, None) => Said::Attach(a),
                 _ => Said::Nothing,
             }
@@ -354,7 +372,12 @@ fn read_request(s: &UnixStream) -> Said {
 /// A pin request that came on the connection `from` (its session, and its pin if it
 /// is a pin's channel), answered on `out`, which is then watched: see the module's
 /// text.
-fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Option<Attached> {
+fn pin(
+    mut out: UnixStream,
+    from: (u32, Option<u128>, usize),
+    only: Option<Vec<u32>>,
+    ctx: &Ctx,
+) -> Option<Attached> {
     out.set_nonblocking(false).ok()?;
     out.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let (session, held, shard) = from;
@@ -385,7 +408,7 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Opti
             return None;
         }
     };
-    match ctx.call_on(shard, move |lp| lp.pin(session, token)) {
+    match ctx.call_on(shard, move |lp| lp.pin(session, token, only.as_deref())) {
         Some(Some(n)) => {
             if send(&mut out, &pin_reply(token, n)).is_err() {
                 let _ = ctx.call_on(shard, move |lp| lp.drop_pin(token));
@@ -407,6 +430,34 @@ fn pin(mut out: UnixStream, from: (u32, Option<u128>, usize), ctx: &Ctx) -> Opti
             refuse(&mut out, NO_ANSWER);
             None
         }
+    }
+}
+
+/// A `claim` on session `id`'s connection (on `shard`): the session takes the
+/// sockets of the pin `token`, answered on `out`. The pin must live on the
+/// session's shard (a receiver of passed descriptors on another shard is refused).
+fn claim(mut out: UnixStream, id: u32, shard: usize, token: &str, ctx: &Ctx) {
+    if out.set_write_timeout(Some(REQUEST_TIMEOUT)).is_err() {
+        return;
+    }
+    if id == 0 {
+        refuse(&mut out, "claim is asked on a session's connection");
+        return;
+    }
+    let Ok(token) = u128::from_str_radix(token, 16) else {
+        refuse(&mut out, "a pin's token is 32 hex digits");
+        return;
+    };
+    match ctx.call_on(shard, move |lp| lp.claim(id, token)) {
+        Some(Some(got)) => {
+            let slots = got
+                .iter()
+                .map(|c| [c.parent_slot, c.slot, c.tag, c.role])
+                .collect();
+            let _ = send(&mut out, &ClaimReply { ok: true, slots });
+        }
+        Some(None) => refuse(&mut out, "no such pin on this session's shard"),
+        None => refuse(&mut out, NO_ANSWER),
     }
 }
 
@@ -517,8 +568,11 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
             zc_port(out, &z, ctx);
             return None;
         }
-        Request::Pin => {
-            refuse(&mut out, "pin is asked on an attached client's connection");
+        Request::Pin(_) | Request::Claim(_) => {
+            refuse(
+                &mut out,
+                "pin and claim are asked on an attached client's connection",
+            );
             return None;
         }
         Request::Stat | Request::Clients | Request::Ping(_) | Request::Stop => {}
@@ -751,7 +805,7 @@ fn request(out: &mut UnixStream, req: Request, ctx: &Ctx) -> io::Result<()> {
             Ok(())
         }
         // Answered where the connection is read (`handle`).
-        Request::Attach(_) | Request::Pin | Request::ZcPort(_) => Ok(()),
+        Request::Attach(_) | Request::Pin(_) | Request::Claim(_) | Request::ZcPort(_) => Ok(()),
     }
 }
 

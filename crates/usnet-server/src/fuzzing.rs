@@ -191,7 +191,9 @@ impl Harness {
             return;
         }
         self.forked = true;
-        let n = self.sharing.pin(&mut self.sessions, &mut self.stack, 1, 7);
+        let n = self
+            .sharing
+            .pin(&mut self.sessions, &mut self.stack, 1, 7, None);
         if n.is_some_and(|n| n > 0) {
             FORKS_WITH_SOCKETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

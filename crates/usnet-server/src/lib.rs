@@ -604,11 +604,12 @@ impl Loop {
             .release(&mut self.sessions, stack, h, id, left, died);
     }
 
-    /// Pins every socket of session `from` for a child it is about to fork
-    /// ([`Sharing::pin`]).
-    pub(crate) fn pin(&mut self, from: u32, token: u128) -> Option<usize> {
+    /// Pins every socket of session `from` (or those of slots `only`) for another
+    /// process ([`Sharing::pin`]).
+    pub(crate) fn pin(&mut self, from: u32, token: u128, only: Option<&[u32]>) -> Option<usize> {
         let stack = self.driver.stack_mut();
-        self.sharing.pin(&mut self.sessions, stack, from, token)
+        self.sharing
+            .pin(&mut self.sessions, stack, from, token, only)
     }
 
     /// How many sockets the pin `token` holds, if it is there.

@@ -111,18 +111,20 @@ impl Sharing {
         }
     }
 
-    /// Pins every socket of session `from` for a child it is about to fork: the
-    /// sockets stay alive for the child until it attaches with `token` (or the pin
-    /// is dropped). Returns how many sockets were pinned.
+    /// Pins every socket of session `from` (or those of slots `only`) for a child it
+    /// is about to fork, or a process it passes them to: the sockets stay alive for
+    /// the other process until it claims them with `token` (or the pin is dropped).
+    /// Returns how many sockets were pinned.
     pub fn pin(
         &mut self,
         sessions: &mut Sessions,
         stack: &mut Stack,
         from: u32,
         token: u128,
+        only: Option<&[u32]>,
     ) -> Option<usize> {
         let s = sessions.get_mut(&from)?;
-        let (socks, newly) = s.pin_all(stack);
+        let (socks, newly) = s.pin_all(stack, only);
         for h in newly {
             self.socks.insert(
                 h,

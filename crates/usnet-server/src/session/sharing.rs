@@ -65,24 +65,30 @@ impl ServerSession {
         out
     }
 
-    /// Pins every open socket for a child about to be forked: each one with a stack
-    /// socket becomes shared (owned by [`SHARED`]). Returns the pinned sockets and
-    /// the stack sockets that became shared just now.
-    pub fn pin_all(&mut self, stack: &mut Stack) -> (Vec<Pinned>, Vec<SocketHandle>) {
+    /// Pins every open socket (or those of `only`) for another process: a child
+    /// about to be forked, or the receiver of descriptors passed with `SCM_RIGHTS`.
+    /// Each one with a stack socket becomes shared (owned by [`SHARED`]). Returns the
+    /// pinned sockets and the stack sockets that became shared just now.
+    pub fn pin_all(
+        &mut self,
+        stack: &mut Stack,
+        only: Option<&[u32]>,
+    ) -> (Vec<Pinned>, Vec<SocketHandle>) {
         let mut pinned = Vec::new();
         let mut newly = Vec::new();
         let mut shared_now = Vec::new();
+        let wanted = |i: usize| only.is_none_or(|o| o.contains(&(i as u32)));
         // A shared socket takes bytes from every holder's ring and gives them to
         // whichever reads: none of them can be its send buffer, nor take what it
         // receives straight.
         for i in 0..self.socks.len() {
-            if self.socks[i].as_ref().is_some_and(|s| !s.closing) {
+            if wanted(i) && self.socks[i].as_ref().is_some_and(|s| !s.closing) {
                 self.unlend(stack, i as u32);
                 self.end_direct_rx(stack, i as u32);
             }
         }
         for (i, s) in self.socks.iter_mut().enumerate() {
-            let Some(s) = s.as_mut().filter(|s| !s.closing) else {
+            let Some(s) = s.as_mut().filter(|s| !s.closing && wanted(i)) else {
                 continue;
             };
             if let Some(h) = s.handle {

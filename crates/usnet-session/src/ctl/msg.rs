@@ -20,9 +20,15 @@ pub enum Request {
     /// A new session (answered by [`AttachReply`] with the session's memory passed
     /// with `SCM_RIGHTS`).
     Attach(Attach),
-    /// On an attached connection: pin the session's sockets for a child
-    /// ([`PinReply`] on the channel passed with the request).
-    Pin,
+    /// On an attached connection: pin the session's sockets for another process
+    /// ([`PinReply`] on the channel passed with the request): every one for a child
+    /// about to be forked, or those of `slots` for the receiver of descriptors
+    /// passed with `SCM_RIGHTS`.
+    Pin(PinReq),
+    /// On a session's connection: the session takes the sockets of pin `token`
+    /// ([`ClaimReply`] on the channel passed with the request), as a receiver of
+    /// descriptors passed with `SCM_RIGHTS` does.
+    Claim(ClaimReq),
     /// The session's zero-copy port ([`Done`] with the pool's and the port's memory).
     ZcPort(ZcPort),
     /// Everything `usnet stat` shows ([`Stat`]).
@@ -142,6 +148,29 @@ pub struct AttachReply {
     /// For a claim: `[parent slot, child slot, tag, role]` per socket it got.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<Vec<[u32; 4]>>,
+}
+
+/// What a `pin` pins.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PinReq {
+    /// Only these slots of the session (`None`: every socket, for a fork).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Vec<u32>>,
+}
+
+/// A `claim` of a pin by a session that is already attached.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClaimReq {
+    /// The pin's token (hex), as its channel's `pin` answers it.
+    pub token: String,
+}
+
+/// What a `claim` gave: `[pinned slot, new slot, tag, role]` per socket, as
+/// [`AttachReply::slots`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimReply {
+    pub ok: bool,
+    pub slots: Vec<[u32; 4]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -527,7 +556,20 @@ mod tests {
     #[test]
     fn requests_read_as_the_protocol_writes_them_with_defaults_filled() {
         assert_eq!(parse(json!({"cmd": "stat"})), Request::Stat);
-        assert_eq!(parse(json!({"cmd": "pin"})), Request::Pin);
+        assert_eq!(
+            parse(json!({"cmd": "pin"})),
+            Request::Pin(PinReq::default())
+        );
+        assert_eq!(
+            parse(json!({"cmd": "pin", "slots": [3, 5]})),
+            Request::Pin(PinReq {
+                slots: Some(vec![3, 5])
+            })
+        );
+        assert_eq!(
+            parse(json!({"cmd": "claim", "token": "ab"})),
+            Request::Claim(ClaimReq { token: "ab".into() })
+        );
         assert_eq!(
             parse(json!({"cmd": "ping", "dst": "fd77::1", "count": 3})),
             Request::Ping(Ping {
@@ -576,7 +618,11 @@ mod tests {
                 shard: Some(1),
                 claim: Some("ab".into()),
             }),
-            Request::Pin,
+            Request::Pin(PinReq::default()),
+            Request::Pin(PinReq {
+                slots: Some(vec![1]),
+            }),
+            Request::Claim(ClaimReq { token: "01".into() }),
             Request::ZcPort(ZcPort {
                 session: 3,
                 rx_slots: 1,
