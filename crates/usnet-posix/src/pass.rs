@@ -169,16 +169,19 @@ pub unsafe fn recvmsg(
     }
     // SAFETY: the kernel wrote `ours.msg_controllen` bytes of control data.
     let fds = unsafe { rights(&ours) };
-    let pin = fds.last().copied().filter(|&p| {
+    // The pin's connection, and the process that made it.
+    let pin = fds.last().copied().and_then(|p| {
         // SAFETY: a descriptor the kernel just gave this process, borrowed for a call.
-        let named = lineage::named(unsafe { std::os::fd::BorrowedFd::borrow_raw(p) });
-        matches!(named, Some((Kind::Pin, _, _)))
+        match lineage::named(unsafe { std::os::fd::BorrowedFd::borrow_raw(p) }) {
+            Some((Kind::Pin, pid, _)) => Some((p, pid)),
+            _ => None,
+        }
     });
-    if let Some(p) = pin {
+    if let Some((p, from)) = pin {
         // SAFETY: the pin's connection was just received: ours alone.
         let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(p) });
         if flags & libc::MSG_PEEK == 0 {
-            take(&stream, &fds[..fds.len() - 1]);
+            take(&stream, from, &fds[..fds.len() - 1]);
         }
     }
     // The kernel's flags (a cut it made in our larger buffer it would have made in
@@ -186,7 +189,7 @@ pub unsafe fn recvmsg(
     m.msg_flags = ours.msg_flags;
     m.msg_namelen = ours.msg_namelen;
     // SAFETY: `ours` holds what the kernel wrote; `m`'s buffer is `room` bytes.
-    unsafe { deliver(&ours, m, room, pin) };
+    unsafe { deliver(&ours, m, room, pin.map(|(p, _)| p)) };
     r
 }
 
@@ -207,10 +210,11 @@ fn is_unix(fd: RawFd) -> bool {
     r == 0 && d == libc::AF_UNIX
 }
 
-/// This process takes the sockets pinned on `pin` and puts each under the received
-/// numbers of `fds` that carry its tag. A socket this process passed to itself is
-/// already its own: those numbers name it as `dup`s would.
-fn take(pin: &UnixStream, fds: &[RawFd]) {
+/// This process takes the sockets pinned on `pin` (made by process `from`) and puts
+/// each under the received numbers of `fds` that carry its tag. A socket this
+/// process passed to itself is already its own: those numbers name it as `dup`s
+/// would.
+fn take(pin: &UnixStream, from: u32, fds: &[RawFd]) {
     let mut tags: HashMap<u32, Vec<RawFd>> = HashMap::new();
     for &fd in fds {
         if let Some(t) = crate::exec::tag_of(fd) {
@@ -220,9 +224,7 @@ fn take(pin: &UnixStream, fds: &[RawFd]) {
     if tags.is_empty() {
         return;
     }
-    // SAFETY: as in `recvmsg`.
-    let from = lineage::named(unsafe { std::os::fd::BorrowedFd::borrow_raw(pin.as_raw_fd()) });
-    if from.is_some_and(|(_, pid, _)| pid == std::process::id()) {
+    if from == std::process::id() {
         crate::alias_tagged(&tags);
         return;
     }
