@@ -6,7 +6,8 @@
 //! - the JVM: `com.sun.net.httpserver.HttpServer` on its default wildcard (an
 //!   AF_INET6 dual-stack socket) reached over IPv4 and IPv6, and
 //!   `java.net.http.HttpClient`;
-//! - Node: `http.createServer().listen(port)` (`::`, dual-stack) and `fetch`;
+//! - Node: `http.createServer().listen(port)` (`::`, dual-stack), `cluster` with two
+//!   workers (connections handed over with SCM_RIGHTS), and `fetch`;
 //! - Python asyncio on a `socket.create_server(dualstack_ipv6=True)` listener;
 //! - nginx with a stock-shaped configuration: `user www-data`, 4 workers,
 //!   `listen PORT` and `listen [::]:PORT`;
@@ -172,6 +173,37 @@ fn node(d: &Path) {
         format!("node saw {HOST6}\n"),
         "Node server over IPv6"
     );
+    drop(srv);
+    // `cluster`: the primary accepts and hands each connection to a worker with
+    // SCM_RIGHTS (round-robin, Node's default); the worker's libuv asks the kernel
+    // what the descriptor is (statx) and closes it with syscall(SYS_close).
+    std::fs::write(
+        d.join("cluster.js"),
+        "const c = require('cluster'); let n = 0;\n\
+         if (c.isPrimary) { for (let i = 0; i < 2; i++) c.fork(); \
+         c.on('listening', () => { if (++n == 2) console.log('both listening'); }); }\n\
+         else require('http').createServer((q, r) => r.end('worker ' + c.worker.id + '\\n')).listen(+process.argv[2]);\n",
+    )
+    .unwrap();
+    let port = 18086u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "node-cluster",
+        "node",
+        &["cluster.js", &port.to_string()],
+    );
+    wait_log(&mut srv, d, "both listening");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let b = String::from_utf8_lossy(&curl(&format!("http://{OURS}:{port}/"))).into_owned();
+        assert!(
+            b == "worker 1\n" || b == "worker 2\n",
+            "Node cluster answered {b:?}"
+        );
+        seen.insert(b);
+    }
+    assert_eq!(seen.len(), 2, "both Node cluster workers served: {seen:?}");
     drop(srv);
     for url in [
         format!("http://{HOST}:18099/f"),

@@ -1,7 +1,7 @@
 //! Section "sockets": `usnet_socket`, `usnet_connect`, ... over `usnet-posix`, with the
 //! kernel's argument types and errno semantics (`-1` and `errno` on failure). The
 //! descriptors are real kernel numbers reserved for usnet sockets; pass them only to
-//! `usnet_*` calls (a plain `read`/`write` on one reads an eventfd).
+//! `usnet_*` calls (a plain `read`/`write` on one reaches an unconnected kernel socket).
 
 use std::ffi::CStr;
 use std::net::SocketAddr;

@@ -9,18 +9,18 @@
 //!   without close-on-exec ([`attach_options`]) and are named by their abstract
 //!   Unix addresses (`usnet_client::lineage`). The server does not see the session
 //!   end at `exec`, since the new program holds the connection.
-//! - **Each socket's number** is an eventfd whose count is the socket's *tag*
-//!   ([`tag`]: a marker bit, the domain, and a number unique in the process) and
-//!   whose O_NONBLOCK is the socket's. The same tag is in the socket's slot
+//! - **Each socket's number** is a kernel socket stamped with the socket's *tag*
+//!   ([`tag`]: a marker bit, the domain, and a number unique in the process;
+//!   [`number_socket`]) and whose O_NONBLOCK is the socket's. The same tag is in the socket's slot
 //!   (`usnet_session_abi::slot::TAG`), where the server can read it.
 //!
 //! The new program (the shim's constructor, before `main`) calls [`inherit`]: it
-//! finds the control connections and the tagged eventfds it holds, asks the server
+//! finds the control connections and the tagged numbers it holds, asks the server
 //! over one connection (a pin's if it has one: a forked child that exec'd before
 //! its first socket call; else a session's: its own from before `exec`, or its
 //! parent's after `posix_spawn`) to pin that session's sockets and give them to a
 //! new session of its own, and puts each socket back under every number whose
-//! eventfd carries its tag. Sockets it has no number for (they were close-on-exec)
+//! socket carries its tag. Sockets it has no number for (they were close-on-exec)
 //! are closed in its session; then it closes the inherited connections, so a parent
 //! that exits later is seen to go.
 //!
@@ -29,7 +29,7 @@
 //! (kernel epoll instances are inherited, but their usnet members are the layer's).
 
 use std::collections::HashMap;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -40,7 +40,7 @@ use usnet_client::{
 
 use crate::{lock, new_desc, numbered, Obj, CLIENT};
 
-/// Set in every tag: tells our eventfds from a program's own.
+/// Set in every tag.
 const TAG_MARK: u32 = 1 << 31;
 /// Set in the tag of an AF_INET6 socket.
 const TAG_INET6: u32 = 1 << 30;
@@ -67,7 +67,7 @@ pub(crate) fn tag(domain: i32) -> u32 {
     TAG_MARK | inet6 | (n & TAG_NUMBER)
 }
 
-/// O_NONBLOCK of a socket's eventfd follows the socket's own (read after `exec`).
+/// O_NONBLOCK of a socket's number follows the socket's own (read after `exec`).
 pub(crate) fn mirror_nonblock(fd: RawFd, nb: bool) {
     // SAFETY: fcntl on a descriptor the table holds; no memory arguments.
     unsafe {
@@ -125,7 +125,56 @@ pub fn attach_refusal() -> Option<String> {
     lock(&REFUSAL).clone()
 }
 
-/// The tagged eventfds among this process's descriptors: tag → numbers.
+/// The high half of the `SO_MAX_PACING_RATE` of a socket's number; the low half is
+/// the tag. A program's own sockets keep the kernel's default (no limit, all ones)
+/// or a real rate, far below this.
+const STAMP: u64 = 0x7573_6e74 << 32; // "usnt"
+
+/// A kernel socket to hold a usnet socket's number: a Unix socket of the same type
+/// (`SOCK_STREAM` or `SOCK_DGRAM`), never bound or connected, stamped with `tag` in
+/// a value that survives `dup`, `fork`, `exec` and `SCM_RIGHTS` as the socket does.
+/// `fstat`, a raw `statx` and a raw `getsockopt(SO_TYPE)` then say what the program
+/// made; the calls that name the family (`getsockname`, `SO_DOMAIN`) come to the
+/// shim. A Unix socket rather than an AF_INET one because a write the shim cannot see
+/// (glibc's stdio writes with its internal `write`) fails there with `ENOTCONN`,
+/// where an unconnected TCP socket raises `SIGPIPE` and kills the program. Made with
+/// raw system calls, past any shim.
+pub(crate) fn number_socket(
+    stype: i32,
+    cloexec: bool,
+    nonblock: bool,
+    tag: u32,
+) -> std::io::Result<OwnedFd> {
+    let ty = stype
+        | if nonblock { libc::SOCK_NONBLOCK } else { 0 }
+        | if cloexec { libc::SOCK_CLOEXEC } else { 0 };
+    // SAFETY: socket(2) has no memory arguments; a non-negative result is a new
+    // descriptor this process owns.
+    let fd = unsafe { libc::syscall(libc::SYS_socket, libc::AF_UNIX, ty, 0) } as RawFd;
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just returned by the kernel, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let v: u64 = STAMP | u64::from(tag);
+    // SAFETY: setsockopt reads `size_of::<u64>()` bytes from `v`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_setsockopt,
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            &v as *const u64,
+            std::mem::size_of::<u64>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// The tagged numbers among this process's descriptors: tag → numbers.
 fn tagged_descriptors() -> HashMap<u32, Vec<RawFd>> {
     let mut out: HashMap<u32, Vec<RawFd>> = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
@@ -135,9 +184,6 @@ fn tagged_descriptors() -> HashMap<u32, Vec<RawFd>> {
         let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else {
             continue;
         };
-        if !std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]") {
-            continue;
-        }
         if let Some(c) = tag_of(fd) {
             out.entry(c).or_default().push(fd);
         }
@@ -145,15 +191,26 @@ fn tagged_descriptors() -> HashMap<u32, Vec<RawFd>> {
     out
 }
 
-/// The tag of `fd`, if it is an eventfd whose count is one of ours (read without
-/// consuming it).
+/// The tag of `fd`, if it is a socket stamped as one of our numbers
+/// ([`number_socket`]).
 pub(crate) fn tag_of(fd: RawFd) -> Option<u32> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-    let count = info
-        .lines()
-        .find_map(|l| l.strip_prefix("eventfd-count:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
-    u32::try_from(count).ok().filter(|c| c & TAG_MARK != 0)
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `v` and its length into `len`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            &mut v as *mut u64,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    if r < 0 || len as usize != std::mem::size_of::<u64>() || v & !0xffff_ffff != STAMP {
+        return None;
+    }
+    Some(v as u32).filter(|c| c & TAG_MARK != 0)
 }
 
 /// Held across `posix_spawn`, `system` and `popen` (see [`pin_for_spawn`]).
@@ -233,7 +290,7 @@ fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>)
 }
 
 /// Puts each socket `client` claimed under every number of `tags` (tagged
-/// eventfds this process holds and nothing else knows of) carrying its tag; the
+/// number sockets this process holds and nothing else knows of) carrying its tag; the
 /// slots of those it has no number for are closed.
 pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
     crate::write_table(|t| {
@@ -283,7 +340,7 @@ pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32
             };
             let desc = new_desc(obj, domain, stype, nb, c.tag);
             for &fd in fds {
-                // SAFETY: an inherited eventfd of ours (its tag says so) that nothing else
+                // SAFETY: an inherited number socket of ours (its tag says so) that nothing else
                 // in this new program knows of; the entry owns the number from here.
                 let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(&desc));
                 t.insert(fd, Arc::new(e));
@@ -308,15 +365,23 @@ mod tests {
     }
 
     #[test]
-    fn an_eventfd_is_found_by_its_tag() {
+    fn a_number_is_a_socket_of_its_kind_found_by_its_tag() {
         let t = tag(libc::AF_INET6);
-        // SAFETY: plain system call; the result is ours.
-        let fd = unsafe { libc::eventfd(t, libc::EFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: just made, owned here.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let n = number_socket(libc::SOCK_DGRAM, true, false, t).unwrap();
+        let fd = n.as_raw_fd();
+        // SAFETY: fstat writes into `st`.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFSOCK);
         let found = tagged_descriptors();
         assert_eq!(found.get(&t), Some(&vec![fd]));
-        drop(owned);
+        // A program's own socket carries no tag, and neither does a pipe.
+        let own = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert_eq!(tag_of(own.as_raw_fd()), None);
+        let (r, _w) = std::io::pipe().unwrap();
+        assert_eq!(tag_of(r.as_raw_fd()), None);
+        // A dup carries it too.
+        let d = n.try_clone().unwrap();
+        assert_eq!(tag_of(d.as_raw_fd()), Some(t));
     }
 }

@@ -3,8 +3,10 @@
 //! LD_PRELOAD shim. Calls are plain functions over one process-wide descriptor table;
 //! any thread may call any of them at any time.
 //!
-//! **Every usnet socket is a real kernel file descriptor number.** `socket` opens an
-//! `eventfd` and the socket lives under its number until `close`: nothing else in the
+//! **Every usnet socket is a real kernel file descriptor number.** `socket` opens a
+//! kernel (Unix) socket of the same type, never bound or connected
+//! ([`exec::number_socket`]), and the usnet socket lives under its number until
+//! `close`: `fstat` says "socket", nothing else in the
 //! process can be given that number, `select` with `FD_SETSIZE` works, `/proc/self/fd`
 //! shows it, `F_GETFD`/`F_SETFD` (`FD_CLOEXEC`) act on it directly, and a program can
 //! tell a usnet descriptor from a kernel one by asking the table ([`is_usnet`]). An
@@ -253,7 +255,7 @@ fn write_table<R>(f: impl FnOnce(&mut fork::Table) -> R) -> R {
     table().write(f)
 }
 
-/// Received numbers whose eventfd carries the tag of a socket this process already
+/// Received numbers whose socket carries the tag of a socket this process already
 /// has (it passed the socket to itself, `pass`): each names that socket, as a `dup`
 /// would.
 fn alias_tagged(tags: &HashMap<u32, Vec<RawFd>>) {
@@ -302,23 +304,12 @@ pub fn descriptors_in(lo: RawFd, hi: RawFd) -> Vec<RawFd> {
     v
 }
 
-/// A descriptor number for a socket: an eventfd whose count is the socket's `tag`
-/// and whose O_NONBLOCK follows the socket's (so a program after `exec` finds both;
-/// see [`exec`]).
-fn reserve(cloexec: bool, nonblock: bool, tag: u32) -> Res<OwnedFd> {
-    let flags =
-        if nonblock { libc::EFD_NONBLOCK } else { 0 } | if cloexec { libc::EFD_CLOEXEC } else { 0 };
-    // SAFETY: eventfd has no memory arguments; a non-negative result is a new fd we own.
-    let fd = unsafe { libc::eventfd(tag, flags) };
-    if fd < 0 {
-        return Err(Errno(
-            io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EMFILE),
-        ));
-    }
-    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// A descriptor number for a socket of type `stype`: a kernel socket of that type
+/// stamped with the socket's `tag`, whose O_NONBLOCK follows the socket's (so a
+/// program after `exec` finds both; see [`exec::number_socket`]).
+fn reserve(stype: i32, cloexec: bool, nonblock: bool, tag: u32) -> Res<OwnedFd> {
+    exec::number_socket(stype, cloexec, nonblock, tag)
+        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EMFILE)))
 }
 
 fn insert(e: Entry) -> RawFd {
@@ -417,7 +408,7 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     let nb = ty & libc::SOCK_NONBLOCK != 0;
     let tag = exec::tag(domain);
     s.set_exec_tag(tag);
-    let r = reserve(ty & libc::SOCK_CLOEXEC != 0, nb, tag)?;
+    let r = reserve(base, ty & libc::SOCK_CLOEXEC != 0, nb, tag)?;
     let obj = match kind {
         SocketKind::Tcp => Obj::Fresh(s),
         SocketKind::Udp => Obj::Udp(s.into_udp()),
@@ -600,7 +591,7 @@ pub fn accept4(fd: RawFd, flags: i32) -> Res<(RawFd, SocketAddr)> {
     s.set_nonblocking(nb)?;
     let tag = exec::tag(e.domain);
     s.set_exec_tag(tag);
-    let r = reserve(flags & libc::SOCK_CLOEXEC != 0, nb, tag)?;
+    let r = reserve(libc::SOCK_STREAM, flags & libc::SOCK_CLOEXEC != 0, nb, tag)?;
     let ne = numbered(
         r,
         new_desc(Obj::Stream(s), e.domain, libc::SOCK_STREAM, nb, tag),
@@ -1448,7 +1439,7 @@ pub fn dup3(old: RawFd, new: RawFd, flags: i32) -> Res<RawFd> {
         Ok(t.insert(new, Arc::new(entry)))
     })?;
     if let Some(r) = replaced {
-        // The kernel's dup3 already closed its eventfd: its number is the new
+        // The kernel's dup3 already closed its number socket: its number is the new
         // entry's now.
         r.keep_number.store(true, Relaxed);
     }
@@ -1496,7 +1487,7 @@ pub struct Surrendered {
 }
 
 /// Gives up a socket that has not been bound or connected yet but keeps its number
-/// open (the eventfd that holds it), so the caller can `dup3` a kernel socket onto
+/// open (the kernel socket that holds it), so the caller can `dup3` a kernel socket onto
 /// that number without a window in which another thread could take it. The LD_PRELOAD
 /// shim does this when a socket turns out to be for a loopback address, which stays
 /// on the kernel. `EISCONN` for a socket that is already bound, listening or connected.

@@ -2,8 +2,8 @@
 //! `cluster` hands connections and listeners to its workers, and HAProxy and Envoy
 //! hand listeners to their successors.
 //!
-//! The kernel passes what it sees, the eventfd that holds a usnet socket's number
-//! (its count is the socket's tag, see `exec`); the socket itself lives in the stack
+//! The kernel passes what it sees, the kernel socket that holds a usnet socket's
+//! number (stamped with the socket's tag, see `exec`); the socket itself lives in the stack
 //! server. So:
 //!
 //! - **The sender** (a `sendmsg` on a kernel socket whose descriptors include usnet
@@ -16,13 +16,14 @@
 //! - **The receiver** (a `recvmsg` with room for control data on a kernel socket)
 //!   receives into a buffer with room for one more descriptor. If the last one is a
 //!   pin's connection, its session takes the pinned sockets
-//!   (`Client::take_passed`), each goes under the received numbers whose eventfd
+//!   (`Client::take_passed`), each goes under the received numbers whose socket
 //!   carries its tag, and the pin's connection is closed and taken out of what the
 //!   program sees, which is then exactly what the kernel would have given it.
 //!
 //! A program that is not under the shim and receives such a message gets one
 //! descriptor more than was sent (the pin's connection), and the sockets only as
-//! eventfds: usnet sockets are only usable in processes attached to the stack.
+//! unconnected kernel sockets: usnet sockets are only usable in processes attached
+//! to the stack.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -6,11 +6,11 @@
 //! descriptor is a usnet socket (`usnet_posix::is_usnet`) and, if so, hands it to the
 //! `usnet_*` C ABI over `usnet-posix` (the same layer `libusnet.so` exposes); every
 //! other descriptor goes to the next definition, libc's, found with
-//! `dlsym(RTLD_NEXT)`. Every usnet socket is a real kernel descriptor number (an
-//! eventfd holds it), so `select` below `FD_SETSIZE`, `/proc/self/fd` and mixed
+//! `dlsym(RTLD_NEXT)`. Every usnet socket is a real kernel descriptor number (a
+//! kernel Unix socket of its type holds it), so `select` below `FD_SETSIZE`, `/proc/self/fd` and mixed
 //! `poll`/`epoll` sets work.
 //!
-//! While a thread is inside the shim its own libc calls (the layer's eventfds, its
+//! While a thread is inside the shim its own libc calls (the layer's number sockets, its
 //! kernel `poll`, the control socket) must reach libc directly: a thread-local flag
 //! makes every entry point pass straight through when it is already set.
 //!
@@ -235,7 +235,7 @@ fn to_kernel(fd: c_int) -> bool {
         if s.stype == libc::SOCK_STREAM {
             setopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, s.nodelay);
         }
-        // dup3 replaces the eventfd that held the number, in one step.
+        // dup3 replaces the kernel socket that held the number, in one step.
         let r = libc::dup3(k, fd, if cloexec { libc::O_CLOEXEC } else { 0 });
         let e = errno();
         libc::close(k);
@@ -846,7 +846,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 }
 
 /// dup2/dup3 of a usnet socket gives another number for it; of a kernel descriptor
-/// onto a usnet socket's number, the kernel's call replaces the eventfd that held
+/// onto a usnet socket's number, the kernel's call replaces the socket that held
 /// the number in one step, and the layer lets the socket's number go.
 unsafe fn dup_onto(old: c_int, new: c_int, flags: Option<c_int>) -> c_int {
     let real_dup = || match flags {
@@ -880,6 +880,45 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: dup3's contract.
     unsafe { dup_onto(old, new, Some(flags)) }
+}
+
+/// `syscall(3)`: a program that makes its own system calls through libc's `syscall`
+/// reaches the kernel past every other definition here. libuv (Node) closes every
+/// descriptor with `syscall(SYS_close, fd)`: the kernel would close the number and
+/// the layer would keep the socket under a number it no longer holds, and close
+/// whatever the kernel gives that number next. The calls that make, close or
+/// renumber a descriptor go through their definitions above; every other number
+/// goes to libc's `syscall` as it is (the layer's own raw calls among them).
+///
+/// The six arguments are read as the registers they travel in (as `fcntl`'s third
+/// argument is): a call with fewer leaves the rest unread by the kernel.
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    // SAFETY (each arm): the program's call carries the system call's contract,
+    // which is the libc function's.
+    let r: c_int = match n {
+        libc::SYS_close => unsafe { close(a as c_int) },
+        libc::SYS_close_range => unsafe {
+            close_range(a as libc::c_uint, b as libc::c_uint, c as c_int)
+        },
+        libc::SYS_dup => unsafe { dup(a as c_int) },
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_dup2 => unsafe { dup2(a as c_int, b as c_int) },
+        libc::SYS_dup3 => unsafe { dup3(a as c_int, b as c_int, c as c_int) },
+        libc::SYS_fcntl => unsafe { fcntl(a as c_int, b as c_int, c as c_ulong) },
+        _ => {
+            return real!(syscall: variadic fn(c_long) -> c_long)(n, a, b, c, d, e, f);
+        }
+    };
+    r as c_long
 }
 
 // ------------------------------------------------------------------ waiting

@@ -219,6 +219,15 @@ fn sockets_kept_across_exec_behave_as_on_the_kernel() {
     same_under_the_shim("exec", 7710);
 }
 
+/// A program that asks the kernel itself: fstat and a raw statx say "socket", a raw
+/// getsockopt gives the type, and close, dup, dup3 and fcntl made with
+/// syscall(2) (libuv closes this way) act as their libc functions do.
+#[test]
+fn sockets_closed_and_numbered_with_raw_system_calls_behave_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("raw_syscalls", 7790);
+}
+
 #[test]
 fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
     let _serial = serial();

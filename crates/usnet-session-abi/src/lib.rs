@@ -634,8 +634,8 @@ pub mod slot {
     pub const ACCEPT_PENDING: usize = 20;
     /// Bumped each time the slot is given out, so stale handles are caught.
     pub const GEN: usize = 24;
-    /// The client's name for the socket across `exec` (the BSD layer's tag, also the
-    /// count of the eventfd that holds its descriptor number). Written by the client,
+    /// The client's name for the socket across `exec` (the BSD layer's tag, also
+    /// stamped on the kernel socket that holds its descriptor number). Written by the client,
     /// never trusted: the server only reports it back to the same family of
     /// processes in a claim's slot map. Zero in a slot just given out.
     pub const TAG: usize = 28;
