@@ -15,7 +15,10 @@
 //!   Linux, and ssh to Linux's sshd;
 //! - socket activation: `systemd-socket-activate --inetd -a cat` and a program
 //!   handed its listener with `LISTEN_FDS`;
-//! - a shell: bash's `/dev/tcp` connection written and read by `cat`;
+//! - a shell: bash's `/dev/tcp` connection written and read by `cat`, and written
+//!   by the builtin `echo` (stdio);
+//! - `git daemon` (`upload-pack` writes its connection through stdio), cloned from
+//!   Linux;
 //! - OpenSSL's `s_server` and `s_client`, each way;
 //! - wget and curl; iperf3 over UDP;
 //! - a statically linked program: `usnet run` says its sockets stay on the kernel.
@@ -531,6 +534,83 @@ fn shell(d: &Path) {
         got[at + 4..] == body(),
         "bash /dev/tcp + cat: the body differs"
     );
+    // The builtin `echo` writes through stdio (glibc's internal write).
+    let script = format!(
+        "exec 3<>/dev/tcp/{HOST}/18099; echo -e 'GET /f HTTP/1.0\\r\\n\\r' >&3; cat <&3 > got2; echo done"
+    );
+    let o = shim(d, &["bash", "-c", &script], &[], 30);
+    assert!(
+        o.ok() && o.stdout.trim() == "done",
+        "bash builtin echo >&3: {}",
+        o.describe()
+    );
+    let got = std::fs::read(d.join("got2")).unwrap();
+    assert!(
+        got.ends_with(&body()),
+        "bash builtin echo >&3: the body differs"
+    );
+}
+
+/// `git daemon` under the shim, cloned from Linux: `upload-pack`, exec'd per
+/// connection with it on stdin and stdout, writes through stdio.
+fn git_daemon(d: &Path) {
+    need("git", "git");
+    let base = d.join("git");
+    let repo = base.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let git = |dir: &Path, args: &[&str]| {
+        let o = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "usnet")
+            .env("GIT_AUTHOR_EMAIL", "usnet@localhost")
+            .env("GIT_COMMITTER_NAME", "usnet")
+            .env("GIT_COMMITTER_EMAIL", "usnet@localhost")
+            .output()
+            .expect("git");
+        assert!(
+            o.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("f"), body()).unwrap();
+    git(&repo, &["add", "f"]);
+    git(&repo, &["commit", "-qm", "one"]);
+    let port = 18087u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "git-daemon",
+        "git",
+        &[
+            "daemon",
+            "--export-all",
+            "--reuseaddr",
+            &format!("--base-path={}", base.display()),
+            &format!("--listen={OURS}"),
+            &format!("--port={port}"),
+        ],
+    );
+    wait_listening(&mut srv, d, OURS, port);
+    let clone = d.join("git-clone");
+    let o = run_in(
+        Command::new("git").args([
+            "clone",
+            "-q",
+            &format!("git://{OURS}:{port}/repo"),
+            clone.to_str().unwrap(),
+        ]),
+        &[],
+        Duration::from_secs(30),
+    );
+    assert!(o.ok(), "git clone from git daemon: {}", o.describe());
+    assert!(
+        std::fs::read(clone.join("f")).unwrap() == body(),
+        "git clone: the file differs"
+    );
+    drop(srv);
 }
 
 fn openssl(d: &Path) {
@@ -726,6 +806,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     openssh(d);
     socket_activation(d);
     shell(d);
+    git_daemon(d);
     openssl(d);
     fetchers(d);
     iperf3_udp(d);

@@ -244,6 +244,7 @@ fn to_kernel(fd: c_int) -> bool {
             return false;
         }
     }
+    renumbered(fd);
     true
 }
 
@@ -323,7 +324,9 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if let Some(_g) = ours(fd) {
-        return socket::usnet_close(fd);
+        let r = socket::usnet_close(fd);
+        renumbered(fd);
+        return r;
     }
     // The layer's own descriptors stay open when a program closes every number it
     // did not open (daemons; sshd after its re-exec).
@@ -353,6 +356,7 @@ pub unsafe extern "C" fn close_range(
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         for fd in usnet_posix::descriptors_in(lo, hi) {
             socket::usnet_close(fd);
+            renumbered(fd);
         }
     }
     let mut from = first;
@@ -858,14 +862,17 @@ unsafe fn dup_onto(old: c_int, new: c_int, flags: Option<c_int>) -> c_int {
         return real_dup();
     };
     if usnet_posix::is_usnet(old) {
-        return match flags {
+        let r = match flags {
             None => socket::usnet_dup2(old, new),
             Some(f) => socket::usnet_dup3(old, new, f),
         };
+        renumbered(new);
+        return r;
     }
     let r = real_dup();
     if r >= 0 && old != new && usnet_posix::is_usnet(new) {
         usnet_posix::replaced_by_kernel(new);
+        renumbered(new);
     }
     r
 }
@@ -880,6 +887,32 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: dup3's contract.
     unsafe { dup_onto(old, new, Some(flags)) }
+}
+
+/// Number `fd` changed (closed, or now names another socket or a kernel
+/// descriptor): `stdin`, `stdout` or `stderr` follow it (see `stdio`). Keeps errno.
+fn renumbered(fd: c_int) {
+    if (0..=2).contains(&fd) {
+        let e = errno();
+        stdio::follow(fd);
+        set_errno(e);
+    }
+}
+
+/// `fdopen(3)` of a usnet socket: a stream whose reads and writes are the shim's
+/// (glibc's own would use its internal `read` and `write`; see `stdio`).
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    if let Some(_g) = ours(fd) {
+        // SAFETY: fdopen's contract: a NUL-terminated mode.
+        let m = unsafe { CStr::from_ptr(mode) };
+        if !stdio::mode_ok(m) {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        return stdio::open(fd, m);
+    }
+    real!(fdopen: fn(c_int, *const libc::c_char) -> *mut libc::FILE)(fd, mode)
 }
 
 /// `syscall(3)`: a program that makes its own system calls through libc's `syscall`
@@ -1278,3 +1311,4 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
 }
 
 mod spawn;
+mod stdio;

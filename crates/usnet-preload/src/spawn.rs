@@ -56,6 +56,11 @@ extern "C" fn at_start() {
     };
     settings();
     usnet_posix::inherit();
+    // A program exec'd with a connection on 0 and 1 (inetd style) reads and
+    // writes it through stdio.
+    for fd in 0..=2 {
+        crate::stdio::follow(fd);
+    }
 }
 
 #[used]

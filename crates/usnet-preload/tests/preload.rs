@@ -228,6 +228,14 @@ fn sockets_closed_and_numbered_with_raw_system_calls_behave_as_on_the_kernel() {
     same_under_the_shim("raw_syscalls", 7790);
 }
 
+/// stdio on sockets: fdopen'd connections, and stdout, stderr and stdin moved onto
+/// connections with dup2 and back (glibc's streams write past any shim).
+#[test]
+fn stdio_streams_on_sockets_behave_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("stdio", 7795);
+}
+
 #[test]
 fn udp_with_sendmmsg_and_recvmmsg_prints_the_same_under_the_shim() {
     let _serial = serial();
