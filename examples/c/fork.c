@@ -34,6 +34,17 @@ static void timeouts(int fd, int secs) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
+/* Reads exactly n bytes from a pipe (or fails). */
+static int read_n_fd(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, buf + got, n - got);
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
 /* Reads exactly n bytes (or fails). */
 static int read_n(int fd, char *buf, size_t n) {
     size_t got = 0;
@@ -45,14 +56,32 @@ static int read_n(int fd, char *buf, size_t n) {
     return 0;
 }
 
-static int dial(void) {
+static int dial_to(const struct sockaddr_in *a) {
     int c = socket(AF_INET, SOCK_STREAM, 0);
     timeouts(c, 10);
-    if (connect(c, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    if (connect(c, (struct sockaddr *)a, sizeof *a) != 0) {
         close(c);
         return -1;
     }
     return c;
+}
+
+static int dial(void) { return dial_to(&addr); }
+
+/* Sends "ping N" on n connections to `a` in turn; how many were answered "pong N". */
+static int pings(const struct sockaddr_in *a, int n) {
+    int answered = 0;
+    for (int i = 0; i < n; i++) {
+        int c = dial_to(a);
+        char req[6] = {'p', 'i', 'n', 'g', ' ', (char)('0' + i)};
+        char resp[6];
+        if (c >= 0 && send(c, req, sizeof req, 0) == (ssize_t)sizeof req &&
+            read_n(c, resp, sizeof resp) == 0 && memcmp(resp, "pong ", 5) == 0 &&
+            resp[5] == req[5])
+            answered++;
+        if (c >= 0) close(c);
+    }
+    return answered;
 }
 
 /* The exit status of child `pid` (-1 if it did not exit by itself). */
@@ -138,18 +167,7 @@ int main(int argc, char **argv) {
         if (kids[k] == 0) serve(l, 2);
     }
     CHECK("two children forked", kids[0] > 0 && kids[1] > 0);
-    int answered = 0;
-    for (int i = 0; i < 4; i++) {
-        int c = dial();
-        char req[6] = {'p', 'i', 'n', 'g', ' ', (char)('0' + i)};
-        char resp[6];
-        if (c >= 0 && send(c, req, sizeof req, 0) == (ssize_t)sizeof req &&
-            read_n(c, resp, sizeof resp) == 0 && memcmp(resp, "pong ", 5) == 0 &&
-            resp[5] == req[5])
-            answered++;
-        if (c >= 0) close(c);
-    }
-    CHECK("four connections answered by the children", answered == 4);
+    CHECK("four connections answered by the children", pings(&addr, 4) == 4);
     CHECK("child 1 served two", status_of(kids[0]) == 0);
     CHECK("child 2 served two", status_of(kids[1]) == 0);
 
@@ -263,6 +281,35 @@ int main(int argc, char **argv) {
         stop_busy = 1;
         for (int k = 0; k < 3; k++) pthread_join(th[k], NULL);
         CHECK("a hundred children forked beside busy threads answered", served == 100);
+    }
+
+    /* A socket bound, not listening, when two children are forked: it is one socket,
+     * so each child's listen works (the second changes nothing) and both accept from
+     * its one queue, as Node's cluster workers do with NODE_CLUSTER_SCHED_POLICY=none. */
+    {
+        struct sockaddr_in a2 = addr;
+        a2.sin_port = htons(ntohs(addr.sin_port) + 1);
+        int b = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(b, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        CHECK("bind before the fork", bind(b, (struct sockaddr *)&a2, sizeof a2) == 0);
+        int ready[2];
+        CHECK("pipe", pipe(ready) == 0);
+        pid_t lk[2];
+        for (int k = 0; k < 2; k++) {
+            lk[k] = fork();
+            if (lk[k] == 0) {
+                if (listen(b, 16) != 0) _exit(30);
+                if (write(ready[1], "r", 1) != 1) _exit(31);
+                serve(b, 1);
+            }
+        }
+        close(ready[1]);
+        char r2[2];
+        CHECK("both children listened on the one socket", read_n_fd(ready[0], r2, 2) == 0);
+        close(ready[0]);
+        CHECK("two connections answered by the children", pings(&a2, 2) == 2);
+        CHECK("each child served one", status_of(lk[0]) == 0 && status_of(lk[1]) == 0);
+        close(b);
     }
 
     /* The parent's listener still works after every child is gone. */

@@ -183,31 +183,41 @@ fn node(d: &Path) {
     std::fs::write(
         d.join("cluster.js"),
         "const c = require('cluster'); let n = 0;\n\
+         if (process.argv[3] === 'none') c.schedulingPolicy = c.SCHED_NONE;\n\
          if (c.isPrimary) { for (let i = 0; i < 2; i++) c.fork(); \
          c.on('listening', () => { if (++n == 2) console.log('both listening'); }); }\n\
          else require('http').createServer((q, r) => r.end('worker ' + c.worker.id + '\\n')).listen(+process.argv[2]);\n",
     )
     .unwrap();
-    let port = 18086u16;
-    let mut srv = spawn_prog(
-        d,
-        Some(STACK),
-        "node-cluster",
-        "node",
-        &["cluster.js", &port.to_string()],
-    );
-    wait_log(&mut srv, d, "both listening");
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..6 {
-        let b = String::from_utf8_lossy(&curl(&format!("http://{OURS}:{port}/"))).into_owned();
-        assert!(
-            b == "worker 1\n" || b == "worker 2\n",
-            "Node cluster answered {b:?}"
+    // Round-robin: both workers serve in turn. `none`: the primary passes one
+    // bound socket, every worker listens on it, and the kernel (here the stack)
+    // picks which accepts.
+    for (mode, what, port) in [
+        ("rr", "node-cluster", 18086u16),
+        ("none", "node-cluster-none", 18088u16),
+    ] {
+        let mut srv = spawn_prog(
+            d,
+            Some(STACK),
+            what,
+            "node",
+            &["cluster.js", &port.to_string(), mode],
         );
-        seen.insert(b);
+        wait_log(&mut srv, d, "both listening");
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..6 {
+            let b = String::from_utf8_lossy(&curl(&format!("http://{OURS}:{port}/"))).into_owned();
+            assert!(
+                b == "worker 1\n" || b == "worker 2\n",
+                "Node cluster ({mode}) answered {b:?}"
+            );
+            seen.insert(b);
+        }
+        if mode == "rr" {
+            assert_eq!(seen.len(), 2, "both Node cluster workers served: {seen:?}");
+        }
+        drop(srv);
     }
-    assert_eq!(seen.len(), 2, "both Node cluster workers served: {seen:?}");
-    drop(srv);
     for url in [
         format!("http://{HOST}:18099/f"),
         format!("http://[{HOST6}]:18098/f"),

@@ -294,7 +294,23 @@ fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>)
 /// slots of those it has no number for are closed.
 pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
     crate::write_table(|t| {
+        // Sockets this process holds already (passed away and back): the server
+        // names the slot the session has, and the numbers name the socket as dups.
+        let held: HashMap<u32, Arc<crate::Desc>> = t
+            .values()
+            .filter(|e| e.desc.tag != 0)
+            .map(|e| (e.desc.tag, Arc::clone(&e.desc)))
+            .collect();
         for c in claimed {
+            if let Some(d) = held.get(&c.tag) {
+                for &fd in tags.get(&c.tag).into_iter().flatten() {
+                    // SAFETY: a number just received, which nothing else here knows
+                    // of; the entry owns it from here.
+                    let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(d));
+                    t.insert(fd, Arc::new(e));
+                }
+                continue;
+            }
             let Some(fds) = tags.get(&c.tag).filter(|_| c.tag & TAG_MARK != 0) else {
                 client.close_slot(c.slot);
                 continue;

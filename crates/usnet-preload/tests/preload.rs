@@ -364,7 +364,13 @@ for i in range(3):
     s = socket.socket(fileno=fds[0]); s.settimeout(10)
     s.sendall(b"receiver got " + s.recv(100) + b" with " + msg)
     s.close()
-print("received", i + 1, flush=True)
+# One the sender kept: answered, then handed back.
+msg, fds, _, _ = socket.recv_fds(c, 100, 4)
+s = socket.socket(fileno=fds[0]); s.settimeout(10)
+s.sendall(b"receiver got " + s.recv(100) + b" and hands it back; ")
+socket.send_fds(c, [b"back"], [s.fileno()])
+s.close()
+print("received", i + 2, flush=True)
 '''
 r = subprocess.Popen([sys.executable, "-c", receiver, path], stdout=subprocess.PIPE)
 u = socket.socket(socket.AF_UNIX)
@@ -386,6 +392,24 @@ for i in range(3):
         if not b: break
         got += b
     print(got.decode())
+# A connection the sender keeps while the receiver has it, and gets back.
+c = socket.create_connection(("{addr}", {port}), timeout=10)
+s, _ = l.accept()
+c.sendall(b"hello 3")
+socket.send_fds(u, [b"message 3"], [s.fileno()])
+u.settimeout(10)
+msg, fds, _, _ = socket.recv_fds(u, 100, 4)
+back = socket.socket(fileno=fds[0])
+back.sendall(b"the sender again, the message " + msg)
+back.close()
+s.sendall(b"; the first number still works")
+s.close()
+got = b""
+while True:
+    b = c.recv(100)
+    if not b: break
+    got += b
+print(got.decode())
 print(r.communicate(timeout=20)[0].decode(), end="")
 os.unlink(path)
 "#
@@ -401,7 +425,7 @@ os.unlink(path)
     );
     let (ks, us) = (text(&k), text(&u));
     assert!(
-        k.status.success() && ks.ends_with("received 3\n"),
+        k.status.success() && ks.ends_with("received 4\n"),
         "kernel: {ks}{}",
         String::from_utf8_lossy(&k.stderr)
     );

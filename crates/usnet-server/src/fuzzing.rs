@@ -174,8 +174,9 @@ impl Harness {
 
     pub(crate) fn add_session(&mut self, id: u32) {
         let mem = Session::create(id, geometry()).expect("session memory");
-        let session =
+        let mut session =
             ServerSession::new(id, 0, "fuzz".into(), mem.clone(), limits()).expect("session");
+        session.groups = Some(self.sharing.groups());
         self.sessions.insert(id, session);
         self.mems.insert(id, mem);
     }
@@ -201,6 +202,27 @@ impl Harness {
         self.sharing
             .claim(&mut self.sessions, &mut self.stack, 2, 7)
             .expect("the pin is there");
+    }
+
+    /// Session `from` passes the sockets of the slots in `mask` (bit k: slot k) to
+    /// session `to`, as `SCM_RIGHTS` does: a pin of those slots, claimed there.
+    /// Returns what the claim gave.
+    pub fn pass(&mut self, from: u32, to: u32, mask: u8) -> Vec<usnet_session_abi::Claimed> {
+        let slots: Vec<u32> = (0..8).filter(|k| mask & (1 << k) != 0).collect();
+        let token = 0x5ca1ab1e_u128 + u128::from(mask);
+        self.sharing
+            .pin(
+                &mut self.sessions,
+                &mut self.stack,
+                from,
+                token,
+                Some(&slots),
+            )
+            .and_then(|_| {
+                self.sharing
+                    .claim(&mut self.sessions, &mut self.stack, to, token)
+            })
+            .unwrap_or_default()
     }
 
     /// Session `id` is gone, as `Loop::remove_session` ends it.
@@ -235,6 +257,7 @@ impl Harness {
         stack.poll(self.now);
         let mut touched = Vec::new();
         let mut wants = Vec::new();
+        let mut joined = Vec::new();
         let mut broken = Vec::new();
         for id in [1, 2] {
             if let Some(s) = self.sessions.get_mut(&id) {
@@ -243,7 +266,11 @@ impl Harness {
                 }
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, id)));
+                joined.extend(s.joined.drain(..).map(|h| (h, id)));
             }
+        }
+        for (h, id) in joined {
+            self.sharing.join(h, id);
         }
         self.release_pending();
         let stack = &mut self.stack;
@@ -672,13 +699,22 @@ fn commands(h: &mut Harness, data: &[u8]) {
                 h.turn();
             }
             // The client forks (once); after that, one of the two dies (the other
-            // keeps the shared sockets).
+            // keeps the shared sockets), or passes some of its sockets to the other.
             7 => {
                 if !h.forked {
                     h.fork();
-                } else if h.sessions.len() == 2 && inp.u8().unwrap_or(0) % 4 == 0 {
-                    let id = h.target;
-                    h.remove(id);
+                } else if h.sessions.len() == 2 {
+                    match inp.u8().unwrap_or(0) % 4 {
+                        0 => {
+                            let id = h.target;
+                            h.remove(id);
+                        }
+                        1 => {
+                            let (from, mask) = (h.target, inp.u8().unwrap_or(0));
+                            h.pass(from, 3 - from, mask);
+                        }
+                        _ => {}
+                    }
                 }
                 h.turn();
             }
@@ -899,6 +935,77 @@ mod tests {
         let mut got = [0u8; 20];
         r.read(child_rx.data, &mut got).unwrap();
         assert_eq!(&got, b"unread by the parent");
+        h.finish();
+    }
+
+    /// A TCP socket bound, not listening, when its process forks is one socket in
+    /// both: the child's listen makes the listener, the parent's names it (the
+    /// kernel's second listen changes nothing), both hold it, and it closes with
+    /// the last of them (Node's cluster with NODE_CLUSTER_SCHED_POLICY=none).
+    #[test]
+    fn a_socket_bound_before_a_fork_listens_once_for_both_processes() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]), 0);
+        let a = SockAddr::from_std((ADDR, 7020).into()).to_args();
+        assert_eq!(h.call(op::BIND, 0, [a[0], a[1], a[2], a[3], 0, 0]), 0);
+        h.fork();
+        h.target = 2;
+        assert_eq!(
+            h.call(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]),
+            0,
+            "the child listens"
+        );
+        h.target = 1;
+        assert_eq!(
+            h.call(op::LISTEN, 0, [4, 0, 0, 0, 0, 0]),
+            0,
+            "so does the parent"
+        );
+        let listeners = h.stack.tcp_listeners();
+        assert_eq!(listeners.len(), 1, "one listener");
+        let l = listeners[0].handle;
+        assert_eq!(h.sharing.holders(l), &[2, 1], "held by both");
+        assert_eq!(h.call(op::CLOSE, 0, [0; 6]), 0);
+        assert_eq!(
+            h.stack.tcp_listeners().len(),
+            1,
+            "the child's copy keeps it"
+        );
+        h.target = 2;
+        assert_eq!(h.call(op::CLOSE, 0, [0; 6]), 0);
+        assert!(
+            h.stack.tcp_listeners().is_empty(),
+            "the last close closes it"
+        );
+        assert!(
+            h.sharing.groups().lock().unwrap().is_empty(),
+            "and the group forgets it"
+        );
+        h.finish();
+    }
+
+    /// A socket passed back to a process that holds it already (a child hands its
+    /// parent a connection they share): the claim names the slot the parent has,
+    /// so no stack socket is named twice in one session; a fresh socket passed
+    /// back is the copy the session has.
+    #[test]
+    fn a_socket_passed_back_to_a_holder_keeps_its_one_slot() {
+        let mut h = Harness::new();
+        h.connected_pair(7021);
+        assert_eq!(
+            h.call(op::SOCKET, 0, [KIND_TCP, 0, 0, 0, 0, 0]),
+            3,
+            "slot 3"
+        );
+        h.fork();
+        // Slots 2 (the accepted connection) and 3 (the fresh socket) come back.
+        let got = h.pass(2, 1, 0b1100);
+        let slots: Vec<u32> = got.iter().map(|c| c.slot).collect();
+        assert_eq!(slots, [2, 3], "the slots session 1 has");
+        assert_eq!(h.sessions[&1].socket_count(), 4);
+        h.turn();
+        h.target = 2;
+        assert_eq!(h.call(op::CLOSE, 2, [0; 6]), 0);
         h.finish();
     }
 

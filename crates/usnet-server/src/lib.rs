@@ -320,6 +320,7 @@ impl Loop {
 
     /// Adds an attached client's session.
     fn add_session(&mut self, mut s: ServerSession) {
+        s.groups = Some(self.sharing.groups());
         if self.host.links.len() > 1 {
             s.elsewhere = Some(Elsewhere {
                 me: self.shard,
@@ -504,6 +505,7 @@ impl Loop {
         let mut released = Vec::new();
         let mut touched = Vec::new();
         let mut wants = Vec::new();
+        let mut joined = Vec::new();
         let mut broken = Vec::new();
         for id in &self.order {
             if let Some(s) = self.sessions.get_mut(id) {
@@ -521,7 +523,12 @@ impl Loop {
                 released.extend(s.released.drain(..).map(|(h, left)| (h, *id, left)));
                 touched.append(&mut s.touched);
                 wants.extend(s.wants.drain(..).map(|h| (h, *id)));
+                joined.extend(s.joined.drain(..).map(|h| (h, *id)));
             }
+        }
+        // Holders first: a session may have listened and closed in one turn.
+        for (h, id) in joined {
+            self.sharing.join(h, id);
         }
         self.release_all(&mut released);
         for id in broken {

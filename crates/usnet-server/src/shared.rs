@@ -48,11 +48,18 @@ struct Pin {
     socks: Vec<Pinned>,
 }
 
+/// The listener each group of fresh TCP sockets made (a socket pinned for another
+/// process before it listened: its copies are one socket, and the first `listen`
+/// among them makes the listener all of them name). Sessions read it in their
+/// `listen`; entries go when their listener closes.
+pub(crate) type FreshGroups = std::sync::Arc<std::sync::Mutex<HashMap<u64, SocketHandle>>>;
+
 /// Every shared stack socket and every pin.
 #[derive(Default)]
 pub(crate) struct Sharing {
     socks: HashMap<SocketHandle, SharedSock>,
     pins: HashMap<u128, Pin>,
+    groups: FreshGroups,
 }
 
 /// The server's sessions by the ids it hands out (FxHash: no client picks a key).
@@ -70,6 +77,30 @@ fn close_stack_socket(stack: &mut Stack, h: SocketHandle, died: bool) {
 }
 
 impl Sharing {
+    /// The groups' listeners, for a new session.
+    pub fn groups(&self) -> FreshGroups {
+        self.groups.clone()
+    }
+
+    /// Session `id` holds shared stack socket `h` from now on (a listen that made or
+    /// named its group's listener).
+    pub fn join(&mut self, h: SocketHandle, id: u32) {
+        let sh = self.socks.entry(h).or_default();
+        if !sh.holders.contains(&id) {
+            sh.holders.push(id);
+        }
+    }
+
+    /// Shared stack socket `h` is closed: nothing names it any more.
+    fn closed(&mut self, stack: &mut Stack, h: SocketHandle, died: bool) {
+        self.socks.remove(&h);
+        self.groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, l| *l != h);
+        close_stack_socket(stack, h, died);
+    }
+
     /// The sessions holding `h` (none if it is not shared).
     pub fn holders(&self, h: SocketHandle) -> &[u32] {
         self.socks.get(&h).map_or(&[], |sh| &sh.holders)
@@ -96,8 +127,7 @@ impl Sharing {
             // ends with a FIN, or with a reset if received bytes were left unread
             // (the kernel's `tcp_close`), whether or not it died holding it.
             let unread = !left.is_empty() || !sh.carry.is_empty();
-            self.socks.remove(&h);
-            close_stack_socket(stack, h, died && unread);
+            self.closed(stack, h, died && unread);
             return;
         }
         if sh.receiver == Some(id) {
@@ -168,8 +198,7 @@ impl Sharing {
         };
         sh.pins = sh.pins.saturating_sub(1);
         if sh.holders.is_empty() && sh.pins == 0 {
-            self.socks.remove(&h);
-            close_stack_socket(stack, h, false);
+            self.closed(stack, h, false);
         }
     }
 
@@ -194,12 +223,21 @@ impl Sharing {
                 continue;
             };
             let Some(h) = p.handle else {
-                // No stack socket yet (a fresh TCP or unbound UDP socket): a copy.
-                if let Some(j) = s.add_pinned(stack, p, true, &mut Vec::new()) {
+                // No stack socket yet (a fresh TCP or unbound UDP socket): a copy,
+                // unless the session has one already (passed back to it).
+                let have = p.group.and_then(|g| s.slot_in_group(g));
+                if let Some(j) = have.or_else(|| s.add_pinned(stack, p, true, &mut Vec::new())) {
                     map.push(claimed(p, j));
                 }
                 continue;
             };
+            if let Some(j) = s.slot_holding(h) {
+                // Passed back to a process that holds it already: the slot it has
+                // names it (one slot per stack socket in a session).
+                map.push(claimed(p, j));
+                self.unpin(stack, h);
+                continue;
+            }
             let Some(sh) = self.socks.get_mut(&h) else {
                 continue;
             };
@@ -305,8 +343,7 @@ impl Sharing {
                     map.push(claimed(&p, j));
                 }
                 None if sh.holders.is_empty() && sh.pins == 0 => {
-                    self.socks.remove(&h);
-                    close_stack_socket(stack, h, false);
+                    self.closed(stack, h, false);
                 }
                 None => {}
             }

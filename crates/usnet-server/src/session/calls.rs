@@ -80,6 +80,30 @@ impl ServerSession {
         if s.role != Role::Fresh {
             return -errno::EINVAL;
         }
+        // A socket held by several processes (passed or forked before it listened)
+        // is one socket: another holder's listen already made it a listener, which
+        // this slot names too, as the kernel's second `listen` changes nothing.
+        let group = s.group;
+        // (A session holding two copies of the socket names its listener once: the
+        // other copy's listen is refused, as a client that aliases does not ask.)
+        let listener = group
+            .and_then(|g| self.group_listener(stack, g))
+            .filter(|&h| !self.holds(h));
+        if let Some(h) = listener {
+            let s = self.sock(i);
+            unbind(stack, s);
+            s.role = Role::Listener;
+            self.hold_shared(i, h);
+            if let Ok(local) = stack.tcp_local_addr(h) {
+                self.mem
+                    .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
+            }
+            self.set_flags(i, FLAG_BOUND, 0);
+            self.refresh(stack, i);
+            self.joined.push(h);
+            return 0;
+        }
+        let s = self.sock(i);
         // Unbound: the wildcard of the socket's family (an AF_INET6 socket's is `::`).
         let any = if fam & FAM_V6 != 0 {
             "[::]:0"
@@ -111,6 +135,9 @@ impl ServerSession {
                         .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
                 }
                 self.set_flags(i, FLAG_BOUND, 0);
+                if let Some(g) = self.sock(i).group {
+                    self.found_group_listener(stack, i, g, h);
+                }
                 0
             }
             Err(e) => err(e),

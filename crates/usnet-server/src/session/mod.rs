@@ -71,6 +71,10 @@ struct SessionSocket {
     // Before the stack socket exists (`calls`, `options`).
     /// `bind` before `listen`/`connect` (TCP) records the address here.
     bound: Option<SocketAddr>,
+    /// A fresh TCP socket pinned for another process: every copy of it (in each
+    /// process that holds it) is in this group, and the first to listen makes the
+    /// listener the others then name ([`crate::shared::FreshGroups`]).
+    group: Option<u64>,
     /// The stack's hold on that port until the socket listens, connects or closes
     /// (`Stack::tcp_bind`).
     binding: Option<u64>,
@@ -201,6 +205,11 @@ pub(crate) struct ServerSession {
     /// Shared streams this session reads without being their receiver
     /// (`op::RX_WANT`): the loop decides whether they come here.
     pub(crate) wants: Vec<SocketHandle>,
+    /// Shared stack sockets this session began to hold in its turn (a listen that
+    /// named its group's listener, or made it): the loop adds it to their holders.
+    pub(crate) joined: Vec<SocketHandle>,
+    /// The loop's listeners of fresh sockets held by several processes.
+    pub(crate) groups: Option<crate::shared::FreshGroups>,
 
     /// The session's zero-copy port, if the client opened one (`crate::zc`).
     pub(crate) zc: Option<crate::zc::ServerZc>,
@@ -260,6 +269,8 @@ impl ServerSession {
             released: Vec::new(),
             touched: Vec::new(),
             wants: Vec::new(),
+            joined: Vec::new(),
+            groups: None,
             ports_changed: false,
             elsewhere: None,
             zc: None,
@@ -276,6 +287,19 @@ impl ServerSession {
     /// Whether one of this session's slots holds stack socket `h`.
     pub fn holds(&self, h: SocketHandle) -> bool {
         self.by_handle.contains_key(&h)
+    }
+
+    /// The slot holding this session's copy of fresh-socket group `g`, if one does.
+    pub fn slot_in_group(&self, g: u64) -> Option<u32> {
+        self.socks
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.group == Some(g) && !s.closing))
+            .map(|i| i as u32)
+    }
+
+    /// The slot that holds stack socket `h`, if one does.
+    pub fn slot_holding(&self, h: SocketHandle) -> Option<u32> {
+        self.by_handle.get(&h).copied()
     }
 
     pub fn socket_count(&self) -> usize {
@@ -510,6 +534,7 @@ impl ServerSession {
             role,
             handle: None,
             bound: None,
+            group: None,
             binding: None,
             connect_mss: None,
             syn_retries: None,

@@ -29,6 +29,14 @@ pub(crate) struct Pinned {
     pub role: Role,
     pub handle: Option<SocketHandle>,
     pub bound: Option<SocketAddr>,
+    /// A fresh TCP socket's group (see `SessionSocket::group`).
+    pub group: Option<u64>,
+}
+
+/// A new group for a fresh TCP socket about to be held by several processes.
+fn new_group() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Relaxed)
 }
 
 impl ServerSession {
@@ -85,6 +93,16 @@ impl ServerSession {
             if wanted(i) && self.socks[i].as_ref().is_some_and(|s| !s.closing) {
                 self.unlend(stack, i as u32);
                 self.end_direct_rx(stack, i as u32);
+                // What the process wrote before it forked or passed the socket goes
+                // to the stack now, ahead of anything another holder writes after
+                // (the kernel's send copied it into the socket's one buffer). A
+                // stack that pushes back keeps the rest in this ring.
+                self.activate(i as u32);
+                for _ in 0..64 {
+                    if !self.drain_tx(stack, i as u32) {
+                        break;
+                    }
+                }
             }
         }
         for (i, s) in self.socks.iter_mut().enumerate() {
@@ -105,6 +123,10 @@ impl ServerSession {
             }
             if s.handle.is_some() {
                 shared_now.push(i as u32);
+            } else if s.role == Role::Fresh && s.group.is_none() {
+                // Its copies are one socket: the first of them to listen makes the
+                // listener for all (`op_listen`).
+                s.group = Some(new_group());
             }
             pinned.push(Pinned {
                 parent_slot: i as u32,
@@ -113,6 +135,7 @@ impl ServerSession {
                 role: s.role,
                 handle: s.handle,
                 bound: s.bound,
+                group: s.group,
             });
         }
         for i in shared_now {
@@ -134,6 +157,7 @@ impl ServerSession {
         let i = self.new_slot(p.kind, p.role)?;
         let s = self.sock(i);
         s.bound = p.bound;
+        s.group = p.group;
         s.receiver = receiver;
         s.carry = std::mem::take(carry);
         if !receiver && p.role == Role::Conn && p.handle.is_some() {
@@ -145,11 +169,7 @@ impl ServerSession {
             self.set_flags(i, FLAG_BOUND, 0);
         }
         if let Some(h) = p.handle {
-            let s = self.sock(i);
-            s.handle = Some(h);
-            s.shared = true;
-            self.by_handle.insert(h, i);
-            self.set_flags(i, FLAG_SHARED, 0);
+            self.hold_shared(i, h);
             let (local, peer) = match p.role {
                 Role::Udp => (stack.udp_local_addr(h).ok(), stack.udp_peer_addr(h).ok()),
                 _ => (stack.tcp_local_addr(h).ok(), stack.tcp_peer_addr(h).ok()),
@@ -169,6 +189,45 @@ impl ServerSession {
             self.refresh(stack, i);
         }
         Some(i)
+    }
+
+    /// Slot `i` names shared stack socket `h` (owned by [`SHARED`]).
+    pub(super) fn hold_shared(&mut self, i: u32, h: SocketHandle) {
+        let s = self.sock(i);
+        s.handle = Some(h);
+        s.shared = true;
+        self.by_handle.insert(h, i);
+        self.set_flags(i, FLAG_SHARED, 0);
+    }
+
+    /// The listener of fresh-socket group `g`, if one of its holders made it and it
+    /// is still there.
+    pub(super) fn group_listener(&self, stack: &Stack, g: u64) -> Option<SocketHandle> {
+        let groups = self.groups.as_ref()?;
+        let h = *groups.lock().unwrap_or_else(|e| e.into_inner()).get(&g)?;
+        (stack.tcp_is_listener(h) && stack.owner(h) == Some(SHARED)).then_some(h)
+    }
+
+    /// Slot `i`, in group `g`, just made listener `h`: it is shared from now on, so
+    /// the group's other holders can name it when they listen, and no one
+    /// holder's exit closes it under the others.
+    pub(super) fn found_group_listener(
+        &mut self,
+        stack: &mut Stack,
+        i: u32,
+        g: u64,
+        h: SocketHandle,
+    ) {
+        let Some(groups) = self.groups.clone() else {
+            return;
+        };
+        let _ = stack.set_owner(h, SHARED);
+        self.hold_shared(i, h);
+        groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(g, h);
+        self.joined.push(h);
     }
 
     /// Another holder reads shared stream `h` (`op::RX_WANT`): it takes the stream

@@ -1139,6 +1139,11 @@ impl Stack {
         }
     }
 
+    /// Whether `h` is a live TCP listener.
+    pub fn tcp_is_listener(&self, h: SocketHandle) -> bool {
+        matches!(self.sockets.get(h), Some(Socket::TcpListen(_)))
+    }
+
     pub fn tcp_peer_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
         Ok(self.conn_sock(h)?.remote)
     }
