@@ -11,8 +11,9 @@
 //!   end at `exec`, since the new program holds the connection.
 //! - **Each socket's number** is a kernel socket stamped with the socket's *tag*
 //!   ([`tag`]: a marker bit, the domain, and a number unique in the process;
-//!   [`number_socket`]) and whose O_NONBLOCK is the socket's. The same tag is in the socket's slot
-//!   (`usnet_session_abi::slot::TAG`), where the server can read it.
+//!   [`number_socket`]) and whose O_NONBLOCK is the socket's. The same tag is in
+//!   the socket's slot (`usnet_session_abi::slot::TAG`), where the server can read
+//!   it.
 //!
 //! The new program (the shim's constructor, before `main`) calls [`inherit`]: it
 //! finds the control connections and the tagged numbers it holds, asks the server
@@ -168,8 +169,12 @@ pub(crate) fn number_socket(
             std::mem::size_of::<u64>() as libc::socklen_t,
         )
     };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
+    if r < 0 && std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1") {
+        // The socket still works; only `exec` and `SCM_RIGHTS` cannot find it.
+        eprintln!(
+            "usnet: cannot stamp a socket's number ({}): it is not carried across exec",
+            std::io::Error::last_os_error()
+        );
     }
     Ok(fd)
 }

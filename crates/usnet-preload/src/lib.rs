@@ -7,12 +7,13 @@
 //! `usnet_*` C ABI over `usnet-posix` (the same layer `libusnet.so` exposes); every
 //! other descriptor goes to the next definition, libc's, found with
 //! `dlsym(RTLD_NEXT)`. Every usnet socket is a real kernel descriptor number (a
-//! kernel Unix socket of its type holds it), so `select` below `FD_SETSIZE`, `/proc/self/fd` and mixed
-//! `poll`/`epoll` sets work.
+//! kernel Unix socket of its type holds it), so `select` below `FD_SETSIZE`,
+//! `/proc/self/fd`, `fstat` and mixed `poll`/`epoll` sets work.
 //!
-//! While a thread is inside the shim its own libc calls (the layer's number sockets, its
-//! kernel `poll`, the control socket) must reach libc directly: a thread-local flag
-//! makes every entry point pass straight through when it is already set.
+//! While a thread is inside the shim its own libc calls (the layer's number
+//! sockets, its kernel `poll`, the control socket) must reach libc directly: a
+//! thread-local flag makes every entry point pass straight through when it is
+//! already set.
 //!
 //! What goes to usnet: `socket(AF_INET|AF_INET6, SOCK_STREAM|SOCK_DGRAM)`. A socket
 //! that is then bound or connected to a loopback address moves to the kernel
