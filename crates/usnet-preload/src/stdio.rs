@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use libc::{size_t, ssize_t, FILE};
 use usnet_ffi::socket;
 
-use crate::{enter, errno};
+use crate::enter;
 
 #[repr(C)]
 struct CookieFns {
@@ -102,24 +102,22 @@ fn fd_of(c: *mut c_void) -> c_int {
     unsafe { (*(c as *const Cookie)).fd }
 }
 
+/// One read, as glibc's stream makes it (an `EINTR` is the stream's error, unless
+/// the handler had `SA_RESTART`, which the read itself honours).
 unsafe extern "C" fn cookie_read(c: *mut c_void, buf: *mut c_char, n: size_t) -> ssize_t {
     let fd = fd_of(c);
     let _g = enter();
-    loop {
-        let r = if usnet_posix::is_usnet(fd) {
-            // SAFETY: glibc hands a buffer of `n` writable bytes.
-            unsafe { socket::usnet_read(fd, buf.cast(), n) }
-        } else {
-            real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf.cast(), n)
-        };
-        if r < 0 && errno() == libc::EINTR {
-            continue;
-        }
-        return r;
+    if usnet_posix::is_usnet(fd) {
+        // SAFETY: glibc hands a buffer of `n` writable bytes.
+        unsafe { socket::usnet_read(fd, buf.cast(), n) }
+    } else {
+        real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf.cast(), n)
     }
 }
 
-/// Writes all of it (glibc takes a short write for an error), or says how much went.
+/// Writes all of it, short writes continued (glibc takes a short answer for an
+/// error), or says how much went; an error (`EINTR` too, as glibc's own stream
+/// stops there) ends it.
 unsafe extern "C" fn cookie_write(c: *mut c_void, buf: *const c_char, n: size_t) -> ssize_t {
     let fd = fd_of(c);
     let _g = enter();
@@ -134,9 +132,6 @@ unsafe extern "C" fn cookie_write(c: *mut c_void, buf: *const c_char, n: size_t)
             real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, at, n - done)
         };
         if r < 0 {
-            if errno() == libc::EINTR {
-                continue;
-            }
             return if done > 0 { done as ssize_t } else { -1 };
         }
         if r == 0 {
