@@ -32,14 +32,14 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use usnet_client::lineage::{self, Kind};
 use usnet_client::{
     AttachOptions, Claimed, Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket,
 };
 
-use crate::{lock, new_desc, numbered, Obj, CLIENT};
+use crate::{lock, new_desc, Obj, CLIENT};
 
 /// Set in every tag.
 const TAG_MARK: u32 = 1 << 31;
@@ -298,22 +298,15 @@ fn adopt(client: Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>)
 /// number sockets this process holds and nothing else knows of) carrying its tag; the
 /// slots of those it has no number for are closed.
 pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32, Vec<RawFd>>) {
-    crate::write_table(|t| {
+    let olds = crate::write_table(|t| {
         // Sockets this process holds already (passed away and back): the server
         // names the slot the session has, and the numbers name the socket as dups.
-        let held: HashMap<u32, Arc<crate::Desc>> = t
-            .values()
-            .filter(|e| e.desc.tag != 0)
-            .map(|e| (e.desc.tag, Arc::clone(&e.desc)))
-            .collect();
+        let held = crate::by_tag(t);
+        let mut olds = Vec::new();
         for c in claimed {
             if let Some(d) = held.get(&c.tag) {
-                for &fd in tags.get(&c.tag).into_iter().flatten() {
-                    // SAFETY: a number just received, which nothing else here knows
-                    // of; the entry owns it from here.
-                    let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(d));
-                    t.insert(fd, Arc::new(e));
-                }
+                let fds = tags.get(&c.tag).map_or(&[][..], |v| v.as_slice());
+                olds.extend(crate::number_as_dups(t, d, fds));
                 continue;
             }
             let Some(fds) = tags.get(&c.tag).filter(|_| c.tag & TAG_MARK != 0) else {
@@ -360,14 +353,11 @@ pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32
                 continue;
             };
             let desc = new_desc(obj, domain, stype, nb, c.tag);
-            for &fd in fds {
-                // SAFETY: an inherited number socket of ours (its tag says so) that nothing else
-                // in this new program knows of; the entry owns the number from here.
-                let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(&desc));
-                t.insert(fd, Arc::new(e));
-            }
+            olds.extend(crate::number_as_dups(t, &desc, fds));
         }
+        olds
     });
+    drop(olds);
 }
 
 #[cfg(test)]

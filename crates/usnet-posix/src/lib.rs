@@ -255,26 +255,38 @@ fn write_table<R>(f: impl FnOnce(&mut fork::Table) -> R) -> R {
     table().write(f)
 }
 
+/// The sockets this process has, by tag (epoll sets have none).
+fn by_tag(t: &fork::Table) -> HashMap<u32, Arc<Desc>> {
+    t.values()
+        .filter(|e| e.desc.tag != 0)
+        .map(|e| (e.desc.tag, Arc::clone(&e.desc)))
+        .collect()
+}
+
+/// Numbers `fds`, received with a message or inherited across `exec` (each a number
+/// socket carrying `desc`'s tag), name `desc`, as `dup`s would. Returns the entries
+/// they replaced, to be dropped after the table's lock (see [`write_table`]).
+fn number_as_dups(t: &mut fork::Table, desc: &Arc<Desc>, fds: &[RawFd]) -> Vec<Arc<Entry>> {
+    let mut olds = Vec::new();
+    for &fd in fds {
+        // SAFETY: a number the kernel gave this process, which nothing else here
+        // knows of (the caller's promise); the entry owns it from here.
+        let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(desc));
+        olds.extend(t.insert(fd, Arc::new(e)));
+    }
+    olds
+}
+
 /// Received numbers whose socket carries the tag of a socket this process already
 /// has (it passed the socket to itself, `pass`): each names that socket, as a `dup`
 /// would.
 fn alias_tagged(tags: &HashMap<u32, Vec<RawFd>>) {
     let olds = write_table(|t| {
-        let descs: HashMap<u32, Arc<Desc>> = t
-            .values()
-            .filter(|e| e.desc.tag != 0 && tags.contains_key(&e.desc.tag))
-            .map(|e| (e.desc.tag, Arc::clone(&e.desc)))
-            .collect();
+        let held = by_tag(t);
         let mut olds = Vec::new();
         for (tag, fds) in tags {
-            let Some(d) = descs.get(tag) else {
-                continue;
-            };
-            for &fd in fds {
-                // SAFETY: a number the kernel just gave this process with a message,
-                // which nothing else here knows of; the entry owns it from here.
-                let e = numbered(unsafe { OwnedFd::from_raw_fd(fd) }, Arc::clone(d));
-                olds.extend(t.insert(fd, Arc::new(e)));
+            if let Some(d) = held.get(tag) {
+                olds.extend(number_as_dups(t, d, fds));
             }
         }
         olds
