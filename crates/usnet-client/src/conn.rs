@@ -22,6 +22,13 @@ use crate::vtime;
 
 /// How long one sleep lasts before the client looks at the server's liveness.
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+/// Longest sleep on the bell, in slices, while kernel descriptors wait too and the
+/// session has no eventfd (or time is virtual): the kernel side is looked at
+/// between slices.
+pub const MIX_SLICE: Duration = Duration::from_millis(1);
+/// Longest single `poll(2)` of a mixed wait on the eventfd (the control connection
+/// in the same poll says when the server dies; this bounds the rest).
+const MIXED_SLEEP_MAX: Duration = Duration::from_secs(1);
 /// How often a read or write that does not sleep looks at the control connection (a
 /// system call): a server that died is noticed by the first call after this.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
@@ -47,6 +54,10 @@ pub(crate) struct Conn {
     server_efd: Option<OwnedFd>,
     ctl: UnixStream,
     bell: FutexBell,
+    /// The session's eventfd, which the server writes (besides bumping the bell)
+    /// while a thread announced it waits in `poll(2)` with kernel descriptors
+    /// ([`Conn::sleep_with_kernel`]). `None` from a server that sends none.
+    efd: Option<usnet_shm::EventFd>,
     submit: Mutex<Submit>,
     comp: Mutex<Completions>,
     dead: AtomicBool,
@@ -187,6 +198,8 @@ impl Conn {
         } else {
             None
         };
+        // The session's own eventfd comes last.
+        let efd = fds.next().map(|f| usnet_shm::EventFd::from_fd(park(f)));
         let region = mem.region().clone();
         let sq = Producer::attach(region.clone(), mem.sq()).map_err(|e| proto(&e.to_string()))?;
         let cq =
@@ -205,6 +218,7 @@ impl Conn {
             server_efd,
             ctl,
             bell,
+            efd,
             submit: Mutex::new(Submit { sq, next_tag: 1 }),
             comp: Mutex::new(Completions {
                 cq,
@@ -574,6 +588,104 @@ impl Conn {
     /// Wakes this process's sleepers on the session's bell (as a server ring does).
     pub(crate) fn ring_own_bell(&self) {
         self.bell.ring();
+        if let Some(e) = &self.efd {
+            e.ring();
+        }
+    }
+
+    /// Sleeps until the server rings this session, one of `kernel` (kernel
+    /// descriptors) has events, `ready` holds or `timeout` passes, in one `poll(2)`
+    /// on `kernel` and the session's eventfd: the wait of a program whose poll or
+    /// epoll set mixes usnet sockets with kernel descriptors (a self-pipe, an
+    /// eventfd, a signalfd, a pipe to a parent). Fills `kernel`'s `revents` and
+    /// returns how many have events (0 also when the bell rang or nothing did).
+    ///
+    /// The wake-up is `usnet_shm::doorbell::Gate`'s with the eventfd for the futex:
+    /// the thread reads `seq`, announces itself in `WANT_EVENTFD`, fences and looks
+    /// again (at `seq` and at `ready`) before it sleeps; the server bumps `seq`, then
+    /// reads `WANT_EVENTFD` (both SeqCst) and writes the eventfd if anyone
+    /// announced. Either the server sees the announcement, or this thread sees
+    /// `seq` move. Without an eventfd (an older server) or on virtual time, the
+    /// bell is slept on in slices of [`MIX_SLICE`] and the kernel side looked at
+    /// between them.
+    pub fn sleep_with_kernel(
+        &self,
+        kernel: &mut [libc::pollfd],
+        timeout: Duration,
+        ready: impl Fn() -> bool,
+    ) -> io::Result<usize> {
+        if self.is_dead() {
+            return Err(down());
+        }
+        let poll_kernel = |fds: &mut [libc::pollfd], ms: i32| -> io::Result<usize> {
+            // SAFETY: `fds` is a valid array of pollfd for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                // A signal: the caller decides whether its call is interrupted.
+                return if e.kind() == io::ErrorKind::Interrupted {
+                    Ok(0)
+                } else {
+                    Err(e)
+                };
+            }
+            Ok(n as usize)
+        };
+        let Some(efd) = self.efd.as_ref().filter(|_| vtime::installed().is_none()) else {
+            let seen = self.bell.seq();
+            if poll_kernel(kernel, 0)? > 0 {
+                return Ok(kernel.iter().filter(|p| p.revents != 0).count());
+            }
+            let epoch = vtime::epoch();
+            if let (vtime::Plan::Sleep(left), _asleep) =
+                vtime::plan(epoch, timeout.min(MIX_SLICE), Some(vtime::now() + timeout))
+            {
+                self.bell.sleep(seen, &ready, left);
+            }
+            return Ok(0);
+        };
+        let seen = self.bell.seq();
+        if ready() {
+            return Ok(0);
+        }
+        let want = self.mem.word(hdr::WANT_EVENTFD);
+        want.fetch_add(1, SeqCst);
+        fence(SeqCst);
+        let r = if self.bell.seq() != seen || ready() {
+            Ok(0)
+        } else {
+            let mut fds = Vec::with_capacity(kernel.len() + 2);
+            fds.extend_from_slice(kernel);
+            fds.push(libc::pollfd {
+                fd: efd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            // The control connection hangs up when the server dies (SIGKILL
+            // writes no SERVER_GONE): wake for that too.
+            fds.push(libc::pollfd {
+                fd: self.ctl.as_raw_fd(),
+                events: libc::POLLRDHUP,
+                revents: 0,
+            });
+            // Whole milliseconds, rounded up, so a short timeout does not spin.
+            let ms = timeout
+                .min(MIXED_SLEEP_MAX)
+                .as_micros()
+                .div_ceil(1000)
+                .min(i32::MAX as u128) as i32;
+            poll_kernel(&mut fds, ms).map(|_| {
+                for (k, p) in kernel.iter_mut().zip(&fds) {
+                    k.revents = p.revents;
+                }
+                if fds[kernel.len()].revents != 0 {
+                    efd.drain();
+                }
+                kernel.iter().filter(|p| p.revents != 0).count()
+            })
+        };
+        want.fetch_sub(1, Release);
+        r
     }
 
     pub fn bell_seq(&self) -> u32 {

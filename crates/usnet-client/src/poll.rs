@@ -258,6 +258,28 @@ impl Poller {
             .ok_or_else(|| io::ErrorKind::NotFound.into())
     }
 
+    /// Sleeps until a registered socket may be ready, one of `kernel` (kernel
+    /// descriptors) has events, or `timeout` passes, in one `poll(2)` (see
+    /// `Conn::sleep_with_kernel`). Reports no socket events itself, so none is
+    /// marked as seen: the caller looks at both sides again. Returns how many of
+    /// `kernel` have events.
+    pub fn sleep_with_kernel(
+        &self,
+        kernel: &mut [libc::pollfd],
+        timeout: Duration,
+    ) -> io::Result<usize> {
+        let Some(conn) = self.regs.values().next().map(|r| r.conn.clone()) else {
+            let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+            // SAFETY: `kernel` is a valid array of pollfd for the call.
+            let n = unsafe { libc::poll(kernel.as_mut_ptr(), kernel.len() as libc::nfds_t, ms) };
+            return Ok(n.max(0) as usize);
+        };
+        let regs = &self.regs;
+        conn.sleep_with_kernel(kernel, timeout, || {
+            regs.iter().any(|(&t, r)| r.check(t).is_some())
+        })
+    }
+
     /// Waits until a registered socket is ready or `timeout` passes, appends the ready
     /// ones to `events` and returns how many. A closed socket's registration stays
     /// until deregistered and reports nothing.

@@ -3,8 +3,10 @@
 //! Readiness of usnet sockets comes from their slots in shared memory (through
 //! `usnet_client::Poller`, which sleeps on the session's bell); kernel descriptors go
 //! to the kernel (`poll(2)`, or the epoll set's own kernel epoll instance). A wait on
-//! a mix sleeps on the bell in slices of [`MIX_SLICE`] and looks at the kernel side
-//! between slices.
+//! a mix is one `poll(2)` on the kernel descriptors (or the kernel epoll instance)
+//! and the session's eventfd, which the server writes while such a waiter announced
+//! itself (`usnet_client::Poller::sleep_with_kernel`): a kernel event and a usnet
+//! one wake it alike, and an idle program sleeps.
 
 use std::collections::HashMap;
 use std::io;
@@ -16,9 +18,6 @@ use std::time::{Duration, Instant};
 use usnet_client::{Event, Interest, Mode, Poller, Source};
 
 use crate::{get, insert, lock, new_entry, Entry, Errno, Obj, Res};
-
-/// Longest sleep on the bell while kernel descriptors wait too.
-pub const MIX_SLICE: Duration = Duration::from_millis(1);
 
 fn last_errno() -> Errno {
     Errno(
@@ -161,7 +160,10 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
         if kernel.is_empty() {
             poller.wait(&mut events, Some(left))?;
         } else if !poller.is_empty() {
-            poller.wait(&mut events, Some(left.min(MIX_SLICE)))?;
+            // One sleep for both sides: the kernel's poll on the kernel descriptors
+            // and the session's eventfd; the top of the loop then looks at both.
+            let mut kfds: Vec<libc::pollfd> = kernel.iter().map(|&i| fds[i]).collect();
+            poller.sleep_with_kernel(&mut kfds, left)?;
         } else {
             // Only kernel descriptors (and fixed ones): let the kernel wait.
             let mut kfds: Vec<libc::pollfd> = kernel.iter().map(|&i| fds[i]).collect();
@@ -511,16 +513,22 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
                 None => Duration::from_secs(3600),
             };
             let usnet_watched = !lock(&set.watches).is_empty();
-            if usnet_watched {
-                // Sleep on the bell; the kernel side is looked at every slice.
-                let slice = if set.kernel.load(Relaxed) > 0 {
-                    MIX_SLICE
-                } else {
-                    USNET_SLICE
-                };
+            if usnet_watched && set.kernel.load(Relaxed) > 0 {
+                // One sleep for both sides: the kernel's poll on the kernel epoll
+                // instance and the session's eventfd; the top of the loop then
+                // collects from both. In slices, as below.
+                let p = lock(&set.poller);
+                let mut k = [libc::pollfd {
+                    fd: kfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                p.sleep_with_kernel(&mut k, left.min(USNET_SLICE))?;
+            } else if usnet_watched {
+                // Sleep on the bell.
                 let mut p = lock(&set.poller);
                 events.clear();
-                p.wait(&mut events, Some(left.min(slice)))?;
+                p.wait(&mut events, Some(left.min(USNET_SLICE)))?;
                 // The poller has marked these as reported (edge mode): hand them out
                 // now, or an edge would be lost.
                 let n = deliver(&events, &mut p, set, out);

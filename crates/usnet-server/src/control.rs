@@ -653,6 +653,12 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
         Err(e) => return fail(&mut out, format!("session: {e}")),
     };
     s.stats.quota_geometry += cut as u64;
+    // Our copy of the session's eventfd for the reply (the session moves to its
+    // shard below).
+    let efd = match s.eventfd().try_clone_to_owned() {
+        Ok(e) => e,
+        Err(e) => return fail(&mut out, format!("session eventfd: {e}")),
+    };
     let max = limits.max_sessions;
     let n = ctx.links.len();
     let (home, remote) = match claim {
@@ -733,6 +739,8 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
     if let Some(e) = bell.eventfd() {
         fds.push(e);
     }
+    // The session's own eventfd comes last (`Conn::attach_over`).
+    fds.push(efd.as_fd());
     if usnet_shm::fdpass::send_with_fds(&out, &bytes, &fds).is_err() {
         let _ = ctx.call_on(home, move |lp| lp.remove_session(id));
         return None;

@@ -1088,7 +1088,7 @@ fn run(mut lp: Loop, jobs: Receiver<Job>, bell: ServerBell) -> Result<(), String
     for id in ids {
         if let Some(s) = lp.sessions.get(&id) {
             s.mem.word(hdr::SERVER_GONE).store(1, Ordering::Release);
-            s.mem.client_bell().ring();
+            s.wake_all();
         }
         lp.remove_session(id);
     }

@@ -7,8 +7,8 @@
 //! # A session
 //! A client connects to the stack's control socket and asks to attach. The server
 //! creates a memfd for the session, lays it out as below, and passes it (and the
-//! server's shared page, and for a stack on an fd-based link the server's doorbell
-//! eventfd) over the socket with SCM_RIGHTS. The connection stays open: it is how each
+//! server's shared page, for a stack on an fd-based link the server's doorbell
+//! eventfd, and last the session's own eventfd) over the socket with SCM_RIGHTS. The connection stays open: it is how each
 //! side sees the other die.
 //!
 //! ```text
@@ -39,8 +39,11 @@
 //!   set rings the server: a futex wake on the shared page's `bell_seq` (after
 //!   incrementing it) or a write to the server's eventfd, as `bell_kind` says.
 //! - Server → client: the server bumps `client_bell_seq` and wakes it when
-//!   `client_sleepers` is non-zero (usnet-shm's Gate), and writes the client's eventfd
-//!   when `want_eventfd` is set.
+//!   `client_sleepers` is non-zero (usnet-shm's Gate), and writes the session's
+//!   eventfd when `want_eventfd` is non-zero: a client thread that waits in `poll(2)`
+//!   on kernel descriptors too announces itself there (the same Gate, with the
+//!   eventfd for the futex: both sides' accesses SeqCst, the client re-checks
+//!   `client_bell_seq` after announcing).
 //! - Streams: when the server finds a socket's send ring empty it sets `tx_armed`,
 //!   fences, and looks again; a client that publishes bytes, fences and finds
 //!   `tx_armed` set (swap to 0) posts a `TX_KICK`. The receive ring works the same way
@@ -78,7 +81,8 @@ pub mod hdr {
     pub const CLIENT_BELL_SEQ: usize = 128;
     /// Client: how many client threads announced they may sleep on the bell.
     pub const CLIENT_SLEEPERS: usize = 192;
-    /// Client: non-zero when it also wants its eventfd written.
+    /// Client: how many client threads wait in `poll(2)` on the session's eventfd
+    /// (beside kernel descriptors); the server writes the eventfd while non-zero.
     pub const WANT_EVENTFD: usize = 256;
     /// Server: non-zero once the server has gone (orderly shutdown).
     pub const SERVER_GONE: usize = 320;

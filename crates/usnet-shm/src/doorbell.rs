@@ -34,6 +34,13 @@ impl EventFd {
         })
     }
 
+    /// An eventfd another process made and passed over (`fdpass`): it must be
+    /// non-blocking, as [`EventFd::new`] makes them, for `ring` and `drain` never to
+    /// block (the flag belongs to the open file, which the passing keeps).
+    pub fn from_fd(fd: OwnedFd) -> EventFd {
+        EventFd { fd }
+    }
+
     /// Makes the fd readable until the next `drain`. Never blocks.
     pub fn ring(&self) {
         sys::eventfd_add(self.fd.as_fd());

@@ -26,13 +26,14 @@ use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
+use std::os::fd::{AsFd, BorrowedFd};
 use usnet_session::ctl::msg::{ClientRow, ZcPortStat};
 use usnet_session::Session;
 use usnet_session_abi::{
     errno, op, slot, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN, SLOT_OPEN,
 };
 use usnet_shm::spsc::{Consumer, Producer};
-use usnet_shm::{ByteConsumer, ByteProducer, FutexBell};
+use usnet_shm::{ByteConsumer, ByteProducer, EventFd, FutexBell};
 use usnet_stack::{Owner, SocketHandle, Stack, StackError};
 
 use crate::ServerLimits;
@@ -161,6 +162,10 @@ pub(crate) struct ServerSession {
     sq: Consumer,
     cq: Producer,
     bell: FutexBell,
+    /// The session's eventfd (sent to the client at attach): written as well as
+    /// the bell while the client announces a thread that waits in `poll(2)` on
+    /// kernel descriptors too (`hdr::WANT_EVENTFD`).
+    efd: EventFd,
     /// Completions that did not fit the completion ring (bounded by the SQ budget).
     backlog: std::collections::VecDeque<Completion>,
     /// Something changed for the client this turn: notify its bell.
@@ -252,6 +257,7 @@ impl ServerSession {
             sq,
             cq,
             bell,
+            efd: EventFd::new()?,
             socks: (0..n).map(|_| None).collect(),
             free: (0..n).rev().collect(),
             by_handle: FxHashMap::default(),
@@ -324,7 +330,30 @@ impl ServerSession {
             if self.bell.bump_and_notify() {
                 self.stats.notifies += 1;
             }
+            // After the SeqCst bump, a SeqCst look at the announcement
+            // (`usnet_client`'s `Conn::sleep_with_kernel` has the other half).
+            if self
+                .mem
+                .word(usnet_session_abi::hdr::WANT_EVENTFD)
+                .load(SeqCst)
+                != 0
+            {
+                self.efd.ring();
+                self.stats.notifies += 1;
+            }
         }
+    }
+
+    /// Wakes every thread of the client, asleep on the bell or in `poll(2)`
+    /// (the server is going).
+    pub fn wake_all(&self) {
+        self.bell.ring();
+        self.efd.ring();
+    }
+
+    /// The session's eventfd, which the client gets at attach.
+    pub fn eventfd(&self) -> BorrowedFd<'_> {
+        self.efd.as_fd()
     }
 
     // ------------------------------------------------------------ requests
@@ -706,6 +735,43 @@ mod tests {
         let stats = h.parts(1).0.stats;
         assert_eq!((stats.calls, stats.kicks, stats.bad_requests), (1, 2, 0));
         h.finish();
+    }
+
+    /// The server writes the session's eventfd when, and only when, a client thread
+    /// announced that it waits in `poll(2)` with kernel descriptors
+    /// (`hdr::WANT_EVENTFD`); the bell's `seq` moves either way.
+    #[test]
+    fn the_eventfd_is_written_while_a_client_waits_with_kernel_descriptors() {
+        use usnet_session_abi::hdr;
+        let mem =
+            usnet_session::Session::create(1, usnet_session_abi::Geometry::default()).unwrap();
+        let mut s =
+            super::ServerSession::new(1, 0, "t".into(), mem, crate::ServerLimits::default())
+                .unwrap();
+        let readable = |s: &super::ServerSession| {
+            let mut p = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&s.eventfd()),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        let seq = |s: &super::ServerSession| s.mem.word(hdr::CLIENT_BELL_SEQ).load(SeqCst);
+        let before = seq(&s);
+        s.dirty = true;
+        s.notify();
+        assert_ne!(seq(&s), before, "the bell moves");
+        assert!(!readable(&s), "nobody announced: no write");
+        s.mem.word(hdr::WANT_EVENTFD).store(1, SeqCst);
+        s.dirty = true;
+        s.notify();
+        assert!(readable(&s), "a waiter announced: written");
+        s.efd.drain();
+        s.notify();
+        assert!(!readable(&s), "nothing changed: nothing written");
+        s.wake_all();
+        assert!(readable(&s), "the server going wakes everyone");
     }
 
     /// A session's socket table costs a pointer per slot until the slot is used: a
