@@ -398,8 +398,8 @@ impl Conn {
         };
         if gone {
             self.dead.store(true, Relaxed);
-            // Wake every thread of ours that sleeps on the bell.
-            self.bell.ring();
+            // Wake every thread of ours that sleeps on the bell or in `poll(2)`.
+            self.ring_own_bell();
         }
         gone
     }
@@ -489,9 +489,7 @@ impl Conn {
         // completion ring: collect what arrived on every post.
         self.collect();
         loop {
-            if self.is_dead() {
-                return Err(down());
-            }
+            self.check_alive()?;
             {
                 let mut s = lockorder::lock(&self.submit, Rank::Submit);
                 if let Some(k) = s.sq.reserve() {
@@ -547,9 +545,7 @@ impl Conn {
             {
                 return Ok(c);
             }
-            if self.is_dead() {
-                return Err(down());
-            }
+            self.check_alive()?;
             let ready = || {
                 self.collect();
                 lockorder::lock(&self.comp, Rank::Completions)
@@ -614,9 +610,7 @@ impl Conn {
         timeout: Duration,
         ready: impl Fn() -> bool,
     ) -> io::Result<usize> {
-        if self.is_dead() {
-            return Err(down());
-        }
+        self.check_alive()?;
         let poll_kernel = |fds: &mut [libc::pollfd], ms: i32| -> io::Result<usize> {
             // SAFETY: `fds` is a valid array of pollfd for the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -696,9 +690,7 @@ impl Conn {
     /// Sleeps until the bell moves from `seen` (the server changed something in the
     /// session) or `timeout` passes.
     pub fn sleep_bell(&self, seen: u32, timeout: Duration) -> io::Result<()> {
-        if self.is_dead() {
-            return Err(down());
-        }
+        self.check_alive()?;
         self.collect();
         let deadline = vtime::now() + timeout;
         match vtime::plan(
@@ -733,9 +725,7 @@ impl Conn {
             if ready() {
                 return Ok(true);
             }
-            if self.is_dead() {
-                return Err(down());
-            }
+            self.check_alive()?;
             let left = match deadline {
                 Some(d) => {
                     let now = vtime::now();
