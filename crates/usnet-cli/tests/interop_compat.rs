@@ -20,6 +20,8 @@
 //! - `git daemon` (`upload-pack` writes its connection through stdio), cloned from
 //!   Linux;
 //! - OpenSSL's `s_server` and `s_client`, each way;
+//! - PostgreSQL as its own user (a backend forked per connection, each waiting on
+//!   its connection and kernel descriptors at once), psql and pgbench from Linux;
 //! - wget and curl; iperf3 over UDP;
 //! - a statically linked program: `usnet run` says its sockets stay on the kernel.
 
@@ -623,6 +625,134 @@ fn git_daemon(d: &Path) {
     drop(srv);
 }
 
+/// The directory of the newest PostgreSQL server installed (Debian's layout).
+fn postgres_bin() -> std::path::PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|r| r.flatten().map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    dirs.retain(|d| d.join("postgres").is_file());
+    dirs.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop()
+        .expect("no PostgreSQL server: apt-get install -y postgresql (CI must install it)")
+}
+
+/// The group the `postgres` user runs in, which the stack admits (`--group`).
+fn postgres_gid() -> Option<String> {
+    let o = Command::new("id").args(["-g", "postgres"]).output().ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// PostgreSQL under the shim as its own user: the postmaster forks a backend per
+/// connection, and each backend waits on its connection and on kernel descriptors
+/// at once (its latch's signalfd, the postmaster's death pipe) in one epoll set.
+/// psql from Linux over IPv4 and IPv6, and pgbench making a connection (a fork) per
+/// transaction from four clients at once.
+fn postgres(d: &Path) {
+    need("psql", "postgresql-client");
+    let bin = postgres_bin();
+    let data = d.join("pg");
+    std::fs::create_dir_all(&data).unwrap();
+    must("chown", &["postgres:postgres", data.to_str().unwrap()]);
+    let as_postgres = ["--reuid", "postgres", "--regid", "postgres", "--init-groups", "--"];
+    let initdb = bin.join("initdb");
+    let db = data.join("data");
+    let mut args: Vec<&str> = as_postgres.to_vec();
+    args.extend([
+        initdb.to_str().unwrap(),
+        "-D",
+        db.to_str().unwrap(),
+        "-A",
+        "trust",
+        "-U",
+        "postgres",
+        "--no-sync",
+    ]);
+    let o = run("setpriv", &args, Duration::from_secs(120));
+    assert!(o.ok(), "initdb: {}", o.describe());
+    // Linux, on the far side of the TAP, may connect.
+    let hba = db.join("pg_hba.conf");
+    let mut rules = std::fs::read_to_string(&hba).unwrap();
+    rules.push_str(&format!(
+        "host all all {HOST}/32 trust\nhost all all {HOST6}/128 trust\n"
+    ));
+    std::fs::write(&hba, rules).unwrap();
+    let port = 18089u16;
+    let port_s = port.to_string();
+    let listen = format!("listen_addresses={OURS},{OURS6}");
+    let sockets = format!("unix_socket_directories={}", data.display());
+    let server = bin.join("postgres");
+    let mut args: Vec<&str> = as_postgres.to_vec();
+    args.extend([
+        server.to_str().unwrap(),
+        "-D",
+        db.to_str().unwrap(),
+        "-c",
+        &listen,
+        "-c",
+        &sockets,
+        "-p",
+        &port_s,
+        "-c",
+        "fsync=off",
+    ]);
+    let mut srv = spawn_prog(d, Some(STACK), "postgres", "setpriv", &args);
+    wait_listening(&mut srv, d, OURS, port);
+    for host in [OURS, OURS6] {
+        let o = run(
+            "psql",
+            &[
+                "-h",
+                host,
+                "-p",
+                &port_s,
+                "-U",
+                "postgres",
+                "-Atc",
+                "select sum(x) from generate_series(1, 1000) x",
+            ],
+            Duration::from_secs(30),
+        );
+        assert!(
+            o.ok() && o.stdout.trim() == "500500",
+            "psql from Linux to PostgreSQL under usnet run at {host}: {}",
+            o.describe()
+        );
+    }
+    let pgbench = bin.join("pgbench");
+    let pgbench = pgbench.to_str().unwrap();
+    let common = ["-h", OURS, "-p", &port_s, "-U", "postgres"];
+    let mut init = common.to_vec();
+    init.extend(["-i", "-q", "postgres"]);
+    let o = run(pgbench, &init, Duration::from_secs(60));
+    assert!(o.ok(), "pgbench -i: {}", o.describe());
+    let mut load = common.to_vec();
+    load.extend(["-c", "4", "-j", "2", "-t", "25", "-C", "postgres"]);
+    let o = run(pgbench, &load, Duration::from_secs(120));
+    assert!(
+        o.ok()
+            && o.stdout.contains("actually processed: 100/100")
+            && o.stdout.contains("failed transactions: 0 "),
+        "pgbench, a connection per transaction: {}",
+        o.describe()
+    );
+    // A fast shutdown, so no backend or shared memory outlives the test.
+    // SAFETY: kill(2) on our own child, no memory arguments.
+    unsafe { libc::kill(srv.0.id() as i32, libc::SIGINT) };
+    assert!(
+        reap(&mut srv.0, Duration::from_secs(20)).is_some_and(|s| s.success()),
+        "PostgreSQL shuts down: {}",
+        log_of(d, srv.1)
+    );
+}
+
 fn openssl(d: &Path) {
     need("openssl", "openssl");
     let (key, crt) = (d.join("tls.key"), d.join("tls.crt"));
@@ -773,22 +903,27 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     must("chmod", &["755", d.to_str().unwrap()]);
     std::fs::create_dir_all(d.join("www")).unwrap();
     std::fs::write(d.join("www/f"), body()).unwrap();
-    let _stack = Daemon::start(
-        d,
-        STACK,
-        &[
-            "--link",
-            &format!("tap:{TAP}"),
-            "--addr",
-            &format!("{OURS}/24"),
-            "--addr",
-            &format!("{OURS6}/64"),
-            "--host-addr",
-            &format!("{HOST}/24"),
-            "--host-addr",
-            &format!("{HOST6}/64"),
-        ],
-    );
+    // PostgreSQL runs as its own user, whom the stack admits by group.
+    let pg_gid = postgres_gid();
+    let (ours, ours6) = (format!("{OURS}/24"), format!("{OURS6}/64"));
+    let (host, host6) = (format!("{HOST}/24"), format!("{HOST6}/64"));
+    let link = format!("tap:{TAP}");
+    let mut args = vec![
+        "--link",
+        &link,
+        "--addr",
+        &ours,
+        "--addr",
+        &ours6,
+        "--host-addr",
+        &host,
+        "--host-addr",
+        &host6,
+    ];
+    if let Some(g) = &pg_gid {
+        args.extend(["--group", g.as_str()]);
+    }
+    let _stack = Daemon::start(d, STACK, &args);
     // Linux's web servers for the clients under test, IPv4 and IPv6.
     let www = d.join("www");
     let www = www.to_str().unwrap();
@@ -818,6 +953,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     shell(d);
     git_daemon(d);
     openssl(d);
+    postgres(d);
     fetchers(d);
     iperf3_udp(d);
     static_program(d);
