@@ -43,9 +43,16 @@ pub struct PreloadBenchOptions {
     pub only: Vec<String>,
 }
 
-/// The parts `--only` names: nginx's two files, redis, and iperf3 (`iperf3` sends
-/// to the server, `iperf3-R` receives from it).
-pub const PARTS: [&str; 5] = ["nginx-151", "nginx-64k", "redis", "iperf3", "iperf3-R"];
+/// The parts `--only` names: nginx's two files, redis, iperf3 (`iperf3` sends
+/// to the server, `iperf3-R` receives from it), and PostgreSQL (pgbench).
+pub const PARTS: [&str; 6] = [
+    "nginx-151",
+    "nginx-64k",
+    "redis",
+    "iperf3",
+    "iperf3-R",
+    "postgres",
+];
 
 impl PreloadBenchOptions {
     /// Whether `--only` leaves `part` in.
@@ -97,6 +104,7 @@ const PORT: u16 = 8089;
 const FILES: [(&str, &str, usize); 2] = [("nginx-151", "r151", 151), ("nginx-64k", "r64k", 65536)];
 const REDIS_PORT: u16 = 6390;
 const IPERF_PORT: u16 = 5290;
+const PG_PORT: u16 = 5490;
 
 pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     crate::check_min("runs", a.runs as u64, 1)?;
@@ -132,6 +140,11 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     )?;
 
     // The usnet stack beside it on the same veth end, and nginx under the shim.
+    // PostgreSQL runs as its own user, whom the stack admits by group.
+    let pg_group = postgres_gid()
+        .filter(|_| a.wants("postgres"))
+        .map(|g| vec!["--group".to_string(), g])
+        .unwrap_or_default();
     let stack = start_stack_server(
         &server_ns,
         1,
@@ -147,6 +160,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         ]
         .into_iter()
         .chain(a.pool_buffers.then(|| "--pool-buffers".to_string()))
+        .chain(pg_group)
         .collect::<Vec<_>>(),
     )?;
     let conf_u = nginx_conf(&dir, &www, VETH_USNET, PORT, "usnet", "", "")?;
@@ -224,6 +238,12 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
             println!(
                 "usnet bench preload: redis-server/redis-benchmark not installed: redis skipped"
             );
+        }
+    }
+    if a.wants("postgres") {
+        match postgres_bin() {
+            Some(bin) if postgres_gid().is_some() => rows.extend(postgres(a, &at, &bin)?),
+            _ => println!("usnet bench preload: PostgreSQL not installed: postgres skipped"),
         }
     }
     if a.wants("iperf3") || a.wants("iperf3-R") {
@@ -512,9 +532,164 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
     Ok(rows)
 }
 
+/// The directory of the newest PostgreSQL server installed (Debian's layout).
+fn postgres_bin() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|d| d.join("postgres").is_file())
+        .collect();
+    dirs.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop()
+}
+
+/// The group of the `postgres` user, if there is one.
+fn postgres_gid() -> Option<String> {
+    let o = std::process::Command::new("id")
+        .args(["-g", "postgres"])
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The value after `key` in pgbench's report (`tps = `, `actually processed: `).
+fn pgbench_value(out: &str, key: &str) -> Option<f64> {
+    let rest = &out[out.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// PostgreSQL on both systems, as its own user, a data directory each; pgbench's
+/// read-only transactions from 4 clients, on kept connections and on a new
+/// connection (a forked backend) per transaction.
+fn postgres(a: &PreloadBenchOptions, at: &Setting, bin: &std::path::Path) -> Res<Vec<Row>> {
+    let (client_ns, systems) = (at.client_ns, &at.systems);
+    let as_postgres = ["--reuid", "postgres", "--regid", "postgres", "--init-groups", "--"];
+    let mut servers = Vec::new();
+    for (i, (_, addr)) in systems.iter().enumerate() {
+        let data = at.dir.join(format!("pg-{i}"));
+        std::fs::create_dir_all(&data)?;
+        let st = std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&data)
+            .status()?;
+        if !st.success() {
+            return Err("chown of PostgreSQL's directory failed".into());
+        }
+        let db = data.join("data");
+        let o = std::process::Command::new("setpriv")
+            .args(as_postgres)
+            .arg(bin.join("initdb"))
+            .arg("-D")
+            .arg(&db)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .output()?;
+        if !o.status.success() {
+            return Err(format!("initdb: {}", String::from_utf8_lossy(&o.stderr)).into());
+        }
+        let hba = db.join("pg_hba.conf");
+        let mut rules = std::fs::read_to_string(&hba)?;
+        rules.push_str("host all all 0.0.0.0/0 trust\n");
+        std::fs::write(&hba, rules)?;
+        let mut c = server_cmd(at.exe, at.server_ns, i == 1, "setpriv");
+        c.args(as_postgres)
+            .arg(bin.join("postgres"))
+            .arg("-D")
+            .arg(&db)
+            .args(["-c", &format!("listen_addresses={addr}")])
+            .args(["-p", &PG_PORT.to_string()])
+            .args(["-c", &format!("unix_socket_directories={}", data.display())])
+            .args(["-c", "fsync=off"]);
+        let mut bg = spawn(c, at.dir, &format!("postgres-{i}"))?;
+        wait_port(client_ns, addr, PG_PORT, &mut bg, at.dir)?;
+        servers.push(bg);
+    }
+    let pgbench = bin.join("pgbench");
+    let pgbench = pgbench.to_str().ok_or("PostgreSQL's path is not UTF-8")?;
+    let port = PG_PORT.to_string();
+    for (_, addr) in systems.iter() {
+        client_run(
+            client_ns,
+            &[pgbench, "-h", addr, "-p", &port, "-U", "postgres", "-i", "-q", "postgres"],
+            Duration::from_secs(120),
+        )?;
+    }
+    let secs = (a.seconds.ceil().max(1.0) as u64).to_string();
+    let mut rows = Vec::new();
+    for reconnect in [false, true] {
+        let mut per = [Vec::new(), Vec::new()];
+        let mut cpu = [Vec::new(), Vec::new()];
+        for _ in 0..a.runs.max(1) {
+            for (i, (_, addr)) in systems.iter().enumerate() {
+                let mut args = vec![pgbench, "-h", addr, "-p", &port, "-U", "postgres"];
+                args.extend(["-S", "-c", "4", "-j", "2", "-T", &secs]);
+                if reconnect {
+                    args.push("-C");
+                }
+                args.push("postgres");
+                let (out, used) = crate::cpu::measure(server_core(), || {
+                    client_run(client_ns, &args, Duration::from_secs(120))
+                });
+                let out = out?;
+                let tps = pgbench_value(&out, "tps = ")
+                    .ok_or_else(|| format!("pgbench printed no rate: {out}"))?;
+                let done = pgbench_value(&out, "actually processed: ").unwrap_or(0.0);
+                per[i].push(tps);
+                if let Some(u) = used {
+                    let (us, ks) = u.per_total(done);
+                    cpu[i].push((us * 1e6, ks * 1e6));
+                }
+            }
+        }
+        for (i, (sys, _)) in systems.iter().enumerate() {
+            rows.push(Row {
+                workload: if reconnect {
+                    "pgbench -S -c4, a connection per transaction".into()
+                } else {
+                    "pgbench -S -c4".into()
+                },
+                system: sys,
+                unit: "req/s",
+                runs: per[i].clone(),
+                errors: 0,
+                cpu: cpu[i].clone(),
+            });
+        }
+    }
+    for mut bg in servers {
+        // A fast shutdown, so no backend or shared memory outlives the bench.
+        // SAFETY: kill(2) on our own child, no memory arguments.
+        unsafe { libc::kill(bg.0.id() as i32, libc::SIGINT) };
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while bg.0.try_wait()?.is_none() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_pgbench_reports() {
+        let out = "number of transactions actually processed: 1234\nlatency average = 0.6 ms\ntps = 6492.867446 (without initial connection time)\n";
+        assert_eq!(pgbench_value(out, "tps = "), Some(6492.867446));
+        assert_eq!(pgbench_value(out, "actually processed: "), Some(1234.0));
+        assert_eq!(pgbench_value(out, "nothing: "), None);
+    }
 
     #[test]
     fn reads_redis_benchmarks_csv() {
