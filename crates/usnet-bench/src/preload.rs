@@ -575,7 +575,14 @@ fn pgbench_value(out: &str, key: &str) -> Option<f64> {
 /// connection (a forked backend) per transaction.
 fn postgres(a: &PreloadBenchOptions, at: &Setting, bin: &std::path::Path) -> Res<Vec<Row>> {
     let (client_ns, systems) = (at.client_ns, &at.systems);
-    let as_postgres = ["--reuid", "postgres", "--regid", "postgres", "--init-groups", "--"];
+    let as_postgres = [
+        "--reuid",
+        "postgres",
+        "--regid",
+        "postgres",
+        "--init-groups",
+        "--",
+    ];
     let mut servers = Vec::new();
     for (i, (_, addr)) in systems.iter().enumerate() {
         let data = at.dir.join(format!("pg-{i}"));
@@ -621,7 +628,9 @@ fn postgres(a: &PreloadBenchOptions, at: &Setting, bin: &std::path::Path) -> Res
     for (_, addr) in systems.iter() {
         client_run(
             client_ns,
-            &[pgbench, "-h", addr, "-p", &port, "-U", "postgres", "-i", "-q", "postgres"],
+            &[
+                pgbench, "-h", addr, "-p", &port, "-U", "postgres", "-i", "-q", "postgres",
+            ],
             Duration::from_secs(120),
         )?;
     }

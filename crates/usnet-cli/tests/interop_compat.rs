@@ -661,7 +661,14 @@ fn postgres(d: &Path) {
     let data = d.join("pg");
     std::fs::create_dir_all(&data).unwrap();
     must("chown", &["postgres:postgres", data.to_str().unwrap()]);
-    let as_postgres = ["--reuid", "postgres", "--regid", "postgres", "--init-groups", "--"];
+    let as_postgres = [
+        "--reuid",
+        "postgres",
+        "--regid",
+        "postgres",
+        "--init-groups",
+        "--",
+    ];
     let initdb = bin.join("initdb");
     let db = data.join("data");
     let mut args: Vec<&str> = as_postgres.to_vec();

@@ -149,6 +149,13 @@ impl Client {
         self.conn.mem.id()
     }
 
+    /// Wakes every thread of this process that waits on the session (on its bell
+    /// or in `poll(2)` with kernel descriptors), as a change from the server would:
+    /// each looks at what it waits for again.
+    pub fn wake_waiters(&self) {
+        self.conn.ring_own_bell();
+    }
+
     /// Whether the server is still there.
     pub fn is_alive(&self) -> bool {
         !self.conn.is_dead()

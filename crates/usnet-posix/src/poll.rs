@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -214,6 +214,41 @@ pub(crate) struct Epoll {
     unregistered: AtomicUsize,
     /// Kernel descriptors in the kernel epoll instance.
     kernel: AtomicUsize,
+    /// Threads in `epoll_ctl` waiting for `poller`, which a thread asleep in a
+    /// mixed wait holds: that sleep lasts until something wakes it, so they wake it
+    /// ([`CtlTurn`]) and it lets go before it sleeps again.
+    ctl_waiting: AtomicUsize,
+}
+
+/// An `epoll_ctl` on the set's usnet side: announced in `ctl_waiting` while it
+/// waits for the poller and works on it.
+struct CtlTurn<'a>(&'a Epoll);
+
+impl<'a> CtlTurn<'a> {
+    /// The set's poller, for this `epoll_ctl`. A thread asleep in a mixed wait
+    /// holds it: this wakes every waiter of the process (the session's eventfd
+    /// latches the ring, so the sleeper cannot miss it), and the sleeper, seeing
+    /// the announcement, lets go before it sleeps again.
+    fn poller(set: &'a Epoll) -> (CtlTurn<'a>, std::sync::MutexGuard<'a, Poller>) {
+        set.ctl_waiting.fetch_add(1, SeqCst);
+        let turn = CtlTurn(set);
+        let guard = match set.poller.try_lock() {
+            Ok(g) => g,
+            Err(_) => {
+                if let Some(c) = crate::CLIENT.with(|c| c.clone()) {
+                    c.wake_waiters();
+                }
+                lock(&set.poller)
+            }
+        };
+        (turn, guard)
+    }
+}
+
+impl Drop for CtlTurn<'_> {
+    fn drop(&mut self) {
+        self.0.ctl_waiting.fetch_sub(1, SeqCst);
+    }
 }
 
 /// Longest sleep on the bell with only usnet sockets watched: the poller's lock is
@@ -237,6 +272,7 @@ pub fn epoll_create(flags: i32) -> Res<RawFd> {
         poller: Mutex::new(Poller::new()),
         watches: Mutex::new(HashMap::new()),
         kernel: AtomicUsize::new(0),
+        ctl_waiting: AtomicUsize::new(0),
     };
     Ok(insert(new_entry(owned, Obj::Epoll(set), 0, 0, false)))
 }
@@ -294,7 +330,7 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
             }
             return Ok(());
         };
-        let mut poller = lock(&set.poller);
+        let (_turn, mut poller) = CtlTurn::poller(set);
         let mut watches = lock(&set.watches);
         if watches.get(&fd).is_some_and(|w| !w.watches(&t)) {
             // Left from a socket closed since: gone, as in the kernel.
@@ -516,14 +552,20 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
             if usnet_watched && set.kernel.load(Relaxed) > 0 {
                 // One sleep for both sides: the kernel's poll on the kernel epoll
                 // instance and the session's eventfd; the top of the loop then
-                // collects from both. In slices, as below.
+                // collects from both. An `epoll_ctl` waiting for the poller wakes
+                // this sleep (`CtlTurn`): let it have the poller first.
                 let p = lock(&set.poller);
+                if set.ctl_waiting.load(SeqCst) > 0 {
+                    drop(p);
+                    std::thread::yield_now();
+                    continue;
+                }
                 let mut k = [libc::pollfd {
                     fd: kfd,
                     events: libc::POLLIN,
                     revents: 0,
                 }];
-                p.sleep_with_kernel(&mut k, left.min(USNET_SLICE))?;
+                p.sleep_with_kernel(&mut k, left)?;
             } else if usnet_watched {
                 // Sleep on the bell.
                 let mut p = lock(&set.poller);
@@ -643,5 +685,6 @@ pub(crate) fn forked(set: &Epoll, table: &crate::fork::Table) -> Epoll {
         watches: Mutex::new(watches),
         unregistered: AtomicUsize::new(unregistered),
         kernel: AtomicUsize::new(set.kernel.load(Relaxed)),
+        ctl_waiting: AtomicUsize::new(0),
     }
 }

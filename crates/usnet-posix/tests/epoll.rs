@@ -335,6 +335,29 @@ fn a_wait_on_sockets_and_kernel_descriptors_sleeps_until_either_side_has_somethi
     std::thread::sleep(Duration::from_millis(50));
     write_byte(w);
     assert_eq!(waiter.join().unwrap(), (libc::POLLIN, 0));
+    // u's datagram read, the pipe's byte too: nothing is ready.
+    let mut b = [0u8; 8];
+    px::recvfrom(u, &mut b, 0).unwrap();
+    // SAFETY: reads one byte into a local.
+    assert_eq!(unsafe { libc::read(r, b.as_mut_ptr().cast(), 1) }, 1);
+    // Another thread adds a socket that has a datagram waiting while the set's
+    // waiter sleeps: the waiter reports it (its sleep holds the set's poller,
+    // which the `epoll_ctl` needs: the call wakes it).
+    let v = px::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).unwrap();
+    let at_v: SocketAddr = format!("{ADDR}:7613").parse().unwrap();
+    px::bind(v, at_v).unwrap();
+    px::sendto(sender, b"y", 0, Some(at_v)).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let mut out = [px::EpollEvent { events: 0, u64: 0 }; 4];
+        let n = px::epoll_wait(ep, &mut out, 20_000).unwrap();
+        out[..n].iter().map(|e| e.u64).collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    px::epoll_ctl(ep, libc::EPOLL_CTL_ADD, v, ev(libc::EPOLLIN, 3)).unwrap();
+    assert_eq!(waiter.join().unwrap(), [3], "the socket added meanwhile");
+    px::epoll_ctl(ep, libc::EPOLL_CTL_DEL, v, None).unwrap();
+    px::close(v).unwrap();
+
     for fd in [u, sender, ep] {
         px::close(fd).unwrap();
     }

@@ -187,6 +187,14 @@ fn the_kernel_build_of_the_semantics_program_prints_the_same_under_the_shim() {
     same_under_the_shim("sockets_errno", 7700);
 }
 
+/// epoll, poll and select over a socket and a pipe at once wake for either side
+/// (`examples/c/mixed_wait.c`).
+#[test]
+fn waits_on_sockets_and_pipes_at_once_wake_for_either_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("mixed_wait", 7797);
+}
+
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();
