@@ -156,6 +156,18 @@ impl Client {
         self.conn.ring_own_bell();
     }
 
+    /// Sleeps until `kernel` has events, a thread of this process calls
+    /// [`Client::wake_waiters`], the server rings the session, or `timeout`
+    /// passes: one `poll(2)` on `kernel` and the session's eventfd. Fills
+    /// `kernel`'s `revents`; returns how many have events.
+    pub fn sleep_with_kernel(
+        &self,
+        kernel: &mut [libc::pollfd],
+        timeout: std::time::Duration,
+    ) -> std::io::Result<usize> {
+        self.conn.sleep_with_kernel(kernel, timeout, || false)
+    }
+
     /// Whether the server is still there.
     pub fn is_alive(&self) -> bool {
         !self.conn.is_dead()

@@ -214,6 +214,10 @@ pub(crate) struct Epoll {
     unregistered: AtomicUsize,
     /// Kernel descriptors in the kernel epoll instance.
     kernel: AtomicUsize,
+    /// Threads asleep in `epoll_wait` while the set has no usnet socket (in a
+    /// `poll` on the kernel epoll instance and the session's eventfd): an
+    /// `epoll_ctl` that adds one wakes them.
+    kernel_sleepers: AtomicUsize,
     /// Threads in `epoll_ctl` waiting for `poller`, which a thread asleep in a
     /// mixed wait holds: that sleep lasts until something wakes it, so they wake it
     /// ([`CtlTurn`]) and it lets go before it sleeps again.
@@ -272,6 +276,7 @@ pub fn epoll_create(flags: i32) -> Res<RawFd> {
         poller: Mutex::new(Poller::new()),
         watches: Mutex::new(HashMap::new()),
         kernel: AtomicUsize::new(0),
+        kernel_sleepers: AtomicUsize::new(0),
         ctl_waiting: AtomicUsize::new(0),
     };
     Ok(insert(new_entry(owned, Obj::Epoll(set), 0, 0, false)))
@@ -373,6 +378,14 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
                 }
                 if !registered {
                     set.unregistered.fetch_add(1, Relaxed);
+                }
+                drop((watches, poller));
+                // A waiter asleep in the kernel alone (the set had no usnet
+                // socket) must now look at this one too.
+                if set.kernel_sleepers.load(SeqCst) > 0 {
+                    if let Some(c) = crate::CLIENT.with(|c| c.clone()) {
+                        c.wake_waiters();
+                    }
                 }
                 Ok(())
             }
@@ -577,6 +590,23 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
                 if n > 0 {
                     return Ok(n);
                 }
+            } else if let Some(c) = crate::CLIENT.with(|c| c.clone()) {
+                // No usnet socket yet: sleep in the kernel, where another thread's
+                // `epoll_ctl` adding one can reach this sleep (the session's
+                // eventfd); the top of the loop then collects.
+                set.kernel_sleepers.fetch_add(1, SeqCst);
+                let r = if lock(&set.watches).is_empty() {
+                    let mut k = [libc::pollfd {
+                        fd: kfd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
+                    c.sleep_with_kernel(&mut k, left).map(|_| ())
+                } else {
+                    Ok(())
+                };
+                set.kernel_sleepers.fetch_sub(1, SeqCst);
+                r?;
             } else {
                 let ms = left.as_millis().min(i32::MAX as u128) as i32;
                 // SAFETY: as above.
@@ -685,6 +715,7 @@ pub(crate) fn forked(set: &Epoll, table: &crate::fork::Table) -> Epoll {
         watches: Mutex::new(watches),
         unregistered: AtomicUsize::new(unregistered),
         kernel: AtomicUsize::new(set.kernel.load(Relaxed)),
+        kernel_sleepers: AtomicUsize::new(0),
         ctl_waiting: AtomicUsize::new(0),
     }
 }

@@ -358,6 +358,30 @@ fn a_wait_on_sockets_and_kernel_descriptors_sleeps_until_either_side_has_somethi
     px::epoll_ctl(ep, libc::EPOLL_CTL_DEL, v, None).unwrap();
     px::close(v).unwrap();
 
+    // A set with only the pipe: its waiter sleeps in the kernel, without end; a
+    // socket with a datagram waiting, added from this thread, wakes it.
+    let kernel_only = px::epoll_create(0).unwrap();
+    px::epoll_ctl(kernel_only, libc::EPOLL_CTL_ADD, r, ev(libc::EPOLLIN, 2)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = [px::EpollEvent { events: 0, u64: 0 }; 4];
+        let n = px::epoll_wait(kernel_only, &mut out, -1).unwrap();
+        let _ = tx.send(out[..n].iter().map(|e| e.u64).collect::<Vec<_>>());
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let w2 = px::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).unwrap();
+    let at_w2: SocketAddr = format!("{ADDR}:7614").parse().unwrap();
+    px::bind(w2, at_w2).unwrap();
+    px::sendto(sender, b"z", 0, Some(at_w2)).unwrap();
+    px::epoll_ctl(kernel_only, libc::EPOLL_CTL_ADD, w2, ev(libc::EPOLLIN, 4)).unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)),
+        Ok(vec![4]),
+        "a wait on kernel descriptors alone sees a socket added meanwhile"
+    );
+    px::close(w2).unwrap();
+    px::close(kernel_only).unwrap();
+
     for fd in [u, sender, ep] {
         px::close(fd).unwrap();
     }
