@@ -23,7 +23,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 wrk postgresql \
+        iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 wrk postgresql dnsmasq-base \
         redis-server redis-tools iperf3 openssh-server openssh-client wget openssl \
         pkg-config libfontconfig1-dev fonts-dejavu-core bison flex >/dev/null
 else

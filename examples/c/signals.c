@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -93,6 +94,52 @@ int main(int argc, char **argv) {
     alarm_in_ms(100);
     errno = 0;
     CHECK("epoll_wait EINTR", epoll_wait(ep, out, 2, 5000) < 0 && errno == EINTR && fired == 1);
+
+    /* ppoll, pselect and epoll_pwait wait with the mask they are given: a signal
+     * the program blocks everywhere else ends the wait (sshd collects its
+     * children so), and is blocked again once it returns. One arrives during the
+     * wait, one is already pending when it starts. */
+    sigset_t block, open_mask, now;
+    sigemptyset(&block);
+    sigaddset(&block, SIGALRM);
+    sigprocmask(SIG_BLOCK, &block, &open_mask);
+    sigdelset(&open_mask, SIGALRM);
+    struct timespec five = {5, 0};
+    for (int pending = 0; pending < 2; pending++) {
+        const char *when = pending ? "pending" : "arriving";
+        char what[96];
+        fired = 0;
+        alarm_in_ms(pending ? 20 : 100);
+        if (pending) usleep(100 * 1000);
+        errno = 0;
+        p.revents = 0;
+        int r = ppoll(&p, 1, &five, &open_mask);
+        sigprocmask(SIG_BLOCK, NULL, &now);
+        snprintf(what, sizeof what, "ppoll EINTR, a signal %s, blocked again", when);
+        CHECK(what, r < 0 && errno == EINTR && fired == 1 && sigismember(&now, SIGALRM));
+
+        fired = 0;
+        alarm_in_ms(pending ? 20 : 100);
+        if (pending) usleep(100 * 1000);
+        errno = 0;
+        r = epoll_pwait(ep, out, 2, 5000, &open_mask);
+        sigprocmask(SIG_BLOCK, NULL, &now);
+        snprintf(what, sizeof what, "epoll_pwait EINTR, a signal %s, blocked again", when);
+        CHECK(what, r < 0 && errno == EINTR && fired == 1 && sigismember(&now, SIGALRM));
+
+        fired = 0;
+        alarm_in_ms(pending ? 20 : 100);
+        if (pending) usleep(100 * 1000);
+        fd_set rs;
+        FD_ZERO(&rs);
+        FD_SET(s, &rs);
+        errno = 0;
+        r = pselect(s + 1, &rs, NULL, NULL, &five, &open_mask);
+        sigprocmask(SIG_BLOCK, NULL, &now);
+        snprintf(what, sizeof what, "pselect EINTR, a signal %s, blocked again", when);
+        CHECK(what, r < 0 && errno == EINTR && fired == 1 && sigismember(&now, SIGALRM));
+    }
+    sigprocmask(SIG_UNBLOCK, &block, NULL);
 
     /* The program sees its own handler, not the shim's. */
     struct sigaction cur;

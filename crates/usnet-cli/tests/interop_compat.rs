@@ -22,6 +22,7 @@
 //! - OpenSSL's `s_server` and `s_client`, each way;
 //! - PostgreSQL as its own user (a backend forked per connection, each waiting on
 //!   its connection and kernel descriptors at once), psql and pgbench from Linux;
+//! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls);
 //! - wget and curl; iperf3 over UDP;
 //! - a statically linked program: `usnet run` says its sockets stay on the kernel.
 
@@ -760,6 +761,58 @@ fn postgres(d: &Path) {
     );
 }
 
+/// dnsmasq under the shim answering a DNS query from Linux. It lists the host's
+/// interfaces with `SIOCGIFCONF` and friends on one of its sockets, which the
+/// shim answers as the kernel would (before: ENOTTY, and dnsmasq stopped).
+fn dnsmasq(d: &Path) {
+    need("dnsmasq", "dnsmasq-base");
+    let port = 18090u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "dnsmasq",
+        "dnsmasq",
+        &[
+            "-k",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            &format!("--listen-address={OURS}"),
+            &format!("--port={port}"),
+            "--address=/usnet.test/10.9.9.9",
+            "-u",
+            "nobody",
+        ],
+    );
+    // One A query for usnet.test, retried while dnsmasq starts.
+    let script = [
+        "import socket, struct, time",
+        "q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b'\\x05usnet\\x04test\\x00' + struct.pack('>HH', 1, 1)",
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)",
+        "s.settimeout(1)",
+        "for i in range(15):",
+        "    try:",
+        "        s.sendto(q, (HOST, PORT))",
+        "        d, _ = s.recvfrom(512)",
+        "        print(socket.inet_ntoa(d[-4:]))",
+        "        break",
+        "    except socket.timeout:",
+        "        time.sleep(0.2)",
+    ]
+    .join("\n")
+    .replace("HOST", &format!("'{OURS}'"))
+    .replace("PORT", &port.to_string());
+    let o = run("python3", &["-c", &script], Duration::from_secs(30));
+    assert!(
+        o.ok() && o.stdout.trim() == "10.9.9.9",
+        "a DNS query to dnsmasq under usnet run: {} {}",
+        o.describe(),
+        log_of(d, srv.1)
+    );
+    let _ = srv.0.try_wait();
+    drop(srv);
+}
+
 fn openssl(d: &Path) {
     need("openssl", "openssl");
     let (key, crt) = (d.join("tls.key"), d.join("tls.crt"));
@@ -961,6 +1014,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     git_daemon(d);
     openssl(d);
     postgres(d);
+    dnsmasq(d);
     fetchers(d);
     iperf3_udp(d);
     static_program(d);

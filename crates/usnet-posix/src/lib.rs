@@ -1637,6 +1637,59 @@ pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
     }
 }
 
+/// The interface queries (`SIOCGIF*`: the interface list, a name's index, flags,
+/// address, netmask, MTU, hardware address) a program makes on any socket.
+pub const INTERFACE_QUERIES: [u64; 14] = [
+    0x8910, // SIOCGIFNAME
+    0x8912, // SIOCGIFCONF
+    0x8913, // SIOCGIFFLAGS
+    0x8915, // SIOCGIFADDR
+    0x8917, // SIOCGIFDSTADDR
+    0x8919, // SIOCGIFBRDADDR
+    0x891b, // SIOCGIFNETMASK
+    0x891d, // SIOCGIFMETRIC
+    0x8921, // SIOCGIFMTU
+    0x8927, // SIOCGIFHWADDR
+    0x8933, // SIOCGIFINDEX
+    0x8935, // SIOCGIFPFLAGS
+    0x8942, // SIOCGIFTXQLEN
+    0x8970, // SIOCGIFMAP
+];
+
+/// An interface query ([`INTERFACE_QUERIES`]) on a usnet socket: answered by the
+/// kernel, on a kernel socket of the socket's domain and type made for the call, so
+/// the program gets what a socket of its kind would get there. The interfaces are
+/// the host's, as `getifaddrs` (netlink) and name resolution see them too, not the
+/// stack's.
+///
+/// # Safety
+/// `arg` is what the request's contract says (an `ifreq` or an `ifconf`).
+pub unsafe fn interface_query(fd: RawFd, req: u64, arg: *mut libc::c_void) -> Res<i32> {
+    let e = get(fd)?;
+    if matches!(&*e.read(), Obj::Epoll(_)) {
+        return Err(Errno(libc::ENOTTY));
+    }
+    // SAFETY: socket(2) has no memory arguments; a non-negative result is ours.
+    let k = unsafe { libc::syscall(libc::SYS_socket, e.domain, e.stype | libc::SOCK_CLOEXEC, 0) }
+        as RawFd;
+    if k < 0 {
+        return Err(Errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::ENOMEM),
+        ));
+    }
+    // SAFETY: the caller's promise about `arg`; `k` is a socket we own.
+    let r = unsafe { libc::syscall(libc::SYS_ioctl, k, req, arg) };
+    let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: closing the socket made above, with a raw call past any shim.
+    unsafe { libc::syscall(libc::SYS_close, k) };
+    if r < 0 {
+        return Err(Errno(err));
+    }
+    Ok(r as i32)
+}
+
 /// `setsockopt(2)`: the option is decoded and checked by the one table
 /// ([`sockopt::decode`]), then applied to the socket (or kept for when it becomes a
 /// stream). Takes effect: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_RCVBUF,

@@ -836,6 +836,16 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 // SAFETY: all take a pointer to an int, per ioctl's contract.
                 unsafe { socket::usnet_ioctl(fd, req, arg.cast()) }
             }
+            r if usnet_posix::INTERFACE_QUERIES.contains(&(r as u64)) => {
+                // SAFETY: the request's contract, the caller's promise.
+                match unsafe { usnet_posix::interface_query(fd, r as u64, arg) } {
+                    Ok(v) => v,
+                    Err(e) => {
+                        set_errno(e.0);
+                        -1
+                    }
+                }
+            }
             _ => refused(&format!("ioctl({req:#x})"), fd, libc::ENOTTY),
         };
     }
@@ -992,8 +1002,34 @@ fn timeout_ms(ts: *const libc::timespec) -> c_int {
     ms.clamp(0, c_int::MAX as i64) as c_int
 }
 
-/// ppoll with usnet sockets in the set waits as poll does; the signal mask is not
-/// applied then (docs/preload.md).
+/// Runs a wait with the caller's signal mask in force for its length, as `ppoll`,
+/// `pselect` and `epoll_pwait` do in the kernel: a signal the program blocks
+/// everywhere else ends the wait (EINTR) and is blocked again after it. One already
+/// pending is delivered as the mask opens, and ends the wait before it starts.
+unsafe fn with_sigmask(mask: *const libc::sigset_t, wait: impl FnOnce() -> c_int) -> c_int {
+    if mask.is_null() {
+        return wait();
+    }
+    let before = usnet_client::signal::mark();
+    let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: `mask` is a sigset (the caller's contract); `old` receives the mask.
+    if unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, old.as_mut_ptr()) } != 0 {
+        return wait();
+    }
+    let r = if usnet_client::signal::interrupted_since(before, false) {
+        set_errno(libc::EINTR);
+        -1
+    } else {
+        wait()
+    };
+    let e = errno();
+    // SAFETY: `old` was filled by the call above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
+    set_errno(e);
+    r
+}
+
+/// ppoll with usnet sockets in the set waits as poll does, under the given mask.
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(
     fds: *mut libc::pollfd,
@@ -1006,7 +1042,7 @@ pub unsafe extern "C" fn ppoll(
         let set = unsafe { slice_of(fds, n as usize) };
         if any_usnet(set) {
             // SAFETY: as above.
-            return unsafe { socket::usnet_poll(fds, n, timeout_ms(ts)) };
+            return unsafe { with_sigmask(mask, || socket::usnet_poll(fds, n, timeout_ms(ts))) };
         }
     }
     real!(ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int)(
@@ -1021,6 +1057,7 @@ unsafe fn select_by_poll(
     w: *mut libc::fd_set,
     x: *mut libc::fd_set,
     timeout: c_int,
+    mask: *const libc::sigset_t,
 ) -> Option<c_int> {
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int);
     let has = |set: *mut libc::fd_set, fd| {
@@ -1053,8 +1090,12 @@ unsafe fn select_by_poll(
     if !mixed {
         return None;
     }
-    // SAFETY: our own pollfd list.
-    let n = unsafe { socket::usnet_poll(list.as_mut_ptr(), list.len() as libc::nfds_t, timeout) };
+    // SAFETY: our own pollfd list; `mask` is null or a sigset (pselect's contract).
+    let n = unsafe {
+        with_sigmask(mask, || {
+            socket::usnet_poll(list.as_mut_ptr(), list.len() as libc::nfds_t, timeout)
+        })
+    };
     if n < 0 {
         return Some(-1);
     }
@@ -1104,7 +1145,7 @@ pub unsafe extern "C" fn select(
                 as c_int
         };
         // SAFETY: select's contract.
-        if let Some(n) = unsafe { select_by_poll(nfds, r, w, x, timeout) } {
+        if let Some(n) = unsafe { select_by_poll(nfds, r, w, x, timeout, std::ptr::null()) } {
             return n;
         }
     }
@@ -1124,7 +1165,7 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     if let Some(_g) = enter() {
         // SAFETY: pselect's contract.
-        if let Some(n) = unsafe { select_by_poll(nfds, r, w, x, timeout_ms(ts)) } {
+        if let Some(n) = unsafe { select_by_poll(nfds, r, w, x, timeout_ms(ts), mask) } {
             return n;
         }
     }
@@ -1193,7 +1234,7 @@ pub unsafe extern "C" fn epoll_pwait(
 ) -> c_int {
     if let Some(_g) = ours(epfd) {
         // SAFETY: epoll_pwait's contract.
-        return unsafe { socket::usnet_epoll_wait(epfd, out, max, timeout) };
+        return unsafe { with_sigmask(mask, || socket::usnet_epoll_wait(epfd, out, max, timeout)) };
     }
     real!(epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int)(
         epfd, out, max, timeout, mask,

@@ -195,6 +195,14 @@ fn waits_on_sockets_and_pipes_at_once_wake_for_either_as_on_the_kernel() {
     same_under_the_shim("mixed_wait", 7797);
 }
 
+/// Interface queries (`SIOCGIF*`) on usnet sockets answer as on the kernel
+/// (`examples/c/ifaces.c`; before, each failed with ENOTTY).
+#[test]
+fn interface_queries_on_sockets_answer_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("ifaces", 7798);
+}
+
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();
