@@ -836,9 +836,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 // SAFETY: all take a pointer to an int, per ioctl's contract.
                 unsafe { socket::usnet_ioctl(fd, req, arg.cast()) }
             }
-            r if usnet_posix::INTERFACE_QUERIES.contains(&(r as u64)) => {
+            r if usnet_posix::INTERFACE_QUERIES.contains(&r) => {
                 // SAFETY: the request's contract, the caller's promise.
-                match unsafe { usnet_posix::interface_query(fd, r as u64, arg) } {
+                match unsafe { usnet_posix::interface_query(fd, r, arg) } {
                     Ok(v) => v,
                     Err(e) => {
                         set_errno(e.0);
