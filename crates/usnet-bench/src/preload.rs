@@ -533,7 +533,7 @@ fn iperf3(a: &PreloadBenchOptions, at: &Setting) -> Res<Vec<Row>> {
 }
 
 /// The directory of the newest PostgreSQL server installed (Debian's layout).
-fn postgres_bin() -> Option<PathBuf> {
+pub fn postgres_bin() -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
         .flatten()
@@ -551,7 +551,7 @@ fn postgres_bin() -> Option<PathBuf> {
 }
 
 /// The group of the `postgres` user, if there is one.
-fn postgres_gid() -> Option<String> {
+pub fn postgres_gid() -> Option<String> {
     let o = std::process::Command::new("id")
         .args(["-g", "postgres"])
         .output()

@@ -626,31 +626,6 @@ fn git_daemon(d: &Path) {
     drop(srv);
 }
 
-/// The directory of the newest PostgreSQL server installed (Debian's layout).
-fn postgres_bin() -> std::path::PathBuf {
-    let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|r| r.flatten().map(|e| e.path().join("bin")).collect())
-        .unwrap_or_default();
-    dirs.retain(|d| d.join("postgres").is_file());
-    dirs.sort_by_key(|d| {
-        d.parent()
-            .and_then(|v| v.file_name())
-            .and_then(|v| v.to_str())
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    dirs.pop()
-        .expect("no PostgreSQL server: apt-get install -y postgresql (CI must install it)")
-}
-
-/// The group the `postgres` user runs in, which the stack admits (`--group`).
-fn postgres_gid() -> Option<String> {
-    let o = Command::new("id").args(["-g", "postgres"]).output().ok()?;
-    o.status
-        .success()
-        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
 /// PostgreSQL under the shim as its own user: the postmaster forks a backend per
 /// connection, and each backend waits on its connection and on kernel descriptors
 /// at once (its latch's signalfd, the postmaster's death pipe) in one epoll set.
@@ -658,7 +633,8 @@ fn postgres_gid() -> Option<String> {
 /// transaction from four clients at once.
 fn postgres(d: &Path) {
     need("psql", "postgresql-client");
-    let bin = postgres_bin();
+    let bin = usnet_bench::preload::postgres_bin()
+        .expect("no PostgreSQL server: apt-get install -y postgresql (CI must install it)");
     let data = d.join("pg");
     std::fs::create_dir_all(&data).unwrap();
     must("chown", &["postgres:postgres", data.to_str().unwrap()]);
@@ -964,7 +940,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     std::fs::create_dir_all(d.join("www")).unwrap();
     std::fs::write(d.join("www/f"), body()).unwrap();
     // PostgreSQL runs as its own user, whom the stack admits by group.
-    let pg_gid = postgres_gid();
+    let pg_gid = usnet_bench::preload::postgres_gid();
     let (ours, ours6) = (format!("{OURS}/24"), format!("{OURS6}/64"));
     let (host, host6) = (format!("{HOST}/24"), format!("{HOST6}/64"));
     let link = format!("tap:{TAP}");
