@@ -590,24 +590,30 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
                 if n > 0 {
                     return Ok(n);
                 }
-            } else if let Some(c) = crate::CLIENT.with(|c| c.clone()) {
+            } else {
                 // No usnet socket yet: sleep in the kernel, where another thread's
                 // `epoll_ctl` adding one can reach this sleep (the session's
-                // eventfd); the top of the loop then collects.
-                set.kernel_sleepers.fetch_add(1, SeqCst);
-                let r = if lock(&set.watches).is_empty() {
-                    let mut k = [libc::pollfd {
-                        fd: kfd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    }];
-                    c.sleep_with_kernel(&mut k, left).map(|_| ())
-                } else {
-                    Ok(())
-                };
-                set.kernel_sleepers.fetch_sub(1, SeqCst);
-                r?;
-            } else {
+                // eventfd); the top of the loop then collects. A session that is
+                // gone (the server's end, a forked child's abandoned copy) cannot
+                // wake anyone: then the kernel waits alone.
+                let slept = crate::CLIENT.with(|c| c.clone()).is_some_and(|c| {
+                    set.kernel_sleepers.fetch_add(1, SeqCst);
+                    let r = if lock(&set.watches).is_empty() {
+                        let mut k = [libc::pollfd {
+                            fd: kfd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        }];
+                        c.sleep_with_kernel(&mut k, left).is_ok()
+                    } else {
+                        true
+                    };
+                    set.kernel_sleepers.fetch_sub(1, SeqCst);
+                    r
+                });
+                if slept {
+                    continue;
+                }
                 let ms = left.as_millis().min(i32::MAX as u128) as i32;
                 // SAFETY: as above.
                 let k = unsafe { libc::epoll_wait(kfd, out.as_mut_ptr(), out.len() as i32, ms) };
