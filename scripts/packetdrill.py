@@ -207,12 +207,17 @@ def run_one_unlocked(args, tcp, script, mode, extra):
     cmd += pd_flags.split()
     cmd += ["--so_filename=" + args.so, "--so_flags=" + so, os.path.basename(path)]
     t0 = time.time()
-    env = dict(os.environ, USNET_PD_SYSCTL=sysctl_file)
+    # The backend's stack server puts its control socket in the run directory; a
+    # script that fails ends packetdrill without the backend's free, which would
+    # leave the socket behind in /tmp/usnet-UID for every such run.
+    run_dir = tempfile.mkdtemp(prefix="usnet-pd-run.")
+    env = dict(os.environ, USNET_PD_SYSCTL=sysctl_file, USNET_RUN_DIR=run_dir)
     try:
         p = subprocess.run(cmd, cwd=os.path.dirname(path), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     finally:
         os.unlink(sysctl_file)
+        shutil.rmtree(run_dir, ignore_errors=True)
     out = p.stdout.decode("utf-8", "replace")
     if args.show:
         print("==== %s %s\n%s" % (mode, script, out))
