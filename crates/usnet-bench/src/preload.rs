@@ -14,7 +14,7 @@
 //! on both, one stream each way (the client on Linux sends, then with `-R`
 //! receives). Parts whose programs are not installed are skipped with one line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -561,6 +561,71 @@ pub fn postgres_gid() -> Option<String> {
         .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
+/// `setpriv` arguments that run the rest of its command line as the `postgres` user.
+const AS_POSTGRES: [&str; 6] = [
+    "--reuid",
+    "postgres",
+    "--regid",
+    "postgres",
+    "--init-groups",
+    "--",
+];
+
+/// A PostgreSQL cluster in `dir/data`, made by `initdb` (within 120 s) as the
+/// `postgres` user, who is given `dir`; it trusts clients from the networks `allow`
+/// names (`ADDRESS/BITS`).
+pub fn postgres_cluster(bin: &Path, dir: &Path, allow: &[&str]) -> Res<()> {
+    std::fs::create_dir_all(dir)?;
+    let st = std::process::Command::new("chown")
+        .arg("postgres:postgres")
+        .arg(dir)
+        .status()?;
+    if !st.success() {
+        return Err("chown of PostgreSQL's directory failed".into());
+    }
+    let db = dir.join("data");
+    let o = std::process::Command::new("timeout")
+        .arg("120")
+        .arg("setpriv")
+        .args(AS_POSTGRES)
+        .arg(bin.join("initdb"))
+        .arg("-D")
+        .arg(&db)
+        .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+        .output()?;
+    if !o.status.success() {
+        return Err(format!("initdb: {}", String::from_utf8_lossy(&o.stderr)).into());
+    }
+    let hba = db.join("pg_hba.conf");
+    let mut rules = std::fs::read_to_string(&hba)?;
+    for net in allow {
+        rules.push_str(&format!("host all all {net} trust\n"));
+    }
+    std::fs::write(&hba, rules)?;
+    Ok(())
+}
+
+/// The arguments of `setpriv` that run the server of the cluster in `dir`
+/// ([`postgres_cluster`]) as the `postgres` user, listening on `listen` (a
+/// comma-separated list) at `port`, its Unix socket in `dir`.
+pub fn postgres_server_args(bin: &Path, dir: &Path, listen: &str, port: u16) -> Vec<String> {
+    let mut args: Vec<String> = AS_POSTGRES.map(String::from).to_vec();
+    args.push(bin.join("postgres").display().to_string());
+    args.extend([
+        "-D".to_string(),
+        dir.join("data").display().to_string(),
+        "-c".into(),
+        format!("listen_addresses={listen}"),
+        "-p".into(),
+        port.to_string(),
+        "-c".into(),
+        format!("unix_socket_directories={}", dir.display()),
+        "-c".into(),
+        "fsync=off".into(),
+    ]);
+    args
+}
+
 /// The value after `key` in pgbench's report (`tps = `, `actually processed: `).
 fn pgbench_value(out: &str, key: &str) -> Option<f64> {
     let rest = &out[out.find(key)? + key.len()..];
@@ -573,51 +638,14 @@ fn pgbench_value(out: &str, key: &str) -> Option<f64> {
 /// PostgreSQL on both systems, as its own user, a data directory each; pgbench's
 /// read-only transactions from 4 clients, on kept connections and on a new
 /// connection (a forked backend) per transaction.
-fn postgres(a: &PreloadBenchOptions, at: &Setting, bin: &std::path::Path) -> Res<Vec<Row>> {
+fn postgres(a: &PreloadBenchOptions, at: &Setting, bin: &Path) -> Res<Vec<Row>> {
     let (client_ns, systems) = (at.client_ns, &at.systems);
-    let as_postgres = [
-        "--reuid",
-        "postgres",
-        "--regid",
-        "postgres",
-        "--init-groups",
-        "--",
-    ];
     let mut servers = Vec::new();
     for (i, (_, addr)) in systems.iter().enumerate() {
         let data = at.dir.join(format!("pg-{i}"));
-        std::fs::create_dir_all(&data)?;
-        let st = std::process::Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(&data)
-            .status()?;
-        if !st.success() {
-            return Err("chown of PostgreSQL's directory failed".into());
-        }
-        let db = data.join("data");
-        let o = std::process::Command::new("setpriv")
-            .args(as_postgres)
-            .arg(bin.join("initdb"))
-            .arg("-D")
-            .arg(&db)
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
-            .output()?;
-        if !o.status.success() {
-            return Err(format!("initdb: {}", String::from_utf8_lossy(&o.stderr)).into());
-        }
-        let hba = db.join("pg_hba.conf");
-        let mut rules = std::fs::read_to_string(&hba)?;
-        rules.push_str("host all all 0.0.0.0/0 trust\n");
-        std::fs::write(&hba, rules)?;
+        postgres_cluster(bin, &data, &["0.0.0.0/0"])?;
         let mut c = server_cmd(at.exe, at.server_ns, i == 1, "setpriv");
-        c.args(as_postgres)
-            .arg(bin.join("postgres"))
-            .arg("-D")
-            .arg(&db)
-            .args(["-c", &format!("listen_addresses={addr}")])
-            .args(["-p", &PG_PORT.to_string()])
-            .args(["-c", &format!("unix_socket_directories={}", data.display())])
-            .args(["-c", "fsync=off"]);
+        c.args(postgres_server_args(bin, &data, addr, PG_PORT));
         let mut bg = spawn(c, at.dir, &format!("postgres-{i}"))?;
         wait_port(client_ns, addr, PG_PORT, &mut bg, at.dir)?;
         servers.push(bg);

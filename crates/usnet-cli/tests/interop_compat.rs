@@ -636,57 +636,15 @@ fn postgres(d: &Path) {
     let bin = usnet_bench::preload::postgres_bin()
         .expect("no PostgreSQL server: apt-get install -y postgresql (CI must install it)");
     let data = d.join("pg");
-    std::fs::create_dir_all(&data).unwrap();
-    must("chown", &["postgres:postgres", data.to_str().unwrap()]);
-    let as_postgres = [
-        "--reuid",
-        "postgres",
-        "--regid",
-        "postgres",
-        "--init-groups",
-        "--",
-    ];
-    let initdb = bin.join("initdb");
-    let db = data.join("data");
-    let mut args: Vec<&str> = as_postgres.to_vec();
-    args.extend([
-        initdb.to_str().unwrap(),
-        "-D",
-        db.to_str().unwrap(),
-        "-A",
-        "trust",
-        "-U",
-        "postgres",
-        "--no-sync",
-    ]);
-    let o = run("setpriv", &args, Duration::from_secs(120));
-    assert!(o.ok(), "initdb: {}", o.describe());
     // Linux, on the far side of the TAP, may connect.
-    let hba = db.join("pg_hba.conf");
-    let mut rules = std::fs::read_to_string(&hba).unwrap();
-    rules.push_str(&format!(
-        "host all all {HOST}/32 trust\nhost all all {HOST6}/128 trust\n"
-    ));
-    std::fs::write(&hba, rules).unwrap();
+    let allow = [format!("{HOST}/32"), format!("{HOST6}/128")];
+    usnet_bench::preload::postgres_cluster(&bin, &data, &[&allow[0], &allow[1]])
+        .unwrap_or_else(|e| panic!("a PostgreSQL cluster: {e}"));
     let port = 18089u16;
     let port_s = port.to_string();
-    let listen = format!("listen_addresses={OURS},{OURS6}");
-    let sockets = format!("unix_socket_directories={}", data.display());
-    let server = bin.join("postgres");
-    let mut args: Vec<&str> = as_postgres.to_vec();
-    args.extend([
-        server.to_str().unwrap(),
-        "-D",
-        db.to_str().unwrap(),
-        "-c",
-        &listen,
-        "-c",
-        &sockets,
-        "-p",
-        &port_s,
-        "-c",
-        "fsync=off",
-    ]);
+    let args =
+        usnet_bench::preload::postgres_server_args(&bin, &data, &format!("{OURS},{OURS6}"), port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut srv = spawn_prog(d, Some(STACK), "postgres", "setpriv", &args);
     wait_listening(&mut srv, d, OURS, port);
     for host in [OURS, OURS6] {
