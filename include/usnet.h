@@ -160,8 +160,10 @@ int usnet_getpeername(int fd, struct sockaddr *addr, socklen_t *len);
 
 /* F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD. */
 int usnet_fcntl(int fd, int cmd, long arg);
-/* FIONBIO (*arg: the mode), FIONREAD (*arg := bytes readable, streams). */
-int usnet_ioctl(int fd, unsigned long req, int *arg);
+/* FIONBIO (*arg: the mode), FIONREAD (*arg := bytes readable, streams), SIOCATMARK
+ * (int *arg); the interface queries SIOCGIF* (struct ifreq or ifconf *arg), which
+ * the kernel answers with the host's interfaces. */
+int usnet_ioctl(int fd, unsigned long req, void *arg);
 
 /* Any mix of usnet sockets and kernel descriptors. */
 int usnet_poll(struct pollfd *fds, nfds_t n, int timeout_ms);

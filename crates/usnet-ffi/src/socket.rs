@@ -717,17 +717,25 @@ pub extern "C" fn usnet_fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int
 }
 
 /// `ioctl` FIONBIO (`*arg` the new mode), FIONREAD (`*arg` set to the bytes
-/// readable) and SIOCATMARK (`*arg` set to 1 at the urgent mark).
+/// readable) and SIOCATMARK (`*arg` set to 1 at the urgent mark), and the
+/// interface queries (`usnet_posix::INTERFACE_QUERIES`: `arg` an `ifreq` or an
+/// `ifconf`), which the kernel answers.
 ///
 /// # Safety
-/// `arg` points to a readable and writable int.
+/// `arg` points to what the request takes: a readable and writable int, or the
+/// query's `ifreq` or `ifconf`.
 #[no_mangle]
-pub unsafe extern "C" fn usnet_ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_int) -> c_int {
+pub unsafe extern "C" fn usnet_ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) -> c_int {
     guard(-1, || {
         ret_int((|| {
             if arg.is_null() {
                 return Err(Errno(libc::EFAULT));
             }
+            if usnet_posix::INTERFACE_QUERIES.contains(&req) {
+                // SAFETY: per the contract.
+                return unsafe { usnet_posix::interface_query(fd, req, arg) };
+            }
+            let arg = arg.cast::<c_int>();
             // SAFETY: per the contract.
             let v = unsafe { *arg };
             let r = usnet_posix::ioctl_int(fd, req, v)?;

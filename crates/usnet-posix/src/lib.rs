@@ -1673,19 +1673,15 @@ pub unsafe fn interface_query(fd: RawFd, req: u64, arg: *mut libc::c_void) -> Re
     let k = unsafe { libc::syscall(libc::SYS_socket, e.domain, e.stype | libc::SOCK_CLOEXEC, 0) }
         as RawFd;
     if k < 0 {
-        return Err(Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::ENOMEM),
-        ));
+        return Err(last_os_errno());
     }
     // SAFETY: the caller's promise about `arg`; `k` is a socket we own.
     let r = unsafe { libc::syscall(libc::SYS_ioctl, k, req, arg) };
-    let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    let err = last_os_errno();
     // SAFETY: closing the socket made above, with a raw call past any shim.
     unsafe { libc::syscall(libc::SYS_close, k) };
     if r < 0 {
-        return Err(Errno(err));
+        return Err(err);
     }
     Ok(r as i32)
 }

@@ -831,22 +831,13 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     if let Some(_g) = ours(fd) {
-        return match req {
-            libc::FIONBIO | libc::FIONREAD | usnet_posix::SIOCATMARK => {
-                // SAFETY: all take a pointer to an int, per ioctl's contract.
-                unsafe { socket::usnet_ioctl(fd, req, arg.cast()) }
-            }
-            r if usnet_posix::INTERFACE_QUERIES.contains(&r) => {
-                // SAFETY: the request's contract, the caller's promise.
-                match unsafe { usnet_posix::interface_query(fd, r, arg) } {
-                    Ok(v) => v,
-                    Err(e) => {
-                        set_errno(e.0);
-                        -1
-                    }
-                }
-            }
-            _ => refused(&format!("ioctl({req:#x})"), fd, libc::ENOTTY),
+        let ints = [libc::FIONBIO, libc::FIONREAD, usnet_posix::SIOCATMARK];
+        return if ints.contains(&req) || usnet_posix::INTERFACE_QUERIES.contains(&req) {
+            // SAFETY: an int, or an ifreq or ifconf for an interface query, per
+            // ioctl's contract.
+            unsafe { socket::usnet_ioctl(fd, req, arg) }
+        } else {
+            refused(&format!("ioctl({req:#x})"), fd, libc::ENOTTY)
         };
     }
     real!(ioctl: variadic fn(c_int, c_ulong) -> c_int)(fd, req, arg)
