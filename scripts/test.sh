@@ -36,6 +36,9 @@ fi
 
 step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --workspace --all-targets --release -- -D warnings
+# The fuzz targets are a workspace of their own: without this a changed C ABI
+# signature surfaces only in the fuzz steps at the end of the run.
+step "clippy (fuzz targets)" bash -c "cargo fmt --manifest-path fuzz/Cargo.toml -- --check && cargo clippy --manifest-path fuzz/Cargo.toml --bins --release -- -D warnings"
 step "build" cargo build --workspace --release
 # --no-fail-fast: one failing test binary must not hide the others (and their count).
 step "tests" cargo test --workspace --release --no-fail-fast

@@ -1464,7 +1464,7 @@ fn run(st: &mut St, call: &Call) {
             let mut v = if req == libc::FIONBIO { val | 1 } else { val };
             let p: *mut c_int = if null { std::ptr::null_mut() } else { &mut v };
             // SAFETY: `p` is NULL or points to an int.
-            let r = unsafe { c::usnet_ioctl(st.fd(fd), req, p) };
+            let r = unsafe { c::usnet_ioctl(st.fd(fd), req, p.cast()) };
             if check(K::Ioctl, r, &dbg).is_some() && req == libc::FIONREAD {
                 assert!(v >= 0);
             }
@@ -1721,7 +1721,7 @@ fn settle(f: c_int, ev: i16, limit: Duration) {
 /// A `dup2`/`dup3` target: one of the input's own descriptors, or -1/huge (EBADF);
 /// never a number some other part of the process holds.
 fn target_ok(st: &St, n: c_int) -> bool {
-    n < 0 || n >= 1 << 20 || st.open.contains(&n)
+    !(0..1 << 20).contains(&n) || st.open.contains(&n)
 }
 
 /// A socket, not an epoll set (SO_TYPE answers).

@@ -57,7 +57,7 @@ struct Seg<'a> {
 
 fn packet(s: &Seg) -> Vec<u8> {
     let opt_len = s.options.len().min(40);
-    let thl = 20 + (opt_len + 3) / 4 * 4;
+    let thl = 20 + opt_len.div_ceil(4) * 4;
     let total = 20 + thl + s.payload.len();
     let mut p = vec![0u8; total];
     p[0] = 0x45;
@@ -111,8 +111,10 @@ struct Harness {
 
 impl Harness {
     fn new(zero_copy: bool) -> Harness {
-        let mut tcp = usnet_stack::TcpConfig::default();
-        tcp.zero_copy = zero_copy;
+        let tcp = usnet_stack::TcpConfig {
+            zero_copy,
+            ..Default::default()
+        };
         let st = Stack::new(StackConfig {
             tcp,
             mac: STACK_MAC,

@@ -384,7 +384,7 @@ fn run(input: Input<'_>) {
                 },
             };
             let hl = r.header_len();
-            assert!(hl % 4 == 0 && (20..=60).contains(&hl));
+            assert!(hl.is_multiple_of(4) && (20..=60).contains(&hl));
             let mut buf = vec![0u8; hl + t.payload.len()];
             buf[hl..].copy_from_slice(t.payload);
             r.emit(&mut buf, s, d, t.payload.len(), true).unwrap();
