@@ -517,6 +517,7 @@ pub fn run(args: UpArgs) -> CmdResult {
     usnet_session_abi::Layout::new(geometry)
         .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
     let (name, services) = (opened[0].name.clone(), opened[0].services.clone());
+    let link_spec: LinkSpec = args.link.parse()?;
     let mut parts = Vec::with_capacity(n);
     let mut cfg_policy = None;
     let mut dev_info = None;
@@ -531,6 +532,8 @@ pub fn run(args: UpArgs) -> CmdResult {
             }
         }
         usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
+        // (After the open: a TAP device exists from then on.)
+        cfg.ifindex = link_spec.kernel_ifindex().unwrap_or(0);
         cfg_policy.get_or_insert_with(|| cfg.rx_policy.clone());
         let mut stack = usnet_stack::Stack::new(cfg)?;
         let mut dev = o.dev;

@@ -695,29 +695,34 @@ fn postgres(d: &Path) {
     );
 }
 
-/// dnsmasq under the shim answering a DNS query from Linux. It lists the host's
-/// interfaces with `SIOCGIFCONF` and friends on one of its sockets, which the
-/// shim answers as the kernel would (before: ENOTTY, and dnsmasq stopped).
+/// dnsmasq under the shim answering a DNS query from Linux, bound to our address
+/// and in its default mode. Bound, it lists the host's interfaces with
+/// `SIOCGIFCONF` and friends on one of its sockets, which the shim answers as the
+/// kernel would (before: ENOTTY, and dnsmasq stopped). In its default mode it
+/// listens on the wildcard address and drops a query whose `IP_PKTINFO` does not
+/// name an interface (before: no control message came, and no query was
+/// answered).
 fn dnsmasq(d: &Path) {
     need("dnsmasq", "dnsmasq-base");
-    let port = 18090u16;
-    let mut srv = spawn_prog(
-        d,
-        Some(STACK),
-        "dnsmasq",
-        "dnsmasq",
-        &[
-            "-k",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            &format!("--listen-address={OURS}"),
-            &format!("--port={port}"),
-            "--address=/usnet.test/10.9.9.9",
-            "-u",
-            "nobody",
-        ],
-    );
+    let listen = format!("--listen-address={OURS}");
+    dnsmasq_answers(d, 18090, &["--bind-interfaces", &listen]);
+    dnsmasq_answers(d, 18091, &[]);
+}
+
+/// dnsmasq with `mode` (its options of where to listen) answers an A query.
+fn dnsmasq_answers(d: &Path, port: u16, mode: &[&str]) {
+    let port_opt = format!("--port={port}");
+    let mut args = vec![
+        "-k",
+        "--no-resolv",
+        "--no-hosts",
+        &port_opt,
+        "--address=/usnet.test/10.9.9.9",
+        "-u",
+        "nobody",
+    ];
+    args.extend_from_slice(mode);
+    let mut srv = spawn_prog(d, Some(STACK), "dnsmasq", "dnsmasq", &args);
     // One A query for usnet.test, retried while dnsmasq starts.
     let script = [
         "import socket, struct, time",
@@ -739,7 +744,7 @@ fn dnsmasq(d: &Path) {
     let o = run("python3", &["-c", &script], Duration::from_secs(30));
     assert!(
         o.ok() && o.stdout.trim() == "10.9.9.9",
-        "a DNS query to dnsmasq under usnet run: {} {}",
+        "a DNS query to dnsmasq {mode:?} under usnet run: {} {}",
         o.describe(),
         log_of(d, srv.1)
     );

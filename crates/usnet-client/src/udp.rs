@@ -1,13 +1,15 @@
 //! UDP over a stack server, shaped like `std::net::UdpSocket`. Datagrams travel through
-//! the socket's rings as records (`usnet_session_abi::RECORD_HEADER`: length and peer address,
-//! then the payload padded to 8 bytes; a record never wraps).
+//! the socket's rings as records (`usnet_session_abi::RecordHeader`: length, peer
+//! address, our address and what the IP header said, then the payload padded to 8
+//! bytes; a record never wraps).
 
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use usnet_session_abi::{
-    errno, op, opt, record_len, slot, SockAddr, FLAG_ERROR, KIND_UDP, RECORD_HEADER, RECORD_PAD,
+    errno, op, opt, record_len, slot, RecordHeader, SockAddr, FLAG_ERROR, KIND_UDP, RECORD_HEADER,
+    RECORD_PAD,
 };
 use usnet_shm::{ByteConsumer, ByteProducer};
 
@@ -20,6 +22,26 @@ pub const MAX_PAYLOAD: usize = 65507;
 
 pub struct UdpSocket {
     pub(crate) sock: ClientSocket,
+}
+
+/// A received datagram: what `recvmsg` reports of it, ancillary data included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// Bytes copied into the caller's buffer.
+    pub len: usize,
+    /// The datagram's whole length (more than `len` when the buffer was short).
+    pub whole: usize,
+    pub from: SocketAddr,
+    /// The address it was sent to (`IP_PKTINFO`'s `ipi_addr`).
+    pub local: Option<IpAddr>,
+    /// The host's index of the interface it came in on (0: none).
+    pub ifindex: u32,
+    /// IPv4: the address a reply would come from (`ipi_spec_dst`).
+    pub spec_dst: Ipv4Addr,
+    /// TTL or hop limit it arrived with.
+    pub hop_limit: u8,
+    /// TOS byte or traffic class.
+    pub tos: u8,
 }
 
 /// Bytes from the ring position to the end of the ring.
@@ -222,22 +244,45 @@ impl UdpSocket {
     }
 
     pub fn send_to(&self, data: &[u8], to: SocketAddr) -> io::Result<usize> {
-        self.send_record(data, Some(to))
+        self.send_record(data, Some(to), None)
     }
 
     pub fn send(&self, data: &[u8]) -> io::Result<usize> {
         self.peer_addr()?;
-        self.send_record(data, None)
+        self.send_record(data, None, None)
+    }
+
+    /// One datagram to `to` (None: the connected peer) from source address `src`
+    /// when given (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s address). The
+    /// stack checks `src` when it sends: a source that is not one of its
+    /// addresses loses the datagram (counted), where Linux's `sendmsg` fails with
+    /// EINVAL.
+    pub fn send_msg(
+        &self,
+        data: &[u8],
+        to: Option<SocketAddr>,
+        src: Option<IpAddr>,
+    ) -> io::Result<usize> {
+        if to.is_none() {
+            self.peer_addr()?;
+        }
+        self.send_record(data, to, src)
     }
 
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.recv_with(buf, true).map(|(n, _, from)| (n, from))
+        self.recv_with(buf, true).map(|m| (m.len, m.from))
+    }
+
+    /// The next datagram with all that is known of it (left queued with
+    /// `peek`).
+    pub fn recv_msg(&self, buf: &mut [u8], peek: bool) -> io::Result<RecvMeta> {
+        self.recv_with(buf, !peek)
     }
 
     /// Like `recv_from`, but the datagram stays queued (`MSG_PEEK`, std's
     /// `peek_from`).
     pub fn peek_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.recv_with(buf, false).map(|(n, _, from)| (n, from))
+        self.recv_with(buf, false).map(|m| (m.len, m.from))
     }
 
     /// The next datagram (left queued with `peek`): the bytes copied into `buf`,
@@ -248,10 +293,10 @@ impl UdpSocket {
         buf: &mut [u8],
         peek: bool,
     ) -> io::Result<(usize, usize, SocketAddr)> {
-        self.recv_with(buf, !peek)
+        self.recv_with(buf, !peek).map(|m| (m.len, m.whole, m.from))
     }
 
-    fn recv_with(&self, buf: &mut [u8], consume: bool) -> io::Result<(usize, usize, SocketAddr)> {
+    fn recv_with(&self, buf: &mut [u8], consume: bool) -> io::Result<RecvMeta> {
         let deadline = self.sock.read_deadline();
         loop {
             self.sock.conn.check_alive()?;
@@ -277,15 +322,25 @@ impl UdpSocket {
         self.sock.rx_ready() > 0
     }
 
-    fn send_record(&self, data: &[u8], to: Option<SocketAddr>) -> io::Result<usize> {
+    fn send_record(
+        &self,
+        data: &[u8],
+        to: Option<SocketAddr>,
+        src: Option<IpAddr>,
+    ) -> io::Result<usize> {
         if data.len() > MAX_PAYLOAD {
             return Err(errno_err(errno::EMSGSIZE));
         }
-        let addr = to.map(SockAddr::from_std).unwrap_or_default();
+        let hdr = RecordHeader {
+            len: data.len() as u32,
+            peer: to.map(SockAddr::from_std).unwrap_or_default(),
+            local: src,
+            ..Default::default()
+        };
         let deadline = self.sock.write_deadline();
         loop {
             self.sock.conn.check_alive()?;
-            let sent = self.sock.with_tx(|tx| put_record(tx, data, &addr))?;
+            let sent = self.sock.with_tx(|tx| put_record(tx, data, &hdr))?;
             if sent {
                 return Ok(data.len());
             }
@@ -298,7 +353,7 @@ impl UdpSocket {
 
 /// Writes one record (a skip to the ring's start first if it would not fit before the
 /// end). Returns false, writing nothing, when the ring has no room for it.
-fn put_record(tx: &mut ByteProducer, data: &[u8], addr: &SockAddr) -> io::Result<bool> {
+fn put_record(tx: &mut ByteProducer, data: &[u8], hdr: &RecordHeader) -> io::Result<bool> {
     let free = tx
         .free()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "socket ring corrupt"))?;
@@ -315,10 +370,7 @@ fn put_record(tx: &mut ByteProducer, data: &[u8], addr: &SockAddr) -> io::Result
         }
         tx.push(&tail);
     }
-    let mut h = [0u8; RECORD_HEADER];
-    h[0..4].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    h[8..36].copy_from_slice(&addr.to_bytes());
-    tx.push(&h);
+    tx.push(&hdr.to_bytes());
     tx.push(data);
     let pad = rec - RECORD_HEADER - data.len();
     if pad > 0 {
@@ -328,13 +380,13 @@ fn put_record(tx: &mut ByteProducer, data: &[u8], addr: &SockAddr) -> io::Result
 }
 
 /// Takes the next record, if one is complete: its payload into `buf` (truncated like
-/// `recvfrom`), its whole length and its sender; `consume`: it leaves the ring
-/// (else it stays, for `MSG_PEEK`).
+/// `recvfrom`) and what its header says; `consume`: it leaves the ring (else it
+/// stays, for `MSG_PEEK`).
 fn take_record(
     rx: &mut ByteConsumer,
     buf: &mut [u8],
     consume: bool,
-) -> Option<io::Result<(usize, usize, SocketAddr)>> {
+) -> Option<io::Result<RecvMeta>> {
     let bad = || {
         Some(Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -359,7 +411,8 @@ fn take_record(
         }
         let mut h = [0u8; RECORD_HEADER];
         rx.peek(0, &mut h);
-        let len = u32::from_le_bytes(h[0..4].try_into().expect("4"));
+        let hdr = RecordHeader::from_bytes(&h);
+        let len = hdr.len;
         if len == RECORD_PAD {
             if avail < end {
                 return None;
@@ -375,14 +428,22 @@ fn take_record(
         if avail < rec {
             return None;
         }
-        let from = SockAddr::from_bytes(h[8..36].try_into().expect("28")).to_std();
         let n = (len as usize).min(buf.len());
         rx.peek(RECORD_HEADER, &mut buf[..n]);
         if consume {
             rx.skip(rec);
         }
-        return Some(match from {
-            Some(a) => Ok((n, len as usize, a)),
+        return Some(match hdr.peer.to_std() {
+            Some(from) => Ok(RecvMeta {
+                len: n,
+                whole: len as usize,
+                from,
+                local: hdr.local,
+                ifindex: hdr.ifindex,
+                spec_dst: hdr.spec_dst,
+                hop_limit: hdr.hop_limit,
+                tos: hdr.tos,
+            }),
             None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),
         });
     }

@@ -388,7 +388,9 @@ pub unsafe extern "C" fn usnet_readv(fd: c_int, iov: *const libc::iovec, n: c_in
     })
 }
 
-/// `sendmsg`: the iovecs, to `msg_name` if given (datagrams); no control messages.
+/// `sendmsg`: the iovecs, to `msg_name` if given (datagrams). Control messages: a
+/// datagram's source address (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s
+/// address); others are EOPNOTSUPP.
 ///
 /// # Safety
 /// `msg` points to a valid msghdr whose pointers are valid as for `sendmsg(2)`.
@@ -403,9 +405,8 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
                 }
                 // SAFETY: per the contract.
                 let m = unsafe { &*msg };
-                if m.msg_controllen != 0 {
-                    return Err(Errno(libc::EOPNOTSUPP));
-                }
+                // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                let src = unsafe { usnet_posix::cmsg::source_address(m) }?;
                 // SAFETY: per the contract.
                 let v = unsafe { msg_iov_slices(m) }?;
                 let to = if m.msg_name.is_null() {
@@ -417,14 +418,19 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
                     }?)
                 };
                 let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
-                usnet_posix::sendmsg(fd, &r, flags, to)
+                match src {
+                    Some(src) => usnet_posix::sendmsg_from(fd, &r, flags, to, src),
+                    None => usnet_posix::sendmsg(fd, &r, flags, to),
+                }
             })(),
         ))
     })
 }
 
-/// `recvmsg`: into the iovecs, the sender into `msg_name` (datagrams); no control
-/// messages (`msg_controllen` is set to 0).
+/// `recvmsg`: into the iovecs, the sender into `msg_name` (datagrams); control
+/// messages: a datagram's `IP_PKTINFO`, `IP_TTL`, `IP_TOS`, `IPV6_PKTINFO`,
+/// `IPV6_HOPLIMIT`, `IPV6_TCLASS` as its socket's options ask, a stream's
+/// `TCP_CM_INQ`, the error queue's reports.
 ///
 /// # Safety
 /// `msg` points to a valid msghdr whose pointers are valid as for `recvmsg(2)`.
@@ -496,9 +502,8 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                     let cap: usize = v.iter().map(|s| s.len()).sum();
                     let mut tmp = vec![0u8; cap.max(1)];
                     // The whole length too: a longer datagram is MSG_TRUNC in msg_flags.
-                    let (whole, from) =
-                        usnet_posix::recvfrom(fd, &mut tmp[..cap], flags | libc::MSG_TRUNC)?;
-                    let n = whole.min(cap);
+                    let d = usnet_posix::recvmsg_dgram(fd, &mut tmp[..cap], flags)?;
+                    let (n, whole, from) = (d.len, d.whole, Some(d.from));
                     if whole > cap {
                         m.msg_flags |= libc::MSG_TRUNC;
                     }
@@ -519,6 +524,13 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                                 )
                             }?;
                         }
+                    }
+                    if !d.control.is_empty() {
+                        m.msg_controllen = control;
+                        let cm: Vec<(i32, i32, &[u8])> =
+                            d.control.iter().map(|(l, t, b)| (*l, *t, &b[..])).collect();
+                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                        unsafe { usnet_posix::cmsg::put(m, &cm) }?;
                     }
                     return Ok(if flags & libc::MSG_TRUNC != 0 {
                         whole

@@ -31,6 +31,20 @@ pub enum LinkSpec {
     Nic(String),
 }
 
+impl LinkSpec {
+    /// The host kernel's index of the interface this link attaches to (a TAP
+    /// device once opened, an AF_PACKET or AF_XDP interface); None for links
+    /// with no kernel interface (shm, the emulated NIC) or a name not found.
+    pub fn kernel_ifindex(&self) -> Option<u32> {
+        match self {
+            LinkSpec::Tap(n) | LinkSpec::AfPacket(n) | LinkSpec::Xdp { ifname: n, .. } => {
+                crate::sys::if_index(n).ok()
+            }
+            LinkSpec::Shm(_) | LinkSpec::Nic(_) => None,
+        }
+    }
+}
+
 impl FromStr for LinkSpec {
     type Err = LinkError;
 

@@ -29,6 +29,52 @@ pub unsafe fn each(m: &msghdr) -> Vec<(i32, i32, Vec<u8>)> {
     out
 }
 
+/// The source address a send's control messages choose: `IP_PKTINFO`'s
+/// `ipi_spec_dst` or `IPV6_PKTINFO`'s `ipi6_addr` (an unspecified one chooses
+/// nothing). EINVAL for a message shorter than its structure (as Linux's
+/// `ip_cmsg_send`); EOPNOTSUPP for any other message, which usnet does not carry
+/// (per-send TTL, TOS, GSO, timestamps).
+///
+/// # Safety
+/// As [`each`].
+pub unsafe fn source_address(m: &msghdr) -> Res<Option<std::net::IpAddr>> {
+    if m.msg_controllen == 0 {
+        return Ok(None);
+    }
+    let mut src = None;
+    // SAFETY: the caller's promise.
+    for (level, ty, d) in unsafe { each(m) } {
+        match (level, ty) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                // struct in_pktinfo: ifindex, spec_dst, addr.
+                let b: [u8; 4] = d
+                    .get(4..8)
+                    .ok_or(Errno(libc::EINVAL))?
+                    .try_into()
+                    .expect("4");
+                let a = std::net::Ipv4Addr::from(b);
+                if !a.is_unspecified() {
+                    src = Some(a.into());
+                }
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                // struct in6_pktinfo: addr, ifindex.
+                let b: [u8; 16] = d
+                    .get(..16)
+                    .ok_or(Errno(libc::EINVAL))?
+                    .try_into()
+                    .expect("16");
+                let a = std::net::Ipv6Addr::from(b);
+                if !a.is_unspecified() {
+                    src = Some(a.into());
+                }
+            }
+            _ => return Err(Errno(libc::EOPNOTSUPP)),
+        }
+    }
+    Ok(src)
+}
+
 /// The descriptors of an `SCM_RIGHTS` message's data.
 pub fn fds_of(data: &[u8]) -> Vec<i32> {
     data.chunks_exact(4)

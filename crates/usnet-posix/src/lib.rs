@@ -40,7 +40,7 @@ pub mod sockopt;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, Shutdown, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
@@ -772,6 +772,146 @@ pub fn sendmsg(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) ->
         return writev(fd, bufs, flags);
     }
     send_iov(fd, bufs, flags, to)
+}
+
+/// `sendmsg(2)` on a datagram socket with a source address chosen by its control
+/// messages (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s address; an IPv4-mapped
+/// one on a dual-stack socket is its IPv4 address). EINVAL on a stream, as
+/// Linux's TCP refuses those messages.
+pub fn sendmsg_from(
+    fd: RawFd,
+    bufs: &[&[u8]],
+    flags: i32,
+    to: Option<SocketAddr>,
+    src: IpAddr,
+) -> Res<usize> {
+    if flags & !SEND_FLAGS != 0 {
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    let e = get(fd)?;
+    let to = to.map(|a| stack_addr(&e, a)).transpose()?;
+    let src = match src {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(src, IpAddr::V4),
+        v4 => v4,
+    };
+    let o = e.read();
+    let Obj::Udp(u) = &*o else {
+        return Err(Errno(libc::EINVAL));
+    };
+    u.set_write_timeout(lock(&e.opts).sndtimeo)?;
+    let buf = bufs.concat();
+    maybe_dontwait(flags, || u.send_msg(&buf, to, Some(src))).map_err(|err| match err.kind() {
+        io::ErrorKind::NotConnected => Errno(libc::EDESTADDRREQ),
+        _ => Errno::from(err),
+    })
+}
+
+/// A received datagram as `recvmsg(2)` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DgramMsg {
+    /// Bytes copied.
+    pub len: usize,
+    /// The datagram's whole length (`MSG_TRUNC`).
+    pub whole: usize,
+    pub from: SocketAddr,
+    /// The control messages the socket's options ask for, in Linux's order:
+    /// (level, type, data).
+    pub control: Vec<(i32, i32, Vec<u8>)>,
+}
+
+/// `recvmsg(2)` on a UDP socket: the datagram into `buf` (`MSG_PEEK`,
+/// `MSG_DONTWAIT`, `MSG_TRUNC` as for [`recvfrom`]) and the control messages its
+/// options ask for: `IP_PKTINFO`, `IP_RECVTTL`, `IP_RECVTOS`, and on an IPv6
+/// socket `IPV6_RECVPKTINFO`, `IPV6_RECVHOPLIMIT`, `IPV6_RECVTCLASS` (an IPv4
+/// datagram on a dual-stack socket gets the IPv4 ones and an `IPV6_PKTINFO` with
+/// the mapped address, as Linux's `udpv6_recvmsg` gives). Any other socket
+/// answers as [`recvfrom`] does, without control messages.
+pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
+    let e = get(fd)?;
+    let o = e.read();
+    let udp = match &*o {
+        Obj::Udp(u) if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE) == 0 => Some(u),
+        _ => None,
+    };
+    let Some(u) = udp else {
+        drop(o);
+        let (whole, from) = recvfrom(fd, buf, flags | libc::MSG_TRUNC)?;
+        return Ok(DgramMsg {
+            len: whole.min(buf.len()),
+            whole,
+            from: from.ok_or(Errno(libc::ENOTCONN))?,
+            control: Vec::new(),
+        });
+    };
+    if flags & !(RECV_FLAGS | libc::MSG_PEEK | libc::MSG_TRUNC) != 0 {
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    u.set_read_timeout(lock(&e.opts).rcvtimeo)?;
+    let peek = flags & libc::MSG_PEEK != 0;
+    let m = maybe_dontwait(flags, || u.recv_msg(buf, peek))?;
+    let on = |level, name| {
+        lock(&e.opts)
+            .recorded
+            .get(&(level, name))
+            .is_some_and(|&v| v != 0)
+    };
+    let mut control = Vec::new();
+    let v4 = m.from.is_ipv4();
+    let ip = libc::IPPROTO_IP;
+    let ip6 = libc::IPPROTO_IPV6;
+    if v4 {
+        if on(ip, libc::IP_PKTINFO) {
+            let dst = match m.local {
+                Some(IpAddr::V4(a)) => a,
+                _ => Ipv4Addr::UNSPECIFIED,
+            };
+            let mut b = Vec::with_capacity(12);
+            b.extend_from_slice(&(m.ifindex as i32).to_ne_bytes());
+            b.extend_from_slice(&m.spec_dst.octets());
+            b.extend_from_slice(&dst.octets());
+            control.push((ip, libc::IP_PKTINFO, b));
+        }
+        if on(ip, libc::IP_RECVTTL) {
+            control.push((
+                ip,
+                libc::IP_TTL,
+                i32::from(m.hop_limit).to_ne_bytes().to_vec(),
+            ));
+        }
+        if on(ip, libc::IP_RECVTOS) {
+            control.push((ip, libc::IP_TOS, vec![m.tos]));
+        }
+    }
+    if e.domain == libc::AF_INET6 {
+        if on(ip6, libc::IPV6_RECVPKTINFO) {
+            let dst = match m.local {
+                Some(IpAddr::V4(a)) => a.to_ipv6_mapped(),
+                Some(IpAddr::V6(a)) => a,
+                None => Ipv6Addr::UNSPECIFIED,
+            };
+            let mut b = Vec::with_capacity(20);
+            b.extend_from_slice(&dst.octets());
+            b.extend_from_slice(&m.ifindex.to_ne_bytes());
+            control.push((ip6, libc::IPV6_PKTINFO, b));
+        }
+        if !v4 && on(ip6, libc::IPV6_RECVHOPLIMIT) {
+            let v = i32::from(m.hop_limit).to_ne_bytes().to_vec();
+            control.push((ip6, libc::IPV6_HOPLIMIT, v));
+        }
+        if !v4 && on(ip6, libc::IPV6_RECVTCLASS) {
+            control.push((
+                ip6,
+                libc::IPV6_TCLASS,
+                i32::from(m.tos).to_ne_bytes().to_vec(),
+            ));
+        }
+    }
+    Ok(DgramMsg {
+        len: m.len,
+        whole: m.whole,
+        from: user_addr(e.domain, m.from),
+        control,
+    })
 }
 
 /// A send of the pieces `bufs` (one datagram, or one stream write).

@@ -33,6 +33,9 @@ fn run_dir() -> &'static PathBuf {
         let stack = StackConfig {
             mac: mac_from_seed(24),
             addrs: vec![format!("{ADDR}/24").parse().unwrap()],
+            // The in-memory link stands for loopback (index 1): what received
+            // datagrams report as their interface (`examples/c/udp_pktinfo.c`).
+            ifindex: 1,
             ..Default::default()
         };
         let cfg = ServerConfig {
@@ -201,6 +204,15 @@ fn waits_on_sockets_and_pipes_at_once_wake_for_either_as_on_the_kernel() {
 fn interface_queries_on_sockets_answer_as_on_the_kernel() {
     let _serial = serial();
     same_under_the_shim("ifaces", 7798);
+}
+
+/// A wildcard-bound UDP socket learns where each datagram was sent, with its TTL
+/// and TOS, and answers from that address (`examples/c/udp_pktinfo.c`; before,
+/// no control message came and a sendmsg with one failed with EOPNOTSUPP).
+#[test]
+fn udp_ancillary_data_says_where_a_datagram_went_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("udp_pktinfo", 7799);
 }
 
 #[test]

@@ -54,7 +54,7 @@
 /// "USNETSES" in little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"USNETSES");
 /// Bumped on every incompatible change of this layout.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const PAGE: usize = 4096;
 pub const CACHE_LINE: usize = 64;
 
@@ -782,15 +782,128 @@ pub const FLAG_ERRQUEUE: u32 = 1 << 11;
 pub const STAMP_TSONLY: u64 = 1 << 32;
 pub const STAMP_TIMED: u64 = 1 << 33;
 
-/// UDP records in a byte ring: a header, the payload, padding to 8 bytes. A record
-/// never wraps: a producer with too little room before the ring's end writes a
-/// header with `len == RECORD_PAD` to skip to the start.
-pub const RECORD_HEADER: usize = 40;
+/// UDP records in a byte ring: a header ([`rec`]), the payload, padding to 8
+/// bytes. A record never wraps: a producer with too little room before the ring's
+/// end writes a header with `len == RECORD_PAD` to skip to the start.
+pub const RECORD_HEADER: usize = 64;
 pub const RECORD_PAD: u32 = u32::MAX;
 
-/// A UDP record's header: payload length, then the peer address (28 bytes).
+/// Offsets in a UDP record's header, the same in both directions.
+pub mod rec {
+    /// Payload length (u32), or `RECORD_PAD`.
+    pub const LEN: usize = 0;
+    /// Received: the TTL or hop limit it arrived with (u8).
+    pub const HOP_LIMIT: usize = 4;
+    /// Received: the TOS byte or traffic class (u8).
+    pub const TOS: usize = 5;
+    /// The family of the address at [`LOCAL`] (u16; 0: none).
+    pub const LOCAL_FAMILY: usize = 6;
+    /// The peer: received, the sender; sent, the destination (family 0: the
+    /// connected peer). A `SockAddr`.
+    pub const PEER: usize = 8;
+    /// Our address (16 bytes, IPv4 in the first 4): received, the one the
+    /// datagram was sent to (`IP_PKTINFO`'s `ipi_addr`); sent, the source to use
+    /// (`ipi_spec_dst`), which must be one of the stack's.
+    pub const LOCAL: usize = 36;
+    /// Received: the index of the interface it came in on (u32; 0: the link has
+    /// no kernel interface).
+    pub const IFINDEX: usize = 52;
+    /// Received over IPv4: the address a reply would come from (4 bytes,
+    /// `IP_PKTINFO`'s `ipi_spec_dst`; 0.0.0.0: none).
+    pub const SPEC_DST: usize = 56;
+
+    // The fields do not overlap and fit the header.
+    const _: () = {
+        assert!(PEER + super::SockAddr::LEN <= LOCAL);
+        assert!(LOCAL + 16 <= IFINDEX);
+        assert!(IFINDEX + 4 <= SPEC_DST);
+        assert!(SPEC_DST + 4 <= super::RECORD_HEADER);
+    };
+}
+
+/// A UDP record's length for `payload` bytes.
 pub fn record_len(payload: usize) -> usize {
     (RECORD_HEADER + payload).div_ceil(8) * 8
+}
+
+/// A UDP record's header, decoded ([`rec`] gives the layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub len: u32,
+    pub peer: SockAddr,
+    /// Our address: where a received datagram was sent, or the source a sent one
+    /// asks for (None: the stack chooses; also for an unknown family).
+    pub local: Option<std::net::IpAddr>,
+    pub hop_limit: u8,
+    pub tos: u8,
+    pub ifindex: u32,
+    pub spec_dst: std::net::Ipv4Addr,
+}
+
+impl Default for RecordHeader {
+    fn default() -> Self {
+        RecordHeader {
+            len: 0,
+            peer: SockAddr::default(),
+            local: None,
+            hop_limit: 0,
+            tos: 0,
+            ifindex: 0,
+            spec_dst: std::net::Ipv4Addr::UNSPECIFIED,
+        }
+    }
+}
+
+impl RecordHeader {
+    pub fn to_bytes(&self) -> [u8; RECORD_HEADER] {
+        let mut b = [0u8; RECORD_HEADER];
+        b[rec::LEN..rec::LEN + 4].copy_from_slice(&self.len.to_le_bytes());
+        b[rec::HOP_LIMIT] = self.hop_limit;
+        b[rec::TOS] = self.tos;
+        let (family, addr) = match self.local {
+            None => (0, [0u8; 16]),
+            Some(std::net::IpAddr::V4(a)) => {
+                let mut x = [0u8; 16];
+                x[..4].copy_from_slice(&a.octets());
+                (AF_INET, x)
+            }
+            Some(std::net::IpAddr::V6(a)) => (AF_INET6, a.octets()),
+        };
+        b[rec::LOCAL_FAMILY..rec::LOCAL_FAMILY + 2].copy_from_slice(&family.to_le_bytes());
+        b[rec::PEER..rec::PEER + SockAddr::LEN].copy_from_slice(&self.peer.to_bytes());
+        b[rec::LOCAL..rec::LOCAL + 16].copy_from_slice(&addr);
+        b[rec::IFINDEX..rec::IFINDEX + 4].copy_from_slice(&self.ifindex.to_le_bytes());
+        b[rec::SPEC_DST..rec::SPEC_DST + 4].copy_from_slice(&self.spec_dst.octets());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; RECORD_HEADER]) -> RecordHeader {
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
+        let addr: [u8; 16] = b[rec::LOCAL..rec::LOCAL + 16].try_into().expect("16");
+        let local = match u16::from_le_bytes([b[rec::LOCAL_FAMILY], b[rec::LOCAL_FAMILY + 1]]) {
+            AF_INET => Some(std::net::IpAddr::from([addr[0], addr[1], addr[2], addr[3]])),
+            AF_INET6 => Some(std::net::IpAddr::from(addr)),
+            _ => None,
+        };
+        RecordHeader {
+            len: u32_at(rec::LEN),
+            peer: SockAddr::from_bytes(
+                b[rec::PEER..rec::PEER + SockAddr::LEN]
+                    .try_into()
+                    .expect("28"),
+            ),
+            local,
+            hop_limit: b[rec::HOP_LIMIT],
+            tos: b[rec::TOS],
+            ifindex: u32_at(rec::IFINDEX),
+            spec_dst: std::net::Ipv4Addr::new(
+                b[rec::SPEC_DST],
+                b[rec::SPEC_DST + 1],
+                b[rec::SPEC_DST + 2],
+                b[rec::SPEC_DST + 3],
+            ),
+        }
+    }
 }
 
 /// A socket address as the ABI carries it (28 bytes, like `sockaddr_in6`):
@@ -976,6 +1089,33 @@ pub mod errno {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_header_round_trips_both_families_and_reads_an_unknown_local_as_none() {
+        let from = "[2001:db8::7]:5353".parse().unwrap();
+        for local in [
+            None,
+            Some("10.0.0.2".parse().unwrap()),
+            Some("2001:db8::1".parse().unwrap()),
+        ] {
+            let h = RecordHeader {
+                len: 1234,
+                peer: SockAddr::from_std(from),
+                local,
+                hop_limit: 63,
+                tos: 0xb8,
+                ifindex: 7,
+                spec_dst: "10.0.0.2".parse().unwrap(),
+            };
+            let b = h.to_bytes();
+            assert_eq!(RecordHeader::from_bytes(&b), h);
+            assert_eq!(u32::from_le_bytes(b[0..4].try_into().unwrap()), 1234);
+        }
+        let mut b = RecordHeader::default().to_bytes();
+        b[rec::LOCAL_FAMILY] = 99;
+        b[rec::LOCAL] = 1;
+        assert_eq!(RecordHeader::from_bytes(&b).local, None);
+    }
 
     #[test]
     fn layout_is_page_aligned_and_rejects_bad_geometry() {

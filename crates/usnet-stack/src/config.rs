@@ -112,6 +112,10 @@ pub struct StackConfig {
     pub gateway6: Option<Ipv6Addr>,
     /// L3 MTU of the link.
     pub mtu: usize,
+    /// The host kernel's index of the interface the link attaches to (0: none, as
+    /// for a shared-memory link): what received datagrams report as their
+    /// interface (`IP_PKTINFO`'s `ipi_ifindex`).
+    pub ifindex: u32,
     pub pool: PoolConfig,
     /// Frames that may wait between the device and protocol processing; beyond this
     /// they are dropped at the entrance (drop 1).
@@ -226,6 +230,7 @@ impl Default for StackConfig {
             gateway4: None,
             gateway6: None,
             mtu: 1500,
+            ifindex: 0,
             pool: PoolConfig::default(),
             input_queue_len: 1000,
             rx_budget: 256,

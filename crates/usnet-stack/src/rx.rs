@@ -17,7 +17,7 @@ use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
 use crate::socket::ping::PING_QUEUE;
 use crate::socket::{Datagram, EchoReply, SocketSet};
-use crate::types::{IcmpMsg, L3Info, Src, TcpTarget, Unreach, Verdict};
+use crate::types::{IcmpMsg, L3Info, Src, TcpTarget, UdpRecvInfo, Unreach, Verdict};
 use crate::{IpCidr, Stack};
 
 /// The read-only parts of the stack that classification needs: the core's
@@ -229,7 +229,7 @@ impl View<'_> {
             l3_off: base,
             l3_len: ip.total_len,
             eth_src,
-            ecn: ip.dscp_ecn & 3,
+            tos: ip.dscp_ecn,
         };
         self.classify_l4(c, &l3, ip.protocol, ip.payload, l4_off)
     }
@@ -325,7 +325,7 @@ impl View<'_> {
             l3_off: base,
             l3_len: wire::IPV6_HEADER_LEN + ip.payload_len,
             eth_src,
-            ecn: ip.traffic_class & 3,
+            tos: ip.traffic_class,
         };
         self.classify_l4(c, &l3, up.protocol, up.payload, l4_off)
     }
@@ -380,6 +380,12 @@ impl View<'_> {
         };
         let udp_len = wire::UDP_HEADER_LEN + udp.payload.len();
         let from = SocketAddr::new(l3.src, udp.src_port);
+        let info = UdpRecvInfo {
+            from,
+            dst: l3.dst,
+            hop_limit: l3.hop_limit,
+            tos: l3.tos,
+        };
         if l3.dst.is_multicast() {
             // To every member socket on the port (`execute` finds them).
             if !self.sockets.udp_port_used(udp.dst_port) {
@@ -391,9 +397,8 @@ impl View<'_> {
                 return Verdict::Drop;
             }
             return Verdict::UdpMcast {
-                group: l3.dst,
                 port: udp.dst_port,
-                from,
+                info,
                 off: l4_off + wire::UDP_HEADER_LEN,
                 len: udp.payload.len(),
             };
@@ -420,7 +425,7 @@ impl View<'_> {
         match sock {
             Some(i) => Verdict::Udp {
                 sock: i,
-                from,
+                info,
                 off: l4_off + wire::UDP_HEADER_LEN,
                 len: udp.payload.len(),
             },
@@ -467,7 +472,7 @@ impl View<'_> {
             remote,
             off: l4_off,
             len: l4.len(),
-            ce: l3.ecn == 3,
+            ce: l3.tos & 3 == 3,
         }
     }
 
@@ -743,17 +748,16 @@ impl Stack {
             Verdict::Drop => self.core.release(src),
             Verdict::Udp {
                 sock,
-                from,
+                info,
                 off,
                 len,
-            } => self.deliver_udp(sock, from, off, len, src),
+            } => self.deliver_udp(sock, info, off, len, src),
             Verdict::UdpMcast {
-                group,
                 port,
-                from,
+                info,
                 off,
                 len,
-            } => self.deliver_udp_mcast(group, port, from, off, len, src),
+            } => self.deliver_udp_mcast(port, info, off, len, src),
             Verdict::McastQuery { group, max } => {
                 self.core.release(src);
                 self.core.mcast_query(group, max);
@@ -991,7 +995,7 @@ impl Stack {
             l3_off: 0,
             l3_len: invoking.len(),
             eth_src: MacAddr::default(),
-            ecn: 0,
+            tos: 0,
         };
         let v = self.with_view(false, |view, c, _| {
             view.classify_l4(c, &l3, l4_proto, &data[l4_off..], l4_off)
@@ -1010,16 +1014,15 @@ impl Stack {
     /// ([`SocketSet::udp_mcast_members`]); a full queue drops its copy alone.
     fn deliver_udp_mcast(
         &mut self,
-        group: IpAddr,
         port: u16,
-        from: SocketAddr,
+        info: UdpRecvInfo,
         off: usize,
         len: usize,
         src: Src,
     ) {
         let mut members = Vec::new();
         self.sockets
-            .udp_mcast_members(group, port, from, &mut members);
+            .udp_mcast_members(info.dst, port, info.from, &mut members);
         if members.is_empty() {
             self.core.counters.udp_rx_no_socket += 1;
             self.core.release(src);
@@ -1047,12 +1050,12 @@ impl Stack {
                 break;
             };
             self.core.counters.udp_rx_mcast_delivered += 1;
-            self.queue_udp(i, buf, len, from);
+            self.queue_udp(i, buf, len, info);
         }
         self.core.scratch = data;
     }
 
-    fn deliver_udp(&mut self, sock: u32, from: SocketAddr, off: usize, len: usize, src: Src) {
+    fn deliver_udp(&mut self, sock: u32, info: UdpRecvInfo, off: usize, len: usize, src: Src) {
         let core = &mut self.core;
         let buf = match src {
             Src::Buf(b) => {
@@ -1071,11 +1074,11 @@ impl Stack {
             core.counters.drop_pool_exhausted += 1;
             return;
         };
-        self.queue_udp(sock, buf, len, from);
+        self.queue_udp(sock, buf, len, info);
     }
 
     /// Queues a datagram's buffer on socket `sock`, which has room for it.
-    fn queue_udp(&mut self, sock: u32, buf: PktBuf, len: usize, from: SocketAddr) {
+    fn queue_udp(&mut self, sock: u32, buf: PktBuf, len: usize, info: UdpRecvInfo) {
         let core = &mut self.core;
         let Some(u) = self.sockets.udp_at_mut(sock) else {
             core.pool.free(buf);
@@ -1083,7 +1086,7 @@ impl Stack {
         };
         let was_empty = u.rxq.is_empty();
         let bufs = core.pool.parts(&buf).count() as u32;
-        u.rxq.push_back(Datagram { buf, len, from });
+        u.rxq.push_back(Datagram { buf, len, info });
         u.rx_queued_bytes += len;
         u.stats.rx_datagrams += 1;
         u.stats.rx_bytes += len as u64;

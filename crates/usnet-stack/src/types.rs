@@ -25,6 +25,20 @@ pub(crate) enum Unreach {
     Protocol,
 }
 
+/// What the IP header said of a received datagram, kept with it for the
+/// receiver's ancillary data (`IP_PKTINFO`, `IP_RECVTTL`, `IP_RECVTOS` and their
+/// IPv6 twins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpRecvInfo {
+    pub from: SocketAddr,
+    /// The address it was sent to: one of ours, a broadcast or a multicast group.
+    pub dst: IpAddr,
+    /// TTL or hop limit as it arrived.
+    pub hop_limit: u8,
+    /// TOS byte or traffic class (ECN bits included).
+    pub tos: u8,
+}
+
 /// What to do with a received frame; offsets are into the frame (or reassembled data).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Verdict {
@@ -33,7 +47,7 @@ pub(crate) enum Verdict {
     Arp(ArpRepr),
     Udp {
         sock: u32,
-        from: SocketAddr,
+        info: UdpRecvInfo,
         off: usize,
         len: usize,
     },
@@ -43,9 +57,8 @@ pub(crate) enum Verdict {
     /// A UDP datagram to a multicast group the interface joined (checksum
     /// verified): for every member socket on `port`.
     UdpMcast {
-        group: IpAddr,
         port: u16,
-        from: SocketAddr,
+        info: UdpRecvInfo,
         off: usize,
         len: usize,
     },
@@ -160,8 +173,9 @@ pub(crate) struct L3Info {
     pub l3_off: usize,
     pub l3_len: usize,
     pub eth_src: MacAddr,
-    /// The ECN field of the IP header (0 for a reassembled datagram).
-    pub ecn: u8,
+    /// The IPv4 TOS byte or IPv6 traffic class, ECN bits included (0 for a
+    /// reassembled datagram).
+    pub tos: u8,
 }
 
 impl L3Info {

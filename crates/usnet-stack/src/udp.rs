@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::socket::udp::{Datagram, NONE};
 use crate::socket::{Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
+use crate::types::UdpRecvInfo;
 use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
 
 /// One UDP socket in [`Stack::udp_sockets`].
@@ -155,6 +156,30 @@ impl Stack {
         data: &[u8],
         to: SocketAddr,
     ) -> Result<usize, StackError> {
+        self.udp_send_from(h, data, Some(to), None)
+    }
+
+    /// [`Self::udp_send_to`] (`to` None: the connected peer) from source address
+    /// `src` when given: what `IP_PKTINFO`'s `ipi_spec_dst` and `IPV6_PKTINFO`'s
+    /// address choose. `src` must be one of ours (`InvalidInput`, Linux's EINVAL,
+    /// when not); an unspecified `src` is no choice.
+    pub fn udp_send_from(
+        &mut self,
+        h: SocketHandle,
+        data: &[u8],
+        to: Option<SocketAddr>,
+        src: Option<IpAddr>,
+    ) -> Result<usize, StackError> {
+        let to = match to {
+            Some(to) => to,
+            None => self.udp(h)?.remote.ok_or(StackError::NotConnected)?,
+        };
+        let chosen = src.filter(|a| !a.is_unspecified());
+        if let Some(a) = chosen {
+            if a.is_ipv4() != to.is_ipv4() || !self.core.is_local_addr(a) {
+                return Err(StackError::InvalidInput);
+            }
+        }
         let core = &mut self.core;
         if data.len() > MAX_UDP_PAYLOAD {
             core.counters.udp_tx_too_big += 1;
@@ -175,7 +200,9 @@ impl Stack {
             core.counters.ip_tx_no_route += 1;
             return Err(StackError::NoRoute);
         };
-        let src = if local.ip().is_unspecified() || local.ip().is_ipv4() != to.is_ipv4() {
+        let src = if let Some(a) = chosen {
+            a
+        } else if local.ip().is_unspecified() || local.ip().is_ipv4() != to.is_ipv4() {
             src
         } else {
             local.ip()
@@ -231,24 +258,36 @@ impl Stack {
             pool.read_chain(&d.buf, 0, buf)
         };
         pool.free(d.buf);
-        Ok((n, d.from))
+        Ok((n, d.info.from))
     }
 
     /// Takes the oldest datagram and hands its payload to `sink` as it lies in its
     /// pool buffers (one slice per buffer): one copy into wherever `sink` puts it.
-    /// Returns the payload length and the sender.
+    /// Returns the payload length and what its IP header said (sender, the
+    /// address it was sent to, TTL, TOS).
     pub fn udp_recv_with(
         &mut self,
         h: SocketHandle,
         mut sink: impl FnMut(&[u8]),
-    ) -> Result<(usize, SocketAddr), StackError> {
+    ) -> Result<(usize, UdpRecvInfo), StackError> {
         let d = self.udp_pop(h)?;
         let pool = &mut self.core.pool;
         for part in pool.parts(&d.buf) {
             sink(part);
         }
         pool.free(d.buf);
-        Ok((d.len, d.from))
+        Ok((d.len, d.info))
+    }
+
+    /// The address a reply to a datagram received with `info` comes from (IPv4's
+    /// `ipi_spec_dst`, Linux's `fib_compute_spec_dst`): its destination when that
+    /// is one of ours, else (broadcast, multicast) our address toward the sender.
+    pub fn udp_reply_source(&self, info: &UdpRecvInfo) -> Option<IpAddr> {
+        if self.core.is_local_addr(info.dst) {
+            Some(info.dst)
+        } else {
+            self.core.source_for(info.from.ip())
+        }
     }
 
     // ------------------------------------------------------------ multicast

@@ -561,3 +561,80 @@ fn a_connected_socket_a_full_queue_and_a_bad_checksum_each_lose_only_their_copy(
     assert_eq!(recv(&mut s, open), None);
     assert_eq!(s.counters().udp_rx_bad_checksum, 1);
 }
+
+/// `f` with the IPv4 TOS byte set (and the header checksum made right again).
+fn with_tos(mut f: Vec<u8>, tos: u8) -> Vec<u8> {
+    f[15] = tos;
+    f[24..26].fill(0);
+    let sum: u32 = f[14..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let folded = (folded & 0xffff) + (folded >> 16);
+    f[24..26].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+    f
+}
+
+/// What `IP_PKTINFO`, `IP_RECVTTL` and `IP_RECVTOS` report: each datagram keeps
+/// where it was sent, its TTL and TOS; a reply's source is that address, or for a
+/// group our address toward the sender; a send may choose any of our addresses as
+/// its source and no other.
+#[test]
+fn a_datagram_keeps_its_destination_ttl_and_tos_and_a_send_may_choose_its_source() {
+    let mut c = common::cfg(1);
+    c.addrs.push("10.0.1.1/24".parse().unwrap());
+    let mut s = Stack::new(c).unwrap();
+    let h = s
+        .udp_bind_reuse(sa("0.0.0.0:5000"), Families::Both, true)
+        .unwrap();
+    s.udp_join_multicast(h, IpAddr::V4(G4)).unwrap();
+    sent(&mut s);
+    let from = sa("10.0.1.9:4000");
+    let mut unicast = udp(from, sa("10.0.1.1:5000"), b"to us");
+    unicast[0..6].copy_from_slice(&s.mac().0);
+    unicast[22] = 33; // TTL; `with_tos` makes the checksum right
+    let unicast = with_tos(unicast, 0xb9);
+    feed(&mut s, &unicast, Instant::from_millis(1));
+    feed(
+        &mut s,
+        &udp(from, sa("239.1.2.3:5000"), b"to the group"),
+        Instant::from_millis(2),
+    );
+    let mut got = Vec::new();
+    while let Ok((n, info)) = s.udp_recv_with(h, |_| {}) {
+        got.push((n, info, s.udp_reply_source(&info)));
+    }
+    assert_eq!(got.len(), 2, "{got:?}");
+    let (n, info, reply) = got[0];
+    assert_eq!((n, info.from, info.dst), (5, from, ip("10.0.1.1")));
+    assert_eq!((info.hop_limit, info.tos), (33, 0xb9));
+    assert_eq!(reply, Some(ip("10.0.1.1")));
+    let (_, info, reply) = got[1];
+    assert_eq!((info.dst, info.hop_limit, info.tos), (IpAddr::V4(G4), 1, 0));
+    assert_eq!(reply, Some(ip("10.0.1.1")), "our address toward 10.0.1.9");
+
+    // To the group (no neighbour to resolve: the frame leaves at once).
+    let to = sa("239.1.2.3:5000");
+    for (src, ok) in [
+        (Some(ip("10.0.1.1")), true),
+        (None, true),
+        (Some(ip("0.0.0.0")), true),
+        (Some(ip("10.0.0.77")), false),
+        (Some(ip("fd00::1")), false),
+    ] {
+        let r = s.udp_send_from(h, b"answer", Some(to), src);
+        assert_eq!(r.is_ok(), ok, "source {src:?}: {r:?}");
+    }
+    let sources: Vec<IpAddr> = sent(&mut s)
+        .iter()
+        .filter(|f| f.len() > 34 && f[12..14] == [8, 0] && f[23] == 17)
+        .map(|f| IpAddr::V4(Ipv4Addr::new(f[26], f[27], f[28], f[29])))
+        .collect();
+    let dflt = ip("10.0.0.1");
+    assert_eq!(
+        sources,
+        vec![ip("10.0.1.1"), dflt, dflt],
+        "the chosen source, then the stack's"
+    );
+}

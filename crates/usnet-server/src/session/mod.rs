@@ -63,6 +63,16 @@ impl Role {
     }
 }
 
+/// A UDP datagram taken from a send ring that the stack refused for now.
+#[derive(Debug)]
+struct PendingDgram {
+    data: Vec<u8>,
+    /// None: the connected peer.
+    to: Option<SocketAddr>,
+    /// The source address the sender chose (`IP_PKTINFO`).
+    src: Option<std::net::IpAddr>,
+}
+
 struct SessionSocket {
     kind: u64,
     role: Role,
@@ -118,7 +128,7 @@ struct SessionSocket {
     /// `shutdown(SHUT_WR)` waits for the send ring to drain.
     shut_wr: bool,
     /// A UDP datagram taken from the send ring that the stack refused for now.
-    pending_dgram: Option<(Vec<u8>, Option<SocketAddr>)>,
+    pending_dgram: Option<PendingDgram>,
 
     // The receive direction (`streams`).
     rx: ByteProducer,

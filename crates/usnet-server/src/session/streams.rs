@@ -9,14 +9,16 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
 use usnet_session_abi::{
-    errno, slot, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE,
-    FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER, RECORD_PAD,
-    SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
+    errno, slot, RecordHeader, SockAddr, FLAG_ACCEPTABLE, FLAG_BOUND, FLAG_CONNECTED, FLAG_ERROR,
+    FLAG_ERRQUEUE, FLAG_HUP, FLAG_RX_EOF, FLAG_SNDBUF, FLAG_WRITABLE, FLAG_WR_SHUT, RECORD_HEADER,
+    RECORD_PAD, SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
 use usnet_shm::{ByteProducer, KeptLoan, TailLoan};
 use usnet_stack::{Lender, LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
 
-use super::{err, options::apply_deferred, Role, ServerSession, SessionSocket, SessionStats};
+use super::{
+    err, options::apply_deferred, PendingDgram, Role, ServerSession, SessionSocket, SessionStats,
+};
 
 impl ServerSession {
     pub(super) fn activate(&mut self, i: u32) {
@@ -555,22 +557,18 @@ impl ServerSession {
     ) -> (usize, bool) {
         let mut moved = 0;
         loop {
-            if let Some((data, to)) = s.pending_dgram.take() {
+            if let Some(d) = s.pending_dgram.take() {
                 let Some(h) = s.handle else {
                     return (moved, false);
                 };
-                let r = match to {
-                    Some(to) => stack.udp_send_to(h, &data, to),
-                    None => stack.udp_send(h, &data),
-                };
-                match r {
+                match stack.udp_send_from(h, &d.data, d.to, d.src) {
                     Err(StackError::WouldBlock) => {
-                        s.pending_dgram = Some((data, to));
+                        s.pending_dgram = Some(d);
                         return (moved, true);
                     }
                     // Other errors lose the datagram, as a kernel send would report
                     // them to the caller; the counters tell.
-                    _ => moved += data.len(),
+                    _ => moved += d.data.len(),
                 }
             }
             if moved >= chunk {
@@ -597,7 +595,8 @@ impl ServerSession {
             }
             let mut h = [0u8; RECORD_HEADER];
             s.tx.peek(0, &mut h);
-            let len = u32::from_le_bytes(h[0..4].try_into().expect("4"));
+            let hdr = RecordHeader::from_bytes(&h);
+            let len = hdr.len;
             if len == RECORD_PAD {
                 // Skip to the start of the ring.
                 s.tx.skip(to_end.min(avail));
@@ -611,17 +610,20 @@ impl ServerSession {
                 s.tx.release();
                 return (moved, false);
             }
-            let addr = SockAddr::from_bytes(h[8..36].try_into().expect("28"));
             scratch.resize(len as usize, 0);
             s.tx.peek(RECORD_HEADER, scratch);
             s.tx.skip(rec);
             s.tx.release();
-            let to = if addr.family == 0 {
+            let to = if hdr.peer.family == 0 {
                 None
             } else {
-                addr.to_std()
+                hdr.peer.to_std()
             };
-            s.pending_dgram = Some((std::mem::take(scratch), to));
+            s.pending_dgram = Some(PendingDgram {
+                data: std::mem::take(scratch),
+                to,
+                src: hdr.local,
+            });
             if s.handle.is_none() {
                 // sendto on an unbound UDP socket binds it to an ephemeral port.
                 let v6 = to.is_some_and(|a| a.is_ipv6());
@@ -913,11 +915,9 @@ impl ServerSession {
             // The sender is known only once the datagram is taken: the header is
             // completed after the payload, before the record is published.
             let start_pos = s.rx.position();
-            let mut hdr = [0u8; RECORD_HEADER];
-            hdr[0..4].copy_from_slice(&(len as u32).to_le_bytes());
-            s.rx.push(&hdr);
+            s.rx.push(&[0u8; RECORD_HEADER]);
             let rx = &mut s.rx;
-            let Ok((n, from)) = stack.udp_recv_with(h, |c| {
+            let Ok((n, info)) = stack.udp_recv_with(h, |c| {
                 rx.push(c);
             }) else {
                 break;
@@ -926,9 +926,19 @@ impl ServerSession {
             if pad > 0 {
                 s.rx.push(&[0u8; 8][..pad]);
             }
-            hdr[0..4].copy_from_slice(&(n as u32).to_le_bytes());
-            hdr[8..36].copy_from_slice(&SockAddr::from_std(from).to_bytes());
-            s.rx.rewrite(start_pos, &hdr);
+            let hdr = RecordHeader {
+                len: n as u32,
+                peer: SockAddr::from_std(info.from),
+                local: Some(info.dst),
+                hop_limit: info.hop_limit,
+                tos: info.tos,
+                ifindex: stack.config().ifindex,
+                spec_dst: match stack.udp_reply_source(&info) {
+                    Some(std::net::IpAddr::V4(a)) => a,
+                    _ => std::net::Ipv4Addr::UNSPECIFIED,
+                },
+            };
+            s.rx.rewrite(start_pos, &hdr.to_bytes());
             moved += n;
         }
         moved

@@ -16,7 +16,7 @@ pub(crate) const NONE: u32 = u32::MAX;
 pub(crate) struct Datagram {
     pub buf: PktBuf,
     pub len: usize,
-    pub from: SocketAddr,
+    pub info: crate::types::UdpRecvInfo,
 }
 
 #[derive(Debug)]
