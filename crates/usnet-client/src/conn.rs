@@ -379,6 +379,12 @@ impl Conn {
         }
     }
 
+    /// The server was found gone (no probe: what [`Self::check_alive`] and
+    /// [`Self::is_dead`] last learnt).
+    pub(crate) fn known_dead(&self) -> bool {
+        self.dead.load(Relaxed)
+    }
+
     /// Whether the server is gone (it said so, or its end of the control connection
     /// closed).
     pub fn is_dead(&self) -> bool {
@@ -610,7 +616,11 @@ impl Conn {
         timeout: Duration,
         ready: impl Fn() -> bool,
     ) -> io::Result<usize> {
-        self.check_alive()?;
+        if let Err(e) = self.check_alive() {
+            // The sockets of a dead session read as reset (`poll::readiness`): a
+            // wait on them ends to report so, with the kernel side looked at.
+            return if ready() { Ok(0) } else { Err(e) };
+        }
         let poll_kernel = |fds: &mut [libc::pollfd], ms: i32| -> io::Result<usize> {
             // SAFETY: `fds` is a valid array of pollfd for the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -725,7 +735,11 @@ impl Conn {
             if ready() {
                 return Ok(true);
             }
-            self.check_alive()?;
+            if let Err(e) = self.check_alive() {
+                // As in `sleep_with_kernel`: what a dead session makes ready (its
+                // sockets, reset) is reported; other waits end with the error.
+                return if ready() { Ok(true) } else { Err(e) };
+            }
             let left = match deadline {
                 Some(d) => {
                     let now = vtime::now();

@@ -143,12 +143,27 @@ fn readiness(r: &Reg) -> Option<Readiness> {
     if w(slot::GEN) != r.gen || w(slot::STATE) != SLOT_OPEN {
         return None;
     }
+    let events = w(slot::EVENTS);
+    if r.conn.known_dead() {
+        // The stack is gone: every socket reads as reset (POLLIN, POLLOUT,
+        // POLLHUP, POLLERR), so a program's wait ends and its calls learn
+        // ENETDOWN, while the kernel descriptors in the same wait (a signal's
+        // self-pipe) are still looked at.
+        return Some(Readiness {
+            readable: true,
+            writable: true,
+            closed: true,
+            rdhup: true,
+            error: true,
+            // A value of its own, so edge-triggered waits report the death once.
+            events: events ^ 1 << 31,
+        });
+    }
     let q = |prod, cons| {
         let p = m.slot_u64(r.slot, prod).load(Acquire);
         let c = m.slot_u64(r.slot, cons).load(Acquire);
         p.wrapping_sub(c)
     };
-    let events = w(slot::EVENTS);
     let f = w(slot::FLAGS);
     let closed = f & (FLAG_HUP | FLAG_ERROR) != 0;
     let rx_queued = q(slot::RX_PROD, slot::RX_CONS);

@@ -551,8 +551,9 @@ fn is_clear(e: &std::io::Error) -> bool {
 
 /// The server process killed with SIGKILL while this process is blocked reading,
 /// writing, accepting and polling: each blocked call fails within 1 s with
-/// ENETDOWN/ECONNRESET/EPIPE, every later call fails at once the same way, and
-/// dropping everything does not hang.
+/// ENETDOWN/ECONNRESET/EPIPE (the poll wakes to the socket reset, and a read
+/// then fails so), every later call fails at once the same way, and dropping
+/// everything does not hang.
 #[test]
 fn a_server_killed_mid_transfer_fails_every_call() {
     let name = "kill-server";
@@ -603,21 +604,28 @@ fn a_server_killed_mid_transfer_fails_every_call() {
             let r = u2.recv_from(&mut b).map(|_| ());
             let _ = tx.send(("recv_from", Instant::now(), r.expect_err("recv returned")));
         }));
-        // Blocked in a poller.
+        // Blocked in a poller: it wakes to the socket reset (readable, hung up,
+        // in error, as a kernel poll reports a reset connection; a wait that also
+        // holds kernel descriptors goes on seeing them), and the read then fails.
         let (pa, tx) = (a1.clone(), done_tx.clone());
         threads.push(std::thread::spawn(move || {
             let mut p = Poller::new();
             p.register(&*pa, 1, Interest::READABLE, Mode::Level)
                 .unwrap();
             let mut ev: Vec<Event> = Vec::new();
-            let r = loop {
+            loop {
                 match p.wait(&mut ev, Some(Duration::from_secs(30))) {
                     Ok(0) => continue,
-                    Ok(_) => panic!("nothing should be ready: {:?}", ev),
-                    Err(e) => break e,
+                    Ok(_) => break,
+                    Err(e) => panic!("the poller failed instead of reporting: {e}"),
                 }
-            };
-            let _ = tx.send(("poll", Instant::now(), r));
+            }
+            let when = Instant::now();
+            let e = ev[0];
+            assert!(e.readable && e.closed && e.error, "{e:?}");
+            let mut b = [0u8; 8];
+            let r = (&*pa).read(&mut b).expect_err("read after the reset");
+            let _ = tx.send(("poll", when, r));
         }));
     }
     drop(done_tx);
