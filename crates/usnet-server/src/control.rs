@@ -43,7 +43,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -87,6 +87,7 @@ impl ControlServer {
         }
         let dir = run_dir();
         std::fs::create_dir_all(&dir)?;
+        sweep_stale(&dir);
         let path = socket_path(&cfg.name);
         if !remove_if_stale(&path) {
             return Err(ControlError::NameInUse(cfg.name.clone()));
@@ -118,6 +119,23 @@ impl ControlServer {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Removes what stacks killed with SIGKILL left in run directory `dir`: their
+/// control (`.ctl`) and rpc baseline (`.rpc`) sockets that nobody answers on.
+/// Each stack that starts does it, so such files do not pile up (a benchmark
+/// that kills its stacks left three a run).
+pub fn sweep_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let ours = matches!(p.extension().and_then(|x| x.to_str()), Some("ctl" | "rpc"));
+        if ours && e.file_type().is_ok_and(|t| t.is_socket()) {
+            remove_if_stale(&p);
+        }
     }
 }
 
@@ -1063,6 +1081,26 @@ mod tests {
         assert!(remove_if_stale(&dead));
         assert!(!dead.exists());
         assert!(remove_if_stale(&dir.join("absent.ctl")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_sweep_removes_dead_control_and_rpc_sockets_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("usnet-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _live = UnixListener::bind(dir.join("live.ctl")).unwrap();
+        let _live_rpc = UnixListener::bind(dir.join("live.rpc")).unwrap();
+        for dead in ["dead.ctl", "dead.rpc", "dead.other"] {
+            drop(UnixListener::bind(dir.join(dead)).unwrap());
+        }
+        std::fs::write(dir.join("plain.ctl"), "not a socket").unwrap();
+        sweep_stale(&dir);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["dead.other", "live.ctl", "live.rpc", "plain.ctl"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
