@@ -616,6 +616,8 @@ const KNOWN_OPTS: &[(c_int, c_int)] = &[
     (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
     (libc::IPPROTO_IP, libc::IP_RECVERR),
     (libc::IPPROTO_IP, libc::IP_PKTINFO),
+    (libc::IPPROTO_IP, libc::IP_RECVTTL),
+    (libc::IPPROTO_IP, libc::IP_RECVTOS),
     (libc::IPPROTO_IP, libc::IP_FREEBIND),
     (libc::IPPROTO_IP, so::IP_BIND_ADDRESS_NO_PORT),
     (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP),
@@ -634,6 +636,8 @@ const KNOWN_OPTS: &[(c_int, c_int)] = &[
     (libc::IPPROTO_IPV6, libc::IPV6_DROP_MEMBERSHIP),
     (libc::IPPROTO_IPV6, libc::IPV6_RECVERR),
     (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT),
+    (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS),
     (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER),
     (libc::IPPROTO_IPV6, so::IPV6_MULTICAST_ALL),
 ];
@@ -1167,6 +1171,40 @@ fn run(st: &mut St, call: &Call) {
             let mut v = iovecs(iov, n);
             let (a, l) = name.map_or((None, 0), sockaddr);
             let mut ctl = vec![0u8; control as usize % 64];
+            // Some sizes carry a source address (`IP_PKTINFO`, `IPV6_PKTINFO`): ours,
+            // or with the size's low bits, not ours.
+            let pktinfo = |level: c_int, ty: c_int, data: &[u8]| {
+                // SAFETY: CMSG_SPACE and CMSG_LEN are arithmetic.
+                let (space, len) = unsafe {
+                    (
+                        libc::CMSG_SPACE(data.len() as u32) as usize,
+                        libc::CMSG_LEN(data.len() as u32) as usize,
+                    )
+                };
+                let mut b = vec![0u8; space];
+                b[..8].copy_from_slice(&(len as u64).to_ne_bytes());
+                b[8..12].copy_from_slice(&level.to_ne_bytes());
+                b[12..16].copy_from_slice(&ty.to_ne_bytes());
+                b[16..16 + data.len()].copy_from_slice(data);
+                b
+            };
+            match control % 4 {
+                1 => {
+                    let mut pi = [0u8; 12];
+                    let ours: std::net::Ipv4Addr = ADDR4.parse().unwrap();
+                    pi[4..8].copy_from_slice(&ours.octets());
+                    pi[7] ^= (control >> 2) & 1;
+                    ctl = pktinfo(libc::IPPROTO_IP, libc::IP_PKTINFO, &pi);
+                }
+                2 => {
+                    let mut pi = [0u8; 20];
+                    let ours: std::net::Ipv6Addr = ADDR6.parse().unwrap();
+                    pi[..16].copy_from_slice(&ours.octets());
+                    pi[15] ^= (control >> 2) & 1;
+                    ctl = pktinfo(libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &pi);
+                }
+                _ => {}
+            }
             // SAFETY: a zeroed msghdr is valid.
             let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
             m.msg_iov = v.ptr();
