@@ -776,8 +776,9 @@ pub fn sendmsg(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) ->
 
 /// `sendmsg(2)` on a datagram socket with a source address chosen by its control
 /// messages (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s address; an IPv4-mapped
-/// one on a dual-stack socket is its IPv4 address). EINVAL on a stream, as
-/// Linux's TCP refuses those messages.
+/// one on a dual-stack socket is its IPv4 address). Any other socket sends as
+/// [`sendmsg`] does, the address ignored, as Linux's TCP ignores IP-level control
+/// messages.
 pub fn sendmsg_from(
     fd: RawFd,
     bufs: &[&[u8]],
@@ -785,10 +786,13 @@ pub fn sendmsg_from(
     to: Option<SocketAddr>,
     src: IpAddr,
 ) -> Res<usize> {
+    let e = get(fd)?;
+    if !matches!(&*e.read(), Obj::Udp(_)) {
+        return sendmsg(fd, bufs, flags, to);
+    }
     if flags & !SEND_FLAGS != 0 {
         return Err(Errno(libc::EOPNOTSUPP));
     }
-    let e = get(fd)?;
     let to = to.map(|a| stack_addr(&e, a)).transpose()?;
     let src = match src {
         IpAddr::V6(a) => a.to_ipv4_mapped().map_or(src, IpAddr::V4),
@@ -796,7 +800,7 @@ pub fn sendmsg_from(
     };
     let o = e.read();
     let Obj::Udp(u) = &*o else {
-        return Err(Errno(libc::EINVAL));
+        return Err(Errno(libc::EBADF));
     };
     u.set_write_timeout(lock(&e.opts).sndtimeo)?;
     let buf = bufs.concat();
@@ -849,12 +853,8 @@ pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
     u.set_read_timeout(lock(&e.opts).rcvtimeo)?;
     let peek = flags & libc::MSG_PEEK != 0;
     let m = maybe_dontwait(flags, || u.recv_msg(buf, peek))?;
-    let on = |level, name| {
-        lock(&e.opts)
-            .recorded
-            .get(&(level, name))
-            .is_some_and(|&v| v != 0)
-    };
+    let opts = lock(&e.opts);
+    let on = |level, name| opts.recorded.get(&(level, name)).is_some_and(|&v| v != 0);
     let mut control = Vec::new();
     let v4 = m.from.is_ipv4();
     let ip = libc::IPPROTO_IP;
