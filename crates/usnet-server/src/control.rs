@@ -125,7 +125,9 @@ impl ControlServer {
 /// Removes what stacks killed with SIGKILL left in run directory `dir`: their
 /// control (`.ctl`) and rpc baseline (`.rpc`) sockets that nobody answers on.
 /// Each stack that starts does it, so such files do not pile up (a benchmark
-/// that kills its stacks left three a run).
+/// that kills its stacks left three a run). Only sockets older than
+/// [`SWEEP_AGE`]: one another stack is starting beside this one exists, bound,
+/// before it listens, and refuses connections in between.
 pub fn sweep_stale(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -133,11 +135,19 @@ pub fn sweep_stale(dir: &Path) {
     for e in entries.flatten() {
         let p = e.path();
         let ours = matches!(p.extension().and_then(|x| x.to_str()), Some("ctl" | "rpc"));
-        if ours && e.file_type().is_ok_and(|t| t.is_socket()) {
+        let old = || {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= SWEEP_AGE))
+        };
+        if ours && e.file_type().is_ok_and(|t| t.is_socket()) && old() {
             remove_if_stale(&p);
         }
     }
 }
+
+/// How old a socket must be before [`sweep_stale`] looks at it.
+pub const SWEEP_AGE: Duration = Duration::from_secs(10);
 
 /// Removes the socket at `path` if nobody answers on it (one a stopped or dead
 /// server left); false when a server does answer, and the socket stays.
@@ -1090,17 +1100,48 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let _live = UnixListener::bind(dir.join("live.ctl")).unwrap();
         let _live_rpc = UnixListener::bind(dir.join("live.rpc")).unwrap();
-        for dead in ["dead.ctl", "dead.rpc", "dead.other"] {
+        for dead in ["dead.ctl", "dead.rpc", "dead.other", "young.ctl"] {
             drop(UnixListener::bind(dir.join(dead)).unwrap());
         }
         std::fs::write(dir.join("plain.ctl"), "not a socket").unwrap();
+        // All but young.ctl made older than the sweep's age (as a killed stack's
+        // sockets are by the time the next one starts).
+        for name in [
+            "live.ctl",
+            "live.rpc",
+            "dead.ctl",
+            "dead.rpc",
+            "dead.other",
+            "plain.ctl",
+        ] {
+            let c = std::ffi::CString::new(dir.join(name).into_os_string().into_encoded_bytes())
+                .unwrap();
+            let old = libc::timespec {
+                tv_sec: 1_000_000_000,
+                tv_nsec: 0,
+            };
+            // SAFETY: a NUL-terminated path and two valid timespecs.
+            let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [old, old].as_ptr(), 0) };
+            assert_eq!(r, 0);
+        }
         sweep_stale(&dir);
         let mut left: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
-        assert_eq!(left, ["dead.other", "live.ctl", "live.rpc", "plain.ctl"]);
+        // A dead socket younger than the sweep's age may be a starting stack's,
+        // bound but not yet listening: it stays.
+        assert_eq!(
+            left,
+            [
+                "dead.other",
+                "live.ctl",
+                "live.rpc",
+                "plain.ctl",
+                "young.ctl"
+            ]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
