@@ -518,6 +518,8 @@ pub fn run(args: UpArgs) -> CmdResult {
         .map_err(|_| "bad --client-sockets or --ring-bytes (a power of two, 4096 .. 16 MiB)")?;
     let (name, services) = (opened[0].name.clone(), opened[0].services.clone());
     let link_spec: LinkSpec = args.link.parse()?;
+    // (After the open: a TAP device exists from then on.)
+    let ifindex = link_spec.kernel_ifindex().unwrap_or(0);
     let mut parts = Vec::with_capacity(n);
     let mut cfg_policy = None;
     let mut dev_info = None;
@@ -532,8 +534,7 @@ pub fn run(args: UpArgs) -> CmdResult {
             }
         }
         usnet_driver::fit_to_device(&mut cfg, o.dev.caps());
-        // (After the open: a TAP device exists from then on.)
-        cfg.ifindex = link_spec.kernel_ifindex().unwrap_or(0);
+        cfg.ifindex = ifindex;
         cfg_policy.get_or_insert_with(|| cfg.rx_policy.clone());
         let mut stack = usnet_stack::Stack::new(cfg)?;
         let mut dev = o.dev;
@@ -602,8 +603,8 @@ pub fn run(args: UpArgs) -> CmdResult {
     };
     // Kept until this process ends: its end tells the janitor to clean up.
     let mut _janitor = None;
-    let shm_link = match args.link.parse::<LinkSpec>() {
-        Ok(LinkSpec::Shm(n)) => Some(n),
+    let shm_link = match &link_spec {
+        LinkSpec::Shm(n) => Some(n.clone()),
         _ => None,
     };
     let privs_line = match &become_user {

@@ -385,6 +385,18 @@ impl Conn {
         self.dead.load(Relaxed)
     }
 
+    /// A wait's liveness check ([`Self::check_alive`]): false while the server
+    /// lives; once it is gone, true when `ready` holds, for the sockets of a dead
+    /// session read as reset (`poll::readiness`) and a wait on them ends to report
+    /// so (with the kernel side looked at); else the error, which ends other waits.
+    fn gone_but_ready(&self, mut ready: impl FnMut() -> bool) -> io::Result<bool> {
+        match self.check_alive() {
+            Ok(()) => Ok(false),
+            Err(_) if ready() => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether the server is gone (it said so, or its end of the control connection
     /// closed).
     pub fn is_dead(&self) -> bool {
@@ -616,10 +628,8 @@ impl Conn {
         timeout: Duration,
         ready: impl Fn() -> bool,
     ) -> io::Result<usize> {
-        if let Err(e) = self.check_alive() {
-            // The sockets of a dead session read as reset (`poll::readiness`): a
-            // wait on them ends to report so, with the kernel side looked at.
-            return if ready() { Ok(0) } else { Err(e) };
+        if self.gone_but_ready(&ready)? {
+            return Ok(0);
         }
         let poll_kernel = |fds: &mut [libc::pollfd], ms: i32| -> io::Result<usize> {
             // SAFETY: `fds` is a valid array of pollfd for the call.
@@ -735,10 +745,8 @@ impl Conn {
             if ready() {
                 return Ok(true);
             }
-            if let Err(e) = self.check_alive() {
-                // As in `sleep_with_kernel`: what a dead session makes ready (its
-                // sockets, reset) is reported; other waits end with the error.
-                return if ready() { Ok(true) } else { Err(e) };
+            if self.gone_but_ready(&mut ready)? {
+                return Ok(true);
             }
             let left = match deadline {
                 Some(d) => {

@@ -44,32 +44,24 @@ pub unsafe fn source_address(m: &msghdr) -> Res<Option<std::net::IpAddr>> {
     let mut src = None;
     // SAFETY: the caller's promise.
     for (level, ty, d) in unsafe { each(m) } {
-        match (level, ty) {
+        let short = || Errno(libc::EINVAL);
+        let a: std::net::IpAddr = match (level, ty) {
+            // struct in_pktinfo: ifindex, spec_dst, addr.
             (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
-                // struct in_pktinfo: ifindex, spec_dst, addr.
-                let b: [u8; 4] = d
-                    .get(4..8)
-                    .ok_or(Errno(libc::EINVAL))?
-                    .try_into()
-                    .expect("4");
-                let a = std::net::Ipv4Addr::from(b);
-                if !a.is_unspecified() {
-                    src = Some(a.into());
-                }
+                <[u8; 4]>::try_from(d.get(4..8).ok_or_else(short)?)
+                    .expect("4")
+                    .into()
             }
+            // struct in6_pktinfo: addr, ifindex.
             (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                // struct in6_pktinfo: addr, ifindex.
-                let b: [u8; 16] = d
-                    .get(..16)
-                    .ok_or(Errno(libc::EINVAL))?
-                    .try_into()
-                    .expect("16");
-                let a = std::net::Ipv6Addr::from(b);
-                if !a.is_unspecified() {
-                    src = Some(a.into());
-                }
+                <[u8; 16]>::try_from(d.get(..16).ok_or_else(short)?)
+                    .expect("16")
+                    .into()
             }
             _ => return Err(Errno(libc::EOPNOTSUPP)),
+        };
+        if !a.is_unspecified() {
+            src = Some(a);
         }
     }
     Ok(src)

@@ -860,18 +860,14 @@ impl RecordHeader {
         b[rec::LEN..rec::LEN + 4].copy_from_slice(&self.len.to_le_bytes());
         b[rec::HOP_LIMIT] = self.hop_limit;
         b[rec::TOS] = self.tos;
-        let (family, addr) = match self.local {
-            None => (0, [0u8; 16]),
-            Some(std::net::IpAddr::V4(a)) => {
-                let mut x = [0u8; 16];
-                x[..4].copy_from_slice(&a.octets());
-                (AF_INET, x)
-            }
-            Some(std::net::IpAddr::V6(a)) => (AF_INET6, a.octets()),
-        };
-        b[rec::LOCAL_FAMILY..rec::LOCAL_FAMILY + 2].copy_from_slice(&family.to_le_bytes());
+        // Our address as a SockAddr carries one: its family and 16 address bytes.
+        let local = self
+            .local
+            .map(|ip| SockAddr::from_std(std::net::SocketAddr::new(ip, 0)))
+            .unwrap_or_default();
+        b[rec::LOCAL_FAMILY..rec::LOCAL_FAMILY + 2].copy_from_slice(&local.family.to_le_bytes());
         b[rec::PEER..rec::PEER + SockAddr::LEN].copy_from_slice(&self.peer.to_bytes());
-        b[rec::LOCAL..rec::LOCAL + 16].copy_from_slice(&addr);
+        b[rec::LOCAL..rec::LOCAL + 16].copy_from_slice(&local.addr);
         b[rec::IFINDEX..rec::IFINDEX + 4].copy_from_slice(&self.ifindex.to_le_bytes());
         b[rec::SPEC_DST..rec::SPEC_DST + 4].copy_from_slice(&self.spec_dst.octets());
         b
@@ -879,12 +875,13 @@ impl RecordHeader {
 
     pub fn from_bytes(b: &[u8; RECORD_HEADER]) -> RecordHeader {
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
-        let addr: [u8; 16] = b[rec::LOCAL..rec::LOCAL + 16].try_into().expect("16");
-        let local = match u16::from_le_bytes([b[rec::LOCAL_FAMILY], b[rec::LOCAL_FAMILY + 1]]) {
-            AF_INET => Some(std::net::IpAddr::from([addr[0], addr[1], addr[2], addr[3]])),
-            AF_INET6 => Some(std::net::IpAddr::from(addr)),
-            _ => None,
-        };
+        let local = SockAddr {
+            family: u16::from_le_bytes([b[rec::LOCAL_FAMILY], b[rec::LOCAL_FAMILY + 1]]),
+            addr: b[rec::LOCAL..rec::LOCAL + 16].try_into().expect("16"),
+            ..Default::default()
+        }
+        .to_std()
+        .map(|a| a.ip());
         RecordHeader {
             len: u32_at(rec::LEN),
             peer: SockAddr::from_bytes(
