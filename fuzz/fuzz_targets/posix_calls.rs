@@ -1203,6 +1203,17 @@ fn run(st: &mut St, call: &Call) {
                     pi[15] ^= (control >> 2) & 1;
                     ctl = pktinfo(libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &pi);
                 }
+                // A hop limit or TOS, in range or not (-1: none for IPv6's).
+                3 => {
+                    let v = (i32::from(control) >> 3) - 1;
+                    let (level, ty) = [
+                        (libc::IPPROTO_IP, libc::IP_TTL),
+                        (libc::IPPROTO_IP, libc::IP_TOS),
+                        (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT),
+                        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+                    ][usize::from(control >> 2) % 4];
+                    ctl = pktinfo(level, ty, &v.to_ne_bytes());
+                }
                 _ => {}
             }
             // SAFETY: a zeroed msghdr is valid.

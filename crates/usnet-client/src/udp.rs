@@ -24,6 +24,19 @@ pub struct UdpSocket {
     pub(crate) sock: ClientSocket,
 }
 
+/// What one send asks of its datagram's IP header (`sendmsg`'s control
+/// messages); None: the socket's options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendMeta {
+    /// The source address (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s
+    /// address): one of the stack's.
+    pub src: Option<IpAddr>,
+    /// `IP_TTL`, `IPV6_HOPLIMIT`.
+    pub hop_limit: Option<u8>,
+    /// `IP_TOS`, `IPV6_TCLASS`.
+    pub tos: Option<u8>,
+}
+
 /// A received datagram: what `recvmsg` reports of it, ancillary data included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvMeta {
@@ -125,7 +138,8 @@ impl UdpSocket {
             .map(|_| ())
     }
 
-    fn mcast_opt(&self, level: u64, name: u64, args: [u64; 3]) -> io::Result<()> {
+    /// A UDP option the server keeps for the stack socket (SETSOCKOPT).
+    fn udp_opt(&self, level: u64, name: u64, args: [u64; 3]) -> io::Result<()> {
         self.sock
             .call(op::SETSOCKOPT, [level, name, args[0], args[1], args[2], 0])
             .map(|_| ())
@@ -137,50 +151,74 @@ impl UdpSocket {
     pub fn join_multicast_v4(&self, group: &Ipv4Addr, interface: &Ipv4Addr) -> io::Result<()> {
         let g = u64::from(u32::from_be_bytes(group.octets()));
         let i = u64::from(u32::from_be_bytes(interface.octets()));
-        self.mcast_opt(opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP, [g, i, 0])
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP, [g, i, 0])
     }
 
     /// IP_DROP_MEMBERSHIP.
     pub fn leave_multicast_v4(&self, group: &Ipv4Addr, interface: &Ipv4Addr) -> io::Result<()> {
         let g = u64::from(u32::from_be_bytes(group.octets()));
         let i = u64::from(u32::from_be_bytes(interface.octets()));
-        self.mcast_opt(opt::IPPROTO_IP, opt::IP_DROP_MEMBERSHIP, [g, i, 0])
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_DROP_MEMBERSHIP, [g, i, 0])
     }
 
     /// IPV6_JOIN_GROUP (MLDv2 report on the first join); `interface` ignored.
     pub fn join_multicast_v6(&self, group: &Ipv6Addr, interface: u32) -> io::Result<()> {
         let g = u128::from_be_bytes(group.octets());
         let args = [(g >> 64) as u64, g as u64, u64::from(interface)];
-        self.mcast_opt(opt::IPPROTO_IPV6, opt::IPV6_ADD_MEMBERSHIP, args)
+        self.udp_opt(opt::IPPROTO_IPV6, opt::IPV6_ADD_MEMBERSHIP, args)
     }
 
     /// IPV6_LEAVE_GROUP.
     pub fn leave_multicast_v6(&self, group: &Ipv6Addr, interface: u32) -> io::Result<()> {
         let g = u128::from_be_bytes(group.octets());
         let args = [(g >> 64) as u64, g as u64, u64::from(interface)];
-        self.mcast_opt(opt::IPPROTO_IPV6, opt::IPV6_DROP_MEMBERSHIP, args)
+        self.udp_opt(opt::IPPROTO_IPV6, opt::IPV6_DROP_MEMBERSHIP, args)
     }
 
     /// IP_MULTICAST_TTL (default 1).
     pub fn set_multicast_ttl_v4(&self, ttl: u32) -> io::Result<()> {
         let v = u64::from(ttl.min(255));
-        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_TTL, [v, 0, 0])
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_TTL, [v, 0, 0])
     }
 
     /// IPV6_MULTICAST_HOPS (default 1).
     pub fn set_multicast_hops_v6(&self, hops: u32) -> io::Result<()> {
         let v = u64::from(hops.min(255));
-        self.mcast_opt(opt::IPPROTO_IPV6, opt::IPV6_MULTICAST_HOPS, [v, 0, 0])
+        self.udp_opt(opt::IPPROTO_IPV6, opt::IPV6_MULTICAST_HOPS, [v, 0, 0])
+    }
+
+    /// IP_TTL: the TTL of the IPv4 unicast it sends (None: the stack's).
+    pub fn set_ttl(&self, ttl: Option<u8>) -> io::Result<()> {
+        let v = ttl.map_or(u64::MAX, u64::from);
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_TTL, [v, 0, 0])
+    }
+
+    /// IPV6_UNICAST_HOPS: the hop limit of the IPv6 unicast it sends (None: the
+    /// stack's).
+    pub fn set_unicast_hops_v6(&self, hops: Option<u8>) -> io::Result<()> {
+        let v = hops.map_or(u64::MAX, u64::from);
+        self.udp_opt(opt::IPPROTO_IPV6, opt::IPV6_UNICAST_HOPS, [v, 0, 0])
+    }
+
+    /// IP_TOS: the whole TOS byte (DSCP and ECN) of the IPv4 datagrams it sends.
+    pub fn set_tos(&self, tos: u8) -> io::Result<()> {
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_TOS, [u64::from(tos), 0, 0])
+    }
+
+    /// IPV6_TCLASS: the traffic class of the IPv6 datagrams it sends.
+    pub fn set_tclass_v6(&self, tclass: u8) -> io::Result<()> {
+        let v = u64::from(tclass);
+        self.udp_opt(opt::IPPROTO_IPV6, opt::IPV6_TCLASS, [v, 0, 0])
     }
 
     /// IP_MULTICAST_LOOP (default on).
     pub fn set_multicast_loop_v4(&self, on: bool) -> io::Result<()> {
-        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_LOOP, [on as u64, 0, 0])
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_LOOP, [on as u64, 0, 0])
     }
 
     /// IPV6_MULTICAST_LOOP (default on).
     pub fn set_multicast_loop_v6(&self, on: bool) -> io::Result<()> {
-        self.mcast_opt(
+        self.udp_opt(
             opt::IPPROTO_IPV6,
             opt::IPV6_MULTICAST_LOOP,
             [on as u64, 0, 0],
@@ -191,13 +229,13 @@ impl UdpSocket {
     /// routed one); `EADDRNOTAVAIL` for an address the stack does not have.
     pub fn set_multicast_if_v4(&self, addr: &Ipv4Addr) -> io::Result<()> {
         let a = u64::from(u32::from_be_bytes(addr.octets()));
-        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_IF, [a, 0, 0])
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_IF, [a, 0, 0])
     }
 
     /// IP_MULTICAST_ALL (default on: every group the interface joined reaches a
     /// socket bound to the port; off: only the socket's own groups).
     pub fn set_multicast_all(&self, on: bool) -> io::Result<()> {
-        self.mcast_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_ALL, [on as u64, 0, 0])
+        self.udp_opt(opt::IPPROTO_IP, opt::IP_MULTICAST_ALL, [on as u64, 0, 0])
     }
 
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
@@ -244,29 +282,28 @@ impl UdpSocket {
     }
 
     pub fn send_to(&self, data: &[u8], to: SocketAddr) -> io::Result<usize> {
-        self.send_record(data, Some(to), None)
+        self.send_record(data, Some(to), &SendMeta::default())
     }
 
     pub fn send(&self, data: &[u8]) -> io::Result<usize> {
         self.peer_addr()?;
-        self.send_record(data, None, None)
+        self.send_record(data, None, &SendMeta::default())
     }
 
-    /// One datagram to `to` (None: the connected peer) from source address `src`
-    /// when given (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s address). The
-    /// stack checks `src` when it sends: a source that is not one of its
-    /// addresses loses the datagram (counted), where Linux's `sendmsg` fails with
-    /// EINVAL.
+    /// One datagram to `to` (None: the connected peer) with what `meta` asks
+    /// of its IP header. The stack checks a chosen source when it sends: one
+    /// that is not among its addresses loses the datagram (counted), where
+    /// Linux's `sendmsg` fails with EINVAL.
     pub fn send_msg(
         &self,
         data: &[u8],
         to: Option<SocketAddr>,
-        src: Option<IpAddr>,
+        meta: &SendMeta,
     ) -> io::Result<usize> {
         if to.is_none() {
             self.peer_addr()?;
         }
-        self.send_record(data, to, src)
+        self.send_record(data, to, meta)
     }
 
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
@@ -326,7 +363,7 @@ impl UdpSocket {
         &self,
         data: &[u8],
         to: Option<SocketAddr>,
-        src: Option<IpAddr>,
+        meta: &SendMeta,
     ) -> io::Result<usize> {
         if data.len() > MAX_PAYLOAD {
             return Err(errno_err(errno::EMSGSIZE));
@@ -334,7 +371,9 @@ impl UdpSocket {
         let hdr = RecordHeader {
             len: data.len() as u32,
             peer: to.map(SockAddr::from_std).unwrap_or_default(),
-            local: src,
+            local: meta.src,
+            hop_limit: meta.hop_limit,
+            tos: meta.tos,
             ..Default::default()
         };
         let deadline = self.sock.write_deadline();
@@ -441,8 +480,8 @@ fn take_record(
                 local: hdr.local,
                 ifindex: hdr.ifindex,
                 spec_dst: hdr.spec_dst,
-                hop_limit: hdr.hop_limit,
-                tos: hdr.tos,
+                hop_limit: hdr.hop_limit.unwrap_or(0),
+                tos: hdr.tos.unwrap_or(0),
             }),
             None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),
         });

@@ -390,7 +390,8 @@ pub unsafe extern "C" fn usnet_readv(fd: c_int, iov: *const libc::iovec, n: c_in
 
 /// `sendmsg`: the iovecs, to `msg_name` if given (datagrams). Control messages: a
 /// datagram's source address (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s
-/// address); others are EOPNOTSUPP.
+/// address), `IP_TTL`, `IP_TOS`, `IPV6_HOPLIMIT`, `IPV6_TCLASS`; others are
+/// EOPNOTSUPP.
 ///
 /// # Safety
 /// `msg` points to a valid msghdr whose pointers are valid as for `sendmsg(2)`.
@@ -406,7 +407,7 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
                 // SAFETY: per the contract.
                 let m = unsafe { &*msg };
                 // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                let src = unsafe { usnet_posix::cmsg::source_address(m) }?;
+                let ctl = unsafe { usnet_posix::cmsg::send_control(m) }?;
                 // SAFETY: per the contract.
                 let v = unsafe { msg_iov_slices(m) }?;
                 let to = if m.msg_name.is_null() {
@@ -418,9 +419,10 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
                     }?)
                 };
                 let r: Vec<&[u8]> = v.iter().map(|s| &**s).collect();
-                match src {
-                    Some(src) => usnet_posix::sendmsg_from(fd, &r, flags, to, src),
-                    None => usnet_posix::sendmsg(fd, &r, flags, to),
+                if ctl == usnet_posix::cmsg::SendControl::default() {
+                    usnet_posix::sendmsg(fd, &r, flags, to)
+                } else {
+                    usnet_posix::sendmsg_with(fd, &r, flags, to, &ctl)
                 }
             })(),
         ))

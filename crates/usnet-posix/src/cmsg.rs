@@ -29,42 +29,79 @@ pub unsafe fn each(m: &msghdr) -> Vec<(i32, i32, Vec<u8>)> {
     out
 }
 
-/// The source address a send's control messages choose: `IP_PKTINFO`'s
-/// `ipi_spec_dst` or `IPV6_PKTINFO`'s `ipi6_addr` (an unspecified one chooses
-/// nothing). EINVAL for a message shorter than its structure (as Linux's
-/// `ip_cmsg_send`); EOPNOTSUPP for any other message, which usnet does not carry
-/// (per-send TTL, TOS, GSO, timestamps).
+/// What a send's control messages ask of its datagram's IP header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendControl {
+    /// `IP_PKTINFO`'s `ipi_spec_dst` or `IPV6_PKTINFO`'s `ipi6_addr` (an
+    /// unspecified one chooses nothing).
+    pub src: Option<std::net::IpAddr>,
+    /// `IP_TTL`, `IP_TOS`: for an IPv4 destination.
+    pub ttl: Option<u8>,
+    pub tos: Option<u8>,
+    /// `IPV6_HOPLIMIT`, `IPV6_TCLASS` (-1 chooses nothing): for an IPv6 one.
+    pub hop_limit_v6: Option<u8>,
+    pub tclass_v6: Option<u8>,
+}
+
+impl SendControl {
+    /// The hop limit and TOS asked for a destination of this family: Linux
+    /// reads only the IPv4 messages for an IPv4 destination (an IPv4-mapped
+    /// one on a dual-stack socket too) and only the IPv6 ones for IPv6.
+    pub fn header_for(&self, v4: bool) -> (Option<u8>, Option<u8>) {
+        if v4 {
+            (self.ttl, self.tos)
+        } else {
+            (self.hop_limit_v6, self.tclass_v6)
+        }
+    }
+}
+
+/// Reads a send's control messages as Linux's `ip_cmsg_send` and
+/// `ip6_datagram_send_ctl` do: `IP_PKTINFO`, `IP_TTL` (an `int`, 1–255),
+/// `IP_TOS` (an `int` or a byte, 0–255), `IPV6_PKTINFO`, `IPV6_HOPLIMIT` and
+/// `IPV6_TCLASS` (an `int`, -1–255). EINVAL for a message of the wrong size or a
+/// value out of range; EOPNOTSUPP for any other message, which usnet does not
+/// carry (GSO, timestamps, routing headers).
 ///
 /// # Safety
 /// As [`each`].
-pub unsafe fn source_address(m: &msghdr) -> Res<Option<std::net::IpAddr>> {
+pub unsafe fn send_control(m: &msghdr) -> Res<SendControl> {
+    let mut ctl = SendControl::default();
     if m.msg_controllen == 0 {
-        return Ok(None);
+        return Ok(ctl);
     }
-    let mut src = None;
+    let einval = || Errno(libc::EINVAL);
+    let int = |d: &[u8], lo: i32| -> Res<Option<u8>> {
+        let v = i32::from_ne_bytes(d.try_into().map_err(|_| einval())?);
+        match v {
+            -1 if lo == -1 => Ok(None),
+            _ if (lo.max(0)..=255).contains(&v) => Ok(Some(v as u8)),
+            _ => Err(einval()),
+        }
+    };
     // SAFETY: the caller's promise.
     for (level, ty, d) in unsafe { each(m) } {
-        let short = || Errno(libc::EINVAL);
-        let a: std::net::IpAddr = match (level, ty) {
+        match (level, ty) {
             // struct in_pktinfo: ifindex, spec_dst, addr.
             (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
-                <[u8; 4]>::try_from(d.get(4..8).ok_or_else(short)?)
-                    .expect("4")
-                    .into()
+                let a: [u8; 4] = d.get(4..8).ok_or_else(einval)?.try_into().expect("4");
+                ctl.src = Some(a.into());
             }
             // struct in6_pktinfo: addr, ifindex.
             (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                <[u8; 16]>::try_from(d.get(..16).ok_or_else(short)?)
-                    .expect("16")
-                    .into()
+                let a: [u8; 16] = d.get(..16).ok_or_else(einval)?.try_into().expect("16");
+                ctl.src = Some(a.into());
             }
+            (libc::IPPROTO_IP, libc::IP_TTL) => ctl.ttl = int(&d, 1)?,
+            (libc::IPPROTO_IP, libc::IP_TOS) if d.len() == 1 => ctl.tos = Some(d[0]),
+            (libc::IPPROTO_IP, libc::IP_TOS) => ctl.tos = int(&d, 0)?,
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => ctl.hop_limit_v6 = int(&d, -1)?,
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => ctl.tclass_v6 = int(&d, -1)?,
             _ => return Err(Errno(libc::EOPNOTSUPP)),
-        };
-        if !a.is_unspecified() {
-            src = Some(a);
         }
     }
-    Ok(src)
+    ctl.src = ctl.src.filter(|a| !a.is_unspecified());
+    Ok(ctl)
 }
 
 /// The descriptors of an `SCM_RIGHTS` message's data.
@@ -221,5 +258,63 @@ mod tests {
         unsafe { put(&mut m, &[(libc::SOL_TCP, 36, &9000i32.to_ne_bytes())]) }.unwrap();
         assert_eq!((m.msg_controllen as usize, m.msg_flags), (20, 0));
         assert_eq!(exact[4], 9000);
+    }
+
+    /// `msgs` (level, type, data) as a send's control buffer, read back.
+    fn read_send(msgs: &[(i32, i32, &[u8])]) -> Res<SendControl> {
+        let mut buf = [0u64; 32];
+        // SAFETY: zeroed msghdr is valid; the control buffer is ours.
+        let mut m: msghdr = unsafe { std::mem::zeroed() };
+        m.msg_control = buf.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&buf) as _;
+        // SAFETY: msg_control has msg_controllen bytes.
+        unsafe { put(&mut m, msgs) }.unwrap();
+        assert_eq!(m.msg_flags & libc::MSG_CTRUNC, 0);
+        // SAFETY: as above; `put` set msg_controllen to what it wrote.
+        unsafe { send_control(&m) }
+    }
+
+    #[test]
+    fn a_send_reads_ttl_tos_and_source_as_linux_and_refuses_the_rest() {
+        let i = |v: i32| v.to_ne_bytes();
+        let (ip, ip6) = (libc::IPPROTO_IP, libc::IPPROTO_IPV6);
+        let mut pktinfo = [0u8; 12];
+        pktinfo[4..8].copy_from_slice(&[10, 0, 0, 2]);
+        let ctl = read_send(&[
+            (ip, libc::IP_PKTINFO, &pktinfo),
+            (ip, libc::IP_TTL, &i(3)),
+            (ip, libc::IP_TOS, &[0xb9]),
+            (ip6, libc::IPV6_HOPLIMIT, &i(-1)),
+            (ip6, libc::IPV6_TCLASS, &i(255)),
+        ])
+        .unwrap();
+        assert_eq!(ctl.src, Some("10.0.0.2".parse().unwrap()));
+        assert_eq!(ctl.header_for(true), (Some(3), Some(0xb9)));
+        assert_eq!(ctl.header_for(false), (None, Some(255)), "-1: the socket's");
+        let tos_int = read_send(&[(ip, libc::IP_TOS, &i(0x22))]).unwrap();
+        assert_eq!(tos_int.tos, Some(0x22), "IP_TOS as an int");
+        let unspecified = read_send(&[(ip, libc::IP_PKTINFO, &[0u8; 12])]).unwrap();
+        assert_eq!(
+            unspecified,
+            SendControl::default(),
+            "0.0.0.0 chooses nothing"
+        );
+        for bad in [
+            (ip, libc::IP_TTL, &i(0)[..]),
+            (ip, libc::IP_TTL, &i(256)[..]),
+            (ip, libc::IP_TTL, &[7u8][..]),
+            (ip, libc::IP_TOS, &i(256)[..]),
+            (ip, libc::IP_TOS, &i(-1)[..]),
+            (ip6, libc::IPV6_HOPLIMIT, &i(-2)[..]),
+            (ip6, libc::IPV6_TCLASS, &i(256)[..]),
+            (ip, libc::IP_PKTINFO, &[0u8; 6][..]),
+        ] {
+            assert_eq!(read_send(&[bad]), Err(Errno(libc::EINVAL)), "{bad:?}");
+        }
+        // UDP_SEGMENT (GSO): not carried.
+        assert_eq!(
+            read_send(&[(libc::SOL_UDP, 103, &[0u8, 5][..])]),
+            Err(Errno(libc::EOPNOTSUPP))
+        );
     }
 }

@@ -774,17 +774,19 @@ pub fn sendmsg(fd: RawFd, bufs: &[&[u8]], flags: i32, to: Option<SocketAddr>) ->
     send_iov(fd, bufs, flags, to)
 }
 
-/// `sendmsg(2)` on a datagram socket with a source address chosen by its control
-/// messages (`IP_PKTINFO`'s `ipi_spec_dst`, `IPV6_PKTINFO`'s address; an IPv4-mapped
-/// one on a dual-stack socket is its IPv4 address). Any other socket sends as
-/// [`sendmsg`] does, the address ignored, as Linux's TCP ignores IP-level control
-/// messages.
-pub fn sendmsg_from(
+/// `sendmsg(2)` on a datagram socket with what its control messages ask of the
+/// IP header ([`cmsg::send_control`]): the source address (`IP_PKTINFO`'s
+/// `ipi_spec_dst`, `IPV6_PKTINFO`'s address; an IPv4-mapped one on a dual-stack
+/// socket is its IPv4 address), and for the destination's family the TTL or hop
+/// limit and the TOS byte or traffic class. Any other socket sends as
+/// [`sendmsg`] does, the messages ignored, as Linux's TCP ignores IP-level
+/// control messages.
+pub fn sendmsg_with(
     fd: RawFd,
     bufs: &[&[u8]],
     flags: i32,
     to: Option<SocketAddr>,
-    src: IpAddr,
+    ctl: &cmsg::SendControl,
 ) -> Res<usize> {
     let e = get(fd)?;
     if !matches!(&*e.read(), Obj::Udp(_)) {
@@ -794,17 +796,30 @@ pub fn sendmsg_from(
         return Err(Errno(libc::EOPNOTSUPP));
     }
     let to = to.map(|a| stack_addr(&e, a)).transpose()?;
-    let src = match src {
+    let src = ctl.src.map(|src| match src {
         IpAddr::V6(a) => a.to_ipv4_mapped().map_or(src, IpAddr::V4),
         v4 => v4,
-    };
+    });
     let o = e.read();
     let Obj::Udp(u) = &*o else {
         return Err(Errno(libc::EBADF));
     };
+    let v4 = match to {
+        Some(to) => to.is_ipv4(),
+        None => u
+            .peer_addr()
+            .map_err(|_| Errno(libc::EDESTADDRREQ))?
+            .is_ipv4(),
+    };
+    let (hop_limit, tos) = ctl.header_for(v4);
+    let meta = usnet_client::SendMeta {
+        src,
+        hop_limit,
+        tos,
+    };
     u.set_write_timeout(lock(&e.opts).sndtimeo)?;
     let buf = bufs.concat();
-    maybe_dontwait(flags, || u.send_msg(&buf, to, Some(src))).map_err(|err| match err.kind() {
+    maybe_dontwait(flags, || u.send_msg(&buf, to, &meta)).map_err(|err| match err.kind() {
         io::ErrorKind::NotConnected => Errno(libc::EDESTADDRREQ),
         _ => Errno::from(err),
     })
@@ -1953,11 +1968,17 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv4())) {
                 s.set_tos(v)?;
             }
+            if let Obj::Udp(u) = &*obj {
+                u.set_tos(v)?;
+            }
         }
         Opt::TrafficClass(v) => {
             o.tclass = Some(v);
             if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv6())) {
                 s.set_tos(v)?;
+            }
+            if let Obj::Udp(u) = &*obj {
+                u.set_tclass_v6(v)?;
             }
         }
         Opt::V6Only(on) => {
@@ -2034,7 +2055,7 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         }
         Opt::Recorded { level, name, kept } => {
             if let Obj::Udp(u) = &*obj {
-                mcast_option_to_stack(u, level, name, kept)?;
+                udp_option_to_stack(u, level, name, kept)?;
             }
             o.recorded.insert((level, name), kept);
         }
@@ -2103,9 +2124,11 @@ fn membership_to_stack(u: &UdpSocket, join: bool, key: &[u8]) -> Res<()> {
 
 /// The recorded multicast options that take effect in the stack, with the value
 /// kept (`-1` already turned into the default).
-fn mcast_option_to_stack(u: &UdpSocket, level: i32, name: i32, kept: i32) -> Res<()> {
+fn udp_option_to_stack(u: &UdpSocket, level: i32, name: i32, kept: i32) -> Res<()> {
     let v = kept.clamp(0, 255) as u32;
     match (level, name) {
+        (libc::IPPROTO_IP, libc::IP_TTL) => u.set_ttl(Some(v as u8))?,
+        (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS) => u.set_unicast_hops_v6(Some(v as u8))?,
         (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL) => u.set_multicast_ttl_v4(v)?,
         (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP) => u.set_multicast_loop_v4(kept != 0)?,
         (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS) => u.set_multicast_hops_v6(v)?,

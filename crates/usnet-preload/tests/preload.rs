@@ -215,6 +215,16 @@ fn udp_ancillary_data_says_where_a_datagram_went_as_on_the_kernel() {
     same_under_the_shim("udp_pktinfo", 7799);
 }
 
+/// The TTL and TOS a UDP socket sends with: its IP_TTL and IP_TOS, one send's
+/// control messages, a dual-stack socket to a mapped address
+/// (`examples/c/udp_ttl_tos.c`; before, the options were only recorded and a
+/// sendmsg with IP_TTL or IP_TOS failed with EOPNOTSUPP).
+#[test]
+fn udp_ttl_and_tos_per_socket_and_per_send_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("udp_ttl_tos", 7810);
+}
+
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();

@@ -416,11 +416,17 @@ pub mod opt {
     /// value), the backup's bytes in `args[4]` and `args[5]`.
     pub const TCP_FASTOPEN_KEYS: u64 = 0x1_0000 + 33;
     pub const IPPROTO_IP: u64 = 0;
-    /// The TOS byte (its DSCP bits; TCP keeps the ECN bits); on a connection.
+    /// The TOS byte: on a connection its DSCP bits (TCP keeps the ECN bits); on a
+    /// UDP socket the whole byte of every IPv4 datagram it sends.
     pub const IP_TOS: u64 = 1;
+    /// On a UDP socket, the TTL of the IPv4 unicast it sends: 1–255, or more
+    /// than 255 for the stack's. Kept and applied like the multicast options.
+    pub const IP_TTL: u64 = 2;
     pub const IPPROTO_IPV6: u64 = 41;
     /// As [`IP_TOS`], for IPv6's traffic class.
     pub const IPV6_TCLASS: u64 = 67;
+    /// As [`IP_TTL`], for the hop limit of IPv6 unicast (0–255).
+    pub const IPV6_UNICAST_HOPS: u64 = 16;
     /// UDP multicast, Linux's numbers. Memberships: `args[2]` the IPv4 group
     /// (its octets as a big-endian u32), `args[3]` the interface address (ignored:
     /// one interface); IPv6: `args[2]`, `args[3]` the group's high and low 64
@@ -792,9 +798,11 @@ pub const RECORD_PAD: u32 = u32::MAX;
 pub mod rec {
     /// Payload length (u32), or `RECORD_PAD`.
     pub const LEN: usize = 0;
-    /// Received: the TTL or hop limit it arrived with (u8).
+    /// Received: the TTL or hop limit it arrived with; sent: the one to use
+    /// (`IP_TTL`, `IPV6_HOPLIMIT` on `sendmsg`) when [`GIVEN`] says so (u8).
     pub const HOP_LIMIT: usize = 4;
-    /// Received: the TOS byte or traffic class (u8).
+    /// Received: the TOS byte or traffic class; sent: the one to use (`IP_TOS`,
+    /// `IPV6_TCLASS` on `sendmsg`) when [`GIVEN`] says so (u8).
     pub const TOS: usize = 5;
     /// The family of the address at [`LOCAL`] (u16; 0: none).
     pub const LOCAL_FAMILY: usize = 6;
@@ -811,13 +819,20 @@ pub mod rec {
     /// Received over IPv4: the address a reply would come from (4 bytes,
     /// `IP_PKTINFO`'s `ipi_spec_dst`; 0.0.0.0: none).
     pub const SPEC_DST: usize = 56;
+    /// Which of [`HOP_LIMIT`] and [`TOS`] hold a value (u8: [`GIVEN_HOP_LIMIT`],
+    /// [`GIVEN_TOS`]; 0, as an older writer leaves it: neither, the socket's
+    /// options apply).
+    pub const GIVEN: usize = 60;
+    pub const GIVEN_HOP_LIMIT: u8 = 1;
+    pub const GIVEN_TOS: u8 = 2;
 
     // The fields do not overlap and fit the header.
     const _: () = {
         assert!(PEER + super::SockAddr::LEN <= LOCAL);
         assert!(LOCAL + 16 <= IFINDEX);
         assert!(IFINDEX + 4 <= SPEC_DST);
-        assert!(SPEC_DST + 4 <= super::RECORD_HEADER);
+        assert!(SPEC_DST + 4 <= GIVEN);
+        assert!(GIVEN < super::RECORD_HEADER);
     };
 }
 
@@ -834,8 +849,11 @@ pub struct RecordHeader {
     /// Our address: where a received datagram was sent, or the source a sent one
     /// asks for (None: the stack chooses; also for an unknown family).
     pub local: Option<std::net::IpAddr>,
-    pub hop_limit: u8,
-    pub tos: u8,
+    /// Received: as it arrived (always given); sent: the one to use (None: the
+    /// socket's).
+    pub hop_limit: Option<u8>,
+    /// As `hop_limit`, for the TOS byte or traffic class.
+    pub tos: Option<u8>,
     pub ifindex: u32,
     pub spec_dst: std::net::Ipv4Addr,
 }
@@ -846,8 +864,8 @@ impl Default for RecordHeader {
             len: 0,
             peer: SockAddr::default(),
             local: None,
-            hop_limit: 0,
-            tos: 0,
+            hop_limit: None,
+            tos: None,
             ifindex: 0,
             spec_dst: std::net::Ipv4Addr::UNSPECIFIED,
         }
@@ -858,8 +876,11 @@ impl RecordHeader {
     pub fn to_bytes(&self) -> [u8; RECORD_HEADER] {
         let mut b = [0u8; RECORD_HEADER];
         b[rec::LEN..rec::LEN + 4].copy_from_slice(&self.len.to_le_bytes());
-        b[rec::HOP_LIMIT] = self.hop_limit;
-        b[rec::TOS] = self.tos;
+        b[rec::HOP_LIMIT] = self.hop_limit.unwrap_or(0);
+        b[rec::TOS] = self.tos.unwrap_or(0);
+        let given = |v: Option<u8>, bit: u8| if v.is_some() { bit } else { 0 };
+        b[rec::GIVEN] =
+            given(self.hop_limit, rec::GIVEN_HOP_LIMIT) | given(self.tos, rec::GIVEN_TOS);
         // Our address as a SockAddr carries one: its family and 16 address bytes.
         let local = self
             .local
@@ -890,8 +911,8 @@ impl RecordHeader {
                     .expect("28"),
             ),
             local,
-            hop_limit: b[rec::HOP_LIMIT],
-            tos: b[rec::TOS],
+            hop_limit: (b[rec::GIVEN] & rec::GIVEN_HOP_LIMIT != 0).then_some(b[rec::HOP_LIMIT]),
+            tos: (b[rec::GIVEN] & rec::GIVEN_TOS != 0).then_some(b[rec::TOS]),
             ifindex: u32_at(rec::IFINDEX),
             spec_dst: std::net::Ipv4Addr::new(
                 b[rec::SPEC_DST],
@@ -1090,17 +1111,26 @@ mod tests {
     #[test]
     fn record_header_round_trips_both_families_and_reads_an_unknown_local_as_none() {
         let from = "[2001:db8::7]:5353".parse().unwrap();
-        for local in [
+        let given = [
+            (Some(63), Some(0xb8)),
+            (None, Some(0)),
+            (Some(0), None),
+            (None, None),
+        ];
+        for (local, (hop_limit, tos)) in [
             None,
             Some("10.0.0.2".parse().unwrap()),
             Some("2001:db8::1".parse().unwrap()),
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|l| given.map(|g| (l, g)))
+        {
             let h = RecordHeader {
                 len: 1234,
                 peer: SockAddr::from_std(from),
                 local,
-                hop_limit: 63,
-                tos: 0xb8,
+                hop_limit,
+                tos,
                 ifindex: 7,
                 spec_dst: "10.0.0.2".parse().unwrap(),
             };
@@ -1109,6 +1139,10 @@ mod tests {
             assert_eq!(u32::from_le_bytes(b[0..4].try_into().unwrap()), 1234);
         }
         let mut b = RecordHeader::default().to_bytes();
+        // An older writer's zero flags: values in the bytes are not given.
+        (b[rec::HOP_LIMIT], b[rec::TOS]) = (9, 9);
+        let h = RecordHeader::from_bytes(&b);
+        assert_eq!((h.hop_limit, h.tos), (None, None));
         b[rec::LOCAL_FAMILY] = 99;
         b[rec::LOCAL] = 1;
         assert_eq!(RecordHeader::from_bytes(&b).local, None);

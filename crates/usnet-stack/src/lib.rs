@@ -58,7 +58,7 @@ pub use shard::{Handoff, ShardRole};
 pub use socket::{EchoReply, Families, Owner, Readiness, SocketHandle, SocketStats};
 pub use tcp::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 pub use time::Instant;
-pub use types::UdpRecvInfo;
+pub use types::{UdpRecvInfo, UdpSendMeta};
 pub use udp::UdpEntry;
 pub use usnet_pool::Lender;
 pub use usnet_tcp::config::PROFILES as TCP_PROFILES;

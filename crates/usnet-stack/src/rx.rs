@@ -987,6 +987,13 @@ impl Stack {
                 }
             }
         }
+        // The TOS and hop limit of the first fragment's header, as Linux takes
+        // the head fragment's.
+        let (hop_limit, tos) = match (s.is_ipv4(), invoking.as_slice()) {
+            (true, [_, tos, _, _, _, _, _, _, ttl, ..]) => (*ttl, *tos),
+            (false, [b0, b1, _, _, _, _, _, hops, ..]) => (*hops, (b0 & 0x0f) << 4 | b1 >> 4),
+            _ => (hop_limit, 0),
+        };
         let l3 = L3Info {
             src: s,
             dst: d,
@@ -995,7 +1002,7 @@ impl Stack {
             l3_off: 0,
             l3_len: invoking.len(),
             eth_src: MacAddr::default(),
-            tos: 0,
+            tos,
         };
         let v = self.with_view(false, |view, c, _| {
             view.classify_l4(c, &l3, l4_proto, &data[l4_off..], l4_off)

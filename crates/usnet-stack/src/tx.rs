@@ -263,6 +263,22 @@ struct FragFields {
     ident: u32,
 }
 
+/// The per-packet fields of an IP header a sender chooses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IpFields {
+    /// TTL or hop limit.
+    pub ttl: u8,
+    /// The whole TOS byte or traffic class.
+    pub tos: u8,
+}
+
+impl IpFields {
+    /// `ttl` and TOS 0.
+    pub(crate) fn ttl(ttl: u8) -> IpFields {
+        IpFields { ttl, tos: 0 }
+    }
+}
+
 /// The IP ECN codepoint for ECT(0) (RFC 3168 §5).
 pub(crate) const ECN_ECT0: u8 = 0b10;
 
@@ -400,10 +416,11 @@ impl Core {
         src: IpAddr,
         dst: IpAddr,
         proto: u8,
-        ttl: u8,
+        ip: IpFields,
         l4: &[u8],
         frag: Option<FragFields>,
     ) -> Result<PktBuf, StackError> {
+        let ttl = ip.ttl;
         let hdr = ETH
             + ip_header_len(dst)
             + if frag.is_some() && dst.is_ipv6() {
@@ -419,6 +436,7 @@ impl Core {
             };
             let mut hdr_bytes = [0u8; 128];
             self.write_headers(&mut hdr_bytes, src, dst, proto, ttl, l4.len(), frag, false);
+            set_ip_ecn(&mut hdr_bytes, ip.tos);
             let out = self.pool.append(&buf, total).expect("size checked");
             out[..hdr].copy_from_slice(&hdr_bytes[..hdr]);
             out[hdr..].copy_from_slice(l4);
@@ -429,6 +447,7 @@ impl Core {
         frame.clear();
         frame.resize(hdr, 0);
         self.write_headers(&mut frame, src, dst, proto, ttl, l4.len(), frag, false);
+        set_ip_ecn(&mut frame, ip.tos);
         frame.extend_from_slice(l4);
         let buf = self.pool.alloc_from(&frame);
         self.frame_scratch = frame;
@@ -445,13 +464,13 @@ impl Core {
         dst: IpAddr,
         next_hop: IpAddr,
         proto: u8,
-        ttl: u8,
+        ip: IpFields,
         l4: &[u8],
     ) -> Result<(), StackError> {
         let mtu = self.cfg.mtu;
         let v4 = dst.is_ipv4();
         if ip_header_len(dst) + l4.len() <= mtu {
-            let buf = self.build_frame(src, dst, proto, ttl, l4, None)?;
+            let buf = self.build_frame(src, dst, proto, ip, l4, None)?;
             if v4 {
                 self.counters.ip4_tx += 1;
             } else {
@@ -480,7 +499,7 @@ impl Core {
                 more: end < l4.len(),
                 ident,
             };
-            let buf = self.build_frame(src, dst, proto, ttl, &l4[offset..end], Some(f))?;
+            let buf = self.build_frame(src, dst, proto, ip, &l4[offset..end], Some(f))?;
             if v4 {
                 self.counters.ip4_tx += 1;
                 self.counters.ip4_tx_fragments += 1;
@@ -495,14 +514,15 @@ impl Core {
     }
 
     /// The UDP hot path: one buffer, payload copied once, headers written in front.
+    /// `ports`: (source, destination).
     pub(crate) fn send_udp(
         &mut self,
         src: IpAddr,
         dst: IpAddr,
         next_hop: IpAddr,
-        sport: u16,
-        dport: u16,
+        (sport, dport): (u16, u16),
         data: &[u8],
+        ip: IpFields,
     ) -> Result<(), StackError> {
         let l3 = ip_header_len(dst);
         let udp_len = wire::UDP_HEADER_LEN + data.len();
@@ -519,11 +539,12 @@ impl Core {
                 src,
                 dst,
                 wire::IPPROTO_UDP,
-                self.cfg.ttl,
+                ip.ttl,
                 udp_len,
                 None,
                 false,
             );
+            set_ip_ecn(&mut hdr_bytes, ip.tos);
             let offload = self.cfg.tx_csum_offload && !local;
             let out = self.pool.append(&buf, total).expect("size checked");
             out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
@@ -550,24 +571,22 @@ impl Core {
         l4.resize(wire::UDP_HEADER_LEN, 0);
         l4.extend_from_slice(data);
         let _ = wire::emit_udp_header(&mut l4, src, dst, sport, dport, true);
-        let r = self.send_ip(src, dst, next_hop, wire::IPPROTO_UDP, self.cfg.ttl, &l4);
+        let r = self.send_ip(src, dst, next_hop, wire::IPPROTO_UDP, ip, &l4);
         self.scratch = l4;
         r
     }
 
-    /// A multicast UDP datagram: hop limit `ttl` (IP_MULTICAST_TTL /
-    /// IPV6_MULTICAST_HOPS), the checksum computed here (a looped copy is
-    /// verified like a received frame), and with `looped` a copy of every frame
-    /// into our own input queue for local members.
-    #[allow(clippy::too_many_arguments)]
+    /// A multicast UDP datagram (its hop limit IP_MULTICAST_TTL /
+    /// IPV6_MULTICAST_HOPS unless the send chose one), the checksum computed here
+    /// (a looped copy is verified like a received frame), and with `looped` a copy
+    /// of every frame into our own input queue for local members.
     pub(crate) fn send_udp_mcast(
         &mut self,
         src: IpAddr,
         dst: IpAddr,
-        sport: u16,
-        dport: u16,
+        (sport, dport): (u16, u16),
         data: &[u8],
-        ttl: u8,
+        ip: IpFields,
         looped: bool,
     ) -> Result<(), StackError> {
         let mut l4 = std::mem::take(&mut self.scratch);
@@ -576,7 +595,7 @@ impl Core {
         l4.extend_from_slice(data);
         let _ = wire::emit_udp_header(&mut l4, src, dst, sport, dport, true);
         self.mcast_loop = looped;
-        let r = self.send_ip(src, dst, dst, wire::IPPROTO_UDP, ttl, &l4);
+        let r = self.send_ip(src, dst, dst, wire::IPPROTO_UDP, ip, &l4);
         self.mcast_loop = false;
         self.scratch = l4;
         if r.is_ok() {
@@ -1354,7 +1373,10 @@ impl Core {
         msg.clear();
         msg.resize(repr.buffer_len(), 0);
         let r = match repr.emit(&s, &d, &mut msg) {
-            Ok(()) => self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMPV6, hop_limit, &msg),
+            Ok(()) => {
+                let ip = IpFields::ttl(hop_limit);
+                self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMPV6, ip, &msg)
+            }
             Err(_) => Err(StackError::InvalidInput),
         };
         self.icmp_scratch = msg;
@@ -1372,7 +1394,10 @@ impl Core {
         msg.clear();
         msg.resize(repr.buffer_len(), 0);
         let r = match repr.emit(&mut msg) {
-            Ok(()) => self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMP, self.cfg.ttl, &msg),
+            Ok(()) => {
+                let ip = IpFields::ttl(self.cfg.ttl);
+                self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMP, ip, &msg)
+            }
             Err(_) => Err(StackError::InvalidInput),
         };
         self.icmp_scratch = msg;

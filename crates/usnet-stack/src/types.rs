@@ -39,6 +39,19 @@ pub struct UdpRecvInfo {
     pub tos: u8,
 }
 
+/// What one send asks of its datagram's IP header beyond the socket's options
+/// (the control messages of `sendmsg`): `IP_PKTINFO`'s or `IPV6_PKTINFO`'s
+/// source address, `IP_TTL` or `IPV6_HOPLIMIT`, `IP_TOS` or `IPV6_TCLASS`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UdpSendMeta {
+    /// The source address: one of the stack's (None or unspecified: the routed one).
+    pub src: Option<IpAddr>,
+    /// The TTL or hop limit (None: the socket's, unicast or multicast).
+    pub hop_limit: Option<u8>,
+    /// The TOS byte or traffic class (None: the socket's).
+    pub tos: Option<u8>,
+}
+
 /// What to do with a received frame; offsets are into the frame (or reassembled data).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Verdict {

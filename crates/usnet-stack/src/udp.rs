@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::socket::udp::{Datagram, NONE};
 use crate::socket::{Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
-use crate::types::UdpRecvInfo;
+use crate::tx::IpFields;
+use crate::types::{UdpRecvInfo, UdpSendMeta};
 use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
 
 /// One UDP socket in [`Stack::udp_sockets`].
@@ -92,6 +93,7 @@ impl Stack {
                 stats: SocketStats::default(),
                 reuse,
                 mc: Default::default(),
+                hdr: Default::default(),
             }),
             Owner::LOCAL,
         );
@@ -156,25 +158,25 @@ impl Stack {
         data: &[u8],
         to: SocketAddr,
     ) -> Result<usize, StackError> {
-        self.udp_send_from(h, data, Some(to), None)
+        self.udp_send_msg(h, data, Some(to), &UdpSendMeta::default())
     }
 
-    /// [`Self::udp_send_to`] (`to` None: the connected peer) from source address
-    /// `src` when given: what `IP_PKTINFO`'s `ipi_spec_dst` and `IPV6_PKTINFO`'s
-    /// address choose. `src` must be one of ours (`InvalidInput`, Linux's EINVAL,
-    /// when not); an unspecified `src` is no choice.
-    pub fn udp_send_from(
+    /// [`Self::udp_send_to`] (`to` None: the connected peer) with what this send
+    /// asks of the IP header (`sendmsg`'s control messages): a source address,
+    /// which must be one of ours (`InvalidInput`, Linux's EINVAL, when not; an
+    /// unspecified one is no choice), a hop limit, a TOS byte.
+    pub fn udp_send_msg(
         &mut self,
         h: SocketHandle,
         data: &[u8],
         to: Option<SocketAddr>,
-        src: Option<IpAddr>,
+        meta: &UdpSendMeta,
     ) -> Result<usize, StackError> {
         let to = match to {
             Some(to) => to,
             None => self.udp(h)?.remote.ok_or(StackError::NotConnected)?,
         };
-        let chosen = src.filter(|a| !a.is_unspecified());
+        let chosen = meta.src.filter(|a| !a.is_unspecified());
         if let Some(a) = chosen {
             if a.is_ipv4() != to.is_ipv4() || !self.core.is_local_addr(a) {
                 return Err(StackError::InvalidInput);
@@ -207,6 +209,8 @@ impl Stack {
         } else {
             local.ip()
         };
+        let family = usize::from(to.is_ipv6());
+        let tos = meta.tos.unwrap_or(u.hdr.tos[family]);
         if to.ip().is_multicast() {
             // IP_MULTICAST_IF names the source; TTL/hop limit and loopback are the
             // socket's multicast options; local members get a copy (as Linux, only
@@ -215,10 +219,14 @@ impl Stack {
                 IpAddr::V4(_) => (u.mc.if4.map_or(src, IpAddr::V4), u.mc.ttl, u.mc.loop4),
                 IpAddr::V6(_) => (src, u.mc.hops, u.mc.loop6),
             };
+            let ttl = meta.hop_limit.unwrap_or(ttl);
             let looped = looped && core.mcast.is_member(to.ip());
-            core.send_udp_mcast(src, to.ip(), local.port(), to.port(), data, ttl, looped)?;
+            let ports = (local.port(), to.port());
+            core.send_udp_mcast(src, to.ip(), ports, data, IpFields { ttl, tos }, looped)?;
         } else {
-            core.send_udp(src, to.ip(), next_hop, local.port(), to.port(), data)?;
+            let ttl = meta.hop_limit.or(u.hdr.ttl[family]).unwrap_or(core.cfg.ttl);
+            let ports = (local.port(), to.port());
+            core.send_udp(src, to.ip(), next_hop, ports, data, IpFields { ttl, tos })?;
         }
         core.counters.udp_tx += 1;
         u.stats.tx_datagrams += 1;
@@ -345,6 +353,25 @@ impl Stack {
         } else {
             u.mc.hops = ttl;
         }
+        Ok(())
+    }
+
+    /// IP_TTL (`v4`) or IPV6_UNICAST_HOPS: the hop limit of the unicast it sends
+    /// (None: the stack's, [`crate::StackConfig::ttl`]).
+    pub fn udp_set_unicast_ttl(
+        &mut self,
+        h: SocketHandle,
+        v4: bool,
+        ttl: Option<u8>,
+    ) -> Result<(), StackError> {
+        self.udp_mut(h)?.hdr.ttl[usize::from(!v4)] = ttl;
+        Ok(())
+    }
+
+    /// IP_TOS (`v4`) or IPV6_TCLASS: the TOS byte or traffic class of every
+    /// datagram it sends, DSCP and ECN bits both (default 0).
+    pub fn udp_set_tos(&mut self, h: SocketHandle, v4: bool, tos: u8) -> Result<(), StackError> {
+        self.udp_mut(h)?.hdr.tos[usize::from(!v4)] = tos;
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use usnet_stack::sim::{Faults, SimNet};
-use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError};
+use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError, UdpSendMeta};
 
 fn cfg(i: u8, extra: &[&str]) -> StackConfig {
     let mut addrs = vec![
@@ -31,6 +31,10 @@ fn pair(seed: u64, faults: Faults) -> SimNet {
 }
 
 fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
@@ -239,6 +243,64 @@ fn closed_port_gets_icmp_unreachable_both_families() {
     assert_eq!(net.stack(1).counters().icmp6_tx_unreachable, 1);
     assert_eq!(net.stack(0).counters().icmp4_rx_unreachable, 1);
     assert_eq!(net.stack(0).counters().icmp6_rx_unreachable, 1);
+}
+
+/// IP_TTL / IPV6_UNICAST_HOPS and IP_TOS / IPV6_TCLASS: the socket's own, each
+/// family its own, then one send's (`sendmsg`'s IP_TTL, IP_TOS, IPV6_HOPLIMIT,
+/// IPV6_TCLASS); a fragmented datagram carries them too.
+#[test]
+fn a_udp_socket_and_one_send_choose_hop_limit_and_tos_per_family() {
+    let mut net = pair(21, Faults::default());
+    let a = net.stack_mut(0).udp_bind(sa("[::]:0")).unwrap();
+    let b = net.stack_mut(1).udp_bind(sa("[::]:7100")).unwrap();
+    let (v4, v6) = (sa("10.0.0.2:7100"), sa("[fd00::2]:7100"));
+    let seen = |net: &mut SimNet, to: SocketAddr, len: usize, meta: UdpSendMeta| {
+        net.stack_mut(0)
+            .udp_send_msg(a, &vec![5u8; len], Some(to), &meta)
+            .unwrap();
+        net.run_for(Duration::from_millis(100));
+        let (n, info) = net.stack_mut(1).udp_recv_with(b, |_| {}).unwrap();
+        assert_eq!(n, len);
+        (info.hop_limit, info.tos)
+    };
+    let none = UdpSendMeta::default();
+    assert_eq!(seen(&mut net, v4, 10, none), (64, 0), "the defaults");
+    assert_eq!(seen(&mut net, v6, 10, none), (64, 0));
+    let s = net.stack_mut(0);
+    s.udp_set_unicast_ttl(a, true, Some(7)).unwrap();
+    s.udp_set_tos(a, true, 0xb8).unwrap();
+    s.udp_set_unicast_ttl(a, false, Some(9)).unwrap();
+    s.udp_set_tos(a, false, 0x29).unwrap();
+    assert_eq!(
+        seen(&mut net, v4, 10, none),
+        (7, 0xb8),
+        "the socket's IPv4 ones"
+    );
+    assert_eq!(
+        seen(&mut net, v6, 10, none),
+        (9, 0x29),
+        "the socket's IPv6 ones"
+    );
+    assert_eq!(seen(&mut net, v4, 3000, none), (7, 0xb8), "fragmented");
+    assert_eq!(seen(&mut net, v6, 3000, none), (9, 0x29), "fragmented");
+    let chosen = UdpSendMeta {
+        hop_limit: Some(3),
+        tos: Some(0x01),
+        ..Default::default()
+    };
+    assert_eq!(seen(&mut net, v4, 10, chosen), (3, 0x01), "the send's");
+    assert_eq!(seen(&mut net, v6, 10, chosen), (3, 0x01));
+    let tos_only = UdpSendMeta {
+        tos: Some(0x02),
+        ..Default::default()
+    };
+    assert_eq!(seen(&mut net, v4, 10, tos_only), (7, 0x02));
+    net.stack_mut(0).udp_set_unicast_ttl(a, true, None).unwrap();
+    assert_eq!(
+        seen(&mut net, v4, 10, none),
+        (64, 0xb8),
+        "back to the stack's"
+    );
 }
 
 #[test]

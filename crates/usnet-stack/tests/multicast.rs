@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use common::{cfg, sa};
-use usnet_stack::{Families, Instant, SocketHandle, Stack};
+use usnet_stack::{Families, Instant, SocketHandle, Stack, UdpSendMeta};
 use usnet_wire::{self as wire, IgmpRepr, Ipv4Repr, Ipv6Repr, MacAddr, MldRepr};
 
 const PEER_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 9]);
@@ -623,7 +623,11 @@ fn a_datagram_keeps_its_destination_ttl_and_tos_and_a_send_may_choose_its_source
         (Some(ip("10.0.0.77")), false),
         (Some(ip("fd00::1")), false),
     ] {
-        let r = s.udp_send_from(h, b"answer", Some(to), src);
+        let meta = UdpSendMeta {
+            src,
+            ..Default::default()
+        };
+        let r = s.udp_send_msg(h, b"answer", Some(to), &meta);
         assert_eq!(r.is_ok(), ok, "source {src:?}: {r:?}");
     }
     let sources: Vec<IpAddr> = sent(&mut s)
@@ -637,4 +641,33 @@ fn a_datagram_keeps_its_destination_ttl_and_tos_and_a_send_may_choose_its_source
         vec![ip("10.0.1.1"), dflt, dflt],
         "the chosen source, then the stack's"
     );
+}
+
+/// To a group, the hop limit is IP_MULTICAST_TTL's (IP_TTL is for unicast) unless
+/// the send chose one; the TOS is the socket's IP_TOS unless the send chose one.
+#[test]
+fn a_send_to_a_group_takes_the_multicast_ttl_or_its_own_and_the_sockets_tos() {
+    let mut s = stack();
+    let h = s.udp_bind(sa("0.0.0.0:5000")).unwrap();
+    s.udp_set_multicast_ttl(h, true, 4).unwrap();
+    s.udp_set_unicast_ttl(h, true, Some(99)).unwrap();
+    s.udp_set_tos(h, true, 0x2e).unwrap();
+    sent(&mut s);
+    let to = sa("239.1.2.3:5000");
+    let chosen = UdpSendMeta {
+        hop_limit: Some(17),
+        tos: Some(0x01),
+        ..Default::default()
+    };
+    for meta in [UdpSendMeta::default(), chosen] {
+        s.udp_send_msg(h, b"x", Some(to), &meta).unwrap();
+    }
+    let frames = sent(&mut s);
+    let udp: Vec<_> = frames.iter().filter(|f| f[23] == 17).collect();
+    assert_eq!(udp.len(), 2);
+    for f in &udp {
+        assert_eq!(wire::finish(wire::sum(&f[14..34])), 0, "header checksum");
+    }
+    let fields: Vec<(u8, u8)> = udp.iter().map(|f| (f[22], f[15])).collect();
+    assert_eq!(fields, vec![(4, 0x2e), (17, 0x01)]);
 }

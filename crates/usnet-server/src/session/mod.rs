@@ -69,8 +69,8 @@ struct PendingDgram {
     data: Vec<u8>,
     /// None: the connected peer.
     to: Option<SocketAddr>,
-    /// The source address the sender chose (`IP_PKTINFO`).
-    src: Option<std::net::IpAddr>,
+    /// What the sender chose of its IP header (`sendmsg`'s control messages).
+    meta: usnet_stack::UdpSendMeta,
 }
 
 struct SessionSocket {

@@ -183,8 +183,8 @@ impl ServerSession {
             (opt::IPPROTO_TCP, opt::TCP_NOTSENT_LOWAT) => Ok(()),
             (opt::SOL_SOCKET, opt::SO_SNDBUF | opt::SO_REUSEADDR | opt::SO_KEEPALIVE)
             | (opt::SOL_SOCKET, opt::SO_LINGER) => Ok(()),
-            (level, name) if is_mcast_opt(level, name) => match (s.role, h) {
-                (Role::Udp, Some(h)) => apply_mcast(stack, h, a),
+            (level, name) if is_udp_opt(level, name) => match (s.role, h) {
+                (Role::Udp, Some(h)) => apply_udp_opt(stack, h, a),
                 (Role::Udp, None) => {
                     // Not in the stack yet: applied when it is.
                     s.deferred.push(*a);
@@ -323,11 +323,14 @@ impl ServerSession {
 }
 
 /// UDP multicast options (`usnet_session_abi::opt`).
-fn is_mcast_opt(level: u64, name: u64) -> bool {
+/// The options of a UDP socket the stack keeps: its IP header's and multicast's.
+fn is_udp_opt(level: u64, name: u64) -> bool {
     match level {
         opt::IPPROTO_IP => matches!(
             name,
-            opt::IP_MULTICAST_IF
+            opt::IP_TTL
+                | opt::IP_TOS
+                | opt::IP_MULTICAST_IF
                 | opt::IP_MULTICAST_TTL
                 | opt::IP_MULTICAST_LOOP
                 | opt::IP_ADD_MEMBERSHIP
@@ -336,7 +339,9 @@ fn is_mcast_opt(level: u64, name: u64) -> bool {
         ),
         opt::IPPROTO_IPV6 => matches!(
             name,
-            opt::IPV6_MULTICAST_HOPS
+            opt::IPV6_UNICAST_HOPS
+                | opt::IPV6_TCLASS
+                | opt::IPV6_MULTICAST_HOPS
                 | opt::IPV6_MULTICAST_LOOP
                 | opt::IPV6_ADD_MEMBERSHIP
                 | opt::IPV6_DROP_MEMBERSHIP
@@ -346,13 +351,21 @@ fn is_mcast_opt(level: u64, name: u64) -> bool {
     }
 }
 
-/// A multicast option on UDP socket `h` (`a`: the SETSOCKOPT arguments).
-fn apply_mcast(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), StackError> {
+/// A UDP option ([`is_udp_opt`]) on stack socket `h` (`a`: the SETSOCKOPT
+/// arguments).
+fn apply_udp_opt(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), StackError> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     let v4 = IpAddr::V4(Ipv4Addr::from((a[2] as u32).to_be_bytes()));
     let v6 = IpAddr::V6(Ipv6Addr::from((u128::from(a[2]) << 64) | u128::from(a[3])));
     let ttl = a[2].min(255) as u8;
+    let unicast_ttl = u8::try_from(a[2]).ok();
     match (a[0], a[1]) {
+        (opt::IPPROTO_IP, opt::IP_TTL) => stack.udp_set_unicast_ttl(h, true, unicast_ttl),
+        (opt::IPPROTO_IPV6, opt::IPV6_UNICAST_HOPS) => {
+            stack.udp_set_unicast_ttl(h, false, unicast_ttl)
+        }
+        (opt::IPPROTO_IP, opt::IP_TOS) => stack.udp_set_tos(h, true, a[2] as u8),
+        (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) => stack.udp_set_tos(h, false, a[2] as u8),
         (opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v4),
         (opt::IPPROTO_IP, opt::IP_DROP_MEMBERSHIP) => stack.udp_leave_multicast(h, v4),
         (opt::IPPROTO_IPV6, opt::IPV6_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v6),
@@ -376,10 +389,10 @@ fn apply_mcast(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), S
     }
 }
 
-/// Multicast options set before the stack socket `h` of `s` existed.
+/// UDP options set before the stack socket `h` of `s` existed.
 pub(super) fn apply_deferred(stack: &mut Stack, s: &mut SessionSocket, h: SocketHandle) {
     for a in std::mem::take(&mut s.deferred) {
-        let _ = apply_mcast(stack, h, &a);
+        let _ = apply_udp_opt(stack, h, &a);
     }
 }
 

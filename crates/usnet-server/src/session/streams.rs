@@ -561,7 +561,7 @@ impl ServerSession {
                 let Some(h) = s.handle else {
                     return (moved, false);
                 };
-                match stack.udp_send_from(h, &d.data, d.to, d.src) {
+                match stack.udp_send_msg(h, &d.data, d.to, &d.meta) {
                     Err(StackError::WouldBlock) => {
                         s.pending_dgram = Some(d);
                         return (moved, true);
@@ -622,7 +622,11 @@ impl ServerSession {
             s.pending_dgram = Some(PendingDgram {
                 data: std::mem::take(scratch),
                 to,
-                src: hdr.local,
+                meta: usnet_stack::UdpSendMeta {
+                    src: hdr.local,
+                    hop_limit: hdr.hop_limit,
+                    tos: hdr.tos,
+                },
             });
             if s.handle.is_none() {
                 // sendto on an unbound UDP socket binds it to an ephemeral port.
@@ -930,8 +934,8 @@ impl ServerSession {
                 len: n as u32,
                 peer: SockAddr::from_std(info.from),
                 local: Some(info.dst),
-                hop_limit: info.hop_limit,
-                tos: info.tos,
+                hop_limit: Some(info.hop_limit),
+                tos: Some(info.tos),
                 ifindex: stack.config().ifindex,
                 spec_dst: match stack.udp_reply_source(&info) {
                     Some(std::net::IpAddr::V4(a)) => a,

@@ -38,6 +38,19 @@ pub(crate) struct UdpSocket {
     pub reuse: bool,
     /// Multicast options and the groups it joined.
     pub mc: crate::mcast::SockMcast,
+    /// What the IP headers of the datagrams it sends carry unless a send says
+    /// otherwise.
+    pub hdr: UdpHeaderOpts,
+}
+
+/// A UDP socket's IP header options, per family (`[IPv4, IPv6]`; a dual-stack
+/// socket sending to an IPv4-mapped peer uses the IPv4 ones, as Linux's).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct UdpHeaderOpts {
+    /// IP_TTL, IPV6_UNICAST_HOPS: the unicast hop limit (None: the stack's).
+    pub ttl: [Option<u8>; 2],
+    /// IP_TOS, IPV6_TCLASS: the whole TOS byte or traffic class, ECN bits included.
+    pub tos: [u8; 2],
 }
 
 /// The UDP demux state of a socket table.
@@ -218,6 +231,7 @@ mod tests {
             stats: SocketStats::default(),
             reuse: false,
             mc: Default::default(),
+            hdr: Default::default(),
         })
     }
 
