@@ -23,6 +23,7 @@
 //! - PostgreSQL as its own user (a backend forked per connection, each waiting on
 //!   its connection and kernel descriptors at once), psql and pgbench from Linux;
 //! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls);
+//! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
 //! - wget and curl; iperf3 over UDP;
 //! - a statically linked program: `usnet run` says its sockets stay on the kernel.
 
@@ -752,6 +753,117 @@ fn dnsmasq_answers(d: &Path, port: u16, mode: &[&str]) {
     drop(srv);
 }
 
+/// HAProxy in HTTP mode on its stock-shaped defaults, a frontend on IPv4 and one
+/// on IPv6, proxying to Linux's web server: the proxy is a client and a server
+/// of the stack at once.
+fn haproxy(d: &Path) {
+    need("haproxy", "haproxy");
+    let (p4, p6) = (18092u16, 18093u16);
+    let cfg = d.join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n    maxconn 256\n\
+             defaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\
+             frontend fe\n    bind :{p4}\n    bind :::{p6} v6only\n    default_backend be\n\
+             backend be\n    server linux {HOST}:18099\n"
+        ),
+    )
+    .unwrap();
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "haproxy",
+        "haproxy",
+        &["-db", "-f", cfg.to_str().unwrap()],
+    );
+    wait_listening(&mut srv, d, OURS, p4);
+    for url in [
+        format!("http://{OURS}:{p4}/f"),
+        format!("http://[{OURS6}]:{p6}/f"),
+    ] {
+        serves_body(d, &srv, &url);
+    }
+}
+
+/// memcached with 4 threads (libevent), a 500 kB value stored and fetched back.
+fn memcached(d: &Path) {
+    need("memcached", "memcached");
+    let port = 18094u16;
+    let p = port.to_string();
+    let args = ["-u", "nobody", "-l", OURS, "-p", &p, "-t", "4", "-I", "2m"];
+    let mut srv = spawn_prog(d, Some(STACK), "memcached", "memcached", &args);
+    wait_listening(&mut srv, d, OURS, port);
+    let script = [
+        "import socket",
+        "s = socket.create_connection((HOST, PORT), timeout=10)",
+        "v = bytes((i * 31 + 7) % 251 for i in range(500000))",
+        "s.sendall(b'set k 0 0 %d\\r\\n' % len(v) + v + b'\\r\\n')",
+        "assert s.recv(100) == b'STORED\\r\\n'",
+        "s.sendall(b'get k\\r\\n')",
+        "b = b''",
+        "while not b.endswith(b'END\\r\\n'):",
+        "    d = s.recv(65536)",
+        "    assert d, 'closed'",
+        "    b += d",
+        "assert b == b'VALUE k 0 %d\\r\\n' % len(v) + v + b'\\r\\nEND\\r\\n'",
+        "print('ok')",
+    ]
+    .join("\n")
+    .replace("HOST", &format!("'{OURS}'"))
+    .replace("PORT", &p);
+    let o = run("python3", &["-c", &script], Duration::from_secs(30));
+    assert!(
+        o.ok() && o.stdout.trim() == "ok",
+        "memcached set and get of 500 kB: {} {}",
+        o.describe(),
+        log_of(d, srv.1)
+    );
+}
+
+/// lighttpd serving files on IPv4 and IPv6 after dropping to nobody.
+fn lighttpd(d: &Path) {
+    need("lighttpd", "lighttpd");
+    let port = 18095u16;
+    let cfg = d.join("lighttpd.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "server.document-root = \"{w}\"\nserver.port = {port}\nserver.bind = \"{OURS}\"\n\
+             $SERVER[\"socket\"] == \"[{OURS6}]:{port}\" {{ }}\n\
+             server.username = \"nobody\"\nserver.groupname = \"nogroup\"\n",
+            w = d.join("www").display()
+        ),
+    )
+    .unwrap();
+    let args = ["-D", "-f", cfg.to_str().unwrap()];
+    let mut srv = spawn_prog(d, Some(STACK), "lighttpd", "lighttpd", &args);
+    wait_listening(&mut srv, d, OURS, port);
+    for url in [
+        format!("http://{OURS}:{port}/f"),
+        format!("http://[{OURS6}]:{port}/f"),
+    ] {
+        serves_body(d, &srv, &url);
+    }
+}
+
+/// curl from Linux fetches `url` from the program `srv` under the shim: the
+/// whole body, or a failure that says what curl and the program said.
+fn serves_body(d: &Path, srv: &Bg, url: &str) {
+    let o = Command::new("curl")
+        .args(["-sS", "-g", "--max-time", "10", url])
+        .output()
+        .expect("curl");
+    assert!(
+        o.status.success() && o.stdout == body(),
+        "{} {url}: {} ({} bytes) {}",
+        srv.1,
+        String::from_utf8_lossy(&o.stderr),
+        o.stdout.len(),
+        log_of(d, srv.1)
+    );
+}
+
 fn openssl(d: &Path) {
     need("openssl", "openssl");
     let (key, crt) = (d.join("tls.key"), d.join("tls.crt"));
@@ -954,6 +1066,9 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     openssl(d);
     postgres(d);
     dnsmasq(d);
+    haproxy(d);
+    memcached(d);
+    lighttpd(d);
     fetchers(d);
     iperf3_udp(d);
     static_program(d);
