@@ -114,40 +114,32 @@ pub(crate) fn down() -> io::Error {
     errno_err(errno::ENETDOWN)
 }
 
+/// An attach request for this process with `opts`.
+fn attach_request(opts: &crate::AttachOptions) -> msg::Attach {
+    let command = std::env::args()
+        .next()
+        .and_then(|a| {
+            Path::new(&a)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+    msg::Attach {
+        pid: std::process::id(),
+        command,
+        ring_bytes: opts.ring_bytes.map(|r| r as u64),
+        max_sockets: opts.max_sockets.map(|m| m as u64),
+        shard: opts.shard.map(|k| k as u64),
+        claim: None,
+    }
+}
+
 impl Conn {
     /// Connects to the control socket at `path` and attaches a session.
     pub fn attach(path: &Path, name: &str, opts: &crate::AttachOptions) -> io::Result<Conn> {
         let ctl = crate::lineage::connect(path, name, opts.inheritable)?;
-        Self::attach_over(ctl, path, name, opts, None).map(|(c, _)| c)
-    }
-
-    /// Attaches over `ctl` (a new connection to the control socket at `path`, or a
-    /// pin's channel); with `claim` (the pin's token) the new session also holds the
-    /// pinned sockets: returns what it got for each.
-    pub fn attach_over(
-        ctl: UnixStream,
-        path: &Path,
-        name: &str,
-        opts: &crate::AttachOptions,
-        claim: Option<&str>,
-    ) -> io::Result<(Conn, Vec<crate::Claimed>)> {
         ctl.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let command = std::env::args()
-            .next()
-            .and_then(|a| {
-                Path::new(&a)
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "?".into());
-        let req = ctl::Request::Attach(msg::Attach {
-            pid: std::process::id(),
-            command,
-            ring_bytes: opts.ring_bytes.map(|r| r as u64),
-            max_sockets: opts.max_sockets.map(|m| m as u64),
-            shard: opts.shard.map(|k| k as u64),
-            claim: claim.map(String::from),
-        });
+        let req = ctl::Request::Attach(attach_request(opts));
         let line = ctl::request_line(&req);
         use std::io::{Read, Write};
         if let Err(e) = (&ctl).write_all(line.as_bytes()) {
@@ -163,6 +155,35 @@ impl Conn {
             }
             return Err(e);
         }
+        Self::attached(ctl, path, name, opts).map(|(c, _)| c)
+    }
+
+    /// In a forked child (`over`: the pin's channel) or a program after `exec`
+    /// (`over`: the session connection it inherited): attaches a session of its
+    /// own that holds the pinned sockets (a pin of the session's, made by the
+    /// server), in one exchange: the request goes on `over` with a fresh channel,
+    /// which becomes the session's connection.
+    pub fn attach_claiming(
+        over: &UnixStream,
+        path: &Path,
+        name: &str,
+        opts: &crate::AttachOptions,
+    ) -> io::Result<(Conn, Vec<crate::Claimed>)> {
+        let req = ctl::Request::Attach(attach_request(opts));
+        let kind = crate::lineage::Kind::Session;
+        let ch = crate::lineage::request(over, &req, kind, name, opts.inheritable)?;
+        Self::attached(ch, path, name, opts)
+    }
+
+    /// The attach reply on `ctl` (the session's connection from now on): maps the
+    /// session's memory and makes the connection.
+    fn attached(
+        ctl: UnixStream,
+        path: &Path,
+        name: &str,
+        opts: &crate::AttachOptions,
+    ) -> io::Result<(Conn, Vec<crate::Claimed>)> {
+        use std::io::Read;
         let mut buf = vec![0u8; 4096];
         let (mut n, fds) = usnet_shm::fdpass::recv_with_fds(&ctl, &mut buf)?;
         if n == 0 {

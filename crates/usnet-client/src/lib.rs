@@ -243,11 +243,11 @@ impl Client {
         name: &str,
         opts: &AttachOptions,
     ) -> io::Result<(Client, Vec<Claimed>)> {
-        let (ch, token, n) = Conn::ask_pin(over, lineage::Kind::Session, name, opts.inheritable)?;
+        // The server gives the session room for the pinned sockets too.
         let mut opts = opts.clone();
         let want = opts.max_sockets.unwrap_or(1024);
-        opts.max_sockets = Some(want.max(n.max(pinned).saturating_add(1024)));
-        let (conn, map) = Conn::attach_over(ch, path, name, &opts, Some(&token))?;
+        opts.max_sockets = Some(want.max(pinned.saturating_add(1024)));
+        let (conn, map) = Conn::attach_claiming(over, path, name, &opts)?;
         Ok((Client::over(conn), map))
     }
 

@@ -32,6 +32,13 @@
 //!   too: `"slots": [[parent slot, child slot, tag, role], ...]` in the reply (the
 //!   tag is the parent's `usnet_session_abi::slot::TAG`, the role a `usnet_session_abi::role`).
 //!   Only the family knows the token: it came over a descriptor only they hold.
+//! - `{"cmd":"attach",...}` sent with a fresh channel, on a pin's channel or on a
+//!   session's connection: both steps above in one exchange, what a forked child
+//!   (or a program after `exec`) sends. On a pin's channel the new session claims
+//!   that pin; on a session's connection the server pins the session's sockets
+//!   and the new session claims them. The reply (as an attach's, with `"slots"`)
+//!   comes on the fresh channel, which is the new session's connection. A fork
+//!   costs the parent's pin and this one round trip.
 //! - `{"cmd":"pin","slots":[...]}` on a session's connection pins only those slots,
 //!   for a process they are passed to with `SCM_RIGHTS` (the pin's channel goes with
 //!   them, so its life is the message's, then the receiver's).
@@ -238,6 +245,8 @@ struct Attached {
     stream: UnixStream,
     id: u32,
     pin: Option<u128>,
+    /// How many sockets `pin` holds (the new session's slots must take them).
+    pinned: usize,
     /// The session's shard, or the pin's.
     shard: usize,
 }
@@ -302,6 +311,13 @@ fn watch_connections(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
                 }
                 // A session attaches once.
                 Said::Attach(_) => {}
+                Said::AttachOn(channel, req) => {
+                    let a = &attached[k - 1];
+                    let from = (a.id, a.pin, a.pinned, a.shard);
+                    if let Some(s) = attach_claiming(channel, req, from, &ctx) {
+                        attached.push(s);
+                    }
+                }
                 Said::Gone => {
                     let a = attached.swap_remove(k - 1);
                     let (id, shard) = (a.id, a.shard);
@@ -370,6 +386,9 @@ enum Said {
     /// `claim` of a pin's token, with the channel to answer on.
     Claim(UnixStream, String),
     Attach(msg::Attach),
+    /// `attach` with a channel: a new session over that channel, claiming this
+    /// connection's pin (or a pin made of this session's sockets).
+    AttachOn(UnixStream, msg::Attach),
 }
 
 fn read_request(s: &UnixStream) -> Said {
@@ -389,6 +408,9 @@ fn read_request(s: &UnixStream) -> Said {
                     Said::Claim(UnixStream::from(channel), c.token)
                 }
                 (Request::Attach(a), None, None) => Said::Attach(a),
+                (Request::Attach(a), Some(channel), None) => {
+                    Said::AttachOn(UnixStream::from(channel), a)
+                }
                 _ => Said::Nothing,
             }
         }
@@ -426,6 +448,7 @@ fn pin(
             stream: out,
             id: 0,
             pin: None,
+            pinned: 0,
             shard,
         });
     }
@@ -447,6 +470,7 @@ fn pin(
                 stream: out,
                 id: 0,
                 pin: Some(token),
+                pinned: n,
                 shard,
             })
         }
@@ -459,6 +483,56 @@ fn pin(
             None
         }
     }
+}
+
+/// An `attach` with its own channel (`out`) on the connection `from` (its session,
+/// its pin and the pin's size, its shard): on a pin's channel the new session
+/// claims that pin; on a session's connection the session's sockets are pinned
+/// first and the new session claims them. One exchange where `pin` and then
+/// `attach` take two.
+fn attach_claiming(
+    mut out: UnixStream,
+    mut req: msg::Attach,
+    from: (u32, Option<u128>, usize, usize),
+    ctx: &Ctx,
+) -> Option<Attached> {
+    let (session, held, pinned, shard) = from;
+    let (token, pinned, made) = match held {
+        Some(token) => (token, pinned, false),
+        None if session != 0 => {
+            let token = match random_token() {
+                Ok(t) => t,
+                Err(e) => {
+                    refuse(&mut out, &format!("no random token: {e}"));
+                    return None;
+                }
+            };
+            match ctx.call_on(shard, move |lp| lp.pin(session, token, None)) {
+                Some(Some(n)) => (token, n, true),
+                Some(None) => {
+                    refuse(&mut out, "no such session");
+                    return None;
+                }
+                None => {
+                    refuse(&mut out, NO_ANSWER);
+                    return None;
+                }
+            }
+        }
+        None => {
+            refuse(&mut out, "this connection holds no pin");
+            return None;
+        }
+    };
+    req.claim = Some(format!("{token:032x}"));
+    // Room for the pinned sockets and as many again as a fresh client gets.
+    let want = req.max_sockets.unwrap_or(1024);
+    req.max_sockets = Some(want.max(pinned as u64 + 1024));
+    let got = attach(out, &req, shard, ctx);
+    if got.is_none() && made {
+        let _ = ctx.call_on(shard, move |lp| lp.drop_pin(token));
+    }
+    got
 }
 
 /// A `claim` on session `id`'s connection (on `shard`): the session takes the
@@ -767,7 +841,7 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
     if let Some(e) = bell.eventfd() {
         fds.push(e);
     }
-    // The session's own eventfd comes last (`Conn::attach_over`).
+    // The session's own eventfd comes last (`Conn::attached`).
     fds.push(efd.as_fd());
     if usnet_shm::fdpass::send_with_fds(&out, &bytes, &fds).is_err() {
         let _ = ctx.call_on(home, move |lp| lp.remove_session(id));
@@ -779,6 +853,7 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
         stream: out,
         id,
         pin: None,
+        pinned: 0,
         shard: home,
     })
 }
