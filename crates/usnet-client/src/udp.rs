@@ -55,6 +55,9 @@ pub struct RecvMeta {
     pub hop_limit: u8,
     /// TOS byte or traffic class.
     pub tos: u8,
+    /// When the server queued it for the socket (ns since the Unix epoch, on
+    /// CLOCK_REALTIME; 0: unknown).
+    pub stamp_ns: u64,
 }
 
 /// Bytes from the ring position to the end of the ring.
@@ -482,6 +485,7 @@ fn take_record(
                 spec_dst: hdr.spec_dst,
                 hop_limit: hdr.hop_limit.unwrap_or(0),
                 tos: hdr.tos.unwrap_or(0),
+                stamp_ns: hdr.stamp_ns,
             }),
             None => Err(io::Error::new(io::ErrorKind::InvalidData, "bad sender")),
         });

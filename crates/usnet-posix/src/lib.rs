@@ -825,6 +825,34 @@ pub fn sendmsg_with(
     })
 }
 
+/// The receive timestamps a datagram's `recvmsg` reports, first of its control
+/// messages as in Linux's `__sock_recv_timestamp`: `SCM_TIMESTAMPNS` (a
+/// `timespec`) with `SO_TIMESTAMPNS`, else `SCM_TIMESTAMP` (a `timeval`) with
+/// `SO_TIMESTAMP`; then `SCM_TIMESTAMPING` (three `timespec`s, the software one
+/// first) with `SO_TIMESTAMPING`'s `SOFTWARE` and `RX_SOFTWARE` flags. `stamp_ns`:
+/// when the server queued the datagram (0: unknown, nothing reported).
+fn receive_stamps(o: &Opts, stamp_ns: u64, control: &mut Vec<(i32, i32, Vec<u8>)>) {
+    if stamp_ns == 0 {
+        return;
+    }
+    let sol = libc::SOL_SOCKET;
+    let on = |name| o.recorded.get(&(sol, name)).is_some_and(|&v| v != 0);
+    let secs = (stamp_ns / 1_000_000_000) as i64;
+    let nanos = (stamp_ns % 1_000_000_000) as i64;
+    let pair = |a: i64, b: i64| [a.to_ne_bytes(), b.to_ne_bytes()].concat();
+    if on(libc::SO_TIMESTAMPNS) {
+        control.push((sol, libc::SCM_TIMESTAMPNS, pair(secs, nanos)));
+    } else if on(libc::SO_TIMESTAMP) {
+        control.push((sol, libc::SCM_TIMESTAMP, pair(secs, nanos / 1000)));
+    }
+    let rx = sockopt::SOF_TIMESTAMPING_SOFTWARE | sockopt::SOF_TIMESTAMPING_RX_SOFTWARE;
+    if o.timestamping & rx == rx {
+        let mut b = pair(secs, nanos);
+        b.resize(48, 0);
+        control.push((sol, sockopt::SO_TIMESTAMPING, b));
+    }
+}
+
 /// A received datagram as `recvmsg(2)` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DgramMsg {
@@ -871,6 +899,7 @@ pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
     let opts = lock(&e.opts);
     let on = |level, name| opts.recorded.get(&(level, name)).is_some_and(|&v| v != 0);
     let mut control = Vec::new();
+    receive_stamps(&opts, m.stamp_ns, &mut control);
     let v4 = m.from.is_ipv4();
     let ip = libc::IPPROTO_IP;
     let ip6 = libc::IPPROTO_IPV6;
@@ -2058,6 +2087,17 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 udp_option_to_stack(u, level, name, kept)?;
             }
             o.recorded.insert((level, name), kept);
+            // Linux keeps one receive timestamp format: SO_TIMESTAMP on clears
+            // SO_TIMESTAMPNS, SO_TIMESTAMPNS on reads SO_TIMESTAMP as off, and
+            // either off turns both off.
+            let sol = libc::SOL_SOCKET;
+            if level == sol && matches!(name, libc::SO_TIMESTAMP | libc::SO_TIMESTAMPNS) {
+                let other = libc::SO_TIMESTAMP + libc::SO_TIMESTAMPNS - name;
+                o.recorded.insert((sol, other), 0);
+                if kept == 0 {
+                    o.recorded.insert((sol, name), 0);
+                }
+            }
         }
         Opt::ZeroCopy(on) => {
             o.zerocopy = on;

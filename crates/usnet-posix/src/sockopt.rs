@@ -27,6 +27,11 @@ pub const TCP_FASTOPEN_KEY: i32 = 33;
 pub const TCP_INQ: i32 = 36;
 pub const SO_INCOMING_NAPI_ID: i32 = 56;
 pub const SO_TIMESTAMPING: i32 = 37;
+pub const SO_PREFER_BUSY_POLL: i32 = 69;
+/// `SO_TIMESTAMPING`'s flags for software receive timestamps: generate them, and
+/// report software timestamps (`SCM_TIMESTAMPING`'s first `timespec`).
+pub const SOF_TIMESTAMPING_RX_SOFTWARE: u32 = 1 << 3;
+pub const SOF_TIMESTAMPING_SOFTWARE: u32 = 1 << 4;
 /// `SOF_TIMESTAMPING_OPT_ID`, and every flag Linux 6.x knows (through
 /// `OPT_RX_FILTER`).
 /// `OPT_ID` (Linux's uapi values; the server checks a connection's flags with
@@ -127,6 +132,18 @@ pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => Opt::KeepAlive(bool_()?),
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => Opt::RcvBuf(int(value)?.max(256)),
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => Opt::SndBuf(int(value)?.max(0)),
+        // Past the sysctl's cap, for a process with CAP_NET_ADMIN (EPERM for
+        // others, who then set the plain option, as systemd's daemons do).
+        (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE | libc::SO_SNDBUFFORCE) => {
+            let v = int(value)?;
+            if !net_admin() {
+                return Err(Errno(libc::EPERM));
+            }
+            match name {
+                libc::SO_RCVBUFFORCE => Opt::RcvBuf(v.max(256)),
+                _ => Opt::SndBuf(v.max(0)),
+            }
+        }
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => Opt::RcvTimeo(timeval_value(value)?),
         (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => Opt::SndTimeo(timeval_value(value)?),
         (libc::SOL_SOCKET, libc::SO_LINGER) => {
@@ -519,6 +536,18 @@ enum Kind {
     ReadOnly,
 }
 
+/// Whether this process has CAP_NET_ADMIN in its effective set (bit 12 of
+/// `/proc/self/status`'s `CapEff`), as `sockopt_capable` asks.
+fn net_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();
+            u64::from_str_radix(hex, 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 12) != 0)
+}
+
 /// `(default, kind)` of a recorded option on a socket of this type and family;
 /// `Err` is what Linux answers when the option does not apply (ENOPROTOOPT).
 fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
@@ -532,6 +561,19 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::SO_MARK => (0, Int),
             libc::SO_INCOMING_CPU => (-1, Int),
             SO_INCOMING_NAPI_ID => (0, ReadOnly),
+            // Receive timestamps: effect on UDP (`recvmsg`'s SCM_TIMESTAMP,
+            // SCM_TIMESTAMPNS); one clears the other as on Linux (the layer).
+            libc::SO_TIMESTAMP => (0, Bool),
+            libc::SO_TIMESTAMPNS => (0, Bool),
+            // Hints to a kernel's device or socket code: recorded.
+            libc::SO_DONTROUTE => (0, Bool),
+            libc::SO_OOBINLINE => (0, Bool),
+            libc::SO_NO_CHECK => (0, Bool),
+            libc::SO_RXQ_OVFL => (0, Bool),
+            libc::SO_WIFI_STATUS => (0, Bool),
+            libc::SO_SELECT_ERR_QUEUE => (0, Bool),
+            libc::SO_BUSY_POLL => (0, Strict(0, i32::MAX)),
+            SO_PREFER_BUSY_POLL => (0, Bool),
             _ => return none,
         },
         libc::IPPROTO_TCP if stream => match name {
@@ -719,6 +761,45 @@ mod tests {
 
     fn i(v: i32) -> [u8; 4] {
         v.to_ne_bytes()
+    }
+
+    #[test]
+    fn socket_level_options_linux_takes_on_any_socket_are_not_refused() {
+        let sol = |name, v: &[u8], k| decode(libc::SOL_SOCKET, name, v, k);
+        for name in [libc::SO_TIMESTAMP, libc::SO_OOBINLINE, libc::SO_RXQ_OVFL] {
+            for k in [TCP4, UDP6] {
+                let got = sol(name, &i(5), k);
+                assert!(
+                    matches!(got, Ok(Opt::Recorded { kept: 1, .. })),
+                    "{name}: {got:?}"
+                );
+            }
+        }
+        assert_eq!(
+            sol(libc::SO_BUSY_POLL, &i(-1), UDP6),
+            Err(einval()),
+            "negative"
+        );
+        // The FORCE variants need CAP_NET_ADMIN, as Linux's sockopt_capable.
+        let forced = sol(libc::SO_RCVBUFFORCE, &i(1 << 20), UDP6);
+        if net_admin() {
+            assert_eq!(forced, Ok(Opt::RcvBuf(1 << 20)));
+            assert_eq!(
+                sol(libc::SO_SNDBUFFORCE, &i(1 << 20), TCP4),
+                Ok(Opt::SndBuf(1 << 20))
+            );
+        } else {
+            assert_eq!(forced, Err(Errno(libc::EPERM)));
+        }
+        // Read back as set; the FORCE names are not readable, as on Linux.
+        assert_eq!(
+            get(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, None, false, false),
+            Ok(0)
+        );
+        assert_eq!(
+            get(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, None, false, false),
+            Err(Errno(libc::ENOPROTOOPT))
+        );
     }
 
     #[test]

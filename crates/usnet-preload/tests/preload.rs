@@ -225,6 +225,16 @@ fn udp_ttl_and_tos_per_socket_and_per_send_as_on_the_kernel() {
     same_under_the_shim("udp_ttl_tos", 7810);
 }
 
+/// Receive timestamps on a UDP socket (SO_TIMESTAMP, SO_TIMESTAMPNS, SO_TIMESTAMPING's
+/// software stamp) between the send and the receive, and SOL_SOCKET options Linux
+/// takes on any socket (`examples/c/udp_timestamps.c`; before, each was
+/// ENOPROTOOPT, which Linux never answers for them).
+#[test]
+fn udp_receive_timestamps_and_socket_level_options_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("udp_timestamps", 7812);
+}
+
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();

@@ -54,7 +54,7 @@
 /// "USNETSES" in little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"USNETSES");
 /// Bumped on every incompatible change of this layout.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const PAGE: usize = 4096;
 pub const CACHE_LINE: usize = 64;
 
@@ -791,7 +791,7 @@ pub const STAMP_TIMED: u64 = 1 << 33;
 /// UDP records in a byte ring: a header ([`rec`]), the payload, padding to 8
 /// bytes. A record never wraps: a producer with too little room before the ring's
 /// end writes a header with `len == RECORD_PAD` to skip to the start.
-pub const RECORD_HEADER: usize = 64;
+pub const RECORD_HEADER: usize = 72;
 pub const RECORD_PAD: u32 = u32::MAX;
 
 /// Offsets in a UDP record's header, the same in both directions.
@@ -825,6 +825,10 @@ pub mod rec {
     pub const GIVEN: usize = 60;
     pub const GIVEN_HOP_LIMIT: u8 = 1;
     pub const GIVEN_TOS: u8 = 2;
+    /// Received: when the server queued it for the socket, nanoseconds since the
+    /// Unix epoch on CLOCK_REALTIME (u64; 0: not known). What `SO_TIMESTAMP`,
+    /// `SO_TIMESTAMPNS` and `SO_TIMESTAMPING`'s software receive stamp report.
+    pub const STAMP: usize = 64;
 
     // The fields do not overlap and fit the header.
     const _: () = {
@@ -832,7 +836,8 @@ pub mod rec {
         assert!(LOCAL + 16 <= IFINDEX);
         assert!(IFINDEX + 4 <= SPEC_DST);
         assert!(SPEC_DST + 4 <= GIVEN);
-        assert!(GIVEN < super::RECORD_HEADER);
+        assert!(GIVEN < STAMP);
+        assert!(STAMP + 8 <= super::RECORD_HEADER);
     };
 }
 
@@ -856,6 +861,8 @@ pub struct RecordHeader {
     pub tos: Option<u8>,
     pub ifindex: u32,
     pub spec_dst: std::net::Ipv4Addr,
+    /// Received: when the server queued it, ns since the Unix epoch (0: unknown).
+    pub stamp_ns: u64,
 }
 
 impl Default for RecordHeader {
@@ -868,6 +875,7 @@ impl Default for RecordHeader {
             tos: None,
             ifindex: 0,
             spec_dst: std::net::Ipv4Addr::UNSPECIFIED,
+            stamp_ns: 0,
         }
     }
 }
@@ -891,6 +899,7 @@ impl RecordHeader {
         b[rec::LOCAL..rec::LOCAL + 16].copy_from_slice(&local.addr);
         b[rec::IFINDEX..rec::IFINDEX + 4].copy_from_slice(&self.ifindex.to_le_bytes());
         b[rec::SPEC_DST..rec::SPEC_DST + 4].copy_from_slice(&self.spec_dst.octets());
+        b[rec::STAMP..rec::STAMP + 8].copy_from_slice(&self.stamp_ns.to_le_bytes());
         b
     }
 
@@ -920,6 +929,7 @@ impl RecordHeader {
                 b[rec::SPEC_DST + 2],
                 b[rec::SPEC_DST + 3],
             ),
+            stamp_ns: u64::from_le_bytes(b[rec::STAMP..rec::STAMP + 8].try_into().expect("8")),
         }
     }
 }
@@ -1133,6 +1143,7 @@ mod tests {
                 tos,
                 ifindex: 7,
                 spec_dst: "10.0.0.2".parse().unwrap(),
+                stamp_ns: 1_764_650_000_123_456_789,
             };
             let b = h.to_bytes();
             assert_eq!(RecordHeader::from_bytes(&b), h);

@@ -897,6 +897,9 @@ impl ServerSession {
     fn fill_udp(stack: &mut Stack, s: &mut SessionSocket, h: SocketHandle, chunk: usize) -> usize {
         let size = s.rx.size();
         let mut moved = 0;
+        // The receive timestamp of what this call queues (read once: the
+        // datagrams came in the same turn).
+        let mut stamp_ns = None;
         while moved < chunk {
             let Ok(Some(len)) = stack.udp_peek_len(h) else {
                 break;
@@ -941,6 +944,11 @@ impl ServerSession {
                     Some(std::net::IpAddr::V4(a)) => a,
                     _ => std::net::Ipv4Addr::UNSPECIFIED,
                 },
+                stamp_ns: *stamp_ns.get_or_insert_with(|| {
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64)
+                }),
             };
             s.rx.rewrite(start_pos, &hdr.to_bytes());
             moved += n;
