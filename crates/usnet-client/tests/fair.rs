@@ -160,5 +160,10 @@ fn a_client_on_100_connections_does_not_crowd_out_a_client_on_one() {
         RATE as f64 / 1e6,
     );
     assert!(g + q > 0, "nothing arrived");
-    assert!(share >= 0.8, "quiet client got {share:.2}× an equal split");
+    // Turns per connection instead of per client give the quiet one 1/101 of the
+    // link, 0.02× an equal split; per-client turns give it about 1.0×, and on a
+    // shared, noisy machine runs have read 0.75–1.0 (the writers and the reader
+    // are threads that a busy neighbour delays). Half an equal split tells the
+    // two apart with room for that noise.
+    assert!(share >= 0.5, "quiet client got {share:.2}× an equal split");
 }
