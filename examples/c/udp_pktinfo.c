@@ -18,12 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failed;
-
-static void check(int ok, const char *what) {
-    printf("%s: %s\n", what, ok ? "ok" : "FAILED");
-    failed |= !ok;
-}
+#include "check.h"
 
 static int one = 1;
 
@@ -68,24 +63,24 @@ int main(int argc, char **argv) {
     /* A wildcard-bound server asking for all three. */
     int srv = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons(port)};
-    check(bind(srv, (struct sockaddr *)&any, sizeof any) == 0, "bind 0.0.0.0");
-    check(setsockopt(srv, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) == 0, "IP_PKTINFO on");
-    check(setsockopt(srv, IPPROTO_IP, IP_RECVTTL, &one, sizeof one) == 0, "IP_RECVTTL on");
-    check(setsockopt(srv, IPPROTO_IP, IP_RECVTOS, &one, sizeof one) == 0, "IP_RECVTOS on");
+    CHECK("bind 0.0.0.0", bind(srv, (struct sockaddr *)&any, sizeof any) == 0);
+    CHECK("IP_PKTINFO on", setsockopt(srv, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) == 0);
+    CHECK("IP_RECVTTL on", setsockopt(srv, IPPROTO_IP, IP_RECVTTL, &one, sizeof one) == 0);
+    CHECK("IP_RECVTOS on", setsockopt(srv, IPPROTO_IP, IP_RECVTOS, &one, sizeof one) == 0);
     int v = 0;
     socklen_t vl = sizeof v;
-    check(getsockopt(srv, IPPROTO_IP, IP_PKTINFO, &v, &vl) == 0 && v == 1,
-          "getsockopt IP_PKTINFO says 1");
+    CHECK("getsockopt IP_PKTINFO says 1",
+          getsockopt(srv, IPPROTO_IP, IP_PKTINFO, &v, &vl) == 0 && v == 1);
 
     int cli = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = addr};
-    check(sendto(cli, "hello", 5, 0, (struct sockaddr *)&to, sizeof to) == 5, "send to ADDR");
+    CHECK("send to ADDR", sendto(cli, "hello", 5, 0, (struct sockaddr *)&to, sizeof to) == 5);
 
     struct msghdr m;
     struct sockaddr_storage from;
     ssize_t n = receive(srv, data, sizeof data, control.buf, sizeof control.buf, &m, &from);
-    check(n == 5 && memcmp(data, "hello", 5) == 0, "the datagram arrives");
-    check(!(m.msg_flags & MSG_CTRUNC), "all control messages fit");
+    CHECK("the datagram arrives", n == 5 && memcmp(data, "hello", 5) == 0);
+    CHECK("all control messages fit", !(m.msg_flags & MSG_CTRUNC));
     int seen = 0, order_ok = 1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
         if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
@@ -93,31 +88,30 @@ int main(int argc, char **argv) {
             memcpy(&pi, CMSG_DATA(c), sizeof pi);
             order_ok &= seen == 0;
             seen |= 1;
-            check(c->cmsg_len == CMSG_LEN(sizeof pi), "IP_PKTINFO has an in_pktinfo");
-            check(pi.ipi_addr.s_addr == addr.s_addr, "ipi_addr is ADDR");
-            check(pi.ipi_spec_dst.s_addr == addr.s_addr, "ipi_spec_dst is ADDR");
+            CHECK("IP_PKTINFO has an in_pktinfo", c->cmsg_len == CMSG_LEN(sizeof pi));
+            CHECK("ipi_addr is ADDR", pi.ipi_addr.s_addr == addr.s_addr);
+            CHECK("ipi_spec_dst is ADDR", pi.ipi_spec_dst.s_addr == addr.s_addr);
             char name[IF_NAMESIZE];
-            check(if_indextoname(pi.ipi_ifindex, name) != NULL,
-                  "ipi_ifindex names an interface");
+            CHECK("ipi_ifindex names an interface", if_indextoname(pi.ipi_ifindex, name) != NULL);
         } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) {
             int ttl;
             memcpy(&ttl, CMSG_DATA(c), sizeof ttl);
             order_ok &= seen == 1;
             seen |= 2;
             snprintf(what, sizeof what, "IP_TTL is %d", ttl);
-            check(c->cmsg_len == CMSG_LEN(sizeof(int)) && ttl == 64, what);
+            CHECK(what, c->cmsg_len == CMSG_LEN(sizeof(int)) && ttl == 64);
         } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
             order_ok &= seen == 3;
             seen |= 4;
             snprintf(what, sizeof what, "IP_TOS is %d", *(unsigned char *)CMSG_DATA(c));
-            check(c->cmsg_len == CMSG_LEN(1) && *(unsigned char *)CMSG_DATA(c) == 0, what);
+            CHECK(what, c->cmsg_len == CMSG_LEN(1) && *(unsigned char *)CMSG_DATA(c) == 0);
         } else {
             snprintf(what, sizeof what, "an unexpected message %d/%d", c->cmsg_level,
                      c->cmsg_type);
-            check(0, what);
+            CHECK(what, 0);
         }
     }
-    check(seen == 7 && order_ok, "IP_PKTINFO, IP_TTL, IP_TOS, in that order");
+    CHECK("IP_PKTINFO, IP_TTL, IP_TOS, in that order", seen == 7 && order_ok);
 
     /* The answer from the address the question went to (ipi_spec_dst). */
     struct sockaddr_in peer;
@@ -136,25 +130,25 @@ int main(int argc, char **argv) {
     c->cmsg_len = CMSG_LEN(sizeof(struct in_pktinfo));
     struct in_pktinfo pi = {.ipi_spec_dst = addr};
     memcpy(CMSG_DATA(c), &pi, sizeof pi);
-    check(sendmsg(srv, &r, 0) == 6, "sendmsg with IP_PKTINFO");
+    CHECK("sendmsg with IP_PKTINFO", sendmsg(srv, &r, 0) == 6);
     struct sockaddr_in src;
     socklen_t sl = sizeof src;
     n = readable(cli) ? recvfrom(cli, data, sizeof data, 0, (struct sockaddr *)&src, &sl) : -1;
-    check(n == 6 && memcmp(data, "answer", 6) == 0, "the answer arrives");
-    check(src.sin_addr.s_addr == addr.s_addr && ntohs(src.sin_port) == port,
-          "from ADDR and the server's port");
+    CHECK("the answer arrives", n == 6 && memcmp(data, "answer", 6) == 0);
+    CHECK("from ADDR and the server's port",
+          src.sin_addr.s_addr == addr.s_addr && ntohs(src.sin_port) == port);
 
     /* Too little control space: what fits, and MSG_CTRUNC. */
     sendto(cli, "again", 5, 0, (struct sockaddr *)&to, sizeof to);
     n = receive(srv, data, sizeof data, control.buf, CMSG_SPACE(sizeof(struct in_pktinfo)), &m,
                 &from);
     c = n == 5 ? CMSG_FIRSTHDR(&m) : NULL;
-    check(c && c->cmsg_type == IP_PKTINFO && (m.msg_flags & MSG_CTRUNC),
-          "a short control buffer: IP_PKTINFO and MSG_CTRUNC");
+    CHECK("a short control buffer: IP_PKTINFO and MSG_CTRUNC",
+          c && c->cmsg_type == IP_PKTINFO && (m.msg_flags & MSG_CTRUNC));
     sendto(cli, "third", 5, 0, (struct sockaddr *)&to, sizeof to);
     n = receive(srv, data, sizeof data, control.buf, 0, &m, &from);
-    check(n == 5 && m.msg_controllen == 0 && (m.msg_flags & MSG_CTRUNC),
-          "no control buffer: MSG_CTRUNC");
+    CHECK("no control buffer: MSG_CTRUNC",
+          n == 5 && m.msg_controllen == 0 && (m.msg_flags & MSG_CTRUNC));
 
     /* Options off: no control messages. */
     int zero = 0;
@@ -163,8 +157,8 @@ int main(int argc, char **argv) {
     setsockopt(srv, IPPROTO_IP, IP_PKTINFO, &zero, sizeof zero);
     sendto(cli, "plain", 5, 0, (struct sockaddr *)&to, sizeof to);
     n = receive(srv, data, sizeof data, control.buf, sizeof control.buf, &m, &from);
-    check(n == 5 && m.msg_controllen == 0 && !(m.msg_flags & MSG_CTRUNC),
-          "options off: no control messages");
+    CHECK("options off: no control messages",
+          n == 5 && m.msg_controllen == 0 && !(m.msg_flags & MSG_CTRUNC));
 
     /* recvmmsg carries them too. */
     setsockopt(srv, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
@@ -174,20 +168,20 @@ int main(int argc, char **argv) {
                                      .msg_controllen = sizeof control.buf}};
     int got = readable(srv) ? recvmmsg(srv, &mm, 1, 0, NULL) : -1;
     c = got == 1 ? CMSG_FIRSTHDR(&mm.msg_hdr) : NULL;
-    check(c && c->cmsg_type == IP_PKTINFO &&
-              ((struct in_pktinfo *)CMSG_DATA(c))->ipi_addr.s_addr == addr.s_addr,
-          "recvmmsg: IP_PKTINFO with ADDR");
+    CHECK("recvmmsg: IP_PKTINFO with ADDR",
+          c && c->cmsg_type == IP_PKTINFO &&
+              ((struct in_pktinfo *)CMSG_DATA(c))->ipi_addr.s_addr == addr.s_addr);
     close(srv);
 
     /* A dual-stack IPv6 socket: an IPv4 datagram's IPV6_PKTINFO has the mapped
      * address. */
     int s6 = socket(AF_INET6, SOCK_DGRAM, 0);
     struct sockaddr_in6 any6 = {.sin6_family = AF_INET6, .sin6_port = htons(port + 1)};
-    check(bind(s6, (struct sockaddr *)&any6, sizeof any6) == 0, "bind [::]");
-    check(setsockopt(s6, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) == 0,
-          "IPV6_RECVPKTINFO on");
-    check(setsockopt(s6, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof one) == 0,
-          "IPV6_RECVHOPLIMIT on");
+    CHECK("bind [::]", bind(s6, (struct sockaddr *)&any6, sizeof any6) == 0);
+    CHECK("IPV6_RECVPKTINFO on",
+          setsockopt(s6, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) == 0);
+    CHECK("IPV6_RECVHOPLIMIT on",
+          setsockopt(s6, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof one) == 0);
     to.sin_port = htons(port + 1);
     sendto(cli, "six", 3, 0, (struct sockaddr *)&to, sizeof to);
     n = receive(s6, data, sizeof data, control.buf, sizeof control.buf, &m, &from);
@@ -195,14 +189,14 @@ int main(int argc, char **argv) {
     struct in6_pktinfo pi6;
     if (c)
         memcpy(&pi6, CMSG_DATA(c), sizeof pi6);
-    check(c && c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
+    CHECK("IPV6_PKTINFO of an IPv4 datagram: the mapped ADDR",
+          c && c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
               IN6_IS_ADDR_V4MAPPED(&pi6.ipi6_addr) &&
-              memcmp(&pi6.ipi6_addr.s6_addr[12], &addr, 4) == 0,
-          "IPV6_PKTINFO of an IPv4 datagram: the mapped ADDR");
-    check(c && !CMSG_NXTHDR(&m, c), "and no IPV6_HOPLIMIT for an IPv4 datagram");
+              memcmp(&pi6.ipi6_addr.s6_addr[12], &addr, 4) == 0);
+    CHECK("and no IPV6_HOPLIMIT for an IPv4 datagram", c && !CMSG_NXTHDR(&m, c));
     close(s6);
     close(cli);
 
-    printf("%s\n", failed ? "FAILED" : "all ok");
-    return failed;
+    if (failures == 0) printf("all ok\n");
+    return failures ? 1 : 0;
 }

@@ -20,12 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failed;
-
-static void check(int ok, const char *what) {
-    printf("%s: %s\n", what, ok ? "ok" : "FAILED");
-    failed |= !ok;
-}
+#include "check.h"
 
 static long long now_ns(void) {
     struct timespec t;
@@ -54,7 +49,7 @@ static void round_trip(const char *what, int want_types[], int n_want) {
     struct pollfd p = {.fd = rx, .events = POLLIN};
     ssize_t n = poll(&p, 1, 5000) == 1 ? recvmsg(rx, &m, 0) : -1;
     long long after = now_ns();
-    check(n == 1, what);
+    CHECK(what, n == 1);
     int k = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n == 1 && c; c = CMSG_NXTHDR(&m, c), k++) {
         long long stamp = -1;
@@ -78,12 +73,12 @@ static void round_trip(const char *what, int want_types[], int n_want) {
         int in_range = stamp >= before - 1000 && stamp <= after;
         snprintf(line, sizeof line, "%s: message %d is %d/%d, its length and time right", what,
                  k, c->cmsg_level, c->cmsg_type);
-        check(k < n_want && c->cmsg_type == want_types[k] &&
-                  c->cmsg_len == CMSG_LEN(want_len) && in_range,
-              line);
+        CHECK(line,
+              k < n_want && c->cmsg_type == want_types[k] &&
+                  c->cmsg_len == CMSG_LEN(want_len) && in_range);
     }
     snprintf(line, sizeof line, "%s: %d messages", what, n_want);
-    check(k == n_want, line);
+    CHECK(line, k == n_want);
 }
 
 static int opt(int s, int name) {
@@ -104,34 +99,33 @@ int main(int argc, char **argv) {
         return 2;
     rx = socket(AF_INET, SOCK_DGRAM, 0);
     tx = socket(AF_INET, SOCK_DGRAM, 0);
-    check(bind(rx, (struct sockaddr *)&to, sizeof to) == 0, "bind the receiver");
+    CHECK("bind the receiver", bind(rx, (struct sockaddr *)&to, sizeof to) == 0);
 
     round_trip("no option", NULL, 0);
 
-    check(setsockopt(rx, SOL_SOCKET, SO_TIMESTAMP, &one, sizeof one) == 0, "SO_TIMESTAMP on");
-    check(opt(rx, SO_TIMESTAMP) == 1, "SO_TIMESTAMP reads 1");
+    CHECK("SO_TIMESTAMP on", setsockopt(rx, SOL_SOCKET, SO_TIMESTAMP, &one, sizeof one) == 0);
+    CHECK("SO_TIMESTAMP reads 1", opt(rx, SO_TIMESTAMP) == 1);
     round_trip("SO_TIMESTAMP", (int[]){SCM_TIMESTAMP}, 1);
 
     /* One format at a time: SO_TIMESTAMPNS on reads SO_TIMESTAMP as off. */
-    check(setsockopt(rx, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) == 0,
-          "SO_TIMESTAMPNS on");
-    check(opt(rx, SO_TIMESTAMPNS) == 1 && opt(rx, SO_TIMESTAMP) == 0,
-          "SO_TIMESTAMPNS reads 1, SO_TIMESTAMP 0");
+    CHECK("SO_TIMESTAMPNS on", setsockopt(rx, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) == 0);
+    CHECK("SO_TIMESTAMPNS reads 1, SO_TIMESTAMP 0",
+          opt(rx, SO_TIMESTAMPNS) == 1 && opt(rx, SO_TIMESTAMP) == 0);
     round_trip("SO_TIMESTAMPNS", (int[]){SCM_TIMESTAMPNS}, 1);
 
     int flags = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
-    check(setsockopt(rx, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) == 0,
-          "SO_TIMESTAMPING with software receive stamps");
+    CHECK("SO_TIMESTAMPING with software receive stamps",
+          setsockopt(rx, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) == 0);
     round_trip("SO_TIMESTAMPNS and SO_TIMESTAMPING", (int[]){SCM_TIMESTAMPNS, SCM_TIMESTAMPING},
                2);
 
     /* Either off turns both off. (SO_TIMESTAMPING alone is not tried: whether
      * the kernel stamped a datagram then depends on what else on the machine
      * turned timestamps on.) */
-    check(setsockopt(rx, SOL_SOCKET, SO_TIMESTAMPING, &zero, sizeof zero) == 0,
-          "SO_TIMESTAMPING off");
-    check(setsockopt(rx, SOL_SOCKET, SO_TIMESTAMP, &zero, sizeof zero) == 0, "SO_TIMESTAMP off");
-    check(opt(rx, SO_TIMESTAMP) == 0 && opt(rx, SO_TIMESTAMPNS) == 0, "both read 0");
+    CHECK("SO_TIMESTAMPING off",
+          setsockopt(rx, SOL_SOCKET, SO_TIMESTAMPING, &zero, sizeof zero) == 0);
+    CHECK("SO_TIMESTAMP off", setsockopt(rx, SOL_SOCKET, SO_TIMESTAMP, &zero, sizeof zero) == 0);
+    CHECK("both read 0", opt(rx, SO_TIMESTAMP) == 0 && opt(rx, SO_TIMESTAMPNS) == 0);
     round_trip("all off", NULL, 0);
 
     /* Options Linux takes on any socket: set, then read back. */
@@ -144,9 +138,9 @@ int main(int argc, char **argv) {
             int fd = s ? tx : socket(AF_INET6, SOCK_STREAM, 0);
             snprintf(line, sizeof line, "%s on a %s socket: set and read back", labels[i],
                      s ? "UDP" : "TCP");
-            check(setsockopt(fd, SOL_SOCKET, names[i], &one, sizeof one) == 0 &&
-                      opt(fd, names[i]) == 1,
-                  line);
+            CHECK(line,
+                  setsockopt(fd, SOL_SOCKET, names[i], &one, sizeof one) == 0 &&
+                      opt(fd, names[i]) == 1);
             if (!s)
                 close(fd);
         }
@@ -156,11 +150,11 @@ int main(int argc, char **argv) {
     errno = 0;
     int r = setsockopt(rx, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big);
     int root = geteuid() == 0;
-    check(root ? r == 0 && opt(rx, SO_RCVBUF) == 2 * big : r == -1 && errno == EPERM,
-          "SO_RCVBUFFORCE: the doubled size as root, else EPERM");
+    CHECK("SO_RCVBUFFORCE: the doubled size as root, else EPERM",
+          root ? r == 0 && opt(rx, SO_RCVBUF) == 2 * big : r == -1 && errno == EPERM);
 
     close(tx);
     close(rx);
-    printf("%s\n", failed ? "FAILED" : "all ok");
-    return failed;
+    if (failures == 0) printf("all ok\n");
+    return failures ? 1 : 0;
 }

@@ -18,12 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failed;
-
-static void check(int ok, const char *what) {
-    printf("%s: %s\n", what, ok ? "ok" : "FAILED");
-    failed |= !ok;
-}
+#include "check.h"
 
 static int rx;
 
@@ -94,7 +89,7 @@ static void arrives(const char *what, int want_ttl, int want_tos) {
     char line[160];
     ssize_t n = receive(&ttl, &tos);
     snprintf(line, sizeof line, "%s: TTL %d, TOS %#x", what, ttl, tos);
-    check(n == 1 && ttl == want_ttl && tos == want_tos, line);
+    CHECK(line, n == 1 && ttl == want_ttl && tos == want_tos);
 }
 
 static int opt(int s, int level, int name) {
@@ -117,7 +112,7 @@ int main(int argc, char **argv) {
 
     rx = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons(port)};
-    check(bind(rx, (struct sockaddr *)&any, sizeof any) == 0, "bind the receiver");
+    CHECK("bind the receiver", bind(rx, (struct sockaddr *)&any, sizeof any) == 0);
     setsockopt(rx, IPPROTO_IP, IP_RECVTTL, &one, sizeof one);
     setsockopt(rx, IPPROTO_IP, IP_RECVTOS, &one, sizeof one);
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = addr};
@@ -128,37 +123,36 @@ int main(int argc, char **argv) {
 
     /* The socket's own, set before and read back. */
     int ttl = 7, tos = 0xb8;
-    check(setsockopt(s, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) == 0, "IP_TTL 7");
-    check(setsockopt(s, IPPROTO_IP, IP_TOS, &tos, sizeof tos) == 0, "IP_TOS 0xb8");
+    CHECK("IP_TTL 7", setsockopt(s, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) == 0);
+    CHECK("IP_TOS 0xb8", setsockopt(s, IPPROTO_IP, IP_TOS, &tos, sizeof tos) == 0);
     snprintf(line, sizeof line, "getsockopt: TTL %d, TOS %#x", opt(s, IPPROTO_IP, IP_TTL),
              opt(s, IPPROTO_IP, IP_TOS));
-    check(opt(s, IPPROTO_IP, IP_TTL) == 7 && opt(s, IPPROTO_IP, IP_TOS) == 0xb8, line);
+    CHECK(line, opt(s, IPPROTO_IP, IP_TTL) == 7 && opt(s, IPPROTO_IP, IP_TOS) == 0xb8);
     sendto(s, "x", 1, 0, (struct sockaddr *)&to, sizeof to);
     arrives("the socket's", 7, 0xb8);
 
     /* One send's: both as ints, then TOS as one byte, then TOS alone. */
-    check(send_with(s, &to, sizeof to, IPPROTO_IP, IP_TTL, 3, IP_TOS, 1, 0) == 1,
-          "sendmsg with IP_TTL 3 and IP_TOS 1");
+    CHECK("sendmsg with IP_TTL 3 and IP_TOS 1",
+          send_with(s, &to, sizeof to, IPPROTO_IP, IP_TTL, 3, IP_TOS, 1, 0) == 1);
     arrives("the send's", 3, 1);
-    check(send_with(s, &to, sizeof to, IPPROTO_IP, IP_TOS, 0x22, 0, 0, 1) == 1,
-          "sendmsg with a one-byte IP_TOS");
+    CHECK("sendmsg with a one-byte IP_TOS",
+          send_with(s, &to, sizeof to, IPPROTO_IP, IP_TOS, 0x22, 0, 0, 1) == 1);
     arrives("the send's TOS, the socket's TTL", 7, 0x22);
     sendto(s, "x", 1, 0, (struct sockaddr *)&to, sizeof to);
     arrives("the socket's again", 7, 0xb8);
 
     /* Out of range: EINVAL, nothing sent. */
     errno = 0;
-    check(send_with(s, &to, sizeof to, IPPROTO_IP, IP_TTL, 0, 0, 0, 0) == -1 && errno == EINVAL,
-          "IP_TTL 0 on sendmsg: EINVAL");
+    CHECK("IP_TTL 0 on sendmsg: EINVAL",
+          send_with(s, &to, sizeof to, IPPROTO_IP, IP_TTL, 0, 0, 0, 0) == -1 && errno == EINVAL);
     errno = 0;
-    check(send_with(s, &to, sizeof to, IPPROTO_IP, IP_TOS, 256, 0, 0, 0) == -1 &&
-              errno == EINVAL,
-          "IP_TOS 256 on sendmsg: EINVAL");
+    CHECK("IP_TOS 256 on sendmsg: EINVAL",
+          send_with(s, &to, sizeof to, IPPROTO_IP, IP_TOS, 256, 0, 0, 0) == -1 && errno == EINVAL);
 
     /* -1 takes the default back. */
     int dflt = -1;
-    check(setsockopt(s, IPPROTO_IP, IP_TTL, &dflt, sizeof dflt) == 0, "IP_TTL -1");
-    check(opt(s, IPPROTO_IP, IP_TTL) == 64, "getsockopt: TTL 64");
+    CHECK("IP_TTL -1", setsockopt(s, IPPROTO_IP, IP_TTL, &dflt, sizeof dflt) == 0);
+    CHECK("getsockopt: TTL 64", opt(s, IPPROTO_IP, IP_TTL) == 64);
     sendto(s, "x", 1, 0, (struct sockaddr *)&to, sizeof to);
     arrives("the default TTL", 64, 0xb8);
     close(s);
@@ -175,26 +169,26 @@ int main(int argc, char **argv) {
     setsockopt(s6, IPPROTO_IPV6, IPV6_TCLASS, &tclass, sizeof tclass);
     sendto(s6, "x", 1, 0, (struct sockaddr *)&to6, sizeof to6);
     arrives("mapped, IPv6 options set", 64, 0);
-    check(setsockopt(s6, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) == 0, "IP_TTL on IPv6");
-    check(setsockopt(s6, IPPROTO_IP, IP_TOS, &tos, sizeof tos) == 0, "IP_TOS on IPv6");
+    CHECK("IP_TTL on IPv6", setsockopt(s6, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) == 0);
+    CHECK("IP_TOS on IPv6", setsockopt(s6, IPPROTO_IP, IP_TOS, &tos, sizeof tos) == 0);
     sendto(s6, "x", 1, 0, (struct sockaddr *)&to6, sizeof to6);
     arrives("mapped, IPv4 options set", 9, 0x48);
-    check(send_with(s6, &to6, sizeof to6, IPPROTO_IPV6, IPV6_HOPLIMIT, 5, IPV6_TCLASS, 4, 0) == 1,
-          "sendmsg with IPV6_HOPLIMIT and IPV6_TCLASS");
+    CHECK("sendmsg with IPV6_HOPLIMIT and IPV6_TCLASS",
+          send_with(s6, &to6, sizeof to6, IPPROTO_IPV6, IPV6_HOPLIMIT, 5, IPV6_TCLASS, 4, 0) == 1);
     arrives("mapped, IPv6 messages ignored", 9, 0x48);
-    check(send_with(s6, &to6, sizeof to6, IPPROTO_IP, IP_TTL, 4, IP_TOS, 0x10, 0) == 1,
-          "sendmsg with IP_TTL and IP_TOS");
+    CHECK("sendmsg with IP_TTL and IP_TOS",
+          send_with(s6, &to6, sizeof to6, IPPROTO_IP, IP_TTL, 4, IP_TOS, 0x10, 0) == 1);
     arrives("mapped, IPv4 messages", 4, 0x10);
     close(s6);
 
     /* A connected socket's sendmsg without an address takes them too. */
     int c = socket(AF_INET, SOCK_DGRAM, 0);
-    check(connect(c, (struct sockaddr *)&to, sizeof to) == 0, "connect");
-    check(send_with(c, NULL, 0, IPPROTO_IP, IP_TTL, 12, IP_TOS, 0x02, 0) == 1,
-          "connected: sendmsg with IP_TTL and IP_TOS");
+    CHECK("connect", connect(c, (struct sockaddr *)&to, sizeof to) == 0);
+    CHECK("connected: sendmsg with IP_TTL and IP_TOS",
+          send_with(c, NULL, 0, IPPROTO_IP, IP_TTL, 12, IP_TOS, 0x02, 0) == 1);
     arrives("connected", 12, 0x02);
     close(c);
     close(rx);
-    printf("%s\n", failed ? "FAILED" : "all ok");
-    return failed;
+    if (failures == 0) printf("all ok\n");
+    return failures ? 1 : 0;
 }
