@@ -643,6 +643,8 @@ const KNOWN_OPTS: &[(c_int, c_int)] = &[
     (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS),
     (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER),
     (libc::IPPROTO_IPV6, so::IPV6_MULTICAST_ALL),
+    (libc::IPPROTO_IP, libc::IP_MINTTL),
+    (libc::IPPROTO_IPV6, libc::IPV6_MINHOPCOUNT),
 ];
 
 const LEVELS: &[c_int] = &[

@@ -164,6 +164,16 @@ impl ClientSocket {
         self.conn.call(self.request(op, args)).map(|(v, _)| v)
     }
 
+    /// Sets an IP header field of a TCP socket ([`crate::IpHeader`]).
+    pub(crate) fn set_ip_header(&self, f: crate::IpHeader) -> io::Result<()> {
+        let [level, name, value] = f.request();
+        self.call(
+            usnet_session_abi::op::SETSOCKOPT,
+            [level, name, value, 0, 0, 0],
+        )
+        .map(|_| ())
+    }
+
     pub(crate) fn addr(&self, which: usize) -> io::Result<SocketAddr> {
         self.conn
             .mem

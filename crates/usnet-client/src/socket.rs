@@ -153,6 +153,12 @@ impl Socket {
         }
     }
 
+    /// An IP header field for the connection or listener it becomes
+    /// ([`crate::IpHeader`]): the SYN of a `connect` carries it.
+    pub fn set_ip_header(&self, f: crate::IpHeader) -> io::Result<()> {
+        self.sock.set_ip_header(f)
+    }
+
     /// TCP_MAXSEG before `connect`: the SYN's MSS (and the connection's) is at most
     /// `mss` (Linux's range 88..=32767; 0 clears it).
     pub fn set_maxseg(&self, mss: u16) -> io::Result<()> {

@@ -105,6 +105,12 @@ impl TcpListener {
             .map(|_| ())
     }
 
+    /// An IP header field of the connections it accepts from now on, their
+    /// SYN-ACKs included, or a minimum TTL for the segments it takes ([`IpHeader`]).
+    pub fn set_ip_header(&self, f: IpHeader) -> io::Result<()> {
+        self.sock.set_ip_header(f)
+    }
+
     /// TCP_MAXSEG: its SYN-ACKs advertise (and its connections use) at most `mss`.
     pub fn set_maxseg(&self, mss: u16) -> io::Result<()> {
         self.sock
@@ -198,6 +204,43 @@ impl TcpListener {
     /// Connections are waiting to be accepted.
     pub fn acceptable(&self) -> bool {
         self.sock.flags() & FLAG_ACCEPTABLE != 0
+    }
+}
+
+/// An IP header field a TCP socket chooses, kept per address family as Linux
+/// keeps them (the IPv4 ones for an IPv4 or IPv4-mapped peer, the IPv6 ones for
+/// an IPv6 peer). On a fresh socket it takes effect at `connect` (the SYN
+/// carries it) or `listen`; on a listener, for the connections it accepts from
+/// then on; on a connection of its family, from its next packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpHeader {
+    /// `IP_TOS`: the DSCP bits (TCP keeps the ECN bits).
+    Tos(u8),
+    /// `IP_TTL` (None: the stack's).
+    Ttl(Option<u8>),
+    /// `IP_MINTTL`: segments that arrive with a lower TTL are dropped (RFC 5082,
+    /// GTSM; 0: none).
+    MinTtl(u8),
+    /// `IPV6_TCLASS`.
+    Tclass6(u8),
+    /// `IPV6_UNICAST_HOPS` (None: the stack's).
+    UnicastHops6(Option<u8>),
+    /// `IPV6_MINHOPCOUNT`.
+    MinHopCount6(u8),
+}
+
+impl IpHeader {
+    /// The option's level, name and value in a `SETSOCKOPT` request.
+    pub(crate) fn request(self) -> [u64; 3] {
+        let hops = |h: Option<u8>| h.map_or(u64::MAX, u64::from);
+        match self {
+            IpHeader::Tos(v) => [opt::IPPROTO_IP, opt::IP_TOS, u64::from(v)],
+            IpHeader::Ttl(v) => [opt::IPPROTO_IP, opt::IP_TTL, hops(v)],
+            IpHeader::MinTtl(v) => [opt::IPPROTO_IP, opt::IP_MINTTL, u64::from(v)],
+            IpHeader::Tclass6(v) => [opt::IPPROTO_IPV6, opt::IPV6_TCLASS, u64::from(v)],
+            IpHeader::UnicastHops6(v) => [opt::IPPROTO_IPV6, opt::IPV6_UNICAST_HOPS, hops(v)],
+            IpHeader::MinHopCount6(v) => [opt::IPPROTO_IPV6, opt::IPV6_MINHOPCOUNT, u64::from(v)],
+        }
     }
 }
 
@@ -543,9 +586,19 @@ impl TcpStream {
         self.setopt(opt::SOL_SOCKET, opt::SO_MAX_PACING_RATE, rate)
     }
 
-    /// IP_TOS (or IPV6_TCLASS): the DSCP bits of the connection's packets.
+    /// IP_TOS (IPV6_TCLASS on an IPv6 connection): the DSCP bits of the
+    /// connection's packets.
     pub fn set_tos(&self, tos: u8) -> io::Result<()> {
-        self.setopt(opt::IPPROTO_IP, opt::IP_TOS, u64::from(tos))
+        let f = match self.peer_addr()? {
+            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_none() => IpHeader::Tclass6(tos),
+            _ => IpHeader::Tos(tos),
+        };
+        self.set_ip_header(f)
+    }
+
+    /// An IP header field of the connection's packets ([`IpHeader`]).
+    pub fn set_ip_header(&self, f: IpHeader) -> io::Result<()> {
+        self.sock.set_ip_header(f)
     }
 
     /// `Some(0)`: close resets the connection; `None`: orderly close.

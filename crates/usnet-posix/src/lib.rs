@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use usnet_client::forklock::{ForkMutex, ForkRwLock};
-use usnet_client::{Client, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
+use usnet_client::{Client, IpHeader, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
 
 pub use exec::{attach_refusal, inherit, pin_for_spawn, SpawnPin};
 pub use poll::{epoll_create, epoll_ctl, epoll_wait, poll, EpollEvent};
@@ -638,13 +638,6 @@ fn apply_stream_opts(e: &Entry, s: &TcpStream) {
     }
     if let Some(r) = o.max_pacing_rate {
         let _ = s.set_max_pacing_rate(r);
-    }
-    let tos = match s.peer_addr() {
-        Ok(SocketAddr::V6(_)) => o.tclass,
-        _ => o.tos,
-    };
-    if let Some(t) = tos.filter(|&t| t != 0) {
-        let _ = s.set_tos(t);
     }
     if o.linger.is_some() {
         let _ = s.set_linger(o.linger);
@@ -1994,18 +1987,14 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         }
         Opt::Tos(v) => {
             o.tos = Some(v);
-            if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv4())) {
-                s.set_tos(v)?;
-            }
+            tcp_ip_header(&obj, IpHeader::Tos(v))?;
             if let Obj::Udp(u) = &*obj {
                 u.set_tos(v)?;
             }
         }
         Opt::TrafficClass(v) => {
             o.tclass = Some(v);
-            if let Some(s) = stream.filter(|s| s.peer_addr().is_ok_and(|a| a.is_ipv6())) {
-                s.set_tos(v)?;
-            }
+            tcp_ip_header(&obj, IpHeader::Tclass6(v))?;
             if let Obj::Udp(u) = &*obj {
                 u.set_tclass_v6(v)?;
             }
@@ -2085,6 +2074,9 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         Opt::Recorded { level, name, kept } => {
             if let Obj::Udp(u) = &*obj {
                 udp_option_to_stack(u, level, name, kept)?;
+            }
+            if let Some(f) = tcp_ip_option(level, name, kept) {
+                tcp_ip_header(&obj, f)?;
             }
             o.recorded.insert((level, name), kept);
             // Linux keeps one receive timestamp format: SO_TIMESTAMP on clears
@@ -2178,6 +2170,31 @@ fn udp_option_to_stack(u: &UdpSocket, level: i32, name: i32, kept: i32) -> Res<(
         _ => {}
     }
     Ok(())
+}
+
+/// The recorded options that set an IP header field of a TCP socket, with the
+/// value kept (`-1` already turned into the default).
+fn tcp_ip_option(level: i32, name: i32, kept: i32) -> Option<IpHeader> {
+    let v = kept.clamp(0, 255) as u8;
+    Some(match (level, name) {
+        (libc::IPPROTO_IP, libc::IP_TTL) => IpHeader::Ttl(Some(v)),
+        (libc::IPPROTO_IP, libc::IP_MINTTL) => IpHeader::MinTtl(v),
+        (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS) => IpHeader::UnicastHops6(Some(v)),
+        (libc::IPPROTO_IPV6, libc::IPV6_MINHOPCOUNT) => IpHeader::MinHopCount6(v),
+        _ => return None,
+    })
+}
+
+/// Gives a TCP socket (fresh, listening or connected) an IP header field; the
+/// server keeps it per family, for the SYN of a `connect`, a listener's
+/// connections or a connection's next packets. Nothing for other objects.
+fn tcp_ip_header(obj: &Obj, f: IpHeader) -> io::Result<()> {
+    match obj {
+        Obj::Fresh(s) => s.set_ip_header(f),
+        Obj::Listener(l) => l.set_ip_header(f),
+        Obj::Stream(s) => s.set_ip_header(f),
+        _ => Ok(()),
+    }
 }
 
 /// SO_KEEPALIVE on with TCP_KEEPIDLE/INTVL/CNT as set (or off) on a stream.

@@ -588,6 +588,8 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
         },
         libc::IPPROTO_IP => match name {
             libc::IP_TTL => (64, Ranged(1, 255)),
+            // Effect on TCP (the stack drops segments below it), as Linux's.
+            libc::IP_MINTTL => (0, Strict(0, 255)),
             libc::IP_RECVERR => (0, Bool),
             libc::IP_PKTINFO => (0, Bool),
             libc::IP_RECVTTL => (0, Bool),
@@ -602,6 +604,7 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
         },
         libc::IPPROTO_IPV6 if v6 => match name {
             libc::IPV6_UNICAST_HOPS => (64, Ranged(0, 255)),
+            libc::IPV6_MINHOPCOUNT => (0, Strict(0, 255)),
             libc::IPV6_RECVERR => (0, Bool),
             libc::IPV6_RECVPKTINFO => (0, Bool),
             libc::IPV6_RECVHOPLIMIT => (0, Bool),

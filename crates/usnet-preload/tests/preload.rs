@@ -235,6 +235,17 @@ fn udp_receive_timestamps_and_socket_level_options_as_on_the_kernel() {
     same_under_the_shim("udp_timestamps", 7812);
 }
 
+/// A TCP socket's IP_TTL on its SYN and its segments, and IP_MINTTL (RFC 5082's
+/// GTSM, as BGP speakers set it) on a listener, before or after listen, inherited
+/// by accepted connections; segments below it dropped, their retransmissions with
+/// a TTL set since taken (`examples/c/tcp_ttl.c`; before, both options were only
+/// recorded and IP_MINTTL was ENOPROTOOPT).
+#[test]
+fn tcp_ttl_and_minimum_ttl_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("tcp_ttl", 7830);
+}
+
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();

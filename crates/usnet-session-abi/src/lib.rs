@@ -416,17 +416,26 @@ pub mod opt {
     /// value), the backup's bytes in `args[4]` and `args[5]`.
     pub const TCP_FASTOPEN_KEYS: u64 = 0x1_0000 + 33;
     pub const IPPROTO_IP: u64 = 0;
-    /// The TOS byte: on a connection its DSCP bits (TCP keeps the ECN bits); on a
+    /// The TOS byte: on a TCP socket its DSCP bits (TCP keeps the ECN bits); on a
     /// UDP socket the whole byte of every IPv4 datagram it sends.
     pub const IP_TOS: u64 = 1;
-    /// On a UDP socket, the TTL of the IPv4 unicast it sends: 1–255, or more
-    /// than 255 for the stack's. Kept and applied like the multicast options.
+    /// The TTL of the IPv4 unicast a socket sends: 1–255, or more than 255 for
+    /// the stack's. On a UDP socket kept and applied like the multicast options.
     pub const IP_TTL: u64 = 2;
+    /// On a TCP socket, the lowest TTL an IPv4 segment for it may arrive with
+    /// (0–255; RFC 5082); lower ones are dropped.
+    pub const IP_MINTTL: u64 = 21;
     pub const IPPROTO_IPV6: u64 = 41;
     /// As [`IP_TOS`], for IPv6's traffic class.
     pub const IPV6_TCLASS: u64 = 67;
     /// As [`IP_TTL`], for the hop limit of IPv6 unicast (0–255).
     pub const IPV6_UNICAST_HOPS: u64 = 16;
+    /// As [`IP_MINTTL`], for IPv6's hop limit.
+    pub const IPV6_MINHOPCOUNT: u64 = 73;
+    // On a TCP socket the six are kept per family, as Linux keeps them: set on a
+    // fresh socket they take effect at connect (the SYN) or listen, on a listener
+    // for the connections it accepts from then on (their SYN-ACKs too), on a
+    // connection of their family from its next packet.
     /// UDP multicast, Linux's numbers. Memberships: `args[2]` the IPv4 group
     /// (its octets as a big-endian u32), `args[3]` the interface address (ignored:
     /// one interface); IPv6: `args[2]`, `args[3]` the group's high and low 64

@@ -142,6 +142,7 @@ define_counters! {
     tcp_rx_truncated => "TCP segments truncated or with a bad header length",
     tcp_rx_bad_checksum => "TCP segments with a bad checksum",
     tcp_rx_not_unicast => "TCP segments to a broadcast or multicast address (dropped)",
+    tcp_rx_min_ttl => "TCP segments below their socket's minimum TTL or hop limit (IP_MINTTL, IPV6_MINHOPCOUNT; dropped)",
     tcp_rx_no_socket => "TCP segments for no connection or listener",
     tcp_gro_merged => "TCP segments coalesced into the segment before them (GRO)",
     tcp_gro_frames => "coalesced TCP segments (of several wire segments) handed to connections (GRO)",

@@ -83,7 +83,7 @@ impl View<'_> {
             return None;
         }
         let base = eth.header_len;
-        let (src, dst, ip_hdr, l3_len, ecn) = match eth.ethertype {
+        let (src, dst, ip_hdr, l3_len, ecn, ttl) = match eth.ethertype {
             ethertype::IPV4 => {
                 let ip = wire::parse_ipv4_prefix(eth.payload, true).ok()?;
                 if ip.is_fragment()
@@ -94,7 +94,14 @@ impl View<'_> {
                     return None;
                 }
                 let (src, dst) = (IpAddr::V4(ip.src), IpAddr::V4(ip.dst));
-                (src, dst, ip.header_len, ip.total_len, ip.dscp_ecn & 3)
+                (
+                    src,
+                    dst,
+                    ip.header_len,
+                    ip.total_len,
+                    ip.dscp_ecn & 3,
+                    ip.ttl,
+                )
             }
             ethertype::IPV6 => {
                 let ip = wire::parse_ipv6_prefix(eth.payload).ok()?;
@@ -109,6 +116,7 @@ impl View<'_> {
                     wire::IPV6_HEADER_LEN,
                     l3_len,
                     ip.traffic_class & 3,
+                    ip.hop_limit,
                 )
             }
             _ => return None,
@@ -127,6 +135,10 @@ impl View<'_> {
         let target = self.sockets.tcp_lookup(local, remote);
         if !matches!(target, TcpTarget::Conn(_)) {
             return None;
+        }
+        if self.sockets.tcp_below_min_ttl(target, remote, ttl) {
+            c.tcp_rx_min_ttl += 1;
+            return Some(Verdict::Drop);
         }
         if src.is_ipv4() {
             c.ip4_rx += 1;
@@ -462,6 +474,10 @@ impl View<'_> {
         let local = SocketAddr::new(l3.dst, u16::from_be_bytes([l4[2], l4[3]]));
         // Early demux from the ports and addresses, before the checksum work.
         let target = self.sockets.tcp_lookup(local, remote);
+        if self.sockets.tcp_below_min_ttl(target, remote, l3.hop_limit) {
+            c.tcp_rx_min_ttl += 1;
+            return Verdict::Drop;
+        }
         if !self.csum_valid && !wire::verify_tcp_checksum(l3.src, l3.dst, l4) {
             c.tcp_rx_bad_checksum += 1;
             return Verdict::Drop;

@@ -53,8 +53,8 @@ pub(crate) struct GsoPending {
     next_hop: IpAddr,
     /// A short or PSH segment ended it: nothing more may join.
     closed: bool,
-    /// The IP ECN codepoint of every segment in it.
-    ecn: u8,
+    /// The TTL and TOS byte (DSCP and ECN) of every segment in it.
+    ip: IpFields,
     /// The payload is carried as fragments of `buf` (zero-copy pieces where they
     /// lie, or a lent ring's bytes), not copied into its chain; `bufs` counts the
     /// fragments.
@@ -79,7 +79,7 @@ impl GsoPending {
         repr: &usnet_tcp::TcpRepr,
         plen: usize,
         (l3, next_hop): (usize, IpAddr),
-        ecn: u8,
+        ip: IpFields,
     ) -> GsoPending {
         GsoPending {
             buf,
@@ -95,7 +95,7 @@ impl GsoPending {
             l3,
             next_hop,
             closed: repr.flags.contains(TcpFlags::PSH),
-            ecn,
+            ip,
             frags,
         }
     }
@@ -110,7 +110,7 @@ impl GsoPending {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         plen: usize,
-        ecn: u8,
+        ip: IpFields,
         more_bufs: usize,
     ) -> bool {
         let mut same = *repr;
@@ -125,7 +125,7 @@ impl GsoPending {
             && self.remote == remote
             && repr.seq == self.next_seq
             && same == first
-            && self.ecn == ecn
+            && self.ip == ip
             && plen > 0
             && plen <= self.seg
             && fits
@@ -264,7 +264,7 @@ struct FragFields {
 }
 
 /// The per-packet fields of an IP header a sender chooses.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IpFields {
     /// TTL or hop limit.
     pub ttl: u8,
@@ -619,7 +619,7 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         payload: (&[u8], &[u8]),
-        ecn: u8,
+        ip: IpFields,
     ) -> bool {
         if self.tx.len() >= self.cfg.tx_queue_len {
             self.counters.tcp_tx_blocked += 1;
@@ -636,7 +636,7 @@ impl Core {
         let plen = payload.0.len() + payload.1.len();
         let tcp_len = hl + plen;
         let total = ETH + l3 + tcp_len;
-        let ttl = self.cfg.ttl;
+        let ttl = ip.ttl;
         if total <= self.pool.buf_size() - self.pool.headroom() {
             let Some(buf) = self.pool.alloc() else {
                 // Not a loss: the engine keeps the segment and sends it later.
@@ -647,7 +647,7 @@ impl Core {
             let p = ETH + l3 + hl;
             out[p..p + payload.0.len()].copy_from_slice(payload.0);
             out[p + payload.0.len()..].copy_from_slice(payload.1);
-            self.write_tcp_headers(&buf, src, dst, repr, ecn, plen, next_hop);
+            self.write_tcp_headers(&buf, src, dst, repr, ip, plen, next_hop);
             self.finish_tcp_tx(buf, dst, next_hop);
             return true;
         }
@@ -665,7 +665,7 @@ impl Core {
             None,
             true,
         );
-        set_ip_ecn(&mut frame, ecn);
+        set_ip_ecn(&mut frame, ip.tos);
         let p = ETH + l3 + hl;
         frame[p..p + payload.0.len()].copy_from_slice(payload.0);
         frame[p + payload.0.len()..].copy_from_slice(payload.1);
@@ -693,14 +693,14 @@ impl Core {
         src: IpAddr,
         dst: IpAddr,
         repr: &usnet_tcp::TcpRepr,
-        ecn: u8,
+        ip: IpFields,
         plen: usize,
         next_hop: IpAddr,
     ) {
         let l3 = ip_header_len(dst);
         let tcp_len = repr.header_len() + plen;
         let mut hdr_bytes = [0u8; 64];
-        let ttl = self.cfg.ttl;
+        let ttl = ip.ttl;
         self.write_headers(
             &mut hdr_bytes,
             src,
@@ -711,7 +711,7 @@ impl Core {
             None,
             true,
         );
-        set_ip_ecn(&mut hdr_bytes, ecn);
+        set_ip_ecn(&mut hdr_bytes, ip.tos);
         let offload = self.cfg.tx_csum_offload && !self.is_local_addr(next_hop);
         let out = self.pool.data_mut(buf);
         out[..ETH + l3].copy_from_slice(&hdr_bytes[..ETH + l3]);
@@ -736,7 +736,7 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         span: usnet_tcp::BufSpan,
-        ecn: u8,
+        ip: IpFields,
     ) -> Option<bool> {
         let (src, dst) = (local.ip(), remote.ip());
         let id = self.pool.checked(span.buf)?;
@@ -754,7 +754,7 @@ impl Core {
         self.pool.set_data(id, frame_off, front + plen)?;
         self.pool.set_offload(id, Offload::default());
         let buf = self.pool.retain(id);
-        self.write_tcp_headers(&buf, src, dst, repr, ecn, plen, next_hop);
+        self.write_tcp_headers(&buf, src, dst, repr, ip, plen, next_hop);
         self.counters.tcp_zc_tx_in_place += 1;
         self.finish_tcp_tx(buf, dst, next_hop);
         Some(true)
@@ -776,20 +776,20 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         payload: (&[u8], &[u8]),
-        ecn: u8,
+        ip: IpFields,
         lent: Option<&Arc<dyn Lender>>,
     ) -> bool {
         let plen = payload.0.len() + payload.1.len();
         let lent = lent_payload(lent, payload);
         // One segment is a run of one: PSH, if it has it, is on its last.
         if let Some(joined) =
-            self.gso_join_run(pending, local, remote, repr, payload, plen, 0, 1, ecn, lent)
+            self.gso_join_run(pending, local, remote, repr, payload, plen, 0, 1, ip, lent)
         {
             return joined == 1;
         }
         // A small answer is cheaper copied than carried as one more part.
         let lent = lent.filter(|_| plen >= LENT_MIN);
-        self.gso_begin(pending, local, remote, repr, payload, ecn, lent)
+        self.gso_begin(pending, local, remote, repr, payload, ip, lent)
     }
 
     /// Joins segments `done..n` of a run of `n` segments of `seg` bytes (`repr` the
@@ -809,14 +809,14 @@ impl Core {
         seg: usize,
         done: usize,
         n: usize,
-        ecn: u8,
+        ip: IpFields,
         lent: Option<&Arc<dyn Lender>>,
     ) -> Option<usize> {
         let p = pending.as_mut()?;
         let first = usnet_tcp::run_segment(repr, seg, done, n);
         if let Some(lender) = lent {
             // Up to two more fragments per append (the ring may wrap).
-            if !p.frags || !p.continues(local, remote, &first, seg, ecn, 2) {
+            if !p.frags || !p.continues(local, remote, &first, seg, ip, 2) {
                 return None;
             }
             let k = (p.room_by_size(repr.header_len()) / seg).clamp(1, n - done);
@@ -837,7 +837,7 @@ impl Core {
         let size = self.pool.buf_size();
         let tailroom = self.pool.tailroom(p.tail);
         let one_more = seg.saturating_sub(tailroom).div_ceil(size);
-        if p.frags || !p.continues(local, remote, &first, seg, ecn, one_more) {
+        if p.frags || !p.continues(local, remote, &first, seg, ip, one_more) {
             return None;
         }
         let k = p
@@ -867,20 +867,20 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         payload: (&[u8], &[u8]),
-        ecn: u8,
+        ip: IpFields,
         lent: Option<&Arc<dyn Lender>>,
     ) -> bool {
         let plen = payload.0.len() + payload.1.len();
         if let Some(lender) = lent {
             let begun =
-                self.gso_begin_frags(pending, local, remote, repr, plen, ecn, |pool, head| {
+                self.gso_begin_frags(pending, local, remote, repr, plen, ip, |pool, head| {
                     for part in [payload.0, payload.1] {
                         pool.attach_lent(head, lender, part)
                             .expect("the caller checked the payload lies in lent memory");
                     }
                 });
             return match begun {
-                None => self.send_tcp(local, remote, repr, payload, ecn),
+                None => self.send_tcp(local, remote, repr, payload, ip),
                 Some(ok) => {
                     self.counters.tcp_tx_lent += u64::from(ok);
                     ok
@@ -889,7 +889,7 @@ impl Core {
         }
         self.flush_gso(pending);
         let (buf, l3, next_hop) = match self.gso_start(remote, repr, plen) {
-            GsoStart::Unjoinable => return self.send_tcp(local, remote, repr, payload, ecn),
+            GsoStart::Unjoinable => return self.send_tcp(local, remote, repr, payload, ip),
             GsoStart::Refused => return false,
             GsoStart::Head(buf, l3, next_hop) => (buf, l3, next_hop),
         };
@@ -910,7 +910,7 @@ impl Core {
             repr,
             plen,
             (l3, next_hop),
-            ecn,
+            ip,
         ));
         true
     }
@@ -930,14 +930,14 @@ impl Core {
         payload: (&[u8], &[u8]),
         seg: usize,
         n: usize,
-        ecn: u8,
+        ip: IpFields,
         lent: Option<&Arc<dyn Lender>>,
     ) -> usize {
         let lent = lent_payload(lent, payload);
         let mut done = 0;
         while done < n {
             match self.gso_join_run(
-                pending, local, remote, repr, payload, seg, done, n, ecn, lent,
+                pending, local, remote, repr, payload, seg, done, n, ip, lent,
             ) {
                 Some(0) => return done,
                 Some(k) => done += k,
@@ -945,7 +945,7 @@ impl Core {
                     // The next segment starts a frame (or goes unjoined).
                     let r = usnet_tcp::run_segment(repr, seg, done, n);
                     let one = usnet_tcp::ring_range(payload, done * seg, seg);
-                    if !self.gso_begin(pending, local, remote, &r, one, ecn, lent) {
+                    if !self.gso_begin(pending, local, remote, &r, one, ip, lent) {
                         return done;
                     }
                     done += 1;
@@ -968,14 +968,14 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         spans: &[usnet_tcp::BufSpan],
-        ecn: u8,
+        ip: IpFields,
     ) -> Option<bool> {
         if !self.spans_live(spans) {
             return None;
         }
         let plen: usize = spans.iter().map(|s| s.len as usize).sum();
         if let Some(p) = pending.as_mut() {
-            if p.frags && p.continues(local, remote, repr, plen, ecn, spans.len()) {
+            if p.frags && p.continues(local, remote, repr, plen, ip, spans.len()) {
                 let head = p.buf.id();
                 attach_spans(&mut self.pool, head, spans);
                 p.joined(repr, plen, 0);
@@ -984,7 +984,7 @@ impl Core {
                 return Some(true);
             }
         }
-        let ok = self.gso_begin_frags(pending, local, remote, repr, plen, ecn, |pool, head| {
+        let ok = self.gso_begin_frags(pending, local, remote, repr, plen, ip, |pool, head| {
             attach_spans(pool, head, spans)
         })?;
         self.counters.tcp_zc_tx_attached += u64::from(ok);
@@ -1017,7 +1017,7 @@ impl Core {
         repr: &usnet_tcp::TcpRepr,
         spans: &[usnet_tcp::BufSpan],
         (seg, allowed, n): (usize, usize, usize),
-        ecn: u8,
+        ip: IpFields,
     ) -> Option<usize> {
         let mut cut = SpanCut::new(spans);
         let hl = repr.header_len();
@@ -1026,7 +1026,7 @@ impl Core {
             let first = usnet_tcp::run_segment(repr, seg, done, n);
             if let Some(p) = pending
                 .as_mut()
-                .filter(|p| p.frags && p.continues(local, remote, &first, seg, ecn, 1))
+                .filter(|p| p.frags && p.continues(local, remote, &first, seg, ip, 1))
             {
                 let by_size = (p.room_by_size(hl) / seg).clamp(1, allowed - done);
                 let k = cut.segments_within(seg, by_size, GSO_MAX_BUFS - p.bufs);
@@ -1041,7 +1041,7 @@ impl Core {
                 }
             }
             let begun =
-                self.gso_begin_frags(pending, local, remote, &first, seg, ecn, |pool, head| {
+                self.gso_begin_frags(pending, local, remote, &first, seg, ip, |pool, head| {
                     cut.attach(pool, head, seg)
                 });
             match begun {
@@ -1068,7 +1068,7 @@ impl Core {
         remote: std::net::SocketAddr,
         repr: &usnet_tcp::TcpRepr,
         plen: usize,
-        ecn: u8,
+        ip: IpFields,
         attach: impl FnOnce(&mut PacketPool, BufId),
     ) -> Option<bool> {
         self.flush_gso(pending);
@@ -1089,7 +1089,7 @@ impl Core {
             repr,
             plen,
             (l3, next_hop),
-            ecn,
+            ip,
         ));
         Some(true)
     }
@@ -1151,7 +1151,7 @@ impl Core {
         let hl = p.repr.header_len();
         let tcp_len = hl + p.payload;
         let mut hdr = [0u8; 64];
-        let ttl = self.cfg.ttl;
+        let ttl = p.ip.ttl;
         self.write_headers(
             &mut hdr,
             src,
@@ -1162,7 +1162,7 @@ impl Core {
             None,
             true,
         );
-        set_ip_ecn(&mut hdr, p.ecn);
+        set_ip_ecn(&mut hdr, p.ip.tos);
         let l3 = p.l3;
         let out = self.pool.data_mut(&p.buf);
         out[..ETH + l3].copy_from_slice(&hdr[..ETH + l3]);

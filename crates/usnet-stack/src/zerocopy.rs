@@ -389,7 +389,7 @@ impl Stack {
         port: &mut ZcPort,
         remote: SocketAddr,
     ) -> Result<SocketHandle, StackError> {
-        let h = self.tcp_connect_with(None, remote, self.zc_tcp_config())?;
+        let h = self.tcp_connect_with(None, remote, self.zc_tcp_config(), Default::default())?;
         self.zc_add(port, h, false);
         Ok(h)
     }

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use usnet_stack::sim::{Faults, SimNet};
-use usnet_stack::{mac_from_seed, Counters, Instant, SocketHandle, Stack, StackConfig, StackError};
+use usnet_stack::{
+    mac_from_seed, Counters, Instant, SocketHandle, Stack, StackConfig, StackError, TcpIpOpts,
+};
 use usnet_wire::{self as wire, TcpFlags};
 
 fn cfg(i: u8, gro: bool) -> StackConfig {
@@ -555,4 +557,152 @@ fn a_connection_sends_with_its_tos() {
     assert_eq!(frames.len(), 1);
     // The ECN bits were masked off; this connection negotiated no ECN.
     assert_eq!(frames[0][14 + 1], 0x2c);
+}
+
+/// Pair `p` with its neighbours resolved for `server`'s family (a connection to
+/// port 9 of its address), so the next frame a test takes is its own.
+fn resolved(server: &str) -> Pair {
+    let mut p = Pair::new(false);
+    let mut warm = sa(server);
+    warm.set_port(9);
+    let l = p.b.tcp_listen(warm, 1).unwrap();
+    p.a.tcp_connect(None, warm).unwrap();
+    p.settle();
+    p.b.tcp_accept(l).unwrap();
+    p
+}
+
+/// The TTL (hop limit) and TOS (traffic class) byte of an Ethernet + IP frame.
+fn ttl_tos(frame: &[u8]) -> (u8, u8) {
+    let ip = &frame[14..];
+    if ip[0] >> 4 == 4 {
+        (ip[8], ip[1])
+    } else {
+        (ip[7], (ip[0] & 0x0f) << 4 | ip[1] >> 4)
+    }
+}
+
+/// `TcpIpOpts`: a connection's TTL and TOS from its SYN on; a listener's, per
+/// family, on its SYN-ACKs and on the connections it accepts (Linux's child socket
+/// copies them); the stack's TTL for a socket that chose none.
+#[test]
+fn a_socket_chooses_its_ttl_and_a_listener_passes_its_fields_on() {
+    for (server, v4) in [("10.0.0.2:80", true), ("[fd00::2]:80", false)] {
+        let mut p = resolved(server);
+        let l = p.b.tcp_listen(sa(server), 4).unwrap();
+        let mine = TcpIpOpts {
+            tos: 0x20,
+            ttl: Some(200),
+            min_ttl: 0,
+        };
+        let (fam, other) = if v4 {
+            (sa("10.0.0.9:1").ip(), sa("[fd00::9]:1").ip())
+        } else {
+            (sa("[fd00::9]:1").ip(), sa("10.0.0.9:1").ip())
+        };
+        p.b.tcp_set_ip_opts(l, fam, mine).unwrap();
+        assert_eq!(p.b.tcp_ip_opts(l, fam).unwrap(), mine);
+        assert_eq!(p.b.tcp_ip_opts(l, other).unwrap(), TcpIpOpts::default());
+        let cfg = p.a.tcp_config().clone();
+        let ours = TcpIpOpts {
+            tos: 0x4b, // the ECN bits are the engine's: masked
+            ttl: Some(255),
+            min_ttl: 0,
+        };
+        let c = p.a.tcp_connect_with(None, sa(server), cfg, ours).unwrap();
+        let syn = Pair::frames(&mut p.a);
+        assert_eq!(syn.len(), 1);
+        assert_eq!(ttl_tos(&syn[0]), (255, 0x48), "the SYN, v4 {v4}");
+        Pair::feed(&mut p.b, &syn);
+        p.now = p.now + Duration::from_micros(1);
+        p.b.poll(p.now);
+        let syn_ack = Pair::frames(&mut p.b);
+        assert_eq!(syn_ack.len(), 1);
+        assert_eq!(ttl_tos(&syn_ack[0]), (200, 0x20), "the SYN-ACK, v4 {v4}");
+        Pair::feed(&mut p.a, &syn_ack);
+        p.settle();
+        let s = p.b.tcp_accept(l).unwrap();
+        assert_eq!(p.b.tcp_ip_opts(s, fam).unwrap(), mine, "inherited");
+        assert_eq!(p.b.tcp_send(s, b"hi").unwrap(), 2);
+        assert_eq!(p.a.tcp_send(c, b"hello").unwrap(), 5);
+        p.now = p.now + Duration::from_micros(1);
+        p.b.poll(p.now);
+        p.a.poll(p.now);
+        assert_eq!(ttl_tos(&Pair::frames(&mut p.b)[0]), (200, 0x20));
+        assert_eq!(ttl_tos(&Pair::frames(&mut p.a)[0]), (255, 0x48));
+        // Back to the stack's TTL.
+        p.a.tcp_set_ip_opts(c, fam, TcpIpOpts::default()).unwrap();
+        assert_eq!(p.a.tcp_send(c, b"again").unwrap(), 5);
+        p.now = p.now + Duration::from_millis(300);
+        p.a.poll(p.now);
+        assert_eq!(ttl_tos(&Pair::frames(&mut p.a)[0]), (64, 0));
+    }
+}
+
+/// `TcpIpOpts::min_ttl` (RFC 5082): a listener drops SYNs that arrive below it,
+/// so only a peer that sends with a high enough TTL connects; a connection drops
+/// its segments that do; each drop counted, none answered.
+#[test]
+fn segments_below_a_sockets_minimum_ttl_are_dropped() {
+    for (server, fam) in [
+        ("10.0.0.2:80", "10.0.0.9:1"),
+        ("[fd00::2]:80", "[fd00::9]:1"),
+    ] {
+        let fam = sa(fam).ip();
+        let mut p = resolved(server);
+        let l = p.b.tcp_listen(sa(server), 4).unwrap();
+        let gtsm = TcpIpOpts {
+            min_ttl: 255,
+            ..Default::default()
+        };
+        p.b.tcp_set_ip_opts(l, fam, gtsm).unwrap();
+        // TTL 64: the SYN is dropped, nothing answers.
+        let low = p.a.tcp_connect(None, sa(server)).unwrap();
+        let syn = Pair::frames(&mut p.a);
+        Pair::feed(&mut p.b, &syn);
+        p.now = p.now + Duration::from_micros(1);
+        p.b.poll(p.now);
+        assert!(
+            Pair::frames(&mut p.b).is_empty(),
+            "answered a SYN below the minimum"
+        );
+        assert_eq!(p.b.counters().tcp_rx_min_ttl, 1);
+        p.a.tcp_abort(low).unwrap();
+        let _ = Pair::frames(&mut p.a);
+        // TTL 255: connects.
+        let cfg = p.a.tcp_config().clone();
+        let high = TcpIpOpts {
+            ttl: Some(255),
+            ..Default::default()
+        };
+        let c = p.a.tcp_connect_with(None, sa(server), cfg, high).unwrap();
+        p.settle();
+        let s = p.b.tcp_accept(l).unwrap();
+        assert_eq!(p.b.tcp_ip_opts(s, fam).unwrap().min_ttl, 255);
+        assert_eq!(p.a.tcp_send(c, b"one").unwrap(), 3);
+        p.settle();
+        let mut got = [0u8; 8];
+        assert_eq!(p.b.tcp_recv(s, &mut got).unwrap(), 3);
+        // A segment one hop further is dropped.
+        p.a.tcp_set_ip_opts(
+            c,
+            fam,
+            TcpIpOpts {
+                ttl: Some(254),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(p.a.tcp_send(c, b"two").unwrap(), 3);
+        p.now = p.now + Duration::from_micros(1);
+        p.a.poll(p.now);
+        let seg = Pair::frames(&mut p.a);
+        Pair::feed(&mut p.b, &seg);
+        p.b.poll(p.now);
+        assert!(matches!(
+            p.b.tcp_recv(s, &mut got),
+            Err(StackError::WouldBlock)
+        ));
+        assert_eq!(p.b.counters().tcp_rx_min_ttl, 2);
+    }
 }

@@ -129,6 +129,11 @@ impl ServerSession {
         match stack.tcp_listen_families(addr, backlog, cfg, families(fam)) {
             Ok(h) => {
                 self.sock(i).role = Role::Listener;
+                for (f, ip) in self.sock(i).tcp_ip.into_iter().enumerate() {
+                    if ip != Default::default() {
+                        let _ = stack.tcp_set_ip_opts(h, super::options::FAMILY_ADDR[f], ip);
+                    }
+                }
                 self.adopt(stack, i, h);
                 if let Ok(local) = stack.tcp_local_addr(h) {
                     self.mem
@@ -170,6 +175,8 @@ impl ServerSession {
         let j = self
             .new_slot(KIND_TCP, Role::Conn)
             .expect("a slot was free");
+        // The stack's child took the listener's IP fields; so does its slot.
+        self.sock(j).tcp_ip = self.sock(i).tcp_ip;
         self.adopt(stack, j, child);
         if let Ok(l) = stack.tcp_local_addr(child) {
             self.mem
@@ -223,7 +230,8 @@ impl ServerSession {
         s.tx.release();
         let cfg = connect_config(stack, s.connect_mss);
         unbind(stack, s);
-        match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg) {
+        let ip = s.tcp_ip[usize::from(remote.is_ipv6())];
+        match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg, ip) {
             Ok((h, q)) => {
                 self.sock(i).written += q as u64;
                 self.connecting(stack, i, h, &a);
@@ -246,7 +254,8 @@ impl ServerSession {
                 }
                 let cfg = connect_config(stack, s.connect_mss);
                 unbind(stack, s);
-                match stack.tcp_connect_with(s.bound, remote, cfg) {
+                let ip = s.tcp_ip[usize::from(remote.is_ipv6())];
+                match stack.tcp_connect_with(s.bound, remote, cfg, ip) {
                     Ok(h) => {
                         self.connecting(stack, i, h, &a);
                         0

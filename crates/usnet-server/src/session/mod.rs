@@ -93,6 +93,10 @@ struct SessionSocket {
     connect_mss: Option<u16>,
     /// TCP_SYNCNT set before `connect`.
     syn_retries: Option<u32>,
+    /// A TCP socket's IP header fields per family (IPv4, IPv6), as set: a
+    /// fresh socket's go to the stack at connect or listen, a listener's are its
+    /// accepted connections'.
+    tcp_ip: [usnet_stack::TcpIpOpts; 2],
     /// Multicast options set on a UDP socket before the stack socket existed:
     /// applied, in order, when it is made (bind, connect, first send).
     deferred: Vec<[u64; 6]>,
@@ -577,6 +581,7 @@ impl ServerSession {
             binding: None,
             connect_mss: None,
             syn_retries: None,
+            tcp_ip: Default::default(),
             rx,
             tx,
             lent: false,

@@ -150,8 +150,30 @@ impl ServerSession {
                 (Role::Conn, Some(h)) => stack.tcp_set_syn_retries(h, value.clamp(1, 127) as u32),
                 _ => Ok(()),
             },
-            (opt::IPPROTO_IP, opt::IP_TOS) | (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) if tcp_conn => {
-                stack.tcp_set_tos(h.expect("conn"), value as u8)
+            (level, name) if s.kind == KIND_TCP && tcp_ip_opt(level, name) => {
+                let f = usize::from(level == opt::IPPROTO_IPV6);
+                let ip = &mut s.tcp_ip[f];
+                match name {
+                    opt::IP_TOS | opt::IPV6_TCLASS => ip.tos = value as u8 & !3,
+                    opt::IP_TTL | opt::IPV6_UNICAST_HOPS => {
+                        ip.ttl = (value <= 255).then_some(value as u8)
+                    }
+                    _ => ip.min_ttl = value.min(255) as u8,
+                }
+                let ip = *ip;
+                let family = FAMILY_ADDR[f];
+                match (s.role, h) {
+                    (Role::Listener, Some(h)) => stack.tcp_set_ip_opts(h, family, ip),
+                    // A connection takes the options of its peer's family.
+                    (Role::Conn, Some(h)) => match stack.tcp_peer_addr(h) {
+                        Ok(p) if usize::from(p.is_ipv6()) == f => {
+                            stack.tcp_set_ip_opts(h, family, ip)
+                        }
+                        _ => Ok(()),
+                    },
+                    // A fresh socket's are taken at connect or listen.
+                    _ => Ok(()),
+                }
             }
             (opt::SOL_SOCKET, opt::SO_LINGER) if tcp_conn => {
                 // value: seconds, or u64::MAX for "off".
@@ -324,6 +346,24 @@ impl ServerSession {
 
 /// UDP multicast options (`usnet_session_abi::opt`).
 /// The options of a UDP socket the stack keeps: its IP header's and multicast's.
+/// An address of each family, IPv4 then IPv6, to name a family to the stack.
+pub(super) const FAMILY_ADDR: [std::net::IpAddr; 2] = [
+    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+];
+
+/// The IP header options a TCP socket keeps per family ([`usnet_stack::TcpIpOpts`]).
+fn tcp_ip_opt(level: u64, name: u64) -> bool {
+    matches!(
+        (level, name),
+        (opt::IPPROTO_IP, opt::IP_TOS | opt::IP_TTL | opt::IP_MINTTL)
+            | (
+                opt::IPPROTO_IPV6,
+                opt::IPV6_TCLASS | opt::IPV6_UNICAST_HOPS | opt::IPV6_MINHOPCOUNT
+            )
+    )
+}
+
 fn is_udp_opt(level: u64, name: u64) -> bool {
     match level {
         opt::IPPROTO_IP => matches!(

@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 pub use ping::EchoReply;
 pub(crate) use ping::PingSocket;
+pub use tcp::TcpIpOpts;
 pub(crate) use tcp::{FoCacheEntry, TcpConnSock, TcpListenSock, TcpTable};
 pub(crate) use udp::{Datagram, UdpSocket, UdpTable};
 

@@ -13,6 +13,31 @@ use usnet_tcp::{Connection, Listener, TcpRepr, TcpStats};
 use super::{Socket, SocketHandle, SocketSet};
 use crate::types::TcpTarget;
 
+/// The IP header fields a TCP socket chooses for one address family, kept per
+/// socket and family as Linux keeps them (`IP_TOS` / `IPV6_TCLASS`, `IP_TTL` /
+/// `IPV6_UNICAST_HOPS`, `IP_MINTTL` / `IPV6_MINHOPCOUNT`). A listener's are
+/// its connections' from the SYN-ACK on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpIpOpts {
+    /// The DSCP bits of the TOS / traffic class byte (the ECN bits are the
+    /// engine's, as Linux masks them for TCP).
+    pub tos: u8,
+    /// The TTL / hop limit of its packets (None: the stack's).
+    pub ttl: Option<u8>,
+    /// Segments that arrive with a lower TTL / hop limit are dropped (RFC 5082,
+    /// the Generalized TTL Security Mechanism); 0 drops none.
+    pub min_ttl: u8,
+}
+
+/// The index of `a`'s family in per-family arrays: 0 for IPv4 (and IPv4-mapped
+/// IPv6, which travels as IPv4), 1 for IPv6.
+pub(crate) fn family_index(a: std::net::IpAddr) -> usize {
+    match a {
+        std::net::IpAddr::V4(_) => 0,
+        std::net::IpAddr::V6(v6) => usize::from(v6.to_ipv4_mapped().is_none()),
+    }
+}
+
 /// A connection's slot in the socket table.
 pub(crate) struct TcpConnSock {
     pub conn: Connection,
@@ -32,9 +57,8 @@ pub(crate) struct TcpConnSock {
     pub fin_pending: bool,
     /// The connection's error was reported to the application (once, as Linux).
     pub err_reported: bool,
-    /// The DSCP bits of its packets' TOS / traffic class byte (`IP_TOS`,
-    /// `IPV6_TCLASS`; the ECN bits are the engine's).
-    pub tos: u8,
+    /// The IP header fields it chooses for its family.
+    pub ip: TcpIpOpts,
     /// What keeps a lent send ring mapped (`Stack::tcp_lend_send_buffer`), for
     /// frames that carry its bytes by reference.
     pub lender: Option<Arc<dyn Lender>>,
@@ -53,7 +77,7 @@ impl TcpConnSock {
             blocked: false,
             fin_pending: false,
             err_reported: false,
-            tos: 0,
+            ip: TcpIpOpts::default(),
             lender: None,
         }
     }
@@ -78,6 +102,8 @@ pub(crate) struct TcpListenSock {
     pub v4: Option<Listener<SocketHandle>>,
     pub v6: Option<Listener<SocketHandle>>,
     pub timer: Option<u64>,
+    /// The IP header fields per family ([`family_index`]).
+    pub ip: [TcpIpOpts; 2],
 }
 
 impl TcpListenSock {
@@ -154,6 +180,9 @@ pub(crate) struct TcpTable {
     /// hash), by port.
     pub bound: HashMap<u16, Vec<TcpBinding>>,
     pub next_binding: u64,
+    /// Some socket was given a minimum TTL (`TcpIpOpts::min_ttl`): only then does
+    /// the receive path look at each segment's.
+    pub min_ttl_used: bool,
 }
 
 /// A port a socket holds by `bind` alone ([`crate::Stack::tcp_bind`]).
@@ -214,6 +243,24 @@ impl SocketSet {
     /// TCP early demux: the connection for this 4-tuple, else the best listener on
     /// the port (a specific address before a wildcard that takes the SYN's family).
     #[inline]
+    /// Whether a segment from `remote` with TTL / hop limit `ttl` is below the
+    /// minimum of the socket it is for (`TcpIpOpts::min_ttl`; Linux checks it
+    /// after the lookup, for listeners too, and drops the segment silently).
+    pub fn tcp_below_min_ttl(&self, target: TcpTarget, remote: SocketAddr, ttl: u8) -> bool {
+        if !self.tcp.min_ttl_used {
+            return false;
+        }
+        let min = match target {
+            TcpTarget::Conn(i) => self.conn_at(i).map_or(0, |s| s.ip.min_ttl),
+            TcpTarget::Listener(i) => match self.at(i) {
+                Some(Socket::TcpListen(l)) => l.ip[family_index(remote.ip())].min_ttl,
+                _ => 0,
+            },
+            TcpTarget::None => 0,
+        };
+        ttl < min
+    }
+
     pub fn tcp_lookup(&self, local: SocketAddr, remote: SocketAddr) -> TcpTarget {
         if let Some(&i) = self.tcp.conns.get(&(local, remote)) {
             return TcpTarget::Conn(i);

@@ -1,7 +1,7 @@
 //! The application's TCP calls on a [`Stack`]: listen, accept, connect, send,
 //! receive, shutdown, close, options and inspection.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +12,10 @@ use usnet_tcp::{
 use usnet_wire::FastOpen;
 
 use super::readiness_of;
+use crate::socket::tcp::family_index;
 use crate::socket::{
-    Families, Owner, Readiness, Socket, SocketHandle, SocketStats, TcpConnSock, TcpListenSock,
-    EPHEMERAL_SPAN,
+    Families, Owner, Readiness, Socket, SocketHandle, SocketStats, TcpConnSock, TcpIpOpts,
+    TcpListenSock, EPHEMERAL_SPAN,
 };
 use crate::{Stack, StackError};
 use usnet_pool::Lender;
@@ -39,6 +40,7 @@ pub struct TcpListenCopy {
     fam: Families,
     v4: Option<usnet_tcp::Listener<SocketHandle>>,
     v6: Option<usnet_tcp::Listener<SocketHandle>>,
+    ip: [TcpIpOpts; 2],
 }
 
 impl TcpListenCopy {
@@ -280,7 +282,7 @@ impl Stack {
         let (take4, take6) = fam.of(ip);
         let v4 = take4.then(|| mk(false));
         let v6 = take6.then(|| mk(true));
-        Ok(self.tcp_insert_listener(local, v4, v6))
+        Ok(self.tcp_insert_listener(local, v4, v6, Default::default()))
     }
 
     /// A listener's address, families and settings, to open the same listening
@@ -292,6 +294,7 @@ impl Stack {
                 fam: l.families_taken(),
                 v4: l.v4.as_ref().map(|x| x.copy_settings()),
                 v6: l.v6.as_ref().map(|x| x.copy_settings()),
+                ip: l.ip,
             }),
             _ => Err(StackError::WrongType),
         }
@@ -304,7 +307,7 @@ impl Stack {
         let local = SocketAddr::new(c.local.ip(), port);
         let v4 = c.v4.as_ref().map(|x| x.copy_settings());
         let v6 = c.v6.as_ref().map(|x| x.copy_settings());
-        Ok(self.tcp_insert_listener(local, v4, v6))
+        Ok(self.tcp_insert_listener(local, v4, v6, c.ip))
     }
 
     fn tcp_insert_listener(
@@ -312,6 +315,7 @@ impl Stack {
         local: SocketAddr,
         v4: Option<Listener<SocketHandle>>,
         v6: Option<Listener<SocketHandle>>,
+        ip: [TcpIpOpts; 2],
     ) -> SocketHandle {
         let port = local.port();
         let h = self.sockets.insert(
@@ -320,6 +324,7 @@ impl Stack {
                 v4,
                 v6,
                 timer: None,
+                ip,
             })),
             Owner::LOCAL,
         );
@@ -452,17 +457,19 @@ impl Stack {
         remote: SocketAddr,
     ) -> Result<SocketHandle, StackError> {
         let cfg = self.core.cfg.tcp.clone();
-        self.tcp_connect_with(local, remote, cfg)
+        self.tcp_connect_with(local, remote, cfg, TcpIpOpts::default())
     }
 
-    /// `tcp_connect` with a configuration other than the stack's template.
+    /// `tcp_connect` with a configuration other than the stack's template, and
+    /// the IP header fields of its packets from the SYN on.
     pub fn tcp_connect_with(
         &mut self,
         local: Option<SocketAddr>,
         remote: SocketAddr,
         cfg: TcpConfig,
+        ip: TcpIpOpts,
     ) -> Result<SocketHandle, StackError> {
-        self.tcp_open(local, remote, cfg, |_, _, _| 0)
+        self.tcp_open(local, remote, cfg, ip, |_, _, _| 0)
             .map(|(h, _)| h)
     }
 
@@ -472,6 +479,7 @@ impl Stack {
         local: Option<SocketAddr>,
         remote: SocketAddr,
         cfg: TcpConfig,
+        ip: TcpIpOpts,
         prepare: impl FnOnce(
             &mut Connection,
             &std::collections::HashMap<std::net::IpAddr, crate::socket::FoCacheEntry>,
@@ -523,10 +531,14 @@ impl Stack {
             .min(TcpConfig::mss_for_mtu(self.core.cfg.mtu, remote.is_ipv6()));
         let mut conn = Connection::connect(l, remote, self.core.tcp_now(), cfg);
         let queued = prepare(&mut conn, &self.sockets.tcp.fo_cache, &mut self.core.pool);
-        let h = self.sockets.insert(
-            Socket::TcpConn(Box::new(TcpConnSock::new(conn, None))),
-            Owner::LOCAL,
-        );
+        let mut sock = TcpConnSock::new(conn, None);
+        sock.ip = ip;
+        if ip.min_ttl != 0 {
+            self.sockets.tcp.min_ttl_used = true;
+        }
+        let h = self
+            .sockets
+            .insert(Socket::TcpConn(Box::new(sock)), Owner::LOCAL);
         self.sockets.tcp.live += 1;
         self.sockets.tcp.conns.insert((l, remote), h.index);
         self.core.counters.tcp_active_opens += 1;
@@ -578,7 +590,7 @@ impl Stack {
         data: &[u8],
     ) -> Result<(SocketHandle, usize), StackError> {
         let cfg = self.core.cfg.tcp.clone();
-        self.tcp_connect_fastopen_with(local, remote, data, cfg)
+        self.tcp_connect_fastopen_with(local, remote, data, cfg, TcpIpOpts::default())
     }
 
     /// `tcp_connect_fastopen` with a configuration other than the stack's template.
@@ -588,11 +600,12 @@ impl Stack {
         remote: SocketAddr,
         data: &[u8],
         cfg: TcpConfig,
+        ip: TcpIpOpts,
     ) -> Result<(SocketHandle, usize), StackError> {
         if !self.tcp_fastopen_client_enabled() {
             return Err(StackError::WrongType);
         }
-        self.tcp_open(local, remote, cfg, |c, cache, pool| {
+        self.tcp_open(local, remote, cfg, ip, |c, cache, pool| {
             let entry = cache.get(&remote.ip()).copied().unwrap_or_default();
             let no_cookie = c.config().fastopen & usnet_tcp::config::FASTOPEN_CLIENT_NO_COOKIE != 0;
             if entry.cookie.is_none() && !no_cookie {
@@ -1181,19 +1194,49 @@ impl Stack {
         Ok(self.conn(h)?.send_buffer_limit())
     }
 
-    /// `TCP_NOTSENT_LOWAT` (0: the stack's `tcp_notsent_lowat`).
     /// `IP_TOS` / `IPV6_TCLASS`: the DSCP bits of the connection's packets (its
     /// ECN bits stay the engine's, as Linux masks them for TCP).
     pub fn tcp_set_tos(&mut self, h: SocketHandle, tos: u8) -> Result<(), StackError> {
-        self.conn(h)?;
-        let s = self
-            .sockets
-            .conn_at_mut(h.index)
-            .ok_or(StackError::InvalidHandle)?;
-        s.tos = tos & !3;
+        let remote = self.tcp_peer_addr(h)?.ip();
+        let mut ip = self.tcp_ip_opts(h, remote)?;
+        ip.tos = tos;
+        self.tcp_set_ip_opts(h, remote, ip)
+    }
+
+    /// The IP header fields connection or listener `h` chooses for the family of
+    /// `family` (an address of it).
+    pub fn tcp_ip_opts(&self, h: SocketHandle, family: IpAddr) -> Result<TcpIpOpts, StackError> {
+        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpConn(s) => Ok(s.ip),
+            Socket::TcpListen(l) => Ok(l.ip[family_index(family)]),
+            _ => Err(StackError::WrongType),
+        }
+    }
+
+    /// Sets them: on a connection for its packets from now on (`family` is
+    /// ignored: a connection has one), on a listener for the connections it
+    /// accepts from then on, their SYN-ACKs included. The TOS keeps only its DSCP
+    /// bits. A minimum TTL drops the segments that arrive below it
+    /// (`tcp_rx_min_ttl`), as Linux's `IP_MINTTL`.
+    pub fn tcp_set_ip_opts(
+        &mut self,
+        h: SocketHandle,
+        family: IpAddr,
+        mut ip: TcpIpOpts,
+    ) -> Result<(), StackError> {
+        ip.tos &= !3;
+        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
+            Socket::TcpConn(s) => s.ip = ip,
+            Socket::TcpListen(l) => l.ip[family_index(family)] = ip,
+            _ => return Err(StackError::WrongType),
+        }
+        if ip.min_ttl != 0 {
+            self.sockets.tcp.min_ttl_used = true;
+        }
         Ok(())
     }
 
+    /// `TCP_NOTSENT_LOWAT` (0: the stack's `tcp_notsent_lowat`).
     pub fn tcp_set_notsent_lowat(&mut self, h: SocketHandle, lowat: u32) -> Result<(), StackError> {
         self.with_conn(h, |c| c.set_notsent_lowat(lowat))
     }

@@ -33,8 +33,10 @@ use usnet_tcp::{ListenEvent, Origin, Payload, Segment, SegmentSink, State, TcpRe
 use usnet_wire as wire;
 
 use crate::core::Core;
+use crate::socket::tcp::family_index;
+use crate::socket::TcpIpOpts;
 use crate::socket::{Readiness, Socket, TcpConnSock};
-use crate::tx::GsoPending;
+use crate::tx::{GsoPending, IpFields};
 use crate::types::{Src, TcpTarget};
 use crate::Stack;
 
@@ -47,8 +49,9 @@ pub(crate) struct CoreSink<'a> {
     /// With TSO: the GSO frame being built from this pass's segments.
     gso: Option<GsoPending>,
     tso: bool,
-    /// The connection's DSCP bits (`TcpConnSock::tos`), under the ECN field.
-    tos: u8,
+    /// The connection's TTL and DSCP bits (`TcpConnSock::ip`); each segment's
+    /// ECN field goes under them.
+    ip: IpFields,
     /// Payload bytes this pass may still send (`None`: no limit). While connections
     /// wait for transmit room, one that is not being served gets 0 and the one whose
     /// turn it is [`fair::QUANTUM`].
@@ -59,16 +62,25 @@ pub(crate) struct CoreSink<'a> {
 }
 
 impl CoreSink<'_> {
-    fn new(core: &mut Core, tos: u8, budget: Option<usize>) -> CoreSink<'_> {
+    fn new(core: &mut Core, ip: TcpIpOpts, budget: Option<usize>) -> CoreSink<'_> {
         let tso = core.tso_ok();
+        let ip = core.tcp_ip_fields(ip);
         CoreSink {
             core,
             refused: false,
             gso: None,
             tso,
-            tos: tos & !3,
+            ip,
             budget,
             lent: None,
+        }
+    }
+
+    /// The IP fields of a segment (`ect`: ECN-capable transport, RFC 3168).
+    fn fields(&self, ect: bool) -> IpFields {
+        IpFields {
+            ttl: self.ip.ttl,
+            tos: self.ip.tos | if ect { crate::tx::ECN_ECT0 } else { 0 },
         }
     }
 
@@ -97,8 +109,8 @@ impl SegmentSink for CoreSink<'_> {
             }
             *left = left.saturating_sub(len);
         }
-        // The whole TOS / traffic class byte: DSCP and ECN.
-        let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
+        // The TTL and the whole TOS / traffic class byte: DSCP and ECN.
+        let ip = self.fields(ect);
         let payload = match payload {
             TxData::Bytes(a, b) => (a, b),
             TxData::Bufs {
@@ -109,14 +121,14 @@ impl SegmentSink for CoreSink<'_> {
                 // one GSO frame (one device write for 64 KiB) that carries the pieces
                 // as fragments, where they lie; a short one (a small response), or
                 // any without TSO, goes in place.
-                let ip = if remote.is_ipv4() { 20 } else { 40 };
+                let l3 = if remote.is_ipv4() { 20 } else { 40 };
                 let full =
-                    ip + repr.header_len() + spans.iter().map(|s| s.len as usize).sum::<usize>()
+                    l3 + repr.header_len() + spans.iter().map(|s| s.len as usize).sum::<usize>()
                         >= self.core.cfg.mtu;
                 if self.tso && full {
                     if let Some(ok) =
                         self.core
-                            .send_tcp_gso_spans(&mut self.gso, local, remote, repr, spans, ecn)
+                            .send_tcp_gso_spans(&mut self.gso, local, remote, repr, spans, ip)
                     {
                         self.refused |= !ok;
                         return ok;
@@ -124,7 +136,7 @@ impl SegmentSink for CoreSink<'_> {
                 } else if let ([one], true) = (spans, at_piece_start) {
                     // Frames leave in order: what is being joined goes first.
                     self.flush();
-                    if let Some(ok) = self.core.send_tcp_in_place(local, remote, repr, *one, ecn) {
+                    if let Some(ok) = self.core.send_tcp_in_place(local, remote, repr, *one, ip) {
                         self.refused |= !ok;
                         return ok;
                     }
@@ -142,12 +154,12 @@ impl SegmentSink for CoreSink<'_> {
                         None => debug_assert!(false, "zero-copy piece in a free buffer"),
                     }
                 }
-                let ok = self.send_bytes(local, remote, repr, (&bytes, &[]), ecn);
+                let ok = self.send_bytes(local, remote, repr, (&bytes, &[]), ip);
                 self.core.zc_scratch = bytes;
                 return ok;
             }
         };
-        self.send_bytes(local, remote, repr, payload, ecn)
+        self.send_bytes(local, remote, repr, payload, ip)
     }
 
     /// A run of `n` segments of `seg` bytes (`SegmentSink::emit_run`) within the
@@ -164,7 +176,7 @@ impl SegmentSink for CoreSink<'_> {
         ect: bool,
     ) -> usize {
         let allowed = self.run_allowed(seg, n);
-        let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
+        let ip = self.fields(ect);
         let sent = if self.tso {
             self.core.send_tcp_gso_run(
                 &mut self.gso,
@@ -174,7 +186,7 @@ impl SegmentSink for CoreSink<'_> {
                 payload,
                 seg,
                 allowed,
-                ecn,
+                ip,
                 self.lent,
             )
         } else {
@@ -182,7 +194,7 @@ impl SegmentSink for CoreSink<'_> {
             while k < allowed {
                 let r = usnet_tcp::run_segment(repr, seg, k, n);
                 let one = usnet_tcp::ring_range(payload, k * seg, seg);
-                if !self.core.send_tcp(local, remote, &r, one, ecn) {
+                if !self.core.send_tcp(local, remote, &r, one, ip) {
                     break;
                 }
                 k += 1;
@@ -211,14 +223,14 @@ impl SegmentSink for CoreSink<'_> {
         }
         let saved = self.budget;
         let allowed = self.run_allowed(seg, n);
-        let ecn = self.tos | if ect { crate::tx::ECN_ECT0 } else { 0 };
+        let ip = self.fields(ect);
         let sent = self.core.send_tcp_gso_span_run(
             &mut self.gso,
             (local, remote),
             repr,
             spans,
             (seg, allowed, n),
-            ecn,
+            ip,
         );
         let Some(sent) = sent else {
             // Not joinable (a local destination): one at a time, budget untouched.
@@ -259,13 +271,13 @@ impl CoreSink<'_> {
         remote: SocketAddr,
         repr: &TcpRepr,
         payload: (&[u8], &[u8]),
-        ecn: u8,
+        ip: IpFields,
     ) -> bool {
         let ok = if self.tso {
             self.core
-                .send_tcp_gso(&mut self.gso, local, remote, repr, payload, ecn, self.lent)
+                .send_tcp_gso(&mut self.gso, local, remote, repr, payload, ip, self.lent)
         } else {
-            self.core.send_tcp(local, remote, repr, payload, ecn)
+            self.core.send_tcp(local, remote, repr, payload, ip)
         };
         self.refused |= !ok;
         ok
@@ -306,10 +318,24 @@ pub(crate) fn readiness_of(c: &usnet_tcp::Connection) -> Readiness {
 }
 
 impl Core {
-    /// Sends what a listener collected.
-    fn send_collected(&mut self, out: &mut Vec<(SocketAddr, SocketAddr, TcpRepr)>) {
+    /// The IP fields of a socket's segments, ECN aside: its TTL or the stack's,
+    /// its DSCP bits.
+    pub(crate) fn tcp_ip_fields(&self, ip: TcpIpOpts) -> IpFields {
+        IpFields {
+            ttl: ip.ttl.unwrap_or(self.cfg.ttl),
+            tos: ip.tos & !3,
+        }
+    }
+
+    /// Sends what a listener with IP fields `ip` (per family) collected.
+    fn send_collected(
+        &mut self,
+        out: &mut Vec<(SocketAddr, SocketAddr, TcpRepr)>,
+        ip: [TcpIpOpts; 2],
+    ) {
         for (l, r, repr) in out.drain(..) {
-            self.send_tcp(l, r, &repr, (&[], &[]), 0);
+            let f = self.tcp_ip_fields(ip[family_index(r.ip())]);
+            self.send_tcp(l, r, &repr, (&[], &[]), f);
         }
     }
 }
@@ -337,7 +363,7 @@ impl Stack {
         let Some(s) = self.sockets.conn_at_mut(idx) else {
             return;
         };
-        let mut sink = CoreSink::new(&mut self.core, s.tos, budget);
+        let mut sink = CoreSink::new(&mut self.core, s.ip, budget);
         if sink.tso && s.conn.lent_head().is_some() {
             sink.lent = s.lender.as_ref();
         }
@@ -640,7 +666,11 @@ impl Stack {
             other => other,
         };
         self.core.release(src);
-        self.core.send_collected(&mut out);
+        let ip = self
+            .sockets
+            .listen_at_mut(i)
+            .map_or_else(Default::default, |l| l.ip);
+        self.core.send_collected(&mut out, ip);
         self.sockets.tcp.out = out;
         match ev {
             None => self.core.counters.tcp_rx_truncated += 1,
@@ -673,7 +703,8 @@ impl Stack {
         };
         self.core.release(src);
         if let Some(r) = reply {
-            if self.core.send_tcp(local, remote, &r, (&[], &[]), 0) {
+            let f = IpFields::ttl(self.core.cfg.ttl);
+            if self.core.send_tcp(local, remote, &r, (&[], &[]), f) {
                 self.core.counters.tcp_tx_reset_no_socket += 1;
             }
         }
@@ -684,10 +715,13 @@ impl Stack {
     fn tcp_adopt(&mut self, li: u32, lh: crate::SocketHandle, conn: usnet_tcp::Connection) {
         let key = (conn.local(), conn.remote());
         let owner = self.sockets.slots[li as usize].owner;
-        let h = self.sockets.insert(
-            Socket::TcpConn(Box::new(TcpConnSock::new(conn, Some(lh)))),
-            owner,
-        );
+        let mut sock = TcpConnSock::new(conn, Some(lh));
+        // The listener's IP fields for the peer's family, as Linux's child
+        // socket copies its parent's.
+        if let Some(l) = self.sockets.listen_at_mut(li) {
+            sock.ip = l.ip[family_index(key.1.ip())];
+        }
+        let h = self.sockets.insert(Socket::TcpConn(Box::new(sock)), owner);
         self.sockets.tcp.live += 1;
         self.sockets.tcp.conns.insert(key, h.index);
         if let Some(f) = self.sockets.listen_at_mut(li).and_then(|l| l.family(key.1)) {
@@ -709,8 +743,8 @@ impl Stack {
                 for f in l.families() {
                     f.poll_transmit(now, &mut CollectSink(&mut out));
                 }
-                let d = l.poll_at();
-                self.core.send_collected(&mut out);
+                let (d, ip) = (l.poll_at(), l.ip);
+                self.core.send_collected(&mut out, ip);
                 self.sockets.tcp.out = out;
                 self.sockets.tcp_schedule(idx, d);
             }
