@@ -847,6 +847,95 @@ fn lighttpd(d: &Path) {
     }
 }
 
+/// BIRD speaking BGP under the shim with Linux's BIRD, both with `ttl security`
+/// (RFC 5082: TTL 255 on every segment, `IP_MINTTL` 255 on the socket): the
+/// session establishes, which the kernel's side allows only if usnet's segments
+/// leave at TTL 255, and each side learns the other's route. The usnet side runs in
+/// a network namespace of its own, so usnet is its only network (as for a daemon
+/// on a dedicated interface) and BIRD sees no kernel interface on the link.
+fn bird(d: &Path) {
+    need("bird", "bird2");
+    need("birdc", "bird2");
+    let ns = "usnt-bird";
+    let _ = run("ip", &["netns", "del", ns], Duration::from_secs(10));
+    ip(&["netns", "add", ns]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "netns", "del", ns]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    let conf = |me: &str, as_me: u32, peer: &str, as_peer: u32, net: &str, extra: &str| {
+        format!(
+            "router id {me};\nprotocol device {{ }}\n\
+             protocol static {{ ipv4; route {net} blackhole; }}\n\
+             protocol bgp peer {{ local {me} as {as_me}; neighbor {peer} as {as_peer}; {extra}\n\
+             ttl security on; hold time 9; connect retry time 2;\n\
+             ipv4 {{ import all; export all; }}; }}\n"
+        )
+    };
+    let (k_net, u_net) = ("198.51.100.0/24", "192.0.2.0/24");
+    std::fs::write(
+        d.join("bird-k.conf"),
+        conf(HOST, 65001, OURS, 65002, k_net, ""),
+    )
+    .unwrap();
+    // No interface in its namespace: the peer is reached as one hop away.
+    let u_conf = conf(OURS, 65002, HOST, 65001, u_net, "multihop 1;");
+    std::fs::write(d.join("bird-u.conf"), u_conf).unwrap();
+    let path = |f: &str| d.join(f).to_str().unwrap().to_string();
+    let (k_ctl, u_ctl) = (path("bird-k.ctl"), path("bird-u.ctl"));
+    let k_args = [
+        "-f",
+        "-c",
+        &path("bird-k.conf"),
+        "-s",
+        &k_ctl,
+        "-P",
+        &path("bird-k.pid"),
+    ];
+    let _k = spawn_prog(d, None, "bird-linux", "bird", &k_args);
+    let u_conf = path("bird-u.conf");
+    let u_args = [
+        "netns",
+        "exec",
+        ns,
+        USNET,
+        "run",
+        "--stack",
+        STACK,
+        "--",
+        "bird",
+        "-f",
+        "-c",
+        &u_conf,
+        "-s",
+        &u_ctl,
+        "-P",
+        &path("bird-u.pid"),
+    ];
+    let _u = spawn_prog(d, None, "bird-usnet", "ip", &u_args);
+    let birdc = |ctl: &str, q: &[&str]| {
+        let mut a = vec!["-s", ctl];
+        a.extend_from_slice(q);
+        run("birdc", &a, Duration::from_secs(10)).stdout
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let k = birdc(&k_ctl, &["show", "route", u_net]);
+        let u = birdc(&u_ctl, &["show", "route", k_net]);
+        if k.contains("AS65002") && u.contains("AS65001") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no BGP session with TTL security: Linux's side {} usnet's side {}\n{}\n{}",
+            birdc(&k_ctl, &["show", "protocols", "all", "peer"]),
+            birdc(&u_ctl, &["show", "protocols", "all", "peer"]),
+            log_of(d, "bird-linux"),
+            log_of(d, "bird-usnet"),
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// curl from Linux fetches `url` from the program `srv` under the shim: the
 /// whole body, or a failure that says what curl and the program said.
 fn serves_body(d: &Path, srv: &Bg, url: &str) {
@@ -1069,6 +1158,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     haproxy(d);
     memcached(d);
     lighttpd(d);
+    bird(d);
     fetchers(d);
     iperf3_udp(d);
     static_program(d);
