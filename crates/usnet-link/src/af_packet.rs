@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use usnet_pool::{Offload, PacketPool, PktBuf};
 
+use crate::chain_read::{ChainRead, MAX_IOV};
 use crate::error::LinkError;
 use crate::sys::{self, cvt, getsockopt, setsockopt, EventFd};
 use crate::tap::VnetHdr;
@@ -130,8 +131,9 @@ pub struct AfPacketDevice {
     mtu: usize,
     /// The next ring frame to look at.
     next: usize,
-    /// Where a packet on the copy path is received before it goes into pool buffers.
-    big: Vec<u8>,
+    /// Where a packet on the copy path (too large for a ring frame: a GSO frame)
+    /// is received: straight into pool buffers.
+    read: ChainRead,
     down: bool,
     stats: DeviceStats,
     /// Frames the kernel dropped because the RX ring was full, as read so far
@@ -305,7 +307,7 @@ impl AfPacketDevice {
             ev,
             mtu,
             next: 0,
-            big: vec![0; MAX_BIG_FRAME + 1],
+            read: ChainRead::new(MAX_BIG_FRAME + 1),
             down: false,
             stats: DeviceStats::default(),
             ring_drops: std::cell::Cell::new(0),
@@ -396,28 +398,64 @@ impl AfPacketDevice {
             self.release_frame();
         }
         for _ in 0..self.ring.frame_nr {
-            if self.recv_big().is_none() {
+            if self.discard_copied().is_none() {
                 break;
             }
         }
     }
 
     /// Receives the packet the kernel queued for a ring frame marked TP_STATUS_COPY
-    /// (`len` bytes long, says the frame); `None` if it is not there or not whole.
-    fn recv_copied(&mut self, len: usize) -> Option<&[u8]> {
-        let n = self.recv_big()?;
-        (n == len && n >= 14 && n < self.big.len()).then(|| &self.big[..n])
+    /// (`len` bytes long, says the frame) into pool buffers, the kernel's copy its
+    /// only one; `None` (counted) if it is not there, not whole, or the pool is out.
+    fn recv_copied(&mut self, pool: &mut PacketPool, len: usize) -> Option<PktBuf> {
+        let Some(b) = pool.alloc() else {
+            self.stats.rx_no_buffer += 1;
+            self.discard_copied();
+            return None;
+        };
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_IOV];
+        let cnt = self.read.iovecs(pool, &b, len.min(MAX_BIG_FRAME), &mut iov);
+        // SAFETY: an all-zero msghdr is valid; it names our iovecs below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = cnt;
+        // SAFETY: every iovec points at live, writable memory of the stated length
+        // (the free space of distinct pool buffers we hold, and our scratch).
+        let n = unsafe {
+            libc::recvmsg(
+                self.fd.as_raw_fd(),
+                &mut msg,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            )
+        };
+        // MSG_TRUNC: the packet's real length, so a cut one is recognised.
+        let whole = usize::try_from(n).is_ok_and(|n| n == len && (14..=MAX_BIG_FRAME).contains(&n));
+        if !whole {
+            pool.free(b);
+            self.stats.rx_errors += 1;
+            return None;
+        }
+        if !self.read.finish(pool, &b, len) {
+            pool.free(b);
+            self.stats.rx_no_buffer += 1;
+            return None;
+        }
+        Some(b)
     }
 
-    /// Receives the next packet of the copy path's queue into `big` without waiting:
-    /// its real length (MSG_TRUNC, so a cut packet is recognised), `None` if none.
-    fn recv_big(&mut self) -> Option<usize> {
+    /// Throws away the next packet of the copy path's queue without waiting: its
+    /// real length, `None` if none.
+    fn discard_copied(&mut self) -> Option<usize> {
+        let scratch = self.read.scratch();
         // SAFETY: receives into our own buffer of the stated length.
         let n = unsafe {
             libc::recv(
                 self.fd.as_raw_fd(),
-                self.big.as_mut_ptr().cast(),
-                self.big.len(),
+                scratch.as_mut_ptr().cast(),
+                scratch.len(),
                 libc::MSG_DONTWAIT | libc::MSG_TRUNC,
             )
         };
@@ -484,42 +522,40 @@ impl Device for AfPacketDevice {
             let wire_len = self.ring.read_u32(i, PKT_LEN) as usize;
             let status = self.ring.read_u32(i, PKT_STATUS);
             let mac = self.ring.read_u16(i, PKT_MAC) as usize;
-            let data = if status & libc::TP_STATUS_COPY != 0 {
-                self.recv_copied(wire_len)
+            let got = if status & libc::TP_STATUS_COPY != 0 {
+                self.recv_copied(pool, wire_len)
             } else if mac + snap > fs || snap < wire_len || snap < 14 {
-                None // truncated by the ring (no room on the copy path), or a bad header
+                // Truncated by the ring (no room on the copy path), or a bad header.
+                self.stats.rx_errors += 1;
+                None
             } else {
-                Some(self.ring.bytes(i, mac, snap))
+                let b = pool.alloc_from(self.ring.bytes(i, mac, snap));
+                if b.is_none() {
+                    self.stats.rx_no_buffer += 1;
+                }
+                b
             };
-            match data {
-                None => self.stats.rx_errors += 1,
-                Some(data) => {
-                    let snap = data.len();
-                    match pool.alloc_from(data) {
-                        Some(b) => {
-                            let mut o = Offload::default();
-                            if status & libc::TP_STATUS_CSUM_VALID != 0 {
-                                o.csum_valid = true;
-                            }
-                            if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                                // Locally generated (e.g. by the veth peer's stack): the
-                                // checksum is only partial; valid, and finishable by a forwarder.
-                                o.csum_valid = true;
-                                if let Some((start, offset)) = sys::partial_csum_location(data) {
-                                    o.needs_csum = true;
-                                    o.csum_start = start;
-                                    o.csum_offset = offset;
-                                }
-                            }
-                            pool.set_offload(&b, o);
-                            out.push(b);
-                            n += 1;
-                            self.stats.rx_frames += 1;
-                            self.stats.rx_bytes += snap as u64;
-                        }
-                        None => self.stats.rx_no_buffer += 1,
+            if let Some(b) = got {
+                let mut o = Offload::default();
+                if status & libc::TP_STATUS_CSUM_VALID != 0 {
+                    o.csum_valid = true;
+                }
+                if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
+                    // Locally generated (e.g. by the veth peer's stack): the checksum
+                    // is only partial; valid, and finishable by a forwarder. The
+                    // headers are in the first buffer.
+                    o.csum_valid = true;
+                    if let Some((start, offset)) = sys::partial_csum_location(pool.data(&b)) {
+                        o.needs_csum = true;
+                        o.csum_start = start;
+                        o.csum_offset = offset;
                     }
                 }
+                pool.set_offload(&b, o);
+                out.push(b);
+                n += 1;
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += wire_len as u64;
             }
             self.release_frame();
         }
@@ -681,6 +717,10 @@ impl Device for AfPacketDevice {
         } else {
             LinkState::Up
         }
+    }
+
+    fn release_buffers(&mut self, pool: &mut PacketPool) {
+        self.read.release(pool);
     }
 
     fn stats(&self) -> DeviceStats {

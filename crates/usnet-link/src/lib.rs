@@ -11,6 +11,7 @@
 
 pub mod af_packet;
 pub mod bpf;
+mod chain_read;
 pub mod ebpf;
 pub mod error;
 pub mod fault;

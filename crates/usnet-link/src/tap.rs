@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use usnet_pool::{GsoKind, Offload, PacketPool, PktBuf};
 
+use crate::chain_read::{ChainRead, MAX_IOV};
 use crate::error::LinkError;
 use crate::sys::{self, cvt, EventFd};
 use crate::{Device, DeviceCaps, DeviceStats, LinkState, Waker};
@@ -34,7 +35,6 @@ pub const TAP_MAX_MTU: usize = 65521;
 pub const TAP_MAX_BURST: usize = 64;
 /// Largest frame the kernel may hand us (a GSO super-frame).
 const MAX_READ: usize = 65536 + 256;
-const MAX_IOV: usize = 64;
 
 #[derive(Debug, Clone, Default)]
 pub struct TapConfig {
@@ -146,12 +146,11 @@ pub struct TapDevice {
     ev: Arc<EventFd>,
     mtu: usize,
     tso: bool,
-    scratch: Vec<u8>,
-    /// Continuation buffers a read may fill after the first one, so a frame larger
-    /// than one pool buffer (a GSO frame from the kernel) lands in a chain without a
-    /// copy. Kept between calls (an idle poll would otherwise take and return them
-    /// every time); `release_buffers` gives them back.
-    spare: Vec<PktBuf>,
+    /// Where a read puts a frame: a pool buffer and continuation buffers (a GSO
+    /// frame from the kernel lands in a chain without a copy), kept between calls
+    /// (an idle poll would otherwise take and return them every time);
+    /// `release_buffers` gives them back.
+    read: ChainRead,
     down: bool,
     stats: DeviceStats,
 }
@@ -339,8 +338,7 @@ impl TapDevice {
                     ev,
                     mtu,
                     tso: cfg.tso,
-                    scratch: vec![0u8; MAX_READ],
-                    spare: Vec::new(),
+                    read: ChainRead::new(MAX_READ),
                     down: false,
                     stats: DeviceStats::default(),
                 })
@@ -359,12 +357,13 @@ impl TapDevice {
     /// Reads and throws away one frame (when no pool buffer is free), so a full pool does
     /// not leave the descriptor readable forever. Returns false when nothing was pending.
     fn discard_one(&mut self) -> bool {
+        let scratch = self.read.scratch();
         // SAFETY: reads into our own scratch buffer of the given length.
         let r = unsafe {
             libc::read(
                 self.fd.as_raw_fd(),
-                self.scratch.as_mut_ptr().cast(),
-                self.scratch.len(),
+                scratch.as_mut_ptr().cast(),
+                scratch.len(),
             )
         };
         r > 0
@@ -392,14 +391,8 @@ impl Device for TapDevice {
         out: &mut Vec<PktBuf>,
         max: usize,
     ) -> io::Result<usize> {
-        // The largest frame the kernel may hand us, and the continuation buffers it
-        // needs beyond the first buffer's space.
+        // The largest frame the kernel may hand us.
         let largest = if self.tso { MAX_READ } else { self.max_frame() };
-        let first_space = pool.buf_size() - pool.headroom();
-        let want_spare = largest
-            .saturating_sub(first_space)
-            .div_ceil(pool.buf_size());
-        let want_spare = want_spare.min(MAX_IOV - 3);
         let mut n = 0;
         while n < max {
             let Some(b) = pool.alloc() else {
@@ -409,12 +402,6 @@ impl Device for TapDevice {
                 }
                 break;
             };
-            while self.spare.len() < want_spare {
-                match pool.alloc_continuation() {
-                    Some(c) => self.spare.push(c),
-                    None => break, // the scratch takes what the chain cannot
-                }
-            }
             let mut hdr = [0u8; VNET_HDR_LEN];
             let mut iov = [libc::iovec {
                 iov_base: std::ptr::null_mut(),
@@ -424,26 +411,7 @@ impl Device for TapDevice {
                 iov_base: hdr.as_mut_ptr().cast(),
                 iov_len: VNET_HDR_LEN,
             };
-            let space = pool.space_mut(&b);
-            let space_len = space.len();
-            iov[1] = libc::iovec {
-                iov_base: space.as_mut_ptr().cast(),
-                iov_len: space_len,
-            };
-            let mut cnt = 2;
-            for c in &self.spare {
-                let sp = pool.space_mut(c);
-                iov[cnt] = libc::iovec {
-                    iov_base: sp.as_mut_ptr().cast(),
-                    iov_len: sp.len(),
-                };
-                cnt += 1;
-            }
-            iov[cnt] = libc::iovec {
-                iov_base: self.scratch.as_mut_ptr().cast(),
-                iov_len: self.scratch.len(),
-            };
-            cnt += 1;
+            let cnt = 1 + self.read.iovecs(pool, &b, largest, &mut iov[1..]);
             // SAFETY: every iovec points at live, writable memory of the stated length:
             // a local header, the free space of pool buffers we hold (distinct buffers,
             // so no overlap), and our scratch.
@@ -473,34 +441,10 @@ impl Device for TapDevice {
                 continue;
             };
             let frame_len = r - VNET_HDR_LEN;
-            let first = frame_len.min(space_len);
-            pool.set_len(&b, first).expect("fits: read into this space");
-            let mut rest = frame_len - first;
-            let mut tail = b.id();
-            let mut used = 0;
-            while rest > 0 && used < self.spare.len() {
-                let take = rest.min(pool.buf_size());
-                pool.set_len(&self.spare[used], take)
-                    .expect("a continuation buffer's space");
-                rest -= take;
-                used += 1;
-            }
-            for c in self.spare.drain(..used) {
-                let id = c.id();
-                pool.set_next(tail, Some(c));
-                tail = id;
-            }
-            if rest > 0 {
-                // The pool could not give enough continuation buffers: the rest is in
-                // the scratch.
-                match pool.alloc_from(&self.scratch[..rest]) {
-                    Some(t) => pool.set_next(tail, Some(t)),
-                    None => {
-                        pool.free(b);
-                        self.stats.rx_no_buffer += 1;
-                        continue;
-                    }
-                }
+            if !self.read.finish(pool, &b, frame_len) {
+                pool.free(b);
+                self.stats.rx_no_buffer += 1;
+                continue;
             }
             pool.set_offload(&b, offload);
             self.stats.rx_frames += 1;
@@ -602,9 +546,7 @@ impl Device for TapDevice {
     }
 
     fn release_buffers(&mut self, pool: &mut PacketPool) {
-        for c in self.spare.drain(..) {
-            pool.free(c);
-        }
+        self.read.release(pool);
     }
 }
 
