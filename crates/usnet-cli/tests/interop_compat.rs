@@ -1050,6 +1050,29 @@ fn fetchers(d: &Path) {
     }
 }
 
+/// A root process without `CAP_DAC_OVERRIDE` (ping after it drops its capabilities,
+/// a service with a bounded capability set) attaches: the stack admits root by its
+/// peer credentials, and the control socket's mode no longer shuts it out (before,
+/// the socket was 0600 and owned by the stack's user, and such a process got
+/// EACCES at connect, so every socket call failed with ENETDOWN).
+fn root_without_dac_override(d: &Path) {
+    need("setpriv", "util-linux");
+    let url = format!("http://{HOST}:18099/f");
+    let mut c = Command::new("setpriv");
+    c.args(["--bounding-set", "-dac_override,-dac_read_search", "--"])
+        .args([USNET, "run", "--stack", STACK, "--"])
+        .args(["curl", "-sS", "-o", "capped.out", &url])
+        .env("USNET_RUN_DIR", d)
+        .current_dir(d);
+    let o = run_in(&mut c, &[], Duration::from_secs(30));
+    assert!(
+        o.ok(),
+        "curl as root without CAP_DAC_OVERRIDE: {}",
+        o.describe()
+    );
+    assert!(std::fs::read(d.join("capped.out")).unwrap() == body());
+}
+
 fn iperf3_udp(d: &Path) {
     need("iperf3", "iperf3");
     let mut srv = spawn_prog(
@@ -1160,6 +1183,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     lighttpd(d);
     bird(d);
     fetchers(d);
+    root_without_dac_override(d);
     iperf3_udp(d);
     static_program(d);
 }

@@ -100,8 +100,12 @@ impl ControlServer {
             return Err(ControlError::NameInUse(cfg.name.clone()));
         }
         let listener = UnixListener::bind(&path)?;
-        let mode = if cfg.group.is_some() { 0o660 } else { 0o600 };
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        // Anyone may connect; who may attach is the peer-credential check in
+        // `handle` (the owner, root, the `--group`), as D-Bus's system bus decides.
+        // A narrower mode would shut out what that check admits: a root process
+        // that dropped CAP_DAC_OVERRIDE (ping, hardened services) cannot open a
+        // socket file another user owns.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
         if let Some(gid) = cfg.group {
             std::os::unix::fs::chown(&path, None, Some(gid))?;
         }
