@@ -136,16 +136,16 @@ impl View<'_> {
         if !matches!(target, TcpTarget::Conn(_)) {
             return None;
         }
-        if self.sockets.tcp_below_min_ttl(target, remote, ttl) {
-            c.tcp_rx_min_ttl += 1;
-            return Some(Verdict::Drop);
-        }
         if src.is_ipv4() {
             c.ip4_rx += 1;
         } else {
             c.ip6_rx += 1;
         }
         c.tcp_rx += 1;
+        if self.sockets.tcp_below_min_ttl(target, remote, ttl) {
+            c.tcp_rx_min_ttl += 1;
+            return Some(Verdict::Drop);
+        }
         Some(Verdict::Tcp {
             target,
             local,
