@@ -1044,23 +1044,22 @@ fn only_the_owner_or_the_given_group_may_attach() {
     use std::os::unix::fs::MetadataExt;
     let srv = server("owner-only", |_| {});
     let path = srv.control_path().unwrap().to_path_buf();
+    // Anyone may connect: the server's peer-credential check is the gate (a
+    // narrower mode would shut out root without CAP_DAC_OVERRIDE, which it admits).
     let m = std::fs::metadata(&path).unwrap();
-    assert_eq!(m.mode() & 0o777, 0o600);
+    assert_eq!(m.mode() & 0o777, 0o666);
     let gid = 4242u32;
     let gsrv = server("group-ok", |c| c.group = Some(gid));
     let gpath = gsrv.control_path().unwrap().to_path_buf();
     let gm = std::fs::metadata(&gpath).unwrap();
-    assert_eq!((gm.mode() & 0o777, gm.gid()), (0o660, gid));
+    assert_eq!((gm.mode() & 0o777, gm.gid()), (0o666, gid));
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         eprintln!("not root: the other-user half of this test needs root");
         return;
     }
     let nobody = 65534u32;
-    let r = attach_as("owner-only", nobody, nobody);
-    assert!(r.starts_with("refused") && r.contains("denied"), "{r}");
-    // The mode opened up: the server's own check still refuses.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // Another user connects and is refused by the server's check, in words.
     let r = attach_as("owner-only", nobody, nobody);
     assert!(
         r.starts_with("refused PermissionDenied")
