@@ -45,8 +45,10 @@ pub fn rpc_path(control: &Path) -> PathBuf {
 
 impl Proxy {
     /// Listens for rpc clients of the stack named `stack` (its control socket must
-    /// exist: the proxy attaches to it like any client). Like the control socket, only
-    /// the stack's owner may connect (mode 0600), or also members of `group` (0660).
+    /// exist: the proxy attaches to it like any client). Only the stack's owner may
+    /// connect (mode 0600), or also members of `group` (0660): unlike the control
+    /// socket (0666, gated by the server's peer-credential check), this one has no
+    /// check of its own, so its mode is the gate.
     pub fn start(stack: &str, group: Option<u32>) -> io::Result<Proxy> {
         let path = rpc_path(&usnet_session::ctl::socket_path(stack));
         let _ = std::fs::remove_file(&path);
