@@ -55,7 +55,9 @@ pub use counters::Counters;
 pub use error::{ConfigError, StackError};
 pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
 pub use shard::{Handoff, ShardRole};
-pub use socket::{EchoReply, Families, Owner, Readiness, SocketHandle, SocketStats, TcpIpOpts};
+pub use socket::{
+    EchoReply, Families, IpFamily, Owner, Readiness, SocketHandle, SocketStats, TcpIpOpts,
+};
 pub use tcp::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 pub use time::Instant;
 pub use types::{UdpRecvInfo, UdpSendMeta};

@@ -8,7 +8,7 @@ use usnet_session_abi::{
     errno, slot, SockAddr, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_TCP,
     KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
 };
-use usnet_stack::{Families, SocketHandle, Stack, StackError};
+use usnet_stack::{Families, IpFamily, SocketHandle, Stack, StackError};
 
 use super::{err, Role, ServerSession, SessionSocket};
 
@@ -129,9 +129,10 @@ impl ServerSession {
         match stack.tcp_listen_families(addr, backlog, cfg, families(fam)) {
             Ok(h) => {
                 self.sock(i).role = Role::Listener;
-                for (f, ip) in self.sock(i).tcp_ip.into_iter().enumerate() {
+                for f in [IpFamily::V4, IpFamily::V6] {
+                    let ip = self.sock(i).tcp_ip[f.index()];
                     if ip != Default::default() {
-                        let _ = stack.tcp_set_ip_opts(h, super::options::FAMILY_ADDR[f], ip);
+                        let _ = stack.tcp_set_ip_opts(h, f, ip);
                     }
                 }
                 self.adopt(stack, i, h);
@@ -230,7 +231,7 @@ impl ServerSession {
         s.tx.release();
         let cfg = connect_config(stack, s.connect_mss);
         unbind(stack, s);
-        let ip = s.tcp_ip[usize::from(remote.is_ipv6())];
+        let ip = s.tcp_ip[IpFamily::of(remote.ip()).index()];
         match stack.tcp_connect_fastopen_with(s.bound, remote, &data, cfg, ip) {
             Ok((h, q)) => {
                 self.sock(i).written += q as u64;
@@ -254,7 +255,7 @@ impl ServerSession {
                 }
                 let cfg = connect_config(stack, s.connect_mss);
                 unbind(stack, s);
-                let ip = s.tcp_ip[usize::from(remote.is_ipv6())];
+                let ip = s.tcp_ip[IpFamily::of(remote.ip()).index()];
                 match stack.tcp_connect_with(s.bound, remote, cfg, ip) {
                     Ok(h) => {
                         self.connecting(stack, i, h, &a);

@@ -93,7 +93,7 @@ struct SessionSocket {
     connect_mss: Option<u16>,
     /// TCP_SYNCNT set before `connect`.
     syn_retries: Option<u32>,
-    /// A TCP socket's IP header fields per family (IPv4, IPv6), as set: a
+    /// A TCP socket's IP header fields per family ([`usnet_stack::IpFamily::index`]), as set: a
     /// fresh socket's go to the stack at connect or listen, a listener's are its
     /// accepted connections'.
     tcp_ip: [usnet_stack::TcpIpOpts; 2],

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
 use usnet_session_abi::{errno, opt, slot, tcp_info, SockAddr, KIND_TCP};
-use usnet_stack::{CcAlgorithm, Keepalive, SocketHandle, Stack, StackError};
+use usnet_stack::{CcAlgorithm, IpFamily, Keepalive, SocketHandle, Stack, StackError};
 
 use super::{err, Role, ServerSession, SessionSocket};
 
@@ -151,8 +151,12 @@ impl ServerSession {
                 _ => Ok(()),
             },
             (level, name) if s.kind == KIND_TCP && tcp_ip_opt(level, name) => {
-                let f = usize::from(level == opt::IPPROTO_IPV6);
-                let ip = &mut s.tcp_ip[f];
+                let family = if level == opt::IPPROTO_IPV6 {
+                    IpFamily::V6
+                } else {
+                    IpFamily::V4
+                };
+                let ip = &mut s.tcp_ip[family.index()];
                 match name {
                     opt::IP_TOS | opt::IPV6_TCLASS => ip.tos = value as u8 & !3,
                     opt::IP_TTL | opt::IPV6_UNICAST_HOPS => {
@@ -161,12 +165,11 @@ impl ServerSession {
                     _ => ip.min_ttl = value.min(255) as u8,
                 }
                 let ip = *ip;
-                let family = FAMILY_ADDR[f];
                 match (s.role, h) {
                     (Role::Listener, Some(h)) => stack.tcp_set_ip_opts(h, family, ip),
                     // A connection takes the options of its peer's family.
                     (Role::Conn, Some(h)) => match stack.tcp_peer_addr(h) {
-                        Ok(p) if usize::from(p.is_ipv6()) == f => {
+                        Ok(p) if IpFamily::of(p.ip()) == family => {
                             stack.tcp_set_ip_opts(h, family, ip)
                         }
                         _ => Ok(()),
@@ -344,14 +347,6 @@ impl ServerSession {
     }
 }
 
-/// UDP multicast options (`usnet_session_abi::opt`).
-/// The options of a UDP socket the stack keeps: its IP header's and multicast's.
-/// An address of each family, IPv4 then IPv6, to name a family to the stack.
-pub(super) const FAMILY_ADDR: [std::net::IpAddr; 2] = [
-    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-    std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
-];
-
 /// The IP header options a TCP socket keeps per family ([`usnet_stack::TcpIpOpts`]).
 fn tcp_ip_opt(level: u64, name: u64) -> bool {
     matches!(
@@ -364,6 +359,8 @@ fn tcp_ip_opt(level: u64, name: u64) -> bool {
     )
 }
 
+/// The options of a UDP socket the stack keeps: its IP header's and multicast's
+/// (`usnet_session_abi::opt`).
 fn is_udp_opt(level: u64, name: u64) -> bool {
     match level {
         opt::IPPROTO_IP => matches!(

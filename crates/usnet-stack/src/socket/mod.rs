@@ -12,8 +12,8 @@ use std::collections::{HashMap, VecDeque};
 
 pub use ping::EchoReply;
 pub(crate) use ping::PingSocket;
-pub use tcp::TcpIpOpts;
 pub(crate) use tcp::{FoCacheEntry, TcpConnSock, TcpListenSock, TcpTable};
+pub use tcp::{IpFamily, TcpIpOpts};
 pub(crate) use udp::{Datagram, UdpSocket, UdpTable};
 
 /// Names a socket of one stack. Stale handles (of a closed socket whose slot was reused)

@@ -29,12 +29,25 @@ pub struct TcpIpOpts {
     pub min_ttl: u8,
 }
 
-/// The index of `a`'s family in per-family arrays: 0 for IPv4 (and IPv4-mapped
-/// IPv6, which travels as IPv4), 1 for IPv6.
-pub(crate) fn family_index(a: std::net::IpAddr) -> usize {
-    match a {
-        std::net::IpAddr::V4(_) => 0,
-        std::net::IpAddr::V6(v6) => usize::from(v6.to_ipv4_mapped().is_none()),
+/// One address family, where a socket keeps options per family (a listener's
+/// [`TcpIpOpts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpFamily {
+    V4 = 0,
+    V6 = 1,
+}
+
+impl IpFamily {
+    /// `a`'s family: IPv4-mapped IPv6 travels as IPv4.
+    pub fn of(a: std::net::IpAddr) -> IpFamily {
+        match a {
+            std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => IpFamily::V6,
+            _ => IpFamily::V4,
+        }
+    }
+    /// Its index in per-family arrays.
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -102,7 +115,7 @@ pub(crate) struct TcpListenSock {
     pub v4: Option<Listener<SocketHandle>>,
     pub v6: Option<Listener<SocketHandle>>,
     pub timer: Option<u64>,
-    /// The IP header fields per family ([`family_index`]).
+    /// The IP header fields per family ([`IpFamily::index`]).
     pub ip: [TcpIpOpts; 2],
 }
 
@@ -253,7 +266,7 @@ impl SocketSet {
         let min = match target {
             TcpTarget::Conn(i) => self.conn_at(i).map_or(0, |s| s.ip.min_ttl),
             TcpTarget::Listener(i) => match self.at(i) {
-                Some(Socket::TcpListen(l)) => l.ip[family_index(remote.ip())].min_ttl,
+                Some(Socket::TcpListen(l)) => l.ip[IpFamily::of(remote.ip()).index()].min_ttl,
                 _ => 0,
             },
             TcpTarget::None => 0,

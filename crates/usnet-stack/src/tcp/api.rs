@@ -1,7 +1,7 @@
 //! The application's TCP calls on a [`Stack`]: listen, accept, connect, send,
 //! receive, shutdown, close, options and inspection.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use usnet_tcp::{
 use usnet_wire::FastOpen;
 
 use super::readiness_of;
-use crate::socket::tcp::family_index;
+use crate::socket::tcp::IpFamily;
 use crate::socket::{
     Families, Owner, Readiness, Socket, SocketHandle, SocketStats, TcpConnSock, TcpIpOpts,
     TcpListenSock, EPHEMERAL_SPAN,
@@ -1197,18 +1197,18 @@ impl Stack {
     /// `IP_TOS` / `IPV6_TCLASS`: the DSCP bits of the connection's packets (its
     /// ECN bits stay the engine's, as Linux masks them for TCP).
     pub fn tcp_set_tos(&mut self, h: SocketHandle, tos: u8) -> Result<(), StackError> {
-        let remote = self.tcp_peer_addr(h)?.ip();
-        let mut ip = self.tcp_ip_opts(h, remote)?;
+        let family = IpFamily::of(self.tcp_peer_addr(h)?.ip());
+        let mut ip = self.tcp_ip_opts(h, family)?;
         ip.tos = tos;
-        self.tcp_set_ip_opts(h, remote, ip)
+        self.tcp_set_ip_opts(h, family, ip)
     }
 
-    /// The IP header fields connection or listener `h` chooses for the family of
-    /// `family` (an address of it).
-    pub fn tcp_ip_opts(&self, h: SocketHandle, family: IpAddr) -> Result<TcpIpOpts, StackError> {
+    /// The IP header fields connection or listener `h` chooses for `family` (a
+    /// connection has one family, its peer's: `family` is ignored).
+    pub fn tcp_ip_opts(&self, h: SocketHandle, family: IpFamily) -> Result<TcpIpOpts, StackError> {
         match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
             Socket::TcpConn(s) => Ok(s.ip),
-            Socket::TcpListen(l) => Ok(l.ip[family_index(family)]),
+            Socket::TcpListen(l) => Ok(l.ip[family.index()]),
             _ => Err(StackError::WrongType),
         }
     }
@@ -1221,13 +1221,13 @@ impl Stack {
     pub fn tcp_set_ip_opts(
         &mut self,
         h: SocketHandle,
-        family: IpAddr,
+        family: IpFamily,
         mut ip: TcpIpOpts,
     ) -> Result<(), StackError> {
         ip.tos &= !3;
         match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
             Socket::TcpConn(s) => s.ip = ip,
-            Socket::TcpListen(l) => l.ip[family_index(family)] = ip,
+            Socket::TcpListen(l) => l.ip[family.index()] = ip,
             _ => return Err(StackError::WrongType),
         }
         if ip.min_ttl != 0 {

@@ -33,7 +33,7 @@ use usnet_tcp::{ListenEvent, Origin, Payload, Segment, SegmentSink, State, TcpRe
 use usnet_wire as wire;
 
 use crate::core::Core;
-use crate::socket::tcp::family_index;
+use crate::socket::tcp::IpFamily;
 use crate::socket::TcpIpOpts;
 use crate::socket::{Readiness, Socket, TcpConnSock};
 use crate::tx::{GsoPending, IpFields};
@@ -334,7 +334,7 @@ impl Core {
         ip: [TcpIpOpts; 2],
     ) {
         for (l, r, repr) in out.drain(..) {
-            let f = self.tcp_ip_fields(ip[family_index(r.ip())]);
+            let f = self.tcp_ip_fields(ip[IpFamily::of(r.ip()).index()]);
             self.send_tcp(l, r, &repr, (&[], &[]), f);
         }
     }
@@ -719,7 +719,7 @@ impl Stack {
         // The listener's IP fields for the peer's family, as Linux's child
         // socket copies its parent's.
         if let Some(l) = self.sockets.listen_at_mut(li) {
-            sock.ip = l.ip[family_index(key.1.ip())];
+            sock.ip = l.ip[IpFamily::of(key.1.ip()).index()];
         }
         let h = self.sockets.insert(Socket::TcpConn(Box::new(sock)), owner);
         self.sockets.tcp.live += 1;
