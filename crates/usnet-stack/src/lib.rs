@@ -53,10 +53,11 @@ pub use config::RxPolicy;
 pub use config::{mac_from_seed, IpCidr, StackConfig};
 pub use counters::Counters;
 pub use error::{ConfigError, StackError};
+pub use ping::EchoReply;
 pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
 pub use shard::{Handoff, ShardRole};
 pub use socket::{
-    EchoReply, Families, IpFamily, Owner, Readiness, SocketHandle, SocketStats, TcpIpOpts,
+    DgramProto, Families, IpFamily, Owner, Readiness, SocketHandle, SocketStats, TcpIpOpts,
 };
 pub use tcp::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 pub use time::Instant;
@@ -331,7 +332,6 @@ impl Stack {
         let s = self.sockets.get(h).ok_or(StackError::InvalidHandle)?;
         match s {
             Socket::Udp(u) => Ok(u.stats),
-            Socket::Ping(p) => Ok(p.stats),
             _ => self.tcp_socket_stats(s).ok_or(StackError::InvalidHandle),
         }
     }
@@ -373,7 +373,7 @@ impl Stack {
                     self.core.mcast_leave(g);
                 }
             }
-            Socket::Ping(_) | Socket::TcpConn(_) | Socket::TcpListen(_) => {}
+            Socket::TcpConn(_) | Socket::TcpListen(_) => {}
         }
         Ok(())
     }
@@ -384,11 +384,6 @@ impl Stack {
             match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
                 Socket::Udp(u) => Readiness {
                     readable: !u.rxq.is_empty(),
-                    writable,
-                    ..Readiness::default()
-                },
-                Socket::Ping(p) => Readiness {
-                    readable: !p.rxq.is_empty(),
                     writable,
                     ..Readiness::default()
                 },

@@ -1,35 +1,61 @@
-//! The application's ICMP echo calls on a [`Stack`] (what `ping` needs).
+//! The application's ICMP echo calls on a [`Stack`] (what `ping` needs): a
+//! datagram socket of [`DgramProto::Icmp`] ([`Stack::dgram_bind`]) with the echo
+//! message taken apart and put together here.
 
-use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
-use crate::socket::{EchoReply, Owner, PingSocket, Socket, SocketHandle, SocketStats};
-use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
+use crate::socket::{DgramProto, Families, SocketHandle};
+use crate::{Stack, StackError, UdpSendMeta};
+
+/// An echo reply as a ping socket hands it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EchoReply {
+    pub from: IpAddr,
+    pub ident: u16,
+    pub seq: u16,
+    /// TTL (IPv4) or hop limit (IPv6) of the reply.
+    pub hop_limit: u8,
+    /// Echo data length.
+    pub len: usize,
+    /// The first bytes of the echo data (where ping tools put their send timestamp).
+    pub head: [u8; 16],
+    /// Stack time when the reply was taken off the socket.
+    pub at: crate::Instant,
+}
+
+/// ICMP echo request types (the echo header's first byte).
+const ECHO_REQUEST_V4: u8 = 8;
+const ECHO_REQUEST_V6: u8 = 128;
+
+/// The echo header: type, code, checksum, identifier, sequence number.
+pub(crate) const ECHO_HEADER: usize = 8;
+
+/// An echo request message to `dst` as an application gives it to a ping
+/// socket: its identifier and checksum are the stack's to set, its type must be
+/// the request of `dst`'s family and its code 0 (Linux's `ping_common_sendmsg`
+/// refuses anything else with EINVAL). Returns (sequence number, data).
+pub(crate) fn echo_request(dst: IpAddr, msg: &[u8]) -> Result<(u16, &[u8]), StackError> {
+    let want = if dst.is_ipv4() {
+        ECHO_REQUEST_V4
+    } else {
+        ECHO_REQUEST_V6
+    };
+    if msg.len() < ECHO_HEADER || msg[0] != want || msg[1] != 0 {
+        return Err(StackError::InvalidInput);
+    }
+    Ok((u16::from_be_bytes([msg[6], msg[7]]), &msg[ECHO_HEADER..]))
+}
 
 impl Stack {
     /// Opens an ICMP echo socket with its own identifier (both IPv4 and IPv6).
     pub fn ping_open(&mut self) -> SocketHandle {
-        let mut ident = self.sockets.next_ping_ident;
-        let shard = self.core.cfg.shard;
-        while self.sockets.ping_by_ident(ident).is_some() || !shard.owns_ephemeral(ident) {
-            ident = ident.wrapping_add(1);
-        }
-        self.sockets.next_ping_ident = ident.wrapping_add(1);
-        self.sockets.insert(
-            Socket::Ping(PingSocket {
-                ident,
-                rxq: VecDeque::new(),
-                stats: SocketStats::default(),
-            }),
-            Owner::LOCAL,
-        )
+        let any = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0);
+        self.dgram_bind(DgramProto::Icmp, any, Families::Both, false)
+            .expect("an identifier is free")
     }
 
     pub fn ping_ident(&self, h: SocketHandle) -> Result<u16, StackError> {
-        match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
-            Socket::Ping(p) => Ok(p.ident),
-            _ => Err(StackError::WrongType),
-        }
+        Ok(self.udp_local_addr(h)?.port())
     }
 
     /// Sends an echo request with this socket's identifier.
@@ -40,22 +66,38 @@ impl Stack {
         seq: u16,
         data: &[u8],
     ) -> Result<(), StackError> {
-        let ident = self.ping_ident(h)?;
-        if data.len() > MAX_UDP_PAYLOAD {
-            return Err(StackError::MessageTooLong);
-        }
-        self.core.send_echo(dst, ident, seq, data, true)?;
-        if let Some(Socket::Ping(p)) = self.sockets.get_mut(h) {
-            p.stats.tx_datagrams += 1;
-            p.stats.tx_bytes += data.len() as u64;
-        }
+        let mut msg = Vec::with_capacity(ECHO_HEADER + data.len());
+        let kind = if dst.is_ipv4() {
+            ECHO_REQUEST_V4
+        } else {
+            ECHO_REQUEST_V6
+        };
+        msg.extend_from_slice(&[kind, 0, 0, 0, 0, 0]);
+        msg.extend_from_slice(&seq.to_be_bytes());
+        msg.extend_from_slice(data);
+        let to = SocketAddr::new(dst, 0);
+        self.udp_send_msg(h, &msg, Some(to), &UdpSendMeta::default())?;
         Ok(())
     }
 
     pub fn ping_recv(&mut self, h: SocketHandle) -> Result<EchoReply, StackError> {
-        match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
-            Socket::Ping(p) => p.rxq.pop_front().ok_or(StackError::WouldBlock),
-            _ => Err(StackError::WrongType),
-        }
+        let mut msg = [0u8; ECHO_HEADER + 16];
+        let mut copied = 0;
+        let (n, info) = self.udp_recv_with(h, |part| {
+            let k = part.len().min(msg.len() - copied);
+            msg[copied..copied + k].copy_from_slice(&part[..k]);
+            copied += k;
+        })?;
+        let mut head = [0u8; 16];
+        head[..copied.saturating_sub(ECHO_HEADER)].copy_from_slice(&msg[ECHO_HEADER..copied]);
+        Ok(EchoReply {
+            from: info.from.ip(),
+            ident: u16::from_be_bytes([msg[4], msg[5]]),
+            seq: u16::from_be_bytes([msg[6], msg[7]]),
+            hop_limit: info.hop_limit,
+            len: n.saturating_sub(ECHO_HEADER),
+            head,
+            at: self.core.now,
+        })
     }
 }

@@ -15,8 +15,8 @@ use usnet_wire::{
 use crate::core::Core;
 use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
-use crate::socket::ping::PING_QUEUE;
-use crate::socket::{Datagram, EchoReply, SocketSet};
+use crate::ping::ECHO_HEADER;
+use crate::socket::{Datagram, DgramProto, SocketSet};
 use crate::types::{IcmpMsg, L3Info, Src, TcpTarget, UdpRecvInfo, Unreach, Verdict};
 use crate::{IpCidr, Stack};
 
@@ -417,7 +417,9 @@ impl View<'_> {
         }
         // Early demux: find the socket (and drop for a full queue) before spending the
         // checksum work on a datagram that would be thrown away.
-        let sock = self.sockets.udp_lookup(l3.dst, udp.dst_port, from);
+        let sock = self
+            .sockets
+            .udp_lookup(DgramProto::Udp, l3.dst, udp.dst_port, from);
         if let Some(i) = sock {
             if let Some(u) = self.sockets.udp_at(i) {
                 if !u.rxq.is_empty() && u.rx_queued_bytes + udp.payload.len() > u.recv_buffer {
@@ -510,9 +512,9 @@ impl View<'_> {
                 c.icmp4_rx_echo_request += 1;
                 l3.echo_request(ident, seq, data.len(), l4_off)
             }
-            Icmpv4Repr::EchoReply { ident, seq, data } => {
+            Icmpv4Repr::EchoReply { ident, data, .. } => {
                 c.icmp4_rx_echo_reply += 1;
-                l3.echo_reply(ident, seq, data.len(), l4_off)
+                self.classify_echo_reply(c, l3, ident, data.len(), l4_off)
             }
             Icmpv4Repr::DstUnreachable { code, invoking } => {
                 c.icmp4_rx_unreachable += 1;
@@ -527,6 +529,47 @@ impl View<'_> {
                 c.icmp4_rx_other += 1;
                 Verdict::Drop
             }
+        }
+    }
+
+    /// An echo reply goes to the ping socket of its identifier
+    /// ([`DgramProto::Icmp`]) as one datagram: the whole ICMP message, header and
+    /// data, from port 0 (what Linux's ping sockets read).
+    fn classify_echo_reply(
+        &self,
+        c: &mut Counters,
+        l3: &L3Info,
+        ident: u16,
+        data_len: usize,
+        l4_off: usize,
+    ) -> Verdict {
+        let from = SocketAddr::new(l3.src, 0);
+        let Some(sock) = self
+            .sockets
+            .udp_lookup(DgramProto::Icmp, l3.dst, ident, from)
+        else {
+            c.ping_rx_no_socket += 1;
+            return Verdict::Drop;
+        };
+        let len = ECHO_HEADER + data_len;
+        if let Some(u) = self.sockets.udp_at(sock) {
+            let over = !u.rxq.is_empty() && u.rx_queued_bytes + len > u.recv_buffer;
+            if over || self.sockets.owner_rx_full(sock) {
+                c.ping_rx_queue_full += 1;
+                return Verdict::UdpQueueFull { sock };
+            }
+        }
+        let info = UdpRecvInfo {
+            from,
+            dst: l3.dst,
+            hop_limit: l3.hop_limit,
+            tos: l3.tos,
+        };
+        Verdict::Udp {
+            sock,
+            info,
+            off: l4_off,
+            len,
         }
     }
 
@@ -551,9 +594,9 @@ impl View<'_> {
                 c.icmp6_rx_echo_request += 1;
                 l3.echo_request(ident, seq, data.len(), l4_off)
             }
-            Icmpv6Repr::EchoReply { ident, seq, data } => {
+            Icmpv6Repr::EchoReply { ident, data, .. } => {
                 c.icmp6_rx_echo_reply += 1;
-                l3.echo_reply(ident, seq, data.len(), l4_off)
+                self.classify_echo_reply(c, l3, ident, data.len(), l4_off)
             }
             Icmpv6Repr::NeighborSolicit { target, source_mac } => {
                 c.icmp6_rx_neighbor_solicit += 1;
@@ -825,32 +868,8 @@ impl Stack {
             } => {
                 let core = &mut self.core;
                 let data = core.take_bytes(src, off, len);
-                let _ = core.send_echo_from(Some(dst), from, ident, seq, &data, false);
+                let _ = core.send_echo_reply(dst, from, ident, seq, &data);
                 core.scratch = data;
-            }
-            Verdict::EchoReply {
-                from,
-                ident,
-                seq,
-                hop_limit,
-                off,
-                len,
-            } => {
-                let mut head = [0u8; 16];
-                let bytes = src.bytes(&self.core.pool);
-                let n = len.min(16).min(bytes.len().saturating_sub(off));
-                head[..n].copy_from_slice(&bytes[off..off + n]);
-                self.core.release(src);
-                let reply = EchoReply {
-                    from,
-                    ident,
-                    seq,
-                    hop_limit,
-                    len,
-                    head,
-                    at: self.core.now,
-                };
-                self.deliver_echo_reply(reply);
             }
             Verdict::Arp(arp) => {
                 self.core.release(src);
@@ -886,25 +905,6 @@ impl Stack {
                 src, key, proto, offset, more, off, len, hdr_off, hdr_len, hop_limit,
             ),
         }
-    }
-
-    fn deliver_echo_reply(&mut self, reply: EchoReply) {
-        let Some(i) = self.sockets.ping_by_ident(reply.ident) else {
-            self.core.counters.ping_rx_no_socket += 1;
-            return;
-        };
-        let Some(p) = self.sockets.ping_at_mut(i) else {
-            return;
-        };
-        if p.rxq.len() >= PING_QUEUE {
-            self.core.counters.ping_rx_queue_full += 1;
-            p.stats.rx_queue_full += 1;
-            return;
-        }
-        p.stats.rx_datagrams += 1;
-        p.stats.rx_bytes += reply.len as u64;
-        p.rxq.push_back(reply);
-        self.sockets.mark_ready(i);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1114,7 +1114,9 @@ impl Stack {
         u.stats.rx_datagrams += 1;
         u.stats.rx_bytes += len as u64;
         let high = u.rx_queued_bytes * 2 > u.recv_buffer;
-        core.counters.udp_rx_delivered += 1;
+        if u.proto == DgramProto::Udp {
+            core.counters.udp_rx_delivered += 1;
+        }
         self.sockets.charge_rx(sock, bufs, true);
         if was_empty {
             self.sockets.mark_ready(sock);

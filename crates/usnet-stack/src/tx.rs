@@ -1285,7 +1285,8 @@ impl Core {
                     target,
                     source_mac: Some(self.cfg.mac),
                 };
-                let _ = self.send_icmp6(src, IpAddr::V6(dst), IpAddr::V6(dst), 255, &repr);
+                let ip = IpFields::ttl(255);
+                let _ = self.send_icmp6(src, IpAddr::V6(dst), IpAddr::V6(dst), ip, &repr);
             }
         }
     }
@@ -1349,7 +1350,7 @@ impl Core {
                 IpAddr::V6(target),
                 IpAddr::V6(dst),
                 IpAddr::V6(dst),
-                255,
+                IpFields::ttl(255),
                 &repr,
             )
             .is_ok()
@@ -1363,7 +1364,7 @@ impl Core {
         src: IpAddr,
         dst: IpAddr,
         next_hop: IpAddr,
-        hop_limit: u8,
+        ip: IpFields,
         repr: &Icmpv6Repr<'_>,
     ) -> Result<(), StackError> {
         let (IpAddr::V6(s), IpAddr::V6(d)) = (src, dst) else {
@@ -1373,10 +1374,7 @@ impl Core {
         msg.clear();
         msg.resize(repr.buffer_len(), 0);
         let r = match repr.emit(&s, &d, &mut msg) {
-            Ok(()) => {
-                let ip = IpFields::ttl(hop_limit);
-                self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMPV6, ip, &msg)
-            }
+            Ok(()) => self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMPV6, ip, &msg),
             Err(_) => Err(StackError::InvalidInput),
         };
         self.icmp_scratch = msg;
@@ -1388,57 +1386,72 @@ impl Core {
         src: IpAddr,
         dst: IpAddr,
         next_hop: IpAddr,
+        ip: IpFields,
         repr: &Icmpv4Repr<'_>,
     ) -> Result<(), StackError> {
         let mut msg = std::mem::take(&mut self.icmp_scratch);
         msg.clear();
         msg.resize(repr.buffer_len(), 0);
         let r = match repr.emit(&mut msg) {
-            Ok(()) => {
-                let ip = IpFields::ttl(self.cfg.ttl);
-                self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMP, ip, &msg)
-            }
+            Ok(()) => self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMP, ip, &msg),
             Err(_) => Err(StackError::InvalidInput),
         };
         self.icmp_scratch = msg;
         r
     }
 
-    pub(crate) fn send_echo(
+    /// Answers an echo request from `from` to our `to`: the reply comes from the
+    /// address the request was sent to.
+    pub(crate) fn send_echo_reply(
         &mut self,
-        dst: IpAddr,
+        to: IpAddr,
+        from: IpAddr,
         ident: u16,
         seq: u16,
         data: &[u8],
-        request: bool,
     ) -> Result<(), StackError> {
-        self.send_echo_from(None, dst, ident, seq, data, request)
-    }
-
-    /// An echo request or reply; `src` overrides the routed source (a reply comes
-    /// from the address the request was sent to).
-    pub(crate) fn send_echo_from(
-        &mut self,
-        src: Option<IpAddr>,
-        dst: IpAddr,
-        ident: u16,
-        seq: u16,
-        data: &[u8],
-        request: bool,
-    ) -> Result<(), StackError> {
-        let Some((routed_src, next_hop)) = self.route(dst) else {
+        let Some((_, next_hop)) = self.route(from) else {
             self.counters.ip_tx_no_route += 1;
             return Err(StackError::NoRoute);
         };
-        let src = src.unwrap_or(routed_src);
-        let ttl = self.cfg.ttl;
+        let ip = IpFields::ttl(self.cfg.ttl);
+        self.send_echo(to, from, next_hop, ident, seq, data, false, ip)
+    }
+
+    /// An echo socket's request, routed by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_echo_request(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        ident: u16,
+        seq: u16,
+        data: &[u8],
+        ip: IpFields,
+    ) -> Result<(), StackError> {
+        self.send_echo(src, dst, next_hop, ident, seq, data, true, ip)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_echo(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        ident: u16,
+        seq: u16,
+        data: &[u8],
+        request: bool,
+        ip: IpFields,
+    ) -> Result<(), StackError> {
         if dst.is_ipv4() {
             let repr = if request {
                 Icmpv4Repr::EchoRequest { ident, seq, data }
             } else {
                 Icmpv4Repr::EchoReply { ident, seq, data }
             };
-            self.send_icmp4(src, dst, next_hop, &repr)?;
+            self.send_icmp4(src, dst, next_hop, ip, &repr)?;
             if request {
                 self.counters.icmp4_tx_echo_request += 1;
             } else {
@@ -1450,7 +1463,7 @@ impl Core {
             } else {
                 Icmpv6Repr::EchoReply { ident, seq, data }
             };
-            self.send_icmp6(src, dst, next_hop, ttl, &repr)?;
+            self.send_icmp6(src, dst, next_hop, ip, &repr)?;
             if request {
                 self.counters.icmp6_tx_echo_request += 1;
             } else {
@@ -1501,7 +1514,10 @@ impl Core {
                 Unreach::Protocol => wire::unreach::PROTO,
             };
             let repr = Icmpv4Repr::DstUnreachable { code, invoking };
-            if self.send_icmp4(our_addr, to, next_hop, &repr).is_ok() {
+            if self
+                .send_icmp4(our_addr, to, next_hop, IpFields::ttl(self.cfg.ttl), &repr)
+                .is_ok()
+            {
                 self.counters.icmp4_tx_unreachable += 1;
             }
         } else if why == Unreach::Port {
@@ -1510,8 +1526,8 @@ impl Core {
                 code: wire::unreach_v6::PORT,
                 invoking,
             };
-            let ttl = self.cfg.ttl;
-            if self.send_icmp6(our_addr, to, next_hop, ttl, &repr).is_ok() {
+            let ip = IpFields::ttl(self.cfg.ttl);
+            if self.send_icmp6(our_addr, to, next_hop, ip, &repr).is_ok() {
                 self.counters.icmp6_tx_unreachable += 1;
             }
         }
@@ -1550,7 +1566,10 @@ impl Core {
                     code: 1,
                     invoking: &e.invoking,
                 };
-                if self.send_icmp4(ours, to, next_hop, &repr).is_ok() {
+                if self
+                    .send_icmp4(ours, to, next_hop, IpFields::ttl(self.cfg.ttl), &repr)
+                    .is_ok()
+                {
                     self.counters.icmp4_tx_time_exceeded += 1;
                 }
             } else {
@@ -1558,8 +1577,8 @@ impl Core {
                     code: 1,
                     invoking: &e.invoking,
                 };
-                let ttl = self.cfg.ttl;
-                if self.send_icmp6(ours, to, next_hop, ttl, &repr).is_ok() {
+                let ip = IpFields::ttl(self.cfg.ttl);
+                if self.send_icmp6(ours, to, next_hop, ip, &repr).is_ok() {
                     self.counters.icmp6_tx_time_exceeded += 1;
                 }
             }

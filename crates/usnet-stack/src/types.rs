@@ -121,14 +121,6 @@ pub(crate) enum Verdict {
         off: usize,
         len: usize,
     },
-    EchoReply {
-        from: IpAddr,
-        ident: u16,
-        seq: u16,
-        hop_limit: u8,
-        off: usize,
-        len: usize,
-    },
     Fragment {
         key: FragKey,
         proto: u8,
@@ -203,17 +195,6 @@ impl L3Info {
             dst: self.dst,
             ident,
             seq,
-            off: l4_off + 8,
-            len,
-        }
-    }
-
-    pub(crate) fn echo_reply(&self, ident: u16, seq: u16, len: usize, l4_off: usize) -> Verdict {
-        Verdict::EchoReply {
-            from: self.src,
-            ident,
-            seq,
-            hop_limit: self.hop_limit,
             off: l4_off + 8,
             len,
         }

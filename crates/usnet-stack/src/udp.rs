@@ -1,10 +1,9 @@
 //! The application's UDP calls on a [`Stack`]: bind, connect, send, receive.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::socket::udp::{Datagram, NONE};
-use crate::socket::{Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
+use crate::socket::udp::Datagram;
+use crate::socket::{DgramProto, Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
 use crate::tx::IpFields;
 use crate::types::{UdpRecvInfo, UdpSendMeta};
 use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
@@ -13,6 +12,8 @@ use crate::{Stack, StackError, MAX_UDP_PAYLOAD};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdpEntry {
     pub handle: SocketHandle,
+    /// UDP, or an ICMP echo socket (whose port is its identifier).
+    pub proto: DgramProto,
     pub local: SocketAddr,
     pub remote: Option<SocketAddr>,
     pub owner: Owner,
@@ -62,6 +63,19 @@ impl Stack {
         fam: Families,
         reuse: bool,
     ) -> Result<SocketHandle, StackError> {
+        self.dgram_bind(DgramProto::Udp, local, fam, reuse)
+    }
+
+    /// [`Stack::udp_bind_reuse`] for a datagram socket of `proto`: a UDP socket,
+    /// or an ICMP echo socket whose port is its echo identifier (0: a free one).
+    /// The rest of the `udp_` calls serve both.
+    pub fn dgram_bind(
+        &mut self,
+        proto: DgramProto,
+        local: SocketAddr,
+        fam: Families,
+        reuse: bool,
+    ) -> Result<SocketHandle, StackError> {
         let ip = local.ip();
         // A multicast address may be bound (it then receives that group only), as
         // on Linux.
@@ -71,33 +85,20 @@ impl Stack {
         let port = match local.port() {
             0 => self
                 .sockets
-                .udp_ephemeral_port(ip, fam, self.core.cfg.shard)
+                .udp_ephemeral_port(proto, ip, fam, self.core.cfg.shard)
                 .ok_or(StackError::AddrInUse)?,
             p => {
-                if !self.sockets.udp_port_free(local, fam, reuse) {
+                if !self.sockets.udp_port_free(proto, local, fam, reuse) {
                     return Err(StackError::AddrInUse);
                 }
                 p
             }
         };
-        let h = self.sockets.insert(
-            Socket::Udp(UdpSocket {
-                local: SocketAddr::new(ip, port),
-                families: fam,
-                remote: None,
-                rxq: VecDeque::new(),
-                rx_queued_bytes: 0,
-                rx_bufs: 0,
-                recv_buffer: self.core.cfg.udp_recv_buffer,
-                next_same_port: NONE,
-                stats: SocketStats::default(),
-                reuse,
-                mc: Default::default(),
-                hdr: Default::default(),
-            }),
-            Owner::LOCAL,
-        );
-        self.sockets.link_udp(h.index, port);
+        let local = SocketAddr::new(ip, port);
+        let recv_buffer = self.core.cfg.udp_recv_buffer;
+        let u = UdpSocket::new(proto, local, fam, reuse, recv_buffer);
+        let h = self.sockets.insert(Socket::Udp(u), Owner::LOCAL);
+        self.sockets.link_udp(h.index);
         self.prio_consider(h);
         Ok(h)
     }
@@ -110,6 +111,7 @@ impl Stack {
             .filter_map(|(handle, sock, slot)| match sock {
                 Socket::Udp(u) => Some(UdpEntry {
                     handle,
+                    proto: u.proto,
                     local: u.local,
                     remote: u.remote,
                     owner: slot.owner,
@@ -122,12 +124,15 @@ impl Stack {
     }
 
     /// Fixes the peer: `udp_send` goes there and only its datagrams are received.
+    /// An echo socket's peer has no port (its replies come from port 0).
     pub fn udp_connect(&mut self, h: SocketHandle, remote: SocketAddr) -> Result<(), StackError> {
-        if remote.port() == 0 || remote.ip().is_unspecified() {
+        let icmp = self.udp(h)?.proto == DgramProto::Icmp;
+        if (remote.port() == 0 && !icmp) || remote.ip().is_unspecified() {
             return Err(StackError::InvalidInput);
         }
         self.core.route(remote.ip()).ok_or(StackError::NoRoute)?;
-        self.udp_mut(h)?.remote = Some(remote);
+        let port = if icmp { 0 } else { remote.port() };
+        self.udp_mut(h)?.remote = Some(SocketAddr::new(remote.ip(), port));
         Ok(())
     }
 
@@ -182,12 +187,17 @@ impl Stack {
                 return Err(StackError::InvalidInput);
             }
         }
+        // An echo socket's message: the echo header and data.
+        let echo = match self.udp(h)?.proto {
+            DgramProto::Udp => None,
+            DgramProto::Icmp => Some(crate::ping::echo_request(to.ip(), data)?),
+        };
         let core = &mut self.core;
         if data.len() > MAX_UDP_PAYLOAD {
             core.counters.udp_tx_too_big += 1;
             return Err(StackError::MessageTooLong);
         }
-        if to.port() == 0 || to.ip().is_unspecified() {
+        if (to.port() == 0 && echo.is_none()) || to.ip().is_unspecified() {
             return Err(StackError::InvalidInput);
         }
         if core.tx.len() >= core.cfg.tx_queue_len {
@@ -211,7 +221,12 @@ impl Stack {
         };
         let family = usize::from(to.is_ipv6());
         let tos = meta.tos.unwrap_or(u.hdr.tos[family]);
-        if to.ip().is_multicast() {
+        if let Some((seq, body)) = echo {
+            let ttl = meta.hop_limit.or(u.hdr.ttl[family]).unwrap_or(core.cfg.ttl);
+            let ip = IpFields { ttl, tos };
+            let ident = local.port();
+            core.send_echo_request(src, to.ip(), next_hop, ident, seq, body, ip)?;
+        } else if to.ip().is_multicast() {
             // IP_MULTICAST_IF names the source; TTL/hop limit and loopback are the
             // socket's multicast options; local members get a copy (as Linux, only
             // when the interface joined the group).
@@ -227,8 +242,8 @@ impl Stack {
             let ttl = meta.hop_limit.or(u.hdr.ttl[family]).unwrap_or(core.cfg.ttl);
             let ports = (local.port(), to.port());
             core.send_udp(src, to.ip(), next_hop, ports, data, IpFields { ttl, tos })?;
+            core.counters.udp_tx += 1;
         }
-        core.counters.udp_tx += 1;
         u.stats.tx_datagrams += 1;
         u.stats.tx_bytes += data.len() as u64;
         Ok(data.len())

@@ -5,7 +5,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use usnet_stack::sim::{Faults, SimNet};
-use usnet_stack::{mac_from_seed, Stack, StackConfig, StackError, UdpSendMeta};
+use usnet_stack::{
+    mac_from_seed, DgramProto, Families, Stack, StackConfig, StackError, UdpSendMeta,
+};
 
 fn cfg(i: u8, extra: &[&str]) -> StackConfig {
     let mut addrs = vec![
@@ -96,6 +98,76 @@ fn large_pings_are_fragmented_and_reassembled_both_families() {
     assert!(net.stack(1).counters().ip4_reassembled >= 2);
     assert!(net.stack(0).counters().ip6_reassembled >= 2);
     assert!(net.stack(0).counters().ip4_tx_fragments >= 6);
+}
+
+/// An ICMP echo socket (Linux's `SOCK_DGRAM`/`IPPROTO_ICMP`): the application's
+/// message leaves under the socket's identifier (its port) with a checksum the
+/// stack computed, whatever the application put there; the whole reply comes
+/// back from port 0; identifiers are a namespace of their own; anything but an
+/// echo request of the destination's family is refused.
+#[test]
+fn echo_sockets_send_and_receive_whole_messages_under_their_identifier() {
+    for (dst, request, reply) in [("10.0.0.2", 8u8, 0u8), ("fd00::2", 128, 129)] {
+        let mut net = pair(4, Faults::default());
+        let s = net.stack_mut(0);
+        let udp = s.udp_bind(sa("[::]:4242")).unwrap();
+        let h = s
+            .dgram_bind(DgramProto::Icmp, sa("[::]:4242"), Families::Both, false)
+            .unwrap();
+        assert_eq!(
+            s.dgram_bind(DgramProto::Icmp, sa("[::]:4242"), Families::Both, false),
+            Err(StackError::AddrInUse)
+        );
+        let mut msg = vec![request, 0, 0xde, 0xad, 0xbe, 0xef, 0, 7];
+        msg.extend_from_slice(b"payload");
+        // The port is not the echo's: ignored.
+        let to = SocketAddr::new(ip(dst), 9);
+        let mut wrong = msg.clone();
+        wrong[0] = reply;
+        assert_eq!(s.udp_send_to(h, &wrong, to), Err(StackError::InvalidInput));
+        wrong[0] = if request == 8 { 128 } else { 8 };
+        assert_eq!(s.udp_send_to(h, &wrong, to), Err(StackError::InvalidInput));
+        assert_eq!(
+            s.udp_send_to(h, &msg[..7], to),
+            Err(StackError::InvalidInput)
+        );
+        s.udp_connect(h, to).unwrap();
+        assert_eq!(s.udp_peer_addr(h).unwrap(), SocketAddr::new(ip(dst), 0));
+        assert_eq!(s.udp_send(h, &msg).unwrap(), msg.len());
+        let mut got = None;
+        net.run_until(Duration::from_secs(3), |n| {
+            let mut buf = [0u8; 64];
+            match n.stack_mut(0).udp_recv_from(h, &mut buf) {
+                Ok((k, from)) => {
+                    got = Some((buf[..k].to_vec(), from));
+                    true
+                }
+                Err(_) => false,
+            }
+        });
+        let (answer, from) = got.expect("an echo reply");
+        assert_eq!(from, SocketAddr::new(ip(dst), 0));
+        assert_eq!(answer[..2], [reply, 0]);
+        assert_eq!(
+            answer[4..6],
+            4242u16.to_be_bytes(),
+            "the socket's identifier"
+        );
+        assert_eq!(answer[6..8], [0, 7], "the application's sequence number");
+        assert_eq!(&answer[8..], b"payload");
+        let mut buf = [0u8; 64];
+        assert_eq!(
+            net.stack_mut(0).udp_recv_from(udp, &mut buf),
+            Err(StackError::WouldBlock),
+            "UDP's port 4242 is another socket"
+        );
+        let peer = net.stack(1).counters();
+        assert_eq!(
+            peer.icmp4_tx_echo_reply + peer.icmp6_tx_echo_reply,
+            1,
+            "the request's checksum was the stack's"
+        );
+    }
 }
 
 fn udp_pair(net: &mut SimNet, port: u16) -> (usnet_stack::SocketHandle, usnet_stack::SocketHandle) {

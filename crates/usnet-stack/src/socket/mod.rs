@@ -1,19 +1,17 @@
 //! The socket table, apart from the core: slots named by generation-checked handles,
 //! each with an [`Owner`], the edge-triggered ready list, and per-protocol demux
-//! tables (UDP port map in [`udp`], ping identifiers in [`ping`], TCP 4-tuple and
+//! tables (the datagram port maps, UDP's and ping identifiers, in [`udp`], TCP 4-tuple and
 //! listener maps plus the TCP timer heap in [`tcp`]). It never sends a frame: the
 //! stack pairs it with the core ([`crate::core::Core`]) to do protocol work.
 
-pub(crate) mod ping;
 pub(crate) mod tcp;
 pub(crate) mod udp;
 
 use std::collections::{HashMap, VecDeque};
 
-pub use ping::EchoReply;
-pub(crate) use ping::PingSocket;
 pub(crate) use tcp::{FoCacheEntry, TcpConnSock, TcpListenSock, TcpTable};
 pub use tcp::{IpFamily, TcpIpOpts};
+pub use udp::DgramProto;
 pub(crate) use udp::{Datagram, UdpSocket, UdpTable};
 
 /// Names a socket of one stack. Stale handles (of a closed socket whose slot was reused)
@@ -122,10 +120,12 @@ pub struct Readiness {
     pub connected: bool,
 }
 
+/// A datagram socket stays inline (its demux and receive path read it for every
+/// datagram); TCP's larger state is boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Socket {
     Udp(UdpSocket),
-    Ping(PingSocket),
     TcpConn(Box<TcpConnSock>),
     TcpListen(Box<TcpListenSock>),
 }
@@ -169,8 +169,8 @@ pub(crate) struct SocketSet {
     /// readiness consumer, such as the runtime's poll loop, do not take each
     /// other's events).
     pub zc_ready: VecDeque<SocketHandle>,
-    pub udp: UdpTable,
-    pub next_ping_ident: u16,
+    /// The datagram port maps, by [`DgramProto`].
+    pub dgram: [UdpTable; 2],
     pub tcp: TcpTable,
     /// A member of the priority set was removed: S must be recomputed.
     pub prio_dirty: bool,
@@ -212,8 +212,7 @@ impl SocketSet {
             free: Vec::new(),
             ready: VecDeque::new(),
             zc_ready: VecDeque::new(),
-            udp: UdpTable::new(seed),
-            next_ping_ident: (seed >> 16) as u16,
+            dgram: [UdpTable::new(seed), UdpTable::new(seed >> 16)],
             tcp: TcpTable::new(seed),
             prio_dirty: false,
             next_seq: 0,
@@ -378,7 +377,7 @@ impl SocketSet {
         }
         let owner = slot.owner;
         if let Socket::Udp(u) = &sock {
-            self.unlink_udp_port(h.index, u.local.port(), u.next_same_port);
+            self.unlink_udp_port(u, h.index);
             // The caller frees what its queue held.
             self.uncharge(owner, u.rx_bufs);
         }
@@ -409,11 +408,7 @@ mod tests {
     use super::*;
 
     fn ping(ident: u16) -> Socket {
-        Socket::Ping(PingSocket {
-            ident,
-            rxq: VecDeque::new(),
-            stats: SocketStats::default(),
-        })
+        udp::tests::udp(&format!("0.0.0.0:{ident}"), None)
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! UDP sockets in the table: their bounded receive queues and the port map that
-//! demultiplexes a datagram to its socket in O(1), before any checksum work.
+//! Datagram sockets in the table: UDP's, and ICMP echo ("ping") sockets, which are
+//! the same socket with the echo identifier for a port (as Linux's ping sockets
+//! take `inet_sport` for it). Their bounded receive queues, and the port maps (one
+//! per protocol) that demultiplex a datagram to its socket in O(1), before any
+//! checksum work.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -19,8 +22,28 @@ pub(crate) struct Datagram {
     pub info: crate::types::UdpRecvInfo,
 }
 
+/// What a datagram socket carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum DgramProto {
+    /// UDP datagrams.
+    #[default]
+    Udp,
+    /// ICMP or ICMPv6 echo: the application sends echo requests (header and data,
+    /// the stack sets the identifier, its port, and the checksum) and receives the
+    /// echo replies to its identifier, as with Linux's
+    /// `socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP)`.
+    Icmp,
+}
+
+impl DgramProto {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct UdpSocket {
+    pub proto: DgramProto,
     pub local: SocketAddr,
     /// The families a wildcard `local` takes ([`Families`]).
     pub families: Families,
@@ -43,6 +66,32 @@ pub(crate) struct UdpSocket {
     pub hdr: UdpHeaderOpts,
 }
 
+impl UdpSocket {
+    pub fn new(
+        proto: DgramProto,
+        local: SocketAddr,
+        families: Families,
+        reuse: bool,
+        recv_buffer: usize,
+    ) -> UdpSocket {
+        UdpSocket {
+            proto,
+            local,
+            families,
+            remote: None,
+            rxq: VecDeque::new(),
+            rx_queued_bytes: 0,
+            rx_bufs: 0,
+            recv_buffer,
+            next_same_port: NONE,
+            stats: SocketStats::default(),
+            reuse,
+            mc: Default::default(),
+            hdr: Default::default(),
+        }
+    }
+}
+
 /// A UDP socket's IP header options, per family (`[IPv4, IPv6]`; a dual-stack
 /// socket sending to an IPv4-mapped peer uses the IPv4 ones, as Linux's).
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,7 +102,7 @@ pub(crate) struct UdpHeaderOpts {
     pub tos: [u8; 2],
 }
 
-/// The UDP demux state of a socket table.
+/// The demux state of one datagram protocol in a socket table.
 pub(crate) struct UdpTable {
     /// Port → first socket index bound to it.
     ports: Vec<u32>,
@@ -70,6 +119,14 @@ impl UdpTable {
 }
 
 impl SocketSet {
+    fn ports(&self, proto: DgramProto) -> &[u32] {
+        &self.dgram[proto.index()].ports
+    }
+
+    fn ports_mut(&mut self, proto: DgramProto) -> &mut [u32] {
+        &mut self.dgram[proto.index()].ports
+    }
+
     pub fn udp_at(&self, index: u32) -> Option<&UdpSocket> {
         match self.at(index)? {
             Socket::Udp(u) => Some(u),
@@ -84,10 +141,11 @@ impl SocketSet {
         }
     }
 
-    pub(super) fn unlink_udp_port(&mut self, index: u32, port: u16, next: u32) {
-        let mut cur = self.udp.ports[port as usize];
+    pub(super) fn unlink_udp_port(&mut self, u: &UdpSocket, index: u32) {
+        let (port, next) = (u.local.port(), u.next_same_port);
+        let mut cur = self.ports(u.proto)[port as usize];
         if cur == index {
-            self.udp.ports[port as usize] = next;
+            self.ports_mut(u.proto)[port as usize] = next;
             return;
         }
         while cur != NONE {
@@ -105,8 +163,14 @@ impl SocketSet {
     /// Whether `addr` may be bound: no other socket holds the same port with an
     /// overlapping address and family, unless both were bound with `reuse`
     /// (SO_REUSEADDR or SO_REUSEPORT, as Linux's UDP).
-    pub fn udp_port_free(&self, addr: SocketAddr, fam: Families, reuse: bool) -> bool {
-        let mut cur = self.udp.ports[addr.port() as usize];
+    pub fn udp_port_free(
+        &self,
+        proto: DgramProto,
+        addr: SocketAddr,
+        fam: Families,
+        reuse: bool,
+    ) -> bool {
+        let mut cur = self.ports(proto)[addr.port() as usize];
         while cur != NONE {
             let Some(u) = self.udp_at(cur) else {
                 return true;
@@ -119,34 +183,40 @@ impl SocketSet {
         true
     }
 
-    /// Puts socket `index` at the head of `port`'s chain.
-    pub fn link_udp(&mut self, index: u32, port: u16) {
-        let head = self.udp.ports[port as usize];
+    /// Puts socket `index` at the head of its port's chain.
+    pub fn link_udp(&mut self, index: u32) {
+        let Some(u) = self.udp_at(index) else {
+            return;
+        };
+        let (proto, port) = (u.proto, u.local.port() as usize);
+        let head = self.ports(proto)[port];
         if let Some(u) = self.udp_at_mut(index) {
             u.next_same_port = head;
         }
-        self.udp.ports[port as usize] = index;
+        self.ports_mut(proto)[port] = index;
     }
 
     /// An ephemeral port free for `ip`, from `shard`'s own class of ports.
     pub fn udp_ephemeral_port(
         &mut self,
+        proto: DgramProto,
         ip: IpAddr,
         fam: Families,
         shard: crate::shard::ShardRole,
     ) -> Option<u16> {
         for _ in 0..EPHEMERAL_SPAN {
-            let p = super::next_ephemeral(&mut self.udp.next_ephemeral);
-            if shard.owns_ephemeral(p) && self.udp_port_free(SocketAddr::new(ip, p), fam, false) {
+            let p = super::next_ephemeral(&mut self.dgram[proto.index()].next_ephemeral);
+            let free = self.udp_port_free(proto, SocketAddr::new(ip, p), fam, false);
+            if shard.owns_ephemeral(p) && free {
                 return Some(p);
             }
         }
         None
     }
 
-    /// Whether any socket is bound to `port`.
+    /// Whether any UDP socket is bound to `port`.
     pub fn udp_port_used(&self, port: u16) -> bool {
-        self.udp.ports[port as usize] != NONE
+        self.ports(DgramProto::Udp)[port as usize] != NONE
     }
 
     /// Every socket a datagram to multicast `group`:`port` from `from` goes to, as
@@ -162,7 +232,7 @@ impl SocketSet {
         from: SocketAddr,
         out: &mut Vec<u32>,
     ) {
-        let mut cur = self.udp.ports[port as usize];
+        let mut cur = self.ports(DgramProto::Udp)[port as usize];
         while cur != NONE {
             let Some(u) = self.udp_at(cur) else {
                 return;
@@ -178,12 +248,20 @@ impl SocketSet {
         }
     }
 
-    /// The best UDP socket for a datagram: connected match first, then a specific local
-    /// address, then a wildcard one. Address families match loosely: an unspecified
-    /// local address of either family accepts both (like Linux's dual-stack `[::]`).
+    /// The best socket of `proto` for a datagram: connected match first, then a
+    /// specific local address, then a wildcard one. Address families match
+    /// loosely: an unspecified local address of either family accepts both (like
+    /// Linux's dual-stack `[::]`). An echo reply's port is its identifier, and
+    /// its source port 0.
     #[inline]
-    pub fn udp_lookup(&self, dst: IpAddr, dst_port: u16, src: SocketAddr) -> Option<u32> {
-        let mut cur = self.udp.ports[dst_port as usize];
+    pub fn udp_lookup(
+        &self,
+        proto: DgramProto,
+        dst: IpAddr,
+        dst_port: u16,
+        src: SocketAddr,
+    ) -> Option<u32> {
+        let mut cur = self.ports(proto)[dst_port as usize];
         let mut best = None;
         let mut best_score = 0;
         while cur != NONE {
@@ -214,31 +292,20 @@ impl SocketSet {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::socket::Owner;
 
-    fn udp(local: &str, remote: Option<&str>) -> Socket {
-        Socket::Udp(UdpSocket {
-            local: local.parse().unwrap(),
-            families: Families::Both,
-            remote: remote.map(|r| r.parse().unwrap()),
-            rxq: VecDeque::new(),
-            rx_queued_bytes: 0,
-            rx_bufs: 0,
-            recv_buffer: 4096,
-            next_same_port: NONE,
-            stats: SocketStats::default(),
-            reuse: false,
-            mc: Default::default(),
-            hdr: Default::default(),
-        })
+    pub(crate) fn udp(local: &str, remote: Option<&str>) -> Socket {
+        let local = local.parse().unwrap();
+        let mut u = UdpSocket::new(DgramProto::Udp, local, Families::Both, false, 4096);
+        u.remote = remote.map(|r| r.parse().unwrap());
+        Socket::Udp(u)
     }
 
     fn bind(set: &mut SocketSet, local: &str, remote: Option<&str>) -> u32 {
         let h = set.insert(udp(local, remote), Owner::LOCAL);
-        let port = local.parse::<SocketAddr>().unwrap().port();
-        set.link_udp(h.index, port);
+        set.link_udp(h.index);
         h.index
     }
 
@@ -251,10 +318,22 @@ mod tests {
         let dst: IpAddr = "10.0.0.1".parse().unwrap();
         let other: IpAddr = "10.0.0.2".parse().unwrap();
         let peer = |s: &str| s.parse::<SocketAddr>().unwrap();
-        assert_eq!(set.udp_lookup(dst, 53, peer("10.0.0.9:1000")), Some(conn));
-        assert_eq!(set.udp_lookup(dst, 53, peer("10.0.0.8:1000")), Some(spec));
-        assert_eq!(set.udp_lookup(other, 53, peer("10.0.0.8:1")), Some(wild));
-        assert_eq!(set.udp_lookup(dst, 54, peer("10.0.0.8:1")), None);
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, dst, 53, peer("10.0.0.9:1000")),
+            Some(conn)
+        );
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, dst, 53, peer("10.0.0.8:1000")),
+            Some(spec)
+        );
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, other, 53, peer("10.0.0.8:1")),
+            Some(wild)
+        );
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, dst, 54, peer("10.0.0.8:1")),
+            None
+        );
     }
 
     #[test]
@@ -268,20 +347,40 @@ mod tests {
         let from6: SocketAddr = "[fd00::9]:1000".parse().unwrap();
         let to4: IpAddr = "10.0.0.1".parse().unwrap();
         let to6: IpAddr = "fd00::1".parse().unwrap();
-        assert_eq!(set.udp_lookup(to4, 53, from4), None, "IPV6_V6ONLY");
-        assert_eq!(set.udp_lookup(to6, 53, from6), Some(v6only));
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, to4, 53, from4),
+            None,
+            "IPV6_V6ONLY"
+        );
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, to6, 53, from6),
+            Some(v6only)
+        );
         // 0.0.0.0:53 for IPv4 beside [::]:53 for IPv6, as Linux allows.
-        assert!(set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::V4, false));
-        assert!(!set.udp_port_free("0.0.0.0:53".parse().unwrap(), Families::Both, false));
+        assert!(set.udp_port_free(
+            DgramProto::Udp,
+            "0.0.0.0:53".parse().unwrap(),
+            Families::V4,
+            false
+        ));
+        assert!(!set.udp_port_free(
+            DgramProto::Udp,
+            "0.0.0.0:53".parse().unwrap(),
+            Families::Both,
+            false
+        ));
         let v4 = bind(&mut set, "0.0.0.0:53", None);
         if let Some(u) = set.udp_at_mut(v4) {
             u.families = Families::V4;
         }
-        assert_eq!(set.udp_lookup(to4, 53, from4), Some(v4));
-        assert_eq!(set.udp_lookup(to6, 53, from6), Some(v6only));
+        assert_eq!(set.udp_lookup(DgramProto::Udp, to4, 53, from4), Some(v4));
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, to6, 53, from6),
+            Some(v6only)
+        );
         // A dual [::] takes IPv4 too.
         let dual = bind(&mut set, "[::]:54", None);
-        assert_eq!(set.udp_lookup(to4, 54, from4), Some(dual));
+        assert_eq!(set.udp_lookup(DgramProto::Udp, to4, 54, from4), Some(dual));
     }
 
     #[test]
@@ -290,18 +389,44 @@ mod tests {
         let a = bind(&mut set, "10.0.0.1:99", None);
         let b = bind(&mut set, "10.0.0.2:99", None);
         let c = bind(&mut set, "10.0.0.3:99", None);
-        assert!(!set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both, false));
-        assert!(!set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both, false));
+        assert!(!set.udp_port_free(
+            DgramProto::Udp,
+            "10.0.0.2:99".parse().unwrap(),
+            Families::Both,
+            false
+        ));
+        assert!(!set.udp_port_free(
+            DgramProto::Udp,
+            "0.0.0.0:99".parse().unwrap(),
+            Families::Both,
+            false
+        ));
         // Remove from the middle of the chain, then the head.
         assert!(set.remove(set.handle_at(b)).is_some());
-        assert!(set.udp_port_free("10.0.0.2:99".parse().unwrap(), Families::Both, false));
+        assert!(set.udp_port_free(
+            DgramProto::Udp,
+            "10.0.0.2:99".parse().unwrap(),
+            Families::Both,
+            false
+        ));
         let to = |s: &str| s.parse::<IpAddr>().unwrap();
         let from: SocketAddr = "1.2.3.4:5".parse().unwrap();
-        assert_eq!(set.udp_lookup(to("10.0.0.1"), 99, from), Some(a));
-        assert_eq!(set.udp_lookup(to("10.0.0.3"), 99, from), Some(c));
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, to("10.0.0.1"), 99, from),
+            Some(a)
+        );
+        assert_eq!(
+            set.udp_lookup(DgramProto::Udp, to("10.0.0.3"), 99, from),
+            Some(c)
+        );
         assert!(set.remove(set.handle_at(c)).is_some());
         assert!(set.remove(set.handle_at(a)).is_some());
-        assert!(set.udp_port_free("0.0.0.0:99".parse().unwrap(), Families::Both, false));
+        assert!(set.udp_port_free(
+            DgramProto::Udp,
+            "0.0.0.0:99".parse().unwrap(),
+            Families::Both,
+            false
+        ));
     }
 
     #[test]
@@ -311,16 +436,16 @@ mod tests {
         bind(&mut set, "0.0.0.0:49152", None);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         assert_eq!(
-            set.udp_ephemeral_port(ip, Families::Both, Default::default()),
+            set.udp_ephemeral_port(DgramProto::Udp, ip, Families::Both, Default::default()),
             Some(49153)
         );
         let mut set = SocketSet::new(u16::MAX as u64 - 49152);
         assert_eq!(
-            set.udp_ephemeral_port(ip, Families::Both, Default::default()),
+            set.udp_ephemeral_port(DgramProto::Udp, ip, Families::Both, Default::default()),
             Some(u16::MAX)
         );
         assert_eq!(
-            set.udp_ephemeral_port(ip, Families::Both, Default::default()),
+            set.udp_ephemeral_port(DgramProto::Udp, ip, Families::Both, Default::default()),
             Some(49152),
             "wraps"
         );
