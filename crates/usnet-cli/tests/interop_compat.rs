@@ -24,7 +24,8 @@
 //!   its connection and kernel descriptors at once), psql and pgbench from Linux;
 //! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls);
 //! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
-//! - wget and curl; iperf3 over UDP;
+//! - wget and curl; iperf3 over UDP; ping, both families, with usnet its only
+//!   network;
 //! - a statically linked program: `usnet run` says its sockets stay on the kernel.
 
 #[macro_use]
@@ -936,6 +937,32 @@ fn bird(d: &Path) {
     }
 }
 
+/// iputils `ping`, both families, in a network namespace whose only network is
+/// usnet: it opens ICMP datagram sockets (`SOCK_DGRAM`, `IPPROTO_ICMP`), which the
+/// stack carries, and sends each probe after a reply with `MSG_CONFIRM`.
+fn ping(d: &Path) {
+    need("ping", "iputils-ping");
+    let ns = "usnt-ping";
+    let _ = run("ip", &["netns", "del", ns], Duration::from_secs(10));
+    ip(&["netns", "add", ns]);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "netns", "del", ns]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    for (flag, to) in [("-4", HOST), ("-6", HOST6)] {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, USNET, "run", "--stack", STACK, "--"])
+            .args(["ping", flag, "-c", "3", "-i", "0.2", "-W", "2", to])
+            .env("USNET_RUN_DIR", d)
+            .current_dir(d);
+        let o = run_in(&mut c, &[], Duration::from_secs(30));
+        assert!(
+            o.ok() && o.stdout.contains("3 received") && o.stdout.contains("ttl=64"),
+            "ping {flag} {to} through usnet: {}",
+            o.describe()
+        );
+    }
+}
+
 /// curl from Linux fetches `url` from the program `srv` under the shim: the
 /// whole body, or a failure that says what curl and the program said.
 fn serves_body(d: &Path, srv: &Bg, url: &str) {
@@ -1184,6 +1211,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     bird(d);
     fetchers(d);
     root_without_dac_override(d);
+    ping(d);
     iperf3_udp(d);
     static_program(d);
 }

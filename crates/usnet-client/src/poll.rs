@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use usnet_session_abi::{
     slot, FLAG_ACCEPTABLE, FLAG_CONNECTED, FLAG_ERROR, FLAG_ERRQUEUE, FLAG_HUP, FLAG_RX_EOF,
-    FLAG_SNDBUF, FLAG_WRITABLE, KIND_UDP, SLOT_OPEN,
+    FLAG_SNDBUF, FLAG_WRITABLE, KIND_ICMP, KIND_UDP, SLOT_OPEN,
 };
 
 use crate::conn::Conn;
@@ -170,7 +170,8 @@ fn readiness(r: &Reg) -> Option<Readiness> {
     let tx_queued = q(slot::TX_PROD, slot::TX_CONS);
     let size = m.geometry().ring_bytes as u64;
     let readable = rx_queued > 0 || f & (FLAG_RX_EOF | FLAG_ACCEPTABLE) != 0 || closed;
-    let can_send = f & FLAG_CONNECTED != 0 || w(slot::KIND) as u64 == KIND_UDP;
+    let datagrams = matches!(w(slot::KIND) as u64, KIND_UDP | KIND_ICMP);
+    let can_send = f & FLAG_CONNECTED != 0 || datagrams;
     let writable = closed || (can_send && send_room(f, tx_queued, size));
     Some(Readiness {
         readable,

@@ -6,7 +6,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use usnet_session_abi::{op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_TCP, KIND_UDP};
+use usnet_session_abi::{op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_ICMP, KIND_TCP, KIND_UDP};
 
 use crate::sock::ClientSocket;
 use crate::{Client, TcpListener, TcpStream, UdpSocket};
@@ -16,6 +16,9 @@ use crate::{Client, TcpListener, TcpStream, UdpSocket};
 pub enum SocketKind {
     Tcp,
     Udp,
+    /// An ICMP echo socket (Linux's `SOCK_DGRAM` `IPPROTO_ICMP`): a [`UdpSocket`]
+    /// whose datagrams are whole echo messages and whose port is its identifier.
+    Icmp,
 }
 
 /// A fresh socket at the server.
@@ -29,6 +32,7 @@ impl Socket {
         let k = match kind {
             SocketKind::Tcp => KIND_TCP,
             SocketKind::Udp => KIND_UDP,
+            SocketKind::Icmp => KIND_ICMP,
         };
         Ok(Socket {
             sock: ClientSocket::open(&client.conn, k)?,

@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use usnet_session_abi::{
-    errno, op, opt, record_len, slot, RecordHeader, SockAddr, FLAG_ERROR, KIND_UDP, RECORD_HEADER,
-    RECORD_PAD,
+    errno, op, opt, record_len, slot, RecordHeader, SockAddr, FLAG_BOUND, FLAG_ERROR, KIND_ICMP,
+    KIND_UDP, RECORD_HEADER, RECORD_PAD,
 };
 use usnet_shm::{ByteConsumer, ByteProducer};
 
@@ -109,6 +109,12 @@ impl UdpSocket {
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])?;
         Ok(UdpSocket { sock })
+    }
+
+    /// Whether it is an ICMP echo socket ([`crate::SocketKind::Icmp`]): its
+    /// datagrams are whole echo messages and its port is its identifier.
+    pub fn is_echo(&self) -> bool {
+        u64::from(self.sock.word(slot::KIND)) == KIND_ICMP
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -362,6 +368,27 @@ impl UdpSocket {
         self.sock.rx_ready() > 0
     }
 
+    /// Linux's autobind (`inet_send_prepare`): an unbound socket's first send
+    /// binds it to an ephemeral port (an echo socket: identifier) at once, so
+    /// `getsockname` names it as soon as the send returns. (A connected socket is
+    /// bound by its connect.)
+    fn autobind(&self, to: Option<SocketAddr>) -> io::Result<()> {
+        let bound = || self.sock.flags() & FLAG_BOUND != 0;
+        let Some(to) = to.filter(|_| !bound()) else {
+            return Ok(());
+        };
+        let any = if to.is_ipv4() {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            SocketAddr::from(([0u16; 8], 0))
+        };
+        match self.bind_to(any) {
+            // Another thread's send bound it first.
+            Err(_) if bound() => Ok(()),
+            r => r,
+        }
+    }
+
     fn send_record(
         &self,
         data: &[u8],
@@ -370,6 +397,16 @@ impl UdpSocket {
     ) -> io::Result<usize> {
         if data.len() > MAX_PAYLOAD {
             return Err(errno_err(errno::EMSGSIZE));
+        }
+        self.autobind(to)?;
+        if self.is_echo() {
+            let v4 = match to {
+                Some(a) => a.is_ipv4(),
+                None => self.peer_addr()?.is_ipv4(),
+            };
+            if usnet_socket_api::echo::request(v4, data).is_none() {
+                return Err(errno_err(errno::EINVAL));
+            }
         }
         let hdr = RecordHeader {
             len: data.len() as u32,

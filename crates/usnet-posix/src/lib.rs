@@ -409,6 +409,10 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     let kind = match (base, protocol) {
         (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => SocketKind::Tcp,
         (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => SocketKind::Udp,
+        // Ping sockets. Linux lets only ping_group_range's groups make them; the
+        // stack's own policy is who may attach to it.
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMP) if domain == libc::AF_INET => SocketKind::Icmp,
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6) if domain == libc::AF_INET6 => SocketKind::Icmp,
         (libc::SOCK_STREAM | libc::SOCK_DGRAM, _) => return Err(Errno(libc::EPROTONOSUPPORT)),
         _ => return Err(Errno(libc::ESOCKTNOSUPPORT)),
     };
@@ -423,7 +427,7 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     let r = reserve(base, ty & libc::SOCK_CLOEXEC != 0, nb, tag)?;
     let obj = match kind {
         SocketKind::Tcp => Obj::Fresh(s),
-        SocketKind::Udp => Obj::Udp(s.into_udp()),
+        SocketKind::Udp | SocketKind::Icmp => Obj::Udp(s.into_udp()),
     };
     if let Obj::Udp(u) = &obj {
         u.set_nonblocking(nb)?;
@@ -727,13 +731,19 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
 
 /// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. On a stream,
 /// `MSG_MORE` and `MSG_EOR` reach the stack with the bytes (`TcpStream::send_flagged`);
-/// on a datagram socket they change nothing.
+/// on a datagram socket they change nothing. `MSG_CONFIRM` (the neighbour is
+/// reachable: a hint that saves Linux a probe, which the stack's cache does not
+/// need) and `MSG_DONTROUTE` (the stack has one link and sends on it, as with
+/// `SO_DONTROUTE`) are taken and change nothing; ping sends every probe after a
+/// reply with `MSG_CONFIRM`.
 const SEND_FLAGS: i32 = libc::MSG_DONTWAIT
     | libc::MSG_NOSIGNAL
     | libc::MSG_MORE
     | libc::MSG_EOR
     | libc::MSG_FASTOPEN
-    | libc::MSG_ZEROCOPY;
+    | libc::MSG_ZEROCOPY
+    | libc::MSG_CONFIRM
+    | libc::MSG_DONTROUTE;
 const RECV_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL | libc::MSG_OOB;
 
 fn maybe_dontwait<R>(flags: i32, f: impl FnOnce() -> R) -> R {
@@ -2243,10 +2253,11 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         }
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(e.stype),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(e.domain),
-        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if e.stype == libc::SOCK_STREAM {
-            libc::IPPROTO_TCP
-        } else {
-            libc::IPPROTO_UDP
+        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(match &*obj {
+            Obj::Udp(u) if u.is_echo() && e.domain == libc::AF_INET6 => libc::IPPROTO_ICMPV6,
+            Obj::Udp(u) if u.is_echo() => libc::IPPROTO_ICMP,
+            _ if e.stype == libc::SOCK_STREAM => libc::IPPROTO_TCP,
+            _ => libc::IPPROTO_UDP,
         }),
         (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(matches!(&*obj, Obj::Listener(_)) as i32),
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => int(o.reuseaddr as i32),

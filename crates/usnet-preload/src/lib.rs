@@ -148,12 +148,19 @@ static SAID: AtomicBool = AtomicBool::new(false);
 static ATTACH: AtomicU8 = AtomicU8::new(0);
 
 fn for_usnet(domain: c_int, ty: c_int, protocol: c_int) -> bool {
-    matches!(domain, libc::AF_INET | libc::AF_INET6)
-        && matches!(
-            (ty & usnet_posix::SOCK_TYPE_MASK, protocol),
-            (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) | (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP)
-        )
-        && !env_is("USNET_PRELOAD", "off")
+    matches!(
+        (domain, ty & usnet_posix::SOCK_TYPE_MASK, protocol),
+        (
+            libc::AF_INET | libc::AF_INET6,
+            libc::SOCK_STREAM,
+            0 | libc::IPPROTO_TCP
+        ) | (
+            libc::AF_INET | libc::AF_INET6,
+            libc::SOCK_DGRAM,
+            0 | libc::IPPROTO_UDP
+        ) | (libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP)
+            | (libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6)
+    ) && !env_is("USNET_PRELOAD", "off")
 }
 
 #[no_mangle]

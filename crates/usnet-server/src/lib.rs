@@ -308,7 +308,14 @@ impl Loop {
             all[self.shard] = listeners.iter().map(|l| (l.local, l.families)).collect();
         }
         let mut held: HashSet<(u8, u16)> = listeners.iter().map(|l| (6, l.local.port())).collect();
-        held.extend(stack.udp_sockets().iter().map(|u| (17, u.local.port())));
+        // (An echo socket's identifier steers its replies by itself: usnet_stack::shard.)
+        held.extend(
+            stack
+                .udp_sockets()
+                .iter()
+                .filter(|u| u.proto == usnet_stack::DgramProto::Udp)
+                .map(|u| (17, u.local.port())),
+        );
         held.retain(|&(_, port)| port != 0 && !role.owns_port(port));
         let added: Vec<_> = held.difference(&self.published).copied().collect();
         let removed: Vec<_> = self.published.difference(&held).copied().collect();

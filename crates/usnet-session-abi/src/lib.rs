@@ -274,7 +274,8 @@ impl Completion {
 pub mod op {
     /// Does nothing; completes with 0 (a round trip).
     pub const NOP: u16 = 0;
-    /// `args[0]`: [`super::KIND_TCP`] or [`super::KIND_UDP`]. Result: the new slot.
+    /// `args[0]`: [`super::KIND_TCP`], [`super::KIND_UDP`] or [`super::KIND_ICMP`].
+    /// Result: the new slot.
     pub const SOCKET: u16 = 1;
     /// `args[0..4]`: the address ([`super::SockAddr::to_args`]); `args[4]`, for a
     /// UDP socket: the families a wildcard address takes ([`super::FAM_V4`] |
@@ -365,6 +366,10 @@ pub const SEND_ASYNC: u64 = 4;
 
 pub const KIND_TCP: u64 = 1;
 pub const KIND_UDP: u64 = 2;
+/// An ICMP echo socket (Linux's `SOCK_DGRAM` `IPPROTO_ICMP`/`IPPROTO_ICMPV6`): a
+/// datagram socket whose records are whole echo messages (a request sent, a
+/// reply received, from port 0) and whose port is its echo identifier.
+pub const KIND_ICMP: u64 = 3;
 
 pub const SHUT_RD: u64 = 0;
 pub const SHUT_WR: u64 = 1;

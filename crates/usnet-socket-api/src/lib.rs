@@ -95,6 +95,28 @@ pub mod zc_flags {
     pub const NO_BUF: u32 = u32::MAX;
 }
 
+/// What an ICMP echo ("ping") socket accepts from its application, as Linux's
+/// `ping_common_sendmsg` does: an echo request of the destination's family with
+/// code 0, its header at least (the identifier and checksum are the stack's to
+/// set). Here so that the stack (which sends it) and the stack server's client
+/// (which must refuse a bad one with EINVAL at the call) keep one rule.
+pub mod echo {
+    /// The echo header: type, code, checksum, identifier, sequence number.
+    pub const HEADER: usize = 8;
+    pub const REQUEST_V4: u8 = 8;
+    pub const REQUEST_V6: u8 = 128;
+
+    /// `msg`'s sequence number and echo data when an echo socket may send it to
+    /// an address of the family `v4` says; `None`: EINVAL.
+    pub fn request(v4: bool, msg: &[u8]) -> Option<(u16, &[u8])> {
+        let want = if v4 { REQUEST_V4 } else { REQUEST_V6 };
+        if msg.len() < HEADER || msg[0] != want || msg[1] != 0 {
+            return None;
+        }
+        Some((u16::from_be_bytes([msg[6], msg[7]]), &msg[HEADER..]))
+    }
+}
+
 pub mod errno {
     macro_rules! table {
         ($($name:ident = $n:literal,)*) => {

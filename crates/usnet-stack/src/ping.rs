@@ -23,28 +23,8 @@ pub struct EchoReply {
     pub at: crate::Instant,
 }
 
-/// ICMP echo request types (the echo header's first byte).
-const ECHO_REQUEST_V4: u8 = 8;
-const ECHO_REQUEST_V6: u8 = 128;
-
-/// The echo header: type, code, checksum, identifier, sequence number.
-pub(crate) const ECHO_HEADER: usize = 8;
-
-/// An echo request message to `dst` as an application gives it to a ping
-/// socket: its identifier and checksum are the stack's to set, its type must be
-/// the request of `dst`'s family and its code 0 (Linux's `ping_common_sendmsg`
-/// refuses anything else with EINVAL). Returns (sequence number, data).
-pub(crate) fn echo_request(dst: IpAddr, msg: &[u8]) -> Result<(u16, &[u8]), StackError> {
-    let want = if dst.is_ipv4() {
-        ECHO_REQUEST_V4
-    } else {
-        ECHO_REQUEST_V6
-    };
-    if msg.len() < ECHO_HEADER || msg[0] != want || msg[1] != 0 {
-        return Err(StackError::InvalidInput);
-    }
-    Ok((u16::from_be_bytes([msg[6], msg[7]]), &msg[ECHO_HEADER..]))
-}
+pub(crate) use usnet_socket_api::echo::HEADER as ECHO_HEADER;
+use usnet_socket_api::echo::{REQUEST_V4, REQUEST_V6};
 
 impl Stack {
     /// Opens an ICMP echo socket with its own identifier (both IPv4 and IPv6).
@@ -68,9 +48,9 @@ impl Stack {
     ) -> Result<(), StackError> {
         let mut msg = Vec::with_capacity(ECHO_HEADER + data.len());
         let kind = if dst.is_ipv4() {
-            ECHO_REQUEST_V4
+            REQUEST_V4
         } else {
-            ECHO_REQUEST_V6
+            REQUEST_V6
         };
         msg.extend_from_slice(&[kind, 0, 0, 0, 0, 0]);
         msg.extend_from_slice(&seq.to_be_bytes());

@@ -76,6 +76,9 @@ impl Stack {
         fam: Families,
         reuse: bool,
     ) -> Result<SocketHandle, StackError> {
+        // Linux's ping sockets are made with SO_REUSEADDR on: two may bind one
+        // identifier (its replies go to the one bound last).
+        let reuse = reuse || proto == DgramProto::Icmp;
         let ip = local.ip();
         // A multicast address may be bound (it then receives that group only), as
         // on Linux.
@@ -190,7 +193,10 @@ impl Stack {
         // An echo socket's message: the echo header and data.
         let echo = match self.udp(h)?.proto {
             DgramProto::Udp => None,
-            DgramProto::Icmp => Some(crate::ping::echo_request(to.ip(), data)?),
+            DgramProto::Icmp => Some(
+                usnet_socket_api::echo::request(to.is_ipv4(), data)
+                    .ok_or(StackError::InvalidInput)?,
+            ),
         };
         let core = &mut self.core;
         if data.len() > MAX_UDP_PAYLOAD {

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
 use usnet_session_abi::{
-    errno, slot, SockAddr, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_TCP,
-    KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
+    errno, slot, SockAddr, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_ICMP,
+    KIND_TCP, KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
 };
 use usnet_stack::{Families, IpFamily, SocketHandle, Stack, StackError};
 
@@ -16,7 +16,7 @@ impl ServerSession {
     pub(super) fn op_socket(&mut self, kind: u64) -> i64 {
         let role = match kind {
             KIND_TCP => Role::Fresh,
-            KIND_UDP => Role::Udp,
+            KIND_UDP | KIND_ICMP => Role::Udp,
             _ => return -errno::EINVAL,
         };
         match self.new_slot(kind, role) {
@@ -43,7 +43,7 @@ impl ServerSession {
             return -errno::EINVAL;
         }
         match s.role {
-            Role::Udp => match stack.udp_bind_reuse(addr, fam, reuse) {
+            Role::Udp => match stack.dgram_bind(s.dgram_proto(), addr, fam, reuse) {
                 Ok(h) => {
                     self.adopt(stack, i, h);
                     let local = stack.udp_local_addr(h).unwrap_or(addr);
@@ -275,7 +275,7 @@ impl ServerSession {
                         } else {
                             "[::]:0".parse().expect("addr")
                         };
-                        match stack.udp_bind(any) {
+                        match stack.dgram_bind(s.dgram_proto(), any, Families::Both, false) {
                             Ok(h) => {
                                 self.adopt(stack, i, h);
                                 self.set_flags(i, FLAG_BOUND, 0);

@@ -161,6 +161,17 @@ struct SessionSocket {
     carry: Vec<u8>,
 }
 
+impl SessionSocket {
+    /// What its stack socket carries, when it is a datagram socket.
+    fn dgram_proto(&self) -> usnet_stack::DgramProto {
+        if self.kind == usnet_session_abi::KIND_ICMP {
+            usnet_stack::DgramProto::Icmp
+        } else {
+            usnet_stack::DgramProto::Udp
+        }
+    }
+}
+
 /// Counters of one session (shown by `usnet stat`): the control protocol's type.
 pub use usnet_session::ctl::msg::SessionStats;
 

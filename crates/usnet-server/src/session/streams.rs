@@ -14,7 +14,7 @@ use usnet_session_abi::{
     RECORD_PAD, SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
 use usnet_shm::{ByteProducer, KeptLoan, TailLoan};
-use usnet_stack::{Lender, LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
+use usnet_stack::{Families, Lender, LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
 
 use super::{
     err, options::apply_deferred, PendingDgram, Role, ServerSession, SessionSocket, SessionStats,
@@ -634,7 +634,7 @@ impl ServerSession {
                 let any: SocketAddr = if v6 { "[::]:0" } else { "0.0.0.0:0" }
                     .parse()
                     .expect("addr");
-                match stack.udp_bind(any) {
+                match stack.dgram_bind(s.dgram_proto(), any, Families::Both, false) {
                     Ok(h) => {
                         let _ = stack.set_owner(h, owner);
                         s.handle = Some(h);
