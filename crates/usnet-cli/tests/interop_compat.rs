@@ -854,15 +854,22 @@ fn lighttpd(d: &Path) {
 /// leave at TTL 255, and each side learns the other's route. The usnet side runs in
 /// a network namespace of its own, so usnet is its only network (as for a daemon
 /// on a dedicated interface) and BIRD sees no kernel interface on the link.
-fn bird(d: &Path) {
-    need("bird", "bird2");
-    need("birdc", "bird2");
-    let ns = "usnt-bird";
+/// A network namespace with only its loopback (up), where usnet is a program's
+/// only network; deleted when the guard goes.
+fn empty_netns(ns: &str) -> Cleanup {
     let _ = run("ip", &["netns", "del", ns], Duration::from_secs(10));
     ip(&["netns", "add", ns]);
     let mut cleanup = Cleanup::default();
     cleanup.on_drop(&["ip", "netns", "del", ns]);
     ip(&["-n", ns, "link", "set", "lo", "up"]);
+    cleanup
+}
+
+fn bird(d: &Path) {
+    need("bird", "bird2");
+    need("birdc", "bird2");
+    let ns = "usnt-bird";
+    let _ns = empty_netns(ns);
     let conf = |me: &str, as_me: u32, peer: &str, as_peer: u32, net: &str, extra: &str| {
         format!(
             "router id {me};\nprotocol device {{ }}\n\
@@ -943,11 +950,7 @@ fn bird(d: &Path) {
 fn ping(d: &Path) {
     need("ping", "iputils-ping");
     let ns = "usnt-ping";
-    let _ = run("ip", &["netns", "del", ns], Duration::from_secs(10));
-    ip(&["netns", "add", ns]);
-    let mut cleanup = Cleanup::default();
-    cleanup.on_drop(&["ip", "netns", "del", ns]);
-    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    let _ns = empty_netns(ns);
     for (flag, to) in [("-4", HOST), ("-6", HOST6)] {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", ns, USNET, "run", "--stack", STACK, "--"])
