@@ -72,6 +72,40 @@ impl ServerSession {
         }
     }
 
+    /// A socket held by several processes (passed or forked before it listened)
+    /// is one socket: once another holder's listen made it a listener, fresh slot
+    /// `i` names that listener too, whatever it is asked next (a `listen` changes
+    /// nothing, an `accept` takes from it, a `connect` is refused), as every
+    /// descriptor of the kernel's socket sees it listening. Returns whether it
+    /// joined.
+    pub(super) fn join_group_listener(&mut self, stack: &mut Stack, i: u32) -> bool {
+        let s = self.sock(i);
+        if s.role != Role::Fresh {
+            return false;
+        }
+        // (A session holding two copies of the socket names its listener once: the
+        // other copy stays fresh, as a client that aliases does not ask.)
+        let listener = s
+            .group
+            .and_then(|g| self.group_listener(stack, g))
+            .filter(|&h| !self.holds(h));
+        let Some(h) = listener else {
+            return false;
+        };
+        let s = self.sock(i);
+        unbind(stack, s);
+        s.role = Role::Listener;
+        self.hold_shared(i, h);
+        if let Ok(local) = stack.tcp_local_addr(h) {
+            self.mem
+                .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
+        }
+        self.set_flags(i, FLAG_BOUND, 0);
+        self.refresh(stack, i);
+        self.joined.push(h);
+        true
+    }
+
     pub(super) fn op_listen(&mut self, stack: &mut Stack, i: u32, backlog: u64, fam: u64) -> i64 {
         let s = self.sock(i);
         if s.role == Role::Listener {
@@ -80,30 +114,8 @@ impl ServerSession {
         if s.role != Role::Fresh {
             return -errno::EINVAL;
         }
-        // A socket held by several processes (passed or forked before it listened)
-        // is one socket: another holder's listen already made it a listener, which
-        // this slot names too, as the kernel's second `listen` changes nothing.
-        let group = s.group;
-        // (A session holding two copies of the socket names its listener once: the
-        // other copy's listen is refused, as a client that aliases does not ask.)
-        let listener = group
-            .and_then(|g| self.group_listener(stack, g))
-            .filter(|&h| !self.holds(h));
-        if let Some(h) = listener {
-            let s = self.sock(i);
-            unbind(stack, s);
-            s.role = Role::Listener;
-            self.hold_shared(i, h);
-            if let Ok(local) = stack.tcp_local_addr(h) {
-                self.mem
-                    .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
-            }
-            self.set_flags(i, FLAG_BOUND, 0);
-            self.refresh(stack, i);
-            self.joined.push(h);
-            return 0;
-        }
-        let s = self.sock(i);
+        // (A group that listens elsewhere made this slot its listener already:
+        // `join_group_listener`, before every call on a slot.)
         // Unbound: the wildcard of the socket's family (an AF_INET6 socket's is `::`).
         let any = if fam & FAM_V6 != 0 {
             "[::]:0"

@@ -520,6 +520,7 @@ impl ServerSession {
                     self.stats.bad_requests += 1;
                     return ok(-errno::EBADF);
                 };
+                self.join_group_listener(stack, i);
                 ok(match req.op {
                     op::BIND => self.op_bind(
                         stack,
