@@ -16,6 +16,7 @@ use crate::core::Core;
 use crate::counters::Counters;
 use crate::frag::{FragKey, FragResult};
 use crate::ping::ECHO_HEADER;
+use crate::socket::udp::NoRoom;
 use crate::socket::{Datagram, DgramProto, SocketSet};
 use crate::types::{IcmpMsg, L3Info, Src, TcpTarget, UdpRecvInfo, Unreach, Verdict};
 use crate::{IpCidr, Stack};
@@ -421,15 +422,12 @@ impl View<'_> {
             .sockets
             .udp_lookup(DgramProto::Udp, l3.dst, udp.dst_port, from);
         if let Some(i) = sock {
-            if let Some(u) = self.sockets.udp_at(i) {
-                if !u.rxq.is_empty() && u.rx_queued_bytes + udp.payload.len() > u.recv_buffer {
-                    c.udp_rx_queue_full += 1;
-                    return Verdict::UdpQueueFull { sock: i };
+            if let Some(why) = self.sockets.udp_no_room(i, udp.payload.len()) {
+                match why {
+                    NoRoom::Queue => c.udp_rx_queue_full += 1,
+                    NoRoom::Owner => c.udp_rx_owner_full += 1,
                 }
-                if self.sockets.owner_rx_full(i) {
-                    c.udp_rx_owner_full += 1;
-                    return Verdict::UdpQueueFull { sock: i };
-                }
+                return Verdict::UdpQueueFull { sock: i };
             }
         }
         if !self.csum_valid && !wire::verify_udp_checksum(l3.src, l3.dst, &l4[..udp_len]) {
@@ -552,12 +550,9 @@ impl View<'_> {
             return Verdict::Drop;
         };
         let len = ECHO_HEADER + data_len;
-        if let Some(u) = self.sockets.udp_at(sock) {
-            let over = !u.rxq.is_empty() && u.rx_queued_bytes + len > u.recv_buffer;
-            if over || self.sockets.owner_rx_full(sock) {
-                c.ping_rx_queue_full += 1;
-                return Verdict::UdpQueueFull { sock };
-            }
+        if self.sockets.udp_no_room(sock, len).is_some() {
+            c.ping_rx_queue_full += 1;
+            return Verdict::UdpQueueFull { sock };
         }
         let info = UdpRecvInfo {
             from,

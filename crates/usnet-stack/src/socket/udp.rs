@@ -22,6 +22,15 @@ pub(crate) struct Datagram {
     pub info: crate::types::UdpRecvInfo,
 }
 
+/// Why a datagram socket refuses one more datagram ([`SocketSet::udp_no_room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoRoom {
+    /// Its receive buffer is full.
+    Queue,
+    /// Its owner holds its share of the pool.
+    Owner,
+}
+
 /// What a datagram socket carries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum DgramProto {
@@ -125,6 +134,20 @@ impl SocketSet {
 
     fn ports_mut(&mut self, proto: DgramProto) -> &mut [u32] {
         &mut self.dgram[proto.index()].ports
+    }
+
+    /// Why datagram socket `index` cannot queue `len` more bytes now, if it
+    /// cannot: its receive buffer is full (an empty queue always takes one
+    /// datagram), or its owner holds its share of the pool.
+    pub fn udp_no_room(&self, index: u32, len: usize) -> Option<NoRoom> {
+        let u = self.udp_at(index)?;
+        if !u.rxq.is_empty() && u.rx_queued_bytes + len > u.recv_buffer {
+            Some(NoRoom::Queue)
+        } else if self.owner_rx_full(index) {
+            Some(NoRoom::Owner)
+        } else {
+            None
+        }
     }
 
     pub fn udp_at(&self, index: u32) -> Option<&UdpSocket> {
