@@ -517,11 +517,11 @@ impl View<'_> {
             Icmpv4Repr::DstUnreachable { code, invoking } => {
                 c.icmp4_rx_unreachable += 1;
                 let mtu = wire::icmpv4_frag_needed_mtu(l4);
-                self.classify_tcp_icmp(c, l3, IcmpMsg::Unreach4 { code, mtu }, invoking)
+                self.classify_icmp_error(c, l3, IcmpMsg::Unreach4 { code, mtu }, invoking)
             }
-            Icmpv4Repr::TimeExceeded { invoking, .. } => {
+            Icmpv4Repr::TimeExceeded { code, invoking } => {
                 c.icmp4_rx_time_exceeded += 1;
-                self.classify_tcp_icmp(c, l3, IcmpMsg::TimeExceeded, invoking)
+                self.classify_icmp_error(c, l3, IcmpMsg::TimeExceeded { code }, invoking)
             }
             _ => {
                 c.icmp4_rx_other += 1;
@@ -633,15 +633,15 @@ impl View<'_> {
             }
             Icmpv6Repr::DstUnreachable { code, invoking } => {
                 c.icmp6_rx_unreachable += 1;
-                self.classify_tcp_icmp(c, l3, IcmpMsg::Unreach6 { code }, invoking)
+                self.classify_icmp_error(c, l3, IcmpMsg::Unreach6 { code }, invoking)
             }
             Icmpv6Repr::PacketTooBig { mtu, invoking } => {
                 c.icmp6_rx_packet_too_big += 1;
-                self.classify_tcp_icmp(c, l3, IcmpMsg::TooBig6 { mtu }, invoking)
+                self.classify_icmp_error(c, l3, IcmpMsg::TooBig6 { mtu }, invoking)
             }
-            Icmpv6Repr::TimeExceeded { invoking, .. } => {
+            Icmpv6Repr::TimeExceeded { code, invoking } => {
                 c.icmp6_rx_time_exceeded += 1;
-                self.classify_tcp_icmp(c, l3, IcmpMsg::TimeExceeded, invoking)
+                self.classify_icmp_error(c, l3, IcmpMsg::TimeExceeded { code }, invoking)
             }
             Icmpv6Repr::Other {
                 kind: 130..=132 | 143,
@@ -827,6 +827,10 @@ impl Stack {
             Verdict::TcpIcmp { conn, seq, err } => {
                 self.core.release(src);
                 self.tcp_icmp_error(conn, seq, err);
+            }
+            Verdict::DgramIcmp { sock, hard, report } => {
+                self.core.release(src);
+                self.dgram_icmp_error(sock, *report, hard);
             }
             Verdict::TcpIcmpListener {
                 listener,

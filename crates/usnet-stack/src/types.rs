@@ -53,7 +53,7 @@ pub struct UdpSendMeta {
 }
 
 /// What to do with a received frame; offsets are into the frame (or reassembled data).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Verdict {
     /// Counted already; just free it.
     Drop,
@@ -96,6 +96,13 @@ pub(crate) enum Verdict {
         conn: u32,
         seq: u32,
         err: usnet_tcp::IcmpError,
+    },
+    /// An ICMP error about a datagram of UDP or echo socket `sock` (`hard`: as
+    /// Linux's `icmp_err_convert` judges it).
+    DgramIcmp {
+        sock: u32,
+        hard: bool,
+        report: Box<crate::icmp_error::IcmpReport>,
     },
     /// An ICMP error about a segment from listener `listener` (a SYN-ACK of a
     /// half-open connection).
@@ -211,6 +218,6 @@ pub(crate) enum IcmpMsg {
     Unreach6 { code: u8 },
     /// ICMPv6 packet too big.
     TooBig6 { mtu: u32 },
-    /// Time exceeded (either family).
-    TimeExceeded,
+    /// Time exceeded (either family): 0 in transit, 1 reassembly.
+    TimeExceeded { code: u8 },
 }

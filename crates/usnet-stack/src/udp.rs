@@ -23,14 +23,14 @@ pub struct UdpEntry {
 }
 
 impl Stack {
-    fn udp(&self, h: SocketHandle) -> Result<&UdpSocket, StackError> {
+    pub(crate) fn udp(&self, h: SocketHandle) -> Result<&UdpSocket, StackError> {
         match self.sockets.get(h).ok_or(StackError::InvalidHandle)? {
             Socket::Udp(u) => Ok(u),
             _ => Err(StackError::WrongType),
         }
     }
 
-    fn udp_mut(&mut self, h: SocketHandle) -> Result<&mut UdpSocket, StackError> {
+    pub(crate) fn udp_mut(&mut self, h: SocketHandle) -> Result<&mut UdpSocket, StackError> {
         match self.sockets.get_mut(h).ok_or(StackError::InvalidHandle)? {
             Socket::Udp(u) => Ok(u),
             _ => Err(StackError::WrongType),

@@ -176,6 +176,81 @@ fn echo_sockets_send_and_receive_whole_messages_under_their_identifier() {
     }
 }
 
+/// ICMP errors about UDP datagrams, by Linux's rules: a port unreachable fails a
+/// connected socket's next call with ECONNREFUSED and is ignored by an
+/// unconnected one; with IP_RECVERR / IPV6_RECVERR it waits on the error queue
+/// as a whole report (the quoted payload included), and reading it leaves no
+/// error pending.
+#[test]
+fn icmp_errors_reach_udp_sockets_as_linux_reports_them() {
+    use usnet_socket_api::errno::ECONNREFUSED;
+    use usnet_stack::{IpFamily, ORIGIN_ICMP, ORIGIN_ICMP6};
+    for (dst, fam, origin, icmp_type, code) in [
+        ("10.0.0.2", IpFamily::V4, ORIGIN_ICMP, 3u8, 3u8),
+        ("fd00::2", IpFamily::V6, ORIGIN_ICMP6, 1, 4),
+    ] {
+        let mut net = pair(11, Faults::default());
+        let closed = SocketAddr::new(ip(dst), 9999);
+        let settle = |net: &mut SimNet| {
+            net.run_until(Duration::from_millis(200), |_| false);
+        };
+        // Connected, without IP_RECVERR: the hard error is pending, once.
+        let c = net.stack_mut(0).udp_bind(sa("[::]:0")).unwrap();
+        net.stack_mut(0).udp_connect(c, closed).unwrap();
+        net.stack_mut(0).udp_send(c, b"probe").unwrap();
+        settle(&mut net);
+        let s = net.stack_mut(0);
+        assert_eq!(s.udp_take_error(c).unwrap(), Some(ECONNREFUSED), "{dst}");
+        assert_eq!(s.udp_take_error(c).unwrap(), None);
+        assert_eq!(s.udp_errqueue_len(c).unwrap(), 0);
+        // Unconnected, without: ignored.
+        let u = s.udp_bind(sa("[::]:0")).unwrap();
+        s.udp_send_to(u, b"probe", closed).unwrap();
+        settle(&mut net);
+        let s = net.stack_mut(0);
+        assert_eq!(s.udp_take_error(u).unwrap(), None);
+        assert!(s.counters().dgram_icmp_ignored >= 1);
+        // With IP_RECVERR (of the error's family): queued whole, and pending.
+        s.udp_set_recverr(u, fam, true).unwrap();
+        s.udp_send_to(u, b"second probe", closed).unwrap();
+        settle(&mut net);
+        let s = net.stack_mut(0);
+        assert_eq!(s.udp_errqueue_len(u).unwrap(), 1);
+        let (r, after) = s.udp_errqueue_pop(u).unwrap().expect("a report");
+        assert_eq!(after, usnet_stack::PendingAfter::Cleared);
+        assert_eq!(r.errno, ECONNREFUSED);
+        assert_eq!((r.origin, r.icmp_type, r.code), (origin, icmp_type, code));
+        assert_eq!(r.offender, Some(ip(dst)), "the host that answered");
+        assert_eq!(r.dest, closed, "the quoted destination");
+        assert_eq!(r.payload, b"second probe");
+        assert_eq!(
+            s.udp_take_error(u).unwrap(),
+            None,
+            "reading the report took the pending error"
+        );
+        assert_eq!(s.udp_errqueue_pop(u).unwrap(), None);
+        // A send over the path MTU under IP_PMTUDISC_DO: a local report, the
+        // MTU in ee_info, no payload, no pending error; reading it leaves the
+        // pending error alone.
+        s.udp_local_error(u, usnet_socket_api::errno::EMSGSIZE, closed, 1500)
+            .unwrap();
+        let (r, after) = s.udp_errqueue_pop(u).unwrap().expect("a local report");
+        assert_eq!(
+            (r.origin, r.info, r.offender),
+            (usnet_stack::ORIGIN_LOCAL, 1500, None)
+        );
+        assert!(r.payload.is_empty());
+        assert_eq!(after, usnet_stack::PendingAfter::Unchanged);
+        // Turning it off empties the queue.
+        s.udp_send_to(u, b"third", closed).unwrap();
+        settle(&mut net);
+        let s = net.stack_mut(0);
+        assert_eq!(s.udp_errqueue_len(u).unwrap(), 1);
+        s.udp_set_recverr(u, fam, false).unwrap();
+        assert_eq!(s.udp_errqueue_len(u).unwrap(), 0);
+    }
+}
+
 fn udp_pair(net: &mut SimNet, port: u16) -> (usnet_stack::SocketHandle, usnet_stack::SocketHandle) {
     let a = net
         .stack_mut(0)

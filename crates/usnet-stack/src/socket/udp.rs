@@ -73,6 +73,8 @@ pub(crate) struct UdpSocket {
     /// What the IP headers of the datagrams it sends carry unless a send says
     /// otherwise.
     pub hdr: UdpHeaderOpts,
+    /// ICMP errors about what it sent: the pending one, the error queue.
+    pub errors: crate::icmp_error::DgramErrors,
 }
 
 impl UdpSocket {
@@ -97,6 +99,7 @@ impl UdpSocket {
             reuse,
             mc: Default::default(),
             hdr: Default::default(),
+            errors: Default::default(),
         }
     }
 }

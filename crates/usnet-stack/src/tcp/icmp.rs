@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 
 use usnet_tcp::{IcmpError, IcmpOutcome, TcpConfig, TcpError, Wake};
-use usnet_wire::{self as wire, unreach, unreach_v6};
+use usnet_wire::{unreach, unreach_v6, QuotedPacket};
 
 use crate::counters::Counters;
 use crate::rx::View;
@@ -79,31 +79,21 @@ fn tcp_meaning(msg: IcmpMsg, quoted_len: usize) -> Option<IcmpError> {
         IcmpMsg::TooBig6 { mtu } => Some(IcmpError::PacketTooBig {
             mss: pmtu_mss(mtu.min(65535) as usize, true),
         }),
-        IcmpMsg::TimeExceeded => unreachable(TcpError::HostUnreachable, false),
+        IcmpMsg::TimeExceeded { .. } => unreachable(TcpError::HostUnreachable, false),
     }
 }
 
 impl View<'_> {
-    /// An ICMP error (`invoking` is the packet it quotes): a verdict for the TCP
-    /// connection it names, or Drop when it is not about a TCP segment of ours.
+    /// An ICMP error about a TCP segment (`q`, quoted whole in `invoking`): a
+    /// verdict for the connection it names, or Drop when it names none of ours.
     pub(crate) fn classify_tcp_icmp(
         &self,
         c: &mut Counters,
         l3: &L3Info,
         msg: IcmpMsg,
+        q: &QuotedPacket<'_>,
         invoking: &[u8],
     ) -> Verdict {
-        let q = if l3.src.is_ipv4() {
-            wire::parse_quoted_ipv4(invoking)
-        } else {
-            wire::parse_quoted_ipv6(invoking)
-        };
-        let Ok(q) = q else {
-            return Verdict::Drop;
-        };
-        if q.protocol != wire::IPPROTO_TCP {
-            return Verdict::Drop;
-        }
         c.tcp_icmp_rx += 1;
         // The total length of the quoted IPv4 packet (for the RFC 1191 plateaus).
         let quoted_len = match invoking {
@@ -201,7 +191,7 @@ mod tests {
             hard(TcpError::HostUnreachable)
         );
         assert_eq!(
-            m(IcmpMsg::TimeExceeded),
+            m(IcmpMsg::TimeExceeded { code: 0 }),
             Some(IcmpError::Unreachable {
                 error: TcpError::HostUnreachable,
                 hard: false

@@ -50,6 +50,16 @@ pub fn tcp_of(frame: &[u8]) -> Option<Seen> {
     })
 }
 
+/// The source address of an IP frame.
+pub fn src_of(frame: &[u8]) -> IpAddr {
+    let eth = wire::parse_ethernet(frame).unwrap();
+    if eth.ethertype == ethertype::IPV4 {
+        wire::parse_ipv4(eth.payload, false).unwrap().src.into()
+    } else {
+        wire::parse_ipv6(eth.payload).unwrap().src.into()
+    }
+}
+
 /// What a router says about a frame it could not forward.
 #[derive(Clone, Copy, Debug)]
 pub enum Says {
@@ -76,7 +86,7 @@ pub fn icmp_for(frame: &[u8], says: Says, edit: impl Fn(&mut Vec<u8>)) -> Vec<u8
     wire::emit_ethernet(&mut out, eth.src, eth.dst, et).unwrap();
     let icmp = &mut out[14 + l3..];
     if v4 {
-        let IpAddr::V4(to) = tcp_of(frame).unwrap().src else {
+        let IpAddr::V4(to) = src_of(frame) else {
             unreachable!()
         };
         let (repr, mtu) = match says {
@@ -118,7 +128,7 @@ pub fn icmp_for(frame: &[u8], says: Says, edit: impl Fn(&mut Vec<u8>)) -> Vec<u8
         .emit(&mut out[14..])
         .unwrap();
     } else {
-        let IpAddr::V6(to) = tcp_of(frame).unwrap().src else {
+        let IpAddr::V6(to) = src_of(frame) else {
             unreachable!()
         };
         let repr = match says {
