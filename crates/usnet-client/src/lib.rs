@@ -41,7 +41,7 @@ pub use poll::{Event, Interest, Mode, Poller, Source, Token};
 pub use sock::dont_wait;
 pub use socket::{Socket, SocketKind};
 pub use tcp::{IpHeader, TcpInfo, TcpListener, TcpStream, TxTimestamp};
-pub use udp::{RecvMeta, SendMeta, UdpSocket};
+pub use udp::{IcmpErrorReport, RecvMeta, SendMeta, UdpSocket};
 pub use zc::{ZcOptions, ZcPort, ZcSlot};
 
 use conn::Conn;

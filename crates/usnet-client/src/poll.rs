@@ -178,7 +178,8 @@ fn readiness(r: &Reg) -> Option<Readiness> {
         writable,
         closed,
         rdhup: closed || f & FLAG_RX_EOF != 0,
-        error: f & FLAG_ERROR != 0 && w(slot::ERROR) != 0
+        // A datagram socket's pending ICMP error is its ERROR word alone.
+        error: (f & FLAG_ERROR != 0 || datagrams) && w(slot::ERROR) != 0
             || f & FLAG_ERRQUEUE != 0
             || r.conn
                 .zc_pending(r.slot, m.slot_u64(r.slot, slot::TX_ACKED).load(Acquire)),

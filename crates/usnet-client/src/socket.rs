@@ -209,6 +209,6 @@ impl Socket {
     /// A UDP socket as a datagram socket (bound already, or bound to an ephemeral
     /// port by its first `send_to`).
     pub fn into_udp(self) -> UdpSocket {
-        UdpSocket { sock: self.sock }
+        UdpSocket::wrap(self.sock)
     }
 }

@@ -5,11 +5,13 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::Duration;
 
 use usnet_session_abi::{
-    errno, op, opt, record_len, slot, RecordHeader, SockAddr, FLAG_BOUND, FLAG_ERROR, KIND_ICMP,
-    KIND_UDP, RECORD_HEADER, RECORD_PAD,
+    errno, hdr, op, opt, record_len, slot, RecordHeader, SockAddr, FLAG_BOUND, FLAG_ERROR,
+    KIND_ICMP, KIND_UDP, RECORD_HEADER, RECORD_PAD,
 };
 use usnet_shm::{ByteConsumer, ByteProducer};
 
@@ -22,6 +24,10 @@ pub const MAX_PAYLOAD: usize = 65507;
 
 pub struct UdpSocket {
     pub(crate) sock: ClientSocket,
+    /// `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` (`[IPv4, IPv6]`) say DO, PROBE
+    /// or INTERFACE: a datagram over the MTU fails with EMSGSIZE instead of
+    /// leaving in fragments.
+    strict_pmtu: [AtomicBool; 2],
 }
 
 /// What one send asks of its datagram's IP header (`sendmsg`'s control
@@ -60,12 +66,45 @@ pub struct RecvMeta {
     pub stamp_ns: u64,
 }
 
+/// An ICMP error report from the socket's error queue (`recvmsg(MSG_ERRQUEUE)`
+/// once `IP_RECVERR` / `IPV6_RECVERR` is on): Linux's `sock_extended_err` and
+/// what comes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcmpErrorReport {
+    /// `ee_errno`.
+    pub errno: i32,
+    /// `ee_origin` (`SO_EE_ORIGIN_ICMP` 2, `SO_EE_ORIGIN_ICMP6` 3), `ee_type`,
+    /// `ee_code`, `ee_info`.
+    pub origin: u8,
+    pub icmp_type: u8,
+    pub code: u8,
+    pub info: u32,
+    /// Who sent the ICMP message (`SO_EE_OFFENDER`; None: a local report).
+    pub offender: Option<IpAddr>,
+    /// Where the datagram it quotes was going (the message's name).
+    pub dest: SocketAddr,
+    /// The ICMP packet's TTL or hop limit and TOS byte.
+    pub hop_limit: u8,
+    pub tos: u8,
+    /// Bytes of the quoted payload copied into the caller's buffer, and its
+    /// whole length (more: the buffer, or the server's area, was short).
+    pub len: usize,
+    pub whole: usize,
+}
+
 /// Bytes from the ring position to the end of the ring.
 fn to_end(pos: u64, size: usize) -> usize {
     size - (pos as usize & (size - 1))
 }
 
 impl UdpSocket {
+    pub(crate) fn wrap(sock: ClientSocket) -> UdpSocket {
+        UdpSocket {
+            sock,
+            strict_pmtu: Default::default(),
+        }
+    }
+
     /// Its slot in the session (what a fork's claim maps).
     #[doc(hidden)]
     pub fn fork_slot(&self) -> u32 {
@@ -77,9 +116,7 @@ impl UdpSocket {
     /// the parent's copy.
     #[doc(hidden)]
     pub fn forked(&self, client: &Client, slot: u32) -> io::Result<UdpSocket> {
-        Ok(UdpSocket {
-            sock: self.sock.forked(&client.conn, slot)?,
-        })
+        Ok(UdpSocket::wrap(self.sock.forked(&client.conn, slot)?))
     }
 
     /// Names this socket across `exec` (`usnet_session_abi::slot::TAG`; the BSD layer's
@@ -93,9 +130,10 @@ impl UdpSocket {
     /// ([`crate::Client::inherit`]).
     #[doc(hidden)]
     pub fn inherited(client: &Client, slot: u32) -> io::Result<UdpSocket> {
-        Ok(UdpSocket {
-            sock: ClientSocket::from_slot(&client.conn, slot)?,
-        })
+        Ok(UdpSocket::wrap(ClientSocket::from_slot(
+            &client.conn,
+            slot,
+        )?))
     }
 
     /// Never closes or posts again (a forked child's copy that has no slot of its own).
@@ -108,7 +146,7 @@ impl UdpSocket {
         let sock = ClientSocket::open(&client.conn, KIND_UDP)?;
         let a = SockAddr::from_std(addr).to_args();
         sock.call(op::BIND, [a[0], a[1], a[2], a[3], 0, 0])?;
-        Ok(UdpSocket { sock })
+        Ok(UdpSocket::wrap(sock))
     }
 
     /// Whether it is an ICMP echo socket ([`crate::SocketKind::Icmp`]): its
@@ -273,6 +311,97 @@ impl UdpSocket {
     }
 
     /// The stack's receive queue limit for this socket (SO_RCVBUF).
+    /// IP_RECVERR (`v6` false) or IPV6_RECVERR: ICMP errors of that family
+    /// wait on the error queue ([`UdpSocket::recv_error_report`]) and each
+    /// becomes the pending error. Off (the default), only a hard error on a
+    /// connected socket is reported, as the next call's error.
+    pub fn set_recverr(&self, v6: bool, on: bool) -> io::Result<()> {
+        let (level, name) = if v6 {
+            (opt::IPPROTO_IPV6, opt::IPV6_RECVERR)
+        } else {
+            (opt::IPPROTO_IP, opt::IP_RECVERR)
+        };
+        self.udp_opt(level, name, [on as u64, 0, 0])
+    }
+
+    /// `IP_MTU_DISCOVER` (`v6` false) or `IPV6_MTU_DISCOVER` as Linux numbers
+    /// its modes: with DO (2), PROBE (3) or INTERFACE (4) a datagram that would
+    /// not fit the link's MTU fails with EMSGSIZE (and, with IP_RECVERR, leaves
+    /// a local report carrying the MTU); otherwise it leaves in fragments.
+    pub fn set_mtu_discover(&self, v6: bool, mode: i32) {
+        self.strict_pmtu[usize::from(v6)].store(matches!(mode, 2..=4), Relaxed);
+    }
+
+    /// The MTU of the link the stack sends on (`IP_MTU`; 0: not known).
+    pub fn link_mtu(&self) -> u32 {
+        self.sock.conn.mem.word(hdr::LINK_MTU).load(Acquire)
+    }
+
+    /// Linux's `ip_append_data` check under a strict MTU discovery mode: a
+    /// datagram of `len` bytes to `to` that would not fit the MTU is EMSGSIZE,
+    /// after a local report for the error queue.
+    fn over_mtu(&self, len: usize, to: SocketAddr) -> io::Result<()> {
+        let v6 = !to.is_ipv4();
+        let mtu = self.link_mtu() as usize;
+        // (IPv4's UDP refuses more than 64 KiB before it looks at the MTU.)
+        if !self.strict_pmtu[usize::from(v6)].load(Relaxed) || mtu == 0 || !v6 && len > 0xffff {
+            return Ok(());
+        }
+        // An echo socket's message carries its own ICMP header.
+        let l4 = if self.is_echo() { 0 } else { 8 };
+        let ip = if v6 { 40 } else { 20 };
+        if ip + l4 + len <= mtu {
+            return Ok(());
+        }
+        let a = SockAddr::from_std(to).to_args();
+        let emsgsize = errno::EMSGSIZE as u64;
+        self.sock.call(
+            op::LOCAL_ERROR,
+            [a[0], a[1], a[2], a[3], emsgsize, mtu as u64],
+        )?;
+        Err(errno_err(errno::EMSGSIZE))
+    }
+
+    /// Takes the pending error (`SO_ERROR`): what an ICMP error left for the
+    /// next call, which fails with it once.
+    pub fn take_error(&self) -> Option<io::Error> {
+        let e = self.sock.word(slot::ERROR);
+        if e == 0 {
+            return None;
+        }
+        let e = self
+            .sock
+            .conn
+            .mem
+            .slot_word(self.sock.slot, slot::ERROR)
+            .swap(0, std::sync::atomic::Ordering::AcqRel);
+        (e != 0).then(|| errno_err(i64::from(e)))
+    }
+
+    /// The oldest report on the error queue, its quoted payload into `buf`
+    /// (`recvmsg(MSG_ERRQUEUE)`; never waits: `WouldBlock` when none is there).
+    pub fn recv_error_report(&self, buf: &mut [u8]) -> io::Result<IcmpErrorReport> {
+        // Under the send lock: the area holds one report at a time.
+        self.sock.with_tx(|_| {
+            self.sock.call(op::ERRQUEUE, [0; 6])?;
+            let r = self.sock.conn.mem.read_err_report(self.sock.slot, buf);
+            let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad error report");
+            Ok(IcmpErrorReport {
+                errno: r.errno as i32,
+                origin: r.origin,
+                icmp_type: r.icmp_type,
+                code: r.code,
+                info: r.info,
+                offender: r.offender.to_std().map(|a| a.ip()),
+                dest: r.dest.to_std().ok_or_else(bad)?,
+                hop_limit: r.hop_limit,
+                tos: r.tos,
+                len: usize::from(r.len).min(buf.len()),
+                whole: r.whole as usize,
+            })
+        })
+    }
+
     pub fn set_recv_buffer_size(&self, bytes: usize) -> io::Result<()> {
         self.sock
             .call(
@@ -346,6 +475,9 @@ impl UdpSocket {
         let deadline = self.sock.read_deadline();
         loop {
             self.sock.conn.check_alive()?;
+            if let Some(e) = self.take_error() {
+                return Err(e);
+            }
             if let Some(r) = self.sock.with_rx(|rx| take_record(rx, buf, consume)) {
                 return r;
             }
@@ -395,18 +527,21 @@ impl UdpSocket {
         to: Option<SocketAddr>,
         meta: &SendMeta,
     ) -> io::Result<usize> {
-        if data.len() > MAX_PAYLOAD {
-            return Err(errno_err(errno::EMSGSIZE));
+        // As Linux's `sock_alloc_send_skb`: a pending ICMP error fails the send.
+        if let Some(e) = self.take_error() {
+            return Err(e);
         }
         self.autobind(to)?;
-        if self.is_echo() {
-            let v4 = match to {
-                Some(a) => a.is_ipv4(),
-                None => self.peer_addr()?.is_ipv4(),
-            };
-            if usnet_socket_api::echo::request(v4, data).is_none() {
-                return Err(errno_err(errno::EINVAL));
-            }
+        let dest = match to {
+            Some(a) => a,
+            None => self.peer_addr()?,
+        };
+        if self.is_echo() && usnet_socket_api::echo::request(dest.is_ipv4(), data).is_none() {
+            return Err(errno_err(errno::EINVAL));
+        }
+        self.over_mtu(data.len(), dest)?;
+        if data.len() > MAX_PAYLOAD {
+            return Err(errno_err(errno::EMSGSIZE));
         }
         let hdr = RecordHeader {
             len: data.len() as u32,

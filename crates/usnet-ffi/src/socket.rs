@@ -429,6 +429,16 @@ pub unsafe extern "C" fn usnet_sendmsg(fd: c_int, msg: *const libc::msghdr, flag
     })
 }
 
+/// Copies `data` into the pieces in order, as far as they hold it.
+fn scatter(pieces: &mut [&mut [u8]], data: &[u8]) {
+    let mut off = 0;
+    for s in pieces.iter_mut() {
+        let k = s.len().min(data.len() - off);
+        s[..k].copy_from_slice(&data[off..off + k]);
+        off += k;
+    }
+}
+
 /// `recvmsg`: into the iovecs, the sender into `msg_name` (datagrams); control
 /// messages: a datagram's `IP_PKTINFO`, `IP_TTL`, `IP_TOS`, `IPV6_PKTINFO`,
 /// `IPV6_HOPLIMIT`, `IPV6_TCLASS` as its socket's options ask, a stream's
@@ -452,6 +462,35 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                 // error queue's zero-copy and timestamp reports); without one it is
                 // left as the caller set it.
                 if flags & libc::MSG_ERRQUEUE != 0 {
+                    // A datagram socket's ICMP error reports (IP_RECVERR).
+                    // SAFETY: per the contract.
+                    let mut v = unsafe { msg_iov_slices(m) }?;
+                    let cap: usize = v.iter().map(|s| s.len()).sum();
+                    let mut tmp = vec![0u8; cap];
+                    if let Some(d) = usnet_posix::recvmsg_errqueue(fd, &mut tmp)? {
+                        scatter(&mut v, &tmp[..d.len]);
+                        m.msg_flags =
+                            libc::MSG_ERRQUEUE | if d.whole > d.len { libc::MSG_TRUNC } else { 0 };
+                        if !m.msg_name.is_null() {
+                            // SAFETY: per the contract.
+                            unsafe {
+                                sockaddr_out(
+                                    d.from,
+                                    m.msg_name as *mut libc::sockaddr,
+                                    &mut m.msg_namelen,
+                                )
+                            }?;
+                        }
+                        let cm: Vec<(i32, i32, &[u8])> =
+                            d.control.iter().map(|(l, t, b)| (*l, *t, &b[..])).collect();
+                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
+                        unsafe { usnet_posix::cmsg::put(m, &cm) }?;
+                        return Ok(if flags & libc::MSG_TRUNC != 0 {
+                            d.whole
+                        } else {
+                            d.len
+                        });
+                    }
                     // Zero-copy completions and transmit timestamps (`usnet_posix`).
                     let report = usnet_posix::error_queue(fd)?;
                     if !m.msg_name.is_null() {
@@ -509,12 +548,7 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                     if whole > cap {
                         m.msg_flags |= libc::MSG_TRUNC;
                     }
-                    let mut off = 0;
-                    for s in v.iter_mut() {
-                        let k = s.len().min(n - off);
-                        s[..k].copy_from_slice(&tmp[off..off + k]);
-                        off += k;
-                    }
+                    scatter(&mut v, &tmp[..n]);
                     if let Some(f) = from {
                         if !m.msg_name.is_null() {
                             // SAFETY: per the contract.

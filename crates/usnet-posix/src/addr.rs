@@ -50,6 +50,27 @@ pub unsafe fn from_raw(
     }
 }
 
+/// `addr` as the bytes of a `struct sockaddr_in` or `struct sockaddr_in6`.
+pub fn to_bytes(addr: SocketAddr) -> Vec<u8> {
+    let mut b = Vec::with_capacity(std::mem::size_of::<libc::sockaddr_in6>());
+    match addr {
+        SocketAddr::V4(a) => {
+            b.extend_from_slice(&(libc::AF_INET as libc::sa_family_t).to_ne_bytes());
+            b.extend_from_slice(&a.port().to_be_bytes());
+            b.extend_from_slice(&a.ip().octets());
+            b.extend_from_slice(&[0; 8]);
+        }
+        SocketAddr::V6(a) => {
+            b.extend_from_slice(&(libc::AF_INET6 as libc::sa_family_t).to_ne_bytes());
+            b.extend_from_slice(&a.port().to_be_bytes());
+            b.extend_from_slice(&a.flowinfo().to_be_bytes());
+            b.extend_from_slice(&a.ip().octets());
+            b.extend_from_slice(&a.scope_id().to_ne_bytes());
+        }
+    }
+    b
+}
+
 /// Writes `addr` at `ptr` as the kernel does: at most `*len` bytes (truncated), and
 /// `*len` set to the full size. Null `ptr` writes nothing.
 ///
@@ -63,41 +84,12 @@ pub unsafe fn to_raw(
     if ptr.is_null() || len.is_null() {
         return Ok(());
     }
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let full = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(*a.ip()).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned.
-            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above.
-            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
+    let bytes = to_bytes(addr);
     // SAFETY: `len` is valid per the contract; we copy at most what the caller has.
     unsafe {
-        let room = (*len as usize).min(full);
-        std::ptr::copy_nonoverlapping(&storage as *const _ as *const u8, ptr as *mut u8, room);
-        *len = full as libc::socklen_t;
+        let room = (*len as usize).min(bytes.len());
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, room);
+        *len = bytes.len() as libc::socklen_t;
     }
     Ok(())
 }

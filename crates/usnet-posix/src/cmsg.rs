@@ -187,6 +187,37 @@ pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
     (level, ty, ee)
 }
 
+/// The `IP_RECVERR` (`IPV6_RECVERR` on an IPv6 socket) message of an ICMP
+/// error report, as Linux's `ip_recv_error` / `ipv6_recv_error` write it: a
+/// `sock_extended_err` (errno, origin, type, code, info; no data), then the
+/// ICMP message's sender as a `sockaddr_in` (`sockaddr_in6`, IPv4 mapped, on an
+/// IPv6 socket; zeros for a local report).
+pub fn icmp_error(r: &usnet_client::IcmpErrorReport, v6_socket: bool) -> (i32, i32, Vec<u8>) {
+    let mut ee = Vec::with_capacity(16 + std::mem::size_of::<libc::sockaddr_in6>());
+    ee.extend_from_slice(&(r.errno as u32).to_ne_bytes());
+    ee.extend_from_slice(&[r.origin, r.icmp_type, r.code, 0]);
+    ee.extend_from_slice(&r.info.to_ne_bytes());
+    ee.extend_from_slice(&0u32.to_ne_bytes());
+    let offender = match r.offender {
+        Some(std::net::IpAddr::V4(a)) if v6_socket => {
+            Some(std::net::IpAddr::V6(a.to_ipv6_mapped()))
+        }
+        a => a,
+    };
+    match offender {
+        Some(a) => ee.extend_from_slice(&crate::addr::to_bytes(std::net::SocketAddr::new(a, 0))),
+        // A local report names none: zeros (AF_UNSPEC) of the socket's size.
+        None if v6_socket => ee.resize(ee.len() + std::mem::size_of::<libc::sockaddr_in6>(), 0),
+        None => ee.resize(ee.len() + std::mem::size_of::<libc::sockaddr_in>(), 0),
+    }
+    let (level, ty) = if v6_socket {
+        (libc::SOL_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::SOL_IP, libc::IP_RECVERR)
+    };
+    (level, ty, ee)
+}
+
 /// A TCP transmit timestamp as Linux reports it (`recvmsg(MSG_ERRQUEUE)`): the
 /// `SCM_TIMESTAMPING` payload (`struct scm_timestamping`: the software time in
 /// `ts[0]`, `wall_ns` nanoseconds of `CLOCK_REALTIME`, zeros when the socket asked

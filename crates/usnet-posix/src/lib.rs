@@ -900,14 +900,33 @@ pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
     let peek = flags & libc::MSG_PEEK != 0;
     let m = maybe_dontwait(flags, || u.recv_msg(buf, peek))?;
     let opts = lock(&e.opts);
-    let on = |level, name| opts.recorded.get(&(level, name)).is_some_and(|&v| v != 0);
     let mut control = Vec::new();
     receive_stamps(&opts, m.stamp_ns, &mut control);
+    ip_control(&opts, e.domain, &m, true, &mut control);
+    Ok(DgramMsg {
+        len: m.len,
+        whole: m.whole,
+        from: user_addr(e.domain, m.from),
+        control,
+    })
+}
+
+/// The control messages of the IP header a datagram (or an ICMP error report)
+/// came with, as the socket's options ask (`IP_PKTINFO` and `IPV6_PKTINFO` only
+/// with `pktinfo`).
+fn ip_control(
+    opts: &Opts,
+    domain: i32,
+    m: &usnet_client::RecvMeta,
+    pktinfo: bool,
+    control: &mut Vec<(i32, i32, Vec<u8>)>,
+) {
+    let on = |level, name| opts.recorded.get(&(level, name)).is_some_and(|&v| v != 0);
     let v4 = m.from.is_ipv4();
     let ip = libc::IPPROTO_IP;
     let ip6 = libc::IPPROTO_IPV6;
     if v4 {
-        if on(ip, libc::IP_PKTINFO) {
+        if pktinfo && on(ip, libc::IP_PKTINFO) {
             let dst = match m.local {
                 Some(IpAddr::V4(a)) => a,
                 _ => Ipv4Addr::UNSPECIFIED,
@@ -929,8 +948,8 @@ pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
             control.push((ip, libc::IP_TOS, vec![m.tos]));
         }
     }
-    if e.domain == libc::AF_INET6 {
-        if on(ip6, libc::IPV6_RECVPKTINFO) {
+    if domain == libc::AF_INET6 {
+        if pktinfo && on(ip6, libc::IPV6_RECVPKTINFO) {
             let dst = match m.local {
                 Some(IpAddr::V4(a)) => a.to_ipv6_mapped(),
                 Some(IpAddr::V6(a)) => a,
@@ -945,6 +964,10 @@ pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
             let v = i32::from(m.hop_limit).to_ne_bytes().to_vec();
             control.push((ip6, libc::IPV6_HOPLIMIT, v));
         }
+        if !v4 && on(ip6, libc::IPV6_2292HOPLIMIT) {
+            let v = i32::from(m.hop_limit).to_ne_bytes().to_vec();
+            control.push((ip6, libc::IPV6_2292HOPLIMIT, v));
+        }
         if !v4 && on(ip6, libc::IPV6_RECVTCLASS) {
             control.push((
                 ip6,
@@ -953,12 +976,44 @@ pub fn recvmsg_dgram(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<DgramMsg> {
             ));
         }
     }
-    Ok(DgramMsg {
-        len: m.len,
-        whole: m.whole,
-        from: user_addr(e.domain, m.from),
+}
+
+/// `recvmsg(MSG_ERRQUEUE)` on a datagram socket: its oldest ICMP error report
+/// (`IP_RECVERR`), the quoted payload into `buf`, the quoted destination as the
+/// name, and the control messages Linux gives with it (the ICMP packet's TTL
+/// and TOS as the options ask, then the extended error). `EAGAIN` when none
+/// waits; None for a socket of another kind.
+pub fn recvmsg_errqueue(fd: RawFd, buf: &mut [u8]) -> Res<Option<DgramMsg>> {
+    let e = get(fd)?;
+    let o = e.read();
+    let Obj::Udp(u) = &*o else {
+        return Ok(None);
+    };
+    let r = u.recv_error_report(buf)?;
+    let opts = lock(&e.opts);
+    let mut control = Vec::new();
+    let meta = usnet_client::RecvMeta {
+        len: r.len,
+        whole: r.whole,
+        from: SocketAddr::new(r.offender.unwrap_or(r.dest.ip()), 0),
+        local: None,
+        ifindex: 0,
+        spec_dst: Ipv4Addr::UNSPECIFIED,
+        hop_limit: r.hop_limit,
+        tos: r.tos,
+        stamp_ns: 0,
+    };
+    // A local report (no ICMP packet) has none of the IP header's messages.
+    if r.offender.is_some() {
+        ip_control(&opts, e.domain, &meta, false, &mut control);
+    }
+    control.push(cmsg::icmp_error(&r, e.domain == libc::AF_INET6));
+    Ok(Some(DgramMsg {
+        len: r.len,
+        whole: r.whole,
+        from: user_addr(e.domain, r.dest),
         control,
-    })
+    }))
 }
 
 /// A send of the pieces `bufs` (one datagram, or one stream write).
@@ -1351,6 +1406,9 @@ pub fn recvfrom(fd: RawFd, buf: &mut [u8], flags: i32) -> Res<(usize, Option<Soc
         return Err(Errno(libc::EOPNOTSUPP));
     }
     if flags & libc::MSG_ERRQUEUE != 0 {
+        if let Some(d) = recvmsg_errqueue(fd, buf)? {
+            return Ok((if trunc { d.whole } else { d.len }, Some(d.from)));
+        }
         error_queue(fd)?;
         return Ok((0, None));
     }
@@ -2171,6 +2229,10 @@ fn udp_option_to_stack(u: &UdpSocket, level: i32, name: i32, kept: i32) -> Res<(
     match (level, name) {
         (libc::IPPROTO_IP, libc::IP_TTL) => u.set_ttl(Some(v as u8))?,
         (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS) => u.set_unicast_hops_v6(Some(v as u8))?,
+        (libc::IPPROTO_IP, libc::IP_RECVERR) => u.set_recverr(false, kept != 0)?,
+        (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER) => u.set_mtu_discover(false, kept),
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER) => u.set_mtu_discover(true, kept),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) => u.set_recverr(true, kept != 0)?,
         (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL) => u.set_multicast_ttl_v4(v)?,
         (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP) => u.set_multicast_loop_v4(kept != 0)?,
         (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS) => u.set_multicast_hops_v6(v)?,
@@ -2248,8 +2310,23 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
                         err = Errno::from(x).0;
                     }
                 }
+                if let Obj::Udp(u) = &*obj {
+                    if let Some(x) = u.take_error() {
+                        err = Errno::from(x).0;
+                    }
+                }
             }
             int(err)
+        }
+        // The path MTU of a connected datagram socket: the link's.
+        (libc::IPPROTO_IP, libc::IP_MTU) | (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+            if matches!(&*obj, Obj::Udp(_)) =>
+        {
+            let Obj::Udp(u) = &*obj else { unreachable!() };
+            if u.peer_addr().is_err() {
+                return Err(Errno(libc::ENOTCONN));
+            }
+            int(u.link_mtu() as i32)
         }
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(e.stype),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(e.domain),

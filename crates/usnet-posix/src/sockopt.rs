@@ -608,6 +608,9 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::IPV6_RECVERR => (0, Bool),
             libc::IPV6_RECVPKTINFO => (0, Bool),
             libc::IPV6_RECVHOPLIMIT => (0, Bool),
+            // RFC 2292's name for it (tracepath asks with it), reported as
+            // a control message of its own number.
+            libc::IPV6_2292HOPLIMIT => (0, Bool),
             libc::IPV6_RECVTCLASS => (0, Bool),
             libc::IPV6_MTU_DISCOVER => (1, Strict(0, 5)),
             libc::IPV6_MULTICAST_LOOP => (1, Strict(0, 1)),

@@ -282,6 +282,18 @@ fn ping_sockets_as_on_the_kernel() {
     );
 }
 
+/// ICMP errors on UDP sockets (`examples/c/udp_icmp_errors.c`): a port
+/// unreachable fails a connected socket's next recv or send with ECONNREFUSED,
+/// as POLLERR and SO_ERROR show; with IP_RECVERR each error also waits on the
+/// error queue, read whole with recvmsg(MSG_ERRQUEUE) (before, every ICMP error
+/// about a datagram was dropped: a resolver waited out its timeout, and
+/// traceroute-like programs saw nothing).
+#[test]
+fn icmp_errors_reach_udp_sockets_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("udp_icmp_errors", 7850);
+}
+
 #[test]
 fn signal_handlers_interrupt_blocking_calls_as_on_the_kernel() {
     let _serial = serial();

@@ -328,6 +328,10 @@ impl Loop {
     /// Adds an attached client's session.
     fn add_session(&mut self, mut s: ServerSession) {
         s.groups = Some(self.sharing.groups());
+        let mtu = self.driver.stack().mtu() as u32;
+        s.mem
+            .word(usnet_session_abi::hdr::LINK_MTU)
+            .store(mtu, Ordering::Release);
         if self.host.links.len() > 1 {
             s.elsewhere = Some(Elsewhere {
                 me: self.shard,

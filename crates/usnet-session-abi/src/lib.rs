@@ -54,7 +54,7 @@
 /// "USNETSES" in little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"USNETSES");
 /// Bumped on every incompatible change of this layout.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub const PAGE: usize = 4096;
 pub const CACHE_LINE: usize = 64;
 
@@ -92,6 +92,9 @@ pub mod hdr {
     /// Completion ring indices.
     pub const CQ_HEAD: usize = 512;
     pub const CQ_TAIL: usize = 576;
+    /// The stack's link MTU (u32), which the server writes before the client
+    /// attaches: `IP_MTU`, and the limit of a send under `IP_PMTUDISC_DO`.
+    pub const LINK_MTU: usize = 640;
 }
 
 /// Offsets in the server's shared page (one page, mapped by every client).
@@ -338,9 +341,18 @@ pub mod op {
     /// kind; `aux[0]`: the key (`OPT_ID`) in the low 32 bits, bit 32 set when no
     /// packet comes with it (`OPT_TSONLY`), bit 33 when it has a software time;
     /// `aux[1]`: how long ago it happened, ns. `EAGAIN` when none waits.
+    ///
+    /// On a datagram socket: the oldest ICMP error report (`IP_RECVERR`), taken
+    /// from the queue and written to the slot's [`crate::slot::ERRQ`] area;
+    /// result 0. The slot's `ERROR` word becomes the next report's errno, or 0.
     pub const ERRQUEUE: u16 = 17;
+    /// A datagram socket's send was refused for the path MTU: `args[0..4]` the
+    /// destination, `args[4]` the errno, `args[5]` the MTU. With `IP_RECVERR`
+    /// (the destination's family) a local report (`SO_EE_ORIGIN_LOCAL`) waits
+    /// on the error queue, as Linux's `ip_local_error` queues one. Result 0.
+    pub const LOCAL_ERROR: u16 = 18;
     /// Highest opcode.
-    pub const MAX: u16 = 17;
+    pub const MAX: u16 = 18;
 }
 
 /// A wildcard address takes IPv4 (an `AF_INET` socket on `0.0.0.0`, or an
@@ -431,6 +443,10 @@ pub mod opt {
     /// (0–255; RFC 5082); lower ones are dropped.
     pub const IP_MINTTL: u64 = 21;
     pub const IPPROTO_IPV6: u64 = 41;
+    /// 0 or 1, on a datagram socket: ICMP errors of IPv4 (`IP_RECVERR`) or
+    /// IPv6 (`IPV6_RECVERR`) wait on its error queue ([`super::op::ERRQUEUE`]).
+    pub const IP_RECVERR: u64 = 11;
+    pub const IPV6_RECVERR: u64 = 25;
     /// As [`IP_TOS`], for IPv6's traffic class.
     pub const IPV6_TCLASS: u64 = 67;
     /// As [`IP_TTL`], for the hop limit of IPv6 unicast (0–255).
@@ -641,7 +657,7 @@ pub mod zc {
 
 // ---------------------------------------------------------------- socket slots
 
-pub const SLOT_SIZE: usize = 512;
+pub const SLOT_SIZE: usize = 2048;
 
 /// Offsets in a socket slot.
 pub mod slot {
@@ -711,6 +727,11 @@ pub mod slot {
     /// 128 bytes the server fills on request ([`super::tcp_info`]).
     pub const INFO: usize = 384;
     pub const INFO_LEN: usize = 128;
+    /// A datagram socket's error report ([`super::ErrReport`]), which the server
+    /// writes in answer to [`super::op::ERRQUEUE`]; the client reads it once the
+    /// completion came, before its next `ERRQUEUE` on the slot.
+    pub const ERRQ: usize = 512;
+    pub const ERRQ_LEN: usize = super::SLOT_SIZE - ERRQ;
 }
 
 // The counters of each side sit on separate cache lines; tcp_info fits its area.
@@ -795,8 +816,9 @@ pub const FLAG_SNDBUF: u32 = 1 << 9;
 /// `sk_stream_is_writeable` judges (a third free, the unsent bytes below half the
 /// low-water mark).
 pub const FLAG_WRITABLE: u32 = 1 << 10;
-/// Transmit timestamps wait on the socket's error queue ([`op::ERRQUEUE`]):
-/// `POLLERR`.
+/// Transmit timestamps or ICMP error reports wait on the socket's error queue
+/// ([`op::ERRQUEUE`]): `POLLERR`. (A datagram socket's pending error is its
+/// `ERROR` word alone, without `FLAG_ERROR`: the socket stays usable.)
 pub const FLAG_ERRQUEUE: u32 = 1 << 11;
 /// [`op::ERRQUEUE`]'s `aux[0]` bits.
 pub const STAMP_TSONLY: u64 = 1 << 32;
@@ -944,6 +966,70 @@ impl RecordHeader {
                 b[rec::SPEC_DST + 3],
             ),
             stamp_ns: u64::from_le_bytes(b[rec::STAMP..rec::STAMP + 8].try_into().expect("8")),
+        }
+    }
+}
+
+/// An ICMP error report on a datagram socket's error queue, as the slot's
+/// [`slot::ERRQ`] area carries it: Linux's `struct sock_extended_err` fields,
+/// who sent the ICMP message, the quoted destination, the ICMP packet's TTL and
+/// TOS, and as much of the quoted payload as fits ([`ErrReport::ROOM`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ErrReport {
+    pub errno: u32,
+    /// `SO_EE_ORIGIN_ICMP` (2) or `SO_EE_ORIGIN_ICMP6` (3).
+    pub origin: u8,
+    pub icmp_type: u8,
+    pub code: u8,
+    pub hop_limit: u8,
+    /// `ee_info`: the next-hop MTU of a too-big message, else 0.
+    pub info: u32,
+    pub tos: u8,
+    /// The quoted payload's bytes that follow the report in the area.
+    pub len: u16,
+    /// The quoted payload's whole length (more than `len`: the area cut it).
+    pub whole: u32,
+    pub offender: SockAddr,
+    pub dest: SockAddr,
+}
+
+impl ErrReport {
+    /// Where the quoted payload starts in the area, and how much of it fits.
+    pub const PAYLOAD: usize = 80;
+    pub const ROOM: usize = slot::ERRQ_LEN - Self::PAYLOAD;
+
+    pub fn to_bytes(&self) -> [u8; Self::PAYLOAD] {
+        let mut b = [0u8; Self::PAYLOAD];
+        b[0..4].copy_from_slice(&self.errno.to_le_bytes());
+        b[4] = self.origin;
+        b[5] = self.icmp_type;
+        b[6] = self.code;
+        b[7] = self.hop_limit;
+        b[8..12].copy_from_slice(&self.info.to_le_bytes());
+        b[12] = self.tos;
+        b[14..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..44].copy_from_slice(&self.offender.to_bytes());
+        b[44..72].copy_from_slice(&self.dest.to_bytes());
+        b[72..76].copy_from_slice(&self.whole.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; Self::PAYLOAD]) -> ErrReport {
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
+        let addr =
+            |at: usize| SockAddr::from_bytes(b[at..at + SockAddr::LEN].try_into().expect("28"));
+        ErrReport {
+            errno: u32_at(0),
+            origin: b[4],
+            icmp_type: b[5],
+            code: b[6],
+            hop_limit: b[7],
+            info: u32_at(8),
+            tos: b[12],
+            len: u16::from_le_bytes([b[14], b[15]]),
+            whole: u32_at(72),
+            offender: addr(16),
+            dest: addr(44),
         }
     }
 }
@@ -1244,6 +1330,7 @@ mod tests {
             (slot::TX_CONS, 8),
             (slot::TX_ARMED, 4),
             (slot::INFO, slot::INFO_LEN),
+            (slot::ERRQ, slot::ERRQ_LEN),
         ];
         for (i, &(a, al)) in words.iter().enumerate() {
             assert!(a + al <= SLOT_SIZE);

@@ -232,6 +232,38 @@ impl Session {
             .expect("inside the layout");
     }
 
+    /// Slot `i`'s error report ([`usnet_session_abi::ErrReport`]) and its
+    /// quoted payload, written by the server.
+    pub fn write_err_report(&self, i: u32, r: &usnet_session_abi::ErrReport, payload: &[u8]) {
+        let off = self.slot_off(i, slot::ERRQ);
+        let n = payload.len().min(usnet_session_abi::ErrReport::ROOM);
+        self.region
+            .write(off, &r.to_bytes())
+            .expect("inside the layout");
+        self.region
+            .write(off + usnet_session_abi::ErrReport::PAYLOAD, &payload[..n])
+            .expect("inside the layout");
+    }
+
+    /// Slot `i`'s error report, its payload's first bytes into `payload`
+    /// (returns the report; `min(len, payload.len())` bytes were copied).
+    pub fn read_err_report(&self, i: u32, payload: &mut [u8]) -> usnet_session_abi::ErrReport {
+        let off = self.slot_off(i, slot::ERRQ);
+        let mut b = [0u8; usnet_session_abi::ErrReport::PAYLOAD];
+        self.region.read(off, &mut b).expect("inside the layout");
+        let r = usnet_session_abi::ErrReport::from_bytes(&b);
+        let n = usize::from(r.len)
+            .min(payload.len())
+            .min(usnet_session_abi::ErrReport::ROOM);
+        self.region
+            .read(
+                off + usnet_session_abi::ErrReport::PAYLOAD,
+                &mut payload[..n],
+            )
+            .expect("inside the layout");
+        r
+    }
+
     /// Slot `i`'s receive ring (server → client).
     pub fn rx_ring(&self, i: u32) -> ByteRingAt {
         ByteRingAt {

@@ -543,6 +543,7 @@ impl ServerSession {
                         self.op_send(stack, i, start, end, flags)
                     }
                     op::ERRQUEUE => return self.op_errqueue(stack, i),
+                    op::LOCAL_ERROR => self.op_local_error(stack, i, &req.args),
                     op::GETSOCKOPT => self.op_getsockopt(stack, i, &req.args),
                     _ => -errno::ENOSYS,
                 })

@@ -367,6 +367,7 @@ fn is_udp_opt(level: u64, name: u64) -> bool {
             name,
             opt::IP_TTL
                 | opt::IP_TOS
+                | opt::IP_RECVERR
                 | opt::IP_MULTICAST_IF
                 | opt::IP_MULTICAST_TTL
                 | opt::IP_MULTICAST_LOOP
@@ -378,6 +379,7 @@ fn is_udp_opt(level: u64, name: u64) -> bool {
             name,
             opt::IPV6_UNICAST_HOPS
                 | opt::IPV6_TCLASS
+                | opt::IPV6_RECVERR
                 | opt::IPV6_MULTICAST_HOPS
                 | opt::IPV6_MULTICAST_LOOP
                 | opt::IPV6_ADD_MEMBERSHIP
@@ -392,6 +394,7 @@ fn is_udp_opt(level: u64, name: u64) -> bool {
 /// arguments).
 fn apply_udp_opt(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(), StackError> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    use usnet_stack::IpFamily;
     let v4 = IpAddr::V4(Ipv4Addr::from((a[2] as u32).to_be_bytes()));
     let v6 = IpAddr::V6(Ipv6Addr::from((u128::from(a[2]) << 64) | u128::from(a[3])));
     let ttl = a[2].min(255) as u8;
@@ -403,6 +406,8 @@ fn apply_udp_opt(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(),
         }
         (opt::IPPROTO_IP, opt::IP_TOS) => stack.udp_set_tos(h, true, a[2] as u8),
         (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) => stack.udp_set_tos(h, false, a[2] as u8),
+        (opt::IPPROTO_IP, opt::IP_RECVERR) => stack.udp_set_recverr(h, IpFamily::V4, a[2] != 0),
+        (opt::IPPROTO_IPV6, opt::IPV6_RECVERR) => stack.udp_set_recverr(h, IpFamily::V6, a[2] != 0),
         (opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v4),
         (opt::IPPROTO_IP, opt::IP_DROP_MEMBERSHIP) => stack.udp_leave_multicast(h, v4),
         (opt::IPPROTO_IPV6, opt::IPV6_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v6),

@@ -14,7 +14,9 @@ use usnet_session_abi::{
     RECORD_PAD, SEND_ASYNC, SEND_EOR, SEND_MORE, STAMP_TIMED, STAMP_TSONLY,
 };
 use usnet_shm::{ByteProducer, KeptLoan, TailLoan};
-use usnet_stack::{Families, Lender, LentBytes, Owner, RecvSink, SocketHandle, Stack, StackError};
+use usnet_stack::{
+    Families, Lender, LentBytes, Owner, PendingAfter, RecvSink, SocketHandle, Stack, StackError,
+};
 
 use super::{
     err, options::apply_deferred, PendingDgram, Role, ServerSession, SessionSocket, SessionStats,
@@ -509,8 +511,12 @@ impl ServerSession {
         }
     }
 
-    /// `op::ERRQUEUE`: the oldest transmit timestamp of connection `i`.
-    pub(super) fn op_errqueue(&mut self, stack: &Stack, i: u32) -> Option<(i64, [u64; 2])> {
+    /// `op::ERRQUEUE`: the oldest transmit timestamp of connection `i`; on a
+    /// datagram socket its oldest ICMP error report, into the slot's area.
+    pub(super) fn op_errqueue(&mut self, stack: &mut Stack, i: u32) -> Option<(i64, [u64; 2])> {
+        if let (Role::Udp, Some(h)) = (self.sock(i).role, self.sock(i).handle) {
+            return Some((self.dgram_errqueue(stack, i, h), [0, 0]));
+        }
         let now = stack.now().as_nanos();
         let stamp = self.sock(i).stamps.as_mut().and_then(|st| st.take());
         self.stamp_progress(stack, i);
@@ -529,6 +535,69 @@ impl ServerSession {
             None => 0,
         };
         Some((i64::from(st.info), [aux0, age]))
+    }
+
+    fn dgram_errqueue(&mut self, stack: &mut Stack, i: u32, h: SocketHandle) -> i64 {
+        let error = self.mem.slot_word(i, slot::ERROR);
+        // An error the stack holds for the socket is the word's first.
+        if let Ok(Some(e)) = stack.udp_take_error(h) {
+            error.store(e as u32, Release);
+        }
+        let Ok(Some((r, after))) = stack.udp_errqueue_pop(h) else {
+            return -errno::EAGAIN;
+        };
+        let report = usnet_session_abi::ErrReport {
+            errno: r.errno as u32,
+            origin: r.origin,
+            icmp_type: r.icmp_type,
+            code: r.code,
+            hop_limit: r.hop_limit,
+            info: r.info,
+            tos: r.tos,
+            len: r.payload.len().min(usnet_session_abi::ErrReport::ROOM) as u16,
+            whole: r.payload.len() as u32,
+            offender: r
+                .offender
+                .map(|ip| SockAddr::from_std(std::net::SocketAddr::new(ip, 0)))
+                .unwrap_or_default(),
+            dest: SockAddr::from_std(r.dest),
+        };
+        self.mem.write_err_report(i, &report, &r.payload);
+        // Linux's `sock_dequeue_err_skb`: the next report's errno, or none.
+        let error = self.mem.slot_word(i, slot::ERROR);
+        match after {
+            PendingAfter::Set(e) => error.store(e as u32, Release),
+            PendingAfter::Cleared => error.store(0, Release),
+            PendingAfter::Unchanged => {}
+        }
+        let _ = stack.udp_take_error(h);
+        if stack.udp_errqueue_len(h).unwrap_or(0) == 0 {
+            self.set_flags(i, 0, FLAG_ERRQUEUE);
+        }
+        self.bump(i);
+        0
+    }
+
+    /// `op::LOCAL_ERROR`: a local report on datagram socket `i`'s error queue.
+    pub(super) fn op_local_error(&mut self, stack: &mut Stack, i: u32, args: &[u64; 6]) -> i64 {
+        let s = self.sock(i);
+        let (Role::Udp, Some(h)) = (s.role, s.handle) else {
+            return -errno::EINVAL;
+        };
+        let Some(dest) = SockAddr::from_args(args).to_std() else {
+            return -errno::EINVAL;
+        };
+        let errno = i32::try_from(args[4]).unwrap_or(errno::EMSGSIZE as i32);
+        let mtu = u32::try_from(args[5]).unwrap_or(u32::MAX);
+        match stack.udp_local_error(h, errno, dest, mtu) {
+            Ok(()) => {
+                if stack.udp_errqueue_len(h).unwrap_or(0) > 0 {
+                    self.set_flags(i, FLAG_ERRQUEUE, 0);
+                }
+                0
+            }
+            Err(e) => err(e),
+        }
     }
 
     /// Keeps `FLAG_SNDBUF` and `FLAG_WRITABLE` of connection `i` current: whether
@@ -863,6 +932,18 @@ impl ServerSession {
                     }
                 }
                 s.rx.publish();
+                // ICMP errors: the pending one is the ERROR word alone (a
+                // datagram socket stays usable); reports raise FLAG_ERRQUEUE.
+                if let Ok(Some(e)) = stack.udp_take_error(h) {
+                    self.mem.slot_word(i, slot::ERROR).store(e as u32, Release);
+                    self.bump(i);
+                }
+                if stack.udp_errqueue_len(h).unwrap_or(0) > 0 {
+                    set |= FLAG_ERRQUEUE;
+                } else {
+                    clear |= FLAG_ERRQUEUE;
+                }
+                let s = self.sock(i);
                 if s.flags & FLAG_BOUND == 0 {
                     if let Ok(l) = stack.udp_local_addr(h) {
                         self.mem
