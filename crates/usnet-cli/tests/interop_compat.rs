@@ -966,6 +966,125 @@ fn ping(d: &Path) {
     }
 }
 
+/// traceroute (UDP probes) and tracepath, both families, in a network
+/// namespace whose only network is usnet, to a host two hops away: Linux on the
+/// TAP's other end routes (forwarding on for the two interfaces only) to a
+/// namespace behind a veth. The first hop is known by the ICMP time exceeded
+/// Linux sends, the last by the port unreachable, both read from the error
+/// queue (`IP_RECVERR`, `MSG_ERRQUEUE`); tracepath learns the path MTU from the
+/// EMSGSIZE of a probe too big for the link (`IP_PMTUDISC_PROBE`).
+fn traceroutes(d: &Path) {
+    need("traceroute", "traceroute");
+    need("tracepath", "iputils-tracepath");
+    let (far, far6) = ("10.52.0.2", "fd52::2");
+    let (ns, veth) = ("usnt-far", "usntfar0");
+    let _ = run("ip", &["link", "del", veth], Duration::from_secs(10));
+    let _ns = empty_netns(ns);
+    let mut cleanup = Cleanup::default();
+    cleanup.on_drop(&["ip", "link", "del", veth]);
+    ip(&[
+        "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
+    ]);
+    ip(&["addr", "add", "10.52.0.1/24", "dev", veth]);
+    ip(&["addr", "add", "fd52::1/64", "dev", veth, "nodad"]);
+    ip(&["link", "set", veth, "up"]);
+    ip(&["-n", ns, "addr", "add", &format!("{far}/24"), "dev", "eth0"]);
+    ip(&[
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{far6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    ip(&["-n", ns, "link", "set", "eth0", "up"]);
+    ip(&["-n", ns, "route", "add", "default", "via", "10.52.0.1"]);
+    ip(&["-n", ns, "-6", "route", "add", "default", "via", "fd52::1"]);
+    // Forwarding between the two interfaces alone (IPv6's per-interface switch
+    // is `force_forwarding`, Linux 6.17 on): the machine's own settings stay.
+    let v6_forwarding =
+        Path::new(&format!("/proc/sys/net/ipv6/conf/{TAP}/force_forwarding")).exists();
+    for dev in [TAP, veth] {
+        must(
+            "sysctl",
+            &["-qw", &format!("net.ipv4.conf.{dev}.forwarding=1")],
+        );
+        if v6_forwarding {
+            must(
+                "sysctl",
+                &["-qw", &format!("net.ipv6.conf.{dev}.force_forwarding=1")],
+            );
+        }
+    }
+    let trace = |prog: &[&str]| {
+        let trial = empty_netns("usnt-trace");
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            "usnt-trace",
+            USNET,
+            "run",
+            "--stack",
+            STACK,
+            "--",
+        ])
+        .args(prog)
+        .env("USNET_RUN_DIR", d)
+        .current_dir(d);
+        let o = run_in(&mut c, &[], Duration::from_secs(60));
+        drop(trial);
+        o
+    };
+    let mut targets = vec![("-4", HOST, far)];
+    if v6_forwarding {
+        targets.push(("-6", HOST6, far6));
+    } else {
+        eprintln!("traceroute -6 skipped: this kernel has no IPv6 force_forwarding");
+    }
+    for (flag, hop1, to) in targets {
+        // Linux's neighbours on the veth known first: a probe forwarded while
+        // they resolve can be lost, which is not what this test is about.
+        let _ = run(
+            "ping",
+            &[flag, "-c", "1", "-W", "2", to],
+            Duration::from_secs(10),
+        );
+        let o = trace(&[
+            "traceroute",
+            flag,
+            "-n",
+            "-q",
+            "2",
+            "-w",
+            "3",
+            "-m",
+            "4",
+            to,
+        ]);
+        // One line per hop after the header; a lost probe shows as `*`.
+        let hops: Vec<String> = o.stdout.lines().skip(1).map(str::to_string).collect();
+        let names = |line: &String, addr: &str| line.split_whitespace().any(|w| w == addr);
+        assert!(
+            o.ok() && hops.len() == 2 && names(&hops[0], hop1) && names(&hops[1], to),
+            "traceroute {flag} {to} through usnet: {}",
+            o.describe()
+        );
+        let o = trace(&["tracepath", flag, "-n", "-m", "4", to]);
+        assert!(
+            o.ok()
+                && o.stdout.contains(&format!("1:  {hop1} "))
+                && o.stdout.contains(&format!("2:  {to} "))
+                && o.stdout.contains("reached")
+                && o.stdout.contains("pmtu 1500"),
+            "tracepath {flag} {to} through usnet: {}",
+            o.describe()
+        );
+    }
+}
+
 /// curl from Linux fetches `url` from the program `srv` under the shim: the
 /// whole body, or a failure that says what curl and the program said.
 fn serves_body(d: &Path, srv: &Bg, url: &str) {
@@ -1172,6 +1291,11 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
         &host,
         "--host-addr",
         &host6,
+        // Linux routes what is not on the link (`traceroutes`).
+        "--gateway",
+        HOST,
+        "--gateway",
+        HOST6,
     ];
     if let Some(g) = &pg_gid {
         args.extend(["--group", g.as_str()]);
@@ -1215,6 +1339,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     fetchers(d);
     root_without_dac_override(d);
     ping(d);
+    traceroutes(d);
     iperf3_udp(d);
     static_program(d);
 }
