@@ -235,6 +235,9 @@ impl Harness {
         if let Some(port) = s.zc.take() {
             port.close(stack);
         }
+        for h in gone.joined {
+            self.sharing.join(h, id);
+        }
         for (h, left, died) in gone.shared {
             self.sharing
                 .release(&mut self.sessions, stack, h, id, left, died);

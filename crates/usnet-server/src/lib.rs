@@ -394,6 +394,9 @@ impl Loop {
             if let Some(port) = s.zc.take() {
                 port.close(stack);
             }
+            for h in gone.joined {
+                self.sharing.join(h, id);
+            }
             // Shared sockets it closed itself close gracefully if it was the last
             // holder; the ones it still held when it died are reset then.
             for (h, left, died) in gone.shared {

@@ -15,6 +15,10 @@ pub struct Departure {
     /// unread (for the next receiver), and whether it still held the socket when it
     /// went (a last holder that died resets; one that had closed it closes).
     pub shared: Vec<(SocketHandle, Vec<u8>, bool)>,
+    /// Group listeners its last requests made or named (`ServerSession::joined`,
+    /// not yet seen by the loop): the loop counts it among their holders before
+    /// it lets go of `shared`, or the last holder's departure would leave them open.
+    pub joined: Vec<SocketHandle>,
     /// Connections it left still draining their send rings: the session must be
     /// kept ([`ServerSession::drain_closing`]) until they are done.
     pub draining: bool,
@@ -166,7 +170,12 @@ impl ServerSession {
             shared.push((h, left, k >= closed));
         }
         let draining = self.close_dead(stack);
-        Departure { shared, draining }
+        let joined = std::mem::take(&mut self.joined);
+        Departure {
+            shared,
+            joined,
+            draining,
+        }
     }
 }
 
