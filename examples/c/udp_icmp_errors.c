@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -111,6 +112,12 @@ int main(int argc, char **argv) {
           recv(c, buf, sizeof buf, MSG_DONTWAIT) == -1 && errno == EAGAIN);
     CHECK("MSG_ERRQUEUE without IP_RECVERR: EAGAIN",
           recv(c, buf, sizeof buf, MSG_ERRQUEUE) == -1 && errno == EAGAIN);
+    /* A recv blocked when the error comes wakes with it (not at its timeout). */
+    struct timeval tv = {.tv_sec = 5};
+    CHECK("SO_RCVTIMEO 5 s", setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    CHECK("send a last one", send(c, "five", 4, 0) == 4);
+    CHECK("a blocked recv wakes with ECONNREFUSED",
+          recv(c, buf, sizeof buf, 0) == -1 && errno == ECONNREFUSED);
     close(c);
 
     /* Unconnected, without IP_RECVERR: ignored. */

@@ -972,7 +972,8 @@ fn ping(d: &Path) {
 /// namespace behind a veth. The first hop is known by the ICMP time exceeded
 /// Linux sends, the last by the port unreachable, both read from the error
 /// queue (`IP_RECVERR`, `MSG_ERRQUEUE`); tracepath learns the path MTU from the
-/// EMSGSIZE of a probe too big for the link (`IP_PMTUDISC_PROBE`).
+/// EMSGSIZE of a probe too big for the link (`IP_PMTUDISC_PROBE`); ping with
+/// a TTL of 1 reports the first hop's time exceeded for each probe.
 fn traceroutes(d: &Path) {
     need("traceroute", "traceroute");
     need("tracepath", "iputils-tracepath");
@@ -1070,6 +1071,22 @@ fn traceroutes(d: &Path) {
         assert!(
             o.ok() && hops.len() == 2 && names(&hops[0], hop1) && names(&hops[1], to),
             "traceroute {flag} {to} through usnet: {}",
+            o.describe()
+        );
+        // ping reads the first hop's time exceeded from its echo socket's error
+        // queue (each probe's, while its socket blocks in recvmsg).
+        let o = trace(&["ping", flag, "-c", "2", "-t", "1", "-W", "3", to]);
+        let said = if flag == "-4" {
+            "Time to live exceeded"
+        } else {
+            "Time exceeded: Hop limit"
+        };
+        assert!(
+            (1..=2).all(|k| o
+                .stdout
+                .contains(&format!("From {hop1} icmp_seq={k} {said}")))
+                && o.stdout.contains("+2 errors"),
+            "ping {flag} -t 1 {to} through usnet: {}",
             o.describe()
         );
         let o = trace(&["tracepath", flag, "-n", "-m", "4", to]);

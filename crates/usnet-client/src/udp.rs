@@ -486,8 +486,10 @@ impl UdpSocket {
                     return Err(e);
                 }
             }
+            // An ICMP error that becomes pending ends the wait too (Linux's
+            // `sk_error_report` wakes the socket's readers).
             let s = &self.sock;
-            s.block(deadline, || s.rx_ready() > 0)?;
+            s.block(deadline, || s.rx_ready() > 0 || s.word(slot::ERROR) != 0)?;
         }
     }
 

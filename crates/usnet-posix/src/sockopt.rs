@@ -594,6 +594,10 @@ fn entry(level: i32, name: i32, stream: bool, v6: bool) -> Res<(i32, Kind)> {
             libc::IP_PKTINFO => (0, Bool),
             libc::IP_RECVTTL => (0, Bool),
             libc::IP_RECVTOS => (0, Bool),
+            // Received packets' IP options as control messages: none comes, as
+            // from Linux for a packet without options (the stack sends none).
+            libc::IP_RECVOPTS => (0, Bool),
+            libc::IP_RETOPTS => (0, Bool),
             libc::IP_MTU_DISCOVER => (1, Strict(0, 5)),
             libc::IP_FREEBIND => (0, Bool),
             IP_BIND_ADDRESS_NO_PORT => (0, Bool),
