@@ -142,11 +142,17 @@ impl ClientSocket {
         if self.flags() & FLAG_ERROR == 0 {
             return None;
         }
-        let e = self
-            .conn
-            .mem
-            .slot_word(self.slot, slot::ERROR)
-            .swap(0, AcqRel);
+        self.take_error_word()
+    }
+
+    /// Takes the slot's `ERROR` word (swapped to 0), if it holds an errno.
+    pub(crate) fn take_error_word(&self) -> Option<io::Error> {
+        let word = self.conn.mem.slot_word(self.slot, slot::ERROR);
+        // A plain load first: the word is read on every datagram call.
+        if word.load(Relaxed) == 0 {
+            return None;
+        }
+        let e = word.swap(0, AcqRel);
         (e != 0).then(|| errno_err(e as i64))
     }
 

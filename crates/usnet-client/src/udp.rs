@@ -365,17 +365,7 @@ impl UdpSocket {
     /// Takes the pending error (`SO_ERROR`): what an ICMP error left for the
     /// next call, which fails with it once.
     pub fn take_error(&self) -> Option<io::Error> {
-        let e = self.sock.word(slot::ERROR);
-        if e == 0 {
-            return None;
-        }
-        let e = self
-            .sock
-            .conn
-            .mem
-            .slot_word(self.sock.slot, slot::ERROR)
-            .swap(0, std::sync::atomic::Ordering::AcqRel);
-        (e != 0).then(|| errno_err(i64::from(e)))
+        self.sock.take_error_word()
     }
 
     /// The oldest report on the error queue, its quoted payload into `buf`

@@ -439,6 +439,51 @@ fn scatter(pieces: &mut [&mut [u8]], data: &[u8]) {
     }
 }
 
+/// A received datagram (or error-queue report) `d`, its bytes at the start of
+/// `data`, into the caller's message: the bytes into the pieces `v`, its name,
+/// its control messages (in the `room` bytes the caller gave), `MSG_TRUNC` when it
+/// was longer than the pieces. Returns what `recvmsg` returns: its length, or
+/// its whole length with `MSG_TRUNC` in `flags`.
+///
+/// # Safety
+/// `m`'s `msg_name` and `msg_control` are valid as for `recvmsg(2)`, the latter
+/// for `room` bytes.
+unsafe fn put_dgram(
+    m: &mut libc::msghdr,
+    v: &mut [&mut [u8]],
+    data: &[u8],
+    d: &usnet_posix::DgramMsg,
+    room: usize,
+    flags: c_int,
+) -> Result<usize, Errno> {
+    scatter(v, &data[..d.len]);
+    if d.whole > d.len {
+        m.msg_flags |= libc::MSG_TRUNC;
+    }
+    if !m.msg_name.is_null() {
+        // SAFETY: per the contract.
+        unsafe {
+            sockaddr_out(
+                d.from,
+                m.msg_name as *mut libc::sockaddr,
+                &mut m.msg_namelen,
+            )
+        }?;
+    }
+    if !d.control.is_empty() {
+        m.msg_controllen = room;
+        let cm: Vec<(i32, i32, &[u8])> =
+            d.control.iter().map(|(l, t, b)| (*l, *t, &b[..])).collect();
+        // SAFETY: per the contract: msg_control has `room` bytes.
+        unsafe { usnet_posix::cmsg::put(m, &cm) }?;
+    }
+    Ok(if flags & libc::MSG_TRUNC != 0 {
+        d.whole
+    } else {
+        d.len
+    })
+}
+
 /// `recvmsg`: into the iovecs, the sender into `msg_name` (datagrams); control
 /// messages: a datagram's `IP_PKTINFO`, `IP_TTL`, `IP_TOS`, `IPV6_PKTINFO`,
 /// `IPV6_HOPLIMIT`, `IPV6_TCLASS` as its socket's options ask, a stream's
@@ -468,28 +513,10 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                     let cap: usize = v.iter().map(|s| s.len()).sum();
                     let mut tmp = vec![0u8; cap];
                     if let Some(d) = usnet_posix::recvmsg_errqueue(fd, &mut tmp)? {
-                        scatter(&mut v, &tmp[..d.len]);
-                        m.msg_flags =
-                            libc::MSG_ERRQUEUE | if d.whole > d.len { libc::MSG_TRUNC } else { 0 };
-                        if !m.msg_name.is_null() {
-                            // SAFETY: per the contract.
-                            unsafe {
-                                sockaddr_out(
-                                    d.from,
-                                    m.msg_name as *mut libc::sockaddr,
-                                    &mut m.msg_namelen,
-                                )
-                            }?;
-                        }
-                        let cm: Vec<(i32, i32, &[u8])> =
-                            d.control.iter().map(|(l, t, b)| (*l, *t, &b[..])).collect();
-                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                        unsafe { usnet_posix::cmsg::put(m, &cm) }?;
-                        return Ok(if flags & libc::MSG_TRUNC != 0 {
-                            d.whole
-                        } else {
-                            d.len
-                        });
+                        m.msg_flags = libc::MSG_ERRQUEUE;
+                        let room = m.msg_controllen;
+                        // SAFETY: per the contract.
+                        return unsafe { put_dgram(m, &mut v, &tmp, &d, room, flags) };
                     }
                     // Zero-copy completions and transmit timestamps (`usnet_posix`).
                     let report = usnet_posix::error_queue(fd)?;
@@ -544,35 +571,8 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                     let mut tmp = vec![0u8; cap.max(1)];
                     // The whole length too: a longer datagram is MSG_TRUNC in msg_flags.
                     let d = usnet_posix::recvmsg_dgram(fd, &mut tmp[..cap], flags)?;
-                    let (n, whole, from) = (d.len, d.whole, Some(d.from));
-                    if whole > cap {
-                        m.msg_flags |= libc::MSG_TRUNC;
-                    }
-                    scatter(&mut v, &tmp[..n]);
-                    if let Some(f) = from {
-                        if !m.msg_name.is_null() {
-                            // SAFETY: per the contract.
-                            unsafe {
-                                sockaddr_out(
-                                    f,
-                                    m.msg_name as *mut libc::sockaddr,
-                                    &mut m.msg_namelen,
-                                )
-                            }?;
-                        }
-                    }
-                    if !d.control.is_empty() {
-                        m.msg_controllen = control;
-                        let cm: Vec<(i32, i32, &[u8])> =
-                            d.control.iter().map(|(l, t, b)| (*l, *t, &b[..])).collect();
-                        // SAFETY: per the contract: msg_control has msg_controllen bytes.
-                        unsafe { usnet_posix::cmsg::put(m, &cm) }?;
-                    }
-                    return Ok(if flags & libc::MSG_TRUNC != 0 {
-                        whole
-                    } else {
-                        n
-                    });
+                    // SAFETY: per the contract.
+                    return unsafe { put_dgram(m, &mut v, &tmp, &d, control, flags) };
                 }
                 let n = usnet_posix::readv(fd, &mut v, flags)?;
                 if !m.msg_name.is_null() {

@@ -161,24 +161,36 @@ pub unsafe fn put(m: &mut msghdr, cmsgs: &[(i32, i32, &[u8])]) -> Res<()> {
     Ok(())
 }
 
-/// The `IP_RECVERR` (IPv6: `IPV6_RECVERR`) message of a zero-copy completion: a
-/// `sock_extended_err` with origin `SO_EE_ORIGIN_ZEROCOPY`, code
-/// `SO_EE_CODE_ZEROCOPY_COPIED` and the id range `lo..=hi` in `ee_info`/`ee_data`,
-/// then the offender address (none: zeros, the size of a `sockaddr_in` or
-/// `sockaddr_in6`), as Linux's `ip_recv_error` writes it.
-pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
-    // (ee_info, ee_data) carry the range; `tx_timestamp` reuses the layout.
-    let offender = if v6 {
+/// The `IP_RECVERR` (`IPV6_RECVERR` on an IPv6 socket) message every error
+/// queue report ends with, as Linux's `ip_recv_error` / `ipv6_recv_error` write
+/// it: a `struct sock_extended_err` (errno, origin, type, code, pad, info, data),
+/// then the offender as a `sockaddr_in` (`sockaddr_in6`, IPv4 mapped, on an IPv6
+/// socket), or zeros of that size (`AF_UNSPEC`) when there is none.
+fn extended_err(
+    errno: u32,
+    [origin, ee_type, code]: [u8; 3],
+    info: u32,
+    data: u32,
+    offender: Option<std::net::IpAddr>,
+    v6: bool,
+) -> (i32, i32, Vec<u8>) {
+    let room = if v6 {
         std::mem::size_of::<libc::sockaddr_in6>()
     } else {
         std::mem::size_of::<libc::sockaddr_in>()
     };
-    // struct sock_extended_err: errno, origin, type, code, pad, info, data.
-    let mut ee = vec![0u8; 16 + offender];
-    ee[4] = 5; // SO_EE_ORIGIN_ZEROCOPY
-    ee[6] = 1; // SO_EE_CODE_ZEROCOPY_COPIED
-    ee[8..12].copy_from_slice(&lo.to_ne_bytes());
-    ee[12..16].copy_from_slice(&hi.to_ne_bytes());
+    let mut ee = Vec::with_capacity(16 + room);
+    ee.extend_from_slice(&errno.to_ne_bytes());
+    ee.extend_from_slice(&[origin, ee_type, code, 0]);
+    ee.extend_from_slice(&info.to_ne_bytes());
+    ee.extend_from_slice(&data.to_ne_bytes());
+    match offender {
+        Some(std::net::IpAddr::V4(a)) if v6 => ee.extend_from_slice(&crate::addr::to_bytes(
+            std::net::SocketAddr::new(a.to_ipv6_mapped().into(), 0),
+        )),
+        Some(a) => ee.extend_from_slice(&crate::addr::to_bytes(std::net::SocketAddr::new(a, 0))),
+        None => ee.resize(16 + room, 0),
+    }
     let (level, ty) = if v6 {
         (libc::SOL_IPV6, libc::IPV6_RECVERR)
     } else {
@@ -187,35 +199,20 @@ pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
     (level, ty, ee)
 }
 
-/// The `IP_RECVERR` (`IPV6_RECVERR` on an IPv6 socket) message of an ICMP
-/// error report, as Linux's `ip_recv_error` / `ipv6_recv_error` write it: a
-/// `sock_extended_err` (errno, origin, type, code, info; no data), then the
-/// ICMP message's sender as a `sockaddr_in` (`sockaddr_in6`, IPv4 mapped, on an
-/// IPv6 socket; zeros for a local report).
-pub fn icmp_error(r: &usnet_client::IcmpErrorReport, v6_socket: bool) -> (i32, i32, Vec<u8>) {
-    let mut ee = Vec::with_capacity(16 + std::mem::size_of::<libc::sockaddr_in6>());
-    ee.extend_from_slice(&(r.errno as u32).to_ne_bytes());
-    ee.extend_from_slice(&[r.origin, r.icmp_type, r.code, 0]);
-    ee.extend_from_slice(&r.info.to_ne_bytes());
-    ee.extend_from_slice(&0u32.to_ne_bytes());
-    let offender = match r.offender {
-        Some(std::net::IpAddr::V4(a)) if v6_socket => {
-            Some(std::net::IpAddr::V6(a.to_ipv6_mapped()))
-        }
-        a => a,
-    };
-    match offender {
-        Some(a) => ee.extend_from_slice(&crate::addr::to_bytes(std::net::SocketAddr::new(a, 0))),
-        // A local report names none: zeros (AF_UNSPEC) of the socket's size.
-        None if v6_socket => ee.resize(ee.len() + std::mem::size_of::<libc::sockaddr_in6>(), 0),
-        None => ee.resize(ee.len() + std::mem::size_of::<libc::sockaddr_in>(), 0),
-    }
-    let (level, ty) = if v6_socket {
-        (libc::SOL_IPV6, libc::IPV6_RECVERR)
-    } else {
-        (libc::SOL_IP, libc::IP_RECVERR)
-    };
-    (level, ty, ee)
+/// The extended error of a zero-copy completion: origin `SO_EE_ORIGIN_ZEROCOPY`,
+/// code `SO_EE_CODE_ZEROCOPY_COPIED` and the id range `lo..=hi` in
+/// `ee_info`/`ee_data`, no offender.
+pub fn zerocopy_completion(lo: u32, hi: u32, v6: bool) -> (i32, i32, Vec<u8>) {
+    // SO_EE_ORIGIN_ZEROCOPY, SO_EE_CODE_ZEROCOPY_COPIED.
+    extended_err(0, [5, 0, 1], lo, hi, None, v6)
+}
+
+/// The extended error of an ICMP error report on a datagram socket (`v6`: an
+/// IPv6 socket): the report's errno, origin, type, code and info, and the ICMP
+/// message's sender (none for a local report).
+pub fn icmp_error(r: &usnet_client::IcmpErrorReport, v6: bool) -> (i32, i32, Vec<u8>) {
+    let kind = [r.origin, r.icmp_type, r.code];
+    extended_err(r.errno as u32, kind, r.info, 0, r.offender, v6)
 }
 
 /// A TCP transmit timestamp as Linux reports it (`recvmsg(MSG_ERRQUEUE)`): the
@@ -239,11 +236,9 @@ pub fn tx_timestamp(
         ts[..n].copy_from_slice(&sec.to_ne_bytes());
         ts[n..2 * n].copy_from_slice(&nsec.to_ne_bytes());
     }
-    let (level, ty, mut ee) = zerocopy_completion(info, key, v6);
-    ee[..4].copy_from_slice(&(libc::ENOMSG as u32).to_ne_bytes());
-    ee[4] = 4; // SO_EE_ORIGIN_TIMESTAMPING
-    ee[6] = 0;
-    (ts, (level, ty, ee))
+    // SO_EE_ORIGIN_TIMESTAMPING.
+    let ee = extended_err(libc::ENOMSG as u32, [4, 0, 0], info, key, None, v6);
+    (ts, ee)
 }
 
 #[cfg(test)]

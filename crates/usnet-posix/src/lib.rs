@@ -990,22 +990,21 @@ pub fn recvmsg_errqueue(fd: RawFd, buf: &mut [u8]) -> Res<Option<DgramMsg>> {
         return Ok(None);
     };
     let r = u.recv_error_report(buf)?;
-    let opts = lock(&e.opts);
     let mut control = Vec::new();
-    let meta = usnet_client::RecvMeta {
-        len: r.len,
-        whole: r.whole,
-        from: SocketAddr::new(r.offender.unwrap_or(r.dest.ip()), 0),
-        local: None,
-        ifindex: 0,
-        spec_dst: Ipv4Addr::UNSPECIFIED,
-        hop_limit: r.hop_limit,
-        tos: r.tos,
-        stamp_ns: 0,
-    };
-    // A local report (no ICMP packet) has none of the IP header's messages.
-    if r.offender.is_some() {
-        ip_control(&opts, e.domain, &meta, false, &mut control);
+    // The ICMP packet's header, as a datagram's (a local report has none).
+    if let Some(offender) = r.offender {
+        let icmp = usnet_client::RecvMeta {
+            len: r.len,
+            whole: r.whole,
+            from: SocketAddr::new(offender, 0),
+            local: None,
+            ifindex: 0,
+            spec_dst: Ipv4Addr::UNSPECIFIED,
+            hop_limit: r.hop_limit,
+            tos: r.tos,
+            stamp_ns: 0,
+        };
+        ip_control(&lock(&e.opts), e.domain, &icmp, false, &mut control);
     }
     control.push(cmsg::icmp_error(&r, e.domain == libc::AF_INET6));
     Ok(Some(DgramMsg {
@@ -2299,6 +2298,10 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         Obj::Stream(s) => Some(s),
         _ => None,
     };
+    let udp = match &*obj {
+        Obj::Udp(u) => Some(u),
+        _ => None,
+    };
     let tcp = e.stype == libc::SOCK_STREAM;
     let v6 = e.domain == libc::AF_INET6;
     let bytes: Vec<u8> = match (level, name) {
@@ -2310,23 +2313,20 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
                         err = Errno::from(x).0;
                     }
                 }
-                if let Obj::Udp(u) = &*obj {
-                    if let Some(x) = u.take_error() {
-                        err = Errno::from(x).0;
-                    }
+                if let Some(x) = udp.and_then(|u| u.take_error()) {
+                    err = Errno::from(x).0;
                 }
             }
             int(err)
         }
         // The path MTU of a connected datagram socket: the link's.
         (libc::IPPROTO_IP, libc::IP_MTU) | (libc::IPPROTO_IPV6, libc::IPV6_MTU)
-            if matches!(&*obj, Obj::Udp(_)) =>
+            if udp.is_some() =>
         {
-            let Obj::Udp(u) = &*obj else { unreachable!() };
-            if u.peer_addr().is_err() {
-                return Err(Errno(libc::ENOTCONN));
+            match udp.filter(|u| u.peer_addr().is_ok()) {
+                Some(u) => int(u.link_mtu() as i32),
+                None => return Err(Errno(libc::ENOTCONN)),
             }
-            int(u.link_mtu() as i32)
         }
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(e.stype),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(e.domain),

@@ -564,18 +564,24 @@ impl ServerSession {
         };
         self.mem.write_err_report(i, &report, &r.payload);
         // Linux's `sock_dequeue_err_skb`: the next report's errno, or none.
-        let error = self.mem.slot_word(i, slot::ERROR);
         match after {
             PendingAfter::Set(e) => error.store(e as u32, Release),
             PendingAfter::Cleared => error.store(0, Release),
             PendingAfter::Unchanged => {}
         }
         let _ = stack.udp_take_error(h);
-        if stack.udp_errqueue_len(h).unwrap_or(0) == 0 {
-            self.set_flags(i, 0, FLAG_ERRQUEUE);
-        }
+        self.dgram_errqueue_flag(stack, i, h);
         self.bump(i);
         0
+    }
+
+    /// `FLAG_ERRQUEUE` of datagram socket `i`: whether reports wait.
+    fn dgram_errqueue_flag(&mut self, stack: &Stack, i: u32, h: SocketHandle) {
+        if stack.udp_errqueue_len(h).unwrap_or(0) > 0 {
+            self.set_flags(i, FLAG_ERRQUEUE, 0);
+        } else {
+            self.set_flags(i, 0, FLAG_ERRQUEUE);
+        }
     }
 
     /// `op::LOCAL_ERROR`: a local report on datagram socket `i`'s error queue.
@@ -591,9 +597,7 @@ impl ServerSession {
         let mtu = u32::try_from(args[5]).unwrap_or(u32::MAX);
         match stack.udp_local_error(h, errno, dest, mtu) {
             Ok(()) => {
-                if stack.udp_errqueue_len(h).unwrap_or(0) > 0 {
-                    self.set_flags(i, FLAG_ERRQUEUE, 0);
-                }
+                self.dgram_errqueue_flag(stack, i, h);
                 0
             }
             Err(e) => err(e),
@@ -938,11 +942,7 @@ impl ServerSession {
                     self.mem.slot_word(i, slot::ERROR).store(e as u32, Release);
                     self.bump(i);
                 }
-                if stack.udp_errqueue_len(h).unwrap_or(0) > 0 {
-                    set |= FLAG_ERRQUEUE;
-                } else {
-                    clear |= FLAG_ERRQUEUE;
-                }
+                self.dgram_errqueue_flag(stack, i, h);
                 let s = self.sock(i);
                 if s.flags & FLAG_BOUND == 0 {
                     if let Ok(l) = stack.udp_local_addr(h) {
