@@ -194,6 +194,8 @@ impl View<'_> {
                 }
                 (u16::from_be_bytes([q.l4[4], q.l4[5]]), 0, q.l4)
             }
+            // Raw sockets read the error message itself (their copy of it).
+            DgramProto::Raw => return Verdict::Drop,
         };
         if proto == DgramProto::Udp {
             c.udp_icmp_rx += 1;

@@ -59,7 +59,8 @@ pub use ping::EchoReply;
 pub use prio::{OwnerInfo, PrioMember, PrioStatus, SchedRequest};
 pub use shard::{Handoff, ShardRole};
 pub use socket::{
-    DgramProto, Families, IpFamily, Owner, Readiness, SocketHandle, SocketStats, TcpIpOpts,
+    DgramProto, Families, IcmpFilter, IpFamily, Owner, Readiness, SocketHandle, SocketStats,
+    TcpIpOpts, RAW_PORT_V4, RAW_PORT_V6,
 };
 pub use tcp::{TcpConnEntry, TcpListenCopy, TcpListenEntry};
 pub use time::Instant;

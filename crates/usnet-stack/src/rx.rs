@@ -505,7 +505,7 @@ impl View<'_> {
                 return Verdict::Drop;
             }
         };
-        match icmp {
+        let v = match icmp {
             Icmpv4Repr::EchoRequest { ident, seq, data } => {
                 c.icmp4_rx_echo_request += 1;
                 l3.echo_request(ident, seq, data.len(), l4_off)
@@ -527,6 +527,33 @@ impl View<'_> {
                 c.icmp4_rx_other += 1;
                 Verdict::Drop
             }
+        };
+        self.with_raw_copies(l3, l4, l4_off, v)
+    }
+
+    /// `v`, preceded by a copy of the ICMP message for the raw sockets of its
+    /// family when there are any ([`DgramProto::Raw`]): the stack handles the
+    /// message itself as well, as Linux's `raw_local_deliver` runs before
+    /// `icmp_rcv`.
+    fn with_raw_copies(&self, l3: &L3Info, l4: &[u8], l4_off: usize, v: Verdict) -> Verdict {
+        let v4 = l3.src.is_ipv4();
+        if !self.sockets.raw_open(v4) {
+            return v;
+        }
+        Verdict::RawIcmp {
+            ty: l4[0],
+            info: UdpRecvInfo {
+                from: SocketAddr::new(l3.src, 0),
+                dst: l3.dst,
+                hop_limit: l3.hop_limit,
+                tos: l3.tos,
+            },
+            // An IPv4 copy starts with its IP header: where the frame has it (none
+            // for a reassembled datagram: the first fragment's is in `invoking`).
+            hdr_off: if v4 { l3.l3_off } else { l4_off },
+            off: l4_off,
+            len: l4.len(),
+            then: Box::new(v),
         }
     }
 
@@ -584,7 +611,7 @@ impl View<'_> {
                 return Verdict::Drop;
             }
         };
-        match icmp {
+        let v = match icmp {
             Icmpv6Repr::EchoRequest { ident, seq, data } => {
                 c.icmp6_rx_echo_request += 1;
                 l3.echo_request(ident, seq, data.len(), l4_off)
@@ -651,7 +678,8 @@ impl View<'_> {
                 c.icmp6_rx_other += 1;
                 Verdict::Drop
             }
-        }
+        };
+        self.with_raw_copies(l3, l4, l4_off, v)
     }
 }
 
@@ -800,6 +828,17 @@ impl Stack {
     fn execute(&mut self, v: Verdict, src: Src) {
         match v {
             Verdict::Drop => self.core.release(src),
+            Verdict::RawIcmp {
+                ty,
+                info,
+                hdr_off,
+                off,
+                len,
+                then,
+            } => {
+                self.deliver_raw_copies(ty, info, hdr_off, off, len, &src);
+                self.execute(*then, src);
+            }
             Verdict::Udp {
                 sock,
                 info,
@@ -1030,6 +1069,66 @@ impl Stack {
                 gso_size: 0,
             },
         );
+    }
+
+    /// A copy of an ICMP message (`off`, `len` in `src`) to every raw socket that
+    /// takes it ([`SocketSet::raw_members`]); an IPv4 copy with the IP header
+    /// from `hdr_off` (a reassembled datagram's rebuilt from its first
+    /// fragment's, with the whole length and no fragment fields, as Linux's raw
+    /// sockets read one). A full queue drops its copy alone.
+    fn deliver_raw_copies(
+        &mut self,
+        ty: u8,
+        info: UdpRecvInfo,
+        hdr_off: usize,
+        off: usize,
+        len: usize,
+        src: &Src,
+    ) {
+        let mut members = Vec::new();
+        self.sockets
+            .raw_members(info.dst, info.from.ip(), ty, &mut members);
+        if members.is_empty() {
+            return;
+        }
+        let bytes = src.bytes(&self.core.pool);
+        let mut copy = std::mem::take(&mut self.core.scratch);
+        copy.clear();
+        match src {
+            Src::Owned { invoking, .. } if info.dst.is_ipv4() && hdr_off == off => {
+                let ihl = usize::from(invoking.first().map_or(0, |b| b & 0x0f)) * 4;
+                if ihl < wire::IPV4_HEADER_LEN || ihl > invoking.len() {
+                    self.core.scratch = copy;
+                    return;
+                }
+                copy.extend_from_slice(&invoking[..ihl]);
+                let total = (ihl + len).min(usize::from(u16::MAX)) as u16;
+                copy[2..4].copy_from_slice(&total.to_be_bytes());
+                copy[6..8].fill(0);
+                copy[10..12].fill(0);
+                let sum = wire::finish(wire::sum(&copy));
+                copy[10..12].copy_from_slice(&sum.to_be_bytes());
+                copy.extend_from_slice(&bytes[off..off + len]);
+            }
+            _ => copy.extend_from_slice(&bytes[hdr_off..off + len]),
+        }
+        let n = copy.len();
+        for i in members {
+            if self.sockets.udp_no_room(i, n).is_some() {
+                if let Some(u) = self.sockets.udp_at_mut(i) {
+                    u.stats.rx_queue_full += 1;
+                }
+                self.core.counters.raw_rx_queue_full += 1;
+                continue;
+            }
+            let Some(buf) = self.core.pool.alloc_from(&copy) else {
+                self.core.counters.drop_pool_exhausted += 1;
+                break;
+            };
+            self.core.counters.raw_rx_delivered += 1;
+            self.queue_udp(i, buf, n, info);
+        }
+        self.core.scratch = copy;
     }
 
     /// A multicast datagram: a copy to every member socket on the port

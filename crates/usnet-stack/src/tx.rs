@@ -1400,6 +1400,39 @@ impl Core {
         r
     }
 
+    /// A raw socket's ICMP message: an IPv4 one goes as the application wrote it
+    /// (checksum included, as Linux's raw sockets send it), an IPv6 one with its
+    /// checksum computed over the pseudo-header (Linux computes it for every raw
+    /// ICMPv6 socket, RFC 3542 §3.1).
+    pub(crate) fn send_raw_icmp(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        next_hop: IpAddr,
+        msg: &[u8],
+        ip: IpFields,
+    ) -> Result<(), StackError> {
+        if dst.is_ipv4() {
+            self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMP, ip, msg)?;
+            self.counters.icmp4_tx_raw += 1;
+            return Ok(());
+        }
+        if msg.len() < 4 {
+            return Err(StackError::InvalidInput);
+        }
+        let mut m = std::mem::take(&mut self.icmp_scratch);
+        m.clear();
+        m.extend_from_slice(msg);
+        m[2..4].fill(0);
+        let sum = wire::pseudo(src, dst, wire::IPPROTO_ICMPV6, m.len() as u32) + wire::sum(&m);
+        m[2..4].copy_from_slice(&wire::finish(sum).to_be_bytes());
+        let r = self.send_ip(src, dst, next_hop, wire::IPPROTO_ICMPV6, ip, &m);
+        self.icmp_scratch = m;
+        r?;
+        self.counters.icmp6_tx_raw += 1;
+        Ok(())
+    }
+
     /// Answers an echo request from `from` to our `to`: the reply comes from the
     /// address the request was sent to.
     pub(crate) fn send_echo_reply(

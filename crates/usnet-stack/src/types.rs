@@ -55,6 +55,16 @@ pub struct UdpSendMeta {
 /// What to do with a received frame; offsets are into the frame (or reassembled data).
 #[derive(Debug, Clone)]
 pub(crate) enum Verdict {
+    /// An ICMP message raw sockets take a copy of (from `hdr_off`, which is `off`
+    /// but for an IPv4 frame's header, to `off + len`), before `then`.
+    RawIcmp {
+        ty: u8,
+        info: UdpRecvInfo,
+        hdr_off: usize,
+        off: usize,
+        len: usize,
+        then: Box<Verdict>,
+    },
     /// Counted already; just free it.
     Drop,
     Arp(ArpRepr),

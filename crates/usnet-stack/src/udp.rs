@@ -85,7 +85,15 @@ impl Stack {
         if !ip.is_unspecified() && !ip.is_multicast() && !self.core.is_local_addr(ip) {
             return Err(StackError::AddrNotAvailable);
         }
-        let port = match local.port() {
+        // A raw socket is of its address's family alone, and every one of them
+        // shares its protocol's port.
+        let (fam, port) = match (proto, ip) {
+            (DgramProto::Raw, IpAddr::V4(_)) => (Families::V4, Some(crate::RAW_PORT_V4)),
+            (DgramProto::Raw, IpAddr::V6(_)) => (Families::V6, Some(crate::RAW_PORT_V6)),
+            _ => (fam, None),
+        };
+        let port = match port.unwrap_or(local.port()) {
+            p if proto == DgramProto::Raw => p,
             0 => self
                 .sockets
                 .udp_ephemeral_port(proto, ip, fam, self.core.cfg.shard)
@@ -129,8 +137,12 @@ impl Stack {
     /// Fixes the peer: `udp_send` goes there and only its datagrams are received.
     /// An echo socket's peer has no port (its replies come from port 0).
     pub fn udp_connect(&mut self, h: SocketHandle, remote: SocketAddr) -> Result<(), StackError> {
-        let icmp = self.udp(h)?.proto == DgramProto::Icmp;
+        let u = self.udp(h)?;
+        let icmp = u.proto != DgramProto::Udp;
         if (remote.port() == 0 && !icmp) || remote.ip().is_unspecified() {
+            return Err(StackError::InvalidInput);
+        }
+        if u.proto == DgramProto::Raw && remote.is_ipv4() != u.local.is_ipv4() {
             return Err(StackError::InvalidInput);
         }
         self.core.route(remote.ip()).ok_or(StackError::NoRoute)?;
@@ -145,6 +157,29 @@ impl Stack {
 
     pub fn udp_peer_addr(&self, h: SocketHandle) -> Result<SocketAddr, StackError> {
         self.udp(h)?.remote.ok_or(StackError::NotConnected)
+    }
+
+    /// A raw socket's filter (`ICMP_FILTER`, `ICMP6_FILTER`): the ICMP types it
+    /// no longer receives. `WrongType` for any other socket.
+    pub fn raw_set_icmp_filter(
+        &mut self,
+        h: SocketHandle,
+        filter: crate::IcmpFilter,
+    ) -> Result<(), StackError> {
+        let u = self.udp_mut(h)?;
+        if u.proto != DgramProto::Raw {
+            return Err(StackError::WrongType);
+        }
+        u.icmp_filter = filter;
+        Ok(())
+    }
+
+    pub fn raw_icmp_filter(&self, h: SocketHandle) -> Result<crate::IcmpFilter, StackError> {
+        let u = self.udp(h)?;
+        if u.proto != DgramProto::Raw {
+            return Err(StackError::WrongType);
+        }
+        Ok(u.icmp_filter)
     }
 
     /// Sets the receive buffer limit in bytes (SO_RCVBUF).
@@ -191,19 +226,24 @@ impl Stack {
             }
         }
         // An echo socket's message: the echo header and data.
-        let echo = match self.udp(h)?.proto {
-            DgramProto::Udp => None,
+        let proto = self.udp(h)?.proto;
+        let echo = match proto {
+            DgramProto::Udp | DgramProto::Raw => None,
             DgramProto::Icmp => Some(
                 usnet_socket_api::echo::request(to.is_ipv4(), data)
                     .ok_or(StackError::InvalidInput)?,
             ),
         };
+        let raw = proto == DgramProto::Raw;
+        if raw && to.is_ipv4() != self.udp(h)?.local.is_ipv4() {
+            return Err(StackError::InvalidInput);
+        }
         let core = &mut self.core;
         if data.len() > MAX_UDP_PAYLOAD {
             core.counters.udp_tx_too_big += 1;
             return Err(StackError::MessageTooLong);
         }
-        if (to.port() == 0 && echo.is_none()) || to.ip().is_unspecified() {
+        if (to.port() == 0 && proto == DgramProto::Udp) || to.ip().is_unspecified() {
             return Err(StackError::InvalidInput);
         }
         if core.tx.len() >= core.cfg.tx_queue_len {
@@ -232,6 +272,14 @@ impl Stack {
             let ip = IpFields { ttl, tos };
             let ident = local.port();
             core.send_echo_request(src, to.ip(), next_hop, ident, seq, body, ip)?;
+        } else if raw {
+            let ttl = match to.ip() {
+                IpAddr::V4(a) if a.is_multicast() => u.mc.ttl,
+                IpAddr::V6(a) if a.is_multicast() => u.mc.hops,
+                _ => u.hdr.ttl[family].unwrap_or(core.cfg.ttl),
+            };
+            let ttl = meta.hop_limit.unwrap_or(ttl);
+            core.send_raw_icmp(src, to.ip(), next_hop, data, IpFields { ttl, tos })?;
         } else if to.ip().is_multicast() {
             // IP_MULTICAST_IF names the source; TTL/hop limit and loopback are the
             // socket's multicast options; local members get a copy (as Linux, only

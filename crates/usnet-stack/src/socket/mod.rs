@@ -11,8 +11,8 @@ use std::collections::{HashMap, VecDeque};
 
 pub(crate) use tcp::{FoCacheEntry, TcpConnSock, TcpListenSock, TcpTable};
 pub use tcp::{IpFamily, TcpIpOpts};
-pub use udp::DgramProto;
 pub(crate) use udp::{Datagram, UdpSocket, UdpTable};
+pub use udp::{DgramProto, IcmpFilter, RAW_PORT_V4, RAW_PORT_V6};
 
 /// Names a socket of one stack. Stale handles (of a closed socket whose slot was reused)
 /// are detected by the generation.
@@ -170,7 +170,7 @@ pub(crate) struct SocketSet {
     /// other's events).
     pub zc_ready: VecDeque<SocketHandle>,
     /// The datagram port maps, by [`DgramProto`].
-    pub dgram: [UdpTable; 2],
+    pub dgram: [UdpTable; DgramProto::COUNT],
     pub tcp: TcpTable,
     /// A member of the priority set was removed: S must be recomputed.
     pub prio_dirty: bool,
@@ -212,7 +212,11 @@ impl SocketSet {
             free: Vec::new(),
             ready: VecDeque::new(),
             zc_ready: VecDeque::new(),
-            dgram: [UdpTable::new(seed), UdpTable::new(seed >> 16)],
+            dgram: [
+                UdpTable::new(seed),
+                UdpTable::new(seed >> 16),
+                UdpTable::raw(),
+            ],
             tcp: TcpTable::new(seed),
             prio_dirty: false,
             next_seq: 0,

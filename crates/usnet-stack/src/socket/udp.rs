@@ -1,8 +1,9 @@
-//! Datagram sockets in the table: UDP's, and ICMP echo ("ping") sockets, which are
+//! Datagram sockets in the table: UDP's, ICMP echo ("ping") sockets, which are
 //! the same socket with the echo identifier for a port (as Linux's ping sockets
-//! take `inet_sport` for it). Their bounded receive queues, and the port maps (one
-//! per protocol) that demultiplex a datagram to its socket in O(1), before any
-//! checksum work.
+//! take `inet_sport` for it), and raw ICMP sockets, whose port is the protocol
+//! number (as Linux's raw sockets take `inet_num`). Their bounded receive queues,
+//! and the port maps (one per protocol) that demultiplex a datagram to its socket
+//! in O(1), before any checksum work.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -42,11 +43,44 @@ pub enum DgramProto {
     /// echo replies to its identifier, as with Linux's
     /// `socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP)`.
     Icmp,
+    /// Raw ICMP (`socket(AF_INET, SOCK_RAW, IPPROTO_ICMP)`) or raw ICMPv6
+    /// (`AF_INET6`, `IPPROTO_ICMPV6`), one family each: the socket receives a
+    /// copy of every ICMP message of its family to its address, which the stack
+    /// still handles itself (an IPv4 one with its IP header, an IPv6 one
+    /// without, as Linux gives them), less the types its filter blocks; it sends
+    /// whole ICMP messages (an IPv4 one with the checksum the application wrote,
+    /// an IPv6 one with the checksum the stack computes). Its port is the
+    /// protocol number: [`RAW_PORT_V4`] or [`RAW_PORT_V6`].
+    Raw,
 }
+
+/// The port of a raw ICMP socket: `IPPROTO_ICMP`, what Linux's `getsockname`
+/// gives for one.
+pub const RAW_PORT_V4: u16 = 1;
+/// The port of a raw ICMPv6 socket: `IPPROTO_ICMPV6`.
+pub const RAW_PORT_V6: u16 = 58;
 
 impl DgramProto {
     fn index(self) -> usize {
         self as usize
+    }
+
+    /// How many protocols there are (the socket table's port maps).
+    pub(crate) const COUNT: usize = 3;
+}
+
+/// The ICMP types a raw socket does not receive: bit `t % 32` of word `t / 32`
+/// set blocks type `t` (Linux's `ICMP6_FILTER`, and `ICMP_FILTER` in word 0 for
+/// IPv4, where types from 32 up always pass).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IcmpFilter(pub [u32; 8]);
+
+impl IcmpFilter {
+    pub fn blocks(&self, v4: bool, ty: u8) -> bool {
+        if v4 && ty >= 32 {
+            return false;
+        }
+        self.0[usize::from(ty / 32)] & (1 << (ty % 32)) != 0
     }
 }
 
@@ -75,6 +109,8 @@ pub(crate) struct UdpSocket {
     pub hdr: UdpHeaderOpts,
     /// ICMP errors about what it sent: the pending one, the error queue.
     pub errors: crate::icmp_error::DgramErrors,
+    /// A raw socket's filter ([`DgramProto::Raw`]).
+    pub icmp_filter: IcmpFilter,
 }
 
 impl UdpSocket {
@@ -100,6 +136,7 @@ impl UdpSocket {
             mc: Default::default(),
             hdr: Default::default(),
             errors: Default::default(),
+            icmp_filter: IcmpFilter::default(),
         }
     }
 }
@@ -126,6 +163,14 @@ impl UdpTable {
         UdpTable {
             ports: vec![NONE; 65536],
             next_ephemeral: super::ephemeral_start(seed),
+        }
+    }
+
+    /// The raw sockets' table: its ports are protocol numbers.
+    pub fn raw() -> Self {
+        UdpTable {
+            ports: vec![NONE; 256],
+            next_ephemeral: 0,
         }
     }
 }
@@ -272,6 +317,38 @@ impl SocketSet {
             }
             cur = u.next_same_port;
         }
+    }
+
+    /// Every raw socket an ICMP message of type `ty` from `from` to `dst` is copied
+    /// to, as Linux's `raw_v4_match` and `raw_v6_match` choose them: bound to
+    /// `dst` or to the wildcard of its family, connected to `from` or not
+    /// connected, and not filtering the type out.
+    pub fn raw_members(&self, dst: IpAddr, from: IpAddr, ty: u8, out: &mut Vec<u32>) {
+        let port = if dst.is_ipv4() {
+            RAW_PORT_V4
+        } else {
+            RAW_PORT_V6
+        };
+        let mut cur = self.ports(DgramProto::Raw)[usize::from(port)];
+        while cur != NONE {
+            let Some(u) = self.udp_at(cur) else {
+                return;
+            };
+            let local = u.local.ip();
+            let addr_ok = local == dst || (local.is_unspecified() && u.families.takes(local, dst));
+            let peer_ok = u.remote.is_none_or(|r| r.ip() == from);
+            if addr_ok && peer_ok && !u.icmp_filter.blocks(dst.is_ipv4(), ty) {
+                out.push(cur);
+            }
+            cur = u.next_same_port;
+        }
+    }
+
+    /// Whether any raw socket of `v4`'s family is open.
+    #[inline]
+    pub fn raw_open(&self, v4: bool) -> bool {
+        let port = if v4 { RAW_PORT_V4 } else { RAW_PORT_V6 };
+        self.ports(DgramProto::Raw)[usize::from(port)] != NONE
     }
 
     /// The best socket of `proto` for a datagram: connected match first, then a
