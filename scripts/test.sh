@@ -25,7 +25,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -qq --no-install-recommends \
         iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 wrk postgresql dnsmasq-base \
         redis-server redis-tools iperf3 openssh-server openssh-client wget openssl haproxy memcached lighttpd bird2 \
-        traceroute iputils-tracepath \
+        traceroute iputils-tracepath fping mtr-tiny \
         pkg-config libfontconfig1-dev fonts-dejavu-core bison flex >/dev/null
 else
     echo "==> not root: skipping apt installs; tests that need root will skip"

@@ -977,6 +977,8 @@ fn ping(d: &Path) {
 fn traceroutes(d: &Path) {
     need("traceroute", "traceroute");
     need("tracepath", "iputils-tracepath");
+    need("fping", "fping");
+    need("mtr", "mtr-tiny");
     let (far, far6) = ("10.52.0.2", "fd52::2");
     let (ns, veth) = ("usnt-far", "usntfar0");
     let _ = run("ip", &["link", "del", veth], Duration::from_secs(10));
@@ -1053,24 +1055,40 @@ fn traceroutes(d: &Path) {
             &[flag, "-c", "1", "-W", "2", to],
             Duration::from_secs(10),
         );
-        let o = trace(&[
-            "traceroute",
-            flag,
-            "-n",
-            "-q",
-            "2",
-            "-w",
-            "3",
-            "-m",
-            "4",
-            to,
-        ]);
-        // One line per hop after the header; a lost probe shows as `*`.
-        let hops: Vec<String> = o.stdout.lines().skip(1).map(str::to_string).collect();
-        let names = |line: &String, addr: &str| line.split_whitespace().any(|w| w == addr);
+        // UDP probes (errors read from the error queue), then ICMP echo probes
+        // on a raw ICMP socket (-I: time exceeded and the reply read as raw
+        // copies).
+        for method in [None, Some("-I")] {
+            let mut args = vec!["traceroute", flag];
+            args.extend(method);
+            args.extend(["-n", "-q", "2", "-w", "3", "-m", "4", to]);
+            let o = trace(&args);
+            let method = method.unwrap_or("");
+            // One line per hop after the header; a lost probe shows as `*`.
+            let hops: Vec<String> = o.stdout.lines().skip(1).map(str::to_string).collect();
+            let names = |line: &String, addr: &str| line.split_whitespace().any(|w| w == addr);
+            assert!(
+                o.ok() && hops.len() == 2 && names(&hops[0], hop1) && names(&hops[1], to),
+                "traceroute {flag} {method} {to} through usnet: {}",
+                o.describe()
+            );
+        }
+        // fping on a raw ICMP socket; mtr, whose raw IP socket is refused, on
+        // echo sockets.
+        let o = trace(&["fping", flag, "-c", "2", "-p", "200", to]);
         assert!(
-            o.ok() && hops.len() == 2 && names(&hops[0], hop1) && names(&hops[1], to),
-            "traceroute {flag} {to} through usnet: {}",
+            o.ok() && o.stderr.contains("xmt/rcv/%loss = 2/2/0%"),
+            "fping {flag} {to} through usnet: {}",
+            o.describe()
+        );
+        let o = trace(&["mtr", flag, "-n", "-r", "-c", "2", "-m", "4", to]);
+        let hop_lines: Vec<&str> = o.stdout.lines().filter(|l| l.contains(".|--")).collect();
+        assert!(
+            o.ok()
+                && hop_lines.len() == 2
+                && hop_lines[0].split_whitespace().any(|w| w == hop1)
+                && hop_lines[1].split_whitespace().any(|w| w == to),
+            "mtr {flag} {to} through usnet: {}",
             o.describe()
         );
         // ping reads the first hop's time exceeded from its echo socket's error

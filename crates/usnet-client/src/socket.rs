@@ -6,7 +6,9 @@
 use std::io;
 use std::net::SocketAddr;
 
-use usnet_session_abi::{op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_ICMP, KIND_TCP, KIND_UDP};
+use usnet_session_abi::{
+    op, opt, slot, SockAddr, CONNECT_FASTOPEN, KIND_ICMP, KIND_RAW, KIND_TCP, KIND_UDP,
+};
 
 use crate::sock::ClientSocket;
 use crate::{Client, TcpListener, TcpStream, UdpSocket};
@@ -19,6 +21,11 @@ pub enum SocketKind {
     /// An ICMP echo socket (Linux's `SOCK_DGRAM` `IPPROTO_ICMP`): a [`UdpSocket`]
     /// whose datagrams are whole echo messages and whose port is its identifier.
     Icmp,
+    /// A raw ICMP socket (Linux's `SOCK_RAW` `IPPROTO_ICMP` or `IPPROTO_ICMPV6`):
+    /// a [`UdpSocket`] of one family (its first bind's) that reads a copy of
+    /// every ICMP message of the family (an IPv4 one after its IP header) and
+    /// sends whole ICMP messages.
+    Raw,
 }
 
 /// A fresh socket at the server.
@@ -33,6 +40,7 @@ impl Socket {
             SocketKind::Tcp => KIND_TCP,
             SocketKind::Udp => KIND_UDP,
             SocketKind::Icmp => KIND_ICMP,
+            SocketKind::Raw => KIND_RAW,
         };
         Ok(Socket {
             sock: ClientSocket::open(&client.conn, k)?,

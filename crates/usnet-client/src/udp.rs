@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use usnet_session_abi::{
     errno, hdr, op, opt, record_len, slot, RecordHeader, SockAddr, FLAG_BOUND, FLAG_ERROR,
-    KIND_ICMP, KIND_UDP, RECORD_HEADER, RECORD_PAD,
+    KIND_ICMP, KIND_RAW, KIND_UDP, RECORD_HEADER, RECORD_PAD,
 };
 use usnet_shm::{ByteConsumer, ByteProducer};
 
@@ -153,6 +153,31 @@ impl UdpSocket {
     /// datagrams are whole echo messages and its port is its identifier.
     pub fn is_echo(&self) -> bool {
         u64::from(self.sock.word(slot::KIND)) == KIND_ICMP
+    }
+
+    /// A raw socket's filter (`ICMP_FILTER`: word 0 for IPv4; `ICMP6_FILTER`):
+    /// a set bit blocks its ICMP type.
+    pub fn set_icmp_filter(&self, v6: bool, filter: &[u32; 8]) -> io::Result<()> {
+        let mut a = [0u64; 6];
+        if v6 {
+            a[0] = opt::IPPROTO_ICMPV6;
+            a[1] = opt::ICMP6_FILTER;
+            for (i, w) in filter.chunks(2).enumerate() {
+                a[2 + i] = u64::from(w[0]) | u64::from(w[1]) << 32;
+            }
+        } else {
+            a[0] = opt::SOL_RAW;
+            a[1] = opt::ICMP_FILTER;
+            a[2] = u64::from(filter[0]);
+        }
+        self.sock.call(op::SETSOCKOPT, a).map(|_| ())
+    }
+
+    /// Whether it is a raw ICMP socket ([`crate::SocketKind::Raw`]): its
+    /// datagrams are whole ICMP messages, an IPv4 one received after its IP
+    /// header.
+    pub fn is_raw(&self) -> bool {
+        u64::from(self.sock.word(slot::KIND)) == KIND_RAW
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -347,8 +372,12 @@ impl UdpSocket {
         if !self.strict_pmtu[usize::from(v6)].load(Relaxed) || mtu == 0 || !v6 && len > 0xffff {
             return Ok(());
         }
-        // An echo socket's message carries its own ICMP header.
-        let l4 = if self.is_echo() { 0 } else { 8 };
+        // An echo or raw socket's message carries its own ICMP header.
+        let l4 = if self.is_echo() || self.is_raw() {
+            0
+        } else {
+            8
+        };
         let ip = if v6 { 40 } else { 20 };
         if ip + l4 + len <= mtu {
             return Ok(());
@@ -529,6 +558,11 @@ impl UdpSocket {
             None => self.peer_addr()?,
         };
         if self.is_echo() && usnet_socket_api::echo::request(dest.is_ipv4(), data).is_none() {
+            return Err(errno_err(errno::EINVAL));
+        }
+        // A raw ICMPv6 message must have room for the checksum the stack writes
+        // (Linux's `rawv6_push_pending_frames`).
+        if self.is_raw() && !dest.is_ipv4() && data.len() < 4 {
             return Err(errno_err(errno::EINVAL));
         }
         self.over_mtu(data.len(), dest)?;

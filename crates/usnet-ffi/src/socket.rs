@@ -564,7 +564,7 @@ pub unsafe extern "C" fn usnet_recvmsg(fd: c_int, msg: *mut libc::msghdr, flags:
                 let dgram = {
                     let mut ty = [0u8; 4];
                     usnet_posix::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, &mut ty)?;
-                    i32::from_ne_bytes(ty) == libc::SOCK_DGRAM
+                    matches!(i32::from_ne_bytes(ty), libc::SOCK_DGRAM | libc::SOCK_RAW)
                 };
                 if dgram {
                     let cap: usize = v.iter().map(|s| s.len()).sum();

@@ -335,7 +335,12 @@ pub(crate) fn install(client: &Client, claimed: Vec<Claimed>, tags: &HashMap<u32
                 usnet_session_abi::role::UDP => UdpSocket::inherited(client, c.slot).map(|u| {
                     u.set_exec_tag(c.tag);
                     let _ = u.set_nonblocking(nb);
-                    (Obj::Udp(u), libc::SOCK_DGRAM)
+                    let ty = if u.is_raw() {
+                        libc::SOCK_RAW
+                    } else {
+                        libc::SOCK_DGRAM
+                    };
+                    (Obj::Udp(u), ty)
                 }),
                 usnet_session_abi::role::FRESH => {
                     Socket::inherited(client, c.slot, SocketKind::Tcp).map(|s| {

@@ -178,6 +178,8 @@ struct Opts {
     v6only: bool,
     /// SO_BINDTODEVICE (empty: none).
     device: Vec<u8>,
+    /// ICMP_FILTER (word 0) or ICMP6_FILTER of a raw socket.
+    icmp_filter: [u32; 8],
     /// IP_MULTICAST_IF's address.
     mcast_if: [u8; 4],
     /// Multicast groups joined (as `sockopt::membership` keys them).
@@ -413,7 +415,13 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
         // stack's own policy is who may attach to it.
         (libc::SOCK_DGRAM, libc::IPPROTO_ICMP) if domain == libc::AF_INET => SocketKind::Icmp,
         (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6) if domain == libc::AF_INET6 => SocketKind::Icmp,
-        (libc::SOCK_STREAM | libc::SOCK_DGRAM, _) => return Err(Errno(libc::EPROTONOSUPPORT)),
+        // Raw ICMP sockets. Linux asks for CAP_NET_RAW; here too the stack's own
+        // policy is who may attach to it.
+        (libc::SOCK_RAW, libc::IPPROTO_ICMP) if domain == libc::AF_INET => SocketKind::Raw,
+        (libc::SOCK_RAW, libc::IPPROTO_ICMPV6) if domain == libc::AF_INET6 => SocketKind::Raw,
+        (libc::SOCK_STREAM | libc::SOCK_DGRAM | libc::SOCK_RAW, _) => {
+            return Err(Errno(libc::EPROTONOSUPPORT))
+        }
         _ => return Err(Errno(libc::ESOCKTNOSUPPORT)),
     };
     if ty & !(SOCK_TYPE_MASK | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
@@ -424,13 +432,28 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     let nb = ty & libc::SOCK_NONBLOCK != 0;
     let tag = exec::tag(domain);
     s.set_exec_tag(tag);
-    let r = reserve(base, ty & libc::SOCK_CLOEXEC != 0, nb, tag)?;
+    // (The number is an AF_UNIX socket's, which has no SOCK_RAW.)
+    let number_type = if base == libc::SOCK_RAW {
+        libc::SOCK_DGRAM
+    } else {
+        base
+    };
+    let r = reserve(number_type, ty & libc::SOCK_CLOEXEC != 0, nb, tag)?;
     let obj = match kind {
         SocketKind::Tcp => Obj::Fresh(s),
-        SocketKind::Udp | SocketKind::Icmp => Obj::Udp(s.into_udp()),
+        SocketKind::Udp | SocketKind::Icmp | SocketKind::Raw => Obj::Udp(s.into_udp()),
     };
     if let Obj::Udp(u) = &obj {
         u.set_nonblocking(nb)?;
+        // A raw socket receives from the start, as Linux hashes it at creation:
+        // bound now to its family's wildcard (a bind later narrows it).
+        if kind == SocketKind::Raw {
+            let any = match domain {
+                libc::AF_INET => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+                _ => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
+            };
+            u.bind_reuse(any, 0, false)?;
+        }
     }
     Ok(insert(numbered(r, new_desc(obj, domain, base, nb, tag))))
 }
@@ -467,7 +490,8 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
 /// `reuse`: SO_REUSEADDR or SO_REUSEPORT is set (sockets with it share a port,
 /// as multicast receivers do).
 fn bind_udp(u: &UdpSocket, addr: SocketAddr, fam: u64, reuse: bool) -> Res<()> {
-    if u.local_addr().is_ok_and(|a| a.port() != 0) {
+    // (A raw socket is bound from the start, and may be bound again.)
+    if u.local_addr().is_ok_and(|a| a.port() != 0) && !u.is_raw() {
         return Err(Errno(libc::EINVAL));
     }
     Ok(u.bind_reuse(addr, fam, reuse)?)
@@ -497,6 +521,15 @@ fn check_family(e: &Entry, addr: SocketAddr) -> Res<()> {
 /// and bind refuse one then).
 fn stack_addr(e: &Entry, addr: SocketAddr) -> Res<SocketAddr> {
     check_family(e, addr)?;
+    // A raw ICMPv6 socket is IPv6's alone: an IPv4 address is too short a
+    // `sockaddr_in6` (EINVAL), and a mapped one stays an IPv6 address, as Linux's
+    // `rawv6_sendmsg` takes them.
+    if e.stype == libc::SOCK_RAW && e.domain == libc::AF_INET6 {
+        return match addr {
+            SocketAddr::V4(_) => Err(Errno(libc::EINVAL)),
+            SocketAddr::V6(_) => Ok(addr),
+        };
+    }
     match addr {
         SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
             Some(v4) if e.domain == libc::AF_INET6 => {
@@ -1966,6 +1999,7 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
     let kind = sockopt::SockKind {
         stream: e.stype == libc::SOCK_STREAM,
         v6: e.domain == libc::AF_INET6,
+        raw: e.stype == libc::SOCK_RAW,
     };
     let record = |o: &mut Opts, name: i32, v: i32| {
         o.recorded.insert((libc::IPPROTO_TCP, name), v);
@@ -2080,6 +2114,12 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
         }
         // Recorded: the stack has one interface (and the name is the kernel's).
         Opt::BindToDevice(name) => o.device = name,
+        Opt::IcmpFilter(f) => {
+            if let Obj::Udp(u) = &*obj {
+                u.set_icmp_filter(e.domain == libc::AF_INET6, &f)?;
+            }
+            o.icmp_filter = f;
+        }
         Opt::MulticastIf(a) => {
             o.mcast_if = a;
             if let Obj::Udp(u) = &*obj {
@@ -2303,6 +2343,7 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
         _ => None,
     };
     let tcp = e.stype == libc::SOCK_STREAM;
+    let raw = e.stype == libc::SOCK_RAW;
     let v6 = e.domain == libc::AF_INET6;
     let bytes: Vec<u8> = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_ERROR) => {
@@ -2329,10 +2370,24 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> Res<usize
             }
         }
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(e.stype),
+        (sockopt::SOL_RAW, sockopt::ICMP_FILTER) if raw && e.domain == libc::AF_INET => {
+            o.icmp_filter[0].to_ne_bytes().to_vec()
+        }
+        (libc::IPPROTO_ICMPV6, sockopt::ICMP6_FILTER) if raw && e.domain == libc::AF_INET6 => {
+            o.icmp_filter.iter().flat_map(|w| w.to_ne_bytes()).collect()
+        }
+        // Where the stack puts a raw ICMPv6 message's checksum (always).
+        (sockopt::SOL_RAW | libc::IPPROTO_IPV6, libc::IPV6_CHECKSUM)
+            if raw && e.domain == libc::AF_INET6 =>
+        {
+            int(2)
+        }
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(e.domain),
         (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(match &*obj {
-            Obj::Udp(u) if u.is_echo() && e.domain == libc::AF_INET6 => libc::IPPROTO_ICMPV6,
-            Obj::Udp(u) if u.is_echo() => libc::IPPROTO_ICMP,
+            Obj::Udp(u) if (u.is_echo() || u.is_raw()) && e.domain == libc::AF_INET6 => {
+                libc::IPPROTO_ICMPV6
+            }
+            Obj::Udp(u) if u.is_echo() || u.is_raw() => libc::IPPROTO_ICMP,
             _ if e.stype == libc::SOCK_STREAM => libc::IPPROTO_TCP,
             _ => libc::IPPROTO_UDP,
         }),
@@ -2518,6 +2573,10 @@ mod tests {
         );
         assert_eq!(
             socket(libc::AF_INET, libc::SOCK_RAW, 0),
+            Err(Errno(libc::EPROTONOSUPPORT))
+        );
+        assert_eq!(
+            socket(libc::AF_INET, libc::SOCK_SEQPACKET, 0),
             Err(Errno(libc::ESOCKTNOSUPPORT))
         );
         assert_eq!(shutdown(987_654, 99), Err(Errno(libc::EINVAL)));

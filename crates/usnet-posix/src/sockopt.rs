@@ -40,6 +40,11 @@ pub const SOF_TIMESTAMPING_OPT_ID: u32 = 1 << 7;
 pub const SOF_TIMESTAMPING_MASK: u32 = (1 << 18) - 1;
 pub const IP_BIND_ADDRESS_NO_PORT: i32 = 24;
 pub const IPV6_MULTICAST_ALL: i32 = 29;
+/// Raw sockets' level, and its options (`<linux/icmp.h>`, `<netinet/icmp6.h>`).
+pub const SOL_RAW: i32 = 255;
+pub const ICMP_FILTER: i32 = 1;
+pub const ICMP6_FILTER: i32 = 1;
+pub const IPV6_CHECKSUM: i32 = 7;
 /// `SOCK_MIN_RCVBUF / 2`: the least TCP_WINDOW_CLAMP Linux keeps.
 const MIN_WINDOW_CLAMP: i32 = 1152;
 
@@ -50,6 +55,8 @@ pub struct SockKind {
     pub stream: bool,
     /// `AF_INET6`.
     pub v6: bool,
+    /// `SOCK_RAW` (a raw ICMP or ICMPv6 socket).
+    pub raw: bool,
 }
 
 /// A congestion control algorithm by its Linux name (`TCP_CONGESTION`).
@@ -112,6 +119,9 @@ pub enum Opt {
         join: bool,
         key: Vec<u8>,
     },
+    /// `ICMP_FILTER` (word 0) or `ICMP6_FILTER` on a raw socket: the types it
+    /// does not receive.
+    IcmpFilter([u32; 8]),
     /// An option only recorded: the value to keep (see [`set`]).
     Recorded {
         level: i32,
@@ -124,9 +134,28 @@ pub enum Opt {
 /// `ENOPROTOOPT` for an option Linux does not have there, `EINVAL` (or `EDOM` for
 /// a bad timeval) for a bad value. Options of usnet's own level are not here.
 pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
-    let SockKind { stream: tcp, v6 } = kind;
+    let SockKind {
+        stream: tcp,
+        v6,
+        raw,
+    } = kind;
     let bool_ = || int(value).map(|v| v != 0);
     Ok(match (level, name) {
+        // Linux copies what it is given, up to the filter's size.
+        (SOL_RAW, ICMP_FILTER) if raw && !v6 => Opt::IcmpFilter(icmp_filter(value, 1)),
+        (libc::IPPROTO_ICMPV6, ICMP6_FILTER) if raw && v6 => Opt::IcmpFilter(icmp_filter(value, 8)),
+        // An ICMPv6 socket's checksum is always the stack's, at offset 2 (RFC
+        // 3542 §3.1 forbids the option at IPPROTO_IPV6; Linux's own SOL_RAW one
+        // moves it, which the stack does not: that offset alone).
+        (libc::IPPROTO_IPV6, IPV6_CHECKSUM) if raw && v6 => return Err(einval()),
+        (SOL_RAW, IPV6_CHECKSUM) if raw && v6 => match int(value)? {
+            2 => Opt::Recorded {
+                level,
+                name,
+                kept: 2,
+            },
+            _ => return Err(einval()),
+        },
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => Opt::ReuseAddr(bool_()?),
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => Opt::ReusePort(bool_()?),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => Opt::KeepAlive(bool_()?),
@@ -274,6 +303,17 @@ pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
             }
         },
     })
+}
+
+/// The first `words` words of an ICMP filter from `value` (shorter: the rest 0).
+fn icmp_filter(value: &[u8], words: usize) -> [u32; 8] {
+    let mut f = [0u32; 8];
+    for (w, b) in f[..words].iter_mut().zip(value.chunks(4)) {
+        let mut word = [0u8; 4];
+        word[..b.len()].copy_from_slice(b);
+        *w = u32::from_ne_bytes(word);
+    }
+    f
 }
 
 /// An `int` option's value (at least four bytes, as Linux's `copy_from_sockptr`).
@@ -763,11 +803,54 @@ mod tests {
     const TCP4: SockKind = SockKind {
         stream: true,
         v6: false,
+        raw: false,
     };
     const UDP6: SockKind = SockKind {
         stream: false,
         v6: true,
+        raw: false,
     };
+    const RAW4: SockKind = SockKind {
+        stream: false,
+        v6: false,
+        raw: true,
+    };
+    const RAW6: SockKind = SockKind {
+        stream: false,
+        v6: true,
+        raw: true,
+    };
+
+    #[test]
+    fn icmp_filters_are_a_raw_sockets_alone_and_ipv6_sums_are_the_stacks() {
+        let Ok(Opt::IcmpFilter(f)) = decode(SOL_RAW, ICMP_FILTER, &i(1 << 3), RAW4) else {
+            panic!("ICMP_FILTER on a raw socket");
+        };
+        assert_eq!(f, [8, 0, 0, 0, 0, 0, 0, 0]);
+        let mut six = [0u8; 32];
+        six[16] = 0xff;
+        let Ok(Opt::IcmpFilter(f)) = decode(libc::IPPROTO_ICMPV6, ICMP6_FILTER, &six, RAW6) else {
+            panic!("ICMP6_FILTER on a raw ICMPv6 socket");
+        };
+        assert_eq!(f[4], 0xff);
+        assert!(matches!(
+            decode(SOL_RAW, ICMP_FILTER, &i(1), UDP6),
+            Err(Errno(libc::ENOPROTOOPT))
+        ));
+        assert!(matches!(
+            decode(libc::IPPROTO_ICMPV6, ICMP6_FILTER, &six, RAW4),
+            Err(Errno(libc::ENOPROTOOPT))
+        ));
+        assert!(matches!(
+            decode(libc::IPPROTO_IPV6, IPV6_CHECKSUM, &i(2), RAW6),
+            Err(Errno(libc::EINVAL))
+        ));
+        assert!(decode(SOL_RAW, IPV6_CHECKSUM, &i(2), RAW6).is_ok());
+        assert!(matches!(
+            decode(SOL_RAW, IPV6_CHECKSUM, &i(4), RAW6),
+            Err(Errno(libc::EINVAL))
+        ));
+    }
 
     fn i(v: i32) -> [u8; 4] {
         v.to_ne_bytes()

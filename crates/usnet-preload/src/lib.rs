@@ -15,7 +15,9 @@
 //! thread-local flag makes every entry point pass straight through when it is
 //! already set.
 //!
-//! What goes to usnet: `socket(AF_INET|AF_INET6, SOCK_STREAM|SOCK_DGRAM)`. A socket
+//! What goes to usnet: `socket(AF_INET|AF_INET6, SOCK_STREAM|SOCK_DGRAM)`, ICMP
+//! echo sockets and raw ICMP sockets; a raw socket of any other protocol is
+//! `EPERM` (it would see the kernel's network, not the stack's). A socket
 //! that is then bound or connected to a loopback address moves to the kernel
 //! (`USNET_LOOPBACK=usnet` keeps it): the kernel socket is `dup3`'d onto its number.
 //! With no stack server the first such `socket` fails with `ENETDOWN` and one line on
@@ -158,8 +160,15 @@ fn for_usnet(domain: c_int, ty: c_int, protocol: c_int) -> bool {
             libc::AF_INET | libc::AF_INET6,
             libc::SOCK_DGRAM,
             0 | libc::IPPROTO_UDP
-        ) | (libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP)
-            | (libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6)
+        ) | (
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_RAW,
+            libc::IPPROTO_ICMP
+        ) | (
+            libc::AF_INET6,
+            libc::SOCK_DGRAM | libc::SOCK_RAW,
+            libc::IPPROTO_ICMPV6
+        )
     ) && !env_is("USNET_PRELOAD", "off")
 }
 
@@ -169,7 +178,15 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     let Some(_g) = enter() else {
         return kernel();
     };
-    if !for_usnet(domain, ty, protocol) || ATTACH.load(Relaxed) == 2 {
+    // A raw IP socket of a protocol usnet does not serve would see the kernel's
+    // network, not the stack's: refused as for a process without CAP_NET_RAW, so
+    // the program takes its unprivileged way (mtr, fping and ping fall back to
+    // ICMP echo sockets, which usnet serves).
+    let other_raw = matches!(domain, libc::AF_INET | libc::AF_INET6)
+        && ty & usnet_posix::SOCK_TYPE_MASK == libc::SOCK_RAW
+        && !env_is("USNET_PRELOAD", "off");
+    let ours = for_usnet(domain, ty, protocol);
+    if !(ours || other_raw) || ATTACH.load(Relaxed) == 2 {
         return kernel();
     }
     if ATTACH.load(Relaxed) == 0 {
@@ -193,6 +210,16 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
             return -1;
         }
         ATTACH.store(1, Relaxed);
+    }
+    if !ours {
+        if env_is("USNET_DEBUG", "1") {
+            eprintln!(
+                "usnet-preload: socket(SOCK_RAW, protocol {protocol}) is not supported (errno {})",
+                libc::EPERM
+            );
+        }
+        set_errno(libc::EPERM);
+        return -1;
     }
     socket::usnet_socket(domain, ty, protocol)
 }

@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use usnet_session::Session;
 use usnet_session_abi::{
-    hdr, op, slot, Geometry, Request, SockAddr, KIND_ICMP, KIND_TCP, KIND_UDP, RECORD_HEADER,
+    hdr, op, slot, Geometry, Request, SockAddr, KIND_ICMP, KIND_RAW, KIND_TCP, KIND_UDP,
+    RECORD_HEADER,
 };
 use usnet_stack::{mac_from_seed, Instant, Owner, Stack, StackConfig};
 
@@ -651,8 +652,8 @@ fn commands(h: &mut Harness, data: &[u8]) {
                 let mut args = [0u64; 6];
                 match o as u16 {
                     op::SOCKET => {
-                        args[0] = [KIND_TCP, KIND_UDP, KIND_ICMP, 0, 9]
-                            [inp.u8().unwrap_or(0) as usize % 5]
+                        args[0] = [KIND_TCP, KIND_UDP, KIND_ICMP, KIND_RAW, 0, 9]
+                            [inp.u8().unwrap_or(0) as usize % 6]
                     }
                     op::BIND | op::CONNECT | op::ZC_LISTEN | op::ZC_CONNECT => {
                         let a = addr(&mut inp).to_args();

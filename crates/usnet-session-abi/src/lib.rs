@@ -382,6 +382,12 @@ pub const KIND_UDP: u64 = 2;
 /// datagram socket whose records are whole echo messages (a request sent, a
 /// reply received, from port 0) and whose port is its echo identifier.
 pub const KIND_ICMP: u64 = 3;
+/// A raw ICMP socket (Linux's `SOCK_RAW` `IPPROTO_ICMP`, or `IPPROTO_ICMPV6` on
+/// an IPv6 one): a datagram socket of one family, its first bind's, whose
+/// records are whole ICMP messages (received: a copy of every one of the family
+/// to its address, an IPv4 one after its IP header; sent: as written, an IPv6
+/// one's checksum computed) from port 0, and whose port is the protocol number.
+pub const KIND_RAW: u64 = 4;
 
 pub const SHUT_RD: u64 = 0;
 pub const SHUT_WR: u64 = 1;
@@ -443,6 +449,14 @@ pub mod opt {
     /// (0–255; RFC 5082); lower ones are dropped.
     pub const IP_MINTTL: u64 = 21;
     pub const IPPROTO_IPV6: u64 = 41;
+    /// On a raw ICMP socket: `args[2]`, the IPv4 types below 32 it does not
+    /// receive (bit `t` blocks type `t`).
+    pub const SOL_RAW: u64 = 255;
+    pub const ICMP_FILTER: u64 = 1;
+    /// On a raw ICMPv6 socket: the 256-bit `struct icmp6_filter` in `args[2..6]`
+    /// (little-endian words; a set bit blocks its type).
+    pub const IPPROTO_ICMPV6: u64 = 58;
+    pub const ICMP6_FILTER: u64 = 1;
     /// 0 or 1, on a datagram socket: ICMP errors of IPv4 (`IP_RECVERR`) or
     /// IPv6 (`IPV6_RECVERR`) wait on its error queue ([`super::op::ERRQUEUE`]).
     pub const IP_RECVERR: u64 = 11;

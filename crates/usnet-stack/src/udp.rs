@@ -114,6 +114,27 @@ impl Stack {
         Ok(h)
     }
 
+    /// Binds a raw socket ([`DgramProto::Raw`]) to another address of its family
+    /// (unspecified: all of them): it then reads only what is sent there.
+    /// `InvalidInput` for the other family or a connected socket,
+    /// `AddrNotAvailable` for an address that is not ours.
+    pub fn raw_rebind(&mut self, h: SocketHandle, ip: IpAddr) -> Result<(), StackError> {
+        let ours = ip.is_unspecified() || ip.is_multicast() || self.core.is_local_addr(ip);
+        let u = self.udp_mut(h)?;
+        if u.proto != DgramProto::Raw {
+            return Err(StackError::WrongType);
+        }
+        // (Linux's `raw_bind` refuses a connected socket too.)
+        if ip.is_ipv4() != u.local.is_ipv4() || u.remote.is_some() {
+            return Err(StackError::InvalidInput);
+        }
+        if !ours {
+            return Err(StackError::AddrNotAvailable);
+        }
+        u.local.set_ip(ip);
+        Ok(())
+    }
+
     /// Every UDP socket, as `ss -u` lists them: address, owner, queue and counters
     /// (drop 2 is `stats.rx_queue_full`).
     pub fn udp_sockets(&self) -> Vec<UdpEntry> {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::*;
 
 use usnet_session_abi::{
     errno, slot, SockAddr, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_ICMP,
-    KIND_TCP, KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
+    KIND_RAW, KIND_TCP, KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
 };
 use usnet_stack::{Families, IpFamily, SocketHandle, Stack, StackError};
 
@@ -16,7 +16,7 @@ impl ServerSession {
     pub(super) fn op_socket(&mut self, kind: u64) -> i64 {
         let role = match kind {
             KIND_TCP => Role::Fresh,
-            KIND_UDP | KIND_ICMP => Role::Udp,
+            KIND_UDP | KIND_ICMP | KIND_RAW => Role::Udp,
             _ => return -errno::EINVAL,
         };
         match self.new_slot(kind, role) {
@@ -39,6 +39,19 @@ impl ServerSession {
         let owner = self.owner();
         let clash = self.elsewhere.as_ref().is_some_and(|e| e.clash(addr, fam));
         let s = self.sock(i);
+        if let (Some(h), usnet_stack::DgramProto::Raw) = (s.handle, s.dgram_proto()) {
+            // A raw socket may be bound again, to another address of its family
+            // (Linux's `raw_bind` sets the receive address each time).
+            return match stack.raw_rebind(h, addr.ip()) {
+                Ok(()) => {
+                    let local = stack.udp_local_addr(h).unwrap_or(addr);
+                    self.mem
+                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
+                    0
+                }
+                Err(e) => err(e),
+            };
+        }
         if s.handle.is_some() || s.bound.is_some() {
             return -errno::EINVAL;
         }

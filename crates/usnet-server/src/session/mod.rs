@@ -164,10 +164,10 @@ struct SessionSocket {
 impl SessionSocket {
     /// What its stack socket carries, when it is a datagram socket.
     fn dgram_proto(&self) -> usnet_stack::DgramProto {
-        if self.kind == usnet_session_abi::KIND_ICMP {
-            usnet_stack::DgramProto::Icmp
-        } else {
-            usnet_stack::DgramProto::Udp
+        match self.kind {
+            usnet_session_abi::KIND_ICMP => usnet_stack::DgramProto::Icmp,
+            usnet_session_abi::KIND_RAW => usnet_stack::DgramProto::Raw,
+            _ => usnet_stack::DgramProto::Udp,
         }
     }
 }

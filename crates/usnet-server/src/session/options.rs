@@ -386,6 +386,8 @@ fn is_udp_opt(level: u64, name: u64) -> bool {
                 | opt::IPV6_DROP_MEMBERSHIP
                 | opt::IPV6_MULTICAST_ALL
         ),
+        opt::SOL_RAW => name == opt::ICMP_FILTER,
+        opt::IPPROTO_ICMPV6 => name == opt::ICMP6_FILTER,
         _ => false,
     }
 }
@@ -403,6 +405,19 @@ fn apply_udp_opt(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(),
         (opt::IPPROTO_IP, opt::IP_TTL) => stack.udp_set_unicast_ttl(h, true, unicast_ttl),
         (opt::IPPROTO_IPV6, opt::IPV6_UNICAST_HOPS) => {
             stack.udp_set_unicast_ttl(h, false, unicast_ttl)
+        }
+        (opt::SOL_RAW, opt::ICMP_FILTER) => {
+            let mut f = usnet_stack::IcmpFilter::default();
+            f.0[0] = a[2] as u32;
+            stack.raw_set_icmp_filter(h, f)
+        }
+        (opt::IPPROTO_ICMPV6, opt::ICMP6_FILTER) => {
+            let mut f = usnet_stack::IcmpFilter::default();
+            for (i, w) in a[2..6].iter().enumerate() {
+                f.0[2 * i] = *w as u32;
+                f.0[2 * i + 1] = (*w >> 32) as u32;
+            }
+            stack.raw_set_icmp_filter(h, f)
         }
         (opt::IPPROTO_IP, opt::IP_TOS) => stack.udp_set_tos(h, true, a[2] as u8),
         (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) => stack.udp_set_tos(h, false, a[2] as u8),
