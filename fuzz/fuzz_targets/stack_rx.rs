@@ -3,9 +3,9 @@
 //! Input: records of `[ctl: u8][len: u16 LE][len bytes of frame]` (a short last record
 //! takes what is left). `ctl & 7` moves the clock (none, 1 ms, 50 ms, 1 s, 3 s, 31 s,
 //! 120 s, or 0..255 µs), bit 3 polls right away, bit 4 lets the application read (and
-//! bit 5 echo) its UDP datagrams, bit 6 runs the stack until idle, when no deadline may
-//! still be due (its loop would spin). At the end the stack settles, the sockets are
-//! drained and no packet buffer may still be in use.
+//! bit 5 echo) its UDP datagrams and raw ICMP messages, bit 6 runs the stack until
+//! idle, when no deadline may still be due (its loop would spin). At the end the
+//! stack settles, the sockets are drained and no packet buffer may still be in use.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use usnet_pool::PoolConfig;
-use usnet_stack::{mac_from_seed, Instant, Stack, StackConfig};
+use usnet_stack::{mac_from_seed, DgramProto, Families, Instant, Stack, StackConfig};
 
 fn config() -> StackConfig {
     StackConfig {
@@ -51,6 +51,11 @@ fuzz_target!(|data: &[u8]| {
         .udp_bind("0.0.0.0:7".parse::<SocketAddr>().unwrap())
         .unwrap();
     let ping = s.ping_open();
+    // Raw ICMP sockets of both families: every ICMP message is copied to them.
+    let raw = ["0.0.0.0:0", "[::]:0"].map(|a| {
+        s.dgram_bind(DgramProto::Raw, a.parse().unwrap(), Families::Both, false)
+            .unwrap()
+    });
     let mut now = Instant::from_millis(1);
     let mut buf = vec![0u8; 65536];
     let mut rest = data;
@@ -95,6 +100,20 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             while s.ping_recv(ping).is_ok() {}
+            for r in raw {
+                while let Ok((n, from)) = s.udp_recv_from(r, &mut buf) {
+                    if ctl & 32 != 0 {
+                        // Sent back whole (an IPv4 copy without its header).
+                        let skip = if from.is_ipv4() {
+                            usize::from(buf[0] & 15) * 4
+                        } else {
+                            0
+                        };
+                        let d = buf[skip.min(n)..n].to_vec();
+                        let _ = s.udp_send_to(r, &d, from);
+                    }
+                }
+            }
         }
         flush(&mut s);
     }
@@ -105,7 +124,9 @@ fuzz_target!(|data: &[u8]| {
         flush(&mut s);
     }
     assert_eq!(s.input_len(), 0);
-    while s.udp_recv_from(udp, &mut buf).is_ok() {}
+    for h in [udp, raw[0], raw[1]] {
+        while s.udp_recv_from(h, &mut buf).is_ok() {}
+    }
     assert_eq!(
         s.pool().in_use(),
         0,

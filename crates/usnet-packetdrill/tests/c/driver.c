@@ -399,10 +399,12 @@ static void refused(void)
 	struct seg s = sniff();
 	CHECK(s.flags == (F_RST | F_ACK) && s.ack == 6 && s.sport == 1234);
 	CHECK(P->socket(u, AF_UNIX, SOCK_STREAM, 0) == -1 && errno == EAFNOSUPPORT);
-	/* UDP is the socket layer's too; raw sockets are not. */
+	/* UDP and raw ICMP are the socket layer's too; other raw sockets are not. */
 	int us = P->socket(u, AF_INET, SOCK_DGRAM, 0);
 	CHECK(us >= 0 && P->close(u, us) == 0);
-	CHECK(P->socket(u, AF_INET, SOCK_RAW, IPPROTO_ICMP) == -1);
+	int raw = P->socket(u, AF_INET, SOCK_RAW, IPPROTO_ICMP);
+	CHECK(raw >= 0 && P->close(u, raw) == 0);
+	CHECK(P->socket(u, AF_INET, SOCK_RAW, IPPROTO_UDP) == -1 && errno == EPROTONOSUPPORT);
 	CHECK(P->read(u, 99, pkt, 1) == -1 && errno == EBADF);
 	CHECK(P->netdev_send(u, "\x10", 1) == -1);
 	int ep = P->epoll_create(u, 1);
