@@ -97,7 +97,8 @@ void usnet_async_destroy(usnet_async_t *h);
 /* Descriptors are real kernel fd numbers reserved for usnet sockets:    */
 /* pass them to usnet_* calls only. usnet_poll and usnet_epoll_* take    */
 /* kernel descriptors too (pipes, eventfds, kernel sockets) in one set.  */
-/* Domains AF_INET/AF_INET6; SOCK_STREAM and SOCK_DGRAM, with            */
+/* Domains AF_INET/AF_INET6; SOCK_STREAM and SOCK_DGRAM, ICMP echo       */
+/* (SOCK_DGRAM) and raw ICMP (SOCK_RAW) sockets, with                    */
 /* SOCK_NONBLOCK/SOCK_CLOEXEC. MSG_DONTWAIT, MSG_NOSIGNAL, MSG_WAITALL;  */
 /* MSG_PEEK and control messages give EOPNOTSUPP. A write to a stream    */
 /* whose peer is gone raises SIGPIPE unless MSG_NOSIGNAL, as the kernel. */
@@ -161,9 +162,20 @@ int usnet_getpeername(int fd, struct sockaddr *addr, socklen_t *len);
 /* F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD. */
 int usnet_fcntl(int fd, int cmd, long arg);
 /* FIONBIO (*arg: the mode), FIONREAD (*arg := bytes readable, streams), SIOCATMARK
- * (int *arg); the interface queries SIOCGIF* (struct ifreq or ifconf *arg), which
- * the kernel answers with the host's interfaces. */
+ * (int *arg); the interface queries SIOCGIF* (struct ifreq or ifconf *arg): the
+ * stack's interface answered from the stack, any other by the kernel. */
 int usnet_ioctl(int fd, unsigned long req, void *arg);
+
+/* The interfaces a program on the stack sees: the kernel's loopback and the
+ * stack's one interface (named after its TAP, AF_PACKET or AF_XDP device, else
+ * usnet0), with its addresses, MAC and MTU. The kernel's without a stack.
+ * freeifaddrs(3) and if_freenameindex(3) release what these return. */
+struct ifaddrs;
+struct if_nameindex;
+int usnet_getifaddrs(struct ifaddrs **out);
+unsigned usnet_if_nametoindex(const char *name);
+char *usnet_if_indextoname(unsigned index, char *buf);
+struct if_nameindex *usnet_if_nameindex(void);
 
 /* Any mix of usnet sockets and kernel descriptors. */
 int usnet_poll(struct pollfd *fds, nfds_t n, int timeout_ms);

@@ -1120,6 +1120,47 @@ fn traceroutes(d: &Path) {
     }
 }
 
+/// Node's `os.networkInterfaces()` (getifaddrs) under the shim, in a namespace
+/// whose only network is usnet: loopback and the stack's interface, named after
+/// its TAP, with the stack's addresses; nothing of the host's.
+fn interfaces(d: &Path) {
+    need("node", "nodejs");
+    let _trial = empty_netns("usnt-trace");
+    let script = "const i = require('os').networkInterfaces(); \
+                  for (const [n, as] of Object.entries(i)) \
+                  for (const a of as) console.log(n, a.cidr, a.mac)";
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        "usnt-trace",
+        USNET,
+        "run",
+        "--stack",
+        STACK,
+        "--",
+    ])
+    .args(["node", "-e", script])
+    .env("USNET_RUN_DIR", d)
+    .current_dir(d);
+    let o = run_in(&mut c, &[], Duration::from_secs(30));
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert!(
+        o.ok()
+            && lines
+                .iter()
+                .any(|l| l.starts_with(&format!("{TAP} {OURS}/24 ")))
+            && lines
+                .iter()
+                .any(|l| l.starts_with(&format!("{TAP} {OURS6}/64 ")))
+            && lines
+                .iter()
+                .all(|l| l.starts_with(&format!("{TAP} ")) || l.starts_with("lo ")),
+        "node's interfaces through usnet: {}",
+        o.describe()
+    );
+}
+
 /// curl from Linux fetches `url` from the program `srv` under the shim: the
 /// whole body, or a failure that says what curl and the program said.
 fn serves_body(d: &Path, srv: &Bg, url: &str) {
@@ -1375,6 +1416,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     root_without_dac_override(d);
     ping(d);
     traceroutes(d);
+    interfaces(d);
     iperf3_udp(d);
     static_program(d);
 }

@@ -77,6 +77,8 @@ pub(crate) struct Conn {
     pub path: PathBuf,
     /// Control connections survive `exec` ([`crate::AttachOptions::inheritable`]).
     inheritable: bool,
+    /// The stack's network interface (from the attach reply).
+    pub iface: Option<usnet_session::ctl::msg::Iface>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -255,6 +257,7 @@ impl Conn {
             stack_name: name.to_string(),
             path: path.to_path_buf(),
             inheritable: opts.inheritable,
+            iface: reply.iface,
         };
         Ok((conn, slots))
     }

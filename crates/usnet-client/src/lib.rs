@@ -149,6 +149,12 @@ impl Client {
         self.conn.mem.id()
     }
 
+    /// The stack's network interface (name, index, MAC, MTU, addresses), as the
+    /// program should see it; None from a server that does not say.
+    pub fn iface(&self) -> Option<&usnet_session::ctl::msg::Iface> {
+        self.conn.iface.as_ref()
+    }
+
     /// Wakes every thread of this process that waits on the session (on its bell
     /// or in `poll(2)` with kernel descriptors), as a change from the server would:
     /// each looks at what it waits for again.

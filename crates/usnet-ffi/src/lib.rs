@@ -4,12 +4,16 @@
 //! Section "sockets" ([`socket`]): BSD sockets on a usnet stack server (`usnet up`),
 //! through `usnet-posix`: `-1` and `errno` on failure, as the system calls.
 //!
+//! Section "interfaces" ([`ifaces`]): `getifaddrs` and the `if_*` name calls as a
+//! program on the stack sees its network.
+//!
 //! Section "asynchronous system calls": the `usnet_async_*` functions wrap
 //! [`usnet_async_syscall::AsyncSyscall`]. All functions return 0 or a count on
 //! success and a negative errno on failure, like the system calls they
 //! carry; results of the carried calls follow `syscall(2)` semantics with
 //! negative errno. No Rust panic crosses the boundary (they abort).
 
+pub mod ifaces;
 pub mod socket;
 
 use std::ptr;

@@ -34,6 +34,7 @@ pub mod addr;
 pub mod cmsg;
 mod exec;
 mod fork;
+mod ifaces;
 pub mod pass;
 mod poll;
 pub mod sockopt;
@@ -117,6 +118,15 @@ fn attach_into(c: &mut Option<Client>, stack: Option<&str>) -> Res<()> {
     *c = Some(client);
     fork::register();
     Ok(())
+}
+
+pub use ifaces::{flags as iface_flags, netmask_v4};
+pub use usnet_session::ctl::msg::Iface;
+
+/// The attached stack's network interface (attaching first if need be); None
+/// without a stack.
+pub fn stack_iface() -> Option<Iface> {
+    client().ok()?.iface().cloned()
 }
 
 fn client() -> Res<Client> {
@@ -1933,11 +1943,12 @@ pub const INTERFACE_QUERIES: [u64; 14] = [
     0x8970, // SIOCGIFMAP
 ];
 
-/// An interface query ([`INTERFACE_QUERIES`]) on a usnet socket: answered by the
-/// kernel, on a kernel socket of the socket's domain and type made for the call, so
-/// the program gets what a socket of its kind would get there. The interfaces are
-/// the host's, as `getifaddrs` (netlink) and name resolution see them too, not the
-/// stack's.
+/// An interface query ([`INTERFACE_QUERIES`]) on a usnet socket. The stack's
+/// interface ([`stack_iface`]: by its name, or by its index for `SIOCGIFNAME`) is
+/// answered from what the stack said of it; `SIOCGIFCONF` lists the kernel's
+/// loopback and the stack's IPv4 addresses, as `getifaddrs` under the shim does.
+/// Any other interface is answered by the kernel, on a kernel socket of the
+/// socket's domain and type made for the call.
 ///
 /// # Safety
 /// `arg` is what the request's contract says (an `ifreq` or an `ifconf`).
@@ -1946,6 +1957,24 @@ pub unsafe fn interface_query(fd: RawFd, req: u64, arg: *mut libc::c_void) -> Re
     if matches!(&*e.read(), Obj::Epoll(_)) {
         return Err(Errno(libc::ENOTTY));
     }
+    if let Some(i) = stack_iface() {
+        // SAFETY: the caller's promise about `arg`; the kernel gets what
+        // `answer` passes it (the caller's `arg`, or an ifconf of its own).
+        let kernel = |a| unsafe { kernel_query(&e, req, a) };
+        // SAFETY: the caller's promise about `arg`.
+        if let Some(r) = unsafe { ifaces::answer(&i, req, arg, kernel) } {
+            return r;
+        }
+    }
+    // SAFETY: the caller's promise about `arg`.
+    unsafe { kernel_query(&e, req, arg) }
+}
+
+/// An interface query answered by the kernel on a socket of `e`'s kind.
+///
+/// # Safety
+/// `arg` is what the request's contract says.
+unsafe fn kernel_query(e: &Entry, req: u64, arg: *mut libc::c_void) -> Res<i32> {
     // SAFETY: socket(2) has no memory arguments; a non-negative result is ours.
     let k = unsafe { libc::syscall(libc::SYS_socket, e.domain, e.stype | libc::SOCK_CLOEXEC, 0) }
         as RawFd;

@@ -224,6 +224,87 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     socket::usnet_socket(domain, ty, protocol)
 }
 
+// ------------------------------------------------------------------ interfaces
+
+/// Whether the program's network is a stack's: attached already, or attaching
+/// now (an interface query may come before any socket). Quietly not when no
+/// stack answers: the kernel's interfaces then.
+fn on_usnet() -> bool {
+    if env_is("USNET_PRELOAD", "off") {
+        return false;
+    }
+    match ATTACH.load(Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let ok = usnet_posix::attach(None).is_ok();
+            if ok {
+                ATTACH.store(1, Relaxed);
+            }
+            ok
+        }
+    }
+}
+
+/// `getifaddrs(3)`: the kernel's loopback and the stack's interface, not the
+/// host's interfaces (glibc asks netlink itself, below any shim). glibc's
+/// `freeifaddrs` frees the one block.
+#[no_mangle]
+pub unsafe extern "C" fn getifaddrs(out: *mut *mut libc::ifaddrs) -> c_int {
+    let kernel = || real!(getifaddrs: fn(*mut *mut libc::ifaddrs) -> c_int)(out);
+    let Some(_g) = enter() else {
+        return kernel();
+    };
+    if !on_usnet() {
+        return kernel();
+    }
+    // SAFETY: per getifaddrs' contract.
+    unsafe { usnet_ffi::ifaces::usnet_getifaddrs(out) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn if_nametoindex(name: *const libc::c_char) -> libc::c_uint {
+    let kernel = || real!(if_nametoindex: fn(*const libc::c_char) -> libc::c_uint)(name);
+    let Some(_g) = enter() else {
+        return kernel();
+    };
+    if !on_usnet() {
+        return kernel();
+    }
+    // SAFETY: per if_nametoindex's contract.
+    unsafe { usnet_ffi::ifaces::usnet_if_nametoindex(name) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn if_indextoname(
+    index: libc::c_uint,
+    buf: *mut libc::c_char,
+) -> *mut libc::c_char {
+    let kernel = || {
+        real!(if_indextoname: fn(libc::c_uint, *mut libc::c_char) -> *mut libc::c_char)(index, buf)
+    };
+    let Some(_g) = enter() else {
+        return kernel();
+    };
+    if !on_usnet() {
+        return kernel();
+    }
+    // SAFETY: per if_indextoname's contract.
+    unsafe { usnet_ffi::ifaces::usnet_if_indextoname(index, buf) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn if_nameindex() -> *mut libc::if_nameindex {
+    let kernel = || real!(if_nameindex: fn() -> *mut libc::if_nameindex)();
+    let Some(_g) = enter() else {
+        return kernel();
+    };
+    if !on_usnet() {
+        return kernel();
+    }
+    usnet_ffi::ifaces::usnet_if_nameindex()
+}
+
 unsafe fn sockaddr_of(a: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
     // SAFETY: per the caller's contract (bind/connect's).
     unsafe { usnet_posix::addr::from_raw(a, len) }.ok()

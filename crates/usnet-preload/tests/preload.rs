@@ -303,6 +303,17 @@ fn raw_icmp_sockets_as_on_the_kernel() {
     same_under_the_shim("raw_icmp", 7860);
 }
 
+/// The interface that carries the program's address tells one story through
+/// getifaddrs, the if_* name calls and the SIOCGIF* ioctls
+/// (`examples/c/ifaddrs.c`): under the shim it is the stack's interface, with
+/// its addresses, MAC and MTU. Before, all of them answered with the host's
+/// interfaces, where the stack's address is on none.
+#[test]
+fn the_stacks_interface_is_the_one_the_program_finds_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("ifaddrs", 7870);
+}
+
 /// ICMP errors on UDP sockets (`examples/c/udp_icmp_errors.c`): a port
 /// unreachable fails a connected socket's next recv or send with ECONNREFUSED,
 /// as POLLERR and SO_ERROR show; with IP_RECVERR each error also waits on the

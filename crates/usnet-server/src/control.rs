@@ -831,6 +831,7 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
         Some(Err(e)) => return fail(&mut out, e.into()),
         None => return fail(&mut out, NO_ANSWER.into()),
     };
+    let iface = ctx.call_on(home, |lp| lp.iface());
     let bell = &ctx.links[home].bell;
     let bytes = line(&AttachReply {
         ok: true,
@@ -839,6 +840,7 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
         bell_kind: bell.page().bell_kind(),
         pid: std::process::id(),
         slots: slots.map(|map| map.iter().map(|c| c.words()).collect()),
+        iface,
     });
     let page = bell.page().region().fd();
     let mut fds = vec![mem.region().fd(), page];

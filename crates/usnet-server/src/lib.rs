@@ -325,6 +325,32 @@ impl Loop {
         }
     }
 
+    /// The stack's network interface as its clients' programs see it (the attach
+    /// reply carries it).
+    pub(crate) fn iface(&mut self) -> usnet_session::ctl::msg::Iface {
+        use usnet_link::LinkSpec;
+        use usnet_session::ctl::msg::Iface;
+        let stack = self.driver.stack();
+        let cfg = stack.config();
+        let device = match self.cfg.link.parse::<LinkSpec>() {
+            Ok(LinkSpec::Tap(n) | LinkSpec::AfPacket(n) | LinkSpec::Xdp { ifname: n, .. }) => {
+                Some(n)
+            }
+            _ => None,
+        };
+        let (name, index) = match device {
+            Some(n) if cfg.ifindex != 0 => (n, cfg.ifindex),
+            _ => ("usnet0".to_string(), Iface::OWN_INDEX),
+        };
+        Iface {
+            name,
+            index,
+            mac: cfg.mac.0,
+            mtu: stack.mtu() as u32,
+            addrs: stack.addrs().iter().map(|c| c.to_string()).collect(),
+        }
+    }
+
     /// Adds an attached client's session.
     fn add_session(&mut self, mut s: ServerSession) {
         s.groups = Some(self.sharing.groups());

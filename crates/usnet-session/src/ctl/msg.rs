@@ -148,6 +148,38 @@ pub struct AttachReply {
     /// For a claim: `[parent slot, child slot, tag, role]` per socket it got.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<Vec<[u32; 4]>>,
+    /// The stack's network interface, as the program should see it (`getifaddrs`
+    /// under the shim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iface: Option<Iface>,
+}
+
+/// A stack's one network interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Iface {
+    /// The name of the kernel interface its link attaches to (a TAP device, an
+    /// AF_PACKET or AF_XDP interface), else `usnet0`.
+    pub name: String,
+    /// That interface's index (`IP_PKTINFO`'s), else [`Iface::OWN_INDEX`].
+    pub index: u32,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    /// Its addresses with their prefix lengths (`10.0.0.2/24`, `fe80::1/64`).
+    pub addrs: Vec<String>,
+}
+
+impl Iface {
+    /// The index of a stack whose link has no kernel interface (shm, the emulated
+    /// NIC): one above what a namespace's own interfaces normally take.
+    pub const OWN_INDEX: u32 = 0x7fff_0000;
+
+    /// Its addresses with their prefix lengths (what does not parse is left out).
+    pub fn cidrs(&self) -> impl Iterator<Item = (std::net::IpAddr, u8)> + '_ {
+        self.addrs.iter().filter_map(|a| {
+            let (ip, prefix) = a.split_once('/')?;
+            Some((ip.parse().ok()?, prefix.parse().ok()?))
+        })
+    }
 }
 
 /// What a `pin` pins.
