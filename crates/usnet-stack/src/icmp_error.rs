@@ -165,7 +165,11 @@ impl View<'_> {
         }
     }
 
-    /// An ICMP error about a datagram of a UDP or echo socket.
+    /// An ICMP error about a datagram: a UDP one goes to its socket; an ICMP
+    /// message (`proto` Icmp) to the echo socket of an echo request's identifier
+    /// and to every raw socket of the family whose addresses the quoted packet
+    /// names (Linux's `ping_err` and `raw_icmp_error`; a raw socket's copy of
+    /// the error message itself is [`crate::socket::DgramProto::Raw`]'s).
     fn classify_dgram_icmp(
         &self,
         c: &mut Counters,
@@ -175,43 +179,46 @@ impl View<'_> {
         proto: DgramProto,
     ) -> Verdict {
         let v6 = !l3.src.is_ipv4();
-        // What the socket sent: its port and the peer's, and the payload the
-        // report carries.
-        let (sport, dport, payload) = match proto {
+        let mut socks = Vec::new();
+        // Where it was sent, and the payload the report carries.
+        let (dest, payload) = match proto {
             DgramProto::Udp => {
-                let (s, d) = q.ports();
-                (s, d, &q.l4[wire::UDP_HEADER_LEN..])
+                c.udp_icmp_rx += 1;
+                let (sport, dport) = q.ports();
+                let dest = SocketAddr::new(q.dst, dport);
+                socks.extend(self.sockets.udp_lookup(proto, q.src, sport, dest));
+                (dest, &q.l4[wire::UDP_HEADER_LEN..])
             }
-            DgramProto::Icmp => {
-                // Only about an echo request: its identifier is the socket's port.
+            DgramProto::Icmp | DgramProto::Raw => {
+                let dest = SocketAddr::new(q.dst, 0);
+                // An echo request's identifier is its echo socket's port.
                 let request = if v6 {
                     usnet_socket_api::echo::REQUEST_V6
                 } else {
                     usnet_socket_api::echo::REQUEST_V4
                 };
-                if q.l4[0] != request {
-                    return Verdict::Drop;
+                if q.l4[0] == request {
+                    let ident = u16::from_be_bytes([q.l4[4], q.l4[5]]);
+                    let echo = self
+                        .sockets
+                        .udp_lookup(DgramProto::Icmp, q.src, ident, dest);
+                    socks.extend(echo);
                 }
-                (u16::from_be_bytes([q.l4[4], q.l4[5]]), 0, q.l4)
+                self.sockets.raw_error_members(q.src, q.dst, &mut socks);
+                (dest, q.l4)
             }
-            // Raw sockets read the error message itself (their copy of it).
-            DgramProto::Raw => return Verdict::Drop,
         };
-        if proto == DgramProto::Udp {
-            c.udp_icmp_rx += 1;
-        }
-        let dest = SocketAddr::new(q.dst, dport);
-        let Some(sock) = self.sockets.udp_lookup(proto, q.src, sport, dest) else {
+        if socks.is_empty() {
             c.dgram_icmp_no_socket += 1;
             return Verdict::Drop;
-        };
+        }
         if !l3.unicast {
             return Verdict::Drop;
         }
         let (errno, hard) = dgram_meaning(msg);
         let (icmp_type, code, info) = type_code_info(msg, v6);
         Verdict::DgramIcmp {
-            sock,
+            socks,
             hard,
             report: Box::new(IcmpReport {
                 errno,

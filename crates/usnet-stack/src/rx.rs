@@ -867,9 +867,15 @@ impl Stack {
                 self.core.release(src);
                 self.tcp_icmp_error(conn, seq, err);
             }
-            Verdict::DgramIcmp { sock, hard, report } => {
+            Verdict::DgramIcmp {
+                socks,
+                hard,
+                report,
+            } => {
                 self.core.release(src);
-                self.dgram_icmp_error(sock, *report, hard);
+                for sock in socks {
+                    self.dgram_icmp_error(sock, (*report).clone(), hard);
+                }
             }
             Verdict::TcpIcmpListener {
                 listener,

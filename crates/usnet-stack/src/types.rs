@@ -110,7 +110,8 @@ pub(crate) enum Verdict {
     /// An ICMP error about a datagram of UDP or echo socket `sock` (`hard`: as
     /// Linux's `icmp_err_convert` judges it).
     DgramIcmp {
-        sock: u32,
+        /// Every socket it is for (a UDP socket; or an echo socket and raw ones).
+        socks: Vec<u32>,
         hard: bool,
         report: Box<crate::icmp_error::IcmpReport>,
     },

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 mod common;
 
+use common::icmp::{icmp_for, Says, ROUTER4, ROUTER6};
 use common::{cfg, sa};
-use usnet_stack::sim::{Faults, SimNet};
+use usnet_socket_api::errno::EHOSTUNREACH;
+use usnet_stack::sim::{Faults, Hop, SimNet};
 use usnet_stack::{
-    DgramProto, Families, IcmpFilter, SocketHandle, Stack, RAW_PORT_V4, RAW_PORT_V6,
+    DgramProto, Families, IcmpFilter, IpFamily, SocketHandle, Stack, RAW_PORT_V4, RAW_PORT_V6,
 };
 use usnet_wire as wire;
 
@@ -219,4 +221,78 @@ fn raw_copies_of_a_reassembled_message_carry_one_whole_header() {
     assert!(got
         .iter()
         .any(|(p, _)| p[20] == 0 && p.len() == 20 + req.len()));
+}
+
+/// A router answers every echo request stack 0 sends with time exceeded.
+fn ttl_expires(net: &mut SimNet) {
+    net.middlebox = Some(Box::new(|from: usize, frame: &[u8]| {
+        let Ok(eth) = wire::parse_ethernet(frame) else {
+            return Hop::Pass;
+        };
+        let echo = match eth.ethertype {
+            wire::ethertype::IPV4 => wire::parse_ipv4(eth.payload, false)
+                .is_ok_and(|ip| ip.protocol == wire::IPPROTO_ICMP && ip.payload[0] == 8),
+            wire::ethertype::IPV6 => wire::parse_ipv6(eth.payload)
+                .is_ok_and(|ip| ip.next_header == wire::IPPROTO_ICMPV6 && ip.payload[0] == 128),
+            _ => false,
+        };
+        if from == 0 && echo {
+            Hop::Answer(icmp_for(frame, Says::TimeExceeded, |_| {}))
+        } else {
+            Hop::Pass
+        }
+    }));
+}
+
+/// traceroute -I's way: a raw socket connected to the destination reads a
+/// router's time exceeded from its error queue (IP_RECVERR), as Linux's
+/// `raw_icmp_error` queues it; an unconnected one reads the error message's
+/// copy, and without IP_RECVERR nothing becomes pending (a soft error).
+#[test]
+fn errors_about_what_a_raw_socket_sent_reach_its_error_queue() {
+    for (peer, fam, router, te_type) in [
+        ("10.0.0.2", IpFamily::V4, IpAddr::V4(ROUTER4), 11u8),
+        ("fd00::2", IpFamily::V6, IpAddr::V6(ROUTER6), 3),
+    ] {
+        let peer: IpAddr = peer.parse().unwrap();
+        let mut net = pair();
+        ttl_expires(&mut net);
+        let any = if peer.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
+        let s = net.stack_mut(0);
+        let traced = raw(s, any);
+        s.udp_connect(traced, SocketAddr::new(peer, 0)).unwrap();
+        s.udp_set_recverr(traced, fam, true).unwrap();
+        let plain = raw(s, any);
+        let req = if peer.is_ipv4() {
+            echo_request_v4(0x77, 1, b"probe")
+        } else {
+            let mut m = vec![128, 0, 0, 0, 0, 0x77, 0, 1];
+            m.extend_from_slice(b"probe");
+            m
+        };
+        s.udp_send(traced, &req).unwrap();
+        settle(&mut net);
+        let s = net.stack_mut(0);
+        // Connected to the destination: the router's message is not its copy
+        // (the destination's own neighbour discovery is).
+        let skip = if peer.is_ipv4() { 20 } else { 0 };
+        let copies = drain(s, traced);
+        assert!(!copies.iter().any(|(m, _)| m[skip] == te_type), "{peer}");
+        assert_eq!(s.udp_take_error(traced).unwrap(), Some(EHOSTUNREACH));
+        let (r, _) = s.udp_errqueue_pop(traced).unwrap().expect("a report");
+        assert_eq!((r.icmp_type, r.offender), (te_type, Some(router)));
+        assert_eq!(r.dest, SocketAddr::new(peer, 0));
+        // The whole quoted message (IPv6's with the checksum the stack wrote).
+        assert_eq!((&r.payload[..2], &r.payload[4..]), (&req[..2], &req[4..]));
+        // Not connected, no IP_RECVERR: the copy, and no pending error.
+        let copies = drain(s, plain);
+        assert!(copies
+            .iter()
+            .any(|(m, from)| m[skip] == te_type && from.ip() == router));
+        assert_eq!(s.udp_take_error(plain).unwrap(), None);
+    }
 }

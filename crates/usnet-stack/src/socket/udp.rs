@@ -319,36 +319,57 @@ impl SocketSet {
         }
     }
 
+    /// The raw sockets of `v4`'s family, with their indices.
+    fn raw_chain(&self, v4: bool) -> impl Iterator<Item = (u32, &UdpSocket)> + '_ {
+        let port = if v4 { RAW_PORT_V4 } else { RAW_PORT_V6 };
+        let mut cur = self.ports(DgramProto::Raw)[usize::from(port)];
+        std::iter::from_fn(move || {
+            if cur == NONE {
+                return None;
+            }
+            let u = self.udp_at(cur)?;
+            let at = cur;
+            cur = u.next_same_port;
+            Some((at, u))
+        })
+    }
+
+    /// Whether a raw socket bound to `u.local` takes what is sent to `dst`, and
+    /// one connected takes what comes from `from`.
+    fn raw_takes(u: &UdpSocket, dst: IpAddr, from: IpAddr) -> bool {
+        let local = u.local.ip();
+        let addr_ok = local == dst || (local.is_unspecified() && u.families.takes(local, dst));
+        addr_ok && u.remote.is_none_or(|r| r.ip() == from)
+    }
+
     /// Every raw socket an ICMP message of type `ty` from `from` to `dst` is copied
     /// to, as Linux's `raw_v4_match` and `raw_v6_match` choose them: bound to
     /// `dst` or to the wildcard of its family, connected to `from` or not
     /// connected, and not filtering the type out.
     pub fn raw_members(&self, dst: IpAddr, from: IpAddr, ty: u8, out: &mut Vec<u32>) {
-        let port = if dst.is_ipv4() {
-            RAW_PORT_V4
-        } else {
-            RAW_PORT_V6
-        };
-        let mut cur = self.ports(DgramProto::Raw)[usize::from(port)];
-        while cur != NONE {
-            let Some(u) = self.udp_at(cur) else {
-                return;
-            };
-            let local = u.local.ip();
-            let addr_ok = local == dst || (local.is_unspecified() && u.families.takes(local, dst));
-            let peer_ok = u.remote.is_none_or(|r| r.ip() == from);
-            if addr_ok && peer_ok && !u.icmp_filter.blocks(dst.is_ipv4(), ty) {
-                out.push(cur);
-            }
-            cur = u.next_same_port;
-        }
+        out.extend(
+            self.raw_chain(dst.is_ipv4())
+                .filter(|(_, u)| Self::raw_takes(u, dst, from))
+                .filter(|(_, u)| !u.icmp_filter.blocks(dst.is_ipv4(), ty))
+                .map(|(i, _)| i),
+        );
+    }
+
+    /// Every raw socket an ICMP error about a packet from `local` to `remote`
+    /// is for (Linux's `raw_icmp_error`): the same match, the packet's source
+    /// for the socket's address and its destination for the peer.
+    pub fn raw_error_members(&self, local: IpAddr, remote: IpAddr, out: &mut Vec<u32>) {
+        out.extend(
+            self.raw_chain(local.is_ipv4())
+                .filter(|(_, u)| Self::raw_takes(u, local, remote))
+                .map(|(i, _)| i),
+        );
     }
 
     /// Whether any raw socket of `v4`'s family is open.
     #[inline]
     pub fn raw_open(&self, v4: bool) -> bool {
-        let port = if v4 { RAW_PORT_V4 } else { RAW_PORT_V6 };
-        self.ports(DgramProto::Raw)[usize::from(port)] != NONE
+        self.raw_chain(v4).next().is_some()
     }
 
     /// The best socket of `proto` for a datagram: connected match first, then a
