@@ -1021,26 +1021,7 @@ fn traceroutes(d: &Path) {
             );
         }
     }
-    let trace = |prog: &[&str]| {
-        let trial = empty_netns("usnt-trace");
-        let mut c = Command::new("ip");
-        c.args([
-            "netns",
-            "exec",
-            "usnt-trace",
-            USNET,
-            "run",
-            "--stack",
-            STACK,
-            "--",
-        ])
-        .args(prog)
-        .env("USNET_RUN_DIR", d)
-        .current_dir(d);
-        let o = run_in(&mut c, &[], Duration::from_secs(60));
-        drop(trial);
-        o
-    };
+    let trace = |prog: &[&str]| in_usnet_only_netns(d, prog);
     let mut targets = vec![("-4", HOST, far)];
     if v6_forwarding {
         targets.push(("-6", HOST6, far6));
@@ -1125,15 +1106,10 @@ fn traceroutes(d: &Path) {
     }
 }
 
-/// Node's `os.networkInterfaces()` (getifaddrs) under the shim, in a namespace
-/// whose only network is usnet: loopback and the stack's interface, named after
-/// its TAP, with the stack's addresses; nothing of the host's.
-fn interfaces(d: &Path) {
-    need("node", "nodejs");
+/// `prog` under `usnet run` in a fresh network namespace whose only network is
+/// the stack (`usnt-trace`, removed after).
+fn in_usnet_only_netns(d: &Path, prog: &[&str]) -> Out {
     let _trial = empty_netns("usnt-trace");
-    let script = "const i = require('os').networkInterfaces(); \
-                  for (const [n, as] of Object.entries(i)) \
-                  for (const a of as) console.log(n, a.cidr, a.mac)";
     let mut c = Command::new("ip");
     c.args([
         "netns",
@@ -1145,10 +1121,21 @@ fn interfaces(d: &Path) {
         STACK,
         "--",
     ])
-    .args(["node", "-e", script])
+    .args(prog)
     .env("USNET_RUN_DIR", d)
     .current_dir(d);
-    let o = run_in(&mut c, &[], Duration::from_secs(30));
+    run_in(&mut c, &[], Duration::from_secs(60))
+}
+
+/// Node's `os.networkInterfaces()` (getifaddrs) under the shim, in a namespace
+/// whose only network is usnet: loopback and the stack's interface, named after
+/// its TAP, with the stack's addresses; nothing of the host's.
+fn interfaces(d: &Path) {
+    need("node", "nodejs");
+    let script = "const i = require('os').networkInterfaces(); \
+                  for (const [n, as] of Object.entries(i)) \
+                  for (const a of as) console.log(n, a.cidr, a.mac)";
+    let o = in_usnet_only_netns(d, &["node", "-e", script]);
     let lines: Vec<&str> = o.stdout.lines().collect();
     assert!(
         o.ok()
