@@ -226,14 +226,16 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
 
 // ------------------------------------------------------------------ interfaces
 
-/// Whether the program's network is a stack's: attached already, or attaching
-/// now (an interface query may come before any socket). Quietly not when no
-/// stack answers: the kernel's interfaces then.
-fn on_usnet() -> bool {
+/// Inside the shim with the program's network a stack's: attached already, or
+/// attaching now (an interface query may come before any socket). None when
+/// the thread is in the shim already, or quietly when no stack answers: the
+/// kernel's interfaces then.
+fn on_usnet() -> Option<Inside> {
+    let g = enter()?;
     if env_is("USNET_PRELOAD", "off") {
-        return false;
+        return None;
     }
-    match ATTACH.load(Relaxed) {
+    let attached = match ATTACH.load(Relaxed) {
         1 => true,
         2 => false,
         _ => {
@@ -243,7 +245,8 @@ fn on_usnet() -> bool {
             }
             ok
         }
-    }
+    };
+    attached.then_some(g)
 }
 
 /// `getifaddrs(3)`: the kernel's loopback and the stack's interface, not the
@@ -252,12 +255,9 @@ fn on_usnet() -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn getifaddrs(out: *mut *mut libc::ifaddrs) -> c_int {
     let kernel = || real!(getifaddrs: fn(*mut *mut libc::ifaddrs) -> c_int)(out);
-    let Some(_g) = enter() else {
+    let Some(_g) = on_usnet() else {
         return kernel();
     };
-    if !on_usnet() {
-        return kernel();
-    }
     // SAFETY: per getifaddrs' contract.
     unsafe { usnet_ffi::ifaces::usnet_getifaddrs(out) }
 }
@@ -265,12 +265,9 @@ pub unsafe extern "C" fn getifaddrs(out: *mut *mut libc::ifaddrs) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn if_nametoindex(name: *const libc::c_char) -> libc::c_uint {
     let kernel = || real!(if_nametoindex: fn(*const libc::c_char) -> libc::c_uint)(name);
-    let Some(_g) = enter() else {
+    let Some(_g) = on_usnet() else {
         return kernel();
     };
-    if !on_usnet() {
-        return kernel();
-    }
     // SAFETY: per if_nametoindex's contract.
     unsafe { usnet_ffi::ifaces::usnet_if_nametoindex(name) }
 }
@@ -283,12 +280,9 @@ pub unsafe extern "C" fn if_indextoname(
     let kernel = || {
         real!(if_indextoname: fn(libc::c_uint, *mut libc::c_char) -> *mut libc::c_char)(index, buf)
     };
-    let Some(_g) = enter() else {
+    let Some(_g) = on_usnet() else {
         return kernel();
     };
-    if !on_usnet() {
-        return kernel();
-    }
     // SAFETY: per if_indextoname's contract.
     unsafe { usnet_ffi::ifaces::usnet_if_indextoname(index, buf) }
 }
@@ -296,12 +290,9 @@ pub unsafe extern "C" fn if_indextoname(
 #[no_mangle]
 pub unsafe extern "C" fn if_nameindex() -> *mut libc::if_nameindex {
     let kernel = || real!(if_nameindex: fn() -> *mut libc::if_nameindex)();
-    let Some(_g) = enter() else {
+    let Some(_g) = on_usnet() else {
         return kernel();
     };
-    if !on_usnet() {
-        return kernel();
-    }
     usnet_ffi::ifaces::usnet_if_nameindex()
 }
 

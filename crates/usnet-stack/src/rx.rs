@@ -745,6 +745,16 @@ fn classify_mld(
     }
 }
 
+/// What [`Stack::queue_copies`] did with its copies.
+#[derive(Default)]
+struct Copies {
+    queued: u64,
+    /// Refused: the socket's receive buffer is full.
+    queue_full: u64,
+    /// Refused: its owner holds its share of the pool.
+    owner_full: u64,
+}
+
 impl Stack {
     pub(crate) fn process_frame(&mut self, buf: PktBuf) {
         let core = &mut self.core;
@@ -1118,23 +1128,37 @@ impl Stack {
             }
             _ => copy.extend_from_slice(&bytes[hdr_off..off + len]),
         }
-        let n = copy.len();
+        let done = self.queue_copies(members, &copy, info);
+        let c = &mut self.core.counters;
+        c.raw_rx_delivered += done.queued;
+        c.raw_rx_queue_full += done.queue_full + done.owner_full;
+        self.core.scratch = copy;
+    }
+
+    /// A copy of `data` queued on each socket of `members` that has room for it
+    /// ([`SocketSet::udp_no_room`]): a full one drops its copy alone (counted in
+    /// its stats), an exhausted pool the rest.
+    fn queue_copies(&mut self, members: Vec<u32>, data: &[u8], info: UdpRecvInfo) -> Copies {
+        let mut done = Copies::default();
         for i in members {
-            if self.sockets.udp_no_room(i, n).is_some() {
+            if let Some(why) = self.sockets.udp_no_room(i, data.len()) {
                 if let Some(u) = self.sockets.udp_at_mut(i) {
                     u.stats.rx_queue_full += 1;
                 }
-                self.core.counters.raw_rx_queue_full += 1;
+                match why {
+                    NoRoom::Queue => done.queue_full += 1,
+                    NoRoom::Owner => done.owner_full += 1,
+                }
                 continue;
             }
-            let Some(buf) = self.core.pool.alloc_from(&copy) else {
+            let Some(buf) = self.core.pool.alloc_from(data) else {
                 self.core.counters.drop_pool_exhausted += 1;
                 break;
             };
-            self.core.counters.raw_rx_delivered += 1;
-            self.queue_udp(i, buf, n, info);
+            done.queued += 1;
+            self.queue_udp(i, buf, data.len(), info);
         }
-        self.core.scratch = copy;
+        done
     }
 
     /// A multicast datagram: a copy to every member socket on the port
@@ -1156,29 +1180,11 @@ impl Stack {
             return;
         }
         let data = self.core.take_bytes(src, off, len);
-        for i in members {
-            let Some(u) = self.sockets.udp_at_mut(i) else {
-                continue;
-            };
-            if !u.rxq.is_empty() && u.rx_queued_bytes + len > u.recv_buffer {
-                u.stats.rx_queue_full += 1;
-                self.core.counters.udp_rx_queue_full += 1;
-                continue;
-            }
-            if self.sockets.owner_rx_full(i) {
-                if let Some(u) = self.sockets.udp_at_mut(i) {
-                    u.stats.rx_queue_full += 1;
-                }
-                self.core.counters.udp_rx_owner_full += 1;
-                continue;
-            }
-            let Some(buf) = self.core.pool.alloc_from(&data) else {
-                self.core.counters.drop_pool_exhausted += 1;
-                break;
-            };
-            self.core.counters.udp_rx_mcast_delivered += 1;
-            self.queue_udp(i, buf, len, info);
-        }
+        let done = self.queue_copies(members, &data, info);
+        let c = &mut self.core.counters;
+        c.udp_rx_mcast_delivered += done.queued;
+        c.udp_rx_queue_full += done.queue_full;
+        c.udp_rx_owner_full += done.owner_full;
         self.core.scratch = data;
     }
 
