@@ -548,9 +548,15 @@ impl UdpSocket {
         to: Option<SocketAddr>,
         meta: &SendMeta,
     ) -> io::Result<usize> {
-        // As Linux's `sock_alloc_send_skb`: a pending ICMP error fails the send.
-        if let Some(e) = self.take_error() {
-            return Err(e);
+        // As Linux's `sock_alloc_send_skb`: a pending ICMP error fails the send
+        // of a UDP or echo socket. A raw socket's send allocates without that
+        // check (`ip_append_data` with no transport header), so the error stays
+        // for its next receive: traceroute -I's probe that follows a time
+        // exceeded still goes.
+        if !self.is_raw() {
+            if let Some(e) = self.take_error() {
+                return Err(e);
+            }
         }
         self.autobind(to)?;
         let dest = match to {

@@ -125,3 +125,32 @@ fn tcp_hop_limits_per_family_on_syns_and_listeners() {
     a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!((&a).read(&mut b).unwrap(), 1, "retransmitted at 255");
 }
+
+/// An option set between two sends applies to the later one only, as a kernel
+/// socket's does (its send is done when it returns): each datagram below was
+/// written under a different IP_TTL, without waiting between them, and
+/// arrives with its own (traceroute -I sets the TTL between probes on one
+/// socket). Before, a datagram still in the send ring when the next option
+/// came went out under the new one.
+#[test]
+fn an_option_set_between_sends_applies_to_the_later_datagrams_only() {
+    let _srv = common::server("udp-ttl-order", |_| {});
+    let c = Client::attach("udp-ttl-order").unwrap();
+    let rx = UdpSocket::bind(&c, sa("0.0.0.0:7302")).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let tx = UdpSocket::bind(&c, sa("0.0.0.0:0")).unwrap();
+    let to = sa("10.66.0.1:7302");
+    let ttls: Vec<u8> = (1..=40).collect();
+    for &t in &ttls {
+        tx.set_ttl(Some(t)).unwrap();
+        tx.send_to(&[t], to).unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in &ttls {
+        let mut buf = [0u8; 4];
+        let m = rx.recv_msg(&mut buf, false).unwrap();
+        got.push((buf[0], m.hop_limit));
+    }
+    let want: Vec<(u8, u8)> = ttls.iter().map(|&t| (t, t)).collect();
+    assert_eq!(got, want, "(datagram, the TTL it arrived with)");
+}

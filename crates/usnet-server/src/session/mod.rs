@@ -521,6 +521,9 @@ impl ServerSession {
                     return ok(-errno::EBADF);
                 };
                 self.join_group_listener(stack, i);
+                if req.op != op::SEND {
+                    self.flush_dgrams(stack, i);
+                }
                 ok(match req.op {
                     op::BIND => self.op_bind(
                         stack,

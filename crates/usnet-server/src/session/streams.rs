@@ -325,6 +325,33 @@ impl ServerSession {
         false
     }
 
+    /// Before a request on datagram socket `i` is carried out, the datagrams the
+    /// program sent before it go to the stack, under the options they were
+    /// written under: a kernel's `sendto` is done when it returns, so an
+    /// `IP_TTL` set between two sends (traceroute -I's probes on one raw
+    /// socket), a connect or a bind never reaches back to an earlier datagram.
+    /// Stops early only where the stack pushes back (its send queue is full).
+    pub(super) fn flush_dgrams(&mut self, stack: &mut Stack, i: u32) {
+        loop {
+            let Some(s) = self.socks[i as usize].as_mut() else {
+                return;
+            };
+            if s.role != Role::Udp || !(s.tx_active || s.tx.available().unwrap_or(0) > 0) {
+                return;
+            }
+            let before = s.tx.position();
+            self.activate(i);
+            if !self.drain_tx(stack, i) {
+                self.active.retain(|&x| x != i);
+                return;
+            }
+            let s = self.socks[i as usize].as_ref().expect("still here");
+            if s.pending_dgram.is_some() || s.tx.position() == before {
+                return;
+            }
+        }
+    }
+
     /// `op::SEND`: the write that lies in slot `i`'s send ring from `start` to `end`,
     /// taken by the stack as Linux's `tcp_sendmsg` takes one (chunk by chunk within
     /// the send buffer's limit, `MSG_MORE`, `MSG_EOR`). Bytes before `start` go in
