@@ -946,7 +946,9 @@ fn bird(d: &Path) {
 
 /// iputils `ping`, both families, in a network namespace whose only network is
 /// usnet: it opens ICMP datagram sockets (`SOCK_DGRAM`, `IPPROTO_ICMP`), which the
-/// stack carries, and sends each probe after a reply with `MSG_CONFIRM`.
+/// stack carries, and sends each probe after a reply with `MSG_CONFIRM`. To a
+/// host on the link that does not exist, ping and a connect hear of the failed
+/// address resolution as on Linux.
 fn ping(d: &Path) {
     need("ping", "iputils-ping");
     let ns = "usnt-ping";
@@ -964,6 +966,47 @@ fn ping(d: &Path) {
             o.describe()
         );
     }
+    // A host on the link that never answers address resolution: each probe
+    // comes back as host (address) unreachable from the stack itself, as Linux
+    // reports a neighbour that failed; a connect fails with EHOSTUNREACH.
+    for (flag, absent, ours, said) in [
+        ("-4", "10.51.0.99", OURS, "Destination Host Unreachable"),
+        (
+            "-6",
+            "fd51::99",
+            OURS6,
+            "Destination unreachable: Address unreachable",
+        ),
+    ] {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, USNET, "run", "--stack", STACK, "--"])
+            .args(["ping", flag, "-c", "2", "-i", "0.2", "-W", "6", absent])
+            .env("USNET_RUN_DIR", d)
+            .current_dir(d);
+        let o = run_in(&mut c, &[], Duration::from_secs(30));
+        assert!(
+            o.stdout.contains(&format!("From {ours} icmp_seq=1 {said}"))
+                && o.stdout.contains("+2 errors"),
+            "ping {flag} {absent} (no such host) through usnet: {}",
+            o.describe()
+        );
+    }
+    let host = "10.51.0.99";
+    let script = format!(
+        "import socket\ns = socket.socket()\ns.settimeout(60)\n\
+         try:\n    s.connect(('{host}', 80))\nexcept OSError as e:\n    print(e.errno)"
+    );
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, USNET, "run", "--stack", STACK, "--"])
+        .args(["python3", "-c", &script])
+        .env("USNET_RUN_DIR", d)
+        .current_dir(d);
+    let o = run_in(&mut c, &[], Duration::from_secs(90));
+    assert!(
+        o.stdout.trim() == libc::EHOSTUNREACH.to_string(),
+        "connect to {host} (no such host) through usnet: {}",
+        o.describe()
+    );
 }
 
 /// traceroute (UDP probes) and tracepath, both families, in a network

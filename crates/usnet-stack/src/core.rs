@@ -284,7 +284,7 @@ impl Core {
         }
         for b in work.failed.drain(..) {
             self.counters.neigh_unresolved += 1;
-            self.pool.free(b);
+            self.report_unresolved(b);
         }
         self.neighbor_work = work;
         did | self.expire_reassembly() | self.mcast_timers()

@@ -77,6 +77,7 @@ define_counters! {
     neigh_tx_solicit => "neighbour solicitations (ARP requests / NS) sent",
     neigh_queue_full => "packets dropped: queue waiting for address resolution full",
     neigh_unresolved => "packets dropped: address resolution failed",
+    neigh_unreachable_reported => "host unreachable errors sent to ourselves about packets whose neighbour never answered",
     neigh_cache_full => "packets dropped: neighbour cache full of unresolved entries",
     neigh_evicted => "neighbour entries forgotten early to make room",
     icmp4_rx => "ICMPv4 messages received",

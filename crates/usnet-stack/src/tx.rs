@@ -1566,6 +1566,72 @@ impl Core {
         }
     }
 
+    /// A frame that waited for a neighbour that never answered. As Linux's
+    /// `ipv4_link_failure` and `ip6_link_failure` do, a host (IPv6: address)
+    /// unreachable quoting the packet goes to ourselves, where the receive path
+    /// hands it to the socket that sent the packet: a connection attempt fails
+    /// with EHOSTUNREACH after the last probe instead of after its SYN
+    /// retries, ping says "Destination Host Unreachable", a UDP socket with
+    /// `IP_RECVERR` finds it on its error queue. Not for an ICMP error or a
+    /// later fragment (no error about those, RFC 1122 §3.2.2), nor when the
+    /// packet's source is not ours.
+    pub(crate) fn report_unresolved(&mut self, frame: PktBuf) {
+        let mut data = Vec::new();
+        self.pool.copy_chain(&frame, &mut data);
+        self.pool.free(frame);
+        let Some(l3) = data.get(ETH..) else {
+            return;
+        };
+        // As much of the packet as an error may quote (RFC 1812 §4.3.2.3: 576
+        // bytes in all; RFC 4443 §2.4: 1280).
+        let quote = |total: usize, max: usize| &l3[..total.min(l3.len()).min(max)];
+        match u16::from_be_bytes([data[12], data[13]]) {
+            ethertype::IPV4 if l3.len() >= 20 => {
+                let src = IpAddr::V4(Ipv4Addr::new(l3[12], l3[13], l3[14], l3[15]));
+                let ihl = usize::from(l3[0] & 0x0f) * 4;
+                let later_fragment = u16::from_be_bytes([l3[6], l3[7]]) & 0x1fff != 0;
+                let icmp_error = l3[9] == wire::IPPROTO_ICMP
+                    && l3
+                        .get(ihl)
+                        .is_some_and(|&t| matches!(t, 3 | 4 | 5 | 11 | 12));
+                if later_fragment || icmp_error || !self.is_local_addr(src) {
+                    return;
+                }
+                let total = usize::from(u16::from_be_bytes([l3[2], l3[3]]));
+                let repr = Icmpv4Repr::DstUnreachable {
+                    code: wire::unreach::HOST,
+                    invoking: quote(total, 576 - 20 - 8),
+                };
+                let ip = IpFields::ttl(self.cfg.ttl);
+                if self.send_icmp4(src, src, src, ip, &repr).is_ok() {
+                    self.counters.neigh_unreachable_reported += 1;
+                }
+            }
+            ethertype::IPV6 if l3.len() >= 40 => {
+                let mut a = [0u8; 16];
+                a.copy_from_slice(&l3[8..24]);
+                let src = IpAddr::V6(Ipv6Addr::from(a));
+                // The next header right after the fixed one (an ICMPv6 error is
+                // never sent behind extension headers here).
+                let icmp_error =
+                    l3[6] == wire::IPPROTO_ICMPV6 && l3[40..].first().is_some_and(|&t| t < 128);
+                if icmp_error || !self.is_local_addr(src) {
+                    return;
+                }
+                let total = 40 + usize::from(u16::from_be_bytes([l3[4], l3[5]]));
+                let repr = Icmpv6Repr::DstUnreachable {
+                    code: wire::unreach_v6::ADDR,
+                    invoking: quote(total, 1280 - 40 - 8),
+                };
+                let ip = IpFields::ttl(self.cfg.ttl);
+                if self.send_icmp6(src, src, src, ip, &repr).is_ok() {
+                    self.counters.neigh_unreachable_reported += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Abandons timed-out reassemblies; sends "fragment reassembly time exceeded" when
     /// the first fragment had arrived (RFC 792 / RFC 8200).
     pub(crate) fn expire_reassembly(&mut self) -> bool {
