@@ -247,6 +247,65 @@ static void options(const struct sockaddr_in *a) {
         }
         S_CLOSE(fd6);
     }
+    /* The protocol-independent API (RFC 3678's MCAST_JOIN_GROUP, a group_req):
+     * one membership per group whichever API joined or drops it; a group of the
+     * other family, a unicast group and a short group_req refused as Linux does. */
+    {
+        const char *what[] = {"MCAST join", "MCAST join again", "family's drop", "MCAST leave again"};
+        for (int fam = 0; fam < 2; fam++) {
+            int v6 = fam == 1, level = v6 ? IPPROTO_IPV6 : IPPROTO_IP;
+            int fd = S_SOCKET(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM, 0);
+            struct group_req g = {.gr_interface = 0};
+            struct sockaddr_in *g4 = (struct sockaddr_in *)&g.gr_group;
+            struct sockaddr_in6 *g6 = (struct sockaddr_in6 *)&g.gr_group;
+            if (v6) {
+                g6->sin6_family = AF_INET6;
+                inet_pton(AF_INET6, "ff02::1:4", &g6->sin6_addr);
+            } else {
+                g4->sin_family = AF_INET;
+                inet_pton(AF_INET, "239.1.2.4", &g4->sin_addr);
+            }
+            for (int i = 0; i < 4; i++) {
+                errno = 0;
+                int r;
+                if (i == 2 && v6) {
+                    struct ipv6_mreq m6 = {.ipv6mr_multiaddr = g6->sin6_addr, .ipv6mr_interface = 0};
+                    r = S_SETSOCKOPT(fd, level, IPV6_LEAVE_GROUP, &m6, sizeof m6);
+                } else if (i == 2) {
+                    struct ip_mreq m = {.imr_multiaddr = g4->sin_addr, .imr_interface.s_addr = htonl(INADDR_ANY)};
+                    r = S_SETSOCKOPT(fd, level, IP_DROP_MEMBERSHIP, &m, sizeof m);
+                } else {
+                    r = S_SETSOCKOPT(fd, level, i < 2 ? MCAST_JOIN_GROUP : MCAST_LEAVE_GROUP, &g, sizeof g);
+                }
+                printf("opt %s %s: %s\n", v6 ? "IPv6" : "IPv4", what[i], r == 0 ? "ok" : strerror(errno));
+            }
+            struct group_req other = {.gr_interface = 0};
+            if (v6) {
+                struct sockaddr_in *o4 = (struct sockaddr_in *)&other.gr_group;
+                o4->sin_family = AF_INET;
+                inet_pton(AF_INET, "239.1.2.4", &o4->sin_addr);
+            } else {
+                struct sockaddr_in6 *o6 = (struct sockaddr_in6 *)&other.gr_group;
+                o6->sin6_family = AF_INET6;
+                inet_pton(AF_INET6, "ff02::1:4", &o6->sin6_addr);
+            }
+            errno = 0;
+            int r = S_SETSOCKOPT(fd, level, MCAST_JOIN_GROUP, &other, sizeof other);
+            printf("opt %s MCAST join, the other family's group: %s\n", v6 ? "IPv6" : "IPv4", r == 0 ? "ok" : strerror(errno));
+            struct group_req uni = g;
+            if (v6)
+                inet_pton(AF_INET6, "fd00::4", &((struct sockaddr_in6 *)&uni.gr_group)->sin6_addr);
+            else
+                inet_pton(AF_INET, "10.1.2.4", &((struct sockaddr_in *)&uni.gr_group)->sin_addr);
+            errno = 0;
+            r = S_SETSOCKOPT(fd, level, MCAST_JOIN_GROUP, &uni, sizeof uni);
+            printf("opt %s MCAST join, a unicast group: %s\n", v6 ? "IPv6" : "IPv4", r == 0 ? "ok" : strerror(errno));
+            errno = 0;
+            r = S_SETSOCKOPT(fd, level, MCAST_JOIN_GROUP, &g, sizeof g - 1);
+            printf("opt %s MCAST join, short: %s\n", v6 ? "IPv6" : "IPv4", r == 0 ? "ok" : strerror(errno));
+            S_CLOSE(fd);
+        }
+    }
     /* Options set on a listener before listen reach its accepted connections. */
     {
         struct sockaddr_in la = *a;

@@ -2156,7 +2156,11 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
             }
         }
         Opt::Membership { join, key } => {
-            let had = o.groups.iter().position(|g| *g == key);
+            let group = sockopt::membership_group(&key);
+            let had = o
+                .groups
+                .iter()
+                .position(|g| sockopt::membership_group(g) == group);
             match (join, had) {
                 (true, None) => {
                     if let Obj::Udp(u) = &*obj {
@@ -2167,7 +2171,7 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 (true, Some(_)) => return Err(Errno(libc::EADDRINUSE)),
                 (false, Some(i)) => {
                     if let Obj::Udp(u) = &*obj {
-                        membership_to_stack(u, false, &key)?;
+                        membership_to_stack(u, false, &o.groups[i])?;
                     }
                     o.groups.remove(i);
                 }

@@ -767,6 +767,13 @@ pub fn int_value(level: i32, v: &[u8]) -> Res<i32> {
 /// carries to the stack, which joins the group on its one interface and tells
 /// the link with IGMPv2/MLDv2).
 pub fn membership(level: i32, name: i32, v: &[u8]) -> Res<Option<(bool, Vec<u8>)>> {
+    if let (
+        libc::IPPROTO_IP | libc::IPPROTO_IPV6,
+        libc::MCAST_JOIN_GROUP | libc::MCAST_LEAVE_GROUP,
+    ) = (level, name)
+    {
+        return group_req(level, name == libc::MCAST_JOIN_GROUP, v).map(Some);
+    }
     let join = match (level, name) {
         (libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP) => true,
         (libc::IPPROTO_IP, libc::IP_DROP_MEMBERSHIP) => false,
@@ -794,6 +801,51 @@ pub fn membership(level: i32, name: i32, v: &[u8]) -> Res<Option<(bool, Vec<u8>)
         v[..20].to_vec()
     };
     Ok(Some((join, key)))
+}
+
+/// `MCAST_JOIN_GROUP` / `MCAST_LEAVE_GROUP` (RFC 3678's protocol-independent
+/// API: a `group_req`, the interface index then the group as a
+/// `sockaddr_storage`), keyed as the family's own option would be (`ip_mreqn`,
+/// `ipv6_mreq`), with Linux's errors (`ip_mcast_join_leave`,
+/// `ipv6_mcast_join_leave`): a group of the other family is EINVAL at the IP
+/// level, EADDRNOTAVAIL at the IPv6 one.
+fn group_req(level: i32, join: bool, v: &[u8]) -> Res<(bool, Vec<u8>)> {
+    const GROUP: usize = 8; // gr_group, after gr_interface and its padding
+    if v.len() < GROUP + std::mem::size_of::<libc::sockaddr_storage>() {
+        return Err(einval());
+    }
+    let ifindex = [v[0], v[1], v[2], v[3]];
+    let family = i32::from(u16::from_ne_bytes([v[GROUP], v[GROUP + 1]]));
+    let key = if level == libc::IPPROTO_IP {
+        if family != libc::AF_INET {
+            return Err(einval());
+        }
+        let group = &v[GROUP + 4..GROUP + 8];
+        if group[0] & 0xf0 != 0xe0 {
+            return Err(einval());
+        }
+        [group, &[0; 4], &ifindex].concat()
+    } else {
+        if family != libc::AF_INET6 {
+            return Err(Errno(libc::EADDRNOTAVAIL));
+        }
+        let group = &v[GROUP + 8..GROUP + 24];
+        if group[0] != 0xff {
+            return Err(einval());
+        }
+        [group, &ifindex].concat()
+    };
+    Ok((join, key))
+}
+
+/// The group a membership key names: a socket has one membership per group,
+/// however the interface was given (the stack has one).
+pub fn membership_group(key: &[u8]) -> &[u8] {
+    if key.len() == 20 && key[0] == 0xff {
+        &key[..16]
+    } else {
+        &key[..4]
+    }
 }
 
 #[cfg(test)]
