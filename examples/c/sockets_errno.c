@@ -349,6 +349,56 @@ static void options(const struct sockaddr_in *a) {
         S_CLOSE(ct);
         S_CLOSE(lt);
     }
+    /* SO_REUSEPORT: two listeners on one address and port (a worker each, as
+     * nginx's `reuseport` or a server's seamless reload) share its connections;
+     * a third without the option is EADDRINUSE; once one closes, the other takes
+     * them all. */
+    {
+        struct sockaddr_in ra = *a;
+        ra.sin_port = htons(ntohs(a->sin_port) + 9);
+        int one = 1, lr[2];
+        for (int k = 0; k < 2; k++) {
+            lr[k] = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+            S_SETSOCKOPT(lr[k], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+            CHECK("SO_REUSEPORT listener", S_BIND(lr[k], (struct sockaddr *)&ra, sizeof ra) == 0 &&
+                                               S_LISTEN(lr[k], 64) == 0);
+        }
+        int third = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        errno = 0;
+        int r = S_BIND(third, (struct sockaddr *)&ra, sizeof ra);
+        printf("bind without SO_REUSEPORT beside them: %s\n", r == 0 ? "ok" : strerror(errno));
+        S_CLOSE(third);
+        enum { N = 24 };
+        int took[2] = {0, 0}, cs[N], all = 1;
+        for (int n = 0; n < N; n++) {
+            cs[n] = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+            all &= S_CONNECT(cs[n], (struct sockaddr *)&ra, sizeof ra) == 0;
+            /* Whichever listener has it ready takes it. */
+            struct pollfd p[2] = {{.fd = lr[0], .events = POLLIN}, {.fd = lr[1], .events = POLLIN}};
+            all &= S_POLL(p, 2, 5000) == 1;
+            for (int k = 0; k < 2; k++) {
+                if (p[k].revents & POLLIN) {
+                    int c = S_ACCEPT(lr[k], NULL, NULL);
+                    all &= c >= 0;
+                    took[k]++;
+                    S_CLOSE(c);
+                }
+            }
+        }
+        printf("reuseport: every connection accepted once %d, both listeners took some %d\n",
+               all && took[0] + took[1] == N, took[0] > 0 && took[1] > 0);
+        for (int n = 0; n < N; n++)
+            S_CLOSE(cs[n]);
+        S_CLOSE(lr[0]);
+        int c = S_SOCKET(AF_INET, SOCK_STREAM, 0);
+        CHECK("after one closes, the other takes the next", S_CONNECT(c, (struct sockaddr *)&ra, sizeof ra) == 0);
+        struct pollfd p = {.fd = lr[1], .events = POLLIN};
+        int ac = S_POLL(&p, 1, 5000) == 1 ? S_ACCEPT(lr[1], NULL, NULL) : -1;
+        CHECK("accepted by the one left", ac >= 0);
+        S_CLOSE(ac);
+        S_CLOSE(c);
+        S_CLOSE(lr[1]);
+    }
 }
 
 /* Dual-stack AF_INET6 sockets (net.ipv6.bindv6only = 0): a listener on :: takes IPv4

@@ -100,12 +100,27 @@ impl Socket {
     /// `FAM_V6`; 0: both) with `reuse` (SO_REUSEADDR: two sockets that both set it
     /// may be bound to one port while neither listens).
     pub fn bind_with(&self, addr: SocketAddr, families: u64, reuse: bool) -> io::Result<()> {
+        self.bind_reuse(addr, families, reuse, false)
+    }
+
+    /// [`Self::bind_with`] that also says whether SO_REUSEPORT was set
+    /// (`reuseport`): its listener may then share its address and port with other
+    /// SO_REUSEPORT listeners, each taking a share of the new connections.
+    pub fn bind_reuse(
+        &self,
+        addr: SocketAddr,
+        families: u64,
+        reuse: bool,
+        reuseport: bool,
+    ) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
-        let flags = if reuse {
-            usnet_session_abi::BIND_REUSE
-        } else {
-            0
-        };
+        let mut flags = 0;
+        if reuse || reuseport {
+            flags |= usnet_session_abi::BIND_REUSE;
+        }
+        if reuseport {
+            flags |= usnet_session_abi::BIND_REUSEPORT;
+        }
         self.sock
             .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())

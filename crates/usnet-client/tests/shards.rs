@@ -3,7 +3,8 @@
 //! listener host-wide (a second client's listen on it fails as in one stack, and
 //! succeeds once the first listener closes); and a client on one shard connects to a
 //! listener on the other (local delivery, then the port's redirect), whichever shard
-//! each connection's flow belongs to. A client that asks for a shard gets it.
+//! each connection's flow belongs to. A client that asks for a shard gets it. A
+//! SO_REUSEPORT group may span the shards.
 
 mod common;
 
@@ -125,4 +126,72 @@ fn two_shards_spread_clients_share_ports_and_connect_across() {
     within("the listen after the close", || {
         TcpListener::bind(&b, sa("10.66.0.1:9000")).ok()
     });
+}
+
+/// A SO_REUSEPORT group whose members live on two shards (two worker
+/// processes' listeners on one port): both listens pass the host-wide check,
+/// and the connections of a third client spread over both members, each
+/// complete.
+#[test]
+fn a_reuseport_group_spans_the_shards() {
+    common::run_dir();
+    let stack = StackConfig {
+        mac: mac_from_seed(12),
+        addrs: vec![format!("{}/24", common::ADDR).parse().unwrap()],
+        ..Default::default()
+    };
+    let cfg = ServerConfig {
+        name: "shards-reuseport".into(),
+        link: "mem".into(),
+        spin: Duration::from_micros(20),
+        ..Default::default()
+    };
+    let _srv = usnet_server::testing::in_memory_shards(stack, cfg, 2).unwrap();
+    let workers = [
+        Client::attach("shards-reuseport").unwrap(),
+        Client::attach("shards-reuseport").unwrap(),
+    ];
+    let listen = |c: &Client, reuseport: bool| {
+        let s = usnet_client::Socket::new(c, usnet_client::SocketKind::Tcp)?;
+        s.bind_reuse(sa("10.66.0.1:9100"), 0, reuseport, reuseport)?;
+        s.listen(64)
+    };
+    let first = listen(&workers[0], true).unwrap();
+    // Once the first shard has told the host: refused without the option,
+    // taken with it.
+    let e = within("a listener without the option refused", || {
+        listen(&workers[1], false).err()
+    });
+    assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+    let second = listen(&workers[1], true).unwrap();
+    let members = [first, second];
+    for l in &members {
+        l.set_nonblocking(true).unwrap();
+    }
+    let client = Client::attach("shards-reuseport").unwrap();
+    let mut took = [0usize; 2];
+    for i in 0..24u32 {
+        let s = TcpStream::connect_timeout(&client, sa("10.66.0.1:9100"), Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {i}: {e}"));
+        let (k, c) = within("accept by a member", || {
+            members
+                .iter()
+                .enumerate()
+                .find_map(|(k, l)| match l.accept() {
+                    Ok((c, _)) => Some((k, c)),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+                    Err(e) => panic!("accept {i}: {e}"),
+                })
+        });
+        took[k] += 1;
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        (&s).write_all(b"hi").unwrap();
+        let mut got = [0u8; 2];
+        (&c).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hi");
+    }
+    assert!(
+        took[0] > 0 && took[1] > 0,
+        "both members took some: {took:?}"
+    );
 }

@@ -476,13 +476,13 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
         _ => err,
     })?;
     let fam = families_for(&e, addr);
-    let reuse = {
+    let (reuse, reuseport) = {
         let o = lock(&e.opts);
-        o.reuseaddr || o.reuseport
+        (o.reuseaddr || o.reuseport, o.reuseport)
     };
     let mut o = e.write();
     match &mut *o {
-        Obj::Fresh(s) => Ok(s.bind_with(addr, fam, reuse)?),
+        Obj::Fresh(s) => Ok(s.bind_reuse(addr, fam, reuse, reuseport)?),
         Obj::Udp(_) => {
             // A UDP socket is bound once; a second bind is EINVAL as in the kernel.
             let Obj::Udp(u) = std::mem::replace(&mut *o, Obj::Moving) else {

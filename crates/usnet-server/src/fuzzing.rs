@@ -477,6 +477,29 @@ impl Harness {
         self.target = id;
     }
 
+    /// Hands the stack an ARP reply from `ip` (a made-up MAC) and turns: a
+    /// neighbour it asked for is resolved, one it knows confirmed.
+    #[cfg(test)]
+    pub(crate) fn arp_reply_from(&mut self, ip: [u8; 4]) {
+        use usnet_wire::{ethertype, ArpOp, ArpRepr, MacAddr};
+        let ours = mac_from_seed(7);
+        let theirs = MacAddr([0x02, 0, 0, 0, 0x77, 0x02]);
+        let mut frame = vec![0u8; usnet_wire::ETHERNET_HEADER_LEN + 28];
+        usnet_wire::emit_ethernet(&mut frame, ours, theirs, ethertype::ARP).expect("room");
+        let repr = ArpRepr {
+            op: ArpOp::Reply,
+            sender_mac: theirs,
+            sender_ip: ip.into(),
+            target_mac: ours,
+            target_ip: ADDR.into(),
+        };
+        repr.emit(&mut frame[usnet_wire::ETHERNET_HEADER_LEN..])
+            .expect("room");
+        let buf = self.stack.pool_mut().alloc_from(&frame).expect("a buffer");
+        self.stack.receive(buf);
+        self.turn();
+    }
+
     pub(crate) fn stack(&self) -> &Stack {
         &self.stack
     }
@@ -1028,9 +1051,12 @@ mod tests {
         assert_eq!(h.call(op::SOCKET, 0, tcp), 0);
         let syncnt = [IPPROTO_TCP, TCP_SYNCNT, 127, 0, 0, 0];
         assert_eq!(h.call(op::SETSOCKOPT, 0, syncnt), 0);
-        // An address nobody answers for (not even ARP).
+        // A host that answers ARP (its reply comes once the connect asked) and
+        // nothing else. (One that did not answer ARP would fail the connect with
+        // EHOSTUNREACH after 3 s, as on Linux.)
         let a = SockAddr::from_std(([10, 77, 0, 2], 7006).into()).to_args();
         h.call(op::CONNECT, 0, [a[0], a[1], a[2], a[3], 0, 0]);
+        h.arp_reply_from([10, 77, 0, 2]);
         // More than the connection's send buffer takes before it is established:
         // the rest waits in the ring.
         for _ in 0..8 {
@@ -1044,10 +1070,11 @@ mod tests {
         }
         h.remove(1);
         assert_eq!(h.dying.len(), 1, "its connection is kept for the bytes");
-        // Still trying after 10 minutes (eight SYNs so far).
+        // Still trying after 10 minutes (eight SYNs so far), its neighbour
+        // answering ARP all along.
         for _ in 0..600 {
             h.advance(Duration::from_secs(1));
-            h.turn();
+            h.arp_reply_from([10, 77, 0, 2]);
         }
         assert_eq!(h.dying.len(), 1);
         h.finish();

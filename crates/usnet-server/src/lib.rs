@@ -198,13 +198,16 @@ pub(crate) struct Host {
     pub links: Vec<ShardLink>,
     /// `(protocol, port)` → a bit per shard holding a socket on it.
     ports: Mutex<HashMap<(u8, u16), u64>>,
-    /// Each shard's TCP listeners (address, families), as it last published them.
-    listeners: Mutex<Vec<Vec<(std::net::SocketAddr, usnet_stack::Families)>>>,
+    /// Each shard's TCP listeners (address, families, SO_REUSEPORT), as it last
+    /// published them.
+    listeners: Mutex<Vec<Vec<(std::net::SocketAddr, usnet_stack::Families, bool)>>>,
 }
 
 /// What a session of shard `me` checks a TCP bind or listen against: the other
 /// shards' listeners (one stack refuses a second listener that shares an address
-/// and a family; the host of several does too). A shard's list is as of its last
+/// and a family, unless both set SO_REUSEPORT; the host of several does too: the
+/// members of a reuseport group on several shards share the port's connections
+/// as the redirects spread them). A shard's list is as of its last
 /// pass that bound, listened or closed (at most 250 ms old after a client died), so
 /// two listens on two shards in the same instant may both pass.
 #[derive(Clone)]
@@ -214,7 +217,12 @@ pub(crate) struct Elsewhere {
 }
 
 impl Elsewhere {
-    pub fn clash(&self, addr: std::net::SocketAddr, fam: usnet_stack::Families) -> bool {
+    pub fn clash(
+        &self,
+        addr: std::net::SocketAddr,
+        fam: usnet_stack::Families,
+        reuseport: bool,
+    ) -> bool {
         if addr.port() == 0 {
             return false;
         }
@@ -225,8 +233,9 @@ impl Elsewhere {
             .unwrap_or_else(|e| e.into_inner());
         all.iter().enumerate().any(|(k, list)| {
             k != self.me
-                && list.iter().any(|&(l, f)| {
+                && list.iter().any(|&(l, f, shared)| {
                     l.port() == addr.port()
+                        && !(reuseport && shared)
                         && usnet_stack::Families::overlap(l.ip(), f, addr.ip(), fam)
                 })
         })
@@ -305,7 +314,10 @@ impl Loop {
                 .listeners
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            all[self.shard] = listeners.iter().map(|l| (l.local, l.families)).collect();
+            all[self.shard] = listeners
+                .iter()
+                .map(|l| (l.local, l.families, l.reuseport))
+                .collect();
         }
         let mut held: HashSet<(u8, u16)> = listeners.iter().map(|l| (6, l.local.port())).collect();
         // (An echo socket's identifier steers its replies by itself: usnet_stack::shard.)

@@ -282,8 +282,9 @@ pub mod op {
     pub const SOCKET: u16 = 1;
     /// `args[0..4]`: the address ([`super::SockAddr::to_args`]); `args[4]`, for a
     /// UDP socket: the families a wildcard address takes ([`super::FAM_V4`] |
-    /// [`super::FAM_V6`]; 0: both); `args[5]`, for a UDP socket:
-    /// [`super::BIND_REUSE`] (SO_REUSEADDR or SO_REUSEPORT was set).
+    /// [`super::FAM_V6`]; 0: both); `args[5]`: [`super::BIND_REUSE`]
+    /// (SO_REUSEADDR or SO_REUSEPORT was set) | [`super::BIND_REUSEPORT`]
+    /// (SO_REUSEPORT, for a TCP socket that will listen).
     pub const BIND: u16 = 2;
     /// `args[0]`: backlog; `args[1]`: the families a wildcard address takes
     /// ([`super::FAM_V4`] | [`super::FAM_V6`]; 0: both, and an unbound listener
@@ -364,6 +365,10 @@ pub const FAM_V6: u64 = 2;
 /// `BIND` of a UDP socket: the address may be shared with other sockets bound
 /// with it (SO_REUSEADDR/SO_REUSEPORT; multicast receivers on one port).
 pub const BIND_REUSE: u64 = 1;
+/// `BIND` of a TCP socket with SO_REUSEPORT: when it listens, it may share its
+/// address and port with other SO_REUSEPORT listeners (a reuseport group, whose
+/// members share the new connections).
+pub const BIND_REUSEPORT: u64 = 2;
 
 /// `CONNECT`'s `args[4]`: a Fast Open connect.
 pub const CONNECT_FASTOPEN: u64 = 1;

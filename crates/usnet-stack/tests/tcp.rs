@@ -288,7 +288,12 @@ fn refused_connect_gets_rst_and_rst_gets_nothing() {
     // A port with a socket bound to it that does not listen is a closed port
     // (RFC 9293 §3.10.7.1): the SYN gets a RST, as Linux answers.
     net.stack_mut(1)
-        .tcp_bind(sa("0.0.0.0:82"), Families::Both, false, Owner::LOCAL)
+        .tcp_bind(
+            sa("0.0.0.0:82"),
+            Families::Both,
+            (false, false),
+            Owner::LOCAL,
+        )
         .unwrap();
     let c2 = net
         .stack_mut(0)
@@ -1400,4 +1405,67 @@ fn a_pool_backed_write_is_admitted_as_a_copying_one_is() {
     let pooled = writes_taken(true);
     assert!(copying.0 > 50_000 && copying.0 < 200_000, "{copying:?}");
     assert_eq!(pooled, copying);
+}
+
+/// SO_REUSEPORT listeners on one address and port (a worker each) share its
+/// connections, over a lossy link too (the SYN and the ACK that completes the
+/// handshake reach the same member); a listener without the option beside them
+/// is refused; when one member closes, the other takes the new connections.
+#[test]
+fn reuseport_listeners_share_the_connections_of_their_port() {
+    let faults = Faults {
+        loss: 0.05,
+        ..Faults::default()
+    };
+    let mut net = pair(31, faults);
+    let cfg = net.stack(1).tcp_config().clone();
+    let listen = |net: &mut SimNet, reuseport: bool| {
+        net.stack_mut(1).tcp_listen_reuseport(
+            sa("0.0.0.0:8080"),
+            64,
+            cfg.clone(),
+            Families::Both,
+            reuseport,
+        )
+    };
+    let members = [
+        listen(&mut net, true).unwrap(),
+        listen(&mut net, true).unwrap(),
+    ];
+    assert_eq!(listen(&mut net, false), Err(StackError::AddrInUse));
+    assert_eq!(
+        net.stack_mut(1).tcp_listen(sa("10.0.0.2:8080"), 8),
+        Err(StackError::AddrInUse),
+        "nor one on its address without the option"
+    );
+    let conns: Vec<SocketHandle> = (0..40)
+        .map(|_| {
+            net.stack_mut(0)
+                .tcp_connect(None, sa("10.0.0.2:8080"))
+                .unwrap()
+        })
+        .collect();
+    let mut took = [0usize; 2];
+    let done = net.run_until(Duration::from_secs(30), |n| {
+        for (k, &l) in members.iter().enumerate() {
+            while let Ok(c) = n.stack_mut(1).tcp_accept(l) {
+                took[k] += 1;
+                n.stack_mut(1).tcp_close(c).unwrap();
+            }
+        }
+        took[0] + took[1] == conns.len()
+    });
+    assert!(done, "every connection accepted: {took:?}");
+    assert!(took[0] > 0 && took[1] > 0, "shared: {took:?}");
+    net.stack_mut(1).tcp_close(members[0]).unwrap();
+    let c = net
+        .stack_mut(0)
+        .tcp_connect(None, sa("10.0.0.2:8080"))
+        .unwrap();
+    let mut got = None;
+    assert!(net.run_until(Duration::from_secs(10), |n| {
+        got = n.stack_mut(1).tcp_accept(members[1]).ok();
+        got.is_some()
+    }));
+    let _ = c;
 }

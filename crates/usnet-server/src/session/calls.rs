@@ -31,13 +31,16 @@ impl ServerSession {
         i: u32,
         a: SockAddr,
         fam: Families,
-        reuse: bool,
+        (reuse, reuseport): (bool, bool),
     ) -> i64 {
         let Some(addr) = a.to_std() else {
             return -errno::EINVAL;
         };
         let owner = self.owner();
-        let clash = self.elsewhere.as_ref().is_some_and(|e| e.clash(addr, fam));
+        let clash = self
+            .elsewhere
+            .as_ref()
+            .is_some_and(|e| e.clash(addr, fam, reuseport));
         let s = self.sock(i);
         if let (Some(h), usnet_stack::DgramProto::Raw) = (s.handle, s.dgram_proto()) {
             // A raw socket may be bound again, to another address of its family
@@ -70,10 +73,11 @@ impl ServerSession {
             // The port is held now, as Linux's bind takes it: a clash is
             // EADDRINUSE here, and port 0 gets its ephemeral port here.
             Role::Fresh if clash => -errno::EADDRINUSE,
-            Role::Fresh => match stack.tcp_bind(addr, fam, reuse, owner) {
+            Role::Fresh => match stack.tcp_bind(addr, fam, (reuse, reuseport), owner) {
                 Ok((local, id)) => {
                     s.bound = Some(local);
                     s.binding = Some(id);
+                    s.reuseport = reuseport;
                     self.mem
                         .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(local));
                     self.set_flags(i, FLAG_BOUND, 0);
@@ -136,10 +140,11 @@ impl ServerSession {
             "0.0.0.0:0"
         };
         let addr = s.bound.unwrap_or_else(|| any.parse().expect("addr"));
+        let reuseport = s.reuseport;
         if self
             .elsewhere
             .as_ref()
-            .is_some_and(|e| e.clash(addr, families(fam)))
+            .is_some_and(|e| e.clash(addr, families(fam), reuseport))
         {
             return -errno::EADDRINUSE;
         }
@@ -151,7 +156,7 @@ impl ServerSession {
         }
         let backlog = backlog.clamp(1, max as u64) as usize;
         let cfg = stack.tcp_config().clone();
-        match stack.tcp_listen_families(addr, backlog, cfg, families(fam)) {
+        match stack.tcp_listen_reuseport(addr, backlog, cfg, families(fam), reuseport) {
             Ok(h) => {
                 self.sock(i).role = Role::Listener;
                 for f in [IpFamily::V4, IpFamily::V6] {

@@ -30,7 +30,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use usnet_session::ctl::msg::{ClientRow, ZcPortStat};
 use usnet_session::Session;
 use usnet_session_abi::{
-    errno, op, slot, Completion, Request, SockAddr, BIND_REUSE, CONNECT_FASTOPEN, SLOT_OPEN,
+    errno, op, slot, Completion, Request, SockAddr, BIND_REUSE, BIND_REUSEPORT, CONNECT_FASTOPEN,
+    SLOT_OPEN,
 };
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::{ByteConsumer, ByteProducer, EventFd, FutexBell};
@@ -89,6 +90,8 @@ struct SessionSocket {
     /// The stack's hold on that port until the socket listens, connects or closes
     /// (`Stack::tcp_bind`).
     binding: Option<u64>,
+    /// SO_REUSEPORT at `bind`: its listener joins a reuseport group.
+    reuseport: bool,
     /// TCP_MAXSEG set before `connect`: the SYN's MSS is at most this.
     connect_mss: Option<u16>,
     /// TCP_SYNCNT set before `connect`.
@@ -530,7 +533,10 @@ impl ServerSession {
                         i,
                         SockAddr::from_args(&req.args),
                         families(req.args[4]),
-                        req.args[5] & BIND_REUSE != 0,
+                        (
+                            req.args[5] & BIND_REUSE != 0,
+                            req.args[5] & BIND_REUSEPORT != 0,
+                        ),
                     ),
                     op::LISTEN => self.op_listen(stack, i, req.args[0], req.args[1]),
                     op::ACCEPT => self.op_accept(stack, i),
@@ -595,6 +601,7 @@ impl ServerSession {
             bound: None,
             group: None,
             binding: None,
+            reuseport: false,
             connect_mss: None,
             syn_retries: None,
             tcp_ip: Default::default(),

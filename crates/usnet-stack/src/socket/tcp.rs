@@ -117,6 +117,9 @@ pub(crate) struct TcpListenSock {
     pub timer: Option<u64>,
     /// The IP header fields per family ([`IpFamily::index`]).
     pub ip: [TcpIpOpts; 2],
+    /// SO_REUSEPORT: one of a group of listeners on the same address and port,
+    /// which share its connections ([`SocketSet::tcp_lookup`]).
+    pub reuseport: bool,
 }
 
 impl TcpListenSock {
@@ -204,7 +207,7 @@ pub(crate) struct TcpBinding {
     pub id: u64,
     pub ip: std::net::IpAddr,
     pub fam: crate::Families,
-    /// SO_REUSEADDR: another such binding may share the port.
+    /// SO_REUSEADDR or SO_REUSEPORT: another such binding may share the port.
     pub reuse: bool,
     pub owner: crate::Owner,
 }
@@ -281,26 +284,53 @@ impl SocketSet {
         let Some(list) = self.tcp.listen.get(&local.port()) else {
             return TcpTarget::None;
         };
-        let mut best = None;
-        for &i in list {
-            if let Some(Socket::TcpListen(l)) = self.at(i) {
-                let a = l.local.ip();
-                if a == local.ip() {
-                    return TcpTarget::Listener(i);
-                }
-                // A wildcard only for a family it takes (an IPv4 SYN finds a `[::]`
-                // listener without IPV6_V6ONLY; see `Families`).
-                let takes = if local.is_ipv4() {
-                    l.v4.is_some()
-                } else {
-                    l.v6.is_some()
-                };
-                if a.is_unspecified() && takes {
-                    best = Some(i);
-                }
+        // A listener on the segment's address, else a wildcard that takes its
+        // family (an IPv4 SYN finds a `[::]` listener without IPV6_V6ONLY; see
+        // `Families`).
+        let class = |l: &TcpListenSock| {
+            let a = l.local.ip();
+            let takes = if local.is_ipv4() {
+                l.v4.is_some()
+            } else {
+                l.v6.is_some()
+            };
+            if a == local.ip() {
+                2
+            } else if a.is_unspecified() && takes {
+                1
+            } else {
+                0
+            }
+        };
+        let listeners = || {
+            list.iter().filter_map(|&i| match self.at(i) {
+                Some(Socket::TcpListen(l)) => Some((i, l)),
+                _ => None,
+            })
+        };
+        let (mut best, mut first, mut members) = (0, None, 0usize);
+        for (i, l) in listeners() {
+            let c = class(l);
+            if c > best {
+                (best, first, members) = (c, Some(i), 1);
+            } else if c == best && c > 0 {
+                members += 1;
             }
         }
-        best.map_or(TcpTarget::None, TcpTarget::Listener)
+        let Some(first) = first else {
+            return TcpTarget::None;
+        };
+        if members == 1 {
+            return TcpTarget::Listener(first);
+        }
+        // A SO_REUSEPORT group (only its members share an address and family):
+        // the flow picks one, the same for every segment of a handshake while
+        // the group stays as it is (Linux's `reuseport_select_sock`).
+        let k = reuseport_pick(local, remote, members);
+        listeners()
+            .filter(|(_, l)| class(l) == best)
+            .nth(k)
+            .map_or(TcpTarget::Listener(first), |(i, _)| TcpTarget::Listener(i))
     }
 
     /// Queues socket `index` in the timer heap under `deadline`. A later deadline
@@ -373,4 +403,19 @@ impl SocketSet {
             })
             .collect();
     }
+}
+
+/// Which of `members` listeners of a SO_REUSEPORT group takes the flow
+/// `remote` → `local`: a hash of the four-tuple, so the SYN and the ACK that
+/// completes its handshake (or returns its cookie) find the same one.
+fn reuseport_pick(local: SocketAddr, remote: SocketAddr, members: usize) -> usize {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(&match remote.ip() {
+        std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(a) => a.octets(),
+    });
+    h.write_u16(remote.port());
+    h.write_u16(local.port());
+    (h.finish() % members as u64) as usize
 }

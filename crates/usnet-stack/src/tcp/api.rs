@@ -41,6 +41,7 @@ pub struct TcpListenCopy {
     v4: Option<usnet_tcp::Listener<SocketHandle>>,
     v6: Option<usnet_tcp::Listener<SocketHandle>>,
     ip: [TcpIpOpts; 2],
+    reuseport: bool,
 }
 
 impl TcpListenCopy {
@@ -56,6 +57,8 @@ pub struct TcpListenEntry {
     pub local: SocketAddr,
     /// The families a wildcard `local` takes.
     pub families: Families,
+    /// SO_REUSEPORT: a member of a group that shares the address.
+    pub reuseport: bool,
     pub owner: Owner,
     pub syn_queue: usize,
     pub accept_queue: usize,
@@ -148,17 +151,19 @@ impl Stack {
     /// socket listens, connects or closes) or its owner closes
     /// ([`Stack::close_owner`]). `AddrInUse` when a listener or another binding
     /// shares an address and a family on the port (two bindings may share it when
-    /// both set `reuse`, SO_REUSEADDR). Returns the address with its port and the
-    /// binding's id.
+    /// both set `reuse`, SO_REUSEADDR). With `reuseport` (SO_REUSEPORT) it may
+    /// share the port with SO_REUSEPORT listeners too. Returns the address with
+    /// its port and the binding's id.
     pub fn tcp_bind(
         &mut self,
         addr: SocketAddr,
         fam: Families,
-        reuse: bool,
+        (reuse, reuseport): (bool, bool),
         owner: Owner,
     ) -> Result<(SocketAddr, u64), StackError> {
         let ip = addr.ip();
-        let port = self.tcp_claim_port(addr, fam)?;
+        let reuse = reuse || reuseport;
+        let port = self.tcp_claim_port(addr, fam, reuseport)?;
         let clash = self.sockets.tcp.bound.get(&port).is_some_and(|list| {
             list.iter()
                 .any(|b| !(reuse && b.reuse) && Families::overlap(b.ip, b.fam, ip, fam))
@@ -202,8 +207,13 @@ impl Stack {
 
     /// The port `bind` and `listen` take for `addr`: its own (port 0: an ephemeral
     /// one), on a local or wildcard address, with no listener sharing an address and
-    /// a family on it.
-    fn tcp_claim_port(&mut self, addr: SocketAddr, fam: Families) -> Result<u16, StackError> {
+    /// a family on it (unless both set SO_REUSEPORT, `reuseport`).
+    fn tcp_claim_port(
+        &mut self,
+        addr: SocketAddr,
+        fam: Families,
+        reuseport: bool,
+    ) -> Result<u16, StackError> {
         let ip = addr.ip();
         if !ip.is_unspecified() && !self.core.is_local_addr(ip) {
             return Err(StackError::AddrNotAvailable);
@@ -214,20 +224,28 @@ impl Stack {
                 .ok_or(StackError::AddrInUse)?,
             p => p,
         };
-        if self.tcp_listener_clash(ip, fam, port) {
+        if self.tcp_listener_clash(ip, fam, port, reuseport) {
             return Err(StackError::AddrInUse);
         }
         Ok(port)
     }
 
-    /// Whether a listener on `port` shares an address and a family with `ip`/`fam`.
-    fn tcp_listener_clash(&self, ip: std::net::IpAddr, fam: Families, port: u16) -> bool {
+    /// Whether a listener on `port` shares an address and a family with `ip`/`fam`
+    /// (listeners that all set SO_REUSEPORT, `reuseport`, share it).
+    fn tcp_listener_clash(
+        &self,
+        ip: std::net::IpAddr,
+        fam: Families,
+        port: u16,
+        reuseport: bool,
+    ) -> bool {
         let Some(list) = self.sockets.tcp.listen.get(&port) else {
             return false;
         };
         list.iter().any(|&i| match self.sockets.at(i) {
             Some(Socket::TcpListen(l)) => {
-                Families::overlap(l.local.ip(), l.families_taken(), ip, fam)
+                !(reuseport && l.reuseport)
+                    && Families::overlap(l.local.ip(), l.families_taken(), ip, fam)
             }
             _ => false,
         })
@@ -268,8 +286,23 @@ impl Stack {
         cfg: TcpConfig,
         fam: Families,
     ) -> Result<SocketHandle, StackError> {
+        self.tcp_listen_reuseport(addr, backlog, cfg, fam, false)
+    }
+
+    /// [`Stack::tcp_listen_families`]; with `reuseport` (SO_REUSEPORT) it may
+    /// share its address and port with other SO_REUSEPORT listeners, a group
+    /// among which each new connection's flow picks one (Linux's reuseport
+    /// groups: one listener per worker process or thread).
+    pub fn tcp_listen_reuseport(
+        &mut self,
+        addr: SocketAddr,
+        backlog: usize,
+        cfg: TcpConfig,
+        fam: Families,
+        reuseport: bool,
+    ) -> Result<SocketHandle, StackError> {
         let ip = addr.ip();
-        let port = self.tcp_claim_port(addr, fam)?;
+        let port = self.tcp_claim_port(addr, fam, reuseport)?;
         let local = SocketAddr::new(ip, port);
         let cfg = self.tcp_prepare(cfg);
         let mtu = self.core.cfg.mtu;
@@ -282,7 +315,7 @@ impl Stack {
         let (take4, take6) = fam.of(ip);
         let v4 = take4.then(|| mk(false));
         let v6 = take6.then(|| mk(true));
-        Ok(self.tcp_insert_listener(local, v4, v6, Default::default()))
+        Ok(self.tcp_insert_listener(local, v4, v6, Default::default(), reuseport))
     }
 
     /// A listener's address, families and settings, to open the same listening
@@ -295,6 +328,7 @@ impl Stack {
                 v4: l.v4.as_ref().map(|x| x.copy_settings()),
                 v6: l.v6.as_ref().map(|x| x.copy_settings()),
                 ip: l.ip,
+                reuseport: l.reuseport,
             }),
             _ => Err(StackError::WrongType),
         }
@@ -303,11 +337,11 @@ impl Stack {
     /// Listens as the copied listener does (same address, families and settings;
     /// nothing queued). Fails as `listen` does if the port is taken here.
     pub fn tcp_listen_copy(&mut self, c: &TcpListenCopy) -> Result<SocketHandle, StackError> {
-        let port = self.tcp_claim_port(c.local, c.fam)?;
+        let port = self.tcp_claim_port(c.local, c.fam, c.reuseport)?;
         let local = SocketAddr::new(c.local.ip(), port);
         let v4 = c.v4.as_ref().map(|x| x.copy_settings());
         let v6 = c.v6.as_ref().map(|x| x.copy_settings());
-        Ok(self.tcp_insert_listener(local, v4, v6, c.ip))
+        Ok(self.tcp_insert_listener(local, v4, v6, c.ip, c.reuseport))
     }
 
     fn tcp_insert_listener(
@@ -316,6 +350,7 @@ impl Stack {
         v4: Option<Listener<SocketHandle>>,
         v6: Option<Listener<SocketHandle>>,
         ip: [TcpIpOpts; 2],
+        reuseport: bool,
     ) -> SocketHandle {
         let port = local.port();
         let h = self.sockets.insert(
@@ -325,6 +360,7 @@ impl Stack {
                 v6,
                 timer: None,
                 ip,
+                reuseport,
             })),
             Owner::LOCAL,
         );
@@ -1354,6 +1390,7 @@ impl Stack {
                     handle,
                     local: l.local,
                     families: l.families_taken(),
+                    reuseport: l.reuseport,
                     owner: slot.owner,
                     syn_queue: l.syn_queue_len(),
                     accept_queue: l.accept_queue_len(),
