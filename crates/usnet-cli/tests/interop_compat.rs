@@ -286,6 +286,15 @@ asyncio.run(main())
 }
 
 fn nginx(d: &Path) {
+    nginx_with(d, false);
+    nginx_with(d, true);
+}
+
+/// nginx as configured by default, or with `listen ... reuseport`: the master
+/// then opens one SO_REUSEPORT listener per worker and family, and each worker
+/// accepts on its own; the connections spread over the workers (the access
+/// log names the worker that served each one).
+fn nginx_with(d: &Path, reuseport: bool) {
     need("nginx", "nginx");
     let user = if run("id", &["www-data"], Duration::from_secs(5)).ok() {
         "www-data"
@@ -293,30 +302,43 @@ fn nginx(d: &Path) {
         "nobody"
     };
     let www = d.join("www");
-    let port = 18083u16;
+    let (port, tag, opt) = if reuseport {
+        (18084u16, "nginx-rp", " reuseport")
+    } else {
+        (18083u16, "nginx", "")
+    };
+    let conf = d.join(format!("{tag}.conf"));
     std::fs::write(
-        d.join("nginx.conf"),
+        &conf,
         format!(
-            "user {user};\nworker_processes 4;\npid {p}/nginx.pid;\nerror_log {p}/nginx-error.log;\n\
+            "user {user};\nworker_processes 4;\npid {p}/{tag}.pid;\nerror_log {p}/{tag}-error.log;\n\
              events {{ worker_connections 768; }}\n\
-             http {{ sendfile on; tcp_nopush on; access_log {p}/nginx-access.log;\n\
-               server {{ listen {port}; listen [::]:{port}; root {w}; }} }}\n",
+             http {{ sendfile on; tcp_nopush on; log_format w '$pid';\n\
+               access_log {p}/{tag}-access.log w;\n\
+               server {{ listen {port}{opt}; listen [::]:{port}{opt}; root {w}; }} }}\n",
             p = d.display(),
             w = www.display()
         ),
     )
     .unwrap();
     // daemon on (the default): the master forks, the workers drop to `user`.
-    let conf = d.join("nginx.conf");
     let o = shim(d, &["nginx", "-c", conf.to_str().unwrap()], &[], 30);
-    assert!(o.ok(), "nginx: {}", o.describe());
+    assert!(o.ok(), "{tag}: {}", o.describe());
+    // Stopped, and gone (its pid file removed on exit, within 10 s) before the
+    // next instance counts its workers.
     let stop = || {
         let _ = Command::new("nginx")
             .args(["-c", conf.to_str().unwrap(), "-s", "stop"])
             .status();
+        let pid = d.join(format!("{tag}.pid"));
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while pid.exists() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     };
     let mut ok = true;
-    for i in 0..12 {
+    let fetches = if reuseport { 24 } else { 12 };
+    for i in 0..fetches {
         let url = if i % 3 == 2 {
             format!("http://[{OURS6}]:{port}/f")
         } else {
@@ -328,7 +350,7 @@ fn nginx(d: &Path) {
             .expect("curl");
         ok &= got.status.success() && got.stdout == body();
     }
-    let log = std::fs::read_to_string(d.join("nginx-error.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(d.join(format!("{tag}-error.log"))).unwrap_or_default();
     let workers = run(
         "pgrep",
         &["-u", user, "-f", "nginx: worker"],
@@ -337,14 +359,23 @@ fn nginx(d: &Path) {
     stop();
     assert!(
         ok,
-        "nginx (user {user}, 4 workers) served a wrong or no body: {log}"
+        "{tag} (user {user}, 4 workers) served a wrong or no body: {log}"
     );
     assert!(
         workers.stdout.lines().count() == 4,
-        "nginx workers running as {user}: {}",
+        "{tag} workers running as {user}: {}",
         workers.describe()
     );
-    assert!(!log.contains("[alert]"), "nginx alerts: {log}");
+    assert!(!log.contains("[alert]"), "{tag} alerts: {log}");
+    if reuseport {
+        let access =
+            std::fs::read_to_string(d.join(format!("{tag}-access.log"))).unwrap_or_default();
+        let served_by: std::collections::HashSet<&str> = access.lines().collect();
+        assert!(
+            access.lines().count() == fetches && served_by.len() >= 2,
+            "{tag}: each worker's listener takes a share (pids per request): {access}"
+        );
+    }
 }
 
 fn openssh(d: &Path) {
