@@ -398,6 +398,31 @@ static void options(const struct sockaddr_in *a) {
         S_CLOSE(ac);
         S_CLOSE(c);
         S_CLOSE(lr[1]);
+        /* UDP: two SO_REUSEPORT sockets on one port share its datagrams by
+         * sender (a DNS server's socket per thread). */
+        int ur[2];
+        for (int k = 0; k < 2; k++) {
+            ur[k] = S_SOCKET(AF_INET, SOCK_DGRAM, 0);
+            S_SETSOCKOPT(ur[k], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+            CHECK("SO_REUSEPORT UDP socket", S_BIND(ur[k], (struct sockaddr *)&ra, sizeof ra) == 0);
+        }
+        int utook[2] = {0, 0};
+        for (int n = 0; n < N; n++) {
+            int u = S_SOCKET(AF_INET, SOCK_DGRAM, 0);
+            S_SENDTO(u, "d", 1, 0, (struct sockaddr *)&ra, sizeof ra);
+            struct pollfd p[2] = {{.fd = ur[0], .events = POLLIN}, {.fd = ur[1], .events = POLLIN}};
+            if (S_POLL(p, 2, 5000) >= 1)
+                for (int k = 0; k < 2; k++)
+                    if (p[k].revents & POLLIN) {
+                        char b;
+                        utook[k] += S_RECV(ur[k], &b, 1, 0) == 1;
+                    }
+            S_CLOSE(u);
+        }
+        printf("reuseport UDP: every datagram received once %d, both sockets took some %d\n",
+               utook[0] + utook[1] == N, utook[0] > 0 && utook[1] > 0);
+        S_CLOSE(ur[0]);
+        S_CLOSE(ur[1]);
     }
 }
 

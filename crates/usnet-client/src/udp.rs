@@ -199,12 +199,28 @@ impl UdpSocket {
     /// set) the address may be shared with other sockets bound with it, as
     /// multicast receivers on one port are.
     pub fn bind_reuse(&self, addr: SocketAddr, families: u64, reuse: bool) -> io::Result<()> {
+        self.bind_reuseport(addr, families, reuse, false)
+    }
+
+    /// [`UdpSocket::bind_reuse`] that also says whether SO_REUSEPORT was set
+    /// (`reuseport`): unicast datagrams to the address are then shared among
+    /// the sockets that set it, by a hash of the sender (a DNS server's socket
+    /// per thread), rather than all going to the last bound.
+    pub fn bind_reuseport(
+        &self,
+        addr: SocketAddr,
+        families: u64,
+        reuse: bool,
+        reuseport: bool,
+    ) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
-        let flags = if reuse {
-            usnet_session_abi::BIND_REUSE
-        } else {
-            0
-        };
+        let mut flags = 0;
+        if reuse || reuseport {
+            flags |= usnet_session_abi::BIND_REUSE;
+        }
+        if reuseport {
+            flags |= usnet_session_abi::BIND_REUSEPORT;
+        }
         self.sock
             .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())

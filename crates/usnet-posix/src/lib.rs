@@ -488,7 +488,7 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
             let Obj::Udp(u) = std::mem::replace(&mut *o, Obj::Moving) else {
                 unreachable!()
             };
-            let r = bind_udp(&u, addr, fam, reuse);
+            let r = bind_udp(&u, addr, fam, (reuse, reuseport));
             *o = Obj::Udp(u);
             r
         }
@@ -499,12 +499,12 @@ pub fn bind(fd: RawFd, addr: SocketAddr) -> Res<()> {
 
 /// `reuse`: SO_REUSEADDR or SO_REUSEPORT is set (sockets with it share a port,
 /// as multicast receivers do).
-fn bind_udp(u: &UdpSocket, addr: SocketAddr, fam: u64, reuse: bool) -> Res<()> {
+fn bind_udp(u: &UdpSocket, addr: SocketAddr, fam: u64, reuse: (bool, bool)) -> Res<()> {
     // (A raw socket is bound from the start, and may be bound again.)
     if u.local_addr().is_ok_and(|a| a.port() != 0) && !u.is_raw() {
         return Err(Errno(libc::EINVAL));
     }
-    Ok(u.bind_reuse(addr, fam, reuse)?)
+    Ok(u.bind_reuseport(addr, fam, reuse.0, reuse.1)?)
 }
 
 fn check_family(e: &Entry, addr: SocketAddr) -> Res<()> {

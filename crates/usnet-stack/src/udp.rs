@@ -56,7 +56,8 @@ impl Stack {
     /// [`Stack::udp_bind_families`]; with `reuse` (SO_REUSEADDR or SO_REUSEPORT)
     /// the address may be shared with other sockets bound with `reuse`, as
     /// multicast receivers on one port do. A unicast datagram then goes to one of
-    /// them (the last bound); a multicast one to every member.
+    /// them (the last bound, or by its sender among those with
+    /// [`Stack::udp_set_reuseport`]); a multicast one to every member.
     pub fn udp_bind_reuse(
         &mut self,
         local: SocketAddr,
@@ -64,6 +65,15 @@ impl Stack {
         reuse: bool,
     ) -> Result<SocketHandle, StackError> {
         self.dgram_bind(DgramProto::Udp, local, fam, reuse)
+    }
+
+    /// SO_REUSEPORT on a socket bound with `reuse`: the unicast datagrams for
+    /// its address are shared among such sockets by a hash of the sender's
+    /// address and port, where otherwise the last bound takes them all.
+    pub fn udp_set_reuseport(&mut self, h: SocketHandle, on: bool) -> Result<(), StackError> {
+        let u = self.udp_mut(h)?;
+        u.reuseport = on && u.reuse;
+        Ok(())
     }
 
     /// [`Stack::udp_bind_reuse`] for a datagram socket of `proto`: a UDP socket,

@@ -61,6 +61,7 @@ impl ServerSession {
         match s.role {
             Role::Udp => match stack.dgram_bind(s.dgram_proto(), addr, fam, reuse) {
                 Ok(h) => {
+                    let _ = stack.udp_set_reuseport(h, reuseport);
                     self.adopt(stack, i, h);
                     let local = stack.udp_local_addr(h).unwrap_or(addr);
                     self.mem

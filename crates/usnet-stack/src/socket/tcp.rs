@@ -405,10 +405,11 @@ impl SocketSet {
     }
 }
 
-/// Which of `members` listeners of a SO_REUSEPORT group takes the flow
-/// `remote` → `local`: a hash of the four-tuple, so the SYN and the ACK that
-/// completes its handshake (or returns its cookie) find the same one.
-fn reuseport_pick(local: SocketAddr, remote: SocketAddr, members: usize) -> usize {
+/// Which of `members` sockets of a SO_REUSEPORT group takes the flow `remote`
+/// → `local`: a hash of the four-tuple, so the SYN and the ACK that completes
+/// its handshake (or returns its cookie) find the same listener, and a UDP
+/// sender's datagrams the same socket.
+pub(crate) fn reuseport_pick(local: SocketAddr, remote: SocketAddr, members: usize) -> usize {
     use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     h.write(&match remote.ip() {

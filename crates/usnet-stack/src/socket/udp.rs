@@ -102,6 +102,9 @@ pub(crate) struct UdpSocket {
     /// Bound with SO_REUSEADDR/SO_REUSEPORT: shares its address with other such
     /// sockets (as Linux's UDP, where every one of them gets the multicast).
     pub reuse: bool,
+    /// SO_REUSEPORT: its unicast datagrams are shared with the other such
+    /// sockets on its address ([`SocketSet::udp_lookup`]).
+    pub reuseport: bool,
     /// Multicast options and the groups it joined.
     pub mc: crate::mcast::SockMcast,
     /// What the IP headers of the datagrams it sends carry unless a send says
@@ -133,6 +136,7 @@ impl UdpSocket {
             next_same_port: NONE,
             stats: SocketStats::default(),
             reuse,
+            reuseport: false,
             mc: Default::default(),
             hdr: Default::default(),
             errors: Default::default(),
@@ -385,11 +389,8 @@ impl SocketSet {
         dst_port: u16,
         src: SocketAddr,
     ) -> Option<u32> {
-        let mut cur = self.ports(proto)[dst_port as usize];
-        let mut best = None;
-        let mut best_score = 0;
-        while cur != NONE {
-            let u = self.udp_at(cur)?;
+        let head = self.ports(proto)[dst_port as usize];
+        let score = |u: &UdpSocket| {
             let local = u.local.ip();
             let addr_score = if local == dst {
                 2
@@ -398,16 +399,41 @@ impl SocketSet {
             } else {
                 0
             };
-            if addr_score > 0 {
-                let score = match u.remote {
-                    Some(r) if r == src => addr_score + 4,
-                    Some(_) => 0,
-                    None => addr_score,
-                };
-                if score > best_score {
-                    best_score = score;
-                    best = Some(cur);
+            match u.remote {
+                _ if addr_score == 0 => 0,
+                Some(r) if r == src => addr_score + 4,
+                Some(_) => 0,
+                None => addr_score,
+            }
+        };
+        let (mut cur, mut best, mut best_score, mut group) = (head, None, 0, 0usize);
+        while cur != NONE {
+            let u = self.udp_at(cur)?;
+            let sc = score(u);
+            if sc > best_score {
+                (best_score, best, group) = (sc, Some(cur), usize::from(u.reuseport));
+            } else if sc == best_score && sc > 0 && u.reuseport {
+                group += 1;
+            }
+            cur = u.next_same_port;
+        }
+        let first = best?;
+        if group < 2 || !self.udp_at(first)?.reuseport {
+            return best;
+        }
+        // A SO_REUSEPORT group: the sender's address picks a member, the same
+        // for each of its datagrams while the group stays (Linux's
+        // `reuseport_select_sock`: a DNS server's socket per thread).
+        let k = super::tcp::reuseport_pick(SocketAddr::new(dst, dst_port), src, group);
+        let mut cur = head;
+        let mut seen = 0;
+        while cur != NONE {
+            let u = self.udp_at(cur)?;
+            if u.reuseport && score(u) == best_score {
+                if seen == k {
+                    return Some(cur);
                 }
+                seen += 1;
             }
             cur = u.next_same_port;
         }
@@ -431,6 +457,44 @@ pub(crate) mod tests {
         let h = set.insert(udp(local, remote), Owner::LOCAL);
         set.link_udp(h.index);
         h.index
+    }
+
+    /// SO_REUSEPORT members share their address's unicast by sender, each
+    /// sender always reaching the same one; a connected socket still takes its
+    /// own peer's; without the option the last bound takes all.
+    #[test]
+    fn a_reuseport_group_shares_unicast_by_sender() {
+        let mut set = SocketSet::new(1);
+        let member = |set: &mut SocketSet, reuseport: bool| {
+            let i = bind(set, "0.0.0.0:53", None);
+            let Some(Socket::Udp(u)) = set.at_mut(i) else {
+                unreachable!()
+            };
+            (u.reuse, u.reuseport) = (true, reuseport);
+            i
+        };
+        let (a, b) = (member(&mut set, true), member(&mut set, true));
+        let dst: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut took = [0; 2];
+        for port in 1000..1064u16 {
+            let src = SocketAddr::new("10.0.0.9".parse().unwrap(), port);
+            let got = set.udp_lookup(DgramProto::Udp, dst, 53, src).unwrap();
+            assert!(got == a || got == b);
+            took[usize::from(got == b)] += 1;
+            assert_eq!(set.udp_lookup(DgramProto::Udp, dst, 53, src), Some(got));
+        }
+        assert!(took[0] > 0 && took[1] > 0, "{took:?}");
+        let conn = bind(&mut set, "0.0.0.0:53", Some("10.0.0.9:1000"));
+        let from = "10.0.0.9:1000".parse().unwrap();
+        assert_eq!(set.udp_lookup(DgramProto::Udp, dst, 53, from), Some(conn));
+        let mut plain = SocketSet::new(1);
+        let first = bind(&mut plain, "0.0.0.0:53", None);
+        let last = bind(&mut plain, "0.0.0.0:53", None);
+        for port in 1000..1016u16 {
+            let src = SocketAddr::new("10.0.0.9".parse().unwrap(), port);
+            let got = plain.udp_lookup(DgramProto::Udp, dst, 53, src);
+            assert!(got == Some(last) && got != Some(first));
+        }
     }
 
     #[test]
