@@ -114,13 +114,7 @@ impl Socket {
         reuseport: bool,
     ) -> io::Result<()> {
         let a = SockAddr::from_std(addr).to_args();
-        let mut flags = 0;
-        if reuse || reuseport {
-            flags |= usnet_session_abi::BIND_REUSE;
-        }
-        if reuseport {
-            flags |= usnet_session_abi::BIND_REUSEPORT;
-        }
+        let flags = usnet_session_abi::bind_flags(reuse, reuseport);
         self.sock
             .call(op::BIND, [a[0], a[1], a[2], a[3], families, flags])
             .map(|_| ())

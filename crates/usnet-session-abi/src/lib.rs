@@ -370,6 +370,20 @@ pub const BIND_REUSE: u64 = 1;
 /// members share the new connections).
 pub const BIND_REUSEPORT: u64 = 2;
 
+/// `BIND`'s `args[5]` for a socket with SO_REUSEADDR (`reuse`) and SO_REUSEPORT
+/// (`reuseport`) as set: either lets it share the address, the second also
+/// joins it to a reuseport group.
+pub fn bind_flags(reuse: bool, reuseport: bool) -> u64 {
+    let mut flags = 0;
+    if reuse || reuseport {
+        flags |= BIND_REUSE;
+    }
+    if reuseport {
+        flags |= BIND_REUSEPORT;
+    }
+    flags
+}
+
 /// `CONNECT`'s `args[4]`: a Fast Open connect.
 pub const CONNECT_FASTOPEN: u64 = 1;
 /// [`op::SEND`] flags: `MSG_MORE` (more follows at once: no push, a partial
