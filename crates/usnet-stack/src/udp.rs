@@ -176,9 +176,16 @@ impl Stack {
         if u.proto == DgramProto::Raw && remote.is_ipv4() != u.local.is_ipv4() {
             return Err(StackError::InvalidInput);
         }
-        self.core.route(remote.ip()).ok_or(StackError::NoRoute)?;
+        let (src, _) = self.core.route(remote.ip()).ok_or(StackError::NoRoute)?;
         let port = if icmp { 0 } else { remote.port() };
-        self.udp_mut(h)?.remote = Some(SocketAddr::new(remote.ip(), port));
+        let u = self.udp_mut(h)?;
+        u.remote = Some(SocketAddr::new(remote.ip(), port));
+        // A socket bound to the wildcard takes the route's source address, as
+        // Linux's `ip4_datagram_connect`/`ip6_datagram_connect` do: `getsockname`
+        // then names it, and the socket takes only datagrams sent to it.
+        if u.local.ip().is_unspecified() && u.local.is_ipv4() == remote.is_ipv4() {
+            u.local.set_ip(src);
+        }
         Ok(())
     }
 

@@ -263,6 +263,26 @@ fn udp_pair(net: &mut SimNet, port: u16) -> (usnet_stack::SocketHandle, usnet_st
     (a, b)
 }
 
+/// A UDP socket bound to the wildcard names its route's source address once it
+/// is connected (Linux's datagram connect), in both families.
+#[test]
+fn a_connected_udp_socket_names_its_source_address() {
+    let mut net = pair(7, Faults::default());
+    for (any, peer, ours) in [
+        ("0.0.0.0:0", "10.0.0.2:53", "10.0.0.1"),
+        ("[::]:0", "[fd00::2]:53", "fd00::1"),
+    ] {
+        let s = net.stack_mut(0);
+        let h = s.udp_bind(sa(any)).unwrap();
+        let before = s.udp_local_addr(h).unwrap();
+        assert!(before.ip().is_unspecified());
+        s.udp_connect(h, sa(peer)).unwrap();
+        let after = s.udp_local_addr(h).unwrap();
+        assert_eq!(after.ip(), ip(ours));
+        assert_eq!(after.port(), before.port());
+    }
+}
+
 /// Sends `n` datagrams of varying size; returns those received intact (all payloads
 /// carry their index and a pattern so corruption would be seen).
 fn udp_transfer(net: &mut SimNet, dst: IpAddr, n: u32, max: usize) -> (u32, u32) {
