@@ -27,6 +27,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         redis-server redis-tools iperf3 openssh-server openssh-client wget openssl haproxy memcached lighttpd bird2 \
         traceroute iputils-tracepath fping mtr-tiny \
         pkg-config libfontconfig1-dev fonts-dejavu-core bison flex >/dev/null
+    # A Go toolchain for usnet-seccomp's test of a Go program, unless one is here.
+    if ! command -v go >/dev/null && [ ! -x /usr/local/go/bin/go ]; then
+        apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+    fi
 else
     echo "==> not root: skipping apt installs; tests that need root will skip"
 fi

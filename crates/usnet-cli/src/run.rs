@@ -1,6 +1,8 @@
 //! `usnet run -- CMD`: runs an unmodified program with its AF_INET/AF_INET6 sockets on
 //! a usnet stack server, through the LD_PRELOAD shim (`libusnet_preload.so`,
-//! crates/usnet-preload; docs/preload.md).
+//! crates/usnet-preload; docs/preload.md), or, for a program the shim cannot reach
+//! (statically linked, Go), through the seccomp supervisor (crates/usnet-seccomp;
+//! docs/seccomp.md).
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -24,6 +26,12 @@ pub struct RunArgs {
     /// Print a line for each call the shim does not support.
     #[arg(long)]
     debug: bool,
+    /// How the program's calls reach usnet: `preload` (the LD_PRELOAD shim), `seccomp`
+    /// (a supervisor that answers the program's socket calls; any program, at the
+    /// cost of a relay), or `auto`: the shim, unless the program is statically
+    /// linked or a Go program.
+    #[arg(long, value_enum, default_value = "auto")]
+    via: Via,
     /// On a sharded stack server (`usnet up --shards N`), live on this shard
     /// (modulo N) rather than the next in turn (USNET_SHARD). Its forked children
     /// that inherit only listeners still spread from there.
@@ -32,6 +40,13 @@ pub struct RunArgs {
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     cmd: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Via {
+    Auto,
+    Preload,
+    Seccomp,
 }
 
 /// The shim: `USNET_PRELOAD_LIB`, else next to this executable (cargo puts both in
@@ -84,15 +99,51 @@ fn out_of_reach(path: &std::path::Path) -> Option<String> {
     let name = path.display();
     if go {
         Some(format!(
-            "usnet run: {name} is a Go program: Go makes its system calls itself, past any LD_PRELOAD shim, so its sockets stay on the kernel"
+            "usnet run: {name} is a Go program: Go makes its system calls itself, past any LD_PRELOAD shim, so its sockets stay on the kernel (leave out --via preload to use the seccomp supervisor)"
         ))
     } else if !dynamic {
         Some(format!(
-            "usnet run: {name} is statically linked: no LD_PRELOAD shim can reach it, so its sockets stay on the kernel"
+            "usnet run: {name} is statically linked: no LD_PRELOAD shim can reach it, so its sockets stay on the kernel (leave out --via preload to use the seccomp supervisor)"
         ))
     } else {
         None
     }
+}
+
+/// Runs the program under the seccomp supervisor, which stays its parent, and
+/// ends as the program did (its exit code, or the signal that ended it).
+fn supervise(a: &RunArgs) -> CmdResult {
+    if let Some(k) = a.shard {
+        std::env::set_var("USNET_SHARD", k.to_string());
+    }
+    if let Err(e) = usnet_posix::attach(a.stack.as_deref()) {
+        if !a.fallback_kernel {
+            return Err(format!(
+                "cannot attach to the stack: errno {}; or add --fallback-kernel to leave the program on the kernel",
+                e.0
+            )
+            .into());
+        }
+        let e = Command::new(&a.cmd[0]).args(&a.cmd[1..]).exec();
+        return Err(format!("cannot run {}: {e}", a.cmd[0]).into());
+    }
+    let mut c = Command::new(&a.cmd[0]);
+    c.args(&a.cmd[1..]);
+    let opts = usnet_seccomp::Options {
+        loopback_usnet: a.loopback_usnet,
+        debug: a.debug,
+    };
+    let status =
+        usnet_seccomp::run(c, opts).map_err(|e| format!("cannot run {}: {e}", a.cmd[0]))?;
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal() {
+        // SAFETY: back to the default action, then the same signal to ourselves.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+    std::process::exit(status.code().unwrap_or(1));
 }
 
 fn program_has_interp<P: object::read::elf::ProgramHeader>(
@@ -122,8 +173,11 @@ pub fn run(a: RunArgs) -> CmdResult {
             .into());
         }
     }
-    if let Some(why) = program_path(&a.cmd[0]).and_then(|p| out_of_reach(&p)) {
-        eprintln!("{why}");
+    let out_of_reach = program_path(&a.cmd[0]).and_then(|p| out_of_reach(&p));
+    match (a.via, out_of_reach) {
+        (Via::Seccomp, _) | (Via::Auto, Some(_)) => return supervise(&a),
+        (Via::Preload, Some(why)) => eprintln!("{why}"),
+        _ => {}
     }
     let lib = shim()?;
     let mut preload = lib.into_os_string();

@@ -26,7 +26,8 @@
 //! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
 //! - wget and curl; iperf3 over UDP; ping, both families, with usnet its only
 //!   network;
-//! - a statically linked program: `usnet run` says its sockets stay on the kernel.
+//! - a statically linked program: runs under `usnet run`'s seccomp supervisor; with
+//!   `--via preload`, `usnet run` says its sockets stay on the kernel.
 
 #[macro_use]
 mod common;
@@ -1404,10 +1405,32 @@ fn static_program(d: &Path) {
     let Some(prog) = prog else {
         return;
     };
+    // Under the seccomp supervisor (the default for it): it runs and ends as on
+    // the kernel.
     let o = shim(d, &[prog, "--version"], &[], 10);
     assert!(
+        o.ok() && o.stdout.contains("ldconfig"),
+        "a static program under usnet run's supervisor: {}",
+        o.describe()
+    );
+    // With the shim only, it stays on the kernel, and usnet run says so.
+    let mut c = Command::new(USNET);
+    c.args([
+        "run",
+        "--stack",
+        STACK,
+        "--via",
+        "preload",
+        "--",
+        prog,
+        "--version",
+    ])
+    .env("USNET_RUN_DIR", d)
+    .current_dir(d);
+    let o = run_in(&mut c, &[], Duration::from_secs(10));
+    assert!(
         o.stderr.contains("statically linked"),
-        "usnet run says a static program stays on the kernel: {}",
+        "usnet run --via preload says a static program stays on the kernel: {}",
         o.describe()
     );
 }

@@ -1,0 +1,885 @@
+//! Runs a program that no LD_PRELOAD shim reaches (statically linked, or Go) with
+//! its AF_INET/AF_INET6 sockets on a usnet stack server: a seccomp filter hands its
+//! socket calls to this process (the supervisor), which answers them with relays
+//! (relay.rs) over usnet-posix. Design: docs/design-seccomp-relay.md.
+
+mod filter;
+mod notify;
+mod relay;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus};
+use std::sync::{Arc, Mutex};
+
+use usnet_posix as posix;
+
+pub use filter::{DGRAM_BASE, STREAM_BASE};
+use notify::{Answer, Call, Listener};
+use relay::{Kind, Relay, State};
+
+/// How the supervisor treats loopback addresses (as the shim: they stay on the
+/// kernel unless `loopback_usnet`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    pub loopback_usnet: bool,
+    pub debug: bool,
+}
+
+struct Supervisor {
+    listener: Arc<Listener>,
+    /// Relays by the inode of the program's end.
+    relays: Arc<Mutex<HashMap<u64, Arc<Relay>>>>,
+    opts: Options,
+}
+
+/// Runs `cmd` under the supervisor until every process of it has exited; its
+/// status is the first process's.
+pub fn run(mut cmd: Command, opts: Options) -> io::Result<ExitStatus> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let handover = theirs.as_raw_fd();
+    let program = filter::program();
+    // SAFETY: the closure makes only async-signal-safe calls (prctl, seccomp,
+    // sendmsg, close) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let prog = libc::sock_fprog {
+                len: program.len() as u16,
+                filter: program.as_ptr() as *mut _,
+            };
+            let flags = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER
+                | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
+            let lfd = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                flags,
+                &prog as *const libc::sock_fprog,
+            );
+            if lfd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // (No allocation on this path: fine between fork and exec.)
+            let lfd = OwnedFd::from_raw_fd(lfd as RawFd);
+            let sock = std::os::fd::BorrowedFd::borrow_raw(handover);
+            usnet_shm::fdpass::send_with_fds(sock, &[0], &[lfd.as_fd()])
+        });
+    }
+    let mut child = cmd.spawn()?;
+    drop(theirs);
+    let mut byte = [0u8; 1];
+    let (_, mut fds) = usnet_shm::fdpass::recv_with_fds(&ours, &mut byte)?;
+    let lfd = fds
+        .pop()
+        .ok_or_else(|| io::Error::other("the program did not hand over its seccomp listener"))?;
+    let listener = Arc::new(Listener::new(lfd));
+    let pid = child.id() as i32;
+    forward_signals(pid);
+    let sup = Supervisor {
+        listener,
+        relays: Arc::new(Mutex::new(HashMap::new())),
+        opts,
+    };
+    sup.janitor();
+    sup.serve()?;
+    child.wait()
+}
+
+/// SIGTERM and SIGHUP sent to `usnet run` go on to the program; SIGINT and SIGQUIT
+/// from the terminal reach it on their own (same process group), so they are
+/// ignored here.
+fn forward_signals(pid: i32) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let Ok(mut sigs) = signal_hook::iterator::Signals::new([SIGTERM, SIGHUP, SIGINT, SIGQUIT])
+    else {
+        return;
+    };
+    std::thread::spawn(move || {
+        for s in sigs.forever() {
+            if s == SIGTERM || s == SIGHUP {
+                // SAFETY: a plain kill of our child.
+                unsafe { libc::kill(pid, s) };
+            }
+        }
+    });
+}
+
+fn errno_of(e: posix::Errno) -> Answer {
+    Answer::Errno(e.0)
+}
+
+fn io_errno(e: io::Error) -> Answer {
+    Answer::Errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn is_loopback(a: &SocketAddr) -> bool {
+    match a {
+        SocketAddr::V4(v) => v.ip().is_loopback(),
+        SocketAddr::V6(v) => {
+            v.ip().is_loopback() || v.ip().to_ipv4_mapped().is_some_and(|m| m.is_loopback())
+        }
+    }
+}
+
+impl Supervisor {
+    fn serve(&self) -> io::Result<()> {
+        loop {
+            let mut p = [libc::pollfd {
+                fd: self.listener.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one pollfd.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 1, -1) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(e);
+            }
+            if p[0].revents & libc::POLLIN != 0 {
+                if let Some(call) = self.listener.recv()? {
+                    let a = self.handle(&call);
+                    if let Some(a) = a {
+                        self.listener.answer(&call, a);
+                    }
+                }
+                continue;
+            }
+            // No task carries the filter any more: every process has exited.
+            if p[0].revents & libc::POLLHUP != 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The answer to `call`, or `None` when it is (or will be) answered elsewhere
+    /// (by installing a descriptor, or by a thread that waits for the stack).
+    fn handle(&self, call: &Call) -> Option<Answer> {
+        let a = call.args;
+        if call.nr == libc::SYS_socket {
+            return self.socket(call, a[0] as i32, a[1] as i32, a[2] as i32);
+        }
+        let fd = a[0] as i32;
+        let theirs = match notify::their_file(call.tid, fd) {
+            Ok(f) => f,
+            Err(_) => return Some(Answer::Continue),
+        };
+        let Ok(ino) = notify::inode(theirs.as_raw_fd()) else {
+            return Some(Answer::Continue);
+        };
+        let relay = self
+            .relays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ino)
+            .cloned();
+        let Some(r) = relay else {
+            return Some(Answer::Continue);
+        };
+        if self.opts.debug {
+            eprintln!("usnet-seccomp: {} on relay fd {fd}", call.nr);
+        }
+        match call.nr {
+            libc::SYS_connect => self.connect(call, &r, fd, ino),
+            libc::SYS_bind => self.bind(call, &r, fd, ino),
+            libc::SYS_listen => Some(self.listen(&r, ino, a[1] as i32)),
+            libc::SYS_accept | libc::SYS_accept4 => {
+                let flags = if call.nr == libc::SYS_accept4 {
+                    a[3] as i32
+                } else {
+                    0
+                };
+                self.accept(call, &r, theirs, flags)
+            }
+            libc::SYS_getsockname => Some(self.name(call, posix::getsockname(r.usnet))),
+            libc::SYS_getpeername => Some(self.name(call, posix::getpeername(r.usnet))),
+            libc::SYS_getsockopt => Some(self.getsockopt(call, &r)),
+            libc::SYS_setsockopt => Some(self.setsockopt(call, &r)),
+            libc::SYS_shutdown if r.kind == Kind::Stream => Some(Answer::Continue),
+            libc::SYS_shutdown => Some(
+                posix::shutdown(r.usnet, a[1] as i32).map_or_else(errno_of, |_| Answer::Value(0)),
+            ),
+            _ if r.kind == Kind::Dgram => self.data(call, &r, theirs),
+            _ => Some(Answer::Continue),
+        }
+    }
+
+    fn forget(&self, ino: u64) -> impl FnOnce() + Send + 'static {
+        let relays = Arc::clone(&self.relays);
+        move || {
+            relays
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&ino);
+        }
+    }
+
+    fn socket(&self, call: &Call, domain: i32, ty: i32, proto: i32) -> Option<Answer> {
+        let base = ty & 0xf;
+        let kind = match (base, proto) {
+            (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => Kind::Stream,
+            (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => Kind::Dgram,
+            // Raw and ping sockets stay on the kernel.
+            _ => return Some(Answer::Continue),
+        };
+        let usnet = match posix::socket(domain, base, proto) {
+            Ok(fd) => fd,
+            Err(e) => return Some(errno_of(e)),
+        };
+        let (ours, theirs) = match pair() {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = posix::close(usnet);
+                return Some(io_errno(e));
+            }
+        };
+        if ty & libc::SOCK_NONBLOCK != 0 {
+            set_nonblocking(theirs.as_raw_fd());
+        }
+        let relay = Arc::new(Relay::new(kind, domain, usnet, ours, State::Fresh));
+        self.install_relay(call, relay, theirs, ty & libc::SOCK_CLOEXEC != 0)
+    }
+
+    /// Installs `theirs` in the caller as the call's result, remembering `relay`;
+    /// `None` once installed (that answered the call), else the error.
+    fn install_relay(
+        &self,
+        call: &Call,
+        relay: Arc<Relay>,
+        theirs: OwnedFd,
+        cloexec: bool,
+    ) -> Option<Answer> {
+        let (from, below) = match relay.kind {
+            Kind::Dgram => (DGRAM_BASE as i32, STREAM_BASE as i32),
+            Kind::Stream => (STREAM_BASE as i32, i32::MAX),
+        };
+        let number = match notify::free_number(call.tid, from, below) {
+            Ok(n) => n,
+            Err(e) => return Some(io_errno(e)),
+        };
+        let Ok(ino) = notify::inode(theirs.as_raw_fd()) else {
+            return Some(Answer::Errno(libc::EIO));
+        };
+        let state = *relay.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.relays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ino, Arc::clone(&relay));
+        if let Err(e) = self
+            .listener
+            .install(call, theirs.as_raw_fd(), number, cloexec, true)
+        {
+            self.relays
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&ino);
+            return Some(io_errno(e));
+        }
+        match (relay.kind, state) {
+            (Kind::Dgram, _) => relay.watch_token(self.forget(ino)),
+            (Kind::Stream, State::Connected) => relay.pump(self.forget(ino)),
+            // A fresh stream relay: its connect or listen starts the thread that
+            // notices its close; the janitor forgets one closed unused.
+            _ => {}
+        }
+        None
+    }
+
+    /// Forgets fresh stream relays the program closed without using them.
+    fn janitor(&self) {
+        let relays = Arc::clone(&self.relays);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            relays
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|_, r| {
+                    *r.state.lock().unwrap_or_else(|p| p.into_inner()) != State::Fresh
+                        || !r.program_gone()
+                });
+        });
+    }
+
+    /// Reads the sockaddr of `len` bytes at `ptr` in the caller.
+    fn their_addr(&self, call: &Call, ptr: u64, len: u64) -> Result<SocketAddr, Answer> {
+        if len > 128 {
+            return Err(Answer::Errno(libc::EINVAL));
+        }
+        let b = notify::read_mem(call.tid, ptr, len as usize).map_err(io_errno)?;
+        // SAFETY: `b` holds `len` bytes.
+        unsafe { posix::addr::from_raw(b.as_ptr().cast(), len as libc::socklen_t) }
+            .map_err(errno_of)
+    }
+
+    /// Writes `addr` to a (sockaddr *, socklen_t *) pair of the caller's, as the
+    /// kernel does: truncated to the caller's length, the whole length reported.
+    fn put_addr(&self, call: &Call, ptr: u64, lenp: u64, addr: SocketAddr) -> Result<(), Answer> {
+        if ptr == 0 || lenp == 0 {
+            return Ok(());
+        }
+        let lb = notify::read_mem(call.tid, lenp, 4).map_err(io_errno)?;
+        let room = u32::from_ne_bytes([lb[0], lb[1], lb[2], lb[3]]) as usize;
+        let bytes = posix::addr::to_bytes(addr);
+        let n = room.min(bytes.len());
+        notify::write_mem(call.tid, ptr, &bytes[..n]).map_err(io_errno)?;
+        notify::write_mem(call.tid, lenp, &(bytes.len() as u32).to_ne_bytes()).map_err(io_errno)
+    }
+
+    /// A loopback address on a fresh relay: the caller's number becomes a kernel
+    /// socket (as the shim does), and the kernel does the call.
+    fn to_kernel(&self, call: &Call, r: &Relay, fd: i32, ino: u64) -> Answer {
+        let s = match posix::surrender(r.usnet) {
+            Ok(s) => s,
+            Err(e) => return errno_of(e),
+        };
+        // SAFETY: a plain socket call; the result is checked.
+        let k = unsafe { libc::socket(s.domain, s.stype | libc::SOCK_CLOEXEC, 0) };
+        if k < 0 {
+            return io_errno(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just gave it.
+        let k = unsafe { OwnedFd::from_raw_fd(k) };
+        if s.nonblock {
+            set_nonblocking(k.as_raw_fd());
+        }
+        let on: i32 = 1;
+        for (yes, level, name) in [
+            (s.reuseaddr, libc::SOL_SOCKET, libc::SO_REUSEADDR),
+            (s.reuseport, libc::SOL_SOCKET, libc::SO_REUSEPORT),
+            (s.keepalive, libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+            (s.nodelay, libc::IPPROTO_TCP, libc::TCP_NODELAY),
+        ] {
+            if yes {
+                // SAFETY: an int option.
+                unsafe {
+                    libc::setsockopt(k.as_raw_fd(), level, name, (&on as *const i32).cast(), 4)
+                };
+            }
+        }
+        let cloexec = notify::fd_flags(call.tid, fd).is_ok_and(|f| f.1);
+        if let Err(e) = self
+            .listener
+            .install(call, k.as_raw_fd(), fd, cloexec, false)
+        {
+            return io_errno(e);
+        }
+        self.relays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ino);
+        Answer::Continue
+    }
+
+    fn connect(&self, call: &Call, r: &Arc<Relay>, fd: i32, ino: u64) -> Option<Answer> {
+        let addr = match self.their_addr(call, call.args[1], call.args[2]) {
+            Ok(a) => a,
+            Err(a) => return Some(a),
+        };
+        let fresh = *r.state.lock().unwrap_or_else(|p| p.into_inner()) == State::Fresh;
+        if fresh && is_loopback(&addr) && !self.opts.loopback_usnet {
+            return Some(self.to_kernel(call, r, fd, ino));
+        }
+        if r.kind == Kind::Dgram {
+            return Some(posix::connect(r.usnet, addr).map_or_else(errno_of, |_| Answer::Value(0)));
+        }
+        if !fresh {
+            let st = *r.state.lock().unwrap_or_else(|p| p.into_inner());
+            return Some(Answer::Errno(match st {
+                State::Connecting => libc::EALREADY,
+                State::Connected => libc::EISCONN,
+                _ => libc::EINVAL,
+            }));
+        }
+        *r.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Connecting;
+        // The connect is answered when the stack is done with it (a non-blocking
+        // one too: `0` is a valid answer, and Go takes it).
+        let (r, listener, call, gone) = (
+            Arc::clone(r),
+            Arc::clone(&self.listener),
+            *call,
+            self.forget(ino),
+        );
+        std::thread::spawn(move || match posix::connect(r.usnet, addr) {
+            Ok(()) => {
+                *r.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Connected;
+                r.pump(gone);
+                listener.answer(&call, Answer::Value(0));
+            }
+            Err(e) => {
+                *r.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Fresh;
+                listener.answer(&call, errno_of(e));
+            }
+        });
+        None
+    }
+
+    fn bind(&self, call: &Call, r: &Arc<Relay>, fd: i32, ino: u64) -> Option<Answer> {
+        let addr = match self.their_addr(call, call.args[1], call.args[2]) {
+            Ok(a) => a,
+            Err(a) => return Some(a),
+        };
+        let fresh = *r.state.lock().unwrap_or_else(|p| p.into_inner()) == State::Fresh;
+        if fresh && is_loopback(&addr) && !self.opts.loopback_usnet {
+            return Some(self.to_kernel(call, r, fd, ino));
+        }
+        Some(posix::bind(r.usnet, addr).map_or_else(errno_of, |_| Answer::Value(0)))
+    }
+
+    fn listen(&self, r: &Arc<Relay>, ino: u64, backlog: i32) -> Answer {
+        if let Err(e) = posix::listen(r.usnet, backlog) {
+            return errno_of(e);
+        }
+        let mut st = r.state.lock().unwrap_or_else(|p| p.into_inner());
+        if *st != State::Listening {
+            *st = State::Listening;
+            drop(st);
+            r.watch_token(self.forget(ino));
+        }
+        Answer::Value(0)
+    }
+
+    fn accept(&self, call: &Call, r: &Arc<Relay>, theirs: OwnedFd, flags: i32) -> Option<Answer> {
+        if *r.state.lock().unwrap_or_else(|p| p.into_inner()) != State::Listening {
+            return Some(Answer::Errno(libc::EINVAL));
+        }
+        let nonblocking = is_nonblocking(theirs.as_raw_fd());
+        let ready = |timeout: i32| {
+            let mut p = [libc::pollfd {
+                fd: r.usnet,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            posix::poll(&mut p, timeout).is_ok_and(|n| n > 0)
+        };
+        if !ready(0) {
+            if nonblocking {
+                r.settle_token(theirs.as_raw_fd());
+                return Some(Answer::Errno(libc::EAGAIN));
+            }
+            let sup = self.clone_handle();
+            let (r, call) = (Arc::clone(r), *call);
+            std::thread::spawn(move || {
+                let mut p = [libc::pollfd {
+                    fd: r.usnet,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                let _ = posix::poll(&mut p, -1);
+                if let Some(a) = sup.accept_now(&call, &r, &theirs, flags) {
+                    sup.listener.answer(&call, a);
+                }
+            });
+            return None;
+        }
+        self.accept_now(call, r, &theirs, flags)
+    }
+
+    /// A handle for threads that finish a call later.
+    fn clone_handle(&self) -> Supervisor {
+        Supervisor {
+            listener: Arc::clone(&self.listener),
+            relays: Arc::clone(&self.relays),
+            opts: self.opts,
+        }
+    }
+
+    fn accept_now(
+        &self,
+        call: &Call,
+        r: &Arc<Relay>,
+        theirs: &OwnedFd,
+        flags: i32,
+    ) -> Option<Answer> {
+        let got = posix::accept4(r.usnet, libc::SOCK_NONBLOCK);
+        r.settle_token(theirs.as_raw_fd());
+        let (conn, peer) = match got {
+            Ok(c) => c,
+            Err(e) => return Some(errno_of(e)),
+        };
+        // The relay's pumps want a blocking usnet socket.
+        let _ = posix::fcntl(conn, libc::F_SETFL, 0);
+        if let Err(a) = self.put_addr(call, call.args[1], call.args[2], peer) {
+            let _ = posix::close(conn);
+            return Some(a);
+        }
+        let (ours, theirs) = match pair() {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = posix::close(conn);
+                return Some(io_errno(e));
+            }
+        };
+        if flags & libc::SOCK_NONBLOCK != 0 {
+            set_nonblocking(theirs.as_raw_fd());
+        }
+        let relay = Arc::new(Relay::new(
+            Kind::Stream,
+            r.domain,
+            conn,
+            ours,
+            State::Connected,
+        ));
+        self.install_relay(call, relay, theirs, flags & libc::SOCK_CLOEXEC != 0)
+    }
+
+    fn name(&self, call: &Call, got: posix::Res<SocketAddr>) -> Answer {
+        match got {
+            Ok(a) => self
+                .put_addr(call, call.args[1], call.args[2], a)
+                .map_or_else(|a| a, |_| Answer::Value(0)),
+            Err(e) => errno_of(e),
+        }
+    }
+
+    fn getsockopt(&self, call: &Call, r: &Relay) -> Answer {
+        let [_, level, name, val, lenp, _] = call.args;
+        if lenp == 0 {
+            return Answer::Errno(libc::EFAULT);
+        }
+        let lb = match notify::read_mem(call.tid, lenp, 4) {
+            Ok(b) => b,
+            Err(e) => return io_errno(e),
+        };
+        let room = (u32::from_ne_bytes([lb[0], lb[1], lb[2], lb[3]]) as usize).min(4096);
+        let mut out = vec![0u8; room];
+        match posix::getsockopt(r.usnet, level as i32, name as i32, &mut out) {
+            Ok(n) => {
+                let n = n.min(room);
+                notify::write_mem(call.tid, val, &out[..n])
+                    .and_then(|_| notify::write_mem(call.tid, lenp, &(n as u32).to_ne_bytes()))
+                    .map_or_else(io_errno, |_| Answer::Value(0))
+            }
+            Err(e) => errno_of(e),
+        }
+    }
+
+    fn setsockopt(&self, call: &Call, r: &Relay) -> Answer {
+        let [_, level, name, val, len, _] = call.args;
+        if len > 4096 {
+            return Answer::Errno(libc::EINVAL);
+        }
+        match notify::read_mem(call.tid, val, len as usize) {
+            Ok(v) => posix::setsockopt(r.usnet, level as i32, name as i32, &v)
+                .map_or_else(errno_of, |_| Answer::Value(0)),
+            Err(e) => io_errno(e),
+        }
+    }
+}
+
+// ------------------------------------------------------------ datagram data calls
+
+/// Where a datagram call's bytes and address are, in the caller.
+struct MsgAt {
+    iov: Vec<(u64, usize)>,
+    name: u64,
+    namelen: u64,
+    /// For recvmsg: where to write msg_namelen, msg_controllen and msg_flags back.
+    msg: Option<u64>,
+}
+
+// struct msghdr on 64-bit Linux.
+const MSG_NAME: u64 = 0;
+const MSG_NAMELEN: u64 = 8;
+const MSG_IOV: u64 = 16;
+const MSG_IOVLEN: u64 = 24;
+const MSG_CONTROLLEN: u64 = 40;
+const MSG_FLAGS: u64 = 48;
+const MSGHDR: u64 = 56;
+const MMSGHDR: u64 = 64;
+
+fn u64_at(b: &[u8], off: u64) -> u64 {
+    let o = off as usize;
+    u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+impl Supervisor {
+    fn iovecs(&self, call: &Call, at: u64, count: u64) -> Result<Vec<(u64, usize)>, Answer> {
+        if count > 1024 {
+            return Err(Answer::Errno(libc::EINVAL));
+        }
+        let b = notify::read_mem(call.tid, at, count as usize * 16).map_err(io_errno)?;
+        Ok(b.chunks(16)
+            .map(|c| (u64_at(c, 0), u64_at(c, 8) as usize))
+            .collect())
+    }
+
+    fn msghdr(&self, call: &Call, at: u64) -> Result<(MsgAt, u64), Answer> {
+        let b = notify::read_mem(call.tid, at, MSGHDR as usize).map_err(io_errno)?;
+        let iov = self.iovecs(call, u64_at(&b, MSG_IOV), u64_at(&b, MSG_IOVLEN))?;
+        let namelen = u64::from(u32::from_ne_bytes(
+            b[MSG_NAMELEN as usize..MSG_NAMELEN as usize + 4]
+                .try_into()
+                .expect("4"),
+        ));
+        let m = MsgAt {
+            iov,
+            name: u64_at(&b, MSG_NAME),
+            namelen,
+            msg: Some(at),
+        };
+        Ok((m, u64_at(&b, MSG_CONTROLLEN)))
+    }
+
+    /// The data calls on a datagram relay.
+    fn data(&self, call: &Call, r: &Arc<Relay>, theirs: OwnedFd) -> Option<Answer> {
+        let a = call.args;
+        let one = |p: u64, l: u64| vec![(p, l as usize)];
+        let sent = |m: Result<(MsgAt, u64), Answer>, flags: i32| -> Answer {
+            match m {
+                Ok((_, control)) if control > 0 => Answer::Errno(libc::EOPNOTSUPP),
+                Ok((m, _)) => self.send(call, r, &m, flags),
+                Err(a) => a,
+            }
+        };
+        match call.nr {
+            libc::SYS_write => {
+                let m = MsgAt {
+                    iov: one(a[1], a[2]),
+                    name: 0,
+                    namelen: 0,
+                    msg: None,
+                };
+                Some(self.send(call, r, &m, 0))
+            }
+            libc::SYS_sendto => {
+                let m = MsgAt {
+                    iov: one(a[1], a[2]),
+                    name: a[4],
+                    namelen: a[5],
+                    msg: None,
+                };
+                Some(self.send(call, r, &m, a[3] as i32))
+            }
+            libc::SYS_writev => Some(match self.iovecs(call, a[1], a[2]) {
+                Ok(iov) => self.send(
+                    call,
+                    r,
+                    &MsgAt {
+                        iov,
+                        name: 0,
+                        namelen: 0,
+                        msg: None,
+                    },
+                    0,
+                ),
+                Err(a) => a,
+            }),
+            libc::SYS_sendmsg => Some(sent(self.msghdr(call, a[1]), a[2] as i32)),
+            libc::SYS_sendmmsg => {
+                let mut n = 0u64;
+                while n < a[2].min(1024) {
+                    let at = a[1] + n * MMSGHDR;
+                    match sent(self.msghdr(call, at), a[3] as i32) {
+                        Answer::Value(len) => {
+                            let _ = notify::write_mem(
+                                call.tid,
+                                at + MSGHDR,
+                                &(len as u32).to_ne_bytes(),
+                            );
+                            n += 1;
+                        }
+                        e if n == 0 => return Some(e),
+                        _ => break,
+                    }
+                }
+                Some(Answer::Value(n as i64))
+            }
+            libc::SYS_read => {
+                let m = MsgAt {
+                    iov: one(a[1], a[2]),
+                    name: 0,
+                    namelen: 0,
+                    msg: None,
+                };
+                self.recv(call, r, theirs, m, 0, false)
+            }
+            libc::SYS_recvfrom => {
+                // (addr, addrlen *): namelen here is the pointer to the length.
+                let m = MsgAt {
+                    iov: one(a[1], a[2]),
+                    name: a[4],
+                    namelen: a[5],
+                    msg: None,
+                };
+                self.recv(call, r, theirs, m, a[3] as i32, false)
+            }
+            libc::SYS_readv => match self.iovecs(call, a[1], a[2]) {
+                Ok(iov) => self.recv(
+                    call,
+                    r,
+                    theirs,
+                    MsgAt {
+                        iov,
+                        name: 0,
+                        namelen: 0,
+                        msg: None,
+                    },
+                    0,
+                    false,
+                ),
+                Err(a) => Some(a),
+            },
+            libc::SYS_recvmsg => match self.msghdr(call, a[1]) {
+                Ok((m, _)) => self.recv(call, r, theirs, m, a[2] as i32, false),
+                Err(a) => Some(a),
+            },
+            // recvmmsg: one datagram per call (a valid answer: it returns how many
+            // it filled).
+            libc::SYS_recvmmsg => match self.msghdr(call, a[1]) {
+                Ok((m, _)) if a[2] > 0 => self.recv(call, r, theirs, m, a[3] as i32, true),
+                Ok(_) => Some(Answer::Value(0)),
+                Err(a) => Some(a),
+            },
+            _ => Some(Answer::Continue),
+        }
+    }
+
+    fn send(&self, call: &Call, r: &Relay, m: &MsgAt, flags: i32) -> Answer {
+        let to = if m.name != 0 {
+            match self.their_addr(call, m.name, m.namelen) {
+                Ok(a) => Some(a),
+                Err(a) => return a,
+            }
+        } else {
+            None
+        };
+        let mut data = Vec::new();
+        for &(p, l) in &m.iov {
+            match notify::read_mem(call.tid, p, l.min(65536)) {
+                Ok(b) => data.extend_from_slice(&b),
+                Err(e) => return io_errno(e),
+            }
+        }
+        posix::sendto(r.usnet, &data, flags | libc::MSG_NOSIGNAL, to)
+            .map_or_else(errno_of, |n| Answer::Value(n as i64))
+    }
+
+    fn recv(
+        &self,
+        call: &Call,
+        r: &Arc<Relay>,
+        theirs: OwnedFd,
+        m: MsgAt,
+        flags: i32,
+        mmsg: bool,
+    ) -> Option<Answer> {
+        let blocking = flags & libc::MSG_DONTWAIT == 0 && !is_nonblocking(theirs.as_raw_fd());
+        let want: usize = m.iov.iter().map(|x| x.1).sum::<usize>().min(65536);
+        let mut buf = vec![0u8; want];
+        let sys = flags;
+        match posix::recvmsg_dgram(r.usnet, &mut buf, sys | libc::MSG_DONTWAIT) {
+            Err(posix::Errno(libc::EAGAIN)) if blocking => {
+                let (sup, r, call) = (self.clone_handle(), Arc::clone(r), *call);
+                std::thread::spawn(move || {
+                    let got = posix::recvmsg_dgram(r.usnet, &mut buf, sys);
+                    let a = sup.deliver(&call, &m, &buf, got, flags, mmsg);
+                    r.settle_token(theirs.as_raw_fd());
+                    sup.listener.answer(&call, a);
+                });
+                None
+            }
+            got => {
+                let a = self.deliver(call, &m, &buf, got, flags, mmsg);
+                r.settle_token(theirs.as_raw_fd());
+                Some(a)
+            }
+        }
+    }
+
+    fn deliver(
+        &self,
+        call: &Call,
+        m: &MsgAt,
+        buf: &[u8],
+        got: posix::Res<posix::DgramMsg>,
+        flags: i32,
+        mmsg: bool,
+    ) -> Answer {
+        let d = match got {
+            Ok(d) => d,
+            Err(e) => return errno_of(e),
+        };
+        let mut at = 0;
+        for &(p, l) in &m.iov {
+            let n = l.min(d.len - at);
+            if let Err(e) = notify::write_mem(call.tid, p, &buf[at..at + n]) {
+                return io_errno(e);
+            }
+            at += n;
+        }
+        let name = posix::addr::to_bytes(d.from);
+        let w = |p: u64, b: &[u8]| notify::write_mem(call.tid, p, b);
+        let done = match m.msg {
+            // recvmsg: name, then msg_namelen, msg_controllen (no control messages
+            // cross the relay) and msg_flags written back into the msghdr.
+            Some(msg) => {
+                let room = m.namelen as usize;
+                (if m.name != 0 {
+                    w(m.name, &name[..room.min(name.len())])
+                } else {
+                    Ok(())
+                })
+                .and_then(|_| w(msg + MSG_NAMELEN, &(name.len() as u32).to_ne_bytes()))
+                .and_then(|_| w(msg + MSG_CONTROLLEN, &0u64.to_ne_bytes()))
+                .and_then(|_| {
+                    let f = if d.whole > d.len { libc::MSG_TRUNC } else { 0 };
+                    w(msg + MSG_FLAGS, &f.to_ne_bytes())
+                })
+                .and_then(|_| {
+                    if mmsg {
+                        w(msg + MSGHDR, &(d.len as u32).to_ne_bytes())
+                    } else {
+                        Ok(())
+                    }
+                })
+            }
+            // recvfrom: (addr, addrlen *).
+            None if m.name != 0 => {
+                return match self.put_addr(call, m.name, m.namelen, d.from) {
+                    Ok(()) => Answer::Value(ret_len(&d, flags)),
+                    Err(a) => a,
+                }
+            }
+            None => Ok(()),
+        };
+        match done {
+            Ok(()) if mmsg => Answer::Value(1),
+            Ok(()) => Answer::Value(ret_len(&d, flags)),
+            Err(e) => io_errno(e),
+        }
+    }
+}
+
+fn ret_len(d: &posix::DgramMsg, flags: i32) -> i64 {
+    if flags & libc::MSG_TRUNC != 0 {
+        d.whole as i64
+    } else {
+        d.len as i64
+    }
+}
+
+/// A connected pair of Unix stream sockets (ours, theirs), close-on-exec here.
+fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    Ok((a.into(), b.into()))
+}
+
+fn set_nonblocking(fd: RawFd) {
+    // SAFETY: plain fcntl calls.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+}
+
+fn is_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: a plain fcntl call.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0 }
+}

@@ -1,0 +1,263 @@
+//! Relays: a usnet socket (in this process, through usnet-posix) standing behind
+//! the Unix socket end installed in the program.
+//!
+//! A stream relay moves bytes both ways with two threads; its program end carries
+//! the data, so the program's read/write/epoll/close act on it natively. A
+//! listener's or datagram socket's program end carries one "readable" byte (the
+//! token) while the usnet socket has something to take, so the program's
+//! poll/epoll see the truth; the data itself moves in the notified calls.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use usnet_posix as posix;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Stream,
+    Dgram,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Fresh,
+    Connecting,
+    Connected,
+    Listening,
+}
+
+pub struct Relay {
+    pub kind: Kind,
+    pub domain: i32,
+    /// The usnet socket (a usnet-posix descriptor of this process).
+    pub usnet: RawFd,
+    /// This process's end of the pair.
+    pub ours: OwnedFd,
+    pub state: Mutex<State>,
+    /// Whether the token byte is in the program end's queue.
+    token: Mutex<bool>,
+    token_taken: Condvar,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = posix::close(self.usnet);
+    }
+}
+
+const STACK: usize = 128 * 1024;
+
+impl Relay {
+    pub fn new(kind: Kind, domain: i32, usnet: RawFd, ours: OwnedFd, state: State) -> Relay {
+        Relay {
+            kind,
+            domain,
+            usnet,
+            ours,
+            state: Mutex::new(state),
+            token: Mutex::new(false),
+            token_taken: Condvar::new(),
+        }
+    }
+
+    fn usnet_readable(&self, timeout_ms: i32) -> bool {
+        let mut p = [libc::pollfd {
+            fd: self.usnet,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        posix::poll(&mut p, timeout_ms).is_ok_and(|n| n > 0)
+    }
+
+    /// Whether the program has closed its end everywhere.
+    pub(crate) fn program_gone(&self) -> bool {
+        let mut p = [libc::pollfd {
+            fd: self.ours.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        }];
+        // SAFETY: one pollfd.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 0) };
+        n > 0 && p[0].revents & libc::POLLHUP != 0
+    }
+
+    /// After a notified call took from the usnet socket (`theirs`: the program's
+    /// end, as fetched for the call): takes the token back if nothing is left.
+    pub fn settle_token(&self, theirs: RawFd) {
+        if self.usnet_readable(0) {
+            return;
+        }
+        let mut t = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        if *t {
+            let mut b = [0u8; 1];
+            // SAFETY: a one-byte read, never blocking.
+            unsafe { libc::recv(theirs, b.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+            *t = false;
+            self.token_taken.notify_all();
+        }
+    }
+
+    /// Keeps the token in step with the usnet socket until the program closes its
+    /// end; then `gone` runs (it forgets the relay).
+    pub fn watch_token(self: &Arc<Self>, gone: impl FnOnce() + Send + 'static) {
+        let r = Arc::clone(self);
+        let run = move || {
+            loop {
+                if r.program_gone() {
+                    break;
+                }
+                if !r.usnet_readable(200) {
+                    continue;
+                }
+                let mut t = r.token.lock().unwrap_or_else(|p| p.into_inner());
+                if !*t {
+                    // SAFETY: a one-byte send on our end.
+                    let n = unsafe {
+                        libc::send(
+                            r.ours.as_raw_fd(),
+                            [1u8].as_ptr().cast(),
+                            1,
+                            libc::MSG_NOSIGNAL,
+                        )
+                    };
+                    if n == 1 {
+                        *t = true;
+                    }
+                }
+                while *t && !r.program_gone() {
+                    t = r
+                        .token_taken
+                        .wait_timeout(t, Duration::from_millis(200))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+            gone();
+        };
+        spawn("usnet-seccomp-token", run);
+    }
+
+    /// Starts moving bytes between the program end and the usnet stream; `gone`
+    /// runs when both directions are done.
+    pub fn pump(self: &Arc<Self>, gone: impl FnOnce() + Send + 'static) {
+        let up = Arc::clone(self);
+        let down = Arc::clone(self);
+        let gone = Arc::new(Mutex::new(Some(gone)));
+        let gone2 = Arc::clone(&gone);
+        let done = Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let done2 = Arc::clone(&done);
+        spawn("usnet-seccomp-up", move || {
+            up.program_to_usnet();
+            if done.fetch_add(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                if let Some(g) = gone.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    g();
+                }
+            }
+        });
+        spawn("usnet-seccomp-down", move || {
+            down.usnet_to_program();
+            if done2.fetch_add(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                if let Some(g) = gone2.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    g();
+                }
+            }
+        });
+    }
+
+    fn program_to_usnet(&self) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: reads into our buffer.
+            let n =
+                unsafe { libc::read(self.ours.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            if n <= 0 {
+                // The program shut down its side (or closed it): FIN.
+                let _ = posix::shutdown(self.usnet, libc::SHUT_WR);
+                return;
+            }
+            let mut sent = 0;
+            while sent < n as usize {
+                match posix::sendto(self.usnet, &buf[sent..n as usize], libc::MSG_NOSIGNAL, None) {
+                    Ok(k) => sent += k,
+                    Err(posix::Errno(libc::EINTR)) => {}
+                    Err(_) => {
+                        // The connection is gone: the program's reads end.
+                        // SAFETY: plain shutdown of our end.
+                        unsafe { libc::shutdown(self.ours.as_raw_fd(), libc::SHUT_RDWR) };
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn usnet_to_program(&self) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // Either side can end it: data or FIN from the peer, or the program
+            // closing its end everywhere (then the usnet socket closes with it).
+            let mut p = [
+                libc::pollfd {
+                    fd: self.usnet,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.ours.as_raw_fd(),
+                    events: 0,
+                    revents: 0,
+                },
+            ];
+            if posix::poll(&mut p, -1).is_err() {
+                return;
+            }
+            if p[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                return;
+            }
+            if p[0].revents == 0 {
+                continue;
+            }
+            let n = match posix::recvfrom(self.usnet, &mut buf, libc::MSG_DONTWAIT) {
+                Ok((n, _)) => n,
+                Err(posix::Errno(libc::EAGAIN | libc::EINTR)) => continue,
+                Err(_) => 0,
+            };
+            if n == 0 {
+                // SAFETY: plain shutdown of our end: the program reads EOF.
+                unsafe { libc::shutdown(self.ours.as_raw_fd(), libc::SHUT_WR) };
+                return;
+            }
+            let mut sent = 0;
+            while sent < n {
+                // SAFETY: sends from our buffer; blocks while the program's end is full.
+                let k = unsafe {
+                    libc::send(
+                        self.ours.as_raw_fd(),
+                        buf[sent..n].as_ptr().cast(),
+                        n - sent,
+                        libc::MSG_NOSIGNAL,
+                    )
+                };
+                if k < 0 {
+                    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                        continue;
+                    }
+                    return;
+                }
+                sent += k as usize;
+            }
+        }
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(STACK)
+        .spawn(f)
+        .expect("a relay thread");
+}

@@ -1,0 +1,63 @@
+// A statically linked program that talks to itself over TCP and UDP on the
+// address given: the supervisor's relays carry every byte.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static struct sockaddr_in at(const char *ip, int port) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+int main(int argc, char **argv) {
+  const char *ip = argc > 1 ? argv[1] : "127.0.0.1";
+  struct sockaddr_in la = at(ip, 7801), got;
+  socklen_t gl = sizeof got;
+  int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(l, (void *)&la, sizeof la) || listen(l, 8)) { perror("listen"); return 1; }
+  getsockname(l, (void *)&got, &gl);
+  printf("listening on port %d\n", ntohs(got.sin_port));
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, (void *)&la, sizeof la)) { perror("connect"); return 1; }
+  struct pollfd p = {.fd = l, .events = POLLIN};
+  printf("listener readable: %d\n", poll(&p, 1, 5000));
+  struct sockaddr_in peer; socklen_t pl = sizeof peer;
+  int s = accept(l, (void *)&peer, &pl);
+  if (s < 0) { perror("accept"); return 1; }
+  gl = sizeof got; getsockname(c, (void *)&got, &gl);
+  printf("peer port matches: %d\n", peer.sin_port == got.sin_port);
+  int type = 0; socklen_t tl = sizeof type;
+  getsockopt(s, SOL_SOCKET, SO_TYPE, &type, &tl);
+  printf("SO_TYPE stream: %d\n", type == SOCK_STREAM);
+  write(c, "hello", 5);
+  char b[64] = {0};
+  ssize_t n = read(s, b, sizeof b);
+  printf("server read %zd: %s\n", n, b);
+  write(s, b, n);
+  shutdown(s, SHUT_WR);
+  memset(b, 0, sizeof b);
+  n = read(c, b, sizeof b);
+  printf("client read %zd: %s\n", n, b);
+  printf("client then reads %zd (EOF)\n", read(c, b, sizeof b));
+  close(c); close(s); close(l);
+
+  int u1 = socket(AF_INET, SOCK_DGRAM, 0), u2 = socket(AF_INET, SOCK_DGRAM, 0);
+  struct sockaddr_in a1 = at(ip, 7802), a2 = at(ip, 7803), from;
+  bind(u1, (void *)&a1, sizeof a1); bind(u2, (void *)&a2, sizeof a2);
+  sendto(u1, "ping", 4, 0, (void *)&a2, sizeof a2);
+  p.fd = u2; p.events = POLLIN;
+  printf("udp readable: %d\n", poll(&p, 1, 5000));
+  socklen_t fl = sizeof from; memset(b, 0, sizeof b);
+  n = recvfrom(u2, b, sizeof b, 0, (void *)&from, &fl);
+  printf("udp got %zd: %s from port %d\n", n, b, ntohs(from.sin_port));
+  p.revents = 0;
+  printf("udp readable after: %d\n", poll(&p, 1, 0));
+  close(u1); close(u2);
+  return 0;
+}
