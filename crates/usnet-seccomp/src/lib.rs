@@ -1,7 +1,7 @@
 //! Runs a program that no LD_PRELOAD shim reaches (statically linked, or Go) with
 //! its AF_INET/AF_INET6 sockets on a usnet stack server: a seccomp filter hands its
 //! socket calls to this process (the supervisor), which answers them with relays
-//! (relay.rs) over usnet-posix. Design: docs/design-seccomp-relay.md.
+//! (relay.rs) over usnet-posix. Design and limits: docs/seccomp.md.
 
 mod filter;
 mod notify;
@@ -436,6 +436,9 @@ impl Supervisor {
         if let Err(e) = posix::listen(r.usnet, backlog) {
             return errno_of(e);
         }
+        if let Err(e) = posix::fcntl(r.usnet, libc::F_SETFL, i64::from(libc::O_NONBLOCK)) {
+            return errno_of(e);
+        }
         let mut st = r.state.lock().unwrap_or_else(|p| p.into_inner());
         if *st != State::Listening {
             *st = State::Listening;
@@ -449,36 +452,32 @@ impl Supervisor {
         if *r.state.lock().unwrap_or_else(|p| p.into_inner()) != State::Listening {
             return Some(Answer::Errno(libc::EINVAL));
         }
-        let nonblocking = is_nonblocking(theirs.as_raw_fd());
-        let ready = |timeout: i32| {
-            let mut p = [libc::pollfd {
-                fd: r.usnet,
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            posix::poll(&mut p, timeout).is_ok_and(|n| n > 0)
-        };
-        if !ready(0) {
-            if nonblocking {
-                r.settle_token(theirs.as_raw_fd());
-                return Some(Answer::Errno(libc::EAGAIN));
+        // The usnet listener is non-blocking (see `listen`): another process's
+        // waiting accept can take the connection `poll` saw, and this thread serves
+        // every call, so it never waits here.
+        match self.accept_now(call, r, &theirs, flags) {
+            Err(libc::EAGAIN) if !is_nonblocking(theirs.as_raw_fd()) => {
+                let sup = self.clone_handle();
+                let (r, call) = (Arc::clone(r), *call);
+                std::thread::spawn(move || loop {
+                    let mut p = [libc::pollfd {
+                        fd: r.usnet,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
+                    let _ = posix::poll(&mut p, -1);
+                    match sup.accept_now(&call, &r, &theirs, flags) {
+                        Err(libc::EAGAIN) => continue,
+                        Err(e) => break sup.listener.answer(&call, Answer::Errno(e)),
+                        Ok(Some(a)) => break sup.listener.answer(&call, a),
+                        Ok(None) => break,
+                    }
+                });
+                None
             }
-            let sup = self.clone_handle();
-            let (r, call) = (Arc::clone(r), *call);
-            std::thread::spawn(move || {
-                let mut p = [libc::pollfd {
-                    fd: r.usnet,
-                    events: libc::POLLIN,
-                    revents: 0,
-                }];
-                let _ = posix::poll(&mut p, -1);
-                if let Some(a) = sup.accept_now(&call, &r, &theirs, flags) {
-                    sup.listener.answer(&call, a);
-                }
-            });
-            return None;
+            Err(e) => Some(Answer::Errno(e)),
+            Ok(a) => a,
         }
-        self.accept_now(call, r, &theirs, flags)
     }
 
     /// A handle for threads that finish a call later.
@@ -496,24 +495,21 @@ impl Supervisor {
         r: &Arc<Relay>,
         theirs: &OwnedFd,
         flags: i32,
-    ) -> Option<Answer> {
+    ) -> Result<Option<Answer>, i32> {
         let got = posix::accept4(r.usnet, libc::SOCK_NONBLOCK);
         r.settle_token(theirs.as_raw_fd());
-        let (conn, peer) = match got {
-            Ok(c) => c,
-            Err(e) => return Some(errno_of(e)),
-        };
+        let (conn, peer) = got.map_err(|e| e.0)?;
         // The relay's pumps want a blocking usnet socket.
         let _ = posix::fcntl(conn, libc::F_SETFL, 0);
         if let Err(a) = self.put_addr(call, call.args[1], call.args[2], peer) {
             let _ = posix::close(conn);
-            return Some(a);
+            return Ok(Some(a));
         }
         let (ours, theirs) = match pair() {
             Ok(p) => p,
             Err(e) => {
                 let _ = posix::close(conn);
-                return Some(io_errno(e));
+                return Ok(Some(io_errno(e)));
             }
         };
         if flags & libc::SOCK_NONBLOCK != 0 {
@@ -526,7 +522,7 @@ impl Supervisor {
             ours,
             State::Connected,
         ));
-        self.install_relay(call, relay, theirs, flags & libc::SOCK_CLOEXEC != 0)
+        Ok(self.install_relay(call, relay, theirs, flags & libc::SOCK_CLOEXEC != 0))
     }
 
     fn name(&self, call: &Call, got: posix::Res<SocketAddr>) -> Answer {

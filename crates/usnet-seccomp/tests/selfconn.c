@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static struct sockaddr_in at(const char *ip, int port) {
@@ -45,7 +47,24 @@ int main(int argc, char **argv) {
   n = read(c, b, sizeof b);
   printf("client read %zd: %s\n", n, b);
   printf("client then reads %zd (EOF)\n", read(c, b, sizeof b));
-  close(c); close(s); close(l);
+  close(c); close(s);
+  // A child waits in a blocking accept (no poll first) on the inherited listener.
+  fflush(stdout);
+  pid_t kid = fork();
+  if (kid == 0) {
+    int k = accept(l, NULL, NULL);
+    memset(b, 0, sizeof b);
+    n = k < 0 ? -1 : read(k, b, sizeof b);
+    printf("child accepted and read %zd: %s\n", n, b);
+    exit(0);
+  }
+  c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, (void *)&la, sizeof la)) { perror("connect 2"); return 1; }
+  write(c, "fork", 4);
+  int st = 0;
+  waitpid(kid, &st, 0);
+  printf("child exited %d\n", WEXITSTATUS(st));
+  close(c); close(l);
 
   int u1 = socket(AF_INET, SOCK_DGRAM, 0), u2 = socket(AF_INET, SOCK_DGRAM, 0);
   struct sockaddr_in a1 = at(ip, 7802), a2 = at(ip, 7803), from;
