@@ -520,12 +520,15 @@ fn ipv6_joins_report_with_mld_and_datagrams_reach_members() {
 #[test]
 fn a_connected_socket_a_full_queue_and_a_bad_checksum_each_lose_only_their_copy() {
     let mut s = stack();
-    let bind = |s: &mut Stack| {
-        s.udp_bind_reuse(sa("0.0.0.0:5000"), Families::Both, true)
-            .unwrap()
-    };
-    let (open, full, conn_other, conn_peer) =
-        (bind(&mut s), bind(&mut s), bind(&mut s), bind(&mut s));
+    let bind = |s: &mut Stack, at: &str| s.udp_bind_reuse(sa(at), Families::Both, true).unwrap();
+    // The connected ones are bound to the group: connecting a socket bound to the
+    // wildcard gives it the route's source address, and then (as on Linux, whose
+    // `__udp_is_mcast_sock` compares `inet_rcv_saddr`) it takes no group's copies.
+    let (open, full) = (bind(&mut s, "0.0.0.0:5000"), bind(&mut s, "0.0.0.0:5000"));
+    let (conn_other, conn_peer) = (
+        bind(&mut s, "239.1.2.3:5000"),
+        bind(&mut s, "239.1.2.3:5000"),
+    );
     let from = sa("10.0.0.9:4000");
     s.udp_connect(conn_other, sa("10.0.0.8:4000")).unwrap();
     s.udp_connect(conn_peer, from).unwrap();
