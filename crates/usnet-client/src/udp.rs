@@ -332,6 +332,16 @@ impl UdpSocket {
             .map(|_| ())
     }
 
+    /// Dissolves a `connect` (Linux's `connect` to `AF_UNSPEC`): datagrams from
+    /// anyone are received again, `send` needs an address, and an address the
+    /// connect chose goes back to the wildcard (the port stays).
+    pub fn disconnect(&self) -> io::Result<()> {
+        let a = SockAddr::default().to_args();
+        self.sock
+            .call(op::CONNECT, [a[0], a[1], a[2], a[3], 0, 0])
+            .map(|_| ())
+    }
+
     pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
         self.sock.set_nonblocking(nb);
         Ok(())

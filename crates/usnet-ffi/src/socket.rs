@@ -176,6 +176,10 @@ pub unsafe extern "C" fn usnet_connect(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: per the contract.
+        if unsafe { addr::is_unspec(a, len) } {
+            return ret_int(fd_first(fd, usnet_posix::disconnect(fd).map(|()| 0)));
+        }
+        // SAFETY: per the contract.
         ret_int(fd_first(
             fd,
             unsafe { sockaddr_in(a, len) }

@@ -4,6 +4,20 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use crate::Errno;
 
+/// The address is `AF_UNSPEC` (what `connect` takes to dissolve an association);
+/// false when it is too short to hold a family or null.
+///
+/// # Safety
+/// `ptr` is null or points to `len` readable bytes.
+pub unsafe fn is_unspec(ptr: *const libc::sockaddr, len: libc::socklen_t) -> bool {
+    if ptr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return false;
+    }
+    // SAFETY: the caller vouches for `len` readable bytes; the family comes first.
+    let family = unsafe { std::ptr::read_unaligned(ptr as *const libc::sa_family_t) };
+    family as i32 == libc::AF_UNSPEC
+}
+
 /// Reads a `sockaddr_in`/`sockaddr_in6` of `len` bytes at `ptr`.
 ///
 /// # Safety

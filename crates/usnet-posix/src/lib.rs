@@ -772,6 +772,21 @@ pub fn connect(fd: RawFd, addr: SocketAddr) -> Res<()> {
     Ok(())
 }
 
+/// `connect(2)` to `AF_UNSPEC`: a datagram socket forgets its peer (see
+/// `op::CONNECT`); a stream socket that never connected has nothing to dissolve;
+/// a connected one is `EOPNOTSUPP` (Linux aborts it and lets it connect again).
+pub fn disconnect(fd: RawFd) -> Res<()> {
+    let e = get(fd)?;
+    let o = e.read();
+    match &*o {
+        Obj::Udp(u) => Ok(u.disconnect()?),
+        Obj::Fresh(_) if !e.deferred_connect() => Ok(()),
+        Obj::Listener(_) => Err(Errno(libc::EINVAL)),
+        Obj::Epoll(_) => Err(ebadf_kind()),
+        _ => Err(Errno(libc::EOPNOTSUPP)),
+    }
+}
+
 /// `MSG_*` flags the layer honours; others are `EOPNOTSUPP`. On a stream,
 /// `MSG_MORE` and `MSG_EOR` reach the stack with the bytes (`TcpStream::send_flagged`);
 /// on a datagram socket they change nothing. `MSG_CONFIRM` (the neighbour is

@@ -243,6 +243,15 @@ fn udp_ttl_and_tos_per_socket_and_per_send_as_on_the_kernel() {
     same_under_the_shim("udp_ttl_tos", 7810);
 }
 
+/// `connect` to `AF_UNSPEC` dissolves a UDP socket's association: everyone is
+/// heard again, `send` needs an address, the connect's address goes back to the
+/// wildcard (`examples/c/udp_disconnect.c`; before, it was `EAFNOSUPPORT`).
+#[test]
+fn a_udp_disconnect_hears_everyone_again_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("udp_disconnect", 7880);
+}
+
 /// Receive timestamps on a UDP socket (SO_TIMESTAMP, SO_TIMESTAMPNS, SO_TIMESTAMPING's
 /// software stamp) between the send and the receive, and SOL_SOCKET options Linux
 /// takes on any socket (`examples/c/udp_timestamps.c`; before, each was

@@ -299,6 +299,10 @@ pub mod op {
     /// result is how many of those bytes ride on the SYN (0 without a cookie: the SYN
     /// asks for one); the rest are dropped, for the client to send once connected.
     /// `EOPNOTSUPP` when the stack's `tcp_fastopen` has no client bit.
+    /// Family [`super::AF_UNSPEC`]: Linux's disconnect. A UDP socket forgets its
+    /// peer (the slot's `PEER` is cleared, `CONNECTED` drops, an address the connect
+    /// chose goes back to the wildcard; the port stays); a TCP socket that never
+    /// connected: 0; a connected or connecting one: `EOPNOTSUPP`.
     pub const CONNECT: u16 = 5;
     /// `args[0]`: how ([`super::SHUT_RD`], [`super::SHUT_WR`], [`super::SHUT_RDWR`]).
     pub const SHUTDOWN: u16 = 6;
@@ -1079,6 +1083,8 @@ pub struct SockAddr {
     pub scope_id: u32,
 }
 
+/// In a CONNECT: dissolve the association (`connect` to `AF_UNSPEC`).
+pub const AF_UNSPEC: u16 = 0;
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
 

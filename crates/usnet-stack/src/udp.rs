@@ -1,6 +1,6 @@
 //! The application's UDP calls on a [`Stack`]: bind, connect, send, receive.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::socket::udp::Datagram;
 use crate::socket::{DgramProto, Families, Owner, Socket, SocketHandle, SocketStats, UdpSocket};
@@ -185,6 +185,26 @@ impl Stack {
         // then names it, and the socket takes only datagrams sent to it.
         if u.local.ip().is_unspecified() && u.local.is_ipv4() == remote.is_ipv4() {
             u.local.set_ip(src);
+            u.addr_from_connect = true;
+        }
+        Ok(())
+    }
+
+    /// Dissolves a connect (`connect` to `AF_UNSPEC`, Linux's `__udp_disconnect`):
+    /// datagrams from anyone are received again, a send needs an address, and an
+    /// address the connect chose goes back to the wildcard. The port stays (Linux
+    /// gives back a port that bind did not choose; usnet keeps it, so a later send
+    /// comes from the same one).
+    pub fn udp_disconnect(&mut self, h: SocketHandle) -> Result<(), StackError> {
+        let u = self.udp_mut(h)?;
+        u.remote = None;
+        if std::mem::take(&mut u.addr_from_connect) {
+            let any: IpAddr = if u.local.is_ipv4() {
+                Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                Ipv6Addr::UNSPECIFIED.into()
+            };
+            u.local.set_ip(any);
         }
         Ok(())
     }

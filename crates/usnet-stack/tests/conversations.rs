@@ -283,6 +283,58 @@ fn a_connected_udp_socket_names_its_source_address() {
     }
 }
 
+/// A connect to `AF_UNSPEC` dissolves the association, as Linux's
+/// `__udp_disconnect`: a datagram from another sender, dropped while connected,
+/// is received after it; a send needs an address again; the address the connect
+/// chose goes back to the wildcard, the bound port stays.
+#[test]
+fn a_disconnected_udp_socket_hears_everyone_again() {
+    let mut net = pair(8, Faults::default());
+    let h = net.stack_mut(0).udp_bind(sa("0.0.0.0:5300")).unwrap();
+    let peer = net.stack_mut(1).udp_bind(sa("0.0.0.0:53")).unwrap();
+    let other = net.stack_mut(1).udp_bind(sa("0.0.0.0:54")).unwrap();
+    let s = net.stack_mut(0);
+    s.udp_connect(h, sa("10.0.0.2:53")).unwrap();
+    assert_eq!(s.udp_local_addr(h).unwrap(), sa("10.0.0.1:5300"));
+    let mut buf = [0u8; 64];
+    let mut heard = |net: &mut SimNet, from: usnet_stack::SocketHandle, msg: &[u8]| -> bool {
+        net.stack_mut(1)
+            .udp_send_to(from, msg, sa("10.0.0.1:5300"))
+            .unwrap();
+        net.run_for(Duration::from_millis(20));
+        match net.stack_mut(0).udp_recv_from(h, &mut buf) {
+            Ok((n, _)) => &buf[..n] == msg,
+            Err(_) => false,
+        }
+    };
+    assert!(heard(&mut net, peer, b"from the peer"));
+    assert!(
+        !heard(&mut net, other, b"from another"),
+        "connected: only the peer"
+    );
+    net.stack_mut(0).udp_disconnect(h).unwrap();
+    assert_eq!(
+        net.stack_mut(0).udp_local_addr(h).unwrap(),
+        sa("0.0.0.0:5300")
+    );
+    assert!(matches!(
+        net.stack_mut(0).udp_send(h, b"x"),
+        Err(StackError::NotConnected)
+    ));
+    assert!(
+        heard(&mut net, other, b"from another"),
+        "disconnected: anyone"
+    );
+    // A socket bound to an address of its own keeps it.
+    let b = net.stack_mut(0).udp_bind(sa("10.0.0.1:5301")).unwrap();
+    net.stack_mut(0).udp_connect(b, sa("10.0.0.2:53")).unwrap();
+    net.stack_mut(0).udp_disconnect(b).unwrap();
+    assert_eq!(
+        net.stack_mut(0).udp_local_addr(b).unwrap(),
+        sa("10.0.0.1:5301")
+    );
+}
+
 /// Sends `n` datagrams of varying size; returns those received intact (all payloads
 /// carry their index and a pattern so corruption would be seen).
 fn udp_transfer(net: &mut SimNet, dst: IpAddr, n: u32, max: usize) -> (u32, u32) {

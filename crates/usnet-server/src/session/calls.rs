@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
 use usnet_session_abi::{
-    errno, slot, SockAddr, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF, KIND_ICMP,
-    KIND_RAW, KIND_TCP, KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
+    errno, slot, SockAddr, AF_UNSPEC, FAM_V4, FAM_V6, FLAG_BOUND, FLAG_CONNECTED, FLAG_RX_EOF,
+    KIND_ICMP, KIND_RAW, KIND_TCP, KIND_UDP, SHUT_RD, SHUT_RDWR, SHUT_WR, SLOT_CLOSING,
 };
 use usnet_stack::{Families, IpFamily, SocketHandle, Stack, StackError};
 
@@ -275,6 +275,9 @@ impl ServerSession {
     }
 
     pub(super) fn op_connect(&mut self, stack: &mut Stack, i: u32, a: SockAddr) -> i64 {
+        if a.family == AF_UNSPEC {
+            return self.disconnect(stack, i);
+        }
         let Some(remote) = a.to_std() else {
             return -errno::EINVAL;
         };
@@ -329,6 +332,31 @@ impl ServerSession {
                     Err(e) => err(e),
                 }
             }
+        }
+    }
+
+    /// `connect` to `AF_UNSPEC`: a UDP socket forgets its peer (and an address the
+    /// connect chose); a TCP socket that never connected has nothing to dissolve.
+    /// Linux aborts a connected TCP socket and lets it connect again; usnet's
+    /// sockets do not come back from a connection, so that is `EOPNOTSUPP`.
+    fn disconnect(&mut self, stack: &mut Stack, i: u32) -> i64 {
+        let s = self.sock(i);
+        match (s.role, s.handle) {
+            (Role::Udp, Some(h)) => {
+                if let Err(e) = stack.udp_disconnect(h) {
+                    return err(e);
+                }
+                if let Ok(l) = stack.udp_local_addr(h) {
+                    self.mem
+                        .set_slot_addr(i, slot::LOCAL, &SockAddr::from_std(l));
+                }
+                self.mem.set_slot_addr(i, slot::PEER, &SockAddr::default());
+                self.set_flags(i, 0, FLAG_CONNECTED);
+                0
+            }
+            (Role::Udp, None) | (Role::Fresh, None) => 0,
+            (Role::Listener, _) => -errno::EINVAL,
+            _ => -errno::EOPNOTSUPP,
         }
     }
 

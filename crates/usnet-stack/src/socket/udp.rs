@@ -114,6 +114,9 @@ pub(crate) struct UdpSocket {
     pub errors: crate::icmp_error::DgramErrors,
     /// A raw socket's filter ([`DgramProto::Raw`]).
     pub icmp_filter: IcmpFilter,
+    /// `local`'s address was set by a connect (the socket was bound to the
+    /// wildcard): a disconnect gives the wildcard back.
+    pub addr_from_connect: bool,
 }
 
 impl UdpSocket {
@@ -141,6 +144,7 @@ impl UdpSocket {
             hdr: Default::default(),
             errors: Default::default(),
             icmp_filter: IcmpFilter::default(),
+            addr_from_connect: false,
         }
     }
 }
