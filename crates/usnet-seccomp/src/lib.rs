@@ -3,6 +3,7 @@
 //! socket calls to this process (the supervisor), which answers them with relays
 //! (relay.rs) over usnet-posix. Design and limits: docs/seccomp.md.
 
+pub mod args;
 mod filter;
 mod notify;
 mod relay;
@@ -17,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use usnet_posix as posix;
 
+use args::{Mem, MsgAt, Thread};
 pub use filter::{DGRAM_BASE, STREAM_BASE};
 use notify::{Answer, Call, Listener};
 use relay::{Kind, Relay, State};
@@ -309,27 +311,12 @@ impl Supervisor {
 
     /// Reads the sockaddr of `len` bytes at `ptr` in the caller.
     fn their_addr(&self, call: &Call, ptr: u64, len: u64) -> Result<SocketAddr, Answer> {
-        if len > 128 {
-            return Err(Answer::Errno(libc::EINVAL));
-        }
-        let b = notify::read_mem(call.tid, ptr, len as usize).map_err(io_errno)?;
-        // SAFETY: `b` holds `len` bytes.
-        unsafe { posix::addr::from_raw(b.as_ptr().cast(), len as libc::socklen_t) }
-            .map_err(errno_of)
+        args::sockaddr(&Thread(call.tid), ptr, len).map_err(Answer::Errno)
     }
 
-    /// Writes `addr` to a (sockaddr *, socklen_t *) pair of the caller's, as the
-    /// kernel does: truncated to the caller's length, the whole length reported.
+    /// Writes `addr` to a (sockaddr *, socklen_t *) pair of the caller's.
     fn put_addr(&self, call: &Call, ptr: u64, lenp: u64, addr: SocketAddr) -> Result<(), Answer> {
-        if ptr == 0 || lenp == 0 {
-            return Ok(());
-        }
-        let lb = notify::read_mem(call.tid, lenp, 4).map_err(io_errno)?;
-        let room = u32::from_ne_bytes([lb[0], lb[1], lb[2], lb[3]]) as usize;
-        let bytes = posix::addr::to_bytes(addr);
-        let n = room.min(bytes.len());
-        notify::write_mem(call.tid, ptr, &bytes[..n]).map_err(io_errno)?;
-        notify::write_mem(call.tid, lenp, &(bytes.len() as u32).to_ne_bytes()).map_err(io_errno)
+        args::put_addr(&Thread(call.tid), ptr, lenp, addr).map_err(Answer::Errno)
     }
 
     /// A loopback address on a fresh relay: the caller's number becomes a kernel
@@ -378,9 +365,14 @@ impl Supervisor {
     }
 
     fn connect(&self, call: &Call, r: &Arc<Relay>, fd: i32, ino: u64) -> Option<Answer> {
-        let addr = match self.their_addr(call, call.args[1], call.args[2]) {
-            Ok(a) => a,
-            Err(a) => return Some(a),
+        let addr = match args::connect_addr(&Thread(call.tid), call.args[1], call.args[2]) {
+            Ok(Some(a)) => a,
+            // A relayed stream never comes back from a connection: posix answers
+            // as it does for the shim (0 when fresh, EOPNOTSUPP when connected).
+            Ok(None) => {
+                return Some(posix::disconnect(r.usnet).map_or_else(errno_of, |_| Answer::Value(0)))
+            }
+            Err(e) => return Some(Answer::Errno(e)),
         };
         let fresh = *r.state.lock().unwrap_or_else(|p| p.into_inner()) == State::Fresh;
         if fresh && is_loopback(&addr) && !self.opts.loopback_usnet {
@@ -539,18 +531,19 @@ impl Supervisor {
         if lenp == 0 {
             return Answer::Errno(libc::EFAULT);
         }
-        let lb = match notify::read_mem(call.tid, lenp, 4) {
+        let mem = Thread(call.tid);
+        let lb = match mem.read(lenp, 4) {
             Ok(b) => b,
-            Err(e) => return io_errno(e),
+            Err(e) => return Answer::Errno(e),
         };
         let room = (u32::from_ne_bytes([lb[0], lb[1], lb[2], lb[3]]) as usize).min(4096);
         let mut out = vec![0u8; room];
         match posix::getsockopt(r.usnet, level as i32, name as i32, &mut out) {
             Ok(n) => {
                 let n = n.min(room);
-                notify::write_mem(call.tid, val, &out[..n])
-                    .and_then(|_| notify::write_mem(call.tid, lenp, &(n as u32).to_ne_bytes()))
-                    .map_or_else(io_errno, |_| Answer::Value(0))
+                mem.write(val, &out[..n])
+                    .and_then(|_| mem.write(lenp, &(n as u32).to_ne_bytes()))
+                    .map_or_else(Answer::Errno, |_| Answer::Value(0))
             }
             Err(e) => errno_of(e),
         }
@@ -561,124 +554,48 @@ impl Supervisor {
         if len > 4096 {
             return Answer::Errno(libc::EINVAL);
         }
-        match notify::read_mem(call.tid, val, len as usize) {
+        match Thread(call.tid).read(val, len as usize) {
             Ok(v) => posix::setsockopt(r.usnet, level as i32, name as i32, &v)
                 .map_or_else(errno_of, |_| Answer::Value(0)),
-            Err(e) => io_errno(e),
+            Err(e) => Answer::Errno(e),
         }
     }
 }
 
 // ------------------------------------------------------------ datagram data calls
 
-/// Where a datagram call's bytes and address are, in the caller.
-struct MsgAt {
-    iov: Vec<(u64, usize)>,
-    name: u64,
-    namelen: u64,
-    /// For recvmsg: where to write msg_namelen, msg_controllen and msg_flags back.
-    msg: Option<u64>,
-}
-
-// struct msghdr on 64-bit Linux.
-const MSG_NAME: u64 = 0;
-const MSG_NAMELEN: u64 = 8;
-const MSG_IOV: u64 = 16;
-const MSG_IOVLEN: u64 = 24;
-const MSG_CONTROLLEN: u64 = 40;
-const MSG_FLAGS: u64 = 48;
-const MSGHDR: u64 = 56;
-const MMSGHDR: u64 = 64;
-
-fn u64_at(b: &[u8], off: u64) -> u64 {
-    let o = off as usize;
-    u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"))
-}
-
 impl Supervisor {
-    fn iovecs(&self, call: &Call, at: u64, count: u64) -> Result<Vec<(u64, usize)>, Answer> {
-        if count > 1024 {
-            return Err(Answer::Errno(libc::EINVAL));
-        }
-        let b = notify::read_mem(call.tid, at, count as usize * 16).map_err(io_errno)?;
-        Ok(b.chunks(16)
-            .map(|c| (u64_at(c, 0), u64_at(c, 8) as usize))
-            .collect())
-    }
-
-    fn msghdr(&self, call: &Call, at: u64) -> Result<(MsgAt, u64), Answer> {
-        let b = notify::read_mem(call.tid, at, MSGHDR as usize).map_err(io_errno)?;
-        let iov = self.iovecs(call, u64_at(&b, MSG_IOV), u64_at(&b, MSG_IOVLEN))?;
-        let namelen = u64::from(u32::from_ne_bytes(
-            b[MSG_NAMELEN as usize..MSG_NAMELEN as usize + 4]
-                .try_into()
-                .expect("4"),
-        ));
-        let m = MsgAt {
-            iov,
-            name: u64_at(&b, MSG_NAME),
-            namelen,
-            msg: Some(at),
-        };
-        Ok((m, u64_at(&b, MSG_CONTROLLEN)))
-    }
-
     /// The data calls on a datagram relay.
     fn data(&self, call: &Call, r: &Arc<Relay>, theirs: OwnedFd) -> Option<Answer> {
         let a = call.args;
-        let one = |p: u64, l: u64| vec![(p, l as usize)];
-        let sent = |m: Result<(MsgAt, u64), Answer>, flags: i32| -> Answer {
+        let mem = Thread(call.tid);
+        let sent = |m: Result<MsgAt, i32>, flags: i32| -> Answer {
+            m.map_or_else(Answer::Errno, |m| self.send(call, r, &m, flags))
+        };
+        let recv = |m: Result<MsgAt, i32>, flags: i32, mmsg: bool| -> Option<Answer> {
             match m {
-                Ok((_, control)) if control > 0 => Answer::Errno(libc::EOPNOTSUPP),
-                Ok((m, _)) => self.send(call, r, &m, flags),
-                Err(a) => a,
+                Ok(m) => self.recv(call, r, theirs, m, flags, mmsg),
+                Err(e) => Some(Answer::Errno(e)),
             }
         };
+        let iov = |at: u64, n: u64| {
+            args::iovecs(&mem, at, n).map(|iov| MsgAt {
+                iov,
+                ..MsgAt::default()
+            })
+        };
         match call.nr {
-            libc::SYS_write => {
-                let m = MsgAt {
-                    iov: one(a[1], a[2]),
-                    name: 0,
-                    namelen: 0,
-                    msg: None,
-                };
-                Some(self.send(call, r, &m, 0))
-            }
-            libc::SYS_sendto => {
-                let m = MsgAt {
-                    iov: one(a[1], a[2]),
-                    name: a[4],
-                    namelen: a[5],
-                    msg: None,
-                };
-                Some(self.send(call, r, &m, a[3] as i32))
-            }
-            libc::SYS_writev => Some(match self.iovecs(call, a[1], a[2]) {
-                Ok(iov) => self.send(
-                    call,
-                    r,
-                    &MsgAt {
-                        iov,
-                        name: 0,
-                        namelen: 0,
-                        msg: None,
-                    },
-                    0,
-                ),
-                Err(a) => a,
-            }),
-            libc::SYS_sendmsg => Some(sent(self.msghdr(call, a[1]), a[2] as i32)),
+            libc::SYS_write => Some(sent(Ok(MsgAt::one(a[1], a[2], 0, 0)), 0)),
+            libc::SYS_sendto => Some(sent(Ok(MsgAt::one(a[1], a[2], a[4], a[5])), a[3] as i32)),
+            libc::SYS_writev => Some(sent(iov(a[1], a[2]), 0)),
+            libc::SYS_sendmsg => Some(sent(args::msghdr(&mem, a[1]), a[2] as i32)),
             libc::SYS_sendmmsg => {
                 let mut n = 0u64;
-                while n < a[2].min(1024) {
-                    let at = a[1] + n * MMSGHDR;
-                    match sent(self.msghdr(call, at), a[3] as i32) {
+                while n < a[2].min(args::MAX_IOV) {
+                    let at = a[1] + n * args::MMSGHDR;
+                    match sent(args::msghdr(&mem, at), a[3] as i32) {
                         Answer::Value(len) => {
-                            let _ = notify::write_mem(
-                                call.tid,
-                                at + MSGHDR,
-                                &(len as u32).to_ne_bytes(),
-                            );
+                            let _ = mem.write(at + args::MSGHDR, &(len as u32).to_ne_bytes());
                             n += 1;
                         }
                         e if n == 0 => return Some(e),
@@ -687,74 +604,33 @@ impl Supervisor {
                 }
                 Some(Answer::Value(n as i64))
             }
-            libc::SYS_read => {
-                let m = MsgAt {
-                    iov: one(a[1], a[2]),
-                    name: 0,
-                    namelen: 0,
-                    msg: None,
-                };
-                self.recv(call, r, theirs, m, 0, false)
-            }
-            libc::SYS_recvfrom => {
-                // (addr, addrlen *): namelen here is the pointer to the length.
-                let m = MsgAt {
-                    iov: one(a[1], a[2]),
-                    name: a[4],
-                    namelen: a[5],
-                    msg: None,
-                };
-                self.recv(call, r, theirs, m, a[3] as i32, false)
-            }
-            libc::SYS_readv => match self.iovecs(call, a[1], a[2]) {
-                Ok(iov) => self.recv(
-                    call,
-                    r,
-                    theirs,
-                    MsgAt {
-                        iov,
-                        name: 0,
-                        namelen: 0,
-                        msg: None,
-                    },
-                    0,
-                    false,
-                ),
-                Err(a) => Some(a),
-            },
-            libc::SYS_recvmsg => match self.msghdr(call, a[1]) {
-                Ok((m, _)) => self.recv(call, r, theirs, m, a[2] as i32, false),
-                Err(a) => Some(a),
-            },
+            libc::SYS_read => recv(Ok(MsgAt::one(a[1], a[2], 0, 0)), 0, false),
+            // (addr, addrlen *): namelen here is the pointer to the length.
+            libc::SYS_recvfrom => recv(Ok(MsgAt::one(a[1], a[2], a[4], a[5])), a[3] as i32, false),
+            libc::SYS_readv => recv(iov(a[1], a[2]), 0, false),
+            libc::SYS_recvmsg => recv(args::msghdr(&mem, a[1]), a[2] as i32, false),
             // recvmmsg: one datagram per call (a valid answer: it returns how many
             // it filled).
-            libc::SYS_recvmmsg => match self.msghdr(call, a[1]) {
-                Ok((m, _)) if a[2] > 0 => self.recv(call, r, theirs, m, a[3] as i32, true),
-                Ok(_) => Some(Answer::Value(0)),
-                Err(a) => Some(a),
-            },
+            libc::SYS_recvmmsg if a[2] == 0 => Some(Answer::Value(0)),
+            libc::SYS_recvmmsg => recv(args::msghdr(&mem, a[1]), a[3] as i32, true),
             _ => Some(Answer::Continue),
         }
     }
 
     fn send(&self, call: &Call, r: &Relay, m: &MsgAt, flags: i32) -> Answer {
-        let to = if m.name != 0 {
-            match self.their_addr(call, m.name, m.namelen) {
-                Ok(a) => Some(a),
-                Err(a) => return a,
-            }
-        } else {
-            None
+        let mem = Thread(call.tid);
+        let sent = || -> Result<usize, i32> {
+            let to = if m.name != 0 {
+                Some(args::sockaddr(&mem, m.name, m.namelen)?)
+            } else {
+                None
+            };
+            let ctl = args::send_control(&mem, m)?;
+            let data = args::gather(&mem, m)?;
+            posix::sendmsg_with(r.usnet, &[&data], flags | libc::MSG_NOSIGNAL, to, &ctl)
+                .map_err(|e| e.0)
         };
-        let mut data = Vec::new();
-        for &(p, l) in &m.iov {
-            match notify::read_mem(call.tid, p, l.min(65536)) {
-                Ok(b) => data.extend_from_slice(&b),
-                Err(e) => return io_errno(e),
-            }
-        }
-        posix::sendto(r.usnet, &data, flags | libc::MSG_NOSIGNAL, to)
-            .map_or_else(errno_of, |n| Answer::Value(n as i64))
+        sent().map_or_else(Answer::Errno, |n| Answer::Value(n as i64))
     }
 
     fn recv(
@@ -767,97 +643,29 @@ impl Supervisor {
         mmsg: bool,
     ) -> Option<Answer> {
         let blocking = flags & libc::MSG_DONTWAIT == 0 && !is_nonblocking(theirs.as_raw_fd());
-        let want: usize = m.iov.iter().map(|x| x.1).sum::<usize>().min(65536);
-        let mut buf = vec![0u8; want];
-        let sys = flags;
-        match posix::recvmsg_dgram(r.usnet, &mut buf, sys | libc::MSG_DONTWAIT) {
+        let mut buf = vec![0u8; m.total().min(args::MAX_DGRAM)];
+        let deliver = move |call: &Call, buf: &[u8], got: posix::Res<posix::DgramMsg>| {
+            got.map_err(|e| e.0)
+                .and_then(|d| args::deliver(&Thread(call.tid), &m, buf, &d, flags, mmsg))
+                .map_or_else(Answer::Errno, Answer::Value)
+        };
+        match posix::recvmsg_dgram(r.usnet, &mut buf, flags | libc::MSG_DONTWAIT) {
             Err(posix::Errno(libc::EAGAIN)) if blocking => {
                 let (sup, r, call) = (self.clone_handle(), Arc::clone(r), *call);
                 std::thread::spawn(move || {
-                    let got = posix::recvmsg_dgram(r.usnet, &mut buf, sys);
-                    let a = sup.deliver(&call, &m, &buf, got, flags, mmsg);
+                    let got = posix::recvmsg_dgram(r.usnet, &mut buf, flags);
+                    let a = deliver(&call, &buf, got);
                     r.settle_token(theirs.as_raw_fd());
                     sup.listener.answer(&call, a);
                 });
                 None
             }
             got => {
-                let a = self.deliver(call, &m, &buf, got, flags, mmsg);
+                let a = deliver(call, &buf, got);
                 r.settle_token(theirs.as_raw_fd());
                 Some(a)
             }
         }
-    }
-
-    fn deliver(
-        &self,
-        call: &Call,
-        m: &MsgAt,
-        buf: &[u8],
-        got: posix::Res<posix::DgramMsg>,
-        flags: i32,
-        mmsg: bool,
-    ) -> Answer {
-        let d = match got {
-            Ok(d) => d,
-            Err(e) => return errno_of(e),
-        };
-        let mut at = 0;
-        for &(p, l) in &m.iov {
-            let n = l.min(d.len - at);
-            if let Err(e) = notify::write_mem(call.tid, p, &buf[at..at + n]) {
-                return io_errno(e);
-            }
-            at += n;
-        }
-        let name = posix::addr::to_bytes(d.from);
-        let w = |p: u64, b: &[u8]| notify::write_mem(call.tid, p, b);
-        let done = match m.msg {
-            // recvmsg: name, then msg_namelen, msg_controllen (no control messages
-            // cross the relay) and msg_flags written back into the msghdr.
-            Some(msg) => {
-                let room = m.namelen as usize;
-                (if m.name != 0 {
-                    w(m.name, &name[..room.min(name.len())])
-                } else {
-                    Ok(())
-                })
-                .and_then(|_| w(msg + MSG_NAMELEN, &(name.len() as u32).to_ne_bytes()))
-                .and_then(|_| w(msg + MSG_CONTROLLEN, &0u64.to_ne_bytes()))
-                .and_then(|_| {
-                    let f = if d.whole > d.len { libc::MSG_TRUNC } else { 0 };
-                    w(msg + MSG_FLAGS, &f.to_ne_bytes())
-                })
-                .and_then(|_| {
-                    if mmsg {
-                        w(msg + MSGHDR, &(d.len as u32).to_ne_bytes())
-                    } else {
-                        Ok(())
-                    }
-                })
-            }
-            // recvfrom: (addr, addrlen *).
-            None if m.name != 0 => {
-                return match self.put_addr(call, m.name, m.namelen, d.from) {
-                    Ok(()) => Answer::Value(ret_len(&d, flags)),
-                    Err(a) => a,
-                }
-            }
-            None => Ok(()),
-        };
-        match done {
-            Ok(()) if mmsg => Answer::Value(1),
-            Ok(()) => Answer::Value(ret_len(&d, flags)),
-            Err(e) => io_errno(e),
-        }
-    }
-}
-
-fn ret_len(d: &posix::DgramMsg, flags: i32) -> i64 {
-    if flags & libc::MSG_TRUNC != 0 {
-        d.whole as i64
-    } else {
-        d.len as i64
     }
 }
 

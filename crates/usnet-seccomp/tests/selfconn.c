@@ -1,6 +1,7 @@
 // A statically linked program that talks to itself over TCP and UDP on the
 // address given: the supervisor's relays carry every byte.
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -77,6 +78,53 @@ int main(int argc, char **argv) {
   printf("udp got %zd: %s from port %d\n", n, b, ntohs(from.sin_port));
   p.revents = 0;
   printf("udp readable after: %d\n", poll(&p, 1, 0));
+
+  // Control messages both ways: a TTL asked for one datagram, and what the
+  // receiver's IP_PKTINFO and IP_RECVTTL report.
+  setsockopt(u2, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
+  setsockopt(u2, IPPROTO_IP, IP_RECVTTL, &one, sizeof one);
+  union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } out;
+  struct iovec iv = {.iov_base = "pong", .iov_len = 4};
+  struct msghdr sm = {.msg_name = &a2, .msg_namelen = sizeof a2, .msg_iov = &iv, .msg_iovlen = 1,
+                      .msg_control = out.buf, .msg_controllen = sizeof out.buf};
+  struct cmsghdr *sc = CMSG_FIRSTHDR(&sm);
+  sc->cmsg_level = IPPROTO_IP; sc->cmsg_type = IP_TTL; sc->cmsg_len = CMSG_LEN(sizeof(int));
+  int ttl = 9; memcpy(CMSG_DATA(sc), &ttl, sizeof ttl);
+  printf("sendmsg with IP_TTL: %zd\n", sendmsg(u1, &sm, 0));
+  char cbuf[256];
+  struct iovec rv = {.iov_base = b, .iov_len = sizeof b};
+  struct msghdr rm = {.msg_name = &from, .msg_namelen = sizeof from, .msg_iov = &rv, .msg_iovlen = 1,
+                      .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+  memset(b, 0, sizeof b);
+  n = recvmsg(u2, &rm, 0);
+  printf("recvmsg %zd: %s, controllen %zu, flags %d\n", n, b, (size_t)rm.msg_controllen, rm.msg_flags);
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&rm); c; c = CMSG_NXTHDR(&rm, c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) {
+      int t; memcpy(&t, CMSG_DATA(c), sizeof t);
+      printf("  IP_TTL %d\n", t);
+    } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+      struct in_pktinfo pi; memcpy(&pi, CMSG_DATA(c), sizeof pi);
+      printf("  IP_PKTINFO to our address: %d, an interface: %d\n",
+             pi.ipi_addr.s_addr == a2.sin_addr.s_addr, pi.ipi_ifindex > 0);
+    } else {
+      printf("  level %d type %d\n", c->cmsg_level, c->cmsg_type);
+    }
+  }
+  // Too little room for the first message: cut off, flagged.
+  sendto(u1, "trunc", 5, 0, (void *)&a2, sizeof a2);
+  rm.msg_namelen = sizeof from; rm.msg_controllen = 8;
+  n = recvmsg(u2, &rm, 0);
+  printf("recvmsg %zd with 8 bytes of control room: MSG_CTRUNC %d\n", n, !!(rm.msg_flags & MSG_CTRUNC));
+  // connect, then connect to AF_UNSPEC: the peer is forgotten.
+  struct sockaddr unspec = {.sa_family = AF_UNSPEC};
+  printf("udp connect: %d\n", connect(u1, (void *)&a2, sizeof a2));
+  printf("udp send connected: %zd\n", send(u1, "c", 1, 0));
+  printf("udp disconnect: %d\n", connect(u1, &unspec, sizeof unspec));
+  fl = sizeof from;
+  int gp = getpeername(u1, (void *)&from, &fl), gp_err = errno;
+  printf("getpeername after: %d, ENOTCONN %d\n", gp, gp_err == ENOTCONN);
+  ssize_t sent = send(u1, "c", 1, 0);
+  printf("udp send disconnected: %zd, EDESTADDRREQ %d\n", sent, errno == EDESTADDRREQ);
   close(u1); close(u2);
   return 0;
 }

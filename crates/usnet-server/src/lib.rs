@@ -351,8 +351,8 @@ impl Loop {
             _ => None,
         };
         let (name, index) = match device {
-            Some(n) if cfg.ifindex != 0 => (n, cfg.ifindex),
-            _ => ("usnet0".to_string(), Iface::OWN_INDEX),
+            Some(n) if cfg.ifindex != 0 => (n, Iface::index_for(cfg.ifindex)),
+            _ => ("usnet0".to_string(), Iface::index_for(0)),
         };
         Iface {
             name,

@@ -1047,7 +1047,7 @@ impl ServerSession {
                 local: Some(info.dst),
                 hop_limit: Some(info.hop_limit),
                 tos: Some(info.tos),
-                ifindex: stack.config().ifindex,
+                ifindex: usnet_session::ctl::msg::Iface::index_for(stack.config().ifindex),
                 spec_dst: match stack.udp_reply_source(&info) {
                     Some(std::net::IpAddr::V4(a)) => a,
                     _ => std::net::Ipv4Addr::UNSPECIFIED,

@@ -173,6 +173,16 @@ impl Iface {
     /// NIC): one above what a namespace's own interfaces normally take.
     pub const OWN_INDEX: u32 = 0x7fff_0000;
 
+    /// The index programs see for a stack whose configured kernel interface
+    /// index is `kernel` (0: none), in the attach reply and in `IP_PKTINFO` alike.
+    pub fn index_for(kernel: u32) -> u32 {
+        if kernel == 0 {
+            Iface::OWN_INDEX
+        } else {
+            kernel
+        }
+    }
+
     /// Its addresses with their prefix lengths (what does not parse is left out).
     pub fn cidrs(&self) -> impl Iterator<Item = (std::net::IpAddr, u8)> + '_ {
         self.addrs.iter().filter_map(|a| {
