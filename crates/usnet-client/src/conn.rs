@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use usnet_session::ctl::{self, msg, ControlError};
 use usnet_session::{ServerPage, Session};
-use usnet_session_abi::{errno, hdr, Completion, Request, BELL_EVENTFD};
+use usnet_session_abi::{errno, hdr, slot, Completion, Request, BELL_EVENTFD};
 use usnet_shm::spsc::{Consumer, Producer};
 use usnet_shm::FutexBell;
 
@@ -760,12 +760,36 @@ impl Conn {
         &self,
         deadline: Option<Instant>,
         restartable: bool,
+        ready: impl FnMut() -> bool,
+    ) -> io::Result<bool> {
+        self.wait_until_on(None, deadline, restartable, ready)
+    }
+
+    /// [`Conn::wait_until`] for a `ready` that only the socket in slot `on` makes
+    /// true (a blocking call on it): the thread sleeps on that slot's words
+    /// (`slot::SLEEPERS`), so the server wakes it for this socket's news only and
+    /// a process with a thread per connection is not woken whole on every turn.
+    /// Under virtual time it sleeps on the session's bell, which the clock rings.
+    pub fn wait_until_on(
+        &self,
+        on: Option<u32>,
+        deadline: Option<Instant>,
+        restartable: bool,
         mut ready: impl FnMut() -> bool,
     ) -> io::Result<bool> {
         let signals = crate::signal::mark();
+        let slot_gate = on.filter(|_| vtime::installed().is_none()).map(|i| {
+            usnet_shm::Gate::new(
+                self.mem.slot_word(i, slot::EVENTS),
+                self.mem.slot_word(i, slot::SLEEPERS),
+            )
+        });
         loop {
             let epoch = vtime::epoch();
-            let seen = self.bell.seq();
+            let seen = match &slot_gate {
+                Some(g) => g.seq(),
+                None => self.bell.seq(),
+            };
             if ready() {
                 return Ok(true);
             }
@@ -783,9 +807,14 @@ impl Conn {
                 None => LIVENESS_SLICE,
             };
             match vtime::plan(epoch, left, deadline) {
-                (vtime::Plan::Sleep(left), _asleep) => {
-                    self.bell.sleep(seen, &mut ready, left);
-                }
+                (vtime::Plan::Sleep(left), _asleep) => match &slot_gate {
+                    Some(g) => {
+                        g.sleep(seen, &mut ready, left);
+                    }
+                    None => {
+                        self.bell.sleep(seen, &mut ready, left);
+                    }
+                },
                 (vtime::Plan::Moved, _) => continue,
                 (vtime::Plan::GiveUp, _) => return Ok(ready()),
             }

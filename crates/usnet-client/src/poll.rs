@@ -305,6 +305,29 @@ impl Poller {
         events: &mut Vec<Event>,
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
+        self.wait_inner(events, timeout, false)
+    }
+
+    /// [`Poller::wait`] for a poller no other thread changes while it waits (a
+    /// `poll(2)`'s own): with one socket registered, the thread sleeps on that
+    /// socket's slot (`Conn::wait_until_on`), so the server wakes it for that
+    /// socket's news only. (An epoll set's poller is not private: an
+    /// `epoll_ctl` from another thread wakes its sleeper through the session's
+    /// bell.)
+    pub fn wait_private(
+        &mut self,
+        events: &mut Vec<Event>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        self.wait_inner(events, timeout, true)
+    }
+
+    fn wait_inner(
+        &mut self,
+        events: &mut Vec<Event>,
+        timeout: Option<Duration>,
+        private: bool,
+    ) -> io::Result<usize> {
         let deadline = timeout.map(|t| crate::vtime::now() + t);
         loop {
             let before = events.len();
@@ -326,7 +349,11 @@ impl Poller {
             };
             let regs = &self.regs;
             let any = || regs.iter().any(|(&t, r)| r.check(t).is_some());
-            if !conn.wait_until(deadline, false, any)? {
+            let alone = match regs.values().next() {
+                Some(r) if private && regs.len() == 1 => Some(r.slot),
+                _ => None,
+            };
+            if !conn.wait_until_on(alone, deadline, false, any)? {
                 return Ok(0);
             }
         }

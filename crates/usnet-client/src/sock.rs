@@ -230,7 +230,10 @@ impl ClientSocket {
         if self.nonblocking() || DONT_WAIT.with(|d| d.get()) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        if self.conn.wait_until(deadline, true, ready)? {
+        if self
+            .conn
+            .wait_until_on(Some(self.slot), deadline, true, ready)?
+        {
             Ok(())
         } else {
             Err(io::ErrorKind::WouldBlock.into())

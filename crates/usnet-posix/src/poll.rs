@@ -158,7 +158,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> Res<usize> {
             None => Duration::from_secs(3600),
         };
         if kernel.is_empty() {
-            poller.wait(&mut events, Some(left))?;
+            poller.wait_private(&mut events, Some(left))?;
         } else if !poller.is_empty() {
             // One sleep for both sides: the kernel's poll on the kernel descriptors
             // and the session's eventfd; the top of the loop then looks at both.

@@ -724,6 +724,14 @@ pub mod slot {
     /// read here and moved.
     pub const RX_BUSY: usize = 32;
     pub const RX_STEAL: usize = 36;
+    /// Client threads asleep on this socket alone (a blocking call on it), each
+    /// in a futex wait on [`EVENTS`]: the server, after a (SeqCst) bump of
+    /// `EVENTS`, wakes them when this is not zero (`usnet_shm::doorbell::Gate` on
+    /// the two words). Threads that wait on many sockets, or on kernel
+    /// descriptors too, sleep on the session's bell instead; a blocking call does
+    /// not, so the server's turn does not wake every thread of a
+    /// thread-per-connection program.
+    pub const SLEEPERS: usize = 40;
     /// The local address ([`super::SockAddr`], 28 bytes).
     pub const LOCAL: usize = 64;
     /// The peer's address.
@@ -1360,6 +1368,10 @@ mod tests {
             (slot::EVENTS, 4),
             (slot::ACCEPT_PENDING, 4),
             (slot::GEN, 4),
+            (slot::TAG, 4),
+            (slot::RX_BUSY, 4),
+            (slot::RX_STEAL, 4),
+            (slot::SLEEPERS, 4),
             (slot::LOCAL, 28),
             (slot::PEER, 28),
             (slot::RX_PROD, 8),

@@ -84,9 +84,8 @@ impl ServerSession {
             }
         }
         self.mem.slot_word(i, slot::STATE).store(SLOT_FREE, Release);
-        self.mem.slot_word(i, slot::EVENTS).fetch_add(1, Release);
+        self.bump(i);
         self.free.push(i);
-        self.dirty = true;
     }
 
     /// The client is gone, and its process closed every descriptor, as the kernel

@@ -198,6 +198,9 @@ pub(crate) struct ServerSession {
     backlog: std::collections::VecDeque<Completion>,
     /// Something changed for the client this turn: notify its bell.
     pub dirty: bool,
+    /// Slots whose `EVENTS` moved this turn while a client thread slept on that
+    /// socket alone (`slot::SLEEPERS`): woken at [`ServerSession::notify`].
+    slot_wakes: Vec<u32>,
 
     // Slots (here; `calls` opens them, `lifecycle` gives them back).
     /// One entry per slot of the geometry, boxed: a client gets room for 1,024
@@ -296,6 +299,7 @@ impl ServerSession {
             rx_again: Vec::new(),
             backlog: Default::default(),
             dirty: false,
+            slot_wakes: Vec::new(),
             stats: SessionStats::default(),
             scratch: Vec::new(),
             limits,
@@ -355,6 +359,15 @@ impl ServerSession {
     pub fn notify(&mut self) {
         if self.dirty {
             self.dirty = false;
+            if !self.slot_wakes.is_empty() {
+                self.slot_wakes.sort_unstable();
+                self.slot_wakes.dedup();
+                for &i in &self.slot_wakes {
+                    usnet_shm::futex::wake(self.mem.slot_word(i, slot::EVENTS), u32::MAX);
+                    self.stats.notifies += 1;
+                }
+                self.slot_wakes.clear();
+            }
             if self.bell.bump_and_notify() {
                 self.stats.notifies += 1;
             }
@@ -650,7 +663,13 @@ impl ServerSession {
     }
 
     fn bump(&mut self, i: u32) {
-        self.mem.slot_word(i, slot::EVENTS).fetch_add(1, Release);
+        // Gate's producer half on the slot's words (usnet_shm::doorbell): the SeqCst
+        // bump, then a SeqCst look at the announcement of a thread that sleeps on
+        // this socket alone; the wake itself waits for the end of the turn.
+        self.mem.slot_word(i, slot::EVENTS).fetch_add(1, SeqCst);
+        if self.mem.slot_word(i, slot::SLEEPERS).load(SeqCst) != 0 {
+            self.slot_wakes.push(i);
+        }
         self.dirty = true;
     }
 
@@ -810,6 +829,49 @@ mod tests {
         assert!(!readable(&s), "nothing changed: nothing written");
         s.wake_all();
         assert!(readable(&s), "the server going wakes everyone");
+    }
+
+    /// A client thread asleep on one socket (`slot::SLEEPERS`, a futex wait on
+    /// its `EVENTS`) is woken by that socket's news and by no other socket's: a
+    /// thread-per-connection program is not woken whole on every turn.
+    #[test]
+    fn a_thread_asleep_on_one_socket_is_woken_by_its_news_alone() {
+        use std::time::Duration;
+        use usnet_session_abi::slot;
+        let mem =
+            usnet_session::Session::create(1, usnet_session_abi::Geometry::default()).unwrap();
+        let mut s =
+            super::ServerSession::new(1, 0, "t".into(), mem, crate::ServerLimits::default())
+                .unwrap();
+        let region = s.mem.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            let g = usnet_shm::Gate::new(
+                region.slot_word(3, slot::EVENTS),
+                region.slot_word(3, slot::SLEEPERS),
+            );
+            let seen = g.seq();
+            let slept = g.sleep(seen, || false, Duration::from_secs(20));
+            tx.send(slept).unwrap();
+        });
+        let asleep = std::time::Instant::now() + Duration::from_secs(20);
+        while s.mem.slot_word(3, slot::SLEEPERS).load(SeqCst) == 0 {
+            assert!(
+                std::time::Instant::now() < asleep,
+                "the thread never announced"
+            );
+            std::thread::yield_now();
+        }
+        let before = s.stats.notifies;
+        s.bump(5);
+        s.notify();
+        assert_eq!(s.stats.notifies, before, "another socket's news: no wake");
+        s.bump(3);
+        s.bump(3);
+        s.notify();
+        assert_eq!(s.stats.notifies, before + 1, "its own: one wake per turn");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(true));
+        sleeper.join().unwrap();
     }
 
     /// A session's socket table costs a pointer per slot until the slot is used: a
