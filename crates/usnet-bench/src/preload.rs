@@ -13,6 +13,10 @@
 //! redis-benchmark (GET and SET, without and with pipelining), and iperf3's server
 //! on both, one stream each way (the client on Linux sends, then with `-R`
 //! receives). Parts whose programs are not installed are skipped with one line.
+//!
+//! `via` [`Via::Seccomp`] puts the usnet side under the seccomp supervisor
+//! (`usnet run --via seccomp`, which carries static and Go programs) instead of
+//! the shim, to measure what that path costs on the same programs.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -41,6 +45,34 @@ pub struct PreloadBenchOptions {
     pub pool_buffers: bool,
     /// Only these parts ([`PARTS`]); empty: all.
     pub only: Vec<String>,
+    /// How the usnet side's programs reach the stack: `usnet run --via`
+    /// (`preload`: the LD_PRELOAD shim; `seccomp`: the supervisor that carries
+    /// static and Go programs, measured here on the same dynamic programs).
+    pub via: Via,
+}
+
+/// `usnet run --via` for the programs on usnet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Preload,
+    Seccomp,
+}
+
+impl Via {
+    fn arg(self) -> &'static str {
+        match self {
+            Via::Preload => "preload",
+            Via::Seccomp => "seccomp",
+        }
+    }
+
+    /// The usnet system's name in the table.
+    fn system(self) -> &'static str {
+        match self {
+            Via::Preload => "usnet (shim)",
+            Via::Seccomp => "usnet (seccomp)",
+        }
+    }
 }
 
 /// The parts `--only` names: nginx's two files, redis, iperf3 (`iperf3` sends
@@ -170,6 +202,8 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
             "run",
             "--stack",
             STACK,
+            "--via",
+            a.via.arg(),
             "--",
             "nginx",
             "-p",
@@ -185,7 +219,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         &dir,
     )?;
 
-    let systems = [("Linux kernel", kernel_addr), ("usnet (shim)", VETH_USNET)];
+    let systems = [("Linux kernel", kernel_addr), (a.via.system(), VETH_USNET)];
     let mut rows: Vec<Row> = Vec::new();
     for (_, name, len) in FILES.into_iter().filter(|f| a.wants(f.0)) {
         let mut per: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
@@ -230,6 +264,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
         server_ns: &server_ns,
         client_ns: &client_ns,
         systems,
+        via: a.via,
     };
     if a.wants("redis") {
         if need_tools(&["redis-server", "redis-benchmark", "redis-cli"]).is_ok() {
@@ -311,7 +346,7 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     table.print();
     std::fs::create_dir_all(&a.out)?;
     let doc: Value = json!({"bench": "preload", "connections": a.connections, "seconds": a.seconds,
-        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us, "pool_buffers": a.pool_buffers, "only": a.only,
+        "runs": a.runs, "redis_requests": a.redis_requests, "stack_spin_us": a.stack_spin_us, "pool_buffers": a.pool_buffers, "only": a.only, "via": a.via.arg(),
         "results": results});
     write_json(&a.out.join("preload.json"), &doc)?;
     std::fs::write(a.out.join("preload.md"), table.to_markdown())?;
@@ -332,11 +367,17 @@ pub fn run(a: &PreloadBenchOptions) -> Res<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A server program in `server_ns` on core 1: under the shim (`shim`) or on the kernel.
-fn server_cmd(exe: &std::path::Path, ns: &str, shim: bool, prog: &str) -> std::process::Command {
+/// A server program in `ns` on core 1: on usnet through `via`, or (`None`) on the kernel.
+fn server_cmd(
+    exe: &std::path::Path,
+    ns: &str,
+    via: Option<Via>,
+    prog: &str,
+) -> std::process::Command {
     let mut c = in_ns(ns, 1);
-    if shim {
-        c.arg(exe).args(["run", "--stack", STACK, "--", prog]);
+    if let Some(via) = via {
+        c.arg(exe)
+            .args(["run", "--stack", STACK, "--via", via.arg(), "--", prog]);
     } else {
         c.arg(prog);
     }
@@ -377,8 +418,9 @@ struct Setting<'a> {
     dir: &'a std::path::Path,
     server_ns: &'a str,
     client_ns: &'a str,
-    /// The kernel's and usnet's (under the shim): name and address.
+    /// The kernel's and usnet's: name and address.
     systems: [(&'static str, &'static str); 2],
+    via: Via,
 }
 
 impl Setting<'_> {
@@ -391,7 +433,7 @@ impl Setting<'_> {
     ) -> Res<Vec<Bg>> {
         let mut servers = Vec::new();
         for (i, (_, addr)) in self.systems.iter().enumerate() {
-            let mut c = server_cmd(self.exe, self.server_ns, i == 1, prog);
+            let mut c = server_cmd(self.exe, self.server_ns, (i == 1).then_some(self.via), prog);
             c.args(args(addr));
             let mut bg = spawn(c, self.dir, &format!("{prog}-{i}"))?;
             wait_port(self.client_ns, addr, port, &mut bg, self.dir)?;
@@ -644,7 +686,7 @@ fn postgres(a: &PreloadBenchOptions, at: &Setting, bin: &Path) -> Res<Vec<Row>> 
     for (i, (_, addr)) in systems.iter().enumerate() {
         let data = at.dir.join(format!("pg-{i}"));
         postgres_cluster(bin, &data, &["0.0.0.0/0"])?;
-        let mut c = server_cmd(at.exe, at.server_ns, i == 1, "setpriv");
+        let mut c = server_cmd(at.exe, at.server_ns, (i == 1).then_some(at.via), "setpriv");
         c.args(postgres_server_args(bin, &data, addr, PG_PORT));
         let mut bg = spawn(c, at.dir, &format!("postgres-{i}"))?;
         wait_port(client_ns, addr, PG_PORT, &mut bg, at.dir)?;

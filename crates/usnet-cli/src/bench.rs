@@ -464,9 +464,20 @@ pub struct PreloadArgs {
     /// iperf3-R).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// How the programs on usnet reach it: the LD_PRELOAD shim, or the seccomp
+    /// supervisor that carries static and Go programs (`usnet run --via`).
+    #[arg(long, value_enum, default_value_t = BenchVia::Preload)]
+    pub via: BenchVia,
     /// One short run per configuration (a smoke test).
     #[arg(long)]
     pub quick: bool,
+}
+
+/// `usnet bench preload --via`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum BenchVia {
+    Preload,
+    Seccomp,
 }
 
 impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
@@ -480,6 +491,10 @@ impl From<PreloadArgs> for usnet_bench::preload::PreloadBenchOptions {
             stack_spin_us: a.stack_spin_us,
             pool_buffers: a.pool_buffers,
             only: a.only,
+            via: match a.via {
+                BenchVia::Preload => usnet_bench::preload::Via::Preload,
+                BenchVia::Seccomp => usnet_bench::preload::Via::Seccomp,
+            },
         }
     }
 }

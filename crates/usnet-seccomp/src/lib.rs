@@ -191,7 +191,10 @@ impl Supervisor {
         match call.nr {
             libc::SYS_connect => self.connect(call, &r, fd, ino),
             libc::SYS_bind => self.bind(call, &r, fd, ino),
-            libc::SYS_listen => Some(self.listen(&r, ino, a[1] as i32)),
+            libc::SYS_listen => {
+                let backlog = a[1] as i32;
+                self.in_use_retried(call, &r, move |sup, r| sup.listen(r, ino, backlog))
+            }
             libc::SYS_accept | libc::SYS_accept4 => {
                 let flags = if call.nr == libc::SYS_accept4 {
                     a[3] as i32
@@ -421,7 +424,55 @@ impl Supervisor {
         if fresh && is_loopback(&addr) && !self.opts.loopback_usnet {
             return Some(self.to_kernel(call, r, fd, ino));
         }
-        Some(posix::bind(r.usnet, addr).map_or_else(errno_of, |_| Answer::Value(0)))
+        self.in_use_retried(call, r, move |_, r| {
+            posix::bind(r.usnet, addr).map_or_else(errno_of, |_| Answer::Value(0))
+        })
+    }
+
+    /// Answers `op`, unless it is `EADDRINUSE` while a socket the program has
+    /// closed everywhere is still open here (its relay's thread notices the close
+    /// within a fraction of a second): then `op` is tried again from another
+    /// thread every 10 ms for up to two seconds (the janitor looks at unused
+    /// sockets once a second), and the call answered from there.
+    /// A program that closes a listener and binds its port again at once (iperf3
+    /// after each test, a server reloading in place) finds it free, as on the
+    /// kernel, where the close is synchronous.
+    fn in_use_retried(
+        &self,
+        call: &Call,
+        r: &Arc<Relay>,
+        op: impl Fn(&Supervisor, &Arc<Relay>) -> Answer + Send + 'static,
+    ) -> Option<Answer> {
+        let first = op(self, r);
+        if first != Answer::Errno(libc::EADDRINUSE) || !self.closed_but_held(r) {
+            return Some(first);
+        }
+        let (sup, r, call) = (self.clone_handle(), Arc::clone(r), *call);
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let answer = loop {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                let a = op(&sup, &r);
+                if a != Answer::Errno(libc::EADDRINUSE)
+                    || std::time::Instant::now() >= deadline
+                    || !sup.closed_but_held(&r)
+                {
+                    break a;
+                }
+            };
+            sup.listener.answer(&call, answer);
+        });
+        None
+    }
+
+    /// Whether a relay other than `r` stands for a socket the program has closed
+    /// everywhere, which its thread has yet to close here.
+    fn closed_but_held(&self, r: &Arc<Relay>) -> bool {
+        self.relays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|o| !Arc::ptr_eq(o, r) && o.program_gone())
     }
 
     fn listen(&self, r: &Arc<Relay>, ino: u64, backlog: i32) -> Answer {

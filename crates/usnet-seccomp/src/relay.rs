@@ -70,6 +70,33 @@ impl Relay {
         posix::poll(&mut p, timeout_ms).is_ok_and(|n| n > 0)
     }
 
+    /// Waits up to `timeout_ms` for the usnet socket to be readable; true if it is
+    /// or (a listener) the program closed its end. A listener's wait watches the
+    /// program's end too, a kernel descriptor, so the close is seen at once and
+    /// the port is free for the program's next bind (iperf3 closes its listener
+    /// after each test and listens again); such a wait sleeps on the session's
+    /// eventfd, which every server turn rings, a price paid by listeners only. A
+    /// datagram socket waits on its own slot and sees the close within
+    /// `timeout_ms` (a bind meanwhile is retried: `in_use_retried`).
+    fn readable_or_closed(&self, timeout_ms: i32) -> bool {
+        if *self.state.lock().unwrap_or_else(|p| p.into_inner()) != State::Listening {
+            return self.usnet_readable(timeout_ms);
+        }
+        let mut p = [
+            libc::pollfd {
+                fd: self.usnet,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.ours.as_raw_fd(),
+                events: 0,
+                revents: 0,
+            },
+        ];
+        posix::poll(&mut p, timeout_ms).is_ok_and(|n| n > 0)
+    }
+
     /// Whether the program has closed its end everywhere.
     pub(crate) fn program_gone(&self) -> bool {
         let mut p = [libc::pollfd {
@@ -107,8 +134,11 @@ impl Relay {
                 if r.program_gone() {
                     break;
                 }
-                if !r.usnet_readable(200) {
+                if !r.readable_or_closed(200) {
                     continue;
+                }
+                if r.program_gone() {
+                    break;
                 }
                 let mut t = r.token.lock().unwrap_or_else(|p| p.into_inner());
                 if !*t {
@@ -133,6 +163,10 @@ impl Relay {
                         .0;
                 }
             }
+            // The supervisor's map then holds the last reference: forgetting the
+            // relay closes the usnet socket under the map's lock, so a bind that
+            // looks for closed sockets still held never misses this one.
+            drop(r);
             gone();
         };
         spawn("usnet-seccomp-token", run);
@@ -200,26 +234,27 @@ impl Relay {
         loop {
             // Either side can end it: data or FIN from the peer, or the program
             // closing its end everywhere (then the usnet socket closes with it).
-            let mut p = [
-                libc::pollfd {
-                    fd: self.usnet,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.ours.as_raw_fd(),
-                    events: 0,
-                    revents: 0,
-                },
-            ];
-            if posix::poll(&mut p, -1).is_err() {
-                return;
-            }
-            if p[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-                return;
-            }
-            if p[0].revents == 0 {
-                continue;
+            // The wait is on the usnet socket alone, so the server wakes this
+            // thread for this connection's news only (a wait that also watched
+            // the program's end, a kernel descriptor, would sleep on the session's
+            // eventfd, and every turn would wake every relay's thread); the
+            // program's close is looked for once a second. Its FIN went out
+            // already: the other thread sends it when the program's end reads EOF.
+            let mut p = [libc::pollfd {
+                fd: self.usnet,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            match posix::poll(&mut p, 1000) {
+                Err(posix::Errno(libc::EINTR)) => continue,
+                Err(_) => return,
+                Ok(0) => {
+                    if self.program_gone() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) => {}
             }
             let n = match posix::recvfrom(self.usnet, &mut buf, libc::MSG_DONTWAIT) {
                 Ok((n, _)) => n,
