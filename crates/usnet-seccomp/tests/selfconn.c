@@ -126,5 +126,16 @@ int main(int argc, char **argv) {
   ssize_t sent = send(u1, "c", 1, 0);
   printf("udp send disconnected: %zd, EDESTADDRREQ %d\n", sent, errno == EDESTADDRREQ);
   close(u1); close(u2);
+
+  // A listener closed and made again on its port at once (iperf3 after each
+  // test), twice over: the port is free each time, as on the kernel.
+  for (int round = 0; round < 2; round++) {
+    struct sockaddr_in ra = at(ip, 7804);
+    int rl = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(rl, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    int rb = bind(rl, (void *)&ra, sizeof ra);
+    printf("relisten %d: bind %d listen %d\n", round, rb, listen(rl, 4));
+    close(rl);
+  }
   return 0;
 }
