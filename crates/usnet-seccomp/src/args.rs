@@ -151,6 +151,11 @@ pub fn connect_addr(mem: &dyn Mem, ptr: u64, len: u64) -> Result<Option<SocketAd
     sockaddr(mem, ptr, len).map(Some)
 }
 
+/// The socklen_t at `at` (an address's or an option value's room).
+pub fn socklen(mem: &dyn Mem, at: u64) -> Result<u32, i32> {
+    Ok(u32_at(&mem.read(at, 4)?, 0))
+}
+
 /// Writes `addr` to a (sockaddr *, socklen_t *) pair, as the kernel's
 /// move_addr_to_user: truncated to the room the program gave, the whole length
 /// reported. Nothing is written when either pointer is null.
@@ -158,7 +163,7 @@ pub fn put_addr(mem: &dyn Mem, ptr: u64, lenp: u64, addr: SocketAddr) -> Result<
     if ptr == 0 || lenp == 0 {
         return Ok(());
     }
-    let room = u32_at(&mem.read(lenp, 4)?, 0) as usize;
+    let room = socklen(mem, lenp)? as usize;
     if room > i32::MAX as usize {
         return Err(libc::EINVAL);
     }

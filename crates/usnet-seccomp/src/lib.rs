@@ -583,11 +583,10 @@ impl Supervisor {
             return Answer::Errno(libc::EFAULT);
         }
         let mem = Thread(call.tid);
-        let lb = match mem.read(lenp, 4) {
-            Ok(b) => b,
+        let room = match args::socklen(&mem, lenp) {
+            Ok(n) => (n as usize).min(4096),
             Err(e) => return Answer::Errno(e),
         };
-        let room = (u32::from_ne_bytes([lb[0], lb[1], lb[2], lb[3]]) as usize).min(4096);
         let mut out = vec![0u8; room];
         match posix::getsockopt(r.usnet, level as i32, name as i32, &mut out) {
             Ok(n) => {
