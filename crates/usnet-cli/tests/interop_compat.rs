@@ -24,6 +24,8 @@
 //!   its connection and kernel descriptors at once), psql and pgbench from Linux;
 //! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls);
 //! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
+//! - vsftpd (each connection's processes made by raw `clone`s, under a 200 MB
+//!   address-space limit), passive and active FTP over IPv4 and IPv6;
 //! - wget and curl; iperf3 over UDP; ping, both families, with usnet its only
 //!   network;
 //! - a statically linked program: runs under `usnet run`'s seccomp supervisor; with
@@ -880,6 +882,50 @@ fn lighttpd(d: &Path) {
     }
 }
 
+/// vsftpd on its defaults (standalone, dual-stack): each connection's process is
+/// made with a raw `clone` system call (no fork handler runs), caps its address
+/// space at 200 MB (`RLIMIT_AS`) and makes the one that talks to the client with
+/// another clone, in a network namespace of its own, chrooted, as `nobody`.
+/// curl fetches a file over IPv4 and IPv6 with passive (EPSV, PASV) and active
+/// (PORT/EPRT: vsftpd dials curl) data connections.
+fn vsftpd(d: &Path) {
+    need("vsftpd", "vsftpd");
+    let port = 18094u16;
+    let empty = d.join("ftp-empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let cfg = d.join("vsftpd.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen=NO\nlisten_ipv6=YES\nlisten_port={port}\nanonymous_enable=YES\n\
+             anon_root={w}\nlocal_enable=NO\nsecure_chroot_dir={e}\n\
+             pasv_min_port=40000\npasv_max_port=40100\n",
+            w = d.join("www").display(),
+            e = empty.display()
+        ),
+    )
+    .unwrap();
+    let mut srv = spawn_prog(d, Some(STACK), "vsftpd", "vsftpd", &[cfg.to_str().unwrap()]);
+    wait_listening(&mut srv, d, OURS, port);
+    for host in [OURS.to_string(), format!("[{OURS6}]")] {
+        for mode in [&[][..], &["-P", "-"], &["--disable-epsv"]] {
+            let o = Command::new("curl")
+                .args(["-sS", "-g", "--max-time", "10"])
+                .args(mode)
+                .arg(format!("ftp://{host}:{port}/f"))
+                .output()
+                .expect("curl");
+            assert!(
+                o.status.success() && o.stdout == body(),
+                "vsftpd {host} {mode:?}: {} ({} bytes) {}",
+                String::from_utf8_lossy(&o.stderr),
+                o.stdout.len(),
+                log_of(d, srv.1)
+            );
+        }
+    }
+}
+
 /// BIRD speaking BGP under the shim with Linux's BIRD, both with `ttl security`
 /// (RFC 5082: TTL 255 on every segment, `IP_MINTTL` 255 on the socket): the
 /// session establishes, which the kernel's side allows only if usnet's segments
@@ -1509,6 +1555,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     haproxy(d);
     memcached(d);
     lighttpd(d);
+    vsftpd(d);
     bird(d);
     fetchers(d);
     root_without_dac_override(d);

@@ -126,14 +126,83 @@ fn attach_request(opts: &crate::AttachOptions) -> msg::Attach {
                 .map(|f| f.to_string_lossy().into_owned())
         })
         .unwrap_or_else(|| "?".into());
-    msg::Attach {
+    let mut req = msg::Attach {
         pid: std::process::id(),
         command,
         ring_bytes: opts.ring_bytes.map(|r| r as u64),
         max_sockets: opts.max_sockets.map(|m| m as u64),
         shard: opts.shard.map(|k| k as u64),
         claim: None,
+    };
+    if let Some(room) = address_space_room() {
+        let (sockets, ring) = fitted(
+            room / 2,
+            req.max_sockets.unwrap_or(1024),
+            req.ring_bytes.unwrap_or(256 * 1024),
+            opts.min_sockets.unwrap_or(1) as u64,
+        );
+        req.max_sockets = Some(sockets);
+        req.ring_bytes = Some(ring);
     }
+    req
+}
+
+/// Bytes of address space this process may still map under its `RLIMIT_AS`
+/// (`None`: no limit). Read from the kernel itself: the shim's `getrlimit`
+/// answers what the program set, without the room it adds for the session.
+fn address_space_room() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 on this process, reading into our own struct.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_AS,
+            std::ptr::null::<libc::rlimit>(),
+            &mut lim as *mut libc::rlimit,
+        )
+    };
+    if r != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    // The first field of statm: the address space in use, in pages.
+    let used = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * usnet_session_abi::PAGE as u64;
+    Some(lim.rlim_cur.saturating_sub(used))
+}
+
+/// The sockets and ring size of a session that takes at most `budget` bytes of
+/// address space, from the `sockets` and `ring` wanted: fewer sockets first (to
+/// 64, or `floor` if more), then smaller rings (to 16 KiB). A program that caps
+/// its address space (`ulimit -v`) gets a session that fits beside it rather
+/// than none; past both floors it asks for the floors and the attach says why
+/// it failed.
+fn fitted(budget: u64, mut sockets: u64, mut ring: u64, floor: u64) -> (u64, u64) {
+    let floor = floor.max(64).min(sockets);
+    let len = |sockets: u64, ring: u64| {
+        let g = usnet_session_abi::Geometry {
+            max_sockets: sockets.min(65536) as u32,
+            ring_bytes: ring as u32,
+            ..Default::default()
+        };
+        usnet_session_abi::Layout::new(g).map_or(u64::MAX, |l| l.total_len as u64)
+    };
+    while len(sockets, ring) > budget {
+        if sockets > floor {
+            sockets = (sockets / 2).max(floor);
+        } else if ring > 16 * 1024 {
+            ring /= 2;
+        } else {
+            break;
+        }
+    }
+    (sockets, ring)
 }
 
 impl Conn {
@@ -822,5 +891,26 @@ impl Conn {
                 return Err(io::ErrorKind::Interrupted.into());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fitted;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_session_shrinks_to_fit_the_address_space_left() {
+        // Unlimited room: what was asked.
+        assert_eq!(fitted(u64::MAX, 1024, 256 * 1024, 1), (1024, 256 * 1024));
+        // 150 MiB: fewer sockets first, the rings as they are.
+        assert_eq!(fitted(150 * MIB, 1024, 256 * 1024, 1), (256, 256 * 1024));
+        // 20 MiB: 64 sockets, then smaller rings.
+        assert_eq!(fitted(20 * MIB, 1024, 256 * 1024, 1), (64, 128 * 1024));
+        // A forked child's pinned sockets are kept.
+        assert_eq!(fitted(20 * MIB, 1224, 256 * 1024, 201), (201, 32 * 1024));
+        // Nothing fits: the floors, and the attach says why.
+        assert_eq!(fitted(MIB, 1024, 256 * 1024, 1), (64, 16 * 1024));
     }
 }

@@ -99,6 +99,9 @@ pub struct AttachOptions {
     pub ring_bytes: Option<u32>,
     /// Sockets this client may hold at once (the server's quota is the most).
     pub max_sockets: Option<u32>,
+    /// The fewest sockets the session may have when it is made smaller to fit the
+    /// process's address-space limit (a forked child's pinned sockets and one).
+    pub min_sockets: Option<u32>,
     /// The control connections (the session's, and fork pins') are made without
     /// close-on-exec, so that a program this process `exec`s or spawns can take over
     /// the sockets it inherits ([`Client::inherit`]); the BSD socket layer sets it.
@@ -142,6 +145,11 @@ impl Client {
         let weak = Arc::downgrade(&conn);
         vtime::watch(move || weak.upgrade().map(|c| c.ring_own_bell()).is_some());
         Client { conn }
+    }
+
+    /// Bytes of this process's address space the session's memory takes.
+    pub fn mapped_bytes(&self) -> usize {
+        self.conn.mem.region().len()
     }
 
     /// The session's number at the server (shown by `usnet stat`).
@@ -250,9 +258,13 @@ impl Client {
         opts: &AttachOptions,
     ) -> io::Result<(Client, Vec<Claimed>)> {
         // The server gives the session room for the pinned sockets too.
+        // (An exec's claim does not know how many: the server gives that room.)
         let mut opts = opts.clone();
-        let want = opts.max_sockets.unwrap_or(1024);
-        opts.max_sockets = Some(want.max(pinned.saturating_add(1024)));
+        if pinned > 0 {
+            let want = opts.max_sockets.unwrap_or(1024);
+            opts.max_sockets = Some(want.max(pinned.saturating_add(1024)));
+            opts.min_sockets = Some(pinned.saturating_add(1));
+        }
         let (conn, map) = Conn::attach_claiming(over, path, name, &opts)?;
         Ok((Client::over(conn), map))
     }

@@ -175,6 +175,44 @@ fn child_now() {
     }
 }
 
+/// A process made by a call that runs no fork handlers: a raw `clone` or `clone3`
+/// without `CLONE_VM` (vsftpd's per-connection child, namespace tools), or
+/// `syscall(SYS_fork)`. Its child is a copy of this process as after `fork`, and
+/// would go on with the parent's session (whose rings have one producer each), so
+/// the caller runs this layer's fork handlers around it: [`RawFork::begin`] before
+/// the call, then [`RawFork::parent`] or [`RawFork::child`].
+#[must_use = "the parent's or the child's handler lets go of what begin holds"]
+pub struct RawFork {
+    /// The handlers are installed (the process has attached), so they run.
+    armed: bool,
+}
+
+impl RawFork {
+    /// The prepare handler, where `fork` would run it.
+    pub fn begin() -> RawFork {
+        let armed = REGISTER.is_completed();
+        if armed {
+            prepare();
+        }
+        RawFork { armed }
+    }
+
+    /// In the parent, after the call whatever it returned (a failed call runs the
+    /// parent's handler too, as `fork`'s does).
+    pub fn parent(self) {
+        if self.armed {
+            parent();
+        }
+    }
+
+    /// In the child, before it runs anything of the program's.
+    pub fn child(self) {
+        if self.armed {
+            child();
+        }
+    }
+}
+
 /// The process's thread count (`/proc/self/task`), 0 if unknown.
 fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())

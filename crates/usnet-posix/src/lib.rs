@@ -51,6 +51,7 @@ use usnet_client::forklock::{ForkMutex, ForkRwLock};
 use usnet_client::{Client, IpHeader, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
 
 pub use exec::{attach_refusal, inherit, pin_for_spawn, SpawnPin};
+pub use fork::RawFork;
 pub use poll::{epoll_create, epoll_ctl, epoll_wait, poll, EpollEvent};
 
 /// A Linux errno value.
@@ -127,6 +128,23 @@ pub use usnet_session::ctl::msg::Iface;
 /// without a stack.
 pub fn stack_iface() -> Option<Iface> {
     client().ok()?.iface().cloned()
+}
+
+/// Bytes of address space this process's usnet session takes now: none before it
+/// attaches, else its mapped memory (sockets × two rings, 512 MiB for a fresh
+/// client's 1,024 sockets). Nothing is attached to find out.
+pub fn session_address_space() -> usize {
+    CLIENT.with(|c| c.as_ref().map_or(0, Client::mapped_bytes))
+}
+
+/// The address space a fresh client's session takes (the server's default
+/// geometry for a client that asks for nothing).
+pub fn default_session_address_space() -> usize {
+    let g = usnet_session_abi::Geometry {
+        max_sockets: 1024,
+        ..Default::default()
+    };
+    usnet_session_abi::Layout::new(g).map_or(0, |l| l.total_len)
 }
 
 fn client() -> Res<Client> {

@@ -51,6 +51,11 @@ impl Drop for Inside {
     }
 }
 
+/// This thread is running shim code (its libc calls pass straight through).
+fn is_inside() -> bool {
+    INSIDE.with(|c| c.get())
+}
+
 fn enter() -> Option<Inside> {
     INSIDE.with(|c| {
         if c.get() {
@@ -1028,8 +1033,10 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut li
 /// descriptor with `syscall(SYS_close, fd)`: the kernel would close the number and
 /// the layer would keep the socket under a number it no longer holds, and close
 /// whatever the kernel gives that number next. The calls that make, close or
-/// renumber a descriptor go through their definitions above; every other number
-/// goes to libc's `syscall` as it is (the layer's own raw calls among them).
+/// renumber a descriptor go through their definitions above; a `clone`, `clone3` or
+/// `fork` that copies the process runs the fork handlers around it (`raw_fork`);
+/// every other number goes to libc's `syscall` as it is (the layer's own raw calls
+/// among them).
 ///
 /// The six arguments are read as the registers they travel in (as `fcntl`'s third
 /// argument is): a call with fewer leaves the rest unread by the kernel.
@@ -1056,7 +1063,13 @@ pub unsafe extern "C" fn syscall(
         libc::SYS_dup3 => unsafe { dup3(a as c_int, b as c_int, c as c_int) },
         libc::SYS_fcntl => unsafe { fcntl(a as c_int, b as c_int, c as c_ulong) },
         _ => {
-            return real!(syscall: variadic fn(c_long) -> c_long)(n, a, b, c, d, e, f);
+            let real = real!(syscall: variadic fn(c_long) -> c_long);
+            // SAFETY: the program's call: for clone3, `a` and `b` are its arguments.
+            if unsafe { raw_fork::copies_process(n, a, b) } {
+                // SAFETY: passed on unchanged.
+                return raw_fork::as_fork(|| unsafe { real(n, a, b, c, d, e, f) });
+            }
+            return real(n, a, b, c, d, e, f);
         }
     };
     r as c_long
@@ -1449,5 +1462,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     old.sa_sigaction
 }
 
+mod raw_fork;
+mod rlimit;
 mod spawn;
 mod stdio;

@@ -357,6 +357,19 @@ fn sockets_shared_across_fork_behave_as_on_the_kernel() {
     same_under_the_shim("fork", 7704);
 }
 
+/// Processes made without `fork` (the raw `clone` and `clone3` system calls,
+/// libc's `clone`) get their own session as a forked child does, and a program
+/// that caps its address space (`RLIMIT_AS`, vsftpd's 200 MB per connection)
+/// still has room for its children's sessions (`examples/c/raw_fork.c`). Before,
+/// a raw clone's child went on with its parent's session, and vsftpd's
+/// connection process could not map one of its own (ENOMEM): every FTP
+/// greeting was lost.
+#[test]
+fn processes_made_without_fork_and_a_capped_address_space_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("raw_fork", 7890);
+}
+
 /// exec: sockets without FD_CLOEXEC live on in programs started with execv,
 /// posix_spawn, system, popen, execve with an empty environment, and a shell's
 /// /dev/tcp read by cat; FD_CLOEXEC ones close; as root, a child that drops to
@@ -487,6 +500,49 @@ srv.shutdown(); srv.server_close()
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(out, "served 6\n", "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A program started under an address-space limit it cannot raise (`ulimit -v`,
+/// soft and hard, 256 MiB): the shim's session is sized to fit beside it, and a
+/// forked child's session too. Before, the attach failed with ENOMEM (a
+/// session of 1,024 sockets takes 512 MiB of address space) and every socket
+/// call with ENETDOWN.
+#[test]
+fn a_program_under_ulimit_v_gets_a_session_that_fits() {
+    let _serial = serial();
+    run_dir();
+    let prog = format!(
+        r#"
+import os, socket
+l = socket.create_server(("{ADDR}", 7895), reuse_port=False)
+c = socket.create_connection(("{ADDR}", 7895), timeout=10)
+s, _ = l.accept()
+c.sendall(b"ping")
+pid = os.fork()
+if pid == 0:
+    s.settimeout(10)
+    ok = s.recv(4) == b"ping" and s.sendall(b"pong") is None
+    os._exit(0 if ok else 1)
+s.close()
+c.settimeout(10)
+print("answered", c.recv(4) == b"pong", "child", os.waitpid(pid, 0)[1])
+"#
+    );
+    let o = output_within(
+        under_shim(Command::new("sh").args([
+            "-c",
+            "ulimit -v 262144 && exec python3 -c \"$0\"",
+            &prog,
+        ])),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert_eq!(
+        out,
+        "answered True child 0\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Sockets passed to another process with `SCM_RIGHTS` (Python's `send_fds` and

@@ -529,9 +529,13 @@ fn attach_claiming(
         }
     };
     req.claim = Some(format!("{token:032x}"));
-    // Room for the pinned sockets and as many again as a fresh client gets.
-    let want = req.max_sockets.unwrap_or(1024);
-    req.max_sockets = Some(want.max(pinned as u64 + 1024));
+    // Room for the pinned sockets and as many again as a fresh client gets; a
+    // client that asks for fewer (its address space is capped) gets at least
+    // room for the pinned ones.
+    req.max_sockets = Some(match req.max_sockets {
+        None => pinned as u64 + 1024,
+        Some(want) => want.max(pinned as u64 + 1),
+    });
     let got = attach(out, &req, shard, ctx);
     if got.is_none() && made {
         let _ = ctx.call_on(shard, move |lp| lp.drop_pin(token));
