@@ -6,9 +6,10 @@
 //! CLONE_NEWIPC | SIGCHLD, NULL)` for each connection, namespace tools (`clone`
 //! with `CLONE_NEWPID`, `CLONE_NEWNET`), `syscall(SYS_fork)`. Such a child is a copy
 //! of the process all the same and would go on with its parent's session, whose
-//! rings have one producer each. So when a call makes a copy of the process (no
-//! `CLONE_VM`, no `CLONE_THREAD`), the shim's `syscall` (through [`as_fork`]) and
-//! `clone` run the layer's handlers around it ([`usnet_posix::RawFork`]).
+//! rings have one producer each. So when a call makes a copy of the process
+//! (no `CLONE_VM`, `CLONE_THREAD` or `CLONE_SETTLS`), the shim's `syscall`
+//! (through [`as_fork`]) and `clone` run the layer's handlers around it
+//! ([`usnet_posix::RawFork`]).
 //!
 //! Left alone: calls that share the address space (threads, `vfork`-style
 //! children, which exec or exit) and a `syscall` clone onto a new stack (its child
@@ -18,8 +19,10 @@ use std::os::raw::{c_int, c_long, c_void};
 
 use usnet_posix::RawFork;
 
-/// The flags with which a clone shares this process instead of copying it.
-const SHARES: c_long = (libc::CLONE_VM | libc::CLONE_THREAD) as c_long;
+/// The flags with which a clone shares this process instead of copying it, or
+/// gives the child thread-local storage of its own (where the handlers' state,
+/// kept per thread, is not).
+const SHARES: c_long = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SETTLS) as c_long;
 
 /// `clone3`'s `struct clone_args`, as far as this module reads it (version 0 is
 /// 64 bytes): the flags, and the stack at the sixth word.
@@ -94,8 +97,8 @@ extern "C" fn start_child(p: *mut c_void) -> c_int {
     (start.f)(start.arg)
 }
 
-/// libc's `clone`: a child that copies the process (no `CLONE_VM`, no
-/// `CLONE_THREAD`) runs the fork handlers before the program's function.
+/// libc's `clone`: a child that copies the process (no `CLONE_VM`, `CLONE_THREAD`
+/// or `CLONE_SETTLS`) runs the fork handlers before the program's function.
 #[no_mangle]
 pub unsafe extern "C" fn clone(
     f: Option<extern "C" fn(*mut c_void) -> c_int>,
@@ -106,18 +109,18 @@ pub unsafe extern "C" fn clone(
     tls: *mut c_void,
     child_tid: *mut libc::pid_t,
 ) -> c_int {
-    type Start = Option<extern "C" fn(*mut c_void) -> c_int>;
-    let real = real!(clone: variadic fn(Start, *mut c_void, c_int, *mut c_void) -> c_int);
+    type ChildFn = Option<extern "C" fn(*mut c_void) -> c_int>;
+    let real = real!(clone: variadic fn(ChildFn, *mut c_void, c_int, *mut c_void) -> c_int);
     let Some(func) = f.filter(|_| !crate::is_inside() && flags as c_long & SHARES == 0) else {
         // SAFETY: passed on unchanged.
         return unsafe { real(f, stack, flags, arg, parent_tid, tls, child_tid) };
     };
-    let start = std::mem::ManuallyDrop::new(self::Start {
+    let start = std::mem::ManuallyDrop::new(Start {
         f: func,
         arg,
         fork: RawFork::begin(),
     });
-    let p = &*start as *const self::Start as *mut c_void;
+    let p = &*start as *const Start as *mut c_void;
     // SAFETY: libc's contract, with our start function; `start` outlives the call
     // and the child reads its own copy of it.
     let r = unsafe {
