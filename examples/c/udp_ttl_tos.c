@@ -3,7 +3,8 @@
  * and per send (IP_TTL and IP_TOS control messages on sendmsg), on an IPv4
  * socket and on a dual-stack IPv6 one sending to an IPv4-mapped address. A
  * receiver with IP_RECVTTL and IP_RECVTOS reads what was sent. The same
- * answers under the shim as on the kernel.
+ * answers under the shim as on the kernel. And IPV6_MTU, the size a socket's
+ * IPv6 datagrams fragment at.
  *
  *   udp_ttl_tos ADDR PORT      (ADDR: an IPv4 address of the stack)
  */
@@ -188,6 +189,49 @@ int main(int argc, char **argv) {
           send_with(c, NULL, 0, IPPROTO_IP, IP_TTL, 12, IP_TOS, 0x02, 0) == 1);
     arrives("connected", 12, 0x02);
     close(c);
+
+    /* IPV6_MTU (unbound sets it to 1,280 on its IPv6 sockets): 0 or at least
+     * IPv6's minimum MTU; the size IPv6 datagrams fragment at, so under a
+     * strict MTU discovery mode a larger one is EMSGSIZE. Not on an IPv4
+     * socket; read back only on a connected socket (the path's MTU). The IPv6
+     * peer: ::1 beside 127.0.0.1, else the stack's fd71::1. */
+    int u6 = socket(AF_INET6, SOCK_DGRAM, 0);
+    struct sockaddr_in6 peer6 = {.sin6_family = AF_INET6, .sin6_port = htons(port + 1)};
+    inet_pton(AF_INET6, strcmp(argv[1], "127.0.0.1") == 0 ? "::1" : "fd71::1",
+              &peer6.sin6_addr);
+    int small = 1000, min6 = 1280, zero = 0, probe = IPV6_PMTUDISC_PROBE;
+    static char big[1400];
+    errno = 0;
+    CHECK("IPV6_MTU 1000 is EINVAL",
+          setsockopt(u6, IPPROTO_IPV6, IPV6_MTU, &small, sizeof small) == -1 && errno == EINVAL);
+    CHECK("IPV6_MTU 1280",
+          setsockopt(u6, IPPROTO_IPV6, IPV6_MTU, &min6, sizeof min6) == 0);
+    int mtu = 0;
+    socklen_t mlen = sizeof mtu;
+    errno = 0;
+    CHECK("IPV6_MTU of an unconnected socket is ENOTCONN",
+          getsockopt(u6, IPPROTO_IPV6, IPV6_MTU, &mtu, &mlen) == -1 && errno == ENOTCONN);
+    CHECK("1,400 bytes leave (in fragments)",
+          sendto(u6, big, 1400, 0, (struct sockaddr *)&peer6, sizeof peer6) == 1400);
+    CHECK("IPV6_MTU_DISCOVER probe",
+          setsockopt(u6, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &probe, sizeof probe) == 0);
+    errno = 0;
+    CHECK("under probe, 1,300 bytes over IPV6_MTU are EMSGSIZE",
+          sendto(u6, big, 1300, 0, (struct sockaddr *)&peer6, sizeof peer6) == -1 &&
+              errno == EMSGSIZE);
+    CHECK("under probe, 1,200 bytes leave",
+          sendto(u6, big, 1200, 0, (struct sockaddr *)&peer6, sizeof peer6) == 1200);
+    CHECK("IPV6_MTU 0", setsockopt(u6, IPPROTO_IPV6, IPV6_MTU, &zero, sizeof zero) == 0);
+    CHECK("IPV6_MTU 0: the link's MTU again, 1,300 bytes leave",
+          sendto(u6, big, 1300, 0, (struct sockaddr *)&peer6, sizeof peer6) == 1300);
+    close(u6);
+    int u4 = socket(AF_INET, SOCK_DGRAM, 0);
+    errno = 0;
+    CHECK("IPV6_MTU on an IPv4 socket is ENOPROTOOPT",
+          setsockopt(u4, IPPROTO_IPV6, IPV6_MTU, &min6, sizeof min6) == -1 &&
+              errno == ENOPROTOOPT);
+    close(u4);
+
     close(rx);
     if (failures == 0) printf("all ok\n");
     return failures ? 1 : 0;

@@ -22,7 +22,8 @@
 //! - OpenSSL's `s_server` and `s_client`, each way;
 //! - PostgreSQL as its own user (a backend forked per connection, each waiting on
 //!   its connection and kernel descriptors at once), psql and pgbench from Linux;
-//! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls);
+//! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls); unbound over
+//!   UDP and TCP, both families (it sets `IPV6_MTU`);
 //! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
 //! - vsftpd (each connection's processes made by raw `clone`s, under a 200 MB
 //!   address-space limit), passive and active FTP over IPv4 and IPv6;
@@ -786,6 +787,56 @@ fn dnsmasq_answers(d: &Path, port: u16, mode: &[&str]) {
     );
     let _ = srv.0.try_wait();
     drop(srv);
+}
+
+/// unbound answering from a local zone on the wildcard of both families, over
+/// UDP (IPv4 and IPv6) and TCP, queried with dig from Linux. unbound sets
+/// `IPV6_MTU` 1,280 on its IPv6 sockets and stops when that fails (before,
+/// it was ENOPROTOOPT: "could not open ports").
+fn unbound(d: &Path) {
+    need("unbound", "unbound");
+    need("dig", "bind9-dnsutils");
+    let port = 18089u16;
+    let cfg = d.join("unbound.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "server:\n  interface: 0.0.0.0\n  interface: ::0\n  port: {port}\n\
+             \x20 access-control: 0.0.0.0/0 allow\n  access-control: ::/0 allow\n\
+             \x20 username: \"\"\n  chroot: \"\"\n  directory: \"{d}\"\n  pidfile: \"\"\n\
+             \x20 use-syslog: no\n  do-daemonize: no\n\
+             \x20 local-zone: \"usnet.test.\" static\n\
+             \x20 local-data: \"www.usnet.test. IN A 192.0.2.7\"\n\
+             \x20 local-data: \"www.usnet.test. IN AAAA 2001:db8::7\"\n",
+            d = d.display()
+        ),
+    )
+    .unwrap();
+    let args = ["-d", "-c", cfg.to_str().unwrap()];
+    let mut srv = spawn_prog(d, Some(STACK), "unbound", "unbound", &args);
+    // Its TCP listener is up once it serves (UDP has nothing to wait on).
+    wait_listening(&mut srv, d, OURS, port);
+    let port_s = port.to_string();
+    for (server, qtype, tcp, want) in [
+        (OURS, "A", false, "192.0.2.7"),
+        (OURS6, "AAAA", false, "2001:db8::7"),
+        (OURS, "A", true, "192.0.2.7"),
+        (OURS6, "A", true, "192.0.2.7"),
+    ] {
+        let at = format!("@{server}");
+        let mut a = vec![at.as_str(), "-p", &port_s, "+short", "+time=2", "+tries=3"];
+        if tcp {
+            a.push("+tcp");
+        }
+        a.extend(["www.usnet.test", qtype]);
+        let o = run("dig", &a, Duration::from_secs(30));
+        assert!(
+            o.ok() && o.stdout.trim() == want,
+            "dig {a:?} to unbound under usnet run: {} {}",
+            o.describe(),
+            log_of(d, srv.1)
+        );
+    }
 }
 
 /// HAProxy in HTTP mode on its stock-shaped defaults, a frontend on IPv4 and one
@@ -1552,6 +1603,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     openssl(d);
     postgres(d);
     dnsmasq(d);
+    unbound(d);
     haproxy(d);
     memcached(d);
     lighttpd(d);

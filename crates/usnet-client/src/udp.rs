@@ -5,8 +5,8 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::time::Duration;
 
 use usnet_session_abi::{
@@ -28,6 +28,8 @@ pub struct UdpSocket {
     /// or INTERFACE: a datagram over the MTU fails with EMSGSIZE instead of
     /// leaving in fragments.
     strict_pmtu: [AtomicBool; 2],
+    /// `IPV6_MTU`: IPv6 datagrams fragment at it (0: the link's MTU).
+    frag_size_v6: AtomicU32,
 }
 
 /// What one send asks of its datagram's IP header (`sendmsg`'s control
@@ -102,6 +104,7 @@ impl UdpSocket {
         UdpSocket {
             sock,
             strict_pmtu: Default::default(),
+            frag_size_v6: AtomicU32::new(0),
         }
     }
 
@@ -287,6 +290,18 @@ impl UdpSocket {
         self.udp_opt(opt::IPPROTO_IP, opt::IP_TOS, [u64::from(tos), 0, 0])
     }
 
+    /// IPV6_MTU: IPv6 datagrams larger than `bytes` leave in fragments of at
+    /// most `bytes`, and under a strict MTU discovery mode are EMSGSIZE (0: the
+    /// link's MTU; else at least 1,280, EINVAL otherwise).
+    pub fn set_frag_size_v6(&self, bytes: u32) -> io::Result<()> {
+        if bytes != 0 && bytes < 1280 {
+            return Err(errno_err(errno::EINVAL));
+        }
+        self.udp_opt(opt::IPPROTO_IPV6, opt::IPV6_MTU, [u64::from(bytes), 0, 0])?;
+        self.frag_size_v6.store(bytes, Relaxed);
+        Ok(())
+    }
+
     /// IPV6_TCLASS: the traffic class of the IPv6 datagrams it sends.
     pub fn set_tclass_v6(&self, tclass: u8) -> io::Result<()> {
         let v = u64::from(tclass);
@@ -387,7 +402,13 @@ impl UdpSocket {
     /// after a local report for the error queue.
     fn over_mtu(&self, len: usize, to: SocketAddr) -> io::Result<()> {
         let v6 = !to.is_ipv4();
-        let mtu = self.link_mtu() as usize;
+        let mtu = match (
+            self.link_mtu() as usize,
+            self.frag_size_v6.load(Relaxed) as usize,
+        ) {
+            (link, frag) if v6 && frag != 0 && link != 0 => link.min(frag),
+            (link, _) => link,
+        };
         // (IPv4's UDP refuses more than 64 KiB before it looks at the MTU.)
         if !self.strict_pmtu[usize::from(v6)].load(Relaxed) || mtu == 0 || !v6 && len > 0xffff {
             return Ok(());

@@ -2162,6 +2162,13 @@ pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> Res<()> {
                 u.set_tclass_v6(v)?;
             }
         }
+        // A stream takes it and sends as before (Linux's TCP sizes its segments
+        // from the path's MTU, not from this).
+        Opt::FragSizeV6(v) => {
+            if let Obj::Udp(u) = &*obj {
+                u.set_frag_size_v6(v)?;
+            }
+        }
         Opt::V6Only(on) => {
             // Fixed once the socket is bound, as Linux's.
             let bound = match &*obj {

@@ -111,6 +111,8 @@ pub enum Opt {
     Tos(u8),
     /// `IPV6_TCLASS` (-1 is the default, 0).
     TrafficClass(u8),
+    /// `IPV6_MTU`: the size IPv6 datagrams fragment at (0: the link's MTU).
+    FragSizeV6(u32),
     V6Only(bool),
     /// `IP_MULTICAST_IF`: the interface address (from an `in_addr` or `ip_mreqn`).
     MulticastIf([u8; 4]),
@@ -274,6 +276,11 @@ pub fn decode(level: i32, name: i32, value: &[u8], kind: SockKind) -> Res<Opt> {
             _ => return Err(einval()),
         },
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) if v6 => Opt::V6Only(bool_()?),
+        // Linux's `frag_size`: 0, or at least IPV6_MIN_MTU.
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU) if v6 => match int(value)? {
+            v if v == 0 || v >= 1280 => Opt::FragSizeV6(v as u32),
+            _ => return Err(einval()),
+        },
         (libc::IPPROTO_IP, libc::IP_MULTICAST_IF) => {
             if tcp {
                 return Err(einval());
@@ -1018,6 +1025,13 @@ mod tests {
             decode(libc::SOL_SOCKET, 12345, &i(1), TCP4),
             Err(Errno(libc::ENOPROTOOPT))
         );
+        // IPV6_MTU: 0 or at least IPv6's minimum MTU, on an IPv6 socket only.
+        let mtu6 = |v: i32, kind| decode(libc::IPPROTO_IPV6, libc::IPV6_MTU, &i(v), kind);
+        assert_eq!(mtu6(1280, UDP6), Ok(Opt::FragSizeV6(1280)));
+        assert_eq!(mtu6(0, UDP6), Ok(Opt::FragSizeV6(0)));
+        assert_eq!(mtu6(1279, UDP6), Err(einval()));
+        assert_eq!(mtu6(-1, UDP6), Err(einval()));
+        assert_eq!(mtu6(1280, TCP4), Err(Errno(libc::ENOPROTOOPT)));
         // Timeouts: zero is none, a bad one EDOM.
         let tv = |s: i64, us: i64| {
             let t = libc::timeval {

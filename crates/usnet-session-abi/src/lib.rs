@@ -488,6 +488,9 @@ pub mod opt {
     pub const IPV6_TCLASS: u64 = 67;
     /// As [`IP_TTL`], for the hop limit of IPv6 unicast (0–255).
     pub const IPV6_UNICAST_HOPS: u64 = 16;
+    /// On a datagram socket: IPv6 datagrams larger than this many bytes leave in
+    /// fragments of at most it (0: the link's MTU; else at least 1,280).
+    pub const IPV6_MTU: u64 = 24;
     /// As [`IP_MINTTL`], for IPv6's hop limit.
     pub const IPV6_MINHOPCOUNT: u64 = 73;
     // On a TCP socket the six are kept per family, as Linux keeps them: set on a

@@ -270,12 +270,32 @@ pub(crate) struct IpFields {
     pub ttl: u8,
     /// The whole TOS byte or traffic class.
     pub tos: u8,
+    /// The largest packet to send whole, when below the link's MTU (a socket's
+    /// IPV6_MTU); 0: the link's.
+    pub frag_size: usize,
 }
 
 impl IpFields {
+    /// `ttl` and `tos`, fragments at the link's MTU.
+    pub(crate) fn new(ttl: u8, tos: u8) -> IpFields {
+        IpFields {
+            ttl,
+            tos,
+            frag_size: 0,
+        }
+    }
+
     /// `ttl` and TOS 0.
     pub(crate) fn ttl(ttl: u8) -> IpFields {
-        IpFields { ttl, tos: 0 }
+        IpFields::new(ttl, 0)
+    }
+
+    /// The largest packet to send whole on a link of `mtu`.
+    pub(crate) fn mtu_on(&self, mtu: usize) -> usize {
+        match self.frag_size {
+            0 => mtu,
+            f => f.min(mtu),
+        }
     }
 }
 
@@ -467,7 +487,7 @@ impl Core {
         ip: IpFields,
         l4: &[u8],
     ) -> Result<(), StackError> {
-        let mtu = self.cfg.mtu;
+        let mtu = ip.mtu_on(self.cfg.mtu);
         let v4 = dst.is_ipv4();
         if ip_header_len(dst) + l4.len() <= mtu {
             let buf = self.build_frame(src, dst, proto, ip, l4, None)?;
@@ -528,7 +548,8 @@ impl Core {
         let udp_len = wire::UDP_HEADER_LEN + data.len();
         let total = ETH + l3 + udp_len;
         let local = self.is_local_addr(next_hop);
-        if l3 + udp_len <= self.cfg.mtu && total <= self.pool.buf_size() - self.pool.headroom() {
+        let mtu = ip.mtu_on(self.cfg.mtu);
+        if l3 + udp_len <= mtu && total <= self.pool.buf_size() - self.pool.headroom() {
             let Some(buf) = self.pool.alloc() else {
                 self.counters.drop_pool_exhausted += 1;
                 return Err(StackError::NoBuffers);

@@ -325,9 +325,16 @@ impl Stack {
         };
         let family = usize::from(to.is_ipv6());
         let tos = meta.tos.unwrap_or(u.hdr.tos[family]);
+        // IPV6_MTU: IPv6 datagrams (of UDP and raw sockets alike) fragment at it.
+        let frag_size = if to.is_ipv6() { u.hdr.frag_size_v6 } else { 0 };
+        let fields = |ttl: u8| IpFields {
+            ttl,
+            tos,
+            frag_size,
+        };
         if let Some((seq, body)) = echo {
             let ttl = meta.hop_limit.or(u.hdr.ttl[family]).unwrap_or(core.cfg.ttl);
-            let ip = IpFields { ttl, tos };
+            let ip = fields(ttl);
             let ident = local.port();
             core.send_echo_request(src, to.ip(), next_hop, ident, seq, body, ip)?;
         } else if raw {
@@ -337,7 +344,7 @@ impl Stack {
                 _ => u.hdr.ttl[family].unwrap_or(core.cfg.ttl),
             };
             let ttl = meta.hop_limit.unwrap_or(ttl);
-            core.send_raw_icmp(src, to.ip(), next_hop, data, IpFields { ttl, tos })?;
+            core.send_raw_icmp(src, to.ip(), next_hop, data, fields(ttl))?;
         } else if to.ip().is_multicast() {
             // IP_MULTICAST_IF names the source; TTL/hop limit and loopback are the
             // socket's multicast options; local members get a copy (as Linux, only
@@ -349,11 +356,11 @@ impl Stack {
             let ttl = meta.hop_limit.unwrap_or(ttl);
             let looped = looped && core.mcast.is_member(to.ip());
             let ports = (local.port(), to.port());
-            core.send_udp_mcast(src, to.ip(), ports, data, IpFields { ttl, tos }, looped)?;
+            core.send_udp_mcast(src, to.ip(), ports, data, fields(ttl), looped)?;
         } else {
             let ttl = meta.hop_limit.or(u.hdr.ttl[family]).unwrap_or(core.cfg.ttl);
             let ports = (local.port(), to.port());
-            core.send_udp(src, to.ip(), next_hop, ports, data, IpFields { ttl, tos })?;
+            core.send_udp(src, to.ip(), next_hop, ports, data, fields(ttl))?;
             core.counters.udp_tx += 1;
         }
         u.stats.tx_datagrams += 1;
@@ -499,6 +506,21 @@ impl Stack {
     /// datagram it sends, DSCP and ECN bits both (default 0).
     pub fn udp_set_tos(&mut self, h: SocketHandle, v4: bool, tos: u8) -> Result<(), StackError> {
         self.udp_mut(h)?.hdr.tos[usize::from(!v4)] = tos;
+        Ok(())
+    }
+
+    /// IPV6_MTU: IPv6 datagrams larger than `bytes` leave in fragments of at
+    /// most `bytes` (0: the link's MTU; Linux's `frag_size`, which refuses
+    /// less than 1,280 before it gets here).
+    pub fn udp_set_frag_size_v6(
+        &mut self,
+        h: SocketHandle,
+        bytes: usize,
+    ) -> Result<(), StackError> {
+        if bytes != 0 && bytes < 1280 {
+            return Err(StackError::InvalidInput);
+        }
+        self.udp_mut(h)?.hdr.frag_size_v6 = bytes;
         Ok(())
     }
 

@@ -710,3 +710,52 @@ fn readiness_events_are_edge_triggered() {
     net.stack_mut(1).take_ready(&mut ready);
     assert!(ready.is_empty());
 }
+
+/// IPV6_MTU (Linux's `frag_size`): a socket's IPv6 datagrams larger than it
+/// leave in fragments no larger than it, though the link's MTU would carry them
+/// whole; its IPv4 datagrams and other sockets' are untouched; below IPv6's
+/// minimum MTU it is refused.
+#[test]
+fn a_sockets_ipv6_mtu_fragments_its_datagrams_below_the_links() {
+    let mut net = pair(40, Faults::default());
+    let s = net.stack_mut(1);
+    let rx = s.udp_bind(sa("[::]:7000")).unwrap();
+    let s = net.stack_mut(0);
+    let capped = s.udp_bind(sa("[::]:7001")).unwrap();
+    let plain = s.udp_bind(sa("[::]:7002")).unwrap();
+    assert_eq!(
+        s.udp_set_frag_size_v6(capped, 1000),
+        Err(StackError::InvalidInput)
+    );
+    s.udp_set_frag_size_v6(capped, 1280).unwrap();
+    let data: Vec<u8> = (0..1400).map(|i| i as u8).collect();
+    let sent = |net: &mut SimNet, from, to: &str| {
+        let before =
+            net.stack(0).counters().ip6_tx_fragments + net.stack(0).counters().ip4_tx_fragments;
+        net.stack_mut(0).udp_send_to(from, &data, sa(to)).unwrap();
+        let mut buf = [0u8; 2000];
+        let mut got = None;
+        net.run_until(Duration::from_secs(3), |n| {
+            match n.stack_mut(1).udp_recv_from(rx, &mut buf) {
+                Ok((k, _)) => {
+                    got = Some(buf[..k].to_vec());
+                    true
+                }
+                Err(_) => false,
+            }
+        });
+        assert_eq!(
+            got.as_deref(),
+            Some(&data[..]),
+            "the whole datagram to {to}"
+        );
+        net.stack(0).counters().ip6_tx_fragments + net.stack(0).counters().ip4_tx_fragments - before
+    };
+    // 40 + 8 + 1,400 bytes: two fragments of at most 1,280 (the link's 1,500 would
+    // carry it whole).
+    assert_eq!(sent(&mut net, capped, "[fd00::2]:7000"), 2);
+    assert_eq!(sent(&mut net, plain, "[fd00::2]:7000"), 0);
+    assert_eq!(sent(&mut net, capped, "10.0.0.2:7000"), 0);
+    net.stack_mut(0).udp_set_frag_size_v6(capped, 0).unwrap();
+    assert_eq!(sent(&mut net, capped, "[fd00::2]:7000"), 0);
+}

@@ -379,6 +379,7 @@ fn is_udp_opt(level: u64, name: u64) -> bool {
             name,
             opt::IPV6_UNICAST_HOPS
                 | opt::IPV6_TCLASS
+                | opt::IPV6_MTU
                 | opt::IPV6_RECVERR
                 | opt::IPV6_MULTICAST_HOPS
                 | opt::IPV6_MULTICAST_LOOP
@@ -421,6 +422,10 @@ fn apply_udp_opt(stack: &mut Stack, h: SocketHandle, a: &[u64; 6]) -> Result<(),
         }
         (opt::IPPROTO_IP, opt::IP_TOS) => stack.udp_set_tos(h, true, a[2] as u8),
         (opt::IPPROTO_IPV6, opt::IPV6_TCLASS) => stack.udp_set_tos(h, false, a[2] as u8),
+        (opt::IPPROTO_IPV6, opt::IPV6_MTU) => {
+            let bytes = usize::try_from(a[2]).map_err(|_| StackError::InvalidInput)?;
+            stack.udp_set_frag_size_v6(h, bytes)
+        }
         (opt::IPPROTO_IP, opt::IP_RECVERR) => stack.udp_set_recverr(h, IpFamily::V4, a[2] != 0),
         (opt::IPPROTO_IPV6, opt::IPV6_RECVERR) => stack.udp_set_recverr(h, IpFamily::V6, a[2] != 0),
         (opt::IPPROTO_IP, opt::IP_ADD_MEMBERSHIP) => stack.udp_join_multicast(h, v4),

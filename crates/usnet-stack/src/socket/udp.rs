@@ -157,6 +157,9 @@ pub(crate) struct UdpHeaderOpts {
     pub ttl: [Option<u8>; 2],
     /// IP_TOS, IPV6_TCLASS: the whole TOS byte or traffic class, ECN bits included.
     pub tos: [u8; 2],
+    /// IPV6_MTU: the size IPv6 datagrams are fragmented at when it is below the
+    /// link's MTU (0: the link's).
+    pub frag_size_v6: usize,
 }
 
 /// The demux state of one datagram protocol in a socket table.

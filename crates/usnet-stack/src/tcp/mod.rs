@@ -78,10 +78,10 @@ impl CoreSink<'_> {
 
     /// The IP fields of a segment (`ect`: ECN-capable transport, RFC 3168).
     fn fields(&self, ect: bool) -> IpFields {
-        IpFields {
-            ttl: self.ip.ttl,
-            tos: self.ip.tos | if ect { crate::tx::ECN_ECT0 } else { 0 },
-        }
+        IpFields::new(
+            self.ip.ttl,
+            self.ip.tos | if ect { crate::tx::ECN_ECT0 } else { 0 },
+        )
     }
 
     /// Sends the GSO frame in progress (call after the output pass).
@@ -321,10 +321,7 @@ impl Core {
     /// The IP fields of a socket's segments, ECN aside: its TTL or the stack's,
     /// its DSCP bits.
     pub(crate) fn tcp_ip_fields(&self, ip: TcpIpOpts) -> IpFields {
-        IpFields {
-            ttl: ip.ttl.unwrap_or(self.cfg.ttl),
-            tos: ip.tos & !3,
-        }
+        IpFields::new(ip.ttl.unwrap_or(self.cfg.ttl), ip.tos & !3)
     }
 
     /// Sends what a listener with IP fields `ip` (per family) collected.
