@@ -1,6 +1,8 @@
 /* Waits on sockets and kernel descriptors at once, as event loops make them (a
  * socket beside a self-pipe, an eventfd or a signalfd): epoll, poll and select
- * must each wake for either side, at once.
+ * must each wake for either side, at once. First, before the process has any
+ * socket: a waiter asleep before the first socket joins its set, and a one-shot
+ * listener re-armed by another thread while the waiter sleeps.
  *
  *   mixed_wait ADDR PORT             the checks; prints the same on the kernel and
  *                                    under the shim, ending "all ok"
@@ -8,6 +10,7 @@
  *                                    mixed epoll_wait (median and p90 of 400), and
  *                                    how busy N idle mixed waiters keep the machine
  */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -86,6 +89,72 @@ static int setup(const char *addr, int port) {
     return ep;
 }
 
+/* What a waiter thread got: how many events, and the first one's data. */
+static int waited_n;
+static unsigned long long waited_data;
+
+static void *waiter(void *arg) {
+    struct epoll_event ev[4];
+    int n = epoll_wait(*(int *)arg, ev, 4, 10000);
+    waited_n = n;
+    waited_data = n > 0 ? ev[0].data.u64 : 0;
+    return NULL;
+}
+
+/* The waiter ended within 5 s, half its own timeout (else it slept through
+ * what should have woken it). */
+static int joined_in_time(pthread_t t) {
+    struct timespec by;
+    clock_gettime(CLOCK_REALTIME, &by);
+    by.tv_sec += 5;
+    return pthread_timedjoin_np(t, NULL, &by) == 0;
+}
+
+static int dial_tcp(const struct sockaddr_in *a) {
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (const struct sockaddr *)a, sizeof *a)) perror("connect");
+    return c;
+}
+
+/* An event loop whose threads wait before its first socket exists, as the BEAM's
+ * poll threads do: a thread waits on a set that holds only a pipe; then the
+ * process's first socket, a listener, joins the set (EPOLLONESHOT), and a
+ * connection to it must wake the waiter. Fired once, nothing is armed; while the
+ * waiter sleeps again, another thread accepts and re-arms the listener with
+ * EPOLL_CTL_MOD (which must not wait for the sleeper), and a second connection
+ * must wake it. */
+static void early_waiters(const char *addr, int port) {
+    int p[2];
+    if (pipe(p)) { perror("pipe"); exit(1); }
+    int ep = epoll_create1(0);
+    struct epoll_event e = {.events = EPOLLIN, .data.u64 = 2};
+    epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &e);
+    pthread_t t;
+    pthread_create(&t, NULL, waiter, &ep);
+    usleep(100000); /* asleep by now */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, addr, &a.sin_addr);
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 8)) { perror("listen"); exit(1); }
+    e.events = EPOLLIN | EPOLLONESHOT;
+    e.data.u64 = 3;
+    epoll_ctl(ep, EPOLL_CTL_ADD, l, &e);
+    int c1 = dial_tcp(&a);
+    check(joined_in_time(t) && waited_n == 1 && waited_data == 3,
+          "epoll: a waiter from before the first socket woken by it");
+    pthread_create(&t, NULL, waiter, &ep);
+    usleep(100000);
+    int s1 = accept(l, NULL, NULL);
+    check(epoll_ctl(ep, EPOLL_CTL_MOD, l, &e) == 0, "epoll: re-armed while a waiter sleeps");
+    int c2 = dial_tcp(&a);
+    check(joined_in_time(t) && waited_n == 1 && waited_data == 3,
+          "epoll: the re-armed one-shot listener wakes the waiter");
+    int s2 = accept(l, NULL, NULL);
+    int fds[] = {c1, c2, s1, s2, l, ep, p[0], p[1]};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) close(fds[i]);
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -158,6 +227,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s ADDR PORT [measure N]\n", argv[0]);
         return 2;
     }
+    alarm(120); /* the whole run's deadline */
+    /* First: before this process has any socket. */
+    early_waiters(argv[1], atoi(argv[2]) + 3);
     int ep = setup(argv[1], atoi(argv[2]));
     struct epoll_event ev[4];
     check(epoll_wait(ep, ev, 4, 0) == 0, "epoll: nothing yet");

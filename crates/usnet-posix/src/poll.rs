@@ -10,9 +10,9 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use usnet_client::{Event, Interest, Mode, Poller, Source};
@@ -215,13 +215,92 @@ pub(crate) struct Epoll {
     /// Kernel descriptors in the kernel epoll instance.
     kernel: AtomicUsize,
     /// Threads asleep in `epoll_wait` while the set has no usnet socket (in a
-    /// `poll` on the kernel epoll instance and the session's eventfd): an
-    /// `epoll_ctl` that adds one wakes them.
+    /// `poll` on the kernel epoll instance and [`Epoll::wake`]): an `epoll_ctl`
+    /// that adds one wakes them.
     kernel_sleepers: AtomicUsize,
+    /// The set's own eventfd (a semaphore: each sleeper takes one ring), made
+    /// at the first sleep in the kernel: an `epoll_ctl` that adds a usnet
+    /// socket, or waits for the poller a sleeper holds, rings it. Not the
+    /// session's: the process may have none yet (an event loop whose threads
+    /// wait before its first socket exists, as the BEAM's poll threads do,
+    /// slept an hour in the kernel), one that is gone, or a sleeper may have no
+    /// usnet socket registered to sleep on it for (all its `EPOLLONESHOT`
+    /// watches fired: the BEAM's re-arming `EPOLL_CTL_MOD` then waited an hour
+    /// for the poller).
+    wake: OnceLock<OwnedFd>,
     /// Threads in `epoll_ctl` waiting for `poller`, which a thread asleep in a
     /// mixed wait holds: that sleep lasts until something wakes it, so they wake it
     /// ([`CtlTurn`]) and it lets go before it sleeps again.
     ctl_waiting: AtomicUsize,
+}
+
+impl Epoll {
+    /// [`Epoll::wake`], made now if need be (None: no descriptor to be had).
+    fn wake_fd(&self) -> Option<RawFd> {
+        if let Some(fd) = self.wake.get() {
+            return Some(fd.as_raw_fd());
+        }
+        // SAFETY: no memory arguments; a non-negative result is ours.
+        let flags = libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE;
+        let fd = unsafe { libc::eventfd(0, flags) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fresh descriptor owned by nobody else. Parked high, away from
+        // the numbers programs name themselves.
+        let owned = usnet_client::lineage::park(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Another thread may have made one meanwhile: the first stays.
+        Some(self.wake.get_or_init(|| owned).as_raw_fd())
+    }
+
+    /// Rings [`Epoll::wake`] `n` times (once per sleeper to wake; a ring left
+    /// over costs the next sleeper one turn of its loop).
+    fn ring(&self, n: usize) {
+        if let Some(fd) = self.wake.get() {
+            let v = (n.max(1) as u64).to_ne_bytes();
+            // SAFETY: writes 8 bytes from our buffer to our eventfd; never blocks.
+            unsafe { libc::write(fd.as_raw_fd(), v.as_ptr().cast(), 8) };
+        }
+    }
+
+    /// Wakes the threads asleep in the kernel alone (see `kernel_sleepers`).
+    fn wake_kernel_sleepers(&self) {
+        let n = self.kernel_sleepers.load(SeqCst);
+        if n > 0 {
+            self.ring(n);
+        }
+    }
+
+    /// Takes this sleeper's ring of [`Epoll::wake`] if `pfd` (its entry in a
+    /// poll) says one is there.
+    fn take_ring(&self, pfd: &libc::pollfd) {
+        if pfd.revents != 0 {
+            let mut b = [0u8; 8];
+            // SAFETY: reads 8 bytes into our buffer from our non-blocking eventfd.
+            unsafe { libc::read(pfd.fd, b.as_mut_ptr().cast(), 8) };
+        }
+    }
+
+    /// Sleeps until the kernel epoll instance `kfd` has an event, the set is
+    /// rung, a signal comes or `left` passes. False: it could not (no eventfd).
+    fn sleep_in_kernel(&self, kfd: RawFd, left: Duration) -> Res<bool> {
+        let Some(wake) = self.wake_fd() else {
+            return Ok(false);
+        };
+        let mut fds = [kfd, wake].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: two pollfds of our own.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if r < 0 {
+            return Err(last_errno());
+        }
+        self.take_ring(&fds[1]);
+        Ok(true)
+    }
 }
 
 /// An `epoll_ctl` on the set's usnet side: announced in `ctl_waiting` while it
@@ -230,15 +309,20 @@ struct CtlTurn<'a>(&'a Epoll);
 
 impl<'a> CtlTurn<'a> {
     /// The set's poller, for this `epoll_ctl`. A thread asleep in a mixed wait
-    /// holds it: this wakes every waiter of the process (the session's eventfd
-    /// latches the ring, so the sleeper cannot miss it), and the sleeper, seeing
-    /// the announcement, lets go before it sleeps again.
+    /// holds it: this rings the set's eventfd, which that sleep polls, and
+    /// wakes every waiter of the process (eventfds latch a ring, so the sleeper
+    /// cannot miss it); the sleeper, seeing the announcement, lets go before it
+    /// sleeps again.
     fn poller(set: &'a Epoll) -> (CtlTurn<'a>, std::sync::MutexGuard<'a, Poller>) {
         set.ctl_waiting.fetch_add(1, SeqCst);
         let turn = CtlTurn(set);
         let guard = match set.poller.try_lock() {
             Ok(g) => g,
             Err(_) => {
+                // The holder, and any thread asleep in the kernel alone; one
+                // asleep on the session's bell (a set of usnet sockets only)
+                // wakes with every waiter of the process.
+                set.ring(1 + set.kernel_sleepers.load(SeqCst));
                 if let Some(c) = crate::CLIENT.with(|c| c.clone()) {
                     c.wake_waiters();
                 }
@@ -278,6 +362,7 @@ pub fn epoll_create(flags: i32) -> Res<RawFd> {
         kernel: AtomicUsize::new(0),
         kernel_sleepers: AtomicUsize::new(0),
         ctl_waiting: AtomicUsize::new(0),
+        wake: OnceLock::new(),
     };
     Ok(insert(new_entry(owned, Obj::Epoll(set), 0, 0, false)))
 }
@@ -382,11 +467,7 @@ pub fn epoll_ctl(epfd: RawFd, op: i32, fd: RawFd, event: Option<EpollEvent>) -> 
                 drop((watches, poller));
                 // A waiter asleep in the kernel alone (the set had no usnet
                 // socket) must now look at this one too.
-                if set.kernel_sleepers.load(SeqCst) > 0 {
-                    if let Some(c) = crate::CLIENT.with(|c| c.clone()) {
-                        c.wake_waiters();
-                    }
-                }
+                set.wake_kernel_sleepers();
                 Ok(())
             }
             libc::EPOLL_CTL_DEL => {
@@ -573,12 +654,16 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
                     std::thread::yield_now();
                     continue;
                 }
-                let mut k = [libc::pollfd {
-                    fd: kfd,
+                // The set's eventfd too: an `epoll_ctl` rings it for the poller,
+                // which may have no usnet socket registered to wake this sleep
+                // (its EPOLLONESHOT watches fired).
+                let mut k = [kfd, set.wake_fd().unwrap_or(-1)].map(|fd| libc::pollfd {
+                    fd,
                     events: libc::POLLIN,
                     revents: 0,
-                }];
+                });
                 p.sleep_with_kernel(&mut k, left)?;
+                set.take_ring(&k[1]);
             } else if usnet_watched {
                 // Sleep on the bell.
                 let mut p = lock(&set.poller);
@@ -592,26 +677,18 @@ pub fn epoll_wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> Res<u
                 }
             } else {
                 // No usnet socket yet: sleep in the kernel, where another thread's
-                // `epoll_ctl` adding one can reach this sleep (the session's
-                // eventfd); the top of the loop then collects. A session that is
-                // gone (the server's end, a forked child's abandoned copy) cannot
-                // wake anyone: then the kernel waits alone.
-                let slept = crate::CLIENT.with(|c| c.clone()).is_some_and(|c| {
-                    set.kernel_sleepers.fetch_add(1, SeqCst);
-                    let r = if lock(&set.watches).is_empty() {
-                        let mut k = [libc::pollfd {
-                            fd: kfd,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        }];
-                        c.sleep_with_kernel(&mut k, left).is_ok()
-                    } else {
-                        true
-                    };
-                    set.kernel_sleepers.fetch_sub(1, SeqCst);
-                    r
-                });
-                if slept {
+                // `epoll_ctl` adding one can reach this sleep (the set's eventfd),
+                // whether or not the process has a session yet; the top of the
+                // loop then collects. Without an eventfd to be had the kernel
+                // waits alone.
+                set.kernel_sleepers.fetch_add(1, SeqCst);
+                let slept = if lock(&set.watches).is_empty() {
+                    set.sleep_in_kernel(kfd, left)
+                } else {
+                    Ok(true)
+                };
+                set.kernel_sleepers.fetch_sub(1, SeqCst);
+                if slept? {
                     continue;
                 }
                 let ms = left.as_millis().min(i32::MAX as u128) as i32;
@@ -723,5 +800,6 @@ pub(crate) fn forked(set: &Epoll, table: &crate::fork::Table) -> Epoll {
         kernel: AtomicUsize::new(set.kernel.load(Relaxed)),
         kernel_sleepers: AtomicUsize::new(0),
         ctl_waiting: AtomicUsize::new(0),
+        wake: OnceLock::new(),
     }
 }
