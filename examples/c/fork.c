@@ -25,14 +25,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "conn.h"
 
 static struct sockaddr_in addr;
-
-static void timeouts(int fd, int secs) {
-    struct timeval tv = {secs, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
 
 /* Reads exactly n bytes from a pipe (or fails). */
 static int read_n_fd(int fd, char *buf, size_t n) {
@@ -43,27 +38,6 @@ static int read_n_fd(int fd, char *buf, size_t n) {
         got += (size_t)k;
     }
     return 0;
-}
-
-/* Reads exactly n bytes (or fails). */
-static int read_n(int fd, char *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = recv(fd, buf + got, n - got, 0);
-        if (k <= 0) return -1;
-        got += (size_t)k;
-    }
-    return 0;
-}
-
-static int dial_to(const struct sockaddr_in *a) {
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    timeouts(c, 10);
-    if (connect(c, (struct sockaddr *)a, sizeof *a) != 0) {
-        close(c);
-        return -1;
-    }
-    return c;
 }
 
 static int dial(void) { return dial_to(&addr); }
@@ -82,13 +56,6 @@ static int pings(const struct sockaddr_in *a, int n) {
         if (c >= 0) close(c);
     }
     return answered;
-}
-
-/* The exit status of child `pid` (-1 if it did not exit by itself). */
-static int status_of(pid_t pid) {
-    int st = 0;
-    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
-    return WEXITSTATUS(st);
 }
 
 /* A child of the shared listener: accepts `n` connections, answers "pong N" to each

@@ -32,41 +32,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "conn.h"
 
 static struct sockaddr_in addr;
 static int listener;
-
-static void timeouts(int fd, int secs) {
-    struct timeval tv = {secs, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-static int read_n(int fd, char *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = recv(fd, buf + got, n - got, 0);
-        if (k <= 0) return -1;
-        got += (size_t)k;
-    }
-    return 0;
-}
-
-static int dial(void) {
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    timeouts(c, 10);
-    if (connect(c, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        close(c);
-        return -1;
-    }
-    return c;
-}
-
-static int status_of(pid_t pid) {
-    int st = 0;
-    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
-    return WEXITSTATUS(st);
-}
 
 /* The child's part: answers "request" on `s` with "response", then dials the
  * listener with a socket of its own and says "child". 0 when all went well. */
@@ -78,7 +47,7 @@ static int child_work(int s) {
     if (read_n(s, req, sizeof req) != 0 || memcmp(req, "request", 7) != 0) return 20;
     if (send(s, "response", 8, 0) != 8) return 21;
     close(s);
-    int own = dial();
+    int own = dial_to(&addr);
     if (own < 0) return 22;
     if (send(own, "child", 5, 0) != 5) return 23;
     char b[1];
@@ -91,7 +60,7 @@ static int child_work(int s) {
  * handed connection is answered, the child's own connection arrives. */
 static void handed(const char *how, pid_t (*make)(int s)) {
     char name[128];
-    int c = dial();
+    int c = dial_to(&addr);
     int s = accept(listener, NULL, NULL);
     snprintf(name, sizeof name, "%s: connection for the child", how);
     CHECK(name, c >= 0 && s >= 0);
@@ -187,7 +156,7 @@ int main(int argc, char **argv) {
     handed("RLIMIT_AS 200 MB, then a raw clone", capped_then_clone);
 
     /* The parent's sockets still work after all of that. */
-    int c = dial();
+    int c = dial_to(&addr);
     int s = accept(listener, NULL, NULL);
     char b[2];
     CHECK("the parent's listener and a new connection still work",
@@ -204,7 +173,7 @@ int main(int argc, char **argv) {
     struct rlimit old;
     CHECK("prlimit gives back 1 GiB",
           prlimit(0, RLIMIT_AS, NULL, &old) == 0 && old.rlim_cur == set.rlim_cur);
-    int dialed = dial();
+    int dialed = dial_to(&addr);
     CHECK("a new socket under the limit", dialed >= 0);
     int accepted = accept(listener, NULL, NULL);
     close(dialed);

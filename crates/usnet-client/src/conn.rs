@@ -137,14 +137,34 @@ fn attach_request(opts: &crate::AttachOptions) -> msg::Attach {
     if let Some(room) = address_space_room() {
         let (sockets, ring) = fitted(
             room / 2,
-            req.max_sockets.unwrap_or(1024),
-            req.ring_bytes.unwrap_or(256 * 1024),
+            req.max_sockets.unwrap_or(DEFAULT_SOCKETS),
+            req.ring_bytes.unwrap_or(DEFAULT_RING_BYTES),
             opts.min_sockets.unwrap_or(1) as u64,
         );
         req.max_sockets = Some(sockets);
         req.ring_bytes = Some(ring);
     }
     req
+}
+
+/// What a client that asks for nothing gets (the server's `granted_geometry`).
+const DEFAULT_SOCKETS: u64 = 1024;
+const DEFAULT_RING_BYTES: u64 = 256 * 1024;
+
+/// Bytes of address space a session of `sockets` with rings of `ring` bytes
+/// takes (`u64::MAX`: no such session).
+fn session_bytes(sockets: u64, ring: u64) -> u64 {
+    let g = usnet_session_abi::Geometry {
+        max_sockets: sockets.min(65536) as u32,
+        ring_bytes: ring as u32,
+        ..Default::default()
+    };
+    usnet_session_abi::Layout::new(g).map_or(u64::MAX, |l| l.total_len as u64)
+}
+
+/// Bytes of address space a fresh client's session takes.
+pub fn default_session_bytes() -> u64 {
+    session_bytes(DEFAULT_SOCKETS, DEFAULT_RING_BYTES)
 }
 
 /// Bytes of address space this process may still map under its `RLIMIT_AS`
@@ -185,15 +205,7 @@ fn address_space_room() -> Option<u64> {
 /// it failed.
 fn fitted(budget: u64, mut sockets: u64, mut ring: u64, floor: u64) -> (u64, u64) {
     let floor = floor.max(64).min(sockets);
-    let len = |sockets: u64, ring: u64| {
-        let g = usnet_session_abi::Geometry {
-            max_sockets: sockets.min(65536) as u32,
-            ring_bytes: ring as u32,
-            ..Default::default()
-        };
-        usnet_session_abi::Layout::new(g).map_or(u64::MAX, |l| l.total_len as u64)
-    };
-    while len(sockets, ring) > budget {
+    while session_bytes(sockets, ring) > budget {
         if sockets > floor {
             sockets = (sockets / 2).max(floor);
         } else if ring > 16 * 1024 {

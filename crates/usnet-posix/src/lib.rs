@@ -140,11 +140,7 @@ pub fn session_address_space() -> usize {
 /// The address space a fresh client's session takes (the server's default
 /// geometry for a client that asks for nothing).
 pub fn default_session_address_space() -> usize {
-    let g = usnet_session_abi::Geometry {
-        max_sockets: 1024,
-        ..Default::default()
-    };
-    usnet_session_abi::Layout::new(g).map_or(0, |l| l.total_len)
+    usnet_client::default_session_bytes() as usize
 }
 
 fn client() -> Res<Client> {

@@ -517,7 +517,7 @@ impl Stack {
         h: SocketHandle,
         bytes: usize,
     ) -> Result<(), StackError> {
-        if bytes != 0 && bytes < 1280 {
+        if bytes != 0 && bytes < crate::tcp::icmp::MIN_PMTU_V6 {
             return Err(StackError::InvalidInput);
         }
         self.udp_mut(h)?.hdr.frag_size_v6 = bytes;
