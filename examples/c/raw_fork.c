@@ -5,7 +5,9 @@
  * a clone of its own. No fork handler runs on a raw clone.
  *
  * Each way of making a process (the raw clone and clone3 system calls, libc's
- * clone with a function on a stack of its own) is checked the same way: the parent
+ * clone with a function on a stack of its own; vfork and a CLONE_VM | CLONE_VFORK
+ * clone whose child closes the listener and execs this program, as Python's
+ * subprocess and multiprocessing do) is checked the same way: the parent
  * hands the child a connection whose request was sent before the child existed and
  * closes its own copy; the child answers on it, then dials the listener with a
  * socket of its own; the parent goes on with its own sockets meanwhile. Then the
@@ -13,10 +15,12 @@
  *
  * Only the parent prints; children report through their exit status. Every wait
  * has a deadline (SO_RCVTIMEO, alarm). The same output on the kernel and under the
- * LD_PRELOAD shim (crates/usnet-preload/tests). usage: raw_fork ADDR PORT */
+ * LD_PRELOAD shim (crates/usnet-preload/tests). usage: raw_fork ADDR PORT
+ * (raw_fork ADDR PORT FD: the exec'd child's part, on connection FD) */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
@@ -24,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -114,6 +119,44 @@ static pid_t by_libc_clone(int s) {
     return clone(clone_fn, child_stack + sizeof child_stack, SIGCHLD, NULL);
 }
 
+/* A child that shares this memory (vfork, clone with CLONE_VM | CLONE_VFORK) may
+ * only close numbers, move them and exec: it closes the listener (the way a spawn
+ * with close_fds does) and starts this program on the handed connection. */
+static char exec_args[3][32];
+
+static void close_and_exec(void) {
+    close_range((unsigned)listener, (unsigned)listener, 0);
+    execl("/proc/self/exe", "raw_fork", exec_args[0], exec_args[1], exec_args[2], (char *)NULL);
+    _exit(127);
+}
+
+static void prepare_exec(int s) {
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+    snprintf(exec_args[0], sizeof exec_args[0], "%s", ip);
+    snprintf(exec_args[1], sizeof exec_args[1], "%d", ntohs(addr.sin_port));
+    snprintf(exec_args[2], sizeof exec_args[2], "%d", s);
+}
+
+static pid_t by_vfork_then_exec(int s) {
+    prepare_exec(s);
+    pid_t pid = vfork();
+    if (pid == 0) close_and_exec();
+    return pid;
+}
+
+static int vm_clone_fn(void *arg) {
+    (void)arg;
+    close_and_exec();
+    return 127;
+}
+
+static pid_t by_vm_clone_then_exec(int s) {
+    prepare_exec(s);
+    return clone(vm_clone_fn, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                 NULL);
+}
+
 /* vsftpd's shape: a child with a connection caps its address space at 200 MB, then
  * makes the process that serves it with a raw clone; that one answers and dials. */
 static pid_t capped_then_clone(int s) {
@@ -134,8 +177,8 @@ static pid_t capped_then_clone(int s) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s ADDR PORT\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s ADDR PORT [FD]\n", argv[0]);
         return 2;
     }
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -143,17 +186,29 @@ int main(int argc, char **argv) {
     addr.sin_family = AF_INET;
     addr.sin_port = htons(atoi(argv[2]));
     inet_pton(AF_INET, argv[1], &addr.sin_addr);
+    if (argc == 4) {
+        /* The exec'd child: the listener is closed, the connection kept. */
+        listener = -1;
+        return child_work(atoi(argv[3]));
+    }
     listener = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     CHECK("bind", bind(listener, (struct sockaddr *)&addr, sizeof addr) == 0);
     CHECK("listen", listen(listener, 16) == 0);
     timeouts(listener, 10);
+    /* FD_CLOEXEC set and cleared with ioctl, as Python's set_inheritable does. */
+    CHECK("ioctl(FIOCLEX) sets FD_CLOEXEC",
+          ioctl(listener, FIOCLEX) == 0 && (fcntl(listener, F_GETFD) & FD_CLOEXEC) != 0);
+    CHECK("ioctl(FIONCLEX) clears it",
+          ioctl(listener, FIONCLEX) == 0 && (fcntl(listener, F_GETFD) & FD_CLOEXEC) == 0);
 
     handed("syscall(SYS_clone)", by_clone_syscall);
     handed("syscall(SYS_clone3)", by_clone3_syscall);
     handed("clone()", by_libc_clone);
     handed("RLIMIT_AS 200 MB, then a raw clone", capped_then_clone);
+    handed("vfork(), close_range and exec", by_vfork_then_exec);
+    handed("clone(CLONE_VM | CLONE_VFORK), close_range and exec", by_vm_clone_then_exec);
 
     /* The parent's sockets still work after all of that. */
     int c = dial_to(&addr);

@@ -753,7 +753,13 @@ fn tap_without_tso_checks_every_byte_both_ways() {
                 "http://10.40.0.2/upload",
             ],
         );
-        assert!(o.ok(), "POST lossy={lossy}: {}", o.describe());
+        assert!(
+            o.ok(),
+            "POST lossy={lossy}: {}\n{}\n{}",
+            o.describe(),
+            d.stat_text(),
+            d.logs()
+        );
         assert_eq!(o.stdout.trim(), upload_sha, "POST lossy={lossy}");
     }
     let c = d.counters();

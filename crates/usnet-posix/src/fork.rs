@@ -75,9 +75,36 @@ thread_local! {
     static ADOPTING: Cell<bool> = const { Cell::new(false) };
 }
 
+/// The process this layer's memory belongs to (0: not known yet). Set at the
+/// program's start and in a forked child.
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+fn note_owner() {
+    // SAFETY: getpid has no preconditions and cannot fail.
+    OWNER.store(unsafe { libc::getpid() }, Relaxed);
+}
+
+/// This process runs in the memory of the process the layer serves without being
+/// it: a child of `clone` with `CLONE_VM` (a `vfork`-style child, such as one a
+/// spawn library makes with `CLONE_VM | CLONE_VFORK`) before its `exec`. Its
+/// descriptor table is its own, the layer's table and sessions are its parent's:
+/// the descriptor calls it makes (closing what the new program is not to have,
+/// moving numbers with `dup2`, `FD_CLOEXEC`) go to the kernel alone, which changes
+/// the child's numbers, and the tagged numbers it keeps are what the new program
+/// takes over (`exec`). Through the layer they would close or renumber the parent's
+/// sockets. (A plain `vfork` is made a `fork` by the shim, so the fork handlers
+/// pin the sockets for the program it starts.) One `getpid`; asked only by the
+/// calls that close or renumber a descriptor.
+pub fn in_vfork_child() -> bool {
+    let owner = OWNER.load(Relaxed);
+    // SAFETY: getpid has no preconditions and cannot fail.
+    owner != 0 && owner != unsafe { libc::getpid() }
+}
+
 /// Installs the fork handlers (once, at the first attach).
 pub(crate) fn register() {
     REGISTER.call_once(|| {
+        note_owner();
         // SAFETY: three `extern "C"` functions that live as long as the process.
         unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     });
@@ -156,6 +183,7 @@ extern "C" fn child() {
 }
 
 fn child_now() {
+    note_owner();
     release_held();
     FORKED.store(true, Release);
     let pin = PIN.with(|p| p.borrow_mut().take());

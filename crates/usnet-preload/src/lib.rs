@@ -435,7 +435,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if let Some(_g) = ours(fd) {
+    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
         let r = socket::usnet_close(fd);
         renumbered(fd);
         return r;
@@ -465,7 +465,8 @@ pub unsafe extern "C" fn close_range(
     };
     let lo = first.min(i32::MAX as libc::c_uint) as c_int;
     let hi = last.min(i32::MAX as libc::c_uint) as c_int;
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+    // (A vfork-style child closes only its own numbers: `in_vfork_child`.)
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !usnet_posix::in_vfork_child() {
         for fd in usnet_posix::descriptors_in(lo, hi) {
             socket::usnet_close(fd);
             renumbered(fd);
@@ -916,7 +917,7 @@ pub unsafe extern "C" fn __ppoll_chk(
 /// as the register it travels in).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    if let Some(_g) = ours(fd) {
+    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
         return match cmd {
             libc::F_GETFL
             | libc::F_SETFL
@@ -941,7 +942,15 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    if let Some(_g) = ours(fd) {
+    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
+        // FD_CLOEXEC set and cleared the other way (Python's `set_inheritable`).
+        match req {
+            libc::FIOCLEX => {
+                return socket::usnet_fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as c_long)
+            }
+            libc::FIONCLEX => return socket::usnet_fcntl(fd, libc::F_SETFD, 0),
+            _ => {}
+        }
         let ints = [libc::FIONBIO, libc::FIONREAD, usnet_posix::SIOCATMARK];
         return if ints.contains(&req) || usnet_posix::INTERFACE_QUERIES.contains(&req) {
             // SAFETY: an int, or an ifreq or ifconf for an interface query, per
@@ -956,7 +965,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    if let Some(_g) = ours(fd) {
+    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
         return socket::usnet_dup(fd);
     }
     real!(dup: fn(c_int) -> c_int)(fd)
@@ -970,8 +979,9 @@ unsafe fn dup_onto(old: c_int, new: c_int, flags: Option<c_int>) -> c_int {
         None => real!(dup2: fn(c_int, c_int) -> c_int)(old, new),
         Some(f) => real!(dup3: fn(c_int, c_int, c_int) -> c_int)(old, new, f),
     };
-    // The layer's own dup3 (it holds the descriptor table) goes straight to libc.
-    let Some(_g) = enter() else {
+    // The layer's own dup3 (it holds the descriptor table) goes straight to libc,
+    // as a vfork-style child's does (its numbers are its own; `in_vfork_child`).
+    let Some(_g) = enter().filter(|_| !usnet_posix::in_vfork_child()) else {
         return real_dup();
     };
     if usnet_posix::is_usnet(old) {
@@ -1064,6 +1074,11 @@ pub unsafe extern "C" fn syscall(
         libc::SYS_fcntl => unsafe { fcntl(a as c_int, b as c_int, c as c_ulong) },
         _ => {
             let real = real!(syscall: variadic fn(c_long) -> c_long);
+            #[cfg(target_arch = "x86_64")]
+            if n == libc::SYS_vfork {
+                // A fork, as the shim's `vfork` is (`raw_fork`).
+                return libc::c_long::from(raw_fork::vfork());
+            }
             // SAFETY: the program's call: for clone3, `a` and `b` are its arguments.
             if unsafe { raw_fork::copies_process(n, a, b) } {
                 // SAFETY: passed on unchanged.

@@ -11,9 +11,26 @@
 //! (through [`as_fork`]) and `clone` run the layer's handlers around it
 //! ([`usnet_posix::RawFork`]).
 //!
-//! Left alone: calls that share the address space (threads, `vfork`-style
-//! children, which exec or exit) and a `syscall` clone onto a new stack (its child
-//! cannot return into C code, so nothing of ours could run there).
+//! **`vfork`** (and `syscall(SYS_vfork)`) is a `fork` here. Its child shares the
+//! parent's memory, where the layer keeps its table and sessions, but not its
+//! descriptors, and it runs no handlers: Python's `subprocess` and
+//! `multiprocessing` (spawn) close there every number the new program is not to
+//! have (`close_range`) and so closed the parent's sockets through the layer; and
+//! the new program had to claim its sockets from the parent's session, which the
+//! parent, resumed at the `exec`, could close first (a server handing a
+//! connection to a program it starts). As a `fork`, the handlers pin the sockets
+//! for the child's session and what the child closes is its own. POSIX allows
+//! this (a `vfork` child may only `exec` or `_exit`); it costs a copy of the page
+//! tables.
+//!
+//! A `clone` with `CLONE_VM | CLONE_VFORK` (a spawn library's child, on a stack of
+//! its own) stays what it is: its parent waits until it execs, with the sockets
+//! pinned for the program it starts (`usnet_posix::pin_for_spawn`, as for
+//! `posix_spawn`), and the child's descriptor calls go to the kernel alone
+//! (`usnet_posix::in_vfork_child`).
+//!
+//! Left alone: threads, and a `syscall` clone onto a new stack (its child cannot
+//! return into C code, so nothing of ours could run there).
 
 use std::os::raw::{c_int, c_long, c_void};
 
@@ -58,6 +75,13 @@ pub(crate) unsafe fn copies_process(n: c_long, a1: c_long, a2: c_long) -> bool {
         libc::SYS_fork => true,
         _ => false,
     }
+}
+
+/// `vfork`: a `fork` (see the module's text).
+#[no_mangle]
+pub extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork has no memory arguments; libc's runs the fork handlers.
+    unsafe { libc::fork() }
 }
 
 /// Runs `f` and gives back the `errno` that was there before it.
@@ -111,6 +135,14 @@ pub unsafe extern "C" fn clone(
 ) -> c_int {
     type ChildFn = Option<extern "C" fn(*mut c_void) -> c_int>;
     let real = real!(clone: variadic fn(ChildFn, *mut c_void, c_int, *mut c_void) -> c_int);
+    let vfork_style = flags & (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_THREAD)
+        == libc::CLONE_VM | libc::CLONE_VFORK;
+    if vfork_style && !crate::is_inside() {
+        // Held until the child has exec'd (CLONE_VFORK: until then this call waits).
+        let _pin = usnet_posix::pin_for_spawn();
+        // SAFETY: passed on unchanged.
+        return unsafe { real(f, stack, flags, arg, parent_tid, tls, child_tid) };
+    }
     let Some(func) = f.filter(|_| !crate::is_inside() && flags as c_long & SHARES == 0) else {
         // SAFETY: passed on unchanged.
         return unsafe { real(f, stack, flags, arg, parent_tid, tls, child_tid) };

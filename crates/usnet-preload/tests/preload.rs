@@ -454,6 +454,81 @@ lo = socket.socket(); lo.bind(("127.0.0.1", 0)); print("loopback", lo.getsocknam
     );
 }
 
+/// Python starting programs the way servers do (uvicorn's and gunicorn's workers):
+/// a `multiprocessing` "spawn" worker is a new interpreter, started with `vfork`,
+/// `close_range` of every number not passed, and `exec`, that takes over a bound
+/// listener from its parent; a `subprocess` gets an accepted connection as its
+/// stdin and stdout while the parent closes its copy at once. Before, the
+/// `close_range` in the `vfork` child (which shares its parent's memory) closed the
+/// parent's sockets through the layer, and the worker found a dead number.
+#[test]
+fn python_spawned_workers_take_over_sockets_under_the_shim() {
+    let _serial = serial();
+    let dir = run_dir();
+    let script = dir.join("spawned_workers.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"
+import multiprocessing as mp, socket, subprocess, sys, time
+
+def serve(l):
+    l.listen(4)
+    s, _ = l.accept()
+    s.settimeout(10)
+    s.sendall(b"spawned worker got " + s.recv(16))
+    s.close()
+
+def dial(port):
+    for _ in range(200):
+        try:
+            return socket.create_connection(("{ADDR}", port), timeout=10)
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    raise SystemExit("never listening")
+
+if __name__ == "__main__":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("{ADDR}", 7706))
+    w = mp.get_context("spawn").Process(target=serve, args=(l,))
+    w.start()
+    c = dial(7706)
+    c.sendall(b"hello")
+    print(c.makefile("rb").read().decode())
+    w.join(20)
+    print("worker exit", w.exitcode)
+
+    l2 = socket.create_server(("{ADDR}", 7707))
+    c2 = dial(7707)
+    s2, _ = l2.accept()
+    c2.sendall(b"ping\n")
+    q = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('pong', sys.stdin.readline().strip(), flush=True)"],
+        stdin=s2, stdout=s2, close_fds=True)
+    s2.close()
+    print(c2.makefile("rb").readline().decode().strip())
+    print("subprocess exit", q.wait(20))
+"#
+        ),
+    )
+    .unwrap();
+    let o = output_within(
+        under_shim(Command::new("python3").arg(&script)),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success(),
+        "python: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        out,
+        "spawned worker got hello\nworker exit 0\npong ping\nsubprocess exit 0\n"
+    );
+}
+
 /// Python's `socketserver.ForkingTCPServer` under the shim: a process per connection,
 /// forked from the server's thread while the main thread's clients (usnet sockets in
 /// the same process) wait in `recv`; every line echoed, every stream ended.

@@ -309,6 +309,13 @@ impl Daemon {
         serde_json::from_str(&o.stdout).expect("stat JSON")
     }
 
+    /// `usnet stat` as a person reads it (every counter, sockets, clients), for a
+    /// failed assertion to show what the stack saw.
+    pub fn stat_text(&self) -> String {
+        let o = self.ctl(&["stat", "--all"], Duration::from_secs(10));
+        format!("--- usnet stat --all\n{}{}", o.stdout, o.stderr)
+    }
+
     /// `usnet down`, then waits for a clean exit.
     pub fn down(&mut self) {
         let o = self.ctl(&["down"], Duration::from_secs(10));
