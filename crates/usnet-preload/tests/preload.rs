@@ -100,6 +100,22 @@ fn under_shim(cmd: &mut Command) -> &mut Command {
         .env("USNET_RUN_DIR", run_dir())
 }
 
+/// `python3 ARGS` under the shim (60 s deadline): its standard output, which it must
+/// end successfully.
+fn python_under_shim(args: &[&str]) -> String {
+    let o = output_within(
+        under_shim(Command::new("python3").args(args)),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(
+        o.status.success(),
+        "python: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -436,16 +452,7 @@ print("pipe", [k.data for k, _ in sel.select(10)])
 lo = socket.socket(); lo.bind(("127.0.0.1", 0)); print("loopback", lo.getsockname()[0])
 "#
     );
-    let o = output_within(
-        under_shim(Command::new("python3").args(["-c", &prog])),
-        Duration::from_secs(60),
-    );
-    let out = text(&o);
-    assert!(
-        o.status.success(),
-        "python: {out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = python_under_shim(&["-c", &prog]);
     assert_eq!(
         out,
         format!(
@@ -513,16 +520,7 @@ if __name__ == "__main__":
         ),
     )
     .unwrap();
-    let o = output_within(
-        under_shim(Command::new("python3").arg(&script)),
-        Duration::from_secs(60),
-    );
-    let out = text(&o);
-    assert!(
-        o.status.success(),
-        "python: {out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = python_under_shim(&[script.to_str().unwrap()]);
     assert_eq!(
         out,
         "spawned worker got hello\nworker exit 0\npong ping\nsubprocess exit 0\n"
@@ -564,17 +562,8 @@ print("served", len(ok))
 srv.shutdown(); srv.server_close()
 "#
     );
-    let o = output_within(
-        under_shim(Command::new("python3").args(["-c", &prog])),
-        Duration::from_secs(60),
-    );
-    let out = text(&o);
-    assert!(
-        o.status.success(),
-        "python: {out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(out, "served 6\n", "{}", String::from_utf8_lossy(&o.stderr));
+    let out = python_under_shim(&["-c", &prog]);
+    assert_eq!(out, "served 6\n");
 }
 
 /// A program started under an address-space limit it cannot raise (`ulimit -v`,
