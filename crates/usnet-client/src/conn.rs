@@ -167,10 +167,10 @@ pub fn default_session_bytes() -> u64 {
     session_bytes(DEFAULT_SOCKETS, DEFAULT_RING_BYTES)
 }
 
-/// Bytes of address space this process may still map under its `RLIMIT_AS`
-/// (`None`: no limit). Read from the kernel itself: the shim's `getrlimit`
-/// answers what the program set, without the room it adds for the session.
-fn address_space_room() -> Option<u64> {
+/// This process's `resource` limit as the kernel holds it (`None`: unreadable),
+/// asked with a raw `prlimit64`: past the shim's `getrlimit`, which answers what the
+/// program set, without the room it adds for the session.
+pub fn kernel_rlimit(resource: libc::__rlimit_resource_t) -> Option<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -180,12 +180,19 @@ fn address_space_room() -> Option<u64> {
         libc::syscall(
             libc::SYS_prlimit64,
             0,
-            libc::RLIMIT_AS,
+            resource,
             std::ptr::null::<libc::rlimit>(),
             &mut lim as *mut libc::rlimit,
         )
     };
-    if r != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+    (r == 0).then_some(lim)
+}
+
+/// Bytes of address space this process may still map under its `RLIMIT_AS`
+/// (`None`: no limit).
+fn address_space_room() -> Option<u64> {
+    let lim = kernel_rlimit(libc::RLIMIT_AS)?;
+    if lim.rlim_cur == libc::RLIM_INFINITY {
         return None;
     }
     // The first field of statm: the address space in use, in pages.

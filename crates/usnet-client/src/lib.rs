@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use usnet_session::ctl::{resolve, ControlError};
 
-pub use conn::default_session_bytes;
+pub use conn::{default_session_bytes, kernel_rlimit};
 pub use net::ClientNet;
 pub use poll::{Event, Interest, Mode, Poller, Source, Token};
 pub use sock::dont_wait;

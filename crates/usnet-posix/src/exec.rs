@@ -84,16 +84,36 @@ pub(crate) fn mirror_nonblock(fd: RawFd, nb: bool) {
     }
 }
 
-/// How the layer attaches: connections that survive `exec`.
+/// How the layer attaches: connections that survive `exec`, and room for as many
+/// sockets as the process may open descriptors ([`session_sockets`]).
 pub(crate) fn attach_options() -> AttachOptions {
     AttachOptions {
         inheritable: true,
+        max_sockets: Some(session_sockets()),
         // `usnet run --shard K`.
         shard: std::env::var("USNET_SHARD")
             .ok()
             .and_then(|v| v.parse().ok()),
         ..AttachOptions::default()
     }
+}
+
+/// A session's fewest sockets (what a client that asks for nothing gets) and most
+/// (the stack's default quota per client, `usnet up --client-sockets`).
+const SESSION_SOCKETS: std::ops::RangeInclusive<u64> = 1024..=16384;
+
+/// The sockets a session of this process has room for: its descriptor limit
+/// (`RLIMIT_NOFILE`'s soft value when it attaches) within [`SESSION_SOCKETS`].
+/// On the kernel a program may hold as many sockets as it may open descriptors;
+/// each usnet socket's number is a kernel descriptor too, so the limit binds here
+/// as it does there and a session larger than it would go unused. A server that
+/// raises its limit before its first socket (redis, nginx's
+/// `worker_rlimit_nofile`, the JVM, Go) gets the room; one left at the usual 1,024
+/// gets the session it always had. (Raised after the first socket, the limit is
+/// not followed: a session does not grow.)
+pub(crate) fn session_sockets() -> u32 {
+    let soft = usnet_client::kernel_rlimit(libc::RLIMIT_NOFILE).map_or(0, |l| l.rlim_cur);
+    soft.clamp(*SESSION_SOCKETS.start(), *SESSION_SOCKETS.end()) as u32
 }
 
 static REFUSAL: Mutex<Option<String>> = Mutex::new(None);

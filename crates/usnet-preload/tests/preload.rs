@@ -45,6 +45,12 @@ fn run_dir() -> &'static PathBuf {
         let cfg = ServerConfig {
             name: STACK.into(),
             link: "mem".into(),
+            // `usnet up`'s quotas: 16,384 sockets a client, rings up to 1 MiB.
+            geometry: usnet_session_abi::Geometry {
+                max_sockets: 16384,
+                ring_bytes: 1 << 20,
+                ..Default::default()
+            },
             ..Default::default()
         };
         (usnet_server::testing::in_memory(stack, cfg).unwrap(), d)
@@ -525,6 +531,41 @@ if __name__ == "__main__":
         out,
         "spawned worker got hello\nworker exit 0\npong ping\nsubprocess exit 0\n"
     );
+}
+
+/// A server that raises its descriptor limit before its first socket (redis, nginx's
+/// `worker_rlimit_nofile`, the JVM and Go do) holds as many sockets as the limit
+/// allows, as on the kernel: 1,500 connections to its own listener (3,001 sockets)
+/// each carry a byte. Before, every process had a session of 1,024 sockets, and
+/// the 513th connection failed with `EMFILE` whatever the limit.
+#[test]
+fn a_process_holds_as_many_sockets_as_its_descriptor_limit_under_the_shim() {
+    let _serial = serial();
+    run_dir();
+    let prog = format!(
+        r#"
+import resource, socket
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+want = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+assert want >= 3200, f"the hard descriptor limit {{hard}} is too low for this test"
+resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+l = socket.create_server(("{ADDR}", 7708), backlog=2048)
+pairs = []
+for i in range(1500):
+    c = socket.create_connection(("{ADDR}", 7708), timeout=10)
+    s, _ = l.accept()
+    pairs.append((c, s))
+print("opened", len(pairs))
+n = 0
+for c, s in pairs:
+    s.settimeout(10)
+    c.sendall(b"x")
+    n += s.recv(1) == b"x"
+print("exchanged", n)
+"#
+    );
+    let out = python_under_shim(&["-c", &prog]);
+    assert_eq!(out, "opened 1500\nexchanged 1500\n");
 }
 
 /// Python's `socketserver.ForkingTCPServer` under the shim: a process per connection,
