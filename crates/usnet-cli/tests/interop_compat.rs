@@ -154,6 +154,65 @@ fn sha256_hex(b: &[u8]) -> String {
         .collect()
 }
 
+/// The `usnet clients --json` row of the client with process id `pid`.
+fn client_row(d: &Path, pid: u32) -> serde_json::Value {
+    let o = run_in(
+        Command::new(USNET)
+            .args(["clients", "--stack", STACK, "--json"])
+            .env("USNET_RUN_DIR", d),
+        &[],
+        Duration::from_secs(10),
+    );
+    assert!(o.ok(), "usnet clients: {}", o.describe());
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&o.stdout).expect("clients JSON");
+    rows.into_iter()
+        .find(|r| r["pid"] == pid)
+        .unwrap_or_else(|| panic!("no client with pid {pid}: {}", o.stdout))
+}
+
+/// libuv (Node, uvloop) with its io_uring rings on (`UV_USE_IO_URING=1`) adds and
+/// changes its epoll registrations through a ring (`IORING_OP_EPOLL_CTL`), past the
+/// shim: the kernel epoll set held the listener's number, a Unix socket that polls
+/// as hung up, and the idle server spun (uvicorn's workers: a core's third each,
+/// ~40,000 calls a second). The shim refuses `io_uring_setup` (ENOSYS, as a kernel
+/// without io_uring), and libuv goes on with `epoll_ctl`.
+fn node_with_io_uring(d: &Path) {
+    let port = 18083u16;
+    let mut srv = spawn_prog(
+        d,
+        Some(STACK),
+        "node-io-uring",
+        "env",
+        &["UV_USE_IO_URING=1", "node", "srv.js", &port.to_string()],
+    );
+    wait_listening(&mut srv, d, OURS, port);
+    assert_eq!(
+        String::from_utf8_lossy(&curl(&format!("http://{OURS}:{port}/"))),
+        format!("node saw ::ffff:{HOST}\n"),
+        "Node server with UV_USE_IO_URING=1"
+    );
+    // (`usnet run` and `env` exec: the process is node.)
+    let pid = srv.0.id();
+    let row = client_row(d, pid);
+    let rings = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().contains("io_uring"))
+        .count();
+    assert_eq!(rings, 0, "Node under the shim holds io_uring rings");
+    // Idle: the server makes (nearly) no calls; spinning, it made tens of thousands
+    // a second.
+    let calls = |r: &serde_json::Value| r["stats"]["calls"].as_u64().expect("calls");
+    let before = calls(&row);
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = calls(&client_row(d, pid)) - before;
+    assert!(
+        idle < 1000,
+        "an idle Node server made {idle} calls in a second"
+    );
+    drop(srv);
+}
+
 fn node(d: &Path) {
     need("node", "nodejs");
     std::fs::write(
@@ -186,6 +245,7 @@ fn node(d: &Path) {
         "Node server over IPv6"
     );
     drop(srv);
+    node_with_io_uring(d);
     // `cluster`: the primary accepts and hands each connection to a worker with
     // SCM_RIGHTS (round-robin, Node's default); the worker's libuv asks the kernel
     // what the descriptor is (statx) and closes it with syscall(SYS_close).

@@ -1045,8 +1045,8 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut li
 /// whatever the kernel gives that number next. The calls that make, close or
 /// renumber a descriptor go through their definitions above; a `clone`, `clone3` or
 /// `fork` that copies the process runs the fork handlers around it (`raw_fork`);
-/// every other number goes to libc's `syscall` as it is (the layer's own raw calls
-/// among them).
+/// `io_uring_setup` is refused (see there); every other number goes to libc's
+/// `syscall` as it is (the layer's own raw calls among them).
 ///
 /// The six arguments are read as the registers they travel in (as `fcntl`'s third
 /// argument is): a call with fewer leaves the rest unread by the kernel.
@@ -1072,6 +1072,17 @@ pub unsafe extern "C" fn syscall(
         libc::SYS_dup2 => unsafe { dup2(a as c_int, b as c_int) },
         libc::SYS_dup3 => unsafe { dup3(a as c_int, b as c_int, c as c_int) },
         libc::SYS_fcntl => unsafe { fcntl(a as c_int, b as c_int, c as c_ulong) },
+        libc::SYS_io_uring_setup if !env_is("USNET_IO_URING", "allow") => {
+            // See "io_uring" in docs/preload.md: a ring's socket and epoll
+            // operations reach the kernel past the shim, on the numbers' kernel
+            // sockets. A program that probes (libuv: Node, uvloop) goes on
+            // without one, as on a kernel built without io_uring.
+            if env_is("USNET_DEBUG", "1") {
+                eprintln!("usnet-preload: io_uring_setup refused (ENOSYS); USNET_IO_URING=allow permits it");
+            }
+            set_errno(libc::ENOSYS);
+            -1
+        }
         _ => {
             let real = real!(syscall: variadic fn(c_long) -> c_long);
             #[cfg(target_arch = "x86_64")]
