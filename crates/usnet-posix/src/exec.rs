@@ -108,7 +108,7 @@ const SESSION_SOCKETS: std::ops::RangeInclusive<u64> = 1024..=16384;
 /// each usnet socket's number is a kernel descriptor too, so the limit binds here
 /// as it does there and a session larger than it would go unused. A server that
 /// raises its limit before its first socket (redis, nginx's
-/// `worker_rlimit_nofile`, the JVM, Go) gets the room; one left at the usual 1,024
+/// `worker_rlimit_nofile`, the JVM) gets the room; one left at the usual 1,024
 /// gets the session it always had. (Raised after the first socket, the limit is
 /// not followed: a session does not grow.)
 pub(crate) fn session_sockets() -> u32 {

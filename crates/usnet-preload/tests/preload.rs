@@ -534,7 +534,7 @@ if __name__ == "__main__":
 }
 
 /// A server that raises its descriptor limit before its first socket (redis, nginx's
-/// `worker_rlimit_nofile`, the JVM and Go do) holds as many sockets as the limit
+/// `worker_rlimit_nofile` and the JVM do) holds as many sockets as the limit
 /// allows, as on the kernel: 1,500 connections to its own listener (3,001 sockets)
 /// each carry a byte. Before, every process had a session of 1,024 sockets, and
 /// the 513th connection failed with `EMFILE` whatever the limit.
