@@ -167,11 +167,11 @@ pub struct UpArgs {
     pub max_pool_percent: u32,
     /// Sockets one client may hold at most (its quota; each has two rings). A client
     /// gets 1024 unless it asks for more.
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = usnet_session_abi::DEFAULT_CLIENT_SOCKETS)]
     pub client_sockets: u32,
     /// The largest ring a client socket may have (a power of two, 4096 .. 16 MiB); a
     /// client gets 256 KiB unless it asks otherwise.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = usnet_session_abi::DEFAULT_MAX_RING_BYTES)]
     pub ring_bytes: u32,
     /// Bytes the server moves between a socket's ring and the stack per turn:
     /// the cluster size (MCLBYTES) ...
@@ -304,8 +304,8 @@ impl UpArgs {
             max_backlog: 1024,
             max_rcvbuf: 4 << 20,
             max_pool_percent: 25,
-            client_sockets: 16384,
-            ring_bytes: 1 << 20,
+            client_sockets: usnet_session_abi::DEFAULT_CLIENT_SOCKETS,
+            ring_bytes: usnet_session_abi::DEFAULT_MAX_RING_BYTES,
             cluster_bytes: 65536,
             clusters: 4,
             rpc: false,
@@ -817,7 +817,7 @@ fn spawn_services(
     let client = usnet_client::Client::attach_with(
         Some(name),
         &usnet_client::AttachOptions {
-            max_sockets: Some(16384),
+            max_sockets: Some(usnet_session_abi::DEFAULT_CLIENT_SOCKETS),
             ring_bytes: Some(64 * 1024),
             ..Default::default()
         },

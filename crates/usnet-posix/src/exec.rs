@@ -100,7 +100,8 @@ pub(crate) fn attach_options() -> AttachOptions {
 
 /// A session's fewest sockets (what a client that asks for nothing gets) and most
 /// (the stack's default quota per client, `usnet up --client-sockets`).
-const SESSION_SOCKETS: std::ops::RangeInclusive<u64> = 1024..=16384;
+const SESSION_SOCKETS: std::ops::RangeInclusive<u64> =
+    1024..=usnet_session_abi::DEFAULT_CLIENT_SOCKETS as u64;
 
 /// The sockets a session of this process has room for: its descriptor limit
 /// (`RLIMIT_NOFILE`'s soft value when it attaches) within [`SESSION_SOCKETS`].

@@ -45,10 +45,10 @@ fn run_dir() -> &'static PathBuf {
         let cfg = ServerConfig {
             name: STACK.into(),
             link: "mem".into(),
-            // `usnet up`'s quotas: 16,384 sockets a client, rings up to 1 MiB.
+            // `usnet up`'s quotas.
             geometry: usnet_session_abi::Geometry {
-                max_sockets: 16384,
-                ring_bytes: 1 << 20,
+                max_sockets: usnet_session_abi::DEFAULT_CLIENT_SOCKETS,
+                ring_bytes: usnet_session_abi::DEFAULT_MAX_RING_BYTES,
                 ..Default::default()
             },
             ..Default::default()

@@ -113,6 +113,12 @@ pub const BELL_FUTEX: u32 = 1;
 /// The server sleeps in ppoll: ring it by writing its eventfd.
 pub const BELL_EVENTFD: u32 = 2;
 
+/// The most sockets a client may hold and the largest ring it may have, unless the
+/// stack is told otherwise (`usnet up --client-sockets`, `--ring-bytes`). The shim
+/// sizes its sessions within the first.
+pub const DEFAULT_CLIENT_SOCKETS: u32 = 16384;
+pub const DEFAULT_MAX_RING_BYTES: u32 = 1 << 20;
+
 /// A session's geometry, chosen by the server at attach time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
