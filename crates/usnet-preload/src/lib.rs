@@ -73,6 +73,13 @@ fn ours(fd: c_int) -> Option<Inside> {
     usnet_posix::is_usnet(fd).then_some(g)
 }
 
+/// [`ours`] for the calls that close or renumber a descriptor or change its flags:
+/// `None` too in a child that shares the layer's memory but not its descriptors
+/// (`usnet_posix::in_vfork_child`), whose numbers the kernel alone changes.
+fn ours_to_renumber(fd: c_int) -> Option<Inside> {
+    ours(fd).filter(|_| !usnet_posix::in_vfork_child())
+}
+
 // ------------------------------------------------------------------ libc's own
 
 /// The next definition of `name` (libc's), looked up once.
@@ -435,7 +442,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
+    if let Some(_g) = ours_to_renumber(fd) {
         let r = socket::usnet_close(fd);
         renumbered(fd);
         return r;
@@ -917,7 +924,7 @@ pub unsafe extern "C" fn __ppoll_chk(
 /// as the register it travels in).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
+    if let Some(_g) = ours_to_renumber(fd) {
         return match cmd {
             libc::F_GETFL
             | libc::F_SETFL
@@ -942,7 +949,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
+    if let Some(_g) = ours_to_renumber(fd) {
         // FD_CLOEXEC set and cleared the other way (Python's `set_inheritable`).
         match req {
             libc::FIOCLEX => {
@@ -965,7 +972,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    if let Some(_g) = ours(fd).filter(|_| !usnet_posix::in_vfork_child()) {
+    if let Some(_g) = ours_to_renumber(fd) {
         return socket::usnet_dup(fd);
     }
     real!(dup: fn(c_int) -> c_int)(fd)
