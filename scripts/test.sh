@@ -24,7 +24,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         iproute2 iputils-ping socat util-linux nftables tshark nginx curl python3 hping3 wrk postgresql dnsmasq-base \
-        redis-server redis-tools iperf3 openssh-server openssh-client wget openssl haproxy memcached lighttpd vsftpd unbound bind9-dnsutils bird2 \
+        redis-server redis-tools iperf3 openssh-server openssh-client wget openssl haproxy memcached lighttpd vsftpd unbound bind9-dnsutils bird2 squid \
         traceroute iputils-tracepath fping mtr-tiny \
         pkg-config libfontconfig1-dev fonts-dejavu-core bison flex >/dev/null
     # A Go toolchain for usnet-seccomp's test of a Go program, unless one is here.

@@ -8,6 +8,7 @@ mod httpd;
 mod nicemu;
 mod perf;
 mod run;
+mod shim;
 mod up;
 
 use std::process::ExitCode;
@@ -47,6 +48,10 @@ enum Cmd {
     /// Run an unmodified program with its IPv4/IPv6 sockets on a stack server
     /// (LD_PRELOAD shim): `usnet run [--stack NAME] -- CMD ARGS...`.
     Run(run::RunArgs),
+    /// The shim where the dynamic loader takes it in its secure mode too
+    /// (set-user-ID programs, workers exec'd with a dropped effective uid):
+    /// `usnet shim [status|install|remove]`.
+    Shim(shim::ShimArgs),
     /// A phttpd-like HTTP/1.1 server (every request gets the same response) on Linux
     /// sockets (--api kernel) or on a usnet stack in its own thread (--api socket).
     Httpd(Box<httpd::HttpdArgs>),
@@ -112,6 +117,7 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::run(a),
         Cmd::Get(a) => get::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Shim(a) => shim::run(a),
         Cmd::Httpd(a) => httpd::run(*a),
         Cmd::Bench(BenchCmd::Udp(a)) => usnet_bench::udp::run(&a.into()),
         Cmd::Bench(BenchCmd::Tcp(a)) if a.wan => {

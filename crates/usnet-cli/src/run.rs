@@ -49,12 +49,23 @@ enum Via {
     Seccomp,
 }
 
-/// The shim: `USNET_PRELOAD_LIB`, else next to this executable (cargo puts both in
-/// target/<profile>/), else in ../lib beside it (an installed layout).
-fn shim() -> Result<PathBuf, String> {
+/// What `LD_PRELOAD` names: `USNET_PRELOAD_LIB` if set; else the shim by its bare
+/// name while the loader's trusted copy (`usnet shim install`) is this build's, so
+/// programs in the loader's secure mode get it too; else this build's by its path.
+fn preload_entry() -> Result<std::ffi::OsString, String> {
     if let Some(p) = std::env::var_os("USNET_PRELOAD_LIB") {
-        return Ok(PathBuf::from(p));
+        return Ok(p);
     }
+    let built = built_shim()?;
+    if crate::shim::trusted_path().is_ok_and(|t| crate::shim::trusted_copy_current(&t, &built)) {
+        return Ok(crate::shim::SHIM_NAME.into());
+    }
+    Ok(built.into_os_string())
+}
+
+/// This build's shim: next to this executable (cargo puts both in
+/// target/<profile>/), else in ../lib beside it (an installed layout).
+pub fn built_shim() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let dir = exe.parent().ok_or("this executable has no directory")?;
     [
@@ -73,12 +84,7 @@ fn shim() -> Result<PathBuf, String> {
 
 /// The program `cmd` names: a path, or the first match in `PATH`.
 fn program_path(cmd: &str) -> Option<PathBuf> {
-    if cmd.contains('/') {
-        return Some(PathBuf::from(cmd));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(cmd))
-        .find(|p| p.is_file())
+    usnet_posix::secure_exec::find_program(std::path::Path::new(cmd))
 }
 
 /// Why the shim could not reach a program's sockets, if it cannot: a statically
@@ -179,8 +185,17 @@ pub fn run(a: RunArgs) -> CmdResult {
         (Via::Preload, Some(why)) => eprintln!("{why}"),
         _ => {}
     }
-    let lib = shim()?;
-    let mut preload = lib.into_os_string();
+    let mut preload = preload_entry()?;
+    let by_name = preload == crate::shim::SHIM_NAME;
+    if let Some(why) = program_path(&a.cmd[0])
+        .filter(|_| !by_name)
+        .and_then(|p| usnet_posix::secure_exec::reason(&p))
+    {
+        eprintln!(
+            "usnet run: {} starts in the dynamic loader's secure mode ({why}), which ignores a preload path: its sockets stay on the kernel unless the shim is installed where the loader takes it (`usnet shim install`, as root)",
+            a.cmd[0]
+        );
+    }
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
         preload.push(" ");
         preload.push(old);

@@ -25,6 +25,8 @@
 //! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls); unbound over
 //!   UDP and TCP, both families (it sets `IPV6_MTU`);
 //! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
+//! - squid with two workers, exec'd by its master in the loader's secure mode:
+//!   the shim says so, and `usnet shim install` puts them on usnet;
 //! - vsftpd (each connection's processes made by raw `clone`s, under a 200 MB
 //!   address-space limit), passive and active FTP over IPv4 and IPv6;
 //! - wget and curl; iperf3 over UDP; ping, both families, with usnet its only
@@ -899,6 +901,108 @@ fn unbound(d: &Path) {
     }
 }
 
+/// squid with two workers (SMP). The master runs as root with `proxy` as its
+/// effective uid and execs each kid, so every kid starts in the dynamic loader's
+/// secure mode, which ignores a preload path. Without the loader's trusted copy of
+/// the shim, the shim says so before the exec (the kids' sockets would be the
+/// kernel's); with `usnet shim install`, the coordinator kid opens the listener on
+/// usnet and hands it to both workers (SCM_RIGHTS), which proxy to Linux's web
+/// server over IPv4 and IPv6, and the kernel has no listener on the port.
+fn squid_workers(d: &Path) {
+    need("squid", "squid");
+    let port = 18110u16;
+    let sq = d.join("squid");
+    std::fs::create_dir_all(&sq).unwrap();
+    // The kids run as `proxy`: their logs and pid file are written there.
+    must("chmod", &["1777", sq.to_str().unwrap()]);
+    // Where the kids' IPC sockets are (systemd-tmpfiles makes it on a booted
+    // system).
+    std::fs::create_dir_all("/run/squid").unwrap();
+    must("chown", &["proxy:proxy", "/run/squid"]);
+    let cfg = sq.join("squid.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "workers 2\nhttp_port {port}\nhttp_access allow all\ncache deny all\ncache_mem 8 MB\n\
+             access_log stdio:{p}/access.log\ncache_log {p}/cache.log\npid_filename {p}/squid.pid\n\
+             coredump_dir {p}\nshutdown_lifetime 1 seconds\ndns_nameservers 127.0.0.1\n",
+            p = sq.display()
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let args = ["--foreground", "-d1", "-f", cfg];
+    let mut cleanup = Cleanup::default();
+    // The master and its kids (their command lines name the configuration).
+    cleanup.on_drop(&["pkill", "-KILL", "-f", cfg]);
+    let stop = || {
+        let _ = run("pkill", &["-KILL", "-f", cfg], Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = std::fs::remove_file(sq.join("squid.pid"));
+    };
+    let shim_cmd = |what: &str| run(USNET, &["shim", what], Duration::from_secs(10));
+
+    // Without the trusted copy: the kids would be on the kernel, and the shim says so.
+    assert!(shim_cmd("remove").ok());
+    {
+        let _srv = spawn_prog(d, Some(STACK), "squid-path", "squid", &args);
+        let end = std::time::Instant::now() + Duration::from_secs(15);
+        while !log_of(d, "squid-path").contains("secure mode") {
+            assert!(
+                std::time::Instant::now() < end,
+                "squid's kids exec'd in secure mode without a word: {}",
+                log_of(d, "squid-path")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop();
+    }
+
+    // With it: the kids are on usnet.
+    cleanup.on_drop(&[USNET, "shim", "remove"]);
+    let o = shim_cmd("install");
+    assert!(o.ok(), "usnet shim install: {}", o.describe());
+    let st = shim_cmd("status");
+    assert!(st.stdout.contains("by name"), "{}", st.describe());
+    let mut srv = spawn_prog(d, Some(STACK), "squid", "squid", &args);
+    wait_listening(&mut srv, d, OURS, port);
+    for i in 0..6 {
+        let (proxy, url) = if i % 2 == 0 {
+            (
+                format!("http://{OURS}:{port}"),
+                format!("http://{HOST}:18099/f"),
+            )
+        } else {
+            (
+                format!("http://[{OURS6}]:{port}"),
+                format!("http://[{HOST6}]:18098/f"),
+            )
+        };
+        let o = Command::new("curl")
+            .args(["-sS", "-g", "--max-time", "10", "-x", &proxy, &url])
+            .output()
+            .expect("curl");
+        assert!(
+            o.status.success() && o.stdout == body(),
+            "squid (2 workers) proxying {url}: {} {}",
+            String::from_utf8_lossy(&o.stderr),
+            std::fs::read_to_string(sq.join("cache.log")).unwrap_or_default()
+        );
+    }
+    let kernel = run(
+        "ss",
+        &["-Hltn", &format!("sport = :{port}")],
+        Duration::from_secs(5),
+    );
+    assert!(
+        kernel.stdout.trim().is_empty(),
+        "squid's listener is the kernel's: {}",
+        kernel.describe()
+    );
+    stop();
+    drop(srv);
+}
+
 /// HAProxy in HTTP mode on its stock-shaped defaults, a frontend on IPv4 and one
 /// on IPv6, proxying to Linux's web server: the proxy is a client and a server
 /// of the stack at once.
@@ -1665,6 +1769,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     dnsmasq(d);
     unbound(d);
     haproxy(d);
+    squid_workers(d);
     memcached(d);
     lighttpd(d);
     vsftpd(d);

@@ -37,6 +37,7 @@ mod fork;
 mod ifaces;
 pub mod pass;
 mod poll;
+pub mod secure_exec;
 pub mod sockopt;
 
 use std::collections::HashMap;

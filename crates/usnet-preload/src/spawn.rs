@@ -15,10 +15,19 @@
 //!   `system`, `popen`) keep it as it is: glibc runs them through its internal
 //!   execve, which no shim sees, and the settings are there unless the program
 //!   removed them from its own environment.
+//! - **The loader's secure mode**: a program the kernel starts with other privileges
+//!   than its caller's real ones (set-user-ID, or exec'd with an effective uid not
+//!   the real one) gets no preload named by a path. Before an exec of such a
+//!   program the shim says so, unless it is preloaded by its bare name from the
+//!   loader's trusted directory (`usnet shim install`); a shim loaded that way in
+//!   secure mode puts `LD_PRELOAD`, which glibc removed, back in the environment.
 
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::OnceLock;
+
+use usnet_posix::secure_exec::{self, SHIM_FILE};
 
 use super::{enter, env_is};
 
@@ -54,6 +63,15 @@ extern "C" fn at_start() {
     let Some(_g) = enter() else {
         return;
     };
+    // In the loader's secure mode the shim can only have come by its bare name from
+    // the trusted directory (`usnet shim install`), and glibc took `LD_PRELOAD` out
+    // of the environment: put it back, so the programs this one starts are on usnet
+    // too.
+    // SAFETY: getauxval has no preconditions; setenv runs before main, one thread.
+    if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 && std::env::var_os("LD_PRELOAD").is_none()
+    {
+        std::env::set_var("LD_PRELOAD", SHIM_FILE);
+    }
     settings();
     usnet_posix::inherit();
     // A program exec'd with a connection on 0 and 1 (inetd style) reads and
@@ -118,6 +136,48 @@ unsafe fn with_settings<R>(
     }
 }
 
+/// Whether the shim is preloaded by its bare name (the loader's trusted copy), which
+/// the loader takes in its secure mode too.
+fn preloaded_by_name() -> bool {
+    settings().iter().any(|kv| {
+        kv.to_bytes().strip_prefix(b"LD_PRELOAD=").is_some_and(|v| {
+            v.split(|&b| b == b' ' || b == b':')
+                .any(|e| e == SHIM_FILE.as_bytes())
+        })
+    })
+}
+
+/// Says once, before `file` (a path, or a name looked up in `PATH`) is started, that
+/// the loader will start it in its secure mode and so leave the shim out, unless
+/// the shim comes by its bare name.
+///
+/// # Safety
+/// `file` is null or a C string.
+unsafe fn say_if_loader_drops_shim(file: *const c_char) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if file.is_null() || SAID.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let Some(_g) = enter() else {
+        return;
+    };
+    if env_is("USNET_PRELOAD", "off") || preloaded_by_name() {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let name = unsafe { CStr::from_ptr(file) };
+    let name = std::path::Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    let Some(why) = secure_exec::find_program(name).and_then(|p| secure_exec::reason(&p)) else {
+        return;
+    };
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "usnet-preload: {} starts in the dynamic loader's secure mode ({why}), which ignores a preload path: its sockets will be the kernel's unless the shim is installed where the loader takes it (`usnet shim install`, as root)",
+            name.display()
+        );
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
@@ -127,7 +187,33 @@ pub unsafe extern "C" fn execve(
     let real =
         real!(execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
     // SAFETY: libc's contract, passed on.
-    unsafe { with_settings(envp, |e| real(path, argv, e)) }
+    unsafe {
+        say_if_loader_drops_shim(path);
+        with_settings(envp, |e| real(path, argv, e))
+    }
+}
+
+/// `execv` and `execvp` run on the process's own environment (nothing to complete),
+/// but glibc runs them through its internal execve: wrapped only to say what
+/// `say_if_loader_drops_shim` says.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    let real = real!(execv: fn(*const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's contract, passed on.
+    unsafe {
+        say_if_loader_drops_shim(path);
+        real(path, argv)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    let real = real!(execvp: fn(*const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's contract, passed on.
+    unsafe {
+        say_if_loader_drops_shim(file);
+        real(file, argv)
+    }
 }
 
 #[no_mangle]
@@ -139,7 +225,10 @@ pub unsafe extern "C" fn execvpe(
     let real =
         real!(execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
     // SAFETY: libc's contract, passed on.
-    unsafe { with_settings(envp, |e| real(file, argv, e)) }
+    unsafe {
+        say_if_loader_drops_shim(file);
+        with_settings(envp, |e| real(file, argv, e))
+    }
 }
 
 type SpawnFn = unsafe extern "C" fn(
@@ -162,6 +251,8 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     // SAFETY: libc's definition of this very function.
     let real: SpawnFn = unsafe { std::mem::transmute::<usize, SpawnFn>(next_of!(posix_spawn)) };
+    // SAFETY: libc's contract: a C string.
+    unsafe { say_if_loader_drops_shim(path) };
     let pin = pinned();
     // SAFETY: libc's contract, passed on.
     let r = unsafe { with_settings(envp, |e| real(pid, path, actions, attr, argv, e)) };
@@ -180,6 +271,8 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     // SAFETY: libc's definition of this very function.
     let real: SpawnFn = unsafe { std::mem::transmute::<usize, SpawnFn>(next_of!(posix_spawnp)) };
+    // SAFETY: libc's contract: a C string.
+    unsafe { say_if_loader_drops_shim(file) };
     let pin = pinned();
     // SAFETY: libc's contract, passed on.
     let r = unsafe { with_settings(envp, |e| real(pid, file, actions, attr, argv, e)) };
