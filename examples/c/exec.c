@@ -8,6 +8,9 @@
  *   - the same through system() (a shell between, the program in the background)
  *     and popen();
  *   - execve with an empty environment (a program that clears it);
+ *   - execl after the program emptied its own environment in place (postfix's
+ *     clean_env: environ[0] = NULL), system after clearenv(), and execle with an
+ *     empty environment;
  *   - a socket with FD_CLOEXEC is closed in the new program;
  *   - a shell's /dev/tcp connection written and read by external commands
  *     (`cat >&3`, `cat <&3`; bash's own echo writes through stdio, which calls
@@ -187,6 +190,46 @@ static int start_empty_env(int fd, pid_t *pid) {
 
 static char sys_cmd[4200];
 
+/* A child that empties its environment in place, as postfix's clean_env does, then
+ * starts the program with execl (which uses that environment). */
+static int start_execl_emptied_env(int fd, pid_t *pid) {
+    char fdarg[16];
+    snprintf(fdarg, sizeof fdarg, "%d", fd);
+    *pid = fork();
+    if (*pid == 0) {
+        if (environ) environ[0] = NULL;
+        execl(self, self, "--child-conn", fdarg, (char *)NULL);
+        _exit(127);
+    }
+    return *pid > 0 ? 0 : -1;
+}
+
+/* execle with an empty environment: the list, then the environment after its NULL. */
+static int start_execle_empty_env(int fd, pid_t *pid) {
+    char fdarg[16];
+    snprintf(fdarg, sizeof fdarg, "%d", fd);
+    *pid = fork();
+    if (*pid == 0) {
+        char *envp[] = {NULL};
+        execle(self, self, "--child-conn", fdarg, (char *)NULL, envp);
+        _exit(127);
+    }
+    return *pid > 0 ? 0 : -1;
+}
+
+/* A child that calls clearenv(), then system(): the shell and the program start
+ * from that environment. */
+static int start_system_cleared_env(int fd, pid_t *pid) {
+    *pid = fork();
+    if (*pid == 0) {
+        clearenv();
+        snprintf(sys_cmd, sizeof sys_cmd, "'%s' --child-conn %d &", self, fd);
+        int st = system(sys_cmd);
+        _exit(WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1);
+    }
+    return *pid > 0 ? 0 : -1;
+}
+
 /* The shell starts the program in the background and exits: system() returns once
  * the program holds the connection. */
 static int start_system(int fd, pid_t *pid) {
@@ -306,6 +349,9 @@ int main(int argc, char **argv) {
     listener_through_fork_and_exec();
     connection_handed_over("posix_spawn", start_spawn);
     connection_handed_over("execve with an empty environment", start_empty_env);
+    connection_handed_over("execl after environ[0] = NULL", start_execl_emptied_env);
+    connection_handed_over("system after clearenv", start_system_cleared_env);
+    connection_handed_over("execle with an empty environment", start_execle_empty_env);
     connection_handed_over("system", start_system);
     connection_handed_over("popen", start_popen);
     CHECK("popen: the command exits 0", popened && pclose(popened) == 0);

@@ -11,10 +11,14 @@
 //!   the environment of what it starts (sshd, `env -i`, systemd-style launchers)
 //!   may leave out `LD_PRELOAD` and `USNET_*`; the shim puts back the ones that
 //!   are missing, so the new program is on usnet too and can take its sockets
-//!   over. Calls that use the process's own environment (`execv`, `execvp`,
-//!   `system`, `popen`) keep it as it is: glibc runs them through its internal
-//!   execve, which no shim sees, and the settings are there unless the program
-//!   removed them from its own environment.
+//!   over.
+//! - **`execv`, `execvp`, `execl`, `execlp`, `system`, `popen`** start a program on
+//!   the process's own environment through glibc's internal calls. A program may
+//!   have emptied it (postfix's `clean_env` sets `environ[0] = NULL`; others call
+//!   `clearenv`): the shim puts the missing settings back into it first.
+//!   `execl`, `execlp` and `execle` are C-variadic, so they are written in C
+//!   (src/execl.c) and reached through naked Rust functions (a cdylib exports only
+//!   what Rust defines).
 //! - **The loader's secure mode**: a program the kernel starts with other privileges
 //!   than its caller's real ones (set-user-ID, or exec'd with an effective uid not
 //!   the real one) gets no preload named by a path. Before an exec of such a
@@ -193,15 +197,35 @@ pub unsafe extern "C" fn execve(
     }
 }
 
-/// `execv` and `execvp` run on the process's own environment (nothing to complete),
-/// but glibc runs them through its internal execve: wrapped only to say what
-/// `say_if_loader_drops_shim` says.
+/// The settings this program started with put back in its own environment where
+/// it lacks them: before `execv`, `execvp` (and `execl`, `execlp` through them),
+/// `system` and `popen`, which start a program on the process's environment
+/// through glibc's internal calls. A program may have emptied it in place
+/// (postfix's `clean_env` sets `environ[0] = NULL`) or with `clearenv`.
+fn put_back_settings() {
+    let Some(_g) = enter() else {
+        return;
+    };
+    for kv in settings() {
+        let b = kv.to_bytes();
+        let Some(eq) = b.iter().position(|&c| c == b'=') else {
+            continue;
+        };
+        let (Ok(k), Ok(v)) = (CString::new(&b[..eq]), CString::new(&b[eq + 1..])) else {
+            continue;
+        };
+        // SAFETY: NUL-terminated strings; overwrite 0 keeps a value the program set.
+        unsafe { libc::setenv(k.as_ptr(), v.as_ptr(), 0) };
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     let real = real!(execv: fn(*const c_char, *const *const c_char) -> c_int);
     // SAFETY: libc's contract, passed on.
     unsafe {
         say_if_loader_drops_shim(path);
+        put_back_settings();
         real(path, argv)
     }
 }
@@ -212,24 +236,35 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
     // SAFETY: libc's contract, passed on.
     unsafe {
         say_if_loader_drops_shim(file);
+        put_back_settings();
         real(file, argv)
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    let real =
-        real!(execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
-    // SAFETY: libc's contract, passed on.
-    unsafe {
-        say_if_loader_drops_shim(file);
-        with_settings(envp, |e| real(file, argv, e))
-    }
+// `execl`, `execlp` and `execle` are C-variadic: src/execl.c gathers their
+// arguments and calls the wrapped execv, execvp and execve. Each exported name is a
+// naked function that jumps there with the caller's registers and stack untouched.
+extern "C" {
+    fn usnet_execl();
+    fn usnet_execlp();
+    fn usnet_execle();
 }
+
+macro_rules! jump_to {
+    ($name:ident, $target:ident) => {
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            #[cfg(target_arch = "x86_64")]
+            core::arch::naked_asm!("jmp {}", sym $target);
+            #[cfg(target_arch = "aarch64")]
+            core::arch::naked_asm!("b {}", sym $target);
+        }
+    };
+}
+jump_to!(execl, usnet_execl);
+jump_to!(execlp, usnet_execlp);
+jump_to!(execle, usnet_execle);
 
 type SpawnFn = unsafe extern "C" fn(
     *mut libc::pid_t,
@@ -297,6 +332,7 @@ fn unpin(pin: Option<usnet_posix::SpawnPin>) {
 #[no_mangle]
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
     let real = real!(system: fn(*const c_char) -> c_int);
+    put_back_settings();
     let pin = if command.is_null() { None } else { pinned() };
     // SAFETY: libc's contract, passed on.
     let r = unsafe { real(command) };
@@ -307,6 +343,7 @@ pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     let real = real!(popen: fn(*const c_char, *const c_char) -> *mut libc::FILE);
+    put_back_settings();
     let pin = pinned();
     // SAFETY: libc's contract, passed on.
     let r = unsafe { real(command, mode) };

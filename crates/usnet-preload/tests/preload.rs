@@ -393,7 +393,8 @@ fn processes_made_without_fork_and_a_capped_address_space_as_on_the_kernel() {
 }
 
 /// exec: sockets without FD_CLOEXEC live on in programs started with execv,
-/// posix_spawn, system, popen, execve with an empty environment, and a shell's
+/// posix_spawn, system, popen, execve and execle with an empty environment, execl
+/// after `environ[0] = NULL`, system after `clearenv`, and a shell's
 /// /dev/tcp read by cat; FD_CLOEXEC ones close; as root, a child that drops to
 /// nobody right after fork serves its parent's listener.
 #[test]
