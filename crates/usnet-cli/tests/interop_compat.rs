@@ -13,8 +13,9 @@
 //!   `listen PORT` and `listen [::]:PORT`;
 //! - OpenSSH: sshd (re-exec, privilege separation, seccomp sandbox) serving ssh from
 //!   Linux, and ssh to Linux's sshd;
-//! - socket activation: `systemd-socket-activate --inetd -a cat` and a program
-//!   handed its listener with `LISTEN_FDS`;
+//! - socket activation: `systemd-socket-activate --inetd -a cat`, a program
+//!   handed its listener with `LISTEN_FDS`, and a datagram socket (`--datagram`)
+//!   whose first datagram the activated service reads;
 //! - a shell: bash's `/dev/tcp` connection written and read by `cat`, and written
 //!   by the builtin `echo` (stdio);
 //! - `git daemon` (`upload-pack` writes its connection through stdio), cloned from
@@ -624,6 +625,47 @@ fn socket_activation(d: &Path) {
             log_of(d, "socket-activate-fds")
         );
     }
+    drop(act);
+    // A datagram socket (`--datagram`): the activator waits until it is readable,
+    // then execs the service on it, which reads the datagram that woke it (it was
+    // in the activator's ring: it moves to the reader). Answered to Linux.
+    std::fs::write(
+        d.join("udpsvc.py"),
+        "import socket\ns = socket.socket(fileno=3)\ns.settimeout(10)\nd, a = s.recvfrom(2000)\ns.sendto(b'activated ' + d, a)\n",
+    )
+    .unwrap();
+    let port = 18111u16;
+    let mut dgram = spawn_prog(
+        d,
+        Some(STACK),
+        "socket-activate-dgram",
+        "systemd-socket-activate",
+        &[
+            "--datagram",
+            "-l",
+            &format!("{OURS}:{port}"),
+            "python3",
+            "udpsvc.py",
+        ],
+    );
+    wait_log(&mut dgram, d, "Listening on");
+    let o = run(
+        "python3",
+        &[
+            "-c",
+            &format!(
+                "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.settimeout(10)\ns.sendto(b'hello', ('{OURS}', {port}))\nprint(s.recvfrom(100)[0].decode())"
+            ),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        o.stdout.trim(),
+        "activated hello",
+        "datagram activation: {}\n{}",
+        o.describe(),
+        log_of(d, "socket-activate-dgram")
+    );
 }
 
 fn shell(d: &Path) {

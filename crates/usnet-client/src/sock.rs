@@ -362,8 +362,11 @@ impl ClientSocket {
         Some(Reading(Some(busy)))
     }
 
-    /// Runs `f` on the receive ring's consumer (UDP records), then kicks.
-    pub(crate) fn with_rx<R>(&self, f: impl FnOnce(&mut ByteConsumer) -> R) -> R {
+    /// Runs `f` on the receive ring's consumer (UDP records), then kicks. `None`
+    /// (nothing read) while the server takes a shared socket's datagrams for
+    /// another holder that reads ([`Self::rx_enter`]).
+    pub(crate) fn with_rx<R>(&self, f: impl FnOnce(&mut ByteConsumer) -> R) -> Option<R> {
+        let _reading = self.rx_enter()?;
         let mut rx = lock(&self.rx);
         let r = f(&mut rx);
         let released = rx.release();
@@ -371,7 +374,7 @@ impl ClientSocket {
         if released {
             self.kick(slot::RX_ARMED, op::RX_KICK);
         }
-        r
+        Some(r)
     }
 
     // ------------------------------------------------------------ send ring

@@ -538,7 +538,11 @@ impl UdpSocket {
             if let Some(e) = self.take_error() {
                 return Err(e);
             }
-            if let Some(r) = self.sock.with_rx(|rx| take_record(rx, buf, consume)) {
+            if let Some(r) = self
+                .sock
+                .with_rx(|rx| take_record(rx, buf, consume))
+                .flatten()
+            {
                 return r;
             }
             if self.sock.flags() & FLAG_ERROR != 0 {

@@ -241,6 +241,21 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
     }
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let real =
+        real!(execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's contract, passed on.
+    unsafe {
+        say_if_loader_drops_shim(file);
+        with_settings(envp, |e| real(file, argv, e))
+    }
+}
+
 // `execl`, `execlp` and `execle` are C-variadic: src/execl.c gathers their
 // arguments and calls the wrapped execv, execvp and execve. Each exported name is a
 // naked function that jumps there with the caller's registers and stack untouched.

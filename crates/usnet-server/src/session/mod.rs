@@ -509,7 +509,7 @@ impl ServerSession {
                 self.stats.calls -= 1;
                 if let Some(i) = self.slot_of(req) {
                     if let Some(s) = self.socks[i as usize].as_ref() {
-                        if let (true, false, Role::Conn, Some(h)) =
+                        if let (true, false, Role::Conn | Role::Udp, Some(h)) =
                             (s.shared, s.receiver, s.role, s.handle)
                         {
                             self.wants.push(h);

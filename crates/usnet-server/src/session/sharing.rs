@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::*;
 
 use usnet_session_abi::{
-    slot, SockAddr, FLAG_BOUND, FLAG_CONNECTED, FLAG_NOT_RECEIVER, FLAG_SHARED,
+    slot, SockAddr, FLAG_BOUND, FLAG_CONNECTED, FLAG_NOT_RECEIVER, FLAG_SHARED, RECORD_HEADER,
+    RECORD_PAD,
 };
 use usnet_stack::{Owner, SocketHandle, Stack};
 
@@ -39,20 +40,65 @@ fn new_group() -> u64 {
     NEXT.fetch_add(1, Relaxed)
 }
 
+/// The records in `raw`, the unread bytes of a UDP receive ring from ring position
+/// `start` (of a ring of `size` bytes), laid end to end without the skips at the
+/// ring's end, for another holder's ring. Stops at anything that is not a whole
+/// record (a corrupt ring loses the rest, not the server).
+pub(super) fn udp_records(raw: &[u8], start: u64, size: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < raw.len() {
+        let to_end = size - ((start + at as u64) as usize & (size - 1));
+        if to_end < RECORD_HEADER {
+            // A tail too short for a header is skipped by rule.
+            at += to_end;
+            continue;
+        }
+        if raw.len() - at < RECORD_HEADER {
+            break;
+        }
+        let len = u32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
+        if len == RECORD_PAD {
+            at += to_end;
+            continue;
+        }
+        let rec = usnet_session_abi::record_len(len as usize);
+        if rec > to_end || rec > raw.len() - at {
+            break;
+        }
+        out.extend_from_slice(&raw[at..at + rec]);
+        at += rec;
+    }
+    out
+}
+
 impl ServerSession {
-    /// What a receiver that lets go of a shared stream leaves for the next one: the
-    /// bytes in its receive ring it did not read, then its carry. (Datagrams are not
-    /// handed on: records are not moved between rings.)
+    /// What a receiver that lets go of a shared socket leaves for the next one: the
+    /// bytes of a stream in its receive ring it did not read, or the datagrams
+    /// (records, [`udp_records`]), then its carry.
     pub(super) fn salvage(s: &mut SessionSocket, stats: &mut SessionStats) -> Vec<u8> {
         let mut left = Vec::new();
-        if s.receiver && s.role == Role::Conn {
-            if s.rx.unread(&mut left).is_err() {
+        if s.receiver && matches!(s.role, Role::Conn | Role::Udp) {
+            if Self::take_rx(s, &mut left).is_err() {
                 stats.corrupt_rings += 1;
                 left.clear();
             }
             left.append(&mut s.carry);
         }
         left
+    }
+
+    /// The receive ring's unread bytes taken out of it into `out`: a stream's as
+    /// they are, a UDP socket's as whole records laid end to end.
+    fn take_rx(s: &mut SessionSocket, out: &mut Vec<u8>) -> Result<(), ()> {
+        if s.role != Role::Udp {
+            return s.rx.take_unread(out).map(drop).map_err(drop);
+        }
+        let mut raw = Vec::new();
+        s.rx.take_unread(&mut raw).map_err(drop)?;
+        // Taken back: the producer's position is where the first of them was.
+        out.extend(udp_records(&raw, s.rx.position(), s.rx.size()));
+        Ok(())
     }
 
     /// The client is gone: its shared stack sockets, taken out of the session with
@@ -160,7 +206,7 @@ impl ServerSession {
         s.group = p.group;
         s.receiver = receiver;
         s.carry = std::mem::take(carry);
-        if !receiver && p.role == Role::Conn && p.handle.is_some() {
+        if !receiver && matches!(p.role, Role::Conn | Role::Udp) && p.handle.is_some() {
             self.set_flags(i, FLAG_NOT_RECEIVER, 0);
         }
         if let Some(b) = p.bound {
@@ -230,15 +276,15 @@ impl ServerSession {
         self.joined.push(h);
     }
 
-    /// Another holder reads shared stream `h` (`op::RX_WANT`): it takes the stream
-    /// from this session, which receives it, with the bytes this session's client
-    /// has not read (and the carry), as on the kernel, where bytes go to whoever
-    /// reads. `None` if the client is copying out of its ring at this instant (the
+    /// Another holder reads shared socket `h` (`op::RX_WANT`): it takes the stream,
+    /// or the datagrams, from this session, which receives them, with what this
+    /// session's client has not read (and the carry), as on the kernel, where bytes
+    /// and datagrams go to whoever reads. `None` if the client is copying out of its ring at this instant (the
     /// other holder asks again).
     pub fn yield_to_reader(&mut self, stack: &mut Stack, h: SocketHandle) -> Option<Vec<u8>> {
         let &i = self.by_handle.get(&h)?;
         let s = self.socks[i as usize].as_mut()?;
-        if !s.receiver || s.role != Role::Conn {
+        if !s.receiver || !matches!(s.role, Role::Conn | Role::Udp) {
             return None;
         }
         // Dekker's handshake with the client's reads (`slot::RX_BUSY`).
@@ -249,7 +295,7 @@ impl ServerSession {
             return None;
         }
         let mut out = Vec::new();
-        let taken = s.rx.take_unread(&mut out);
+        let taken = Self::take_rx(s, &mut out);
         steal.store(0, Release);
         if taken.is_err() {
             self.stats.corrupt_rings += 1;
@@ -288,7 +334,8 @@ mod tests {
     use std::sync::atomic::Ordering::*;
 
     use usnet_session_abi::{
-        op, slot, Request, SockAddr, FLAG_NOT_RECEIVER, FLAG_SHARED, KIND_TCP,
+        op, slot, Request, SockAddr, FLAG_NOT_RECEIVER, FLAG_SHARED, KIND_TCP, KIND_UDP,
+        RECORD_HEADER,
     };
     use usnet_stack::SocketHandle;
 
@@ -434,6 +481,63 @@ mod tests {
         assert!(h.recv(2).is_empty(), "taken from the parent's ring");
         h.target(2);
         assert_eq!(h.recv(2), b"unread, then new");
+        h.finish();
+    }
+
+    /// The payload of the first record in `ring` (raw receive-ring bytes).
+    fn first_datagram(ring: &[u8]) -> &[u8] {
+        assert!(
+            ring.len() >= RECORD_HEADER,
+            "no record: {} bytes",
+            ring.len()
+        );
+        let len = u32::from_le_bytes(ring[0..4].try_into().unwrap()) as usize;
+        &ring[RECORD_HEADER..RECORD_HEADER + len]
+    }
+
+    /// A UDP socket handed over once it is readable (inetd's `wait` services,
+    /// systemd's datagram socket activation, `ncat -u -k`): the datagram already in
+    /// the receiver's ring goes to the holder that reads (`op::RX_WANT`), and one the
+    /// receiver leaves unread when it lets go passes to the holder left.
+    #[test]
+    fn datagrams_move_to_the_holder_that_reads_and_outlive_their_receiver() {
+        let mut h = Harness::new();
+        assert_eq!(h.call(op::SOCKET, 0, [KIND_UDP, 0, 0, 0, 0, 0]), 0);
+        let a = SockAddr::from_std((ADDR, 7150).into()).to_args();
+        assert_eq!(h.call(op::BIND, 0, [a[0], a[1], a[2], a[3], 0, 0]), 0);
+        let sender = h.parts(1).1.udp_bind((ADDR, 7151).into()).unwrap();
+        let send = |h: &mut Harness, what: &[u8]| {
+            let (_, stack) = h.parts(1);
+            stack
+                .udp_send_to(sender, what, (ADDR, 7150).into())
+                .unwrap();
+            turns(h);
+        };
+        send(&mut h, b"before the fork");
+        h.fork();
+        h.target(2);
+        assert_ne!(flags(&h, 0) & FLAG_NOT_RECEIVER, 0, "the parent receives");
+        h.submit(&Request {
+            op: op::RX_WANT,
+            slot: 0,
+            ..Default::default()
+        });
+        turns(&mut h);
+        assert_eq!(flags(&h, 0) & FLAG_NOT_RECEIVER, 0, "the child receives");
+        assert_eq!(first_datagram(&h.recv(0)), b"before the fork");
+        h.target(1);
+        assert!(h.recv(0).is_empty(), "taken from the parent's ring");
+        // The child receives the next one and dies without reading it.
+        send(&mut h, b"left unread");
+        h.remove(2);
+        h.target(1);
+        turns(&mut h);
+        assert_eq!(
+            flags(&h, 0) & FLAG_NOT_RECEIVER,
+            0,
+            "the parent receives again"
+        );
+        assert_eq!(first_datagram(&h.recv(0)), b"left unread");
         h.finish();
     }
 

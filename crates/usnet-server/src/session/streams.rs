@@ -940,7 +940,16 @@ impl ServerSession {
                 }
             }
             Role::Udp => {
-                if !s.rx_blocked && s.receiver {
+                if !s.rx_blocked && s.receiver && !s.carry.is_empty() {
+                    // Datagrams another holder left unread come first; what the
+                    // stack queued since waits until they are all in.
+                    push_udp_carry(s);
+                    s.rx.publish();
+                    if !s.carry.is_empty() {
+                        again = true;
+                    }
+                }
+                if !s.rx_blocked && s.receiver && s.carry.is_empty() {
                     loop {
                         moved += Self::fill_udp(stack, s, h, chunk - moved.min(chunk));
                         s.rx.publish();
@@ -1003,7 +1012,6 @@ impl ServerSession {
     /// Datagrams from the stack's queue into the receive ring as records, while they
     /// fit. Returns the payload bytes moved.
     fn fill_udp(stack: &mut Stack, s: &mut SessionSocket, h: SocketHandle, chunk: usize) -> usize {
-        let size = s.rx.size();
         let mut moved = 0;
         // The receive timestamp of what this call queues (read once: the
         // datagrams came in the same turn).
@@ -1016,17 +1024,7 @@ impl ServerSession {
                 break;
             }
             let rec = usnet_session_abi::record_len(len);
-            let pos = s.rx.position() as usize & (size - 1);
-            let to_end = size - pos;
-            if rec > to_end {
-                // Records never wrap: mark the tail skipped (a pad header when one
-                // fits; a shorter tail is skipped by rule) and start over at 0.
-                let mut tail = vec![0u8; to_end];
-                if to_end >= RECORD_HEADER {
-                    tail[0..4].copy_from_slice(&RECORD_PAD.to_le_bytes());
-                }
-                s.rx.push(&tail);
-            }
+            skip_tail_if_short(&mut s.rx, rec);
             // The sender is known only once the datagram is taken: the header is
             // completed after the payload, before the record is published.
             let start_pos = s.rx.position();
@@ -1142,6 +1140,41 @@ impl RecvSink for RingSink {
 
 fn ring_size(s: &SessionSocket) -> usize {
     s.tx.size()
+}
+
+/// Records never wrap: if a record of `rec` bytes does not fit before the ring's
+/// end, the tail is marked skipped (a pad header when one fits; a shorter tail is
+/// skipped by rule) and the record starts over at 0.
+fn skip_tail_if_short(rx: &mut ByteProducer, rec: usize) {
+    let size = rx.size();
+    let to_end = size - (rx.position() as usize & (size - 1));
+    if rec > to_end {
+        let mut tail = vec![0u8; to_end];
+        if to_end >= RECORD_HEADER {
+            tail[0..4].copy_from_slice(&RECORD_PAD.to_le_bytes());
+        }
+        rx.push(&tail);
+    }
+}
+
+/// Whole records from `s.carry` (laid end to end, as `sharing::udp_records` leaves
+/// them) into the receive ring, while they fit.
+fn push_udp_carry(s: &mut SessionSocket) {
+    while s.carry.len() >= RECORD_HEADER {
+        let len = u32::from_le_bytes(s.carry[0..4].try_into().expect("4 bytes")) as usize;
+        let rec = usnet_session_abi::record_len(len);
+        if len > usize::from(u16::MAX) || rec > s.carry.len() {
+            // Not what udp_records lays out: drop it rather than publish garbage.
+            s.carry.clear();
+            break;
+        }
+        if !udp_record_fits(&mut s.rx, len) {
+            break;
+        }
+        skip_tail_if_short(&mut s.rx, rec);
+        s.rx.push(&s.carry[..rec]);
+        s.carry.drain(..rec);
+    }
 }
 
 /// Whether a datagram of `len` bytes fits in the receive ring as one record (with
