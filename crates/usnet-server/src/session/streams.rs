@@ -945,8 +945,16 @@ impl ServerSession {
                     // stack queued since waits until they are all in.
                     push_udp_carry(s);
                     s.rx.publish();
-                    if !s.carry.is_empty() {
-                        again = true;
+                    if s.carry.len() >= RECORD_HEADER {
+                        // The next does not fit: wait for the client's kick, as
+                        // below for the stack's queue.
+                        let len = u32::from_le_bytes(s.carry[0..4].try_into().expect("4 bytes"));
+                        let armed = self.mem.slot_word(i, slot::RX_ARMED);
+                        if usnet_shm::arm::arm(armed, || udp_record_fits(&mut s.rx, len as usize)) {
+                            again = true;
+                        } else {
+                            s.rx_blocked = true;
+                        }
                     }
                 }
                 if !s.rx_blocked && s.receiver && s.carry.is_empty() {
@@ -1174,6 +1182,10 @@ fn push_udp_carry(s: &mut SessionSocket) {
         skip_tail_if_short(&mut s.rx, rec);
         s.rx.push(&s.carry[..rec]);
         s.carry.drain(..rec);
+    }
+    if s.carry.len() < RECORD_HEADER {
+        // Nothing or no whole record: nothing to wait for.
+        s.carry.clear();
     }
 }
 
