@@ -1045,12 +1045,89 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut li
     real!(fdopen: fn(c_int, *const libc::c_char) -> *mut libc::FILE)(fd, mode)
 }
 
+/// Data calls on a usnet descriptor made through `syscall(3)`, to their definitions
+/// here: Debian 12's libuv (1.44, which BIND's `named` links) receives and sends
+/// datagrams with `syscall(SYS_recvmmsg)` and `syscall(SYS_sendmmsg)`, which
+/// reached the number's kernel socket and found nothing. `None`: another call, or
+/// not a usnet descriptor.
+///
+/// # Safety
+/// The program's call carries the system call's contract, the libc function's.
+unsafe fn socket_io_syscall(
+    n: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> Option<c_long> {
+    const CALLS: [c_long; 10] = [
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_readv,
+        libc::SYS_writev,
+        libc::SYS_recvfrom,
+        libc::SYS_sendto,
+        libc::SYS_recvmsg,
+        libc::SYS_sendmsg,
+        libc::SYS_recvmmsg,
+        libc::SYS_sendmmsg,
+    ];
+    if !CALLS.contains(&n) || !usnet_posix::is_usnet(a as c_int) {
+        return None;
+    }
+    let fd = a as c_int;
+    // SAFETY (each arm): the caller's contract.
+    let r = unsafe {
+        match n {
+            libc::SYS_read => read(fd, b as *mut c_void, c as size_t) as c_long,
+            libc::SYS_write => write(fd, b as *const c_void, c as size_t) as c_long,
+            libc::SYS_readv => readv(fd, b as *const libc::iovec, c as c_int) as c_long,
+            libc::SYS_writev => writev(fd, b as *const libc::iovec, c as c_int) as c_long,
+            libc::SYS_recvfrom => recvfrom(
+                fd,
+                b as *mut c_void,
+                c as size_t,
+                d as c_int,
+                e as *mut sockaddr,
+                f as *mut socklen_t,
+            ) as c_long,
+            libc::SYS_sendto => sendto(
+                fd,
+                b as *const c_void,
+                c as size_t,
+                d as c_int,
+                e as *const sockaddr,
+                f as socklen_t,
+            ) as c_long,
+            libc::SYS_recvmsg => recvmsg(fd, b as *mut libc::msghdr, c as c_int) as c_long,
+            libc::SYS_sendmsg => sendmsg(fd, b as *const libc::msghdr, c as c_int) as c_long,
+            libc::SYS_recvmmsg => c_long::from(recvmmsg(
+                fd,
+                b as *mut libc::mmsghdr,
+                c as std::os::raw::c_uint,
+                d as c_int,
+                e as *mut libc::timespec,
+            )),
+            _ => c_long::from(sendmmsg(
+                fd,
+                b as *mut libc::mmsghdr,
+                c as std::os::raw::c_uint,
+                d as c_int,
+            )),
+        }
+    };
+    Some(r)
+}
+
 /// `syscall(3)`: a program that makes its own system calls through libc's `syscall`
 /// reaches the kernel past every other definition here. libuv (Node) closes every
 /// descriptor with `syscall(SYS_close, fd)`: the kernel would close the number and
 /// the layer would keep the socket under a number it no longer holds, and close
 /// whatever the kernel gives that number next. The calls that make, close or
-/// renumber a descriptor go through their definitions above; a `clone`, `clone3` or
+/// renumber a descriptor go through their definitions above, and so do the data calls
+/// on a usnet descriptor (`socket_io_syscall`); a `clone`, `clone3` or
 /// `fork` that copies the process runs the fork handlers around it (`raw_fork`);
 /// `io_uring_setup` is refused (see there); every other number goes to libc's
 /// `syscall` as it is (the layer's own raw calls among them).
@@ -1067,6 +1144,10 @@ pub unsafe extern "C" fn syscall(
     e: c_long,
     f: c_long,
 ) -> c_long {
+    // SAFETY: as below.
+    if let Some(r) = unsafe { socket_io_syscall(n, a, b, c, d, e, f) } {
+        return r;
+    }
     // SAFETY (each arm): the program's call carries the system call's contract,
     // which is the libc function's.
     let r: c_int = match n {
@@ -1495,6 +1576,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     old.sa_sigaction
 }
 
+mod privs;
 mod raw_fork;
 mod rlimit;
 mod spawn;

@@ -746,3 +746,67 @@ os.unlink(path)
         String::from_utf8_lossy(&u.stderr)
     );
 }
+
+/// A process that drops its user and group before its first socket (BIND's
+/// `named -u bind`) still reaches the stack: the shim attaches before the change,
+/// while the process has its rights. Before, the attach came at the first socket,
+/// as uid 65534, and the stack refused it: `socket` failed with ENETDOWN.
+#[test]
+fn a_process_that_drops_privileges_before_its_first_socket_stays_on_usnet() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to change uid");
+        return;
+    }
+    let _serial = serial();
+    let out = python_under_shim(&[
+        "-c",
+        &format!(
+            r#"
+import os, socket
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+l = socket.create_server(("{ADDR}", 7720))
+# (Not create_connection: its name lookup imports a codec from /root, which
+# nobody cannot read.)
+c = socket.socket()
+c.settimeout(10)
+c.connect(("{ADDR}", 7720))
+s, _ = l.accept()
+s.sendall(b"as nobody")
+print(os.getuid(), c.recv(16).decode())
+"#
+        ),
+    ]);
+    assert_eq!(out.trim(), "65534 as nobody");
+}
+
+/// Data calls made through `syscall(3)` on a usnet socket reach the socket, not
+/// the kernel socket that holds its number: Debian 12's libuv (BIND's `named`)
+/// receives and sends datagrams with `syscall(SYS_recvmmsg/SYS_sendmmsg)`, which
+/// found nothing before. Here `SYS_sendto` and `SYS_recvfrom`, through ctypes.
+#[test]
+fn socket_data_calls_through_syscall_reach_usnet_sockets() {
+    let _serial = serial();
+    let out = python_under_shim(&[
+        "-c",
+        &format!(
+            r#"
+import ctypes, select, socket
+libc = ctypes.CDLL(None, use_errno=True)
+L = ctypes.c_long
+r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+r.bind(("{ADDR}", 7721))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("{ADDR}", 7721))
+sent = libc.syscall(L(44), L(s.fileno()), ctypes.c_char_p(b"raw call"), L(8), L(0), L(0), L(0))
+assert select.select([r], [], [], 10)[0], "nothing arrived"
+buf = ctypes.create_string_buffer(64)
+got = libc.syscall(L(45), L(r.fileno()), buf, L(64), L(0), L(0), L(0))
+print(sent, got, buf.raw[:got].decode())
+"#
+        ),
+    ]);
+    assert_eq!(out.trim(), "8 8 raw call");
+}
