@@ -179,7 +179,8 @@ pub fn run(a: RunArgs) -> CmdResult {
             .into());
         }
     }
-    let out_of_reach = program_path(&a.cmd[0]).and_then(|p| out_of_reach(&p));
+    let program = program_path(&a.cmd[0]);
+    let out_of_reach = program.as_deref().and_then(out_of_reach);
     match (a.via, out_of_reach) {
         (Via::Seccomp, _) | (Via::Auto, Some(_)) => return supervise(&a),
         (Via::Preload, Some(why)) => eprintln!("{why}"),
@@ -187,7 +188,7 @@ pub fn run(a: RunArgs) -> CmdResult {
     }
     let mut preload = preload_entry()?;
     let by_name = preload == crate::shim::SHIM_NAME;
-    if let Some(why) = program_path(&a.cmd[0])
+    if let Some(why) = program
         .filter(|_| !by_name)
         .and_then(|p| usnet_posix::secure_exec::reason(&p))
     {

@@ -326,6 +326,22 @@ fn get(fd: RawFd) -> Res<Arc<Entry>> {
     read_table(|t| t.get(&fd).cloned()).ok_or(Errno(libc::EBADF))
 }
 
+/// The system calls that move a socket's data: what the shim's `syscall(3)` sends to
+/// its own definitions for a usnet descriptor, and what the seccomp supervisor's
+/// filter notifies for datagram relays.
+pub const DATA_SYSCALLS: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_recvmmsg,
+    libc::SYS_sendmmsg,
+];
+
 /// Whether `fd` is a usnet socket or epoll set of this process.
 pub fn is_usnet(fd: RawFd) -> bool {
     read_table(|t| t.contains_key(&fd))

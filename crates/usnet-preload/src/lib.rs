@@ -1062,19 +1062,7 @@ unsafe fn socket_io_syscall(
     e: c_long,
     f: c_long,
 ) -> Option<c_long> {
-    const CALLS: [c_long; 10] = [
-        libc::SYS_read,
-        libc::SYS_write,
-        libc::SYS_readv,
-        libc::SYS_writev,
-        libc::SYS_recvfrom,
-        libc::SYS_sendto,
-        libc::SYS_recvmsg,
-        libc::SYS_sendmsg,
-        libc::SYS_recvmmsg,
-        libc::SYS_sendmmsg,
-    ];
-    if !CALLS.contains(&n) || !usnet_posix::is_usnet(a as c_int) {
+    if !usnet_posix::DATA_SYSCALLS.contains(&n) || !usnet_posix::is_usnet(a as c_int) {
         return None;
     }
     let fd = a as c_int;
@@ -1110,12 +1098,13 @@ unsafe fn socket_io_syscall(
                 d as c_int,
                 e as *mut libc::timespec,
             )),
-            _ => c_long::from(sendmmsg(
+            libc::SYS_sendmmsg => c_long::from(sendmmsg(
                 fd,
                 b as *mut libc::mmsghdr,
                 c as std::os::raw::c_uint,
                 d as c_int,
             )),
+            _ => return None,
         }
     };
     Some(r)

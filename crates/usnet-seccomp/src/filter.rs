@@ -31,18 +31,7 @@ pub const SOCKET_LEVEL: &[libc::c_long] = &[
 ];
 
 /// Calls that move data: notified only for datagram relays.
-pub const DATA: &[libc::c_long] = &[
-    libc::SYS_read,
-    libc::SYS_write,
-    libc::SYS_readv,
-    libc::SYS_writev,
-    libc::SYS_recvfrom,
-    libc::SYS_sendto,
-    libc::SYS_recvmsg,
-    libc::SYS_sendmsg,
-    libc::SYS_recvmmsg,
-    libc::SYS_sendmmsg,
-];
+pub const DATA: &[libc::c_long] = usnet_posix::DATA_SYSCALLS;
 
 #[derive(Clone, Copy)]
 enum To {
