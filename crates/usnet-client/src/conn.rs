@@ -29,6 +29,7 @@ pub const MIX_SLICE: Duration = Duration::from_millis(1);
 /// Longest single `poll(2)` of a mixed wait on the eventfd (the control connection
 /// in the same poll says when the server dies; this bounds the rest).
 const MIXED_SLEEP_MAX: Duration = Duration::from_secs(1);
+
 /// How often a read or write that does not sleep looks at the control connection (a
 /// system call): a server that died is noticed by the first call after this.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
@@ -58,6 +59,8 @@ pub(crate) struct Conn {
     /// while a thread announced it waits in `poll(2)` with kernel descriptors
     /// ([`Conn::sleep_with_kernel`]). `None` from a server that sends none.
     efd: Option<usnet_shm::EventFd>,
+    /// The threads asleep on `efd` (`crate::mixed`).
+    mixed: crate::mixed::Sleepers,
     submit: Mutex<Submit>,
     comp: Mutex<Completions>,
     dead: AtomicBool,
@@ -81,7 +84,7 @@ pub(crate) struct Conn {
     pub iface: Option<usnet_session::ctl::msg::Iface>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -341,6 +344,7 @@ impl Conn {
             last_probe: AtomicU64::new(0),
             wants: Mutex::new(HashMap::new()),
             zc: Mutex::new(HashMap::new()),
+            mixed: Default::default(),
             zc_used: std::sync::atomic::AtomicBool::new(false),
             stack_name: name.to_string(),
             path: path.to_path_buf(),
@@ -774,13 +778,17 @@ impl Conn {
         if ready() {
             return Ok(0);
         }
+        // Listed before the announcement, so the thread that takes the server's
+        // write for it finds it (see `crate::mixed`).
+        let own = crate::mixed::own_wake();
+        let _listed = own.map(|fd| self.mixed.listed(fd));
         let want = self.mem.word(hdr::WANT_EVENTFD);
         want.fetch_add(1, SeqCst);
         fence(SeqCst);
         let r = if self.bell.seq() != seen || ready() {
             Ok(0)
         } else {
-            let mut fds = Vec::with_capacity(kernel.len() + 2);
+            let mut fds = Vec::with_capacity(kernel.len() + 3);
             fds.extend_from_slice(kernel);
             fds.push(libc::pollfd {
                 fd: efd.as_raw_fd(),
@@ -794,6 +802,13 @@ impl Conn {
                 events: libc::POLLRDHUP,
                 revents: 0,
             });
+            if let Some(fd) = own {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
             // Whole milliseconds, rounded up, so a short timeout does not spin.
             let ms = timeout
                 .min(MIXED_SLEEP_MAX)
@@ -804,8 +819,14 @@ impl Conn {
                 for (k, p) in kernel.iter_mut().zip(&fds) {
                     k.revents = p.revents;
                 }
-                if fds[kernel.len()].revents != 0 {
-                    efd.drain();
+                if fds[kernel.len()].revents != 0 && efd.drain() > 0 {
+                    // The kernel wakes every thread asleep on the eventfd, but
+                    // one that looks after this read emptied it sleeps on: wake
+                    // the others through their own.
+                    self.mixed.wake_others(own);
+                }
+                if fds.get(kernel.len() + 2).is_some_and(|p| p.revents != 0) {
+                    crate::mixed::take_own();
                 }
                 kernel.iter().filter(|p| p.revents != 0).count()
             })

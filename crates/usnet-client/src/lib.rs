@@ -19,6 +19,7 @@ mod fdsend;
 pub mod forklock;
 pub mod lineage;
 mod lockorder;
+mod mixed;
 pub mod msgzc;
 mod net;
 mod poll;
@@ -151,6 +152,11 @@ impl Client {
     /// Bytes of this process's address space the session's memory takes.
     pub fn mapped_bytes(&self) -> usize {
         self.conn.mem.region().len()
+    }
+
+    /// Sockets the session has room for.
+    pub fn max_sockets(&self) -> u32 {
+        self.conn.mem.geometry().max_sockets
     }
 
     /// The session's number at the server (shown by `usnet stat`).

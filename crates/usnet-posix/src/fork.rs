@@ -281,26 +281,102 @@ fn adopt() {
         },
         None => (None, Vec::new()),
     };
-    let map: HashMap<u32, u32> = map.into_iter().map(|c| (c.parent_slot, c.slot)).collect();
-    let mut used = HashSet::new();
     let Some(mut t) = table().try_write() else {
         *current = new;
         return;
     };
+    let (olds, unused) = rebuild(&mut t, new.as_ref(), map);
+    drop(t);
+    drop(olds);
+    close_unused(new.as_ref(), unused);
+    *current = new;
+}
+
+/// The process raised its descriptor limit (`setrlimit`, `prlimit`) past the room
+/// its session has: its sockets move into a session sized for the new limit, as a
+/// forked child takes its parent's (pinned, claimed, every descriptor rebuilt
+/// under its number over the new slots), and the old session is let go, which the
+/// server treats as a holder leaving: what its send rings held goes out, what its
+/// receive rings held goes to the new slots. Only in a process of one thread
+/// (another could be inside a call on a socket that moves), and not in a child
+/// that has not attached yet (it attaches sized for the new limit). Programs that
+/// raise their limit after their first socket: HAProxy after it binds, an nginx
+/// worker (`worker_rlimit_nofile`) after its fork. Returns whether it moved.
+pub fn grow_session() -> bool {
+    own_session();
+    if in_vfork_child() {
+        return false;
+    }
+    let want = crate::exec::session_sockets();
+    let Some(old) = CLIENT
+        .with(|c| c.clone())
+        .filter(|c| c.is_alive() && c.max_sockets() < want)
+    else {
+        return false;
+    };
+    if threads() != 1 {
+        return false;
+    }
+    let _g = lock(&ADOPT);
+    let debug = std::env::var("USNET_DEBUG").is_ok_and(|v| v == "1");
+    let claimed = old
+        .pin_for_fork()
+        .and_then(|pin| Client::claim(pin, &crate::exec::attach_options()));
+    let (new, map) = match claimed {
+        Ok(x) => x,
+        Err(e) => {
+            if debug {
+                eprintln!(
+                    "usnet: the session stays at {} sockets ({e})",
+                    old.max_sockets()
+                );
+            }
+            return false;
+        }
+    };
+    if debug {
+        eprintln!(
+            "usnet: the descriptor limit rose: the session grows from {} to {} sockets",
+            old.max_sockets(),
+            new.max_sockets()
+        );
+    }
+    CLIENT.with(|current| {
+        let (olds, unused) = table().write(|t| rebuild(t, Some(&new), map));
+        // The old objects were disowned (they post nothing).
+        drop(olds);
+        close_unused(Some(&new), unused);
+        *current = Some(new);
+    });
+    // The last reference to the old session: its control connection closes.
+    drop(old);
+    true
+}
+
+/// Rebuilds every descriptor of `t` over the slots `map` gave `new` for the old
+/// session's (a failed socket where there is none), epoll sets last. Returns the
+/// old entries and the claimed slots no descriptor names, both for after the
+/// table's lock is let go (dropping an entry may close a descriptor, and a close
+/// comes back through the shim, which reads the table; see [`close_unused`]).
+fn rebuild(
+    t: &mut Table,
+    new: Option<&Client>,
+    map: Vec<usnet_client::Claimed>,
+) -> (Vec<Arc<Entry>>, Vec<u32>) {
+    let map: HashMap<u32, u32> = map.into_iter().map(|c| (c.parent_slot, c.slot)).collect();
+    let mut used = HashSet::new();
     let mut fds: Vec<RawFd> = t.keys().copied().collect();
     fds.sort_unstable();
     let mut sets = Vec::new();
-    // The parent's entries go after the table's lock is let go: dropping them closes
-    // descriptors, and a close may come back through the shim, which reads the table.
     let mut olds = Vec::new();
-    // Numbers that were dup'd from one another share the child's description too.
+    // Numbers that were dup'd from one another share the new description too.
     let mut made: HashMap<*const Desc, Arc<Desc>> = HashMap::new();
     for fd in fds {
         let old = t.get(&fd).cloned().expect("listed");
         // Epoll sets come last: they look their sockets up in the rebuilt table.
         let made_now = described(&mut made, &old, |o| match o {
             Obj::Epoll(_) => None,
-            o => Some(remake(o, old.tag, new.as_ref(), &map, &mut used)),
+            o => Some(remake(o, old.tag, new, &map, &mut used)),
         });
         let Some(desc) = made_now else {
             sets.push(fd);
@@ -312,21 +388,26 @@ fn adopt() {
         let old = t.get(&fd).cloned().expect("listed");
         let desc = described(&mut made, &old, |o| {
             Some(match o {
-                Obj::Epoll(set) => Obj::Epoll(poll::forked(set, &t)),
+                Obj::Epoll(set) => Obj::Epoll(poll::forked(set, t)),
                 _ => Obj::Failed,
             })
         })
         .expect("always made");
         olds.extend(t.insert(fd, Arc::new(renumbered(&old, fd, desc))));
     }
-    drop(t);
-    drop(olds);
-    if let Some(c) = &new {
-        for (_, &slot) in map.iter().filter(|(_, s)| !used.contains(*s)) {
+    let unused = map.into_values().filter(|s| !used.contains(s)).collect();
+    (olds, unused)
+}
+
+/// Closes the claimed slots no descriptor names (after the table's lock is let
+/// go: a post may write to the server's eventfd through the shim, which reads
+/// the table).
+fn close_unused(c: Option<&Client>, unused: Vec<u32>) {
+    if let Some(c) = c {
+        for slot in unused {
             c.close_slot(slot);
         }
     }
-    *current = new;
 }
 
 /// The child's object for a parent's one: over the claimed slot, or failed.

@@ -52,7 +52,7 @@ use usnet_client::forklock::{ForkMutex, ForkRwLock};
 use usnet_client::{Client, IpHeader, Socket, SocketKind, TcpListener, TcpStream, UdpSocket};
 
 pub use exec::{attach_refusal, inherit, pin_for_spawn, SpawnPin};
-pub use fork::{in_vfork_child, RawFork};
+pub use fork::{grow_session, in_vfork_child, RawFork};
 pub use poll::{epoll_create, epoll_ctl, epoll_wait, poll, EpollEvent};
 
 /// A Linux errno value.

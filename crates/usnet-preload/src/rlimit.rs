@@ -1,4 +1,5 @@
-//! An address-space limit (`RLIMIT_AS`) that leaves room for the session.
+//! An address-space limit (`RLIMIT_AS`) that leaves room for the session, and a
+//! descriptor limit (`RLIMIT_NOFILE`) the session follows when it rises.
 //!
 //! On the kernel a socket's buffers are the kernel's memory; under the shim they
 //! are the session's, mapped into the program (two rings per socket, 512 MiB of
@@ -68,6 +69,19 @@ fn set_own(want: &rlimit, set: impl Fn(&rlimit) -> c_int) -> c_int {
     set(want)
 }
 
+/// After a change of this process's `RLIMIT_NOFILE` (`r`: the call's result): a
+/// descriptor limit raised past the session's room makes the session grow to it
+/// (`usnet_posix::grow_session`), as the kernel lets the program hold that many
+/// sockets from now on.
+fn followed(r: c_int) -> c_int {
+    if r == 0 {
+        if let Some(_g) = crate::enter() {
+            usnet_posix::grow_session();
+        }
+    }
+    r
+}
+
 fn is_self(pid: pid_t) -> bool {
     // SAFETY: no preconditions.
     pid == 0 || pid == unsafe { libc::getpid() }
@@ -79,6 +93,10 @@ unsafe fn set(
     rl: *const rlimit,
     real: unsafe extern "C" fn(c_int, *const rlimit) -> c_int,
 ) -> c_int {
+    if resource == libc::RLIMIT_NOFILE as c_int && !crate::is_inside() {
+        // SAFETY: passed on unchanged.
+        return followed(unsafe { real(resource, rl) });
+    }
     if resource != libc::RLIMIT_AS as c_int || rl.is_null() || crate::is_inside() {
         // SAFETY: passed on unchanged.
         return unsafe { real(resource, rl) };
@@ -143,6 +161,11 @@ unsafe fn pr(
     old: *mut rlimit,
     real: Prlimit,
 ) -> c_int {
+    if resource == libc::RLIMIT_NOFILE as c_int && is_self(pid) && !new.is_null() {
+        // SAFETY: passed on unchanged.
+        let r = unsafe { real(pid, resource, new, old) };
+        return if crate::is_inside() { r } else { followed(r) };
+    }
     if resource != libc::RLIMIT_AS as c_int || !is_self(pid) || crate::is_inside() {
         // SAFETY: passed on unchanged.
         return unsafe { real(pid, resource, new, old) };

@@ -534,6 +534,35 @@ if __name__ == "__main__":
     );
 }
 
+/// Python's view of the descriptor limit for the tests below: `soft`, `hard`, and
+/// `want`, the most they raise it to.
+const LIMITS: &str = r#"import resource, select, socket
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+want = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+assert want >= 3200, f"the hard descriptor limit {hard} is too low for this test"
+"#;
+
+/// Python that opens 1,500 connections to the listener `l` (on `port`), accepts
+/// each, then moves a byte over each one; prints "opened" and "exchanged" counts.
+fn many_pairs(port: u16) -> String {
+    format!(
+        r#"
+pairs = []
+for i in range(1500):
+    c = socket.create_connection(("{ADDR}", {port}), timeout=10)
+    s, _ = l.accept()
+    pairs.append((c, s))
+print("opened", len(pairs))
+n = 0
+for c, s in pairs:
+    s.settimeout(10)
+    c.sendall(b"x")
+    n += s.recv(1) == b"x"
+print("exchanged", n)
+"#
+    )
+}
+
 /// A server that raises its descriptor limit before its first socket (redis, nginx's
 /// `worker_rlimit_nofile` and the JVM do) holds as many sockets as the limit
 /// allows, as on the kernel: 1,500 connections to its own listener (3,001 sockets)
@@ -545,28 +574,50 @@ fn a_process_holds_as_many_sockets_as_its_descriptor_limit_under_the_shim() {
     run_dir();
     let prog = format!(
         r#"
-import resource, socket
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-want = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
-assert want >= 3200, f"the hard descriptor limit {{hard}} is too low for this test"
-resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+{LIMITS}resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 l = socket.create_server(("{ADDR}", 7708), backlog=2048)
-pairs = []
-for i in range(1500):
-    c = socket.create_connection(("{ADDR}", 7708), timeout=10)
-    s, _ = l.accept()
-    pairs.append((c, s))
-print("opened", len(pairs))
-n = 0
-for c, s in pairs:
-    s.settimeout(10)
-    c.sendall(b"x")
-    n += s.recv(1) == b"x"
-print("exchanged", n)
-"#
+{}"#,
+        many_pairs(7708)
     );
     let out = python_under_shim(&["-c", &prog]);
     assert_eq!(out, "opened 1500\nexchanged 1500\n");
+}
+
+/// A process that raises its descriptor limit after its first sockets (HAProxy
+/// after it binds, an nginx worker's `worker_rlimit_nofile` after its fork): the
+/// session grows to the new limit, and what the process had before goes on
+/// working: a listener watched by an epoll set, a connection with bytes waiting
+/// to be read at each end. Before, the session kept its 1,024 slots and the
+/// socket past them failed with `EMFILE`.
+#[test]
+fn a_limit_raised_after_the_first_sockets_makes_the_session_grow_under_the_shim() {
+    let _serial = serial();
+    run_dir();
+    let prog = format!(
+        r#"
+{LIMITS}resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+l = socket.create_server(("{ADDR}", 7709), backlog=2048)
+ep = select.epoll()
+ep.register(l.fileno(), select.EPOLLIN)
+c0 = socket.create_connection(("{ADDR}", 7709), timeout=10)
+s0, _ = l.accept()
+c0.sendall(b"before")
+s0.sendall(b"back")
+resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+s0.settimeout(10)
+print("kept", s0.recv(100), c0.recv(100))
+c1 = socket.create_connection(("{ADDR}", 7709), timeout=10)
+print("watched", [fd == l.fileno() for fd, _ in ep.poll(10)])
+l.accept()[0].close()
+c1.close()
+{}"#,
+        many_pairs(7709)
+    );
+    let out = python_under_shim(&["-c", &prog]);
+    assert_eq!(
+        out,
+        "kept b'before' b'back'\nwatched [True]\nopened 1500\nexchanged 1500\n"
+    );
 }
 
 /// Python's `socketserver.ForkingTCPServer` under the shim: a process per connection,
