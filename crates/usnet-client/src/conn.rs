@@ -29,7 +29,6 @@ pub const MIX_SLICE: Duration = Duration::from_millis(1);
 /// Longest single `poll(2)` of a mixed wait on the eventfd (the control connection
 /// in the same poll says when the server dies; this bounds the rest).
 const MIXED_SLEEP_MAX: Duration = Duration::from_secs(1);
-
 /// How often a read or write that does not sleep looks at the control connection (a
 /// system call): a server that died is noticed by the first call after this.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
@@ -780,8 +779,7 @@ impl Conn {
         }
         // Listed before the announcement, so the thread that takes the server's
         // write for it finds it (see `crate::mixed`).
-        let own = crate::mixed::own_wake();
-        let _listed = own.map(|fd| self.mixed.listed(fd));
+        let own = self.mixed.listed();
         let want = self.mem.word(hdr::WANT_EVENTFD);
         want.fetch_add(1, SeqCst);
         fence(SeqCst);
@@ -802,9 +800,9 @@ impl Conn {
                 events: libc::POLLRDHUP,
                 revents: 0,
             });
-            if let Some(fd) = own {
+            if let Some(own) = &own {
                 fds.push(libc::pollfd {
-                    fd,
+                    fd: own.fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 });
@@ -823,10 +821,7 @@ impl Conn {
                     // The kernel wakes every thread asleep on the eventfd, but
                     // one that looks after this read emptied it sleeps on: wake
                     // the others through their own.
-                    self.mixed.wake_others(own);
-                }
-                if fds.get(kernel.len() + 2).is_some_and(|p| p.revents != 0) {
-                    crate::mixed::take_own();
+                    self.mixed.wake_others(own.as_ref());
                 }
                 kernel.iter().filter(|p| p.revents != 0).count()
             })

@@ -7,103 +7,88 @@
 //! them, but each looks at the counter again before it returns: the first to read
 //! it empties it, and one that looks after that read finds nothing and sleeps on,
 //! its socket ready, until its timeout (a second). So each sleeping thread also
-//! polls an eventfd of its own, listed here while it sleeps, and the thread that
-//! takes the server's write rings every other one listed. A thread lists itself
-//! before it announces itself to the server (`WANT_EVENTFD`), so a write made
-//! for it finds it listed.
+//! polls an eventfd of its own for the length of its sleep, listed here, and the
+//! thread that takes the server's write rings every other one listed. A thread
+//! lists itself before it announces itself to the server (`WANT_EVENTFD`), so a
+//! write made for it finds it listed.
+//!
+//! The eventfds belong to the session (a sleep takes a spare one and gives it back),
+//! so a forked child, which makes a session of its own, never sleeps on one its
+//! parent's threads ring.
 
-use std::cell::RefCell;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
 
 use usnet_shm::EventFd;
 
-/// The own eventfds of the threads asleep on one session's eventfd.
+use crate::conn::lock;
+
+/// The eventfds of one session's threads in mixed sleeps.
 #[derive(Default)]
 pub(crate) struct Sleepers {
-    fds: Mutex<Vec<RawFd>>,
+    fds: Mutex<Fds>,
 }
 
-/// A thread's place in [`Sleepers`], left when dropped.
+#[derive(Default)]
+struct Fds {
+    /// Those of the threads asleep now.
+    asleep: Vec<Arc<EventFd>>,
+    /// Left by sleeps that ended, for the next ones.
+    spare: Vec<Arc<EventFd>>,
+}
+
+/// A thread's place in [`Sleepers`] and its eventfd for this sleep; left (the
+/// eventfd kept for a later sleep) when dropped.
 pub(crate) struct Listed<'a> {
     list: &'a Sleepers,
-    fd: RawFd,
+    own: Arc<EventFd>,
 }
 
 impl Sleepers {
-    /// Lists the thread whose own eventfd is `fd` until the guard goes.
-    pub(crate) fn listed(&self, fd: RawFd) -> Listed<'_> {
-        crate::conn::lock(&self.fds).push(fd);
-        Listed { list: self, fd }
+    /// Lists a thread about to sleep, with an eventfd of its own (a spare one, or a
+    /// new one parked high among the client's own descriptors). None when no
+    /// eventfd can be had: the thread then sleeps on the session's eventfd alone.
+    pub(crate) fn listed(&self) -> Option<Listed<'_>> {
+        let mut fds = lock(&self.fds);
+        let own = match fds.spare.pop() {
+            Some(e) => e,
+            None => {
+                let e = EventFd::new().ok()?;
+                Arc::new(EventFd::from_fd(crate::lineage::park(e.into())))
+            }
+        };
+        fds.asleep.push(own.clone());
+        Some(Listed { list: self, own })
     }
 
-    /// Rings every listed thread's eventfd but `own` (the caller's).
-    pub(crate) fn wake_others(&self, own: Option<RawFd>) {
-        for &fd in crate::conn::lock(&self.fds).iter() {
-            if Some(fd) != own {
-                ring(fd);
+    /// Rings the eventfd of every listed thread but `me` (the caller, if listed).
+    pub(crate) fn wake_others(&self, me: Option<&Listed<'_>>) {
+        for e in &lock(&self.fds).asleep {
+            if !me.is_some_and(|m| Arc::ptr_eq(&m.own, e)) {
+                e.ring();
             }
         }
+    }
+}
+
+impl Listed<'_> {
+    /// The eventfd to poll.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.own.as_raw_fd()
     }
 }
 
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
-        let mut fds = crate::conn::lock(&self.list.fds);
-        if let Some(i) = fds.iter().position(|&f| f == self.fd) {
-            fds.swap_remove(i);
+        let mut fds = lock(&self.list.fds);
+        if let Some(i) = fds.asleep.iter().position(|e| Arc::ptr_eq(e, &self.own)) {
+            fds.asleep.swap_remove(i);
         }
+        // The rings this sleep was woken by; one that comes later costs the next
+        // sleep a turn at most.
+        self.own.drain();
+        fds.spare.push(self.own.clone());
     }
-}
-
-fn ring(fd: RawFd) {
-    let v = 1u64;
-    // SAFETY: writes 8 bytes from a local u64 to an eventfd a listed thread holds
-    // open while it is listed; a non-blocking eventfd never blocks a writer.
-    unsafe { libc::write(fd, (&v as *const u64).cast(), 8) };
-}
-
-thread_local! {
-    /// This thread's own eventfd, and the process it was made in: a forked child's
-    /// copy is its parent's open file, so the child makes its own.
-    static OWN: RefCell<Option<(libc::pid_t, EventFd)>> = const { RefCell::new(None) };
-}
-
-/// This thread's own eventfd (made at its first mixed sleep, parked high among the
-/// client's own descriptors); None if none can be had (the thread then sleeps as
-/// before, woken by the session's eventfd alone).
-pub(crate) fn own_wake() -> Option<RawFd> {
-    // SAFETY: getpid has no preconditions and cannot fail.
-    let pid = unsafe { libc::getpid() };
-    OWN.try_with(|own| {
-        let mut own = own.borrow_mut();
-        if own.as_ref().is_none_or(|(p, _)| *p != pid) {
-            // A parent's copy (after a fork) is closed as the new one replaces it:
-            // the descriptor is this process's, the parent keeps its own.
-            let flags = libc::EFD_NONBLOCK | libc::EFD_CLOEXEC;
-            // SAFETY: no memory arguments; a non-negative result is ours.
-            let fd = unsafe { libc::eventfd(0, flags) };
-            if fd < 0 {
-                *own = None;
-                return None;
-            }
-            // SAFETY: just made, owned by nobody else.
-            let fd = crate::lineage::park(unsafe { OwnedFd::from_raw_fd(fd) });
-            *own = Some((pid, EventFd::from_fd(fd)));
-        }
-        own.as_ref().map(|(_, e)| e.as_raw_fd())
-    })
-    .ok()
-    .flatten()
-}
-
-/// Takes the rings of this thread's own eventfd.
-pub(crate) fn take_own() {
-    let _ = OWN.try_with(|own| {
-        if let Some((_, e)) = own.borrow().as_ref() {
-            e.drain();
-        }
-    });
 }
 
 #[cfg(test)]
@@ -121,35 +106,34 @@ mod tests {
     }
 
     /// The thread that takes the server's write rings the others listed, not
-    /// itself, and a thread that left the list is not rung.
+    /// itself, and a thread whose sleep ended is not rung.
     #[test]
     fn the_thread_that_takes_the_wake_rings_the_others_asleep() {
         let list = Sleepers::default();
-        let [a, b, c] = [(); 3].map(|_| EventFd::new().unwrap());
-        let la = list.listed(a.as_raw_fd());
-        let lb = list.listed(b.as_raw_fd());
-        {
-            let _lc = list.listed(c.as_raw_fd());
-        }
-        list.wake_others(Some(a.as_raw_fd()));
-        assert!(!readable(a.as_raw_fd()), "not itself");
-        assert!(readable(b.as_raw_fd()), "the other sleeper");
-        assert!(!readable(c.as_raw_fd()), "not one that left");
-        drop((la, lb));
-        b.drain();
+        let a = list.listed().expect("an eventfd");
+        let b = list.listed().expect("an eventfd");
+        let gone = list.listed().expect("an eventfd").fd();
+        assert!(a.fd() != b.fd() && a.fd() != gone && b.fd() != gone);
+        list.wake_others(Some(&a));
+        assert!(!readable(a.fd()), "not itself");
+        assert!(readable(b.fd()), "the other sleeper");
+        assert!(!readable(gone), "not one whose sleep ended");
+        drop((a, b));
         list.wake_others(None);
-        assert!(!readable(b.as_raw_fd()), "nobody listed: nobody rung");
+        assert!(!readable(gone), "nobody listed: nobody rung");
     }
 
-    /// A thread's own eventfd is made once, and made again in a forked child
-    /// (whose copy is its parent's file).
+    /// A sleep reuses the eventfd an earlier one left, so a session has as many as
+    /// it ever had threads asleep at once.
     #[test]
-    fn a_thread_keeps_its_own_eventfd() {
-        let first = own_wake().expect("an eventfd");
-        assert_eq!(own_wake(), Some(first));
-        ring(first);
-        assert!(readable(first));
-        take_own();
-        assert!(!readable(first));
+    fn sleeps_reuse_the_eventfds_of_earlier_ones() {
+        let list = Sleepers::default();
+        let first = list.listed().expect("an eventfd");
+        let fd = first.fd();
+        list.wake_others(None);
+        drop(first);
+        let again = list.listed().expect("an eventfd");
+        assert_eq!(again.fd(), fd);
+        assert!(!readable(fd), "the ring of the sleep that ended was taken");
     }
 }

@@ -65,6 +65,13 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// The descriptor itself (to move it, as a client parks its own descriptors high).
+impl From<EventFd> for OwnedFd {
+    fn from(e: EventFd) -> OwnedFd {
+        e.fd
+    }
+}
+
 /// The wake-up protocol on two words: `seq`, the futex word ringers bump, and
 /// `sleepers`, how many consumers announced they may sleep (the "needs wake-up" flag is
 /// `sleepers != 0`). The words may live in a region shared with another process, and may
