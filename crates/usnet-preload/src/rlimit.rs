@@ -72,7 +72,7 @@ fn set_own(want: &rlimit, set: impl Fn(&rlimit) -> c_int) -> c_int {
 /// After a change of this process's `RLIMIT_NOFILE` (`r`: the call's result): a
 /// descriptor limit raised past the session's room makes the session grow to it
 /// (`usnet_posix::grow_session`), as the kernel lets the program hold that many
-/// sockets from now on.
+/// sockets from now on. Not for the layer's own calls (it is inside then).
 fn followed(r: c_int) -> c_int {
     if r == 0 {
         if let Some(_g) = crate::enter() {
@@ -93,7 +93,7 @@ unsafe fn set(
     rl: *const rlimit,
     real: unsafe extern "C" fn(c_int, *const rlimit) -> c_int,
 ) -> c_int {
-    if resource == libc::RLIMIT_NOFILE as c_int && !crate::is_inside() {
+    if resource == libc::RLIMIT_NOFILE as c_int {
         // SAFETY: passed on unchanged.
         return followed(unsafe { real(resource, rl) });
     }
@@ -163,8 +163,7 @@ unsafe fn pr(
 ) -> c_int {
     if resource == libc::RLIMIT_NOFILE as c_int && is_self(pid) && !new.is_null() {
         // SAFETY: passed on unchanged.
-        let r = unsafe { real(pid, resource, new, old) };
-        return if crate::is_inside() { r } else { followed(r) };
+        return followed(unsafe { real(pid, resource, new, old) });
     }
     if resource != libc::RLIMIT_AS as c_int || !is_self(pid) || crate::is_inside() {
         // SAFETY: passed on unchanged.
