@@ -22,6 +22,13 @@ use crate::vtime;
 
 /// How long one sleep lasts before the client looks at the server's liveness.
 pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+/// The longest a blocked call on one socket sleeps between looks at the server's
+/// liveness: its slices double from [`LIVENESS_SLICE`] while nothing happens. A
+/// server that exits in order wakes every sleeper at once; only one killed outright
+/// is noticed this late. Each look is a wake-up, and a process with a thread per
+/// connection (a supervised Go program's relays, a JVM's blocking reads) has
+/// thousands asleep at once: at 50 ms, 4,000 of them took a whole core doing nothing.
+pub(crate) const LIVENESS_SLICE_MAX: Duration = Duration::from_secs(1);
 /// Longest sleep on the bell, in slices, while kernel descriptors wait too and the
 /// session has no eventfd (or time is virtual): the kernel side is looked at
 /// between slices.
@@ -888,6 +895,7 @@ impl Conn {
                 self.mem.slot_word(i, slot::SLEEPERS),
             )
         });
+        let mut slice = LIVENESS_SLICE;
         loop {
             let epoch = vtime::epoch();
             let seen = match &slot_gate {
@@ -906,10 +914,11 @@ impl Conn {
                     if now >= d {
                         return Ok(false);
                     }
-                    (d - now).min(LIVENESS_SLICE)
+                    (d - now).min(slice)
                 }
-                None => LIVENESS_SLICE,
+                None => slice,
             };
+            slice = (slice * 2).min(LIVENESS_SLICE_MAX);
             match vtime::plan(epoch, left, deadline) {
                 (vtime::Plan::Sleep(left), _asleep) => match &slot_gate {
                     Some(g) => {

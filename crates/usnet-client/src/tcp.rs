@@ -554,21 +554,24 @@ impl TcpStream {
     }
 
     /// SO_KEEPALIVE with TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and TCP_KEEPCNT
-    /// (each 0: the default, 7200 s, 75 s, 9).
+    /// (each 0: the default, 7200 s, 75 s, 9). Posted without waiting, as
+    /// [`Self::set_nodelay`]: the server cannot refuse it (it sets the connection's
+    /// timers), and Go sets it and its three timers on every connection it accepts
+    /// or dials, each a round trip to the server when waited for.
     pub fn set_keepalive_with(&self, on: bool, idle: u32, intvl: u32, cnt: u32) -> io::Result<()> {
-        self.sock
-            .call(
-                op::SETSOCKOPT,
-                [
-                    opt::SOL_SOCKET,
-                    opt::SO_KEEPALIVE,
-                    on as u64,
-                    u64::from(idle),
-                    u64::from(intvl),
-                    u64::from(cnt),
-                ],
-            )
-            .map(|_| ())
+        self.sock.live()?;
+        let req = self.sock.request(
+            op::SETSOCKOPT,
+            [
+                opt::SOL_SOCKET,
+                opt::SO_KEEPALIVE,
+                on as u64,
+                u64::from(idle),
+                u64::from(intvl),
+                u64::from(cnt),
+            ],
+        );
+        self.sock.conn.post(req, true).map(|_| ())
     }
 
     /// TCP_USER_TIMEOUT in milliseconds (0: none).

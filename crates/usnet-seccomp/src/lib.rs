@@ -6,6 +6,7 @@
 pub mod args;
 mod filter;
 mod notify;
+mod numbers;
 mod relay;
 
 use std::collections::HashMap;
@@ -14,6 +15,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use usnet_posix as posix;
@@ -35,7 +37,17 @@ struct Supervisor {
     listener: Arc<Listener>,
     /// Relays by the inode of the program's end.
     relays: Arc<Mutex<HashMap<u64, Arc<Relay>>>>,
+    /// The numbers relays take: datagram relays' range, then streams'.
+    numbers: Arc<Mutex<[numbers::Range; 2]>>,
     opts: Options,
+}
+
+/// The range of `Supervisor::numbers` a relay of `kind` takes its number from.
+fn range_of(kind: Kind) -> usize {
+    match kind {
+        Kind::Dgram => 0,
+        Kind::Stream => 1,
+    }
 }
 
 /// Runs `cmd` under the supervisor until every process of it has exited; its
@@ -85,6 +97,10 @@ pub fn run(mut cmd: Command, opts: Options) -> io::Result<ExitStatus> {
     let sup = Supervisor {
         listener,
         relays: Arc::new(Mutex::new(HashMap::new())),
+        numbers: Arc::new(Mutex::new([
+            numbers::Range::new(DGRAM_BASE as i32, STREAM_BASE as i32),
+            numbers::Range::new(STREAM_BASE as i32, i32::MAX),
+        ])),
         opts,
     };
     sup.janitor();
@@ -216,13 +232,19 @@ impl Supervisor {
         }
     }
 
+    /// Forgets the relay of `ino` (its usnet socket closes under the map's lock:
+    /// see `closed_but_held`) and gives its number back to its range.
     fn forget(&self, ino: u64) -> impl FnOnce() + Send + 'static {
-        let relays = Arc::clone(&self.relays);
+        let (relays, numbers) = (Arc::clone(&self.relays), Arc::clone(&self.numbers));
         move || {
-            relays
+            let freed = relays
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&ino);
+                .remove(&ino)
+                .map(|r| (r.kind, r.number.load(Relaxed)));
+            if let Some((kind, n)) = freed {
+                numbers.lock().unwrap_or_else(|p| p.into_inner())[range_of(kind)].give_back(n);
+            }
         }
     }
 
@@ -261,14 +283,14 @@ impl Supervisor {
         theirs: OwnedFd,
         cloexec: bool,
     ) -> Option<Answer> {
-        let (from, below) = match relay.kind {
-            Kind::Dgram => (DGRAM_BASE as i32, STREAM_BASE as i32),
-            Kind::Stream => (STREAM_BASE as i32, i32::MAX),
-        };
-        let number = match notify::free_number(call.tid, from, below) {
+        // Held until the number is installed: a listing of the table meanwhile
+        // (another call answered from a thread of its own) would find it free.
+        let mut numbers = self.numbers.lock().unwrap_or_else(|p| p.into_inner());
+        let number = match numbers[range_of(relay.kind)].take(&numbers::ProcTable(call.tid)) {
             Ok(n) => n,
             Err(e) => return Some(io_errno(e)),
         };
+        relay.number.store(number, Relaxed);
         let Ok(ino) = notify::inode(theirs.as_raw_fd()) else {
             return Some(Answer::Errno(libc::EIO));
         };
@@ -285,8 +307,10 @@ impl Supervisor {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&ino);
+            numbers[range_of(relay.kind)].give_back(number);
             return Some(io_errno(e));
         }
+        drop(numbers);
         match (relay.kind, state) {
             (Kind::Dgram, _) => relay.watch_token(self.forget(ino)),
             (Kind::Stream, State::Connected) => relay.pump(self.forget(ino)),
@@ -299,16 +323,25 @@ impl Supervisor {
 
     /// Forgets fresh stream relays the program closed without using them.
     fn janitor(&self) {
-        let relays = Arc::clone(&self.relays);
+        let (relays, numbers) = (Arc::clone(&self.relays), Arc::clone(&self.numbers));
         std::thread::spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_secs(1));
+            let mut freed = Vec::new();
             relays
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|_, r| {
-                    *r.state.lock().unwrap_or_else(|p| p.into_inner()) != State::Fresh
-                        || !r.program_gone()
+                    let keep = *r.state.lock().unwrap_or_else(|p| p.into_inner()) != State::Fresh
+                        || !r.program_gone();
+                    if !keep {
+                        freed.push((r.kind, r.number.load(Relaxed)));
+                    }
+                    keep
                 });
+            let mut numbers = numbers.lock().unwrap_or_else(|p| p.into_inner());
+            for (kind, n) in freed {
+                numbers[range_of(kind)].give_back(n);
+            }
         });
     }
 
@@ -384,15 +417,17 @@ impl Supervisor {
         if r.kind == Kind::Dgram {
             return Some(posix::connect(r.usnet, addr).map_or_else(errno_of, |_| Answer::Value(0)));
         }
-        if !fresh {
-            let st = *r.state.lock().unwrap_or_else(|p| p.into_inner());
-            return Some(Answer::Errno(match st {
-                State::Connecting => libc::EALREADY,
-                State::Connected => libc::EISCONN,
-                _ => libc::EINVAL,
-            }));
+        {
+            // Looked at and moved on under one lock: two threads of the program
+            // may connect the same socket at once, and only one may start.
+            let mut st = r.state.lock().unwrap_or_else(|p| p.into_inner());
+            match *st {
+                State::Fresh => *st = State::Connecting,
+                State::Connecting => return Some(Answer::Errno(libc::EALREADY)),
+                State::Connected => return Some(Answer::Errno(libc::EISCONN)),
+                State::Listening => return Some(Answer::Errno(libc::EINVAL)),
+            }
         }
-        *r.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Connecting;
         // The connect is answered when the stack is done with it (a non-blocking
         // one too: `0` is a valid answer, and Go takes it).
         let (r, listener, call, gone) = (
@@ -528,6 +563,7 @@ impl Supervisor {
         Supervisor {
             listener: Arc::clone(&self.listener),
             relays: Arc::clone(&self.relays),
+            numbers: Arc::clone(&self.numbers),
             opts: self.opts,
         }
     }

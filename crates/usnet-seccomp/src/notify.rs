@@ -210,25 +210,3 @@ pub fn fd_flags(tid: i32, fd: i32) -> io::Result<(bool, bool)> {
         flags & i64::from(libc::O_CLOEXEC) != 0,
     ))
 }
-
-/// The lowest number at or above `from` that process `tid` has free (racy against
-/// its other threads opening files that high, which programs do not do).
-pub fn free_number(tid: i32, from: i32, below: i32) -> io::Result<i32> {
-    let mut used: Vec<i32> = std::fs::read_dir(format!("/proc/{tid}/fd"))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|n| *n >= from)
-        .collect();
-    used.sort_unstable();
-    let mut n = from;
-    for u in used {
-        if u == n {
-            n += 1;
-        } else if u > n {
-            break;
-        }
-    }
-    if n >= below {
-        return Err(io::Error::from_raw_os_error(libc::EMFILE));
-    }
-    Ok(n)
-}

@@ -385,9 +385,18 @@ impl ServerSession {
         }
     }
 
-    /// Wakes every thread of the client, asleep on the bell or in `poll(2)`
-    /// (the server is going).
+    /// Wakes every thread of the client, asleep on the bell, on one socket
+    /// (`slot::SLEEPERS`) or in `poll(2)` (the server is going). Each slot's
+    /// `EVENTS` moves whether or not a sleeper is announced yet: one about to sleep
+    /// read it before and returns at once.
     pub fn wake_all(&self) {
+        for i in 0..self.socks.len() as u32 {
+            let events = self.mem.slot_word(i, slot::EVENTS);
+            events.fetch_add(1, SeqCst);
+            if self.mem.slot_word(i, slot::SLEEPERS).load(SeqCst) != 0 {
+                usnet_shm::futex::wake(events, u32::MAX);
+            }
+        }
         self.bell.ring();
         self.efd.ring();
     }
@@ -831,18 +840,20 @@ mod tests {
         assert!(readable(&s), "the server going wakes everyone");
     }
 
-    /// A client thread asleep on one socket (`slot::SLEEPERS`, a futex wait on
-    /// its `EVENTS`) is woken by that socket's news and by no other socket's: a
-    /// thread-per-connection program is not woken whole on every turn.
-    #[test]
-    fn a_thread_asleep_on_one_socket_is_woken_by_its_news_alone() {
+    /// A session and a client thread asleep on its slot 3 alone (a futex wait on
+    /// that slot's `EVENTS`, for up to 20 s), announced when this returns; the
+    /// receiver says whether it slept, once it wakes.
+    fn a_sleeper_on_slot_3() -> (
+        super::ServerSession,
+        std::sync::mpsc::Receiver<bool>,
+        std::thread::JoinHandle<()>,
+    ) {
         use std::time::Duration;
         use usnet_session_abi::slot;
         let mem =
             usnet_session::Session::create(1, usnet_session_abi::Geometry::default()).unwrap();
-        let mut s =
-            super::ServerSession::new(1, 0, "t".into(), mem, crate::ServerLimits::default())
-                .unwrap();
+        let s = super::ServerSession::new(1, 0, "t".into(), mem, crate::ServerLimits::default())
+            .unwrap();
         let region = s.mem.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let sleeper = std::thread::spawn(move || {
@@ -862,6 +873,15 @@ mod tests {
             );
             std::thread::yield_now();
         }
+        (s, rx, sleeper)
+    }
+
+    /// A client thread asleep on one socket (`slot::SLEEPERS`, a futex wait on
+    /// its `EVENTS`) is woken by that socket's news and by no other socket's: a
+    /// thread-per-connection program is not woken whole on every turn.
+    #[test]
+    fn a_thread_asleep_on_one_socket_is_woken_by_its_news_alone() {
+        let (mut s, rx, sleeper) = a_sleeper_on_slot_3();
         let before = s.stats.notifies;
         s.bump(5);
         s.notify();
@@ -870,7 +890,26 @@ mod tests {
         s.bump(3);
         s.notify();
         assert_eq!(s.stats.notifies, before + 1, "its own: one wake per turn");
-        assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(true));
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(20)),
+            Ok(true)
+        );
+        sleeper.join().unwrap();
+    }
+
+    /// A server that goes wakes the threads asleep on one socket too, not only
+    /// those on the session's bell: they would otherwise learn it only at their
+    /// next look at the control connection (up to `LIVENESS_SLICE_MAX` in
+    /// usnet-client, 1 s; the sleeper here waits 20 s).
+    #[test]
+    fn a_server_that_goes_wakes_the_threads_asleep_on_one_socket() {
+        let (s, rx, sleeper) = a_sleeper_on_slot_3();
+        s.wake_all();
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(true),
+            "woken by the server's going, not by its 20 s timeout"
+        );
         sleeper.join().unwrap();
     }
 
