@@ -8,6 +8,7 @@ mod filter;
 mod notify;
 mod numbers;
 mod relay;
+mod threads;
 
 use std::collections::HashMap;
 use std::io;
@@ -39,6 +40,7 @@ struct Supervisor {
     relays: Arc<Mutex<HashMap<u64, Arc<Relay>>>>,
     /// The numbers relays take: datagram relays' range, then streams'.
     numbers: Arc<Mutex<[numbers::Range; 2]>>,
+    pidfds: Arc<notify::Pidfds>,
     opts: Options,
 }
 
@@ -101,6 +103,7 @@ pub fn run(mut cmd: Command, opts: Options) -> io::Result<ExitStatus> {
             numbers::Range::new(DGRAM_BASE as i32, STREAM_BASE as i32),
             numbers::Range::new(STREAM_BASE as i32, i32::MAX),
         ])),
+        pidfds: Arc::default(),
         opts,
     };
     sup.janitor();
@@ -185,7 +188,7 @@ impl Supervisor {
             return self.socket(call, a[0] as i32, a[1] as i32, a[2] as i32);
         }
         let fd = a[0] as i32;
-        let theirs = match notify::their_file(call.tid, fd) {
+        let theirs = match self.pidfds.their_file(call.tid, fd) {
             Ok(f) => f,
             Err(_) => return Some(Answer::Continue),
         };
@@ -564,6 +567,7 @@ impl Supervisor {
             listener: Arc::clone(&self.listener),
             relays: Arc::clone(&self.relays),
             numbers: Arc::clone(&self.numbers),
+            pidfds: Arc::clone(&self.pidfds),
             opts: self.opts,
         }
     }

@@ -3,8 +3,10 @@
 //! memory. Written over raw ioctls: libseccomp (a C library) has no ADDFD, and
 //! seccompiler (BPF filters for Firecracker) has no user notification.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
 
 // <linux/seccomp.h>: _IOWR('!', 0, struct seccomp_notif) and friends.
 const fn iowr(nr: u64, size: u64) -> u64 {
@@ -118,23 +120,60 @@ impl Listener {
     }
 }
 
-/// The caller's open file at `fd`, as a descriptor of ours (`pidfd_getfd`).
-pub fn their_file(tid: i32, fd: i32) -> io::Result<OwnedFd> {
-    const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
-    // SAFETY: plain syscalls; the results are checked.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
-    if pidfd < 0 {
-        return Err(io::Error::last_os_error());
+/// The program's threads as pidfds, kept between calls: opening one for every
+/// notified call (`pidfd_open`, and its close) was about a sixth of the
+/// supervisor's time per connection a Go server accepted. A kept pidfd of a thread
+/// that has exited (its number perhaps another thread's now) fails with `ESRCH`,
+/// and the number is opened again.
+#[derive(Default)]
+pub struct Pidfds(Mutex<HashMap<i32, Arc<OwnedFd>>>);
+
+/// Threads kept at most (past it, all are let go and opened again as they call).
+const PIDFDS_KEPT: usize = 4096;
+
+impl Pidfds {
+    fn open(&self, tid: i32) -> io::Result<Arc<OwnedFd>> {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = kept.get(&tid) {
+            return Ok(Arc::clone(p));
+        }
+        const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+        // SAFETY: a plain syscall; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor the kernel just gave us.
+        let p = Arc::new(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        if kept.len() >= PIDFDS_KEPT {
+            kept.clear();
+        }
+        kept.insert(tid, Arc::clone(&p));
+        Ok(p)
     }
-    // SAFETY: a descriptor the kernel just gave us.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
-    // SAFETY: as above.
-    let f = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if f < 0 {
-        return Err(io::Error::last_os_error());
+
+    /// The caller's open file at `fd`, as a descriptor of ours (`pidfd_getfd`).
+    pub fn their_file(&self, tid: i32, fd: i32) -> io::Result<OwnedFd> {
+        let mut again = true;
+        loop {
+            let pidfd = self.open(tid)?;
+            // SAFETY: a plain syscall; the result is checked.
+            let f = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+            if f >= 0 {
+                // SAFETY: a descriptor the kernel just gave us.
+                return Ok(unsafe { OwnedFd::from_raw_fd(f as RawFd) });
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) || !std::mem::take(&mut again) {
+                return Err(e);
+            }
+            // Kept from a thread that is gone: open the number afresh.
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&tid);
+        }
     }
-    // SAFETY: as above.
-    Ok(unsafe { OwnedFd::from_raw_fd(f as RawFd) })
 }
 
 /// The inode of an open file (a socket's identity across dup and fork).

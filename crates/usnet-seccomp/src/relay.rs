@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use usnet_posix as posix;
 
+use crate::threads::Threads;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Stream,
@@ -174,7 +176,7 @@ impl Relay {
             drop(r);
             gone();
         };
-        spawn("usnet-seccomp-token", run);
+        spawn(run);
     }
 
     /// Starts moving bytes between the program end and the usnet stream; `gone`
@@ -186,7 +188,7 @@ impl Relay {
         let gone2 = Arc::clone(&gone);
         let done = Arc::new(std::sync::atomic::AtomicU8::new(0));
         let done2 = Arc::clone(&done);
-        spawn("usnet-seccomp-up", move || {
+        spawn(move || {
             up.program_to_usnet();
             if done.fetch_add(1, std::sync::atomic::Ordering::AcqRel) == 1 {
                 if let Some(g) = gone.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -194,7 +196,7 @@ impl Relay {
                 }
             }
         });
-        spawn("usnet-seccomp-down", move || {
+        spawn(move || {
             down.usnet_to_program();
             if done2.fetch_add(1, std::sync::atomic::Ordering::AcqRel) == 1 {
                 if let Some(g) = gone2.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -325,10 +327,9 @@ impl Relay {
     }
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
-    std::thread::Builder::new()
-        .name(name.into())
-        .stack_size(STACK)
-        .spawn(f)
-        .expect("a relay thread");
+/// Relay threads; one whose relay ended waits this long for the next relay.
+static THREADS: Threads = Threads::new(STACK, Duration::from_secs(10));
+
+fn spawn(f: impl FnOnce() + Send + 'static) {
+    THREADS.run(f).expect("a relay thread");
 }
