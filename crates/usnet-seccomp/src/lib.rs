@@ -107,6 +107,18 @@ pub fn run(mut cmd: Command, opts: Options) -> io::Result<ExitStatus> {
         opts,
     };
     sup.janitor();
+    // Several threads answer calls, as the kernel serves a program's threads at
+    // once: a call that waits (for the stack, or to install a relay and start its
+    // threads) no longer holds up the others'. Twice the cores: most of a call's
+    // time is spent waiting. On two cores, 4 against 1: a Go program's 8
+    // goroutines dialling 2,600–2,800 connections a second against 2,200–2,400.
+    let serving = std::thread::available_parallelism().map_or(2, |n| 2 * n.get());
+    for _ in 1..serving.clamp(2, 16) {
+        let sup = sup.clone_handle();
+        std::thread::Builder::new()
+            .name("usnet-seccomp".into())
+            .spawn(move || sup.serve())?;
+    }
     sup.serve()?;
     child.wait()
 }
