@@ -86,15 +86,14 @@ impl Range {
             }
             if self.budget == 0 || self.high >= self.below {
                 if listed {
-                    // Just listed, and nothing is free below the limit.
-                    if self.high >= self.below {
-                        return Err(io::Error::from_raw_os_error(libc::EMFILE));
-                    }
-                } else {
-                    self.relist(t)?;
-                    listed = true;
-                    continue;
+                    // Listed in this call, and every number since was taken: the
+                    // range is full (or its numbers cannot be looked at, which
+                    // counts as taken: never a loop over the whole range).
+                    return Err(io::Error::from_raw_os_error(libc::EMFILE));
                 }
+                self.relist(t)?;
+                listed = true;
+                continue;
             }
             let n = self.high;
             self.high += 1;
@@ -215,6 +214,26 @@ mod tests {
         );
         assert_eq!(t.open.borrow().len(), 250);
         assert!(*t.open.borrow().last().unwrap() < 250 + 100);
+    }
+
+    /// A table whose numbers cannot be looked at (a program that made itself
+    /// undumpable, so `/proc/PID/fd` is closed to us) is taken as full.
+    struct Unreadable;
+
+    impl Table for Unreadable {
+        fn is_open(&self, _: i32) -> bool {
+            true
+        }
+        fn open_from(&self, _: i32) -> io::Result<Vec<i32>> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn numbers_that_cannot_be_looked_at_end_in_emfile_not_a_loop() {
+        let mut r = Range::new(384, i32::MAX);
+        let e = r.take(&Unreadable).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
     }
 
     #[test]
