@@ -106,14 +106,25 @@ impl Relay {
 
     /// Whether the program has closed its end everywhere.
     pub(crate) fn program_gone(&self) -> bool {
-        let mut p = [libc::pollfd {
-            fd: self.ours.as_raw_fd(),
-            events: 0,
-            revents: 0,
-        }];
-        // SAFETY: one pollfd.
-        let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 0) };
-        n > 0 && p[0].revents & libc::POLLHUP != 0
+        self.hung_up_within(0)
+    }
+
+    /// Whether our end of the pair reports it hung up (nothing more can move
+    /// either way) within `timeout_ms` (-1: waits until it does, or fails).
+    fn hung_up_within(&self, timeout_ms: i32) -> bool {
+        loop {
+            let mut p = [libc::pollfd {
+                fd: self.ours.as_raw_fd(),
+                events: 0,
+                revents: 0,
+            }];
+            // SAFETY: one pollfd.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 1, timeout_ms) };
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return n > 0 && p[0].revents & libc::POLLHUP != 0;
+        }
     }
 
     /// After a notified call took from the usnet socket (`theirs`: the program's
@@ -245,22 +256,7 @@ impl Relay {
     /// So that thread need not look for the program's close on a timer, and an
     /// idle connection's two threads never wake.
     fn until_nothing_moves(&self) {
-        loop {
-            let mut p = [libc::pollfd {
-                fd: self.ours.as_raw_fd(),
-                events: 0,
-                revents: 0,
-            }];
-            // SAFETY: one pollfd.
-            let n = unsafe { libc::poll(p.as_mut_ptr(), 1, -1) };
-            if n > 0 && p[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-                break;
-            }
-            if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                break;
-            }
-        }
-        if self.program_gone() {
+        if self.hung_up_within(-1) {
             let _ = posix::shutdown(self.usnet, libc::SHUT_RD);
         }
     }

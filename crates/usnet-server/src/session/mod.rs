@@ -391,11 +391,11 @@ impl ServerSession {
     /// read it before and returns at once.
     pub fn wake_all(&self) {
         for i in 0..self.socks.len() as u32 {
-            let events = self.mem.slot_word(i, slot::EVENTS);
-            events.fetch_add(1, SeqCst);
-            if self.mem.slot_word(i, slot::SLEEPERS).load(SeqCst) != 0 {
-                usnet_shm::futex::wake(events, u32::MAX);
-            }
+            usnet_shm::Gate::new(
+                self.mem.slot_word(i, slot::EVENTS),
+                self.mem.slot_word(i, slot::SLEEPERS),
+            )
+            .bump_and_notify(u32::MAX);
         }
         self.bell.ring();
         self.efd.ring();
