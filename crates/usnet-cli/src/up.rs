@@ -180,6 +180,12 @@ pub struct UpArgs {
     /// ... times the clusters one step may carry (MCLNUM).
     #[arg(long, default_value_t = 4)]
     pub clusters: usize,
+    /// Do not mirror the stack's interface into the network namespace `usnet-NAME`
+    /// (made when `usnet up` runs as root): programs that read rtnetlink
+    /// themselves (`ip`, Go's `net.Interfaces`, dnsmasq) then see the host's
+    /// interfaces rather than the stack's (docs/preload.md, "Interfaces").
+    #[arg(long)]
+    pub no_mirror: bool,
     /// Also serve the rpc baseline transport at `<run dir>/<name>.rpc`: the rump
     /// kernel's cost structure (a Unix-socket round trip per call and per copy request
     /// of clusters), kept to reproduce the source document's study
@@ -309,6 +315,7 @@ impl UpArgs {
             cluster_bytes: 65536,
             clusters: 4,
             rpc: false,
+            no_mirror: true,
             rx_policy: vec![RxPolicyName::None],
             prio_set_size: 2,
             prio_interval_ms: 1000,
@@ -575,6 +582,8 @@ pub fn run(args: UpArgs) -> CmdResult {
         services: args.services.clone(),
         loop_nice: args.loop_nice,
         spin: std::time::Duration::from_micros(args.spin_us),
+        // SAFETY: a plain query.
+        mirror: !args.no_mirror && unsafe { libc::geteuid() } == 0,
         ..Default::default()
     };
     let clock = usnet_driver::AnyClock::System(usnet_driver::SystemClock::new());

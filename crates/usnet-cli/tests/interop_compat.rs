@@ -23,7 +23,8 @@
 //! - OpenSSL's `s_server` and `s_client`, each way;
 //! - PostgreSQL as its own user (a backend forked per connection, each waiting on
 //!   its connection and kernel descriptors at once), psql and pgbench from Linux;
-//! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls); unbound over
+//! - dnsmasq answering DNS (it lists interfaces with `SIOCGIF*` ioctls, and with
+//!   `--bind-dynamic` the addresses to bind through rtnetlink); unbound over
 //!   UDP and TCP, both families (it sets `IPV6_MTU`);
 //! - HAProxy proxying to Linux's web server, memcached (4 threads), lighttpd;
 //! - squid with two workers, exec'd by its master in the loader's secure mode:
@@ -31,7 +32,7 @@
 //! - vsftpd (each connection's processes made by raw `clone`s, under a 200 MB
 //!   address-space limit), passive and active FTP over IPv4 and IPv6;
 //! - wget and curl; iperf3 over UDP; ping, both families, with usnet its only
-//!   network;
+//!   network; `ip addr` and `ip route` (rtnetlink) telling the stack's interface;
 //! - a statically linked program: runs under `usnet run`'s seccomp supervisor; with
 //!   `--via preload`, `usnet run` says its sockets stay on the kernel.
 
@@ -848,6 +849,9 @@ fn dnsmasq(d: &Path) {
     let listen = format!("--listen-address={OURS}");
     dnsmasq_answers(d, 18090, &["--bind-interfaces", &listen]);
     dnsmasq_answers(d, 18091, &[]);
+    // It learns the addresses to bind from rtnetlink: the stack's mirror's (it
+    // bound the host's before, and answered nothing on the stack).
+    dnsmasq_answers(d, 18092, &["--bind-dynamic"]);
 }
 
 /// dnsmasq with `mode` (its options of where to listen) answers an A query.
@@ -1540,6 +1544,48 @@ fn interfaces(d: &Path) {
     );
 }
 
+/// `ip` reads rtnetlink through a socket of its own (as dnsmasq, avahi and Go's
+/// `net.Interfaces` do): under `usnet run` that socket is the stack's interface
+/// mirror's, so `ip addr` lists loopback and the stack's interface with the
+/// stack's addresses, `ip route` the stack's default routes, and nothing of the
+/// host's (whose TAP end has the same name and the Linux side's addresses). The
+/// mirror is a namespace an admin can look at.
+fn rtnetlink(d: &Path) {
+    let o = shim(d, &["ip", "-o", "addr", "show"], &[], 10);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    // `ip -o` lines: "INDEX: NAME    inet ADDR/PREFIX ...".
+    let on = |l: &str, name: &str| l.split_whitespace().nth(1) == Some(name);
+    let has = |addr: &str| lines.iter().any(|l| on(l, TAP) && l.contains(addr));
+    assert!(
+        o.ok()
+            && has(&format!("inet {OURS}/24 "))
+            && has(&format!("inet6 {OURS6}/64 "))
+            && lines.iter().any(|l| on(l, "lo"))
+            && lines.iter().all(|l| on(l, "lo") || on(l, TAP))
+            && !o.stdout.contains(&format!("{HOST}/24"))
+            && !o.stdout.contains(&format!("{HOST6}/64")),
+        "ip addr under usnet run: {}",
+        o.describe()
+    );
+    for (family, gw) in [("-4", HOST), ("-6", HOST6)] {
+        let o = shim(d, &["ip", family, "route", "show", "default"], &[], 10);
+        assert!(
+            o.ok() && o.stdout.contains(&format!("default via {gw} dev {TAP}")),
+            "ip {family} route under usnet run: {}",
+            o.describe()
+        );
+    }
+    let ns = format!("usnet-{STACK}");
+    let mut c = Command::new("ip");
+    c.args(["-n", &ns, "-o", "addr", "show", "dev", TAP]);
+    let o = run_in(&mut c, &[], Duration::from_secs(10));
+    assert!(
+        o.ok() && o.stdout.contains(&format!("inet {OURS}/24 ")),
+        "ip -n {ns} addr: {}",
+        o.describe()
+    );
+}
+
 /// curl from Linux fetches `url` from the program `srv` under the shim: the
 /// whole body, or a failure that says what curl and the program said.
 fn serves_body(d: &Path, srv: &Bg, url: &str) {
@@ -1821,6 +1867,7 @@ fn programs_nobody_tuned_for_usnet_run_unchanged() {
     ping(d);
     traceroutes(d);
     interfaces(d);
+    rtnetlink(d);
     iperf3_udp(d);
     static_program(d);
 }

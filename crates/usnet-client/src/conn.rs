@@ -88,6 +88,8 @@ pub(crate) struct Conn {
     inheritable: bool,
     /// The stack's network interface (from the attach reply).
     pub iface: Option<usnet_session::ctl::msg::Iface>,
+    /// Whether the stack has an interface mirror (from the attach reply).
+    mirror: bool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -356,6 +358,7 @@ impl Conn {
             path: path.to_path_buf(),
             inheritable: opts.inheritable,
             iface: reply.iface,
+            mirror: reply.mirror,
         };
         Ok((conn, slots))
     }
@@ -394,13 +397,7 @@ impl Conn {
         let req = ctl::Request::Claim(msg::ClaimReq {
             token: token.into(),
         });
-        let ch = crate::lineage::request(
-            &self.ctl,
-            &req,
-            crate::lineage::Kind::Session,
-            &self.stack_name,
-            false,
-        )?;
+        let ch = self.ask_on_own_connection(&req)?;
         let mut reply = String::new();
         std::io::BufReader::new(&ch).read_line(&mut reply)?;
         let v: msg::ClaimReply = answer(&reply, "claim")?;
@@ -415,6 +412,39 @@ impl Conn {
                 },
             )
             .collect())
+    }
+
+    /// Sends `req` on the session's connection with a fresh channel, on which the
+    /// answer comes (not inherited: it lives for this one exchange).
+    fn ask_on_own_connection(&self, req: &ctl::Request) -> io::Result<UnixStream> {
+        crate::lineage::request(
+            &self.ctl,
+            req,
+            crate::lineage::Kind::Session,
+            &self.stack_name,
+            false,
+        )
+    }
+
+    /// A netlink socket made in the stack's interface mirror: see
+    /// [`crate::Client::netlink_socket`].
+    pub fn netlink_socket(&self, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+        // Without one, the kernel's socket, without asking every time.
+        if !self.mirror {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        let req = ctl::Request::Netlink(msg::NetlinkReq { ty, protocol });
+        let ch = self.ask_on_own_connection(&req)?;
+        let mut buf = [0u8; 1024];
+        let (n, mut fds) = usnet_shm::fdpass::recv_with_fds(&ch, &mut buf)?;
+        let text = String::from_utf8_lossy(&buf[..n]);
+        match ctl::parse_answer::<msg::Done>(text.lines().next().unwrap_or("")) {
+            Ok(_) => fds
+                .pop()
+                .ok_or_else(|| proto("netlink reply without its socket")),
+            // No mirror (an older server answers nothing it knows: the same).
+            Err(_) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        }
     }
 
     /// Asks for a pin on the control connection `over` (a session's: pins its

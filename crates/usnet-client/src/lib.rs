@@ -189,6 +189,14 @@ impl Client {
         self.conn.sleep_with_kernel(kernel, timeout, || false)
     }
 
+    /// A `socket(AF_NETLINK, ty, protocol)` made in the stack's interface mirror
+    /// (`usnet_server::mirror`), so rtnetlink tells the program about the stack's
+    /// interface. Fails (`ENOENT` if the stack has no mirror) when the caller
+    /// should make the kernel's own instead.
+    pub fn netlink_socket(&self, ty: i32, protocol: i32) -> io::Result<std::os::fd::OwnedFd> {
+        self.conn.netlink_socket(ty, protocol)
+    }
+
     /// Whether the server is still there.
     pub fn is_alive(&self) -> bool {
         !self.conn.is_dead()

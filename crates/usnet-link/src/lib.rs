@@ -28,6 +28,7 @@ pub mod xdp;
 
 pub use error::LinkError;
 pub use spec::{open, open_shards, wrap, LinkOptions, LinkSpec};
+pub use sys::run_ip;
 pub use wait::{sleep_on, wait_device, Doorbell, WaitKind, WaitPlan, WaitSpec};
 
 use std::collections::VecDeque;

@@ -213,7 +213,7 @@ pub(crate) fn if_driver(name: &str) -> io::Result<String> {
 }
 
 /// Runs `ip ARGS...` and turns a failure into one readable line.
-pub(crate) fn run_ip(args: &[&str]) -> Result<(), LinkError> {
+pub fn run_ip(args: &[&str]) -> Result<(), LinkError> {
     let cmd = format!("ip {}", args.join(" "));
     let out = Command::new("ip")
         .args(args)

@@ -444,6 +444,24 @@ pub const SOCK_TYPE_MASK: i32 = 0xf;
 
 /// `socket(2)`: AF_INET/AF_INET6 × SOCK_STREAM/SOCK_DGRAM, with SOCK_NONBLOCK and
 /// SOCK_CLOEXEC.
+/// `socket(AF_NETLINK, ty, protocol)` made in the attached stack's interface
+/// mirror (`usnet_server::mirror`): rtnetlink then lists the stack's interface,
+/// as `getifaddrs` does under the shim. An error (`ENOENT`: the stack has none)
+/// means the caller makes the kernel's own socket instead.
+pub fn netlink_socket(ty: i32, protocol: i32) -> Res<RawFd> {
+    use std::os::fd::IntoRawFd;
+    let c = client()?;
+    // The socket comes close-on-exec; the program's flag decides.
+    let fd = c
+        .netlink_socket(ty & !libc::SOCK_CLOEXEC, protocol)?
+        .into_raw_fd();
+    if ty & libc::SOCK_CLOEXEC == 0 {
+        // SAFETY: `fd` was just received and is ours.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    }
+    Ok(fd)
+}
+
 pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     if domain != libc::AF_INET && domain != libc::AF_INET6 {
         return Err(Errno(libc::EAFNOSUPPORT));

@@ -187,6 +187,16 @@ fn for_usnet(domain: c_int, ty: c_int, protocol: c_int) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let kernel = || real!(socket: fn(c_int, c_int, c_int) -> c_int)(domain, ty, protocol);
+    // rtnetlink in the stack's interface mirror, where the stack has one: it lists
+    // the interface `getifaddrs` shows (docs/preload.md, "Interfaces").
+    if domain == libc::AF_NETLINK && protocol == libc::NETLINK_ROUTE {
+        if let Some(_g) = on_usnet() {
+            if let Ok(fd) = usnet_posix::netlink_socket(ty, protocol) {
+                return fd;
+            }
+        }
+        return kernel();
+    }
     let Some(_g) = enter() else {
         return kernel();
     };

@@ -106,11 +106,12 @@ pub fn program() -> Vec<sock_filter> {
         jt: To::Next,
         jf: To::Next,
     });
-    // socket(AF_INET | AF_INET6, ...)
+    // socket(AF_INET | AF_INET6 | AF_NETLINK, ...)
     let socket_block = p.len();
     p.push(ld(OFF_ARG0_LO));
     p.push(jeq(libc::AF_INET as u32, To::Notify, To::Next));
-    p.push(jeq(libc::AF_INET6 as u32, To::Notify, To::Allow));
+    p.push(jeq(libc::AF_INET6 as u32, To::Notify, To::Next));
+    p.push(jeq(libc::AF_NETLINK as u32, To::Notify, To::Allow));
     // Socket-level calls on any relay.
     let level_block = p.len();
     p.push(ld(OFF_ARG0_LO));
@@ -204,6 +205,7 @@ mod tests {
         let s = |nr: libc::c_long, a: u32| run(&p, ARCH, nr as u32, a);
         assert_eq!(s(libc::SYS_socket, libc::AF_INET as u32), n);
         assert_eq!(s(libc::SYS_socket, libc::AF_INET6 as u32), n);
+        assert_eq!(s(libc::SYS_socket, libc::AF_NETLINK as u32), n);
         assert_eq!(s(libc::SYS_socket, libc::AF_UNIX as u32), y);
         assert_eq!(s(libc::SYS_connect, 3), y);
         assert_eq!(s(libc::SYS_connect, DGRAM_BASE), n);

@@ -264,6 +264,9 @@ impl Supervisor {
     }
 
     fn socket(&self, call: &Call, domain: i32, ty: i32, proto: i32) -> Option<Answer> {
+        if domain == libc::AF_NETLINK {
+            return self.netlink_socket(call, ty, proto);
+        }
         let base = ty & 0xf;
         let kind = match (base, proto) {
             (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => Kind::Stream,
@@ -287,6 +290,29 @@ impl Supervisor {
         }
         let relay = Arc::new(Relay::new(kind, domain, usnet, ours, State::Fresh));
         self.install_relay(call, relay, theirs, ty & libc::SOCK_CLOEXEC != 0)
+    }
+
+    /// rtnetlink in the stack's interface mirror (Go's `net.Interfaces` asks it
+    /// directly), installed at the caller's lowest free number as the kernel's
+    /// would be; every other netlink protocol, or a stack without a mirror, is the
+    /// kernel's.
+    fn netlink_socket(&self, call: &Call, ty: i32, proto: i32) -> Option<Answer> {
+        if proto != libc::NETLINK_ROUTE {
+            return Some(Answer::Continue);
+        }
+        let Ok(fd) = posix::netlink_socket(ty | libc::SOCK_CLOEXEC, proto) else {
+            return Some(Answer::Continue);
+        };
+        // SAFETY: just made for this call, ours until closed here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cloexec = ty & libc::SOCK_CLOEXEC != 0;
+        match self
+            .listener
+            .install(call, fd.as_raw_fd(), None, cloexec, true)
+        {
+            Ok(_) => None,
+            Err(e) => Some(io_errno(e)),
+        }
     }
 
     /// Installs `theirs` in the caller as the call's result, remembering `relay`;
@@ -316,7 +342,7 @@ impl Supervisor {
             .insert(ino, Arc::clone(&relay));
         if let Err(e) = self
             .listener
-            .install(call, theirs.as_raw_fd(), number, cloexec, true)
+            .install(call, theirs.as_raw_fd(), Some(number), cloexec, true)
         {
             self.relays
                 .lock()
@@ -404,7 +430,7 @@ impl Supervisor {
         let cloexec = notify::fd_flags(call.tid, fd).is_ok_and(|f| f.1);
         if let Err(e) = self
             .listener
-            .install(call, k.as_raw_fd(), fd, cloexec, false)
+            .install(call, k.as_raw_fd(), Some(fd), cloexec, false)
         {
             return io_errno(e);
         }

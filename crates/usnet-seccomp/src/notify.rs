@@ -88,18 +88,23 @@ impl Listener {
         unsafe { libc::ioctl(self.raw(), NOTIF_SEND as _, &mut r) };
     }
 
-    /// Installs `file` in the caller at `number` (replacing what is there when
-    /// `replace`), with FD_CLOEXEC if `cloexec`. With `answer`, the installed number
-    /// is the call's result and the call is answered.
+    /// Installs `file` in the caller at `number` (replacing what is there), or at
+    /// its lowest free number when `None`, with FD_CLOEXEC if `cloexec`. With
+    /// `answer`, the installed number is the call's result and the call is
+    /// answered.
     pub fn install(
         &self,
         call: &Call,
         file: RawFd,
-        number: i32,
+        number: Option<i32>,
         cloexec: bool,
         answer: bool,
     ) -> io::Result<i32> {
-        let mut flags = libc::SECCOMP_ADDFD_FLAG_SETFD as u32;
+        let mut flags = if number.is_some() {
+            libc::SECCOMP_ADDFD_FLAG_SETFD as u32
+        } else {
+            0
+        };
         if answer {
             flags |= libc::SECCOMP_ADDFD_FLAG_SEND as u32;
         }
@@ -107,7 +112,7 @@ impl Listener {
             id: call.id,
             flags,
             srcfd: file as u32,
-            newfd: number as u32,
+            newfd: number.unwrap_or(0) as u32,
             newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
         };
         // SAFETY: the ioctl reads a seccomp_notif_addfd.

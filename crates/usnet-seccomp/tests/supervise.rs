@@ -26,10 +26,17 @@ fn stack() {
         let cfg = ServerConfig {
             name: "seccomp-test".into(),
             link: "mem".into(),
+            // The interface mirror needs root (network namespaces).
+            mirror: root(),
             ..Default::default()
         };
         (usnet_server::testing::in_memory(stack, cfg).unwrap(), d)
     });
+}
+
+fn root() -> bool {
+    // SAFETY: a plain query.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// `prog` under timeout(1): a lost packet ends the test at the deadline, not never.
@@ -126,4 +133,51 @@ fn a_go_program_talks_to_itself_over_usnet() {
         out,
         format!("dialed {ADDR}:7811\ntcp: \"echo hello from go\" <nil>\nudp: \"ping\" from our dialer: true <nil>\nudp back: \"pong\" <nil>\n")
     );
+}
+
+/// Go's `net.Interfaces` reads rtnetlink through a socket of its own: under the
+/// supervisor that socket is the stack's mirror's (root only), so the program is
+/// told of loopback and the stack's interface with the stack's address, and of
+/// none of the host's.
+#[test]
+fn a_go_program_lists_the_stacks_interface() {
+    if !root() {
+        eprintln!("skipped: the interface mirror needs root");
+        return;
+    }
+    stack();
+    let Some(prog) = go_program() else {
+        eprintln!("skipped: no Go toolchain");
+        return;
+    };
+    let out_path = std::env::temp_dir().join(format!("usnet-seccomp-goif-{}", std::process::id()));
+    let mut cmd = deadline(&prog);
+    cmd.arg("interfaces")
+        .stdout(std::fs::File::create(&out_path).unwrap());
+    let status = usnet_seccomp::run(cmd, usnet_seccomp::Options::default()).unwrap();
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    assert!(status.success(), "{status:?}: {out}");
+    let mac = mac_from_seed(25).0.map(|b| format!("{b:02x}")).join(":");
+    // Index, name, MTU, MAC, address: the stack's (an interface without a
+    // kernel device has index 0x7fff0000, as `if_nametoindex` says under the shim).
+    let (index, cidr) = (0x7fff_0000u32.to_string(), format!("{ADDR}/24"));
+    let lines: Vec<&str> = out.lines().collect();
+    let ours = |l: &&str| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() == 5 && f[0] == index && f[1] == "usnet0" && f[3] == mac && f[4] == cidr
+    };
+    assert!(
+        lines.iter().any(ours),
+        "no {index} usnet0 _ {mac} {cidr} in {out}"
+    );
+    assert!(lines.iter().any(|l| l.starts_with("1 lo ")), "{out}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("1 lo ") || l.contains(" usnet0 ")),
+        "only loopback and the stack's interface: {out}"
+    );
+    // The test's server lives until the process ends, so its mirror would outlive
+    // it: no other test here asks for one.
+    usnet_server::mirror::remove("seccomp-test");
 }

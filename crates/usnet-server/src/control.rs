@@ -65,6 +65,7 @@ use usnet_session::ctl::msg::{
 use usnet_session::ctl::{run_dir, socket_path, valid_name};
 use usnet_session::Session;
 
+use crate::mirror::Mirror;
 use crate::session::ServerSession;
 use crate::{submit_call, Loop, ServerConfig, ShardLink};
 
@@ -88,6 +89,7 @@ impl ControlServer {
     pub(crate) fn start(
         cfg: &ServerConfig,
         links: Vec<ShardLink>,
+        mirror: Option<(msg::Iface, Vec<std::net::IpAddr>)>,
     ) -> Result<ControlServer, ControlError> {
         if !valid_name(&cfg.name) {
             return Err(ControlError::BadName(cfg.name.clone()));
@@ -110,12 +112,27 @@ impl ControlServer {
             std::os::unix::fs::chown(&path, None, Some(gid))?;
         }
         listener.set_nonblocking(true)?;
+        // The name is ours now, so is the mirror's namespace (a stale one is
+        // replaced; a live server's name never gets this far).
+        let mirror = mirror.and_then(|(iface, gateways)| {
+            match Mirror::create(&cfg.name, &iface, &gateways) {
+                Ok(m) => Some(Arc::new(m)),
+                Err(e) => {
+                    eprintln!(
+                        "usnet: no interface mirror ({e}): programs that read rtnetlink \
+                         themselves will see the host's interfaces"
+                    );
+                    None
+                }
+            }
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let ctx = Ctx {
             links: Arc::new(links),
             cfg: cfg.clone(),
             next_id: Arc::new(AtomicU32::new(1)),
             homes: Arc::new(Mutex::new(Homes::default())),
+            mirror,
         };
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -191,6 +208,8 @@ struct Ctx {
     next_id: Arc<AtomicU32>,
     /// A leaf lock (the server's lock order: `Host` in lib.rs).
     homes: Arc<Mutex<Homes>>,
+    /// Where clients' `NETLINK_ROUTE` sockets are made, if the stack has a mirror.
+    mirror: Option<Arc<Mirror>>,
 }
 
 /// Which shard each session lives on, and where the next ones go.
@@ -302,6 +321,7 @@ fn watch_connections(listener: UnixListener, ctx: Ctx, stop: Arc<AtomicBool>) {
                     let a = &attached[k - 1];
                     claim(channel, a.id, a.shard, &token, &ctx);
                 }
+                Said::Netlink(channel, req) => netlink(channel, &req, &ctx),
                 Said::Attach(req) if attached[k - 1].id == 0 => {
                     let a = attached.swap_remove(k - 1);
                     let pin_shard = a.shard;
@@ -389,6 +409,8 @@ enum Said {
     Pin(UnixStream, Option<Vec<u32>>),
     /// `claim` of a pin's token, with the channel to answer on.
     Claim(UnixStream, String),
+    /// `netlink`: a netlink socket in the stack's mirror, sent on the channel.
+    Netlink(UnixStream, msg::NetlinkReq),
     Attach(msg::Attach),
     /// `attach` with a channel: a new session over that channel, claiming this
     /// connection's pin (or a pin made of this session's sockets).
@@ -410,6 +432,9 @@ fn read_request(s: &UnixStream) -> Said {
                 }
                 (Request::Claim(c), Some(channel), None) => {
                     Said::Claim(UnixStream::from(channel), c.token)
+                }
+                (Request::Netlink(n), Some(channel), None) => {
+                    Said::Netlink(UnixStream::from(channel), n)
                 }
                 (Request::Attach(a), None, None) => Said::Attach(a),
                 (Request::Attach(a), Some(channel), None) => {
@@ -571,6 +596,20 @@ fn claim(mut out: UnixStream, id: u32, shard: usize, token: &str, ctx: &Ctx) {
     }
 }
 
+/// A `netlink` request: a socket made in the stack's mirror (see [`crate::mirror`]),
+/// passed on `out` with [`Done`], or the refusal the client falls back on.
+fn netlink(mut out: UnixStream, req: &msg::NetlinkReq, ctx: &Ctx) {
+    let Some(m) = &ctx.mirror else {
+        return refuse(&mut out, "this stack has no interface mirror");
+    };
+    match m.socket(req.ty, req.protocol) {
+        Ok(fd) => {
+            let _ = usnet_shm::fdpass::send_with_fds(&out, &line(&Done::OK), &[fd.as_fd()]);
+        }
+        Err(e) => refuse(&mut out, &format!("netlink socket in the mirror: {e}")),
+    }
+}
+
 fn pin_reply(token: u128, sockets: usize) -> PinReply {
     PinReply {
         ok: true,
@@ -676,6 +715,10 @@ fn handle(stream: UnixStream, ctx: &Ctx) -> Option<Attached> {
         Request::Attach(a) => return attach(out, &a, 0, ctx),
         Request::ZcPort(z) => {
             zc_port(out, &z, ctx);
+            return None;
+        }
+        Request::Netlink(n) => {
+            netlink(out, &n, ctx);
             return None;
         }
         Request::Pin(_) | Request::Claim(_) => {
@@ -845,6 +888,7 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
         pid: std::process::id(),
         slots: slots.map(|map| map.iter().map(|c| c.words()).collect()),
         iface,
+        mirror: ctx.mirror.is_some(),
     });
     let page = bell.page().region().fd();
     let mut fds = vec![mem.region().fd(), page];
@@ -926,7 +970,11 @@ fn request(out: &mut UnixStream, req: Request, ctx: &Ctx) -> io::Result<()> {
             Ok(())
         }
         // Answered where the connection is read (`handle`).
-        Request::Attach(_) | Request::Pin(_) | Request::Claim(_) | Request::ZcPort(_) => Ok(()),
+        Request::Attach(_)
+        | Request::Pin(_)
+        | Request::Claim(_)
+        | Request::ZcPort(_)
+        | Request::Netlink(_) => Ok(()),
     }
 }
 

@@ -20,6 +20,7 @@ pub mod control;
 pub mod fuzzing;
 #[cfg(any(test, feature = "testing"))]
 pub mod hostile;
+pub mod mirror;
 pub mod privs;
 mod session;
 mod shared;
@@ -116,6 +117,10 @@ pub struct ServerConfig {
     /// applications' gives the protocol work the precedence the kernel's softirq
     /// has over processes; lowering it needs CAP_SYS_NICE or RLIMIT_NICE.
     pub loop_nice: Option<i32>,
+    /// Mirror the stack's interface into a network namespace of its own and give
+    /// clients their `NETLINK_ROUTE` sockets there ([`mirror`]); needs root. Off
+    /// by default here (`usnet up` turns it on when it runs as root).
+    pub mirror: bool,
 }
 
 impl Default for ServerConfig {
@@ -131,6 +136,7 @@ impl Default for ServerConfig {
             services: Vec::new(),
             backlog: false,
             loop_nice: None,
+            mirror: false,
         }
     }
 }
@@ -764,6 +770,7 @@ pub fn clean_up_after(name: &str) -> usize {
     for path in [ctl.with_extension("rpc"), ctl] {
         control::remove_if_stale(&path);
     }
+    mirror::remove(name);
     n
 }
 
@@ -897,7 +904,19 @@ impl ServerHandle {
                 ports_changed: false,
             });
         }
-        let control = control::ControlServer::start(&cfg, links.clone())?;
+        // What the interface mirror shows (made once the control socket is ours).
+        let mirror = cfg.mirror.then(|| {
+            let lp = &mut loops[0];
+            let iface = lp.iface();
+            let c = lp.driver.stack().config();
+            let gateways: Vec<std::net::IpAddr> =
+                [c.gateway4.map(Into::into), c.gateway6.map(Into::into)]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+            (iface, gateways)
+        });
+        let control = control::ControlServer::start(&cfg, links.clone(), mirror)?;
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let mut threads = Vec::with_capacity(n);
         let (prepared_tx, prepared) = std::sync::mpsc::channel::<Result<(), String>>();

@@ -1,5 +1,7 @@
 // A Go program (its runtime makes its own system calls: no LD_PRELOAD shim
-// reaches it) that talks to itself over TCP and UDP on the address given.
+// reaches it) that talks to itself over TCP and UDP on the address given, or,
+// with "interfaces", lists its interfaces as Go's net package learns them: from
+// rtnetlink, through a socket of its own.
 package main
 
 import (
@@ -11,6 +13,10 @@ import (
 )
 
 func main() {
+	if os.Args[1] == "interfaces" {
+		interfaces()
+		return
+	}
 	ip := os.Args[1]
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "7811"))
 	if err != nil {
@@ -59,4 +65,22 @@ func main() {
 	v.SetReadDeadline(time.Now().Add(10 * time.Second))
 	n, err = v.Read(buf)
 	fmt.Printf("udp back: %q %v\n", buf[:n], err)
+}
+
+func interfaces() {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		fmt.Println("interfaces:", err)
+		os.Exit(1)
+	}
+	for _, i := range ifs {
+		addrs, err := i.Addrs()
+		if err != nil {
+			fmt.Println("addrs:", err)
+			os.Exit(1)
+		}
+		for _, a := range addrs {
+			fmt.Println(i.Index, i.Name, i.MTU, i.HardwareAddr, a)
+		}
+	}
 }

@@ -31,6 +31,9 @@ pub enum Request {
     Claim(ClaimReq),
     /// The session's zero-copy port ([`Done`] with the pool's and the port's memory).
     ZcPort(ZcPort),
+    /// On an attached connection: a netlink socket in the stack's interface mirror
+    /// ([`Done`] with the socket, on the channel passed with the request).
+    Netlink(NetlinkReq),
     /// Everything `usnet stat` shows ([`Stat`]).
     Stat,
     /// The attached clients ([`Clients`]).
@@ -152,6 +155,10 @@ pub struct AttachReply {
     /// under the shim).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iface: Option<Iface>,
+    /// Whether the stack has an interface mirror to make netlink sockets in
+    /// (`Request::Netlink`).
+    #[serde(default)]
+    pub mirror: bool,
 }
 
 /// A stack's one network interface.
@@ -190,6 +197,13 @@ impl Iface {
             Some((ip.parse().ok()?, prefix.parse().ok()?))
         })
     }
+}
+
+/// A `socket(AF_NETLINK, ty, protocol)` to make in the stack's interface mirror.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetlinkReq {
+    pub ty: i32,
+    pub protocol: i32,
 }
 
 /// What a `pin` pins.
