@@ -159,11 +159,15 @@ int usnet_getsockopt(int fd, int level, int name, void *val, socklen_t *len);
 int usnet_getsockname(int fd, struct sockaddr *addr, socklen_t *len);
 int usnet_getpeername(int fd, struct sockaddr *addr, socklen_t *len);
 
-/* F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD. */
+/* F_GETFL, F_SETFL (O_NONBLOCK, O_ASYNC), F_GETFD, F_SETFD, F_DUPFD,
+ * F_DUPFD_CLOEXEC, F_GETOWN, F_SETOWN, F_GETSIG, F_SETSIG (signal-driven I/O:
+ * docs/preload.md). */
 int usnet_fcntl(int fd, int cmd, long arg);
 /* FIONBIO (*arg: the mode), FIONREAD (*arg := bytes readable, streams), SIOCATMARK
- * (int *arg); the interface queries SIOCGIF* (struct ifreq or ifconf *arg): the
- * stack's interface answered from the stack, any other by the kernel. */
+ * (int *arg), FIOASYNC (*arg: O_ASYNC on or off), FIOSETOWN and SIOCSPGRP (*arg:
+ * the owner), FIOGETOWN and SIOCGPGRP (*arg := the owner); the interface queries
+ * SIOCGIF* (struct ifreq or ifconf *arg): the stack's interface answered from the
+ * stack, any other by the kernel. */
 int usnet_ioctl(int fd, unsigned long req, void *arg);
 
 /* The interfaces a program on the stack sees: the kernel's loopback and the

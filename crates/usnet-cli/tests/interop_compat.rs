@@ -1149,6 +1149,9 @@ fn lighttpd(d: &Path) {
 /// another clone, in a network namespace of its own, chrooted, as `nobody`.
 /// curl fetches a file over IPv4 and IPv6 with passive (EPSV, PASV) and active
 /// (PORT/EPRT: vsftpd dials curl) data connections.
+/// vsftpd standalone, with `async_abor_enable=YES` (the setting of its
+/// INTERNET_SITE example): `F_SETOWN` on every control connection for `SIGURG`,
+/// which it treats as fatal if refused (before, it was `EINVAL`: "fcntl").
 fn vsftpd(d: &Path) {
     need("vsftpd", "vsftpd");
     let port = 18094u16;
@@ -1160,7 +1163,8 @@ fn vsftpd(d: &Path) {
         format!(
             "listen=NO\nlisten_ipv6=YES\nlisten_port={port}\nanonymous_enable=YES\n\
              anon_root={w}\nlocal_enable=NO\nsecure_chroot_dir={e}\n\
-             pasv_min_port=40000\npasv_max_port=40100\n",
+             pasv_min_port=40000\npasv_max_port=40100\n\
+             async_abor_enable=YES\n",
             w = d.join("www").display(),
             e = empty.display()
         ),

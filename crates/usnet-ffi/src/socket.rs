@@ -761,15 +761,17 @@ pub unsafe extern "C" fn usnet_getpeername(
     })
 }
 
-/// `fcntl` with an integer argument: F_GETFL, F_SETFL (O_NONBLOCK), F_GETFD, F_SETFD,
-/// F_DUPFD, F_DUPFD_CLOEXEC.
+/// `fcntl` with an integer argument: F_GETFL, F_SETFL (O_NONBLOCK, O_ASYNC), F_GETFD,
+/// F_SETFD, F_DUPFD, F_DUPFD_CLOEXEC, F_GETOWN, F_SETOWN, F_GETSIG, F_SETSIG.
 #[no_mangle]
 pub extern "C" fn usnet_fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
     guard(-1, || ret_int(usnet_posix::fcntl(fd, cmd, arg)))
 }
 
 /// `ioctl` FIONBIO (`*arg` the new mode), FIONREAD (`*arg` set to the bytes
-/// readable) and SIOCATMARK (`*arg` set to 1 at the urgent mark), and the
+/// readable), SIOCATMARK (`*arg` set to 1 at the urgent mark), FIOASYNC (`*arg`
+/// the new `O_ASYNC`), FIOSETOWN and SIOCSPGRP (`*arg` the owner, as `F_SETOWN`),
+/// FIOGETOWN and SIOCGPGRP (`*arg` set to it), and the
 /// interface queries (`usnet_posix::INTERFACE_QUERIES`: `arg` an `ifreq` or an
 /// `ifconf`), which the kernel answers.
 ///
@@ -791,7 +793,15 @@ pub unsafe extern "C" fn usnet_ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_
             // SAFETY: per the contract.
             let v = unsafe { *arg };
             let r = usnet_posix::ioctl_int(fd, req, v)?;
-            if req == libc::FIONREAD || req == usnet_posix::SIOCATMARK {
+            use usnet_posix::sigio::{FIOGETOWN, SIOCGPGRP};
+            if [
+                libc::FIONREAD,
+                usnet_posix::SIOCATMARK,
+                FIOGETOWN,
+                SIOCGPGRP,
+            ]
+            .contains(&req)
+            {
                 // SAFETY: per the contract.
                 unsafe { *arg = r };
             }

@@ -506,6 +506,8 @@ fn redescribed(old: &Desc, obj: Obj) -> Arc<Desc> {
         nonblock: AtomicBool::new(old.nonblocking()),
         error: AtomicI32::new(old.error.load(Relaxed)),
         opts: Mutex::new(old.opts.try_lock().map(|o| o.clone()).unwrap_or_default()),
+        // The settings, not the watch: the process that set O_ASYNC signals.
+        sigio: Mutex::new(old.sigio.try_lock().map(|s| *s).unwrap_or_default()),
         tag: old.tag,
     })
 }

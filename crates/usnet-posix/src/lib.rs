@@ -38,6 +38,7 @@ mod ifaces;
 pub mod pass;
 mod poll;
 pub mod secure_exec;
+pub mod sigio;
 pub mod sockopt;
 
 use std::collections::HashMap;
@@ -259,6 +260,8 @@ struct Desc {
     /// A connect's failure, for `SO_ERROR` (taken once).
     error: AtomicI32,
     opts: Mutex<Opts>,
+    /// `O_ASYNC`, the owner and the signal (per description, as Linux's).
+    sigio: Mutex<sigio::SigIo>,
     /// The socket's name across `exec` ([`exec::tag`]); 0 for an epoll set.
     tag: u32,
 }
@@ -402,6 +405,7 @@ fn new_desc(obj: Obj, domain: i32, stype: i32, nonblock: bool, tag: u32) -> Arc<
         nonblock: AtomicBool::new(nonblock),
         error: AtomicI32::new(0),
         opts: Mutex::new(Opts::default()),
+        sigio: Mutex::default(),
         tag,
     })
 }
@@ -442,8 +446,6 @@ fn ebadf_kind() -> Errno {
 
 pub const SOCK_TYPE_MASK: i32 = 0xf;
 
-/// `socket(2)`: AF_INET/AF_INET6 × SOCK_STREAM/SOCK_DGRAM, with SOCK_NONBLOCK and
-/// SOCK_CLOEXEC.
 /// `socket(AF_NETLINK, ty, protocol)` made in the attached stack's interface
 /// mirror (`usnet_server::mirror`): rtnetlink then lists the stack's interface,
 /// as `getifaddrs` does under the shim. An error (`ENOENT`: the stack has none)
@@ -462,6 +464,8 @@ pub fn netlink_socket(ty: i32, protocol: i32) -> Res<RawFd> {
     Ok(fd)
 }
 
+/// `socket(2)`: AF_INET/AF_INET6 × SOCK_STREAM/SOCK_DGRAM, with SOCK_NONBLOCK and
+/// SOCK_CLOEXEC.
 pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
     if domain != libc::AF_INET && domain != libc::AF_INET6 {
         return Err(Errno(libc::EAFNOSUPPORT));
@@ -1921,9 +1925,29 @@ pub fn getpeername(fd: RawFd) -> Res<SocketAddr> {
 pub fn fcntl(fd: RawFd, cmd: i32, arg: i64) -> Res<i32> {
     let e = get(fd)?;
     match cmd {
-        libc::F_GETFL => Ok(libc::O_RDWR | if e.nonblocking() { libc::O_NONBLOCK } else { 0 }),
+        libc::F_GETFL => {
+            let nb = if e.nonblocking() { libc::O_NONBLOCK } else { 0 };
+            let on = if lock(&e.sigio).on { libc::O_ASYNC } else { 0 };
+            Ok(libc::O_RDWR | nb | on)
+        }
         libc::F_SETFL => {
             set_nonblocking(&e, arg as i32 & libc::O_NONBLOCK != 0)?;
+            set_async(&e, fd, arg as i32 & libc::O_ASYNC != 0);
+            Ok(0)
+        }
+        libc::F_GETOWN => Ok(lock(&e.sigio).getown()),
+        libc::F_SETOWN => {
+            let who = arg as i32;
+            exists(who)?;
+            lock(&e.sigio).setown(who);
+            Ok(0)
+        }
+        sigio::F_GETSIG => Ok(lock(&e.sigio).sig),
+        sigio::F_SETSIG => {
+            if !(0..=64).contains(&arg) {
+                return Err(Errno(libc::EINVAL));
+            }
+            lock(&e.sigio).sig = arg as i32;
             Ok(0)
         }
         libc::F_GETFD | libc::F_SETFD => {
@@ -1946,6 +1970,55 @@ pub fn fcntl(fd: RawFd, cmd: i32, arg: i64) -> Res<i32> {
         ),
         _ => Err(Errno(libc::EINVAL)),
     }
+}
+
+/// `O_ASYNC` on or off for `e` (number `fd`): watched for signals while on.
+fn set_async(e: &Arc<Entry>, fd: RawFd, on: bool) {
+    let was = std::mem::replace(&mut lock(&e.sigio).on, on);
+    match (was, on) {
+        (false, true) => sigio::watch(&e.desc, fd),
+        (true, false) => sigio::unwatch(&e.desc),
+        _ => {}
+    }
+}
+
+/// `F_SETOWN`'s check: a pid or process group that exists (0: none), else ESRCH.
+fn exists(who: i32) -> Res<()> {
+    // SAFETY: signal 0 only checks.
+    if who != 0
+        && unsafe { libc::kill(who, 0) } != 0
+        && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    {
+        return Err(Errno(libc::ESRCH));
+    }
+    Ok(())
+}
+
+/// `F_GETOWN_EX`: the owner's kind (`sigio::F_OWNER_*`) and id.
+pub fn owner_ex(fd: RawFd) -> Res<(i32, i32)> {
+    let e = get(fd)?;
+    let s = *lock(&e.sigio);
+    Ok((
+        if s.owner_kind == 0 && s.owner == 0 {
+            sigio::F_OWNER_PID
+        } else {
+            s.owner_kind
+        },
+        s.owner,
+    ))
+}
+
+/// `F_SETOWN_EX`: a thread, a process or a process group.
+pub fn set_owner_ex(fd: RawFd, kind: i32, id: i32) -> Res<()> {
+    let e = get(fd)?;
+    match kind {
+        sigio::F_OWNER_TID | sigio::F_OWNER_PID => exists(id)?,
+        sigio::F_OWNER_PGRP => exists(id.saturating_neg())?,
+        _ => return Err(Errno(libc::EINVAL)),
+    }
+    let mut s = lock(&e.sigio);
+    (s.owner_kind, s.owner) = (kind, id);
+    Ok(())
 }
 
 fn set_nonblocking(e: &Entry, nb: bool) -> Res<()> {
@@ -1979,6 +2052,16 @@ pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
             Obj::Udp(_) => Err(Errno(libc::EOPNOTSUPP)),
             _ => Err(Errno(libc::EINVAL)),
         },
+        sigio::FIOASYNC => {
+            set_async(&e, fd, value != 0);
+            Ok(0)
+        }
+        sigio::FIOSETOWN | sigio::SIOCSPGRP => {
+            exists(value)?;
+            lock(&e.sigio).setown(value);
+            Ok(0)
+        }
+        sigio::FIOGETOWN | sigio::SIOCGPGRP => Ok(lock(&e.sigio).getown()),
         r if r == SIOCATMARK => match &*e.read() {
             Obj::Stream(s) => Ok(s.at_urgent_mark() as i32),
             Obj::Fresh(_) | Obj::Listener(_) | Obj::Failed => Ok(0),

@@ -29,7 +29,13 @@ fn last_errno() -> Errno {
 
 /// Registers `e`'s socket with `p` under `token`; false for objects that have no
 /// readiness of their own (fresh or failed sockets: see [`static_events`]).
-fn register(p: &mut Poller, e: &Entry, token: u64, interest: Interest, mode: Mode) -> Res<bool> {
+pub(crate) fn register(
+    p: &mut Poller,
+    e: &crate::Desc,
+    token: u64,
+    interest: Interest,
+    mode: Mode,
+) -> Res<bool> {
     let o = e.read();
     let src: &dyn Source = match &*o {
         Obj::Listener(l) => l,
@@ -54,7 +60,8 @@ fn static_events(e: &Entry) -> i16 {
     }
 }
 
-fn poll_bits(ev: &Event, asked: i16) -> i16 {
+/// An event's `poll` bits, those `asked` (-1: all) and the ones always reported.
+pub(crate) fn poll_bits(ev: &Event, asked: i16) -> i16 {
     let mut r = 0;
     if ev.readable {
         r |= libc::POLLIN | libc::POLLRDNORM;

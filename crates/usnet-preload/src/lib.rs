@@ -935,17 +935,51 @@ pub unsafe extern "C" fn __ppoll_chk(
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if let Some(_g) = ours_to_renumber(fd) {
+        use usnet_posix::sigio::{F_GETOWN_EX, F_GETSIG, F_SETOWN_EX, F_SETSIG};
         return match cmd {
             libc::F_GETFL
             | libc::F_SETFL
             | libc::F_GETFD
             | libc::F_SETFD
             | libc::F_DUPFD
-            | libc::F_DUPFD_CLOEXEC => socket::usnet_fcntl(fd, cmd, arg as c_long),
+            | libc::F_DUPFD_CLOEXEC
+            | libc::F_GETOWN
+            | libc::F_SETOWN
+            | F_GETSIG
+            | F_SETSIG => socket::usnet_fcntl(fd, cmd, arg as c_long),
+            // SAFETY: `arg` is a `struct f_owner_ex *` for these, per fcntl's contract.
+            F_GETOWN_EX | F_SETOWN_EX => unsafe { owner_ex(fd, cmd, arg as *mut [c_int; 2]) },
             _ => refused(&format!("fcntl({cmd})"), fd, libc::EINVAL),
         };
     }
     real!(fcntl: variadic fn(c_int, c_int) -> c_int)(fd, cmd, arg)
+}
+
+/// `F_GETOWN_EX` and `F_SETOWN_EX` on a usnet socket (`owner` a `struct
+/// f_owner_ex`: its type, then the id).
+///
+/// # Safety
+/// `owner` is null or points to two ints.
+unsafe fn owner_ex(fd: c_int, cmd: c_int, owner: *mut [c_int; 2]) -> c_int {
+    if owner.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    let r = if cmd == usnet_posix::sigio::F_GETOWN_EX {
+        // SAFETY: per the contract.
+        usnet_posix::owner_ex(fd).map(|(kind, id)| unsafe { *owner = [kind, id] })
+    } else {
+        // SAFETY: per the contract.
+        let [kind, id] = unsafe { *owner };
+        usnet_posix::set_owner_ex(fd, kind, id)
+    };
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => {
+            set_errno(e);
+            -1
+        }
+    }
 }
 
 #[no_mangle]
@@ -968,7 +1002,17 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
             libc::FIONCLEX => return socket::usnet_fcntl(fd, libc::F_SETFD, 0),
             _ => {}
         }
-        let ints = [libc::FIONBIO, libc::FIONREAD, usnet_posix::SIOCATMARK];
+        use usnet_posix::sigio::{FIOASYNC, FIOGETOWN, FIOSETOWN, SIOCGPGRP, SIOCSPGRP};
+        let ints = [
+            libc::FIONBIO,
+            libc::FIONREAD,
+            usnet_posix::SIOCATMARK,
+            FIOASYNC,
+            FIOSETOWN,
+            SIOCSPGRP,
+            FIOGETOWN,
+            SIOCGPGRP,
+        ];
         return if ints.contains(&req) || usnet_posix::INTERFACE_QUERIES.contains(&req) {
             // SAFETY: an int, or an ifreq or ifconf for an interface query, per
             // ioctl's contract.

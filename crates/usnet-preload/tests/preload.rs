@@ -265,6 +265,16 @@ fn udp_ttl_and_tos_per_socket_and_per_send_as_on_the_kernel() {
     same_under_the_shim("udp_ttl_tos", 7810);
 }
 
+/// Signal-driven I/O (`examples/c/sigio.c`): `O_ASYNC` with an owner brings
+/// `SIGIO` for a datagram and for a connection waiting on a listener,
+/// `F_SETSIG`'s signal carries `si_fd` and `si_band`, and clearing `O_ASYNC` stops
+/// them (before, `F_SETOWN` was `EINVAL` and no signal came).
+#[test]
+fn signal_driven_io_signals_the_owner_as_on_the_kernel() {
+    let _serial = serial();
+    same_under_the_shim("sigio", 7890);
+}
+
 /// `connect` to `AF_UNSPEC` dissolves a UDP socket's association: everyone is
 /// heard again, `send` needs an address, the connect's address goes back to the
 /// wildcard (`examples/c/udp_disconnect.c`; before, it was `EAFNOSUPPORT`).
