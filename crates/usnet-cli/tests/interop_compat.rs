@@ -148,6 +148,36 @@ public class Cli {
         let want = format!("200 {} {}", body().len(), sha256_hex(&body()));
         assert_eq!(o.stdout.trim(), want, "JVM client {url}");
     }
+    // `NetworkInterface`: the IPv4 addresses come from SIOCGIFCONF, the IPv6 ones
+    // from /proc/net/if_inet6 (the stack's mirror's under the shim): loopback and
+    // the stack's interface with both of its addresses, nothing of the host's.
+    std::fs::write(
+        d.join("Ifs.java"),
+        r#"import java.net.*;
+import java.util.*;
+public class Ifs {
+  public static void main(String[] a) throws Exception {
+    for (NetworkInterface i : Collections.list(NetworkInterface.getNetworkInterfaces()))
+      for (InetAddress x : Collections.list(i.getInetAddresses()))
+        System.out.println(i.getName() + " " + x.getHostAddress());
+  }
+}
+"#,
+    )
+    .unwrap();
+    let o = shim(d, &["java", "Ifs.java"], &[], 60);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert!(
+        o.ok()
+            && lines.contains(&format!("{TAP} {OURS}").as_str())
+            && lines.contains(&format!("{TAP} fd51:0:0:0:0:0:0:2%{TAP}").as_str())
+            && lines
+                .iter()
+                .all(|l| l.starts_with("lo ") || l.starts_with(&format!("{TAP} ")))
+            && !o.stdout.contains("fd51:0:0:0:0:0:0:1"),
+        "the JVM's NetworkInterface list under usnet run: {}",
+        o.describe()
+    );
 }
 
 fn sha256_hex(b: &[u8]) -> String {
@@ -1579,6 +1609,33 @@ fn rtnetlink(d: &Path) {
             o.describe()
         );
     }
+    // /proc/net's interface files are the mirror's too (cat opens them): each
+    // line of if_inet6 ends with its interface's name, each of dev after the
+    // two heading lines begins with it.
+    let ours = |name: &str| name == "lo" || name == TAP;
+    let o = shim(d, &["cat", "/proc/net/if_inet6"], &[], 10);
+    assert!(
+        o.ok()
+            && o.stdout.contains("fd510000000000000000000000000002")
+            && !o.stdout.contains("fd510000000000000000000000000001")
+            && o.stdout
+                .lines()
+                .all(|l| ours(l.split_whitespace().last().unwrap_or(""))),
+        "/proc/net/if_inet6 under usnet run: {}",
+        o.describe()
+    );
+    let o = shim(d, &["cat", "/proc/self/net/dev"], &[], 10);
+    let names: Vec<&str> = o
+        .stdout
+        .lines()
+        .skip(2)
+        .map(|l| l.split(':').next().unwrap_or("").trim())
+        .collect();
+    assert!(
+        o.ok() && names.contains(&TAP) && names.iter().all(|n| ours(n)),
+        "/proc/self/net/dev under usnet run: {}",
+        o.describe()
+    );
     let ns = format!("usnet-{STACK}");
     let mut c = Command::new("ip");
     c.args(["-n", &ns, "-o", "addr", "show", "dev", TAP]);

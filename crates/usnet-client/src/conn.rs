@@ -90,6 +90,8 @@ pub(crate) struct Conn {
     pub iface: Option<usnet_session::ctl::msg::Iface>,
     /// Whether the stack has an interface mirror (from the attach reply).
     mirror: bool,
+    /// The mirror's helper process (0: none; from the attach reply).
+    pub mirror_pid: u32,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -359,6 +361,7 @@ impl Conn {
             inheritable: opts.inheritable,
             iface: reply.iface,
             mirror: reply.mirror,
+            mirror_pid: reply.mirror_pid,
         };
         Ok((conn, slots))
     }

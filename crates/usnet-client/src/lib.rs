@@ -197,6 +197,12 @@ impl Client {
         self.conn.netlink_socket(ty, protocol)
     }
 
+    /// A process inside the stack's interface mirror (its `/proc/PID/net` lists
+    /// the stack's interface), if the stack has one.
+    pub fn mirror_pid(&self) -> Option<u32> {
+        (self.conn.mirror_pid != 0).then_some(self.conn.mirror_pid)
+    }
+
     /// Whether the server is still there.
     pub fn is_alive(&self) -> bool {
         !self.conn.is_dead()

@@ -464,6 +464,52 @@ pub fn netlink_socket(ty: i32, protocol: i32) -> Res<RawFd> {
     Ok(fd)
 }
 
+/// The files of `/proc/net` that describe interfaces and routes (Java lists its
+/// IPv6 addresses from `if_inet6`; `netstat -i`, `route` and monitoring agents
+/// read the others).
+const MIRRORED_PROC_NET: &[&str] = &[
+    "dev",
+    "if_inet6",
+    "route",
+    "ipv6_route",
+    "dev_mcast",
+    "igmp",
+    "igmp6",
+];
+
+/// Which of [`MIRRORED_PROC_NET`] `path` names in this process's own network's
+/// `/proc` (`/proc/net/X`, `/proc/self/net/X`, `/proc/thread-self/net/X`,
+/// `/proc/PID/net/X` with this pid), if any: a check of the text alone.
+pub fn proc_net_file(path: &[u8]) -> Option<&'static str> {
+    let rest = path.strip_prefix(b"/proc/")?;
+    let me = std::process::id().to_string();
+    let file = [b"net/".as_slice(), b"self/net/", b"thread-self/net/"]
+        .iter()
+        .find_map(|p| rest.strip_prefix(*p))
+        .or_else(|| rest.strip_prefix(me.as_bytes())?.strip_prefix(b"/net/"))?;
+    MIRRORED_PROC_NET
+        .iter()
+        .find(|f| f.as_bytes() == file)
+        .copied()
+}
+
+/// The path of `file` (one of [`MIRRORED_PROC_NET`]) in the attached stack's
+/// interface mirror (`/proc/HELPER/net/FILE`), if the stack has one, so a program
+/// reading its network's `/proc/net` is told of the stack's interface, as
+/// rtnetlink and `getifaddrs` tell it.
+pub fn mirrored_proc_net(file: &str) -> Option<std::ffi::CString> {
+    static CHECKED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let pid = client().ok()?.mirror_pid()?;
+    if CHECKED.load(Relaxed) != pid {
+        // The pid is the server's pid namespace's: here it must name the helper.
+        if std::fs::read(format!("/proc/{pid}/comm")).ok()? != b"usnet-mirror\n" {
+            return None;
+        }
+        CHECKED.store(pid, Relaxed);
+    }
+    std::ffi::CString::new(format!("/proc/{pid}/net/{file}")).ok()
+}
+
 /// `socket(2)`: AF_INET/AF_INET6 × SOCK_STREAM/SOCK_DGRAM, with SOCK_NONBLOCK and
 /// SOCK_CLOEXEC.
 pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<RawFd> {
@@ -2734,6 +2780,29 @@ fn linux_tcp_info(i: &usnet_client::TcpInfo) -> sockopt::LinuxTcpInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proc_net_files_of_interfaces_are_told_by_their_names_alone() {
+        let me = std::process::id();
+        assert_eq!(proc_net_file(b"/proc/net/if_inet6"), Some("if_inet6"));
+        assert_eq!(proc_net_file(b"/proc/self/net/dev"), Some("dev"));
+        assert_eq!(proc_net_file(b"/proc/thread-self/net/route"), Some("route"));
+        let own = format!("/proc/{me}/net/ipv6_route");
+        assert_eq!(proc_net_file(own.as_bytes()), Some("ipv6_route"));
+        let other = format!("/proc/{}/net/dev", me + 1);
+        for p in [
+            "/proc/net/tcp",
+            other.as_str(),
+            "/proc/self/maps",
+            "/proc/net/dev/x",
+            "/proc/netdev",
+            "/proc/self/net/if_inet6x",
+            "/etc/passwd",
+            "proc/net/dev",
+        ] {
+            assert_eq!(proc_net_file(p.as_bytes()), None, "{p}");
+        }
+    }
 
     #[test]
     fn io_errors_map_to_linux_errno() {

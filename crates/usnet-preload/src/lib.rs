@@ -29,7 +29,7 @@
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::net::SocketAddr;
-use std::os::raw::{c_int, c_long, c_ulong, c_void};
+use std::os::raw::{c_char, c_int, c_long, c_ulong, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 use libc::{size_t, sockaddr, socklen_t, ssize_t};
@@ -269,6 +269,89 @@ fn on_usnet() -> Option<Inside> {
         }
     };
     attached.then_some(g)
+}
+
+/// For an open of one of this process's `/proc/net` files of interfaces and
+/// routes, the same file of the stack's interface mirror (docs/preload.md,
+/// "rtnetlink"): the text is looked at first, so no other open attaches.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn proc_net_instead(path: *const c_char) -> Option<(Inside, std::ffi::CString)> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let p = unsafe { CStr::from_ptr(path) }.to_bytes();
+    if !p.starts_with(b"/proc/") {
+        return None;
+    }
+    let file = usnet_posix::proc_net_file(p)?;
+    let g = on_usnet()?;
+    Some((g, usnet_posix::mirrored_proc_net(file)?))
+}
+
+/// Runs `open` (libc's call) on `path`, or on the mirror's file in its place.
+///
+/// # Safety
+/// As [`proc_net_instead`].
+unsafe fn opening<R>(path: *const c_char, open: impl FnOnce(*const c_char) -> R) -> R {
+    // SAFETY: per the contract. The guard lives until `open` returns.
+    let instead = unsafe { proc_net_instead(path) };
+    open(instead.as_ref().map_or(path, |(_, p)| p.as_ptr()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    let real = real!(open: variadic fn(*const c_char, c_int) -> c_int);
+    // SAFETY: open's contract.
+    unsafe { opening(path, |p| real(p, flags, mode)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    let real = real!(open64: variadic fn(*const c_char, c_int) -> c_int);
+    // SAFETY: open's contract.
+    unsafe { opening(path, |p| real(p, flags, mode)) }
+}
+
+/// `openat(2)` (a relative path never starts with `/proc/`, so it is left alone).
+#[no_mangle]
+pub unsafe extern "C" fn openat(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> c_int {
+    let real = real!(openat: variadic fn(c_int, *const c_char, c_int) -> c_int);
+    // SAFETY: openat's contract.
+    unsafe { opening(path, |p| real(dir, p, flags, mode)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn openat64(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> c_int {
+    let real = real!(openat64: variadic fn(c_int, *const c_char, c_int) -> c_int);
+    // SAFETY: openat's contract.
+    unsafe { opening(path, |p| real(dir, p, flags, mode)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    let real = real!(fopen: fn(*const c_char, *const c_char) -> *mut libc::FILE);
+    // SAFETY: fopen's contract.
+    unsafe { opening(path, |p| real(p, mode)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    let real = real!(fopen64: fn(*const c_char, *const c_char) -> *mut libc::FILE);
+    // SAFETY: fopen's contract.
+    unsafe { opening(path, |p| real(p, mode)) }
 }
 
 /// `getifaddrs(3)`: the kernel's loopback and the stack's interface, not the

@@ -889,6 +889,7 @@ fn attach(mut out: UnixStream, req: &msg::Attach, pin_shard: usize, ctx: &Ctx) -
         slots: slots.map(|map| map.iter().map(|c| c.words()).collect()),
         iface,
         mirror: ctx.mirror.is_some(),
+        mirror_pid: ctx.mirror.as_ref().map_or(0, |m| m.helper_pid()),
     });
     let page = bell.page().region().fd();
     let mut fds = vec![mem.region().fd(), page];

@@ -29,10 +29,14 @@
 //! they are for any netlink socket. The helper ends when the server's end of its
 //! socket closes.
 //!
+//! The helper's pid goes to clients in the attach reply: the shim reads the
+//! interface and route files of its own network's `/proc/net` (Java's IPv6
+//! interface list is `/proc/net/if_inet6`) from `/proc/HELPER/net`.
+//!
 //! What stays the kernel's: the mirror is written once at start (the stack's
-//! addresses do not change while it runs), `/proc/net` and `/sys/class/net` (Java's
-//! IPv6 interface list reads `/proc/net/if_inet6`), and every other netlink
-//! protocol (generic netlink, audit, uevents, `sock_diag`, which `ss` reads).
+//! addresses do not change while it runs), `/sys/class/net`, and every other
+//! netlink protocol (generic netlink, audit, uevents, `sock_diag`, which `ss`
+//! reads).
 
 use std::io;
 use std::net::IpAddr;
@@ -113,6 +117,11 @@ impl Mirror {
     /// The mirror's namespace (`ip netns` name).
     pub fn namespace(&self) -> &str {
         &self.ns
+    }
+
+    /// The helper's pid: `/proc/PID/net` describes the mirror.
+    pub fn helper_pid(&self) -> u32 {
+        self.pid as u32
     }
 
     /// A new `AF_NETLINK` socket of `ty` (with `SOCK_NONBLOCK` if asked; always

@@ -159,6 +159,10 @@ pub struct AttachReply {
     /// (`Request::Netlink`).
     #[serde(default)]
     pub mirror: bool,
+    /// The mirror's helper process, inside it: its `/proc/PID/net` is the
+    /// mirror's (0: none).
+    #[serde(default)]
+    pub mirror_pid: u32,
 }
 
 /// A stack's one network interface.
