@@ -46,6 +46,10 @@
 //!   session takes the sockets of pin T, as the receiver of passed descriptors does
 //!   after asking the token on the pin's channel; `{"ok":true,"slots":[...]}` as
 //!   for an attach's claim. The pin must live on the session's shard.
+//! - `{"cmd":"netlink","ty":T,"protocol":P}` on a session's connection (or a
+//!   connection of its own, by someone the credential check admits):
+//!   `{"ok":true}` with a netlink socket made in the stack's interface mirror
+//!   ([`crate::mirror`]), or a refusal when the stack has none.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
