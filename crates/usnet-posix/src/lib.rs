@@ -482,11 +482,13 @@ const MIRRORED_PROC_NET: &[&str] = &[
 /// `/proc/PID/net/X` with this pid), if any: a check of the text alone.
 pub fn proc_net_file(path: &[u8]) -> Option<&'static str> {
     let rest = path.strip_prefix(b"/proc/")?;
-    let me = std::process::id().to_string();
     let file = [b"net/".as_slice(), b"self/net/", b"thread-self/net/"]
         .iter()
         .find_map(|p| rest.strip_prefix(*p))
-        .or_else(|| rest.strip_prefix(me.as_bytes())?.strip_prefix(b"/net/"))?;
+        .or_else(|| {
+            let me = std::process::id().to_string();
+            rest.strip_prefix(me.as_bytes())?.strip_prefix(b"/net/")
+        })?;
     MIRRORED_PROC_NET
         .iter()
         .find(|f| f.as_bytes() == file)
@@ -1982,12 +1984,7 @@ pub fn fcntl(fd: RawFd, cmd: i32, arg: i64) -> Res<i32> {
             Ok(0)
         }
         libc::F_GETOWN => Ok(lock(&e.sigio).getown()),
-        libc::F_SETOWN => {
-            let who = arg as i32;
-            exists(who)?;
-            lock(&e.sigio).setown(who);
-            Ok(0)
-        }
+        libc::F_SETOWN => set_owner(&e, arg as i32).map(|()| 0),
         sigio::F_GETSIG => Ok(lock(&e.sigio).sig),
         sigio::F_SETSIG => {
             if !(0..=64).contains(&arg) {
@@ -2026,6 +2023,13 @@ fn set_async(e: &Arc<Entry>, fd: RawFd, on: bool) {
         (true, false) => sigio::unwatch(&e.desc),
         _ => {}
     }
+}
+
+/// `F_SETOWN` (and its ioctls): a pid, or minus a process group's id, that exists.
+fn set_owner(e: &Entry, who: i32) -> Res<()> {
+    exists(who)?;
+    lock(&e.sigio).setown(who);
+    Ok(())
 }
 
 /// `F_SETOWN`'s check: a pid or process group that exists (0: none), else ESRCH.
@@ -2102,11 +2106,7 @@ pub fn ioctl_int(fd: RawFd, req: u64, value: i32) -> Res<i32> {
             set_async(&e, fd, value != 0);
             Ok(0)
         }
-        sigio::FIOSETOWN | sigio::SIOCSPGRP => {
-            exists(value)?;
-            lock(&e.sigio).setown(value);
-            Ok(0)
-        }
+        sigio::FIOSETOWN | sigio::SIOCSPGRP => set_owner(&e, value).map(|()| 0),
         sigio::FIOGETOWN | sigio::SIOCGPGRP => Ok(lock(&e.sigio).getown()),
         r if r == SIOCATMARK => match &*e.read() {
             Obj::Stream(s) => Ok(s.at_urgent_mark() as i32),

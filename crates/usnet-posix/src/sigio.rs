@@ -169,12 +169,13 @@ fn serve() {
             }
             w.socks.clone()
         };
-        for t in registered.clone() {
-            if !socks.contains_key(&t) {
-                let _ = poller.deregister(t);
-                registered.remove(&t);
+        registered.retain(|t| {
+            let kept = socks.contains_key(t);
+            if !kept {
+                let _ = poller.deregister(*t);
             }
-        }
+            kept
+        });
         let mut added = Vec::new();
         let mut unregistered = false;
         for (&t, (d, _)) in &socks {
@@ -199,11 +200,10 @@ fn serve() {
             let _ = poller.wait(&mut events, Some(Duration::ZERO));
             events.retain(|e| !added.contains(&e.token));
         }
-        let new: Vec<u64> = socks.keys().copied().collect();
         {
             let mut w = lock(watched());
             let before = w.looked_at.len();
-            w.looked_at.extend(new);
+            w.looked_at.extend(socks.keys().copied());
             if w.looked_at.len() != before {
                 looked().notify_all();
             }

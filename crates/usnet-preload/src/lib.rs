@@ -283,9 +283,6 @@ unsafe fn proc_net_instead(path: *const c_char) -> Option<(Inside, std::ffi::CSt
     }
     // SAFETY: per the contract.
     let p = unsafe { CStr::from_ptr(path) }.to_bytes();
-    if !p.starts_with(b"/proc/") {
-        return None;
-    }
     let file = usnet_posix::proc_net_file(p)?;
     let g = on_usnet()?;
     Some((g, usnet_posix::mirrored_proc_net(file)?))
